@@ -1,0 +1,1 @@
+"""Gated DeltaNet math: the pure-torch reference (the oracle) and, on GPU, kernels."""

@@ -1,0 +1,1 @@
+"""Target models: one hybrid GDN + attention language model, loadable from native formats."""

@@ -1,0 +1,130 @@
+"""The hybrid GDN language model and its decoding API: prefill, verify(tree), commit(path).
+
+``verify`` evaluates every node of a draft tree against the committed state in one pass and
+never mutates that state; ``commit`` folds an accepted root-to-node path into a new state with
+one of three exact strategies (``snapshot``, ``replay``, ``closed_form``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from repro.errors import ConfigError
+from repro.models.config import HybridConfig
+from repro.models.layers import AttentionVerification, DecoderLayer, GDNVerification, RMSNorm
+from repro.models.state import AttentionLayerState, GDNLayerState, ModelState
+from repro.tree import Tree
+
+COMMIT_STRATEGIES = ("snapshot", "replay", "closed_form")
+PREFILL_CHUNK = 64
+
+
+@dataclass
+class Verification:
+    """Per-node logits [n, V] (and captured hidden states) of one tree, plus commit data."""
+
+    tree: Tree
+    logits: torch.Tensor
+    hidden: dict[int, torch.Tensor]
+    layers: list[GDNVerification | AttentionVerification]
+    position: int
+    strategy: str = field(default="closed_form")
+
+
+class HybridLM(nn.Module):
+    """A decoder of GDN and gated-attention layers, interleaved as ``config.layer_types`` says."""
+
+    def __init__(self, config: HybridConfig, commit_strategy: str = "closed_form") -> None:
+        super().__init__()
+        self.config = config
+        self.commit_strategy = check_strategy(commit_strategy)
+        self.model = nn.Module()
+        self.model.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.model.layers = nn.ModuleList(DecoderLayer(config, t) for t in config.layer_types)
+        self.model.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.zero_centered_norm)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    def empty_state(self) -> ModelState:
+        return ModelState([layer.mixer.empty_state(self.dtype, self.device) for layer in self.model.layers])
+
+    @torch.no_grad()
+    def verify(self, state: ModelState, tree: Tree, capture: tuple[int, ...] = ()) -> Verification:
+        """Logits of every tree node given the committed state; the state is left untouched."""
+        device = self.device
+        parents = tree.parents.to(device)
+        ancestors = tree.ancestor_mask.to(device)
+        positions = state.position + tree.depth.to(device) - 1
+        keep_snapshots = self.commit_strategy == "snapshot"
+        x = self.model.embed_tokens(tree.tokens.to(device))
+        hidden: dict[int, torch.Tensor] = {}
+        saved: list[GDNVerification | AttentionVerification] = []
+        for i, (layer, layer_state) in enumerate(zip(self.model.layers, state.layers)):
+            h = layer.input_layernorm(x)
+            if isinstance(layer_state, GDNLayerState):
+                out, ver = layer.linear_attn.forward_tree(h, layer_state, parents, ancestors, keep_snapshots)
+            else:
+                out, ver = layer.self_attn.forward_tree(h, layer_state, positions, ancestors)
+            saved.append(ver)
+            x = x + out
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            if i in capture:
+                hidden[i] = x
+        logits = self.lm_head(self.model.norm(x))
+        return Verification(tree, logits, hidden, saved, state.position, self.commit_strategy)
+
+    @torch.no_grad()
+    def commit(self, state: ModelState, verification: Verification, path: list[int]) -> ModelState:
+        """A new state with the accepted path (root-level node first) folded in."""
+        if verification.position != state.position:
+            raise ValueError("verification was computed against a different state")
+        tree = verification.tree
+        if path and tree.path_to(path[-1]) != list(path):
+            raise ValueError(f"accepted nodes {path} are not a root-to-node path of the tree")
+        layers: list[GDNLayerState | AttentionLayerState] = []
+        for layer, layer_state, ver in zip(self.model.layers, state.layers, verification.layers):
+            if isinstance(layer_state, GDNLayerState):
+                layers.append(layer.linear_attn.commit(layer_state, ver, list(path), verification.strategy))
+            else:
+                layers.append(layer.self_attn.commit(layer_state, ver, list(path)))
+        tokens = tree.tokens[list(path)].tolist() if path else []
+        return ModelState(layers, state.position + len(path), state.committed_tokens + tokens)
+
+    @torch.no_grad()
+    def prefill(
+        self, token_ids: list[int] | torch.Tensor, state: ModelState | None = None, capture: tuple[int, ...] = ()
+    ) -> tuple[ModelState, Verification]:
+        """Fold ``token_ids`` into ``state`` (a fresh one by default), in chains of 64 tokens.
+
+        Returns the new state and the verification of the last chunk (its last row holds the
+        logits that predict the first generated token).
+        """
+        ids = torch.as_tensor(token_ids, dtype=torch.long).reshape(-1)
+        if ids.numel() == 0:
+            raise ConfigError("cannot prefill an empty prompt")
+        state = self.empty_state() if state is None else state
+        ver = None
+        for start in range(0, ids.numel(), PREFILL_CHUNK):
+            chunk = Tree.chain(ids[start : start + PREFILL_CHUNK])
+            ver = self.verify(state, chunk, capture)
+            state = self.commit(state, ver, list(range(chunk.size)))
+        assert ver is not None
+        return state, ver
+
+
+def check_strategy(name: str) -> str:
+    if name not in COMMIT_STRATEGIES:
+        raise ConfigError(f"unknown commit strategy {name!r}: choose one of {', '.join(COMMIT_STRATEGIES)}")
+    return name

@@ -1,0 +1,234 @@
+"""Layers of the hybrid model, each evaluated on a draft tree against a committed state.
+
+Parameter names follow the transformers Qwen3.5 text model so that its checkpoints load as-is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from repro.gdn import reference as gdn
+from repro.models.config import HybridConfig
+from repro.models.state import AttentionLayerState, GDNLayerState
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm; ``zero_centered`` scales by (1 + w) as Qwen3.5 does, otherwise by w as fla does."""
+
+    def __init__(self, dim: int, eps: float, zero_centered: bool) -> None:
+        super().__init__()
+        self.eps = eps
+        self.zero_centered = zero_centered
+        self.weight = nn.Parameter(torch.zeros(dim) if zero_centered else torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return y * (1.0 + self.weight) if self.zero_centered else y * self.weight
+
+
+class GatedRMSNorm(nn.Module):
+    """Per-head RMSNorm of the GDN output, then times SiLU(gate)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
+        y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        return y * F.silu(gate) if gate is not None else y
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, inter: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inter, bias=False)
+        self.up_proj = nn.Linear(hidden, inter, bias=False)
+        self.down_proj = nn.Linear(inter, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+@dataclass
+class GDNVerification:
+    """What a GDN layer's tree pass leaves for its commit: factors and raw conv inputs."""
+
+    factors: gdn.TreeFactors
+    conv_inputs: torch.Tensor
+
+
+@dataclass
+class AttentionVerification:
+    """Keys (rotary applied) and values of every tree node, for KV compaction on commit."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+
+
+class GatedDeltaNet(nn.Module):
+    """Gated DeltaNet token mixer (short conv on q/k/v, L2 norm, gates, grouped value heads)."""
+
+    def __init__(self, cfg: HybridConfig) -> None:
+        super().__init__()
+        self.num_k_heads = cfg.linear_num_key_heads
+        self.num_v_heads = cfg.linear_num_value_heads
+        self.head_k_dim = cfg.linear_key_head_dim
+        self.head_v_dim = cfg.linear_value_head_dim
+        self.key_dim = self.num_k_heads * self.head_k_dim
+        self.value_dim = self.num_v_heads * self.head_v_dim
+        self.conv_dim = 2 * self.key_dim + self.value_dim
+        self.conv_size = cfg.linear_conv_kernel_dim
+        self.beta_scale = 2.0 if cfg.allow_neg_eigval else 1.0
+        self.in_proj_qkv = nn.Linear(cfg.hidden_size, self.conv_dim, bias=False)
+        self.in_proj_z = nn.Linear(cfg.hidden_size, self.value_dim, bias=False) if cfg.linear_output_gate else None
+        self.in_proj_b = nn.Linear(cfg.hidden_size, self.num_v_heads, bias=False)
+        self.in_proj_a = nn.Linear(cfg.hidden_size, self.num_v_heads, bias=False)
+        self.conv1d = nn.Conv1d(
+            self.conv_dim, self.conv_dim, self.conv_size, groups=self.conv_dim, bias=cfg.linear_conv_bias
+        )
+        self.dt_bias = nn.Parameter(torch.ones(self.num_v_heads))
+        self.A_log = nn.Parameter(torch.zeros(self.num_v_heads))
+        self.norm = GatedRMSNorm(self.head_v_dim, cfg.linear_norm_eps)
+        self.out_proj = nn.Linear(self.value_dim, cfg.hidden_size, bias=False)
+
+    def empty_state(self, dtype: torch.dtype, device: torch.device) -> GDNLayerState:
+        state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        return GDNLayerState(
+            recurrent=torch.zeros(self.num_v_heads, self.head_v_dim, self.head_k_dim, dtype=state_dtype, device=device),
+            conv=torch.zeros(self.conv_size - 1, self.conv_dim, dtype=dtype, device=device),
+        )
+
+    def gates(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(g, beta) [n, HV]: log decay -exp(A_log) softplus(a + dt_bias) and sigmoid(b)."""
+        a = self.in_proj_a(h).float() if h.dtype != torch.float64 else self.in_proj_a(h)
+        g = -self.A_log.to(a.dtype).exp() * F.softplus(a + self.dt_bias.to(a.dtype))
+        beta = self.beta_scale * torch.sigmoid(self.in_proj_b(h))
+        return g, beta
+
+    def forward_tree(
+        self,
+        h: torch.Tensor,
+        state: GDNLayerState,
+        parents: torch.Tensor,
+        ancestors: torch.Tensor,
+        keep_snapshots: bool,
+    ) -> tuple[torch.Tensor, GDNVerification]:
+        n = h.shape[0]
+        conv_inputs = self.in_proj_qkv(h)
+        bias = self.conv1d.bias
+        mixed = gdn.tree_short_conv(conv_inputs, state.conv, self.conv1d.weight[:, 0], parents, bias)
+        q, k, v = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        sdt = state.recurrent.dtype
+        q = l2norm(q.reshape(n, self.num_k_heads, self.head_k_dim).to(sdt))
+        k = l2norm(k.reshape(n, self.num_k_heads, self.head_k_dim).to(sdt))
+        v = v.reshape(n, self.num_v_heads, self.head_v_dim).to(sdt)
+        g, beta = self.gates(h)
+        o, factors = gdn.tree_gdn(
+            q, k, v, g.to(sdt), beta.to(sdt), state.recurrent, ancestors, self.head_k_dim**-0.5, keep_snapshots
+        )
+        z = self.in_proj_z(h).reshape(n, self.num_v_heads, self.head_v_dim) if self.in_proj_z is not None else None
+        o = self.norm(o.to(h.dtype), z).reshape(n, self.value_dim)
+        return self.out_proj(o), GDNVerification(factors, conv_inputs)
+
+    def commit(self, state: GDNLayerState, ver: GDNVerification, path: list[int], strategy: str) -> GDNLayerState:
+        recurrent = gdn.COMMIT_FUNCTIONS[strategy](state.recurrent, ver.factors, path)
+        conv = gdn.conv_history_after(state.conv, ver.conv_inputs, path)
+        return GDNLayerState(recurrent, conv)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class Attention(nn.Module):
+    """Gated full attention with q/k RMSNorm and partial rotary, evaluated under a tree mask."""
+
+    def __init__(self, cfg: HybridConfig) -> None:
+        super().__init__()
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = cfg.num_key_value_heads
+        self.head_dim = cfg.head_dim
+        self.output_gate = cfg.attention_output_gate
+        q_out = self.num_heads * self.head_dim * (2 if self.output_gate else 1)
+        self.q_proj = nn.Linear(cfg.hidden_size, q_out, bias=cfg.attention_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=cfg.attention_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=cfg.attention_bias)
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, cfg.zero_centered_norm)
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, cfg.zero_centered_norm)
+        rot = cfg.rotary_dim
+        inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, rot, 2, dtype=torch.float64) / rot))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def empty_state(self, dtype: torch.dtype, device: torch.device) -> AttentionLayerState:
+        empty = torch.zeros(0, self.num_kv_heads, self.head_dim, dtype=dtype, device=device)
+        return AttentionLayerState(empty, empty.clone())
+
+    def rotary(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Apply rotary to the first rotary_dim channels of x [n, heads, head_dim]."""
+        freqs = positions.to(torch.float64)[:, None] * self.inv_freq.to(positions.device)[None]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        cos = emb.cos().to(x.dtype)[:, None]
+        sin = emb.sin().to(x.dtype)[:, None]
+        rot = emb.shape[-1]
+        x_rot, x_pass = x[..., :rot], x[..., rot:]
+        return torch.cat([x_rot * cos + rotate_half(x_rot) * sin, x_pass], dim=-1)
+
+    def forward_tree(
+        self, h: torch.Tensor, state: AttentionLayerState, positions: torch.Tensor, ancestors: torch.Tensor
+    ) -> tuple[torch.Tensor, AttentionVerification]:
+        n = h.shape[0]
+        q = self.q_proj(h)
+        if self.output_gate:
+            q, gate = q.view(n, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
+            gate = gate.reshape(n, -1)
+        q = self.rotary(self.q_norm(q.reshape(n, self.num_heads, self.head_dim)), positions)
+        k = self.rotary(self.k_norm(self.k_proj(h).view(n, self.num_kv_heads, self.head_dim)), positions)
+        v = self.v_proj(h).view(n, self.num_kv_heads, self.head_dim)
+        keys = torch.cat([state.keys, k], dim=0)
+        values = torch.cat([state.values, v], dim=0)
+        groups = self.num_heads // self.num_kv_heads
+        keys_h = keys.repeat_interleave(groups, dim=1).transpose(0, 1)  # [H, L+n, d]
+        values_h = values.repeat_interleave(groups, dim=1).transpose(0, 1)
+        scores = q.transpose(0, 1) @ keys_h.transpose(1, 2) * self.head_dim**-0.5  # [H, n, L+n]
+        prefix = state.keys.shape[0]
+        mask = torch.cat([torch.ones(n, prefix, dtype=torch.bool, device=h.device), ancestors], dim=1)
+        scores = scores.masked_fill(~mask, float("-inf"))
+        attn = torch.softmax(scores.float() if scores.dtype == torch.float16 else scores, dim=-1).to(h.dtype)
+        out = (attn @ values_h).transpose(0, 1).reshape(n, -1)
+        if self.output_gate:
+            out = out * torch.sigmoid(gate)
+        return self.o_proj(out), AttentionVerification(k, v)
+
+    def commit(self, state: AttentionLayerState, ver: AttentionVerification, path: list[int]) -> AttentionLayerState:
+        idx = torch.tensor(path, dtype=torch.long, device=ver.keys.device)
+        return AttentionLayerState(
+            torch.cat([state.keys, ver.keys[idx]], dim=0), torch.cat([state.values, ver.values[idx]], dim=0)
+        )
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: HybridConfig, layer_type: str) -> None:
+        super().__init__()
+        self.layer_type = layer_type
+        if layer_type == "linear_attention":
+            self.linear_attn = GatedDeltaNet(cfg)
+        else:
+            self.self_attn = Attention(cfg)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.zero_centered_norm)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.zero_centered_norm)
+
+    @property
+    def mixer(self) -> GatedDeltaNet | Attention:
+        return self.linear_attn if self.layer_type == "linear_attention" else self.self_attn

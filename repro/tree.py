@@ -1,0 +1,115 @@
+"""Draft trees: tokens with parent pointers in topological order.
+
+Node indices are 0-based. ``parents[i] == -1`` means node ``i`` is a child of the committed
+prefix (a root-level node); otherwise ``parents[i] < i``. A chain is a tree whose parents are
+``i - 1``; plain autoregressive decoding verifies a one-node tree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import torch
+
+from repro.errors import TreeError
+
+MAX_TREE_NODES = 1024
+
+
+@dataclass(frozen=True)
+class Tree:
+    """A verified-in-one-pass draft tree.
+
+    ``tokens`` and ``parents`` are 1-D int64 tensors of length n. ``draft_probs`` optionally
+    holds, per node, the drafter's full distribution over the vocabulary at the node's parent
+    (shape [n, V]) so that sampling-based acceptance rules can use it.
+    """
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    draft_probs: torch.Tensor | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        tokens = torch.as_tensor(self.tokens, dtype=torch.long).reshape(-1)
+        parents = torch.as_tensor(self.parents, dtype=torch.long).reshape(-1)
+        object.__setattr__(self, "tokens", tokens)
+        object.__setattr__(self, "parents", parents)
+        n = tokens.numel()
+        if parents.numel() != n:
+            raise TreeError(f"tree has {n} tokens but {parents.numel()} parent pointers")
+        if n == 0:
+            raise TreeError("tree is empty: a draft tree needs at least one node")
+        if n > MAX_TREE_NODES:
+            raise TreeError(f"tree too large: {n} nodes (the limit is {MAX_TREE_NODES}); lower the budget")
+        idx = torch.arange(n)
+        bad = (parents < -1) | (parents >= idx)
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0])
+            p = int(parents[i])
+            what = "a cycle (a node is its own parent)" if p == i else "a parent after its child"
+            raise TreeError(
+                f"tree node {i} has parent {p}: {what}; nodes must be in topological order "
+                "with parent < node (or -1 for the committed prefix)"
+            )
+        if self.draft_probs is not None and self.draft_probs.shape[0] != n:
+            raise TreeError(f"draft_probs has {self.draft_probs.shape[0]} rows for a {n}-node tree")
+
+    @classmethod
+    def chain(cls, tokens: torch.Tensor | list[int], draft_probs: torch.Tensor | None = None) -> Tree:
+        tokens = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
+        return cls(tokens, torch.arange(tokens.numel()) - 1, draft_probs)
+
+    @classmethod
+    def single(cls, token: int) -> Tree:
+        return cls.chain([token])
+
+    def __len__(self) -> int:
+        return self.tokens.numel()
+
+    @property
+    def size(self) -> int:
+        return self.tokens.numel()
+
+    @cached_property
+    def depth(self) -> torch.Tensor:
+        """Depth per node: 1 for children of the committed prefix."""
+        depth = torch.zeros(self.size, dtype=torch.long)
+        for i, p in enumerate(self.parents.tolist()):
+            depth[i] = 1 if p < 0 else depth[p] + 1
+        return depth
+
+    @cached_property
+    def ancestor_mask(self) -> torch.Tensor:
+        """Bool [n, n]: ``mask[i, j]`` is True when j is on the path to i, i itself included."""
+        n = self.size
+        mask = torch.zeros(n, n, dtype=torch.bool)
+        for i, p in enumerate(self.parents.tolist()):
+            if p >= 0:
+                mask[i] = mask[p]
+            mask[i, i] = True
+        return mask
+
+    @cached_property
+    def children(self) -> list[list[int]]:
+        kids: list[list[int]] = [[] for _ in range(self.size + 1)]
+        for i, p in enumerate(self.parents.tolist()):
+            kids[p + 1].append(i)
+        return kids
+
+    def children_of(self, node: int) -> list[int]:
+        """Children of ``node``; ``node == -1`` gives the root-level nodes."""
+        return self.children[node + 1]
+
+    def path_to(self, node: int) -> list[int]:
+        """Node indices from the root level down to ``node`` inclusive."""
+        path = []
+        parents = self.parents.tolist()
+        while node >= 0:
+            path.append(node)
+            node = parents[node]
+        return path[::-1]
+
+    @property
+    def is_chain(self) -> bool:
+        return bool(torch.equal(self.parents, torch.arange(self.size) - 1))
