@@ -3,6 +3,7 @@ transformers' tokenizers for real checkpoints (with their chat templates)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Protocol
 
@@ -67,11 +68,15 @@ class HFTokenizer:
         try:
             from transformers import AutoTokenizer
         except ImportError:
-            raise CheckpointError("loading a checkpoint's tokenizer needs transformers: pip install 'repro[hf]'") from None
+            raise CheckpointError(
+                "loading a checkpoint's tokenizer needs transformers: pip install 'repro[hf]'"
+            ) from None
         try:
             self.tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         except Exception as exc:
-            raise CheckpointError(f"cannot load a tokenizer from {path}: {str(exc).splitlines()[0]}") from None
+            raise CheckpointError(
+                f"cannot load a tokenizer from {path}: {str(exc).splitlines()[0]}"
+            ) from None
         self.name = Path(path).name
         self.vocab_size = len(self.tok)
         stops = {self.tok.eos_token_id} if self.tok.eos_token_id is not None else set()
@@ -95,11 +100,26 @@ class HFTokenizer:
         return self.encode(text)
 
 
+BYTE_TOKENIZER_MARKER = "repro_tokenizer.json"
+
+
 def load_tokenizer(path: str | Path | None) -> Tokenizer:
-    """The checkpoint's own tokenizer, or the byte-level one for the embedded default."""
+    """The checkpoint's own tokenizer, or the byte-level one (embedded default, or a checkpoint
+    directory that carries a ``repro_tokenizer.json`` marker)."""
     if path is None:
         return ByteTokenizer()
     path = Path(path)
-    if not any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+    if any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        return HFTokenizer(path)
+    if (path / BYTE_TOKENIZER_MARKER).exists():
         return ByteTokenizer()
-    return HFTokenizer(path)
+    raise CheckpointError(
+        f"checkpoint {path} has no tokenizer (tokenizer.json / tokenizer_config.json); copy the model's "
+        "tokenizer files into it"
+    )
+
+
+def write_byte_tokenizer_marker(path: str | Path) -> None:
+    """Mark a checkpoint directory as using the byte-level ChatML tokenizer."""
+    marker = {"type": "byte-chatml", "vocab_size": ByteTokenizer().vocab_size}
+    (Path(path) / BYTE_TOKENIZER_MARKER).write_text(json.dumps(marker) + "\n")

@@ -47,7 +47,12 @@ class Tree:
         if bool(bad.any()):
             i = int(bad.nonzero()[0])
             p = int(parents[i])
-            what = "a cycle (a node is its own parent)" if p == i else "a parent after its child"
+            if p == i:
+                what = "a cycle (a node is its own parent)"
+            elif p < -1:
+                what = "an invalid parent index (the smallest allowed is -1, the committed prefix)"
+            else:
+                what = "a parent after its child"
             raise TreeError(
                 f"tree node {i} has parent {p}: {what}; nodes must be in topological order "
                 "with parent < node (or -1 for the committed prefix)"

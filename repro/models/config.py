@@ -94,11 +94,14 @@ class HybridConfig:
             rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
             layers = int(text["num_hidden_layers"])
             layer_types = text.get("layer_types") or [
-                GDN if (i + 1) % int(text.get("full_attention_interval", 4)) else ATTENTION for i in range(layers)
+                GDN if (i + 1) % int(text.get("full_attention_interval", 4)) else ATTENTION
+                for i in range(layers)
             ]
             rope_type = rope.get("rope_type", rope.get("type", "default"))
             if rope_type not in ("default", "mrope") and rope_type is not None:
-                raise CheckpointError(f"unsupported rope_type {rope_type!r} in config.json (only default rotary)")
+                raise CheckpointError(
+                    f"unsupported rope_type {rope_type!r} in config.json (only default rotary)"
+                )
             eos = text.get("eos_token_id", raw.get("eos_token_id"))
             return cls(
                 vocab_size=int(text["vocab_size"]),
@@ -107,7 +110,9 @@ class HybridConfig:
                 layer_types=list(layer_types),
                 rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
                 zero_centered_norm=True,
-                tie_word_embeddings=bool(raw.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
+                tie_word_embeddings=bool(
+                    raw.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
+                ),
                 linear_num_key_heads=int(text.get("linear_num_key_heads", 16)),
                 linear_num_value_heads=int(text.get("linear_num_value_heads", 32)),
                 linear_key_head_dim=int(text.get("linear_key_head_dim", 128)),
@@ -200,7 +205,7 @@ class HybridConfig:
                 linear_key_head_dim=head_dim,
                 linear_value_head_dim=int(head_dim * expand_v),
                 linear_conv_kernel_dim=int(raw.get("conv_size", 4)),
-                linear_conv_bias=bool(raw.get("conv_bias", False)),
+                linear_conv_bias=False,  # fla's GatedDeltaNetBlock never passes conv_bias to its layer
                 linear_output_gate=bool(raw.get("use_gate", True)),
                 linear_norm_eps=float(raw.get("norm_eps", 1e-6)),
                 allow_neg_eigval=bool(raw.get("allow_neg_eigval", False)),
@@ -210,7 +215,9 @@ class HybridConfig:
                 source_format="fla_gdn",
             )
         except KeyError as exc:
-            raise CheckpointError(f"config.json lacks {exc.args[0]!r} needed for an fla GatedDeltaNet model") from None
+            raise CheckpointError(
+                f"config.json lacks {exc.args[0]!r} needed for an fla GatedDeltaNet model"
+            ) from None
 
     def to_fla_dict(self) -> dict[str, Any]:
         if self.num_attention_layers:
@@ -227,7 +234,6 @@ class HybridConfig:
             "head_dim": self.linear_key_head_dim,
             "expand_v": self.linear_value_head_dim / self.linear_key_head_dim,
             "conv_size": self.linear_conv_kernel_dim,
-            "conv_bias": self.linear_conv_bias,
             "use_gate": self.linear_output_gate,
             "use_short_conv": True,
             "allow_neg_eigval": self.allow_neg_eigval,

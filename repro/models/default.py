@@ -45,10 +45,14 @@ def init_random_weights(model: HybridLM, seed: int) -> HybridLM:
             if name.endswith("A_log"):
                 p.copy_(torch.empty(p.shape).uniform_(1.0, 16.0, generator=gen).log())
             elif name.endswith("dt_bias"):
-                dt = torch.exp(torch.rand(p.shape, generator=gen) * (math.log(0.1) - math.log(0.001)) + math.log(0.001))
+                dt = torch.exp(
+                    torch.rand(p.shape, generator=gen) * (math.log(0.1) - math.log(0.001)) + math.log(0.001)
+                )
                 p.copy_(dt + torch.log(-torch.expm1(-dt)))
             elif name.endswith("norm.weight") and p.dim() == 1:
-                p.copy_(0.1 * torch.randn(p.shape, generator=gen) + (0.0 if _zero_centered(model, name) else 1.0))
+                p.copy_(
+                    0.1 * torch.randn(p.shape, generator=gen) + (0.0 if _zero_centered(model, name) else 1.0)
+                )
             elif "embed_tokens" in name:
                 p.copy_(torch.randn(p.shape, generator=gen))
             elif p.dim() >= 2:

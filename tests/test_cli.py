@@ -1,0 +1,167 @@
+"""The CLI end to end: the smoke experiment, resume, reports, generate, and bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from repro.records import load_records
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def repro(*args: str, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    import os
+
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "repro", *args], capture_output=True, text=True, cwd=cwd or ROOT, env=full_env
+    )
+
+
+def tiny_experiment(tmp_path: Path, **extra) -> Path:
+    cfg = {
+        "target": "default",
+        "dtype": "float64",
+        "suites": ["mt_bench", "gsm8k", "humaneval"],
+        "limit": 1,
+        "max_new_tokens": 12,
+        "ignore_eos": True,
+        "warmup": 0,
+        "routes": [
+            {"name": "ar", "kind": "ar"},
+            {"name": "chain", "kind": "synthetic_chain", "k": 3, "p": 0.7},
+            {"name": "tree", "kind": "synthetic_tree", "k": 3, "p": 0.5, "width": 3},
+        ],
+        **extra,
+    }
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def test_run_writes_records_report_and_resumes(tmp_path):
+    exp = tiny_experiment(tmp_path)
+    out = tmp_path / "run"
+    res = repro("run", str(exp), "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    manifest, records = load_records(out)
+    # 1 prompt x (2 turns MT-Bench + 1 + 1) x 3 routes
+    assert len(records) == 4 * 3
+    assert {r.vs_ar for r in records if r.route != "ar"} == {"identical"}
+    assert {(r.suite, r.turn) for r in records} == {
+        ("mt_bench", 0),
+        ("mt_bench", 1),
+        ("gsm8k", 0),
+        ("humaneval", 0),
+    }
+    assert manifest["config"]["max_new_tokens"] == 12
+    assert "chain" in res.stdout and "tree" in res.stdout
+    assert (out / "report.md").exists() and (out / "summary.csv").exists()
+    # simulate an interruption: drop the last 5 records and cut the next one mid-line
+    lines = (out / "records.jsonl").read_text().splitlines()
+    (out / "records.jsonl").write_text("\n".join(lines[:6]) + "\n" + lines[6][:40])
+    res = repro("run", str(exp), "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    _, resumed = load_records(out)
+    assert len(resumed) == 12
+    assert [r.output_sha256 for r in resumed[:6]] == [r.output_sha256 for r in records[:6]]
+    assert sorted(r.key for r in resumed) == sorted(r.key for r in records)
+    # the report rebuilds from records alone
+    rep = repro("report", str(out))
+    assert rep.returncode == 0 and "chain" in rep.stdout
+
+
+def test_run_refuses_a_directory_of_another_config(tmp_path):
+    out = tmp_path / "run"
+    exp = tiny_experiment(tmp_path, suites=["gsm8k"], routes=[{"name": "ar", "kind": "ar"}])
+    assert repro("run", str(exp), "--out", str(out)).returncode == 0
+    before = (out / "records.jsonl").read_text()
+    res = repro("run", str(exp), "--out", str(out), "--max-new-tokens", "5")
+    assert res.returncode == 2
+    assert "different configuration" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    assert (out / "records.jsonl").read_text() == before
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["run", "no-such-experiment"], "unknown experiment"),
+        (["run", "smoke", "--suites", "gsm9k"], "unknown suite"),
+        (["run", "smoke", "--target", "/nonexistent/ckpt"], "does not exist"),
+        (["generate", "hi", "--route", "warp"], "unknown route kind"),
+        (["generate", "--prompt-ids", "1,2,x"], "comma-separated integers"),
+        (["generate", "hi", "--route", "synthetic_chain", "--param", "k=3"], "missing parameter"),
+        (["run", "smoke", "--device", "tpu"], "unknown device"),
+    ],
+)
+def test_bad_input_gives_one_line_errors(tmp_path, args, needle):
+    res = repro(*args, "--out", str(tmp_path / "o")) if args[0] == "run" else repro(*args)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert needle in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_bad_experiment_files(tmp_path):
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("routes: [unclosed\n")
+    res = repro("run", str(broken))
+    assert res.returncode == 2 and "not valid YAML" in res.stderr
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text("speed: 11\n")
+    res = repro("run", str(unknown))
+    assert res.returncode == 2 and "unknown experiment setting" in res.stderr
+
+
+def test_corrupted_suite_file_is_refused(tmp_path):
+    suites = tmp_path / "suites"
+    suites.mkdir()
+    for f in (ROOT / "suites").iterdir():
+        (suites / f.name).write_bytes(f.read_bytes())
+    data = bytearray((suites / "gsm8k.jsonl").read_bytes())
+    data[100] ^= 1
+    (suites / "gsm8k.jsonl").write_bytes(bytes(data))
+    exp = tiny_experiment(tmp_path, suites=["gsm8k"])
+    res = repro("run", str(exp), "--out", str(tmp_path / "o"), env={"REPRO_SUITES_DIR": str(suites)})
+    assert res.returncode == 2 and "corrupted" in res.stderr and "gsm8k" in res.stderr
+    res = repro("suites", "verify", env={"REPRO_SUITES_DIR": str(suites)})
+    assert res.returncode == 2 and "BAD gsm8k" in res.stdout
+
+
+def test_generate_prints_json_and_matches_ar(tmp_path):
+    res = repro(
+        "generate", "Hello there", "--route", "synthetic_tree", "--param", "k=3", "--param", "p=0.6",
+        "--param", "width=2", "--max-new-tokens", "10", "--dtype", "float64", "--ignore-eos",
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["new_tokens"] == 10 and out["identical_to_ar"] is True
+    assert sum(out["accepted_lengths"]) == 9 and set(out["stage_s"]) == {"draft", "tree", "verify", "commit"}
+    ids = repro("generate", "--prompt-ids", "1,2,3", "--max-new-tokens", "4", "--ignore-eos")
+    assert ids.returncode == 0 and json.loads(ids.stdout)["prompt_ids"] == [1, 2, 3]
+
+
+def test_exported_default_loads_as_a_checkpoint(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    assert repro("export-default", str(ckpt)).returncode == 0
+    a = json.loads(repro("generate", "abc", "--max-new-tokens", "8", "--ignore-eos").stdout)
+    b = json.loads(
+        repro("generate", "abc", "--max-new-tokens", "8", "--ignore-eos", "--target", str(ckpt)).stdout
+    )
+    assert a["output_ids"] == b["output_ids"]
+    (ckpt / "model.safetensors").unlink()
+    res = repro("generate", "abc", "--target", str(ckpt))
+    assert res.returncode == 2 and "no *.safetensors" in res.stderr
+
+
+def test_help_lists_commands():
+    res = repro("--help")
+    assert res.returncode == 0
+    for cmd in ("run", "generate", "report", "suites", "routes", "export-default"):
+        assert cmd in res.stdout
