@@ -62,7 +62,7 @@ def run(
         task = bar.add_task(str(cfg["name"]), total=total, item="")
         written = runner.run(run_dir, progress=lambda item: bar.update(task, advance=1, item=item))
     markdown = write_report(out_dir)
-    console.print(markdown, markup=False, highlight=False)
+    typer.echo(markdown)
     err_console.print(f"{written} new record(s); records and report in {out_dir}")
 
 
@@ -100,7 +100,7 @@ def report(run_dir: Annotated[Path, typer.Argument(help="A run directory holding
     """Rebuild the tables (markdown + CSV) and figures of a run from its records alone."""
     from repro.report import write_report
 
-    console.print(write_report(run_dir), markup=False, highlight=False)
+    typer.echo(write_report(run_dir))
 
 
 @app.command()

@@ -389,8 +389,9 @@ _DEFINITIONS = """\
   prompt turns both routes have; suite "all": mean of the suites' speedups (other columns pool
   all records).
 - lossless: sha256 of generated token ids per prompt turn compared with the AR route's;
-  "diverged at token k" gives the first differing 0-based index. Under sampling (temperature > 0)
-  speculative decoding is lossless in distribution only, so divergence is expected there.
+  "diverged at token k" gives the first differing 0-based index. Sampling draws are keyed by
+  (seed, output position), so target-sample-then-match routes must match AR at any temperature;
+  rules that accept by draft probabilities are lossless in distribution only.
 - step_ms, draft/tree/verify/commit_ms: decode and stage seconds per verify step, in ms.
 - per-position acceptance (histogram): accept_rate at length d = fraction of steps with accepted
   length > d (the d-th draft token accepted); cond_accept_rate = the same among steps with

@@ -5,7 +5,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
+pip() { .venv/bin/pip install -q --disable-pip-version-check "$@" 2>&1 | grep -v "^WARNING: Location" || true; }
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
-  .venv/bin/pip install -q "${REPRO_TORCH:-torch==2.13.0}"
+  pip "${REPRO_TORCH:-torch==2.13.0}"
 fi
-.venv/bin/pip install -q -e ".[dev]"
+pip -e ".[dev]"
+# flash-linear-attention: its pure-torch naive reference is a test oracle; without --no-deps it
+# would pull triton, which only matters on a GPU.
+pip --no-deps "fla-core==0.6.0" "flash-linear-attention==0.6.0"
+.venv/bin/python -c "import repro, torch, transformers" # fail here, not in the tests, if an install broke

@@ -165,3 +165,40 @@ def test_help_lists_commands():
     assert res.returncode == 0
     for cmd in ("run", "generate", "report", "suites", "routes", "export-default"):
         assert cmd in res.stdout
+
+
+def test_shipped_smoke_routes_all_reproduce_ar(tmp_path):
+    """The shipped smoke experiment (fewer tokens): every route identical to AR on all suites."""
+    from repro.experiment import load_experiment
+    from repro.records import RunDir, build_manifest
+    from repro.runner import ExperimentRunner
+
+    cfg = load_experiment("smoke", {"limit": 1, "max_new_tokens": 20})
+    cfg["warmup"] = 0
+    runner = ExperimentRunner(cfg)
+    run_dir = RunDir(tmp_path / "smoke", build_manifest(cfg))
+    assert runner.run(run_dir) == 4 * len(cfg["routes"])
+    records = run_dir.records()
+    assert {r.suite for r in records} == {"mt_bench", "gsm8k", "humaneval"}
+    kinds = {r.route_params["kind"] for r in records}
+    assert kinds == {"ar", "synthetic_chain", "synthetic_tree"}
+    assert {r.route_params.get("commit") for r in records} >= {"replay", "snapshot"}
+    for r in records:
+        assert r.vs_ar == ("reference" if r.route == "ar" else "identical"), (r.route, r.suite, r.vs_ar)
+        assert r.new_tokens == 20
+
+
+def test_acceptance_experiment_writes_table_and_figure(tmp_path):
+    out = tmp_path / "acc"
+    res = repro(
+        "run", "acceptance", "--suites", "gsm8k", "--limit", "1", "--max-new-tokens", "12", "--out", str(out)
+    )
+    assert res.returncode == 0, res.stderr
+    assert "break-even p" in res.stdout
+    assert (out / "acceptance.png").stat().st_size > 1000
+    import pandas as pd
+
+    table = pd.read_csv(out / "acceptance.csv")
+    assert sorted(set(table["k"])) == [2, 4, 8] and len(table) == 21
+    full = table[(table["p"] == 1.0) & (table["k"] == 2)]
+    assert float(full["MAL"].iloc[0]) > 2.5  # 11 tokens after the first at 3 per step, last step cut
