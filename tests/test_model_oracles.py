@@ -7,8 +7,10 @@ rounding.
 
 from __future__ import annotations
 
+import importlib
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -100,8 +102,24 @@ HF_CASES = [(4, 0.25), (2, 0.5)]
 HF_IDS = ["HV4-rot0.25", "HV2-rot0.5"]
 
 
-def load_hf(tmp_path: Path, model: HybridLM):
+def import_hf_torch_path():
+    """transformers with its pure-torch GDN path: if fla imports (it does wherever triton is
+    installed), transformers would bind fla's GPU kernels at import time instead."""
     transformers = pytest.importorskip("transformers", reason="transformers is needed for the Qwen3.5 oracle")
+    name = "transformers.models.qwen3_5.modeling_qwen3_5"
+    if name not in sys.modules:
+        hidden = {k: sys.modules.pop(k) for k in list(sys.modules) if k == "fla" or k.startswith("fla.")}
+        sys.modules["fla"] = None  # makes `import fla` raise ImportError while the module binds
+        try:
+            importlib.import_module(name)
+        finally:
+            del sys.modules["fla"]
+            sys.modules.update(hidden)
+    return transformers
+
+
+def load_hf(tmp_path: Path, model: HybridLM):
+    transformers = import_hf_torch_path()
     save_target(model, tmp_path / "ckpt")
     hf, info = transformers.Qwen3_5ForCausalLM.from_pretrained(
         tmp_path / "ckpt", dtype=F64, output_loading_info=True

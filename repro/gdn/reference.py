@@ -172,19 +172,15 @@ def conv_gather_index(parents: torch.Tensor, width: int) -> torch.Tensor:
     when the path runs out of tree nodes it continues into the history, most recent first.
     """
     hist = width - 1
-    n = parents.numel()
-    index = torch.empty(n, width, dtype=torch.long)
-    par = parents.tolist()
-    for i in range(n):
-        node, back = i, 0
-        for r in range(width):
-            if node >= 0:
-                index[i, r] = hist + node
-                node = par[node]
-            else:
-                back += 1
-                index[i, r] = hist - back
-    return index
+    node = torch.arange(parents.numel(), device=parents.device)
+    back = torch.zeros_like(node)  # steps already taken into the history
+    cols = []
+    for _ in range(width):
+        inside = node >= 0
+        back = back + (~inside).long()
+        cols.append(torch.where(inside, hist + node, hist - back))
+        node = torch.where(inside, parents[node.clamp(min=0)], node)
+    return torch.stack(cols, dim=1)
 
 
 def tree_short_conv(
