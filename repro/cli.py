@@ -38,6 +38,7 @@ def run(
     seed: Annotated[int | None, typer.Option(help="Subsampling, sampling and drafter seed.")] = None,
     dtype: Annotated[str | None, typer.Option(help="float32, float64, bfloat16, float16.")] = None,
     device: Annotated[str | None, typer.Option(help="cpu, cuda or auto.")] = None,
+    backend: Annotated[str | None, typer.Option(help="GDN backend: reference or triton (CUDA).")] = None,
     out: Annotated[Path | None, typer.Option(help="Output directory (default runs/<experiment>).")] = None,
 ) -> None:
     """Run an experiment; records are appended as they are made and a rerun resumes."""
@@ -48,7 +49,7 @@ def run(
 
     overrides = {
         "target": target, "suites": suites, "limit": limit, "max_new_tokens": max_new_tokens,
-        "temperature": temperature, "seed": seed, "dtype": dtype, "device": device,
+        "temperature": temperature, "seed": seed, "dtype": dtype, "device": device, "gdn_backend": backend,
     }  # fmt: skip
     cfg = load_experiment(experiment, overrides)
     out_dir = out or default_out_dir(cfg)

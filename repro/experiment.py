@@ -23,6 +23,7 @@ DEFAULTS: dict[str, Any] = {
     "device": "cpu",
     "cpu_threads": 1,  # tiny models decode fastest single-threaded; raise for large checkpoints
     "commit": "closed_form",
+    "gdn_backend": "reference",  # or "triton" (fused CUDA kernels)
     "suites": ["mt_bench", "gsm8k", "humaneval"],
     "limit": 2,
     "seed": 42,
@@ -34,7 +35,9 @@ DEFAULTS: dict[str, Any] = {
     "routes": [{"name": "ar", "kind": "ar"}],
     "route_grid": None,
 }
-OVERRIDABLE = ("target", "suites", "limit", "max_new_tokens", "temperature", "seed", "dtype", "device")
+OVERRIDABLE = (
+    "target", "suites", "limit", "max_new_tokens", "temperature", "seed", "dtype", "device", "gdn_backend",
+)  # fmt: skip
 
 
 def shipped_experiments() -> list[str]:

@@ -77,6 +77,7 @@ class ExperimentRunner:
         self.model, self.tokenizer = open_target(
             cfg["target"], cfg["dtype"], cfg["device"], cfg["commit"], cfg["target_seed"]
         )
+        self.model.set_gdn_backend(cfg["gdn_backend"])
         vocab = self.model.config.vocab_size
         self.routes = [
             build_route(spec, vocab, cfg["acceptance"], float(cfg["temperature"]), int(cfg["seed"]))

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from repro.errors import ConfigError
+from repro.gdn.backends import tree_function
 from repro.models.config import HybridConfig
 from repro.models.layers import AttentionVerification, DecoderLayer, GDNVerification, RMSNorm
 from repro.models.state import AttentionLayerState, GDNLayerState, ModelState
@@ -48,6 +49,14 @@ class HybridLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    def set_gdn_backend(self, name: str) -> HybridLM:
+        """Evaluate GDN layers with ``reference`` (pure torch) or ``triton`` (fused CUDA kernels)."""
+        tree_function(name, self.device)  # validates the name and the device
+        for layer in self.model.layers:
+            if layer.layer_type == "linear_attention":
+                layer.linear_attn.backend = name
+        return self
 
     @property
     def dtype(self) -> torch.dtype:

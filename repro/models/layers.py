@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from repro.gdn import reference as gdn
+from repro.gdn.backends import tree_function
 from repro.models.config import HybridConfig
 from repro.models.state import AttentionLayerState, GDNLayerState
 
@@ -101,6 +102,7 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(self.num_v_heads))
         self.norm = GatedRMSNorm(self.head_v_dim, cfg.linear_norm_eps)
         self.out_proj = nn.Linear(self.value_dim, cfg.hidden_size, bias=False)
+        self.backend = "reference"  # or "triton" (CUDA): see repro.gdn.backends
 
     def empty_state(self, dtype: torch.dtype, device: torch.device) -> GDNLayerState:
         state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
@@ -136,17 +138,11 @@ class GatedDeltaNet(nn.Module):
         k = l2norm(k.reshape(n, self.num_k_heads, self.head_k_dim).to(sdt))
         v = v.reshape(n, self.num_v_heads, self.head_v_dim).to(sdt)
         g, beta = self.gates(h)
-        o, factors = gdn.tree_gdn(
-            q,
-            k,
-            v,
-            g.to(sdt),
-            beta.to(sdt),
-            state.recurrent,
-            ancestors,
-            self.head_k_dim**-0.5,
+        tree_fn = tree_function(self.backend, h.device)
+        o, factors = tree_fn(
+            q, k, v, g.to(sdt), beta.to(sdt), state.recurrent, parents, ancestors, self.head_k_dim**-0.5,
             keep_snapshots,
-        )
+        )  # fmt: skip
         z = (
             self.in_proj_z(h).reshape(n, self.num_v_heads, self.head_v_dim)
             if self.in_proj_z is not None
