@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from repro.bench.cli import bench_app
 from repro.errors import ReproError
 
 app = typer.Typer(
@@ -21,6 +22,9 @@ app = typer.Typer(
 )
 suites_app = typer.Typer(help="Frozen prompt suites: list, verify, rebuild.", no_args_is_help=True)
 app.add_typer(suites_app, name="suites")
+app.add_typer(bench_app, name="bench")
+falsify_app = typer.Typer(help="The reviewers' falsification checks.", no_args_is_help=True)
+app.add_typer(falsify_app, name="falsify")
 console = Console()
 err_console = Console(stderr=True)
 
@@ -162,6 +166,29 @@ def suites_freeze(
 
     freeze_suites(wheels, out or suites_dir())
     typer.echo(f"froze suites into {out or suites_dir()}")
+
+
+@falsify_app.command("tree-exactness")
+def falsify_tree_exactness(
+    device: Annotated[str, typer.Option(help="cpu (reference, float64) or cuda.")] = "cpu",
+    backend: Annotated[
+        str, typer.Option(help="reference (pure torch) or triton (fused kernel, CUDA).")
+    ] = "reference",
+    seed: Annotated[int, typer.Option()] = 0,
+    out: Annotated[Path | None, typer.Option(help="Output directory.")] = None,
+) -> None:
+    """SpecLA's check 2: one-pass tree verification vs the float64 recurrence along every path."""
+    from repro.falsify import tree_exactness, write_exactness
+
+    rows = tree_exactness(device, backend, seed)
+    out_dir = out or Path("runs") / f"falsify-tree-exactness-{device}-{backend}"
+    config = {"check": "tree-exactness", "device": device, "backend": backend, "seed": seed}
+    typer.echo(write_exactness(rows, out_dir, config))
+    failed = [r for r in rows if r.verdict != "pass"]
+    if failed:
+        raise ReproError(
+            f"tree exactness failed in {len(failed)} of {len(rows)} cases (see {out_dir}/report.md)"
+        )
 
 
 def main() -> None:

@@ -13,36 +13,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `pytest` (unlike `python -m pytest`) does not put the repo root on the path
     sys.path.insert(0, str(ROOT))
 
-TREE_KINDS = ("random", "chain", "fan", "mixed", "forest")
-
-
-def random_tree(n: int, kind: str, gen: torch.Generator) -> torch.Tensor:
-    """Parent pointers [n] (int64, parents[i] < i, -1 for root-level nodes) of a random tree.
-
-    - ``random``: each node hangs under a uniformly chosen earlier node (ancestors interact:
-      branches share prefixes and interleave in node order);
-    - ``chain``: one path, parents[i] = i - 1;
-    - ``fan``: one root-level node with n - 1 children;
-    - ``mixed``: mostly continues the previous node, sometimes branches off an earlier one, so
-      it has both deep paths and siblings interleaved in node order;
-    - ``forest``: like ``random`` but several nodes hang directly under the committed prefix.
-    """
-    if kind == "chain":
-        return torch.arange(n) - 1
-    parents = torch.full((n,), -1, dtype=torch.long)
-    for i in range(1, n):
-        u = float(torch.rand((), generator=gen))
-        if kind == "fan":
-            parents[i] = 0
-        elif kind == "random":
-            parents[i] = int(torch.randint(0, i, (), generator=gen))
-        elif kind == "mixed":
-            parents[i] = i - 1 if u < 0.6 else int(torch.randint(-1, i - 1, (), generator=gen))
-        elif kind == "forest":
-            parents[i] = -1 if u < 0.15 else int(torch.randint(0, i, (), generator=gen))
-        else:
-            raise ValueError(f"unknown tree kind {kind!r}")
-    return parents
+from repro.bench.shapes import RANDOM_TREE_KINDS as TREE_KINDS  # noqa: E402,F401
+from repro.bench.shapes import random_parents as random_tree  # noqa: E402,F401
 
 
 def tree_depths(parents: torch.Tensor) -> list[int]:

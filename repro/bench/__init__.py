@@ -1,0 +1,1 @@
+"""Benchmarks: kernel timings of GDN tree verification and state recovery (``repro bench kernels``)."""

@@ -1,0 +1,917 @@
+"""Kernel benchmarks of GDN tree verification and accepted-state recovery: one table.
+
+Every row draws fresh random inputs (bf16-representable q/k/v, L2-normalised q/k, g <= 0,
+beta in (0, 1), random S0), runs the method once and compares its output with the float64
+reference on those same inputs (‖out - ref‖ / ‖ref‖); only a row within its precision's
+tolerance is timed, a row over it is marked FAIL. Timing: median of do_bench (``us``) and of
+CUDA-graph replays over several input sets (``us_graph``), see :mod:`repro.bench.timing`.
+
+Cost model (``bytes_min``: each input read once, each output written once; ``flops``), with
+n tree nodes, L tokens over all root-to-leaf paths, N paths (leaves), d the accepted depth,
+e the q/k/v element size (2 for bf16, 4 for fp32), g/beta/state/factors in fp32:
+
+- io(t) = t (2 H dk e + HV dv e + 2 HV 4): q, k, v, g, beta of t tokens; S = HV dv dk 4.
+- tree_fused, tree_torch: io(n) + n^2 (ancestor mask) + S, writes o (n HV dv e), delta
+  (n HV dv 4) and G (n HV 4); flops HV wy(n), where the masked WY form costs
+  wy(n) = 3 n^2 dk (K K^T, T (beta e^G K), Q K^T; triangular) + 2 n^2 dv (T (beta V),
+  P Delta) + n^3 / 3 (the triangular solve) + 4 n dk dv (W S0^T, Q S0^T); rate of its dtype.
+- per_branch_recurrent: io(L) + N S (each path starts from S0) + 8 (N + 1) (cu_seqlens),
+  writes o (L HV dv e); flops 7 dk dv HV per token (decay, S k, rank-1 update, S q), fp32 rate.
+- prefill_flattened: the same bytes; flops HV sum over paths of chunk(len), where
+  chunk(l) = sum over 64-token chunks c of wy(c), plus 2 c dk dv for each state hand-off; bf16.
+- chain_recurrent / chain_chunk: io(n) + S, writes o; flops as the two above with L = n.
+- per_token_states: k, v, g, beta of n tokens + S + 8 n (parents), writes n S;
+  flops 5 dk dv HV per node (decay, S k, rank-1 update), fp32 rate.
+- commit_closed_form: d HV (dv + dk + 1) 4 (delta, k, G rows of the path) + S, writes S;
+  flops HV (2 d dk dv + 2 dk dv), fp32 rate.
+- commit_replay_fla: io(d) + S, writes o (d HV dv e) and S; flops 7 d dk dv HV, fp32 rate.
+- commit_snapshot: reads and writes one state (2 S); no flops.
+
+floor_us = max(bytes_min / copy bandwidth, flops / matmul rate), both measured on the device.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import json
+import math
+import os
+import time
+import zlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+import yaml
+
+from repro.bench.shapes import SHAPES, LayerShape, deepest_path, depths, flatten_paths, make_tree
+from repro.bench.timing import TimerConfig, graph_us, measure_ceilings, median_us, timer_name
+from repro.errors import ReproError
+from repro.gdn import reference as gdn
+from repro.tree import Tree
+
+TOLERANCE = {"bf16": 1e-2, "fp32": 1e-4}  # relative error vs float64 (see the device METHOD notes)
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+CHUNK = 64  # fla's chunk size
+MAX_GRAPH_SETS = 16  # input sets a CUDA graph cycles through (enough to spill L2 for small cases)
+
+# (method, dtype) rows per group; the first row of each group is the speedup baseline
+VERIFY_ROWS = [
+    ("per_branch_recurrent", "bf16"),
+    ("tree_fused", "bf16"),
+    ("tree_fused", "fp32"),
+    ("tree_torch", "fp32"),
+    ("prefill_flattened", "bf16"),
+    ("per_token_states", "bf16"),
+]
+CHAIN_ROWS = [("chain_recurrent", "bf16"), ("chain_chunk", "bf16")]
+RECOVERY_ROWS = [("commit_replay_fla", "bf16"), ("commit_closed_form", "fp32"), ("commit_snapshot", "fp32")]
+QUICK_SIZES = [4, 8]
+QUICK_DEPTHS = [2, 4]
+
+COLUMNS = [
+    "shape", "group", "kind", "T", "depth", "leaves", "flat_len", "method", "dtype", "precision", "status",
+    "reason", "rel_err", "tol", "us", "us_graph", "graph_sets", "floor_us", "floor_bound", "x_floor",
+    "x_floor_graph", "baseline", "speedup", "speedup_graph", "paper_us", "paper_speedup", "paper_ref",
+    "prior_us", "bytes_min", "flops", "timer", "seed",
+]  # fmt: skip
+
+Fn = Callable[[], torch.Tensor]
+
+
+# ------------------------------------------------------------------------------ cases, inputs
+
+
+@dataclass
+class Case:
+    """One benchmark tree of one layer shape on one device (plus the accepted path, for recovery)."""
+
+    shape: LayerShape
+    kind: str
+    parents: list[int]
+    device: torch.device
+    accepted: list[int] | None = None
+    precision: str = "ieee"  # tree_fused's float32 dot precision for this row
+
+    @property
+    def n(self) -> int:
+        return len(self.parents)
+
+    @cached_property
+    def paths(self) -> list[list[int]]:
+        return flatten_paths(self.parents)
+
+    @property
+    def depth(self) -> int:
+        return max(depths(self.parents))
+
+    @property
+    def flat_len(self) -> int:
+        return sum(len(p) for p in self.paths)
+
+    @cached_property
+    def tree(self) -> Tree:
+        return Tree(torch.zeros(self.n, dtype=torch.long), torch.tensor(self.parents))
+
+    @cached_property
+    def ancestors(self) -> torch.Tensor:
+        return self.tree.ancestor_mask.to(self.device)
+
+    @cached_property
+    def parents_t(self) -> torch.Tensor:
+        return torch.tensor(self.parents, dtype=torch.int32, device=self.device)
+
+    @cached_property
+    def flat_index(self) -> torch.Tensor:
+        return torch.tensor([i for p in self.paths for i in p], dtype=torch.long, device=self.device)
+
+    @cached_property
+    def cu_seqlens_cpu(self) -> torch.Tensor:
+        return torch.tensor([0] + [len(p) for p in self.paths], dtype=torch.long).cumsum(0)
+
+    @cached_property
+    def cu_seqlens(self) -> torch.Tensor:
+        return self.cu_seqlens_cpu.to(self.device)
+
+    @cached_property
+    def chunk_indices(self) -> torch.Tensor:
+        """fla's varlen chunk table, built once from host lengths (no sync inside a graph capture)."""
+        from fla.ops.utils.index import prepare_chunk_indices
+
+        return prepare_chunk_indices(self.cu_seqlens, CHUNK, cu_seqlens_cpu=self.cu_seqlens_cpu)
+
+
+@dataclass
+class Inputs:
+    """One layer's inputs: q, k [n, H, dk]; v [n, HV, dv]; g, beta [n, HV]; S0 [HV, dv, dk]."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    g: torch.Tensor
+    beta: torch.Tensor
+    state: torch.Tensor
+
+    def to(self, dtype: str | torch.dtype) -> Inputs:
+        """q/k/v in ``dtype``; g, beta and S0 stay float32 (all float64 for the reference)."""
+        dt = DTYPES[dtype] if isinstance(dtype, str) else dtype
+        low = torch.float64 if dt == torch.float64 else torch.float32
+        return Inputs(
+            self.q.to(dt), self.k.to(dt), self.v.to(dt), self.g.to(low), self.beta.to(low), self.state.to(low)
+        )
+
+
+def make_inputs(shape: LayerShape, n: int, seed: int, device: torch.device) -> Inputs:
+    """Fresh random float64 inputs whose q/k/v are bf16 numbers and g/beta/S0 float32 numbers.
+
+    So every method (bf16 or fp32) sees exactly these values and the float64 reference is exact.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    f64 = torch.float64
+
+    def bf16(x: torch.Tensor) -> torch.Tensor:
+        return x.to(torch.bfloat16).to(f64)
+
+    def fp32(x: torch.Tensor) -> torch.Tensor:
+        return x.to(torch.float32).to(f64)
+
+    q = bf16(F.normalize(torch.randn(n, shape.h, shape.dk, generator=gen, dtype=f64), dim=-1))
+    k = bf16(F.normalize(torch.randn(n, shape.h, shape.dk, generator=gen, dtype=f64), dim=-1))
+    v = bf16(torch.randn(n, shape.hv, shape.dv, generator=gen, dtype=f64))
+    rate = 0.05 + 0.8 * torch.rand(1, shape.hv, generator=gen, dtype=f64)  # weak and strong decays
+    g = fp32(-torch.rand(n, shape.hv, generator=gen, dtype=f64) * rate)
+    beta = fp32(torch.rand(n, shape.hv, generator=gen, dtype=f64).clamp(0.02, 0.98))
+    state = fp32(torch.randn(shape.hv, shape.dv, shape.dk, generator=gen, dtype=f64))
+    return Inputs(*(t.to(device) for t in (q, k, v, g, beta, state)))
+
+
+# ------------------------------------------------------------------------------------ methods
+
+
+def _fla() -> Any:
+    return importlib.import_module("fla.ops.gated_delta_rule")
+
+
+def _triton_tree() -> Any:
+    return importlib.import_module("repro.gdn.triton_tree")
+
+
+def _flat(x: Inputs, idx: torch.Tensor) -> Inputs:
+    """Tokens gathered along ``idx`` with a leading batch dim of 1 (fla's varlen layout), contiguous."""
+    return Inputs(*(t[idx][None].contiguous() for t in (x.q, x.k, x.v, x.g, x.beta)), x.state)
+
+
+def _fla_call(op: str, case: Case, x: Inputs, idx: torch.Tensor | None, varlen: bool, final: bool) -> Fn:
+    """A closure over one fla call on the tokens ``idx`` (all tokens when None), S0 per sequence.
+
+    State layout: repro's [HV, dv, dk] is fla's ``state_v_first=True`` ([N, HV, V, K]). Returns
+    the outputs o [1, L, HV, dv], or the final state when ``final``.
+    """
+    fla = _fla()
+    t = _flat(x, idx if idx is not None else torch.arange(case.n, device=case.device))
+    nseq = len(case.paths) if varlen else 1
+    s0 = x.state[None].expand(nseq, *x.state.shape).contiguous()
+    kw: dict[str, Any] = dict(
+        scale=case.shape.scale, initial_state=s0, output_final_state=final, state_v_first=True
+    )
+    if varlen:
+        kw["cu_seqlens"] = case.cu_seqlens
+    if op == "chunk":
+        if varlen:
+            kw.update(cu_seqlens_cpu=case.cu_seqlens_cpu, chunk_indices=case.chunk_indices)
+        fn = fla.chunk_gated_delta_rule
+        return lambda: fn(t.q, t.k, t.v, t.g, t.beta, **kw)[1 if final else 0]
+    fn = fla.fused_recurrent_gated_delta_rule  # its 5th-7th positional arguments are gk, gv, beta
+    return lambda: fn(t.q, t.k, t.v, g=t.g, beta=t.beta, **kw)[1 if final else 0]
+
+
+def build_tree_fused(case: Case, x: Inputs) -> Fn:
+    fused = _triton_tree().tree_gdn_fused
+    s = case.shape.scale
+    prec = case.precision
+    return lambda: fused(x.q, x.k, x.v, x.g, x.beta, x.state, case.ancestors, s, precision=prec)[0]
+
+
+def build_tree_torch(case: Case, x: Inputs) -> Fn:
+    return lambda: gdn.tree_gdn(x.q, x.k, x.v, x.g, x.beta, x.state, case.ancestors, case.shape.scale)[0]
+
+
+def build_per_branch_recurrent(case: Case, x: Inputs) -> Fn:
+    return _fla_call("recurrent", case, x, case.flat_index, varlen=True, final=False)
+
+
+def build_prefill_flattened(case: Case, x: Inputs) -> Fn:
+    return _fla_call("chunk", case, x, case.flat_index, varlen=True, final=False)
+
+
+def build_per_token_states(case: Case, x: Inputs) -> Fn:
+    states = _triton_tree().tree_states_fused
+    return lambda: states(x.k, x.v, x.g, x.beta, x.state, case.parents_t)
+
+
+def build_chain_recurrent(case: Case, x: Inputs) -> Fn:
+    return _fla_call("recurrent", case, x, None, varlen=False, final=False)
+
+
+def build_chain_chunk(case: Case, x: Inputs) -> Fn:
+    return _fla_call("chunk", case, x, None, varlen=False, final=False)
+
+
+def _factors(case: Case, x: Inputs, snapshots: bool) -> gdn.TreeFactors:
+    """Verification factors of the whole tree (pure torch, float32), computed outside the timing."""
+    q, k, v = x.q.float(), x.k.float(), x.v.float()
+    return gdn.tree_gdn(q, k, v, x.g, x.beta, x.state, case.ancestors, case.shape.scale, snapshots)[1]
+
+
+def build_commit_closed_form(case: Case, x: Inputs) -> Fn:
+    f, path = _factors(case, x, snapshots=False), case.accepted
+    return lambda: gdn.commit_closed_form(x.state, f, path)
+
+
+def build_commit_snapshot(case: Case, x: Inputs) -> Fn:
+    f, path = _factors(case, x, snapshots=True), case.accepted
+    return lambda: gdn.commit_snapshot(x.state, f, path)
+
+
+def build_commit_replay_fla(case: Case, x: Inputs) -> Fn:
+    idx = torch.tensor(case.accepted, dtype=torch.long, device=case.device)
+    return _fla_call("recurrent", case, x, idx, varlen=False, final=True)
+
+
+# --------------------------------------------------------------------------------- cost model
+
+
+def wy_flops(n: int, dk: int, dv: int) -> float:
+    """Flops of the masked WY form for n tokens, one value head (module docstring)."""
+    return 3 * n * n * dk + 2 * n * n * dv + n**3 / 3 + 4 * n * dk * dv
+
+
+def chunk_flops(length: int, dk: int, dv: int, chunk: int = CHUNK) -> float:
+    """Flops of chunked GDN over one sequence: wy per chunk plus the state hand-offs."""
+    sizes = [min(chunk, length - s) for s in range(0, length, chunk)]
+    return sum(wy_flops(c, dk, dv) for c in sizes) + sum(2 * c * dk * dv for c in sizes[:-1])
+
+
+def cost(method: str, dtype: str, case: Case) -> tuple[int, float, str]:
+    """(bytes_min, flops, rate key "bf16"/"fp32") of one call (module docstring)."""
+    sh, n = case.shape, case.n
+    e = 2 if dtype == "bf16" else 4
+    state = sh.hv * sh.dv * sh.dk * 4
+
+    def io(t: int) -> int:
+        return t * (2 * sh.h * sh.dk * e + sh.hv * sh.dv * e + 2 * sh.hv * 4)
+
+    def o(t: int) -> int:
+        return t * sh.hv * sh.dv * e
+
+    rec = 7 * sh.dk * sh.dv * sh.hv  # flops per token of the recurrence
+    if method in ("tree_fused", "tree_torch"):
+        nbytes = io(n) + n * n + state + o(n) + n * sh.hv * (sh.dv + 1) * 4
+        return nbytes, sh.hv * wy_flops(n, sh.dk, sh.dv), dtype
+    if method in ("per_branch_recurrent", "prefill_flattened"):
+        L, N = case.flat_len, len(case.paths)
+        nbytes = io(L) + N * state + 8 * (N + 1) + o(L)
+        if method == "per_branch_recurrent":
+            return nbytes, float(L * rec), "fp32"
+        return nbytes, sh.hv * sum(chunk_flops(len(p), sh.dk, sh.dv) for p in case.paths), "bf16"
+    if method == "chain_recurrent":
+        return io(n) + state + o(n), float(n * rec), "fp32"
+    if method == "chain_chunk":
+        return io(n) + state + o(n), sh.hv * chunk_flops(n, sh.dk, sh.dv), "bf16"
+    if method == "per_token_states":
+        kvgb = n * (sh.h * sh.dk * e + sh.hv * sh.dv * e + 2 * sh.hv * 4)
+        return kvgb + state + 8 * n + n * state, float(n * 5 * sh.dk * sh.dv * sh.hv), "fp32"
+    d = len(case.accepted or [])
+    if method == "commit_closed_form":
+        nbytes = d * sh.hv * (sh.dv + sh.dk + 1) * 4 + 2 * state
+        return nbytes, float(sh.hv * (2 * d + 2) * sh.dk * sh.dv), "fp32"
+    if method == "commit_replay_fla":
+        return io(d) + 2 * state + o(d), float(d * rec), "fp32"
+    if method == "commit_snapshot":
+        return 2 * state, 0.0, "fp32"
+    raise KeyError(f"no cost model for method {method!r}")
+
+
+# ----------------------------------------------------------------------------------- registry
+
+
+@dataclass(frozen=True)
+class Method:
+    """A benchmarked method: how to build its closure and what its output is compared with.
+
+    ``output``: "nodes" (o per node, [n, HV, dv]), "flat" (o over the flattened paths),
+    "states" (state after every node) or "commit" (state after the accepted path).
+    ``needs``: "torch" (runs anywhere), "fla" or "triton_tree" (CUDA only).
+    """
+
+    build: Callable[[Case, Inputs], Fn]
+    output: str
+    needs: str
+    graphable: bool = True
+    graph_note: str = ""
+
+
+METHODS: dict[str, Method] = {
+    "tree_fused": Method(build_tree_fused, "nodes", "triton_tree"),
+    "tree_torch": Method(build_tree_torch, "nodes", "torch", False, "not graph-timed (reference path)"),
+    "per_branch_recurrent": Method(build_per_branch_recurrent, "flat", "fla"),
+    "prefill_flattened": Method(build_prefill_flattened, "flat", "fla"),
+    "per_token_states": Method(build_per_token_states, "states", "triton_tree"),
+    "chain_recurrent": Method(build_chain_recurrent, "nodes", "fla"),
+    "chain_chunk": Method(build_chain_chunk, "nodes", "fla"),
+    "commit_closed_form": Method(
+        build_commit_closed_form, "commit", "torch", False, "not capturable (host-to-device path index copy)"
+    ),
+    "commit_replay_fla": Method(build_commit_replay_fla, "commit", "fla"),
+    "commit_snapshot": Method(build_commit_snapshot, "commit", "torch"),
+}
+
+
+def unavailable(needs: str, device: torch.device) -> str | None:
+    """Why a method with these needs cannot run here, or None."""
+    if needs == "torch":
+        return None
+    if device.type != "cuda":
+        return "needs CUDA"
+    module = {"fla": "fla.ops.gated_delta_rule", "triton_tree": "repro.gdn.triton_tree"}[needs]
+    try:
+        importlib.import_module(module)
+    except Exception as exc:  # noqa: BLE001 - any import failure makes the method unavailable
+        return f"cannot import {module}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    return None
+
+
+def reference(output: str, case: Case, x64: Inputs) -> torch.Tensor:
+    """The float64 answer a method's output is compared with."""
+    if output == "commit":
+        p = case.accepted or []
+        return gdn.recurrent_gdn(
+            x64.q[p], x64.k[p], x64.v[p], x64.g[p], x64.beta[p], x64.state, case.shape.scale
+        )[1]
+    o, f = gdn.tree_gdn(
+        x64.q,
+        x64.k,
+        x64.v,
+        x64.g,
+        x64.beta,
+        x64.state,
+        case.ancestors,
+        case.shape.scale,
+        keep_snapshots=output == "states",
+    )
+    if output == "states":
+        assert f.snapshots is not None
+        return f.snapshots
+    return o[case.flat_index] if output == "flat" else o
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """‖out - ref‖ / ‖ref‖ in float64 (NaN or inf when out is not finite)."""
+    diff = out.reshape(ref.shape).to(torch.float64) - ref
+    return float(diff.norm() / ref.norm().clamp_min(1e-300))
+
+
+# ------------------------------------------------------------------------------ baselines yaml
+
+
+def baselines_dir() -> Path:
+    return Path(__file__).resolve().parents[2] / "baselines"
+
+
+def paper_numbers(root: Path | None = None) -> dict[tuple, dict[str, Any]]:
+    """Published and prior numbers keyed by (shape, group, kind, method, dtype, T or None).
+
+    From baselines/weaver.yaml (Table 1 / Fig. 5, B200), specla.yaml (microbenchmark ranges,
+    H100) and related.yaml (stock fla kernels measured earlier on the project's H200: prior_us).
+    Missing files give an empty table.
+    """
+    root = root or baselines_dir()
+
+    def load(name: str) -> dict[str, Any]:
+        path = root / name
+        return (yaml.safe_load(path.read_text()) or {}) if path.exists() else {}
+
+    out: dict[tuple, dict[str, Any]] = {}
+
+    def put(key: tuple, **vals: Any) -> None:
+        out.setdefault(key, {}).update(vals)
+
+    kern = load("weaver.yaml").get("gdn_tree_verify_kernel", {})
+    ref = f"baselines/weaver.yaml gdn_tree_verify_kernel ({kern.get('ref', '')}, B200)"
+    for r in kern.get("rows", []):
+        t = r["tree_nodes"]
+        put(
+            ("weaver", "verify", "draft", "tree_fused", "bf16", t),
+            paper_us=r["tree_kernel_us"],
+            paper_speedup=f"{r['speedup']:g}",
+            paper_ref=ref,
+        )
+        put(
+            ("weaver", "verify", "draft", "per_branch_recurrent", "bf16", t),
+            paper_us=r["per_branch_recurrent_us"],
+            paper_ref=ref,
+        )
+    for m in load("specla.yaml").get("microbenchmarks", []):
+        key = {
+            "tree_verify_vs_root_to_leaf_replay": ("verify", "draft", "tree_fused", "bf16"),
+            "accepted_state_recovery_vs_token_replay": ("recovery", "draft", "commit_closed_form", "fp32"),
+        }.get(m.get("metric"))
+        if key:
+            put(
+                ("specla", *key, None),
+                paper_speedup=f"{m['low']:g}-{m['high']:g}",
+                paper_ref=f"baselines/specla.yaml {m['metric']} ({m.get('ref', '')}, H100)",
+            )
+    prior = load("related.yaml").get("gpu_baselines_h200_fla_0_6_0", {})
+    names = {"27b_gdn": "weaver", "1.3b_gdn": "specla"}
+    cols = {
+        "fused_recurrent_chain_us": ("chain", "chain_recurrent"),
+        "chunk_chain_us": ("chain", "chain_chunk"),
+        "per_branch_tree_us": ("draft", "per_branch_recurrent"),
+    }
+    for r in prior.get("rows", []):
+        for col, (kind, method) in cols.items():
+            if col in r and r["shape"] in names:
+                put((names[r["shape"]], "verify", kind, method, "bf16", r["T"]), prior_us=r[col])
+    return out
+
+
+def lookup_paper(table: dict[tuple, dict[str, Any]], key: tuple) -> dict[str, Any]:
+    """The entry for the key with its T, merged over the T-independent entry (T None)."""
+    return {**table.get((*key[:-1], None), {}), **table.get(key, {})}
+
+
+# ----------------------------------------------------------------------------------- the grid
+
+
+@dataclass
+class BenchConfig:
+    """What to measure: shapes, verification sizes and recovery depths per shape, tree kinds."""
+
+    shapes: list[str] = field(default_factory=lambda: ["weaver", "specla"])
+    sizes: dict[str, list[int]] = field(
+        default_factory=lambda: {"weaver": [16, 32, 64, 128, 256], "specla": [16, 32, 64, 128]}
+    )
+    kinds: list[str] = field(default_factory=lambda: ["draft", "chain"])
+    depths: list[int] = field(default_factory=lambda: [2, 4, 8, 16])
+    recovery_nodes: int = 128
+    bf16_precision: str = "tf32"  # tree_fused's float32 dots with bf16 inputs (fp32 rows: "ieee")
+    seed: int = 0
+    quick: bool = False
+    budget_s: float | None = None  # rows not started within this many seconds are recorded as skipped
+    timer: TimerConfig = field(default_factory=TimerConfig)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "bench": "kernels",
+            "shapes": {s: vars(SHAPES[s]) for s in self.shapes},
+            "sizes": self.sizes,
+            "kinds": self.kinds,
+            "depths": self.depths,
+            "recovery_nodes": self.recovery_nodes,
+            "bf16_precision": self.bf16_precision,
+            "seed": self.seed,
+            "quick": self.quick,
+            "budget_s": self.budget_s,
+            "timer": vars(self.timer),
+            "tolerance": TOLERANCE,
+            "tree": "draft_tree(n, seed, max_depth=16, branching=4, alpha=0.15) or chain",
+            "max_graph_sets": MAX_GRAPH_SETS,
+        }
+
+
+@dataclass(frozen=True)
+class RowSpec:
+    shape: str
+    group: str  # verify | recovery
+    kind: str
+    T: int
+    method: str
+    dtype: str
+    accepted: int | None = None
+
+
+def plan(cfg: BenchConfig) -> list[RowSpec]:
+    """Every row, the most telling first (tree verification, recovery, then chains; see ``budget_s``).
+
+    Each (shape, group, kind, T[, depth]) block starts with its baseline.
+    """
+    rows: list[RowSpec] = []
+    for kind in [k for k in cfg.kinds if k != "chain"]:
+        for shape in cfg.shapes:
+            rows += [
+                RowSpec(shape, "verify", kind, t, m, d) for t in cfg.sizes[shape] for m, d in VERIFY_ROWS
+            ]
+    for shape in cfg.shapes:
+        for depth in cfg.depths:
+            rows += [
+                RowSpec(shape, "recovery", "draft", cfg.recovery_nodes, m, d, depth) for m, d in RECOVERY_ROWS
+            ]
+    if "chain" in cfg.kinds:
+        for shape in cfg.shapes:
+            chain_rows = VERIFY_ROWS + CHAIN_ROWS
+            rows += [
+                RowSpec(shape, "verify", "chain", t, m, d) for t in cfg.sizes[shape] for m, d in chain_rows
+            ]
+    return rows
+
+
+def seed_of(*parts: object) -> int:
+    """A deterministic 31-bit seed from the parts (``hash`` of a str is salted per process)."""
+    return zlib.crc32(repr(parts).encode()) & 0x7FFFFFFF
+
+
+def make_case(spec: RowSpec, cfg: BenchConfig, device: torch.device) -> Case:
+    """The tree of a row: the same tree for every method of one (shape, kind, T).
+
+    Recovery rows use the first tree of a fixed seed sequence that is at least max(cfg.depths) deep,
+    so that every accepted depth is cut from the same deepest path.
+    """
+    need = max(cfg.depths, default=1) if spec.accepted is not None else 1
+    for attempt in range(100):
+        parents = make_tree(spec.kind, spec.T, seed_of("tree", spec.kind, spec.T, cfg.seed, attempt))
+        if max(depths(parents)) >= need:
+            break
+    accepted = deepest_path(parents, spec.accepted) if spec.accepted is not None else None
+    precision = "ieee" if spec.dtype == "fp32" else cfg.bf16_precision
+    return Case(SHAPES[spec.shape], spec.kind, parents, device, accepted, precision)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def graph_sets(device: torch.device, nbytes: int) -> int:
+    """Input sets a graph cycles through so that one cycle moves at least 3x the L2 size."""
+    l2 = torch.cuda.get_device_properties(device).L2_cache_size
+    return max(1, min(MAX_GRAPH_SETS, math.ceil(3 * l2 / max(nbytes, 1))))
+
+
+def measure(
+    spec: RowSpec, cfg: BenchConfig, device: torch.device, ceilings: dict[str, Any], skip: str | None = None
+) -> dict[str, Any]:
+    """One row: build, check against float64, time (or record why not, e.g. ``skip``)."""
+    seed = seed_of(spec, cfg.seed)
+    row: dict[str, Any] = {c: None for c in COLUMNS}
+    row.update(
+        shape=spec.shape,
+        group=spec.group,
+        kind=spec.kind,
+        T=spec.T,
+        method=spec.method,
+        dtype=spec.dtype,
+        tol=TOLERANCE[spec.dtype],
+        timer=timer_name(device),
+        seed=seed,
+        reason="",
+    )
+    method = METHODS[spec.method]
+    try:
+        case = make_case(spec, cfg, device)
+        row.update(
+            precision=case.precision if spec.method == "tree_fused" else None,
+            depth=spec.accepted if spec.group == "recovery" else case.depth,
+            leaves=len(case.paths),
+            flat_len=case.flat_len,
+        )
+        nbytes, flops, rate = cost(spec.method, spec.dtype, case)
+        t_bytes = nbytes / (ceilings["copy_GBps"] * 1e3)
+        t_flops = flops / (ceilings[f"{rate}_TFLOPs"] * 1e6)
+        row.update(
+            bytes_min=nbytes,
+            flops=flops,
+            floor_us=max(t_bytes, t_flops),
+            floor_bound="bytes" if t_bytes >= t_flops else "flops",
+        )
+        why = skip or unavailable(method.needs, device)
+        if why:
+            row.update(status="skipped", reason=why)
+            return row
+        with torch.no_grad():
+            x64 = make_inputs(case.shape, case.n, seed, device)
+            fn = method.build(case, x64.to(spec.dtype))
+            out = fn()
+            _sync(device)
+            err = rel_err(out, reference(method.output, case, x64))
+            row["rel_err"] = err
+            del out
+            if not err <= row["tol"]:  # NaN fails too
+                row.update(status="FAIL", reason=f"rel err {err:.2e} > tol {row['tol']:.0e}: not timed")
+                return row
+            row["us"] = median_us(fn, device, cfg.timer)
+            row["status"] = "ok"
+            if device.type == "cuda" and method.graphable:
+                sets = graph_sets(device, nbytes)
+                fns = [fn] + [
+                    method.build(case, make_inputs(case.shape, case.n, seed + i, device).to(spec.dtype))
+                    for i in range(1, sets)
+                ]
+                try:
+                    row["us_graph"] = graph_us(fns, device, cfg.timer, row["us"])
+                    row["graph_sets"] = sets
+                except Exception as exc:  # noqa: BLE001 - a failed capture is recorded, the row stays
+                    _sync(device)
+                    row["reason"] = f"graph capture failed: {_first_line(exc)}"
+            elif method.graph_note and device.type == "cuda":
+                row["reason"] = method.graph_note
+    except Exception as exc:  # noqa: BLE001 - one broken method must not stop the table
+        row.update(status="error", reason=_first_line(exc))
+    finally:
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return row
+
+
+def _block(row: dict[str, Any]) -> tuple:
+    """The rows a speedup compares: same shape, group, tree and (recovery) accepted depth."""
+    return (
+        row["shape"],
+        row["group"],
+        row["kind"],
+        row["T"],
+        row["depth"] if row["group"] == "recovery" else 0,
+    )
+
+
+def derive(row: dict[str, Any], rows: Iterable[dict[str, Any]], paper: dict[tuple, dict[str, Any]]) -> None:
+    """Fill ratio to floor, speedup vs the block's baseline (the group's first row) and the paper columns."""
+    for col, src in (("x_floor", "us"), ("x_floor_graph", "us_graph")):
+        if row[src] is not None and row["floor_us"]:
+            row[col] = row[src] / row["floor_us"]
+    row["baseline"] = (VERIFY_ROWS if row["group"] == "verify" else RECOVERY_ROWS)[0][0]
+    base = [o for o in rows if _block(o) == _block(row) and o["method"] == row["baseline"]]
+    for col, src in (("speedup", "us"), ("speedup_graph", "us_graph")):
+        if base and base[0][src] is not None and row[src]:
+            row[col] = base[0][src] / row[src]
+    key = (row["shape"], row["group"], row["kind"], row["method"], row["dtype"], row["T"])
+    row.update(lookup_paper(paper, key))
+
+
+# ------------------------------------------------------------------------------------ the run
+
+
+def default_out_dir() -> Path:
+    return Path("results") / f"bench-kernels-{datetime.now(timezone.utc):%Y-%m-%d}"
+
+
+def _versions() -> dict[str, str]:
+    from importlib import metadata
+
+    out = {}
+    for name in ("triton", "fla-core", "flash-linear-attention"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def run_bench(
+    cfg: BenchConfig,
+    out_dir: str | Path,
+    figures_dir: str | Path | None = None,
+    progress: Callable[[dict[str, Any]], None] | None = None,
+) -> pd.DataFrame:
+    """Measure every row of the plan; write records.jsonl (as rows come), manifest, report, table, figures.
+
+    CPU, or ``cfg.quick``: the CPU device, the perf_counter timer; methods that need CUDA are
+    recorded as skipped. Returns the table.
+    """
+    from repro.records import build_manifest, canonical_json
+
+    out_dir = Path(out_dir)
+    records = out_dir / "records.jsonl"
+    if records.exists():
+        raise ReproError(f"{out_dir} already holds {records.name}; choose another --out or delete it")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    device = torch.device("cuda" if torch.cuda.is_available() and not cfg.quick else "cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        device = torch.device("cuda", torch.cuda.current_device())
+    ceilings = measure_ceilings(device, cfg.timer, quick=device.type != "cuda")
+    manifest = build_manifest(cfg.as_dict(), seed=cfg.seed)
+    manifest["versions"].update(_versions())
+    manifest.update(
+        bench_device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", ceilings=ceilings
+    )
+    (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
+    paper = paper_numbers()
+    rows: list[dict[str, Any]] = []
+    with open(records, "w", encoding="utf-8") as f:
+        start = time.monotonic()
+        for spec in plan(cfg):
+            over = cfg.budget_s is not None and time.monotonic() - start > cfg.budget_s
+            row = measure(
+                spec, cfg, device, ceilings, f"time budget of {cfg.budget_s:g} s spent" if over else None
+            )
+            derive(row, rows + [row], paper)
+            rows.append(row)
+            f.write(canonical_json(row) + "\n")
+            f.flush()
+            if progress:
+                progress(row)
+    table = pd.DataFrame(rows, columns=COLUMNS)
+    table.to_csv(out_dir / "table.csv", index=False)
+    figures_dir = Path(figures_dir) if figures_dir is not None else out_dir / "figures"
+    figs = write_figures(table, figures_dir)
+    write_report(table, manifest, out_dir, {k: os.path.relpath(v, out_dir) for k, v in figs.items()})
+    return table
+
+
+# ----------------------------------------------------------------------------- report, figures
+
+REPORT_COLUMNS = [
+    "kind", "T", "depth", "leaves", "method", "dtype", "precision", "status", "rel_err", "us", "us_graph",
+    "floor_us", "x_floor", "speedup", "speedup_graph", "paper_us", "paper_speedup", "prior_us",
+]  # fmt: skip
+FORMATS = {
+    "rel_err": "{:.1e}", "us": "{:.1f}", "us_graph": "{:.1f}", "floor_us": "{:.2f}", "x_floor": "{:.1f}",
+    "speedup_graph": "{:.2f}x", "paper_us": "{:.1f}", "prior_us": "{:g}",
+}  # fmt: skip
+
+
+def write_report(
+    table: pd.DataFrame, manifest: dict[str, Any], out_dir: Path, figures: dict[str, str]
+) -> str:
+    """report.md: environment, ceilings, one table per (shape, group), rows not timed, the cost model."""
+    from repro.report import markdown_table
+
+    c = manifest.get("ceilings", {})
+    lines = [
+        f"# Kernel benchmarks: {out_dir.name}",
+        "",
+        f"- device: {manifest.get('bench_device')} ({manifest.get('device')})",
+        f"- git sha: {manifest.get('git_sha')}; versions: "
+        + ", ".join(f"{k} {v}" for k, v in manifest.get("versions", {}).items()),
+        f"- timer: {c.get('timer')}; measured copy bandwidth {c.get('copy_GBps', math.nan):.0f} GB/s"
+        f" (read + write), matmul bf16 {c.get('bf16_TFLOPs', math.nan):.1f} TFLOP/s,"
+        f" fp32 {c.get('fp32_TFLOPs', math.nan):.2f} TFLOP/s",
+        f"- {len(table)} rows: " + ", ".join(f"{k} {v}" for k, v in table["status"].value_counts().items()),
+        "",
+    ]
+    titles = {
+        "verify": "Verification (us per layer call)",
+        "recovery": "Accepted-state recovery (depth = accepted)",
+    }
+    for shape, group in itertools.product(dict.fromkeys(table["shape"]), titles):
+        part = table[(table["shape"] == shape) & (table["group"] == group)]
+        if part.empty:
+            continue
+        sh = SHAPES[shape]
+        lines += [f"## {shape} (H={sh.h}, HV={sh.hv}, dk={sh.dk}, dv={sh.dv}): {titles[group]}", ""]
+        lines += [markdown_table(part[REPORT_COLUMNS].reset_index(drop=True), FORMATS), ""]
+    for name, path in figures.items():
+        lines += [f"![{name}]({path})", ""]
+    untimed = table[table["status"] != "ok"]
+    if len(untimed):
+        lines += ["## Rows not timed", ""]
+        for r in untimed[untimed["status"] != "skipped"].itertuples():
+            where = f"depth={r.depth}" if r.group == "recovery" else r.kind
+            lines.append(f"- {r.status}: {r.shape} {where} T={r.T} {r.method} ({r.dtype}): {r.reason}")
+        for reason, part in untimed[untimed["status"] == "skipped"].groupby("reason", sort=False):
+            methods = ", ".join(dict.fromkeys(part["method"]))
+            lines.append(f"- skipped ({reason}): {len(part)} rows of {methods}")
+        lines.append("")
+    notes = table[(table["status"] == "ok") & (table["reason"].fillna("") != "")]
+    if len(notes):
+        lines += ["## Notes", ""]
+        lines += sorted({f"- {r.method}: {r.reason}" for r in notes.itertuples()})
+        lines.append("")
+    lines += ["## Definitions", "", DEFINITIONS, ""]
+    text = "\n".join(lines)
+    (out_dir / "report.md").write_text(text, encoding="utf-8")
+    return text
+
+
+DEFINITIONS = """\
+- us: median of triton do_bench (device events around each call, L2 flushed before each);
+  us_graph: median over replays of one CUDA graph cycling through graph_sets input sets (so that
+  one cycle moves at least 3x the L2), per call. CPU runs: a perf_counter loop (plumbing only).
+- rel_err: ‖out - ref‖ / ‖ref‖ against the float64 reference (repro.gdn.reference) on the same
+  inputs; tolerance 1e-2 for bf16 q/k/v, 1e-4 for fp32; a row over it is FAIL and not timed.
+- precision (tree_fused): the Triton kernel's float32 dot mode; bf16 rows use --bf16-precision
+  (default tf32), fp32 rows "ieee".
+- floor_us = max(bytes_min / measured copy bandwidth, flops / measured matmul rate of the method's
+  arithmetic); x_floor = us / floor_us. Counts: repro/bench/kernels.py module docstring.
+- speedup: the block's baseline us / this row's us (verification: per_branch_recurrent on the same
+  tree; recovery: commit_replay_fla on the same accepted path).
+- per-branch and prefill baselines get their flattened, per-path inputs and S0 copies prepared
+  outside the timing (in their favour); recovery factors and snapshots are made outside the timing.
+- paper_us / paper_speedup: the papers' numbers (their GPUs: Weaver B200, SpecLA H100); prior_us:
+  stock fla kernels measured earlier on the project's H200 (baselines/related.yaml, another tree)."""
+
+
+def _log2_ticks(ax: Any, values: pd.Series) -> None:
+    ax.set_xscale("log", base=2)
+    ticks = sorted({int(v) for v in values.dropna()})
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.minorticks_off()
+
+
+def write_figures(table: pd.DataFrame, folder: Path) -> dict[str, Path]:
+    """kernel_tree_vs_branch.png (verification us vs T on draft trees, paper B200 points) and recovery.png."""
+    from matplotlib.figure import Figure
+
+    from repro.figures import _save
+
+    ok = table[table["status"] == "ok"]
+    out: dict[str, Path] = {}
+    shapes = list(dict.fromkeys(table["shape"]))
+    verify = ok[(ok["group"] == "verify") & (ok["kind"] == "draft")]
+    if len(verify):
+        fig = Figure(figsize=(5.5 * len(shapes), 4.4), layout="constrained")
+        for ax, shape in zip(fig.subplots(1, len(shapes), squeeze=False)[0], shapes):
+            part = verify[verify["shape"] == shape]
+            colors: dict[str, str] = {}
+            for (method, dtype), g in part.groupby(["method", "dtype"], sort=False):
+                g = g.sort_values("T")
+                main = method in ("tree_fused", "per_branch_recurrent") and dtype == "bf16"
+                style = dict(marker="o", lw=2 if main else 1, alpha=1 if main else 0.6)
+                line = ax.plot(g["T"], g["us"], label=f"{method} ({dtype})", **style)[0]
+                colors.setdefault(method, line.get_color())
+                if g["us_graph"].notna().any():
+                    ax.plot(g["T"], g["us_graph"], ls="--", color=line.get_color(), alpha=0.6)
+            mine = table[
+                (table["shape"] == shape) & (table["group"] == "verify") & (table["kind"] == "draft")
+            ]
+            for method, g in mine[mine["paper_us"].notna()].groupby("method", sort=False):
+                ax.plot(g["T"], g["paper_us"], ls="none", marker="*", ms=12, color=colors.get(method),
+                        label=f"paper (B200): {method}")  # fmt: skip
+            _log2_ticks(ax, mine["T"])
+            ax.set_yscale("log")
+            ax.set_xlabel("tree nodes T")
+            ax.set_ylabel("us per layer (dashed: CUDA graph)")
+            ax.set_title(f"{shape}: tree verification")
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize="x-small")
+        out["tree vs per-branch verification"] = _save(fig, folder / "kernel_tree_vs_branch.png")
+    rec = ok[ok["group"] == "recovery"]
+    if len(rec):
+        fig = Figure(figsize=(5.5 * len(shapes), 4.4), layout="constrained")
+        for ax, shape in zip(fig.subplots(1, len(shapes), squeeze=False)[0], shapes):
+            for method, g in rec[rec["shape"] == shape].groupby("method", sort=False):
+                g = g.sort_values("depth")
+                line = ax.plot(g["depth"], g["us"], marker="o", label=method)[0]
+                if g["us_graph"].notna().any():
+                    ax.plot(g["depth"], g["us_graph"], ls="--", color=line.get_color(), alpha=0.6)
+            _log2_ticks(ax, rec["depth"])
+            ax.set_xlabel("accepted depth")
+            ax.set_ylabel("us per layer (dashed: CUDA graph)")
+            ax.set_title(f"{shape}: accepted-state recovery")
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize="small")
+        out["accepted-state recovery"] = _save(fig, folder / "recovery.png")
+    return out

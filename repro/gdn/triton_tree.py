@@ -1,0 +1,536 @@
+"""Fused Triton kernels for Gated DeltaNet tree verification (one layer, one sequence).
+
+Pinned to :mod:`repro.gdn.reference` (``tree_gdn``, ``TreeFactors``, ``commit_closed_form``); the
+math is in shared/gdn-tree-math.md. Conventions are the reference's: q, k [n, H, d_k]; v [n, HV, d_v];
+g (log decay), beta [n, HV]; state S0 [HV, d_v, d_k] float32 (value-first); ``ancestors`` bool [n, n]
+with the diagonal set (``ancestors[i, j]``: j is on the path to i), nodes in topological order.
+
+Kernels
+-------
+``_tree_verify_kernel`` (masked WY form, no state written). Grid ``(HV, d_v / BV)``: one program per
+value head and d_v tile. A program walks the n nodes in row blocks of ``BR`` rows (BR = 16, 32 or 64,
+a power of two >= 16; n need not be a multiple: rows/cols past n are masked to zero, and a padded row
+has an all-zero mask row, so its G, Gamma, A and P rows are 0 and it never feeds a real row). For row
+block r (rows R) it computes, all in float32:
+
+    G_R      = sum_{c <= r} (Mbar[R, c] g_c)                      (ancestor sums; stored to gate_cum)
+    Gamma_Rc = exp(G_R - G_c) on ancestors, 0 elsewhere          (masked BEFORE exp)
+    A_Rc     = diag(beta_R) (K_R K_c^T o Gamma_Rc o M)            (strictly lower: c < r, or c = r below diag)
+    P_Rc     = scale (Q_R K_c^T o Gamma_Rc o Mbar)
+    X        = beta_R (V_R - e^{G_R} K_R S0^T) - sum_{c < r} A_Rc Delta_c     (block forward substitution)
+    Delta_R  = (I + A_RR)^-1 X                                    (the diagonal block's inverse, in registers)
+    O_R      = scale e^{G_R} Q_R S0^T + sum_{c <= r} P_Rc Delta_c
+
+This is the reference's U - W S0^T = T diag(beta) (V - e^G K S0^T), reorganised as a blocked
+triangular solve on the right-hand side: T itself is never formed beyond the BR x BR diagonal blocks.
+Delta rows of earlier blocks are read back from the ``delta`` output (written by this same program,
+ordered by a CTA barrier). K/Q are read in d_k chunks of BK, so d_k = 256 costs no extra registers.
+
+The diagonal block's inverse uses recursive doubling (block forward substitution written as masked
+products): D_1 = I, D_2s = D_s - D_s L_s D_s with L_s = A restricted to the lower-left s x s sub-block
+of every 2s x 2s diagonal block. It is exactly the recursive triangular inversion T21 = -T22 A21 T11
+(no power series, so no cancellation, and no dependence on the tree depth: the float32 IEEE path
+matches float64 to ~1e-7), and needs no dynamic indexing or scratch memory. The levels s = 1..8 (inside
+the 16 x 16 diagonal blocks) run as batched [BR/16, 16, 16] dots on the extracted diagonal blocks
+(``batched_base``, BR >= 32); the levels s = 16, 32 as full [BR, BR] masked products.
+
+Precision: ``precision`` picks ``input_precision`` for every float32 x float32 dot ("ieee": exact fp32
+FMA; "tf32x3": three tf32 products, ~fp32 accuracy on tensor cores; "tf32": one tf32 product). When the
+inputs are bf16/fp16, the input-only products (K K^T, Q K^T) run natively in that dtype with fp32
+accumulation (exact products), the rest as ``precision`` says. G, Gamma, beta scaling, the state and
+every output but o stay float32; o is rounded once (round-to-nearest-even) to the input dtype.
+Errors measured on the H200 (||x - ref|| / ||ref||, float64 reference on the upcast inputs, random
+trees n = 16..256, both paper shapes): "ieee" and "tf32x3" o and delta ~1e-7 (float32 inputs; bf16
+inputs: delta ~1e-7, o 1.7e-3 = the bf16 rounding of o itself); "tf32" delta 4-6e-4, o 8e-4 (float32
+inputs) or 1.7e-3 (bf16 inputs). The CPU interpreter computes every dot in exact fp32.
+
+``_tree_states_kernel`` (per-node state caching, the SGLang-style baseline and the "snapshot" commit).
+Grid ``(HV, d_v / BVS)``: each program keeps a [BVS, d_k] float32 state tile in registers and walks the
+nodes in order: S_i = e^{g_i} S_p (I - beta_i k_i k_i^T) + beta_i v_i k_i^T from its parent's state
+(registers when the parent is the previous node, S0 when it is -1, else re-read from the output written
+earlier, after a CTA barrier), and writes S_i. No dots: plain fp32 FMAs; store-bound (it writes
+n * HV * d_v * d_k * 4 bytes: 403 MB at the Weaver shape, n = 128). BVS = 8 by default (the most
+programs; measured best).
+
+Cost at the Weaver shape (H=16, HV=48, d_k=d_v=128), T = n = 128, defaults for "tf32" (BR=64, BV=64)
+-------------------------------------------------------------------------------------------------
+Grid 48 x 2 = 96 programs (one wave on 132 SMs). Per program: K S0^T and Q S0^T 2*2*128*128*64 =
+4.2 MFLOP; K K^T and Q K^T on the 3 lower (r, c) blocks 3*2*2*64*64*128 = 6.3 MFLOP; two diagonal
+inverses 2*(2*2*2*64^3 + 4*2*4*2*16^3) = 4.7 MFLOP; A Delta, T X and P Delta 6*2*64*64*64 = 3.1 MFLOP:
+~18 MFLOP, ~1.8 GFLOP per call (1.2 GFLOP without the K-only work that each d_v tile repeats). Bytes:
+q, k (bf16) 1.0 MB, v 1.6 MB, S0 3.1 MB, o (bf16) 1.6 MB, delta 3.1 MB, TreeFactors.k (fp32, written
+by tile 0) 3.1 MB, mask 16 kB: ~14 MB, ~3 us at the measured 4.3 TB/s. Flops at ~400 TFLOP/s (tf32
+dense) are ~4 us if the whole chip worked on them. Both floors are far under what a single program's
+chain of dependent small dots takes, so the kernel is latency-bound: per-program serial depth (row
+blocks x (d_k loop + inverse levels + solve)) is the cost, not bandwidth or peak flops.
+Measured on one H200 (CUDA-graph replays, bf16 inputs, random trees, per call incl. all glue), us:
+  Weaver n =             16     32     64    128    256
+    tf32                6.3    9.7   17.8   39.7   99.8
+    tf32x3             10.5   18.5   38.0   90.0  243
+    ieee               18.4   25.9   53.6  125    321
+    states (snapshots) 23.7   44.6   93.9  199    412     (~2.1 TB/s written)
+  SpecLA chain n = 16 / 64 / 128: tf32 8.5 / 22.3 / 50.1; ieee 18.3 / 53.6 / 123.7
+(float32 inputs, Weaver n = 128: tf32 45.7, tf32x3 187, ieee 199 us.)
+
+Tiling choices and registers. BR = 64 for "tf32" (fewer serial row blocks; [64, 64] dots can use
+Hopper's 64-row warpgroup MMA; not checked in the SASS) and BR = 32 for "ieee"/"tf32x3" (at BR = 64
+those dots were slow, presumably spilling: BR=64, BV=64, 4 warps ran 4.7 ms in "ieee", 40x slower;
+the compiler's register report was not read). d_v tiles of 64 (32 for "ieee"): two
+programs per Weaver head, more SMs busy, at the price of repeating the K-only work per tile; one program
+per head (BV = 128) measured 52 vs 43 us. With BR = 64, BV = 64 and 8 warps each [64, 64] fp32 tile is
+16 registers per thread; the live set (X, O, A or P, the inverse, two dot temporaries, the K/Q chunks)
+stays under ~150 registers. n = 256 and d_k = 256 grow no tile: rows are walked in blocks (NR = n / BR
+trips, each with r off-diagonal blocks, so the work grows ~n^2 / BR^2 but registers do not), d_k in
+chunks of BK = 64. Shared memory is only what tl.dot stages operands through (a few 8-16 kB tiles).
+Not yet tried: precomputing the K-only part (inverse, A/P blocks) once per head in its own launch,
+software pipelining of the d_k loop (num_stages > 1), persistent scheduling across layers.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from repro.gdn.reference import TreeFactors
+
+PRECISIONS = ("ieee", "tf32x3", "tf32")
+
+
+def _interpreter_numpy_compat() -> None:
+    """Let Triton's CPU interpreter (TRITON_INTERPRET=1) run loops with run-time bounds on NumPy >= 2.4.
+
+    The interpreter holds scalar kernel arguments as 1-element 1-D arrays and converts them with
+    ``int(array)``, which NumPy 2.4 rejects ("only 0-dimensional arrays can be converted"), so
+    ``for i in range(0, n)`` fails. Patch its tensor ``__index__`` to take the single element. Only in
+    interpreter mode; compiled kernels are untouched.
+    """
+    try:
+        import numpy as np
+
+        int(np.ones(1, dtype=np.int32))
+        return
+    except TypeError:
+        pass
+    from triton.runtime import interpreter
+
+    original = getattr(interpreter, "_patch_lang_tensor", None)
+    if original is None or getattr(original, "_repro_patched", False):
+        return
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patched._repro_patched = True
+    interpreter._patch_lang_tensor = patched
+
+
+if triton.knobs.runtime.interpret:
+    _interpreter_numpy_compat()
+
+
+@triton.jit
+def _level_mask(ri, ci, LVL: tl.constexpr):
+    """Lower-left s x s sub-block (s = 2^LVL) of every 2s x 2s diagonal block, for row/col indices."""
+    same = (ri >> (LVL + 1)) == (ci >> (LVL + 1))
+    return same & (((ri >> LVL) & 1) == 1) & (((ci >> LVL) & 1) == 0)
+
+
+@triton.jit
+def _unit_lower_inverse(
+    b_a, BR: tl.constexpr, LOG2_BR: tl.constexpr, PREC: tl.constexpr, BASE16: tl.constexpr
+):
+    """(I + A)^-1 for a strictly lower triangular [BR, BR] A, by recursive doubling.
+
+    D_1 = I; D_{2s} = D_s - D_s L_s D_s where L_s keeps A's lower-left s x s sub-block of every
+    2s x 2s diagonal block. After log2(BR) levels D is the full inverse. With ``BASE16`` the first
+    four levels (s = 1..8, inside the 16 x 16 diagonal blocks) run as batched [BR/16, 16, 16] dots on
+    the extracted diagonal blocks instead of full [BR, BR] products (BR >= 32).
+    """
+    o_i = tl.arange(0, BR)
+    ri = o_i[:, None]
+    ci = o_i[None, :]
+    if BASE16:
+        NB: tl.constexpr = BR // 16
+        o_b = tl.arange(0, NB)
+        m_bb = o_b[:, None, None, None] == o_b[None, :, None, None]
+        # the 16 x 16 diagonal blocks of A as [NB, 16, 16]
+        a4 = tl.permute(tl.reshape(b_a, [NB, 16, NB, 16]), [0, 2, 1, 3])
+        a3 = tl.sum(tl.where(m_bb, a4, 0.0), axis=1)
+        r3 = tl.arange(0, 16)[None, :, None]
+        c3 = tl.arange(0, 16)[None, None, :]
+        b3 = o_b[:, None, None]
+        t3 = tl.where((r3 == c3) & (b3 >= 0), 1.0, 0.0)
+        for lvl in tl.static_range(4):
+            m_l = _level_mask(r3, c3, lvl)
+            l3 = tl.where(m_l, a3, 0.0)
+            lt3 = tl.dot(l3, t3, input_precision=PREC)
+            t3 = t3 - tl.dot(t3, lt3, input_precision=PREC)
+        t4 = tl.where(m_bb, t3[:, None, :, :], 0.0)
+        b_t = tl.reshape(tl.permute(t4, [0, 2, 1, 3]), [BR, BR])
+        for lvl in tl.static_range(4, LOG2_BR):
+            m_l = _level_mask(ri, ci, lvl)
+            b_l = tl.where(m_l, b_a, 0.0)
+            b_lt = tl.dot(b_l, b_t, input_precision=PREC)
+            b_t = b_t - tl.dot(b_t, b_lt, input_precision=PREC)
+    else:
+        b_t = tl.where(ri == ci, 1.0, 0.0)
+        for lvl in tl.static_range(LOG2_BR):
+            m_l = _level_mask(ri, ci, lvl)
+            b_l = tl.where(m_l, b_a, 0.0)
+            b_lt = tl.dot(b_l, b_t, input_precision=PREC)
+            b_t = b_t - tl.dot(b_t, b_lt, input_precision=PREC)
+    return b_t
+
+
+@triton.jit
+def _tree_verify_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    g_ptr,
+    beta_ptr,
+    s0_ptr,
+    anc_ptr,
+    o_ptr,
+    delta_ptr,
+    gcum_ptr,
+    kx_ptr,
+    n,
+    scale,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    BR: tl.constexpr,
+    LOG2_BR: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    CHAIN: tl.constexpr,
+    PREC: tl.constexpr,
+    UPCAST_QK: tl.constexpr,
+    BASE16: tl.constexpr,
+    WRITE_K: tl.constexpr,
+):
+    """One (value head, d_v tile): blocked masked-WY verification over all n nodes.
+
+    Writes o [n, HV, DV] (this tile's columns), delta [n, HV, DV] float32 and gate_cum [n, HV] float32
+    (every d_v tile writes the same G values: a benign duplicate).
+    """
+    i_h = tl.program_id(0)
+    i_v = tl.program_id(1)
+    i_kh = i_h // (HV // H)
+    num_blocks = tl.cdiv(n, BR)
+    o_r = tl.arange(0, BR)
+    o_c = tl.arange(0, BR)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < DV
+
+    for r in range(0, num_blocks):
+        rows = r * BR + o_r
+        m_rows = rows < n
+
+        # ---- G for this block's rows: sum over ancestors, which all sit in column blocks c <= r
+        b_gr = tl.zeros([BR], dtype=tl.float32)
+        for c in range(0, r + 1):
+            cols = c * BR + o_c
+            m_cols = cols < n
+            b_gc = tl.load(g_ptr + cols * HV + i_h, mask=m_cols, other=0.0).to(tl.float32)
+            m_rc = m_rows[:, None] & m_cols[None, :] & (rows[:, None] >= cols[None, :])
+            if not CHAIN:
+                b_anc = tl.load(anc_ptr + rows[:, None] * n + cols[None, :], mask=m_rc, other=0)
+                m_rc = m_rc & (b_anc != 0)
+            b_gr += tl.sum(tl.where(m_rc, b_gc[None, :], 0.0), axis=1)
+        tl.store(gcum_ptr + rows * HV + i_h, b_gr, mask=m_rows)
+        b_beta = tl.load(beta_ptr + rows * HV + i_h, mask=m_rows, other=0.0).to(tl.float32)
+        b_eg = tl.exp(b_gr)
+
+        # ---- diagonal block products and the S0 products, one pass over d_k
+        b_ks = tl.zeros([BR, BV], dtype=tl.float32)
+        b_qs = tl.zeros([BR, BV], dtype=tl.float32)
+        b_kk = tl.zeros([BR, BR], dtype=tl.float32)
+        b_qk = tl.zeros([BR, BR], dtype=tl.float32)
+        for kk in range(0, DK, BK):
+            m_k = (kk + o_k) < DK
+            p_qk = rows[:, None] * (H * DK) + i_kh * DK + (kk + o_k)[None, :]
+            m_qk = m_rows[:, None] & m_k[None, :]
+            b_k = tl.load(k_ptr + p_qk, mask=m_qk, other=0.0)
+            b_q = tl.load(q_ptr + p_qk, mask=m_qk, other=0.0)
+            if WRITE_K:  # the float32 keys expanded to value heads, for TreeFactors.k (tile 0 only)
+                p_kx = rows[:, None] * (HV * DK) + i_h * DK + (kk + o_k)[None, :]
+                tl.store(kx_ptr + p_kx, b_k.to(tl.float32), mask=m_qk & (i_v == 0))
+            if UPCAST_QK:
+                b_k = b_k.to(tl.float32)
+                b_q = b_q.to(tl.float32)
+            # S0^T chunk [BK, BV]: S0[h, v, kk + j]
+            p_s = s0_ptr + i_h * (DV * DK) + o_v[None, :] * DK + (kk + o_k)[:, None]
+            b_s = tl.load(p_s, mask=m_k[:, None] & m_v[None, :], other=0.0)
+            b_kk += tl.dot(b_k, tl.trans(b_k), input_precision=PREC)
+            b_qk += tl.dot(b_q, tl.trans(b_k), input_precision=PREC)
+            b_ks += tl.dot(b_k.to(tl.float32), b_s, input_precision=PREC)
+            b_qs += tl.dot(b_q.to(tl.float32), b_s, input_precision=PREC)
+
+        p_v = rows[:, None] * (HV * DV) + i_h * DV + o_v[None, :]
+        m_rv = m_rows[:, None] & m_v[None, :]
+        b_vv = tl.load(v_ptr + p_v, mask=m_rv, other=0.0).to(tl.float32)
+        b_x = b_beta[:, None] * (b_vv - b_eg[:, None] * b_ks)
+        b_o = (scale * b_eg)[:, None] * b_qs
+
+        # ---- off-diagonal blocks c < r: forward substitution and output contributions
+        for c in range(0, r):
+            cols = c * BR + o_c
+            m_cols = cols < n
+            b_gc = tl.load(gcum_ptr + cols * HV + i_h, mask=m_cols, other=0.0)
+            m_rc = m_rows[:, None] & m_cols[None, :]
+            if not CHAIN:
+                b_anc = tl.load(anc_ptr + rows[:, None] * n + cols[None, :], mask=m_rc, other=0)
+                m_rc = m_rc & (b_anc != 0)
+            b_gam = tl.where(m_rc, tl.exp(tl.where(m_rc, b_gr[:, None] - b_gc[None, :], 0.0)), 0.0)
+            b_kc_kk = tl.zeros([BR, BR], dtype=tl.float32)
+            b_kc_qk = tl.zeros([BR, BR], dtype=tl.float32)
+            for kk in range(0, DK, BK):
+                m_k = (kk + o_k) < DK
+                p_r = rows[:, None] * (H * DK) + i_kh * DK + (kk + o_k)[None, :]
+                p_c = cols[:, None] * (H * DK) + i_kh * DK + (kk + o_k)[None, :]
+                b_k = tl.load(k_ptr + p_r, mask=m_rows[:, None] & m_k[None, :], other=0.0)
+                b_q = tl.load(q_ptr + p_r, mask=m_rows[:, None] & m_k[None, :], other=0.0)
+                b_kc = tl.load(k_ptr + p_c, mask=m_cols[:, None] & m_k[None, :], other=0.0)
+                if UPCAST_QK:
+                    b_k = b_k.to(tl.float32)
+                    b_q = b_q.to(tl.float32)
+                    b_kc = b_kc.to(tl.float32)
+                b_kc_kk += tl.dot(b_k, tl.trans(b_kc), input_precision=PREC)
+                b_kc_qk += tl.dot(b_q, tl.trans(b_kc), input_precision=PREC)
+            b_a = b_beta[:, None] * b_kc_kk * b_gam
+            b_p = scale * b_kc_qk * b_gam
+            p_dc = cols[:, None] * (HV * DV) + i_h * DV + o_v[None, :]
+            b_dc = tl.load(delta_ptr + p_dc, mask=m_cols[:, None] & m_v[None, :], other=0.0)
+            b_x -= tl.dot(b_a, b_dc, input_precision=PREC)
+            b_o += tl.dot(b_p, b_dc, input_precision=PREC)
+
+        # ---- diagonal block: Gamma, A (strict), P (with diagonal), inverse, Delta, O
+        cols = r * BR + o_c
+        m_rc = m_rows[:, None] & (cols < n)[None, :] & (rows[:, None] >= cols[None, :])
+        if not CHAIN:
+            b_anc = tl.load(anc_ptr + rows[:, None] * n + cols[None, :], mask=m_rc, other=0)
+            m_rc = m_rc & (b_anc != 0)
+        b_gam = tl.where(m_rc, tl.exp(tl.where(m_rc, b_gr[:, None] - b_gr[None, :], 0.0)), 0.0)
+        b_a = tl.where(rows[:, None] > cols[None, :], b_beta[:, None] * b_kk * b_gam, 0.0)
+        b_p = scale * b_qk * b_gam
+        b_t = _unit_lower_inverse(b_a, BR, LOG2_BR, PREC, BASE16)
+        b_d = tl.dot(b_t, b_x, input_precision=PREC)
+        b_o += tl.dot(b_p, b_d, input_precision=PREC)
+        tl.store(delta_ptr + p_v, b_d, mask=m_rv)
+        tl.store(o_ptr + p_v, b_o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=m_rv)
+        # later blocks read these delta rows and G values back (written by other threads of this CTA)
+        tl.debug_barrier()
+
+
+@triton.jit
+def _tree_states_kernel(
+    k_ptr,
+    v_ptr,
+    g_ptr,
+    beta_ptr,
+    s0_ptr,
+    par_ptr,
+    out_ptr,
+    n,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    BKS: tl.constexpr,
+    BV: tl.constexpr,
+):
+    """One (value head, d_v tile): the state after every node, in node order, from its parent's state."""
+    i_h = tl.program_id(0)
+    i_v = tl.program_id(1)
+    i_kh = i_h // (HV // H)
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_k = tl.arange(0, BKS)
+    m_v = o_v < DV
+    m_k = o_k < DK
+    m_s = m_v[:, None] & m_k[None, :]
+    p_tile = i_h * (DV * DK) + o_v[:, None] * DK + o_k[None, :]
+    node_stride = HV * DV * DK
+    b_s0 = tl.load(s0_ptr + p_tile, mask=m_s, other=0.0).to(tl.float32)
+    b_prev = b_s0
+    off_i = tl.zeros([], dtype=tl.int64)  # i * node_stride, kept in 64 bits
+    for i in range(0, n):
+        p = tl.load(par_ptr + i)
+        from_mem = (p >= 0) & (p != i - 1)
+        p_safe = tl.maximum(p, 0).to(tl.int64)
+        b_ld = tl.load(out_ptr + p_safe * node_stride + p_tile, mask=m_s & from_mem, other=0.0)
+        b_par = tl.where(p == i - 1, b_prev, tl.where(p < 0, b_s0, b_ld))
+        b_g = tl.load(g_ptr + i * HV + i_h).to(tl.float32)
+        b_beta = tl.load(beta_ptr + i * HV + i_h).to(tl.float32)
+        b_k = tl.load(k_ptr + i * (H * DK) + i_kh * DK + o_k, mask=m_k, other=0.0).to(tl.float32)
+        b_vv = tl.load(v_ptr + i * (HV * DV) + i_h * DV + o_v, mask=m_v, other=0.0).to(tl.float32)
+        b_st = b_par * tl.exp(b_g)
+        b_pred = tl.sum(b_st * b_k[None, :], axis=1)
+        b_st = b_st + (b_beta * (b_vv - b_pred))[:, None] * b_k[None, :]
+        tl.store(out_ptr + off_i + p_tile, b_st, mask=m_s)
+        b_prev = b_st
+        off_i += node_stride
+        # a later node may re-read this state through other threads of the CTA
+        tl.debug_barrier()
+
+
+def _pow2_at_least(x: int, lo: int = 16) -> int:
+    return max(lo, triton.next_power_of_2(int(x)))
+
+
+def _check_inputs(q, k, v, g, beta, state) -> tuple[int, int, int, int, int]:
+    n, h, dk = q.shape
+    hv, dv = v.shape[1], v.shape[2]
+    if k.shape != q.shape or v.shape[0] != n or g.shape != (n, hv) or beta.shape != (n, hv):
+        raise ValueError(
+            f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
+            f"g {tuple(g.shape)}, beta {tuple(beta.shape)}"
+        )
+    if hv % h:
+        raise ValueError(f"value heads ({hv}) must be a multiple of key heads ({h})")
+    if state.shape != (hv, dv, dk):
+        raise ValueError(f"state must be [HV, d_v, d_k] = {(hv, dv, dk)}, got {tuple(state.shape)}")
+    if n < 1:
+        raise ValueError("empty tree")
+    return n, h, hv, dk, dv
+
+
+def tree_gdn_fused(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    ancestors: torch.Tensor | None,
+    scale: float,
+    precision: str = "ieee",
+    *,
+    chain: bool = False,
+    block_rows: int | None = None,
+    block_v: int | None = None,
+    block_k: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int = 1,
+    batched_base: bool | None = None,
+    out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, TreeFactors]:
+    """Fused tree verification; the semantics and shapes of :func:`repro.gdn.reference.tree_gdn`.
+
+    Returns (o [n, HV, d_v] in q's dtype, TreeFactors with delta [n, HV, d_v] and gate_cum [n, HV]
+    in float32, k expanded to value heads in float32, the raw v, g, beta, and no snapshots).
+    ``chain=True`` (or ``ancestors=None``) treats the nodes as one chain (mask = lower triangle,
+    computed in the kernel). ``out`` = (o, delta, gate_cum) preallocated outputs (e.g. for graphs).
+    Tuning knobs: ``block_rows`` (BR, power of two 16..64), ``block_v`` (d_v tile; the grid is
+    HV x d_v / block_v), ``block_k`` (d_k chunk), ``num_warps``, ``num_stages``, ``batched_base``
+    (batched 16 x 16 base of the diagonal-block inverse; default on for BR >= 32). Defaults: BR =
+    min(64, n) for "tf32", min(32, n) otherwise (>= 16); BV = 64 (32 for "ieee"); BK = 64.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    n, h, hv, dk, dv = _check_inputs(q, k, v, g, beta, state)
+    chain = chain or ancestors is None
+    if not chain and ancestors.shape != (n, n):
+        raise ValueError(f"ancestors must be [n, n] = {(n, n)}, got {tuple(ancestors.shape)}")
+    q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
+    state = state.contiguous().float()
+    if q.dtype != k.dtype:
+        raise ValueError(f"q and k must share a dtype, got {q.dtype} and {k.dtype}")
+    if chain:
+        anc = q  # unused: the kernel builds the lower-triangular mask from indices
+    else:
+        anc = (ancestors if ancestors.dtype == torch.bool else ancestors != 0).contiguous().view(torch.uint8)
+
+    exact = precision != "tf32"  # fp32 FMA / 3xTF32 dots: smaller tiles keep them out of local memory
+    br = block_rows or min(32 if exact else 64, _pow2_at_least(n))
+    if br < 16 or br & (br - 1):
+        raise ValueError(f"block_rows must be a power of two >= 16, got {br}")
+    bk = block_k or min(64, _pow2_at_least(dk))
+    bv = block_v or min(32 if precision == "ieee" else 64, _pow2_at_least(dv))
+    warps = num_warps or (8 if br * max(br, bv) >= 4096 else 4)
+
+    if out is None:
+        o = torch.empty(n, hv, dv, dtype=q.dtype, device=q.device)
+        delta = torch.empty(n, hv, dv, dtype=torch.float32, device=q.device)
+        gate_cum = torch.empty(n, hv, dtype=torch.float32, device=q.device)
+    else:
+        o, delta, gate_cum = out
+    # TreeFactors.k: float32 keys per value head; a view when there is nothing to expand or convert
+    write_k = hv != h or k.dtype != torch.float32
+    k_exp = torch.empty(n, hv, dk, dtype=torch.float32, device=q.device) if write_k else k
+    # the CPU interpreter keeps bf16 as raw uint16 and its tl.dot multiplies those bits: upcast there
+    upcast = bool(triton.knobs.runtime.interpret) and q.dtype == torch.bfloat16
+    base16 = br >= 32 if batched_base is None else (batched_base and br >= 32)
+    grid = (hv, triton.cdiv(dv, bv))
+    _tree_verify_kernel[grid](
+        q, k, v, g, beta, state, anc, o, delta, gate_cum, k_exp, n, float(scale),
+        H=h, HV=hv, DK=dk, DV=dv, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk, BV=bv,
+        CHAIN=chain, PREC=precision, UPCAST_QK=upcast, BASE16=base16, WRITE_K=write_k,
+        num_warps=warps, num_stages=num_stages,
+    )  # fmt: skip
+    factors = TreeFactors(
+        delta=delta,
+        gate_cum=gate_cum,
+        k=k_exp,
+        v=v,
+        g=g,
+        beta=beta,
+    )
+    return o, factors
+
+
+def chain_gdn_fused(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    scale: float,
+    precision: str = "ieee",
+    **kwargs,
+) -> tuple[torch.Tensor, TreeFactors]:
+    """:func:`tree_gdn_fused` on a chain (parents[i] = i - 1): same kernel, mask from indices."""
+    return tree_gdn_fused(q, k, v, g, beta, state, None, scale, precision, chain=True, **kwargs)
+
+
+def tree_states_fused(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    parents: torch.Tensor,
+    *,
+    block_v: int | None = None,
+    num_warps: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The float32 state after every node, [n, HV, d_v, d_k] (the reference's ``snapshots``).
+
+    ``parents`` [n] int (-1: child of the committed prefix; else < i). One program per (value head,
+    d_v tile) walks the nodes in order, each node starting from its parent's state.
+    """
+    n, h, dk = k.shape
+    hv, dv = v.shape[1], v.shape[2]
+    if state.shape != (hv, dv, dk) or parents.shape != (n,) or hv % h:
+        raise ValueError("tree_states_fused: bad shapes")
+    k, v, g, beta = (x.contiguous() for x in (k, v, g, beta))
+    state = state.contiguous().float()
+    par = parents.to(device=k.device, dtype=torch.int32).contiguous()
+    bks = _pow2_at_least(dk, 1)
+    # small d_v tiles: more programs in flight for this store-bound walk (BV=8 measured best on the H200)
+    bv = block_v or min(_pow2_at_least(dv, 1), max(8, 1024 // bks))
+    warps = num_warps or (8 if bv * bks >= 4096 else 4)
+    states = out if out is not None else torch.empty(n, hv, dv, dk, dtype=torch.float32, device=k.device)
+    grid = (hv, triton.cdiv(dv, bv))
+    _tree_states_kernel[grid](
+        k, v, g, beta, state, par, states, n,
+        H=h, HV=hv, DK=dk, DV=dv, BKS=bks, BV=bv, num_warps=warps,
+    )  # fmt: skip
+    return states

@@ -1,0 +1,298 @@
+"""Fused Triton tree-verification kernels (repro.gdn.triton_tree) vs the float64 reference.
+
+Two groups:
+- interpreter tests (CPU, Triton's interpreter): small shapes, every tree kind, several row blocks,
+  d_k chunks and d_v tiles. Triton reads TRITON_INTERPRET when a kernel is *decorated* (at import of
+  repro.gdn.triton_tree), so these run in one subprocess started with TRITON_INTERPRET=1 (this file
+  run as a script), which reports every case's errors as JSON; a test per case checks them. That
+  keeps them independent of whatever this process imported first, and lets the GPU tests below use
+  the compiled kernels in the same session.
+- GPU tests (``@pytest.mark.gpu``, skipped without CUDA): the paper shapes (Weaver H=16, HV=48,
+  d_k=d_v=128; SpecLA HV=8, d_k=d_v=256), fresh random inputs every run (the seed is in the failure
+  message): every shape in bf16/"tf32" (production) and float32/"ieee" (exactness), plus float32
+  "tf32x3"/"tf32" and bf16 "ieee" on three shapes. 47 tests, ~2 min on one H200 (mostly compiles and
+  the float64 references). All passed there on 2026-11 (torch 2.11, triton 3.6).
+
+Errors are ||x - ref|| / ||ref|| against repro.gdn.reference.tree_gdn run in float64 on the upcast
+inputs (so input rounding is not counted); outputs are poisoned with NaN before every call and must
+come back finite everywhere.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import leaves, random_tree, seed_of
+
+from repro.gdn import reference as gdn
+from repro.tree import Tree
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+F64 = torch.float64
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+# ---------------------------------------------------------------------------------------------
+# one case: inputs, fused call, reference, errors (shared by the interpreter and the GPU tests)
+
+
+def make_inputs(spec: dict, device: str):
+    """Fresh random GDN inputs from the case's seed (unit q/k, g <= 0, beta in (0, beta_max), S0 != 0).
+
+    ``hard`` draws keys around a shared direction (|cos| ~ 0.8) with slow decays and beta near its
+    maximum: the triangular system is then far from the identity (large T entries).
+    """
+    gen = torch.Generator().manual_seed(spec["seed"])
+    n, h, hv, dk, dv = spec["n"], spec["H"], spec["HV"], spec["dk"], spec["dv"]
+    q = F.normalize(torch.randn(n, h, dk, generator=gen), dim=-1)
+    if spec.get("hard"):
+        base = torch.randn(1, h, dk, generator=gen)
+        k = F.normalize(base + 0.5 * torch.randn(n, h, dk, generator=gen) / dk**0.5 * base.norm(), dim=-1)
+        g = -0.05 * torch.rand(n, hv, generator=gen)
+        beta = spec.get("beta_max", 1.0) * (0.7 + 0.3 * torch.rand(n, hv, generator=gen))
+    else:
+        k = F.normalize(torch.randn(n, h, dk, generator=gen), dim=-1)
+        g = -torch.rand(n, hv, generator=gen) * (0.05 + 0.8 * torch.rand(1, hv, generator=gen))
+        beta = spec.get("beta_max", 1.0) * torch.rand(n, hv, generator=gen).clamp(0.02, 0.98)
+    v = torch.randn(n, hv, dv, generator=gen)
+    s0 = torch.randn(hv, dv, dk, generator=gen)
+    dtype = DTYPES[spec.get("dtype", "float32")]
+    parents = random_tree(n, spec["kind"], gen)
+    ins = [x.to(device=device, dtype=dtype) for x in (q, k, v, g, beta)]
+    return ins, s0.to(device), parents
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    if not bool(torch.isfinite(a).all()):
+        return float("inf")
+    return float((a - b).norm() / b.norm().clamp_min(1e-300))
+
+
+def run_case(spec: dict, device: str) -> dict:
+    """Run the fused kernels on one case; return errors against the float64 reference."""
+    from repro.gdn.triton_tree import chain_gdn_fused, tree_gdn_fused, tree_states_fused
+
+    (q, k, v, g, beta), s0, parents = make_inputs(spec, device)
+    n, hv, dv, dk = spec["n"], spec["HV"], spec["dv"], spec["dk"]
+    tree = Tree(torch.zeros(n, dtype=torch.long), parents)
+    anc = tree.ancestor_mask.to(device)
+    scale = dk**-0.5
+    tuning = ("block_rows", "block_v", "block_k", "num_warps", "batched_base")
+    knobs = {key: spec[key] for key in tuning if key in spec}
+    nan = float("nan")
+    o = torch.full((n, hv, dv), nan, dtype=q.dtype, device=device)
+    delta = torch.full((n, hv, dv), nan, dtype=torch.float32, device=device)
+    gcum = torch.full((n, hv), nan, dtype=torch.float32, device=device)
+    prec = spec.get("precision", "ieee")
+    if spec.get("chain_api"):
+        assert spec["kind"] == "chain"
+        o, f = chain_gdn_fused(q, k, v, g, beta, s0, scale, prec, out=(o, delta, gcum), **knobs)
+    else:
+        o, f = tree_gdn_fused(q, k, v, g, beta, s0, anc, scale, prec, out=(o, delta, gcum), **knobs)
+    states = torch.full((n, hv, dv, dk), nan, dtype=torch.float32, device=device)
+    states = tree_states_fused(k, v, g, beta, s0, parents.to(device), out=states)
+    if device != "cpu":
+        torch.cuda.synchronize()
+
+    ro, rf = gdn.tree_gdn(*(x.to(F64) for x in (q, k, v, g, beta, s0)), anc, scale, keep_snapshots=True)
+    paths = [[]] + [tree.path_to(i) for i in leaves(parents)[:4]] + [tree.path_to(0), tree.path_to(n - 1)]
+    commit = max(
+        rel(gdn.commit_closed_form(s0, f, p), gdn.commit_closed_form(s0.to(F64), rf, p)) for p in paths
+    )
+    return {
+        "o": rel(o, ro),
+        "delta": rel(f.delta, rf.delta),
+        "gate_cum": rel(f.gate_cum, rf.gate_cum),
+        "commit": commit,
+        "states": rel(states, rf.snapshots),
+        "k_exact": bool(torch.equal(f.k, gdn.expand_key_heads(k.float(), hv))),
+        "unwritten": int(sum((~torch.isfinite(x)).sum() for x in (o, f.delta, f.gate_cum, states))),
+        "dtypes_ok": bool(
+            o.dtype == q.dtype
+            and f.delta.dtype == torch.float32
+            and f.gate_cum.dtype == torch.float32
+            and tuple(f.k.shape) == (n, hv, dk)
+            and f.snapshots is None
+        ),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# interpreter cases: small shapes (H=2, HV=4 grouped unless said), every tree kind, n in 1..64
+
+_SMALL = {"H": 2, "HV": 4, "dk": 16, "dv": 16}
+INTERP_CASES = {
+    "n1-single": {**_SMALL, "n": 1, "kind": "chain"},
+    "n5-random": {**_SMALL, "n": 5, "kind": "random"},
+    "n16-fan": {**_SMALL, "n": 16, "kind": "fan"},
+    "n16-chain-api": {**_SMALL, "n": 16, "kind": "chain", "chain_api": True},
+    "n33-random-br16-dk32": {**_SMALL, "n": 33, "kind": "random", "dk": 32, "block_rows": 16, "block_k": 16},
+    "n33-mixed-dv32-bv16": {**_SMALL, "n": 33, "kind": "mixed", "dv": 32, "block_v": 16},
+    "n64-chain-tree-api-br16": {**_SMALL, "n": 64, "kind": "chain", "block_rows": 16},
+    "n64-chain-api-br32": {**_SMALL, "n": 64, "kind": "chain", "chain_api": True, "block_rows": 32},
+    "n64-random-dk32-dv16-br64": {
+        **_SMALL,
+        "n": 64,
+        "kind": "random",
+        "dk": 32,
+        "block_k": 16,
+        "block_rows": 64,
+    },
+    "n64-random-unbatched-base": {**_SMALL, "n": 64, "kind": "random", "batched_base": False},
+    "n64-forest-br16-h1": {**_SMALL, "H": 1, "n": 64, "kind": "forest", "block_rows": 16},
+    "n64-fan-br32": {**_SMALL, "n": 64, "kind": "fan", "block_rows": 32},
+    # tf32's defaults (BR=64, batched 16-block base); the interpreter's dots are exact fp32 anyway
+    "n60-random-tf32-defaults": {**_SMALL, "n": 60, "kind": "random", "precision": "tf32"},
+    "n48-mixed-hard-beta2": {
+        **_SMALL,
+        "n": 48,
+        "kind": "mixed",
+        "hard": True,
+        "beta_max": 2.0,
+        "block_rows": 16,
+    },
+    "n40-random-bf16": {**_SMALL, "n": 40, "kind": "random", "dtype": "bfloat16", "block_rows": 16},
+    "n24-mixed-fp16": {**_SMALL, "n": 24, "kind": "mixed", "dtype": "float16"},
+    "n20-random-dk24-dv20": {**_SMALL, "n": 20, "kind": "random", "dk": 24, "dv": 20},
+}
+# float32 "ieee" must reach float64 to 1e-5; bf16/fp16 outputs o are rounded to the input dtype
+# (bf16: 2^-9 relative per element, ~1e-3 in norm; fp16: 2^-11), everything else stays float32.
+O_TOL = {"float32": 1e-5, "bfloat16": 5e-3, "float16": 1.5e-3}
+
+
+def _interp_specs() -> dict[str, dict]:
+    return {name: {**spec, "seed": seed_of("interp", name)} for name, spec in INTERP_CASES.items()}
+
+
+def _interpreter_main() -> None:
+    """Subprocess entry (TRITON_INTERPRET=1): run every interpreter case, print JSON on the last line."""
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    torch.set_num_threads(1)
+    results = {}
+    for name, spec in _interp_specs().items():
+        t0 = time.perf_counter()
+        try:
+            res = run_case(spec, "cpu")
+        except Exception as exc:  # report, so that one broken case does not hide the others
+            res = {"error": f"{type(exc).__name__}: {exc}"}
+        res["seconds"] = round(time.perf_counter() - t0, 2)
+        results[name] = res
+    print(json.dumps(results))
+
+
+@pytest.fixture(scope="module")
+def interp_results() -> dict:
+    if not HAS_TRITON:
+        pytest.skip("triton is not installed")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--interpret"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"interpreter subprocess failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@needs_triton
+@pytest.mark.parametrize("name", list(INTERP_CASES))
+def test_interpreter_case(interp_results: dict, name: str) -> None:
+    res = interp_results[name]
+    assert "error" not in res, res.get("error")
+    dtype = INTERP_CASES[name].get("dtype", "float32")
+    assert res["unwritten"] == 0, f"{res['unwritten']} output elements left unwritten (NaN poison)"
+    assert res["dtypes_ok"]
+    assert res["k_exact"], "TreeFactors.k is not the float32 keys expanded to value heads"
+    assert res["o"] <= O_TOL[dtype], res
+    for key in ("delta", "gate_cum", "commit", "states"):
+        assert res[key] <= 1e-5, (key, res)
+
+
+@needs_triton
+def test_interpreter_is_fast(interp_results: dict) -> None:
+    total = sum(r["seconds"] for r in interp_results.values())
+    assert total < 60, f"interpreter cases took {total:.1f} s"
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: the paper shapes, fresh inputs every run
+
+
+def _gpu_ok() -> bool:
+    if not (HAS_TRITON and torch.cuda.is_available()):
+        return False
+    import triton
+
+    return not triton.knobs.runtime.interpret
+
+
+WEAVER = {"H": 16, "HV": 48, "dk": 128, "dv": 128}
+SPECLA = {"H": 8, "HV": 8, "dk": 256, "dv": 256}
+# (o tolerance, delta/commit tolerance). Measured on the H200: ieee and tf32x3 ~1e-7; tf32 delta
+# 4-6e-4 and o 8e-4 (a 10-bit mantissa per dot operand, through the triangular solve); bf16 inputs:
+# o itself is rounded to bf16, 1.7e-3 in norm, whatever the precision. About 10x margin each.
+GPU_TOL = {
+    ("float32", "ieee"): (1e-5, 1e-5),
+    ("float32", "tf32x3"): (1e-5, 1e-5),
+    ("float32", "tf32"): (5e-3, 5e-3),
+    ("bfloat16", "tf32"): (1e-2, 5e-3),
+    ("bfloat16", "ieee"): (5e-3, 1e-5),
+}
+GPU_SHAPES = (
+    [("weaver", n, kind) for n in (16, 32, 64, 128, 256) for kind in ("random", "mixed")]
+    + [("weaver", 128, "chain"), ("weaver", 129, "mixed")]
+    + [("specla", n, "chain") for n in (16, 64, 128)]
+    + [("specla", n, kind) for n in (31, 128) for kind in ("random", "mixed")]
+)
+# every shape on the production path (bf16 inputs, tf32) and the exactness path (fp32, ieee);
+# the other precision pairs on a few shapes
+GPU_CASES = [(*shape, "bfloat16", "tf32") for shape in GPU_SHAPES] + [
+    (*shape, "float32", "ieee") for shape in GPU_SHAPES
+]
+GPU_CASES += [
+    (*shape, dtype, prec)
+    for shape in (("weaver", 64, "mixed"), ("weaver", 256, "random"), ("specla", 128, "chain"))
+    for dtype, prec in (("float32", "tf32x3"), ("float32", "tf32"), ("bfloat16", "ieee"))
+]
+
+
+def _fresh_seed() -> int:
+    return int.from_bytes(os.urandom(4), "little")
+
+
+@pytest.mark.parametrize(("shape", "n", "kind", "dtype", "precision"), GPU_CASES)
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu_ok(), reason="needs a CUDA GPU, triton, and TRITON_INTERPRET unset")
+def test_gpu_tree(shape: str, n: int, kind: str, dtype: str, precision: str) -> None:
+    base = WEAVER if shape == "weaver" else SPECLA
+    spec = {**base, "n": n, "kind": kind, "dtype": dtype, "precision": precision, "seed": _fresh_seed()}
+    spec["chain_api"] = kind == "chain" and n % 2 == 0
+    res = run_case(spec, "cuda")
+    o_tol, d_tol = GPU_TOL[(dtype, precision)]
+    msg = f"seed={spec['seed']} {res}"
+    assert res["unwritten"] == 0, msg
+    assert res["dtypes_ok"], msg
+    assert res["k_exact"], msg
+    assert res["o"] <= o_tol, msg
+    assert res["delta"] <= d_tol, msg
+    assert res["gate_cum"] <= 1e-5, msg
+    assert res["commit"] <= d_tol, msg
+    assert res["states"] <= 1e-5, msg
+
+
+if __name__ == "__main__" and "--interpret" in sys.argv:
+    _interpreter_main()
