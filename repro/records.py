@@ -187,7 +187,13 @@ def config_hash(config: dict[str, Any]) -> str:
 
 
 def git_sha(root: Path | None = None) -> str:
-    """``git rev-parse HEAD`` of the checkout the package runs from (+ "-dirty"), else "unknown"."""
+    """``git rev-parse HEAD`` of the checkout the package runs from (+ "-dirty"), else "unknown".
+
+    A copy without ``.git`` (the GPU machine gets the working tree only) reports the sha that the
+    sender put in ``REPRO_GIT_SHA``.
+    """
+    if os.environ.get("REPRO_GIT_SHA"):
+        return os.environ["REPRO_GIT_SHA"]
     root = (root or Path(__file__).resolve().parent.parent).resolve()
 
     def git(*args: str) -> str:

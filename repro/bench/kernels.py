@@ -739,7 +739,6 @@ def run_bench(
     out_dir.mkdir(parents=True, exist_ok=True)
     device = torch.device("cuda" if torch.cuda.is_available() and not cfg.quick else "cpu")
     if device.type == "cuda":
-        torch.cuda.set_device(device)
         device = torch.device("cuda", torch.cuda.current_device())
     ceilings = measure_ceilings(device, cfg.timer, quick=device.type != "cuda")
     manifest = build_manifest(cfg.as_dict(), seed=cfg.seed)
