@@ -3,7 +3,8 @@
 # Run from the repository root with the fla wheels carried in .whl/ (carry: [".whl"]); results go
 # to $OUT (bench-kernels/ with records, manifest, report, table, figures/, and one log).
 # repro is not installed there: it runs from the checkout through PYTHONPATH. Extra arguments are
-# passed to `repro bench kernels` (e.g. --shapes specla --sizes 16,64).
+# passed to `repro bench kernels` (e.g. --shapes specla --sizes 16,64). The device copy has no .git:
+# set REPRO_GIT_SHA=$(git rev-parse HEAD) in the command so that manifests name the code.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/runs/gpu-bench}
