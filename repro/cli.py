@@ -114,7 +114,7 @@ def routes() -> None:
     from repro.routes import ROUTE_KINDS
 
     for kind, (_, params, help_text) in ROUTE_KINDS.items():
-        typer.echo(f"{kind:18s} params: {', '.join(sorted(params)) or '-':14s} {help_text}")
+        typer.echo(f"{kind:16s} {help_text}\n{'':16s} params: {', '.join(sorted(params)) or '-'}")
 
 
 @app.command("export-default")

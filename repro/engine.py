@@ -14,7 +14,8 @@ import torch
 
 from repro.acceptance import TargetMatch
 from repro.drafters.base import DraftContext, Drafter
-from repro.models.hybrid import HybridLM
+from repro.models.hybrid import PREFILL_CHUNK, HybridLM, Verification
+from repro.models.state import ModelState
 from repro.trees import TreeBuilder
 
 STAGES = ("draft", "tree", "verify", "commit")
@@ -66,6 +67,25 @@ def _cut(tokens: list[int], stop_ids: set[int], room: int) -> tuple[list[int], s
     return tokens, None
 
 
+def _prefill(
+    model: HybridLM, prompt_ids: list[int], capture: tuple[int, ...], drafter: Drafter | None
+) -> tuple[ModelState, Verification]:
+    """``model.prefill``; a drafter with ``observe_prefill`` sees every chunk's verification.
+
+    The chunks are the model's own (PREFILL_CHUNK tokens), so the result is identical; drafters
+    that read target hidden states (DFlash) need them for the whole prompt, not just the last chunk.
+    """
+    observe = getattr(drafter, "observe_prefill", None)
+    if observe is None or not prompt_ids:
+        return model.prefill(prompt_ids, capture=capture)
+    state: ModelState | None = None
+    for start in range(0, len(prompt_ids), PREFILL_CHUNK):
+        state, ver = model.prefill(prompt_ids[start : start + PREFILL_CHUNK], state, capture)
+        observe(ver)
+    assert state is not None  # the prompt is not empty: at least one chunk ran
+    return state, ver
+
+
 def generate(
     model: HybridLM,
     prompt_ids: list[int],
@@ -85,7 +105,7 @@ def generate(
         drafter.begin(list(prompt_ids), reference_ids)
     stage = dict.fromkeys(STAGES, 0.0)
     t0 = _clock(dev)
-    state, ver = model.prefill(prompt_ids, capture=capture)
+    state, ver = _prefill(model, prompt_ids, capture, drafter)
     out = [route.rule.pick(ver.logits[-1], 0)]
     t1 = _clock(dev)
     lengths: list[int] = []

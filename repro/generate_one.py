@@ -55,7 +55,7 @@ def generate_one(
         )
     acceptance = "sample_match" if temperature > 0 else "greedy"
     spec = {"name": route, "kind": route, **parse_params(params)}
-    chosen = build_route(spec, vocab, acceptance, temperature, seed)
+    chosen = build_route(spec, vocab, acceptance, temperature, seed, target=model)
     stops = () if ignore_eos else tokenizer.stop_token_ids
     reference = None
     if chosen.drafter is not None:

@@ -10,13 +10,15 @@ from collections.abc import Callable
 from typing import Any
 
 from repro.acceptance import make_rule
+from repro.drafters.dflash import DFlashDrafter, load_dflash, random_dflash_for
 from repro.drafters.synthetic import SyntheticDrafter
 from repro.engine import Route
 from repro.errors import ConfigError
-from repro.models.hybrid import check_strategy
-from repro.trees import Backbone, Chain, SingleNode
+from repro.models.hybrid import HybridLM, check_strategy
+from repro.trees import Backbone, BestFirst, Chain, SingleNode
 
 COMMON_KEYS = {"name", "kind", "commit"}
+OPTIONAL_KEYS = {"width", "block_size"}
 
 
 def _ar(spec: dict, vocab_size: int, rule_args: tuple) -> Route:
@@ -34,7 +36,29 @@ def _synthetic_tree(spec: dict, vocab_size: int, rule_args: tuple) -> Route:
     return Route(spec["name"], drafter, Backbone(width), make_rule(*rule_args))
 
 
-ROUTE_KINDS: dict[str, tuple[Callable[[dict, int, tuple], Route], set[str], str]] = {
+def _dflash_drafter(spec: dict, rule_args: tuple, target: HybridLM | None) -> DFlashDrafter:
+    """``drafter``: a z-lab DFlash checkpoint directory, or "random" (seeded, untrained)."""
+    if target is None:
+        raise ConfigError(f"route kind {spec['kind']} needs the target model: build_route(..., target=model)")
+    block = int(spec["block_size"]) if spec.get("block_size") is not None else None
+    source = str(spec["drafter"])
+    if source == "random":
+        model = random_dflash_for(target, seed=int(rule_args[2]), block_size=block or 16)
+    else:
+        model = load_dflash(source)
+    return DFlashDrafter(model, target, block_size=block)
+
+
+def _dflash_chain(spec: dict, vocab_size: int, rule_args: tuple, target: HybridLM | None = None) -> Route:
+    return Route(spec["name"], _dflash_drafter(spec, rule_args, target), Chain(), make_rule(*rule_args))
+
+
+def _ddtree(spec: dict, vocab_size: int, rule_args: tuple, target: HybridLM | None = None) -> Route:
+    builder = BestFirst(int(spec["budget"]))
+    return Route(spec["name"], _dflash_drafter(spec, rule_args, target), builder, make_rule(*rule_args))
+
+
+ROUTE_KINDS: dict[str, tuple[Callable[..., Route], set[str], str]] = {
     "ar": (_ar, set(), "plain autoregressive decoding (a one-node tree per step)"),
     "synthetic_chain": (_synthetic_chain, {"p", "k"}, "synthetic drafter, chain of k drafts, acceptance p"),
     "synthetic_tree": (
@@ -42,7 +66,18 @@ ROUTE_KINDS: dict[str, tuple[Callable[[dict, int, tuple], Route], set[str], str]
         {"p", "k", "width"},
         "synthetic drafter, k levels of `width` distinct siblings, acceptance p per slot",
     ),
+    "dflash_chain": (
+        _dflash_chain,
+        {"drafter", "block_size"},
+        "DFlash block drafter (checkpoint dir or 'random'), argmax chain of block_size-1 drafts",
+    ),
+    "ddtree": (
+        _ddtree,
+        {"drafter", "budget", "block_size"},
+        "DFlash marginals, DDTree best-first tree of `budget` draft nodes",
+    ),
 }
+TARGET_KINDS = {"dflash_chain", "ddtree"}  # factories that take the target model
 
 
 def route_params(spec: dict) -> dict[str, Any]:
@@ -50,8 +85,19 @@ def route_params(spec: dict) -> dict[str, Any]:
     return {k: v for k, v in spec.items() if k != "name"}
 
 
-def build_route(spec: dict, vocab_size: int, acceptance: str, temperature: float, seed: int) -> Route:
-    """Instantiate one route from its spec, or raise a one-line ConfigError."""
+def build_route(
+    spec: dict,
+    vocab_size: int,
+    acceptance: str,
+    temperature: float,
+    seed: int,
+    target: HybridLM | None = None,
+) -> Route:
+    """Instantiate one route from its spec, or raise a one-line ConfigError.
+
+    ``target`` is the model the route decodes; drafters that read its weights or hidden states
+    (the DFlash kinds) need it.
+    """
     kind = spec.get("kind")
     name = spec.get("name") or kind
     if kind not in ROUTE_KINDS:
@@ -62,13 +108,17 @@ def build_route(spec: dict, vocab_size: int, acceptance: str, temperature: float
     extra = set(spec) - allowed - COMMON_KEYS
     if extra:
         raise ConfigError(f"route {name!r} of kind {kind}: unknown parameter(s) {', '.join(sorted(extra))}")
-    required = allowed - {"width"}
+    required = allowed - OPTIONAL_KEYS
     missing = required - set(spec)
     if missing:
         raise ConfigError(f"route {name!r} of kind {kind}: missing parameter(s) {', '.join(sorted(missing))}")
     spec = {**spec, "name": name}
     try:
-        route = factory(spec, vocab_size, (acceptance, temperature, seed))
+        rule_args = (acceptance, temperature, seed)
+        if kind in TARGET_KINDS:
+            route = factory(spec, vocab_size, rule_args, target=target)
+        else:
+            route = factory(spec, vocab_size, rule_args)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"route {name!r}: bad parameter value ({exc})") from None
     route.params = route_params(spec)

@@ -80,7 +80,9 @@ class ExperimentRunner:
         self.model.set_gdn_backend(cfg["gdn_backend"])
         vocab = self.model.config.vocab_size
         self.routes = [
-            build_route(spec, vocab, cfg["acceptance"], float(cfg["temperature"]), int(cfg["seed"]))
+            build_route(
+                spec, vocab, cfg["acceptance"], float(cfg["temperature"]), int(cfg["seed"]), target=self.model
+            )
             for spec in cfg["routes"]
         ]
         self.stop_ids = () if cfg["ignore_eos"] else tuple(self.tokenizer.stop_token_ids)

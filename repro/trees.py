@@ -5,11 +5,14 @@ Every tree is rooted at node 0, the pending token; draft nodes hang below it.
 
 from __future__ import annotations
 
+import heapq
 from typing import Protocol
+
+import torch
 
 from repro.drafters.base import Proposal
 from repro.errors import ConfigError
-from repro.tree import Tree
+from repro.tree import MAX_TREE_NODES, Tree
 
 
 class TreeBuilder(Protocol):
@@ -52,4 +55,50 @@ class Backbone:
                 tokens.append(tok)
                 parents.append(spine)
             spine = first
+        return Tree(tokens, parents)
+
+
+class BestFirst:
+    """DDTree: the ``budget`` most probable draft nodes under the drafter's per-depth marginals.
+
+    A node's score is the summed log-probability of its path, each depth's marginal
+    (``proposal.probs[d]``) taken independently; only the top-``budget`` tokens of each depth
+    can appear. A max-heap starts with the best token at depth 1; each pop adds that node, then
+    pushes its next sibling (next rank, same parent) and its first child (rank 0, next depth).
+    ``budget`` counts draft nodes, not the root: the tree has at most ``budget + 1`` nodes (fewer
+    only when the top-k tokens of every depth run out). Nodes come out in pop order, so parents
+    precede children, siblings are in decreasing probability and scores never increase with the
+    node index; ties pop in push order.
+    """
+
+    def __init__(self, budget: int) -> None:
+        if not 1 <= budget < MAX_TREE_NODES:
+            raise ConfigError(f"tree budget must lie in [1, {MAX_TREE_NODES - 1}] draft nodes, got {budget}")
+        self.budget = budget
+
+    def build(self, root_token: int, proposal: Proposal | None) -> Tree:
+        if proposal is None or proposal.depth == 0:
+            return Tree.single(root_token)
+        if proposal.probs is None:
+            raise ConfigError("best-first (DDTree) trees need the drafter's marginals (proposal.probs)")
+        depth, vocab = proposal.probs.shape
+        k = min(self.budget, vocab)
+        top_p, top_ids = torch.topk(proposal.probs.detach(), k, dim=-1)  # on the drafter's device
+        logp = top_p.to("cpu", torch.float64).clamp_min(torch.finfo(torch.float64).tiny).log().tolist()
+        ids = top_ids.tolist()
+        tokens, parents = [root_token], [-1]
+        pushes = 0
+        # entries: (-score, push order, depth index, rank, parent node, parent's score)
+        heap: list[tuple[float, int, int, int, int, float]] = [(-logp[0][0], 0, 0, 0, 0, 0.0)]
+        while heap and len(tokens) <= self.budget:
+            neg, _, d, r, parent, base = heapq.heappop(heap)
+            node = len(tokens)
+            tokens.append(ids[d][r])
+            parents.append(parent)
+            if r + 1 < k:
+                pushes += 1
+                heapq.heappush(heap, (-(base + logp[d][r + 1]), pushes, d, r + 1, parent, base))
+            if d + 1 < depth:
+                pushes += 1
+                heapq.heappush(heap, (neg - logp[d + 1][0], pushes, d + 1, 0, node, -neg))
         return Tree(tokens, parents)

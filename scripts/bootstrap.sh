@@ -13,6 +13,9 @@ pip -e ".[dev]"
 # flash-linear-attention: its pure-torch naive reference is a test oracle; without --no-deps it
 # would pull triton, which only matters on a GPU.
 pip --no-deps "fla-core==0.6.0" "flash-linear-attention==0.6.0"
+# z-lab's DFlash package: its model class is the oracle for the DFlash checkpoint format (its pins
+# are for its own benchmark, hence --no-deps).
+pip --no-deps "dflash==0.1.0"
 # Triton: the fused GDN kernels run on CUDA; on a CPU machine its interpreter (TRITON_INTERPRET=1)
 # still lets the tests check them against the reference.
 .venv/bin/python -c "import triton" 2>/dev/null || pip "triton==3.6.0"

@@ -181,7 +181,7 @@ def test_shipped_smoke_routes_all_reproduce_ar(tmp_path):
     records = run_dir.records()
     assert {r.suite for r in records} == {"mt_bench", "gsm8k", "humaneval"}
     kinds = {r.route_params["kind"] for r in records}
-    assert kinds == {"ar", "synthetic_chain", "synthetic_tree"}
+    assert kinds == {"ar", "synthetic_chain", "synthetic_tree", "dflash_chain", "ddtree"}
     assert {r.route_params.get("commit") for r in records} >= {"replay", "snapshot"}
     for r in records:
         assert r.vs_ar == ("reference" if r.route == "ar" else "identical"), (r.route, r.suite, r.vs_ar)

@@ -1,0 +1,629 @@
+"""DFlash: a block drafter conditioned on target hidden states (z-lab checkpoint format).
+
+A DFlash drafter is a few Qwen3-style transformer layers with no embedding or LM head of its own
+(the target's are passed in). Hidden states of the target layers ``target_layer_ids`` (outputs of
+those decoder layers, concatenated per token) are projected by ``fc`` and normed by
+``hidden_norm``; each draft layer projects them with its own ``k_proj``/``v_proj`` (``k_norm``
+and rotary at the tokens' absolute positions) into extra keys/values placed before the block's
+own. Queries come from the block ``[last committed token, MASK x (block_size - 1)]`` embedded by
+the target; attention is non-causal inside the block and sees every context token. After the
+final ``norm``, the target's LM head turns block rows 1..block_size-1 into the marginals of the
+next ``block_size - 1`` tokens in one pass.
+
+Checkpoints use z-lab's layout so that ``dflash.DFlashDraftModel.from_pretrained`` loads them:
+``config.json`` (a Qwen3 config plus ``block_size``, ``num_target_layers`` and
+``dflash_config.{target_layer_ids, mask_token_id}``) and ``model.safetensors`` with the names
+``layers.{i}.self_attn.{q,k,v,o}_proj.weight``, ``layers.{i}.self_attn.{q,k}_norm.weight``,
+``layers.{i}.mlp.{gate,up,down}_proj.weight``, ``layers.{i}.{input,post_attention}_layernorm
+.weight``, ``fc.weight``, ``hidden_norm.weight``, ``norm.weight``.
+
+:class:`DFlashDrafter` adapts a model to the engine's Drafter protocol; it keeps the target
+features (and each layer's context keys/values) of every committed token, keyed by position.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from repro.drafters.base import DraftContext, Proposal
+from repro.errors import CheckpointError, ConfigError
+from repro.models.hybrid import HybridLM, Verification
+from repro.models.layers import MLP, rotate_half
+
+ARCHITECTURE = "DFlashDraftModel"
+WEIGHTS_FILE = "model.safetensors"
+HALF = (torch.float16, torch.bfloat16)
+KVCache = list[tuple[torch.Tensor, torch.Tensor]]  # per draft layer: keys, values [B, KV, C, D]
+
+
+def zlab_target_layers(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """z-lab's default when config.json has no target_layer_ids: one per draft layer, 1..L-3."""
+    if num_draft_layers == 1:
+        return [num_target_layers // 2]
+    span = num_target_layers - 4
+    return [round(1 + i * span / (num_draft_layers - 1)) for i in range(num_draft_layers)]
+
+
+def spread_target_layers(num_target_layers: int, count: int) -> list[int]:
+    """``count`` feature layers spread evenly from 1 to L-3 (z-lab's rule; one layer: L // 2).
+
+    Targets too shallow for that span (fewer than count + 3 layers) spread over 0..L-2 instead;
+    duplicates are dropped.
+    """
+    if count < 1 or num_target_layers < 1:
+        raise ConfigError(f"need >= 1 target layer and >= 1 feature layer (got {num_target_layers}, {count})")
+    if count == 1 or num_target_layers - 3 >= count:
+        return zlab_target_layers(num_target_layers, count)
+    hi = max(0, num_target_layers - 2)
+    return sorted({round(i * hi / (count - 1)) for i in range(count)})
+
+
+@dataclass
+class DFlashConfig:
+    """Shapes of a DFlash drafter and the target interface it was built for."""
+
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    num_target_layers: int
+    target_layer_ids: list[int]
+    mask_token_id: int
+    block_size: int = 16
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    max_position_embeddings: int = 40960
+    input_embedding_scale: float = 1.0
+    output_multiplier: float = 1.0
+    final_logit_softcapping: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # other config.json keys, kept on save
+
+    def __post_init__(self) -> None:
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise CheckpointError(
+                f"num_attention_heads={self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads={self.num_key_value_heads}"
+            )
+        if self.head_dim % 2:
+            raise CheckpointError(f"head_dim={self.head_dim} must be even for rotary embeddings")
+        if self.block_size < 2:
+            raise CheckpointError(f"block_size={self.block_size} must be >= 2 (root + at least one mask)")
+        if not self.target_layer_ids:
+            raise CheckpointError("dflash_config.target_layer_ids is empty")
+        bad = [i for i in self.target_layer_ids if not 0 <= i < self.num_target_layers]
+        if bad:
+            raise CheckpointError(
+                f"target_layer_ids {bad} are outside the {self.num_target_layers} target layers"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        """z-lab's config.json (a Qwen3 config with the DFlash keys)."""
+        dflash: dict[str, Any] = {
+            "target_layer_ids": list(self.target_layer_ids),
+            "mask_token_id": self.mask_token_id,
+        }
+        if self.input_embedding_scale != 1.0:
+            dflash["input_embedding_scale"] = self.input_embedding_scale
+        if self.output_multiplier != 1.0:
+            dflash["output_multiplier"] = self.output_multiplier
+        if self.final_logit_softcapping is not None:
+            dflash["final_logit_softcapping"] = self.final_logit_softcapping
+        out = {
+            **self.extra,
+            "architectures": [ARCHITECTURE],
+            "model_type": "qwen3",
+            "hidden_size": self.hidden_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "intermediate_size": self.intermediate_size,
+            "hidden_act": "silu",
+            "vocab_size": self.vocab_size,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
+            "max_position_embeddings": self.max_position_embeddings,
+            "attention_bias": False,
+            "attention_dropout": 0.0,
+            "use_sliding_window": False,
+            "sliding_window": None,
+            "tie_word_embeddings": False,
+            "block_size": self.block_size,
+            "num_target_layers": self.num_target_layers,
+            "dflash_config": dflash,
+        }
+        return out
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any], where: str = "config.json") -> DFlashConfig:
+        """Parse z-lab's config.json; a one-line CheckpointError for what this drafter cannot run."""
+        archs = raw.get("architectures") or []
+        if ARCHITECTURE not in archs:
+            hint = (
+                " (DFlash-2 adds convolutions and a candidate selector: not supported)"
+                if any("DFlash2" in a for a in archs)
+                else ""
+            )
+            raise CheckpointError(f"{where} is not a {ARCHITECTURE} checkpoint (architectures={archs}){hint}")
+        draft = raw.get("dflash_config") or {}
+
+        def value(name: str, default: Any = None) -> Any:
+            return draft.get(name, raw.get(name, default))
+
+        rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+        if rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
+            raise CheckpointError(f"{where}: unsupported rope_type {rope.get('rope_type')!r} (only default)")
+        if raw.get("use_sliding_window") or "sliding_attention" in (raw.get("layer_types") or []):
+            raise CheckpointError(f"{where}: sliding-window draft layers are not supported")
+        if raw.get("is_causal"):
+            raise CheckpointError(f"{where}: causal draft attention (is_causal=true) is not supported")
+        if raw.get("attention_bias"):
+            raise CheckpointError(f"{where}: attention_bias=true is not supported")
+        if raw.get("hidden_act", "silu") not in ("silu", "swish"):
+            raise CheckpointError(f"{where}: unsupported hidden_act {raw.get('hidden_act')!r} (only silu)")
+        try:
+            layers = int(raw["num_hidden_layers"])
+            heads = int(raw["num_attention_heads"])
+            target_layers = int(raw["num_target_layers"])
+            ids = value("target_layer_ids")
+            mask = value("mask_token_id")
+            if mask is None:
+                raise KeyError("mask_token_id")
+            softcap = value("final_logit_softcapping")
+            cfg = cls(
+                hidden_size=int(raw["hidden_size"]),
+                num_hidden_layers=layers,
+                num_attention_heads=heads,
+                num_key_value_heads=int(raw.get("num_key_value_heads", heads)),
+                head_dim=int(raw.get("head_dim") or int(raw["hidden_size"]) // heads),
+                intermediate_size=int(raw["intermediate_size"]),
+                vocab_size=int(raw["vocab_size"]),
+                num_target_layers=target_layers,
+                target_layer_ids=[int(i) for i in ids]
+                if ids is not None
+                else zlab_target_layers(target_layers, layers),
+                mask_token_id=int(mask),
+                block_size=int(value("block_size", 16)),
+                rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+                rope_theta=float(rope.get("rope_theta", raw.get("rope_theta", 10000.0))),
+                max_position_embeddings=int(raw.get("max_position_embeddings", 40960)),
+                input_embedding_scale=float(value("input_embedding_scale", 1.0)),
+                output_multiplier=float(value("output_multiplier", 1.0)),
+                final_logit_softcapping=None if softcap is None else float(softcap),
+            )
+        except KeyError as exc:
+            raise CheckpointError(f"{where} lacks {exc.args[0]!r} needed for a DFlash drafter") from None
+        except (TypeError, ValueError) as exc:
+            raise CheckpointError(f"{where}: bad value ({exc})") from None
+        owned = set(cfg.to_dict()) | {"dtype", "torch_dtype", "transformers_version", "rope_scaling"}
+        cfg.extra = {k: v for k, v in raw.items() if k not in owned and not k.startswith("_")}
+        return cfg
+
+    @property
+    def feature_size(self) -> int:
+        """Width of the concatenated target features that ``fc`` projects."""
+        return len(self.target_layer_ids) * self.hidden_size
+
+
+class DraftRMSNorm(nn.Module):
+    """RMSNorm scaled by w (Qwen3); half-precision inputs are normalised in float32."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x.float() if x.dtype in HALF else x
+        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * y.to(x.dtype)
+
+
+def rotary_tables(
+    positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [B, 1, T, head_dim] for absolute ``positions`` [B, T] (angles in float64)."""
+    inv = 1.0 / theta ** (
+        torch.arange(0, head_dim, 2, dtype=torch.float64, device=positions.device) / head_dim
+    )
+    freqs = positions.to(torch.float64)[..., None] * inv
+    emb = torch.cat([freqs, freqs], dim=-1)[:, None]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return x * cos + rotate_half(x) * sin
+
+
+class DFlashAttention(nn.Module):
+    """Block queries over [context keys/values, block keys/values]; no mask inside the block."""
+
+    def __init__(self, cfg: DFlashConfig) -> None:
+        super().__init__()
+        self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, self.heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=False)
+        self.q_norm = DraftRMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.k_norm = DraftRMSNorm(self.head_dim, cfg.rms_norm_eps)
+
+    def keys_values(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys (normed, rotated) and values [B, KV, T, D] of rows x [B, T, hidden]."""
+        b, t, _ = x.shape
+        k = self.k_norm(self.k_proj(x).view(b, t, self.kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        return _rope(k, cos, sin), v
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        context: tuple[torch.Tensor, torch.Tensor],
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = _rope(self.q_norm(self.q_proj(x).view(b, t, self.heads, self.head_dim)).transpose(1, 2), cos, sin)
+        k_blk, v_blk = self.keys_values(x, cos, sin)
+        k = torch.cat([context[0], k_blk], dim=2)
+        v = torch.cat([context[1], v_blk], dim=2)
+        groups = self.heads // self.kv_heads
+        if groups > 1:
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        scores = q @ k.transpose(-1, -2) * self.head_dim**-0.5  # [B, H, T, C+T]
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        attn = torch.softmax(scores.float() if scores.dtype in HALF else scores, dim=-1).to(v.dtype)
+        return self.o_proj((attn @ v).transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+
+
+class DFlashLayer(nn.Module):
+    def __init__(self, cfg: DFlashConfig) -> None:
+        super().__init__()
+        self.self_attn = DFlashAttention(cfg)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = DraftRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = DraftRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        context: tuple[torch.Tensor, torch.Tensor],
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), context, cos, sin, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DFlashDraftModel(nn.Module):
+    """The DFlash drafter network (parameter names as z-lab's ``DFlashDraftModel``).
+
+    Shapes are batch-first: target features [B, C, len(target_layer_ids) * hidden], block
+    embeddings [B, T, hidden], absolute positions [B, C + T] (context first).
+    """
+
+    def __init__(self, config: DFlashConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.layers = nn.ModuleList(DFlashLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = DraftRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.fc = nn.Linear(config.feature_size, config.hidden_size, bias=False)
+        self.hidden_norm = DraftRMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fc.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.fc.weight.device
+
+    def _tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        return rotary_tables(positions, self.config.head_dim, self.config.rope_theta, dtype)
+
+    def context_kv(self, target_hidden: torch.Tensor, positions: torch.Tensor) -> KVCache:
+        """Per draft layer, keys/values [B, KV, C, D] of context rows at ``positions`` [B, C].
+
+        Every operation is row-wise, so the cache of a growing context can be extended piecewise.
+        """
+        ctx = self.hidden_norm(self.fc(target_hidden))
+        cos, sin = self._tables(positions, ctx.dtype)
+        return [layer.self_attn.keys_values(ctx, cos, sin) for layer in self.layers]
+
+    def forward_block(
+        self,
+        noise_embedding: torch.Tensor,
+        positions: torch.Tensor,
+        context: KVCache,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Final-normed hidden states [B, T, hidden] of the block at ``positions`` [B, T].
+
+        ``mask`` (bool, True = visible, broadcastable to [B, heads, T, C + T]) is for training;
+        drafting leaves it None: every block row sees the whole context and the whole block.
+        """
+        cos, sin = self._tables(positions, noise_embedding.dtype)
+        h = noise_embedding
+        for layer, kv in zip(self.layers, context):
+            h = layer(h, kv, cos, sin, mask)
+        return self.norm(h)
+
+    def forward(
+        self,
+        target_hidden: torch.Tensor,
+        noise_embedding: torch.Tensor,
+        position_ids: torch.Tensor,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """z-lab's forward: context features and block embeddings -> block hidden states."""
+        if position_ids.dim() == 1:
+            position_ids = position_ids[None].expand(noise_embedding.shape[0], -1)
+        c = target_hidden.shape[1]
+        kv = self.context_kv(target_hidden, position_ids[:, :c])
+        return self.forward_block(noise_embedding, position_ids[:, c:], kv, mask)
+
+    def embed_block(self, block_ids: torch.Tensor, embedding: torch.Tensor) -> torch.Tensor:
+        """The block's input rows: the target's embedding of the ids (times input_embedding_scale)."""
+        emb = F.embedding(block_ids, embedding)
+        scale = self.config.input_embedding_scale
+        return emb * scale if scale != 1.0 else emb
+
+    def compute_logits(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
+        """The target's LM head on draft hidden states (with the optional multiplier and softcap)."""
+        logits = lm_head(hidden)
+        if self.config.output_multiplier != 1.0:
+            logits = logits * self.config.output_multiplier
+        cap = self.config.final_logit_softcapping
+        if cap is not None and cap > 0:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    def block_logits(
+        self,
+        context: KVCache,
+        block_ids: torch.Tensor,
+        positions: torch.Tensor,
+        embedding: torch.Tensor,
+        lm_head: nn.Module,
+    ) -> torch.Tensor:
+        """Draft logits [B, T-1, V] of block rows 1..T-1 (the tokens after the block's first)."""
+        hidden = self.forward_block(self.embed_block(block_ids, embedding), positions, context)
+        return self.compute_logits(hidden[:, 1:], lm_head)
+
+
+# ----- checkpoints -----
+
+
+def save_dflash(model: DFlashDraftModel, path: str | Path) -> Path:
+    """Write ``config.json`` + ``model.safetensors`` in z-lab's DFlash layout."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    cfg = {**model.config.to_dict(), "dtype": str(model.dtype).removeprefix("torch.")}
+    (path / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    weights = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    save_file(weights, str(path / WEIGHTS_FILE), metadata={"format": "pt"})
+    return path
+
+
+def read_dflash_config(path: str | Path) -> DFlashConfig:
+    """Parse ``path/config.json`` of a DFlash checkpoint, or raise a one-line CheckpointError."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"DFlash checkpoint directory {path} does not exist")
+    if not path.is_dir():
+        raise CheckpointError(f"DFlash checkpoint path {path} is not a directory")
+    cfg_file = path / "config.json"
+    if not cfg_file.exists():
+        raise CheckpointError(f"DFlash checkpoint {path} has no config.json")
+    try:
+        raw = json.loads(cfg_file.read_text())
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{cfg_file} is not valid JSON ({exc.msg}, line {exc.lineno})") from None
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{cfg_file} does not hold a JSON object")
+    return DFlashConfig.from_dict(raw, str(cfg_file))
+
+
+def load_dflash(
+    path: str | Path, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"
+) -> DFlashDraftModel:
+    """Load a z-lab-format DFlash drafter (weights keep their dtype unless ``dtype`` is given)."""
+    path = Path(path)
+    cfg = read_dflash_config(path)
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"DFlash checkpoint {path} has no *.safetensors weight files")
+    weights: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            weights.update(load_file(str(f)))
+        except Exception as exc:  # safetensors raises several types for corrupt files
+            raise CheckpointError(f"cannot read weight file {f}: {str(exc).splitlines()[0]}") from None
+    with torch.device("meta"):
+        model = DFlashDraftModel(cfg)
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(weights))
+    if missing:
+        more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
+        raise CheckpointError(
+            f"DFlash checkpoint {path} is incomplete: missing {', '.join(missing[:3])}{more}"
+        )
+    unexpected = sorted(set(weights) - set(expected))
+    if unexpected:
+        raise CheckpointError(
+            f"DFlash checkpoint {path} has weights this architecture lacks: {', '.join(unexpected[:3])}"
+        )
+    for name, w in expected.items():
+        if weights[name].shape != w.shape:
+            raise CheckpointError(
+                f"DFlash checkpoint {path}: weight {name} has shape {tuple(weights[name].shape)}, "
+                f"config.json implies {tuple(w.shape)}"
+            )
+    model.load_state_dict(weights, strict=True, assign=True)
+    return model.to(device=device, dtype=dtype or next(iter(weights.values())).dtype).eval()
+
+
+def random_dflash_for(
+    target: HybridLM,
+    seed: int = 0,
+    num_layers: int = 1,
+    block_size: int = 16,
+    target_layer_ids: list[int] | None = None,
+    mask_token_id: int | None = None,
+    num_features: int = 2,
+) -> DFlashDraftModel:
+    """A seeded, untrained DFlash drafter shaped for ``target`` (its dtype and device).
+
+    Widths and heads follow the target's attention layers; features come from ``num_features``
+    target layers (:func:`spread_target_layers`) unless ``target_layer_ids`` is given; the mask
+    token defaults to the last vocabulary id (the byte tokenizer's ``<|mask|>``).
+    """
+    tc = target.config
+    layers = tc.num_hidden_layers
+    cfg = DFlashConfig(
+        hidden_size=tc.hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=tc.num_attention_heads,
+        num_key_value_heads=tc.num_key_value_heads,
+        head_dim=tc.head_dim,
+        intermediate_size=tc.intermediate_size,
+        vocab_size=tc.vocab_size,
+        num_target_layers=layers,
+        target_layer_ids=list(target_layer_ids or spread_target_layers(layers, num_features)),
+        mask_token_id=tc.vocab_size - 1 if mask_token_id is None else mask_token_id,
+        block_size=block_size,
+        rms_norm_eps=tc.rms_norm_eps,
+        rope_theta=tc.rope_theta,
+    )
+    model = DFlashDraftModel(cfg)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, p in sorted(model.named_parameters()):
+            if p.dim() == 2:
+                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[1]))
+            else:  # norm weights
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
+    return model.to(device=target.device, dtype=target.dtype).eval()
+
+
+# ----- the Drafter protocol -----
+
+
+class DFlashDrafter:
+    """Drafts one block per step with a DFlash model on the target's captured hidden states.
+
+    The target features of committed tokens are cached by absolute position: prefill chunks
+    arrive through :meth:`observe_prefill` (the engine calls it for every chunk), later tokens
+    from the accepted path of each step's verification (``ctx.verification.hidden``). Each
+    draft layer's context keys/values are extended with the new rows only. ``propose`` runs the
+    block ``[pending root, MASK x (block_size - 1)]`` at positions P..P+block_size-1 (P =
+    committed tokens) and returns the top-``top_k`` tokens and the marginals per depth.
+    """
+
+    def __init__(
+        self, model: DFlashDraftModel, target: HybridLM, block_size: int | None = None, top_k: int = 1
+    ) -> None:
+        cfg, tc = model.config, target.config
+        if cfg.hidden_size != tc.hidden_size or cfg.num_target_layers != tc.num_hidden_layers:
+            raise ConfigError(
+                f"DFlash drafter was made for a {cfg.num_target_layers}-layer target of width "
+                f"{cfg.hidden_size}; this target has {tc.num_hidden_layers} layers of width {tc.hidden_size}"
+            )
+        if not 0 <= cfg.mask_token_id < tc.vocab_size:
+            raise ConfigError(f"DFlash mask_token_id {cfg.mask_token_id} is outside the target vocabulary")
+        self.block_size = int(block_size or cfg.block_size)
+        if self.block_size < 2:
+            raise ConfigError(f"DFlash block_size must be >= 2, got {self.block_size}")
+        if not 1 <= top_k <= tc.vocab_size:
+            raise ConfigError(f"DFlash top_k must lie in [1, {tc.vocab_size}], got {top_k}")
+        self.model = model.to(device=target.device, dtype=target.dtype).eval()
+        self.target = target
+        self.top_k = top_k
+        self.capture_layers: tuple[int, ...] = tuple(cfg.target_layer_ids)
+        self.begin([], None)
+
+    @property
+    def committed(self) -> int:
+        """Number of leading positions whose target features are cached."""
+        return self.features.shape[0]
+
+    def begin(self, prompt_ids: list[int], reference_ids: list[int] | None) -> None:
+        m = self.model
+        self.features = torch.zeros(0, m.config.feature_size, dtype=m.dtype, device=m.device)
+        self.kv: KVCache = []
+        self._last: Verification | None = None
+
+    @torch.no_grad()
+    def _ingest(self, ver: Verification, path: list[int]) -> None:
+        """Cache features of the accepted ``path`` (root first) at positions ver.position + i."""
+        if ver is self._last or not path:
+            return
+        missing = [i for i in self.capture_layers if i not in ver.hidden]
+        if missing:
+            raise ConfigError(
+                f"the target returned no hidden states for layer(s) {missing}: verify with "
+                "capture=drafter.capture_layers"
+            )
+        start = ver.position
+        if start > self.committed:
+            raise ConfigError(
+                f"DFlash drafter lacks target hidden states for positions {self.committed}..{start - 1}: "
+                "the engine must pass every prefill chunk to observe_prefill"
+            )
+        idx = torch.as_tensor(path, dtype=torch.long, device=self.model.device)
+        rows = torch.cat([ver.hidden[i].index_select(0, idx) for i in self.capture_layers], dim=-1)
+        rows = rows.to(self.model.dtype)
+        positions = torch.arange(start, start + len(path), device=rows.device)[None]
+        new = self.model.context_kv(rows[None], positions)
+        self.features = torch.cat([self.features[:start], rows], dim=0)
+        if self.kv:
+            self.kv = [
+                (torch.cat([k[:, :, :start], nk], dim=2), torch.cat([v[:, :, :start], nv], dim=2))
+                for (k, v), (nk, nv) in zip(self.kv, new)
+            ]
+        else:
+            self.kv = new
+        self._last = ver
+
+    def observe_prefill(self, verification: Verification) -> None:
+        """Cache the hidden states of one prefill chunk (every node of its chain is committed)."""
+        self._ingest(verification, list(range(verification.tree.size)))
+
+    @torch.no_grad()
+    def propose(self, ctx: DraftContext) -> Proposal:
+        if ctx.verification is not None:
+            self._ingest(ctx.verification, list(ctx.accepted_path))
+        expected = len(ctx.prompt_ids) + len(ctx.output_ids) - 1
+        if self.committed != expected:
+            raise ConfigError(
+                f"DFlash drafter holds hidden states of {self.committed} tokens but {expected} are committed"
+            )
+        mask = self.model.config.mask_token_id
+        device = self.model.device
+        block = torch.tensor([[ctx.output_ids[-1]] + [mask] * (self.block_size - 1)], device=device)
+        positions = torch.arange(expected, expected + self.block_size, device=device)[None]
+        logits = self.model.block_logits(
+            self.kv, block, positions, self.target.model.embed_tokens.weight, self.target.lm_head
+        )[0]
+        probs = torch.softmax(logits.float() if logits.dtype in HALF else logits, dim=-1)
+        top = torch.topk(probs, self.top_k, dim=-1).indices
+        return Proposal(top.tolist(), probs)
