@@ -58,7 +58,7 @@ def _read_yaml(path: Path | Any, label: str) -> dict:
 def load_experiment(name_or_path: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """The resolved config of a shipped experiment name or a YAML path, with overrides applied."""
     path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml") or path.exists():
+    if path.suffix in (".yaml", ".yml") or path.is_file():
         if not path.exists():
             raise ConfigError(f"experiment file {path} does not exist")
         raw = _read_yaml(path, str(path))

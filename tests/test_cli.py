@@ -202,3 +202,11 @@ def test_acceptance_experiment_writes_table_and_figure(tmp_path):
     assert sorted(set(table["k"])) == [2, 4, 8] and len(table) == 21
     full = table[(table["p"] == 1.0) & (table["k"] == 2)]
     assert float(full["MAL"].iloc[0]) > 2.5  # 11 tokens after the first at 3 per step, last step cut
+
+
+def test_a_folder_named_like_an_experiment_does_not_shadow_it(tmp_path, monkeypatch):
+    from repro.experiment import load_experiment
+
+    (tmp_path / "smoke").mkdir()  # e.g. an earlier `--out smoke`
+    monkeypatch.chdir(tmp_path)
+    assert load_experiment("smoke")["name"] == "smoke"
