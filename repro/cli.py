@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from repro.bench.cli import bench_app
+from repro.data.cli import data_app
 from repro.errors import ReproError
 
 app = typer.Typer(
@@ -23,6 +24,7 @@ app = typer.Typer(
 suites_app = typer.Typer(help="Frozen prompt suites: list, verify, rebuild.", no_args_is_help=True)
 app.add_typer(suites_app, name="suites")
 app.add_typer(bench_app, name="bench")
+app.add_typer(data_app, name="data")
 falsify_app = typer.Typer(help="The reviewers' falsification checks.", no_args_is_help=True)
 app.add_typer(falsify_app, name="falsify")
 console = Console()

@@ -4,6 +4,7 @@ transformers' tokenizers for real checkpoints (with their chat templates)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
@@ -95,7 +96,7 @@ class HFTokenizer:
     def chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
         if getattr(self.tok, "chat_template", None):
             ids = self.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-            return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+            return list(ids["input_ids"] if isinstance(ids, Mapping) else ids)  # a BatchEncoding is a Mapping
         text = "\n\n".join(m["content"] for m in messages)
         return self.encode(text)
 
