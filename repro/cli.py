@@ -14,6 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from repro.bench.cli import bench_app
 from repro.data.cli import data_app
 from repro.errors import ReproError
+from repro.train.cli import train_app
 
 app = typer.Typer(
     help="Reference harness for speculative decoding on Gated DeltaNet language models.",
@@ -25,6 +26,7 @@ suites_app = typer.Typer(help="Frozen prompt suites: list, verify, rebuild.", no
 app.add_typer(suites_app, name="suites")
 app.add_typer(bench_app, name="bench")
 app.add_typer(data_app, name="data")
+app.add_typer(train_app, name="train")
 falsify_app = typer.Typer(help="The reviewers' falsification checks.", no_args_is_help=True)
 app.add_typer(falsify_app, name="falsify")
 console = Console()

@@ -73,11 +73,57 @@ class HybridLM(nn.Module):
     def verify(self, state: ModelState, tree: Tree, capture: tuple[int, ...] = ()) -> Verification:
         """Logits of every tree node given the committed state; the state is left untouched."""
         device = self.device
-        parents = tree.parents.to(device)
-        ancestors = tree.ancestor_mask.to(device)
         positions = state.position + tree.depth.to(device) - 1
-        keep_snapshots = self.commit_strategy == "snapshot"
-        x = self.model.embed_tokens(tree.tokens.to(device))
+        logits, hidden, saved = self._tree_pass(
+            state,
+            tree.tokens.to(device),
+            tree.parents.to(device),
+            tree.ancestor_mask.to(device),
+            positions,
+            capture,
+            self.commit_strategy == "snapshot",
+        )
+        return Verification(tree, logits, hidden, saved, state.position, self.commit_strategy)
+
+    def forward_train(self, ids: torch.Tensor, capture: tuple[int, ...] = ()) -> torch.Tensor:
+        """Teacher-forced logits [B, L, V] of sequences ``ids`` [B, L], each a chain from an empty
+        state through verify's own layer code, with autograd on (see :meth:`forward_train_hidden`)."""
+        return self.forward_train_hidden(ids, capture)[0]
+
+    def forward_train_hidden(
+        self, ids: torch.Tensor, capture: tuple[int, ...] = ()
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """Logits [B, L, V] and outputs [B, L, d] of the ``capture`` layers, differentiable.
+
+        Row b equals ``verify(empty_state(), Tree.chain(ids[b]))``; sequences run one at a time.
+        """
+        if ids.dim() != 2 or ids.shape[1] == 0:
+            raise ConfigError(f"forward_train needs token ids [B, L] with L >= 1, got {tuple(ids.shape)}")
+        device = self.device
+        n = ids.shape[1]
+        positions = torch.arange(n, device=device)
+        parents = positions - 1
+        ancestors = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+        rows = [
+            self._tree_pass(self.empty_state(), seq.to(device), parents, ancestors, positions, capture, False)
+            for seq in ids
+        ]
+        logits = torch.stack([r[0] for r in rows])
+        hidden = {i: torch.stack([r[1][i] for r in rows]) for i in capture}
+        return logits, hidden
+
+    def _tree_pass(
+        self,
+        state: ModelState,
+        tokens: torch.Tensor,
+        parents: torch.Tensor,
+        ancestors: torch.Tensor,
+        positions: torch.Tensor,
+        capture: tuple[int, ...],
+        keep_snapshots: bool,
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor], list[GDNVerification | AttentionVerification]]:
+        """The one evaluation of tree nodes against a state (autograd follows the caller's mode)."""
+        x = self.model.embed_tokens(tokens)
         hidden: dict[int, torch.Tensor] = {}
         saved: list[GDNVerification | AttentionVerification] = []
         for i, (layer, layer_state) in enumerate(zip(self.model.layers, state.layers)):
@@ -91,8 +137,7 @@ class HybridLM(nn.Module):
             x = x + layer.mlp(layer.post_attention_layernorm(x))
             if i in capture:
                 hidden[i] = x
-        logits = self.lm_head(self.model.norm(x))
-        return Verification(tree, logits, hidden, saved, state.position, self.commit_strategy)
+        return self.lm_head(self.model.norm(x)), hidden, saved
 
     @torch.no_grad()
     def commit(self, state: ModelState, verification: Verification, path: list[int]) -> ModelState:

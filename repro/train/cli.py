@@ -1,0 +1,98 @@
+"""`repro train ...`: train the tiny target and its drafters (wired in as the ``train`` group)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+train_app = typer.Typer(help="Training: a tiny target from the corpus, drafters by self-distillation.")
+
+
+@train_app.command("target")
+def target(
+    corpus: Annotated[Path, typer.Option(help="Corpus dir with train.txt / heldout.txt.")] = Path(
+        "data/corpus"
+    ),
+    out: Annotated[Path, typer.Option(help="Checkpoint dir to write (weights, tokenizer, logs).")] = Path(
+        "runs/train/target"
+    ),
+    tokenizer: Annotated[
+        Path | None, typer.Option(help="A trained tokenizer dir (repro data tokenizer); default: bytes.")
+    ] = None,
+    arch: Annotated[
+        str, typer.Option(help="qwen35 (3 GDN : 1 gated attention) or fla_gdn (pure GDN).")
+    ] = "qwen35",
+    layers: Annotated[int, typer.Option(help="Decoder layers.")] = 4,
+    hidden_size: Annotated[int, typer.Option(help="Model width (head dims are width / 4).")] = 64,
+    steps: Annotated[int, typer.Option(help="Optimiser steps.")] = 200,
+    batch_size: Annotated[int, typer.Option(help="Sequences per step.")] = 8,
+    seq_len: Annotated[int, typer.Option(help="Tokens per sequence.")] = 128,
+    lr: Annotated[float, typer.Option(help="Peak learning rate (warmup then cosine).")] = 3e-3,
+    warmup: Annotated[int, typer.Option(help="Warmup steps.")] = 20,
+    seed: Annotated[int, typer.Option(help="Init and data seed.")] = 0,
+    device: Annotated[str, typer.Option(help="cpu, cuda or auto.")] = "auto",
+    precision: Annotated[str, typer.Option(help="fp32 or bf16 (autocast, CUDA only).")] = "fp32",
+    max_train_tokens: Annotated[int | None, typer.Option(help="Cap on tokenized training data.")] = None,
+    eval_sequences: Annotated[int, typer.Option(help="Held-out sequences for perplexity.")] = 64,
+) -> None:
+    """Train a tiny target; writes a loadable checkpoint, train_log.jsonl, loss.png, metrics.json."""
+    from repro.train.target import TargetRecipe, train_target
+
+    recipe = TargetRecipe(
+        corpus=str(corpus), out=str(out), tokenizer=None if tokenizer is None else str(tokenizer), arch=arch,
+        layers=layers, hidden_size=hidden_size, steps=steps, batch_size=batch_size, seq_len=seq_len, lr=lr,
+        warmup=warmup, seed=seed, device=device, precision=precision, max_train_tokens=max_train_tokens,
+        eval_sequences=eval_sequences,
+    )  # fmt: skip
+    typer.echo(json.dumps(train_target(recipe), indent=2))
+
+
+@train_app.command("dflash")
+def dflash(
+    target: Annotated[Path, typer.Option(help="Target checkpoint dir (with its tokenizer).")],
+    corpus: Annotated[Path, typer.Option(help="Corpus dir with train.txt / heldout.txt.")] = Path(
+        "data/corpus"
+    ),
+    out: Annotated[Path, typer.Option(help="Drafter dir to write (z-lab DFlash format).")] = Path(
+        "runs/train/dflash"
+    ),
+    block_size: Annotated[int, typer.Option(help="Block size (root + block_size - 1 drafts).")] = 8,
+    layers: Annotated[int, typer.Option(help="Draft transformer layers.")] = 1,
+    target_layers: Annotated[
+        str | None, typer.Option(help="Comma-separated target layer ids for features (default: spread).")
+    ] = None,
+    prompts: Annotated[int, typer.Option(help="Self-distillation sequences.")] = 64,
+    prompt_len: Annotated[int, typer.Option(help="Corpus prefix tokens per sequence.")] = 32,
+    gen_len: Annotated[int, typer.Option(help="Greedy target tokens per sequence.")] = 64,
+    anchors: Annotated[int, typer.Option(help="Blocks per sequence per step.")] = 8,
+    loss_gamma: Annotated[
+        float, typer.Option(help="Position weights exp(-(k-1)/gamma); <= 0 uniform.")
+    ] = 4.0,
+    steps: Annotated[int, typer.Option(help="Optimiser steps.")] = 300,
+    batch_size: Annotated[int, typer.Option(help="Sequences per step.")] = 16,
+    lr: Annotated[float, typer.Option(help="Peak learning rate.")] = 1e-3,
+    warmup: Annotated[int, typer.Option(help="Warmup steps.")] = 20,
+    seed: Annotated[int, typer.Option(help="Init, data and anchor seed.")] = 0,
+    device: Annotated[str, typer.Option(help="cpu, cuda or auto.")] = "auto",
+    precision: Annotated[str, typer.Option(help="fp32 or bf16 (autocast, CUDA only).")] = "fp32",
+    eval_prompts: Annotated[int, typer.Option(help="Held-out prompts for chain acceptance.")] = 4,
+    eval_new_tokens: Annotated[int, typer.Option(help="New tokens per held-out prompt.")] = 64,
+) -> None:
+    """Train a DFlash drafter on the target's own greedy continuations; reports held-out MAL."""
+    from repro.train.dflash import DFlashRecipe, train_dflash
+
+    ids = None if target_layers is None else [int(x) for x in target_layers.split(",") if x.strip()]
+    recipe = DFlashRecipe(
+        target=str(target), corpus=str(corpus), out=str(out), block_size=block_size, draft_layers=layers,
+        target_layer_ids=ids, prompts=prompts, prompt_len=prompt_len, gen_len=gen_len, anchors=anchors,
+        loss_gamma=loss_gamma, steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, seed=seed,
+        device=device, precision=precision, eval_prompts=eval_prompts, eval_new_tokens=eval_new_tokens,
+    )  # fmt: skip
+    typer.echo(json.dumps(train_dflash(recipe), indent=2))
+
+
+if __name__ == "__main__":
+    train_app()

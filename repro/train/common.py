@@ -1,0 +1,186 @@
+"""What every training recipe shares: seeding, the optimiser and schedule, the loop, logs, figures.
+
+The loop is AdamW with linear warmup then cosine decay to ``min_lr_ratio * lr``, global-norm
+gradient clipping, and (CUDA only) bf16 autocast; every ``log_every`` steps one JSON line
+(step, loss, lr, grad norm, tokens, tokens/s) goes to ``train_log.jsonl``. The same seed gives
+the same batches and, on CPU, the same loss curve bit for bit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import random
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from repro.errors import ConfigError
+from repro.records import build_manifest
+
+PRECISIONS = ("fp32", "bf16")
+LOG_FILE = "train_log.jsonl"
+LOSS_FIGURE = "loss.png"
+
+
+@dataclass
+class OptimConfig:
+    """Optimiser, schedule and loop settings of one run."""
+
+    steps: int
+    lr: float
+    warmup: int = 0
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    precision: str = "fp32"
+    log_every: int = 1
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ConfigError(f"steps must be >= 1, got {self.steps}")
+        if self.lr <= 0:
+            raise ConfigError(f"lr must be > 0, got {self.lr}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"unknown precision {self.precision!r}: choose one of {', '.join(PRECISIONS)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def lr_at(step: int, cfg: OptimConfig) -> float:
+    """Learning rate of 0-based ``step``: linear warmup over ``warmup`` steps, then cosine decay."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    span = max(1, cfg.steps - cfg.warmup)
+    progress = min(1.0, (step - cfg.warmup) / span)
+    floor = cfg.min_lr_ratio * cfg.lr
+    return floor + (cfg.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def seed_everything(seed: int) -> torch.Generator:
+    """Seed python, numpy and torch (all devices); returns a CPU generator for data sampling."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    return torch.Generator().manual_seed(seed)
+
+
+def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    """bf16 autocast on CUDA when asked for; a no-op everywhere else (CPU runs stay exact)."""
+    if precision == "bf16" and device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def make_optimizer(params: Iterable[nn.Parameter], cfg: OptimConfig) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (norm weights, gates and biases are not decayed)."""
+    params = [p for p in params if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    rest = [p for p in params if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+
+
+StepFn = Callable[[int], tuple[torch.Tensor, int]]  # step -> (loss to minimise, tokens in the batch)
+
+
+def train_loop(
+    model: nn.Module, step_fn: StepFn, cfg: OptimConfig, out_dir: Path, device: torch.device
+) -> list[dict[str, Any]]:
+    """Run ``cfg.steps`` optimiser steps of ``step_fn``'s loss on ``model``'s trainable parameters.
+
+    Writes ``out_dir/train_log.jsonl`` (one line per logged step) and returns those lines.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = make_optimizer(params, cfg)
+    log: list[dict[str, Any]] = []
+    tokens = 0
+    start = time.perf_counter()
+    with open(out_dir / LOG_FILE, "w", encoding="utf-8") as f:
+        for step in range(cfg.steps):
+            lr = lr_at(step, cfg)
+            for group in opt.param_groups:
+                group["lr"] = lr
+            t0 = time.perf_counter()
+            with autocast(device, cfg.precision):
+                loss, n = step_fn(step)
+            if not torch.isfinite(loss):
+                raise FloatingPointError(
+                    f"loss is {loss.item()} at step {step}: lower --lr or check the data"
+                )
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+            opt.step()
+            value = float(loss.detach())
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            dt = time.perf_counter() - t0
+            tokens += n
+            if step % cfg.log_every == 0 or step == cfg.steps - 1:
+                row = {
+                    "step": step,
+                    "loss": value,
+                    "lr": lr,
+                    "grad_norm": float(norm),
+                    "tokens": tokens,
+                    "tokens_per_s": n / dt if dt > 0 else 0.0,
+                    "elapsed_s": time.perf_counter() - start,
+                }
+                log.append(row)
+                f.write(json.dumps(row) + "\n")
+                f.flush()
+    return log
+
+
+def plot_loss(log: list[dict[str, Any]], path: Path, title: str) -> Path:
+    """The loss curve (and a moving average) as a PNG, drawn with matplotlib's Agg backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [r["step"] for r in log]
+    losses = [r["loss"] for r in log]
+    window = max(1, len(losses) // 20)
+    smooth = np.convolve(losses, np.ones(window) / window, mode="valid")
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(steps, losses, lw=0.8, alpha=0.5, label="loss")
+    if window > 1:
+        ax.plot(steps[window - 1 :], smooth, lw=1.5, label=f"mean of {window}")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_json(path: Path, obj: Any) -> Path:
+    path.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def write_manifest(out_dir: Path, recipe: dict[str, Any], seed: int) -> Path:
+    """``manifest.json``: environment, seed and the full recipe (repro.records.build_manifest)."""
+    return write_json(out_dir / "manifest.json", build_manifest(recipe, seed=seed))
+
+
+def resolve_train_device(name: str) -> torch.device:
+    """``auto`` picks CUDA when present; asking for CUDA without one is a ConfigError."""
+    from repro.target import resolve_device
+
+    return torch.device(resolve_device(name))

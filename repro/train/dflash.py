@@ -1,0 +1,240 @@
+"""`repro train dflash`: a DFlash block drafter trained by self-distillation from a target.
+
+Data: corpus prefixes of ``prompt_len`` tokens, continued greedily by the target for
+``gen_len`` tokens through ``repro.engine.generate`` with the ``ar`` route, i.e. the exact
+decode path whose outputs speculation must reproduce (no second greedy implementation to keep
+in step; at tiny scale generation is a small share of the run). The target's features (outputs
+of the drafter's ``target_layer_ids`` layers) come from ``HybridLM.forward_train_hidden`` over
+prompt + continuation, once, with gradients off.
+
+Training (as the DFlash paper describes): per sequence, ``anchors`` random anchor positions a in
+the continuation; the block ``[token a, MASK x (block_size - 1)]`` at positions a..a+bs-1 sees the
+target features of positions < a and the whole block; rows 1..bs-1 are scored by cross-entropy
+against the target's tokens a+1..a+bs-1 through the target's frozen embedding and LM head, row k
+weighted by exp(-(k - 1) / gamma). Only the drafter's own weights train.
+
+Report: chain acceptance (mean accepted length per verify step, bonus token included) of a
+``dflash_chain`` route on held-out prompts, next to the untrained drafter's, and whether every
+output equals AR's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from repro.drafters.dflash import DFlashDraftModel, random_dflash_for, save_dflash
+from repro.engine import generate
+from repro.errors import ConfigError
+from repro.models.hybrid import HybridLM
+from repro.models.loading import load_target
+from repro.routes import build_route
+from repro.tokenizer import Tokenizer, load_tokenizer
+from repro.train.common import (
+    LOSS_FIGURE,
+    OptimConfig,
+    plot_loss,
+    resolve_train_device,
+    seed_everything,
+    train_loop,
+    write_json,
+    write_manifest,
+)
+from repro.train.target import SEPARATOR, documents, encode_document, special_id
+
+
+@dataclass
+class DFlashRecipe:
+    """Everything that decides a DFlash training run (recorded whole in manifest.json)."""
+
+    target: str
+    corpus: str
+    out: str
+    block_size: int = 8
+    draft_layers: int = 1
+    target_layer_ids: list[int] | None = None  # None: spread_target_layers(num_features)
+    num_features: int = 2
+    prompts: int = 64  # self-distillation sequences
+    prompt_len: int = 32
+    gen_len: int = 64
+    anchors: int = 8  # blocks per sequence per step
+    loss_gamma: float = 4.0  # position weights exp(-(k-1)/gamma); <= 0: uniform
+    steps: int = 300
+    batch_size: int = 16
+    lr: float = 1e-3
+    warmup: int = 20
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    seed: int = 0
+    device: str = "auto"
+    precision: str = "fp32"
+    eval_prompts: int = 4
+    eval_new_tokens: int = 64
+    log_every: int = 1
+
+    def optim(self) -> OptimConfig:
+        return OptimConfig(
+            steps=self.steps, lr=self.lr, warmup=min(self.warmup, self.steps - 1),
+            weight_decay=self.weight_decay, grad_clip=self.grad_clip, precision=self.precision,
+            log_every=self.log_every,
+        )  # fmt: skip
+
+
+def corpus_prompts(
+    tok: Tokenizer, docs: list[str], count: int, length: int, gen: torch.Generator
+) -> list[list[int]]:
+    """``count`` prompts of ``length`` tokens: windows at seeded random offsets of the documents."""
+    sep = special_id(tok, SEPARATOR)
+    stream = torch.tensor([t for d in docs for t in encode_document(tok, d) + [sep]], dtype=torch.long)
+    if stream.numel() <= length:
+        raise ConfigError(f"the corpus holds {stream.numel()} tokens: too few for prompts of {length}")
+    starts = torch.randint(0, stream.numel() - length, (count,), generator=gen)
+    return [stream[s : s + length].tolist() for s in starts.tolist()]
+
+
+def greedy_continuations(target: HybridLM, prompts: list[list[int]], new_tokens: int) -> torch.Tensor:
+    """Prompt + the target's greedy continuation, [N, prompt_len + new_tokens] (no early stop)."""
+    route = build_route({"kind": "ar"}, target.config.vocab_size, "greedy", 0.0, 0)
+    rows = [p + generate(target, p, route, new_tokens).output_ids for p in prompts]
+    return torch.tensor(rows, dtype=torch.long)
+
+
+@torch.no_grad()
+def target_features(target: HybridLM, seqs: torch.Tensor, layers: list[int], batch: int = 16) -> torch.Tensor:
+    """Concatenated outputs of ``layers`` for every position, [N, L, len(layers) * hidden]."""
+    out = []
+    for start in range(0, seqs.shape[0], batch):
+        _, hidden = target.forward_train_hidden(seqs[start : start + batch].to(target.device), tuple(layers))
+        out.append(torch.cat([hidden[i] for i in layers], dim=-1))
+    return torch.cat(out)
+
+
+def block_loss(
+    drafter: DFlashDraftModel,
+    target: HybridLM,
+    seqs: torch.Tensor,
+    features: torch.Tensor,
+    anchors: torch.Tensor,
+    gamma: float,
+) -> torch.Tensor:
+    """Weighted cross-entropy of the blocks anchored at ``anchors`` [B, K] of ``seqs`` [B, L].
+
+    Each block's rows see the context features of positions < anchor and the whole block; labels
+    past the end of a sequence are ignored.
+    """
+    cfg = drafter.config
+    b, length = seqs.shape
+    k, bs = anchors.shape[1], cfg.block_size
+    device = seqs.device
+    offsets = torch.arange(bs, device=device)
+    positions = (anchors[..., None] + offsets).reshape(b * k, bs)  # [BK, bs]
+    block = torch.full((b * k, bs), cfg.mask_token_id, dtype=torch.long, device=device)
+    block[:, 0] = seqs.gather(1, anchors).reshape(-1)
+    label_pos = positions[:, 1:]
+    labels = seqs.repeat_interleave(k, 0).gather(1, label_pos.clamp(max=length - 1))
+    labels = labels.masked_fill(label_pos >= length, -100)
+    context = drafter.context_kv(features, torch.arange(length, device=device).expand(b, -1))
+    context = [(kk.repeat_interleave(k, 0), vv.repeat_interleave(k, 0)) for kk, vv in context]
+    visible = torch.arange(length, device=device)[None] < anchors.reshape(-1, 1)  # [BK, L]
+    mask = torch.cat([visible, torch.ones(b * k, bs, dtype=torch.bool, device=device)], dim=1)
+    mask = mask[:, None, None, :]  # [BK, 1, 1, L + bs]
+    emb = drafter.embed_block(block, target.model.embed_tokens.weight)
+    hidden = drafter.forward_block(emb, positions, context, mask)
+    logits = drafter.compute_logits(hidden[:, 1:], target.lm_head)  # [BK, bs-1, V]
+    nll = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="none").view_as(labels)
+    weights = torch.ones(bs - 1, device=device)
+    if gamma > 0:
+        weights = torch.exp(-torch.arange(bs - 1, device=device, dtype=torch.float32) / gamma)
+    weights = weights[None] * (labels != -100)
+    return (nll * weights).sum() / weights.sum()
+
+
+def chain_acceptance(
+    target: HybridLM, drafter: str, prompts: list[list[int]], new_tokens: int, block_size: int, seed: int
+) -> dict[str, Any]:
+    """MAL of a ``dflash_chain`` route (``drafter``: a checkpoint dir or "random") and losslessness."""
+    vocab = target.config.vocab_size
+    ar = build_route({"kind": "ar"}, vocab, "greedy", 0.0, seed)
+    spec = {"kind": "dflash_chain", "drafter": drafter, "block_size": block_size}
+    route = build_route(spec, vocab, "greedy", 0.0, seed, target=target)
+    lengths: list[int] = []
+    identical = True
+    for p in prompts:
+        ref = generate(target, p, ar, new_tokens).output_ids
+        res = generate(target, p, route, new_tokens)
+        lengths += res.accepted_lengths
+        identical &= res.output_ids == ref
+    return {"mal": sum(lengths) / max(1, len(lengths)), "steps": len(lengths), "lossless": identical}
+
+
+def train_dflash(recipe: DFlashRecipe) -> dict[str, Any]:
+    """Generate the distillation data, train, write the checkpoint and report acceptance."""
+    t_start = time.perf_counter()
+    out = Path(recipe.out)
+    device = resolve_train_device(recipe.device)
+    gen = seed_everything(recipe.seed)
+    target = load_target(recipe.target, dtype=torch.float32, device=str(device)).requires_grad_(False)
+    tok = load_tokenizer(recipe.target)
+    corpus = Path(recipe.corpus)
+    if recipe.gen_len < 2:
+        raise ConfigError("gen_len must be >= 2 (anchors lie in the generated continuation)")
+    prompts = corpus_prompts(tok, documents(corpus / "train.txt"), recipe.prompts, recipe.prompt_len, gen)
+    t0 = time.perf_counter()
+    seqs = greedy_continuations(target, prompts, recipe.gen_len)
+    gen_s = time.perf_counter() - t0
+    drafter = random_dflash_for(
+        target, seed=recipe.seed, num_layers=recipe.draft_layers, block_size=recipe.block_size,
+        target_layer_ids=recipe.target_layer_ids, mask_token_id=special_id(tok, "<|mask|>"),
+        num_features=recipe.num_features,
+    ).train()  # fmt: skip
+    layers = list(drafter.config.target_layer_ids)
+    features = target_features(target, seqs, layers)
+    seqs = seqs.to(device)
+    first, last = recipe.prompt_len - 1, seqs.shape[1] - 2  # anchors: the last prompt token .. L-2
+
+    def step_fn(step: int) -> tuple[torch.Tensor, int]:
+        idx = torch.randint(0, seqs.shape[0], (recipe.batch_size,), generator=gen)
+        anchors = torch.randint(first, last + 1, (recipe.batch_size, recipe.anchors), generator=gen)
+        loss = block_loss(drafter, target, seqs[idx], features[idx], anchors.to(device), recipe.loss_gamma)
+        return loss, recipe.batch_size * recipe.anchors * (recipe.block_size - 1)
+
+    log = train_loop(drafter, step_fn, recipe.optim(), out, device)
+    drafter.eval()
+    save_dflash(drafter, out)
+    plot_loss(
+        log, out / LOSS_FIGURE, f"DFlash drafter (block {recipe.block_size}, {recipe.draft_layers} layer)"
+    )
+    heldout = corpus_prompts(
+        tok,
+        documents(corpus / "heldout.txt"),
+        recipe.eval_prompts,
+        recipe.prompt_len,
+        torch.Generator().manual_seed(recipe.seed),
+    )
+    args = (heldout, recipe.eval_new_tokens, recipe.block_size, recipe.seed)
+    trained = chain_acceptance(target, str(out), *args)
+    untrained = chain_acceptance(target, "random", *args)
+    metrics = {
+        "heldout_chain_mal": trained["mal"],
+        "heldout_chain_mal_untrained": untrained["mal"],
+        "lossless": trained["lossless"] and untrained["lossless"],
+        "eval_prompts": len(heldout),
+        "first_loss": log[0]["loss"],
+        "final_loss": log[-1]["loss"],
+        "final_loss_ppl": math.exp(log[-1]["loss"]),
+        "distill_sequences": int(seqs.shape[0]),
+        "generation_s": gen_s,
+        "target_layer_ids": layers,
+        "parameters": sum(p.numel() for p in drafter.parameters()),
+        "wall_s": time.perf_counter() - t_start,
+    }
+    write_json(out / "metrics.json", metrics)
+    write_manifest(out, {"recipe": "dflash", **dataclasses.asdict(recipe)}, recipe.seed)
+    return metrics
