@@ -31,13 +31,14 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 
 from repro.drafters.base import DraftContext, Proposal
 from repro.errors import CheckpointError, ConfigError
 from repro.models.hybrid import HybridLM, Verification
 from repro.models.layers import MLP, rotate_half
+from repro.models.loading import read_weights
 
 ARCHITECTURE = "DFlashDraftModel"
 WEIGHTS_FILE = "model.safetensors"
@@ -449,15 +450,7 @@ def load_dflash(
     """Load a z-lab-format DFlash drafter (weights keep their dtype unless ``dtype`` is given)."""
     path = Path(path)
     cfg = read_dflash_config(path)
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise CheckpointError(f"DFlash checkpoint {path} has no *.safetensors weight files")
-    weights: dict[str, torch.Tensor] = {}
-    for f in files:
-        try:
-            weights.update(load_file(str(f)))
-        except Exception as exc:  # safetensors raises several types for corrupt files
-            raise CheckpointError(f"cannot read weight file {f}: {str(exc).splitlines()[0]}") from None
+    weights = read_weights(path)
     with torch.device("meta"):
         model = DFlashDraftModel(cfg)
     expected = model.state_dict()

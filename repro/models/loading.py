@@ -59,7 +59,7 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
         try:
             weights.update(load_file(str(f)))
         except Exception as exc:  # safetensors raises several types for corrupt files
-            raise CheckpointError(f"cannot read weight file {f}: {exc}") from None
+            raise CheckpointError(f"cannot read weight file {f}: {str(exc).splitlines()[0]}") from None
     return weights
 
 
