@@ -57,6 +57,25 @@ class OptimConfig:
         return asdict(self)
 
 
+class RecipeOptim:
+    """Mixin for recipe dataclasses: their optimiser settings as an :class:`OptimConfig`."""
+
+    steps: int
+    lr: float
+    warmup: int
+    weight_decay: float
+    grad_clip: float
+    precision: str
+    log_every: int
+
+    def optim(self) -> OptimConfig:
+        return OptimConfig(
+            steps=self.steps, lr=self.lr, warmup=min(self.warmup, self.steps - 1),
+            weight_decay=self.weight_decay, grad_clip=self.grad_clip, precision=self.precision,
+            log_every=self.log_every,
+        )  # fmt: skip
+
+
 def lr_at(step: int, cfg: OptimConfig) -> float:
     """Learning rate of 0-based ``step``: linear warmup over ``warmup`` steps, then cosine decay."""
     if step < cfg.warmup:

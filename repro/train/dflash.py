@@ -39,7 +39,7 @@ from repro.routes import build_route
 from repro.tokenizer import Tokenizer, load_tokenizer
 from repro.train.common import (
     LOSS_FIGURE,
-    OptimConfig,
+    RecipeOptim,
     plot_loss,
     resolve_train_device,
     seed_everything,
@@ -51,7 +51,7 @@ from repro.train.target import SEPARATOR, documents, encode_document, special_id
 
 
 @dataclass
-class DFlashRecipe:
+class DFlashRecipe(RecipeOptim):
     """Everything that decides a DFlash training run (recorded whole in manifest.json)."""
 
     target: str
@@ -78,13 +78,6 @@ class DFlashRecipe:
     eval_prompts: int = 4
     eval_new_tokens: int = 64
     log_every: int = 1
-
-    def optim(self) -> OptimConfig:
-        return OptimConfig(
-            steps=self.steps, lr=self.lr, warmup=min(self.warmup, self.steps - 1),
-            weight_decay=self.weight_decay, grad_clip=self.grad_clip, precision=self.precision,
-            log_every=self.log_every,
-        )  # fmt: skip
 
 
 def corpus_prompts(

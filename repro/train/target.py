@@ -35,7 +35,7 @@ from repro.models.loading import save_target
 from repro.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer, write_byte_tokenizer_marker
 from repro.train.common import (
     LOSS_FIGURE,
-    OptimConfig,
+    RecipeOptim,
     plot_loss,
     resolve_train_device,
     seed_everything,
@@ -55,7 +55,7 @@ TOKENIZER_FILES = (
 
 
 @dataclass
-class TargetRecipe:
+class TargetRecipe(RecipeOptim):
     """Everything that decides a target training run (recorded whole in manifest.json)."""
 
     corpus: str
@@ -77,13 +77,6 @@ class TargetRecipe:
     eval_sequences: int = 64
     max_train_tokens: int | None = None
     log_every: int = 1
-
-    def optim(self) -> OptimConfig:
-        return OptimConfig(
-            steps=self.steps, lr=self.lr, warmup=min(self.warmup, self.steps - 1),
-            weight_decay=self.weight_decay, grad_clip=self.grad_clip, precision=self.precision,
-            log_every=self.log_every,
-        )  # fmt: skip
 
 
 # ----- data -----
