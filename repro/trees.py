@@ -34,6 +34,18 @@ class Chain:
         return Tree.chain(tokens)
 
 
+class DrafterTree:
+    """The tree the drafter grew itself (``proposal.tree``); its root must be the pending token."""
+
+    def build(self, root_token: int, proposal: Proposal | None) -> Tree:
+        if proposal is None or proposal.tree is None:
+            return Tree.single(root_token)
+        tree = proposal.tree
+        if int(tree.tokens[0]) != root_token or int(tree.parents[0]) != -1:
+            raise ValueError("the drafter's tree must be rooted at the pending token (node 0)")
+        return tree
+
+
 class Backbone:
     """Siblings at every depth under the first choice of the depth above (a 'caterpillar').
 

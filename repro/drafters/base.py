@@ -8,6 +8,7 @@ from typing import Protocol
 import torch
 
 from repro.models.hybrid import Verification
+from repro.tree import Tree
 
 
 @dataclass
@@ -35,11 +36,14 @@ class Proposal:
     """Ranked candidate tokens per draft depth (depth 1 first), optionally with probabilities.
 
     ``candidates[d][0]`` is the drafter's first choice at depth d+1; deeper candidates are
-    conditioned on the first choices above them.
+    conditioned on the first choices above them. Drafters that grow their own tree while
+    drafting (Weaver, EAGLE-style dynamic trees) put it in ``tree`` (root = the pending token);
+    the ``DrafterTree`` builder passes it through.
     """
 
     candidates: list[list[int]]
     probs: torch.Tensor | None = None  # [depth, V] marginals when the drafter has them
+    tree: Tree | None = None
 
     @property
     def depth(self) -> int:
