@@ -36,7 +36,7 @@ from repro.errors import ConfigError
 from repro.models.hybrid import HybridLM
 from repro.models.loading import load_target
 from repro.routes import build_route
-from repro.tokenizer import Tokenizer, load_tokenizer
+from repro.tokenizer import load_tokenizer
 from repro.train.common import (
     LOSS_FIGURE,
     RecipeOptim,
@@ -47,7 +47,8 @@ from repro.train.common import (
     write_json,
     write_manifest,
 )
-from repro.train.target import SEPARATOR, documents, encode_document, special_id
+from repro.train.distill import corpus_prompts, greedy_continuations, target_features
+from repro.train.target import documents, special_id
 
 
 @dataclass
@@ -78,35 +79,6 @@ class DFlashRecipe(RecipeOptim):
     eval_prompts: int = 4
     eval_new_tokens: int = 64
     log_every: int = 1
-
-
-def corpus_prompts(
-    tok: Tokenizer, docs: list[str], count: int, length: int, gen: torch.Generator
-) -> list[list[int]]:
-    """``count`` prompts of ``length`` tokens: windows at seeded random offsets of the documents."""
-    sep = special_id(tok, SEPARATOR)
-    stream = torch.tensor([t for d in docs for t in encode_document(tok, d) + [sep]], dtype=torch.long)
-    if stream.numel() <= length:
-        raise ConfigError(f"the corpus holds {stream.numel()} tokens: too few for prompts of {length}")
-    starts = torch.randint(0, stream.numel() - length, (count,), generator=gen)
-    return [stream[s : s + length].tolist() for s in starts.tolist()]
-
-
-def greedy_continuations(target: HybridLM, prompts: list[list[int]], new_tokens: int) -> torch.Tensor:
-    """Prompt + the target's greedy continuation, [N, prompt_len + new_tokens] (no early stop)."""
-    route = build_route({"kind": "ar"}, target.config.vocab_size, "greedy", 0.0, 0)
-    rows = [p + generate(target, p, route, new_tokens).output_ids for p in prompts]
-    return torch.tensor(rows, dtype=torch.long)
-
-
-@torch.no_grad()
-def target_features(target: HybridLM, seqs: torch.Tensor, layers: list[int], batch: int = 16) -> torch.Tensor:
-    """Concatenated outputs of ``layers`` for every position, [N, L, len(layers) * hidden]."""
-    out = []
-    for start in range(0, seqs.shape[0], batch):
-        _, hidden = target.forward_train_hidden(seqs[start : start + batch].to(target.device), tuple(layers))
-        out.append(torch.cat([hidden[i] for i in layers], dim=-1))
-    return torch.cat(out)
 
 
 def block_loss(
