@@ -21,6 +21,7 @@ from repro.tokenizer import ByteTokenizer, load_tokenizer
 from repro.train.cli import train_app
 from repro.train.common import OptimConfig, lr_at
 from repro.train.dflash import DFlashRecipe, train_dflash
+from repro.train.distill import greedy_continuations
 from repro.train.target import TargetRecipe, documents, evaluate, pack, target_config, train_target
 from repro.tree import Tree
 
@@ -80,6 +81,40 @@ def test_forward_train_equals_verify(arch: str) -> None:
         for i in (1, 3):
             assert (hidden[i][b] - ver.hidden[i]).abs().max() <= 1e-12
     assert torch.equal(model.forward_train(ids), logits)
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "fla_gdn"])
+def test_forward_chain_continues_a_committed_state(arch: str) -> None:
+    """forward_chain after a prefilled state equals verify + commit: logits, GDN states, conv
+    windows and attention keys/values (the batched prefill path)."""
+    cfg = target_config(arch, 260, 4, 32, [])
+    model = init_random_weights(HybridLM(cfg), 5).to(torch.float64)
+    gen = torch.Generator().manual_seed(2)
+    prompt, more = torch.randint(0, 260, (7,), generator=gen), torch.randint(0, 260, (2, 9), generator=gen)
+    state, _ = model.prefill(prompt)
+    logits, _, finals = model.forward_chain(more, state=state)
+    for b in range(2):
+        ver = model.verify(state, Tree.chain(more[b]))
+        assert (logits[b] - ver.logits).abs().max() <= 1e-12
+        after = model.commit(state, ver, list(range(9)))
+        for final, ref in zip(finals, after.layers):
+            pairs = (
+                [(final.recurrent[b], ref.recurrent), (final.conv[b], ref.conv)]
+                if hasattr(ref, "recurrent")
+                else [(final.keys[b], ref.keys), (final.values[b], ref.values)]
+            )
+            for got, want in pairs:
+                assert got.shape == want.shape and (got - want).abs().max() <= 1e-12
+
+
+def test_batched_greedy_continuations_are_ar_outputs() -> None:
+    model = init_random_weights(HybridLM(tiny_config()), 4).to(torch.float64)
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 260, (70,), generator=gen).tolist() for _ in range(3)]
+    seqs = greedy_continuations(model, prompts, 12, batch=2)
+    ar = build_route({"kind": "ar"}, 260, "greedy", 0.0, 0)
+    for p, row in zip(prompts, seqs.tolist()):
+        assert row == p + generate(model, p, ar, 12).output_ids
 
 
 def test_forward_train_gradients_reach_every_parameter() -> None:

@@ -1,5 +1,7 @@
-"""Which implementation evaluates a GDN layer on a tree: the pure-torch reference (any device,
-the oracle) or the fused Triton kernels (CUDA). Both return the same (outputs, TreeFactors)."""
+"""Which implementation evaluates a GDN layer: the pure-torch reference (any device, the oracle) or
+the Triton kernels (CUDA): the project's fused tree kernels for draft trees and
+flash-linear-attention's chunk kernel for batched chains (prefill, training). Each pair returns
+the same results."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from repro.gdn.reference import TreeFactors
 
 BACKENDS = ("reference", "triton")
 TreeFn = Callable[..., tuple[torch.Tensor, TreeFactors]]
+ChainFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 
 def _reference(q, k, v, g, beta, state, parents, ancestors, scale, keep_snapshots):
@@ -28,12 +31,31 @@ def _triton(q, k, v, g, beta, state, parents, ancestors, scale, keep_snapshots):
     return o, factors
 
 
+def _fla_chunk(q, k, v, g, beta, state, scale):
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+    dtype = v.dtype if v.dtype in (torch.bfloat16, torch.float16) else torch.float32
+    o, final = chunk_gated_delta_rule(
+        q.to(dtype), k.to(dtype), v.to(dtype), g.float(), beta.to(dtype), scale=scale,
+        initial_state=None if state is None else state.float(), output_final_state=True, state_v_first=True,
+    )  # fmt: skip
+    return o.to(v.dtype), final
+
+
+def _check(name: str, device: torch.device) -> None:
+    if name not in BACKENDS:
+        raise ConfigError(f"unknown GDN backend {name!r}: choose one of {', '.join(BACKENDS)}")
+    if name == "triton" and device.type != "cuda":
+        raise ConfigError("the triton GDN backend needs a CUDA device (use --device cuda)")
+
+
 def tree_function(name: str, device: torch.device) -> TreeFn:
     """The tree evaluator for ``name``; the Triton one needs a CUDA device."""
-    if name == "reference":
-        return _reference
-    if name == "triton":
-        if device.type != "cuda":
-            raise ConfigError("the triton GDN backend needs a CUDA device (use --device cuda)")
-        return _triton
-    raise ConfigError(f"unknown GDN backend {name!r}: choose one of {', '.join(BACKENDS)}")
+    _check(name, device)
+    return _reference if name == "reference" else _triton
+
+
+def chain_function(name: str, device: torch.device) -> ChainFn:
+    """The batched-chain evaluator ``(q, k, v, g, beta, state | None, scale) -> (o, final state)``."""
+    _check(name, device)
+    return reference.chunk_gdn if name == "reference" else _fla_chunk

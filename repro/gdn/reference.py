@@ -158,6 +158,50 @@ def commit_snapshot(state: torch.Tensor, f: TreeFactors, path: list[int]) -> tor
     return f.snapshots[path[-1]].clone()
 
 
+def chunk_gdn(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor | None,
+    scale: float,
+    chunk: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Batched chains in chunks of ``chunk`` tokens (WY form per chunk), differentiable.
+
+    q, k [B, L, H, d_k]; v [B, L, HV, d_v]; g, beta [B, L, HV]; state [B, HV, d_v, d_k] or None
+    (zeros). Returns (o [B, L, HV, d_v], final state). Within a chunk with gates summed to G,
+    delta solves (I + A) delta = beta (v - e^G S0 k) with A_ij = beta_i e^(G_i - G_j) k_i.k_j
+    (j < i); o_i = e^(G_i) S0 q_i + sum_(j <= i) e^(G_i - G_j) (k_j.q_i) delta_j.
+    """
+    b, length, hv, dv = v.shape
+    dk = k.shape[-1]
+    qh = expand_key_heads(q.flatten(0, 1), hv).view(b, length, hv, dk).transpose(1, 2) * scale
+    kh = expand_key_heads(k.flatten(0, 1), hv).view(b, length, hv, dk).transpose(1, 2)
+    vh, gh, bh = v.transpose(1, 2), g.transpose(1, 2), beta.transpose(1, 2)  # [B, HV, L, .]
+    s = state if state is not None else v.new_zeros(b, hv, dv, dk)
+    outs = []
+    for start in range(0, length, chunk):
+        sl = slice(start, start + chunk)
+        qc, kc, vc, bc = qh[:, :, sl], kh[:, :, sl], vh[:, :, sl], bh[:, :, sl, None]
+        gate_cum = gh[:, :, sl].cumsum(-1)  # [B, HV, C]
+        n = gate_cum.shape[-1]
+        lower = torch.ones(n, n, dtype=torch.bool, device=v.device).tril()
+        diff = gate_cum[..., :, None] - gate_cum[..., None, :]
+        gamma = diff.masked_fill(~lower, float("-inf")).exp()
+        strict = gamma * (~torch.eye(n, dtype=torch.bool, device=v.device))
+        a = bc * (kc @ kc.transpose(-1, -2)) * strict
+        eye = torch.eye(n, dtype=v.dtype, device=v.device)
+        rhs = bc * (vc - gate_cum.exp()[..., None] * (kc @ s.transpose(-1, -2)))
+        delta = torch.linalg.solve_triangular(eye + a, rhs, upper=False, unitriangular=True)
+        decay_q = gate_cum.exp()[..., None] * (qc @ s.transpose(-1, -2))
+        outs.append(decay_q + ((qc @ kc.transpose(-1, -2)) * gamma) @ delta)
+        tail = (gate_cum[..., -1:] - gate_cum).exp()[..., None]  # e^(G_last - G_j)
+        s = gate_cum[..., -1].exp()[..., None, None] * s + (tail * delta).transpose(-1, -2) @ kc
+    return torch.cat(outs, dim=2).transpose(1, 2), s
+
+
 COMMIT_FUNCTIONS = {
     "snapshot": commit_snapshot,
     "replay": commit_replay,

@@ -86,31 +86,50 @@ class HybridLM(nn.Module):
         return Verification(tree, logits, hidden, saved, state.position, self.commit_strategy)
 
     def forward_train(self, ids: torch.Tensor, capture: tuple[int, ...] = ()) -> torch.Tensor:
-        """Teacher-forced logits [B, L, V] of sequences ``ids`` [B, L], each a chain from an empty
-        state through verify's own layer code, with autograd on (see :meth:`forward_train_hidden`)."""
-        return self.forward_train_hidden(ids, capture)[0]
+        """Teacher-forced logits [B, L, V] of sequences ``ids`` [B, L] from an empty state, with
+        autograd on (see :meth:`forward_chain`)."""
+        return self.forward_chain(ids, capture)[0]
 
     def forward_train_hidden(
         self, ids: torch.Tensor, capture: tuple[int, ...] = ()
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-        """Logits [B, L, V] and outputs [B, L, d] of the ``capture`` layers, differentiable.
+        """Logits [B, L, V] and outputs [B, L, d] of the ``capture`` layers, differentiable."""
+        logits, hidden, _ = self.forward_chain(ids, capture)
+        return logits, hidden
 
-        Row b equals ``verify(empty_state(), Tree.chain(ids[b]))``; sequences run one at a time.
+    def forward_chain(
+        self, ids: torch.Tensor, capture: tuple[int, ...] = (), state: ModelState | None = None
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor], list[GDNLayerState | AttentionLayerState]]:
+        """Batched chains ``ids`` [B, L] after ``state`` (one shared by every row, or batched per row;
+        None = empty).
+
+        Returns logits [B, L, V], the ``capture`` layers' outputs [B, L, d] and each layer's
+        batched final state. Row b equals ``verify(state, Tree.chain(ids[b]))`` (pinned in tests);
+        GDN layers run the backend's chain evaluator (chunked WY form in torch, or fla's chunk
+        kernel on CUDA) and attention layers one causal attention, so training and prefill are
+        batched. Autograd follows the caller's mode.
         """
         if ids.dim() != 2 or ids.shape[1] == 0:
-            raise ConfigError(f"forward_train needs token ids [B, L] with L >= 1, got {tuple(ids.shape)}")
-        device = self.device
-        n = ids.shape[1]
-        positions = torch.arange(n, device=device)
-        parents = positions - 1
-        ancestors = torch.ones(n, n, dtype=torch.bool, device=device).tril()
-        rows = [
-            self._tree_pass(self.empty_state(), seq.to(device), parents, ancestors, positions, capture, False)
-            for seq in ids
-        ]
-        logits = torch.stack([r[0] for r in rows])
-        hidden = {i: torch.stack([r[1][i] for r in rows]) for i in capture}
-        return logits, hidden
+            raise ConfigError(f"forward_chain needs token ids [B, L] with L >= 1, got {tuple(ids.shape)}")
+        ids = ids.to(self.device)
+        start = 0 if state is None else state.position
+        positions = torch.arange(start, start + ids.shape[1], device=self.device)
+        x = self.model.embed_tokens(ids)
+        hidden: dict[int, torch.Tensor] = {}
+        finals: list[GDNLayerState | AttentionLayerState] = []
+        for i, layer in enumerate(self.model.layers):
+            layer_state = None if state is None else state.layers[i]
+            h = layer.input_layernorm(x)
+            if layer.layer_type == "linear_attention":
+                out, final = layer.linear_attn.forward_chain(h, layer_state)
+            else:
+                out, final = layer.self_attn.forward_chain(h, layer_state, positions)
+            finals.append(final)
+            x = x + out
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            if i in capture:
+                hidden[i] = x
+        return self.lm_head(self.model.norm(x)), hidden, finals
 
     def _tree_pass(
         self,

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from repro.gdn import reference as gdn
-from repro.gdn.backends import tree_function
+from repro.gdn.backends import chain_function, tree_function
 from repro.models.config import HybridConfig
 from repro.models.state import AttentionLayerState, GDNLayerState
 
@@ -151,6 +151,36 @@ class GatedDeltaNet(nn.Module):
         o = self.norm(o.to(h.dtype), z).reshape(n, self.value_dim)
         return self.out_proj(o), GDNVerification(factors, conv_inputs)
 
+    def forward_chain(
+        self, h: torch.Tensor, state: GDNLayerState | None = None
+    ) -> tuple[torch.Tensor, GDNLayerState]:
+        """Batched chains h [B, L, d] from ``state`` (shared by all rows; None = empty), differentiable.
+
+        Returns the outputs [B, L, d] and the final states (recurrent [B, HV, d_v, d_k], conv
+        window [B, W-1, C]). Same math as :meth:`forward_tree` on a chain.
+        """
+        b, n, _ = h.shape
+        conv_inputs = self.in_proj_qkv(h)  # [B, L, C]
+        sdt = torch.float64 if h.dtype == torch.float64 else torch.float32
+        if state is None:
+            state = self.empty_state(h.dtype, h.device)
+        history = state.conv.to(conv_inputs.dtype).expand(b, -1, -1)
+        ext = torch.cat([history, conv_inputs], dim=1)
+        conv = F.conv1d(ext.transpose(1, 2), self.conv1d.weight, self.conv1d.bias, groups=self.conv_dim)
+        mixed = F.silu(conv)
+        q, k, v = torch.split(mixed.transpose(1, 2), [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        q = l2norm(q.reshape(b, n, self.num_k_heads, self.head_k_dim).to(sdt))
+        k = l2norm(k.reshape(b, n, self.num_k_heads, self.head_k_dim).to(sdt))
+        v = v.reshape(b, n, self.num_v_heads, self.head_v_dim).to(sdt)
+        g, beta = self.gates(h)
+        chain_fn = chain_function(self.backend, h.device)
+        initial = state.recurrent.to(sdt).expand(b, -1, -1, -1)
+        o, final = chain_fn(q, k, v, g.to(sdt), beta.to(sdt), initial, self.head_k_dim**-0.5)
+        z = self.in_proj_z(h).reshape(b, n, self.num_v_heads, -1) if self.in_proj_z is not None else None
+        o = self.norm(o.to(h.dtype), z).reshape(b, n, self.value_dim)
+        window = ext[:, ext.shape[1] - (self.conv_size - 1) :]
+        return self.out_proj(o), GDNLayerState(final, window)
+
     def commit(
         self, state: GDNLayerState, ver: GDNVerification, path: list[int], strategy: str
     ) -> GDNLayerState:
@@ -223,6 +253,35 @@ class Attention(nn.Module):
         if self.output_gate:
             out = out * torch.sigmoid(gate)
         return self.o_proj(out), AttentionVerification(k, v)
+
+    def forward_chain(
+        self, h: torch.Tensor, state: AttentionLayerState | None, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, AttentionLayerState]:
+        """Causal attention over batched chains h [B, L, d] after ``state``'s keys (shared by all
+        rows; None = none). Returns outputs [B, L, d] and the keys/values [B, P + L, KV, hd]."""
+        b, n, _ = h.shape
+        q = self.q_proj(h)
+        if self.output_gate:
+            q, gate = q.view(b, n, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
+            gate = gate.reshape(b, n, -1)
+        q = self.rotary(self.q_norm(q.reshape(b * n, self.num_heads, self.head_dim)), positions.repeat(b))
+        k = self.k_norm(self.k_proj(h).view(b * n, self.num_kv_heads, self.head_dim))
+        k = self.rotary(k, positions.repeat(b)).view(b, n, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(h).view(b, n, self.num_kv_heads, self.head_dim)
+        prefix = 0 if state is None else state.keys.shape[-3]  # keys [P, KV, hd] or [B, P, KV, hd]
+        if prefix:
+            k = torch.cat([state.keys.to(k.dtype).expand(b, -1, -1, -1), k], dim=1)
+            v = torch.cat([state.values.to(v.dtype).expand(b, -1, -1, -1), v], dim=1)
+        groups = self.num_heads // self.num_kv_heads
+        keys_h = k.repeat_interleave(groups, dim=2).transpose(1, 2)  # [B, H, P + L, hd]
+        values_h = v.repeat_interleave(groups, dim=2).transpose(1, 2)
+        q = q.view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
+        mask = torch.ones(n, prefix + n, dtype=torch.bool, device=h.device).tril(prefix)
+        out = F.scaled_dot_product_attention(q, keys_h, values_h, attn_mask=mask, scale=self.head_dim**-0.5)
+        out = out.transpose(1, 2).reshape(b, n, -1)
+        if self.output_gate:
+            out = out * torch.sigmoid(gate)
+        return self.o_proj(out), AttentionLayerState(k, v)
 
     def commit(
         self, state: AttentionLayerState, ver: AttentionVerification, path: list[int]

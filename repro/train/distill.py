@@ -1,14 +1,14 @@
 """Self-distillation data shared by the drafter recipes: corpus prompts, the target's own greedy
-continuations (through the exact ``ar`` decode path) and its hidden features."""
+continuations and its hidden features, all through the target's batched chain path
+(``HybridLM.forward_chain``, pinned to verify/commit in tests)."""
 
 from __future__ import annotations
 
 import torch
 
-from repro.engine import generate
 from repro.errors import ConfigError
 from repro.models.hybrid import HybridLM
-from repro.routes import build_route
+from repro.models.state import ModelState
 from repro.tokenizer import Tokenizer
 from repro.train.target import SEPARATOR, encode_document, special_id
 
@@ -25,11 +25,32 @@ def corpus_prompts(
     return [stream[s : s + length].tolist() for s in starts.tolist()]
 
 
-def greedy_continuations(target: HybridLM, prompts: list[list[int]], new_tokens: int) -> torch.Tensor:
-    """Prompt + the target's greedy continuation, [N, prompt_len + new_tokens] (no early stop)."""
-    route = build_route({"kind": "ar"}, target.config.vocab_size, "greedy", 0.0, 0)
-    rows = [p + generate(target, p, route, new_tokens).output_ids for p in prompts]
-    return torch.tensor(rows, dtype=torch.long)
+@torch.no_grad()
+def greedy_continuations(
+    target: HybridLM, prompts: list[list[int]], new_tokens: int, batch: int = 256
+) -> torch.Tensor:
+    """Prompt + the target's greedy continuation, [N, prompt_len + new_tokens] (no early stop).
+
+    Prompts of one length decode together: one batched prefill, then one batched step per token
+    carrying the batched state. In float64 this is AR's output token for token (tested); in
+    float32/bf16 rare near-ties may break differently from the tree decode path, which does not
+    matter for training data.
+    """
+    if len({len(p) for p in prompts}) > 1:
+        raise ConfigError("greedy_continuations needs prompts of one length")
+    rows = []
+    for start in range(0, len(prompts), batch):
+        ids = torch.tensor(prompts[start : start + batch], dtype=torch.long, device=target.device)
+        logits, _, layers = target.forward_chain(ids)
+        state = ModelState(layers, ids.shape[1])
+        for step in range(new_tokens):
+            nxt = logits[:, -1].argmax(-1, keepdim=True)
+            ids = torch.cat([ids, nxt], dim=1)
+            if step + 1 < new_tokens:
+                logits, _, layers = target.forward_chain(nxt, state=state)
+                state = ModelState(layers, state.position + 1)
+        rows.append(ids.cpu())
+    return torch.cat(rows)
 
 
 @torch.no_grad()
