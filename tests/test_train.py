@@ -128,6 +128,27 @@ def test_forward_train_gradients_reach_every_parameter() -> None:
         assert p.grad.abs().sum() > 0, name
 
 
+def test_tied_bf16_target_and_time_budget(corpus: Path, tmp_path: Path) -> None:
+    """A zero time budget stops after one logged step; a tied bf16 checkpoint holds exactly the
+    rounded weights that were evaluated."""
+    out = tmp_path / "tied"
+    metrics = train_target(
+        recipe(corpus, out, steps=5, tie_embeddings=True, save_dtype="bf16", time_budget_s=0.0)
+    )
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert metrics["steps_run"] == 1 and len(log) == 1 and log[0]["stopped_early"] is True
+    from safetensors import safe_open
+
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+        assert {f.get_tensor(k).dtype for k in names} == {torch.bfloat16}
+        assert "lm_head.weight" not in names
+    model = load_target(out, dtype=torch.float32)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    heldout = pack(load_tokenizer(out), documents(corpus / "heldout.txt"), 32)[:4]
+    assert evaluate(model, heldout, 4) == pytest.approx(metrics["heldout_loss"], rel=1e-6)
+
+
 def test_schedule_warms_up_then_decays() -> None:
     cfg = OptimConfig(steps=100, lr=1.0, warmup=10, min_lr_ratio=0.1)
     lrs = [lr_at(s, cfg) for s in range(100)]

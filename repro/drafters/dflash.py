@@ -414,13 +414,15 @@ class DFlashDraftModel(nn.Module):
 # ----- checkpoints -----
 
 
-def save_dflash(model: DFlashDraftModel, path: str | Path) -> Path:
-    """Write ``config.json`` + ``model.safetensors`` in z-lab's DFlash layout."""
+def save_dflash(model: DFlashDraftModel, path: str | Path, dtype: torch.dtype | None = None) -> Path:
+    """Write ``config.json`` + ``model.safetensors`` in z-lab's DFlash layout (weights in ``dtype``,
+    default the model's)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    cfg = {**model.config.to_dict(), "dtype": str(model.dtype).removeprefix("torch.")}
+    dtype = dtype or model.dtype
+    cfg = {**model.config.to_dict(), "dtype": str(dtype).removeprefix("torch.")}
     (path / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    weights = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    weights = {k: v.detach().cpu().to(dtype).contiguous() for k, v in model.state_dict().items()}
     save_file(weights, str(path / WEIGHTS_FILE), metadata={"format": "pt"})
     return path
 

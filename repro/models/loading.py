@@ -175,13 +175,16 @@ def load_target(
     return model.to(device=device, dtype=dtype).eval()
 
 
-def save_target(model: HybridLM, path: str | Path, fmt: str | None = None) -> Path:
-    """Write ``config.json`` + ``model.safetensors`` in the model's native format (or ``fmt``)."""
+def save_target(
+    model: HybridLM, path: str | Path, fmt: str | None = None, dtype: torch.dtype | None = None
+) -> Path:
+    """Write ``config.json`` + ``model.safetensors`` in the model's native format (or ``fmt``),
+    weights in ``dtype`` (default: the model's)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     cfg = model.config
     fmt = fmt or cfg.source_format
-    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    state = {k: v.detach().cpu().to(dtype or v.dtype).contiguous() for k, v in model.state_dict().items()}
     if fmt == "fla_gdn":
         config_dict, weights = cfg.to_fla_dict(), internal_to_fla(state, cfg)
     elif fmt == "qwen3_5":

@@ -37,6 +37,9 @@ def target(
     precision: Annotated[str, typer.Option(help="fp32 or bf16 (autocast, CUDA only).")] = "fp32",
     max_train_tokens: Annotated[int | None, typer.Option(help="Cap on tokenized training data.")] = None,
     eval_sequences: Annotated[int, typer.Option(help="Held-out sequences for perplexity.")] = 64,
+    tie_embeddings: Annotated[bool, typer.Option(help="LM head shares the embedding.")] = False,
+    save_dtype: Annotated[str, typer.Option(help="fp32 or bf16 (weights rounded, then evaluated).")] = "fp32",
+    time_budget: Annotated[float | None, typer.Option(help="Stop training after this many seconds.")] = None,
 ) -> None:
     """Train a tiny target; writes a loadable checkpoint, train_log.jsonl, loss.png, metrics.json."""
     from repro.train.target import TargetRecipe, train_target
@@ -45,7 +48,8 @@ def target(
         corpus=str(corpus), out=str(out), tokenizer=None if tokenizer is None else str(tokenizer), arch=arch,
         layers=layers, hidden_size=hidden_size, steps=steps, batch_size=batch_size, seq_len=seq_len, lr=lr,
         warmup=warmup, seed=seed, device=device, precision=precision, max_train_tokens=max_train_tokens,
-        eval_sequences=eval_sequences,
+        eval_sequences=eval_sequences, tie_embeddings=tie_embeddings, save_dtype=save_dtype,
+        time_budget_s=time_budget,
     )  # fmt: skip
     typer.echo(json.dumps(train_target(recipe), indent=2))
 
@@ -80,6 +84,8 @@ def dflash(
     precision: Annotated[str, typer.Option(help="fp32 or bf16 (autocast, CUDA only).")] = "fp32",
     eval_prompts: Annotated[int, typer.Option(help="Held-out prompts for chain acceptance.")] = 4,
     eval_new_tokens: Annotated[int, typer.Option(help="New tokens per held-out prompt.")] = 64,
+    save_dtype: Annotated[str, typer.Option(help="fp32 or bf16 (weights rounded, then evaluated).")] = "fp32",
+    time_budget: Annotated[float | None, typer.Option(help="Stop training after this many seconds.")] = None,
 ) -> None:
     """Train a DFlash drafter on the target's own greedy continuations; reports held-out MAL."""
     from repro.train.dflash import DFlashRecipe, train_dflash
@@ -90,6 +96,7 @@ def dflash(
         target_layer_ids=ids, prompts=prompts, prompt_len=prompt_len, gen_len=gen_len, anchors=anchors,
         loss_gamma=loss_gamma, steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, seed=seed,
         device=device, precision=precision, eval_prompts=eval_prompts, eval_new_tokens=eval_new_tokens,
+        save_dtype=save_dtype, time_budget_s=time_budget,
     )  # fmt: skip
     typer.echo(json.dumps(train_dflash(recipe), indent=2))
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import random
 import time
 from collections.abc import Callable, Iterable
@@ -44,6 +45,7 @@ class OptimConfig:
     grad_clip: float = 1.0
     precision: str = "fp32"
     log_every: int = 1
+    time_budget_s: float | None = None  # stop early (logged) once the loop has run this long
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -67,12 +69,13 @@ class RecipeOptim:
     grad_clip: float
     precision: str
     log_every: int
+    time_budget_s: float | None = None
 
     def optim(self) -> OptimConfig:
         return OptimConfig(
             steps=self.steps, lr=self.lr, warmup=min(self.warmup, self.steps - 1),
             weight_decay=self.weight_decay, grad_clip=self.grad_clip, precision=self.precision,
-            log_every=self.log_every,
+            log_every=self.log_every, time_budget_s=self.time_budget_s,
         )  # fmt: skip
 
 
@@ -118,7 +121,9 @@ def train_loop(
 ) -> list[dict[str, Any]]:
     """Run ``cfg.steps`` optimiser steps of ``step_fn``'s loss on ``model``'s trainable parameters.
 
-    Writes ``out_dir/train_log.jsonl`` (one line per logged step) and returns those lines.
+    Writes ``out_dir/train_log.jsonl`` (one line per logged step) and returns those lines. With
+    ``cfg.time_budget_s`` the loop ends after the first step past the budget; that step is logged
+    with ``"stopped_early": true``.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -147,7 +152,8 @@ def train_loop(
                 torch.cuda.synchronize(device)
             dt = time.perf_counter() - t0
             tokens += n
-            if step % cfg.log_every == 0 or step == cfg.steps - 1:
+            over = cfg.time_budget_s is not None and time.perf_counter() - start > cfg.time_budget_s
+            if step % cfg.log_every == 0 or step == cfg.steps - 1 or over:
                 row = {
                     "step": step,
                     "loss": value,
@@ -157,9 +163,13 @@ def train_loop(
                     "tokens_per_s": n / dt if dt > 0 else 0.0,
                     "elapsed_s": time.perf_counter() - start,
                 }
+                if over and step < cfg.steps - 1:
+                    row["stopped_early"] = True
                 log.append(row)
                 f.write(json.dumps(row) + "\n")
                 f.flush()
+            if over:
+                break
     return log
 
 
@@ -196,6 +206,34 @@ def write_json(path: Path, obj: Any) -> Path:
 def write_manifest(out_dir: Path, recipe: dict[str, Any], seed: int) -> Path:
     """``manifest.json``: environment, seed and the full recipe (repro.records.build_manifest)."""
     return write_json(out_dir / "manifest.json", build_manifest(recipe, seed=seed))
+
+
+SAVE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def save_dtype(name: str) -> torch.dtype:
+    if name not in SAVE_DTYPES:
+        raise ConfigError(f"unknown save dtype {name!r}: choose one of {', '.join(SAVE_DTYPES)}")
+    return SAVE_DTYPES[name]
+
+
+def round_weights(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """Round ``model``'s parameters to ``dtype`` in place (kept in their own dtype), so that what is
+    evaluated after training is exactly what a checkpoint written in ``dtype`` holds."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.to(dtype))
+    return model
+
+
+def fast_gdn_backend(model: nn.Module) -> nn.Module:
+    """Training and distillation on CUDA run the Triton GDN kernels (fla's chunk kernel for chains,
+    the project's tree kernels for verification); CPU keeps the reference. The environment
+    variable ``REPRO_TRAIN_GDN_BACKEND`` overrides the choice (e.g. ``reference`` on CUDA)."""
+    name = os.environ.get("REPRO_TRAIN_GDN_BACKEND") or ("triton" if model.device.type == "cuda" else "")
+    if name:
+        model.set_gdn_backend(name)
+    return model
 
 
 def resolve_train_device(name: str) -> torch.device:

@@ -40,8 +40,11 @@ from repro.tokenizer import load_tokenizer
 from repro.train.common import (
     LOSS_FIGURE,
     RecipeOptim,
+    fast_gdn_backend,
     plot_loss,
     resolve_train_device,
+    round_weights,
+    save_dtype,
     seed_everything,
     train_loop,
     write_json,
@@ -79,6 +82,8 @@ class DFlashRecipe(RecipeOptim):
     eval_prompts: int = 4
     eval_new_tokens: int = 64
     log_every: int = 1
+    save_dtype: str = "fp32"  # bf16: weights rounded before the held-out eval and written in bf16
+    time_budget_s: float | None = None
 
 
 def block_loss(
@@ -146,6 +151,7 @@ def train_dflash(recipe: DFlashRecipe) -> dict[str, Any]:
     device = resolve_train_device(recipe.device)
     gen = seed_everything(recipe.seed)
     target = load_target(recipe.target, dtype=torch.float32, device=str(device)).requires_grad_(False)
+    fast_gdn_backend(target)
     tok = load_tokenizer(recipe.target)
     corpus = Path(recipe.corpus)
     if recipe.gen_len < 2:
@@ -172,7 +178,8 @@ def train_dflash(recipe: DFlashRecipe) -> dict[str, Any]:
 
     log = train_loop(drafter, step_fn, recipe.optim(), out, device)
     drafter.eval()
-    save_dflash(drafter, out)
+    dtype = save_dtype(recipe.save_dtype)
+    save_dflash(round_weights(drafter, dtype), out, dtype=dtype)
     plot_loss(
         log, out / LOSS_FIGURE, f"DFlash drafter (block {recipe.block_size}, {recipe.draft_layers} layer)"
     )
@@ -194,6 +201,7 @@ def train_dflash(recipe: DFlashRecipe) -> dict[str, Any]:
         "first_loss": log[0]["loss"],
         "final_loss": log[-1]["loss"],
         "final_loss_ppl": math.exp(log[-1]["loss"]),
+        "steps_run": log[-1]["step"] + 1,
         "distill_sequences": int(seqs.shape[0]),
         "generation_s": gen_s,
         "target_layer_ids": layers,

@@ -36,8 +36,11 @@ from repro.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, load_tokenize
 from repro.train.common import (
     LOSS_FIGURE,
     RecipeOptim,
+    fast_gdn_backend,
     plot_loss,
     resolve_train_device,
+    round_weights,
+    save_dtype,
     seed_everything,
     train_loop,
     write_json,
@@ -77,6 +80,9 @@ class TargetRecipe(RecipeOptim):
     eval_sequences: int = 64
     max_train_tokens: int | None = None
     log_every: int = 1
+    tie_embeddings: bool = False
+    save_dtype: str = "fp32"  # bf16: weights rounded before the held-out eval and written in bf16
+    time_budget_s: float | None = None
 
 
 # ----- data -----
@@ -129,8 +135,11 @@ def pack(tok: Tokenizer, docs: list[str], seq_len: int, max_tokens: int | None =
 # ----- model -----
 
 
-def target_config(arch: str, vocab_size: int, layers: int, hidden: int, eos: list[int]) -> HybridConfig:
-    """``tiny_config`` scaled to width ``hidden`` (head dims hidden / 4); ``fla_gdn``: pure GDN."""
+def target_config(
+    arch: str, vocab_size: int, layers: int, hidden: int, eos: list[int], tie: bool = False
+) -> HybridConfig:
+    """``tiny_config`` scaled to width ``hidden`` (head dims hidden / 4); ``fla_gdn``: pure GDN;
+    ``tie``: the LM head shares the embedding matrix."""
     if arch not in ARCHS:
         raise ConfigError(f"unknown arch {arch!r}: choose one of {', '.join(ARCHS)}")
     if hidden % 8:
@@ -144,6 +153,7 @@ def target_config(arch: str, vocab_size: int, layers: int, hidden: int, eos: lis
         linear_value_head_dim=head,
         head_dim=head,
         eos_token_id=list(eos),
+        tie_word_embeddings=tie,
     )
     if arch == "fla_gdn":
         cfg = dataclasses.replace(
@@ -191,9 +201,15 @@ def train_target(recipe: TargetRecipe) -> dict[str, Any]:
     train = pack(tok, documents(corpus / "train.txt"), recipe.seq_len, recipe.max_train_tokens)
     heldout = pack(tok, documents(corpus / "heldout.txt"), recipe.seq_len)[: recipe.eval_sequences]
     cfg = target_config(
-        recipe.arch, tok.vocab_size, recipe.layers, recipe.hidden_size, list(tok.stop_token_ids)
-    )
-    model = init_random_weights(HybridLM(cfg), recipe.seed).to(device).train()
+        recipe.arch, tok.vocab_size, recipe.layers, recipe.hidden_size, list(tok.stop_token_ids),
+        recipe.tie_embeddings,
+    )  # fmt: skip
+    dtype = save_dtype(recipe.save_dtype)
+    model = init_random_weights(HybridLM(cfg), recipe.seed)
+    if recipe.tie_embeddings:  # the shared matrix is also the LM head: logits start at unit scale
+        with torch.no_grad():
+            model.model.embed_tokens.weight.mul_(recipe.hidden_size**-0.5)
+    model = fast_gdn_backend(model.to(device).train())
 
     def step_fn(step: int) -> tuple[torch.Tensor, int]:
         idx = torch.randint(0, train.shape[0], (recipe.batch_size,), generator=gen)
@@ -202,8 +218,8 @@ def train_target(recipe: TargetRecipe) -> dict[str, Any]:
 
     log = train_loop(model, step_fn, recipe.optim(), out, device)
     model.eval()
-    heldout_loss = evaluate(model, heldout, recipe.batch_size)
-    save_target(model, out)
+    heldout_loss = evaluate(round_weights(model, dtype), heldout, recipe.batch_size)
+    save_target(model, out, dtype=dtype)
     copy_tokenizer(recipe.tokenizer, out)
     plot_loss(log, out / LOSS_FIGURE, f"target {recipe.arch} ({recipe.layers}x{recipe.hidden_size})")
     metrics = {
@@ -215,6 +231,7 @@ def train_target(recipe: TargetRecipe) -> dict[str, Any]:
         "final_loss": log[-1]["loss"],
         "tokens_seen": log[-1]["tokens"],
         "parameters": sum(p.numel() for p in model.parameters()),
+        "steps_run": log[-1]["step"] + 1,
         "wall_s": time.perf_counter() - t_start,
         "tokenizer": tok.name,
         "vocab_size": tok.vocab_size,

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Train the tiny family on the device machine (one H200): tiny-qwen35 (3 GDN : 1 gated attention)
+# and tiny-gdn (pure GDN, fla format), then a DFlash drafter for each. The recipes are the
+# `repro train` commands below, nothing else; every run writes its checkpoint, train_log.jsonl,
+# loss.png, metrics.json and manifest.json. Carry: [".whl", "data/corpus", "data/tokenizer"]
+# (build the last two with `repro data corpus` and `repro data tokenizer`). Results: $OUT/family.tgz,
+# repacked after every stage so that a cut run still returns what finished. Extra drafter stages
+# (eagle, weaver) run when their `repro train` commands exist and STAGES names them.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/runs/gpu-train}
+RUNS=runs/family
+STAGES=${STAGES:-"targets dflash"}
+mkdir -p "$OUT" "$RUNS"
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 3
+export PYTHONPATH=/tmp/site:$PWD
+pack() { tar czf "$OUT/family.tgz" -C runs family; }
+stage() {  # stage NAME SECONDS repro-train-args...
+  local name=$1 limit=$2
+  shift 2
+  echo "== $name ($(date -u +%T))"
+  timeout "$limit" python3 -m repro train "$@" 2>&1 | tee "$RUNS/$name.log" | tail -40
+  echo "== $name exit ${PIPESTATUS[0]}"
+  pack
+}
+{
+  date -u +"%F %T UTC"
+  python3 -c 'import sys, torch, triton, fla; print("python", sys.version.split()[0], "| torch", torch.__version__,
+"| triton", triton.__version__, "| fla", fla.__version__, "| cuda", torch.cuda.is_available())'
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  echo "== pytest tests/test_chain_gpu.py (fla chunk vs reference; on failure train on the reference)"
+  timeout 120 python3 -m pytest -q -rs -p no:cacheprovider tests/test_chain_gpu.py
+} 2>&1 | tee "$RUNS/env.log"
+grep -q " passed" "$RUNS/env.log" && ! grep -q " failed" "$RUNS/env.log" || export REPRO_TRAIN_GDN_BACKEND=reference
+echo "GDN backend override: ${REPRO_TRAIN_GDN_BACKEND:-none}"
+COMMON_T=(--corpus data/corpus --tokenizer data/tokenizer --layers 8 --hidden-size 192 --seq-len 512
+  --batch-size 32 --steps 2400 --lr 3e-3 --warmup 100 --tie-embeddings --save-dtype bf16 --device cuda
+  --eval-sequences 256 --seed 0)
+COMMON_D=(--corpus data/corpus --block-size 16 --layers 1 --prompts 2048 --prompt-len 64 --gen-len 128
+  --anchors 8 --batch-size 64 --steps 3000 --lr 1e-3 --warmup 100 --save-dtype bf16 --device cuda
+  --eval-prompts 8 --eval-new-tokens 96 --seed 0)
+for s in $STAGES; do
+  case $s in
+    targets)
+      stage tiny-qwen35 170 target "${COMMON_T[@]}" --arch qwen35 --out $RUNS/tiny-qwen35 --time-budget ${T_BUDGET:-100}
+      stage tiny-gdn 170 target "${COMMON_T[@]}" --arch fla_gdn --out $RUNS/tiny-gdn --time-budget ${T_BUDGET:-100} ;;
+    dflash)
+      for t in tiny-qwen35 tiny-gdn; do
+        stage $t-dflash 170 dflash "${COMMON_D[@]}" --target $RUNS/$t --out $RUNS/$t-dflash --time-budget ${D_BUDGET:-60}
+      done ;;
+    *)
+      for t in tiny-qwen35 tiny-gdn; do
+        stage $t-$s 170 $s --target $RUNS/$t --corpus data/corpus --device cuda --save-dtype bf16 \
+          --out $RUNS/$t-$s --time-budget ${X_BUDGET:-60} ${EXTRA_ARGS:-}
+      done ;;
+  esac
+done
+pack
+ls -la "$OUT"
