@@ -39,7 +39,7 @@ from repro.drafters.features import FeatureCache
 from repro.errors import CheckpointError, ConfigError
 from repro.models.hybrid import HybridLM, Verification
 from repro.models.layers import MLP, rotate_half
-from repro.models.loading import read_weights
+from repro.models.loading import assign_weights, read_json_config
 
 ARCHITECTURE = "DFlashDraftModel"
 WEIGHTS_FILE = "model.safetensors"
@@ -431,20 +431,7 @@ def save_dflash(model: DFlashDraftModel, path: str | Path) -> Path:
 def read_dflash_config(path: str | Path) -> DFlashConfig:
     """Parse ``path/config.json`` of a DFlash checkpoint, or raise a one-line CheckpointError."""
     path = Path(path)
-    if not path.exists():
-        raise CheckpointError(f"DFlash checkpoint directory {path} does not exist")
-    if not path.is_dir():
-        raise CheckpointError(f"DFlash checkpoint path {path} is not a directory")
-    cfg_file = path / "config.json"
-    if not cfg_file.exists():
-        raise CheckpointError(f"DFlash checkpoint {path} has no config.json")
-    try:
-        raw = json.loads(cfg_file.read_text())
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{cfg_file} is not valid JSON ({exc.msg}, line {exc.lineno})") from None
-    if not isinstance(raw, dict):
-        raise CheckpointError(f"{cfg_file} does not hold a JSON object")
-    return DFlashConfig.from_dict(raw, str(cfg_file))
+    return DFlashConfig.from_dict(read_json_config(path, "DFlash"), str(path / "config.json"))
 
 
 def load_dflash(
@@ -453,29 +440,22 @@ def load_dflash(
     """Load a z-lab-format DFlash drafter (weights keep their dtype unless ``dtype`` is given)."""
     path = Path(path)
     cfg = read_dflash_config(path)
-    weights = read_weights(path)
     with torch.device("meta"):
         model = DFlashDraftModel(cfg)
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(weights))
-    if missing:
-        more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
-        raise CheckpointError(
-            f"DFlash checkpoint {path} is incomplete: missing {', '.join(missing[:3])}{more}"
-        )
-    unexpected = sorted(set(weights) - set(expected))
-    if unexpected:
-        raise CheckpointError(
-            f"DFlash checkpoint {path} has weights this architecture lacks: {', '.join(unexpected[:3])}"
-        )
-    for name, w in expected.items():
-        if weights[name].shape != w.shape:
-            raise CheckpointError(
-                f"DFlash checkpoint {path}: weight {name} has shape {tuple(weights[name].shape)}, "
-                f"config.json implies {tuple(w.shape)}"
-            )
-    model.load_state_dict(weights, strict=True, assign=True)
-    return model.to(device=device, dtype=dtype or next(iter(weights.values())).dtype).eval()
+    stored = assign_weights(model, path, "DFlash")
+    return model.to(device=device, dtype=dtype or stored).eval()
+
+
+def init_draft_weights(model: nn.Module, seed: int) -> nn.Module:
+    """Seeded draft-model weights: matrices N(0, 1/fan_in), norm weights 1 + 0.1 N(0, 1)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, p in sorted(model.named_parameters()):
+            if p.dim() == 2:
+                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[1]))
+            else:  # norm weights
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
+    return model
 
 
 def random_dflash_for(
@@ -510,14 +490,7 @@ def random_dflash_for(
         rms_norm_eps=tc.rms_norm_eps,
         rope_theta=tc.rope_theta,
     )
-    model = DFlashDraftModel(cfg)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for _, p in sorted(model.named_parameters()):
-            if p.dim() == 2:
-                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[1]))
-            else:  # norm weights
-                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
+    model = init_draft_weights(DFlashDraftModel(cfg), seed)
     return model.to(device=target.device, dtype=target.dtype).eval()
 
 
