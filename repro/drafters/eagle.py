@@ -465,6 +465,7 @@ class EagleDrafter:
         return torch.softmax(logits.float() if logits.dtype in HALF else logits, dim=-1)
 
     def _start_drafting(self) -> None:
+        """Forget the previous proposal's drafted rows (they never enter the committed cache)."""
         self._draft_kv: KVCache = []
         self._anc = torch.zeros(0, 0, dtype=torch.bool, device=self.model.device)
 
@@ -473,9 +474,9 @@ class EagleDrafter:
     ) -> torch.Tensor:
         """Rows of drafted tokens at ``depth`` (>= 1) in one forward; their predictions [n, hidden].
 
-        ``parent_rows`` index earlier drafted rows (-1: the parent is the pending token, whose
-        prediction comes from the last committed row). Each row sees every committed row, its
-        drafted ancestors and itself.
+        ``parent_rows`` index earlier drafted rows, numbered in the order they were drafted (-1:
+        the parent is the pending token, whose prediction comes from the last committed row). Each
+        row sees every committed row, its drafted ancestors and itself.
         """
         m, dev = self.model, self.model.device
         n, d = len(tokens), self._anc.shape[0]
@@ -526,6 +527,7 @@ class EagleDrafter:
         nodes: list[_Node] = []
         # frontier: (node index or -1 for the root, its drafted row or -1, its prediction, its score)
         frontier_nodes, frontier_rows, preds, scores = [-1], [-1], root_pred[None], [0.0]
+        next_row = 0  # drafted rows are numbered in drafting order
         for depth in range(1, spec.depth + 1):
             top_p, top_ids = torch.topk(
                 self._probs(preds), min(spec.topk, self.model.config.vocab_size), dim=-1
@@ -548,8 +550,8 @@ class EagleDrafter:
             preds = self._draft_rows(
                 [nodes[i].token for i in beam], preds[parent_f], [frontier_rows[f] for f in parent_f], depth
             )
-            first_row = self._anc.shape[0] - len(beam)
-            frontier_nodes, frontier_rows = beam, [first_row + j for j in range(len(beam))]
+            frontier_nodes, frontier_rows = beam, list(range(next_row, next_row + len(beam)))
+            next_row += len(beam)
             scores = [nodes[i].score for i in beam]
         keep = sorted(sorted(range(len(nodes)), key=lambda i: (-nodes[i].score, i))[: spec.budget])
         index = {old: new + 1 for new, old in enumerate(keep)}
