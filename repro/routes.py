@@ -113,8 +113,8 @@ ROUTE_KINDS: dict[str, tuple[Callable[..., Route], set[str], str]] = {
     "eagle_tree": (
         _eagle_tree,
         {"drafter", "budget", "topk", "tau", "depth"},
-        "EAGLE-2 dynamic tree: top-`topk` children of the `topk` best frontier nodes per level, "
-        "children below drafter probability `tau` dropped, `depth` levels, best `budget` draft nodes",
+        "EAGLE-2 dynamic tree: per level the `topk` best nodes get `topk` children each (drafter "
+        "probability >= `tau`), `depth` levels, the best `budget` draft nodes",
     ),
 }
 TARGET_KINDS = {"dflash_chain", "ddtree", "eagle_chain", "eagle_tree"}  # factories that take the target

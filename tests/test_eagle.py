@@ -220,6 +220,25 @@ def test_incremental_drafting_matches_scratch(model64, prompts, spec):
     _assert_matches_scratch(model64, route, prompts[1], 10)
 
 
+def test_last_committed_row_follows_the_pending_token(model64, prompts):
+    """The last committed row reads the pending token: another pending token on the same committed
+    state must be drafted from, not served from the cache."""
+    ids = prompts[0]
+    _, ver = model64.prefill(ids, capture=(3,))
+
+    def drafter():
+        d = EagleDrafter(random_eagle_for(model64, seed=2), model64, k=2)
+        d.begin(ids, None)
+        d.observe_prefill(ver)
+        return d
+
+    reused = drafter()
+    first = reused.propose(DraftContext(ids, [7]))
+    second = reused.propose(DraftContext(ids, [8]))
+    fresh = drafter().propose(DraftContext(ids, [8]))
+    assert (second.probs - fresh.probs).abs().max() < 1e-12 < (first.probs - second.probs).abs().max()
+
+
 # ----- (c) dynamic trees -----
 
 A, B, C, D = 10, 11, 12, 13

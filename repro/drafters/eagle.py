@@ -355,8 +355,9 @@ class DynamicTree:
 
     Each depth expands the ``topk`` best frontier nodes (by cumulative drafter log-probability)
     into their ``topk`` most probable children; a child whose drafter probability given its parent
-    is below ``tau`` is dropped. After at most ``depth`` levels, the ``budget`` best draft nodes
-    (ancestors first on ties) form the tree.
+    is below ``tau`` (SpecLA's confidence margin) is dropped. After at most ``depth`` levels, the
+    ``budget`` best draft nodes (ancestors first on ties) form the tree; expansion stops early once
+    no deeper node could enter the best ``budget`` (a path's score never rises with depth).
     """
 
     budget: int
@@ -425,12 +426,13 @@ class EagleDrafter:
         )
         self.kv: KVCache = []  # keys/values of the committed rows 0..rows-1
         self.rows = 0
-        self._pred: torch.Tensor | None = None  # the last committed row's prediction
+        self._pred = torch.zeros(0)  # the last committed row's prediction
+        self._pending = -1  # the token that row read (the pending one)
 
     def _ingest(self, ver: Verification, path: list[int]) -> None:
         start = self.store.ingest(ver, path)
         if start is not None and start < self.rows:  # rows from `start` on read replaced features
-            self.rows, self._pred = start, None
+            self.rows = start
 
     def observe_prefill(self, verification: Verification) -> None:
         """Cache the features of one prefill chunk (every node of its chain is committed)."""
@@ -443,7 +445,9 @@ class EagleDrafter:
         ``tokens`` are all tokens so far (the last is pending); row t reads ``tokens[t + 1]``.
         """
         c = self.store.count
-        if self.rows == c and self._pred is not None:
+        if self.rows == c and tokens[c] != self._pending:  # the last row read another pending token
+            self.rows = c - 1
+        if self.rows == c:
             return self._pred
         r = self.rows
         m = self.model
@@ -452,7 +456,7 @@ class EagleDrafter:
         past = [(k[:, :, :r], v[:, :, :r]) for k, v in self.kv] if r else None
         pred, new = m(ids, self.store.rows[r:c][None], positions, self._embedding, past)
         self.kv = _append(past, new) if past else new
-        self.rows, self._pred = c, pred[0, -1]
+        self.rows, self._pred, self._pending = c, pred[0, -1], tokens[c]
         return self._pred
 
     @property
