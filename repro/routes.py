@@ -11,14 +11,15 @@ from typing import Any
 
 from repro.acceptance import make_rule
 from repro.drafters.dflash import DFlashDrafter, load_dflash, random_dflash_for
+from repro.drafters.eagle import DynamicTree, EagleDrafter, EagleDraftModel, load_eagle, random_eagle_for
 from repro.drafters.synthetic import SyntheticDrafter
 from repro.engine import Route
 from repro.errors import ConfigError
 from repro.models.hybrid import HybridLM, check_strategy
-from repro.trees import Backbone, BestFirst, Chain, SingleNode
+from repro.trees import Backbone, BestFirst, Chain, DrafterTree, SingleNode
 
 COMMON_KEYS = {"name", "kind", "commit"}
-OPTIONAL_KEYS = {"width", "block_size"}
+OPTIONAL_KEYS = {"width", "block_size", "topk", "tau", "depth"}
 
 
 def _ar(spec: dict, vocab_size: int, rule_args: tuple) -> Route:
@@ -36,10 +37,15 @@ def _synthetic_tree(spec: dict, vocab_size: int, rule_args: tuple) -> Route:
     return Route(spec["name"], drafter, Backbone(width), make_rule(*rule_args))
 
 
-def _dflash_drafter(spec: dict, rule_args: tuple, target: HybridLM | None) -> DFlashDrafter:
-    """``drafter``: a z-lab DFlash checkpoint directory, or "random" (seeded, untrained)."""
+def _need_target(spec: dict, target: HybridLM | None) -> HybridLM:
     if target is None:
         raise ConfigError(f"route kind {spec['kind']} needs the target model: build_route(..., target=model)")
+    return target
+
+
+def _dflash_drafter(spec: dict, rule_args: tuple, target: HybridLM | None) -> DFlashDrafter:
+    """``drafter``: a z-lab DFlash checkpoint directory, or "random" (seeded, untrained)."""
+    target = _need_target(spec, target)
     block = int(spec["block_size"]) if spec.get("block_size") is not None else None
     source = str(spec["drafter"])
     if source == "random":
@@ -56,6 +62,29 @@ def _dflash_chain(spec: dict, vocab_size: int, rule_args: tuple, target: HybridL
 def _ddtree(spec: dict, vocab_size: int, rule_args: tuple, target: HybridLM | None = None) -> Route:
     builder = BestFirst(int(spec["budget"]))
     return Route(spec["name"], _dflash_drafter(spec, rule_args, target), builder, make_rule(*rule_args))
+
+
+def _eagle_model(spec: dict, rule_args: tuple, target: HybridLM) -> EagleDraftModel:
+    """``drafter``: an EAGLE checkpoint directory, or "random" (seeded, untrained)."""
+    source = str(spec["drafter"])
+    if source == "random":
+        return random_eagle_for(target, seed=int(rule_args[2]))
+    return load_eagle(source, target=target)
+
+
+def _eagle_chain(spec: dict, vocab_size: int, rule_args: tuple, target: HybridLM | None = None) -> Route:
+    target = _need_target(spec, target)
+    drafter = EagleDrafter(_eagle_model(spec, rule_args, target), target, k=int(spec["k"]))
+    return Route(spec["name"], drafter, Chain(), make_rule(*rule_args))
+
+
+def _eagle_tree(spec: dict, vocab_size: int, rule_args: tuple, target: HybridLM | None = None) -> Route:
+    target = _need_target(spec, target)
+    shape = DynamicTree(
+        int(spec["budget"]), int(spec.get("topk", 4)), float(spec.get("tau", 0.0)), int(spec.get("depth", 6))
+    )
+    drafter = EagleDrafter(_eagle_model(spec, rule_args, target), target, tree=shape)
+    return Route(spec["name"], drafter, DrafterTree(), make_rule(*rule_args))
 
 
 ROUTE_KINDS: dict[str, tuple[Callable[..., Route], set[str], str]] = {
@@ -76,8 +105,19 @@ ROUTE_KINDS: dict[str, tuple[Callable[..., Route], set[str], str]] = {
         {"drafter", "budget", "block_size"},
         "DFlash marginals, DDTree best-first tree of `budget` draft nodes",
     ),
+    "eagle_chain": (
+        _eagle_chain,
+        {"drafter", "k"},
+        "EAGLE feature drafter (checkpoint dir or 'random'), argmax chain of k drafts",
+    ),
+    "eagle_tree": (
+        _eagle_tree,
+        {"drafter", "budget", "topk", "tau", "depth"},
+        "EAGLE-2 dynamic tree: per level the `topk` best nodes get `topk` children each (drafter "
+        "probability >= `tau`), `depth` levels, the best `budget` draft nodes",
+    ),
 }
-TARGET_KINDS = {"dflash_chain", "ddtree"}  # factories that take the target model
+TARGET_KINDS = {"dflash_chain", "ddtree", "eagle_chain", "eagle_tree"}  # factories that take the target
 
 
 def route_params(spec: dict) -> dict[str, Any]:
@@ -96,7 +136,7 @@ def build_route(
     """Instantiate one route from its spec, or raise a one-line ConfigError.
 
     ``target`` is the model the route decodes; drafters that read its weights or hidden states
-    (the DFlash kinds) need it.
+    (the DFlash and EAGLE kinds) need it.
     """
     kind = spec.get("kind")
     name = spec.get("name") or kind

@@ -1,7 +1,9 @@
-"""Shared test helpers: the repository on sys.path and random draft-tree generators."""
+"""Shared test helpers: the repository on sys.path, random draft-tree generators, and a tiny corpus
+with a target trained on it (for the drafter training tests)."""
 
 from __future__ import annotations
 
+import random
 import sys
 import zlib
 from pathlib import Path
@@ -46,3 +48,32 @@ def single_thread():
 def pytest_configure(config: pytest.Config) -> None:
     """Toy shapes: extra threads only add overhead (and stall when another process is busy)."""
     torch.set_num_threads(1)
+
+
+WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "red", "house", "by", "sea"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A few KB of word salad with one chat document, in the corpus layout."""
+    rng = random.Random(0)
+    out = tmp_path_factory.mktemp("corpus")
+
+    def doc() -> str:
+        return " ".join(rng.choice(WORDS) for _ in range(rng.randint(20, 60))) + ".\n"
+
+    chat = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nthe cat sat.<|im_end|>\n"
+    (out / "train.txt").write_text("".join(d + "<|endoftext|>" for d in [chat] + [doc() for _ in range(50)]))
+    (out / "heldout.txt").write_text("".join(doc() + "<|endoftext|>" for _ in range(6)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def trained(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """A tiny Qwen3.5-layout target trained for 20 steps on ``corpus`` (dir, metrics)."""
+    from repro.train.target import TargetRecipe, train_target
+
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("target")
+    kw = dict(steps=20, batch_size=4, seq_len=32, lr=3e-3, warmup=3, device="cpu", eval_sequences=4)
+    return out, train_target(TargetRecipe(corpus=str(corpus), out=str(out), **kw))

@@ -35,10 +35,11 @@ from safetensors.torch import save_file
 from torch import nn
 
 from repro.drafters.base import DraftContext, Proposal
+from repro.drafters.features import FeatureCache
 from repro.errors import CheckpointError, ConfigError
 from repro.models.hybrid import HybridLM, Verification
 from repro.models.layers import MLP, rotate_half
-from repro.models.loading import read_weights
+from repro.models.loading import assign_weights, read_json_config
 
 ARCHITECTURE = "DFlashDraftModel"
 WEIGHTS_FILE = "model.safetensors"
@@ -245,7 +246,7 @@ def rotary_tables(
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return x * cos + rotate_half(x) * sin
 
 
@@ -270,7 +271,7 @@ class DFlashAttention(nn.Module):
         b, t, _ = x.shape
         k = self.k_norm(self.k_proj(x).view(b, t, self.kv_heads, self.head_dim)).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        return _rope(k, cos, sin), v
+        return apply_rope(k, cos, sin), v
 
     def forward(
         self,
@@ -281,7 +282,9 @@ class DFlashAttention(nn.Module):
         mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         b, t, _ = x.shape
-        q = _rope(self.q_norm(self.q_proj(x).view(b, t, self.heads, self.head_dim)).transpose(1, 2), cos, sin)
+        q = apply_rope(
+            self.q_norm(self.q_proj(x).view(b, t, self.heads, self.head_dim)).transpose(1, 2), cos, sin
+        )
         k_blk, v_blk = self.keys_values(x, cos, sin)
         k = torch.cat([context[0], k_blk], dim=2)
         v = torch.cat([context[1], v_blk], dim=2)
@@ -430,20 +433,7 @@ def save_dflash(model: DFlashDraftModel, path: str | Path, dtype: torch.dtype | 
 def read_dflash_config(path: str | Path) -> DFlashConfig:
     """Parse ``path/config.json`` of a DFlash checkpoint, or raise a one-line CheckpointError."""
     path = Path(path)
-    if not path.exists():
-        raise CheckpointError(f"DFlash checkpoint directory {path} does not exist")
-    if not path.is_dir():
-        raise CheckpointError(f"DFlash checkpoint path {path} is not a directory")
-    cfg_file = path / "config.json"
-    if not cfg_file.exists():
-        raise CheckpointError(f"DFlash checkpoint {path} has no config.json")
-    try:
-        raw = json.loads(cfg_file.read_text())
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{cfg_file} is not valid JSON ({exc.msg}, line {exc.lineno})") from None
-    if not isinstance(raw, dict):
-        raise CheckpointError(f"{cfg_file} does not hold a JSON object")
-    return DFlashConfig.from_dict(raw, str(cfg_file))
+    return DFlashConfig.from_dict(read_json_config(path, "DFlash"), str(path / "config.json"))
 
 
 def load_dflash(
@@ -452,29 +442,22 @@ def load_dflash(
     """Load a z-lab-format DFlash drafter (weights keep their dtype unless ``dtype`` is given)."""
     path = Path(path)
     cfg = read_dflash_config(path)
-    weights = read_weights(path)
     with torch.device("meta"):
         model = DFlashDraftModel(cfg)
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(weights))
-    if missing:
-        more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
-        raise CheckpointError(
-            f"DFlash checkpoint {path} is incomplete: missing {', '.join(missing[:3])}{more}"
-        )
-    unexpected = sorted(set(weights) - set(expected))
-    if unexpected:
-        raise CheckpointError(
-            f"DFlash checkpoint {path} has weights this architecture lacks: {', '.join(unexpected[:3])}"
-        )
-    for name, w in expected.items():
-        if weights[name].shape != w.shape:
-            raise CheckpointError(
-                f"DFlash checkpoint {path}: weight {name} has shape {tuple(weights[name].shape)}, "
-                f"config.json implies {tuple(w.shape)}"
-            )
-    model.load_state_dict(weights, strict=True, assign=True)
-    return model.to(device=device, dtype=dtype or next(iter(weights.values())).dtype).eval()
+    stored = assign_weights(model, path, "DFlash")
+    return model.to(device=device, dtype=dtype or stored).eval()
+
+
+def init_draft_weights(model: nn.Module, seed: int) -> nn.Module:
+    """Seeded draft-model weights: matrices N(0, 1/fan_in), norm weights 1 + 0.1 N(0, 1)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, p in sorted(model.named_parameters()):
+            if p.dim() == 2:
+                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[1]))
+            else:  # norm weights
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
+    return model
 
 
 def random_dflash_for(
@@ -509,14 +492,7 @@ def random_dflash_for(
         rms_norm_eps=tc.rms_norm_eps,
         rope_theta=tc.rope_theta,
     )
-    model = DFlashDraftModel(cfg)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for _, p in sorted(model.named_parameters()):
-            if p.dim() == 2:
-                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[1]))
-            else:  # norm weights
-                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
+    model = init_draft_weights(DFlashDraftModel(cfg), seed)
     return model.to(device=target.device, dtype=target.dtype).eval()
 
 
@@ -559,37 +535,27 @@ class DFlashDrafter:
     @property
     def committed(self) -> int:
         """Number of leading positions whose target features are cached."""
-        return self.features.shape[0]
+        return self.store.count
+
+    @property
+    def features(self) -> torch.Tensor:
+        """Target features of the committed tokens, [committed, feature_size]."""
+        return self.store.rows
 
     def begin(self, prompt_ids: list[int], reference_ids: list[int] | None) -> None:
         m = self.model
-        self.features = torch.zeros(0, m.config.feature_size, dtype=m.dtype, device=m.device)
+        self.store = FeatureCache("DFlash", self.capture_layers, m.config.hidden_size, m.dtype, m.device)
         self.kv: KVCache = []
-        self._last: Verification | None = None
 
     @torch.no_grad()
     def _ingest(self, ver: Verification, path: list[int]) -> None:
-        """Cache features of the accepted ``path`` (root first) at positions ver.position + i."""
-        if ver is self._last or not path:
+        """Cache features of the accepted ``path`` (root first) and their context keys/values."""
+        start = self.store.ingest(ver, path)
+        if start is None:
             return
-        missing = [i for i in self.capture_layers if i not in ver.hidden]
-        if missing:
-            raise ConfigError(
-                f"the target returned no hidden states for layer(s) {missing}: verify with "
-                "capture=drafter.capture_layers"
-            )
-        start = ver.position
-        if start > self.committed:
-            raise ConfigError(
-                f"DFlash drafter lacks target hidden states for positions {self.committed}..{start - 1}: "
-                "the engine must pass every prefill chunk to observe_prefill"
-            )
-        idx = torch.as_tensor(path, dtype=torch.long, device=self.model.device)
-        rows = torch.cat([ver.hidden[i].index_select(0, idx) for i in self.capture_layers], dim=-1)
-        rows = rows.to(self.model.dtype)
-        positions = torch.arange(start, start + len(path), device=rows.device)[None]
+        rows = self.store.rows[start:]
+        positions = torch.arange(start, start + rows.shape[0], device=rows.device)[None]
         new = self.model.context_kv(rows[None], positions)
-        self.features = torch.cat([self.features[:start], rows], dim=0)
         if self.kv:
             self.kv = [
                 (torch.cat([k[:, :, :start], nk], dim=2), torch.cat([v[:, :, :start], nv], dim=2))
@@ -597,7 +563,6 @@ class DFlashDrafter:
             ]
         else:
             self.kv = new
-        self._last = ver
 
     def observe_prefill(self, verification: Verification) -> None:
         """Cache the hidden states of one prefill chunk (every node of its chain is committed)."""
@@ -608,10 +573,7 @@ class DFlashDrafter:
         if ctx.verification is not None:
             self._ingest(ctx.verification, list(ctx.accepted_path))
         expected = len(ctx.prompt_ids) + len(ctx.output_ids) - 1
-        if self.committed != expected:
-            raise ConfigError(
-                f"DFlash drafter holds hidden states of {self.committed} tokens but {expected} are committed"
-            )
+        self.store.expect(expected)
         mask = self.model.config.mask_token_id
         device = self.model.device
         block = torch.tensor([[ctx.output_ids[-1]] + [mask] * (self.block_size - 1)], device=device)

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
+from torch import nn
 
 from repro.errors import CheckpointError
 from repro.models.config import FLA_MODEL_TYPES, QWEN35_MODEL_TYPES, HybridConfig
@@ -61,6 +63,51 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
         except Exception as exc:  # safetensors raises several types for corrupt files
             raise CheckpointError(f"cannot read weight file {f}: {str(exc).splitlines()[0]}") from None
     return weights
+
+
+def read_json_config(path: Path, what: str) -> dict[str, Any]:
+    """The JSON object in ``path/config.json`` of a ``what`` checkpoint, or a one-line CheckpointError."""
+    if not path.exists():
+        raise CheckpointError(f"{what} checkpoint directory {path} does not exist")
+    if not path.is_dir():
+        raise CheckpointError(f"{what} checkpoint path {path} is not a directory")
+    cfg_file = path / "config.json"
+    if not cfg_file.exists():
+        raise CheckpointError(f"{what} checkpoint {path} has no config.json")
+    try:
+        raw = json.loads(cfg_file.read_text())
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{cfg_file} is not valid JSON ({exc.msg}, line {exc.lineno})") from None
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{cfg_file} does not hold a JSON object")
+    return raw
+
+
+def assign_weights(model: nn.Module, path: Path, what: str) -> torch.dtype:
+    """Load ``path``'s weights into ``model`` (built on the meta device) under its own parameter
+    names, after checking that no name is missing or extra and every shape matches; returns the
+    weights' dtype."""
+    weights = read_weights(path)
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(weights))
+    if missing:
+        more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
+        raise CheckpointError(
+            f"{what} checkpoint {path} is incomplete: missing {', '.join(missing[:3])}{more}"
+        )
+    unexpected = sorted(set(weights) - set(expected))
+    if unexpected:
+        raise CheckpointError(
+            f"{what} checkpoint {path} has weights this architecture lacks: {', '.join(unexpected[:3])}"
+        )
+    for name, w in expected.items():
+        if weights[name].shape != w.shape:
+            raise CheckpointError(
+                f"{what} checkpoint {path}: weight {name} has shape {tuple(weights[name].shape)}, "
+                f"config.json implies {tuple(w.shape)}"
+            )
+    model.load_state_dict(weights, strict=True, assign=True)
+    return next(iter(weights.values())).dtype
 
 
 def qwen35_to_internal(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

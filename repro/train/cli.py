@@ -101,5 +101,52 @@ def dflash(
     typer.echo(json.dumps(train_dflash(recipe), indent=2))
 
 
+@train_app.command("eagle")
+def eagle(
+    target: Annotated[Path, typer.Option(help="Target checkpoint dir (with its tokenizer).")],
+    corpus: Annotated[Path, typer.Option(help="Corpus dir with train.txt / heldout.txt.")] = Path(
+        "data/corpus"
+    ),
+    out: Annotated[Path, typer.Option(help="Drafter dir to write (EAGLE format).")] = Path(
+        "runs/train/eagle"
+    ),
+    layers: Annotated[int, typer.Option(help="Draft decoder layers.")] = 1,
+    target_layers: Annotated[
+        str | None,
+        typer.Option(help="Comma-separated target layer ids for features (default: the last layer)."),
+    ] = None,
+    prompts: Annotated[int, typer.Option(help="Self-distillation sequences.")] = 64,
+    prompt_len: Annotated[int, typer.Option(help="Corpus prefix tokens per sequence.")] = 32,
+    gen_len: Annotated[int, typer.Option(help="Greedy target tokens per sequence.")] = 64,
+    w_reg: Annotated[float, typer.Option(help="Weight of the smooth-L1 feature regression.")] = 1.0,
+    w_cls: Annotated[float, typer.Option(help="Weight of the token cross-entropy.")] = 0.1,
+    feature_noise: Annotated[
+        float, typer.Option(help="Half-width of uniform noise on input features (EAGLE: 0.1).")
+    ] = 0.0,
+    k: Annotated[int, typer.Option(help="Drafts per step in the held-out eagle_chain evaluation.")] = 4,
+    steps: Annotated[int, typer.Option(help="Optimiser steps.")] = 300,
+    batch_size: Annotated[int, typer.Option(help="Sequences per step.")] = 16,
+    lr: Annotated[float, typer.Option(help="Peak learning rate.")] = 1e-3,
+    warmup: Annotated[int, typer.Option(help="Warmup steps.")] = 20,
+    seed: Annotated[int, typer.Option(help="Init, data and noise seed.")] = 0,
+    device: Annotated[str, typer.Option(help="cpu, cuda or auto.")] = "auto",
+    precision: Annotated[str, typer.Option(help="fp32 or bf16 (autocast, CUDA only).")] = "fp32",
+    eval_prompts: Annotated[int, typer.Option(help="Held-out prompts for chain acceptance.")] = 4,
+    eval_new_tokens: Annotated[int, typer.Option(help="New tokens per held-out prompt.")] = 64,
+) -> None:
+    """Train an EAGLE drafter on the target's own greedy continuations; reports held-out MAL."""
+    from repro.train.eagle import EagleRecipe, train_eagle
+
+    ids = None if target_layers is None else [int(x) for x in target_layers.split(",") if x.strip()]
+    recipe = EagleRecipe(
+        target=str(target), corpus=str(corpus), out=str(out), draft_layers=layers, target_layer_ids=ids,
+        prompts=prompts, prompt_len=prompt_len, gen_len=gen_len, w_reg=w_reg, w_cls=w_cls,
+        feature_noise=feature_noise, k=k, steps=steps, batch_size=batch_size, lr=lr, warmup=warmup,
+        seed=seed, device=device, precision=precision, eval_prompts=eval_prompts,
+        eval_new_tokens=eval_new_tokens,
+    )  # fmt: skip
+    typer.echo(json.dumps(train_eagle(recipe), indent=2))
+
+
 if __name__ == "__main__":
     train_app()

@@ -31,11 +31,9 @@ import torch
 import torch.nn.functional as F
 
 from repro.drafters.dflash import DFlashDraftModel, random_dflash_for, save_dflash
-from repro.engine import generate
 from repro.errors import ConfigError
 from repro.models.hybrid import HybridLM
 from repro.models.loading import load_target
-from repro.routes import build_route
 from repro.tokenizer import load_tokenizer
 from repro.train.common import (
     LOSS_FIGURE,
@@ -50,7 +48,7 @@ from repro.train.common import (
     write_json,
     write_manifest,
 )
-from repro.train.distill import corpus_prompts, greedy_continuations, target_features
+from repro.train.distill import corpus_prompts, greedy_continuations, route_acceptance, target_features
 from repro.train.target import documents, special_id
 
 
@@ -126,24 +124,6 @@ def block_loss(
     return (nll * weights).sum() / weights.sum()
 
 
-def chain_acceptance(
-    target: HybridLM, drafter: str, prompts: list[list[int]], new_tokens: int, block_size: int, seed: int
-) -> dict[str, Any]:
-    """MAL of a ``dflash_chain`` route (``drafter``: a checkpoint dir or "random") and losslessness."""
-    vocab = target.config.vocab_size
-    ar = build_route({"kind": "ar"}, vocab, "greedy", 0.0, seed)
-    spec = {"kind": "dflash_chain", "drafter": drafter, "block_size": block_size}
-    route = build_route(spec, vocab, "greedy", 0.0, seed, target=target)
-    lengths: list[int] = []
-    identical = True
-    for p in prompts:
-        ref = generate(target, p, ar, new_tokens).output_ids
-        res = generate(target, p, route, new_tokens)
-        lengths += res.accepted_lengths
-        identical &= res.output_ids == ref
-    return {"mal": sum(lengths) / max(1, len(lengths)), "steps": len(lengths), "lossless": identical}
-
-
 def train_dflash(recipe: DFlashRecipe) -> dict[str, Any]:
     """Generate the distillation data, train, write the checkpoint and report acceptance."""
     t_start = time.perf_counter()
@@ -190,9 +170,10 @@ def train_dflash(recipe: DFlashRecipe) -> dict[str, Any]:
         recipe.prompt_len,
         torch.Generator().manual_seed(recipe.seed),
     )
-    args = (heldout, recipe.eval_new_tokens, recipe.block_size, recipe.seed)
-    trained = chain_acceptance(target, str(out), *args)
-    untrained = chain_acceptance(target, "random", *args)
+    chain = {"kind": "dflash_chain", "block_size": recipe.block_size}
+    args = (heldout, recipe.eval_new_tokens, recipe.seed)
+    trained = route_acceptance(target, {**chain, "drafter": str(out)}, *args)
+    untrained = route_acceptance(target, {**chain, "drafter": "random"}, *args)
     metrics = {
         "heldout_chain_mal": trained["mal"],
         "heldout_chain_mal_untrained": untrained["mal"],

@@ -4,6 +4,8 @@ continuations and its hidden features, all through the target's batched chain pa
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from repro.errors import ConfigError
@@ -61,3 +63,21 @@ def target_features(target: HybridLM, seqs: torch.Tensor, layers: list[int], bat
         _, hidden = target.forward_train_hidden(seqs[start : start + batch].to(target.device), tuple(layers))
         out.append(torch.cat([hidden[i] for i in layers], dim=-1))
     return torch.cat(out)
+
+
+def route_acceptance(
+    target: HybridLM, spec: dict, prompts: list[list[int]], new_tokens: int, seed: int
+) -> dict[str, Any]:
+    """Greedy MAL (tokens per verify step, bonus included) of route ``spec`` on ``prompts``, and
+    whether every output equals AR's."""
+    vocab = target.config.vocab_size
+    ar = build_route({"kind": "ar"}, vocab, "greedy", 0.0, seed)
+    route = build_route(spec, vocab, "greedy", 0.0, seed, target=target)
+    lengths: list[int] = []
+    identical = True
+    for p in prompts:
+        ref = generate(target, p, ar, new_tokens).output_ids
+        res = generate(target, p, route, new_tokens)
+        lengths += res.accepted_lengths
+        identical &= res.output_ids == ref
+    return {"mal": sum(lengths) / max(1, len(lengths)), "steps": len(lengths), "lossless": identical}
