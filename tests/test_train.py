@@ -124,6 +124,14 @@ def test_tied_bf16_target_and_time_budget(corpus: Path, tmp_path: Path) -> None:
     assert evaluate(model, heldout, 4) == pytest.approx(metrics["heldout_loss"], rel=1e-6)
 
 
+def test_schedule_follows_the_time_budget() -> None:
+    cfg = OptimConfig(steps=100, lr=1.0, warmup=10, min_lr_ratio=0.1, time_budget_s=60.0)
+    assert lr_at(20, cfg, elapsed_s=0.0) == pytest.approx(lr_at(20, OptimConfig(100, 1.0, 10, 0.1)))
+    assert lr_at(20, cfg, elapsed_s=30.0) == pytest.approx(0.55)  # halfway in time: cosine midpoint
+    assert lr_at(20, cfg, elapsed_s=90.0) == pytest.approx(0.1)
+    assert lr_at(5, cfg, elapsed_s=90.0) == pytest.approx(0.6)  # warmup is step-based
+
+
 def test_schedule_warms_up_then_decays() -> None:
     cfg = OptimConfig(steps=100, lr=1.0, warmup=10, min_lr_ratio=0.1)
     lrs = [lr_at(s, cfg) for s in range(100)]

@@ -31,7 +31,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
 from torch import nn
 
 from repro.drafters.base import DraftContext, Proposal
@@ -39,7 +38,7 @@ from repro.drafters.features import FeatureCache
 from repro.errors import CheckpointError, ConfigError
 from repro.models.hybrid import HybridLM, Verification
 from repro.models.layers import MLP, rotate_half
-from repro.models.loading import assign_weights, read_json_config
+from repro.models.loading import assign_weights, read_json_config, write_weights
 
 ARCHITECTURE = "DFlashDraftModel"
 WEIGHTS_FILE = "model.safetensors"
@@ -425,8 +424,7 @@ def save_dflash(model: DFlashDraftModel, path: str | Path, dtype: torch.dtype | 
     dtype = dtype or model.dtype
     cfg = {**model.config.to_dict(), "dtype": str(dtype).removeprefix("torch.")}
     (path / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    weights = {k: v.detach().cpu().to(dtype).contiguous() for k, v in model.state_dict().items()}
-    save_file(weights, str(path / WEIGHTS_FILE), metadata={"format": "pt"})
+    write_weights(model.state_dict(), path / WEIGHTS_FILE, dtype)
     return path
 
 

@@ -31,7 +31,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
 from torch import nn
 
 from repro.drafters.base import DraftContext, Proposal
@@ -40,7 +39,7 @@ from repro.drafters.features import FeatureCache
 from repro.errors import CheckpointError, ConfigError
 from repro.models.hybrid import HybridLM, Verification
 from repro.models.layers import MLP
-from repro.models.loading import assign_weights, read_json_config
+from repro.models.loading import assign_weights, read_json_config, write_weights
 from repro.tree import MAX_TREE_NODES, Tree
 
 ARCHITECTURE = "EagleDraftModel"
@@ -289,14 +288,15 @@ class EagleDraftModel(nn.Module):
 # ----- checkpoints -----
 
 
-def save_eagle(model: EagleDraftModel, path: str | Path) -> Path:
-    """Write ``config.json`` + ``model.safetensors`` in EAGLE's layout."""
+def save_eagle(model: EagleDraftModel, path: str | Path, dtype: torch.dtype | None = None) -> Path:
+    """Write ``config.json`` + ``model.safetensors`` in EAGLE's layout (weights in ``dtype``,
+    default the model's)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    cfg = {**model.config.to_dict(), "torch_dtype": str(model.dtype).removeprefix("torch.")}
+    dtype = dtype or model.dtype
+    cfg = {**model.config.to_dict(), "torch_dtype": str(dtype).removeprefix("torch.")}
     (path / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    weights = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    save_file(weights, str(path / WEIGHTS_FILE), metadata={"format": "pt"})
+    write_weights(model.state_dict(), path / WEIGHTS_FILE, dtype)
     return path
 
 

@@ -65,6 +65,16 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
     return weights
 
 
+def write_weights(weights: dict[str, torch.Tensor], path: Path, dtype: torch.dtype | None = None) -> Path:
+    """Write ``weights`` (moved to CPU, floating tensors cast to ``dtype``) as one safetensors file."""
+    out = {
+        k: v.detach().cpu().to(dtype if dtype is not None and v.is_floating_point() else v.dtype).contiguous()
+        for k, v in weights.items()
+    }
+    save_file(out, str(path), metadata={"format": "pt"})
+    return path
+
+
 def read_json_config(path: Path, what: str) -> dict[str, Any]:
     """The JSON object in ``path/config.json`` of a ``what`` checkpoint, or a one-line CheckpointError."""
     if not path.exists():
@@ -231,7 +241,7 @@ def save_target(
     path.mkdir(parents=True, exist_ok=True)
     cfg = model.config
     fmt = fmt or cfg.source_format
-    state = {k: v.detach().cpu().to(dtype or v.dtype).contiguous() for k, v in model.state_dict().items()}
+    state = model.state_dict()
     if fmt == "fla_gdn":
         config_dict, weights = cfg.to_fla_dict(), internal_to_fla(state, cfg)
     elif fmt == "qwen3_5":
@@ -240,5 +250,5 @@ def save_target(
     else:
         raise CheckpointError(f"unknown checkpoint format {fmt!r}: use qwen3_5 or fla_gdn")
     (path / "config.json").write_text(json.dumps(config_dict, indent=2) + "\n")
-    save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
+    write_weights(weights, path / "model.safetensors", dtype)
     return path

@@ -133,6 +133,8 @@ def eagle(
     precision: Annotated[str, typer.Option(help="fp32 or bf16 (autocast, CUDA only).")] = "fp32",
     eval_prompts: Annotated[int, typer.Option(help="Held-out prompts for chain acceptance.")] = 4,
     eval_new_tokens: Annotated[int, typer.Option(help="New tokens per held-out prompt.")] = 64,
+    save_dtype: Annotated[str, typer.Option(help="fp32 or bf16 (weights rounded, then evaluated).")] = "fp32",
+    time_budget: Annotated[float | None, typer.Option(help="Stop training after this many seconds.")] = None,
 ) -> None:
     """Train an EAGLE drafter on the target's own greedy continuations; reports held-out MAL."""
     from repro.train.eagle import EagleRecipe, train_eagle
@@ -143,7 +145,7 @@ def eagle(
         prompts=prompts, prompt_len=prompt_len, gen_len=gen_len, w_reg=w_reg, w_cls=w_cls,
         feature_noise=feature_noise, k=k, steps=steps, batch_size=batch_size, lr=lr, warmup=warmup,
         seed=seed, device=device, precision=precision, eval_prompts=eval_prompts,
-        eval_new_tokens=eval_new_tokens,
+        eval_new_tokens=eval_new_tokens, save_dtype=save_dtype, time_budget_s=time_budget,
     )  # fmt: skip
     typer.echo(json.dumps(train_eagle(recipe), indent=2))
 

@@ -79,12 +79,18 @@ class RecipeOptim:
         )  # fmt: skip
 
 
-def lr_at(step: int, cfg: OptimConfig) -> float:
-    """Learning rate of 0-based ``step``: linear warmup over ``warmup`` steps, then cosine decay."""
+def lr_at(step: int, cfg: OptimConfig, elapsed_s: float = 0.0) -> float:
+    """Learning rate of 0-based ``step``: linear warmup over ``warmup`` steps, then cosine decay.
+
+    With a time budget the decay follows whichever is further along, steps or wall time, so a run
+    cut by its budget still ends annealed at ``min_lr_ratio * lr``.
+    """
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
     span = max(1, cfg.steps - cfg.warmup)
     progress = min(1.0, (step - cfg.warmup) / span)
+    if cfg.time_budget_s:
+        progress = max(progress, min(1.0, elapsed_s / cfg.time_budget_s))
     floor = cfg.min_lr_ratio * cfg.lr
     return floor + (cfg.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
@@ -133,7 +139,7 @@ def train_loop(
     start = time.perf_counter()
     with open(out_dir / LOG_FILE, "w", encoding="utf-8") as f:
         for step in range(cfg.steps):
-            lr = lr_at(step, cfg)
+            lr = lr_at(step, cfg, time.perf_counter() - start)
             for group in opt.param_groups:
                 group["lr"] = lr
             t0 = time.perf_counter()

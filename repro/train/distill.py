@@ -8,9 +8,11 @@ from typing import Any
 
 import torch
 
+from repro.engine import generate
 from repro.errors import ConfigError
 from repro.models.hybrid import HybridLM
 from repro.models.state import ModelState
+from repro.routes import build_route
 from repro.tokenizer import Tokenizer
 from repro.train.target import SEPARATOR, encode_document, special_id
 

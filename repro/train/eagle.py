@@ -37,8 +37,11 @@ from repro.tokenizer import load_tokenizer
 from repro.train.common import (
     LOSS_FIGURE,
     RecipeOptim,
+    fast_gdn_backend,
     plot_loss,
     resolve_train_device,
+    round_weights,
+    save_dtype,
     seed_everything,
     train_loop,
     write_json,
@@ -76,6 +79,8 @@ class EagleRecipe(RecipeOptim):
     eval_prompts: int = 4
     eval_new_tokens: int = 64
     log_every: int = 1
+    save_dtype: str = "fp32"  # bf16: weights rounded before the held-out eval and written in bf16
+    time_budget_s: float | None = None
 
 
 @dataclass
@@ -137,6 +142,7 @@ def train_eagle(recipe: EagleRecipe) -> dict[str, Any]:
     if recipe.feature_noise < 0:
         raise ConfigError(f"feature_noise must be >= 0, got {recipe.feature_noise}")
     target = load_target(recipe.target, dtype=torch.float32, device=str(device)).requires_grad_(False)
+    fast_gdn_backend(target)
     tok = load_tokenizer(recipe.target)
     corpus = Path(recipe.corpus)
     prompts = corpus_prompts(tok, documents(corpus / "train.txt"), recipe.prompts, recipe.prompt_len, gen)
@@ -160,7 +166,8 @@ def train_eagle(recipe: EagleRecipe) -> dict[str, Any]:
 
     log = train_loop(drafter, step_fn, recipe.optim(), out, device)
     drafter.eval()
-    save_eagle(drafter, out)
+    dtype = save_dtype(recipe.save_dtype)
+    save_eagle(round_weights(drafter, dtype), out, dtype=dtype)
     plot_loss(log, out / LOSS_FIGURE, f"EAGLE drafter ({recipe.draft_layers} layer, features {layers})")
     with torch.no_grad():
         reg, cls, agree = eagle_losses(drafter, target, data)
@@ -190,6 +197,7 @@ def train_eagle(recipe: EagleRecipe) -> dict[str, Any]:
         "generation_s": gen_s,
         "target_layer_ids": layers,
         "parameters": sum(p.numel() for p in drafter.parameters()),
+        "steps_run": log[-1]["step"] + 1,
         "wall_s": time.perf_counter() - t_start,
     }
     write_json(out / "metrics.json", metrics)
