@@ -60,7 +60,13 @@ def tree_function(name: str, device: torch.device) -> TreeFn:
     return _reference if name == "reference" else _triton
 
 
-def chain_function(name: str, device: torch.device) -> ChainFn:
-    """The batched-chain evaluator ``(q, k, v, g, beta, state | None, scale) -> (o, final state)``."""
+def chain_function(name: str, device: torch.device, differentiable: bool = False) -> ChainFn:
+    """The batched-chain evaluator ``(q, k, v, g, beta, state | None, scale) -> (o, final state)``.
+
+    ``differentiable`` (autograd on) always gets the torch form: fla 0.6's gated chunk backward is
+    refused on Hopper with Triton 3.4-3.7.0 (it computes wrong gradients there, fla issue #640),
+    so training backpropagates through :func:`reference.chunk_gdn`; fla's forward serves prefill
+    and distillation.
+    """
     _check(name, device)
-    return _reference_chain if name == "reference" else _fla_chunk
+    return _reference_chain if name == "reference" or differentiable else _fla_chunk

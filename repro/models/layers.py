@@ -173,7 +173,7 @@ class GatedDeltaNet(nn.Module):
         k = l2norm(k.reshape(b, n, self.num_k_heads, self.head_k_dim).to(sdt))
         v = v.reshape(b, n, self.num_v_heads, self.head_v_dim).to(sdt)
         g, beta = self.gates(h)
-        chain_fn = chain_function(self.backend, h.device)
+        chain_fn = chain_function(self.backend, h.device, torch.is_grad_enabled())
         initial = state.recurrent.to(sdt).expand(b, -1, -1, -1)
         o, final = chain_fn(q, k, v, g.to(sdt), beta.to(sdt), initial, self.head_k_dim**-0.5)
         z = self.in_proj_z(h).reshape(b, n, self.num_v_heads, -1) if self.in_proj_z is not None else None
