@@ -29,6 +29,8 @@ app.add_typer(data_app, name="data")
 app.add_typer(train_app, name="train")
 falsify_app = typer.Typer(help="The reviewers' falsification checks.", no_args_is_help=True)
 app.add_typer(falsify_app, name="falsify")
+family_app = typer.Typer(help="The embedded trained tiny family.", no_args_is_help=True)
+app.add_typer(family_app, name="family")
 console = Console()
 err_console = Console(stderr=True)
 
@@ -126,7 +128,7 @@ def export_default(
     out: Annotated[Path, typer.Argument(help="Directory to write the checkpoint into.")],
     seed: Annotated[int, typer.Option(help="Weight seed.")] = 0,
 ) -> None:
-    """Write the embedded default target as a Qwen3.5-format checkpoint directory."""
+    """Write the untrained seeded hybrid (``tiny-random``) as a Qwen3.5-format checkpoint directory."""
     from repro.models.default import build_default_target
     from repro.models.loading import save_target
     from repro.tokenizer import write_byte_tokenizer_marker
@@ -134,6 +136,31 @@ def export_default(
     save_target(build_default_target(seed=seed), out)
     write_byte_tokenizer_marker(out)
     typer.echo(f"wrote {out}/config.json, model.safetensors, repro_tokenizer.json")
+
+
+@family_app.command("list")
+def family_list() -> None:
+    """The shipped members, their size and held-out metrics."""
+    from repro.family import index
+
+    info = index()
+    typer.echo(f"default target: {info['default_target']}; {info['total_bytes'] / 2**20:.1f} MiB shipped")
+    for name, entry in info["members"].items():
+        metrics = entry["metrics"]
+        shown = {k: metrics[k] for k in ("heldout_ppl", "heldout_chain_mal", "heldout_mal") if k in metrics}
+        typer.echo(f"{name:22s} {entry['bytes'] / 2**20:5.2f} MiB  {json.dumps(shown)}")
+
+
+@family_app.command("install")
+def family_install(
+    runs: Annotated[Path, typer.Argument(help="A training run folder (scripts/gpu_train.sh: runs/family).")],
+    names: Annotated[list[str], typer.Argument(help="Members to copy in, e.g. tiny-qwen35 tiny-gdn-dflash.")],
+) -> None:
+    """Copy trained checkpoints into the package's family folder and rewrite family.json."""
+    from repro.family import install
+
+    info = install(runs, names)
+    typer.echo(f"family: {', '.join(info['members'])} ({info['total_bytes'] / 2**20:.1f} MiB)")
 
 
 @suites_app.command("list")

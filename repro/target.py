@@ -1,12 +1,12 @@
-"""Resolve a target spec ("default" or a checkpoint directory) to a model and its tokenizer."""
+"""Resolve a target spec ("default", a family name, "tiny-random" or a checkpoint directory) to a model
+and its tokenizer."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import torch
 
 from repro.errors import CheckpointError, ConfigError
+from repro.family import DEFAULT_TARGET, RANDOM_TARGET, resolve_checkpoint
 from repro.models.default import build_default_target
 from repro.models.hybrid import HybridLM, check_strategy
 from repro.models.loading import load_target
@@ -39,14 +39,15 @@ def resolve_device(name: str) -> str:
 def open_target(
     spec: str, dtype: str = "float32", device: str = "cpu", commit: str = "closed_form", seed: int = 0
 ) -> tuple[HybridLM, Tokenizer]:
-    """``default`` builds the embedded tiny hybrid; anything else is a local checkpoint path."""
+    """``default`` is the embedded trained ``tiny-qwen35``; ``tiny-random`` builds the untrained
+    seeded hybrid (byte tokenizer); any other family name or a local checkpoint path loads it."""
     torch_dtype, dev = resolve_dtype(dtype), resolve_device(device)
     check_strategy(commit)
-    if spec == "default":
+    if spec == RANDOM_TARGET:
         model = build_default_target(seed=seed, dtype=torch_dtype, commit_strategy=commit)
         tokenizer = load_tokenizer(None)
     else:
-        path = Path(spec)
+        path = resolve_checkpoint(DEFAULT_TARGET if spec == "default" else spec, "target")
         model = load_target(path, dtype=torch_dtype, device=dev, commit_strategy=commit)
         tokenizer = load_tokenizer(path)
     if tokenizer.vocab_size > model.config.vocab_size:

@@ -150,7 +150,9 @@ def test_generate_prints_json_and_matches_ar(tmp_path):
 def test_exported_default_loads_as_a_checkpoint(tmp_path):
     ckpt = tmp_path / "ckpt"
     assert repro("export-default", str(ckpt)).returncode == 0
-    a = json.loads(repro("generate", "abc", "--max-new-tokens", "8", "--ignore-eos").stdout)
+    a = json.loads(
+        repro("generate", "abc", "--max-new-tokens", "8", "--ignore-eos", "--target", "tiny-random").stdout
+    )
     b = json.loads(
         repro("generate", "abc", "--max-new-tokens", "8", "--ignore-eos", "--target", str(ckpt)).stdout
     )

@@ -36,6 +36,7 @@ from torch import nn
 from repro.drafters.base import DraftContext, Proposal
 from repro.drafters.features import FeatureCache
 from repro.errors import CheckpointError, ConfigError
+from repro.family import resolve_checkpoint
 from repro.models.hybrid import HybridLM, Verification
 from repro.models.layers import MLP, rotate_half
 from repro.models.loading import assign_weights, read_json_config, write_weights
@@ -438,7 +439,7 @@ def load_dflash(
     path: str | Path, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"
 ) -> DFlashDraftModel:
     """Load a z-lab-format DFlash drafter (weights keep their dtype unless ``dtype`` is given)."""
-    path = Path(path)
+    path = resolve_checkpoint(path, "DFlash drafter")
     cfg = read_dflash_config(path)
     with torch.device("meta"):
         model = DFlashDraftModel(cfg)

@@ -37,6 +37,7 @@ from repro.drafters.base import DraftContext, Proposal
 from repro.drafters.dflash import HALF, DraftRMSNorm, apply_rope, init_draft_weights, rotary_tables
 from repro.drafters.features import FeatureCache
 from repro.errors import CheckpointError, ConfigError
+from repro.family import resolve_checkpoint
 from repro.models.hybrid import HybridLM, Verification
 from repro.models.layers import MLP
 from repro.models.loading import assign_weights, read_json_config, write_weights
@@ -308,7 +309,7 @@ def load_eagle(
 ) -> EagleDraftModel:
     """Load an EAGLE drafter (weights keep their dtype unless ``dtype`` is given); with ``target``,
     refuse one whose shapes do not fit it."""
-    path = Path(path)
+    path = resolve_checkpoint(path, "EAGLE drafter")
     cfg = EagleConfig.from_dict(read_json_config(path, "EAGLE"), str(path / "config.json"))
     if target is not None and (why := misfit(cfg, target)):
         raise CheckpointError(f"EAGLE checkpoint {path} does not fit the target: {why}")

@@ -15,6 +15,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from repro.errors import CheckpointError
+from repro.family import resolve_checkpoint
 from repro.models.config import FLA_MODEL_TYPES, QWEN35_MODEL_TYPES, HybridConfig
 from repro.models.hybrid import HybridLM
 
@@ -205,8 +206,9 @@ def load_target(
     device: str = "cpu",
     commit_strategy: str = "closed_form",
 ) -> HybridLM:
-    """Load a target model from a local checkpoint directory in either native format."""
-    path = Path(path)
+    """Load a target model from a local checkpoint directory (or an embedded family name) in either
+    native format."""
+    path = resolve_checkpoint(path, "target")
     cfg = read_config(path)
     weights = read_weights(path)
     if cfg.source_format == "fla_gdn":
