@@ -9,6 +9,13 @@ HybridLM (reference GDN path) in float32 (1e-4) and bfloat16 (looser; the errors
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from conftest import random_tree, seed_of
@@ -186,6 +193,22 @@ def test_device_accept_matches_target_match(model, seed):
     assert len(ref.path) > 1  # the planted continuation was accepted at least one level deep
 
 
+def test_accept_takes_the_first_matching_sibling(model):
+    """Two children carry the target's token; only the second continues the greedy chain. The walk
+    (TargetMatch) enters the first and stops there; a deeper match below the second does not count."""
+    state, _ = model.prefill(ids(8, 24))
+    t1, t2 = generate_greedy(model, state, 5, 2)
+    wrong = (t2 + 1) % VOCAB
+    tree = Tree(torch.tensor([5, t1, t1, wrong, t2]), torch.tensor([-1, 0, 0, 1, 2]))
+    dec = StaticDecoder(model, max_len=32, max_nodes=8)
+    dec.load(state)
+    slot = TreeSlot(dec, 5)
+    slot.set_tree(tree)
+    dec.verify(slot)
+    dec.accept(slot)
+    assert slot.accepted() == ([0, 1], t2)
+
+
 def test_static_greedy_decoding_equals_ar(model):
     """AR through decode_step, and speculative decoding through step() on planted trees, both give
     exactly the tokens of the engine's AR route (float64)."""
@@ -310,3 +333,66 @@ def test_gpu_graphs_match_eager_and_hybrid(dtype, tol, strategy):
     for e in errs.values():
         assert max(e) < tol, errs
     assert max(abs(a - b) for a, b in zip(errs[True], errs[False])) < tol / 10
+
+
+# --------------------------------------------- the Triton/fla kernel path through Triton's interpreter
+
+
+def _interpreter_case(dtype: torch.dtype, strategies: tuple[str, ...]) -> dict[str, float]:
+    """StaticDecoder with kernel="triton" (fused tree kernel, fla recurrence) on CPU tensors vs HybridLM."""
+    cfg = config()
+    cfg.linear_key_head_dim = cfg.linear_value_head_dim = 16
+    model = build(cfg, dtype=dtype, seed=17)
+    state, _ = model.prefill(ids(10, 18))
+    tree = random_token_tree(9, "mixed", 19)
+    path = tree.path_to(int(tree.depth.argmax()))
+    ver = model.verify(state, tree)
+    errs = {}
+    for strategy in strategies:
+        dec = StaticDecoder(model, max_len=32, max_nodes=16, kernel="triton")
+        dec.load(state)
+        slot = TreeSlot(dec, 9, max_depth=int(tree.depth.max()), snapshots=strategy == "snapshot")
+        slot.set_tree(tree)
+        errs["verify"] = rel(dec.verify(slot), ver.logits)
+        slot.set_accepted(path)
+        dec.commit(slot, strategy)
+        ref = model.commit(state, ver, path)
+        errs[f"commit_{strategy}"] = state_err(dec.export(), ref)
+        dec.set_token(4)
+        errs[f"decode_after_{strategy}"] = rel(dec.decode_step(), model.verify(ref, Tree.single(4)).logits)
+    return errs
+
+
+def _interpreter_main() -> None:
+    """Subprocess entry (TRITON_INTERPRET=1): print the cases' errors as JSON on the last line."""
+    import repro.gdn.triton_tree  # noqa: F401 - applies the interpreter's NumPy patch before fla loads
+
+    torch.set_num_threads(1)
+    out = {
+        "float32": _interpreter_case(torch.float32, ("replay", "closed_form", "snapshot")),
+        "bfloat16": _interpreter_case(torch.bfloat16, ("replay",)),
+    }
+    print(json.dumps(out))
+
+
+def test_triton_kernel_path_through_the_interpreter():
+    """The CUDA code path (fused Triton tree kernel, per-node states, fla's fused recurrence for decode
+    and replay, bf16 kernel inputs with tf32 dots) run by Triton's CPU interpreter, against HybridLM."""
+    if importlib.util.find_spec("triton") is None or importlib.util.find_spec("fla") is None:
+        pytest.skip("triton and flash-linear-attention are needed")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--interpret"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    errs = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert max(errs["float32"].values()) < 1e-5, errs
+    assert max(errs["bfloat16"].values()) < 5e-2, errs  # bf16 q/k/v and model vs HybridLM's float32 GDN
+
+
+if __name__ == "__main__" and "--interpret" in sys.argv:
+    _interpreter_main()

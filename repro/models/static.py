@@ -54,6 +54,16 @@ KERNELS = ("reference", "triton")
 # ----------------------------------------------------------------------------------- GDN cores
 
 
+def _interpreting() -> bool:
+    """Triton's CPU interpreter is on (TRITON_INTERPRET=1): the Triton kernels then run on CPU tensors."""
+    try:
+        import triton
+
+        return bool(triton.knobs.runtime.interpret)
+    except Exception:  # noqa: BLE001 - no (usable) triton: no interpreter
+        return False
+
+
 def _fla_recurrent(q, k, v, g, beta, state, scale):
     """fla's fused recurrence over one sequence in repro's layout; returns (o [n, HV, dv], final state)."""
     from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
@@ -191,9 +201,10 @@ _COMPILED: dict[str, Callable[..., Any]] = {}
 
 
 def compiled_glue() -> dict[str, Callable[..., Any]]:
-    """The glue functions wrapped in ``torch.compile`` (once per process; compiled at first call)."""
+    """The glue functions wrapped in ``torch.compile`` (once per process; compiled at the first call of
+    each shape: one decode and one verify size cost two compiles per function)."""
     if not _COMPILED:
-        _COMPILED.update({name: torch.compile(fn) for name, fn in GLUE.items()})
+        _COMPILED.update({name: torch.compile(fn, dynamic=False) for name, fn in GLUE.items()})
     return _COMPILED
 
 
@@ -316,7 +327,7 @@ class StaticDecoder:
         self.kernel = kernel or ("triton" if dev.type == "cuda" else "reference")
         if self.kernel not in KERNELS:
             raise ConfigError(f"unknown GDN kernel {self.kernel!r}: choose one of {', '.join(KERNELS)}")
-        if self.kernel == "triton" and dev.type != "cuda":
+        if self.kernel == "triton" and dev.type != "cuda" and not _interpreting():
             raise ConfigError("the triton GDN kernels need a CUDA model (use kernel='reference' on CPU)")
         if max_len < 1 or max_nodes < 1:
             raise ConfigError(f"max_len and max_nodes must be positive, got {max_len} and {max_nodes}")
