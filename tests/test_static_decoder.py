@@ -313,8 +313,10 @@ def test_gpu_graphs_match_eager_and_hybrid(dtype, tol, strategy):
             (lambda d=dec, s=slot: d.commit(s, strategy)),
             dec.decode_step,
         )
-        if graphed:
-            verify, commit, decode = (GraphedCall(f, dev) for f in (verify, commit, decode))
+        if graphed:  # commit's graph reads what verify's graph saved: capture (and run) verify first
+            verify = GraphedCall(verify, dev)
+            verify()
+            commit, decode = GraphedCall(commit, dev), GraphedCall(decode, dev)
             dec.load(state)
         logits = verify()
         slot.set_accepted(path)

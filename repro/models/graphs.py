@@ -23,6 +23,8 @@ class GraphedCall:
     def __init__(self, fn: Callable[[], Any], device: torch.device, warmup: int = 2) -> None:
         if device.type != "cuda":
             raise ConfigError("CUDA graphs need a CUDA device")
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
         stream = torch.cuda.Stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):

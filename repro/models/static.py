@@ -385,6 +385,8 @@ class StaticDecoder:
             else:
                 assert isinstance(s, AttentionLayerState)
                 n = s.keys.shape[0]
+                buf.keys.zero_()  # rows past the length are masked, but must stay finite (0 * NaN)
+                buf.values.zero_()
                 buf.keys[:, :n].copy_(s.keys.transpose(0, 1))
                 buf.values[:, :n].copy_(s.values.transpose(0, 1))
         self.length.fill_(state.position)
