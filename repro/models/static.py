@@ -240,7 +240,11 @@ class AttentionSaved:
 
 class TreeSlot:
     """Input buffers of one fixed tree size (``size`` nodes, at most ``max_depth`` deep) and what
-    verify saved for commit. One slot per tree size and per use (a CUDA graph keeps its own)."""
+    verify saved for accept and commit (the tensors of the last verify run on the slot).
+
+    With CUDA graphs, capture verify's graph first and replay it once: accept and commit graphs
+    captured after it read that graph's outputs, which every replay of it rewrites in place.
+    """
 
     def __init__(
         self, decoder: StaticDecoder, size: int, max_depth: int | None = None, snapshots: bool = False
