@@ -9,12 +9,12 @@ import typer
 
 from repro.errors import ConfigError
 
-bench_app = typer.Typer(help="Kernel benchmarks: one command, one table.", no_args_is_help=True)
+bench_app = typer.Typer(help="Kernel and model benchmarks: one command, one table.", no_args_is_help=True)
 
 
 @bench_app.callback()
 def bench() -> None:
-    """Benchmarks of the GDN kernels (a group, so that its commands keep their names)."""
+    """Benchmarks of the GDN kernels and of whole models (a group, so that its commands keep their names)."""
 
 
 def _ints(text: str, what: str) -> list[int]:
@@ -103,3 +103,91 @@ def kernels(
     table = run_bench(cfg, out_dir, figures, progress=show)
     typer.echo((out_dir / "report.md").read_text(encoding="utf-8"))
     typer.echo(f"{len(table)} rows; records, manifest, report, table and figures in {out_dir}", err=True)
+
+
+@bench_app.command("model")
+def model(
+    shape: Annotated[
+        str, typer.Option(help="Comma-separated model shapes: gdn-1.3b, qwen3.6-27b, tiny.")
+    ] = "gdn-1.3b,qwen3.6-27b",
+    out: Annotated[
+        Path | None, typer.Option(help="Run folder (default results/<date>-<device>-model).")
+    ] = None,
+    figures: Annotated[Path | None, typer.Option(help="Figure folder (default <out>/figures).")] = None,
+    time_budget: Annotated[
+        float | None,
+        typer.Option(help="Seconds for the whole run; rows not started in time are recorded as skipped."),
+    ] = None,
+    device: Annotated[str | None, typer.Option(help="cuda or cpu (default: cuda when available).")] = None,
+    dtype: Annotated[
+        str | None, typer.Option(help="Weights: bf16, fp32 or fp64 (default bf16 on CUDA).")
+    ] = None,
+    context: Annotated[int, typer.Option(help="Prompt tokens prefilled before the measurements.")] = 512,
+    sizes: Annotated[
+        str, typer.Option(help="Tree sizes T of the verify curve.")
+    ] = "1,2,4,8,16,32,64,128,256",
+    step_nodes: Annotated[
+        int, typer.Option(help="Tree size of the step breakdown and the ratio target.")
+    ] = 64,
+    compile: Annotated[
+        bool, typer.Option(help="Also time decode and verify with the glue under torch.compile (CUDA).")
+    ] = True,
+    seed: Annotated[int, typer.Option(help="Seed of weights, prompt and trees.")] = 0,
+    warmup_ms: Annotated[float, typer.Option(help="do_bench warm-up per row (ms).")] = 10.0,
+    rep_ms: Annotated[float, typer.Option(help="do_bench repetitions per row (ms).")] = 40.0,
+) -> None:
+    """Full-model cost with random weights: AR decode vs the weight-bandwidth floor, verify latency vs
+    tree size, and a draft-free step breakdown; CUDA graphs of the static-buffer decoder.
+
+    Writes records.jsonl, manifest.json, report.md, table.csv and a figure; on CPU only the eager rows
+    run (graph rows are recorded as skipped).
+    """
+    import torch
+
+    from repro.bench.model import DTYPES, MODEL_SHAPES, ModelBenchConfig, default_out_dir, run_model_bench
+    from repro.bench.timing import TimerConfig
+
+    names = [s.strip() for s in shape.split(",") if s.strip()]
+    unknown = [s for s in names if s not in MODEL_SHAPES]
+    if unknown or not names:
+        raise ConfigError(
+            f"unknown shape(s) {', '.join(unknown) or '(none)'}; known: {', '.join(MODEL_SHAPES)}"
+        )
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda but no CUDA device is available")
+    if dev.type not in ("cuda", "cpu"):
+        raise ConfigError(f"--device must be cuda or cpu, got {device!r}")
+    dtype = dtype or ("bf16" if dev.type == "cuda" else "fp32")
+    if dtype not in DTYPES:
+        raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if context < 1 or step_nodes < 1:
+        raise ConfigError("--context and --step-nodes must be positive")
+    timer = TimerConfig(warmup_ms=warmup_ms, rep_ms=rep_ms)
+    if dev.type != "cuda":
+        timer = TimerConfig(warmup_ms=min(warmup_ms, 2.0), rep_ms=min(rep_ms, 10.0))
+    cfg = ModelBenchConfig(
+        shapes=names,
+        dtype=dtype,
+        context=context,
+        sizes=_ints(sizes, "sizes"),
+        step_nodes=step_nodes,
+        compile=compile,
+        seed=seed,
+        time_budget_s=time_budget,
+        timer=timer,
+    )
+    out_dir = out or default_out_dir(dev)
+
+    def show(row: dict) -> None:
+        timing = f"{row['us']:.1f} us" if row["us"] is not None else row["reason"]
+        err = f"err {row['rel_err']:.1e}" if row["rel_err"] is not None else ""
+        typer.echo(
+            f"{row['shape']:12s} {row['group']:8s} {row['method']:22s} T={row['T']:<4d} {row['status']:7s} "
+            f"{err:12s} {timing}",
+            err=True,
+        )
+
+    table = run_model_bench(cfg, dev, out_dir, figures, progress=show)
+    typer.echo((out_dir / "report.md").read_text(encoding="utf-8"))
+    typer.echo(f"{len(table)} rows; records, manifest, report, table and figure in {out_dir}", err=True)

@@ -240,8 +240,22 @@ def tree_short_conv(
     x [n, C] tree inputs, history [W-1, C] oldest first, weight [C, W] with weight[:, W-1]
     multiplying the current token. Returns act(b + sum_r w[:, W-1-r] * x_{pi_r(i)}).
     """
-    width = weight.shape[1]
-    index = conv_gather_index(parents, width).to(x.device)
+    index = conv_gather_index(parents, weight.shape[1]).to(x.device)
+    return gathered_short_conv(x, history, weight, index, bias, activation)
+
+
+def gathered_short_conv(
+    x: torch.Tensor,
+    history: torch.Tensor,
+    weight: torch.Tensor,
+    index: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: bool = True,
+) -> torch.Tensor:
+    """:func:`tree_short_conv` with the gather index [n, W] (:func:`conv_gather_index`) given.
+
+    Shape-static in the index (no host reads), so a precomputed index makes it capturable.
+    """
     ext = torch.cat([history.to(x.dtype), x], dim=0)
     gathered = ext[index]  # [n, W, C]
     y = torch.einsum("nrc,cr->nc", gathered, weight.flip(1).to(x.dtype))

@@ -38,28 +38,36 @@ def tiny_config(vocab_size: int | None = None, layers: int = 4) -> HybridConfig:
 
 
 def init_random_weights(model: HybridLM, seed: int) -> HybridLM:
-    """Deterministic random weights with unit-scale activations (fan-in scaled)."""
-    gen = torch.Generator().manual_seed(seed)
+    """Deterministic random weights with unit-scale activations (fan-in scaled).
+
+    The numbers are drawn on the model's device (a CPU model gets the same weights on any
+    machine; a model built on a GPU is never copied through host memory).
+    """
+    device = model.device
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def randn(shape: torch.Size) -> torch.Tensor:
+        return torch.randn(shape, generator=gen, device=device)
+
+    def rand(shape: torch.Size) -> torch.Tensor:
+        return torch.rand(shape, generator=gen, device=device)
+
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("A_log"):
-                p.copy_(torch.empty(p.shape).uniform_(1.0, 16.0, generator=gen).log())
+                p.copy_(torch.empty(p.shape, device=device).uniform_(1.0, 16.0, generator=gen).log())
             elif name.endswith("dt_bias"):
-                dt = torch.exp(
-                    torch.rand(p.shape, generator=gen) * (math.log(0.1) - math.log(0.001)) + math.log(0.001)
-                )
+                dt = torch.exp(rand(p.shape) * (math.log(0.1) - math.log(0.001)) + math.log(0.001))
                 p.copy_(dt + torch.log(-torch.expm1(-dt)))
             elif name.endswith("norm.weight") and p.dim() == 1:
-                p.copy_(
-                    0.1 * torch.randn(p.shape, generator=gen) + (0.0 if _zero_centered(model, name) else 1.0)
-                )
+                p.copy_(0.1 * randn(p.shape) + (0.0 if _zero_centered(model, name) else 1.0))
             elif "embed_tokens" in name:
-                p.copy_(torch.randn(p.shape, generator=gen))
+                p.copy_(randn(p.shape))
             elif p.dim() >= 2:
                 fan_in = p.shape[-1] if p.dim() == 2 else p.shape[-1] * p.shape[1]
-                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(fan_in))
+                p.copy_(randn(p.shape) / math.sqrt(fan_in))
             else:
-                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+                p.copy_(0.1 * randn(p.shape))
     return model
 
 

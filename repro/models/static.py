@@ -1,0 +1,557 @@
+"""Static-buffer decoding of a :class:`HybridLM`: fixed shapes, counters on the device, capturable.
+
+A :class:`StaticDecoder` keeps one sequence's committed state in preallocated buffers: per GDN layer
+the float32 (float64 for a float64 model) recurrent state and the conv history, per attention layer
+keys and values of ``max_len + max_nodes`` rows, and the committed length as a device tensor. Its
+steps read their inputs from device buffers and never read a device value on the host, never
+branch on one, and allocate the same shapes on every call, so each can be captured once in a CUDA
+graph (:mod:`repro.models.graphs`) and replayed:
+
+- :meth:`StaticDecoder.decode_step`: one token (``decoder.token``) folded into the state; the GDN
+  layers run the recurrence (fla's ``fused_recurrent_gated_delta_rule`` on CUDA, the reference
+  :func:`~repro.gdn.reference.recurrent_gdn` elsewhere), attention reads the static KV under a
+  length mask and appends at the length.
+- :meth:`StaticDecoder.verify`: every node of a :class:`TreeSlot`'s tree (a fixed node count; the
+  tokens, parents, ancestor mask, depths and conv gather index are input buffers), state untouched.
+  GDN layers use the fused Triton tree kernel on CUDA, :func:`~repro.gdn.reference.tree_gdn`
+  elsewhere.
+- :meth:`StaticDecoder.accept`: greedy longest match on the device (the same path and bonus as
+  :class:`repro.acceptance.TargetMatch` at temperature 0); :meth:`StaticDecoder.commit`: the
+  accepted path (ending at the slot's ``node``) folded into the buffers by ``snapshot`` (per-node
+  states from verify), ``replay`` (the recurrence over the path, padded to the slot's max depth
+  with identity steps g = beta = 0) or ``closed_form`` (the tree factors, masked to the path).
+
+The layer arithmetic is HybridLM's (same modules, same order of operations), so on CPU in float64
+every step agrees with ``HybridLM.verify`` / ``commit`` to rounding (tests/test_static_decoder.py).
+On CUDA the GDN kernels take the model's dtype (bf16: Triton dots in "tf32") where HybridLM's layer
+upcasts q/k/v to float32, so bf16 results agree to bf16 accuracy, not bitwise.
+
+``compile=True`` wraps the per-layer glue around the GDN/attention cores (norms, projections,
+conv, gates, MLP) in ``torch.compile`` so that the elementwise chains fuse into few kernels; the
+cores and every buffer write stay outside the compiled regions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from repro.errors import ConfigError
+from repro.gdn import reference as gdn
+from repro.gdn.reference import TreeFactors
+from repro.models.config import GDN
+from repro.models.hybrid import HybridLM, check_strategy
+from repro.models.layers import Attention, DecoderLayer, GatedDeltaNet, l2norm
+from repro.models.state import AttentionLayerState, GDNLayerState, ModelState
+from repro.tree import Tree
+
+KERNELS = ("reference", "triton")
+
+
+# ----------------------------------------------------------------------------------- GDN cores
+
+
+def _interpreting() -> bool:
+    """Triton's CPU interpreter is on (TRITON_INTERPRET=1): the Triton kernels then run on CPU tensors."""
+    try:
+        import triton
+
+        return bool(triton.knobs.runtime.interpret)
+    except Exception:  # noqa: BLE001 - no (usable) triton: no interpreter
+        return False
+
+
+def _fla_recurrent(q, k, v, g, beta, state, scale):
+    """fla's fused recurrence over one sequence in repro's layout; returns (o [n, HV, dv], final state)."""
+    from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+
+    o, final = fused_recurrent_gated_delta_rule(
+        q[None], k[None], v[None], g=g[None].float(), beta=beta[None].float(), scale=scale,
+        initial_state=state[None], output_final_state=True, state_v_first=True,
+    )  # fmt: skip
+    return o[0], final[0]
+
+
+def _triton_tree(q, k, v, g, beta, state, parents, ancestors, scale, snapshots, precision):
+    from repro.gdn import triton_tree
+
+    o, factors = triton_tree.tree_gdn_fused(q, k, v, g, beta, state, ancestors, scale, precision)
+    if snapshots:
+        factors.snapshots = triton_tree.tree_states_fused(k, v, g, beta, state, parents)
+    return o, factors
+
+
+def _reference_tree(q, k, v, g, beta, state, parents, ancestors, scale, snapshots, precision):
+    return gdn.tree_gdn(q, k, v, g, beta, state, ancestors, scale, snapshots)
+
+
+# ------------------------------------------------------------------------- per-layer glue
+
+
+def gdn_prologue(
+    layer: DecoderLayer, x: torch.Tensor, history: torch.Tensor, conv_index: torch.Tensor, kdt: torch.dtype
+) -> tuple[torch.Tensor, ...]:
+    """Input norm, projections, tree conv, L2 norm and gates of a GDN layer (HybridLM's forward_tree).
+
+    Returns (h, conv_inputs, q, k, v in ``kdt``, g, beta in the state dtype).
+    """
+    mixer: GatedDeltaNet = layer.linear_attn
+    h = layer.input_layernorm(x)
+    n = h.shape[0]
+    conv_inputs = mixer.in_proj_qkv(h)
+    mixed = gdn.gathered_short_conv(
+        conv_inputs, history, mixer.conv1d.weight[:, 0], conv_index, mixer.conv1d.bias
+    )
+    q, k, v = torch.split(mixed, [mixer.key_dim, mixer.key_dim, mixer.value_dim], dim=-1)
+    sdt = torch.float64 if h.dtype == torch.float64 else torch.float32
+    q = l2norm(q.reshape(n, mixer.num_k_heads, mixer.head_k_dim).to(sdt)).to(kdt)
+    k = l2norm(k.reshape(n, mixer.num_k_heads, mixer.head_k_dim).to(sdt)).to(kdt)
+    v = v.reshape(n, mixer.num_v_heads, mixer.head_v_dim).to(kdt)
+    g, beta = mixer.gates(h)
+    return h, conv_inputs, q, k, v, g.to(sdt), beta.to(sdt)
+
+
+def gdn_epilogue(layer: DecoderLayer, x: torch.Tensor, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+    """Gated output norm, output projection, residual, MLP block."""
+    mixer: GatedDeltaNet = layer.linear_attn
+    n = h.shape[0]
+    z = (
+        mixer.in_proj_z(h).reshape(n, mixer.num_v_heads, mixer.head_v_dim)
+        if mixer.in_proj_z is not None
+        else None
+    )
+    o = mixer.norm(o.to(h.dtype), z).reshape(n, mixer.value_dim)
+    x = x + mixer.out_proj(o)
+    return x + layer.mlp(layer.post_attention_layernorm(x))
+
+
+def attention_prologue(
+    layer: DecoderLayer, x: torch.Tensor, positions: torch.Tensor
+) -> tuple[torch.Tensor, ...]:
+    """Input norm, q/k/v projections, q/k norms and rotary (HybridLM's Attention.forward_tree).
+
+    Returns (q [n, H, hd], gate [n, H hd] or an empty tensor, k, v [n, H_kv, hd]).
+    """
+    attn: Attention = layer.self_attn
+    h = layer.input_layernorm(x)
+    n = h.shape[0]
+    q = attn.q_proj(h)
+    gate = q[:, :0]
+    if attn.output_gate:
+        q, gate = q.view(n, attn.num_heads, 2 * attn.head_dim).chunk(2, dim=-1)
+        gate = gate.reshape(n, -1)
+    q = attn.rotary(attn.q_norm(q.reshape(n, attn.num_heads, attn.head_dim)), positions)
+    k = attn.rotary(attn.k_norm(attn.k_proj(h).view(n, attn.num_kv_heads, attn.head_dim)), positions)
+    v = attn.v_proj(h).view(n, attn.num_kv_heads, attn.head_dim)
+    return q, gate, k, v
+
+
+def attention_core(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    prefix_valid: torch.Tensor,
+    ancestors: torch.Tensor,
+) -> torch.Tensor:
+    """Softmax attention of n nodes over the static prefix rows (``prefix_valid``) and their ancestors.
+
+    q [n, H, hd]; k, v [n, H_kv, hd]; keys, values [H_kv, rows, hd]. Query heads are grouped per
+    key head (no copies of the cache). Returns [n, H hd].
+    """
+    n, heads, hd = q.shape
+    kv_heads = k.shape[1]
+    group = heads // kv_heads
+    qg = q.view(n, kv_heads, group, hd).permute(1, 2, 0, 3).reshape(kv_heads, group * n, hd)
+    scale = hd**-0.5
+    s_prefix = (qg @ keys.transpose(1, 2)) * scale  # [H_kv, group n, rows]
+    s_tree = (qg @ k.permute(1, 2, 0)) * scale  # [H_kv, group n, n]
+    s_prefix = s_prefix.masked_fill(~prefix_valid, float("-inf"))
+    s_tree = s_tree.masked_fill(~ancestors.repeat(group, 1), float("-inf"))
+    scores = torch.cat([s_prefix, s_tree], dim=-1)
+    p = torch.softmax(scores.float() if scores.dtype == torch.float16 else scores, dim=-1).to(q.dtype)
+    rows = keys.shape[1]
+    out = p[..., :rows] @ values + p[..., rows:] @ v.transpose(0, 1)  # [H_kv, group n, hd]
+    return out.view(kv_heads, group, n, hd).permute(2, 0, 1, 3).reshape(n, heads * hd)
+
+
+def attention_epilogue(
+    layer: DecoderLayer, x: torch.Tensor, out: torch.Tensor, gate: torch.Tensor
+) -> torch.Tensor:
+    """Output gate, output projection, residual, MLP block."""
+    attn: Attention = layer.self_attn
+    if attn.output_gate:
+        out = out * torch.sigmoid(gate)
+    x = x + attn.o_proj(out)
+    return x + layer.mlp(layer.post_attention_layernorm(x))
+
+
+GLUE: dict[str, Callable[..., Any]] = {
+    "gdn_prologue": gdn_prologue,
+    "gdn_epilogue": gdn_epilogue,
+    "attention_prologue": attention_prologue,
+    "attention_core": attention_core,
+    "attention_epilogue": attention_epilogue,
+}
+_COMPILED: dict[str, Callable[..., Any]] = {}
+
+
+def compiled_glue() -> dict[str, Callable[..., Any]]:
+    """The glue functions wrapped in ``torch.compile`` (once per process; compiled at the first call of
+    each shape: one decode and one verify size cost two compiles per function)."""
+    if not _COMPILED:
+        _COMPILED.update({name: torch.compile(fn, dynamic=False) for name, fn in GLUE.items()})
+    return _COMPILED
+
+
+# --------------------------------------------------------------------------------- buffers
+
+
+@dataclass
+class GDNBuffers:
+    recurrent: torch.Tensor  # [HV, dv, dk], float32 (float64 models: float64)
+    conv: torch.Tensor  # [W-1, C], model dtype
+
+
+@dataclass
+class AttentionBuffers:
+    keys: torch.Tensor  # [H_kv, max_len + max_nodes, hd]; rows >= length are masked
+    values: torch.Tensor
+
+
+@dataclass
+class GDNSaved:
+    """What verify leaves per GDN layer for commit."""
+
+    conv_inputs: torch.Tensor  # [T, C]
+    k: torch.Tensor  # [T, H, dk] key heads in the kernel dtype (replay)
+    factors: TreeFactors
+
+
+@dataclass
+class AttentionSaved:
+    k: torch.Tensor  # [T, H_kv, hd], rotary applied
+    v: torch.Tensor
+
+
+class TreeSlot:
+    """Input buffers of one fixed tree size (``size`` nodes, at most ``max_depth`` deep) and what
+    verify saved for accept and commit (the tensors of the last verify run on the slot).
+
+    With CUDA graphs, capture verify's graph first and replay it once: accept and commit graphs
+    captured after it read that graph's outputs, which every replay of it rewrites in place.
+    """
+
+    def __init__(
+        self, decoder: StaticDecoder, size: int, max_depth: int | None = None, snapshots: bool = False
+    ):
+        if size < 1 or size > decoder.max_nodes:
+            raise ConfigError(f"tree size {size} is outside 1..{decoder.max_nodes} (the decoder's max_nodes)")
+        self.size = size
+        self.max_depth = min(max_depth or size, size)
+        self.snapshots = snapshots
+        self.width = decoder.conv_width
+        dev = decoder.device
+
+        def buf(*shape: int, dtype: torch.dtype = torch.long) -> torch.Tensor:
+            return torch.zeros(*shape, dtype=dtype, device=dev)
+
+        self.tokens = buf(size)
+        self.parents = buf(size)
+        self.ancestors = buf(size, size, dtype=torch.bool)
+        self.depth = buf(size)
+        self.conv_index = buf(size, self.width)
+        self.first = buf(size, dtype=torch.bool)
+        self.node = buf(1)  # the accepted path's last node
+        self.bonus = buf(1)
+        self.logits: torch.Tensor | None = None
+        self.saved: list[GDNSaved | AttentionSaved | None] = [None] * decoder.num_layers
+        self.tree: Tree | None = None
+        parents = [-1 if i % self.max_depth == 0 else i - 1 for i in range(size)]
+        self.set_tree(Tree(torch.zeros(size, dtype=torch.long), torch.tensor(parents)))
+
+    def set_tree(self, tree: Tree) -> None:
+        """Copy a tree of exactly ``size`` nodes into the input buffers (host to device)."""
+        if tree.size != self.size:
+            raise ConfigError(f"this slot verifies trees of {self.size} nodes, got {tree.size}")
+        depth = int(tree.depth.max())
+        if depth > self.max_depth:
+            raise ConfigError(f"tree depth {depth} exceeds the slot's max_depth {self.max_depth}")
+        parents = tree.parents.tolist()
+        tokens = tree.tokens.tolist()
+        seen: set[tuple[int, int]] = set()
+        first = []
+        for p, t in zip(parents, tokens):
+            first.append((p, t) not in seen)
+            seen.add((p, t))
+        self.tokens.copy_(tree.tokens)
+        self.parents.copy_(tree.parents)
+        self.ancestors.copy_(tree.ancestor_mask)
+        self.depth.copy_(tree.depth)
+        self.conv_index.copy_(gdn.conv_gather_index(tree.parents, self.width))
+        self.first.copy_(torch.tensor(first))
+        self.tree = tree
+
+    def set_accepted(self, path: list[int]) -> None:
+        """Commit this root-to-node path next (host to device)."""
+        assert self.tree is not None
+        if not path or self.tree.path_to(path[-1]) != list(path):
+            raise ConfigError(f"accepted nodes {path} are not a root-to-node path of the slot's tree")
+        self.node.fill_(path[-1])
+
+    def accepted(self) -> tuple[list[int], int]:
+        """(path, bonus token) of the last :meth:`StaticDecoder.accept` (reads the device)."""
+        assert self.tree is not None
+        return self.tree.path_to(int(self.node)), int(self.bonus)
+
+
+# --------------------------------------------------------------------------------- decoder
+
+
+class StaticDecoder:
+    """One sequence's decoding state in static buffers, with capturable decode/verify/accept/commit."""
+
+    def __init__(
+        self,
+        model: HybridLM,
+        max_len: int,
+        max_nodes: int = 256,
+        kernel: str | None = None,
+        precision: str | None = None,
+        compile: bool = False,
+    ) -> None:
+        self.model = model
+        cfg = model.config
+        dev, dt = model.device, model.dtype
+        self.device, self.dtype = dev, dt
+        self.kernel = kernel or ("triton" if dev.type == "cuda" else "reference")
+        if self.kernel not in KERNELS:
+            raise ConfigError(f"unknown GDN kernel {self.kernel!r}: choose one of {', '.join(KERNELS)}")
+        if self.kernel == "triton" and dev.type != "cuda" and not _interpreting():
+            raise ConfigError("the triton GDN kernels need a CUDA model (use kernel='reference' on CPU)")
+        if max_len < 1 or max_nodes < 1:
+            raise ConfigError(f"max_len and max_nodes must be positive, got {max_len} and {max_nodes}")
+        self.max_len, self.max_nodes = max_len, max_nodes
+        self.state_dtype = torch.float64 if dt == torch.float64 else torch.float32
+        low = dt in (torch.bfloat16, torch.float16) and self.kernel == "triton"
+        self.kernel_dtype = dt if low else self.state_dtype
+        self.precision = precision or ("tf32" if low else "ieee")
+        self._tree = _triton_tree if self.kernel == "triton" else _reference_tree
+        self._recurrent = _fla_recurrent if self.kernel == "triton" else gdn.recurrent_gdn
+        self.glue = compiled_glue() if compile else GLUE
+        self.layers: list[DecoderLayer] = list(model.model.layers)
+        self.num_layers = len(self.layers)
+        self.conv_width = cfg.linear_conv_kernel_dim
+        rows = max_len + max_nodes
+        self.buffers: list[GDNBuffers | AttentionBuffers] = []
+        for layer in self.layers:
+            if layer.layer_type == GDN:
+                m = layer.linear_attn
+                self.buffers.append(
+                    GDNBuffers(
+                        torch.zeros(
+                            m.num_v_heads, m.head_v_dim, m.head_k_dim, dtype=self.state_dtype, device=dev
+                        ),
+                        torch.zeros(m.conv_size - 1, m.conv_dim, dtype=dt, device=dev),
+                    )
+                )
+            else:
+                a = layer.self_attn
+                self.buffers.append(
+                    AttentionBuffers(
+                        *(torch.zeros(a.num_kv_heads, rows, a.head_dim, dtype=dt, device=dev) for _ in "kv")
+                    )
+                )
+        self.length = torch.zeros(1, dtype=torch.long, device=dev)
+        self.token = torch.zeros(1, dtype=torch.long, device=dev)
+        self.zero = torch.zeros(1, dtype=torch.long, device=dev)
+        self.rows = torch.arange(rows, device=dev)
+        self.decode_slot = TreeSlot(self, 1)
+        self.layer_calls = {"linear_attention": 0, "full_attention": 0}
+
+    # ------------------------------------------------------------------ host-side state I/O
+
+    def load(self, state: ModelState) -> None:
+        """Copy a HybridLM state (e.g. after ``model.prefill``) into the buffers."""
+        if state.position > self.max_len:
+            raise ConfigError(
+                f"state holds {state.position} tokens; this decoder's max_len is {self.max_len}"
+            )
+        for buf, s in zip(self.buffers, state.layers):
+            if isinstance(buf, GDNBuffers):
+                assert isinstance(s, GDNLayerState)
+                buf.recurrent.copy_(s.recurrent)
+                buf.conv.copy_(s.conv)
+            else:
+                assert isinstance(s, AttentionLayerState)
+                n = s.keys.shape[0]
+                buf.keys.zero_()  # rows past the length are masked, but must stay finite (0 * NaN)
+                buf.values.zero_()
+                buf.keys[:, :n].copy_(s.keys.transpose(0, 1))
+                buf.values[:, :n].copy_(s.values.transpose(0, 1))
+        self.length.fill_(state.position)
+
+    def export(self) -> ModelState:
+        """The buffers as a HybridLM state (copies; reads the length from the device)."""
+        n = int(self.length)
+        layers: list[GDNLayerState | AttentionLayerState] = []
+        for buf in self.buffers:
+            if isinstance(buf, GDNBuffers):
+                layers.append(GDNLayerState(buf.recurrent.clone(), buf.conv.clone()))
+            else:
+                layers.append(
+                    AttentionLayerState(
+                        buf.keys[:, :n].transpose(0, 1).clone(), buf.values[:, :n].transpose(0, 1).clone()
+                    )
+                )
+        return ModelState(layers, n)
+
+    def set_token(self, token: int) -> None:
+        """The token :meth:`decode_step` folds in next (host to device)."""
+        self.token.fill_(token)
+
+    # ------------------------------------------------------------------- capturable steps
+
+    @torch.no_grad()
+    def decode_step(self) -> torch.Tensor:
+        """Fold ``self.token`` into the state; returns its logits [1, V] (the next token's)."""
+        logits = self._forward(self.token, self.length, self.decode_slot, decode=True)
+        self.length.add_(1).clamp_(max=self.max_len)
+        return logits
+
+    @torch.no_grad()
+    def verify(self, slot: TreeSlot) -> torch.Tensor:
+        """Logits [T, V] of every node of the slot's tree; the state is left untouched."""
+        positions = self.length + slot.depth - 1
+        slot.logits = self._forward(slot.tokens, positions, slot, decode=False)
+        return slot.logits
+
+    @torch.no_grad()
+    def accept(self, slot: TreeSlot) -> None:
+        """Greedy longest match from node 0 into ``slot.node`` and ``slot.bonus`` (on the device).
+
+        A node is accepted when every node on its path below the root carries its parent's argmax
+        token and is the first child of its parent with that token (TargetMatch's walk).
+        """
+        assert slot.logits is not None, "verify the slot first"
+        choice = slot.logits.argmax(-1)
+        ok = (slot.tokens == choice[slot.parents.clamp(min=0)]) & (slot.parents >= 0) & slot.first
+        ok = ok | (self.rows[: slot.size] == 0)
+        accepted = ~(slot.ancestors & ~ok[None, :]).any(dim=-1)
+        node = torch.where(accepted, slot.depth, 0).argmax()
+        slot.node.copy_(node.view(1))
+        slot.bonus.copy_(choice[node].view(1))
+
+    @torch.no_grad()
+    def commit(self, slot: TreeSlot, strategy: str = "replay") -> None:
+        """Fold the path from the root to ``slot.node`` into the buffers (after :meth:`verify`)."""
+        check_strategy(strategy)
+        if strategy == "snapshot" and not slot.snapshots:
+            raise ConfigError("snapshot commit needs a slot made with snapshots=True")
+        node = slot.node
+        on_path = slot.ancestors.index_select(0, node)[0]  # [T]
+        path_len = slot.depth.index_select(0, node)  # [1]
+        for buf, saved in zip(self.buffers, slot.saved):
+            if isinstance(buf, GDNBuffers):
+                assert isinstance(saved, GDNSaved), "verify the slot first"
+                self._commit_conv(buf, saved.conv_inputs, slot.conv_index, node)
+                self._commit_gdn(buf, saved, slot, node, on_path, path_len, strategy)
+            else:
+                assert isinstance(saved, AttentionSaved), "verify the slot first"
+                dest = torch.where(
+                    on_path, self.length + slot.depth - 1, self.max_len + self.rows[: slot.size]
+                )
+                buf.keys.index_copy_(1, dest, saved.k.transpose(0, 1))
+                buf.values.index_copy_(1, dest, saved.v.transpose(0, 1))
+        self.length.add_(path_len).clamp_(max=self.max_len)
+
+    @torch.no_grad()
+    def step(self, slot: TreeSlot, strategy: str = "replay") -> torch.Tensor:
+        """verify, accept and commit in one go (one graph); returns the verify logits."""
+        logits = self.verify(slot)
+        self.accept(slot)
+        self.commit(slot, strategy)
+        return logits
+
+    # --------------------------------------------------------------------------- internals
+
+    def _forward(
+        self, tokens: torch.Tensor, positions: torch.Tensor, slot: TreeSlot, decode: bool
+    ) -> torch.Tensor:
+        glue = self.glue
+        x = self.model.model.embed_tokens(tokens)
+        prefix_valid = self.rows < self.length
+        for i, (layer, buf) in enumerate(zip(self.layers, self.buffers)):
+            self.layer_calls[layer.layer_type] += 1
+            if isinstance(buf, GDNBuffers):
+                h, conv_inputs, q, k, v, g, beta = glue["gdn_prologue"](
+                    layer, x, buf.conv, slot.conv_index, self.kernel_dtype
+                )
+                scale = layer.linear_attn.head_k_dim**-0.5
+                if decode:
+                    o, new_state = self._recurrent(q, k, v, g, beta, buf.recurrent, scale)
+                    buf.recurrent.copy_(new_state)
+                    self._commit_conv(buf, conv_inputs, slot.conv_index, self.zero)
+                else:
+                    o, factors = self._tree(
+                        q, k, v, g, beta, buf.recurrent, slot.parents, slot.ancestors, scale, slot.snapshots,
+                        self.precision,
+                    )  # fmt: skip
+                    slot.saved[i] = GDNSaved(conv_inputs, k, factors)
+                x = glue["gdn_epilogue"](layer, x, h, o)
+            else:
+                q, gate, k, v = glue["attention_prologue"](layer, x, positions)
+                out = glue["attention_core"](q, k, v, buf.keys, buf.values, prefix_valid, slot.ancestors)
+                if decode:
+                    buf.keys.index_copy_(1, self.length, k.transpose(0, 1))
+                    buf.values.index_copy_(1, self.length, v.transpose(0, 1))
+                else:
+                    slot.saved[i] = AttentionSaved(k, v)
+                x = glue["attention_epilogue"](layer, x, out, gate)
+        return self.model.lm_head(self.model.model.norm(x))
+
+    def _commit_conv(
+        self, buf: GDNBuffers, conv_inputs: torch.Tensor, conv_index: torch.Tensor, node: torch.Tensor
+    ) -> None:
+        """The last W-1 conv inputs along the path to ``node``: its gather row without the oldest tap."""
+        hist = buf.conv.shape[0]
+        if hist == 0:
+            return
+        idx = conv_index.index_select(0, node)[0, :hist].flip(0)
+        buf.conv.copy_(torch.cat([buf.conv, conv_inputs.to(buf.conv.dtype)], dim=0)[idx])
+
+    def _commit_gdn(
+        self,
+        buf: GDNBuffers,
+        saved: GDNSaved,
+        slot: TreeSlot,
+        node: torch.Tensor,
+        on_path: torch.Tensor,
+        path_len: torch.Tensor,
+        strategy: str,
+    ) -> None:
+        f = saved.factors
+        state = buf.recurrent
+        if strategy == "snapshot":
+            assert f.snapshots is not None
+            state.copy_(f.snapshots.index_select(0, node)[0])
+        elif strategy == "closed_form":
+            g_end = f.gate_cum.index_select(0, node)  # [1, HV]
+            weights = (g_end - f.gate_cum).masked_fill(~on_path[:, None], float("-inf")).exp()  # [T, HV]
+            update = torch.einsum("mh,mhv,mhk->hvk", weights, f.delta, f.k)
+            state.copy_(g_end[0].exp()[:, None, None] * state + update)
+        else:  # replay: the path's nodes by depth, padded with identity steps (g = beta = 0)
+            depth = slot.max_depth
+            where = torch.where(on_path, slot.depth - 1, depth)
+            order = torch.zeros(depth + 1, dtype=torch.long, device=self.device)
+            order = order.scatter(0, where, self.rows[: slot.size])[:depth]
+            valid = (self.rows[:depth] < path_len)[:, None]
+            k = saved.k[order]
+            g = torch.where(valid, f.g[order], 0.0)
+            beta = torch.where(valid, f.beta[order], 0.0)
+            _, new_state = self._recurrent(k, k, f.v[order], g, beta, state, 0.0)
+            state.copy_(new_state)

@@ -1,0 +1,135 @@
+"""`repro bench model`: the paper shapes' sizes, the cost model, the verdicts, and a CPU run's files.
+
+The CPU run (tiny shape, float64) exercises every row's build-check-time path with the static
+decoder's steps run eagerly (no CUDA graphs on CPU) and pins every check to HybridLM at 1e-10.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from repro.bench import model as bm
+from repro.bench.cli import bench_app
+from repro.errors import ReproError
+from repro.models.hybrid import HybridLM
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+def meta_model(name: str) -> HybridLM:
+    """The shape's HybridLM with bf16 parameters on the meta device (sizes only, no memory)."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device("meta"):
+            return HybridLM(bm.MODEL_SHAPES[name]())
+    finally:
+        torch.set_default_dtype(before)
+
+
+def test_paper_shapes_have_the_published_sizes():
+    gdn = meta_model("gdn-1.3b")
+    # fla's GatedDeltaNetForCausalLM at this config has 1.466B parameters (shared/gpu-baselines.md)
+    assert sum(p.numel() for p in gdn.parameters()) == 1_466_343_808
+    assert gdn.config.num_gdn_layers == 24 and gdn.config.num_attention_layers == 0
+    assert gdn.model.layers[0].linear_attn.conv_dim == 3 * 8 * 256
+    qwen = meta_model("qwen3.6-27b")
+    assert round(sum(p.numel() for p in qwen.parameters()) / 1e9, 1) == 26.9
+    assert qwen.config.layer_types[3::4] == ["full_attention"] * 16  # every 4th layer is attention
+    assert qwen.config.num_gdn_layers == 48 and qwen.config.rotary_dim == 64
+
+
+def test_cost_model_counts_weights_once_and_states():
+    gdn = meta_model("gdn-1.3b")
+    params = sum(p.numel() for p in gdn.parameters())
+    emb = 32000 * 2048
+    assert bm.weight_bytes(gdn) == 2 * (params - emb + 2048)  # one embedding row, the LM head in full
+    decode, flops = bm.step_cost(gdn, 1, 512)
+    state = 8 * 256 * 256 * 4
+    assert decode == bm.weight_bytes(gdn) + 24 * 2 * state + 32000 * 2  # no attention: no KV bytes
+    assert flops >= 2 * (params - emb)
+    verify64, _ = bm.step_cost(gdn, 64, 512)
+    assert verify64 - decode == 24 * (64 * 8 * 257 * 4 - state) + 63 * 32000 * 2
+    qwen = meta_model("qwen3.6-27b")
+    assert bm.step_cost(qwen, 1, 1024)[0] - bm.step_cost(qwen, 1, 512)[0] == 16 * 2 * 512 * 4 * 256 * 2
+    ceilings = {"copy_GBps": 4000.0, "bf16_TFLOPs": 500.0, "fp32_TFLOPs": 50.0}
+    assert bm.floor_us(4_000_000, 1.0, ceilings, "bf16") == pytest.approx(1.0)  # bytes-bound
+    assert bm.floor_us(1, 1e9, ceilings, "fp32") == pytest.approx(20.0)  # flops-bound
+
+
+def _rows(decode_us: float, verify_us: float, floor: float) -> pd.DataFrame:
+    base = {c: None for c in bm.COLUMNS}
+    rows = [
+        {
+            **base,
+            "shape": "s",
+            "group": "decode",
+            "method": "static_graph",
+            "T": 1,
+            "us": decode_us,
+            "floor_us": floor,
+        },
+        {**base, "shape": "s", "group": "verify", "method": "static_graph", "T": 64, "us": verify_us},
+    ]
+    return pd.DataFrame(rows, columns=bm.COLUMNS)
+
+
+def test_targets_say_met_or_by_how_much_missed():
+    met = "\n".join(bm.targets(_rows(1000.0, 1400.0, 800.0), "s", 64))
+    assert "1.40x | met" in met and "80% | met" in met
+    missed = "\n".join(bm.targets(_rows(1000.0, 2000.0, 350.0), "s", 64))
+    assert "missed by 1.33x" in missed
+    assert "35%" in missed and "needs 2.00x faster" in missed
+    assert "not measured" in "\n".join(bm.targets(_rows(1000.0, 2000.0, 350.0).iloc[:0], "s", 64))
+
+
+def test_cpu_run_checks_every_row_against_hybrid(tmp_path):
+    out = tmp_path / "run"
+    args = ["model", "--device", "cpu", "--shape", "tiny", "--dtype", "fp64", "--context", "70"]
+    args += ["--sizes", "1,8", "--step-nodes", "8", "--out", str(out), "--warmup-ms", "0", "--rep-ms", "1"]
+    result = CliRunner().invoke(bench_app, args)
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    assert {r["status"] for r in rows} == {"ok"}, [(r["method"], r["reason"]) for r in rows]
+    assert len(rows) == len(bm.plan(bm.ModelBenchConfig(sizes=[1, 8], step_nodes=8)))
+    for r in rows:
+        for key in ("rel_err", "state_err", "rel_err_eager"):
+            assert r[key] is None or r[key] < 1e-10, (r["method"], key, r[key])
+        if r["layers_gdn"] is not None:
+            assert (r["layers_gdn"], r["layers_attn"]) == (3, 1), r["method"]
+        assert r["us"] > 0
+    by = {(r["group"], r["method"], r["T"]): r for r in rows}
+    assert by[("decode", "static_graph", 1)]["tokens_per_s"] == pytest.approx(
+        1e6 / by[("decode", "static_graph", 1)]["us"]
+    )
+    assert by[("step", "step_graph", 8)]["accepted"] > 1  # the planted greedy path is accepted
+    assert "TargetMatch" in by[("step", "accept_graph", 8)]["reason"]
+    report = (out / "report.md").read_text()
+    assert "4 layers executed per step = 3 GDN + 1 attention" in report
+    assert (out / "figures" / "model_verify_vs_T.png").stat().st_size > 0
+    assert len(pd.read_csv(out / "table.csv")) == len(rows)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["models"]["tiny"]["gdn_layers"] == 3 and manifest["config"]["bench"] == "model"
+    with pytest.raises(ReproError, match="already holds records.jsonl"):
+        bm.run_model_bench(bm.ModelBenchConfig(shapes=["tiny"]), torch.device("cpu"), out)
+
+
+def test_time_budget_records_rows_as_skipped(tmp_path):
+    cfg = bm.ModelBenchConfig(
+        shapes=["tiny"], dtype="fp32", context=8, sizes=[1], step_nodes=4, time_budget_s=0.0
+    )
+    table = bm.run_model_bench(cfg, torch.device("cpu"), tmp_path / "run")
+    assert set(table["status"]) == {"skipped"} and table["reason"].str.contains("time budget").all()
+    assert "not measured" in (tmp_path / "run" / "report.md").read_text()
+
+
+def test_cli_rejects_unknown_shapes_and_dtypes():
+    result = CliRunner().invoke(bench_app, ["model", "--device", "cpu", "--shape", "gdn-7b"])
+    assert result.exit_code != 0 and "unknown shape(s) gdn-7b" in str(result.exception)
+    result = CliRunner().invoke(bench_app, ["model", "--device", "cpu", "--shape", "tiny", "--dtype", "fp8"])
+    assert result.exit_code != 0 and "--dtype must be one of" in str(result.exception)

@@ -1,0 +1,400 @@
+"""Static-buffer decoder (repro.models.static) against HybridLM, and its CUDA graphs.
+
+CPU tests (reference kernels, float64): decode_step, verify, the three commits and device-side
+acceptance agree with HybridLM.verify / commit / TargetMatch to 1e-10, and greedy decoding through
+the static steps (AR and speculative, eager) reproduces AR's tokens exactly.
+GPU tests (``gpu``): the same steps eager and as CUDA graphs on the Triton/fla kernels, against
+HybridLM (reference GDN path) in float32 (1e-4) and bfloat16 (looser; the errors are printed).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import random_tree, seed_of
+
+from repro.acceptance import TargetMatch
+from repro.engine import Route, generate
+from repro.errors import ConfigError
+from repro.models.config import ATTENTION, GDN, HybridConfig
+from repro.models.default import init_random_weights
+from repro.models.hybrid import HybridLM
+from repro.models.state import ModelState
+from repro.models.static import StaticDecoder, TreeSlot
+from repro.tree import Tree
+from repro.trees import SingleNode
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+VOCAB = 61
+F64 = torch.float64
+
+
+def config(layers: list[str] | None = None, output_gate: bool = True) -> HybridConfig:
+    return HybridConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        layer_types=layers or [GDN, ATTENTION, GDN, GDN, ATTENTION],
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=8,
+        linear_value_head_dim=8,
+        linear_output_gate=output_gate,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        partial_rotary_factor=0.5,
+    )
+
+
+def build(cfg: HybridConfig, dtype: torch.dtype = F64, device: str = "cpu", seed: int = 0) -> HybridLM:
+    return init_random_weights(HybridLM(cfg), seed).to(device=device, dtype=dtype).eval()
+
+
+@pytest.fixture(scope="module")
+def model() -> HybridLM:
+    return build(config())
+
+
+def ids(n: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double().cpu(), b.double().cpu()
+    return float((a - b).norm() / b.norm().clamp_min(1e-300))
+
+
+def state_err(a: ModelState, b: ModelState) -> float:
+    """Largest relative error over every buffer of two states (positions must match)."""
+    assert a.position == b.position
+    errs = [rel(u, v) for x, y in zip(a.layers, b.layers) for u, v in zip(vars(x).values(), vars(y).values())]
+    return max(errs)
+
+
+def random_token_tree(n: int, kind: str, seed: int) -> Tree:
+    gen = torch.Generator().manual_seed(seed)
+    parents = random_tree(n, kind, gen)
+    parents[0] = -1
+    return Tree(torch.randint(0, VOCAB, (n,), generator=gen), parents)
+
+
+# ------------------------------------------------------------------------------- CPU, exact
+
+
+def test_decode_steps_match_hybrid_verify_and_commit(model):
+    state, _ = model.prefill(ids(13, 1))
+    dec = StaticDecoder(model, max_len=32, max_nodes=8)
+    dec.load(state)
+    for tok in ids(5, 2).tolist():
+        dec.set_token(tok)
+        logits = dec.decode_step()
+        ver = model.verify(state, Tree.single(tok))
+        state = model.commit(state, ver, [0])
+        assert rel(logits, ver.logits) < 1e-10
+        assert state_err(dec.export(), state) < 1e-10
+    assert int(dec.length) == 18
+
+
+@pytest.mark.parametrize("kind", ["random", "mixed", "forest", "chain", "fan"])
+def test_verify_matches_hybrid_on_random_trees(model, kind):
+    state, _ = model.prefill(ids(9, 3))
+    dec = StaticDecoder(model, max_len=40, max_nodes=16)
+    dec.load(state)
+    tree = random_token_tree(13, kind, seed_of(kind))
+    slot = TreeSlot(dec, 13)
+    slot.set_tree(tree)
+    logits = dec.verify(slot)
+    assert rel(logits, model.verify(state, tree).logits) < 1e-10
+    assert state_err(dec.export(), state) == 0.0  # verify never writes the state
+
+
+@pytest.mark.parametrize("strategy", ["replay", "closed_form", "snapshot"])
+def test_commit_strategies_match_hybrid(strategy):
+    model = build(config(), seed=4)
+    model.commit_strategy = strategy
+    state, _ = model.prefill(ids(11, 5))
+    dec = StaticDecoder(model, max_len=48, max_nodes=16)
+    tree = random_token_tree(14, "mixed", 6)
+    slot = TreeSlot(dec, 14, max_depth=int(tree.depth.max()), snapshots=strategy == "snapshot")
+    slot.set_tree(tree)
+    ver = model.verify(state, tree)
+    deepest = int(tree.depth.argmax())
+    for end in (0, deepest, 13):  # the root alone, the deepest path, a path ending at the last node
+        path = tree.path_to(end)
+        dec.load(state)
+        dec.verify(slot)
+        slot.set_accepted(path)
+        dec.commit(slot, strategy)
+        ref = model.commit(state, ver, path)
+        assert state_err(dec.export(), ref) < 1e-10, path
+        dec.set_token(7)  # the next step reads the committed KV rows, conv window and state
+        assert rel(dec.decode_step(), model.verify(ref, Tree.single(7)).logits) < 1e-10
+
+
+def test_pure_gdn_without_output_gate():
+    model = build(config([GDN, GDN], output_gate=False), seed=8)
+    state, _ = model.prefill(ids(6, 9))
+    dec = StaticDecoder(model, max_len=16, max_nodes=8)
+    dec.load(state)
+    tree = random_token_tree(6, "random", 10)
+    slot = TreeSlot(dec, 6)
+    slot.set_tree(tree)
+    assert rel(dec.verify(slot), model.verify(state, tree).logits) < 1e-10
+
+
+def planted_tree(model: HybridLM, state: ModelState, root: int, seed: int) -> Tree:
+    """Node 0 = root, then per level two children of the path's node: the target's greedy token and
+    a random one (sometimes the same token again, listed after the first: TargetMatch takes the first)."""
+    gen = torch.Generator().manual_seed(seed)
+    tokens, parents, prev = [root], [-1], 0
+    for t in generate_greedy(model, state, root, 4):
+        side = (
+            t
+            if int(torch.randint(0, 3, (), generator=gen)) == 0
+            else int(torch.randint(0, VOCAB, (), generator=gen))
+        )
+        pair = [t, side] if int(torch.randint(0, 2, (), generator=gen)) else [side, t]
+        tokens += pair
+        parents += [prev, prev]
+        prev = len(tokens) - 2 + pair.index(t)
+    return Tree(torch.tensor(tokens), torch.tensor(parents))
+
+
+def generate_greedy(model: HybridLM, state: ModelState, root: int, n: int) -> list[int]:
+    out, tok = [], root
+    for _ in range(n):
+        ver = model.verify(state, Tree.single(tok))
+        state = model.commit(state, ver, [0])
+        tok = int(ver.logits[0].argmax())
+        out.append(tok)
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_device_accept_matches_target_match(model, seed):
+    state, _ = model.prefill(ids(8, 20 + seed))
+    tree = planted_tree(model, state, 5, seed)
+    dec = StaticDecoder(model, max_len=32, max_nodes=16)
+    dec.load(state)
+    slot = TreeSlot(dec, tree.size)
+    slot.set_tree(tree)
+    dec.verify(slot)
+    dec.accept(slot)
+    ref = TargetMatch(0.0, 0).accept(tree, model.verify(state, tree).logits, 0)
+    assert slot.accepted() == (ref.path, ref.bonus)
+    assert len(ref.path) > 1  # the planted continuation was accepted at least one level deep
+
+
+def test_accept_takes_the_first_matching_sibling(model):
+    """Two children carry the target's token; only the second continues the greedy chain. The walk
+    (TargetMatch) enters the first and stops there; a deeper match below the second does not count."""
+    state, _ = model.prefill(ids(8, 24))
+    t1, t2 = generate_greedy(model, state, 5, 2)
+    wrong = (t2 + 1) % VOCAB
+    tree = Tree(torch.tensor([5, t1, t1, wrong, t2]), torch.tensor([-1, 0, 0, 1, 2]))
+    dec = StaticDecoder(model, max_len=32, max_nodes=8)
+    dec.load(state)
+    slot = TreeSlot(dec, 5)
+    slot.set_tree(tree)
+    dec.verify(slot)
+    dec.accept(slot)
+    assert slot.accepted() == ([0, 1], t2)
+
+
+def test_static_greedy_decoding_equals_ar(model):
+    """AR through decode_step, and speculative decoding through step() on planted trees, both give
+    exactly the tokens of the engine's AR route (float64)."""
+    prompt = ids(10, 30).tolist()
+    rule = TargetMatch(0.0, 0)
+    want = generate(model, prompt, Route("ar", None, SingleNode(), rule), 24).output_ids
+    state, ver = model.prefill(prompt)
+    first = int(ver.logits[-1].argmax())
+
+    dec = StaticDecoder(model, max_len=64, max_nodes=16)
+    dec.load(state)
+    out = [first]
+    while len(out) < 24:
+        dec.set_token(out[-1])
+        out.append(int(dec.decode_step()[0].argmax()))
+    assert out == want
+
+    dec.load(state)
+    out, steps, ref_state = [first], 0, state
+    slot = TreeSlot(dec, 9)
+    while len(out) < 24:
+        tree = planted_tree(model, ref_state, out[-1], steps)
+        slot.set_tree(tree)
+        dec.step(slot, "replay")
+        path, bonus = slot.accepted()
+        out += tree.tokens[path[1:]].tolist() + [bonus]
+        ref_state = model.commit(ref_state, model.verify(ref_state, tree), path)
+        steps += 1
+    assert out[:24] == want
+    assert steps < 23  # several tokens per step
+
+
+def test_length_saturates_at_max_len(model):
+    state, _ = model.prefill(ids(4, 40))
+    dec = StaticDecoder(model, max_len=6, max_nodes=4)
+    dec.load(state)
+    slot = TreeSlot(dec, 4)
+    slot.set_tree(Tree.chain(ids(4, 41)))
+    dec.verify(slot)
+    slot.set_accepted([0, 1, 2, 3])
+    dec.commit(slot, "replay")  # 4 + 4 > 6: clamped, writes stay in bounds
+    for _ in range(3):
+        dec.decode_step()
+    assert int(dec.length) == 6
+
+
+def test_bad_inputs_are_config_errors(model):
+    state, _ = model.prefill(ids(5, 50))
+    dec = StaticDecoder(model, max_len=8, max_nodes=4)
+    with pytest.raises(ConfigError, match="tree size 5"):
+        TreeSlot(dec, 5)
+    slot = TreeSlot(dec, 4, max_depth=3)
+    with pytest.raises(ConfigError, match="slot verifies trees of 4"):
+        slot.set_tree(Tree.chain([1, 2, 3]))
+    with pytest.raises(ConfigError, match="exceeds the slot's max_depth"):
+        slot.set_tree(Tree.chain([1, 2, 3, 4]))
+    slot.set_tree(Tree(torch.tensor([1, 2, 3, 4]), torch.tensor([-1, 0, 0, 1])))
+    with pytest.raises(ConfigError, match="not a root-to-node path"):
+        slot.set_accepted([0, 3])
+    with pytest.raises(ConfigError, match="snapshots=True"):
+        dec.commit(slot, "snapshot")
+    with pytest.raises(ConfigError, match="unknown commit strategy"):
+        dec.commit(slot, "teleport")
+    with pytest.raises(ConfigError, match="max_len is 4"):
+        StaticDecoder(model, max_len=4).load(state)
+    with pytest.raises(ConfigError, match="need a CUDA model"):
+        StaticDecoder(model, max_len=8, kernel="triton")
+
+
+# ------------------------------------------------------------------------------------- GPU
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 5e-2)])
+@pytest.mark.parametrize("strategy", ["replay", "closed_form", "snapshot"])
+def test_gpu_graphs_match_eager_and_hybrid(dtype, tol, strategy):
+    from repro.models.graphs import GraphedCall
+
+    dev = torch.device("cuda")
+    cfg = config()
+    cfg.linear_key_head_dim = cfg.linear_value_head_dim = 32  # kernel tiles: head dims of 16+
+    model = build(cfg, dtype=dtype, device="cuda", seed=11)
+    model.commit_strategy = strategy
+    state, _ = model.prefill(ids(40, 12))
+    tree = random_token_tree(24, "mixed", 13)
+    path = tree.path_to(int(tree.depth.argmax()))
+    ref = model.verify(state, tree)
+    ref_state = model.commit(state, ref, path)
+    ref_decode = model.verify(ref_state, Tree.single(9)).logits
+
+    errs = {}
+    for graphed in (False, True):
+        dec = StaticDecoder(model, max_len=96, max_nodes=32)
+        slot = TreeSlot(dec, 24, max_depth=int(tree.depth.max()), snapshots=strategy == "snapshot")
+        slot.set_tree(tree)
+        dec.load(state)
+        verify, commit, decode = (
+            (lambda d=dec, s=slot: d.verify(s)),
+            (lambda d=dec, s=slot: d.commit(s, strategy)),
+            dec.decode_step,
+        )
+        if graphed:  # commit's graph reads what verify's graph saved: capture (and run) verify first
+            verify = GraphedCall(verify, dev)
+            verify()
+            commit, decode = GraphedCall(commit, dev), GraphedCall(decode, dev)
+            dec.load(state)
+        logits = verify()
+        slot.set_accepted(path)
+        commit()
+        got_state = dec.export()
+        dec.set_token(9)
+        next_logits = decode()
+        errs[graphed] = (
+            rel(logits, ref.logits),
+            state_err(got_state, ref_state),
+            rel(next_logits, ref_decode),
+        )
+        if graphed:
+            assert logits.data_ptr() == verify.output.data_ptr()
+    print(f"{dtype} {strategy}: eager {errs[False]}, graphed {errs[True]}")
+    for e in errs.values():
+        assert max(e) < tol, errs
+    assert max(abs(a - b) for a, b in zip(errs[True], errs[False])) < tol / 10
+
+
+# --------------------------------------------- the Triton/fla kernel path through Triton's interpreter
+
+
+def _interpreter_case(dtype: torch.dtype, strategies: tuple[str, ...]) -> dict[str, float]:
+    """StaticDecoder with kernel="triton" (fused tree kernel, fla recurrence) on CPU tensors vs HybridLM."""
+    cfg = config()
+    cfg.linear_key_head_dim = cfg.linear_value_head_dim = 16
+    model = build(cfg, dtype=dtype, seed=17)
+    state, _ = model.prefill(ids(10, 18))
+    tree = random_token_tree(9, "mixed", 19)
+    path = tree.path_to(int(tree.depth.argmax()))
+    ver = model.verify(state, tree)
+    errs = {}
+    for strategy in strategies:
+        dec = StaticDecoder(model, max_len=32, max_nodes=16, kernel="triton")
+        dec.load(state)
+        slot = TreeSlot(dec, 9, max_depth=int(tree.depth.max()), snapshots=strategy == "snapshot")
+        slot.set_tree(tree)
+        errs["verify"] = rel(dec.verify(slot), ver.logits)
+        slot.set_accepted(path)
+        dec.commit(slot, strategy)
+        ref = model.commit(state, ver, path)
+        errs[f"commit_{strategy}"] = state_err(dec.export(), ref)
+        dec.set_token(4)
+        errs[f"decode_after_{strategy}"] = rel(dec.decode_step(), model.verify(ref, Tree.single(4)).logits)
+    return errs
+
+
+def _interpreter_main() -> None:
+    """Subprocess entry (TRITON_INTERPRET=1): print the cases' errors as JSON on the last line."""
+    import repro.gdn.triton_tree  # noqa: F401 - applies the interpreter's NumPy patch before fla loads
+
+    torch.set_num_threads(1)
+    out = {
+        "float32": _interpreter_case(torch.float32, ("replay", "closed_form", "snapshot")),
+        "bfloat16": _interpreter_case(torch.bfloat16, ("replay",)),
+    }
+    print(json.dumps(out))
+
+
+def test_triton_kernel_path_through_the_interpreter():
+    """The CUDA code path (fused Triton tree kernel, per-node states, fla's fused recurrence for decode
+    and replay, bf16 kernel inputs with tf32 dots) run by Triton's CPU interpreter, against HybridLM."""
+    if importlib.util.find_spec("triton") is None or importlib.util.find_spec("fla") is None:
+        pytest.skip("triton and flash-linear-attention are needed")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--interpret"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    errs = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert max(errs["float32"].values()) < 1e-5, errs
+    assert max(errs["bfloat16"].values()) < 5e-2, errs  # bf16 q/k/v and model vs HybridLM's float32 GDN
+
+
+if __name__ == "__main__" and "--interpret" in sys.argv:
+    _interpreter_main()
