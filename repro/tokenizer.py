@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Protocol
 
 from repro.errors import CheckpointError
+from repro.family import resolve_checkpoint
 
 CHAT_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>")
 
@@ -109,7 +110,7 @@ def load_tokenizer(path: str | Path | None) -> Tokenizer:
     directory that carries a ``repro_tokenizer.json`` marker)."""
     if path is None:
         return ByteTokenizer()
-    path = Path(path)
+    path = resolve_checkpoint(path, "tokenizer checkpoint")
     if any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
         return HFTokenizer(path)
     if (path / BYTE_TOKENIZER_MARKER).exists():

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # Train the tiny family on the device machine (one H200): tiny-qwen35 (3 GDN : 1 gated attention)
-# and tiny-gdn (pure GDN, fla format), then a DFlash drafter for each. The recipes are the
+# and tiny-gdn (pure GDN, fla format), then DFlash, EAGLE and Weaver drafters for each. The recipes are the
 # `repro train` commands below, nothing else; every run writes its checkpoint, train_log.jsonl,
 # loss.png, metrics.json and manifest.json. Carry: [".whl", "data/corpus", "data/tokenizer"]
 # (build the last two with `repro data corpus` and `repro data tokenizer`). Results: $OUT/family.tgz,
-# repacked after every stage so that a cut run still returns what finished. Extra drafter stages
-# (eagle, weaver) run when their `repro train` commands exist and STAGES names them.
+# repacked after every stage so that a cut run still returns what finished. STAGES names the members
+# to train, in order (default: all of them; one H200 call of 10 minutes fits about five).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/runs/gpu-train}
 RUNS=runs/family
-STAGES=${STAGES:-"targets dflash"}
+STAGES=${STAGES:-"tiny-qwen35 tiny-gdn tiny-qwen35-dflash tiny-gdn-dflash tiny-qwen35-eagle tiny-gdn-eagle tiny-qwen35-weaver tiny-gdn-weaver"}
 mkdir -p "$OUT" "$RUNS"
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 3
@@ -37,23 +37,22 @@ echo "GDN backend override: ${REPRO_TRAIN_GDN_BACKEND:-none}"
 COMMON_T=(--corpus data/corpus --tokenizer data/tokenizer --layers 8 --hidden-size 192 --seq-len 512
   --batch-size 32 --steps 2400 --lr 3e-3 --warmup 100 --tie-embeddings --save-dtype bf16 --device cuda
   --eval-sequences 256 --seed 0)
-COMMON_D=(--corpus data/corpus --block-size 16 --layers 1 --prompts 2048 --prompt-len 64 --gen-len 128
-  --anchors 8 --batch-size 64 --steps 3000 --lr 1e-3 --warmup 100 --save-dtype bf16 --device cuda
-  --eval-prompts 8 --eval-new-tokens 96 --seed 0)
+DISTILL=(--corpus data/corpus --prompts 2048 --prompt-len 64 --gen-len 128 --batch-size 64 --steps 3000
+  --lr 1e-3 --warmup 100 --save-dtype bf16 --device cuda --eval-prompts ${EVAL_PROMPTS:-8} --eval-new-tokens 96
+  --seed 0)
+# a member trained earlier in this run is used from $RUNS, else the embedded family member of that name
+pick() { if [ -d "$RUNS/$1" ]; then echo "$RUNS/$1"; else echo "$1"; fi; }
 for s in $STAGES; do
   case $s in
-    targets)
-      stage tiny-qwen35 170 target "${COMMON_T[@]}" --arch qwen35 --out $RUNS/tiny-qwen35 --time-budget ${T_BUDGET:-100}
-      stage tiny-gdn 170 target "${COMMON_T[@]}" --arch fla_gdn --out $RUNS/tiny-gdn --time-budget ${T_BUDGET:-100} ;;
-    dflash)
-      for t in tiny-qwen35 tiny-gdn; do
-        stage $t-dflash 170 dflash "${COMMON_D[@]}" --target $RUNS/$t --out $RUNS/$t-dflash --time-budget ${D_BUDGET:-60}
-      done ;;
-    *)
-      for t in tiny-qwen35 tiny-gdn; do
-        stage $t-$s 170 $s --target $RUNS/$t --corpus data/corpus --device cuda --save-dtype bf16 \
-          --out $RUNS/$t-$s --time-budget ${X_BUDGET:-60} ${EXTRA_ARGS:-}
-      done ;;
+    tiny-qwen35) stage $s 170 target "${COMMON_T[@]}" --arch qwen35 --out $RUNS/$s --time-budget ${T_BUDGET:-100} ;;
+    tiny-gdn) stage $s 170 target "${COMMON_T[@]}" --arch fla_gdn --out $RUNS/$s --time-budget ${T_BUDGET:-100} ;;
+    *-dflash) stage $s 170 dflash "${DISTILL[@]}" --target $(pick ${s%-dflash}) --block-size 16 --layers 1 \
+        --anchors 8 --out $RUNS/$s --time-budget ${D_BUDGET:-50} ;;
+    *-eagle) stage $s 170 eagle "${DISTILL[@]}" --target $(pick ${s%-eagle}) --layers 1 --k 6 \
+        --out $RUNS/$s --time-budget ${X_BUDGET:-40} ;;
+    *-weaver) stage $s 170 weaver "${DISTILL[@]}" --target $(pick ${s%-weaver}) --dflash $(pick ${s%-weaver}-dflash) \
+        --d-model 128 --heads 4 --pool 512 --anchors 8 --budget 32 --width 4 --out $RUNS/$s --time-budget ${X_BUDGET:-40} ;;
+    *) echo "unknown stage $s"; exit 2 ;;
   esac
 done
 pack
