@@ -12,13 +12,14 @@ from typing import Any
 from repro.acceptance import make_rule
 from repro.drafters.dflash import DFlashDrafter, load_dflash, random_dflash_for
 from repro.drafters.synthetic import SyntheticDrafter
+from repro.drafters.weaver import WeaverDrafter, load_weaver, random_weaver_for
 from repro.engine import Route
 from repro.errors import ConfigError
 from repro.models.hybrid import HybridLM, check_strategy
-from repro.trees import Backbone, BestFirst, Chain, SingleNode
+from repro.trees import Backbone, BestFirst, Chain, DrafterTree, SingleNode
 
 COMMON_KEYS = {"name", "kind", "commit"}
-OPTIONAL_KEYS = {"width", "block_size"}
+OPTIONAL_KEYS = {"width", "block_size", "pool"}
 
 
 def _ar(spec: dict, vocab_size: int, rule_args: tuple) -> Route:
@@ -58,6 +59,19 @@ def _ddtree(spec: dict, vocab_size: int, rule_args: tuple, target: HybridLM | No
     return Route(spec["name"], _dflash_drafter(spec, rule_args, target), builder, make_rule(*rule_args))
 
 
+def _weaver(spec: dict, vocab_size: int, rule_args: tuple, target: HybridLM | None = None) -> Route:
+    """``weaver``: an adapter checkpoint dir, or "random" (seeded, untrained, shaped for the drafter)."""
+    dflash = _dflash_drafter(spec, rule_args, target)
+    source = str(spec["weaver"])
+    if source == "random":
+        weaver = random_weaver_for(dflash.model, dflash.target, seed=int(rule_args[2]))
+    else:
+        weaver = load_weaver(source, dflash.model, dflash.target)
+    pool = int(spec["pool"]) if spec.get("pool") is not None else None
+    drafter = WeaverDrafter(weaver, dflash, int(spec["budget"]), int(spec.get("width", 4)), pool)
+    return Route(spec["name"], drafter, DrafterTree(), make_rule(*rule_args))
+
+
 ROUTE_KINDS: dict[str, tuple[Callable[..., Route], set[str], str]] = {
     "ar": (_ar, set(), "plain autoregressive decoding (a one-node tree per step)"),
     "synthetic_chain": (_synthetic_chain, {"p", "k"}, "synthetic drafter, chain of k drafts, acceptance p"),
@@ -76,8 +90,13 @@ ROUTE_KINDS: dict[str, tuple[Callable[..., Route], set[str], str]] = {
         {"drafter", "budget", "block_size"},
         "DFlash marginals, DDTree best-first tree of `budget` draft nodes",
     ),
+    "weaver": (
+        _weaver,
+        {"drafter", "weaver", "budget", "pool", "width", "block_size"},
+        "DFlash top-`pool` pool, Weaver-grown best-first tree of `budget` nodes, `width` per step",
+    ),
 }
-TARGET_KINDS = {"dflash_chain", "ddtree"}  # factories that take the target model
+TARGET_KINDS = {"dflash_chain", "ddtree", "weaver"}  # factories that take the target model
 
 
 def route_params(spec: dict) -> dict[str, Any]:

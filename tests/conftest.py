@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import sys
 import zlib
 from pathlib import Path
@@ -41,6 +42,24 @@ def single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "red", "house", "by", "sea"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A few KB of word salad with one chat document, in the corpus layout (train.txt, heldout.txt)."""
+    rng = random.Random(0)
+    out = tmp_path_factory.mktemp("corpus")
+
+    def doc() -> str:
+        return " ".join(rng.choice(WORDS) for _ in range(rng.randint(20, 60))) + ".\n"
+
+    chat = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nthe cat sat.<|im_end|>\n"
+    (out / "train.txt").write_text("".join(d + "<|endoftext|>" for d in [chat] + [doc() for _ in range(50)]))
+    (out / "heldout.txt").write_text("".join(doc() + "<|endoftext|>" for _ in range(6)))
+    return out
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import pytest
@@ -24,8 +23,6 @@ from repro.train.dflash import DFlashRecipe, train_dflash
 from repro.train.target import TargetRecipe, documents, evaluate, pack, target_config, train_target
 from repro.tree import Tree
 
-WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "red", "house", "by", "sea"]
-
 
 @pytest.fixture(autouse=True)
 def one_thread():
@@ -34,21 +31,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A few KB of word salad with one chat document, in the corpus layout."""
-    rng = random.Random(0)
-    out = tmp_path_factory.mktemp("corpus")
-
-    def doc() -> str:
-        return " ".join(rng.choice(WORDS) for _ in range(rng.randint(20, 60))) + ".\n"
-
-    chat = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nthe cat sat.<|im_end|>\n"
-    (out / "train.txt").write_text("".join(d + "<|endoftext|>" for d in [chat] + [doc() for _ in range(50)]))
-    (out / "heldout.txt").write_text("".join(doc() + "<|endoftext|>" for _ in range(6)))
-    return out
 
 
 def recipe(corpus: Path, out: Path, **kw) -> TargetRecipe:

@@ -31,11 +31,9 @@ import torch
 import torch.nn.functional as F
 
 from repro.drafters.dflash import DFlashDraftModel, random_dflash_for, save_dflash
-from repro.engine import generate
 from repro.errors import ConfigError
 from repro.models.hybrid import HybridLM
 from repro.models.loading import load_target
-from repro.routes import build_route
 from repro.tokenizer import load_tokenizer
 from repro.train.common import (
     LOSS_FIGURE,
@@ -47,7 +45,7 @@ from repro.train.common import (
     write_json,
     write_manifest,
 )
-from repro.train.distill import corpus_prompts, greedy_continuations, target_features
+from repro.train.distill import corpus_prompts, greedy_continuations, route_acceptance, target_features
 from repro.train.target import documents, special_id
 
 
@@ -94,29 +92,18 @@ def block_loss(
     Each block's rows see the context features of positions < anchor and the whole block; labels
     past the end of a sequence are ignored.
     """
-    cfg = drafter.config
-    b, length = seqs.shape
-    k, bs = anchors.shape[1], cfg.block_size
+    length = seqs.shape[1]
     device = seqs.device
-    offsets = torch.arange(bs, device=device)
-    positions = (anchors[..., None] + offsets).reshape(b * k, bs)  # [BK, bs]
-    block = torch.full((b * k, bs), cfg.mask_token_id, dtype=torch.long, device=device)
-    block[:, 0] = seqs.gather(1, anchors).reshape(-1)
+    hidden, positions = drafter.anchored_blocks(seqs, features, anchors, target.model.embed_tokens.weight)
     label_pos = positions[:, 1:]
-    labels = seqs.repeat_interleave(k, 0).gather(1, label_pos.clamp(max=length - 1))
+    labels = seqs.repeat_interleave(anchors.shape[1], 0).gather(1, label_pos.clamp(max=length - 1))
     labels = labels.masked_fill(label_pos >= length, -100)
-    context = drafter.context_kv(features, torch.arange(length, device=device).expand(b, -1))
-    context = [(kk.repeat_interleave(k, 0), vv.repeat_interleave(k, 0)) for kk, vv in context]
-    visible = torch.arange(length, device=device)[None] < anchors.reshape(-1, 1)  # [BK, L]
-    mask = torch.cat([visible, torch.ones(b * k, bs, dtype=torch.bool, device=device)], dim=1)
-    mask = mask[:, None, None, :]  # [BK, 1, 1, L + bs]
-    emb = drafter.embed_block(block, target.model.embed_tokens.weight)
-    hidden = drafter.forward_block(emb, positions, context, mask)
     logits = drafter.compute_logits(hidden[:, 1:], target.lm_head)  # [BK, bs-1, V]
     nll = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="none").view_as(labels)
-    weights = torch.ones(bs - 1, device=device)
+    rows = labels.shape[1]
+    weights = torch.ones(rows, device=device)
     if gamma > 0:
-        weights = torch.exp(-torch.arange(bs - 1, device=device, dtype=torch.float32) / gamma)
+        weights = torch.exp(-torch.arange(rows, device=device, dtype=torch.float32) / gamma)
     weights = weights[None] * (labels != -100)
     return (nll * weights).sum() / weights.sum()
 
@@ -125,18 +112,8 @@ def chain_acceptance(
     target: HybridLM, drafter: str, prompts: list[list[int]], new_tokens: int, block_size: int, seed: int
 ) -> dict[str, Any]:
     """MAL of a ``dflash_chain`` route (``drafter``: a checkpoint dir or "random") and losslessness."""
-    vocab = target.config.vocab_size
-    ar = build_route({"kind": "ar"}, vocab, "greedy", 0.0, seed)
     spec = {"kind": "dflash_chain", "drafter": drafter, "block_size": block_size}
-    route = build_route(spec, vocab, "greedy", 0.0, seed, target=target)
-    lengths: list[int] = []
-    identical = True
-    for p in prompts:
-        ref = generate(target, p, ar, new_tokens).output_ids
-        res = generate(target, p, route, new_tokens)
-        lengths += res.accepted_lengths
-        identical &= res.output_ids == ref
-    return {"mal": sum(lengths) / max(1, len(lengths)), "steps": len(lengths), "lossless": identical}
+    return route_acceptance(target, {"chain": spec}, prompts, new_tokens, seed, block_size - 1)["chain"]
 
 
 def train_dflash(recipe: DFlashRecipe) -> dict[str, Any]:
