@@ -22,7 +22,8 @@ from repro.models.loading import load_target, save_target
 from repro.routes import build_route
 from repro.tokenizer import ByteTokenizer, write_byte_tokenizer_marker
 from repro.train.cli import train_app
-from repro.train.weaver import WeaverRecipe, train_weaver
+from repro.train.distill import depth_acceptance
+from repro.train.weaver import WeaverRecipe, train_weaver, weaver_loss
 from repro.tree import Tree
 from repro.trees import BestFirst
 
@@ -343,6 +344,45 @@ def test_training_lowers_loss_reloads_and_stays_lossless(trained, pair, prompts)
         )
     with pytest.raises(ConfigError, match="tv_weight"):
         WeaverRecipe(target="t", dflash="d", corpus="c", out="o", tv_weight=1.5)
+
+
+@pytest.mark.parametrize("pool,tv_weight", [(V, 0.0), (5, 1.0), (5, 0.5)])
+def test_loss_of_the_untrained_adapter(model64, pool, tv_weight):
+    """W_o = 0: the loss is KL / TV between the target's next-token distribution at a + j - 1 and
+    DFlash's row j at anchor a renormalised on its pool, recomputed per anchor with z-lab's forward."""
+    dflash = random_dflash_for(model64, seed=2, block_size=4)
+    weaver = random_weaver_for(dflash, model64, seed=3, zero_residual=True)
+    seqs = torch.randint(0, V, (2, 10), generator=torch.Generator().manual_seed(1))
+    anchors = torch.tensor([[3, 8], [1, 9]])
+    layers = tuple(dflash.config.target_layer_ids)
+    logits, hidden = model64.forward_train_hidden(seqs, layers)
+    features = torch.cat([hidden[i] for i in layers], dim=-1)
+    got = weaver_loss(weaver, dflash, model64, seqs, features, logits, anchors, pool, tv_weight)
+    emb, mask = model64.model.embed_tokens, dflash.config.mask_token_id
+    terms = []
+    with torch.no_grad():
+        for b in range(2):
+            for a in anchors[b].tolist():
+                block = torch.tensor([[int(seqs[b, a])] + [mask] * 3])
+                rows = dflash(features[b : b + 1, :a], emb(block), torch.arange(a + 4))
+                q_all = torch.softmax(dflash.compute_logits(rows[0, 1:], model64.lm_head), dim=-1)
+                for j in range(1, 4):
+                    if a + j - 1 > 9:
+                        continue
+                    p = torch.softmax(logits[b, a + j - 1], dim=-1)
+                    ids = torch.topk(q_all[j - 1], min(pool, V)).indices
+                    q = q_all[j - 1, ids] / q_all[j - 1, ids].sum()
+                    p_in = p[ids]
+                    kl = float((p_in / p_in.sum() * (p_in / p_in.sum() / q).log()).sum())
+                    tv = 0.5 * float((p_in - q).abs().sum() + 1 - p_in.sum())
+                    terms.append((1 - tv_weight) * kl + tv_weight * tv)
+    assert len(terms) == 3 + 2 + 3 + 1
+    assert abs(float(got.detach()) - sum(terms) / len(terms)) < 1e-6  # the loss computes p and q in float32
+
+
+def test_depth_acceptance():
+    assert depth_acceptance([[0], [0, 4, 6], [0, 2]], 3) == [2 / 3, 1 / 3, 0.0]
+    assert depth_acceptance([], 2) == [0.0, 0.0]
 
 
 def test_pool_mass(model64):

@@ -23,13 +23,13 @@ embedding evaluated on the K pool tokens only: no full-vocabulary matmul, and to
 depth d renormalised on the pool (how training starts).
 
 Tree growth (:class:`WeaverDrafter`): best-first on the cumulative log-probability of a path under
-the q's. Each Weaver step runs one batched forward over the ``width`` frontier nodes just added
-(a tree attention mask over the cached keys/values of their ancestors), then the next ``width``
-best candidates (a heap; a parent's next-ranked child is pushed when one is taken) join the tree,
-until ``budget`` draft nodes; depth is capped at T-1.
+the q's. The first Weaver step expands the root; each later one runs one batched forward over the
+``width`` frontier nodes just added (a tree attention mask over the cached keys/values of their
+ancestors), then the next ``width`` best candidates (a heap; a parent's next-ranked child is
+pushed when one is taken) join the tree, until ``budget`` draft nodes; depth is capped at T-1.
 
 Checkpoint: a directory with ``config.json`` (``architectures: ["WeaverAdapter"]`` and the
-shapes below) and ``model.safetensors``.
+:class:`WeaverConfig` fields) and ``model.safetensors`` (the :class:`WeaverModel` parameter names).
 """
 
 from __future__ import annotations
@@ -346,6 +346,7 @@ class WeaverDrafter:
         growth = self.grow(ctx.output_ids[-1], hidden, pool_logits, pool_ids, d.features[-1])
         return Proposal([[t] for t in growth.greedy], marginals(logits), growth.tree)
 
+    @torch.no_grad()
     def grow(
         self,
         root: int,
