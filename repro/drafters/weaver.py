@@ -23,10 +23,12 @@ embedding evaluated on the K pool tokens only: no full-vocabulary matmul, and to
 depth d renormalised on the pool (how training starts).
 
 Tree growth (:class:`WeaverDrafter`): best-first on the cumulative log-probability of a path under
-the q's. The first Weaver step expands the root; each later one runs one batched forward over the
-``width`` frontier nodes just added (a tree attention mask over the cached keys/values of their
-ancestors), then the next ``width`` best candidates (a heap; a parent's next-ranked child is
-pushed when one is taken) join the tree, until ``budget`` draft nodes; depth is capped at T-1.
+the q's, until ``budget`` draft nodes; depth is capped at T-1. Candidates wait in a heap (a
+parent's next-ranked child is pushed when one is taken, as in DDTree); a popped node must be
+scored before the next pop. Each Weaver step is one batched forward (a tree attention mask over
+the cached keys/values of ancestors) that scores the popped node together with the ``width - 1``
+best frontier candidates not yet scored, so later pops often need no forward. The tree is the
+exact best-first tree for every width; the width only trades forwards for batch size.
 
 Checkpoint: a directory with ``config.json`` (``architectures: ["WeaverAdapter"]`` and the
 :class:`WeaverConfig` fields) and ``model.safetensors`` (the :class:`WeaverModel` parameter names).
@@ -301,6 +303,58 @@ class Growth:
     batches: list[int]
 
 
+@dataclass
+class _Expanded:
+    """A node Weaver has scored: its cache slot, its own and its ancestors' slots, and its children
+    (pool tokens by decreasing log q)."""
+
+    slots: list[int]
+    children: list[int]
+    log_q: list[float]
+
+
+class _Expander:
+    """Batched Weaver forwards for one draft step; keys/values of scored nodes stay cached."""
+
+    def __init__(
+        self,
+        weaver: WeaverModel,
+        embedding: torch.Tensor,
+        rows: torch.Tensor,
+        pool_logits: torch.Tensor,
+        pool_ids: torch.Tensor,
+        feature: torch.Tensor,
+        keep: int,
+    ) -> None:
+        self.w, self.embedding, self.keep = weaver, embedding, keep
+        self.pool_logits, self.ids = pool_logits, pool_ids.tolist()
+        self.pool_emb = embedding[pool_ids]  # [D, K, target hidden]: the only embedding rows scored
+        self.base = weaver.hidden_proj(rows) + weaver.feature_proj(feature)  # [D, d_model]
+        self.cache: KV | None = None
+        self.batches: list[int] = []
+
+    def __call__(self, items: list[tuple[int, int, list[int]]]) -> list[_Expanded]:
+        """Score nodes given as (depth, token, ancestors' slots) in one forward."""
+        s, cached = len(items), 0 if self.cache is None else self.cache[0].shape[2]
+        device = self.base.device
+        at = torch.tensor([d for d, _, _ in items], device=device)
+        tokens = torch.tensor([t for _, t, _ in items], device=device)
+        x = self.base[at] + self.w.token_proj(self.embedding[tokens])
+        mask = torch.zeros(s, cached + s, dtype=torch.bool, device=device)
+        for i, (_, _, ancestors) in enumerate(items):
+            mask[i, ancestors] = True
+            mask[i, cached + i] = True
+        u, kv = self.w(x[None], mask[None], self.cache)
+        self.cache = kv if self.cache is None else tuple(torch.cat([c, n], 2) for c, n in zip(self.cache, kv))
+        log_q = self.w.pool_log_probs(u[0], self.pool_logits[at], self.pool_emb[at])
+        top_q, top_rank = torch.topk(log_q, self.keep, dim=-1)
+        self.batches.append(s)
+        return [
+            _Expanded(anc + [cached + i], [self.ids[d][r] for r in ranks], lq)
+            for i, ((d, _, anc), lq, ranks) in enumerate(zip(items, top_q.tolist(), top_rank.tolist()))
+        ]
+
+
 class WeaverDrafter:
     """DFlash marginals and hidden states, then a Weaver-grown best-first tree (``Proposal.tree``).
 
@@ -355,65 +409,48 @@ class WeaverDrafter:
         pool_ids: torch.Tensor,
         feature: torch.Tensor,
     ) -> Growth:
-        """Best-first tree below ``root`` from DFlash rows [D, hidden] and pools [D, K] (D = max depth)."""
-        w = self.weaver
-        embedding = self.target.model.embed_tokens.weight
+        """The best-first tree below ``root`` from DFlash rows [D, hidden] and pools [D, K].
+
+        Nodes are popped from a heap of candidates in decreasing cumulative log q (a parent's
+        next-ranked child is pushed when one is taken; ties pop in push order), so the tree is the
+        exact best-first tree of ``budget`` draft nodes whatever the width. A popped node below
+        depth D must be scored before the next pop; if no earlier forward scored it, one forward
+        scores it together with the ``width - 1`` best unscored candidates in the heap.
+        """
         max_depth, k = pool_ids.shape
-        keep = min(k, self.budget)  # children worth ranking per expanded node
-        pool_emb = embedding[pool_ids]  # [D, K, target hidden]
-        base = w.hidden_proj(rows) + w.feature_proj(feature)  # [D, d_model]
-        ids = pool_ids.tolist()
+        keep = min(k, self.budget)  # children worth ranking per node
+        embedding = self.target.model.embed_tokens.weight
+        expand = _Expander(self.weaver, embedding, rows, pool_logits, pool_ids, feature, keep)
         tokens, parents, depth, score = [root], [-1], [0], [0.0]
-        ancestors: list[list[int]] = [[]]  # per node: cache slots of its strict ancestors
-        slot: dict[int, int] = {}
-        ranked: dict[int, tuple[list[int], list[float]]] = {}  # node -> children's pool ranks, log q
-        heap: list[tuple[float, int, int, int]] = []  # (-score, push order, parent, rank)
-        order = itertools.count()  # heap ties pop in push order
-        cache: KV | None = None
-        batches: list[int] = []
-        batch = [0]
-        while True:
-            expand = [n for n in batch if depth[n] < max_depth]
-            if expand:
-                s, cached = len(expand), len(slot)
-                at = torch.tensor([depth[n] for n in expand], device=rows.device)
-                parent_tok = torch.tensor([tokens[n] for n in expand], device=rows.device)
-                x = base[at] + w.token_proj(embedding[parent_tok])
-                mask = torch.zeros(s, cached + s, dtype=torch.bool, device=rows.device)
-                for i, n in enumerate(expand):
-                    mask[i, ancestors[n]] = True
-                    mask[i, cached + i] = True
-                    slot[n] = cached + i
-                u, kv = w(x[None], mask[None], cache)
-                cache = (
-                    kv
-                    if cache is None
-                    else (torch.cat([cache[0], kv[0]], 2), torch.cat([cache[1], kv[1]], 2))
-                )
-                logq = w.pool_log_probs(u[0], pool_logits[at], pool_emb[at])
-                top_logq, top_rank = torch.topk(logq, keep, dim=-1)
-                for n, lq, rk in zip(expand, top_logq.tolist(), top_rank.tolist()):
-                    ranked[n] = ([ids[depth[n]][r] for r in rk], lq)
-                    heapq.heappush(heap, (-(score[n] + lq[0]), next(order), n, 0))
-                batches.append(s)
-            batch = []
-            while heap and len(batch) < self.width and len(tokens) <= self.budget:
-                neg, _, p, r = heapq.heappop(heap)
-                node = len(tokens)
-                children, lq = ranked[p]
-                tokens.append(children[r])
-                parents.append(p)
-                depth.append(depth[p] + 1)
-                score.append(-neg)
-                ancestors.append(ancestors[p] + [slot[p]])
-                if r + 1 < keep:
-                    heapq.heappush(heap, (-(score[p] + lq[r + 1]), next(order), p, r + 1))
-                batch.append(node)
-            if not batch or len(tokens) > self.budget:  # the last nodes added need no children
-                break
+        scored = {0: expand([(0, root, [])])[0]}  # tree node -> its scoring
+        ahead: dict[tuple[int, int], _Expanded] = {}  # candidates (parent, rank) scored before their pop
+        order = itertools.count()
+        heap = [(-scored[0].log_q[0], next(order), 0, 0)]  # (-score, push order, parent node, rank)
+        while heap and len(tokens) <= self.budget:
+            neg, _, p, r = heapq.heappop(heap)
+            node = len(tokens)
+            tokens.append(scored[p].children[r])
+            parents.append(p)
+            depth.append(depth[p] + 1)
+            score.append(-neg)
+            if r + 1 < keep:
+                heapq.heappush(heap, (-(score[p] + scored[p].log_q[r + 1]), next(order), p, r + 1))
+            if depth[node] == max_depth or len(tokens) > self.budget:
+                continue  # no children: at the last depth, or the tree is full
+            if (p, r) not in ahead:
+                frontier = sorted(heap) if self.width > 1 else []
+                batch = [(p, r)] + [
+                    (q, rank)
+                    for _, _, q, rank in frontier
+                    if depth[q] + 1 < max_depth and (q, rank) not in ahead
+                ][: self.width - 1]
+                items = [(depth[q] + 1, scored[q].children[rank], scored[q].slots) for q, rank in batch]
+                ahead.update(zip(batch, expand(items)))
+            scored[node] = ahead.pop((p, r))
+            heapq.heappush(heap, (-(score[node] + scored[node].log_q[0]), next(order), node, 0))
         tree = Tree(tokens, parents)
         greedy, node = [], 0
         while tree.children_of(node):
             node = tree.children_of(node)[0]
             greedy.append(tokens[node])
-        return Growth(tree, greedy, score, batches)
+        return Growth(tree, greedy, score, expand.batches)

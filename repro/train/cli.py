@@ -108,6 +108,9 @@ def weaver(
     heads: Annotated[int, typer.Option(help="Attention heads.")] = 4,
     pool: Annotated[int, typer.Option(help="Pool size K: DFlash's top-K tokens per depth.")] = 512,
     tv_weight: Annotated[float, typer.Option(help="Loss = (1 - w) KL + w TV.")] = 0.5,
+    target_temperature: Annotated[
+        float, typer.Option(help="Distil softmax(target logits / T); small T: the greedy token.")
+    ] = 1.0,
     prompts: Annotated[int, typer.Option(help="Self-distillation sequences.")] = 64,
     prompt_len: Annotated[int, typer.Option(help="Corpus prefix tokens per sequence.")] = 32,
     gen_len: Annotated[int, typer.Option(help="Greedy target tokens per sequence.")] = 64,
@@ -131,8 +134,9 @@ def weaver(
 
     recipe = WeaverRecipe(
         target=str(target), dflash=str(dflash), corpus=str(corpus), out=str(out), d_model=d_model,
-        heads=heads, pool_size=pool, tv_weight=tv_weight, prompts=prompts, prompt_len=prompt_len,
-        gen_len=gen_len, anchors=anchors, steps=steps, batch_size=batch_size, lr=lr, warmup=warmup,
+        heads=heads, pool_size=pool, tv_weight=tv_weight, target_temperature=target_temperature,
+        prompts=prompts, prompt_len=prompt_len, gen_len=gen_len, anchors=anchors, steps=steps,
+        batch_size=batch_size, lr=lr, warmup=warmup,
         seed=seed, device=device, precision=precision, budget=budget, width=width,
         eval_prompts=eval_prompts, eval_new_tokens=eval_new_tokens,
     )  # fmt: skip

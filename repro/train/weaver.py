@@ -70,6 +70,7 @@ class WeaverRecipe(RecipeOptim):
     intermediate_size: int | None = None  # None: 2 * d_model
     pool_size: int = 512
     tv_weight: float = 0.5
+    target_temperature: float = 1.0  # p_j = softmax(target logits / this); -> 0: the greedy token
     prompts: int = 64
     prompt_len: int = 32
     gen_len: int = 64
@@ -92,6 +93,8 @@ class WeaverRecipe(RecipeOptim):
     def __post_init__(self) -> None:
         if not 0.0 <= self.tv_weight <= 1.0:
             raise ConfigError(f"tv_weight must lie in [0, 1], got {self.tv_weight}")
+        if self.target_temperature <= 0:
+            raise ConfigError(f"target_temperature must be > 0, got {self.target_temperature}")
         if self.prompt_len < 2 or self.gen_len < 2:
             raise ConfigError(
                 "prompt_len and gen_len must be >= 2 (anchors need a committed token before them)"
@@ -108,6 +111,7 @@ def weaver_loss(
     anchors: torch.Tensor,
     pool_size: int,
     tv_weight: float,
+    temperature: float = 1.0,
 ) -> torch.Tensor:
     """The KL + TV mix (module docstring) on blocks anchored at ``anchors`` [B, A] of ``seqs`` [B, L]."""
     b, length = seqs.shape
@@ -123,7 +127,7 @@ def weaver_loss(
         seq = torch.arange(b, device=seqs.device).repeat_interleave(a)
         parents = seqs[seq[:, None], where]
         root_feature = features[seq, anchors.reshape(-1) - 1]  # [BA, F]
-        p = torch.softmax(target_logits[seq[:, None], where].float(), dim=-1)  # [BA, T-1, V]
+        p = torch.softmax(target_logits[seq[:, None], where].float() / temperature, dim=-1)  # [BA, T-1, V]
         p_pool = p.gather(-1, pool_ids)
         inside = p_pool.sum(-1)
     x = weaver.embed(rows, embedding[parents], root_feature[:, None])
@@ -165,7 +169,7 @@ def train_weaver(recipe: WeaverRecipe) -> dict[str, Any]:
         anchors = torch.randint(first, last + 1, (recipe.batch_size, recipe.anchors), generator=gen)
         loss = weaver_loss(
             weaver, dflash, target, seqs[idx], features[idx], target_logits[idx], anchors.to(device),
-            recipe.pool_size, recipe.tv_weight,
+            recipe.pool_size, recipe.tv_weight, recipe.target_temperature,
         )  # fmt: skip
         return loss, recipe.batch_size * recipe.anchors * (dflash.config.block_size - 1)
 
