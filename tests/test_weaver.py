@@ -358,8 +358,8 @@ def test_training_lowers_loss_reloads_and_stays_lossless(trained, pair, prompts)
 @pytest.mark.parametrize("pool,tv_weight,temperature", [(V, 0.0, 1.0), (5, 1.0, 1.0), (5, 0.5, 0.3)])
 def test_loss_of_the_untrained_adapter(model64, pool, tv_weight, temperature):
     """W_o = 0: the loss is KL / TV between the target's next-token distribution at a + j - 1 (at a
-    distillation temperature) and
-    DFlash's row j at anchor a renormalised on its pool, recomputed per anchor with z-lab's forward."""
+    distillation temperature) and DFlash's row j at anchor a renormalised on its pool, recomputed
+    per anchor with z-lab's forward."""
     dflash = random_dflash_for(model64, seed=2, block_size=4)
     weaver = random_weaver_for(dflash, model64, seed=3, zero_residual=True)
     seqs = torch.randint(0, V, (2, 10), generator=torch.Generator().manual_seed(1))

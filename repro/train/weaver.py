@@ -10,7 +10,8 @@ features of positions < a) and gives rows g_j, logits l_j and pools P_j (top ``p
 depths j = 1..T-1. Weaver's path is the true continuation: element j gets g_j, the embedding of
 token a + j - 1 (its parent) and the target features of position a - 1, with a causal mask; its
 conditional q_j over P_j is scored against p_j, the target's next-token distribution at position
-a + j - 1 (rows past the end of the sequence are dropped). With m_j = p_j(P_j) the target mass
+a + j - 1, softmax(logits / ``target_temperature``) (rows past the end of the sequence are
+dropped). With m_j = p_j(P_j) the target mass
 inside the pool and p~_j = p_j restricted to P_j and renormalised:
 
     KL_j = KL(p~_j || q_j)       (q_j is 0 outside the pool, so p's outside mass is renormalised away)
@@ -19,6 +20,10 @@ inside the pool and p~_j = p_j restricted to P_j and renormalised:
     loss = mean_j [(1 - tv_weight) KL_j + tv_weight TV_j]
 
 Only the adapter trains; it starts with ``out_proj = 0``, i.e. as DFlash's marginals on the pool.
+``target_temperature`` 1 distils the target's own distribution (right for sampling at T = 1);
+greedy verification accepts only the target's argmax, and a sharper target (e.g. 0.25) teaches
+Weaver to rank and to spend the tree budget for that (on the CPU smoke it is what lifts Weaver's
+MAL above DDTree's; see README).
 
 Report (metrics.json): on held-out prompts, MAL and per-depth acceptance (fraction of verify steps
 whose accepted path reaches depth d) of the ``weaver`` route and of a ``ddtree`` route with the
