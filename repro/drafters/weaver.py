@@ -295,7 +295,7 @@ def random_weaver_for(
 @dataclass
 class Growth:
     """A grown tree, its greedy path (first child at every level), per-node cumulative log q and the
-    number of nodes each Weaver forward expanded."""
+    number of nodes each Weaver forward scored."""
 
     tree: Tree
     greedy: list[int]
@@ -305,8 +305,8 @@ class Growth:
 
 @dataclass
 class _Expanded:
-    """A node Weaver has scored: its cache slot, its own and its ancestors' slots, and its children
-    (pool tokens by decreasing log q)."""
+    """A node Weaver has scored: the cache slots of its ancestors and its own (last), and its
+    children (pool tokens by decreasing log q, with their log q)."""
 
     slots: list[int]
     children: list[int]
@@ -359,8 +359,8 @@ class WeaverDrafter:
     """DFlash marginals and hidden states, then a Weaver-grown best-first tree (``Proposal.tree``).
 
     The wrapped :class:`DFlashDrafter` keeps the target features of committed tokens and runs the
-    block; ``pool`` (default: the adapter's ``pool_size``) is K, ``width`` the frontier nodes one
-    Weaver forward expands, ``budget`` the draft nodes of the tree (the root excluded).
+    block; ``pool`` (default: the adapter's ``pool_size``) is K, ``width`` the most nodes one
+    Weaver forward scores, ``budget`` the draft nodes of the tree (the root excluded).
     """
 
     def __init__(
