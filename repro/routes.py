@@ -13,13 +13,14 @@ from repro.acceptance import make_rule
 from repro.drafters.dflash import DFlashDrafter, load_dflash, random_dflash_for
 from repro.drafters.eagle import DynamicTree, EagleDrafter, EagleDraftModel, load_eagle, random_eagle_for
 from repro.drafters.synthetic import SyntheticDrafter
+from repro.drafters.weaver import WeaverDrafter, load_weaver, random_weaver_for
 from repro.engine import Route
 from repro.errors import ConfigError
 from repro.models.hybrid import HybridLM, check_strategy
 from repro.trees import Backbone, BestFirst, Chain, DrafterTree, SingleNode
 
 COMMON_KEYS = {"name", "kind", "commit"}
-OPTIONAL_KEYS = {"width", "block_size", "topk", "tau", "depth"}
+OPTIONAL_KEYS = {"width", "block_size", "topk", "tau", "depth", "pool"}
 
 
 def _ar(spec: dict, vocab_size: int, rule_args: tuple) -> Route:
@@ -87,6 +88,19 @@ def _eagle_tree(spec: dict, vocab_size: int, rule_args: tuple, target: HybridLM 
     return Route(spec["name"], drafter, DrafterTree(), make_rule(*rule_args))
 
 
+def _weaver(spec: dict, vocab_size: int, rule_args: tuple, target: HybridLM | None = None) -> Route:
+    """``weaver``: an adapter checkpoint dir, or "random" (seeded, untrained, shaped for the drafter)."""
+    dflash = _dflash_drafter(spec, rule_args, target)
+    source = str(spec["weaver"])
+    if source == "random":
+        weaver = random_weaver_for(dflash.model, dflash.target, seed=int(rule_args[2]))
+    else:
+        weaver = load_weaver(source, dflash.model, dflash.target)
+    pool = int(spec["pool"]) if spec.get("pool") is not None else None
+    drafter = WeaverDrafter(weaver, dflash, int(spec["budget"]), int(spec.get("width", 4)), pool)
+    return Route(spec["name"], drafter, DrafterTree(), make_rule(*rule_args))
+
+
 ROUTE_KINDS: dict[str, tuple[Callable[..., Route], set[str], str]] = {
     "ar": (_ar, set(), "plain autoregressive decoding (a one-node tree per step)"),
     "synthetic_chain": (_synthetic_chain, {"p", "k"}, "synthetic drafter, chain of k drafts, acceptance p"),
@@ -116,8 +130,13 @@ ROUTE_KINDS: dict[str, tuple[Callable[..., Route], set[str], str]] = {
         "EAGLE-2 dynamic tree: per level the `topk` best nodes get `topk` children each (drafter "
         "probability >= `tau`), `depth` levels, the best `budget` draft nodes",
     ),
+    "weaver": (
+        _weaver,
+        {"drafter", "weaver", "budget", "pool", "width", "block_size"},
+        "DFlash top-`pool` pool, Weaver-grown best-first tree of `budget` nodes, `width` per step",
+    ),
 }
-TARGET_KINDS = {"dflash_chain", "ddtree", "eagle_chain", "eagle_tree"}  # factories that take the target
+TARGET_KINDS = {"dflash_chain", "ddtree", "eagle_chain", "eagle_tree", "weaver"}  # take the target
 
 
 def route_params(spec: dict) -> dict[str, Any]:

@@ -45,17 +45,12 @@ def single_thread():
     torch.set_num_threads(before)
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    """Toy shapes: extra threads only add overhead (and stall when another process is busy)."""
-    torch.set_num_threads(1)
-
-
 WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "red", "house", "by", "sea"]
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A few KB of word salad with one chat document, in the corpus layout."""
+    """A few KB of word salad with one chat document, in the corpus layout (train.txt, heldout.txt)."""
     rng = random.Random(0)
     out = tmp_path_factory.mktemp("corpus")
 
@@ -66,6 +61,11 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (out / "train.txt").write_text("".join(d + "<|endoftext|>" for d in [chat] + [doc() for _ in range(50)]))
     (out / "heldout.txt").write_text("".join(doc() + "<|endoftext|>" for _ in range(6)))
     return out
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Toy shapes: extra threads only add overhead (and stall when another process is busy)."""
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="module")

@@ -401,6 +401,12 @@ class DFlashDraftModel(nn.Module):
             logits = torch.tanh(logits / cap) * cap
         return logits
 
+    def block_hidden(
+        self, context: KVCache, block_ids: torch.Tensor, positions: torch.Tensor, embedding: torch.Tensor
+    ) -> torch.Tensor:
+        """Final-normed hidden states [B, T, hidden] of the block ``block_ids`` at ``positions``."""
+        return self.forward_block(self.embed_block(block_ids, embedding), positions, context)
+
     def block_logits(
         self,
         context: KVCache,
@@ -410,8 +416,32 @@ class DFlashDraftModel(nn.Module):
         lm_head: nn.Module,
     ) -> torch.Tensor:
         """Draft logits [B, T-1, V] of block rows 1..T-1 (the tokens after the block's first)."""
-        hidden = self.forward_block(self.embed_block(block_ids, embedding), positions, context)
+        hidden = self.block_hidden(context, block_ids, positions, embedding)
         return self.compute_logits(hidden[:, 1:], lm_head)
+
+    def anchored_blocks(
+        self, seqs: torch.Tensor, features: torch.Tensor, anchors: torch.Tensor, embedding: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Teacher-forced blocks: hidden states [B*A, T, hidden] and positions [B*A, T].
+
+        Sequence b's block k is ``[seqs[b, a], MASK x (T - 1)]`` at positions a..a+T-1 (a =
+        ``anchors[b, k]``); it sees the target ``features`` [B, L, F] of positions < a and the
+        whole block, exactly what drafting at a committed length of a sees.
+        """
+        b, length = seqs.shape
+        k, bs = anchors.shape[1], self.config.block_size
+        device = seqs.device
+        positions = (anchors[..., None] + torch.arange(bs, device=device)).reshape(b * k, bs)
+        block = torch.full((b * k, bs), self.config.mask_token_id, dtype=torch.long, device=device)
+        block[:, 0] = seqs.gather(1, anchors).reshape(-1)
+        context = self.context_kv(features, torch.arange(length, device=device).expand(b, -1))
+        context = [(kk.repeat_interleave(k, 0), vv.repeat_interleave(k, 0)) for kk, vv in context]
+        visible = torch.arange(length, device=device)[None] < anchors.reshape(-1, 1)  # [BK, L]
+        mask = torch.cat([visible, torch.ones(b * k, bs, dtype=torch.bool, device=device)], dim=1)
+        hidden = self.forward_block(
+            self.embed_block(block, embedding), positions, context, mask[:, None, None]
+        )
+        return hidden, positions
 
 
 # ----- checkpoints -----
@@ -498,6 +528,18 @@ def random_dflash_for(
 # ----- the Drafter protocol -----
 
 
+def check_fits(cfg: DFlashConfig, target: HybridLM) -> None:
+    """A one-line ConfigError unless a drafter of ``cfg`` can read ``target``'s states and vocabulary."""
+    tc = target.config
+    if cfg.hidden_size != tc.hidden_size or cfg.num_target_layers != tc.num_hidden_layers:
+        raise ConfigError(
+            f"DFlash drafter was made for a {cfg.num_target_layers}-layer target of width "
+            f"{cfg.hidden_size}; this target has {tc.num_hidden_layers} layers of width {tc.hidden_size}"
+        )
+    if not 0 <= cfg.mask_token_id < tc.vocab_size:
+        raise ConfigError(f"DFlash mask_token_id {cfg.mask_token_id} is outside the target vocabulary")
+
+
 class DFlashDrafter:
     """Drafts one block per step with a DFlash model on the target's captured hidden states.
 
@@ -513,13 +555,7 @@ class DFlashDrafter:
         self, model: DFlashDraftModel, target: HybridLM, block_size: int | None = None, top_k: int = 1
     ) -> None:
         cfg, tc = model.config, target.config
-        if cfg.hidden_size != tc.hidden_size or cfg.num_target_layers != tc.num_hidden_layers:
-            raise ConfigError(
-                f"DFlash drafter was made for a {cfg.num_target_layers}-layer target of width "
-                f"{cfg.hidden_size}; this target has {tc.num_hidden_layers} layers of width {tc.hidden_size}"
-            )
-        if not 0 <= cfg.mask_token_id < tc.vocab_size:
-            raise ConfigError(f"DFlash mask_token_id {cfg.mask_token_id} is outside the target vocabulary")
+        check_fits(cfg, target)
         self.block_size = int(block_size or cfg.block_size)
         if self.block_size < 2:
             raise ConfigError(f"DFlash block_size must be >= 2, got {self.block_size}")
@@ -568,7 +604,12 @@ class DFlashDrafter:
         self._ingest(verification, list(range(verification.tree.size)))
 
     @torch.no_grad()
-    def propose(self, ctx: DraftContext) -> Proposal:
+    def block_inputs(self, ctx: DraftContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cache the previous step's accepted features; the next block's ids and positions [1, T].
+
+        The block is ``[pending root, MASK x (block_size - 1)]`` at positions P..P+block_size-1
+        (P = committed tokens, whose features are all cached after this call).
+        """
         if ctx.verification is not None:
             self._ingest(ctx.verification, list(ctx.accepted_path))
         expected = len(ctx.prompt_ids) + len(ctx.output_ids) - 1
@@ -577,9 +618,19 @@ class DFlashDrafter:
         device = self.model.device
         block = torch.tensor([[ctx.output_ids[-1]] + [mask] * (self.block_size - 1)], device=device)
         positions = torch.arange(expected, expected + self.block_size, device=device)[None]
+        return block, positions
+
+    @torch.no_grad()
+    def propose(self, ctx: DraftContext) -> Proposal:
+        block, positions = self.block_inputs(ctx)
         logits = self.model.block_logits(
             self.kv, block, positions, self.target.model.embed_tokens.weight, self.target.lm_head
         )[0]
-        probs = torch.softmax(logits.float() if logits.dtype in HALF else logits, dim=-1)
+        probs = marginals(logits)
         top = torch.topk(probs, self.top_k, dim=-1).indices
         return Proposal(top.tolist(), probs)
+
+
+def marginals(logits: torch.Tensor) -> torch.Tensor:
+    """Softmax of draft logits (half precision is lifted to float32 first)."""
+    return torch.softmax(logits.float() if logits.dtype in HALF else logits, dim=-1)

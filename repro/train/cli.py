@@ -150,5 +150,57 @@ def eagle(
     typer.echo(json.dumps(train_eagle(recipe), indent=2))
 
 
+@train_app.command("weaver")
+def weaver(
+    target: Annotated[Path, typer.Option(help="Target checkpoint dir (with its tokenizer).")],
+    dflash: Annotated[Path, typer.Option(help="DFlash drafter dir (frozen; z-lab format).")],
+    corpus: Annotated[Path, typer.Option(help="Corpus dir with train.txt / heldout.txt.")] = Path(
+        "data/corpus"
+    ),
+    out: Annotated[Path, typer.Option(help="Adapter dir to write (config.json + model.safetensors).")] = Path(
+        "runs/train/weaver"
+    ),
+    d_model: Annotated[int, typer.Option(help="Adapter width.")] = 64,
+    heads: Annotated[int, typer.Option(help="Attention heads.")] = 4,
+    pool: Annotated[int, typer.Option(help="Pool size K: DFlash's top-K tokens per depth.")] = 512,
+    tv_weight: Annotated[float, typer.Option(help="Loss = (1 - w) KL + w TV.")] = 0.5,
+    target_temperature: Annotated[
+        float, typer.Option(help="Distil softmax(target logits / T); small T: the greedy token.")
+    ] = 1.0,
+    prompts: Annotated[int, typer.Option(help="Self-distillation sequences.")] = 64,
+    prompt_len: Annotated[int, typer.Option(help="Corpus prefix tokens per sequence.")] = 32,
+    gen_len: Annotated[int, typer.Option(help="Greedy target tokens per sequence.")] = 64,
+    anchors: Annotated[int, typer.Option(help="Blocks per sequence per step.")] = 8,
+    steps: Annotated[int, typer.Option(help="Optimiser steps.")] = 300,
+    batch_size: Annotated[int, typer.Option(help="Sequences per step.")] = 16,
+    lr: Annotated[float, typer.Option(help="Peak learning rate.")] = 1e-3,
+    warmup: Annotated[int, typer.Option(help="Warmup steps.")] = 20,
+    seed: Annotated[int, typer.Option(help="Init, data and anchor seed.")] = 0,
+    device: Annotated[str, typer.Option(help="cpu, cuda or auto.")] = "auto",
+    precision: Annotated[str, typer.Option(help="fp32 or bf16 (autocast, CUDA only).")] = "fp32",
+    budget: Annotated[
+        int, typer.Option(help="Tree budget of the held-out weaver vs ddtree comparison.")
+    ] = 16,
+    width: Annotated[int, typer.Option(help="Frontier nodes per Weaver step.")] = 4,
+    eval_prompts: Annotated[int, typer.Option(help="Held-out prompts for acceptance.")] = 4,
+    eval_new_tokens: Annotated[int, typer.Option(help="New tokens per held-out prompt.")] = 64,
+    save_dtype: Annotated[str, typer.Option(help="fp32 or bf16 (weights rounded, then evaluated).")] = "fp32",
+    time_budget: Annotated[float | None, typer.Option(help="Stop training after this many seconds.")] = None,
+) -> None:
+    """Train a Weaver adapter over a frozen DFlash drafter; reports held-out MAL vs DDTree."""
+    from repro.train.weaver import WeaverRecipe, train_weaver
+
+    recipe = WeaverRecipe(
+        target=str(target), dflash=str(dflash), corpus=str(corpus), out=str(out), d_model=d_model,
+        heads=heads, pool_size=pool, tv_weight=tv_weight, target_temperature=target_temperature,
+        prompts=prompts, prompt_len=prompt_len, gen_len=gen_len, anchors=anchors, steps=steps,
+        batch_size=batch_size, lr=lr, warmup=warmup,
+        seed=seed, device=device, precision=precision, budget=budget, width=width,
+        eval_prompts=eval_prompts, eval_new_tokens=eval_new_tokens, save_dtype=save_dtype,
+        time_budget_s=time_budget,
+    )  # fmt: skip
+    typer.echo(json.dumps(train_weaver(recipe), indent=2))
+
+
 if __name__ == "__main__":
     train_app()

@@ -97,29 +97,18 @@ def block_loss(
     Each block's rows see the context features of positions < anchor and the whole block; labels
     past the end of a sequence are ignored.
     """
-    cfg = drafter.config
-    b, length = seqs.shape
-    k, bs = anchors.shape[1], cfg.block_size
+    length = seqs.shape[1]
     device = seqs.device
-    offsets = torch.arange(bs, device=device)
-    positions = (anchors[..., None] + offsets).reshape(b * k, bs)  # [BK, bs]
-    block = torch.full((b * k, bs), cfg.mask_token_id, dtype=torch.long, device=device)
-    block[:, 0] = seqs.gather(1, anchors).reshape(-1)
+    hidden, positions = drafter.anchored_blocks(seqs, features, anchors, target.model.embed_tokens.weight)
     label_pos = positions[:, 1:]
-    labels = seqs.repeat_interleave(k, 0).gather(1, label_pos.clamp(max=length - 1))
+    labels = seqs.repeat_interleave(anchors.shape[1], 0).gather(1, label_pos.clamp(max=length - 1))
     labels = labels.masked_fill(label_pos >= length, -100)
-    context = drafter.context_kv(features, torch.arange(length, device=device).expand(b, -1))
-    context = [(kk.repeat_interleave(k, 0), vv.repeat_interleave(k, 0)) for kk, vv in context]
-    visible = torch.arange(length, device=device)[None] < anchors.reshape(-1, 1)  # [BK, L]
-    mask = torch.cat([visible, torch.ones(b * k, bs, dtype=torch.bool, device=device)], dim=1)
-    mask = mask[:, None, None, :]  # [BK, 1, 1, L + bs]
-    emb = drafter.embed_block(block, target.model.embed_tokens.weight)
-    hidden = drafter.forward_block(emb, positions, context, mask)
     logits = drafter.compute_logits(hidden[:, 1:], target.lm_head)  # [BK, bs-1, V]
     nll = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="none").view_as(labels)
-    weights = torch.ones(bs - 1, device=device)
+    rows = labels.shape[1]
+    weights = torch.ones(rows, device=device)
     if gamma > 0:
-        weights = torch.exp(-torch.arange(bs - 1, device=device, dtype=torch.float32) / gamma)
+        weights = torch.exp(-torch.arange(rows, device=device, dtype=torch.float32) / gamma)
     weights = weights[None] * (labels != -100)
     return (nll * weights).sum() / weights.sum()
 
@@ -171,12 +160,13 @@ def train_dflash(recipe: DFlashRecipe) -> dict[str, Any]:
         torch.Generator().manual_seed(recipe.seed),
     )
     chain = {"kind": "dflash_chain", "block_size": recipe.block_size}
-    args = (heldout, recipe.eval_new_tokens, recipe.seed)
-    trained = route_acceptance(target, {**chain, "drafter": str(out)}, *args)
-    untrained = route_acceptance(target, {**chain, "drafter": "random"}, *args)
+    specs = {"trained": {**chain, "drafter": str(out)}, "untrained": {**chain, "drafter": "random"}}
+    acc = route_acceptance(target, specs, heldout, recipe.eval_new_tokens, recipe.seed, recipe.block_size - 1)
+    trained, untrained = acc["trained"], acc["untrained"]
     metrics = {
         "heldout_chain_mal": trained["mal"],
         "heldout_chain_mal_untrained": untrained["mal"],
+        "heldout_depth_acceptance": trained["depth_acceptance"],
         "lossless": trained["lossless"] and untrained["lossless"],
         "eval_prompts": len(heldout),
         "first_loss": log[0]["loss"],

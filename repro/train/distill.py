@@ -4,6 +4,7 @@ continuations and its hidden features, all through the target's batched chain pa
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -58,28 +59,64 @@ def greedy_continuations(
 
 
 @torch.no_grad()
+def _batched(
+    target: HybridLM, seqs: torch.Tensor, layers: list[int], batch: int
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Per batch of sequences: teacher-forced logits and concatenated outputs of ``layers``."""
+    for start in range(0, seqs.shape[0], batch):
+        out, hidden = target.forward_train_hidden(
+            seqs[start : start + batch].to(target.device), tuple(layers)
+        )
+        yield out, torch.cat([hidden[i] for i in layers], dim=-1)
+
+
+def target_outputs(
+    target: HybridLM, seqs: torch.Tensor, layers: list[int], batch: int = 16
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits [N, L, V] and concatenated outputs of ``layers`` [N, L, len(layers) * hidden]."""
+    logits, feats = zip(*_batched(target, seqs, layers, batch))
+    return torch.cat(logits), torch.cat(feats)
+
+
 def target_features(target: HybridLM, seqs: torch.Tensor, layers: list[int], batch: int = 16) -> torch.Tensor:
     """Concatenated outputs of ``layers`` for every position, [N, L, len(layers) * hidden]."""
-    out = []
-    for start in range(0, seqs.shape[0], batch):
-        _, hidden = target.forward_train_hidden(seqs[start : start + batch].to(target.device), tuple(layers))
-        out.append(torch.cat([hidden[i] for i in layers], dim=-1))
-    return torch.cat(out)
+    return torch.cat([feats for _, feats in _batched(target, seqs, layers, batch)])
+
+
+def depth_acceptance(paths: list[list[int]], max_depth: int) -> list[float]:
+    """Per draft depth d = 1..max_depth: the fraction of steps whose accepted path reaches d."""
+    reached = [len(p) - 1 for p in paths]
+    return [sum(r >= d for r in reached) / max(1, len(reached)) for d in range(1, max_depth + 1)]
 
 
 def route_acceptance(
-    target: HybridLM, spec: dict, prompts: list[list[int]], new_tokens: int, seed: int
-) -> dict[str, Any]:
-    """Greedy MAL (tokens per verify step, bonus included) of route ``spec`` on ``prompts``, and
-    whether every output equals AR's."""
+    target: HybridLM,
+    specs: dict[str, dict],
+    prompts: list[list[int]],
+    new_tokens: int,
+    seed: int,
+    max_depth: int,
+) -> dict[str, dict[str, Any]]:
+    """Per named route spec: MAL (bonus included), steps, per-depth acceptance and whether every
+    greedy output equals AR's."""
     vocab = target.config.vocab_size
     ar = build_route({"kind": "ar"}, vocab, "greedy", 0.0, seed)
-    route = build_route(spec, vocab, "greedy", 0.0, seed, target=target)
-    lengths: list[int] = []
-    identical = True
-    for p in prompts:
-        ref = generate(target, p, ar, new_tokens).output_ids
-        res = generate(target, p, route, new_tokens)
-        lengths += res.accepted_lengths
-        identical &= res.output_ids == ref
-    return {"mal": sum(lengths) / max(1, len(lengths)), "steps": len(lengths), "lossless": identical}
+    refs = [generate(target, p, ar, new_tokens).output_ids for p in prompts]
+    out: dict[str, dict[str, Any]] = {}
+    for name, spec in specs.items():
+        route = build_route({"name": name, **spec}, vocab, "greedy", 0.0, seed, target=target)
+        lengths: list[int] = []
+        paths: list[list[int]] = []
+        identical = True
+        for p, ref in zip(prompts, refs):
+            res = generate(target, p, route, new_tokens)
+            lengths += res.accepted_lengths
+            paths += res.accepted_paths
+            identical &= res.output_ids == ref
+        out[name] = {
+            "mal": sum(lengths) / max(1, len(lengths)),
+            "steps": len(lengths),
+            "depth_acceptance": depth_acceptance(paths, max_depth),
+            "lossless": identical,
+        }
+    return out

@@ -179,12 +179,13 @@ def train_eagle(recipe: EagleRecipe) -> dict[str, Any]:
         torch.Generator().manual_seed(recipe.seed),
     )
     chain = {"kind": "eagle_chain", "k": recipe.k}
-    args = (heldout, recipe.eval_new_tokens, recipe.seed)
-    trained = route_acceptance(target, {**chain, "drafter": str(out)}, *args)
-    untrained = route_acceptance(target, {**chain, "drafter": "random"}, *args)
+    specs = {"trained": {**chain, "drafter": str(out)}, "untrained": {**chain, "drafter": "random"}}
+    acc = route_acceptance(target, specs, heldout, recipe.eval_new_tokens, recipe.seed, recipe.k)
+    trained, untrained = acc["trained"], acc["untrained"]
     metrics = {
         "heldout_chain_mal": trained["mal"],
         "heldout_chain_mal_untrained": untrained["mal"],
+        "heldout_depth_acceptance": trained["depth_acceptance"],
         "lossless": trained["lossless"] and untrained["lossless"],
         "chain_k": recipe.k,
         "eval_prompts": len(heldout),
