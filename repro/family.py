@@ -48,6 +48,8 @@ def resolve_checkpoint(spec: str | Path, what: str = "checkpoint") -> Path:
     if name in members():
         return FAMILY_DIR / name
     path = Path(spec)
+    if path.exists() and not path.is_dir():
+        raise CheckpointError(f"{what} {name} is not a directory")
     if not path.is_dir():
         known = ", ".join(members()) or "none shipped"
         raise CheckpointError(f"{what} {name} does not exist (no such directory; embedded models: {known})")

@@ -51,7 +51,7 @@ for s in $STAGES; do
     *-eagle) stage $s 170 eagle "${DISTILL[@]}" --target $(pick ${s%-eagle}) --layers 1 --k 6 \
         --out $RUNS/$s --time-budget ${X_BUDGET:-40} ;;
     *-weaver) stage $s 170 weaver "${DISTILL[@]}" --target $(pick ${s%-weaver}) --dflash $(pick ${s%-weaver}-dflash) \
-        --d-model 128 --heads 4 --pool 512 --anchors 8 --budget 32 --width 4 --out $RUNS/$s --time-budget ${X_BUDGET:-40} ;;
+        --d-model 128 --heads 4 --pool 512 --anchors 8 --budget 32 --width 4 --target-temperature 0.25 --out $RUNS/$s --time-budget ${X_BUDGET:-40} ;;
     *) echo "unknown stage $s"; exit 2 ;;
   esac
 done

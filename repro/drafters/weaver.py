@@ -46,16 +46,16 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
 from torch import nn
 
 from repro.drafters.base import DraftContext, Proposal
 from repro.drafters.dflash import HALF, DFlashConfig, DFlashDrafter, DFlashDraftModel, DraftRMSNorm, marginals
 from repro.drafters.pool import top_k_pool
 from repro.errors import CheckpointError, ConfigError
+from repro.family import resolve_checkpoint
 from repro.models.hybrid import HybridLM, Verification
 from repro.models.layers import MLP
-from repro.models.loading import read_weights
+from repro.models.loading import assign_weights, read_json_config, write_weights
 from repro.tree import MAX_TREE_NODES, Tree
 
 ARCHITECTURE = "WeaverAdapter"
@@ -190,62 +190,33 @@ class WeaverModel(nn.Module):
 # ----- checkpoints -----
 
 
-def save_weaver(model: WeaverModel, path: str | Path) -> Path:
-    """Write ``config.json`` + ``model.safetensors``."""
+def save_weaver(model: WeaverModel, path: str | Path, dtype: torch.dtype | None = None) -> Path:
+    """Write ``config.json`` + ``model.safetensors`` (weights in ``dtype``, default the model's)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    cfg = {**model.config.to_dict(), "dtype": str(model.dtype).removeprefix("torch.")}
+    dtype = dtype or model.dtype
+    cfg = {**model.config.to_dict(), "dtype": str(dtype).removeprefix("torch.")}
     (path / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    weights = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    save_file(weights, str(path / WEIGHTS_FILE), metadata={"format": "pt"})
+    write_weights(model.state_dict(), path / WEIGHTS_FILE, dtype)
     return path
 
 
 def read_weaver_config(path: Path) -> WeaverConfig:
-    if not path.exists():
-        raise CheckpointError(f"Weaver checkpoint directory {path} does not exist")
-    if not path.is_dir():
-        raise CheckpointError(f"Weaver checkpoint path {path} is not a directory")
-    cfg_file = path / "config.json"
-    if not cfg_file.exists():
-        raise CheckpointError(f"Weaver checkpoint {path} has no config.json")
-    try:
-        raw = json.loads(cfg_file.read_text())
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{cfg_file} is not valid JSON ({exc.msg}, line {exc.lineno})") from None
-    if not isinstance(raw, dict):
-        raise CheckpointError(f"{cfg_file} does not hold a JSON object")
-    return WeaverConfig.from_dict(raw, str(cfg_file))
+    return WeaverConfig.from_dict(read_json_config(path, "Weaver"), str(path / "config.json"))
 
 
 def load_weaver(
     path: str | Path, dflash: DFlashDraftModel | None = None, target: HybridLM | None = None
 ) -> WeaverModel:
     """Load a Weaver adapter (in its saved dtype); with ``dflash`` and ``target``, check it fits them."""
-    path = Path(path)
+    path = resolve_checkpoint(path, "Weaver adapter")
     cfg = read_weaver_config(path)
     if dflash is not None and target is not None:
         cfg.check_fits(dflash.config, target)
-    weights = read_weights(path)
     with torch.device("meta"):
         model = WeaverModel(cfg)
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(weights))
-    if missing:
-        raise CheckpointError(f"Weaver checkpoint {path} is incomplete: missing {', '.join(missing[:3])}")
-    unexpected = sorted(set(weights) - set(expected))
-    if unexpected:
-        raise CheckpointError(
-            f"Weaver checkpoint {path} has weights this architecture lacks: {', '.join(unexpected[:3])}"
-        )
-    for name, w in expected.items():
-        if weights[name].shape != w.shape:
-            raise CheckpointError(
-                f"Weaver checkpoint {path}: weight {name} has shape {tuple(weights[name].shape)}, "
-                f"config.json implies {tuple(w.shape)}"
-            )
-    model.load_state_dict(weights, strict=True, assign=True)
-    return model.to(dtype=next(iter(weights.values())).dtype).eval()
+    stored = assign_weights(model, path, "Weaver")
+    return model.to(dtype=stored).eval()
 
 
 def random_weaver_for(

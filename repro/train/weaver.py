@@ -51,8 +51,11 @@ from repro.tokenizer import load_tokenizer
 from repro.train.common import (
     LOSS_FIGURE,
     RecipeOptim,
+    fast_gdn_backend,
     plot_loss,
     resolve_train_device,
+    round_weights,
+    save_dtype,
     seed_everything,
     train_loop,
     write_json,
@@ -94,6 +97,8 @@ class WeaverRecipe(RecipeOptim):
     eval_prompts: int = 4
     eval_new_tokens: int = 64
     log_every: int = 1
+    save_dtype: str = "fp32"  # bf16: weights rounded before the held-out eval and written in bf16
+    time_budget_s: float | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.tv_weight <= 1.0:
@@ -152,6 +157,7 @@ def train_weaver(recipe: WeaverRecipe) -> dict[str, Any]:
     device = resolve_train_device(recipe.device)
     gen = seed_everything(recipe.seed)
     target = load_target(recipe.target, dtype=torch.float32, device=str(device)).requires_grad_(False)
+    fast_gdn_backend(target)
     dflash = load_dflash(recipe.dflash, dtype=torch.float32, device=device).requires_grad_(False)
     check_fits(dflash.config, target)
     tok = load_tokenizer(recipe.target)
@@ -180,7 +186,8 @@ def train_weaver(recipe: WeaverRecipe) -> dict[str, Any]:
 
     log = train_loop(weaver, step_fn, recipe.optim(), out, device)
     weaver.eval()
-    save_weaver(weaver, out)
+    dtype = save_dtype(recipe.save_dtype)
+    save_weaver(round_weights(weaver, dtype), out, dtype=dtype)
     plot_loss(log, out / LOSS_FIGURE, f"Weaver adapter (d={recipe.d_model}, K={recipe.pool_size})")
     heldout = corpus_prompts(
         tok,
@@ -219,6 +226,7 @@ def train_weaver(recipe: WeaverRecipe) -> dict[str, Any]:
         "distill_sequences": int(seqs.shape[0]),
         "generation_s": gen_s,
         "parameters": sum(p.numel() for p in weaver.parameters()),
+        "steps_run": log[-1]["step"] + 1,
         "wall_s": time.perf_counter() - t_start,
     }
     write_json(out / "metrics.json", metrics)
