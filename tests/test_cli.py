@@ -170,24 +170,30 @@ def test_help_lists_commands():
 
 
 def test_shipped_smoke_routes_all_reproduce_ar(tmp_path):
-    """The shipped smoke experiment (fewer tokens): every route identical to AR on all suites."""
+    """The shipped smoke experiment (fewer tokens) on the trained family: every route, with the
+    shipped DFlash, EAGLE and Weaver drafters, identical to AR on all suites; trained drafters
+    accept more than one token per step."""
     from repro.experiment import load_experiment
     from repro.records import RunDir, build_manifest
     from repro.runner import ExperimentRunner
 
     cfg = load_experiment("smoke", {"limit": 1, "max_new_tokens": 20})
-    cfg["warmup"] = 0
+    cfg["warmup"], cfg["ignore_eos"] = 0, True
     runner = ExperimentRunner(cfg)
     run_dir = RunDir(tmp_path / "smoke", build_manifest(cfg))
     assert runner.run(run_dir) == 4 * len(cfg["routes"])
     records = run_dir.records()
     assert {r.suite for r in records} == {"mt_bench", "gsm8k", "humaneval"}
     kinds = {r.route_params["kind"] for r in records}
-    assert kinds == {"ar", "synthetic_chain", "synthetic_tree", "dflash_chain", "ddtree"}
+    drafted = {"dflash_chain", "ddtree", "eagle_chain", "eagle_tree", "weaver"}
+    assert kinds == {"ar", "synthetic_chain", "synthetic_tree"} | drafted
     assert {r.route_params.get("commit") for r in records} >= {"replay", "snapshot"}
     for r in records:
         assert r.vs_ar == ("reference" if r.route == "ar" else "identical"), (r.route, r.suite, r.vs_ar)
         assert r.new_tokens == 20
+    for kind in drafted:
+        steps = [r for r in records if r.route_params["kind"] == kind]
+        assert sum(r.new_tokens for r in steps) / sum(len(r.accepted_lengths) for r in steps) > 1.5, kind
 
 
 def test_acceptance_experiment_writes_table_and_figure(tmp_path):

@@ -111,6 +111,42 @@ def test_dflash_package_loads_checkpoint_and_gives_same_logits(tmp_path, monkeyp
     assert err < (F64_TOL if dtype == torch.float64 else F32_TOL), f"max |logit diff| {err:.3g}"
 
 
+@pytest.mark.parametrize("target_name", ["tiny-qwen35", "tiny-gdn"])
+def test_dflash_package_loads_the_shipped_family_drafters(monkeypatch, target_name):
+    """The project's trained DFlash checkpoints (repro/assets/family) load in z-lab's class with no
+    missing/unexpected keys and draft the same float64 logits from the trained target's features."""
+    qwen3 = pytest.importorskip("transformers.models.qwen3.modeling_qwen3", reason="needs transformers")
+    zlab = pytest.importorskip(
+        "dflash.model", reason="the dflash package is not installed (pip install --no-deps dflash==0.1.0)"
+    )
+    from repro.family import resolve_checkpoint
+    from repro.models.loading import load_target
+    from repro.tokenizer import load_tokenizer
+
+    monkeypatch.setattr(qwen3.Qwen3RMSNorm, "forward", _rmsnorm_in_input_dtype)
+    monkeypatch.setattr(qwen3.Qwen3RotaryEmbedding, "forward", _rotary_in_float64)
+    target = load_target(target_name, dtype=torch.float64)
+    path = resolve_checkpoint(f"{target_name}-dflash")
+    ours = load_dflash(path, dtype=torch.float64)
+    theirs, info = zlab.DFlashDraftModel.from_pretrained(
+        str(path), dtype=torch.float64, output_loading_info=True
+    )
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"))
+    assert list(theirs.target_layer_ids) == ours.config.target_layer_ids
+    bs = ours.config.block_size
+    prompt = load_tokenizer(target_name).chat_prompt([{"role": "user", "content": "What is 7 times 8?"}])
+    feats = features(target, prompt, ours.config.target_layer_ids)
+    block = torch.tensor([[prompt[-1]] + [ours.config.mask_token_id] * (bs - 1)])
+    noise = target.model.embed_tokens(block)
+    pos = torch.arange(len(prompt) + bs)[None]
+    with torch.no_grad():
+        mine = ours.compute_logits(ours(feats, noise, pos)[:, 1:], target.lm_head)
+        ref = theirs(target_hidden=feats, noise_embedding=noise, position_ids=pos, use_cache=False)
+        ref = theirs.compute_logits(ref[:, 1:], target.lm_head)
+    assert mine.shape == (1, bs - 1, target.config.vocab_size)
+    assert (mine - ref).abs().max().item() < F64_TOL
+
+
 # ----- (b) checkpoints -----
 
 
