@@ -4,18 +4,135 @@ continuations and its hidden features, all through the target's batched chain pa
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import dataclasses
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from repro.engine import generate
 from repro.errors import ConfigError
 from repro.models.hybrid import HybridLM
+from repro.models.loading import load_target
 from repro.models.state import ModelState
 from repro.routes import build_route
-from repro.tokenizer import Tokenizer
-from repro.train.target import SEPARATOR, encode_document, special_id
+from repro.tokenizer import Tokenizer, load_tokenizer
+from repro.train.common import (
+    LOSS_FIGURE,
+    RecipeOptim,
+    StepFn,
+    fast_gdn_backend,
+    plot_loss,
+    resolve_train_device,
+    round_weights,
+    save_dtype,
+    seed_everything,
+    train_loop,
+    write_json,
+    write_manifest,
+)
+from repro.train.target import SEPARATOR, documents, encode_document, special_id
+
+
+@dataclass(kw_only=True)
+class DistillRecipe(RecipeOptim):
+    """What every drafter recipe shares: the target, the corpus and the self-distillation data,
+    the optimiser settings, the held-out evaluation and how the checkpoint is written."""
+
+    target: str
+    corpus: str
+    out: str
+    prompts: int = 64  # self-distillation sequences
+    prompt_len: int = 32
+    gen_len: int = 64
+    steps: int = 300
+    batch_size: int = 16
+    lr: float = 1e-3
+    warmup: int = 20
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    seed: int = 0
+    device: str = "auto"
+    precision: str = "fp32"
+    eval_prompts: int = 4
+    eval_new_tokens: int = 64
+    log_every: int = 1
+    save_dtype: str = "fp32"  # bf16: weights rounded before the held-out eval and written in bf16
+    time_budget_s: float | None = None
+
+
+@dataclass
+class Distillation:
+    """The frozen target (float32, fast GDN backend on CUDA), its tokenizer, the seeded data
+    generator and the target's greedy continuations of training-corpus prompts."""
+
+    recipe: DistillRecipe
+    device: torch.device
+    gen: torch.Generator
+    target: HybridLM
+    tokenizer: Tokenizer
+    seqs: torch.Tensor  # [N, prompt_len + gen_len] on the CPU
+    generation_s: float
+
+    @classmethod
+    def start(cls, recipe: DistillRecipe) -> Distillation:
+        if recipe.gen_len < 2 or recipe.prompt_len < 1:
+            raise ConfigError("prompt_len must be >= 1 and gen_len >= 2 (anchors lie in the continuation)")
+        device = resolve_train_device(recipe.device)
+        gen = seed_everything(recipe.seed)
+        target = load_target(recipe.target, dtype=torch.float32, device=str(device)).requires_grad_(False)
+        fast_gdn_backend(target)
+        tok = load_tokenizer(recipe.target)
+        docs = documents(Path(recipe.corpus) / "train.txt")
+        prompts = corpus_prompts(tok, docs, recipe.prompts, recipe.prompt_len, gen)
+        t0 = time.perf_counter()
+        seqs = greedy_continuations(target, prompts, recipe.gen_len)
+        return cls(recipe, device, gen, target, tok, seqs, time.perf_counter() - t0)
+
+    def train_and_save(
+        self, model: nn.Module, step_fn: StepFn, save: Callable[..., Path], title: str
+    ) -> list[dict[str, Any]]:
+        """Train ``model`` on ``step_fn``, round it to the save dtype (so that what is evaluated is what
+        the checkpoint holds), write it with ``save(model, out, dtype=...)`` and plot the loss."""
+        out = Path(self.recipe.out)
+        log = train_loop(model, step_fn, self.recipe.optim(), out, self.device)
+        model.eval()
+        dtype = save_dtype(self.recipe.save_dtype)
+        save(round_weights(model, dtype), out, dtype=dtype)
+        plot_loss(log, out / LOSS_FIGURE, title)
+        return log
+
+    def finish(
+        self, name: str, model: nn.Module, log: list[dict[str, Any]], metrics: dict[str, Any], started: float
+    ) -> dict[str, Any]:
+        """Add what every run reports to ``metrics``; write metrics.json and manifest.json."""
+        out = Path(self.recipe.out)
+        metrics = {
+            **metrics,
+            "eval_prompts": self.recipe.eval_prompts,
+            "first_loss": log[0]["loss"],
+            "final_loss": log[-1]["loss"],
+            "steps_run": log[-1]["step"] + 1,
+            "distill_sequences": int(self.seqs.shape[0]),
+            "generation_s": self.generation_s,
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "wall_s": time.perf_counter() - started,
+        }
+        write_json(out / "metrics.json", metrics)
+        write_manifest(out, {"recipe": name, **dataclasses.asdict(self.recipe)}, self.recipe.seed)
+        return metrics
+
+    def heldout_prompts(self) -> list[list[int]]:
+        """``eval_prompts`` held-out corpus prompts (seeded independently of training)."""
+        r = self.recipe
+        docs = documents(Path(r.corpus) / "heldout.txt")
+        return corpus_prompts(
+            self.tokenizer, docs, r.eval_prompts, r.prompt_len, torch.Generator().manual_seed(r.seed)
+        )
 
 
 def corpus_prompts(

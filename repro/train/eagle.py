@@ -20,10 +20,8 @@ equals AR's.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -32,55 +30,19 @@ import torch.nn.functional as F
 from repro.drafters.eagle import EagleDraftModel, random_eagle_for, save_eagle
 from repro.errors import ConfigError
 from repro.models.hybrid import HybridLM
-from repro.models.loading import load_target
-from repro.tokenizer import load_tokenizer
-from repro.train.common import (
-    LOSS_FIGURE,
-    RecipeOptim,
-    fast_gdn_backend,
-    plot_loss,
-    resolve_train_device,
-    round_weights,
-    save_dtype,
-    seed_everything,
-    train_loop,
-    write_json,
-    write_manifest,
-)
-from repro.train.distill import corpus_prompts, greedy_continuations, route_acceptance, target_features
-from repro.train.target import documents
+from repro.train.distill import Distillation, DistillRecipe, route_acceptance, target_features
 
 
-@dataclass
-class EagleRecipe(RecipeOptim):
+@dataclass(kw_only=True)
+class EagleRecipe(DistillRecipe):
     """Everything that decides an EAGLE training run (recorded whole in manifest.json)."""
 
-    target: str
-    corpus: str
-    out: str
     draft_layers: int = 1
     target_layer_ids: list[int] | None = None  # None: the target's last decoder layer
-    prompts: int = 64  # self-distillation sequences
-    prompt_len: int = 32
-    gen_len: int = 64
     w_reg: float = 1.0  # smooth-L1 feature regression
     w_cls: float = 0.1  # token cross-entropy
     feature_noise: float = 0.0  # half-width of uniform noise on input features (EAGLE: 0.1)
     k: int = 4  # drafts per step of the held-out eagle_chain evaluation
-    steps: int = 300
-    batch_size: int = 16
-    lr: float = 1e-3
-    warmup: int = 20
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    seed: int = 0
-    device: str = "auto"
-    precision: str = "fp32"
-    eval_prompts: int = 4
-    eval_new_tokens: int = 64
-    log_every: int = 1
-    save_dtype: str = "fp32"  # bf16: weights rounded before the held-out eval and written in bf16
-    time_budget_s: float | None = None
 
 
 @dataclass
@@ -133,22 +95,11 @@ def eagle_losses(
 
 def train_eagle(recipe: EagleRecipe) -> dict[str, Any]:
     """Generate the distillation data, train, write the checkpoint and report acceptance."""
-    t_start = time.perf_counter()
-    out = Path(recipe.out)
-    device = resolve_train_device(recipe.device)
-    gen = seed_everything(recipe.seed)
-    if recipe.gen_len < 1 or recipe.prompt_len < 1:
-        raise ConfigError("prompt_len and gen_len must be >= 1")
+    started = time.perf_counter()
     if recipe.feature_noise < 0:
         raise ConfigError(f"feature_noise must be >= 0, got {recipe.feature_noise}")
-    target = load_target(recipe.target, dtype=torch.float32, device=str(device)).requires_grad_(False)
-    fast_gdn_backend(target)
-    tok = load_tokenizer(recipe.target)
-    corpus = Path(recipe.corpus)
-    prompts = corpus_prompts(tok, documents(corpus / "train.txt"), recipe.prompts, recipe.prompt_len, gen)
-    t0 = time.perf_counter()
-    seqs = greedy_continuations(target, prompts, recipe.gen_len)
-    gen_s = time.perf_counter() - t0
+    run = Distillation.start(recipe)
+    target, gen, device, seqs = run.target, run.gen, run.device, run.seqs
     drafter = random_eagle_for(
         target, seed=recipe.seed, num_layers=recipe.draft_layers, target_layer_ids=recipe.target_layer_ids
     ).train()
@@ -164,23 +115,15 @@ def train_eagle(recipe: EagleRecipe) -> dict[str, Any]:
         reg, cls, _ = eagle_losses(drafter, target, data[idx.to(device)], noise)
         return recipe.w_reg * reg + recipe.w_cls * cls, recipe.batch_size * (seqs.shape[1] - 1)
 
-    log = train_loop(drafter, step_fn, recipe.optim(), out, device)
-    drafter.eval()
-    dtype = save_dtype(recipe.save_dtype)
-    save_eagle(round_weights(drafter, dtype), out, dtype=dtype)
-    plot_loss(log, out / LOSS_FIGURE, f"EAGLE drafter ({recipe.draft_layers} layer, features {layers})")
+    title = f"EAGLE drafter ({recipe.draft_layers} layer, features {layers})"
+    log = run.train_and_save(drafter, step_fn, save_eagle, title)
     with torch.no_grad():
         reg, cls, agree = eagle_losses(drafter, target, data)
-    heldout = corpus_prompts(
-        tok,
-        documents(corpus / "heldout.txt"),
-        recipe.eval_prompts,
-        recipe.prompt_len,
-        torch.Generator().manual_seed(recipe.seed),
-    )
     chain = {"kind": "eagle_chain", "k": recipe.k}
-    specs = {"trained": {**chain, "drafter": str(out)}, "untrained": {**chain, "drafter": "random"}}
-    acc = route_acceptance(target, specs, heldout, recipe.eval_new_tokens, recipe.seed, recipe.k)
+    specs = {"trained": {**chain, "drafter": recipe.out}, "untrained": {**chain, "drafter": "random"}}
+    acc = route_acceptance(
+        target, specs, run.heldout_prompts(), recipe.eval_new_tokens, recipe.seed, recipe.k
+    )
     trained, untrained = acc["trained"], acc["untrained"]
     metrics = {
         "heldout_chain_mal": trained["mal"],
@@ -188,19 +131,9 @@ def train_eagle(recipe: EagleRecipe) -> dict[str, Any]:
         "heldout_depth_acceptance": trained["depth_acceptance"],
         "lossless": trained["lossless"] and untrained["lossless"],
         "chain_k": recipe.k,
-        "eval_prompts": len(heldout),
-        "first_loss": log[0]["loss"],
-        "final_loss": log[-1]["loss"],
         "train_reg_loss": float(reg),
         "train_cls_loss": float(cls),
         "train_top1_agreement": float(agree),
-        "distill_sequences": int(seqs.shape[0]),
-        "generation_s": gen_s,
         "target_layer_ids": layers,
-        "parameters": sum(p.numel() for p in drafter.parameters()),
-        "steps_run": log[-1]["step"] + 1,
-        "wall_s": time.perf_counter() - t_start,
     }
-    write_json(out / "metrics.json", metrics)
-    write_manifest(out, {"recipe": "eagle", **dataclasses.asdict(recipe)}, recipe.seed)
-    return metrics
+    return run.finish("eagle", drafter, log, metrics, started)

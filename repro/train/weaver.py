@@ -33,10 +33,8 @@ per depth (``repro.drafters.pool.pool_mass``) on the held-out greedy continuatio
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -46,59 +44,29 @@ from repro.drafters.pool import pool_mass, top_k_pool
 from repro.drafters.weaver import WeaverModel, random_weaver_for, save_weaver
 from repro.errors import ConfigError
 from repro.models.hybrid import HybridLM
-from repro.models.loading import load_target
-from repro.tokenizer import load_tokenizer
-from repro.train.common import (
-    LOSS_FIGURE,
-    RecipeOptim,
-    fast_gdn_backend,
-    plot_loss,
-    resolve_train_device,
-    round_weights,
-    save_dtype,
-    seed_everything,
-    train_loop,
-    write_json,
-    write_manifest,
+from repro.train.distill import (
+    Distillation,
+    DistillRecipe,
+    greedy_continuations,
+    route_acceptance,
+    target_outputs,
 )
-from repro.train.distill import corpus_prompts, greedy_continuations, route_acceptance, target_outputs
-from repro.train.target import documents
 
 
-@dataclass
-class WeaverRecipe(RecipeOptim):
+@dataclass(kw_only=True)
+class WeaverRecipe(DistillRecipe):
     """Everything that decides a Weaver training run (recorded whole in manifest.json)."""
 
-    target: str
     dflash: str  # the (frozen) DFlash drafter checkpoint
-    corpus: str
-    out: str
     d_model: int = 64
     heads: int = 4
     intermediate_size: int | None = None  # None: 2 * d_model
     pool_size: int = 512
     tv_weight: float = 0.5
     target_temperature: float = 1.0  # p_j = softmax(target logits / this); -> 0: the greedy token
-    prompts: int = 64
-    prompt_len: int = 32
-    gen_len: int = 64
     anchors: int = 8
-    steps: int = 300
-    batch_size: int = 16
-    lr: float = 1e-3
-    warmup: int = 20
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    seed: int = 0
-    device: str = "auto"
-    precision: str = "fp32"
     budget: int = 16  # tree budget of the held-out comparison
     width: int = 4
-    eval_prompts: int = 4
-    eval_new_tokens: int = 64
-    log_every: int = 1
-    save_dtype: str = "fp32"  # bf16: weights rounded before the held-out eval and written in bf16
-    time_budget_s: float | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.tv_weight <= 1.0:
@@ -152,27 +120,18 @@ def weaver_loss(
 
 def train_weaver(recipe: WeaverRecipe) -> dict[str, Any]:
     """Generate the distillation data, train, write the checkpoint and compare against DDTree."""
-    t_start = time.perf_counter()
-    out = Path(recipe.out)
-    device = resolve_train_device(recipe.device)
-    gen = seed_everything(recipe.seed)
-    target = load_target(recipe.target, dtype=torch.float32, device=str(device)).requires_grad_(False)
-    fast_gdn_backend(target)
+    started = time.perf_counter()
+    run = Distillation.start(recipe)
+    target, gen, device = run.target, run.gen, run.device
     dflash = load_dflash(recipe.dflash, dtype=torch.float32, device=device).requires_grad_(False)
     check_fits(dflash.config, target)
-    tok = load_tokenizer(recipe.target)
-    corpus = Path(recipe.corpus)
-    prompts = corpus_prompts(tok, documents(corpus / "train.txt"), recipe.prompts, recipe.prompt_len, gen)
-    t0 = time.perf_counter()
-    seqs = greedy_continuations(target, prompts, recipe.gen_len)
-    gen_s = time.perf_counter() - t0
-    target_logits, features = target_outputs(target, seqs, list(dflash.config.target_layer_ids))
+    target_logits, features = target_outputs(target, run.seqs, list(dflash.config.target_layer_ids))
     weaver = random_weaver_for(
         dflash, target, seed=recipe.seed, d_model=recipe.d_model, heads=recipe.heads,
         intermediate_size=recipe.intermediate_size, pool_size=recipe.pool_size, zero_residual=True,
     ).train()  # fmt: skip
     weaver.config.extra = {"dflash_checkpoint": str(recipe.dflash)}
-    seqs = seqs.to(device)
+    seqs = run.seqs.to(device)
     first, last = recipe.prompt_len - 1, seqs.shape[1] - 2  # anchors: the last prompt token .. L-2
 
     def step_fn(step: int) -> tuple[torch.Tensor, int]:
@@ -184,21 +143,12 @@ def train_weaver(recipe: WeaverRecipe) -> dict[str, Any]:
         )  # fmt: skip
         return loss, recipe.batch_size * recipe.anchors * (dflash.config.block_size - 1)
 
-    log = train_loop(weaver, step_fn, recipe.optim(), out, device)
-    weaver.eval()
-    dtype = save_dtype(recipe.save_dtype)
-    save_weaver(round_weights(weaver, dtype), out, dtype=dtype)
-    plot_loss(log, out / LOSS_FIGURE, f"Weaver adapter (d={recipe.d_model}, K={recipe.pool_size})")
-    heldout = corpus_prompts(
-        tok,
-        documents(corpus / "heldout.txt"),
-        recipe.eval_prompts,
-        recipe.prompt_len,
-        torch.Generator().manual_seed(recipe.seed),
-    )
+    title = f"Weaver adapter (d={recipe.d_model}, K={recipe.pool_size})"
+    log = run.train_and_save(weaver, step_fn, save_weaver, title)
+    heldout = run.heldout_prompts()
     common = {"drafter": recipe.dflash, "budget": recipe.budget}
     specs = {
-        "weaver": {"kind": "weaver", "weaver": str(out), "width": recipe.width, "pool": recipe.pool_size},
+        "weaver": {"kind": "weaver", "weaver": recipe.out, "width": recipe.width, "pool": recipe.pool_size},
         "ddtree": {"kind": "ddtree"},
     }
     depth = dflash.config.block_size - 1
@@ -220,15 +170,5 @@ def train_weaver(recipe: WeaverRecipe) -> dict[str, Any]:
         "pool_mass": mass.to_dict(),
         "budget": recipe.budget,
         "width": recipe.width,
-        "eval_prompts": len(heldout),
-        "first_loss": log[0]["loss"],
-        "final_loss": log[-1]["loss"],
-        "distill_sequences": int(seqs.shape[0]),
-        "generation_s": gen_s,
-        "parameters": sum(p.numel() for p in weaver.parameters()),
-        "steps_run": log[-1]["step"] + 1,
-        "wall_s": time.perf_counter() - t_start,
     }
-    write_json(out / "metrics.json", metrics)
-    write_manifest(out, {"recipe": "weaver", **dataclasses.asdict(recipe)}, recipe.seed)
-    return metrics
+    return run.finish("weaver", weaver, log, metrics, started)
