@@ -147,7 +147,8 @@ def family_list() -> None:
     typer.echo(f"default target: {info['default_target']}; {info['total_bytes'] / 2**20:.1f} MiB shipped")
     for name, entry in info["members"].items():
         metrics = entry["metrics"]
-        shown = {k: metrics[k] for k in ("heldout_ppl", "heldout_chain_mal", "weaver_mal", "ddtree_mal") if k in metrics}
+        keys = ("heldout_ppl", "heldout_chain_mal", "weaver_mal", "ddtree_mal")
+        shown = {k: round(metrics[k], 2) for k in keys if k in metrics}
         typer.echo(f"{name:22s} {entry['bytes'] / 2**20:5.2f} MiB  {json.dumps(shown)}")
 
 

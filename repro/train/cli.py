@@ -11,11 +11,47 @@ import typer
 train_app = typer.Typer(help="Training: a tiny target from the corpus, drafters by self-distillation.")
 
 
+CorpusOpt = Annotated[Path, typer.Option(help="Corpus dir with train.txt / heldout.txt.")]
+TargetOpt = Annotated[Path, typer.Option(help="Target checkpoint dir or family name (with its tokenizer).")]
+StepsOpt = Annotated[int, typer.Option(help="Optimiser steps.")]
+BatchOpt = Annotated[int, typer.Option(help="Sequences per step.")]
+LrOpt = Annotated[float, typer.Option(help="Peak learning rate (warmup then cosine).")]
+WarmupOpt = Annotated[int, typer.Option(help="Warmup steps.")]
+SeedOpt = Annotated[int, typer.Option(help="Init, data, anchor and noise seed.")]
+DeviceOpt = Annotated[str, typer.Option(help="cpu, cuda or auto.")]
+PrecisionOpt = Annotated[str, typer.Option(help="fp32 or bf16 (autocast, CUDA only).")]
+SaveDtypeOpt = Annotated[str, typer.Option(help="fp32 or bf16 (weights rounded, then evaluated).")]
+BudgetOpt = Annotated[float | None, typer.Option(help="Stop training after this many seconds.")]
+PromptsOpt = Annotated[int, typer.Option(help="Self-distillation sequences.")]
+PromptLenOpt = Annotated[int, typer.Option(help="Corpus prefix tokens per sequence.")]
+GenLenOpt = Annotated[int, typer.Option(help="Greedy target tokens per sequence.")]
+EvalPromptsOpt = Annotated[int, typer.Option(help="Held-out prompts for the acceptance report.")]
+EvalTokensOpt = Annotated[int, typer.Option(help="New tokens per held-out prompt.")]
+LayerIdsOpt = Annotated[str | None, typer.Option(help="Comma-separated target layer ids for features.")]
+DEFAULT_CORPUS = Path("data/corpus")
+
+
+def distill_args(
+    target: Path, corpus: Path, out: Path, prompts: int, prompt_len: int, gen_len: int, steps: int,
+    batch_size: int, lr: float, warmup: int, seed: int, device: str, precision: str, eval_prompts: int,
+    eval_new_tokens: int, save_dtype: str, time_budget: float | None,
+) -> dict:  # fmt: skip
+    """The DistillRecipe fields every drafter command takes, from its options."""
+    return dict(
+        target=str(target), corpus=str(corpus), out=str(out), prompts=prompts, prompt_len=prompt_len,
+        gen_len=gen_len, steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, seed=seed, device=device,
+        precision=precision, eval_prompts=eval_prompts, eval_new_tokens=eval_new_tokens,
+        save_dtype=save_dtype, time_budget_s=time_budget,
+    )  # fmt: skip
+
+
+def layer_ids(text: str | None) -> list[int] | None:
+    return None if text is None else [int(x) for x in text.split(",") if x.strip()]
+
+
 @train_app.command("target")
 def target(
-    corpus: Annotated[Path, typer.Option(help="Corpus dir with train.txt / heldout.txt.")] = Path(
-        "data/corpus"
-    ),
+    corpus: CorpusOpt = DEFAULT_CORPUS,
     out: Annotated[Path, typer.Option(help="Checkpoint dir to write (weights, tokenizer, logs).")] = Path(
         "runs/train/target"
     ),
@@ -27,19 +63,19 @@ def target(
     ] = "qwen35",
     layers: Annotated[int, typer.Option(help="Decoder layers.")] = 4,
     hidden_size: Annotated[int, typer.Option(help="Model width (head dims are width / 4).")] = 64,
-    steps: Annotated[int, typer.Option(help="Optimiser steps.")] = 200,
-    batch_size: Annotated[int, typer.Option(help="Sequences per step.")] = 8,
+    steps: StepsOpt = 200,
+    batch_size: BatchOpt = 8,
     seq_len: Annotated[int, typer.Option(help="Tokens per sequence.")] = 128,
-    lr: Annotated[float, typer.Option(help="Peak learning rate (warmup then cosine).")] = 3e-3,
-    warmup: Annotated[int, typer.Option(help="Warmup steps.")] = 20,
-    seed: Annotated[int, typer.Option(help="Init and data seed.")] = 0,
-    device: Annotated[str, typer.Option(help="cpu, cuda or auto.")] = "auto",
-    precision: Annotated[str, typer.Option(help="fp32 or bf16 (autocast, CUDA only).")] = "fp32",
+    lr: LrOpt = 3e-3,
+    warmup: WarmupOpt = 20,
+    seed: SeedOpt = 0,
+    device: DeviceOpt = "auto",
+    precision: PrecisionOpt = "fp32",
     max_train_tokens: Annotated[int | None, typer.Option(help="Cap on tokenized training data.")] = None,
     eval_sequences: Annotated[int, typer.Option(help="Held-out sequences for perplexity.")] = 64,
     tie_embeddings: Annotated[bool, typer.Option(help="LM head shares the embedding.")] = False,
-    save_dtype: Annotated[str, typer.Option(help="fp32 or bf16 (weights rounded, then evaluated).")] = "fp32",
-    time_budget: Annotated[float | None, typer.Option(help="Stop training after this many seconds.")] = None,
+    save_dtype: SaveDtypeOpt = "fp32",
+    time_budget: BudgetOpt = None,
 ) -> None:
     """Train a tiny target; writes a loadable checkpoint, train_log.jsonl, loss.png, metrics.json."""
     from repro.train.target import TargetRecipe, train_target
@@ -56,107 +92,94 @@ def target(
 
 @train_app.command("dflash")
 def dflash(
-    target: Annotated[Path, typer.Option(help="Target checkpoint dir (with its tokenizer).")],
-    corpus: Annotated[Path, typer.Option(help="Corpus dir with train.txt / heldout.txt.")] = Path(
-        "data/corpus"
-    ),
+    target: TargetOpt,
+    corpus: CorpusOpt = DEFAULT_CORPUS,
     out: Annotated[Path, typer.Option(help="Drafter dir to write (z-lab DFlash format).")] = Path(
         "runs/train/dflash"
     ),
     block_size: Annotated[int, typer.Option(help="Block size (root + block_size - 1 drafts).")] = 8,
     layers: Annotated[int, typer.Option(help="Draft transformer layers.")] = 1,
-    target_layers: Annotated[
-        str | None, typer.Option(help="Comma-separated target layer ids for features (default: spread).")
-    ] = None,
-    prompts: Annotated[int, typer.Option(help="Self-distillation sequences.")] = 64,
-    prompt_len: Annotated[int, typer.Option(help="Corpus prefix tokens per sequence.")] = 32,
-    gen_len: Annotated[int, typer.Option(help="Greedy target tokens per sequence.")] = 64,
+    target_layers: LayerIdsOpt = None,
     anchors: Annotated[int, typer.Option(help="Blocks per sequence per step.")] = 8,
     loss_gamma: Annotated[
         float, typer.Option(help="Position weights exp(-(k-1)/gamma); <= 0 uniform.")
     ] = 4.0,
-    steps: Annotated[int, typer.Option(help="Optimiser steps.")] = 300,
-    batch_size: Annotated[int, typer.Option(help="Sequences per step.")] = 16,
-    lr: Annotated[float, typer.Option(help="Peak learning rate.")] = 1e-3,
-    warmup: Annotated[int, typer.Option(help="Warmup steps.")] = 20,
-    seed: Annotated[int, typer.Option(help="Init, data and anchor seed.")] = 0,
-    device: Annotated[str, typer.Option(help="cpu, cuda or auto.")] = "auto",
-    precision: Annotated[str, typer.Option(help="fp32 or bf16 (autocast, CUDA only).")] = "fp32",
-    eval_prompts: Annotated[int, typer.Option(help="Held-out prompts for chain acceptance.")] = 4,
-    eval_new_tokens: Annotated[int, typer.Option(help="New tokens per held-out prompt.")] = 64,
-    save_dtype: Annotated[str, typer.Option(help="fp32 or bf16 (weights rounded, then evaluated).")] = "fp32",
-    time_budget: Annotated[float | None, typer.Option(help="Stop training after this many seconds.")] = None,
+    prompts: PromptsOpt = 64,
+    prompt_len: PromptLenOpt = 32,
+    gen_len: GenLenOpt = 64,
+    steps: StepsOpt = 300,
+    batch_size: BatchOpt = 16,
+    lr: LrOpt = 1e-3,
+    warmup: WarmupOpt = 20,
+    seed: SeedOpt = 0,
+    device: DeviceOpt = "auto",
+    precision: PrecisionOpt = "fp32",
+    eval_prompts: EvalPromptsOpt = 4,
+    eval_new_tokens: EvalTokensOpt = 64,
+    save_dtype: SaveDtypeOpt = "fp32",
+    time_budget: BudgetOpt = None,
 ) -> None:
     """Train a DFlash drafter on the target's own greedy continuations; reports held-out MAL."""
     from repro.train.dflash import DFlashRecipe, train_dflash
 
-    ids = None if target_layers is None else [int(x) for x in target_layers.split(",") if x.strip()]
     recipe = DFlashRecipe(
-        target=str(target), corpus=str(corpus), out=str(out), block_size=block_size, draft_layers=layers,
-        target_layer_ids=ids, prompts=prompts, prompt_len=prompt_len, gen_len=gen_len, anchors=anchors,
-        loss_gamma=loss_gamma, steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, seed=seed,
-        device=device, precision=precision, eval_prompts=eval_prompts, eval_new_tokens=eval_new_tokens,
-        save_dtype=save_dtype, time_budget_s=time_budget,
+        block_size=block_size, draft_layers=layers, target_layer_ids=layer_ids(target_layers),
+        anchors=anchors, loss_gamma=loss_gamma, **distill_args(
+            target, corpus, out, prompts, prompt_len, gen_len, steps, batch_size, lr, warmup, seed, device,
+            precision, eval_prompts, eval_new_tokens, save_dtype, time_budget,
+        ),
     )  # fmt: skip
     typer.echo(json.dumps(train_dflash(recipe), indent=2))
 
 
 @train_app.command("eagle")
 def eagle(
-    target: Annotated[Path, typer.Option(help="Target checkpoint dir (with its tokenizer).")],
-    corpus: Annotated[Path, typer.Option(help="Corpus dir with train.txt / heldout.txt.")] = Path(
-        "data/corpus"
-    ),
+    target: TargetOpt,
+    corpus: CorpusOpt = DEFAULT_CORPUS,
     out: Annotated[Path, typer.Option(help="Drafter dir to write (EAGLE format).")] = Path(
         "runs/train/eagle"
     ),
     layers: Annotated[int, typer.Option(help="Draft decoder layers.")] = 1,
-    target_layers: Annotated[
-        str | None,
-        typer.Option(help="Comma-separated target layer ids for features (default: the last layer)."),
-    ] = None,
-    prompts: Annotated[int, typer.Option(help="Self-distillation sequences.")] = 64,
-    prompt_len: Annotated[int, typer.Option(help="Corpus prefix tokens per sequence.")] = 32,
-    gen_len: Annotated[int, typer.Option(help="Greedy target tokens per sequence.")] = 64,
+    target_layers: LayerIdsOpt = None,
     w_reg: Annotated[float, typer.Option(help="Weight of the smooth-L1 feature regression.")] = 1.0,
     w_cls: Annotated[float, typer.Option(help="Weight of the token cross-entropy.")] = 0.1,
     feature_noise: Annotated[
         float, typer.Option(help="Half-width of uniform noise on input features (EAGLE: 0.1).")
     ] = 0.0,
     k: Annotated[int, typer.Option(help="Drafts per step in the held-out eagle_chain evaluation.")] = 4,
-    steps: Annotated[int, typer.Option(help="Optimiser steps.")] = 300,
-    batch_size: Annotated[int, typer.Option(help="Sequences per step.")] = 16,
-    lr: Annotated[float, typer.Option(help="Peak learning rate.")] = 1e-3,
-    warmup: Annotated[int, typer.Option(help="Warmup steps.")] = 20,
-    seed: Annotated[int, typer.Option(help="Init, data and noise seed.")] = 0,
-    device: Annotated[str, typer.Option(help="cpu, cuda or auto.")] = "auto",
-    precision: Annotated[str, typer.Option(help="fp32 or bf16 (autocast, CUDA only).")] = "fp32",
-    eval_prompts: Annotated[int, typer.Option(help="Held-out prompts for chain acceptance.")] = 4,
-    eval_new_tokens: Annotated[int, typer.Option(help="New tokens per held-out prompt.")] = 64,
-    save_dtype: Annotated[str, typer.Option(help="fp32 or bf16 (weights rounded, then evaluated).")] = "fp32",
-    time_budget: Annotated[float | None, typer.Option(help="Stop training after this many seconds.")] = None,
+    prompts: PromptsOpt = 64,
+    prompt_len: PromptLenOpt = 32,
+    gen_len: GenLenOpt = 64,
+    steps: StepsOpt = 300,
+    batch_size: BatchOpt = 16,
+    lr: LrOpt = 1e-3,
+    warmup: WarmupOpt = 20,
+    seed: SeedOpt = 0,
+    device: DeviceOpt = "auto",
+    precision: PrecisionOpt = "fp32",
+    eval_prompts: EvalPromptsOpt = 4,
+    eval_new_tokens: EvalTokensOpt = 64,
+    save_dtype: SaveDtypeOpt = "fp32",
+    time_budget: BudgetOpt = None,
 ) -> None:
     """Train an EAGLE drafter on the target's own greedy continuations; reports held-out MAL."""
     from repro.train.eagle import EagleRecipe, train_eagle
 
-    ids = None if target_layers is None else [int(x) for x in target_layers.split(",") if x.strip()]
     recipe = EagleRecipe(
-        target=str(target), corpus=str(corpus), out=str(out), draft_layers=layers, target_layer_ids=ids,
-        prompts=prompts, prompt_len=prompt_len, gen_len=gen_len, w_reg=w_reg, w_cls=w_cls,
-        feature_noise=feature_noise, k=k, steps=steps, batch_size=batch_size, lr=lr, warmup=warmup,
-        seed=seed, device=device, precision=precision, eval_prompts=eval_prompts,
-        eval_new_tokens=eval_new_tokens, save_dtype=save_dtype, time_budget_s=time_budget,
+        draft_layers=layers, target_layer_ids=layer_ids(target_layers), w_reg=w_reg, w_cls=w_cls,
+        feature_noise=feature_noise, k=k, **distill_args(
+            target, corpus, out, prompts, prompt_len, gen_len, steps, batch_size, lr, warmup, seed, device,
+            precision, eval_prompts, eval_new_tokens, save_dtype, time_budget,
+        ),
     )  # fmt: skip
     typer.echo(json.dumps(train_eagle(recipe), indent=2))
 
 
 @train_app.command("weaver")
 def weaver(
-    target: Annotated[Path, typer.Option(help="Target checkpoint dir (with its tokenizer).")],
-    dflash: Annotated[Path, typer.Option(help="DFlash drafter dir (frozen; z-lab format).")],
-    corpus: Annotated[Path, typer.Option(help="Corpus dir with train.txt / heldout.txt.")] = Path(
-        "data/corpus"
-    ),
+    target: TargetOpt,
+    dflash: Annotated[Path, typer.Option(help="DFlash drafter dir or family name (frozen).")],
+    corpus: CorpusOpt = DEFAULT_CORPUS,
     out: Annotated[Path, typer.Option(help="Adapter dir to write (config.json + model.safetensors).")] = Path(
         "runs/train/weaver"
     ),
@@ -167,37 +190,35 @@ def weaver(
     target_temperature: Annotated[
         float, typer.Option(help="Distil softmax(target logits / T); small T: the greedy token.")
     ] = 1.0,
-    prompts: Annotated[int, typer.Option(help="Self-distillation sequences.")] = 64,
-    prompt_len: Annotated[int, typer.Option(help="Corpus prefix tokens per sequence.")] = 32,
-    gen_len: Annotated[int, typer.Option(help="Greedy target tokens per sequence.")] = 64,
     anchors: Annotated[int, typer.Option(help="Blocks per sequence per step.")] = 8,
-    steps: Annotated[int, typer.Option(help="Optimiser steps.")] = 300,
-    batch_size: Annotated[int, typer.Option(help="Sequences per step.")] = 16,
-    lr: Annotated[float, typer.Option(help="Peak learning rate.")] = 1e-3,
-    warmup: Annotated[int, typer.Option(help="Warmup steps.")] = 20,
-    seed: Annotated[int, typer.Option(help="Init, data and anchor seed.")] = 0,
-    device: Annotated[str, typer.Option(help="cpu, cuda or auto.")] = "auto",
-    precision: Annotated[str, typer.Option(help="fp32 or bf16 (autocast, CUDA only).")] = "fp32",
     budget: Annotated[
         int, typer.Option(help="Tree budget of the held-out weaver vs ddtree comparison.")
     ] = 16,
     width: Annotated[int, typer.Option(help="Frontier nodes per Weaver step.")] = 4,
-    eval_prompts: Annotated[int, typer.Option(help="Held-out prompts for acceptance.")] = 4,
-    eval_new_tokens: Annotated[int, typer.Option(help="New tokens per held-out prompt.")] = 64,
-    save_dtype: Annotated[str, typer.Option(help="fp32 or bf16 (weights rounded, then evaluated).")] = "fp32",
-    time_budget: Annotated[float | None, typer.Option(help="Stop training after this many seconds.")] = None,
+    prompts: PromptsOpt = 64,
+    prompt_len: PromptLenOpt = 32,
+    gen_len: GenLenOpt = 64,
+    steps: StepsOpt = 300,
+    batch_size: BatchOpt = 16,
+    lr: LrOpt = 1e-3,
+    warmup: WarmupOpt = 20,
+    seed: SeedOpt = 0,
+    device: DeviceOpt = "auto",
+    precision: PrecisionOpt = "fp32",
+    eval_prompts: EvalPromptsOpt = 4,
+    eval_new_tokens: EvalTokensOpt = 64,
+    save_dtype: SaveDtypeOpt = "fp32",
+    time_budget: BudgetOpt = None,
 ) -> None:
     """Train a Weaver adapter over a frozen DFlash drafter; reports held-out MAL vs DDTree."""
     from repro.train.weaver import WeaverRecipe, train_weaver
 
     recipe = WeaverRecipe(
-        target=str(target), dflash=str(dflash), corpus=str(corpus), out=str(out), d_model=d_model,
-        heads=heads, pool_size=pool, tv_weight=tv_weight, target_temperature=target_temperature,
-        prompts=prompts, prompt_len=prompt_len, gen_len=gen_len, anchors=anchors, steps=steps,
-        batch_size=batch_size, lr=lr, warmup=warmup,
-        seed=seed, device=device, precision=precision, budget=budget, width=width,
-        eval_prompts=eval_prompts, eval_new_tokens=eval_new_tokens, save_dtype=save_dtype,
-        time_budget_s=time_budget,
+        dflash=str(dflash), d_model=d_model, heads=heads, pool_size=pool, tv_weight=tv_weight,
+        target_temperature=target_temperature, anchors=anchors, budget=budget, width=width, **distill_args(
+            target, corpus, out, prompts, prompt_len, gen_len, steps, batch_size, lr, warmup, seed, device,
+            precision, eval_prompts, eval_new_tokens, save_dtype, time_budget,
+        ),
     )  # fmt: skip
     typer.echo(json.dumps(train_weaver(recipe), indent=2))
 
