@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from repro.drafters.attention import HALF, grouped_attention
 from repro.drafters.base import DraftContext, Proposal
 from repro.drafters.features import FeatureCache
 from repro.errors import CheckpointError, ConfigError
@@ -43,7 +44,6 @@ from repro.models.loading import assign_weights, read_json_config, write_weights
 
 ARCHITECTURE = "DFlashDraftModel"
 WEIGHTS_FILE = "model.safetensors"
-HALF = (torch.float16, torch.bfloat16)
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]  # per draft layer: keys, values [B, KV, C, D]
 
 
@@ -288,14 +288,7 @@ class DFlashAttention(nn.Module):
         k_blk, v_blk = self.keys_values(x, cos, sin)
         k = torch.cat([context[0], k_blk], dim=2)
         v = torch.cat([context[1], v_blk], dim=2)
-        groups = self.heads // self.kv_heads
-        if groups > 1:
-            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        scores = q @ k.transpose(-1, -2) * self.head_dim**-0.5  # [B, H, T, C+T]
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        attn = torch.softmax(scores.float() if scores.dtype in HALF else scores, dim=-1).to(v.dtype)
-        return self.o_proj((attn @ v).transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+        return self.o_proj(grouped_attention(q, k, v, mask))
 
 
 class DFlashLayer(nn.Module):

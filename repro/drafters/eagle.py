@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from repro.drafters.attention import grouped_attention
 from repro.drafters.base import DraftContext, Proposal
 from repro.drafters.dflash import HALF, DraftRMSNorm, apply_rope, init_draft_weights, rotary_tables
 from repro.drafters.features import FeatureCache
@@ -200,16 +201,10 @@ class EagleAttention(nn.Module):
         k = apply_rope(self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2), cos, sin)
         v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         keys, values = (torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)) if past else (k, v)
-        groups = self.heads // self.kv_heads
-        if groups > 1:
-            keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
         c = keys.shape[2] - t
         if mask is None:
             mask = torch.ones(t, c + t, dtype=torch.bool, device=x.device).tril(c)
-        scores = (q @ keys.transpose(-1, -2) * self.head_dim**-0.5).masked_fill(~mask, float("-inf"))
-        attn = torch.softmax(scores.float() if scores.dtype in HALF else scores, dim=-1).to(values.dtype)
-        out = (attn @ values).transpose(1, 2).reshape(b, t, self.heads * self.head_dim)
-        return self.o_proj(out), (k, v)
+        return self.o_proj(grouped_attention(q, keys, values, mask)), (k, v)
 
 
 class EagleLayer(nn.Module):

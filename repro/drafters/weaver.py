@@ -48,6 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from repro.drafters.attention import grouped_attention
 from repro.drafters.base import DraftContext, Proposal
 from repro.drafters.dflash import HALF, DFlashConfig, DFlashDrafter, DFlashDraftModel, DraftRMSNorm, marginals
 from repro.drafters.pool import top_k_pool
@@ -173,10 +174,7 @@ class WeaverModel(nn.Module):
         q, k, v = self._heads(self.q_proj(a)), self._heads(self.k_proj(a)), self._heads(self.v_proj(a))
         keys = k if past is None else torch.cat([past[0], k], dim=2)
         values = v if past is None else torch.cat([past[1], v], dim=2)
-        scores = (q @ keys.transpose(-1, -2)) / math.sqrt(self.config.head_dim)
-        scores = scores.masked_fill(~mask[:, None], float("-inf"))
-        attn = torch.softmax(scores.float() if scores.dtype in HALF else scores, dim=-1).to(v.dtype)
-        y = x + self.o_proj((attn @ values).transpose(1, 2).reshape(b, t, -1))
+        y = x + self.o_proj(grouped_attention(q, keys, values, mask[:, None]))
         h = self.norm(y + self.mlp(self.post_attention_layernorm(y)))
         return self.out_proj(h), (k, v)
 
