@@ -1,10 +1,9 @@
 """`repro train dflash`: a DFlash block drafter trained by self-distillation from a target.
 
-Data: corpus prefixes of ``prompt_len`` tokens, continued greedily by the target for
-``gen_len`` tokens through ``repro.engine.generate`` with the ``ar`` route, i.e. the exact
-decode path whose outputs speculation must reproduce (no second greedy implementation to keep
-in step; at tiny scale generation is a small share of the run). The target's features (outputs
-of the drafter's ``target_layer_ids`` layers) come from ``HybridLM.forward_train_hidden`` over
+Data (``repro.train.distill.Distillation``): corpus prefixes of ``prompt_len`` tokens, continued
+greedily by the target for ``gen_len`` tokens in one batched pass per token through
+``HybridLM.forward_chain`` (in float64 these are AR's tokens exactly; tested). The target's
+features (outputs of the drafter's ``target_layer_ids`` layers) come from the same chain path over
 prompt + continuation, once, with gradients off.
 
 Training (as the DFlash paper describes): per sequence, ``anchors`` random anchor positions a in
