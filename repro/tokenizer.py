@@ -71,7 +71,7 @@ class HFTokenizer:
             from transformers import AutoTokenizer
         except ImportError:
             raise CheckpointError(
-                "loading a checkpoint's tokenizer needs transformers: pip install 'repro[hf]'"
+                "loading a checkpoint's tokenizer needs transformers: pip install transformers"
             ) from None
         try:
             self.tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)

@@ -147,7 +147,7 @@ def train_tokenizer(
         from tokenizers import pre_tokenizers, trainers
     except ImportError:
         raise CorpusError(
-            "training a tokenizer needs the tokenizers package: pip install 'repro[hf]'"
+            "training a tokenizer needs the tokenizers package: pip install tokenizers"
         ) from None
     corpus = Path(corpus_dir)
     manifest = load_manifest(corpus)
