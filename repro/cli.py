@@ -152,6 +152,34 @@ def family_list() -> None:
         typer.echo(f"{name:22s} {entry['bytes'] / 2**20:5.2f} MiB  {json.dumps(shown)}")
 
 
+@family_app.command("report")
+def family_report(
+    out: Annotated[Path, typer.Option(help="Output directory.")] = Path("results/family-acceptance"),
+    figures: Annotated[Path, typer.Option(help="Figure directory.")] = Path("figures/family-acceptance"),
+    corpus: Annotated[Path, typer.Option(help="Corpus dir (held-out prompts); skipped if absent.")] = Path(
+        "data/corpus"
+    ),
+    prompts: Annotated[int, typer.Option(help="Held-out corpus prompts.")] = 8,
+    suites: Annotated[str, typer.Option(help="Comma-separated suites, turn 1.")] = "mt_bench,gsm8k,humaneval",
+    limit: Annotated[int, typer.Option(help="Prompts per suite.")] = 4,
+    new_tokens: Annotated[int, typer.Option(help="New tokens per prompt.")] = 64,
+    budget: Annotated[int, typer.Option(help="Draft-node budget of the tree routes.")] = 32,
+    dtype: Annotated[str, typer.Option(help="float64 (exact) or float32.")] = "float64",
+    seed: Annotated[int, typer.Option(help="Prompt sampling seed.")] = 0,
+    targets: Annotated[str, typer.Option(help="Comma-separated family targets.")] = "tiny-qwen35,tiny-gdn",
+) -> None:
+    """Held-out acceptance of every family drafter on its target: MAL, per-depth acceptance, lossless."""
+    from repro.family_report import FamilyReportConfig, run_family_report
+
+    cfg = FamilyReportConfig(
+        out=str(out), figures=str(figures), corpus=str(corpus), prompts=prompts,
+        suites=[s.strip() for s in suites.split(",") if s.strip()], limit=limit, new_tokens=new_tokens,
+        budget=budget, dtype=dtype, seed=seed, targets=[t.strip() for t in targets.split(",") if t.strip()],
+    )  # fmt: skip
+    path = run_family_report(cfg)
+    typer.echo((path / "report.md").read_text())
+
+
 @family_app.command("install")
 def family_install(
     runs: Annotated[Path, typer.Argument(help="A training run folder (scripts/gpu_train.sh: runs/family).")],

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from repro.engine import generate
+from repro.engine import STAGES, generate
 from repro.errors import ConfigError
 from repro.models.hybrid import HybridLM
 from repro.models.loading import load_target
@@ -214,8 +214,9 @@ def route_acceptance(
     seed: int,
     max_depth: int,
 ) -> dict[str, dict[str, Any]]:
-    """Per named route spec: MAL (bonus included), steps, per-depth acceptance and whether every
-    greedy output equals AR's."""
+    """Per named route spec: MAL (bonus included), steps, per-depth acceptance, mean tree size,
+    stage times per step (ms; draft, tree, verify, commit) and whether every greedy output equals
+    AR's (generation ignores stop tokens: every prompt yields ``new_tokens``)."""
     vocab = target.config.vocab_size
     ar = build_route({"kind": "ar"}, vocab, "greedy", 0.0, seed)
     refs = [generate(target, p, ar, new_tokens).output_ids for p in prompts]
@@ -224,16 +225,24 @@ def route_acceptance(
         route = build_route({"name": name, **spec}, vocab, "greedy", 0.0, seed, target=target)
         lengths: list[int] = []
         paths: list[list[int]] = []
+        sizes: list[int] = []
+        stage = dict.fromkeys(STAGES, 0.0)
         identical = True
         for p, ref in zip(prompts, refs):
             res = generate(target, p, route, new_tokens)
             lengths += res.accepted_lengths
             paths += res.accepted_paths
+            sizes += res.tree_sizes
+            for k in STAGES:
+                stage[k] += res.stage_s[k]
             identical &= res.output_ids == ref
+        steps = max(1, len(lengths))
         out[name] = {
-            "mal": sum(lengths) / max(1, len(lengths)),
+            "mal": sum(lengths) / steps,
             "steps": len(lengths),
             "depth_acceptance": depth_acceptance(paths, max_depth),
+            "mean_tree_size": sum(sizes) / steps,
+            **{f"{k}_ms_per_step": 1e3 * v / steps for k, v in stage.items()},
             "lossless": identical,
         }
     return out
