@@ -73,12 +73,18 @@ class HFTokenizer:
             raise CheckpointError(
                 "loading a checkpoint's tokenizer needs transformers: pip install transformers"
             ) from None
+        from transformers.utils import logging as hf_logging
+
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()  # an fla config.json draws a "model of type" warning: noise here
         try:
             self.tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         except Exception as exc:
             raise CheckpointError(
                 f"cannot load a tokenizer from {path}: {str(exc).splitlines()[0]}"
             ) from None
+        finally:
+            hf_logging.set_verbosity(verbosity)
         self.name = Path(path).name
         self.vocab_size = len(self.tok)
         stops = {self.tok.eos_token_id} if self.tok.eos_token_id is not None else set()
