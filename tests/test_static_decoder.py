@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import random_tree, seed_of
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from repro.acceptance import TargetMatch
 from repro.engine import Route, generate
@@ -191,6 +192,44 @@ def test_device_accept_matches_target_match(model, seed):
     ref = TargetMatch(0.0, 0).accept(tree, model.verify(state, tree).logits, 0)
     assert slot.accepted() == (ref.path, ref.bonus)
     assert len(ref.path) > 1  # the planted continuation was accepted at least one level deep
+
+
+class SyncGuard(TorchDispatchMode):
+    """Fails on ops that cannot run inside a CUDA-graph capture: host reads of device values and
+    outputs whose shape depends on data. Checkable on CPU, where the same ops dispatch."""
+
+    FORBIDDEN = ("_local_scalar_dense", "nonzero", "masked_select", "unique", "item")
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func)
+        if any(f in name for f in self.FORBIDDEN):
+            raise AssertionError(f"{name} would break CUDA-graph capture")
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("strategy", ["replay", "closed_form", "snapshot"])
+def test_captured_calls_never_sync_with_the_host(model, strategy):
+    """decode_step, verify, accept, commit and step run no op that reads a device value on the host
+    or makes a data-dependent shape (what failed the first H200 capture of accept: choice[node])."""
+    state, _ = model.prefill(ids(8, 30))
+    tree = planted_tree(model, state, 5, 1)
+    dec = StaticDecoder(model, max_len=48, max_nodes=16)
+    dec.load(state)
+    slot = TreeSlot(dec, tree.size, snapshots=strategy == "snapshot")
+    slot.set_tree(tree)
+    dec.set_token(5)
+    with SyncGuard():
+        dec.decode_step()
+    dec.load(state)
+    with SyncGuard():
+        dec.verify(slot)
+        dec.accept(slot)
+        dec.commit(slot, strategy)
+    dec.load(state)
+    with SyncGuard():
+        dec.step(slot, strategy)
+    with pytest.raises(AssertionError, match="break CUDA-graph capture"), SyncGuard():
+        torch.arange(4)[torch.tensor(2)]  # the guard does catch the pattern that broke capture
 
 
 def test_accept_takes_the_first_matching_sibling(model):

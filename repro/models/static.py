@@ -442,9 +442,9 @@ class StaticDecoder:
         ok = (slot.tokens == choice[slot.parents.clamp(min=0)]) & (slot.parents >= 0) & slot.first
         ok = ok | (self.rows[: slot.size] == 0)
         accepted = ~(slot.ancestors & ~ok[None, :]).any(dim=-1)
-        node = torch.where(accepted, slot.depth, 0).argmax()
-        slot.node.copy_(node.view(1))
-        slot.bonus.copy_(choice[node].view(1))
+        node = torch.where(accepted, slot.depth, 0).argmax().view(1)
+        slot.node.copy_(node)
+        slot.bonus.copy_(choice.gather(0, node))  # not choice[node]: a 0-d index syncs with the host
 
     @torch.no_grad()
     def commit(self, slot: TreeSlot, strategy: str = "replay") -> None:
