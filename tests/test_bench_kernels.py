@@ -265,7 +265,7 @@ def test_an_exception_in_one_method_is_recorded_and_the_run_goes_on(tmp_path, mo
     monkeypatch.setitem(bk.METHODS, "tree_torch", bk.Method(boom, "nodes", "torch"))
     table = bk.run_bench(quick_cfg(depths=[2], recovery_nodes=16), tmp_path / "run")
     row = table[table["method"] == "tree_torch"].iloc[0]
-    assert row["status"] == "error" and row["reason"] == "RuntimeError: kernel exploded"
+    assert row["status"] == "error" and row["reason"] == "RuntimeError: kernel exploded | second line"
     assert set(table[table["method"] == "commit_closed_form"]["status"]) == {"ok"}
 
 

@@ -57,7 +57,7 @@ import torch
 
 from repro.bench.kernels import _versions, rel_err, wy_flops
 from repro.bench.shapes import draft_tree, flatten_paths
-from repro.bench.timing import TimerConfig, measure_ceilings, median_us, timer_name
+from repro.bench.timing import TimerConfig, error_reason, measure_ceilings, median_us, timer_name
 from repro.errors import ReproError
 from repro.models.config import ATTENTION, GDN, HybridConfig
 from repro.models.default import init_random_weights, tiny_config
@@ -229,11 +229,6 @@ def floor_us(nbytes: int, flops: float, ceilings: dict[str, Any], dtype: str) ->
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
 
 
 def state_error(got: ModelState, ref: ModelState) -> float:
@@ -662,7 +657,7 @@ def measure(bench: ShapeBench, spec: RowSpec, ceilings: dict[str, Any], skip: st
             row["tokens_per_s"] = 1e6 / row["us"]
     except Exception as exc:  # noqa: BLE001 - one broken row must not stop the table
         _sync_quietly(bench.device)
-        row.update(status="error", reason=_first_line(exc))
+        row.update(status="error", reason=error_reason(exc))
     finally:
         if m is not None:
             m.graph = m.fn = None
@@ -671,7 +666,7 @@ def measure(bench: ShapeBench, spec: RowSpec, ceilings: dict[str, Any], skip: st
             if bench.device.type == "cuda":
                 torch.cuda.empty_cache()
         except Exception as exc:  # noqa: BLE001 - a broken device shows in the next rows
-            row["reason"] = f"{row['reason']}; reset failed: {_first_line(exc)}"
+            row["reason"] = f"{row['reason']}; reset failed: {error_reason(exc)}"
     return row
 
 
@@ -751,7 +746,7 @@ def run_model_bench(
             except _Skip as why:
                 skip_all = str(why)
             except Exception as exc:  # noqa: BLE001 - e.g. out of memory: record, go on
-                skip_all = f"model setup failed: {_first_line(exc)}"
+                skip_all = f"model setup failed: {error_reason(exc)}"
             for spec in plan(cfg, compiled=cfg.compile and device.type == "cuda"):
                 left = shape_deadline - time.monotonic()
                 skip = skip_all
