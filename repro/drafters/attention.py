@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 HALF = (torch.float16, torch.bfloat16)
 
@@ -22,3 +23,16 @@ def grouped_attention(
         scores = scores.masked_fill(~mask, float("-inf"))
     attn = torch.softmax(scores.float() if scores.dtype in HALF else scores, dim=-1).to(values.dtype)
     return (attn @ values).transpose(1, 2).reshape(b, t, h * d)
+
+
+class ProjectedAttention(nn.Module):
+    """The q/k/v/o projections (no bias) of a Llama/Qwen3-style attention with grouped KV heads;
+    subclasses add norms, rotary and caching and call :func:`grouped_attention`."""
+
+    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.q_proj = nn.Linear(hidden, heads * head_dim, bias=False)
+        self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=False)
+        self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=False)
+        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=False)

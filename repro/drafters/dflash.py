@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from repro.drafters.attention import HALF, grouped_attention
+from repro.drafters.attention import HALF, ProjectedAttention, grouped_attention
 from repro.drafters.base import DraftContext, Proposal
 from repro.drafters.features import FeatureCache
 from repro.errors import CheckpointError, ConfigError
@@ -250,17 +250,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotate_half(x) * sin
 
 
-class DFlashAttention(nn.Module):
+class DFlashAttention(ProjectedAttention):
     """Block queries over [context keys/values, block keys/values]; no mask inside the block."""
 
     def __init__(self, cfg: DFlashConfig) -> None:
-        super().__init__()
-        self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
-        self.head_dim = cfg.head_dim
-        self.q_proj = nn.Linear(cfg.hidden_size, self.heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=False)
+        super().__init__(cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
         self.q_norm = DraftRMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.k_norm = DraftRMSNorm(self.head_dim, cfg.rms_norm_eps)
 

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from repro.drafters.attention import grouped_attention
+from repro.drafters.attention import ProjectedAttention, grouped_attention
 from repro.drafters.base import DraftContext, Proposal
 from repro.drafters.dflash import HALF, DraftRMSNorm, apply_rope, init_draft_weights, rotary_tables
 from repro.drafters.features import FeatureCache
@@ -168,20 +168,11 @@ def misfit(cfg: EagleConfig, target: HybridLM) -> str | None:
 # ----- the network -----
 
 
-class EagleAttention(nn.Module):
+class EagleAttention(ProjectedAttention):
     """Causal self-attention (grouped KV heads, rotary) over cached rows plus the new rows."""
 
     def __init__(self, cfg: EagleConfig) -> None:
-        super().__init__()
-        self.heads, self.kv_heads, self.head_dim = (
-            cfg.num_attention_heads,
-            cfg.num_key_value_heads,
-            cfg.head_dim,
-        )
-        self.q_proj = nn.Linear(cfg.hidden_size, self.heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=False)
+        super().__init__(cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
 
     def forward(
         self,
