@@ -152,34 +152,6 @@ def family_list() -> None:
         typer.echo(f"{name:22s} {entry['bytes'] / 2**20:5.2f} MiB  {json.dumps(shown)}")
 
 
-@family_app.command("report")
-def family_report(
-    out: Annotated[Path, typer.Option(help="Output directory.")] = Path("results/family-acceptance"),
-    figures: Annotated[Path, typer.Option(help="Figure directory.")] = Path("figures/family-acceptance"),
-    corpus: Annotated[Path, typer.Option(help="Corpus dir (held-out prompts); skipped if absent.")] = Path(
-        "data/corpus"
-    ),
-    prompts: Annotated[int, typer.Option(help="Held-out corpus prompts.")] = 8,
-    suites: Annotated[str, typer.Option(help="Comma-separated suites, turn 1.")] = "mt_bench,gsm8k,humaneval",
-    limit: Annotated[int, typer.Option(help="Prompts per suite.")] = 4,
-    new_tokens: Annotated[int, typer.Option(help="New tokens per prompt.")] = 64,
-    budget: Annotated[int, typer.Option(help="Draft-node budget of the tree routes.")] = 32,
-    dtype: Annotated[str, typer.Option(help="float64 (exact) or float32.")] = "float64",
-    seed: Annotated[int, typer.Option(help="Prompt sampling seed.")] = 0,
-    targets: Annotated[str, typer.Option(help="Comma-separated family targets.")] = "tiny-qwen35,tiny-gdn",
-) -> None:
-    """Held-out acceptance of every family drafter on its target: MAL, per-depth acceptance, lossless."""
-    from repro.family_report import FamilyReportConfig, run_family_report
-
-    cfg = FamilyReportConfig(
-        out=str(out), figures=str(figures), corpus=str(corpus), prompts=prompts,
-        suites=[s.strip() for s in suites.split(",") if s.strip()], limit=limit, new_tokens=new_tokens,
-        budget=budget, dtype=dtype, seed=seed, targets=[t.strip() for t in targets.split(",") if t.strip()],
-    )  # fmt: skip
-    path = run_family_report(cfg)
-    typer.echo((path / "report.md").read_text())
-
-
 @family_app.command("install")
 def family_install(
     runs: Annotated[Path, typer.Argument(help="A training run folder (scripts/gpu_train.sh: runs/family).")],
@@ -190,6 +162,52 @@ def family_install(
 
     info = install(runs, names)
     typer.echo(f"family: {', '.join(info['members'])} ({info['total_bytes'] / 2**20:.1f} MiB)")
+
+
+@family_app.command("report")
+def family_report(
+    out: Annotated[
+        Path | None, typer.Option(help="Output folder (default results/<date>-family-acceptance).")
+    ] = None,
+    figures: Annotated[
+        Path | None, typer.Option(help="Figure folder (default figures/<name of --out>).")
+    ] = None,
+    corpus: Annotated[
+        Path, typer.Option(help="Corpus dir with heldout.txt; if missing, only the suites are evaluated.")
+    ] = Path("data/corpus"),
+    prompts: Annotated[int, typer.Option(help="Held-out corpus prompts (64-token seeded windows).")] = 8,
+    suites: Annotated[str, typer.Option(help="Comma-separated suites (turn 1, chat template).")] = (
+        "mt_bench,gsm8k,humaneval"
+    ),
+    limit: Annotated[int, typer.Option(help="Prompts per suite (seeded subsample).")] = 4,
+    new_tokens: Annotated[int, typer.Option(help="New tokens per prompt (no early stop).")] = 64,
+    budget: Annotated[int, typer.Option(help="Draft-node budget of the tree routes.")] = 32,
+    dtype: Annotated[str, typer.Option(help="float64 makes losslessness exact.")] = "float64",
+    seed: Annotated[int, typer.Option(help="Prompt sampling and drafter seed.")] = 0,
+    targets: Annotated[str, typer.Option(help="Comma-separated family targets.")] = "tiny-qwen35,tiny-gdn",
+) -> None:
+    """Held-out acceptance per drafter and target: MAL, per-depth acceptance, lossless vs AR."""
+    from repro.family_report import FamilyReportConfig, default_out_dir, run_family_report
+
+    out_dir = out or default_out_dir()
+    cfg = FamilyReportConfig(
+        out=str(out_dir), figures=str(figures or Path("figures") / out_dir.name), corpus=str(corpus),
+        targets=_names(targets), suites=_names(suites), prompts=prompts, limit=limit, new_tokens=new_tokens,
+        budget=budget, dtype=dtype, seed=seed,
+    )  # fmt: skip
+
+    def show(line: str) -> None:
+        err_console.print(line, highlight=False)
+
+    markdown, diverged = run_family_report(cfg, progress=show)
+    typer.echo(markdown)
+    if diverged:
+        raise ReproError(f"not lossless: {len(diverged)} route(s) diverged from AR (see {out_dir}/report.md)")
+    err_console.print(f"records, manifest, report and table in {out_dir}; figure in {cfg.figures}")
+
+
+def _names(text: str) -> list[str]:
+    return [s.strip() for s in text.split(",") if s.strip()]
 
 
 @suites_app.command("list")

@@ -76,3 +76,27 @@ def plot_accept_histogram(hist: pd.DataFrame, path: str | Path) -> Path:
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize="small")
     return _save(fig, path)
+
+
+def plot_depth_acceptance(curves: pd.DataFrame, path: str | Path) -> Path:
+    """Per-depth acceptance vs draft depth: one panel per target, one line per route.
+
+    ``curves`` holds one row per (target, route, depth) with its ``acceptance`` (the fraction of
+    verify steps whose accepted path holds at least ``depth`` draft tokens).
+    """
+    if curves.empty:
+        raise ReproError("no drafted routes to plot per-depth acceptance for")
+    targets = list(dict.fromkeys(curves["target"]))
+    fig = Figure(figsize=(5.6 * len(targets), 4.2), layout="constrained")
+    for ax, target in zip(fig.subplots(1, len(targets), squeeze=False)[0], targets):
+        rows = curves[curves["target"] == target]
+        for route, g in rows.groupby("route", sort=False):
+            ax.plot(g["depth"], g["acceptance"], marker="o", markersize=3, label=route)
+        ax.set_xlabel("draft depth d")
+        ax.set_ylabel("fraction of steps accepting >= d drafts")
+        ax.set_ylim(0, 1.02)
+        ax.set_title(target)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="small")
+    return _save(fig, path)

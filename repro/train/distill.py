@@ -216,7 +216,8 @@ def route_acceptance(
 ) -> dict[str, dict[str, Any]]:
     """Per named route spec: MAL (bonus included), steps, per-depth acceptance, mean tree size,
     stage times per step (ms; draft, tree, verify, commit) and whether every greedy output equals
-    AR's (generation ignores stop tokens: every prompt yields ``new_tokens``)."""
+    AR's (``diverged``: on how many prompts it does not; generation ignores stop tokens: every
+    prompt yields ``new_tokens``)."""
     vocab = target.config.vocab_size
     ar = build_route({"kind": "ar"}, vocab, "greedy", 0.0, seed)
     refs = [generate(target, p, ar, new_tokens).output_ids for p in prompts]
@@ -227,7 +228,7 @@ def route_acceptance(
         paths: list[list[int]] = []
         sizes: list[int] = []
         stage = dict.fromkeys(STAGES, 0.0)
-        identical = True
+        diverged = 0
         for p, ref in zip(prompts, refs):
             res = generate(target, p, route, new_tokens)
             lengths += res.accepted_lengths
@@ -235,7 +236,7 @@ def route_acceptance(
             sizes += res.tree_sizes
             for k in STAGES:
                 stage[k] += res.stage_s[k]
-            identical &= res.output_ids == ref
+            diverged += res.output_ids != ref
         steps = max(1, len(lengths))
         out[name] = {
             "mal": sum(lengths) / steps,
@@ -243,6 +244,7 @@ def route_acceptance(
             "depth_acceptance": depth_acceptance(paths, max_depth),
             "mean_tree_size": sum(sizes) / steps,
             **{f"{k}_ms_per_step": 1e3 * v / steps for k, v in stage.items()},
-            "lossless": identical,
+            "lossless": diverged == 0,
+            "diverged": diverged,
         }
     return out
