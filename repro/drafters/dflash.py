@@ -285,13 +285,21 @@ class DFlashAttention(ProjectedAttention):
         return self.o_proj(grouped_attention(q, k, v, mask))
 
 
-class DFlashLayer(nn.Module):
-    def __init__(self, cfg: DFlashConfig) -> None:
+class DraftLayer(nn.Module):
+    """A pre-norm decoder layer of a drafter: ``self_attn``, SwiGLU ``mlp`` and their two RMSNorms
+    (checkpoint names as Llama/Qwen3); subclasses define ``forward``."""
+
+    def __init__(self, attention: nn.Module, hidden: int, intermediate: int, eps: float) -> None:
         super().__init__()
-        self.self_attn = DFlashAttention(cfg)
-        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
-        self.input_layernorm = DraftRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = DraftRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = attention
+        self.mlp = MLP(hidden, intermediate)
+        self.input_layernorm = DraftRMSNorm(hidden, eps)
+        self.post_attention_layernorm = DraftRMSNorm(hidden, eps)
+
+
+class DFlashLayer(DraftLayer):
+    def __init__(self, cfg: DFlashConfig) -> None:
+        super().__init__(DFlashAttention(cfg), cfg.hidden_size, cfg.intermediate_size, cfg.rms_norm_eps)
 
     def forward(
         self,

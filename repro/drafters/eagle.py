@@ -35,12 +35,17 @@ from torch import nn
 
 from repro.drafters.attention import ProjectedAttention, grouped_attention
 from repro.drafters.base import DraftContext, Proposal
-from repro.drafters.dflash import HALF, DraftRMSNorm, apply_rope, init_draft_weights, rotary_tables
+from repro.drafters.dflash import (
+    HALF,
+    DraftLayer,
+    apply_rope,
+    init_draft_weights,
+    rotary_tables,
+)
 from repro.drafters.features import FeatureCache
 from repro.errors import CheckpointError, ConfigError
 from repro.family import resolve_checkpoint
 from repro.models.hybrid import HybridLM, Verification
-from repro.models.layers import MLP
 from repro.models.loading import assign_weights, read_json_config, write_weights
 from repro.tree import MAX_TREE_NODES, Tree
 
@@ -198,13 +203,9 @@ class EagleAttention(ProjectedAttention):
         return self.o_proj(grouped_attention(q, keys, values, mask)), (k, v)
 
 
-class EagleLayer(nn.Module):
+class EagleLayer(DraftLayer):
     def __init__(self, cfg: EagleConfig) -> None:
-        super().__init__()
-        self.self_attn = EagleAttention(cfg)
-        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
-        self.input_layernorm = DraftRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = DraftRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        super().__init__(EagleAttention(cfg), cfg.hidden_size, cfg.intermediate_size, cfg.rms_norm_eps)
 
     def forward(
         self,
