@@ -25,6 +25,7 @@ from repro.engine import Route, generate
 from repro.errors import ConfigError
 from repro.models.config import ATTENTION, GDN, HybridConfig
 from repro.models.default import init_random_weights
+from repro.models.graphs import check_capture
 from repro.models.hybrid import HybridLM
 from repro.models.state import ModelState
 from repro.models.static import StaticDecoder, TreeSlot
@@ -278,6 +279,69 @@ def test_bad_inputs_are_config_errors(model):
         StaticDecoder(model, max_len=8, kernel="triton")
 
 
+# ------------------------------------------------------------- capture safety and op counts (CPU)
+
+
+def step_calls(dec: StaticDecoder, slot: TreeSlot) -> dict[str, object]:
+    calls = {
+        "decode_step": dec.decode_step,
+        "verify": lambda: dec.verify(slot),
+        "accept": lambda: dec.accept(slot),
+    }
+    for strategy in ("replay", "closed_form", "snapshot"):
+        calls[f"commit_{strategy}"] = lambda s=strategy: dec.commit(slot, s)
+    calls["step"] = lambda: dec.step(slot, "replay")
+    return calls
+
+
+def test_steps_are_capture_safe(model):
+    """Each capturable step under a dispatch mode that sees every aten op: none reads a device value on
+    the host, makes a data-dependent shape or copies host data in (what made the accept graph fail on
+    the H200: ``choice[node]`` with a 0-dim node is a host read), and two runs on different data (a
+    planted tree accepted 5 deep vs random tokens on the same shape accepted at the root) run the same
+    ops on the same shapes."""
+    state, _ = model.prefill(ids(8, 60))
+    planted = planted_tree(model, state, 5, 0)
+    randomised = Tree(ids(planted.size, 61), planted.parents)
+    traces, paths = [], []
+    for tree in (planted, randomised):
+        dec = StaticDecoder(model, max_len=48, max_nodes=16)
+        slot = TreeSlot(dec, tree.size, max_depth=int(tree.depth.max()), snapshots=True)
+        slot.set_tree(tree)
+        dec.set_token(int(tree.tokens[1]))
+        run = {}
+        for name, fn in step_calls(dec, slot).items():  # in order: verify before accept and commits
+            dec.load(state)
+            check = check_capture(fn)
+            assert check.hazards == [], (name, check.hazards)
+            run[name] = check.trace
+            if name == "accept":
+                paths.append(slot.accepted()[0])
+        traces.append(run)
+    assert len(paths[0]) == 5 and len(paths[1]) < 5  # the data differed where it matters
+    for name in traces[0]:
+        assert traces[0][name] == traces[1][name], name
+
+
+def test_capture_check_flags_host_reads_and_dynamic_shapes():
+    """Negative controls for the check above: each of these breaks a CUDA graph capture."""
+    x, node = torch.arange(6.0), torch.tensor(2)
+    bad = {
+        "0-dim index": lambda: x[node],
+        "bool()": lambda: bool(x.sum() > 0),
+        ".item()": lambda: x.max().item(),
+        "mask index": lambda: x[x > 2],
+        "nonzero": lambda: torch.nonzero(x),
+        "torch.tensor": lambda: torch.tensor([1, 2]),
+        "repeat_interleave": lambda: x.repeat_interleave(torch.ones(6, dtype=torch.long)),
+        "unique": lambda: torch.unique(x),
+    }
+    for name, fn in bad.items():
+        assert check_capture(fn).hazards, name
+    assert check_capture(lambda: x.index_select(0, node.view(1)) + torch.where(x > 2, x, 0.0)).hazards == []
+    assert check_capture(lambda: x[node.view(1).expand(3)]).hazards == []  # an integer gather is fine
+
+
 # ------------------------------------------------------------------------------------- GPU
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -335,6 +399,46 @@ def test_gpu_graphs_match_eager_and_hybrid(dtype, tol, strategy):
     for e in errs.values():
         assert max(e) < tol, errs
     assert max(abs(a - b) for a, b in zip(errs[True], errs[False])) < tol / 10
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 5e-2)])
+def test_gpu_accept_and_step_graphs(dtype, tol):
+    """The device acceptance and the fused verify+accept+commit step as CUDA graphs (both failed to
+    capture on the H200 before accept stopped indexing with a 0-dim tensor): the accepted path and bonus
+    are TargetMatch's on the same logits, and the committed state is HybridLM's commit of that path."""
+    from repro.models.graphs import GraphedCall
+
+    dev = torch.device("cuda")
+    cfg = config()
+    cfg.linear_key_head_dim = cfg.linear_value_head_dim = 32
+    model = build(cfg, dtype=dtype, device="cuda", seed=21)
+    state, _ = model.prefill(ids(40, 22))
+    tree = planted_tree(model, state, 5, 0)
+    dec = StaticDecoder(model, max_len=96, max_nodes=32)
+    slot = TreeSlot(dec, tree.size, max_depth=int(tree.depth.max()))
+    slot.set_tree(tree)
+    dec.load(state)
+    verify = GraphedCall(lambda: dec.verify(slot), dev)
+    accept = GraphedCall(lambda: dec.accept(slot), dev)
+    verify()
+    accept()
+    want = TargetMatch(0.0, 0).accept(tree, slot.logits.cpu(), 0)
+    assert slot.accepted() == (want.path, want.bonus)
+    if dtype == torch.float32:  # float32 logits agree with HybridLM's: the planted path is taken
+        assert len(want.path) > 1
+
+    step = GraphedCall(lambda: dec.step(slot, "replay"), dev)  # its warm-up calls commit: load again
+    dec.load(state)
+    logits = step()
+    path, bonus = slot.accepted()
+    want = TargetMatch(0.0, 0).accept(tree, logits.cpu(), 0)
+    assert (path, bonus) == (want.path, want.bonus)
+    ref_state = model.commit(state, model.verify(state, tree), path)
+    err = state_err(dec.export(), ref_state)
+    print(f"{dtype}: step graph accepted {len(path)} nodes, state error {err:.1e}")
+    assert err < tol
 
 
 # --------------------------------------------- the Triton/fla kernel path through Triton's interpreter

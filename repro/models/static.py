@@ -439,12 +439,13 @@ class StaticDecoder:
         """
         assert slot.logits is not None, "verify the slot first"
         choice = slot.logits.argmax(-1)
-        ok = (slot.tokens == choice[slot.parents.clamp(min=0)]) & (slot.parents >= 0) & slot.first
-        ok = ok | (self.rows[: slot.size] == 0)
+        ok = (slot.tokens == choice.index_select(0, slot.parents.clamp(min=0))) & (slot.parents >= 0)
+        ok = (ok & slot.first) | (self.rows[: slot.size] == 0)
         accepted = ~(slot.ancestors & ~ok[None, :]).any(dim=-1)
-        node = torch.where(accepted, slot.depth, 0).argmax()
-        slot.node.copy_(node.view(1))
-        slot.bonus.copy_(choice[node].view(1))
+        node = torch.where(accepted, slot.depth, 0).argmax().view(1)
+        # index with the 1-element tensor: indexing with a 0-dim one (choice[node]) reads it on the host
+        slot.node.copy_(node)
+        slot.bonus.copy_(choice.index_select(0, node))
 
     @torch.no_grad()
     def commit(self, slot: TreeSlot, strategy: str = "replay") -> None:
