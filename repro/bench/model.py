@@ -547,7 +547,7 @@ class ShapeBench:
         x = self.model.model.embed_tokens(slot.tokens)
         buf = dec.buffers[layer]
         _, _, q, k, v, g, beta = dec.glue["gdn_prologue"](
-            dec.layers[layer], x, buf.conv, slot.conv_index, dec.kernel_dtype
+            dec.layers[layer], dec.weights[layer], x, buf.conv, slot.conv_index, dec.kernel_dtype
         )
         scale = self.config.linear_key_head_dim**-0.5
         state = buf.recurrent
