@@ -37,7 +37,9 @@ import itertools
 import json
 import math
 import os
+import sys
 import time
+import traceback
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -53,7 +55,7 @@ import yaml
 
 from repro.bench.shapes import SHAPES, LayerShape, deepest_path, depths, flatten_paths, make_tree
 from repro.bench.timing import TimerConfig, graph_us, measure_ceilings, median_us, timer_name
-from repro.errors import ReproError
+from repro.errors import ReproError, describe
 from repro.gdn import reference as gdn
 from repro.tree import Tree
 
@@ -584,11 +586,6 @@ def make_case(spec: RowSpec, cfg: BenchConfig, device: torch.device) -> Case:
     return Case(SHAPES[spec.shape], spec.kind, parents, device, accepted, precision)
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
-
-
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -664,11 +661,13 @@ def measure(
                     row["graph_sets"] = sets
                 except Exception as exc:  # noqa: BLE001 - a failed capture is recorded, the row stays
                     _sync(device)
-                    row["reason"] = f"graph capture failed: {_first_line(exc)}"
+                    row["reason"] = f"graph capture failed: {describe(exc)}"
             elif method.graph_note and device.type == "cuda":
                 row["reason"] = method.graph_note
     except Exception as exc:  # noqa: BLE001 - one broken method must not stop the table
-        row.update(status="error", reason=_first_line(exc))
+        row.update(status="error", reason=describe(exc))
+        print(f"== {spec}: error", file=sys.stderr)
+        traceback.print_exc()  # the whole story goes to the log; the record keeps one line
     finally:
         if device.type == "cuda":
             torch.cuda.empty_cache()
