@@ -25,7 +25,7 @@ from repro.engine import Route, generate
 from repro.errors import ConfigError
 from repro.models.config import ATTENTION, GDN, HybridConfig
 from repro.models.default import init_random_weights
-from repro.models.graphs import check_capture, count_ops
+from repro.models.graphs import check_capture, count_ops, diagnose
 from repro.models.hybrid import HybridLM
 from repro.models.state import ModelState
 from repro.models.static import StaticDecoder, TreeSlot
@@ -338,6 +338,8 @@ def test_capture_check_flags_host_reads_and_dynamic_shapes():
     }
     for name, fn in bad.items():
         assert check_capture(fn).hazards, name
+    # what GraphedCall adds to a failed capture's error
+    assert "aten::_local_scalar_dense (reads a device value on the host)" in diagnose(bad["0-dim index"])
     assert check_capture(lambda: x.index_select(0, node.view(1)) + torch.where(x > 2, x, 0.0)).hazards == []
     assert check_capture(lambda: x[node.view(1).expand(3)]).hazards == []  # an integer gather is fine
 

@@ -132,7 +132,7 @@ class GraphedCall:
             with torch.cuda.graph(self.graph):
                 self.output = fn()
         except Exception as exc:
-            raise RuntimeError(f"CUDA graph capture failed: {_diagnose(fn)}") from exc
+            raise RuntimeError(f"CUDA graph capture failed: {diagnose(fn)}") from exc
         torch.cuda.synchronize(device)
 
     def replay(self) -> None:
@@ -143,7 +143,7 @@ class GraphedCall:
         return self.output
 
 
-def _diagnose(fn: Callable[[], Any]) -> str:
+def diagnose(fn: Callable[[], Any]) -> str:
     """What an eager call of ``fn`` does that a capture cannot (best effort: the device may be broken)."""
     try:
         found = check_capture(fn).hazards
