@@ -23,3 +23,22 @@ class ConfigError(ReproError):
 
 class RunDirError(ReproError):
     """An output directory that holds records of a different configuration."""
+
+
+def describe(exc: BaseException, limit: int = 300) -> str:
+    """One line naming an unexpected exception for a record: ``Type: message`` of it and of the errors
+    behind it (``inner_exception`` of torch's BackendCompilerFailed, else the cause or the context), each
+    with its first informative line (not a bare ``... raised:`` header), at most ``limit`` characters."""
+    parts, seen = [], set()
+    err: BaseException | None = exc
+    while err is not None and id(err) not in seen and len(parts) < 4:
+        seen.add(id(err))
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        informative = [line for line in lines if not line.endswith("raised:")]
+        part = f"{type(err).__name__}: {informative[0] if informative else ''}".rstrip(": ")
+        if not any(part in p for p in parts):  # BackendCompilerFailed quotes its inner error
+            parts.append(part)
+        inner = getattr(err, "inner_exception", None)
+        err = inner or err.__cause__ or (None if err.__suppress_context__ else err.__context__)
+    text = " <- ".join(parts)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -3,6 +3,7 @@ with a target trained on it (for the drafter training tests)."""
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 import zlib
@@ -17,6 +18,11 @@ if str(ROOT) not in sys.path:  # `pytest` (unlike `python -m pytest`) does not p
 
 from repro.bench.shapes import RANDOM_TREE_KINDS as TREE_KINDS  # noqa: E402,F401
 from repro.bench.shapes import random_parents as random_tree  # noqa: E402,F401
+
+# GPU cases beyond the default set (kept under ~150 s for the whole gpu-marked suite on an H200)
+gpu_full_only = pytest.mark.skipif(
+    os.environ.get("REPRO_GPU_FULL") != "1", reason="extended GPU matrix: set REPRO_GPU_FULL=1"
+)
 
 
 def tree_depths(parents: torch.Tensor) -> list[int]:

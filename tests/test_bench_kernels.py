@@ -265,7 +265,7 @@ def test_an_exception_in_one_method_is_recorded_and_the_run_goes_on(tmp_path, mo
     monkeypatch.setitem(bk.METHODS, "tree_torch", bk.Method(boom, "nodes", "torch"))
     table = bk.run_bench(quick_cfg(depths=[2], recovery_nodes=16), tmp_path / "run")
     row = table[table["method"] == "tree_torch"].iloc[0]
-    assert row["status"] == "error" and row["reason"] == "RuntimeError: kernel exploded | second line"
+    assert row["status"] == "error" and row["reason"] == "RuntimeError: kernel exploded"
     assert set(table[table["method"] == "commit_closed_form"]["status"]) == {"ok"}
 
 
@@ -317,10 +317,18 @@ def test_fla_and_triton_builders_in_the_triton_interpreter():
 
 @pytest.mark.gpu
 @cuda
-def test_gpu_tiny_grid_of_the_real_methods(tmp_path):
+def test_gpu_tiny_grid_of_the_real_methods(tmp_path, monkeypatch):
+    """The verify and recovery rows at one shape and size: fla's recurrent kernel, the Triton tree
+    kernels, the torch paths. fla's chunk kernels (prefill_flattened, the chain rows) autotune dozens of
+    configs per kernel on a fresh machine (minutes; tests/test_chain_gpu.py covers the chunk forward),
+    so they and the second shape run with REPRO_GPU_FULL=1 only (and in `repro bench kernels`)."""
+    full = os.environ.get("REPRO_GPU_FULL") == "1"
+    if not full:
+        monkeypatch.setattr(bk, "VERIFY_ROWS", [r for r in bk.VERIFY_ROWS if r[0] != "prefill_flattened"])
     cfg = bk.BenchConfig(
-        shapes=["specla", "weaver"],
+        shapes=["specla", "weaver"] if full else ["weaver"],
         sizes={"specla": [16], "weaver": [16]},
+        kinds=["draft", "chain"] if full else ["draft"],
         depths=[2],
         recovery_nodes=16,
         timer=TimerConfig(warmup_ms=1.0, rep_ms=5.0),

@@ -17,6 +17,7 @@ from repro.bench import model as bm
 from repro.bench.cli import bench_app
 from repro.errors import ReproError
 from repro.models.hybrid import HybridLM
+from repro.models.static import StaticDecoder, TreeSlot
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -109,14 +110,50 @@ def test_cpu_run_checks_every_row_against_hybrid(tmp_path):
     )
     assert by[("step", "step_graph", 8)]["accepted"] > 1  # the planted greedy path is accepted
     assert "TargetMatch" in by[("step", "accept_graph", 8)]["reason"]
+    decode_ops = by[("decode", "static_graph", 1)]["aten_ops"]
+    assert 0 < decode_ops < by[("decode", "hybrid_eager", 1)]["aten_ops"]
+    assert by[("verify", "static_graph", 8)]["aten_ops"] > decode_ops
+    assert by[("step", "step_graph", 8)]["aten_ops"] > by[("verify", "static_graph", 8)]["aten_ops"]
     report = (out / "report.md").read_text()
     assert "4 layers executed per step = 3 GDN + 1 attention" in report
+    assert f"decode step: {decode_ops} aten ops that launch work" in report
     assert (out / "figures" / "model_verify_vs_T.png").stat().st_size > 0
     assert len(pd.read_csv(out / "table.csv")) == len(rows)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["models"]["tiny"]["gdn_layers"] == 3 and manifest["config"]["bench"] == "model"
     with pytest.raises(ReproError, match="already holds records.jsonl"):
         bm.run_model_bench(bm.ModelBenchConfig(shapes=["tiny"]), torch.device("cpu"), out)
+
+
+def test_failed_rows_say_why(monkeypatch):
+    """A device acceptance that differs from TargetMatch on the same logits fails its row; an exception
+    is recorded with the error behind it (the H200 run's compile rows kept only "backend='inductor'
+    raised:")."""
+    cfg = bm.ModelBenchConfig(shapes=["tiny"], dtype="fp64", context=12, sizes=[1, 8], step_nodes=8)
+    bench = bm.ShapeBench("tiny", cfg, torch.device("cpu"))
+    ceilings = {"copy_GBps": 1.0, "bf16_TFLOPs": 1.0, "fp32_TFLOPs": 1.0}
+
+    def root_only(self: StaticDecoder, slot: TreeSlot) -> None:
+        slot.node.zero_()
+        slot.bonus.copy_(slot.logits[0].argmax().view(1))
+
+    monkeypatch.setattr(StaticDecoder, "accept", root_only)
+    row = bm.measure(bench, bm.RowSpec("step", "accept_graph", 8, True), ceilings, None)
+    assert row["status"] == "FAIL" and "!= TargetMatch on the same logits" in row["reason"], row["reason"]
+    assert row["us"] is None
+    monkeypatch.undo()
+
+    def broken(self: bm.ShapeBench, method: str) -> None:
+        try:
+            raise ImportError("cannot import name 'triton_key'\nsecond line")
+        except ImportError as exc:
+            msg = "backend='inductor' raised:\nImportError: cannot import name 'triton_key'"
+            raise RuntimeError(msg) from exc
+
+    monkeypatch.setattr(bm.ShapeBench, "decode", broken)
+    row = bm.measure(bench, bm.RowSpec("decode", "static_graph", 1, True), ceilings, None)
+    assert row["status"] == "error"
+    assert row["reason"] == "RuntimeError: ImportError: cannot import name 'triton_key'", row["reason"]
 
 
 def test_time_budget_records_rows_as_skipped(tmp_path):

@@ -37,7 +37,9 @@ import itertools
 import json
 import math
 import os
+import sys
 import time
+import traceback
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -52,8 +54,8 @@ import torch.nn.functional as F
 import yaml
 
 from repro.bench.shapes import SHAPES, LayerShape, deepest_path, depths, flatten_paths, make_tree
-from repro.bench.timing import TimerConfig, error_reason, graph_us, measure_ceilings, median_us, timer_name
-from repro.errors import ReproError
+from repro.bench.timing import TimerConfig, graph_us, measure_ceilings, median_us, timer_name
+from repro.errors import ReproError, describe
 from repro.gdn import reference as gdn
 from repro.tree import Tree
 
@@ -659,11 +661,13 @@ def measure(
                     row["graph_sets"] = sets
                 except Exception as exc:  # noqa: BLE001 - a failed capture is recorded, the row stays
                     _sync(device)
-                    row["reason"] = f"graph capture failed: {error_reason(exc)}"
+                    row["reason"] = f"graph capture failed: {describe(exc)}"
             elif method.graph_note and device.type == "cuda":
                 row["reason"] = method.graph_note
     except Exception as exc:  # noqa: BLE001 - one broken method must not stop the table
-        row.update(status="error", reason=error_reason(exc))
+        row.update(status="error", reason=describe(exc))
+        print(f"== {spec}: error", file=sys.stderr)
+        traceback.print_exc()  # the whole story goes to the log; the record keeps one line
     finally:
         if device.type == "cuda":
             torch.cuda.empty_cache()

@@ -45,7 +45,9 @@ import contextlib
 import gc
 import math
 import re
+import sys
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -57,10 +59,11 @@ import torch
 
 from repro.bench.kernels import _versions, rel_err, wy_flops
 from repro.bench.shapes import draft_tree, flatten_paths
-from repro.bench.timing import TimerConfig, error_reason, measure_ceilings, median_us, timer_name
-from repro.errors import ReproError
+from repro.bench.timing import TimerConfig, measure_ceilings, median_us, timer_name
+from repro.errors import ReproError, describe
 from repro.models.config import ATTENTION, GDN, HybridConfig
 from repro.models.default import init_random_weights, tiny_config
+from repro.models.graphs import count_ops
 from repro.models.hybrid import HybridLM
 from repro.models.state import ModelState
 from repro.models.static import StaticDecoder, TreeSlot
@@ -79,7 +82,7 @@ COMPILE_MIN_S = 45.0  # compiled rows start only with this much of the shape's b
 COLUMNS = [
     "shape", "group", "method", "T", "accepted", "dtype", "status", "reason", "rel_err", "state_err",
     "rel_err_eager", "top1", "tol", "us", "tokens_per_s", "floor_us", "floor_frac", "x_decode", "layers_gdn",
-    "layers_attn", "kernels", "bytes_min", "flops", "context", "timer", "seed",
+    "layers_attn", "kernels", "aten_ops", "bytes_min", "flops", "context", "timer", "seed",
 ]  # fmt: skip
 
 
@@ -244,6 +247,15 @@ def state_error(got: ModelState, ref: ModelState) -> float:
     return max(errs, default=0.0)
 
 
+def count_aten_ops(fn: Callable[[], Any]) -> int | None:
+    """Aten ops of one eager call that launch work (:func:`repro.models.graphs.count_ops`); None if the
+    count fails (it is optional)."""
+    try:
+        return count_ops(fn)
+    except Exception:  # noqa: BLE001 - the count is optional
+        return None
+
+
 def count_kernels(fn: Callable[[], Any], device: torch.device) -> int | None:
     """CUDA kernels launched by one call (torch profiler); None where the profiler cannot tell."""
     if device.type != "cuda":
@@ -278,7 +290,9 @@ class Measured:
     accepted: int | None = None
     layers: tuple[int, int] | None = None
     kernels: int | None = None
+    aten_ops: int | None = None
     note: str = ""
+    failed: str = ""  # a check other than the error tolerances failed (the row is FAIL, not timed)
     graph: Any = None
 
     def logits(self, out: torch.Tensor, ref: torch.Tensor) -> Measured:
@@ -388,13 +402,17 @@ class ShapeBench:
             m = Measured(hybrid, layers=(self.config.num_gdn_layers, self.config.num_attention_layers))
             ver = model.verify(state0, Tree.single(tok))
             m.state_err = state_error(model.commit(state0, ver, [0]), ref_state)
+            m.aten_ops = count_aten_ops(hybrid)
             return m.logits(ver.logits, ref_logits)
-        dec = self._decoder(method == "static_graph_compiled")
+        compiled = method == "static_graph_compiled"
+        dec = self._decoder(compiled)
         dec.load(self.state0)
         dec.set_token(self.token)
         eager, layers = self._count(dec, dec.decode_step)
         m = Measured(dec.decode_step, layers=layers).logits(eager, ref_logits)
         m.state_err = state_error(dec.export(), ref_state)
+        if not compiled:  # (a dispatch mode around compiled code would only count the eager fallback)
+            m.aten_ops = count_aten_ops(dec.decode_step)
         if method != "static_eager":
             eager = eager.clone()
             m.graph = self._graph(dec.decode_step)
@@ -428,6 +446,8 @@ class ShapeBench:
             m.fn = m.graph.replay
             if t == self.cfg.step_nodes:
                 m.kernels = count_kernels(lambda: dec.verify(slot), self.device)
+        if t == self.cfg.step_nodes and method != "static_graph_compiled":
+            m.aten_ops = count_aten_ops(lambda: dec.verify(slot))
         return m
 
     def step(self, method: str) -> Measured:
@@ -464,6 +484,7 @@ class ShapeBench:
             logits = logits.clone()
             m = Measured(fn, layers=layers)
             eager_state = self._check_step(m, slot, logits, ref, acc)
+            m.aten_ops = count_aten_ops(fn)
             if method == "step_graph":
                 m.graph = self._graph(fn)
                 dec.load(self.state0)
@@ -476,7 +497,7 @@ class ShapeBench:
         logits = dec.verify(slot).clone()
         m = Measured(lambda: None, accepted=len(acc.path)).logits(logits, ref.logits)
         dec.accept(slot)
-        m.note = self._agreement(slot, acc)
+        self._agreement(m, slot, acc)
         if method == "readback":
             m.fn = slot.accepted
             return m
@@ -497,7 +518,8 @@ class ShapeBench:
         if method == "accept_graph":
             accept = self._graph(lambda: dec.accept(slot))
             accept()
-            m.note = self._agreement(slot, acc)
+            self._agreement(m, slot, acc)
+            m.aten_ops = count_aten_ops(lambda: dec.accept(slot))
             m.graph, m.fn = (verify, accept), accept.replay
         elif method.startswith("commit"):
             commit = self._graph(lambda: dec.commit(slot, strategy))
@@ -520,17 +542,31 @@ class ShapeBench:
         got = self.decoder.export()
         m.logits(logits, ref.logits)
         m.state_err = state_error(got, self.model.commit(self.state0, ref, path))
-        m.accepted, m.note = len(path), self._agreement(slot, acc)
+        m.accepted = len(path)
+        self._agreement(m, slot, acc)
         return got
 
     @staticmethod
-    def _agreement(slot: TreeSlot, acc: Any) -> str:
+    def _agreement(m: Measured, slot: TreeSlot, acc: Any) -> None:
+        """Note how the device acceptance compares with TargetMatch on the same logits (must be equal: a
+        difference fails the row) and on HybridLM's (may differ where bf16 argmaxes differ)."""
+        from repro.acceptance import TargetMatch
+
+        assert slot.tree is not None and slot.logits is not None
         path, bonus = slot.accepted()
+        own = TargetMatch(0.0, 0).accept(slot.tree, slot.logits.float().cpu(), 0)
+        if (path, bonus) != (own.path, own.bonus):
+            m.failed = (
+                f"device acceptance {path} (bonus {bonus}) != TargetMatch on the same logits "
+                f"{own.path} (bonus {own.bonus})"
+            )
         if (path, bonus) == (acc.path, acc.bonus):
-            return f"device acceptance = TargetMatch on HybridLM ({len(path)} nodes)"
-        return (
-            f"device acceptance {len(path)} nodes, TargetMatch on HybridLM {len(acc.path)} (bf16 argmax ties)"
-        )
+            m.note = f"device acceptance = TargetMatch on HybridLM ({len(path)} nodes)"
+        else:
+            m.note = (
+                f"device acceptance = TargetMatch on the same logits ({len(path)} nodes); on HybridLM's "
+                f"logits {len(acc.path)} (the two paths' argmaxes differ)"
+            )
 
     def core(self, t: int) -> Measured:
         """The GDN core of one layer alone (decode: the recurrence; T > 1: the tree kernel), as a graph
@@ -542,7 +578,7 @@ class ShapeBench:
         x = self.model.model.embed_tokens(slot.tokens)
         buf = dec.buffers[layer]
         _, _, q, k, v, g, beta = dec.glue["gdn_prologue"](
-            dec.layers[layer], x, buf.conv, slot.conv_index, dec.kernel_dtype
+            dec.layers[layer], dec.weights[layer], x, buf.conv, slot.conv_index, dec.kernel_dtype
         )
         scale = self.config.linear_key_head_dim**-0.5
         state = buf.recurrent
@@ -638,11 +674,15 @@ def measure(bench: ShapeBench, spec: RowSpec, ceilings: dict[str, Any], skip: st
         cpu = "CPU: run eagerly (no CUDA graphs)" if spec.graph and bench.device.type != "cuda" else ""
         row.update(
             rel_err=m.rel_err, state_err=m.state_err, rel_err_eager=m.rel_err_eager, top1=m.top1,
-            accepted=m.accepted, kernels=m.kernels, reason="; ".join(x for x in (m.note, cpu) if x),
+            accepted=m.accepted, kernels=m.kernels, aten_ops=m.aten_ops,
+            reason="; ".join(x for x in (m.note, cpu) if x),
         )  # fmt: skip
         if m.layers:
             row.update(layers_gdn=m.layers[0], layers_attn=m.layers[1])
         errs = [e for e in (m.rel_err, m.state_err, m.rel_err_eager) if e is not None]
+        if m.failed:
+            row.update(status="FAIL", reason=f"{m.failed}: not timed")
+            return row
         if any(not e <= row["tol"] for e in errs):  # NaN fails too
             row.update(
                 status="FAIL", reason=f"error {max(errs):.2e} > tol {row['tol']:.0e}: not timed; {m.note}"
@@ -657,7 +697,9 @@ def measure(bench: ShapeBench, spec: RowSpec, ceilings: dict[str, Any], skip: st
             row["tokens_per_s"] = 1e6 / row["us"]
     except Exception as exc:  # noqa: BLE001 - one broken row must not stop the table
         _sync_quietly(bench.device)
-        row.update(status="error", reason=error_reason(exc))
+        row.update(status="error", reason=describe(exc))
+        print(f"== {bench.name} {spec.group} {spec.method} T={spec.T}: error", file=sys.stderr)
+        traceback.print_exc()  # the whole story goes to the log; the record keeps one line
     finally:
         if m is not None:
             m.graph = m.fn = None
@@ -666,7 +708,7 @@ def measure(bench: ShapeBench, spec: RowSpec, ceilings: dict[str, Any], skip: st
             if bench.device.type == "cuda":
                 torch.cuda.empty_cache()
         except Exception as exc:  # noqa: BLE001 - a broken device shows in the next rows
-            row["reason"] = f"{row['reason']}; reset failed: {error_reason(exc)}"
+            row["reason"] = f"{row['reason']}; reset failed: {describe(exc)}"
     return row
 
 
@@ -746,7 +788,8 @@ def run_model_bench(
             except _Skip as why:
                 skip_all = str(why)
             except Exception as exc:  # noqa: BLE001 - e.g. out of memory: record, go on
-                skip_all = f"model setup failed: {error_reason(exc)}"
+                skip_all = f"model setup failed: {describe(exc)}"
+                traceback.print_exc()
             for spec in plan(cfg, compiled=cfg.compile and device.type == "cuda"):
                 left = shape_deadline - time.monotonic()
                 skip = skip_all
@@ -810,7 +853,7 @@ def _write_outputs(table: pd.DataFrame, manifest: dict[str, Any], out_dir: Path,
 
 REPORT_COLUMNS = [
     "method", "T", "accepted", "status", "rel_err", "state_err", "rel_err_eager", "top1", "us",
-    "tokens_per_s", "floor_us", "floor_frac", "x_decode", "layers_gdn", "layers_attn", "kernels",
+    "tokens_per_s", "floor_us", "floor_frac", "x_decode", "layers_gdn", "layers_attn", "kernels", "aten_ops",
 ]  # fmt: skip
 FORMATS = {
     "rel_err": "{:.1e}", "state_err": "{:.1e}", "rel_err_eager": "{:.1e}", "top1": "{:.2f}", "us": "{:.1f}",
@@ -878,6 +921,7 @@ def why_lines(table: pd.DataFrame, shape: str, step_nodes: int, info: dict[str, 
     decode = _pick(table, shape, "decode", "static_graph", 1)
     eager = _pick(table, shape, "decode", "static_eager", 1)
     kern = rows[(rows["group"] == "decode") & (rows["method"] == "static_graph")]["kernels"].dropna()
+    ops = rows[(rows["group"] == "decode") & (rows["method"] == "static_graph")]["aten_ops"].dropna()
     floor = rows[(rows["group"] == "decode") & (rows["method"] == "static_graph")]["floor_us"].dropna()
     gdn = info.get("gdn_layers", 0)
     if decode and eager:
@@ -891,6 +935,13 @@ def why_lines(table: pd.DataFrame, shape: str, step_nodes: int, info: dict[str, 
             f"- decode graph runs {k} kernels per token; above the floor it spends {excess:.0f} us, "
             f"{excess / k:.2f} us per kernel (launch gaps and the small elementwise kernels of the norms, "
             "gates and conv)."
+        )
+    if len(ops):
+        n, layers = int(ops.iloc[0]), info.get("layers")
+        per_layer = f" (about {n / layers:.0f} per layer)" if layers else ""
+        out.append(
+            f"- decode step: {n} aten ops that launch work{per_layer}, counted by a dispatch "
+            "mode on the eager call (device-independent; tests/test_static_decoder.py pins the CPU count)."
         )
     core1 = _pick(table, shape, "core", "gdn_core", 1)
     core_t = _pick(table, shape, "core", "gdn_core", step_nodes)
@@ -1003,9 +1054,13 @@ DEFINITIONS = """\
 - layers_gdn / layers_attn: GDN and attention layers that the timed call executed (counted in the
   static decoder on the checking call; HybridLM rows: its config's layers, all run by its loop).
   kernels: CUDA kernels one call launches (torch profiler on the eager call the graph captures).
+  aten_ops: aten ops of one eager call that launch work (views and allocations excluded; a dispatch
+  mode, so CPU runs count too; Triton/fla kernels are not aten ops and are not in it).
 - step rows: set_tree = host tree upload (tokens, parents, ancestor mask, depths, conv gather index);
   verify_snapshots = verify that also writes every node's state (what the snapshot commit needs);
-  accept_graph = greedy acceptance on the device; accept_host = TargetMatch on the host (one device
+  accept_graph = greedy acceptance on the device (every step row checks it against TargetMatch on the
+  same logits: a difference fails the row; the note compares it with TargetMatch on HybridLM's
+  logits, which bf16 argmaxes may make differ); accept_host = TargetMatch on the host (one device
   read per accepted level); commit_* = the commit strategies alone (replay runs the recurrence over
   the slot's max depth with identity padding); step_graph = verify + accept + replay commit in one
   graph; readback = reading the accepted node and bonus back; step_eager = step_graph's work op by op

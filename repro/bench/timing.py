@@ -129,10 +129,3 @@ def measure_ceilings(
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return out
-
-
-def error_reason(exc: BaseException, limit: int = 400) -> str:
-    """One line for a failed row: the exception type and its message's non-blank lines joined by
-    " | " (wrapped errors such as inductor's keep the inner exception), at most ``limit`` chars."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return f"{type(exc).__name__}: {' | '.join(lines)}"[:limit]

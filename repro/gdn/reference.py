@@ -241,24 +241,25 @@ def tree_short_conv(
     multiplying the current token. Returns act(b + sum_r w[:, W-1-r] * x_{pi_r(i)}).
     """
     index = conv_gather_index(parents, weight.shape[1]).to(x.device)
-    return gathered_short_conv(x, history, weight, index, bias, activation)
+    return gathered_short_conv(x, history, weight.flip(1), index, bias, activation)
 
 
 def gathered_short_conv(
     x: torch.Tensor,
     history: torch.Tensor,
-    weight: torch.Tensor,
+    taps: torch.Tensor,
     index: torch.Tensor,
     bias: torch.Tensor | None = None,
     activation: bool = True,
 ) -> torch.Tensor:
-    """:func:`tree_short_conv` with the gather index [n, W] (:func:`conv_gather_index`) given.
+    """:func:`tree_short_conv` with the gather index [n, W] (:func:`conv_gather_index`) given and the
+    weight as ``taps`` [C, W] = weight.flip(1): taps[:, r] multiplies the r-th predecessor (column r).
 
     Shape-static in the index (no host reads), so a precomputed index makes it capturable.
     """
     ext = torch.cat([history.to(x.dtype), x], dim=0)
     gathered = ext[index]  # [n, W, C]
-    y = torch.einsum("nrc,cr->nc", gathered, weight.flip(1).to(x.dtype))
+    y = torch.einsum("nrc,cr->nc", gathered, taps.to(x.dtype))
     if bias is not None:
         y = y + bias
     return F.silu(y) if activation else y

@@ -5,6 +5,16 @@ cuBLAS workspaces happen there), captures one call, and then replays it on the s
 input is read from, and every output written to, the addresses that the capture saw. The warm-up
 calls are real calls, so a callable that mutates state (a decode step, a commit) leaves that state
 advanced: load the state again after capturing.
+
+:class:`CaptureCheck` finds what a capture cannot take on any device, CPU included: a torch dispatch
+mode that sees every aten op of a call and lists the ones that read a device value on the host
+(``.item()``, ``int(t)``, ``bool(t)``, ``t[zero_dim_index]``, ``torch.equal``), whose output shape
+depends on the data (``nonzero``, ``masked_select``, boolean-mask indexing, ``unique``,
+``repeat_interleave`` with tensor repeats), that copy host data in (``torch.tensor(...)``) or a
+device tensor out (``.cpu()``, ``.tolist()`` on CUDA). It also records the op trace (op, output
+shapes), so that two calls on different data can be compared: a capturable step runs the same ops
+on the same shapes whatever its inputs hold. :func:`count_ops` counts the ops of a call that launch
+work (every op but views and allocations): a device-independent proxy for kernels per step.
 """
 
 from __future__ import annotations
@@ -13,12 +23,97 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from repro.errors import ConfigError
 
+_HOST_DATA = ("aten::lift_fresh", "aten::lift_fresh_copy")
+# ops that launch no kernel: allocations and views whose schema does not say so
+_NO_KERNEL = {
+    "aten::_unsafe_view", "aten::empty", "aten::empty_strided", "aten::empty_like", "aten::new_empty",
+}  # fmt: skip
+
+
+def _bool_index(args: tuple) -> bool:
+    indices = args[1] if len(args) > 1 and isinstance(args[1], (list, tuple)) else ()
+    return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices)
+
+
+def _devices(tree: Any) -> set[str]:
+    if isinstance(tree, torch.Tensor):
+        return {tree.device.type}
+    if isinstance(tree, (list, tuple)):
+        return set().union(*(_devices(x) for x in tree)) if tree else set()
+    if isinstance(tree, dict):
+        return _devices(list(tree.values()))
+    return set()
+
+
+def hazard(func: Any, args: tuple, kwargs: dict, out: Any) -> str | None:
+    """Why one aten op cannot be captured in a CUDA graph, or None."""
+    name = func._schema.name
+    tags = func.tags
+    if torch.Tag.data_dependent_output in tags:
+        return f"{name} (reads a device value on the host)"
+    if name in ("aten::index", "aten::index_put", "aten::index_put_"):
+        return f"{name} with a boolean mask (data-dependent shape)" if _bool_index(args) else None
+    if torch.Tag.dynamic_output_shape in tags:
+        return f"{name} (data-dependent output shape)"
+    if name in _HOST_DATA:
+        return f"{name} (host data copied in: torch.tensor inside the call)"
+    if "cuda" in _devices((args, kwargs)) and "cpu" in _devices(out) and "cuda" not in _devices(out):
+        return f"{name} (copies a device tensor to the host)"
+    return None
+
+
+def _shapes(out: Any) -> tuple:
+    if isinstance(out, torch.Tensor):
+        return (tuple(out.shape), out.dtype)
+    if isinstance(out, (list, tuple)):
+        return tuple(_shapes(x) for x in out)
+    return ()
+
+
+class CaptureCheck(TorchDispatchMode):
+    """Dispatch mode: ``hazards`` (what a CUDA graph cannot capture), ``trace`` (op, output shapes) and
+    ``launches`` (ops that launch work) of everything run inside it. ``with CaptureCheck() as c: fn()``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hazards: list[str] = []
+        self.trace: list[tuple[str, tuple]] = []
+        self.launches = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 - torch's signature
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        why = hazard(func, args, kwargs, out)
+        if why is not None:
+            self.hazards.append(why)
+        name = func._schema.name
+        self.trace.append((name, _shapes(out)))
+        if not func.is_view and name not in _NO_KERNEL:
+            self.launches += 1
+        return out
+
+
+def check_capture(fn: Callable[[], Any]) -> CaptureCheck:
+    """Run ``fn`` once (eagerly, any device) under a :class:`CaptureCheck` and return the check."""
+    with CaptureCheck() as check:
+        fn()
+    return check
+
+
+def count_ops(fn: Callable[[], Any]) -> int:
+    """Aten ops of one call of ``fn`` that launch work (views and allocations excluded)."""
+    return check_capture(fn).launches
+
 
 class GraphedCall:
-    """One CUDA graph of ``fn``; calling the object replays it and returns what the capture returned."""
+    """One CUDA graph of ``fn``; calling the object replays it and returns what the capture returned.
+
+    A failed capture is re-raised with what :class:`CaptureCheck` finds in an eager call of ``fn``.
+    """
 
     def __init__(self, fn: Callable[[], Any], device: torch.device, warmup: int = 2) -> None:
         if device.type != "cuda":
@@ -33,8 +128,11 @@ class GraphedCall:
         torch.cuda.current_stream(device).wait_stream(stream)
         torch.cuda.synchronize(device)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.output = fn()
+        try:
+            with torch.cuda.graph(self.graph):
+                self.output = fn()
+        except Exception as exc:
+            raise RuntimeError(f"CUDA graph capture failed: {diagnose(fn)}") from exc
         torch.cuda.synchronize(device)
 
     def replay(self) -> None:
@@ -43,3 +141,14 @@ class GraphedCall:
     def __call__(self) -> Any:
         self.graph.replay()
         return self.output
+
+
+def diagnose(fn: Callable[[], Any]) -> str:
+    """What an eager call of ``fn`` does that a capture cannot (best effort: the device may be broken)."""
+    try:
+        found = check_capture(fn).hazards
+    except Exception as exc:  # noqa: BLE001 - the diagnosis is a hint; the capture error is chained
+        return f"(the eager re-run for a diagnosis failed too: {type(exc).__name__})"
+    if not found:
+        return "no host read or data-dependent shape found in an eager call"
+    return "not capture-safe: " + ", ".join(dict.fromkeys(found))

@@ -17,6 +17,11 @@ from repro.models.config import HybridConfig
 from repro.models.state import AttentionLayerState, GDNLayerState
 
 
+def rms_norm(x: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / rms(x) times ``scale`` (per channel)."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * scale
+
+
 class RMSNorm(nn.Module):
     """RMSNorm; ``zero_centered`` scales by (1 + w) as Qwen3.5 does, otherwise by w as fla does."""
 
@@ -26,9 +31,12 @@ class RMSNorm(nn.Module):
         self.zero_centered = zero_centered
         self.weight = nn.Parameter(torch.zeros(dim) if zero_centered else torch.ones(dim))
 
+    def scale(self) -> torch.Tensor:
+        """The per-channel factor: 1 + w (zero-centred) or w."""
+        return 1.0 + self.weight if self.zero_centered else self.weight
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return y * (1.0 + self.weight) if self.zero_centered else y * self.weight
+        return rms_norm(x, self.scale(), self.eps)
 
 
 class GatedRMSNorm(nn.Module):
@@ -40,7 +48,7 @@ class GatedRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
-        y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        y = rms_norm(x, self.weight, self.eps)
         return y * F.silu(gate) if gate is not None else y
 
 
@@ -51,12 +59,25 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(hidden, inter, bias=False)
         self.down_proj = nn.Linear(inter, hidden, bias=False)
 
+    def gated(self, x: torch.Tensor) -> torch.Tensor:
+        """SiLU(gate_proj x) * up_proj x: what down_proj reads."""
+        return F.silu(self.gate_proj(x)) * self.up_proj(x)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.gated(x))
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+def gdn_gates(
+    a: torch.Tensor, b: torch.Tensor, neg_decay: torch.Tensor, dt_bias: torch.Tensor, beta_scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(g, beta) from the a and b projections: g = neg_decay softplus(a + dt_bias), beta = s sigmoid(b)."""
+    g = neg_decay * F.softplus(a + dt_bias)
+    beta = torch.sigmoid(b)
+    return g, beta if beta_scale == 1.0 else beta_scale * beta
 
 
 @dataclass
@@ -113,12 +134,16 @@ class GatedDeltaNet(nn.Module):
             conv=torch.zeros(self.conv_size - 1, self.conv_dim, dtype=dtype, device=device),
         )
 
+    def gate_constants(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(-exp(A_log), dt_bias) in the gates' dtype (float64 models: float64, else float32)."""
+        gdt = torch.float64 if dtype == torch.float64 else torch.float32
+        return -self.A_log.to(gdt).exp(), self.dt_bias.to(gdt)
+
     def gates(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(g, beta) [n, HV]: log decay -exp(A_log) softplus(a + dt_bias) and sigmoid(b)."""
-        a = self.in_proj_a(h).float() if h.dtype != torch.float64 else self.in_proj_a(h)
-        g = -self.A_log.to(a.dtype).exp() * F.softplus(a + self.dt_bias.to(a.dtype))
-        beta = self.beta_scale * torch.sigmoid(self.in_proj_b(h))
-        return g, beta
+        neg_decay, dt_bias = self.gate_constants(h.dtype)
+        a = self.in_proj_a(h).to(neg_decay.dtype)
+        return gdn_gates(a, self.in_proj_b(h), neg_decay, dt_bias, self.beta_scale)
 
     def forward_tree(
         self,
@@ -194,6 +219,22 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
+def rotary_tables(
+    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin) [n, 1, rotary_dim] in ``dtype`` for integer positions [n] (angles in float64)."""
+    freqs = positions.to(torch.float64)[:, None] * inv_freq.to(positions.device)[None]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the first rotary_dim channels of x [n, heads, head_dim] by the tables."""
+    rot = cos.shape[-1]
+    x_rot, x_pass = x[..., :rot], x[..., rot:]
+    return torch.cat([x_rot * cos + rotate_half(x_rot) * sin, x_pass], dim=-1)
+
+
 class Attention(nn.Module):
     """Gated full attention with q/k RMSNorm and partial rotary, evaluated under a tree mask."""
 
@@ -220,13 +261,7 @@ class Attention(nn.Module):
 
     def rotary(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Apply rotary to the first rotary_dim channels of x [n, heads, head_dim]."""
-        freqs = positions.to(torch.float64)[:, None] * self.inv_freq.to(positions.device)[None]
-        emb = torch.cat([freqs, freqs], dim=-1)
-        cos = emb.cos().to(x.dtype)[:, None]
-        sin = emb.sin().to(x.dtype)[:, None]
-        rot = emb.shape[-1]
-        x_rot, x_pass = x[..., :rot], x[..., rot:]
-        return torch.cat([x_rot * cos + rotate_half(x_rot) * sin, x_pass], dim=-1)
+        return apply_rotary(x, *rotary_tables(positions, self.inv_freq, x.dtype))
 
     def forward_tree(
         self, h: torch.Tensor, state: AttentionLayerState, positions: torch.Tensor, ancestors: torch.Tensor

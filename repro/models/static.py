@@ -21,30 +21,49 @@ graph (:mod:`repro.models.graphs`) and replayed:
   states from verify), ``replay`` (the recurrence over the path, padded to the slot's max depth
   with identity steps g = beta = 0) or ``closed_form`` (the tree factors, masked to the path).
 
-The layer arithmetic is HybridLM's (same modules, same order of operations), so on CPU in float64
-every step agrees with ``HybridLM.verify`` / ``commit`` to rounding (tests/test_static_decoder.py).
-On CUDA the GDN kernels take the model's dtype (bf16: Triton dots in "tf32") where HybridLM's layer
-upcasts q/k/v to float32, so bf16 results agree to bf16 accuracy, not bitwise.
+The layer arithmetic is HybridLM's (its modules and helpers), regrouped to launch fewer kernels per
+step: per layer the input projections are stacked into one matrix (GDN: q|k|v, z, a, b; attention:
+q, k, v; copies made when the decoder is built, so it reads the weights as they were then), gate
+constants and norm scales are precomputed, q and k share one L2 norm, the residual adds ride on the
+output matmuls (addmm), and the rotary tables and attention masks are made once per step. On CPU in
+float64 every step agrees with ``HybridLM.verify`` / ``commit`` to rounding
+(tests/test_static_decoder.py, which also pins the ops per layer and checks every step with
+:class:`repro.models.graphs.CaptureCheck`). On CUDA the GDN kernels take the model's dtype (bf16:
+Triton dots in "tf32") where HybridLM's layer upcasts q/k/v to float32, so bf16 results agree to bf16
+accuracy, not bitwise.
 
 ``compile=True`` wraps the per-layer glue around the GDN/attention cores (norms, projections,
 conv, gates, MLP) in ``torch.compile`` so that the elementwise chains fuse into few kernels; the
-cores and every buffer write stay outside the compiled regions.
+cores and every buffer write stay outside the compiled regions. Inductor compiles in this process
+(``compile_threads = 1`` unless TORCHINDUCTOR_COMPILE_THREADS says otherwise): no worker pool to start
+on the device machine.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from repro.errors import ConfigError
 from repro.gdn import reference as gdn
 from repro.gdn.reference import TreeFactors
 from repro.models.config import GDN
 from repro.models.hybrid import HybridLM, check_strategy
-from repro.models.layers import Attention, DecoderLayer, GatedDeltaNet, l2norm
+from repro.models.layers import (
+    Attention,
+    DecoderLayer,
+    GatedDeltaNet,
+    apply_rotary,
+    gdn_gates,
+    l2norm,
+    rms_norm,
+    rotary_tables,
+)
 from repro.models.state import AttentionLayerState, GDNLayerState, ModelState
 from repro.tree import Tree
 
@@ -91,62 +110,123 @@ def _reference_tree(q, k, v, g, beta, state, parents, ancestors, scale, snapshot
 # ------------------------------------------------------------------------- per-layer glue
 
 
+@dataclass
+class GDNWeights:
+    """A GDN layer's constants, built once per decoder so that a step launches fewer kernels: the four
+    input projections stacked into one matrix (one matmul instead of four), the conv taps, the gate
+    constants and the norm scales (1 + w of zero-centred norms)."""
+
+    in_proj: torch.Tensor  # [C + V_z + 2 HV, d]: in_proj_qkv, in_proj_z (V_z = 0 without it), in_proj_a, _b
+    sizes: list[int]
+    taps: torch.Tensor  # [C, W], the conv weight flipped: taps[:, r] multiplies the r-th predecessor
+    neg_decay: torch.Tensor  # -exp(A_log) [HV] in the gate dtype (the state dtype)
+    dt_bias: torch.Tensor
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+
+    @classmethod
+    def of(cls, layer: DecoderLayer, dtype: torch.dtype) -> GDNWeights:
+        m: GatedDeltaNet = layer.linear_attn
+        projs = [m.in_proj_qkv, m.in_proj_z, m.in_proj_a, m.in_proj_b]
+        sizes = [0 if p is None else p.out_features for p in projs]
+        stacked = torch.cat([p.weight for p in projs if p is not None])
+        neg_decay, dt_bias = m.gate_constants(dtype)
+        return cls(
+            stacked, sizes, m.conv1d.weight[:, 0].flip(1).contiguous(), neg_decay, dt_bias,
+            layer.input_layernorm.scale(), layer.post_attention_layernorm.scale(),
+        )  # fmt: skip
+
+
+@dataclass
+class AttentionWeights:
+    """An attention layer's constants: q/k/v projections stacked (one matmul), norm scales."""
+
+    qkv: torch.Tensor  # [q_out + 2 H_kv hd, d]
+    bias: torch.Tensor | None
+    sizes: list[int]
+    q_norm: torch.Tensor
+    k_norm: torch.Tensor
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+
+    @classmethod
+    def of(cls, layer: DecoderLayer) -> AttentionWeights:
+        a: Attention = layer.self_attn
+        projs = [a.q_proj, a.k_proj, a.v_proj]
+        bias = torch.cat([p.bias for p in projs]) if a.q_proj.bias is not None else None
+        return cls(
+            torch.cat([p.weight for p in projs]), bias, [p.out_features for p in projs], a.q_norm.scale(),
+            a.k_norm.scale(), layer.input_layernorm.scale(), layer.post_attention_layernorm.scale(),
+        )  # fmt: skip
+
+
 def gdn_prologue(
-    layer: DecoderLayer, x: torch.Tensor, history: torch.Tensor, conv_index: torch.Tensor, kdt: torch.dtype
-) -> tuple[torch.Tensor, ...]:
+    layer: DecoderLayer,
+    w: GDNWeights,
+    x: torch.Tensor,
+    history: torch.Tensor,
+    conv_index: torch.Tensor,
+    kdt: torch.dtype,
+) -> tuple[torch.Tensor | None, ...]:
     """Input norm, projections, tree conv, L2 norm and gates of a GDN layer (HybridLM's forward_tree).
 
-    Returns (h, conv_inputs, q, k, v in ``kdt``, g, beta in the state dtype).
+    Returns (z or None, conv_inputs, q, k, v in ``kdt``, g, beta in the state dtype).
     """
     mixer: GatedDeltaNet = layer.linear_attn
-    h = layer.input_layernorm(x)
+    h = rms_norm(x, w.input_norm, layer.input_layernorm.eps)
     n = h.shape[0]
-    conv_inputs = mixer.in_proj_qkv(h)
-    mixed = gdn.gathered_short_conv(
-        conv_inputs, history, mixer.conv1d.weight[:, 0], conv_index, mixer.conv1d.bias
-    )
-    q, k, v = torch.split(mixed, [mixer.key_dim, mixer.key_dim, mixer.value_dim], dim=-1)
-    sdt = torch.float64 if h.dtype == torch.float64 else torch.float32
-    q = l2norm(q.reshape(n, mixer.num_k_heads, mixer.head_k_dim).to(sdt)).to(kdt)
-    k = l2norm(k.reshape(n, mixer.num_k_heads, mixer.head_k_dim).to(sdt)).to(kdt)
-    v = v.reshape(n, mixer.num_v_heads, mixer.head_v_dim).to(kdt)
-    g, beta = mixer.gates(h)
-    return h, conv_inputs, q, k, v, g.to(sdt), beta.to(sdt)
+    conv_inputs, z, a, b = torch.split(F.linear(h, w.in_proj), w.sizes, dim=-1)
+    mixed = gdn.gathered_short_conv(conv_inputs, history, w.taps, conv_index, mixer.conv1d.bias)
+    sdt = w.neg_decay.dtype
+    heads = mixer.num_k_heads
+    qk = mixed[:, : 2 * mixer.key_dim].reshape(n, 2 * heads, mixer.head_k_dim)
+    qk = l2norm(qk.to(sdt)).to(kdt)  # q and k heads in one go: per row, as HybridLM's two calls
+    v = mixed[:, 2 * mixer.key_dim :].reshape(n, mixer.num_v_heads, mixer.head_v_dim).to(kdt)
+    g, beta = gdn_gates(a.to(sdt), b, w.neg_decay, w.dt_bias, mixer.beta_scale)
+    gate = z.reshape(n, mixer.num_v_heads, mixer.head_v_dim) if mixer.in_proj_z is not None else None
+    return gate, conv_inputs, qk[:, :heads], qk[:, heads:], v, g, beta.to(sdt)
 
 
-def gdn_epilogue(layer: DecoderLayer, x: torch.Tensor, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+def plus_linear(x: torch.Tensor, y: torch.Tensor, linear: torch.nn.Linear) -> torch.Tensor:
+    """x + linear(y), the residual add fused into the matmul (addmm) when the layer has no bias."""
+    return x + linear(y) if linear.bias is not None else torch.addmm(x, y, linear.weight.t())
+
+
+def mlp_block(layer: DecoderLayer, post_norm: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """x + MLP(post-attention norm of x)."""
+    h = rms_norm(x, post_norm, layer.post_attention_layernorm.eps)
+    return plus_linear(x, layer.mlp.gated(h), layer.mlp.down_proj)
+
+
+def gdn_epilogue(
+    layer: DecoderLayer, w: GDNWeights, x: torch.Tensor, o: torch.Tensor, z: torch.Tensor | None
+) -> torch.Tensor:
     """Gated output norm, output projection, residual, MLP block."""
     mixer: GatedDeltaNet = layer.linear_attn
-    n = h.shape[0]
-    z = (
-        mixer.in_proj_z(h).reshape(n, mixer.num_v_heads, mixer.head_v_dim)
-        if mixer.in_proj_z is not None
-        else None
-    )
-    o = mixer.norm(o.to(h.dtype), z).reshape(n, mixer.value_dim)
-    x = x + mixer.out_proj(o)
-    return x + layer.mlp(layer.post_attention_layernorm(x))
+    o = mixer.norm(o.to(x.dtype), z).reshape(o.shape[0], mixer.value_dim)
+    return mlp_block(layer, w.post_norm, plus_linear(x, o, mixer.out_proj))
 
 
 def attention_prologue(
-    layer: DecoderLayer, x: torch.Tensor, positions: torch.Tensor
+    layer: DecoderLayer, w: AttentionWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 ) -> tuple[torch.Tensor, ...]:
-    """Input norm, q/k/v projections, q/k norms and rotary (HybridLM's Attention.forward_tree).
+    """Input norm, q/k/v projections, q/k norms and rotary (HybridLM's Attention.forward_tree; the
+    rotary tables of the step's positions are made once per step).
 
     Returns (q [n, H, hd], gate [n, H hd] or an empty tensor, k, v [n, H_kv, hd]).
     """
     attn: Attention = layer.self_attn
-    h = layer.input_layernorm(x)
+    h = rms_norm(x, w.input_norm, layer.input_layernorm.eps)
     n = h.shape[0]
-    q = attn.q_proj(h)
+    q, k, v = torch.split(F.linear(h, w.qkv, w.bias), w.sizes, dim=-1)
     gate = q[:, :0]
     if attn.output_gate:
-        q, gate = q.view(n, attn.num_heads, 2 * attn.head_dim).chunk(2, dim=-1)
+        q, gate = q.reshape(n, attn.num_heads, 2 * attn.head_dim).chunk(2, dim=-1)
         gate = gate.reshape(n, -1)
-    q = attn.rotary(attn.q_norm(q.reshape(n, attn.num_heads, attn.head_dim)), positions)
-    k = attn.rotary(attn.k_norm(attn.k_proj(h).view(n, attn.num_kv_heads, attn.head_dim)), positions)
-    v = attn.v_proj(h).view(n, attn.num_kv_heads, attn.head_dim)
-    return q, gate, k, v
+    q = rms_norm(q.reshape(n, attn.num_heads, attn.head_dim), w.q_norm, attn.q_norm.eps)
+    k = rms_norm(k.reshape(n, attn.num_kv_heads, attn.head_dim), w.k_norm, attn.k_norm.eps)
+    v = v.reshape(n, attn.num_kv_heads, attn.head_dim)
+    return apply_rotary(q, cos, sin), gate, apply_rotary(k, cos, sin), v
 
 
 def attention_core(
@@ -155,13 +235,15 @@ def attention_core(
     v: torch.Tensor,
     keys: torch.Tensor,
     values: torch.Tensor,
-    prefix_valid: torch.Tensor,
-    ancestors: torch.Tensor,
+    prefix_blocked: torch.Tensor,
+    tree_blocked: torch.Tensor,
 ) -> torch.Tensor:
-    """Softmax attention of n nodes over the static prefix rows (``prefix_valid``) and their ancestors.
+    """Softmax attention of n nodes over the static prefix rows and their ancestors.
 
-    q [n, H, hd]; k, v [n, H_kv, hd]; keys, values [H_kv, rows, hd]. Query heads are grouped per
-    key head (no copies of the cache). Returns [n, H hd].
+    q [n, H, hd]; k, v [n, H_kv, hd]; keys, values [H_kv, rows, hd]; ``prefix_blocked`` [rows] (rows at
+    or past the length) and ``tree_blocked`` [group n, n] (not an ancestor, per query head of a key
+    head's group) are masked out. Query heads are grouped per key head (no copies of the cache).
+    Returns [n, H hd].
     """
     n, heads, hd = q.shape
     kv_heads = k.shape[1]
@@ -170,8 +252,8 @@ def attention_core(
     scale = hd**-0.5
     s_prefix = (qg @ keys.transpose(1, 2)) * scale  # [H_kv, group n, rows]
     s_tree = (qg @ k.permute(1, 2, 0)) * scale  # [H_kv, group n, n]
-    s_prefix = s_prefix.masked_fill(~prefix_valid, float("-inf"))
-    s_tree = s_tree.masked_fill(~ancestors.repeat(group, 1), float("-inf"))
+    s_prefix = s_prefix.masked_fill(prefix_blocked, float("-inf"))
+    s_tree = s_tree.masked_fill(tree_blocked, float("-inf"))
     scores = torch.cat([s_prefix, s_tree], dim=-1)
     p = torch.softmax(scores.float() if scores.dtype == torch.float16 else scores, dim=-1).to(q.dtype)
     rows = keys.shape[1]
@@ -180,14 +262,13 @@ def attention_core(
 
 
 def attention_epilogue(
-    layer: DecoderLayer, x: torch.Tensor, out: torch.Tensor, gate: torch.Tensor
+    layer: DecoderLayer, w: AttentionWeights, x: torch.Tensor, out: torch.Tensor, gate: torch.Tensor
 ) -> torch.Tensor:
     """Output gate, output projection, residual, MLP block."""
     attn: Attention = layer.self_attn
     if attn.output_gate:
         out = out * torch.sigmoid(gate)
-    x = x + attn.o_proj(out)
-    return x + layer.mlp(layer.post_attention_layernorm(x))
+    return mlp_block(layer, w.post_norm, plus_linear(x, out, attn.o_proj))
 
 
 GLUE: dict[str, Callable[..., Any]] = {
@@ -204,6 +285,10 @@ def compiled_glue() -> dict[str, Callable[..., Any]]:
     """The glue functions wrapped in ``torch.compile`` (once per process; compiled at the first call of
     each shape: one decode and one verify size cost two compiles per function)."""
     if not _COMPILED:
+        import torch._inductor.config as inductor_config
+
+        if "TORCHINDUCTOR_COMPILE_THREADS" not in os.environ:
+            inductor_config.compile_threads = 1
         _COMPILED.update({name: torch.compile(fn, dynamic=False) for name, fn in GLUE.items()})
     return _COMPILED
 
@@ -347,6 +432,13 @@ class StaticDecoder:
         self.num_layers = len(self.layers)
         self.conv_width = cfg.linear_conv_kernel_dim
         rows = max_len + max_nodes
+        with torch.no_grad():  # copies of the weights read at construction (the stacked projections)
+            self.weights = [
+                GDNWeights.of(lay, dt) if lay.layer_type == GDN else AttentionWeights.of(lay)
+                for lay in self.layers
+            ]
+            self.final_norm = model.model.norm.scale()
+        self.has_attention = any(lay.layer_type != GDN for lay in self.layers)
         self.buffers: list[GDNBuffers | AttentionBuffers] = []
         for layer in self.layers:
             if layer.layer_type == GDN:
@@ -368,7 +460,6 @@ class StaticDecoder:
                 )
         self.length = torch.zeros(1, dtype=torch.long, device=dev)
         self.token = torch.zeros(1, dtype=torch.long, device=dev)
-        self.zero = torch.zeros(1, dtype=torch.long, device=dev)
         self.rows = torch.arange(rows, device=dev)
         self.decode_slot = TreeSlot(self, 1)
         self.layer_calls = {"linear_attention": 0, "full_attention": 0}
@@ -439,12 +530,13 @@ class StaticDecoder:
         """
         assert slot.logits is not None, "verify the slot first"
         choice = slot.logits.argmax(-1)
-        ok = (slot.tokens == choice[slot.parents.clamp(min=0)]) & (slot.parents >= 0) & slot.first
-        ok = ok | (self.rows[: slot.size] == 0)
+        ok = (slot.tokens == choice.index_select(0, slot.parents.clamp(min=0))) & (slot.parents >= 0)
+        ok = (ok & slot.first) | (self.rows[: slot.size] == 0)
         accepted = ~(slot.ancestors & ~ok[None, :]).any(dim=-1)
         node = torch.where(accepted, slot.depth, 0).argmax().view(1)
+        # index with the 1-element tensor: indexing with a 0-dim one (choice[node]) reads it on the host
         slot.node.copy_(node)
-        slot.bonus.copy_(choice.gather(0, node))  # not choice[node]: a 0-d index syncs with the host
+        slot.bonus.copy_(choice.index_select(0, node))
 
     @torch.no_grad()
     def commit(self, slot: TreeSlot, strategy: str = "replay") -> None:
@@ -484,35 +576,42 @@ class StaticDecoder:
     ) -> torch.Tensor:
         glue = self.glue
         x = self.model.model.embed_tokens(tokens)
-        prefix_valid = self.rows < self.length
-        for i, (layer, buf) in enumerate(zip(self.layers, self.buffers)):
+        if self.has_attention:  # shared by every attention layer: made once per step
+            prefix_blocked = self.rows >= self.length
+            attn = next(lay.self_attn for lay in self.layers if lay.layer_type != GDN)
+            tree_blocked = ~slot.ancestors.repeat(attn.num_heads // attn.num_kv_heads, 1)
+            cos, sin = rotary_tables(positions, attn.inv_freq, self.dtype)
+        for i, (layer, w, buf) in enumerate(zip(self.layers, self.weights, self.buffers)):
             self.layer_calls[layer.layer_type] += 1
             if isinstance(buf, GDNBuffers):
-                h, conv_inputs, q, k, v, g, beta = glue["gdn_prologue"](
-                    layer, x, buf.conv, slot.conv_index, self.kernel_dtype
+                assert isinstance(w, GDNWeights)
+                z, conv_inputs, q, k, v, g, beta = glue["gdn_prologue"](
+                    layer, w, x, buf.conv, slot.conv_index, self.kernel_dtype
                 )
                 scale = layer.linear_attn.head_k_dim**-0.5
                 if decode:
                     o, new_state = self._recurrent(q, k, v, g, beta, buf.recurrent, scale)
                     buf.recurrent.copy_(new_state)
-                    self._commit_conv(buf, conv_inputs, slot.conv_index, self.zero)
+                    if buf.conv.shape[0]:  # the window moves by one token
+                        buf.conv.copy_(torch.cat([buf.conv, conv_inputs.to(buf.conv.dtype)])[1:])
                 else:
                     o, factors = self._tree(
                         q, k, v, g, beta, buf.recurrent, slot.parents, slot.ancestors, scale, slot.snapshots,
                         self.precision,
                     )  # fmt: skip
                     slot.saved[i] = GDNSaved(conv_inputs, k, factors)
-                x = glue["gdn_epilogue"](layer, x, h, o)
+                x = glue["gdn_epilogue"](layer, w, x, o, z)
             else:
-                q, gate, k, v = glue["attention_prologue"](layer, x, positions)
-                out = glue["attention_core"](q, k, v, buf.keys, buf.values, prefix_valid, slot.ancestors)
+                assert isinstance(w, AttentionWeights)
+                q, gate, k, v = glue["attention_prologue"](layer, w, x, cos, sin)
+                out = glue["attention_core"](q, k, v, buf.keys, buf.values, prefix_blocked, tree_blocked)
                 if decode:
                     buf.keys.index_copy_(1, self.length, k.transpose(0, 1))
                     buf.values.index_copy_(1, self.length, v.transpose(0, 1))
                 else:
                     slot.saved[i] = AttentionSaved(k, v)
-                x = glue["attention_epilogue"](layer, x, out, gate)
-        return self.model.lm_head(self.model.model.norm(x))
+                x = glue["attention_epilogue"](layer, w, x, out, gate)
+        return self.model.lm_head(rms_norm(x, self.final_norm, self.model.model.norm.eps))
 
     def _commit_conv(
         self, buf: GDNBuffers, conv_inputs: torch.Tensor, conv_index: torch.Tensor, node: torch.Tensor
