@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import random
 import time
 from collections.abc import Callable, Iterable
@@ -59,16 +58,24 @@ class OptimConfig:
         return asdict(self)
 
 
-class RecipeOptim:
-    """Mixin for recipe dataclasses: their optimiser settings as an :class:`OptimConfig`."""
+@dataclass(kw_only=True)
+class TrainRecipe:
+    """What every training recipe shares: where the run goes, its optimiser and loop settings, and how
+    the checkpoint is written. Recipes subclass it (recorded whole in manifest.json) and may change
+    the defaults."""
 
-    steps: int
-    lr: float
-    warmup: int
-    weight_decay: float
-    grad_clip: float
-    precision: str
-    log_every: int
+    out: str
+    steps: int = 300
+    batch_size: int = 16
+    lr: float = 1e-3
+    warmup: int = 20
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    seed: int = 0
+    device: str = "auto"
+    precision: str = "fp32"
+    log_every: int = 1
+    save_dtype: str = "fp32"  # bf16: weights rounded before the held-out eval and written in bf16
     time_budget_s: float | None = None
 
     def optim(self) -> OptimConfig:
@@ -233,12 +240,11 @@ def round_weights(model: nn.Module, dtype: torch.dtype) -> nn.Module:
 
 
 def fast_gdn_backend(model: nn.Module) -> nn.Module:
-    """Training and distillation on CUDA run the Triton GDN kernels (fla's chunk kernel for chains,
-    the project's tree kernels for verification); CPU keeps the reference. The environment
-    variable ``REPRO_TRAIN_GDN_BACKEND`` overrides the choice (e.g. ``reference`` on CUDA)."""
-    name = os.environ.get("REPRO_TRAIN_GDN_BACKEND") or ("triton" if model.device.type == "cuda" else "")
-    if name:
-        model.set_gdn_backend(name)
+    """Training and distillation on CUDA run the Triton GDN kernels (fla's chunk kernel for no-grad
+    chains, the project's tree kernels for verification; gradients always flow through the torch
+    chunked form, see ``repro.gdn.backends.chain_function``); CPU keeps the reference."""
+    if model.device.type == "cuda":
+        model.set_gdn_backend("triton")
     return model
 
 

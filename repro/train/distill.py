@@ -23,8 +23,8 @@ from repro.routes import build_route
 from repro.tokenizer import Tokenizer, load_tokenizer
 from repro.train.common import (
     LOSS_FIGURE,
-    RecipeOptim,
     StepFn,
+    TrainRecipe,
     fast_gdn_backend,
     plot_loss,
     resolve_train_device,
@@ -39,30 +39,17 @@ from repro.train.target import SEPARATOR, documents, encode_document, special_id
 
 
 @dataclass(kw_only=True)
-class DistillRecipe(RecipeOptim):
-    """What every drafter recipe shares: the target, the corpus and the self-distillation data,
-    the optimiser settings, the held-out evaluation and how the checkpoint is written."""
+class DistillRecipe(TrainRecipe):
+    """What every drafter recipe adds: the target, the corpus, the self-distillation data and the
+    held-out evaluation."""
 
     target: str
     corpus: str
-    out: str
     prompts: int = 64  # self-distillation sequences
     prompt_len: int = 32
     gen_len: int = 64
-    steps: int = 300
-    batch_size: int = 16
-    lr: float = 1e-3
-    warmup: int = 20
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    seed: int = 0
-    device: str = "auto"
-    precision: str = "fp32"
     eval_prompts: int = 4
     eval_new_tokens: int = 64
-    log_every: int = 1
-    save_dtype: str = "fp32"  # bf16: weights rounded before the held-out eval and written in bf16
-    time_budget_s: float | None = None
 
 
 @dataclass

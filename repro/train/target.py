@@ -35,7 +35,7 @@ from repro.models.loading import save_target
 from repro.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer, write_byte_tokenizer_marker
 from repro.train.common import (
     LOSS_FIGURE,
-    RecipeOptim,
+    TrainRecipe,
     fast_gdn_backend,
     plot_loss,
     resolve_train_device,
@@ -57,32 +57,23 @@ TOKENIZER_FILES = (
 )
 
 
-@dataclass
-class TargetRecipe(RecipeOptim):
+@dataclass(kw_only=True)
+class TargetRecipe(TrainRecipe):
     """Everything that decides a target training run (recorded whole in manifest.json)."""
 
     corpus: str
-    out: str
     tokenizer: str | None = None  # a trained tokenizer dir; None = the byte-level ChatML tokenizer
     arch: str = "qwen35"
     layers: int = 4
     hidden_size: int = 64
-    steps: int = 200
-    batch_size: int = 8
     seq_len: int = 128
-    lr: float = 3e-3
-    warmup: int = 20
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
-    seed: int = 0
-    device: str = "auto"
-    precision: str = "fp32"
     eval_sequences: int = 64
     max_train_tokens: int | None = None
-    log_every: int = 1
     tie_embeddings: bool = False
-    save_dtype: str = "fp32"  # bf16: weights rounded before the held-out eval and written in bf16
-    time_budget_s: float | None = None
+    steps: int = 200
+    batch_size: int = 8
+    lr: float = 3e-3
+    weight_decay: float = 0.1
 
 
 # ----- data -----
