@@ -10,7 +10,7 @@
 #                                           path's first: static decoder, Triton tree kernels)
 #
 # Environment: OUT (default runs/gpu-tests); GPU_TEST_TIMEOUT=<s> sets every file's limit, else each file
-# has its own below (210 s in all; the default set is expected to need 150 s or less on one H200, most of
+# has its own below (330 s in all; the default set took 216 s on one H200 on 2026-11-30, most of
 # it process start-up, Triton compiles and fla's autotuning, which TRITON_CACHE_AUTOTUNING=1 lets later
 # processes reuse); REPRO_GPU_FULL=1 adds the extended matrices (minutes more: raise the limits).
 # Exit status: 0 when every file passed (or had no gpu tests selected), else 1.
@@ -29,7 +29,7 @@ limit_of() {  # seconds for one file: start-up (~10 s: torch, CUDA context) + co
   case $(basename "$1" .py) in
     test_static_decoder) echo 60 ;;  # 8 tests: graphs of every step, fp32 and bf16
     test_triton_tree) echo 50 ;;     # 12 paper-shape cases (49 with REPRO_GPU_FULL=1)
-    test_chain_gpu) echo 60 ;;       # fla's chunk forward (autotuned) and training gradients
+    test_chain_gpu) echo 120 ;;      # fla's chunk forward (autotuned: ~55 s) and training gradients
     test_bench_kernels) echo 40 ;;   # one shape of the kernel bench without fla's chunk kernels; timers
     *) echo 60 ;;
   esac
