@@ -162,7 +162,7 @@ def test_paper_numbers_come_from_the_baselines_files():
         "paper_ref": row["paper_ref"],
         "prior_us": 140,
     }
-    rec = bk.lookup_paper(paper, ("specla", "recovery", "draft", "commit_closed_form", "fp32", 8))
+    rec = bk.lookup_paper(paper, ("specla", "recovery", "draft", "commit_closed_form_fused", "fp32", 8))
     assert rec["paper_speedup"] == "2.74-4.28"
     assert bk.lookup_paper(paper, ("specla", "verify", "chain", "chain_chunk", "bf16", 128)) == {
         "prior_us": 501
@@ -288,6 +288,7 @@ tree = bk.Case(sh, "draft", draft_tree(12, 5), cpu, accepted=[0, 1, 2])
 chain = bk.Case(sh, "chain", list(range(-1, 7)), cpu)
 rows = [(tree, "per_branch_recurrent", "bf16"), (tree, "tree_fused", "bf16"), (tree, "tree_fused", "fp32"),
         (tree, "per_token_states", "bf16"), (tree, "commit_replay_fla", "bf16"),
+        (tree, "commit_closed_form_fused", "fp32"),
         (chain, "chain_recurrent", "bf16")]
 for case, name, dtype in rows:
     x64 = bk.make_inputs(sh, case.n, 1, cpu)

@@ -22,7 +22,9 @@ e the q/k/v element size (2 for bf16, 4 for fp32), g/beta/state/factors in fp32:
 - chain_recurrent / chain_chunk: io(n) + S, writes o; flops as the two above with L = n.
 - per_token_states: k, v, g, beta of n tokens + S + 8 n (parents), writes n S;
   flops 5 dk dv HV per node (decay, S k, rank-1 update), fp32 rate.
-- commit_closed_form: d HV (dv + dk + 1) 4 (delta, k, G rows of the path) + S, writes S;
+- commit_closed_form (torch) and commit_closed_form_fused (Triton, repro.gdn.triton_commit; it also
+  copies S0 first, so that every call starts from the same state): d HV (dv + dk + 1) 4 (delta, k, G
+  rows of the path) + S, writes S;
   flops HV (2 d dk dv + 2 dk dv), fp32 rate.
 - commit_replay_fla: io(d) + S, writes o (d HV dv e) and S; flops 7 d dk dv HV, fp32 rate.
 - commit_snapshot: reads and writes one state (2 S); no flops.
@@ -74,7 +76,12 @@ VERIFY_ROWS = [
     ("per_token_states", "bf16"),
 ]
 CHAIN_ROWS = [("chain_recurrent", "bf16"), ("chain_chunk", "bf16")]
-RECOVERY_ROWS = [("commit_replay_fla", "bf16"), ("commit_closed_form", "fp32"), ("commit_snapshot", "fp32")]
+RECOVERY_ROWS = [
+    ("commit_replay_fla", "bf16"),
+    ("commit_closed_form", "fp32"),
+    ("commit_closed_form_fused", "fp32"),
+    ("commit_snapshot", "fp32"),
+]
 QUICK_SIZES = [4, 8]
 QUICK_DEPTHS = [2, 4]
 
@@ -277,6 +284,21 @@ def build_commit_closed_form(case: Case, x: Inputs) -> Fn:
     return lambda: gdn.commit_closed_form(x.state, f, path)
 
 
+def build_commit_closed_form_fused(case: Case, x: Inputs) -> Fn:
+    """The fused Triton closed form on a copy of S0 (the path end read from a device tensor)."""
+    commit = importlib.import_module("repro.gdn.triton_commit").commit_closed_form_fused
+    f, path = _factors(case, x, snapshots=False), case.accepted
+    assert path
+    node = torch.tensor([path[-1]], device=case.device)
+
+    def run() -> torch.Tensor:
+        state = x.state.clone()
+        commit(state, f.delta, f.k, f.gate_cum, case.ancestors, node)
+        return state
+
+    return run
+
+
 def build_commit_snapshot(case: Case, x: Inputs) -> Fn:
     f, path = _factors(case, x, snapshots=True), case.accepted
     return lambda: gdn.commit_snapshot(x.state, f, path)
@@ -331,7 +353,7 @@ def cost(method: str, dtype: str, case: Case) -> tuple[int, float, str]:
         kvgb = n * (sh.h * sh.dk * e + sh.hv * sh.dv * e + 2 * sh.hv * 4)
         return kvgb + state + 8 * n + n * state, float(n * 5 * sh.dk * sh.dv * sh.hv), "fp32"
     d = len(case.accepted or [])
-    if method == "commit_closed_form":
+    if method in ("commit_closed_form", "commit_closed_form_fused"):
         nbytes = d * sh.hv * (sh.dv + sh.dk + 1) * 4 + 2 * state
         return nbytes, float(sh.hv * (2 * d + 2) * sh.dk * sh.dv), "fp32"
     if method == "commit_replay_fla":
@@ -371,6 +393,7 @@ METHODS: dict[str, Method] = {
     "commit_closed_form": Method(
         build_commit_closed_form, "commit", "torch", False, "not capturable (host-to-device path index copy)"
     ),
+    "commit_closed_form_fused": Method(build_commit_closed_form_fused, "commit", "triton_tree"),
     "commit_replay_fla": Method(build_commit_replay_fla, "commit", "fla"),
     "commit_snapshot": Method(build_commit_snapshot, "commit", "torch"),
 }
@@ -461,9 +484,10 @@ def paper_numbers(root: Path | None = None) -> dict[tuple, dict[str, Any]]:
             paper_ref=ref,
         )
     for m in load("specla.yaml").get("microbenchmarks", []):
+        recovery = ("recovery", "draft", "commit_closed_form_fused", "fp32")
         key = {
             "tree_verify_vs_root_to_leaf_replay": ("verify", "draft", "tree_fused", "bf16"),
-            "accepted_state_recovery_vs_token_replay": ("recovery", "draft", "commit_closed_form", "fp32"),
+            "accepted_state_recovery_vs_token_replay": recovery,
         }.get(m.get("metric"))
         if key:
             put(

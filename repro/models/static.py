@@ -19,7 +19,9 @@ graph (:mod:`repro.models.graphs`) and replayed:
   :class:`repro.acceptance.TargetMatch` at temperature 0); :meth:`StaticDecoder.commit`: the
   accepted path (ending at the slot's ``node``) folded into the buffers by ``snapshot`` (per-node
   states from verify), ``replay`` (the recurrence over the path, padded to the slot's max depth
-  with identity steps g = beta = 0) or ``closed_form`` (the tree factors, masked to the path).
+  with identity steps g = beta = 0) or ``closed_form`` (the tree factors, masked to the path). With
+  the Triton kernels the closed form and the conv-history commit are one fused kernel each per layer
+  (:mod:`repro.gdn.triton_commit`).
 
 The layer arithmetic is HybridLM's (its modules and helpers), regrouped to launch fewer kernels per
 step: per layer the input projections are stacked into one matrix (GDN: q|k|v, z, a, b; attention:
@@ -620,6 +622,11 @@ class StaticDecoder:
         hist = buf.conv.shape[0]
         if hist == 0:
             return
+        if self.kernel == "triton":
+            from repro.gdn.triton_commit import commit_conv_fused
+
+            commit_conv_fused(buf.conv, conv_inputs, conv_index, node)
+            return
         idx = conv_index.index_select(0, node)[0, :hist].flip(0)
         buf.conv.copy_(torch.cat([buf.conv, conv_inputs.to(buf.conv.dtype)], dim=0)[idx])
 
@@ -638,6 +645,10 @@ class StaticDecoder:
         if strategy == "snapshot":
             assert f.snapshots is not None
             state.copy_(f.snapshots.index_select(0, node)[0])
+        elif strategy == "closed_form" and self.kernel == "triton" and state.dtype == torch.float32:
+            from repro.gdn.triton_commit import commit_closed_form_fused
+
+            commit_closed_form_fused(state, f.delta, f.k, f.gate_cum, slot.ancestors, node)
         elif strategy == "closed_form":
             g_end = f.gate_cum.index_select(0, node)  # [1, HV]
             weights = (g_end - f.gate_cum).masked_fill(~on_path[:, None], float("-inf")).exp()  # [T, HV]

@@ -1,0 +1,153 @@
+"""Fused Triton commits (repro.gdn.triton_commit) against the pure-torch reference.
+
+- interpreter (CPU, TRITON_INTERPRET=1, one subprocess): closed-form state commit vs
+  reference.commit_closed_form (itself pinned to replay in float64 by tests/test_gdn_tree.py) and the
+  conv-history commit vs reference.conv_history_after, on random trees, every kind of path end (the
+  root, a leaf deeper than the conv window, a node whose window reaches into the history), shapes
+  whose d_v / d_k / n are not multiples of the tiles;
+- gpu: the same at both paper layer shapes, float32 factors from the fused tree kernel.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from repro.gdn import reference as gdn
+from repro.tree import Tree
+
+CASES = [  # (name, HV, d_v, d_k, n, tree kind, seed)
+    ("small", 2, 16, 16, 9, "mixed", 0),
+    ("ragged", 3, 24, 40, 21, "random", 1),  # d_v, d_k, n off the tiles
+    ("chain", 2, 32, 16, 17, "chain", 2),
+]
+
+
+def _random_tree(n: int, kind: str, seed: int) -> Tree:
+    from repro.bench.shapes import random_parents
+
+    gen = torch.Generator().manual_seed(seed)
+    return Tree(torch.zeros(n, dtype=torch.long), random_parents(n, kind, gen))
+
+
+def _ends(tree: Tree) -> list[int]:
+    """Path ends worth committing: the root, the deepest node, a shallow non-root node."""
+    depth = tree.depth.tolist()
+    deepest = max(range(tree.size), key=lambda i: depth[i])
+    shallow = next((i for i in range(tree.size) if depth[i] == 2), deepest)
+    return sorted({0, deepest, shallow})
+
+
+def closed_form_errors(hv: int, dv: int, dk: int, n: int, kind: str, seed: int, device: str) -> list[float]:
+    """Max relative state error of the fused closed form vs the reference, one per path end."""
+    from repro.gdn.triton_commit import commit_closed_form_fused
+
+    gen = torch.Generator().manual_seed(seed)
+    tree = _random_tree(n, kind, seed)
+    f64 = torch.float64
+    f = gdn.TreeFactors(
+        delta=torch.randn(n, hv, dv, generator=gen, dtype=f64),
+        gate_cum=-torch.rand(n, hv, generator=gen, dtype=f64) * 3,
+        k=torch.randn(n, hv, dk, generator=gen, dtype=f64),
+        v=torch.empty(0),
+        g=torch.empty(0),
+        beta=torch.empty(0),
+    )
+    state = torch.randn(hv, dv, dk, generator=gen, dtype=f64)
+    errs = []
+    for end in _ends(tree):
+        path = tree.path_to(end)
+        ref = gdn.commit_closed_form(state, f, path)
+        got = state.float().to(device)
+        commit_closed_form_fused(
+            got, f.delta.float().to(device), f.k.float().to(device), f.gate_cum.float().to(device),
+            tree.ancestor_mask.to(device), torch.tensor([end], device=device),
+        )  # fmt: skip
+        errs.append(float((got.cpu().double() - ref).norm() / ref.norm()))
+    return errs
+
+
+def conv_commit_mismatches(width: int, channels: int, n: int, kind: str, seed: int, device: str) -> int:
+    """Elements where the fused conv commit differs from reference.conv_history_after (all path ends)."""
+    from repro.gdn.triton_commit import commit_conv_fused
+
+    gen = torch.Generator().manual_seed(seed)
+    tree = _random_tree(n, kind, seed)
+    history = torch.randn(width - 1, channels, generator=gen)
+    inputs = torch.randn(n, channels, generator=gen)
+    index = gdn.conv_gather_index(tree.parents, width)
+    bad = 0
+    for end in range(n):
+        ref = gdn.conv_history_after(history, inputs, tree.path_to(end))
+        got = history.clone().to(device)
+        commit_conv_fused(got, inputs.to(device), index.to(device), torch.tensor([end], device=device))
+        bad += int((got.cpu() != ref).sum())
+    return bad
+
+
+def _interpreter_main() -> None:
+    """Subprocess entry (TRITON_INTERPRET=1): every case's errors as JSON on the last line."""
+    torch.set_num_threads(1)
+    out = {name: closed_form_errors(*case, device="cpu") for name, *case in CASES}
+    out["conv"] = [
+        conv_commit_mismatches(4, 40, 12, "mixed", 3, "cpu"),
+        conv_commit_mismatches(2, 8, 5, "chain", 4, "cpu"),
+    ]
+    print(json.dumps(out))
+
+
+@pytest.fixture(scope="module")
+def interp() -> dict:
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is needed")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--interpret"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("name", [c[0] for c in CASES])
+def test_closed_form_commit_matches_reference_in_the_interpreter(interp: dict, name: str) -> None:
+    errs = interp[name]
+    assert len(errs) >= 2  # the root and at least one deeper end
+    assert max(errs) < 1e-6, errs  # float32 state and factors vs float64
+
+
+def test_conv_commit_matches_reference_in_the_interpreter(interp: dict) -> None:
+    assert interp["conv"] == [0, 0]  # a copy of existing values: exact
+
+
+def test_commit_rejects_mismatched_factors() -> None:
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is needed")
+    from repro.gdn.triton_commit import commit_closed_form_fused
+
+    state = torch.zeros(2, 16, 16)
+    with pytest.raises(ValueError, match="factors do not match"):
+        commit_closed_form_fused(
+            state, torch.zeros(4, 2, 8), torch.zeros(4, 2, 16), torch.zeros(4, 2),
+            torch.eye(4, dtype=torch.bool), torch.zeros(1, dtype=torch.long),
+        )  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(48, 128, 128, 64, "random", 5), (8, 256, 256, 128, "mixed", 6)])
+def test_gpu_commits_at_paper_shapes(shape: tuple) -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    assert max(closed_form_errors(*shape, device="cuda")) < 1e-6
+    assert conv_commit_mismatches(4, 6144, 64, "random", 7, "cuda") == 0
+
+
+if __name__ == "__main__" and "--interpret" in sys.argv:
+    _interpreter_main()
