@@ -144,6 +144,7 @@ class ModelBenchConfig:
     context: int = 512
     sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128, 256])
     step_nodes: int = 64
+    step_commit: str = "closed_form"  # the commit strategy of the fused step rows (step_graph, step_eager)
     compile: bool = True
     seed: int = 0
     time_budget_s: float | None = None
@@ -157,6 +158,7 @@ class ModelBenchConfig:
             "context": self.context,
             "sizes": self.sizes,
             "step_nodes": self.step_nodes,
+            "step_commit": self.step_commit,
             "compile": self.compile,
             "seed": self.seed,
             "time_budget_s": self.time_budget_s,
@@ -476,7 +478,11 @@ class ShapeBench:
             m = Measured(hybrid, accepted=len(acc.path))
             m.layers = (self.config.num_gdn_layers, self.config.num_attention_layers)
             return m.logits(ref.logits, ref.logits)
-        strategy = {"commit_snapshot": "snapshot", "commit_closed_form": "closed_form"}.get(method, "replay")
+        strategy = {
+            "commit_snapshot": "snapshot",
+            "commit_closed_form": "closed_form",
+            "commit_replay": "replay",
+        }.get(method, self.cfg.step_commit)
         slot = self._slot(dec, t, snapshots=method in ("verify_snapshots", "commit_snapshot"))
         if method in ("step_graph", "step_eager"):
             fn = lambda: dec.step(slot, strategy)  # noqa: E731
@@ -1062,9 +1068,10 @@ DEFINITIONS = """\
   same logits: a difference fails the row; the note compares it with TargetMatch on HybridLM's
   logits, which bf16 argmaxes may make differ); accept_host = TargetMatch on the host (one device
   read per accepted level); commit_* = the commit strategies alone (replay runs the recurrence over
-  the slot's max depth with identity padding); step_graph = verify + accept + replay commit in one
-  graph; readback = reading the accepted node and bonus back; step_eager = step_graph's work op by op
-  (python/host overhead = step_eager - step_graph); hybrid_step = HybridLM verify + TargetMatch + commit.
+  the slot's max depth with identity padding); step_graph = verify + accept + commit (the config's
+  step_commit, closed_form by default) in one graph; readback = reading the accepted node and bonus
+  back; step_eager = step_graph's work op by op (python/host overhead = step_eager - step_graph);
+  hybrid_step = HybridLM verify + TargetMatch + commit.
 - core rows: the GDN core of one layer on that layer's real inputs (T=1: fla's fused recurrence,
   else the fused Triton tree kernel), graphed."""
 
