@@ -2,14 +2,17 @@
 # Model-level benchmark on the device machine (one H200): the gpu-marked tests (scripts/gpu_tests.sh: one
 # file at a time, each time-limited, verbose, junit xml per file), then `repro bench model` at the
 # GDN-1.3B and Qwen3.6-27B shapes. Run from the repository root with the fla wheels carried in .whl/
-# (carry: [".whl"]). About 6 minutes measured, under 10 at most: setup ~20 s, tests <= 330 s (216 s measured), bench
-# <= BENCH_TIMEOUT (240 s; rows start within BENCH_BUDGET = 180 s), every stage time-limited.
+# (carry: [".whl"]). About 6 minutes measured, under 10 at most: setup ~20 s, tests <= 330 s (216 s
+# measured), bench <= BENCH_TIMEOUT (240 s; rows start within BENCH_BUDGET = 180 s), every stage
+# time-limited.
 # Environment: OUT, GPU_TEST_TIMEOUT (seconds per test file; see gpu_tests.sh), GPU_TESTS=0 (skip the
-# tests), BENCH_BUDGET, BENCH_TIMEOUT, REPRO_GIT_SHA=<sha of the checkout sent> (the device copy has no
+# tests), GPU_TEST_FILES (a space-separated subset), TUNE_TREE=1 (also the tree kernel's tile sweep,
+# scripts/tune_tree_kernel.py, into $OUT/tune-tree, at most TUNE_TIMEOUT = 200 s), BENCH_BUDGET,
+# BENCH_TIMEOUT, REPRO_GIT_SHA=<sha of the checkout sent> (the device copy has no
 # .git; the manifest names the code with it).
 # Results in $OUT: gpu_model_bench.log (everything printed, with a full traceback for every failed bench
 # row), bench-model/ (records.jsonl, manifest.json, report.md, table.csv, figures/model_verify_vs_T.png)
-# and bench-model.tar.gz (all of it, plus gpu-tests/junit-*.xml).
+# and bench-model.tar.gz (all of it, plus gpu-tests/junit-*.xml and tune-tree/ when swept).
 # repro is not installed there: it runs from the checkout through PYTHONPATH.
 # Extra arguments go to `repro bench model` (e.g. --shape gdn-1.3b --no-compile).
 set -uo pipefail
@@ -32,9 +35,16 @@ export TRITON_CACHE_AUTOTUNING=${TRITON_CACHE_AUTOTUNING:-1}  # autotuning done 
   status=0
   if [ "${GPU_TESTS:-1}" != 0 ]; then
     # junit files stay out of $OUT (at most 8 files come back from it): they travel in the tarball
-    OUT=/tmp/gpu-tests bash scripts/gpu_tests.sh
+    # GPU_TEST_FILES="tests/a.py tests/b.py" runs those files only (word-split on purpose)
+    # shellcheck disable=SC2086
+    OUT=/tmp/gpu-tests bash scripts/gpu_tests.sh ${GPU_TEST_FILES:-}
     status=$?
     echo "== gpu tests exit $status ($(date -u +%T))"
+  fi
+  if [ "${TUNE_TREE:-0}" = 1 ]; then  # the tree kernel's tile sweep (scripts/tune_tree_kernel.py)
+    echo "== tree kernel tile sweep"
+    timeout "${TUNE_TIMEOUT:-200}" python3 scripts/tune_tree_kernel.py "$OUT/tune-tree"
+    echo "== tune exit $?"
   fi
   echo "== repro bench model"
   # rows not started within the budget are recorded as skipped; report, table and figure are rewritten
@@ -47,5 +57,6 @@ export TRITON_CACHE_AUTOTUNING=${TRITON_CACHE_AUTOTUNING:-1}  # autotuning done 
   exit "$status"
 } 2>&1 | tee "$LOG"
 status=${PIPESTATUS[0]}
-tar -czf "$OUT/bench-model.tar.gz" -C "$OUT" bench-model gpu_model_bench.log -C /tmp gpu-tests 2>/dev/null
+tar -czf "$OUT/bench-model.tar.gz" -C "$OUT" bench-model gpu_model_bench.log $([ -d "$OUT/tune-tree" ] && echo tune-tree) \
+  -C /tmp gpu-tests 2>/dev/null
 exit "$status"
