@@ -7,7 +7,7 @@
 # time-limited.
 # Environment: OUT, GPU_TEST_TIMEOUT (seconds per test file; see gpu_tests.sh), GPU_TESTS=0 (skip the
 # tests), GPU_TEST_FILES (a space-separated subset), TUNE_TREE=1 (also the tree kernel's tile sweep,
-# scripts/tune_tree_kernel.py, into $OUT/tune-tree, at most TUNE_TIMEOUT = 200 s), BENCH_BUDGET,
+# scripts/tune_tree_kernel.py, into the tarball's tune-tree/, at most TUNE_TIMEOUT = 200 s), BENCH_BUDGET,
 # BENCH_TIMEOUT, REPRO_GIT_SHA=<sha of the checkout sent> (the device copy has no
 # .git; the manifest names the code with it).
 # Results in $OUT: gpu_model_bench.log (everything printed, with a full traceback for every failed bench
@@ -43,7 +43,7 @@ export TRITON_CACHE_AUTOTUNING=${TRITON_CACHE_AUTOTUNING:-1}  # autotuning done 
   fi
   if [ "${TUNE_TREE:-0}" = 1 ]; then  # the tree kernel's tile sweep (scripts/tune_tree_kernel.py)
     echo "== tree kernel tile sweep"
-    timeout "${TUNE_TIMEOUT:-200}" python3 scripts/tune_tree_kernel.py "$OUT/tune-tree"
+    timeout "${TUNE_TIMEOUT:-200}" python3 scripts/tune_tree_kernel.py /tmp/tune-tree  # tarball only
     echo "== tune exit $?"
   fi
   echo "== repro bench model"
@@ -57,6 +57,6 @@ export TRITON_CACHE_AUTOTUNING=${TRITON_CACHE_AUTOTUNING:-1}  # autotuning done 
   exit "$status"
 } 2>&1 | tee "$LOG"
 status=${PIPESTATUS[0]}
-tar -czf "$OUT/bench-model.tar.gz" -C "$OUT" bench-model gpu_model_bench.log $([ -d "$OUT/tune-tree" ] && echo tune-tree) \
-  -C /tmp gpu-tests 2>/dev/null
+tar -czf "$OUT/bench-model.tar.gz" -C "$OUT" bench-model gpu_model_bench.log \
+  -C /tmp gpu-tests $([ -d /tmp/tune-tree ] && echo tune-tree) 2>/dev/null
 exit "$status"
