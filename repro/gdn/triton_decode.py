@@ -398,7 +398,9 @@ def gdn_decode_step(
     h, hv, dk, dv = dims
     width = taps.shape[1]
     history, bias, has_bias = _conv_args(history, conv_bias, proj)
-    bv = min(block_v or max(4, min(64, _pow2(dv * hv // 128 + 1) // 2)), _pow2(dv))  # ~128 programs
+    # ~128 programs on a GPU; one per head in the CPU interpreter, which runs programs one by one
+    default = _pow2(dv) if triton.knobs.runtime.interpret else max(4, min(64, _pow2(dv * hv // 128 + 1) // 2))
+    bv = min(block_v or default, _pow2(dv))
     bk = _pow2(dk)
     o = torch.empty(hv, dv, dtype=state.dtype, device=state.device)
     a_off = proj.shape[1] - 2 * hv
