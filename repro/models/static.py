@@ -482,13 +482,13 @@ class StaticDecoder:
         self.kernel = kernel or ("triton" if dev.type == "cuda" else "reference")
         if self.kernel not in KERNELS:
             raise ConfigError(f"unknown GDN kernel {self.kernel!r}: choose one of {', '.join(KERNELS)}")
-        if self.kernel == "triton" and dev.type != "cuda" and not _interpreting():
-            raise ConfigError("the triton GDN kernels need a CUDA model (use kernel='reference' on CPU)")
         self.fused = (self.kernel == "triton" and not compile) if fused is None else fused
-        if self.fused and self.kernel != "triton":
-            raise ConfigError("fused=True needs the triton GDN kernels (kernel='triton')")
         if self.fused and compile:
             raise ConfigError("fused=True replaces the compiled glue: choose fused or compile")
+        if self.fused and self.kernel != "triton":
+            raise ConfigError("fused=True needs the triton GDN kernels (kernel='triton')")
+        if self.kernel == "triton" and dev.type != "cuda" and not _interpreting():
+            raise ConfigError("the triton GDN kernels need a CUDA model (use kernel='reference' on CPU)")
         if max_len < 1 or max_nodes < 1:
             raise ConfigError(f"max_len and max_nodes must be positive, got {max_len} and {max_nodes}")
         self.max_len, self.max_nodes = max_len, max_nodes
