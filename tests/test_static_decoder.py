@@ -467,6 +467,51 @@ def test_gpu_accept_and_step_graphs(dtype, tol):
     assert err < tol
 
 
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("heads", [(8, 8, 256), (16, 48, 128)], ids=["gdn-1.3b", "qwen3.6-27b"])
+def test_gpu_fused_decoder_at_paper_layer_shapes(heads):
+    """The fused decoder's graphs (decode steps, verify + closed-form commit) at the GDN-1.3B and
+    Qwen3.6-27B GDN head layouts (small hidden size), float32, against HybridLM and the unfused decoder."""
+    from repro.models.graphs import GraphedCall
+
+    dev = torch.device("cuda")
+    cfg = config([GDN, ATTENTION, GDN])
+    cfg.hidden_size, cfg.intermediate_size = 256, 512
+    cfg.linear_num_key_heads, cfg.linear_num_value_heads, d = heads
+    cfg.linear_key_head_dim = cfg.linear_value_head_dim = d
+    model = build(cfg, dtype=torch.float32, device="cuda", seed=41)
+    state, _ = model.prefill(ids(40, 42))
+    tree = random_token_tree(24, "mixed", 43)
+    path = tree.path_to(int(tree.depth.argmax()))
+    ver = model.verify(state, tree)
+    ref_state = model.commit(state, ver, path)
+    results = {}
+    for fused in (True, False):
+        dec = StaticDecoder(model, max_len=96, max_nodes=32, fused=fused)
+        slot = TreeSlot(dec, 24, max_depth=int(tree.depth.max()))
+        slot.set_tree(tree)
+        dec.load(state)
+        verify = GraphedCall(lambda d=dec, s=slot: d.verify(s), dev)
+        commit = GraphedCall(lambda d=dec, s=slot: d.commit(s, "closed_form"), dev)
+        decode = GraphedCall(dec.decode_step, dev)
+        dec.load(state)
+        errs = {"verify": rel(verify(), ver.logits)}
+        slot.set_accepted(path)
+        commit()
+        errs["commit"] = state_err(dec.export(), ref_state)
+        ref = ref_state
+        for tok in (3, 9, 27):
+            dec.set_token(tok)
+            step = model.verify(ref, Tree.single(tok))
+            errs[f"decode_{tok}"] = rel(decode(), step.logits)
+            ref = model.commit(ref, step, [0])
+        errs["state"] = state_err(dec.export(), ref)
+        results[fused] = errs
+    print(heads, results)
+    assert max(results[True].values()) < 1e-4, results
+
+
 # --------------------------------------------- the Triton/fla kernel path through Triton's interpreter
 
 

@@ -32,6 +32,13 @@ float64 every step agrees with ``HybridLM.verify`` / ``commit`` to rounding
 Triton dots in "tf32") where HybridLM's layer upcasts q/k/v to float32, so bf16 results agree to bf16
 accuracy, not bitwise.
 
+``fused=True`` (the default with the triton kernels) replaces the glue by the Triton kernels of
+:mod:`repro.gdn.triton_decode` (:func:`fused_gdn_layer`, :func:`fused_mlp_block`; the MLP's gate and
+up projections stacked into one matrix): a decode GDN layer is then 9 launches (RMSNorm, in_proj,
+the decode core, gated norm + conv shift, out_proj addmm, RMSNorm, gate|up, SiLU * up, down addmm),
+attention layers use the same RMSNorm and MLP kernels. ``fused=False`` keeps the torch glue (the
+reference path on CPU, the "before" row of ``repro bench model``).
+
 ``compile=True`` wraps the per-layer glue around the GDN/attention cores (norms, projections,
 conv, gates, MLP) in ``torch.compile`` so that the elementwise chains fuse into few kernels; the
 cores and every buffer write stay outside the compiled regions. Inductor compiles in this process
