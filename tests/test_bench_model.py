@@ -89,6 +89,16 @@ def test_targets_say_met_or_by_how_much_missed():
     assert "not measured" in "\n".join(bm.targets(_rows(1000.0, 2000.0, 350.0).iloc[:0], "s", 64))
 
 
+def test_why_lines_give_the_fusion_speedup():
+    table = _rows(1000.0, 1400.0, 800.0)
+    unfused = {**table.iloc[0].to_dict(), "method": "static_graph_unfused", "us": 2500.0, "kernels": 1715}
+    table.loc[0, "kernels"] = 300
+    table = pd.concat([table, pd.DataFrame([unfused])], ignore_index=True)
+    why = "\n".join(bm.why_lines(table, "s", 64, {"fused": True, "layers": 24}))
+    assert "1000 us vs 2500 us unfused, 2.50x faster (300 vs 1715 kernels per token)" in why
+    assert "unfused" not in "\n".join(bm.why_lines(table, "s", 64, {"fused": False, "layers": 24}))
+
+
 def test_cpu_run_checks_every_row_against_hybrid(tmp_path):
     out = tmp_path / "run"
     args = ["model", "--device", "cpu", "--shape", "tiny", "--dtype", "fp64", "--context", "70"]
@@ -109,6 +119,7 @@ def test_cpu_run_checks_every_row_against_hybrid(tmp_path):
         1e6 / by[("decode", "static_graph", 1)]["us"]
     )
     assert by[("step", "step_graph", 8)]["accepted"] > 1  # the planted greedy path is accepted
+    assert by[("decode", "static_graph_unfused", 1)]["rel_err"] < 1e-10  # the "before" row, same run
     assert "TargetMatch" in by[("step", "accept_graph", 8)]["reason"]
     decode_ops = by[("decode", "static_graph", 1)]["aten_ops"]
     assert 0 < decode_ops < by[("decode", "hybrid_eager", 1)]["aten_ops"]

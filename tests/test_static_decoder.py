@@ -277,6 +277,11 @@ def test_bad_inputs_are_config_errors(model):
         StaticDecoder(model, max_len=4).load(state)
     with pytest.raises(ConfigError, match="need a CUDA model"):
         StaticDecoder(model, max_len=8, kernel="triton")
+    with pytest.raises(ConfigError, match="fused=True needs the triton GDN kernels"):
+        StaticDecoder(model, max_len=8, fused=True)
+    with pytest.raises(ConfigError, match="choose fused or compile"):
+        StaticDecoder(model, max_len=8, kernel="triton", fused=True, compile=True)
+    assert not StaticDecoder(model, max_len=8).fused  # the reference kernel: the unfused glue
 
 
 # ------------------------------------------------------------- capture safety and op counts (CPU)
@@ -462,12 +467,60 @@ def test_gpu_accept_and_step_graphs(dtype, tol):
     assert err < tol
 
 
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("heads", [(8, 8, 256), (16, 48, 128)], ids=["gdn-1.3b", "qwen3.6-27b"])
+def test_gpu_fused_decoder_at_paper_layer_shapes(heads):
+    """The fused decoder's graphs (decode steps, verify + closed-form commit) at the GDN-1.3B and
+    Qwen3.6-27B GDN head layouts (small hidden size), float32, against HybridLM and the unfused decoder."""
+    from repro.models.graphs import GraphedCall
+
+    dev = torch.device("cuda")
+    cfg = config([GDN, ATTENTION, GDN])
+    cfg.hidden_size, cfg.intermediate_size = 256, 512
+    cfg.linear_num_key_heads, cfg.linear_num_value_heads, d = heads
+    cfg.linear_key_head_dim = cfg.linear_value_head_dim = d
+    model = build(cfg, dtype=torch.float32, device="cuda", seed=41)
+    state, _ = model.prefill(ids(40, 42))
+    tree = random_token_tree(24, "mixed", 43)
+    path = tree.path_to(int(tree.depth.argmax()))
+    ver = model.verify(state, tree)
+    ref_state = model.commit(state, ver, path)
+    results = {}
+    for fused in (True, False):
+        dec = StaticDecoder(model, max_len=96, max_nodes=32, fused=fused)
+        slot = TreeSlot(dec, 24, max_depth=int(tree.depth.max()))
+        slot.set_tree(tree)
+        dec.load(state)
+        verify = GraphedCall(lambda d=dec, s=slot: d.verify(s), dev)
+        commit = GraphedCall(lambda d=dec, s=slot: d.commit(s, "closed_form"), dev)
+        decode = GraphedCall(dec.decode_step, dev)
+        dec.load(state)
+        errs = {"verify": rel(verify(), ver.logits)}
+        slot.set_accepted(path)
+        commit()
+        errs["commit"] = state_err(dec.export(), ref_state)
+        ref = ref_state
+        for tok in (3, 9, 27):
+            dec.set_token(tok)
+            step = model.verify(ref, Tree.single(tok))
+            errs[f"decode_{tok}"] = rel(decode(), step.logits)
+            ref = model.commit(ref, step, [0])
+        errs["state"] = state_err(dec.export(), ref)
+        results[fused] = errs
+    print(heads, results)
+    assert max(results[True].values()) < 1e-4, results
+
+
 # --------------------------------------------- the Triton/fla kernel path through Triton's interpreter
 
 
-def _interpreter_case(dtype: torch.dtype, strategies: tuple[str, ...]) -> dict[str, float]:
-    """StaticDecoder with kernel="triton" (fused tree kernel, fla recurrence) on CPU tensors vs HybridLM."""
-    cfg = config()
+def _interpreter_case(
+    dtype: torch.dtype, strategies: tuple[str, ...], fused: bool, layers: list[str] | None = None
+) -> dict[str, float]:
+    """StaticDecoder with kernel="triton" (fused tree kernel, fla recurrence or the fused decode kernels)
+    on CPU tensors vs HybridLM: verify, commit, then two decode steps (logits and state)."""
+    cfg = config(layers)
     cfg.linear_key_head_dim = cfg.linear_value_head_dim = 16
     model = build(cfg, dtype=dtype, seed=17)
     state, _ = model.prefill(ids(10, 18))
@@ -476,7 +529,7 @@ def _interpreter_case(dtype: torch.dtype, strategies: tuple[str, ...]) -> dict[s
     ver = model.verify(state, tree)
     errs = {}
     for strategy in strategies:
-        dec = StaticDecoder(model, max_len=32, max_nodes=16, kernel="triton")
+        dec = StaticDecoder(model, max_len=32, max_nodes=16, kernel="triton", fused=fused)
         dec.load(state)
         slot = TreeSlot(dec, 9, max_depth=int(tree.depth.max()), snapshots=strategy == "snapshot")
         slot.set_tree(tree)
@@ -485,41 +538,148 @@ def _interpreter_case(dtype: torch.dtype, strategies: tuple[str, ...]) -> dict[s
         dec.commit(slot, strategy)
         ref = model.commit(state, ver, path)
         errs[f"commit_{strategy}"] = state_err(dec.export(), ref)
-        dec.set_token(4)
-        errs[f"decode_after_{strategy}"] = rel(dec.decode_step(), model.verify(ref, Tree.single(4)).logits)
+        for tok in (4, 11):
+            dec.set_token(tok)
+            step = model.verify(ref, Tree.single(tok))
+            errs[f"decode_{tok}_after_{strategy}"] = rel(dec.decode_step(), step.logits)
+            ref = model.commit(ref, step, [0])
+            errs[f"decode_{tok}_state_after_{strategy}"] = state_err(dec.export(), ref)
     return errs
 
 
-def _interpreter_main() -> None:
+class _UnseenLaunches:
+    """A Triton kernel whose launches run outside any dispatch mode (the interpreter's own torch ops are
+    no aten ops of the step on a GPU) and are counted."""
+
+    def __init__(self, kernel: object, counter: list[int]) -> None:
+        self.kernel, self.counter = kernel, counter
+
+    def __getitem__(self, grid: tuple) -> object:
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        def launch(*args: object, **kwargs: object) -> None:
+            self.counter[0] += 1
+            with _disable_current_modes():
+                self.kernel[grid](*args, **kwargs)
+
+        return launch
+
+
+def _fused_greedy_and_capture() -> dict[str, object]:
+    """The fused decoder (float32, interpreter): greedy tokens through decode_step and through step() on
+    planted trees vs the engine's AR route; the steps capture-safe; aten ops and Triton launches per
+    GDN layer of a decode step."""
+    from repro.gdn import triton_decode
+
+    model = build(config([GDN, ATTENTION]), dtype=torch.float32, seed=31)
+    prompt = ids(8, 32).tolist()
+    want = generate(model, prompt, Route("ar", None, SingleNode(), TargetMatch(0.0, 0)), 7).output_ids
+    state, ver = model.prefill(prompt)
+    dec = StaticDecoder(model, max_len=32, max_nodes=8, kernel="triton")
+    assert dec.fused
+    dec.load(state)
+    ar = [int(ver.logits[-1].argmax())]
+    while len(ar) < 7:
+        dec.set_token(ar[-1])
+        ar.append(int(dec.decode_step()[0].argmax()))
+    dec.load(state)
+    spec, ref_state, steps = ar[:1], state, 0
+    slot = TreeSlot(dec, 7)
+    while len(spec) < 7:
+        tree = planted_tree(model, ref_state, spec[-1], steps)
+        tree = Tree(tree.tokens[:7], tree.parents[:7])
+        slot.set_tree(tree)
+        dec.step(slot, "closed_form")
+        path, bonus = slot.accepted()
+        spec += tree.tokens[path[1:]].tolist() + [bonus]
+        ref_state = model.commit(ref_state, model.verify(ref_state, tree), path)
+        steps += 1
+
+    launches = [0]
+    for name in dir(triton_decode):
+        if name.endswith("_kernel"):
+            setattr(triton_decode, name, _UnseenLaunches(getattr(triton_decode, name), launches))
+    tree = Tree(ids(5, 33), torch.tensor([-1, 0, 0, 1, 2]))
+    slot = TreeSlot(dec, 5, snapshots=True)
+    slot.set_tree(tree)
+    hazards = []
+    for name, fn in step_calls(dec, slot).items():
+        if name not in ("commit_replay", "step"):  # fla in the interpreter is slow; both run unfused too
+            dec.load(state)
+            hazards += [f"{name}: {h}" for h in check_capture(fn).hazards]
+    ops, kernels = [], []
+    for n in (1, 2):
+        m = build(config([GDN] * n), dtype=torch.float32, seed=3)
+        d = StaticDecoder(m, max_len=16, max_nodes=4, kernel="triton")
+        d.load(m.prefill(ids(5, 62))[0])
+        launches[0] = 0
+        ops.append(count_ops(d.decode_step))
+        kernels.append(launches[0])
+    return {
+        "ar_equal": ar == want,
+        "spec_equal": spec[:7] == want,
+        "spec_steps": steps,
+        "hazards": hazards,
+        "gdn_ops_per_layer": ops[1] - ops[0],
+        "gdn_triton_launches_per_layer": kernels[1] - kernels[0],
+    }
+
+
+def _interpreter_main(fused: bool) -> None:
     """Subprocess entry (TRITON_INTERPRET=1): print the cases' errors as JSON on the last line."""
     import repro.gdn.triton_tree  # noqa: F401 - applies the interpreter's NumPy patch before fla loads
 
     torch.set_num_threads(1)
-    out = {
-        "float32": _interpreter_case(torch.float32, ("replay", "closed_form", "snapshot")),
-        "bfloat16": _interpreter_case(torch.bfloat16, ("replay",)),
-    }
+    if fused:
+        out = {
+            "float32": _interpreter_case(torch.float32, ("closed_form",), True, [GDN, ATTENTION]),
+            "greedy": _fused_greedy_and_capture(),
+        }
+    else:
+        out = {
+            "float32": _interpreter_case(torch.float32, ("replay", "closed_form", "snapshot"), False),
+            "bfloat16": _interpreter_case(torch.bfloat16, ("replay",), False),
+        }
     print(json.dumps(out))
 
 
-def test_triton_kernel_path_through_the_interpreter():
-    """The CUDA code path (fused Triton tree kernel, per-node states, fla's fused recurrence for decode
-    and replay, bf16 kernel inputs with tf32 dots) run by Triton's CPU interpreter, against HybridLM."""
+def _run_interpreter(flag: str) -> dict:
     if importlib.util.find_spec("triton") is None or importlib.util.find_spec("fla") is None:
         pytest.skip("triton and flash-linear-attention are needed")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     proc = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), "--interpret"],
+        [sys.executable, str(Path(__file__).resolve()), flag],
         env=env,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    errs = json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_triton_kernel_path_through_the_interpreter():
+    """The unfused CUDA code path (fused Triton tree kernel, per-node states, fla's fused recurrence for
+    decode and replay, bf16 kernel inputs with tf32 dots) run by Triton's CPU interpreter, vs HybridLM."""
+    errs = _run_interpreter("--interpret")
     assert max(errs["float32"].values()) < 1e-5, errs
     assert max(errs["bfloat16"].values()) < 5e-2, errs  # bf16 q/k/v and model vs HybridLM's float32 GDN
 
 
-if __name__ == "__main__" and "--interpret" in sys.argv:
-    _interpreter_main()
+def test_fused_decoder_through_the_interpreter():
+    """fused=True (the triton default): the Triton decode core, tree prologue, gated norm with the conv
+    shift, RMSNorm and SiLU * up kernels, in the interpreter, vs HybridLM; greedy decoding equals AR
+    (decode_step and speculative steps); every step capture-safe; a decode GDN layer is 4 aten ops
+    (in_proj, out_proj + residual, gate|up, down + residual) and 5 Triton kernels (the bf16 kernels are
+    pinned in tests/test_triton_decode.py, the replay commit and bf16 decoder on the GPU)."""
+    out = _run_interpreter("--interpret-fused")
+    assert max(out["float32"].values()) < 1e-5, out["float32"]
+    greedy = out["greedy"]
+    assert greedy["ar_equal"] and greedy["spec_equal"], greedy
+    assert greedy["spec_steps"] < 6  # several tokens per step
+    assert greedy["hazards"] == [], greedy
+    assert (greedy["gdn_ops_per_layer"], greedy["gdn_triton_launches_per_layer"]) == (4, 5), greedy
+
+
+if __name__ == "__main__" and sys.argv[-1] in ("--interpret", "--interpret-fused"):
+    _interpreter_main(sys.argv[-1] == "--interpret-fused")

@@ -20,8 +20,11 @@ Shapes (random bf16 weights built on the device; :data:`MODEL_SHAPES`):
 Measured per shape (CUDA: CUDA graphs of :class:`repro.models.static.StaticDecoder` steps; CPU: eager
 rows only, for the plumbing), after one prefill of ``context`` random tokens through HybridLM:
 
-- ``decode``: AR ms/token and tokens/s; the graph vs the eager static step vs HybridLM's own
-  per-sequence verify+commit; floor = (weights read once + GDN state read/write + KV read) / copy bw.
+- ``decode``: AR ms/token and tokens/s; the graph (the fused Triton glue of
+  :mod:`repro.gdn.triton_decode` where the decoder uses the triton kernels) vs the graph of the unfused
+  glue (``static_graph_unfused``, same run: the fusion's speedup is the ratio of the two rows) vs the
+  eager static step vs HybridLM's own per-sequence verify+commit; floor = (weights read once + GDN
+  state read/write + KV read) / copy bw.
 - ``verify``: verify latency vs tree size T (best-first draft trees, :func:`repro.bench.shapes.draft_tree`),
   and its ratio to the decode graph.
 - ``step``: a draft-free step at T = ``step_nodes`` whose deepest path carries the target's own
@@ -383,6 +386,7 @@ class ShapeBench:
         return slot
 
     def _decoder(self, compiled: bool) -> StaticDecoder:
+        """The shared decoder, or the compiled one (built once)."""
         if not compiled:
             return self.decoder
         if self.compiled is None:
@@ -407,7 +411,10 @@ class ShapeBench:
             m.aten_ops = count_aten_ops(hybrid)
             return m.logits(ver.logits, ref_logits)
         compiled = method == "static_graph_compiled"
-        dec = self._decoder(compiled)
+        if method == "static_graph_unfused":  # built for this row only (its stacked weights are copies)
+            dec = StaticDecoder(self.model, self.cfg.context + 256, 1, fused=False)
+        else:
+            dec = self._decoder(compiled)
         dec.load(self.state0)
         dec.set_token(self.token)
         eager, layers = self._count(dec, dec.decode_step)
@@ -634,7 +641,8 @@ def plan(cfg: ModelBenchConfig, compiled: bool = False) -> list[RowSpec]:
     the eager step and decode (host overhead), the compiled glue (``compiled``), the GDN cores, the host
     parts, HybridLM's own path."""
     s = cfg.step_nodes
-    rows = [RowSpec("decode", "static_graph", 1, True), RowSpec("verify", "static_graph", s, True)]
+    rows = [RowSpec("decode", "static_graph", 1, True), RowSpec("decode", "static_graph_unfused", 1, True)]
+    rows += [RowSpec("verify", "static_graph", s, True)]
     rows += [RowSpec("verify", "static_graph", t, True) for t in cfg.sizes if t != s]
     steps = ["verify_snapshots", "accept_graph", "commit_replay", "commit_closed_form", "commit_snapshot"]
     rows += [RowSpec("step", m, s, True) for m in steps + ["step_graph"]]
@@ -840,6 +848,7 @@ def _model_info(bench: ShapeBench) -> dict[str, Any]:
         "weight_bytes_per_token": weight_bytes(bench.model),
         "setup_s": bench.setup_s,
         "kernel": bench.decoder.kernel,
+        "fused": bench.decoder.fused,
         "kernel_dtype": str(bench.decoder.kernel_dtype),
         "precision": bench.decoder.precision,
     }
@@ -962,6 +971,17 @@ def why_lines(table: pd.DataFrame, shape: str, step_nodes: int, info: dict[str, 
             f"- the GDN tree kernel alone at T={step_nodes}: {core_t:.1f} us/layer x {gdn} layers = "
             f"{core_t * gdn:.0f} us of verify's {verify:.0f} us (verify - decode = {verify - decode:.0f} us)."
         )
+    unfused = _pick(table, shape, "decode", "static_graph_unfused", 1)
+    if decode and unfused and info.get("fused"):
+        kern_u = rows[(rows["group"] == "decode") & (rows["method"] == "static_graph_unfused")]["kernels"]
+        kern_u = kern_u.dropna()
+        counts = ""
+        if len(kern) and len(kern_u):
+            counts = f" ({int(kern.iloc[0])} vs {int(kern_u.iloc[0])} kernels per token)"
+        out.append(
+            f"- fused Triton glue: decode graph {decode:.0f} us vs {unfused:.0f} us unfused, "
+            f"{unfused / decode:.2f}x faster{counts}."
+        )
     comp = _pick(table, shape, "compiled", "static_graph_compiled", 1)
     if comp and decode:
         out.append(
@@ -1043,9 +1063,10 @@ def write_report(
 
 DEFINITIONS = """\
 - us: median of triton do_bench (CUDA events around each call, L2 flushed before each) of one call:
-  for *_graph rows one CUDA-graph replay of the static decoder's step, for *_eager rows the same
-  step run op by op from Python, for hybrid_* rows HybridLM's per-sequence verify/commit (the
-  harness's current path). CPU runs: a perf_counter loop (plumbing only).
+  for *_graph rows one CUDA-graph replay of the static decoder's step (static_graph_unfused: the
+  decoder with fused=False, the torch glue of repro.models.static around the GDN cores), for *_eager
+  rows the same step run op by op from Python, for hybrid_* rows HybridLM's per-sequence
+  verify/commit (the harness's current path). CPU runs: a perf_counter loop (plumbing only).
 - rel_err: ||logits - HybridLM's|| / ||HybridLM's|| on the same prefilled state and tree (HybridLM
   with its reference GDN path); state_err: the same over the committed state's buffers after the
   commit (vs HybridLM.commit of the same path); rel_err_eager: a graph's output vs the eager static

@@ -34,6 +34,13 @@ float64 every step agrees with ``HybridLM.verify`` / ``commit`` to rounding
 Triton dots in "tf32") where HybridLM's layer upcasts q/k/v to float32, so bf16 results agree to bf16
 accuracy, not bitwise.
 
+``fused=True`` (the default with the triton kernels) replaces the glue by the Triton kernels of
+:mod:`repro.gdn.triton_decode` (:func:`fused_gdn_layer`, :func:`fused_mlp_block`; the MLP's gate and
+up projections stacked into one matrix): a decode GDN layer is then 9 launches (RMSNorm, in_proj,
+the decode core, gated norm + conv shift, out_proj addmm, RMSNorm, gate|up, SiLU * up, down addmm),
+attention layers use the same RMSNorm and MLP kernels. ``fused=False`` keeps the torch glue (the
+reference path on CPU, the "before" row of ``repro bench model``).
+
 ``compile=True`` wraps the per-layer glue around the GDN/attention cores (norms, projections,
 conv, gates, MLP) in ``torch.compile`` so that the elementwise chains fuse into few kernels; the
 cores and every buffer write stay outside the compiled regions. Inductor compiles in this process
@@ -125,9 +132,10 @@ class GDNWeights:
     dt_bias: torch.Tensor
     input_norm: torch.Tensor
     post_norm: torch.Tensor
+    gate_up: torch.Tensor | None = None  # [2 I, d]: the MLP's gate_proj and up_proj stacked (fused decoders)
 
     @classmethod
-    def of(cls, layer: DecoderLayer, dtype: torch.dtype) -> GDNWeights:
+    def of(cls, layer: DecoderLayer, dtype: torch.dtype, stack_mlp: bool = False) -> GDNWeights:
         m: GatedDeltaNet = layer.linear_attn
         projs = [m.in_proj_qkv, m.in_proj_z, m.in_proj_a, m.in_proj_b]
         sizes = [0 if p is None else p.out_features for p in projs]
@@ -136,6 +144,7 @@ class GDNWeights:
         return cls(
             stacked, sizes, m.conv1d.weight[:, 0].flip(1).contiguous(), neg_decay, dt_bias,
             layer.input_layernorm.scale(), layer.post_attention_layernorm.scale(),
+            stacked_mlp(layer, stack_mlp),
         )  # fmt: skip
 
 
@@ -150,16 +159,23 @@ class AttentionWeights:
     k_norm: torch.Tensor
     input_norm: torch.Tensor
     post_norm: torch.Tensor
+    gate_up: torch.Tensor | None = None
 
     @classmethod
-    def of(cls, layer: DecoderLayer) -> AttentionWeights:
+    def of(cls, layer: DecoderLayer, stack_mlp: bool = False) -> AttentionWeights:
         a: Attention = layer.self_attn
         projs = [a.q_proj, a.k_proj, a.v_proj]
         bias = torch.cat([p.bias for p in projs]) if a.q_proj.bias is not None else None
         return cls(
             torch.cat([p.weight for p in projs]), bias, [p.out_features for p in projs], a.q_norm.scale(),
             a.k_norm.scale(), layer.input_layernorm.scale(), layer.post_attention_layernorm.scale(),
+            stacked_mlp(layer, stack_mlp),
         )  # fmt: skip
+
+
+def stacked_mlp(layer: DecoderLayer, stack: bool) -> torch.Tensor | None:
+    """The MLP's gate_proj and up_proj weights stacked [2 I, d] (one matmul), or None."""
+    return torch.cat([layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight]) if stack else None
 
 
 def gdn_prologue(
@@ -210,23 +226,29 @@ def gdn_epilogue(
 
 
 def attention_prologue(
-    layer: DecoderLayer, w: AttentionWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    layer: DecoderLayer,
+    w: AttentionWeights,
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor] = rms_norm,
 ) -> tuple[torch.Tensor, ...]:
     """Input norm, q/k/v projections, q/k norms and rotary (HybridLM's Attention.forward_tree; the
-    rotary tables of the step's positions are made once per step).
+    rotary tables of the step's positions are made once per step). ``norm``: the RMSNorm function
+    (the fused decoder passes the Triton one).
 
     Returns (q [n, H, hd], gate [n, H hd] or an empty tensor, k, v [n, H_kv, hd]).
     """
     attn: Attention = layer.self_attn
-    h = rms_norm(x, w.input_norm, layer.input_layernorm.eps)
+    h = norm(x, w.input_norm, layer.input_layernorm.eps)
     n = h.shape[0]
     q, k, v = torch.split(F.linear(h, w.qkv, w.bias), w.sizes, dim=-1)
     gate = q[:, :0]
     if attn.output_gate:
         q, gate = q.reshape(n, attn.num_heads, 2 * attn.head_dim).chunk(2, dim=-1)
         gate = gate.reshape(n, -1)
-    q = rms_norm(q.reshape(n, attn.num_heads, attn.head_dim), w.q_norm, attn.q_norm.eps)
-    k = rms_norm(k.reshape(n, attn.num_kv_heads, attn.head_dim), w.k_norm, attn.k_norm.eps)
+    q = norm(q.reshape(n, attn.num_heads, attn.head_dim), w.q_norm, attn.q_norm.eps)
+    k = norm(k.reshape(n, attn.num_kv_heads, attn.head_dim), w.k_norm, attn.k_norm.eps)
     v = v.reshape(n, attn.num_kv_heads, attn.head_dim)
     return apply_rotary(q, cos, sin), gate, apply_rotary(k, cos, sin), v
 
@@ -266,11 +288,61 @@ def attention_core(
 def attention_epilogue(
     layer: DecoderLayer, w: AttentionWeights, x: torch.Tensor, out: torch.Tensor, gate: torch.Tensor
 ) -> torch.Tensor:
-    """Output gate, output projection, residual, MLP block."""
+    """Output gate, output projection, residual, MLP block (the fused one when the MLP is stacked)."""
     attn: Attention = layer.self_attn
     if attn.output_gate:
         out = out * torch.sigmoid(gate)
-    return mlp_block(layer, w.post_norm, plus_linear(x, out, attn.o_proj))
+    x = plus_linear(x, out, attn.o_proj)
+    return mlp_block(layer, w.post_norm, x) if w.gate_up is None else fused_mlp_block(layer, w, x)
+
+
+def fused_mlp_block(layer: DecoderLayer, w: GDNWeights | AttentionWeights, x: torch.Tensor) -> torch.Tensor:
+    """x + MLP(post-attention norm of x) in four launches: Triton RMSNorm, the stacked gate|up matmul,
+    Triton SiLU(gate) * up, the down projection with the residual (addmm)."""
+    from repro.gdn import triton_decode as fused
+
+    assert w.gate_up is not None
+    h = fused.rms_norm(x, w.post_norm, layer.post_attention_layernorm.eps)
+    return plus_linear(x, fused.silu_mul(F.linear(h, w.gate_up)), layer.mlp.down_proj)
+
+
+def fused_gdn_layer(
+    layer: DecoderLayer,
+    w: GDNWeights,
+    x: torch.Tensor,
+    buf: GDNBuffers,
+    conv_index: torch.Tensor,
+    core: Callable[..., tuple[torch.Tensor, TreeFactors]] | None,
+    kernel_dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, TreeFactors | None]:
+    """A GDN layer on the fused Triton kernels (:mod:`repro.gdn.triton_decode`).
+
+    ``core`` None: decode one token (the state and conv history updated in place); else verify n nodes
+    with ``core(q, k, v, g, beta)`` -> (o, factors), state untouched. Returns (x after the layer, the
+    conv inputs [n, C], k [n, H, d_k] or None, factors or None).
+    """
+    from repro.gdn import triton_decode as fused
+
+    m: GatedDeltaNet = layer.linear_attn
+    dims = fused.GDNDims(m.num_k_heads, m.num_v_heads, m.head_k_dim, m.head_v_dim)
+    h = fused.rms_norm(x, w.input_norm, layer.input_layernorm.eps)
+    proj = F.linear(h, w.in_proj)
+    conv_inputs = proj[:, : w.sizes[0]]
+    z = proj[:, w.sizes[0] : w.sizes[0] + w.sizes[1]] if m.in_proj_z is not None else None
+    gates = (w.neg_decay, w.dt_bias, m.beta_scale)
+    if core is None:
+        o = fused.gdn_decode_step(
+            proj, buf.conv, w.taps, m.conv1d.bias, conv_index, *gates, buf.recurrent, m.head_k_dim**-0.5, dims
+        )
+        y = fused.gated_norm(o[None], m.norm.weight, m.norm.eps, z, x.dtype, shift=(buf.conv, conv_inputs))
+        k, factors = None, None
+    else:
+        q, k, v, g, beta = fused.gdn_tree_prologue(
+            proj, buf.conv, w.taps, m.conv1d.bias, conv_index, *gates, dims, kernel_dtype
+        )
+        o, factors = core(q, k, v, g, beta)
+        y = fused.gated_norm(o, m.norm.weight, m.norm.eps, z, x.dtype)
+    return fused_mlp_block(layer, w, plus_linear(x, y, m.out_proj)), conv_inputs, k, factors
 
 
 GLUE: dict[str, Callable[..., Any]] = {
@@ -410,6 +482,7 @@ class StaticDecoder:
         kernel: str | None = None,
         precision: str | None = None,
         compile: bool = False,
+        fused: bool | None = None,
     ) -> None:
         self.model = model
         cfg = model.config
@@ -418,6 +491,11 @@ class StaticDecoder:
         self.kernel = kernel or ("triton" if dev.type == "cuda" else "reference")
         if self.kernel not in KERNELS:
             raise ConfigError(f"unknown GDN kernel {self.kernel!r}: choose one of {', '.join(KERNELS)}")
+        self.fused = (self.kernel == "triton" and not compile) if fused is None else fused
+        if self.fused and compile:
+            raise ConfigError("fused=True replaces the compiled glue: choose fused or compile")
+        if self.fused and self.kernel != "triton":
+            raise ConfigError("fused=True needs the triton GDN kernels (kernel='triton')")
         if self.kernel == "triton" and dev.type != "cuda" and not _interpreting():
             raise ConfigError("the triton GDN kernels need a CUDA model (use kernel='reference' on CPU)")
         if max_len < 1 or max_nodes < 1:
@@ -436,7 +514,9 @@ class StaticDecoder:
         rows = max_len + max_nodes
         with torch.no_grad():  # copies of the weights read at construction (the stacked projections)
             self.weights = [
-                GDNWeights.of(lay, dt) if lay.layer_type == GDN else AttentionWeights.of(lay)
+                GDNWeights.of(lay, dt, self.fused)
+                if lay.layer_type == GDN
+                else AttentionWeights.of(lay, self.fused)
                 for lay in self.layers
             ]
             self.final_norm = model.model.norm.scale()
@@ -577,6 +657,11 @@ class StaticDecoder:
         self, tokens: torch.Tensor, positions: torch.Tensor, slot: TreeSlot, decode: bool
     ) -> torch.Tensor:
         glue = self.glue
+        norm = rms_norm
+        if self.fused:
+            from repro.gdn import triton_decode
+
+            norm = triton_decode.rms_norm
         x = self.model.model.embed_tokens(tokens)
         if self.has_attention:  # shared by every attention layer: made once per step
             prefix_blocked = self.rows >= self.length
@@ -585,7 +670,10 @@ class StaticDecoder:
             cos, sin = rotary_tables(positions, attn.inv_freq, self.dtype)
         for i, (layer, w, buf) in enumerate(zip(self.layers, self.weights, self.buffers)):
             self.layer_calls[layer.layer_type] += 1
-            if isinstance(buf, GDNBuffers):
+            if isinstance(buf, GDNBuffers) and self.fused:
+                assert isinstance(w, GDNWeights)
+                x = self._fused_gdn(i, layer, w, buf, x, slot, decode)
+            elif isinstance(buf, GDNBuffers):
                 assert isinstance(w, GDNWeights)
                 z, conv_inputs, q, k, v, g, beta = glue["gdn_prologue"](
                     layer, w, x, buf.conv, slot.conv_index, self.kernel_dtype
@@ -605,7 +693,7 @@ class StaticDecoder:
                 x = glue["gdn_epilogue"](layer, w, x, o, z)
             else:
                 assert isinstance(w, AttentionWeights)
-                q, gate, k, v = glue["attention_prologue"](layer, w, x, cos, sin)
+                q, gate, k, v = glue["attention_prologue"](layer, w, x, cos, sin, norm)
                 out = glue["attention_core"](q, k, v, buf.keys, buf.values, prefix_blocked, tree_blocked)
                 if decode:
                     buf.keys.index_copy_(1, self.length, k.transpose(0, 1))
@@ -613,7 +701,36 @@ class StaticDecoder:
                 else:
                     slot.saved[i] = AttentionSaved(k, v)
                 x = glue["attention_epilogue"](layer, w, x, out, gate)
-        return self.model.lm_head(rms_norm(x, self.final_norm, self.model.model.norm.eps))
+        return self.model.lm_head(norm(x, self.final_norm, self.model.model.norm.eps))
+
+    def _fused_gdn(
+        self,
+        i: int,
+        layer: DecoderLayer,
+        w: GDNWeights,
+        buf: GDNBuffers,
+        x: torch.Tensor,
+        slot: TreeSlot,
+        decode: bool,
+    ) -> torch.Tensor:
+        """A GDN layer through :func:`fused_gdn_layer` (decode: in place; verify: saves for commit)."""
+        core = None
+        if not decode:
+            scale = layer.linear_attn.head_k_dim**-0.5
+
+            def core(q, k, v, g, beta):  # noqa: ANN001, ANN202 - the tree kernel on this slot
+                return self._tree(
+                    q, k, v, g, beta, buf.recurrent, slot.parents, slot.ancestors, scale, slot.snapshots,
+                    self.precision,
+                )  # fmt: skip
+
+        x, conv_inputs, k, factors = fused_gdn_layer(
+            layer, w, x, buf, slot.conv_index, core, self.kernel_dtype
+        )
+        if factors is not None:
+            assert k is not None
+            slot.saved[i] = GDNSaved(conv_inputs, k, factors)
+        return x
 
     def _commit_conv(
         self, buf: GDNBuffers, conv_inputs: torch.Tensor, conv_index: torch.Tensor, node: torch.Tensor
