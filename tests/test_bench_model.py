@@ -99,6 +99,26 @@ def test_why_lines_give_the_fusion_speedup():
     assert "unfused" not in "\n".join(bm.why_lines(table, "s", 64, {"fused": False, "layers": 24}))
 
 
+def test_kernel_names_fall_into_their_groups():
+    assert bm.kernel_group("_decode_kernel") == "gdn_core"
+    assert bm.kernel_group("fused_recurrent_gated_delta_rule_fwd_kernel") == "gdn_core"
+    assert bm.kernel_group("_closed_form_commit_kernel") == "commit"
+    assert bm.kernel_group("_gated_norm_kernel") == "glue_triton"
+    assert bm.kernel_group("nvjet_tst_128x8_64x12_2x1_v_bz_TNT") == "matmul"
+    assert bm.kernel_group("void gemv2T_kernel_val<int, int, __nv_bfloat16>") == "matmul"
+    assert bm.kernel_group("void at::native::vectorized_elementwise_kernel<4>") == "other"
+
+
+def test_why_lines_split_the_graph_time_into_kernels_and_gaps():
+    table = _rows(1000.0, 1400.0, 800.0)
+    prof = bm.KernelProfile(3, 700.0, {"matmul": (2, 600.0), "gdn_core": (1, 100.0)})
+    table.loc[0, ["kernels", "kernel_busy_us", "kernels_by_group"]] = [3, prof.busy_us, prof.summary()]
+    why = "\n".join(bm.why_lines(table, "s", 64, {"layers": 24}))
+    assert "decode static_graph (T=1): 1000 us per call; its kernels run 700 us" in why
+    assert "(matmul 2x 600 us; gdn_core 1x 100 us), so 300 us (30%) pass between kernels" in why
+    assert "verify static_graph" not in why  # no profile on that row: no line
+
+
 def test_cpu_run_checks_every_row_against_hybrid(tmp_path):
     out = tmp_path / "run"
     args = ["model", "--device", "cpu", "--shape", "tiny", "--dtype", "fp64", "--context", "70"]

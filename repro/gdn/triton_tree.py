@@ -429,7 +429,8 @@ def tree_gdn_fused(
     Tuning knobs: ``block_rows`` (BR, power of two 16..64), ``block_v`` (d_v tile; the grid is
     HV x d_v / block_v), ``block_k`` (d_k chunk), ``num_warps``, ``num_stages``, ``batched_base``
     (batched 16 x 16 base of the diagonal-block inverse; default on for BR >= 32). Defaults: BR =
-    min(64, n) for "tf32", min(32, n) otherwise (>= 16); BV = 64 (32 for "ieee"); BK = 64.
+    min(64, n) for "tf32", min(32, n) otherwise (>= 16); BV = 64 (32 for "ieee", and when 64 would
+    leave fewer than 64 programs); BK = 64.
     """
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
@@ -452,6 +453,8 @@ def tree_gdn_fused(
         raise ValueError(f"block_rows must be a power of two >= 16, got {br}")
     bk = block_k or min(64, _pow2_at_least(dk))
     bv = block_v or min(32 if precision == "ieee" else 64, _pow2_at_least(dv))
+    if block_v is None and bv > 32 and hv * triton.cdiv(dv, bv) < 64:
+        bv = 32  # few heads (GDN-1.3B: 8 of d_v 256): more programs (results/2026-11-30-h200-tree-tiles)
     warps = num_warps or (8 if br * max(br, bv) >= 4096 else 4)
 
     if out is None:
