@@ -8,8 +8,11 @@ the host.
   :func:`repro.gdn.reference.commit_closed_form`, in place,
   ``S <- exp(G_a) S + sum_{j on path(a)} exp(G_a - G_j) delta_j k_j^T``, from the verification
   factors (delta [n, HV, d_v], gate_cum [n, HV], k [n, HV, d_k], float32) and the ancestor mask
-  (row a is the path). Grid (HV, d_v / BV): each program keeps a [BV, BK] float32 tile of the update
-  for one d_k chunk, accumulates it over the nodes in blocks of BM (off-path nodes weigh 0), then
+  (row a is the path). Grid (HV, d_v / BV): each program keeps a [BV, d_k] float32 tile of the update,
+  accumulates it over the nodes in blocks of BM (off-path nodes weigh 0; their rows are read anyway so
+  that no load waits on the path mask and the blocks pipeline: the first version masked them by the
+  path, and the commit (with the conv commit) took 23 us per layer at GDN-1.3B in
+  results/2026-11-30-h200-model-3, a chain of dependent load latencies), then
   rescales and adds its state tile. The dots run in exact fp32 ("ieee"): the state persists across
   steps, so the commit's rounding must stay at float32's.
 - :func:`commit_conv_fused`: the conv history after the path, in place: row j (oldest first) of the
@@ -40,27 +43,28 @@ def _closed_form_commit_kernel(
     hv = tl.program_id(0)
     o_v = tl.program_id(1) * BV + tl.arange(0, BV)
     m_v = o_v < DV
+    o_k = tl.arange(0, BK)  # the whole d_k (BK >= DK): one accumulator, the factors read once
+    m_k = o_k < DK
     node = tl.load(node_ptr)
     g_end = tl.load(gate_cum + node * HV + hv)
-    decay = tl.exp(g_end)
-    for kk in range(0, DK, BK):
-        o_k = kk + tl.arange(0, BK)
-        m_k = o_k < DK
-        acc = tl.zeros([BV, BK], dtype=tl.float32)
-        for m0 in range(0, n, BM):
-            o_m = m0 + tl.arange(0, BM)
-            m_m = o_m < n
-            on_path = tl.load(anc + node * n + o_m, mask=m_m, other=0) != 0
-            g_m = tl.load(gate_cum + o_m * HV + hv, mask=on_path, other=0.0)
-            w = tl.where(on_path, tl.exp(g_end - g_m), 0.0)  # masked before use: no inf * 0
-            rows = o_m[:, None] * HV + hv
-            d = tl.load(delta + rows * DV + o_v[None, :], mask=on_path[:, None] & m_v[None, :], other=0.0)
-            kt = tl.load(k + rows * DK + o_k[None, :], mask=on_path[:, None] & m_k[None, :], other=0.0)
-            acc += tl.dot(tl.trans(d * w[:, None]), kt, input_precision="ieee")
-        p_s = state + (hv * DV + o_v[:, None]) * DK + o_k[None, :]
-        m_s = m_v[:, None] & m_k[None, :]
-        s = tl.load(p_s, mask=m_s, other=0.0)
-        tl.store(p_s, decay * s + acc, mask=m_s)
+    acc = tl.zeros([BV, BK], dtype=tl.float32)
+    for m0 in range(0, n, BM):
+        # every load of a block depends only on the loop index (no load waits on the path mask), so
+        # the blocks pipeline; off-path rows are read and weighted 0 (a few hundred kB per layer)
+        o_m = m0 + tl.arange(0, BM)
+        m_m = o_m < n
+        on_path = tl.load(anc + node * n + o_m, mask=m_m, other=0) != 0
+        g_m = tl.load(gate_cum + o_m * HV + hv, mask=m_m, other=0.0)
+        rows = o_m[:, None] * HV + hv
+        d = tl.load(delta + rows * DV + o_v[None, :], mask=m_m[:, None] & m_v[None, :], other=0.0)
+        kt = tl.load(k + rows * DK + o_k[None, :], mask=m_m[:, None] & m_k[None, :], other=0.0)
+        w = tl.where(on_path, tl.exp(g_end - g_m), 0.0)  # selected, not multiplied: no inf * 0
+        dw = tl.where(on_path[:, None], d * w[:, None], 0.0)
+        acc += tl.dot(tl.trans(dw), kt, input_precision="ieee")
+    p_s = state + (hv * DV + o_v[:, None]) * DK + o_k[None, :]
+    m_s = m_v[:, None] & m_k[None, :]
+    s = tl.load(p_s, mask=m_s, other=0.0)
+    tl.store(p_s, tl.exp(g_end) * s + acc, mask=m_s)
 
 
 @triton.jit
@@ -91,9 +95,8 @@ def commit_closed_form_fused(
     node: torch.Tensor,
     *,
     block_v: int | None = None,
-    block_k: int = 64,
     block_m: int = 16,
-    num_warps: int = 4,
+    num_warps: int | None = None,
 ) -> None:
     """Fold the path to ``node`` (1-element int64 device tensor) into ``state`` [HV, d_v, d_k] in place.
 
@@ -115,11 +118,12 @@ def commit_closed_form_fused(
         ancestors.contiguous().view(torch.uint8) if ancestors.dtype == torch.bool else ancestors.contiguous()
     )
     bv = block_v or min(32, triton.next_power_of_2(dv))
-    bk = min(block_k, triton.next_power_of_2(dk))
+    bk = triton.next_power_of_2(dk)
+    warps = num_warps or (8 if bv * bk >= 8192 else 4)
     grid = (hv, triton.cdiv(dv, bv))
     _closed_form_commit_kernel[grid](
         state, delta.contiguous(), k.contiguous(), gate_cum.contiguous(), anc, node, n,
-        HV=hv, DK=dk, DV=dv, BM=block_m, BK=bk, BV=bv, num_warps=num_warps,
+        HV=hv, DK=dk, DV=dv, BM=block_m, BK=bk, BV=bv, num_warps=warps,
     )  # fmt: skip
 
 
