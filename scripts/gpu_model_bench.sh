@@ -2,7 +2,7 @@
 # Model-level benchmark on the device machine (one H200): the gpu-marked tests (scripts/gpu_tests.sh: one
 # file at a time, each time-limited, verbose, junit xml per file), then `repro bench model` at the
 # GDN-1.3B and Qwen3.6-27B shapes. Run from the repository root with the fla wheels carried in .whl/
-# (carry: [".whl"]). About 6 minutes measured, under 10 at most: setup ~20 s, tests <= 330 s (216 s
+# (carry: [".whl"]). About 6 minutes measured, under 10 at most: setup ~20 s, tests <= 495 s (~240 s
 # measured), bench <= BENCH_TIMEOUT (240 s; rows start within BENCH_BUDGET = 180 s), every stage
 # time-limited.
 # Environment: OUT, GPU_TEST_TIMEOUT (seconds per test file; see gpu_tests.sh), GPU_TESTS=0 (skip the
