@@ -143,13 +143,13 @@ def _launch(
         raise ConfigError(f"the GEMV kernels take x of 1..{MAX_ROWS} rows [n, K], got shape {tuple(x.shape)}")
     n, k = x.shape
     if weight.dim() != 2 or weight.shape[1] != k:
-        raise ConfigError(f"weight {tuple(weight.shape)} does not match x {tuple(x.shape)} ([N, K] with K = {k})")
+        raise ConfigError(f"weight {tuple(weight.shape)} is not [N, {k}] for x of shape {tuple(x.shape)}")
     if x.stride(-1) != 1:
         x = x.contiguous()
     if not weight.is_contiguous():
         raise ConfigError("the GEMV kernels read a row-major (contiguous) weight")
     if residual is not None and (residual.shape != (n, rows_out) or residual.stride(-1) != 1):
-        raise ConfigError(f"residual must be a [{n}, {rows_out}] row-major tensor, got {tuple(residual.shape)}")
+        raise ConfigError(f"residual must be a row-major [{n}, {rows_out}], got {tuple(residual.shape)}")
     bn = _pow2(block_n or _default_block_n(rows_out))
     bk = _pow2(min(block_k or 512, k))
     out = torch.empty(n, rows_out, dtype=x.dtype, device=x.device)
