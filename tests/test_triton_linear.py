@@ -3,8 +3,9 @@
 Every case draws x [n, K], the norm scale, the weights and the residual, runs one kernel and the torch
 composition it replaces (``rms_norm`` of repro.models.layers, ``F.linear``, ``F.silu``) in float64 on
 the same (upcast) inputs, and reports ||y - ref|| / ||ref||. Arithmetic in the kernels is float32, so
-float32 outputs agree to ~1e-6; bf16 outputs carry one rounding to bf16 (relative error at most 2^-8
-per element, so the norm-wise error is below 4e-3).
+float32 outputs agree to ~1e-6; bf16 outputs carry one rounding to bf16: at most 2^-9 relative per
+element with the GPU's round-to-nearest-even, 2^-8 in Triton's interpreter, whose float32 -> bf16 cast
+truncates (checked: every interpreted bf16 output equals the truncated float32 result), hence 5e-3.
 
 - interpreter tests (CPU): N and K that are not multiples of the blocks (N = 37, K = 45, blocks 8 x 16
   and the defaults), n = 1 and 3 rows, float32 and bf16, run by Triton's interpreter in one subprocess
@@ -29,7 +30,7 @@ import torch.nn.functional as F
 from repro.errors import ConfigError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-TOL = {"float32": 2e-6, "bfloat16": 4e-3}
+TOL = {"float32": 2e-6, "bfloat16": 5e-3}
 TINY = {"n": 37, "k": 45, "inter": 19, "blocks": {"block_n": 8, "block_k": 16}}
 # GDN-1.3B decode matmuls: (kernel, N (I for gate|up), K)
 REAL = [
@@ -128,7 +129,7 @@ def test_kernels_match_torch_in_the_interpreter(interpreted):
 
 
 def test_check_flags_errors_over_their_bounds():
-    assert check({"a/n1/float32": 3e-6, "b/n1/bfloat16": 3e-3, "c/n3/float32": float("nan")}) == [
+    assert check({"a/n1/float32": 3e-6, "b/n1/bfloat16": 4e-3, "c/n3/float32": float("nan")}) == [
         "a/n1/float32: 3.00e-06",
         "c/n3/float32: nan",
     ]
