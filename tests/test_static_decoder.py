@@ -282,6 +282,8 @@ def test_bad_inputs_are_config_errors(model):
     with pytest.raises(ConfigError, match="choose fused or compile"):
         StaticDecoder(model, max_len=8, kernel="triton", fused=True, compile=True)
     assert not StaticDecoder(model, max_len=8).fused  # the reference kernel: the unfused glue
+    with pytest.raises(ConfigError, match="gemv=True runs inside the fused decoder"):
+        StaticDecoder(model, max_len=8, gemv=True)
 
 
 # ------------------------------------------------------------- capture safety and op counts (CPU)
@@ -516,10 +518,15 @@ def test_gpu_fused_decoder_at_paper_layer_shapes(heads):
 
 
 def _interpreter_case(
-    dtype: torch.dtype, strategies: tuple[str, ...], fused: bool, layers: list[str] | None = None
+    dtype: torch.dtype,
+    strategies: tuple[str, ...],
+    fused: bool,
+    layers: list[str] | None = None,
+    gemv: bool = False,
 ) -> dict[str, float]:
-    """StaticDecoder with kernel="triton" (fused tree kernel, fla recurrence or the fused decode kernels)
-    on CPU tensors vs HybridLM: verify, commit, then two decode steps (logits and state)."""
+    """StaticDecoder with kernel="triton" (fused tree kernel, fla recurrence or the fused decode kernels;
+    ``gemv``: decode steps on the GEMV kernels) on CPU tensors vs HybridLM: verify, commit, then two
+    decode steps (logits and state)."""
     cfg = config(layers)
     cfg.linear_key_head_dim = cfg.linear_value_head_dim = 16
     model = build(cfg, dtype=dtype, seed=17)
@@ -529,7 +536,7 @@ def _interpreter_case(
     ver = model.verify(state, tree)
     errs = {}
     for strategy in strategies:
-        dec = StaticDecoder(model, max_len=32, max_nodes=16, kernel="triton", fused=fused)
+        dec = StaticDecoder(model, max_len=32, max_nodes=16, kernel="triton", fused=fused, gemv=gemv)
         dec.load(state)
         slot = TreeSlot(dec, 9, max_depth=int(tree.depth.max()), snapshots=strategy == "snapshot")
         slot.set_tree(tree)
@@ -565,11 +572,34 @@ class _UnseenLaunches:
         return launch
 
 
+def _count_launches(counter: list[int]) -> None:
+    """Count every launch of the fused decode and GEMV Triton kernels (module attributes replaced)."""
+    from repro.gdn import triton_decode
+    from repro.models import triton_linear
+
+    for module in (triton_decode, triton_linear):
+        for name in dir(module):
+            if name.endswith("_kernel"):
+                setattr(module, name, _UnseenLaunches(getattr(module, name), counter))
+
+
+def _per_gdn_layer(counter: list[int], **options: bool) -> tuple[int, int]:
+    """(aten ops, Triton launches) per GDN layer of a float32 decode step (1 vs 2 layers)."""
+    ops, kernels = [], []
+    for n in (1, 2):
+        m = build(config([GDN] * n), dtype=torch.float32, seed=3)
+        d = StaticDecoder(m, max_len=16, max_nodes=4, kernel="triton", **options)
+        d.load(m.prefill(ids(5, 62))[0])
+        counter[0] = 0
+        ops.append(count_ops(d.decode_step))
+        kernels.append(counter[0])
+    return ops[1] - ops[0], kernels[1] - kernels[0]
+
+
 def _fused_greedy_and_capture() -> dict[str, object]:
     """The fused decoder (float32, interpreter): greedy tokens through decode_step and through step() on
     planted trees vs the engine's AR route; the steps capture-safe; aten ops and Triton launches per
     GDN layer of a decode step."""
-    from repro.gdn import triton_decode
 
     model = build(config([GDN, ATTENTION]), dtype=torch.float32, seed=31)
     prompt = ids(8, 32).tolist()
@@ -596,9 +626,7 @@ def _fused_greedy_and_capture() -> dict[str, object]:
         steps += 1
 
     launches = [0]
-    for name in dir(triton_decode):
-        if name.endswith("_kernel"):
-            setattr(triton_decode, name, _UnseenLaunches(getattr(triton_decode, name), launches))
+    _count_launches(launches)
     tree = Tree(ids(5, 33), torch.tensor([-1, 0, 0, 1, 2]))
     slot = TreeSlot(dec, 5, snapshots=True)
     slot.set_tree(tree)
@@ -607,30 +635,61 @@ def _fused_greedy_and_capture() -> dict[str, object]:
         if name not in ("commit_replay", "step"):  # fla in the interpreter is slow; both run unfused too
             dec.load(state)
             hazards += [f"{name}: {h}" for h in check_capture(fn).hazards]
-    ops, kernels = [], []
-    for n in (1, 2):
-        m = build(config([GDN] * n), dtype=torch.float32, seed=3)
-        d = StaticDecoder(m, max_len=16, max_nodes=4, kernel="triton")
-        d.load(m.prefill(ids(5, 62))[0])
-        launches[0] = 0
-        ops.append(count_ops(d.decode_step))
-        kernels.append(launches[0])
+    ops, kernels = _per_gdn_layer(launches)
     return {
         "ar_equal": ar == want,
         "spec_equal": spec[:7] == want,
         "spec_steps": steps,
         "hazards": hazards,
-        "gdn_ops_per_layer": ops[1] - ops[0],
-        "gdn_triton_launches_per_layer": kernels[1] - kernels[0],
+        "gdn_ops_per_layer": ops,
+        "gdn_triton_launches_per_layer": kernels,
     }
 
 
-def _interpreter_main(fused: bool) -> None:
+def _gemv_greedy_and_capture() -> dict[str, object]:
+    """gemv=True (interpreter): greedy tokens through decode_step in float64 vs the engine's AR route
+    (GDN and attention layers); decode_step capture-safe and the same ops on different tokens; aten ops
+    and Triton launches per GDN layer of a decode step."""
+    model = build(config([GDN, ATTENTION]), seed=35)
+    prompt = ids(8, 36).tolist()
+    want = generate(model, prompt, Route("ar", None, SingleNode(), TargetMatch(0.0, 0)), 7).output_ids
+    state, ver = model.prefill(prompt)
+    dec = StaticDecoder(model, max_len=32, max_nodes=8, kernel="triton", gemv=True)
+    dec.load(state)
+    ar = [int(ver.logits[-1].argmax())]
+    while len(ar) < 7:
+        dec.set_token(ar[-1])
+        ar.append(int(dec.decode_step()[0].argmax()))
+    launches = [0]
+    _count_launches(launches)
+    traces, hazards = [], []
+    for tok in (5, 40):
+        dec.load(state)
+        dec.set_token(tok)
+        check = check_capture(dec.decode_step)
+        traces.append(check.trace)
+        hazards += check.hazards
+    ops, kernels = _per_gdn_layer(launches, gemv=True)
+    return {
+        "ar_equal": ar == want,
+        "hazards": hazards,
+        "same_trace": traces[0] == traces[1],
+        "gdn_ops_per_layer": ops,
+        "gdn_triton_launches_per_layer": kernels,
+    }
+
+
+def _interpreter_main(flag: str) -> None:
     """Subprocess entry (TRITON_INTERPRET=1): print the cases' errors as JSON on the last line."""
     import repro.gdn.triton_tree  # noqa: F401 - applies the interpreter's NumPy patch before fla loads
 
     torch.set_num_threads(1)
-    if fused:
+    if flag == "--interpret-gemv":
+        out = {
+            "float32": _interpreter_case(torch.float32, ("closed_form",), True, [GDN, ATTENTION], gemv=True),
+            "greedy": _gemv_greedy_and_capture(),
+        }
+    elif flag == "--interpret-fused":
         out = {
             "float32": _interpreter_case(torch.float32, ("closed_form",), True, [GDN, ATTENTION]),
             "greedy": _fused_greedy_and_capture(),
@@ -646,7 +705,8 @@ def _interpreter_main(fused: bool) -> None:
 def _run_interpreter(flag: str) -> dict:
     if importlib.util.find_spec("triton") is None or importlib.util.find_spec("fla") is None:
         pytest.skip("triton and flash-linear-attention are needed")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    root = str(Path(__file__).resolve().parents[1])  # this checkout's repro, not an installed one
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": root}
     proc = subprocess.run(
         [sys.executable, str(Path(__file__).resolve()), flag],
         env=env,
@@ -681,5 +741,17 @@ def test_fused_decoder_through_the_interpreter():
     assert (greedy["gdn_ops_per_layer"], greedy["gdn_triton_launches_per_layer"]) == (4, 5), greedy
 
 
-if __name__ == "__main__" and sys.argv[-1] in ("--interpret", "--interpret-fused"):
-    _interpreter_main(sys.argv[-1] == "--interpret-fused")
+def test_gemv_decoder_through_the_interpreter():
+    """gemv=True: decode steps on the GEMV kernels (norm + in_proj / q|k|v, residual into out_proj /
+    o_proj and down, norm + gate|up + SiLU * up, final norm + LM head) in the interpreter: float32
+    decode logits and states vs HybridLM after a fused verify + commit, greedy float64 decoding equals
+    AR, decode_step capture-safe, and a decode GDN layer is 0 aten ops and 6 Triton kernels."""
+    out = _run_interpreter("--interpret-gemv")
+    assert max(out["float32"].values()) < 1e-5, out["float32"]
+    greedy = out["greedy"]
+    assert greedy["ar_equal"] and greedy["hazards"] == [] and greedy["same_trace"], greedy
+    assert (greedy["gdn_ops_per_layer"], greedy["gdn_triton_launches_per_layer"]) == (0, 6), greedy
+
+
+if __name__ == "__main__" and sys.argv[-1] in ("--interpret", "--interpret-fused", "--interpret-gemv"):
+    _interpreter_main(sys.argv[-1])
