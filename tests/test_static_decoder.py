@@ -474,7 +474,8 @@ def test_gpu_accept_and_step_graphs(dtype, tol):
 @pytest.mark.parametrize("heads", [(8, 8, 256), (16, 48, 128)], ids=["gdn-1.3b", "qwen3.6-27b"])
 def test_gpu_fused_decoder_at_paper_layer_shapes(heads):
     """The fused decoder's graphs (decode steps, verify + closed-form commit) at the GDN-1.3B and
-    Qwen3.6-27B GDN head layouts (small hidden size), float32, against HybridLM and the unfused decoder."""
+    Qwen3.6-27B GDN head layouts (small hidden size), float32, against HybridLM and the unfused decoder;
+    the same with gemv=True (its decode graphs on the GEMV kernels)."""
     from repro.models.graphs import GraphedCall
 
     dev = torch.device("cuda")
@@ -489,8 +490,8 @@ def test_gpu_fused_decoder_at_paper_layer_shapes(heads):
     ver = model.verify(state, tree)
     ref_state = model.commit(state, ver, path)
     results = {}
-    for fused in (True, False):
-        dec = StaticDecoder(model, max_len=96, max_nodes=32, fused=fused)
+    for fused, gemv in ((True, False), (False, False), (True, True)):
+        dec = StaticDecoder(model, max_len=96, max_nodes=32, fused=fused, gemv=gemv)
         slot = TreeSlot(dec, 24, max_depth=int(tree.depth.max()))
         slot.set_tree(tree)
         dec.load(state)
@@ -509,9 +510,48 @@ def test_gpu_fused_decoder_at_paper_layer_shapes(heads):
             errs[f"decode_{tok}"] = rel(decode(), step.logits)
             ref = model.commit(ref, step, [0])
         errs["state"] = state_err(dec.export(), ref)
-        results[fused] = errs
+        results[("unfused", "fused", "gemv")[fused + gemv]] = errs
     print(heads, results)
-    assert max(results[True].values()) < 1e-4, results
+    assert max(results["fused"].values()) < 1e-4, results
+    assert max(results["gemv"].values()) < 1e-4, results
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_gemv_decode_graph_at_the_1p3b_width():
+    """Two GDN-1.3B layers at full width (hidden 2048, 8 x 256 heads, MLP 5632, vocab 32000) in bf16:
+    decode graphs with gemv=True against the fused decoder's (cuBLAS matmuls) and HybridLM."""
+    from repro.models.graphs import GraphedCall
+
+    dev = torch.device("cuda")
+    cfg = config([GDN, GDN])
+    cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size = 32000, 2048, 5632
+    cfg.linear_num_key_heads = cfg.linear_num_value_heads = 8
+    cfg.linear_key_head_dim = cfg.linear_value_head_dim = 256
+    model = build(cfg, dtype=torch.bfloat16, device="cuda", seed=45)
+    state, _ = model.prefill(ids(40, 46))
+    logits = {}
+    for gemv in (False, True):
+        dec = StaticDecoder(model, max_len=64, max_nodes=4, gemv=gemv)
+        decode = GraphedCall(dec.decode_step, dev)
+        dec.load(state)
+        out = []
+        for tok in (3, 9, 27):
+            dec.set_token(tok)
+            out.append(decode().clone())
+        logits[gemv] = torch.cat(out)
+    ref, hybrid = state, []
+    for tok in (3, 9, 27):
+        step = model.verify(ref, Tree.single(tok))
+        hybrid.append(step.logits)
+        ref = model.commit(ref, step, [0])
+    errs = {
+        "gemv_vs_fused": rel(logits[True], logits[False]),
+        "gemv_vs_hybrid": rel(logits[True], torch.cat(hybrid)),
+    }
+    errs["fused_vs_hybrid"] = rel(logits[False], torch.cat(hybrid))
+    print(errs)
+    assert errs["gemv_vs_fused"] < 2e-2 and errs["gemv_vs_hybrid"] < 5e-2, errs
 
 
 # --------------------------------------------- the Triton/fla kernel path through Triton's interpreter
