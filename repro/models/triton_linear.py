@@ -16,7 +16,8 @@ Semantics are those of :func:`repro.models.layers.rms_norm`, ``F.silu`` and ``F.
 tests/test_triton_linear.py): float32 results agree to ~1e-6; bf16 ones carry one bf16 rounding of the
 output (the torch glue rounds after every op, and the normed row is not rounded to bf16 before the
 matmul here). The default block sizes are untuned guesses (about 512 programs for the row counts of the
-1.3B model); ``block_n``/``block_k``/``num_warps`` override them.
+1.3B model, [block_n, block_k] tiles of at most 4096 weights, 4 warps); ``block_n``/``block_k``/
+``num_warps`` override them.
 """
 
 from __future__ import annotations
@@ -151,7 +152,7 @@ def _launch(
     if residual is not None and (residual.shape != (n, rows_out) or residual.stride(-1) != 1):
         raise ConfigError(f"residual must be a row-major [{n}, {rows_out}], got {tuple(residual.shape)}")
     bn = _pow2(block_n or _default_block_n(rows_out))
-    bk = _pow2(min(block_k or 512, k))
+    bk = _pow2(min(block_k or max(128, 4096 // bn), k))  # default: tiles of <= 4096 weights (registers)
     out = torch.empty(n, rows_out, dtype=x.dtype, device=x.device)
     scale, eps = norm if norm is not None else (x, 0.0)
     _gemv_kernel[(triton.cdiv(rows_out, bn),)](
