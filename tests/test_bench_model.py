@@ -97,6 +97,22 @@ def test_why_lines_give_the_fusion_speedup():
     why = "\n".join(bm.why_lines(table, "s", 64, {"fused": True, "layers": 24}))
     assert "1000 us vs 2500 us unfused, 2.50x faster (300 vs 1715 kernels per token)" in why
     assert "unfused" not in "\n".join(bm.why_lines(table, "s", 64, {"fused": False, "layers": 24}))
+    gemv = {**table.iloc[0].to_dict(), "method": "static_graph_gemv", "us": 800.0, "kernels": 150}
+    table = pd.concat([table, pd.DataFrame([gemv])], ignore_index=True)
+    why = "\n".join(bm.why_lines(table, "s", 64, {"fused": True, "layers": 24}))
+    assert (
+        "decode graph 800 us vs 1000 us with cuBLAS matmuls, 1.25x faster (150 vs 300 kernels per token)"
+        in why
+    )
+
+
+def test_plan_has_the_gemv_decode_row_only_where_asked():
+    cfg = bm.ModelBenchConfig(sizes=[1, 8], step_nodes=8)
+    methods = [r.method for r in bm.plan(cfg, gemv=True)]
+    assert methods[:3] == ["static_graph", "static_graph_unfused", "static_graph_gemv"]
+    assert len(methods) == len(bm.plan(cfg)) + 1 and "static_graph_gemv" not in [
+        r.method for r in bm.plan(cfg)
+    ]
 
 
 def test_kernel_names_fall_into_their_groups():

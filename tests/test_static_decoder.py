@@ -282,6 +282,8 @@ def test_bad_inputs_are_config_errors(model):
     with pytest.raises(ConfigError, match="choose fused or compile"):
         StaticDecoder(model, max_len=8, kernel="triton", fused=True, compile=True)
     assert not StaticDecoder(model, max_len=8).fused  # the reference kernel: the unfused glue
+    with pytest.raises(ConfigError, match="gemv=True runs inside the fused decoder"):
+        StaticDecoder(model, max_len=8, gemv=True)
 
 
 # ------------------------------------------------------------- capture safety and op counts (CPU)
@@ -472,7 +474,8 @@ def test_gpu_accept_and_step_graphs(dtype, tol):
 @pytest.mark.parametrize("heads", [(8, 8, 256), (16, 48, 128)], ids=["gdn-1.3b", "qwen3.6-27b"])
 def test_gpu_fused_decoder_at_paper_layer_shapes(heads):
     """The fused decoder's graphs (decode steps, verify + closed-form commit) at the GDN-1.3B and
-    Qwen3.6-27B GDN head layouts (small hidden size), float32, against HybridLM and the unfused decoder."""
+    Qwen3.6-27B GDN head layouts (small hidden size), float32, against HybridLM and the unfused decoder;
+    the same with gemv=True (its decode graphs on the GEMV kernels)."""
     from repro.models.graphs import GraphedCall
 
     dev = torch.device("cuda")
@@ -487,8 +490,8 @@ def test_gpu_fused_decoder_at_paper_layer_shapes(heads):
     ver = model.verify(state, tree)
     ref_state = model.commit(state, ver, path)
     results = {}
-    for fused in (True, False):
-        dec = StaticDecoder(model, max_len=96, max_nodes=32, fused=fused)
+    for fused, gemv in ((True, False), (False, False), (True, True)):
+        dec = StaticDecoder(model, max_len=96, max_nodes=32, fused=fused, gemv=gemv)
         slot = TreeSlot(dec, 24, max_depth=int(tree.depth.max()))
         slot.set_tree(tree)
         dec.load(state)
@@ -507,19 +510,63 @@ def test_gpu_fused_decoder_at_paper_layer_shapes(heads):
             errs[f"decode_{tok}"] = rel(decode(), step.logits)
             ref = model.commit(ref, step, [0])
         errs["state"] = state_err(dec.export(), ref)
-        results[fused] = errs
+        results[("unfused", "fused", "gemv")[fused + gemv]] = errs
     print(heads, results)
-    assert max(results[True].values()) < 1e-4, results
+    assert max(results["fused"].values()) < 1e-4, results
+    assert max(results["gemv"].values()) < 1e-4, results
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_gemv_decode_graph_at_the_1p3b_width():
+    """Two GDN-1.3B layers at full width (hidden 2048, 8 x 256 heads, MLP 5632, vocab 32000) in bf16:
+    decode graphs with gemv=True against the fused decoder's (cuBLAS matmuls) and HybridLM."""
+    from repro.models.graphs import GraphedCall
+
+    dev = torch.device("cuda")
+    cfg = config([GDN, GDN])
+    cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size = 32000, 2048, 5632
+    cfg.linear_num_key_heads = cfg.linear_num_value_heads = 8
+    cfg.linear_key_head_dim = cfg.linear_value_head_dim = 256
+    model = build(cfg, dtype=torch.bfloat16, device="cuda", seed=45)
+    state, _ = model.prefill(ids(40, 46))
+    logits = {}
+    for gemv in (False, True):
+        dec = StaticDecoder(model, max_len=64, max_nodes=4, gemv=gemv)
+        decode = GraphedCall(dec.decode_step, dev)
+        dec.load(state)
+        out = []
+        for tok in (3, 9, 27):
+            dec.set_token(tok)
+            out.append(decode().clone())
+        logits[gemv] = torch.cat(out)
+    ref, hybrid = state, []
+    for tok in (3, 9, 27):
+        step = model.verify(ref, Tree.single(tok))
+        hybrid.append(step.logits)
+        ref = model.commit(ref, step, [0])
+    errs = {
+        "gemv_vs_fused": rel(logits[True], logits[False]),
+        "gemv_vs_hybrid": rel(logits[True], torch.cat(hybrid)),
+    }
+    errs["fused_vs_hybrid"] = rel(logits[False], torch.cat(hybrid))
+    print(errs)
+    assert errs["gemv_vs_fused"] < 2e-2 and errs["gemv_vs_hybrid"] < 5e-2, errs
 
 
 # --------------------------------------------- the Triton/fla kernel path through Triton's interpreter
 
 
 def _interpreter_case(
-    dtype: torch.dtype, strategies: tuple[str, ...], fused: bool, layers: list[str] | None = None
+    dtype: torch.dtype,
+    strategies: tuple[str, ...],
+    fused: bool,
+    layers: list[str] | None = None,
+    gemv: bool = False,
 ) -> dict[str, float]:
-    """StaticDecoder with kernel="triton" (fused tree kernel, fla recurrence or the fused decode kernels)
-    on CPU tensors vs HybridLM: verify, commit, then two decode steps (logits and state)."""
+    """StaticDecoder with kernel="triton" (fused tree kernel, fla recurrence or the fused decode kernels;
+    ``gemv``: decode steps on the GEMV kernels) on CPU tensors vs HybridLM: verify, commit, then two
+    decode steps (logits and state)."""
     cfg = config(layers)
     cfg.linear_key_head_dim = cfg.linear_value_head_dim = 16
     model = build(cfg, dtype=dtype, seed=17)
@@ -529,7 +576,7 @@ def _interpreter_case(
     ver = model.verify(state, tree)
     errs = {}
     for strategy in strategies:
-        dec = StaticDecoder(model, max_len=32, max_nodes=16, kernel="triton", fused=fused)
+        dec = StaticDecoder(model, max_len=32, max_nodes=16, kernel="triton", fused=fused, gemv=gemv)
         dec.load(state)
         slot = TreeSlot(dec, 9, max_depth=int(tree.depth.max()), snapshots=strategy == "snapshot")
         slot.set_tree(tree)
@@ -565,11 +612,34 @@ class _UnseenLaunches:
         return launch
 
 
+def _count_launches(counter: list[int]) -> None:
+    """Count every launch of the fused decode and GEMV Triton kernels (module attributes replaced)."""
+    from repro.gdn import triton_decode
+    from repro.models import triton_linear
+
+    for module in (triton_decode, triton_linear):
+        for name in dir(module):
+            if name.endswith("_kernel"):
+                setattr(module, name, _UnseenLaunches(getattr(module, name), counter))
+
+
+def _per_gdn_layer(counter: list[int], **options: bool) -> tuple[int, int]:
+    """(aten ops, Triton launches) per GDN layer of a float32 decode step (1 vs 2 layers)."""
+    ops, kernels = [], []
+    for n in (1, 2):
+        m = build(config([GDN] * n), dtype=torch.float32, seed=3)
+        d = StaticDecoder(m, max_len=16, max_nodes=4, kernel="triton", **options)
+        d.load(m.prefill(ids(5, 62))[0])
+        counter[0] = 0
+        ops.append(count_ops(d.decode_step))
+        kernels.append(counter[0])
+    return ops[1] - ops[0], kernels[1] - kernels[0]
+
+
 def _fused_greedy_and_capture() -> dict[str, object]:
     """The fused decoder (float32, interpreter): greedy tokens through decode_step and through step() on
     planted trees vs the engine's AR route; the steps capture-safe; aten ops and Triton launches per
     GDN layer of a decode step."""
-    from repro.gdn import triton_decode
 
     model = build(config([GDN, ATTENTION]), dtype=torch.float32, seed=31)
     prompt = ids(8, 32).tolist()
@@ -596,9 +666,7 @@ def _fused_greedy_and_capture() -> dict[str, object]:
         steps += 1
 
     launches = [0]
-    for name in dir(triton_decode):
-        if name.endswith("_kernel"):
-            setattr(triton_decode, name, _UnseenLaunches(getattr(triton_decode, name), launches))
+    _count_launches(launches)
     tree = Tree(ids(5, 33), torch.tensor([-1, 0, 0, 1, 2]))
     slot = TreeSlot(dec, 5, snapshots=True)
     slot.set_tree(tree)
@@ -607,30 +675,61 @@ def _fused_greedy_and_capture() -> dict[str, object]:
         if name not in ("commit_replay", "step"):  # fla in the interpreter is slow; both run unfused too
             dec.load(state)
             hazards += [f"{name}: {h}" for h in check_capture(fn).hazards]
-    ops, kernels = [], []
-    for n in (1, 2):
-        m = build(config([GDN] * n), dtype=torch.float32, seed=3)
-        d = StaticDecoder(m, max_len=16, max_nodes=4, kernel="triton")
-        d.load(m.prefill(ids(5, 62))[0])
-        launches[0] = 0
-        ops.append(count_ops(d.decode_step))
-        kernels.append(launches[0])
+    ops, kernels = _per_gdn_layer(launches)
     return {
         "ar_equal": ar == want,
         "spec_equal": spec[:7] == want,
         "spec_steps": steps,
         "hazards": hazards,
-        "gdn_ops_per_layer": ops[1] - ops[0],
-        "gdn_triton_launches_per_layer": kernels[1] - kernels[0],
+        "gdn_ops_per_layer": ops,
+        "gdn_triton_launches_per_layer": kernels,
     }
 
 
-def _interpreter_main(fused: bool) -> None:
+def _gemv_greedy_and_capture() -> dict[str, object]:
+    """gemv=True (interpreter): greedy tokens through decode_step in float64 vs the engine's AR route
+    (GDN and attention layers); decode_step capture-safe and the same ops on different tokens; aten ops
+    and Triton launches per GDN layer of a decode step."""
+    model = build(config([GDN, ATTENTION]), seed=35)
+    prompt = ids(8, 36).tolist()
+    want = generate(model, prompt, Route("ar", None, SingleNode(), TargetMatch(0.0, 0)), 7).output_ids
+    state, ver = model.prefill(prompt)
+    dec = StaticDecoder(model, max_len=32, max_nodes=8, kernel="triton", gemv=True)
+    dec.load(state)
+    ar = [int(ver.logits[-1].argmax())]
+    while len(ar) < 7:
+        dec.set_token(ar[-1])
+        ar.append(int(dec.decode_step()[0].argmax()))
+    launches = [0]
+    _count_launches(launches)
+    traces, hazards = [], []
+    for tok in (5, 40):
+        dec.load(state)
+        dec.set_token(tok)
+        check = check_capture(dec.decode_step)
+        traces.append(check.trace)
+        hazards += check.hazards
+    ops, kernels = _per_gdn_layer(launches, gemv=True)
+    return {
+        "ar_equal": ar == want,
+        "hazards": hazards,
+        "same_trace": traces[0] == traces[1],
+        "gdn_ops_per_layer": ops,
+        "gdn_triton_launches_per_layer": kernels,
+    }
+
+
+def _interpreter_main(flag: str) -> None:
     """Subprocess entry (TRITON_INTERPRET=1): print the cases' errors as JSON on the last line."""
     import repro.gdn.triton_tree  # noqa: F401 - applies the interpreter's NumPy patch before fla loads
 
     torch.set_num_threads(1)
-    if fused:
+    if flag == "--interpret-gemv":
+        out = {
+            "float32": _interpreter_case(torch.float32, ("closed_form",), True, [GDN, ATTENTION], gemv=True),
+            "greedy": _gemv_greedy_and_capture(),
+        }
+    elif flag == "--interpret-fused":
         out = {
             "float32": _interpreter_case(torch.float32, ("closed_form",), True, [GDN, ATTENTION]),
             "greedy": _fused_greedy_and_capture(),
@@ -646,7 +745,8 @@ def _interpreter_main(fused: bool) -> None:
 def _run_interpreter(flag: str) -> dict:
     if importlib.util.find_spec("triton") is None or importlib.util.find_spec("fla") is None:
         pytest.skip("triton and flash-linear-attention are needed")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    root = str(Path(__file__).resolve().parents[1])  # this checkout's repro, not an installed one
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": root}
     proc = subprocess.run(
         [sys.executable, str(Path(__file__).resolve()), flag],
         env=env,
@@ -681,5 +781,17 @@ def test_fused_decoder_through_the_interpreter():
     assert (greedy["gdn_ops_per_layer"], greedy["gdn_triton_launches_per_layer"]) == (4, 5), greedy
 
 
-if __name__ == "__main__" and sys.argv[-1] in ("--interpret", "--interpret-fused"):
-    _interpreter_main(sys.argv[-1] == "--interpret-fused")
+def test_gemv_decoder_through_the_interpreter():
+    """gemv=True: decode steps on the GEMV kernels (norm + in_proj / q|k|v, residual into out_proj /
+    o_proj and down, norm + gate|up + SiLU * up, final norm + LM head) in the interpreter: float32
+    decode logits and states vs HybridLM after a fused verify + commit, greedy float64 decoding equals
+    AR, decode_step capture-safe, and a decode GDN layer is 0 aten ops and 6 Triton kernels."""
+    out = _run_interpreter("--interpret-gemv")
+    assert max(out["float32"].values()) < 1e-5, out["float32"]
+    greedy = out["greedy"]
+    assert greedy["ar_equal"] and greedy["hazards"] == [] and greedy["same_trace"], greedy
+    assert (greedy["gdn_ops_per_layer"], greedy["gdn_triton_launches_per_layer"]) == (0, 6), greedy
+
+
+if __name__ == "__main__" and sys.argv[-1] in ("--interpret", "--interpret-fused", "--interpret-gemv"):
+    _interpreter_main(sys.argv[-1])

@@ -23,6 +23,8 @@ rows only, for the plumbing), after one prefill of ``context`` random tokens thr
 - ``decode``: AR ms/token and tokens/s; the graph (the fused Triton glue of
   :mod:`repro.gdn.triton_decode` where the decoder uses the triton kernels) vs the graph of the unfused
   glue (``static_graph_unfused``, same run: the fusion's speedup is the ratio of the two rows) vs the
+  graph of the fused decoder with its matmuls on the GEMV kernels of :mod:`repro.models.triton_linear`
+  (``static_graph_gemv``, CUDA only: norms, SiLU * up and residuals fused into the matmuls) vs the
   eager static step vs HybridLM's own per-sequence verify+commit; floor = (weights read once + GDN
   state read/write + KV read) / copy bw.
 - ``verify``: verify latency vs tree size T (best-first draft trees, :func:`repro.bench.shapes.draft_tree`),
@@ -457,6 +459,8 @@ class ShapeBench:
         compiled = method == "static_graph_compiled"
         if method == "static_graph_unfused":  # built for this row only (its stacked weights are copies)
             dec = StaticDecoder(self.model, self.cfg.context + 256, 1, fused=False)
+        elif method == "static_graph_gemv":  # the same, the fused decoder with the GEMV kernels
+            dec = StaticDecoder(self.model, self.cfg.context + 256, 1, fused=True, gemv=True)
         else:
             dec = self._decoder(compiled)
         dec.load(self.state0)
@@ -683,12 +687,15 @@ class RowSpec:
     graph: bool  # needs CUDA graphs
 
 
-def plan(cfg: ModelBenchConfig, compiled: bool = False) -> list[RowSpec]:
-    """Rows of one shape, the most telling first: the two targets, the verify curve, the step's graphs,
-    the eager step and decode (host overhead), the compiled glue (``compiled``), the GDN cores, the host
-    parts, HybridLM's own path."""
+def plan(cfg: ModelBenchConfig, compiled: bool = False, gemv: bool = False) -> list[RowSpec]:
+    """Rows of one shape, the most telling first: the two targets (and the decode graphs of the unfused
+    glue and, with ``gemv``, of the GEMV kernels), the verify curve, the step's graphs, the eager step and
+    decode (host overhead), the compiled glue (``compiled``), the GDN cores, the host parts, HybridLM's
+    own path."""
     s = cfg.step_nodes
     rows = [RowSpec("decode", "static_graph", 1, True), RowSpec("decode", "static_graph_unfused", 1, True)]
+    if gemv:
+        rows.append(RowSpec("decode", "static_graph_gemv", 1, True))
     rows += [RowSpec("verify", "static_graph", s, True)]
     rows += [RowSpec("verify", "static_graph", t, True) for t in cfg.sizes if t != s]
     steps = ["verify_snapshots", "accept_graph", "commit_replay", "commit_closed_form", "commit_snapshot"]
@@ -857,7 +864,8 @@ def run_model_bench(
             except Exception as exc:  # noqa: BLE001 - e.g. out of memory: record, go on
                 skip_all = f"model setup failed: {describe(exc)}"
                 traceback.print_exc()
-            for spec in plan(cfg, compiled=cfg.compile and device.type == "cuda"):
+            cuda = device.type == "cuda"  # the GEMV row needs the fused triton decoder: CUDA only
+            for spec in plan(cfg, compiled=cfg.compile and cuda, gemv=cuda):
                 left = shape_deadline - time.monotonic()
                 skip = skip_all
                 if skip is None and left < 0:
@@ -1051,6 +1059,17 @@ def why_lines(table: pd.DataFrame, shape: str, step_nodes: int, info: dict[str, 
             f"- fused Triton glue: decode graph {decode:.0f} us vs {unfused:.0f} us unfused, "
             f"{unfused / decode:.2f}x faster{counts}."
         )
+    gemv = _pick(table, shape, "decode", "static_graph_gemv", 1)
+    if decode and gemv:
+        kern_g = rows[(rows["group"] == "decode") & (rows["method"] == "static_graph_gemv")]["kernels"]
+        kern_g = kern_g.dropna()
+        counts = ""
+        if len(kern) and len(kern_g):
+            counts = f" ({int(kern_g.iloc[0])} vs {int(kern.iloc[0])} kernels per token)"
+        out.append(
+            f"- GEMV kernels (norms, SiLU * up, residuals fused into the matmuls): decode graph "
+            f"{gemv:.0f} us vs {decode:.0f} us with cuBLAS matmuls, {decode / gemv:.2f}x faster{counts}."
+        )
     comp = _pick(table, shape, "compiled", "static_graph_compiled", 1)
     if comp and decode:
         out.append(
@@ -1133,7 +1152,9 @@ def write_report(
 DEFINITIONS = """\
 - us: median of triton do_bench (CUDA events around each call, L2 flushed before each) of one call:
   for *_graph rows one CUDA-graph replay of the static decoder's step (static_graph_unfused: the
-  decoder with fused=False, the torch glue of repro.models.static around the GDN cores), for *_eager
+  decoder with fused=False, the torch glue of repro.models.static around the GDN cores;
+  static_graph_gemv: the fused decoder with gemv=True, its decode matmuls on repro.models.triton_linear's
+  GEMV kernels with the norms, SiLU * up and residual adds fused in), for *_eager
   rows the same step run op by op from Python, for hybrid_* rows HybridLM's per-sequence
   verify/commit (the harness's current path). CPU runs: a perf_counter loop (plumbing only).
 - rel_err: ||logits - HybridLM's|| / ||HybridLM's|| on the same prefilled state and tree (HybridLM

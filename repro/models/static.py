@@ -41,6 +41,13 @@ the decode core, gated norm + conv shift, out_proj addmm, RMSNorm, gate|up, SiLU
 attention layers use the same RMSNorm and MLP kernels. ``fused=False`` keeps the torch glue (the
 reference path on CPU, the "before" row of ``repro bench model``).
 
+``gemv=True`` (needs ``fused=True``) runs the decode step's matmuls on the GEMV kernels of
+:mod:`repro.models.triton_linear`, the glue around them fused in: the input norm into the stacked
+in_proj (attention: q|k|v), the residual into out_proj / o_proj and down_proj, the post norm and SiLU * up
+into the stacked gate|up, the final norm into the LM head. A decode GDN layer is then 6 launches
+(norm + in_proj, decode core, gated norm + conv shift, out_proj + residual, norm + gate|up + SiLU * up,
+down + residual); verify keeps the cuBLAS matmuls.
+
 ``compile=True`` wraps the per-layer glue around the GDN/attention cores (norms, projections,
 conv, gates, MLP) in ``torch.compile`` so that the elementwise chains fuse into few kernels; the
 cores and every buffer write stay outside the compiled regions. Inductor compiles in this process
@@ -205,8 +212,15 @@ def gdn_prologue(
     return gate, conv_inputs, qk[:, :heads], qk[:, heads:], v, g, beta.to(sdt)
 
 
-def plus_linear(x: torch.Tensor, y: torch.Tensor, linear: torch.nn.Linear) -> torch.Tensor:
-    """x + linear(y), the residual add fused into the matmul (addmm) when the layer has no bias."""
+def plus_linear(
+    x: torch.Tensor, y: torch.Tensor, linear: torch.nn.Linear, gemv: bool = False
+) -> torch.Tensor:
+    """x + linear(y), the residual add fused into the matmul (addmm) when the layer has no bias, or into
+    the GEMV kernel (``gemv``: :func:`~repro.models.triton_linear.linear_residual`, decode steps)."""
+    if gemv:
+        from repro.models.triton_linear import linear_residual
+
+        return linear_residual(y, linear.weight, x, linear.bias)
     return x + linear(y) if linear.bias is not None else torch.addmm(x, y, linear.weight.t())
 
 
@@ -232,17 +246,24 @@ def attention_prologue(
     cos: torch.Tensor,
     sin: torch.Tensor,
     norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor] = rms_norm,
+    gemv: bool = False,
 ) -> tuple[torch.Tensor, ...]:
     """Input norm, q/k/v projections, q/k norms and rotary (HybridLM's Attention.forward_tree; the
     rotary tables of the step's positions are made once per step). ``norm``: the RMSNorm function
-    (the fused decoder passes the Triton one).
+    (the fused decoder passes the Triton one); ``gemv``: the input norm and projections in one
+    :func:`~repro.models.triton_linear.norm_linear` (decode steps).
 
     Returns (q [n, H, hd], gate [n, H hd] or an empty tensor, k, v [n, H_kv, hd]).
     """
     attn: Attention = layer.self_attn
-    h = norm(x, w.input_norm, layer.input_layernorm.eps)
-    n = h.shape[0]
-    q, k, v = torch.split(F.linear(h, w.qkv, w.bias), w.sizes, dim=-1)
+    n = x.shape[0]
+    if gemv:
+        from repro.models.triton_linear import norm_linear
+
+        qkv = norm_linear(x, w.input_norm, layer.input_layernorm.eps, w.qkv, w.bias)
+    else:
+        qkv = F.linear(norm(x, w.input_norm, layer.input_layernorm.eps), w.qkv, w.bias)
+    q, k, v = torch.split(qkv, w.sizes, dim=-1)
     gate = q[:, :0]
     if attn.output_gate:
         q, gate = q.reshape(n, attn.num_heads, 2 * attn.head_dim).chunk(2, dim=-1)
@@ -286,24 +307,39 @@ def attention_core(
 
 
 def attention_epilogue(
-    layer: DecoderLayer, w: AttentionWeights, x: torch.Tensor, out: torch.Tensor, gate: torch.Tensor
+    layer: DecoderLayer,
+    w: AttentionWeights,
+    x: torch.Tensor,
+    out: torch.Tensor,
+    gate: torch.Tensor,
+    gemv: bool = False,
 ) -> torch.Tensor:
-    """Output gate, output projection, residual, MLP block (the fused one when the MLP is stacked)."""
+    """Output gate, output projection, residual, MLP block (the fused one when the MLP is stacked;
+    ``gemv``: o_proj and the MLP on the GEMV kernels)."""
     attn: Attention = layer.self_attn
     if attn.output_gate:
         out = out * torch.sigmoid(gate)
-    x = plus_linear(x, out, attn.o_proj)
-    return mlp_block(layer, w.post_norm, x) if w.gate_up is None else fused_mlp_block(layer, w, x)
+    x = plus_linear(x, out, attn.o_proj, gemv)
+    return mlp_block(layer, w.post_norm, x) if w.gate_up is None else fused_mlp_block(layer, w, x, gemv)
 
 
-def fused_mlp_block(layer: DecoderLayer, w: GDNWeights | AttentionWeights, x: torch.Tensor) -> torch.Tensor:
+def fused_mlp_block(
+    layer: DecoderLayer, w: GDNWeights | AttentionWeights, x: torch.Tensor, gemv: bool = False
+) -> torch.Tensor:
     """x + MLP(post-attention norm of x) in four launches: Triton RMSNorm, the stacked gate|up matmul,
-    Triton SiLU(gate) * up, the down projection with the residual (addmm)."""
+    Triton SiLU(gate) * up, the down projection with the residual (addmm). ``gemv`` (decode steps):
+    two, :func:`~repro.models.triton_linear.norm_gate_up` and the down projection with the residual."""
     from repro.gdn import triton_decode as fused
 
     assert w.gate_up is not None
-    h = fused.rms_norm(x, w.post_norm, layer.post_attention_layernorm.eps)
-    return plus_linear(x, fused.silu_mul(F.linear(h, w.gate_up)), layer.mlp.down_proj)
+    eps = layer.post_attention_layernorm.eps
+    if gemv:
+        from repro.models.triton_linear import norm_gate_up
+
+        act = norm_gate_up(x, w.post_norm, eps, w.gate_up)
+    else:
+        act = fused.silu_mul(F.linear(fused.rms_norm(x, w.post_norm, eps), w.gate_up))
+    return plus_linear(x, act, layer.mlp.down_proj, gemv)
 
 
 def fused_gdn_layer(
@@ -314,19 +350,25 @@ def fused_gdn_layer(
     conv_index: torch.Tensor,
     core: Callable[..., tuple[torch.Tensor, TreeFactors]] | None,
     kernel_dtype: torch.dtype,
+    gemv: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, TreeFactors | None]:
     """A GDN layer on the fused Triton kernels (:mod:`repro.gdn.triton_decode`).
 
     ``core`` None: decode one token (the state and conv history updated in place); else verify n nodes
-    with ``core(q, k, v, g, beta)`` -> (o, factors), state untouched. Returns (x after the layer, the
-    conv inputs [n, C], k [n, H, d_k] or None, factors or None).
+    with ``core(q, k, v, g, beta)`` -> (o, factors), state untouched. ``gemv``: the matmuls on the
+    GEMV kernels of :mod:`repro.models.triton_linear` (norms, SiLU * up and residuals fused in).
+    Returns (x after the layer, the conv inputs [n, C], k [n, H, d_k] or None, factors or None).
     """
     from repro.gdn import triton_decode as fused
 
     m: GatedDeltaNet = layer.linear_attn
     dims = fused.GDNDims(m.num_k_heads, m.num_v_heads, m.head_k_dim, m.head_v_dim)
-    h = fused.rms_norm(x, w.input_norm, layer.input_layernorm.eps)
-    proj = F.linear(h, w.in_proj)
+    if gemv:
+        from repro.models.triton_linear import norm_linear
+
+        proj = norm_linear(x, w.input_norm, layer.input_layernorm.eps, w.in_proj)
+    else:
+        proj = F.linear(fused.rms_norm(x, w.input_norm, layer.input_layernorm.eps), w.in_proj)
     conv_inputs = proj[:, : w.sizes[0]]
     z = proj[:, w.sizes[0] : w.sizes[0] + w.sizes[1]] if m.in_proj_z is not None else None
     gates = (w.neg_decay, w.dt_bias, m.beta_scale)
@@ -342,7 +384,7 @@ def fused_gdn_layer(
         )
         o, factors = core(q, k, v, g, beta)
         y = fused.gated_norm(o, m.norm.weight, m.norm.eps, z, x.dtype)
-    return fused_mlp_block(layer, w, plus_linear(x, y, m.out_proj)), conv_inputs, k, factors
+    return fused_mlp_block(layer, w, plus_linear(x, y, m.out_proj, gemv), gemv), conv_inputs, k, factors
 
 
 GLUE: dict[str, Callable[..., Any]] = {
@@ -483,6 +525,7 @@ class StaticDecoder:
         precision: str | None = None,
         compile: bool = False,
         fused: bool | None = None,
+        gemv: bool = False,
     ) -> None:
         self.model = model
         cfg = model.config
@@ -496,6 +539,11 @@ class StaticDecoder:
             raise ConfigError("fused=True replaces the compiled glue: choose fused or compile")
         if self.fused and self.kernel != "triton":
             raise ConfigError("fused=True needs the triton GDN kernels (kernel='triton')")
+        if gemv and not self.fused:
+            raise ConfigError(
+                "gemv=True runs inside the fused decoder: it needs fused=True (kernel='triton')"
+            )
+        self.gemv = gemv
         if self.kernel == "triton" and dev.type != "cuda" and not _interpreting():
             raise ConfigError("the triton GDN kernels need a CUDA model (use kernel='reference' on CPU)")
         if max_len < 1 or max_nodes < 1:
@@ -657,6 +705,7 @@ class StaticDecoder:
         self, tokens: torch.Tensor, positions: torch.Tensor, slot: TreeSlot, decode: bool
     ) -> torch.Tensor:
         glue = self.glue
+        gemv = self.gemv and decode  # verify keeps the cuBLAS matmuls
         norm = rms_norm
         if self.fused:
             from repro.gdn import triton_decode
@@ -672,7 +721,7 @@ class StaticDecoder:
             self.layer_calls[layer.layer_type] += 1
             if isinstance(buf, GDNBuffers) and self.fused:
                 assert isinstance(w, GDNWeights)
-                x = self._fused_gdn(i, layer, w, buf, x, slot, decode)
+                x = self._fused_gdn(i, layer, w, buf, x, slot, decode, gemv)
             elif isinstance(buf, GDNBuffers):
                 assert isinstance(w, GDNWeights)
                 z, conv_inputs, q, k, v, g, beta = glue["gdn_prologue"](
@@ -693,15 +742,20 @@ class StaticDecoder:
                 x = glue["gdn_epilogue"](layer, w, x, o, z)
             else:
                 assert isinstance(w, AttentionWeights)
-                q, gate, k, v = glue["attention_prologue"](layer, w, x, cos, sin, norm)
+                q, gate, k, v = glue["attention_prologue"](layer, w, x, cos, sin, norm, gemv)
                 out = glue["attention_core"](q, k, v, buf.keys, buf.values, prefix_blocked, tree_blocked)
                 if decode:
                     buf.keys.index_copy_(1, self.length, k.transpose(0, 1))
                     buf.values.index_copy_(1, self.length, v.transpose(0, 1))
                 else:
                     slot.saved[i] = AttentionSaved(k, v)
-                x = glue["attention_epilogue"](layer, w, x, out, gate)
-        return self.model.lm_head(norm(x, self.final_norm, self.model.model.norm.eps))
+                x = glue["attention_epilogue"](layer, w, x, out, gate, gemv)
+        head, eps = self.model.lm_head, self.model.model.norm.eps
+        if gemv:
+            from repro.models.triton_linear import norm_linear
+
+            return norm_linear(x, self.final_norm, eps, head.weight, head.bias)
+        return head(norm(x, self.final_norm, eps))
 
     def _fused_gdn(
         self,
@@ -712,8 +766,10 @@ class StaticDecoder:
         x: torch.Tensor,
         slot: TreeSlot,
         decode: bool,
+        gemv: bool,
     ) -> torch.Tensor:
-        """A GDN layer through :func:`fused_gdn_layer` (decode: in place; verify: saves for commit)."""
+        """A GDN layer through :func:`fused_gdn_layer` (decode: in place, on the GEMV kernels with
+        ``gemv``; verify: saves for commit)."""
         core = None
         if not decode:
             scale = layer.linear_attn.head_k_dim**-0.5
@@ -725,7 +781,7 @@ class StaticDecoder:
                 )  # fmt: skip
 
         x, conv_inputs, k, factors = fused_gdn_layer(
-            layer, w, x, buf, slot.conv_index, core, self.kernel_dtype
+            layer, w, x, buf, slot.conv_index, core, self.kernel_dtype, gemv
         )
         if factors is not None:
             assert k is not None
