@@ -25,6 +25,13 @@ gpu_full_only = pytest.mark.skipif(
 )
 
 
+def checkout_pythonpath() -> str:
+    """PYTHONPATH for a test's subprocess: this checkout's repro first (not an installed copy from
+    another checkout), then whatever the environment already had (e.g. carried wheels)."""
+    root = str(Path(__file__).resolve().parents[1])
+    return os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+
+
 def tree_depths(parents: torch.Tensor) -> list[int]:
     depth: list[int] = []
     for p in parents.tolist():

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import random_tree, seed_of
+from conftest import checkout_pythonpath, random_tree, seed_of
 
 from repro.acceptance import TargetMatch
 from repro.engine import Route, generate
@@ -745,8 +745,7 @@ def _interpreter_main(flag: str) -> None:
 def _run_interpreter(flag: str) -> dict:
     if importlib.util.find_spec("triton") is None or importlib.util.find_spec("fla") is None:
         pytest.skip("triton and flash-linear-attention are needed")
-    root = str(Path(__file__).resolve().parents[1])  # this checkout's repro, not an installed one
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": root}
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": checkout_pythonpath()}
     proc = subprocess.run(
         [sys.executable, str(Path(__file__).resolve()), flag],
         env=env,

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import checkout_pythonpath
 
 from repro.gdn import reference as gdn
 from repro.tree import Tree
@@ -107,7 +108,7 @@ def _interpreter_main() -> None:
 def interp() -> dict:
     if importlib.util.find_spec("triton") is None:
         pytest.skip("triton is needed")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": checkout_pythonpath()}
     proc = subprocess.run(
         [sys.executable, str(Path(__file__).resolve()), "--interpret"],
         env=env, capture_output=True, text=True, timeout=300,

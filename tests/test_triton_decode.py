@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import random_tree
+from conftest import checkout_pythonpath, random_tree
 
 F64 = torch.float64
 TINY = {  # name: (H, HV, d_k, d_v, W, conv bias, output gate z, beta_scale)
@@ -211,7 +211,7 @@ def check(results: dict) -> list[str]:
 def interpreted() -> dict:
     if importlib.util.find_spec("triton") is None:
         pytest.skip("triton is not installed")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": checkout_pythonpath()}
     proc = subprocess.run(
         [sys.executable, str(Path(__file__).resolve()), "--interpret"],
         env=env, capture_output=True, text=True, timeout=300,

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import checkout_pythonpath
 
 from repro.errors import ConfigError
 
@@ -109,7 +110,7 @@ def check(results: dict[str, float]) -> list[str]:
 def interpreted() -> dict[str, float]:
     if importlib.util.find_spec("triton") is None:
         pytest.skip("triton is not installed")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": checkout_pythonpath()}
     proc = subprocess.run(
         [sys.executable, str(Path(__file__).resolve()), "--interpret"],
         env=env, capture_output=True, text=True, timeout=300,
