@@ -2,7 +2,7 @@
 # Model-level benchmark on the device machine (one H200): the gpu-marked tests (scripts/gpu_tests.sh: one
 # file at a time, each time-limited, verbose, junit xml per file), then `repro bench model` at the
 # GDN-1.3B and Qwen3.6-27B shapes. Run from the repository root with the fla wheels carried in .whl/
-# (carry: [".whl"]). About 7 minutes: setup ~20 s, tests ~240 s (each file limited, 495 s at most),
+# (carry: [".whl"]). About 8 minutes: setup ~20 s, tests ~335 s (each file limited, 640 s at most),
 # bench <= BENCH_TIMEOUT (240 s; rows start within BENCH_BUDGET = 180 s). The limits add up to more
 # than a 10-minute device call: when time is short, pass GPU_TEST_FILES or GPU_TEST_TIMEOUT.
 # Environment: OUT, GPU_TEST_TIMEOUT (seconds per test file; see gpu_tests.sh), GPU_TESTS=0 (skip the

@@ -115,6 +115,11 @@ def test_plan_has_the_gemv_decode_row_only_where_asked():
     ]
 
 
+def test_speed_ratios_read_as_faster_or_slower():
+    assert bm.faster_or_slower(1.25) == "1.25x faster"
+    assert bm.faster_or_slower(0.5) == "2.00x slower"
+
+
 def test_kernel_names_fall_into_their_groups():
     assert bm.kernel_group("_decode_kernel") == "gdn_core"
     assert bm.kernel_group("fused_recurrent_gated_delta_rule_fwd_kernel") == "gdn_core"

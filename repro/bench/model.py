@@ -990,6 +990,11 @@ def targets(table: pd.DataFrame, shape: str, step_nodes: int) -> list[str]:
     return lines
 
 
+def faster_or_slower(speedup: float) -> str:
+    """ "1.25x faster" for a speedup >= 1, else "1.11x slower" (the inverse)."""
+    return f"{speedup:.2f}x faster" if speedup >= 1 else f"{1 / speedup:.2f}x slower"
+
+
 def _busy_line(rows: pd.DataFrame, group: str, method: str, t: int) -> list[str]:
     """Kernel time of one row's call by group (profiled eagerly) against the graph's time: the rest is
     the time between kernels (launch gaps, dependencies) under the graph."""
@@ -1057,7 +1062,7 @@ def why_lines(table: pd.DataFrame, shape: str, step_nodes: int, info: dict[str, 
             counts = f" ({int(kern.iloc[0])} vs {int(kern_u.iloc[0])} kernels per token)"
         out.append(
             f"- fused Triton glue: decode graph {decode:.0f} us vs {unfused:.0f} us unfused, "
-            f"{unfused / decode:.2f}x faster{counts}."
+            f"{faster_or_slower(unfused / decode)}{counts}."
         )
     gemv = _pick(table, shape, "decode", "static_graph_gemv", 1)
     if decode and gemv:
@@ -1067,14 +1072,15 @@ def why_lines(table: pd.DataFrame, shape: str, step_nodes: int, info: dict[str, 
         if len(kern) and len(kern_g):
             counts = f" ({int(kern_g.iloc[0])} vs {int(kern.iloc[0])} kernels per token)"
         out.append(
-            f"- GEMV kernels (norms, SiLU * up, residuals fused into the matmuls): decode graph "
-            f"{gemv:.0f} us vs {decode:.0f} us with cuBLAS matmuls, {decode / gemv:.2f}x faster{counts}."
+            "- GEMV kernels (norms, SiLU * up, residuals fused into the matmuls): decode graph "
+            f"{gemv:.0f} us vs {decode:.0f} us with cuBLAS matmuls, "
+            f"{faster_or_slower(decode / gemv)}{counts}."
         )
     comp = _pick(table, shape, "compiled", "static_graph_compiled", 1)
     if comp and decode:
         out.append(
             f"- with the glue under torch.compile the decode graph takes {comp:.0f} us "
-            f"({decode / comp:.2f}x the speed of the decode graph above)."
+            f"({faster_or_slower(decode / comp)} than the decode graph above)."
         )
     return out
 
