@@ -8,7 +8,9 @@ branch on one, and allocate the same shapes on every call, so each can be captur
 graph (:mod:`repro.models.graphs`) and replayed:
 
 - :meth:`StaticDecoder.decode_step`: one token (``decoder.token``) folded into the state; the GDN
-  layers run the recurrence (fla's ``fused_recurrent_gated_delta_rule`` on CUDA, the reference
+  layers run the recurrence (with ``fused=True``, the default with the Triton kernels, one Triton
+  kernel per layer for conv, norms, gates and the step, :mod:`repro.gdn.triton_decode`; unfused,
+  fla's ``fused_recurrent_gated_delta_rule`` on CUDA; the reference
   :func:`~repro.gdn.reference.recurrent_gdn` elsewhere), attention reads the static KV under a
   length mask and appends at the length.
 - :meth:`StaticDecoder.verify`: every node of a :class:`TreeSlot`'s tree (a fixed node count; the
