@@ -25,11 +25,30 @@ gpu_full_only = pytest.mark.skipif(
 )
 
 
-def checkout_pythonpath() -> str:
-    """PYTHONPATH for a test's subprocess: this checkout's repro first (not an installed copy from
-    another checkout), then whatever the environment already had (e.g. carried wheels)."""
+def run_in_interpreter(
+    test_file: str, flag: str = "--interpret", needs: tuple[str, ...] = ("triton",)
+) -> dict:
+    """Run ``test_file`` as a script with ``flag`` under Triton's CPU interpreter (TRITON_INTERPRET=1)
+    and return the JSON it prints on its last line. This checkout's repro comes first on PYTHONPATH
+    (not an installed copy from another checkout), then the environment's (e.g. carried wheels).
+    Skips when a module in ``needs`` is missing; fails with the subprocess's stderr when it fails."""
+    import importlib.util
+    import json
+    import subprocess
+
+    missing = [m for m in needs if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"{', '.join(missing)} needed")
     root = str(Path(__file__).resolve().parents[1])
-    return os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
+    proc = subprocess.run(
+        [sys.executable, str(Path(test_file).resolve()), flag],
+        env=env, capture_output=True, text=True, timeout=600, cwd=root,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        pytest.fail(f"interpreter subprocess failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def tree_depths(parents: torch.Tensor) -> list[int]:

@@ -9,16 +9,12 @@ HybridLM (reference GDN path) in float32 (1e-4) and bfloat16 (looser; the errors
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
-from conftest import checkout_pythonpath, random_tree, seed_of
+from conftest import random_tree, run_in_interpreter, seed_of
 
 from repro.acceptance import TargetMatch
 from repro.engine import Route, generate
@@ -743,18 +739,7 @@ def _interpreter_main(flag: str) -> None:
 
 
 def _run_interpreter(flag: str) -> dict:
-    if importlib.util.find_spec("triton") is None or importlib.util.find_spec("fla") is None:
-        pytest.skip("triton and flash-linear-attention are needed")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": checkout_pythonpath()}
-    proc = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), flag],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_in_interpreter(__file__, flag, needs=("triton", "fla"))
 
 
 def test_triton_kernel_path_through_the_interpreter():

@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
-from conftest import checkout_pythonpath
+from conftest import run_in_interpreter
 
 from repro.gdn import reference as gdn
 from repro.tree import Tree
@@ -106,15 +103,7 @@ def _interpreter_main() -> None:
 
 @pytest.fixture(scope="module")
 def interp() -> dict:
-    if importlib.util.find_spec("triton") is None:
-        pytest.skip("triton is needed")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": checkout_pythonpath()}
-    proc = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), "--interpret"],
-        env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_in_interpreter(__file__)
 
 
 @pytest.mark.parametrize("name", [c[0] for c in CASES])

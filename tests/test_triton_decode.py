@@ -15,17 +15,13 @@ prologue q/k/v, the gated norm, RMSNorm, SiLU * up) carry one bf16 rounding (< 5
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import checkout_pythonpath, random_tree
+from conftest import random_tree, run_in_interpreter
 
 F64 = torch.float64
 TINY = {  # name: (H, HV, d_k, d_v, W, conv bias, output gate z, beta_scale)
@@ -209,15 +205,7 @@ def check(results: dict) -> list[str]:
 
 @pytest.fixture(scope="module")
 def interpreted() -> dict:
-    if importlib.util.find_spec("triton") is None:
-        pytest.skip("triton is not installed")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": checkout_pythonpath()}
-    proc = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), "--interpret"],
-        env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_in_interpreter(__file__)
 
 
 def test_decode_core_matches_the_recurrence_in_the_interpreter(interpreted):

@@ -16,17 +16,13 @@ truncates (checked: every interpreted bf16 output equals the truncated float32 r
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import checkout_pythonpath
+from conftest import run_in_interpreter
 
 from repro.errors import ConfigError
 
@@ -108,15 +104,7 @@ def check(results: dict[str, float]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def interpreted() -> dict[str, float]:
-    if importlib.util.find_spec("triton") is None:
-        pytest.skip("triton is not installed")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": checkout_pythonpath()}
-    proc = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), "--interpret"],
-        env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_in_interpreter(__file__)
 
 
 def test_kernels_match_torch_in_the_interpreter(interpreted):

@@ -26,15 +26,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import gpu_full_only, leaves, random_tree, seed_of
+from conftest import gpu_full_only, leaves, random_tree, run_in_interpreter, seed_of
 
 from repro.gdn import reference as gdn
 from repro.tree import Tree
@@ -195,20 +193,7 @@ def _interpreter_main() -> None:
 
 @pytest.fixture(scope="module")
 def interp_results() -> dict:
-    if not HAS_TRITON:
-        pytest.skip("triton is not installed")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), "--interpret"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=Path(__file__).resolve().parents[1],
-    )
-    if proc.returncode != 0:
-        pytest.fail(f"interpreter subprocess failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_in_interpreter(__file__)
 
 
 @needs_triton

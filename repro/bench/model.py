@@ -1053,28 +1053,27 @@ def why_lines(table: pd.DataFrame, shape: str, step_nodes: int, info: dict[str, 
             f"- the GDN tree kernel alone at T={step_nodes}: {core_t:.1f} us/layer x {gdn} layers = "
             f"{core_t * gdn:.0f} us of verify's {verify:.0f} us (verify - decode = {verify - decode:.0f} us)."
         )
+
+    def kernels_of(method: str) -> int | None:
+        k = rows[(rows["group"] == "decode") & (rows["method"] == method)]["kernels"].dropna()
+        return int(k.iloc[0]) if len(k) else None
+
+    def versus(new: str, new_us: float, old: str, old_us: float) -> str:
+        """ "<new> us vs <old> us, 1.25x faster (k_new vs k_old kernels per token)"."""
+        k_new, k_old = kernels_of(new), kernels_of(old)
+        counts = f" ({k_new} vs {k_old} kernels per token)" if k_new and k_old else ""
+        return f"{new_us:.0f} us vs {old_us:.0f} us", f"{faster_or_slower(old_us / new_us)}{counts}"
+
     unfused = _pick(table, shape, "decode", "static_graph_unfused", 1)
     if decode and unfused and info.get("fused"):
-        kern_u = rows[(rows["group"] == "decode") & (rows["method"] == "static_graph_unfused")]["kernels"]
-        kern_u = kern_u.dropna()
-        counts = ""
-        if len(kern) and len(kern_u):
-            counts = f" ({int(kern.iloc[0])} vs {int(kern_u.iloc[0])} kernels per token)"
-        out.append(
-            f"- fused Triton glue: decode graph {decode:.0f} us vs {unfused:.0f} us unfused, "
-            f"{faster_or_slower(unfused / decode)}{counts}."
-        )
+        times, speed = versus("static_graph", decode, "static_graph_unfused", unfused)
+        out.append(f"- fused Triton glue: decode graph {times} unfused, {speed}.")
     gemv = _pick(table, shape, "decode", "static_graph_gemv", 1)
     if decode and gemv:
-        kern_g = rows[(rows["group"] == "decode") & (rows["method"] == "static_graph_gemv")]["kernels"]
-        kern_g = kern_g.dropna()
-        counts = ""
-        if len(kern) and len(kern_g):
-            counts = f" ({int(kern_g.iloc[0])} vs {int(kern.iloc[0])} kernels per token)"
+        times, speed = versus("static_graph_gemv", gemv, "static_graph", decode)
         out.append(
             "- GEMV kernels (norms, SiLU * up, residuals fused into the matmuls): decode graph "
-            f"{gemv:.0f} us vs {decode:.0f} us with cuBLAS matmuls, "
-            f"{faster_or_slower(decode / gemv)}{counts}."
+            f"{times} with cuBLAS matmuls, {speed}."
         )
     comp = _pick(table, shape, "compiled", "static_graph_compiled", 1)
     if comp and decode:
