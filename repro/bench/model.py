@@ -1058,8 +1058,8 @@ def why_lines(table: pd.DataFrame, shape: str, step_nodes: int, info: dict[str, 
         k = rows[(rows["group"] == "decode") & (rows["method"] == method)]["kernels"].dropna()
         return int(k.iloc[0]) if len(k) else None
 
-    def versus(new: str, new_us: float, old: str, old_us: float) -> str:
-        """ "<new> us vs <old> us, 1.25x faster (k_new vs k_old kernels per token)"."""
+    def versus(new: str, new_us: float, old: str, old_us: float) -> tuple[str, str]:
+        """("<new> us vs <old> us", "1.25x faster (k_new vs k_old kernels per token)")."""
         k_new, k_old = kernels_of(new), kernels_of(old)
         counts = f" ({k_new} vs {k_old} kernels per token)" if k_new and k_old else ""
         return f"{new_us:.0f} us vs {old_us:.0f} us", f"{faster_or_slower(old_us / new_us)}{counts}"
