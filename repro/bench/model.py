@@ -282,7 +282,7 @@ class KernelProfile:
     groups: dict[str, tuple[int, float]]
 
     def summary(self) -> str:
-        """ "matmul 120x 700 us; gdn_core 24x 150 us; ..." by descending time."""
+        """The groups by descending time, as in: matmul 120x 700 us; gdn_core 24x 150 us."""
         parts = sorted(self.groups.items(), key=lambda kv: -kv[1][1])
         return "; ".join(f"{name} {n}x {us:.0f} us" for name, (n, us) in parts)
 
@@ -991,7 +991,7 @@ def targets(table: pd.DataFrame, shape: str, step_nodes: int) -> list[str]:
 
 
 def faster_or_slower(speedup: float) -> str:
-    """ "1.25x faster" for a speedup >= 1, else "1.11x slower" (the inverse)."""
+    """A speedup as words: 1.25 -> "1.25x faster", 0.9 -> "1.11x slower"."""
     return f"{speedup:.2f}x faster" if speedup >= 1 else f"{1 / speedup:.2f}x slower"
 
 
