@@ -944,12 +944,18 @@ TITLES = {
 }
 
 
-def _pick(table: pd.DataFrame, shape: str, group: str, method: str, t: int | None = None) -> float | None:
+def _pick(
+    table: pd.DataFrame, shape: str, group: str, method: str, t: int | None = None, column: str = "us"
+) -> Any:
+    """One row's value in ``column`` (the first matching row's; None where absent or empty)."""
     part = table[(table["shape"] == shape) & (table["group"] == group) & (table["method"] == method)]
     if t is not None:
         part = part[part["T"] == t]
-    us = part["us"].dropna()
-    return float(us.iloc[0]) if len(us) else None
+    values = part[column].dropna()
+    if not len(values):
+        return None
+    value = values.iloc[0]
+    return value.item() if hasattr(value, "item") else value
 
 
 def targets(table: pd.DataFrame, shape: str, step_nodes: int) -> list[str]:
@@ -995,46 +1001,49 @@ def faster_or_slower(speedup: float) -> str:
     return f"{speedup:.2f}x faster" if speedup >= 1 else f"{1 / speedup:.2f}x slower"
 
 
-def _busy_line(rows: pd.DataFrame, group: str, method: str, t: int) -> list[str]:
+def _busy_line(table: pd.DataFrame, shape: str, group: str, method: str, t: int) -> list[str]:
     """Kernel time of one row's call by group (profiled eagerly) against the graph's time: the rest is
     the time between kernels (launch gaps, dependencies) under the graph."""
-    row = rows[(rows["group"] == group) & (rows["method"] == method) & (rows["T"] == t)]
-    if row.empty or pd.isna(row["kernel_busy_us"].iloc[0]) or pd.isna(row["us"].iloc[0]):
+    us, busy = _pick(table, shape, group, method, t), _pick(table, shape, group, method, t, "kernel_busy_us")
+    if us is None or busy is None:
         return []
-    us, busy = float(row["us"].iloc[0]), float(row["kernel_busy_us"].iloc[0])
+    by_group = _pick(table, shape, group, method, t, "kernels_by_group")
     return [
         f"- {group} {method} (T={t}): {us:.0f} us per call; its kernels run {busy:.0f} us "
-        f"({row['kernels_by_group'].iloc[0]}), so {us - busy:.0f} us ({(us - busy) / us:.0%}) pass "
-        "between kernels under the graph."
+        f"({by_group}), so {us - busy:.0f} us ({(us - busy) / us:.0%}) pass between kernels under the graph."
     ]
 
 
 def why_lines(table: pd.DataFrame, shape: str, step_nodes: int, info: dict[str, Any]) -> list[str]:
     """Where the time goes, from the rows alone: host overhead, kernels per step, GDN cores, fusion."""
     out = []
-    rows = table[table["shape"] == shape]
+
+    def kernels_of(method: str) -> int | None:  # kernels per decode token of a decode row
+        k = _pick(table, shape, "decode", method, 1, "kernels")
+        return None if k is None else int(k)
+
     decode = _pick(table, shape, "decode", "static_graph", 1)
     eager = _pick(table, shape, "decode", "static_eager", 1)
-    kern = rows[(rows["group"] == "decode") & (rows["method"] == "static_graph")]["kernels"].dropna()
-    ops = rows[(rows["group"] == "decode") & (rows["method"] == "static_graph")]["aten_ops"].dropna()
-    floor = rows[(rows["group"] == "decode") & (rows["method"] == "static_graph")]["floor_us"].dropna()
+    kern = kernels_of("static_graph")
+    ops = _pick(table, shape, "decode", "static_graph", 1, "aten_ops")
+    floor = _pick(table, shape, "decode", "static_graph", 1, "floor_us")
     gdn = info.get("gdn_layers", 0)
     if decode and eager:
         out.append(
             f"- decode: eager {eager:.0f} us vs graph {decode:.0f} us: {eager - decode:.0f} us/token of "
             "python/host overhead removed by the graph."
         )
-    if decode and len(kern) and len(floor):
-        k, excess = int(kern.iloc[0]), decode - float(floor.iloc[0])
+    if decode and kern and floor:
+        excess = decode - floor
         out.append(
-            f"- decode graph runs {k} kernels per token; above the floor it spends {excess:.0f} us, "
-            f"{excess / k:.2f} us per kernel."
+            f"- decode graph runs {kern} kernels per token; above the floor it spends {excess:.0f} us, "
+            f"{excess / kern:.2f} us per kernel."
         )
     for group, method, t in (("decode", "static_graph", 1), ("verify", "static_graph", step_nodes),
                              ("step", "step_graph", step_nodes)):  # fmt: skip
-        out += _busy_line(rows, group, method, t)
-    if len(ops):
-        n, layers = int(ops.iloc[0]), info.get("layers")
+        out += _busy_line(table, shape, group, method, t)
+    if ops is not None:
+        n, layers = int(ops), info.get("layers")
         per_layer = f" (about {n / layers:.0f} per layer)" if layers else ""
         out.append(
             f"- decode step: {n} aten ops that launch work{per_layer}, counted by a dispatch "
@@ -1053,10 +1062,6 @@ def why_lines(table: pd.DataFrame, shape: str, step_nodes: int, info: dict[str, 
             f"- the GDN tree kernel alone at T={step_nodes}: {core_t:.1f} us/layer x {gdn} layers = "
             f"{core_t * gdn:.0f} us of verify's {verify:.0f} us (verify - decode = {verify - decode:.0f} us)."
         )
-
-    def kernels_of(method: str) -> int | None:
-        k = rows[(rows["group"] == "decode") & (rows["method"] == method)]["kernels"].dropna()
-        return int(k.iloc[0]) if len(k) else None
 
     def versus(new: str, new_us: float, old: str, old_us: float) -> tuple[str, str]:
         """("<new> us vs <old> us", "1.25x faster (k_new vs k_old kernels per token)")."""
