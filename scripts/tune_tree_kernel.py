@@ -68,9 +68,7 @@ def main() -> None:
         x0 = sets[0]
         ref_o, ref_f = gdn.tree_gdn(x0.q, x0.k, x0.v, x0.g, x0.beta, x0.state, anc, shape.scale)
         bf = [s.to(torch.bfloat16) for s in sets]
-        default_br = min(64, max(16, 1 << (n - 1).bit_length()))
-        default_bv = min(64, shape.dv)
-        default = (default_br, default_bv, 8 if default_br * max(default_br, default_bv) >= 4096 else 4)
+        default = triton_tree.default_tiles(n, shape.hv, shape.dv, "tf32")
         for br, bv, warps in itertools.product(BLOCK_ROWS, BLOCK_V, WARPS):
             if bv > shape.dv or br > max(16, 1 << (n - 1).bit_length()):
                 continue

@@ -400,6 +400,24 @@ def _check_inputs(q, k, v, g, beta, state) -> tuple[int, int, int, int, int]:
     return n, h, hv, dk, dv
 
 
+def default_tiles(
+    n: int,
+    hv: int,
+    dv: int,
+    precision: str,
+    block_rows: int | None = None,
+    block_v: int | None = None,
+    num_warps: int | None = None,
+) -> tuple[int, int, int]:
+    """(block_rows, block_v, num_warps) of :func:`tree_gdn_fused`: the given ones, defaults for the rest."""
+    exact = precision != "tf32"  # fp32 FMA / 3xTF32 dots: smaller tiles keep them out of local memory
+    br = block_rows or min(32 if exact else 64, _pow2_at_least(n))
+    bv = block_v or min(32 if precision == "ieee" else 64, _pow2_at_least(dv))
+    if block_v is None and bv > 32 and hv * triton.cdiv(dv, bv) < 64:
+        bv = 32  # few heads (GDN-1.3B: 8 of d_v 256): more programs (results/2026-11-30-h200-tree-tiles)
+    return br, bv, num_warps or (8 if br * max(br, bv) >= 4096 else 4)
+
+
 def tree_gdn_fused(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -447,15 +465,10 @@ def tree_gdn_fused(
     else:
         anc = (ancestors if ancestors.dtype == torch.bool else ancestors != 0).contiguous().view(torch.uint8)
 
-    exact = precision != "tf32"  # fp32 FMA / 3xTF32 dots: smaller tiles keep them out of local memory
-    br = block_rows or min(32 if exact else 64, _pow2_at_least(n))
+    br, bv, warps = default_tiles(n, hv, dv, precision, block_rows, block_v, num_warps)
     if br < 16 or br & (br - 1):
         raise ValueError(f"block_rows must be a power of two >= 16, got {br}")
     bk = block_k or min(64, _pow2_at_least(dk))
-    bv = block_v or min(32 if precision == "ieee" else 64, _pow2_at_least(dv))
-    if block_v is None and bv > 32 and hv * triton.cdiv(dv, bv) < 64:
-        bv = 32  # few heads (GDN-1.3B: 8 of d_v 256): more programs (results/2026-11-30-h200-tree-tiles)
-    warps = num_warps or (8 if br * max(br, bv) >= 4096 else 4)
 
     if out is None:
         o = torch.empty(n, hv, dv, dtype=q.dtype, device=q.device)
