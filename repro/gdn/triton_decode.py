@@ -31,10 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from repro.gdn.triton_tree import _interpreter_numpy_compat
-
-if triton.knobs.runtime.interpret:
-    _interpreter_numpy_compat()
+from repro.gdn import triton_tree  # noqa: F401 - its import patches Triton's CPU interpreter for NumPy >= 2.4
 
 
 class GDNDims(NamedTuple):
