@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from repro.drafters.dflash import DFlashDraftModel, random_dflash_for, save_dflash
 from repro.models.hybrid import HybridLM
-from repro.train.distill import Distillation, DistillRecipe, route_acceptance, target_features
+from repro.train.distill import Distillation, DistillRecipe, target_features
 from repro.train.target import special_id
 
 
@@ -98,16 +98,8 @@ def train_dflash(recipe: DFlashRecipe) -> dict[str, Any]:
     title = f"DFlash drafter (block {recipe.block_size}, {recipe.draft_layers} layer)"
     log = run.train_and_save(drafter, step_fn, save_dflash, title)
     chain = {"kind": "dflash_chain", "block_size": recipe.block_size}
-    specs = {"trained": {**chain, "drafter": recipe.out}, "untrained": {**chain, "drafter": "random"}}
-    acc = route_acceptance(
-        target, specs, run.heldout_prompts(), recipe.eval_new_tokens, recipe.seed, recipe.block_size - 1
-    )
-    trained, untrained = acc["trained"], acc["untrained"]
     metrics = {
-        "heldout_chain_mal": trained["mal"],
-        "heldout_chain_mal_untrained": untrained["mal"],
-        "heldout_depth_acceptance": trained["depth_acceptance"],
-        "lossless": trained["lossless"] and untrained["lossless"],
+        **run.chain_metrics(chain, recipe.block_size - 1),
         "final_loss_ppl": math.exp(log[-1]["loss"]),
         "target_layer_ids": layers,
     }

@@ -113,6 +113,21 @@ class Distillation:
         write_manifest(out, {"recipe": name, **dataclasses.asdict(self.recipe)}, self.recipe.seed)
         return metrics
 
+    def chain_metrics(self, chain: dict[str, Any], max_depth: int) -> dict[str, Any]:
+        """Held-out greedy acceptance of the trained drafter (``recipe.out``) on the chain route spec
+        ``chain`` beside an untrained one: MALs, per-depth acceptance, lossless (both vs AR)."""
+        r = self.recipe
+        specs = {"trained": {**chain, "drafter": r.out}, "untrained": {**chain, "drafter": "random"}}
+        prompts = self.heldout_prompts()
+        acc = route_acceptance(self.target, specs, prompts, r.eval_new_tokens, r.seed, max_depth)
+        trained, untrained = acc["trained"], acc["untrained"]
+        return {
+            "heldout_chain_mal": trained["mal"],
+            "heldout_chain_mal_untrained": untrained["mal"],
+            "heldout_depth_acceptance": trained["depth_acceptance"],
+            "lossless": trained["lossless"] and untrained["lossless"],
+        }
+
     def heldout_prompts(self) -> list[list[int]]:
         """``eval_prompts`` held-out corpus prompts (seeded independently of training)."""
         r = self.recipe

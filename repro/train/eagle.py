@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from repro.drafters.eagle import EagleDraftModel, random_eagle_for, save_eagle
 from repro.errors import ConfigError
 from repro.models.hybrid import HybridLM
-from repro.train.distill import Distillation, DistillRecipe, route_acceptance, target_features
+from repro.train.distill import Distillation, DistillRecipe, target_features
 
 
 @dataclass(kw_only=True)
@@ -119,17 +119,8 @@ def train_eagle(recipe: EagleRecipe) -> dict[str, Any]:
     log = run.train_and_save(drafter, step_fn, save_eagle, title)
     with torch.no_grad():
         reg, cls, agree = eagle_losses(drafter, target, data)
-    chain = {"kind": "eagle_chain", "k": recipe.k}
-    specs = {"trained": {**chain, "drafter": recipe.out}, "untrained": {**chain, "drafter": "random"}}
-    acc = route_acceptance(
-        target, specs, run.heldout_prompts(), recipe.eval_new_tokens, recipe.seed, recipe.k
-    )
-    trained, untrained = acc["trained"], acc["untrained"]
     metrics = {
-        "heldout_chain_mal": trained["mal"],
-        "heldout_chain_mal_untrained": untrained["mal"],
-        "heldout_depth_acceptance": trained["depth_acceptance"],
-        "lossless": trained["lossless"] and untrained["lossless"],
+        **run.chain_metrics({"kind": "eagle_chain", "k": recipe.k}, recipe.k),
         "chain_k": recipe.k,
         "train_reg_loss": float(reg),
         "train_cls_loss": float(cls),
