@@ -23,7 +23,6 @@ features (and each layer's context keys/values) of every committed token, keyed 
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +39,7 @@ from repro.errors import CheckpointError, ConfigError
 from repro.family import resolve_checkpoint
 from repro.models.hybrid import HybridLM, Verification
 from repro.models.layers import MLP, rotate_half
-from repro.models.loading import assign_weights, read_json_config, write_weights
+from repro.models.loading import assign_weights, read_json_config, write_checkpoint
 
 ARCHITECTURE = "DFlashDraftModel"
 WEIGHTS_FILE = "model.safetensors"
@@ -445,13 +444,7 @@ class DFlashDraftModel(nn.Module):
 def save_dflash(model: DFlashDraftModel, path: str | Path, dtype: torch.dtype | None = None) -> Path:
     """Write ``config.json`` + ``model.safetensors`` in z-lab's DFlash layout (weights in ``dtype``,
     default the model's)."""
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    dtype = dtype or model.dtype
-    cfg = {**model.config.to_dict(), "dtype": str(dtype).removeprefix("torch.")}
-    (path / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    write_weights(model.state_dict(), path / WEIGHTS_FILE, dtype)
-    return path
+    return write_checkpoint(model, path, dtype, weights_file=WEIGHTS_FILE)
 
 
 def read_dflash_config(path: str | Path) -> DFlashConfig:

@@ -23,7 +23,6 @@ drafts, or an EAGLE-2 dynamic tree (:class:`DynamicTree`) returned in ``Proposal
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +45,7 @@ from repro.drafters.features import FeatureCache
 from repro.errors import CheckpointError, ConfigError
 from repro.family import resolve_checkpoint
 from repro.models.hybrid import HybridLM, Verification
-from repro.models.loading import assign_weights, read_json_config, write_weights
+from repro.models.loading import assign_weights, read_json_config, write_checkpoint
 from repro.tree import MAX_TREE_NODES, Tree
 
 ARCHITECTURE = "EagleDraftModel"
@@ -279,13 +278,7 @@ class EagleDraftModel(nn.Module):
 def save_eagle(model: EagleDraftModel, path: str | Path, dtype: torch.dtype | None = None) -> Path:
     """Write ``config.json`` + ``model.safetensors`` in EAGLE's layout (weights in ``dtype``,
     default the model's)."""
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    dtype = dtype or model.dtype
-    cfg = {**model.config.to_dict(), "torch_dtype": str(dtype).removeprefix("torch.")}
-    (path / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    write_weights(model.state_dict(), path / WEIGHTS_FILE, dtype)
-    return path
+    return write_checkpoint(model, path, dtype, "torch_dtype", WEIGHTS_FILE)
 
 
 def load_eagle(

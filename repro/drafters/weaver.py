@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import json
 import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -56,7 +55,7 @@ from repro.errors import CheckpointError, ConfigError
 from repro.family import resolve_checkpoint
 from repro.models.hybrid import HybridLM, Verification
 from repro.models.layers import MLP
-from repro.models.loading import assign_weights, read_json_config, write_weights
+from repro.models.loading import assign_weights, read_json_config, write_checkpoint
 from repro.tree import MAX_TREE_NODES, Tree
 
 ARCHITECTURE = "WeaverAdapter"
@@ -190,13 +189,7 @@ class WeaverModel(nn.Module):
 
 def save_weaver(model: WeaverModel, path: str | Path, dtype: torch.dtype | None = None) -> Path:
     """Write ``config.json`` + ``model.safetensors`` (weights in ``dtype``, default the model's)."""
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    dtype = dtype or model.dtype
-    cfg = {**model.config.to_dict(), "dtype": str(dtype).removeprefix("torch.")}
-    (path / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    write_weights(model.state_dict(), path / WEIGHTS_FILE, dtype)
-    return path
+    return write_checkpoint(model, path, dtype, weights_file=WEIGHTS_FILE)
 
 
 def read_weaver_config(path: Path) -> WeaverConfig:

@@ -76,6 +76,24 @@ def write_weights(weights: dict[str, torch.Tensor], path: Path, dtype: torch.dty
     return path
 
 
+def write_checkpoint(
+    model: Any,
+    path: str | Path,
+    dtype: torch.dtype | None = None,
+    dtype_key: str = "dtype",
+    weights_file: str = "model.safetensors",
+) -> Path:
+    """A drafter checkpoint folder: ``config.json`` (``model.config.to_dict()`` with the weights' dtype
+    under ``dtype_key``) and the state dict in ``dtype`` (default the model's) as one safetensors file."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    dtype = dtype or model.dtype
+    cfg = {**model.config.to_dict(), dtype_key: str(dtype).removeprefix("torch.")}
+    (path / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    write_weights(model.state_dict(), path / weights_file, dtype)
+    return path
+
+
 def read_json_config(path: Path, what: str) -> dict[str, Any]:
     """The JSON object in ``path/config.json`` of a ``what`` checkpoint, or a one-line CheckpointError."""
     if not path.exists():
