@@ -51,6 +51,14 @@ def run_in_interpreter(
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.fixture(scope="module")
+def model64():
+    """The untrained seeded default hybrid in float64 (one per test module: tests may change it)."""
+    from repro.models.default import build_default_target
+
+    return build_default_target(seed=0, dtype=torch.float64)
+
+
 def tree_depths(parents: torch.Tensor) -> list[int]:
     depth: list[int] = []
     for p in parents.tolist():

@@ -36,11 +36,6 @@ F64_TOL = 1e-10  # float64 with the oracle's float32 norm/rotary islands lifted:
 
 
 @pytest.fixture(scope="module")
-def model64():
-    return build_default_target(seed=0, dtype=torch.float64)
-
-
-@pytest.fixture(scope="module")
 def prompts():
     """Short chat prompts; the last is longer than one prefill chunk (64 tokens)."""
     texts = ["Hi!", "What is 7 times 8?", "Write a haiku about the sea, the moon and a small boat at night."]

@@ -16,7 +16,6 @@ from repro.drafters.dflash import random_dflash_for, save_dflash
 from repro.drafters.eagle import DynamicTree, EagleDrafter, load_eagle, random_eagle_for, save_eagle
 from repro.engine import generate
 from repro.errors import CheckpointError, ConfigError
-from repro.models.default import build_default_target
 from repro.models.loading import load_target
 from repro.routes import build_route
 from repro.tokenizer import ByteTokenizer
@@ -32,11 +31,6 @@ LAYER_NAMES = [
     "input_layernorm.weight",
     "post_attention_layernorm.weight",
 ]
-
-
-@pytest.fixture(scope="module")
-def model64():
-    return build_default_target(seed=0, dtype=torch.float64)
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ from repro.acceptance import TargetMatch, make_rule
 from repro.drafters.synthetic import SyntheticDrafter
 from repro.engine import Route, generate
 from repro.errors import ConfigError
-from repro.models.default import build_default_target
 from repro.routes import build_route
 from repro.suites import load_suite
 from repro.tokenizer import ByteTokenizer
@@ -19,11 +18,6 @@ from repro.trees import Backbone, Chain, SingleNode
 TOK = ByteTokenizer()
 torch.set_num_threads(1)  # toy shapes: threading only adds overhead
 MAX_NEW = 40
-
-
-@pytest.fixture(scope="module")
-def model64():
-    return build_default_target(seed=0, dtype=torch.float64)
 
 
 @pytest.fixture(scope="module")

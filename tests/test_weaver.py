@@ -32,11 +32,6 @@ MAX_NEW = 20
 
 
 @pytest.fixture(scope="module")
-def model64():
-    return build_default_target(seed=0, dtype=torch.float64)
-
-
-@pytest.fixture(scope="module")
 def prompts():
     """A short chat prompt and one longer than a prefill chunk (64 tokens)."""
     texts = ["Hi!", "Write a haiku about the sea, the moon and a small boat at night."]
