@@ -52,10 +52,10 @@ def run(
     out: Annotated[Path | None, typer.Option(help="Output directory (default runs/<experiment>).")] = None,
 ) -> None:
     """Run an experiment; records are appended as they are made and a rerun resumes."""
-    from repro.experiment import load_experiment
-    from repro.records import RunDir, build_manifest
-    from repro.report import write_report
-    from repro.runner import ExperimentRunner, default_out_dir
+    from repro.harness.experiment import load_experiment
+    from repro.harness.runner import ExperimentRunner, default_out_dir
+    from repro.reporting.records import RunDir, build_manifest
+    from repro.reporting.report import write_report
 
     overrides = {
         "target": target, "suites": suites, "limit": limit, "max_new_tokens": max_new_tokens,
@@ -94,7 +94,7 @@ def generate(
     ignore_eos: Annotated[bool, typer.Option(help="Do not stop at stop tokens.")] = False,
 ) -> None:
     """Decode one prompt with one route and print JSON (tokens, text, accepted lengths, timings)."""
-    from repro.generate_one import generate_one
+    from repro.harness.generate import generate_one
 
     if (prompt is None) == (prompt_ids is None):
         raise ReproError("give either a prompt text or --prompt-ids, not both or neither")
@@ -109,7 +109,7 @@ def generate(
 @app.command()
 def report(run_dir: Annotated[Path, typer.Argument(help="A run directory holding records.jsonl.")]) -> None:
     """Rebuild the tables (markdown + CSV) and figures of a run from its records alone."""
-    from repro.report import write_report
+    from repro.reporting.report import write_report
 
     typer.echo(write_report(run_dir))
 
@@ -117,7 +117,7 @@ def report(run_dir: Annotated[Path, typer.Argument(help="A run directory holding
 @app.command()
 def routes() -> None:
     """List the route kinds and their parameters."""
-    from repro.routes import ROUTE_KINDS
+    from repro.decoding.routes import ROUTE_KINDS
 
     for kind, (_, params, help_text) in ROUTE_KINDS.items():
         typer.echo(f"{kind:16s} {help_text}\n{'':16s} params: {', '.join(sorted(params)) or '-'}")
@@ -131,7 +131,7 @@ def export_default(
     """Write the untrained seeded hybrid (``tiny-random``) as a Qwen3.5-format checkpoint directory."""
     from repro.models.default import build_default_target
     from repro.models.loading import save_target
-    from repro.tokenizer import write_byte_tokenizer_marker
+    from repro.models.tokenizer import write_byte_tokenizer_marker
 
     save_target(build_default_target(seed=seed), out)
     write_byte_tokenizer_marker(out)
@@ -141,7 +141,7 @@ def export_default(
 @family_app.command("list")
 def family_list() -> None:
     """The shipped members, their size and held-out metrics."""
-    from repro.family import index
+    from repro.models.family import index
 
     info = index()
     typer.echo(f"default target: {info['default_target']}; {info['total_bytes'] / 2**20:.1f} MiB shipped")
@@ -158,7 +158,7 @@ def family_install(
     names: Annotated[list[str], typer.Argument(help="Members to copy in, e.g. tiny-qwen35 tiny-gdn-dflash.")],
 ) -> None:
     """Copy trained checkpoints into the package's family folder and rewrite family.json."""
-    from repro.family import install
+    from repro.models.family import install
 
     info = install(runs, names)
     typer.echo(f"family: {', '.join(info['members'])} ({info['total_bytes'] / 2**20:.1f} MiB)")
@@ -187,7 +187,7 @@ def family_report(
     targets: Annotated[str, typer.Option(help="Comma-separated family targets.")] = "tiny-qwen35,tiny-gdn",
 ) -> None:
     """Held-out acceptance per drafter and target: MAL, per-depth acceptance, lossless vs AR."""
-    from repro.family_report import FamilyReportConfig, default_out_dir, run_family_report
+    from repro.harness.family_report import FamilyReportConfig, default_out_dir, run_family_report
 
     out_dir = out or default_out_dir()
     cfg = FamilyReportConfig(
@@ -213,7 +213,7 @@ def _names(text: str) -> list[str]:
 @suites_app.command("list")
 def suites_list() -> None:
     """Suites with record counts, sources and licences."""
-    from repro.suites import suite_table
+    from repro.data.suites import suite_table
 
     for row in suite_table():
         typer.echo("  ".join(f"{k}={v}" for k, v in row.items()))
@@ -222,7 +222,7 @@ def suites_list() -> None:
 @suites_app.command("verify")
 def suites_verify() -> None:
     """Check every frozen suite file against the manifest's sha256 and record count."""
-    from repro.suites import verify_suites
+    from repro.data.suites import verify_suites
 
     bad = 0
     for row in verify_suites():
@@ -240,7 +240,7 @@ def suites_freeze(
     out: Annotated[Path | None, typer.Option(help="Output folder (default: the suites folder).")] = None,
 ) -> None:
     """Rebuild the frozen suite files and manifest from the source packages' wheels."""
-    from repro.suites import freeze_suites, suites_dir
+    from repro.data.suites import freeze_suites, suites_dir
 
     freeze_suites(wheels, out or suites_dir())
     typer.echo(f"froze suites into {out or suites_dir()}")
@@ -256,7 +256,7 @@ def falsify_tree_exactness(
     out: Annotated[Path | None, typer.Option(help="Output directory.")] = None,
 ) -> None:
     """SpecLA's check 2: one-pass tree verification vs the float64 recurrence along every path."""
-    from repro.falsify import tree_exactness, write_exactness
+    from repro.harness.falsify import tree_exactness, write_exactness
 
     rows = tree_exactness(device, backend, seed)
     out_dir = out or Path("runs") / f"falsify-tree-exactness-{device}-{backend}"

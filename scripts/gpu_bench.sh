@@ -25,7 +25,7 @@ export TRITON_CACHE_AUTOTUNING=${TRITON_CACHE_AUTOTUNING:-1}
     --format=csv
   status=0
   if [ "${GPU_TESTS:-1}" != 0 ]; then  # the kernel tests, one file at a time, each time-limited (<= 90 s)
-    OUT="$OUT/gpu-tests" bash scripts/gpu_tests.sh tests/test_triton_tree.py tests/test_bench_kernels.py
+    OUT="$OUT/gpu-tests" bash scripts/gpu_tests.sh tests/gdn/test_triton_tree.py tests/bench/test_bench_kernels.py
     status=$?
     echo "== gpu tests exit $status"
   fi

@@ -6,7 +6,7 @@
 # where it stopped and writes its junit file; SIGKILL 15 s later), and each file writes
 # $OUT/junit-<file>.xml. Called by gpu_model_bench.sh and gpu_bench.sh after they set PYTHONPATH.
 #
-#   scripts/gpu_tests.sh [test files...]   (default: every tests/test_*.py with gpu tests, the model
+#   scripts/gpu_tests.sh [test files...]   (default: every tests/**/test_*.py with gpu tests, the model
 #                                           path's first: static decoder, Triton tree kernels)
 #
 # Environment: OUT (default runs/gpu-tests); GPU_TEST_TIMEOUT=<s> sets every file's limit, else each file
@@ -22,8 +22,8 @@ export PYTHONUNBUFFERED=1
 export TRITON_CACHE_AUTOTUNING=${TRITON_CACHE_AUTOTUNING:-1}
 FILES=("$@")
 if [ ${#FILES[@]} -eq 0 ]; then
-  mapfile -t FILES < <({ echo tests/test_static_decoder.py; echo tests/test_triton_tree.py
-    grep -l "pytest.mark.gpu" tests/test_*.py; } | awk '!seen[$0]++')
+  mapfile -t FILES < <({ echo tests/models/test_static_decoder.py; echo tests/gdn/test_triton_tree.py
+    grep -rl --include="test_*.py" "pytest.mark.gpu" tests; } | awk '!seen[$0]++')
 fi
 limit_of() {  # seconds for one file: start-up (~10 s: torch, CUDA context) + compiles + the tests
   case $(basename "$1" .py) in

@@ -30,7 +30,7 @@ stage() {  # stage NAME SECONDS repro-train-args...
 "| triton", triton.__version__, "| fla", fla.__version__, "| cuda", torch.cuda.is_available())'
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   echo "== the chain path on this GPU (fla's chunk forward and training gradients vs the reference)"
-  OUT=/tmp/gpu-tests bash scripts/gpu_tests.sh tests/test_chain_gpu.py
+  OUT=/tmp/gpu-tests bash scripts/gpu_tests.sh tests/models/test_chain_gpu.py
 } 2>&1 | tee "$RUNS/env.log"
 COMMON_T=(--corpus data/corpus --tokenizer data/tokenizer --layers 8 --hidden-size 192 --seq-len 512
   --batch-size 32 --steps 2400 --lr 3e-3 --warmup 100 --tie-embeddings --save-dtype bf16 --device cuda

@@ -30,8 +30,8 @@ from repro.bench.shapes import SHAPES, draft_tree  # noqa: E402
 from repro.bench.timing import TimerConfig, graph_us, median_us  # noqa: E402
 from repro.gdn import reference as gdn  # noqa: E402
 from repro.gdn import triton_tree  # noqa: E402
-from repro.records import build_manifest  # noqa: E402
-from repro.report import markdown_table  # noqa: E402
+from repro.reporting.records import build_manifest  # noqa: E402
+from repro.reporting.report import markdown_table  # noqa: E402
 from repro.tree import Tree  # noqa: E402
 
 BLOCK_ROWS = (16, 32, 64)

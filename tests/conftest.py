@@ -40,7 +40,8 @@ def run_in_interpreter(
     if missing:
         pytest.skip(f"{', '.join(missing)} needed")
     root = str(Path(__file__).resolve().parents[1])
-    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+    tests = str(Path(__file__).resolve().parent)  # the test files import their helpers from conftest
+    path = os.pathsep.join(p for p in (root, tests, os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
     proc = subprocess.run(
         [sys.executable, str(Path(test_file).resolve()), flag],

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from repro.records import load_records
+from repro.reporting.records import load_records
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -173,9 +173,9 @@ def test_shipped_smoke_routes_all_reproduce_ar(tmp_path):
     """The shipped smoke experiment (fewer tokens) on the trained family: every route, with the
     shipped DFlash, EAGLE and Weaver drafters, identical to AR on all suites; trained drafters
     accept more than one token per step."""
-    from repro.experiment import load_experiment
-    from repro.records import RunDir, build_manifest
-    from repro.runner import ExperimentRunner
+    from repro.harness.experiment import load_experiment
+    from repro.harness.runner import ExperimentRunner
+    from repro.reporting.records import RunDir, build_manifest
 
     cfg = load_experiment("smoke", {"limit": 1, "max_new_tokens": 20})
     cfg["warmup"], cfg["ignore_eos"] = 0, True
@@ -213,7 +213,7 @@ def test_acceptance_experiment_writes_table_and_figure(tmp_path):
 
 
 def test_a_folder_named_like_an_experiment_does_not_shadow_it(tmp_path, monkeypatch):
-    from repro.experiment import load_experiment
+    from repro.harness.experiment import load_experiment
 
     (tmp_path / "smoke").mkdir()  # e.g. an earlier `--out smoke`
     monkeypatch.chdir(tmp_path)

@@ -753,7 +753,7 @@ def run_bench(
     CPU, or ``cfg.quick``: the CPU device, the perf_counter timer; methods that need CUDA are
     recorded as skipped. Returns the table.
     """
-    from repro.records import build_manifest, canonical_json
+    from repro.reporting.records import build_manifest, canonical_json
 
     out_dir = Path(out_dir)
     records = out_dir / "records.jsonl"
@@ -809,7 +809,7 @@ def write_report(
     table: pd.DataFrame, manifest: dict[str, Any], out_dir: Path, figures: dict[str, str]
 ) -> str:
     """report.md: environment, ceilings, one table per (shape, group), rows not timed, the cost model."""
-    from repro.report import markdown_table
+    from repro.reporting.report import markdown_table
 
     c = manifest.get("ceilings", {})
     lines = [
@@ -887,7 +887,7 @@ def write_figures(table: pd.DataFrame, folder: Path) -> dict[str, Path]:
     """kernel_tree_vs_branch.png (verification us vs T on draft trees, paper B200 points) and recovery.png."""
     from matplotlib.figure import Figure
 
-    from repro.figures import _save
+    from repro.reporting.figures import _save
 
     ok = table[table["status"] == "ok"]
     out: dict[str, Path] = {}

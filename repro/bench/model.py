@@ -23,7 +23,7 @@ rows only, for the plumbing), after one prefill of ``context`` random tokens thr
 - ``decode``: AR ms/token and tokens/s; the graph (the fused Triton glue of
   :mod:`repro.gdn.triton_decode` where the decoder uses the triton kernels) vs the graph of the unfused
   glue (``static_graph_unfused``, same run: the fusion's speedup is the ratio of the two rows) vs the
-  graph of the fused decoder with its matmuls on the GEMV kernels of :mod:`repro.models.triton_linear`
+  graph of the fused decoder with its matmuls on the GEMV kernels of :mod:`repro.gdn.triton_linear`
   (``static_graph_gemv``, CUDA only: norms, SiLU * up and residuals fused into the matmuls) vs the
   eager static step vs HybridLM's own per-sequence verify+commit; floor = (weights read once + GDN
   state read/write + KV read) / copy bw.
@@ -514,7 +514,7 @@ class ShapeBench:
         graph of verify on the same slot (whose outputs stay at fixed addresses) and after that the
         slot is only replayed, never verified eagerly.
         """
-        from repro.acceptance import TargetMatch
+        from repro.decoding.acceptance import TargetMatch
 
         t, dec, rule = self.cfg.step_nodes, self.decoder, TargetMatch(0.0, 0)
         tree, ref = self.tree(t), self.verify_ref(t)
@@ -611,7 +611,7 @@ class ShapeBench:
     def _agreement(m: Measured, slot: TreeSlot, acc: Any) -> None:
         """Note how the device acceptance compares with TargetMatch on the same logits (must be equal: a
         difference fails the row) and on HybridLM's (may differ where bf16 argmaxes differ)."""
-        from repro.acceptance import TargetMatch
+        from repro.decoding.acceptance import TargetMatch
 
         assert slot.tree is not None and slot.logits is not None
         path, bonus = slot.accepted()
@@ -827,7 +827,7 @@ def run_model_bench(
 ) -> pd.DataFrame:
     """Every row of every shape; records.jsonl as rows come, manifest, and the report, table.csv and
     figure rewritten after each shape (so a run cut short still has them). Returns the table."""
-    from repro.records import build_manifest, canonical_json
+    from repro.reporting.records import build_manifest, canonical_json
 
     out_dir = Path(out_dir)
     records = out_dir / "records.jsonl"
@@ -1047,7 +1047,8 @@ def why_lines(table: pd.DataFrame, shape: str, step_nodes: int, info: dict[str, 
         per_layer = f" (about {n / layers:.0f} per layer)" if layers else ""
         out.append(
             f"- decode step: {n} aten ops that launch work{per_layer}, counted by a dispatch "
-            "mode on the eager call (device-independent; tests/test_static_decoder.py pins the CPU count)."
+            "mode on the eager call (device-independent; tests/models/test_static_decoder.py pins the CPU"
+            " count)."
         )
     core1 = _pick(table, shape, "core", "gdn_core", 1)
     core_t = _pick(table, shape, "core", "gdn_core", step_nodes)
@@ -1093,7 +1094,7 @@ def write_report(
     table: pd.DataFrame, manifest: dict[str, Any], out_dir: Path, figures: dict[str, str]
 ) -> str:
     """report.md: environment, per shape the targets, why, and one table per group; rows not timed."""
-    from repro.report import markdown_table
+    from repro.reporting.report import markdown_table
 
     c = manifest.get("ceilings", {})
     cfg = manifest.get("config", {})
@@ -1163,7 +1164,7 @@ DEFINITIONS = """\
 - us: median of triton do_bench (CUDA events around each call, L2 flushed before each) of one call:
   for *_graph rows one CUDA-graph replay of the static decoder's step (static_graph_unfused: the
   decoder with fused=False, the torch glue of repro.models.static around the GDN cores;
-  static_graph_gemv: the fused decoder with gemv=True, its decode matmuls on repro.models.triton_linear's
+  static_graph_gemv: the fused decoder with gemv=True, its decode matmuls on repro.gdn.triton_linear's
   GEMV kernels with the norms, SiLU * up and residual adds fused in), for *_eager
   rows the same step run op by op from Python, for hybrid_* rows HybridLM's per-sequence
   verify/commit (the harness's current path). CPU runs: a perf_counter loop (plumbing only).
@@ -1205,7 +1206,7 @@ def write_figure(table: pd.DataFrame, folder: Path) -> dict[str, Path]:
     """model_verify_vs_T.png: verify latency vs T (graph; eager dashed), the decode step, 1.5x decode."""
     from matplotlib.figure import Figure
 
-    from repro.figures import _save
+    from repro.reporting.figures import _save
 
     ok = table[(table["status"] == "ok") & (table["group"] == "verify")]
     shapes = list(dict.fromkeys(ok["shape"]))

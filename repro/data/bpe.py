@@ -8,7 +8,8 @@
   back to itself (every byte is in the vocabulary).
 - ``tokenizer_config.json`` carries a ChatML chat template identical to the byte-level default's
   (``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per turn, ``<|im_start|>assistant\\n`` to
-  generate), so ``AutoTokenizer.from_pretrained(dir)`` and ``repro.tokenizer.HFTokenizer(dir)`` load it.
+  generate), so ``AutoTokenizer.from_pretrained(dir)`` and ``repro.models.tokenizer.HFTokenizer(dir)``
+  load it.
 
 Determinism: the BPE trainer of ``tokenizers`` has no randomness; its known source of
 run-to-run differences (hash-map order deciding the ids of continuing-subword tokens, which then
@@ -125,7 +126,7 @@ def compression_stats(tok: Any, corpus_dir: Path, split: str = "heldout") -> dic
 
 def suite_stats(tok: Any) -> dict[str, dict[str, Any]]:
     """Bytes per token on each benchmark suite's formatted prompts (measured, never trained on)."""
-    from repro.suites import SUITES, load_suite
+    from repro.data.suites import SUITES, load_suite
 
     out = {}
     for name in SUITES:

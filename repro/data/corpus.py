@@ -589,7 +589,7 @@ def synthesize_chats(doc: Doc, seed: int) -> list[Doc]:
 def suite_texts() -> tuple[list[str], list[str]]:
     """The benchmark suites' texts: (prompts, prompts plus every string kept with them: GSM8K
     answers, HumanEval prompts, solutions and tests, MT-Bench references)."""
-    from repro.suites import SUITES, load_suite
+    from repro.data.suites import SUITES, load_suite
 
     prompts: list[str] = []
     kept: list[str] = []
@@ -829,7 +829,8 @@ def build_corpus(
             "rule": f"drop any document that shares a {index.n}-character substring with a suite prompt "
             "(verbatim), or with a suite prompt, answer, solution or test once whitespace runs are "
             "collapsed to one space in both",
-            "texts": "repro.suites: every suite's formatted turns (prompts) and the strings kept with them"
+            "texts": "repro.data.suites: every suite's formatted turns (prompts) and the strings kept"
+            " with them"
             if exclude_texts is None
             else "caller-supplied (verbatim and collapsed)",
             "texts_checked": index.counts,

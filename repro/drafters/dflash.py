@@ -36,7 +36,7 @@ from repro.drafters.attention import HALF, ProjectedAttention, grouped_attention
 from repro.drafters.base import DraftContext, Proposal
 from repro.drafters.features import FeatureCache
 from repro.errors import CheckpointError, ConfigError
-from repro.family import resolve_checkpoint
+from repro.models.family import resolve_checkpoint
 from repro.models.hybrid import HybridLM, Verification
 from repro.models.layers import MLP, rotate_half
 from repro.models.loading import assign_weights, read_json_config, write_checkpoint

@@ -43,7 +43,7 @@ from repro.drafters.dflash import (
 )
 from repro.drafters.features import FeatureCache
 from repro.errors import CheckpointError, ConfigError
-from repro.family import resolve_checkpoint
+from repro.models.family import resolve_checkpoint
 from repro.models.hybrid import HybridLM, Verification
 from repro.models.loading import assign_weights, read_json_config, write_checkpoint
 from repro.tree import MAX_TREE_NODES, Tree

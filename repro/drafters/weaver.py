@@ -52,7 +52,7 @@ from repro.drafters.base import DraftContext, Proposal
 from repro.drafters.dflash import HALF, DFlashConfig, DFlashDrafter, DFlashDraftModel, DraftRMSNorm, marginals
 from repro.drafters.pool import top_k_pool
 from repro.errors import CheckpointError, ConfigError
-from repro.family import resolve_checkpoint
+from repro.models.family import resolve_checkpoint
 from repro.models.hybrid import HybridLM, Verification
 from repro.models.layers import MLP
 from repro.models.loading import assign_weights, read_json_config, write_checkpoint

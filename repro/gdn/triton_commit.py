@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from repro.gdn import triton_tree  # noqa: F401 - its import patches Triton's CPU interpreter for NumPy >= 2.4
+from repro.gdn import triton_common  # noqa: F401 - its import patches Triton's CPU interpreter for NumPy >= 2.4
 
 
 @triton.jit

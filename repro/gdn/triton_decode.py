@@ -8,7 +8,7 @@ gate|up matmul, :func:`silu_mul`, the down projection (addmm): 9 launches. Tree 
 :func:`gdn_tree_prologue` for the conv, norms and gates of all n nodes before the tree kernel
 (:mod:`repro.gdn.triton_tree`) and :func:`gated_norm` without the shift after it.
 
-Semantics are those of the torch functions they replace (pinned in tests/test_triton_decode.py):
+Semantics are those of the torch functions they replace (pinned in tests/gdn/test_triton_decode.py):
 :func:`repro.gdn.reference.gathered_short_conv` (conv through the gather index [n, W] into
 cat(history, conv inputs); the decode step uses the one-node index), ``repro.models.layers.l2norm``
 (eps 1e-6), ``gdn_gates`` (softplus with torch's threshold 20), :func:`repro.gdn.reference.recurrent_gdn`
@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from repro.gdn import triton_tree  # noqa: F401 - its import patches Triton's CPU interpreter for NumPy >= 2.4
+from repro.gdn.triton_common import acc_dtype, interpreting, pow2, round_to, silu
 
 
 class GDNDims(NamedTuple):
@@ -47,29 +47,7 @@ class GDNDims(NamedTuple):
         return 2 * self.heads_k * self.d_k + self.heads_v * self.d_v
 
 
-def _acc(dtype: torch.dtype) -> tl.dtype:
-    """Arithmetic dtype of the kernels: float64 for float64 data, else float32."""
-    return tl.float64 if dtype == torch.float64 else tl.float32
-
-
-def _pow2(x: int) -> int:
-    return triton.next_power_of_2(int(x))
-
-
 # ------------------------------------------------------------------------------ device functions
-
-
-@triton.jit
-def _round(x, ptr):
-    """x in the element type of ``ptr`` (round to nearest even when narrowing floats)."""
-    if ptr.dtype.element_ty == tl.float32 or ptr.dtype.element_ty == tl.float64:
-        return x.to(ptr.dtype.element_ty)
-    return x.to(ptr.dtype.element_ty, fp_downcast_rounding="rtne")
-
-
-@triton.jit
-def _silu(x):
-    return x / (1.0 + tl.exp(-x))
 
 
 @triton.jit
@@ -104,7 +82,7 @@ def _conv_silu(
         acc += b_w * tl.where(in_x, b_x, b_h)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + chan, mask=m_chan, other=0.0).to(ACC)
-    return _silu(acc)
+    return silu(acc)
 
 
 @triton.jit
@@ -196,8 +174,8 @@ def _decode_kernel(
     pred = tl.sum(s * k[None, :], axis=1)
     s += (beta * (v - pred))[:, None] * k[None, :]
     o = tl.sum(s * q[None, :], axis=1) * scale
-    tl.store(p_s, _round(s, state_ptr), mask=m_s)
-    tl.store(o_ptr + hv * DV + o_v, _round(o, o_ptr), mask=m_v)
+    tl.store(p_s, round_to(s, state_ptr), mask=m_s)
+    tl.store(o_ptr + hv * DV + o_v, round_to(o, o_ptr), mask=m_v)
 
 
 @triton.jit
@@ -237,18 +215,18 @@ def _tree_prologue_kernel(
     chan = 2 * H * DK + hv * DV + o_v
     v = _conv_silu(proj_ptr, proj_stride, hist_ptr, taps_ptr, bias_ptr, idx_ptr, i, chan, m_v, C, W, BV,
                    HAS_BIAS, ACC)  # fmt: skip
-    tl.store(v_ptr + (i * HV + hv) * DV + o_v, _round(v, v_ptr), mask=m_v)
+    tl.store(v_ptr + (i * HV + hv) * DV + o_v, round_to(v, v_ptr), mask=m_v)
     g, beta = _gates(x_row + A_OFF + hv, x_row + A_OFF + HV + hv, nd_ptr, dtb_ptr, hv, beta_scale, ACC)
-    tl.store(g_ptr + i * HV + hv, _round(g, g_ptr))
-    tl.store(beta_ptr + i * HV + hv, _round(beta, beta_ptr))
+    tl.store(g_ptr + i * HV + hv, round_to(g, g_ptr))
+    tl.store(beta_ptr + i * HV + hv, round_to(beta, beta_ptr))
     if hv % (HV // H) == 0:
         kh = hv // (HV // H)
         q, k = _qk(proj_ptr, proj_stride, hist_ptr, taps_ptr, bias_ptr, idx_ptr, i, kh, H, DK, W, C, BK,
                    HAS_BIAS, ACC)  # fmt: skip
         o_k = tl.arange(0, BK)
         m_k = o_k < DK
-        tl.store(q_ptr + (i * H + kh) * DK + o_k, _round(q, q_ptr), mask=m_k)
-        tl.store(k_ptr + (i * H + kh) * DK + o_k, _round(k, k_ptr), mask=m_k)
+        tl.store(q_ptr + (i * H + kh) * DK + o_k, round_to(q, q_ptr), mask=m_k)
+        tl.store(k_ptr + (i * H + kh) * DK + o_k, round_to(k, k_ptr), mask=m_k)
 
 
 @triton.jit
@@ -282,8 +260,8 @@ def _gated_norm_kernel(
     x = tl.load(o_ptr + (i * HV + h) * DV + o_d, mask=m_d, other=0.0).to(ACC)
     y = x / tl.sqrt(tl.sum(x * x, axis=0) / DV + eps) * tl.load(w_ptr + o_d, mask=m_d, other=0.0).to(ACC)
     if HAS_Z:
-        y *= _silu(tl.load(z_ptr + i * z_stride + h * DV + o_d, mask=m_d, other=0.0).to(ACC))
-    tl.store(out_ptr + (i * HV + h) * DV + o_d, _round(y, out_ptr), mask=m_d)
+        y *= silu(tl.load(z_ptr + i * z_stride + h * DV + o_d, mask=m_d, other=0.0).to(ACC))
+    tl.store(out_ptr + (i * HV + h) * DV + o_d, round_to(y, out_ptr), mask=m_d)
     if SHIFT:
         chan = pid * BC + tl.arange(0, BC)
         r = tl.arange(0, HP)[:, None]
@@ -317,7 +295,7 @@ def _rms_norm_kernel(
     m_d = o_d < D
     x = tl.load(x_ptr + a * s0 + b * s1 + o_d, mask=m_d, other=0.0).to(ACC)
     y = x / tl.sqrt(tl.sum(x * x, axis=0) / D + eps) * tl.load(scale_ptr + o_d, mask=m_d, other=0.0).to(ACC)
-    tl.store(out_ptr + pid * D + o_d, _round(y, out_ptr), mask=m_d)
+    tl.store(out_ptr + pid * D + o_d, round_to(y, out_ptr), mask=m_d)
 
 
 @triton.jit
@@ -328,7 +306,7 @@ def _silu_mul_kernel(gu_ptr, out_ptr, stride, I: tl.constexpr, BLOCK: tl.constex
     m = o < I
     gate = tl.load(gu_ptr + i * stride + o, mask=m, other=0.0).to(ACC)
     up = tl.load(gu_ptr + i * stride + I + o, mask=m, other=0.0).to(ACC)
-    tl.store(out_ptr + i * I + o, _round(_silu(gate) * up, out_ptr), mask=m)
+    tl.store(out_ptr + i * I + o, round_to(silu(gate) * up, out_ptr), mask=m)
 
 
 # ------------------------------------------------------------------------------------ wrappers
@@ -346,9 +324,9 @@ def rms_norm(x: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
     r0, r1 = (x.shape[0], 1) if x.dim() == 2 else (x.shape[0], x.shape[1])
     s0, s1 = x.stride(0), (x.stride(1) if x.dim() == 3 else 0)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    bd = _pow2(d)
+    bd = pow2(d)
     _rms_norm_kernel[(r0 * r1,)](
-        x, scale, out, s0, s1, r1, float(eps), D=d, BD=bd, ACC=_acc(x.dtype), num_warps=_warps(bd)
+        x, scale, out, s0, s1, r1, float(eps), D=d, BD=bd, ACC=acc_dtype(x.dtype), num_warps=_warps(bd)
     )
     return out
 
@@ -358,9 +336,11 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     n, two_i = gate_up.shape
     inter = two_i // 2
     out = torch.empty(n, inter, dtype=gate_up.dtype, device=gate_up.device)
-    block = min(1024, _pow2(inter))
+    block = min(1024, pow2(inter))
     grid = (n, triton.cdiv(inter, block))
-    _silu_mul_kernel[grid](gate_up, out, gate_up.stride(0), I=inter, BLOCK=block, ACC=_acc(gate_up.dtype))
+    _silu_mul_kernel[grid](
+        gate_up, out, gate_up.stride(0), I=inter, BLOCK=block, ACC=acc_dtype(gate_up.dtype)
+    )
     return out
 
 
@@ -396,16 +376,16 @@ def gdn_decode_step(
     width = taps.shape[1]
     history, bias, has_bias = _conv_args(history, conv_bias, proj)
     # ~128 programs on a GPU; one per head in the CPU interpreter, which runs programs one by one
-    default = _pow2(dv) if triton.knobs.runtime.interpret else max(4, min(64, _pow2(dv * hv // 128 + 1) // 2))
-    bv = min(block_v or default, _pow2(dv))
-    bk = _pow2(dk)
+    default = pow2(dv) if interpreting() else max(4, min(64, pow2(dv * hv // 128 + 1) // 2))
+    bv = min(block_v or default, pow2(dv))
+    bk = pow2(dk)
     o = torch.empty(hv, dv, dtype=state.dtype, device=state.device)
     a_off = proj.shape[1] - 2 * hv
     grid = (hv, triton.cdiv(dv, bv))
     _decode_kernel[grid](
         proj, history, taps, bias, conv_index, neg_decay, dt_bias, state, o, float(scale), float(beta_scale),
         H=h, HV=hv, DK=dk, DV=dv, W=width, A_OFF=a_off, BK=bk, BV=bv, HAS_BIAS=has_bias,
-        ACC=_acc(state.dtype), num_warps=num_warps or _warps(bv * bk),
+        ACC=acc_dtype(state.dtype), num_warps=num_warps or _warps(bv * bk),
     )  # fmt: skip
     return o
 
@@ -436,8 +416,8 @@ def gdn_tree_prologue(
     beta = torch.empty(n, hv, dtype=gdt, device=dev)
     _tree_prologue_kernel[(n, hv)](
         proj, proj.stride(0), history, taps, bias, conv_index, neg_decay, dt_bias, q, k, v, g, beta,
-        float(beta_scale), H=h, HV=hv, DK=dk, DV=dv, W=width, A_OFF=proj.shape[1] - 2 * hv, BK=_pow2(dk),
-        BV=_pow2(dv), HAS_BIAS=has_bias, ACC=_acc(gdt),
+        float(beta_scale), H=h, HV=hv, DK=dk, DV=dv, W=width, A_OFF=proj.shape[1] - 2 * hv, BK=pow2(dk),
+        BV=pow2(dv), HAS_BIAS=has_bias, ACC=acc_dtype(gdt),
     )  # fmt: skip
     return q, k, v, g, beta
 
@@ -464,12 +444,12 @@ def gated_norm(
     if do_shift and (n != 1 or x.stride(-1) != 1):
         raise ValueError("the history shift takes one row of contiguous conv inputs")
     c = hist.shape[1] if do_shift else 1
-    bc = _pow2(triton.cdiv(c, n * hv))
-    bd = _pow2(dv)
+    bc = pow2(triton.cdiv(c, n * hv))
+    bd = pow2(dv)
     _gated_norm_kernel[(n * hv,)](
         o, weight, z if z is not None else o, z.stride(0) if z is not None else 0, out, hist, x, float(eps),
         HV=hv, DV=dv, BD=bd, HAS_Z=z is not None, SHIFT=do_shift, C=c, HIST=hist.shape[0] if do_shift else 0,
-        HP=_pow2(max(1, hist.shape[0])) if do_shift else 1, BC=bc, ACC=_acc(o.dtype),
-        num_warps=_warps(max(bd, bc * _pow2(max(1, hist.shape[0])))),
+        HP=pow2(max(1, hist.shape[0])) if do_shift else 1, BC=bc, ACC=acc_dtype(o.dtype),
+        num_warps=_warps(max(bd, bc * pow2(max(1, hist.shape[0])))),
     )  # fmt: skip
     return out

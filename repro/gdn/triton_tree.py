@@ -93,41 +93,9 @@ import triton
 import triton.language as tl
 
 from repro.gdn.reference import TreeFactors
+from repro.gdn.triton_common import interpreting
 
 PRECISIONS = ("ieee", "tf32x3", "tf32")
-
-
-def _interpreter_numpy_compat() -> None:
-    """Let Triton's CPU interpreter (TRITON_INTERPRET=1) run loops with run-time bounds on NumPy >= 2.4.
-
-    The interpreter holds scalar kernel arguments as 1-element 1-D arrays and converts them with
-    ``int(array)``, which NumPy 2.4 rejects ("only 0-dimensional arrays can be converted"), so
-    ``for i in range(0, n)`` fails. Patch its tensor ``__index__`` to take the single element. Only in
-    interpreter mode; compiled kernels are untouched.
-    """
-    try:
-        import numpy as np
-
-        int(np.ones(1, dtype=np.int32))
-        return
-    except TypeError:
-        pass
-    from triton.runtime import interpreter
-
-    original = getattr(interpreter, "_patch_lang_tensor", None)
-    if original is None or getattr(original, "_repro_patched", False):
-        return
-
-    def patched(tensor, scope):
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    patched._repro_patched = True
-    interpreter._patch_lang_tensor = patched
-
-
-if triton.knobs.runtime.interpret:
-    _interpreter_numpy_compat()
 
 
 @triton.jit
@@ -480,7 +448,7 @@ def tree_gdn_fused(
     write_k = hv != h or k.dtype != torch.float32
     k_exp = torch.empty(n, hv, dk, dtype=torch.float32, device=q.device) if write_k else k
     # the CPU interpreter keeps bf16 as raw uint16 and its tl.dot multiplies those bits: upcast there
-    upcast = bool(triton.knobs.runtime.interpret) and q.dtype == torch.bfloat16
+    upcast = interpreting() and q.dtype == torch.bfloat16
     base16 = br >= 32 if batched_base is None else (batched_base and br >= 32)
     grid = (hv, triton.cdiv(dv, bv))
     _tree_verify_kernel[grid](

@@ -11,7 +11,7 @@ import torch
 
 from repro.models.config import ATTENTION, GDN, HybridConfig
 from repro.models.hybrid import HybridLM
-from repro.tokenizer import ByteTokenizer
+from repro.models.tokenizer import ByteTokenizer
 
 DEFAULT_SEED = 0
 

@@ -15,8 +15,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from repro.errors import CheckpointError
-from repro.family import resolve_checkpoint
 from repro.models.config import FLA_MODEL_TYPES, QWEN35_MODEL_TYPES, HybridConfig
+from repro.models.family import resolve_checkpoint
 from repro.models.hybrid import HybridLM
 
 SUPPORTED = ", ".join(QWEN35_MODEL_TYPES + FLA_MODEL_TYPES)

@@ -18,7 +18,7 @@ graph (:mod:`repro.models.graphs`) and replayed:
   GDN layers use the fused Triton tree kernel on CUDA, :func:`~repro.gdn.reference.tree_gdn`
   elsewhere.
 - :meth:`StaticDecoder.accept`: greedy longest match on the device (the same path and bonus as
-  :class:`repro.acceptance.TargetMatch` at temperature 0); :meth:`StaticDecoder.commit`: the
+  :class:`repro.decoding.acceptance.TargetMatch` at temperature 0); :meth:`StaticDecoder.commit`: the
   accepted path (ending at the slot's ``node``) folded into the buffers by ``snapshot`` (per-node
   states from verify), ``replay`` (the recurrence over the path, padded to the slot's max depth
   with identity steps g = beta = 0) or ``closed_form`` (the tree factors, masked to the path). With
@@ -31,7 +31,7 @@ q, k, v; copies made when the decoder is built, so it reads the weights as they 
 constants and norm scales are precomputed, q and k share one L2 norm, the residual adds ride on the
 output matmuls (addmm), and the rotary tables and attention masks are made once per step. On CPU in
 float64 every step agrees with ``HybridLM.verify`` / ``commit`` to rounding
-(tests/test_static_decoder.py, which also pins the ops per layer and checks every step with
+(tests/models/test_static_decoder.py, which also pins the ops per layer and checks every step with
 :class:`repro.models.graphs.CaptureCheck`). On CUDA the GDN kernels take the model's dtype (bf16:
 Triton dots in "tf32") where HybridLM's layer upcasts q/k/v to float32, so bf16 results agree to bf16
 accuracy, not bitwise.
@@ -44,7 +44,7 @@ attention layers use the same RMSNorm and MLP kernels. ``fused=False`` keeps the
 reference path on CPU, the "before" row of ``repro bench model``).
 
 ``gemv=True`` (needs ``fused=True``) runs the decode step's matmuls on the GEMV kernels of
-:mod:`repro.models.triton_linear`, the glue around them fused in: the input norm into the stacked
+:mod:`repro.gdn.triton_linear`, the glue around them fused in: the input norm into the stacked
 in_proj (attention: q|k|v), the residual into out_proj / o_proj and down_proj, the post norm and SiLU * up
 into the stacked gate|up, the final norm into the LM head. A decode GDN layer is then 6 launches
 (norm + in_proj, decode core, gated norm + conv shift, out_proj + residual, norm + gate|up + SiLU * up,
@@ -94,11 +94,10 @@ KERNELS = ("reference", "triton")
 def _interpreting() -> bool:
     """Triton's CPU interpreter is on (TRITON_INTERPRET=1): the Triton kernels then run on CPU tensors."""
     try:
-        import triton
-
-        return bool(triton.knobs.runtime.interpret)
-    except Exception:  # noqa: BLE001 - no (usable) triton: no interpreter
+        from repro.gdn.triton_common import interpreting
+    except ImportError:  # no triton: no interpreter
         return False
+    return interpreting()
 
 
 def _fla_recurrent(q, k, v, g, beta, state, scale):
@@ -218,9 +217,9 @@ def plus_linear(
     x: torch.Tensor, y: torch.Tensor, linear: torch.nn.Linear, gemv: bool = False
 ) -> torch.Tensor:
     """x + linear(y), the residual add fused into the matmul (addmm) when the layer has no bias, or into
-    the GEMV kernel (``gemv``: :func:`~repro.models.triton_linear.linear_residual`, decode steps)."""
+    the GEMV kernel (``gemv``: :func:`~repro.gdn.triton_linear.linear_residual`, decode steps)."""
     if gemv:
-        from repro.models.triton_linear import linear_residual
+        from repro.gdn.triton_linear import linear_residual
 
         return linear_residual(y, linear.weight, x, linear.bias)
     return x + linear(y) if linear.bias is not None else torch.addmm(x, y, linear.weight.t())
@@ -253,14 +252,14 @@ def attention_prologue(
     """Input norm, q/k/v projections, q/k norms and rotary (HybridLM's Attention.forward_tree; the
     rotary tables of the step's positions are made once per step). ``norm``: the RMSNorm function
     (the fused decoder passes the Triton one); ``gemv``: the input norm and projections in one
-    :func:`~repro.models.triton_linear.norm_linear` (decode steps).
+    :func:`~repro.gdn.triton_linear.norm_linear` (decode steps).
 
     Returns (q [n, H, hd], gate [n, H hd] or an empty tensor, k, v [n, H_kv, hd]).
     """
     attn: Attention = layer.self_attn
     n = x.shape[0]
     if gemv:
-        from repro.models.triton_linear import norm_linear
+        from repro.gdn.triton_linear import norm_linear
 
         qkv = norm_linear(x, w.input_norm, layer.input_layernorm.eps, w.qkv, w.bias)
     else:
@@ -330,13 +329,13 @@ def fused_mlp_block(
 ) -> torch.Tensor:
     """x + MLP(post-attention norm of x) in four launches: Triton RMSNorm, the stacked gate|up matmul,
     Triton SiLU(gate) * up, the down projection with the residual (addmm). ``gemv`` (decode steps):
-    two, :func:`~repro.models.triton_linear.norm_gate_up` and the down projection with the residual."""
+    two, :func:`~repro.gdn.triton_linear.norm_gate_up` and the down projection with the residual."""
     from repro.gdn import triton_decode as fused
 
     assert w.gate_up is not None
     eps = layer.post_attention_layernorm.eps
     if gemv:
-        from repro.models.triton_linear import norm_gate_up
+        from repro.gdn.triton_linear import norm_gate_up
 
         act = norm_gate_up(x, w.post_norm, eps, w.gate_up)
     else:
@@ -358,7 +357,7 @@ def fused_gdn_layer(
 
     ``core`` None: decode one token (the state and conv history updated in place); else verify n nodes
     with ``core(q, k, v, g, beta)`` -> (o, factors), state untouched. ``gemv``: the matmuls on the
-    GEMV kernels of :mod:`repro.models.triton_linear` (norms, SiLU * up and residuals fused in).
+    GEMV kernels of :mod:`repro.gdn.triton_linear` (norms, SiLU * up and residuals fused in).
     Returns (x after the layer, the conv inputs [n, C], k [n, H, d_k] or None, factors or None).
     """
     from repro.gdn import triton_decode as fused
@@ -366,7 +365,7 @@ def fused_gdn_layer(
     m: GatedDeltaNet = layer.linear_attn
     dims = fused.GDNDims(m.num_k_heads, m.num_v_heads, m.head_k_dim, m.head_v_dim)
     if gemv:
-        from repro.models.triton_linear import norm_linear
+        from repro.gdn.triton_linear import norm_linear
 
         proj = norm_linear(x, w.input_norm, layer.input_layernorm.eps, w.in_proj)
     else:
@@ -754,7 +753,7 @@ class StaticDecoder:
                 x = glue["attention_epilogue"](layer, w, x, out, gate, gemv)
         head, eps = self.model.lm_head, self.model.model.norm.eps
         if gemv:
-            from repro.models.triton_linear import norm_linear
+            from repro.gdn.triton_linear import norm_linear
 
             return norm_linear(x, self.final_norm, eps, head.weight, head.bias)
         return head(norm(x, self.final_norm, eps))

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from repro.errors import ConfigError
-from repro.records import build_manifest
+from repro.reporting.records import build_manifest, write_json
 
 PRECISIONS = ("fp32", "bf16")
 LOG_FILE = "train_log.jsonl"
@@ -211,13 +211,8 @@ def plot_loss(log: list[dict[str, Any]], path: Path, title: str) -> Path:
     return path
 
 
-def write_json(path: Path, obj: Any) -> Path:
-    path.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
-    return path
-
-
 def write_manifest(out_dir: Path, recipe: dict[str, Any], seed: int) -> Path:
-    """``manifest.json``: environment, seed and the full recipe (repro.records.build_manifest)."""
+    """``manifest.json``: environment, seed and the full recipe (repro.reporting.records.build_manifest)."""
     return write_json(out_dir / "manifest.json", build_manifest(recipe, seed=seed))
 
 
@@ -250,6 +245,6 @@ def fast_gdn_backend(model: nn.Module) -> nn.Module:
 
 def resolve_train_device(name: str) -> torch.device:
     """``auto`` picks CUDA when present; asking for CUDA without one is a ConfigError."""
-    from repro.target import resolve_device
+    from repro.models.target import resolve_device
 
     return torch.device(resolve_device(name))

@@ -27,10 +27,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from repro.data.corpus_tokens import special_id
 from repro.drafters.dflash import DFlashDraftModel, random_dflash_for, save_dflash
 from repro.models.hybrid import HybridLM
 from repro.train.distill import Distillation, DistillRecipe, target_features
-from repro.train.target import special_id
 
 
 @dataclass(kw_only=True)

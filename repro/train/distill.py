@@ -14,13 +14,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from repro.engine import STAGES, generate
+from repro.data.corpus_tokens import corpus_prompts, documents
 from repro.errors import ConfigError
+from repro.harness.evaluation import route_acceptance
 from repro.models.hybrid import HybridLM
 from repro.models.loading import load_target
 from repro.models.state import ModelState
-from repro.routes import build_route
-from repro.tokenizer import Tokenizer, load_tokenizer
+from repro.models.tokenizer import Tokenizer, load_tokenizer
+from repro.reporting.records import write_json
 from repro.train.common import (
     LOSS_FIGURE,
     StepFn,
@@ -32,10 +33,8 @@ from repro.train.common import (
     save_dtype,
     seed_everything,
     train_loop,
-    write_json,
     write_manifest,
 )
-from repro.train.target import SEPARATOR, documents, encode_document, special_id
 
 
 @dataclass(kw_only=True)
@@ -137,18 +136,6 @@ class Distillation:
         )
 
 
-def corpus_prompts(
-    tok: Tokenizer, docs: list[str], count: int, length: int, gen: torch.Generator
-) -> list[list[int]]:
-    """``count`` prompts of ``length`` tokens: windows at seeded random offsets of the documents."""
-    sep = special_id(tok, SEPARATOR)
-    stream = torch.tensor([t for d in docs for t in encode_document(tok, d) + [sep]], dtype=torch.long)
-    if stream.numel() <= length:
-        raise ConfigError(f"the corpus holds {stream.numel()} tokens: too few for prompts of {length}")
-    starts = torch.randint(0, stream.numel() - length, (count,), generator=gen)
-    return [stream[s : s + length].tolist() for s in starts.tolist()]
-
-
 @torch.no_grad()
 def greedy_continuations(
     target: HybridLM, prompts: list[list[int]], new_tokens: int, batch: int = 256
@@ -200,53 +187,3 @@ def target_outputs(
 def target_features(target: HybridLM, seqs: torch.Tensor, layers: list[int], batch: int = 16) -> torch.Tensor:
     """Concatenated outputs of ``layers`` for every position, [N, L, len(layers) * hidden]."""
     return torch.cat([feats for _, feats in _batched(target, seqs, layers, batch)])
-
-
-def depth_acceptance(paths: list[list[int]], max_depth: int) -> list[float]:
-    """Per draft depth d = 1..max_depth: the fraction of steps whose accepted path reaches d."""
-    reached = [len(p) - 1 for p in paths]
-    return [sum(r >= d for r in reached) / max(1, len(reached)) for d in range(1, max_depth + 1)]
-
-
-def route_acceptance(
-    target: HybridLM,
-    specs: dict[str, dict],
-    prompts: list[list[int]],
-    new_tokens: int,
-    seed: int,
-    max_depth: int,
-) -> dict[str, dict[str, Any]]:
-    """Per named route spec: MAL (bonus included), steps, per-depth acceptance, mean tree size,
-    stage times per step (ms; draft, tree, verify, commit) and whether every greedy output equals
-    AR's (``diverged``: on how many prompts it does not; generation ignores stop tokens: every
-    prompt yields ``new_tokens``)."""
-    vocab = target.config.vocab_size
-    ar = build_route({"kind": "ar"}, vocab, "greedy", 0.0, seed)
-    refs = [generate(target, p, ar, new_tokens).output_ids for p in prompts]
-    out: dict[str, dict[str, Any]] = {}
-    for name, spec in specs.items():
-        route = build_route({"name": name, **spec}, vocab, "greedy", 0.0, seed, target=target)
-        lengths: list[int] = []
-        paths: list[list[int]] = []
-        sizes: list[int] = []
-        stage = dict.fromkeys(STAGES, 0.0)
-        diverged = 0
-        for p, ref in zip(prompts, refs):
-            res = generate(target, p, route, new_tokens)
-            lengths += res.accepted_lengths
-            paths += res.accepted_paths
-            sizes += res.tree_sizes
-            for k in STAGES:
-                stage[k] += res.stage_s[k]
-            diverged += res.output_ids != ref
-        steps = max(1, len(lengths))
-        out[name] = {
-            "mal": sum(lengths) / steps,
-            "steps": len(lengths),
-            "depth_acceptance": depth_acceptance(paths, max_depth),
-            "mean_tree_size": sum(sizes) / steps,
-            **{f"{k}_ms_per_step": 1e3 * v / steps for k, v in stage.items()},
-            "lossless": diverged == 0,
-            "diverged": diverged,
-        }
-    return out

@@ -16,7 +16,6 @@ files beside the weights, plus ``train_log.jsonl``, ``loss.png``, ``metrics.json
 from __future__ import annotations
 
 import dataclasses
-import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -26,13 +25,19 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from repro.data.corpus import SEPARATOR, read_documents
+from repro.data.corpus import SEPARATOR
+from repro.data.corpus_tokens import documents, encode_document, special_id
 from repro.errors import ConfigError
 from repro.models.config import GDN, HybridConfig
 from repro.models.default import init_random_weights, tiny_config
 from repro.models.hybrid import HybridLM
 from repro.models.loading import save_target
-from repro.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer, write_byte_tokenizer_marker
+from repro.models.tokenizer import (
+    Tokenizer,
+    load_tokenizer,
+    write_byte_tokenizer_marker,
+)
+from repro.reporting.records import write_json
 from repro.train.common import (
     LOSS_FIGURE,
     TrainRecipe,
@@ -43,7 +48,6 @@ from repro.train.common import (
     save_dtype,
     seed_everything,
     train_loop,
-    write_json,
     write_manifest,
 )
 
@@ -77,35 +81,6 @@ class TargetRecipe(TrainRecipe):
 
 
 # ----- data -----
-
-
-def special_id(tok: Tokenizer, name: str) -> int:
-    """Id of a ChatML special token (``<|endoftext|>``, ``<|mask|>``, ...) in either tokenizer."""
-    if isinstance(tok, ByteTokenizer):
-        return tok.special_ids[name]
-    if isinstance(tok, HFTokenizer):
-        tid = tok.tok.convert_tokens_to_ids(name)
-        if isinstance(tid, int) and tid != tok.tok.unk_token_id:
-            return tid
-    raise ConfigError(f"tokenizer {tok.name} has no {name} token")
-
-
-def encode_document(tok: Tokenizer, text: str) -> list[int]:
-    """Token ids of a corpus document; ChatML specials in the text become their special ids."""
-    if not isinstance(tok, ByteTokenizer):
-        return tok.encode(text)
-    pattern = "(" + "|".join(re.escape(s) for s in tok.special_ids) + ")"
-    ids: list[int] = []
-    for part in re.split(pattern, text):
-        ids += [tok.special_ids[part]] if part in tok.special_ids else tok.encode(part)
-    return ids
-
-
-def documents(path: Path) -> list[str]:
-    """Non-blank documents of a corpus file (``train.txt`` / ``heldout.txt``)."""
-    if not path.is_file():
-        raise ConfigError(f"corpus file {path} does not exist: build it with `repro data corpus`")
-    return [d for d in read_documents(path) if d.strip()]
 
 
 def pack(tok: Tokenizer, docs: list[str], seq_len: int, max_tokens: int | None = None) -> torch.Tensor:

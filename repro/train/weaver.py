@@ -43,12 +43,12 @@ from repro.drafters.dflash import DFlashDraftModel, check_fits, load_dflash
 from repro.drafters.pool import pool_mass, top_k_pool
 from repro.drafters.weaver import WeaverModel, random_weaver_for, save_weaver
 from repro.errors import ConfigError
+from repro.harness.evaluation import route_acceptance
 from repro.models.hybrid import HybridLM
 from repro.train.distill import (
     Distillation,
     DistillRecipe,
     greedy_continuations,
-    route_acceptance,
     target_outputs,
 )
 

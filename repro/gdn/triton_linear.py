@@ -1,0 +1,203 @@
+"""Row-vector x matrix (GEMV) Triton kernels for the decode step, with the glue around the matmul fused in.
+
+A decode step multiplies one row (n <= 4 rows here) by every weight matrix of the model, so its time is
+the time to stream the weights: each program of these kernels owns ``block_n`` output rows and walks K
+in ``block_k`` chunks, loading [block_n, block_k] weight tiles (contiguous along K, as nn.Linear stores
+them), with many programs in flight; all rows of x share each weight tile. Arithmetic is float32
+(float64 for float64 data), each output rounded once to x's dtype. What each kernel folds in:
+
+- :func:`norm_linear`: ``rms_norm(x, scale, eps) @ W^T (+ bias)``; every program recomputes the row's
+  RMS (a row of a few thousand elements) instead of a separate norm launch.
+- :func:`norm_gate_up`: ``SiLU(g) * u`` with ``[g; u] = rms_norm(x) @ gate_up^T``; a program computes
+  the same row block of g and of u, so the [n, 2 I] intermediate is never written.
+- :func:`linear_residual`: ``residual + x @ W^T (+ bias)`` (the addmm of out_proj / down_proj).
+
+Semantics are those of :func:`repro.models.layers.rms_norm`, ``F.silu`` and ``F.linear`` (pinned in
+tests/gdn/test_triton_linear.py): float32 results agree to ~1e-6; bf16 ones carry one bf16 rounding of the
+output (the torch glue rounds after every op, and the normed row is not rounded to bf16 before the
+matmul here). The default block sizes are untuned guesses (about 512 programs for the row counts of the
+1.3B model, [block_n, block_k] tiles of at most 4096 weights, 4 warps); ``block_n``/``block_k``/
+``num_warps`` override them.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from repro.errors import ConfigError
+from repro.gdn.triton_common import acc_dtype, interpreting, pow2, round_to, silu
+
+MAX_ROWS = 4  # rows of x per call (decode: 1); the programs keep them all in registers
+
+
+@triton.jit
+def _rstd(x_ptr, x_stride, eps, RB: tl.constexpr, N_ROWS: tl.constexpr, K: tl.constexpr,
+          BK: tl.constexpr, ACC: tl.constexpr):  # fmt: skip
+    """1 / rms of each row of x [N_ROWS, K] -> [RB] (rows past N_ROWS: 1)."""
+    rows = tl.arange(0, RB)
+    m_r = rows < N_ROWS
+    ss = tl.zeros([RB, BK], dtype=ACC)
+    for k0 in range(0, K, BK):
+        o_k = k0 + tl.arange(0, BK)
+        m = m_r[:, None] & (o_k < K)[None, :]
+        x = tl.load(x_ptr + rows[:, None] * x_stride + o_k[None, :], mask=m, other=0.0).to(ACC)
+        ss += x * x
+    return 1.0 / tl.sqrt(tl.sum(ss, axis=1) / K + eps)
+
+
+@triton.jit
+def _x_chunk(x_ptr, x_stride, scale_ptr, rstd, k0, RB: tl.constexpr, N_ROWS: tl.constexpr,
+             K: tl.constexpr, BK: tl.constexpr, NORM: tl.constexpr, ACC: tl.constexpr):  # fmt: skip
+    """Columns k0 .. k0 + BK of x [RB, BK] (normed and scaled with NORM), zero outside."""
+    rows = tl.arange(0, RB)
+    o_k = k0 + tl.arange(0, BK)
+    m_k = o_k < K
+    m = (rows < N_ROWS)[:, None] & m_k[None, :]
+    x = tl.load(x_ptr + rows[:, None] * x_stride + o_k[None, :], mask=m, other=0.0).to(ACC)
+    if NORM:
+        x = x * rstd[:, None] * tl.load(scale_ptr + o_k, mask=m_k, other=0.0).to(ACC)[None, :]
+    return x
+
+
+@triton.jit
+def _tile_dot(w_ptr, x, o_n, k0, N_W: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, ACC: tl.constexpr):
+    """x [RB, BK] times the weight rows o_n [BN], columns k0 .. k0 + BK -> [RB, BN]."""
+    o_k = k0 + tl.arange(0, BK)
+    m = (o_n < N_W)[:, None] & (o_k < K)[None, :]
+    w = tl.load(w_ptr + o_n[:, None] * K + o_k[None, :], mask=m, other=0.0).to(ACC)
+    return tl.sum(w[None, :, :] * x[:, None, :], axis=2)
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr,
+    x_stride,
+    scale_ptr,
+    w_ptr,
+    bias_ptr,
+    res_ptr,
+    res_stride,
+    out_ptr,
+    eps,
+    N_ROWS: tl.constexpr,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    RB: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    NORM: tl.constexpr,
+    GATE_UP: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+    ACC: tl.constexpr,
+):
+    """Output columns pid * BN .. + BN of every row. GATE_UP: W is [2 N, K] = [gate; up] and the output
+    is SiLU(x W_gate^T) * (x W_up^T); else out = x W^T (+ bias) (+ residual)."""
+    pid = tl.program_id(0)
+    o_n = pid * BN + tl.arange(0, BN)
+    rows = tl.arange(0, RB)
+    rstd = tl.zeros([RB], dtype=ACC)
+    if NORM:
+        rstd = _rstd(x_ptr, x_stride, eps, RB, N_ROWS, K, BK, ACC)
+    acc = tl.zeros([RB, BN], dtype=ACC)
+    acc_up = tl.zeros([RB, BN], dtype=ACC)
+    for k0 in range(0, K, BK):
+        x = _x_chunk(x_ptr, x_stride, scale_ptr, rstd, k0, RB, N_ROWS, K, BK, NORM, ACC)
+        acc += _tile_dot(w_ptr, x, o_n, k0, N, K, BK, ACC)
+        if GATE_UP:
+            acc_up += _tile_dot(w_ptr + N * K, x, o_n, k0, N, K, BK, ACC)
+    m_n = o_n < N
+    m = (rows < N_ROWS)[:, None] & m_n[None, :]
+    if GATE_UP:
+        acc = silu(acc) * acc_up
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + o_n, mask=m_n, other=0.0).to(ACC)[None, :]
+    if RESIDUAL:
+        acc += tl.load(res_ptr + rows[:, None] * res_stride + o_n[None, :], mask=m, other=0.0).to(ACC)
+    tl.store(out_ptr + rows[:, None] * N + o_n[None, :], round_to(acc, out_ptr), mask=m)
+
+
+def _default_block_n(rows_out: int) -> int:
+    """About 512 programs (2-4 per SM on an H200) within 4..64 rows each; in the CPU interpreter, which
+    runs programs one by one, as few programs as possible."""
+    if interpreting():
+        return min(64, pow2(rows_out))
+    return max(4, min(64, pow2(rows_out // 512 + 1) // 2))
+
+
+def _launch(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    rows_out: int,
+    *,
+    norm: tuple[torch.Tensor, float] | None = None,
+    gate_up: bool = False,
+    bias: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+    block_n: int | None = None,
+    block_k: int | None = None,
+    num_warps: int | None = None,
+) -> torch.Tensor:
+    if x.dim() != 2 or not 1 <= x.shape[0] <= MAX_ROWS:
+        raise ConfigError(f"the GEMV kernels take x of 1..{MAX_ROWS} rows [n, K], got shape {tuple(x.shape)}")
+    n, k = x.shape
+    if weight.dim() != 2 or weight.shape[1] != k:
+        raise ConfigError(f"weight {tuple(weight.shape)} is not [N, {k}] for x of shape {tuple(x.shape)}")
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    if not weight.is_contiguous():
+        raise ConfigError("the GEMV kernels read a row-major (contiguous) weight")
+    if residual is not None and (residual.shape != (n, rows_out) or residual.stride(-1) != 1):
+        raise ConfigError(f"residual must be a row-major [{n}, {rows_out}], got {tuple(residual.shape)}")
+    bn = pow2(block_n or _default_block_n(rows_out))
+    bk = pow2(min(block_k or max(128, 4096 // bn), k))  # default: tiles of <= 4096 weights (registers)
+    out = torch.empty(n, rows_out, dtype=x.dtype, device=x.device)
+    scale, eps = norm if norm is not None else (x, 0.0)
+    _gemv_kernel[(triton.cdiv(rows_out, bn),)](
+        x, x.stride(0), scale, weight, bias if bias is not None else x,
+        residual if residual is not None else x, residual.stride(0) if residual is not None else 0,
+        out, float(eps), N_ROWS=n, N=rows_out, K=k, RB=pow2(n), BN=bn, BK=bk, NORM=norm is not None,
+        GATE_UP=gate_up, HAS_BIAS=bias is not None, RESIDUAL=residual is not None, ACC=acc_dtype(x.dtype),
+        num_warps=num_warps or 4,
+    )  # fmt: skip
+    return out
+
+
+def norm_linear(
+    x: torch.Tensor,
+    norm_scale: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    **blocks: int,
+) -> torch.Tensor:
+    """``rms_norm(x, norm_scale, eps) @ weight^T (+ bias)`` for x [n, K] (n <= 4), weight [N, K] -> [n, N].
+
+    ``blocks``: block_n, block_k, num_warps (untuned defaults).
+    """
+    return _launch(x, weight, weight.shape[0], norm=(norm_scale, eps), bias=bias, **blocks)
+
+
+def norm_gate_up(
+    x: torch.Tensor, norm_scale: torch.Tensor, eps: float, gate_up: torch.Tensor, **blocks: int
+) -> torch.Tensor:
+    """``SiLU(g) * u`` with ``[g; u] = rms_norm(x, norm_scale, eps) @ gate_up^T``; gate_up [2 I, K] is
+    cat(gate_proj, up_proj) -> [n, I]. ``blocks``: block_n (rows of g and of u per program), block_k,
+    num_warps (untuned defaults)."""
+    if gate_up.shape[0] % 2:
+        raise ConfigError(f"gate_up must stack gate and up projections [2 I, K], got {tuple(gate_up.shape)}")
+    return _launch(x, gate_up, gate_up.shape[0] // 2, norm=(norm_scale, eps), gate_up=True, **blocks)
+
+
+def linear_residual(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    residual: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    **blocks: int,
+) -> torch.Tensor:
+    """``residual + x @ weight^T (+ bias)`` for x [n, K] (n <= 4), weight [N, K], residual [n, N] -> [n, N]
+    in x's dtype. ``blocks``: block_n, block_k, num_warps (untuned defaults)."""
+    return _launch(x, weight, weight.shape[0], residual=residual, bias=bias, **blocks)

@@ -1,0 +1,152 @@
+"""Run a decode experiment: every route on every prompt and turn, records written as they go.
+
+Prompts are interleaved across routes (for each prompt and turn, every route in turn, AR
+first), so that speedups compare routes under the same machine conditions. AR's output is the
+reference for the lossless check and for synthetic drafters. MT-Bench's second turn is asked
+after the route's own first-turn answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from repro.data.suites import Prompt, load_suite
+from repro.decoding.engine import DecodeResult, Route, generate
+from repro.decoding.routes import build_route
+from repro.models.hybrid import HybridLM
+from repro.models.target import open_target
+from repro.models.tokenizer import Tokenizer
+from repro.reporting.records import DecodeRecord, RunDir, compare_to_reference, sha256_ids
+
+WARMUP_PROMPT = "Warm-up: say something short."
+
+ProgressFn = Callable[[str], None]
+
+
+def make_record(
+    route: Route,
+    prompt: Prompt,
+    turn: int,
+    prompt_ids: list[int],
+    result: DecodeResult,
+    cfg: dict,
+    vs_ar: str,
+) -> DecodeRecord:
+    return DecodeRecord(
+        route=route.name,
+        route_params=route.params,
+        suite=prompt.suite,
+        prompt_id=prompt.id,
+        turn=turn,
+        prompt_sha256=sha256_ids(prompt_ids),
+        prompt_tokens=len(prompt_ids),
+        new_tokens=len(result.output_ids),
+        steps=result.steps,
+        accepted_lengths=result.accepted_lengths,
+        tree_sizes=result.tree_sizes,
+        prefill_s=result.prefill_s,
+        decode_s=result.decode_s,
+        stage_s=result.stage_s,
+        output_ids=result.output_ids,
+        output_sha256=sha256_ids(result.output_ids),
+        finish_reason=result.finish_reason,
+        vs_ar=vs_ar,
+        temperature=float(cfg["temperature"]),
+        seed=int(cfg["seed"]),
+    )
+
+
+def answer_text(tokenizer: Tokenizer, ids: list[int]) -> str:
+    """The assistant's answer as history for the next turn (stop tokens dropped)."""
+    stops = set(tokenizer.stop_token_ids)
+    return tokenizer.decode([t for t in ids if t not in stops])
+
+
+class ExperimentRunner:
+    """Holds the target, tokenizer and routes of one resolved experiment config."""
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        self.cfg = cfg
+        if cfg["device"] == "cpu" and cfg["cpu_threads"]:
+            torch.set_num_threads(int(cfg["cpu_threads"]))
+        self.model: HybridLM
+        self.model, self.tokenizer = open_target(
+            cfg["target"], cfg["dtype"], cfg["device"], cfg["commit"], cfg["target_seed"]
+        )
+        self.model.set_gdn_backend(cfg["gdn_backend"])
+        vocab = self.model.config.vocab_size
+        self.routes = [
+            build_route(
+                spec, vocab, cfg["acceptance"], float(cfg["temperature"]), int(cfg["seed"]), target=self.model
+            )
+            for spec in cfg["routes"]
+        ]
+        self.stop_ids = () if cfg["ignore_eos"] else tuple(self.tokenizer.stop_token_ids)
+
+    def decode(self, route: Route, prompt_ids: list[int], reference: list[int] | None) -> DecodeResult:
+        self.model.commit_strategy = route.commit_strategy or self.cfg["commit"]
+        return generate(
+            self.model, prompt_ids, route, int(self.cfg["max_new_tokens"]), self.stop_ids, reference
+        )
+
+    def warm_up(self) -> None:
+        ids = self.tokenizer.chat_prompt([{"role": "user", "content": WARMUP_PROMPT}])
+        for _ in range(int(self.cfg["warmup"])):
+            ref = None
+            for route in self.routes:
+                short = generate(self.model, ids, route, 8, (), ref)
+                ref = ref or short.output_ids
+
+    def prompts(self) -> list[Prompt]:
+        out: list[Prompt] = []
+        for suite in self.cfg["suites"]:
+            out += load_suite(suite, limit=self.cfg["limit"], seed=int(self.cfg["seed"]))
+        return out
+
+    def run(self, run_dir: RunDir, progress: ProgressFn | None = None) -> int:
+        """Decode every (prompt, turn, route) not yet in ``run_dir``; returns records written."""
+        prompts = self.prompts()
+        done = run_dir.done_keys()
+        self.warm_up()
+        written = 0
+        for prompt in prompts:
+            history: dict[str, list[dict[str, str]]] = {r.name: [] for r in self.routes}
+            reference: list[int] | None = None
+            for turn, user_text in enumerate(prompt.turns):
+                for route in self.routes:
+                    messages = history[route.name] + [{"role": "user", "content": user_text}]
+                    key = (route.name, prompt.suite, prompt.id, turn)
+                    if key in done:
+                        record = run_dir.get(*key)
+                    else:
+                        prompt_ids = self.tokenizer.chat_prompt(messages)
+                        result = self.decode(route, prompt_ids, reference)
+                        is_ar = route.params.get("kind") == "ar"
+                        if is_ar:
+                            vs_ar = "reference"
+                        elif reference is None:
+                            vs_ar = "no reference"
+                        else:
+                            vs_ar = compare_to_reference(result.output_ids, reference)
+                        record = make_record(route, prompt, turn, prompt_ids, result, self.cfg, vs_ar)
+                        run_dir.append(record)
+                        written += 1
+                    if route.params.get("kind") == "ar":
+                        reference = list(record.output_ids)
+                    history[route.name] = messages + [
+                        {"role": "assistant", "content": answer_text(self.tokenizer, record.output_ids)}
+                    ]
+                    if progress:
+                        progress(f"{prompt.suite}/{prompt.id} turn {turn + 1} {route.name}")
+        return written
+
+    def total_units(self) -> int:
+        return sum(len(p.turns) for p in self.prompts()) * len(self.routes)
+
+
+def default_out_dir(cfg: dict[str, Any]) -> Path:
+    return Path("runs") / str(cfg["name"])

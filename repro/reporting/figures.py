@@ -1,0 +1,102 @@
+"""PNG figures drawn from report tables (themselves built from records only).
+
+Uses matplotlib's object-oriented API with the Agg canvas, so no global backend is changed and
+no display is needed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from repro.errors import ReproError
+
+
+def _save(fig: Figure, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    FigureCanvasAgg(fig)
+    fig.savefig(path, format="png", dpi=120, bbox_inches="tight")
+    return path
+
+
+def plot_acceptance(table: pd.DataFrame, path: str | Path) -> Path:
+    """Speedup vs acceptance probability p, one line per (kind, width, draft length k); dashed line at 1.
+
+    ``table`` is :func:`repro.reporting.report.acceptance_table`'s output.
+    """
+    if table.empty:
+        raise ReproError("no synthetic_chain/synthetic_tree routes to plot speedup against acceptance")
+    fig = Figure(figsize=(6.4, 4.4))
+    ax = fig.add_subplot()
+    several_kinds = table["kind"].nunique() > 1
+    for (kind, width, k), group in table.groupby(["kind", "width", "k"], sort=True, dropna=False):
+        group = group.sort_values("p")
+        label = f"{kind.removeprefix('synthetic_')} k={k}" if several_kinds else f"k={k}"
+        if kind == "synthetic_tree" and width == width:  # not NaN
+            label += f" width={width:g}"
+        ax.plot(group["p"], group["speedup"], marker="o", label=label)
+    ax.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="AR (speedup 1)")
+    ax.set_xlabel("acceptance probability p")
+    ax.set_ylabel("speedup vs AR (tokens/s)")
+    ax.set_title("Speedup vs acceptance probability")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
+def plot_accept_histogram(hist: pd.DataFrame, path: str | Path) -> Path:
+    """Left: share of verify steps per accepted length; right: per-position acceptance rate.
+
+    ``hist`` is :func:`repro.reporting.report.accept_histogram`'s output (one line/bar group per route).
+    """
+    if hist.empty:
+        raise ReproError("no verify steps to plot an accepted-length histogram")
+    routes = list(dict.fromkeys(hist["route"]))
+    fig = Figure(figsize=(11, 4.2))
+    ax_h, ax_r = fig.subplots(1, 2)
+    width = 0.8 / len(routes)
+    for i, route in enumerate(routes):
+        g = hist[hist["route"] == route]
+        ax_h.bar(g["length"] + (i - (len(routes) - 1) / 2) * width, g["share"], width=width, label=route)
+        ax_r.plot(g["length"], g["accept_rate"], marker="o", label=route)
+    ax_h.set_xlabel("accepted length (incl. bonus token)")
+    ax_h.set_ylabel("share of verify steps")
+    ax_h.set_title("Accepted-length histogram")
+    ax_r.set_xlabel("draft position d")
+    ax_r.set_ylabel("fraction of steps with accepted length > d")
+    ax_r.set_ylim(0, 1.02)
+    ax_r.set_title("Per-position acceptance")
+    for ax in (ax_h, ax_r):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
+def plot_depth_acceptance(curves: pd.DataFrame, path: str | Path) -> Path:
+    """Per-depth acceptance vs draft depth: one panel per target, one line per route.
+
+    ``curves`` holds one row per (target, route, depth) with its ``acceptance`` (the fraction of
+    verify steps whose accepted path holds at least ``depth`` draft tokens).
+    """
+    if curves.empty:
+        raise ReproError("no drafted routes to plot per-depth acceptance for")
+    targets = list(dict.fromkeys(curves["target"]))
+    fig = Figure(figsize=(5.6 * len(targets), 4.2), layout="constrained")
+    for ax, target in zip(fig.subplots(1, len(targets), squeeze=False)[0], targets):
+        rows = curves[curves["target"] == target]
+        for route, g in rows.groupby("route", sort=False):
+            ax.plot(g["depth"], g["acceptance"], marker="o", markersize=3, label=route)
+        ax.set_xlabel("draft depth d")
+        ax.set_ylabel("fraction of steps accepting >= d drafts")
+        ax.set_ylim(0, 1.02)
+        ax.set_title(target)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="small")
+    return _save(fig, path)

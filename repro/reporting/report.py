@@ -1,0 +1,496 @@
+"""Summaries of decode records: per-(suite, route) table, acceptance histogram, acceptance study.
+
+Everything here is computed from records only; nothing is re-measured. Definitions are in
+docs/metrics.md.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from repro.errors import ReproError
+from repro.reporting.records import (
+    STAGES,
+    DecodeRecord,
+    compare_to_reference,
+    divergence_index,
+    load_records,
+)
+
+ALL_SUITES = "all"
+SYNTHETIC_KINDS = ("synthetic_chain", "synthetic_tree")
+
+SUMMARY_COLUMNS = [
+    "suite",
+    "route",
+    "prompts",
+    "turns",
+    "new_tokens",
+    "decode_s",
+    "prefill_s",
+    "tokens_per_s",
+    "mean_tokens_per_s",
+    "e2e_tokens_per_s",
+    "MAL",
+    "MAL_per_prompt",
+    "speedup",
+    "lossless",
+    "temperature",
+    "step_ms",
+    *(f"{s}_ms" for s in STAGES),
+]
+HISTOGRAM_COLUMNS = ["route", "length", "steps", "share", "accept_rate", "cond_accept_rate"]
+
+
+def _as_records(records: Iterable[DecodeRecord | dict[str, Any]]) -> list[DecodeRecord]:
+    return [r if isinstance(r, DecodeRecord) else DecodeRecord.from_dict(r) for r in records]
+
+
+def _ordered_routes(records: Sequence[DecodeRecord]) -> list[str]:
+    """AR routes first, then the others, each in order of first appearance."""
+    seen: dict[str, bool] = {}
+    for r in records:
+        seen.setdefault(r.route, r.is_ar)
+    return [k for k, ar in seen.items() if ar] + [k for k, ar in seen.items() if not ar]
+
+
+def reference_route(records: Sequence[DecodeRecord]) -> str | None:
+    """The AR baseline route of a run: the one named "ar", else the first with kind "ar"."""
+    ar = [r.route for r in records if r.is_ar]
+    if not ar:
+        return None
+    return "ar" if "ar" in ar else ar[0]
+
+
+def lossless_status(records: Sequence[DecodeRecord]) -> dict[tuple[str, str, str, int], str]:
+    """Per record key: "reference", "identical", "diverged at token k" or "no reference".
+
+    Recomputed from ``output_ids`` against the reference AR record of the same (suite, prompt_id,
+    turn) in the same run, so it does not depend on the order in which routes ran.
+    """
+    ref = reference_route(records)
+    ref_out = {(r.suite, r.prompt_id, r.turn): r.output_ids for r in records if r.route == ref}
+    out = {}
+    for r in records:
+        if r.route == ref:
+            out[r.key] = "reference"
+        elif (r.suite, r.prompt_id, r.turn) in ref_out:
+            out[r.key] = compare_to_reference(r.output_ids, ref_out[(r.suite, r.prompt_id, r.turn)])
+        else:
+            out[r.key] = "no reference"
+    return out
+
+
+def _lossless_text(statuses: list[str]) -> str:
+    if statuses and all(s == "reference" for s in statuses):
+        return "reference"
+    n = len(statuses)
+    same = sum(s == "identical" for s in statuses)
+    div = sum(divergence_index(s) is not None for s in statuses)
+    noref = sum(s == "no reference" for s in statuses)
+    text = f"{same}/{n} identical"
+    if div:
+        text += f", {div} diverged"
+    if noref:
+        text += f", {noref} no reference"
+    return text
+
+
+def _ratio(num: float, den: float) -> float:
+    return num / den if den > 0 else math.nan
+
+
+def _aggregate(recs: list[DecodeRecord], statuses: dict, distinct_prompts: int) -> dict[str, Any]:
+    """The token-weighted numbers of one group of records."""
+    new = sum(r.new_tokens for r in recs)
+    dec = sum(r.decode_s for r in recs)
+    steps = sum(r.steps for r in recs)
+    rates = [r.tokens_per_s for r in recs if not math.isnan(r.tokens_per_s)]
+    means = [r.mean_accepted_length for r in recs if r.steps > 0]
+    temps = sorted({r.temperature for r in recs})
+    row: dict[str, Any] = {
+        "prompts": distinct_prompts,
+        "turns": len(recs),
+        "new_tokens": new,
+        "decode_s": dec,
+        "prefill_s": sum(r.prefill_s for r in recs) / len(recs),
+        "tokens_per_s": _ratio(new, dec),
+        "mean_tokens_per_s": sum(rates) / len(rates) if rates else math.nan,
+        "e2e_tokens_per_s": _ratio(new, dec + sum(r.prefill_s for r in recs)),
+        "MAL": _ratio(sum(sum(r.accepted_lengths) for r in recs), steps),
+        "MAL_per_prompt": sum(means) / len(means) if means else math.nan,
+        "lossless": _lossless_text([statuses[r.key] for r in recs]),
+        "temperature": temps[0] if len(temps) == 1 else "mixed",
+        "step_ms": 1000 * _ratio(dec, steps),
+    }
+    for s in STAGES:
+        row[f"{s}_ms"] = 1000 * _ratio(sum(float(r.stage_s.get(s, 0.0)) for r in recs), steps)
+    return row
+
+
+def _paired_speedup(recs: list[DecodeRecord], ar_recs: list[DecodeRecord]) -> float:
+    """Token-weighted tokens/s ratio over the (prompt_id, turn) pairs both routes have."""
+    ar = {(r.prompt_id, r.turn): r for r in ar_recs}
+    pairs = [(r, ar[(r.prompt_id, r.turn)]) for r in recs if (r.prompt_id, r.turn) in ar]
+    if not pairs:
+        return math.nan
+    route_rate = _ratio(sum(a.new_tokens for a, _ in pairs), sum(a.decode_s for a, _ in pairs))
+    ar_rate = _ratio(sum(b.new_tokens for _, b in pairs), sum(b.decode_s for _, b in pairs))
+    return _ratio(route_rate, ar_rate) if not math.isnan(ar_rate) else math.nan
+
+
+def summarize(records: Iterable[DecodeRecord | dict[str, Any]]) -> pd.DataFrame:
+    """One row per (suite, route), plus a suite "all" row per route; columns SUMMARY_COLUMNS.
+
+    speedup = route tokens/s / AR tokens/s in the same suite of the same run, over the
+    (prompt_id, turn) pairs both have; the "all" row's speedup is the mean of the suites' speedups
+    while its other numbers pool all the route's records.
+    """
+    recs = _as_records(records)
+    if not recs:
+        return pd.DataFrame(columns=SUMMARY_COLUMNS)
+    statuses = lossless_status(recs)
+    ref = reference_route(recs)
+    suites = list(dict.fromkeys(r.suite for r in recs))
+    rows = []
+    for route in _ordered_routes(recs):
+        suite_speedups = []
+        mine = [r for r in recs if r.route == route]
+        for suite in suites:
+            group = [r for r in mine if r.suite == suite]
+            if not group:
+                continue
+            row = {
+                "suite": suite,
+                "route": route,
+                **_aggregate(group, statuses, len({r.prompt_id for r in group})),
+            }
+            ar_group = [r for r in recs if r.route == ref and r.suite == suite]
+            row["speedup"] = _paired_speedup(group, ar_group)
+            suite_speedups.append(row["speedup"])
+            rows.append(row)
+        row = {
+            "suite": ALL_SUITES,
+            "route": route,
+            **_aggregate(mine, statuses, len({(r.suite, r.prompt_id) for r in mine})),
+        }
+        valid = [s for s in suite_speedups if not math.isnan(s)]
+        row["speedup"] = sum(valid) / len(valid) if valid else math.nan
+        rows.append(row)
+    df = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+    suite_order = {s: i for i, s in enumerate([*suites, ALL_SUITES])}
+    df["_order"] = df["suite"].map(suite_order)
+    return df.sort_values("_order", kind="stable").drop(columns="_order").reset_index(drop=True)
+
+
+def accept_histogram(records: Iterable[DecodeRecord | dict[str, Any]]) -> pd.DataFrame:
+    """Per route and accepted length L = 1..max: step count, share, and acceptance per draft position.
+
+    ``accept_rate`` at L = d is the fraction of steps with accepted length > d, i.e. whose d-th
+    draft token was accepted; ``cond_accept_rate`` is that fraction among the steps that reached
+    position d (accepted length >= d).
+    """
+    recs = _as_records(records)
+    rows = []
+    for route in _ordered_routes(recs):
+        lengths = [a for r in recs if r.route == route for a in r.accepted_lengths]
+        if not lengths:
+            continue
+        n = len(lengths)
+        for d in range(1, max(lengths) + 1):
+            reached = sum(a >= d for a in lengths)
+            beyond = sum(a > d for a in lengths)
+            rows.append(
+                {
+                    "route": route,
+                    "length": d,
+                    "steps": sum(a == d for a in lengths),
+                    "share": sum(a == d for a in lengths) / n,
+                    "accept_rate": beyond / n,
+                    "cond_accept_rate": _ratio(beyond, reached),
+                }
+            )
+    return pd.DataFrame(rows, columns=HISTOGRAM_COLUMNS)
+
+
+# ------------------------------------------------------------------------- acceptance study
+
+
+def acceptance_table(records: Iterable[DecodeRecord | dict[str, Any]]) -> pd.DataFrame:
+    """Controlled acceptance study: one row per synthetic route, sorted by (kind, width, k, p).
+
+    Columns: kind, width (chains 1, trees their route parameter or NaN), k, p, route, MAL,
+    MAL_iid (chains only: (1 - p^(k+1)) / (1 - p), the MAL if every draft token is accepted
+    independently with probability p), MAL_per_prompt, tokens_per_s, speedup, step_ms and
+    verify_ms (all from the route's "all" row of :func:`summarize`).
+    """
+    recs = _as_records(records)
+    copied = ["MAL", "MAL_per_prompt", "tokens_per_s", "speedup", "step_ms", "verify_ms"]
+    columns = ["kind", "width", "k", "p", "route", "MAL", "MAL_iid", *copied[1:]]
+    params = {r.route: r.route_params for r in recs}
+    synth = {route: rp for route, rp in params.items() if rp.get("kind") in SYNTHETIC_KINDS}
+    if not synth:
+        return pd.DataFrame(columns=columns)
+    for route, rp in synth.items():
+        if "p" not in rp or "k" not in rp:
+            raise ReproError(f"route {route} of kind {rp['kind']} lacks its 'p' or 'k' route parameter")
+    summary = summarize(recs)
+    overall = summary[summary["suite"] == ALL_SUITES].set_index("route")
+    rows = []
+    for route, rp in synth.items():
+        p, k = float(rp["p"]), int(rp["k"])
+        chain = rp["kind"] == "synthetic_chain"
+        mal_iid = math.nan
+        if chain:
+            mal_iid = float(k + 1) if p == 1 else (1 - p ** (k + 1)) / (1 - p)
+        width = 1.0 if chain else float(rp.get("width", math.nan))
+        s = overall.loc[route]
+        rows.append(
+            {
+                "kind": rp["kind"],
+                "width": width,
+                "k": k,
+                "p": p,
+                "route": route,
+                "MAL_iid": mal_iid,
+                **{c: s[c] for c in copied},
+            }
+        )
+    return pd.DataFrame(rows, columns=columns).sort_values(["kind", "width", "k", "p"], ignore_index=True)
+
+
+def break_even_p(
+    table: pd.DataFrame, kind: str | None = None, width: float | None = None
+) -> dict[int, float | None]:
+    """Per draft length k: the smallest p with speedup >= 1, interpolated linearly between grid points.
+
+    Scans p upwards; at the first grid point with speedup >= 1 the crossing is interpolated from
+    the previous grid point (the first grid point itself when it already reaches 1). None when no
+    grid point reaches 1 (or every speedup is NaN). ``kind`` and ``width`` select rows; they are
+    required when the table holds several kinds, or several tree widths for one k.
+    """
+    if kind is not None:
+        table = table[table["kind"] == kind]
+    elif "kind" in table and table["kind"].nunique() > 1:
+        raise ValueError("the table holds several route kinds; pass kind=")
+    if width is not None:
+        table = table[table["width"] == width]
+    out: dict[int, float | None] = {}
+    for k, group in table.groupby("k", sort=True):
+        if "width" in group and group["width"].nunique(dropna=False) > 1:
+            raise ValueError(f"the table holds several tree widths for k={k}; pass width=")
+        grid = group.sort_values("p")[["p", "speedup"]].itertuples(index=False)
+        pts = [(float(p), float(s)) for p, s in grid if not math.isnan(s)]
+        out[int(k)] = None
+        for i, (p, s) in enumerate(pts):
+            if s >= 1:
+                if i == 0:
+                    out[int(k)] = p
+                else:
+                    p0, s0 = pts[i - 1]
+                    out[int(k)] = p0 + (1 - s0) * (p - p0) / (s - s0)
+                break
+    return out
+
+
+# ---------------------------------------------------------------------------------- markdown
+
+_FORMATS = {
+    "decode_s": "{:.3f}",
+    "prefill_s": "{:.4f}",
+    "tokens_per_s": "{:.1f}",
+    "mean_tokens_per_s": "{:.1f}",
+    "e2e_tokens_per_s": "{:.1f}",
+    "MAL": "{:.2f}",
+    "MAL_per_prompt": "{:.2f}",
+    "MAL_iid": "{:.2f}",
+    "speedup": "{:.2f}x",
+    "share": "{:.3f}",
+    "accept_rate": "{:.3f}",
+    "cond_accept_rate": "{:.3f}",
+    "p": "{:g}",
+    "temperature": "{:g}",
+    "step_ms": "{:.2f}",
+    **{f"{s}_ms": "{:.2f}" for s in STAGES},
+}
+SUMMARY_MAIN = [
+    "suite",
+    "route",
+    "prompts",
+    "turns",
+    "new_tokens",
+    "tokens_per_s",
+    "speedup",
+    "MAL",
+    "MAL_per_prompt",
+    "lossless",
+    "temperature",
+]
+SUMMARY_TIMING = [
+    "suite",
+    "route",
+    "decode_s",
+    "prefill_s",
+    "mean_tokens_per_s",
+    "e2e_tokens_per_s",
+    "step_ms",
+    *(f"{s}_ms" for s in STAGES),
+]
+
+
+def _cell(value: Any, fmt: str | None) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, float):
+        return (fmt or "{:.3g}").format(value) if not value.is_integer() or fmt else str(int(value))
+    if isinstance(value, int):
+        return (fmt or "{}").format(value)
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown_table(df: pd.DataFrame, formats: dict[str, str] | None = None) -> str:
+    """A GitHub-flavoured markdown table; NaN/None as "-", numbers right-aligned."""
+    formats = {**_FORMATS, **(formats or {})}
+    header = [str(c) for c in df.columns]
+    body = [
+        [
+            _cell(v.item() if hasattr(v, "item") else v, formats.get(str(c)))
+            for c, v in zip(df.columns, row, strict=True)
+        ]
+        for row in df.itertuples(index=False)
+    ]
+    numeric = [pd.api.types.is_numeric_dtype(df[c]) for c in df.columns]
+    widths = [max([len(h)] + [len(r[i]) for r in body]) for i, h in enumerate(header)]
+
+    cols = list(zip(widths, numeric, strict=True))
+
+    def line(cells: list[str]) -> str:
+        padded = [c.rjust(w) if num else c.ljust(w) for c, (w, num) in zip(cells, cols, strict=True)]
+        return "| " + " | ".join(padded) + " |"
+
+    rules = [("-" * (w + 1) + ":") if num else ("-" * (w + 2)) for w, num in cols]
+    sep = "|" + "|".join(rules) + "|"
+    return "\n".join([line(header), sep, *(line(r) for r in body)])
+
+
+_DEFINITIONS = """\
+- accepted length: tokens committed by one verify step, including the bonus token (AR: 1).
+- MAL: token-weighted, sum of accepted lengths / sum of verify steps. MAL_per_prompt: mean over
+  records (prompt turns) of each record's mean accepted length (DFlash/DDTree convention).
+- tokens_per_s: sum of new tokens / sum of decode seconds (prefill excluded; the first new token
+  comes from prefill). mean_tokens_per_s: mean of per-record rates. e2e_tokens_per_s includes
+  prefill. prefill_s: mean per record.
+- speedup: tokens_per_s / the AR route's tokens_per_s in the same suite of this run, over the
+  prompt turns both routes have; suite "all": mean of the suites' speedups (other columns pool
+  all records).
+- lossless: sha256 of generated token ids per prompt turn compared with the AR route's;
+  "diverged at token k" gives the first differing 0-based index. Sampling draws are keyed by
+  (seed, output position), so target-sample-then-match routes must match AR at any temperature;
+  rules that accept by draft probabilities are lossless in distribution only.
+- step_ms, draft/tree/verify/commit_ms: decode and stage seconds per verify step, in ms.
+- per-position acceptance (histogram): accept_rate at length d = fraction of steps with accepted
+  length > d (the d-th draft token accepted); cond_accept_rate = the same among steps with
+  accepted length >= d.
+- definitions in full: docs/metrics.md."""
+
+
+def _histogram_tables(hist: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    counts = hist.pivot(index="route", columns="length", values="steps").fillna(0).astype(int)
+    rates = hist.pivot(index="route", columns="length", values="accept_rate")
+    order = list(dict.fromkeys(hist["route"]))
+    counts, rates = counts.loc[order], rates.loc[order]
+    counts.columns = [f"L={c}" for c in counts.columns]
+    rates.columns = [f"pos {c}" for c in rates.columns]
+    return counts.reset_index(), rates.reset_index()
+
+
+def write_report(run_dir: str | Path, figures: bool = True) -> str:
+    """Rebuild report.md, summary.csv and histogram.csv (and figures) from the run's records.
+
+    With synthetic routes also acceptance.csv and the break-even p per draft length. Figures
+    (accept_histogram.png, acceptance.png) are written when ``figures`` is true. Returns the markdown.
+    """
+    run_dir = Path(run_dir)
+    manifest, records = load_records(run_dir)
+    summary = summarize(records)
+    hist = accept_histogram(records)
+    acc = acceptance_table(records)
+    summary.to_csv(run_dir / "summary.csv", index=False)
+    hist.to_csv(run_dir / "histogram.csv", index=False)
+
+    lines = [f"# Run report: {run_dir.name}", ""]
+    lines += [
+        f"- device: {manifest.get('device', 'unknown')}",
+        f"- git sha: {manifest.get('git_sha', 'unknown')}",
+        f"- repro {manifest.get('repro_version', '?')}, seed {manifest.get('seed')},"
+        f" config hash {str(manifest.get('config_hash', '?'))[:12]}",
+        f"- created {manifest.get('created_at', '?')}, updated {manifest.get('updated_at', '?')},"
+        f" {len(records)} records",
+        "",
+    ]
+    if not records:
+        lines += ["No records yet.", ""]
+    else:
+        lines += [
+            "## Summary",
+            "",
+            markdown_table(summary[SUMMARY_MAIN]),
+            "",
+            "## Timing (decode and stage time per verify step)",
+            "",
+            markdown_table(summary[SUMMARY_TIMING]),
+            "",
+        ]
+        counts, rates = _histogram_tables(hist)
+        lines += [
+            "## Accepted lengths (verify steps per accepted length)",
+            "",
+            markdown_table(counts),
+            "",
+            "## Per-position acceptance (fraction of steps with accepted length > d)",
+            "",
+            markdown_table(rates),
+            "",
+        ]
+        statuses = lossless_status(records)
+        diverged = [(r, statuses[r.key]) for r in records if divergence_index(statuses[r.key]) is not None]
+        if diverged:
+            lines += ["## Divergences from AR", ""]
+            lines += [
+                f"- {r.route} / {r.suite} / {r.prompt_id} turn {r.turn} (T={r.temperature:g}): {s}"
+                for r, s in diverged[:30]
+            ]
+            if len(diverged) > 30:
+                lines.append(f"- ... and {len(diverged) - 30} more")
+            lines.append("")
+        if not acc.empty:
+            acc.to_csv(run_dir / "acceptance.csv", index=False)
+            lines += ["## Controlled acceptance study", "", markdown_table(acc), ""]
+            for (kind, width), rows in acc.groupby(["kind", "width"], sort=False, dropna=False):
+                lowest = rows.groupby("k")["p"].min()
+                parts = []
+                label = kind if kind == "synthetic_chain" or math.isnan(width) else f"{kind}, width {width:g}"
+                for k, p in break_even_p(rows, kind=kind).items():
+                    if p is None:
+                        parts.append(f"k={k}: not reached on the grid")
+                    else:  # at the lowest grid point the crossing lies at or below it
+                        parts.append(f"k={k}: p {'<=' if p == lowest[k] else '='} {p:.3f}")
+                lines.append(f"- break-even p ({label}, speedup 1): {'; '.join(parts)}")
+            lines.append("")
+        if figures:
+            from repro.reporting.figures import plot_accept_histogram, plot_acceptance
+
+            plot_accept_histogram(hist, run_dir / "accept_histogram.png")
+            lines += ["![accepted lengths](accept_histogram.png)", ""]
+            if not acc.empty:
+                plot_acceptance(acc, run_dir / "acceptance.png")
+                lines += ["![speedup vs acceptance probability](acceptance.png)", ""]
+    lines += ["## Metric definitions", "", _DEFINITIONS, ""]
+    text = "\n".join(lines)
+    (run_dir / "report.md").write_text(text, encoding="utf-8")
+    return text

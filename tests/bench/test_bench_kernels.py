@@ -1,0 +1,365 @@
+"""`repro bench kernels`: trees, flattened paths, the cost model, the CPU run's files, FAIL rows.
+
+The CPU tests run the plumbing with the pure-torch methods (the others are recorded as skipped);
+one test runs the fla and Triton builders through Triton's CPU interpreter at a toy shape when
+those packages are there; the ``gpu`` tests run a tiny grid of the real methods on CUDA.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+import typer
+from conftest import leaves, random_tree, tree_depths
+from typer.testing import CliRunner
+
+from repro.bench import kernels as bk
+from repro.bench.cli import bench_app
+from repro.bench.shapes import (
+    SHAPES,
+    LayerShape,
+    chain_tree,
+    deepest_path,
+    depths,
+    draft_tree,
+    flatten_paths,
+    make_tree,
+)
+from repro.bench.timing import TimerConfig
+from repro.errors import ReproError
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = LayerShape("tiny", h=1, hv=1, dk=2, dv=2)
+FAST = TimerConfig(warmup_ms=0.0, rep_ms=1.0)
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+# ------------------------------------------------------------------------------------- trees
+
+
+def test_flatten_paths_by_hand():
+    assert flatten_paths([-1, 0, 0, 1, 1, 2]) == [[0, 1, 3], [0, 1, 4], [0, 2, 5]]
+    assert flatten_paths(chain_tree(4)) == [[0, 1, 2, 3]]
+    assert flatten_paths([-1, -1, 0]) == [[1], [0, 2]]  # two root-level nodes; leaves in node order
+
+
+@pytest.mark.parametrize("kind", ["random", "mixed", "forest", "fan", "chain"])
+def test_flatten_paths_are_root_to_leaf_and_cover_every_leaf(kind):
+    gen = torch.Generator().manual_seed(7)
+    parents_t = random_tree(60, kind, gen)
+    parents = parents_t.tolist()
+    paths = flatten_paths(parents)
+    depth = tree_depths(parents_t)
+    assert [p[-1] for p in paths] == leaves(parents_t)  # one path per leaf, in leaf order
+    for path in paths:
+        assert parents[path[0]] == -1  # starts at the root level
+        assert all(parents[b] == a for a, b in zip(path, path[1:]))  # follows parent pointers
+        assert len(path) == depth[path[-1]]
+    assert set().union(*map(set, paths)) == set(range(60))  # every node lies on some path
+    assert flatten_paths(parents) == paths  # deterministic
+
+
+@pytest.mark.parametrize("n", [1, 2, 16, 64, 256])
+def test_draft_trees_sizes_depth_and_determinism(n):
+    parents = draft_tree(n, seed=3)
+    assert len(parents) == n
+    assert parents[0] == -1 and all(0 <= p < i for i, p in enumerate(parents) if i)  # one root, topological
+    assert max(depths(parents)) <= 16
+    children = pd.Series([p for p in parents if p >= 0]).value_counts()
+    assert children.empty or children.max() <= 4  # branching bound
+    assert draft_tree(n, seed=3) == parents
+    if n >= 16:
+        assert draft_tree(n, seed=4) != parents
+        assert len(flatten_paths(parents)) > 1 and max(depths(parents)) > 2  # a real tree, not a chain/fan
+    assert max(depths(draft_tree(n, seed=1, max_depth=5))) <= 5
+
+
+def test_make_tree_kinds_and_deepest_path():
+    assert make_tree("chain", 5, seed=0) == [-1, 0, 1, 2, 3]
+    assert make_tree("draft", 20, seed=2) == draft_tree(20, 2)
+    with pytest.raises(ValueError, match="unknown tree kind"):
+        make_tree("bush", 5, seed=0)
+    parents = [-1, 0, 0, 1, 3, 2]
+    assert deepest_path(parents, 3) == [0, 1, 3]
+    with pytest.raises(ValueError, match="deep"):
+        deepest_path(parents, 5)
+
+
+def test_default_recovery_tree_reaches_depth_16():
+    cfg = bk.BenchConfig()
+    for depth in cfg.depths:
+        spec = bk.RowSpec("specla", "recovery", "draft", cfg.recovery_nodes, "commit_snapshot", "fp32", depth)
+        case = bk.make_case(spec, cfg, torch.device("cpu"))
+        assert len(case.accepted) == depth and case.accepted == case.tree.path_to(case.accepted[-1])
+
+
+# -------------------------------------------------------------------------------- cost model
+
+
+def tiny_case(parents: list[int], accepted: list[int] | None = None) -> bk.Case:
+    return bk.Case(TINY, "draft", parents, torch.device("cpu"), accepted)
+
+
+def test_costs_by_hand():
+    """H=HV=1, dk=dv=2: q/k/v/g/beta of one token = 2*2*2 + 2*2 + 2*4 = 20 bytes in bf16; S = 16 bytes."""
+    case = tiny_case([-1, 0, 0], accepted=[0, 1])  # paths [0, 1] and [0, 2]: L = 4 tokens, N = 2
+    wy3 = 3 * 9 * 2 + 2 * 9 * 2 + 27 / 3 + 4 * 3 * 2 * 2  # 147
+    wy2 = 3 * 4 * 2 + 2 * 4 * 2 + 8 / 3 + 4 * 2 * 2 * 2
+    assert bk.wy_flops(3, 2, 2) == pytest.approx(wy3)
+    # reads 3 tokens (60) + mask 9 + S0 16; writes o 3*2*2 = 12, delta 3*2*4 = 24, G 3*4 = 12
+    assert bk.cost("tree_fused", "bf16", case) == (60 + 9 + 16 + 12 + 24 + 12, pytest.approx(wy3), "bf16")
+    # fp32 q/k/v: 2*2*4 + 2*4 + 8 = 32 bytes a token, o 8 bytes a token
+    assert bk.cost("tree_fused", "fp32", case)[0] == 3 * 32 + 9 + 16 + 3 * 8 + 24 + 12
+    # 4 tokens (80) + two S0 copies (32) + cu_seqlens 3*8 + o 4*4; 7 dk dv flops a token
+    assert bk.cost("per_branch_recurrent", "bf16", case) == (80 + 32 + 24 + 16, 4 * 28, "fp32")
+    assert bk.cost("prefill_flattened", "bf16", case) == (152, pytest.approx(2 * wy2), "bf16")
+    # k, v, g, beta of 3 nodes (3*16) + S0 + parents 3*8 + 3 states written
+    assert bk.cost("per_token_states", "bf16", case) == (48 + 16 + 24 + 48, 3 * 5 * 4, "fp32")
+    # path rows of delta, k, G (2 * (2 + 2 + 1) * 4) + S0 read + S written; rank-2 update + scaling
+    assert bk.cost("commit_closed_form", "fp32", case) == (40 + 32, (2 * 2 + 2) * 4, "fp32")
+    assert bk.cost("commit_replay_fla", "bf16", case) == (40 + 32 + 8, 2 * 28, "fp32")
+    assert bk.cost("commit_snapshot", "fp32", case) == (32, 0.0, "fp32")
+    chain = tiny_case(chain_tree(3))
+    assert bk.cost("chain_recurrent", "bf16", chain) == (60 + 16 + 12, 3 * 28, "fp32")
+    assert bk.cost("chain_chunk", "bf16", chain)[1] == pytest.approx(wy3)
+
+
+def test_chunk_flops_split_into_chunks_with_state_handoffs():
+    dk, dv = 4, 8
+    expected = 2 * bk.wy_flops(64, dk, dv) + bk.wy_flops(2, dk, dv) + 2 * (2 * 64 * dk * dv)
+    assert bk.chunk_flops(130, dk, dv) == pytest.approx(expected)
+    assert bk.chunk_flops(64, dk, dv) == pytest.approx(bk.wy_flops(64, dk, dv))
+
+
+def test_floor_is_the_larger_of_bytes_and_flops(monkeypatch):
+    """A skipped row still carries its floor: 1 GB/s moves 1000 bytes a microsecond."""
+    monkeypatch.setitem(SHAPES, "tiny", TINY)
+    ceilings = {"copy_GBps": 1.0, "bf16_TFLOPs": 1.0, "fp32_TFLOPs": 1e-6}  # fp32: 1 flop a microsecond
+    spec = bk.RowSpec("tiny", "verify", "chain", 2, "per_branch_recurrent", "bf16")
+    row = bk.measure(spec, bk.BenchConfig(timer=FAST), torch.device("cpu"), ceilings)
+    assert row["status"] == "skipped" and row["reason"] == "needs CUDA"
+    assert row["bytes_min"] == 40 + 16 + 16 + 8 and row["flops"] == 56  # one path of 2 tokens
+    assert row["floor_us"] == pytest.approx(56.0) and row["floor_bound"] == "flops"
+    spec = bk.RowSpec("tiny", "recovery", "draft", 4, "commit_snapshot", "fp32", 1)
+    row = bk.measure(spec, bk.BenchConfig(timer=FAST), torch.device("cpu"), ceilings)
+    assert row["floor_us"] == pytest.approx(32 / 1e3) and row["floor_bound"] == "bytes"
+
+
+def test_paper_numbers_come_from_the_baselines_files():
+    paper = bk.paper_numbers()
+    row = bk.lookup_paper(paper, ("weaver", "verify", "draft", "tree_fused", "bf16", 128))
+    assert row["paper_us"] == 57.3 and row["paper_speedup"] == "7.1" and "Table 1" in row["paper_ref"]
+    assert bk.lookup_paper(paper, ("weaver", "verify", "draft", "per_branch_recurrent", "bf16", 16)) == {
+        "paper_us": 55.2,
+        "paper_ref": row["paper_ref"],
+        "prior_us": 140,
+    }
+    rec = bk.lookup_paper(paper, ("specla", "recovery", "draft", "commit_closed_form_fused", "fp32", 8))
+    assert rec["paper_speedup"] == "2.74-4.28"
+    assert bk.lookup_paper(paper, ("specla", "verify", "chain", "chain_chunk", "bf16", 128)) == {
+        "prior_us": 501
+    }
+    assert bk.paper_numbers(ROOT / "no-such-folder") == {}
+
+
+# ----------------------------------------------------------------------------------- the run
+
+
+def cli_app() -> typer.Typer:
+    """The main app's wiring: `repro bench kernels`."""
+    app = typer.Typer()
+    app.add_typer(bench_app, name="bench")
+    return app
+
+
+def read_rows(out: Path) -> list[dict]:
+    return [json.loads(s) for s in (out / "records.jsonl").read_text().splitlines()]
+
+
+def test_cpu_quick_run_writes_records_manifest_report_table_figures(tmp_path):
+    out = tmp_path / "bench"
+    args = ["bench", "kernels", "--quick", "--out", str(out), "--shapes", "specla", "--sizes", "4",
+            "--depths", "2", "--warmup-ms", "0", "--rep-ms", "1"]  # fmt: skip
+    res = CliRunner().invoke(cli_app(), args)
+    assert res.exit_code == 0, res.output
+    rows = read_rows(out)
+    expected = [(m, d, "draft") for m, d in bk.VERIFY_ROWS] + [(m, d, "chain") for m, d in bk.VERIFY_ROWS]
+    expected += [(m, d, "chain") for m, d in bk.CHAIN_ROWS] + [(m, d, "draft") for m, d in bk.RECOVERY_ROWS]
+    assert sorted((r["method"], r["dtype"], r["kind"]) for r in rows) == sorted(expected)
+    assert all(set(r) == set(bk.COLUMNS) for r in rows)
+    for r in rows:
+        torch_only = bk.METHODS[r["method"]].needs == "torch"
+        assert r["status"] == ("ok" if torch_only else "skipped"), r
+        if torch_only:
+            assert r["rel_err"] <= r["tol"] and r["us"] > 0 and r["us_graph"] is None
+            assert r["x_floor"] == pytest.approx(r["us"] / r["floor_us"])
+        else:
+            assert r["reason"] == "needs CUDA" and r["us"] is None
+        assert r["floor_us"] > 0 and r["bytes_min"] > 0 and r["timer"] == "perf_counter"
+    rec = [r for r in rows if r["group"] == "recovery"]
+    assert {r["depth"] for r in rec} == {2} and {r["T"] for r in rec} == {16}
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["config"]["quick"] is True and manifest["config"]["sizes"] == {"specla": [4]}
+    assert {"copy_GBps", "bf16_TFLOPs", "fp32_TFLOPs"} <= set(manifest["ceilings"])
+    assert manifest["bench_device"] == "cpu" and "git_sha" in manifest
+    table = pd.read_csv(out / "table.csv")
+    assert len(table) == len(rows) and list(table.columns) == bk.COLUMNS
+    report = (out / "report.md").read_text()
+    assert "## specla (H=8, HV=8, dk=256, dv=256): Verification" in report and "| tree_torch" in report
+    assert "skipped (needs CUDA)" in report and "](figures/recovery.png)" in report
+    assert (out / "figures" / "kernel_tree_vs_branch.png").stat().st_size > 0
+    assert (out / "figures" / "recovery.png").stat().st_size > 0
+    again = CliRunner().invoke(cli_app(), args)  # never appends to an earlier run
+    assert again.exit_code != 0 and isinstance(again.exception, ReproError)
+
+
+def quick_cfg(**kw) -> bk.BenchConfig:
+    base = dict(shapes=["specla"], sizes={"specla": [4]}, kinds=["draft"], depths=[], quick=True, timer=FAST)
+    return bk.BenchConfig(**{**base, **kw})
+
+
+@pytest.mark.parametrize("wrong", ["scaled", "nan"])
+def test_a_wrong_output_is_marked_fail_and_not_timed(tmp_path, monkeypatch, wrong):
+    real = bk.METHODS["tree_torch"]
+
+    def broken(case, x):
+        fn = real.build(case, x)
+        return (lambda: fn() * 1.01) if wrong == "scaled" else (lambda: fn() * math.nan)
+
+    monkeypatch.setitem(bk.METHODS, "tree_torch", bk.Method(broken, "nodes", "torch"))
+    table = bk.run_bench(quick_cfg(), tmp_path / "run")
+    row = table[table["method"] == "tree_torch"].iloc[0]
+    assert row["status"] == "FAIL" and pd.isna(row["us"]) and "not timed" in row["reason"]
+    assert not row["rel_err"] <= row["tol"]
+    assert "- FAIL: specla draft T=4 tree_torch (fp32)" in (tmp_path / "run" / "report.md").read_text()
+
+
+def test_speedup_is_against_the_blocks_baseline(tmp_path, monkeypatch):
+    """Stand in a torch per-branch baseline so that both rows of a block are timed on the CPU."""
+
+    def per_branch(case, x):
+        fn = bk.build_tree_torch(case, x.to(torch.float32))
+        return lambda: fn()[case.flat_index]
+
+    monkeypatch.setitem(bk.METHODS, "per_branch_recurrent", bk.Method(per_branch, "flat", "torch"))
+    table = bk.run_bench(quick_cfg(sizes={"specla": [4, 8]}), tmp_path / "run")
+    for t in (4, 8):
+        block = table[(table["T"] == t) & (table["status"] == "ok")].set_index("method")
+        base = block.loc["per_branch_recurrent"]
+        assert base["speedup"] == pytest.approx(1.0) and base["baseline"] == "per_branch_recurrent"
+        assert block.loc["tree_torch", "speedup"] == pytest.approx(base["us"] / block.loc["tree_torch", "us"])
+
+
+def test_an_exception_in_one_method_is_recorded_and_the_run_goes_on(tmp_path, monkeypatch):
+    def boom(case, x):
+        raise RuntimeError("kernel exploded\nsecond line")
+
+    monkeypatch.setitem(bk.METHODS, "tree_torch", bk.Method(boom, "nodes", "torch"))
+    table = bk.run_bench(quick_cfg(depths=[2], recovery_nodes=16), tmp_path / "run")
+    row = table[table["method"] == "tree_torch"].iloc[0]
+    assert row["status"] == "error" and row["reason"] == "RuntimeError: kernel exploded"
+    assert set(table[table["method"] == "commit_closed_form"]["status"]) == {"ok"}
+
+
+def test_a_spent_time_budget_skips_the_remaining_rows_but_still_reports(tmp_path):
+    table = bk.run_bench(quick_cfg(budget_s=0.0), tmp_path / "run")
+    assert set(table["status"]) == {"skipped"}
+    assert set(table["reason"]) == {"time budget of 0 s spent"}
+    assert (tmp_path / "run" / "report.md").exists() and (tmp_path / "run" / "table.csv").exists()
+
+
+INTERPRETER_CHECK = """
+import torch, warnings
+warnings.filterwarnings("ignore")
+import repro.gdn.triton_common  # noqa: F401 - applies the interpreter's NumPy compatibility patch
+from repro.bench import kernels as bk
+from repro.bench.shapes import LayerShape, draft_tree
+sh = LayerShape("toy", 2, 4, 16, 16)
+cpu = torch.device("cpu")
+tree = bk.Case(sh, "draft", draft_tree(12, 5), cpu, accepted=[0, 1, 2])
+chain = bk.Case(sh, "chain", list(range(-1, 7)), cpu)
+rows = [(tree, "per_branch_recurrent", "bf16"), (tree, "tree_fused", "bf16"), (tree, "tree_fused", "fp32"),
+        (tree, "per_token_states", "bf16"), (tree, "commit_replay_fla", "bf16"),
+        (tree, "commit_closed_form_fused", "fp32"),
+        (chain, "chain_recurrent", "bf16")]
+for case, name, dtype in rows:
+    x64 = bk.make_inputs(sh, case.n, 1, cpu)
+    m = bk.METHODS[name]
+    err = bk.rel_err(m.build(case, x64.to(dtype))(), bk.reference(m.output, case, x64))
+    assert err <= bk.TOLERANCE[dtype], (name, dtype, err)
+    print(name, dtype, err)
+"""
+
+
+@pytest.mark.slow
+def test_fla_and_triton_builders_in_the_triton_interpreter():
+    """The real call signatures (fla's fused_recurrent, repro's Triton tree kernels) on a toy shape.
+
+    fla's chunk kernels need a GPU driver even here (autotuning), so prefill/chain_chunk are GPU-only.
+    """
+    for module in ("triton", "fla.ops.gated_delta_rule", "repro.gdn.triton_tree"):
+        pytest.importorskip(module)
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    res = subprocess.run([sys.executable, "-c", INTERPRETER_CHECK], capture_output=True, text=True, env=env,
+                         cwd=ROOT, timeout=600)  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr[-3000:]
+
+
+# ---------------------------------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+@cuda
+def test_gpu_tiny_grid_of_the_real_methods(tmp_path, monkeypatch):
+    """The verify and recovery rows at one shape and size: fla's recurrent kernel, the Triton tree
+    kernels, the torch paths. fla's chunk kernels (prefill_flattened, the chain rows) autotune dozens of
+    configs per kernel on a fresh machine (minutes; tests/models/test_chain_gpu.py covers the chunk forward),
+    so they and the second shape run with REPRO_GPU_FULL=1 only (and in `repro bench kernels`)."""
+    full = os.environ.get("REPRO_GPU_FULL") == "1"
+    if not full:
+        monkeypatch.setattr(bk, "VERIFY_ROWS", [r for r in bk.VERIFY_ROWS if r[0] != "prefill_flattened"])
+    cfg = bk.BenchConfig(
+        shapes=["specla", "weaver"] if full else ["weaver"],
+        sizes={"specla": [16], "weaver": [16]},
+        kinds=["draft", "chain"] if full else ["draft"],
+        depths=[2],
+        recovery_nodes=16,
+        timer=TimerConfig(warmup_ms=1.0, rep_ms=5.0),
+    )
+    table = bk.run_bench(cfg, tmp_path / "run")
+    bad = table[table["status"].isin(["FAIL", "error"])]
+    assert bad.empty, bad[["shape", "kind", "method", "dtype", "status", "reason"]].to_string()
+    fla = table[table["method"].map(lambda m: bk.METHODS[m].needs == "fla")]
+    assert set(fla["status"]) == {"ok"}, fla[["method", "reason"]].to_string()
+    ok = table[table["status"] == "ok"]
+    assert (ok["us"] > 0).all() and (ok["rel_err"] <= ok["tol"]).all()
+    graphed = ok[ok["method"].map(lambda m: bk.METHODS[m].graphable)]
+    assert graphed["us_graph"].notna().all(), graphed[["method", "reason"]].to_string()
+    assert table[table["method"] == "tree_torch"]["status"].eq("ok").all()
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert (
+        manifest["bench_device"] == torch.cuda.get_device_name() and manifest["ceilings"]["copy_GBps"] > 100
+    )
+
+
+@pytest.mark.gpu
+@cuda
+def test_gpu_graph_timing_and_ceilings():
+    from repro.bench.timing import graph_us, measure_ceilings, median_us
+
+    dev = torch.device("cuda")
+    x = torch.randn(1 << 20, device=dev)
+    cfg = TimerConfig(warmup_ms=1.0, rep_ms=5.0)
+    us = median_us(lambda: x.mul(2.0), dev, cfg)
+    assert 0 < us < 1e4
+    assert 0 < graph_us([lambda: x.mul(2.0), lambda: x.add(1.0)], dev, cfg, us) < 1e4
+    ceil = measure_ceilings(dev, cfg, quick=True)
+    assert ceil["copy_GBps"] > 0 and ceil["bf16_TFLOPs"] > 0 and ceil["fp32_TFLOPs"] > 0

@@ -1,0 +1,59 @@
+"""`repro falsify tree-exactness`: passes on the reference, and catches a broken verifier."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from repro.gdn import reference
+from repro.harness import falsify
+
+
+def test_reference_passes_with_live_controls(tmp_path):
+    rows = falsify.tree_exactness("cpu", "reference", seed=3)
+    assert {r.level for r in rows} == {"layer", "model"}
+    assert all(r.verdict == "pass" for r in rows), [r.verdict for r in rows]
+    assert max(r.err_outputs for r in rows) < 1e-12
+    branching = [r for r in rows if r.level == "layer" and r.tree != "chain"]
+    assert branching
+    assert all(r.control_causal_mask > 1e-2 and r.control_positional_gate > 1e-2 for r in branching)
+    text = falsify.write_exactness(rows, tmp_path, {"check": "tree-exactness"})
+    assert "pass" in text and len((tmp_path / "records.jsonl").read_text().splitlines()) == len(rows)
+    assert json.loads((tmp_path / "manifest.json").read_text())["config"]["check"] == "tree-exactness"
+
+
+def test_a_verifier_with_a_positional_gate_fails(monkeypatch):
+    """Swap the verifier for one that charges nodes for their siblings' decays: must be caught."""
+
+    def broken(q, k, v, g, beta, state, parents, ancestors, scale, keep):
+        return reference.tree_gdn(q, k, v, falsify.positional_gate(g, parents), beta, state, ancestors, scale)
+
+    monkeypatch.setattr(falsify, "tree_function", lambda name, device: broken)
+    rows = [r for r in falsify.tree_exactness("cpu", "reference", seed=3) if r.level == "layer"]
+    chains = [r for r in rows if r.tree == "chain"]
+    others = [r for r in rows if r.tree != "chain"]
+    assert all(r.verdict == "pass" for r in chains)  # on a chain the positional gate is right
+    assert all(r.verdict.startswith("FAIL") for r in others)
+
+
+def test_positional_gate_matches_cumsum_on_ancestors():
+    g = -torch.rand(6, 2, dtype=torch.float64)
+    parents = torch.tensor([-1, 0, 0, 2, 1, -1])
+    wrong = falsify.positional_gate(g, parents)
+    anc = reference.ancestor_gates(wrong, torch.ones(6, 6, dtype=torch.bool).tril() & _anc(parents))[0]
+    assert torch.allclose(anc, g.cumsum(0))
+
+
+def _anc(parents: torch.Tensor) -> torch.Tensor:
+    from repro.tree import Tree
+
+    return Tree(torch.zeros(parents.numel(), dtype=torch.long), parents).ancestor_mask
+
+
+def test_cuda_request_without_gpu_is_one_line():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(falsify.ReproError, match="no CUDA GPU"):
+        falsify.tree_exactness("cuda", "triton")
