@@ -610,8 +610,7 @@ class _UnseenLaunches:
 
 def _count_launches(counter: list[int]) -> None:
     """Count every launch of the fused decode and GEMV Triton kernels (module attributes replaced)."""
-    from repro.gdn import triton_decode
-    from repro.gdn import triton_linear
+    from repro.gdn import triton_decode, triton_linear
 
     for module in (triton_decode, triton_linear):
         for name in dir(module):
