@@ -1,7 +1,8 @@
 """Which implementation evaluates a GDN layer: the pure-torch reference (any device, the oracle) or
-the Triton kernels (CUDA): the project's fused tree kernels for draft trees and
-flash-linear-attention's chunk kernel for batched chains (prefill, training). Each pair returns
-the same results."""
+the Triton kernels (CUDA, or CPU under Triton's interpreter): the project's fused tree kernels for
+draft trees, flash-linear-attention's chunk kernel for batched chains (prefill, training) and its fused
+recurrence for decode steps. Each pair returns the same results. The one place a backend is chosen:
+HybridLM's layers and the static decoder both ask here."""
 
 from __future__ import annotations
 
@@ -18,17 +19,28 @@ TreeFn = Callable[..., tuple[torch.Tensor, TreeFactors]]
 ChainFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 
-def _reference(q, k, v, g, beta, state, parents, ancestors, scale, keep_snapshots):
+def _reference(q, k, v, g, beta, state, parents, ancestors, scale, keep_snapshots, precision=None):
     return reference.tree_gdn(q, k, v, g, beta, state, ancestors, scale, keep_snapshots)
 
 
-def _triton(q, k, v, g, beta, state, parents, ancestors, scale, keep_snapshots):
+def _triton(q, k, v, g, beta, state, parents, ancestors, scale, keep_snapshots, precision=None):
     from repro.gdn import triton_tree
 
-    o, factors = triton_tree.tree_gdn_fused(q, k, v, g, beta, state, ancestors, scale)
+    o, factors = triton_tree.tree_gdn_fused(q, k, v, g, beta, state, ancestors, scale, precision)
     if keep_snapshots:
         factors.snapshots = triton_tree.tree_states_fused(k, v, g, beta, state, parents)
     return o, factors
+
+
+def _fla_recurrent(q, k, v, g, beta, state, scale):
+    """fla's fused recurrence over one sequence in repro's layout; returns (o [n, HV, dv], final state)."""
+    from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+
+    o, final = fused_recurrent_gated_delta_rule(
+        q[None], k[None], v[None], g=g[None].float(), beta=beta[None].float(), scale=scale,
+        initial_state=state[None], output_final_state=True, state_v_first=True,
+    )  # fmt: skip
+    return o[0], final[0]
 
 
 def _reference_chain(q, k, v, g, beta, state, scale):
@@ -47,17 +59,46 @@ def _fla_chunk(q, k, v, g, beta, state, scale):
     return o.to(v.dtype), final
 
 
-def _check(name: str, device: torch.device) -> None:
+def interpreting() -> bool:
+    """Triton's CPU interpreter is on (TRITON_INTERPRET=1): the Triton kernels then run on CPU tensors."""
+    try:
+        from repro.gdn.triton_common import interpreting as on
+    except ImportError:  # no triton: no interpreter
+        return False
+    return on()
+
+
+def default_backend(device: torch.device) -> str:
+    """The fastest exact backend on ``device``: the Triton kernels on CUDA, the reference elsewhere."""
+    return "triton" if device.type == "cuda" else "reference"
+
+
+def _known(name: str) -> None:
     if name not in BACKENDS:
         raise ConfigError(f"unknown GDN backend {name!r}: choose one of {', '.join(BACKENDS)}")
-    if name == "triton" and device.type != "cuda":
+
+
+def check_backend(name: str, device: torch.device, interpreter: bool = False) -> str:
+    """``name`` if it is a backend that runs on ``device`` (``interpreter``: Triton's CPU interpreter
+    counts as a device for the Triton kernels), else a one-line ConfigError."""
+    _known(name)
+    if name == "triton" and device.type != "cuda" and not (interpreter and interpreting()):
         raise ConfigError("the triton GDN backend needs a CUDA device (use --device cuda)")
+    return name
 
 
-def tree_function(name: str, device: torch.device) -> TreeFn:
-    """The tree evaluator for ``name``; the Triton one needs a CUDA device."""
-    _check(name, device)
+def tree_function(name: str, device: torch.device, interpreter: bool = False) -> TreeFn:
+    """The tree evaluator ``(q, k, v, g, beta, state, parents, ancestors, scale, keep_snapshots,
+    precision=None) -> (o, TreeFactors)`` for ``name``; the Triton one needs a CUDA device."""
+    check_backend(name, device, interpreter)
     return _reference if name == "reference" else _triton
+
+
+def recurrent_function(name: str) -> ChainFn:
+    """The token-by-token recurrence ``(q, k, v, g, beta, state, scale) -> (o, final state)`` of one
+    sequence (decode steps, replay commits): fla's fused kernel for ``triton``, else the reference."""
+    _known(name)
+    return _fla_recurrent if name == "triton" else reference.recurrent_gdn
 
 
 def chain_function(name: str, device: torch.device, differentiable: bool = False) -> ChainFn:
@@ -68,5 +109,5 @@ def chain_function(name: str, device: torch.device, differentiable: bool = False
     so training backpropagates through :func:`reference.chunk_gdn`; fla's forward serves prefill
     and distillation.
     """
-    _check(name, device)
+    check_backend(name, device)
     return _reference_chain if name == "reference" or differentiable else _fla_chunk

@@ -69,6 +69,7 @@ import torch.nn.functional as F
 
 from repro.errors import ConfigError
 from repro.gdn import reference as gdn
+from repro.gdn.backends import check_backend, default_backend, recurrent_function, tree_function
 from repro.gdn.reference import TreeFactors
 from repro.models.config import GDN
 from repro.models.hybrid import HybridLM, check_strategy
@@ -84,45 +85,6 @@ from repro.models.layers import (
 )
 from repro.models.state import AttentionLayerState, GDNLayerState, ModelState
 from repro.tree import Tree
-
-KERNELS = ("reference", "triton")
-
-
-# ----------------------------------------------------------------------------------- GDN cores
-
-
-def _interpreting() -> bool:
-    """Triton's CPU interpreter is on (TRITON_INTERPRET=1): the Triton kernels then run on CPU tensors."""
-    try:
-        from repro.gdn.triton_common import interpreting
-    except ImportError:  # no triton: no interpreter
-        return False
-    return interpreting()
-
-
-def _fla_recurrent(q, k, v, g, beta, state, scale):
-    """fla's fused recurrence over one sequence in repro's layout; returns (o [n, HV, dv], final state)."""
-    from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
-
-    o, final = fused_recurrent_gated_delta_rule(
-        q[None], k[None], v[None], g=g[None].float(), beta=beta[None].float(), scale=scale,
-        initial_state=state[None], output_final_state=True, state_v_first=True,
-    )  # fmt: skip
-    return o[0], final[0]
-
-
-def _triton_tree(q, k, v, g, beta, state, parents, ancestors, scale, snapshots, precision):
-    from repro.gdn import triton_tree
-
-    o, factors = triton_tree.tree_gdn_fused(q, k, v, g, beta, state, ancestors, scale, precision)
-    if snapshots:
-        factors.snapshots = triton_tree.tree_states_fused(k, v, g, beta, state, parents)
-    return o, factors
-
-
-def _reference_tree(q, k, v, g, beta, state, parents, ancestors, scale, snapshots, precision):
-    return gdn.tree_gdn(q, k, v, g, beta, state, ancestors, scale, snapshots)
-
 
 # ------------------------------------------------------------------------- per-layer glue
 
@@ -532,9 +494,7 @@ class StaticDecoder:
         cfg = model.config
         dev, dt = model.device, model.dtype
         self.device, self.dtype = dev, dt
-        self.kernel = kernel or ("triton" if dev.type == "cuda" else "reference")
-        if self.kernel not in KERNELS:
-            raise ConfigError(f"unknown GDN kernel {self.kernel!r}: choose one of {', '.join(KERNELS)}")
+        self.kernel = kernel or default_backend(dev)
         self.fused = (self.kernel == "triton" and not compile) if fused is None else fused
         if self.fused and compile:
             raise ConfigError("fused=True replaces the compiled glue: choose fused or compile")
@@ -545,8 +505,7 @@ class StaticDecoder:
                 "gemv=True runs inside the fused decoder: it needs fused=True (kernel='triton')"
             )
         self.gemv = gemv
-        if self.kernel == "triton" and dev.type != "cuda" and not _interpreting():
-            raise ConfigError("the triton GDN kernels need a CUDA model (use kernel='reference' on CPU)")
+        check_backend(self.kernel, dev, interpreter=True)
         if max_len < 1 or max_nodes < 1:
             raise ConfigError(f"max_len and max_nodes must be positive, got {max_len} and {max_nodes}")
         self.max_len, self.max_nodes = max_len, max_nodes
@@ -554,8 +513,8 @@ class StaticDecoder:
         low = dt in (torch.bfloat16, torch.float16) and self.kernel == "triton"
         self.kernel_dtype = dt if low else self.state_dtype
         self.precision = precision or ("tf32" if low else "ieee")
-        self._tree = _triton_tree if self.kernel == "triton" else _reference_tree
-        self._recurrent = _fla_recurrent if self.kernel == "triton" else gdn.recurrent_gdn
+        self._tree = tree_function(self.kernel, dev, interpreter=True)
+        self._recurrent = recurrent_function(self.kernel)
         self.glue = compiled_glue() if compile else GLUE
         self.layers: list[DecoderLayer] = list(model.model.layers)
         self.num_layers = len(self.layers)

@@ -271,7 +271,7 @@ def test_bad_inputs_are_config_errors(model):
         dec.commit(slot, "teleport")
     with pytest.raises(ConfigError, match="max_len is 4"):
         StaticDecoder(model, max_len=4).load(state)
-    with pytest.raises(ConfigError, match="need a CUDA model"):
+    with pytest.raises(ConfigError, match="needs a CUDA device"):
         StaticDecoder(model, max_len=8, kernel="triton")
     with pytest.raises(ConfigError, match="fused=True needs the triton GDN kernels"):
         StaticDecoder(model, max_len=8, fused=True)
