@@ -162,7 +162,7 @@ def test_route_errors_are_one_line():
         ({"name": "x", "kind": "synthetic_chain", "p": 0.5}, "missing parameter"),
         ({"name": "x", "kind": "synthetic_chain", "p": 0.5, "k": 2, "q": 1}, "unknown parameter"),
         ({"name": "x", "kind": "synthetic_chain", "p": 1.5, "k": 2}, "p must be a number in [0, 1], got 1.5"),
-        ({"name": "x", "kind": "ar", "commit": "magic"}, "commit must be one of snapshot, replay, closed_form"),
+        ({"name": "x", "kind": "ar", "commit": "magic"}, "commit must be one of snapshot, replay"),
     ]:
         with pytest.raises(ConfigError) as err:
             build_route(spec, 260, "greedy", 0.0, 0)
