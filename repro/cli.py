@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from repro.bench.cli import bench_app
 from repro.data.cli import data_app
+from repro.decoding.routes import route_help
 from repro.errors import ReproError
 from repro.train.cli import train_app
 
@@ -81,8 +82,12 @@ def run(
 def generate(
     prompt: Annotated[str | None, typer.Argument(help="Prompt text (a user message).")] = None,
     prompt_ids: Annotated[str | None, typer.Option(help="Comma-separated token ids instead of text.")] = None,
-    route: Annotated[str, typer.Option(help="Route kind: ar, synthetic_chain, synthetic_tree.")] = "ar",
+    route: Annotated[str, typer.Option(help=route_help())] = "ar",
     param: Annotated[list[str] | None, typer.Option(help="Route parameter KEY=VALUE, repeatable.")] = None,
+    drafter: Annotated[
+        str | None, typer.Option(help="The route's drafter: checkpoint dir, family name or 'random'.")
+    ] = None,
+    weaver: Annotated[str | None, typer.Option(help="The weaver route's adapter (like --drafter).")] = None,
     target: Annotated[str, typer.Option(help="'default' or a local checkpoint directory.")] = "default",
     raw: Annotated[bool, typer.Option(help="Encode the text as is, without the chat template.")] = False,
     max_new_tokens: Annotated[int, typer.Option()] = 32,
@@ -90,7 +95,9 @@ def generate(
     seed: Annotated[int, typer.Option()] = 0,
     dtype: Annotated[str, typer.Option()] = "float32",
     device: Annotated[str, typer.Option()] = "cpu",
-    commit: Annotated[str, typer.Option(help="snapshot, replay or closed_form.")] = "closed_form",
+    commit: Annotated[
+        str, typer.Option(help="Commit strategy: snapshot, replay or closed_form (or --param commit=).")
+    ] = "closed_form",
     ignore_eos: Annotated[bool, typer.Option(help="Do not stop at stop tokens.")] = False,
 ) -> None:
     """Decode one prompt with one route and print JSON (tokens, text, accepted lengths, timings)."""
@@ -101,7 +108,7 @@ def generate(
     result = generate_one(
         prompt=prompt, prompt_ids=prompt_ids, route=route, params=param or [], target=target, raw=raw,
         max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, dtype=dtype, device=device,
-        commit=commit, ignore_eos=ignore_eos,
+        commit=commit, ignore_eos=ignore_eos, checkpoints={"drafter": drafter, "weaver": weaver},
     )  # fmt: skip
     typer.echo(json.dumps(result, indent=2))
 
@@ -116,11 +123,10 @@ def report(run_dir: Annotated[Path, typer.Argument(help="A run directory holding
 
 @app.command()
 def routes() -> None:
-    """List the route kinds and their parameters."""
-    from repro.decoding.routes import ROUTE_KINDS
+    """List the route kinds and their parameters (type, default or required, allowed values)."""
+    from repro.decoding.routes import routes_text
 
-    for kind, (_, params, help_text) in ROUTE_KINDS.items():
-        typer.echo(f"{kind:16s} {help_text}\n{'':16s} params: {', '.join(sorted(params)) or '-'}")
+    typer.echo(routes_text())
 
 
 @app.command("export-default")

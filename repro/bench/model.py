@@ -404,7 +404,6 @@ class ShapeBench:
         """HybridLM's verification of the size-t tree on the prefilled state (kept for the step size)."""
         if t in self._ref_verify:
             return self._ref_verify[t]
-        self.model.commit_strategy = "closed_form"
         ver = self.model.verify(self.state0, self.tree(t))
         if t == self.cfg.step_nodes:
             self._ref_verify[t] = ver

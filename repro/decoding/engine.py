@@ -41,14 +41,19 @@ class DecodeResult:
 
 @dataclass
 class Route:
-    """A named composition of drafter, tree builder and acceptance rule."""
+    """A named composition of drafter, tree builder, acceptance rule and commit strategy.
+
+    Everything a route decodes with travels with it: ``generate`` passes ``commit`` to the model
+    on every call and writes nothing on the (shared) model. ``params`` are the resolved route
+    parameters (defaults filled in) that records carry.
+    """
 
     name: str
     drafter: Drafter | None
     builder: TreeBuilder
     rule: TargetMatch
     params: dict = field(default_factory=dict)
-    commit_strategy: str | None = None
+    commit: str = "closed_form"
 
 
 def _clock(device: torch.device) -> float:
@@ -68,7 +73,7 @@ def _cut(tokens: list[int], stop_ids: set[int], room: int) -> tuple[list[int], s
 
 
 def _prefill(
-    model: HybridLM, prompt_ids: list[int], capture: tuple[int, ...], drafter: Drafter | None
+    model: HybridLM, prompt_ids: list[int], capture: tuple[int, ...], drafter: Drafter | None, strategy: str
 ) -> tuple[ModelState, Verification]:
     """``model.prefill``; a drafter with ``observe_prefill`` sees every chunk's verification.
 
@@ -77,10 +82,10 @@ def _prefill(
     """
     observe = getattr(drafter, "observe_prefill", None)
     if observe is None or not prompt_ids:
-        return model.prefill(prompt_ids, capture=capture)
+        return model.prefill(prompt_ids, capture=capture, strategy=strategy)
     state: ModelState | None = None
     for start in range(0, len(prompt_ids), PREFILL_CHUNK):
-        state, ver = model.prefill(prompt_ids[start : start + PREFILL_CHUNK], state, capture)
+        state, ver = model.prefill(prompt_ids[start : start + PREFILL_CHUNK], state, capture, strategy)
         observe(ver)
     assert state is not None  # the prompt is not empty: at least one chunk ran
     return state, ver
@@ -94,18 +99,16 @@ def generate(
     stop_ids: Iterable[int] = (),
     reference_ids: list[int] | None = None,
 ) -> DecodeResult:
-    """Decode up to ``max_new_tokens`` after ``prompt_ids`` with ``route``."""
+    """Decode up to ``max_new_tokens`` after ``prompt_ids`` with ``route`` (and its commit strategy)."""
     stops = set(stop_ids)
     dev = model.device
-    if route.commit_strategy:
-        model.commit_strategy = route.commit_strategy
     drafter = route.drafter
     capture = drafter.capture_layers if drafter else ()
     if drafter:
         drafter.begin(list(prompt_ids), reference_ids)
     stage = dict.fromkeys(STAGES, 0.0)
     t0 = _clock(dev)
-    state, ver = _prefill(model, prompt_ids, capture, drafter)
+    state, ver = _prefill(model, prompt_ids, capture, drafter, route.commit)
     out = [route.rule.pick(ver.logits[-1], 0)]
     t1 = _clock(dev)
     lengths: list[int] = []
@@ -119,7 +122,7 @@ def generate(
         tb = _clock(dev)
         tree = route.builder.build(out[-1], proposal)
         tc = _clock(dev)
-        ver = model.verify(state, tree, capture)
+        ver = model.verify(state, tree, capture, route.commit)
         acc = route.rule.accept(tree, ver.logits, len(out))
         td = _clock(dev)
         state = model.commit(state, ver, acc.path)

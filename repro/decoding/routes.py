@@ -1,147 +1,397 @@
-"""Route kinds: named compositions of drafter, tree builder and acceptance rule.
+"""Route kinds: named compositions of drafter, tree builder, acceptance rule and commit strategy.
 
-A route spec is a dict such as ``{"name": "chain-k4-p0.8", "kind": "synthetic_chain",
-"k": 4, "p": 0.8}``; ``kind`` picks a builder below and the other keys are its parameters.
+A route spec is a dict such as ``{"name": "chain-k4-p0.8", "kind": "synthetic_chain", "k": 4,
+"p": 0.8}``; ``kind`` picks a :class:`RouteKind` of :data:`ROUTE_KINDS` and the other keys are its
+parameters. Each kind is declared once, below: its parameters (type, default or required, bounds,
+help) drive validation, the resolved parameters that records carry, ``repro routes``, the
+``--route`` help of ``repro generate`` and ``docs/routes.md`` (:func:`routes_markdown`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from repro.decoding.acceptance import make_rule
 from repro.decoding.engine import Route
-from repro.decoding.tree_builders import Backbone, BestFirst, Chain, DrafterTree, SingleNode
+from repro.decoding.tree_builders import Backbone, BestFirst, Chain, DrafterTree, SingleNode, TreeBuilder
+from repro.drafters.base import Drafter
 from repro.drafters.dflash import DFlashDrafter, load_dflash, random_dflash_for
 from repro.drafters.eagle import DynamicTree, EagleDrafter, EagleDraftModel, load_eagle, random_eagle_for
 from repro.drafters.synthetic import SyntheticDrafter
 from repro.drafters.weaver import WeaverDrafter, load_weaver, random_weaver_for
 from repro.errors import ConfigError
-from repro.models.hybrid import HybridLM, check_strategy
-
-COMMON_KEYS = {"name", "kind", "commit"}
-OPTIONAL_KEYS = {"width", "block_size", "topk", "tau", "depth", "pool"}
-
-
-def _ar(spec: dict, vocab_size: int, rule_args: tuple) -> Route:
-    return Route(spec["name"], None, SingleNode(), make_rule(*rule_args))
+from repro.models.family import DEFAULT_TARGET, drafter_name, members
+from repro.models.hybrid import COMMIT_STRATEGIES, HybridLM, check_strategy
+from repro.tree import MAX_TREE_NODES
 
 
-def _synthetic_chain(spec: dict, vocab_size: int, rule_args: tuple) -> Route:
-    drafter = SyntheticDrafter(float(spec["p"]), int(spec["k"]), 1, vocab_size, rule_args[2])
-    return Route(spec["name"], drafter, Chain(), make_rule(*rule_args))
+class _Required:
+    def __repr__(self) -> str:
+        return "REQUIRED"
 
 
-def _synthetic_tree(spec: dict, vocab_size: int, rule_args: tuple) -> Route:
-    width = int(spec.get("width", 2))
-    drafter = SyntheticDrafter(float(spec["p"]), int(spec["k"]), width, vocab_size, rule_args[2])
-    return Route(spec["name"], drafter, Backbone(width), make_rule(*rule_args))
+REQUIRED: Any = _Required()
+"""The default of a parameter that every spec must give."""
+
+RANDOM = "random"  # a seeded, untrained drafter shaped for the target
 
 
-def _need_target(spec: dict, target: HybridLM | None) -> HybridLM:
-    if target is None:
-        raise ConfigError(f"route kind {spec['kind']} needs the target model: build_route(..., target=model)")
-    return target
+@dataclass(frozen=True)
+class Param:
+    """One route parameter: its type, default (or :data:`REQUIRED`), bounds or choices, and help.
+
+    ``default=None`` means "decided when the route is built" (``unset`` says by what; the built
+    value is recorded). ``checkpoint`` names the family drafter kind (``dflash``, ``eagle``,
+    ``weaver``) of a parameter that takes a checkpoint directory, a family name or ``random``;
+    on a family target it defaults to the target's own drafter of that kind.
+    """
+
+    name: str
+    type: type
+    help: str
+    default: Any = REQUIRED
+    min: float | None = None
+    max: float | None = None
+    max_open: bool = False  # max itself is excluded
+    choices: tuple[str, ...] = ()
+    unset: str = ""
+    checkpoint: str | None = None
+
+    @property
+    def required(self) -> bool:
+        return self.default is REQUIRED
+
+    def allowed(self) -> str:
+        """The allowed values in words, e.g. ``an integer >= 1`` or ``a number in [0, 1]``."""
+        if self.choices:
+            return "one of " + ", ".join(self.choices)
+        if self.checkpoint:
+            return f"a checkpoint directory, a family name or {RANDOM!r}"
+        what = {int: "an integer", float: "a number", str: "a non-empty string"}[self.type]
+        if self.min is not None and self.max is not None:
+            return f"{what} in [{_num(self.min)}, {_num(self.max)}{')' if self.max_open else ']'}"
+        if self.min is not None:
+            return f"{what} >= {_num(self.min)}"
+        return what
+
+    def default_text(self) -> str:
+        if self.required:
+            return "required" + (" (family target: its own drafter)" if self.checkpoint else "")
+        if self.default is None:
+            return self.unset or "-"
+        return repr(self.default) if isinstance(self.default, str) else str(self.default)
+
+    def check(self, value: Any) -> Any:
+        """``value`` as this parameter's type, or ValueError naming what is allowed.
+
+        Ints refuse bools, strings and non-integral floats (3.0 is 3); floats take ints.
+        """
+        if value is None and self.default is None:
+            return None
+        if self.type is int:
+            ok = isinstance(value, int | float) and not isinstance(value, bool) and float(value).is_integer()
+            value = int(value) if ok else value
+        elif self.type is float:
+            ok = isinstance(value, int | float) and not isinstance(value, bool)
+            value = float(value) if ok else value
+        else:
+            ok = isinstance(value, str) and value != ""
+        if ok and self.choices:
+            ok = value in self.choices
+        if ok and self.min is not None:
+            ok = value >= self.min
+        if ok and self.max is not None:
+            ok = value < self.max if self.max_open else value <= self.max
+        if not ok:
+            raise ValueError(f"{self.name} must be {self.allowed()}, got {value!r}")
+        return value
+
+    def parse(self, text: str) -> Any:
+        """A command-line value (``--param KEY=VALUE``) converted by this parameter's type."""
+        if self.type is str:
+            return text
+        try:
+            return int(text)
+        except ValueError:
+            try:
+                return float(text)
+            except ValueError:
+                return text  # refused by check, with the allowed range
 
 
-def _dflash_drafter(spec: dict, rule_args: tuple, target: HybridLM | None) -> DFlashDrafter:
-    """``drafter``: a z-lab DFlash checkpoint directory, or "random" (seeded, untrained)."""
-    target = _need_target(spec, target)
-    block = int(spec["block_size"]) if spec.get("block_size") is not None else None
-    source = str(spec["drafter"])
-    if source == "random":
-        model = random_dflash_for(target, seed=int(rule_args[2]), block_size=block or 16)
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+@dataclass
+class BuildContext:
+    """What a factory may use besides the parameters: vocabulary, drafter seed and the target."""
+
+    vocab_size: int
+    seed: int
+    target: HybridLM | None
+
+
+Factory = Callable[[dict[str, Any], BuildContext], tuple[Drafter | None, TreeBuilder]]
+
+
+@dataclass(frozen=True)
+class RouteKind:
+    """One route kind: name, help, parameters and the factory of its drafter and tree builder.
+
+    The factory gets the resolved parameters (every declared one, defaults filled in) and may
+    fill in those whose default is None (decided by a checkpoint) with the built value.
+    """
+
+    name: str
+    help: str
+    params: tuple[Param, ...]
+    factory: Factory
+    needs_target: bool = False
+
+    def param(self, name: str) -> Param:
+        return next(p for p in self.params if p.name == name)
+
+
+COMMON_PARAMS = (
+    Param("name", str, "the route's name in records and reports", default=None, unset="the kind"),
+    Param(
+        "commit",
+        str,
+        "how accepted paths are folded into the state",
+        default=None,
+        choices=COMMIT_STRATEGIES,
+        unset="the experiment's `commit` (generate: --commit)",
+    ),
+)
+
+
+# --------------------------------------------------------------------------- factories
+
+
+def _ar(p: dict[str, Any], ctx: BuildContext) -> tuple[Drafter | None, TreeBuilder]:
+    return None, SingleNode()
+
+
+def _synthetic_chain(p: dict[str, Any], ctx: BuildContext) -> tuple[Drafter | None, TreeBuilder]:
+    return SyntheticDrafter(p["p"], p["k"], 1, ctx.vocab_size, ctx.seed), Chain()
+
+
+def _synthetic_tree(p: dict[str, Any], ctx: BuildContext) -> tuple[Drafter | None, TreeBuilder]:
+    drafter = SyntheticDrafter(p["p"], p["k"], p["width"], ctx.vocab_size, ctx.seed)
+    return drafter, Backbone(p["width"])
+
+
+def _dflash(p: dict[str, Any], ctx: BuildContext) -> DFlashDrafter:
+    """The DFlash drafter of ``p["drafter"]``; records the block size it runs with."""
+    assert ctx.target is not None
+    if p["drafter"] == RANDOM:
+        model = random_dflash_for(ctx.target, seed=ctx.seed, block_size=p["block_size"] or 16)
     else:
-        model = load_dflash(source)
-    return DFlashDrafter(model, target, block_size=block)
+        model = load_dflash(p["drafter"])
+    drafter = DFlashDrafter(model, ctx.target, block_size=p["block_size"])
+    p["block_size"] = drafter.block_size
+    return drafter
 
 
-def _dflash_chain(spec: dict, vocab_size: int, rule_args: tuple, target: HybridLM | None = None) -> Route:
-    return Route(spec["name"], _dflash_drafter(spec, rule_args, target), Chain(), make_rule(*rule_args))
+def _dflash_chain(p: dict[str, Any], ctx: BuildContext) -> tuple[Drafter | None, TreeBuilder]:
+    return _dflash(p, ctx), Chain()
 
 
-def _ddtree(spec: dict, vocab_size: int, rule_args: tuple, target: HybridLM | None = None) -> Route:
-    builder = BestFirst(int(spec["budget"]))
-    return Route(spec["name"], _dflash_drafter(spec, rule_args, target), builder, make_rule(*rule_args))
+def _ddtree(p: dict[str, Any], ctx: BuildContext) -> tuple[Drafter | None, TreeBuilder]:
+    return _dflash(p, ctx), BestFirst(p["budget"])
 
 
-def _eagle_model(spec: dict, rule_args: tuple, target: HybridLM) -> EagleDraftModel:
-    """``drafter``: an EAGLE checkpoint directory, or "random" (seeded, untrained)."""
-    source = str(spec["drafter"])
-    if source == "random":
-        return random_eagle_for(target, seed=int(rule_args[2]))
-    return load_eagle(source, target=target)
+def _eagle_model(p: dict[str, Any], ctx: BuildContext) -> EagleDraftModel:
+    assert ctx.target is not None
+    if p["drafter"] == RANDOM:
+        return random_eagle_for(ctx.target, seed=ctx.seed)
+    return load_eagle(p["drafter"], target=ctx.target)
 
 
-def _eagle_chain(spec: dict, vocab_size: int, rule_args: tuple, target: HybridLM | None = None) -> Route:
-    target = _need_target(spec, target)
-    drafter = EagleDrafter(_eagle_model(spec, rule_args, target), target, k=int(spec["k"]))
-    return Route(spec["name"], drafter, Chain(), make_rule(*rule_args))
+def _eagle_chain(p: dict[str, Any], ctx: BuildContext) -> tuple[Drafter | None, TreeBuilder]:
+    assert ctx.target is not None
+    return EagleDrafter(_eagle_model(p, ctx), ctx.target, k=p["k"]), Chain()
 
 
-def _eagle_tree(spec: dict, vocab_size: int, rule_args: tuple, target: HybridLM | None = None) -> Route:
-    target = _need_target(spec, target)
-    shape = DynamicTree(
-        int(spec["budget"]), int(spec.get("topk", 4)), float(spec.get("tau", 0.0)), int(spec.get("depth", 6))
+def _eagle_tree(p: dict[str, Any], ctx: BuildContext) -> tuple[Drafter | None, TreeBuilder]:
+    assert ctx.target is not None
+    shape = DynamicTree(p["budget"], p["topk"], p["tau"], p["depth"])
+    return EagleDrafter(_eagle_model(p, ctx), ctx.target, tree=shape), DrafterTree()
+
+
+def _weaver(p: dict[str, Any], ctx: BuildContext) -> tuple[Drafter | None, TreeBuilder]:
+    dflash = _dflash(p, ctx)
+    if p["weaver"] == RANDOM:
+        weaver = random_weaver_for(dflash.model, dflash.target, seed=ctx.seed)
+    else:
+        weaver = load_weaver(p["weaver"], dflash.model, dflash.target)
+    drafter = WeaverDrafter(weaver, dflash, p["budget"], p["width"], p["pool"])
+    p["pool"] = drafter.pool
+    return drafter, DrafterTree()
+
+
+# --------------------------------------------------------------------------- the registry
+
+_P = Param("p", float, "probability that each draft token equals AR's", min=0, max=1)
+_K = Param("k", int, "draft tokens per step (tree levels)", min=1)
+_BUDGET = Param("budget", int, "draft nodes per tree (the root excluded)", min=1, max=MAX_TREE_NODES - 1)
+_DFLASH = Param("drafter", str, "the DFlash drafter", checkpoint="dflash")
+_EAGLE = Param("drafter", str, "the EAGLE drafter", checkpoint="eagle")
+_BLOCK = Param(
+    "block_size", int, "DFlash block (pending token + block_size - 1 drafts)", default=None, min=2,
+    unset="the checkpoint's (random: 16)",
+)  # fmt: skip
+
+ROUTE_KINDS: dict[str, RouteKind] = {
+    kind.name: kind
+    for kind in (
+        RouteKind("ar", "plain autoregressive decoding (a one-node tree per step)", (), _ar),
+        RouteKind(
+            "synthetic_chain",
+            "synthetic drafter (needs AR's output as reference): a chain of k drafts, each equal to "
+            "AR's token with probability p",
+            (_P, _K),
+            _synthetic_chain,
+        ),
+        RouteKind(
+            "synthetic_tree",
+            "synthetic drafter: k levels of `width` distinct siblings under the first choice, "
+            "acceptance p per level",
+            (_P, _K, Param("width", int, "siblings per level", default=2, min=1)),
+            _synthetic_tree,
+        ),
+        RouteKind(
+            "dflash_chain",
+            "DFlash block drafter, argmax chain of block_size - 1 drafts",
+            (_DFLASH, _BLOCK),
+            _dflash_chain,
+            needs_target=True,
+        ),
+        RouteKind(
+            "ddtree",
+            "DFlash per-depth marginals, DDTree best-first tree of `budget` draft nodes",
+            (_DFLASH, _BUDGET, _BLOCK),
+            _ddtree,
+            needs_target=True,
+        ),
+        RouteKind(
+            "eagle_chain",
+            "EAGLE feature drafter, argmax chain of k drafts",
+            (_EAGLE, Param("k", int, "draft tokens per step", min=1)),
+            _eagle_chain,
+            needs_target=True,
+        ),
+        RouteKind(
+            "eagle_tree",
+            "EAGLE-2 dynamic tree: per level the `topk` best nodes get `topk` children each (drafter "
+            "probability >= `tau`), `depth` levels, the best `budget` draft nodes",
+            (
+                _EAGLE,
+                _BUDGET,
+                Param("topk", int, "nodes expanded per level and children per node", default=4, min=1),
+                Param(
+                    "tau",
+                    float,
+                    "least drafter probability of a child",
+                    default=0.0,
+                    min=0,
+                    max=1,
+                    max_open=True,
+                ),
+                Param("depth", int, "levels grown", default=6, min=1),
+            ),
+            _eagle_tree,
+            needs_target=True,
+        ),
+        RouteKind(
+            "weaver",
+            "DFlash top-`pool` candidates per depth, Weaver-grown best-first tree of `budget` nodes, "
+            "`width` nodes scored per Weaver step",
+            (
+                _DFLASH,
+                Param("weaver", str, "the Weaver adapter (shaped for the drafter)", checkpoint="weaver"),
+                _BUDGET,
+                Param("pool", int, "DFlash candidates per depth", default=None, min=1, unset="the adapter's"),
+                Param("width", int, "nodes one Weaver forward scores", default=4, min=1),
+                _BLOCK,
+            ),
+            _weaver,
+            needs_target=True,
+        ),
     )
-    drafter = EagleDrafter(_eagle_model(spec, rule_args, target), target, tree=shape)
-    return Route(spec["name"], drafter, DrafterTree(), make_rule(*rule_args))
-
-
-def _weaver(spec: dict, vocab_size: int, rule_args: tuple, target: HybridLM | None = None) -> Route:
-    """``weaver``: an adapter checkpoint dir, or "random" (seeded, untrained, shaped for the drafter)."""
-    dflash = _dflash_drafter(spec, rule_args, target)
-    source = str(spec["weaver"])
-    if source == "random":
-        weaver = random_weaver_for(dflash.model, dflash.target, seed=int(rule_args[2]))
-    else:
-        weaver = load_weaver(source, dflash.model, dflash.target)
-    pool = int(spec["pool"]) if spec.get("pool") is not None else None
-    drafter = WeaverDrafter(weaver, dflash, int(spec["budget"]), int(spec.get("width", 4)), pool)
-    return Route(spec["name"], drafter, DrafterTree(), make_rule(*rule_args))
-
-
-ROUTE_KINDS: dict[str, tuple[Callable[..., Route], set[str], str]] = {
-    "ar": (_ar, set(), "plain autoregressive decoding (a one-node tree per step)"),
-    "synthetic_chain": (_synthetic_chain, {"p", "k"}, "synthetic drafter, chain of k drafts, acceptance p"),
-    "synthetic_tree": (
-        _synthetic_tree,
-        {"p", "k", "width"},
-        "synthetic drafter, k levels of `width` distinct siblings, acceptance p per slot",
-    ),
-    "dflash_chain": (
-        _dflash_chain,
-        {"drafter", "block_size"},
-        "DFlash block drafter (checkpoint dir or 'random'), argmax chain of block_size-1 drafts",
-    ),
-    "ddtree": (
-        _ddtree,
-        {"drafter", "budget", "block_size"},
-        "DFlash marginals, DDTree best-first tree of `budget` draft nodes",
-    ),
-    "eagle_chain": (
-        _eagle_chain,
-        {"drafter", "k"},
-        "EAGLE feature drafter (checkpoint dir or 'random'), argmax chain of k drafts",
-    ),
-    "eagle_tree": (
-        _eagle_tree,
-        {"drafter", "budget", "topk", "tau", "depth"},
-        "EAGLE-2 dynamic tree: per level the `topk` best nodes get `topk` children each (drafter "
-        "probability >= `tau`), `depth` levels, the best `budget` draft nodes",
-    ),
-    "weaver": (
-        _weaver,
-        {"drafter", "weaver", "budget", "pool", "width", "block_size"},
-        "DFlash top-`pool` pool, Weaver-grown best-first tree of `budget` nodes, `width` per step",
-    ),
 }
-TARGET_KINDS = {"dflash_chain", "ddtree", "eagle_chain", "eagle_tree", "weaver"}  # take the target
 
 
-def route_params(spec: dict) -> dict[str, Any]:
-    """The spec without its name: what identifies the route's behaviour in records."""
-    return {k: v for k, v in spec.items() if k != "name"}
+# --------------------------------------------------------------------------- resolution
+
+
+def route_kind(kind: Any, name: Any = None) -> RouteKind:
+    if kind not in ROUTE_KINDS:
+        route = f" (route {name!r})" if name else ""
+        raise ConfigError(f"unknown route kind {kind!r}{route}: available kinds are {', '.join(ROUTE_KINDS)}")
+    return ROUTE_KINDS[kind]
+
+
+def family_of(target: str | None) -> str | None:
+    """The family target a target spec names ("default" is the default member), else None."""
+    name = DEFAULT_TARGET if target == "default" else target
+    return name if name in members() else None
+
+
+def resolve_spec(spec: dict[str, Any], family: str | None = None) -> dict[str, Any]:
+    """The validated spec with every declared parameter (defaults filled in), or a one-line
+    ConfigError naming route, parameter, value and the allowed values.
+
+    An unnamed route is named by its kind. A missing checkpoint parameter defaults to the
+    ``family`` target's own drafter of that kind, when the family ships one.
+    """
+    kind = route_kind(spec.get("kind"), spec.get("name"))
+    name = spec.get("name") or kind.name
+    where = f"route {name!r} ({kind.name})"
+    known = {p.name for p in kind.params + COMMON_PARAMS} | {"kind"}
+    unknown = sorted(set(spec) - known)
+    if unknown:
+        takes = ", ".join(p.name for p in kind.params) or "no parameters"
+        raise ConfigError(f"{where}: unknown parameter(s) {', '.join(unknown)}; {kind.name} takes {takes}")
+    out: dict[str, Any] = {"name": name, "kind": kind.name}
+    missing = []
+    for param in COMMON_PARAMS[1:] + kind.params:
+        if param.name in spec:
+            value = spec[param.name]
+        elif param.checkpoint and family and drafter_name(family, param.checkpoint) in members():
+            value = drafter_name(family, param.checkpoint)
+        elif param.required:
+            missing.append(param.name)
+            continue
+        else:
+            value = param.default
+        try:
+            out[param.name] = param.check(value)
+        except ValueError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+    if missing:
+        raise ConfigError(f"{where}: missing parameter(s) {', '.join(missing)}")
+    return out
+
+
+def name_routes(specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The specs with unnamed ones named by their kind; route names must be unique."""
+    unnamed: dict[Any, int] = {}
+    for spec in specs:
+        if not spec.get("name"):
+            unnamed[spec.get("kind")] = unnamed.get(spec.get("kind"), 0) + 1
+    for kind, count in unnamed.items():
+        if count > 1:
+            raise ConfigError(f"{count} routes of kind {kind} need distinct `name`s")
+    out = [{**spec, "name": spec.get("name") or spec.get("kind")} for spec in specs]
+    names = [str(s["name"]) for s in out]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ConfigError(f"route names must be unique: {', '.join(twice)} named more than once")
+    return out
 
 
 def build_route(
@@ -151,36 +401,89 @@ def build_route(
     temperature: float,
     seed: int,
     target: HybridLM | None = None,
+    *,
+    commit: str = "closed_form",
+    family: str | None = None,
 ) -> Route:
     """Instantiate one route from its spec, or raise a one-line ConfigError.
 
     ``target`` is the model the route decodes; drafters that read its weights or hidden states
-    (the DFlash and EAGLE kinds) need it.
+    (the DFlash and EAGLE kinds) need it. ``commit`` is the strategy of routes whose spec has no
+    ``commit``; ``family`` the family target name whose drafters are the checkpoint defaults.
+    ``route.params`` are the resolved parameters (commit and built values included).
     """
-    kind = spec.get("kind")
-    name = spec.get("name") or kind
-    if kind not in ROUTE_KINDS:
-        raise ConfigError(
-            f"unknown route kind {kind!r} (route {name!r}): available kinds are {', '.join(ROUTE_KINDS)}"
+    check_strategy(commit)
+    params = resolve_spec(spec, family)
+    kind = ROUTE_KINDS[params["kind"]]
+    name = params.pop("name")
+    params["commit"] = params["commit"] or commit
+    if kind.needs_target and target is None:
+        raise ConfigError(f"route kind {kind.name} needs the target model: build_route(..., target=model)")
+    drafter, builder = kind.factory(params, BuildContext(vocab_size, seed, target))
+    rule = make_rule(acceptance, temperature, seed)
+    return Route(name, drafter, builder, rule, params, params["commit"])
+
+
+# --------------------------------------------------------------------------- documentation
+
+
+def _param_rows(kind: RouteKind) -> list[tuple[str, str, str, str, str]]:
+    """(name, type, default, allowed, help) of each parameter of ``kind``."""
+    return [(p.name, p.type.__name__, p.default_text(), p.allowed(), p.help) for p in kind.params]
+
+
+def route_help() -> str:
+    """The ``--route`` help of ``repro generate``: every kind."""
+    return f"Route kind: {', '.join(ROUTE_KINDS)} (parameters: `repro routes`)."
+
+
+def routes_text() -> str:
+    """What ``repro routes`` prints: each kind, its help and parameters."""
+    lines = []
+    for kind in ROUTE_KINDS.values():
+        lines.append(f"{kind.name}: {kind.help}")
+        for name, typ, default, allowed, help_text in _param_rows(kind):
+            lines.append(f"  {name:11s} {typ:5s} {default:34s} {allowed}: {help_text}")
+        if not kind.params:
+            lines.append("  (no parameters)")
+    lines.append("every route also takes:")
+    for p in COMMON_PARAMS:
+        lines.append(
+            f"  {p.name:11s} {p.type.__name__:5s} default {p.default_text()}; {p.allowed()}: {p.help}"
         )
-    factory, allowed, _ = ROUTE_KINDS[kind]
-    extra = set(spec) - allowed - COMMON_KEYS
-    if extra:
-        raise ConfigError(f"route {name!r} of kind {kind}: unknown parameter(s) {', '.join(sorted(extra))}")
-    required = allowed - OPTIONAL_KEYS
-    missing = required - set(spec)
-    if missing:
-        raise ConfigError(f"route {name!r} of kind {kind}: missing parameter(s) {', '.join(sorted(missing))}")
-    spec = {**spec, "name": name}
-    try:
-        rule_args = (acceptance, temperature, seed)
-        if kind in TARGET_KINDS:
-            route = factory(spec, vocab_size, rule_args, target=target)
-        else:
-            route = factory(spec, vocab_size, rule_args)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"route {name!r}: bad parameter value ({exc})") from None
-    route.params = route_params(spec)
-    if "commit" in spec:
-        route.commit_strategy = check_strategy(spec["commit"])
-    return route
+    return "\n".join(lines)
+
+
+def routes_markdown() -> str:
+    """``docs/routes.md``: the route kinds and their parameters, generated from :data:`ROUTE_KINDS`."""
+    out = [
+        "# Routes",
+        "",
+        "<!-- generated by repro.decoding.routes.routes_markdown(); do not edit by hand -->",
+        "",
+        "A route is a spec such as `{name: ddtree-b32, kind: ddtree, drafter: tiny-qwen35-dflash, "
+        "budget: 32}` in an experiment's `routes:` list, or `repro generate --route KIND --param KEY=VALUE` "
+        "(`--drafter DIR` and `--weaver DIR` set the checkpoint parameters). Integers refuse fractions "
+        "(`k: 2.7`); bounds are checked; a record's `route_params` holds the resolved values, "
+        "defaults included.",
+        "",
+        "Every route also takes:",
+        "",
+    ]
+    for p in COMMON_PARAMS:
+        out.append(f"- `{p.name}` ({p.allowed()}; default: {p.default_text()}): {p.help}")
+    out.append(
+        "- an unnamed route is named by its kind; two unnamed routes of one kind need distinct `name`s"
+    )
+    for kind in ROUTE_KINDS.values():
+        out += ["", f"## `{kind.name}`", "", kind.help[0].upper() + kind.help[1:] + "."]
+        if kind.needs_target:
+            out.append("Reads the target's weights or hidden states.")
+        out.append("")
+        if not kind.params:
+            out.append("No parameters.")
+            continue
+        out += ["| parameter | type | default | allowed | meaning |", "|---|---|---|---|---|"]
+        for name, typ, default, allowed, help_text in _param_rows(kind):
+            out.append(f"| `{name}` | {typ} | {default} | {allowed} | {help_text} |")
+    return "\n".join(out) + "\n"

@@ -23,17 +23,18 @@ def route_acceptance(
     new_tokens: int,
     seed: int,
     max_depth: int,
+    commit: str = "closed_form",
 ) -> dict[str, dict[str, Any]]:
     """Per named route spec: MAL (bonus included), steps, per-depth acceptance, mean tree size,
     stage times per step (ms; draft, tree, verify, commit) and whether every greedy output equals
     AR's (``diverged``: on how many prompts it does not; generation ignores stop tokens: every
-    prompt yields ``new_tokens``)."""
+    prompt yields ``new_tokens``). A spec without ``commit`` commits with ``commit``."""
     vocab = target.config.vocab_size
-    ar = build_route({"kind": "ar"}, vocab, "greedy", 0.0, seed)
+    ar = build_route({"kind": "ar"}, vocab, "greedy", 0.0, seed, commit=commit)
     refs = [generate(target, p, ar, new_tokens).output_ids for p in prompts]
     out: dict[str, dict[str, Any]] = {}
     for name, spec in specs.items():
-        route = build_route({"name": name, **spec}, vocab, "greedy", 0.0, seed, target=target)
+        route = build_route({**spec, "name": name}, vocab, "greedy", 0.0, seed, target=target, commit=commit)
         lengths: list[int] = []
         paths: list[list[int]] = []
         sizes: list[int] = []

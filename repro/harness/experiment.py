@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from repro.data.suites import canonical_suite
+from repro.decoding.routes import name_routes
 from repro.errors import ConfigError
 
 DEFAULTS: dict[str, Any] = {
@@ -91,10 +92,7 @@ def resolve(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     if not cfg["suites"]:
         raise ConfigError("no suites selected: name at least one of mt_bench, gsm8k, humaneval")
     cfg["suites"] = [canonical_suite(s) for s in cfg["suites"]]
-    cfg["routes"] = expand_routes(cfg["routes"] or [], cfg.pop("route_grid"))
-    names = [r.get("name") for r in cfg["routes"]]
-    if len(set(names)) != len(names):
-        raise ConfigError(f"route names must be unique, got {names}")
+    cfg["routes"] = name_routes(expand_routes(cfg["routes"] or [], cfg.pop("route_grid")))
     if not any(r.get("kind") == "ar" for r in cfg["routes"]):
         cfg["routes"].insert(0, {"name": "ar", "kind": "ar"})
     cfg["routes"].sort(key=lambda r: r.get("kind") != "ar")  # AR first: the reference and baseline

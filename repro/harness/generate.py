@@ -5,24 +5,30 @@ from __future__ import annotations
 from typing import Any
 
 from repro.decoding.engine import generate
-from repro.decoding.routes import build_route
+from repro.decoding.routes import COMMON_PARAMS, build_route, family_of, route_kind
 from repro.errors import ConfigError
 from repro.models.target import open_target
 
 
-def parse_params(items: list[str]) -> dict[str, Any]:
+def parse_params(
+    kind: str, items: list[str], checkpoints: dict[str, str | None] | None = None
+) -> dict[str, Any]:
+    """``--param KEY=VALUE`` items converted by the declared type of ``kind``'s parameter KEY, plus
+    the checkpoint options (``--drafter``, ``--weaver``: param name -> value, None = not given)."""
+    rk = route_kind(kind)
+    declared = {p.name: p for p in rk.params + COMMON_PARAMS if p.name != "name"}
+    takes = ", ".join(p.name for p in rk.params) or "no parameters"
+    given = [item.partition("=") for item in items]
+    given += [(k, "=", v) for k, v in (checkpoints or {}).items() if v is not None]
     params: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
+    for key, sep, value in given:
         if not sep or not key:
-            raise ConfigError(f"route parameter {item!r} must look like KEY=VALUE")
-        try:
-            params[key] = int(value)
-        except ValueError:
-            try:
-                params[key] = float(value)
-            except ValueError:
-                params[key] = value
+            raise ConfigError(f"route parameter {key + sep + value!r} must look like KEY=VALUE")
+        if key not in declared:
+            raise ConfigError(f"route kind {kind}: unknown parameter {key}; {kind} takes {takes}")
+        if key in params:
+            raise ConfigError(f"route parameter {key} given twice")
+        params[key] = declared[key].parse(value)
     return params
 
 
@@ -40,10 +46,15 @@ def parse_ids(text: str, vocab_size: int) -> list[int]:
 def generate_one(
     prompt: str | None, prompt_ids: str | None, route: str, params: list[str], target: str, raw: bool,
     max_new_tokens: int, temperature: float, seed: int, dtype: str, device: str, commit: str,
-    ignore_eos: bool,
+    ignore_eos: bool, checkpoints: dict[str, str | None] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """Decode one prompt; synthetic routes first run AR to get their reference continuation."""
-    model, tokenizer = open_target(target, dtype, device, commit)
+    """Decode one prompt; routes with a drafter first run AR to get the reference continuation.
+
+    ``checkpoints`` are the ``--drafter``/``--weaver`` options (param name -> value or None); on a
+    family target an omitted drafter is the target's own.
+    """
+    spec = {"kind": route, **parse_params(route, params, checkpoints)}
+    model, tokenizer = open_target(target, dtype, device)
     vocab = model.config.vocab_size
     if prompt_ids is not None:
         ids = parse_ids(prompt_ids, vocab)
@@ -54,12 +65,13 @@ def generate_one(
             else tokenizer.chat_prompt([{"role": "user", "content": prompt}])
         )
     acceptance = "sample_match" if temperature > 0 else "greedy"
-    spec = {"name": route, "kind": route, **parse_params(params)}
-    chosen = build_route(spec, vocab, acceptance, temperature, seed, target=model)
+    chosen = build_route(
+        spec, vocab, acceptance, temperature, seed, target=model, commit=commit, family=family_of(target)
+    )
     stops = () if ignore_eos else tokenizer.stop_token_ids
     reference = None
     if chosen.drafter is not None:
-        ar = build_route({"name": "ar", "kind": "ar"}, vocab, acceptance, temperature, seed)
+        ar = build_route({"kind": "ar"}, vocab, acceptance, temperature, seed, commit=commit)
         reference = generate(model, ids, ar, max_new_tokens, stops).output_ids
     result = generate(model, ids, chosen, max_new_tokens, stops, reference)
     return {

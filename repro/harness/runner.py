@@ -16,7 +16,7 @@ import torch
 
 from repro.data.suites import Prompt, load_suite
 from repro.decoding.engine import DecodeResult, Route, generate
-from repro.decoding.routes import build_route
+from repro.decoding.routes import build_route, family_of
 from repro.models.hybrid import HybridLM
 from repro.models.target import open_target
 from repro.models.tokenizer import Tokenizer
@@ -75,20 +75,21 @@ class ExperimentRunner:
             torch.set_num_threads(int(cfg["cpu_threads"]))
         self.model: HybridLM
         self.model, self.tokenizer = open_target(
-            cfg["target"], cfg["dtype"], cfg["device"], cfg["commit"], cfg["target_seed"]
+            cfg["target"], cfg["dtype"], cfg["device"], cfg["target_seed"]
         )
         self.model.set_gdn_backend(cfg["gdn_backend"])
         vocab = self.model.config.vocab_size
+        rule = (cfg["acceptance"], float(cfg["temperature"]), int(cfg["seed"]))
         self.routes = [
             build_route(
-                spec, vocab, cfg["acceptance"], float(cfg["temperature"]), int(cfg["seed"]), target=self.model
+                spec, vocab, *rule, target=self.model, commit=cfg["commit"], family=family_of(cfg["target"])
             )
             for spec in cfg["routes"]
         ]
         self.stop_ids = () if cfg["ignore_eos"] else tuple(self.tokenizer.stop_token_ids)
 
     def decode(self, route: Route, prompt_ids: list[int], reference: list[int] | None) -> DecodeResult:
-        self.model.commit_strategy = route.commit_strategy or self.cfg["commit"]
+        """One decode with ``route`` (its own commit strategy: the experiment's unless it names one)."""
         return generate(
             self.model, prompt_ids, route, int(self.cfg["max_new_tokens"]), self.stop_ids, reference
         )

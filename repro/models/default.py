@@ -75,10 +75,8 @@ def _zero_centered(model: HybridLM, name: str) -> bool:
     return model.config.zero_centered_norm and not name.endswith("linear_attn.norm.weight")
 
 
-def build_default_target(
-    seed: int = DEFAULT_SEED, dtype: torch.dtype = torch.float32, commit_strategy: str = "closed_form"
-) -> HybridLM:
+def build_default_target(seed: int = DEFAULT_SEED, dtype: torch.dtype = torch.float32) -> HybridLM:
     """The embedded default: same seed, same weights, on any machine."""
-    model = HybridLM(tiny_config(), commit_strategy)
+    model = HybridLM(tiny_config())
     init_random_weights(model, seed)
     return model.to(dtype).eval()

@@ -2,7 +2,9 @@
 
 ``verify`` evaluates every node of a draft tree against the committed state in one pass and
 never mutates that state; ``commit`` folds an accepted root-to-node path into a new state with
-one of three exact strategies (``snapshot``, ``replay``, ``closed_form``).
+one of three exact strategies (``snapshot``, ``replay``, ``closed_form``). The strategy is an
+argument of each call (``verify(..., strategy=...)``, carried by the verification to ``commit``),
+never state on the model: routes sharing one model cannot leak it into each other.
 """
 
 from __future__ import annotations
@@ -38,10 +40,9 @@ class Verification:
 class HybridLM(nn.Module):
     """A decoder of GDN and gated-attention layers, interleaved as ``config.layer_types`` says."""
 
-    def __init__(self, config: HybridConfig, commit_strategy: str = "closed_form") -> None:
+    def __init__(self, config: HybridConfig) -> None:
         super().__init__()
         self.config = config
-        self.commit_strategy = check_strategy(commit_strategy)
         self.model = nn.Module()
         self.model.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.model.layers = nn.ModuleList(DecoderLayer(config, t) for t in config.layer_types)
@@ -70,8 +71,15 @@ class HybridLM(nn.Module):
         return ModelState([layer.mixer.empty_state(self.dtype, self.device) for layer in self.model.layers])
 
     @torch.no_grad()
-    def verify(self, state: ModelState, tree: Tree, capture: tuple[int, ...] = ()) -> Verification:
-        """Logits of every tree node given the committed state; the state is left untouched."""
+    def verify(
+        self, state: ModelState, tree: Tree, capture: tuple[int, ...] = (), strategy: str = "closed_form"
+    ) -> Verification:
+        """Logits of every tree node given the committed state; the state is left untouched.
+
+        ``strategy`` is how :meth:`commit` will fold the accepted path in (``snapshot`` makes
+        verify keep per-node GDN states); the verification carries it to ``commit``.
+        """
+        check_strategy(strategy)
         device = self.device
         positions = state.position + tree.depth.to(device) - 1
         logits, hidden, saved = self._tree_pass(
@@ -81,9 +89,9 @@ class HybridLM(nn.Module):
             tree.ancestor_mask.to(device),
             positions,
             capture,
-            self.commit_strategy == "snapshot",
+            strategy == "snapshot",
         )
-        return Verification(tree, logits, hidden, saved, state.position, self.commit_strategy)
+        return Verification(tree, logits, hidden, saved, state.position, strategy)
 
     def forward_train(self, ids: torch.Tensor, capture: tuple[int, ...] = ()) -> torch.Tensor:
         """Teacher-forced logits [B, L, V] of sequences ``ids`` [B, L] from an empty state, with
@@ -160,7 +168,8 @@ class HybridLM(nn.Module):
 
     @torch.no_grad()
     def commit(self, state: ModelState, verification: Verification, path: list[int]) -> ModelState:
-        """A new state with the accepted path (root-level node first) folded in."""
+        """A new state with the accepted path (root-level node first) folded in, by the strategy
+        the verification was made for (``verification.strategy``)."""
         if verification.position != state.position:
             raise ValueError("verification was computed against a different state")
         tree = verification.tree
@@ -181,8 +190,10 @@ class HybridLM(nn.Module):
         token_ids: list[int] | torch.Tensor,
         state: ModelState | None = None,
         capture: tuple[int, ...] = (),
+        strategy: str = "closed_form",
     ) -> tuple[ModelState, Verification]:
-        """Fold ``token_ids`` into ``state`` (a fresh one by default), in chains of 64 tokens.
+        """Fold ``token_ids`` into ``state`` (a fresh one by default), in chains of 64 tokens
+        committed with ``strategy``.
 
         Returns the new state and the verification of the last chunk (its last row holds the
         logits that predict the first generated token).
@@ -194,7 +205,7 @@ class HybridLM(nn.Module):
         ver = None
         for start in range(0, ids.numel(), PREFILL_CHUNK):
             chunk = Tree.chain(ids[start : start + PREFILL_CHUNK])
-            ver = self.verify(state, chunk, capture)
+            ver = self.verify(state, chunk, capture, strategy)
             state = self.commit(state, ver, list(range(chunk.size)))
         assert ver is not None
         return state, ver

@@ -218,12 +218,7 @@ def internal_to_fla(state: dict[str, torch.Tensor], cfg: HybridConfig) -> dict[s
     return {k: v.contiguous() for k, v in out.items()}
 
 
-def load_target(
-    path: str | Path,
-    dtype: torch.dtype = torch.float32,
-    device: str = "cpu",
-    commit_strategy: str = "closed_form",
-) -> HybridLM:
+def load_target(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> HybridLM:
     """Load a target model from a local checkpoint directory (or an embedded family name) in either
     native format."""
     path = resolve_checkpoint(path, "target")
@@ -233,7 +228,7 @@ def load_target(
         weights = fla_to_internal(weights, cfg)
     else:
         weights = qwen35_to_internal(weights)
-    model = HybridLM(cfg, commit_strategy)
+    model = HybridLM(cfg)
     expected = model.state_dict()
     if cfg.tie_word_embeddings:
         weights.pop("lm_head.weight", None)

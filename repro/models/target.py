@@ -8,7 +8,7 @@ import torch
 from repro.errors import CheckpointError, ConfigError
 from repro.models.default import build_default_target
 from repro.models.family import DEFAULT_TARGET, RANDOM_TARGET, resolve_checkpoint
-from repro.models.hybrid import HybridLM, check_strategy
+from repro.models.hybrid import HybridLM
 from repro.models.loading import load_target
 from repro.models.tokenizer import Tokenizer, load_tokenizer
 
@@ -37,18 +37,17 @@ def resolve_device(name: str) -> str:
 
 
 def open_target(
-    spec: str, dtype: str = "float32", device: str = "cpu", commit: str = "closed_form", seed: int = 0
+    spec: str, dtype: str = "float32", device: str = "cpu", seed: int = 0
 ) -> tuple[HybridLM, Tokenizer]:
     """``default`` is the embedded trained ``tiny-qwen35``; ``tiny-random`` builds the untrained
     seeded hybrid (byte tokenizer); any other family name or a local checkpoint path loads it."""
     torch_dtype, dev = resolve_dtype(dtype), resolve_device(device)
-    check_strategy(commit)
     if spec == RANDOM_TARGET:
-        model = build_default_target(seed=seed, dtype=torch_dtype, commit_strategy=commit)
+        model = build_default_target(seed=seed, dtype=torch_dtype)
         tokenizer = load_tokenizer(None)
     else:
         path = resolve_checkpoint(DEFAULT_TARGET if spec == "default" else spec, "target")
-        model = load_target(path, dtype=torch_dtype, device=dev, commit_strategy=commit)
+        model = load_target(path, dtype=torch_dtype, device=dev)
         tokenizer = load_tokenizer(path)
     if tokenizer.vocab_size > model.config.vocab_size:
         raise CheckpointError(

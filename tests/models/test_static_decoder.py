@@ -116,13 +116,12 @@ def test_verify_matches_hybrid_on_random_trees(model, kind):
 @pytest.mark.parametrize("strategy", ["replay", "closed_form", "snapshot"])
 def test_commit_strategies_match_hybrid(strategy):
     model = build(config(), seed=4)
-    model.commit_strategy = strategy
-    state, _ = model.prefill(ids(11, 5))
+    state, _ = model.prefill(ids(11, 5), strategy=strategy)
     dec = StaticDecoder(model, max_len=48, max_nodes=16)
     tree = random_token_tree(14, "mixed", 6)
     slot = TreeSlot(dec, 14, max_depth=int(tree.depth.max()), snapshots=strategy == "snapshot")
     slot.set_tree(tree)
-    ver = model.verify(state, tree)
+    ver = model.verify(state, tree, strategy=strategy)
     deepest = int(tree.depth.argmax())
     for end in (0, deepest, 13):  # the root alone, the deepest path, a path ending at the last node
         path = tree.path_to(end)
@@ -382,11 +381,10 @@ def test_gpu_graphs_match_eager_and_hybrid(dtype, tol, strategy):
     cfg = config()
     cfg.linear_key_head_dim = cfg.linear_value_head_dim = 32  # kernel tiles: head dims of 16+
     model = build(cfg, dtype=dtype, device="cuda", seed=11)
-    model.commit_strategy = strategy
-    state, _ = model.prefill(ids(40, 12))
+    state, _ = model.prefill(ids(40, 12), strategy=strategy)
     tree = random_token_tree(24, "mixed", 13)
     path = tree.path_to(int(tree.depth.argmax()))
-    ref = model.verify(state, tree)
+    ref = model.verify(state, tree, strategy=strategy)
     ref_state = model.commit(state, ref, path)
     ref_decode = model.verify(ref_state, Tree.single(9)).logits
 
