@@ -22,6 +22,7 @@ ALLOWED: dict[str, set[str]] = {
     "data": {"errors", "models"},
     "reporting": {"errors"},
     "bench": {"errors", "tree", "gdn", "models", "decoding", "reporting"},
+    "engines": {"errors", "tree", "models", "drafters", "decoding", "data", "reporting"},
     "harness": {"errors", "tree", "gdn", "models", "drafters", "decoding", "data", "reporting", "bench"},
     "train": {"errors", "tree", "gdn", "models", "drafters", "decoding", "data", "reporting", "harness"},
     "cli": {"errors", "models", "decoding", "data", "reporting", "harness", "bench", "train"},

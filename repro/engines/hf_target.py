@@ -1,0 +1,90 @@
+"""Load a target checkpoint the way a transformers user would (``AutoModelForCausalLM``).
+
+On CPU, transformers' Qwen3.5 module must bind its pure-torch GDN functions: where fla is installed
+it binds fla's Triton kernels at import time instead, and those need a GPU. ``TargetRefused``
+carries transformers' own reason when it cannot load or run a checkpoint.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from repro.engines.result import require
+from repro.errors import describe
+
+QWEN35_MODULE = "transformers.models.qwen3_5.modeling_qwen3_5"
+DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class TargetRefused(Exception):
+    """transformers cannot load (or run here) this checkpoint; ``str()`` is the reason."""
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    from repro.errors import ConfigError
+
+    if name not in DTYPES:
+        raise ConfigError(f"unknown dtype {name!r} for an external engine: choose one of {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def _first_sentence(text: str) -> str:
+    head, sep, _ = text.partition(". ")
+    return head + "." if sep else text
+
+
+def _binds_fla(module: Any) -> bool:
+    """Whether transformers' Qwen3.5 module bound fla's kernels (not its torch reference)."""
+    fn = getattr(module, "torch_chunk_gated_delta_rule", None)
+    if fn is None:
+        return False
+    return bool(inspect.getclosurevars(fn).nonlocals.get("is_new_implementation", False))
+
+
+def import_qwen35_torch_path() -> Any:
+    """transformers' Qwen3.5 modeling module, bound to its pure-torch GDN path when imported here."""
+    require("transformers")
+    if QWEN35_MODULE not in sys.modules:
+        hidden = {k: sys.modules.pop(k) for k in list(sys.modules) if k == "fla" or k.startswith("fla.")}
+        sys.modules["fla"] = None  # type: ignore[assignment]  # `import fla` raises while the module binds
+        try:
+            __import__(QWEN35_MODULE)
+        finally:
+            del sys.modules["fla"]
+            sys.modules.update(hidden)
+    return sys.modules[QWEN35_MODULE]
+
+
+def load_hf_target(target_dir: str | Path, dtype: str, device: str) -> tuple[Any, str]:
+    """(model in eval mode, a note on how it was loaded); raises TargetRefused with the reason."""
+    transformers = require("transformers")
+    qwen35 = import_qwen35_torch_path()
+    if device == "cpu" and _binds_fla(qwen35):
+        raise TargetRefused(
+            "transformers' Qwen3.5 module was bound to fla's Triton kernels before this check ran"
+            " (they need a GPU); run in a fresh process"
+        )
+    load = transformers.AutoModelForCausalLM.from_pretrained
+    try:
+        model = load(str(target_dir), dtype=torch_dtype(dtype))
+    except (ValueError, KeyError, OSError) as exc:
+        reason = f"transformers cannot load {Path(target_dir).name}: {_first_sentence(describe(exc, 300))}"
+        if device == "cpu" or importlib.util.find_spec("fla") is None:
+            reason += " (fla registers fla formats, but its Triton kernels need a GPU)"
+            raise TargetRefused(reason) from None
+        importlib.import_module("fla")  # registers fla's architectures with the Auto classes
+        try:
+            model = load(str(target_dir), dtype=torch_dtype(dtype))
+        except (ValueError, KeyError, OSError) as exc2:
+            raise TargetRefused(f"{reason}; with fla: {_first_sentence(describe(exc2, 300))}") from None
+    note = f"{type(model).__name__} via transformers {transformers.__version__}, {dtype} weights"
+    if type(model).__module__ == QWEN35_MODULE:
+        note += "; GDN core, gates and norms computed in float32 inside transformers' torch path"
+    return model.to(device).eval(), note

@@ -1,0 +1,38 @@
+"""repro's own ``dflash_chain`` route through the engine interface: the control row of the check
+(same drafter checkpoint, same prompts, repro's exact commit of the accepted prefix)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from repro.decoding.engine import generate
+from repro.decoding.routes import build_route
+from repro.engines.result import OK, EngineResult
+from repro.models.target import open_target
+
+
+def repro_dflash_chain(
+    target_dir: str | Path,
+    drafter_dir: str | Path,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    seed: int = 0,
+    stop_ids: list[int] | None = None,
+    dtype: str = "float64",
+    device: str = "cpu",
+) -> EngineResult:
+    """Decode with repro's ``dflash_chain`` route (greedy acceptance at temperature 0)."""
+    model, _ = open_target(str(target_dir), dtype, device)
+    rule = "greedy" if temperature == 0 else "sample_match"
+    spec = {"kind": "dflash_chain", "drafter": str(drafter_dir)}
+    route = build_route(spec, model.config.vocab_size, rule, temperature, seed, target=model)
+    torch.manual_seed(seed)
+    t0 = time.perf_counter()
+    res = generate(model, list(prompt_ids), route, max_new_tokens, stop_ids or ())
+    wall = time.perf_counter() - t0
+    note = f"repro HybridLM, {dtype} throughout"
+    return EngineResult(res.output_ids, list(res.accepted_lengths), wall, OK, dtype, note)

@@ -1,0 +1,172 @@
+"""Which implementations are exact: each external loop x target x prompt against repro's AR tokens.
+
+``run_external_check`` decodes a few suite prompts (first turns, stop tokens ignored so every
+output has ``max_new_tokens``) with repro's plain AR route (the reference) and with each engine,
+and writes ``manifest.json``, ``records.jsonl`` (one line per engine x target x prompt),
+``table.csv`` and ``report.md`` into ``out_dir``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from repro.data.suites import load_suite
+from repro.decoding.engine import generate
+from repro.decoding.routes import build_route
+from repro.engines.catalog import Engine, pick
+from repro.engines.result import REFUSED, EngineResult, MissingPackageError
+from repro.engines.tables import write_report
+from repro.models.family import resolve_checkpoint
+from repro.models.target import open_target
+from repro.reporting.records import (
+    build_manifest,
+    compare_to_reference,
+    divergence_index,
+    sha256_ids,
+    write_json,
+)
+
+NOT_RUN = "not run: "
+HF_AR = "transformers-generate"  # its tokens separate a loop's own error from transformers' rounding
+
+
+def verdict(result: EngineResult, reference: list[int]) -> str:
+    """``"identical"``, ``"diverged at token k"`` (first differing new token) or the refusal."""
+    if not result.ok:
+        return result.status
+    return compare_to_reference(result.output_ids, reference)
+
+
+def summarize(verdicts: Sequence[str]) -> str:
+    """One cell for an engine x target over its prompts: ``lossless (n/n identical)``, ``diverged at
+    token k1, k2, ... (m/n prompts)``, or the refusal / not-run reason when every prompt gave it."""
+    if not verdicts:
+        return "no prompts"
+    if all(v == "identical" for v in verdicts):
+        return f"lossless ({len(verdicts)}/{len(verdicts)} identical)"
+    ks = [divergence_index(v) for v in verdicts]
+    if all(v == "identical" or k is not None for v, k in zip(verdicts, ks)):
+        hit = [str(k) for k in ks if k is not None]
+        return f"diverged at token {', '.join(hit)} ({len(hit)}/{len(verdicts)} prompts)"
+    reasons = sorted(set(verdicts))
+    return reasons[0] if len(reasons) == 1 else "mixed: " + "; ".join(reasons)
+
+
+@dataclass
+class ExternalRecord:
+    """One engine x target x prompt (one line of records.jsonl)."""
+
+    engine: str
+    target: str
+    suite: str
+    prompt_id: str
+    prompt_sha256: str
+    prompt_tokens: int
+    max_new_tokens: int
+    status: str
+    vs_ar: str
+    first_divergence: int | None
+    vs_transformers_ar: str | None
+    output_ids: list[int]
+    output_sha256: str
+    reference_sha256: str
+    accepted_lengths: list[int] | None
+    wall_s: float
+    dtype: str
+    notes: str
+
+
+def _external_versions() -> dict[str, str]:
+    out = {}
+    for name in ("transformers", "dflash", "flash-linear-attention", "torch"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def _run_engine(engine: Engine, target: str, ids: list[int], n: int, seed: int, dtype: str, device: str):
+    drafter = engine.drafter_dir(target, lambda name: resolve_checkpoint(name, "drafter"))
+    try:
+        target_dir = resolve_checkpoint(target, "target")
+        return engine.fn(target_dir, drafter, ids, n, 0.0, seed, None, dtype, device)
+    except MissingPackageError as exc:
+        return EngineResult([], None, 0.0, NOT_RUN + str(exc), dtype)
+
+
+def run_external_check(
+    out_dir: str | Path,
+    targets: Sequence[str] = ("tiny-qwen35", "tiny-gdn"),
+    suites: Sequence[str] = ("gsm8k", "mt_bench"),
+    limit: int = 2,
+    max_new_tokens: int = 48,
+    engines: Sequence[str] | None = None,
+    seed: int = 42,
+    dtype: str = "float64",
+    device: str = "cpu",
+    cpu_threads: int | None = 1,
+    progress: Callable[[str], None] | None = None,
+) -> list[ExternalRecord]:
+    """Greedy check of every engine on every target and prompt; writes the four files, returns records."""
+    chosen = pick(list(engines) if engines is not None else None)
+    if cpu_threads:
+        torch.set_num_threads(int(cpu_threads))
+    prompts = [p for s in suites for p in load_suite(s, limit=limit, seed=seed)]
+    config: dict[str, Any] = {
+        "kind": "external-check",
+        "targets": list(targets),
+        "suites": list(suites),
+        "limit": limit,
+        "seed": seed,
+        "max_new_tokens": max_new_tokens,
+        "temperature": 0.0,
+        "stop_tokens": "ignored",
+        "dtype": dtype,
+        "device": device,
+        "engines": [e.name for e in chosen],
+        "reference": "repro ar route",
+    }
+    records: list[ExternalRecord] = []
+    for target in targets:
+        model, tok = open_target(target, dtype, device)
+        ar = build_route({"kind": "ar"}, model.config.vocab_size, "greedy", 0.0, seed)
+        for prompt in prompts:
+            ids = tok.chat_prompt([{"role": "user", "content": prompt.turns[0]}])
+            ref = generate(model, ids, ar, max_new_tokens).output_ids
+            hf_ar: list[int] | None = None
+            for engine in chosen:
+                if progress:
+                    progress(f"{target} {prompt.suite}/{prompt.id} {engine.name}")
+                res = _run_engine(engine, target, ids, max_new_tokens, seed, dtype, device)
+                vs_ar = verdict(res, ref)
+                if engine.name == HF_AR and res.ok:
+                    hf_ar = res.output_ids
+                vs_hf = compare_to_reference(res.output_ids, hf_ar) if res.ok and hf_ar is not None else None
+                records.append(
+                    ExternalRecord(
+                        engine.name, target, prompt.suite, prompt.id, sha256_ids(ids), len(ids),
+                        max_new_tokens, res.status, vs_ar, divergence_index(vs_ar), vs_hf, res.output_ids,
+                        sha256_ids(res.output_ids), sha256_ids(ref), res.accepted_lengths,
+                        round(res.wall_s, 4), res.dtype, res.notes,
+                    )
+                )  # fmt: skip
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = build_manifest(config, seed)
+    manifest["external_versions"] = _external_versions()
+    write_json(out / "manifest.json", manifest)
+    lines = [json.dumps(asdict(r), separators=(",", ":")) for r in records]
+    (out / "records.jsonl").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    write_report(out, [asdict(r) for r in records], config, summarize)
+    return records
+
+
+__all__ = ["NOT_RUN", "REFUSED", "ExternalRecord", "run_external_check", "summarize", "verdict"]
