@@ -54,8 +54,9 @@ def run(
     """Run an experiment; records are appended as they are made and a rerun resumes."""
     from repro.harness.experiment import load_experiment
     from repro.harness.runner import ExperimentRunner, default_out_dir
-    from repro.reporting.records import RunDir, build_manifest
-    from repro.reporting.report import write_report
+    from repro.reporting.checkpoints import fingerprint_checkpoints
+    from repro.reporting.records import build_manifest
+    from repro.reporting.rundir import RunDir
 
     overrides = {
         "target": target, "suites": suites, "limit": limit, "max_new_tokens": max_new_tokens,
@@ -65,14 +66,15 @@ def run(
     out_dir = out or default_out_dir(cfg)
     runner = ExperimentRunner(cfg)  # opens the target and checks routes and suites first
     total = runner.total_units()
-    run_dir = RunDir(out_dir, build_manifest(cfg))
+    run_dir = RunDir(out_dir, {**build_manifest(cfg), "checkpoints": fingerprint_checkpoints(cfg)})
     with Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         TextColumn("{task.fields[item]}"), console=err_console, transient=False,
     ) as bar:  # fmt: skip
         task = bar.add_task(str(cfg["name"]), total=total, item="")
         written = runner.run(run_dir, progress=lambda item: bar.update(task, advance=1, item=item))
-    markdown = write_report(out_dir)
+    markdown = run_dir.write_report()
+    run_dir.close()
     typer.echo(markdown)
     err_console.print(f"{written} new record(s); records and report in {out_dir}")
 
@@ -107,11 +109,33 @@ def generate(
 
 
 @app.command()
-def report(run_dir: Annotated[Path, typer.Argument(help="A run directory holding records.jsonl.")]) -> None:
-    """Rebuild the tables (markdown + CSV) and figures of a run from its records alone."""
-    from repro.reporting.report import write_report
+def report(
+    run_dir: Annotated[
+        Path, typer.Argument(help="A run directory of any kind (or its records.jsonl / manifest.json).")
+    ],
+    figures: Annotated[
+        Path | None,
+        typer.Option(help="Figure folder (default: the run's own, as recorded in its manifest)."),
+    ] = None,
+    index: Annotated[
+        bool,
+        typer.Option(
+            "--index",
+            help="RUN_DIR is a results folder: rewrite RUN_DIR/INDEX.md (every run folder, its kind, the"
+            " latest per item, superseded ones from RUN_DIR/supersedes.json) instead of a report.",
+        ),
+    ] = False,
+) -> None:
+    """Rebuild report.md, tables and figures of a run (decode, bench, falsify, family) from its records
+    and manifest alone; with --index, regenerate a results folder's INDEX.md."""
+    if index:
+        from repro.reporting.index import write_index
 
-    typer.echo(write_report(run_dir))
+        typer.echo(write_index(run_dir))
+        return
+    from repro.reporting.rundir import rebuild_report
+
+    typer.echo(rebuild_report(run_dir, figures))
 
 
 @app.command()
