@@ -280,12 +280,13 @@ def falsify_tree_exactness(
     out: Annotated[Path | None, typer.Option(help="Output directory.")] = None,
 ) -> None:
     """SpecLA's check 2: one-pass tree verification vs the float64 recurrence along every path."""
-    from repro.harness.falsify import tree_exactness, write_exactness
+    from repro.harness.falsify import open_exactness_run, tree_exactness, write_exactness
 
-    rows = tree_exactness(device, backend, seed)
     out_dir = out or Path("runs") / f"falsify-tree-exactness-{device}-{backend}"
     config = {"check": "tree-exactness", "device": device, "backend": backend, "seed": seed}
-    typer.echo(write_exactness(rows, out_dir, config))
+    with open_exactness_run(out_dir, config) as run:
+        rows = tree_exactness(device, backend, seed)
+        typer.echo(write_exactness(rows, run))
     failed = [r for r in rows if r.verdict != "pass"]
     if failed:
         raise ReproError(

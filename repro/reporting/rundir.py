@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from repro.errors import ReproError, RunDirError
+from repro.reporting.checkpoints import changed_checkpoint
 from repro.reporting.records import (
     MANIFEST_FILE,
     RECORDS_FILE,
@@ -36,9 +37,9 @@ from repro.reporting.records import (
     RecordsWarning,
     _now,
     build_manifest,
+    canonical_json,
     config_hash,
 )
-from repro.reporting.checkpoints import changed_checkpoint
 
 LOCK_FILE = ".lock"
 DECODE = "decode"
@@ -61,7 +62,7 @@ class RunKind:
     key: Callable[[Any], tuple] | None = None
     resumable: bool = False
     check_resume: Callable[[dict[str, Any], list[tuple[int, Any]]], None] | None = None
-    to_dict: Callable[[Any], dict[str, Any]] = lambda r: r  # noqa: E731 - records that are dicts already
+    dumps: Callable[[Any], str] = canonical_json  # one JSON line (no newline)
 
 
 def fields_parser(*required: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
@@ -82,7 +83,11 @@ def _check_route_params(config: dict[str, Any], records: list[tuple[int, Any]]) 
     """Every decode record's route_params must equal the config's spec of its route."""
     from repro.decoding.routes import route_params
 
-    specs = {spec["name"]: route_params(spec) for spec in config.get("routes", []) if isinstance(spec, dict) and "name" in spec}
+    specs = {
+        spec["name"]: route_params(spec)
+        for spec in config.get("routes", [])
+        if isinstance(spec, dict) and "name" in spec
+    }
     for lineno, rec in records:
         if rec.route not in specs:
             raise RunDirError(
@@ -102,11 +107,18 @@ KINDS: dict[str, RunKind] = {
         DECODE,
         DecodeRecord.from_dict,
         "repro.reporting.report:build_report",
-        ("report.md", "summary.csv", "histogram.csv", "acceptance.csv", "accept_histogram.png", "acceptance.png"),
+        (
+            "report.md",
+            "summary.csv",
+            "histogram.csv",
+            "acceptance.csv",
+            "accept_histogram.png",
+            "acceptance.png",
+        ),
         key=lambda r: r.key,
         resumable=True,
         check_resume=_check_route_params,
-        to_dict=lambda r: r.to_dict(),
+        dumps=lambda r: r.to_json(),
     ),
     "bench-kernels": RunKind(
         "bench-kernels",
@@ -244,8 +256,7 @@ def scan_records(path: Path, kind: RunKind, warn: bool = True) -> Scan:
             key = kind.key(rec)
             if key in seen:
                 raise ReproError(
-                    f"{path} line {lineno} repeats the record of line {seen[key]} ({key});"
-                    " delete one of them"
+                    f"{path} line {lineno} repeats the record of line {seen[key]} ({key}); delete one of them"
                 )
             seen[key] = lineno
         records.append((lineno, rec))
@@ -416,7 +427,9 @@ class RunDir:
             self._refuse(f"holds records of a different seed ({old.get('seed')} != {new.get('seed')})")
         scan = scan_records(self.records_path, self.kind)
         if scan.records and not self.kind.resumable:
-            self._refuse(f"already holds a finished or interrupted {self.kind.name} run ({len(scan.records)} records)")
+            self._refuse(
+                f"already holds a finished or interrupted {self.kind.name} run ({len(scan.records)} records)"
+            )
         if self.kind.check_resume is not None:
             try:
                 self.kind.check_resume(old["config"], scan.records)
@@ -468,7 +481,7 @@ class RunDir:
         key = self.kind.key(record) if self.kind.key else None
         if key is not None and key in self._index:
             raise ValueError(f"record {key} is already in {self.records_path}")
-        line = (json.dumps(self.kind.to_dict(record), separators=(",", ":"), allow_nan=False) + "\n").encode()
+        line = (self.kind.dumps(record) + "\n").encode("utf-8")
         try:
             size = self.records_path.stat().st_size if self.records_path.exists() else 0
             if size != self._size:  # the lock keeps other writers out; never truncate what we did not see

@@ -11,7 +11,6 @@ import pytest
 from repro.errors import ReproError
 from repro.reporting.figures import plot_accept_histogram, plot_acceptance
 from repro.reporting.records import DecodeRecord, sha256_ids
-from repro.reporting.rundir import RunDir
 from repro.reporting.report import (
     accept_histogram,
     acceptance_table,
@@ -20,6 +19,7 @@ from repro.reporting.report import (
     summarize,
     write_report,
 )
+from repro.reporting.rundir import RunDir
 
 
 def rec(
