@@ -151,14 +151,25 @@ def routes() -> None:
 def export_default(
     out: Annotated[Path, typer.Argument(help="Directory to write the checkpoint into.")],
     seed: Annotated[int, typer.Option(help="Weight seed.")] = 0,
+    force: Annotated[
+        bool, typer.Option("--force", help="Overwrite the files of an existing non-empty OUT.")
+    ] = False,
 ) -> None:
-    """Write the untrained seeded hybrid (``tiny-random``) as a Qwen3.5-format checkpoint directory."""
+    """Write the untrained seeded hybrid (``tiny-random``) as a Qwen3.5-format checkpoint directory.
+
+    An existing non-empty OUT is refused unless --force is given."""
     from repro.models.default import build_default_target
     from repro.models.loading import save_target
     from repro.models.tokenizer import write_byte_tokenizer_marker
 
-    save_target(build_default_target(seed=seed), out)
-    write_byte_tokenizer_marker(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
+        held = ", ".join(sorted(p.name for p in out.iterdir())[:5]) if out.is_dir() else "a file"
+        raise ReproError(f"{out} already exists and is not empty ({held}); use --force to overwrite it")
+    try:
+        save_target(build_default_target(seed=seed), out)
+        write_byte_tokenizer_marker(out)
+    except OSError as e:
+        raise ReproError(f"cannot write {out}: {e.strerror or e}") from None
     typer.echo(f"wrote {out}/config.json, model.safetensors, repro_tokenizer.json")
 
 
