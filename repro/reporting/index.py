@@ -85,7 +85,9 @@ def index_markdown(results: str | Path) -> str:
     ]
     for r in runs:
         sup = r["superseded"]
-        status = f"{"partly " if sup.get("partly") else ""}superseded by `{sup["by"]}`: {sup["why"]}" if sup else "current"
+        status = "current"
+        if sup:
+            status = f"{'partly ' if sup.get('partly') else ''}superseded by `{sup['by']}`: {sup['why']}"
         lines.append(
             f"| `{r['folder']}` | {r['kind']} | {r['created']} | {_cell(r['device'])} | {r['git']} |"
             f" {r['records']} | {_cell(status)} |"
