@@ -811,7 +811,7 @@ FORMATS = {
 def report_markdown(
     table: pd.DataFrame, manifest: dict[str, Any], out_dir: Path, figures: dict[str, str]
 ) -> str:
-    """report.md's text: environment, ceilings, one table per (shape, group), rows not timed, the cost model."""
+    """report.md's text: environment, ceilings, a table per (shape, group), rows not timed, the cost model."""
     from repro.reporting.report import markdown_table
 
     c = manifest.get("ceilings", {})

@@ -4,8 +4,9 @@ For each shipped target and each prompt set (seeded windows of the corpus's held
 of each suite through the chat template) the target's own family drafters are decoded greedily on
 the routes AR, dflash_chain, eagle_chain, ddtree, eagle_tree and weaver by
 :func:`repro.harness.evaluation.route_acceptance`: MAL, steps, per-depth acceptance, losslessness
-against AR and the engine's per-step stage times. Writes a family-report run directory (:mod:`repro.reporting.rundir`): records.jsonl (one row per
-target x prompt set x route, as each set finishes), manifest.json, table.csv, report.md and a figure.
+against AR and the engine's per-step stage times. Writes a family-report run directory
+(:mod:`repro.reporting.rundir`): records.jsonl (one row per target x prompt set x route, as each set
+finishes), manifest.json, table.csv, report.md and a figure.
 """
 
 from __future__ import annotations

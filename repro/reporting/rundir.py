@@ -206,7 +206,10 @@ def manifest_text(manifest: dict[str, Any]) -> str:
 def read_manifest(path: Path) -> dict[str, Any]:
     """The manifest of a run directory; one line saying what is wrong and that the records are intact."""
     mpath = path / MANIFEST_FILE
-    keep = f"{RECORDS_FILE} is untouched: restore {MANIFEST_FILE} (e.g. from git or a backup) or use another --out"
+    keep = (
+        f"{RECORDS_FILE} is untouched: restore {MANIFEST_FILE} (e.g. from git or a backup)"
+        " or use another --out"
+    )
     try:
         manifest = json.loads(mpath.read_text(encoding="utf-8"))
     except OSError as e:
@@ -250,7 +253,8 @@ def scan_records(path: Path, kind: RunKind, warn: bool = True) -> Scan:
         except (ValueError, TypeError, KeyError) as e:  # JSON and UTF-8 decode errors are ValueErrors
             msg = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise ReproError(
-                f"{path} line {lineno} is not a valid record of a {kind.name} run ({msg}); fix or delete that line"
+                f"{path} line {lineno} is not a valid record of a {kind.name} run ({msg});"
+                " fix or delete that line"
             ) from None
         if kind.key is not None:
             key = kind.key(rec)
@@ -384,8 +388,8 @@ class RunDir:
             if content:
                 shown = ", ".join(content[:5]) + (f" and {len(content) - 5} more" if len(content) > 5 else "")
                 raise RunDirError(
-                    f"output directory {self.path} is not empty ({shown}) and has no {MANIFEST_FILE}, so it is"
-                    " not a run directory; choose another --out (nothing was written)"
+                    f"output directory {self.path} is not empty ({shown}) and has no {MANIFEST_FILE},"
+                    " so it is not a run directory; choose another --out (nothing was written)"
                 )
 
     def _acquire_lock(self) -> Any:
