@@ -66,15 +66,14 @@ def run(
     out_dir = out or default_out_dir(cfg)
     runner = ExperimentRunner(cfg)  # opens the target and checks routes and suites first
     total = runner.total_units()
-    run_dir = RunDir(out_dir, {**build_manifest(cfg), "checkpoints": fingerprint_checkpoints(cfg)})
-    with Progress(
+    manifest = {**build_manifest(cfg), "checkpoints": fingerprint_checkpoints(cfg)}
+    with RunDir(out_dir, manifest) as run_dir, Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         TextColumn("{task.fields[item]}"), console=err_console, transient=False,
     ) as bar:  # fmt: skip
         task = bar.add_task(str(cfg["name"]), total=total, item="")
         written = runner.run(run_dir, progress=lambda item: bar.update(task, advance=1, item=item))
-    markdown = run_dir.write_report()
-    run_dir.close()
+        markdown = run_dir.write_report()
     typer.echo(markdown)
     err_console.print(f"{written} new record(s); records and report in {out_dir}")
 
