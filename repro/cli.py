@@ -55,8 +55,9 @@ def run(
     """Run an experiment; records are appended as they are made and a rerun resumes."""
     from repro.harness.experiment import load_experiment
     from repro.harness.runner import ExperimentRunner, default_out_dir
-    from repro.reporting.records import RunDir, build_manifest
-    from repro.reporting.report import write_report
+    from repro.reporting.checkpoints import fingerprint_checkpoints
+    from repro.reporting.records import build_manifest
+    from repro.reporting.rundir import RunDir
 
     overrides = {
         "target": target, "suites": suites, "limit": limit, "max_new_tokens": max_new_tokens,
@@ -66,14 +67,14 @@ def run(
     out_dir = out or default_out_dir(cfg)
     runner = ExperimentRunner(cfg)  # opens the target and checks routes and suites first
     total = runner.total_units()
-    run_dir = RunDir(out_dir, build_manifest(cfg))
-    with Progress(
+    manifest = {**build_manifest(cfg), "checkpoints": fingerprint_checkpoints(cfg)}
+    with RunDir(out_dir, manifest) as run_dir, Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         TextColumn("{task.fields[item]}"), console=err_console, transient=False,
     ) as bar:  # fmt: skip
         task = bar.add_task(str(cfg["name"]), total=total, item="")
         written = runner.run(run_dir, progress=lambda item: bar.update(task, advance=1, item=item))
-    markdown = write_report(out_dir)
+        markdown = run_dir.write_report()
     typer.echo(markdown)
     err_console.print(f"{written} new record(s); records and report in {out_dir}")
 
@@ -114,11 +115,33 @@ def generate(
 
 
 @app.command()
-def report(run_dir: Annotated[Path, typer.Argument(help="A run directory holding records.jsonl.")]) -> None:
-    """Rebuild the tables (markdown + CSV) and figures of a run from its records alone."""
-    from repro.reporting.report import write_report
+def report(
+    run_dir: Annotated[
+        Path, typer.Argument(help="A run directory of any kind (or its records.jsonl / manifest.json).")
+    ],
+    figures: Annotated[
+        Path | None,
+        typer.Option(help="Figure folder (default: the run's own, as recorded in its manifest)."),
+    ] = None,
+    index: Annotated[
+        bool,
+        typer.Option(
+            "--index",
+            help="RUN_DIR is a results folder: rewrite RUN_DIR/INDEX.md (every run folder, its kind, the"
+            " latest per item, superseded ones from RUN_DIR/supersedes.json) instead of a report.",
+        ),
+    ] = False,
+) -> None:
+    """Rebuild report.md, tables and figures of a run (decode, bench, falsify, family) from its records
+    and manifest alone; with --index, regenerate a results folder's INDEX.md."""
+    if index:
+        from repro.reporting.index import write_index
 
-    typer.echo(write_report(run_dir))
+        typer.echo(write_index(run_dir))
+        return
+    from repro.reporting.rundir import rebuild_report
+
+    typer.echo(rebuild_report(run_dir, figures))
 
 
 @app.command()
@@ -133,14 +156,25 @@ def routes() -> None:
 def export_default(
     out: Annotated[Path, typer.Argument(help="Directory to write the checkpoint into.")],
     seed: Annotated[int, typer.Option(help="Weight seed.")] = 0,
+    force: Annotated[
+        bool, typer.Option("--force", help="Overwrite the files of an existing non-empty OUT.")
+    ] = False,
 ) -> None:
-    """Write the untrained seeded hybrid (``tiny-random``) as a Qwen3.5-format checkpoint directory."""
+    """Write the untrained seeded hybrid (``tiny-random``) as a Qwen3.5-format checkpoint directory.
+
+    An existing non-empty OUT is refused unless --force is given."""
     from repro.models.default import build_default_target
     from repro.models.loading import save_target
     from repro.models.tokenizer import write_byte_tokenizer_marker
 
-    save_target(build_default_target(seed=seed), out)
-    write_byte_tokenizer_marker(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
+        held = ", ".join(sorted(p.name for p in out.iterdir())[:5]) if out.is_dir() else "a file"
+        raise ReproError(f"{out} already exists and is not empty ({held}); use --force to overwrite it")
+    try:
+        save_target(build_default_target(seed=seed), out)
+        write_byte_tokenizer_marker(out)
+    except OSError as e:
+        raise ReproError(f"cannot write {out}: {e.strerror or e}") from None
     typer.echo(f"wrote {out}/config.json, model.safetensors, repro_tokenizer.json")
 
 
@@ -262,12 +296,13 @@ def falsify_tree_exactness(
     out: Annotated[Path | None, typer.Option(help="Output directory.")] = None,
 ) -> None:
     """SpecLA's check 2: one-pass tree verification vs the float64 recurrence along every path."""
-    from repro.harness.falsify import tree_exactness, write_exactness
+    from repro.harness.falsify import open_exactness_run, tree_exactness, write_exactness
 
-    rows = tree_exactness(device, backend, seed)
     out_dir = out or Path("runs") / f"falsify-tree-exactness-{device}-{backend}"
     config = {"check": "tree-exactness", "device": device, "backend": backend, "seed": seed}
-    typer.echo(write_exactness(rows, out_dir, config))
+    with open_exactness_run(out_dir, config) as run:
+        rows = tree_exactness(device, backend, seed)
+        typer.echo(write_exactness(rows, run))
     failed = [r for r in rows if r.verdict != "pass"]
     if failed:
         raise ReproError(

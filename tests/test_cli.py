@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from repro.reporting.records import load_records
+from repro.reporting.rundir import load_records
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -175,7 +175,8 @@ def test_shipped_smoke_routes_all_reproduce_ar(tmp_path):
     accept more than one token per step."""
     from repro.harness.experiment import load_experiment
     from repro.harness.runner import ExperimentRunner
-    from repro.reporting.records import RunDir, build_manifest
+    from repro.reporting.records import build_manifest
+    from repro.reporting.rundir import RunDir
 
     cfg = load_experiment("smoke", {"limit": 1, "max_new_tokens": 20})
     cfg["warmup"], cfg["ignore_eos"] = 0, True

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import importlib
 import itertools
-import json
 import math
 import os
 import sys
@@ -57,8 +56,9 @@ import yaml
 
 from repro.bench.shapes import SHAPES, LayerShape, deepest_path, depths, flatten_paths, make_tree
 from repro.bench.timing import TimerConfig, graph_us, measure_ceilings, median_us, timer_name
-from repro.errors import ReproError, describe
+from repro.errors import describe
 from repro.gdn import reference as gdn
+from repro.reporting.rundir import Run
 from repro.tree import Tree
 
 TOLERANCE = {"bf16": 1e-2, "fp32": 1e-4}  # relative error vs float64 (see the device METHOD notes)
@@ -85,6 +85,7 @@ RECOVERY_ROWS = [
 QUICK_SIZES = [4, 8]
 QUICK_DEPTHS = [2, 4]
 
+KIND = "bench-kernels"
 COLUMNS = [
     "shape", "group", "kind", "T", "depth", "leaves", "flat_len", "method", "dtype", "precision", "status",
     "reason", "rel_err", "tol", "us", "us_graph", "graph_sets", "floor_us", "floor_bound", "x_floor",
@@ -753,26 +754,21 @@ def run_bench(
     CPU, or ``cfg.quick``: the CPU device, the perf_counter timer; methods that need CUDA are
     recorded as skipped. Returns the table.
     """
-    from repro.reporting.records import build_manifest, canonical_json
+    from repro.reporting.records import build_manifest
+    from repro.reporting.rundir import RunDir
 
     out_dir = Path(out_dir)
-    records = out_dir / "records.jsonl"
-    if records.exists():
-        raise ReproError(f"{out_dir} already holds {records.name}; choose another --out or delete it")
-    out_dir.mkdir(parents=True, exist_ok=True)
     device = torch.device("cuda" if torch.cuda.is_available() and not cfg.quick else "cpu")
     if device.type == "cuda":
         device = torch.device("cuda", torch.cuda.current_device())
-    ceilings = measure_ceilings(device, cfg.timer, quick=device.type != "cuda")
     manifest = build_manifest(cfg.as_dict(), seed=cfg.seed)
     manifest["versions"].update(_versions())
-    manifest.update(
-        bench_device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", ceilings=ceilings
-    )
-    (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
-    paper = paper_numbers()
-    rows: list[dict[str, Any]] = []
-    with open(records, "w", encoding="utf-8") as f:
+    with RunDir(out_dir, manifest, kind=KIND) as run:  # refuses an existing run before measuring
+        ceilings = measure_ceilings(device, cfg.timer, quick=device.type != "cuda")
+        bench_device = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        run.update_manifest(bench_device=bench_device, ceilings=ceilings)
+        paper = paper_numbers()
+        rows: list[dict[str, Any]] = []
         start = time.monotonic()
         for spec in plan(cfg):
             over = cfg.budget_s is not None and time.monotonic() - start > cfg.budget_s
@@ -781,16 +777,23 @@ def run_bench(
             )
             derive(row, rows + [row], paper)
             rows.append(row)
-            f.write(canonical_json(row) + "\n")
-            f.flush()
+            run.append(row)
             if progress:
                 progress(row)
-    table = pd.DataFrame(rows, columns=COLUMNS)
-    table.to_csv(out_dir / "table.csv", index=False)
-    figures_dir = Path(figures_dir) if figures_dir is not None else out_dir / "figures"
-    figs = write_figures(table, figures_dir)
-    write_report(table, manifest, out_dir, {k: os.path.relpath(v, out_dir) for k, v in figs.items()})
-    return table
+        run.write_report(figures_dir if figures_dir is not None else out_dir / "figures")
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def build_report(run: Run, figures_dir: Path | None) -> str:
+    """table.csv, figures (in ``figures_dir``) and report.md of a bench-kernels run, from its records."""
+    table = pd.DataFrame(run.records, columns=COLUMNS)
+    run.write("table.csv", table.to_csv(index=False))
+    figs = write_figures(table, figures_dir) if figures_dir is not None else {}
+    text = report_markdown(
+        table, run.manifest, run.path, {k: os.path.relpath(v, run.path) for k, v in figs.items()}
+    )
+    run.write("report.md", text)
+    return text
 
 
 # ----------------------------------------------------------------------------- report, figures
@@ -805,10 +808,10 @@ FORMATS = {
 }  # fmt: skip
 
 
-def write_report(
+def report_markdown(
     table: pd.DataFrame, manifest: dict[str, Any], out_dir: Path, figures: dict[str, str]
 ) -> str:
-    """report.md: environment, ceilings, one table per (shape, group), rows not timed, the cost model."""
+    """report.md's text: environment, ceilings, a table per (shape, group), rows not timed, the cost model."""
     from repro.reporting.report import markdown_table
 
     c = manifest.get("ceilings", {})
@@ -853,9 +856,7 @@ def write_report(
         lines += sorted({f"- {r.method}: {r.reason}" for r in notes.itertuples()})
         lines.append("")
     lines += ["## Definitions", "", DEFINITIONS, ""]
-    text = "\n".join(lines)
-    (out_dir / "report.md").write_text(text, encoding="utf-8")
-    return text
+    return "\n".join(lines)
 
 
 DEFINITIONS = """\

@@ -49,6 +49,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
+import os
 import re
 import sys
 import time
@@ -65,13 +66,14 @@ import torch
 from repro.bench.kernels import _versions, rel_err, wy_flops
 from repro.bench.shapes import draft_tree, flatten_paths
 from repro.bench.timing import TimerConfig, measure_ceilings, median_us, timer_name
-from repro.errors import ReproError, describe
+from repro.errors import describe
 from repro.models.config import ATTENTION, GDN, HybridConfig
 from repro.models.default import init_random_weights, tiny_config
 from repro.models.graphs import count_ops
 from repro.models.hybrid import HybridLM
 from repro.models.state import ModelState
 from repro.models.static import StaticDecoder, TreeSlot
+from repro.reporting.rundir import Run
 from repro.tree import Tree
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
@@ -85,6 +87,7 @@ TARGET_FLOOR = 0.70  # AR decode >= 70% of the weight-bandwidth floor at gdn-1.3
 CORE_CALLS = 16  # GDN core rows: calls per graph replay
 COMPILE_MIN_S = 45.0  # compiled rows start only with this much of the shape's budget left
 
+KIND = "bench-model"
 COLUMNS = [
     "shape", "group", "method", "T", "accepted", "dtype", "status", "reason", "rel_err", "state_err",
     "rel_err_eager", "top1", "tol", "us", "tokens_per_s", "floor_us", "floor_frac", "x_decode", "layers_gdn",
@@ -826,29 +829,23 @@ def run_model_bench(
 ) -> pd.DataFrame:
     """Every row of every shape; records.jsonl as rows come, manifest, and the report, table.csv and
     figure rewritten after each shape (so a run cut short still has them). Returns the table."""
-    from repro.reporting.records import build_manifest, canonical_json
+    from repro.reporting.records import build_manifest
+    from repro.reporting.rundir import RunDir
 
     out_dir = Path(out_dir)
-    records = out_dir / "records.jsonl"
-    if records.exists():
-        raise ReproError(f"{out_dir} already holds {records.name}; choose another --out or delete it")
-    out_dir.mkdir(parents=True, exist_ok=True)
     figures_dir = Path(figures_dir) if figures_dir is not None else out_dir / "figures"
     if device.type == "cuda":
         device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
         torch.cuda.set_device(device)
-    start = time.monotonic()
-    deadline = start + cfg.time_budget_s if cfg.time_budget_s is not None else math.inf
-    ceilings = measure_ceilings(device, cfg.timer, quick=device.type != "cuda")
     manifest = build_manifest(cfg.as_dict(), seed=cfg.seed)
     manifest["versions"].update(_versions())
-    manifest.update(
-        bench_device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        ceilings=ceilings,
-        models={},
-    )
-    rows: list[dict[str, Any]] = []
-    with open(records, "w", encoding="utf-8") as f:
+    with RunDir(out_dir, manifest, kind=KIND) as run:  # refuses an existing run before measuring
+        start = time.monotonic()
+        deadline = start + cfg.time_budget_s if cfg.time_budget_s is not None else math.inf
+        ceilings = measure_ceilings(device, cfg.timer, quick=device.type != "cuda")
+        bench_device = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        run.update_manifest(bench_device=bench_device, ceilings=ceilings, models={})
+        rows: list[dict[str, Any]] = []
         for i, name in enumerate(cfg.shapes):
             # each shape gets an equal share of what is left; a shape that finishes early passes time on
             shape_deadline = time.monotonic() + (deadline - time.monotonic()) / (len(cfg.shapes) - i)
@@ -857,7 +854,7 @@ def run_model_bench(
                 if time.monotonic() > deadline:
                     raise _Skip(f"time budget of {cfg.time_budget_s:g} s spent")
                 bench = ShapeBench(name, cfg, device)
-                manifest["models"][name] = _model_info(bench)
+                run.update_manifest(models={**run.manifest["models"], name: _model_info(bench)})
             except _Skip as why:
                 skip_all = str(why)
             except Exception as exc:  # noqa: BLE001 - e.g. out of memory: record, go on
@@ -874,16 +871,31 @@ def run_model_bench(
                 row = measure(bench, spec, ceilings, skip) if bench else _skipped(name, spec, cfg, skip or "")
                 rows.append(row)
                 derive(rows)
-                f.write(canonical_json(row) + "\n")
-                f.flush()
+                run.append(row)
                 if progress:
                     progress(row)
             del bench
             gc.collect()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-            _write_outputs(pd.DataFrame(rows, columns=COLUMNS), manifest, out_dir, figures_dir)
+            run.write_report(figures_dir)  # after each shape, so that a run cut short still has a report
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def build_report(run: Run, figures_dir: Path | None) -> str:
+    """table.csv, the figure (in ``figures_dir``) and report.md of a bench-model run, from its records
+    (x_decode is derived again over all rows)."""
+    rows = [dict(r) for r in run.records]
+    derive(rows)
+    table = pd.DataFrame(rows, columns=COLUMNS)
+    present = {k for r in rows for k in r}  # the table of a run of older code has only its columns
+    run.write("table.csv", table[[c for c in COLUMNS if c in present or not rows]].to_csv(index=False))
+    figs = write_figure(table, figures_dir) if figures_dir is not None else {}
+    text = report_markdown(
+        table, run.manifest, run.path, {k: os.path.relpath(v, run.path) for k, v in figs.items()}
+    )
+    run.write("report.md", text)
+    return text
 
 
 class _Skip(Exception):
@@ -912,16 +924,6 @@ def _model_info(bench: ShapeBench) -> dict[str, Any]:
         "kernel_dtype": str(bench.decoder.kernel_dtype),
         "precision": bench.decoder.precision,
     }
-
-
-def _write_outputs(table: pd.DataFrame, manifest: dict[str, Any], out_dir: Path, figures_dir: Path) -> None:
-    import json
-    import os
-
-    (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
-    table.to_csv(out_dir / "table.csv", index=False)
-    figs = write_figure(table, figures_dir)
-    write_report(table, manifest, out_dir, {k: os.path.relpath(v, out_dir) for k, v in figs.items()})
 
 
 # ---------------------------------------------------------------------------- report, figure
@@ -1089,10 +1091,10 @@ def why_lines(table: pd.DataFrame, shape: str, step_nodes: int, info: dict[str, 
     return out
 
 
-def write_report(
+def report_markdown(
     table: pd.DataFrame, manifest: dict[str, Any], out_dir: Path, figures: dict[str, str]
 ) -> str:
-    """report.md: environment, per shape the targets, why, and one table per group; rows not timed."""
+    """report.md's text: environment, per shape the targets, why, and one table per group; rows not timed."""
     from repro.reporting.report import markdown_table
 
     c = manifest.get("ceilings", {})
@@ -1154,9 +1156,7 @@ def write_report(
         lines += [f"- note: {r.shape} {r.group} {r.method}: {r.reason}" for r in notes.itertuples()]
         lines.append("")
     lines += ["## Definitions", "", DEFINITIONS, ""]
-    text = "\n".join(lines)
-    (out_dir / "report.md").write_text(text, encoding="utf-8")
-    return text
+    return "\n".join(lines)
 
 
 DEFINITIONS = """\

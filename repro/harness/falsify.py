@@ -9,7 +9,6 @@ controls (a positional cumulative gate; a causal mask instead of the tree mask) 
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -22,10 +21,11 @@ from repro.gdn.backends import tree_function
 from repro.gdn.reference import commit_closed_form, expand_key_heads
 from repro.models.default import build_default_target
 from repro.models.hybrid import HybridLM
-from repro.reporting.records import build_manifest
 from repro.reporting.report import markdown_table
+from repro.reporting.rundir import Run, RunDir
 from repro.tree import Tree
 
+KIND = "falsify-tree-exactness"
 CONTROL_MIN = 1e-3  # a negative control must differ from the truth by more than this
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5}
 CASES = (("random", 40), ("mixed", 64), ("fan", 32), ("forest", 48), ("chain", 64))
@@ -175,12 +175,24 @@ def tree_exactness(device: str = "cpu", backend: str = "reference", seed: int = 
     return rows
 
 
-def write_exactness(rows: list[ExactnessRow], out: Path, config: dict) -> str:
-    """records.jsonl, manifest.json and report.md under ``out``; returns the markdown."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "records.jsonl").write_text("".join(json.dumps(asdict(r)) + "\n" for r in rows))
-    (out / "manifest.json").write_text(json.dumps(build_manifest(config), indent=2, default=str) + "\n")
-    table = markdown_table(pd.DataFrame([asdict(r) for r in rows]), {
+def open_exactness_run(out: Path, config: dict) -> RunDir:
+    """The run directory of a tree-exactness check; opened before the check runs, so that an existing
+    run or a foreign non-empty directory is refused at once."""
+    from repro.reporting.records import build_manifest
+
+    return RunDir(out, build_manifest(config), kind=KIND)
+
+
+def write_exactness(rows: list[ExactnessRow], run: RunDir) -> str:
+    """Append the rows to ``run`` and write its report; returns the markdown."""
+    for row in rows:
+        run.append(asdict(row))
+    return run.write_report()
+
+
+def build_report(run: Run, figures_dir: Path | None) -> str:
+    """report.md of a tree-exactness run, from its records."""
+    table = markdown_table(pd.DataFrame(run.records), {
         "err_outputs": "{:.1e}", "err_state": "{:.1e}", "control_positional_gate": "{:.2g}",
         "control_causal_mask": "{:.2g}", "tol": "{:.0e}",
     })  # fmt: skip
@@ -190,5 +202,5 @@ def write_exactness(rows: list[ExactnessRow], out: Path, config: dict) -> str:
         "token-by-token recurrence along its root-to-node path; errors are max |diff| / max |truth|.\n"
         f"Negative controls must differ by more than {CONTROL_MIN:g}.\n\n{table}\n"
     )
-    (out / "report.md").write_text(text)
+    run.write("report.md", text)
     return text

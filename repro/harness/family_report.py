@@ -4,8 +4,9 @@ For each shipped target and each prompt set (seeded windows of the corpus's held
 of each suite through the chat template) the target's own family drafters are decoded greedily on
 the routes AR, dflash_chain, eagle_chain, ddtree, eagle_tree and weaver by
 :func:`repro.harness.evaluation.route_acceptance`: MAL, steps, per-depth acceptance, losslessness
-against AR and the engine's per-step stage times. Writes records.jsonl (one row per target x
-prompt set x route, as each set finishes), manifest.json, table.csv, report.md and a figure.
+against AR and the engine's per-step stage times. Writes a family-report run directory
+(:mod:`repro.reporting.rundir`): records.jsonl (one row per target x prompt set x route, as each set
+finishes), manifest.json, table.csv, report.md and a figure.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from repro.errors import ConfigError, ReproError
 from repro.models.family import TARGETS, drafter_name, index
 from repro.models.target import open_target, resolve_dtype
 from repro.models.tokenizer import Tokenizer
-from repro.reporting.records import build_manifest, canonical_json
+from repro.reporting.records import build_manifest
+from repro.reporting.rundir import Run, RunDir
 
 HELDOUT = "heldout"
 DEFAULT_SUITES = ("mt_bench", "gsm8k", "humaneval")
@@ -37,6 +39,7 @@ MAX_DEPTH = 15  # DFlash block 16: the deepest draft any route here can propose
 ALL = "all"
 FIGURE = "depth_acceptance.png"
 STAGES_SHOWN = ("draft", "verify")
+KIND = "family-report"
 COUNTS = ("prompts", "prompt_len", "limit", "new_tokens", "budget", "width", "block_size", "eagle_k")
 
 
@@ -138,40 +141,37 @@ def _layers(model: Any) -> str:
     return f"{gdn} GDN + {len(kinds) - gdn} attention layers" if gdn < len(kinds) else f"{gdn} GDN layers"
 
 
-def evaluate(
-    cfg: FamilyReportConfig, out_dir: Path, progress: Callable[[str], None] | None = None
-) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Decode every (target, prompt set, route); rows go to records.jsonl as each set finishes.
-
-    Returns (rows, manifest); the manifest (written first) records the config, environment,
-    family provenance, the held-out file's sha256 and notes on prompt sets left out.
-    """
-    from repro.harness.evaluation import route_acceptance
-    from repro.reporting.records import write_json
-
-    records = out_dir / "records.jsonl"
-    if records.exists():
-        raise ConfigError(f"{out_dir} already holds {records.name}; choose another --out or delete it")
-    out_dir.mkdir(parents=True, exist_ok=True)
+def open_run(cfg: FamilyReportConfig) -> RunDir:
+    """The family-report run directory of ``cfg.out``: config, environment, family provenance and the
+    held-out file's sha256 in its manifest; refuses an existing run or a foreign non-empty folder."""
     manifest = build_manifest(asdict(cfg), seed=cfg.seed)
     manifest["family"] = _family_info(cfg)
     heldout = Path(cfg.corpus) / "heldout.txt" if cfg.corpus else None
     if heldout is not None and heldout.is_file():
         manifest["heldout_sha256"] = hashlib.sha256(heldout.read_bytes()).hexdigest()
     manifest["notes"], manifest["layers"] = [], {}
-    rows: list[dict[str, Any]] = []
-    with open(records, "w", encoding="utf-8") as f:
-        for target in cfg.targets:
-            model, tok = open_target(target, cfg.dtype, "cpu", seed=cfg.seed)
-            manifest["layers"][target] = _layers(model)
-            sets, notes = prompt_sets(tok, cfg)
-            manifest["notes"] = list(dict.fromkeys(manifest["notes"] + notes))
-            write_json(out_dir / "manifest.json", manifest)
-            specs = route_specs(target, cfg.budget, cfg.width, cfg.block_size, cfg.eagle_k)
-            for set_name, prompts in sets.items():
-                acc = route_acceptance(model, specs, prompts, cfg.new_tokens, cfg.seed, MAX_DEPTH)
-                for route, result in acc.items():
-                    row = {
+    return RunDir(cfg.out, manifest, kind=KIND)
+
+
+def evaluate(cfg: FamilyReportConfig, run: RunDir, progress: Callable[[str], None] | None = None) -> int:
+    """Decode every (target, prompt set, route); rows are appended to ``run`` as each set finishes, and
+    the layers of each target and notes on prompt sets left out go to its manifest. Returns the rows."""
+    from repro.harness.evaluation import route_acceptance
+
+    written = 0
+    for target in cfg.targets:
+        model, tok = open_target(target, cfg.dtype, "cpu", seed=cfg.seed)
+        sets, notes = prompt_sets(tok, cfg)
+        run.update_manifest(
+            layers={**run.manifest["layers"], target: _layers(model)},
+            notes=list(dict.fromkeys(run.manifest["notes"] + notes)),
+        )
+        specs = route_specs(target, cfg.budget, cfg.width, cfg.block_size, cfg.eagle_k)
+        for set_name, prompts in sets.items():
+            acc = route_acceptance(model, specs, prompts, cfg.new_tokens, cfg.seed, MAX_DEPTH)
+            for route, result in acc.items():
+                run.append(
+                    {
                         "target": target,
                         "prompt_set": set_name,
                         "route": route,
@@ -181,13 +181,12 @@ def evaluate(
                         "new_tokens": cfg.new_tokens,
                         **result,
                     }
-                    rows.append(row)
-                    f.write(canonical_json(row) + "\n")
-                f.flush()
-                if progress:
-                    shown = ", ".join(f"{r} {a['mal']:.2f}" for r, a in acc.items())
-                    progress(f"{target} {set_name} ({len(prompts)} prompts) MAL: {shown}")
-    return rows, manifest
+                )
+                written += 1
+            if progress:
+                shown = ", ".join(f"{r} {a['mal']:.2f}" for r, a in acc.items())
+                progress(f"{target} {set_name} ({len(prompts)} prompts) MAL: {shown}")
+    return written
 
 
 def flat_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
@@ -287,8 +286,8 @@ def _about(manifest: dict[str, Any], cfg: dict[str, Any]) -> str:
     )
 
 
-def write_report(table: pd.DataFrame, manifest: dict[str, Any], out_dir: Path, figure: Path | None) -> str:
-    """report.md: what the family is, the lossless verdict, per target the MAL and depth tables."""
+def report_markdown(table: pd.DataFrame, manifest: dict[str, Any], out_dir: Path, figure: Path | None) -> str:
+    """report.md's text: what the family is, the lossless verdict, per target the MAL and depth tables."""
     from repro.reporting.report import markdown_table
 
     cfg = manifest["config"]
@@ -335,8 +334,20 @@ def write_report(table: pd.DataFrame, manifest: dict[str, Any], out_dir: Path, f
     if figure is not None:
         rel = os.path.relpath(figure, out_dir)
         lines += ["", f"![per-depth acceptance]({rel})", "", f"Figure: {rel} (one panel per target)."]
-    text = "\n".join(lines) + "\n"
-    (out_dir / "report.md").write_text(text, encoding="utf-8")
+    return "\n".join(lines) + "\n"
+
+
+def build_report(run: Run, figures_dir: Path | None) -> str:
+    """table.csv, the per-depth figure (in ``figures_dir``) and report.md of a family-report run."""
+    from repro.reporting.figures import plot_depth_acceptance
+
+    if not run.records:
+        raise ReproError(f"{run.path} holds no records: nothing was evaluated")
+    table = flat_table(run.records)
+    run.write("table.csv", table.to_csv(index=False))
+    figure = plot_depth_acceptance(_curves(table), figures_dir / FIGURE) if figures_dir is not None else None
+    text = report_markdown(table, run.manifest, run.path, figure)
+    run.write("report.md", text)
     return text
 
 
@@ -348,15 +359,11 @@ def _counts(table: pd.DataFrame) -> dict[str, int]:
 def run_family_report(
     cfg: FamilyReportConfig, progress: Callable[[str], None] | None = None
 ) -> tuple[str, list[str]]:
-    """Evaluate, then write table.csv, the figure and report.md; returns (markdown, divergences)."""
-    from repro.reporting.figures import plot_depth_acceptance
-
+    """Evaluate into a run directory, then write table.csv, the figure and report.md; returns
+    (markdown, divergences)."""
     cfg.check()
-    out_dir = Path(cfg.out)
-    rows, manifest = evaluate(cfg, out_dir, progress)
-    if not rows:
-        raise ReproError("nothing was evaluated: no prompt sets")
-    table = flat_table(rows)
-    table.to_csv(out_dir / "table.csv", index=False)
-    figure = plot_depth_acceptance(_curves(table), Path(cfg.figures) / FIGURE)
-    return write_report(table, manifest, out_dir, figure), divergences(table)
+    with open_run(cfg) as run:
+        if not evaluate(cfg, run, progress):
+            raise ReproError("nothing was evaluated: no prompt sets")
+        text = run.write_report(figures=cfg.figures)
+        return text, divergences(flat_table(run.records()))

@@ -20,7 +20,8 @@ from repro.decoding.routes import build_route, family_of
 from repro.models.hybrid import HybridLM
 from repro.models.target import open_target
 from repro.models.tokenizer import Tokenizer
-from repro.reporting.records import DecodeRecord, RunDir, compare_to_reference, sha256_ids
+from repro.reporting.records import DecodeRecord, compare_to_reference, reference_route, sha256_ids
+from repro.reporting.rundir import RunDir
 
 WARMUP_PROMPT = "Warm-up: say something short."
 
@@ -112,6 +113,7 @@ class ExperimentRunner:
         """Decode every (prompt, turn, route) not yet in ``run_dir``; returns records written."""
         prompts = self.prompts()
         done = run_dir.done_keys()
+        ref_route = reference_route((r.name, r.params) for r in self.routes)
         self.warm_up()
         written = 0
         for prompt in prompts:
@@ -126,8 +128,7 @@ class ExperimentRunner:
                     else:
                         prompt_ids = self.tokenizer.chat_prompt(messages)
                         result = self.decode(route, prompt_ids, reference)
-                        is_ar = route.params.get("kind") == "ar"
-                        if is_ar:
+                        if route.name == ref_route:
                             vs_ar = "reference"
                         elif reference is None:
                             vs_ar = "no reference"
@@ -136,7 +137,7 @@ class ExperimentRunner:
                         record = make_record(route, prompt, turn, prompt_ids, result, self.cfg, vs_ar)
                         run_dir.append(record)
                         written += 1
-                    if route.params.get("kind") == "ar":
+                    if route.name == ref_route:
                         reference = list(record.output_ids)
                     history[route.name] = messages + [
                         {"role": "assistant", "content": answer_text(self.tokenizer, record.output_ids)}

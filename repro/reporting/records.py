@@ -1,9 +1,7 @@
-"""Decode records and run directories.
+"""Decode records and the environment part of run manifests.
 
-A run directory holds ``manifest.json`` (environment, full resolved config and its hash) and
-``records.jsonl``: one :class:`DecodeRecord` per (route, suite, prompt_id, turn), appended and
-fsynced as soon as it is produced, so an interrupted run loses at most the line being written.
-Reopening a directory with the same config hash resumes it; a different hash is refused.
+A decode run's ``records.jsonl`` holds one :class:`DecodeRecord` per (route, suite, prompt_id,
+turn); the run directory itself (writing, resuming, reading back) is :mod:`repro.reporting.rundir`.
 """
 
 from __future__ import annotations
@@ -16,7 +14,7 @@ import platform
 import re
 import subprocess
 import sys
-import warnings
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime, timezone
 from importlib import metadata
@@ -24,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from repro import __version__
-from repro.errors import ReproError, RunDirError
 
 MANIFEST_FILE = "manifest.json"
 RECORDS_FILE = "records.jsonl"
@@ -65,9 +62,17 @@ def divergence_index(vs_ar: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def is_ar_route(route: str, route_params: dict[str, Any]) -> bool:
-    """The AR baseline is the route whose ``route_params["kind"] == "ar"`` or that is named ``"ar"``."""
-    return route == "ar" or route_params.get("kind") == "ar"
+def is_ar_route(route_params: dict[str, Any]) -> bool:
+    """An AR route is one whose ``route_params["kind"] == "ar"`` (its name does not matter)."""
+    return route_params.get("kind") == "ar"
+
+
+def reference_route(routes: Iterable[tuple[str, dict[str, Any]]]) -> str | None:
+    """The AR baseline of a run: the first route (in run order) whose kind is ``ar``; None without one.
+
+    ``routes`` are (name, route_params) pairs. The runner and the report both use this definition.
+    """
+    return next((name for name, params in routes if is_ar_route(params)), None)
 
 
 @dataclass
@@ -107,7 +112,7 @@ class DecodeRecord:
 
     @property
     def is_ar(self) -> bool:
-        return is_ar_route(self.route, self.route_params)
+        return is_ar_route(self.route_params)
 
     @property
     def tokens_per_s(self) -> float:
@@ -281,185 +286,3 @@ def write_json(path: Path, obj: Any) -> Path:
     """``obj`` as indented JSON with a final newline."""
     path.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
     return path
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _read_manifest(path: Path, exc: type[ReproError] = ReproError) -> dict[str, Any]:
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise exc(f"cannot read {path}: {e.strerror}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise exc(f"{path} is not valid JSON ({e}); delete the run directory or use another --out") from None
-    if not isinstance(manifest, dict) or "config_hash" not in manifest:
-        raise exc(f"{path} is not a run manifest (no config_hash)")
-    return manifest
-
-
-# ------------------------------------------------------------------------------ records file
-
-
-@dataclass
-class _Scan:
-    records: list[DecodeRecord]
-    valid_bytes: int  # length of the file up to and including its last newline
-    truncated: bool  # bytes after the last newline (an interrupted write)
-
-
-def _scan_records(path: Path, warn: bool = True) -> _Scan:
-    """Parse records.jsonl; a last line without newline is ignored (warning), other bad lines raise."""
-    if not path.exists():
-        return _Scan([], 0, False)
-    data = path.read_bytes()
-    end = data.rfind(b"\n") + 1
-    truncated = end < len(data)
-    if truncated and warn:
-        warnings.warn(
-            f"{path}: ignoring a truncated last line ({len(data) - end} bytes, an interrupted write);"
-            " it is removed on the next append",
-            RecordsWarning,
-            stacklevel=3,
-        )
-    records: list[DecodeRecord] = []
-    seen: dict[RecordKey, int] = {}
-    for lineno, raw in enumerate(data[:end].split(b"\n")[:-1], start=1):
-        if not raw.strip():
-            continue
-        try:
-            rec = DecodeRecord.from_json(raw.decode("utf-8"))
-        except (ValueError, TypeError, KeyError) as e:  # JSON and UTF-8 decode errors are ValueErrors
-            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise ReproError(
-                f"{path} line {lineno} is not a valid record ({msg}); fix or delete that line"
-            ) from None
-        if rec.key in seen:
-            raise ReproError(
-                f"{path} line {lineno} repeats the record of line {seen[rec.key]} (route={rec.route},"
-                f" suite={rec.suite}, prompt={rec.prompt_id}, turn={rec.turn}); delete one of them"
-            )
-        seen[rec.key] = lineno
-        records.append(rec)
-    return _Scan(records, end, truncated)
-
-
-class RunDir:
-    """An output directory: manifest.json + append-only records.jsonl, resumable.
-
-    ``manifest`` must hold ``"config"`` (the full resolved config); missing environment fields
-    are filled in by :func:`build_manifest` and ``config_hash`` is always recomputed. If the
-    directory already holds a manifest with another config hash (or seed), RunDirError; with the
-    same one the directory is resumed (``resumed`` is True) and its original manifest kept, with
-    this session appended to ``manifest["resumes"]``.
-    """
-
-    def __init__(self, path: str | Path, manifest: dict[str, Any]) -> None:
-        self.path = Path(path)
-        if "config" not in manifest:
-            raise ValueError("the manifest passed to RunDir needs the full resolved 'config'")
-        new = {**build_manifest(manifest["config"], manifest.get("seed")), **manifest}
-        new["config_hash"] = config_hash(manifest["config"])
-        if self.path.exists() and not self.path.is_dir():
-            raise RunDirError(f"output path {self.path} exists and is not a directory; choose another --out")
-        self.manifest_path = self.path / MANIFEST_FILE
-        self.records_path = self.path / RECORDS_FILE
-        self.resumed = self.manifest_path.exists()
-        if self.resumed:
-            old = _read_manifest(self.manifest_path, RunDirError)
-            if old["config_hash"] != new["config_hash"]:
-                raise RunDirError(
-                    f"output directory {self.path} holds records of a different configuration (config hash"
-                    f" {old['config_hash'][:12]} != {new['config_hash'][:12]});"
-                    " choose another --out or delete it"
-                )
-            if old.get("seed") != new.get("seed"):
-                raise RunDirError(
-                    f"output directory {self.path} holds records of a different seed ({old.get('seed')} !="
-                    f" {new.get('seed')}); choose another --out or delete it"
-                )
-            session = {
-                "at": _now(),
-                "git_sha": new["git_sha"],
-                "repro_version": new["repro_version"],
-                "device": new["device"],
-            }
-            old.setdefault("resumes", []).append(session)
-            old["updated_at"] = session["at"]
-            self.manifest = old
-        else:
-            if self.records_path.exists():
-                raise RunDirError(
-                    f"output directory {self.path} holds {RECORDS_FILE} but no {MANIFEST_FILE};"
-                    " choose another --out or delete it"
-                )
-            self.path.mkdir(parents=True, exist_ok=True)
-            self.manifest = new
-        scan = _scan_records(self.records_path)
-        self._records = scan.records
-        self._index: dict[RecordKey, DecodeRecord] = {r.key: r for r in scan.records}
-        self._valid_bytes = scan.valid_bytes
-        self._truncated = scan.truncated
-        self._write_manifest()
-
-    def _write_manifest(self) -> None:
-        _atomic_write_text(self.manifest_path, json.dumps(self.manifest, indent=2, default=str) + "\n")
-
-    @property
-    def config_hash(self) -> str:
-        return self.manifest["config_hash"]
-
-    def append(self, record: DecodeRecord) -> None:
-        """Validate, append one JSON line, flush and fsync; refuses a key that is already done."""
-        record.validate()
-        if record.key in self._index:
-            raise ValueError(f"record {record.key} is already in {self.records_path}")
-        line = (record.to_json() + "\n").encode("utf-8")
-        if self._truncated:  # drop the partial line an interrupted run left behind
-            os.truncate(self.records_path, self._valid_bytes)
-            self._truncated = False
-        with open(self.records_path, "ab") as f:
-            f.write(line)
-            f.flush()
-            os.fsync(f.fileno())
-        self._valid_bytes += len(line)
-        self._records.append(record)
-        self._index[record.key] = record
-        self.manifest["updated_at"] = _now()
-        self._write_manifest()
-
-    def done_keys(self) -> set[RecordKey]:
-        """(route, suite, prompt_id, turn) of every complete record (a truncated last line is not)."""
-        return set(self._index)
-
-    def records(self) -> list[DecodeRecord]:
-        """All complete records in file order."""
-        return list(self._records)
-
-    def get(self, route: str, suite: str, prompt_id: str, turn: int) -> DecodeRecord | None:
-        """The record of that key, or None."""
-        return self._index.get((route, suite, prompt_id, turn))
-
-
-def load_records(path: str | Path) -> tuple[dict[str, Any], list[DecodeRecord]]:
-    """(manifest, records) of a run directory (or of its records.jsonl); ReproError when unusable."""
-    path = Path(path)
-    if path.is_file() and path.name == RECORDS_FILE:
-        path = path.parent
-    if not path.exists():
-        raise ReproError(f"run directory {path} does not exist")
-    if not path.is_dir():
-        raise ReproError(f"{path} is not a run directory")
-    manifest_path, records_path = path / MANIFEST_FILE, path / RECORDS_FILE
-    if not manifest_path.exists():
-        raise ReproError(f"{path} has no {MANIFEST_FILE}: is it a run directory?")
-    if not records_path.exists():
-        raise ReproError(f"{path} has no {RECORDS_FILE}: the run produced no records yet")
-    manifest = _read_manifest(manifest_path)
-    return manifest, _scan_records(records_path).records

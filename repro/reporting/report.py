@@ -14,13 +14,9 @@ from typing import Any
 import pandas as pd
 
 from repro.errors import ReproError
-from repro.reporting.records import (
-    STAGES,
-    DecodeRecord,
-    compare_to_reference,
-    divergence_index,
-    load_records,
-)
+from repro.reporting import records as records_mod
+from repro.reporting.records import STAGES, DecodeRecord, compare_to_reference, divergence_index
+from repro.reporting.rundir import Run, load_run
 
 ALL_SUITES = "all"
 SYNTHETIC_KINDS = ("synthetic_chain", "synthetic_tree")
@@ -60,11 +56,8 @@ def _ordered_routes(records: Sequence[DecodeRecord]) -> list[str]:
 
 
 def reference_route(records: Sequence[DecodeRecord]) -> str | None:
-    """The AR baseline route of a run: the one named "ar", else the first with kind "ar"."""
-    ar = [r.route for r in records if r.is_ar]
-    if not ar:
-        return None
-    return "ar" if "ar" in ar else ar[0]
+    """The AR baseline route of a run: the first route whose ``route_params["kind"] == "ar"``."""
+    return records_mod.reference_route((r.route, r.route_params) for r in records)
 
 
 def lossless_status(records: Sequence[DecodeRecord]) -> dict[tuple[str, str, str, int], str]:
@@ -410,18 +403,24 @@ def _histogram_tables(hist: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def write_report(run_dir: str | Path, figures: bool = True) -> str:
-    """Rebuild report.md, summary.csv and histogram.csv (and figures) from the run's records.
+    """Rebuild a decode run's report from its records (see :func:`build_report`); returns the markdown."""
+    run = load_run(run_dir)
+    return build_report(run, run.path if figures else None)
+
+
+def build_report(run: Run, figures_dir: Path | None) -> str:
+    """report.md, summary.csv and histogram.csv (and figures) of a decode run, from its records only.
 
     With synthetic routes also acceptance.csv and the break-even p per draft length. Figures
-    (accept_histogram.png, acceptance.png) are written when ``figures`` is true. Returns the markdown.
+    (accept_histogram.png, acceptance.png, inside the run directory) are drawn unless ``figures_dir``
+    is None, and skipped with a note when there is no verify step to plot. Returns the markdown.
     """
-    run_dir = Path(run_dir)
-    manifest, records = load_records(run_dir)
+    run_dir, manifest, records = run.path, run.manifest, run.records
     summary = summarize(records)
     hist = accept_histogram(records)
     acc = acceptance_table(records)
-    summary.to_csv(run_dir / "summary.csv", index=False)
-    hist.to_csv(run_dir / "histogram.csv", index=False)
+    run.write("summary.csv", summary.to_csv(index=False))
+    run.write("histogram.csv", hist.to_csv(index=False))
 
     lines = [f"# Run report: {run_dir.name}", ""]
     lines += [
@@ -469,7 +468,7 @@ def write_report(run_dir: str | Path, figures: bool = True) -> str:
                 lines.append(f"- ... and {len(diverged) - 30} more")
             lines.append("")
         if not acc.empty:
-            acc.to_csv(run_dir / "acceptance.csv", index=False)
+            run.write("acceptance.csv", acc.to_csv(index=False))
             lines += ["## Controlled acceptance study", "", markdown_table(acc), ""]
             for (kind, width), rows in acc.groupby(["kind", "width"], sort=False, dropna=False):
                 lowest = rows.groupby("k")["p"].min()
@@ -482,15 +481,19 @@ def write_report(run_dir: str | Path, figures: bool = True) -> str:
                         parts.append(f"k={k}: p {'<=' if p == lowest[k] else '='} {p:.3f}")
                 lines.append(f"- break-even p ({label}, speedup 1): {'; '.join(parts)}")
             lines.append("")
-        if figures:
+        if figures_dir is not None and hist.empty:
+            lines += ["Figures skipped: no verify steps to plot (every output stopped after one token).", ""]
+        elif figures_dir is not None:
             from repro.reporting.figures import plot_accept_histogram, plot_acceptance
 
             plot_accept_histogram(hist, run_dir / "accept_histogram.png")
+            run.written.append("accept_histogram.png")
             lines += ["![accepted lengths](accept_histogram.png)", ""]
             if not acc.empty:
                 plot_acceptance(acc, run_dir / "acceptance.png")
+                run.written.append("acceptance.png")
                 lines += ["![speedup vs acceptance probability](acceptance.png)", ""]
     lines += ["## Metric definitions", "", _DEFINITIONS, ""]
     text = "\n".join(lines)
-    (run_dir / "report.md").write_text(text, encoding="utf-8")
+    run.write("report.md", text)
     return text

@@ -173,8 +173,12 @@ def test_cpu_run_checks_every_row_against_hybrid(tmp_path):
     assert len(pd.read_csv(out / "table.csv")) == len(rows)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["models"]["tiny"]["gdn_layers"] == 3 and manifest["config"]["bench"] == "model"
-    with pytest.raises(ReproError, match="already holds records.jsonl"):
+    before = (out / "records.jsonl").read_bytes()
+    with pytest.raises(ReproError, match="different configuration"):
         bm.run_model_bench(bm.ModelBenchConfig(shapes=["tiny"]), torch.device("cpu"), out)
+    result = CliRunner().invoke(bench_app, args)  # the same command again: refused, nothing rewritten
+    assert "already holds a finished or interrupted bench-model run" in str(result.exception)
+    assert (out / "records.jsonl").read_bytes() == before
 
 
 def test_failed_rows_say_why(monkeypatch):

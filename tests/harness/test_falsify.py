@@ -19,9 +19,24 @@ def test_reference_passes_with_live_controls(tmp_path):
     branching = [r for r in rows if r.level == "layer" and r.tree != "chain"]
     assert branching
     assert all(r.control_causal_mask > 1e-2 and r.control_positional_gate > 1e-2 for r in branching)
-    text = falsify.write_exactness(rows, tmp_path, {"check": "tree-exactness"})
+    with falsify.open_exactness_run(tmp_path, {"check": "tree-exactness"}) as run:
+        text = falsify.write_exactness(rows, run)
     assert "pass" in text and len((tmp_path / "records.jsonl").read_text().splitlines()) == len(rows)
-    assert json.loads((tmp_path / "manifest.json").read_text())["config"]["check"] == "tree-exactness"
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["config"]["check"] == "tree-exactness"
+    assert manifest["kind"] == "falsify-tree-exactness" and "report.md" in manifest["outputs"]
+
+
+def test_a_finished_check_is_not_overwritten(tmp_path):
+    config = {"check": "tree-exactness", "device": "cpu", "backend": "reference", "seed": 0}
+    row = falsify.ExactnessRow("layer", "small", "fan", 3, 1, "reference", "float64", 0.0, 0.0, 1.0, 1.0,
+                               1e-10, "pass")  # fmt: skip
+    with falsify.open_exactness_run(tmp_path, config) as run:
+        falsify.write_exactness([row], run)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with pytest.raises(falsify.ReproError, match="already holds a finished or interrupted"):
+        falsify.open_exactness_run(tmp_path, config)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
 
 
 def test_a_verifier_with_a_positional_gate_fails(monkeypatch):

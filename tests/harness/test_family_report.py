@@ -21,7 +21,7 @@ from repro.harness.family_report import (
     depth_table,
     flat_table,
     prompt_sets,
-    write_report,
+    report_markdown,
 )
 from repro.models.family import FAMILY_DIR
 from repro.models.tokenizer import load_tokenizer
@@ -97,7 +97,7 @@ def test_a_divergence_is_flagged_loudly(run: Path, tmp_path: Path) -> None:
     records = rows(run)
     records[3] = {**records[3], "lossless": False, "diverged": 1}  # heldout / ddtree
     manifest = json.loads((run / "manifest.json").read_text())
-    text = write_report(flat_table(records), manifest, tmp_path, None)
+    text = report_markdown(flat_table(records), manifest, tmp_path, None)
     assert f"**NOT LOSSLESS: 1 route(s) diverged from AR's greedy output: {TARGET}/heldout/ddtree" in text
     assert "**NO: 1/2 prompts diverged**" in text
 

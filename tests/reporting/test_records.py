@@ -15,16 +15,20 @@ from repro.errors import ReproError, RunDirError
 from repro.reporting.records import (
     DecodeRecord,
     RecordsWarning,
-    RunDir,
     canonical_json,
     compare_to_reference,
     config_hash,
     git_sha,
-    load_records,
     sha256_ids,
 )
+from repro.reporting.rundir import RunDir, load_records
 
-CONFIG = {"experiment": "smoke", "routes": ["ar", "chain-k4-p0.8"], "max_new_tokens": 32, "seed": 7}
+CONFIG = {
+    "experiment": "smoke",
+    "routes": [{"name": "ar", "kind": "ar"}, {"name": "chain", "kind": "chain"}],
+    "max_new_tokens": 32,
+    "seed": 7,
+}
 
 
 def make_record(
@@ -156,6 +160,7 @@ def test_append_get_and_resume(tmp_path: Path):
     run.append(a)
     run.append(b)
     created = run.manifest["created_at"]
+    run.close()
     again = RunDir(tmp_path, {"config": dict(CONFIG)})
     assert again.resumed
     assert again.done_keys() == {a.key, b.key}
@@ -179,7 +184,7 @@ def test_append_fsyncs_each_record(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     synced: list[int] = []  # inodes of the files fsynced
     real_fsync = os.fsync
     monkeypatch.setattr(
-        "repro.reporting.records.os.fsync", lambda fd: (synced.append(os.fstat(fd).st_ino), real_fsync(fd))
+        "repro.reporting.rundir.os.fsync", lambda fd: (synced.append(os.fstat(fd).st_ino), real_fsync(fd))
     )
     run.append(make_record(prompt_id="p0"))
     run.append(make_record(prompt_id="p1"))
@@ -194,6 +199,7 @@ def test_interrupted_run_loses_only_the_partial_line(tmp_path: Path):
     path = tmp_path / "records.jsonl"
     data = path.read_bytes()
     path.write_bytes(data[:-20])  # killed in the middle of writing the third line
+    run.close()
 
     with pytest.warns(RecordsWarning, match="truncated"):
         resumed = RunDir(tmp_path, {"config": CONFIG})

@@ -10,7 +10,7 @@ import pytest
 
 from repro.errors import ReproError
 from repro.reporting.figures import plot_accept_histogram, plot_acceptance
-from repro.reporting.records import DecodeRecord, RunDir, sha256_ids
+from repro.reporting.records import DecodeRecord, sha256_ids
 from repro.reporting.report import (
     accept_histogram,
     acceptance_table,
@@ -19,6 +19,7 @@ from repro.reporting.report import (
     summarize,
     write_report,
 )
+from repro.reporting.rundir import RunDir
 
 
 def rec(

@@ -1,0 +1,543 @@
+"""Run directories: the one writer and reader of every output kind.
+
+A run directory holds ``manifest.json`` (its ``kind``, environment, the full resolved config, the
+fingerprints of the checkpoints it uses and the hash of both, the ``outputs`` it wrote) and
+``records.jsonl``: one JSON record per line, validated by the kind, appended and fsynced as soon
+as it is measured, so an interrupted run loses at most the line being written. Everything else
+(report.md, CSV tables, figures) is rebuilt from those two files by the kind's report builder
+(:func:`rebuild_report`, ``repro report DIR``).
+
+Rules shared by every kind:
+
+- one writer at a time: an exclusive ``flock`` on ``DIR/.lock`` held for the writer's lifetime;
+- a directory that exists and is not empty must be a run directory of the same kind and config
+  hash; a resumable kind (decode) then resumes, the others refuse (they never overwrite a run);
+- a run writes only the files its kind declares (``RunKind.outputs``) and lists them in the manifest;
+- file-system errors (read-only, full) become one line naming the path (:class:`RunDirError`).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import importlib
+import json
+import os
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from repro.errors import ReproError, RunDirError
+from repro.reporting.checkpoints import changed_checkpoint
+from repro.reporting.records import (
+    MANIFEST_FILE,
+    RECORDS_FILE,
+    DecodeRecord,
+    RecordsWarning,
+    _now,
+    build_manifest,
+    canonical_json,
+    config_hash,
+)
+
+LOCK_FILE = ".lock"
+DECODE = "decode"
+
+
+@dataclass(frozen=True)
+class RunKind:
+    """What a kind of run directory holds and how its report is rebuilt.
+
+    ``parse`` validates one record dict and returns the record (ValueError when invalid); ``key``
+    gives a record's identity within a run (duplicates are refused), None when records have none;
+    ``report`` names ``module:function`` taking (:class:`Run`, figures folder or None) and returning
+    the markdown; ``outputs`` are the files the report may write inside the directory.
+    """
+
+    name: str
+    parse: Callable[[dict[str, Any]], Any]
+    report: str
+    outputs: tuple[str, ...]
+    key: Callable[[Any], tuple] | None = None
+    resumable: bool = False
+    check_resume: Callable[[dict[str, Any], list[tuple[int, Any]]], None] | None = None
+    dumps: Callable[[Any], str] = canonical_json  # one JSON line (no newline)
+
+
+def fields_parser(*required: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """A parser for dict records: a JSON object holding at least ``required``."""
+
+    def parse(d: dict[str, Any]) -> dict[str, Any]:
+        if not isinstance(d, dict):
+            raise ValueError(f"expected a JSON object, got {type(d).__name__}")
+        missing = [k for k in required if k not in d]
+        if missing:
+            raise ValueError(f"missing field(s) {', '.join(missing)}")
+        return d
+
+    return parse
+
+
+def _check_route_params(config: dict[str, Any], records: list[tuple[int, Any]]) -> None:
+    """Every decode record's route_params must equal the config's spec of its route."""
+    from repro.decoding.routes import route_params
+
+    specs = {
+        spec["name"]: route_params(spec)
+        for spec in config.get("routes", [])
+        if isinstance(spec, dict) and "name" in spec
+    }
+    for lineno, rec in records:
+        if rec.route not in specs:
+            raise RunDirError(
+                f"{RECORDS_FILE} line {lineno}: route {rec.route!r} is not in this run's config; "
+                "the records were not written by this configuration"
+            )
+        if rec.route_params != specs[rec.route]:
+            raise RunDirError(
+                f"{RECORDS_FILE} line {lineno}: route {rec.route!r} has route_params {rec.route_params}"
+                f" but the config's spec is {specs[rec.route]}; the record was edited or written by another"
+                " configuration"
+            )
+
+
+KINDS: dict[str, RunKind] = {
+    DECODE: RunKind(
+        DECODE,
+        DecodeRecord.from_dict,
+        "repro.reporting.report:build_report",
+        (
+            "report.md",
+            "summary.csv",
+            "histogram.csv",
+            "acceptance.csv",
+            "accept_histogram.png",
+            "acceptance.png",
+        ),
+        key=lambda r: r.key,
+        resumable=True,
+        check_resume=_check_route_params,
+        dumps=lambda r: r.to_json(),
+    ),
+    "bench-kernels": RunKind(
+        "bench-kernels",
+        fields_parser("shape", "group", "kind", "T", "method", "dtype", "status"),
+        "repro.bench.kernels:build_report",
+        ("report.md", "table.csv"),
+    ),
+    "bench-model": RunKind(
+        "bench-model",
+        fields_parser("shape", "group", "method", "T", "status"),
+        "repro.bench.model:build_report",
+        ("report.md", "table.csv"),
+    ),
+    "falsify-tree-exactness": RunKind(
+        "falsify-tree-exactness",
+        fields_parser("level", "shape", "tree", "nodes", "backend", "err_outputs", "err_state", "verdict"),
+        "repro.harness.falsify:build_report",
+        ("report.md",),
+    ),
+    "family-report": RunKind(
+        "family-report",
+        fields_parser("target", "prompt_set", "route", "spec", "mal", "steps", "lossless"),
+        "repro.harness.family_report:build_report",
+        ("report.md", "table.csv"),
+    ),
+}
+
+
+def infer_kind(manifest: dict[str, Any]) -> str:
+    """The kind of a manifest: its ``kind`` key, else (manifests written before kinds existed) from
+    the config's content: ``bench: kernels|model`` (the benches), ``check: tree-exactness`` (falsify),
+    ``routes`` (a decode experiment), ``targets`` + ``prompt_len`` (the family report)."""
+    if "kind" in manifest:
+        return str(manifest["kind"])
+    cfg = manifest.get("config") or {}
+    if cfg.get("bench") in ("kernels", "model"):
+        return f"bench-{cfg['bench']}"
+    if cfg.get("check") == "tree-exactness":
+        return "falsify-tree-exactness"
+    if "routes" in cfg:
+        return DECODE
+    if "targets" in cfg and "prompt_len" in cfg:
+        return "family-report"
+    raise RunDirError("its manifest has no 'kind' and its config matches no known kind")
+
+
+def run_kind(name: str) -> RunKind:
+    if name not in KINDS:
+        raise RunDirError(f"unknown run kind {name!r}; known: {', '.join(KINDS)}")
+    return KINDS[name]
+
+
+def run_hash(config: dict[str, Any], checkpoints: dict[str, Any] | None = None) -> str:
+    """The config hash of a run: of the config alone, or of config + checkpoint fingerprints."""
+    return config_hash({"config": config, "checkpoints": checkpoints} if checkpoints else config)
+
+
+# ------------------------------------------------------------------------------ file helpers
+
+
+def os_error(path: Path | str, exc: OSError) -> RunDirError:
+    """One line naming the path and the OS error (read-only or full file system, ...)."""
+    return RunDirError(f"cannot write {path}: {exc.strerror or exc}")
+
+
+def atomic_write(path: Path, data: str | bytes) -> None:
+    """Write via a temporary file + fsync + rename; OSError becomes RunDirError."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    try:
+        with open(tmp, "wb") as f:
+            f.write(raw)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise os_error(path, e) from None
+
+
+def manifest_text(manifest: dict[str, Any]) -> str:
+    return json.dumps(manifest, indent=2, default=str) + "\n"
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """The manifest of a run directory; one line saying what is wrong and that the records are intact."""
+    mpath = path / MANIFEST_FILE
+    keep = (
+        f"{RECORDS_FILE} is untouched: restore {MANIFEST_FILE} (e.g. from git or a backup)"
+        " or use another --out"
+    )
+    try:
+        manifest = json.loads(mpath.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise RunDirError(f"cannot read {mpath}: {e.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RunDirError(f"{mpath} is not valid JSON ({e}); {keep}") from None
+    if not isinstance(manifest, dict) or "config_hash" not in manifest:
+        raise RunDirError(f"{mpath} is not a run manifest (no config_hash); {keep}")
+    return manifest
+
+
+@dataclass
+class Scan:
+    records: list[tuple[int, Any]]  # (line number, parsed record)
+    valid_bytes: int  # length of the file up to and including its last newline
+    size: int  # length of the file when scanned
+    truncated: bool  # bytes after the last newline (an interrupted write)
+
+
+def scan_records(path: Path, kind: RunKind, warn: bool = True) -> Scan:
+    """Parse records.jsonl; a last line without newline is ignored (warning), other bad lines raise."""
+    if not path.exists():
+        return Scan([], 0, 0, False)
+    data = path.read_bytes()
+    end = data.rfind(b"\n") + 1
+    truncated = end < len(data)
+    if truncated and warn:
+        warnings.warn(
+            f"{path}: ignoring a truncated last line ({len(data) - end} bytes, an interrupted write);"
+            " it is removed on the next append",
+            RecordsWarning,
+            stacklevel=3,
+        )
+    records: list[tuple[int, Any]] = []
+    seen: dict[tuple, int] = {}
+    for lineno, raw in enumerate(data[:end].split(b"\n")[:-1], start=1):
+        if not raw.strip():
+            continue
+        try:
+            rec = kind.parse(json.loads(raw.decode("utf-8")))
+        except (ValueError, TypeError, KeyError) as e:  # JSON and UTF-8 decode errors are ValueErrors
+            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise ReproError(
+                f"{path} line {lineno} is not a valid record of a {kind.name} run ({msg});"
+                " fix or delete that line"
+            ) from None
+        if kind.key is not None:
+            key = kind.key(rec)
+            if key in seen:
+                raise ReproError(
+                    f"{path} line {lineno} repeats the record of line {seen[key]} ({key}); delete one of them"
+                )
+            seen[key] = lineno
+        records.append((lineno, rec))
+    return Scan(records, end, len(data), truncated)
+
+
+# ----------------------------------------------------------------------------------- reading
+
+
+@dataclass
+class Run:
+    """A run directory as read back: its kind, manifest and records (for report builders)."""
+
+    path: Path
+    kind: RunKind
+    manifest: dict[str, Any]
+    records: list[Any]
+    written: list[str] = field(default_factory=list)
+
+    def write(self, name: str, data: str | bytes) -> Path:
+        """Write one of the kind's declared outputs (atomically)."""
+        if name not in self.kind.outputs:
+            raise ValueError(f"{name} is not an output of a {self.kind.name} run directory")
+        atomic_write(self.path / name, data)
+        self.written.append(name)
+        return self.path / name
+
+    def figures_dir(self, override: str | Path | None = None) -> Path:
+        """Where figures go: ``override``, else the manifest's ``figures_dir`` (relative to the run
+        directory), else ``<run>/figures``."""
+        if override is not None:
+            return Path(override)
+        return self.path / self.manifest.get("figures_dir", "figures")
+
+
+def _resolve(path: str | Path) -> Path:
+    path = Path(path)
+    if path.is_file() and path.name in (RECORDS_FILE, MANIFEST_FILE):
+        path = path.parent
+    if not path.exists():
+        raise ReproError(f"run directory {path} does not exist")
+    if not path.is_dir():
+        raise ReproError(f"{path} is not a run directory (give the folder holding {MANIFEST_FILE})")
+    if not (path / MANIFEST_FILE).exists():
+        raise ReproError(f"{path} has no {MANIFEST_FILE}: is it a run directory?")
+    return path
+
+
+def load_run(path: str | Path, require_records: bool = False) -> Run:
+    """A run directory (or its records.jsonl / manifest.json) read back; ReproError when unusable."""
+    path = _resolve(path)
+    if require_records and not (path / RECORDS_FILE).exists():
+        raise ReproError(f"{path} has no {RECORDS_FILE}: the run produced no records yet")
+    manifest = read_manifest(path)
+    try:
+        kind = run_kind(infer_kind(manifest))
+    except RunDirError as e:
+        raise RunDirError(f"{path}: {e}") from None
+    scan = scan_records(path / RECORDS_FILE, kind)
+    return Run(path, kind, manifest, [r for _, r in scan.records])
+
+
+def load_records(path: str | Path) -> tuple[dict[str, Any], list[Any]]:
+    """(manifest, records) of a run directory (or of its records.jsonl) that has records."""
+    run = load_run(path, require_records=True)
+    return run.manifest, run.records
+
+
+def rebuild_report(path: str | Path, figures: str | Path | None = None) -> str:
+    """Rebuild report.md, tables and figures of any kind from records + manifest; returns the markdown."""
+    run = load_run(path)
+    module, func = run.kind.report.split(":")
+    builder = getattr(importlib.import_module(module), func)
+    try:
+        return builder(run, run.figures_dir(figures))
+    except OSError as e:
+        raise os_error(e.filename or run.path, e) from None
+
+
+# ----------------------------------------------------------------------------------- writing
+
+
+class RunDir:
+    """The writer of one run directory: lock, manifest, append-only records, report outputs.
+
+    ``manifest`` must hold ``"config"`` (the full resolved config) and may hold ``"checkpoints"``
+    (:func:`repro.reporting.checkpoints.fingerprint_checkpoints`) and kind-specific keys; missing
+    environment fields come from :func:`build_manifest` and ``config_hash`` (config + checkpoints)
+    is always recomputed. An existing directory must be empty or a run directory of the same kind,
+    config hash and seed; a resumable kind then resumes it (``resumed``), keeping its original
+    manifest and appending this session to ``manifest["resumes"]``.
+    """
+
+    def __init__(self, path: str | Path, manifest: dict[str, Any], kind: str = DECODE) -> None:
+        self.path = Path(path)
+        self.kind = run_kind(kind)
+        if "config" not in manifest:
+            raise ValueError("the manifest passed to RunDir needs the full resolved 'config'")
+        new = {**build_manifest(manifest["config"], manifest.get("seed")), **manifest, "kind": kind}
+        new["config_hash"] = run_hash(manifest["config"], manifest.get("checkpoints"))
+        self.manifest_path = self.path / MANIFEST_FILE
+        self.records_path = self.path / RECORDS_FILE
+        self._check_target()
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise os_error(self.path, e) from None
+        self._lock = self._acquire_lock()
+        self.resumed = self.manifest_path.exists()
+        scan = self._open_existing(new) if self.resumed else Scan([], 0, 0, False)
+        if not self.resumed:
+            self.manifest = {**new, "outputs": []}
+        self._records = [r for _, r in scan.records]
+        self._index = {self.kind.key(r): r for r in self._records} if self.kind.key else {}
+        self._valid_bytes, self._size, self._truncated = scan.valid_bytes, scan.size, scan.truncated
+        self.write_manifest()
+
+    # -- opening
+
+    def _check_target(self) -> None:
+        if self.path.exists() and not self.path.is_dir():
+            raise RunDirError(f"output path {self.path} exists and is not a directory; choose another --out")
+        if self.path.is_dir() and not (self.path / MANIFEST_FILE).exists():
+            content = sorted(p.name for p in self.path.iterdir() if p.name != LOCK_FILE)
+            if content:
+                shown = ", ".join(content[:5]) + (f" and {len(content) - 5} more" if len(content) > 5 else "")
+                raise RunDirError(
+                    f"output directory {self.path} is not empty ({shown}) and has no {MANIFEST_FILE},"
+                    " so it is not a run directory; choose another --out (nothing was written)"
+                )
+
+    def _acquire_lock(self) -> Any:
+        lock_path = self.path / LOCK_FILE
+        try:
+            f = open(lock_path, "a+")  # noqa: SIM115 - held open for the writer's lifetime
+        except OSError as e:
+            raise os_error(lock_path, e) from None
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            pid = f.read().strip() or "?"
+            f.close()
+            raise RunDirError(f"another repro process is writing {self.path} (pid {pid})") from None
+        f.seek(0)
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+        return f
+
+    def _open_existing(self, new: dict[str, Any]) -> Scan:
+        old = read_manifest(self.path)
+        try:
+            old_kind = infer_kind(old)
+        except RunDirError:
+            old_kind = "unknown"
+        if old_kind != self.kind.name:
+            self._refuse(f"holds a {old_kind} run, not a {self.kind.name} run")
+        if old["config_hash"] != new["config_hash"]:
+            changed = changed_checkpoint(old.get("checkpoints") or {}, new.get("checkpoints") or {})
+            if changed and old.get("config") == new["config"]:
+                self._refuse(f"was run with other checkpoint contents ({changed})")
+            self._refuse(
+                f"holds records of a different configuration (config hash {old['config_hash'][:12]} !="
+                f" {new['config_hash'][:12]})"
+            )
+        if old.get("seed") != new.get("seed"):
+            self._refuse(f"holds records of a different seed ({old.get('seed')} != {new.get('seed')})")
+        scan = scan_records(self.records_path, self.kind)
+        if scan.records and not self.kind.resumable:
+            self._refuse(
+                f"already holds a finished or interrupted {self.kind.name} run ({len(scan.records)} records)"
+            )
+        if self.kind.check_resume is not None:
+            try:
+                self.kind.check_resume(old["config"], scan.records)
+            except RunDirError as e:
+                raise RunDirError(f"cannot resume {self.path}: {e}") from None
+        session = {k: new[k] for k in ("git_sha", "repro_version", "device")}
+        old.setdefault("resumes", []).append({"at": _now(), **session})
+        old["updated_at"] = old["resumes"][-1]["at"]
+        old.setdefault("outputs", [])
+        self.manifest = old
+        return scan
+
+    def _refuse(self, why: str) -> None:
+        self.close()
+        raise RunDirError(f"output directory {self.path} {why}; choose another --out or delete it")
+
+    def close(self) -> None:
+        """Release the lock (also released when the process ends)."""
+        lock = getattr(self, "_lock", None)
+        if lock is not None and not lock.closed:
+            lock.close()
+
+    def __enter__(self) -> RunDir:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- writing
+
+    @property
+    def config_hash(self) -> str:
+        return self.manifest["config_hash"]
+
+    def write_manifest(self) -> None:
+        atomic_write(self.manifest_path, manifest_text(self.manifest))
+
+    def update_manifest(self, **entries: Any) -> None:
+        """Set manifest entries measured during the run (ceilings, model info, notes) and save it."""
+        self.manifest.update(entries)
+        self.write_manifest()
+
+    def append(self, record: Any) -> Any:
+        """Validate, append one JSON line, flush and fsync; refuses a key that is already done."""
+        if isinstance(record, dict):
+            record = self.kind.parse(record)
+        elif isinstance(record, DecodeRecord):
+            record.validate()
+        key = self.kind.key(record) if self.kind.key else None
+        if key is not None and key in self._index:
+            raise ValueError(f"record {key} is already in {self.records_path}")
+        line = (self.kind.dumps(record) + "\n").encode("utf-8")
+        try:
+            size = self.records_path.stat().st_size if self.records_path.exists() else 0
+            if size != self._size:  # the lock keeps other writers out; never truncate what we did not see
+                raise RunDirError(
+                    f"{self.records_path} changed while this process was writing it ({self._size} -> {size}"
+                    " bytes); rerun to resume from what it holds"
+                )
+            if self._truncated:  # drop the partial line an interrupted run left behind
+                os.truncate(self.records_path, self._valid_bytes)
+                self._truncated = False
+            with open(self.records_path, "ab") as f:
+                f.write(line)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:
+            raise os_error(self.records_path, e) from None
+        self._valid_bytes += len(line)
+        self._size = self._valid_bytes
+        self._records.append(record)
+        if key is not None:
+            self._index[key] = record
+        self.manifest["updated_at"] = _now()
+        self.write_manifest()
+        return record
+
+    def done_keys(self) -> set[tuple]:
+        """Keys of every complete record (a truncated last line is not)."""
+        return set(self._index)
+
+    def records(self) -> list[Any]:
+        """All complete records in file order."""
+        return list(self._records)
+
+    def get(self, *key: Any) -> Any:
+        """The record of that key, or None."""
+        return self._index.get(tuple(key))
+
+    def write_report(self, figures: str | Path | None = None) -> str:
+        """Build the kind's report from this run's records and list what it wrote in the manifest.
+
+        ``figures`` (a folder for kinds whose figures live outside the run) is saved in the manifest as
+        ``figures_dir`` relative to the run directory, so ``repro report`` rebuilds them in place.
+        """
+        if figures is not None:
+            self.manifest["figures_dir"] = os.path.relpath(Path(figures), self.path)
+        run = Run(self.path, self.kind, self.manifest, self.records())
+        module, func = self.kind.report.split(":")
+        builder = getattr(importlib.import_module(module), func)
+        try:
+            text = builder(run, run.figures_dir())
+        except OSError as e:
+            raise os_error(e.filename or self.path, e) from None
+        self.manifest["outputs"] = sorted({*self.manifest.get("outputs", []), *run.written})
+        self.write_manifest()
+        return text

@@ -1,0 +1,253 @@
+"""Run directories of every kind: committed results rebuild, INDEX.md, and the defects that lost or
+mixed results (two writers, overwrites, the AR baseline, changed checkpoints, edited records, ...)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from repro.cli import main
+from repro.errors import ReproError, RunDirError
+from repro.reporting.checkpoints import fingerprint_checkpoints
+from repro.reporting.index import index_markdown, run_folders
+from repro.reporting.records import build_manifest
+from repro.reporting.report import summarize, write_report
+from repro.reporting.rundir import RunDir, infer_kind, load_run, rebuild_report
+from tests.reporting.test_records import CONFIG, make_record
+
+RESULTS = Path(__file__).resolve().parents[2] / "results"
+
+
+def cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    monkeypatch.setattr(sys, "argv", ["repro", *args])
+    code = 0
+    try:
+        main()
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out = capsys.readouterr()
+    return code, out.out, out.err.strip()
+
+
+# ------------------------------------------------------------------------- committed results
+
+
+def test_every_committed_results_folder_rebuilds(tmp_path: Path):
+    copy = tmp_path / "results"
+    shutil.copytree(RESULTS, copy)
+    folders = run_folders(copy)
+    kinds = {infer_kind(load_run(f).manifest) for f in folders}
+    assert kinds == {"decode", "bench-kernels", "bench-model", "falsify-tree-exactness", "family-report"}
+    for folder in folders:
+        (folder / "report.md").unlink()
+        text = rebuild_report(folder, figures=tmp_path / "figures" / folder.name)
+        assert text.startswith("# ") and (folder / "report.md").read_text() == text
+        original = RESULTS / folder.relative_to(copy)
+        for table in ("table.csv", "summary.csv", "histogram.csv", "acceptance.csv"):
+            if (original / table).exists():
+                assert (folder / table).read_bytes() == (original / table).read_bytes(), (folder, table)
+    assert not (copy / "2026-11-30-h200-train-family" / "report.md").exists()
+
+
+def test_committed_index_is_what_the_command_generates():
+    assert (RESULTS / "INDEX.md").read_text() == index_markdown(RESULTS)
+    text = index_markdown(RESULTS)
+    assert "| bench-model | `2026-11-30-h200-model-4` |" in text
+    assert (
+        "`2026-11-30-h200-model-2` | bench-model" in text
+        and "superseded by `2026-11-30-h200-model-4`" in text
+    )
+    assert "`2026-11-30-h200-train-family`: training runs" in text
+
+
+def test_report_accepts_the_records_file(monkeypatch, capsys, tmp_path: Path):
+    run = tmp_path / "run"
+    shutil.copytree(RESULTS / "2026-11-30-h200-kernels" / "falsify-tree-exactness-cuda-triton", run)
+    code, out, err = cli(monkeypatch, capsys, "report", str(run / "records.jsonl"))
+    assert code == 0, err
+    assert out.startswith("# Tree exactness") and (run / "report.md").exists()
+
+
+# ------------------------------------------------------------------------------ two writers
+
+
+def test_a_second_writer_is_refused_in_one_line(tmp_path: Path):
+    first = RunDir(tmp_path, {"config": CONFIG})
+    first.append(make_record(prompt_id="p0"))
+    with pytest.raises(RunDirError, match=rf"another repro process is writing {tmp_path} \(pid \d+\)"):
+        RunDir(tmp_path, {"config": CONFIG})
+    first.append(make_record(prompt_id="p1"))
+    first.close()
+    again = RunDir(tmp_path, {"config": CONFIG})  # the lock is released with the writer
+    assert len(again.records()) == 2
+
+
+def test_append_never_truncates_lines_it_did_not_see(tmp_path: Path):
+    run = RunDir(tmp_path, {"config": CONFIG})
+    run.append(make_record(prompt_id="p0"))
+    path = tmp_path / "records.jsonl"
+    path.write_bytes(path.read_bytes() + b'{"partial')  # an interrupted write seen at open
+    run.close()
+    with pytest.warns(UserWarning, match="truncated"):
+        resumed = RunDir(tmp_path, {"config": CONFIG})
+    foreign = make_record(prompt_id="px").to_json().encode()
+    with open(path, "ab") as f:  # someone else completes a line behind the writer's back
+        f.write(b"\n" + foreign + b"\n")
+    before = path.read_bytes()
+    with pytest.raises(RunDirError, match="changed while this process was writing it"):
+        resumed.append(make_record(prompt_id="p1"))
+    assert path.read_bytes() == before
+
+
+# ------------------------------------------------------------------------------- overwrites
+
+
+def test_a_foreign_non_empty_directory_is_refused_untouched(monkeypatch, capsys, tmp_path: Path):
+    (tmp_path / "report.md").write_text("my notes")
+    (tmp_path / "numbers.csv").write_text("a,b\n")
+    with pytest.raises(RunDirError, match=r"is not empty \(numbers.csv, report.md\)"):
+        RunDir(tmp_path, {"config": CONFIG})
+    code, _, err = cli(monkeypatch, capsys, "falsify", "tree-exactness", "--out", str(tmp_path))
+    assert code == 2 and len(err.splitlines()) == 1 and str(tmp_path) in err and "report.md" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["numbers.csv", "report.md"]
+    assert (tmp_path / "report.md").read_text() == "my notes"
+
+
+def test_a_run_of_another_kind_is_refused(tmp_path: Path):
+    RunDir(tmp_path, {"config": {"check": "tree-exactness"}}, kind="falsify-tree-exactness").close()
+    with pytest.raises(RunDirError, match="holds a falsify-tree-exactness run, not a decode run"):
+        RunDir(tmp_path, {"config": CONFIG})
+
+
+def test_export_default_refuses_an_existing_checkpoint_without_force(monkeypatch, capsys, tmp_path: Path):
+    out = tmp_path / "ckpt"
+    assert cli(monkeypatch, capsys, "export-default", str(out))[0] == 0
+    config = (out / "config.json").read_bytes()
+    (out / "model.safetensors").write_bytes(b"mine")
+    code, _, err = cli(monkeypatch, capsys, "export-default", str(out), "--seed", "1")
+    assert code == 2 and "--force" in err and len(err.splitlines()) == 1
+    assert (out / "model.safetensors").read_bytes() == b"mine"
+    assert cli(monkeypatch, capsys, "export-default", str(out), "--force")[0] == 0
+    assert (out / "model.safetensors").stat().st_size > 1000 and (out / "config.json").read_bytes() == config
+
+
+# ------------------------------------------------------------------------------ AR baseline
+
+
+def test_the_baseline_is_the_route_of_kind_ar_not_the_one_named_ar():
+    fake = make_record(route="ar", kind="synthetic_chain", accepted=[3], decode_s=0.5)
+    real = make_record(route="base", kind="ar", accepted=[1, 1, 1], decode_s=1.0)
+    summary = summarize([fake, real]).set_index(["suite", "route"])
+    assert summary.loc[("all", "base"), "speedup"] == pytest.approx(1.0)
+    assert summary.loc[("all", "ar"), "speedup"] == pytest.approx(2.0)
+    assert summary.loc[("all", "base"), "lossless"] == "reference"
+
+
+# ------------------------------------------------------------------------------- resumption
+
+
+def test_a_changed_checkpoint_is_refused_on_resume(tmp_path: Path, monkeypatch, capsys):
+    ckpt = tmp_path / "ckpt"
+    assert cli(monkeypatch, capsys, "export-default", str(ckpt))[0] == 0
+    cfg = {**CONFIG, "target": str(ckpt), "routes": [{"name": "ar", "kind": "ar"}]}
+    manifest = {**build_manifest(cfg), "checkpoints": fingerprint_checkpoints(cfg)}
+    assert set(manifest["checkpoints"]["target"]["files"]) >= {"config.json", "model.safetensors"}
+    RunDir(tmp_path / "run", manifest).close()
+    RunDir(tmp_path / "run", {**build_manifest(cfg), "checkpoints": fingerprint_checkpoints(cfg)}).close()
+    data = bytearray((ckpt / "model.safetensors").read_bytes())
+    data[-1] ^= 1  # same size, one weight bit flipped
+    (ckpt / "model.safetensors").write_bytes(bytes(data))
+    with pytest.raises(
+        RunDirError, match=r"other checkpoint contents \(target: .*model\.safetensors changed\)"
+    ):
+        RunDir(tmp_path / "run", {**build_manifest(cfg), "checkpoints": fingerprint_checkpoints(cfg)})
+
+
+def test_family_names_are_fingerprinted_and_built_in_models_are_not():
+    from repro.models.family import FAMILY_DIR
+
+    routes = [{"name": "d", "kind": "dflash_chain", "drafter": "tiny-qwen35-dflash"}]
+    prints = fingerprint_checkpoints({"target": "default", "routes": routes})
+    assert set(prints) == {"target", "d.drafter"}
+    assert prints["target"]["path"] == str(FAMILY_DIR / "tiny-qwen35")
+    assert len(prints["d.drafter"]["files"]["config.json"]["sha256"]) == 64
+    assert (
+        fingerprint_checkpoints({"target": "tiny-random", "routes": [{"name": "r", "drafter": "random"}]})
+        == {}
+    )
+
+
+def test_a_record_whose_route_kind_was_edited_is_refused_on_resume(tmp_path: Path):
+    with RunDir(tmp_path, {"config": CONFIG}) as run:
+        run.append(make_record(prompt_id="p0"))
+        run.append(make_record(route="chain", prompt_id="p0", accepted=[3]))
+    path = tmp_path / "records.jsonl"
+    path.write_text(path.read_text().replace('"kind":"chain"', '"kind":"ar"'))
+    with pytest.raises(RunDirError, match=r"records.jsonl line 2: route 'chain' has route_params"):
+        RunDir(tmp_path, {"config": CONFIG})
+
+
+def test_a_corrupt_manifest_says_the_records_are_intact(tmp_path: Path):
+    with RunDir(tmp_path, {"config": CONFIG}) as run:
+        run.append(make_record())
+    (tmp_path / "manifest.json").write_text("{not json")
+    with pytest.raises(RunDirError) as exc:
+        RunDir(tmp_path, {"config": CONFIG})
+    msg = str(exc.value)
+    assert "not valid JSON" in msg and "records.jsonl is untouched" in msg and "restore" in msg
+    assert "delete" not in msg
+
+
+# ---------------------------------------------------------------------------- file systems
+
+
+def test_a_full_file_system_is_one_line(tmp_path: Path, monkeypatch):
+    run = RunDir(tmp_path, {"config": CONFIG})
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("repro.reporting.rundir.os.fsync", full)
+    with pytest.raises(RunDirError, match=r"cannot write .*records.jsonl: No space left on device"):
+        run.append(make_record())
+
+
+def test_a_read_only_output_is_one_line(monkeypatch, capsys, tmp_path: Path):
+    def read_only(self: Path, *args: object, **kwargs: object) -> None:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(Path, "mkdir", read_only)
+    out = tmp_path / "out"
+    code, _, err = cli(monkeypatch, capsys, "falsify", "tree-exactness", "--out", str(out))
+    assert code == 2 and err.endswith(f"cannot write {out}: Read-only file system")
+    assert len(err.splitlines()) == 1
+
+
+# ----------------------------------------------------------------------- reports still written
+
+
+def test_a_run_without_verify_steps_still_gets_its_report(tmp_path: Path):
+    with RunDir(tmp_path, {"config": CONFIG}) as run:
+        for route in ("ar", "chain"):
+            run.append(make_record(route=route, accepted=[]))  # stopped after the prefill token
+    text = write_report(tmp_path)
+    assert "Figures skipped: no verify steps" in text and (tmp_path / "report.md").exists()
+    assert not (tmp_path / "accept_histogram.png").exists()
+    assert len(pd.read_csv(tmp_path / "summary.csv")) == 4
+
+
+def test_outputs_are_listed_in_the_manifest(tmp_path: Path):
+    with RunDir(tmp_path, {"config": CONFIG}) as run:
+        run.append(make_record())
+        run.write_report()
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["kind"] == "decode"
+    assert {"report.md", "summary.csv", "histogram.csv", "accept_histogram.png"} <= set(manifest["outputs"])
+    with pytest.raises(ReproError, match="not a run directory"):
+        load_run(tmp_path / "report.md")
