@@ -61,7 +61,9 @@ def run(
     dtype: Annotated[
         str | None, dtype_option("Weights and activations (auto: bfloat16 on CUDA, else float32).", auto=True)
     ] = None,
-    device: Annotated[str | None, device_option("auto (CUDA when present; the default), cpu or cuda.")] = None,
+    device: Annotated[
+        str | None, device_option("auto (CUDA when present; the default), cpu or cuda.")
+    ] = None,
     backend: Annotated[str | None, typer.Option(help="GDN backend: reference or triton (CUDA).")] = None,
     commit: Annotated[
         str | None, typer.Option(help="Default commit strategy: closed_form, snapshot or replay.")
@@ -240,8 +242,8 @@ def family_report(
     out_dir = out or default_out_dir()
     cfg = FamilyReportConfig(
         out=str(out_dir), figures=str(figures or Path("figures") / out_dir.name), corpus=str(corpus),
-        targets=_names(targets), suites=_names(suites), prompts=prompts, limit=limit, new_tokens=max_new_tokens,
-        budget=budget, dtype=dtype, seed=seed, device=resolve_device(device),
+        targets=_names(targets), suites=_names(suites), prompts=prompts, limit=limit,
+        new_tokens=max_new_tokens, budget=budget, dtype=dtype, seed=seed, device=resolve_device(device),
     )  # fmt: skip
 
     def show(line: str) -> None:
@@ -250,7 +252,9 @@ def family_report(
     markdown, diverged = run_family_report(cfg, progress=show)
     typer.echo(markdown)
     if diverged:
-        raise CheckFailed(f"not lossless: {len(diverged)} route(s) diverged from AR (see {out_dir}/report.md)")
+        raise CheckFailed(
+            f"not lossless: {len(diverged)} route(s) diverged from AR (see {out_dir}/report.md)"
+        )
     err_console.print(f"records, manifest, report and table in {out_dir}; figure in {cfg.figures}")
 
 
@@ -297,7 +301,9 @@ def suites_freeze(
 
 @falsify_app.command("tree-exactness")
 def falsify_tree_exactness(
-    device: Annotated[str, device_option("auto (CUDA when present), cpu (reference, float64) or cuda.")] = "auto",
+    device: Annotated[
+        str, device_option("auto (CUDA when present), cpu (reference, float64) or cuda.")
+    ] = "auto",
     backend: Annotated[
         str, typer.Option(help="reference (pure torch) or triton (fused kernel, CUDA).")
     ] = "reference",

@@ -23,10 +23,10 @@ def _choice(names: tuple[str, ...]) -> Callable[[str | None], str | None]:
     return check
 
 
-def dtype_option(help_text: str, auto: bool = False) -> typer.models.OptionInfo:
-    """``--dtype`` restricted to the full torch names (and ``auto`` where the command allows it)."""
+def dtype_option(help_text: str, auto: bool = False, name: str = "--dtype") -> typer.models.OptionInfo:
+    """``--dtype`` (or ``name``) restricted to the full torch names (and ``auto`` where allowed)."""
     names = (*DTYPE_NAMES, "auto") if auto else DTYPE_NAMES
-    return typer.Option("--dtype", help=f"{'|'.join(names)}: {help_text}", callback=_choice(names))
+    return typer.Option(name, help=f"{'|'.join(names)}: {help_text}", callback=_choice(names))
 
 
 def device_option(help_text: str = "auto (CUDA when present), cpu or cuda.") -> typer.models.OptionInfo:
@@ -48,4 +48,3 @@ def short_dtype(name: str, allowed: tuple[str, ...], option: str = "--dtype") ->
         full = [k for k, v in _SHORT.items() if v in allowed]
         raise ConfigError(f"{option} must be one of {', '.join(full)} here, got {name!r}")
     return short
-

@@ -53,9 +53,10 @@ class Progress:
             from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
             from rich.progress import Progress as Bar
 
+            columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn())
             self._bar = Bar(
-                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                TextColumn("{task.fields[item]}"), console=Console(file=self.stream), transient=False,
+                *columns, TimeElapsedColumn(), TextColumn("{task.fields[item]}"),
+                console=Console(file=self.stream), transient=False,
             )  # fmt: skip
             self._bar.__enter__()
             self._task = self._bar.add_task(self.label, total=self.total, item="")
@@ -72,6 +73,14 @@ class Progress:
         if now - self._last >= self.interval:
             self._last = now
             self._log(now)
+
+    def print(self, text: str) -> None:
+        """Print ``text`` as its own line (above the bar on a terminal)."""
+        if self._bar is not None:
+            self._bar.console.print(text, highlight=False, markup=False)
+        else:
+            self.stream.write(text + "\n")
+            self.stream.flush()
 
     def line(self, now: float | None = None) -> str:
         """The log line for the current state."""

@@ -144,7 +144,9 @@ def resolve(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     if cfg["limit"] is not None and cfg["limit"] < 1:
         raise ConfigError(f"setting limit must be >= 1 (or null: every prompt), got {cfg['limit']}")
     if not 1 <= cfg["max_new_tokens"] <= MAX_NEW_TOKENS_CAP:
-        raise ConfigError(f"max_new_tokens must be in [1, {MAX_NEW_TOKENS_CAP:,}], got {cfg['max_new_tokens']}")
+        raise ConfigError(
+            f"max_new_tokens must be in [1, {MAX_NEW_TOKENS_CAP:,}], got {cfg['max_new_tokens']}"
+        )
     cfg["temperature"] = check_temperature(cfg["temperature"])
     check_strategy(cfg["commit"])
     if cfg["device"] == "auto":
