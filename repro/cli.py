@@ -342,9 +342,11 @@ def main(argv: list[str] | None = None) -> None:
         # standalone_mode=False: Click's usage errors and Typer's Ctrl-C come back here instead of
         # being printed as a usage panel or turned into a silent exit
         code = app(args=argv, standalone_mode=False)
-    except click_exceptions.NoArgsIsHelpError as exc:
-        typer.echo(exc.ctx.get_help())
-        code = 0
+    except click_exceptions.NoArgsIsHelpError as exc:  # a group without a command: its help, as Click does
+        text = exc.ctx.get_help()  # Typer's rich help prints itself and returns ""
+        if text:
+            typer.echo(text)
+        code = 2
     except click_exceptions.ClickException as exc:  # bad usage: unknown option, bad value, missing argument
         where = f" (see {exc.ctx.command_path} --help)" if getattr(exc, "ctx", None) else ""
         message = " ".join(exc.format_message().split())
