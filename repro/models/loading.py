@@ -117,7 +117,7 @@ def check_names(found: set[str], expected: set[str], what: str) -> None:
     holds others (e.g. config.json's num_hidden_layers smaller than the layers stored)."""
     for problem, names in (
         ("is incomplete: missing", sorted(expected - found)),
-        ("has weights its config.json does not describe:", sorted(found - expected)),
+        ("has weights this architecture (its config.json) lacks:", sorted(found - expected)),
     ):
         if names:
             more = f" (and {len(names) - 3} more)" if len(names) > 3 else ""

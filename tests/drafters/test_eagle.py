@@ -377,7 +377,7 @@ def test_cli_trains_eagle_with_seeded_noise(trained, corpus, tmp_path):
     args += ["--max-new-tokens", "6"]
     result = CliRunner().invoke(train_app, args)
     assert result.exit_code == 0, result.output
-    assert json.loads(result.output)["lossless"] is True
+    assert json.loads(result.stdout)["lossless"] is True  # progress lines go to stderr
     kw = dict(
         prompts=2, prompt_len=8, gen_len=6, steps=3, batch_size=2, k=2, eval_prompts=1, eval_new_tokens=6
     )

@@ -427,7 +427,7 @@ def test_cli_train_weaver(pair, corpus, tmp_path):
     args += ["--eval-prompts", "1", "--max-new-tokens", "6", "--d-model", "32", "--heads", "2"]
     result = CliRunner().invoke(train_app, args)
     assert result.exit_code == 0, result.output
-    printed = json.loads(result.output)
+    printed = json.loads(result.stdout)  # progress lines go to stderr
     assert printed == json.loads((tmp_path / "metrics.json").read_text()) and printed["lossless"]
     cfg = json.loads((tmp_path / "config.json").read_text())
     assert (cfg["pool_size"], cfg["d_model"], cfg["num_heads"], cfg["block_size"]) == (16, 32, 2, 4)
