@@ -9,16 +9,28 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.markup import escape
 
 from repro.bench.cli import bench_app
 from repro.data.cli import data_app
 from repro.decoding.routes import route_help
-from repro.errors import ReproError
+from repro.errors import CheckFailed, ReproError, SuiteError
+from repro.options import device_option, dtype_option
+from repro.progress import Progress
 from repro.train.cli import train_app
 
+try:  # Typer >= 0.22 vendors Click; its exceptions are not the click package's
+    from typer._click import exceptions as click_exceptions
+except ImportError:  # pragma: no cover - older Typer
+    from click import exceptions as click_exceptions
+
+EXIT_INTERRUPTED = 130
 app = typer.Typer(
-    help="Reference harness for speculative decoding on Gated DeltaNet language models.",
+    help=(
+        "Reference harness for speculative decoding on Gated DeltaNet language models.\n\n"
+        "Exit codes: 0 success; 2 bad usage or input (one line on stderr); 3 a check failed (a lossless "
+        "route diverged from AR, tree exactness, ...); 130 interrupted (records so far are kept)."
+    ),
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -47,12 +59,23 @@ def run(
     max_new_tokens: Annotated[int | None, typer.Option(help="New tokens per turn.")] = None,
     temperature: Annotated[float | None, typer.Option(help="0 = greedy.")] = None,
     seed: Annotated[int | None, typer.Option(help="Subsampling, sampling and drafter seed.")] = None,
-    dtype: Annotated[str | None, typer.Option(help="float32, float64, bfloat16, float16.")] = None,
-    device: Annotated[str | None, typer.Option(help="cpu, cuda or auto.")] = None,
+    dtype: Annotated[
+        str | None, dtype_option("Weights and activations (auto: bfloat16 on CUDA, else float32).", auto=True)
+    ] = None,
+    device: Annotated[
+        str | None, device_option("auto (CUDA when present; the default), cpu or cuda.")
+    ] = None,
     backend: Annotated[str | None, typer.Option(help="GDN backend: reference or triton (CUDA).")] = None,
+    commit: Annotated[
+        str | None, typer.Option(help="Default commit strategy: closed_form, snapshot or replay.")
+    ] = None,
     out: Annotated[Path | None, typer.Option(help="Output directory (default runs/<experiment>).")] = None,
 ) -> None:
-    """Run an experiment; records are appended as they are made and a rerun resumes."""
+    """Run an experiment; records are appended as they are made and a rerun resumes.
+
+    Exits 3 when a route diverged from AR where it must not (``lossless``: by default greedy decoding
+    in float64, where speculation is exact).
+    """
     from repro.harness.experiment import load_experiment
     from repro.harness.runner import ExperimentRunner, default_out_dir
     from repro.reporting.checkpoints import fingerprint_checkpoints
@@ -62,27 +85,32 @@ def run(
     overrides = {
         "target": target, "suites": suites, "limit": limit, "max_new_tokens": max_new_tokens,
         "temperature": temperature, "seed": seed, "dtype": dtype, "device": device, "gdn_backend": backend,
+        "commit": commit,
     }  # fmt: skip
     cfg = load_experiment(experiment, overrides)
     out_dir = out or default_out_dir(cfg)
     runner = ExperimentRunner(cfg)  # opens the target and checks routes and suites first
-    total = runner.total_units()
     manifest = {**build_manifest(cfg), "checkpoints": fingerprint_checkpoints(cfg)}
-    with RunDir(out_dir, manifest) as run_dir, Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        TextColumn("{task.fields[item]}"), console=err_console, transient=False,
-    ) as bar:  # fmt: skip
-        task = bar.add_task(str(cfg["name"]), total=total, item="")
-        written = runner.run(run_dir, progress=lambda item: bar.update(task, advance=1, item=item))
+    with RunDir(out_dir, manifest) as run_dir, Progress(str(cfg["name"]), runner.total_units()) as progress:
+        written = runner.run(run_dir, progress=lambda item: progress.advance(item=item))
         markdown = run_dir.write_report()
     typer.echo(markdown)
     err_console.print(f"{written} new record(s); records and report in {out_dir}")
+    if cfg["lossless"]:
+        diverged = sorted({r.route for r in run_dir.records() if r.vs_ar.startswith("diverged")})
+        if diverged:
+            raise CheckFailed(
+                f"not lossless: route(s) {', '.join(diverged)} diverged from AR in {cfg['dtype']} at "
+                f"temperature {cfg['temperature']:g} (see {out_dir}/report.md)"
+            )
 
 
 @app.command()
 def generate(
     prompt: Annotated[str | None, typer.Argument(help="Prompt text (a user message).")] = None,
-    prompt_ids: Annotated[str | None, typer.Option(help="Comma-separated token ids instead of text.")] = None,
+    prompt_ids: Annotated[
+        str | None, typer.Option(help="Token ids instead of text, comma- or space-separated: '1,2,3'.")
+    ] = None,
     route: Annotated[str, typer.Option(help=route_help())] = "ar",
     param: Annotated[list[str] | None, typer.Option(help="Route parameter KEY=VALUE, repeatable.")] = None,
     drafter: Annotated[
@@ -91,27 +119,45 @@ def generate(
     weaver: Annotated[str | None, typer.Option(help="The weaver route's adapter (like --drafter).")] = None,
     target: Annotated[str, typer.Option(help="'default' or a local checkpoint directory.")] = "default",
     raw: Annotated[bool, typer.Option(help="Encode the text as is, without the chat template.")] = False,
-    max_new_tokens: Annotated[int, typer.Option()] = 32,
-    temperature: Annotated[float, typer.Option()] = 0.0,
+    max_new_tokens: Annotated[int, typer.Option(min=1, help="New tokens (at most).")] = 32,
+    temperature: Annotated[float, typer.Option(help="0 = greedy; > 0 samples.")] = 0.0,
     seed: Annotated[int, typer.Option()] = 0,
-    dtype: Annotated[str, typer.Option()] = "float32",
-    device: Annotated[str, typer.Option()] = "cpu",
+    dtype: Annotated[str, dtype_option("auto: bfloat16 on CUDA, else float32.", auto=True)] = "auto",
+    device: Annotated[str, device_option()] = "auto",
+    backend: Annotated[str, typer.Option(help="GDN backend: reference or triton (CUDA).")] = "reference",
     commit: Annotated[
         str, typer.Option(help="Commit strategy: snapshot, replay or closed_form (or --param commit=).")
     ] = "closed_form",
     ignore_eos: Annotated[bool, typer.Option(help="Do not stop at stop tokens.")] = False,
 ) -> None:
-    """Decode one prompt with one route and print JSON (tokens, text, accepted lengths, timings)."""
+    """Decode one prompt with one route and print JSON (tokens, text, accepted lengths, timings).
+
+    With --prompt-ids no tokenizer is needed; "text" is null when the checkpoint has none.
+    """
+    from repro.harness.experiment import check_temperature
     from repro.harness.generate import generate_one
 
     if (prompt is None) == (prompt_ids is None):
         raise ReproError("give either a prompt text or --prompt-ids, not both or neither")
+    if prompt is not None:
+        check_text(prompt, "the prompt")
+    check_temperature(temperature, "--temperature")
     result = generate_one(
         prompt=prompt, prompt_ids=prompt_ids, route=route, params=param or [], target=target, raw=raw,
         max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, dtype=dtype, device=device,
         commit=commit, ignore_eos=ignore_eos, checkpoints={"drafter": drafter, "weaver": weaver},
+        backend=backend,
     )  # fmt: skip
     typer.echo(json.dumps(result, indent=2))
+
+
+def check_text(text: str, what: str) -> str:
+    """``text`` if it encodes as UTF-8 (argv bytes that are not UTF-8 arrive as lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ReproError(f"{what} is not valid UTF-8 text; pass UTF-8 or use --prompt-ids") from None
+    return text
 
 
 @app.command()
@@ -220,20 +266,25 @@ def family_report(
         "mt_bench,gsm8k,humaneval"
     ),
     limit: Annotated[int, typer.Option(help="Prompts per suite (seeded subsample).")] = 4,
-    new_tokens: Annotated[int, typer.Option(help="New tokens per prompt (no early stop).")] = 64,
+    max_new_tokens: Annotated[int, typer.Option(help="New tokens per prompt (no early stop).")] = 64,
     budget: Annotated[int, typer.Option(help="Draft-node budget of the tree routes.")] = 32,
-    dtype: Annotated[str, typer.Option(help="float64 makes losslessness exact.")] = "float64",
+    dtype: Annotated[str, dtype_option("float64 makes losslessness exact.")] = "float64",
+    device: Annotated[str, device_option()] = "auto",
     seed: Annotated[int, typer.Option(help="Prompt sampling and drafter seed.")] = 0,
     targets: Annotated[str, typer.Option(help="Comma-separated family targets.")] = "tiny-qwen35,tiny-gdn",
 ) -> None:
-    """Held-out acceptance per drafter and target: MAL, per-depth acceptance, lossless vs AR."""
+    """Held-out acceptance per drafter and target: MAL, per-depth acceptance, lossless vs AR.
+
+    Exits 3 when a route diverged from AR.
+    """
     from repro.harness.family_report import FamilyReportConfig, default_out_dir, run_family_report
+    from repro.models.target import resolve_device
 
     out_dir = out or default_out_dir()
     cfg = FamilyReportConfig(
         out=str(out_dir), figures=str(figures or Path("figures") / out_dir.name), corpus=str(corpus),
-        targets=_names(targets), suites=_names(suites), prompts=prompts, limit=limit, new_tokens=new_tokens,
-        budget=budget, dtype=dtype, seed=seed,
+        targets=_names(targets), suites=_names(suites), prompts=prompts, limit=limit,
+        new_tokens=max_new_tokens, budget=budget, dtype=dtype, seed=seed, device=resolve_device(device),
     )  # fmt: skip
 
     def show(line: str) -> None:
@@ -242,7 +293,9 @@ def family_report(
     markdown, diverged = run_family_report(cfg, progress=show)
     typer.echo(markdown)
     if diverged:
-        raise ReproError(f"not lossless: {len(diverged)} route(s) diverged from AR (see {out_dir}/report.md)")
+        raise CheckFailed(
+            f"not lossless: {len(diverged)} route(s) diverged from AR (see {out_dir}/report.md)"
+        )
     err_console.print(f"records, manifest, report and table in {out_dir}; figure in {cfg.figures}")
 
 
@@ -262,16 +315,17 @@ def suites_list() -> None:
 @suites_app.command("verify")
 def suites_verify() -> None:
     """Check every frozen suite file against the manifest's sha256 and record count."""
-    from repro.data.suites import verify_suites
+    from repro.data.suites import manifest_label, verify_suites
 
     bad = 0
     for row in verify_suites():
-        ok = row.get("ok")
-        bad += not ok
-        status = "ok " if ok else "BAD"
-        typer.echo(f"{status} {row['name']}: {row.get('records')} records, sha256 {row.get('actual')}")
+        if row["ok"]:
+            typer.echo(f"ok  {row['name']}: {row['records']} records, sha256 {row['sha256']['actual']}")
+        else:
+            bad += 1
+            typer.echo(f"BAD {row['name']}: {row['error']}")
     if bad:
-        raise ReproError(f"{bad} suite file(s) do not match suites/manifest.json")
+        raise SuiteError(f"{bad} suite file(s) do not match {manifest_label()}")  # bad input data: exit 2
 
 
 @suites_app.command("freeze")
@@ -288,16 +342,23 @@ def suites_freeze(
 
 @falsify_app.command("tree-exactness")
 def falsify_tree_exactness(
-    device: Annotated[str, typer.Option(help="cpu (reference, float64) or cuda.")] = "cpu",
+    device: Annotated[
+        str, device_option("auto (CUDA when present), cpu (reference, float64) or cuda.")
+    ] = "auto",
     backend: Annotated[
         str, typer.Option(help="reference (pure torch) or triton (fused kernel, CUDA).")
     ] = "reference",
     seed: Annotated[int, typer.Option()] = 0,
     out: Annotated[Path | None, typer.Option(help="Output directory.")] = None,
 ) -> None:
-    """SpecLA's check 2: one-pass tree verification vs the float64 recurrence along every path."""
-    from repro.harness.falsify import open_exactness_run, tree_exactness, write_exactness
+    """SpecLA's check 2: one-pass tree verification vs the float64 recurrence along every path.
 
+    Exits 3 when a case fails.
+    """
+    from repro.harness.falsify import open_exactness_run, tree_exactness, write_exactness
+    from repro.models.target import resolve_device
+
+    device = resolve_device(device)
     out_dir = out or Path("runs") / f"falsify-tree-exactness-{device}-{backend}"
     config = {"check": "tree-exactness", "device": device, "backend": backend, "seed": seed}
     with open_exactness_run(out_dir, config) as run:
@@ -305,21 +366,42 @@ def falsify_tree_exactness(
         typer.echo(write_exactness(rows, run))
     failed = [r for r in rows if r.verdict != "pass"]
     if failed:
-        raise ReproError(
+        raise CheckFailed(
             f"tree exactness failed in {len(failed)} of {len(rows)} cases (see {out_dir}/report.md)"
         )
 
 
-def main() -> None:
-    """Console entry point: user errors become one line on stderr and exit code 2."""
+def _error(message: str) -> None:
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+
+
+INTERRUPTED = "interrupted: records written so far are kept; rerun the same command to resume"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: errors become one line on stderr; exit codes as in the top-level help."""
     try:
-        app()
+        # standalone_mode=False: Click's usage errors and Typer's Ctrl-C come back here instead of
+        # being printed as a usage panel or turned into a silent exit
+        code = app(args=argv, standalone_mode=False)
+    except click_exceptions.NoArgsIsHelpError as exc:  # a group without a command: its help, as Click does
+        text = exc.ctx.get_help()  # Typer's rich help prints itself and returns ""
+        if text:
+            typer.echo(text)
+        code = 2
+    except click_exceptions.ClickException as exc:  # bad usage: unknown option, bad value, missing argument
+        where = f" (see {exc.ctx.command_path} --help)" if getattr(exc, "ctx", None) else ""
+        message = " ".join(exc.format_message().split())
+        _error(f"{message}{where}")
+        code = 2
     except ReproError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
-        sys.exit(2)
-    except KeyboardInterrupt:
-        err_console.print("interrupted: records written so far are kept; rerun the same command to resume")
-        sys.exit(130)
+        _error(str(exc))
+        code = exc.exit_code
+    except (KeyboardInterrupt, typer.Abort):
+        code = EXIT_INTERRUPTED
+    if code == EXIT_INTERRUPTED:  # Typer turns Ctrl-C into Exit(130); no command returns 130 itself
+        err_console.print(INTERRUPTED, highlight=False)
+    sys.exit(code or 0)
 
 
 if __name__ == "__main__":

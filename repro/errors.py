@@ -1,8 +1,20 @@
-"""User-facing errors: one line that names the problem and what to do."""
+"""User-facing errors: one line that names the problem and what to do.
+
+The CLI's exit codes: 0 success, 2 bad usage or input (:class:`ReproError`), 3 a check failed
+(:class:`CheckFailed`), 130 interrupted.
+"""
 
 
 class ReproError(Exception):
-    """An error caused by bad input; the CLI prints it as one line and exits non-zero."""
+    """An error caused by bad input; the CLI prints it as one line and exits with ``exit_code`` (2)."""
+
+    exit_code = 2
+
+
+class CheckFailed(ReproError):
+    """A check that ran to the end and failed (e.g. a lossless route diverged from AR); exit code 3."""
+
+    exit_code = 3
 
 
 class TreeError(ReproError):

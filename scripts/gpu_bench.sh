@@ -32,7 +32,7 @@ export TRITON_CACHE_AUTOTUNING=${TRITON_CACHE_AUTOTUNING:-1}
   echo "== repro bench kernels"
   # rows not started after BENCH_BUDGET s are recorded as skipped, so the report and figures are always written
   timeout "${BENCH_TIMEOUT:-400}" python3 -m repro bench kernels --out "$OUT/bench-kernels" \
-    --budget-s "${BENCH_BUDGET:-240}" "$@"
+    --time-budget "${BENCH_BUDGET:-240}" "$@"
   echo "== bench exit $?"
   exit "$status"
 } 2>&1 | tee "$LOG"

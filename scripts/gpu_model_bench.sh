@@ -14,7 +14,7 @@
 # row), bench-model/ (records.jsonl, manifest.json, report.md, table.csv, figures/model_verify_vs_T.png)
 # and bench-model.tar.gz (all of it, plus gpu-tests/junit-*.xml and tune-tree/ when swept).
 # repro is not installed there: it runs from the checkout through PYTHONPATH.
-# Extra arguments go to `repro bench model` (e.g. --shape gdn-1.3b --no-compile).
+# Extra arguments go to `repro bench model` (e.g. --shapes gdn-1.3b --no-compile).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/runs/gpu-model-bench}
@@ -49,7 +49,7 @@ export TRITON_CACHE_AUTOTUNING=${TRITON_CACHE_AUTOTUNING:-1}  # autotuning done 
   echo "== repro bench model"
   # rows not started within the budget are recorded as skipped; report, table and figure are rewritten
   # after each shape, so a run cut short still leaves them
-  timeout "${BENCH_TIMEOUT:-240}" python3 -m repro bench model --shape gdn-1.3b,qwen3.6-27b \
+  timeout "${BENCH_TIMEOUT:-240}" python3 -m repro bench model --shapes gdn-1.3b,qwen3.6-27b \
     --out "$OUT/bench-model" --figures "$OUT/bench-model/figures" --time-budget "${BENCH_BUDGET:-180}" "$@"
   echo "== bench exit $?"
   nvidia-smi --query-gpu=memory.used,temperature.gpu,power.draw --format=csv

@@ -33,10 +33,10 @@ stage() {  # stage NAME SECONDS repro-train-args...
   OUT=/tmp/gpu-tests bash scripts/gpu_tests.sh tests/models/test_chain_gpu.py
 } 2>&1 | tee "$RUNS/env.log"
 COMMON_T=(--corpus data/corpus --tokenizer data/tokenizer --layers 8 --hidden-size 192 --seq-len 512
-  --batch-size 32 --steps 2400 --lr 3e-3 --warmup 100 --tie-embeddings --save-dtype bf16 --device cuda
+  --batch-size 32 --steps 2400 --lr 3e-3 --warmup 100 --tie-embeddings --save-dtype bfloat16 --device cuda
   --eval-sequences 256 --seed 0)
-DISTILL=(--corpus data/corpus --prompts 2048 --prompt-len 64 --gen-len 128 --batch-size 64 --steps 3000
-  --lr 1e-3 --warmup 100 --save-dtype bf16 --device cuda --eval-prompts ${EVAL_PROMPTS:-8} --eval-new-tokens 96
+DISTILL=(--corpus data/corpus --prompts 2048 --prompt-len 64 --distill-new-tokens 128 --batch-size 64 --steps 3000
+  --lr 1e-3 --warmup 100 --save-dtype bfloat16 --device cuda --eval-prompts ${EVAL_PROMPTS:-8} --max-new-tokens 96
   --seed 0)
 # a member trained earlier in this run is used from $RUNS, else the embedded family member of that name
 pick() { if [ -d "$RUNS/$1" ]; then echo "$RUNS/$1"; else echo "$1"; fi; }

@@ -62,6 +62,7 @@ def test_run_writes_records_report_and_resumes(tmp_path):
     }
     assert manifest["config"]["max_new_tokens"] == 12
     assert "chain" in res.stdout and "tree" in res.stdout
+    assert "tiny: 12/12 (100%), elapsed" in res.stderr  # progress is logged without a terminal
     assert (out / "report.md").exists() and (out / "summary.csv").exists()
     # simulate an interruption: drop the last 5 records and cut the next one mid-line
     lines = (out / "records.jsonl").read_text().splitlines()
@@ -95,9 +96,24 @@ def test_run_refuses_a_directory_of_another_config(tmp_path):
         (["run", "smoke", "--suites", "gsm9k"], "unknown suite"),
         (["run", "smoke", "--target", "/nonexistent/ckpt"], "does not exist"),
         (["generate", "hi", "--route", "warp"], "unknown route kind"),
-        (["generate", "--prompt-ids", "1,2,x"], "comma-separated integers"),
+        (["generate", "--prompt-ids", "1,2,x"], "plain decimal integers"),
+        (["generate", "--prompt-ids", "1_0"], "plain decimal integers"),  # int() would read 10
+        (["generate", "--prompt-ids", "1,,2"], "plain decimal integers"),
+        (["generate", "--prompt-ids", "-1"], "plain decimal integers"),
         (["generate", "hi", "--route", "synthetic_chain", "--param", "k=3"], "missing parameter"),
         (["run", "smoke", "--device", "tpu"], "unknown device"),
+        (["generate", "hi", "--max-new-tokens", "0"], "--max-new-tokens"),
+        (["generate", "hi", "--max-new-tokens", "-5"], "--max-new-tokens"),
+        (["generate", "hi", "--temperature", "-1"], "temperature must be a finite number >= 0"),
+        (["generate", "hi", "--temperature", "nan"], "temperature must be a finite number >= 0"),
+        (["run", "smoke", "--temperature", "nan"], "temperature must be a finite number >= 0"),
+        (["run", "smoke", "--max-new-tokens", "1000001"], "max_new_tokens must be in [1, 1,000,000]"),
+        (["run", "smoke", "--commit", "later"], "unknown commit strategy"),
+        (["run", "smoke", "--limit", "abc"], "Invalid value for '--limit'"),  # Click's usage errors
+        (["run", "smoke", "--no-such-option"], "No such option"),
+        (["run", "smoke", "--dtype", "fp32"], "Invalid value for '--dtype'"),
+        (["bench", "model", "--shape", "tiny"], "No such option: --shape"),
+        (["train", "target", "--precision", "bf16"], "No such option: --precision"),
     ],
 )
 def test_bad_input_gives_one_line_errors(tmp_path, args, needle):
@@ -131,7 +147,9 @@ def test_corrupted_suite_file_is_refused(tmp_path):
     res = repro("run", str(exp), "--out", str(tmp_path / "o"), env={"REPRO_SUITES_DIR": str(suites)})
     assert res.returncode == 2 and "corrupted" in res.stderr and "gsm8k" in res.stderr
     res = repro("suites", "verify", env={"REPRO_SUITES_DIR": str(suites)})
-    assert res.returncode == 2 and "BAD gsm8k" in res.stdout
+    assert res.returncode == 2 and "BAD gsm8k: suite file" in res.stdout and "corrupted" in res.stdout
+    assert "sha256 None" not in res.stdout and "ok  humaneval: 164 records, sha256 " in res.stdout
+    assert f"do not match {suites / 'manifest.json'}" in res.stderr  # the manifest actually used
 
 
 def test_generate_prints_json_and_matches_ar(tmp_path):
@@ -219,3 +237,90 @@ def test_a_folder_named_like_an_experiment_does_not_shadow_it(tmp_path, monkeypa
     (tmp_path / "smoke").mkdir()  # e.g. an earlier `--out smoke`
     monkeypatch.chdir(tmp_path)
     assert load_experiment("smoke")["name"] == "smoke"
+
+
+def test_prompt_ids_accept_commas_and_spaces_and_need_no_tokenizer(tmp_path):
+    res = repro("generate", "--prompt-ids", " 1 2,3 ,4 ", "--max-new-tokens", "2", "--target", "tiny-random")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["prompt_ids"] == [1, 2, 3, 4]  # not [1234]
+    ckpt = tmp_path / "ckpt"
+    assert repro("export-default", str(ckpt)).returncode == 0
+    (ckpt / "repro_tokenizer.json").unlink()  # weights and config, no tokenizer files
+    res = repro(
+        "generate", "--prompt-ids", "1,2", "--max-new-tokens", "3", "--ignore-eos", "--target", str(ckpt)
+    )
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["text"] is None and out["new_tokens"] == 3
+    res = repro("generate", "hi", "--target", str(ckpt))
+    assert res.returncode == 2 and "has no tokenizer" in res.stderr
+
+
+def test_a_prompt_that_is_not_utf8_is_one_line():
+    import os
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    res = subprocess.run(
+        [sys.executable, "-m", "repro", "generate", b"caf\xe9"], capture_output=True, cwd=ROOT, env=env
+    )
+    stderr = res.stderr.decode()
+    assert res.returncode == 2 and "not valid UTF-8" in stderr and len(stderr.strip().splitlines()) == 1
+
+
+def test_help_documents_the_exit_codes():
+    res = repro("--help", env={"COLUMNS": "200"})
+    assert res.returncode == 0
+    text = " ".join(res.stdout.split())
+    assert "0 success" in text and "2 bad usage or input" in text and "3 a check failed" in text
+    assert "130 interrupted" in text
+
+
+def run_main(monkeypatch, capsys, *args: str) -> tuple[int, str]:
+    from repro.cli import main
+
+    monkeypatch.setenv("COLUMNS", "300")
+    with pytest.raises(SystemExit) as exc:
+        main(list(args))
+    return exc.value.code, capsys.readouterr().err
+
+
+def test_ctrl_c_prints_the_resume_message_and_exits_130(monkeypatch, capsys):
+    import repro.harness.experiment as experiment
+
+    def interrupted(*_args, **_kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(experiment, "load_experiment", interrupted)
+    code, err = run_main(monkeypatch, capsys, "run", "smoke")
+    assert code == 130
+    assert "interrupted: records written so far are kept; rerun the same command to resume" in err
+
+
+def test_run_exits_3_when_a_route_diverges_where_it_must_not(tmp_path, monkeypatch, capsys):
+    import repro.harness.runner as runner
+
+    exp = tiny_experiment(tmp_path, suites=["gsm8k"], max_new_tokens=4)  # float64, greedy: lossless
+    monkeypatch.setattr(runner, "compare_to_reference", lambda ids, ref: "diverged at token 1")
+    code, err = run_main(monkeypatch, capsys, "run", str(exp), "--out", str(tmp_path / "a"))
+    assert code == 3 and "not lossless: route(s) chain, tree diverged from AR in float64" in err
+    assert (tmp_path / "a" / "report.md").exists()  # the records and report are still written
+    # float32 is not exact: divergence is recorded, not a failure (unless the experiment sets lossless)
+    code, _ = run_main(
+        monkeypatch, capsys, "run", str(exp), "--out", str(tmp_path / "b"), "--dtype", "float32"
+    )
+    assert code == 0
+
+
+def test_falsify_and_family_report_failures_exit_3(monkeypatch, capsys, tmp_path):
+    from types import SimpleNamespace
+
+    import repro.harness.falsify as falsify
+    import repro.harness.family_report as family_report
+
+    monkeypatch.setattr(falsify, "tree_exactness", lambda *a: [SimpleNamespace(verdict="fail")])
+    monkeypatch.setattr(falsify, "write_exactness", lambda *a: "report")
+    code, err = run_main(monkeypatch, capsys, "falsify", "tree-exactness", "--out", str(tmp_path / "f"))
+    assert code == 3 and "tree exactness failed in 1 of 1 cases" in err
+    monkeypatch.setattr(family_report, "run_family_report", lambda cfg, progress: ("report", ["ddtree"]))
+    code, err = run_main(monkeypatch, capsys, "family", "report", "--out", str(tmp_path / "r"))
+    assert code == 3 and "not lossless: 1 route(s) diverged" in err

@@ -8,6 +8,8 @@ from typing import Annotated
 import typer
 
 from repro.errors import ConfigError
+from repro.options import device_option, dtype_option, short_dtype
+from repro.progress import Progress
 
 bench_app = typer.Typer(help="Kernel and model benchmarks: one command, one table.", no_args_is_help=True)
 
@@ -52,20 +54,22 @@ def kernels(
     warmup_ms: Annotated[float, typer.Option(help="do_bench warm-up per row (ms).")] = 10.0,
     rep_ms: Annotated[float, typer.Option(help="do_bench repetitions per row, and per graph (ms).")] = 40.0,
     figures: Annotated[Path | None, typer.Option(help="Figure folder (default <out>/figures).")] = None,
-    budget_s: Annotated[
+    time_budget: Annotated[
         float | None, typer.Option(help="Seconds after which rows not started are recorded as skipped.")
     ] = None,
+    device: Annotated[
+        str, device_option("auto (CUDA when present), cpu (same as --quick) or cuda.")
+    ] = "auto",
 ) -> None:
     """Tree verification vs per-branch / prefill / per-token-state baselines, and state recovery.
 
     Writes records.jsonl, manifest.json, report.md, table.csv and figures; without CUDA (or with
     --quick) only the pure-torch methods run, at tiny sizes, and the others are recorded as skipped.
     """
-    import torch
-
-    from repro.bench.kernels import QUICK_DEPTHS, QUICK_SIZES, BenchConfig, default_out_dir, run_bench
+    from repro.bench.kernels import QUICK_DEPTHS, QUICK_SIZES, BenchConfig, default_out_dir, plan, run_bench
     from repro.bench.shapes import SHAPES
     from repro.bench.timing import TimerConfig
+    from repro.models.target import resolve_device
 
     names = [s.strip() for s in shapes.split(",") if s.strip()]
     unknown = [s for s in names if s not in SHAPES]
@@ -75,11 +79,11 @@ def kernels(
         shapes=names,
         recovery_nodes=recovery_nodes,
         bf16_precision=bf16_precision,
-        budget_s=budget_s,
+        budget_s=time_budget,
         seed=seed,
         timer=TimerConfig(warmup_ms=warmup_ms, rep_ms=rep_ms),
     )
-    cfg.quick = quick or not torch.cuda.is_available()
+    cfg.quick = quick or not resolve_device(device).startswith("cuda")
     if cfg.quick:
         cfg.sizes = {s: QUICK_SIZES for s in names}
         cfg.depths, cfg.recovery_nodes = QUICK_DEPTHS, min(recovery_nodes, 16)
@@ -94,20 +98,21 @@ def kernels(
 
     def show(row: dict) -> None:
         timing = f"{row['us']:.1f} us" if row["us"] is not None else row["reason"]
-        typer.echo(
+        progress.print(
             f"{row['shape']:7s} {row['group']:8s} {row['kind']:5s} T={row['T']:<4d} "
-            f"{row['method']:21s} {row['dtype']:4s} {row['status']:7s} {timing}",
-            err=True,
+            f"{row['method']:21s} {row['dtype']:4s} {row['status']:7s} {timing}"
         )
+        progress.advance(item=f"{row['shape']} {row['method']} T={row['T']}")
 
-    table = run_bench(cfg, out_dir, figures, progress=show)
+    with Progress("bench kernels", len(plan(cfg))) as progress:
+        table = run_bench(cfg, out_dir, figures, progress=show)
     typer.echo((out_dir / "report.md").read_text(encoding="utf-8"))
     typer.echo(f"{len(table)} rows; records, manifest, report, table and figures in {out_dir}", err=True)
 
 
 @bench_app.command("model")
 def model(
-    shape: Annotated[
+    shapes: Annotated[
         str, typer.Option(help="Comma-separated model shapes: gdn-1.3b, qwen3.6-27b, tiny.")
     ] = "gdn-1.3b,qwen3.6-27b",
     out: Annotated[
@@ -118,10 +123,8 @@ def model(
         float | None,
         typer.Option(help="Seconds for the whole run; rows not started in time are recorded as skipped."),
     ] = None,
-    device: Annotated[str | None, typer.Option(help="cuda or cpu (default: cuda when available).")] = None,
-    dtype: Annotated[
-        str | None, typer.Option(help="Weights: bf16, fp32 or fp64 (default bf16 on CUDA).")
-    ] = None,
+    device: Annotated[str, device_option()] = "auto",
+    dtype: Annotated[str, dtype_option("weights; auto: bfloat16 on CUDA, else float32.", auto=True)] = "auto",
     context: Annotated[int, typer.Option(help="Prompt tokens prefilled before the measurements.")] = 512,
     sizes: Annotated[
         str, typer.Option(help="Tree sizes T of the verify curve.")
@@ -144,23 +147,25 @@ def model(
     """
     import torch
 
-    from repro.bench.model import DTYPES, MODEL_SHAPES, ModelBenchConfig, default_out_dir, run_model_bench
+    from repro.bench.model import (
+        DTYPES,
+        MODEL_SHAPES,
+        ModelBenchConfig,
+        default_out_dir,
+        plan,
+        run_model_bench,
+    )
     from repro.bench.timing import TimerConfig
+    from repro.models.target import auto_dtype, resolve_device
 
-    names = [s.strip() for s in shape.split(",") if s.strip()]
+    names = [s.strip() for s in shapes.split(",") if s.strip()]
     unknown = [s for s in names if s not in MODEL_SHAPES]
     if unknown or not names:
         raise ConfigError(
             f"unknown shape(s) {', '.join(unknown) or '(none)'}; known: {', '.join(MODEL_SHAPES)}"
         )
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device cuda but no CUDA device is available")
-    if dev.type not in ("cuda", "cpu"):
-        raise ConfigError(f"--device must be cuda or cpu, got {device!r}")
-    dtype = dtype or ("bf16" if dev.type == "cuda" else "fp32")
-    if dtype not in DTYPES:
-        raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    dev = torch.device(resolve_device(device))
+    dtype = short_dtype(auto_dtype(dev.type) if dtype == "auto" else dtype, tuple(DTYPES))
     if context < 1 or step_nodes < 1:
         raise ConfigError("--context and --step-nodes must be positive")
     timer = TimerConfig(warmup_ms=warmup_ms, rep_ms=rep_ms)
@@ -182,12 +187,15 @@ def model(
     def show(row: dict) -> None:
         timing = f"{row['us']:.1f} us" if row["us"] is not None else row["reason"]
         err = f"err {row['rel_err']:.1e}" if row["rel_err"] is not None else ""
-        typer.echo(
+        progress.print(
             f"{row['shape']:12s} {row['group']:8s} {row['method']:22s} T={row['T']:<4d} {row['status']:7s} "
-            f"{err:12s} {timing}",
-            err=True,
+            f"{err:12s} {timing}"
         )
+        progress.advance(item=f"{row['shape']} {row['method']} T={row['T']}")
 
-    table = run_model_bench(cfg, dev, out_dir, figures, progress=show)
+    cuda = dev.type == "cuda"
+    total = len(names) * len(plan(cfg, compiled=cfg.compile and cuda, gemv=cuda))
+    with Progress("bench model", total) as progress:
+        table = run_model_bench(cfg, dev, out_dir, figures, progress=show)
     typer.echo((out_dir / "report.md").read_text(encoding="utf-8"))
     typer.echo(f"{len(table)} rows; records, manifest, report, table and figure in {out_dir}", err=True)

@@ -152,6 +152,11 @@ def suites_dir() -> Path:
     return Path(repro.__file__).resolve().parent.parent / "suites"
 
 
+def manifest_label() -> str:
+    """The manifest of the suites folder in use, as shown in messages."""
+    return _show(suites_dir() / MANIFEST_NAME)
+
+
 def _show(path: Path) -> str:
     """A path as shown in messages: relative to the repository root when inside it."""
     root = Path(repro.__file__).resolve().parent.parent

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
+import re
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,8 @@ import yaml
 from repro.data.suites import canonical_suite
 from repro.decoding.routes import name_routes
 from repro.errors import ConfigError
+from repro.models.hybrid import check_strategy
+from repro.models.target import resolve_device, resolve_dtype
 
 DEFAULTS: dict[str, Any] = {
     "name": None,
@@ -20,8 +24,8 @@ DEFAULTS: dict[str, Any] = {
     "kind": "decode",
     "target": "default",
     "target_seed": 0,
-    "dtype": "float32",
-    "device": "cpu",
+    "dtype": "float32",  # or auto: bfloat16 on CUDA, else float32
+    "device": "auto",  # CUDA when present
     "cpu_threads": 1,  # tiny models decode fastest single-threaded; raise for large checkpoints
     "commit": "closed_form",
     "gdn_backend": "reference",  # or "triton" (fused CUDA kernels)
@@ -35,9 +39,12 @@ DEFAULTS: dict[str, Any] = {
     "warmup": 1,
     "routes": [{"name": "ar", "kind": "ar"}],
     "route_grid": None,
+    # a route diverging from AR fails the run (exit 3); null: exactly when greedy in float64
+    "lossless": None,
 }
 OVERRIDABLE = (
     "target", "suites", "limit", "max_new_tokens", "temperature", "seed", "dtype", "device", "gdn_backend",
+    "commit",
 )  # fmt: skip
 
 
@@ -76,7 +83,49 @@ def load_experiment(name_or_path: str, overrides: dict[str, Any] | None = None) 
     return resolve(raw, overrides or {})
 
 
+MAX_NEW_TOKENS_CAP = 1_000_000
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+# the type of every setting: a type or a tuple of types (int excludes bool; None where allowed)
+TYPES: dict[str, Any] = {
+    "name": str, "description": str, "kind": str, "target": str, "target_seed": int, "dtype": str,
+    "device": str, "cpu_threads": int, "commit": str, "gdn_backend": str, "suites": (list, str),
+    "limit": (int, type(None)), "seed": int, "max_new_tokens": int, "temperature": (int, float),
+    "acceptance": str, "ignore_eos": bool, "warmup": int, "routes": list, "route_grid": (dict, type(None)),
+    "lossless": (bool, type(None)),
+}  # fmt: skip
+TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false", list: "a list",
+              dict: "a mapping", type(None): "null"}  # fmt: skip
+
+
+def check_type(key: str, value: Any, types: Any) -> None:
+    """A one-line ConfigError unless ``value`` is one of ``types`` (a bool is not an int or a number)."""
+    types = types if isinstance(types, tuple) else (types,)
+    ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
+    if not ok:
+        want = " or ".join(TYPE_NAMES[t] for t in types)
+        raise ConfigError(f"setting {key} must be {want}, got {value!r}")
+
+
+def check_temperature(value: float, what: str = "temperature") -> float:
+    """A finite temperature >= 0 (0 = greedy), else a one-line ConfigError."""
+    if not math.isfinite(value) or value < 0:
+        raise ConfigError(f"{what} must be a finite number >= 0 (0 = greedy), got {value}")
+    return float(value)
+
+
+def check_name(name: str) -> str:
+    """A run name is one plain file-name-safe word: it becomes a folder under runs/."""
+    if not NAME_PATTERN.fullmatch(name):
+        raise ConfigError(
+            f"experiment name {name!r} must be a plain word of letters, digits, '.', '_' or '-' "
+            "(it names the folder under runs/); use --out to choose where records go"
+        )
+    return name
+
+
 def resolve(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """Defaults, then ``raw``, then the non-None ``overrides``: every setting type-checked and in range,
+    ``auto`` device and dtype resolved, ``lossless`` decided (see ``DEFAULTS``)."""
     unknown = set(raw) - set(DEFAULTS)
     if unknown:
         raise ConfigError(f"unknown experiment setting(s): {', '.join(sorted(unknown))}")
@@ -87,21 +136,46 @@ def resolve(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
             raise ConfigError(f"setting {key!r} cannot be overridden from the command line")
         if value is not None:
             cfg[key] = value
+    for key, types in TYPES.items():
+        check_type(key, cfg[key], types)
+    check_name(cfg["name"])
+    for key in ("target_seed", "cpu_threads", "warmup"):
+        if cfg[key] < 0:
+            raise ConfigError(f"setting {key} must be >= 0, got {cfg[key]}")
+    if cfg["limit"] is not None and cfg["limit"] < 1:
+        raise ConfigError(f"setting limit must be >= 1 (or null: every prompt), got {cfg['limit']}")
+    if not 1 <= cfg["max_new_tokens"] <= MAX_NEW_TOKENS_CAP:
+        raise ConfigError(
+            f"max_new_tokens must be in [1, {MAX_NEW_TOKENS_CAP:,}], got {cfg['max_new_tokens']}"
+        )
+    cfg["temperature"] = check_temperature(cfg["temperature"])
+    check_strategy(cfg["commit"])
+    if cfg["device"] == "auto":
+        cfg["device"] = resolve_device("auto")
+    if cfg["dtype"] == "auto":
+        cfg["dtype"] = "bfloat16" if cfg["device"].startswith("cuda") else "float32"
+    resolve_dtype(cfg["dtype"])
     if isinstance(cfg["suites"], str):
         cfg["suites"] = [s.strip() for s in cfg["suites"].split(",") if s.strip()]
     if not cfg["suites"]:
         raise ConfigError("no suites selected: name at least one of mt_bench, gsm8k, humaneval")
+    for suite in cfg["suites"]:
+        check_type("suites", suite, str)
     cfg["suites"] = [canonical_suite(s) for s in cfg["suites"]]
-    cfg["routes"] = name_routes(expand_routes(cfg["routes"] or [], cfg.pop("route_grid")))
+    twice = sorted({s for s in cfg["suites"] if cfg["suites"].count(s) > 1})
+    if twice:
+        raise ConfigError(f"suite(s) listed more than once: {', '.join(twice)}")
+    for route in cfg["routes"]:
+        if not isinstance(route, dict):
+            raise ConfigError(f"every route must be a mapping such as {{name: ar, kind: ar}}, got {route!r}")
+    cfg["routes"] = name_routes(expand_routes(cfg["routes"], cfg.pop("route_grid")))
     if not any(r.get("kind") == "ar" for r in cfg["routes"]):
         cfg["routes"].insert(0, {"name": "ar", "kind": "ar"})
     cfg["routes"].sort(key=lambda r: r.get("kind") != "ar")  # AR first: the reference and baseline
-    if cfg["temperature"] < 0:
-        raise ConfigError(f"temperature must be >= 0, got {cfg['temperature']}")
     if cfg["temperature"] > 0 and cfg["acceptance"] == "greedy":
         cfg["acceptance"] = "sample_match"
-    if int(cfg["max_new_tokens"]) < 1:
-        raise ConfigError("max_new_tokens must be >= 1")
+    if cfg["lossless"] is None:  # greedy in float64: speculation is exact, so any divergence is a bug
+        cfg["lossless"] = cfg["temperature"] == 0 and cfg["dtype"] == "float64"
     return cfg
 
 
@@ -117,12 +191,19 @@ def expand_routes(routes: list[dict], grid: dict | None) -> list[dict]:
     grid = dict(grid)
     template = grid.pop("name", None)
     kind = grid.pop("kind", None)
+    if not isinstance(kind, str) or not (template is None or isinstance(template, str)):
+        raise ConfigError(f"route_grid needs a kind (a string) and at most a name template, got {kind!r}")
     axes = {k: v for k, v in grid.items() if isinstance(v, list)}
+    if any(not v for v in axes.values()):
+        raise ConfigError(f"route_grid axes must list at least one value, got {axes}")
     fixed = {k: v for k, v in grid.items() if not isinstance(v, list)}
     for combo in itertools.product(*axes.values()):
         params = dict(zip(axes, combo))
-        name = (template or kind + "-" + "-".join(f"{k}{v}" for k, v in params.items())).format(
-            **params, **fixed
-        )
+        try:
+            name = (template or kind + "-" + "-".join(f"{k}{v}" for k, v in params.items())).format(
+                **params, **fixed
+            )
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ConfigError(f"route_grid name template {template!r} cannot be filled: {exc!r}") from None
         out.append({"name": name, "kind": kind, **fixed, **params})
     return out

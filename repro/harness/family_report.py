@@ -62,6 +62,7 @@ class FamilyReportConfig:
     eagle_k: int = 6
     dtype: str = "float64"
     seed: int = 0
+    device: str = "cpu"
 
     def check(self) -> None:
         """One-line ConfigError/SuiteError for an unknown target, suite or dtype, or a count < 1."""
@@ -75,7 +76,8 @@ class FamilyReportConfig:
         resolve_dtype(self.dtype)
         for name in COUNTS:
             if getattr(self, name) < 1:
-                raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+                option = "max-new-tokens" if name == "new_tokens" else name.replace("_", "-")
+                raise ConfigError(f"--{option} must be >= 1, got {getattr(self, name)}")
 
 
 def default_out_dir() -> Path:
@@ -160,7 +162,7 @@ def evaluate(cfg: FamilyReportConfig, run: RunDir, progress: Callable[[str], Non
 
     written = 0
     for target in cfg.targets:
-        model, tok = open_target(target, cfg.dtype, "cpu", seed=cfg.seed)
+        model, tok = open_target(target, cfg.dtype, cfg.device, seed=cfg.seed)
         sets, notes = prompt_sets(tok, cfg)
         run.update_manifest(
             layers={**run.manifest["layers"], target: _layers(model)},

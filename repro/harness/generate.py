@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from repro.decoding.engine import generate
@@ -32,29 +33,39 @@ def parse_params(
     return params
 
 
+IDS_PATTERN = re.compile(r"[0-9]+(?:(?:\s*,\s*|\s+)[0-9]+)*")
+
+
 def parse_ids(text: str, vocab_size: int) -> list[int]:
-    try:
-        ids = [int(x) for x in text.replace(" ", "").split(",") if x]
-    except ValueError:
-        raise ConfigError(f"--prompt-ids must be comma-separated integers, got {text!r}") from None
+    """Plain decimal token ids separated by commas and/or whitespace ("1,2,3", "1 2 3", "1, 2")."""
+    stripped = text.strip()
+    if not stripped.isascii() or not IDS_PATTERN.fullmatch(stripped):
+        raise ConfigError(
+            f"--prompt-ids must be plain decimal integers separated by commas or spaces, got {text!r}"
+        )
+    ids = [int(x) for x in re.split(r"[\s,]+", stripped)]
     bad = [i for i in ids if not 0 <= i < vocab_size]
-    if bad or not ids:
-        raise ConfigError(f"--prompt-ids needs ids in [0, {vocab_size}); got {bad or 'none'}")
+    if bad:
+        raise ConfigError(f"--prompt-ids needs ids in [0, {vocab_size}); got {bad}")
     return ids
 
 
 def generate_one(
     prompt: str | None, prompt_ids: str | None, route: str, params: list[str], target: str, raw: bool,
     max_new_tokens: int, temperature: float, seed: int, dtype: str, device: str, commit: str,
-    ignore_eos: bool, checkpoints: dict[str, str | None] | None = None,
+    ignore_eos: bool, checkpoints: dict[str, str | None] | None = None, backend: str = "reference",
 ) -> dict[str, Any]:  # fmt: skip
-    """Decode one prompt; routes with a drafter first run AR to get the reference continuation.
+    """Decode one prompt; routes with a drafter first run AR to get the reference continuation. With
+    ``prompt_ids`` a checkpoint without tokenizer files decodes too ("text" is then None).
 
     ``checkpoints`` are the ``--drafter``/``--weaver`` options (param name -> value or None); on a
     family target an omitted drafter is the target's own.
     """
+    if max_new_tokens < 1:
+        raise ConfigError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     spec = {"kind": route, **parse_params(route, params, checkpoints)}
-    model, tokenizer = open_target(target, dtype, device)
+    model, tokenizer = open_target(target, dtype, device, need_tokenizer=prompt_ids is None)
+    model.set_gdn_backend(backend)
     vocab = model.config.vocab_size
     if prompt_ids is not None:
         ids = parse_ids(prompt_ids, vocab)
@@ -68,7 +79,10 @@ def generate_one(
     chosen = build_route(
         spec, vocab, acceptance, temperature, seed, target=model, commit=commit, family=family_of(target)
     )
-    stops = () if ignore_eos else tokenizer.stop_token_ids
+    if ignore_eos:
+        stops: tuple[int, ...] = ()
+    else:
+        stops = tuple(tokenizer.stop_token_ids) if tokenizer else tuple(model.config.eos_token_id)
     reference = None
     if chosen.drafter is not None:
         ar = build_route({"kind": "ar"}, vocab, acceptance, temperature, seed, commit=commit)
@@ -79,7 +93,7 @@ def generate_one(
         "params": chosen.params,
         "prompt_ids": ids,
         "output_ids": result.output_ids,
-        "text": tokenizer.decode(result.output_ids),
+        "text": tokenizer.decode(result.output_ids) if tokenizer else None,
         "new_tokens": len(result.output_ids),
         "steps": result.steps,
         "accepted_lengths": result.accepted_lengths,

@@ -8,6 +8,7 @@ after the route's own first-turn answer.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import torch
 from repro.data.suites import Prompt, load_suite
 from repro.decoding.engine import DecodeResult, Route, generate
 from repro.decoding.routes import build_route, family_of
+from repro.errors import ConfigError
 from repro.models.hybrid import HybridLM
 from repro.models.target import open_target
 from repro.models.tokenizer import Tokenizer
@@ -79,6 +81,12 @@ class ExperimentRunner:
             cfg["target"], cfg["dtype"], cfg["device"], cfg["target_seed"]
         )
         self.model.set_gdn_backend(cfg["gdn_backend"])
+        self.context = self.model.config.max_position_embeddings
+        if self.context is not None and int(cfg["max_new_tokens"]) >= self.context:
+            raise ConfigError(
+                f"max_new_tokens {cfg['max_new_tokens']} does not fit the target's context of "
+                f"{self.context} tokens (max_position_embeddings) with any prompt"
+            )
         vocab = self.model.config.vocab_size
         rule = (cfg["acceptance"], float(cfg["temperature"]), int(cfg["seed"]))
         self.routes = [
@@ -90,7 +98,17 @@ class ExperimentRunner:
         self.stop_ids = () if cfg["ignore_eos"] else tuple(self.tokenizer.stop_token_ids)
 
     def decode(self, route: Route, prompt_ids: list[int], reference: list[int] | None) -> DecodeResult:
-        """One decode with ``route`` (its own commit strategy: the experiment's unless it names one)."""
+        """One decode with ``route`` (its own commit strategy: the experiment's unless it names one); a
+        warning line on stderr when prompt + max_new_tokens exceed the target's context
+        (positions beyond max_position_embeddings are outside what the model was built for)."""
+        need = len(prompt_ids) + int(self.cfg["max_new_tokens"])
+        if self.context is not None and need > self.context:
+            print(
+                f"warning: a prompt of {len(prompt_ids)} tokens plus max_new_tokens "
+                f"{self.cfg['max_new_tokens']} exceed the target's context of {self.context} tokens "
+                "(max_position_embeddings)",
+                file=sys.stderr,
+            )
         return generate(
             self.model, prompt_ids, route, int(self.cfg["max_new_tokens"]), self.stop_ids, reference
         )

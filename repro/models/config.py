@@ -54,6 +54,7 @@ class HybridConfig:
     eos_token_id: list[int] = field(default_factory=list)
     pad_token_id: int | None = None
     source_format: str = "qwen3_5"
+    max_position_embeddings: int | None = None  # context capacity (prompt + new tokens); None: unknown
 
     def __post_init__(self) -> None:
         for t in self.layer_types:
@@ -131,6 +132,7 @@ class HybridConfig:
                 eos_token_id=[] if eos is None else eos,
                 pad_token_id=text.get("pad_token_id"),
                 source_format="qwen3_5",
+                max_position_embeddings=_optional_int(text.get("max_position_embeddings")),
             )
         except KeyError as exc:
             raise CheckpointError(f"config.json lacks {exc.args[0]!r} needed for a Qwen3.5 model") from None
@@ -161,7 +163,7 @@ class HybridConfig:
                 "rope_theta": self.rope_theta,
                 "partial_rotary_factor": self.partial_rotary_factor,
             },
-            "max_position_embeddings": 32768,
+            "max_position_embeddings": self.max_position_embeddings or 32768,
             "bos_token_id": self.bos_token_id,
             "eos_token_id": self.eos_token_id[0] if len(self.eos_token_id) == 1 else self.eos_token_id,
             "pad_token_id": self.pad_token_id,
@@ -212,6 +214,7 @@ class HybridConfig:
                 bos_token_id=raw.get("bos_token_id"),
                 eos_token_id=[] if eos is None else eos,
                 pad_token_id=raw.get("pad_token_id"),
+                max_position_embeddings=_optional_int(raw.get("max_position_embeddings")),
                 source_format="fla_gdn",
             )
         except KeyError as exc:
@@ -248,3 +251,7 @@ class HybridConfig:
             "eos_token_id": self.eos_token_id[0] if len(self.eos_token_id) == 1 else self.eos_token_id,
             "pad_token_id": self.pad_token_id,
         }
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)

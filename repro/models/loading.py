@@ -112,23 +112,25 @@ def read_json_config(path: Path, what: str) -> dict[str, Any]:
     return raw
 
 
+def check_names(found: set[str], expected: set[str], what: str) -> None:
+    """A one-line CheckpointError naming a few weights when ``found`` lacks some of ``expected`` or
+    holds others (e.g. config.json's num_hidden_layers smaller than the layers stored)."""
+    for problem, names in (
+        ("is incomplete: missing", sorted(expected - found)),
+        ("has weights this architecture (its config.json) lacks:", sorted(found - expected)),
+    ):
+        if names:
+            more = f" (and {len(names) - 3} more)" if len(names) > 3 else ""
+            raise CheckpointError(f"{what} {problem} {', '.join(names[:3])}{more}")
+
+
 def assign_weights(model: nn.Module, path: Path, what: str) -> torch.dtype:
     """Load ``path``'s weights into ``model`` (built on the meta device) under its own parameter
     names, after checking that no name is missing or extra and every shape matches; returns the
     weights' dtype."""
     weights = read_weights(path)
     expected = model.state_dict()
-    missing = sorted(set(expected) - set(weights))
-    if missing:
-        more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
-        raise CheckpointError(
-            f"{what} checkpoint {path} is incomplete: missing {', '.join(missing[:3])}{more}"
-        )
-    unexpected = sorted(set(weights) - set(expected))
-    if unexpected:
-        raise CheckpointError(
-            f"{what} checkpoint {path} has weights this architecture lacks: {', '.join(unexpected[:3])}"
-        )
+    check_names(set(weights), set(expected), f"{what} checkpoint {path}")
     for name, w in expected.items():
         if weights[name].shape != w.shape:
             raise CheckpointError(
@@ -228,23 +230,32 @@ def load_target(path: str | Path, dtype: torch.dtype = torch.float32, device: st
         weights = fla_to_internal(weights, cfg)
     else:
         weights = qwen35_to_internal(weights)
-    model = HybridLM(cfg)
+    model = build_empty(cfg, dtype, device)
     expected = model.state_dict()
     if cfg.tie_word_embeddings:
         weights.pop("lm_head.weight", None)
         expected.pop("lm_head.weight", None)
-    missing = sorted(set(expected) - set(weights))
-    if missing:
-        more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
-        raise CheckpointError(f"checkpoint {path} is incomplete: missing {', '.join(missing[:3])}{more}")
+    check_names(set(weights), set(expected), f"checkpoint {path}")
     for name, w in expected.items():
         if weights[name].shape != w.shape:
             raise CheckpointError(
                 f"checkpoint {path}: weight {name} has shape {tuple(weights[name].shape)}, "
                 f"config.json implies {tuple(w.shape)}"
             )
-    model.load_state_dict({k: weights[k] for k in expected}, strict=False)
+    model.load_state_dict(weights, strict=False)  # names checked above; a tied lm_head is not stored
     return model.to(device=device, dtype=dtype).eval()
+
+
+def build_empty(cfg: HybridConfig, dtype: torch.dtype, device: str) -> HybridLM:
+    """HybridLM created directly on ``device`` in ``dtype`` (its weights are overwritten next), so that
+    a large checkpoint is never held on the host in float32."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            return HybridLM(cfg)
+    finally:
+        torch.set_default_dtype(before)
 
 
 def save_target(

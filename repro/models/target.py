@@ -20,6 +20,11 @@ DTYPES = {
 }
 
 
+def auto_dtype(device: str) -> str:
+    """The ``auto`` dtype: bfloat16 on CUDA (a large checkpoint is never widened to float32), else float32."""
+    return "bfloat16" if device.startswith("cuda") else "float32"
+
+
 def resolve_dtype(name: str) -> torch.dtype:
     if name not in DTYPES:
         raise ConfigError(f"unknown dtype {name!r}: choose one of {', '.join(DTYPES)}")
@@ -37,19 +42,28 @@ def resolve_device(name: str) -> str:
 
 
 def open_target(
-    spec: str, dtype: str = "float32", device: str = "cpu", seed: int = 0
-) -> tuple[HybridLM, Tokenizer]:
+    spec: str,
+    dtype: str = "float32",
+    device: str = "cpu",
+    seed: int = 0,
+    need_tokenizer: bool = True,
+) -> tuple[HybridLM, Tokenizer | None]:
     """``default`` is the embedded trained ``tiny-qwen35``; ``tiny-random`` builds the untrained
-    seeded hybrid (byte tokenizer); any other family name or a local checkpoint path loads it."""
-    torch_dtype, dev = resolve_dtype(dtype), resolve_device(device)
+    seeded hybrid (byte tokenizer); any other family name or a local checkpoint path loads it.
+
+    ``dtype`` ``auto`` is bfloat16 on CUDA, else float32. Without ``need_tokenizer`` a checkpoint
+    without tokenizer files gives ``None`` for the tokenizer. A tokenizer larger than the model's
+    vocabulary is refused; a smaller one is fine (ids it lacks decode as ``<|id:N|>``)."""
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(auto_dtype(dev) if dtype == "auto" else dtype)
     if spec == RANDOM_TARGET:
         model = build_default_target(seed=seed, dtype=torch_dtype)
         tokenizer = load_tokenizer(None)
     else:
         path = resolve_checkpoint(DEFAULT_TARGET if spec == "default" else spec, "target")
         model = load_target(path, dtype=torch_dtype, device=dev)
-        tokenizer = load_tokenizer(path)
-    if tokenizer.vocab_size > model.config.vocab_size:
+        tokenizer = load_tokenizer(path, optional=not need_tokenizer)
+    if tokenizer is not None and tokenizer.vocab_size > model.config.vocab_size:
         raise CheckpointError(
             f"tokenizer of {spec} has {tokenizer.vocab_size} tokens but the model's vocabulary is "
             f"{model.config.vocab_size}: tokenizer and weights do not belong together"

@@ -98,7 +98,17 @@ class HFTokenizer:
         return list(self.tok.encode(text, add_special_tokens=False))
 
     def decode(self, ids: list[int]) -> str:
-        return self.tok.decode(ids)
+        """The text of ``ids``; an id the tokenizer lacks (a model vocabulary padded past the tokenizer)
+        shows as ``<|id:N|>`` instead of vanishing or raising."""
+        out: list[str] = []
+        run: list[int] = []
+        for i in ids:
+            if 0 <= i < self.vocab_size:
+                run.append(i)
+                continue
+            out += [self.tok.decode(run), f"<|id:{i}|>"]
+            run = []
+        return "".join(out + [self.tok.decode(run)])
 
     def chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
         if getattr(self.tok, "chat_template", None):
@@ -111,16 +121,23 @@ class HFTokenizer:
 BYTE_TOKENIZER_MARKER = "repro_tokenizer.json"
 
 
-def load_tokenizer(path: str | Path | None) -> Tokenizer:
+def load_tokenizer(path: str | Path | None, optional: bool = False) -> Tokenizer | None:
     """The checkpoint's own tokenizer, or the byte-level one (embedded default, or a checkpoint
-    directory that carries a ``repro_tokenizer.json`` marker)."""
+    directory that carries a ``repro_tokenizer.json`` marker); ``None`` for a checkpoint without
+    tokenizer files when ``optional``."""
     if path is None:
         return ByteTokenizer()
     path = resolve_checkpoint(path, "tokenizer checkpoint")
+    if (path / "config.json").exists():  # transformers reads it too: report its errors as the checkpoint's
+        from repro.models.loading import read_json_config
+
+        read_json_config(path, "the")
     if any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
         return HFTokenizer(path)
     if (path / BYTE_TOKENIZER_MARKER).exists():
         return ByteTokenizer()
+    if optional:
+        return None
     raise CheckpointError(
         f"checkpoint {path} has no tokenizer (tokenizer.json / tokenizer_config.json); copy the model's "
         "tokenizer files into it"

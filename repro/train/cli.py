@@ -8,6 +8,8 @@ from typing import Annotated
 
 import typer
 
+from repro.options import device_option, dtype_option, short_dtype
+
 train_app = typer.Typer(help="Training: a tiny target from the corpus, drafters by self-distillation.")
 
 
@@ -18,30 +20,41 @@ BatchOpt = Annotated[int, typer.Option(help="Sequences per step.")]
 LrOpt = Annotated[float, typer.Option(help="Peak learning rate (warmup then cosine).")]
 WarmupOpt = Annotated[int, typer.Option(help="Warmup steps.")]
 SeedOpt = Annotated[int, typer.Option(help="Init, data, anchor and noise seed.")]
-DeviceOpt = Annotated[str, typer.Option(help="cpu, cuda or auto.")]
-PrecisionOpt = Annotated[str, typer.Option(help="fp32 or bf16 (autocast, CUDA only).")]
-SaveDtypeOpt = Annotated[str, typer.Option(help="fp32 or bf16 (weights rounded, then evaluated).")]
+DeviceOpt = Annotated[str, device_option()]
+DtypeOpt = Annotated[str, dtype_option("compute: float32, or bfloat16 autocast (CUDA only).")]
+SaveDtypeOpt = Annotated[
+    str, dtype_option("float32 or bfloat16 (weights rounded, then evaluated).", name="--save-dtype")
+]
 BudgetOpt = Annotated[float | None, typer.Option(help="Stop training after this many seconds.")]
 PromptsOpt = Annotated[int, typer.Option(help="Self-distillation sequences.")]
 PromptLenOpt = Annotated[int, typer.Option(help="Corpus prefix tokens per sequence.")]
-GenLenOpt = Annotated[int, typer.Option(help="Greedy target tokens per sequence.")]
+DistillTokensOpt = Annotated[int, typer.Option(help="Greedy target tokens generated per training sequence.")]
 EvalPromptsOpt = Annotated[int, typer.Option(help="Held-out prompts for the acceptance report.")]
-EvalTokensOpt = Annotated[int, typer.Option(help="New tokens per held-out prompt.")]
+MaxNewTokensOpt = Annotated[int, typer.Option(help="New tokens per held-out prompt (acceptance report).")]
 LayerIdsOpt = Annotated[str | None, typer.Option(help="Comma-separated target layer ids for features.")]
 DEFAULT_CORPUS = Path("data/corpus")
 
 
+def precisions(dtype: str, save_dtype: str) -> dict[str, str]:
+    """The recipes' ``precision`` and ``save_dtype`` (short spellings, as recorded in manifests) of the
+    full dtype names the options take."""
+    return {
+        "precision": short_dtype(dtype, ("fp32", "bf16")),
+        "save_dtype": short_dtype(save_dtype, ("fp32", "bf16"), "--save-dtype"),
+    }
+
+
 def distill_args(
-    target: Path, corpus: Path, out: Path, prompts: int, prompt_len: int, gen_len: int, steps: int,
-    batch_size: int, lr: float, warmup: int, seed: int, device: str, precision: str, eval_prompts: int,
-    eval_new_tokens: int, save_dtype: str, time_budget: float | None,
+    target: Path, corpus: Path, out: Path, prompts: int, prompt_len: int, distill_new_tokens: int, steps: int,
+    batch_size: int, lr: float, warmup: int, seed: int, device: str, dtype: str, eval_prompts: int,
+    max_new_tokens: int, save_dtype: str, time_budget: float | None,
 ) -> dict:  # fmt: skip
     """The DistillRecipe fields every drafter command takes, from its options."""
     return dict(
         target=str(target), corpus=str(corpus), out=str(out), prompts=prompts, prompt_len=prompt_len,
-        gen_len=gen_len, steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, seed=seed, device=device,
-        precision=precision, eval_prompts=eval_prompts, eval_new_tokens=eval_new_tokens,
-        save_dtype=save_dtype, time_budget_s=time_budget,
+        gen_len=distill_new_tokens, steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, seed=seed,
+        device=device, eval_prompts=eval_prompts, eval_new_tokens=max_new_tokens, time_budget_s=time_budget,
+        **precisions(dtype, save_dtype),
     )  # fmt: skip
 
 
@@ -70,11 +83,11 @@ def target(
     warmup: WarmupOpt = 20,
     seed: SeedOpt = 0,
     device: DeviceOpt = "auto",
-    precision: PrecisionOpt = "fp32",
+    dtype: DtypeOpt = "float32",
     max_train_tokens: Annotated[int | None, typer.Option(help="Cap on tokenized training data.")] = None,
     eval_sequences: Annotated[int, typer.Option(help="Held-out sequences for perplexity.")] = 64,
     tie_embeddings: Annotated[bool, typer.Option(help="LM head shares the embedding.")] = False,
-    save_dtype: SaveDtypeOpt = "fp32",
+    save_dtype: SaveDtypeOpt = "float32",
     time_budget: BudgetOpt = None,
 ) -> None:
     """Train a tiny target; writes a loadable checkpoint, train_log.jsonl, loss.png, metrics.json."""
@@ -83,9 +96,9 @@ def target(
     recipe = TargetRecipe(
         corpus=str(corpus), out=str(out), tokenizer=None if tokenizer is None else str(tokenizer), arch=arch,
         layers=layers, hidden_size=hidden_size, steps=steps, batch_size=batch_size, seq_len=seq_len, lr=lr,
-        warmup=warmup, seed=seed, device=device, precision=precision, max_train_tokens=max_train_tokens,
-        eval_sequences=eval_sequences, tie_embeddings=tie_embeddings, save_dtype=save_dtype,
-        time_budget_s=time_budget,
+        warmup=warmup, seed=seed, device=device, max_train_tokens=max_train_tokens,
+        eval_sequences=eval_sequences, tie_embeddings=tie_embeddings, time_budget_s=time_budget,
+        **precisions(dtype, save_dtype),
     )  # fmt: skip
     typer.echo(json.dumps(train_target(recipe), indent=2))
 
@@ -106,17 +119,17 @@ def dflash(
     ] = 4.0,
     prompts: PromptsOpt = 64,
     prompt_len: PromptLenOpt = 32,
-    gen_len: GenLenOpt = 64,
+    distill_new_tokens: DistillTokensOpt = 64,
     steps: StepsOpt = 300,
     batch_size: BatchOpt = 16,
     lr: LrOpt = 1e-3,
     warmup: WarmupOpt = 20,
     seed: SeedOpt = 0,
     device: DeviceOpt = "auto",
-    precision: PrecisionOpt = "fp32",
+    dtype: DtypeOpt = "float32",
     eval_prompts: EvalPromptsOpt = 4,
-    eval_new_tokens: EvalTokensOpt = 64,
-    save_dtype: SaveDtypeOpt = "fp32",
+    max_new_tokens: MaxNewTokensOpt = 64,
+    save_dtype: SaveDtypeOpt = "float32",
     time_budget: BudgetOpt = None,
 ) -> None:
     """Train a DFlash drafter on the target's own greedy continuations; reports held-out MAL."""
@@ -125,8 +138,8 @@ def dflash(
     recipe = DFlashRecipe(
         block_size=block_size, draft_layers=layers, target_layer_ids=layer_ids(target_layers),
         anchors=anchors, loss_gamma=loss_gamma, **distill_args(
-            target, corpus, out, prompts, prompt_len, gen_len, steps, batch_size, lr, warmup, seed, device,
-            precision, eval_prompts, eval_new_tokens, save_dtype, time_budget,
+            target, corpus, out, prompts, prompt_len, distill_new_tokens, steps, batch_size, lr, warmup, seed,
+            device, dtype, eval_prompts, max_new_tokens, save_dtype, time_budget,
         ),
     )  # fmt: skip
     typer.echo(json.dumps(train_dflash(recipe), indent=2))
@@ -149,17 +162,17 @@ def eagle(
     k: Annotated[int, typer.Option(help="Drafts per step in the held-out eagle_chain evaluation.")] = 4,
     prompts: PromptsOpt = 64,
     prompt_len: PromptLenOpt = 32,
-    gen_len: GenLenOpt = 64,
+    distill_new_tokens: DistillTokensOpt = 64,
     steps: StepsOpt = 300,
     batch_size: BatchOpt = 16,
     lr: LrOpt = 1e-3,
     warmup: WarmupOpt = 20,
     seed: SeedOpt = 0,
     device: DeviceOpt = "auto",
-    precision: PrecisionOpt = "fp32",
+    dtype: DtypeOpt = "float32",
     eval_prompts: EvalPromptsOpt = 4,
-    eval_new_tokens: EvalTokensOpt = 64,
-    save_dtype: SaveDtypeOpt = "fp32",
+    max_new_tokens: MaxNewTokensOpt = 64,
+    save_dtype: SaveDtypeOpt = "float32",
     time_budget: BudgetOpt = None,
 ) -> None:
     """Train an EAGLE drafter on the target's own greedy continuations; reports held-out MAL."""
@@ -168,8 +181,8 @@ def eagle(
     recipe = EagleRecipe(
         draft_layers=layers, target_layer_ids=layer_ids(target_layers), w_reg=w_reg, w_cls=w_cls,
         feature_noise=feature_noise, k=k, **distill_args(
-            target, corpus, out, prompts, prompt_len, gen_len, steps, batch_size, lr, warmup, seed, device,
-            precision, eval_prompts, eval_new_tokens, save_dtype, time_budget,
+            target, corpus, out, prompts, prompt_len, distill_new_tokens, steps, batch_size, lr, warmup, seed,
+            device, dtype, eval_prompts, max_new_tokens, save_dtype, time_budget,
         ),
     )  # fmt: skip
     typer.echo(json.dumps(train_eagle(recipe), indent=2))
@@ -197,17 +210,17 @@ def weaver(
     width: Annotated[int, typer.Option(help="Frontier nodes per Weaver step.")] = 4,
     prompts: PromptsOpt = 64,
     prompt_len: PromptLenOpt = 32,
-    gen_len: GenLenOpt = 64,
+    distill_new_tokens: DistillTokensOpt = 64,
     steps: StepsOpt = 300,
     batch_size: BatchOpt = 16,
     lr: LrOpt = 1e-3,
     warmup: WarmupOpt = 20,
     seed: SeedOpt = 0,
     device: DeviceOpt = "auto",
-    precision: PrecisionOpt = "fp32",
+    dtype: DtypeOpt = "float32",
     eval_prompts: EvalPromptsOpt = 4,
-    eval_new_tokens: EvalTokensOpt = 64,
-    save_dtype: SaveDtypeOpt = "fp32",
+    max_new_tokens: MaxNewTokensOpt = 64,
+    save_dtype: SaveDtypeOpt = "float32",
     time_budget: BudgetOpt = None,
 ) -> None:
     """Train a Weaver adapter over a frozen DFlash drafter; reports held-out MAL vs DDTree."""
@@ -216,8 +229,8 @@ def weaver(
     recipe = WeaverRecipe(
         dflash=str(dflash), d_model=d_model, heads=heads, pool_size=pool, tv_weight=tv_weight,
         target_temperature=target_temperature, anchors=anchors, budget=budget, width=width, **distill_args(
-            target, corpus, out, prompts, prompt_len, gen_len, steps, batch_size, lr, warmup, seed, device,
-            precision, eval_prompts, eval_new_tokens, save_dtype, time_budget,
+            target, corpus, out, prompts, prompt_len, distill_new_tokens, steps, batch_size, lr, warmup, seed,
+            device, dtype, eval_prompts, max_new_tokens, save_dtype, time_budget,
         ),
     )  # fmt: skip
     typer.echo(json.dumps(train_weaver(recipe), indent=2))

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from repro.errors import ConfigError
+from repro.progress import Progress
 from repro.reporting.records import build_manifest, write_json
 
 PRECISIONS = ("fp32", "bf16")
@@ -144,7 +145,10 @@ def train_loop(
     log: list[dict[str, Any]] = []
     tokens = 0
     start = time.perf_counter()
-    with open(out_dir / LOG_FILE, "w", encoding="utf-8") as f:
+    with (
+        open(out_dir / LOG_FILE, "w", encoding="utf-8") as f,
+        Progress(f"train {out_dir.name}", cfg.steps) as bar,
+    ):
         for step in range(cfg.steps):
             lr = lr_at(step, cfg, time.perf_counter() - start)
             for group in opt.param_groups:
@@ -181,6 +185,7 @@ def train_loop(
                 log.append(row)
                 f.write(json.dumps(row) + "\n")
                 f.flush()
+            bar.advance(item=f"loss {value:.4f}")
             if over:
                 break
     return log

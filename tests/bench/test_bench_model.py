@@ -142,7 +142,7 @@ def test_why_lines_split_the_graph_time_into_kernels_and_gaps():
 
 def test_cpu_run_checks_every_row_against_hybrid(tmp_path):
     out = tmp_path / "run"
-    args = ["model", "--device", "cpu", "--shape", "tiny", "--dtype", "fp64", "--context", "70"]
+    args = ["model", "--device", "cpu", "--shapes", "tiny", "--dtype", "float64", "--context", "70"]
     args += ["--sizes", "1,8", "--step-nodes", "8", "--out", str(out), "--warmup-ms", "0", "--rep-ms", "1"]
     result = CliRunner().invoke(bench_app, args)
     assert result.exit_code == 0, result.output
@@ -222,7 +222,12 @@ def test_time_budget_records_rows_as_skipped(tmp_path):
 
 
 def test_cli_rejects_unknown_shapes_and_dtypes():
-    result = CliRunner().invoke(bench_app, ["model", "--device", "cpu", "--shape", "gdn-7b"])
+    cpu = ["model", "--device", "cpu", "--shapes"]
+    result = CliRunner().invoke(bench_app, [*cpu, "gdn-7b"])
     assert result.exit_code != 0 and "unknown shape(s) gdn-7b" in str(result.exception)
-    result = CliRunner().invoke(bench_app, ["model", "--device", "cpu", "--shape", "tiny", "--dtype", "fp8"])
-    assert result.exit_code != 0 and "--dtype must be one of" in str(result.exception)
+    result = CliRunner().invoke(bench_app, [*cpu, "tiny", "--dtype", "fp8"])
+    assert result.exit_code == 2 and "Invalid value for '--dtype'" in result.output
+    result = CliRunner().invoke(bench_app, [*cpu, "tiny", "--dtype", "bf16"])
+    assert result.exit_code == 2, "the short spellings are gone: one vocabulary, the full dtype names"
+    result = CliRunner().invoke(bench_app, [*cpu, "tiny", "--dtype", "float16"])
+    assert result.exit_code != 0 and "must be one of bfloat16, float32, float64" in str(result.exception)

@@ -371,12 +371,13 @@ def test_cli_trains_eagle_with_seeded_noise(trained, corpus, tmp_path):
     )
     target_dir, _ = trained
     args = ["eagle", "--target", str(target_dir), "--corpus", str(corpus), "--out", str(tmp_path / "cli")]
-    args += ["--prompts", "2", "--prompt-len", "8", "--gen-len", "6", "--steps", "3", "--batch-size", "2"]
+    args += ["--prompts", "2", "--prompt-len", "8", "--distill-new-tokens", "6", "--steps", "3"]
+    args += ["--batch-size", "2"]
     args += ["--feature-noise", "0.1", "--k", "2", "--device", "cpu", "--eval-prompts", "1"]
-    args += ["--eval-new-tokens", "6"]
+    args += ["--max-new-tokens", "6"]
     result = CliRunner().invoke(train_app, args)
     assert result.exit_code == 0, result.output
-    assert json.loads(result.output)["lossless"] is True
+    assert json.loads(result.stdout)["lossless"] is True  # progress lines go to stderr
     kw = dict(
         prompts=2, prompt_len=8, gen_len=6, steps=3, batch_size=2, k=2, eval_prompts=1, eval_new_tokens=6
     )

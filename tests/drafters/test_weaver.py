@@ -421,12 +421,13 @@ def test_pool_mass(model64):
 
 def test_cli_train_weaver(pair, corpus, tmp_path):
     args = ["weaver", "--target", str(pair[0]), "--dflash", str(pair[1]), "--corpus", str(corpus)]
-    args += ["--out", str(tmp_path), "--steps", "2", "--prompts", "2", "--prompt-len", "8", "--gen-len", "6"]
+    args += ["--out", str(tmp_path), "--steps", "2", "--prompts", "2", "--prompt-len", "8"]
+    args += ["--distill-new-tokens", "6"]
     args += ["--anchors", "2", "--batch-size", "2", "--device", "cpu", "--pool", "16", "--budget", "4"]
-    args += ["--eval-prompts", "1", "--eval-new-tokens", "6", "--d-model", "32", "--heads", "2"]
+    args += ["--eval-prompts", "1", "--max-new-tokens", "6", "--d-model", "32", "--heads", "2"]
     result = CliRunner().invoke(train_app, args)
     assert result.exit_code == 0, result.output
-    printed = json.loads(result.output)
+    printed = json.loads(result.stdout)  # progress lines go to stderr
     assert printed == json.loads((tmp_path / "metrics.json").read_text()) and printed["lossless"]
     cfg = json.loads((tmp_path / "config.json").read_text())
     assert (cfg["pool_size"], cfg["d_model"], cfg["num_heads"], cfg["block_size"]) == (16, 32, 2, 4)

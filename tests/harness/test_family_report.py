@@ -43,7 +43,8 @@ def run(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
         "--corpus",
         str(corpus),
     ]
-    args += ["--targets", TARGET, "--prompts", "1", "--suites", "gsm8k", "--limit", "1", "--new-tokens", "8"]
+    args += ["--targets", TARGET, "--prompts", "1", "--suites", "gsm8k", "--limit", "1"]
+    args += ["--max-new-tokens", "8"]
     res = CliRunner().invoke(app, [*args, "--budget", "6"])
     assert res.exit_code == 0, res.output
     return out

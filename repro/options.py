@@ -1,0 +1,50 @@
+"""The options every command spells the same way: ``--dtype``, ``--device``, ``--max-new-tokens``,
+``--time-budget``; one declaration each, shared by the main app and its sub-apps."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import typer
+
+from repro.errors import ConfigError
+
+DTYPE_NAMES = ("bfloat16", "float16", "float32", "float64")
+DEVICE_NAMES = ("auto", "cpu", "cuda")
+_SHORT = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64"}
+
+
+def _choice(names: tuple[str, ...]) -> Callable[[str | None], str | None]:
+    def check(value: str | None) -> str | None:
+        if value is not None and value not in names:
+            raise typer.BadParameter(f"{value!r} is not one of {', '.join(names)}")
+        return value
+
+    return check
+
+
+def dtype_option(help_text: str, auto: bool = False, name: str = "--dtype") -> typer.models.OptionInfo:
+    """``--dtype`` (or ``name``) restricted to the full torch names (and ``auto`` where allowed)."""
+    names = (*DTYPE_NAMES, "auto") if auto else DTYPE_NAMES
+    return typer.Option(name, help=f"{'|'.join(names)}: {help_text}", callback=_choice(names))
+
+
+def device_option(help_text: str = "auto (CUDA when present), cpu or cuda.") -> typer.models.OptionInfo:
+    """``--device``: auto, cpu or cuda (``cuda:N`` too)."""
+    return typer.Option("--device", help=help_text, callback=_device)
+
+
+def _device(value: str | None) -> str | None:
+    if value is not None and value not in DEVICE_NAMES and not value.startswith("cuda:"):
+        raise typer.BadParameter(f"unknown device {value!r}: use auto, cpu or cuda")
+    return value
+
+
+def short_dtype(name: str, allowed: tuple[str, ...], option: str = "--dtype") -> str:
+    """The short internal spelling (``bf16``, ``fp32``, ...) of a full dtype name, refused unless in
+    ``allowed`` (given in short spelling)."""
+    short = _SHORT.get(name)
+    if short not in allowed:
+        full = [k for k, v in _SHORT.items() if v in allowed]
+        raise ConfigError(f"{option} must be one of {', '.join(full)} here, got {name!r}")
+    return short

@@ -1,0 +1,75 @@
+"""Experiment settings: every one type-checked and in range, with one clear line."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from repro.errors import ConfigError
+from repro.harness.experiment import load_experiment, resolve
+
+BASE = {"name": "t", "target": "tiny-random", "suites": ["gsm8k"], "limit": 1}
+
+
+@pytest.mark.parametrize(
+    "settings, needle",
+    [
+        ({"temperature": "hot"}, "setting temperature must be an integer or a number, got 'hot'"),
+        ({"seed": "abc"}, "setting seed must be an integer"),
+        ({"routes": "ar"}, "setting routes must be a list"),
+        ({"routes": ["ar"]}, "every route must be a mapping"),
+        ({"suites": 5}, "setting suites must be a list or a string"),
+        ({"suites": [5]}, "setting suites must be a string"),
+        ({"target": None}, "setting target must be a string, got None"),
+        ({"route_grid": "chain"}, "setting route_grid must be a mapping or null"),
+        ({"route_grid": {"p": [0.5]}}, "route_grid needs a kind"),
+        ({"route_grid": {"kind": "synthetic_chain", "name": "c{q}", "p": [0.5]}}, "cannot be filled"),
+        ({"suites": ["gsm8k", "GSM8K"]}, "listed more than once: gsm8k"),
+        ({"max_new_tokens": 8.9}, "setting max_new_tokens must be an integer, got 8.9"),
+        ({"max_new_tokens": True}, "setting max_new_tokens must be an integer"),
+        ({"max_new_tokens": 1_000_001}, "max_new_tokens must be in [1, 1,000,000]"),
+        ({"max_new_tokens": 0}, "max_new_tokens must be in [1"),
+        ({"ignore_eos": "no"}, "setting ignore_eos must be true or false, got 'no'"),
+        ({"name": "/abs/path"}, "must be a plain word"),
+        ({"name": "../x"}, "must be a plain word"),
+        ({"temperature": -0.5}, "temperature must be a finite number >= 0"),
+        ({"temperature": math.nan}, "temperature must be a finite number >= 0"),
+        ({"temperature": math.inf}, "temperature must be a finite number >= 0"),
+        ({"limit": 0}, "setting limit must be >= 1"),
+        ({"commit": "later"}, "unknown commit strategy"),
+        ({"dtype": "fp32"}, "unknown dtype"),
+        ({"lossless": "yes"}, "setting lossless must be true or false or null"),
+    ],
+)
+def test_bad_settings_are_one_line_config_errors(settings, needle):
+    with pytest.raises(ConfigError) as err:
+        resolve({**BASE, **settings}, {})
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_command_line_overrides_are_checked_the_same_way():
+    with pytest.raises(ConfigError, match="temperature must be a finite number"):
+        resolve(BASE, {"temperature": math.nan})  # before any decoding, not after
+    with pytest.raises(ConfigError, match="unknown commit strategy"):
+        resolve(BASE, {"commit": "sometimes"})
+    assert resolve(BASE, {"commit": "replay"})["commit"] == "replay"
+
+
+def test_good_settings_resolve_auto_device_dtype_and_lossless():
+    cfg = resolve({**BASE, "dtype": "auto", "temperature": 0, "suites": "gsm8k, humaneval"}, {})
+    assert cfg["device"] == "cpu" and cfg["dtype"] == "float32"  # auto: CUDA when present (none here)
+    assert cfg["suites"] == ["gsm8k", "humaneval"] and cfg["temperature"] == 0.0
+    assert cfg["lossless"] is False  # float32: rounding may legitimately differ
+    assert resolve({**BASE, "dtype": "float64"}, {})["lossless"] is True  # greedy and exact
+    assert resolve({**BASE, "dtype": "float64", "temperature": 0.7}, {})["lossless"] is False
+    assert resolve({**BASE, "dtype": "float64", "lossless": False}, {})["lossless"] is False
+
+
+def test_a_file_stem_that_is_not_a_plain_word_needs_a_name(tmp_path):
+    path = tmp_path / "my run.yaml"
+    path.write_text("suites: [gsm8k]\n")
+    with pytest.raises(ConfigError, match="plain word"):
+        load_experiment(str(path))
+    path.write_text("name: my-run\nsuites: [gsm8k]\n")
+    assert load_experiment(str(path))["name"] == "my-run"
