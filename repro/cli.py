@@ -78,7 +78,7 @@ def run(
     """
     from repro.harness.experiment import load_experiment
     from repro.harness.runner import ExperimentRunner, default_out_dir
-    from repro.reporting.checkpoints import fingerprint_checkpoints
+    from repro.models.fingerprint import fingerprint_checkpoints
     from repro.reporting.records import build_manifest
     from repro.reporting.rundir import RunDir
 
@@ -185,7 +185,7 @@ def report(
 
         typer.echo(write_index(run_dir))
         return
-    from repro.reporting.rundir import rebuild_report
+    from repro.harness.run_kinds import rebuild_report
 
     typer.echo(rebuild_report(run_dir, figures))
 
@@ -369,6 +369,44 @@ def falsify_tree_exactness(
         raise CheckFailed(
             f"tree exactness failed in {len(failed)} of {len(rows)} cases (see {out_dir}/report.md)"
         )
+
+
+@falsify_app.command("external")
+def falsify_external(
+    targets: Annotated[str, typer.Option(help="Comma-separated family targets.")] = "tiny-qwen35,tiny-gdn",
+    suites: Annotated[str, typer.Option(help="Comma-separated suites (turn 1, chat template).")] = (
+        "gsm8k,humaneval,mt_bench"
+    ),
+    limit: Annotated[int, typer.Option(min=1, help="Prompts per suite (seeded subsample).")] = 1,
+    max_new_tokens: Annotated[int, typer.Option(min=1, help="New tokens per prompt (no early stop).")] = 48,
+    engines: Annotated[
+        str | None, typer.Option(help="Comma-separated external loops (default: every one known).")
+    ] = None,
+    dtype: Annotated[str, dtype_option("float64 makes any divergence a loop's error, not rounding.")] = (
+        "float64"
+    ),
+    seed: Annotated[int, typer.Option()] = 42,
+    out: Annotated[Path | None, typer.Option(help="Output directory.")] = None,
+) -> None:
+    """Other implementations' decode loops (the dflash package, transformers' generate and assisted
+    generation) on the same checkpoints and prompts, greedy, each judged against repro's AR: lossless,
+    diverged at token k, or refused, with repro's own dflash_chain as the control row.
+
+    Exits 3 when repro's own control route diverges (an external loop's divergence is the finding).
+    """
+    from repro.engines.verdicts import run_external_check
+
+    out_dir = out or Path("runs") / "falsify-external"
+    records = run_external_check(
+        out_dir, _names(targets), _names(suites), limit, max_new_tokens,
+        engines=_names(engines) if engines else None, seed=seed, dtype=dtype, device="cpu",
+        progress=lambda line: err_console.print(line, highlight=False),
+    )  # fmt: skip
+    typer.echo((out_dir / "report.md").read_text(encoding="utf-8"))
+    diverged = [r for r in records if r.engine.startswith("repro-") and r.first_divergence is not None]
+    own = sorted({r.engine for r in diverged})
+    if own:
+        raise CheckFailed(f"repro's own control route(s) {', '.join(own)} diverged from AR (see {out_dir})")
 
 
 def _error(message: str) -> None:

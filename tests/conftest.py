@@ -18,6 +18,7 @@ if str(ROOT) not in sys.path:  # `pytest` (unlike `python -m pytest`) does not p
 
 from repro.bench.shapes import RANDOM_TREE_KINDS as TREE_KINDS  # noqa: E402,F401
 from repro.bench.shapes import random_parents as random_tree  # noqa: E402,F401
+from repro.reporting.records import DecodeRecord, sha256_ids  # noqa: E402
 
 # GPU cases beyond the default set (kept under ~150 s for the whole gpu-marked suite on an H200)
 gpu_full_only = pytest.mark.skipif(
@@ -118,3 +119,49 @@ def trained(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Pat
     out = tmp_path_factory.mktemp("target")
     kw = dict(steps=20, batch_size=4, seq_len=32, lr=3e-3, warmup=3, device="cpu", eval_sequences=4)
     return out, train_target(TargetRecipe(corpus=str(corpus), out=str(out), **kw))
+
+
+# A decode run's config and records for the run-directory and report tests
+CONFIG = {
+    "experiment": "smoke",
+    "routes": [{"name": "ar", "kind": "ar"}, {"name": "chain", "kind": "chain"}],
+    "max_new_tokens": 32,
+    "seed": 7,
+}
+
+
+def make_record(
+    route: str = "ar",
+    suite: str = "gsm8k",
+    prompt_id: str = "p0",
+    turn: int = 0,
+    accepted: list[int] | None = None,
+    output_ids: list[int] | None = None,
+    decode_s: float = 1.0,
+    kind: str | None = None,
+) -> DecodeRecord:
+    accepted = [1, 1, 1] if accepted is None else accepted
+    new_tokens = 1 + sum(accepted)
+    out = list(range(100, 100 + new_tokens)) if output_ids is None else output_ids
+    return DecodeRecord(
+        route=route,
+        route_params={"kind": kind or ("ar" if route == "ar" else "chain")},
+        suite=suite,
+        prompt_id=prompt_id,
+        turn=turn,
+        prompt_sha256=sha256_ids([1, 2, 3]),
+        prompt_tokens=3,
+        new_tokens=new_tokens,
+        steps=len(accepted),
+        accepted_lengths=accepted,
+        tree_sizes=[4] * len(accepted),
+        prefill_s=0.01,
+        decode_s=decode_s,
+        stage_s={"draft": 0.0, "tree": 0.0, "verify": 0.5, "commit": 0.1},
+        output_ids=out,
+        output_sha256=sha256_ids(out),
+        finish_reason="length",
+        vs_ar="reference" if route == "ar" else "identical",
+        temperature=0.0,
+        seed=7,
+    )

@@ -58,7 +58,7 @@ from repro.bench.shapes import SHAPES, LayerShape, deepest_path, depths, flatten
 from repro.bench.timing import TimerConfig, graph_us, measure_ceilings, median_us, timer_name
 from repro.errors import describe
 from repro.gdn import reference as gdn
-from repro.reporting.rundir import Run
+from repro.reporting.rundir import Run, RunKind, fields_parser
 from repro.tree import Tree
 
 TOLERANCE = {"bf16": 1e-2, "fp32": 1e-4}  # relative error vs float64 (see the device METHOD notes)
@@ -85,7 +85,6 @@ RECOVERY_ROWS = [
 QUICK_SIZES = [4, 8]
 QUICK_DEPTHS = [2, 4]
 
-KIND = "bench-kernels"
 COLUMNS = [
     "shape", "group", "kind", "T", "depth", "leaves", "flat_len", "method", "dtype", "precision", "status",
     "reason", "rel_err", "tol", "us", "us_graph", "graph_sets", "floor_us", "floor_bound", "x_floor",
@@ -938,3 +937,11 @@ def write_figures(table: pd.DataFrame, folder: Path) -> dict[str, Path]:
             ax.legend(fontsize="small")
         out["accepted-state recovery"] = _save(fig, folder / "recovery.png")
     return out
+
+
+KIND = RunKind(
+    "bench-kernels",
+    fields_parser("shape", "group", "kind", "T", "method", "dtype", "status"),
+    build_report,
+    ("report.md", "table.csv"),
+)

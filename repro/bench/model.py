@@ -73,7 +73,7 @@ from repro.models.graphs import count_ops
 from repro.models.hybrid import HybridLM
 from repro.models.state import ModelState
 from repro.models.static import StaticDecoder, TreeSlot
-from repro.reporting.rundir import Run
+from repro.reporting.rundir import Run, RunKind, fields_parser
 from repro.tree import Tree
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
@@ -87,7 +87,6 @@ TARGET_FLOOR = 0.70  # AR decode >= 70% of the weight-bandwidth floor at gdn-1.3
 CORE_CALLS = 16  # GDN core rows: calls per graph replay
 COMPILE_MIN_S = 45.0  # compiled rows start only with this much of the shape's budget left
 
-KIND = "bench-model"
 COLUMNS = [
     "shape", "group", "method", "T", "accepted", "dtype", "status", "reason", "rel_err", "state_err",
     "rel_err_eager", "top1", "tol", "us", "tokens_per_s", "floor_us", "floor_frac", "x_decode", "layers_gdn",
@@ -1233,3 +1232,11 @@ def write_figure(table: pd.DataFrame, folder: Path) -> dict[str, Path]:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize="small")
     return {"verify latency vs tree size": _save(fig, folder / "model_verify_vs_T.png")}
+
+
+KIND = RunKind(
+    "bench-model",
+    fields_parser("shape", "group", "method", "T", "status"),
+    build_report,
+    ("report.md", "table.csv"),
+)

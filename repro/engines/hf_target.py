@@ -84,6 +84,12 @@ def load_hf_target(target_dir: str | Path, dtype: str, device: str) -> tuple[Any
             model = load(str(target_dir), dtype=torch_dtype(dtype))
         except (ValueError, KeyError, OSError) as exc2:
             raise TargetRefused(f"{reason}; with fla: {_first_sentence(describe(exc2, 300))}") from None
+    if device == "cpu" and type(model).__module__.startswith("fla."):
+        model_type = getattr(model.config, "model_type", "?")
+        raise TargetRefused(
+            f"transformers cannot load {Path(target_dir).name} natively: model type `{model_type}` is"
+            " registered by fla (imported in this process), whose model runs Triton kernels that need a GPU"
+        )
     note = f"{type(model).__name__} via transformers {transformers.__version__}, {dtype} weights"
     if type(model).__module__ == QWEN35_MODULE:
         note += "; GDN core, gates and norms computed in float32 inside transformers' torch path"

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import csv
+import io
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from repro.reporting.rundir import Run, RunKind, fields_parser
 
 COLUMNS = (
     "engine", "target", "dtype", "prompts", "verdict_vs_repro_ar", "vs_transformers_ar", "mal", "wall_s",
@@ -55,17 +58,24 @@ def markdown(rows: Sequence[dict[str, Any]], config: dict[str, Any]) -> str:
     return head + "\n".join(lines) + "\n\nHow each ran:\n\n" + "\n".join(notes) + "\n"
 
 
-def write_report(
-    out: Path,
-    records: Sequence[dict[str, Any]],
-    config: dict[str, Any],
-    summarize: Callable[[Sequence[str]], str],
-) -> list[dict]:
-    """Write ``table.csv`` and ``report.md`` into ``out``; returns the rows."""
-    rows = table_rows(records, summarize)
-    with open(out / "table.csv", "w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=[*COLUMNS, "notes"])
-        writer.writeheader()
-        writer.writerows(rows)
-    (out / "report.md").write_text(markdown(rows, config), encoding="utf-8")
-    return rows
+def build_report(run: Run, figures_dir: Path | None) -> str:
+    """``table.csv`` and ``report.md`` of an external check, from its records and manifest alone."""
+    from repro.engines.verdicts import summarize
+
+    rows = table_rows(run.records, summarize)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=[*COLUMNS, "notes"], lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    run.write("table.csv", buf.getvalue())
+    text = markdown(rows, run.manifest["config"])
+    run.write("report.md", text)
+    return text
+
+
+KIND = RunKind(
+    "falsify-external",
+    fields_parser("engine", "target", "suite", "prompt_id", "status", "vs_ar", "output_ids"),
+    build_report,
+    ("report.md", "table.csv"),
+)

@@ -8,7 +8,6 @@ and writes ``manifest.json``, ``records.jsonl`` (one line per engine x target x 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from importlib import metadata
@@ -22,7 +21,7 @@ from repro.decoding.engine import generate
 from repro.decoding.routes import build_route
 from repro.engines.catalog import Engine, pick
 from repro.engines.result import REFUSED, EngineResult, MissingPackageError
-from repro.engines.tables import write_report
+from repro.engines.tables import KIND
 from repro.models.family import resolve_checkpoint
 from repro.models.target import open_target
 from repro.reporting.records import (
@@ -30,8 +29,8 @@ from repro.reporting.records import (
     compare_to_reference,
     divergence_index,
     sha256_ids,
-    write_json,
 )
+from repro.reporting.rundir import RunDir
 
 NOT_RUN = "not run: "
 HF_AR = "transformers-generate"  # its tokens separate a loop's own error from transformers' rounding
@@ -115,13 +114,14 @@ def run_external_check(
     cpu_threads: int | None = 1,
     progress: Callable[[str], None] | None = None,
 ) -> list[ExternalRecord]:
-    """Greedy check of every engine on every target and prompt; writes the four files, returns records."""
+    """Greedy check of every engine on every target and prompt, written as a ``falsify-external`` run
+    directory (records as they are made, then table.csv and report.md); returns the records."""
     chosen = pick(list(engines) if engines is not None else None)
     if cpu_threads:
         torch.set_num_threads(int(cpu_threads))
     prompts = [p for s in suites for p in load_suite(s, limit=limit, seed=seed)]
     config: dict[str, Any] = {
-        "kind": "external-check",
+        "check": "external",
         "targets": list(targets),
         "suites": list(suites),
         "limit": limit,
@@ -134,38 +134,34 @@ def run_external_check(
         "engines": [e.name for e in chosen],
         "reference": "repro ar route",
     }
+    manifest = {**build_manifest(config, seed), "external_versions": _external_versions()}
     records: list[ExternalRecord] = []
-    for target in targets:
-        model, tok = open_target(target, dtype, device)
-        ar = build_route({"kind": "ar"}, model.config.vocab_size, "greedy", 0.0, seed)
-        for prompt in prompts:
-            ids = tok.chat_prompt([{"role": "user", "content": prompt.turns[0]}])
-            ref = generate(model, ids, ar, max_new_tokens).output_ids
-            hf_ar: list[int] | None = None
-            for engine in chosen:
-                if progress:
-                    progress(f"{target} {prompt.suite}/{prompt.id} {engine.name}")
-                res = _run_engine(engine, target, ids, max_new_tokens, seed, dtype, device)
-                vs_ar = verdict(res, ref)
-                if engine.name == HF_AR and res.ok:
-                    hf_ar = res.output_ids
-                vs_hf = compare_to_reference(res.output_ids, hf_ar) if res.ok and hf_ar is not None else None
-                records.append(
-                    ExternalRecord(
+    with RunDir(out_dir, manifest, kind=KIND) as run:  # refuses an existing run before decoding
+        for target in targets:
+            model, tok = open_target(target, dtype, device)
+            ar = build_route({"kind": "ar"}, model.config.vocab_size, "greedy", 0.0, seed)
+            for prompt in prompts:
+                ids = tok.chat_prompt([{"role": "user", "content": prompt.turns[0]}])
+                ref = generate(model, ids, ar, max_new_tokens).output_ids
+                hf_ar: list[int] | None = None
+                for engine in chosen:
+                    if progress:
+                        progress(f"{target} {prompt.suite}/{prompt.id} {engine.name}")
+                    res = _run_engine(engine, target, ids, max_new_tokens, seed, dtype, device)
+                    vs_ar = verdict(res, ref)
+                    if engine.name == HF_AR and res.ok:
+                        hf_ar = res.output_ids
+                    both = res.ok and hf_ar is not None
+                    vs_hf = compare_to_reference(res.output_ids, hf_ar) if both else None
+                    record = ExternalRecord(
                         engine.name, target, prompt.suite, prompt.id, sha256_ids(ids), len(ids),
                         max_new_tokens, res.status, vs_ar, divergence_index(vs_ar), vs_hf, res.output_ids,
                         sha256_ids(res.output_ids), sha256_ids(ref), res.accepted_lengths,
                         round(res.wall_s, 4), res.dtype, res.notes,
-                    )
-                )  # fmt: skip
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    manifest = build_manifest(config, seed)
-    manifest["external_versions"] = _external_versions()
-    write_json(out / "manifest.json", manifest)
-    lines = [json.dumps(asdict(r), separators=(",", ":")) for r in records]
-    (out / "records.jsonl").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    write_report(out, [asdict(r) for r in records], config, summarize)
+                    )  # fmt: skip
+                    run.append(asdict(record))
+                    records.append(record)
+        run.write_report()
     return records
 
 

@@ -22,10 +22,9 @@ from repro.gdn.reference import commit_closed_form, expand_key_heads
 from repro.models.default import build_default_target
 from repro.models.hybrid import HybridLM
 from repro.reporting.report import markdown_table
-from repro.reporting.rundir import Run, RunDir
+from repro.reporting.rundir import Run, RunDir, RunKind, fields_parser
 from repro.tree import Tree
 
-KIND = "falsify-tree-exactness"
 CONTROL_MIN = 1e-3  # a negative control must differ from the truth by more than this
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5}
 CASES = (("random", 40), ("mixed", 64), ("fan", 32), ("forest", 48), ("chain", 64))
@@ -204,3 +203,11 @@ def build_report(run: Run, figures_dir: Path | None) -> str:
     )
     run.write("report.md", text)
     return text
+
+
+KIND = RunKind(
+    "falsify-tree-exactness",
+    fields_parser("level", "shape", "tree", "nodes", "backend", "err_outputs", "err_state", "verdict"),
+    build_report,
+    ("report.md",),
+)

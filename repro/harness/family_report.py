@@ -29,7 +29,7 @@ from repro.models.family import TARGETS, drafter_name, index
 from repro.models.target import open_target, resolve_dtype
 from repro.models.tokenizer import Tokenizer
 from repro.reporting.records import build_manifest
-from repro.reporting.rundir import Run, RunDir
+from repro.reporting.rundir import Run, RunDir, RunKind, fields_parser
 
 HELDOUT = "heldout"
 DEFAULT_SUITES = ("mt_bench", "gsm8k", "humaneval")
@@ -39,7 +39,6 @@ MAX_DEPTH = 15  # DFlash block 16: the deepest draft any route here can propose
 ALL = "all"
 FIGURE = "depth_acceptance.png"
 STAGES_SHOWN = ("draft", "verify")
-KIND = "family-report"
 COUNTS = ("prompts", "prompt_len", "limit", "new_tokens", "budget", "width", "block_size", "eagle_k")
 
 
@@ -369,3 +368,11 @@ def run_family_report(
             raise ReproError("nothing was evaluated: no prompt sets")
         text = run.write_report(figures=cfg.figures)
         return text, divergences(flat_table(run.records()))
+
+
+KIND = RunKind(
+    "family-report",
+    fields_parser("target", "prompt_set", "route", "spec", "mal", "steps", "lossless"),
+    build_report,
+    ("report.md", "table.csv"),
+)

@@ -18,11 +18,17 @@ import torch
 from repro.data.suites import Prompt, load_suite
 from repro.decoding.engine import DecodeResult, Route, generate
 from repro.decoding.routes import build_route, family_of
-from repro.errors import ConfigError
+from repro.errors import ConfigError, RunDirError
 from repro.models.hybrid import HybridLM
 from repro.models.target import open_target
 from repro.models.tokenizer import Tokenizer
-from repro.reporting.records import DecodeRecord, compare_to_reference, reference_route, sha256_ids
+from repro.reporting.records import (
+    RECORDS_FILE,
+    DecodeRecord,
+    compare_to_reference,
+    reference_route,
+    sha256_ids,
+)
 from repro.reporting.rundir import RunDir
 
 WARMUP_PROMPT = "Warm-up: say something short."
@@ -130,6 +136,7 @@ class ExperimentRunner:
     def run(self, run_dir: RunDir, progress: ProgressFn | None = None) -> int:
         """Decode every (prompt, turn, route) not yet in ``run_dir``; returns records written."""
         prompts = self.prompts()
+        self.check_resumed(run_dir)
         done = run_dir.done_keys()
         ref_route = reference_route((r.name, r.params) for r in self.routes)
         self.warm_up()
@@ -163,6 +170,24 @@ class ExperimentRunner:
                     if progress:
                         progress(f"{prompt.suite}/{prompt.id} turn {turn + 1} {route.name}")
         return written
+
+    def check_resumed(self, run_dir: RunDir) -> None:
+        """Refuse records (of a resumed run) that these routes did not write: every record's route must
+        be one of them, with the same resolved parameters (a record edited by hand or written by
+        another configuration is not mixed in)."""
+        params = {route.name: route.params for route in self.routes}
+        for lineno, record in enumerate(run_dir.records(), start=1):
+            if record.route not in params:
+                raise RunDirError(
+                    f"cannot resume {run_dir.path}: {RECORDS_FILE} line {lineno}: route {record.route!r} is"
+                    " not in this run's config; the records were not written by this configuration"
+                )
+            if record.route_params != params[record.route]:
+                raise RunDirError(
+                    f"cannot resume {run_dir.path}: {RECORDS_FILE} line {lineno}: route {record.route!r} has"
+                    f" route_params {record.route_params} but this run builds {params[record.route]}; the"
+                    " record was edited or written by another configuration"
+                )
 
     def total_units(self) -> int:
         return sum(len(p.turns) for p in self.prompts()) * len(self.routes)

@@ -19,17 +19,15 @@ Rules shared by every kind:
 from __future__ import annotations
 
 import fcntl
-import importlib
 import json
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from repro.errors import ReproError, RunDirError
-from repro.reporting.checkpoints import changed_checkpoint
 from repro.reporting.records import (
     MANIFEST_FILE,
     RECORDS_FILE,
@@ -51,17 +49,17 @@ class RunKind:
 
     ``parse`` validates one record dict and returns the record (ValueError when invalid); ``key``
     gives a record's identity within a run (duplicates are refused), None when records have none;
-    ``report`` names ``module:function`` taking (:class:`Run`, figures folder or None) and returning
-    the markdown; ``outputs`` are the files the report may write inside the directory.
+    ``report`` takes (:class:`Run`, figures folder or None) and returns the markdown; ``outputs`` are
+    the files the report may write inside the directory. Each kind is declared by the module that
+    writes it (the decode kind here); ``repro.harness.run_kinds`` lists them all for ``repro report``.
     """
 
     name: str
     parse: Callable[[dict[str, Any]], Any]
-    report: str
+    report: Callable[[Run, Path | None], str]
     outputs: tuple[str, ...]
     key: Callable[[Any], tuple] | None = None
     resumable: bool = False
-    check_resume: Callable[[dict[str, Any], list[tuple[int, Any]]], None] | None = None
     dumps: Callable[[Any], str] = canonical_json  # one JSON line (no newline)
 
 
@@ -79,72 +77,21 @@ def fields_parser(*required: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
     return parse
 
 
-def _check_route_params(config: dict[str, Any], records: list[tuple[int, Any]]) -> None:
-    """Every decode record's route_params must equal the config's spec of its route."""
-    from repro.decoding.routes import route_params
+def _decode_report(run: Run, figures_dir: Path | None) -> str:
+    from repro.reporting.report import build_report
 
-    specs = {
-        spec["name"]: route_params(spec)
-        for spec in config.get("routes", [])
-        if isinstance(spec, dict) and "name" in spec
-    }
-    for lineno, rec in records:
-        if rec.route not in specs:
-            raise RunDirError(
-                f"{RECORDS_FILE} line {lineno}: route {rec.route!r} is not in this run's config; "
-                "the records were not written by this configuration"
-            )
-        if rec.route_params != specs[rec.route]:
-            raise RunDirError(
-                f"{RECORDS_FILE} line {lineno}: route {rec.route!r} has route_params {rec.route_params}"
-                f" but the config's spec is {specs[rec.route]}; the record was edited or written by another"
-                " configuration"
-            )
+    return build_report(run, figures_dir)
 
 
-KINDS: dict[str, RunKind] = {
-    DECODE: RunKind(
-        DECODE,
-        DecodeRecord.from_dict,
-        "repro.reporting.report:build_report",
-        (
-            "report.md",
-            "summary.csv",
-            "histogram.csv",
-            "acceptance.csv",
-            "accept_histogram.png",
-            "acceptance.png",
-        ),
-        key=lambda r: r.key,
-        resumable=True,
-        check_resume=_check_route_params,
-        dumps=lambda r: r.to_json(),
-    ),
-    "bench-kernels": RunKind(
-        "bench-kernels",
-        fields_parser("shape", "group", "kind", "T", "method", "dtype", "status"),
-        "repro.bench.kernels:build_report",
-        ("report.md", "table.csv"),
-    ),
-    "bench-model": RunKind(
-        "bench-model",
-        fields_parser("shape", "group", "method", "T", "status"),
-        "repro.bench.model:build_report",
-        ("report.md", "table.csv"),
-    ),
-    "falsify-tree-exactness": RunKind(
-        "falsify-tree-exactness",
-        fields_parser("level", "shape", "tree", "nodes", "backend", "err_outputs", "err_state", "verdict"),
-        "repro.harness.falsify:build_report",
-        ("report.md",),
-    ),
-    "family-report": RunKind(
-        "family-report",
-        fields_parser("target", "prompt_set", "route", "spec", "mal", "steps", "lossless"),
-        "repro.harness.family_report:build_report",
-        ("report.md", "table.csv"),
-    ),
-}
+DECODE_KIND = RunKind(
+    DECODE,
+    DecodeRecord.from_dict,
+    _decode_report,
+    ("report.md", "summary.csv", "histogram.csv", "acceptance.csv", "accept_histogram.png", "acceptance.png"),
+    key=lambda r: r.key,
+    resumable=True,
+    dumps=lambda r: r.to_json(),
+)
 
 
 def infer_kind(manifest: dict[str, Any]) -> str:
@@ -165,15 +112,33 @@ def infer_kind(manifest: dict[str, Any]) -> str:
     raise RunDirError("its manifest has no 'kind' and its config matches no known kind")
 
 
-def run_kind(name: str) -> RunKind:
-    if name not in KINDS:
-        raise RunDirError(f"unknown run kind {name!r}; known: {', '.join(KINDS)}")
-    return KINDS[name]
+Kinds = Mapping[str, RunKind]
+
+
+def run_kind(name: str, kinds: Kinds) -> RunKind:
+    if name not in kinds:
+        raise RunDirError(f"unknown run kind {name!r}; known: {', '.join(kinds)}")
+    return kinds[name]
 
 
 def run_hash(config: dict[str, Any], checkpoints: dict[str, Any] | None = None) -> str:
     """The config hash of a run: of the config alone, or of config + checkpoint fingerprints."""
     return config_hash({"config": config, "checkpoints": checkpoints} if checkpoints else config)
+
+
+def changed_checkpoint(old: dict[str, Any], new: dict[str, Any]) -> str | None:
+    """``"<name>: <dir>/<file> changed"`` for the first file whose fingerprint differs, else None."""
+    for name in sorted(set(old) | set(new)):
+        a, b = old.get(name), new.get(name)
+        if a == b:
+            continue
+        if a is None or b is None:
+            return f"{name}: {(b or a)['path']} was {'added' if a is None else 'removed'}"
+        for file in sorted(set(a["files"]) | set(b["files"])):
+            if a["files"].get(file) != b["files"].get(file):
+                return f"{name}: {Path(b['path']) / file} changed"
+        return f"{name}: {a['path']} -> {b['path']}"
+    return None
 
 
 # ------------------------------------------------------------------------------ file helpers
@@ -309,33 +274,33 @@ def _resolve(path: str | Path) -> Path:
     return path
 
 
-def load_run(path: str | Path, require_records: bool = False) -> Run:
-    """A run directory (or its records.jsonl / manifest.json) read back; ReproError when unusable."""
+def load_run(path: str | Path, kinds: Kinds | None = None, require_records: bool = False) -> Run:
+    """A run directory (or its records.jsonl / manifest.json) of one of ``kinds`` (default: decode runs;
+    every kind: ``repro.harness.run_kinds.KINDS``) read back; ReproError when unusable."""
     path = _resolve(path)
     if require_records and not (path / RECORDS_FILE).exists():
         raise ReproError(f"{path} has no {RECORDS_FILE}: the run produced no records yet")
     manifest = read_manifest(path)
     try:
-        kind = run_kind(infer_kind(manifest))
+        kind = run_kind(infer_kind(manifest), kinds or {DECODE: DECODE_KIND})
     except RunDirError as e:
         raise RunDirError(f"{path}: {e}") from None
     scan = scan_records(path / RECORDS_FILE, kind)
     return Run(path, kind, manifest, [r for _, r in scan.records])
 
 
-def load_records(path: str | Path) -> tuple[dict[str, Any], list[Any]]:
+def load_records(path: str | Path, kinds: Kinds | None = None) -> tuple[dict[str, Any], list[Any]]:
     """(manifest, records) of a run directory (or of its records.jsonl) that has records."""
-    run = load_run(path, require_records=True)
+    run = load_run(path, kinds, require_records=True)
     return run.manifest, run.records
 
 
-def rebuild_report(path: str | Path, figures: str | Path | None = None) -> str:
-    """Rebuild report.md, tables and figures of any kind from records + manifest; returns the markdown."""
-    run = load_run(path)
-    module, func = run.kind.report.split(":")
-    builder = getattr(importlib.import_module(module), func)
+def rebuild_report(path: str | Path, kinds: Kinds, figures: str | Path | None = None) -> str:
+    """Rebuild report.md, tables and figures of a run of one of ``kinds`` from records + manifest;
+    returns the markdown."""
+    run = load_run(path, kinds)
     try:
-        return builder(run, run.figures_dir(figures))
+        return run.kind.report(run, run.figures_dir(figures))
     except OSError as e:
         raise os_error(e.filename or run.path, e) from None
 
@@ -347,19 +312,19 @@ class RunDir:
     """The writer of one run directory: lock, manifest, append-only records, report outputs.
 
     ``manifest`` must hold ``"config"`` (the full resolved config) and may hold ``"checkpoints"``
-    (:func:`repro.reporting.checkpoints.fingerprint_checkpoints`) and kind-specific keys; missing
+    (:func:`repro.models.fingerprint.fingerprint_checkpoints`) and kind-specific keys; missing
     environment fields come from :func:`build_manifest` and ``config_hash`` (config + checkpoints)
     is always recomputed. An existing directory must be empty or a run directory of the same kind,
     config hash and seed; a resumable kind then resumes it (``resumed``), keeping its original
     manifest and appending this session to ``manifest["resumes"]``.
     """
 
-    def __init__(self, path: str | Path, manifest: dict[str, Any], kind: str = DECODE) -> None:
+    def __init__(self, path: str | Path, manifest: dict[str, Any], kind: RunKind = DECODE_KIND) -> None:
         self.path = Path(path)
-        self.kind = run_kind(kind)
+        self.kind = kind
         if "config" not in manifest:
             raise ValueError("the manifest passed to RunDir needs the full resolved 'config'")
-        new = {**build_manifest(manifest["config"], manifest.get("seed")), **manifest, "kind": kind}
+        new = {**build_manifest(manifest["config"], manifest.get("seed")), **manifest, "kind": kind.name}
         new["config_hash"] = run_hash(manifest["config"], manifest.get("checkpoints"))
         self.manifest_path = self.path / MANIFEST_FILE
         self.records_path = self.path / RECORDS_FILE
@@ -434,11 +399,6 @@ class RunDir:
             self._refuse(
                 f"already holds a finished or interrupted {self.kind.name} run ({len(scan.records)} records)"
             )
-        if self.kind.check_resume is not None:
-            try:
-                self.kind.check_resume(old["config"], scan.records)
-            except RunDirError as e:
-                raise RunDirError(f"cannot resume {self.path}: {e}") from None
         session = {k: new[k] for k in ("git_sha", "repro_version", "device")}
         old.setdefault("resumes", []).append({"at": _now(), **session})
         old["updated_at"] = old["resumes"][-1]["at"]
@@ -532,10 +492,8 @@ class RunDir:
         if figures is not None:
             self.manifest["figures_dir"] = os.path.relpath(Path(figures), self.path)
         run = Run(self.path, self.kind, self.manifest, self.records())
-        module, func = self.kind.report.split(":")
-        builder = getattr(importlib.import_module(module), func)
         try:
-            text = builder(run, run.figures_dir())
+            text = self.kind.report(run, run.figures_dir())
         except OSError as e:
             raise os_error(e.filename or self.path, e) from None
         self.manifest["outputs"] = sorted({*self.manifest.get("outputs", []), *run.written})

@@ -123,10 +123,10 @@ def test_unnamed_routes_are_named_by_kind_and_names_must_be_unique():
         name_routes([{"kind": "synthetic_chain", "k": 2}, {"kind": "synthetic_chain", "k": 4}])
     with pytest.raises(ConfigError, match="^route names must be unique: c named more than once$"):
         name_routes([CHAIN, {**CHAIN, "k": 5}])
-    cfg = resolve({"routes": [{"kind": "synthetic_chain", "p": 0.5, "k": 2}]}, {})
+    cfg = resolve({"name": "t", "routes": [{"kind": "synthetic_chain", "p": 0.5, "k": 2}]}, {})
     assert [r["name"] for r in cfg["routes"]] == ["ar", "synthetic_chain"]
     with pytest.raises(ConfigError, match="distinct `name`s"):
-        resolve({"routes": [{"kind": "synthetic_chain"}, {"kind": "synthetic_chain"}]}, {})
+        resolve({"name": "t", "routes": [{"kind": "synthetic_chain"}, {"kind": "synthetic_chain"}]}, {})
 
 
 def test_param_values_are_converted_by_declared_type():
@@ -234,7 +234,8 @@ LEAK_ROUTES = [
 
 def test_a_routes_commit_does_not_leak_into_the_next_in_the_runner(commits):
     cfg = resolve(
-        {"target": "tiny-random", "dtype": "float64", "suites": ["gsm8k"], "limit": 1, "max_new_tokens": 5,
+        {"name": "t", "target": "tiny-random", "dtype": "float64", "suites": ["gsm8k"], "limit": 1,
+         "max_new_tokens": 5,
          "commit": "snapshot", "ignore_eos": True, "routes": LEAK_ROUTES},
         {},
     )  # fmt: skip

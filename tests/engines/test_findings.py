@@ -114,5 +114,5 @@ def test_transformers_crop_keeps_the_rejected_tokens_in_the_recurrent_state(case
 
 def test_transformers_cannot_load_the_fla_format_target():
     res = hf_generate(resolve_checkpoint("tiny-gdn"), None, [1, 2, 3], 4)
-    assert res.status.startswith("refused: transformers cannot load tiny-gdn: ValueError:"), res.status
+    assert res.status.startswith("refused: transformers cannot load tiny-gdn"), res.status
     assert "gated_deltanet" in res.status

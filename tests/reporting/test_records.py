@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import CONFIG, make_record
 
 from repro.errors import ReproError, RunDirError
 from repro.reporting.records import (
@@ -22,51 +23,6 @@ from repro.reporting.records import (
     sha256_ids,
 )
 from repro.reporting.rundir import RunDir, load_records
-
-CONFIG = {
-    "experiment": "smoke",
-    "routes": [{"name": "ar", "kind": "ar"}, {"name": "chain", "kind": "chain"}],
-    "max_new_tokens": 32,
-    "seed": 7,
-}
-
-
-def make_record(
-    route: str = "ar",
-    suite: str = "gsm8k",
-    prompt_id: str = "p0",
-    turn: int = 0,
-    accepted: list[int] | None = None,
-    output_ids: list[int] | None = None,
-    decode_s: float = 1.0,
-    kind: str | None = None,
-) -> DecodeRecord:
-    accepted = [1, 1, 1] if accepted is None else accepted
-    new_tokens = 1 + sum(accepted)
-    out = list(range(100, 100 + new_tokens)) if output_ids is None else output_ids
-    return DecodeRecord(
-        route=route,
-        route_params={"kind": kind or ("ar" if route == "ar" else "chain")},
-        suite=suite,
-        prompt_id=prompt_id,
-        turn=turn,
-        prompt_sha256=sha256_ids([1, 2, 3]),
-        prompt_tokens=3,
-        new_tokens=new_tokens,
-        steps=len(accepted),
-        accepted_lengths=accepted,
-        tree_sizes=[4] * len(accepted),
-        prefill_s=0.01,
-        decode_s=decode_s,
-        stage_s={"draft": 0.0, "tree": 0.0, "verify": 0.5, "commit": 0.1},
-        output_ids=out,
-        output_sha256=sha256_ids(out),
-        finish_reason="length",
-        vs_ar="reference" if route == "ar" else "identical",
-        temperature=0.0,
-        seed=7,
-    )
-
 
 # ------------------------------------------------------------------------------------ hashing
 

@@ -11,15 +11,17 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import CONFIG, make_record
 
 from repro.cli import main
 from repro.errors import ReproError, RunDirError
-from repro.reporting.checkpoints import fingerprint_checkpoints
+from repro.harness import falsify
+from repro.harness.run_kinds import load_run, rebuild_report
+from repro.models.fingerprint import fingerprint_checkpoints
 from repro.reporting.index import index_markdown, run_folders
 from repro.reporting.records import build_manifest
 from repro.reporting.report import summarize, write_report
-from repro.reporting.rundir import RunDir, infer_kind, load_run, rebuild_report
-from tests.reporting.test_records import CONFIG, make_record
+from repro.reporting.rundir import RunDir, infer_kind
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
 
@@ -120,7 +122,7 @@ def test_a_foreign_non_empty_directory_is_refused_untouched(monkeypatch, capsys,
 
 
 def test_a_run_of_another_kind_is_refused(tmp_path: Path):
-    RunDir(tmp_path, {"config": {"check": "tree-exactness"}}, kind="falsify-tree-exactness").close()
+    RunDir(tmp_path, {"config": {"check": "tree-exactness"}}, kind=falsify.KIND).close()
     with pytest.raises(RunDirError, match="holds a falsify-tree-exactness run, not a decode run"):
         RunDir(tmp_path, {"config": CONFIG})
 
@@ -184,13 +186,25 @@ def test_family_names_are_fingerprinted_and_built_in_models_are_not():
 
 
 def test_a_record_whose_route_kind_was_edited_is_refused_on_resume(tmp_path: Path):
-    with RunDir(tmp_path, {"config": CONFIG}) as run:
-        run.append(make_record(prompt_id="p0"))
-        run.append(make_record(route="chain", prompt_id="p0", accepted=[3]))
+    from repro.harness.experiment import resolve
+    from repro.harness.runner import ExperimentRunner
+
+    raw = {
+        "name": "t", "target": "tiny-random", "dtype": "float64", "suites": ["gsm8k"], "limit": 1,
+        "max_new_tokens": 4, "warmup": 0, "ignore_eos": True,
+        "routes": [{"name": "ar", "kind": "ar"}, {"name": "c", "kind": "synthetic_chain", "k": 2, "p": 0.5}],
+    }  # fmt: skip
+    cfg = resolve(raw, {})
+    runner = ExperimentRunner(cfg)
+    with RunDir(tmp_path, build_manifest(cfg)) as run:
+        assert runner.run(run) == 2
     path = tmp_path / "records.jsonl"
-    path.write_text(path.read_text().replace('"kind":"chain"', '"kind":"ar"'))
-    with pytest.raises(RunDirError, match=r"records.jsonl line 2: route 'chain' has route_params"):
-        RunDir(tmp_path, {"config": CONFIG})
+    path.write_text(path.read_text().replace('"kind":"synthetic_chain"', '"kind":"synthetic_tree"'))
+    with (
+        RunDir(tmp_path, build_manifest(cfg)) as run,
+        pytest.raises(RunDirError, match=r"line 2: route 'c' has"),
+    ):
+        runner.run(run)
 
 
 def test_a_corrupt_manifest_says_the_records_are_intact(tmp_path: Path):

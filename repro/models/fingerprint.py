@@ -66,18 +66,3 @@ def fingerprint_checkpoints(cfg: dict[str, Any]) -> dict[str, Any]:
         for name, spec in named.items()
         if spec not in BUILT_IN
     }
-
-
-def changed_checkpoint(old: dict[str, Any], new: dict[str, Any]) -> str | None:
-    """``"<name>: <dir>/<file> changed"`` for the first file whose fingerprint differs, else None."""
-    for name in sorted(set(old) | set(new)):
-        a, b = old.get(name), new.get(name)
-        if a == b:
-            continue
-        if a is None or b is None:
-            return f"{name}: {(b or a)['path']} was {'added' if a is None else 'removed'}"
-        for file in sorted(set(a["files"]) | set(b["files"])):
-            if a["files"].get(file) != b["files"].get(file):
-                return f"{name}: {Path(b['path']) / file} changed"
-        return f"{name}: {a['path']} -> {b['path']}"
-    return None
