@@ -45,7 +45,9 @@ def test_every_committed_results_folder_rebuilds(tmp_path: Path):
     shutil.copytree(RESULTS, copy)
     folders = run_folders(copy)
     kinds = {infer_kind(load_run(f).manifest) for f in folders}
-    assert kinds == {"decode", "bench-kernels", "bench-model", "falsify-tree-exactness", "family-report"}
+    assert kinds == {
+        "decode", "bench-kernels", "bench-model", "falsify-tree-exactness", "falsify-external", "family-report"
+    }  # fmt: skip
     for folder in folders:
         (folder / "report.md").unlink()
         text = rebuild_report(folder, figures=tmp_path / "figures" / folder.name)
