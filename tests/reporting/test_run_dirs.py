@@ -46,7 +46,8 @@ def test_every_committed_results_folder_rebuilds(tmp_path: Path):
     folders = run_folders(copy)
     kinds = {infer_kind(load_run(f).manifest) for f in folders}
     assert kinds == {
-        "decode", "bench-kernels", "bench-model", "falsify-tree-exactness", "falsify-external", "family-report"
+        "decode", "bench-kernels", "bench-model", "falsify-tree-exactness", "falsify-external",
+        "family-report",
     }  # fmt: skip
     for folder in folders:
         (folder / "report.md").unlink()
