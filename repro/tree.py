@@ -78,7 +78,10 @@ class Tree:
 
     @classmethod
     def chain(
-        cls, tokens: torch.Tensor | list[int], proposals: tuple[Sparse | None, ...] | None = None, draw: str = "given"
+        cls,
+        tokens: torch.Tensor | list[int],
+        proposals: tuple[Sparse | None, ...] | None = None,
+        draw: str = "given",
     ) -> Tree:
         tokens = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
         return cls(tokens, torch.arange(tokens.numel()) - 1, proposals, draw)

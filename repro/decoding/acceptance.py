@@ -75,7 +75,9 @@ class TargetMatch:
 # --------------------------------------------------------------------------- the sampling rules
 
 
-def child_dist(draw: str, proposal: np.ndarray | None, earlier: list[int], token: int, vocab: int) -> np.ndarray:
+def child_dist(
+    draw: str, proposal: np.ndarray | None, earlier: list[int], token: int, vocab: int
+) -> np.ndarray:
     """The distribution (dense [V]) a child carrying ``token`` was drawn from, given the tokens
     of its ``earlier`` siblings: a point mass (``given``), the proposal (``iid``) or the proposal
     without the earlier tokens, renormalised (``without_replacement``)."""
@@ -103,7 +105,12 @@ def residual(r: np.ndarray, q: np.ndarray, weight: float = 1.0) -> tuple[np.ndar
 
 
 def spec_walk(
-    tokens: list[int], children: Callable[[int], list[int]], row: Row, draw: str, proposal: Proposal, rand: Rand
+    tokens: list[int],
+    children: Callable[[int], list[int]],
+    row: Row,
+    draw: str,
+    proposal: Proposal,
+    rand: Rand,
 ) -> tuple[list[int], int]:
     """Multi-draft speculative sampling down the tree: (committed path, bonus token).
 
@@ -129,7 +136,12 @@ def spec_walk(
 
 
 def traversal_walk(
-    tokens: list[int], children: Callable[[int], list[int]], row: Row, draw: str, proposal: Proposal, rand: Rand
+    tokens: list[int],
+    children: Callable[[int], list[int]],
+    row: Row,
+    draw: str,
+    proposal: Proposal,
+    rand: Rand,
 ) -> tuple[list[int], int]:
     """Traversal verification: (committed path, bonus token).
 
@@ -208,7 +220,12 @@ class SamplingRule(TargetMatch):
             rows = np.stack([probs_row(row, 0.0) for row in logits])
         tokens = tree.tokens.tolist()
         path, bonus = type(self).walk(
-            tokens, tree.children_of, rows.__getitem__, tree.draw, dense_proposals(tree, rows.shape[-1]), rng.random
+            tokens,
+            tree.children_of,
+            rows.__getitem__,
+            tree.draw,
+            dense_proposals(tree, rows.shape[-1]),
+            rng.random,
         )
         return Acceptance(path, bonus)
 

@@ -249,7 +249,7 @@ _BUDGET = Param("budget", int, "draft nodes per tree (the root excluded)", min=1
 _DFLASH = Param("drafter", str, "the DFlash drafter", checkpoint="dflash")
 _EAGLE = Param("drafter", str, "the EAGLE drafter", checkpoint="eagle")
 _DRAFT = Param(
-    "draft", str, "draft tokens: the marginals' top ones, or drawn from them (shape kept; see docs/metrics.md)",
+    "draft", str, "draft tokens: the marginals' top ones, or drawn from them (docs/metrics.md)",
     default="top", choices=("top", "sample"),
 )  # fmt: skip
 _BLOCK = Param(

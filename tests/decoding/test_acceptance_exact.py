@@ -174,7 +174,12 @@ def decode_counts(walk: Callable, shape: str, n: int = N, seed: int = 0) -> np.n
             else:
                 tree = make(ctx, rng)
             path, bonus = walk(
-                tree.tokens, tree.kids.__getitem__, lambda i: target(tree.ctx[i]), tree.draw, tree.props, rng.random
+                tree.tokens,
+                tree.kids.__getitem__,
+                lambda i, tree=tree: target(tree.ctx[i]),
+                tree.draw,
+                tree.props,
+                rng.random,
             )
             ctx = tree.ctx[path[-1]] + (bonus,)
         counts[np.ravel_multi_index(ctx[1 : L + 1], (V,) * L)] += 1
@@ -198,7 +203,9 @@ RULES = {"spec_sampling": spec_walk, "traversal": traversal_walk}
 FULL = ["chain-sampled", "wide-given", "wide-iid", "wide-wor", "deep-wor", "bestfirst-given"]
 BUILT = ["bestfirst-sampled", "backbone-sampled"]  # the real builders, sampling: slower, N_BUILT decodes
 N_BUILT = 20_000
-CASES = [(rule, shape, N) for rule in RULES for shape in FULL] + [(r, s, N_BUILT) for r in RULES for s in BUILT]
+CASES = [(rule, shape, N) for rule in RULES for shape in FULL] + [
+    (r, s, N_BUILT) for r in RULES for s in BUILT
+]
 
 
 def _seed(*parts: str) -> int:
@@ -265,7 +272,10 @@ def test_negative_controls_are_caught(control, monkeypatch):
     if patch:
         monkeypatch.setattr(acceptance, *patch)
     tv, noise, pvalue = verdict(decode_counts(walk, shape, N_CONTROL, seed=_seed(control)))
-    print(f"control {control} on {shape} n={N_CONTROL}: TV {tv:.4f} (noise {noise:.4f}), chi-square p {pvalue:.3g}")
+    print(
+        f"control {control} on {shape} n={N_CONTROL}: TV {tv:.4f} (noise {noise:.4f}), "
+        f"chi-square p {pvalue:.3g}"
+    )
     assert pvalue < ALPHA and tv > 1.5 * noise, (tv, noise, pvalue)
 
 
@@ -292,5 +302,8 @@ def decode_production(rule_cls: type, builder: object, n: int) -> np.ndarray:
 @pytest.mark.parametrize("rule_cls", [SpecSampling, Traversal], ids=["spec_sampling", "traversal"])
 def test_rule_objects_with_keyed_randomness_are_exact(rule_cls):
     tv, noise, pvalue = verdict(decode_production(rule_cls, BestFirst(6, sample=True), 10_000))
-    print(f"{rule_cls.__name__} through accept(), seeds 0..9999: TV {tv:.4f} (noise {noise:.4f}), p {pvalue:.3g}")
+    print(
+        f"{rule_cls.__name__} through accept(), seeds 0..9999: TV {tv:.4f} (noise {noise:.4f}), "
+        f"p {pvalue:.3g}"
+    )
     assert pvalue > ALPHA and tv < 1.5 * noise, (tv, noise, pvalue)

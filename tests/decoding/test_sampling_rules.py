@@ -62,7 +62,11 @@ def test_builders_record_proposals_and_sample_from_them():
     probs = torch.softmax(torch.randn(3, 8, generator=torch.Generator().manual_seed(2)), -1)
     prop = Proposal(probs.topk(2).indices.tolist(), probs)
     top = Chain().build(5, prop)
-    assert top.draw == "given" and top.proposals is not None and top.proposals[0][1].tolist() == probs[0].tolist()
+    assert (
+        top.draw == "given"
+        and top.proposals is not None
+        and top.proposals[0][1].tolist() == probs[0].tolist()
+    )
     assert top.proposals[-1] is None
     np = __import__("numpy")
     counts = torch.zeros(8)
@@ -106,12 +110,26 @@ def test_draft_sample_is_a_dflash_route_parameter(model64):
     with pytest.raises(ConfigError, match="draft must be one of top, sample"):
         build_route({**spec, "draft": "any"}, 0, "greedy", 0.0, 0, model64)
     with pytest.raises(ConfigError, match="unknown parameter"):
-        build_route({"kind": "eagle_chain", "drafter": "random", "k": 2, "draft": "sample"}, 0, "greedy", 0, 0, model64)
+        build_route(
+            {"kind": "eagle_chain", "drafter": "random", "k": 2, "draft": "sample"},
+            0,
+            "greedy",
+            0,
+            0,
+            model64,
+        )
 
 
 SPECS = [
     {"name": "tree", "kind": "synthetic_tree", "k": 3, "p": 0.6, "width": 2},
-    {"name": "ddtree", "kind": "ddtree", "drafter": "random", "budget": 8, "block_size": 4, "draft": "sample"},
+    {
+        "name": "ddtree",
+        "kind": "ddtree",
+        "drafter": "random",
+        "budget": 8,
+        "block_size": 4,
+        "draft": "sample",
+    },
     {"name": "chain", "kind": "dflash_chain", "drafter": "random", "block_size": 4, "draft": "sample"},
 ]
 
