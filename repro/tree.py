@@ -15,20 +15,32 @@ import torch
 from repro.errors import TreeError
 
 MAX_TREE_NODES = 1024
+DRAWS = ("given", "iid", "without_replacement")
+
+Sparse = tuple[torch.Tensor, torch.Tensor]
+"""A sparse distribution: (token ids [m], probabilities [m]); mass off the ids is zero."""
 
 
 @dataclass(frozen=True)
 class Tree:
     """A verified-in-one-pass draft tree.
 
-    ``tokens`` and ``parents`` are 1-D int64 tensors of length n. ``draft_probs`` optionally
-    holds, per node, the drafter's full distribution over the vocabulary at the node's parent
-    (shape [n, V]) so that sampling-based acceptance rules can use it.
+    ``tokens`` and ``parents`` are 1-D int64 tensors of length n.
+
+    ``draw`` says how the children of every node were chosen, which is what a sampling acceptance
+    rule needs to stay exact: ``"given"`` (the default: chosen by any rule independent of the
+    verifier's randomness, e.g. top-k; rules treat each child as a point mass), ``"iid"`` (drawn
+    independently, with replacement, from the node's proposal) or ``"without_replacement"`` (drawn
+    one after another from the proposal with earlier siblings' tokens removed, in child order).
+    ``proposals[i]`` is the drafter's distribution over node i's children, sparse: ``(ids, probs)``
+    (float64; nodes may share one pair, e.g. a depth's marginal); None for a leaf. Required for
+    sampled draws; optional (informational) for given ones.
     """
 
     tokens: torch.Tensor
     parents: torch.Tensor
-    draft_probs: torch.Tensor | None = field(default=None, compare=False)
+    proposals: tuple[Sparse | None, ...] | None = field(default=None, compare=False)
+    draw: str = field(default="given", compare=False)
 
     def __post_init__(self) -> None:
         tokens = torch.as_tensor(self.tokens, dtype=torch.long).reshape(-1)
@@ -57,13 +69,22 @@ class Tree:
                 f"tree node {i} has parent {p}: {what}; nodes must be in topological order "
                 "with parent < node (or -1 for the committed prefix)"
             )
-        if self.draft_probs is not None and self.draft_probs.shape[0] != n:
-            raise TreeError(f"draft_probs has {self.draft_probs.shape[0]} rows for a {n}-node tree")
+        if self.draw not in DRAWS:
+            raise TreeError(f"tree draw {self.draw!r} is not one of {', '.join(DRAWS)}")
+        if self.proposals is not None and len(self.proposals) != n:
+            raise TreeError(f"proposals has {len(self.proposals)} entries for a {n}-node tree")
+        if self.draw != "given" and self.proposals is None:
+            raise TreeError(f"a tree drawn {self.draw!r} needs the proposal of every inner node")
 
     @classmethod
-    def chain(cls, tokens: torch.Tensor | list[int], draft_probs: torch.Tensor | None = None) -> Tree:
+    def chain(
+        cls,
+        tokens: torch.Tensor | list[int],
+        proposals: tuple[Sparse | None, ...] | None = None,
+        draw: str = "given",
+    ) -> Tree:
         tokens = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
-        return cls(tokens, torch.arange(tokens.numel()) - 1, draft_probs)
+        return cls(tokens, torch.arange(tokens.numel()) - 1, proposals, draw)
 
     @classmethod
     def single(cls, token: int) -> Tree:

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from repro.decoding.acceptance import TargetMatch
+from repro.decoding.acceptance import SamplingRule, TargetMatch
+from repro.decoding.sampling import step_rng
 from repro.decoding.tree_builders import TreeBuilder
 from repro.drafters.base import DraftContext, Drafter
 from repro.models.hybrid import PREFILL_CHUNK, HybridLM, Verification
@@ -54,6 +55,11 @@ class Route:
     rule: TargetMatch
     params: dict = field(default_factory=dict)
     commit: str = "closed_form"
+
+    @property
+    def random(self) -> bool:
+        """Whether a step draws randomness (a sampling rule or a sampling tree builder)."""
+        return isinstance(self.rule, SamplingRule) or bool(getattr(self.builder, "sample", False))
 
 
 def _clock(device: torch.device) -> float:
@@ -120,10 +126,11 @@ def generate(
         ta = _clock(dev)
         proposal = drafter.propose(ctx) if drafter else None
         tb = _clock(dev)
-        tree = route.builder.build(out[-1], proposal)
+        rng = step_rng(route.rule.seed, len(out)) if route.random else None
+        tree = route.builder.build(out[-1], proposal, rng)
         tc = _clock(dev)
         ver = model.verify(state, tree, capture, route.commit)
-        acc = route.rule.accept(tree, ver.logits, len(out))
+        acc = route.rule.accept(tree, ver.logits, len(out), rng)
         td = _clock(dev)
         state = model.commit(state, ver, acc.path)
         te = _clock(dev)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from repro.decoding.acceptance import make_rule
+from repro.decoding.acceptance import ACCEPTANCE_RULES, make_rule
 from repro.decoding.engine import Route
 from repro.decoding.tree_builders import Backbone, BestFirst, Chain, DrafterTree, SingleNode, TreeBuilder
 from repro.drafters.base import Drafter
@@ -165,6 +165,14 @@ COMMON_PARAMS = (
         choices=COMMIT_STRATEGIES,
         unset="the experiment's `commit` (generate: --commit)",
     ),
+    Param(
+        "acceptance",
+        str,
+        "how the verified tree is accepted (docs/metrics.md, Acceptance rules)",
+        default=None,
+        choices=ACCEPTANCE_RULES,
+        unset="the experiment's `acceptance`",
+    ),
 )
 
 
@@ -197,11 +205,11 @@ def _dflash(p: dict[str, Any], ctx: BuildContext) -> DFlashDrafter:
 
 
 def _dflash_chain(p: dict[str, Any], ctx: BuildContext) -> tuple[Drafter | None, TreeBuilder]:
-    return _dflash(p, ctx), Chain()
+    return _dflash(p, ctx), Chain(sample=p["draft"] == "sample")
 
 
 def _ddtree(p: dict[str, Any], ctx: BuildContext) -> tuple[Drafter | None, TreeBuilder]:
-    return _dflash(p, ctx), BestFirst(p["budget"])
+    return _dflash(p, ctx), BestFirst(p["budget"], sample=p["draft"] == "sample")
 
 
 def _eagle_model(p: dict[str, Any], ctx: BuildContext) -> EagleDraftModel:
@@ -240,6 +248,10 @@ _K = Param("k", int, "draft tokens per step (tree levels)", min=1)
 _BUDGET = Param("budget", int, "draft nodes per tree (the root excluded)", min=1, max=MAX_TREE_NODES - 1)
 _DFLASH = Param("drafter", str, "the DFlash drafter", checkpoint="dflash")
 _EAGLE = Param("drafter", str, "the EAGLE drafter", checkpoint="eagle")
+_DRAFT = Param(
+    "draft", str, "draft tokens: the marginals' top ones, or drawn from them (docs/metrics.md)",
+    default="top", choices=("top", "sample"),
+)  # fmt: skip
 _BLOCK = Param(
     "block_size", int, "DFlash block (pending token + block_size - 1 drafts)", default=None, min=2,
     unset="the checkpoint's (random: 16)",
@@ -265,15 +277,15 @@ ROUTE_KINDS: dict[str, RouteKind] = {
         ),
         RouteKind(
             "dflash_chain",
-            "DFlash block drafter, argmax chain of block_size - 1 drafts",
-            (_DFLASH, _BLOCK),
+            "DFlash block drafter, a chain of block_size - 1 drafts (argmax, or sampled: `draft`)",
+            (_DFLASH, _BLOCK, _DRAFT),
             _dflash_chain,
             needs_target=True,
         ),
         RouteKind(
             "ddtree",
             "DFlash per-depth marginals, DDTree best-first tree of `budget` draft nodes",
-            (_DFLASH, _BUDGET, _BLOCK),
+            (_DFLASH, _BUDGET, _BLOCK, _DRAFT),
             _ddtree,
             needs_target=True,
         ),
@@ -417,10 +429,14 @@ def build_route(
     kind = ROUTE_KINDS[params["kind"]]
     name = params.pop("name")
     params["commit"] = params["commit"] or commit
+    params["acceptance"] = params["acceptance"] or acceptance
     if kind.needs_target and target is None:
         raise ConfigError(f"route kind {kind.name} needs the target model: build_route(..., target=model)")
     drafter, builder = kind.factory(params, BuildContext(vocab_size, seed, target))
-    rule = make_rule(acceptance, temperature, seed)
+    try:
+        rule = make_rule(params["acceptance"], temperature, seed)
+    except ConfigError as exc:
+        raise ConfigError(f"route {name!r}: {exc}") from None
     return Route(name, drafter, builder, rule, params, params["commit"])
 
 

@@ -8,6 +8,7 @@ meaningful check at any temperature.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 _MIX = 0x9E3779B97F4A7C15
@@ -32,3 +33,31 @@ def pick_token(logits: torch.Tensor, temperature: float, seed: int, position: in
     cdf = torch.cumsum(target_probs(logits, temperature), dim=-1)
     u = position_uniform(seed, position) * float(cdf[-1])
     return min(int(torch.searchsorted(cdf, torch.tensor([u], dtype=cdf.dtype)).item()), cdf.numel() - 1)
+
+
+_STEP_SALT = 0x5EED5  # keeps a step's stream apart from the position draws of pick_token
+
+
+def step_rng(seed: int, position: int) -> np.random.Generator:
+    """The reproducible random stream of one decode step, keyed by (seed, root position).
+
+    Sampled tree builders draw their children from it first, then a sampling acceptance rule
+    draws its uniforms from it: one step's draws are independent of each other, of every other
+    step's and of the AR draws of :func:`position_uniform`.
+    """
+    return np.random.default_rng([_STEP_SALT, seed % 2**63, position])
+
+
+def probs_row(logits: torch.Tensor, temperature: float) -> np.ndarray:
+    """The target's next-token distribution (float64 numpy [V]); temperature 0 gives the argmax one-hot."""
+    if temperature <= 0:
+        out = np.zeros(logits.shape[-1])
+        out[int(torch.argmax(logits))] = 1.0
+        return out
+    return target_probs(logits, temperature).cpu().numpy()
+
+
+def sample_index(probs: np.ndarray, u: float) -> int:
+    """Inverse-CDF draw from (possibly unnormalised) ``probs`` with the uniform ``u``."""
+    cdf = np.cumsum(probs)
+    return min(int(np.searchsorted(cdf, u * cdf[-1], side="right")), probs.size - 1)

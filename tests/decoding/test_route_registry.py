@@ -91,10 +91,13 @@ def test_records_carry_resolved_parameters(model64):
     """Defaults (including those a checkpoint decides) and the commit strategy are filled in."""
     tree = build_route({"kind": "synthetic_tree", "p": 0.5, "k": 2}, V, "greedy", 0.0, 0, commit="replay")
     assert tree.name == "synthetic_tree" and tree.commit == "replay"
-    assert tree.params == {"kind": "synthetic_tree", "commit": "replay", "p": 0.5, "k": 2, "width": 2}
+    assert tree.params == {
+        "kind": "synthetic_tree", "commit": "replay", "acceptance": "greedy", "p": 0.5, "k": 2, "width": 2,
+    }  # fmt: skip
     ddtree = build_route(DDTREE, V, "greedy", 0.0, 0, target=model64)
     assert ddtree.params == {
-        "kind": "ddtree", "commit": "closed_form", "drafter": "random", "budget": 4, "block_size": 16,
+        "kind": "ddtree", "commit": "closed_form", "acceptance": "greedy", "drafter": "random", "budget": 4,
+        "block_size": 16, "draft": "top",
     }  # fmt: skip
     assert ddtree.drafter.block_size == 16
     eagle = build_route(EAGLE_TREE, V, "greedy", 0.0, 0, target=model64)

@@ -300,7 +300,7 @@ def _check_route(target, route, spec, prompts, refs) -> list[Tree]:
     """Every output equals AR's; returns the trees the route verified."""
     trees: list[Tree] = []
     build = route.builder.build
-    route.builder.build = lambda root, proposal: trees.append(build(root, proposal)) or trees[-1]
+    route.builder.build = lambda root, prop, rng=None: trees.append(build(root, prop, rng)) or trees[-1]
     for ids, ref in zip(prompts, refs):
         res = generate(target, ids, route, len(ref))
         assert res.output_ids == ref
