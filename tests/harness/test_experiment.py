@@ -73,3 +73,20 @@ def test_a_file_stem_that_is_not_a_plain_word_needs_a_name(tmp_path):
         load_experiment(str(path))
     path.write_text("name: my-run\nsuites: [gsm8k]\n")
     assert load_experiment(str(path))["name"] == "my-run"
+
+
+def test_new_tokens_beyond_the_targets_context_are_refused_and_long_prompts_warned(capsys):
+    from repro.harness.runner import ExperimentRunner
+
+    raw = {**BASE, "target": "default", "dtype": "float64", "warmup": 0, "ignore_eos": True}
+    with pytest.raises(ConfigError, match="does not fit the target's context of 32768 tokens"):
+        ExperimentRunner(resolve({**raw, "max_new_tokens": 32768}, {}))
+    runner = ExperimentRunner(resolve({**raw, "max_new_tokens": 2}, {}))
+    assert runner.context == 32768
+    runner.decode(runner.routes[0], [1, 2, 3], None)
+    assert "warning" not in capsys.readouterr().err
+    runner.context = 4  # as if the checkpoint said max_position_embeddings: 4
+    result = runner.decode(runner.routes[0], [1, 2, 3], None)
+    assert len(result.output_ids) == 2
+    err = capsys.readouterr().err
+    assert "a prompt of 3 tokens plus max_new_tokens 2 exceed the target's context of 4" in err
