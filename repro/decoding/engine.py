@@ -55,6 +55,7 @@ class Route:
     rule: TargetMatch
     params: dict = field(default_factory=dict)
     commit: str = "closed_form"
+    verifier: str = "tree"  # or "chain": the stock chunk-form chain verify (HybridLM.verify)
 
     @property
     def random(self) -> bool:
@@ -129,7 +130,7 @@ def generate(
         rng = step_rng(route.rule.seed, len(out)) if route.random else None
         tree = route.builder.build(out[-1], proposal, rng)
         tc = _clock(dev)
-        ver = model.verify(state, tree, capture, route.commit)
+        ver = model.verify(state, tree, capture, route.commit, route.verifier)
         acc = route.rule.accept(tree, ver.logits, len(out), rng)
         td = _clock(dev)
         state = model.commit(state, ver, acc.path)

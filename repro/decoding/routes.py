@@ -10,7 +10,7 @@ help) drive validation, the resolved parameters that records carry, ``repro rout
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from repro.decoding.acceptance import ACCEPTANCE_RULES, make_rule
@@ -150,9 +150,19 @@ class RouteKind:
     params: tuple[Param, ...]
     factory: Factory
     needs_target: bool = False
+    verifier: str = "tree"  # how the target verifies (HybridLM.verify): "tree", or "chain" (stock fla path)
+    commits: tuple[str, ...] = COMMIT_STRATEGIES  # the commit strategies the kind can use
+    defaults: dict[str, Any] = field(default_factory=dict)  # its own defaults of common parameters
+    alias_of: str | None = None  # the kind whose declaration this one reuses under its own name
 
     def param(self, name: str) -> Param:
         return next(p for p in self.params if p.name == name)
+
+
+def alias(name: str, of: RouteKind, help: str, **defaults: Any) -> RouteKind:
+    """Kind ``of`` under another name (records and reports carry ``name``), with its own defaults of
+    the common parameters (e.g. ``commit``)."""
+    return replace(of, name=name, help=help, defaults=defaults, alias_of=of.name)
 
 
 COMMON_PARAMS = (
@@ -224,6 +234,10 @@ def _eagle_chain(p: dict[str, Any], ctx: BuildContext) -> tuple[Drafter | None, 
     return EagleDrafter(_eagle_model(p, ctx), ctx.target, k=p["k"]), Chain()
 
 
+def _fla_sd(p: dict[str, Any], ctx: BuildContext) -> tuple[Drafter | None, TreeBuilder]:
+    return _eagle_chain(p, ctx)
+
+
 def _eagle_tree(p: dict[str, Any], ctx: BuildContext) -> tuple[Drafter | None, TreeBuilder]:
     assert ctx.target is not None
     shape = DynamicTree(p["budget"], p["topk"], p["tau"], p["depth"])
@@ -257,83 +271,109 @@ _BLOCK = Param(
     unset="the checkpoint's (random: 16)",
 )  # fmt: skip
 
+_KINDS: tuple[RouteKind, ...] = (
+    RouteKind("ar", "plain autoregressive decoding (a one-node tree per step)", (), _ar),
+    RouteKind(
+        "synthetic_chain",
+        "synthetic drafter (needs AR's output as reference): a chain of k drafts, each equal to "
+        "AR's token with probability p",
+        (_P, _K),
+        _synthetic_chain,
+    ),
+    RouteKind(
+        "synthetic_tree",
+        "synthetic drafter: k levels of `width` distinct siblings under the first choice, "
+        "acceptance p per level",
+        (_P, _K, Param("width", int, "siblings per level", default=2, min=1)),
+        _synthetic_tree,
+    ),
+    RouteKind(
+        "dflash_chain",
+        "DFlash block drafter, a chain of block_size - 1 drafts (argmax, or sampled: `draft`)",
+        (_DFLASH, _BLOCK, _DRAFT),
+        _dflash_chain,
+        needs_target=True,
+    ),
+    RouteKind(
+        "ddtree",
+        "DFlash per-depth marginals, DDTree best-first tree of `budget` draft nodes",
+        (_DFLASH, _BUDGET, _BLOCK, _DRAFT),
+        _ddtree,
+        needs_target=True,
+    ),
+    RouteKind(
+        "eagle_chain",
+        "EAGLE feature drafter, argmax chain of k drafts",
+        (_EAGLE, Param("k", int, "draft tokens per step", min=1)),
+        _eagle_chain,
+        needs_target=True,
+    ),
+    RouteKind(
+        "eagle_tree",
+        "EAGLE-2 dynamic tree: per level the `topk` best nodes get `topk` children each (drafter "
+        "probability >= `tau`), `depth` levels, the best `budget` draft nodes",
+        (
+            _EAGLE,
+            _BUDGET,
+            Param("topk", int, "nodes expanded per level and children per node", default=4, min=1),
+            Param(
+                "tau",
+                float,
+                "least drafter probability of a child",
+                default=0.0,
+                min=0,
+                max=1,
+                max_open=True,
+            ),
+            Param("depth", int, "levels grown", default=6, min=1),
+        ),
+        _eagle_tree,
+        needs_target=True,
+    ),
+    RouteKind(
+        "weaver",
+        "DFlash top-`pool` candidates per depth, Weaver-grown best-first tree of `budget` nodes, "
+        "`width` nodes scored per Weaver step",
+        (
+            _DFLASH,
+            Param("weaver", str, "the Weaver adapter (shaped for the drafter)", checkpoint="weaver"),
+            _BUDGET,
+            Param("pool", int, "DFlash candidates per depth", default=None, min=1, unset="the adapter's"),
+            Param("width", int, "nodes one Weaver forward scores", default=4, min=1),
+            _BLOCK,
+        ),
+        _weaver,
+        needs_target=True,
+    ),
+    RouteKind(
+        "fla_sd",
+        "SpecLA's FLA-SD baseline: the EAGLE argmax chain of k drafts verified by the stock chunk "
+        "kernel from the committed state (fla's `chunk_gated_delta_rule`; torch reference on CPU) and "
+        "committed by replaying the accepted tokens through fla's `fused_recurrent_gated_delta_rule`",
+        (_EAGLE, Param("k", int, "draft tokens per step", min=1)),
+        _fla_sd,
+        needs_target=True,
+        verifier="chain",
+        commits=("replay",),
+        defaults={"commit": "replay"},
+    ),
+)
+_BY_NAME = {kind.name: kind for kind in _KINDS}
 ROUTE_KINDS: dict[str, RouteKind] = {
-    kind.name: kind
-    for kind in (
-        RouteKind("ar", "plain autoregressive decoding (a one-node tree per step)", (), _ar),
-        RouteKind(
-            "synthetic_chain",
-            "synthetic drafter (needs AR's output as reference): a chain of k drafts, each equal to "
-            "AR's token with probability p",
-            (_P, _K),
-            _synthetic_chain,
-        ),
-        RouteKind(
-            "synthetic_tree",
-            "synthetic drafter: k levels of `width` distinct siblings under the first choice, "
-            "acceptance p per level",
-            (_P, _K, Param("width", int, "siblings per level", default=2, min=1)),
-            _synthetic_tree,
-        ),
-        RouteKind(
-            "dflash_chain",
-            "DFlash block drafter, a chain of block_size - 1 drafts (argmax, or sampled: `draft`)",
-            (_DFLASH, _BLOCK, _DRAFT),
-            _dflash_chain,
-            needs_target=True,
-        ),
-        RouteKind(
-            "ddtree",
-            "DFlash per-depth marginals, DDTree best-first tree of `budget` draft nodes",
-            (_DFLASH, _BUDGET, _BLOCK, _DRAFT),
-            _ddtree,
-            needs_target=True,
-        ),
-        RouteKind(
-            "eagle_chain",
-            "EAGLE feature drafter, argmax chain of k drafts",
-            (_EAGLE, Param("k", int, "draft tokens per step", min=1)),
-            _eagle_chain,
-            needs_target=True,
-        ),
-        RouteKind(
-            "eagle_tree",
-            "EAGLE-2 dynamic tree: per level the `topk` best nodes get `topk` children each (drafter "
-            "probability >= `tau`), `depth` levels, the best `budget` draft nodes",
-            (
-                _EAGLE,
-                _BUDGET,
-                Param("topk", int, "nodes expanded per level and children per node", default=4, min=1),
-                Param(
-                    "tau",
-                    float,
-                    "least drafter probability of a child",
-                    default=0.0,
-                    min=0,
-                    max=1,
-                    max_open=True,
-                ),
-                Param("depth", int, "levels grown", default=6, min=1),
-            ),
-            _eagle_tree,
-            needs_target=True,
-        ),
-        RouteKind(
-            "weaver",
-            "DFlash top-`pool` candidates per depth, Weaver-grown best-first tree of `budget` nodes, "
-            "`width` nodes scored per Weaver step",
-            (
-                _DFLASH,
-                Param("weaver", str, "the Weaver adapter (shaped for the drafter)", checkpoint="weaver"),
-                _BUDGET,
-                Param("pool", int, "DFlash candidates per depth", default=None, min=1, unset="the adapter's"),
-                Param("width", int, "nodes one Weaver forward scores", default=4, min=1),
-                _BLOCK,
-            ),
-            _weaver,
-            needs_target=True,
-        ),
-    )
+    **_BY_NAME,
+    "dflash_tfm": alias(
+        "dflash_tfm",
+        _BY_NAME["weaver"],
+        "Weaver's DFlash-TfM (the paper's name of the `weaver` kind): DFlash top-`pool` candidates per "
+        "depth, Weaver-grown best-first tree of `budget` nodes",
+    ),
+    "specla": alias(
+        "specla",
+        _BY_NAME["eagle_tree"],
+        "SpecLA's route: EAGLE drafter, confidence-pruned dynamic tree (`tau`, `topk`, `depth`, `budget`), "
+        "tree-masked verify, closed-form state commit",
+        commit="closed_form",
+    ),
 }
 
 
@@ -373,6 +413,8 @@ def resolve_spec(spec: dict[str, Any], family: str | None = None) -> dict[str, A
     for param in COMMON_PARAMS[1:] + kind.params:
         if param.name in spec:
             value = spec[param.name]
+        elif param.name in kind.defaults:
+            value = kind.defaults[param.name]
         elif param.checkpoint and family and drafter_name(family, param.checkpoint) in members():
             value = drafter_name(family, param.checkpoint)
         elif param.required:
@@ -386,6 +428,8 @@ def resolve_spec(spec: dict[str, Any], family: str | None = None) -> dict[str, A
             raise ConfigError(f"{where}: {exc}") from None
     if missing:
         raise ConfigError(f"{where}: missing parameter(s) {', '.join(missing)}")
+    if out["commit"] is not None and out["commit"] not in kind.commits:
+        raise ConfigError(f"{where}: commit must be one of {', '.join(kind.commits)}, got {out['commit']!r}")
     return out
 
 
@@ -428,7 +472,7 @@ def build_route(
     params = resolve_spec(spec, family)
     kind = ROUTE_KINDS[params["kind"]]
     name = params.pop("name")
-    params["commit"] = params["commit"] or commit
+    params["commit"] = params["commit"] or (commit if commit in kind.commits else kind.commits[0])
     params["acceptance"] = params["acceptance"] or acceptance
     if kind.needs_target and target is None:
         raise ConfigError(f"route kind {kind.name} needs the target model: build_route(..., target=model)")
@@ -437,7 +481,7 @@ def build_route(
         rule = make_rule(params["acceptance"], temperature, seed)
     except ConfigError as exc:
         raise ConfigError(f"route {name!r}: {exc}") from None
-    return Route(name, drafter, builder, rule, params, params["commit"])
+    return Route(name, drafter, builder, rule, params, params["commit"], kind.verifier)
 
 
 # --------------------------------------------------------------------------- documentation
@@ -493,6 +537,14 @@ def routes_markdown() -> str:
     )
     for kind in ROUTE_KINDS.values():
         out += ["", f"## `{kind.name}`", "", kind.help[0].upper() + kind.help[1:] + "."]
+        if kind.alias_of:
+            out.append(
+                f"An alias of `{kind.alias_of}` (same parameters and factory), reported under its own name."
+            )
+        if kind.defaults:
+            out.append("Defaults: " + ", ".join(f"`{k}: {v}`" for k, v in kind.defaults.items()) + ".")
+        if kind.commits != COMMIT_STRATEGIES:
+            out.append(f"Commit: {', '.join(kind.commits)} only.")
         if kind.needs_target:
             out.append("Reads the target's weights or hidden states.")
         out.append("")

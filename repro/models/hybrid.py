@@ -22,6 +22,7 @@ from repro.models.state import AttentionLayerState, GDNLayerState, ModelState
 from repro.tree import Tree
 
 COMMIT_STRATEGIES = ("snapshot", "replay", "closed_form")
+VERIFIERS = ("tree", "chain")
 PREFILL_CHUNK = 64
 
 
@@ -35,6 +36,7 @@ class Verification:
     layers: list[GDNVerification | AttentionVerification]
     position: int
     strategy: str = field(default="closed_form")
+    verifier: str = field(default="tree")
 
 
 class HybridLM(nn.Module):
@@ -72,14 +74,25 @@ class HybridLM(nn.Module):
 
     @torch.no_grad()
     def verify(
-        self, state: ModelState, tree: Tree, capture: tuple[int, ...] = (), strategy: str = "closed_form"
+        self,
+        state: ModelState,
+        tree: Tree,
+        capture: tuple[int, ...] = (),
+        strategy: str = "closed_form",
+        verifier: str = "tree",
     ) -> Verification:
         """Logits of every tree node given the committed state; the state is left untouched.
 
         ``strategy`` is how :meth:`commit` will fold the accepted path in (``snapshot`` makes
         verify keep per-node GDN states); the verification carries it to ``commit``.
+        ``verifier="chain"`` (a chain only, commit ``replay``) is the stock path of a
+        flash-linear-attention user: GDN layers run the backend's chunk form from the committed
+        state without writing it, and the commit replays the accepted tokens through the backend's
+        recurrence (fla's ``chunk_gated_delta_rule`` / ``fused_recurrent_gated_delta_rule`` on
+        ``triton``, their torch references elsewhere); attention layers are as for trees.
         """
         check_strategy(strategy)
+        check_verifier(verifier, strategy, tree)
         device = self.device
         positions = state.position + tree.depth.to(device) - 1
         logits, hidden, saved = self._tree_pass(
@@ -90,8 +103,9 @@ class HybridLM(nn.Module):
             positions,
             capture,
             strategy == "snapshot",
+            verifier == "chain",
         )
-        return Verification(tree, logits, hidden, saved, state.position, strategy)
+        return Verification(tree, logits, hidden, saved, state.position, strategy, verifier)
 
     def forward_train(self, ids: torch.Tensor, capture: tuple[int, ...] = ()) -> torch.Tensor:
         """Teacher-forced logits [B, L, V] of sequences ``ids`` [B, L] from an empty state, with
@@ -148,15 +162,19 @@ class HybridLM(nn.Module):
         positions: torch.Tensor,
         capture: tuple[int, ...],
         keep_snapshots: bool,
+        chain: bool = False,
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor], list[GDNVerification | AttentionVerification]]:
-        """The one evaluation of tree nodes against a state (autograd follows the caller's mode)."""
+        """The one evaluation of tree nodes against a state (autograd follows the caller's mode);
+        ``chain``: GDN layers by the backend's chain form (the nodes are a chain)."""
         x = self.model.embed_tokens(tokens)
         hidden: dict[int, torch.Tensor] = {}
         saved: list[GDNVerification | AttentionVerification] = []
         for i, (layer, layer_state) in enumerate(zip(self.model.layers, state.layers)):
             h = layer.input_layernorm(x)
             if isinstance(layer_state, GDNLayerState):
-                out, ver = layer.linear_attn.forward_tree(h, layer_state, parents, ancestors, keep_snapshots)
+                out, ver = layer.linear_attn.forward_tree(
+                    h, layer_state, parents, ancestors, keep_snapshots, chain
+                )
             else:
                 out, ver = layer.self_attn.forward_tree(h, layer_state, positions, ancestors)
             saved.append(ver)
@@ -209,6 +227,17 @@ class HybridLM(nn.Module):
             state = self.commit(state, ver, list(range(chunk.size)))
         assert ver is not None
         return state, ver
+
+
+def check_verifier(verifier: str, strategy: str, tree: Tree) -> str:
+    """``verifier`` if it can verify ``tree`` and commit by ``strategy``, else a one-line ConfigError."""
+    if verifier not in VERIFIERS:
+        raise ConfigError(f"unknown verifier {verifier!r}: choose one of {', '.join(VERIFIERS)}")
+    if verifier == "chain" and strategy != "replay":
+        raise ConfigError(f"the chain verifier commits by replay only, not {strategy!r}")
+    if verifier == "chain" and not tree.is_chain:
+        raise ConfigError("the chain verifier verifies chains only; use verifier='tree' for trees")
+    return verifier
 
 
 def check_strategy(name: str) -> str:

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from repro.gdn import reference as gdn
-from repro.gdn.backends import chain_function, tree_function
+from repro.gdn.backends import chain_function, recurrent_function, tree_function
 from repro.models.config import HybridConfig
 from repro.models.state import AttentionLayerState, GDNLayerState
 
@@ -86,6 +86,7 @@ class GDNVerification:
 
     factors: gdn.TreeFactors
     conv_inputs: torch.Tensor
+    chain: bool = False  # verified by the chain form: commit replays through the backend's recurrence
 
 
 @dataclass
@@ -152,7 +153,13 @@ class GatedDeltaNet(nn.Module):
         parents: torch.Tensor,
         ancestors: torch.Tensor,
         keep_snapshots: bool,
+        chain: bool = False,
     ) -> tuple[torch.Tensor, GDNVerification]:
+        """Outputs of every tree node against ``state`` (left untouched) and the commit data.
+
+        ``chain`` (the nodes form a chain): the backend's chain evaluator runs from the committed
+        state and its final state is dropped; the factors then hold only what a replay needs.
+        """
         n = h.shape[0]
         conv_inputs = self.in_proj_qkv(h)
         bias = self.conv1d.bias
@@ -163,18 +170,28 @@ class GatedDeltaNet(nn.Module):
         k = l2norm(k.reshape(n, self.num_k_heads, self.head_k_dim).to(sdt))
         v = v.reshape(n, self.num_v_heads, self.head_v_dim).to(sdt)
         g, beta = self.gates(h)
-        tree_fn = tree_function(self.backend, h.device)
-        o, factors = tree_fn(
-            q, k, v, g.to(sdt), beta.to(sdt), state.recurrent, parents, ancestors, self.head_k_dim**-0.5,
-            keep_snapshots,
-        )  # fmt: skip
+        if chain:
+            chain_fn = chain_function(self.backend, h.device)
+            o, _ = chain_fn(
+                q[None], k[None], v[None], g.to(sdt)[None], beta.to(sdt)[None], state.recurrent[None],
+                self.head_k_dim**-0.5,
+            )  # fmt: skip
+            o = o[0]
+            kh = gdn.expand_key_heads(k, self.num_v_heads)
+            factors = gdn.TreeFactors(kh.new_empty(0), g.to(sdt).cumsum(0), kh, v, g.to(sdt), beta.to(sdt))
+        else:
+            tree_fn = tree_function(self.backend, h.device)
+            o, factors = tree_fn(
+                q, k, v, g.to(sdt), beta.to(sdt), state.recurrent, parents, ancestors, self.head_k_dim**-0.5,
+                keep_snapshots,
+            )  # fmt: skip
         z = (
             self.in_proj_z(h).reshape(n, self.num_v_heads, self.head_v_dim)
             if self.in_proj_z is not None
             else None
         )
         o = self.norm(o.to(h.dtype), z).reshape(n, self.value_dim)
-        return self.out_proj(o), GDNVerification(factors, conv_inputs)
+        return self.out_proj(o), GDNVerification(factors, conv_inputs, chain)
 
     def forward_chain(
         self, h: torch.Tensor, state: GDNLayerState | None = None
@@ -209,7 +226,16 @@ class GatedDeltaNet(nn.Module):
     def commit(
         self, state: GDNLayerState, ver: GDNVerification, path: list[int], strategy: str
     ) -> GDNLayerState:
-        recurrent = gdn.COMMIT_FUNCTIONS[strategy](state.recurrent, ver.factors, path)
+        if ver.chain:  # replay through the backend's token-by-token recurrence (fla's fused kernel)
+            f = ver.factors
+            recurrent = state.recurrent.clone()
+            if path:
+                replay = recurrent_function(self.backend)
+                _, recurrent = replay(
+                    f.k[path], f.k[path], f.v[path], f.g[path], f.beta[path], state.recurrent, 1.0
+                )
+        else:
+            recurrent = gdn.COMMIT_FUNCTIONS[strategy](state.recurrent, ver.factors, path)
         conv = gdn.conv_history_after(state.conv, ver.conv_inputs, path)
         return GDNLayerState(recurrent, conv)
 
