@@ -69,29 +69,50 @@ def run(
     commit: Annotated[
         str | None, typer.Option(help="Default commit strategy: closed_form, snapshot or replay.")
     ] = None,
+    drafter: Annotated[
+        str | None, typer.Option(help="Drafter checkpoint of every route that takes one (a local target's).")
+    ] = None,
+    weaver: Annotated[str | None, typer.Option(help="Weaver adapter of every route that takes one.")] = None,
     out: Annotated[Path | None, typer.Option(help="Output directory (default runs/<experiment>).")] = None,
 ) -> None:
-    """Run an experiment; records are appended as they are made and a rerun resumes.
+    """Run an experiment (a decode run, or a paper table: table2, specla, acceptance); records are
+    appended as they are made and a rerun resumes.
 
     Exits 3 when a route diverged from AR where it must not (``lossless``: by default greedy decoding
     in float64, where speculation is exact).
     """
     from repro.harness.experiment import load_experiment
+
+    overrides = {
+        "target": target, "suites": suites, "limit": limit, "max_new_tokens": max_new_tokens,
+        "temperature": temperature, "seed": seed, "dtype": dtype, "device": device, "gdn_backend": backend,
+        "commit": commit, "route_defaults": _route_defaults(drafter, weaver),
+    }  # fmt: skip
+    _run_experiment(load_experiment(experiment, overrides), out)
+
+
+def _route_defaults(drafter: str | None, weaver: str | None) -> dict[str, str] | None:
+    given = {k: v for k, v in (("drafter", drafter), ("weaver", weaver)) if v is not None}
+    return given or None
+
+
+def _run_experiment(cfg: dict, out: Path | None) -> None:
+    """Decode a resolved experiment into the run directory of its kind (decode or a paper artefact),
+    print its report, and exit 3 when a route that must be lossless diverged from AR."""
+    from repro.harness.run_kinds import experiment_kind
     from repro.harness.runner import ExperimentRunner, default_out_dir
     from repro.models.fingerprint import fingerprint_checkpoints
     from repro.reporting.records import build_manifest
     from repro.reporting.rundir import RunDir
 
-    overrides = {
-        "target": target, "suites": suites, "limit": limit, "max_new_tokens": max_new_tokens,
-        "temperature": temperature, "seed": seed, "dtype": dtype, "device": device, "gdn_backend": backend,
-        "commit": commit,
-    }  # fmt: skip
-    cfg = load_experiment(experiment, overrides)
+    kind = experiment_kind(cfg["kind"])
     out_dir = out or default_out_dir(cfg)
     runner = ExperimentRunner(cfg)  # opens the target and checks routes and suites first
     manifest = {**build_manifest(cfg), "checkpoints": fingerprint_checkpoints(cfg)}
-    with RunDir(out_dir, manifest) as run_dir, Progress(str(cfg["name"]), runner.total_units()) as progress:
+    with (
+        RunDir(out_dir, manifest, kind) as run_dir,
+        Progress(str(cfg["name"]), runner.total_units()) as progress,
+    ):
         written = runner.run(run_dir, progress=lambda item: progress.advance(item=item))
         markdown = run_dir.write_report()
     typer.echo(markdown)
@@ -103,6 +124,74 @@ def run(
                 f"not lossless: route(s) {', '.join(diverged)} diverged from AR in {cfg['dtype']} at "
                 f"temperature {cfg['temperature']:g} (see {out_dir}/report.md)"
             )
+
+
+@app.command()
+def sweep(
+    budget: Annotated[
+        str | None, typer.Option(help="Tree budgets, comma-separated: 16,32,64,128,256.")
+    ] = None,
+    param: Annotated[
+        str | None, typer.Option(help="Any route parameter: NAME=v1,v2,... (pool, width, tau, k, ...).")
+    ] = None,
+    routes: Annotated[
+        str | None, typer.Option(help="Routes or kinds to sweep (default ddtree,dflash_tfm,specla).")
+    ] = None,
+    target: Annotated[str | None, typer.Option(help="'default' or a local checkpoint directory.")] = None,
+    suites: Annotated[str | None, typer.Option(help="Comma-separated suites.")] = None,
+    limit: Annotated[int | None, typer.Option(help="Prompts per suite (seeded subsample).")] = None,
+    max_new_tokens: Annotated[int | None, typer.Option(help="New tokens per turn.")] = None,
+    temperature: Annotated[float | None, typer.Option(help="0 = greedy.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Subsampling, sampling and drafter seed.")] = None,
+    dtype: Annotated[str | None, dtype_option("Weights and activations.", auto=True)] = None,
+    device: Annotated[str | None, device_option("auto (CUDA when present), cpu or cuda.")] = None,
+    drafter: Annotated[
+        str | None, typer.Option(help="Drafter checkpoint of every route that takes one.")
+    ] = None,
+    weaver: Annotated[str | None, typer.Option(help="Weaver adapter of every route that takes one.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Output directory (default runs/sweep-<param>).")] = None,
+) -> None:
+    """Sweep one route parameter (Weaver Appendix B: the tree budget): MAL and tokens/s vs the value per
+    route and suite, curves, and the best value per route. A `sweep` run directory; resumable."""
+    from repro.harness.experiment import read_experiment, resolve, select_routes
+
+    name, values = _sweep_values(budget, param)
+    raw = read_experiment("sweep")
+    raw["name"] = f"sweep-{name}"
+    if routes:
+        raw["routes"] = select_routes(raw["routes"], _names(routes))
+    overrides = {
+        "target": target, "suites": suites, "limit": limit, "max_new_tokens": max_new_tokens,
+        "temperature": temperature, "seed": seed, "dtype": dtype, "device": device,
+        "route_defaults": _route_defaults(drafter, weaver), "sweep": {"param": name, "values": values},
+    }  # fmt: skip
+    _run_experiment(resolve(raw, overrides), out)
+
+
+def _sweep_values(budget: str | None, param: str | None) -> tuple[str, list[float | int | str]]:
+    """(parameter name, values) of ``--budget`` or ``--param NAME=v1,v2``; exactly one of them."""
+    if (budget is None) == (param is None):
+        raise ReproError("give exactly one of --budget 16,32,... or --param NAME=v1,v2,...")
+    if budget is not None:
+        name, text = "budget", budget
+    else:
+        name, sep, text = (param or "").partition("=")
+        if not sep or not name.strip():
+            raise ReproError(f"--param must be NAME=v1,v2,..., got {param!r}")
+    values: list[float | int | str] = []
+    for item in _names(text):
+        try:
+            values.append(int(item))
+        except ValueError:
+            try:
+                values.append(float(item))
+            except ValueError:
+                values.append(item)
+    if not values:
+        raise ReproError(f"--{'budget' if budget is not None else 'param'} lists no values")
+    if len(set(values)) != len(values):
+        raise ReproError(f"{name} values listed more than once: {text}")
+    return name.strip(), values
 
 
 @app.command()

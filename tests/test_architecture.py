@@ -25,7 +25,9 @@ ALLOWED: dict[str, set[str]] = {
     "reporting": {"errors"},
     "bench": {"errors", "tree", "gdn", "models", "decoding", "reporting", "progress", "options"},
     "engines": {"errors", "tree", "models", "drafters", "decoding", "data", "reporting"},
+    "paper": {"errors", "reporting", "bench"},
     "harness": {
+        "paper",
         "errors",
         "tree",
         "gdn",
@@ -39,6 +41,7 @@ ALLOWED: dict[str, set[str]] = {
         "progress",
     },
     "train": {
+        "paper",
         "errors",
         "tree",
         "gdn",

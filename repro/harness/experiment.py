@@ -13,7 +13,8 @@ from typing import Any
 import yaml
 
 from repro.data.suites import canonical_suite
-from repro.decoding.routes import name_routes
+from repro.decoding.acceptance import ACCEPTANCE_RULES
+from repro.decoding.routes import ROUTE_KINDS, name_routes
 from repro.errors import ConfigError
 from repro.models.hybrid import check_strategy
 from repro.models.target import resolve_device, resolve_dtype
@@ -39,13 +40,21 @@ DEFAULTS: dict[str, Any] = {
     "warmup": 1,
     "routes": [{"name": "ar", "kind": "ar"}],
     "route_grid": None,
+    # every non-AR route under each of these acceptance rules ("auto": greedy at T=0, else the sampling
+    # rules), named <route>@<rule> when there are several: the protocol columns of a paper table
+    "protocols": None,
+    # {param: NAME, values: [...]}: every non-AR route once per value, named <route>@<param>=<value>
+    "sweep": None,
+    # parameters (e.g. drafter, weaver checkpoints) given to every route that declares them and lacks them
+    "route_defaults": None,
     # a route diverging from AR fails the run (exit 3); null: exactly when greedy in float64
     "lossless": None,
 }
 OVERRIDABLE = (
     "target", "suites", "limit", "max_new_tokens", "temperature", "seed", "dtype", "device", "gdn_backend",
-    "commit",
+    "commit", "route_defaults", "sweep", "routes",
 )  # fmt: skip
+SAMPLING_PROTOCOLS = ("sample_match", "spec_sampling", "traversal")
 
 
 def shipped_experiments() -> list[str]:
@@ -65,6 +74,11 @@ def _read_yaml(path: Path | Any, label: str) -> dict:
 
 def load_experiment(name_or_path: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """The resolved config of a shipped experiment name or a YAML path, with overrides applied."""
+    return resolve(read_experiment(name_or_path), overrides or {})
+
+
+def read_experiment(name_or_path: str) -> dict[str, Any]:
+    """The raw settings of a shipped experiment name or a YAML path (``name`` filled in)."""
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml") or path.is_file():
         if not path.exists():
@@ -80,7 +94,7 @@ def load_experiment(name_or_path: str, overrides: dict[str, Any] | None = None) 
             )
         raw = _read_yaml(shipped, name_or_path)
         raw.setdefault("name", name_or_path)
-    return resolve(raw, overrides or {})
+    return raw
 
 
 MAX_NEW_TOKENS_CAP = 1_000_000
@@ -91,7 +105,8 @@ TYPES: dict[str, Any] = {
     "device": str, "cpu_threads": int, "commit": str, "gdn_backend": str, "suites": (list, str),
     "limit": (int, type(None)), "seed": int, "max_new_tokens": int, "temperature": (int, float),
     "acceptance": str, "ignore_eos": bool, "warmup": int, "routes": list, "route_grid": (dict, type(None)),
-    "lossless": (bool, type(None)),
+    "lossless": (bool, type(None)), "protocols": (str, list, type(None)), "sweep": (dict, type(None)),
+    "route_defaults": (dict, type(None)),
 }  # fmt: skip
 TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false", list: "a list",
               dict: "a mapping", type(None): "null"}  # fmt: skip
@@ -168,7 +183,10 @@ def resolve(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     for route in cfg["routes"]:
         if not isinstance(route, dict):
             raise ConfigError(f"every route must be a mapping such as {{name: ar, kind: ar}}, got {route!r}")
-    cfg["routes"] = name_routes(expand_routes(cfg["routes"], cfg.pop("route_grid")))
+    routes = name_routes(expand_routes(cfg["routes"], cfg.pop("route_grid")))
+    routes = _with_defaults(routes, cfg["route_defaults"])
+    routes = _sweep(routes, cfg["sweep"])
+    cfg["routes"] = name_routes(_protocols(routes, cfg))
     if not any(r.get("kind") == "ar" for r in cfg["routes"]):
         cfg["routes"].insert(0, {"name": "ar", "kind": "ar"})
     cfg["routes"].sort(key=lambda r: r.get("kind") != "ar")  # AR first: the reference and baseline
@@ -177,6 +195,72 @@ def resolve(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     if cfg["lossless"] is None:  # greedy in float64: speculation is exact, so any divergence is a bug
         cfg["lossless"] = cfg["temperature"] == 0 and cfg["dtype"] == "float64"
     return cfg
+
+
+def _declares(route: dict, param: str) -> bool:
+    kind = ROUTE_KINDS.get(route.get("kind"))  # type: ignore[arg-type]
+    return kind is not None and any(p.name == param for p in kind.params)
+
+
+def _with_defaults(routes: list[dict], defaults: dict | None) -> list[dict]:
+    """Each route with the ``defaults`` it declares and does not set (e.g. ``drafter: DIR``)."""
+    if not defaults:
+        return routes
+    used = {k for r in routes for k in defaults if _declares(r, k)}
+    unused = sorted(set(defaults) - used)
+    if unused:
+        raise ConfigError(f"no route of this experiment takes {', '.join(unused)}")
+    return [{**{k: v for k, v in defaults.items() if _declares(r, k)}, **r} for r in routes]
+
+
+def _sweep(routes: list[dict], sweep: dict | None) -> list[dict]:
+    """Every non-AR route once per value of the swept parameter (values are checked when built)."""
+    if not sweep:
+        return routes
+    param, values = sweep.get("param"), sweep.get("values")
+    if (
+        not isinstance(param, str)
+        or not isinstance(values, list)
+        or not values
+        or set(sweep) - {"param", "values"}
+    ):
+        raise ConfigError(f"setting sweep must be {{param: NAME, values: [v1, ...]}}, got {sweep!r}")
+    out = []
+    for route in routes:
+        if route.get("kind") == "ar":
+            out.append(route)
+            continue
+        if not _declares(route, param):
+            raise ConfigError(
+                f"route {route['name']!r} ({route.get('kind')}) has no parameter {param!r} to sweep;"
+                " choose --routes whose kinds declare it (repro routes)"
+            )
+        out += [{**route, "name": f"{route['name']}@{param}={v}", param: v} for v in values]
+    return out
+
+
+def _protocols(routes: list[dict], cfg: dict[str, Any]) -> list[dict]:
+    """Every non-AR route without its own ``acceptance`` once per protocol rule (``cfg["protocols"]``
+    resolved to a list: ``auto`` is greedy at temperature 0, else the sampling rules)."""
+    rules = cfg["protocols"]
+    if rules is None:
+        return routes
+    if rules == "auto":
+        rules = ["greedy"] if cfg["temperature"] == 0 else list(SAMPLING_PROTOCOLS)
+    if isinstance(rules, str) or not rules or any(r not in ACCEPTANCE_RULES for r in rules):
+        raise ConfigError(f"setting protocols must be auto or a list of {', '.join(ACCEPTANCE_RULES)}")
+    if cfg["temperature"] > 0 and "greedy" in rules:
+        raise ConfigError("protocol greedy needs temperature 0; use sample_match for sampling")
+    cfg["protocols"] = list(rules)
+    out = []
+    for route in routes:
+        if route.get("kind") == "ar" or "acceptance" in route:
+            out.append(route)
+        elif len(rules) == 1:
+            out.append({**route, "acceptance": rules[0]})
+        else:
+            out += [{**route, "name": f"{route['name']}@{rule}", "acceptance": rule} for rule in rules]
+    return out
 
 
 def expand_routes(routes: list[dict], grid: dict | None) -> list[dict]:
@@ -206,4 +290,16 @@ def expand_routes(routes: list[dict], grid: dict | None) -> list[dict]:
         except (KeyError, IndexError, ValueError) as exc:
             raise ConfigError(f"route_grid name template {template!r} cannot be filled: {exc!r}") from None
         out.append({"name": name, "kind": kind, **fixed, **params})
+    return out
+
+
+def select_routes(routes: list[dict], names: list[str]) -> list[dict]:
+    """The routes of ``routes`` named (or of the kind) in ``names``, in that order; a name that is
+    neither becomes an unnamed route of that kind (checked against the registry when built)."""
+    out = []
+    for name in names:
+        found = [r for r in routes if r.get("name") == name] or [r for r in routes if r.get("kind") == name]
+        if not found and name not in ROUTE_KINDS:
+            raise ConfigError(f"unknown route {name!r}: name a route kind ({', '.join(ROUTE_KINDS)})")
+        out += found or [{"name": name, "kind": name}]
     return out

@@ -12,7 +12,9 @@ from pathlib import Path
 from repro.bench import kernels as bench_kernels
 from repro.bench import model as bench_model
 from repro.engines import tables as external
+from repro.errors import ConfigError
 from repro.harness import falsify, family_report
+from repro.paper import specla_acceptance, specla_table, sweep, table2
 from repro.reporting import rundir
 from repro.reporting.rundir import DECODE_KIND, Run, RunKind
 
@@ -25,8 +27,27 @@ KINDS: dict[str, RunKind] = {
         falsify.KIND,
         family_report.KIND,
         external.KIND,
+        table2.KIND,
+        specla_table.KIND,
+        specla_acceptance.KIND,
+        sweep.KIND,
     )
 }
+# an experiment's ``kind`` setting -> the run-directory kind it writes (a paper artefact, or plain decode)
+EXPERIMENT_KINDS: dict[str, RunKind] = {
+    "decode": DECODE_KIND,
+    table2.EXPERIMENT: table2.KIND,
+    specla_table.EXPERIMENT: specla_table.KIND,
+    specla_acceptance.EXPERIMENT: specla_acceptance.KIND,
+    sweep.EXPERIMENT: sweep.KIND,
+}
+
+
+def experiment_kind(name: str) -> RunKind:
+    """The run-directory kind of an experiment's ``kind`` setting, or a one-line ConfigError."""
+    if name not in EXPERIMENT_KINDS:
+        raise ConfigError(f"unknown experiment kind {name!r}: choose one of {', '.join(EXPERIMENT_KINDS)}")
+    return EXPERIMENT_KINDS[name]
 
 
 def load_run(path: str | Path) -> Run:
