@@ -221,11 +221,14 @@ def test_acceptance_experiment_writes_table_and_figure(tmp_path):
         "run", "acceptance", "--suites", "gsm8k", "--limit", "1", "--max-new-tokens", "12", "--out", str(out)
     )
     assert res.returncode == 0, res.stderr
-    assert "break-even p" in res.stdout
-    assert (out / "acceptance.png").stat().st_size > 1000
+    assert "Break-even acceptance probability" in res.stdout and "0.7" in res.stdout  # the paper's, beside
+    assert (out / "figures" / "acceptance.png").stat().st_size > 1000
+    assert (out / "figures" / "acceptance.svg").exists()
     import pandas as pd
 
-    table = pd.read_csv(out / "acceptance.csv")
+    assert json.loads((out / "manifest.json").read_text())["kind"] == "paper-acceptance"
+    assert list(pd.read_csv(out / "break_even.csv")["k"]) == [2, 4, 8]
+    table = pd.read_csv(out / "table.csv")
     assert sorted(set(table["k"])) == [2, 4, 8] and len(table) == 21
     full = table[(table["p"] == 1.0) & (table["k"] == 2)]
     assert float(full["MAL"].iloc[0]) > 2.5  # 11 tokens after the first at 3 per step, last step cut

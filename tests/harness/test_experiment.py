@@ -90,3 +90,27 @@ def test_new_tokens_beyond_the_targets_context_are_refused_and_long_prompts_warn
     assert len(result.output_ids) == 2
     err = capsys.readouterr().err
     assert "a prompt of 3 tokens plus max_new_tokens 2 exceed the target's context of 4" in err
+
+
+def test_protocols_sweep_and_route_defaults_expand_routes():
+    from repro.harness.experiment import resolve
+    from repro.harness.run_kinds import experiment_kind
+
+    routes = [{"name": "ar", "kind": "ar"}, {"name": "dd", "kind": "ddtree", "budget": 8}]
+    greedy = resolve({"name": "x", "routes": routes, "protocols": "auto"}, {})
+    assert [(r["name"], r.get("acceptance")) for r in greedy["routes"]] == [("ar", None), ("dd", "greedy")]
+    hot = resolve({"name": "x", "routes": routes, "protocols": "auto", "temperature": 1.0}, {})
+    assert [r["name"] for r in hot["routes"]] == ["ar", "dd@sample_match", "dd@spec_sampling", "dd@traversal"]
+    swept = resolve({"name": "x", "routes": routes, "sweep": {"param": "budget", "values": [4, 16]}}, {})
+    assert [(r["name"], r.get("budget")) for r in swept["routes"][1:]] == [
+        ("dd@budget=4", 4),
+        ("dd@budget=16", 16),
+    ]
+    given = resolve({"name": "x", "routes": routes}, {"route_defaults": {"drafter": "/ckpt"}})
+    assert given["routes"][1]["drafter"] == "/ckpt" and "drafter" not in given["routes"][0]
+    with pytest.raises(ConfigError, match="no route of this experiment takes weaver"):
+        resolve({"name": "x", "routes": routes}, {"route_defaults": {"weaver": "/w"}})
+    with pytest.raises(ConfigError, match="greedy needs temperature 0"):
+        resolve({"name": "x", "routes": routes, "protocols": ["greedy"], "temperature": 1.0}, {})
+    with pytest.raises(ConfigError, match="unknown experiment kind 'nope'"):
+        experiment_kind("nope")

@@ -1,0 +1,118 @@
+"""The paper tables recomputed from the records they came from, on planted records."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from conftest import make_record
+
+from repro.paper import specla_table, sweep, table2
+from repro.reporting.report import summarize
+
+SUITES = ("mt_bench", "gsm8k", "humaneval")
+PAPER = {
+    "end_to_end": [
+        {"metric": "speedup_vs_ar", "method": "DFlash-TfM", "value": 4.37},
+        {"metric": "mal_gain_vs_chain_dflash", "value": 0.77},
+        {"metric": "mal_gain_vs_ddtree", "value": 0.32},
+    ]
+}
+
+
+def rec(route, kind, suite, pid, accepted, decode_s, rule="sample_match", **params):
+    r = make_record(route, suite, pid, 0, accepted=accepted, decode_s=decode_s, kind=kind)
+    r.route_params.update(acceptance=rule, **params)
+    return r
+
+
+def table2_records():
+    """AR 10 tokens/s; chain MAL 2; DDTree MAL 3 (sample_match) or 4 (traversal); TfM MAL 4 / 6."""
+    out = []
+    for suite in SUITES:
+        for i, pid in enumerate(("p0", "p1", "p2")):
+            slow = 1.0 + i  # prompts of different speed: pairing keeps the ratios exact
+            out.append(rec("ar", "ar", suite, pid, [1] * 12, 1.2 * slow, rule="greedy"))
+            out.append(rec("chain", "dflash_chain", suite, pid, [2] * 6, 0.6 * slow))
+            out.append(rec("dd@sm", "ddtree", suite, pid, [3] * 4, 0.6 * slow, budget=64))
+            out.append(rec("dd@tr", "ddtree", suite, pid, [4] * 3, 0.5 * slow, "traversal", budget=64))
+            out.append(rec("tfm@sm", "dflash_tfm", suite, pid, [4] * 3, 0.4 * slow, budget=64))
+            out.append(rec("tfm@tr", "dflash_tfm", suite, pid, [6] * 2, 0.3 * slow, "traversal", budget=64))
+    return out
+
+
+def test_table2_numbers_come_from_the_records():
+    records = table2_records()
+    main, gains = table2.tables(records, PAPER)
+    summary = summarize(records).set_index(["suite", "route"])
+    uni = main[main["protocol"] == "uniform"].set_index(["workload", "method"])
+    best = main[main["protocol"] == "best-of"].set_index(["workload", "method"])
+    assert (
+        uni.loc[("gsm8k", "DDTree"), "route"] == "dd@sm" and best.loc[("gsm8k", "DDTree"), "route"] == "dd@tr"
+    )
+    assert best.loc[("all", "DFlash-TfM"), "route"] == "tfm@tr"
+    for row in main.itertuples(index=False):
+        mine = [
+            r for r in records if r.route == row.route and (row.workload == "all" or r.suite == row.workload)
+        ]
+        ar = [r for r in records if r.route == "ar" and (row.workload == "all" or r.suite == row.workload)]
+        rate = sum(r.new_tokens for r in mine) / sum(r.decode_s for r in mine)
+        ar_rate = sum(r.new_tokens for r in ar) / sum(r.decode_s for r in ar)
+        assert row.tokens_per_s == pytest.approx(rate)
+        assert row.speedup == pytest.approx(rate / ar_rate)
+        assert pytest.approx(
+            sum(sum(r.accepted_lengths) for r in mine) / sum(r.steps for r in mine)
+        ) == row.MAL
+        assert row.n == (9 if row.workload == "all" else 3)
+        if row.workload != "all":
+            assert row.speedup == pytest.approx(summary.loc[(row.workload, row.route), "speedup"])
+        # every prompt has the same ratio: the interval is degenerate at the value
+        assert row.speedup_low == pytest.approx(row.speedup) and row.speedup_high == pytest.approx(
+            row.speedup
+        )
+    assert best.loc[("all", "DFlash-TfM"), "paper_speedup"] == 4.37
+    assert math.isnan(uni.loc[("all", "DFlash-TfM"), "paper_speedup"])
+    g = gains.set_index(["protocol", "workload", "over"])
+    # hand-computed MAL ratios (accepted tokens per verify step, per prompt identical)
+    assert g.loc[("uniform", "all", "DFlash (chain)"), "MAL_ratio"] == pytest.approx(4 / 2)  # +100%
+    assert g.loc[("uniform", "all", "DDTree"), "MAL_ratio"] == pytest.approx(4 / 3)  # +33%
+    assert g.loc[("best-of", "gsm8k", "DDTree"), "MAL_ratio"] == pytest.approx(6 / 4)  # +50%
+    assert g.loc[("uniform", "all", "DDTree"), "paper_gain"] == 0.32
+    assert math.isnan(g.loc[("uniform", "gsm8k", "DDTree"), "paper_gain"])
+    text = table2._gains_text(gains)
+    assert "+100% [+100%, +100%]" in set(text["+MAL% [95% CI]"]) and "+77% (budget 64)" in set(text["paper"])
+
+
+def test_specla_table_mixed_pools_the_three_suites():
+    records = []
+    for j, suite in enumerate(SUITES):
+        for pid in ("p0", "p1"):
+            records.append(rec("ar", "ar", suite, pid, [1] * 10, 1.0, rule="greedy"))
+            records.append(rec("fla", "fla_sd", suite, pid, [2] * 5, 0.8 + 0.2 * j, rule="greedy"))
+            records.append(rec("sl", "specla", suite, pid, [5] * 2, 0.5 + 0.1 * j, rule="greedy"))
+    paper = {"end_to_end": [{"metric": "speedup_vs_ar", "suite": s, "value": v}
+                            for s, v in (("mixed", 1.42), ("gsm8k", 1.70), ("humaneval", 1.06))]}  # fmt: skip
+    t = specla_table.table(records, paper).set_index(["workload", "method"])
+    assert list(dict.fromkeys(t.index.get_level_values(0))) == ["mixed", *SUITES]
+    # mixed: token-weighted over every prompt: 66 tokens / (2 x (0.5 + 0.6 + 0.7)) s vs 66 / 6 s
+    assert t.loc[("mixed", "SpecLA"), "speedup"] == pytest.approx((66 / 3.6) / (66 / 6.0))
+    assert t.loc[("mixed", "SpecLA"), "n"] == 6 and t.loc[("gsm8k", "SpecLA"), "n"] == 2
+    assert t.loc[("gsm8k", "SpecLA"), "speedup"] == pytest.approx(1 / 0.6)
+    assert t.loc[("gsm8k", "SpecLA"), "paper_speedup"] == 1.70
+    assert math.isnan(t.loc[("mixed", "FLA-SD"), "paper_speedup"])
+
+
+def test_sweep_table_and_best_budget():
+    records = []
+    for pid in ("p0", "p1"):
+        records.append(rec("ar", "ar", "gsm8k", pid, [1] * 12, 1.2, rule="greedy"))
+        for budget, acc, secs in ((16, 2, 0.6), (32, 3, 0.5), (64, 4, 0.7)):
+            records.append(
+                rec(f"dd@budget={budget}", "ddtree", "gsm8k", pid, [acc] * (12 // acc), secs, budget=budget)
+            )
+    t = sweep.table(records, "budget")
+    assert list(t[t["suite"] == "gsm8k"]["budget"]) == [16, 32, 64]
+    assert list(t[t["suite"] == "gsm8k"]["MAL"]) == [2.0, 3.0, 4.0]
+    b = sweep.best(t, "budget").iloc[0]
+    assert (b["route"], b["best budget (speedup)"], b["best budget (MAL)"]) == ("dd", 32, 64)
+    assert b["speedup"] == pytest.approx(1.2 / 0.5)
