@@ -60,9 +60,9 @@ def test_table2_numbers_come_from_the_records():
         ar_rate = sum(r.new_tokens for r in ar) / sum(r.decode_s for r in ar)
         assert row.tokens_per_s == pytest.approx(rate)
         assert row.speedup == pytest.approx(rate / ar_rate)
-        assert pytest.approx(
-            sum(sum(r.accepted_lengths) for r in mine) / sum(r.steps for r in mine)
-        ) == row.MAL
+        assert (
+            pytest.approx(sum(sum(r.accepted_lengths) for r in mine) / sum(r.steps for r in mine)) == row.MAL
+        )
         assert row.n == (9 if row.workload == "all" else 3)
         if row.workload != "all":
             assert row.speedup == pytest.approx(summary.loc[(row.workload, row.route), "speedup"])
