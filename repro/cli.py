@@ -70,13 +70,34 @@ def run(
         str | None, typer.Option(help="Default commit strategy: closed_form, snapshot or replay.")
     ] = None,
     out: Annotated[Path | None, typer.Option(help="Output directory (default runs/<experiment>).")] = None,
+    drafter: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Drafter checkpoint: ROUTE=DIR (a route name or kind), or DIR for every route taking one."
+        ),
+    ] = None,
+    weaver: Annotated[str | None, typer.Option(help="Weaver adapter of every weaver route.")] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set", help="Experiment setting KEY=VALUE (dotted: routes.ROUTE.PARAM=V), repeatable."
+        ),
+    ] = None,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check", help="Resolve and validate the config and checkpoint formats; load no weights."
+        ),
+    ] = False,
 ) -> None:
-    """Run an experiment; records are appended as they are made and a rerun resumes.
+    """Run an experiment or a real-checkpoint template; records are appended as they are made and a
+    rerun resumes.
 
     Exits 3 when a route diverged from AR where it must not (``lossless``: by default greedy decoding
     in float64, where speculation is exact).
     """
     from repro.harness.experiment import load_experiment
+    from repro.harness.overrides import require_filled
     from repro.harness.runner import ExperimentRunner, default_out_dir
     from repro.models.fingerprint import fingerprint_checkpoints
     from repro.reporting.records import build_manifest
@@ -87,7 +108,14 @@ def run(
         "temperature": temperature, "seed": seed, "dtype": dtype, "device": device, "gdn_backend": backend,
         "commit": commit,
     }  # fmt: skip
-    cfg = load_experiment(experiment, overrides)
+    edits = {"sets": set_, "drafters": drafter, "weaver": weaver}
+    if check:
+        from repro.harness.check import check_experiment
+
+        typer.echo(check_experiment(experiment, overrides, edits).text())
+        return
+    cfg = load_experiment(experiment, overrides, edits)
+    require_filled(cfg)
     out_dir = out or default_out_dir(cfg)
     runner = ExperimentRunner(cfg)  # opens the target and checks routes and suites first
     manifest = {**build_manifest(cfg), "checkpoints": fingerprint_checkpoints(cfg)}

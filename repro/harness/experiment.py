@@ -15,6 +15,7 @@ import yaml
 from repro.data.suites import canonical_suite
 from repro.decoding.routes import name_routes
 from repro.errors import ConfigError
+from repro.harness.overrides import apply_edits
 from repro.models.hybrid import check_strategy
 from repro.models.target import resolve_device, resolve_dtype
 
@@ -48,9 +49,18 @@ OVERRIDABLE = (
 )  # fmt: skip
 
 
-def shipped_experiments() -> list[str]:
-    folder = resources.files("repro") / "experiments"
-    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
+TEMPLATES = "experiments/templates"
+
+
+def shipped_experiments(folder: str = "experiments") -> list[str]:
+    """Names of the shipped experiments (of ``folder``, relative to the package)."""
+    root = resources.files("repro").joinpath(*folder.split("/"))
+    return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".yaml"))
+
+
+def shipped_templates() -> list[str]:
+    """The real-checkpoint templates: their checkpoint paths are given at run time (``--target``...)."""
+    return shipped_experiments(TEMPLATES)
 
 
 def _read_yaml(path: Path | Any, label: str) -> dict:
@@ -63,8 +73,12 @@ def _read_yaml(path: Path | Any, label: str) -> dict:
     return data
 
 
-def load_experiment(name_or_path: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The resolved config of a shipped experiment name or a YAML path, with overrides applied."""
+def load_experiment(
+    name_or_path: str, overrides: dict[str, Any] | None = None, edits: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The resolved config of a shipped experiment or template name or a YAML path, with ``edits``
+    (``--set`` / ``--drafter`` / ``--weaver``: :func:`repro.harness.overrides.apply_edits` keywords)
+    and then ``overrides`` applied."""
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml") or path.is_file():
         if not path.exists():
@@ -72,14 +86,19 @@ def load_experiment(name_or_path: str, overrides: dict[str, Any] | None = None) 
         raw = _read_yaml(path, str(path))
         raw.setdefault("name", path.stem)
     else:
-        shipped = resources.files("repro") / "experiments" / f"{name_or_path}.yaml"
+        name = name_or_path.removeprefix("templates/")
+        shipped = resources.files("repro") / "experiments" / f"{name}.yaml"
+        if not shipped.is_file():
+            shipped = resources.files("repro").joinpath(*TEMPLATES.split("/"), f"{name}.yaml")
         if not shipped.is_file():
             raise ConfigError(
                 f"unknown experiment {name_or_path!r}: shipped ones are {', '.join(shipped_experiments())}, "
-                "or pass a path to a YAML file"
+                f"templates {', '.join(shipped_templates())}, or pass a path to a YAML file"
             )
-        raw = _read_yaml(shipped, name_or_path)
-        raw.setdefault("name", name_or_path)
+        raw = _read_yaml(shipped, name)
+        raw.setdefault("name", name)
+    if edits:
+        raw = apply_edits(raw, **edits)
     return resolve(raw, overrides or {})
 
 
