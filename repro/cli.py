@@ -219,6 +219,36 @@ def report(
 
 
 @app.command()
+def compare(
+    old: Annotated[Path, typer.Argument(help="The earlier results: a run directory or a folder of them.")],
+    new: Annotated[Path, typer.Argument(help="The later results, matched to OLD by relative path and kind.")],
+    min_effect: Annotated[
+        float,
+        typer.Option(min=0, help="Least relative tokens/s change counted when its bootstrap CI excludes 1."),
+    ] = 0.03,
+    threshold: Annotated[
+        float, typer.Option(min=0, help="Relative change counted where no CI exists (benches; < 5 prompts).")
+    ] = 0.10,
+    out: Annotated[Path | None, typer.Option(help="Also write the markdown report to this file.")] = None,
+) -> None:
+    """What changed between two nights: tokens/s beyond noise, new divergences from AR, bench rows,
+    falsifier verdicts and CLAIMS.md verdicts. Exits 3 on a regression."""
+    from repro.harness.compare import Noise, summary_line
+    from repro.harness.compare import compare as compare_results
+
+    result = compare_results(old, new, Noise(min_effect=min_effect, threshold=threshold))
+    markdown = result.markdown()
+    typer.echo(markdown)
+    if out is not None:
+        try:
+            out.write_text(markdown, encoding="utf-8")
+        except OSError as e:
+            raise ReproError(f"cannot write {out}: {e.strerror or e}") from None
+    if result.regressions:
+        raise CheckFailed(summary_line(result))
+
+
+@app.command()
 def routes() -> None:
     """List the route kinds and their parameters (type, default or required, allowed values)."""
     from repro.decoding.routes import routes_text
