@@ -69,31 +69,50 @@ def run(
     commit: Annotated[
         str | None, typer.Option(help="Default commit strategy: closed_form, snapshot or replay.")
     ] = None,
-    drafter: Annotated[
-        str | None, typer.Option(help="Drafter checkpoint of every route that takes one (a local target's).")
-    ] = None,
-    weaver: Annotated[str | None, typer.Option(help="Weaver adapter of every route that takes one.")] = None,
     out: Annotated[Path | None, typer.Option(help="Output directory (default runs/<experiment>).")] = None,
+    drafter: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Drafter checkpoint: ROUTE=DIR (a route name or kind), or DIR for every route taking one."
+        ),
+    ] = None,
+    weaver: Annotated[str | None, typer.Option(help="Weaver adapter of every weaver route.")] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set", help="Experiment setting KEY=VALUE (dotted: routes.ROUTE.PARAM=V), repeatable."
+        ),
+    ] = None,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check", help="Resolve and validate the config and checkpoint formats; load no weights."
+        ),
+    ] = False,
 ) -> None:
-    """Run an experiment (a decode run, or a paper table: table2, specla, acceptance); records are
-    appended as they are made and a rerun resumes.
+    """Run an experiment (a decode run, a paper table: table2, specla, acceptance) or a real-checkpoint
+    template; records are appended as they are made and a rerun resumes.
 
     Exits 3 when a route diverged from AR where it must not (``lossless``: by default greedy decoding
     in float64, where speculation is exact).
     """
     from repro.harness.experiment import load_experiment
+    from repro.harness.overrides import require_filled
 
     overrides = {
         "target": target, "suites": suites, "limit": limit, "max_new_tokens": max_new_tokens,
         "temperature": temperature, "seed": seed, "dtype": dtype, "device": device, "gdn_backend": backend,
-        "commit": commit, "route_defaults": _route_defaults(drafter, weaver),
+        "commit": commit,
     }  # fmt: skip
-    _run_experiment(load_experiment(experiment, overrides), out)
+    edits = {"sets": set_, "drafters": drafter, "weaver": weaver}
+    if check:
+        from repro.harness.check import check_experiment
 
-
-def _route_defaults(drafter: str | None, weaver: str | None) -> dict[str, str] | None:
-    given = {k: v for k, v in (("drafter", drafter), ("weaver", weaver)) if v is not None}
-    return given or None
+        typer.echo(check_experiment(experiment, overrides, edits).text())
+        return
+    cfg = load_experiment(experiment, overrides, edits)
+    require_filled(cfg)
+    _run_experiment(cfg, out)
 
 
 def _run_experiment(cfg: dict, out: Path | None) -> None:
@@ -153,17 +172,19 @@ def sweep(
 ) -> None:
     """Sweep one route parameter (Weaver Appendix B: the tree budget): MAL and tokens/s vs the value per
     route and suite, curves, and the best value per route. A `sweep` run directory; resumable."""
-    from repro.harness.experiment import read_experiment, resolve, select_routes
+    from repro.harness.experiment import read_experiment, resolve
+    from repro.harness.overrides import apply_edits, pick_routes
 
     name, values = _sweep_values(budget, param)
     raw = read_experiment("sweep")
     raw["name"] = f"sweep-{name}"
     if routes:
-        raw["routes"] = select_routes(raw["routes"], _names(routes))
+        raw["routes"] = pick_routes(raw["routes"], _names(routes))
+    raw = apply_edits(raw, drafters=[drafter] if drafter else None, weaver=weaver)
     overrides = {
         "target": target, "suites": suites, "limit": limit, "max_new_tokens": max_new_tokens,
         "temperature": temperature, "seed": seed, "dtype": dtype, "device": device,
-        "route_defaults": _route_defaults(drafter, weaver), "sweep": {"param": name, "values": values},
+        "sweep": {"param": name, "values": values},
     }  # fmt: skip
     _run_experiment(resolve(raw, overrides), out)
 
@@ -277,6 +298,36 @@ def report(
     from repro.harness.run_kinds import rebuild_report
 
     typer.echo(rebuild_report(run_dir, figures))
+
+
+@app.command()
+def compare(
+    old: Annotated[Path, typer.Argument(help="The earlier results: a run directory or a folder of them.")],
+    new: Annotated[Path, typer.Argument(help="The later results, matched to OLD by relative path and kind.")],
+    min_effect: Annotated[
+        float,
+        typer.Option(min=0, help="Least relative tokens/s change counted when its bootstrap CI excludes 1."),
+    ] = 0.03,
+    threshold: Annotated[
+        float, typer.Option(min=0, help="Relative change counted where no CI exists (benches; < 5 prompts).")
+    ] = 0.10,
+    out: Annotated[Path | None, typer.Option(help="Also write the markdown report to this file.")] = None,
+) -> None:
+    """What changed between two nights: tokens/s beyond noise, new divergences from AR, bench rows,
+    falsifier verdicts and CLAIMS.md verdicts. Exits 3 on a regression."""
+    from repro.harness.compare import Noise, summary_line
+    from repro.harness.compare import compare as compare_results
+
+    result = compare_results(old, new, Noise(min_effect=min_effect, threshold=threshold))
+    markdown = result.markdown()
+    typer.echo(markdown)
+    if out is not None:
+        try:
+            out.write_text(markdown, encoding="utf-8")
+        except OSError as e:
+            raise ReproError(f"cannot write {out}: {e.strerror or e}") from None
+    if result.regressions:
+        raise CheckFailed(summary_line(result))
 
 
 @app.command()

@@ -45,7 +45,7 @@ from repro.drafters.features import FeatureCache
 from repro.errors import CheckpointError, ConfigError
 from repro.models.family import resolve_checkpoint
 from repro.models.hybrid import HybridLM, Verification
-from repro.models.loading import assign_weights, read_json_config, write_checkpoint
+from repro.models.loading import assign_weights, read_json_config, weight_names, write_checkpoint
 from repro.tree import MAX_TREE_NODES, Tree
 
 ARCHITECTURE = "EagleDraftModel"
@@ -123,7 +123,8 @@ class EagleConfig:
         """Parse EAGLE's config.json; a one-line CheckpointError for what this drafter cannot run."""
         archs = raw.get("architectures") or []
         if ARCHITECTURE not in archs:
-            raise CheckpointError(f"{where} is not an {ARCHITECTURE} checkpoint (architectures={archs})")
+            raise CheckpointError(unsupported_format(raw, where) or f"{where} is not an {ARCHITECTURE} "
+                                  f"checkpoint (architectures={archs})")  # fmt: skip
         rope = raw.get("rope_scaling") or {}
         if rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
             raise CheckpointError(f"{where}: unsupported rope_scaling {rope!r} (only default rotary)")
@@ -154,6 +155,31 @@ class EagleConfig:
             raise CheckpointError(f"{where} lacks {exc.args[0]!r} needed for an EAGLE drafter") from None
         except (TypeError, ValueError) as exc:
             raise CheckpointError(f"{where}: bad value ({exc})") from None
+
+
+EAGLE3_NAMES = ("d2t", "t2d", "lm_head.weight")  # EAGLE-3's draft-vocabulary maps and its own head
+
+
+def unsupported_format(
+    raw: dict[str, Any], where: str, names: set[str] | frozenset[str] = frozenset()
+) -> str | None:
+    """One line saying which known EAGLE format ``raw`` (config.json) or weight ``names`` are, and why
+    this drafter cannot run it; None for the supported layout (or an unknown one)."""
+    archs = [str(a) for a in raw.get("architectures") or []]
+    own = sorted(n for n in names if n in EAGLE3_NAMES)
+    if any("Eagle3" in a for a in archs) or "draft_vocab_size" in raw or own:
+        what = f"weights {', '.join(own)}" if own else f"architectures={archs}"
+        return (
+            f"{where}: an EAGLE-3 checkpoint ({what}: its own LM head over a draft vocabulary with "
+            "d2t/t2d maps) is not supported; repro's EAGLE drafter predicts features read through the "
+            "target's head (train one with `repro train eagle`)"
+        )
+    if archs and all(a.startswith("LlamaForCausalLM") for a in archs) and "eagle_config" not in raw:
+        return (
+            f"{where}: an original EAGLE-1/2 checkpoint (architectures={archs}, fc with bias, own "
+            "embed_tokens) is not supported; repro loads the EagleDraftModel layout (docs/usage.md)"
+        )
+    return None
 
 
 def misfit(cfg: EagleConfig, target: HybridLM) -> str | None:
@@ -291,6 +317,8 @@ def load_eagle(
     refuse one whose shapes do not fit it."""
     path = resolve_checkpoint(path, "EAGLE drafter")
     cfg = EagleConfig.from_dict(read_json_config(path, "EAGLE"), str(path / "config.json"))
+    if why := unsupported_format({}, f"EAGLE checkpoint {path}", weight_names(path)):
+        raise CheckpointError(why)
     if target is not None and (why := misfit(cfg, target)):
         raise CheckpointError(f"EAGLE checkpoint {path} does not fit the target: {why}")
     with torch.device("meta"):

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from repro.engines.dflash_loop import dflash_generate
 from repro.engines.hf_generate import hf_assisted, hf_assisted_dflash, hf_generate
 from repro.engines.repro_route import repro_dflash_chain
 from repro.engines.result import EngineResult
+from repro.engines.sglang import sglang_generate
+from repro.engines.vllm import vllm_generate
 from repro.errors import ConfigError
 
 EngineFn = Callable[..., EngineResult]
@@ -18,12 +22,18 @@ EngineFn = Callable[..., EngineResult]
 @dataclass(frozen=True)
 class Engine:
     """``fn(target_dir, drafter_dir, prompt_ids, max_new_tokens, temperature, seed, stop_ids, dtype,
-    device)``; ``drafter`` is the drafter kind it takes (None: no drafter)."""
+    device)``; ``drafter`` is the drafter kind it takes (None: no drafter); ``package`` the optional
+    serving engine it needs (``pip install 'repro[sglang]'``): left out of the default set when absent."""
 
     name: str
     fn: EngineFn
     drafter: str | None
     what: str
+    package: str | None = None
+
+    @property
+    def installed(self) -> bool:
+        return self.package is None or importlib.util.find_spec(self.package) is not None
 
     def drafter_dir(self, target: str, resolve: Callable[[str], Path]) -> Path | None:
         return resolve(f"{target}-{self.drafter}") if self.drafter else None
@@ -44,14 +54,28 @@ ENGINES: dict[str, Engine] = {
         ),
         Engine("dflash-generate", dflash_generate, "dflash", "dflash package dflash_generate (z-lab loop)"),
         Engine("repro-dflash-chain", repro_dflash_chain, "dflash", "repro dflash_chain route (control)"),
+        Engine("sglang-ar", sglang_generate, None, "SGLang offline Engine, plain AR", "sglang"),
+        Engine(
+            "sglang-dflash", partial(sglang_generate, drafter="dflash"), "dflash", "SGLang DFLASH", "sglang"
+        ),
+        Engine(
+            "sglang-eagle", partial(sglang_generate, drafter="eagle"), "eagle", "SGLang EAGLE chain", "sglang"
+        ),
+        Engine("vllm-ar", vllm_generate, None, "vLLM offline LLM, plain AR", "vllm"),
+        Engine(
+            "vllm-dflash", partial(vllm_generate, drafter="dflash"), "dflash", "vLLM dflash method", "vllm"
+        ),
+        Engine("vllm-eagle", partial(vllm_generate, drafter="eagle"), "eagle", "vLLM eagle method", "vllm"),
     )
 }
 
 
 def pick(names: list[str] | tuple[str, ...] | None) -> list[Engine]:
-    """The named engines (all when None), in catalog order; ConfigError naming an unknown one."""
+    """The named engines (when None: all, less the serving engines whose package is not installed),
+    in catalog order; ConfigError naming an unknown one. A named engine whose package is absent is
+    kept: its records say "not run: package ... is not installed"."""
     if names is None:
-        return list(ENGINES.values())
+        return [e for e in ENGINES.values() if e.installed]
     unknown = [n for n in names if n not in ENGINES]
     if unknown:
         raise ConfigError(f"unknown engine(s) {', '.join(unknown)}: choose from {', '.join(ENGINES)}")

@@ -22,7 +22,8 @@ class EngineResult:
 
     ``status`` is ``"ok"`` or ``"refused: <reason>"`` (the implementation declined or failed on this
     model: a finding, not a crash); ``accepted_lengths`` are the loop's own per-step counts where it
-    reports them, else None; ``dtype`` says in which precision the weights were run.
+    reports them, else None; ``dtype`` says in which precision the weights were run. Engines that
+    expose only counters (SGLang, vLLM) give ``verify_steps`` and their own ``mal`` instead.
     """
 
     output_ids: list[int]
@@ -31,6 +32,8 @@ class EngineResult:
     status: str
     dtype: str
     notes: str = ""
+    verify_steps: int | None = None
+    mal: float | None = None
 
     @property
     def ok(self) -> bool:

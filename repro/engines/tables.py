@@ -32,12 +32,20 @@ def table_rows(records: Sequence[dict[str, Any]], summarize: Callable[[Sequence[
                 "prompts": len(rs),
                 "verdict_vs_repro_ar": summarize([r["vs_ar"] for r in rs]),
                 "vs_transformers_ar": summarize(vs_hf) if vs_hf else "-",
-                "mal": f"{sum(lengths) / len(lengths):.2f}" if lengths else "-",
+                "mal": _mal(lengths, [r.get("mal") for r in rs]),
                 "wall_s": f"{sum(r['wall_s'] for r in rs):.2f}",
                 "notes": next((r["notes"] for r in rs if r["notes"]), ""),
             }
         )
     return rows
+
+
+def _mal(lengths: list[int], engine_mals: list[float | None]) -> str:
+    """MAL from per-step accepted lengths, else the mean of the engines' own per-prompt MALs."""
+    if lengths:
+        return f"{sum(lengths) / len(lengths):.2f}"
+    own = [m for m in engine_mals if m is not None]
+    return f"{sum(own) / len(own):.2f} (engine's)" if own else "-"
 
 
 def markdown(rows: Sequence[dict[str, Any]], config: dict[str, Any]) -> str:

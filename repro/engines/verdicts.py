@@ -80,11 +80,13 @@ class ExternalRecord:
     wall_s: float
     dtype: str
     notes: str
+    verify_steps: int | None = None  # engines that expose counters only (SGLang, vLLM)
+    mal: float | None = None  # the engine's own mean accepted length from those counters
 
 
 def _external_versions() -> dict[str, str]:
     out = {}
-    for name in ("transformers", "dflash", "flash-linear-attention", "torch"):
+    for name in ("transformers", "dflash", "flash-linear-attention", "torch", "sglang", "vllm"):
         try:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
@@ -157,7 +159,7 @@ def run_external_check(
                         engine.name, target, prompt.suite, prompt.id, sha256_ids(ids), len(ids),
                         max_new_tokens, res.status, vs_ar, divergence_index(vs_ar), vs_hf, res.output_ids,
                         sha256_ids(res.output_ids), sha256_ids(ref), res.accepted_lengths,
-                        round(res.wall_s, 4), res.dtype, res.notes,
+                        round(res.wall_s, 4), res.dtype, res.notes, res.verify_steps, res.mal,
                     )  # fmt: skip
                     run.append(asdict(record))
                     records.append(record)

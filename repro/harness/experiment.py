@@ -14,8 +14,9 @@ import yaml
 
 from repro.data.suites import canonical_suite
 from repro.decoding.acceptance import ACCEPTANCE_RULES
-from repro.decoding.routes import ROUTE_KINDS, name_routes
+from repro.decoding.routes import name_routes
 from repro.errors import ConfigError
+from repro.harness.overrides import apply_edits, takes_param
 from repro.models.hybrid import check_strategy
 from repro.models.target import resolve_device, resolve_dtype
 
@@ -46,20 +47,28 @@ DEFAULTS: dict[str, Any] = {
     # {param: NAME, values: [...]}: every non-AR route once per value, named <route>@<param>=<value>
     "sweep": None,
     # parameters (e.g. drafter, weaver checkpoints) given to every route that declares them and lacks them
-    "route_defaults": None,
     # a route diverging from AR fails the run (exit 3); null: exactly when greedy in float64
     "lossless": None,
 }
 OVERRIDABLE = (
     "target", "suites", "limit", "max_new_tokens", "temperature", "seed", "dtype", "device", "gdn_backend",
-    "commit", "route_defaults", "sweep", "routes",
+    "commit", "sweep", "routes",
 )  # fmt: skip
 SAMPLING_PROTOCOLS = ("sample_match", "spec_sampling", "traversal")
 
 
-def shipped_experiments() -> list[str]:
-    folder = resources.files("repro") / "experiments"
-    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
+TEMPLATES = "experiments/templates"
+
+
+def shipped_experiments(folder: str = "experiments") -> list[str]:
+    """Names of the shipped experiments (of ``folder``, relative to the package)."""
+    root = resources.files("repro").joinpath(*folder.split("/"))
+    return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".yaml"))
+
+
+def shipped_templates() -> list[str]:
+    """The real-checkpoint templates: their checkpoint paths are given at run time (``--target``...)."""
+    return shipped_experiments(TEMPLATES)
 
 
 def _read_yaml(path: Path | Any, label: str) -> dict:
@@ -72,13 +81,20 @@ def _read_yaml(path: Path | Any, label: str) -> dict:
     return data
 
 
-def load_experiment(name_or_path: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The resolved config of a shipped experiment name or a YAML path, with overrides applied."""
-    return resolve(read_experiment(name_or_path), overrides or {})
+def load_experiment(
+    name_or_path: str, overrides: dict[str, Any] | None = None, edits: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The resolved config of a shipped experiment or template name or a YAML path, with ``edits``
+    (``--set`` / ``--drafter`` / ``--weaver``: :func:`repro.harness.overrides.apply_edits` keywords)
+    and then ``overrides`` applied."""
+    raw = read_experiment(name_or_path)
+    if edits:
+        raw = apply_edits(raw, **edits)
+    return resolve(raw, overrides or {})
 
 
 def read_experiment(name_or_path: str) -> dict[str, Any]:
-    """The raw settings of a shipped experiment name or a YAML path (``name`` filled in)."""
+    """The raw settings of a shipped experiment or template name or a YAML path (``name`` filled in)."""
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml") or path.is_file():
         if not path.exists():
@@ -86,14 +102,17 @@ def read_experiment(name_or_path: str) -> dict[str, Any]:
         raw = _read_yaml(path, str(path))
         raw.setdefault("name", path.stem)
     else:
-        shipped = resources.files("repro") / "experiments" / f"{name_or_path}.yaml"
+        name = name_or_path.removeprefix("templates/")
+        shipped = resources.files("repro") / "experiments" / f"{name}.yaml"
+        if not shipped.is_file():
+            shipped = resources.files("repro").joinpath(*TEMPLATES.split("/"), f"{name}.yaml")
         if not shipped.is_file():
             raise ConfigError(
                 f"unknown experiment {name_or_path!r}: shipped ones are {', '.join(shipped_experiments())}, "
-                "or pass a path to a YAML file"
+                f"templates {', '.join(shipped_templates())}, or pass a path to a YAML file"
             )
-        raw = _read_yaml(shipped, name_or_path)
-        raw.setdefault("name", name_or_path)
+        raw = _read_yaml(shipped, name)
+        raw.setdefault("name", name)
     return raw
 
 
@@ -106,7 +125,6 @@ TYPES: dict[str, Any] = {
     "limit": (int, type(None)), "seed": int, "max_new_tokens": int, "temperature": (int, float),
     "acceptance": str, "ignore_eos": bool, "warmup": int, "routes": list, "route_grid": (dict, type(None)),
     "lossless": (bool, type(None)), "protocols": (str, list, type(None)), "sweep": (dict, type(None)),
-    "route_defaults": (dict, type(None)),
 }  # fmt: skip
 TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false", list: "a list",
               dict: "a mapping", type(None): "null"}  # fmt: skip
@@ -184,7 +202,6 @@ def resolve(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(route, dict):
             raise ConfigError(f"every route must be a mapping such as {{name: ar, kind: ar}}, got {route!r}")
     routes = name_routes(expand_routes(cfg["routes"], cfg.pop("route_grid")))
-    routes = _with_defaults(routes, cfg["route_defaults"])
     routes = _sweep(routes, cfg["sweep"])
     cfg["routes"] = name_routes(_protocols(routes, cfg))
     if not any(r.get("kind") == "ar" for r in cfg["routes"]):
@@ -195,22 +212,6 @@ def resolve(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     if cfg["lossless"] is None:  # greedy in float64: speculation is exact, so any divergence is a bug
         cfg["lossless"] = cfg["temperature"] == 0 and cfg["dtype"] == "float64"
     return cfg
-
-
-def _declares(route: dict, param: str) -> bool:
-    kind = ROUTE_KINDS.get(route.get("kind"))  # type: ignore[arg-type]
-    return kind is not None and any(p.name == param for p in kind.params)
-
-
-def _with_defaults(routes: list[dict], defaults: dict | None) -> list[dict]:
-    """Each route with the ``defaults`` it declares and does not set (e.g. ``drafter: DIR``)."""
-    if not defaults:
-        return routes
-    used = {k for r in routes for k in defaults if _declares(r, k)}
-    unused = sorted(set(defaults) - used)
-    if unused:
-        raise ConfigError(f"no route of this experiment takes {', '.join(unused)}")
-    return [{**{k: v for k, v in defaults.items() if _declares(r, k)}, **r} for r in routes]
 
 
 def _sweep(routes: list[dict], sweep: dict | None) -> list[dict]:
@@ -230,7 +231,7 @@ def _sweep(routes: list[dict], sweep: dict | None) -> list[dict]:
         if route.get("kind") == "ar":
             out.append(route)
             continue
-        if not _declares(route, param):
+        if not takes_param(route, param):
             raise ConfigError(
                 f"route {route['name']!r} ({route.get('kind')}) has no parameter {param!r} to sweep;"
                 " choose --routes whose kinds declare it (repro routes)"
@@ -290,16 +291,4 @@ def expand_routes(routes: list[dict], grid: dict | None) -> list[dict]:
         except (KeyError, IndexError, ValueError) as exc:
             raise ConfigError(f"route_grid name template {template!r} cannot be filled: {exc!r}") from None
         out.append({"name": name, "kind": kind, **fixed, **params})
-    return out
-
-
-def select_routes(routes: list[dict], names: list[str]) -> list[dict]:
-    """The routes of ``routes`` named (or of the kind) in ``names``, in that order; a name that is
-    neither becomes an unnamed route of that kind (checked against the registry when built)."""
-    out = []
-    for name in names:
-        found = [r for r in routes if r.get("name") == name] or [r for r in routes if r.get("kind") == name]
-        if not found and name not in ROUTE_KINDS:
-            raise ConfigError(f"unknown route {name!r}: name a route kind ({', '.join(ROUTE_KINDS)})")
-        out += found or [{"name": name, "kind": name}]
     return out

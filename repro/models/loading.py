@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -64,6 +65,18 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
         except Exception as exc:  # safetensors raises several types for corrupt files
             raise CheckpointError(f"cannot read weight file {f}: {str(exc).splitlines()[0]}") from None
     return weights
+
+
+def weight_names(path: Path) -> set[str]:
+    """The tensor names in ``path``'s safetensors files, read from their headers (no weights loaded)."""
+    names: set[str] = set()
+    for f in sorted(path.glob("*.safetensors")):
+        try:
+            with safe_open(str(f), framework="pt") as handle:
+                names.update(handle.keys())
+        except Exception as exc:  # safetensors raises several types for corrupt files
+            raise CheckpointError(f"cannot read weight file {f}: {str(exc).splitlines()[0]}") from None
+    return names
 
 
 def write_weights(weights: dict[str, torch.Tensor], path: Path, dtype: torch.dtype | None = None) -> Path:

@@ -247,6 +247,17 @@ def device_info() -> dict[str, Any]:
     return info
 
 
+def device_class(info: dict[str, Any], config: dict[str, Any] | None = None) -> str:
+    """The class of device a run's timings belong to: the GPU model (``"NVIDIA H200"``, without the
+    count) when the run decodes on CUDA (or the machine has one and the config names no device), else
+    ``"cpu"``."""
+    on_cpu = str((config or {}).get("device", "")).startswith("cpu")
+    cuda = info.get("cuda")
+    if on_cpu or not cuda:
+        return "cpu"
+    return re.sub(r" x\d+$", "", str(cuda))
+
+
 def package_versions() -> dict[str, str]:
     """Versions of python and of those of torch/transformers/numpy/pandas that are installed."""
     out = {"python": platform.python_version()}
@@ -273,6 +284,7 @@ def build_manifest(config: dict[str, Any], seed: int | None = None) -> dict[str,
         "platform": platform.platform(),
         "device": dev["description"],
         "device_info": dev,
+        "device_class": device_class(dev, config),
         "argv": list(sys.argv),
         "seed": config.get("seed") if seed is None else seed,
         "config": config,

@@ -37,6 +37,7 @@ from repro.reporting.records import (
     build_manifest,
     canonical_json,
     config_hash,
+    device_class,
 )
 
 LOCK_FILE = ".lock"
@@ -142,6 +143,14 @@ def changed_checkpoint(old: dict[str, Any], new: dict[str, Any]) -> str | None:
 
 
 # ------------------------------------------------------------------------------ file helpers
+
+
+def recorded_device_class(manifest: dict[str, Any]) -> str | None:
+    """The device class a manifest was measured on (older manifests: from their ``device_info``)."""
+    if "device_class" in manifest:
+        return str(manifest["device_class"])
+    info = manifest.get("device_info")
+    return device_class(info, manifest.get("config")) if isinstance(info, dict) else None
 
 
 def os_error(path: Path | str, exc: OSError) -> RunDirError:
@@ -394,6 +403,11 @@ class RunDir:
             )
         if old.get("seed") != new.get("seed"):
             self._refuse(f"holds records of a different seed ({old.get('seed')} != {new.get('seed')})")
+        was, now = recorded_device_class(old), new["device_class"]
+        if was is not None and was != now:
+            self._refuse(
+                f"was measured on {was}, this machine is {now} (timings of two devices are not mixed)"
+            )
         scan = scan_records(self.records_path, self.kind)
         if scan.records and not self.kind.resumable:
             self._refuse(

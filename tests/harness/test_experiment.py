@@ -92,8 +92,9 @@ def test_new_tokens_beyond_the_targets_context_are_refused_and_long_prompts_warn
     assert "a prompt of 3 tokens plus max_new_tokens 2 exceed the target's context of 4" in err
 
 
-def test_protocols_sweep_and_route_defaults_expand_routes():
+def test_protocols_sweep_and_checkpoint_edits_expand_routes():
     from repro.harness.experiment import resolve
+    from repro.harness.overrides import apply_edits
     from repro.harness.run_kinds import experiment_kind
 
     routes = [{"name": "ar", "kind": "ar"}, {"name": "dd", "kind": "ddtree", "budget": 8}]
@@ -106,10 +107,10 @@ def test_protocols_sweep_and_route_defaults_expand_routes():
         ("dd@budget=4", 4),
         ("dd@budget=16", 16),
     ]
-    given = resolve({"name": "x", "routes": routes}, {"route_defaults": {"drafter": "/ckpt"}})
+    given = resolve(apply_edits({"name": "x", "routes": routes}, drafters=["/ckpt"]), {})
     assert given["routes"][1]["drafter"] == "/ckpt" and "drafter" not in given["routes"][0]
-    with pytest.raises(ConfigError, match="no route of this experiment takes weaver"):
-        resolve({"name": "x", "routes": routes}, {"route_defaults": {"weaver": "/w"}})
+    with pytest.raises(ConfigError, match="no route of this experiment takes a weaver"):
+        apply_edits({"name": "x", "routes": routes}, weaver="/w")
     with pytest.raises(ConfigError, match="greedy needs temperature 0"):
         resolve({"name": "x", "routes": routes, "protocols": ["greedy"], "temperature": 1.0}, {})
     with pytest.raises(ConfigError, match="unknown experiment kind 'nope'"):

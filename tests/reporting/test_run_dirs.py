@@ -268,3 +268,36 @@ def test_outputs_are_listed_in_the_manifest(tmp_path: Path):
     assert {"report.md", "summary.csv", "histogram.csv", "accept_histogram.png"} <= set(manifest["outputs"])
     with pytest.raises(ReproError, match="not a run directory"):
         load_run(tmp_path / "report.md")
+
+
+def test_a_resume_on_another_device_class_is_refused(tmp_path: Path, monkeypatch):
+    """A run measured on one GPU model is not resumed on another (H200 timings beside H100 ones)."""
+    from repro.reporting import records
+
+    cuda_cfg = {**CONFIG, "device": "cuda"}
+    h200 = {"cpu": "x86", "cuda": "NVIDIA H200 x8", "torch_threads": 1, "description": "NVIDIA H200 x8"}
+    monkeypatch.setattr(records, "device_info", lambda: dict(h200))
+    with RunDir(tmp_path, {"config": cuda_cfg}) as run:
+        run.append(make_record(prompt_id="p0"))
+    assert json.loads((tmp_path / "manifest.json").read_text())["device_class"] == "NVIDIA H200"
+    with RunDir(tmp_path, {"config": cuda_cfg}) as run:  # same class (one GPU or eight): resumes
+        assert run.resumed
+    h100 = {**h200, "cuda": "NVIDIA H100 80GB HBM3", "description": "NVIDIA H100 80GB HBM3"}
+    monkeypatch.setattr(records, "device_info", lambda: dict(h100))
+    with pytest.raises(RunDirError) as exc:
+        RunDir(tmp_path, {"config": cuda_cfg})
+    assert "was measured on NVIDIA H200, this machine is NVIDIA H100 80GB HBM3" in str(exc.value)
+    assert len(str(exc.value).splitlines()) == 1
+    manifest = json.loads((tmp_path / "manifest.json").read_text())  # older manifests: from device_info
+    del manifest["device_class"]
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(RunDirError, match="was measured on NVIDIA H200"):
+        RunDir(tmp_path, {"config": cuda_cfg})
+
+
+def test_cpu_runs_share_one_device_class():
+    from repro.reporting.records import device_class
+
+    gpu = {"cuda": "NVIDIA H200", "cpu": "x86"}
+    assert device_class(gpu, {"device": "cpu"}) == "cpu" == device_class({"cuda": None, "cpu": "arm"})
+    assert device_class(gpu, {"device": "cuda"}) == "NVIDIA H200" == device_class(gpu, {})

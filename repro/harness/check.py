@@ -1,0 +1,120 @@
+"""``repro run EXPERIMENT --check``: resolve and validate an experiment without loading any weights.
+
+Settings are type-checked (:func:`repro.harness.experiment.resolve`), every route spec is resolved
+against the route registry (:func:`repro.decoding.routes.resolve_spec`), template placeholders still
+unfilled are listed with the option that fills them, and each checkpoint path that is given is read
+as far as its ``config.json`` (and, for EAGLE, its safetensors headers): a wrong format is refused in
+the same one line a run would give, before any GPU time is spent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from repro.decoding.routes import RANDOM, ROUTE_KINDS, family_of, resolve_spec
+from repro.drafters.dflash import read_dflash_config
+from repro.drafters.eagle import EagleConfig, unsupported_format
+from repro.drafters.weaver import read_weaver_config
+from repro.errors import CheckpointError
+from repro.harness.experiment import load_experiment
+from repro.harness.overrides import PLACEHOLDER, unfilled
+from repro.models.config import GDN
+from repro.models.family import members, resolve_checkpoint
+from repro.models.loading import read_config, read_json_config, weight_names
+
+
+def _target(path: Path) -> str:
+    cfg = read_config(path)
+    gdn = sum(t == GDN for t in cfg.layer_types)
+    return f"{cfg.source_format} target, {len(cfg.layer_types)} layers ({gdn} GDN), hidden {cfg.hidden_size}"
+
+
+def _dflash(path: Path) -> str:
+    read_dflash_config(path)
+    return "z-lab DFlash drafter"
+
+
+def _eagle(path: Path) -> str:
+    raw = read_json_config(path, "EAGLE")
+    if why := unsupported_format(raw, f"EAGLE checkpoint {path}", weight_names(path)):
+        raise CheckpointError(why)
+    EagleConfig.from_dict(raw, str(path / "config.json"))
+    return "EAGLE drafter (EagleDraftModel)"
+
+
+def _weaver(path: Path) -> str:
+    read_weaver_config(path)
+    return "Weaver adapter"
+
+
+READERS: dict[str, Callable[[Path], str]] = {
+    "target": _target,
+    "dflash": _dflash,
+    "eagle": _eagle,
+    "weaver": _weaver,
+}
+
+
+@dataclass
+class CheckReport:
+    """A validated config, the checkpoints read (name -> format) and the placeholders left."""
+
+    cfg: dict[str, Any]
+    checkpoints: dict[str, str] = field(default_factory=dict)
+    missing: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def text(self) -> str:
+        cfg = self.cfg
+        lines = [
+            f"experiment {cfg['name']}: settings and {len(cfg['routes'])} route(s) valid",
+            f"  target {cfg['target']}, {cfg['dtype']} on {cfg['device']} ({cfg['gdn_backend']}), suites "
+            f"{','.join(cfg['suites'])}, limit {cfg['limit']}, max_new_tokens {cfg['max_new_tokens']}",
+        ]
+        for route in cfg["routes"]:
+            params = ", ".join(
+                f"{k}={v}" for k, v in route.items() if k not in ("name", "kind") and v is not None
+            )
+            lines.append(f"  route {route['name']} ({route['kind']}){': ' + params if params else ''}")
+        lines += [f"  checkpoint {name}: {what}" for name, what in self.checkpoints.items()]
+        lines += [f"  note: {note}" for note in self.notes]
+        lines += [f"  to give at run time: {m}" for m in self.missing]
+        return "\n".join(lines)
+
+
+def _read(name: str, spec: str, reader: str) -> str:
+    if spec == PLACEHOLDER:
+        return ""
+    if spec in members():
+        return "embedded family member"
+    return f"{READERS[reader](resolve_checkpoint(spec, name))} ({spec})"
+
+
+def check_experiment(
+    experiment: str, overrides: dict[str, Any] | None = None, edits: dict[str, Any] | None = None
+) -> CheckReport:
+    """The validated experiment (ConfigError / CheckpointError in one line when invalid); a device
+    that is absent here (CUDA) is checked as cpu and said so."""
+    overrides = dict(overrides or {})
+    notes = []
+    if overrides.get("device") is None and not torch.cuda.is_available():
+        overrides["device"] = "cpu"
+        notes.append("no CUDA here: device checked as cpu")
+    cfg = load_experiment(experiment, overrides, edits)
+    family = family_of(cfg["target"])
+    cfg["routes"] = [resolve_spec(spec, family) for spec in cfg["routes"]]
+    report = CheckReport(cfg, missing=unfilled(cfg), notes=notes)
+    if cfg["target"] not in ("default", PLACEHOLDER) and family is None:
+        report.checkpoints["target"] = _read("target", cfg["target"], "target")
+    for route in cfg["routes"]:
+        for param in ROUTE_KINDS[route["kind"]].params:
+            value = route.get(param.name)
+            if param.checkpoint and value not in (None, RANDOM, PLACEHOLDER):
+                name = f"{route['name']}.{param.name}"
+                report.checkpoints[name] = _read(name, str(value), param.checkpoint)
+    return report

@@ -1,0 +1,308 @@
+"""``repro compare OLD NEW``: what changed between two nights' results, and whether it regressed.
+
+OLD and NEW are run directories or folders of them (searched recursively for ``manifest.json``);
+runs are matched by their path relative to the folder and must be of the same kind (two single run
+directories are matched to each other). Per kind:
+
+- ``decode``: per route, tokens/s per (suite, prompt, turn) paired across the two runs. The change
+  is the geometric mean of the per-prompt ratios new/old with a 95% paired bootstrap interval
+  (resampling prompts, :data:`BOOTSTRAP` draws, seeded). **Noise** is a change whose interval
+  includes 1 or whose size is below ``min_effect`` (default 3%); with fewer than
+  :data:`MIN_PAIRS` pairs no interval is formed and only a change beyond ``threshold`` (default 10%)
+  counts. A slowdown beyond noise is a regression; so is any prompt that was identical to AR (or the
+  reference) and now diverges.
+- ``bench-kernels`` / ``bench-model``: per measured row (shape, method, T, ...), its time; one timing
+  per row, so a row slower by more than ``threshold`` is a regression, as is a row whose status was
+  ok and is not.
+- ``falsify-tree-exactness``: a case that passed and now does not; ``falsify-external``: repro's own
+  control route diverging where it was identical (another engine's changed verdict is reported,
+  not a regression).
+- ``CLAIMS.md`` beside the runs in both folders: every claim whose verdict changed is flagged.
+
+Other kinds are listed as not compared. Any regression makes ``repro compare`` exit 3.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from repro.errors import ReproError
+from repro.harness.run_kinds import load_run
+from repro.reporting.records import MANIFEST_FILE
+from repro.reporting.rundir import Run
+
+BOOTSTRAP = 2000
+MIN_PAIRS = 5
+CLAIMS = "CLAIMS.md"
+
+
+@dataclass(frozen=True)
+class Noise:
+    """What counts as a real change: ``min_effect`` (relative, with a bootstrap interval excluding 1)
+    and ``threshold`` (relative, where no interval can be formed)."""
+
+    min_effect: float = 0.03
+    threshold: float = 0.10
+    seed: int = 0
+
+
+@dataclass
+class Change:
+    """One difference between the two nights, beyond noise."""
+
+    run: str
+    item: str
+    what: str
+    old: str
+    new: str
+    regression: bool
+    note: str = ""
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def ratio_interval(ratios: list[float], seed: int = 0) -> tuple[float, float, float]:
+    """Geometric mean of ``ratios`` and its 95% bootstrap interval (prompts resampled with replacement)."""
+    logs = np.log(np.asarray(ratios, dtype=float))
+    rng = np.random.default_rng(seed)
+    means = logs[rng.integers(0, len(logs), size=(BOOTSTRAP, len(logs)))].mean(axis=1)
+    lo, hi = np.quantile(means, [0.025, 0.975])
+    return math.exp(logs.mean()), math.exp(lo), math.exp(hi)
+
+
+def speed_change(ratios: list[float], noise: Noise) -> tuple[float, str, int] | None:
+    """(ratio, description, direction) of a change of speed beyond noise (direction -1 slower, +1
+    faster), or None when within noise."""
+    if not ratios:
+        return None
+    if len(ratios) < MIN_PAIRS:
+        ratio = math.exp(float(np.mean(np.log(ratios))))
+        beyond = abs(ratio - 1) > noise.threshold
+        what = f"x{ratio:.3f} over {len(ratios)} prompt(s) (< {MIN_PAIRS}: threshold {noise.threshold:.0%})"
+        return (ratio, what, 1 if ratio > 1 else -1) if beyond else None
+    ratio, lo, hi = ratio_interval(ratios, noise.seed)
+    what = f"x{ratio:.3f} [{lo:.3f}, {hi:.3f}] over {len(ratios)} prompts"
+    if hi < 1 and ratio < 1 - noise.min_effect:
+        return ratio, what, -1
+    if lo > 1 and ratio > 1 + noise.min_effect:
+        return ratio, what, 1
+    return None
+
+
+# --------------------------------------------------------------------------- per kind
+
+
+def _decode(name: str, old: Run, new: Run, noise: Noise) -> list[Change]:
+    changes = []
+    olds = {r.key: r for r in old.records}
+    by_route: dict[str, list[tuple[Any, Any]]] = defaultdict(list)
+    for rec in new.records:
+        if rec.key in olds:
+            by_route[rec.route].append((olds[rec.key], rec))
+    for route, pairs in by_route.items():
+        ok = [(a, b) for a, b in pairs if _finite(a.tokens_per_s) and _finite(b.tokens_per_s)]
+        change = speed_change([b.tokens_per_s / a.tokens_per_s for a, b in ok], noise)
+        if change:
+            old_rate = sum(a.new_tokens for a, _ in ok) / sum(a.decode_s for a, _ in ok)
+            new_rate = sum(b.new_tokens for _, b in ok) / sum(b.decode_s for _, b in ok)
+            changes.append(
+                Change(
+                    name, route, "tokens/s", f"{old_rate:.1f}", f"{new_rate:.1f}", change[2] < 0, change[1]
+                )
+            )
+        for a, b in pairs:
+            if a.vs_ar in ("identical", "reference") and b.vs_ar.startswith("diverged"):
+                item = f"{route} {b.suite}/{b.prompt_id} turn {b.turn}"
+                changes.append(Change(name, item, "vs AR", a.vs_ar, b.vs_ar, True, "new divergence from AR"))
+    return changes
+
+
+def _finite(x: float) -> bool:
+    return math.isfinite(x) and x > 0
+
+
+BENCH_KEYS = ("shape", "group", "kind", "method", "baseline", "T", "context", "dtype", "precision")
+
+
+def _bench(name: str, old: Run, new: Run, noise: Noise) -> list[Change]:
+    def key(r: dict) -> str:
+        return " ".join(f"{k}={r[k]}" for k in BENCH_KEYS if r.get(k) not in (None, ""))
+
+    olds = {key(r): r for r in old.records}
+    changes = []
+    for rec in new.records:
+        a = olds.get(key(rec))
+        if a is None:
+            continue
+        if a.get("status") == "ok" and rec.get("status") != "ok":
+            changes.append(
+                Change(name, key(rec), "status", "ok", str(rec.get("status")), True, rec.get("reason", ""))
+            )
+            continue
+        if not (_finite(float(a.get("us") or math.nan)) and _finite(float(rec.get("us") or math.nan))):
+            continue
+        speed = a["us"] / rec["us"]  # > 1: faster now
+        if abs(speed - 1) > noise.threshold:
+            note = f"x{speed:.3f} speed (one timing per row: threshold {noise.threshold:.0%})"
+            changes.append(
+                Change(name, key(rec), "us", f"{a['us']:.1f}", f"{rec['us']:.1f}", speed < 1, note)
+            )
+    return changes
+
+
+def _verdicts(
+    keys: tuple[str, ...], field: str, good: Callable[[str], bool], regresses: Callable[[dict], bool]
+) -> Callable[[str, Run, Run, Noise], list[Change]]:
+    """A comparator of records keyed by ``keys`` whose ``field`` is a verdict: a change from a ``good``
+    verdict is a regression when ``regresses(record)``; every other change is reported."""
+
+    def compare(name: str, old: Run, new: Run, noise: Noise) -> list[Change]:
+        def key(r: dict) -> str:
+            return " ".join(str(r.get(k)) for k in keys if r.get(k) is not None)
+
+        olds = {key(r): r for r in old.records}
+        out = []
+        for rec in new.records:
+            a = olds.get(key(rec))
+            if a is not None and a.get(field) != rec.get(field):
+                bad = good(str(a.get(field))) and regresses(rec)
+                out.append(Change(name, key(rec), field, str(a.get(field)), str(rec.get(field)), bad))
+        return out
+
+    return compare
+
+
+COMPARATORS: dict[str, Callable[[str, Run, Run, Noise], list[Change]]] = {
+    "decode": _decode,
+    "bench-kernels": _bench,
+    "bench-model": _bench,
+    "falsify-tree-exactness": _verdicts(
+        ("level", "shape", "tree", "nodes", "depth", "backend", "dtype"), "verdict",
+        lambda v: v == "pass", lambda r: True,
+    ),
+    "falsify-external": _verdicts(
+        ("engine", "target", "suite", "prompt_id"), "vs_ar",
+        lambda v: v == "identical", lambda r: str(r.get("engine", "")).startswith("repro-"),
+    ),
+}  # fmt: skip
+
+
+# --------------------------------------------------------------------------- claims ledger
+
+
+def claim_verdicts(path: Path) -> dict[str, str]:
+    """Claim -> verdict from the markdown tables of a CLAIMS.md whose header has a 'verdict' column
+    (the claim is the row's first cell)."""
+    out: dict[str, str] = {}
+    col = None
+    for line in path.read_text(encoding="utf-8").splitlines():
+        cells = (
+            [c.strip() for c in line.strip().strip("|").split("|")] if line.lstrip().startswith("|") else None
+        )
+        if cells is None:
+            col = None
+        elif col is None:
+            col = next((i for i, c in enumerate(cells) if re.search(r"verdict", c, re.I)), None)
+        elif not set("".join(cells)) <= set("-: ") and len(cells) > col:
+            out[cells[0]] = cells[col]
+    return out
+
+
+def _claims(old_root: Path, new_root: Path) -> list[Change]:
+    old, new = old_root / CLAIMS, new_root / CLAIMS
+    if not (old.is_file() and new.is_file()):
+        return []
+    a, b = claim_verdicts(old), claim_verdicts(new)
+    return [
+        Change(CLAIMS, claim, "verdict", a[claim], b[claim], True, "claim verdict changed")
+        for claim in b
+        if claim in a and a[claim] != b[claim]
+    ]
+
+
+# --------------------------------------------------------------------------- the comparison
+
+
+def find_runs(root: Path) -> dict[str, Path]:
+    """Run directories under ``root`` by path relative to it (``root`` itself: its own name)."""
+    if not root.is_dir():
+        raise ReproError(f"{root} is not a directory of results")
+    if (root / MANIFEST_FILE).is_file():
+        return {root.name: root}
+    return {str(p.parent.relative_to(root)): p.parent for p in sorted(root.rglob(MANIFEST_FILE))}
+
+
+@dataclass
+class Comparison:
+    """The matched runs, the changes beyond noise, and what could not be compared."""
+
+    old: Path
+    new: Path
+    matched: list[tuple[str, str]]  # (run, kind)
+    changes: list[Change]
+    skipped: list[str]
+
+    @property
+    def regressions(self) -> list[Change]:
+        return [c for c in self.changes if c.regression]
+
+    def markdown(self) -> str:
+        lines = [
+            f"# Comparison: {self.old} -> {self.new}",
+            "",
+            f"{len(self.matched)} run(s) matched; {len(self.regressions)} regression(s); "
+            f"{len(self.changes) - len(self.regressions)} other change(s) beyond noise.",
+            "",
+        ]
+        if self.changes:
+            lines += [
+                "| run | item | what | old | new | regression | note |",
+                "|---|---|---|---|---|---|---|",
+            ]
+            for c in sorted(self.changes, key=lambda c: (not c.regression, c.run, c.item)):
+                flag = "**yes**" if c.regression else "no"
+                lines.append(f"| {c.run} | {c.item} | {c.what} | {c.old} | {c.new} | {flag} | {c.note} |")
+            lines.append("")
+        lines += [f"- {run} ({kind})" for run, kind in self.matched]
+        lines += [f"- not compared: {why}" for why in self.skipped]
+        return "\n".join(lines) + "\n"
+
+
+def compare(old_root: str | Path, new_root: str | Path, noise: Noise | None = None) -> Comparison:
+    """Compare every run of ``new_root`` with its match in ``old_root`` (see the module docstring)."""
+    noise = noise or Noise()
+    old_root, new_root = Path(old_root), Path(new_root)
+    old_runs, new_runs = find_runs(old_root), find_runs(new_root)
+    single = (old_root / MANIFEST_FILE).is_file() and (new_root / MANIFEST_FILE).is_file()
+    pairs = [(new_root.name, old_root, new_root)] if single else [
+        (name, old_runs[name], path) for name, path in new_runs.items() if name in old_runs
+    ]  # fmt: skip
+    skipped = [f"{name}: only in {new_root}" for name in new_runs if not single and name not in old_runs]
+    skipped += [f"{name}: only in {old_root}" for name in old_runs if not single and name not in new_runs]
+    matched, changes = [], []
+    for name, old_dir, new_dir in pairs:
+        old, new = load_run(old_dir), load_run(new_dir)
+        if old.kind.name != new.kind.name:
+            skipped.append(f"{name}: a {old.kind.name} run then a {new.kind.name} run")
+        elif old.kind.name not in COMPARATORS:
+            skipped.append(f"{name}: {new.kind.name} runs have no comparison")
+        else:
+            matched.append((name, new.kind.name))
+            changes += COMPARATORS[new.kind.name](name, old, new, noise)
+    changes += _claims(old_root, new_root)
+    return Comparison(old_root, new_root, matched, changes, skipped)
+
+
+def summary_line(result: Comparison) -> str:
+    """One line naming the regressions (for the exit-3 message)."""
+    items: Iterable[str] = (f"{c.run}: {c.item} {c.what} {c.old} -> {c.new}" for c in result.regressions)
+    return f"{len(result.regressions)} regression(s): " + "; ".join(list(items)[:5])

@@ -1,0 +1,108 @@
+"""``repro compare``: two committed result folders, and planted copies with known regressions."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from repro.cli import main
+from repro.harness.compare import Noise, claim_verdicts, compare, speed_change
+
+RESULTS = Path(__file__).resolve().parents[2] / "results"
+ROUTES = RESULTS / "2026-11-30-h200-routes" / "float32"  # a decode run on the H200, 4 prompts x 3 suites
+
+
+def cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    monkeypatch.setattr(sys, "argv", ["repro", *args])
+    with pytest.raises(SystemExit) as exc:
+        main(list(args))
+    out = capsys.readouterr()
+    return int(exc.value.code or 0), out.out, out.err
+
+
+def _night(tmp_path: Path, name: str, edit=None) -> Path:
+    """A results folder with a copy of the routes run as ``routes``, its records passed through ``edit``."""
+    root = tmp_path / name
+    shutil.copytree(ROUTES, root / "routes", ignore=shutil.ignore_patterns("*.png", "*.log"))
+    if edit:
+        path = root / "routes" / "records.jsonl"
+        rows = [edit(json.loads(line)) for line in path.read_text().splitlines()]
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root
+
+
+def test_the_same_results_compare_clean(monkeypatch, capsys, tmp_path):
+    old, new = _night(tmp_path, "old"), _night(tmp_path, "new")
+    code, out, err = cli(monkeypatch, capsys, "compare", str(old), str(new))
+    assert code == 0, err
+    assert "1 run(s) matched; 0 regression(s); 0 other change(s)" in out
+
+
+def test_a_slower_route_and_a_new_divergence_are_regressions(monkeypatch, capsys, tmp_path):
+    def plant(r: dict) -> dict:
+        if r["route"] == "ddtree-b32":
+            r["decode_s"] *= 1.25  # 20% fewer tokens/s on every prompt
+        if r["route"] == "eagle-chain-k6" and r["prompt_id"] == "130" and r["turn"] == 0:
+            r["vs_ar"] = "diverged at token 3"
+        return r
+
+    old, new = _night(tmp_path, "old"), _night(tmp_path, "new", plant)
+    code, out, err = cli(monkeypatch, capsys, "compare", str(old), str(new), "--out", str(tmp_path / "c.md"))
+    assert code == 3
+    assert "2 regression(s)" in err and len(err.strip().splitlines()) == 1
+    row = next(line for line in out.splitlines() if "| ddtree-b32 | tokens/s" in line)
+    assert "x0.800 [0.800, 0.800]" in row and "**yes**" in row
+    assert "| eagle-chain-k6 mt_bench/130 turn 0 | vs AR | identical | diverged at token 3 |" in out
+    assert (tmp_path / "c.md").read_text() == out.rstrip("\n") + "\n"
+
+
+def test_a_faster_route_is_a_change_but_not_a_regression(tmp_path):
+    def faster(r: dict) -> dict:
+        r["decode_s"] *= 0.8 if r["route"] == "ar" else 1.0
+        return r
+
+    result = compare(_night(tmp_path, "old"), _night(tmp_path, "new", faster))
+    assert [(c.item, c.regression) for c in result.changes] == [("ar", False)]
+
+
+def test_noise_is_a_ci_including_one_or_a_small_effect():
+    jitter = [0.97, 1.04, 0.99, 1.02, 0.98, 1.01, 0.96, 1.03]
+    assert speed_change(jitter, Noise()) is None  # the interval includes 1
+    assert speed_change([0.99] * 8, Noise()) is None  # certain but below min_effect (3%)
+    slower = speed_change([0.9, 0.92, 0.88, 0.91, 0.9, 0.89], Noise())
+    assert slower is not None and slower[2] == -1 and "over 6 prompts" in slower[1]
+    assert speed_change([0.85, 0.8], Noise()) is not None  # too few pairs: the 10% threshold
+    assert speed_change([0.95, 0.93], Noise()) is None
+
+
+def test_committed_model_benches_compare_row_by_row(monkeypatch, capsys):
+    """model-4 (graphed decode) is the later, faster run: read backwards, its speed-up is a regression."""
+    old, new = RESULTS / "2026-11-30-h200-model-2", RESULTS / "2026-11-30-h200-model-4"
+    forward = compare(old, new)
+    assert forward.matched == [("2026-11-30-h200-model-4", "bench-model")]
+    decode = next(c for c in forward.changes if "group=decode method=static_graph T=1 " in c.item + " ")
+    assert "shape=gdn-1.3b" in decode.item or "shape=qwen3.6-27b" in decode.item
+    assert not decode.regression and float(decode.new) < float(decode.old)
+    code, _, err = cli(monkeypatch, capsys, "compare", str(new), str(old))
+    assert code == 3 and "regression(s)" in err
+
+
+def test_claim_verdict_changes_are_flagged(tmp_path):
+    table = "| claim | source | verdict |\n|---|---|---|\n| {a} | A | {v} |\n| speedup 1.70x | B | missed |\n"
+    old, new = _night(tmp_path, "old"), _night(tmp_path, "new")
+    (old / "CLAIMS.md").write_text("# Claims\n\n" + table.format(a="tree exact", v="reproduced"))
+    (new / "CLAIMS.md").write_text("# Claims\n\n" + table.format(a="tree exact", v="refuted"))
+    assert claim_verdicts(new / "CLAIMS.md") == {"tree exact": "refuted", "speedup 1.70x": "missed"}
+    result = compare(old, new)
+    assert [(c.item, c.old, c.new) for c in result.regressions] == [("tree exact", "reproduced", "refuted")]
+
+
+def test_unmatched_and_mismatched_runs_are_listed(tmp_path):
+    old, new = _night(tmp_path, "old"), _night(tmp_path, "new")
+    shutil.copytree(RESULTS / "2026-11-30-h200-model-4", new / "model", ignore=shutil.ignore_patterns("gpu*"))
+    result = compare(old, new)
+    assert "model: only in" in " ".join(result.skipped)
