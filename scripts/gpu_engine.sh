@@ -3,7 +3,8 @@
 # decoder's), then `repro run gpu-smoke` in bf16 with --engine graphed and --engine eager (each under
 # ROUTES_TIMEOUT, records written as they go), then the graphs' device times (scripts/gpu_engine_timing.py).
 # Run from the repository root on the device machine with the fla wheels in .whl/ (carry: [".whl"]).
-# Environment: OUT, LIMIT (prompts per suite, 2), ROUTES_TIMEOUT (170 s), REPRO_GIT_SHA=<sha>.
+# Environment: OUT, LIMIT (prompts per suite, 2), ROUTES_TIMEOUT (170 s), TEST_FILES (the two above),
+# REPRO_GIT_SHA=<sha>.
 # Results: $OUT/gpu-engine.log, $OUT/gpu-engine.tar.gz (tests/, graphed/, eager/, timing.json) and the two
 # report.md files.
 set -uo pipefail
@@ -16,8 +17,9 @@ export PYTHONUNBUFFERED=1 TRITON_CACHE_AUTOTUNING=1
   export PYTHONPATH=/tmp/site:$PWD
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   status=0
-  OUT=/tmp/gpu-engine/tests bash scripts/gpu_tests.sh tests/models/test_graphed.py \
-    tests/models/test_static_decoder.py || status=1
+  # shellcheck disable=SC2086
+  OUT=/tmp/gpu-engine/tests bash scripts/gpu_tests.sh \
+    ${TEST_FILES:-tests/models/test_graphed.py tests/models/test_static_decoder.py} || status=1
   for engine in graphed eager; do
     echo "== repro run gpu-smoke --dtype bfloat16 --engine $engine ($(date -u +%T))"
     timeout "${ROUTES_TIMEOUT:-170}" python3 -m repro run gpu-smoke --device cuda --dtype bfloat16 \
