@@ -53,6 +53,15 @@ def main() -> None:
             slot.set_tree(tree, pad=True)
         torch.cuda.synchronize()
         out[f"set_tree_host_{size}"] = (time.perf_counter() - t0) * 1e6 / 200
+    from repro.models.graphs import GraphedCall
+    from repro.models.static import StaticDecoder
+
+    for gemv in (False, True):  # the decode step alone, fused glue on cuBLAS vs on the GEMV kernels
+        dec = StaticDecoder(model, 4096, 64, gemv=gemv)
+        dec.load(state.eager)
+        out[f"decode_graph_gemv_{gemv}"] = per_call_us(
+            GraphedCall(dec.decode_step, torch.device("cuda")).replay
+        )
     logits = torch.zeros(33, 4096, device="cuda")
     t0 = time.perf_counter()
     for _ in range(200):

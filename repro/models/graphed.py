@@ -173,14 +173,14 @@ class GraphedTarget:
                 t.copy_(s)
 
     def _slot(self, size: int, snapshots: bool, capture: tuple[int, ...]) -> TreeSlot:
-        if not set(capture) <= set(self.capture):  # slots keep the union of the layers asked for
-            self.capture = tuple(sorted(set(self.capture) | set(capture)))
-            self._slots.clear()
-            self._calls = {k: v for k, v in self._calls.items() if k[0] == "decode"}
+        """The slot of ``size`` nodes; slots keep the union of the layers ever asked for, and one made
+        for fewer is made again (its graphs with it)."""
+        self.capture = tuple(sorted(set(self.capture) | set(capture)))
         slot = self._slots.get((size, snapshots))
-        if slot is None:
+        if slot is None or slot.capture != self.capture:
             slot = TreeSlot(self.decoder, size, snapshots=snapshots, capture=self.capture)
             self._slots[(size, snapshots)] = slot
+            self._calls = {k: v for k, v in self._calls.items() if k[1:3] != (size, snapshots)}
         return slot
 
     def _verify_call(self, slot: TreeSlot) -> Any:
@@ -202,13 +202,12 @@ class GraphedTarget:
         if not self.graphs:
             return
         self._call(("decode",), self.decoder.decode_step, True)
-        self.capture = tuple(sorted(set(self.capture) | set(capture)))
         for strategy in dict.fromkeys(strategies):
             check_strategy(strategy)
             for size in SLOT_SIZES:
                 if size > min(max_size, self.max_nodes):
                     break
-                slot = self._slot(size, strategy == "snapshot", self.capture)
+                slot = self._slot(size, strategy == "snapshot", capture)
                 self._verify_call(slot)()
                 self._commit_call(slot, strategy)
 

@@ -172,6 +172,22 @@ def test_graphed_target_steps_match_hybrid_and_refuse_stale_states():
     assert new.position == state.position + 1
 
 
+def test_slots_grow_their_captured_layers():
+    """A slot made for fewer captured layers is made again when a verify (or prepare) asks for more (the
+    H200 run's KeyError: prepare recorded the union before the slot was remade)."""
+    model = small_model(9)
+    target = GraphedTarget(model, max_len=32, max_nodes=8)
+    state, _ = target.prefill(ids(6, 9))
+    tree = random_token_tree(5, "mixed", 4)
+    assert set(target.verify(state, tree, (1,)).hidden) == {1}
+    target.prepare(capture=(1, 2))  # no graphs on CPU: records nothing
+    for capture in ((2,), (1, 3), (0,)):
+        got = target.verify(state, tree, capture)
+        want = model.verify(target._exported(state), tree, capture)
+        assert set(got.hidden) == set(capture)
+        assert all(rel(got.hidden[i], want.hidden[i]) < 1e-10 for i in capture)
+
+
 def test_slot_steps_with_captured_layers_are_capture_safe():
     """The slot verify with captured hidden states and every commit: no host read, no data-dependent
     shape, and the same ops on the same shapes for trees of different sizes padded to one slot."""
