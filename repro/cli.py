@@ -45,6 +45,10 @@ app.add_typer(falsify_app, name="falsify")
 family_app = typer.Typer(help="The embedded trained tiny family.", no_args_is_help=True)
 app.add_typer(family_app, name="family")
 console = Console()
+ENGINE_HELP = (
+    "Decode engine: auto (graphed on CUDA, else eager), eager (HybridLM) or graphed (the static decoder: "
+    "CUDA graphs on CUDA, the same static path eagerly on CPU)."
+)
 err_console = Console(stderr=True)
 
 
@@ -69,6 +73,7 @@ def run(
     commit: Annotated[
         str | None, typer.Option(help="Default commit strategy: closed_form, snapshot or replay.")
     ] = None,
+    engine: Annotated[str | None, typer.Option(help=ENGINE_HELP)] = None,
     out: Annotated[Path | None, typer.Option(help="Output directory (default runs/<experiment>).")] = None,
     drafter: Annotated[
         list[str] | None,
@@ -102,7 +107,7 @@ def run(
     overrides = {
         "target": target, "suites": suites, "limit": limit, "max_new_tokens": max_new_tokens,
         "temperature": temperature, "seed": seed, "dtype": dtype, "device": device, "gdn_backend": backend,
-        "commit": commit,
+        "commit": commit, "engine": engine,
     }  # fmt: skip
     edits = {"sets": set_, "drafters": drafter, "weaver": weaver}
     if check:
@@ -239,6 +244,7 @@ def generate(
         str, typer.Option(help="Commit strategy: snapshot, replay or closed_form (or --param commit=).")
     ] = "closed_form",
     ignore_eos: Annotated[bool, typer.Option(help="Do not stop at stop tokens.")] = False,
+    engine: Annotated[str, typer.Option(help=ENGINE_HELP)] = "auto",
 ) -> None:
     """Decode one prompt with one route and print JSON (tokens, text, accepted lengths, timings).
 
@@ -256,7 +262,7 @@ def generate(
         prompt=prompt, prompt_ids=prompt_ids, route=route, params=param or [], target=target, raw=raw,
         max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, dtype=dtype, device=device,
         commit=commit, ignore_eos=ignore_eos, checkpoints={"drafter": drafter, "weaver": weaver},
-        backend=backend,
+        backend=backend, engine=engine,
     )  # fmt: skip
     typer.echo(json.dumps(result, indent=2))
 

@@ -26,7 +26,8 @@ def _reference(q, k, v, g, beta, state, parents, ancestors, scale, keep_snapshot
 def _triton(q, k, v, g, beta, state, parents, ancestors, scale, keep_snapshots, precision=None):
     from repro.gdn import triton_tree
 
-    o, factors = triton_tree.tree_gdn_fused(q, k, v, g, beta, state, ancestors, scale, precision)
+    # HybridLM's layers pass no precision (their q/k/v are float32): the exact "ieee" dots
+    o, factors = triton_tree.tree_gdn_fused(q, k, v, g, beta, state, ancestors, scale, precision or "ieee")
     if keep_snapshots:
         factors.snapshots = triton_tree.tree_states_fused(k, v, g, beta, state, parents)
     return o, factors

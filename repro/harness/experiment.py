@@ -17,6 +17,7 @@ from repro.decoding.acceptance import ACCEPTANCE_RULES
 from repro.decoding.routes import name_routes
 from repro.errors import ConfigError
 from repro.harness.overrides import apply_edits, takes_param
+from repro.models.graphed import resolve_engine
 from repro.models.hybrid import check_strategy
 from repro.models.target import resolve_device, resolve_dtype
 
@@ -31,6 +32,7 @@ DEFAULTS: dict[str, Any] = {
     "cpu_threads": 1,  # tiny models decode fastest single-threaded; raise for large checkpoints
     "commit": "closed_form",
     "gdn_backend": "reference",  # or "triton" (fused CUDA kernels)
+    "engine": "auto",  # graphed (static decoder, CUDA graphs) on CUDA, eager (HybridLM) on CPU
     "suites": ["mt_bench", "gsm8k", "humaneval"],
     "limit": 2,
     "seed": 42,
@@ -52,7 +54,7 @@ DEFAULTS: dict[str, Any] = {
 }
 OVERRIDABLE = (
     "target", "suites", "limit", "max_new_tokens", "temperature", "seed", "dtype", "device", "gdn_backend",
-    "commit", "sweep", "routes",
+    "commit", "engine", "sweep", "routes",
 )  # fmt: skip
 SAMPLING_PROTOCOLS = ("sample_match", "spec_sampling", "traversal")
 
@@ -121,8 +123,9 @@ NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 # the type of every setting: a type or a tuple of types (int excludes bool; None where allowed)
 TYPES: dict[str, Any] = {
     "name": str, "description": str, "kind": str, "target": str, "target_seed": int, "dtype": str,
-    "device": str, "cpu_threads": int, "commit": str, "gdn_backend": str, "suites": (list, str),
-    "limit": (int, type(None)), "seed": int, "max_new_tokens": int, "temperature": (int, float),
+    "device": str, "cpu_threads": int, "commit": str, "gdn_backend": str, "engine": str,
+    "suites": (list, str), "limit": (int, type(None)), "seed": int, "max_new_tokens": int,
+    "temperature": (int, float),
     "acceptance": str, "ignore_eos": bool, "warmup": int, "routes": list, "route_grid": (dict, type(None)),
     "lossless": (bool, type(None)), "protocols": (str, list, type(None)), "sweep": (dict, type(None)),
 }  # fmt: skip
@@ -185,6 +188,7 @@ def resolve(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     check_strategy(cfg["commit"])
     if cfg["device"] == "auto":
         cfg["device"] = resolve_device("auto")
+    cfg["engine"] = resolve_engine(cfg["engine"], cfg["device"])
     if cfg["dtype"] == "auto":
         cfg["dtype"] = "bfloat16" if cfg["device"].startswith("cuda") else "float32"
     resolve_dtype(cfg["dtype"])

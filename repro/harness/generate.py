@@ -8,6 +8,8 @@ from typing import Any
 from repro.decoding.engine import generate
 from repro.decoding.routes import COMMON_PARAMS, build_route, family_of, route_kind
 from repro.errors import ConfigError
+from repro.models.graphed import GraphedTarget, resolve_engine
+from repro.models.hybrid import HybridLM
 from repro.models.target import open_target
 
 
@@ -54,16 +56,19 @@ def generate_one(
     prompt: str | None, prompt_ids: str | None, route: str, params: list[str], target: str, raw: bool,
     max_new_tokens: int, temperature: float, seed: int, dtype: str, device: str, commit: str,
     ignore_eos: bool, checkpoints: dict[str, str | None] | None = None, backend: str = "reference",
+    engine: str = "auto",
 ) -> dict[str, Any]:  # fmt: skip
     """Decode one prompt; routes with a drafter first run AR to get the reference continuation. With
     ``prompt_ids`` a checkpoint without tokenizer files decodes too ("text" is then None).
 
     ``checkpoints`` are the ``--drafter``/``--weaver`` options (param name -> value or None); on a
-    family target an omitted drafter is the target's own.
+    family target an omitted drafter is the target's own. ``engine``: auto (graphed on CUDA), eager
+    (HybridLM) or graphed (the static decoder; CUDA graphs on CUDA).
     """
     if max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     spec = {"kind": route, **parse_params(route, params, checkpoints)}
+    resolve_engine(engine, "cpu")  # a bad name fails before the target is opened
     model, tokenizer = open_target(target, dtype, device, need_tokenizer=prompt_ids is None)
     model.set_gdn_backend(backend)
     vocab = model.config.vocab_size
@@ -83,11 +88,15 @@ def generate_one(
         stops: tuple[int, ...] = ()
     else:
         stops = tuple(tokenizer.stop_token_ids) if tokenizer else tuple(model.config.eos_token_id)
+    target: HybridLM | GraphedTarget = model
+    if resolve_engine(engine, model.device) == "graphed":
+        target = GraphedTarget(model)
+        target.prepare((chosen.commit,), chosen.drafter.capture_layers if chosen.drafter else ())
     reference = None
     if chosen.drafter is not None:
         ar = build_route({"kind": "ar"}, vocab, acceptance, temperature, seed, commit=commit)
-        reference = generate(model, ids, ar, max_new_tokens, stops).output_ids
-    result = generate(model, ids, chosen, max_new_tokens, stops, reference)
+        reference = generate(target, ids, ar, max_new_tokens, stops).output_ids
+    result = generate(target, ids, chosen, max_new_tokens, stops, reference)
     return {
         "route": route,
         "params": chosen.params,
@@ -103,4 +112,5 @@ def generate_one(
         "decode_s": result.decode_s,
         "stage_s": result.stage_s,
         "identical_to_ar": None if reference is None else result.output_ids == reference,
+        "engine": "graphed" if isinstance(target, GraphedTarget) else "eager",
     }

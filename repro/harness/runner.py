@@ -19,6 +19,7 @@ from repro.data.suites import Prompt, load_suite
 from repro.decoding.engine import DecodeResult, Route, generate
 from repro.decoding.routes import build_route, family_of
 from repro.errors import ConfigError, RunDirError
+from repro.models.graphed import GraphedTarget
 from repro.models.hybrid import HybridLM
 from repro.models.target import open_target
 from repro.models.tokenizer import Tokenizer
@@ -102,6 +103,10 @@ class ExperimentRunner:
             for spec in cfg["routes"]
         ]
         self.stop_ids = () if cfg["ignore_eos"] else tuple(self.tokenizer.stop_token_ids)
+        # the target the routes decode on: HybridLM itself, or its static decoder (CUDA graphs on CUDA)
+        self.target: HybridLM | GraphedTarget = self.model
+        if cfg.get("engine", "eager") == "graphed":
+            self.target = graphed_target(self.model, self.routes)
 
     def decode(self, route: Route, prompt_ids: list[int], reference: list[int] | None) -> DecodeResult:
         """One decode with ``route`` (its own commit strategy: the experiment's unless it names one); a
@@ -116,7 +121,7 @@ class ExperimentRunner:
                 file=sys.stderr,
             )
         return generate(
-            self.model, prompt_ids, route, int(self.cfg["max_new_tokens"]), self.stop_ids, reference
+            self.target, prompt_ids, route, int(self.cfg["max_new_tokens"]), self.stop_ids, reference
         )
 
     def warm_up(self) -> None:
@@ -124,7 +129,7 @@ class ExperimentRunner:
         for _ in range(int(self.cfg["warmup"])):
             ref = None
             for route in self.routes:
-                short = generate(self.model, ids, route, 8, (), ref)
+                short = generate(self.target, ids, route, 8, (), ref)
                 ref = ref or short.output_ids
 
     def prompts(self) -> list[Prompt]:
@@ -191,6 +196,23 @@ class ExperimentRunner:
 
     def total_units(self) -> int:
         return sum(len(p.turns) for p in self.prompts()) * len(self.routes)
+
+
+def graphed_target(model: HybridLM, routes: list[Route]) -> GraphedTarget:
+    """``model`` behind the static decoder, the graphs of the routes' commit strategies and captured
+    layers made ahead (none is captured or compiled inside a timed decode)."""
+    target = GraphedTarget(model)
+    capture = tuple(i for r in routes if r.drafter for i in r.drafter.capture_layers)
+    target.prepare(tuple(r.commit for r in routes), capture, max(largest_tree(r) for r in routes))
+    return target
+
+
+def largest_tree(route: Route) -> int:
+    """The most nodes a route's trees hold, from its parameters (budget, k levels of width siblings,
+    a DFlash block), at least 64; larger trees than this get their graphs on first use."""
+    p = route.params
+    drafts = max(p.get("budget") or 0, (p.get("k") or 0) * (p.get("width") or 1), p.get("block_size") or 0)
+    return max(64, drafts + 1)
 
 
 def default_out_dir(cfg: dict[str, Any]) -> Path:

@@ -64,6 +64,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -406,58 +407,87 @@ class TreeSlot:
     """Input buffers of one fixed tree size (``size`` nodes, at most ``max_depth`` deep) and what
     verify saved for accept and commit (the tensors of the last verify run on the slot).
 
+    The inputs (tokens, parents, depths, conv gather index, ancestor mask, first-sibling flags) are
+    views of one device byte buffer, filled from one host buffer (pinned on CUDA) by one copy per
+    :meth:`set_tree`. ``capture``: layers whose outputs [size, d] verify leaves in ``hidden`` (the
+    tensors the forward made: no copy, so a graph's replays rewrite them in place).
+
     With CUDA graphs, capture verify's graph first and replay it once: accept and commit graphs
     captured after it read that graph's outputs, which every replay of it rewrites in place.
     """
 
     def __init__(
-        self, decoder: StaticDecoder, size: int, max_depth: int | None = None, snapshots: bool = False
+        self,
+        decoder: StaticDecoder,
+        size: int,
+        max_depth: int | None = None,
+        snapshots: bool = False,
+        capture: tuple[int, ...] = (),
     ):
         if size < 1 or size > decoder.max_nodes:
             raise ConfigError(f"tree size {size} is outside 1..{decoder.max_nodes} (the decoder's max_nodes)")
         self.size = size
         self.max_depth = min(max_depth or size, size)
         self.snapshots = snapshots
+        self.capture = tuple(capture)
         self.width = decoder.conv_width
         dev = decoder.device
-
-        def buf(*shape: int, dtype: torch.dtype = torch.long) -> torch.Tensor:
-            return torch.zeros(*shape, dtype=dtype, device=dev)
-
-        self.tokens = buf(size)
-        self.parents = buf(size)
-        self.ancestors = buf(size, size, dtype=torch.bool)
-        self.depth = buf(size)
-        self.conv_index = buf(size, self.width)
-        self.first = buf(size, dtype=torch.bool)
-        self.node = buf(1)  # the accepted path's last node
-        self.bonus = buf(1)
+        ints = 8 * size * (3 + self.width)
+        nbytes = ints + size * size + size
+        self._device_bytes = torch.zeros(nbytes, dtype=torch.uint8, device=dev)
+        pinned = dev.type == "cuda"
+        self._host_bytes = torch.zeros(nbytes, dtype=torch.uint8, pin_memory=pinned)
+        self._copied: Any = None  # the last upload's CUDA event: the host buffer is reused after it
+        longs = self._device_bytes[:ints].view(torch.long)
+        flags = self._device_bytes[ints:].view(torch.bool)
+        self.tokens, self.parents = longs[:size], longs[size : 2 * size]
+        self.depth = longs[2 * size : 3 * size]
+        self.conv_index = longs[3 * size :].view(size, self.width)
+        self.ancestors = flags[: size * size].view(size, size)
+        self.first = flags[size * size :]
+        host = self._host_bytes.numpy()
+        self._host_longs = host[:ints].view(np.int64)
+        self._host_flags = host[ints:].view(np.bool_)
+        self.node = torch.zeros(1, dtype=torch.long, device=dev)  # the accepted path's last node
+        self.bonus = torch.zeros(1, dtype=torch.long, device=dev)
         self.logits: torch.Tensor | None = None
+        self.hidden: dict[int, torch.Tensor] = {}
         self.saved: list[GDNSaved | AttentionSaved | None] = [None] * decoder.num_layers
         self.tree: Tree | None = None
         parents = [-1 if i % self.max_depth == 0 else i - 1 for i in range(size)]
         self.set_tree(Tree(torch.zeros(size, dtype=torch.long), torch.tensor(parents)))
 
-    def set_tree(self, tree: Tree) -> None:
-        """Copy a tree of exactly ``size`` nodes into the input buffers (host to device)."""
-        if tree.size != self.size:
-            raise ConfigError(f"this slot verifies trees of {self.size} nodes, got {tree.size}")
-        depth = int(tree.depth.max())
-        if depth > self.max_depth:
-            raise ConfigError(f"tree depth {depth} exceeds the slot's max_depth {self.max_depth}")
-        parents = tree.parents.tolist()
-        tokens = tree.tokens.tolist()
-        seen: set[tuple[int, int]] = set()
-        first = []
-        for p, t in zip(parents, tokens):
-            first.append((p, t) not in seen)
-            seen.add((p, t))
-        self.tokens.copy_(tree.tokens)
-        self.parents.copy_(tree.parents)
-        self.ancestors.copy_(tree.ancestor_mask)
-        self.depth.copy_(tree.depth)
-        self.conv_index.copy_(gdn.conv_gather_index(tree.parents, self.width))
-        self.first.copy_(torch.tensor(first))
+    def set_tree(self, tree: Tree, pad: bool = False) -> None:
+        """Copy a tree of exactly ``size`` nodes into the input buffers (one host-to-device copy).
+
+        ``pad``: a smaller tree is padded with extra root-level nodes (parent -1, token 0); the
+        ancestor mask isolates them from the real nodes, whose logits stay what they are unpadded,
+        and :meth:`StaticDecoder.accept` never walks into them (they hang off no accepted node).
+        """
+        n = tree.size
+        if n != self.size and not (pad and n < self.size):
+            bound = "up to " if pad else ""
+            raise ConfigError(f"this slot verifies trees of {bound}{self.size} nodes, got {n}")
+        size, width = self.size, self.width
+        tokens = np.zeros(size, dtype=np.int64)
+        parents = np.full(size, -1, dtype=np.int64)
+        tokens[:n] = tree.tokens.numpy()
+        parents[:n] = tree.parents.numpy()
+        ancestors, depth = ancestor_matrix(parents)
+        deepest = int(depth[:n].max())
+        if deepest > self.max_depth:
+            raise ConfigError(f"tree depth {deepest} exceeds the slot's max_depth {self.max_depth}")
+        if self._copied is not None:
+            self._copied.synchronize()  # the previous upload has left the host buffer
+        longs, flags = self._host_longs, self._host_flags
+        longs[:size], longs[size : 2 * size], longs[2 * size : 3 * size] = tokens, parents, depth
+        longs[3 * size :] = conv_gather_index_np(parents, width).reshape(-1)
+        flags[: size * size] = ancestors.reshape(-1)
+        flags[size * size :] = first_occurrences(parents, tokens)
+        self._device_bytes.copy_(self._host_bytes, non_blocking=True)
+        if self._device_bytes.is_cuda:
+            self._copied = torch.cuda.Event()
+            self._copied.record()
         self.tree = tree
 
     def set_accepted(self, path: list[int]) -> None:
@@ -471,6 +501,45 @@ class TreeSlot:
         """(path, bonus token) of the last :meth:`StaticDecoder.accept` (reads the device)."""
         assert self.tree is not None
         return self.tree.path_to(int(self.node)), int(self.bonus)
+
+
+def ancestor_matrix(parents: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(bool [n, n] ancestor-or-self mask, depth [n] with 1 for root-level nodes) of parent pointers
+    (Tree.ancestor_mask and Tree.depth, vectorised: one pass per level)."""
+    n = parents.shape[0]
+    rows = np.arange(n)
+    mask = np.zeros((n, n), dtype=np.bool_)
+    depth = np.zeros(n, dtype=np.int64)
+    node = rows.copy()
+    while True:
+        inside = node >= 0
+        if not inside.any():
+            return mask, depth
+        mask[rows[inside], node[inside]] = True
+        depth += inside
+        node = np.where(inside, parents[np.maximum(node, 0)], -1)
+
+
+def conv_gather_index_np(parents: np.ndarray, width: int) -> np.ndarray:
+    """:func:`repro.gdn.reference.conv_gather_index` on the host (NumPy): [n, width] int64."""
+    hist = width - 1
+    node = np.arange(parents.shape[0])
+    back = np.zeros_like(node)
+    cols = []
+    for _ in range(width):
+        inside = node >= 0
+        back = back + ~inside
+        cols.append(np.where(inside, hist + node, hist - back))
+        node = np.where(inside, parents[np.maximum(node, 0)], node)
+    return np.stack(cols, axis=1).astype(np.int64)
+
+
+def first_occurrences(parents: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """Per node: is it the first child of its parent with its token (TargetMatch enters that one)."""
+    key = (parents + 1) * (int(tokens.max()) + 1) + tokens
+    first = np.zeros(parents.shape[0], dtype=np.bool_)
+    first[np.unique(key, return_index=True)[1]] = True
+    return first
 
 
 # --------------------------------------------------------------------------------- decoder
@@ -710,6 +779,8 @@ class StaticDecoder:
                 else:
                     slot.saved[i] = AttentionSaved(k, v)
                 x = glue["attention_epilogue"](layer, w, x, out, gate, gemv)
+            if not decode and i in slot.capture:  # the layer's output, kept (graph outputs are rewritten)
+                slot.hidden[i] = x
         head, eps = self.model.lm_head, self.model.model.norm.eps
         if gemv:
             from repro.gdn.triton_linear import norm_linear

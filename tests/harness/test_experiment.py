@@ -115,3 +115,29 @@ def test_protocols_sweep_and_checkpoint_edits_expand_routes():
         resolve({"name": "x", "routes": routes, "protocols": ["greedy"], "temperature": 1.0}, {})
     with pytest.raises(ConfigError, match="unknown experiment kind 'nope'"):
         experiment_kind("nope")
+
+
+def test_engine_setting_is_validated_resolved_and_wraps_the_target(tmp_path):
+    """``engine``: auto is eager on CPU (graphed on CUDA); a bad name is one ConfigError; ``graphed`` on
+    CPU runs the runner's routes on the static path (eagerly) with AR's tokens."""
+    from repro.harness.runner import ExperimentRunner
+    from repro.models.graphed import GraphedTarget
+    from repro.reporting.rundir import RunDir
+
+    base = {"name": "e", "device": "cpu", "dtype": "float64"}
+    assert resolve(base, {})["engine"] == "eager"
+    assert resolve({**base, "device": "cuda"}, {})["engine"] == "graphed"
+    with pytest.raises(ConfigError, match="unknown engine 'turbo'"):
+        resolve(base, {"engine": "turbo"})
+    with pytest.raises(ConfigError, match="setting engine must be a string"):
+        resolve({**base, "engine": 1}, {})
+    routes = [{"name": "ar", "kind": "ar"}, {"name": "dd", "kind": "ddtree", "budget": 8}]
+    cfg = resolve(
+        {**base, "suites": ["gsm8k"], "limit": 1, "max_new_tokens": 12, "routes": routes, "warmup": 0},
+        {"engine": "graphed"},
+    )
+    runner = ExperimentRunner(cfg)
+    assert isinstance(runner.target, GraphedTarget) and runner.target.captures == 0
+    with RunDir(tmp_path / "run", {"config": cfg}) as run_dir:
+        assert runner.run(run_dir) == 2
+        assert [r.vs_ar for r in run_dir.records()] == ["reference", "identical"]

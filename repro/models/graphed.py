@@ -1,0 +1,308 @@
+"""HybridLM's decoding API (prefill, verify, commit) on the static decoder and its CUDA graphs.
+
+:class:`GraphedTarget` wraps a :class:`~repro.models.hybrid.HybridLM` and a
+:class:`~repro.models.static.StaticDecoder` so that the route-agnostic loop
+(:func:`repro.decoding.engine.generate`) and the drafters run on it unchanged:
+
+- ``prefill`` is HybridLM's (eager; excluded from tokens/s), then the state is loaded into the
+  decoder's buffers; the eager verification goes back to the caller (drafters' ``observe_prefill``).
+- ``verify`` pads the tree to the next slot size of :data:`SLOT_SIZES` with extra root-level nodes
+  (parent -1, token 0: the ancestor mask isolates them, the acceptance never reaches them) and runs
+  that slot's verify: one CUDA graph per (size, per-node states) on CUDA, captured on first use
+  (:meth:`GraphedTarget.prepare` captures them ahead), eagerly elsewhere. The logits of the real nodes
+  and the outputs of the ``capture`` layers are views of the slot's static outputs, valid until the
+  slot's next verify (the engine and the drafters read them before that).
+- A one-node tree without captured layers (AR) runs the decode step's graph instead: one graph that
+  folds the node in at once (faster than the size-1 slot's verify + commit). That verification has
+  already advanced the buffers: its state handle is consumed (using it again raises), and ``commit``
+  of the path ``[0]`` returns the next handle.
+- ``commit`` sets the accepted path's end on the device and replays the slot's commit graph for the
+  verification's strategy (``snapshot`` verifies on slots with per-node states).
+
+The state is a :class:`GraphedState` handle: the decoder holds the one sequence's state, the handle
+its host-side position and an epoch; a handle that is not the decoder's current one is refused, so a
+stale state can never be verified silently. No step reads the device on the host: the host syncs of
+a decode step are the caller's (the engine's stage clocks and the acceptance rule reading the
+logits) and the drafters'.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from repro.errors import ConfigError
+from repro.models.hybrid import HybridLM, Verification, check_strategy
+from repro.models.state import ModelState
+from repro.models.static import GDNBuffers, StaticDecoder, TreeSlot
+from repro.tree import MAX_TREE_NODES, Tree
+
+SLOT_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+DEFAULT_MAX_LEN = 4096
+ENGINES = ("auto", "eager", "graphed")
+
+
+def check_engine(name: str) -> str:
+    if name not in ENGINES:
+        raise ConfigError(f"unknown engine {name!r}: choose one of {', '.join(ENGINES)}")
+    return name
+
+
+def resolve_engine(name: str, device: str | torch.device) -> str:
+    """``auto``: graphed on CUDA, eager elsewhere; ``graphed`` also runs on CPU (eagerly, no graphs)."""
+    check_engine(name)
+    if name != "auto":
+        return name
+    return "graphed" if str(device).startswith("cuda") else "eager"
+
+
+def slot_size(n: int, max_nodes: int) -> int:
+    """The smallest slot size that holds ``n`` nodes."""
+    for size in SLOT_SIZES:
+        if n <= size <= max_nodes:
+            return size
+    raise ConfigError(f"a tree of {n} nodes exceeds the graphed engine's {max_nodes} nodes; lower the budget")
+
+
+@dataclass
+class GraphedState:
+    """A handle on the decoder's one sequence: ``position`` committed tokens, the decoder's ``epoch``
+    when it was made; ``eager`` is the HybridLM state a prefill made (later prompt chunks continue it)."""
+
+    position: int
+    committed_tokens: list[int]
+    epoch: int
+    eager: ModelState | None = field(default=None, repr=False)
+
+
+@dataclass
+class GraphedVerification(Verification):
+    """A :class:`Verification` of the real nodes, plus the slot that holds what commit needs (None
+    for a one-node tree folded in by the decode step) and the epoch it was made at."""
+
+    slot: TreeSlot | None = None
+    epoch: int = 0
+
+
+class _Eager:
+    """GraphedCall's interface without a graph (CPU, or ``graphs=False``)."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn = fn
+
+    def __call__(self) -> Any:
+        return self.fn()
+
+
+class GraphedTarget:
+    """A HybridLM behind the static decoder: ``prefill``, ``verify``, ``commit`` as HybridLM's, plus the
+    attributes drafters read (``config``, ``device``, ``dtype``, ``model``, ``lm_head``)."""
+
+    def __init__(
+        self,
+        hybrid: HybridLM,
+        max_len: int | None = None,
+        max_nodes: int = MAX_TREE_NODES,
+        graphs: bool | None = None,
+    ) -> None:
+        self.hybrid = hybrid
+        self.config = hybrid.config
+        self.model = hybrid.model
+        self.lm_head = hybrid.lm_head
+        context = hybrid.config.max_position_embeddings or DEFAULT_MAX_LEN
+        self.max_len = max_len or min(context, DEFAULT_MAX_LEN)
+        self.max_nodes = max_nodes
+        self.graphs = hybrid.device.type == "cuda" if graphs is None else graphs
+        if self.graphs and hybrid.device.type != "cuda":
+            raise ConfigError("CUDA graphs need a CUDA device: the graphed engine runs eagerly elsewhere")
+        gdn = [layer.linear_attn for layer in hybrid.model.layers if layer.layer_type == "linear_attention"]
+        self.kernel = gdn[0].backend if gdn else None
+        self.capture: tuple[int, ...] = ()
+        self.epoch = 0
+        self.captures = 0  # graphs captured so far
+        self._build(self.max_len)
+
+    @property
+    def device(self) -> torch.device:
+        return self.hybrid.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.hybrid.dtype
+
+    def _build(self, max_len: int) -> None:
+        self.max_len = max_len
+        self.decoder = StaticDecoder(self.hybrid, max_len, self.max_nodes, kernel=self.kernel)
+        self._slots: dict[tuple[int, bool], TreeSlot] = {}
+        self._calls: dict[tuple[Any, ...], Any] = {}
+
+    # ------------------------------------------------------------------------------ graphs
+
+    def _call(self, key: tuple[Any, ...], fn: Callable[[], Any], mutates: bool) -> Any:
+        """The graph of ``fn`` (captured on first use; ``mutates``: the warm-up calls' writes to the
+        state are undone), or ``fn`` itself without graphs."""
+        call = self._calls.get(key)
+        if call is None:
+            if self.graphs:
+                from repro.models.graphs import GraphedCall
+
+                with self._preserved() if mutates else contextlib.nullcontext():
+                    call = GraphedCall(fn, self.device)
+                self.captures += 1
+            else:
+                call = _Eager(fn)
+            self._calls[key] = call
+        return call
+
+    @contextlib.contextmanager
+    def _preserved(self) -> Iterator[None]:
+        """Restore every state buffer of the decoder on exit."""
+        dec = self.decoder
+        tensors = [dec.length]
+        for buf in dec.buffers:
+            tensors += [buf.recurrent, buf.conv] if isinstance(buf, GDNBuffers) else [buf.keys, buf.values]
+        saved = [t.clone() for t in tensors]
+        try:
+            yield
+        finally:
+            for t, s in zip(tensors, saved):
+                t.copy_(s)
+
+    def _slot(self, size: int, snapshots: bool, capture: tuple[int, ...]) -> TreeSlot:
+        """The slot of ``size`` nodes; slots keep the union of the layers ever asked for, and one made
+        for fewer is made again (its graphs with it)."""
+        self.capture = tuple(sorted(set(self.capture) | set(capture)))
+        slot = self._slots.get((size, snapshots))
+        if slot is None or slot.capture != self.capture:
+            slot = TreeSlot(self.decoder, size, snapshots=snapshots, capture=self.capture)
+            self._slots[(size, snapshots)] = slot
+            self._calls = {k: v for k, v in self._calls.items() if k[1:3] != (size, snapshots)}
+        return slot
+
+    def _verify_call(self, slot: TreeSlot) -> Any:
+        return self._call(("verify", slot.size, slot.snapshots), lambda: self.decoder.verify(slot), False)
+
+    def _commit_call(self, slot: TreeSlot, strategy: str) -> Any:
+        key = ("commit", slot.size, slot.snapshots, strategy)
+        return self._call(key, lambda: self.decoder.commit(slot, strategy), True)
+
+    def prepare(
+        self,
+        strategies: tuple[str, ...] = ("closed_form",),
+        capture: tuple[int, ...] = (),
+        max_size: int = 256,
+    ) -> None:
+        """Capture ahead the decode graph and every slot's verify and commit graphs up to ``max_size``
+        nodes for ``strategies`` (so that no capture or compile lands in a timed decode); nothing to
+        do without graphs."""
+        if not self.graphs:
+            return
+        self._call(("decode",), self.decoder.decode_step, True)
+        for strategy in dict.fromkeys(strategies):
+            check_strategy(strategy)
+            for size in SLOT_SIZES:
+                if size > min(max_size, self.max_nodes):
+                    break
+                slot = self._slot(size, strategy == "snapshot", capture)
+                self._verify_call(slot)()
+                self._commit_call(slot, strategy)
+
+    # --------------------------------------------------------------------------- the API
+
+    def empty_state(self) -> GraphedState:
+        self._loaded(self.hybrid.empty_state())
+        return GraphedState(0, [], self.epoch, self.hybrid.empty_state())
+
+    def _loaded(self, state: ModelState, need: int = 0, new_epoch: bool = True) -> None:
+        """Load ``state`` into the decoder, first growing its buffers (doubling ``max_len``; graphs are
+        captured again on first use) when it or ``need`` positions do not fit; ``new_epoch``: earlier
+        handles become stale (not when the same state is moved into larger buffers)."""
+        size = self.max_len
+        while size < max(state.position, need):
+            size *= 2
+        if size != self.max_len:
+            self._build(size)
+        self.decoder.load(state)
+        self.epoch += new_epoch
+
+    def _check(self, state: GraphedState) -> None:
+        if not isinstance(state, GraphedState) or state.epoch != self.epoch:
+            raise ValueError(
+                "stale state: the graphed target holds one sequence; use the state the last prefill or "
+                "commit returned"
+            )
+
+    @torch.no_grad()
+    def prefill(
+        self,
+        token_ids: list[int] | torch.Tensor,
+        state: GraphedState | None = None,
+        capture: tuple[int, ...] = (),
+        strategy: str = "closed_form",
+    ) -> tuple[GraphedState, Verification]:
+        """HybridLM's prefill (eager), continuing ``state`` (None: a fresh sequence), then the state
+        loaded into the decoder. Returns the new handle and the eager verification of the last chunk."""
+        eager = None
+        if state is not None:
+            self._check(state)
+            eager = state.eager if state.eager is not None else self._exported(state)
+        new, ver = self.hybrid.prefill(token_ids, eager, capture, strategy)
+        self._loaded(new)
+        return GraphedState(new.position, list(new.committed_tokens), self.epoch, new), ver
+
+    def _exported(self, state: GraphedState) -> ModelState:
+        out = self.decoder.export()
+        out.committed_tokens = list(state.committed_tokens)
+        return out
+
+    @torch.no_grad()
+    def verify(
+        self, state: GraphedState, tree: Tree, capture: tuple[int, ...] = (), strategy: str = "closed_form"
+    ) -> GraphedVerification:
+        """Logits of every tree node given the committed state (see the module docstring for the
+        one-node tree that the decode step folds in at once)."""
+        check_strategy(strategy)
+        self._check(state)
+        need = state.position + (1 if tree.size == 1 else int(tree.depth.max()))
+        if need > self.max_len:
+            self._loaded(self._exported(state), need, new_epoch=False)
+        if tree.size == 1 and not capture:
+            self.decoder.set_token(int(tree.tokens[0]))
+            logits = self._call(("decode",), self.decoder.decode_step, True)()
+            self.epoch += 1  # the node is folded in: the state handle is consumed
+            return GraphedVerification(tree, logits, {}, [], state.position, strategy, None, self.epoch)
+        slot = self._slot(slot_size(tree.size, self.max_nodes), strategy == "snapshot", capture)
+        slot.set_tree(tree, pad=True)
+        logits = self._verify_call(slot)()
+        n = tree.size
+        hidden = {i: slot.hidden[i][:n] for i in capture}
+        return GraphedVerification(tree, logits[:n], hidden, [], state.position, strategy, slot, self.epoch)
+
+    @torch.no_grad()
+    def commit(self, state: GraphedState, verification: Verification, path: list[int]) -> GraphedState:
+        """The handle of the state with the accepted path (root-level node first) folded in."""
+        if not isinstance(verification, GraphedVerification) or verification.position != state.position:
+            raise ValueError("verification was computed against a different state")
+        tree, path = verification.tree, list(path)
+        if verification.slot is None:  # the decode step folded the one node in at verify
+            if path != [0] or verification.epoch != self.epoch:
+                raise ValueError(
+                    "a one-node verification of the graphed target is folded in at verify: commit it once, "
+                    f"with the path [0] (got {path})"
+                )
+        else:
+            self._check(state)
+            if verification.epoch != self.epoch:
+                raise ValueError("verification was computed against a different state")
+            if not path:
+                return state
+            slot = verification.slot
+            slot.set_accepted(path)
+            self._commit_call(slot, verification.strategy)()
+            self.epoch += 1
+        tokens = tree.tokens[path].tolist()
+        return GraphedState(state.position + len(path), state.committed_tokens + tokens, self.epoch)

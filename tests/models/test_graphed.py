@@ -1,0 +1,235 @@
+"""GraphedTarget (repro.models.graphed): HybridLM's decoding API on the static decoder.
+
+CPU (float64, eager static path, no graphs): every route kind of the smoke experiment decodes the
+same tokens through the graphed target as through HybridLM and as AR; padding a tree to its slot
+size leaves the real nodes' logits and captured hidden states unchanged; the slot verify with
+captured layers and the commits are capture-safe; stale states are refused.
+GPU (``gpu``): float32 greedy decoding through the graphed target (CUDA graphs) equals AR for every
+route of the gpu-smoke experiment, and the graphs were captured.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import random_tree
+
+from repro.data.suites import format_turn, load_suite
+from repro.decoding.engine import generate
+from repro.decoding.routes import build_route
+from repro.errors import ConfigError
+from repro.harness.experiment import load_experiment
+from repro.models.config import ATTENTION, GDN, HybridConfig
+from repro.models.default import init_random_weights
+from repro.models.graphed import GraphedState, GraphedTarget, resolve_engine, slot_size
+from repro.models.graphs import check_capture
+from repro.models.hybrid import HybridLM
+from repro.models.target import open_target
+from repro.reporting.records import compare_to_reference
+from repro.tree import Tree
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+F64 = torch.float64
+VOCAB = 61
+NEW_TOKENS = 24
+
+
+def small_model(seed: int = 0) -> HybridLM:
+    cfg = HybridConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=48, layer_types=[GDN, ATTENTION, GDN, GDN],
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, partial_rotary_factor=0.5,
+    )  # fmt: skip
+    return init_random_weights(HybridLM(cfg), seed).to(F64).eval()
+
+
+def ids(n: int, seed: int) -> list[int]:
+    return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def random_token_tree(n: int, kind: str, seed: int) -> Tree:
+    gen = torch.Generator().manual_seed(seed)
+    parents = random_tree(n, kind, gen)
+    parents[0] = -1
+    return Tree(torch.randint(0, VOCAB, (n,), generator=gen), parents)
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-300))
+
+
+def prompts(tok, per_suite: int = 1) -> list[list[int]]:  # noqa: ANN001 - the family tokenizer
+    return [
+        tok.chat_prompt([{"role": "user", "content": format_turn(suite, p.turns[0])}])
+        for suite in ("mt_bench", "gsm8k", "humaneval")
+        for p in load_suite(suite, per_suite, 42)
+    ]
+
+
+def decode_routes(device: str, dtype: str, experiment: str, **graphed: object) -> dict[str, list[tuple]]:
+    """Per route of ``experiment``: (AR tokens, eager tokens or None, graphed tokens) per prompt."""
+    model, tok = open_target("default", dtype=dtype, device=device)
+    if device == "cuda":
+        model.set_gdn_backend("triton")
+    target = GraphedTarget(model, **graphed)  # type: ignore[arg-type]
+    vocab = model.config.vocab_size
+    ar = build_route({"name": "ar", "kind": "ar"}, vocab, "greedy", 0.0, 42)
+    out: dict[str, list[tuple]] = {}
+    cases = prompts(tok, 1 if device == "cpu" else 2)
+    refs = [generate(model, p, ar, NEW_TOKENS).output_ids for p in cases]
+    for spec in load_experiment(experiment)["routes"]:
+        route = build_route(spec, vocab, "greedy", 0.0, 42, target=model, family="tiny-qwen35")
+        target.prepare((route.commit,), route.drafter.capture_layers if route.drafter else (), 64)
+        rows = []
+        for p, ref in zip(cases, refs):
+            eager = (
+                generate(model, p, route, NEW_TOKENS, reference_ids=ref).output_ids
+                if device == "cpu"
+                else None
+            )
+            rows.append((ref, eager, generate(target, p, route, NEW_TOKENS, reference_ids=ref).output_ids))
+        out[spec["name"]] = rows
+    out["_captures"] = [(target.captures,)]
+    return out
+
+
+# ------------------------------------------------------------------------------- CPU, float64
+
+
+def test_every_smoke_route_through_the_graphed_target_equals_eager_and_ar():
+    """ar, synthetic chain/tree, the three commits, dflash_chain, ddtree, eagle_chain, eagle_tree and
+    weaver on the trained default target: identical tokens on the graphed target, HybridLM and AR."""
+    results = decode_routes("cpu", "float64", "smoke", max_len=128, max_nodes=64)
+    kinds = {r["kind"] for r in load_experiment("smoke")["routes"]}
+    assert {"ar", "synthetic_chain", "synthetic_tree", "dflash_chain", "ddtree", "eagle_chain"} <= kinds
+    assert {"eagle_tree", "weaver"} <= kinds
+    for name, rows in results.items():
+        if name == "_captures":
+            continue
+        for ref, eager, graphed in rows:
+            assert graphed == eager, f"{name}: graphed vs eager {compare_to_reference(graphed, eager)}"
+            assert graphed == ref, f"{name}: graphed vs AR {compare_to_reference(graphed, ref)}"
+    assert results["_captures"] == [(0,)]  # no graphs on CPU: the same static path, eagerly
+
+
+@pytest.mark.parametrize("kind", ["random", "forest", "chain"])
+def test_padding_leaves_real_nodes_unchanged(kind):
+    """A tree of 11 nodes verified on slots of 11, 16 and 64 nodes (pads: extra roots, token 0): the real
+    nodes' logits and captured layer outputs equal the unpadded ones and HybridLM's."""
+    model = small_model(1)
+    state, _ = model.prefill(ids(9, 2))
+    tree = random_token_tree(11, kind, 3)
+    ref = model.verify(state, tree, capture=(0, 3))
+    from repro.models.static import StaticDecoder, TreeSlot
+
+    dec = StaticDecoder(model, max_len=32, max_nodes=64)
+    dec.load(state)
+    out = {}
+    for size in (11, 16, 64):
+        slot = TreeSlot(dec, size, capture=(0, 3))
+        slot.set_tree(tree, pad=size != 11)
+        logits = dec.verify(slot)[:11]
+        out[size] = (logits, {i: slot.hidden[i][:11] for i in (0, 3)})
+        assert rel(logits, ref.logits) < 1e-10
+        for i in (0, 3):
+            assert rel(slot.hidden[i][:11], ref.hidden[i]) < 1e-10
+    for size in (16, 64):
+        assert torch.allclose(out[size][0], out[11][0], rtol=0, atol=1e-12)
+    with pytest.raises(ConfigError, match="up to 8 nodes"):
+        TreeSlot(dec, 8).set_tree(tree, pad=True)
+
+
+def test_graphed_target_steps_match_hybrid_and_refuse_stale_states():
+    """verify/commit of the graphed target against HybridLM on a few trees and strategies; the
+    one-node tree (decode step) consumes its state; stale handles are refused."""
+    model = small_model(5)
+    target = GraphedTarget(model, max_len=16, max_nodes=32)
+    prompt = ids(13, 6)
+    state, ver = target.prefill(prompt[:7])
+    state, ver = target.prefill(prompt[7:], state)  # a second chunk continues the first
+    ref, ref_ver = model.prefill(prompt)
+    assert rel(ver.logits[-1], ref_ver.logits[-1]) < 1e-10 and state.position == 13
+    for step, strategy in enumerate(("closed_form", "replay", "snapshot", "closed_form")):
+        tree = random_token_tree(9, "mixed", 10 + step)
+        got = target.verify(state, tree, (1,), strategy)
+        want = model.verify(ref, tree, (1,), strategy)
+        assert rel(got.logits, want.logits) < 1e-10 and rel(got.hidden[1], want.hidden[1]) < 1e-10
+        path = tree.path_to(int(tree.depth.argmax()))
+        again = target.verify(state, tree, (1,), strategy)  # verify leaves the state alone
+        assert rel(again.logits, want.logits) < 1e-10
+        state, ref = target.commit(state, again, path), model.commit(ref, want, path)
+        assert state.committed_tokens == ref.committed_tokens
+    assert target.max_len > 16  # grown past its first capacity, the state carried over
+    single = target.verify(state, Tree.single(5))
+    assert rel(single.logits, model.verify(ref, Tree.single(5)).logits) < 1e-10
+    with pytest.raises(ValueError, match="stale state"):
+        target.verify(state, Tree.single(5))  # the one-node verification folded the node in
+    with pytest.raises(ValueError, match="path \\[0\\]"):
+        target.commit(state, single, [])
+    new = target.commit(state, single, [0])
+    with pytest.raises(ValueError, match="stale state"):
+        target.verify(GraphedState(new.position, [], new.epoch - 1), Tree.single(5))
+    assert new.position == state.position + 1
+
+
+def test_slots_grow_their_captured_layers():
+    """A slot made for fewer captured layers is made again when a verify (or prepare) asks for more (the
+    H200 run's KeyError: prepare recorded the union before the slot was remade)."""
+    model = small_model(9)
+    target = GraphedTarget(model, max_len=32, max_nodes=8)
+    state, _ = target.prefill(ids(6, 9))
+    tree = random_token_tree(5, "mixed", 4)
+    assert set(target.verify(state, tree, (1,)).hidden) == {1}
+    target.prepare(capture=(1, 2))  # no graphs on CPU: records nothing
+    for capture in ((2,), (1, 3), (0,)):
+        got = target.verify(state, tree, capture)
+        want = model.verify(target._exported(state), tree, capture)
+        assert set(got.hidden) == set(capture)
+        assert all(rel(got.hidden[i], want.hidden[i]) < 1e-10 for i in capture)
+
+
+def test_slot_steps_with_captured_layers_are_capture_safe():
+    """The slot verify with captured hidden states and every commit: no host read, no data-dependent
+    shape, and the same ops on the same shapes for trees of different sizes padded to one slot."""
+    model = small_model(7)
+    target = GraphedTarget(model, max_len=32, max_nodes=16)
+    state, _ = target.prefill(ids(6, 8))
+    traces = []
+    for n in (5, 8):  # one slot of 8 nodes, padded and not
+        tree = random_token_tree(n, "mixed", n)
+        for snapshots, strategies in ((False, ("replay", "closed_form")), (True, ("snapshot",))):
+            slot = target._slot(slot_size(n, 16), snapshots, (1, 3))
+            slot.set_tree(tree, pad=True)
+            verify = check_capture(lambda s=slot: target.decoder.verify(s))
+            assert verify.hazards == [] and set(slot.hidden) == {1, 3}
+            traces.append(verify.trace)
+            slot.set_accepted(tree.path_to(n - 1))
+            for strategy in strategies:
+                with target._preserved():
+                    commit = check_capture(lambda s=slot, st=strategy: target.decoder.commit(s, st))
+                assert commit.hazards == [], (strategy, commit.hazards)
+    assert traces[0] == traces[2] and traces[1] == traces[3]
+
+
+def test_engine_names():
+    assert resolve_engine("auto", "cpu") == "eager" and resolve_engine("auto", "cuda") == "graphed"
+    assert resolve_engine("graphed", "cpu") == "graphed"
+    with pytest.raises(ConfigError, match="unknown engine 'fast'"):
+        resolve_engine("fast", "cpu")
+    with pytest.raises(ConfigError, match="exceeds the graphed engine's 16 nodes"):
+        slot_size(17, 16)
+
+
+# ------------------------------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_every_route_through_graphs_equals_ar_in_float32():
+    results = decode_routes("cuda", "float32", "gpu-smoke")
+    captures = results.pop("_captures")[0][0]
+    print(f"graphs captured: {captures}")
+    assert captures > 0
+    for name, rows in results.items():
+        for ref, _, graphed in rows:
+            assert graphed == ref, f"{name}: {compare_to_reference(graphed, ref)}"
