@@ -8,7 +8,7 @@ from typing import Any
 from repro.decoding.engine import generate
 from repro.decoding.routes import COMMON_PARAMS, build_route, family_of, route_kind
 from repro.errors import ConfigError
-from repro.models.graphed import GraphedTarget, resolve_engine
+from repro.models.graphed import GraphedTarget, check_verifier, resolve_engine
 from repro.models.hybrid import HybridLM
 from repro.models.target import open_target
 
@@ -90,6 +90,7 @@ def generate_one(
         stops = tuple(tokenizer.stop_token_ids) if tokenizer else tuple(model.config.eos_token_id)
     target: HybridLM | GraphedTarget = model
     if resolve_engine(engine, model.device) == "graphed":
+        check_verifier(chosen.verifier)
         target = GraphedTarget(model)
         target.prepare((chosen.commit,), chosen.drafter.capture_layers if chosen.drafter else ())
     reference = None

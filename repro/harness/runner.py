@@ -19,7 +19,7 @@ from repro.data.suites import Prompt, load_suite
 from repro.decoding.engine import DecodeResult, Route, generate
 from repro.decoding.routes import build_route, family_of
 from repro.errors import ConfigError, RunDirError
-from repro.models.graphed import GraphedTarget
+from repro.models.graphed import GraphedTarget, check_verifier
 from repro.models.hybrid import HybridLM
 from repro.models.target import open_target
 from repro.models.tokenizer import Tokenizer
@@ -201,6 +201,8 @@ class ExperimentRunner:
 def graphed_target(model: HybridLM, routes: list[Route]) -> GraphedTarget:
     """``model`` behind the static decoder, the graphs of the routes' commit strategies and captured
     layers made ahead (none is captured or compiled inside a timed decode)."""
+    for route in routes:
+        check_verifier(route.verifier)
     target = GraphedTarget(model)
     capture = tuple(i for r in routes if r.drafter for i in r.drafter.capture_layers)
     target.prepare(tuple(r.commit for r in routes), capture, max(largest_tree(r) for r in routes))

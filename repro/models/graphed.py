@@ -98,6 +98,16 @@ class _Eager:
         return self.fn()
 
 
+def check_verifier(verifier: str) -> None:
+    """The graphed engine verifies with the tree kernels; the stock chunk-form chain verify of fla_sd
+    (fla's kernels, what a user of flash-linear-attention gets) runs on the eager engine."""
+    if verifier != "tree":
+        raise ConfigError(
+            f"the graphed engine verifies trees only; a route with verifier {verifier!r} (fla_sd) runs on"
+            " --engine eager"
+        )
+
+
 class GraphedTarget:
     """A HybridLM behind the static decoder: ``prefill``, ``verify``, ``commit`` as HybridLM's, plus the
     attributes drafters read (``config``, ``device``, ``dtype``, ``model``, ``lm_head``)."""
@@ -261,10 +271,16 @@ class GraphedTarget:
 
     @torch.no_grad()
     def verify(
-        self, state: GraphedState, tree: Tree, capture: tuple[int, ...] = (), strategy: str = "closed_form"
+        self,
+        state: GraphedState,
+        tree: Tree,
+        capture: tuple[int, ...] = (),
+        strategy: str = "closed_form",
+        verifier: str = "tree",
     ) -> GraphedVerification:
         """Logits of every tree node given the committed state (see the module docstring for the
-        one-node tree that the decode step folds in at once)."""
+        one-node tree that the decode step folds in at once). Only the tree verifier runs here."""
+        check_verifier(verifier)
         check_strategy(strategy)
         self._check(state)
         need = state.position + (1 if tree.size == 1 else int(tree.depth.max()))
