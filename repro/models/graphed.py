@@ -290,13 +290,17 @@ class GraphedTarget:
             self.decoder.set_token(int(tree.tokens[0]))
             logits = self._call(("decode",), self.decoder.decode_step, True)()
             self.epoch += 1  # the node is folded in: the state handle is consumed
-            return GraphedVerification(tree, logits, {}, [], state.position, strategy, None, self.epoch)
+            return GraphedVerification(
+                tree, logits, {}, [], state.position, strategy, slot=None, epoch=self.epoch
+            )
         slot = self._slot(slot_size(tree.size, self.max_nodes), strategy == "snapshot", capture)
         slot.set_tree(tree, pad=True)
         logits = self._verify_call(slot)()
         n = tree.size
         hidden = {i: slot.hidden[i][:n] for i in capture}
-        return GraphedVerification(tree, logits[:n], hidden, [], state.position, strategy, slot, self.epoch)
+        return GraphedVerification(
+            tree, logits[:n], hidden, [], state.position, strategy, slot=slot, epoch=self.epoch
+        )
 
     @torch.no_grad()
     def commit(self, state: GraphedState, verification: Verification, path: list[int]) -> GraphedState:
