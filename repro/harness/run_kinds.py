@@ -12,7 +12,8 @@ from pathlib import Path
 from repro.bench import kernels as bench_kernels
 from repro.bench import model as bench_model
 from repro.engines import tables as external
-from repro.harness import falsify, family_report
+from repro.harness import family_report
+from repro.harness.falsify import exactness
 from repro.reporting import rundir
 from repro.reporting.rundir import DECODE_KIND, Run, RunKind
 
@@ -22,7 +23,7 @@ KINDS: dict[str, RunKind] = {
         DECODE_KIND,
         bench_kernels.KIND,
         bench_model.KIND,
-        falsify.KIND,
+        exactness.KIND,
         family_report.KIND,
         external.KIND,
     )
