@@ -13,7 +13,7 @@ from repro.bench import kernels as bench_kernels
 from repro.bench import model as bench_model
 from repro.engines import tables as external
 from repro.harness import family_report
-from repro.harness.falsify import exactness
+from repro.harness.falsify import exactness, pool_mass, protocol, timed
 from repro.reporting import rundir
 from repro.reporting.rundir import DECODE_KIND, Run, RunKind
 
@@ -24,6 +24,9 @@ KINDS: dict[str, RunKind] = {
         bench_kernels.KIND,
         bench_model.KIND,
         exactness.KIND,
+        pool_mass.KIND,
+        timed.KIND,
+        protocol.KIND,
         family_report.KIND,
         external.KIND,
     )
