@@ -194,6 +194,18 @@ def report(
 
 
 @app.command()
+def claims(
+    results: Annotated[Path, typer.Option(help="The results folder to read.")] = Path("results"),
+    out: Annotated[Path | None, typer.Option(help="Where to write (default RESULTS/CLAIMS.md).")] = None,
+) -> None:
+    """The claims ledger: every claim in baselines/ with its command, the latest measured value in the
+    results' records (nothing re-measured), the ratio and a verdict; writes RESULTS/CLAIMS.md."""
+    from repro.harness.claims import write_claims
+
+    typer.echo(write_claims(results, out))
+
+
+@app.command()
 def routes() -> None:
     """List the route kinds and their parameters (type, default or required, allowed values)."""
     from repro.decoding.routes import routes_text
