@@ -163,6 +163,8 @@ def measure(cfg: PoolCheckConfig, run: RunDir, progress: Callable[[str], None] |
     for k, per_depth in values.items():
         mass = PoolMass.of(k, per_depth, THRESHOLD)
         for d in range(depth):
+            if not mass.positions[d]:  # a continuation shorter than the block reaches no deeper
+                continue
             run.append({
                 "record": "pool", "k": k, "depth": d + 1, "positions": mass.positions[d],
                 "mean_outside": mass.mean_outside[d], "median_outside": mass.median_outside[d],
