@@ -40,7 +40,10 @@ app.add_typer(suites_app, name="suites")
 app.add_typer(bench_app, name="bench")
 app.add_typer(data_app, name="data")
 app.add_typer(train_app, name="train")
-falsify_app = typer.Typer(help="The reviewers' falsification checks.", no_args_is_help=True)
+falsify_app = typer.Typer(
+    help="The reviewers' falsification checks: as subcommands or as options (--pool-mass, --all, ...).",
+    invoke_without_command=True,
+)
 app.add_typer(falsify_app, name="falsify")
 family_app = typer.Typer(help="The embedded trained tiny family.", no_args_is_help=True)
 app.add_typer(family_app, name="family")
@@ -337,6 +340,18 @@ def compare(
 
 
 @app.command()
+def claims(
+    results: Annotated[Path, typer.Option(help="The results folder to read.")] = Path("results"),
+    out: Annotated[Path | None, typer.Option(help="Where to write (default RESULTS/CLAIMS.md).")] = None,
+) -> None:
+    """The claims ledger: every claim in baselines/ with its command, the latest measured value in the
+    results' records (nothing re-measured), the ratio and a verdict; writes RESULTS/CLAIMS.md."""
+    from repro.harness.claims import write_claims
+
+    typer.echo(write_claims(results, out))
+
+
+@app.command()
 def routes() -> None:
     """List the route kinds and their parameters (type, default or required, allowed values)."""
     from repro.decoding.routes import routes_text
@@ -484,6 +499,157 @@ def suites_freeze(
 
     freeze_suites(wheels, out or suites_dir())
     typer.echo(f"froze suites into {out or suites_dir()}")
+
+
+@falsify_app.callback()
+def falsify(
+    ctx: typer.Context,
+    pool_mass: Annotated[
+        bool, typer.Option("--pool-mass", help="The pool check (+ the oracle bound).")
+    ] = False,
+    tree_exactness: Annotated[bool, typer.Option("--tree-exactness", help="SpecLA's check 2.")] = False,
+    what_was_timed: Annotated[
+        Path | None, typer.Option("--what-was-timed", help="A decode run directory: what was timed in it.")
+    ] = None,
+    uniform_protocol: Annotated[
+        Path | None, typer.Option("--uniform-protocol", help="A decode run with several acceptance rules.")
+    ] = None,
+    external: Annotated[bool, typer.Option("--external", help="Other implementations' loops.")] = False,
+    all_checks: Annotated[
+        bool, typer.Option("--all", help="Every check (the RUN_DIR ones when their RUN_DIR is given).")
+    ] = False,
+    k: Annotated[str, typer.Option("--k", help="Pool sizes of --pool-mass.")] = "64,128,256,512,1024,2048",
+    out: Annotated[
+        Path | None, typer.Option(help="Output directory (with several checks: one per check).")
+    ] = None,
+) -> None:
+    """The reviewers' falsification checks; each option runs the same function as its subcommand.
+
+    Exits 3 when a check fails or a claim is refuted (after every asked-for check has run).
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    asked = {
+        "pool-mass": pool_mass or all_checks,
+        "tree-exactness": tree_exactness or all_checks,
+        "what-was-timed": what_was_timed is not None,
+        "uniform-protocol": uniform_protocol is not None,
+        "external": external or all_checks,
+    }
+    chosen = [name for name, on in asked.items() if on]
+    if not chosen:
+        typer.echo(ctx.get_help())
+        raise typer.Exit(2)
+
+    def where(name: str) -> Path | None:
+        return None if out is None else (out if len(chosen) == 1 else out / name)
+
+    calls = {
+        "pool-mass": lambda: falsify_pool_mass(k=k, out=where("pool-mass")),
+        "tree-exactness": lambda: falsify_tree_exactness(out=where("tree-exactness")),
+        "what-was-timed": lambda: falsify_what_was_timed(what_was_timed, out=where("what-was-timed")),
+        "uniform-protocol": lambda: falsify_uniform_protocol(uniform_protocol, out=where("uniform-protocol")),
+        "external": lambda: falsify_external(out=where("external")),
+    }
+    failed: list[str] = []
+    for name in chosen:
+        try:
+            calls[name]()
+        except CheckFailed as exc:
+            err_console.print(f"{name}: {exc}", highlight=False)
+            failed.append(name)
+    if failed:
+        raise CheckFailed(f"{len(failed)} check(s) failed or refuted their claim: {', '.join(failed)}")
+
+
+@falsify_app.command("pool-mass")
+def falsify_pool_mass(
+    k: Annotated[
+        str, typer.Option("--k", help="Pool sizes K, comma-separated.")
+    ] = "64,128,256,512,1024,2048",
+    rerun_k: Annotated[int, typer.Option(help="The weaver decode is repeated at this K and 2K.")] = 512,
+    target: Annotated[str, typer.Option(help="A family target (its own DFlash and Weaver).")] = "tiny-qwen35",
+    corpus: Annotated[
+        Path, typer.Option(help="Corpus dir with heldout.txt; if missing, the suites' prompts are used.")
+    ] = Path("data/corpus"),
+    prompts: Annotated[int, typer.Option(help="Held-out corpus prompts (64-token windows).")] = 8,
+    suites: Annotated[str, typer.Option(help="Suites used without a corpus (turn 1).")] = (
+        "mt_bench,gsm8k,humaneval"
+    ),
+    limit: Annotated[int, typer.Option(help="Prompts per suite.")] = 2,
+    max_new_tokens: Annotated[int, typer.Option(help="Continuation / decode length per prompt.")] = 32,
+    budget: Annotated[int, typer.Option(help="Draft nodes of the weaver and ddtree routes.")] = 64,
+    oracle_samples: Annotated[int, typer.Option(help="M: sampled continuations per oracle context.")] = 64,
+    contexts_per_prompt: Annotated[int, typer.Option(help="Oracle contexts per prompt.")] = 2,
+    outside_limit: Annotated[float, typer.Option(help="'A few percent' of mass outside the pool.")] = 0.05,
+    dtype: Annotated[str, dtype_option("float64 keeps every route exact.")] = "float64",
+    seed: Annotated[int, typer.Option()] = 0,
+    out: Annotated[Path | None, typer.Option(help="Output directory.")] = None,
+) -> None:
+    """The reviewers' pool check: target mass outside DFlash's top-K pool per depth and K, the
+    budget-64 weaver decode at K and 2K, and Weaver's Fig. 4 oracle bound for marginal drafters beside
+    the measured per-depth acceptance (one run directory).
+
+    Exits 3 when the claim is refuted (mass escapes the pool AND weaver falls to the marginal bound).
+    """
+    from repro.harness.falsify.pool_mass import PoolCheckConfig, run_pool_check
+
+    try:
+        ks = [int(x) for x in _names(k)]
+    except ValueError:
+        raise ReproError(f"--k takes comma-separated integers, got {k!r}") from None
+    out_dir = out or Path("runs") / "falsify-pool-mass"
+    cfg = PoolCheckConfig(
+        out=str(out_dir), target=target, ks=ks, rerun_k=rerun_k, corpus=str(corpus), prompts=prompts,
+        suites=_names(suites), limit=limit, new_tokens=max_new_tokens, budget=budget,
+        oracle_samples=oracle_samples, contexts_per_prompt=contexts_per_prompt, outside_limit=outside_limit,
+        dtype=dtype, seed=seed,
+    )  # fmt: skip
+    text, found = run_pool_check(cfg, progress=lambda line: err_console.print(line, highlight=False))
+    typer.echo(text)
+    if found["falsifier"] == "refuted":
+        raise CheckFailed(
+            f"pool-mass claim refuted at depth(s) {', '.join(map(str, found['depths']))} (see {out_dir})"
+        )
+
+
+@falsify_app.command("what-was-timed")
+def falsify_what_was_timed(
+    run_dir: Annotated[Path, typer.Argument(help="A decode run directory.")],
+    max_new_tokens: Annotated[int, typer.Option(min=2, help="New tokens of the counting re-run.")] = 8,
+    out: Annotated[Path | None, typer.Option(help="Output directory.")] = None,
+) -> None:
+    """Layers executed per verify (counted) and the per-stage breakdown of a decode run.
+
+    Exits 3 when a route's verify executed fewer layers than the model has.
+    """
+    from repro.harness.falsify.timed import MODEL, what_was_timed
+
+    out_dir = out or Path("runs") / f"falsify-what-was-timed-{Path(run_dir).name}"
+    run = what_was_timed(run_dir, out_dir, max_new_tokens)
+    typer.echo((out_dir / "report.md").read_text(encoding="utf-8"))
+    bad = [r["route"] for r in run.records() if r["verdict"] != MODEL]
+    if bad:
+        raise CheckFailed(f"single-layer timing, not a model timing: {', '.join(bad)} (see {out_dir})")
+
+
+@falsify_app.command("uniform-protocol")
+def falsify_uniform_protocol(
+    run_dir: Annotated[Path, typer.Argument(help="A decode run with routes under several acceptance rules.")],
+    out: Annotated[Path | None, typer.Option(help="Output directory.")] = None,
+) -> None:
+    """Every method under one acceptance rule beside the best-of-protocol table.
+
+    Exits 3 when the ranking of methods changes under a uniform rule.
+    """
+    from repro.harness.falsify.protocol import uniform_protocol
+
+    out_dir = out or Path("runs") / f"falsify-uniform-protocol-{Path(run_dir).name}"
+    _, changes = uniform_protocol(run_dir, out_dir)
+    typer.echo((out_dir / "report.md").read_text(encoding="utf-8"))
+    changed = [rule for rule, c in changes.items() if c]
+    if changed:
+        raise CheckFailed(f"the ranking of methods changes under {', '.join(changed)} (see {out_dir})")
 
 
 @falsify_app.command("tree-exactness")

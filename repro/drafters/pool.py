@@ -9,7 +9,7 @@ target's next-token distribution at position a + j - 1 along the sequence.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -28,29 +28,50 @@ def top_k_pool(logits: torch.Tensor, pool_size: int) -> tuple[torch.Tensor, torc
 
 @dataclass
 class PoolMass:
-    """Per draft depth (1 first): mean target mass outside the pool, and the tail."""
+    """Per draft depth (1 first): the target mass outside the pool (mean, median, 90th percentile =
+    1 - the 10th percentile of the kept mass) and the tail share."""
 
     pool_size: int
     threshold: float  # a position is in the tail when the pool retains less than this share
     mean_outside: list[float]
     share_below: list[float]  # share of positions whose pool retains < threshold of the mass
     positions: list[int]  # positions measured per depth
+    median_outside: list[float] = field(default_factory=list)
+    p90_outside: list[float] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def of(cls, pool_size: int, per_depth: list[torch.Tensor], threshold: float = 0.9) -> PoolMass:
+        """The statistics of per-depth outside-mass values (one tensor of positions per depth)."""
+
+        def stat(f: Any) -> list[float]:
+            return [float(f(v.double())) if v.numel() else float("nan") for v in per_depth]
+
+        return cls(
+            pool_size=pool_size,
+            threshold=threshold,
+            mean_outside=stat(torch.mean),
+            share_below=stat(lambda v: (v > 1.0 - threshold).double().mean()),
+            positions=[int(v.numel()) for v in per_depth],
+            median_outside=stat(lambda v: torch.quantile(v, 0.5)),
+            p90_outside=stat(lambda v: torch.quantile(v, 0.9)),
+        )
+
 
 @torch.no_grad()
-def pool_mass(
+def outside_mass(
     target: HybridLM,
     dflash: DFlashDraftModel,
     seqs: torch.Tensor,
-    pool_size: int,
+    pool_sizes: list[int],
     first_anchor: int = 1,
-    threshold: float = 0.9,
     batch: int = 4,
-) -> PoolMass:
-    """Target mass outside DFlash's top-``pool_size`` pool on ``seqs`` [N, L], per draft depth.
+) -> dict[int, list[torch.Tensor]]:
+    """Per pool size K: per draft depth, the target mass outside DFlash's top-K pool at every anchor of
+    ``seqs`` [N, L] (teacher-forced; one forward pass for every K: the pools of smaller K are prefixes
+    of the largest's, best first).
 
     Anchors are every position a in [first_anchor, L - 1]; depth j counts where a + j - 1 <= L - 1.
     ``batch`` sequences go through the target and the drafter at a time (the drafter's logits
@@ -59,9 +80,13 @@ def pool_mass(
     n, length = seqs.shape
     if not 1 <= first_anchor < length:
         raise ConfigError(f"first_anchor must lie in [1, {length - 1}] for sequences of {length} tokens")
+    vocab = target.config.vocab_size
+    sizes = sorted({min(int(k), vocab) for k in pool_sizes})
+    if not sizes or sizes[0] < 1:
+        raise ConfigError(f"pool sizes must be >= 1, got {pool_sizes}")
     layers = tuple(dflash.config.target_layer_ids)
     depth = dflash.config.block_size - 1
-    outside: list[list[torch.Tensor]] = [[] for _ in range(depth)]
+    outside: dict[int, list[list[torch.Tensor]]] = {k: [[] for _ in range(depth)] for k in sizes}
     device = target.device
     for start in range(0, n, batch):
         part = seqs[start : start + batch].to(device)
@@ -71,22 +96,30 @@ def pool_mass(
         anchors = torch.arange(first_anchor, length, device=device).expand(b, -1)
         block, positions = dflash.anchored_blocks(part, features, anchors, target.model.embed_tokens.weight)
         draft = dflash.compute_logits(block[:, 1:], target.lm_head)  # [bA, T-1, V]
-        _, ids = top_k_pool(draft, pool_size)
+        _, ids = top_k_pool(draft, sizes[-1])
         probs = torch.softmax(logits.double(), dim=-1).reshape(b * length, -1)
         seq = torch.arange(b, device=device).repeat_interleave(anchors.shape[1])
         where = positions[:, :-1]  # the target's distribution at a + j - 1 predicts depth j
         rows = seq[:, None] * length + where.clamp(max=length - 1)
-        inside = probs[rows[..., None], ids].sum(-1)  # [bA, T-1]
-        for j in range(depth):
-            keep = where[:, j] <= length - 1
-            outside[j].append((1.0 - inside[keep, j]).clamp(min=0.0).cpu())
-    values = [torch.cat(o) for o in outside]
-    return PoolMass(
-        pool_size=min(pool_size, target.config.vocab_size),
-        threshold=threshold,
-        mean_outside=[float(v.mean()) if v.numel() else float("nan") for v in values],
-        share_below=[
-            float((v > 1.0 - threshold).double().mean()) if v.numel() else float("nan") for v in values
-        ],
-        positions=[int(v.numel()) for v in values],
-    )
+        kept = probs[rows[..., None], ids].cumsum(-1)  # [bA, T-1, K_max]: mass of the top-k, k = 1..
+        for k in sizes:
+            inside = kept[..., k - 1]
+            for j in range(depth):
+                keep = where[:, j] <= length - 1
+                outside[k][j].append((1.0 - inside[keep, j]).clamp(min=0.0).cpu())
+    return {k: [torch.cat(o) for o in per_depth] for k, per_depth in outside.items()}
+
+
+def pool_mass(
+    target: HybridLM,
+    dflash: DFlashDraftModel,
+    seqs: torch.Tensor,
+    pool_size: int,
+    first_anchor: int = 1,
+    threshold: float = 0.9,
+    batch: int = 4,
+) -> PoolMass:
+    """Target mass outside DFlash's top-``pool_size`` pool on ``seqs`` [N, L], per draft depth
+    (:func:`outside_mass` for one K, summarised)."""
+    ((k, values),) = outside_mass(target, dflash, seqs, [pool_size], first_anchor, batch).items()
+    return PoolMass.of(k, values, threshold)

@@ -13,7 +13,8 @@ from repro.bench import kernels as bench_kernels
 from repro.bench import model as bench_model
 from repro.engines import tables as external
 from repro.errors import ConfigError
-from repro.harness import falsify, family_report
+from repro.harness import family_report
+from repro.harness.falsify import exactness, pool_mass, protocol, timed
 from repro.paper import specla_acceptance, specla_table, sweep, table2
 from repro.reporting import rundir
 from repro.reporting.rundir import DECODE_KIND, Run, RunKind
@@ -24,7 +25,10 @@ KINDS: dict[str, RunKind] = {
         DECODE_KIND,
         bench_kernels.KIND,
         bench_model.KIND,
-        falsify.KIND,
+        exactness.KIND,
+        pool_mass.KIND,
+        timed.KIND,
+        protocol.KIND,
         family_report.KIND,
         external.KIND,
         table2.KIND,

@@ -100,3 +100,39 @@ def plot_depth_acceptance(curves: pd.DataFrame, path: str | Path) -> Path:
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize="small")
     return _save(fig, path)
+
+
+def plot_lines(
+    curves: pd.DataFrame,
+    path: str | Path,
+    *,
+    series: str,
+    x: str,
+    y: str,
+    labels: tuple[str, str, str],
+    ylim: tuple[float, float] | None = None,
+    dashed: tuple[str, ...] = (),
+) -> list[Path]:
+    """One line per value of ``series`` (y against x), saved as PNG at ``path`` and as SVG beside it.
+
+    ``labels`` are (x label, y label, title); series named in ``dashed`` are drawn dashed (bounds).
+    """
+    if curves.empty:
+        raise ReproError(f"no rows to plot for {Path(path).name}")
+    fig = Figure(figsize=(6.4, 4.4))
+    ax = fig.add_subplot()
+    for name, g in curves.groupby(series, sort=False):
+        style = "--" if str(name) in dashed else "-"
+        ax.plot(g[x], g[y], linestyle=style, marker="o", markersize=3, label=str(name))
+    ax.set_xlabel(labels[0])
+    ax.set_ylabel(labels[1])
+    ax.set_title(labels[2])
+    if ylim is not None:
+        ax.set_ylim(*ylim)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
+    png = _save(fig, path)
+    svg = png.with_suffix(".svg")
+    fig.savefig(svg, format="svg", bbox_inches="tight", metadata={"Date": None})
+    return [png, svg]

@@ -16,10 +16,9 @@ from torch import nn
 
 from repro.data.corpus_tokens import corpus_prompts, documents
 from repro.errors import ConfigError
-from repro.harness.evaluation import route_acceptance
+from repro.harness.evaluation import greedy_continuations, route_acceptance
 from repro.models.hybrid import HybridLM
 from repro.models.loading import load_target
-from repro.models.state import ModelState
 from repro.models.tokenizer import Tokenizer, load_tokenizer
 from repro.reporting.records import write_json
 from repro.train.common import (
@@ -134,34 +133,6 @@ class Distillation:
         return corpus_prompts(
             self.tokenizer, docs, r.eval_prompts, r.prompt_len, torch.Generator().manual_seed(r.seed)
         )
-
-
-@torch.no_grad()
-def greedy_continuations(
-    target: HybridLM, prompts: list[list[int]], new_tokens: int, batch: int = 256
-) -> torch.Tensor:
-    """Prompt + the target's greedy continuation, [N, prompt_len + new_tokens] (no early stop).
-
-    Prompts of one length decode together: one batched prefill, then one batched step per token
-    carrying the batched state. In float64 this is AR's output token for token (tested); in
-    float32/bf16 rare near-ties may break differently from the tree decode path, which does not
-    matter for training data.
-    """
-    if len({len(p) for p in prompts}) > 1:
-        raise ConfigError("greedy_continuations needs prompts of one length")
-    rows = []
-    for start in range(0, len(prompts), batch):
-        ids = torch.tensor(prompts[start : start + batch], dtype=torch.long, device=target.device)
-        logits, _, layers = target.forward_chain(ids)
-        state = ModelState(layers, ids.shape[1])
-        for step in range(new_tokens):
-            nxt = logits[:, -1].argmax(-1, keepdim=True)
-            ids = torch.cat([ids, nxt], dim=1)
-            if step + 1 < new_tokens:
-                logits, _, layers = target.forward_chain(nxt, state=state)
-                state = ModelState(layers, state.position + 1)
-        rows.append(ids.cpu())
-    return torch.cat(rows)
 
 
 @torch.no_grad()

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from repro.gdn import reference
-from repro.harness import falsify
+from repro.harness.falsify import exactness as falsify
 
 
 def test_reference_passes_with_live_controls(tmp_path):

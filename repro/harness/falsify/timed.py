@@ -1,0 +1,176 @@
+"""What was timed (``repro falsify --what-was-timed RUN_DIR``): SpecLA's reviewers' check 3.
+
+For a decode run directory, per route: the decoder layers the target actually executed per verify
+step, **counted** (a forward hook on every decoder layer's input norm, during a short re-run of the
+run's first prompt with each route on the CPU reference path), against the model's layer count; and
+the full-model per-stage breakdown (draft, tree, verify, commit ms per step) read from the run's
+records. A route whose verify executed fewer layers than the model has gets the verdict
+"single-layer timing, not a model timing" (the command exits 3).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from repro.errors import ReproError
+from repro.reporting.records import STAGES, build_manifest
+from repro.reporting.rundir import Run, RunDir, RunKind, fields_parser
+
+MODEL = "model timing"
+SINGLE = "single-layer timing, not a model timing"
+
+
+def timing_verdict(executed_min: float, model_layers: int) -> str:
+    """A timing is a model timing only when every verify executed every layer of the model."""
+    return MODEL if executed_min >= model_layers else SINGLE
+
+
+class LayerCounter:
+    """Counts decoder-layer executions inside ``model.verify`` calls made after the prompt's prefill."""
+
+    def __init__(self, model: Any) -> None:
+        self.model, self.calls, self.per_verify, self.in_prefill = model, 0, [], False
+        self.hooks = [layer.input_layernorm.register_forward_hook(self._hit) for layer in model.model.layers]
+        self._verify, self._prefill = model.verify, model.prefill
+        model.verify, model.prefill = self._counted_verify, self._counted_prefill
+
+    def _hit(self, *args: Any) -> None:
+        self.calls += 1
+
+    def _counted_verify(self, *args: Any, **kwargs: Any) -> Any:
+        before = self.calls
+        out = self._verify(*args, **kwargs)
+        if not self.in_prefill:
+            self.per_verify.append(self.calls - before)
+        return out
+
+    def _counted_prefill(self, *args: Any, **kwargs: Any) -> Any:
+        self.in_prefill = True
+        try:
+            return self._prefill(*args, **kwargs)
+        finally:
+            self.in_prefill = False
+
+    def close(self) -> None:
+        for hook in self.hooks:
+            hook.remove()
+        del self.model.verify, self.model.prefill  # back to the class's methods
+
+
+def count_layers(cfg: dict[str, Any], routes: list[str], new_tokens: int) -> dict[str, dict[str, Any]]:
+    """Per route name: layers executed per verify (mean, min), verify calls, the model's layers, on
+    the first prompt of ``cfg`` re-run on the CPU reference path (float64 unless float32 was run)."""
+    from repro.decoding.engine import generate
+    from repro.harness.runner import ExperimentRunner
+    from repro.reporting.records import reference_route
+
+    dtype = cfg["dtype"] if cfg["dtype"] in ("float32", "float64") else "float64"
+    rerun = {**cfg, "device": "cpu", "gdn_backend": "reference", "dtype": dtype, "warmup": 0}
+    rerun["max_new_tokens"] = new_tokens
+    runner = ExperimentRunner(rerun)
+    chosen = [r for r in runner.routes if r.name in routes]
+    prompt = runner.prompts()[0]
+    ids = runner.tokenizer.chat_prompt([{"role": "user", "content": prompt.turns[0]}])
+    ref_name = reference_route((r.name, r.params) for r in runner.routes)
+    ref = next((r for r in runner.routes if r.name == ref_name), None)
+    reference = generate(runner.model, ids, ref, new_tokens).output_ids if ref else None
+    out = {}
+    for route in chosen:
+        counter = LayerCounter(runner.model)
+        try:
+            generate(runner.model, ids, route, new_tokens, (), reference)
+        finally:
+            counter.close()
+        n = counter.per_verify
+        out[route.name] = {
+            "prompt": f"{prompt.suite}/{prompt.id}",
+            "verify_calls": len(n),
+            "layers_per_verify": sum(n) / len(n) if n else math.nan,
+            "layers_min": min(n) if n else math.nan,
+            "model_layers": len(runner.model.model.layers),
+        }
+    return out
+
+
+def what_was_timed(source: str | Path, out: str | Path, new_tokens: int = 8) -> RunDir:
+    """Write a what-was-timed run directory for the decode run ``source``; returns it (closed)."""
+    from repro.harness.run_kinds import load_run
+    from repro.reporting.report import summarize
+
+    src = load_run(source)
+    if src.kind.name != "decode":
+        raise ReproError(f"{source} is a {src.kind.name} run; --what-was-timed needs a decode run directory")
+    if not src.records:
+        raise ReproError(f"{source} holds no records: nothing was timed")
+    summary = summarize(src.records)
+    pooled = summary[summary["suite"] == "all"].set_index("route")
+    names = list(pooled.index)
+    counts = count_layers(src.manifest["config"], names, new_tokens)
+    config = {"check": "what-was-timed", "source": str(source), "new_tokens": new_tokens,
+              "source_config_hash": src.manifest["config_hash"]}  # fmt: skip
+    kinds = {r.route: r.route_params.get("kind") for r in src.records}
+    with RunDir(out, build_manifest(config), kind=KIND) as run:
+        for name in names:
+            row = pooled.loc[name]
+            c = counts[name]
+            run.append({
+                "route": name, "kind": kinds[name],
+                **c, "verdict": timing_verdict(c["layers_min"], c["model_layers"]),
+                "device": src.manifest.get("device"), "MAL": float(row["MAL"]),
+                "tokens_per_s": float(row["tokens_per_s"]), "step_ms": float(row["step_ms"]),
+                **{f"{s}_ms": float(row[f"{s}_ms"]) for s in STAGES},
+            })  # fmt: skip
+        run.write_report()
+        return run
+
+
+def table(records: list[dict]) -> pd.DataFrame:
+    cols = ["route", "kind", "model_layers", "layers_per_verify", "layers_min", "verify_calls", "MAL",
+            "tokens_per_s", "step_ms", *(f"{s}_ms" for s in STAGES), "verdict"]  # fmt: skip
+    return pd.DataFrame([{c: r[c] for c in cols} for r in records], columns=cols)
+
+
+def build_report(run: Run, figures_dir: Path | None) -> str:
+    from repro.reporting.report import markdown_table
+
+    t = table(run.records)
+    run.write("table.csv", t.to_csv(index=False))
+    cfg = run.manifest["config"]
+    bad = t[t["verdict"] != MODEL]["route"].tolist()
+    verdict = (
+        f"**{SINGLE}: {', '.join(bad)}** (fewer layers executed per verify than the model has)."
+        if bad
+        else "**Model timing: every route's verify executed every layer of the model.**"
+    )
+    first = run.records[0] if run.records else {}
+    text = (
+        f"# What was timed: {cfg['source']}\n\n{verdict}\n\n"
+        f"Layers executed per verify step are counted (a hook on every decoder layer) while re-running"
+        f" prompt {first.get('prompt')} for {cfg['new_tokens']} new tokens with each route on the CPU"
+        " reference path; the stage breakdown (ms per verify step, draft + tree + verify + commit <= step)"
+        f" is the source run's, as recorded on {first.get('device')}.\n\n"
+        + markdown_table(
+            t,
+            {
+                "layers_per_verify": "{:.1f}",
+                "MAL": "{:.2f}",
+                "tokens_per_s": "{:.1f}",
+                **{c: "{:.3f}" for c in t.columns if c.endswith("_ms")},
+            },
+        )  # fmt: skip
+        + "\n"
+    )
+    run.write("report.md", text)
+    return text
+
+
+KIND = RunKind(
+    "falsify-what-was-timed",
+    fields_parser("route", "model_layers", "layers_min", "verdict"),
+    build_report,
+    ("report.md", "table.csv"),
+)

@@ -1,0 +1,94 @@
+"""The claims ledger: the committed results/CLAIMS.md is what `repro claims` generates, and its values
+are the ones recorded in the run directories it names."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from repro.cli import main
+from repro.harness import claims
+
+RESULTS = Path(__file__).resolve().parents[2] / "results"
+
+
+def test_committed_claims_are_what_the_command_generates():
+    assert (RESULTS / "CLAIMS.md").read_text() == claims.claims_markdown(RESULTS)
+
+
+def test_every_baseline_claim_has_a_row_and_a_verdict():
+    rows = {r["id"]: r for r in claims.ledger(RESULTS)}
+    assert {"W1", "W3", "W4", "W5", "W7-T128", "W8-T128", "S1", "S4", "S5", "S6"} <= set(rows)
+    heads = {r["verdict"].split(" (")[0].split(":")[0] for r in rows.values()}
+    assert heads <= {"reproduced", "not reproduced", "not yet measured", "not testable here"}
+    assert rows["W1"]["verdict"].startswith("not yet measured") and rows["W1"]["command"] == "repro run table2"
+    assert rows["S1"]["measured"] is None and rows["W6"]["verdict"].startswith("not testable here: ")
+
+
+def test_values_are_read_from_the_named_records():
+    rows = {r["id"]: r for r in claims.ledger(RESULTS)}
+    w5 = rows["W5"]
+    recs = [json.loads(x) for x in (RESULTS / w5["source"] / "records.jsonl").read_text().splitlines()]
+    pools = [r for r in recs if r["record"] == "pool" and r["k"] == 512]
+    kept = 1 - sum(r["mean_outside"] * r["positions"] for r in pools) / sum(r["positions"] for r in pools)
+    assert w5["measured"] == pytest.approx(kept) and w5["ratio"] == pytest.approx(kept / 0.978)
+    w3 = rows["W3"]
+    fam = [json.loads(x) for x in (RESULTS / w3["source"] / "records.jsonl").read_text().splitlines()]
+
+    def mal(route: str) -> float:
+        g = [r for r in fam if r["target"] == "tiny-qwen35" and r["route"] == route]
+        return sum(r["mal"] * r["steps"] for r in g) / sum(r["steps"] for r in g)
+
+    assert w3["measured"] == pytest.approx(mal("weaver") / mal("dflash_chain") - 1)
+
+
+def test_end_to_end_speedups_are_read_from_gpu_runs_only(tmp_path):
+    """A CPU run's tokens/s time Python: the SpecLA speedups are "not yet measured" from it; the same
+    records under a CUDA manifest are read, and equal the run's own table."""
+    import pandas as pd
+
+    results = tmp_path / "results"
+    shutil.copytree(RESULTS / "2026-12-01-cpu-specla", results / "run")
+    only = tuple(c for c in claims.CLAIMS if c.id in ("S1", "S2"))
+    rows = {r["id"]: r for r in claims.ledger(results, only)}
+    assert rows["S1"]["measured"] is None and "no GPU run yet" in rows["S1"]["verdict"]
+    manifest_path = results / "run" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["device_info"]["cuda"] = "NVIDIA H200"
+    manifest_path.write_text(json.dumps(manifest))
+    rows = {r["id"]: r for r in claims.ledger(results, only)}
+    table = pd.read_csv(RESULTS / "2026-12-01-cpu-specla" / "table.csv")
+    want = table[(table["method"] == "SpecLA") & (table["workload"] == "gsm8k")]["speedup"].iloc[0]
+    assert rows["S2"]["measured"] == pytest.approx(want) and rows["S2"]["source"] == "run"
+
+
+def test_planted_verdicts_and_a_missing_kind():
+    at_least = claims.Claim("x", "weaver", "k", lambda b: 1.0, "s", "c", "k")
+    at_most = claims.Claim("y", "weaver", "k", lambda b: 1.0, "s", "c", "k", judge="at_most")
+    assert claims.verdict(at_least, 1.0, 0.91) == "reproduced"
+    assert claims.verdict(at_least, 1.0, 0.89) == "not reproduced"
+    assert claims.verdict(at_most, 1.0, 1.09) == "reproduced" and claims.verdict(at_most, 1.0, 1.2) == (
+        "not reproduced"
+    )
+    ghost = claims.Claim("z", "weaver", "k", lambda b: 2.0, "s", "repro run z", "no-such-kind", lambda r: 1.0)
+    (row,) = claims.ledger(RESULTS, (ghost,))
+    assert row["verdict"] == "not yet measured" and row["measured"] is None
+
+
+def test_the_command_writes_claims_md(monkeypatch, capsys, tmp_path):
+    copy = tmp_path / "results"
+    shutil.copytree(RESULTS, copy)
+    (copy / "CLAIMS.md").unlink()
+    monkeypatch.setattr(sys, "argv", ["repro", "claims", "--results", str(copy)])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    assert exc.value.code == 0
+    assert (copy / "CLAIMS.md").read_text() == (RESULTS / "CLAIMS.md").read_text()
+    monkeypatch.setattr(sys, "argv", ["repro", "claims", "--results", str(tmp_path / "none")])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    assert exc.value.code == 2
