@@ -25,7 +25,9 @@ def test_every_baseline_claim_has_a_row_and_a_verdict():
     assert {"W1", "W3", "W4", "W5", "W7-T128", "W8-T128", "S1", "S4", "S5", "S6"} <= set(rows)
     heads = {r["verdict"].split(" (")[0].split(":")[0] for r in rows.values()}
     assert heads <= {"reproduced", "not reproduced", "not yet measured", "not testable here"}
-    assert rows["W1"]["verdict"].startswith("not yet measured") and rows["W1"]["command"] == "repro run table2"
+    assert (
+        rows["W1"]["verdict"].startswith("not yet measured") and rows["W1"]["command"] == "repro run table2"
+    )
     assert rows["S1"]["measured"] is None and rows["W6"]["verdict"].startswith("not testable here: ")
 
 

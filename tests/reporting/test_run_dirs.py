@@ -55,8 +55,15 @@ def test_every_committed_results_folder_rebuilds(tmp_path: Path):
         text = rebuild_report(folder, figures=tmp_path / "figures" / folder.name)
         assert text.startswith("# ") and (folder / "report.md").read_text() == text
         original = RESULTS / folder.relative_to(copy)
-        for table in ("table.csv", "summary.csv", "histogram.csv", "acceptance.csv", "gains.csv", "best.csv",
-                      "oracle.csv"):
+        for table in (
+            "table.csv",
+            "summary.csv",
+            "histogram.csv",
+            "acceptance.csv",
+            "gains.csv",
+            "best.csv",
+            "oracle.csv",
+        ):
             if (original / table).exists():
                 assert (folder / table).read_bytes() == (original / table).read_bytes(), (folder, table)
     assert not (copy / "2026-11-30-h200-train-family" / "report.md").exists()
