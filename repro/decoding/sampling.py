@@ -27,10 +27,11 @@ def target_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 
 
 def pick_token(logits: torch.Tensor, temperature: float, seed: int, position: int) -> int:
-    """Argmax when temperature is 0, else inverse-CDF sampling with the position's draw."""
+    """Argmax when temperature is 0, else inverse-CDF sampling with the position's draw (on the host in
+    float64, so the same logits give the same token on any device)."""
     if temperature <= 0:
         return int(torch.argmax(logits))
-    cdf = torch.cumsum(target_probs(logits, temperature), dim=-1)
+    cdf = torch.cumsum(target_probs(logits.detach().cpu(), temperature), dim=-1)
     u = position_uniform(seed, position) * float(cdf[-1])
     return min(int(torch.searchsorted(cdf, torch.tensor([u], dtype=cdf.dtype)).item()), cdf.numel() - 1)
 
