@@ -42,7 +42,7 @@ class Claim:
     judge: str = "at_least"  # at_least | at_most
     tolerance: float = 0.1  # relative slack before "not reproduced"
     note: str = ""  # why not testable, or what the measurement is
-    gpu_only: bool = False  # an end-to-end speed: CPU runs time Python, so only GPU runs count
+    gpu_only: bool = False  # an end-to-end speed: only runs on the GPU engine count (eager runs time Python)
 
 
 # ----------------------------------------------------------------------------------- readers
@@ -192,7 +192,7 @@ CLAIMS: tuple[Claim, ...] = (
 
 def latest_runs(results: Path, kind: str, gpu_only: bool = False) -> list[tuple[str, list[Any]]]:
     """(folder relative to ``results``, records) of every run of ``kind`` there, newest first, without
-    the wholly superseded ones (``gpu_only``: only runs whose manifest names a CUDA device)."""
+    the wholly superseded ones (``gpu_only``: only runs on a CUDA device with the graphed engine)."""
     from repro.harness.run_kinds import load_run
     from repro.reporting.index import run_folders
     from repro.reporting.rundir import infer_kind, read_manifest
@@ -205,7 +205,10 @@ def latest_runs(results: Path, kind: str, gpu_only: bool = False) -> list[tuple[
         manifest = read_manifest(folder)
         if infer_kind(manifest) != kind or (rel in sup and not sup[rel].get("partly")):
             continue
-        if gpu_only and not (manifest.get("device_info") or {}).get("cuda"):
+        on_gpu_engine = (manifest.get("device_info") or {}).get("cuda") and (
+            (manifest.get("config") or {}).get("engine") == "graphed"
+        )
+        if gpu_only and not on_gpu_engine:
             continue
         found.append((manifest.get("created_at", ""), rel, folder))
     found.sort(reverse=True)
@@ -238,7 +241,11 @@ def ledger(results: Path, claims: tuple[Claim, ...] = CLAIMS) -> list[dict[str, 
             runs = latest_runs(results, c.kind, c.gpu_only) if c.read is not None else []
             hit = next(((rel, v) for rel, recs in runs if (v := c.read(recs)) is not None), None)
             if hit is None:
-                why = "no GPU run yet; CPU tokens/s time Python" if c.gpu_only else c.note
+                why = (
+                    "no run on the GPU engine yet; CPU and eager tokens/s time Python"
+                    if c.gpu_only
+                    else c.note
+                )
                 row["verdict"] = "not yet measured" + (f" ({why})" if why else "")
             else:
                 row["source"], row["measured"] = hit

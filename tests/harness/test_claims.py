@@ -25,9 +25,7 @@ def test_every_baseline_claim_has_a_row_and_a_verdict():
     assert {"W1", "W3", "W4", "W5", "W7-T128", "W8-T128", "S1", "S4", "S5", "S6"} <= set(rows)
     heads = {r["verdict"].split(" (")[0].split(":")[0] for r in rows.values()}
     assert heads <= {"reproduced", "not reproduced", "not yet measured", "not testable here"}
-    assert (
-        rows["W1"]["verdict"].startswith("not yet measured") and rows["W1"]["command"] == "repro run table2"
-    )
+    assert rows["W1"]["command"] == "repro run table2" and rows["W1"]["source"].endswith("-graphed")
     assert rows["S1"]["measured"] is None and rows["W6"]["verdict"].startswith("not testable here: ")
 
 
@@ -49,18 +47,22 @@ def test_values_are_read_from_the_named_records():
 
 
 def test_end_to_end_speedups_are_read_from_gpu_runs_only(tmp_path):
-    """A CPU run's tokens/s time Python: the SpecLA speedups are "not yet measured" from it; the same
-    records under a CUDA manifest are read, and equal the run's own table."""
+    """CPU and eager runs' tokens/s time Python: the SpecLA speedups are "not yet measured" from them;
+    the same records under a CUDA manifest of the graphed engine are read, and equal the run's table."""
     import pandas as pd
 
     results = tmp_path / "results"
     shutil.copytree(RESULTS / "2026-12-01-cpu-specla", results / "run")
     only = tuple(c for c in claims.CLAIMS if c.id in ("S1", "S2"))
     rows = {r["id"]: r for r in claims.ledger(results, only)}
-    assert rows["S1"]["measured"] is None and "no GPU run yet" in rows["S1"]["verdict"]
+    assert rows["S1"]["measured"] is None and "no run on the GPU engine yet" in rows["S1"]["verdict"]
     manifest_path = results / "run" / "manifest.json"
     manifest = json.loads(manifest_path.read_text())
     manifest["device_info"]["cuda"] = "NVIDIA H200"
+    manifest["config"]["engine"] = "eager"
+    manifest_path.write_text(json.dumps(manifest))
+    assert all(r["measured"] is None for r in claims.ledger(results, only))
+    manifest["config"]["engine"] = "graphed"
     manifest_path.write_text(json.dumps(manifest))
     rows = {r["id"]: r for r in claims.ledger(results, only)}
     table = pd.read_csv(RESULTS / "2026-12-01-cpu-specla" / "table.csv")
