@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -18,6 +19,9 @@ from repro.errors import CheckFailed, ReproError, SuiteError
 from repro.options import device_option, dtype_option
 from repro.progress import Progress
 from repro.train.cli import train_app
+
+if TYPE_CHECKING:
+    from repro.harness.parallel import Shard
 
 try:  # Typer >= 0.22 vendors Click; its exceptions are not the click package's
     from typer._click import exceptions as click_exceptions
@@ -97,9 +101,19 @@ def run(
             "--check", help="Resolve and validate the config and checkpoint formats; load no weights."
         ),
     ] = False,
+    shard: Annotated[
+        str | None,
+        typer.Option(
+            help="Decode only shard i/n of the prompts (prompt k when k % n == i) into OUT/shards/rank-i;"
+            " `repro merge OUT` joins the shards."
+        ),
+    ] = None,
 ) -> None:
     """Run an experiment (a decode run, a paper table: table2, specla, acceptance) or a real-checkpoint
     template; records are appended as they are made and a rerun resumes.
+
+    Under ``torchrun --nproc-per-node N -m repro run ...`` each rank decodes its share of the prompts on
+    its own device into OUT/shards/rank-K and rank 0 merges them into OUT.
 
     Exits 3 when a route diverged from AR where it must not (``lossless``: by default greedy decoding
     in float64, where speculation is exact).
@@ -120,37 +134,111 @@ def run(
         return
     cfg = load_experiment(experiment, overrides, edits)
     require_filled(cfg)
-    _run_experiment(cfg, out)
+    _run_experiment(cfg, out, shard)
 
 
-def _run_experiment(cfg: dict, out: Path | None) -> None:
+def _run_experiment(cfg: dict, out: Path | None, shard_text: str | None = None) -> None:
     """Decode a resolved experiment into the run directory of its kind (decode or a paper artefact),
-    print its report, and exit 3 when a route that must be lossless diverged from AR."""
+    print its report, and exit 3 when a route that must be lossless diverged from AR. With ``--shard
+    i/n`` only that shard is decoded (into OUT/shards/rank-i); under torchrun every rank decodes its
+    shard and rank 0 merges them into OUT."""
+    from repro.harness import parallel
+    from repro.harness.runner import default_out_dir
+
+    out_dir = out or default_out_dir(cfg)
+    ranks = parallel.env_shard()
+    if ranks is not None and shard_text is not None:
+        raise ReproError("--shard is for independent jobs; under torchrun the ranks split the prompts")
+    if ranks is None:
+        shard = parallel.parse_shard(shard_text) if shard_text is not None else None
+        records, written, markdown = _decode(cfg, out_dir, shard, str(cfg["device"]))
+        if shard is not None:
+            err_console.print(
+                f"shard {shard}: {written} new record(s) in {parallel.shard_path(out_dir, shard.rank)};"
+                f" `repro merge {out_dir}` joins the shards"
+            )
+            return
+        typer.echo(markdown)
+        err_console.print(f"{written} new record(s); records and report in {out_dir}")
+        _check_lossless(cfg, records, out_dir)
+        return
+    device = parallel.init_distributed(ranks, str(cfg["device"]))
+    try:
+        _, written, _ = _decode(cfg, out_dir, ranks, device, show_progress=ranks.rank == 0)
+        err_console.print(f"rank {ranks}: {written} new record(s)")
+        parallel.barrier()
+        if ranks.rank == 0:
+            merged = parallel.merge_shards(out_dir)
+            typer.echo(merged.markdown)
+            err_console.print(
+                f"{merged.appended} record(s) merged from {len(merged.shards)} shards; records and report"
+                f" in {out_dir}"
+            )
+            _check_lossless(cfg, merged.records, out_dir)
+    finally:
+        parallel.finish_distributed()
+
+
+def _decode(
+    cfg: dict, out_dir: Path, shard: Shard | None, device: str, show_progress: bool = True
+) -> tuple[list, int, str]:
+    """Decode ``cfg`` (only ``shard``'s prompts, into its shard directory, when given) through RunDir;
+    returns (records, records written, report markdown)."""
+    from repro.harness import parallel
     from repro.harness.run_kinds import experiment_kind
-    from repro.harness.runner import ExperimentRunner, default_out_dir
+    from repro.harness.runner import ExperimentRunner
     from repro.models.fingerprint import fingerprint_checkpoints
     from repro.reporting.records import build_manifest
     from repro.reporting.rundir import RunDir
 
     kind = experiment_kind(cfg["kind"])
-    out_dir = out or default_out_dir(cfg)
-    runner = ExperimentRunner(cfg)  # opens the target and checks routes and suites first
+    runner = ExperimentRunner(cfg, shard)  # opens the target and checks routes and suites first
     manifest = {**build_manifest(cfg), "checkpoints": fingerprint_checkpoints(cfg)}
-    with (
-        RunDir(out_dir, manifest, kind) as run_dir,
-        Progress(str(cfg["name"]), runner.total_units()) as progress,
-    ):
-        written = runner.run(run_dir, progress=lambda item: progress.advance(item=item))
+    if shard is not None:
+        out_dir = parallel.shard_path(out_dir, shard.rank)
+        manifest.update(parallel.shard_manifest(shard, device))
+    progress = Progress(str(cfg["name"]), runner.total_units()) if show_progress else None
+    with RunDir(out_dir, manifest, kind) as run_dir, progress or contextlib.nullcontext():
+        if shard is not None:
+            parallel.check_shard(run_dir, shard)
+        advance = (lambda item: progress.advance(item=item)) if progress else None
+        written = runner.run(run_dir, progress=advance)
         markdown = run_dir.write_report()
-    typer.echo(markdown)
-    err_console.print(f"{written} new record(s); records and report in {out_dir}")
+        return run_dir.records(), written, markdown
+
+
+def _check_lossless(cfg: dict, records: list, out_dir: Path) -> None:
+    """CheckFailed (exit 3) when the config must be lossless and a route diverged from AR."""
     if cfg["lossless"]:
-        diverged = sorted({r.route for r in run_dir.records() if r.vs_ar.startswith("diverged")})
+        diverged = sorted({r.route for r in records if r.vs_ar.startswith("diverged")})
         if diverged:
             raise CheckFailed(
                 f"not lossless: route(s) {', '.join(diverged)} diverged from AR in {cfg['dtype']} at "
                 f"temperature {cfg['temperature']:g} (see {out_dir}/report.md)"
             )
+
+
+@app.command()
+def merge(
+    out: Annotated[Path, typer.Argument(help="The run directory whose shards/rank-K to merge.")],
+    partial: Annotated[
+        bool, typer.Option("--partial", help="Merge what is present, even with shards or records missing.")
+    ] = False,
+) -> None:
+    """Merge the shards of a run (``repro run ... --shard i/n --out OUT``) into OUT and write its report.
+
+    Refuses (exit 2) shards of another config hash, a record in two shards or differing from OUT's, and
+    an incomplete set of shards or records unless --partial; records already merged are skipped.
+    """
+    from repro.harness import parallel
+
+    merged = parallel.merge_shards(out, partial)
+    typer.echo(merged.markdown)
+    note = f"; shard(s) {', '.join(map(str, merged.missing))} missing" if merged.missing else ""
+    err_console.print(
+        f"{merged.appended} record(s) merged from shards {', '.join(merged.shards)}"
+        f" ({merged.present} already there){note}; records and report in {out}"
+    )
 
 
 @app.command()

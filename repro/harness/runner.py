@@ -15,10 +15,11 @@ from typing import Any
 
 import torch
 
-from repro.data.suites import Prompt, load_suite
+from repro.data.suites import Prompt
 from repro.decoding.engine import DecodeResult, Route, generate
 from repro.decoding.routes import build_route, family_of
 from repro.errors import ConfigError, RunDirError
+from repro.harness.parallel import Shard, experiment_prompts, shard_prompts
 from repro.models.graphed import GraphedTarget, check_verifier
 from repro.models.hybrid import HybridLM
 from repro.models.target import open_target
@@ -79,8 +80,9 @@ def answer_text(tokenizer: Tokenizer, ids: list[int]) -> str:
 class ExperimentRunner:
     """Holds the target, tokenizer and routes of one resolved experiment config."""
 
-    def __init__(self, cfg: dict[str, Any]) -> None:
+    def __init__(self, cfg: dict[str, Any], shard: Shard | None = None) -> None:
         self.cfg = cfg
+        self.shard = shard  # decode only this shard's prompts (repro.harness.parallel)
         if cfg["device"] == "cpu" and cfg["cpu_threads"]:
             torch.set_num_threads(int(cfg["cpu_threads"]))
         self.model: HybridLM
@@ -133,10 +135,8 @@ class ExperimentRunner:
                 ref = ref or short.output_ids
 
     def prompts(self) -> list[Prompt]:
-        out: list[Prompt] = []
-        for suite in self.cfg["suites"]:
-            out += load_suite(suite, limit=self.cfg["limit"], seed=int(self.cfg["seed"]))
-        return out
+        """The suites' seeded subsamples, in order; only this runner's shard of them when it has one."""
+        return shard_prompts(experiment_prompts(self.cfg), self.shard)
 
     def run(self, run_dir: RunDir, progress: ProgressFn | None = None) -> int:
         """Decode every (prompt, turn, route) not yet in ``run_dir``; returns records written."""

@@ -41,6 +41,7 @@ from repro.reporting.records import (
 )
 
 LOCK_FILE = ".lock"
+SHARDS_DIR = "shards"  # the run directories of a data-parallel run's shards (repro.harness.parallel)
 DECODE = "decode"
 
 
@@ -358,7 +359,7 @@ class RunDir:
         if self.path.exists() and not self.path.is_dir():
             raise RunDirError(f"output path {self.path} exists and is not a directory; choose another --out")
         if self.path.is_dir() and not (self.path / MANIFEST_FILE).exists():
-            content = sorted(p.name for p in self.path.iterdir() if p.name != LOCK_FILE)
+            content = sorted(p.name for p in self.path.iterdir() if p.name not in (LOCK_FILE, SHARDS_DIR))
             if content:
                 shown = ", ".join(content[:5]) + (f" and {len(content) - 5} more" if len(content) > 5 else "")
                 raise RunDirError(

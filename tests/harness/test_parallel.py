@@ -1,0 +1,189 @@
+"""Data parallelism over prompts: torchrun ranks and --shard jobs give the records of one process."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from repro.errors import ReproError
+from repro.harness.parallel import Shard, env_shard, expected_keys, merge_shards, parse_shard, shard_prompts
+from repro.reporting.records import MANIFEST_FILE, RECORDS_FILE
+from repro.reporting.rundir import load_records
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+SAME = ("output_sha256", "accepted_lengths", "tree_sizes", "new_tokens", "prompt_sha256", "vs_ar")
+
+
+def repro(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "repro", *args], capture_output=True, text=True, cwd=ROOT, env=ENV
+    )
+
+
+def torchrun(*args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    return subprocess.run(
+        [*cmd, "-m", "repro", *args], capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=300
+    )
+
+
+def outcome(path: Path) -> dict[tuple, tuple]:
+    """What must not depend on the split, per record key."""
+    _, records = load_records(path)
+    return {r.key: tuple(json.dumps(getattr(r, f)) for f in SAME) for r in records}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    """The tiny experiment run by one process, by two torchrun ranks and as two --shard jobs."""
+    tmp = tmp_path_factory.mktemp("parallel")
+    cfg = {
+        "target": "default", "dtype": "float64", "suites": ["mt_bench", "gsm8k", "humaneval"], "limit": 1,
+        "max_new_tokens": 8, "ignore_eos": True, "warmup": 0,
+        "routes": [
+            {"name": "ar", "kind": "ar"},
+            {"name": "chain", "kind": "synthetic_chain", "k": 3, "p": 0.7},
+            {"name": "dflash", "kind": "dflash_chain", "drafter": "tiny-qwen35-dflash"},
+        ],
+    }  # fmt: skip
+    exp = tmp / "tiny.yaml"
+    exp.write_text(yaml.safe_dump(cfg))
+    paths = {"exp": exp, "one": tmp / "one", "dp": tmp / "dp", "jobs": tmp / "jobs"}
+    res = repro("run", str(exp), "--out", str(paths["one"]))
+    assert res.returncode == 0, res.stderr
+    res = torchrun("run", str(exp), "--out", str(paths["dp"]))
+    assert res.returncode == 0, res.stdout + res.stderr
+    for i in (0, 1):
+        res = repro("run", str(exp), "--out", str(paths["jobs"]), "--shard", f"{i}/2")
+        assert res.returncode == 0, res.stderr
+        assert not (paths["jobs"] / RECORDS_FILE).exists()  # a shard job writes only its shard
+    return paths
+
+
+def test_split_is_by_prompt_index():
+    prompts = list(range(7))
+    assert shard_prompts(prompts, Shard(1, 3)) == [1, 4]
+    assert sorted(sum((shard_prompts(prompts, Shard(k, 3)) for k in range(3)), [])) == prompts
+    assert parse_shard("2/4") == Shard(2, 4)
+    for bad in ("4/4", "x", "1/0", "-1/2"):
+        with pytest.raises(ReproError, match="--shard must be i/n"):
+            parse_shard(bad)
+    assert env_shard({}) is None
+    assert env_shard({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}) == Shard(1, 2)
+
+
+def test_torchrun_merge_equals_one_process(runs):
+    one, dp = outcome(runs["one"]), outcome(runs["dp"])
+    assert len(one) == 4 * 3  # mt_bench (2 turns), gsm8k, humaneval x 3 routes
+    assert dp == one
+    manifest, _ = load_records(runs["dp"])
+    assert set(manifest["shards"]) == {"rank-0", "rank-1"}
+    prov = manifest["shards"]
+    assert [prov[r]["shard"] for r in ("rank-0", "rank-1")] == ["0/2", "1/2"]
+    assert prov["rank-0"]["records"] + prov["rank-1"]["records"] == 12
+    assert not set(prov["rank-0"]["prompts"]) & set(prov["rank-1"]["prompts"])
+    assert all(prov[r]["host"] and prov[r]["device"] == "cpu" for r in prov)
+    for rank in (0, 1):
+        shard_manifest, records = load_records(runs["dp"] / "shards" / f"rank-{rank}")
+        assert shard_manifest["shard"] == f"{rank}/2"
+        assert shard_manifest["config_hash"] == manifest["config_hash"]
+        assert {r.key for r in records} == expected_keys(manifest["config"], Shard(rank, 2))
+    assert (runs["dp"] / "report.md").exists()
+
+
+def test_shard_jobs_and_merge_equal_one_process(runs, tmp_path):
+    jobs = tmp_path / "jobs"
+    shutil.copytree(runs["jobs"], jobs)
+    # one shard only: refused, then merged with --partial, then completed by a second merge
+    shutil.move(jobs / "shards" / "rank-1", tmp_path / "rank-1")
+    res = repro("merge", str(jobs))
+    assert res.returncode == 2 and "lacks shard(s) 1/2" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+    res = repro("merge", str(jobs), "--partial")
+    assert res.returncode == 0, res.stderr
+    assert len(outcome(jobs)) < 12
+    shutil.move(tmp_path / "rank-1", jobs / "shards" / "rank-1")
+    res = repro("merge", str(jobs))
+    assert res.returncode == 0, res.stderr
+    assert outcome(jobs) == outcome(runs["one"])
+    # merging again adds nothing and changes nothing
+    before = (jobs / RECORDS_FILE).read_bytes()
+    merged = merge_shards(jobs)
+    assert (merged.appended, merged.present) == (0, 12)
+    assert (jobs / RECORDS_FILE).read_bytes() == before
+
+
+def shards_copy(runs: dict[str, Path], tmp_path: Path) -> Path:
+    out = tmp_path / "out"
+    shutil.copytree(runs["jobs"] / "shards", out / "shards")
+    return out
+
+
+def edit_manifest(path: Path, **entries) -> None:
+    manifest = json.loads((path / MANIFEST_FILE).read_text())
+    (path / MANIFEST_FILE).write_text(json.dumps({**manifest, **entries}))
+
+
+def test_merge_refuses_another_config(runs, tmp_path):
+    out = shards_copy(runs, tmp_path)
+    edit_manifest(out / "shards" / "rank-1", config_hash="0" * 64)
+    with pytest.raises(ReproError, match="rank-1 has another config hash"):
+        merge_shards(out)
+    assert not (out / RECORDS_FILE).exists()
+
+
+def test_merge_refuses_a_duplicate_record(runs, tmp_path):
+    out = shards_copy(runs, tmp_path)
+    first = (out / "shards" / "rank-0" / RECORDS_FILE).read_text().splitlines()[0]
+    with open(out / "shards" / "rank-1" / RECORDS_FILE, "a") as f:
+        f.write(first + "\n")
+    with pytest.raises(ReproError, match="is in shards rank-0 and rank-1; not merged"):
+        merge_shards(out)
+    assert not (out / RECORDS_FILE).exists()
+
+
+def test_merge_refuses_a_record_of_another_shard_and_an_interrupted_shard(runs, tmp_path):
+    out = shards_copy(runs, tmp_path)
+    lines = (out / "shards" / "rank-0" / RECORDS_FILE).read_text().splitlines(keepends=True)
+    (out / "shards" / "rank-0" / RECORDS_FILE).write_text("".join(lines[:-1]))
+    with pytest.raises(ReproError, match=r"holds \d+ of its \d+ records \(interrupted\)"):
+        merge_shards(out)
+    (out / "shards" / "rank-1" / RECORDS_FILE).write_text(
+        (out / "shards" / "rank-1" / RECORDS_FILE).read_text() + lines[-1]
+    )
+    with pytest.raises(ReproError, match="is not one of shard 1/2's prompts"):
+        merge_shards(out)
+
+
+def test_merge_refuses_a_shard_relabelled_or_missing(runs, tmp_path):
+    out = shards_copy(runs, tmp_path)
+    edit_manifest(out / "shards" / "rank-1", shard="1/3")
+    with pytest.raises(ReproError, match="split the prompts 2 ways"):
+        merge_shards(out)
+    with pytest.raises(ReproError, match="has no shards"):
+        merge_shards(tmp_path / "nothing")
+
+
+def test_killed_rank_resumes_and_merges_identically(runs, tmp_path):
+    """A rank killed mid-run (its records cut, a partial last line, no merge yet) resumes on rerun."""
+    dp = tmp_path / "dp"
+    shutil.copytree(runs["dp"] / "shards", dp / "shards")
+    shard = dp / "shards" / "rank-1" / RECORDS_FILE
+    lines = shard.read_bytes().splitlines(keepends=True)
+    shard.write_bytes(lines[0] + lines[1][:20])
+    res = torchrun("run", str(runs["exp"]), "--out", str(dp))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert outcome(dp) == outcome(runs["one"])
+    assert shard.read_bytes().startswith(lines[0])
+    manifest, _ = load_records(dp / "shards" / "rank-1")
+    assert manifest["resumes"]
+    rank0 = (dp / "shards" / "rank-0" / RECORDS_FILE).read_bytes()
+    assert rank0 == (runs["dp"] / "shards" / "rank-0" / RECORDS_FILE).read_bytes()  # nothing redone
