@@ -197,10 +197,9 @@ def _decode(
     if shard is not None:
         out_dir = parallel.shard_path(out_dir, shard.rank)
         manifest.update(parallel.shard_manifest(shard, device))
+        parallel.check_shard(out_dir, shard)
     progress = Progress(str(cfg["name"]), runner.total_units()) if show_progress else None
     with RunDir(out_dir, manifest, kind) as run_dir, progress or contextlib.nullcontext():
-        if shard is not None:
-            parallel.check_shard(run_dir, shard)
         advance = (lambda item: progress.advance(item=item)) if progress else None
         written = runner.run(run_dir, progress=advance)
         markdown = run_dir.write_report()

@@ -21,7 +21,8 @@ from typing import Any
 
 from repro.data.suites import Prompt, load_suite
 from repro.errors import ReproError, RunDirError
-from repro.reporting.rundir import SHARDS_DIR, Run, RunDir, load_run, recorded_device_class
+from repro.reporting.records import MANIFEST_FILE
+from repro.reporting.rundir import SHARDS_DIR, Run, RunDir, load_run, read_manifest, recorded_device_class
 
 BARRIER_TIMEOUT = timedelta(hours=48)  # the slowest rank's decoding; the default (30 min) is too short
 # manifest entries of one shard (or one session) that the merged run directory does not inherit
@@ -88,14 +89,15 @@ def shard_manifest(shard: Shard, device: str) -> dict[str, Any]:
     return {"shard": str(shard), "host": socket.gethostname(), "rank_device": device}
 
 
-def check_shard(run_dir: RunDir, shard: Shard) -> None:
-    """Refuse to resume a shard directory written as another shard (another split of the prompts)."""
-    was = run_dir.manifest.get("shard")
+def check_shard(path: Path, shard: Shard) -> None:
+    """Refuse, before it is opened, a shard directory written as another shard (another split)."""
+    if not (Path(path) / MANIFEST_FILE).exists():
+        return
+    was = read_manifest(Path(path)).get("shard")
     if was != str(shard):
-        run_dir.close()
         raise RunDirError(
-            f"{run_dir.path} holds shard {was} of a run, not shard {shard}; rerun with the same number of"
-            " ranks or use another --out"
+            f"{path} holds shard {was} of a run, not shard {shard}; rerun with the same number of shards"
+            " or use another --out"
         )
 
 

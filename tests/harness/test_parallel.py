@@ -114,6 +114,15 @@ def test_shard_jobs_and_merge_equal_one_process(runs, tmp_path):
     res = repro("merge", str(jobs))
     assert res.returncode == 0, res.stderr
     assert outcome(jobs) == outcome(runs["one"])
+    # a shard directory of another split is not resumed; bad --shard values and --shard under torchrun
+    res = repro("run", str(runs["exp"]), "--out", str(jobs), "--shard", "1/3")
+    assert res.returncode == 2 and "holds shard 1/2 of a run, not shard 1/3" in res.stderr
+    assert "resumes" not in json.loads((jobs / "shards" / "rank-1" / MANIFEST_FILE).read_text())
+    res = repro("run", str(runs["exp"]), "--out", str(jobs), "--shard", "2/2")
+    assert (
+        res.returncode == 2
+        and res.stderr.strip() == "error: --shard must be i/n with 0 <= i < n (e.g. 0/4), got '2/2'"
+    )
     # merging again adds nothing and changes nothing
     before = (jobs / RECORDS_FILE).read_bytes()
     merged = merge_shards(jobs)
