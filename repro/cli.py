@@ -157,6 +157,7 @@ def _run_experiment(cfg: dict, out: Path | None, shard_text: str | None = None) 
                 f"shard {shard}: {written} new record(s) in {parallel.shard_path(out_dir, shard.rank)};"
                 f" `repro merge {out_dir}` joins the shards"
             )
+            _check_lossless(cfg, records, parallel.shard_path(out_dir, shard.rank))
             return
         typer.echo(markdown)
         err_console.print(f"{written} new record(s); records and report in {out_dir}")
@@ -227,7 +228,8 @@ def merge(
     """Merge the shards of a run (``repro run ... --shard i/n --out OUT``) into OUT and write its report.
 
     Refuses (exit 2) shards of another config hash, a record in two shards or differing from OUT's, and
-    an incomplete set of shards or records unless --partial; records already merged are skipped.
+    an incomplete set of shards or records unless --partial; records already merged are skipped. Exits 3
+    when a route diverged from AR where it must not, as `repro run` does.
     """
     from repro.harness import parallel
 
@@ -238,6 +240,7 @@ def merge(
         f"{merged.appended} record(s) merged from shards {', '.join(merged.shards)}"
         f" ({merged.present} already there){note}; records and report in {out}"
     )
+    _check_lossless(merged.config, merged.records, out)
 
 
 @app.command()

@@ -196,3 +196,19 @@ def test_killed_rank_resumes_and_merges_identically(runs, tmp_path):
     assert manifest["resumes"]
     rank0 = (dp / "shards" / "rank-0" / RECORDS_FILE).read_bytes()
     assert rank0 == (runs["dp"] / "shards" / "rank-0" / RECORDS_FILE).read_bytes()  # nothing redone
+
+
+def test_merge_exits_3_when_a_merged_route_diverged(runs, tmp_path, capsys):
+    from repro.cli import main
+
+    out = shards_copy(runs, tmp_path)
+    path = out / "shards" / "rank-1" / RECORDS_FILE
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    chain = next(r for r in records if r["route"] == "chain")
+    chain["vs_ar"] = "diverged at token 2"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    with pytest.raises(SystemExit) as exc:
+        main(["merge", str(out)])
+    assert exc.value.code == 3
+    assert "not lossless: route(s) chain diverged" in capsys.readouterr().err
+    assert len(outcome(out)) == 12  # the records are merged all the same
