@@ -48,7 +48,7 @@ def test_every_committed_results_folder_rebuilds(tmp_path: Path):
     assert kinds == {
         "decode", "bench-kernels", "bench-model", "falsify-tree-exactness", "falsify-external",
         "family-report", "paper-table2", "paper-specla", "sweep", "falsify-pool-mass",
-        "falsify-what-was-timed",
+        "falsify-what-was-timed", "falsify-uniform-protocol",
     }  # fmt: skip
     for folder in folders:
         (folder / "report.md").unlink()

@@ -103,10 +103,13 @@ def uniform_protocol(source: str | Path, out: str | Path) -> tuple[RunDir, dict[
         return run, ranking_changes(rows)
 
 
+COLUMNS = ["method", "rule", "route", "speedup", "MAL", "tokens_per_s"]
+
+
 def build_report(run: Run, figures_dir: Path | None) -> str:
     from repro.reporting.report import markdown_table
 
-    rows = pd.DataFrame(run.records)
+    rows = pd.DataFrame(run.records, columns=COLUMNS)  # records are stored with sorted keys
     run.write("table.csv", rows.to_csv(index=False))
     uniform, best = protocol_tables(rows)
     changes = ranking_changes(rows)
