@@ -11,19 +11,20 @@ from pathlib import Path
 from repro.engines.dflash_loop import dflash_generate
 from repro.engines.hf_generate import hf_assisted, hf_assisted_dflash, hf_generate
 from repro.engines.repro_route import repro_dflash_chain
-from repro.engines.result import EngineResult
+from repro.engines.result import EngineRequest, EngineResult
 from repro.engines.sglang import sglang_generate
 from repro.engines.vllm import vllm_generate
 from repro.errors import ConfigError
 
-EngineFn = Callable[..., EngineResult]
+EngineFn = Callable[[EngineRequest], EngineResult]
 
 
 @dataclass(frozen=True)
 class Engine:
-    """``fn(target_dir, drafter_dir, prompt_ids, max_new_tokens, temperature, seed, stop_ids, dtype,
-    device)``; ``drafter`` is the drafter kind it takes (None: no drafter); ``package`` the optional
-    serving engine it needs (``pip install 'repro[sglang]'``): left out of the default set when absent."""
+    """``fn(request: EngineRequest) -> EngineResult`` (an adapter's own keywords, such as the serving
+    engines' ``drafter``, bound with ``partial``); ``drafter`` is the drafter kind it takes (None: no
+    drafter); ``package`` the optional serving engine it needs (``pip install 'repro[sglang]'``): left
+    out of the default set when absent."""
 
     name: str
     fn: EngineFn

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from repro.engines.hf_target import TargetRefused, load_hf_target, torch_dtype
-from repro.engines.result import OK, EngineResult, refused, require
+from repro.engines.result import OK, EngineRequest, EngineResult, refused, require
 from repro.errors import describe
 
 
@@ -34,39 +34,32 @@ def _host_timer(zlab: Any, device: str):
         zlab._cuda_time = saved
 
 
-def dflash_generate(
-    target_dir: str | Path,
-    drafter_dir: str | Path,
-    prompt_ids: list[int],
-    max_new_tokens: int,
-    temperature: float = 0.0,
-    seed: int = 0,
-    stop_ids: list[int] | None = None,
-    dtype: str = "float64",
-    device: str = "cpu",
-) -> EngineResult:
+def dflash_generate(request: EngineRequest) -> EngineResult:
     """Decode with ``dflash.model.dflash_generate`` (greedy at temperature 0, else its rejection
     sampling, seeded with ``seed``); stops on ``stop_ids`` unless None."""
     zlab = require("dflash.model", "dflash")
+    dtype, device = request.dtype, request.device
     try:
-        target, note = load_hf_target(target_dir, dtype, device)
+        target, note = load_hf_target(request.target_dir, dtype, device)
     except TargetRefused as exc:
         return refused(str(exc), dtype)
+    drafter_dir = request.drafter_dir
     try:
         drafter = zlab.DFlashDraftModel.from_pretrained(str(drafter_dir), dtype=torch_dtype(dtype))
     except (ValueError, KeyError, OSError) as exc:
         return refused(f"dflash cannot load {Path(drafter_dir).name}: {describe(exc, 200)}", dtype, note)
     drafter = drafter.to(device).eval()
-    ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)
-    torch.manual_seed(seed)
+    ids = torch.tensor([list(request.prompt_ids)], dtype=torch.long, device=device)
+    torch.manual_seed(request.seed)
     t0 = time.perf_counter()
     try:
         with _host_timer(zlab, device):
             out = zlab.dflash_generate(
-                drafter, target, ids, max_new_tokens, stop_ids, temperature=temperature, return_stats=True
-            )
+                drafter, target, ids, request.max_new_tokens, request.stop_ids,
+                temperature=request.temperature, return_stats=True,
+            )  # fmt: skip
     except Exception as exc:  # the loop failing on this model is a finding, recorded with its reason
         return refused(f"dflash_generate failed: {describe(exc, 200)}", dtype, note)
     wall = time.perf_counter() - t0
-    new = out.output_ids[0, len(prompt_ids) :].tolist()
+    new = out.output_ids[0, len(request.prompt_ids) :].tolist()
     return EngineResult(new, [int(a) for a in out.acceptance_lengths], wall, OK, dtype, note)

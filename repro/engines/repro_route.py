@@ -4,35 +4,25 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import torch
 
 from repro.decoding.engine import generate
 from repro.decoding.routes import build_route
-from repro.engines.result import OK, EngineResult
+from repro.engines.result import OK, EngineRequest, EngineResult
 from repro.models.target import open_target
 
 
-def repro_dflash_chain(
-    target_dir: str | Path,
-    drafter_dir: str | Path,
-    prompt_ids: list[int],
-    max_new_tokens: int,
-    temperature: float = 0.0,
-    seed: int = 0,
-    stop_ids: list[int] | None = None,
-    dtype: str = "float64",
-    device: str = "cpu",
-) -> EngineResult:
+def repro_dflash_chain(request: EngineRequest) -> EngineResult:
     """Decode with repro's ``dflash_chain`` route (greedy acceptance at temperature 0)."""
-    model, _ = open_target(str(target_dir), dtype, device)
+    dtype, temperature, seed = request.dtype, request.temperature, request.seed
+    model, _ = open_target(str(request.target_dir), dtype, request.device)
     rule = "greedy" if temperature == 0 else "sample_match"
-    spec = {"kind": "dflash_chain", "drafter": str(drafter_dir)}
+    spec = {"kind": "dflash_chain", "drafter": str(request.drafter_dir)}
     route = build_route(spec, model.config.vocab_size, rule, temperature, seed, target=model)
     torch.manual_seed(seed)
     t0 = time.perf_counter()
-    res = generate(model, list(prompt_ids), route, max_new_tokens, stop_ids or ())
+    res = generate(model, list(request.prompt_ids), route, request.max_new_tokens, request.stop_ids or ())
     wall = time.perf_counter() - t0
     note = f"repro HybridLM, {dtype} throughout"
     return EngineResult(res.output_ids, list(res.accepted_lengths), wall, OK, dtype, note)

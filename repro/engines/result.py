@@ -1,9 +1,11 @@
-"""What an external decode loop returns, and the lazy import of its package."""
+"""What an external decode loop is asked (``EngineRequest``) and returns (``EngineResult``), and the
+lazy import of its package."""
 
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 
 from repro.errors import ReproError
@@ -14,6 +16,27 @@ REFUSED = "refused: "
 
 class MissingPackageError(ReproError):
     """An external implementation's package is not installed."""
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    """One generation asked of an external loop: every adapter takes one, plus its own keywords.
+
+    ``drafter_dir`` is None for loops without a drafter; ``stop_ids`` None: exactly
+    ``max_new_tokens`` (no end-of-sequence token); greedy at ``temperature`` 0. The defaults are the
+    CPU check's (float64 weights); the serving engines (SGLang, vLLM) run only bfloat16, float16 or
+    float32 weights and refuse the others in one line, so their callers pass ``dtype`` explicitly.
+    """
+
+    target_dir: str | Path
+    drafter_dir: str | Path | None
+    prompt_ids: list[int]
+    max_new_tokens: int
+    temperature: float = 0.0
+    seed: int = 0
+    stop_ids: list[int] | None = None
+    dtype: str = "float64"
+    device: str = "cpu"
 
 
 @dataclass

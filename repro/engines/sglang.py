@@ -21,10 +21,9 @@ The fixture ``tests/engines/fixtures/sglang_response.json`` holds such a respons
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
-from repro.engines.result import OK, EngineResult, refused, require
+from repro.engines.result import OK, EngineRequest, EngineResult, refused, require
 from repro.engines.serving import cached_engine, dtype_refusal
 from repro.errors import describe
 
@@ -38,22 +37,24 @@ ALGORITHMS: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 
 
-def engine_kwargs(target_dir: str | Path, drafter_dir: str | Path | None, drafter: str | None, dtype: str,
-                  seed: int) -> dict[str, Any]:  # fmt: skip
+def engine_kwargs(request: EngineRequest, drafter: str | None) -> dict[str, Any]:
     """The ``sglang.Engine`` arguments for a target, and a drafter of kind ``drafter`` (None: AR)."""
-    kwargs: dict[str, Any] = {"model_path": str(target_dir), "dtype": dtype, "random_seed": seed}
+    kwargs: dict[str, Any] = {"model_path": str(request.target_dir), "dtype": request.dtype,
+                              "random_seed": request.seed}  # fmt: skip
     if drafter is not None:
-        kwargs.update(ALGORITHMS[drafter], speculative_draft_model_path=str(drafter_dir))
+        kwargs.update(ALGORITHMS[drafter], speculative_draft_model_path=str(request.drafter_dir))
     return kwargs
 
 
-def sampling_params(max_new_tokens: int, temperature: float, stop_ids: list[int] | None) -> dict[str, Any]:
+def sampling_params(request: EngineRequest) -> dict[str, Any]:
     """Greedy at temperature 0; exactly ``max_new_tokens`` when ``stop_ids`` is None."""
-    params: dict[str, Any] = {"temperature": float(temperature), "max_new_tokens": int(max_new_tokens)}
-    if stop_ids is None:
+    params: dict[str, Any] = {
+        "temperature": float(request.temperature), "max_new_tokens": int(request.max_new_tokens)
+    }  # fmt: skip
+    if request.stop_ids is None:
         params["ignore_eos"] = True
     else:
-        params["stop_token_ids"] = list(stop_ids)
+        params["stop_token_ids"] = list(request.stop_ids)
     return params
 
 
@@ -71,24 +72,14 @@ def translate(response: dict[str, Any], wall_s: float, dtype: str, note: str = "
     return EngineResult(ids, None, wall_s, OK, dtype, note, int(steps) if steps else None, mal)
 
 
-def sglang_generate(
-    target_dir: str | Path,
-    drafter_dir: str | Path | None,
-    prompt_ids: list[int],
-    max_new_tokens: int,
-    temperature: float = 0.0,
-    seed: int = 0,
-    stop_ids: list[int] | None = None,
-    dtype: str = "bfloat16",
-    device: str = "cuda",
-    *,
-    drafter: str | None = None,
-) -> EngineResult:
-    """One prompt through ``sglang.Engine`` (AR, or speculative with a drafter of kind ``drafter``)."""
+def sglang_generate(request: EngineRequest, *, drafter: str | None = None) -> EngineResult:
+    """One prompt through ``sglang.Engine`` (AR, or speculative with a drafter of kind ``drafter``).
+    Runs ``request.dtype`` (bfloat16, float16 or float32; refused otherwise); ``device`` is unused."""
     sglang = require("sglang")
+    dtype = request.dtype
     if why := dtype_refusal("SGLang", dtype):
         return refused(why, dtype)
-    kwargs = engine_kwargs(target_dir, drafter_dir, drafter, dtype, seed)
+    kwargs = engine_kwargs(request, drafter)
     note = f"sglang {getattr(sglang, '__version__', '?')}" + (
         f", {kwargs['speculative_algorithm']}" if drafter else ""
     )
@@ -96,8 +87,9 @@ def sglang_generate(
         engine = cached_engine("sglang", tuple(sorted(kwargs.items())), lambda: sglang.Engine(**kwargs),
                                lambda e: e.shutdown())  # fmt: skip
         t0 = time.perf_counter()
-        response = engine.generate(input_ids=list(prompt_ids), sampling_params=sampling_params(
-            max_new_tokens, temperature, stop_ids))  # fmt: skip
+        response = engine.generate(
+            input_ids=list(request.prompt_ids), sampling_params=sampling_params(request)
+        )
     except Exception as exc:  # the engine refusing this model is a finding, recorded with its reason
         return refused(f"sglang failed: {describe(exc, 300)}", dtype, note)
     return translate(response, time.perf_counter() - t0, dtype, note)

@@ -20,7 +20,7 @@ from repro.data.suites import load_suite
 from repro.decoding.engine import generate
 from repro.decoding.routes import build_route
 from repro.engines.catalog import Engine, pick
-from repro.engines.result import REFUSED, EngineResult, MissingPackageError
+from repro.engines.result import REFUSED, EngineRequest, EngineResult, MissingPackageError
 from repro.engines.tables import KIND
 from repro.models.family import resolve_checkpoint
 from repro.models.target import open_target
@@ -98,7 +98,9 @@ def _run_engine(engine: Engine, target: str, ids: list[int], n: int, seed: int, 
     drafter = engine.drafter_dir(target, lambda name: resolve_checkpoint(name, "drafter"))
     try:
         target_dir = resolve_checkpoint(target, "target")
-        return engine.fn(target_dir, drafter, ids, n, 0.0, seed, None, dtype, device)
+        request = EngineRequest(target_dir, drafter, ids, n, temperature=0.0, seed=seed, stop_ids=None,
+                                dtype=dtype, device=device)  # fmt: skip
+        return engine.fn(request)
     except MissingPackageError as exc:
         return EngineResult([], None, 0.0, NOT_RUN + str(exc), dtype)
 

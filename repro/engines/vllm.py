@@ -23,10 +23,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
-from repro.engines.result import OK, EngineResult, refused, require
+from repro.engines.result import OK, EngineRequest, EngineResult, refused, require
 from repro.engines.serving import cached_engine, dtype_refusal
 from repro.errors import describe
 
@@ -38,17 +37,16 @@ METHODS: dict[str, dict[str, Any]] = {
 }
 
 
-def llm_kwargs(target_dir: str | Path, drafter_dir: str | Path | None, drafter: str | None, dtype: str,
-               seed: int) -> dict[str, Any]:  # fmt: skip
+def llm_kwargs(request: EngineRequest, drafter: str | None) -> dict[str, Any]:
     """The ``vllm.LLM`` arguments for a target, and a drafter of kind ``drafter`` (None: AR)."""
     kwargs: dict[str, Any] = {
-        "model": str(target_dir),
-        "dtype": dtype,
-        "seed": seed,
+        "model": str(request.target_dir),
+        "dtype": request.dtype,
+        "seed": request.seed,
         "disable_log_stats": False,
     }
     if drafter is not None:
-        kwargs["speculative_config"] = {**METHODS[drafter], "model": str(drafter_dir)}
+        kwargs["speculative_config"] = {**METHODS[drafter], "model": str(request.drafter_dir)}
     return kwargs
 
 
@@ -73,36 +71,27 @@ def translate(output: Any, before: dict[str, float], after: dict[str, float], wa
     return EngineResult(ids, None, wall_s, OK, dtype, note, int(drafts), 1.0 + accepted / drafts)
 
 
-def vllm_generate(
-    target_dir: str | Path,
-    drafter_dir: str | Path | None,
-    prompt_ids: list[int],
-    max_new_tokens: int,
-    temperature: float = 0.0,
-    seed: int = 0,
-    stop_ids: list[int] | None = None,
-    dtype: str = "bfloat16",
-    device: str = "cuda",
-    *,
-    drafter: str | None = None,
-) -> EngineResult:
-    """One prompt through ``vllm.LLM`` (AR, or speculative with a drafter of kind ``drafter``)."""
+def vllm_generate(request: EngineRequest, *, drafter: str | None = None) -> EngineResult:
+    """One prompt through ``vllm.LLM`` (AR, or speculative with a drafter of kind ``drafter``).
+    Runs ``request.dtype`` (bfloat16, float16 or float32; refused otherwise); ``device`` is unused."""
     vllm = require("vllm")
+    dtype, stop_ids = request.dtype, request.stop_ids
     if why := dtype_refusal("vLLM", dtype):
         return refused(why, dtype)
-    kwargs = llm_kwargs(target_dir, drafter_dir, drafter, dtype, seed)
+    kwargs = llm_kwargs(request, drafter)
     note = f"vllm {getattr(vllm, '__version__', '?')}" + (
         f", {METHODS[drafter]['method']}" if drafter else ""
     )
     stops: dict[str, Any] = {"ignore_eos": True} if stop_ids is None else {"stop_token_ids": list(stop_ids)}
     params = vllm.SamplingParams(
-        temperature=float(temperature), max_tokens=int(max_new_tokens), seed=seed, **stops
-    )
+        temperature=float(request.temperature), max_tokens=int(request.max_new_tokens), seed=request.seed,
+        **stops,
+    )  # fmt: skip
     try:
         llm = cached_engine("vllm", repr(sorted(kwargs.items())), lambda: vllm.LLM(**kwargs), lambda _: None)
         before = counters(llm.get_metrics())
         t0 = time.perf_counter()
-        outputs = llm.generate([{"prompt_token_ids": list(prompt_ids)}], params, use_tqdm=False)
+        outputs = llm.generate([{"prompt_token_ids": list(request.prompt_ids)}], params, use_tqdm=False)
         wall = time.perf_counter() - t0
         after = counters(llm.get_metrics())
     except Exception as exc:  # the engine refusing this model is a finding, recorded with its reason

@@ -19,6 +19,7 @@ from repro.engines.dflash_loop import dflash_generate
 from repro.engines.hf_generate import hf_assisted, hf_generate
 from repro.engines.hf_target import load_hf_target
 from repro.engines.repro_route import repro_dflash_chain
+from repro.engines.result import EngineRequest
 from repro.engines.verdicts import verdict
 from repro.models.family import resolve_checkpoint
 from repro.models.target import open_target
@@ -49,11 +50,11 @@ def case():
 def test_dflash_package_loop_diverges_from_ar(case):
     target, drafter, cases = case
     for key, (ids, ref) in cases.items():
-        res = dflash_generate(target, drafter, ids, NEW)
+        res = dflash_generate(EngineRequest(target, drafter, ids, NEW))
         assert res.ok, res.status
         assert res.dtype == "float64" and len(res.output_ids) == NEW
         assert sum(res.accepted_lengths) == NEW - 1  # produced per step; the first token is prefill's
-        hf_ar = hf_generate(target, None, ids, NEW)
+        hf_ar = hf_generate(EngineRequest(target, None, ids, NEW))
         # transformers' own AR on the same loaded model agrees with repro's AR: not a rounding effect
         assert verdict(hf_ar, ref) == "identical", CHANGED.format(
             was="identical", now=verdict(hf_ar, ref), what=f"transformers AR on {key}"
@@ -65,7 +66,7 @@ def test_dflash_package_loop_diverges_from_ar(case):
 def test_repro_dflash_chain_with_the_same_drafter_is_identical(case):
     target, drafter, cases = case
     for key, (ids, ref) in cases.items():
-        res = repro_dflash_chain(target, drafter, ids, NEW)
+        res = repro_dflash_chain(EngineRequest(target, drafter, ids, NEW))
         assert verdict(res, ref) == "identical", f"repro's dflash_chain diverged from AR on {key}"
         assert max(res.accepted_lengths) > 1  # the drafter's tokens were accepted: a real speculative run
 
@@ -73,7 +74,7 @@ def test_repro_dflash_chain_with_the_same_drafter_is_identical(case):
 def test_transformers_refuses_assisted_generation(case):
     target, _, cases = case
     ids, ref = next(iter(cases.values()))
-    res = hf_assisted(target, None, ids, NEW)
+    res = hf_assisted(EngineRequest(target, None, ids, NEW))
     was = (
         "refused: ValueError: assisted generation is not supported with stateful models,"
         " such as Qwen3_5ForCausalLM"
@@ -113,6 +114,6 @@ def test_transformers_crop_keeps_the_rejected_tokens_in_the_recurrent_state(case
 
 
 def test_transformers_cannot_load_the_fla_format_target():
-    res = hf_generate(resolve_checkpoint("tiny-gdn"), None, [1, 2, 3], 4)
+    res = hf_generate(EngineRequest(resolve_checkpoint("tiny-gdn"), None, [1, 2, 3], 4))
     assert res.status.startswith("refused: transformers cannot load tiny-gdn"), res.status
     assert "gated_deltanet" in res.status

@@ -17,12 +17,13 @@ import pytest
 from repro.engines import catalog, serving
 from repro.engines import sglang as sglang_adapter
 from repro.engines import vllm as vllm_adapter
-from repro.engines.result import MissingPackageError
+from repro.engines.result import EngineRequest, MissingPackageError
 from repro.engines.verdicts import verdict
 
 FIXTURES = Path(__file__).parent / "fixtures"
 ROOT = Path(__file__).resolve().parents[2]
 IDS = [785, 4226, 374, 220, 19, 17, 13, 151645]
+GPU = {"dtype": "bfloat16", "device": "cuda"}  # what the serving adapters defaulted to
 
 
 def fixture(name: str) -> dict:
@@ -57,7 +58,7 @@ def test_an_absent_package_is_one_line(fn, package):
     if importlib.util.find_spec(package) is not None:
         pytest.skip(f"{package} is installed")
     with pytest.raises(MissingPackageError) as exc:
-        fn("/t", None, [1, 2], 4)
+        fn(EngineRequest("/t", None, [1, 2], 4))
     assert str(exc.value) == f"package {package} is not installed: pip install {package}"
 
 
@@ -133,12 +134,12 @@ def test_sglang_is_called_as_documented_and_its_engine_reused(monkeypatch):
     FakeSGLangEngine.started.clear()
     serving.close()
     for _ in range(2):
-        res = sglang_adapter.sglang_generate("/t", "/d", [1, 2, 3], 8, drafter="dflash")
+        res = sglang_adapter.sglang_generate(EngineRequest("/t", "/d", [1, 2, 3], 8, **GPU), drafter="dflash")
         assert res.ok and res.mal == pytest.approx(8 / 3) and res.notes == "sglang 0.5.0, DFLASH"
     assert FakeSGLangEngine.started == [{"model_path": "/t", "dtype": "bfloat16", "random_seed": 0,
                                          "speculative_algorithm": "DFLASH",
                                          "speculative_draft_model_path": "/d"}]  # fmt: skip
-    refused = sglang_adapter.sglang_generate("/t", None, [1], 8, dtype="float64")
+    refused = sglang_adapter.sglang_generate(EngineRequest("/t", None, [1], 8, dtype="float64"))
     assert refused.status.startswith("refused: SGLang runs bfloat16, float16, float32 weights, not float64")
     serving.close()
 
@@ -163,7 +164,7 @@ def test_vllm_is_called_as_documented(monkeypatch):
     fake = types.SimpleNamespace(LLM=FakeLLM, SamplingParams=lambda **kw: kw, __version__="0.32.0")
     monkeypatch.setitem(sys.modules, "vllm", fake)
     serving.close()
-    res = vllm_adapter.vllm_generate("/t", "/e", [5, 6], 8, drafter="eagle")
+    res = vllm_adapter.vllm_generate(EngineRequest("/t", "/e", [5, 6], 8, **GPU), drafter="eagle")
     assert res.ok and res.output_ids == IDS and res.mal == pytest.approx(1 + 4 / 3)
     assert calls["llm"]["speculative_config"] == {
         "method": "eagle",

@@ -14,7 +14,7 @@ from repro.engines import verdicts
 from repro.engines.catalog import Engine, pick
 from repro.engines.dflash_loop import dflash_generate
 from repro.engines.hf_generate import hf_generate
-from repro.engines.result import OK, EngineResult, MissingPackageError, refused, require
+from repro.engines.result import OK, EngineRequest, EngineResult, MissingPackageError, refused, require
 from repro.errors import ConfigError
 
 REF = [5, 6, 7, 8, 9]
@@ -47,32 +47,32 @@ def test_summary_of_a_cell():
     assert verdicts.summarize(["refused: x", "identical"]).startswith("mixed: ")
 
 
-def _planted(target_dir, drafter_dir, prompt_ids, max_new_tokens, temperature, seed, stop_ids, dtype, device):
+def _planted(request: EngineRequest) -> list[int]:
     """AR's own tokens (repro's model), so that the planted engines know the reference."""
     from repro.decoding.engine import generate
     from repro.decoding.routes import build_route
     from repro.models.target import open_target
 
-    model, _ = open_target(str(target_dir), dtype, device)
-    ar = build_route({"kind": "ar"}, model.config.vocab_size, "greedy", 0.0, seed)
-    return generate(model, prompt_ids, ar, max_new_tokens).output_ids
+    model, _ = open_target(str(request.target_dir), request.dtype, request.device)
+    ar = build_route({"kind": "ar"}, model.config.vocab_size, "greedy", 0.0, request.seed)
+    return generate(model, request.prompt_ids, ar, request.max_new_tokens).output_ids
 
 
-def _same(*args):
-    return ok(_planted(*args))
+def _same(request):
+    return ok(_planted(request))
 
 
-def _flip3(*args):
-    ids = _planted(*args)
+def _flip3(request):
+    ids = _planted(request)
     ids[3] = (ids[3] + 1) % 100
     return ok(ids)
 
 
-def _refuse(*args):
+def _refuse(request):
     return refused("planted refusal", "float64")
 
 
-def _missing(*args):
+def _missing(request):
     require("repro_no_such_package_xyz")
 
 
@@ -126,5 +126,5 @@ def test_missing_package_is_one_clear_line(monkeypatch, hidden, fn, package):
     for name in hidden:
         monkeypatch.setitem(sys.modules, name, None)  # makes `import name` raise ImportError
     with pytest.raises(MissingPackageError) as info:
-        fn("unused-target", "unused-drafter", [1, 2], 4)
+        fn(EngineRequest("unused-target", "unused-drafter", [1, 2], 4))
     assert str(info.value) == f"package {package} is not installed: pip install {package}"
