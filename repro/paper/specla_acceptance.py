@@ -67,6 +67,23 @@ def plot(acc: pd.DataFrame, paper: float | None, folder: Path) -> list[str]:
     return save_figure(fig, folder, FIGURE)
 
 
+def timing_caveat(manifest: dict) -> str:
+    """What the break-even p of this run is a property of: the GPU engine's per-step costs, or (CPU, eager
+    engine) per-step Python overheads."""
+    on_gpu = (manifest.get("device_info") or {}).get("cuda")
+    engine = (manifest.get("config") or {}).get("engine", "eager")
+    if on_gpu and engine == "graphed":
+        return (
+            f"- measured on {on_gpu} with the graphed engine (CUDA graphs): the break-even p is a property"
+            " of this target's verify and commit cost per step on this GPU (here the tiny family's, not the"
+            " paper's 1.3B model)."
+        )
+    return (
+        "- tokens/s of a tiny model on the eager engine (or the CPU) time Python, not GPU work: the"
+        " break-even p here is a property of this machine's per-step overheads, not of the GPU kernels."
+    )
+
+
 def build_report(run: Run, figures_dir: Path | None) -> str:
     """report.md, table.csv (per route), break_even.csv, summary.csv and the figure, from records."""
     lines = header(
@@ -93,8 +110,7 @@ def build_report(run: Run, figures_dir: Path | None) -> str:
         " draft length (GDN-1.3B, H100)."
         if paper is not None
         else "- paper: no number in baselines/.",
-        "- CPU tokens/s of a tiny model time Python, not GPU work: the break-even p here is a property of"
-        " this machine's per-step overheads, not of the GPU kernels.",
+        timing_caveat(run.manifest),
         "",
         "## Per route",
         "",

@@ -78,6 +78,11 @@ def test_planted_verdicts_and_a_missing_kind():
     assert claims.verdict(at_most, 1.0, 1.09) == "reproduced" and claims.verdict(at_most, 1.0, 1.2) == (
         "not reproduced"
     )
+    about = claims.Claim("a", "specla", "k", lambda b: 0.7, "s", "c", "k", judge="about", tolerance=0.15)
+    assert (
+        claims.verdict(about, 0.7, 0.79) == "reproduced" and claims.verdict(about, 0.7, 0.61) == "reproduced"
+    )
+    assert claims.verdict(about, 0.7, 0.81) == "not reproduced" == claims.verdict(about, 0.7, 0.59)
     ghost = claims.Claim("z", "weaver", "k", lambda b: 2.0, "s", "repro run z", "no-such-kind", lambda r: 1.0)
     (row,) = claims.ledger(RESULTS, (ghost,))
     assert row["verdict"] == "not yet measured" and row["measured"] is None

@@ -47,7 +47,7 @@ def test_every_committed_results_folder_rebuilds(tmp_path: Path):
     kinds = {infer_kind(load_run(f).manifest) for f in folders}
     assert kinds == {
         "decode", "bench-kernels", "bench-model", "falsify-tree-exactness", "falsify-external",
-        "family-report", "paper-table2", "paper-specla", "sweep", "falsify-pool-mass",
+        "family-report", "paper-table2", "paper-specla", "paper-acceptance", "sweep", "falsify-pool-mass",
         "falsify-what-was-timed", "falsify-uniform-protocol",
     }  # fmt: skip
     for folder in folders:
