@@ -165,3 +165,17 @@ def make_record(
         temperature=0.0,
         seed=7,
     )
+
+
+def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    """``repro ARGS`` in this process: (exit code, stdout, stderr stripped)."""
+    from repro.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["repro", *args])
+    code = 0
+    try:
+        main(list(args))
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out = capsys.readouterr()
+    return code, out.out, out.err.strip()

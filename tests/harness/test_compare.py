@@ -4,24 +4,14 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
-import pytest
+from conftest import run_cli as cli
 
-from repro.cli import main
 from repro.harness.compare import Noise, claim_verdicts, compare, speed_change
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
 ROUTES = RESULTS / "2026-11-30-h200-routes" / "float32"  # a decode run on the H200, 4 prompts x 3 suites
-
-
-def cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["repro", *args])
-    with pytest.raises(SystemExit) as exc:
-        main(list(args))
-    out = capsys.readouterr()
-    return int(exc.value.code or 0), out.out, out.err
 
 
 def _night(tmp_path: Path, name: str, edit=None) -> Path:

@@ -5,31 +5,18 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
+from conftest import run_cli as cli
 
-from repro.cli import main
 from repro.drafters.dflash import random_dflash_for
 from repro.drafters.pool import PoolMass, outside_mass, pool_mass, top_k_pool
 from repro.harness.falsify import pool_mass as pm
 from repro.harness.falsify import protocol, timed
 from repro.harness.falsify.oracle import context_curves
-
-
-def cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["repro", *args])
-    try:
-        main()
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
 
 # ------------------------------------------------------------------------------- pool mass
 

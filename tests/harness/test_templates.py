@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import run_cli as cli
 from safetensors.torch import save_file
 
-from repro.cli import main
 from repro.errors import CheckpointError, ConfigError
 from repro.harness.check import check_experiment
 from repro.harness.experiment import load_experiment, shipped_templates
@@ -20,14 +20,6 @@ from repro.models.family import FAMILY_DIR
 
 QWEN = "qwen36-27b-weaver"
 GDN = "gdn-1.3b-specla"
-
-
-def cli(monkeypatch, capsys, *argv: str) -> tuple[int, str, str]:
-    monkeypatch.setattr("sys.argv", ["repro", *argv])
-    with pytest.raises(SystemExit) as exc:
-        main(list(argv))
-    out = capsys.readouterr()
-    return int(exc.value.code or 0), out.out, out.err
 
 
 def test_the_papers_setups_are_shipped_templates():

@@ -4,26 +4,14 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import run_cli as cli
 
-from repro.cli import main
 from repro.harness.run_kinds import load_run, rebuild_report
 from repro.paper import table2
-
-
-def cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["repro", *args])
-    code = 0
-    try:
-        main()
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out = capsys.readouterr()
-    return code, out.out, out.err.strip()
 
 
 def test_run_table2_end_to_end_and_its_report_rebuilds(monkeypatch, capsys, tmp_path: Path):

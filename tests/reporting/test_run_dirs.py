@@ -6,14 +6,13 @@ from __future__ import annotations
 import errno
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 from conftest import CONFIG, make_record
+from conftest import run_cli as cli
 
-from repro.cli import main
 from repro.errors import ReproError, RunDirError
 from repro.harness import falsify
 from repro.harness.run_kinds import load_run, rebuild_report
@@ -24,17 +23,6 @@ from repro.reporting.report import summarize, write_report
 from repro.reporting.rundir import RunDir, infer_kind
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
-
-
-def cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["repro", *args])
-    code = 0
-    try:
-        main()
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out = capsys.readouterr()
-    return code, out.out, out.err.strip()
 
 
 # ------------------------------------------------------------------------- committed results
