@@ -139,3 +139,37 @@ class Tree:
     @property
     def is_chain(self) -> bool:
         return bool(torch.equal(self.parents, torch.arange(self.size) - 1))
+
+
+@dataclass(frozen=True)
+class DeviceTree:
+    """A draft tree built on the device and verified there without a host round trip.
+
+    ``tokens`` and ``parents`` are 1-D int64 tensors of ``size`` nodes on the device, in topological
+    order (``parents[i] < i`` or -1), as in :class:`Tree`; only ``size`` is known on the host. The GPU
+    engine writes them straight into a verify slot; :meth:`to_tree` reads them back (one sync: for the
+    eager path, checks and records).
+    """
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+
+    def __post_init__(self) -> None:
+        if self.tokens.dim() != 1 or self.tokens.shape != self.parents.shape or self.tokens.numel() == 0:
+            raise TreeError(
+                f"a device tree needs 1-D tokens and parents of one non-zero length, got "
+                f"{tuple(self.tokens.shape)} and {tuple(self.parents.shape)}"
+            )
+        if self.tokens.numel() > MAX_TREE_NODES:
+            raise TreeError(f"tree too large: {self.tokens.numel()} nodes (the limit is {MAX_TREE_NODES})")
+
+    @property
+    def size(self) -> int:
+        return self.tokens.numel()
+
+    def __len__(self) -> int:
+        return self.size
+
+    def to_tree(self) -> Tree:
+        """The host :class:`Tree` (reads the device; validates the parent pointers)."""
+        return Tree(self.tokens.cpu(), self.parents.cpu())

@@ -8,7 +8,7 @@ from typing import Protocol
 import torch
 
 from repro.models.hybrid import Verification
-from repro.tree import Tree
+from repro.tree import DeviceTree, Tree
 
 
 @dataclass
@@ -31,22 +31,42 @@ class DraftContext:
         return len(self.output_ids)
 
 
-@dataclass
 class Proposal:
     """Ranked candidate tokens per draft depth (depth 1 first), optionally with probabilities.
 
     ``candidates[d][0]`` is the drafter's first choice at depth d+1; deeper candidates are
-    conditioned on the first choices above them. Drafters that grow their own tree while
-    drafting (Weaver, EAGLE-style dynamic trees) put it in ``tree`` (root = the pending token);
-    the ``DrafterTree`` builder passes it through.
+    conditioned on the first choices above them. A drafter on the device may give ``top_ids``
+    ([depth, k] on the device) instead: ``candidates`` then reads them on first use (a sync that
+    device-side tree builders never make). Drafters that grow their own tree while drafting (Weaver,
+    EAGLE-style dynamic trees) put it in ``tree`` (root = the pending token; a :class:`Tree`, or a
+    :class:`DeviceTree` grown on the device); the ``DrafterTree`` builder passes it through.
     """
 
-    candidates: list[list[int]]
-    probs: torch.Tensor | None = None  # [depth, V] marginals when the drafter has them
-    tree: Tree | None = None
+    def __init__(
+        self,
+        candidates: list[list[int]] | None = None,
+        probs: torch.Tensor | None = None,
+        tree: Tree | DeviceTree | None = None,
+        top_ids: torch.Tensor | None = None,
+    ) -> None:
+        if candidates is None and top_ids is None:
+            raise ValueError("a proposal needs candidates or top_ids")
+        self._candidates = candidates
+        self.probs = probs  # [depth, V] marginals when the drafter has them
+        self.tree = tree
+        self.top_ids = top_ids
+
+    @property
+    def candidates(self) -> list[list[int]]:
+        if self._candidates is None:
+            assert self.top_ids is not None
+            self._candidates = self.top_ids.tolist()
+        return self._candidates
 
     @property
     def depth(self) -> int:
+        if self._candidates is None and self.top_ids is not None:
+            return int(self.top_ids.shape[0])
         return len(self.candidates)
 
 

@@ -609,14 +609,19 @@ class DFlashDrafter:
         return block, positions
 
     @torch.no_grad()
-    def propose(self, ctx: DraftContext) -> Proposal:
+    def block_rows(self, ctx: DraftContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """Final hidden states [T-1, hidden] and logits [T-1, V] of block rows 1..T-1 (row d drafts
+        depth d), after caching the previous step's accepted features."""
         block, positions = self.block_inputs(ctx)
-        logits = self.model.block_logits(
-            self.kv, block, positions, self.target.model.embed_tokens.weight, self.target.lm_head
-        )[0]
+        hidden = self.model.block_hidden(self.kv, block, positions, self.target.model.embed_tokens.weight)
+        rows = hidden[0, 1:]
+        return rows, self.model.compute_logits(rows, self.target.lm_head)
+
+    @torch.no_grad()
+    def propose(self, ctx: DraftContext) -> Proposal:
+        _, logits = self.block_rows(ctx)
         probs = marginals(logits)
-        top = torch.topk(probs, self.top_k, dim=-1).indices
-        return Proposal(top.tolist(), probs)
+        return Proposal(probs=probs, top_ids=torch.topk(probs, self.top_k, dim=-1).indices)
 
 
 def marginals(logits: torch.Tensor) -> torch.Tensor:

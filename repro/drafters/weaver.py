@@ -353,13 +353,9 @@ class WeaverDrafter:
 
     @torch.no_grad()
     def propose(self, ctx: DraftContext) -> Proposal:
-        d = self.dflash
-        block, positions = d.block_inputs(ctx)
-        embedding = self.target.model.embed_tokens.weight
-        hidden = d.model.block_hidden(d.kv, block, positions, embedding)[0, 1:]  # rows 1..T-1
-        logits = d.model.compute_logits(hidden, self.target.lm_head)
+        hidden, logits = self.dflash.block_rows(ctx)
         pool_logits, pool_ids = top_k_pool(logits, self.pool)
-        growth = self.grow(ctx.output_ids[-1], hidden, pool_logits, pool_ids, d.features[-1])
+        growth = self.grow(ctx.output_ids[-1], hidden, pool_logits, pool_ids, self.dflash.features[-1])
         return Proposal([[t] for t in growth.greedy], marginals(logits), growth.tree)
 
     @torch.no_grad()

@@ -409,18 +409,19 @@ def _force(drafter, prompt_len, continuation, right_p=1.0):
     one), at the absolute positions the drafter asks about."""
     vocab = TOK.vocab_size
 
-    def block_logits(context, block_ids, positions, embedding, lm_head):
-        assert context[0][0].shape[2] == int(positions[0, 0])  # the context ends right before the block
-        logits = torch.full((1, positions.shape[1] - 1, vocab), -1e4, dtype=torch.float64)
+    def block_rows(ctx):
+        _, positions = drafter.block_inputs(ctx)
+        assert drafter.kv[0][0].shape[2] == int(positions[0, 0])  # the context ends right before the block
+        logits = torch.full((positions.shape[1] - 1, vocab), -1e4, dtype=torch.float64)
         for j, pos in enumerate(positions[0, 1:].tolist()):
             k = pos - prompt_len
             right = continuation[k] if k < len(continuation) else 0
-            logits[0, j, right] = math.log(right_p)
+            logits[j, right] = math.log(right_p)
             if right_p < 1:
-                logits[0, j, (right + 1) % vocab] = math.log(1 - right_p)
-        return logits
+                logits[j, (right + 1) % vocab] = math.log(1 - right_p)
+        return None, logits
 
-    drafter.model.block_logits = block_logits
+    drafter.block_rows = block_rows
 
 
 def test_forced_continuation_is_fully_accepted(model64, prompts, ar_outputs):
