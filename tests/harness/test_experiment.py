@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
+from conftest import run_cli
 
+import repro
 from repro.errors import ConfigError
 from repro.harness.experiment import load_experiment, resolve
 
@@ -141,3 +144,12 @@ def test_engine_setting_is_validated_resolved_and_wraps_the_target(tmp_path):
     with RunDir(tmp_path / "run", {"config": cfg}) as run_dir:
         assert runner.run(run_dir) == 2
         assert [r.vs_ar for r in run_dir.records()] == ["reference", "identical"]
+
+
+@pytest.mark.parametrize(
+    "name", sorted(p.stem for p in (Path(repro.__file__).parent / "experiments").glob("*.yaml"))
+)
+def test_every_builtin_experiment_passes_its_check_on_cpu(monkeypatch, capsys, name):
+    code, out, err = run_cli(monkeypatch, capsys, "run", name, "--check", "--device", "cpu")
+    assert code == 0, err
+    assert "checkpoint" in out or "route" in out
