@@ -59,12 +59,9 @@ def qwen36_27b_drafter() -> tuple[DFlashDraftModel, SimpleNamespace]:
     )  # fmt: skip
     with torch.device("meta"):
         model = DFlashDraftModel(cfg)
-    model = model.to_empty(device=DEV).to(DTYPE)
-    embed, head = (
-        nn.Embedding(tc.vocab_size, tc.hidden_size),
-        nn.Linear(tc.hidden_size, tc.vocab_size, bias=False),
-    )
-    embed, head = embed.to(DEV, DTYPE), head.to(DEV, DTYPE)
+    model = model.to(DTYPE).to_empty(device=DEV)
+    embed = nn.Embedding(tc.vocab_size, tc.hidden_size, device=DEV, dtype=DTYPE)
+    head = nn.Linear(tc.hidden_size, tc.vocab_size, bias=False, device=DEV, dtype=DTYPE)
     gen = torch.Generator(device=DEV).manual_seed(0)
     with torch.no_grad():
         for p in [*model.parameters(), embed.weight, head.weight]:

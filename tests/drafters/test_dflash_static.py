@@ -175,6 +175,7 @@ def test_step_is_capture_safe(pair, prompts):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_graphs_equal_eager_in_float32_and_propose_never_syncs():
     target, model = _load(torch.float32, "cuda")
+    target.set_gdn_backend("triton")
     ids = load_tokenizer(FAMILY).chat_prompt([{"role": "user", "content": LONG}])
     engine = GraphedTarget(target)
     vocab = target.config.vocab_size
