@@ -620,9 +620,7 @@ class DFlashDrafter:
         """Whether to draft on the static buffers now; on a graphed target's first verification (auto
         mode) the features cached so far move there."""
         if not self._static_now and self.static is None and isinstance(ctx.verification, GraphedVerification):
-            buffers = self._static_buffers()
-            buffers.reset()
-            buffers.load(self.store.rows)
+            self._static_buffers().adopt(self.store.rows, self.kv)
             self.store.reset()
             self.kv = []
             self._static_now = True

@@ -189,6 +189,20 @@ class StaticDFlash:
         self.count = start + n
         self.length.fill_(self.count)
 
+    @torch.no_grad()
+    def adopt(self, rows: torch.Tensor, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Take over an eager drafter's cache: feature ``rows`` [n, F] and per layer keys/values
+        [1, KV, n, D] of positions 0..n-1 (copied, not recomputed)."""
+        self.reset()
+        n = rows.shape[0]
+        self._fit(n)
+        self.feat[:n] = rows
+        for (k, v), kb, vb in zip(kv, self.keys, self.values):
+            kb[:, :, :n] = k
+            vb[:, :, :n] = v
+        self.count = n
+        self.length.fill_(n)
+
     # ------------------------------------------------------------------ the step
 
     def _run(self, sources: tuple[torch.Tensor, ...] | None, probs: bool) -> Outputs:

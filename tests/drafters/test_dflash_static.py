@@ -103,26 +103,34 @@ def _twin(static: DFlashDrafter, eager: DFlashDrafter, tol: float, log: list[int
     static.observe_prefill = both_observe
 
 
-@pytest.mark.parametrize("graphed", [False, True], ids=["hybrid", "graphed"])
-@pytest.mark.parametrize("kind", ["ddtree", "dflash_chain"])
-def test_static_drafter_equals_eager_step_by_step(pair, prompts, ar_outputs, kind, graphed):
+CASES = [  # route kind, target, static: True, or None (auto: switched on by the graphed target)
+    ("ddtree", "hybrid", True),
+    ("ddtree", "graphed", True),
+    ("dflash_chain", "graphed", True),
+    ("ddtree", "graphed", None),
+]
+
+
+@pytest.mark.parametrize("kind,engine,mode", CASES, ids=["-".join(map(str, c)) for c in CASES])
+def test_static_drafter_equals_eager_step_by_step(pair, prompts, ar_outputs, kind, engine, mode):
     target, model = pair
     spec = {"name": "r", "kind": kind, "drafter": "random"}
     if kind == "ddtree":
         spec["budget"] = 24
     route = build_route(spec, target.config.vocab_size, "greedy", 0.0, 0, target=target)
-    static = DFlashDrafter(model, target, static=True, max_len=16, top_k=3)
+    static = DFlashDrafter(model, target, static=mode, max_len=16, top_k=3)
     eager = DFlashDrafter(model, target, static=False, top_k=3)
     route.drafter = static
     log: list[int] = []
     _twin(static, eager, TOL, log)
-    engine = GraphedTarget(target, graphs=False) if graphed else target
-    buffers = static._static
-    assert buffers is not None and buffers.max_len == 32  # at least two blocks
+    if mode:
+        assert static._static is not None and static._static.max_len == 32  # at least two blocks
     for ids, ar in zip(prompts, ar_outputs):
-        assert generate(engine, ids, route, MAX_NEW).output_ids == ar
+        decoder = GraphedTarget(target, graphs=False) if engine == "graphed" else target
+        assert generate(decoder, ids, route, MAX_NEW).output_ids == ar
+        assert static.on_static
     assert len(set(log)) >= 3  # accepted paths of several lengths
-    assert buffers.max_len == 256  # grew in the long prompt's prefill (128) and while decoding (256)
+    assert static._static.max_len == 256  # grew in the long prompt's prefill (128) and while decoding (256)
 
 
 def test_graphed_target_switches_routes_to_the_static_buffers(pair, prompts, ar_outputs):
