@@ -559,6 +559,7 @@ class DFlashDrafter:
     to it within a generation once a verification comes from a
     :class:`~repro.models.graphed.GraphedTarget` (the features cached so far are moved over); on a
     HybridLM target the eager path above runs, the reference the static one is tested against.
+    ``max_len``: the static buffers' first size in positions (doubled when a step needs more).
     """
 
     def __init__(

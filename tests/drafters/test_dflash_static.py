@@ -174,7 +174,7 @@ def test_step_is_capture_safe(pair, prompts):
         buffers._upload(root, ver.position, path)
         sources = tuple(ver.hidden[i] for i in buffers.layers)
         check = check_capture(lambda s=sources: buffers._run(s, True))
-        assert check.hazards == []
+        assert check.hazards == [] and check_capture(lambda: buffers._run(None, False)).hazards == []
         traces.append(check.trace)
     assert traces[0] == traces[1]
 
