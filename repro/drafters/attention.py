@@ -13,16 +13,34 @@ def grouped_attention(
 ) -> torch.Tensor:
     """softmax(q k^T / sqrt(d), masked) v for q [B, H, T, D] and keys/values [B, KV, C, D] (KV divides
     H; query head h reads key head h // (H // KV)); ``mask`` is bool, True = visible, broadcastable to
-    [B, H, T, C], or None. The softmax runs in float32 for half inputs. Returns [B, T, H * D]."""
+    [B, H, T, C], or None. The softmax runs in float32 for half inputs. Returns [B, T, H * D].
+
+    The H // KV query heads of a key head are stacked as one [H // KV * T] row block against it, so
+    keys and values are read in place, never repeated per query head.
+    """
     b, h, t, d = q.shape
-    groups = h // keys.shape[1]
-    if groups > 1:
-        keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
-    scores = q @ keys.transpose(-1, -2) * d**-0.5
+    kv, c = keys.shape[1], keys.shape[2]
+    groups = h // kv
+    scores = q.reshape(b, kv, groups * t, d) @ keys.transpose(-1, -2) * d**-0.5
     if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
+        scores = scores.view(b, kv, groups, t, c).masked_fill(~_grouped(mask, kv, groups), float("-inf"))
+        scores = scores.view(b, kv, groups * t, c)
     attn = torch.softmax(scores.float() if scores.dtype in HALF else scores, dim=-1).to(values.dtype)
-    return (attn @ values).transpose(1, 2).reshape(b, t, h * d)
+    return (attn @ values).view(b, h, t, d).transpose(1, 2).reshape(b, t, h * d)
+
+
+def _grouped(mask: torch.Tensor, kv: int, groups: int) -> torch.Tensor:
+    """A mask broadcastable to [B, H, T, C] as one broadcastable to [B, KV, H // KV, T, C]."""
+    while mask.dim() < 4:
+        mask = mask[None]
+    if mask.shape[1] == 1:
+        return mask[:, :, None]
+    return mask.reshape(mask.shape[0], kv, groups, *mask.shape[2:])
+
+
+def marginals(logits: torch.Tensor) -> torch.Tensor:
+    """Softmax of draft logits (half precision is lifted to float32 first)."""
+    return torch.softmax(logits.float() if logits.dtype in HALF else logits, dim=-1)
 
 
 class ProjectedAttention(nn.Module):

@@ -18,7 +18,8 @@ Checkpoints use z-lab's layout so that ``dflash.DFlashDraftModel.from_pretrained
 .weight``, ``fc.weight``, ``hidden_norm.weight``, ``norm.weight``.
 
 :class:`DFlashDrafter` adapts a model to the engine's Drafter protocol; it keeps the target
-features (and each layer's context keys/values) of every committed token, keyed by position.
+features (and each layer's context keys/values) of every committed token, keyed by position. On a
+graphed target it drafts on static buffers and CUDA graphs instead (:mod:`repro.drafters.static_dflash`).
 """
 
 from __future__ import annotations
@@ -32,11 +33,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from repro.drafters.attention import HALF, ProjectedAttention, grouped_attention
+from repro.drafters.attention import HALF, ProjectedAttention, grouped_attention, marginals
 from repro.drafters.base import DraftContext, Proposal
 from repro.drafters.features import FeatureCache
+from repro.drafters.static_dflash import DEFAULT_MAX_LEN, StaticDFlash
 from repro.errors import CheckpointError, ConfigError
 from repro.models.family import resolve_checkpoint
+from repro.models.graphed import GraphedVerification
 from repro.models.hybrid import HybridLM, Verification
 from repro.models.layers import MLP, rotate_half
 from repro.models.loading import assign_weights, read_json_config, write_checkpoint
@@ -273,14 +276,22 @@ class DFlashAttention(ProjectedAttention):
         cos: torch.Tensor,
         sin: torch.Tensor,
         mask: torch.Tensor | None = None,
+        slots: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """Block rows x [B, T, hidden] over the ``context`` keys/values and their own. ``slots`` [T]:
+        the context is a preallocated buffer; the block's keys/values are written into it at those
+        positions and ``mask`` says which buffer rows are visible (static shapes, no concatenation)."""
         b, t, _ = x.shape
         q = apply_rope(
             self.q_norm(self.q_proj(x).view(b, t, self.heads, self.head_dim)).transpose(1, 2), cos, sin
         )
         k_blk, v_blk = self.keys_values(x, cos, sin)
-        k = torch.cat([context[0], k_blk], dim=2)
-        v = torch.cat([context[1], v_blk], dim=2)
+        if slots is None:
+            k = torch.cat([context[0], k_blk], dim=2)
+            v = torch.cat([context[1], v_blk], dim=2)
+        else:
+            k = context[0].index_copy_(2, slots, k_blk)
+            v = context[1].index_copy_(2, slots, v_blk)
         return self.o_proj(grouped_attention(q, k, v, mask))
 
 
@@ -307,8 +318,9 @@ class DFlashLayer(DraftLayer):
         cos: torch.Tensor,
         sin: torch.Tensor,
         mask: torch.Tensor | None = None,
+        slots: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), context, cos, sin, mask)
+        x = x + self.self_attn(self.input_layernorm(x), context, cos, sin, mask, slots)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -353,16 +365,20 @@ class DFlashDraftModel(nn.Module):
         positions: torch.Tensor,
         context: KVCache,
         mask: torch.Tensor | None = None,
+        slots: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Final-normed hidden states [B, T, hidden] of the block at ``positions`` [B, T].
 
         ``mask`` (bool, True = visible, broadcastable to [B, heads, T, C + T]) is for training;
-        drafting leaves it None: every block row sees the whole context and the whole block.
+        drafting leaves it None: every block row sees the whole context and the whole block. With
+        ``slots`` (static buffers, :mod:`repro.drafters.static_dflash`) the context is each layer's
+        key/value buffer [B, KV, max_len, D], the block's keys/values go to buffer rows ``slots`` and
+        ``mask`` [.., max_len] says which rows are visible.
         """
         cos, sin = self._tables(positions, noise_embedding.dtype)
         h = noise_embedding
         for layer, kv in zip(self.layers, context):
-            h = layer(h, kv, cos, sin, mask)
+            h = layer(h, kv, cos, sin, mask, slots)
         return self.norm(h)
 
     def forward(
@@ -537,10 +553,23 @@ class DFlashDrafter:
     draft layer's context keys/values are extended with the new rows only. ``propose`` runs the
     block ``[pending root, MASK x (block_size - 1)]`` at positions P..P+block_size-1 (P =
     committed tokens) and returns the top-``top_k`` tokens and the marginals per depth.
+
+    ``static``: draft on :class:`~repro.drafters.static_dflash.StaticDFlash` (static buffers of
+    ``max_len`` positions, one CUDA graph per step on CUDA, no host sync). None (the default) switches
+    to it within a generation once a verification comes from a
+    :class:`~repro.models.graphed.GraphedTarget` (the features cached so far are moved over); on a
+    HybridLM target the eager path above runs, the reference the static one is tested against.
+    ``max_len``: the static buffers' first size in positions (doubled when a step needs more).
     """
 
     def __init__(
-        self, model: DFlashDraftModel, target: HybridLM, block_size: int | None = None, top_k: int = 1
+        self,
+        model: DFlashDraftModel,
+        target: HybridLM,
+        block_size: int | None = None,
+        top_k: int = 1,
+        static: bool | None = None,
+        max_len: int = DEFAULT_MAX_LEN,
     ) -> None:
         cfg, tc = model.config, target.config
         check_fits(cfg, target)
@@ -553,22 +582,50 @@ class DFlashDrafter:
         self.target = target
         self.top_k = top_k
         self.capture_layers: tuple[int, ...] = tuple(cfg.target_layer_ids)
+        self.static, self.max_len = static, max_len
+        self._static: StaticDFlash | None = None
         self.begin([], None)
 
     @property
     def committed(self) -> int:
         """Number of leading positions whose target features are cached."""
-        return self.store.count
+        return self._static.count if self.on_static else self.store.count
 
     @property
     def features(self) -> torch.Tensor:
         """Target features of the committed tokens, [committed, feature_size]."""
-        return self.store.rows
+        return self._static.features if self.on_static else self.store.rows
+
+    @property
+    def on_static(self) -> bool:
+        """Whether this generation drafts on the static buffers."""
+        return self._static is not None and self._static_now
+
+    def _static_buffers(self) -> StaticDFlash:
+        if self._static is None:
+            embedding = self.target.model.embed_tokens.weight
+            self._static = StaticDFlash(
+                self.model, embedding, self.target.lm_head, self.block_size, self.top_k, self.max_len
+            )
+        return self._static
 
     def begin(self, prompt_ids: list[int], reference_ids: list[int] | None) -> None:
         m = self.model
         self.store = FeatureCache("DFlash", self.capture_layers, m.config.hidden_size, m.dtype, m.device)
         self.kv: KVCache = []
+        self._static_now = bool(self.static)
+        if self._static_now:
+            self._static_buffers().reset()
+
+    def _switch(self, ctx: DraftContext) -> bool:
+        """Whether to draft on the static buffers now; on a graphed target's first verification (auto
+        mode) the features cached so far move there."""
+        if not self._static_now and self.static is None and isinstance(ctx.verification, GraphedVerification):
+            self._static_buffers().adopt(self.store.rows, self.kv)
+            self.store.reset()
+            self.kv = []
+            self._static_now = True
+        return self.on_static
 
     @torch.no_grad()
     def _ingest(self, ver: Verification, path: list[int]) -> None:
@@ -589,7 +646,11 @@ class DFlashDrafter:
 
     def observe_prefill(self, verification: Verification) -> None:
         """Cache the hidden states of one prefill chunk (every node of its chain is committed)."""
-        self._ingest(verification, list(range(verification.tree.size)))
+        path = list(range(verification.tree.size))
+        if self.on_static:
+            self._static_buffers().ingest(verification, path)
+        else:
+            self._ingest(verification, path)
 
     @torch.no_grad()
     def block_inputs(self, ctx: DraftContext) -> tuple[torch.Tensor, torch.Tensor]:
@@ -611,7 +672,11 @@ class DFlashDrafter:
     @torch.no_grad()
     def block_rows(self, ctx: DraftContext) -> tuple[torch.Tensor, torch.Tensor]:
         """Final hidden states [T-1, hidden] and logits [T-1, V] of block rows 1..T-1 (row d drafts
-        depth d), after caching the previous step's accepted features."""
+        depth d), after caching the previous step's accepted features. On the static buffers they are
+        the step graph's static outputs: valid until the next ``block_rows`` or ``propose``."""
+        if self._switch(ctx):
+            rows, logits = self._static_buffers().step(ctx, probs=False)
+            return rows, logits
         block, positions = self.block_inputs(ctx)
         hidden = self.model.block_hidden(self.kv, block, positions, self.target.model.embed_tokens.weight)
         rows = hidden[0, 1:]
@@ -619,11 +684,11 @@ class DFlashDrafter:
 
     @torch.no_grad()
     def propose(self, ctx: DraftContext) -> Proposal:
+        """The marginals and top-``top_k`` ids per depth; on the static buffers both stay on the device
+        (no host sync) and are valid until the next step."""
+        if self._switch(ctx):
+            _, _, probs, top = self._static_buffers().step(ctx, probs=True)
+            return Proposal(probs=probs, top_ids=top)
         _, logits = self.block_rows(ctx)
         probs = marginals(logits)
         return Proposal(probs=probs, top_ids=torch.topk(probs, self.top_k, dim=-1).indices)
-
-
-def marginals(logits: torch.Tensor) -> torch.Tensor:
-    """Softmax of draft logits (half precision is lifted to float32 first)."""
-    return torch.softmax(logits.float() if logits.dtype in HALF else logits, dim=-1)

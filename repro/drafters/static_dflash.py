@@ -1,0 +1,276 @@
+"""DFlash drafting on static device buffers: one CUDA graph per step, no host sync.
+
+:class:`StaticDFlash` is what :class:`repro.drafters.dflash.DFlashDrafter` runs on when the target is
+a :class:`repro.models.graphed.GraphedTarget` (the same math as the eager drafter, pinned to it by
+tests/drafters/test_dflash_static.py). It holds, sized to ``max_len`` positions (doubled, with the
+graphs captured again, when a step would not fit):
+
+- ``feat`` [max_len, F]: the target features of committed positions (rows >= ``count`` are stale);
+- ``keys``/``values``, per draft layer [1, KV heads, max_len, head_dim]: the context keys/values of
+  those positions (fc, hidden_norm, k/v proj, k_norm, rotary at the absolute positions);
+- ``length``: the committed length as a device scalar (the host knows it too: ``count``);
+- ``inputs``: the step's host values on the device, ``[root token, start, count, path (padded)]``,
+  uploaded by one non-blocking copy from a pinned host buffer.
+
+One step (:meth:`StaticDFlash.step`) gathers the previous verification's accepted rows from its
+hidden outputs (the verify slot's static buffers, so the graph reads them in place), writes their
+features and keys/values at positions ``start..``, sets ``length``, then runs the block
+``[root, MASK x (T-1)]`` at positions ``length..length+T-1``: its keys/values are written into the
+buffers right after the context (rows that the next ingest overwrites) and each query sees buffer
+rows ``< length + T`` (a length mask over static shapes), then the final norm, the target's LM head
+and, for ``propose``, the marginals and their top-k. On CUDA that is one CUDA graph per (sources,
+path padding, marginals) captured on first use; elsewhere the same function runs eagerly. Rows past
+the accepted path are gathered too (padding) and written past ``length``: harmless, they are never
+visible and are overwritten before they could be. Prefill chunks are written eagerly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from repro.drafters.attention import marginals
+from repro.drafters.base import DraftContext
+from repro.errors import ConfigError
+from repro.models.graphed import GraphedVerification
+from repro.models.hybrid import Verification
+
+if TYPE_CHECKING:
+    from repro.drafters.dflash import DFlashDraftModel
+
+DEFAULT_MAX_LEN = 4096
+RING = 4  # pinned host buffers used in turn (one is rewritten only after its copy has run)
+
+Outputs = tuple[torch.Tensor, ...]
+
+
+class StaticDFlash:
+    """Static buffers and step graphs of one DFlash drafter (see the module docstring).
+
+    ``embedding`` and ``lm_head`` are the target's; ``graphs`` defaults to "on CUDA".
+    """
+
+    def __init__(
+        self,
+        model: DFlashDraftModel,
+        embedding: torch.Tensor,
+        lm_head: torch.nn.Module,
+        block_size: int,
+        top_k: int,
+        max_len: int = DEFAULT_MAX_LEN,
+        graphs: bool | None = None,
+    ) -> None:
+        self.model, self.embedding, self.lm_head = model, embedding, lm_head
+        self.block_size, self.top_k = block_size, top_k
+        self.device = model.device
+        self.graphs = self.device.type == "cuda" if graphs is None else graphs
+        if self.graphs and self.device.type != "cuda":
+            raise ConfigError(
+                "CUDA graphs need a CUDA device: the static DFlash drafter runs eagerly elsewhere"
+            )
+        self.layers = tuple(model.config.target_layer_ids)
+        self.captures = 0  # graphs captured so far
+        self.length = torch.zeros((), dtype=torch.long, device=self.device)
+        self._block = torch.arange(block_size, device=self.device)
+        self._pad = 0
+        self._resize_inputs(block_size)
+        self.max_len = 0
+        self._allocate(max(max_len, 2 * block_size))
+        self.reset()
+
+    # ------------------------------------------------------------------ buffers
+
+    def reset(self) -> None:
+        """A new sequence: nothing committed (stale rows stay, never visible)."""
+        self.count = 0
+        self.length.zero_()
+        self._last: Verification | None = None
+
+    @property
+    def features(self) -> torch.Tensor:
+        """Target features of the committed tokens, [count, F] (a view of the buffer)."""
+        return self.feat[: self.count]
+
+    def _allocate(self, max_len: int) -> None:
+        """Buffers of ``max_len`` positions, the committed rows copied over; graphs are dropped."""
+        cfg, m = self.model.config, self.model
+        feat = torch.zeros(max_len, cfg.feature_size, dtype=m.dtype, device=self.device)
+        shape = (1, cfg.num_key_value_heads, max_len, cfg.head_dim)
+        keys = [torch.zeros(shape, dtype=m.dtype, device=self.device) for _ in m.layers]
+        values = [torch.zeros(shape, dtype=m.dtype, device=self.device) for _ in m.layers]
+        if self.max_len:
+            n = self.count
+            feat[:n] = self.feat[:n]
+            for new, old in zip(keys + values, self.keys + self.values):
+                new[:, :, :n] = old[:, :, :n]
+        self.feat, self.keys, self.values, self.max_len = feat, keys, values, max_len
+        self._positions = torch.arange(max_len, device=self.device)
+        self._calls: dict[tuple[Any, ...], Callable[[], Outputs]] = {}
+
+    def _fit(self, need: int) -> None:
+        """Grow (doubling) until ``need`` positions fit."""
+        size = self.max_len
+        while size < need:
+            size *= 2
+        if size != self.max_len:
+            self._allocate(size)
+
+    def _resize_inputs(self, pad: int) -> None:
+        """The device inputs and pinned host buffers for accepted paths of up to ``pad`` nodes."""
+        self._pad = pad
+        pin = self.device.type == "cuda"
+        self.inputs = torch.zeros(3 + pad, dtype=torch.long, device=self.device)
+        self._host = [torch.zeros(3 + pad, dtype=torch.long, pin_memory=pin) for _ in range(RING)]
+        self._copied: list[Any] = [None] * RING  # a CUDA event per host buffer, once it has been copied
+        self._turn = 0
+        self._calls = {}
+
+    def _upload(self, root: int, start: int, path: list[int]) -> None:
+        """[root, start, count, path + zeros] to ``inputs`` (pinned buffer, non-blocking copy)."""
+        i, self._turn = self._turn, (self._turn + 1) % RING
+        done = self._copied[i]
+        if done is not None and not done.query():
+            done.synchronize()  # the copy of RING steps ago has not run yet (never with a per-step sync)
+        host = self._host[i].numpy()
+        host[:3] = (root, start, len(path))
+        host[3 : 3 + len(path)] = path
+        host[3 + len(path) :] = 0
+        self.inputs.copy_(self._host[i], non_blocking=True)
+        if self.device.type == "cuda":
+            if done is None:
+                done = self._copied[i] = torch.cuda.Event()
+            done.record()
+
+    @torch.no_grad()
+    def _write(self, rows: torch.Tensor, positions: torch.Tensor) -> None:
+        """Features rows [n, F] and their context keys/values at ``positions`` [n] (device)."""
+        self.feat.index_copy_(0, positions, rows)
+        for (k, v), kb, vb in zip(self.model.context_kv(rows[None], positions[None]), self.keys, self.values):
+            kb.index_copy_(2, positions, k)
+            vb.index_copy_(2, positions, v)
+
+    def _start(self, ver: Verification) -> int:
+        missing = [i for i in self.layers if i not in ver.hidden]
+        if missing:
+            raise ConfigError(
+                f"the target returned no hidden states for layer(s) {missing}: verify with "
+                "capture=drafter.capture_layers"
+            )
+        if ver.position > self.count:
+            raise ConfigError(
+                f"DFlash drafter lacks target hidden states for positions {self.count}..{ver.position - 1}: "
+                "the engine must pass every prefill chunk to observe_prefill"
+            )
+        return ver.position
+
+    def _gather(self, ver: Verification, idx: torch.Tensor) -> torch.Tensor:
+        return torch.cat([ver.hidden[i].index_select(0, idx) for i in self.layers], dim=-1).to(
+            self.model.dtype
+        )
+
+    @torch.no_grad()
+    def ingest(self, ver: Verification, path: list[int]) -> None:
+        """Write the accepted ``path``'s rows of ``ver`` eagerly (prefill chunks; an already ingested
+        verification or an empty path does nothing)."""
+        if ver is self._last or not path:
+            return
+        start = self._start(ver)
+        self.load(self._gather(ver, torch.as_tensor(path, device=self.device)), start)
+        self._last = ver
+
+    @torch.no_grad()
+    def load(self, rows: torch.Tensor, start: int = 0) -> None:
+        """Commit feature ``rows`` [n, F] at positions start..start+n-1 (eagerly); ``count`` = start + n."""
+        n = rows.shape[0]
+        self._fit(start + n)
+        self._write(rows, self._positions[start : start + n])
+        self.count = start + n
+        self.length.fill_(self.count)
+
+    @torch.no_grad()
+    def adopt(self, rows: torch.Tensor, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Take over an eager drafter's cache: feature ``rows`` [n, F] and per layer keys/values
+        [1, KV, n, D] of positions 0..n-1 (copied, not recomputed)."""
+        self.reset()
+        n = rows.shape[0]
+        self._fit(n)
+        self.feat[:n] = rows
+        for (k, v), kb, vb in zip(kv, self.keys, self.values):
+            kb[:, :, :n] = k
+            vb[:, :, :n] = v
+        self.count = n
+        self.length.fill_(n)
+
+    # ------------------------------------------------------------------ the step
+
+    def _run(self, sources: tuple[torch.Tensor, ...] | None, probs: bool) -> Outputs:
+        """Ingest (when ``sources``, the hidden outputs per feature layer) and the block forward."""
+        m, inp, t = self.model, self.inputs, self.block_size
+        if sources is not None:
+            start, count = inp[1], inp[2]
+            rows = torch.cat([h.index_select(0, inp[3:]) for h in sources], dim=-1).to(m.dtype)
+            self._write(rows, start + self._positions[: self._pad])
+            self.length.copy_(start + count)
+        slots = self.length + self._block
+        ids = torch.where(self._block == 0, inp[0], m.config.mask_token_id)
+        visible = (self._positions < self.length + t)[None, None, None]
+        context = list(zip(self.keys, self.values))
+        hidden = m.forward_block(
+            m.embed_block(ids[None], self.embedding), slots[None], context, visible, slots
+        )
+        rows = hidden[0, 1:]
+        logits = m.compute_logits(rows, self.lm_head)
+        if not probs:
+            return rows, logits
+        p = marginals(logits)
+        return rows, logits, p, torch.topk(p, self.top_k, dim=-1).indices
+
+    def _call(self, sources: tuple[torch.Tensor, ...] | None, probs: bool) -> Outputs:
+        """The step's outputs: the graph of ``_run`` (captured on first use per sources and padding),
+        or ``_run`` itself without graphs."""
+        fn = torch.no_grad()(lambda: self._run(sources, probs))
+        if not self.graphs:
+            return fn()
+        key = (probs, self._pad, None if sources is None else tuple(_address(h) for h in sources))
+        call = self._calls.get(key)
+        if call is None:
+            from repro.models.graphs import GraphedCall
+
+            call = GraphedCall(fn, self.device)  # its warm-up calls are real steps: writes are idempotent
+            self.captures += 1
+            self._calls[key] = call
+        return call()
+
+    def step(self, ctx: DraftContext, probs: bool) -> Outputs:
+        """Ingest the previous step's accepted rows and draft the next block: (hidden rows [T-1, H],
+        logits [T-1, V]) and, with ``probs``, (marginals [T-1, V], top-k ids [T-1, k]). The tensors
+        are the graph's static outputs: valid until the next step."""
+        ver, path = ctx.verification, list(ctx.accepted_path)
+        sources = None
+        if ver is not None and ver is not self._last and path:
+            if self.graphs and not isinstance(ver, GraphedVerification):
+                self.ingest(ver, path)  # not a verify slot's static outputs: no graph reads them
+            else:
+                start = self._start(ver)
+                self.count, self._last = start + len(path), ver
+                if len(path) > self._pad:
+                    self._resize_inputs(1 << (len(path) - 1).bit_length())
+                self._fit(start + self._pad)
+                sources = tuple(ver.hidden[i] for i in self.layers)
+                self._upload(ctx.output_ids[-1], start, path)
+        expected = len(ctx.prompt_ids) + len(ctx.output_ids) - 1
+        if self.count != expected:
+            raise ConfigError(
+                f"DFlash drafter holds hidden states of {self.count} tokens but {expected} are committed"
+            )
+        self._fit(self.count + self.block_size)
+        if sources is None:
+            self._upload(ctx.output_ids[-1], self.count, [])
+        return self._call(sources, probs)
+
+
+def _address(t: torch.Tensor) -> tuple[Any, ...]:
+    """What a graph that reads ``t`` in place depends on."""
+    return t.data_ptr(), tuple(t.shape), t.stride(), t.dtype
