@@ -339,26 +339,20 @@ def load_eagle(
 
 
 def random_eagle_for(
-    target: HybridLM,
-    seed: int = 0,
-    num_layers: int = 1,
-    target_layer_ids: list[int] | None = None,
-    heads: tuple[int, int, int] | None = None,
+    target: HybridLM, seed: int = 0, num_layers: int = 1, target_layer_ids: list[int] | None = None
 ) -> EagleDraftModel:
     """A seeded, untrained EAGLE drafter shaped for ``target`` (its dtype and device).
 
-    Widths and heads follow the target's attention layers unless ``heads`` gives (attention heads,
-    key/value heads, head dim), e.g. for a pure-GDN target; features default to the target's last
+    Widths and heads follow the target's attention layers; features default to the target's last
     decoder layer.
     """
     tc = target.config
-    n_heads, kv_heads, head_dim = heads or (tc.num_attention_heads, tc.num_key_value_heads, tc.head_dim)
     cfg = EagleConfig(
         hidden_size=tc.hidden_size,
         num_hidden_layers=num_layers,
-        num_attention_heads=n_heads,
-        num_key_value_heads=kv_heads,
-        head_dim=head_dim,
+        num_attention_heads=tc.num_attention_heads,
+        num_key_value_heads=tc.num_key_value_heads,
+        head_dim=tc.head_dim,
         intermediate_size=tc.intermediate_size,
         vocab_size=tc.vocab_size,
         target_layer_ids=list(target_layer_ids or [tc.num_hidden_layers - 1]),
