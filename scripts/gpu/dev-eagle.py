@@ -11,21 +11,22 @@ and the StaticEagleDrafter as one CUDA graph:
   vocabulary 32000) and a random EAGLE drafter of one Llama layer at width 2048 (16 heads x 128, as
   dev-scale's ``repro.drafters.shapes.gdn13b_eagle`` when present, else the same shape here).
 
-The context is a prompt of ``CONTEXT`` tokens prefilled through HybridLM (chunk by chunk, every chunk
-observed by every drafter); each timed ``propose`` alternates the pending token, so every call
-recomputes one committed row and drafts the whole proposal. Times per call: the median CUDA-event
-time on the stream (start recorded before, end after the call; launch gaps included) and the wall time
-of ``CALLS`` back-to-back calls with one synchronize at the end. Also recorded: agreement of the static
-drafters' proposals with the eager one in bf16 (chain tokens / tree nodes; bf16 may flip near-ties),
-and whether ``CALLS`` graphed proposes run under ``torch.cuda.set_sync_debug_mode("error")``.
+The context is a prompt of ``CONTEXT`` random tokens prefilled once through HybridLM (reference GDN
+backend; every chunk observed by every drafter); each timed ``propose`` alternates the pending token, so
+every call recomputes one committed row and drafts the whole proposal. Times per call: the median CUDA-
+event time on the stream (start recorded before, end after the call; launch gaps included) and the wall
+time of ``CALLS`` back-to-back calls with one synchronize at the end. Also recorded: agreement of the
+static drafters' proposals with the eager one in bf16 (chain tokens / tree nodes; bf16 may flip near-
+ties), and whether ``CALLS`` graphed proposes run under ``torch.cuda.set_sync_debug_mode("error")``.
 Writes OUT_DIR/dev-eagle.json and OUT_DIR/dev-eagle.md; prints the table. ``--cpu-dry-run`` (second
-argument) runs the same code on the CPU in float32 at small shapes (no graphs, wall clocks): a check of the
-script itself, no measurement.
+argument) runs the same code on the CPU in float32 at small shapes (no graphs, wall clocks): a check of
+the script itself, no measurement.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import time
@@ -40,10 +41,10 @@ from repro.drafters.dflash import init_draft_weights
 from repro.drafters.eagle import DynamicTree, EagleConfig, EagleDrafter, EagleDraftModel, load_eagle
 from repro.drafters.static_eagle import StaticEagleDrafter, real_nodes
 from repro.models.family import drafter_name
-from repro.models.hybrid import PREFILL_CHUNK, HybridLM
+from repro.models.hybrid import PREFILL_CHUNK, HybridLM, Verification
 from repro.models.target import open_target
 
-CALLS = 40
+CALLS = int(os.environ.get("DEV_EAGLE_CALLS", 40))
 WARMUP = 3
 DRY = "--cpu-dry-run" in sys.argv[2:]
 DEVICE = torch.device("cpu" if DRY else "cuda")
@@ -75,9 +76,6 @@ def targets() -> dict[str, tuple[HybridLM, EagleDraftModel]]:
     tiny, _ = open_target("default", dtype=str(DTYPE).removeprefix("torch."), device=DEVICE.type)
     tiny_eagle = load_eagle(drafter_name("tiny-qwen35", "eagle"), DTYPE, DEVICE, target=tiny)
     big = build_model(MODEL_SHAPES["tiny" if DRY else "gdn-1.3b"](), DEVICE, DTYPE, seed=0)
-    if not DRY:
-        tiny.set_gdn_backend("triton")
-        big.set_gdn_backend("triton")
     return {"tiny": (tiny, tiny_eagle), "gdn-1.3b": (big, eagle_13b(big))}
 
 
@@ -90,15 +88,13 @@ def drafters(target: HybridLM, model: EagleDraftModel, mode: dict[str, Any]) -> 
 
 
 @torch.no_grad()
-def prefill(target: HybridLM, ids: list[int], all_drafters: dict[str, EagleDrafter]) -> None:
-    layers = next(iter(all_drafters.values())).capture_layers
-    for d in all_drafters.values():
-        d.begin(ids, None)
-    state = None
+def prefill(target: HybridLM, ids: list[int], layers: tuple[int, ...]) -> list[Verification]:
+    """The verifications of the prompt's prefill chunks (the reference GDN backend: no kernel compiles)."""
+    state, vers = None, []
     for start in range(0, len(ids), PREFILL_CHUNK):
         state, ver = target.prefill(ids[start : start + PREFILL_CHUNK], state, layers)
-        for d in all_drafters.values():
-            d.observe_prefill(ver)
+        vers.append(ver)
+    return vers
 
 
 def key(drafter: EagleDrafter, p: Proposal) -> tuple:
@@ -179,9 +175,13 @@ def main(out: Path) -> None:
         ids = torch.randint(5, vocab, (CONTEXT[shape],), generator=gen).tolist()
         pending = torch.randint(5, vocab, (2,), generator=gen).tolist()
         ctxs = [DraftContext(ids, [pending[i % 2]]) for i in range(CALLS)]
+        vers = prefill(target, ids, tuple(model.config.target_layer_ids))
         for mode_name, mode in MODES.items():
             ds = drafters(target, model, mode)
-            prefill(target, ids, ds)
+            for d in ds.values():
+                d.begin(ids, None)
+                for ver in vers:
+                    d.observe_prefill(ver)
             agree = {name: 0 for name in ("static", "graphed")}
             for ctx in ctxs[:8]:
                 ref = key(ds["eager"], ds["eager"].propose(ctx))

@@ -80,11 +80,14 @@ def check_same(eager: EagleDrafter, ref: Proposal, got: Proposal) -> int:
     return pad
 
 
-def shadow(eager: EagleDrafter, static: StaticEagleDrafter, sync_check: bool = False) -> list[int]:
+def shadow(
+    eager: EagleDrafter, static: StaticEagleDrafter, sync_check: bool = False
+) -> tuple[list[int], list[int]]:
     """Feed everything the engine gives ``eager`` to ``static`` as well and compare every proposal; returns
-    the padding per step. ``sync_check``: every propose but the first runs under CUDA's sync debug mode
-    "error" (a host sync raises)."""
+    the padding and the buffers' capacity per step. ``sync_check``: every propose but the first runs
+    under CUDA's sync debug mode "error" (a host sync raises)."""
     pads: list[int] = []
+    capacities: list[int] = []
     begin, observe, propose = eager.begin, eager.observe_prefill, eager.propose
 
     def both_begin(prompt, ref):  # noqa: ANN001, ANN202
@@ -101,10 +104,11 @@ def shadow(eager: EagleDrafter, static: StaticEagleDrafter, sync_check: bool = F
         with guard:
             got = static.propose(ctx)
         pads.append(check_same(eager, ref, got))
+        capacities.append(static.capacity)
         return ref
 
     eager.begin, eager.observe_prefill, eager.propose = both_begin, both_observe, both_propose
-    return pads
+    return pads, capacities
 
 
 @contextlib.contextmanager
@@ -122,17 +126,19 @@ STEP_SPECS = {
 }
 
 
-def run_shadowed(model, prompts, name: str, new_tokens: int, **static_kw) -> tuple[list[int], list[int], int]:  # noqa: ANN001
-    """Decode with the eager route, the static drafter shadowing it: (lengths, paddings, capacity)."""
+def run_shadowed(  # noqa: ANN001 - model: HybridLM, prompts: token lists
+    model, prompts, name: str, new_tokens: int, **static_kw
+) -> tuple[list[int], list[int], list[int]]:
+    """Decode with the eager route, the static drafter shadowing it: (lengths, paddings, capacities)."""
     spec, extra = STEP_SPECS[name]
     route = build_route(spec, model.config.vocab_size, "greedy", 0.0, 0, target=model, family=FAMILY)
     eager = route.drafter
     if extra:
         eager = route.drafter = EagleDrafter(eager.model, model, k=eager.k, **extra)
     static = twin(eager, **static_kw)
-    pads = shadow(eager, static, sync_check=static.graphs)
+    pads, capacities = shadow(eager, static, sync_check=static.graphs)
     lengths = [n for p in prompts for n in generate(model, p, route, new_tokens).accepted_lengths]
-    return lengths, pads, static.capacity
+    return lengths, pads, capacities
 
 
 @pytest.mark.parametrize("name", list(STEP_SPECS))
@@ -140,8 +146,9 @@ def test_static_proposals_equal_eager_step_by_step(family64, name):
     """Across generations with varying accepted paths (a prompt longer than a prefill chunk too), with tau
     pruning and buffers doubled from 16 positions, every proposal equals the eager drafter's."""
     model, prompts = family64
-    lengths, pads, capacity = run_shadowed(model, prompts, name, 40, capacity=16)
-    assert max(lengths) > 2 and min(lengths) == 1 and capacity >= 64
+    lengths, pads, capacities = run_shadowed(model, prompts, name, 40, capacity=16)
+    assert max(lengths) > 2 and min(lengths) == 1
+    assert capacities[-1] > capacities[0] > 16  # doubled at prefill, then while decoding
     if name == "tree":  # tau prunes some trees below the budget (padded), not all
         assert min(pads) == 0 < max(pads)
 
