@@ -7,9 +7,10 @@ eager drafter is the reference it is pinned to) without reading the device on th
   features of committed tokens [C, F] and, per draft layer, keys/values [1, KV, C + Ds, D] whose
   first C rows are the committed rows' (row t at index t) and last Ds rows the drafted rows of one
   proposal (level by level, fixed slots).
-- ``propose``: the accepted path's features are gathered into the buffer (host-known positions),
-  one small host-to-device copy sets the step's inputs (first row to compute, committed count,
-  pending token, row tokens), and one call runs the rest: the last ``R`` committed rows (a fixed
+- ``propose``: the accepted path's features are gathered into the buffer (host-known positions;
+  the path's node indices go up by a non-blocking copy), one more small non-blocking copy sets the
+  step's inputs (first row to compute, committed count, pending token, row tokens), and one call
+  runs the rest: the last ``R`` committed rows (a fixed
   block; rows past the committed count are computed, never read: they sit at positions no
   committed row's causal mask and no drafted row's context mask reaches, and are overwritten when
   those positions are committed), then one drafter forward per level with fixed shapes. On CUDA
@@ -94,7 +95,10 @@ class TreeProposal(Proposal):
 
 class StaticEagleDrafter(EagleDrafter):
     """EagleDrafter on static buffers: see the module docstring. ``graphs``: capture the proposal's
-    call as a CUDA graph (default: on CUDA); ``capacity``: committed positions held at first."""
+    call as a CUDA graph (default: on CUDA); ``capacity``: committed positions held at first.
+
+    It keeps EagleDrafter's settings, checks, ``observe_prefill`` and distributions (``_probs``) and
+    replaces its state (``begin``, ``_ingest``) and ``propose``."""
 
     def __init__(
         self,
