@@ -18,7 +18,8 @@ from repro.decoding.engine import Route
 from repro.decoding.tree_builders import Backbone, BestFirst, Chain, DrafterTree, SingleNode, TreeBuilder
 from repro.drafters.base import Drafter
 from repro.drafters.dflash import DFlashDrafter, load_dflash, random_dflash_for
-from repro.drafters.eagle import DynamicTree, EagleDrafter, EagleDraftModel, load_eagle, random_eagle_for
+from repro.drafters.eagle import DynamicTree, EagleDraftModel, load_eagle, random_eagle_for
+from repro.drafters.static_eagle import eagle_drafter_for
 from repro.drafters.synthetic import SyntheticDrafter
 from repro.drafters.weaver import WeaverDrafter, load_weaver, random_weaver_for
 from repro.errors import ConfigError
@@ -231,7 +232,7 @@ def _eagle_model(p: dict[str, Any], ctx: BuildContext) -> EagleDraftModel:
 
 def _eagle_chain(p: dict[str, Any], ctx: BuildContext) -> tuple[Drafter | None, TreeBuilder]:
     assert ctx.target is not None
-    return EagleDrafter(_eagle_model(p, ctx), ctx.target, k=p["k"]), Chain()
+    return eagle_drafter_for(_eagle_model(p, ctx), ctx.target, k=p["k"]), Chain()
 
 
 def _fla_sd(p: dict[str, Any], ctx: BuildContext) -> tuple[Drafter | None, TreeBuilder]:
@@ -241,7 +242,7 @@ def _fla_sd(p: dict[str, Any], ctx: BuildContext) -> tuple[Drafter | None, TreeB
 def _eagle_tree(p: dict[str, Any], ctx: BuildContext) -> tuple[Drafter | None, TreeBuilder]:
     assert ctx.target is not None
     shape = DynamicTree(p["budget"], p["topk"], p["tau"], p["depth"])
-    return EagleDrafter(_eagle_model(p, ctx), ctx.target, tree=shape), DrafterTree()
+    return eagle_drafter_for(_eagle_model(p, ctx), ctx.target, tree=shape), DrafterTree()
 
 
 def _weaver(p: dict[str, Any], ctx: BuildContext) -> tuple[Drafter | None, TreeBuilder]:

@@ -211,16 +211,24 @@ class EagleAttention(ProjectedAttention):
         sin: torch.Tensor,
         past: tuple[torch.Tensor, torch.Tensor] | None,
         mask: torch.Tensor | None,
+        slots: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """Output [B, T, hidden] and the new rows' keys/values [B, KV, T, D].
 
         ``mask`` (bool, True = visible, broadcastable to [B, heads, T, C + T]); None = causal:
-        every new row sees all C cached rows and the new rows up to itself.
+        every new row sees all C cached rows and the new rows up to itself. ``slots`` ([T] row
+        indices): ``past`` are static buffers [B, KV, S, D]; the new rows are written into them at
+        ``slots`` and attend over all S rows through ``mask`` ([T, S], required).
         """
         b, t, _ = x.shape
         q = apply_rope(self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2), cos, sin)
         k = apply_rope(self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2), cos, sin)
         v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        if slots is not None:
+            assert past is not None and mask is not None, "static rows need the buffers and a mask"
+            past[0].index_copy_(2, slots, k)
+            past[1].index_copy_(2, slots, v)
+            return self.o_proj(grouped_attention(q, past[0], past[1], mask)), (k, v)
         keys, values = (torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)) if past else (k, v)
         c = keys.shape[2] - t
         if mask is None:
@@ -239,8 +247,9 @@ class EagleLayer(DraftLayer):
         sin: torch.Tensor,
         past: tuple[torch.Tensor, torch.Tensor] | None,
         mask: torch.Tensor | None,
+        slots: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        out, kv = self.self_attn(self.input_layernorm(x), cos, sin, past, mask)
+        out, kv = self.self_attn(self.input_layernorm(x), cos, sin, past, mask, slots)
         x = x + out
         return x + self.mlp(self.post_attention_layernorm(x)), kv
 
@@ -274,17 +283,19 @@ class EagleDraftModel(nn.Module):
         embedding: torch.Tensor,
         past: KVCache | None = None,
         mask: torch.Tensor | None = None,
+        slots: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, KVCache]:
         """Predicted next features [B, T, hidden] and, per layer, the new rows' keys/values.
 
         Row t is ``fc(cat(embedding[next_ids[t]], features[t]))`` at ``positions[t]``; ``past``
-        holds cached rows' keys/values, ``mask`` is as in :meth:`EagleAttention.forward`.
+        holds cached rows' keys/values, ``mask`` and ``slots`` (static buffers) are as in
+        :meth:`EagleAttention.forward`.
         """
         x = self.fc(torch.cat([F.embedding(next_ids, embedding), features], dim=-1))
         cos, sin = rotary_tables(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
         new: KVCache = []
         for i, layer in enumerate(self.layers):
-            x, kv = layer(x, cos, sin, past[i] if past else None, mask)
+            x, kv = layer(x, cos, sin, past[i] if past else None, mask, slots)
             new.append(kv)
         return x, new
 

@@ -1,0 +1,368 @@
+"""EAGLE drafting on static device buffers, grown on the device, one CUDA graph per proposal.
+
+:class:`StaticEagleDrafter` gives :class:`~repro.drafters.eagle.EagleDrafter`'s proposals (the
+eager drafter is the reference it is pinned to) without reading the device on the host:
+
+- Buffers (doubled when the context outgrows them; the graph is captured again): the target
+  features of committed tokens [C, F] and, per draft layer, keys/values [1, KV, C + Ds, D] whose
+  first C rows are the committed rows' (row t at index t) and last Ds rows the drafted rows of one
+  proposal (level by level, fixed slots).
+- ``propose``: the accepted path's features are gathered into the buffer (host-known positions;
+  the path's node indices go up by a non-blocking copy), one more small non-blocking copy sets the
+  step's inputs (first row to compute, committed count, pending token, row tokens), and one call
+  runs the rest: the last ``R`` committed rows (a fixed
+  block; rows past the committed count are computed, never read: they sit at positions no
+  committed row's causal mask and no drafted row's context mask reaches, and are overwritten when
+  those positions are committed), then one drafter forward per level with fixed shapes. On CUDA
+  the call is a :class:`~repro.models.graphs.GraphedCall` (captured on first use; the call is
+  idempotent, so the capture's warm-up leaves nothing behind); eagerly elsewhere, same code.
+- Chain mode: ``Proposal(top_ids [k, width], probs [k, V])`` on the device.
+- Dynamic tree: every level expands all ``topk`` frontier rows into their ``topk`` children (a
+  child is valid when its parent is and its drafter probability is ``>= tau`` and ``> 0``;
+  invalid ones score -inf); the next frontier is the level's ``topk`` best children by (-score,
+  creation order); after ``depth`` levels the ``budget`` best valid nodes (creation order on ties,
+  so ancestors first) in creation order form the tree. EagleDrafter's early stops never change its
+  tree (no node created after them can enter the best ``budget``: scores never rise along a path,
+  and later nodes lose ties), so growing every level gives the same nodes, parents and order.
+
+**Padding.** The tree has a host-known size, ``min(budget, candidates) + 1`` (the candidates being
+``K + (depth - 1) * topk * K`` with ``K = min(topk, vocab)``), whatever tau and the scores leave:
+after the real nodes come padding nodes (parent -1, token 0, i.e. root-level siblings of the
+pending token). Greedy acceptance walks node 0's subtree only, so they never change what is
+accepted; they are verified (as the graphed engine's slot padding is), and a record's tree size
+is this fixed size, not the real node count (:func:`real_nodes` recovers the eager tree).
+
+Proposal tensors are the call's outputs: valid until the next ``propose`` (graph replays rewrite
+them in place). The first proposal of a prompt brings the prompt's rows in with one eager forward
+(exact shape, outside the graph); capture and buffer growth synchronise once; every other
+``propose`` makes no host sync.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from repro.drafters.base import DraftContext, Proposal
+from repro.drafters.eagle import DynamicTree, EagleDrafter, EagleDraftModel, _greedy_path
+from repro.errors import ConfigError
+from repro.models.graphed import GraphedTarget
+from repro.models.hybrid import HybridLM, Verification
+from repro.tree import DeviceTree, Tree
+
+DEFAULT_CAPACITY = 256  # committed positions the buffers hold before they first double
+
+
+def upload(values: list[int], device: torch.device, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Host ints as an int64 tensor on ``device`` (into ``out`` when given) without a blocking copy:
+    pinned and non-blocking on CUDA."""
+    host = torch.tensor(values, dtype=torch.long)
+    if device.type == "cuda":
+        host = host.pin_memory()
+    if out is None:
+        return host.to(device, non_blocking=True)
+    return out.copy_(host, non_blocking=True)
+
+
+def real_nodes(tree: Tree) -> Tree:
+    """``tree`` without the padding after its real nodes (root-level nodes other than node 0)."""
+    n = 1 + int((tree.parents[1:] >= 0).sum())
+    return Tree(tree.tokens[:n], tree.parents[:n])
+
+
+class TreeProposal(Proposal):
+    """A proposal whose tree was grown on the device; ``candidates`` (the greedy path per depth, as
+    EagleDrafter's) are read from the tree and the kept nodes' ``scores`` on first use (a sync)."""
+
+    def __init__(self, tree: DeviceTree, scores: torch.Tensor) -> None:
+        super().__init__(candidates=[], tree=tree)
+        self._candidates = None
+        self.scores = scores  # [size - 1] cumulative log-probabilities of the non-root nodes
+
+    @property
+    def candidates(self) -> list[list[int]]:
+        if self._candidates is None:
+            assert isinstance(self.tree, DeviceTree)
+            host = real_nodes(self.tree.to_tree())
+            self._candidates = _greedy_path(host, self.scores[: host.size - 1].tolist())
+        return self._candidates
+
+    @property
+    def depth(self) -> int:
+        return len(self.candidates)
+
+
+class StaticEagleDrafter(EagleDrafter):
+    """EagleDrafter on static buffers: see the module docstring. ``graphs``: capture the proposal's
+    call as a CUDA graph (default: on CUDA); ``capacity``: committed positions held at first.
+
+    It keeps EagleDrafter's settings, checks, ``observe_prefill`` and distributions (``_probs``) and
+    replaces its state (``begin``, ``_ingest``) and ``propose``."""
+
+    def __init__(
+        self,
+        model: EagleDraftModel,
+        target: HybridLM | GraphedTarget,
+        k: int = 4,
+        width: int = 1,
+        tree: DynamicTree | None = None,
+        capacity: int = DEFAULT_CAPACITY,
+        graphs: bool | None = None,
+    ) -> None:
+        self.graphs = target.device.type == "cuda" if graphs is None else graphs
+        if self.graphs and target.device.type != "cuda":
+            raise ConfigError("CUDA graphs need a CUDA device (the static EAGLE drafter is eager elsewhere)")
+        self.capacity = max(1, capacity)
+        self._buffers_for = -1  # the capacity the buffers were made for
+        super().__init__(model, target, k, width, tree)  # calls begin
+
+    # ------------------------------------------------------------------ shapes and buffers
+
+    @property
+    def block(self) -> int:
+        """Committed rows the graphed call computes: the longest accepted path (root included)."""
+        return (self.k if self.tree is None else self.tree.depth) + 1
+
+    @property
+    def level_rows(self) -> int:
+        """Drafted rows per level: 1 (chain) or the frontier (``topk``)."""
+        return 1 if self.tree is None else self.tree.topk
+
+    @property
+    def draft_slots(self) -> int:
+        levels = self.k - 1 if self.tree is None else self.tree.depth - 1
+        return levels * self.level_rows
+
+    def begin(self, prompt_ids: list[int], reference_ids: list[int] | None) -> None:
+        self.count = 0  # committed positions whose features are in the buffer
+        self.rows = 0  # committed drafter rows whose keys/values are in the buffers
+        self._pending = -1  # the token the last committed row read
+        self._last: Verification | None = None
+        if self._buffers_for != self.capacity:
+            self._allocate(self.capacity)
+
+    def _allocate(self, capacity: int) -> None:
+        """Buffers for ``capacity`` committed positions, keeping what the old ones hold."""
+        m, cfg = self.model, self.model.config
+        dev, dtype = m.device, m.dtype
+        features = torch.zeros(capacity, cfg.feature_size, dtype=dtype, device=dev)
+        size = (1, cfg.num_key_value_heads, capacity + self.draft_slots, cfg.head_dim)
+        kv = [
+            (torch.zeros(size, dtype=dtype, device=dev), torch.zeros(size, dtype=dtype, device=dev))
+            for _ in range(cfg.num_hidden_layers)
+        ]
+        if self._buffers_for > 0:
+            old = self._buffers_for
+            features[:old].copy_(self.features)
+            for (k, v), (ok, ov) in zip(kv, self.kv):
+                k[:, :, :old].copy_(ok[:, :, :old])
+                v[:, :, :old].copy_(ov[:, :, :old])
+        self.features, self.kv = features, kv
+        self.inputs = torch.zeros(3 + self.block, dtype=torch.long, device=dev)  # r, c, root, row tokens
+        self.capacity = self._buffers_for = capacity
+        self._call: Any = None
+
+    def _ensure(self, need: int) -> None:
+        """Double the buffers until ``need`` committed positions fit."""
+        capacity = self.capacity
+        while capacity < need:
+            capacity *= 2
+        if capacity != self._buffers_for:
+            self._allocate(capacity)
+
+    # ------------------------------------------------------------------------- host side
+
+    def _ingest(self, ver: Verification, path: list[int]) -> None:
+        """Write the accepted ``path``'s features at positions ver.position + i (FeatureCache's rules)."""
+        if ver is self._last or not path:
+            return
+        missing = [i for i in self.capture_layers if i not in ver.hidden]
+        if missing:
+            raise ConfigError(
+                f"the target returned no hidden states for layer(s) {missing}: verify with "
+                "capture=drafter.capture_layers"
+            )
+        start = ver.position
+        if start > self.count:
+            raise ConfigError(
+                f"EAGLE drafter lacks target hidden states for positions {self.count}..{start - 1}: "
+                "the engine must pass every prefill chunk to observe_prefill"
+            )
+        end = start + len(path)
+        self._ensure(end + self.block)
+        idx = upload(path, self.model.device)
+        new = torch.cat([ver.hidden[i].index_select(0, idx) for i in self.capture_layers], dim=-1)
+        self.features[start:end].copy_(new)
+        self.count, self._last = end, ver
+        self.rows = min(self.rows, start)  # rows from `start` on read replaced features
+
+    @torch.no_grad()
+    def propose(self, ctx: DraftContext) -> Proposal:
+        if ctx.verification is not None:
+            self._ingest(ctx.verification, list(ctx.accepted_path))
+        tokens = list(ctx.prompt_ids) + list(ctx.output_ids)
+        c = len(tokens) - 1
+        if self.count != c:
+            raise ConfigError(f"EAGLE drafter holds hidden states of {self.count} tokens, {c} are committed")
+        if self.rows == c and tokens[c] != self._pending:
+            self.rows = c - 1  # the last row read another pending token
+        r = min(self.rows, c - 1)  # at least the last row (recomputed when cached: the same result)
+        self._ensure(c + self.block)
+        dev = self.model.device
+        if c - r > self.block:  # the prompt's rows (or replaced ones): one eager forward of exact shape
+            stop = c - self.block
+            self._context_rows(upload(tokens[r + 1 : stop + 1], dev), upload([r], dev))
+            r = stop
+        ids = tokens[r + 1 : c + 1]
+        upload([r, c, tokens[c]] + ids + [0] * (self.block - len(ids)), dev, out=self.inputs)
+        out = self._run()
+        self.rows, self._pending = c, tokens[c]
+        if self.tree is None:
+            top_ids, probs = out
+            return Proposal(probs=probs, top_ids=top_ids)
+        tree_tokens, tree_parents, scores = out
+        return TreeProposal(DeviceTree(tree_tokens, tree_parents), scores)
+
+    def _run(self) -> Any:
+        if not self.graphs:
+            return self._step()
+        if self._call is None:
+            from repro.models.graphs import GraphedCall
+
+            self._call = GraphedCall(self._step, self.model.device)
+        return self._call()
+
+    # ---------------------------------------------------------------- the device call
+
+    def _rows(
+        self, ids: torch.Tensor, features: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> torch.Tensor:  # fmt: skip
+        """Predictions [T, hidden] of T rows written into the buffers at ``slots``."""
+        m = self.model
+        return m(ids[None], features[None], positions[None], self._embedding, self.kv, mask, slots)[0][0]
+
+    def _context_rows(self, ids: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+        """Committed rows start.. (row t reads ``ids[t - start]`` and feature t), causal over the
+        committed rows; their predictions [T, hidden]."""
+        positions = start + torch.arange(ids.shape[0], device=ids.device)
+        cols = torch.arange(self.kv[0][0].shape[2], device=ids.device)
+        mask = (cols[None] <= positions[:, None]) & (cols[None] < self.capacity)
+        return self._rows(ids, self.features.index_select(0, positions), positions, positions, mask)
+
+    def _draft_mask(self, committed: torch.Tensor, ancestors: torch.Tensor) -> torch.Tensor:
+        """[n, C + Ds]: every committed row, and the drafted rows in ``ancestors`` [n, Ds]."""
+        seen = torch.arange(self.capacity, device=committed.device) < committed
+        return torch.cat([seen[None].expand(ancestors.shape[0], -1), ancestors], dim=1)
+
+    def _level(
+        self, depth: int, ids: torch.Tensor, preds: torch.Tensor, ancestors: torch.Tensor, c: torch.Tensor
+    ) -> torch.Tensor:
+        """Drafted rows of level ``depth`` (their parents' predictions ``preds``); their predictions."""
+        n, dev = ids.shape[0], ids.device
+        first = self.capacity + (depth - 1) * self.level_rows
+        slots = torch.arange(first, first + n, device=dev)
+        positions = (c - 1 + depth).expand(n)
+        mask = self._draft_mask(c, ancestors)
+        return self._rows(ids, self.model.draft_features(preds), positions, slots, mask)
+
+    @torch.no_grad()
+    def _step(self) -> tuple[torch.Tensor, ...]:
+        """The committed block and the drafting, from ``self.inputs`` (capture-safe)."""
+        r, c, root = self.inputs[0:1], self.inputs[1:2], self.inputs[2:3]
+        preds = self._context_rows(self.inputs[3:], r)
+        root_pred = preds.index_select(0, c - r - 1)
+        if self.tree is None:
+            return self._chain_step(root_pred, c)
+        return self._tree_step(root, root_pred, c, self.tree)
+
+    def _chain_step(self, pred: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        slot = torch.arange(self.draft_slots, device=pred.device)[None]
+        probs, tops = [], []
+        for depth in range(1, self.k + 1):
+            p = self._probs(pred)
+            top = torch.topk(p, self.width, dim=-1).indices
+            probs.append(p)
+            tops.append(top)
+            if depth < self.k:
+                pred = self._level(depth, top[:, 0], pred, slot < depth, c)  # the rows above and itself
+        return torch.cat(tops), torch.cat(probs)
+
+    def _tree_step(
+        self, root: torch.Tensor, root_pred: torch.Tensor, c: torch.Tensor, spec: DynamicTree
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        dev = root_pred.device
+        vocab = self.model.config.vocab_size
+        kids, beam = min(spec.topk, vocab), spec.topk
+        # the frontier: predictions, scores, validity, candidate index (-1: the root), drafted ancestors
+        preds, score = root_pred, torch.zeros(1, dtype=torch.float64, device=dev)
+        valid = torch.ones(1, dtype=torch.bool, device=dev)
+        node = torch.full((1,), -1, dtype=torch.long, device=dev)
+        ancestors = torch.zeros(1, self.draft_slots, dtype=torch.bool, device=dev)
+        tokens, parents, scores = [], [], []
+        made = 0  # candidates created so far (creation order = index)
+        for depth in range(1, spec.depth + 1):
+            top_p, top_ids = torch.topk(self._probs(preds), kids, dim=-1)
+            p = top_p.to(torch.float64)
+            ok = valid[:, None] & (p >= spec.tau) & (p > 0)
+            level_scores = torch.where(ok, score[:, None] + p.log(), float("-inf")).reshape(-1)
+            n = level_scores.shape[0]
+            level_nodes = torch.arange(made, made + n, device=dev)
+            tokens.append(top_ids.reshape(-1))
+            parents.append(node[:, None].expand(-1, kids).reshape(-1))
+            scores.append(level_scores)
+            made += n
+            if depth == spec.depth:
+                break
+            if n < beam:  # fewer children than frontier rows: pad with invalid ones
+                level_scores = torch.cat([level_scores, level_scores.new_full((beam - n,), float("-inf"))])
+            order = torch.sort(level_scores, descending=True, stable=True).indices[:beam]
+            row = (order // kids).clamp(max=preds.shape[0] - 1)  # the frontier row of each child
+            score = level_scores.index_select(0, order)
+            valid = score > float("-inf")
+            ids = top_ids.reshape(-1).index_select(0, order.clamp(max=n - 1))
+            node = level_nodes.index_select(0, order.clamp(max=n - 1))
+            own = torch.zeros(beam, self.draft_slots, dtype=torch.bool, device=dev)
+            first = (depth - 1) * beam
+            own[:, first : first + beam] = torch.eye(beam, dtype=torch.bool, device=dev)
+            ancestors = ancestors.index_select(0, row) | own
+            preds = self._level(depth, ids, preds.index_select(0, row), ancestors, c)
+        return _select(root, torch.cat(tokens), torch.cat(parents), torch.cat(scores), spec.budget)
+
+
+def _select(
+    root: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor, budget: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The tree of the ``budget`` best candidates by (-score, index) in index order, root first, padding
+    (parent -1, token 0) after the real nodes: (tokens, parents, kept scores) of ``min(budget, N) + 1``
+    nodes. ``parents`` index candidates (-1: the root); invalid candidates score -inf."""
+    n = scores.shape[0]
+    size = min(budget, n)
+    keep = torch.sort(scores, descending=True, stable=True).indices[:size]
+    real = scores.index_select(0, keep) > float("-inf")
+    ordered = torch.sort(torch.where(real, keep, keep + n)).values  # real nodes by index, padding last
+    real = ordered < n
+    keep = torch.where(real, ordered, ordered - n)
+    index_of = torch.zeros(n, dtype=torch.long, device=scores.device)  # candidate -> tree node
+    index_of.scatter_(0, keep, torch.arange(1, size + 1, device=scores.device))
+    parent = parents.index_select(0, keep)
+    parent = torch.where(parent < 0, 0, index_of.index_select(0, parent.clamp(min=0)))
+    minus = torch.full((1,), -1, dtype=torch.long, device=scores.device)
+    out_tokens = torch.cat([root, torch.where(real, tokens.index_select(0, keep), 0)])
+    out_parents = torch.cat([minus, torch.where(real, parent, -1)])
+    return out_tokens, out_parents, torch.where(real, scores.index_select(0, keep), float("-inf"))
+
+
+def eagle_drafter_for(
+    model: EagleDraftModel,
+    target: HybridLM | GraphedTarget,
+    k: int = 4,
+    width: int = 1,
+    tree: DynamicTree | None = None,
+) -> EagleDrafter:
+    """The static drafter for a :class:`~repro.models.graphed.GraphedTarget` (CUDA graphs when it
+    has them), the eager reference for a HybridLM."""
+    if isinstance(target, GraphedTarget):
+        return StaticEagleDrafter(model, target, k, width, tree, graphs=target.graphs)
+    return EagleDrafter(model, target, k, width, tree)
