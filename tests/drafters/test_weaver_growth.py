@@ -246,3 +246,17 @@ def test_graphed_growth_on_cuda_equals_host_without_sync():
             assert abs(float(scores[first]) - host.scores[first]) < 1e-4, (seed, first)
         assert torch.allclose(scores[:n].cpu(), torch.tensor(host.scores, dtype=torch.float64), atol=1e-4)
         assert torch.allclose(probs, torch.softmax(logits, -1))
+
+
+def test_a_sibling_and_a_child_pushed_together_tie_in_push_order():
+    """log q of the best child rounds to 0 (a peaked pool) and ranks 1..3 tie: the parent's next rank
+    and the new node's first child, pushed in the same iteration, tie exactly; the sibling (pushed
+    first) pops first."""
+    weaver = adapter(0, 3, 0.0)
+    emb, root, rows, _, _, feature = inputs(1, 3, 4)
+    logits = torch.full((3, VOCAB), -50.0, dtype=torch.float64)
+    logits[:, :4] = torch.tensor([100.0, 0.0, 0.0, 0.0], dtype=torch.float64)
+    args = (emb, root, rows, *top_k_pool(logits, 4), feature)
+    assert float(torch.log_softmax(args[3][0], -1)[0]) == 0.0
+    tree = check_same(weaver, 9, args, widths=(1, 2))
+    assert tree.parents.tolist() == [-1, 0, 1, 2, 0, 1, 2, 0, 4, 1]  # node 7: the sibling, pushed first
