@@ -220,6 +220,8 @@ class _DeviceGrower:
         self.parents = torch.full((n,), -1, dtype=torch.long, device=dev)
         self.depth = torch.zeros(n, dtype=torch.long, device=dev)
         self.scores = torch.zeros(n, dtype=torch.float64, device=dev)
+        self.real = torch.ones(n, dtype=torch.bool, device=dev)  # False: padding (the pools ran out)
+        self.own = torch.ones(1, 1, dtype=torch.bool, device=dev)
 
     def score(
         self, n: int, token: torch.Tensor, depth: torch.Tensor, ancestors: torch.Tensor, live: torch.Tensor
@@ -229,8 +231,7 @@ class _DeviceGrower:
         above the last depth)."""
         d = depth.clamp(max=self.max_depth - 1)
         x = self.base.index_select(0, d) + self.w.token_proj(self.embedding.index_select(0, token))
-        own = torch.ones(1, 1, dtype=torch.bool, device=x.device)
-        mask = torch.cat([ancestors, own], dim=1)[None]  # the cached ancestors, then the node itself
+        mask = torch.cat([ancestors, self.own], dim=1)[None]  # the cached ancestors, then the node itself
         u, (k, v) = self.w(x[None], mask, (self.cache[0], self.cache[1]))
         self.cache[0, :, :, n : n + 1].copy_(k)
         self.cache[1, :, :, n : n + 1].copy_(v)
@@ -245,7 +246,9 @@ class _DeviceGrower:
     def pop(self, i: int) -> tuple[torch.Tensor, ...]:
         """Iteration ``i``: take the best candidate as node ``i + 1`` (padding when none is left) and
         push its parent's next rank (push order 2i + 1); the caller scores the node (order 2i + 2).
-        Returns the node's token, depth, ancestors (a [1, N] mask) and whether it is real."""
+        Returns the node's token, depth, ancestors (a [1, N] mask) and whether it is real. A padding
+        node's fields are whatever the exhausted table gives (it is never a valid parent); ``run``
+        overwrites its token, parent and score."""
         n, keep = i + 1, self.keep
         masked = self.key.masked_fill(~self.valid, float("-inf"))
         hits = self.valid & (masked == masked.max())
@@ -254,18 +257,19 @@ class _DeviceGrower:
         r = self.rank.index_select(0, p)
         token = self.child_tok.view(-1).index_select(0, p * keep + r)
         depth = self.depth.index_select(0, p) + 1
-        self.tokens[n : n + 1].copy_(torch.where(live, token, 0))
-        self.parents[n : n + 1].copy_(torch.where(live, p, -1))
+        self.real[n : n + 1].copy_(live)
+        self.tokens[n : n + 1].copy_(token)
+        self.parents[n : n + 1].copy_(p)
         self.depth[n : n + 1].copy_(depth)
-        self.scores[n : n + 1].copy_(torch.where(live, self.key.index_select(0, p), float("-inf")))
-        ancestors = self.anc.index_select(0, p) & live[:, None]  # [1, N]: the node's, itself excluded
+        self.scores[n : n + 1].copy_(self.key.index_select(0, p))
+        ancestors = self.anc.index_select(0, p)  # [1, N]: the node's, itself excluded
         self.anc[n : n + 1].copy_(ancestors)
         self.anc[n, n : n + 1].fill_(True)
         nxt = r + 1
         lq = self.child_lq.view(-1).index_select(0, p * keep + nxt.clamp(max=keep - 1))
         self.key.index_copy_(0, p, self.scores.index_select(0, p) + lq)
         self.rank.index_copy_(0, p, nxt)
-        self.order.index_copy_(0, p, torch.full_like(p, 2 * i + 1))
+        self.order.index_fill_(0, p, 2 * i + 1)
         self.valid.index_copy_(0, p, live & (nxt < keep))
         return token, depth, ancestors, live
 
@@ -280,7 +284,12 @@ class _DeviceGrower:
             if n < budget:  # the node that fills the budget gets no children
                 self.score(n, token, depth, ancestors, live)
                 self.order[n : n + 1].fill_(2 * i + 2)
-        return DeviceGrowth(self.tokens, self.parents, self.scores)
+        real = self.real
+        return DeviceGrowth(
+            torch.where(real, self.tokens, 0),
+            torch.where(real, self.parents, -1),
+            torch.where(real, self.scores, float("-inf")),
+        )
 
 
 @torch.no_grad()
