@@ -22,6 +22,8 @@ depth D or the node that fills the budget gets no children. Each parent ranks it
   When the pools run out before the budget (fewer than ``budget`` reachable nodes), the reference
   stops early; the device tree is padded to ``budget + 1`` nodes with root-level nodes (parent -1,
   token 0) after the real ones, which verification isolates and acceptance never enters.
+  Cost: about 100 small kernels per node (the Weaver layer and the table bookkeeping, about half
+  each), so the graph's length grows with the budget; fusing the bookkeeping is the next step.
 - :class:`GrowthStep` is the part of Weaver's propose after the DFlash block (pool top-K, DFlash
   marginals, device growth) on static input buffers: one CUDA graph on CUDA, eager elsewhere.
 """

@@ -112,7 +112,7 @@ def test_exact_ties_pop_in_push_order():
 
 def test_many_random_cases():
     gen = torch.Generator().manual_seed(0)
-    for case in range(40):
+    for case in range(200):
         depth, pool, budget = (
             int(torch.randint(lo, hi, (1,), generator=gen)) for lo, hi in ((1, 7), (1, 9), (1, 48))
         )
