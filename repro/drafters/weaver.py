@@ -22,13 +22,15 @@ embedding evaluated on the K pool tokens only: no full-vocabulary matmul, and to
 ``P_d`` get probability 0 (never proposed). With ``W_o = 0``, ``q_n`` is DFlash's marginal at
 depth d renormalised on the pool (how training starts).
 
-Tree growth (:class:`WeaverDrafter`): best-first on the cumulative log-probability of a path under
-the q's, until ``budget`` draft nodes; depth is capped at T-1. Candidates wait in a heap (a
-parent's next-ranked child is pushed when one is taken, as in DDTree); a popped node must be
-scored before the next pop. Each Weaver step is one batched forward (a tree attention mask over
-the cached keys/values of ancestors) that scores the popped node together with the ``width - 1``
-best frontier candidates not yet scored, so later pops often need no forward. The tree is the
-exact best-first tree for every width; the width only trades forwards for batch size.
+Tree growth (:class:`WeaverDrafter`, :mod:`repro.drafters.weaver_growth`): best-first on the
+cumulative log-probability of a path under the q's, until ``budget`` draft nodes; depth is capped at
+T-1. On the host (the reference) candidates wait in a heap (a parent's next-ranked child is pushed
+when one is taken, as in DDTree); a popped node must be scored before the next pop. Each Weaver step
+is one batched forward (a tree attention mask over the cached keys/values of ancestors) that scores
+the popped node together with the ``width - 1`` best frontier candidates not yet scored, so later
+pops often need no forward. The tree is the exact best-first tree for every width; the width only
+trades forwards for batch size. On the device the same tree grows with fixed shapes and no host
+read (one node per forward), in one CUDA graph with the pool selection.
 
 Checkpoint: a directory with ``config.json`` (``architectures: ["WeaverAdapter"]`` and the
 :class:`WeaverConfig` fields) and ``model.safetensors`` (the :class:`WeaverModel` parameter names).
@@ -36,8 +38,6 @@ Checkpoint: a directory with ``config.json`` (``architectures: ["WeaverAdapter"]
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -51,16 +51,17 @@ from repro.drafters.attention import grouped_attention
 from repro.drafters.base import DraftContext, Proposal
 from repro.drafters.dflash import HALF, DFlashConfig, DFlashDrafter, DFlashDraftModel, DraftRMSNorm, marginals
 from repro.drafters.pool import top_k_pool
+from repro.drafters.weaver_growth import KV, Growth, GrowthStep, greedy_path, grow
 from repro.errors import CheckpointError, ConfigError
 from repro.models.family import resolve_checkpoint
+from repro.models.graphed import GraphedTarget
 from repro.models.hybrid import HybridLM, Verification
 from repro.models.layers import MLP
 from repro.models.loading import assign_weights, read_json_config, write_checkpoint
-from repro.tree import MAX_TREE_NODES, Tree
+from repro.tree import MAX_TREE_NODES, DeviceTree
 
 ARCHITECTURE = "WeaverAdapter"
 WEIGHTS_FILE = "model.safetensors"
-KV = tuple[torch.Tensor, torch.Tensor]  # keys, values [B, heads, S, head_dim]
 
 
 @dataclass
@@ -254,67 +255,21 @@ def random_weaver_for(
 # ----- the Drafter protocol -----
 
 
-@dataclass
-class Growth:
-    """A grown tree, its greedy path (first child at every level), per-node cumulative log q and the
-    number of nodes each Weaver forward scored."""
+class GrownProposal(Proposal):
+    """A proposal whose tree was grown on the device (a :class:`DeviceTree`): ``candidates`` (the
+    greedy path, first child per level) are read from the tree on first use, a sync that nothing on
+    the device path makes."""
 
-    tree: Tree
-    greedy: list[int]
-    scores: list[float]
-    batches: list[int]
+    def __init__(self, probs: torch.Tensor, tree: DeviceTree) -> None:
+        super().__init__([], probs, tree)
+        self._candidates = None
 
-
-@dataclass
-class _Expanded:
-    """A node Weaver has scored: the cache slots of its ancestors and its own (last), and its
-    children (pool tokens by decreasing log q, with their log q)."""
-
-    slots: list[int]
-    children: list[int]
-    log_q: list[float]
-
-
-class _Expander:
-    """Batched Weaver forwards for one draft step; keys/values of scored nodes stay cached."""
-
-    def __init__(
-        self,
-        weaver: WeaverModel,
-        embedding: torch.Tensor,
-        rows: torch.Tensor,
-        pool_logits: torch.Tensor,
-        pool_ids: torch.Tensor,
-        feature: torch.Tensor,
-        keep: int,
-    ) -> None:
-        self.w, self.embedding, self.keep = weaver, embedding, keep
-        self.pool_logits, self.ids = pool_logits, pool_ids.tolist()
-        self.pool_emb = embedding[pool_ids]  # [D, K, target hidden]: the only embedding rows scored
-        self.base = weaver.hidden_proj(rows) + weaver.feature_proj(feature)  # [D, d_model]
-        self.cache: KV | None = None
-        self.batches: list[int] = []
-
-    def __call__(self, items: list[tuple[int, int, list[int]]]) -> list[_Expanded]:
-        """Score nodes given as (depth, token, ancestors' slots) in one forward."""
-        s, cached = len(items), 0 if self.cache is None else self.cache[0].shape[2]
-        device = self.base.device
-        at = torch.tensor([d for d, _, _ in items], device=device)
-        tokens = torch.tensor([t for _, t, _ in items], device=device)
-        x = self.base[at] + self.w.token_proj(self.embedding[tokens])
-        mask = torch.zeros(s, cached + s, dtype=torch.bool, device=device)
-        for i, (_, _, ancestors) in enumerate(items):
-            mask[i, ancestors] = True
-            mask[i, cached + i] = True
-        u, kv = self.w(x[None], mask[None], self.cache)
-        self.cache = kv if self.cache is None else tuple(torch.cat([c, n], 2) for c, n in zip(self.cache, kv))
-        log_q = self.w.pool_log_probs(u[0], self.pool_logits[at], self.pool_emb[at])
-        top_q, top_rank = torch.topk(log_q, self.keep, dim=-1)
-        self.batches.append(s)
-        return [
-            _Expanded(anc + [cached + i], [self.ids[d][r] for r in ranks], lq)
-            for i, ((d, _, anc), lq, ranks) in enumerate(zip(items, top_q.tolist(), top_rank.tolist()))
-        ]
+    @property
+    def candidates(self) -> list[list[int]]:
+        if self._candidates is None:
+            assert isinstance(self.tree, DeviceTree)
+            self._candidates = [[t] for t in greedy_path(self.tree.to_tree())]
+        return self._candidates
 
 
 class WeaverDrafter:
@@ -322,11 +277,25 @@ class WeaverDrafter:
 
     The wrapped :class:`DFlashDrafter` keeps the target features of committed tokens and runs the
     block; ``pool`` (default: the adapter's ``pool_size``) is K, ``width`` the most nodes one
-    Weaver forward scores, ``budget`` the draft nodes of the tree (the root excluded).
+    Weaver forward scores on the host, ``budget`` the draft nodes of the tree (the root excluded).
+
+    ``device_growth`` (default: when the drafter's target is a :class:`GraphedTarget`) grows the tree
+    on the device (:mod:`repro.drafters.weaver_growth`): pool top-K, marginals and growth run as one
+    CUDA graph on CUDA (eagerly elsewhere, or with ``graphs=False``) with no host read, and the
+    proposal's tree is a :class:`DeviceTree` of ``budget + 1`` nodes (root-level padding nodes with
+    token 0 after the real ones when the pools hold fewer). Otherwise :meth:`grow`, the host
+    reference, grows a :class:`Tree` of the real nodes.
     """
 
     def __init__(
-        self, weaver: WeaverModel, dflash: DFlashDrafter, budget: int, width: int = 4, pool: int | None = None
+        self,
+        weaver: WeaverModel,
+        dflash: DFlashDrafter,
+        budget: int,
+        width: int = 4,
+        pool: int | None = None,
+        device_growth: bool | None = None,
+        graphs: bool | None = None,
     ) -> None:
         weaver.config.check_fits(dflash.model.config, dflash.target)
         if dflash.block_size > weaver.config.block_size:
@@ -344,6 +313,11 @@ class WeaverDrafter:
         self.weaver = weaver.to(device=self.target.device, dtype=self.target.dtype).eval()
         self.budget, self.width = budget, width
         self.capture_layers: tuple[int, ...] = dflash.capture_layers
+        graphed = isinstance(self.target, GraphedTarget)
+        self.device_growth = graphed if device_growth is None else device_growth
+        if graphs is None:
+            graphs = self.target.device.type == "cuda" and getattr(self.target, "graphs", True)
+        self.step = GrowthStep(self.weaver, self.target.model.embed_tokens.weight, budget, self.pool, graphs)
 
     def begin(self, prompt_ids: list[int], reference_ids: list[int] | None) -> None:
         self.dflash.begin(prompt_ids, reference_ids)
@@ -354,8 +328,12 @@ class WeaverDrafter:
     @torch.no_grad()
     def propose(self, ctx: DraftContext) -> Proposal:
         hidden, logits = self.dflash.block_rows(ctx)
+        feature = self.dflash.features[-1]
+        if self.device_growth:
+            growth, probs = self.step(ctx.output_ids[-1], hidden, logits, feature)
+            return GrownProposal(probs, growth.tree)
         pool_logits, pool_ids = top_k_pool(logits, self.pool)
-        growth = self.grow(ctx.output_ids[-1], hidden, pool_logits, pool_ids, self.dflash.features[-1])
+        growth = self.grow(ctx.output_ids[-1], hidden, pool_logits, pool_ids, feature)
         return Proposal([[t] for t in growth.greedy], marginals(logits), growth.tree)
 
     @torch.no_grad()
@@ -367,48 +345,8 @@ class WeaverDrafter:
         pool_ids: torch.Tensor,
         feature: torch.Tensor,
     ) -> Growth:
-        """The best-first tree below ``root`` from DFlash rows [D, hidden] and pools [D, K].
-
-        Nodes are popped from a heap of candidates in decreasing cumulative log q (a parent's
-        next-ranked child is pushed when one is taken; ties pop in push order), so the tree is the
-        exact best-first tree of ``budget`` draft nodes whatever the width. A popped node below
-        depth D must be scored before the next pop; if no earlier forward scored it, one forward
-        scores it together with the ``width - 1`` best unscored candidates in the heap.
-        """
-        max_depth, k = pool_ids.shape
-        keep = min(k, self.budget)  # children worth ranking per node
+        """The best-first tree below ``root`` from DFlash rows [D, hidden] and pools [D, K], on the
+        host (the reference: :func:`repro.drafters.weaver_growth.grow`)."""
         embedding = self.target.model.embed_tokens.weight
-        expand = _Expander(self.weaver, embedding, rows, pool_logits, pool_ids, feature, keep)
-        tokens, parents, depth, score = [root], [-1], [0], [0.0]
-        scored = {0: expand([(0, root, [])])[0]}  # tree node -> its scoring
-        ahead: dict[tuple[int, int], _Expanded] = {}  # candidates (parent, rank) scored before their pop
-        order = itertools.count()
-        heap = [(-scored[0].log_q[0], next(order), 0, 0)]  # (-score, push order, parent node, rank)
-        while heap and len(tokens) <= self.budget:
-            neg, _, p, r = heapq.heappop(heap)
-            node = len(tokens)
-            tokens.append(scored[p].children[r])
-            parents.append(p)
-            depth.append(depth[p] + 1)
-            score.append(-neg)
-            if r + 1 < keep:
-                heapq.heappush(heap, (-(score[p] + scored[p].log_q[r + 1]), next(order), p, r + 1))
-            if depth[node] == max_depth or len(tokens) > self.budget:
-                continue  # no children: at the last depth, or the tree is full
-            if (p, r) not in ahead:
-                frontier = sorted(heap) if self.width > 1 else []
-                batch = [(p, r)] + [
-                    (q, rank)
-                    for _, _, q, rank in frontier
-                    if depth[q] + 1 < max_depth and (q, rank) not in ahead
-                ][: self.width - 1]
-                items = [(depth[q] + 1, scored[q].children[rank], scored[q].slots) for q, rank in batch]
-                ahead.update(zip(batch, expand(items)))
-            scored[node] = ahead.pop((p, r))
-            heapq.heappush(heap, (-(score[node] + scored[node].log_q[0]), next(order), node, 0))
-        tree = Tree(tokens, parents)
-        greedy, node = [], 0
-        while tree.children_of(node):
-            node = tree.children_of(node)[0]
-            greedy.append(tokens[node])
-        return Growth(tree, greedy, score, expand.batches)
+        w = self.weaver
+        return grow(w, embedding, self.budget, self.width, root, rows, pool_logits, pool_ids, feature)

@@ -1,0 +1,355 @@
+"""Weaver's best-first tree growth: the host reference and its device twin.
+
+Both grow the same tree below a root from DFlash rows ``g_d`` [D, hidden], pools (logits and ids
+[D, K], best first) and the root's target features: nodes are taken in decreasing cumulative
+log q; a candidate is a (parent node, rank) pair, one per scored parent (a parent's next-ranked
+child enters when one is taken, as in DDTree); ties go to the candidate pushed first; a node at
+depth D or the node that fills the budget gets no children. Each parent ranks its best
+``keep = min(K, budget)`` pool tokens.
+
+- :func:`grow` (the reference) keeps the candidates in a host heap; each Weaver forward scores the
+  popped node together with the ``width - 1`` best unscored frontier candidates (fewer forwards,
+  same tree). It reads every forward's result on the host.
+- :func:`grow_on_device` has fixed shapes and never reads the device: ``budget`` iterations, each
+  an argmax over a candidate table of one entry per node (cumulative log q in float64, push order
+  as the tie-break, a validity flag), then one Weaver forward of the new node alone over a static
+  cache of ``budget + 1`` key/value slots (slot = node index) with its ancestor row as the mask,
+  then the two pushes (the parent's next rank, the node's first child). Width is 1 on the device:
+  scoring frontier nodes ahead only saves forwards when the host can skip later ones, and a
+  captured graph runs every iteration anyway; one node per forward keeps every shape static. The
+  tree is the reference's (tokens, parents, order): cumulative scores are float64 sums of the
+  same float64 terms in the same order as the host's Python floats, push order is kept exactly.
+  When the pools run out before the budget (fewer than ``budget`` reachable nodes), the reference
+  stops early; the device tree is padded to ``budget + 1`` nodes with root-level nodes (parent -1,
+  token 0) after the real ones, which verification isolates and acceptance never enters.
+  Cost: about 100 small kernels per node (the Weaver layer and the table bookkeeping, about half
+  each), so the graph's length grows with the budget; fusing the bookkeeping is the next step.
+- :class:`GrowthStep` is the part of Weaver's propose after the DFlash block (pool top-K, DFlash
+  marginals, device growth) on static input buffers: one CUDA graph on CUDA, eager elsewhere.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from repro.drafters.dflash import marginals
+from repro.drafters.pool import top_k_pool
+from repro.tree import DeviceTree, Tree
+
+if TYPE_CHECKING:
+    from repro.drafters.weaver import WeaverModel
+
+KV = tuple[torch.Tensor, torch.Tensor]  # keys, values [B, heads, S, head_dim]
+
+
+# ----- the host reference -----
+
+
+@dataclass
+class Growth:
+    """A grown tree, its greedy path (first child at every level), per-node cumulative log q and the
+    number of nodes each Weaver forward scored."""
+
+    tree: Tree
+    greedy: list[int]
+    scores: list[float]
+    batches: list[int]
+
+
+@dataclass
+class _Expanded:
+    """A node Weaver has scored: the cache slots of its ancestors and its own (last), and its
+    children (pool tokens by decreasing log q, with their log q)."""
+
+    slots: list[int]
+    children: list[int]
+    log_q: list[float]
+
+
+class _Expander:
+    """Batched Weaver forwards for one draft step; keys/values of scored nodes stay cached."""
+
+    def __init__(
+        self,
+        weaver: WeaverModel,
+        embedding: torch.Tensor,
+        rows: torch.Tensor,
+        pool_logits: torch.Tensor,
+        pool_ids: torch.Tensor,
+        feature: torch.Tensor,
+        keep: int,
+    ) -> None:
+        self.w, self.embedding, self.keep = weaver, embedding, keep
+        self.pool_logits, self.ids = pool_logits, pool_ids.tolist()
+        self.pool_emb = embedding[pool_ids]  # [D, K, target hidden]: the only embedding rows scored
+        self.base = weaver.hidden_proj(rows) + weaver.feature_proj(feature)  # [D, d_model]
+        self.cache: KV | None = None
+        self.batches: list[int] = []
+
+    def __call__(self, items: list[tuple[int, int, list[int]]]) -> list[_Expanded]:
+        """Score nodes given as (depth, token, ancestors' slots) in one forward."""
+        s, cached = len(items), 0 if self.cache is None else self.cache[0].shape[2]
+        device = self.base.device
+        at = torch.tensor([d for d, _, _ in items], device=device)
+        tokens = torch.tensor([t for _, t, _ in items], device=device)
+        x = self.base[at] + self.w.token_proj(self.embedding[tokens])
+        mask = torch.zeros(s, cached + s, dtype=torch.bool, device=device)
+        for i, (_, _, ancestors) in enumerate(items):
+            mask[i, ancestors] = True
+            mask[i, cached + i] = True
+        u, kv = self.w(x[None], mask[None], self.cache)
+        self.cache = kv if self.cache is None else tuple(torch.cat([c, n], 2) for c, n in zip(self.cache, kv))
+        log_q = self.w.pool_log_probs(u[0], self.pool_logits[at], self.pool_emb[at])
+        top_q, top_rank = torch.topk(log_q, self.keep, dim=-1)
+        self.batches.append(s)
+        return [
+            _Expanded(anc + [cached + i], [self.ids[d][r] for r in ranks], lq)
+            for i, ((d, _, anc), lq, ranks) in enumerate(zip(items, top_q.tolist(), top_rank.tolist()))
+        ]
+
+
+def greedy_path(tree: Tree) -> list[int]:
+    """Tokens of the first child at every level below node 0 (the drafter's first choices)."""
+    greedy, node = [], 0
+    while tree.children_of(node):
+        node = tree.children_of(node)[0]
+        greedy.append(int(tree.tokens[node]))
+    return greedy
+
+
+@torch.no_grad()
+def grow(
+    weaver: WeaverModel,
+    embedding: torch.Tensor,
+    budget: int,
+    width: int,
+    root: int,
+    rows: torch.Tensor,
+    pool_logits: torch.Tensor,
+    pool_ids: torch.Tensor,
+    feature: torch.Tensor,
+) -> Growth:
+    """The best-first tree of ``budget`` draft nodes below ``root`` (the reference; module docstring).
+
+    Nodes are popped from a heap of candidates in decreasing cumulative log q (ties pop in push
+    order). A popped node below depth D must be scored before the next pop; if no earlier forward
+    scored it, one forward scores it together with the ``width - 1`` best unscored candidates.
+    """
+    max_depth, k = pool_ids.shape
+    keep = min(k, budget)  # children worth ranking per node
+    expand = _Expander(weaver, embedding, rows, pool_logits, pool_ids, feature, keep)
+    tokens, parents, depth, score = [root], [-1], [0], [0.0]
+    scored = {0: expand([(0, root, [])])[0]}  # tree node -> its scoring
+    ahead: dict[tuple[int, int], _Expanded] = {}  # candidates (parent, rank) scored before their pop
+    order = itertools.count()
+    heap = [(-scored[0].log_q[0], next(order), 0, 0)]  # (-score, push order, parent node, rank)
+    while heap and len(tokens) <= budget:
+        neg, _, p, r = heapq.heappop(heap)
+        node = len(tokens)
+        tokens.append(scored[p].children[r])
+        parents.append(p)
+        depth.append(depth[p] + 1)
+        score.append(-neg)
+        if r + 1 < keep:
+            heapq.heappush(heap, (-(score[p] + scored[p].log_q[r + 1]), next(order), p, r + 1))
+        if depth[node] == max_depth or len(tokens) > budget:
+            continue  # no children: at the last depth, or the tree is full
+        if (p, r) not in ahead:
+            frontier = sorted(heap) if width > 1 else []
+            batch = [(p, r)] + [
+                (q, rank) for _, _, q, rank in frontier if depth[q] + 1 < max_depth and (q, rank) not in ahead
+            ][: width - 1]
+            items = [(depth[q] + 1, scored[q].children[rank], scored[q].slots) for q, rank in batch]
+            ahead.update(zip(batch, expand(items)))
+        scored[node] = ahead.pop((p, r))
+        heapq.heappush(heap, (-(score[node] + scored[node].log_q[0]), next(order), node, 0))
+    tree = Tree(tokens, parents)
+    return Growth(tree, greedy_path(tree), score, expand.batches)
+
+
+# ----- on the device -----
+
+
+@dataclass
+class DeviceGrowth:
+    """A tree grown on the device: ``budget + 1`` nodes (tokens, parents; padding after the real
+    nodes: parent -1, token 0) and each node's cumulative log q (float64; padding -inf)."""
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    scores: torch.Tensor
+
+    @property
+    def tree(self) -> DeviceTree:
+        return DeviceTree(self.tokens, self.parents)
+
+
+class _DeviceGrower:
+    """The state of one device growth (every tensor of a fixed shape; see :func:`grow_on_device`)."""
+
+    def __init__(
+        self,
+        weaver: WeaverModel,
+        embedding: torch.Tensor,
+        budget: int,
+        rows: torch.Tensor,
+        pool_logits: torch.Tensor,
+        pool_ids: torch.Tensor,
+        feature: torch.Tensor,
+    ) -> None:
+        self.w, self.embedding, self.pool_logits, self.pool_ids = weaver, embedding, pool_logits, pool_ids
+        self.max_depth, k = pool_ids.shape
+        self.keep, n = min(k, budget), budget + 1
+        dev, cfg = rows.device, weaver.config
+        self.pool_emb = embedding[pool_ids]  # [D, K, target hidden]
+        self.base = weaver.hidden_proj(rows) + weaver.feature_proj(feature)  # [D, d_model]
+        self.cache = torch.zeros(2, 1, cfg.num_heads, n, cfg.head_dim, dtype=self.base.dtype, device=dev)
+        self.anc = torch.zeros(n, n, dtype=torch.bool, device=dev)  # ancestors, the node itself included
+        self.child_tok = torch.zeros(n, self.keep, dtype=torch.long, device=dev)
+        self.child_lq = torch.zeros(n, self.keep, dtype=torch.float64, device=dev)
+        # the candidate table: node n's next child (rank[n]) with its cumulative log q (key[n])
+        self.key = torch.zeros(n, dtype=torch.float64, device=dev)
+        self.rank = torch.zeros(n, dtype=torch.long, device=dev)
+        self.order = torch.zeros(n, dtype=torch.long, device=dev)  # push order: the tie-break
+        self.valid = torch.zeros(n, dtype=torch.bool, device=dev)
+        self.tokens = torch.zeros(n, dtype=torch.long, device=dev)
+        self.parents = torch.full((n,), -1, dtype=torch.long, device=dev)
+        self.depth = torch.zeros(n, dtype=torch.long, device=dev)
+        self.scores = torch.zeros(n, dtype=torch.float64, device=dev)
+        self.real = torch.ones(n, dtype=torch.bool, device=dev)  # False: padding (the pools ran out)
+        self.own = torch.ones(1, 1, dtype=torch.bool, device=dev)
+
+    def score(
+        self, n: int, token: torch.Tensor, depth: torch.Tensor, ancestors: torch.Tensor, live: torch.Tensor
+    ) -> None:
+        """One Weaver forward of node ``n`` (token [1] at ``depth`` [1], ``ancestors`` [1, N] bool);
+        its ranked children and its first child's candidate entry (valid when ``live`` and the node is
+        above the last depth)."""
+        d = depth.clamp(max=self.max_depth - 1)
+        x = self.base.index_select(0, d) + self.w.token_proj(self.embedding.index_select(0, token))
+        mask = torch.cat([ancestors, self.own], dim=1)[None]  # the cached ancestors, then the node itself
+        u, (k, v) = self.w(x[None], mask, (self.cache[0], self.cache[1]))
+        self.cache[0, :, :, n : n + 1].copy_(k)
+        self.cache[1, :, :, n : n + 1].copy_(v)
+        pool_logits, pool_emb = self.pool_logits.index_select(0, d), self.pool_emb.index_select(0, d)
+        log_q = self.w.pool_log_probs(u[0], pool_logits, pool_emb)
+        top_q, top_rank = torch.topk(log_q, self.keep, dim=-1)
+        self.child_lq[n].copy_(top_q[0])
+        self.child_tok[n].copy_(self.pool_ids.index_select(0, d).gather(1, top_rank)[0])
+        self.key[n : n + 1].copy_(self.scores[n : n + 1] + self.child_lq[n, :1])
+        self.valid[n : n + 1].copy_(live & (depth < self.max_depth))
+
+    def pop(self, i: int) -> tuple[torch.Tensor, ...]:
+        """Iteration ``i``: take the best candidate as node ``i + 1`` (padding when none is left) and
+        push its parent's next rank (push order 2i + 1); the caller scores the node (order 2i + 2).
+        Returns the node's token, depth, ancestors (a [1, N] mask) and whether it is real. A padding
+        node's fields are whatever the exhausted table gives (it is never a valid parent); ``run``
+        overwrites its token, parent and score."""
+        n, keep = i + 1, self.keep
+        masked = self.key.masked_fill(~self.valid, float("-inf"))
+        hits = self.valid & (masked == masked.max())
+        live = hits.any(0, keepdim=True)  # [1]: False once the pools are exhausted
+        p = torch.where(hits, self.order, 4 * n + 4).argmin(0, keepdim=True)  # first pushed of the best
+        r = self.rank.index_select(0, p)
+        token = self.child_tok.view(-1).index_select(0, p * keep + r)
+        depth = self.depth.index_select(0, p) + 1
+        self.real[n : n + 1].copy_(live)
+        self.tokens[n : n + 1].copy_(token)
+        self.parents[n : n + 1].copy_(p)
+        self.depth[n : n + 1].copy_(depth)
+        self.scores[n : n + 1].copy_(self.key.index_select(0, p))
+        ancestors = self.anc.index_select(0, p)  # [1, N]: the node's, itself excluded
+        self.anc[n : n + 1].copy_(ancestors)
+        self.anc[n, n : n + 1].fill_(True)
+        nxt = r + 1
+        lq = self.child_lq.view(-1).index_select(0, p * keep + nxt.clamp(max=keep - 1))
+        self.key.index_copy_(0, p, self.scores.index_select(0, p) + lq)
+        self.rank.index_copy_(0, p, nxt)
+        self.order.index_fill_(0, p, 2 * i + 1)
+        self.valid.index_copy_(0, p, live & (nxt < keep))
+        return token, depth, ancestors, live
+
+    def run(self, root: torch.Tensor, budget: int) -> DeviceGrowth:
+        self.tokens[:1].copy_(root)
+        self.anc[0, :1].fill_(True)
+        live = torch.ones(1, dtype=torch.bool, device=root.device)
+        self.score(0, root, self.depth[:1], torch.zeros_like(self.anc[:1]), live)
+        for i in range(budget):
+            token, depth, ancestors, live = self.pop(i)
+            n = i + 1
+            if n < budget:  # the node that fills the budget gets no children
+                self.score(n, token, depth, ancestors, live)
+                self.order[n : n + 1].fill_(2 * i + 2)
+        real = self.real
+        return DeviceGrowth(
+            torch.where(real, self.tokens, 0),
+            torch.where(real, self.parents, -1),
+            torch.where(real, self.scores, float("-inf")),
+        )
+
+
+@torch.no_grad()
+def grow_on_device(
+    weaver: WeaverModel,
+    embedding: torch.Tensor,
+    budget: int,
+    root: torch.Tensor,
+    rows: torch.Tensor,
+    pool_logits: torch.Tensor,
+    pool_ids: torch.Tensor,
+    feature: torch.Tensor,
+) -> DeviceGrowth:
+    """:func:`grow`'s tree with fixed shapes and no host read (module docstring); ``root`` is a [1]
+    long tensor on the device. Capture-safe: one CUDA graph can hold the whole growth."""
+    grower = _DeviceGrower(weaver, embedding, budget, rows, pool_logits, pool_ids, feature)
+    return grower.run(root, budget)
+
+
+class GrowthStep:
+    """Weaver's propose after the DFlash block, on static inputs: pool top-``pool``, DFlash marginals,
+    :func:`grow_on_device`. With ``graphs`` one CUDA graph (captured on the first call), else eager.
+
+    ``__call__(root, rows, logits, feature)`` copies the inputs in (device to device; the root token
+    by a fill) and returns (growth, marginals [D, V]); with graphs these are the graph's static
+    outputs, valid until the next call.
+    """
+
+    def __init__(
+        self, weaver: WeaverModel, embedding: torch.Tensor, budget: int, pool: int, graphs: bool
+    ) -> None:
+        self.weaver, self.embedding, self.budget = weaver, embedding, budget
+        self.pool, self.graphs = pool, graphs
+        self.inputs: list[torch.Tensor] = []
+        self.call: Callable[[], Any] | None = None
+
+    def _step(self) -> tuple[DeviceGrowth, torch.Tensor]:
+        root, rows, logits, feature = self.inputs
+        pool_logits, pool_ids = top_k_pool(logits, self.pool)
+        w, emb = self.weaver, self.embedding
+        growth = grow_on_device(w, emb, self.budget, root, rows, pool_logits, pool_ids, feature)
+        return growth, marginals(logits)
+
+    def __call__(
+        self, root: int, rows: torch.Tensor, logits: torch.Tensor, feature: torch.Tensor
+    ) -> tuple[DeviceGrowth, torch.Tensor]:
+        given = (rows, logits, feature)
+        if self.call is None or any(a.shape != b.shape for a, b in zip(self.inputs[1:], given)):
+            self.inputs = [torch.zeros(1, dtype=torch.long, device=rows.device)] + [t.clone() for t in given]
+            self.call = None
+        self.inputs[0].fill_(root)
+        for buf, t in zip(self.inputs[1:], given):
+            buf.copy_(t)
+        if self.call is None:
+            if self.graphs:
+                from repro.models.graphs import GraphedCall
+
+                self.call = GraphedCall(self._step, rows.device)
+            else:
+                self.call = self._step
+        return self.call()
