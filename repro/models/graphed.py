@@ -111,6 +111,12 @@ def check_verifier(verifier: str) -> str:
     return verifier
 
 
+def slot_key(size: int, snapshots: bool, verifier: str) -> tuple[int, bool | str]:
+    """A slot's key (its graphs': ``("verify", *key)``, ``("commit", *key, strategy)``): (size, per-node
+    states) for tree slots, (size, "chain") for the chain slots of fla_sd's verifier."""
+    return (size, snapshots) if verifier == "tree" else (size, verifier)
+
+
 class GraphedTarget:
     """A HybridLM behind the static decoder: ``prefill``, ``verify``, ``commit`` as HybridLM's, plus the
     attributes drafters read (``config``, ``device``, ``dtype``, ``model``, ``lm_head``)."""
@@ -150,7 +156,7 @@ class GraphedTarget:
     def _build(self, max_len: int) -> None:
         self.max_len = max_len
         self.decoder = StaticDecoder(self.hybrid, max_len, self.max_nodes, kernel=self.kernel)
-        self._slots: dict[tuple[int, bool, str], TreeSlot] = {}
+        self._slots: dict[tuple[int, bool | str], TreeSlot] = {}
         self._calls: dict[tuple[Any, ...], Any] = {}
 
     # ------------------------------------------------------------------------------ graphs
@@ -189,7 +195,7 @@ class GraphedTarget:
         """The slot of ``size`` nodes for ``verifier``; slots keep the union of the layers ever asked for,
         and one made for fewer is made again (its graphs with it)."""
         self.capture = tuple(sorted(set(self.capture) | set(capture)))
-        key = (size, snapshots, verifier)
+        key = slot_key(size, snapshots, verifier)
         slot = self._slots.get(key)
         if slot is None or slot.capture != self.capture:
             if verifier == "chain":
@@ -197,15 +203,15 @@ class GraphedTarget:
             else:
                 slot = TreeSlot(self.decoder, size, snapshots=snapshots, capture=self.capture)
             self._slots[key] = slot
-            self._calls = {k: v for k, v in self._calls.items() if k[1:4] != key}
+            self._calls = {k: v for k, v in self._calls.items() if k[1:3] != key}
         return slot
 
     def _verify_call(self, slot: TreeSlot) -> Any:
-        key = ("verify", slot.size, slot.snapshots, slot.verifier)
+        key = ("verify", *slot_key(slot.size, slot.snapshots, slot.verifier))
         return self._call(key, lambda: self.decoder.verify(slot), False)
 
     def _commit_call(self, slot: TreeSlot, strategy: str) -> Any:
-        key = ("commit", slot.size, slot.snapshots, slot.verifier, strategy)
+        key = ("commit", *slot_key(slot.size, slot.snapshots, slot.verifier), strategy)
         return self._call(key, lambda: self.decoder.commit(slot, strategy), True)
 
     def prepare(
