@@ -94,30 +94,96 @@ def replay_kernel_us(model: torch.nn.Module, lengths: tuple[int, ...]) -> dict[i
     return out
 
 
+def decode_row(target, engine: str, name: str, route, prompts, refs, errors) -> dict:  # noqa: ANN001
+    """tokens/s, MAL and the verdict against AR of ``route`` over ``prompts`` (after an 8-token warm-up)."""
+    tokens = seconds = steps = accepted = 0.0
+    same = []
+    for p, ref in zip(prompts, refs):
+        try:
+            generate(target, p, route, 8)  # warm-up (drafter, allocator)
+            res = generate(target, p, route, NEW_TOKENS, reference_ids=ref)
+        except Exception:  # noqa: BLE001 - recorded, the other rows still run
+            errors.append(f"{engine} {name}: {traceback.format_exc(limit=3)}")
+            continue
+        tokens += len(res.output_ids)
+        seconds += res.decode_s
+        steps += res.steps
+        accepted += sum(res.accepted_lengths)
+        same.append(compare_to_reference(res.output_ids, ref))
+    return {
+        "engine": engine, "route": name, "tokens": int(tokens),
+        "tokens_per_s": round(tokens / seconds, 1) if seconds else None,
+        "mal": round(accepted / steps, 2) if steps else None, "vs_ar": same,
+    }  # fmt: skip
+
+
+def report(result: dict, out_dir: Path) -> str:
+    """The JSON and the markdown of what was measured so far (written after every section)."""
+    result["wall_s"] = round(time.perf_counter() - result["_t0"], 1)
+    (out_dir / "dev-flasd.json").write_text(
+        json.dumps({k: v for k, v in result.items() if k != "_t0"}, indent=1)
+    )
+    lines = [
+        f"# fla_sd on the graphed engine ({result['device']}, tiny-qwen35, bf16, k = {K})",
+        "",
+        f"chain evaluator: `{result.get('chain_evaluator')}`; graphs captured: {result.get('captures')} "
+        f"(prepare {result.get('prepare_s')} s); wall {result['wall_s']} s",
+        "",
+        "## verify + commit device time per step (us, CUDA events over graph replays)",
+        "",
+        "| chain | slot | fla_sd verify | fla_sd commit | fla_sd step | tree+closed_form step "
+        "| tree+replay step |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for label, t in result.get("device_us_per_step", {}).items():
+        f, c, r = t["fla_sd"], t["tree_closed_form"], t["tree_replay"]
+        lines.append(
+            f"| {label} | {f['slot']} | {f['verify_us']} | {f['commit_us']} | {f['step_us']} | "
+            f"{c['step_us']} | {r['step_us']} |"
+        )
+    by_length = result.get("replay_kernel_us_by_length", {})
+    lines += ["", "fla's fused recurrence, one GDN layer, per replay length (us, graphed): "]
+    lines[-1] += ", ".join(f"T={t}: {us}" for t, us in by_length.items())
+    lines += ["", f"## decode over 2 prompts ({NEW_TOKENS} new tokens each)", ""]
+    lines += ["| engine | route | tok/s | MAL | vs AR (graphed engine) |", "|---|---|---|---|---|"]
+    for row in result.get("decode", []):
+        lines.append(
+            f"| {row['engine']} | {row['route']} | {row['tokens_per_s']} | {row['mal']} | "
+            f"{'; '.join(row['vs_ar']) or '-'} |"
+        )
+    if result["errors"]:
+        lines += ["", "## errors", "", *(f"```\n{e}\n```" for e in result["errors"])]
+    text = "\n".join(lines) + "\n"
+    (out_dir / "dev-flasd.md").write_text(text)
+    return text
+
+
 def main() -> None:
     out_dir = Path(sys.argv[1] if len(sys.argv) > 1 else "runs/dev-flasd")
     out_dir.mkdir(parents=True, exist_ok=True)
-    t_start = time.perf_counter()
     result: dict = {"device": torch.cuda.get_device_name(), "dtype": "bfloat16", "k": K, "errors": []}
+    result["_t0"] = time.perf_counter()
+    errors = result["errors"]
     model, tok = open_target("default", "bfloat16", "cuda")
     model.set_gdn_backend("triton")
     vocab = model.config.vocab_size
     ar = build_route({"name": "ar", "kind": "ar"}, vocab, "greedy", 0.0, 42)
     spec = {"name": "fla_sd", "kind": "fla_sd", "k": K}
     route = build_route(spec, vocab, "greedy", 0.0, 42, target=model, family="tiny-qwen35")
-    capture = route.drafter.capture_layers
     target = GraphedTarget(model)
     t0 = time.perf_counter()
-    target.prepare(("closed_form", "replay"), capture, 16, chain=True)
+    target.prepare(("closed_form", "replay"), route.drafter.capture_layers, 16, chain=True)
     result["prepare_s"] = round(time.perf_counter() - t0, 2)
     result["captures"] = target.captures
     chain_slot = target._slots[slot_key(8, False, "chain")]
     result["chain_evaluator"] = f"{chain_slot.evaluate.__module__}.{chain_slot.evaluate.__name__}"
+    report(result, out_dir)
     prompts = [
         tok.chat_prompt([{"role": "user", "content": format_turn(suite, p.turns[0])}])
         for suite in ("gsm8k", "mt_bench")
         for p in load_suite(suite, 1, 42)
     ]
+    refs = [generate(target, p, ar, NEW_TOKENS).output_ids for p in prompts]  # AR on the graphs
 
     chains: list[Tree] = []  # the EAGLE chains fla_sd verifies, recorded from the graphed decode
     verify = target.verify
@@ -127,37 +193,16 @@ def main() -> None:
             chains.append(tree)
         return verify(state, tree, *args, **kwargs)
 
-    refs = [generate(model, p, ar, NEW_TOKENS).output_ids for p in prompts]
-    rows = []
-    for engine, model_or_target in (("graphed", target), ("eager", model)):
-        for name, r in (("ar", ar), ("fla_sd", route)):
-            if engine == "graphed":
-                target.verify = recording  # type: ignore[method-assign]
-            tokens = seconds = steps = accepted = 0.0
-            same = []
-            for p, ref in zip(prompts, refs):
-                try:
-                    generate(model_or_target, p, r, 8)  # warm-up (drafter, allocator)
-                    res = generate(model_or_target, p, r, NEW_TOKENS, reference_ids=ref)
-                except Exception:  # noqa: BLE001 - recorded, the other rows still run
-                    result["errors"].append(f"{engine} {name}: {traceback.format_exc(limit=3)}")
-                    continue
-                tokens += len(res.output_ids)
-                seconds += res.decode_s
-                steps += res.steps
-                accepted += sum(res.accepted_lengths)
-                same.append(compare_to_reference(res.output_ids, ref))
-            target.verify = verify  # type: ignore[method-assign]
-            rows.append({
-                "engine": engine, "route": name, "tokens": int(tokens),
-                "tokens_per_s": round(tokens / seconds, 1) if seconds else None,
-                "mal": round(accepted / steps, 2) if steps else None, "vs_ar": same,
-            })  # fmt: skip
-    result["decode"] = rows
+    target.verify = recording  # type: ignore[method-assign]
+    result["decode"] = [
+        decode_row(target, "graphed", n, r, prompts, refs, errors) for n, r in (("ar", ar), ("fla_sd", route))
+    ]
+    target.verify = verify  # type: ignore[method-assign]
+    report(result, out_dir)
 
-    state, _ = target.prefill(prompts[0])
+    target.prefill(prompts[0])
     eagle = next((c for c in chains if c.size == K + 1), Tree.chain(list(range(10, 11 + K))))
-    timing = {}
+    timing = result["device_us_per_step"] = {}
     for label, chain, accepted in (
         (f"eagle_chain_{K + 1}", eagle, 3),
         ("chain_4", Tree.chain(list(range(10, 14))), 2),
@@ -166,48 +211,18 @@ def main() -> None:
         try:
             timing[label] = step_times(target, chain, accepted)
         except Exception:  # noqa: BLE001
-            result["errors"].append(f"timing {label}: {traceback.format_exc(limit=3)}")
-    result["device_us_per_step"] = timing
+            errors.append(f"timing {label}: {traceback.format_exc(limit=3)}")
     try:
         result["replay_kernel_us_by_length"] = replay_kernel_us(model, (1, 3, 8, 16))
     except Exception:  # noqa: BLE001
-        result["errors"].append(f"replay kernel: {traceback.format_exc(limit=3)}")
-    result["wall_s"] = round(time.perf_counter() - t_start, 1)
-    del state
+        errors.append(f"replay kernel: {traceback.format_exc(limit=3)}")
+    report(result, out_dir)
 
-    (out_dir / "dev-flasd.json").write_text(json.dumps(result, indent=1))
-    lines = [
-        f"# fla_sd on the graphed engine ({result['device']}, tiny-qwen35, bf16, k = {K})",
-        "",
-        f"chain evaluator: `{result['chain_evaluator']}`; graphs captured: {result['captures']} "
-        f"(prepare {result['prepare_s']} s)",
-        "",
-        "## verify + commit device time per step (us, CUDA events over graph replays)",
-        "",
-        "| chain | slot | fla_sd verify | fla_sd commit | fla_sd step | tree+closed_form step "
-        "| tree+replay step |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for label, t in timing.items():
-        f, c, r = t["fla_sd"], t["tree_closed_form"], t["tree_replay"]
-        lines.append(
-            f"| {label} | {f['slot']} | {f['verify_us']} | {f['commit_us']} | {f['step_us']} | "
-            f"{c['step_us']} | {r['step_us']} |"
-        )
-    lines += ["", "fla's fused recurrence, one GDN layer, per replay length (us, graphed): "]
-    lines[-1] += ", ".join(f"T={t}: {us}" for t, us in result.get("replay_kernel_us_by_length", {}).items())
-    lines += ["", f"## decode over {len(prompts)} prompts ({NEW_TOKENS} new tokens each)", ""]
-    lines += ["| engine | route | tok/s | MAL | vs AR |", "|---|---|---|---|---|"]
-    for row in rows:
-        lines.append(
-            f"| {row['engine']} | {row['route']} | {row['tokens_per_s']} | {row['mal']} | "
-            f"{'; '.join(row['vs_ar']) or '-'} |"
-        )
-    if result["errors"]:
-        lines += ["", "## errors", "", *(f"```\n{e}\n```" for e in result["errors"])]
-    (out_dir / "dev-flasd.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    sys.exit(1 if result["errors"] else 0)
+    for name, r in (("fla_sd", route), ("ar", ar)):  # the eager engine last: the slowest
+        result["decode"].append(decode_row(model, "eager", name, r, prompts, refs, errors))
+        report(result, out_dir)
+    print(report(result, out_dir))
+    sys.exit(1 if errors else 0)
 
 
 if __name__ == "__main__":
