@@ -11,8 +11,11 @@ fla_sd == AR.
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
+from conftest import run_in_interpreter
 
 from repro.decoding.engine import generate
 from repro.decoding.routes import build_route
@@ -24,7 +27,7 @@ from repro.models.graphed import GraphedTarget, check_verifier
 from repro.models.graphs import check_capture
 from repro.models.hybrid import HybridLM
 from repro.models.state import GDNLayerState
-from repro.models.static import GDNSaved
+from repro.models.static import GDNSaved, StaticDecoder
 from repro.models.static_chain import ChainSlot, chain_evaluator
 from repro.models.target import open_target
 from repro.reporting.records import compare_to_reference
@@ -218,6 +221,40 @@ def test_the_experiment_runner_runs_fla_sd_on_the_graphed_engine():
     assert isinstance(runner.target, GraphedTarget) and runner.routes[1].verifier == "chain"
 
 
+# --------------------------------------------- the Triton/fla kernel path through Triton's interpreter
+
+
+def _interpreter_case(fused: bool) -> dict[str, float]:
+    """A chain slot of a kernel="triton" decoder (``fused``: the fused Triton prologue and gated norm
+    around the chain core; unfused, the torch glue runs in the float64 tests) on CPU tensors, float32:
+    verify, then the replay commit through fla's fused recurrence, vs HybridLM's chain verify and replay
+    commit."""
+    model = small_model(11).float()
+    state, _ = model.prefill(ids(9, 12))
+    chain = Tree.chain(ids(5, 13))
+    ver = model.verify(state, chain, (), "replay", "chain")
+    dec = StaticDecoder(model, max_len=32, max_nodes=8, kernel="triton", fused=fused)
+    dec.load(state)
+    slot = ChainSlot(dec, 8)
+    slot.set_tree(chain, pad=True)
+    errs = {"verify": rel(dec.verify(slot)[:5], ver.logits)}
+    gdn_saved = [saved for saved in slot.saved if isinstance(saved, GDNSaved)]
+    errs["tree_core_ran"] = float(not gdn_saved or any(saved.factors.delta.numel() for saved in gdn_saved))
+    slot.set_accepted([0, 1, 2])
+    dec.commit(slot, "replay")
+    ref, got = model.commit(state, ver, [0, 1, 2]), dec.export()
+    errs["commit"] = max(
+        rel(u, v) for x, y in zip(got.layers, ref.layers) for u, v in zip(vars(x).values(), vars(y).values())
+    )
+    return errs
+
+
+def test_chain_slots_on_the_triton_kernel_path_through_the_interpreter():
+    errs = run_in_interpreter(__file__, "--interpret", needs=("triton", "fla"))
+    for case, found in errs.items():
+        assert all(err < 1e-5 for err in found.values()), (case, found)
+
+
 # ------------------------------------------------------------------------------------- GPU
 
 
@@ -233,3 +270,12 @@ def test_gpu_fla_sd_through_graphs_equals_ar_in_float32():
     assert ("verify", 8, "chain") in target._calls  # 5 nodes (k = 4) on the slot of 8
     for ref, got in rows:
         assert got == ref, compare_to_reference(got, ref)
+
+
+if __name__ == "__main__" and sys.argv[-1] == "--interpret":
+    import json
+
+    import repro.gdn.triton_common  # noqa: F401 - applies the interpreter's NumPy patch before fla loads
+
+    torch.set_num_threads(1)
+    print(json.dumps({"fused": _interpreter_case(True)}))
