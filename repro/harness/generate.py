@@ -92,7 +92,9 @@ def generate_one(
     if resolve_engine(engine, model.device) == "graphed":
         check_verifier(chosen.verifier)
         target = GraphedTarget(model)
-        target.prepare((chosen.commit,), chosen.drafter.capture_layers if chosen.drafter else ())
+        chain = chosen.verifier == "chain"
+        strategies = () if chain else (chosen.commit,)
+        target.prepare(strategies, chosen.drafter.capture_layers if chosen.drafter else (), chain=chain)
     reference = None
     if chosen.drafter is not None:
         ar = build_route({"kind": "ar"}, vocab, acceptance, temperature, seed, commit=commit)

@@ -205,7 +205,9 @@ def graphed_target(model: HybridLM, routes: list[Route]) -> GraphedTarget:
         check_verifier(route.verifier)
     target = GraphedTarget(model)
     capture = tuple(i for r in routes if r.drafter for i in r.drafter.capture_layers)
-    target.prepare(tuple(r.commit for r in routes), capture, max(largest_tree(r) for r in routes))
+    trees = tuple(r.commit for r in routes if r.verifier == "tree")
+    chain = any(r.verifier == "chain" for r in routes)
+    target.prepare(trees, capture, max(largest_tree(r) for r in routes), chain)
     return target
 
 

@@ -18,6 +18,9 @@
   of the path ``[0]`` returns the next handle.
 - ``commit`` sets the accepted path's end on the device and replays the slot's commit graph for the
   verification's strategy (``snapshot`` verifies on slots with per-node states).
+- ``verifier="chain"`` (fla_sd: a chain, commit ``replay``) verifies on chain slots
+  (:mod:`repro.models.static_chain`): the chain padded at its end, GDN layers by fla's chunk kernel
+  from the committed state, the commit a replay through fla's fused recurrence.
 
 The state is a :class:`GraphedState` handle: the decoder holds the one sequence's state, the handle
 its host-side position and an epoch; a handle that is not the decoder's current one is refused, so a
@@ -36,9 +39,11 @@ from typing import Any
 import torch
 
 from repro.errors import ConfigError
-from repro.models.hybrid import HybridLM, Verification, check_strategy
+from repro.models.hybrid import VERIFIERS, HybridLM, Verification, check_strategy
+from repro.models.hybrid import check_verifier as check_chain_verifier
 from repro.models.state import ModelState
 from repro.models.static import GDNBuffers, StaticDecoder, TreeSlot
+from repro.models.static_chain import ChainSlot
 from repro.tree import MAX_TREE_NODES, Tree
 
 SLOT_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -98,14 +103,18 @@ class _Eager:
         return self.fn()
 
 
-def check_verifier(verifier: str) -> None:
-    """The graphed engine verifies with the tree kernels; the stock chunk-form chain verify of fla_sd
-    (fla's kernels, what a user of flash-linear-attention gets) runs on the eager engine."""
-    if verifier != "tree":
-        raise ConfigError(
-            f"the graphed engine verifies trees only; a route with verifier {verifier!r} (fla_sd) runs on"
-            " --engine eager"
-        )
+def check_verifier(verifier: str) -> str:
+    """``verifier`` if the graphed engine runs it: ``tree`` (the tree kernels) or ``chain`` (fla_sd's
+    stock chunk-form chain verify on chain slots, :mod:`repro.models.static_chain`)."""
+    if verifier not in VERIFIERS:
+        raise ConfigError(f"unknown verifier {verifier!r}: choose one of {', '.join(VERIFIERS)}")
+    return verifier
+
+
+def slot_key(size: int, snapshots: bool, verifier: str) -> tuple[int, bool | str]:
+    """A slot's key (its graphs': ``("verify", *key)``, ``("commit", *key, strategy)``): (size, per-node
+    states) for tree slots, (size, "chain") for the chain slots of fla_sd's verifier."""
+    return (size, snapshots) if verifier == "tree" else (size, verifier)
 
 
 class GraphedTarget:
@@ -147,7 +156,7 @@ class GraphedTarget:
     def _build(self, max_len: int) -> None:
         self.max_len = max_len
         self.decoder = StaticDecoder(self.hybrid, max_len, self.max_nodes, kernel=self.kernel)
-        self._slots: dict[tuple[int, bool], TreeSlot] = {}
+        self._slots: dict[tuple[int, bool | str], TreeSlot] = {}
         self._calls: dict[tuple[Any, ...], Any] = {}
 
     # ------------------------------------------------------------------------------ graphs
@@ -182,22 +191,27 @@ class GraphedTarget:
             for t, s in zip(tensors, saved):
                 t.copy_(s)
 
-    def _slot(self, size: int, snapshots: bool, capture: tuple[int, ...]) -> TreeSlot:
-        """The slot of ``size`` nodes; slots keep the union of the layers ever asked for, and one made
-        for fewer is made again (its graphs with it)."""
+    def _slot(self, size: int, snapshots: bool, capture: tuple[int, ...], verifier: str = "tree") -> TreeSlot:
+        """The slot of ``size`` nodes for ``verifier``; slots keep the union of the layers ever asked for,
+        and one made for fewer is made again (its graphs with it)."""
         self.capture = tuple(sorted(set(self.capture) | set(capture)))
-        slot = self._slots.get((size, snapshots))
+        key = slot_key(size, snapshots, verifier)
+        slot = self._slots.get(key)
         if slot is None or slot.capture != self.capture:
-            slot = TreeSlot(self.decoder, size, snapshots=snapshots, capture=self.capture)
-            self._slots[(size, snapshots)] = slot
-            self._calls = {k: v for k, v in self._calls.items() if k[1:3] != (size, snapshots)}
+            if verifier == "chain":
+                slot = ChainSlot(self.decoder, size, capture=self.capture)
+            else:
+                slot = TreeSlot(self.decoder, size, snapshots=snapshots, capture=self.capture)
+            self._slots[key] = slot
+            self._calls = {k: v for k, v in self._calls.items() if k[1:3] != key}
         return slot
 
     def _verify_call(self, slot: TreeSlot) -> Any:
-        return self._call(("verify", slot.size, slot.snapshots), lambda: self.decoder.verify(slot), False)
+        key = ("verify", *slot_key(slot.size, slot.snapshots, slot.verifier))
+        return self._call(key, lambda: self.decoder.verify(slot), False)
 
     def _commit_call(self, slot: TreeSlot, strategy: str) -> Any:
-        key = ("commit", slot.size, slot.snapshots, strategy)
+        key = ("commit", *slot_key(slot.size, slot.snapshots, slot.verifier), strategy)
         return self._call(key, lambda: self.decoder.commit(slot, strategy), True)
 
     def prepare(
@@ -205,19 +219,22 @@ class GraphedTarget:
         strategies: tuple[str, ...] = ("closed_form",),
         capture: tuple[int, ...] = (),
         max_size: int = 256,
+        chain: bool = False,
     ) -> None:
         """Capture ahead the decode graph and every slot's verify and commit graphs up to ``max_size``
-        nodes for ``strategies`` (so that no capture or compile lands in a timed decode); nothing to
+        nodes for ``strategies`` (tree slots) and, with ``chain``, the chain slots of fla_sd's chain
+        verifier (commit ``replay``), so that no capture or compile lands in a timed decode; nothing to
         do without graphs."""
         if not self.graphs:
             return
         self._call(("decode",), self.decoder.decode_step, True)
-        for strategy in dict.fromkeys(strategies):
+        slots = [(strategy, "tree") for strategy in dict.fromkeys(strategies)]
+        for strategy, verifier in slots + ([("replay", "chain")] if chain else []):
             check_strategy(strategy)
             for size in SLOT_SIZES:
                 if size > min(max_size, self.max_nodes):
                     break
-                slot = self._slot(size, strategy == "snapshot", capture)
+                slot = self._slot(size, strategy == "snapshot", capture, verifier)
                 self._verify_call(slot)()
                 self._commit_call(slot, strategy)
 
@@ -279,9 +296,10 @@ class GraphedTarget:
         verifier: str = "tree",
     ) -> GraphedVerification:
         """Logits of every tree node given the committed state (see the module docstring for the
-        one-node tree that the decode step folds in at once). Only the tree verifier runs here."""
-        check_verifier(verifier)
+        one-node tree that the decode step folds in at once); ``verifier="chain"``: a chain on a chain
+        slot, committed by ``replay``."""
         check_strategy(strategy)
+        check_chain_verifier(verifier, strategy, tree)
         self._check(state)
         need = state.position + (1 if tree.size == 1 else int(tree.depth.max()))
         if need > self.max_len:
@@ -293,7 +311,7 @@ class GraphedTarget:
             return GraphedVerification(
                 tree, logits, {}, [], state.position, strategy, slot=None, epoch=self.epoch
             )
-        slot = self._slot(slot_size(tree.size, self.max_nodes), strategy == "snapshot", capture)
+        slot = self._slot(slot_size(tree.size, self.max_nodes), strategy == "snapshot", capture, verifier)
         slot.set_tree(tree, pad=True)
         logits = self._verify_call(slot)()
         n = tree.size

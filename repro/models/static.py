@@ -416,6 +416,8 @@ class TreeSlot:
     captured after it read that graph's outputs, which every replay of it rewrites in place.
     """
 
+    verifier = "tree"  # GDN layers by the tree kernel (chain slots: repro.models.static_chain)
+
     def __init__(
         self,
         decoder: StaticDecoder,
@@ -701,6 +703,8 @@ class StaticDecoder:
     def commit(self, slot: TreeSlot, strategy: str = "replay") -> None:
         """Fold the path from the root to ``slot.node`` into the buffers (after :meth:`verify`)."""
         check_strategy(strategy)
+        if slot.verifier == "chain" and strategy != "replay":
+            raise ConfigError(f"the chain verifier commits by replay only, not {strategy!r}")
         if strategy == "snapshot" and not slot.snapshots:
             raise ConfigError("snapshot commit needs a slot made with snapshots=True")
         node = slot.node
@@ -763,10 +767,7 @@ class StaticDecoder:
                     if buf.conv.shape[0]:  # the window moves by one token
                         buf.conv.copy_(torch.cat([buf.conv, conv_inputs.to(buf.conv.dtype)])[1:])
                 else:
-                    o, factors = self._tree(
-                        q, k, v, g, beta, buf.recurrent, slot.parents, slot.ancestors, scale, slot.snapshots,
-                        self.precision,
-                    )  # fmt: skip
+                    o, factors = self._gdn_core(slot, buf, q, k, v, g, beta, scale)
                     slot.saved[i] = GDNSaved(conv_inputs, k, factors)
                 x = glue["gdn_epilogue"](layer, w, x, o, z)
             else:
@@ -788,6 +789,26 @@ class StaticDecoder:
             return norm_linear(x, self.final_norm, eps, head.weight, head.bias)
         return head(norm(x, self.final_norm, eps))
 
+    def _gdn_core(
+        self,
+        slot: TreeSlot,
+        buf: GDNBuffers,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        g: torch.Tensor,
+        beta: torch.Tensor,
+        scale: float,
+    ) -> tuple[torch.Tensor, TreeFactors]:
+        """A GDN layer's verify of the slot's nodes from the committed state (untouched): the tree
+        kernel, or a chain slot's chain evaluator (fla's chunk kernel, :mod:`repro.models.static_chain`)."""
+        if slot.verifier == "chain":
+            return slot.core(q, k, v, g, beta, buf.recurrent, scale)  # type: ignore[attr-defined]
+        return self._tree(
+            q, k, v, g, beta, buf.recurrent, slot.parents, slot.ancestors, scale, slot.snapshots,
+            self.precision,
+        )  # fmt: skip
+
     def _fused_gdn(
         self,
         i: int,
@@ -805,11 +826,8 @@ class StaticDecoder:
         if not decode:
             scale = layer.linear_attn.head_k_dim**-0.5
 
-            def core(q, k, v, g, beta):  # noqa: ANN001, ANN202 - the tree kernel on this slot
-                return self._tree(
-                    q, k, v, g, beta, buf.recurrent, slot.parents, slot.ancestors, scale, slot.snapshots,
-                    self.precision,
-                )  # fmt: skip
+            def core(q, k, v, g, beta):  # noqa: ANN001, ANN202 - the verify core on this slot
+                return self._gdn_core(slot, buf, q, k, v, g, beta, scale)
 
         x, conv_inputs, k, factors = fused_gdn_layer(
             layer, w, x, buf, slot.conv_index, core, self.kernel_dtype, gemv

@@ -220,29 +220,6 @@ def test_engine_names():
         slot_size(17, 16)
 
 
-def test_the_chain_verifier_of_fla_sd_is_refused_by_the_graphed_engine():
-    from repro.harness.experiment import resolve
-    from repro.harness.runner import ExperimentRunner
-
-    model, _ = open_target("default", "float64", "cpu")
-    target = GraphedTarget(model)
-    state, _ = target.prefill([1, 2, 3])
-    with pytest.raises(ConfigError, match="verifier 'chain' \\(fla_sd\\) runs on --engine eager"):
-        target.verify(state, Tree.chain([3, 4]), (), "replay", "chain")
-    routes = [{"name": "ar", "kind": "ar"}, {"name": "f", "kind": "fla_sd", "k": 3}]
-    raw = {
-        "name": "g",
-        "device": "cpu",
-        "dtype": "float64",
-        "suites": ["gsm8k"],
-        "limit": 1,
-        "routes": routes,
-    }
-    with pytest.raises(ConfigError, match="runs on --engine eager"):
-        ExperimentRunner(resolve(raw, {"engine": "graphed"}))
-    assert ExperimentRunner(resolve(raw, {"engine": "eager"})).routes[1].verifier == "chain"
-
-
 # ------------------------------------------------------------------------------------- GPU
 
 
