@@ -40,6 +40,7 @@ from repro.decoding.engine import STAGES, Route, generate
 from repro.decoding.replayed import AcceptanceProcess, ReplayedAcceptance
 from repro.decoding.scale_routes import build_scale_route, replayed, route_drafters
 from repro.errors import ConfigError, ReproError
+from repro.gdn.backends import default_backend
 from repro.models.graphed import GraphedTarget, check_verifier
 from repro.models.hybrid import HybridLM
 from repro.reporting.report import accept_histogram
@@ -243,6 +244,7 @@ class ScaleConfig:
             "seed": self.seed,
             "commit": self.commit,
             "engine": "graphed (GraphedTarget: CUDA graphs on CUDA, the eager static decoder elsewhere)",
+            "gdn_backend": "triton on CUDA, reference elsewhere",
         }
 
 
@@ -271,8 +273,11 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
 
 
 def build_target(shape: str, cfg: ScaleConfig, device: torch.device) -> HybridLM:
-    """The random-weight target at ``shape`` on ``device``, its LM head scaled by ``logit_scale``."""
+    """The random-weight target at ``shape`` on ``device`` (GDN layers on the device's fastest exact
+    backend: the Triton kernels on CUDA, as ``bench model``'s decoder), its LM head scaled by
+    ``logit_scale``."""
     model = build_model(MODEL_SHAPES[shape](), device, DTYPES[cfg.dtype], cfg.seed)
+    model.set_gdn_backend(default_backend(device))
     with torch.no_grad():
         model.lm_head.weight.mul_(cfg.logit_scale)
     return model
@@ -351,6 +356,8 @@ def measure_shape(
         "parameters": sum(p.numel() for p in model.parameters()),
         "setup_s": setup_s,
         "graphs_captured": target.captures,
+        "gdn_kernel": target.kernel,
+        "fused_decoder": target.decoder.fused,
         "drafters": {r.name: route_drafters(r) for r in routes},
     }
     del routes, target, model

@@ -9,7 +9,10 @@
 - Weaver: one layer, d = 2048, 16 heads, pool K = 512 (the paper's Sec. 3.2 / 3.3), intermediate 2 d;
   its input projections follow the DFlash drafter's feature width, so its parameter count differs
   from the paper's 56.7M (:func:`drafter_info` records it).
-- EAGLE: ``random_eagle_for``: one decoder layer at the target's width (SpecLA's drafter at 1.3B).
+- EAGLE at the GDN-1.3B shape: one Llama-style decoder layer at the target's width 2048 with 16
+  heads of 128 (a 2048-wide Llama's attention; the pure-GDN target has no attention shape to copy),
+  intermediate 5632 (the target's MLP), reading the last layer's features: SpecLA's drafter.
+  Elsewhere ``random_eagle_for`` (one layer shaped by the target's attention layers).
 - ``tiny``: every ``random_*_for`` default.
 """
 
@@ -24,6 +27,7 @@ import torch
 
 from repro.drafters.base import Drafter
 from repro.drafters.dflash import DFlashConfig, DFlashDraftModel, spread_target_layers
+from repro.drafters.eagle import EagleConfig, EagleDraftModel
 from repro.drafters.weaver import random_weaver_for
 from repro.models.config import HybridConfig
 from repro.models.hybrid import HybridLM
@@ -39,6 +43,7 @@ QWEN27B_DFLASH = {
     "rope_theta": 1e7,
     "mask_token_id": 248070,
 }
+GDN13B_EAGLE = {"num_hidden_layers": 1, "num_attention_heads": 16, "num_key_value_heads": 16, "head_dim": 128}
 WEAVER_SHAPE = {"d_model": 2048, "heads": 16, "pool_size": 512}  # the paper's Sec. 3.2 / 3.3
 
 
@@ -78,6 +83,26 @@ def qwen27b_dflash(target: HybridLM, seed: int = 0, block_size: int = 16) -> DFl
     return device_model(DFlashDraftModel, cfg, target.device, target.dtype, seed)
 
 
+def gdn13b_eagle_config(tc: HybridConfig) -> EagleConfig:
+    """The EAGLE drafter's config at the GDN-1.3B shape (:data:`GDN13B_EAGLE`) for target config ``tc``."""
+    return EagleConfig(
+        **GDN13B_EAGLE,
+        hidden_size=tc.hidden_size,
+        intermediate_size=tc.intermediate_size,
+        vocab_size=tc.vocab_size,
+        target_layer_ids=[tc.num_hidden_layers - 1],
+        target_hidden_size=tc.hidden_size,
+        rms_norm_eps=tc.rms_norm_eps,
+    )
+
+
+def gdn13b_eagle(target: HybridLM, seed: int = 0) -> EagleDraftModel:
+    """SpecLA's EAGLE drafter at the GDN-1.3B shape, weights drawn on the target's device."""
+    return device_model(
+        EagleDraftModel, gdn13b_eagle_config(target.config), target.device, target.dtype, seed
+    )
+
+
 def drafter_constructors(shape: str) -> dict[str, Callable[..., Any]]:
     """``build_route``'s constructors of random drafters at ``shape`` (see the module docstring)."""
     if shape == "tiny":
@@ -85,6 +110,8 @@ def drafter_constructors(shape: str) -> dict[str, Callable[..., Any]]:
     out: dict[str, Callable[..., Any]] = {"weaver": partial(random_weaver_for, **WEAVER_SHAPE)}
     if shape == "qwen3.6-27b":
         out["dflash"] = qwen27b_dflash
+    if shape == "gdn-1.3b":
+        out["eagle"] = gdn13b_eagle
     return out
 
 

@@ -83,6 +83,17 @@ def test_the_27b_dflash_drafter_has_its_public_shape():
     assert 1.6e9 < sum(p.numel() for p in model.parameters()) < 1.9e9
 
 
+def test_the_13b_eagle_drafter_is_one_layer_at_the_target_width():
+    cfg = shapes.gdn13b_eagle_config(MODEL_SHAPES["gdn-1.3b"]())
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.head_dim) == (
+        2048,
+        1,
+        16,
+        128,
+    )
+    assert cfg.target_layer_ids == [23] and cfg.intermediate_size == 5632 and cfg.vocab_size == 32000
+
+
 def test_device_init_follows_the_draft_weight_law():
     cfg = random_dflash_for(tiny_target()).config
     model = shapes.device_model(DFlashDraftModel, cfg, torch.device("cpu"), torch.float32, 0)
@@ -154,3 +165,17 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, args, m
                            str(tmp_path / "x"))  # fmt: skip
     assert code == 2 and message in err and len(err.splitlines()) == 1
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_tiny_shape_on_cuda_graphs(tmp_path):
+    cfg = bs.ScaleConfig(
+        shapes=["tiny"], routes={"tiny": bs.DEFAULT_ROUTES["tiny"].split(",")}, acceptance="mal:3",
+        prompts=1, prompt_len=32, max_new_tokens=32, warmup_tokens=4, dtype="bf16",
+    )  # fmt: skip
+    table = bs.run_scale(cfg, torch.device("cuda"), tmp_path / "scale")
+    assert len(table) == 6 and (table["truncated"] == 0).all()
+    assert table["MAL"].iloc[1:].between(1.5, 5).all()
+    manifest = json.loads((tmp_path / "scale" / "manifest.json").read_text())
+    assert manifest["models"]["tiny"]["graphs_captured"] > 0
