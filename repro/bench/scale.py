@@ -41,7 +41,7 @@ from repro.decoding.replayed import AcceptanceProcess, ReplayedAcceptance
 from repro.decoding.scale_routes import build_scale_route, replayed, route_drafters
 from repro.errors import ConfigError, ReproError
 from repro.gdn.backends import default_backend
-from repro.models.graphed import GraphedTarget, check_verifier
+from repro.models.graphed import GraphedTarget, check_verifier, slot_size
 from repro.models.hybrid import HybridLM
 from repro.reporting.report import accept_histogram
 from repro.reporting.rundir import Run, RunKind, fields_parser, load_run
@@ -65,9 +65,9 @@ ACCEPTANCE_SOURCES = ("paper-mal", "paper-mal:SUITE", "mal:X", "records:DIR")
 # kinds that share one acceptance (aliases)
 CANONICAL = {"weaver": "dflash_tfm", "eagle_tree": "specla"}
 COLUMNS = [
-    "shape", "route", "kind", "acceptance", "target_MAL", "MAL", "truncated", "tokens_per_s", "speedup",
-    "paper_speedup", "paper_ref", "step_ms", "draft_ms", "tree_ms", "verify_ms", "commit_ms", "nodes",
-    "prompts", "new_tokens", "drafter",
+    "shape", "route", "kind", "acceptance", "acceptance_model", "target_MAL", "MAL", "truncated",
+    "tokens_per_s", "speedup", "paper_speedup", "paper_ref", "step_ms", "draft_ms", "tree_ms", "verify_ms",
+    "commit_ms", "nodes", "prompts", "new_tokens", "drafter",
 ]  # fmt: skip
 
 
@@ -236,7 +236,7 @@ class ScaleConfig:
             "acceptance": self.acceptance,
             "prompts": self.prompts,
             "prompt_len": self.prompt_len,
-            "prompt_ids": "uniform random token ids, torch.Generator(seed + prompt index)",
+            "prompt_ids": "uniform random ids, torch.Generator(seed * 100003 + index), warm-up index -1",
             "max_new_tokens": self.max_new_tokens,
             "warmup_tokens": self.warmup_tokens,
             "logit_scale": self.logit_scale,
@@ -298,10 +298,10 @@ def prepared_target(model: HybridLM, routes: list[Route]) -> GraphedTarget:
     """``model`` behind the static decoder with every graph the routes use captured ahead."""
     target = GraphedTarget(model)
     capture = tuple(sorted({i for r in routes if r.drafter for i in r.drafter.capture_layers}))
-    largest = max(
-        r.params.get("budget") or r.params.get("block_size") or r.params.get("k") or 1 for r in routes
+    drafts = max(
+        r.params.get("budget") or r.params.get("block_size") or r.params.get("k") or 0 for r in routes
     )
-    target.prepare(tuple({r.commit for r in routes}), capture, max(64, largest + 1))
+    target.prepare(tuple({r.commit for r in routes}), capture, slot_size(drafts + 1, target.max_nodes))
     return target
 
 
@@ -436,6 +436,7 @@ def summary_table(records: list[dict[str, Any]]) -> pd.DataFrame:
                 "route": route,
                 "kind": group[0]["kind"],
                 "acceptance": acc["source"] if acc else "none (AR)",
+                "acceptance_model": acc["model"] if acc else "",
                 "target_MAL": acc["mal"] if acc else 1.0,
                 "MAL": sum(sum(r["accepted_lengths"]) for r in group) / steps if steps else math.nan,
                 "truncated": sum(r["truncated_steps"] for r in group),
@@ -523,14 +524,22 @@ def report_markdown(table: pd.DataFrame, manifest: dict[str, Any]) -> str:
         "| " + " | ".join(h for h, _ in REPORT_COLUMNS.values()) + " |",
         "|" + "---|" * len(REPORT_COLUMNS),
     ]
+    shown = table.assign(acceptance=[a.split(" (")[0] for a in table["acceptance"]])
     rows = [
         "| " + " | ".join(_fmt(r[c], f) for c, (_, f) in REPORT_COLUMNS.items()) + " |"
+        for _, r in shown.iterrows()
+    ]
+    sources = [
+        f"- {r['shape']} {r['route']}: {r['acceptance']}; {r['acceptance_model']}"
         for _, r in table.iterrows()
+        if r["kind"] != "ar"
     ]
     refs = sorted(set(table["paper_ref"].dropna()))
     tail = ["", "Per-stage columns are ms per verify step (verify includes the acceptance)."]
     if refs:
         tail += ["Paper speedups: " + "; ".join(refs) + "."]
+    if sources:
+        tail += ["", "## Acceptance replayed (source, per route)", "", *sources]
     lines = breakdown_lines(table)
     if lines:
         tail += ["", "## Cost breakdown against the paper", "", *lines]
