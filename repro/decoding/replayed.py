@@ -23,9 +23,8 @@ independent across steps.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -122,7 +121,7 @@ class ReplayedAcceptance(TargetMatch):
     not hold (:meth:`reset` zeroes them).
     """
 
-    process: AcceptanceProcess = field(default_factory=lambda: AcceptanceProcess("none", ()))
+    process: AcceptanceProcess
     seed: int = 0
     temperature: float = 0.0
     steps: int = 0
@@ -149,10 +148,3 @@ class ReplayedAcceptance(TargetMatch):
             choice = self.pick(logits[n], position + i)
         self.steps += 1
         return Acceptance(path, choice)
-
-
-def describe(process: AcceptanceProcess) -> str:
-    """One line: source, implied MAL and the first per-depth probabilities."""
-    shown = ", ".join(f"{p:.2f}" for p in process.probs[:4]) + (", ..." if process.depth > 4 else "")
-    mal = process.mal
-    return f"{process.source}: MAL {mal:.2f} (p = {shown})" if not math.isnan(mal) else process.source
