@@ -37,7 +37,8 @@ import yaml
 from repro.bench.kernels import baselines_dir
 from repro.bench.model import MODEL_SHAPES, build_model, device_slug
 from repro.decoding.engine import STAGES, Route, generate
-from repro.decoding.replayed import AcceptanceProcess, ReplayedAcceptance
+from repro.decoding.replayed import AcceptanceProcess, ReplayedAcceptance, constant_p_for_mal
+from repro.decoding.routes import resolve_spec
 from repro.decoding.scale_routes import build_scale_route, replayed, route_drafters
 from repro.errors import ConfigError, ReproError
 from repro.gdn.backends import default_backend
@@ -157,16 +158,38 @@ def paper_mals(suite: str = "") -> dict[str, tuple[float, str]]:
 
 def route_depth(route: Route) -> int:
     """Draft depth D of a route's trees: DFlash block - 1, EAGLE chain k, EAGLE tree depth, AR 0."""
-    p, kind = route.params, canonical(route.params["kind"])
+    return depth_of(route.params)
+
+
+def depth_of(params: dict[str, Any]) -> int:
+    """:func:`route_depth` from resolved route parameters (a DFlash block not yet decided: random's 16)."""
+    kind = canonical(params["kind"])
     if kind in ("dflash_chain", "ddtree", "dflash_tfm"):
-        return int(p["block_size"]) - 1
+        return int(params.get("block_size") or 16) - 1
     if kind in ("eagle_chain", "fla_sd"):
-        return int(p["k"])
+        return int(params["k"])
     if kind == "specla":
-        return int(p["depth"])
+        return int(params["depth"])
     if kind == "ar":
         return 0
-    raise ConfigError(f"route kind {p['kind']} has no draft depth known to bench scale")
+    raise ConfigError(f"route kind {params['kind']} has no draft depth known to bench scale")
+
+
+def check_acceptance(spec: AcceptanceSpec, cfg: ScaleConfig) -> None:
+    """Refuse (one line) a MAL that a route's draft depth cannot reach, before anything is built."""
+    if spec.kind not in ("mal", "paper-mal"):
+        return
+    mals = paper_mals(spec.arg) if spec.kind == "paper-mal" else {}
+    for shape in cfg.shapes:
+        for name in cfg.routes[shape]:
+            params = resolve_spec({"name": name, **cfg.specs[name]})
+            depth = depth_of(params)
+            if depth:
+                mal = float(spec.arg) if spec.kind == "mal" else mals[canonical(params["kind"])][0]
+                try:
+                    constant_p_for_mal(mal, depth)
+                except ConfigError as exc:
+                    raise ConfigError(f"route {name}: {exc}") from None
 
 
 def _decode_run(path: str) -> Run:
@@ -382,6 +405,7 @@ def run_scale(
     from repro.reporting.rundir import RunDir
 
     spec = parse_acceptance(cfg.acceptance)
+    check_acceptance(spec, cfg)
     manifest = build_manifest(cfg.as_dict(), seed=cfg.seed)
     with RunDir(out_dir, manifest, kind=KIND) as run:
         bench_device = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

@@ -158,6 +158,7 @@ def test_replayed_rule_is_the_routes_rule():
         (["--shape", "tiny", "--acceptance", "mal:many"], "needs a number"),
         (["--shape", "tiny", "--acceptance", "records:/nonexistent/run"], "records:/nonexistent/run"),
         (["--shape", "tiny", "--acceptance", "paper-mal:arxiv"], "paper-mal suite"),
+        (["--shape", "tiny", "--routes", "dflash_chain", "--acceptance", "mal:20"], "not reachable"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, args, message):
