@@ -199,3 +199,98 @@ def model(
         table = run_model_bench(cfg, dev, out_dir, figures, progress=show)
     typer.echo((out_dir / "report.md").read_text(encoding="utf-8"))
     typer.echo(f"{len(table)} rows; records, manifest, report, table and figure in {out_dir}", err=True)
+
+
+@bench_app.command("scale")
+def scale(
+    shape: Annotated[
+        str, typer.Option(help="Comma-separated model shapes: qwen3.6-27b, gdn-1.3b, tiny.")
+    ] = "qwen3.6-27b",
+    routes: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated routes: ar, dflash_chain, ddtree, dflash_tfm, eagle_chain, specla "
+            "(default per shape; AR always runs, first)."
+        ),
+    ] = None,
+    acceptance: Annotated[
+        str,
+        typer.Option(
+            help="Replayed acceptance: paper-mal (the papers' MALs, baselines/), paper-mal:SUITE, mal:X "
+            "(one MAL for every route), records:DIR (per-depth acceptance of a decode run's routes)."
+        ),
+    ] = "paper-mal",
+    out: Annotated[
+        Path | None, typer.Option(help="Run folder (default results/<date>-<device>-scale).")
+    ] = None,
+    prompts: Annotated[int, typer.Option(min=1, help="Prompts (random token ids, seeded) per route.")] = 2,
+    prompt_len: Annotated[int, typer.Option(min=1, help="Tokens per prompt.")] = 256,
+    max_new_tokens: Annotated[int, typer.Option(min=2, help="New tokens per prompt.")] = 96,
+    warmup_tokens: Annotated[int, typer.Option(min=1, help="Tokens of each route's untimed warm-up.")] = 16,
+    logit_scale: Annotated[
+        float,
+        typer.Option(min=0.0, help="Scale of the random LM head (peaked drafter marginals: deep trees)."),
+    ] = 20.0,
+    device: Annotated[str, device_option()] = "auto",
+    dtype: Annotated[str, dtype_option("weights; auto: bfloat16 on CUDA, else float32.", auto=True)] = "auto",
+    seed: Annotated[int, typer.Option(help="Seed of weights, prompts and the replayed draws.")] = 0,
+) -> None:
+    """End-to-end tokens/s and speedup over AR of each route at the papers' model shapes (random weights,
+    drafters of their real shapes) on the graphed engine, with a stated acceptance replayed.
+
+    Writes records.jsonl, manifest.json, report.md and table.csv; docs/gpu.md (Replayed acceptance) says
+    what such a number is and is not.
+    """
+    import torch
+
+    from repro.bench.scale import (
+        DEFAULT_ROUTES,
+        DTYPES,
+        SHAPES,
+        ScaleConfig,
+        check_routes,
+        default_out_dir,
+        parse_acceptance,
+        run_scale,
+    )
+    from repro.models.target import auto_dtype, resolve_device
+
+    names = [s.strip() for s in shape.split(",") if s.strip()]
+    unknown = [s for s in names if s not in SHAPES]
+    if unknown or not names:
+        raise ConfigError(f"unknown shape(s) {', '.join(unknown) or '(none)'}; known: {', '.join(SHAPES)}")
+    per_shape = {}
+    for name in names:
+        chosen = [r.strip() for r in (routes or DEFAULT_ROUTES[name]).split(",") if r.strip()]
+        check_routes(chosen)
+        per_shape[name] = ["ar"] + [r for r in dict.fromkeys(chosen) if r != "ar"]
+    parse_acceptance(acceptance)
+    dev = torch.device(resolve_device(device))
+    dtype = short_dtype(auto_dtype(dev.type) if dtype == "auto" else dtype, tuple(DTYPES))
+    cfg = ScaleConfig(
+        shapes=names,
+        routes=per_shape,
+        acceptance=acceptance,
+        prompts=prompts,
+        prompt_len=prompt_len,
+        max_new_tokens=max_new_tokens,
+        warmup_tokens=warmup_tokens,
+        logit_scale=logit_scale,
+        dtype=dtype,
+        seed=seed,
+    )
+    out_dir = out or default_out_dir(dev)
+    total = sum(len(r) for r in per_shape.values()) * prompts
+
+    def show(rec: dict) -> None:
+        mal = sum(rec["accepted_lengths"]) / max(rec["steps"], 1)
+        progress.print(
+            f"{rec['shape']:12s} {rec['route']:13s} prompt {rec['prompt']} MAL {mal:5.2f} "
+            f"{rec['new_tokens'] / rec['decode_s']:8.1f} tok/s"
+        )
+        progress.advance(item=f"{rec['shape']} {rec['route']}")
+
+    with Progress("bench scale", total) as progress:
+        table = run_scale(cfg, dev, out_dir, progress=show)
+    typer.echo((out_dir / "report.md").read_text(encoding="utf-8"))
+    typer.echo(f"{len(table)} rows; records, manifest, report and table in {out_dir}", err=True)

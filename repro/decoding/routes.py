@@ -128,11 +128,14 @@ def _num(x: float) -> str:
 
 @dataclass
 class BuildContext:
-    """What a factory may use besides the parameters: vocabulary, drafter seed and the target."""
+    """What a factory may use besides the parameters: vocabulary, drafter seed, the target, and the
+    constructors of ``random`` drafters by kind (``dflash``, ``eagle``, ``weaver``; default: the
+    drafters' ``random_*_for``, called with the same arguments)."""
 
     vocab_size: int
     seed: int
     target: HybridLM | None
+    random_drafters: dict[str, Callable[..., Any]] = field(default_factory=dict)
 
 
 Factory = Callable[[dict[str, Any], BuildContext], tuple[Drafter | None, TreeBuilder]]
@@ -207,7 +210,8 @@ def _dflash(p: dict[str, Any], ctx: BuildContext) -> DFlashDrafter:
     """The DFlash drafter of ``p["drafter"]``; records the block size it runs with."""
     assert ctx.target is not None
     if p["drafter"] == RANDOM:
-        model = random_dflash_for(ctx.target, seed=ctx.seed, block_size=p["block_size"] or 16)
+        make = ctx.random_drafters.get("dflash", random_dflash_for)
+        model = make(ctx.target, seed=ctx.seed, block_size=p["block_size"] or 16)
     else:
         model = load_dflash(p["drafter"])
     drafter = DFlashDrafter(model, ctx.target, block_size=p["block_size"])
@@ -226,7 +230,7 @@ def _ddtree(p: dict[str, Any], ctx: BuildContext) -> tuple[Drafter | None, TreeB
 def _eagle_model(p: dict[str, Any], ctx: BuildContext) -> EagleDraftModel:
     assert ctx.target is not None
     if p["drafter"] == RANDOM:
-        return random_eagle_for(ctx.target, seed=ctx.seed)
+        return ctx.random_drafters.get("eagle", random_eagle_for)(ctx.target, seed=ctx.seed)
     return load_eagle(p["drafter"], target=ctx.target)
 
 
@@ -248,7 +252,9 @@ def _eagle_tree(p: dict[str, Any], ctx: BuildContext) -> tuple[Drafter | None, T
 def _weaver(p: dict[str, Any], ctx: BuildContext) -> tuple[Drafter | None, TreeBuilder]:
     dflash = _dflash(p, ctx)
     if p["weaver"] == RANDOM:
-        weaver = random_weaver_for(dflash.model, dflash.target, seed=ctx.seed)
+        weaver = ctx.random_drafters.get("weaver", random_weaver_for)(
+            dflash.model, dflash.target, seed=ctx.seed
+        )
     else:
         weaver = load_weaver(p["weaver"], dflash.model, dflash.target)
     drafter = WeaverDrafter(weaver, dflash, p["budget"], p["width"], p["pool"])
@@ -461,12 +467,14 @@ def build_route(
     *,
     commit: str = "closed_form",
     family: str | None = None,
+    random_drafters: dict[str, Callable[..., Any]] | None = None,
 ) -> Route:
     """Instantiate one route from its spec, or raise a one-line ConfigError.
 
     ``target`` is the model the route decodes; drafters that read its weights or hidden states
     (the DFlash and EAGLE kinds) need it. ``commit`` is the strategy of routes whose spec has no
-    ``commit``; ``family`` the family target name whose drafters are the checkpoint defaults.
+    ``commit``; ``family`` the family target name whose drafters are the checkpoint defaults;
+    ``random_drafters`` the constructors of ``random`` drafters by kind (:class:`BuildContext`).
     ``route.params`` are the resolved parameters (commit and built values included).
     """
     check_strategy(commit)
@@ -477,7 +485,9 @@ def build_route(
     params["acceptance"] = params["acceptance"] or acceptance
     if kind.needs_target and target is None:
         raise ConfigError(f"route kind {kind.name} needs the target model: build_route(..., target=model)")
-    drafter, builder = kind.factory(params, BuildContext(vocab_size, seed, target))
+    drafter, builder = kind.factory(
+        params, BuildContext(vocab_size, seed, target, dict(random_drafters or {}))
+    )
     try:
         rule = make_rule(params["acceptance"], temperature, seed)
     except ConfigError as exc:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from repro.bench import kernels as bench_kernels
 from repro.bench import model as bench_model
+from repro.bench import scale as bench_scale
 from repro.engines import tables as external
 from repro.errors import ConfigError
 from repro.harness import family_report
@@ -25,6 +26,7 @@ KINDS: dict[str, RunKind] = {
         DECODE_KIND,
         bench_kernels.KIND,
         bench_model.KIND,
+        bench_scale.KIND,
         exactness.KIND,
         pool_mass.KIND,
         timed.KIND,

@@ -1,0 +1,588 @@
+"""`repro bench scale`: end-to-end tokens/s of the routes at the papers' model shapes, acceptance replayed.
+
+No checkpoint of the papers is on these machines, but their costs are: the target is a HybridLM with
+random bf16 weights at a named shape (:data:`repro.bench.model.MODEL_SHAPES`, built on the device as
+``bench model`` builds it) behind the graphed engine (:class:`repro.models.graphed.GraphedTarget`: the
+static decoder and its CUDA graphs), each route is built by :func:`repro.decoding.routes.build_route`
+with random drafters of their real shapes (:mod:`repro.decoding.scale_routes`), and every prompt is
+decoded by the ordinary engine (:func:`repro.decoding.engine.generate`). Only which draft tokens are accepted
+is replayed (:mod:`repro.decoding.replayed`): the timing is the harness's own path at the real shape.
+
+Drafter shapes (random weights, seeded): :mod:`repro.drafters.shapes`.
+
+Random Gaussian logits over a 32k-248k vocabulary are nearly flat, so best-first trees of random
+drafters are fans one level deep whose greedy spine cannot hold a replayed depth. ``logit_scale``
+multiplies the target's random LM head (which the DFlash and EAGLE drafters share) so that drafter
+marginals are peaked like a trained drafter's and trees grow a deep spine; the target's own logits
+only pick the bonus token. Steps whose spine was shorter than the drawn depth are counted
+(``truncated_steps``) and the MAL reported is the one realised.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+import yaml
+
+from repro.bench.kernels import baselines_dir
+from repro.bench.model import MODEL_SHAPES, build_model, device_slug
+from repro.decoding.engine import STAGES, Route, generate
+from repro.decoding.replayed import AcceptanceProcess, ReplayedAcceptance, constant_p_for_mal
+from repro.decoding.routes import resolve_spec
+from repro.decoding.scale_routes import build_scale_route, replayed, route_drafters
+from repro.errors import ConfigError, ReproError
+from repro.gdn.backends import default_backend
+from repro.models.graphed import GraphedTarget, check_verifier, slot_size
+from repro.models.hybrid import HybridLM
+from repro.reporting.report import accept_histogram
+from repro.reporting.rundir import Run, RunKind, fields_parser, load_run
+
+SHAPES = ("qwen3.6-27b", "gdn-1.3b", "tiny")
+DEFAULT_ROUTES = {
+    "qwen3.6-27b": "ar,dflash_chain,ddtree,dflash_tfm",
+    "gdn-1.3b": "ar,eagle_chain,specla",
+    "tiny": "ar,dflash_chain,ddtree,dflash_tfm,eagle_chain,specla",
+}
+# the routes (scale names -> route specs): the papers' budgets (Weaver: 64 nodes, width 4 of 2..8)
+ROUTE_SPECS: dict[str, dict[str, Any]] = {
+    "ar": {"kind": "ar"},
+    "dflash_chain": {"kind": "dflash_chain", "drafter": "random"},
+    "ddtree": {"kind": "ddtree", "drafter": "random", "budget": 64},
+    "dflash_tfm": {"kind": "dflash_tfm", "drafter": "random", "weaver": "random", "budget": 64, "width": 4},
+    "eagle_chain": {"kind": "eagle_chain", "drafter": "random", "k": 6},
+    "specla": {"kind": "specla", "drafter": "random", "budget": 32},
+}
+ACCEPTANCE_SOURCES = ("paper-mal", "paper-mal:SUITE", "mal:X", "records:DIR")
+# kinds that share one acceptance (aliases)
+CANONICAL = {"weaver": "dflash_tfm", "eagle_tree": "specla"}
+COLUMNS = [
+    "shape", "route", "kind", "acceptance", "acceptance_model", "target_MAL", "MAL", "truncated",
+    "tokens_per_s", "speedup", "paper_speedup", "paper_ref", "step_ms", "draft_ms", "tree_ms", "verify_ms",
+    "commit_ms", "nodes", "prompts", "new_tokens", "drafter",
+]  # fmt: skip
+
+
+def canonical(kind: str) -> str:
+    return CANONICAL.get(kind, kind)
+
+
+# ------------------------------------------------------------------------------ acceptance
+
+
+@dataclass(frozen=True)
+class AcceptanceSpec:
+    """``paper-mal[:suite]``, ``mal:X`` or ``records:DIR`` (see :func:`parse_acceptance`)."""
+
+    kind: str
+    arg: str = ""
+
+    @property
+    def text(self) -> str:
+        return f"{self.kind}:{self.arg}" if self.arg else self.kind
+
+
+def parse_acceptance(text: str) -> AcceptanceSpec:
+    """The acceptance source of a command line, or a one-line ConfigError."""
+    kind, _, arg = text.strip().partition(":")
+    if kind == "paper-mal":
+        if arg and arg not in PAPER_SUITES:
+            raise ConfigError(f"paper-mal suite {arg!r} unknown; known: {', '.join(PAPER_SUITES)}")
+        return AcceptanceSpec(kind, arg)
+    if kind == "mal":
+        try:
+            value = float(arg)
+        except ValueError:
+            raise ConfigError(f"--acceptance mal:X needs a number, got {text!r}") from None
+        if not value >= 1.0:
+            raise ConfigError(f"a MAL counts the bonus token and is >= 1, got {arg}")
+        return AcceptanceSpec(kind, arg)
+    if kind == "records" and arg:
+        _decode_run(arg)  # refused now, not after a 27B model was built
+        return AcceptanceSpec(kind, arg)
+    raise ConfigError(f"unknown acceptance {text!r}; choose one of {', '.join(ACCEPTANCE_SOURCES)}")
+
+
+PAPER_SUITES = ("gsm8k", "humaneval", "mt_bench")
+
+
+def paper_mals(suite: str = "") -> dict[str, tuple[float, str]]:
+    """Per canonical route kind: (MAL, how it follows from baselines/).
+
+    The Weaver paper reports MAL gains, not MALs: DFlash-TfM +77% over chain DFlash and +32% over
+    DDTree at budget 64 (weaver.yaml). Chain DFlash's MAL is the DFlash paper's acceptance length tau
+    (Qwen3-8B, B200, greedy; related.yaml), the mean of its suites (or ``suite``'s); DFlash-TfM =
+    chain x 1.77, DDTree = DFlash-TfM / 1.32. EAGLE routes take EAGLE-3's tau on the same table.
+    """
+    root = baselines_dir()
+    weaver = yaml.safe_load((root / "weaver.yaml").read_text(encoding="utf-8"))
+    related = yaml.safe_load((root / "related.yaml").read_text(encoding="utf-8"))
+    gain = {m["metric"]: float(m["value"]) for m in weaver["end_to_end"]}
+    rows = related["dflash_qwen3_8b_b200_greedy"]
+
+    def tau(method: str) -> float:
+        vals = [float(r["tau"]) for r in rows if r["method"] == method and (not suite or r["suite"] == suite)]
+        return sum(vals) / len(vals)
+
+    where = f"{suite}" if suite else "mean of gsm8k, humaneval, mt_bench"
+    chain, eagle = tau("DFlash"), tau("EAGLE-3")
+    tfm = chain * (1 + gain["mal_gain_vs_chain_dflash"])
+    ddtree = tfm / (1 + gain["mal_gain_vs_ddtree"])
+    ref = f"related.yaml dflash_qwen3_8b_b200_greedy ({where})"
+    eagle_note = f"{eagle:.3f} = EAGLE-3 tau, {ref}"
+    return {
+        "dflash_chain": (chain, f"{chain:.3f} = DFlash tau, {ref}"),
+        "dflash_tfm": (
+            tfm,
+            f"{tfm:.3f} = chain DFlash {chain:.3f} x (1 + {gain['mal_gain_vs_chain_dflash']}) "
+            "(weaver.yaml mal_gain_vs_chain_dflash)",
+        ),
+        "ddtree": (
+            ddtree,
+            f"{ddtree:.3f} = DFlash-TfM {tfm:.3f} / (1 + {gain['mal_gain_vs_ddtree']}) (weaver.yaml)",
+        ),
+        "eagle_chain": (eagle, eagle_note),
+        "specla": (eagle, eagle_note),
+        "fla_sd": (eagle, eagle_note),
+    }
+
+
+def route_depth(route: Route) -> int:
+    """Draft depth D of a route's trees: DFlash block - 1, EAGLE chain k, EAGLE tree depth, AR 0."""
+    return depth_of(route.params)
+
+
+def depth_of(params: dict[str, Any]) -> int:
+    """:func:`route_depth` from resolved route parameters (a DFlash block not yet decided: random's 16)."""
+    kind = canonical(params["kind"])
+    if kind in ("dflash_chain", "ddtree", "dflash_tfm"):
+        return int(params.get("block_size") or 16) - 1
+    if kind in ("eagle_chain", "fla_sd"):
+        return int(params["k"])
+    if kind == "specla":
+        return int(params["depth"])
+    if kind == "ar":
+        return 0
+    raise ConfigError(f"route kind {params['kind']} has no draft depth known to bench scale")
+
+
+def check_acceptance(spec: AcceptanceSpec, cfg: ScaleConfig) -> None:
+    """Refuse (one line) a MAL that a route's draft depth cannot reach, before anything is built."""
+    if spec.kind not in ("mal", "paper-mal"):
+        return
+    mals = paper_mals(spec.arg) if spec.kind == "paper-mal" else {}
+    for shape in cfg.shapes:
+        for name in cfg.routes[shape]:
+            params = resolve_spec({"name": name, **cfg.specs[name]})
+            depth = depth_of(params)
+            if depth:
+                mal = float(spec.arg) if spec.kind == "mal" else mals[canonical(params["kind"])][0]
+                try:
+                    constant_p_for_mal(mal, depth)
+                except ConfigError as exc:
+                    raise ConfigError(f"route {name}: {exc}") from None
+
+
+def _decode_run(path: str) -> Run:
+    try:
+        return load_run(path, require_records=True)
+    except ReproError as exc:
+        raise ConfigError(f"--acceptance records:{path}: {exc}") from None
+
+
+def records_probs(path: str, kind: str, depth: int) -> tuple[tuple[float, ...], str]:
+    """Per-depth conditional acceptance (depths 1..``depth``) of the first route of ``kind`` in a decode
+    run's records, and a line saying which route and how many steps."""
+    run = _decode_run(path)
+    names = [r.route for r in run.records if canonical(str(r.route_params.get("kind"))) == kind]
+    if not names:
+        raise ConfigError(f"--acceptance records:{path} has no route of kind {kind}")
+    name = names[0]
+    hist = accept_histogram([r for r in run.records if r.route == name])
+    cond = {int(d): float(p) for d, p in zip(hist["length"], hist["cond_accept_rate"]) if not math.isnan(p)}
+    steps = sum(len(r.accepted_lengths) for r in run.records if r.route == name)
+    probs = tuple(cond.get(d, 0.0) for d in range(1, depth + 1))
+    return probs, f"route {name!r} of {path}: {steps} steps; depths beyond its records: p = 0"
+
+
+def acceptance_for(spec: AcceptanceSpec, route: Route) -> AcceptanceProcess | None:
+    """The acceptance process replayed on ``route`` (None for AR)."""
+    kind, depth = canonical(route.params["kind"]), route_depth(route)
+    if depth == 0:
+        return None
+    if spec.kind == "mal":
+        return AcceptanceProcess.for_mal(float(spec.arg), depth, spec.text)
+    if spec.kind == "paper-mal":
+        mals = paper_mals(spec.arg)
+        if kind not in mals:
+            raise ConfigError(f"no paper MAL for route kind {kind}")
+        mal, how = mals[kind]
+        return AcceptanceProcess.for_mal(mal, depth, f"{spec.text} ({how})")
+    probs, how = records_probs(spec.arg, kind, depth)
+    return AcceptanceProcess(spec.text, probs, f"measured conditional acceptance per depth, {how}")
+
+
+# ------------------------------------------------------------------------------ the run
+
+
+@dataclass
+class ScaleConfig:
+    """What to run: shapes, routes per shape, acceptance source, prompts, tokens, dtype, seeds."""
+
+    shapes: list[str]
+    routes: dict[str, list[str]]
+    acceptance: str = "paper-mal"
+    prompts: int = 2
+    prompt_len: int = 256
+    max_new_tokens: int = 96
+    warmup_tokens: int = 16
+    logit_scale: float = 20.0
+    dtype: str = "bf16"
+    seed: int = 0
+    commit: str = "closed_form"
+    specs: dict[str, dict[str, Any]] = field(default_factory=lambda: dict(ROUTE_SPECS))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "bench": "scale",
+            "shapes": {s: MODEL_SHAPES[s]().to_dict() for s in self.shapes},
+            "routes": {s: [{"name": r, **self.specs[r]} for r in self.routes[s]] for s in self.shapes},
+            "acceptance": self.acceptance,
+            "prompts": self.prompts,
+            "prompt_len": self.prompt_len,
+            "prompt_ids": "uniform random ids, torch.Generator(seed * 100003 + index), warm-up index -1",
+            "max_new_tokens": self.max_new_tokens,
+            "warmup_tokens": self.warmup_tokens,
+            "logit_scale": self.logit_scale,
+            "dtype": self.dtype,
+            "seed": self.seed,
+            "commit": self.commit,
+            "engine": "graphed (GraphedTarget: CUDA graphs on CUDA, the eager static decoder elsewhere)",
+            "gdn_backend": "triton on CUDA, reference elsewhere",
+        }
+
+
+def drafter_text(info: dict[str, Any]) -> str:
+    parts = []
+    for name, c in info.items():
+        shape = f"d={c['d_model']} K={c['pool']}" if name == "weaver" else f"{c['layers']}L h={c['hidden']}"
+        parts.append(f"{name} {shape} ({c['params'] / 1e6:.1f}M)")
+    return "; ".join(parts) or "-"
+
+
+def check_routes(names: list[str]) -> None:
+    unknown = [r for r in names if r not in ROUTE_SPECS]
+    if unknown or not names:
+        raise ConfigError(
+            f"unknown route(s) {', '.join(unknown) or '(none)'}; known: {', '.join(ROUTE_SPECS)}"
+        )
+
+
+def prompt_ids(vocab: int, length: int, index: int, seed: int) -> list[int]:
+    gen = torch.Generator().manual_seed(seed * 100_003 + index)
+    return torch.randint(0, vocab, (length,), generator=gen).tolist()
+
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
+
+
+def build_target(shape: str, cfg: ScaleConfig, device: torch.device) -> HybridLM:
+    """The random-weight target at ``shape`` on ``device`` (GDN layers on the device's fastest exact
+    backend: the Triton kernels on CUDA, as ``bench model``'s decoder), its LM head scaled by
+    ``logit_scale``."""
+    model = build_model(MODEL_SHAPES[shape](), device, DTYPES[cfg.dtype], cfg.seed)
+    model.set_gdn_backend(default_backend(device))
+    with torch.no_grad():
+        model.lm_head.weight.mul_(cfg.logit_scale)
+    return model
+
+
+def build_routes(shape: str, cfg: ScaleConfig, model: HybridLM, spec: AcceptanceSpec) -> list[Route]:
+    """The shape's routes with their random drafters and the replayed acceptance (AR keeps greedy)."""
+    routes = []
+    for name in cfg.routes[shape]:
+        route = build_scale_route({"name": name, **cfg.specs[name]}, shape, model, cfg.seed, cfg.commit)
+        check_verifier(route.verifier)
+        process = acceptance_for(spec, route)
+        routes.append(route if process is None else replayed(route, process, cfg.seed))
+    return routes
+
+
+def prepared_target(model: HybridLM, routes: list[Route]) -> GraphedTarget:
+    """``model`` behind the static decoder with every graph the routes use captured ahead."""
+    target = GraphedTarget(model)
+    capture = tuple(sorted({i for r in routes if r.drafter for i in r.drafter.capture_layers}))
+    drafts = max(
+        r.params.get("budget") or r.params.get("block_size") or r.params.get("k") or 0 for r in routes
+    )
+    target.prepare(tuple({r.commit for r in routes}), capture, slot_size(drafts + 1, target.max_nodes))
+    return target
+
+
+def decode_record(
+    shape: str, route: Route, prompt: int, ids: list[int], target: GraphedTarget, cfg: ScaleConfig
+) -> dict[str, Any]:
+    """One prompt decoded by the engine with ``route``: what the record holds."""
+    rule = route.rule
+    if isinstance(rule, ReplayedAcceptance):
+        rule.reset()
+    res = generate(target, ids, route, cfg.max_new_tokens)
+    replayed = isinstance(rule, ReplayedAcceptance)
+    return {
+        "shape": shape,
+        "route": route.name,
+        "kind": route.params["kind"],
+        "prompt": prompt,
+        "status": "ok",
+        "prompt_tokens": len(ids),
+        "new_tokens": len(res.output_ids),
+        "steps": res.steps,
+        "accepted_lengths": res.accepted_lengths,
+        "tree_sizes": res.tree_sizes,
+        "prefill_s": res.prefill_s,
+        "decode_s": res.decode_s,
+        "stage_s": res.stage_s,
+        "truncated_steps": rule.truncated if replayed else 0,
+        "acceptance": rule.process.as_dict() if replayed else None,
+        "route_params": route.params,
+        "drafter": route_drafters(route),
+    }
+
+
+def measure_shape(
+    shape: str, cfg: ScaleConfig, device: torch.device, spec: AcceptanceSpec, emit: Callable[[dict], None]
+) -> dict[str, Any]:
+    """Every (prompt, route) of one shape, prompts outermost and routes interleaved; returns model info."""
+    t0 = time.monotonic()
+    model = build_target(shape, cfg, device)
+    routes = build_routes(shape, cfg, model, spec)
+    target = prepared_target(model, routes)
+    setup_s = time.monotonic() - t0
+    vocab = model.config.vocab_size
+    warm = prompt_ids(vocab, cfg.prompt_len, -1, cfg.seed)
+    for route in routes:  # first uses (drafter buffers, lazily captured graphs) outside the timed decodes
+        generate(target, warm, route, cfg.warmup_tokens)
+    for i in range(cfg.prompts):
+        ids = prompt_ids(vocab, cfg.prompt_len, i, cfg.seed)
+        for route in routes:
+            emit(decode_record(shape, route, i, ids, target, cfg))
+    info = {
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "setup_s": setup_s,
+        "graphs_captured": target.captures,
+        "gdn_kernel": target.kernel,
+        "fused_decoder": target.decoder.fused,
+        "drafters": {r.name: route_drafters(r) for r in routes},
+    }
+    del routes, target, model
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return info
+
+
+def default_out_dir(device: torch.device) -> Path:
+    return Path("results") / f"{datetime.now(timezone.utc):%Y-%m-%d}-{device_slug(device)}-scale"
+
+
+def run_scale(
+    cfg: ScaleConfig,
+    device: torch.device,
+    out_dir: str | Path,
+    progress: Callable[[dict], None] | None = None,
+) -> pd.DataFrame:
+    """Every shape; records as they come, the report after each shape. Returns the table."""
+    from repro.reporting.records import build_manifest
+    from repro.reporting.rundir import RunDir
+
+    spec = parse_acceptance(cfg.acceptance)
+    check_acceptance(spec, cfg)
+    manifest = build_manifest(cfg.as_dict(), seed=cfg.seed)
+    with RunDir(out_dir, manifest, kind=KIND) as run:
+        bench_device = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        run.update_manifest(bench_device=bench_device, models={})
+
+        def emit(record: dict[str, Any]) -> None:
+            run.append(record)
+            if progress:
+                progress(record)
+
+        for shape in cfg.shapes:
+            info = measure_shape(shape, cfg, device, spec, emit)
+            run.update_manifest(models={**run.manifest["models"], shape: info})
+            run.write_report()
+        return summary_table(run.records())
+
+
+# ------------------------------------------------------------------------------ report
+
+
+def paper_speedups() -> dict[tuple[str, str], tuple[float, str]]:
+    """(shape, route) -> the paper's e2e speedup over AR and its reference, where one exists."""
+    root = baselines_dir()
+    weaver = yaml.safe_load((root / "weaver.yaml").read_text(encoding="utf-8"))
+    specla = yaml.safe_load((root / "specla.yaml").read_text(encoding="utf-8"))
+    out = {}
+    for m in weaver["end_to_end"]:
+        if m["metric"] == "speedup_vs_ar" and m["method"] == "DFlash-TfM":
+            out[("qwen3.6-27b", "dflash_tfm")] = (float(m["value"]), f"weaver.yaml ({m['ref']}, B200)")
+    for m in specla["end_to_end"]:
+        if m["metric"] == "speedup_vs_ar" and m.get("suite") == "mixed":
+            out[("gdn-1.3b", "specla")] = (float(m["value"]), f"specla.yaml (mixed, {m['ref']}, H100)")
+    return out
+
+
+def summary_table(records: list[dict[str, Any]]) -> pd.DataFrame:
+    """One row per (shape, route): replayed and realised MAL, tokens/s, speedup over the same shape's AR,
+    per-stage ms per step, the paper's speedup beside."""
+    paper = paper_speedups()
+    rows = []
+    for (shape, route), group in _groups(records).items():
+        steps = sum(r["steps"] for r in group)
+        decode_s = sum(r["decode_s"] for r in group)
+        new = sum(r["new_tokens"] for r in group)
+        acc = group[0]["acceptance"]
+        stage = {s: sum(r["stage_s"][s] for r in group) for s in STAGES}
+        ms = partial(_per_step_ms, steps=steps)
+        ref = paper.get((shape, canonical(group[0]["kind"])))
+        rows.append(
+            {
+                "shape": shape,
+                "route": route,
+                "kind": group[0]["kind"],
+                "acceptance": acc["source"] if acc else "none (AR)",
+                "acceptance_model": acc["model"] if acc else "",
+                "target_MAL": acc["mal"] if acc else 1.0,
+                "MAL": sum(sum(r["accepted_lengths"]) for r in group) / steps if steps else math.nan,
+                "truncated": sum(r["truncated_steps"] for r in group),
+                "tokens_per_s": new / decode_s if decode_s > 0 else math.nan,
+                "speedup": math.nan,
+                "paper_speedup": ref[0] if ref else None,
+                "paper_ref": ref[1] if ref else None,
+                "step_ms": ms(decode_s),
+                **{f"{s}_ms": ms(stage[s]) for s in STAGES},
+                "nodes": sum(sum(r["tree_sizes"]) for r in group) / steps if steps else math.nan,
+                "prompts": len(group),
+                "new_tokens": new,
+                "drafter": drafter_text(group[0]["drafter"]),
+            }
+        )
+    table = pd.DataFrame(rows, columns=COLUMNS)
+    for shape in table["shape"].unique():
+        mine = table["shape"] == shape
+        ar = table[mine & (table["kind"] == "ar")]["tokens_per_s"]
+        if len(ar):
+            table.loc[mine, "speedup"] = table.loc[mine, "tokens_per_s"] / float(ar.iloc[0])
+    return table
+
+
+def _per_step_ms(seconds: float, steps: int) -> float:
+    return 1e3 * seconds / steps if steps else math.nan
+
+
+def _groups(records: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    out: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in records:
+        if r.get("status") == "ok":
+            out.setdefault((r["shape"], r["route"]), []).append(r)
+    return out
+
+
+def _fmt(value: Any, spec: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return format(int(value) if spec == "d" else value, spec)
+
+
+def breakdown_lines(table: pd.DataFrame) -> list[str]:
+    """Per route with a paper speedup: what the paper's number needs of a step at the replayed MAL, beside
+    what the step cost here (speedup = MAL x AR ms per token / step ms)."""
+    lines = []
+    for _, r in table[table["paper_speedup"].notna()].iterrows():
+        ar = table[(table["shape"] == r["shape"]) & (table["kind"] == "ar")]
+        if not len(ar) or not r["step_ms"] > 0:
+            continue
+        ar_ms, paper = float(ar["step_ms"].iloc[0]), float(r["paper_speedup"])
+        need = r["MAL"] * ar_ms / paper
+        lines.append(
+            f"- {r['shape']} {r['route']}: at MAL {r['MAL']:.2f} the paper's {paper:.2f}x needs a step of "
+            f"{need:.1f} ms (MAL x AR {ar_ms:.2f} ms / {paper:.2f}); here a step takes {r['step_ms']:.1f} ms "
+            f"= draft {r['draft_ms']:.1f} + tree {r['tree_ms']:.1f} + verify and accept {r['verify_ms']:.1f} "
+            f"+ commit {r['commit_ms']:.1f} ({r['step_ms'] / ar_ms:.2f} AR steps), so {r['speedup']:.2f}x."
+        )
+    return lines
+
+
+REPORT_COLUMNS = {  # column -> (header, format)
+    "shape": ("shape", "s"), "route": ("route", "s"), "acceptance": ("acceptance replayed", "s"),
+    "target_MAL": ("MAL (target)", ".2f"), "MAL": ("MAL", ".2f"), "truncated": ("trunc.", "d"),
+    "tokens_per_s": ("tok/s", ".1f"), "speedup": ("speedup", ".2f"), "paper_speedup": ("paper", ".2f"),
+    "step_ms": ("step ms", ".2f"), "draft_ms": ("draft", ".2f"), "tree_ms": ("tree", ".2f"),
+    "verify_ms": ("verify", ".2f"), "commit_ms": ("commit", ".2f"), "nodes": ("nodes", ".1f"),
+    "drafter": ("drafter", "s"),
+}  # fmt: skip
+
+
+def report_markdown(table: pd.DataFrame, manifest: dict[str, Any]) -> str:
+    cfg = manifest.get("config", {})
+    head = [
+        "# Scale rows: e2e tokens/s at the papers' shapes, acceptance replayed",
+        "",
+        f"Device: {manifest.get('bench_device', '?')}; dtype {cfg.get('dtype')}; {cfg.get('prompts')} "
+        f"prompts of {cfg.get('prompt_len')} random tokens, {cfg.get('max_new_tokens')} new tokens each; "
+        f"logit scale {cfg.get('logit_scale')}; acceptance `{cfg.get('acceptance')}`.",
+        "",
+        "Random weights at the real shapes on the graphed engine: the costs are real, the acceptance is "
+        "replayed (only which draft tokens are accepted; docs/gpu.md, Replayed acceptance). These are not "
+        "real-checkpoint numbers.",
+        "",
+        "| " + " | ".join(h for h, _ in REPORT_COLUMNS.values()) + " |",
+        "|" + "---|" * len(REPORT_COLUMNS),
+    ]
+    shown = table.assign(acceptance=[a.split(" (")[0] for a in table["acceptance"]])
+    rows = [
+        "| " + " | ".join(_fmt(r[c], f) for c, (_, f) in REPORT_COLUMNS.items()) + " |"
+        for _, r in shown.iterrows()
+    ]
+    sources = [
+        f"- {r['shape']} {r['route']}: {r['acceptance']}; {r['acceptance_model']}"
+        for _, r in table.iterrows()
+        if r["kind"] != "ar"
+    ]
+    refs = sorted(set(table["paper_ref"].dropna()))
+    tail = ["", "Per-stage columns are ms per verify step (verify includes the acceptance)."]
+    if refs:
+        tail += ["Paper speedups: " + "; ".join(refs) + "."]
+    if sources:
+        tail += ["", "## Acceptance replayed (source, per route)", "", *sources]
+    lines = breakdown_lines(table)
+    if lines:
+        tail += ["", "## Cost breakdown against the paper", "", *lines]
+    return "\n".join(head + rows + tail) + "\n"
+
+
+def build_report(run: Run, figures_dir: Path | None) -> str:
+    """table.csv and report.md of a bench-scale run, from its records."""
+    table = summary_table(list(run.records))
+    run.write("table.csv", table.to_csv(index=False))
+    text = report_markdown(table, run.manifest)
+    run.write("report.md", text)
+    return text
+
+
+KIND = RunKind(
+    "bench-scale",
+    fields_parser("shape", "route", "kind", "prompt", "status"),
+    build_report,
+    ("report.md", "table.csv"),
+    key=lambda r: (r["shape"], r["route"], r["prompt"]),
+)

@@ -1,0 +1,182 @@
+"""`repro bench scale`: acceptance sources, drafter shapes, a tiny-shape run's files, bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from conftest import run_cli
+
+from repro.bench import scale as bs
+from repro.bench.model import MODEL_SHAPES
+from repro.decoding.replayed import ReplayedAcceptance
+from repro.decoding.routes import build_route
+from repro.drafters import shapes
+from repro.drafters.dflash import DFlashDraftModel, random_dflash_for
+from repro.errors import ConfigError
+from repro.harness.run_kinds import rebuild_report
+from repro.models.default import init_random_weights, tiny_config
+from repro.models.hybrid import HybridLM
+from repro.reporting.report import accept_histogram
+from repro.reporting.rundir import load_run
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+ROOT = Path(__file__).resolve().parents[2]
+GRAPHED_RUN = ROOT / "results/2026-12-01-h200-graphed-routes/graphed"
+
+
+def tiny_target() -> HybridLM:
+    return init_random_weights(HybridLM(tiny_config()), 0).eval().requires_grad_(False)
+
+
+def test_paper_mals_follow_from_the_baselines():
+    mals = bs.paper_mals()
+    chain = (6.55 + 6.55 + 4.25) / 3  # related.yaml: DFlash tau on gsm8k, humaneval, mt_bench
+    assert mals["dflash_chain"][0] == pytest.approx(chain)
+    assert mals["dflash_tfm"][0] == pytest.approx(chain * 1.77)  # weaver.yaml: +77% over chain DFlash
+    assert mals["ddtree"][0] == pytest.approx(chain * 1.77 / 1.32)  # +32% over DDTree
+    assert mals["specla"][0] == pytest.approx((2.89 + 3.36 + 2.72) / 3)  # EAGLE-3 tau
+    assert bs.paper_mals("gsm8k")["dflash_chain"][0] == pytest.approx(6.55)
+    assert "weaver.yaml" in mals["dflash_tfm"][1]
+    assert bs.paper_speedups()[("qwen3.6-27b", "dflash_tfm")][0] == pytest.approx(4.37)
+
+
+def test_acceptance_per_route_from_a_mal_and_from_the_papers():
+    model = tiny_target()
+    route = build_route(
+        {"kind": "ddtree", "drafter": "random", "budget": 8}, 260, "greedy", 0.0, 0, target=model
+    )
+    assert bs.route_depth(route) == 15
+    process = bs.acceptance_for(bs.parse_acceptance("mal:4.5"), route)
+    assert process.mal == pytest.approx(4.5) and process.depth == 15
+    paper = bs.acceptance_for(bs.parse_acceptance("paper-mal"), route)
+    assert paper.mal == pytest.approx(bs.paper_mals()["ddtree"][0])
+    assert "paper-mal" in paper.source and "weaver.yaml" in paper.source
+    ar = build_route({"kind": "ar"}, 260, "greedy", 0.0, 0)
+    assert bs.acceptance_for(bs.parse_acceptance("mal:4.5"), ar) is None
+
+
+@pytest.mark.skipif(not GRAPHED_RUN.exists(), reason="the committed graphed-routes run is absent")
+def test_records_source_gives_the_measured_conditional_acceptance():
+    probs, how = bs.records_probs(str(GRAPHED_RUN), "ddtree", 15)
+    run = load_run(GRAPHED_RUN)
+    hist = accept_histogram([r for r in run.records if r.route == "ddtree-b32"])
+    for d, p in zip(hist["length"], hist["cond_accept_rate"]):
+        if d <= 15 and p == p:
+            assert probs[d - 1] == pytest.approx(p)
+    assert "ddtree-b32" in how and len(probs) == 15
+    tfm, _ = bs.records_probs(str(GRAPHED_RUN), "dflash_tfm", 15)  # the `weaver` kind is DFlash-TfM
+    assert tfm[0] > 0.5
+    with pytest.raises(ConfigError, match="no route of kind"):
+        bs.records_probs(str(GRAPHED_RUN), "specla_missing", 6)
+
+
+def test_the_27b_dflash_drafter_has_its_public_shape():
+    cfg = shapes.qwen27b_dflash_config(MODEL_SHAPES["qwen3.6-27b"]())
+    assert cfg.target_layer_ids == [1, 16, 31, 46, 61] and cfg.block_size == 16
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size) == (5120, 5, 17408)
+    with torch.device("meta"):
+        model = DFlashDraftModel(cfg)
+    assert 1.6e9 < sum(p.numel() for p in model.parameters()) < 1.9e9
+
+
+def test_the_13b_eagle_drafter_is_one_layer_at_the_target_width():
+    cfg = shapes.gdn13b_eagle_config(MODEL_SHAPES["gdn-1.3b"]())
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.head_dim) == (
+        2048,
+        1,
+        16,
+        128,
+    )
+    assert cfg.target_layer_ids == [23] and cfg.intermediate_size == 5632 and cfg.vocab_size == 32000
+
+
+def test_device_init_follows_the_draft_weight_law():
+    cfg = random_dflash_for(tiny_target()).config
+    model = shapes.device_model(DFlashDraftModel, cfg, torch.device("cpu"), torch.float32, 0)
+    w = model.layers[0].mlp.down_proj.weight
+    assert abs(float(w.mean())) < 0.02 and float(w.std() * w.shape[1] ** 0.5) == pytest.approx(1.0, rel=0.1)
+    norm = model.norm.weight
+    assert float((norm - 1).abs().max()) < 1.0 and float((norm - 1).std()) == pytest.approx(0.1, rel=0.5)
+
+
+def test_build_route_uses_the_random_drafter_constructors():
+    model = tiny_target()
+    calls = []
+
+    def make(target, seed=0, block_size=16):
+        calls.append(block_size)
+        return random_dflash_for(target, seed=seed, block_size=block_size, num_layers=2)
+
+    route = build_route({"kind": "dflash_chain", "drafter": "random", "block_size": 8}, 260, "greedy", 0.0, 0,
+                        target=model, random_drafters={"dflash": make})  # fmt: skip
+    assert calls == [8] and route.drafter.model.config.num_hidden_layers == 2
+
+
+def test_tiny_run_writes_records_table_and_report(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "scale"
+    code, stdout, err = run_cli(
+        monkeypatch, capsys, "bench", "scale", "--shape", "tiny", "--routes", "dflash_chain",
+        "--acceptance", "mal:3", "--prompts", "1", "--prompt-len", "12", "--max-new-tokens", "12",
+        "--warmup-tokens", "2", "--device", "cpu", "--dtype", "float32", "--out", str(out),
+    )  # fmt: skip
+    assert code == 0, err
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    assert [r["route"] for r in records] == ["ar", "dflash_chain"]
+    chain = records[1]
+    assert chain["acceptance"]["source"] == "mal:3" and chain["acceptance"]["mal"] == pytest.approx(3.0)
+    assert len(chain["acceptance"]["probs"]) == 15 and chain["drafter"]["dflash"]["block_size"] == 16
+    assert chain["route_params"]["acceptance"] == "replayed" and chain["truncated_steps"] == 0
+    assert sum(chain["accepted_lengths"]) == chain["new_tokens"] - 1 == 11
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["kind"] == "bench-scale" and manifest["config"]["acceptance"] == "mal:3"
+    table = pd.read_csv(out / "table.csv")
+    assert list(table["route"]) == ["ar", "dflash_chain"] and table["speedup"].iloc[0] == pytest.approx(1.0)
+    assert table["MAL"].iloc[1] > 1 and "acceptance replayed" in stdout and "mal:3" in stdout
+    before = (out / "report.md").read_text()
+    assert rebuild_report(out) == before  # `repro report DIR` rebuilds it from the records
+
+
+def test_replayed_rule_is_the_routes_rule():
+    model = tiny_target()
+    cfg = bs.ScaleConfig(shapes=["tiny"], routes={"tiny": ["ar", "ddtree"]}, acceptance="mal:2", dtype="fp32")
+    ar, ddtree = bs.build_routes("tiny", cfg, model, bs.parse_acceptance("mal:2"))
+    assert not isinstance(ar.rule, ReplayedAcceptance) and isinstance(ddtree.rule, ReplayedAcceptance)
+    assert ddtree.rule.process.mal == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--shape", "llama-70b"], "unknown shape"),
+        (["--shape", "tiny", "--routes", "medusa"], "unknown route"),
+        (["--shape", "tiny", "--acceptance", "oracle"], "unknown acceptance"),
+        (["--shape", "tiny", "--acceptance", "mal:0.5"], "MAL"),
+        (["--shape", "tiny", "--acceptance", "mal:many"], "needs a number"),
+        (["--shape", "tiny", "--acceptance", "records:/nonexistent/run"], "records:/nonexistent/run"),
+        (["--shape", "tiny", "--acceptance", "paper-mal:arxiv"], "paper-mal suite"),
+        (["--shape", "tiny", "--routes", "dflash_chain", "--acceptance", "mal:20"], "not reachable"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, args, message):
+    code, _, err = run_cli(monkeypatch, capsys, "bench", "scale", *args, "--device", "cpu", "--out",
+                           str(tmp_path / "x"))  # fmt: skip
+    assert code == 2 and message in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_tiny_shape_on_cuda_graphs(tmp_path):
+    cfg = bs.ScaleConfig(
+        shapes=["tiny"], routes={"tiny": bs.DEFAULT_ROUTES["tiny"].split(",")}, acceptance="mal:3",
+        prompts=1, prompt_len=32, max_new_tokens=32, warmup_tokens=4, dtype="bf16",
+    )  # fmt: skip
+    table = bs.run_scale(cfg, torch.device("cuda"), tmp_path / "scale")
+    assert len(table) == 6 and (table["truncated"] == 0).all()
+    assert table["MAL"].iloc[1:].between(1.5, 5).all()
+    manifest = json.loads((tmp_path / "scale" / "manifest.json").read_text())
+    assert manifest["models"]["tiny"]["graphs_captured"] > 0
