@@ -39,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from repro.gdn.triton_common import commit_path_tile  # its import also patches Triton's CPU interpreter
+from repro.gdn.triton_common import check_factors, commit_path_tile  # also patches the CPU interpreter
 
 
 @triton.jit
@@ -128,26 +128,6 @@ def _path_commit_kernel(
         _conv_commit_block(history, inputs, index, node_ptr, C, pid - HV * NV * NK, HIST, W, HP, BC)
 
 
-def _check_factors(
-    state: torch.Tensor, delta: torch.Tensor, k: torch.Tensor, gate_cum: torch.Tensor, ancestors: torch.Tensor
-) -> torch.Tensor:
-    """Validate a commit's operands; returns the ancestor mask as contiguous uint8 (a view of a bool one)."""
-    hv, dv, dk = state.shape
-    n = delta.shape[0]
-    if state.dtype not in (torch.float32, torch.float64) or not state.is_contiguous():
-        raise ValueError(f"state must be contiguous float32, got {state.dtype}")
-    if delta.shape != (n, hv, dv) or k.shape != (n, hv, dk) or gate_cum.shape != (n, hv):
-        raise ValueError(
-            f"factors do not match the state [{hv}, {dv}, {dk}]: delta {tuple(delta.shape)}, "
-            f"k {tuple(k.shape)}, gate_cum {tuple(gate_cum.shape)}"
-        )
-    if ancestors.shape != (n, n):
-        raise ValueError(f"ancestors must be [n, n] = {(n, n)}, got {tuple(ancestors.shape)}")
-    return (
-        ancestors.contiguous().view(torch.uint8) if ancestors.dtype == torch.bool else ancestors.contiguous()
-    )
-
-
 def commit_closed_form_fused(
     state: torch.Tensor,
     delta: torch.Tensor,
@@ -168,7 +148,7 @@ def commit_closed_form_fused(
     """
     hv, dv, dk = state.shape
     n = delta.shape[0]
-    anc = _check_factors(state, delta, k, gate_cum, ancestors)
+    anc = check_factors(state, delta, k, gate_cum, ancestors)
     if state.dtype != torch.float32:
         raise ValueError(f"state must be contiguous float32, got {state.dtype}")
     bv = block_v or min(32, triton.next_power_of_2(dv))
@@ -208,7 +188,7 @@ def commit_path_fused(
     """
     hv, dv, dk = state.shape
     n = delta.shape[0]
-    anc = _check_factors(state, delta, k, gate_cum, ancestors)
+    anc = check_factors(state, delta, k, gate_cum, ancestors)
     bv = min(block_v, triton.next_power_of_2(dv))
     bk = min(block_k, triton.next_power_of_2(dk))
     tiles = hv * triton.cdiv(dv, bv) * triton.cdiv(dk, bk)

@@ -24,6 +24,26 @@ def pow2(x: int) -> int:
     return triton.next_power_of_2(int(x))
 
 
+def check_factors(
+    state: torch.Tensor, delta: torch.Tensor, k: torch.Tensor, gate_cum: torch.Tensor, ancestors: torch.Tensor
+) -> torch.Tensor:
+    """Validate a commit's operands; returns the ancestor mask as contiguous uint8 (a view of a bool one)."""
+    hv, dv, dk = state.shape
+    n = delta.shape[0]
+    if state.dtype not in (torch.float32, torch.float64) or not state.is_contiguous():
+        raise ValueError(f"state must be contiguous float32, got {state.dtype}")
+    if delta.shape != (n, hv, dv) or k.shape != (n, hv, dk) or gate_cum.shape != (n, hv):
+        raise ValueError(
+            f"factors do not match the state [{hv}, {dv}, {dk}]: delta {tuple(delta.shape)}, "
+            f"k {tuple(k.shape)}, gate_cum {tuple(gate_cum.shape)}"
+        )
+    if ancestors.shape != (n, n):
+        raise ValueError(f"ancestors must be [n, n] = {(n, n)}, got {tuple(ancestors.shape)}")
+    return (
+        ancestors.contiguous().view(torch.uint8) if ancestors.dtype == torch.bool else ancestors.contiguous()
+    )
+
+
 @triton.jit
 def round_to(x, ptr):
     """x in the element type of ``ptr`` (round to nearest even when narrowing floats)."""

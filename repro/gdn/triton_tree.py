@@ -92,8 +92,8 @@ import torch
 import triton
 import triton.language as tl
 
-from repro.gdn.reference import TreeFactors
-from repro.gdn.triton_common import interpreting
+from repro.gdn.reference import PendingCommit, TreeFactors
+from repro.gdn.triton_common import check_factors, commit_path_tile, interpreting, pow2
 
 PRECISIONS = ("ieee", "tf32x3", "tf32")
 
@@ -165,6 +165,12 @@ def _tree_verify_kernel(
     delta_ptr,
     gcum_ptr,
     kx_ptr,
+    pd_ptr,
+    pk_ptr,
+    pg_ptr,
+    panc_ptr,
+    pnode_ptr,
+    pn,
     n,
     scale,
     H: tl.constexpr,
@@ -180,8 +186,14 @@ def _tree_verify_kernel(
     UPCAST_QK: tl.constexpr,
     BASE16: tl.constexpr,
     WRITE_K: tl.constexpr,
+    PENDING: tl.constexpr,
+    PNP: tl.constexpr,
 ):
     """One (value head, d_v tile): blocked masked-WY verification over all n nodes.
+
+    With PENDING, first the delayed commit: this program's [BV, d_k] rows of S0 get the previous step's
+    accepted path folded in (closed form over the path's rows only, factors pd/pk/pg of ``pn`` nodes,
+    mask panc, path end pnode) and are written back in place; the verification then starts from them.
 
     Writes o [n, HV, DV] (this tile's columns), delta [n, HV, DV] float32 and gate_cum [n, HV] float32
     (every d_v tile writes the same G values: a benign duplicate).
@@ -195,6 +207,17 @@ def _tree_verify_kernel(
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < DV
+
+    if PENDING:  # this program owns S0[i_h, o_v, :] and reads no other rows of S0: in place is race-free
+        for kk in range(0, DK, BK):
+            o_kk = kk + o_k
+            p_s = s0_ptr + i_h * (DV * DK) + o_v[:, None] * DK + o_kk[None, :]
+            m_s = m_v[:, None] & (o_kk < DK)[None, :]
+            b_s = tl.load(p_s, mask=m_s, other=0.0)
+            b_s = commit_path_tile(b_s, pd_ptr, pk_ptr, pg_ptr, panc_ptr, pnode_ptr, pn, i_h, o_v, o_kk,
+                                   HV, DV, DK, PNP, 16)  # fmt: skip
+            tl.store(p_s, b_s, mask=m_s)
+        tl.debug_barrier()  # the S0 loads below read these rows (written by other threads of this CTA)
 
     for r in range(0, num_blocks):
         rows = r * BR + o_r
@@ -405,8 +428,14 @@ def tree_gdn_fused(
     num_stages: int = 1,
     batched_base: bool | None = None,
     out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    pending: PendingCommit | None = None,
 ) -> tuple[torch.Tensor, TreeFactors]:
     """Fused tree verification; the semantics and shapes of :func:`repro.gdn.reference.tree_gdn`.
+
+    ``pending`` (SpecLA's delayed commit): the previous step's accepted path, folded into ``state`` (then
+    contiguous float32, updated in place: the committed state is the next step's start) by the same
+    launch before it verifies from it; equal to :func:`repro.gdn.reference.apply_pending` then this
+    call. Its factors must not be this call's outputs (``out``): double-buffer them across steps.
 
     Returns (o [n, HV, d_v] in q's dtype, TreeFactors with delta [n, HV, d_v] and gate_cum [n, HV]
     in float32, k expanded to value heads in float32, the raw v, g, beta, and no snapshots).
@@ -425,7 +454,21 @@ def tree_gdn_fused(
     if not chain and ancestors.shape != (n, n):
         raise ValueError(f"ancestors must be [n, n] = {(n, n)}, got {tuple(ancestors.shape)}")
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
-    state = state.contiguous().float()
+    if pending is not None:
+        if state.dtype != torch.float32:
+            raise ValueError(
+                f"a pending commit updates the state in place: it must be float32, got {state.dtype}"
+            )
+        if out is not None and any(pending.delta.data_ptr() == x.data_ptr() for x in out[1:]):
+            raise ValueError(
+                "the pending commit's factors are this verification's outputs: double-buffer them"
+            )
+        p_anc = check_factors(state, pending.delta, pending.k, pending.gate_cum, pending.ancestors)
+        p_ops = (pending.delta.contiguous(), pending.k.contiguous(), pending.gate_cum.contiguous(), p_anc)
+        p_node, p_n = pending.node, pending.delta.shape[0]
+    else:
+        p_ops, p_node, p_n = (state, state, state, state), state, 1  # unused: PENDING is off
+    state = state.contiguous().float()  # pending: already contiguous float32, so this is the caller's tensor
     if q.dtype != k.dtype:
         raise ValueError(f"q and k must share a dtype, got {q.dtype} and {k.dtype}")
     if chain:
@@ -452,10 +495,10 @@ def tree_gdn_fused(
     base16 = br >= 32 if batched_base is None else (batched_base and br >= 32)
     grid = (hv, triton.cdiv(dv, bv))
     _tree_verify_kernel[grid](
-        q, k, v, g, beta, state, anc, o, delta, gate_cum, k_exp, n, float(scale),
+        q, k, v, g, beta, state, anc, o, delta, gate_cum, k_exp, *p_ops, p_node, p_n, n, float(scale),
         H=h, HV=hv, DK=dk, DV=dv, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk, BV=bv,
         CHAIN=chain, PREC=precision, UPCAST_QK=upcast, BASE16=base16, WRITE_K=write_k,
-        num_warps=warps, num_stages=num_stages,
+        PENDING=pending is not None, PNP=pow2(p_n), num_warps=warps, num_stages=num_stages,
     )  # fmt: skip
     factors = TreeFactors(
         delta=delta,
