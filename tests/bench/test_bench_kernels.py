@@ -345,6 +345,8 @@ def test_gpu_tiny_grid_of_the_real_methods(tmp_path, monkeypatch):
         kinds=["draft", "chain"] if full else ["draft"],
         depths=[2],
         recovery_nodes=16,
+        step_nodes=16,
+        step_depths=[2],
         timer=TimerConfig(warmup_ms=1.0, rep_ms=5.0),
     )
     table = bk.run_bench(cfg, tmp_path / "run")
