@@ -117,7 +117,7 @@ def commit_path_tile(
     g_end = tl.where(live, tl.load(gate_cum + a * HV + hv).to(acc_t), 0.0)
     m_v = o_v < DV
     m_k = o_k < DK
-    acc = tl.zeros(s.shape, dtype=acc_t)
+    acc = tl.zeros_like(s)
     for m0 in range(0, length, BM):
         o_m = m0 + tl.arange(0, BM)
         hit = (on_path[None, :] != 0) & (pos[None, :] == o_m[:, None])  # [BM, NP]: one hit per valid row
