@@ -44,6 +44,14 @@ trees n = 16..256, both paper shapes): "ieee" and "tf32x3" o and delta ~1e-7 (fl
 inputs: delta ~1e-7, o 1.7e-3 = the bf16 rounding of o itself); "tf32" delta 4-6e-4, o 8e-4 (float32
 inputs) or 1.7e-3 (bf16 inputs). The CPU interpreter computes every dot in exact fp32.
 
+Delayed commit (SpecLA, ``pending=``): before its row blocks, each program folds the previous step's
+accepted path into its own [BV, d_k] rows of S0 (:func:`repro.gdn.triton_common.commit_path_tile`, the
+path's rows only, exact "ieee" dots), writes them back in place and, after a CTA barrier, verifies from
+them: the separate commit launch disappears and the committed state is the next step's start. A program
+reads no S0 rows but its own, so the in-place write cannot race. Cost: d (d_v/BV + d_k) rows per
+program and one extra pass over its S0 tile. The conv-history commit cannot move here (the conv runs
+before this kernel): it stays a separate launch (:func:`repro.gdn.triton_commit.commit_conv_fused`).
+
 ``_tree_states_kernel`` (per-node state caching, the SGLang-style baseline and the "snapshot" commit).
 Grid ``(HV, d_v / BVS)``: each program keeps a [BVS, d_k] float32 state tile in registers and walks the
 nodes in order: S_i = e^{g_i} S_p (I - beta_i k_i k_i^T) + beta_i v_i k_i^T from its parent's state
