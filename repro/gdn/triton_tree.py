@@ -161,6 +161,48 @@ def _unit_lower_inverse(
 
 
 @triton.jit
+def _block_mask(anc_ptr, rows, cols, n, CHAIN: tl.constexpr):
+    """[BR, BC] ancestor-or-self mask of rows x cols (in bounds, rows >= cols; CHAIN: the lower triangle)."""
+    m_rc = (rows < n)[:, None] & (cols < n)[None, :] & (rows[:, None] >= cols[None, :])
+    if not CHAIN:
+        b_anc = tl.load(anc_ptr + rows[:, None] * n + cols[None, :], mask=m_rc, other=0)
+        m_rc = m_rc & (b_anc != 0)
+    return m_rc
+
+
+@triton.jit
+def _block_gates(g_ptr, anc_ptr, r, n, i_h, HV: tl.constexpr, BR: tl.constexpr, CHAIN: tl.constexpr):
+    """G of row block r (value head i_h): the sum of g over each row's ancestors (all in blocks c <= r)."""
+    rows = r * BR + tl.arange(0, BR)
+    b_gr = tl.zeros([BR], dtype=tl.float32)
+    for c in range(0, r + 1):
+        cols = c * BR + tl.arange(0, BR)
+        b_gc = tl.load(g_ptr + cols * HV + i_h, mask=cols < n, other=0.0).to(tl.float32)
+        b_gr += tl.sum(tl.where(_block_mask(anc_ptr, rows, cols, n, CHAIN), b_gc[None, :], 0.0), axis=1)
+    return b_gr
+
+
+@triton.jit
+def _pending_prologue(
+    s0_ptr, pd_ptr, pk_ptr, pg_ptr, panc_ptr, pnode_ptr, pn, i_h, o_v,
+    HV: tl.constexpr, DV: tl.constexpr, DK: tl.constexpr, BK: tl.constexpr, PNP: tl.constexpr,
+):  # fmt: skip
+    """The delayed commit of S0[i_h, o_v, :] in place (the calling program owns those rows and reads
+    no others), d_k in chunks of BK; ends with a CTA barrier so that the program's loads see it."""
+    o_k = tl.arange(0, BK)
+    m_v = o_v < DV
+    for kk in range(0, DK, BK):
+        o_kk = kk + o_k
+        p_s = s0_ptr + i_h * (DV * DK) + o_v[:, None] * DK + o_kk[None, :]
+        m_s = m_v[:, None] & (o_kk < DK)[None, :]
+        b_s = tl.load(p_s, mask=m_s, other=0.0)
+        b_s = commit_path_tile(b_s, pd_ptr, pk_ptr, pg_ptr, panc_ptr, pnode_ptr, pn, i_h, o_v, o_kk,
+                               HV, DV, DK, PNP, 16)  # fmt: skip
+        tl.store(p_s, b_s, mask=m_s)
+    tl.debug_barrier()
+
+
+@triton.jit
 def _tree_verify_kernel(
     q_ptr,
     k_ptr,
@@ -217,31 +259,16 @@ def _tree_verify_kernel(
     m_v = o_v < DV
 
     if PENDING:  # this program owns S0[i_h, o_v, :] and reads no other rows of S0: in place is race-free
-        for kk in range(0, DK, BK):
-            o_kk = kk + o_k
-            p_s = s0_ptr + i_h * (DV * DK) + o_v[:, None] * DK + o_kk[None, :]
-            m_s = m_v[:, None] & (o_kk < DK)[None, :]
-            b_s = tl.load(p_s, mask=m_s, other=0.0)
-            b_s = commit_path_tile(b_s, pd_ptr, pk_ptr, pg_ptr, panc_ptr, pnode_ptr, pn, i_h, o_v, o_kk,
-                                   HV, DV, DK, PNP, 16)  # fmt: skip
-            tl.store(p_s, b_s, mask=m_s)
-        tl.debug_barrier()  # the S0 loads below read these rows (written by other threads of this CTA)
+        _pending_prologue(
+            s0_ptr, pd_ptr, pk_ptr, pg_ptr, panc_ptr, pnode_ptr, pn, i_h, o_v, HV, DV, DK, BK, PNP
+        )
 
     for r in range(0, num_blocks):
         rows = r * BR + o_r
         m_rows = rows < n
 
         # ---- G for this block's rows: sum over ancestors, which all sit in column blocks c <= r
-        b_gr = tl.zeros([BR], dtype=tl.float32)
-        for c in range(0, r + 1):
-            cols = c * BR + o_c
-            m_cols = cols < n
-            b_gc = tl.load(g_ptr + cols * HV + i_h, mask=m_cols, other=0.0).to(tl.float32)
-            m_rc = m_rows[:, None] & m_cols[None, :] & (rows[:, None] >= cols[None, :])
-            if not CHAIN:
-                b_anc = tl.load(anc_ptr + rows[:, None] * n + cols[None, :], mask=m_rc, other=0)
-                m_rc = m_rc & (b_anc != 0)
-            b_gr += tl.sum(tl.where(m_rc, b_gc[None, :], 0.0), axis=1)
+        b_gr = _block_gates(g_ptr, anc_ptr, r, n, i_h, HV, BR, CHAIN)
         tl.store(gcum_ptr + rows * HV + i_h, b_gr, mask=m_rows)
         b_beta = tl.load(beta_ptr + rows * HV + i_h, mask=m_rows, other=0.0).to(tl.float32)
         b_eg = tl.exp(b_gr)
