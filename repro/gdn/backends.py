@@ -29,12 +29,25 @@ def _reference(
 
 
 def _triton(q, k, v, g, beta, state, parents, ancestors, scale, keep_snapshots, precision=None, pending=None):
+    return _triton_tree("tree_gdn_fused", q, k, v, g, beta, state, parents, ancestors, scale, keep_snapshots,
+                        precision, pending)  # fmt: skip
+
+
+def _triton_split(
+    q, k, v, g, beta, state, parents, ancestors, scale, keep_snapshots, precision=None, pending=None
+):  # fmt: skip
+    return _triton_tree("tree_gdn_split", q, k, v, g, beta, state, parents, ancestors, scale, keep_snapshots,
+                        precision, pending)  # fmt: skip
+
+
+def _triton_tree(
+    kernel, q, k, v, g, beta, state, parents, ancestors, scale, keep_snapshots, precision, pending
+):
     from repro.gdn import triton_tree
 
     # HybridLM's layers pass no precision (their q/k/v are float32): the exact "ieee" dots
-    o, factors = triton_tree.tree_gdn_fused(
-        q, k, v, g, beta, state, ancestors, scale, precision or "ieee", pending=pending
-    )
+    fn = getattr(triton_tree, kernel)
+    o, factors = fn(q, k, v, g, beta, state, ancestors, scale, precision or "ieee", pending=pending)
     if keep_snapshots:
         factors.snapshots = triton_tree.tree_states_fused(k, v, g, beta, state, parents)
     return o, factors
@@ -120,13 +133,24 @@ def check_backend(name: str, device: torch.device, interpreter: bool = False) ->
     return name
 
 
-def tree_function(name: str, device: torch.device, interpreter: bool = False) -> TreeFn:
+TREE_KERNELS = ("fused", "split")  # the Triton tree kernels: one launch, or two phases (few heads)
+
+
+def tree_function(
+    name: str, device: torch.device, interpreter: bool = False, kernel: str = "fused"
+) -> TreeFn:
     """The tree evaluator ``(q, k, v, g, beta, state, parents, ancestors, scale, keep_snapshots,
     precision=None, pending=None) -> (o, TreeFactors)`` for ``name``; the Triton one needs a CUDA device.
     ``pending`` (a :class:`repro.gdn.reference.PendingCommit`): SpecLA's delayed commit, applied to
-    ``state`` in place first (by the verification's own launch for ``triton``)."""
+    ``state`` in place first (by the verification's own launch for ``triton``). ``kernel`` (``triton``):
+    "fused" (:func:`repro.gdn.triton_tree.tree_gdn_fused`) or "split" (``tree_gdn_split``: the key-only
+    work once per head in a first launch; meant for few value heads, e.g. GDN-1.3B's 8)."""
     check_backend(name, device, interpreter)
-    return _reference if name == "reference" else _triton
+    if kernel not in TREE_KERNELS:
+        raise ConfigError(f"unknown tree kernel {kernel!r}: choose one of {', '.join(TREE_KERNELS)}")
+    if name == "reference":
+        return _reference
+    return _triton_split if kernel == "split" else _triton
 
 
 def commit_function(name: str, device: torch.device, interpreter: bool = False) -> CommitFn:

@@ -439,3 +439,13 @@ def test_delayed_commit_step_is_commit_then_verify():
     assert rel_err(state, committed) <= 1e-12
     ref_o, _ = path_oracle(q, k, v, g, beta, committed, parents, scale)
     assert rel_err(o, ref_o) <= 1e-12
+
+
+def test_tree_function_kernel_choice():
+    from repro.errors import ConfigError
+    from repro.gdn import backends
+
+    cpu = torch.device("cpu")
+    assert backends.tree_function("reference", cpu, kernel="split") is backends._reference
+    with pytest.raises(ConfigError, match="unknown tree kernel"):
+        backends.tree_function("reference", cpu, kernel="chunked")

@@ -108,7 +108,7 @@ def run_case(spec: dict, device: str) -> dict:
     ``pending`` cases verify with a delayed commit (make_pending): the references then start from the
     committed state, and ``committed`` is the error of the state the kernel wrote back.
     """
-    from repro.gdn.triton_tree import chain_gdn_fused, tree_gdn_fused, tree_states_fused
+    from repro.gdn.triton_tree import chain_gdn_fused, tree_gdn_fused, tree_gdn_split, tree_states_fused
 
     (q, k, v, g, beta), s0, parents = make_inputs(spec, device)
     pending, s_ref = None, s0.to(F64)
@@ -128,7 +128,13 @@ def run_case(spec: dict, device: str) -> dict:
     delta = torch.full((n, hv, dv), nan, dtype=torch.float32, device=device)
     gcum = torch.full((n, hv), nan, dtype=torch.float32, device=device)
     prec = spec.get("precision", "ieee")
-    if spec.get("chain_api"):
+    if spec.get("split"):  # the two-phase kernels (chain_api: the mask from indices)
+        knobs.pop("batched_base", None)
+        ancestors = None if spec.get("chain_api") else anc
+        o, f = tree_gdn_split(
+            q, k, v, g, beta, s0, ancestors, scale, prec, out=(o, delta, gcum), **knobs, **knobs_p
+        )
+    elif spec.get("chain_api"):
         assert spec["kind"] == "chain"
         o, f = chain_gdn_fused(q, k, v, g, beta, s0, scale, prec, out=(o, delta, gcum), **knobs, **knobs_p)
     else:
@@ -200,9 +206,9 @@ INTERP_CASES = {
     "n24-mixed-fp16": {**_SMALL, "n": 24, "kind": "mixed", "dtype": "float16"},
     "n20-random-dk24-dv20": {**_SMALL, "n": 20, "kind": "random", "dk": 24, "dv": 20},
     # delayed commit: the previous step's path folded into S0 by the verification's own launch
-    "pending-n33-random-dk32-bk16": {
+    "pending-n20-random-dk32-bk16": {
         **_SMALL,
-        "n": 33,
+        "n": 20,
         "kind": "random",
         "dk": 32,
         "block_k": 16,
@@ -216,6 +222,49 @@ INTERP_CASES = {
         "pending": True,
         "pending_n": 40,
     },  # fmt: skip
+    # two-phase kernels (tree_gdn_split): several row blocks, ragged n, narrow d_v tiles, bf16, chains
+    "split-n20-random-br16-bv16": {
+        **_SMALL,
+        "n": 20,
+        "kind": "random",
+        "split": True,
+        "block_rows": 16,
+        "block_v": 16,
+    },
+    "split-n40-mixed-dk32-bk16-br32": {
+        **_SMALL,
+        "n": 40,
+        "kind": "mixed",
+        "dk": 32,
+        "block_k": 16,
+        "block_rows": 32,
+        "split": True,
+    },  # fmt: skip
+    "split-n33-chain-api-dv32": {
+        **_SMALL,
+        "n": 33,
+        "kind": "chain",
+        "chain_api": True,
+        "dv": 32,
+        "split": True,
+    },
+    "split-n24-forest-bf16-h1": {
+        **_SMALL,
+        "H": 1,
+        "n": 24,
+        "kind": "forest",
+        "dtype": "bfloat16",
+        "split": True,
+        "block_rows": 16,
+    },  # fmt: skip
+    "split-pending-n20-fan-tf32": {
+        **_SMALL,
+        "n": 20,
+        "kind": "fan",
+        "split": True,
+        "pending": True,
+        "precision": "tf32",
+    },
     "pending-n16-mixed-none": {**_SMALL, "n": 16, "kind": "mixed", "pending": True, "pending_node": -1},
     "pending-n24-fan-root-bf16": {
         **_SMALL,
@@ -360,6 +409,28 @@ def test_gpu_tree(shape: str, n: int, kind: str, dtype: str, precision: str) -> 
     assert res["commit"] <= d_tol, msg
     assert res["states"] <= 1e-5, msg
     assert res["committed"] <= 1e-5, msg
+
+
+@pytest.mark.parametrize(
+    ("shape", "n", "kind", "dtype", "precision", "pending"),
+    [("specla", 128, "mixed", "bfloat16", "tf32", False), ("specla", 64, "chain", "float32", "ieee", True),
+     ("specla", 129, "random", "float32", "ieee", False),
+     ("weaver", 128, "random", "bfloat16", "tf32", False),
+     ("weaver", 64, "mixed", "float32", "ieee", True), ("specla", 256, "random", "bfloat16", "tf32", False)],
+)  # fmt: skip
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu_ok(), reason="needs a CUDA GPU, triton, and TRITON_INTERPRET unset")
+def test_gpu_tree_split(shape: str, n: int, kind: str, dtype: str, precision: str, pending: bool) -> None:
+    """The two-phase kernels (tree_gdn_split) at the paper shapes, with and without a delayed commit."""
+    base = WEAVER if shape == "weaver" else SPECLA
+    spec = {**base, "n": n, "kind": kind, "dtype": dtype, "precision": precision, "seed": _fresh_seed()}
+    spec.update(split=True, pending=pending, pending_n=64)
+    res = run_case(spec, "cuda")
+    o_tol, d_tol = GPU_TOL[(dtype, precision)]
+    msg = f"seed={spec['seed']} {res}"
+    assert res["unwritten"] == 0 and res["dtypes_ok"] and res["k_exact"], msg
+    assert res["o"] <= o_tol and res["delta"] <= d_tol and res["commit"] <= d_tol, msg
+    assert res["gate_cum"] <= 1e-5 and res["states"] <= 1e-5 and res["committed"] <= 1e-5, msg
 
 
 @pytest.mark.parametrize(
