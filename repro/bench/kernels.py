@@ -11,10 +11,11 @@ n tree nodes, L tokens over all root-to-leaf paths, N paths (leaves), d the acce
 e the q/k/v element size (2 for bf16, 4 for fp32), g/beta/state/factors in fp32:
 
 - io(t) = t (2 H dk e + HV dv e + 2 HV 4): q, k, v, g, beta of t tokens; S = HV dv dk 4.
-- tree_fused, tree_torch: io(n) + n^2 (ancestor mask) + S, writes o (n HV dv e), delta
-  (n HV dv 4) and G (n HV 4); flops HV wy(n), where the masked WY form costs
-  wy(n) = 3 n^2 dk (K K^T, T (beta e^G K), Q K^T; triangular) + 2 n^2 dv (T (beta V),
-  P Delta) + n^3 / 3 (the triangular solve) + 4 n dk dv (W S0^T, Q S0^T); rate of its dtype.
+- tree_fused, tree_split (the two-phase kernel; its scratch not counted), tree_torch: io(n) + n^2
+  (ancestor mask) + S, writes o (n HV dv e), delta (n HV dv 4) and G (n HV 4); flops HV wy(n),
+  where the masked WY form costs wy(n) = 3 n^2 dk (K K^T, T (beta e^G K), Q K^T; triangular)
+  + 2 n^2 dv (T (beta V), P Delta) + n^3 / 3 (the triangular solve) + 4 n dk dv (W S0^T, Q S0^T);
+  rate of its dtype.
 - per_branch_recurrent: io(L) + N S (each path starts from S0) + 8 (N + 1) (cu_seqlens),
   writes o (L HV dv e); flops 7 dk dv HV per token (decay, S k, rank-1 update, S q), fp32 rate.
 - prefill_flattened: the same bytes; flops HV sum over paths of chunk(len), where
@@ -34,6 +35,7 @@ e the q/k/v element size (2 for bf16, 4 for fp32), g/beta/state/factors in fp32:
   step_replay_fla: fla's recurrence over the path (inputs gathered outside the timing), then the tree
   kernel; step_closed_form_fused / step_path_fused: the two Triton commits, then the tree kernel;
   step_delayed_fused: the tree kernel with the pending commit applied to the state it loads (one launch);
+  step_delayed_split: the same in tree_split's second phase (two launches, no separate commit);
   step_torch: the reference (apply_pending + tree_gdn, float32).
 - commit_replay_fla: io(d) + S, writes o (d HV dv e) and S; flops 7 d dk dv HV, fp32 rate.
 - commit_snapshot: reads and writes one state (2 S); no flops.
@@ -79,6 +81,7 @@ MAX_GRAPH_SETS = 16  # input sets a CUDA graph cycles through (enough to spill L
 VERIFY_ROWS = [
     ("per_branch_recurrent", "bf16"),
     ("tree_fused", "bf16"),
+    ("tree_split", "bf16"),
     ("tree_fused", "fp32"),
     ("tree_torch", "fp32"),
     ("prefill_flattened", "bf16"),
@@ -100,8 +103,10 @@ STEP_ROWS = [
     ("step_closed_form_fused", "bf16"),
     ("step_path_fused", "bf16"),
     ("step_delayed_fused", "bf16"),
+    ("step_delayed_split", "bf16"),
     ("step_torch", "fp32"),
 ]
+PRECISION_METHODS = {"tree_fused", "tree_split", *(m for m, _ in STEP_ROWS if m != "step_torch")}
 CONV_WIDTH = 4  # the GDN models' short-conv width (conv history of 3 rows)
 QUICK_SIZES = [4, 8]
 QUICK_DEPTHS = [2, 4]
@@ -269,6 +274,13 @@ def build_tree_fused(case: Case, x: Inputs) -> Fn:
     return lambda: fused(x.q, x.k, x.v, x.g, x.beta, x.state, case.ancestors, s, precision=prec)[0]
 
 
+def build_tree_split(case: Case, x: Inputs) -> Fn:
+    split = _triton_tree().tree_gdn_split
+    s = case.shape.scale
+    prec = case.precision
+    return lambda: split(x.q, x.k, x.v, x.g, x.beta, x.state, case.ancestors, s, precision=prec)[0]
+
+
 def build_tree_torch(case: Case, x: Inputs) -> Fn:
     return lambda: gdn.tree_gdn(x.q, x.k, x.v, x.g, x.beta, x.state, case.ancestors, case.shape.scale)[0]
 
@@ -379,8 +391,9 @@ def _step(case: Case, x: Inputs, commit: str) -> Fn:
             return tt.tree_gdn_fused(x.q, x.k, x.v, x.g, x.beta, replay()[0], anc, s, precision=prec)[0]
 
         return run
-    if commit == "delayed":
-        return lambda: tt.tree_gdn_fused(x.q, x.k, x.v, x.g, x.beta, state, anc, s, prec, pending=pending)[0]
+    if commit in ("delayed", "delayed_split"):
+        verify = tt.tree_gdn_split if commit == "delayed_split" else tt.tree_gdn_fused
+        return lambda: verify(x.q, x.k, x.v, x.g, x.beta, state, anc, s, prec, pending=pending)[0]
     mod = importlib.import_module("repro.gdn.triton_commit")
     fn = mod.commit_path_fused if commit == "path" else mod.commit_closed_form_fused
 
@@ -405,6 +418,10 @@ def build_step_path_fused(case: Case, x: Inputs) -> Fn:
 
 def build_step_delayed_fused(case: Case, x: Inputs) -> Fn:
     return _step(case, x, "delayed")
+
+
+def build_step_delayed_split(case: Case, x: Inputs) -> Fn:
+    return _step(case, x, "delayed_split")
 
 
 def build_step_torch(case: Case, x: Inputs) -> Fn:
@@ -460,7 +477,7 @@ def cost(method: str, dtype: str, case: Case) -> tuple[int, float, str]:
         return t * sh.hv * sh.dv * e
 
     rec = 7 * sh.dk * sh.dv * sh.hv  # flops per token of the recurrence
-    if method in ("tree_fused", "tree_torch"):
+    if method in ("tree_fused", "tree_split", "tree_torch"):
         nbytes = io(n) + n * n + state + o(n) + n * sh.hv * (sh.dv + 1) * 4
         return nbytes, sh.hv * wy_flops(n, sh.dk, sh.dv), dtype
     if method in ("per_branch_recurrent", "prefill_flattened"):
@@ -516,6 +533,7 @@ class Method:
 
 METHODS: dict[str, Method] = {
     "tree_fused": Method(build_tree_fused, "nodes", "triton_tree"),
+    "tree_split": Method(build_tree_split, "nodes", "triton_tree"),
     "tree_torch": Method(build_tree_torch, "nodes", "torch", False, "not graph-timed (reference path)"),
     "per_branch_recurrent": Method(build_per_branch_recurrent, "flat", "fla"),
     "prefill_flattened": Method(build_prefill_flattened, "flat", "fla"),
@@ -535,6 +553,7 @@ METHODS: dict[str, Method] = {
     "step_closed_form_fused": Method(build_step_closed_form_fused, "step", "triton_tree"),
     "step_path_fused": Method(build_step_path_fused, "step", "triton_tree"),
     "step_delayed_fused": Method(build_step_delayed_fused, "step", "triton_tree"),
+    "step_delayed_split": Method(build_step_delayed_split, "step", "triton_tree"),
     "step_torch": Method(build_step_torch, "step", "torch", False, "not graph-timed (reference path)"),
 }
 
@@ -798,7 +817,7 @@ def measure(
     try:
         case = make_case(spec, cfg, device)
         row.update(
-            precision=case.precision if spec.method == "tree_fused" else None,
+            precision=case.precision if spec.method in PRECISION_METHODS else None,
             depth=spec.accepted if spec.group in ("recovery", "step") else case.depth,
             leaves=len(case.paths),
             flat_len=case.flat_len,

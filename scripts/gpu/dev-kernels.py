@@ -6,11 +6,14 @@ and SpecLA's delayed commit inside tree verification (repro.gdn.triton_commit, r
 1. correctness (float32 "ieee" and bf16 "tf32"), against the float64 reference on the same inputs:
    commit_path_fused (state, and conv history exactly) at both paper shapes for several path ends;
    the delayed-commit verification vs reference commit-then-verify at T = 64 (o, delta, the committed
-   state written back; float32 "ieee" at the SpecLA shape, bf16 "tf32" at both);
+   state written back; float32 "ieee" at the SpecLA shape, bf16 "tf32" at both; the fused and the
+   two-phase kernel);
 2. bench rows of `repro bench kernels` (repro.bench.kernels.measure: each row checked against float64
    before it is timed; CUDA-graph medians; floor and x_floor): recovery at every accepted depth 1..16
    on a 128-node draft tree (token replay vs old closed form vs path commit, with and without the conv
-   commit) and the commit + verify step at T = 64 (replay, old and new separate commits, delayed).
+   commit), the commit + verify step at T = 64 (replay, old and new separate commits, delayed in the
+   fused and in the two-phase kernel), and verification (per-branch recurrent, fused, two-phase) at
+   T = 64 / 128 (SpecLA) and 128 (Weaver).
 
 Writes OUT_DIR/dev-kernels.json (every row and check) and OUT_DIR/dev-kernels.md; prints the tables.
 """
@@ -38,7 +41,20 @@ RECOVERY = [
     "commit_replay_fla", "commit_closed_form_fused", "commit_path_fused",
     "commit_closed_form_fused_conv", "commit_path_fused_conv",
 ]  # fmt: skip
-STEP = ["step_replay_fla", "step_closed_form_fused", "step_path_fused", "step_delayed_fused"]
+STEP = [
+    "step_replay_fla",
+    "step_closed_form_fused",
+    "step_path_fused",
+    "step_delayed_fused",
+    "step_delayed_split",
+]
+VERIFY = [
+    ("per_branch_recurrent", "bf16"),
+    ("tree_fused", "bf16"),
+    ("tree_split", "bf16"),
+    ("tree_split", "fp32"),
+]
+VERIFY_SIZES = {"specla": [64, 128], "weaver": [128]}
 STEP_DEPTHS = {"specla": [2, 4, 8], "weaver": [2, 8]}
 COLS = ["shape", "group", "T", "depth", "method", "dtype", "status", "rel_err", "us", "us_graph",
         "floor_us", "x_floor", "x_floor_graph", "speedup_graph", "reason"]  # fmt: skip
@@ -64,7 +80,7 @@ def inputs(shape: str, n: int, seed: int, dtype: torch.dtype, dev: str) -> tuple
 def checks(dev: str) -> list[dict[str, Any]]:
     """Path commit and delayed-commit verification vs float64 (errors as ||x - ref|| / ||ref||)."""
     from repro.gdn.triton_commit import commit_path_fused
-    from repro.gdn.triton_tree import tree_gdn_fused
+    from repro.gdn.triton_tree import tree_gdn_fused, tree_gdn_split
 
     out = []
     for shape in ("specla", "weaver"):
@@ -104,24 +120,31 @@ def checks(dev: str) -> list[dict[str, Any]]:
         for dtype, prec, tol in precisions:
             (q2, k2, v2, g2, b2), _ = inputs(shape, n, 2, dtype, dev)
             ro, rf = gdn.tree_gdn(*(x.double() for x in (q2, k2, v2, g2, b2)), committed, anc, sh.scale)
-            state = s0.clone()
-            o, fo = tree_gdn_fused(q2, k2, v2, g2, b2, state, anc, sh.scale, prec, pending=pending)
-            errs = dict(o=rel(o, ro), delta=rel(fo.delta, rf.delta), committed=rel(state, committed))
-            ok = errs["committed"] <= 1e-5 and errs["o"] <= tol and errs["delta"] <= tol
-            out.append(dict(check=f"delayed_verify_{prec}", shape=shape, n=n, **errs, ok=ok))
+            for name, verify in (("fused", tree_gdn_fused), ("split", tree_gdn_split)):
+                state = s0.clone()
+                o, fo = verify(q2, k2, v2, g2, b2, state, anc, sh.scale, prec, pending=pending)
+                errs = dict(o=rel(o, ro), delta=rel(fo.delta, rf.delta), committed=rel(state, committed))
+                ok = errs["committed"] <= 1e-5 and errs["o"] <= tol and errs["delta"] <= tol
+                out.append(dict(check=f"delayed_verify_{name}_{prec}", shape=shape, n=n, **errs, ok=ok))
     return out
 
 
 def bench_rows(dev: torch.device, start: float) -> list[dict[str, Any]]:
     cfg = bk.BenchConfig(timer=TimerConfig(warmup_ms=2.0, rep_ms=10.0), depths=DEPTHS, step_nodes=64)
     ceilings = measure_ceilings(dev, cfg.timer)
-    specs = []
-    for shape in ("specla", "weaver"):  # SpecLA first: the budget skips the tail, never the main rows
-        specs += [bk.RowSpec(shape, "recovery", "draft", 128, m, dict(bk.RECOVERY_ROWS)[m], d)
-                  for d in DEPTHS for m in RECOVERY]  # fmt: skip
+    specs = []  # most telling first: the budget skips the tail (Weaver's recovery rows last)
+    for shape in ("specla", "weaver"):
+        if shape == "specla":
+            specs += [bk.RowSpec(shape, "recovery", "draft", 128, m, dict(bk.RECOVERY_ROWS)[m], d)
+                      for d in DEPTHS for m in RECOVERY]  # fmt: skip
         specs += [
             bk.RowSpec(shape, "step", "draft", 64, m, "bf16", d) for d in STEP_DEPTHS[shape] for m in STEP
         ]
+        specs += [
+            bk.RowSpec(shape, "verify", "draft", t, m, d) for t in VERIFY_SIZES[shape] for m, d in VERIFY
+        ]
+    specs += [bk.RowSpec("weaver", "recovery", "draft", 128, m, dict(bk.RECOVERY_ROWS)[m], d)
+              for d in DEPTHS for m in RECOVERY]  # fmt: skip
     paper = bk.paper_numbers()
     rows: list[dict[str, Any]] = []
     for spec in specs:
@@ -129,8 +152,8 @@ def bench_rows(dev: torch.device, start: float) -> list[dict[str, Any]]:
         row = bk.measure(spec, cfg, dev, ceilings, f"script budget of {BUDGET_S:g} s spent" if over else None)
         bk.derive(row, rows + [row], paper)
         rows.append(row)
-        print(f"{spec.shape:7s} {spec.group:8s} d={spec.accepted:2d} {spec.method:30s} {row['status']:7s} "
-              f"us_graph={row['us_graph']} err={row['rel_err']}", flush=True)  # fmt: skip
+        where = f"{spec.shape:7s} {spec.group:8s} T={spec.T} d={spec.accepted}"
+        print(f"{where} {spec.method:28s} {row['status']:7s} us_graph={row['us_graph']} err={row['rel_err']}")
     return rows
 
 
@@ -141,6 +164,7 @@ def fmt(v: Any) -> str:
 
 
 def main() -> None:
+    sys.stdout.reconfigure(line_buffering=True)
     out_dir = Path(sys.argv[1] if len(sys.argv) > 1 else "out")
     out_dir.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()

@@ -302,6 +302,7 @@ rows = [(tree, "per_branch_recurrent", "bf16"), (tree, "tree_fused", "bf16"), (t
         (tree, "commit_closed_form_fused_conv", "fp32"), (tree, "commit_path_fused_conv", "fp32"),
         (tree, "step_replay_fla", "bf16"), (tree, "step_closed_form_fused", "bf16"),
         (tree, "step_path_fused", "bf16"), (tree, "step_delayed_fused", "bf16"), (tree, "step_torch", "fp32"),
+        (tree, "tree_split", "bf16"), (tree, "tree_split", "fp32"), (tree, "step_delayed_split", "bf16"),
         (chain, "chain_recurrent", "bf16")]
 for case, name, dtype in rows:
     x64 = bk.make_inputs(sh, case.n, 1, cpu)
