@@ -2,7 +2,10 @@
 the Triton kernels (CUDA, or CPU under Triton's interpreter): the project's fused tree kernels for
 draft trees, flash-linear-attention's chunk kernel for batched chains (prefill, training) and its fused
 recurrence for decode steps. Each pair returns the same results. The one place a backend is chosen:
-HybridLM's layers and the static decoder both ask here."""
+HybridLM's layers and the static decoder both ask here. The Triton tree evaluator comes as the one-launch
+kernel ("fused") or the two-phase one ("split", few heads), either with SpecLA's delayed commit
+(``pending``); :func:`commit_function` is the capturable closed-form commit (path rows only, conv
+history in the same launch)."""
 
 from __future__ import annotations
 

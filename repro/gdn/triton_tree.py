@@ -44,6 +44,15 @@ trees n = 16..256, both paper shapes): "ieee" and "tf32x3" o and delta ~1e-7 (fl
 inputs: delta ~1e-7, o 1.7e-3 = the bf16 rounding of o itself); "tf32" delta 4-6e-4, o 8e-4 (float32
 inputs) or 1.7e-3 (bf16 inputs). The CPU interpreter computes every dot in exact fp32.
 
+Two-phase verification (:func:`tree_gdn_split`, for few value heads). ``_tree_keys_kernel`` (grid HV x NR
+x NR, NR = n / BR; programs above the diagonal exit) computes every key-only block once per head: G, the
+masked A_rc and P_rc blocks over the full d_k, and the diagonal blocks' inverses (stored in place of
+A_rr), into two float32 [HV, NR BR, NR BR] scratch buffers. ``_tree_values_kernel`` (grid HV x d_v / BV)
+then runs the same block forward substitution and outputs as ``_tree_verify_kernel``, reading those
+blocks instead of recomputing them, so narrow d_v tiles (BV = 16 at the SpecLA shape: 128 programs) no
+longer repeat the d_k-long K K^T / Q K^T dots and the inverses. Same arithmetic, same error bounds
+(pinned by the same tests). Not yet measured on the GPU (scripts/gpu/dev-kernels.py has the rows).
+
 Delayed commit (SpecLA, ``pending=``): before its row blocks, each program folds the previous step's
 accepted path into its own [BV, d_k] rows of S0 (:func:`repro.gdn.triton_common.commit_path_tile`, the
 path's rows only, exact "ieee" dots), writes them back in place and, after a CTA barrier, verifies from
