@@ -280,16 +280,25 @@ INTERP_CASES = {
 O_TOL = {"float32": 1e-5, "bfloat16": 5e-3, "float16": 1.5e-3}
 
 
-def _interp_specs() -> dict[str, dict]:
-    return {name: {**spec, "seed": seed_of("interp", name)} for name, spec in INTERP_CASES.items()}
+# two subprocesses (each under its own time bound): the one-launch kernel, then the delayed commit and
+# the two-phase kernels
+_LATER = tuple(name for name in INTERP_CASES if name.startswith(("pending-", "split-")))
+INTERP_GROUPS = {
+    "--interpret": tuple(name for name in INTERP_CASES if name not in _LATER),
+    "--interpret-pending-split": _LATER,
+}
 
 
-def _interpreter_main() -> None:
-    """Subprocess entry (TRITON_INTERPRET=1): run every interpreter case, print JSON on the last line."""
+def _interp_specs(names: tuple[str, ...]) -> dict[str, dict]:
+    return {name: {**INTERP_CASES[name], "seed": seed_of("interp", name)} for name in names}
+
+
+def _interpreter_main(flag: str) -> None:
+    """Subprocess entry (TRITON_INTERPRET=1): the flag's cases; JSON on the last line."""
     assert os.environ.get("TRITON_INTERPRET") == "1"
     torch.set_num_threads(1)
     results = {}
-    for name, spec in _interp_specs().items():
+    for name, spec in _interp_specs(INTERP_GROUPS[flag]).items():
         t0 = time.perf_counter()
         try:
             res = run_case(spec, "cpu")
@@ -301,14 +310,14 @@ def _interpreter_main() -> None:
 
 
 @pytest.fixture(scope="module")
-def interp_results() -> dict:
-    return run_in_interpreter(__file__)
+def interp_results() -> dict[str, dict]:
+    return {flag: run_in_interpreter(__file__, flag) for flag in INTERP_GROUPS}
 
 
 @needs_triton
 @pytest.mark.parametrize("name", list(INTERP_CASES))
 def test_interpreter_case(interp_results: dict, name: str) -> None:
-    res = interp_results[name]
+    res = next(group[name] for group in interp_results.values() if name in group)
     assert "error" not in res, res.get("error")
     dtype = INTERP_CASES[name].get("dtype", "float32")
     assert res["unwritten"] == 0, f"{res['unwritten']} output elements left unwritten (NaN poison)"
@@ -320,8 +329,9 @@ def test_interpreter_case(interp_results: dict, name: str) -> None:
 
 
 @needs_triton
-def test_interpreter_is_fast(interp_results: dict) -> None:
-    total = sum(r["seconds"] for r in interp_results.values())
+@pytest.mark.parametrize("flag", list(INTERP_GROUPS))
+def test_interpreter_is_fast(interp_results: dict, flag: str) -> None:
+    total = sum(r["seconds"] for r in interp_results[flag].values())
     assert total < 60, f"interpreter cases took {total:.1f} s"
 
 
@@ -452,5 +462,5 @@ def test_gpu_tree_with_pending_commit(shape: str, n: int, kind: str, dtype: str,
     assert res["o"] <= o_tol and res["delta"] <= d_tol and res["states"] <= 1e-5, msg
 
 
-if __name__ == "__main__" and "--interpret" in sys.argv:
-    _interpreter_main()
+if __name__ == "__main__":
+    _interpreter_main(next(flag for flag in INTERP_GROUPS if flag in sys.argv))
