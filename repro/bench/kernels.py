@@ -1,4 +1,4 @@
-"""Kernel benchmarks of GDN tree verification and accepted-state recovery: one table.
+"""Kernel benchmarks of GDN tree verification, accepted-state recovery and commit + verify steps.
 
 Every row draws fresh random inputs (bf16-representable q/k/v, L2-normalised q/k, g <= 0,
 beta in (0, 1), random S0), runs the method once and compares its output with the float64
@@ -11,10 +11,11 @@ n tree nodes, L tokens over all root-to-leaf paths, N paths (leaves), d the acce
 e the q/k/v element size (2 for bf16, 4 for fp32), g/beta/state/factors in fp32:
 
 - io(t) = t (2 H dk e + HV dv e + 2 HV 4): q, k, v, g, beta of t tokens; S = HV dv dk 4.
-- tree_fused, tree_torch: io(n) + n^2 (ancestor mask) + S, writes o (n HV dv e), delta
-  (n HV dv 4) and G (n HV 4); flops HV wy(n), where the masked WY form costs
-  wy(n) = 3 n^2 dk (K K^T, T (beta e^G K), Q K^T; triangular) + 2 n^2 dv (T (beta V),
-  P Delta) + n^3 / 3 (the triangular solve) + 4 n dk dv (W S0^T, Q S0^T); rate of its dtype.
+- tree_fused, tree_split (the two-phase kernel; its scratch not counted), tree_torch: io(n) + n^2
+  (ancestor mask) + S, writes o (n HV dv e), delta (n HV dv 4) and G (n HV 4); flops HV wy(n),
+  where the masked WY form costs wy(n) = 3 n^2 dk (K K^T, T (beta e^G K), Q K^T; triangular)
+  + 2 n^2 dv (T (beta V), P Delta) + n^3 / 3 (the triangular solve) + 4 n dk dv (W S0^T, Q S0^T);
+  rate of its dtype.
 - per_branch_recurrent: io(L) + N S (each path starts from S0) + 8 (N + 1) (cu_seqlens),
   writes o (L HV dv e); flops 7 dk dv HV per token (decay, S k, rank-1 update, S q), fp32 rate.
 - prefill_flattened: the same bytes; flops HV sum over paths of chunk(len), where
@@ -22,10 +23,20 @@ e the q/k/v element size (2 for bf16, 4 for fp32), g/beta/state/factors in fp32:
 - chain_recurrent / chain_chunk: io(n) + S, writes o; flops as the two above with L = n.
 - per_token_states: k, v, g, beta of n tokens + S + 8 n (parents), writes n S;
   flops 5 dk dv HV per node (decay, S k, rank-1 update), fp32 rate.
-- commit_closed_form (torch) and commit_closed_form_fused (Triton, repro.gdn.triton_commit; it also
-  copies S0 first, so that every call starts from the same state): d HV (dv + dk + 1) 4 (delta, k, G
-  rows of the path) + S, writes S;
-  flops HV (2 d dk dv + 2 dk dv), fp32 rate.
+- commit_closed_form (torch), commit_closed_form_fused (Triton, repro.gdn.triton_commit: reads every
+  node's rows) and commit_path_fused (reads the path's rows only): d HV (dv + dk + 1) 4 (delta, k, G
+  rows of the path) + S, writes S; flops HV (2 d dk dv + 2 dk dv), fp32 rate. The Triton commits run in
+  place on their own copy of S0 (earlier runs, e.g. results/2026-11-30-h200-kernels-2, also copied S0
+  inside the timed call: ~1 us more). ``_conv`` rows add the conv-history commit (W = 4, C = 2 H dk +
+  HV dv, bf16: 2 (W-1) C 2 bytes): a second launch after the old kernel, the same launch for the path one.
+- step_* (one speculative step of one layer: commit the previous step's accepted path of depth d, then
+  verify the T-node tree from the committed state; bf16 q/k/v, the verification at --bf16-precision):
+  tree_fused's bytes and flops + the path's rows + one more S (written); the floor of the fused step.
+  step_replay_fla: fla's recurrence over the path (inputs gathered outside the timing), then the tree
+  kernel; step_closed_form_fused / step_path_fused: the two Triton commits, then the tree kernel;
+  step_delayed_fused: the tree kernel with the pending commit applied to the state it loads (one launch);
+  step_delayed_split: the same in tree_split's second phase (two launches, no separate commit);
+  step_torch: the reference (apply_pending + tree_gdn, float32).
 - commit_replay_fla: io(d) + S, writes o (d HV dv e) and S; flops 7 d dk dv HV, fp32 rate.
 - commit_snapshot: reads and writes one state (2 S); no flops.
 
@@ -70,6 +81,7 @@ MAX_GRAPH_SETS = 16  # input sets a CUDA graph cycles through (enough to spill L
 VERIFY_ROWS = [
     ("per_branch_recurrent", "bf16"),
     ("tree_fused", "bf16"),
+    ("tree_split", "bf16"),
     ("tree_fused", "fp32"),
     ("tree_torch", "fp32"),
     ("prefill_flattened", "bf16"),
@@ -80,8 +92,22 @@ RECOVERY_ROWS = [
     ("commit_replay_fla", "bf16"),
     ("commit_closed_form", "fp32"),
     ("commit_closed_form_fused", "fp32"),
+    ("commit_path_fused", "fp32"),
+    ("commit_closed_form_fused_conv", "fp32"),
+    ("commit_path_fused_conv", "fp32"),
     ("commit_snapshot", "fp32"),
 ]
+# one decode step's GDN work: commit the previous step's accepted path, then verify the new tree
+STEP_ROWS = [
+    ("step_replay_fla", "bf16"),
+    ("step_closed_form_fused", "bf16"),
+    ("step_path_fused", "bf16"),
+    ("step_delayed_fused", "bf16"),
+    ("step_delayed_split", "bf16"),
+    ("step_torch", "fp32"),
+]
+PRECISION_METHODS = {"tree_fused", "tree_split", *(m for m, _ in STEP_ROWS if m != "step_torch")}
+CONV_WIDTH = 4  # the GDN models' short-conv width (conv history of 3 rows)
 QUICK_SIZES = [4, 8]
 QUICK_DEPTHS = [2, 4]
 
@@ -248,6 +274,13 @@ def build_tree_fused(case: Case, x: Inputs) -> Fn:
     return lambda: fused(x.q, x.k, x.v, x.g, x.beta, x.state, case.ancestors, s, precision=prec)[0]
 
 
+def build_tree_split(case: Case, x: Inputs) -> Fn:
+    split = _triton_tree().tree_gdn_split
+    s = case.shape.scale
+    prec = case.precision
+    return lambda: split(x.q, x.k, x.v, x.g, x.beta, x.state, case.ancestors, s, precision=prec)[0]
+
+
 def build_tree_torch(case: Case, x: Inputs) -> Fn:
     return lambda: gdn.tree_gdn(x.q, x.k, x.v, x.g, x.beta, x.state, case.ancestors, case.shape.scale)[0]
 
@@ -284,17 +317,125 @@ def build_commit_closed_form(case: Case, x: Inputs) -> Fn:
     return lambda: gdn.commit_closed_form(x.state, f, path)
 
 
-def build_commit_closed_form_fused(case: Case, x: Inputs) -> Fn:
-    """The fused Triton closed form on a copy of S0 (the path end read from a device tensor)."""
-    commit = importlib.import_module("repro.gdn.triton_commit").commit_closed_form_fused
+def _conv_operands(case: Case) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(history [W-1, C], conv inputs [n, C], gather index [n, W]) of the layer's q|k|v conv, bf16."""
+    sh, gen = case.shape, torch.Generator().manual_seed(case.n)
+    c = 2 * sh.h * sh.dk + sh.hv * sh.dv
+    history = torch.randn(CONV_WIDTH - 1, c, generator=gen).to(case.device, torch.bfloat16)
+    inputs = torch.randn(case.n, c, generator=gen).to(case.device, torch.bfloat16)
+    return history, inputs, gdn.conv_gather_index(case.tree.parents, CONV_WIDTH).to(case.device)
+
+
+def _fused_commit(case: Case, x: Inputs, kernel: str, conv: bool) -> Fn:
+    """A Triton commit (repro.gdn.triton_commit) of the accepted path, in place on its own copy of S0
+    (the path end read from a device tensor); ``conv``: the conv-history commit too (the old kernel: a
+    second launch; the path kernel: the same launch)."""
+    mod = importlib.import_module("repro.gdn.triton_commit")
     f, path = _factors(case, x, snapshots=False), case.accepted
     assert path
     node = torch.tensor([path[-1]], device=case.device)
+    state = x.state.clone()
+    ops = (f.delta, f.k, f.gate_cum, case.ancestors, node)
+    hist, inputs, index = _conv_operands(case) if conv else (None, None, None)
 
     def run() -> torch.Tensor:
-        state = x.state.clone()
-        commit(state, f.delta, f.k, f.gate_cum, case.ancestors, node)
+        if kernel == "path":
+            mod.commit_path_fused(state, *ops, conv=(hist, inputs, index) if conv else None)
+        else:
+            mod.commit_closed_form_fused(state, *ops)
+            if conv:
+                mod.commit_conv_fused(hist, inputs, index, node)
         return state
+
+    return run
+
+
+def build_commit_closed_form_fused(case: Case, x: Inputs) -> Fn:
+    return _fused_commit(case, x, "closed_form", conv=False)
+
+
+def build_commit_path_fused(case: Case, x: Inputs) -> Fn:
+    return _fused_commit(case, x, "path", conv=False)
+
+
+def build_commit_closed_form_fused_conv(case: Case, x: Inputs) -> Fn:
+    return _fused_commit(case, x, "closed_form", conv=True)
+
+
+def build_commit_path_fused_conv(case: Case, x: Inputs) -> Fn:
+    return _fused_commit(case, x, "path", conv=True)
+
+
+def previous_inputs(case: Case) -> Inputs:
+    """The previous step's inputs (float64) of a step row: the same tree, its own seed, S0 = the step's."""
+    return make_inputs(case.shape, case.n, seed_of("previous", case.shape.name, case.n), case.device)
+
+
+def _step(case: Case, x: Inputs, commit: str) -> Fn:
+    """Commit the previous step's accepted path into a copy of S0 (``commit``: replay with fla's recurrence,
+    the Triton closed forms, or "delayed": inside the verification), then verify the case's tree from it
+    (the Triton tree kernel at the row's precision). Returns o of the new tree."""
+    tt = _triton_tree()
+    prev = previous_inputs(case).to(x.q.dtype)
+    prev.state = x.state
+    f = _factors(case, prev, snapshots=False)
+    node = torch.tensor([case.accepted[-1]], device=case.device)
+    pending = gdn.PendingCommit(f.delta, f.k, f.gate_cum, case.ancestors, node)
+    state = x.state.clone()
+    s, prec, anc = case.shape.scale, case.precision, case.ancestors
+    if commit == "replay":
+        idx = torch.tensor(case.accepted, dtype=torch.long, device=case.device)
+        replay = _fla_call("recurrent", case, prev, idx, varlen=False, final=True)
+
+        def run() -> torch.Tensor:
+            return tt.tree_gdn_fused(x.q, x.k, x.v, x.g, x.beta, replay()[0], anc, s, precision=prec)[0]
+
+        return run
+    if commit in ("delayed", "delayed_split"):
+        verify = tt.tree_gdn_split if commit == "delayed_split" else tt.tree_gdn_fused
+        return lambda: verify(x.q, x.k, x.v, x.g, x.beta, state, anc, s, prec, pending=pending)[0]
+    mod = importlib.import_module("repro.gdn.triton_commit")
+    fn = mod.commit_path_fused if commit == "path" else mod.commit_closed_form_fused
+
+    def run_commit() -> torch.Tensor:
+        fn(state, f.delta, f.k, f.gate_cum, anc, node)
+        return tt.tree_gdn_fused(x.q, x.k, x.v, x.g, x.beta, state, anc, s, precision=prec)[0]
+
+    return run_commit
+
+
+def build_step_replay_fla(case: Case, x: Inputs) -> Fn:
+    return _step(case, x, "replay")
+
+
+def build_step_closed_form_fused(case: Case, x: Inputs) -> Fn:
+    return _step(case, x, "closed_form")
+
+
+def build_step_path_fused(case: Case, x: Inputs) -> Fn:
+    return _step(case, x, "path")
+
+
+def build_step_delayed_fused(case: Case, x: Inputs) -> Fn:
+    return _step(case, x, "delayed")
+
+
+def build_step_delayed_split(case: Case, x: Inputs) -> Fn:
+    return _step(case, x, "delayed_split")
+
+
+def build_step_torch(case: Case, x: Inputs) -> Fn:
+    """The reference step: reference.apply_pending, then reference.tree_gdn (float32)."""
+    prev = previous_inputs(case).to(torch.float32)
+    prev.state = x.state
+    f = _factors(case, prev, snapshots=False)
+    node = torch.tensor([case.accepted[-1]], device=case.device)
+    pending = gdn.PendingCommit(f.delta, f.k, f.gate_cum, case.ancestors, node)
+    state = x.state.clone()
+
+    def run() -> torch.Tensor:
+        gdn.apply_pending(state, pending)
+        return gdn.tree_gdn(x.q, x.k, x.v, x.g, x.beta, state, case.ancestors, case.shape.scale)[0]
 
     return run
 
@@ -336,7 +477,7 @@ def cost(method: str, dtype: str, case: Case) -> tuple[int, float, str]:
         return t * sh.hv * sh.dv * e
 
     rec = 7 * sh.dk * sh.dv * sh.hv  # flops per token of the recurrence
-    if method in ("tree_fused", "tree_torch"):
+    if method in ("tree_fused", "tree_split", "tree_torch"):
         nbytes = io(n) + n * n + state + o(n) + n * sh.hv * (sh.dv + 1) * 4
         return nbytes, sh.hv * wy_flops(n, sh.dk, sh.dv), dtype
     if method in ("per_branch_recurrent", "prefill_flattened"):
@@ -353,9 +494,16 @@ def cost(method: str, dtype: str, case: Case) -> tuple[int, float, str]:
         kvgb = n * (sh.h * sh.dk * e + sh.hv * sh.dv * e + 2 * sh.hv * 4)
         return kvgb + state + 8 * n + n * state, float(n * 5 * sh.dk * sh.dv * sh.hv), "fp32"
     d = len(case.accepted or [])
-    if method in ("commit_closed_form", "commit_closed_form_fused"):
-        nbytes = d * sh.hv * (sh.dv + sh.dk + 1) * 4 + 2 * state
+    conv = 2 * (CONV_WIDTH - 1) * (2 * sh.h * sh.dk + sh.hv * sh.dv) * 2  # bf16 history read and written
+    path_rows = d * sh.hv * (sh.dv + sh.dk + 1) * 4  # delta, k, G of the path
+    if method.startswith("commit_closed_form") or method.startswith("commit_path"):
+        nbytes = path_rows + 2 * state + (conv if method.endswith("_conv") else 0)
         return nbytes, float(sh.hv * (2 * d + 2) * sh.dk * sh.dv), "fp32"
+    if method.startswith(
+        "step_"
+    ):  # the tree's verification plus the path's rows; S0 read once, S written once
+        t_bytes, t_flops, _ = cost("tree_fused", "bf16", case)
+        return t_bytes + path_rows + state, t_flops + sh.hv * (2 * d + 2) * sh.dk * sh.dv, "bf16"
     if method == "commit_replay_fla":
         return io(d) + 2 * state + o(d), float(d * rec), "fp32"
     if method == "commit_snapshot":
@@ -371,7 +519,8 @@ class Method:
     """A benchmarked method: how to build its closure and what its output is compared with.
 
     ``output``: "nodes" (o per node, [n, HV, dv]), "flat" (o over the flattened paths),
-    "states" (state after every node) or "commit" (state after the accepted path).
+    "states" (state after every node), "commit" (state after the accepted path) or "step" (o per node
+    of the tree verified from the state after the previous step's accepted path).
     ``needs``: "torch" (runs anywhere), "fla" or "triton_tree" (CUDA only).
     """
 
@@ -384,6 +533,7 @@ class Method:
 
 METHODS: dict[str, Method] = {
     "tree_fused": Method(build_tree_fused, "nodes", "triton_tree"),
+    "tree_split": Method(build_tree_split, "nodes", "triton_tree"),
     "tree_torch": Method(build_tree_torch, "nodes", "torch", False, "not graph-timed (reference path)"),
     "per_branch_recurrent": Method(build_per_branch_recurrent, "flat", "fla"),
     "prefill_flattened": Method(build_prefill_flattened, "flat", "fla"),
@@ -394,8 +544,17 @@ METHODS: dict[str, Method] = {
         build_commit_closed_form, "commit", "torch", False, "not capturable (host-to-device path index copy)"
     ),
     "commit_closed_form_fused": Method(build_commit_closed_form_fused, "commit", "triton_tree"),
+    "commit_path_fused": Method(build_commit_path_fused, "commit", "triton_tree"),
+    "commit_closed_form_fused_conv": Method(build_commit_closed_form_fused_conv, "commit", "triton_tree"),
+    "commit_path_fused_conv": Method(build_commit_path_fused_conv, "commit", "triton_tree"),
     "commit_replay_fla": Method(build_commit_replay_fla, "commit", "fla"),
     "commit_snapshot": Method(build_commit_snapshot, "commit", "torch"),
+    "step_replay_fla": Method(build_step_replay_fla, "step", "fla"),
+    "step_closed_form_fused": Method(build_step_closed_form_fused, "step", "triton_tree"),
+    "step_path_fused": Method(build_step_path_fused, "step", "triton_tree"),
+    "step_delayed_fused": Method(build_step_delayed_fused, "step", "triton_tree"),
+    "step_delayed_split": Method(build_step_delayed_split, "step", "triton_tree"),
+    "step_torch": Method(build_step_torch, "step", "torch", False, "not graph-timed (reference path)"),
 }
 
 
@@ -415,18 +574,22 @@ def unavailable(needs: str, device: torch.device) -> str | None:
 
 def reference(output: str, case: Case, x64: Inputs) -> torch.Tensor:
     """The float64 answer a method's output is compared with."""
-    if output == "commit":
+    state = x64.state
+    if output in ("commit", "step"):
         p = case.accepted or []
-        return gdn.recurrent_gdn(
-            x64.q[p], x64.k[p], x64.v[p], x64.g[p], x64.beta[p], x64.state, case.shape.scale
+        src = previous_inputs(case) if output == "step" else x64
+        state = gdn.recurrent_gdn(
+            src.q[p], src.k[p], src.v[p], src.g[p], src.beta[p], x64.state, case.shape.scale
         )[1]
+        if output == "commit":
+            return state
     o, f = gdn.tree_gdn(
         x64.q,
         x64.k,
         x64.v,
         x64.g,
         x64.beta,
-        x64.state,
+        state,
         case.ancestors,
         case.shape.scale,
         keep_snapshots=output == "states",
@@ -528,6 +691,8 @@ class BenchConfig:
     kinds: list[str] = field(default_factory=lambda: ["draft", "chain"])
     depths: list[int] = field(default_factory=lambda: [2, 4, 8, 16])
     recovery_nodes: int = 128
+    step_nodes: int = 64  # the step rows' tree (SpecLA's T = 64) and previous accepted depths
+    step_depths: list[int] = field(default_factory=lambda: [2, 4, 8])
     bf16_precision: str = "tf32"  # tree_fused's float32 dots with bf16 inputs (fp32 rows: "ieee")
     seed: int = 0
     quick: bool = False
@@ -542,6 +707,8 @@ class BenchConfig:
             "kinds": self.kinds,
             "depths": self.depths,
             "recovery_nodes": self.recovery_nodes,
+            "step_nodes": self.step_nodes,
+            "step_depths": self.step_depths,
             "bf16_precision": self.bf16_precision,
             "seed": self.seed,
             "quick": self.quick,
@@ -556,7 +723,7 @@ class BenchConfig:
 @dataclass(frozen=True)
 class RowSpec:
     shape: str
-    group: str  # verify | recovery
+    group: str  # verify | recovery | step
     kind: str
     T: int
     method: str
@@ -580,6 +747,11 @@ def plan(cfg: BenchConfig) -> list[RowSpec]:
             rows += [
                 RowSpec(shape, "recovery", "draft", cfg.recovery_nodes, m, d, depth) for m, d in RECOVERY_ROWS
             ]
+    step_nodes = min(cfg.step_nodes, cfg.recovery_nodes) if cfg.quick else cfg.step_nodes
+    step_depths = cfg.depths if cfg.quick else cfg.step_depths
+    for shape in cfg.shapes:
+        for depth in step_depths:
+            rows += [RowSpec(shape, "step", "draft", step_nodes, m, d, depth) for m, d in STEP_ROWS]
     if "chain" in cfg.kinds:
         for shape in cfg.shapes:
             chain_rows = VERIFY_ROWS + CHAIN_ROWS
@@ -600,7 +772,9 @@ def make_case(spec: RowSpec, cfg: BenchConfig, device: torch.device) -> Case:
     Recovery rows use the first tree of a fixed seed sequence that is at least max(cfg.depths) deep,
     so that every accepted depth is cut from the same deepest path.
     """
-    need = max(cfg.depths, default=1) if spec.accepted is not None else 1
+    need = (
+        1 if spec.accepted is None else spec.accepted if spec.group == "step" else max(cfg.depths, default=1)
+    )
     for attempt in range(100):
         parents = make_tree(spec.kind, spec.T, seed_of("tree", spec.kind, spec.T, cfg.seed, attempt))
         if max(depths(parents)) >= need:
@@ -643,8 +817,8 @@ def measure(
     try:
         case = make_case(spec, cfg, device)
         row.update(
-            precision=case.precision if spec.method == "tree_fused" else None,
-            depth=spec.accepted if spec.group == "recovery" else case.depth,
+            precision=case.precision if spec.method in PRECISION_METHODS else None,
+            depth=spec.accepted if spec.group in ("recovery", "step") else case.depth,
             leaves=len(case.paths),
             flat_len=case.flat_len,
         )
@@ -699,13 +873,13 @@ def measure(
 
 
 def _block(row: dict[str, Any]) -> tuple:
-    """The rows a speedup compares: same shape, group, tree and (recovery) accepted depth."""
+    """The rows a speedup compares: same shape, group, tree and (recovery, step) accepted depth."""
     return (
         row["shape"],
         row["group"],
         row["kind"],
         row["T"],
-        row["depth"] if row["group"] == "recovery" else 0,
+        row["depth"] if row["group"] in ("recovery", "step") else 0,
     )
 
 
@@ -714,7 +888,9 @@ def derive(row: dict[str, Any], rows: Iterable[dict[str, Any]], paper: dict[tupl
     for col, src in (("x_floor", "us"), ("x_floor_graph", "us_graph")):
         if row[src] is not None and row["floor_us"]:
             row[col] = row[src] / row["floor_us"]
-    row["baseline"] = (VERIFY_ROWS if row["group"] == "verify" else RECOVERY_ROWS)[0][0]
+    row["baseline"] = {"verify": VERIFY_ROWS, "recovery": RECOVERY_ROWS, "step": STEP_ROWS}[row["group"]][0][
+        0
+    ]
     base = [o for o in rows if _block(o) == _block(row) and o["method"] == row["baseline"]]
     for col, src in (("speedup", "us"), ("speedup_graph", "us_graph")):
         if base and base[0][src] is not None and row[src]:
@@ -829,6 +1005,7 @@ def report_markdown(
     titles = {
         "verify": "Verification (us per layer call)",
         "recovery": "Accepted-state recovery (depth = accepted)",
+        "step": "Commit the previous path + verify the tree (depth = previous accepted)",
     }
     for shape, group in itertools.product(dict.fromkeys(table["shape"]), titles):
         part = table[(table["shape"] == shape) & (table["group"] == group)]
@@ -843,7 +1020,7 @@ def report_markdown(
     if len(untimed):
         lines += ["## Rows not timed", ""]
         for r in untimed[untimed["status"] != "skipped"].itertuples():
-            where = f"depth={r.depth}" if r.group == "recovery" else r.kind
+            where = f"depth={r.depth}" if r.group in ("recovery", "step") else r.kind
             lines.append(f"- {r.status}: {r.shape} {where} T={r.T} {r.method} ({r.dtype}): {r.reason}")
         for reason, part in untimed[untimed["status"] == "skipped"].groupby("reason", sort=False):
             methods = ", ".join(dict.fromkeys(part["method"]))
@@ -869,7 +1046,7 @@ DEFINITIONS = """\
 - floor_us = max(bytes_min / measured copy bandwidth, flops / measured matmul rate of the method's
   arithmetic); x_floor = us / floor_us. Counts: repro/bench/kernels.py module docstring.
 - speedup: the block's baseline us / this row's us (verification: per_branch_recurrent on the same
-  tree; recovery: commit_replay_fla on the same accepted path).
+  tree; recovery: commit_replay_fla on the same accepted path; step: step_replay_fla, same tree and depth).
 - per-branch and prefill baselines get their flattened, per-path inputs and S0 copies prepared
   outside the timing (in their favour); recovery factors and snapshots are made outside the timing.
 - paper_us / paper_speedup: the papers' numbers (their GPUs: Weaver B200, SpecLA H100); prior_us:

@@ -2,7 +2,10 @@
 the Triton kernels (CUDA, or CPU under Triton's interpreter): the project's fused tree kernels for
 draft trees, flash-linear-attention's chunk kernel for batched chains (prefill, training) and its fused
 recurrence for decode steps. Each pair returns the same results. The one place a backend is chosen:
-HybridLM's layers and the static decoder both ask here."""
+HybridLM's layers and the static decoder both ask here. The Triton tree evaluator comes as the one-launch
+kernel ("fused") or the two-phase one ("split", few heads), either with SpecLA's delayed commit
+(``pending``); :func:`commit_function` is the capturable closed-form commit (path rows only, conv
+history in the same launch)."""
 
 from __future__ import annotations
 
@@ -12,25 +15,70 @@ import torch
 
 from repro.errors import ConfigError
 from repro.gdn import reference
-from repro.gdn.reference import TreeFactors
+from repro.gdn.reference import PendingCommit, TreeFactors
 
 BACKENDS = ("reference", "triton")
 TreeFn = Callable[..., tuple[torch.Tensor, TreeFactors]]
 ChainFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+CommitFn = Callable[..., None]
 
 
-def _reference(q, k, v, g, beta, state, parents, ancestors, scale, keep_snapshots, precision=None):
+def _reference(
+    q, k, v, g, beta, state, parents, ancestors, scale, keep_snapshots, precision=None, pending=None
+):  # fmt: skip
+    if pending is not None:
+        reference.apply_pending(state, pending)
     return reference.tree_gdn(q, k, v, g, beta, state, ancestors, scale, keep_snapshots)
 
 
-def _triton(q, k, v, g, beta, state, parents, ancestors, scale, keep_snapshots, precision=None):
+def _triton(q, k, v, g, beta, state, parents, ancestors, scale, keep_snapshots, precision=None, pending=None):
+    return _triton_tree("tree_gdn_fused", q, k, v, g, beta, state, parents, ancestors, scale, keep_snapshots,
+                        precision, pending)  # fmt: skip
+
+
+def _triton_split(
+    q, k, v, g, beta, state, parents, ancestors, scale, keep_snapshots, precision=None, pending=None
+):  # fmt: skip
+    return _triton_tree("tree_gdn_split", q, k, v, g, beta, state, parents, ancestors, scale, keep_snapshots,
+                        precision, pending)  # fmt: skip
+
+
+def _triton_tree(
+    kernel, q, k, v, g, beta, state, parents, ancestors, scale, keep_snapshots, precision, pending
+):
     from repro.gdn import triton_tree
 
     # HybridLM's layers pass no precision (their q/k/v are float32): the exact "ieee" dots
-    o, factors = triton_tree.tree_gdn_fused(q, k, v, g, beta, state, ancestors, scale, precision or "ieee")
+    fn = getattr(triton_tree, kernel)
+    o, factors = fn(q, k, v, g, beta, state, ancestors, scale, precision or "ieee", pending=pending)
     if keep_snapshots:
         factors.snapshots = triton_tree.tree_states_fused(k, v, g, beta, state, parents)
     return o, factors
+
+
+def _reference_commit(
+    state: torch.Tensor,
+    delta: torch.Tensor,
+    k: torch.Tensor,
+    gate_cum: torch.Tensor,
+    ancestors: torch.Tensor,
+    node: torch.Tensor,
+    *,
+    conv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+) -> None:
+    """The closed-form commit (and the conv-history commit) of the path to ``node``, in place, in torch."""
+    reference.apply_pending(state, PendingCommit(delta, k, gate_cum, ancestors, node))
+    if conv is not None and conv[0].shape[0]:
+        history, inputs, index = conv
+        idx = index.index_select(0, node.clamp(min=0))[0, : history.shape[0]].flip(0)
+        moved = torch.cat([history, inputs.to(history.dtype)], dim=0)[idx]
+        history.copy_(torch.where(node >= 0, moved, history))
+
+
+def _triton_commit(state, delta, k, gate_cum, ancestors, node, *, conv=None) -> None:
+    from repro.gdn.triton_commit import commit_path_fused
+
+    commit_path_fused(state, delta, k, gate_cum, ancestors, node, conv=conv)
 
 
 def _fla_recurrent(q, k, v, g, beta, state, scale):
@@ -88,11 +136,33 @@ def check_backend(name: str, device: torch.device, interpreter: bool = False) ->
     return name
 
 
-def tree_function(name: str, device: torch.device, interpreter: bool = False) -> TreeFn:
+TREE_KERNELS = ("fused", "split")  # the Triton tree kernels: one launch, or two phases (few heads)
+
+
+def tree_function(
+    name: str, device: torch.device, interpreter: bool = False, kernel: str = "fused"
+) -> TreeFn:
     """The tree evaluator ``(q, k, v, g, beta, state, parents, ancestors, scale, keep_snapshots,
-    precision=None) -> (o, TreeFactors)`` for ``name``; the Triton one needs a CUDA device."""
+    precision=None, pending=None) -> (o, TreeFactors)`` for ``name``; the Triton one needs a CUDA device.
+    ``pending`` (a :class:`repro.gdn.reference.PendingCommit`): SpecLA's delayed commit, applied to
+    ``state`` in place first (by the verification's own launch for ``triton``). ``kernel`` (``triton``):
+    "fused" (:func:`repro.gdn.triton_tree.tree_gdn_fused`) or "split" (``tree_gdn_split``: the key-only
+    work once per head in a first launch; meant for few value heads, e.g. GDN-1.3B's 8)."""
     check_backend(name, device, interpreter)
-    return _reference if name == "reference" else _triton
+    if kernel not in TREE_KERNELS:
+        raise ConfigError(f"unknown tree kernel {kernel!r}: choose one of {', '.join(TREE_KERNELS)}")
+    if name == "reference":
+        return _reference
+    return _triton_split if kernel == "split" else _triton
+
+
+def commit_function(name: str, device: torch.device, interpreter: bool = False) -> CommitFn:
+    """The capturable closed-form commit ``(state, delta, k, gate_cum, ancestors, node, *, conv=None)``:
+    folds the root-to-``node`` path (1-element device tensor; < 0: nothing) into ``state`` in place and,
+    with ``conv`` = (history, conv_inputs, conv_index), the conv history too. ``triton``: one launch of
+    :func:`repro.gdn.triton_commit.commit_path_fused` (the path's rows only, float32 state); else torch."""
+    check_backend(name, device, interpreter)
+    return _reference_commit if name == "reference" else _triton_commit
 
 
 def recurrent_function(name: str) -> ChainFn:

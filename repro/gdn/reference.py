@@ -139,6 +139,33 @@ def commit_closed_form(state: torch.Tensor, f: TreeFactors, path: list[int]) -> 
     return g_end.exp()[:, None, None] * state + update
 
 
+@dataclass
+class PendingCommit:
+    """A closed-form commit not yet applied (SpecLA's delayed commit): the previous verification's
+    factors (delta [n, HV, d_v], k [n, HV, d_k], gate_cum [n, HV]), its ancestor mask (bool [n, n]) and
+    the accepted path's last node as a 1-element int64 tensor (< 0: nothing accepted), all on the device.
+    The verification that applies it must not write these factors (double-buffer them)."""
+
+    delta: torch.Tensor
+    k: torch.Tensor
+    gate_cum: torch.Tensor
+    ancestors: torch.Tensor
+    node: torch.Tensor
+
+
+def apply_pending(state: torch.Tensor, p: PendingCommit) -> None:
+    """:func:`commit_closed_form` of the path to ``p.node``, in place, with no host reads (capturable)."""
+    live = p.node >= 0  # [1]
+    a = p.node.clamp(min=0)
+    on_path = p.ancestors.index_select(0, a)[0] & live  # [n]
+    g_end = torch.where(live, p.gate_cum.index_select(0, a)[0], 0.0)  # [HV]
+    weights = (g_end[None] - p.gate_cum).masked_fill(~on_path[:, None], float("-inf")).exp()  # [n, HV]
+    update = torch.einsum(
+        "mh,mhv,mhk->hvk", weights.to(state.dtype), p.delta.to(state.dtype), p.k.to(state.dtype)
+    )
+    state.copy_(g_end.exp().to(state.dtype)[:, None, None] * state + update)
+
+
 def commit_replay(state: torch.Tensor, f: TreeFactors, path: list[int]) -> torch.Tensor:
     """Run the recurrence again over the accepted path's (k, v, g, beta)."""
     s = state.clone()

@@ -1,6 +1,6 @@
 """Fused Triton commits of an accepted tree path (one GDN layer, one sequence), capturable.
 
-Both kernels read the accepted path's last node from a 1-element device tensor (``node``), so a
+The kernels read the accepted path's last node from a 1-element device tensor (``node``), so a
 CUDA graph replays them for whatever node the device-side acceptance chose; nothing is read on
 the host.
 
@@ -15,6 +15,14 @@ the host.
   results/2026-11-30-h200-model-3, a chain of dependent load latencies), then
   rescales and adds its state tile. The dots run in exact fp32 ("ieee"): the state persists across
   steps, so the commit's rounding must stay at float32's.
+- :func:`commit_path_fused`: the same commit, reading only the accepted path's rows: the path is
+  gathered on the device from the ancestor row (a cumsum gives each path node its position; helper
+  :func:`repro.gdn.triton_common.commit_path_tile`, shared with the delayed-commit verification of
+  :mod:`repro.gdn.triton_tree`), the loop runs over ceil(d / 16) blocks of path rows, the grid tiles both
+  d_v and d_k (256 programs at GDN-1.3B instead of 64), and the conv-history commit runs in the same
+  launch on extra programs. Its cost grows with the accepted depth d, not with the tree size, where
+  the closed form above measured 17.5 us in graphs at every depth for a 128-node tree
+  (results/2026-11-30-h200-kernels-2: slower than token replay's 3.3-15 us).
 - :func:`commit_conv_fused`: the conv history after the path, in place: row j (oldest first) of the
   new [W-1, C] history is ``cat(history, conv_inputs)[conv_index[a, W-2-j]]`` (conv_index as
   :func:`repro.gdn.reference.conv_gather_index`: column r = the r-th predecessor). Grid over channel
@@ -31,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from repro.gdn import triton_common  # noqa: F401 - its import patches Triton's CPU interpreter for NumPy >= 2.4
+from repro.gdn.triton_common import check_factors, commit_path_tile  # also patches the CPU interpreter
 
 
 @triton.jit
@@ -68,15 +76,16 @@ def _closed_form_commit_kernel(
 
 
 @triton.jit
-def _conv_commit_kernel(
-    history, inputs, index, node_ptr, C, HIST: tl.constexpr, W: tl.constexpr, HP: tl.constexpr,
+def _conv_commit_block(
+    history, inputs, index, node_ptr, C, i_c, HIST: tl.constexpr, W: tl.constexpr, HP: tl.constexpr,
     BC: tl.constexpr,
 ):  # fmt: skip
-    o_c = tl.program_id(0) * BC + tl.arange(0, BC)
+    """Channels [i_c * BC, (i_c + 1) * BC) of the conv history after the path to ``node``, in place."""
+    o_c = i_c * BC + tl.arange(0, BC)
     m_c = o_c < C
     node = tl.load(node_ptr)
     rows = tl.arange(0, HP)  # new history row j, oldest first
-    m_r = rows < HIST
+    m_r = (rows < HIST) & (node >= 0)  # node < 0: nothing accepted, the history stays
     src = tl.load(index + node * W + (HIST - 1 - rows), mask=m_r, other=0)  # index into cat(history, inputs)
     from_hist = src < HIST
     m = m_r[:, None] & m_c[None, :]
@@ -84,6 +93,39 @@ def _conv_commit_kernel(
     x = tl.load(inputs + (src[:, None] - HIST) * C + o_c[None, :], mask=m & ~from_hist[:, None], other=0.0)
     new = tl.where(from_hist[:, None], h, x.to(h.dtype))
     tl.store(history + rows[:, None] * C + o_c[None, :], new, mask=m)
+
+
+@triton.jit
+def _conv_commit_kernel(
+    history, inputs, index, node_ptr, C, HIST: tl.constexpr, W: tl.constexpr, HP: tl.constexpr,
+    BC: tl.constexpr,
+):  # fmt: skip
+    _conv_commit_block(history, inputs, index, node_ptr, C, tl.program_id(0), HIST, W, HP, BC)
+
+
+@triton.jit
+def _path_commit_kernel(
+    state, delta, k, gate_cum, anc, node_ptr, n, history, inputs, index, C,
+    HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, NP: tl.constexpr, BM: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, CONV: tl.constexpr, HIST: tl.constexpr, W: tl.constexpr,
+    HP: tl.constexpr, BC: tl.constexpr,
+):  # fmt: skip
+    """Programs [0, HV * NV * NK): one [BV, BK] state tile each (the path's rows only); with CONV, the
+    programs after them: one block of BC conv channels each."""
+    pid = tl.program_id(0)
+    NV: tl.constexpr = (DV + BV - 1) // BV
+    NK: tl.constexpr = (DK + BK - 1) // BK
+    if pid < HV * NV * NK:
+        hv = pid // (NV * NK)
+        o_v = ((pid // NK) % NV) * BV + tl.arange(0, BV)
+        o_k = (pid % NK) * BK + tl.arange(0, BK)
+        p_s = state + (hv * DV + o_v[:, None]) * DK + o_k[None, :]
+        m_s = (o_v < DV)[:, None] & (o_k < DK)[None, :]
+        s = tl.load(p_s, mask=m_s, other=0.0)  # issued first: independent of the path
+        new = commit_path_tile(s, delta, k, gate_cum, anc, node_ptr, n, hv, o_v, o_k, HV, DV, DK, NP, BM)
+        tl.store(p_s, new, mask=m_s)
+    elif CONV:
+        _conv_commit_block(history, inputs, index, node_ptr, C, pid - HV * NV * NK, HIST, W, HP, BC)
 
 
 def commit_closed_form_fused(
@@ -101,22 +143,14 @@ def commit_closed_form_fused(
     """Fold the path to ``node`` (1-element int64 device tensor) into ``state`` [HV, d_v, d_k] in place.
 
     delta [n, HV, d_v], k [n, HV, d_k], gate_cum [n, HV]: float32 (TreeFactors of the verification);
-    ancestors bool [n, n] with the diagonal set. All on one device, contiguous.
+    ancestors bool [n, n] with the diagonal set. All on one device, contiguous. Reads every node's rows
+    (cost fixed by n); :func:`commit_path_fused` reads the path's rows only.
     """
     hv, dv, dk = state.shape
     n = delta.shape[0]
-    if state.dtype != torch.float32 or not state.is_contiguous():
+    anc = check_factors(state, delta, k, gate_cum, ancestors)
+    if state.dtype != torch.float32:
         raise ValueError(f"state must be contiguous float32, got {state.dtype}")
-    if delta.shape != (n, hv, dv) or k.shape != (n, hv, dk) or gate_cum.shape != (n, hv):
-        raise ValueError(
-            f"factors do not match the state [{hv}, {dv}, {dk}]: delta {tuple(delta.shape)}, "
-            f"k {tuple(k.shape)}, gate_cum {tuple(gate_cum.shape)}"
-        )
-    if ancestors.shape != (n, n):
-        raise ValueError(f"ancestors must be [n, n] = {(n, n)}, got {tuple(ancestors.shape)}")
-    anc = (
-        ancestors.contiguous().view(torch.uint8) if ancestors.dtype == torch.bool else ancestors.contiguous()
-    )
     bv = block_v or min(32, triton.next_power_of_2(dv))
     bk = triton.next_power_of_2(dk)
     warps = num_warps or (8 if bv * bk >= 8192 else 4)
@@ -125,6 +159,66 @@ def commit_closed_form_fused(
         state, delta.contiguous(), k.contiguous(), gate_cum.contiguous(), anc, node, n,
         HV=hv, DK=dk, DV=dv, BM=block_m, BK=bk, BV=bv, num_warps=warps,
     )  # fmt: skip
+
+
+def commit_path_fused(
+    state: torch.Tensor,
+    delta: torch.Tensor,
+    k: torch.Tensor,
+    gate_cum: torch.Tensor,
+    ancestors: torch.Tensor,
+    node: torch.Tensor,
+    *,
+    conv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    block_v: int = 32,
+    block_k: int = 64,
+    block_m: int = 16,
+    num_warps: int = 4,
+) -> None:
+    """:func:`commit_closed_form_fused` (same arguments and result) reading only the accepted path's rows,
+    with the conv-history commit in the same launch.
+
+    The path to ``node`` (1-element int64 device tensor; < 0: nothing to commit) is gathered on the device
+    from the ancestor row (:func:`repro.gdn.triton_common.commit_path_tile`): the bytes read grow with
+    the accepted depth d (d (d_v + d_k + 1) 4 per head), not with the tree. One launch, a static grid of
+    HV * (d_v / block_v) * (d_k / block_k) state-tile programs (SpecLA shape: 256), then, with ``conv`` =
+    (history [W-1, C], conv_inputs [n, C], conv_index [n, W]), one program per 256 channels doing
+    :func:`commit_conv_fused`'s work (the same device code). Capture-safe: no host reads. state float32
+    (float64 under the CPU interpreter, for the exactness tests).
+    """
+    hv, dv, dk = state.shape
+    n = delta.shape[0]
+    anc = check_factors(state, delta, k, gate_cum, ancestors)
+    bv = min(block_v, triton.next_power_of_2(dv))
+    bk = min(block_k, triton.next_power_of_2(dk))
+    tiles = hv * triton.cdiv(dv, bv) * triton.cdiv(dk, bk)
+    history, inputs, index, c, hist, width, bc = state, state, node, 1, 0, 1, 1
+    if conv is not None and conv[0].shape[0] > 0:
+        history, inputs, index = conv
+        hist, c = history.shape
+        width = index.shape[1]
+        _check_conv(history, inputs, index)
+        inputs, index, bc = inputs.contiguous(), index.contiguous(), _CONV_BLOCK
+    blocks = triton.cdiv(c, bc) if hist else 0
+    _path_commit_kernel[(tiles + blocks,)](
+        state, delta.contiguous(), k.contiguous(), gate_cum.contiguous(), anc, node, n,
+        history, inputs, index, c,
+        HV=hv, DK=dk, DV=dv, NP=triton.next_power_of_2(n), BM=block_m, BK=bk, BV=bv, CONV=hist > 0,
+        HIST=hist, W=width, HP=triton.next_power_of_2(max(hist, 1)), BC=bc, num_warps=num_warps,
+    )  # fmt: skip
+
+
+_CONV_BLOCK = 256  # conv channels per program
+
+
+def _check_conv(history: torch.Tensor, conv_inputs: torch.Tensor, conv_index: torch.Tensor) -> None:
+    hist, c = history.shape
+    width = conv_index.shape[1]
+    if width != hist + 1 or conv_inputs.shape[1] != c or not history.is_contiguous():
+        raise ValueError(
+            f"conv shapes disagree: history {tuple(history.shape)}, inputs {tuple(conv_inputs.shape)}, "
+            f"index {tuple(conv_index.shape)}"
+        )
 
 
 def commit_conv_fused(
@@ -137,14 +231,8 @@ def commit_conv_fused(
     hist, c = history.shape
     if hist == 0:
         return
-    width = conv_index.shape[1]
-    if width != hist + 1 or conv_inputs.shape[1] != c:
-        raise ValueError(
-            f"conv shapes disagree: history {tuple(history.shape)}, inputs {tuple(conv_inputs.shape)}, "
-            f"index {tuple(conv_index.shape)}"
-        )
-    bc = 256
-    _conv_commit_kernel[(triton.cdiv(c, bc),)](
+    _check_conv(history, conv_inputs, conv_index)
+    _conv_commit_kernel[(triton.cdiv(c, _CONV_BLOCK),)](
         history, conv_inputs.contiguous(), conv_index.contiguous(), node, c,
-        HIST=hist, W=width, HP=triton.next_power_of_2(hist), BC=bc, num_warps=4,
+        HIST=hist, W=hist + 1, HP=triton.next_power_of_2(hist), BC=_CONV_BLOCK, num_warps=4,
     )  # fmt: skip

@@ -24,6 +24,26 @@ def pow2(x: int) -> int:
     return triton.next_power_of_2(int(x))
 
 
+def check_factors(
+    state: torch.Tensor, delta: torch.Tensor, k: torch.Tensor, gate_cum: torch.Tensor, ancestors: torch.Tensor
+) -> torch.Tensor:
+    """Validate a commit's operands; returns the ancestor mask as contiguous uint8 (a view of a bool one)."""
+    hv, dv, dk = state.shape
+    n = delta.shape[0]
+    if state.dtype not in (torch.float32, torch.float64) or not state.is_contiguous():
+        raise ValueError(f"state must be contiguous float32, got {state.dtype}")
+    if delta.shape != (n, hv, dv) or k.shape != (n, hv, dk) or gate_cum.shape != (n, hv):
+        raise ValueError(
+            f"factors do not match the state [{hv}, {dv}, {dk}]: delta {tuple(delta.shape)}, "
+            f"k {tuple(k.shape)}, gate_cum {tuple(gate_cum.shape)}"
+        )
+    if ancestors.shape != (n, n):
+        raise ValueError(f"ancestors must be [n, n] = {(n, n)}, got {tuple(ancestors.shape)}")
+    return (
+        ancestors.contiguous().view(torch.uint8) if ancestors.dtype == torch.bool else ancestors.contiguous()
+    )
+
+
 @triton.jit
 def round_to(x, ptr):
     """x in the element type of ``ptr`` (round to nearest even when narrowing floats)."""
@@ -68,3 +88,46 @@ def _interpreter_numpy_compat() -> None:
 
 if triton.knobs.runtime.interpret:
     _interpreter_numpy_compat()
+
+
+@triton.jit
+def commit_path_tile(
+    s, delta, k, gate_cum, anc, node_ptr, n, hv, o_v, o_k,
+    HV: tl.constexpr, DV: tl.constexpr, DK: tl.constexpr, NP: tl.constexpr, BM: tl.constexpr,
+):  # fmt: skip
+    """The closed-form commit of one [BV, BK] state tile ``s`` (value rows ``o_v``, key columns ``o_k``
+    of value head ``hv``) along the root-to-``node`` path: ``exp(G_a) s + sum_j exp(G_a - G_j) delta_j
+    k_j^T`` over the path's nodes j only (a = node, read from the 1-element ``node_ptr``; node < 0: the
+    empty path, ``s`` unchanged).
+
+    The path is gathered on the device: ``anc`` row a (uint8 [n, n] ancestor-or-self mask, NP = pow2(n)
+    columns loaded at once) marks its nodes; as nodes are in topological order, node j's position on the
+    path is the number of path nodes before it (a cumsum), so block b of BM positions holds the nodes
+    whose position falls in it. The loop runs ceil(path length / BM) times (a device value: the grid and
+    every shape stay static). Arithmetic in ``s``'s dtype, dots in exact "ieee" (the state persists).
+    """
+    acc_t = s.dtype
+    node = tl.load(node_ptr)
+    live = node >= 0
+    a = tl.maximum(node, 0)
+    o_n = tl.arange(0, NP)
+    on_path = (tl.load(anc + a * n + o_n, mask=(o_n < n) & live, other=0) != 0).to(tl.int32)
+    pos = tl.cumsum(on_path, axis=0) - 1  # position on the path (valid where on_path)
+    length = tl.sum(on_path, axis=0)
+    g_end = tl.where(live, tl.load(gate_cum + a * HV + hv).to(acc_t), 0.0)
+    m_v = o_v < DV
+    m_k = o_k < DK
+    acc = tl.zeros_like(s)
+    for m0 in range(0, length, BM):
+        o_m = m0 + tl.arange(0, BM)
+        hit = (on_path[None, :] != 0) & (pos[None, :] == o_m[:, None])  # [BM, NP]: one hit per valid row
+        idx = tl.sum(tl.where(hit, o_n[None, :], 0), axis=1)
+        m_m = o_m < length
+        rows = idx * HV + hv
+        g_m = tl.load(gate_cum + rows, mask=m_m, other=0.0).to(acc_t)
+        d = tl.load(delta + rows[:, None] * DV + o_v[None, :], mask=m_m[:, None] & m_v[None, :], other=0.0)
+        kt = tl.load(k + rows[:, None] * DK + o_k[None, :], mask=m_m[:, None] & m_k[None, :], other=0.0)
+        w = tl.where(m_m, tl.exp(tl.where(m_m, g_end - g_m, 0.0)), 0.0)
+        dw = d.to(acc_t) * w[:, None]
+        acc += tl.dot(tl.trans(dw), kt.to(acc_t), input_precision="ieee")
+    return tl.exp(g_end) * s + acc

@@ -44,6 +44,23 @@ trees n = 16..256, both paper shapes): "ieee" and "tf32x3" o and delta ~1e-7 (fl
 inputs: delta ~1e-7, o 1.7e-3 = the bf16 rounding of o itself); "tf32" delta 4-6e-4, o 8e-4 (float32
 inputs) or 1.7e-3 (bf16 inputs). The CPU interpreter computes every dot in exact fp32.
 
+Two-phase verification (:func:`tree_gdn_split`, for few value heads). ``_tree_keys_kernel`` (grid HV x NR
+x NR, NR = n / BR; programs above the diagonal exit) computes every key-only block once per head: G, the
+masked A_rc and P_rc blocks over the full d_k, and the diagonal blocks' inverses (stored in place of
+A_rr), into two float32 [HV, NR BR, NR BR] scratch buffers. ``_tree_values_kernel`` (grid HV x d_v / BV)
+then runs the same block forward substitution and outputs as ``_tree_verify_kernel``, reading those
+blocks instead of recomputing them, so narrow d_v tiles (BV = 16 at the SpecLA shape: 128 programs) no
+longer repeat the d_k-long K K^T / Q K^T dots and the inverses. Same arithmetic, same error bounds
+(pinned by the same tests). Not yet measured on the GPU (scripts/gpu/dev-kernels.py has the rows).
+
+Delayed commit (SpecLA, ``pending=``): before its row blocks, each program folds the previous step's
+accepted path into its own [BV, d_k] rows of S0 (:func:`repro.gdn.triton_common.commit_path_tile`, the
+path's rows only, exact "ieee" dots), writes them back in place and, after a CTA barrier, verifies from
+them: the separate commit launch disappears and the committed state is the next step's start. A program
+reads no S0 rows but its own, so the in-place write cannot race. Cost: d (d_v/BV + d_k) rows per
+program and one extra pass over its S0 tile. The conv-history commit cannot move here (the conv runs
+before this kernel): it stays a separate launch (:func:`repro.gdn.triton_commit.commit_conv_fused`).
+
 ``_tree_states_kernel`` (per-node state caching, the SGLang-style baseline and the "snapshot" commit).
 Grid ``(HV, d_v / BVS)``: each program keeps a [BVS, d_k] float32 state tile in registers and walks the
 nodes in order: S_i = e^{g_i} S_p (I - beta_i k_i k_i^T) + beta_i v_i k_i^T from its parent's state
@@ -92,8 +109,8 @@ import torch
 import triton
 import triton.language as tl
 
-from repro.gdn.reference import TreeFactors
-from repro.gdn.triton_common import interpreting
+from repro.gdn.reference import PendingCommit, TreeFactors
+from repro.gdn.triton_common import check_factors, commit_path_tile, interpreting, pow2
 
 PRECISIONS = ("ieee", "tf32x3", "tf32")
 
@@ -153,6 +170,48 @@ def _unit_lower_inverse(
 
 
 @triton.jit
+def _block_mask(anc_ptr, rows, cols, n, CHAIN: tl.constexpr):
+    """[BR, BC] ancestor-or-self mask of rows x cols (in bounds, rows >= cols; CHAIN: the lower triangle)."""
+    m_rc = (rows < n)[:, None] & (cols < n)[None, :] & (rows[:, None] >= cols[None, :])
+    if not CHAIN:
+        b_anc = tl.load(anc_ptr + rows[:, None] * n + cols[None, :], mask=m_rc, other=0)
+        m_rc = m_rc & (b_anc != 0)
+    return m_rc
+
+
+@triton.jit
+def _block_gates(g_ptr, anc_ptr, r, n, i_h, HV: tl.constexpr, BR: tl.constexpr, CHAIN: tl.constexpr):
+    """G of row block r (value head i_h): the sum of g over each row's ancestors (all in blocks c <= r)."""
+    rows = r * BR + tl.arange(0, BR)
+    b_gr = tl.zeros([BR], dtype=tl.float32)
+    for c in range(0, r + 1):
+        cols = c * BR + tl.arange(0, BR)
+        b_gc = tl.load(g_ptr + cols * HV + i_h, mask=cols < n, other=0.0).to(tl.float32)
+        b_gr += tl.sum(tl.where(_block_mask(anc_ptr, rows, cols, n, CHAIN), b_gc[None, :], 0.0), axis=1)
+    return b_gr
+
+
+@triton.jit
+def _pending_prologue(
+    s0_ptr, pd_ptr, pk_ptr, pg_ptr, panc_ptr, pnode_ptr, pn, i_h, o_v,
+    HV: tl.constexpr, DV: tl.constexpr, DK: tl.constexpr, BK: tl.constexpr, PNP: tl.constexpr,
+):  # fmt: skip
+    """The delayed commit of S0[i_h, o_v, :] in place (the calling program owns those rows and reads
+    no others), d_k in chunks of BK; ends with a CTA barrier so that the program's loads see it."""
+    o_k = tl.arange(0, BK)
+    m_v = o_v < DV
+    for kk in range(0, DK, BK):
+        o_kk = kk + o_k
+        p_s = s0_ptr + i_h * (DV * DK) + o_v[:, None] * DK + o_kk[None, :]
+        m_s = m_v[:, None] & (o_kk < DK)[None, :]
+        b_s = tl.load(p_s, mask=m_s, other=0.0)
+        b_s = commit_path_tile(b_s, pd_ptr, pk_ptr, pg_ptr, panc_ptr, pnode_ptr, pn, i_h, o_v, o_kk,
+                               HV, DV, DK, PNP, 16)  # fmt: skip
+        tl.store(p_s, b_s, mask=m_s)
+    tl.debug_barrier()
+
+
+@triton.jit
 def _tree_verify_kernel(
     q_ptr,
     k_ptr,
@@ -165,6 +224,12 @@ def _tree_verify_kernel(
     delta_ptr,
     gcum_ptr,
     kx_ptr,
+    pd_ptr,
+    pk_ptr,
+    pg_ptr,
+    panc_ptr,
+    pnode_ptr,
+    pn,
     n,
     scale,
     H: tl.constexpr,
@@ -180,8 +245,14 @@ def _tree_verify_kernel(
     UPCAST_QK: tl.constexpr,
     BASE16: tl.constexpr,
     WRITE_K: tl.constexpr,
+    PENDING: tl.constexpr,
+    PNP: tl.constexpr,
 ):
     """One (value head, d_v tile): blocked masked-WY verification over all n nodes.
+
+    With PENDING, first the delayed commit: this program's [BV, d_k] rows of S0 get the previous step's
+    accepted path folded in (closed form over the path's rows only, factors pd/pk/pg of ``pn`` nodes,
+    mask panc, path end pnode) and are written back in place; the verification then starts from them.
 
     Writes o [n, HV, DV] (this tile's columns), delta [n, HV, DV] float32 and gate_cum [n, HV] float32
     (every d_v tile writes the same G values: a benign duplicate).
@@ -196,21 +267,17 @@ def _tree_verify_kernel(
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < DV
 
+    if PENDING:  # this program owns S0[i_h, o_v, :] and reads no other rows of S0: in place is race-free
+        _pending_prologue(
+            s0_ptr, pd_ptr, pk_ptr, pg_ptr, panc_ptr, pnode_ptr, pn, i_h, o_v, HV, DV, DK, BK, PNP
+        )
+
     for r in range(0, num_blocks):
         rows = r * BR + o_r
         m_rows = rows < n
 
         # ---- G for this block's rows: sum over ancestors, which all sit in column blocks c <= r
-        b_gr = tl.zeros([BR], dtype=tl.float32)
-        for c in range(0, r + 1):
-            cols = c * BR + o_c
-            m_cols = cols < n
-            b_gc = tl.load(g_ptr + cols * HV + i_h, mask=m_cols, other=0.0).to(tl.float32)
-            m_rc = m_rows[:, None] & m_cols[None, :] & (rows[:, None] >= cols[None, :])
-            if not CHAIN:
-                b_anc = tl.load(anc_ptr + rows[:, None] * n + cols[None, :], mask=m_rc, other=0)
-                m_rc = m_rc & (b_anc != 0)
-            b_gr += tl.sum(tl.where(m_rc, b_gc[None, :], 0.0), axis=1)
+        b_gr = _block_gates(g_ptr, anc_ptr, r, n, i_h, HV, BR, CHAIN)
         tl.store(gcum_ptr + rows * HV + i_h, b_gr, mask=m_rows)
         b_beta = tl.load(beta_ptr + rows * HV + i_h, mask=m_rows, other=0.0).to(tl.float32)
         b_eg = tl.exp(b_gr)
@@ -294,6 +361,124 @@ def _tree_verify_kernel(
         tl.store(o_ptr + p_v, b_o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=m_rv)
         # later blocks read these delta rows and G values back (written by other threads of this CTA)
         tl.debug_barrier()
+
+
+@triton.jit
+def _tree_keys_kernel(
+    q_ptr, k_ptr, g_ptr, beta_ptr, anc_ptr, a_ptr, p_ptr, gcum_ptr, kx_ptr, n, NP, scale,
+    H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, BR: tl.constexpr, LOG2_BR: tl.constexpr,
+    BK: tl.constexpr, CHAIN: tl.constexpr, PREC: tl.constexpr, UPCAST_QK: tl.constexpr,
+    BASE16: tl.constexpr, WRITE_K: tl.constexpr,
+):  # fmt: skip
+    """Phase 1 of :func:`tree_gdn_split`, one (value head, row block r, column block c <= r) per program:
+    the key-only blocks A_rc = diag(beta_r) (K_r K_c^T o Gamma_rc) and P_rc = scale (Q_r K_c^T o Gamma_rc)
+    into a [HV, NP, NP] float32 scratch each; a diagonal program (c = r) stores the inverse
+    (I + A_rr)^-1 in place of A_rr (phase 2 needs only that) and writes G_r (and k expanded)."""
+    i_h = tl.program_id(0)
+    r = tl.program_id(1)
+    c = tl.program_id(2)
+    if c > r:
+        return
+    i_kh = i_h // (HV // H)
+    rows = r * BR + tl.arange(0, BR)
+    cols = c * BR + tl.arange(0, BR)
+    o_k = tl.arange(0, BK)
+    m_rows = rows < n
+    m_cols = cols < n
+    b_gr = _block_gates(g_ptr, anc_ptr, r, n, i_h, HV, BR, CHAIN)
+    b_gc = _block_gates(g_ptr, anc_ptr, c, n, i_h, HV, BR, CHAIN)
+    b_kk = tl.zeros([BR, BR], dtype=tl.float32)
+    b_qk = tl.zeros([BR, BR], dtype=tl.float32)
+    for kk in range(0, DK, BK):
+        m_k = (kk + o_k) < DK
+        p_r = rows[:, None] * (H * DK) + i_kh * DK + (kk + o_k)[None, :]
+        p_c = cols[:, None] * (H * DK) + i_kh * DK + (kk + o_k)[None, :]
+        b_k = tl.load(k_ptr + p_r, mask=m_rows[:, None] & m_k[None, :], other=0.0)
+        b_q = tl.load(q_ptr + p_r, mask=m_rows[:, None] & m_k[None, :], other=0.0)
+        b_kc = tl.load(k_ptr + p_c, mask=m_cols[:, None] & m_k[None, :], other=0.0)
+        if WRITE_K:  # TreeFactors.k: the float32 keys expanded to value heads (diagonal programs)
+            p_kx = rows[:, None] * (HV * DK) + i_h * DK + (kk + o_k)[None, :]
+            tl.store(kx_ptr + p_kx, b_k.to(tl.float32), mask=m_rows[:, None] & m_k[None, :] & (c == r))
+        if UPCAST_QK:
+            b_k = b_k.to(tl.float32)
+            b_q = b_q.to(tl.float32)
+            b_kc = b_kc.to(tl.float32)
+        b_kk += tl.dot(b_k, tl.trans(b_kc), input_precision=PREC)
+        b_qk += tl.dot(b_q, tl.trans(b_kc), input_precision=PREC)
+    m_rc = _block_mask(anc_ptr, rows, cols, n, CHAIN)
+    b_gam = tl.where(m_rc, tl.exp(tl.where(m_rc, b_gr[:, None] - b_gc[None, :], 0.0)), 0.0)
+    b_beta = tl.load(beta_ptr + rows * HV + i_h, mask=m_rows, other=0.0).to(tl.float32)
+    b_a = tl.where(rows[:, None] > cols[None, :], b_beta[:, None] * b_kk * b_gam, 0.0)
+    p_blk = i_h * NP * NP + rows[:, None] * NP + cols[None, :]
+    tl.store(p_ptr + p_blk, scale * b_qk * b_gam)
+    if c == r:
+        tl.store(gcum_ptr + rows * HV + i_h, b_gr, mask=m_rows)
+        b_a = _unit_lower_inverse(b_a, BR, LOG2_BR, PREC, BASE16)
+    tl.store(a_ptr + p_blk, b_a)
+
+
+@triton.jit
+def _tree_values_kernel(
+    q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, a_ptr, p_ptr, gcum_ptr, o_ptr, delta_ptr,
+    pd_ptr, pk_ptr, pg_ptr, panc_ptr, pnode_ptr, pn, n, NP, scale,
+    H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BR: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, PENDING: tl.constexpr, PNP: tl.constexpr,
+):  # fmt: skip
+    """Phase 2 of :func:`tree_gdn_split`, one (value head, d_v tile) per program: the blocked forward
+    substitution and outputs of :func:`_tree_verify_kernel` with the key-only blocks read from phase 1's
+    scratch (A_rc, P_rc, the diagonal inverses) instead of recomputed per d_v tile:
+    X_r = beta_r (V_r - e^{G_r} K_r S0^T) - sum_{c<r} A_rc Delta_c, Delta_r = T_rr X_r,
+    O_r = scale e^{G_r} Q_r S0^T + sum_{c<=r} P_rc Delta_c. With PENDING, the delayed commit first."""
+    i_h = tl.program_id(0)
+    i_v = tl.program_id(1)
+    i_kh = i_h // (HV // H)
+    o_r = tl.arange(0, BR)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < DV
+    if PENDING:
+        _pending_prologue(
+            s0_ptr, pd_ptr, pk_ptr, pg_ptr, panc_ptr, pnode_ptr, pn, i_h, o_v, HV, DV, DK, BK, PNP
+        )
+    for r in range(0, tl.cdiv(n, BR)):
+        rows = r * BR + o_r
+        m_rows = rows < n
+        b_gr = tl.load(gcum_ptr + rows * HV + i_h, mask=m_rows, other=0.0)
+        b_beta = tl.load(beta_ptr + rows * HV + i_h, mask=m_rows, other=0.0).to(tl.float32)
+        b_eg = tl.exp(b_gr)
+        b_ks = tl.zeros([BR, BV], dtype=tl.float32)
+        b_qs = tl.zeros([BR, BV], dtype=tl.float32)
+        for kk in range(0, DK, BK):
+            m_k = (kk + o_k) < DK
+            p_qk = rows[:, None] * (H * DK) + i_kh * DK + (kk + o_k)[None, :]
+            m_qk = m_rows[:, None] & m_k[None, :]
+            b_k = tl.load(k_ptr + p_qk, mask=m_qk, other=0.0).to(tl.float32)
+            b_q = tl.load(q_ptr + p_qk, mask=m_qk, other=0.0).to(tl.float32)
+            p_s = s0_ptr + i_h * (DV * DK) + o_v[None, :] * DK + (kk + o_k)[:, None]
+            b_s = tl.load(p_s, mask=m_k[:, None] & m_v[None, :], other=0.0)
+            b_ks += tl.dot(b_k, b_s, input_precision=PREC)
+            b_qs += tl.dot(b_q, b_s, input_precision=PREC)
+        p_v = rows[:, None] * (HV * DV) + i_h * DV + o_v[None, :]
+        m_rv = m_rows[:, None] & m_v[None, :]
+        b_vv = tl.load(v_ptr + p_v, mask=m_rv, other=0.0).to(tl.float32)
+        b_x = b_beta[:, None] * (b_vv - b_eg[:, None] * b_ks)
+        b_o = (scale * b_eg)[:, None] * b_qs
+        p_row = i_h * NP * NP + rows[:, None] * NP
+        for c in range(0, r):
+            cols = c * BR + o_r
+            b_a = tl.load(a_ptr + p_row + cols[None, :])
+            b_p = tl.load(p_ptr + p_row + cols[None, :])
+            p_dc = cols[:, None] * (HV * DV) + i_h * DV + o_v[None, :]
+            b_dc = tl.load(delta_ptr + p_dc, mask=(cols < n)[:, None] & m_v[None, :], other=0.0)
+            b_x -= tl.dot(b_a, b_dc, input_precision=PREC)
+            b_o += tl.dot(b_p, b_dc, input_precision=PREC)
+        cols = r * BR + o_r
+        b_t = tl.load(a_ptr + p_row + cols[None, :])
+        b_d = tl.dot(b_t, b_x, input_precision=PREC)
+        b_o += tl.dot(tl.load(p_ptr + p_row + cols[None, :]), b_d, input_precision=PREC)
+        tl.store(delta_ptr + p_v, b_d, mask=m_rv)
+        tl.store(o_ptr + p_v, b_o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=m_rv)
+        tl.debug_barrier()  # later row blocks read these delta rows back
 
 
 @triton.jit
@@ -405,8 +590,14 @@ def tree_gdn_fused(
     num_stages: int = 1,
     batched_base: bool | None = None,
     out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    pending: PendingCommit | None = None,
 ) -> tuple[torch.Tensor, TreeFactors]:
     """Fused tree verification; the semantics and shapes of :func:`repro.gdn.reference.tree_gdn`.
+
+    ``pending`` (SpecLA's delayed commit): the previous step's accepted path, folded into ``state`` (then
+    contiguous float32, updated in place: the committed state is the next step's start) by the same
+    launch before it verifies from it; equal to :func:`repro.gdn.reference.apply_pending` then this
+    call. Its factors must not be this call's outputs (``out``): double-buffer them across steps.
 
     Returns (o [n, HV, d_v] in q's dtype, TreeFactors with delta [n, HV, d_v] and gate_cum [n, HV]
     in float32, k expanded to value heads in float32, the raw v, g, beta, and no snapshots).
@@ -425,7 +616,8 @@ def tree_gdn_fused(
     if not chain and ancestors.shape != (n, n):
         raise ValueError(f"ancestors must be [n, n] = {(n, n)}, got {tuple(ancestors.shape)}")
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
-    state = state.contiguous().float()
+    p_ops, p_node, p_n = _pending_operands(state, pending, out)
+    state = state.contiguous().float()  # pending: already contiguous float32, so this is the caller's tensor
     if q.dtype != k.dtype:
         raise ValueError(f"q and k must share a dtype, got {q.dtype} and {k.dtype}")
     if chain:
@@ -452,10 +644,10 @@ def tree_gdn_fused(
     base16 = br >= 32 if batched_base is None else (batched_base and br >= 32)
     grid = (hv, triton.cdiv(dv, bv))
     _tree_verify_kernel[grid](
-        q, k, v, g, beta, state, anc, o, delta, gate_cum, k_exp, n, float(scale),
+        q, k, v, g, beta, state, anc, o, delta, gate_cum, k_exp, *p_ops, p_node, p_n, n, float(scale),
         H=h, HV=hv, DK=dk, DV=dv, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk, BV=bv,
         CHAIN=chain, PREC=precision, UPCAST_QK=upcast, BASE16=base16, WRITE_K=write_k,
-        num_warps=warps, num_stages=num_stages,
+        PENDING=pending is not None, PNP=pow2(p_n), num_warps=warps, num_stages=num_stages,
     )  # fmt: skip
     factors = TreeFactors(
         delta=delta,
@@ -466,6 +658,117 @@ def tree_gdn_fused(
         beta=beta,
     )
     return o, factors
+
+
+def split_tiles(
+    n: int, hv: int, dv: int, precision: str, block_rows: int | None = None, block_v: int | None = None
+) -> tuple[int, int]:
+    """(block_rows, block_v) of :func:`tree_gdn_split`: the given ones, else BR = min(32, n) (>= 16; the
+    key-only programs' serial depth is the diagonal inverse's) and the widest BV in 64, 32, 16 that
+    still gives phase 2 at least 128 programs (SpecLA, HV = 8, d_v = 256: 16; Weaver: 64), at most 32
+    for "ieee"."""
+    br = block_rows or min(32, _pow2_at_least(n))
+    bv = block_v or next((b for b in (64, 32) if hv * triton.cdiv(dv, b) >= 128), 16)
+    if block_v is None and precision == "ieee":
+        bv = min(bv, 32)  # fp32 FMA dots: the fused kernel's "ieee" tile bound (registers)
+    return br, min(bv, _pow2_at_least(dv))
+
+
+def tree_gdn_split(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    ancestors: torch.Tensor | None,
+    scale: float,
+    precision: str = "ieee",
+    *,
+    chain: bool = False,
+    block_rows: int | None = None,
+    block_v: int | None = None,
+    block_k: int | None = None,
+    num_warps: int | None = None,
+    out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    pending: PendingCommit | None = None,
+) -> tuple[torch.Tensor, TreeFactors]:
+    """:func:`tree_gdn_fused` (same arguments, results and ``pending``) in two launches, for few heads.
+
+    Phase 1 (``_tree_keys_kernel``, grid HV x NR x NR, NR = n / BR row blocks; the programs above the
+    diagonal exit at once): the key-only work (G, the masked A and P blocks, the diagonal blocks'
+    inverses) once per head and block pair, into float32 scratch [HV, NR BR, NR BR] (two of them:
+    8 MB at HV = 48, n = 256). Phase 2 (``_tree_values_kernel``, grid HV x d_v / BV): the substitution
+    and outputs per d_v tile, reading those blocks. The single-launch kernel repeats the key-only work
+    in every d_v tile and runs one program per (head, tile) through all of it: 64 programs at the SpecLA
+    shape (HV = 8, d_k = 256), 40x above its floor. Here the d_k-long K K^T / Q K^T dots and the
+    inverses spread over HV NR (NR + 1) / 2 programs, and phase 2 gets narrow tiles (more programs)
+    without repeating them. Same arithmetic as the fused kernel, so the same error bounds.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    n, h, hv, dk, dv = _check_inputs(q, k, v, g, beta, state)
+    chain = chain or ancestors is None
+    if not chain and ancestors.shape != (n, n):
+        raise ValueError(f"ancestors must be [n, n] = {(n, n)}, got {tuple(ancestors.shape)}")
+    q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
+    if q.dtype != k.dtype:
+        raise ValueError(f"q and k must share a dtype, got {q.dtype} and {k.dtype}")
+    p_ops, p_node, p_n = _pending_operands(state, pending, out)
+    state = state.contiguous().float()
+    anc = (
+        q
+        if chain
+        else (ancestors if ancestors.dtype == torch.bool else ancestors != 0).contiguous().view(torch.uint8)
+    )
+    br, bv = split_tiles(n, hv, dv, precision, block_rows, block_v)
+    if br < 16 or br & (br - 1):
+        raise ValueError(f"block_rows must be a power of two >= 16, got {br}")
+    bk = block_k or min(64, _pow2_at_least(dk))
+    nr = triton.cdiv(n, br)
+    npad = nr * br
+    dev = q.device
+    if out is None:
+        o = torch.empty(n, hv, dv, dtype=q.dtype, device=dev)
+        delta = torch.empty(n, hv, dv, dtype=torch.float32, device=dev)
+        gate_cum = torch.empty(n, hv, dtype=torch.float32, device=dev)
+    else:
+        o, delta, gate_cum = out
+    a_blocks = torch.empty(hv, npad, npad, dtype=torch.float32, device=dev)
+    p_blocks = torch.empty(hv, npad, npad, dtype=torch.float32, device=dev)
+    write_k = hv != h or k.dtype != torch.float32
+    k_exp = torch.empty(n, hv, dk, dtype=torch.float32, device=dev) if write_k else k
+    upcast = interpreting() and q.dtype == torch.bfloat16
+    warps = num_warps or (8 if br >= 64 else 4)
+    _tree_keys_kernel[(hv, nr, nr)](
+        q, k, g, beta, anc, a_blocks, p_blocks, gate_cum, k_exp, n, npad, float(scale),
+        H=h, HV=hv, DK=dk, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk, CHAIN=chain, PREC=precision,
+        UPCAST_QK=upcast, BASE16=br >= 32, WRITE_K=write_k, num_warps=warps,
+    )  # fmt: skip
+    _tree_values_kernel[(hv, triton.cdiv(dv, bv))](
+        q, k, v, beta, state, a_blocks, p_blocks, gate_cum, o, delta, *p_ops, p_node, p_n, n, npad,
+        float(scale),
+        H=h, HV=hv, DK=dk, DV=dv, BR=br, BK=bk, BV=bv, PREC=precision, PENDING=pending is not None,
+        PNP=pow2(p_n), num_warps=warps,
+    )  # fmt: skip
+    return o, TreeFactors(delta=delta, gate_cum=gate_cum, k=k_exp, v=v, g=g, beta=beta)
+
+
+def _pending_operands(
+    state: torch.Tensor, pending: PendingCommit | None, out: tuple[torch.Tensor, ...] | None
+) -> tuple[tuple[torch.Tensor, ...], torch.Tensor, int]:
+    """(delta, k, gate_cum, uint8 mask), node and n of a pending commit, checked; placeholders without."""
+    if pending is None:
+        return (state, state, state, state), state, 1  # unused: PENDING is off
+    if state.dtype != torch.float32 or not state.is_contiguous():
+        raise ValueError(
+            f"a pending commit updates the state in place: it must be contiguous float32, got {state.dtype}"
+        )
+    if out is not None and any(pending.delta.data_ptr() == x.data_ptr() for x in out[1:]):
+        raise ValueError("the pending commit's factors are this verification's outputs: double-buffer them")
+    p_anc = check_factors(state, pending.delta, pending.k, pending.gate_cum, pending.ancestors)
+    ops = (pending.delta.contiguous(), pending.k.contiguous(), pending.gate_cum.contiguous(), p_anc)
+    return ops, pending.node, pending.delta.shape[0]
 
 
 def chain_gdn_fused(

@@ -125,6 +125,12 @@ def test_costs_by_hand():
     assert bk.cost("per_token_states", "bf16", case) == (48 + 16 + 24 + 48, 3 * 5 * 4, "fp32")
     # path rows of delta, k, G (2 * (2 + 2 + 1) * 4) + S0 read + S written; rank-2 update + scaling
     assert bk.cost("commit_closed_form", "fp32", case) == (40 + 32, (2 * 2 + 2) * 4, "fp32")
+    assert bk.cost("commit_path_fused", "fp32", case) == bk.cost("commit_closed_form_fused", "fp32", case)
+    # conv history of W-1 = 3 rows of C = 2*1*2 + 1*2 = 6 bf16 channels, read and written
+    assert bk.cost("commit_path_fused_conv", "fp32", case)[0] == 40 + 32 + 2 * 3 * 6 * 2
+    # a step: the tree's verification + the path's rows + the committed state written
+    tree_bytes, tree_flops, _ = bk.cost("tree_fused", "bf16", case)
+    assert bk.cost("step_delayed_fused", "bf16", case) == (tree_bytes + 40 + 16, tree_flops + 24, "bf16")
     assert bk.cost("commit_replay_fla", "bf16", case) == (40 + 32 + 8, 2 * 28, "fp32")
     assert bk.cost("commit_snapshot", "fp32", case) == (32, 0.0, "fp32")
     chain = tiny_case(chain_tree(3))
@@ -193,6 +199,7 @@ def test_cpu_quick_run_writes_records_manifest_report_table_figures(tmp_path):
     rows = read_rows(out)
     expected = [(m, d, "draft") for m, d in bk.VERIFY_ROWS] + [(m, d, "chain") for m, d in bk.VERIFY_ROWS]
     expected += [(m, d, "chain") for m, d in bk.CHAIN_ROWS] + [(m, d, "draft") for m, d in bk.RECOVERY_ROWS]
+    expected += [(m, d, "draft") for m, d in bk.STEP_ROWS]
     assert sorted((r["method"], r["dtype"], r["kind"]) for r in rows) == sorted(expected)
     assert all(set(r) == set(bk.COLUMNS) for r in rows)
     for r in rows:
@@ -206,6 +213,9 @@ def test_cpu_quick_run_writes_records_manifest_report_table_figures(tmp_path):
         assert r["floor_us"] > 0 and r["bytes_min"] > 0 and r["timer"] == "perf_counter"
     rec = [r for r in rows if r["group"] == "recovery"]
     assert {r["depth"] for r in rec} == {2} and {r["T"] for r in rec} == {16}
+    step = {r["method"]: r for r in rows if r["group"] == "step"}
+    assert {(r["depth"], r["T"], r["baseline"]) for r in step.values()} == {(2, 16, "step_replay_fla")}
+    assert step["step_torch"]["status"] == "ok"  # the reference step, checked against float64
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["config"]["quick"] is True and manifest["config"]["sizes"] == {"specla": [4]}
     assert {"copy_GBps", "bf16_TFLOPs", "fp32_TFLOPs"} <= set(manifest["ceilings"])
@@ -288,7 +298,11 @@ tree = bk.Case(sh, "draft", draft_tree(12, 5), cpu, accepted=[0, 1, 2])
 chain = bk.Case(sh, "chain", list(range(-1, 7)), cpu)
 rows = [(tree, "per_branch_recurrent", "bf16"), (tree, "tree_fused", "bf16"), (tree, "tree_fused", "fp32"),
         (tree, "per_token_states", "bf16"), (tree, "commit_replay_fla", "bf16"),
-        (tree, "commit_closed_form_fused", "fp32"),
+        (tree, "commit_closed_form_fused", "fp32"), (tree, "commit_path_fused", "fp32"),
+        (tree, "commit_closed_form_fused_conv", "fp32"), (tree, "commit_path_fused_conv", "fp32"),
+        (tree, "step_replay_fla", "bf16"), (tree, "step_closed_form_fused", "bf16"),
+        (tree, "step_path_fused", "bf16"), (tree, "step_delayed_fused", "bf16"), (tree, "step_torch", "fp32"),
+        (tree, "tree_split", "bf16"), (tree, "tree_split", "fp32"), (tree, "step_delayed_split", "bf16"),
         (chain, "chain_recurrent", "bf16")]
 for case, name, dtype in rows:
     x64 = bk.make_inputs(sh, case.n, 1, cpu)
@@ -332,6 +346,8 @@ def test_gpu_tiny_grid_of_the_real_methods(tmp_path, monkeypatch):
         kinds=["draft", "chain"] if full else ["draft"],
         depths=[2],
         recovery_nodes=16,
+        step_nodes=16,
+        step_depths=[2],
         timer=TimerConfig(warmup_ms=1.0, rep_ms=5.0),
     )
     table = bk.run_bench(cfg, tmp_path / "run")

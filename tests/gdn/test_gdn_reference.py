@@ -383,3 +383,69 @@ def test_tree_structure_helpers():
     )
     assert torch.equal(tree.ancestor_mask, expected)
     assert Tree.chain([1, 2, 3]).is_chain and not tree.is_chain
+
+
+# ---------------------------------------------------------------- capturable commits (backends)
+
+
+@pytest.mark.parametrize("width", [4, 1])
+def test_reference_commit_function_is_the_closed_form_and_conv_commit(width):
+    """backends.commit_function("reference"): state and conv history in place, node as a device tensor."""
+    from repro.gdn.backends import commit_function
+
+    n, (h, hv, dk, dv), c = 30, HEADS[0], 7
+    gen = torch.Generator().manual_seed(width)
+    parents = random_tree(n, "mixed", gen)
+    tree = Tree(torch.zeros(n, dtype=torch.long), parents)
+    q, k, v, g, beta, s0 = gdn_inputs(n, h, hv, dk, dv, gen)
+    _, f = gdn.tree_gdn(q, k, v, g, beta, s0, tree.ancestor_mask, dk**-0.5)
+    x = torch.randn(n, c, generator=gen, dtype=F64)
+    history = torch.randn(width - 1, c, generator=gen, dtype=F64)
+    index = gdn.conv_gather_index(parents, width)
+    commit = commit_function("reference", torch.device("cpu"))
+    for end in [-1, 0, n - 1, max(range(n), key=lambda i: len(tree.path_to(i)))]:
+        path = tree.path_to(end) if end >= 0 else []
+        state, hist = s0.clone(), history.clone()
+        commit(
+            state, f.delta, f.k, f.gate_cum, tree.ancestor_mask, torch.tensor([end]), conv=(hist, x, index)
+        )
+        ref = (
+            gdn.recurrent_gdn(q[path], k[path], v[path], g[path], beta[path], s0, dk**-0.5)[1] if path else s0
+        )
+        assert rel_err(state, ref) <= 1e-12, end
+        assert torch.equal(hist, gdn.conv_history_after(history, x, path)), end
+
+
+def test_delayed_commit_step_is_commit_then_verify():
+    """tree_function("reference") with a pending commit == replaying the previous path, then verifying
+    the new tree from that state along every path (and the committed state is left in ``state``)."""
+    from repro.gdn.backends import tree_function
+
+    (h, hv, dk, dv), scale = HEADS[1], HEADS[1][2] ** -0.5
+    gen = torch.Generator().manual_seed(11)
+    prev_parents, parents = random_tree(25, "random", gen), random_tree(18, "mixed", gen)
+    prev = Tree(torch.zeros(25, dtype=torch.long), prev_parents)
+    pq, pk, pv, pg, pb, s0 = gdn_inputs(25, h, hv, dk, dv, gen)
+    _, pf = gdn.tree_gdn(pq, pk, pv, pg, pb, s0, prev.ancestor_mask, scale)
+    end = max(range(25), key=lambda i: len(prev.path_to(i)))
+    path = prev.path_to(end)
+    _, committed = gdn.recurrent_gdn(pq[path], pk[path], pv[path], pg[path], pb[path], s0, scale)
+    q, k, v, g, beta, _ = gdn_inputs(18, h, hv, dk, dv, gen)
+    tree = Tree(torch.zeros(18, dtype=torch.long), parents)
+    pending = gdn.PendingCommit(pf.delta, pf.k, pf.gate_cum, prev.ancestor_mask, torch.tensor([end]))
+    state = s0.clone()
+    verify = tree_function("reference", torch.device("cpu"))
+    o, _ = verify(q, k, v, g, beta, state, parents, tree.ancestor_mask, scale, False, pending=pending)
+    assert rel_err(state, committed) <= 1e-12
+    ref_o, _ = path_oracle(q, k, v, g, beta, committed, parents, scale)
+    assert rel_err(o, ref_o) <= 1e-12
+
+
+def test_tree_function_kernel_choice():
+    from repro.errors import ConfigError
+    from repro.gdn import backends
+
+    cpu = torch.device("cpu")
+    assert backends.tree_function("reference", cpu, kernel="split") is backends._reference
+    with pytest.raises(ConfigError, match="unknown tree kernel"):
+        backends.tree_function("reference", cpu, kernel="chunked")

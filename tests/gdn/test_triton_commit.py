@@ -5,6 +5,9 @@
   conv-history commit vs reference.conv_history_after, on random trees, every kind of path end (the
   root, a leaf deeper than the conv window, a node whose window reaches into the history), shapes
   whose d_v / d_k / n are not multiples of the tiles;
+  the path-only commit (commit_path_fused, conv commit in the same launch) vs the same references in
+  float64 and float32, every path end, node < 0 (nothing accepted) a no-op; reference.apply_pending
+  (the capturable torch form) vs commit_closed_form;
 - gpu: the same at both paper layer shapes, float32 factors from the fused tree kernel.
 """
 
@@ -72,6 +75,58 @@ def closed_form_errors(hv: int, dv: int, dk: int, n: int, kind: str, seed: int, 
     return errs
 
 
+def _factors(hv: int, dv: int, dk: int, n: int, gen: torch.Generator) -> gdn.TreeFactors:
+    f64 = torch.float64
+    return gdn.TreeFactors(
+        delta=torch.randn(n, hv, dv, generator=gen, dtype=f64),
+        gate_cum=-torch.rand(n, hv, generator=gen, dtype=f64) * 3,
+        k=torch.randn(n, hv, dk, generator=gen, dtype=f64),
+        v=torch.empty(0),
+        g=torch.empty(0),
+        beta=torch.empty(0),
+    )
+
+
+def path_commit_errors(
+    hv: int,
+    dv: int,
+    dk: int,
+    n: int,
+    kind: str,
+    seed: int,
+    device: str,
+    dtype: str = "float64",
+    width: int = 4,
+) -> dict[str, list[float]]:
+    """commit_path_fused vs commit_closed_form (state: relative error) and conv_history_after (conv:
+    mismatching elements), every path end plus node -1 (must leave both unchanged)."""
+    from repro.gdn.triton_commit import commit_path_fused
+
+    dt = getattr(torch, dtype)
+    gen = torch.Generator().manual_seed(seed)
+    tree = _random_tree(n, kind, seed)
+    f = _factors(hv, dv, dk, n, gen)
+    state = torch.randn(hv, dv, dk, generator=gen, dtype=torch.float64)
+    channels = 2 * dk + dv
+    history = torch.randn(width - 1, channels, generator=gen)
+    inputs = torch.randn(n, channels, generator=gen)
+    index = gdn.conv_gather_index(tree.parents, width).to(device)
+    anc = tree.ancestor_mask.to(device)
+    ops = [x.to(device=device, dtype=dt) for x in (f.delta, f.k, f.gate_cum)]
+    out: dict[str, list[float]] = {"state": [], "conv": []}
+    for end in [-1, *range(n)]:
+        path = tree.path_to(end) if end >= 0 else []
+        ref = gdn.commit_closed_form(state, f, path)
+        got = state.to(device=device, dtype=dt)
+        hist = history.clone().to(device)
+        commit_path_fused(
+            got, *ops, anc, torch.tensor([end], device=device), conv=(hist, inputs.to(device), index)
+        )
+        out["state"].append(float((got.cpu().double() - ref).norm() / ref.norm()))
+        out["conv"].append(int((hist.cpu() != gdn.conv_history_after(history, inputs, path)).sum()))
+    return out
+
+
 def conv_commit_mismatches(width: int, channels: int, n: int, kind: str, seed: int, device: str) -> int:
     """Elements where the fused conv commit differs from reference.conv_history_after (all path ends)."""
     from repro.gdn.triton_commit import commit_conv_fused
@@ -98,6 +153,10 @@ def _interpreter_main() -> None:
         conv_commit_mismatches(4, 40, 12, "mixed", 3, "cpu"),
         conv_commit_mismatches(2, 8, 5, "chain", 4, "cpu"),
     ]
+    for name, hv, dv, dk, n, kind, seed in CASES:
+        for dtype in ("float64", "float32"):
+            out[f"path-{name}-{dtype}"] = path_commit_errors(hv, dv, dk, n, kind, seed, "cpu", dtype)
+    out["path-deep"] = path_commit_errors(2, 16, 16, 40, "chain", 8, "cpu", "float64", width=2)  # 3 blocks
     print(json.dumps(out))
 
 
@@ -115,6 +174,37 @@ def test_closed_form_commit_matches_reference_in_the_interpreter(interp: dict, n
 
 def test_conv_commit_matches_reference_in_the_interpreter(interp: dict) -> None:
     assert interp["conv"] == [0, 0]  # a copy of existing values: exact
+
+
+@pytest.mark.parametrize("dtype, tol", [("float64", 1e-12), ("float32", 1e-6)])
+@pytest.mark.parametrize("name", [c[0] for c in CASES])
+def test_path_commit_matches_reference_in_the_interpreter(
+    interp: dict, name: str, dtype: str, tol: float
+) -> None:
+    got = interp[f"path-{name}-{dtype}"]
+    # node -1: nothing changes (float32: only the state's own rounding to float32)
+    assert got["state"][0] < (1e-300 if dtype == "float64" else 1e-7) and got["conv"][0] == 0
+    assert max(got["state"]) < tol, got["state"]
+    assert sum(got["conv"]) == 0  # conv history: a copy, exact
+
+
+def test_path_commit_walks_several_blocks_of_a_deep_path(interp: dict) -> None:
+    assert max(interp["path-deep"]["state"]) < 1e-12  # a 40-node chain: 3 blocks of 16 path rows
+    assert sum(interp["path-deep"]["conv"]) == 0
+
+
+def test_apply_pending_is_the_closed_form() -> None:
+    gen = torch.Generator().manual_seed(3)
+    tree = _random_tree(13, "mixed", 3)
+    f = _factors(3, 8, 5, 13, gen)
+    state = torch.randn(3, 8, 5, generator=gen, dtype=torch.float64)
+    for end in [-1, 0, 7, 12]:
+        got = state.clone()
+        gdn.apply_pending(
+            got, gdn.PendingCommit(f.delta, f.k, f.gate_cum, tree.ancestor_mask, torch.tensor([end]))
+        )
+        ref = gdn.commit_closed_form(state, f, tree.path_to(end) if end >= 0 else [])
+        torch.testing.assert_close(got, ref, rtol=1e-13, atol=1e-13)
 
 
 def test_commit_rejects_mismatched_factors() -> None:
@@ -136,6 +226,8 @@ def test_gpu_commits_at_paper_shapes(shape: tuple) -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     assert max(closed_form_errors(*shape, device="cuda")) < 1e-6
+    path = path_commit_errors(*shape, device="cuda", dtype="float32")
+    assert max(path["state"]) < 1e-6 and sum(path["conv"]) == 0
     assert conv_commit_mismatches(4, 6144, 64, "random", 7, "cuda") == 0
 
 

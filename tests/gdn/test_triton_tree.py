@@ -79,11 +79,44 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-300))
 
 
+def make_pending(spec: dict, s0: torch.Tensor, device: str) -> tuple[gdn.PendingCommit, torch.Tensor]:
+    """A previous step's factors (float32 values) on a ``pending_n``-node tree and its path end
+    (``pending_node``: an index, or "deep" for the deepest node); returns (the pending commit on
+    ``device``, the committed state in float64 by reference.commit_closed_form)."""
+    gen = torch.Generator().manual_seed(spec["seed"] + 1)
+    n, hv, dv, dk = spec.get("pending_n", 23), spec["HV"], spec["dv"], spec["dk"]
+    tree = Tree(torch.zeros(n, dtype=torch.long), random_tree(n, "mixed", gen))
+    f = gdn.TreeFactors(
+        delta=torch.randn(n, hv, dv, generator=gen).double(),
+        gate_cum=-(torch.rand(n, hv, generator=gen) * 2).double(),
+        k=F.normalize(torch.randn(n, hv, dk, generator=gen), dim=-1).double(),
+        v=torch.empty(0), g=torch.empty(0), beta=torch.empty(0),
+    )  # fmt: skip
+    end = spec.get("pending_node", "deep")
+    if end == "deep":
+        end = max(range(n), key=lambda i: len(tree.path_to(i)))
+    path = tree.path_to(end) if end >= 0 else []
+    committed = gdn.commit_closed_form(s0.cpu().double(), f, path)
+    ops = [x.float().to(device) for x in (f.delta, f.k, f.gate_cum)]
+    node = torch.tensor([end], device=device)
+    return gdn.PendingCommit(*ops, tree.ancestor_mask.to(device), node), committed.to(device)
+
+
 def run_case(spec: dict, device: str) -> dict:
-    """Run the fused kernels on one case; return errors against the float64 reference."""
-    from repro.gdn.triton_tree import chain_gdn_fused, tree_gdn_fused, tree_states_fused
+    """Run the fused kernels on one case; return errors against the float64 reference.
+
+    ``pending`` cases verify with a delayed commit (make_pending): the references then start from the
+    committed state, and ``committed`` is the error of the state the kernel wrote back.
+    """
+    from repro.gdn.triton_tree import chain_gdn_fused, tree_gdn_fused, tree_gdn_split, tree_states_fused
 
     (q, k, v, g, beta), s0, parents = make_inputs(spec, device)
+    pending, s_ref = None, s0.to(F64)
+    if spec.get("pending"):
+        pending, s_ref = make_pending(spec, s0, device)
+        knobs_p = {"pending": pending}
+    else:
+        knobs_p = {}
     n, hv, dv, dk = spec["n"], spec["HV"], spec["dv"], spec["dk"]
     tree = Tree(torch.zeros(n, dtype=torch.long), parents)
     anc = tree.ancestor_mask.to(device)
@@ -95,22 +128,29 @@ def run_case(spec: dict, device: str) -> dict:
     delta = torch.full((n, hv, dv), nan, dtype=torch.float32, device=device)
     gcum = torch.full((n, hv), nan, dtype=torch.float32, device=device)
     prec = spec.get("precision", "ieee")
-    if spec.get("chain_api"):
+    if spec.get("split"):  # the two-phase kernels (chain_api: the mask from indices)
+        knobs.pop("batched_base", None)
+        ancestors = None if spec.get("chain_api") else anc
+        o, f = tree_gdn_split(
+            q, k, v, g, beta, s0, ancestors, scale, prec, out=(o, delta, gcum), **knobs, **knobs_p
+        )
+    elif spec.get("chain_api"):
         assert spec["kind"] == "chain"
-        o, f = chain_gdn_fused(q, k, v, g, beta, s0, scale, prec, out=(o, delta, gcum), **knobs)
+        o, f = chain_gdn_fused(q, k, v, g, beta, s0, scale, prec, out=(o, delta, gcum), **knobs, **knobs_p)
     else:
-        o, f = tree_gdn_fused(q, k, v, g, beta, s0, anc, scale, prec, out=(o, delta, gcum), **knobs)
+        o, f = tree_gdn_fused(
+            q, k, v, g, beta, s0, anc, scale, prec, out=(o, delta, gcum), **knobs, **knobs_p
+        )
     states = torch.full((n, hv, dv, dk), nan, dtype=torch.float32, device=device)
     states = tree_states_fused(k, v, g, beta, s0, parents.to(device), out=states)
     if device != "cpu":
         torch.cuda.synchronize()
 
-    ro, rf = gdn.tree_gdn(*(x.to(F64) for x in (q, k, v, g, beta, s0)), anc, scale, keep_snapshots=True)
+    ro, rf = gdn.tree_gdn(*(x.to(F64) for x in (q, k, v, g, beta)), s_ref, anc, scale, keep_snapshots=True)
     paths = [[]] + [tree.path_to(i) for i in leaves(parents)[:4]] + [tree.path_to(0), tree.path_to(n - 1)]
-    commit = max(
-        rel(gdn.commit_closed_form(s0, f, p), gdn.commit_closed_form(s0.to(F64), rf, p)) for p in paths
-    )
+    commit = max(rel(gdn.commit_closed_form(s0, f, p), gdn.commit_closed_form(s_ref, rf, p)) for p in paths)
     return {
+        "committed": rel(s0, s_ref),
         "o": rel(o, ro),
         "delta": rel(f.delta, rf.delta),
         "gate_cum": rel(f.gate_cum, rf.gate_cum),
@@ -165,22 +205,100 @@ INTERP_CASES = {
     "n40-random-bf16": {**_SMALL, "n": 40, "kind": "random", "dtype": "bfloat16", "block_rows": 16},
     "n24-mixed-fp16": {**_SMALL, "n": 24, "kind": "mixed", "dtype": "float16"},
     "n20-random-dk24-dv20": {**_SMALL, "n": 20, "kind": "random", "dk": 24, "dv": 20},
+    # delayed commit: the previous step's path folded into S0 by the verification's own launch
+    "pending-n20-random-dk32-bk16": {
+        **_SMALL,
+        "n": 20,
+        "kind": "random",
+        "dk": 32,
+        "block_k": 16,
+        "pending": True,
+    },
+    "pending-n20-chain-api-deep40": {
+        **_SMALL,
+        "n": 20,
+        "kind": "chain",
+        "chain_api": True,
+        "pending": True,
+        "pending_n": 40,
+    },  # fmt: skip
+    # two-phase kernels (tree_gdn_split): several row blocks, ragged n, narrow d_v tiles, bf16, chains
+    "split-n20-random-br16-bv16": {
+        **_SMALL,
+        "n": 20,
+        "kind": "random",
+        "split": True,
+        "block_rows": 16,
+        "block_v": 16,
+    },
+    "split-n40-mixed-dk32-bk16-br32": {
+        **_SMALL,
+        "n": 40,
+        "kind": "mixed",
+        "dk": 32,
+        "block_k": 16,
+        "block_rows": 32,
+        "split": True,
+    },  # fmt: skip
+    "split-n33-chain-api-dv32": {
+        **_SMALL,
+        "n": 33,
+        "kind": "chain",
+        "chain_api": True,
+        "dv": 32,
+        "split": True,
+    },
+    "split-n24-forest-bf16-h1": {
+        **_SMALL,
+        "H": 1,
+        "n": 24,
+        "kind": "forest",
+        "dtype": "bfloat16",
+        "split": True,
+        "block_rows": 16,
+    },  # fmt: skip
+    "split-pending-n20-fan-tf32": {
+        **_SMALL,
+        "n": 20,
+        "kind": "fan",
+        "split": True,
+        "pending": True,
+        "precision": "tf32",
+    },
+    "pending-n16-mixed-none": {**_SMALL, "n": 16, "kind": "mixed", "pending": True, "pending_node": -1},
+    "pending-n24-fan-root-bf16": {
+        **_SMALL,
+        "n": 24,
+        "kind": "fan",
+        "dtype": "bfloat16",
+        "pending": True,
+        "pending_node": 0,
+    },  # fmt: skip
 }
 # float32 "ieee" must reach float64 to 1e-5; bf16/fp16 outputs o are rounded to the input dtype
 # (bf16: 2^-9 relative per element, ~1e-3 in norm; fp16: 2^-11), everything else stays float32.
 O_TOL = {"float32": 1e-5, "bfloat16": 5e-3, "float16": 1.5e-3}
 
 
-def _interp_specs() -> dict[str, dict]:
-    return {name: {**spec, "seed": seed_of("interp", name)} for name, spec in INTERP_CASES.items()}
+# two subprocesses (each under its own time bound): the one-launch kernel, then the delayed commit and
+# the two-phase kernels
+_LATER = tuple(name for name in INTERP_CASES if name.startswith(("pending-", "split-")))
+INTERP_GROUPS = {
+    "--interpret": tuple(name for name in INTERP_CASES if name not in _LATER),
+    "--interpret-pending-split": _LATER,
+}
 
 
-def _interpreter_main() -> None:
-    """Subprocess entry (TRITON_INTERPRET=1): run every interpreter case, print JSON on the last line."""
+def _interp_specs(names: tuple[str, ...]) -> dict[str, dict]:
+    return {name: {**INTERP_CASES[name], "seed": seed_of("interp", name)} for name in names}
+
+
+def _interpreter_main(flag: str) -> None:
+    """Subprocess entry (TRITON_INTERPRET=1): the flag's cases; JSON on the last line."""
     assert os.environ.get("TRITON_INTERPRET") == "1"
     torch.set_num_threads(1)
     results = {}
-    for name, spec in _interp_specs().items():
+    for name, spec in _interp_specs(INTERP_GROUPS[flag]).items():
         t0 = time.perf_counter()
         try:
             res = run_case(spec, "cpu")
@@ -192,27 +310,28 @@ def _interpreter_main() -> None:
 
 
 @pytest.fixture(scope="module")
-def interp_results() -> dict:
-    return run_in_interpreter(__file__)
+def interp_results() -> dict[str, dict]:
+    return {flag: run_in_interpreter(__file__, flag) for flag in INTERP_GROUPS}
 
 
 @needs_triton
 @pytest.mark.parametrize("name", list(INTERP_CASES))
 def test_interpreter_case(interp_results: dict, name: str) -> None:
-    res = interp_results[name]
+    res = next(group[name] for group in interp_results.values() if name in group)
     assert "error" not in res, res.get("error")
     dtype = INTERP_CASES[name].get("dtype", "float32")
     assert res["unwritten"] == 0, f"{res['unwritten']} output elements left unwritten (NaN poison)"
     assert res["dtypes_ok"]
     assert res["k_exact"], "TreeFactors.k is not the float32 keys expanded to value heads"
     assert res["o"] <= O_TOL[dtype], res
-    for key in ("delta", "gate_cum", "commit", "states"):
+    for key in ("delta", "gate_cum", "commit", "states", "committed"):
         assert res[key] <= 1e-5, (key, res)
 
 
 @needs_triton
-def test_interpreter_is_fast(interp_results: dict) -> None:
-    total = sum(r["seconds"] for r in interp_results.values())
+@pytest.mark.parametrize("flag", list(INTERP_GROUPS))
+def test_interpreter_is_fast(interp_results: dict, flag: str) -> None:
+    total = sum(r["seconds"] for r in interp_results[flag].values())
     assert total < 60, f"interpreter cases took {total:.1f} s"
 
 
@@ -299,7 +418,49 @@ def test_gpu_tree(shape: str, n: int, kind: str, dtype: str, precision: str) -> 
     assert res["gate_cum"] <= 1e-5, msg
     assert res["commit"] <= d_tol, msg
     assert res["states"] <= 1e-5, msg
+    assert res["committed"] <= 1e-5, msg
 
 
-if __name__ == "__main__" and "--interpret" in sys.argv:
-    _interpreter_main()
+@pytest.mark.parametrize(
+    ("shape", "n", "kind", "dtype", "precision", "pending"),
+    [("specla", 128, "mixed", "bfloat16", "tf32", False), ("specla", 64, "chain", "float32", "ieee", True),
+     ("specla", 129, "random", "float32", "ieee", False),
+     ("weaver", 128, "random", "bfloat16", "tf32", False),
+     ("weaver", 64, "mixed", "float32", "ieee", True), ("specla", 256, "random", "bfloat16", "tf32", False)],
+)  # fmt: skip
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu_ok(), reason="needs a CUDA GPU, triton, and TRITON_INTERPRET unset")
+def test_gpu_tree_split(shape: str, n: int, kind: str, dtype: str, precision: str, pending: bool) -> None:
+    """The two-phase kernels (tree_gdn_split) at the paper shapes, with and without a delayed commit."""
+    base = WEAVER if shape == "weaver" else SPECLA
+    spec = {**base, "n": n, "kind": kind, "dtype": dtype, "precision": precision, "seed": _fresh_seed()}
+    spec.update(split=True, pending=pending, pending_n=64)
+    res = run_case(spec, "cuda")
+    o_tol, d_tol = GPU_TOL[(dtype, precision)]
+    msg = f"seed={spec['seed']} {res}"
+    assert res["unwritten"] == 0 and res["dtypes_ok"] and res["k_exact"], msg
+    assert res["o"] <= o_tol and res["delta"] <= d_tol and res["commit"] <= d_tol, msg
+    assert res["gate_cum"] <= 1e-5 and res["states"] <= 1e-5 and res["committed"] <= 1e-5, msg
+
+
+@pytest.mark.parametrize(
+    ("shape", "n", "kind", "dtype", "precision"),
+    [("specla", 64, "mixed", "bfloat16", "tf32"), ("specla", 64, "chain", "float32", "ieee"),
+     ("weaver", 64, "random", "float32", "ieee"), ("weaver", 128, "mixed", "bfloat16", "tf32")],
+)  # fmt: skip
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu_ok(), reason="needs a CUDA GPU, triton, and TRITON_INTERPRET unset")
+def test_gpu_tree_with_pending_commit(shape: str, n: int, kind: str, dtype: str, precision: str) -> None:
+    base = WEAVER if shape == "weaver" else SPECLA
+    spec = {**base, "n": n, "kind": kind, "dtype": dtype, "precision": precision, "seed": _fresh_seed()}
+    spec.update(pending=True, pending_n=64)
+    res = run_case(spec, "cuda")
+    o_tol, d_tol = GPU_TOL[(dtype, precision)]
+    msg = f"seed={spec['seed']} {res}"
+    assert res["unwritten"] == 0, msg
+    assert res["committed"] <= 1e-5, msg  # the commit's dots are "ieee" whatever the verification's
+    assert res["o"] <= o_tol and res["delta"] <= d_tol and res["states"] <= 1e-5, msg
+
+
+if __name__ == "__main__":
+    _interpreter_main(next(flag for flag in INTERP_GROUPS if flag in sys.argv))
