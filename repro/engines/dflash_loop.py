@@ -62,4 +62,5 @@ def dflash_generate(request: EngineRequest) -> EngineResult:
         return refused(f"dflash_generate failed: {describe(exc, 200)}", dtype, note)
     wall = time.perf_counter() - t0
     new = out.output_ids[0, len(request.prompt_ids) :].tolist()
-    return EngineResult(new, [int(a) for a in out.acceptance_lengths], wall, OK, dtype, note)
+    lengths = [int(a) for a in out.acceptance_lengths]
+    return EngineResult(new, lengths, wall, OK, dtype, note, prefill_s=float(out.time_to_first_token))
