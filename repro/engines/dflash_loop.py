@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from repro.engines.hf_target import TargetRefused, load_hf_target, torch_dtype
+from repro.engines.hf_target import TargetRefused, held_hf_target, torch_dtype
 from repro.engines.result import OK, EngineRequest, EngineResult, refused, require
 from repro.errors import describe
 
@@ -40,7 +40,7 @@ def dflash_generate(request: EngineRequest) -> EngineResult:
     zlab = require("dflash.model", "dflash")
     dtype, device = request.dtype, request.device
     try:
-        target, note = load_hf_target(request.target_dir, dtype, device)
+        target, note = held_hf_target(request.target_dir, dtype, device)
     except TargetRefused as exc:
         return refused(str(exc), dtype)
     drafter_dir = request.drafter_dir

@@ -131,3 +131,13 @@ def test_sampling_verdict_in_the_falsify_check(tmp_path):
     report = (tmp_path / "x" / "report.md").read_text()
     assert "Sampling at temperature 0.7 (verdict `sampled: not compared token-wise`)" in report
     assert f"| transformers-generate | tiny-qwen35 | float64 | 1 | {SAMPLED} |" in report
+
+
+def test_the_transformers_target_is_loaded_once_per_run():
+    pytest.importorskip("transformers")
+    from repro.engines.hf_target import held_hf_target
+    from repro.models.family import resolve_checkpoint
+
+    first, _ = held_hf_target(resolve_checkpoint("tiny-qwen35"), "float64", "cpu")
+    assert held_hf_target(resolve_checkpoint("tiny-qwen35"), "float64", "cpu")[0] is first
+    assert held_hf_target(resolve_checkpoint("tiny-qwen35"), "float64", "cpu", "assistant")[0] is not first
