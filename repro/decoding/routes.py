@@ -158,6 +158,9 @@ class RouteKind:
     commits: tuple[str, ...] = COMMIT_STRATEGIES  # the commit strategies the kind can use
     defaults: dict[str, Any] = field(default_factory=dict)  # its own defaults of common parameters
     alias_of: str | None = None  # the kind whose declaration this one reuses under its own name
+    external: bool = (
+        False  # another implementation's loop: the harness runs it (repro.engines), not build_route
+    )
 
     def param(self, name: str) -> Param:
         return next(p for p in self.params if p.name == name)
@@ -262,7 +265,18 @@ def _weaver(p: dict[str, Any], ctx: BuildContext) -> tuple[Drafter | None, TreeB
     return drafter, DrafterTree()
 
 
+def _external(p: dict[str, Any], ctx: BuildContext) -> tuple[Drafter | None, TreeBuilder]:
+    raise ConfigError("an external route is run by the harness (repro.engines), not built by build_route")
+
+
 # --------------------------------------------------------------------------- the registry
+
+EXTERNAL = "external"
+# the loops of repro.engines.catalog an external route can name (tests/engines pins the two lists equal)
+EXTERNAL_ENGINES = (
+    "transformers-generate", "transformers-assisted", "transformers-assisted-dflash", "dflash-generate",
+    "sglang-ar", "sglang-dflash", "sglang-eagle", "vllm-ar", "vllm-dflash", "vllm-eagle",
+)  # fmt: skip
 
 _P = Param("p", float, "probability that each draft token equals AR's", min=0, max=1)
 _K = Param("k", int, "draft tokens per step (tree levels)", min=1)
@@ -363,6 +377,28 @@ _KINDS: tuple[RouteKind, ...] = (
         verifier="chain",
         commits=("replay",),
         defaults={"commit": "replay"},
+    ),
+    RouteKind(
+        EXTERNAL,
+        "another implementation's decode loop (`engine`) on the run's target checkpoint and prompts, "
+        "judged against the run's AR like every route (docs/usage.md, External routes)",
+        (
+            Param(
+                "engine",
+                str,
+                "the external loop (`repro falsify external --engines`)",
+                choices=EXTERNAL_ENGINES,
+            ),
+            Param(
+                "drafter",
+                str,
+                "its drafter checkpoint (engines that take one)",
+                default=None,
+                unset="family target: its own drafter of the engine's kind; none for the others",
+            ),
+        ),
+        _external,
+        external=True,
     ),
 )
 _BY_NAME = {kind.name: kind for kind in _KINDS}
@@ -481,6 +517,11 @@ def build_route(
     params = resolve_spec(spec, family)
     kind = ROUTE_KINDS[params["kind"]]
     name = params.pop("name")
+    if kind.external:
+        raise ConfigError(
+            f"route {name!r} ({kind.name}) runs another implementation's decode loop: only `repro run`"
+            " (an experiment's routes) runs it"
+        )
     params["commit"] = params["commit"] or (commit if commit in kind.commits else kind.commits[0])
     params["acceptance"] = params["acceptance"] or acceptance
     if kind.needs_target and target is None:
@@ -558,6 +599,11 @@ def routes_markdown() -> str:
             out.append(f"Commit: {', '.join(kind.commits)} only.")
         if kind.needs_target:
             out.append("Reads the target's weights or hidden states.")
+        if kind.external:
+            out.append(
+                "Run by `repro run` through `repro.engines` (its package must be installed; checked at "
+                "`--check` and at start); `commit` and `acceptance` are the loop's own."
+            )
         out.append("")
         if not kind.params:
             out.append("No parameters.")

@@ -24,17 +24,24 @@ class Engine:
     """``fn(request: EngineRequest) -> EngineResult`` (an adapter's own keywords, such as the serving
     engines' ``drafter``, bound with ``partial``); ``drafter`` is the drafter kind it takes (None: no
     drafter); ``package`` the optional serving engine it needs (``pip install 'repro[sglang]'``): left
-    out of the default set when absent."""
+    out of the default set when absent; ``needs`` the other packages it imports (all are checked
+    before an experiment with an external route starts: :meth:`missing`)."""
 
     name: str
     fn: EngineFn
     drafter: str | None
     what: str
     package: str | None = None
+    needs: tuple[str, ...] = ("transformers",)
 
     @property
     def installed(self) -> bool:
         return self.package is None or importlib.util.find_spec(self.package) is not None
+
+    def missing(self) -> str | None:
+        """The first package this engine imports that is not installed (None: all are)."""
+        wanted = (self.package,) if self.package else self.needs
+        return next((p for p in wanted if importlib.util.find_spec(p) is None), None)
 
     def drafter_dir(self, target: str, resolve: Callable[[str], Path]) -> Path | None:
         return resolve(f"{target}-{self.drafter}") if self.drafter else None
@@ -52,9 +59,18 @@ ENGINES: dict[str, Engine] = {
             hf_assisted_dflash,
             "dflash",
             "transformers generate(speculation_type='dflash'), dflash package drafter",
+            needs=("transformers", "dflash"),
         ),
-        Engine("dflash-generate", dflash_generate, "dflash", "dflash package dflash_generate (z-lab loop)"),
-        Engine("repro-dflash-chain", repro_dflash_chain, "dflash", "repro dflash_chain route (control)"),
+        Engine(
+            "dflash-generate",
+            dflash_generate,
+            "dflash",
+            "dflash package dflash_generate (z-lab loop)",
+            needs=("transformers", "dflash"),
+        ),
+        Engine(
+            "repro-dflash-chain", repro_dflash_chain, "dflash", "repro dflash_chain route (control)", needs=()
+        ),
         Engine("sglang-ar", sglang_generate, None, "SGLang offline Engine, plain AR", "sglang"),
         Engine(
             "sglang-dflash", partial(sglang_generate, drafter="dflash"), "dflash", "SGLang DFLASH", "sglang"

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from repro.engines.hf_target import TargetRefused, load_hf_target, torch_dtype
+from repro.engines.hf_target import TargetRefused, held_hf_target, torch_dtype
 from repro.engines.result import OK, EngineRequest, EngineResult, refused, require
 from repro.errors import describe
 
@@ -40,7 +40,7 @@ def dflash_generate(request: EngineRequest) -> EngineResult:
     zlab = require("dflash.model", "dflash")
     dtype, device = request.dtype, request.device
     try:
-        target, note = load_hf_target(request.target_dir, dtype, device)
+        target, note = held_hf_target(request.target_dir, dtype, device)
     except TargetRefused as exc:
         return refused(str(exc), dtype)
     drafter_dir = request.drafter_dir
@@ -62,4 +62,5 @@ def dflash_generate(request: EngineRequest) -> EngineResult:
         return refused(f"dflash_generate failed: {describe(exc, 200)}", dtype, note)
     wall = time.perf_counter() - t0
     new = out.output_ids[0, len(request.prompt_ids) :].tolist()
-    return EngineResult(new, [int(a) for a in out.acceptance_lengths], wall, OK, dtype, note)
+    lengths = [int(a) for a in out.acceptance_lengths]
+    return EngineResult(new, lengths, wall, OK, dtype, note, prefill_s=float(out.time_to_first_token))

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from repro.engines.hf_target import TargetRefused, load_hf_target, torch_dtype
+from repro.engines.hf_target import TargetRefused, held_hf_target, torch_dtype
 from repro.engines.result import OK, EngineRequest, EngineResult, refused, require
 from repro.errors import describe
 
@@ -48,7 +48,7 @@ def hf_generate(request: EngineRequest) -> EngineResult:
     """Plain AR ``generate`` (greedy at temperature 0); ``drafter_dir`` is unused."""
     transformers = require("transformers")
     try:
-        target, note = load_hf_target(request.target_dir, request.dtype, request.device)
+        target, note = held_hf_target(request.target_dir, request.dtype, request.device)
     except TargetRefused as exc:
         return refused(str(exc), request.dtype)
     return _run(target, note, request, _config(transformers, request))
@@ -61,8 +61,8 @@ def hf_assisted(request: EngineRequest) -> EngineResult:
     dtype, device = request.dtype, request.device
     assistant_dir = request.drafter_dir or request.target_dir
     try:
-        target, note = load_hf_target(request.target_dir, dtype, device)
-        assistant, _ = load_hf_target(assistant_dir, dtype, device)
+        target, note = held_hf_target(request.target_dir, dtype, device)
+        assistant, _ = held_hf_target(assistant_dir, dtype, device, "assistant")
     except TargetRefused as exc:
         return refused(str(exc), dtype)
     note += f"; assistant {Path(assistant_dir).name}"
@@ -76,7 +76,7 @@ def hf_assisted_dflash(request: EngineRequest) -> EngineResult:
     zlab = require("dflash.model", "dflash")
     dtype, device, drafter_dir = request.dtype, request.device, request.drafter_dir
     try:
-        target, note = load_hf_target(request.target_dir, dtype, device)
+        target, note = held_hf_target(request.target_dir, dtype, device)
     except TargetRefused as exc:
         return refused(str(exc), dtype)
     try:

@@ -2,7 +2,8 @@
 
 On CPU, transformers' Qwen3.5 module must bind its pure-torch GDN functions: where fla is installed
 it binds fla's Triton kernels at import time instead, and those need a GPU. ``TargetRefused``
-carries transformers' own reason when it cannot load or run a checkpoint.
+carries transformers' own reason when it cannot load or run a checkpoint. ``held_hf_target`` keeps
+the last model loaded (per slot) across prompts: one load per run, not per prompt, on a real checkpoint.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 import torch
 
 from repro.engines.result import require
+from repro.engines.serving import cached_engine
 from repro.errors import describe
 
 QWEN35_MODULE = "transformers.models.qwen3_5.modeling_qwen3_5"
@@ -94,3 +96,12 @@ def load_hf_target(target_dir: str | Path, dtype: str, device: str) -> tuple[Any
     if type(model).__module__ == QWEN35_MODULE:
         note += "; GDN core, gates and norms computed in float32 inside transformers' torch path"
     return model.to(device).eval(), note
+
+
+def held_hf_target(target_dir: str | Path, dtype: str, device: str, slot: str = "target") -> tuple[Any, str]:
+    """``load_hf_target``, kept across calls while (directory, dtype, device) stay the same; ``slot``
+    separates models held at once (a target and its assistant). The loops only read the weights."""
+    key = (str(Path(target_dir).resolve()), dtype, device)
+    return cached_engine(
+        f"transformers-{slot}", key, lambda: load_hf_target(target_dir, dtype, device), lambda _: None
+    )

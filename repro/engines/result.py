@@ -12,6 +12,7 @@ from repro.errors import ReproError
 
 OK = "ok"
 REFUSED = "refused: "
+SAMPLED = "sampled: not compared token-wise"  # the verdict of a loop run at temperature > 0
 
 
 class MissingPackageError(ReproError):
@@ -46,7 +47,8 @@ class EngineResult:
     ``status`` is ``"ok"`` or ``"refused: <reason>"`` (the implementation declined or failed on this
     model: a finding, not a crash); ``accepted_lengths`` are the loop's own per-step counts where it
     reports them, else None; ``dtype`` says in which precision the weights were run. Engines that
-    expose only counters (SGLang, vLLM) give ``verify_steps`` and their own ``mal`` instead.
+    expose only counters (SGLang, vLLM) give ``verify_steps`` and their own ``mal`` instead;
+    ``prefill_s`` is the part of ``wall_s`` the loop reports as its prefill (None: not reported).
     """
 
     output_ids: list[int]
@@ -57,6 +59,7 @@ class EngineResult:
     notes: str = ""
     verify_steps: int | None = None
     mal: float | None = None
+    prefill_s: float | None = None
 
     @property
     def ok(self) -> bool:

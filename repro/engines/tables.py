@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from repro.engines.result import SAMPLED
 from repro.reporting.rundir import Run, RunKind, fields_parser
 
 COLUMNS = (
@@ -49,9 +50,11 @@ def _mal(lengths: list[int], engine_mals: list[float | None]) -> str:
 
 
 def markdown(rows: Sequence[dict[str, Any]], config: dict[str, Any]) -> str:
+    temperature = float(config.get("temperature", 0.0))
+    mode = f"Sampling at temperature {temperature:g} (verdict `{SAMPLED}`)" if temperature > 0 else "Greedy"
     head = (
         f"# External decode loops vs repro AR\n\n"
-        f"Greedy, {config['dtype']} weights, {config['device']}, {config['max_new_tokens']} new tokens "
+        f"{mode}, {config['dtype']} weights, {config['device']}, {config['max_new_tokens']} new tokens "
         "per prompt "
         f"(stop tokens ignored); suites {', '.join(config['suites'])} (limit {config['limit']}, seed "
         f"{config['seed']}), first turns. Verdict: every prompt's tokens equal repro's AR route (lossless), "

@@ -20,7 +20,7 @@ from repro.data.suites import load_suite
 from repro.decoding.engine import generate
 from repro.decoding.routes import build_route
 from repro.engines.catalog import Engine, pick
-from repro.engines.result import REFUSED, EngineRequest, EngineResult, MissingPackageError
+from repro.engines.result import REFUSED, SAMPLED, EngineRequest, EngineResult, MissingPackageError
 from repro.engines.tables import KIND
 from repro.models.family import resolve_checkpoint
 from repro.models.target import open_target
@@ -36,10 +36,14 @@ NOT_RUN = "not run: "
 HF_AR = "transformers-generate"  # its tokens separate a loop's own error from transformers' rounding
 
 
-def verdict(result: EngineResult, reference: list[int]) -> str:
-    """``"identical"``, ``"diverged at token k"`` (first differing new token) or the refusal."""
+def verdict(result: EngineResult, reference: list[int], temperature: float = 0.0) -> str:
+    """``"identical"``, ``"diverged at token k"`` (first differing new token), the refusal, or at
+    ``temperature`` > 0 :data:`SAMPLED`: a sampling loop draws other tokens than a correct one would
+    with other random numbers, so its exactness cannot be judged token by token."""
     if not result.ok:
         return result.status
+    if temperature > 0:
+        return SAMPLED
     return compare_to_reference(result.output_ids, reference)
 
 
@@ -94,12 +98,13 @@ def _external_versions() -> dict[str, str]:
     return out
 
 
-def _run_engine(engine: Engine, target: str, ids: list[int], n: int, seed: int, dtype: str, device: str):
+def _run_engine(engine: Engine, target: str, ids: list[int], n: int, seed: int, dtype: str, device: str,
+                temperature: float = 0.0) -> EngineResult:  # fmt: skip
     drafter = engine.drafter_dir(target, lambda name: resolve_checkpoint(name, "drafter"))
     try:
         target_dir = resolve_checkpoint(target, "target")
-        request = EngineRequest(target_dir, drafter, ids, n, temperature=0.0, seed=seed, stop_ids=None,
-                                dtype=dtype, device=device)  # fmt: skip
+        request = EngineRequest(target_dir, drafter, ids, n, temperature=temperature, seed=seed,
+                                stop_ids=None, dtype=dtype, device=device)  # fmt: skip
         return engine.fn(request)
     except MissingPackageError as exc:
         return EngineResult([], None, 0.0, NOT_RUN + str(exc), dtype)
@@ -117,9 +122,11 @@ def run_external_check(
     device: str = "cpu",
     cpu_threads: int | None = 1,
     progress: Callable[[str], None] | None = None,
+    temperature: float = 0.0,
 ) -> list[ExternalRecord]:
-    """Greedy check of every engine on every target and prompt, written as a ``falsify-external`` run
-    directory (records as they are made, then table.csv and report.md); returns the records."""
+    """Check of every engine on every target and prompt, written as a ``falsify-external`` run
+    directory (records as they are made, then table.csv and report.md); returns the records. Greedy
+    by default; at ``temperature`` > 0 every loop samples and its verdict is :data:`SAMPLED`."""
     chosen = pick(list(engines) if engines is not None else None)
     if cpu_threads:
         torch.set_num_threads(int(cpu_threads))
@@ -131,7 +138,7 @@ def run_external_check(
         "limit": limit,
         "seed": seed,
         "max_new_tokens": max_new_tokens,
-        "temperature": 0.0,
+        "temperature": float(temperature),
         "stop_tokens": "ignored",
         "dtype": dtype,
         "device": device,
@@ -151,12 +158,12 @@ def run_external_check(
                 for engine in chosen:
                     if progress:
                         progress(f"{target} {prompt.suite}/{prompt.id} {engine.name}")
-                    res = _run_engine(engine, target, ids, max_new_tokens, seed, dtype, device)
-                    vs_ar = verdict(res, ref)
+                    res = _run_engine(engine, target, ids, max_new_tokens, seed, dtype, device, temperature)
+                    vs_ar = verdict(res, ref, temperature)
                     if engine.name == HF_AR and res.ok:
                         hf_ar = res.output_ids
                     both = res.ok and hf_ar is not None
-                    vs_hf = compare_to_reference(res.output_ids, hf_ar) if both else None
+                    vs_hf = verdict(res, hf_ar, temperature) if both else None
                     record = ExternalRecord(
                         engine.name, target, prompt.suite, prompt.id, sha256_ids(ids), len(ids),
                         max_new_tokens, res.status, vs_ar, divergence_index(vs_ar), vs_hf, res.output_ids,
@@ -169,4 +176,4 @@ def run_external_check(
     return records
 
 
-__all__ = ["NOT_RUN", "REFUSED", "ExternalRecord", "run_external_check", "summarize", "verdict"]
+__all__ = ["NOT_RUN", "REFUSED", "SAMPLED", "ExternalRecord", "run_external_check", "summarize", "verdict"]

@@ -4,7 +4,9 @@ Settings are type-checked (:func:`repro.harness.experiment.resolve`), every rout
 against the route registry (:func:`repro.decoding.routes.resolve_spec`), template placeholders still
 unfilled are listed with the option that fills them, and each checkpoint path that is given is read
 as far as its ``config.json`` (and, for EAGLE, its safetensors headers): a wrong format is refused in
-the same one line a run would give, before any GPU time is spent.
+the same one line a run would give, before any GPU time is spent. An external route
+(:mod:`repro.engines.external_route`) is resolved as a run resolves it: a package its loop imports that
+is not installed is refused here.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from repro.decoding.routes import RANDOM, ROUTE_KINDS, family_of, resolve_spec
 from repro.drafters.dflash import read_dflash_config
 from repro.drafters.eagle import EagleConfig, unsupported_format
 from repro.drafters.weaver import read_weaver_config
+from repro.engines.external_route import is_external, resolve_external, target_dir
 from repro.errors import CheckpointError
 from repro.harness.experiment import load_experiment
 from repro.harness.overrides import PLACEHOLDER, unfilled
@@ -107,11 +110,33 @@ def check_experiment(
         notes.append("no CUDA here: device checked as cpu")
     cfg = load_experiment(experiment, overrides, edits)
     family = family_of(cfg["target"])
-    cfg["routes"] = [resolve_spec(spec, family) for spec in cfg["routes"]]
+    external = {}  # route name -> the drafter kind its loop takes
+    routes = []
+    for spec in cfg["routes"]:
+        if is_external(spec):
+            name, params, engine = resolve_external(spec, str(cfg["target"]))
+            if cfg["target"] != PLACEHOLDER:
+                target_dir(str(cfg["target"]), f"route {name!r} (external {engine.name})")
+            external[name] = engine.drafter
+            routes.append({"name": name, **params})
+        else:
+            routes.append(resolve_spec(spec, family))
+    cfg["routes"] = routes
     report = CheckReport(cfg, missing=unfilled(cfg), notes=notes)
     if cfg["target"] not in ("default", PLACEHOLDER) and family is None:
         report.checkpoints["target"] = _read("target", cfg["target"], "target")
     for route in cfg["routes"]:
+        drafter = route.get("drafter")
+        if route["name"] in external and external[route["name"]] and drafter not in (None, PLACEHOLDER):
+            name = f"{route['name']}.drafter"
+            if str(drafter) in members():
+                report.checkpoints[name] = "embedded family member"
+            else:  # its format is the loop's business (an SGLang EAGLE drafter is not repro's): it exists
+                resolve_checkpoint(str(drafter), name)
+                report.checkpoints[name] = (
+                    f"{external[route['name']]} drafter directory, read by the loop ({drafter})"
+                )
+            continue
         for param in ROUTE_KINDS[route["kind"]].params:
             value = route.get(param.name)
             if param.checkpoint and value not in (None, RANDOM, PLACEHOLDER):

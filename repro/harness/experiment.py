@@ -14,7 +14,7 @@ import yaml
 
 from repro.data.suites import canonical_suite
 from repro.decoding.acceptance import ACCEPTANCE_RULES
-from repro.decoding.routes import name_routes
+from repro.decoding.routes import EXTERNAL, name_routes
 from repro.errors import ConfigError
 from repro.harness.overrides import apply_edits, takes_param
 from repro.models.graphed import resolve_engine
@@ -232,8 +232,8 @@ def _sweep(routes: list[dict], sweep: dict | None) -> list[dict]:
         raise ConfigError(f"setting sweep must be {{param: NAME, values: [v1, ...]}}, got {sweep!r}")
     out = []
     for route in routes:
-        if route.get("kind") == "ar":
-            out.append(route)
+        if route.get("kind") == "ar" or (route.get("kind") == EXTERNAL and not takes_param(route, param)):
+            out.append(route)  # the reference, and other implementations' loops: once each
             continue
         if not takes_param(route, param):
             raise ConfigError(
@@ -259,7 +259,7 @@ def _protocols(routes: list[dict], cfg: dict[str, Any]) -> list[dict]:
     cfg["protocols"] = list(rules)
     out = []
     for route in routes:
-        if route.get("kind") == "ar" or "acceptance" in route:
+        if route.get("kind") in ("ar", EXTERNAL) or "acceptance" in route:  # external: the loop's own rule
             out.append(route)
         elif len(rules) == 1:
             out.append({**route, "acceptance": rules[0]})

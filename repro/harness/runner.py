@@ -3,7 +3,8 @@
 Prompts are interleaved across routes (for each prompt and turn, every route in turn, AR
 first), so that speedups compare routes under the same machine conditions. AR's output is the
 reference for the lossless check and for synthetic drafters. MT-Bench's second turn is asked
-after the route's own first-turn answer.
+after the route's own first-turn answer. Routes of kind ``external`` run another implementation's
+decode loop (:mod:`repro.engines.external_route`) in the same interleaving and write the same records.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 from repro.data.suites import Prompt
 from repro.decoding.engine import DecodeResult, Route, generate
 from repro.decoding.routes import build_route, family_of
+from repro.engines.external_route import ExternalRoute, build_external, is_external
 from repro.errors import ConfigError, RunDirError
 from repro.harness.parallel import Shard, experiment_prompts, shard_prompts
 from repro.models.graphed import GraphedTarget, check_verifier
@@ -85,6 +87,8 @@ class ExperimentRunner:
         self.shard = shard  # decode only this shard's prompts (repro.harness.parallel)
         if cfg["device"] == "cpu" and cfg["cpu_threads"]:
             torch.set_num_threads(int(cfg["cpu_threads"]))
+        # external routes first: a missing package or checkpoint is refused before any weights load
+        external = {s["name"]: build_external(s, str(cfg["target"])) for s in cfg["routes"] if is_external(s)}
         self.model: HybridLM
         self.model, self.tokenizer = open_target(
             cfg["target"], cfg["dtype"], cfg["device"], cfg["target_seed"]
@@ -103,6 +107,12 @@ class ExperimentRunner:
                 spec, vocab, *rule, target=self.model, commit=cfg["commit"], family=family_of(cfg["target"])
             )
             for spec in cfg["routes"]
+            if not is_external(spec)
+        ]
+        built = {r.name: r for r in self.routes}
+        # every route in config order: repro's own and the external ones
+        self.all_routes: list[Route | ExternalRoute] = [
+            external.get(s["name"]) or built[s["name"]] for s in cfg["routes"]
         ]
         self.stop_ids = () if cfg["ignore_eos"] else tuple(self.tokenizer.stop_token_ids)
         # the target the routes decode on: HybridLM itself, or its static decoder (CUDA graphs on CUDA)
@@ -143,28 +153,31 @@ class ExperimentRunner:
         prompts = self.prompts()
         self.check_resumed(run_dir)
         done = run_dir.done_keys()
-        ref_route = reference_route((r.name, r.params) for r in self.routes)
+        ref_route = reference_route((r.name, r.params) for r in self.all_routes)
         self.warm_up()
         written = 0
         for prompt in prompts:
-            history: dict[str, list[dict[str, str]]] = {r.name: [] for r in self.routes}
+            history: dict[str, list[dict[str, str]]] = {r.name: [] for r in self.all_routes}
             reference: list[int] | None = None
             for turn, user_text in enumerate(prompt.turns):
-                for route in self.routes:
+                for route in self.all_routes:
                     messages = history[route.name] + [{"role": "user", "content": user_text}]
                     key = (route.name, prompt.suite, prompt.id, turn)
                     if key in done:
                         record = run_dir.get(*key)
                     else:
                         prompt_ids = self.tokenizer.chat_prompt(messages)
-                        result = self.decode(route, prompt_ids, reference)
-                        if route.name == ref_route:
-                            vs_ar = "reference"
-                        elif reference is None:
-                            vs_ar = "no reference"
+                        if isinstance(route, ExternalRoute):
+                            record = self.decode_external(route, prompt, turn, prompt_ids, reference, run_dir)
                         else:
-                            vs_ar = compare_to_reference(result.output_ids, reference)
-                        record = make_record(route, prompt, turn, prompt_ids, result, self.cfg, vs_ar)
+                            result = self.decode(route, prompt_ids, reference)
+                            if route.name == ref_route:
+                                vs_ar = "reference"
+                            elif reference is None:
+                                vs_ar = "no reference"
+                            else:
+                                vs_ar = compare_to_reference(result.output_ids, reference)
+                            record = make_record(route, prompt, turn, prompt_ids, result, self.cfg, vs_ar)
                         run_dir.append(record)
                         written += 1
                     if route.name == ref_route:
@@ -176,11 +189,28 @@ class ExperimentRunner:
                         progress(f"{prompt.suite}/{prompt.id} turn {turn + 1} {route.name}")
         return written
 
+    def decode_external(
+        self,
+        route: ExternalRoute,
+        prompt: Prompt,
+        turn: int,
+        prompt_ids: list[int],
+        reference: list[int] | None,
+        run_dir: RunDir,
+    ) -> DecodeRecord:
+        """One generation by an external route's loop as a record; the first time a route runs, how its
+        loop ran (engine, notes) goes into the manifest's ``external_routes``."""
+        result = route.decode(prompt_ids, self.cfg, self.stop_ids)
+        seen = run_dir.manifest.get("external_routes") or {}
+        if route.name not in seen:
+            run_dir.update_manifest(external_routes={**seen, route.name: route.notes(result)})
+        return route.record(prompt, turn, prompt_ids, result, reference, self.cfg, self.stop_ids)
+
     def check_resumed(self, run_dir: RunDir) -> None:
         """Refuse records (of a resumed run) that these routes did not write: every record's route must
         be one of them, with the same resolved parameters (a record edited by hand or written by
         another configuration is not mixed in)."""
-        params = {route.name: route.params for route in self.routes}
+        params = {route.name: route.params for route in self.all_routes}
         for lineno, record in enumerate(run_dir.records(), start=1):
             if record.route not in params:
                 raise RunDirError(
@@ -195,7 +225,7 @@ class ExperimentRunner:
                 )
 
     def total_units(self) -> int:
-        return sum(len(p.turns) for p in self.prompts()) * len(self.routes)
+        return sum(len(p.turns) for p in self.prompts()) * len(self.all_routes)
 
 
 def graphed_target(model: HybridLM, routes: list[Route]) -> GraphedTarget:

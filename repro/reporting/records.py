@@ -28,6 +28,7 @@ RECORDS_FILE = "records.jsonl"
 STAGES = ("draft", "tree", "verify", "commit")
 FINISH_REASONS = ("stop", "length")
 VS_AR_FIXED = ("reference", "identical", "no reference")
+EXTERNAL_VS_AR = ("refused: ", "sampled: ")  # an external loop's refusal, or its sampling (not compared)
 _DIVERGED = re.compile(r"^diverged at token (\d+)$")
 
 RecordKey = tuple[str, str, str, int]
@@ -65,6 +66,12 @@ def divergence_index(vs_ar: str) -> int | None:
 def is_ar_route(route_params: dict[str, Any]) -> bool:
     """An AR route is one whose ``route_params["kind"] == "ar"`` (its name does not matter)."""
     return route_params.get("kind") == "ar"
+
+
+def is_external_route(route_params: dict[str, Any]) -> bool:
+    """A route of kind ``external`` runs another implementation's loop (``repro.engines``): its record
+    may lack per-step counts (``steps`` 0: the loop reports none) and its ``vs_ar`` may be a refusal."""
+    return route_params.get("kind") == "external"
 
 
 def reference_route(routes: Iterable[tuple[str, dict[str, Any]]]) -> str | None:
@@ -132,11 +139,12 @@ class DecodeRecord:
             raise ValueError(f"new_tokens={self.new_tokens} but {len(self.output_ids)} output_ids")
         if self.steps != len(self.accepted_lengths):
             raise ValueError(f"steps={self.steps} but {len(self.accepted_lengths)} accepted_lengths")
-        if self.steps != len(self.tree_sizes):
+        external = is_external_route(self.route_params)
+        if self.steps != len(self.tree_sizes) and not (external and not self.tree_sizes):
             raise ValueError(f"steps={self.steps} but {len(self.tree_sizes)} tree_sizes")
         if any(a < 1 for a in self.accepted_lengths):
             raise ValueError("accepted lengths include the bonus token and must be >= 1")
-        if sum(self.accepted_lengths) != max(self.new_tokens - 1, 0):
+        if sum(self.accepted_lengths) != max(self.new_tokens - 1, 0) and not (external and not self.steps):
             raise ValueError(
                 f"sum(accepted_lengths)={sum(self.accepted_lengths)} but new_tokens - 1 ="
                 f" {self.new_tokens - 1} (the first new token comes from prefill)"
@@ -146,7 +154,11 @@ class DecodeRecord:
             raise ValueError(f"stage_s lacks {', '.join(missing)}")
         if self.finish_reason not in FINISH_REASONS:
             raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, got {self.finish_reason!r}")
-        if self.vs_ar not in VS_AR_FIXED and not _DIVERGED.match(self.vs_ar):
+        if (
+            self.vs_ar not in VS_AR_FIXED
+            and not _DIVERGED.match(self.vs_ar)
+            and not (external and self.vs_ar.startswith(EXTERNAL_VS_AR))
+        ):
             raise ValueError(f"vs_ar {self.vs_ar!r} is not one of {VS_AR_FIXED} or 'diverged at token k'")
         if self.output_sha256 != sha256_ids(self.output_ids):
             raise ValueError("output_sha256 does not match sha256_ids(output_ids)")

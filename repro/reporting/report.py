@@ -64,7 +64,8 @@ def lossless_status(records: Sequence[DecodeRecord]) -> dict[tuple[str, str, str
     """Per record key: "reference", "identical", "diverged at token k" or "no reference".
 
     Recomputed from ``output_ids`` against the reference AR record of the same (suite, prompt_id,
-    turn) in the same run, so it does not depend on the order in which routes ran.
+    turn) in the same run, so it does not depend on the order in which routes ran; an external
+    loop's refusal or sampling verdict ("refused: ...", "sampled: ...") is kept as recorded.
     """
     ref = reference_route(records)
     ref_out = {(r.suite, r.prompt_id, r.turn): r.output_ids for r in records if r.route == ref}
@@ -72,6 +73,8 @@ def lossless_status(records: Sequence[DecodeRecord]) -> dict[tuple[str, str, str
     for r in records:
         if r.route == ref:
             out[r.key] = "reference"
+        elif r.vs_ar.startswith(records_mod.EXTERNAL_VS_AR):
+            out[r.key] = r.vs_ar
         elif (r.suite, r.prompt_id, r.turn) in ref_out:
             out[r.key] = compare_to_reference(r.output_ids, ref_out[(r.suite, r.prompt_id, r.turn)])
         else:
@@ -82,15 +85,20 @@ def lossless_status(records: Sequence[DecodeRecord]) -> dict[tuple[str, str, str
 def _lossless_text(statuses: list[str]) -> str:
     if statuses and all(s == "reference" for s in statuses):
         return "reference"
+    if statuses and set(statuses) == {statuses[0]} and statuses[0].startswith(records_mod.EXTERNAL_VS_AR):
+        return statuses[0]  # an external loop's refusal (with its reason) or "sampled: ..."
     n = len(statuses)
     same = sum(s == "identical" for s in statuses)
     div = sum(divergence_index(s) is not None for s in statuses)
     noref = sum(s == "no reference" for s in statuses)
+    other = sum(s.startswith(records_mod.EXTERNAL_VS_AR) for s in statuses)
     text = f"{same}/{n} identical"
     if div:
         text += f", {div} diverged"
     if noref:
         text += f", {noref} no reference"
+    if other:
+        text += f", {other} refused or sampled"
     return text
 
 
@@ -121,8 +129,13 @@ def _aggregate(recs: list[DecodeRecord], statuses: dict, distinct_prompts: int) 
         "temperature": temps[0] if len(temps) == 1 else "mixed",
         "step_ms": 1000 * _ratio(dec, steps),
     }
+    timed = not any(
+        records_mod.is_external_route(r.route_params) for r in recs
+    )  # no stages inside others' loops
     for s in STAGES:
-        row[f"{s}_ms"] = 1000 * _ratio(sum(float(r.stage_s.get(s, 0.0)) for r in recs), steps)
+        row[f"{s}_ms"] = (
+            1000 * _ratio(sum(float(r.stage_s.get(s, 0.0)) for r in recs), steps) if timed else math.nan
+        )
     return row
 
 
