@@ -8,7 +8,8 @@ from typing import Any
 from repro.decoding.engine import generate
 from repro.decoding.routes import COMMON_PARAMS, build_route, family_of, route_kind
 from repro.errors import ConfigError
-from repro.models.graphed import GraphedTarget, check_verifier, resolve_engine
+from repro.harness.runner import prepare_graphs
+from repro.models.graphed import GraphedTarget, resolve_engine
 from repro.models.hybrid import HybridLM
 from repro.models.target import open_target
 
@@ -81,25 +82,23 @@ def generate_one(
             else tokenizer.chat_prompt([{"role": "user", "content": prompt}])
         )
     acceptance = "sample_match" if temperature > 0 else "greedy"
+    decoder: HybridLM | GraphedTarget = model
+    if resolve_engine(engine, model.device) == "graphed":
+        decoder = GraphedTarget(model)  # routes built on it take their drafters' static paths
     chosen = build_route(
-        spec, vocab, acceptance, temperature, seed, target=model, commit=commit, family=family_of(target)
+        spec, vocab, acceptance, temperature, seed, target=decoder, commit=commit, family=family_of(target)
     )
     if ignore_eos:
         stops: tuple[int, ...] = ()
     else:
         stops = tuple(tokenizer.stop_token_ids) if tokenizer else tuple(model.config.eos_token_id)
-    target: HybridLM | GraphedTarget = model
-    if resolve_engine(engine, model.device) == "graphed":
-        check_verifier(chosen.verifier)
-        target = GraphedTarget(model)
-        chain = chosen.verifier == "chain"
-        strategies = () if chain else (chosen.commit,)
-        target.prepare(strategies, chosen.drafter.capture_layers if chosen.drafter else (), chain=chain)
+    if isinstance(decoder, GraphedTarget):
+        prepare_graphs(decoder, [chosen])
     reference = None
     if chosen.drafter is not None:
         ar = build_route({"kind": "ar"}, vocab, acceptance, temperature, seed, commit=commit)
-        reference = generate(target, ids, ar, max_new_tokens, stops).output_ids
-    result = generate(target, ids, chosen, max_new_tokens, stops, reference)
+        reference = generate(decoder, ids, ar, max_new_tokens, stops).output_ids
+    result = generate(decoder, ids, chosen, max_new_tokens, stops, reference)
     return {
         "route": route,
         "params": chosen.params,
@@ -115,5 +114,5 @@ def generate_one(
         "decode_s": result.decode_s,
         "stage_s": result.stage_s,
         "identical_to_ar": None if reference is None else result.output_ids == reference,
-        "engine": "graphed" if isinstance(target, GraphedTarget) else "eager",
+        "engine": "graphed" if isinstance(decoder, GraphedTarget) else "eager",
     }

@@ -102,9 +102,14 @@ class ExperimentRunner:
             )
         vocab = self.model.config.vocab_size
         rule = (cfg["acceptance"], float(cfg["temperature"]), int(cfg["seed"]))
+        # the target the routes decode on: HybridLM itself, or its static decoder (CUDA graphs on CUDA);
+        # routes are built on it, so that drafters take their static paths on the graphed engine
+        self.target: HybridLM | GraphedTarget = self.model
+        if cfg.get("engine", "eager") == "graphed":
+            self.target = GraphedTarget(self.model)
         self.routes = [
             build_route(
-                spec, vocab, *rule, target=self.model, commit=cfg["commit"], family=family_of(cfg["target"])
+                spec, vocab, *rule, target=self.target, commit=cfg["commit"], family=family_of(cfg["target"])
             )
             for spec in cfg["routes"]
             if not is_external(spec)
@@ -115,10 +120,8 @@ class ExperimentRunner:
             external.get(s["name"]) or built[s["name"]] for s in cfg["routes"]
         ]
         self.stop_ids = () if cfg["ignore_eos"] else tuple(self.tokenizer.stop_token_ids)
-        # the target the routes decode on: HybridLM itself, or its static decoder (CUDA graphs on CUDA)
-        self.target: HybridLM | GraphedTarget = self.model
-        if cfg.get("engine", "eager") == "graphed":
-            self.target = graphed_target(self.model, self.routes)
+        if isinstance(self.target, GraphedTarget) and self.routes:
+            prepare_graphs(self.target, self.routes)
 
     def decode(self, route: Route, prompt_ids: list[int], reference: list[int] | None) -> DecodeResult:
         """One decode with ``route`` (its own commit strategy: the experiment's unless it names one); a
@@ -228,17 +231,15 @@ class ExperimentRunner:
         return sum(len(p.turns) for p in self.prompts()) * len(self.all_routes)
 
 
-def graphed_target(model: HybridLM, routes: list[Route]) -> GraphedTarget:
-    """``model`` behind the static decoder, the graphs of the routes' commit strategies and captured
-    layers made ahead (none is captured or compiled inside a timed decode)."""
+def prepare_graphs(target: GraphedTarget, routes: list[Route]) -> None:
+    """Make ahead the graphs of the routes' commit strategies, verifiers and captured layers (none is
+    captured or compiled inside a timed decode)."""
     for route in routes:
         check_verifier(route.verifier)
-    target = GraphedTarget(model)
     capture = tuple(i for r in routes if r.drafter for i in r.drafter.capture_layers)
     trees = tuple(r.commit for r in routes if r.verifier == "tree")
     chain = any(r.verifier == "chain" for r in routes)
     target.prepare(trees, capture, max(largest_tree(r) for r in routes), chain)
-    return target
 
 
 def largest_tree(route: Route) -> int:
