@@ -112,6 +112,7 @@ def generate_one(
         "prefill_s": result.prefill_s,
         "decode_s": result.decode_s,
         "stage_s": result.stage_s,
+        "device_stage_s": result.device_stage_s,
         "identical_to_ar": None if reference is None else result.output_ids == reference,
         "engine": "graphed" if isinstance(target, GraphedTarget) else "eager",
     }
