@@ -321,6 +321,38 @@ def test_greedy_graphed_steps_read_the_device_once_and_keep_the_records(monkeypa
     assert max(eager["ddtree"].accepted_lengths) > 2 and max(eager["ddtree"].tree_sizes) == 21
 
 
+def test_greedy_graphed_steps_read_nothing_else_on_the_host(monkeypatch):
+    """Every aten op of the device-path steps under CaptureCheck (the CPU stand-in for a sync check):
+    outside ``read_back`` (and prefill with its first pick, before the steps; slots made on first use)
+    no op reads a device value on the host, makes a data-dependent shape or copies host data in."""
+    import repro.decoding.engine as engine
+    import repro.models.graphed as graphed
+    from repro.decoding.acceptance import TargetMatch
+    from repro.models.graphs import CaptureCheck
+
+    def unchecked(fn):  # noqa: ANN001, ANN202
+        def run(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            from torch.utils._python_dispatch import _disable_current_modes
+
+            with _disable_current_modes():
+                return fn(*args, **kwargs)
+
+        return run
+
+    monkeypatch.setattr(graphed, "read_back", unchecked(graphed.read_back))
+    monkeypatch.setattr(engine, "_prefill", unchecked(engine._prefill))
+    monkeypatch.setattr(TargetMatch, "pick", unchecked(TargetMatch.pick))
+    target = GraphedTarget(small_model(11), max_len=64, max_nodes=32)
+    prompt = ids(10, 12)
+    for route in device_routes()[1:]:  # AR's one-node tree is a host Tree (its token goes in by fill_)
+        propose = route.drafter.propose
+        route.drafter.propose = unchecked(propose)
+        generate(target, prompt, route, 20, reference_ids=ids(40, 13))  # slots made (prepare's job on CUDA)
+        with CaptureCheck() as check:
+            got = generate(target, prompt, route, 20, reference_ids=ids(40, 13))
+        assert got.steps > 3 and check.hazards == [], (route.name, check.hazards)
+
+
 def test_graphed_sampling_routes_keep_the_host_path():
     """A sampling rule (and sampled trees) on the graphed target: the host walk, as before."""
     from repro.decoding.engine import Route, device_greedy
