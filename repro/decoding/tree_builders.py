@@ -15,6 +15,7 @@ proposal lives without reading the device on the host (a :class:`~repro.tree.Dev
 
 from __future__ import annotations
 
+import functools
 import heapq
 from typing import Protocol
 
@@ -82,7 +83,14 @@ class SingleNode:
         return Tree.single(root_token)
 
     def build_device(self, root_token: int, proposal: Proposal | None) -> Tree:
-        return Tree.single(root_token)  # the graphed target's decode step takes the host token
+        return _single(root_token)  # the graphed target's decode step takes the host token
+
+
+@functools.lru_cache(maxsize=4096)
+def _single(token: int) -> Tree:
+    """``Tree.single(token)``, made once per token (its validation costs more host time than a
+    graphed AR step can spare; trees are not modified after they are made)."""
+    return Tree.single(token)
 
 
 class Chain:
