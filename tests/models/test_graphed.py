@@ -254,8 +254,8 @@ class MarginalDrafter:
 
     capture_layers: tuple[int, ...] = ()
 
-    def __init__(self, depth: int, seed: int) -> None:
-        self.depth, self.gen = depth, torch.Generator().manual_seed(seed)
+    def __init__(self, depth: int, seed: int, vocab: int = VOCAB) -> None:
+        self.depth, self.vocab, self.gen = depth, vocab, torch.Generator().manual_seed(seed)
 
     def begin(self, prompt_ids: list[int], reference_ids: list[int] | None) -> None:
         self.reference = list(reference_ids or [])
@@ -263,7 +263,7 @@ class MarginalDrafter:
     def propose(self, ctx):  # noqa: ANN001, ANN201 - the Drafter protocol
         from repro.drafters.base import Proposal
 
-        probs = torch.softmax(torch.randn(self.depth, VOCAB, generator=self.gen, dtype=F64), dim=-1)
+        probs = torch.softmax(torch.randn(self.depth, self.vocab, generator=self.gen, dtype=F64), dim=-1)
         ahead = self.reference[ctx.next_position : ctx.next_position + self.depth]
         for d, t in enumerate(ahead):
             probs[d, t] += 0.5 if d % 3 < 2 else 0.0
@@ -271,7 +271,7 @@ class MarginalDrafter:
         return Proposal(probs=probs, top_ids=probs.topk(3, dim=-1).indices)
 
 
-def device_routes() -> list:
+def device_routes(vocab: int = VOCAB) -> list:
     from repro.decoding.acceptance import TargetMatch
     from repro.decoding.engine import Route
     from repro.decoding.tree_builders import BestFirst, Chain, SingleNode
@@ -279,9 +279,9 @@ def device_routes() -> list:
     rule = TargetMatch(0.0, 0)
     return [
         Route("ar", None, SingleNode(), rule),
-        Route("chain", MarginalDrafter(5, 1), Chain(), rule),
-        Route("ddtree", MarginalDrafter(6, 2), BestFirst(20), rule, commit="replay"),
-        Route("ddtree-snap", MarginalDrafter(4, 3), BestFirst(9), rule, commit="snapshot"),
+        Route("chain", MarginalDrafter(5, 1, vocab), Chain(), rule),
+        Route("ddtree", MarginalDrafter(6, 2, vocab), BestFirst(20), rule, commit="replay"),
+        Route("ddtree-snap", MarginalDrafter(4, 3, vocab), BestFirst(9), rule, commit="snapshot"),
     ]
 
 
@@ -402,20 +402,22 @@ def allowing_syncs(fn):  # noqa: ANN001, ANN201
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_greedy_graphed_step_syncs_only_in_read_back(monkeypatch):
-    """float32 on CUDA graphs: the device routes equal the graphed AR, and under torch's sync debug mode
-    ("error": a synchronizing call raises) a step syncs nowhere but in ``read_back``, once. Allowed
+    """The trained default target in float32 on CUDA graphs: the device routes equal the graphed AR, and
+    under torch's sync debug mode ("error": a synchronizing call raises) a step syncs nowhere but in
+    ``read_back``, once. Allowed
     outside the steps: prefill and its first pick, the engine's start/end clocks, the end-of-run event
     read; the test drafter's host-made marginals are moved to CUDA before the step's own work."""
     import repro.decoding.engine as engine
     import repro.models.graphed as graphed
     from repro.decoding.acceptance import TargetMatch
 
-    model = small_model(11).to("cuda", torch.float32)
+    model, _ = open_target("default", dtype="float32", device="cuda")
     model.set_gdn_backend("triton")
-    target = GraphedTarget(model, max_len=64, max_nodes=32)
+    vocab = model.config.vocab_size
+    target = GraphedTarget(model, max_len=128, max_nodes=32)
     target.prepare(("closed_form", "replay", "snapshot"), (), 32)
     prompt = ids(10, 12)
-    reference = generate(target, prompt, device_routes()[0], 30).output_ids
+    reference = generate(target, prompt, device_routes(vocab)[0], 30).output_ids
     reads = []
     real_read = graphed.read_back
     monkeypatch.setattr(graphed, "read_back", allowing_syncs(lambda d, h: reads.append(1) or real_read(d, h)))
@@ -423,7 +425,7 @@ def test_gpu_greedy_graphed_step_syncs_only_in_read_back(monkeypatch):
     monkeypatch.setattr(engine, "_prefill", allowing_syncs(engine._prefill))
     monkeypatch.setattr(engine.StageClock, "device_s", allowing_syncs(engine.StageClock.device_s))
     monkeypatch.setattr(TargetMatch, "pick", allowing_syncs(TargetMatch.pick))
-    for route in device_routes():
+    for route in device_routes(vocab):
         if route.drafter is not None:
             propose = route.drafter.propose
 
