@@ -88,40 +88,51 @@ class StageClock:
 
     ``mark()`` at every stage boundary of a step (len(STAGES) + 1 marks per step): a wall-clock reading
     (after a device sync when ``sync``) and, on CUDA, an event recorded on the current stream without a
-    sync. ``device_s()`` reads the events once (one sync) and sums each stage's elapsed device time;
-    without events it gives the wall-clock sums.
+    sync. Steps whose events have completed (``query``, no sync) are summed at the next step's first
+    mark and their events reused; ``device_s()`` waits for the rest (one sync) and returns the summed
+    device time per stage; without events it gives the wall-clock sums.
     """
 
     def __init__(self, device: torch.device, sync: bool) -> None:
         self.device, self.sync = device, sync
         self.events = device.type == "cuda"
         self.wall = dict.fromkeys(STAGES, 0.0)
+        self.device_sums = dict.fromkeys(STAGES, 0.0)
         self._times: list[float] = []
-        self._marks: list[list[torch.cuda.Event]] = []
+        self._steps: list[list[torch.cuda.Event]] = []  # recorded, not yet summed
+        self._pool: list[torch.cuda.Event] = []
 
     def mark(self) -> None:
         self._times.append(_clock(self.device) if self.sync else time.perf_counter())
         if self.events:
             if len(self._times) == 1:
-                self._marks.append([])
-            event = torch.cuda.Event(enable_timing=True)
+                self._harvest(wait=False)
+                self._steps.append([])
+            event = self._pool.pop() if self._pool else torch.cuda.Event(enable_timing=True)
             event.record()
-            self._marks[-1].append(event)
+            self._steps[-1].append(event)
         if len(self._times) == len(STAGES) + 1:
             for name, a, b in zip(STAGES, self._times, self._times[1:]):
                 self.wall[name] += b - a
             self._times = []
 
+    def _harvest(self, wait: bool) -> None:
+        """Sum the device time of the recorded steps that are done (``wait``: all of them)."""
+        while self._steps and len(self._steps[0]) == len(STAGES) + 1:
+            marks = self._steps[0]
+            if wait:
+                marks[-1].synchronize()
+            elif not marks[-1].query():
+                return
+            for name, a, b in zip(STAGES, marks, marks[1:]):
+                self.device_sums[name] += a.elapsed_time(b) / 1000.0
+            self._pool += self._steps.pop(0)
+
     def device_s(self) -> dict[str, float]:
         if not self.events:
             return dict(self.wall)
-        out = dict.fromkeys(STAGES, 0.0)
-        if self._marks:
-            self._marks[-1][-1].synchronize()
-        for marks in self._marks:
-            for name, a, b in zip(STAGES, marks, marks[1:]):
-                out[name] += a.elapsed_time(b) / 1000.0
-        return out
+        self._harvest(wait=True)
+        return dict(self.device_sums)
 
 
 def device_greedy(model: HybridLM | GraphedTarget, route: Route) -> bool:
