@@ -2,6 +2,18 @@
 
 It knows nothing about any particular route: a route supplies a drafter (or none), a tree
 builder and an acceptance rule.
+
+On a graphed target (:class:`~repro.models.graphed.GraphedTarget`) with the greedy rule and a
+non-sampling builder, a step takes the device path: the builder's ``build_device`` tree (a
+:class:`~repro.tree.DeviceTree` where the proposal lives on the device), the slot's verify graph,
+then ``commit_greedy`` (acceptance, path and commit on the device, one read of the result): one
+device-to-host sync per step, besides the drafter's own. Elsewhere the host rule walks the logits.
+
+Stage times: ``stage_s`` is wall-clock per stage (on the host path each boundary first synchronizes
+the device; on the device path none does, so a stage's wall time is its host time, the final read's
+wait landing in ``commit``); ``device_stage_s`` is device time per stage from CUDA events recorded at
+the same boundaries and read once at the end (the current clocks' values where there are no events,
+e.g. on CPU).
 """
 
 from __future__ import annotations
@@ -12,14 +24,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from repro.decoding.acceptance import SamplingRule, TargetMatch
+from repro.decoding.acceptance import Acceptance, SamplingRule, TargetMatch
 from repro.decoding.sampling import step_rng
 from repro.decoding.tree_builders import TreeBuilder
 from repro.drafters.base import DraftContext, Drafter
+from repro.models.graphed import GraphedTarget
 from repro.models.hybrid import PREFILL_CHUNK, HybridLM, Verification
 from repro.models.state import ModelState
 
-STAGES = ("draft", "tree", "verify", "commit")
+STAGES = ("draft", "tree", "verify", "commit")  # on the device path "commit" holds the acceptance too
 
 
 @dataclass
@@ -34,6 +47,7 @@ class DecodeResult:
     stage_s: dict[str, float]
     finish_reason: str
     accepted_paths: list[list[int]] = field(default_factory=list)
+    device_stage_s: dict[str, float] | None = None  # device time per stage (module docstring)
 
     @property
     def steps(self) -> int:
@@ -67,6 +81,64 @@ def _clock(device: torch.device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter()
+
+
+class StageClock:
+    """Per-stage wall and device time over the steps of one generation.
+
+    ``mark()`` at every stage boundary of a step (len(STAGES) + 1 marks per step): a wall-clock reading
+    (after a device sync when ``sync``) and, on CUDA, an event recorded on the current stream without a
+    sync. Steps whose events have completed (``query``, no sync) are summed at the next step's first
+    mark and their events reused; ``device_s()`` waits for the rest (one sync) and returns the summed
+    device time per stage; without events it gives the wall-clock sums.
+    """
+
+    def __init__(self, device: torch.device, sync: bool) -> None:
+        self.device, self.sync = device, sync
+        self.events = device.type == "cuda"
+        self.wall = dict.fromkeys(STAGES, 0.0)
+        self.device_sums = dict.fromkeys(STAGES, 0.0)
+        self._times: list[float] = []
+        self._steps: list[list[torch.cuda.Event]] = []  # recorded, not yet summed
+        self._pool: list[torch.cuda.Event] = []
+
+    def mark(self) -> None:
+        self._times.append(_clock(self.device) if self.sync else time.perf_counter())
+        if self.events:
+            if len(self._times) == 1:
+                self._harvest(wait=False)
+                self._steps.append([])
+            event = self._pool.pop() if self._pool else torch.cuda.Event(enable_timing=True)
+            event.record()
+            self._steps[-1].append(event)
+        if len(self._times) == len(STAGES) + 1:
+            for name, a, b in zip(STAGES, self._times, self._times[1:]):
+                self.wall[name] += b - a
+            self._times = []
+
+    def _harvest(self, wait: bool) -> None:
+        """Sum the device time of the recorded steps that are done (``wait``: all of them)."""
+        while self._steps and len(self._steps[0]) == len(STAGES) + 1:
+            marks = self._steps[0]
+            if wait:
+                marks[-1].synchronize()
+            elif not marks[-1].query():
+                return
+            for name, a, b in zip(STAGES, marks, marks[1:]):
+                self.device_sums[name] += a.elapsed_time(b) / 1000.0
+            self._pool += self._steps.pop(0)
+
+    def device_s(self) -> dict[str, float]:
+        if not self.events:
+            return dict(self.wall)
+        self._harvest(wait=True)
+        return dict(self.device_sums)
+
+
+def device_greedy(model: HybridLM | GraphedTarget, route: Route) -> bool:
+    """Whether ``route`` decodes on ``model`` through the device path (module docstring)."""
+    greedy = type(route.rule) is TargetMatch and route.rule.temperature == 0
+    return isinstance(model, GraphedTarget) and greedy and not route.random
 
 
 def _cut(tokens: list[int], stop_ids: set[int], room: int) -> tuple[list[int], str | None]:
@@ -113,36 +185,45 @@ def generate(
     capture = drafter.capture_layers if drafter else ()
     if drafter:
         drafter.begin(list(prompt_ids), reference_ids)
-    stage = dict.fromkeys(STAGES, 0.0)
+    on_device = device_greedy(model, route)
     t0 = _clock(dev)
     state, ver = _prefill(model, prompt_ids, capture, drafter, route.commit)
     out = [route.rule.pick(ver.logits[-1], 0)]
     t1 = _clock(dev)
+    clock = StageClock(dev, sync=not on_device)
     lengths: list[int] = []
     sizes: list[int] = []
     paths: list[list[int]] = []
     _, finish = _cut(out, stops, max_new_tokens)
     ctx = DraftContext(list(prompt_ids), out, ver, list(range(ver.tree.size)))
     while finish is None:
-        ta = _clock(dev)
+        clock.mark()
         proposal = drafter.propose(ctx) if drafter else None
-        tb = _clock(dev)
-        rng = step_rng(route.rule.seed, len(out)) if route.random else None
-        tree = route.builder.build(out[-1], proposal, rng)
-        tc = _clock(dev)
-        ver = model.verify(state, tree, capture, route.commit, route.verifier)
-        acc = route.rule.accept(tree, ver.logits, len(out), rng)
-        td = _clock(dev)
-        state = model.commit(state, ver, acc.path)
-        te = _clock(dev)
-        for name, dt in zip(STAGES, (tb - ta, tc - tb, td - tc, te - td)):
-            stage[name] += dt
-        new = tree.tokens[acc.path[1:]].tolist() + [acc.bonus]
-        new, finish = _cut(new, stops, max_new_tokens - len(out))
+        clock.mark()
+        if on_device:
+            tree = route.builder.build_device(out[-1], proposal)
+            clock.mark()
+            ver = model.verify(state, tree, capture, route.commit, route.verifier)
+            clock.mark()
+            state, path, tokens, bonus = model.commit_greedy(state, ver)
+            acc = Acceptance(path, bonus)
+        else:
+            rng = step_rng(route.rule.seed, len(out)) if route.random else None
+            tree = route.builder.build(out[-1], proposal, rng)
+            clock.mark()
+            ver = model.verify(state, tree, capture, route.commit, route.verifier)
+            acc = route.rule.accept(tree, ver.logits, len(out), rng)
+            clock.mark()
+            state = model.commit(state, ver, acc.path)
+            tokens = tree.tokens[acc.path].tolist()
+        clock.mark()
+        new, finish = _cut(tokens[1:] + [acc.bonus], stops, max_new_tokens - len(out))
         out.extend(new)
         lengths.append(len(new))
         sizes.append(tree.size)
         paths.append(acc.path)
         ctx = DraftContext(list(prompt_ids), out, ver, acc.path)
     t2 = _clock(dev)
-    return DecodeResult(out, lengths, sizes, t1 - t0, t2 - t1, stage, finish, paths)
+    result = DecodeResult(out, lengths, sizes, t1 - t0, t2 - t1, clock.wall, finish, paths)
+    result.device_stage_s = clock.device_s()
+    return result

@@ -7,10 +7,15 @@ children's depth marginal, shared by the nodes of one depth) in ``Tree.proposals
 the tree's shape a function of the marginals alone: the exactness of the sampling acceptance
 rules needs children drawn from the recorded proposal whatever happens elsewhere in the tree
 (docs/metrics.md). Sampling needs marginals that do not depend on earlier draft tokens (DFlash's).
+
+``build_device`` is the greedy graphed engine's entry: the same tree, built where the drafter's
+proposal lives without reading the device on the host (a :class:`~repro.tree.DeviceTree`), or a host
+:class:`~repro.tree.Tree` where the proposal is on the host anyway (synthetic drafters, AR's one node).
 """
 
 from __future__ import annotations
 
+import functools
 import heapq
 from typing import Protocol
 
@@ -19,13 +24,24 @@ import torch
 
 from repro.drafters.base import Proposal
 from repro.errors import ConfigError
-from repro.tree import MAX_TREE_NODES, Sparse, Tree
+from repro.tree import MAX_TREE_NODES, DeviceTree, Sparse, Tree
 
 Rng = np.random.Generator | None
 
 
 class TreeBuilder(Protocol):
     def build(self, root_token: int, proposal: Proposal | None, rng: Rng = None) -> Tree: ...
+
+    def build_device(self, root_token: int, proposal: Proposal | None) -> Tree | DeviceTree:
+        """The greedy (non-sampling) tree of :meth:`build` without a host read of the device."""
+        ...
+
+
+def _root_and(root_token: int, tokens: torch.Tensor, parents: torch.Tensor) -> DeviceTree:
+    """A device tree: the root (the pending token, parent -1) followed by ``tokens``/``parents``."""
+    root = torch.full((1,), root_token, dtype=torch.long, device=tokens.device)
+    minus = torch.full((1,), -1, dtype=torch.long, device=tokens.device)
+    return DeviceTree(torch.cat([root, tokens.long()]), torch.cat([minus, parents.long()]))
 
 
 def depth_marginals(proposal: Proposal | None) -> list[Sparse]:
@@ -66,6 +82,16 @@ class SingleNode:
     def build(self, root_token: int, proposal: Proposal | None, rng: Rng = None) -> Tree:
         return Tree.single(root_token)
 
+    def build_device(self, root_token: int, proposal: Proposal | None) -> Tree:
+        return _single(root_token)  # the graphed target's decode step takes the host token
+
+
+@functools.lru_cache(maxsize=4096)
+def _single(token: int) -> Tree:
+    """``Tree.single(token)``, made once per token (its validation costs more host time than a
+    graphed AR step can spare; trees are not modified after they are made)."""
+    return Tree.single(token)
+
 
 class Chain:
     """The first choice at every depth, as a chain below the root; ``sample``: one token drawn
@@ -86,6 +112,13 @@ class Chain:
         tokens = [root_token] + [draw_without_replacement(q, 1, gen)[0] for _, q in marg]
         return Tree.chain(tokens, tuple(marg) + (None,), "iid")
 
+    def build_device(self, root_token: int, proposal: Proposal | None) -> Tree | DeviceTree:
+        """The first choices straight from ``proposal.top_ids`` (device); a host tree otherwise."""
+        if self.sample or proposal is None or proposal.top_ids is None or proposal.depth == 0:
+            return self.build(root_token, proposal)
+        first = proposal.top_ids[:, 0]
+        return _root_and(root_token, first, torch.arange(first.numel(), device=first.device))
+
 
 class DrafterTree:
     """The tree the drafter grew itself (``proposal.tree``); its root must be the pending token."""
@@ -94,9 +127,19 @@ class DrafterTree:
         if proposal is None or proposal.tree is None:
             return Tree.single(root_token)
         tree = proposal.tree
+        if isinstance(tree, DeviceTree):
+            tree = tree.to_tree()
         if int(tree.tokens[0]) != root_token or int(tree.parents[0]) != -1:
             raise ValueError("the drafter's tree must be rooted at the pending token (node 0)")
         return tree
+
+    def build_device(self, root_token: int, proposal: Proposal | None) -> Tree | DeviceTree:
+        """The drafter's tree as it is (a device tree's root is not checked: that would read it)."""
+        if proposal is None or proposal.tree is None:
+            return Tree.single(root_token)
+        if isinstance(proposal.tree, DeviceTree):
+            return proposal.tree
+        return self.build(root_token, proposal)
 
 
 class Backbone:
@@ -133,6 +176,9 @@ class Backbone:
         draw = "without_replacement" if self.sample and proposal else "given"
         return Tree(tokens, parents, tuple(props) if marg else None, draw)
 
+    def build_device(self, root_token: int, proposal: Proposal | None) -> Tree:
+        return self.build(root_token, proposal)  # synthetic drafters' candidates are on the host
+
 
 class BestFirst:
     """DDTree: the ``budget`` most probable draft nodes under the drafter's per-depth marginals.
@@ -144,7 +190,9 @@ class BestFirst:
     ``budget`` counts draft nodes, not the root: the tree has at most ``budget + 1`` nodes (fewer
     only when the top-k tokens of every depth run out). Nodes come out in pop order, so parents
     precede children, siblings are in decreasing probability and scores never increase with the
-    node index; ties pop in push order.
+    node index. Exact score ties pop by (depth, parent's rank among the nodes of its depth, rank):
+    the order of :func:`best_first_device`, which builds the same tree on the device
+    (:meth:`build_device`; probabilities above 1 count as 1, so a child never outscores its parent).
 
     ``sample``: the shape stays the best-first tree's (a function of the marginals alone); each
     node's children are then drawn without replacement from their depth's marginal, afresh per
@@ -173,29 +221,94 @@ class BestFirst:
                 tokens[children] = torch.tensor(draw_without_replacement(props[i][1], len(children), gen))
         return Tree(tokens, tree.parents, props, "without_replacement")
 
+    def build_device(self, root_token: int, proposal: Proposal | None) -> Tree | DeviceTree:
+        """The tree of :meth:`build` (greedy) on the marginals' device, without a host read."""
+        if self.sample or proposal is None or proposal.depth == 0:
+            return self.build(root_token, proposal)
+        return best_first_device(root_token, _need_probs(proposal), self.budget)
+
     def _top(self, root_token: int, proposal: Proposal | None) -> Tree:
         if proposal is None or proposal.depth == 0:
             return Tree.single(root_token)
-        if proposal.probs is None:
-            raise ConfigError("best-first (DDTree) trees need the drafter's marginals (proposal.probs)")
-        depth, vocab = proposal.probs.shape
-        k = min(self.budget, vocab)
-        top_p, top_ids = torch.topk(proposal.probs.detach(), k, dim=-1)  # on the drafter's device
-        logp = top_p.to("cpu", torch.float64).clamp_min(torch.finfo(torch.float64).tiny).log().tolist()
-        ids = top_ids.tolist()
+        logp_t, ids_t = top_log_probs(_need_probs(proposal), self.budget)
+        depth, k = logp_t.shape
+        logp, ids = logp_t.cpu().tolist(), ids_t.cpu().tolist()
         tokens, parents = [root_token], [-1]
+        seen = [0] * depth  # nodes popped per depth so far: the next one's rank within its depth
         pushes = 0
-        # entries: (-score, push order, depth index, rank, parent node, parent's score)
-        heap: list[tuple[float, int, int, int, int, float]] = [(-logp[0][0], 0, 0, 0, 0, 0.0)]
+        # entries: (-score, depth index, parent's rank within its depth, rank, push order, parent node,
+        # parent's score); the push order never decides (the first four differ between entries)
+        heap: list[tuple[float, int, int, int, int, int, float]] = [(-logp[0][0], 0, 0, 0, 0, 0, 0.0)]
         while heap and len(tokens) <= self.budget:
-            neg, _, d, r, parent, base = heapq.heappop(heap)
+            neg, d, up, r, _, parent, base = heapq.heappop(heap)
             node = len(tokens)
             tokens.append(ids[d][r])
             parents.append(parent)
+            mine, seen[d] = seen[d], seen[d] + 1
             if r + 1 < k:
                 pushes += 1
-                heapq.heappush(heap, (-(base + logp[d][r + 1]), pushes, d, r + 1, parent, base))
+                entry = (-(base + logp[d][r + 1]), d, up, r + 1, pushes, parent, base)
+                heapq.heappush(heap, entry)
             if d + 1 < depth:
                 pushes += 1
-                heapq.heappush(heap, (neg - logp[d + 1][0], pushes, d + 1, 0, node, -neg))
+                heapq.heappush(heap, (-(-neg + logp[d + 1][0]), d + 1, mine, 0, pushes, node, -neg))
         return Tree(tokens, parents)
+
+
+def _need_probs(proposal: Proposal) -> torch.Tensor:
+    if proposal.probs is None:
+        raise ConfigError("best-first (DDTree) trees need the drafter's marginals (proposal.probs)")
+    return proposal.probs.detach()
+
+
+def top_log_probs(probs: torch.Tensor, budget: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per depth the top-min(budget, V) log-probabilities (float64, in (log tiny, 0]) and token ids,
+    on the marginals' device: what both best-first builders read."""
+    k = min(budget, probs.shape[-1])
+    top_p, top_ids = torch.topk(probs, k, dim=-1)
+    return top_p.to(torch.float64).clamp(torch.finfo(torch.float64).tiny, 1.0).log(), top_ids
+
+
+def best_first_size(depth: int, vocab: int, budget: int) -> int:
+    """Nodes (root included) of the best-first tree: every path of the top-k tokens, at most budget."""
+    k, total, level = min(budget, vocab), 0, 1
+    for _ in range(depth):
+        level = min(level * k, budget)
+        total = min(total + level, budget)
+    return 1 + total
+
+
+def best_first_device(root_token: int, probs: torch.Tensor, budget: int) -> DeviceTree:
+    """:class:`BestFirst`'s tree built with fixed-shape ops on ``probs``' device (no host read).
+
+    Per depth d the frontier is the best min(budget, k^d) nodes of depth d, ordered by (score, parent's
+    position in the frontier above, rank), from one stable sort of the frontier-above x k extensions
+    (a node outside it has ``budget`` better nodes of its depth, so it and its subtree never make the
+    tree). Then one stable sort of every depth's frontier, depth-major, ranks all nodes by (score,
+    depth, position in the frontier): the first ``budget`` are the tree, in that order, which is the
+    heap's pop order of :meth:`BestFirst._top` (ties included) and topological (a parent scores at least
+    its child and lies at a smaller depth). Scores are the same float64 sums as the heap's.
+    """
+    logp, ids = top_log_probs(probs, budget)
+    depth, k = logp.shape
+    n = best_first_size(depth, probs.shape[-1], budget) - 1
+    width = min(budget, k**depth)
+    frontier = logp.new_zeros(1)  # the root's score
+    scores, uppers, tokens = [], [], []
+    for d in range(depth):
+        cand = (frontier[:, None] + logp[d][None, :]).reshape(-1)  # index: parent position * k + rank
+        size = min(budget, cand.numel())
+        frontier, order = torch.sort(cand, descending=True, stable=True)
+        frontier, order = frontier[:size], order[:size]
+        pad = width - size
+        scores.append(torch.nn.functional.pad(frontier, (0, pad), value=-torch.inf))
+        uppers.append(torch.nn.functional.pad(order // k, (0, pad)))
+        tokens.append(torch.nn.functional.pad(ids[d][order % k], (0, pad)))
+    _, chosen = torch.sort(torch.cat(scores), descending=True, stable=True)
+    chosen = chosen[:n]  # flat index: depth * width + position in the frontier
+    node = torch.zeros(depth * width, dtype=torch.long, device=probs.device)
+    node.scatter_(0, chosen, torch.arange(1, n + 1, device=probs.device))
+    level = torch.arange(depth * width, device=probs.device) // width
+    upper = torch.cat(uppers) + (level - 1).clamp(min=0) * width  # the parent's flat index
+    parent = torch.where(level == 0, 0, node.index_select(0, upper))
+    return _root_and(root_token, torch.cat(tokens).index_select(0, chosen), parent.index_select(0, chosen))

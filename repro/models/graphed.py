@@ -22,10 +22,19 @@
   (:mod:`repro.models.static_chain`): the chain padded at its end, GDN layers by fla's chunk kernel
   from the committed state, the commit a replay through fla's fused recurrence.
 
+- ``verify`` also takes a :class:`~repro.tree.DeviceTree` (built on the device by the greedy engine's
+  tree builders): its tokens and parents are copied into the slot on the device; every slot derives
+  depths, ancestor mask, conv gather index and first-sibling flags from them inside its verify graph,
+  so a host tree uploads its tokens and parents alone.
+- ``commit_greedy`` is the greedy step's end on the device: the slot's accept (greedy longest match),
+  the path gathered by depth and the commit in one graph, then :func:`read_back` of one small int64
+  buffer (path length, bonus, path nodes, their tokens): the one device-to-host read of the step. AR's
+  decode graph writes its argmax, which ``commit_greedy`` reads the same way.
+
 The state is a :class:`GraphedState` handle: the decoder holds the one sequence's state, the handle
 its host-side position and an epoch; a handle that is not the decoder's current one is refused, so a
-stale state can never be verified silently. No step reads the device on the host: the host syncs of
-a decode step are the caller's (the engine's stage clocks and the acceptance rule reading the
+stale state can never be verified silently. No step but :func:`read_back` reads the device on the
+host: the other host syncs of a decode step are the caller's (a host acceptance rule reading the
 logits) and the drafters'.
 """
 
@@ -44,7 +53,7 @@ from repro.models.hybrid import check_verifier as check_chain_verifier
 from repro.models.state import ModelState
 from repro.models.static import GDNBuffers, StaticDecoder, TreeSlot
 from repro.models.static_chain import ChainSlot
-from repro.tree import MAX_TREE_NODES, Tree
+from repro.tree import MAX_TREE_NODES, DeviceTree, Tree
 
 SLOT_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 DEFAULT_MAX_LEN = 4096
@@ -71,6 +80,15 @@ def slot_size(n: int, max_nodes: int) -> int:
         if n <= size <= max_nodes:
             return size
     raise ConfigError(f"a tree of {n} nodes exceeds the graphed engine's {max_nodes} nodes; lower the budget")
+
+
+def read_back(device: torch.Tensor, host: torch.Tensor) -> list[int]:
+    """``device`` copied into ``host`` (pinned on CUDA: one copy, then the stream is waited for) and
+    listed: the only device-to-host read of a greedy step on the graphed target."""
+    host.copy_(device, non_blocking=True)
+    if device.is_cuda:
+        torch.cuda.current_stream(device.device).synchronize()
+    return host.tolist()
 
 
 @dataclass
@@ -199,9 +217,9 @@ class GraphedTarget:
         slot = self._slots.get(key)
         if slot is None or slot.capture != self.capture:
             if verifier == "chain":
-                slot = ChainSlot(self.decoder, size, capture=self.capture)
+                slot = ChainSlot(self.decoder, size, capture=self.capture, derive=True)
             else:
-                slot = TreeSlot(self.decoder, size, snapshots=snapshots, capture=self.capture)
+                slot = TreeSlot(self.decoder, size, snapshots=snapshots, capture=self.capture, derive=True)
             self._slots[key] = slot
             self._calls = {k: v for k, v in self._calls.items() if k[1:3] != key}
         return slot
@@ -213,6 +231,21 @@ class GraphedTarget:
     def _commit_call(self, slot: TreeSlot, strategy: str) -> Any:
         key = ("commit", *slot_key(slot.size, slot.snapshots, slot.verifier), strategy)
         return self._call(key, lambda: self.decoder.commit(slot, strategy), True)
+
+    def _greedy_call(self, slot: TreeSlot, strategy: str) -> Any:
+        """accept, the accepted path into ``slot.result`` and commit: one graph."""
+
+        def step() -> None:
+            self.decoder.accept(slot)
+            self.decoder.accepted_path(slot)
+            self.decoder.commit(slot, strategy)
+
+        return self._call(
+            ("greedy", *slot_key(slot.size, slot.snapshots, slot.verifier), strategy), step, True
+        )
+
+    def _decode_call(self) -> Any:
+        return self._call(("decode",), self.decoder.decode_pick, True)
 
     def prepare(
         self,
@@ -227,7 +260,7 @@ class GraphedTarget:
         do without graphs."""
         if not self.graphs:
             return
-        self._call(("decode",), self.decoder.decode_step, True)
+        self._decode_call()
         slots = [(strategy, "tree") for strategy in dict.fromkeys(strategies)]
         for strategy, verifier in slots + ([("replay", "chain")] if chain else []):
             check_strategy(strategy)
@@ -237,6 +270,7 @@ class GraphedTarget:
                 slot = self._slot(size, strategy == "snapshot", capture, verifier)
                 self._verify_call(slot)()
                 self._commit_call(slot, strategy)
+                self._greedy_call(slot, strategy)
 
     # --------------------------------------------------------------------------- the API
 
@@ -290,29 +324,35 @@ class GraphedTarget:
     def verify(
         self,
         state: GraphedState,
-        tree: Tree,
+        tree: Tree | DeviceTree,
         capture: tuple[int, ...] = (),
         strategy: str = "closed_form",
         verifier: str = "tree",
     ) -> GraphedVerification:
         """Logits of every tree node given the committed state (see the module docstring for the
         one-node tree that the decode step folds in at once); ``verifier="chain"``: a chain on a chain
-        slot, committed by ``replay``."""
+        slot, committed by ``replay``. A device tree's depth is unknown on the host: its size bounds the
+        positions it may take."""
         check_strategy(strategy)
         check_chain_verifier(verifier, strategy, tree)
         self._check(state)
-        need = state.position + (1 if tree.size == 1 else int(tree.depth.max()))
+        on_device = isinstance(tree, DeviceTree)
+        deepest = tree.size if on_device or tree.size == 1 else int(tree.depth.max())
+        need = state.position + deepest
         if need > self.max_len:
             self._loaded(self._exported(state), need, new_epoch=False)
-        if tree.size == 1 and not capture:
+        if tree.size == 1 and not capture and not on_device:
             self.decoder.set_token(int(tree.tokens[0]))
-            logits = self._call(("decode",), self.decoder.decode_step, True)()
+            logits = self._decode_call()()
             self.epoch += 1  # the node is folded in: the state handle is consumed
             return GraphedVerification(
                 tree, logits, {}, [], state.position, strategy, slot=None, epoch=self.epoch
             )
         slot = self._slot(slot_size(tree.size, self.max_nodes), strategy == "snapshot", capture, verifier)
-        slot.set_tree(tree, pad=True)
+        if on_device:
+            slot.set_device_tree(tree)
+        else:
+            slot.set_tree(tree, pad=True)
         logits = self._verify_call(slot)()
         n = tree.size
         hidden = {i: slot.hidden[i][:n] for i in capture}
@@ -339,8 +379,37 @@ class GraphedTarget:
             if not path:
                 return state
             slot = verification.slot
+            if isinstance(tree, DeviceTree):
+                raise ValueError("a device tree's verification is committed on the device: commit_greedy")
             slot.set_accepted(path)
             self._commit_call(slot, verification.strategy)()
             self.epoch += 1
         tokens = tree.tokens[path].tolist()
         return GraphedState(state.position + len(path), state.committed_tokens + tokens, self.epoch)
+
+    @torch.no_grad()
+    def commit_greedy(
+        self, state: GraphedState, verification: Verification
+    ) -> tuple[GraphedState, list[int], list[int], int]:
+        """Greedy acceptance and commit on the device, then one read (:func:`read_back`): the handle of
+        the new state, the accepted path (root first), its tokens and the bonus token; the path and
+        bonus are :class:`repro.decoding.acceptance.TargetMatch`'s at temperature 0."""
+        if not isinstance(verification, GraphedVerification) or verification.position != state.position:
+            raise ValueError("verification was computed against a different state")
+        if verification.epoch != self.epoch:
+            raise ValueError("verification was computed against a different state")
+        slot = verification.slot
+        if slot is None:  # the decode step folded the root in and wrote its argmax
+            tree = verification.tree
+            assert isinstance(tree, Tree)
+            path, tokens = [0], tree.tokens.tolist()
+            bonus = read_back(self.decoder.pick, self.decoder.pick_host)[0]
+        else:
+            self._check(state)
+            self._greedy_call(slot, verification.strategy)()
+            self.epoch += 1
+            got = read_back(slot.result, slot.result_host)
+            n, bonus, depth = got[0], got[1], slot.max_depth
+            path, tokens = got[2 : 2 + n], got[2 + depth : 2 + depth + n]
+        new = GraphedState(state.position + len(path), state.committed_tokens + tokens, self.epoch)
+        return new, path, tokens, bonus

@@ -19,7 +19,7 @@ from repro.gdn.backends import tree_function
 from repro.models.config import HybridConfig
 from repro.models.layers import AttentionVerification, DecoderLayer, GDNVerification, RMSNorm
 from repro.models.state import AttentionLayerState, GDNLayerState, ModelState
-from repro.tree import Tree
+from repro.tree import DeviceTree, Tree
 
 COMMIT_STRATEGIES = ("snapshot", "replay", "closed_form")
 VERIFIERS = ("tree", "chain")
@@ -229,13 +229,14 @@ class HybridLM(nn.Module):
         return state, ver
 
 
-def check_verifier(verifier: str, strategy: str, tree: Tree) -> str:
-    """``verifier`` if it can verify ``tree`` and commit by ``strategy``, else a one-line ConfigError."""
+def check_verifier(verifier: str, strategy: str, tree: Tree | DeviceTree) -> str:
+    """``verifier`` if it can verify ``tree`` and commit by ``strategy``, else a one-line ConfigError
+    (a device tree's shape is not read on the host: the chain builders make chains)."""
     if verifier not in VERIFIERS:
         raise ConfigError(f"unknown verifier {verifier!r}: choose one of {', '.join(VERIFIERS)}")
     if verifier == "chain" and strategy != "replay":
         raise ConfigError(f"the chain verifier commits by replay only, not {strategy!r}")
-    if verifier == "chain" and not tree.is_chain:
+    if verifier == "chain" and isinstance(tree, Tree) and not tree.is_chain:
         raise ConfigError("the chain verifier verifies chains only; use verifier='tree' for trees")
     return verifier
 

@@ -85,7 +85,7 @@ from repro.models.layers import (
     rotary_tables,
 )
 from repro.models.state import AttentionLayerState, GDNLayerState, ModelState
-from repro.tree import Tree
+from repro.tree import DeviceTree, Tree
 
 # ------------------------------------------------------------------------- per-layer glue
 
@@ -409,8 +409,12 @@ class TreeSlot:
 
     The inputs (tokens, parents, depths, conv gather index, ancestor mask, first-sibling flags) are
     views of one device byte buffer, filled from one host buffer (pinned on CUDA) by one copy per
-    :meth:`set_tree`. ``capture``: layers whose outputs [size, d] verify leaves in ``hidden`` (the
+    :meth:`set_tree`. ``derive``: only tokens and parents are inputs (:meth:`set_tree` uploads those,
+    :meth:`set_device_tree` copies a :class:`~repro.tree.DeviceTree`'s on the device) and
+    :meth:`StaticDecoder.verify` derives the rest with fixed-shape ops (:meth:`derive`, inside the
+    verify graph). ``capture``: layers whose outputs [size, d] verify leaves in ``hidden`` (the
     tensors the forward made: no copy, so a graph's replays rewrite them in place).
+    ``result`` (after :meth:`StaticDecoder.accepted_path`): what the host reads of a greedy step.
 
     With CUDA graphs, capture verify's graph first and replay it once: accept and commit graphs
     captured after it read that graph's outputs, which every replay of it rewrites in place.
@@ -425,6 +429,7 @@ class TreeSlot:
         max_depth: int | None = None,
         snapshots: bool = False,
         capture: tuple[int, ...] = (),
+        derive: bool = False,
     ):
         if size < 1 or size > decoder.max_nodes:
             raise ConfigError(f"tree size {size} is outside 1..{decoder.max_nodes} (the decoder's max_nodes)")
@@ -452,12 +457,19 @@ class TreeSlot:
         self._host_flags = host[ints:].view(np.bool_)
         self.node = torch.zeros(1, dtype=torch.long, device=dev)  # the accepted path's last node
         self.bonus = torch.zeros(1, dtype=torch.long, device=dev)
+        # [path length, bonus, path nodes by depth (max_depth), their tokens]; host copy pinned on CUDA
+        self.result = torch.zeros(2 + 2 * self.max_depth, dtype=torch.long, device=dev)
+        self.result_host = torch.zeros(2 + 2 * self.max_depth, dtype=torch.long, pin_memory=pinned)
+        self.derive_inputs = derive
+        self._rows = torch.arange(size, device=dev)
         self.logits: torch.Tensor | None = None
         self.hidden: dict[int, torch.Tensor] = {}
         self.saved: list[GDNSaved | AttentionSaved | None] = [None] * decoder.num_layers
-        self.tree: Tree | None = None
+        self.tree: Tree | DeviceTree | None = None
         parents = [-1 if i % self.max_depth == 0 else i - 1 for i in range(size)]
         self.set_tree(Tree(torch.zeros(size, dtype=torch.long), torch.tensor(parents)))
+        if derive:
+            self.derive()
 
     def set_tree(self, tree: Tree, pad: bool = False) -> None:
         """Copy a tree of exactly ``size`` nodes into the input buffers (one host-to-device copy).
@@ -471,37 +483,79 @@ class TreeSlot:
             bound = "up to " if pad else ""
             raise ConfigError(f"this slot verifies trees of {bound}{self.size} nodes, got {n}")
         size, width = self.size, self.width
-        tokens = np.zeros(size, dtype=np.int64)
-        parents = np.full(size, -1, dtype=np.int64)
+        if self._copied is not None:
+            self._copied.synchronize()  # the previous upload has left the host buffer
+        longs, flags = self._host_longs, self._host_flags
+        tokens, parents = longs[:size], longs[size : 2 * size]
+        tokens[n:], parents[n:] = 0, -1
         tokens[:n] = tree.tokens.numpy()
         parents[:n] = tree.parents.numpy()
+        if self.derive_inputs:
+            deepest = int(tree.depth.max()) if self.max_depth < size else 0
+            if deepest > self.max_depth:
+                raise ConfigError(f"tree depth {deepest} exceeds the slot's max_depth {self.max_depth}")
+            self._upload(16 * size)
+            self.tree = tree
+            return
         ancestors, depth = ancestor_matrix(parents)
         deepest = int(depth[:n].max())
         if deepest > self.max_depth:
             raise ConfigError(f"tree depth {deepest} exceeds the slot's max_depth {self.max_depth}")
-        if self._copied is not None:
-            self._copied.synchronize()  # the previous upload has left the host buffer
-        longs, flags = self._host_longs, self._host_flags
-        longs[:size], longs[size : 2 * size], longs[2 * size : 3 * size] = tokens, parents, depth
+        longs[2 * size : 3 * size] = depth
         longs[3 * size :] = conv_gather_index_np(parents, width).reshape(-1)
         flags[: size * size] = ancestors.reshape(-1)
         flags[size * size :] = first_occurrences(parents, tokens)
-        self._device_bytes.copy_(self._host_bytes, non_blocking=True)
+        self._upload(self._host_bytes.numel())
+        self.tree = tree
+
+    def _upload(self, nbytes: int) -> None:
+        """The first ``nbytes`` of the host buffer to the device (asynchronous from pinned memory)."""
+        self._device_bytes[:nbytes].copy_(self._host_bytes[:nbytes], non_blocking=True)
         if self._device_bytes.is_cuda:
             self._copied = torch.cuda.Event()
             self._copied.record()
+
+    def set_device_tree(self, tree: DeviceTree) -> None:
+        """Copy a device tree of up to ``size`` nodes into tokens and parents on the device (no host
+        read; padded as :meth:`set_tree` pads); needs ``derive``. Its depth is not checked on the host:
+        slots that take device trees are as deep as they are large."""
+        n = tree.size
+        if not self.derive_inputs or n > self.size:
+            raise ConfigError(f"a device tree of {n} nodes needs a deriving slot of >= {n} nodes")
+        self.tokens[:n].copy_(tree.tokens)
+        self.parents[:n].copy_(tree.parents)
+        if n < self.size:
+            self.tokens[n:].zero_()
+            self.parents[n:].fill_(-1)
         self.tree = tree
+
+    def derive(self) -> None:
+        """Depths, ancestor mask, conv gather index and first-sibling flags from tokens and parents on
+        the device, with fixed-shape ops: the ancestor mask is the reflexive-transitive closure of the
+        parent relation by repeated squaring of its 0/1 matrix (float32 products of 0/1 entries are
+        exact), enough squarings for paths of ``max_depth`` nodes. Equal to :meth:`set_tree`'s host
+        tensors (tests/models/test_static_decoder.py)."""
+        rows, parents, tokens = self._rows, self.parents, self.tokens
+        reach = ((rows[:, None] == rows[None, :]) | (parents[:, None] == rows[None, :])).float()
+        for _ in range(max(self.max_depth - 2, 0).bit_length()):
+            reach = (reach @ reach).clamp_(max=1.0)
+        ancestors = reach > 0
+        self.ancestors.copy_(ancestors)
+        self.depth.copy_(ancestors.sum(-1))
+        self.conv_index.copy_(gdn.conv_gather_index(parents, self.width))
+        twin = (parents[:, None] == parents[None, :]) & (tokens[:, None] == tokens[None, :])
+        self.first.copy_(~(twin & (rows[None, :] < rows[:, None])).any(-1))
 
     def set_accepted(self, path: list[int]) -> None:
         """Commit this root-to-node path next (host to device)."""
-        assert self.tree is not None
+        assert isinstance(self.tree, Tree), "set_accepted walks a host tree"
         if not path or self.tree.path_to(path[-1]) != list(path):
             raise ConfigError(f"accepted nodes {path} are not a root-to-node path of the slot's tree")
         self.node.fill_(path[-1])
 
     def accepted(self) -> tuple[list[int], int]:
         """(path, bonus token) of the last :meth:`StaticDecoder.accept` (reads the device)."""
-        assert self.tree is not None
+        assert isinstance(self.tree, Tree), "accepted walks a host tree"
         return self.tree.path_to(int(self.node)), int(self.bonus)
 
 
@@ -621,6 +675,8 @@ class StaticDecoder:
                 )
         self.length = torch.zeros(1, dtype=torch.long, device=dev)
         self.token = torch.zeros(1, dtype=torch.long, device=dev)
+        self.pick = torch.zeros(1, dtype=torch.long, device=dev)  # decode_pick's argmax
+        self.pick_host = torch.zeros(1, dtype=torch.long, pin_memory=dev.type == "cuda")
         self.rows = torch.arange(rows, device=dev)
         self.decode_slot = TreeSlot(self, 1)
         self.layer_calls = {"linear_attention": 0, "full_attention": 0}
@@ -676,8 +732,18 @@ class StaticDecoder:
         return logits
 
     @torch.no_grad()
+    def decode_pick(self) -> torch.Tensor:
+        """:meth:`decode_step`, then its argmax into ``self.pick`` (greedy AR reads that alone)."""
+        logits = self.decode_step()
+        self.pick.copy_(logits[0].argmax(-1, keepdim=True))
+        return logits
+
+    @torch.no_grad()
     def verify(self, slot: TreeSlot) -> torch.Tensor:
-        """Logits [T, V] of every node of the slot's tree; the state is left untouched."""
+        """Logits [T, V] of every node of the slot's tree (first its derived inputs, on a deriving
+        slot); the state is left untouched."""
+        if slot.derive_inputs:
+            slot.derive()
         positions = self.length + slot.depth - 1
         slot.logits = self._forward(slot.tokens, positions, slot, decode=False)
         return slot.logits
@@ -698,6 +764,26 @@ class StaticDecoder:
         # index with the 1-element tensor: indexing with a 0-dim one (choice[node]) reads it on the host
         slot.node.copy_(node)
         slot.bonus.copy_(choice.index_select(0, node))
+
+    def path_order(self, slot: TreeSlot, on_path: torch.Tensor) -> torch.Tensor:
+        """The nodes of a root-to-node path (``on_path`` [T] bool) by depth, padded to ``max_depth``
+        with node 0 (fixed shape: a scatter by depth, the off-path nodes into a dropped slot)."""
+        depth = slot.max_depth
+        where = torch.where(on_path, slot.depth - 1, depth)
+        order = torch.zeros(depth + 1, dtype=torch.long, device=self.device)
+        return order.scatter(0, where, self.rows[: slot.size])[:depth]
+
+    @torch.no_grad()
+    def accepted_path(self, slot: TreeSlot) -> None:
+        """``slot.result`` = [path length, bonus, path nodes by depth, their tokens] of the path into
+        ``slot.node`` (after :meth:`accept`): everything the host needs of a greedy step, one read."""
+        node = slot.node
+        order = self.path_order(slot, slot.ancestors.index_select(0, node)[0])
+        depth = slot.max_depth
+        slot.result[:1].copy_(slot.depth.index_select(0, node))
+        slot.result[1:2].copy_(slot.bonus)
+        slot.result[2 : 2 + depth].copy_(order)
+        slot.result[2 + depth :].copy_(slot.tokens.index_select(0, order))
 
     @torch.no_grad()
     def commit(self, slot: TreeSlot, strategy: str = "replay") -> None:
@@ -878,9 +964,7 @@ class StaticDecoder:
             state.copy_(g_end[0].exp()[:, None, None] * state + update)
         else:  # replay: the path's nodes by depth, padded with identity steps (g = beta = 0)
             depth = slot.max_depth
-            where = torch.where(on_path, slot.depth - 1, depth)
-            order = torch.zeros(depth + 1, dtype=torch.long, device=self.device)
-            order = order.scatter(0, where, self.rows[: slot.size])[:depth]
+            order = self.path_order(slot, on_path)
             valid = (self.rows[:depth] < path_len)[:, None]
             k = saved.k[order]
             g = torch.where(valid, f.g[order], 0.0)

@@ -6,12 +6,13 @@ written; the kernel's final state is dropped), and the commit runs the accepted 
 fla's ``fused_recurrent_gated_delta_rule``. Attention layers are the tree verify's (a chain's ancestor
 mask is the causal mask).
 
-A :class:`ChainSlot` is a :class:`~repro.models.static.TreeSlot` whose tree is a chain, padded at its
-end with token-0 nodes that continue the chain: in a causal chain nodes after the real ones cannot
-change the real nodes' outputs, so the chunk kernel sees one chain of the slot's size. Padding never
+A :class:`ChainSlot` is a :class:`~repro.models.static.TreeSlot` whose tree is a chain, padded as
+every slot is (root-level token-0 nodes after the real ones). The chunk kernel reads the slot's
+nodes as one chain of the slot's size: nodes after the real ones cannot change the real nodes'
+outputs in a causal chain, and the attention layers' ancestor mask isolates the pads. Padding never
 enters the commit: the accepted path ends at a real node (``set_accepted`` checks it against the
-real chain; the device accept never enters a pad node, whose first-sibling flag is cleared), and
-the replay masks every step past the path's length.
+real chain; the device accept never enters a root-level pad), and the replay masks every step past
+the path's length.
 
 The commit is :meth:`StaticDecoder.commit` with strategy ``replay``: the backend's recurrence
 (:func:`repro.gdn.backends.recurrent_function`, fla's fused kernel with the triton backend) over
@@ -47,23 +48,21 @@ class ChainSlot(TreeSlot):
 
     verifier = "chain"
 
-    def __init__(self, decoder: StaticDecoder, size: int, capture: tuple[int, ...] = ()) -> None:
+    def __init__(
+        self, decoder: StaticDecoder, size: int, capture: tuple[int, ...] = (), derive: bool = False
+    ) -> None:
         self.evaluate = chain_evaluator(decoder.kernel, decoder.device)
-        super().__init__(decoder, size, capture=capture)
+        super().__init__(decoder, size, capture=capture, derive=derive)
 
     def set_tree(self, tree: Tree, pad: bool = False) -> None:
-        """Copy a chain of ``size`` nodes (``pad``: up to ``size``, padded at its end) into the inputs."""
+        """Copy a chain of ``size`` nodes (``pad``: up to ``size``, padded as every slot pads)."""
         if not tree.is_chain:
             raise ConfigError("a chain slot verifies chains only; use a tree slot for trees")
         n = tree.size
         if n != self.size and not (pad and n < self.size):
             bound = "up to " if pad else ""
             raise ConfigError(f"this chain slot verifies chains of {bound}{self.size} nodes, got {n}")
-        padded = Tree.chain(torch.cat([tree.tokens, tree.tokens.new_zeros(self.size - n)]))
-        super().set_tree(padded)
-        if n < self.size:  # the device accept never walks into a pad node
-            self.first[n:].fill_(False)
-        self.tree = tree
+        super().set_tree(tree, pad=pad)
 
     def core(
         self,

@@ -15,7 +15,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -111,6 +111,7 @@ class DecodeRecord:
     vs_ar: str
     temperature: float
     seed: int
+    device_stage_s: dict[str, float] | None = None  # device (CUDA event) time per stage; old records: None
 
     @property
     def key(self) -> RecordKey:
@@ -152,6 +153,9 @@ class DecodeRecord:
         missing = [s for s in STAGES if s not in self.stage_s]
         if missing:
             raise ValueError(f"stage_s lacks {', '.join(missing)}")
+        lacking = [s for s in STAGES if self.device_stage_s is not None and s not in self.device_stage_s]
+        if lacking:
+            raise ValueError(f"device_stage_s lacks {', '.join(lacking)}")
         if self.finish_reason not in FINISH_REASONS:
             raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, got {self.finish_reason!r}")
         if (
@@ -174,14 +178,16 @@ class DecodeRecord:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DecodeRecord:
-        """Build and validate; unknown keys are ignored, missing keys raise ValueError."""
+        """Build and validate; unknown keys are ignored, missing keys raise ValueError (but for the
+        optional fields that later versions added, e.g. ``device_stage_s``)."""
         if not isinstance(d, dict):
             raise ValueError(f"expected a JSON object, got {type(d).__name__}")
         names = [f.name for f in fields(cls)]
-        missing = [n for n in names if n not in d]
+        optional = {f.name for f in fields(cls) if f.default is not MISSING}
+        missing = [n for n in names if n not in d and n not in optional]
         if missing:
             raise ValueError(f"missing field(s) {', '.join(missing)}")
-        rec = cls(**{n: d[n] for n in names})
+        rec = cls(**{n: d[n] for n in names if n in d})
         rec.validate()
         return rec
 

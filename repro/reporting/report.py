@@ -39,7 +39,10 @@ SUMMARY_COLUMNS = [
     "temperature",
     "step_ms",
     *(f"{s}_ms" for s in STAGES),
+    "device_step_ms",
+    *(f"device_{s}_ms" for s in STAGES),
 ]
+DEVICE_COLUMNS = SUMMARY_COLUMNS[SUMMARY_COLUMNS.index("device_step_ms") :]  # runs with device times only
 HISTOGRAM_COLUMNS = ["route", "length", "steps", "share", "accept_rate", "cond_accept_rate"]
 
 
@@ -136,6 +139,12 @@ def _aggregate(recs: list[DecodeRecord], statuses: dict, distinct_prompts: int) 
         row[f"{s}_ms"] = (
             1000 * _ratio(sum(float(r.stage_s.get(s, 0.0)) for r in recs), steps) if timed else math.nan
         )
+    with_device = [r for r in recs if r.device_stage_s is not None]  # records before device times: none
+    device_steps = sum(r.steps for r in with_device) if len(with_device) == len(recs) else 0
+    for s in STAGES:
+        total = sum(float(r.device_stage_s.get(s, 0.0)) for r in with_device if r.device_stage_s)
+        row[f"device_{s}_ms"] = 1000 * _ratio(total, device_steps)
+    row["device_step_ms"] = sum(row[f"device_{s}_ms"] for s in STAGES)
     return row
 
 
@@ -151,7 +160,8 @@ def _paired_speedup(recs: list[DecodeRecord], ar_recs: list[DecodeRecord]) -> fl
 
 
 def summarize(records: Iterable[DecodeRecord | dict[str, Any]]) -> pd.DataFrame:
-    """One row per (suite, route), plus a suite "all" row per route; columns SUMMARY_COLUMNS.
+    """One row per (suite, route), plus a suite "all" row per route; columns SUMMARY_COLUMNS
+    (DEVICE_COLUMNS only when some record has device stage times, so older runs rebuild as they were).
 
     speedup = route tokens/s / AR tokens/s in the same suite of the same run, over the
     (prompt_id, turn) pairs both have; the "all" row's speedup is the mean of the suites' speedups
@@ -188,7 +198,8 @@ def summarize(records: Iterable[DecodeRecord | dict[str, Any]]) -> pd.DataFrame:
         valid = [s for s in suite_speedups if not math.isnan(s)]
         row["speedup"] = sum(valid) / len(valid) if valid else math.nan
         rows.append(row)
-    df = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+    timed = any(r.device_stage_s is not None for r in recs)
+    df = pd.DataFrame(rows, columns=[c for c in SUMMARY_COLUMNS if timed or c not in DEVICE_COLUMNS])
     suite_order = {s: i for i, s in enumerate([*suites, ALL_SUITES])}
     df["_order"] = df["suite"].map(suite_order)
     return df.sort_values("_order", kind="stable").drop(columns="_order").reset_index(drop=True)
@@ -323,6 +334,8 @@ _FORMATS = {
     "temperature": "{:g}",
     "step_ms": "{:.2f}",
     **{f"{s}_ms": "{:.2f}" for s in STAGES},
+    "device_step_ms": "{:.2f}",
+    **{f"device_{s}_ms": "{:.2f}" for s in STAGES},
 }
 SUMMARY_MAIN = [
     "suite",
@@ -346,6 +359,7 @@ SUMMARY_TIMING = [
     "e2e_tokens_per_s",
     "step_ms",
     *(f"{s}_ms" for s in STAGES),
+    "device_step_ms",
 ]
 
 
@@ -398,7 +412,11 @@ _DEFINITIONS = """\
   "diverged at token k" gives the first differing 0-based index. Sampling draws are keyed by
   (seed, output position), so target-sample-then-match routes must match AR at any temperature;
   rules that accept by draft probabilities are lossless in distribution only.
-- step_ms, draft/tree/verify/commit_ms: decode and stage seconds per verify step, in ms.
+- step_ms, draft/tree/verify/commit_ms: decode and stage seconds per verify step, in ms (wall clock).
+  device_step_ms: the stages' device time per verify step (CUDA events at the stage boundaries,
+  summed; CPU: the wall-clock stage times; "-" for records made before device times were kept).
+  On the graphed engine's greedy path no stage boundary synchronizes, so step_ms vs device_step_ms
+  is the harness overhead.
 - per-position acceptance (histogram): accept_rate at length d = fraction of steps with accepted
   length > d (the d-th draft token accepted); cond_accept_rate = the same among steps with
   accepted length >= d.
@@ -455,7 +473,7 @@ def build_report(run: Run, figures_dir: Path | None) -> str:
             "",
             "## Timing (decode and stage time per verify step)",
             "",
-            markdown_table(summary[SUMMARY_TIMING]),
+            markdown_table(summary[[c for c in SUMMARY_TIMING if c in summary]]),
             "",
         ]
         counts, rates = _histogram_tables(hist)

@@ -220,18 +220,6 @@ def test_eagle_routes_on_the_graphed_target_reproduce_ar(family64, ar64, spec):
     assert type(hybrid.drafter) is EagleDrafter
 
 
-class HostTree:
-    """The route's tree builder, a DeviceTree handed on as a host Tree (padding included): this branch's
-    graphed target verifies host trees."""
-
-    def __init__(self, builder) -> None:  # noqa: ANN001
-        self.builder = builder
-
-    def build(self, root, proposal, rng=None):  # noqa: ANN001, ANN201
-        tree = self.builder.build(root, proposal, rng)
-        return tree.to_tree() if isinstance(tree, DeviceTree) else tree
-
-
 def decode_graphed(model, prompts, spec, graphs: bool, new_tokens: int, refs=None):  # noqa: ANN001, ANN201
     """(AR tokens, route tokens) per prompt, the tree sizes, the drafter of ``spec`` on a GraphedTarget
     (``refs``: AR's tokens, when known)."""
@@ -240,7 +228,6 @@ def decode_graphed(model, prompts, spec, graphs: bool, new_tokens: int, refs=Non
     ar = build_route({"kind": "ar"}, vocab, "greedy", 0.0, 0)
     route = build_route(spec, vocab, "greedy", 0.0, 0, target=target, family=FAMILY)
     assert isinstance(route.drafter, StaticEagleDrafter) and route.drafter.graphs == graphs
-    route.builder = HostTree(route.builder)
     outputs, sizes = [], []
     for i, p in enumerate(prompts):
         ref = refs[i] if refs else generate(model, p, ar, new_tokens).output_ids

@@ -10,7 +10,6 @@ with no host sync.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import pytest
@@ -18,7 +17,6 @@ import torch
 
 from repro.decoding.engine import generate
 from repro.decoding.routes import build_route
-from repro.decoding.tree_builders import DrafterTree
 from repro.drafters.dflash import init_draft_weights
 from repro.drafters.pool import top_k_pool
 from repro.drafters.weaver import GrownProposal, WeaverConfig, WeaverModel
@@ -151,16 +149,6 @@ def test_growth_step_takes_its_inputs_and_returns_marginals():
 # ----- the weaver route through the graphed target -----
 
 
-class DeviceTreeToHost:
-    """DrafterTree, the device tree read back as a host Tree: the engine verifies Trees until it takes
-    DeviceTrees itself (the padding nodes are root-level token-0 nodes acceptance never enters)."""
-
-    def build(self, root_token: int, proposal, rng=None) -> Tree:  # noqa: ANN001
-        assert isinstance(proposal, GrownProposal) and isinstance(proposal.tree, DeviceTree)
-        tree = DrafterTree().build(root_token, proposal, rng)
-        return tree.to_tree() if isinstance(tree, DeviceTree) else tree
-
-
 ROUTES = [
     {"name": "w12", "kind": "weaver", "drafter": "random", "weaver": "random", "budget": 12, "block_size": 6},
     {"name": "wk3", "kind": "weaver", "drafter": "random", "weaver": "random", "budget": 30, "pool": 3,
@@ -173,7 +161,6 @@ def test_weaver_route_on_the_graphed_target_grows_on_the_device_and_equals_ar(mo
     target = GraphedTarget(model64, max_len=256, max_nodes=64, graphs=False)
     route = build_route(spec, model64.config.vocab_size, "greedy", 0.0, 0, target=target)
     assert route.drafter.device_growth and not route.drafter.step.graphs
-    route = dataclasses.replace(route, builder=DeviceTreeToHost())
     ar = build_route({"kind": "ar"}, model64.config.vocab_size, "greedy", 0.0, 0)
     for prompt in ([5, 17, 99, 3, 42], list(range(30, 101))):
         ref = generate(model64, prompt, ar, 16).output_ids

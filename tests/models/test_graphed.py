@@ -10,6 +10,8 @@ route of the gpu-smoke experiment, and the graphs were captured.
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from conftest import random_tree
@@ -220,6 +222,127 @@ def test_engine_names():
         slot_size(17, 16)
 
 
+# ------------------------------------------------------------ the greedy device path (one read a step)
+
+
+class MarginalDrafter:
+    """Device proposals as the graphed drafters give them: per-depth marginals (``probs``) and their
+    top ids (``top_ids``), no host candidates; the marginals put most mass on AR's next tokens."""
+
+    capture_layers: tuple[int, ...] = ()
+
+    def __init__(self, depth: int, seed: int, vocab: int = VOCAB) -> None:
+        self.depth, self.vocab, self.gen = depth, vocab, torch.Generator().manual_seed(seed)
+
+    def begin(self, prompt_ids: list[int], reference_ids: list[int] | None) -> None:
+        self.reference = list(reference_ids or [])
+
+    def propose(self, ctx):  # noqa: ANN001, ANN201 - the Drafter protocol
+        from repro.drafters.base import Proposal
+
+        probs = torch.softmax(torch.randn(self.depth, self.vocab, generator=self.gen, dtype=F64), dim=-1)
+        ahead = self.reference[ctx.next_position : ctx.next_position + self.depth]
+        for d, t in enumerate(ahead):
+            probs[d, t] += 0.5 if d % 3 < 2 else 0.0
+        probs = probs / probs.sum(-1, keepdim=True)
+        return Proposal(probs=probs, top_ids=probs.topk(3, dim=-1).indices)
+
+
+def device_routes(vocab: int = VOCAB) -> list:
+    from repro.decoding.acceptance import TargetMatch
+    from repro.decoding.engine import Route
+    from repro.decoding.tree_builders import BestFirst, Chain, SingleNode
+
+    rule = TargetMatch(0.0, 0)
+    return [
+        Route("ar", None, SingleNode(), rule),
+        Route("chain", MarginalDrafter(5, 1, vocab), Chain(), rule),
+        Route("ddtree", MarginalDrafter(6, 2, vocab), BestFirst(20), rule, commit="replay"),
+        Route("ddtree-snap", MarginalDrafter(4, 3, vocab), BestFirst(9), rule, commit="snapshot"),
+    ]
+
+
+def test_greedy_graphed_steps_read_the_device_once_and_keep_the_records(monkeypatch):
+    """AR, a device chain and device DDTrees (BestFirst on the marginals) on the graphed target: the
+    same tokens, accepted paths, accepted lengths and tree sizes as the host path on HybridLM (float64),
+    exactly one ``read_back`` per step, and neither the host acceptance walk nor the host commit runs."""
+    import repro.models.graphed as graphed
+    from repro.decoding.acceptance import TargetMatch
+    from repro.decoding.engine import STAGES, device_greedy
+
+    model = small_model(11)
+    target = GraphedTarget(model, max_len=64, max_nodes=32)
+    prompt = ids(10, 12)
+    reference = generate(model, prompt, device_routes()[0], 30).output_ids
+    eager = {r.name: generate(model, prompt, r, 30, reference_ids=reference) for r in device_routes()}
+    reads = []
+    real_read = graphed.read_back
+    monkeypatch.setattr(graphed, "read_back", lambda d, h: reads.append(d.numel()) or real_read(d, h))
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the host path ran on the device path")
+
+    monkeypatch.setattr(TargetMatch, "accept", refuse)
+    monkeypatch.setattr(GraphedTarget, "commit", refuse)
+    for route in device_routes():
+        assert device_greedy(target, route) and not device_greedy(model, route)
+        reads.clear()
+        got = generate(target, prompt, route, 30, reference_ids=reference)
+        want = eager[route.name]
+        assert got.output_ids == want.output_ids == reference, route.name
+        assert got.accepted_paths == want.accepted_paths, route.name
+        assert (got.accepted_lengths, got.tree_sizes) == (want.accepted_lengths, want.tree_sizes)
+        assert len(reads) == got.steps, (route.name, len(reads), got.steps)
+        assert set(got.device_stage_s) == set(STAGES) == set(got.stage_s)
+        assert got.device_stage_s == got.stage_s  # CPU: the device times are the clocks'
+    assert max(eager["ddtree"].accepted_lengths) > 2 and max(eager["ddtree"].tree_sizes) == 21
+
+
+def test_greedy_graphed_steps_read_nothing_else_on_the_host(monkeypatch):
+    """Every aten op of the device-path steps under CaptureCheck (the CPU stand-in for a sync check):
+    outside ``read_back`` (and prefill with its first pick, before the steps; slots made on first use)
+    no op reads a device value on the host, makes a data-dependent shape or copies host data in."""
+    import repro.decoding.engine as engine
+    import repro.models.graphed as graphed
+    from repro.decoding.acceptance import TargetMatch
+    from repro.models.graphs import CaptureCheck
+
+    def unchecked(fn):  # noqa: ANN001, ANN202
+        def run(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            from torch.utils._python_dispatch import _disable_current_modes
+
+            with _disable_current_modes():
+                return fn(*args, **kwargs)
+
+        return run
+
+    monkeypatch.setattr(graphed, "read_back", unchecked(graphed.read_back))
+    monkeypatch.setattr(engine, "_prefill", unchecked(engine._prefill))
+    monkeypatch.setattr(TargetMatch, "pick", unchecked(TargetMatch.pick))
+    target = GraphedTarget(small_model(11), max_len=64, max_nodes=32)
+    prompt = ids(10, 12)
+    for route in device_routes()[1:]:  # AR's one-node tree is a host Tree (its token goes in by fill_)
+        propose = route.drafter.propose
+        route.drafter.propose = unchecked(propose)
+        generate(target, prompt, route, 20, reference_ids=ids(40, 13))  # slots made (prepare's job on CUDA)
+        with CaptureCheck() as check:
+            got = generate(target, prompt, route, 20, reference_ids=ids(40, 13))
+        assert got.steps > 3 and check.hazards == [], (route.name, check.hazards)
+
+
+def test_graphed_sampling_routes_keep_the_host_path():
+    """A sampling rule (and sampled trees) on the graphed target: the host walk, as before."""
+    from repro.decoding.engine import Route, device_greedy
+    from repro.decoding.tree_builders import BestFirst, SingleNode
+
+    target = GraphedTarget(small_model(12), max_len=64, max_nodes=32)
+    route = build_route({"kind": "ar"}, VOCAB, "sample_match", 0.8, 3)
+    assert not device_greedy(target, route)
+    sampled = Route("s", MarginalDrafter(3, 1), BestFirst(5, sample=True), device_routes()[0].rule)
+    assert not device_greedy(target, sampled)
+    assert device_greedy(target, Route("g", None, SingleNode(), device_routes()[0].rule))
+
+
 # ------------------------------------------------------------------------------------- GPU
 
 
@@ -233,3 +356,73 @@ def test_gpu_every_route_through_graphs_equals_ar_in_float32():
     for name, rows in results.items():
         for ref, _, graphed in rows:
             assert graphed == ref, f"{name}: {compare_to_reference(graphed, ref)}"
+
+
+@contextlib.contextmanager
+def syncs_allowed():
+    """Inside torch's sync debug mode "error": allow synchronizing calls for a while."""
+    torch.cuda.set_sync_debug_mode(0)
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("error")
+
+
+def allowing_syncs(fn):  # noqa: ANN001, ANN201
+    def wrapped(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        with syncs_allowed():
+            return fn(*args, **kwargs)
+
+    return wrapped
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_greedy_graphed_step_syncs_only_in_read_back(monkeypatch):
+    """The trained default target in float32 on CUDA graphs: the device routes equal the graphed AR, and
+    under torch's sync debug mode ("error": a synchronizing call raises) a step syncs nowhere but in
+    ``read_back``, once. Allowed
+    outside the steps: prefill and its first pick, the engine's start/end clocks, the event reads; the
+    test drafter's host-made marginals are moved to CUDA before the step's own work."""
+    import repro.decoding.engine as engine
+    import repro.models.graphed as graphed
+    from repro.decoding.acceptance import TargetMatch
+
+    model, _ = open_target("default", dtype="float32", device="cuda")
+    model.set_gdn_backend("triton")
+    vocab = model.config.vocab_size
+    target = GraphedTarget(model, max_len=128, max_nodes=32)
+    target.prepare(("closed_form", "replay", "snapshot"), (), 32)
+    prompt = ids(10, 12)
+    reference = generate(target, prompt, device_routes(vocab)[0], 30).output_ids
+    reads = []
+    real_read = graphed.read_back
+    monkeypatch.setattr(graphed, "read_back", allowing_syncs(lambda d, h: reads.append(1) or real_read(d, h)))
+    monkeypatch.setattr(engine, "_clock", allowing_syncs(engine._clock))
+    monkeypatch.setattr(engine, "_prefill", allowing_syncs(engine._prefill))
+    monkeypatch.setattr(engine.StageClock, "device_s", allowing_syncs(engine.StageClock.device_s))
+    # event queries of done steps wait for nothing (allowed should torch's debug mode count them)
+    monkeypatch.setattr(engine.StageClock, "_harvest", allowing_syncs(engine.StageClock._harvest))
+    monkeypatch.setattr(TargetMatch, "pick", allowing_syncs(TargetMatch.pick))
+    for route in device_routes(vocab):
+        if route.drafter is not None:
+            propose = route.drafter.propose
+
+            def on_cuda(ctx, propose=propose):  # noqa: ANN001, ANN202
+                with syncs_allowed():
+                    proposal = propose(ctx)
+                    proposal.probs = proposal.probs.to("cuda", torch.float32)
+                    proposal.top_ids = proposal.top_ids.to("cuda")
+                    torch.cuda.synchronize()
+                return proposal
+
+            route.drafter.propose = on_cuda
+        reads.clear()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            got = generate(target, prompt, route, 30, reference_ids=reference)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        assert got.output_ids == reference, route.name
+        assert len(reads) == got.steps
+        assert got.device_stage_s is not None and all(v >= 0 for v in got.device_stage_s.values())

@@ -154,7 +154,8 @@ def test_chain_slot_steps_are_capture_safe():
 
 def test_prepare_captures_chain_slots(monkeypatch):
     """With graphs (a stand-in for GraphedCall on CPU), ``prepare(chain=True)`` captures each chain slot's
-    verify and replay commit up to ``max_size``, and no tree slot when no strategy is asked for."""
+    verify, replay commit and greedy accept+commit up to ``max_size``, and no tree slot when no strategy
+    is asked for."""
     import repro.models.graphs as graphs
 
     monkeypatch.setattr(graphs, "GraphedCall", lambda fn, device: fn)
@@ -165,7 +166,8 @@ def test_prepare_captures_chain_slots(monkeypatch):
     keys = set(target._calls) - {("decode",)}
     sizes = (1, 2, 4, 8)
     verifies = {("verify", s, "chain") for s in sizes}
-    assert keys == verifies | {("commit", s, "chain", "replay") for s in sizes}
+    commits = {(step, s, "chain", "replay") for s in sizes for step in ("commit", "greedy")}
+    assert keys == verifies | commits
     assert all(isinstance(target._slots[(s, "chain")], ChainSlot) for s in sizes)
     assert target.captures == len(keys) + 1
 

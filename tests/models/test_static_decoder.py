@@ -776,3 +776,65 @@ def test_gemv_decoder_through_the_interpreter():
 
 if __name__ == "__main__" and sys.argv[-1] in ("--interpret", "--interpret-fused", "--interpret-gemv"):
     _interpreter_main(sys.argv[-1])
+
+
+# ------------------------------------------------------------------ derived slot inputs (device trees)
+
+
+def slot_inputs(slot: TreeSlot) -> dict[str, torch.Tensor]:
+    names = ("tokens", "parents", "depth", "conv_index", "ancestors", "first")
+    return {name: getattr(slot, name).clone() for name in names}
+
+
+@pytest.mark.parametrize("kind", ["random", "forest", "chain", "fan", "mixed"])
+def test_derived_slot_inputs_equal_the_host_upload(model, kind):
+    """A deriving slot (tokens and parents uploaded, or copied from a DeviceTree; the rest derived by
+    ``derive``) holds exactly set_tree's host tensors, padded or not, duplicate siblings included."""
+    from repro.tree import DeviceTree
+
+    dec = StaticDecoder(model, max_len=32, max_nodes=64)
+    for n, size, seed in ((1, 1, 0), (5, 8, 1), (16, 16, 2), (23, 32, 3), (40, 64, 4)):
+        tree = random_token_tree(n, kind, seed)
+        tree = Tree(tree.tokens % 3, tree.parents)  # few tokens: many twin siblings (first flags)
+        host = TreeSlot(dec, size)
+        host.set_tree(tree, pad=True)
+        want = slot_inputs(host)
+        uploaded = TreeSlot(dec, size, derive=True)
+        uploaded.set_tree(tree, pad=True)
+        uploaded.derive()
+        copied = TreeSlot(dec, size, derive=True)
+        copied.set_device_tree(DeviceTree(tree.tokens.clone(), tree.parents.clone()))
+        copied.derive()
+        for got in (slot_inputs(uploaded), slot_inputs(copied)):
+            for name, value in want.items():
+                assert torch.equal(got[name], value), (kind, n, name)
+
+
+def test_deriving_slots_check_depth_and_refuse_device_trees_elsewhere(model):
+    from repro.tree import DeviceTree
+
+    dec = StaticDecoder(model, max_len=32, max_nodes=16)
+    with pytest.raises(ConfigError, match="max_depth 3"):
+        TreeSlot(dec, 8, max_depth=3, derive=True).set_tree(Tree.chain(list(range(5))), pad=True)
+    with pytest.raises(ConfigError, match="deriving slot"):
+        TreeSlot(dec, 8).set_device_tree(DeviceTree(torch.arange(3), torch.arange(3) - 1))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_accepted_path_is_target_match_in_one_buffer(model, seed):
+    """verify (deriving its inputs), accept and accepted_path on a padded planted tree: ``slot.result``
+    holds TargetMatch's path, its tokens and the bonus; the steps stay capture-safe."""
+    state, _ = model.prefill(ids(8, 30 + seed))
+    tree = planted_tree(model, state, 5, seed)
+    dec = StaticDecoder(model, max_len=32, max_nodes=16)
+    dec.load(state)
+    slot = TreeSlot(dec, 16, derive=True)
+    slot.set_tree(tree, pad=True)
+    for name, fn in (("verify", lambda: dec.verify(slot)), ("accept", lambda: dec.accept(slot))):
+        assert check_capture(fn).hazards == [], name
+    assert check_capture(lambda: dec.accepted_path(slot)).hazards == []
+    ref = TargetMatch(0.0, 0).accept(tree, model.verify(state, tree).logits, 0)
+    got = slot.result.tolist()
+    n = got[0]
+    assert got[2 : 2 + n] == ref.path and got[1] == ref.bonus
+    assert got[2 + slot.max_depth : 2 + slot.max_depth + n] == tree.tokens[ref.path].tolist()
