@@ -33,6 +33,7 @@ limit_of() {  # seconds for one file: start-up (~10 s: torch, CUDA context) + co
     test_bench_kernels) echo 60 ;;   # one shape of the kernel bench without fla's chunk kernels (39 s)
     test_routes_gpu) echo 100 ;;     # every route vs AR on CUDA (56 s)
     test_graphed) echo 150 ;;        # every gpu-smoke route through the graphed target (graphs, compiles)
+    test_graphed_chain) echo 150 ;;  # fla_sd on chain slots: fla's chunk kernel autotunes before capture
     test_triton_decode | test_triton_commit) echo 45 ;;  # fused glue / commit kernels (15 s, 8 s)
     *) echo 60 ;;
   esac

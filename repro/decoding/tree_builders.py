@@ -37,9 +37,13 @@ class TreeBuilder(Protocol):
         ...
 
 
-def _root_and(root_token: int, tokens: torch.Tensor, parents: torch.Tensor) -> DeviceTree:
-    """A device tree: the root (the pending token, parent -1) followed by ``tokens``/``parents``."""
-    root = torch.full((1,), root_token, dtype=torch.long, device=tokens.device)
+def _root_and(root_token: int | torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor) -> DeviceTree:
+    """A device tree: the root (the pending token, parent -1; an int, or a [1] tensor on the device)
+    followed by ``tokens``/``parents``."""
+    if isinstance(root_token, torch.Tensor):
+        root = root_token.long()
+    else:
+        root = torch.full((1,), root_token, dtype=torch.long, device=tokens.device)
     minus = torch.full((1,), -1, dtype=torch.long, device=tokens.device)
     return DeviceTree(torch.cat([root, tokens.long()]), torch.cat([minus, parents.long()]))
 
@@ -203,6 +207,7 @@ class BestFirst:
         if not 1 <= budget < MAX_TREE_NODES:
             raise ConfigError(f"tree budget must lie in [1, {MAX_TREE_NODES - 1}] draft nodes, got {budget}")
         self.budget, self.sample = budget, sample
+        self._graphs: dict[tuple, GraphedBestFirst] = {}  # CUDA: one graph per marginals shape
 
     def build(self, root_token: int, proposal: Proposal | None, rng: Rng = None) -> Tree:
         tree = self._top(root_token, proposal)
@@ -225,7 +230,14 @@ class BestFirst:
         """The tree of :meth:`build` (greedy) on the marginals' device, without a host read."""
         if self.sample or proposal is None or proposal.depth == 0:
             return self.build(root_token, proposal)
-        return best_first_device(root_token, _need_probs(proposal), self.budget)
+        probs = _need_probs(proposal)
+        if not probs.is_cuda:
+            return best_first_device(root_token, probs, self.budget)
+        key = (tuple(probs.shape), probs.dtype, probs.device)
+        graphed = self._graphs.get(key)
+        if graphed is None:
+            graphed = self._graphs[key] = GraphedBestFirst(probs, self.budget)
+        return graphed(root_token, probs)
 
     def _top(self, root_token: int, proposal: Proposal | None) -> Tree:
         if proposal is None or proposal.depth == 0:
@@ -278,7 +290,24 @@ def best_first_size(depth: int, vocab: int, budget: int) -> int:
     return 1 + total
 
 
-def best_first_device(root_token: int, probs: torch.Tensor, budget: int) -> DeviceTree:
+class GraphedBestFirst:
+    """:func:`best_first_device` as one CUDA graph for marginals of one shape: the marginals and the root
+    are copied into static inputs, and the tree is the graph's output (valid until the next call)."""
+
+    def __init__(self, probs: torch.Tensor, budget: int) -> None:
+        from repro.models.graphs import GraphedCall
+
+        self.probs = torch.zeros_like(probs)
+        self.root = torch.zeros(1, dtype=torch.long, device=probs.device)
+        self.call = GraphedCall(lambda: best_first_device(self.root, self.probs, budget), probs.device)
+
+    def __call__(self, root_token: int, probs: torch.Tensor) -> DeviceTree:
+        self.probs.copy_(probs)
+        self.root.fill_(root_token)
+        return self.call()
+
+
+def best_first_device(root_token: int | torch.Tensor, probs: torch.Tensor, budget: int) -> DeviceTree:
     """:class:`BestFirst`'s tree built with fixed-shape ops on ``probs``' device (no host read).
 
     Per depth d the frontier is the best min(budget, k^d) nodes of depth d, ordered by (score, parent's

@@ -91,3 +91,20 @@ def test_chain_and_drafter_tree_device_paths():
     assert DrafterTree().build(9, Proposal([[4]], tree=tree)).tokens.tolist() == [9, 4, 5]
     assert SingleNode().build_device(9, None).tokens.tolist() == [9]
     assert BestFirst(4).build_device(9, None).tokens.tolist() == [9]
+
+
+def test_graphed_best_first_reuses_its_static_inputs(monkeypatch):
+    """The CUDA-graph wrapper (a stand-in graph that calls the function on CPU) reads the marginals and
+    the root from its static inputs on every call: each call gives that call's tree."""
+    import repro.models.graphs as graphs
+    from repro.decoding.tree_builders import GraphedBestFirst
+
+    monkeypatch.setattr(graphs, "GraphedCall", lambda fn, device: fn)
+    gen = torch.Generator().manual_seed(7)
+    rows = [torch.softmax(torch.randn(5, 40, generator=gen, dtype=torch.float64), -1) for _ in range(3)]
+    graphed = GraphedBestFirst(rows[0], 12)
+    for root, probs in zip((3, 9, 1), rows):
+        tree = graphed(root, probs).to_tree()
+        host = BestFirst(12).build(root, Proposal(probs=probs, top_ids=probs.topk(1, -1).indices))
+        assert tree.tokens.tolist() == host.tokens.tolist()
+        assert tree.parents.tolist() == host.parents.tolist()
