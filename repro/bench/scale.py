@@ -306,26 +306,27 @@ def build_target(shape: str, cfg: ScaleConfig, device: torch.device) -> HybridLM
     return model
 
 
-def build_routes(shape: str, cfg: ScaleConfig, model: HybridLM, spec: AcceptanceSpec) -> list[Route]:
-    """The shape's routes with their random drafters and the replayed acceptance (AR keeps greedy)."""
+def build_routes(
+    shape: str, cfg: ScaleConfig, target: HybridLM | GraphedTarget, spec: AcceptanceSpec
+) -> list[Route]:
+    """The shape's routes with their random drafters and the replayed acceptance (AR keeps greedy);
+    built on the graphed target, the drafters take their static paths (buffers, CUDA graphs)."""
     routes = []
     for name in cfg.routes[shape]:
-        route = build_scale_route({"name": name, **cfg.specs[name]}, shape, model, cfg.seed, cfg.commit)
+        route = build_scale_route({"name": name, **cfg.specs[name]}, shape, target, cfg.seed, cfg.commit)
         check_verifier(route.verifier)
         process = acceptance_for(spec, route)
         routes.append(route if process is None else replayed(route, process, cfg.seed))
     return routes
 
 
-def prepared_target(model: HybridLM, routes: list[Route]) -> GraphedTarget:
-    """``model`` behind the static decoder with every graph the routes use captured ahead."""
-    target = GraphedTarget(model)
+def prepare_target(target: GraphedTarget, routes: list[Route]) -> None:
+    """Capture ahead every graph of the static decoder that the routes use."""
     capture = tuple(sorted({i for r in routes if r.drafter for i in r.drafter.capture_layers}))
     drafts = max(
         r.params.get("budget") or r.params.get("block_size") or r.params.get("k") or 0 for r in routes
     )
     target.prepare(tuple({r.commit for r in routes}), capture, slot_size(drafts + 1, target.max_nodes))
-    return target
 
 
 def decode_record(
@@ -364,8 +365,9 @@ def measure_shape(
     """Every (prompt, route) of one shape, prompts outermost and routes interleaved; returns model info."""
     t0 = time.monotonic()
     model = build_target(shape, cfg, device)
-    routes = build_routes(shape, cfg, model, spec)
-    target = prepared_target(model, routes)
+    target = GraphedTarget(model)
+    routes = build_routes(shape, cfg, target, spec)
+    prepare_target(target, routes)
     setup_s = time.monotonic() - t0
     vocab = model.config.vocab_size
     warm = prompt_ids(vocab, cfg.prompt_len, -1, cfg.seed)

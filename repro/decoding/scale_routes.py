@@ -14,10 +14,13 @@ from repro.decoding.engine import Route
 from repro.decoding.replayed import AcceptanceProcess, ReplayedAcceptance
 from repro.decoding.routes import build_route
 from repro.drafters.shapes import drafter_constructors, drafter_info
+from repro.models.graphed import GraphedTarget
 from repro.models.hybrid import HybridLM
 
 
-def build_scale_route(spec: dict[str, Any], shape: str, target: HybridLM, seed: int, commit: str) -> Route:
+def build_scale_route(
+    spec: dict[str, Any], shape: str, target: HybridLM | GraphedTarget, seed: int, commit: str
+) -> Route:
     """``spec`` built on ``target`` (greedy acceptance) with random drafters of ``shape``'s real shapes."""
     return build_route(
         spec, target.config.vocab_size, "greedy", 0.0, seed, target=target, commit=commit,
