@@ -145,6 +145,7 @@ class GraphedTarget:
         max_len: int | None = None,
         max_nodes: int = MAX_TREE_NODES,
         graphs: bool | None = None,
+        gemv: bool | None = None,
     ) -> None:
         self.hybrid = hybrid
         self.config = hybrid.config
@@ -158,6 +159,13 @@ class GraphedTarget:
             raise ConfigError("CUDA graphs need a CUDA device: the graphed engine runs eagerly elsewhere")
         gdn = [layer.linear_attn for layer in hybrid.model.layers if layer.layer_type == "linear_attention"]
         self.kernel = gdn[0].backend if gdn else None
+        # decode steps on the GEMV kernels (repro.models.static) where they measured faster on the H200:
+        # the tiny family (width 64: 321 vs 418 us per decode step, results/2026-12-01-h200-graphed-
+        # routes/timing.json), not the 1.3B (2048: 1.11x slower) or 27B shapes (5120: 2.2x slower,
+        # results/2026-11-30-h200-model-4); by default in half precision only, where greedy
+        # speculation is not exact anyway (float32 keeps cuBLAS: the GPU tests' float32 routes match AR)
+        low = hybrid.dtype in (torch.bfloat16, torch.float16) and hybrid.config.hidden_size <= 1024
+        self.gemv = (self.graphs and self.kernel == "triton" and low) if gemv is None else gemv
         self.capture: tuple[int, ...] = ()
         self.epoch = 0
         self.captures = 0  # graphs captured so far
@@ -173,7 +181,7 @@ class GraphedTarget:
 
     def _build(self, max_len: int) -> None:
         self.max_len = max_len
-        self.decoder = StaticDecoder(self.hybrid, max_len, self.max_nodes, kernel=self.kernel)
+        self.decoder = StaticDecoder(self.hybrid, max_len, self.max_nodes, kernel=self.kernel, gemv=self.gemv)
         self._slots: dict[tuple[int, bool | str], TreeSlot] = {}
         self._calls: dict[tuple[Any, ...], Any] = {}
 
