@@ -4,7 +4,10 @@ CPU tests (reference kernels, float64): decode_step, verify, the three commits a
 acceptance agree with HybridLM.verify / commit / TargetMatch to 1e-10, and greedy decoding through
 the static steps (AR and speculative, eager) reproduces AR's tokens exactly.
 GPU tests (``gpu``): the same steps eager and as CUDA graphs on the Triton/fla kernels, against
-HybridLM (reference GDN path) in float32 (1e-4) and bfloat16 (looser; the errors are printed).
+HybridLM (reference GDN path) in float32 (1e-4) and bfloat16 (looser; the errors are printed), with the
+selected and the forced other tree kernel.
+Interpreter tests (a TRITON_INTERPRET=1 subprocess each): the Triton kernel paths on CPU tensors, among
+them the split tree kernel and the path commit, and which tree kernel the decoder picks.
 """
 
 from __future__ import annotations
@@ -397,8 +400,14 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 @needs_cuda
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 5e-2)])
 @pytest.mark.parametrize("strategy", ["replay", "closed_form", "snapshot"])
-def test_gpu_graphs_match_eager_and_hybrid(dtype, tol, strategy):
+@pytest.mark.parametrize("forced", [False, True])
+def test_gpu_graphs_match_eager_and_hybrid(dtype, tol, strategy, forced):
+    """Eager and graphed steps vs HybridLM; the selected tree kernel (bf16 at 4 value heads: split;
+    float32: fused) or, ``forced``, the other one."""
     from repro.models.graphs import GraphedCall
+
+    selected = "split" if dtype == torch.bfloat16 else "fused"
+    tree_kernel = {"split": "fused", "fused": "split"}[selected] if forced else None
 
     dev = torch.device("cuda")
     cfg = config()
@@ -413,7 +422,8 @@ def test_gpu_graphs_match_eager_and_hybrid(dtype, tol, strategy):
 
     errs = {}
     for graphed in (False, True):
-        dec = StaticDecoder(model, max_len=96, max_nodes=32)
+        dec = StaticDecoder(model, max_len=96, max_nodes=32, tree_kernel=tree_kernel)
+        assert dec.tree_kernel == (tree_kernel or selected)
         slot = TreeSlot(dec, 24, max_depth=int(tree.depth.max()), snapshots=strategy == "snapshot")
         slot.set_tree(tree)
         dec.load(state)
@@ -440,7 +450,7 @@ def test_gpu_graphs_match_eager_and_hybrid(dtype, tol, strategy):
         )
         if graphed:
             assert logits.data_ptr() == verify.output.data_ptr()
-    print(f"{dtype} {strategy}: eager {errs[False]}, graphed {errs[True]}")
+    print(f"{dtype} {strategy} {dec.tree_kernel}: eager {errs[False]}, graphed {errs[True]}")
     for e in errs.values():
         assert max(e) < tol, errs
     assert max(abs(a - b) for a, b in zip(errs[True], errs[False])) < tol / 10
