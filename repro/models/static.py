@@ -15,15 +15,18 @@ graph (:mod:`repro.models.graphs`) and replayed:
   length mask and appends at the length.
 - :meth:`StaticDecoder.verify`: every node of a :class:`TreeSlot`'s tree (a fixed node count; the
   tokens, parents, ancestor mask, depths and conv gather index are input buffers), state untouched.
-  GDN layers use the fused Triton tree kernel on CUDA, :func:`~repro.gdn.reference.tree_gdn`
+  GDN layers use a Triton tree kernel on CUDA (the one-launch "fused" or the two-phase "split", picked
+  by :func:`select_tree_kernel` unless ``tree_kernel`` forces one), :func:`~repro.gdn.reference.tree_gdn`
   elsewhere.
 - :meth:`StaticDecoder.accept`: greedy longest match on the device (the same path and bonus as
   :class:`repro.decoding.acceptance.TargetMatch` at temperature 0); :meth:`StaticDecoder.commit`: the
   accepted path (ending at the slot's ``node``) folded into the buffers by ``snapshot`` (per-node
   states from verify), ``replay`` (the recurrence over the path, padded to the slot's max depth
   with identity steps g = beta = 0) or ``closed_form`` (the tree factors, masked to the path). With
-  the Triton kernels the closed form and the conv-history commit are one fused kernel each per layer
-  (:mod:`repro.gdn.triton_commit`).
+  the Triton kernels (float32 state) a closed-form commit is one launch per GDN layer for the state and
+  the conv history together, reading only the accepted path's rows
+  (:func:`~repro.gdn.triton_commit.commit_path_fused`, through :func:`~repro.gdn.backends.commit_function`);
+  the other strategies commit the conv history with one fused kernel (:mod:`repro.gdn.triton_commit`).
 
 The layer arithmetic is HybridLM's (its modules and helpers), regrouped to launch fewer kernels per
 step: per layer the input projections are stacked into one matrix (GDN: q|k|v, z, a, b; attention:
@@ -70,7 +73,14 @@ import torch.nn.functional as F
 
 from repro.errors import ConfigError
 from repro.gdn import reference as gdn
-from repro.gdn.backends import check_backend, default_backend, recurrent_function, tree_function
+from repro.gdn.backends import (
+    TREE_KERNELS,
+    check_backend,
+    commit_function,
+    default_backend,
+    recurrent_function,
+    tree_function,
+)
 from repro.gdn.reference import TreeFactors
 from repro.models.config import GDN
 from repro.models.hybrid import HybridLM, check_strategy
@@ -600,6 +610,21 @@ def first_occurrences(parents: np.ndarray, tokens: np.ndarray) -> np.ndarray:
 
 # --------------------------------------------------------------------------------- decoder
 
+SPLIT_MAX_VALUE_HEADS = 16  # the split tree kernel wins up to this many value heads (bf16/fp16 inputs)
+
+
+def select_tree_kernel(kernel_dtype: torch.dtype, value_heads: int) -> str:
+    """The Triton tree kernel for a decoder's verify: "split" for bf16/fp16 kernel inputs and at most
+    :data:`SPLIT_MAX_VALUE_HEADS` value heads, else "fused".
+
+    From CUDA-graph medians on an H200 (us per layer call, bf16 inputs): SpecLA's shape (HV = 8, d = 256)
+    split 17.8 vs fused 22.9 at T = 64 and 27.4 vs 50.0 at T = 128; Weaver's (HV = 48, d = 128) 42.8 vs
+    42.4 at T = 128 (a tie: the fused kernel already has enough programs); float32 inputs: split loses
+    badly (47-110 us). The threshold sits between the measured 8 and 48 heads.
+    """
+    low = kernel_dtype in (torch.bfloat16, torch.float16)
+    return "split" if low and value_heads <= SPLIT_MAX_VALUE_HEADS else "fused"
+
 
 class StaticDecoder:
     """One sequence's decoding state in static buffers, with capturable decode/verify/accept/commit."""
@@ -614,7 +639,10 @@ class StaticDecoder:
         compile: bool = False,
         fused: bool | None = None,
         gemv: bool = False,
+        tree_kernel: str | None = None,
     ) -> None:
+        """``tree_kernel`` (triton only): force the "fused" or "split" tree kernel for verify; None picks
+        by :func:`select_tree_kernel` (kernel dtype and value heads)."""
         self.model = model
         cfg = model.config
         dev, dt = model.device, model.dtype
@@ -638,7 +666,19 @@ class StaticDecoder:
         low = dt in (torch.bfloat16, torch.float16) and self.kernel == "triton"
         self.kernel_dtype = dt if low else self.state_dtype
         self.precision = precision or ("tf32" if low else "ieee")
-        self._tree = tree_function(self.kernel, dev, interpreter=True)
+        if tree_kernel is not None and (self.kernel != "triton" or tree_kernel not in TREE_KERNELS):
+            raise ConfigError(
+                f"tree_kernel={tree_kernel!r}: choose one of {', '.join(TREE_KERNELS)}, with kernel='triton'"
+            )
+        self.tree_kernel: str | None = None  # the Triton tree kernel of verify (None: reference backend)
+        if self.kernel == "triton":
+            heads = cfg.linear_num_value_heads
+            self.tree_kernel = tree_kernel or select_tree_kernel(self.kernel_dtype, heads)
+        self._tree = tree_function(self.kernel, dev, interpreter=True, kernel=self.tree_kernel or "fused")
+        # closed-form commits of a float32 state on Triton: state and conv history in one path-rows launch
+        self._path_commit = None
+        if self.kernel == "triton" and self.state_dtype == torch.float32:
+            self._path_commit = commit_function(self.kernel, dev, interpreter=True)
         self._recurrent = recurrent_function(self.kernel)
         self.glue = compiled_glue() if compile else GLUE
         self.layers: list[DecoderLayer] = list(model.model.layers)
@@ -797,7 +837,12 @@ class StaticDecoder:
         on_path = slot.ancestors.index_select(0, node)[0]  # [T]
         path_len = slot.depth.index_select(0, node)  # [1]
         for buf, saved in zip(self.buffers, slot.saved):
-            if isinstance(buf, GDNBuffers):
+            if isinstance(buf, GDNBuffers) and strategy == "closed_form" and self._path_commit is not None:
+                assert isinstance(saved, GDNSaved), "verify the slot first"
+                f = saved.factors
+                conv = (buf.conv, saved.conv_inputs, slot.conv_index)
+                self._path_commit(buf.recurrent, f.delta, f.k, f.gate_cum, slot.ancestors, node, conv=conv)
+            elif isinstance(buf, GDNBuffers):
                 assert isinstance(saved, GDNSaved), "verify the slot first"
                 self._commit_conv(buf, saved.conv_inputs, slot.conv_index, node)
                 self._commit_gdn(buf, saved, slot, node, on_path, path_len, strategy)
@@ -953,11 +998,7 @@ class StaticDecoder:
         if strategy == "snapshot":
             assert f.snapshots is not None
             state.copy_(f.snapshots.index_select(0, node)[0])
-        elif strategy == "closed_form" and self.kernel == "triton" and state.dtype == torch.float32:
-            from repro.gdn.triton_commit import commit_closed_form_fused
-
-            commit_closed_form_fused(state, f.delta, f.k, f.gate_cum, slot.ancestors, node)
-        elif strategy == "closed_form":
+        elif strategy == "closed_form":  # torch (Triton float32 states take commit()'s path commit)
             g_end = f.gate_cum.index_select(0, node)  # [1, HV]
             weights = (g_end - f.gate_cum).masked_fill(~on_path[:, None], float("-inf")).exp()  # [T, HV]
             update = torch.einsum("mh,mhv,mhk->hvk", weights, f.delta, f.k)

@@ -4,7 +4,10 @@ CPU tests (reference kernels, float64): decode_step, verify, the three commits a
 acceptance agree with HybridLM.verify / commit / TargetMatch to 1e-10, and greedy decoding through
 the static steps (AR and speculative, eager) reproduces AR's tokens exactly.
 GPU tests (``gpu``): the same steps eager and as CUDA graphs on the Triton/fla kernels, against
-HybridLM (reference GDN path) in float32 (1e-4) and bfloat16 (looser; the errors are printed).
+HybridLM (reference GDN path) in float32 (1e-4) and bfloat16 (looser; the errors are printed), with the
+selected and the forced other tree kernel.
+Interpreter tests (a TRITON_INTERPRET=1 subprocess each): the Triton kernel paths on CPU tensors, among
+them the split tree kernel and the path commit, and which tree kernel the decoder picks.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from repro.models.default import init_random_weights
 from repro.models.graphs import check_capture, count_ops, diagnose
 from repro.models.hybrid import HybridLM
 from repro.models.state import ModelState
-from repro.models.static import StaticDecoder, TreeSlot
+from repro.models.static import StaticDecoder, TreeSlot, select_tree_kernel
 from repro.tree import Tree
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -296,6 +299,29 @@ def step_calls(dec: StaticDecoder, slot: TreeSlot) -> dict[str, object]:
     return calls
 
 
+@pytest.mark.parametrize(
+    "dtype,heads,want",
+    [
+        (torch.bfloat16, 8, "split"),  # SpecLA's GDN-1.3B: 17.8 vs 22.9 us (T = 64), 27.4 vs 50.0 (T = 128)
+        (torch.float16, 16, "split"),
+        (torch.bfloat16, 17, "fused"),
+        (torch.bfloat16, 48, "fused"),  # Weaver's shape: a tie (42.8 vs 42.4 us)
+        (torch.float32, 8, "fused"),  # float32 inputs: split loses badly
+        (torch.float64, 4, "fused"),
+    ],
+)
+def test_tree_kernel_selection_rule(dtype, heads, want):
+    assert select_tree_kernel(dtype, heads) == want
+
+
+def test_tree_kernel_option_needs_the_triton_backend(model):
+    dec = StaticDecoder(model, max_len=8)
+    assert dec.kernel == "reference" and dec.tree_kernel is None and dec._path_commit is None
+    for bad in ("split", "fused", "blocked"):
+        with pytest.raises(ConfigError, match="tree_kernel="):
+            StaticDecoder(model, max_len=8, tree_kernel=bad)
+
+
 def test_steps_are_capture_safe(model):
     """Each capturable step under a dispatch mode that sees every aten op: none reads a device value on
     the host, makes a data-dependent shape or copies host data in (what made the accept graph fail on
@@ -374,8 +400,14 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 @needs_cuda
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 5e-2)])
 @pytest.mark.parametrize("strategy", ["replay", "closed_form", "snapshot"])
-def test_gpu_graphs_match_eager_and_hybrid(dtype, tol, strategy):
+@pytest.mark.parametrize("forced", [False, True])
+def test_gpu_graphs_match_eager_and_hybrid(dtype, tol, strategy, forced):
+    """Eager and graphed steps vs HybridLM; the selected tree kernel (bf16 at 4 value heads: split;
+    float32: fused) or, ``forced``, the other one."""
     from repro.models.graphs import GraphedCall
+
+    selected = "split" if dtype == torch.bfloat16 else "fused"
+    tree_kernel = {"split": "fused", "fused": "split"}[selected] if forced else None
 
     dev = torch.device("cuda")
     cfg = config()
@@ -390,7 +422,8 @@ def test_gpu_graphs_match_eager_and_hybrid(dtype, tol, strategy):
 
     errs = {}
     for graphed in (False, True):
-        dec = StaticDecoder(model, max_len=96, max_nodes=32)
+        dec = StaticDecoder(model, max_len=96, max_nodes=32, tree_kernel=tree_kernel)
+        assert dec.tree_kernel == (tree_kernel or selected)
         slot = TreeSlot(dec, 24, max_depth=int(tree.depth.max()), snapshots=strategy == "snapshot")
         slot.set_tree(tree)
         dec.load(state)
@@ -417,7 +450,7 @@ def test_gpu_graphs_match_eager_and_hybrid(dtype, tol, strategy):
         )
         if graphed:
             assert logits.data_ptr() == verify.output.data_ptr()
-    print(f"{dtype} {strategy}: eager {errs[False]}, graphed {errs[True]}")
+    print(f"{dtype} {strategy} {dec.tree_kernel}: eager {errs[False]}, graphed {errs[True]}")
     for e in errs.values():
         assert max(e) < tol, errs
     assert max(abs(a - b) for a, b in zip(errs[True], errs[False])) < tol / 10
@@ -557,10 +590,11 @@ def _interpreter_case(
     fused: bool,
     layers: list[str] | None = None,
     gemv: bool = False,
+    tree_kernel: str | None = None,
 ) -> dict[str, float]:
-    """StaticDecoder with kernel="triton" (fused tree kernel, fla recurrence or the fused decode kernels;
-    ``gemv``: decode steps on the GEMV kernels) on CPU tensors vs HybridLM: verify, commit, then two
-    decode steps (logits and state)."""
+    """StaticDecoder with kernel="triton" (a Triton tree kernel, ``tree_kernel`` or the selected one; fla
+    recurrence or the fused decode kernels; ``gemv``: decode steps on the GEMV kernels) on CPU tensors vs
+    HybridLM: verify, commit, then two decode steps (logits and state)."""
     cfg = config(layers)
     cfg.linear_key_head_dim = cfg.linear_value_head_dim = 16
     model = build(cfg, dtype=dtype, seed=17)
@@ -570,7 +604,9 @@ def _interpreter_case(
     ver = model.verify(state, tree)
     errs = {}
     for strategy in strategies:
-        dec = StaticDecoder(model, max_len=32, max_nodes=16, kernel="triton", fused=fused, gemv=gemv)
+        dec = StaticDecoder(
+            model, max_len=32, max_nodes=16, kernel="triton", fused=fused, gemv=gemv, tree_kernel=tree_kernel
+        )
         dec.load(state)
         slot = TreeSlot(dec, 9, max_depth=int(tree.depth.max()), snapshots=strategy == "snapshot")
         slot.set_tree(tree)
@@ -614,6 +650,38 @@ def _count_launches(counter: list[int]) -> None:
         for name in dir(module):
             if name.endswith("_kernel"):
                 setattr(module, name, _UnseenLaunches(getattr(module, name), counter))
+
+
+def _selected_kernels_and_launches() -> dict[str, object]:
+    """Which tree kernel the triton decoder picks (bf16 / float32 model, 4 value heads; forced), and the
+    Triton launches of one verify + closed-form commit of a [GDN, ATTENTION] float32 model per kernel name
+    (tree kernel forced to split; the commit's state and conv history in one path launch)."""
+    from repro.gdn import backends, triton_commit, triton_tree
+
+    picked = {}
+    cases = {"bf16": (torch.bfloat16, None), "f32": (torch.float32, None),
+             "f32_split": (torch.float32, "split"), "bf16_fused": (torch.bfloat16, "fused")}  # fmt: skip
+    for name, (dtype, force) in cases.items():
+        m = build(config([GDN]), dtype=dtype, seed=5)
+        d = StaticDecoder(m, 16, 4, kernel="triton", tree_kernel=force)
+        split = d._tree is backends._triton_split
+        assert split == (d.tree_kernel == "split") and (split or d._tree is backends._triton), name
+        picked[name] = d.tree_kernel
+    model = build(config([GDN, ATTENTION]), dtype=torch.float32, seed=7)
+    dec = StaticDecoder(model, max_len=16, max_nodes=8, kernel="triton", tree_kernel="split")
+    dec.load(model.prefill(ids(5, 63))[0])
+    slot = TreeSlot(dec, 5)
+    slot.set_tree(Tree(ids(5, 64), torch.tensor([-1, 0, 0, 1, 3])))
+    slot.set_accepted([0, 1, 3, 4])
+    counters: dict[str, list[int]] = {}
+    for module in (triton_tree, triton_commit):
+        for name in dir(module):
+            if name.endswith("_kernel"):
+                counters[name] = [0]
+                setattr(module, name, _UnseenLaunches(getattr(module, name), counters[name]))
+    dec.verify(slot)
+    dec.commit(slot, "closed_form")
+    return {"picked": picked, "launches": {name: c[0] for name, c in counters.items() if c[0]}}
 
 
 def _per_gdn_layer(counter: list[int], **options: bool) -> tuple[int, int]:
@@ -722,6 +790,14 @@ def _interpreter_main(flag: str) -> None:
             "float32": _interpreter_case(torch.float32, ("closed_form",), True, [GDN, ATTENTION], gemv=True),
             "greedy": _gemv_greedy_and_capture(),
         }
+    elif flag == "--interpret-split":
+        out = {
+            "float32": _interpreter_case(
+                torch.float32, ("closed_form", "snapshot"), True, [GDN, ATTENTION], tree_kernel="split"
+            ),
+            "bfloat16": _interpreter_case(torch.bfloat16, ("closed_form",), True, [GDN, ATTENTION]),
+            "selection": _selected_kernels_and_launches(),
+        }  # fmt: skip
     elif flag == "--interpret-fused":
         out = {
             "float32": _interpreter_case(torch.float32, ("closed_form",), True, [GDN, ATTENTION]),
@@ -774,7 +850,27 @@ def test_gemv_decoder_through_the_interpreter():
     assert (greedy["gdn_ops_per_layer"], greedy["gdn_triton_launches_per_layer"]) == (0, 6), greedy
 
 
-if __name__ == "__main__" and sys.argv[-1] in ("--interpret", "--interpret-fused", "--interpret-gemv"):
+def test_split_tree_kernel_and_path_commit_through_the_interpreter():
+    """The split tree kernel (forced on float32; selected for the bf16 model's 4 value heads) and the
+    path commit (state and conv history in one launch) in the interpreter, vs HybridLM: verify, the
+    closed-form and snapshot commits, then decode steps. The decoder picks split for bf16 and fused for
+    float32 inputs at 4 value heads, a forced kernel wins, and a split verify + closed-form commit
+    launches the split kernel's two phases and one path commit per GDN layer, nothing else."""
+    out = _run_interpreter("--interpret-split")
+    assert max(out["float32"].values()) < 1e-5, out["float32"]
+    assert max(out["bfloat16"].values()) < 5e-2, out["bfloat16"]  # as the unfused bf16 case
+    sel = out["selection"]
+    assert sel["picked"] == {"bf16": "split", "f32": "fused", "f32_split": "split", "bf16_fused": "fused"}, (
+        sel
+    )
+    assert sel["launches"] == {"_tree_keys_kernel": 1, "_tree_values_kernel": 1, "_path_commit_kernel": 1}, (
+        sel
+    )
+
+
+if __name__ == "__main__" and sys.argv[-1] in (
+    "--interpret", "--interpret-fused", "--interpret-gemv", "--interpret-split"
+):  # fmt: skip
     _interpreter_main(sys.argv[-1])
 
 
