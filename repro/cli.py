@@ -76,7 +76,9 @@ def run(
     device: Annotated[
         str | None, device_option("auto (CUDA when present; the default), cpu or cuda.")
     ] = None,
-    backend: Annotated[str | None, typer.Option(help="GDN backend: reference or triton (CUDA).")] = None,
+    backend: Annotated[
+        str | None, typer.Option(help="GDN backend: auto (triton on CUDA), reference or triton (CUDA).")
+    ] = None,
     commit: Annotated[
         str | None, typer.Option(help="Default commit strategy: closed_form, snapshot or replay.")
     ] = None,

@@ -10,12 +10,14 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 
 from repro.data.suites import canonical_suite
 from repro.decoding.acceptance import ACCEPTANCE_RULES
 from repro.decoding.routes import EXTERNAL, name_routes
 from repro.errors import ConfigError
+from repro.gdn.backends import default_backend
 from repro.harness.overrides import apply_edits, takes_param
 from repro.models.graphed import resolve_engine
 from repro.models.hybrid import check_strategy
@@ -31,7 +33,7 @@ DEFAULTS: dict[str, Any] = {
     "device": "auto",  # CUDA when present
     "cpu_threads": 1,  # tiny models decode fastest single-threaded; raise for large checkpoints
     "commit": "closed_form",
-    "gdn_backend": "reference",  # or "triton" (fused CUDA kernels)
+    "gdn_backend": "auto",  # triton (fused CUDA kernels) on CUDA, reference elsewhere; or either by name
     "engine": "auto",  # graphed (static decoder, CUDA graphs) on CUDA, eager (HybridLM) on CPU
     "suites": ["mt_bench", "gsm8k", "humaneval"],
     "limit": 2,
@@ -189,6 +191,8 @@ def resolve(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     if cfg["device"] == "auto":
         cfg["device"] = resolve_device("auto")
     cfg["engine"] = resolve_engine(cfg["engine"], cfg["device"])
+    if cfg["gdn_backend"] == "auto":
+        cfg["gdn_backend"] = default_backend(torch.device(cfg["device"]))
     if cfg["dtype"] == "auto":
         cfg["dtype"] = "bfloat16" if cfg["device"].startswith("cuda") else "float32"
     resolve_dtype(cfg["dtype"])
