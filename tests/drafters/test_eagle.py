@@ -345,6 +345,8 @@ def _check_route(target, route, spec, prompts, refs) -> list[Tree]:
         assert res.output_ids == ref
         assert sum(res.accepted_lengths) == len(ref) - 1
     for tree in trees:
+        inner = [bool(tree.children_of(i)) for i in range(tree.size)]
+        assert tree.proposals is not None and [p is not None for p in tree.proposals] == inner
         if spec["kind"] == "eagle_chain":
             assert tree.is_chain and tree.size == spec["k"] + 1
         else:
