@@ -60,11 +60,29 @@ def depth_marginals(proposal: Proposal | None) -> list[Sparse]:
 def draw_without_replacement(probs: torch.Tensor, m: int, rng: np.random.Generator) -> list[int]:
     """``m`` distinct tokens drawn one after another from ``probs`` (earlier ones removed), in draw
     order (Gumbel top-m: the same law as successive sampling); fewer if the support is smaller."""
-    logp = np.log(probs.numpy())
-    keys = logp + rng.gumbel(size=logp.size)
-    m = min(m, int(np.isfinite(logp).sum()))
-    top = np.argpartition(-keys, m - 1)[:m] if m < keys.size else np.arange(keys.size)
-    return top[np.argsort(-keys[top], kind="stable")][:m].tolist()
+    return draw_rows_without_replacement([probs], [m], rng)[0]
+
+
+def draw_rows_without_replacement(
+    probs: list[torch.Tensor], counts: list[int], rng: np.random.Generator
+) -> list[list[int]]:
+    """:func:`draw_without_replacement` for several rows at once (``counts[i]`` tokens from the CPU
+    float64 row ``probs[i]``, all of one length), independently, with the random stream of one call
+    per row in order: one Gumbel draw [n, V], one partial sort."""
+    with np.errstate(divide="ignore"):
+        logp = np.log(np.stack([p.numpy() for p in probs]))
+    n, vocab = logp.shape
+    keys = logp + rng.gumbel(size=(n, vocab))
+    m = max(counts)
+    if m < vocab:
+        top = np.argpartition(-keys, m - 1, axis=1)[:, :m]
+        ranked = np.take_along_axis(
+            top, np.argsort(-np.take_along_axis(keys, top, 1), axis=1, kind="stable"), 1
+        )
+    else:
+        ranked = np.argsort(-keys, axis=1, kind="stable")
+    support = np.isfinite(logp).sum(1)
+    return [ranked[i, : min(c, int(support[i]))].tolist() for i, c in enumerate(counts)]
 
 
 def _need_rng(rng: Rng) -> np.random.Generator:
@@ -113,7 +131,9 @@ class Chain:
             return Tree.chain(tokens, (tuple(marg) + (None,)) if marg else None)
         marg = _need_marginals(proposal)
         gen = _need_rng(rng)
-        tokens = [root_token] + [draw_without_replacement(q, 1, gen)[0] for _, q in marg]
+        tokens = [root_token] + [
+            row[0] for row in draw_rows_without_replacement([q for _, q in marg], [1] * len(marg), gen)
+        ]
         return Tree.chain(tokens, tuple(marg) + (None,), "iid")
 
     def build_device(self, root_token: int, proposal: Proposal | None) -> Tree | DeviceTree:
@@ -162,9 +182,9 @@ class Backbone:
     def build(self, root_token: int, proposal: Proposal | None, rng: Rng = None) -> Tree:
         levels = proposal.candidates if proposal else []
         marg = _need_marginals(proposal) if self.sample and proposal else depth_marginals(proposal)
-        if self.sample and proposal:
-            gen = _need_rng(rng)
-            levels = [draw_without_replacement(q, self.width, gen) for _, q in marg[: len(levels)]]
+        if self.sample and proposal and levels:
+            rows = [q for _, q in marg[: len(levels)]]
+            levels = draw_rows_without_replacement(rows, [self.width] * len(rows), _need_rng(rng))
         tokens, parents = [root_token], [-1]
         props: list[Sparse | None] = [marg[0] if marg else None]
         spine = 0
@@ -210,21 +230,36 @@ class BestFirst:
         self._graphs: dict[tuple, GraphedBestFirst] = {}  # CUDA: one graph per marginals shape
 
     def build(self, root_token: int, proposal: Proposal | None, rng: Rng = None) -> Tree:
+        tree = self.shape(root_token, proposal)
+        if not self.sample or tree.size == 1:
+            return tree
+        return self.draw(tree, _need_rng(rng))
+
+    def shape(self, root_token: int, proposal: Proposal | None) -> Tree:
+        """The greedy best-first tree, each inner node's proposal its children's depth marginal: what
+        :meth:`build` returns without ``sample``, and the shape it samples into (no randomness)."""
         tree = self._top(root_token, proposal)
         if tree.size == 1:
             return tree
         marg = depth_marginals(proposal)
         depth = tree.depth.tolist()  # the root is depth 1
-        kids = [tree.children_of(i) for i in range(tree.size)]
-        props = tuple(marg[depth[i] - 1] if kids[i] else None for i in range(tree.size))
-        if not self.sample:
-            return Tree(tree.tokens, tree.parents, props)
-        gen = _need_rng(rng)
-        tokens = tree.tokens.clone()
-        for i, children in enumerate(kids):
-            if children:
-                tokens[children] = torch.tensor(draw_without_replacement(props[i][1], len(children), gen))
-        return Tree(tokens, tree.parents, props, "without_replacement")
+        props = tuple(marg[depth[i] - 1] if tree.children_of(i) else None for i in range(tree.size))
+        return Tree(tree.tokens, tree.parents, props)
+
+    @staticmethod
+    def draw(shape: Tree, rng: np.random.Generator) -> Tree:
+        """``shape`` with every inner node's children drawn without replacement from its proposal,
+        afresh per parent (in node order), in child order: :meth:`build`'s sampled tree."""
+        assert shape.proposals is not None
+        inner = [i for i in range(shape.size) if shape.children_of(i)]
+        pairs = [shape.proposals[i] for i in inner]
+        counts = [len(shape.children_of(i)) for i in inner]
+        drawn = draw_rows_without_replacement([p[1] for p in pairs], counts, rng)
+        vocab = {id(ids): ids.numpy() for ids, _ in pairs}  # the token ids (depths share one tensor)
+        tokens = shape.tokens.numpy().copy()
+        for i, (ids, _), picks in zip(inner, pairs, drawn):
+            tokens[shape.children_of(i)] = vocab[id(ids)][picks]
+        return Tree(torch.from_numpy(tokens), shape.parents, shape.proposals, "without_replacement")
 
     def build_device(self, root_token: int, proposal: Proposal | None) -> Tree | DeviceTree:
         """The tree of :meth:`build` (greedy) on the marginals' device, without a host read."""

@@ -46,11 +46,12 @@ from repro.errors import CheckpointError, ConfigError
 from repro.models.family import resolve_checkpoint
 from repro.models.hybrid import HybridLM, Verification
 from repro.models.loading import assign_weights, read_json_config, weight_names, write_checkpoint
-from repro.tree import MAX_TREE_NODES, Tree
+from repro.tree import MAX_TREE_NODES, Sparse, Tree
 
 ARCHITECTURE = "EagleDraftModel"
 WEIGHTS_FILE = "model.safetensors"
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [B, KV, C, D]
+PROPOSAL_SUPPORT = 1024  # tokens kept per node's recorded conditional (all when the vocabulary is smaller)
 
 
 @dataclass
@@ -416,7 +417,8 @@ class EagleDrafter:
     Chain mode (``tree`` None): ``k`` argmax drafts; ``candidates[d]`` are the top-``width``
     tokens at depth d+1 and ``probs`` the drafter's distributions. Tree mode: an EAGLE-2 dynamic
     tree (:class:`DynamicTree`) in ``Proposal.tree``, grown with one drafter forward per depth
-    (all frontier nodes together under a tree attention mask).
+    (all frontier nodes together under a tree attention mask); ``tree.proposals`` holds every inner
+    node's drafter conditional (:func:`sparse_rows`), the distribution its top-k children came from.
     """
 
     def __init__(
@@ -551,11 +553,12 @@ class EagleDrafter:
         nodes: list[_Node] = []
         # frontier: (node index or -1 for the root, its drafted row or -1, its prediction, its score)
         frontier_nodes, frontier_rows, preds, scores = [-1], [-1], root_pred[None], [0.0]
+        conditionals: dict[int, Sparse] = {}  # expanded node (-1: the root) -> its drafter conditional
         next_row = 0  # drafted rows are numbered in drafting order
         for depth in range(1, spec.depth + 1):
-            top_p, top_ids = torch.topk(
-                self._probs(preds), min(spec.topk, self.model.config.vocab_size), dim=-1
-            )
+            probs = self._probs(preds)
+            conditionals.update(zip(frontier_nodes, sparse_rows(probs)))
+            top_p, top_ids = torch.topk(probs, min(spec.topk, self.model.config.vocab_size), dim=-1)
             children: list[int] = []
             for f, (ps, ids) in enumerate(zip(top_p.tolist(), top_ids.tolist())):
                 for p, tok in zip(ps, ids):
@@ -580,10 +583,27 @@ class EagleDrafter:
         keep = sorted(sorted(range(len(nodes)), key=lambda i: (-nodes[i].score, i))[: spec.budget])
         index = {old: new + 1 for new, old in enumerate(keep)}
         index[-1] = 0
+        inner = {nodes[i].parent for i in keep}
+        props = [conditionals[-1] if -1 in inner else None] + [
+            conditionals[i] if i in inner else None for i in keep
+        ]
         tree = Tree(
-            [root_token] + [nodes[i].token for i in keep], [-1] + [index[nodes[i].parent] for i in keep]
+            [root_token] + [nodes[i].token for i in keep],
+            [-1] + [index[nodes[i].parent] for i in keep],
+            tuple(props),
         )
         return Proposal(_greedy_path(tree, [nodes[i].score for i in keep]), tree=tree)
+
+
+def sparse_rows(probs: torch.Tensor, support: int = PROPOSAL_SUPPORT) -> list[Sparse]:
+    """Per row of ``probs`` [n, V], the distribution as a sparse float64 (ids, probs) pair: every
+    token when V <= ``support`` (the ids shared), else the ``support`` most probable ones (their
+    drafter probabilities as they are: the tail's mass is not recorded)."""
+    if probs.shape[-1] <= support:
+        ids = torch.arange(probs.shape[-1])
+        return [(ids, row) for row in probs.to("cpu", torch.float64)]
+    top_p, top_ids = torch.topk(probs, support, dim=-1)
+    return list(zip(top_ids.cpu(), top_p.to("cpu", torch.float64)))
 
 
 def _append(cache: KVCache, new: KVCache) -> KVCache:

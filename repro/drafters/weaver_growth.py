@@ -40,7 +40,7 @@ import torch
 
 from repro.drafters.dflash import marginals
 from repro.drafters.pool import top_k_pool
-from repro.tree import DeviceTree, Tree
+from repro.tree import DeviceTree, Sparse, Tree
 
 if TYPE_CHECKING:
     from repro.drafters.weaver import WeaverModel
@@ -54,7 +54,8 @@ KV = tuple[torch.Tensor, torch.Tensor]  # keys, values [B, heads, S, head_dim]
 @dataclass
 class Growth:
     """A grown tree, its greedy path (first child at every level), per-node cumulative log q and the
-    number of nodes each Weaver forward scored."""
+    number of nodes each Weaver forward scored. ``tree.proposals[n]`` is q_n over the pool of the
+    depth below n (the distribution n's children were ranked by) for every inner node n."""
 
     tree: Tree
     greedy: list[int]
@@ -64,12 +65,13 @@ class Growth:
 
 @dataclass
 class _Expanded:
-    """A node Weaver has scored: the cache slots of its ancestors and its own (last), and its
-    children (pool tokens by decreasing log q, with their log q)."""
+    """A node Weaver has scored: the cache slots of its ancestors and its own (last), its children
+    (pool tokens by decreasing log q, with their log q) and q over the whole pool (sparse, float64)."""
 
     slots: list[int]
     children: list[int]
     log_q: list[float]
+    q: Sparse
 
 
 class _Expander:
@@ -87,6 +89,7 @@ class _Expander:
     ) -> None:
         self.w, self.embedding, self.keep = weaver, embedding, keep
         self.pool_logits, self.ids = pool_logits, pool_ids.tolist()
+        self.pool_ids = pool_ids.cpu()  # [D, K]: each depth's pool, the support of q there
         self.pool_emb = embedding[pool_ids]  # [D, K, target hidden]: the only embedding rows scored
         self.base = weaver.hidden_proj(rows) + weaver.feature_proj(feature)  # [D, d_model]
         self.cache: KV | None = None
@@ -107,9 +110,10 @@ class _Expander:
         self.cache = kv if self.cache is None else tuple(torch.cat([c, n], 2) for c, n in zip(self.cache, kv))
         log_q = self.w.pool_log_probs(u[0], self.pool_logits[at], self.pool_emb[at])
         top_q, top_rank = torch.topk(log_q, self.keep, dim=-1)
+        q = log_q.to("cpu", torch.float64).exp()  # [s, K]: each node's proposal over its pool
         self.batches.append(s)
         return [
-            _Expanded(anc + [cached + i], [self.ids[d][r] for r in ranks], lq)
+            _Expanded(anc + [cached + i], [self.ids[d][r] for r in ranks], lq, (self.pool_ids[d], q[i]))
             for i, ((d, _, anc), lq, ranks) in enumerate(zip(items, top_q.tolist(), top_rank.tolist()))
         ]
 
@@ -169,7 +173,9 @@ def grow(
             ahead.update(zip(batch, expand(items)))
         scored[node] = ahead.pop((p, r))
         heapq.heappush(heap, (-(score[node] + scored[node].log_q[0]), next(order), node, 0))
-    tree = Tree(tokens, parents)
+    inner = set(parents)
+    props = tuple(scored[n].q if n in inner else None for n in range(len(tokens)))
+    tree = Tree(tokens, parents, props)
     return Growth(tree, greedy_path(tree), score, expand.batches)
 
 

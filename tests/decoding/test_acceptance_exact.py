@@ -136,11 +136,38 @@ def _grow(ctx: tuple[int, ...], rng: np.random.Generator, widths: list[int], dra
     return _sim(tokens, parents, ctx, draw, props)
 
 
+@cache
+def _proposal(ctx: tuple[int, ...]) -> Proposal:
+    """The drafter's proposal at ``ctx`` (DFlash-like marginals); builders only read it."""
+    probs = marginals(ctx)
+    return Proposal([[int(i)] for i in probs.argmax(-1)], probs)
+
+
 def _builder(builder: object) -> Callable[[tuple[int, ...], np.random.Generator], SimTree]:
     def make(ctx: tuple[int, ...], rng: np.random.Generator) -> SimTree:
-        probs = marginals(ctx)
-        proposal = Proposal([[int(i)] for i in probs.argmax(-1)], probs)
-        return _from_tree(builder.build(ctx[-1], proposal, rng), ctx)  # type: ignore[attr-defined]
+        return _from_tree(builder.build(ctx[-1], _proposal(ctx), rng), ctx)  # type: ignore[attr-defined]
+
+    return make
+
+
+def _best_first_sampled(budget: int) -> Callable[[tuple[int, ...], np.random.Generator], SimTree]:
+    """BestFirst(budget, sample=True) as its ``build`` samples (``shape`` then ``draw``), with the shape
+    (no randomness: a function of the marginals) made once per context and every tree's children drawn
+    afresh by the builder's own :meth:`~BestFirst.draw`; test_best_first_build_is_shape_then_draw pins
+    the split to ``build``."""
+    builder = BestFirst(budget, sample=True)
+
+    @cache
+    def skeleton(ctx: tuple[int, ...]) -> tuple[Tree, list[list[int]], Callable]:
+        shape = builder.shape(ctx[-1], _proposal(ctx))
+        return shape, [shape.children_of(i) for i in range(shape.size)], dense_proposals(shape, V)
+
+    def make(ctx: tuple[int, ...], rng: np.random.Generator) -> SimTree:
+        shape, kids, props = skeleton(ctx)
+        tree = builder.draw(shape, rng)
+        assert tree.proposals is shape.proposals and tree.draw == "without_replacement"
+        tokens = tree.tokens.tolist()
+        return SimTree(tokens, kids, _contexts(tokens, shape.parents.tolist(), ctx), tree.draw, props)
 
     return make
 
@@ -154,7 +181,7 @@ SHAPES: dict[str, Callable[[tuple[int, ...], np.random.Generator], SimTree]] = {
     "deep-wor": lambda c, r: _grow(c, r, [2, 2, 2], "without_replacement"),
     "deep-iid": lambda c, r: _grow(c, r, [2, 2], "iid"),
     "bestfirst-given": _builder(BestFirst(6)),
-    "bestfirst-sampled": _builder(BestFirst(6, sample=True)),
+    "bestfirst-sampled": _best_first_sampled(6),
     "backbone-sampled": _builder(Backbone(2, sample=True)),
     "chain-marginals-sampled": _builder(Chain(sample=True)),
 }
@@ -200,12 +227,11 @@ def verdict(counts: np.ndarray) -> tuple[float, float, float]:
 
 
 RULES = {"spec_sampling": spec_walk, "traversal": traversal_walk}
-FULL = ["chain-sampled", "wide-given", "wide-iid", "wide-wor", "deep-wor", "bestfirst-given"]
-BUILT = ["bestfirst-sampled", "backbone-sampled"]  # the real builders, sampling: slower, N_BUILT decodes
-N_BUILT = 20_000
-CASES = [(rule, shape, N) for rule in RULES for shape in FULL] + [
-    (r, s, N_BUILT) for r in RULES for s in BUILT
+SHAPES_TESTED = [
+    *["chain-sampled", "wide-given", "wide-iid", "wide-wor", "deep-wor", "bestfirst-given"],
+    *["bestfirst-sampled", "backbone-sampled"],  # the real builders, sampling (the slowest: ~15-20 s each)
 ]
+CASES = [(rule, shape, N) for rule in RULES for shape in SHAPES_TESTED]
 
 
 def _seed(*parts: str) -> int:
@@ -218,6 +244,20 @@ def test_rule_reproduces_the_target_joint_distribution(rule, shape, n):
     print(f"{rule} {shape} n={n}: TV {tv:.4f} (exact-sampling noise {noise:.4f}), chi-square p {pvalue:.3g}")
     assert pvalue > ALPHA, (tv, noise, pvalue)
     assert tv < 1.5 * noise, (tv, noise, pvalue)
+
+
+def test_best_first_build_is_shape_then_draw():
+    """The split that bestfirst-sampled uses: ``build`` == ``draw(shape)`` on the same random stream."""
+    builder = BestFirst(6, sample=True)
+    for seed in range(20):
+        ctx = (ROOT, seed % V)
+        built = builder.build(ctx[-1], _proposal(ctx), np.random.default_rng(seed))
+        drawn = builder.draw(builder.shape(ctx[-1], _proposal(ctx)), np.random.default_rng(seed))
+        assert (
+            built.tokens.tolist() == drawn.tokens.tolist()
+            and built.parents.tolist() == drawn.parents.tolist()
+        )
+        assert built.draw == drawn.draw == "without_replacement"
 
 
 # ----- negative controls: biased rules the same test must catch
@@ -263,6 +303,7 @@ CONTROLS = {
     "spec-iid-rule-on-wor-draws": (_as_iid(spec_walk), "wide-wor", None),
     "traversal-iid-rule-on-wor-draws": (_as_iid(traversal_walk), "deep-wor", None),
     "traversal-q-on-topk": (_as_iid(traversal_walk), "bestfirst-given", None),
+    "traversal-iid-rule-on-bestfirst-draws": (_as_iid(traversal_walk), "bestfirst-sampled", None),
 }
 
 

@@ -15,7 +15,14 @@ from repro.decoding.engine import generate
 from repro.decoding.routes import build_route
 from repro.drafters.base import DraftContext
 from repro.drafters.dflash import random_dflash_for, save_dflash
-from repro.drafters.eagle import DynamicTree, EagleDrafter, load_eagle, random_eagle_for, save_eagle
+from repro.drafters.eagle import (
+    DynamicTree,
+    EagleDrafter,
+    load_eagle,
+    random_eagle_for,
+    save_eagle,
+    sparse_rows,
+)
 from repro.errors import CheckpointError, ConfigError
 from repro.models.loading import load_target
 from repro.models.tokenizer import ByteTokenizer
@@ -205,7 +212,26 @@ def _assert_matches_scratch(target, route, prompt: list[int], new_tokens: int) -
         else:
             assert torch.equal(got.tree.tokens, ref.tree.tokens)
             assert torch.equal(got.tree.parents, ref.tree.parents)
+            _assert_conditionals(got.tree, ref.tree)
     return res.accepted_lengths
+
+
+def _assert_conditionals(tree: Tree, ref: Tree) -> None:
+    """Every inner node of ``tree`` carries the drafter's conditional there (``ref``'s, computed from
+    scratch), a full float64 row over the small vocabulary whose top tokens are the node's children
+    in order; leaves carry none."""
+    assert tree.draw == "given" and tree.proposals is not None
+    for node in range(tree.size):
+        kids, prop, want = tree.children_of(node), tree.proposals[node], ref.proposals[node]
+        if not kids:
+            assert prop is None
+            continue
+        ids, probs = prop
+        assert probs.dtype == torch.float64 and torch.equal(ids, torch.arange(TOK.vocab_size))
+        assert torch.equal(ids, want[0]) and (probs - want[1]).abs().max().item() < 1e-10
+        assert abs(probs.sum().item() - 1.0) < 1e-6
+        top = torch.argsort(probs, descending=True, stable=True)[: len(kids)]
+        assert top.tolist() == tree.tokens[kids].tolist()
 
 
 @pytest.mark.parametrize("spec", SCRATCH_ROUTES, ids=[s["name"] for s in SCRATCH_ROUTES])
@@ -270,6 +296,19 @@ def test_dynamic_tree_hand_examples(model64, prompts, shape, tokens, parents, fo
     assert len(calls) == forwards and calls[0] == (1, len(ids))
     assert all(c[1] <= shape.topk for c in calls[1:])  # a depth's frontier drafts together
     assert [c[0] for c in proposal.candidates] == [A] * (max(proposal.tree.depth.tolist()) - 1)
+    inner = [i for i in range(proposal.tree.size) if proposal.tree.children_of(i)]
+    assert [i for i, p in enumerate(proposal.tree.proposals) if p is not None] == inner
+    assert all(torch.equal(proposal.tree.proposals[i][1], dist) for i in inner)
+
+
+def test_sparse_rows_keep_the_top_support():
+    probs = torch.softmax(torch.randn(3, 50, generator=torch.Generator().manual_seed(0)), -1)
+    full, top = sparse_rows(probs, 50), sparse_rows(probs, 4)
+    assert all(
+        torch.equal(ids, torch.arange(50)) and torch.equal(p, r.double()) for (ids, p), r in zip(full, probs)
+    )
+    for (ids, p), r in zip(top, probs):
+        assert ids.tolist() == torch.topk(r, 4).indices.tolist() and torch.equal(p, r[ids].double())
 
 
 def test_dynamic_tree_settings_are_checked(model64):
@@ -306,6 +345,8 @@ def _check_route(target, route, spec, prompts, refs) -> list[Tree]:
         assert res.output_ids == ref
         assert sum(res.accepted_lengths) == len(ref) - 1
     for tree in trees:
+        inner = [bool(tree.children_of(i)) for i in range(tree.size)]
+        assert tree.proposals is not None and [p is not None for p in tree.proposals] == inner
         if spec["kind"] == "eagle_chain":
             assert tree.is_chain and tree.size == spec["k"] + 1
         else:

@@ -248,3 +248,46 @@ def test_a_sibling_and_a_child_pushed_together_tie_in_push_order():
     assert float(torch.log_softmax(args[3][0], -1)[0]) == 0.0
     tree = check_same(weaver, 9, args, widths=(1, 2))
     assert tree.parents.tolist() == [-1, 0, 1, 2, 0, 1, 2, 0, 4, 1]  # node 7: the sibling, pushed first
+
+
+@torch.no_grad()
+def _scratch_q(weaver: WeaverModel, args: tuple, tree: Tree, node: int) -> torch.Tensor:
+    """Weaver's q at ``node`` recomputed from scratch: one causal forward over the path root..node,
+    no cache, no batching, no tree mask."""
+    emb, _, rows, pool_logits, pool_ids, feature = args
+    path = tree.path_to(node)  # node 0 (the root) first
+    tokens = tree.tokens[path]
+    depth = torch.arange(len(path))
+    x = weaver.hidden_proj(rows[depth]) + weaver.feature_proj(feature) + weaver.token_proj(emb[tokens])
+    mask = torch.ones(len(path), len(path), dtype=torch.bool).tril()
+    u, _ = weaver(x[None], mask[None], None)
+    d = len(path) - 1
+    log_q = weaver.pool_log_probs(u[0, -1], pool_logits[d], emb[pool_ids[d]])
+    return log_q.double().exp()
+
+
+@pytest.mark.parametrize("depth,pool,budget", [(3, 5, 12), (4, 6, 30), (2, 3, 30), (6, 7, 40)])
+def test_host_tree_carries_each_inner_nodes_q_over_its_pool(depth, pool, budget):
+    """``grow``'s tree records, per inner node, q over the pool of the depth below it (float64), the
+    distribution its children were ranked by (they are its top tokens, in order); leaves record none.
+    The same at every width (up to rounding) and equal to q recomputed from scratch."""
+    for seed in range(3):
+        weaver, args = adapter(seed, depth, 1.0), inputs(seed + 50, depth, pool)
+        emb, root, *rest = args
+        grown = [grow(weaver, emb, budget, width, root, *rest).tree for width in (1, 4)]
+        tree = grown[0]
+        assert tree.draw == "given" and tree.proposals is not None
+        level = [d - 1 for d in tree.depth.tolist()]  # the root is level 0
+        for node in range(tree.size):
+            kids = tree.children_of(node)
+            props = [t.proposals[node] for t in grown]
+            if not kids:
+                assert props == [None, None]
+                continue
+            (ids, q), (ids4, q4) = props
+            assert q.dtype == torch.float64 and torch.equal(ids, rest[2][level[node]])
+            assert torch.equal(ids, ids4) and (q - q4).abs().max().item() < 1e-12
+            assert abs(q.sum().item() - 1.0) < 1e-12
+            assert (q - _scratch_q(weaver, args, tree, node)).abs().max().item() < 1e-12
+            top = ids[torch.argsort(q, descending=True, stable=True)[: len(kids)]]
+            assert top.tolist() == tree.tokens[kids].tolist()
