@@ -36,7 +36,7 @@ def test_every_committed_results_folder_rebuilds(tmp_path: Path):
     assert kinds == {
         "decode", "bench-kernels", "bench-model", "falsify-tree-exactness", "falsify-external",
         "family-report", "paper-table2", "paper-specla", "paper-acceptance", "sweep", "falsify-pool-mass",
-        "falsify-what-was-timed", "falsify-uniform-protocol",
+        "falsify-what-was-timed", "falsify-uniform-protocol", "bench-scale",
     }  # fmt: skip
     for folder in folders:
         (folder / "report.md").unlink()
