@@ -352,6 +352,7 @@ def decode_record(
         "prefill_s": res.prefill_s,
         "decode_s": res.decode_s,
         "stage_s": res.stage_s,
+        "device_stage_s": res.device_stage_s,
         "truncated_steps": rule.truncated if replayed else 0,
         "acceptance": rule.process.as_dict() if replayed else None,
         "route_params": route.params,
