@@ -179,3 +179,25 @@ def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
         code = int(exc.code or 0)
     out = capsys.readouterr()
     return code, out.out, out.err.strip()
+
+
+SMALL_VOCAB = 61
+
+
+def small_hybrid(seed: int = 0) -> torch.nn.Module:
+    """A float64 4-layer hybrid (GDN, attention, GDN, GDN) of width 32, vocabulary SMALL_VOCAB, seeded."""
+    from repro.models.config import ATTENTION, GDN, HybridConfig
+    from repro.models.default import init_random_weights
+    from repro.models.hybrid import HybridLM
+
+    cfg = HybridConfig(
+        vocab_size=SMALL_VOCAB, hidden_size=32, intermediate_size=48, layer_types=[GDN, ATTENTION, GDN, GDN],
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, partial_rotary_factor=0.5,
+    )  # fmt: skip
+    return init_random_weights(HybridLM(cfg), seed).to(torch.float64).eval()
+
+
+def small_ids(n: int, seed: int) -> list[int]:
+    """``n`` seeded token ids below SMALL_VOCAB."""
+    return torch.randint(0, SMALL_VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()

@@ -15,6 +15,23 @@ from repro.errors import ConfigError
 from repro.models.hybrid import Verification
 
 
+def ingest_start(owner: str, layers: tuple[int, ...], ver: Verification, count: int) -> int:
+    """The first position ``ver``'s accepted rows go to (its position), after checking that it holds
+    every layer in ``layers`` and continues the ``count`` positions a drafter holds; else one line."""
+    missing = [i for i in layers if i not in ver.hidden]
+    if missing:
+        raise ConfigError(
+            f"the target returned no hidden states for layer(s) {missing}: verify with "
+            "capture=drafter.capture_layers"
+        )
+    if ver.position > count:
+        raise ConfigError(
+            f"{owner} drafter lacks target hidden states for positions {count}..{ver.position - 1}: "
+            "the engine must pass every prefill chunk to observe_prefill"
+        )
+    return ver.position
+
+
 class FeatureCache:
     """Concatenated outputs of the target layers ``layers`` per committed position, [P, len * width]."""
 
@@ -45,18 +62,7 @@ class FeatureCache:
         """
         if ver is self._last or not path:
             return None
-        missing = [i for i in self.layers if i not in ver.hidden]
-        if missing:
-            raise ConfigError(
-                f"the target returned no hidden states for layer(s) {missing}: verify with "
-                "capture=drafter.capture_layers"
-            )
-        start = ver.position
-        if start > self.count:
-            raise ConfigError(
-                f"{self.owner} drafter lacks target hidden states for positions {self.count}..{start - 1}: "
-                "the engine must pass every prefill chunk to observe_prefill"
-            )
+        start = ingest_start(self.owner, self.layers, ver, self.count)
         idx = torch.as_tensor(path, dtype=torch.long, device=self.device)
         new = torch.cat([ver.hidden[i].index_select(0, idx) for i in self.layers], dim=-1).to(self.dtype)
         self.rows = torch.cat([self.rows[:start], new], dim=0)

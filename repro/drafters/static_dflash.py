@@ -33,6 +33,7 @@ import torch
 
 from repro.drafters.attention import marginals
 from repro.drafters.base import DraftContext
+from repro.drafters.features import ingest_start
 from repro.errors import ConfigError
 from repro.models.graphed import GraphedVerification
 from repro.models.hybrid import Verification
@@ -152,18 +153,7 @@ class StaticDFlash:
             vb.index_copy_(2, positions, v)
 
     def _start(self, ver: Verification) -> int:
-        missing = [i for i in self.layers if i not in ver.hidden]
-        if missing:
-            raise ConfigError(
-                f"the target returned no hidden states for layer(s) {missing}: verify with "
-                "capture=drafter.capture_layers"
-            )
-        if ver.position > self.count:
-            raise ConfigError(
-                f"DFlash drafter lacks target hidden states for positions {self.count}..{ver.position - 1}: "
-                "the engine must pass every prefill chunk to observe_prefill"
-            )
-        return ver.position
+        return ingest_start("DFlash", self.layers, ver, self.count)
 
     def _gather(self, ver: Verification, idx: torch.Tensor) -> torch.Tensor:
         return torch.cat([ver.hidden[i].index_select(0, idx) for i in self.layers], dim=-1).to(

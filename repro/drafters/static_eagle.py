@@ -46,6 +46,7 @@ import torch
 
 from repro.drafters.base import DraftContext, Proposal
 from repro.drafters.eagle import DynamicTree, EagleDrafter, EagleDraftModel, _greedy_path
+from repro.drafters.features import ingest_start
 from repro.errors import ConfigError
 from repro.models.graphed import GraphedTarget
 from repro.models.hybrid import HybridLM, Verification
@@ -177,18 +178,7 @@ class StaticEagleDrafter(EagleDrafter):
         """Write the accepted ``path``'s features at positions ver.position + i (FeatureCache's rules)."""
         if ver is self._last or not path:
             return
-        missing = [i for i in self.capture_layers if i not in ver.hidden]
-        if missing:
-            raise ConfigError(
-                f"the target returned no hidden states for layer(s) {missing}: verify with "
-                "capture=drafter.capture_layers"
-            )
-        start = ver.position
-        if start > self.count:
-            raise ConfigError(
-                f"EAGLE drafter lacks target hidden states for positions {self.count}..{start - 1}: "
-                "the engine must pass every prefill chunk to observe_prefill"
-            )
+        start = ingest_start("EAGLE", self.capture_layers, ver, self.count)
         end = start + len(path)
         self._ensure(end + self.block)
         idx = upload(path, self.model.device)

@@ -491,7 +491,7 @@ class TreeSlot:
         n = tree.size
         if n != self.size and not (pad and n < self.size):
             bound = "up to " if pad else ""
-            raise ConfigError(f"this slot verifies trees of {bound}{self.size} nodes, got {n}")
+            raise ConfigError(f"this slot verifies {self.verifier}s of {bound}{self.size} nodes, got {n}")
         size, width = self.size, self.width
         if self._copied is not None:
             self._copied.synchronize()  # the previous upload has left the host buffer

@@ -14,39 +14,23 @@ import contextlib
 
 import pytest
 import torch
-from conftest import random_tree
+from conftest import SMALL_VOCAB, random_tree, small_hybrid, small_ids
 
 from repro.data.suites import format_turn, load_suite
 from repro.decoding.engine import generate
 from repro.decoding.routes import build_route
 from repro.errors import ConfigError
 from repro.harness.experiment import load_experiment
-from repro.models.config import ATTENTION, GDN, HybridConfig
-from repro.models.default import init_random_weights
 from repro.models.graphed import GraphedState, GraphedTarget, resolve_engine, slot_size
 from repro.models.graphs import check_capture
-from repro.models.hybrid import HybridLM
 from repro.models.target import open_target
 from repro.reporting.records import compare_to_reference
 from repro.tree import Tree
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 F64 = torch.float64
-VOCAB = 61
+VOCAB = SMALL_VOCAB
 NEW_TOKENS = 24
-
-
-def small_model(seed: int = 0) -> HybridLM:
-    cfg = HybridConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=48, layer_types=[GDN, ATTENTION, GDN, GDN],
-        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=8, partial_rotary_factor=0.5,
-    )  # fmt: skip
-    return init_random_weights(HybridLM(cfg), seed).to(F64).eval()
-
-
-def ids(n: int, seed: int) -> list[int]:
-    return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
 def random_token_tree(n: int, kind: str, seed: int) -> Tree:
@@ -118,8 +102,8 @@ def test_every_smoke_route_through_the_graphed_target_equals_eager_and_ar():
 def test_padding_leaves_real_nodes_unchanged(kind):
     """A tree of 11 nodes verified on slots of 11, 16 and 64 nodes (pads: extra roots, token 0): the real
     nodes' logits and captured layer outputs equal the unpadded ones and HybridLM's."""
-    model = small_model(1)
-    state, _ = model.prefill(ids(9, 2))
+    model = small_hybrid(1)
+    state, _ = model.prefill(small_ids(9, 2))
     tree = random_token_tree(11, kind, 3)
     ref = model.verify(state, tree, capture=(0, 3))
     from repro.models.static import StaticDecoder, TreeSlot
@@ -144,9 +128,9 @@ def test_padding_leaves_real_nodes_unchanged(kind):
 def test_graphed_target_steps_match_hybrid_and_refuse_stale_states():
     """verify/commit of the graphed target against HybridLM on a few trees and strategies; the
     one-node tree (decode step) consumes its state; stale handles are refused."""
-    model = small_model(5)
+    model = small_hybrid(5)
     target = GraphedTarget(model, max_len=16, max_nodes=32)
-    prompt = ids(13, 6)
+    prompt = small_ids(13, 6)
     state, ver = target.prefill(prompt[:7])
     state, ver = target.prefill(prompt[7:], state)  # a second chunk continues the first
     ref, ref_ver = model.prefill(prompt)
@@ -177,9 +161,9 @@ def test_graphed_target_steps_match_hybrid_and_refuse_stale_states():
 def test_slots_grow_their_captured_layers():
     """A slot made for fewer captured layers is made again when a verify (or prepare) asks for more (the
     H200 run's KeyError: prepare recorded the union before the slot was remade)."""
-    model = small_model(9)
+    model = small_hybrid(9)
     target = GraphedTarget(model, max_len=32, max_nodes=8)
-    state, _ = target.prefill(ids(6, 9))
+    state, _ = target.prefill(small_ids(6, 9))
     tree = random_token_tree(5, "mixed", 4)
     assert set(target.verify(state, tree, (1,)).hidden) == {1}
     target.prepare(capture=(1, 2))  # no graphs on CPU: records nothing
@@ -193,9 +177,9 @@ def test_slots_grow_their_captured_layers():
 def test_slot_steps_with_captured_layers_are_capture_safe():
     """The slot verify with captured hidden states and every commit: no host read, no data-dependent
     shape, and the same ops on the same shapes for trees of different sizes padded to one slot."""
-    model = small_model(7)
+    model = small_hybrid(7)
     target = GraphedTarget(model, max_len=32, max_nodes=16)
-    state, _ = target.prefill(ids(6, 8))
+    state, _ = target.prefill(small_ids(6, 8))
     traces = []
     for n in (5, 8):  # one slot of 8 nodes, padded and not
         tree = random_token_tree(n, "mixed", n)
@@ -270,9 +254,9 @@ def test_greedy_graphed_steps_read_the_device_once_and_keep_the_records(monkeypa
     from repro.decoding.acceptance import TargetMatch
     from repro.decoding.engine import STAGES, device_greedy
 
-    model = small_model(11)
+    model = small_hybrid(11)
     target = GraphedTarget(model, max_len=64, max_nodes=32)
-    prompt = ids(10, 12)
+    prompt = small_ids(10, 12)
     reference = generate(model, prompt, device_routes()[0], 30).output_ids
     eager = {r.name: generate(model, prompt, r, 30, reference_ids=reference) for r in device_routes()}
     reads = []
@@ -319,14 +303,15 @@ def test_greedy_graphed_steps_read_nothing_else_on_the_host(monkeypatch):
     monkeypatch.setattr(graphed, "read_back", unchecked(graphed.read_back))
     monkeypatch.setattr(engine, "_prefill", unchecked(engine._prefill))
     monkeypatch.setattr(TargetMatch, "pick", unchecked(TargetMatch.pick))
-    target = GraphedTarget(small_model(11), max_len=64, max_nodes=32)
-    prompt = ids(10, 12)
+    target = GraphedTarget(small_hybrid(11), max_len=64, max_nodes=32)
+    prompt = small_ids(10, 12)
     for route in device_routes()[1:]:  # AR's one-node tree is a host Tree (its token goes in by fill_)
         propose = route.drafter.propose
         route.drafter.propose = unchecked(propose)
-        generate(target, prompt, route, 20, reference_ids=ids(40, 13))  # slots made (prepare's job on CUDA)
+        # the slots are made first (prepare's job on CUDA)
+        generate(target, prompt, route, 20, reference_ids=small_ids(40, 13))
         with CaptureCheck() as check:
-            got = generate(target, prompt, route, 20, reference_ids=ids(40, 13))
+            got = generate(target, prompt, route, 20, reference_ids=small_ids(40, 13))
         assert got.steps > 3 and check.hazards == [], (route.name, check.hazards)
 
 
@@ -335,7 +320,7 @@ def test_graphed_sampling_routes_keep_the_host_path():
     from repro.decoding.engine import Route, device_greedy
     from repro.decoding.tree_builders import BestFirst, SingleNode
 
-    target = GraphedTarget(small_model(12), max_len=64, max_nodes=32)
+    target = GraphedTarget(small_hybrid(12), max_len=64, max_nodes=32)
     route = build_route({"kind": "ar"}, VOCAB, "sample_match", 0.8, 3)
     assert not device_greedy(target, route)
     sampled = Route("s", MarginalDrafter(3, 1), BestFirst(5, sample=True), device_routes()[0].rule)
@@ -393,7 +378,7 @@ def test_gpu_greedy_graphed_step_syncs_only_in_read_back(monkeypatch):
     vocab = model.config.vocab_size
     target = GraphedTarget(model, max_len=128, max_nodes=32)
     target.prepare(("closed_form", "replay", "snapshot"), (), 32)
-    prompt = ids(10, 12)
+    prompt = small_ids(10, 12)
     reference = generate(target, prompt, device_routes(vocab)[0], 30).output_ids
     reads = []
     real_read = graphed.read_back

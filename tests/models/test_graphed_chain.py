@@ -15,17 +15,14 @@ import sys
 
 import pytest
 import torch
-from conftest import run_in_interpreter
+from conftest import SMALL_VOCAB, run_in_interpreter, small_hybrid, small_ids
 
 from repro.decoding.engine import generate
 from repro.decoding.routes import build_route
 from repro.errors import ConfigError
 from repro.gdn.backends import chain_function
-from repro.models.config import ATTENTION, GDN, HybridConfig
-from repro.models.default import init_random_weights
 from repro.models.graphed import GraphedTarget, check_verifier
 from repro.models.graphs import check_capture
-from repro.models.hybrid import HybridLM
 from repro.models.state import GDNLayerState
 from repro.models.static import GDNSaved, StaticDecoder
 from repro.models.static_chain import ChainSlot, chain_evaluator
@@ -34,20 +31,7 @@ from repro.reporting.records import compare_to_reference
 from repro.tree import Tree
 
 pytestmark = pytest.mark.usefixtures("single_thread")
-VOCAB = 61
-
-
-def small_model(seed: int = 0) -> HybridLM:
-    cfg = HybridConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=48, layer_types=[GDN, ATTENTION, GDN, GDN],
-        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=8, partial_rotary_factor=0.5,
-    )  # fmt: skip
-    return init_random_weights(HybridLM(cfg), seed).to(torch.float64).eval()
-
-
-def ids(n: int, seed: int) -> list[int]:
-    return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+VOCAB = SMALL_VOCAB
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -71,13 +55,13 @@ def test_chain_slots_verify_and_commit_as_hybrid_chain_verify_and_replay():
     """Chains of 2..8 nodes on slots of 2, 4 and 8 (padded at the end), accepted prefixes of every length:
     the graphed target's logits, captured layers and committed buffers equal HybridLM's chain verify and
     replay commit, and the GDN layers ran the chain evaluator (no tree factors)."""
-    model = small_model(3)
+    model = small_hybrid(3)
     target = GraphedTarget(model, max_len=64, max_nodes=16, graphs=False)
-    prompt = ids(11, 4)
+    prompt = small_ids(11, 4)
     state, _ = target.prefill(prompt)
     ref, _ = model.prefill(prompt)
     for step, (n, accept) in enumerate(((5, 3), (8, 8), (2, 1), (3, 3), (6, 1), (7, 5))):
-        chain = Tree.chain(ids(n, 20 + step))
+        chain = Tree.chain(small_ids(n, 20 + step))
         got = target.verify(state, chain, (1, 3), "replay", "chain")
         want = model.verify(ref, chain, (1, 3), "replay", "chain")
         assert isinstance(got.slot, ChainSlot) and got.slot.size >= n
@@ -92,9 +76,9 @@ def test_chain_slots_verify_and_commit_as_hybrid_chain_verify_and_replay():
 
 
 def test_chain_verifier_refusals():
-    model = small_model(1)
+    model = small_hybrid(1)
     target = GraphedTarget(model, max_len=32, max_nodes=8, graphs=False)
-    state, _ = target.prefill(ids(5, 1))
+    state, _ = target.prefill(small_ids(5, 1))
     assert check_verifier("chain") == "chain"
     with pytest.raises(ConfigError, match="unknown verifier 'fla'"):
         check_verifier("fla")
@@ -118,9 +102,9 @@ def test_chain_verifier_refusals():
 def test_padding_never_enters_the_device_accept():
     """A chain of 3 whose every node's argmax is token 0 (so are the pad tokens): the device accept stops
     at the last real node, the bonus is that node's argmax, and the commit folds in 3 tokens."""
-    model = small_model(2)
+    model = small_hybrid(2)
     target = GraphedTarget(model, max_len=32, max_nodes=8, graphs=False)
-    state, _ = target.prefill(ids(6, 2))
+    state, _ = target.prefill(small_ids(6, 2))
     slot = target._slot(8, False, (), "chain")
     slot.set_tree(Tree.chain([5, 0, 0]), pad=True)
     dec = target.decoder
@@ -136,13 +120,13 @@ def test_padding_never_enters_the_device_accept():
 def test_chain_slot_steps_are_capture_safe():
     """Chain verify (captured layers) and replay commit: no host read or data-dependent shape, and the
     same ops on the same shapes for a padded and a full chain on one slot."""
-    model = small_model(7)
+    model = small_hybrid(7)
     target = GraphedTarget(model, max_len=32, max_nodes=16, graphs=False)
-    target.prefill(ids(6, 8))
+    target.prefill(small_ids(6, 8))
     traces = []
     for n in (3, 4):
         slot = target._slot(4, False, (1,), "chain")
-        slot.set_tree(Tree.chain(ids(n, n)), pad=True)
+        slot.set_tree(Tree.chain(small_ids(n, n)), pad=True)
         verify = check_capture(lambda s=slot: target.decoder.verify(s))
         slot.set_accepted(list(range(n - 1)))
         with target._preserved():
@@ -159,8 +143,8 @@ def test_prepare_captures_chain_slots(monkeypatch):
     import repro.models.graphs as graphs
 
     monkeypatch.setattr(graphs, "GraphedCall", lambda fn, device: fn)
-    target = GraphedTarget(small_model(4), max_len=32, max_nodes=16, graphs=False)
-    target.prefill(ids(4, 4))
+    target = GraphedTarget(small_hybrid(4), max_len=32, max_nodes=16, graphs=False)
+    target.prefill(small_ids(4, 4))
     target.graphs = True
     target.prepare((), (2,), max_size=8, chain=True)
     keys = set(target._calls) - {("decode",)}
@@ -231,9 +215,9 @@ def _interpreter_case(fused: bool) -> dict[str, float]:
     around the chain core; unfused, the torch glue runs in the float64 tests) on CPU tensors, float32:
     verify, then the replay commit through fla's fused recurrence, vs HybridLM's chain verify and replay
     commit."""
-    model = small_model(11).float()
-    state, _ = model.prefill(ids(9, 12))
-    chain = Tree.chain(ids(5, 13))
+    model = small_hybrid(11).float()
+    state, _ = model.prefill(small_ids(9, 12))
+    chain = Tree.chain(small_ids(5, 13))
     ver = model.verify(state, chain, (), "replay", "chain")
     dec = StaticDecoder(model, max_len=32, max_nodes=8, kernel="triton", fused=fused)
     dec.load(state)
