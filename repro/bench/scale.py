@@ -38,11 +38,11 @@ from repro.bench.kernels import baselines_dir
 from repro.bench.model import MODEL_SHAPES, build_model, device_slug
 from repro.decoding.engine import STAGES, Route, generate
 from repro.decoding.replayed import AcceptanceProcess, ReplayedAcceptance, constant_p_for_mal
-from repro.decoding.routes import resolve_spec
+from repro.decoding.routes import prepare_graphs, resolve_spec
 from repro.decoding.scale_routes import build_scale_route, replayed, route_drafters
 from repro.errors import ConfigError, ReproError
 from repro.gdn.backends import default_backend
-from repro.models.graphed import GraphedTarget, check_verifier, slot_size
+from repro.models.graphed import GraphedTarget
 from repro.models.hybrid import HybridLM
 from repro.reporting.report import accept_histogram
 from repro.reporting.rundir import Run, RunKind, fields_parser, load_run
@@ -314,19 +314,9 @@ def build_routes(
     routes = []
     for name in cfg.routes[shape]:
         route = build_scale_route({"name": name, **cfg.specs[name]}, shape, target, cfg.seed, cfg.commit)
-        check_verifier(route.verifier)
         process = acceptance_for(spec, route)
         routes.append(route if process is None else replayed(route, process, cfg.seed))
     return routes
-
-
-def prepare_target(target: GraphedTarget, routes: list[Route]) -> None:
-    """Capture ahead every graph of the static decoder that the routes use."""
-    capture = tuple(sorted({i for r in routes if r.drafter for i in r.drafter.capture_layers}))
-    drafts = max(
-        r.params.get("budget") or r.params.get("block_size") or r.params.get("k") or 0 for r in routes
-    )
-    target.prepare(tuple({r.commit for r in routes}), capture, slot_size(drafts + 1, target.max_nodes))
 
 
 def decode_record(
@@ -368,7 +358,7 @@ def measure_shape(
     model = build_target(shape, cfg, device)
     target = GraphedTarget(model)
     routes = build_routes(shape, cfg, target, spec)
-    prepare_target(target, routes)
+    prepare_graphs(target, routes)
     setup_s = time.monotonic() - t0
     vocab = model.config.vocab_size
     warm = prompt_ids(vocab, cfg.prompt_len, -1, cfg.seed)

@@ -24,6 +24,7 @@ from repro.drafters.synthetic import SyntheticDrafter
 from repro.drafters.weaver import WeaverDrafter, load_weaver, random_weaver_for
 from repro.errors import ConfigError
 from repro.models.family import DEFAULT_TARGET, drafter_name, members
+from repro.models.graphed import GraphedTarget, check_verifier
 from repro.models.hybrid import COMMIT_STRATEGIES, HybridLM, check_strategy
 from repro.tree import MAX_TREE_NODES
 
@@ -612,3 +613,22 @@ def routes_markdown() -> str:
         for name, typ, default, allowed, help_text in _param_rows(kind):
             out.append(f"| `{name}` | {typ} | {default} | {allowed} | {help_text} |")
     return "\n".join(out) + "\n"
+
+
+def prepare_graphs(target: GraphedTarget, routes: list[Route]) -> None:
+    """Make ahead the graphs of the routes' commit strategies, verifiers and captured layers (none is
+    captured or compiled inside a timed decode)."""
+    for route in routes:
+        check_verifier(route.verifier)
+    capture = tuple(i for r in routes if r.drafter for i in r.drafter.capture_layers)
+    trees = tuple(r.commit for r in routes if r.verifier == "tree")
+    chain = any(r.verifier == "chain" for r in routes)
+    target.prepare(trees, capture, max(largest_tree(r) for r in routes), chain)
+
+
+def largest_tree(route: Route) -> int:
+    """The most nodes a route's trees hold, from its parameters (budget, k levels of width siblings,
+    a DFlash block), at least 64; larger trees than this get their graphs on first use."""
+    p = route.params
+    drafts = max(p.get("budget") or 0, (p.get("k") or 0) * (p.get("width") or 1), p.get("block_size") or 0)
+    return max(64, drafts + 1)

@@ -6,9 +6,8 @@ import re
 from typing import Any
 
 from repro.decoding.engine import generate
-from repro.decoding.routes import COMMON_PARAMS, build_route, family_of, route_kind
+from repro.decoding.routes import COMMON_PARAMS, build_route, family_of, prepare_graphs, route_kind
 from repro.errors import ConfigError
-from repro.harness.runner import prepare_graphs
 from repro.models.graphed import GraphedTarget, resolve_engine
 from repro.models.hybrid import HybridLM
 from repro.models.target import open_target

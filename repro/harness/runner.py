@@ -18,11 +18,11 @@ import torch
 
 from repro.data.suites import Prompt
 from repro.decoding.engine import DecodeResult, Route, generate
-from repro.decoding.routes import build_route, family_of
+from repro.decoding.routes import build_route, family_of, prepare_graphs
 from repro.engines.external_route import ExternalRoute, build_external, is_external
 from repro.errors import ConfigError, RunDirError
 from repro.harness.parallel import Shard, experiment_prompts, shard_prompts
-from repro.models.graphed import GraphedTarget, check_verifier
+from repro.models.graphed import GraphedTarget
 from repro.models.hybrid import HybridLM
 from repro.models.target import open_target
 from repro.models.tokenizer import Tokenizer
@@ -230,25 +230,6 @@ class ExperimentRunner:
 
     def total_units(self) -> int:
         return sum(len(p.turns) for p in self.prompts()) * len(self.all_routes)
-
-
-def prepare_graphs(target: GraphedTarget, routes: list[Route]) -> None:
-    """Make ahead the graphs of the routes' commit strategies, verifiers and captured layers (none is
-    captured or compiled inside a timed decode)."""
-    for route in routes:
-        check_verifier(route.verifier)
-    capture = tuple(i for r in routes if r.drafter for i in r.drafter.capture_layers)
-    trees = tuple(r.commit for r in routes if r.verifier == "tree")
-    chain = any(r.verifier == "chain" for r in routes)
-    target.prepare(trees, capture, max(largest_tree(r) for r in routes), chain)
-
-
-def largest_tree(route: Route) -> int:
-    """The most nodes a route's trees hold, from its parameters (budget, k levels of width siblings,
-    a DFlash block), at least 64; larger trees than this get their graphs on first use."""
-    p = route.params
-    drafts = max(p.get("budget") or 0, (p.get("k") or 0) * (p.get("width") or 1), p.get("block_size") or 0)
-    return max(64, drafts + 1)
 
 
 def default_out_dir(cfg: dict[str, Any]) -> Path:
