@@ -684,6 +684,8 @@ def falsify_pool_mass(
     contexts_per_prompt: Annotated[int, typer.Option(help="Oracle contexts per prompt.")] = 2,
     outside_limit: Annotated[float, typer.Option(help="'A few percent' of mass outside the pool.")] = 0.05,
     dtype: Annotated[str, dtype_option("float64 keeps every route exact.")] = "float64",
+    device: Annotated[str, device_option("cpu (the default: exact in float64), cuda or auto.")] = "cpu",
+    engine: Annotated[str, typer.Option(help=ENGINE_HELP)] = "auto",
     seed: Annotated[int, typer.Option()] = 0,
     out: Annotated[Path | None, typer.Option(help="Output directory.")] = None,
 ) -> None:
@@ -704,7 +706,7 @@ def falsify_pool_mass(
         out=str(out_dir), target=target, ks=ks, rerun_k=rerun_k, corpus=str(corpus), prompts=prompts,
         suites=_names(suites), limit=limit, new_tokens=max_new_tokens, budget=budget,
         oracle_samples=oracle_samples, contexts_per_prompt=contexts_per_prompt, outside_limit=outside_limit,
-        dtype=dtype, seed=seed,
+        dtype=dtype, seed=seed, device=device, engine=engine,
     )  # fmt: skip
     text, found = run_pool_check(cfg, progress=lambda line: err_console.print(line, highlight=False))
     typer.echo(text)

@@ -8,8 +8,9 @@ from typing import Any
 import torch
 
 from repro.decoding.engine import STAGES, generate
-from repro.decoding.routes import build_route
+from repro.decoding.routes import build_route, prepare_graphs
 from repro.errors import ConfigError
+from repro.models.graphed import GraphedTarget
 from repro.models.hybrid import HybridLM
 from repro.models.state import ModelState
 
@@ -21,7 +22,7 @@ def depth_acceptance(paths: list[list[int]], max_depth: int) -> list[float]:
 
 
 def route_acceptance(
-    target: HybridLM,
+    target: HybridLM | GraphedTarget,
     specs: dict[str, dict],
     prompts: list[list[int]],
     new_tokens: int,
@@ -35,14 +36,25 @@ def route_acceptance(
     AR's (``diverged``: on how many prompts it does not; generation ignores stop tokens: every
     prompt yields ``new_tokens``), and tokens/s (new tokens / decode seconds). A spec without
     ``commit`` commits with ``commit``. At ``temperature`` > 0 the rule is ``sample_match`` (the
-    target's keyed sample, so outputs still equal AR's): acceptance then is that of sampling."""
+    target's keyed sample, so outputs still equal AR's): acceptance then is that of sampling.
+    On a :class:`GraphedTarget` (the GPU engine) every route's graphs are made, and each route decodes
+    the first prompt once untimed, before its timed decodes."""
     vocab = target.config.vocab_size
     rule = ("greedy", 0.0) if temperature == 0 else ("sample_match", float(temperature))
     ar = build_route({"kind": "ar"}, vocab, *rule, seed, commit=commit)
+    routes = {
+        name: build_route({**spec, "name": name}, vocab, *rule, seed, target=target, commit=commit)
+        for name, spec in specs.items()
+    }
+    graphed = isinstance(target, GraphedTarget)
+    if graphed:
+        prepare_graphs(target, [ar, *routes.values()])
+        generate(target, prompts[0], ar, new_tokens)
     refs = [generate(target, p, ar, new_tokens).output_ids for p in prompts]
     out: dict[str, dict[str, Any]] = {}
-    for name, spec in specs.items():
-        route = build_route({**spec, "name": name}, vocab, *rule, seed, target=target, commit=commit)
+    for name, route in routes.items():
+        if graphed:
+            generate(target, prompts[0], route, new_tokens)
         lengths: list[int] = []
         paths: list[list[int]] = []
         sizes: list[int] = []

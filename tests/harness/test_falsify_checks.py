@@ -249,3 +249,26 @@ def test_uniform_protocol_end_to_end(monkeypatch, capsys, tmp_path, decode_run):
         monkeypatch, capsys, "falsify", "--uniform-protocol", str(out), "--out", str(tmp_path / "x")
     )
     assert code == 2 and "needs a decode run directory" in err
+
+
+def test_pool_mass_decodes_on_the_graphed_engine_like_the_eager_one(monkeypatch, capsys, tmp_path):
+    """``--engine graphed`` (the GPU engine; on CPU without graphs, float64) measures the same acceptance."""
+    routes = {}
+    for engine in ("eager", "graphed"):
+        out = tmp_path / engine
+        code, _, err = cli(
+            monkeypatch, capsys, "falsify", "pool-mass", "--k", "64", "--rerun-k", "64", "--suites", "gsm8k",
+            "--limit", "1", "--max-new-tokens", "6", "--budget", "8", "--oracle-samples", "2",
+            "--contexts-per-prompt", "1", "--corpus", str(tmp_path / "none"), "--engine", engine,
+            "--out", str(out),
+        )  # fmt: skip
+        assert code in (0, 3), err
+        assert json.loads((out / "manifest.json").read_text())["engine"] == engine
+        records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+        routes[engine] = {
+            (r["route"], r["temperature"]): (r["mal"], r["depth_acceptance"], r["diverged"])
+            for r in records
+            if r["record"] == "route"
+        }
+    assert routes["graphed"] == routes["eager"] and len(routes["eager"]) == 5
+    assert all(diverged == 0 for _, _, diverged in routes["eager"].values())

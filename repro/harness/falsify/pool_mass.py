@@ -61,6 +61,7 @@ class PoolCheckConfig:
     dtype: str = "float64"
     seed: int = 0
     device: str = "cpu"
+    engine: str = "auto"  # the decodes at K and 2K: graphed (CUDA graphs) on CUDA by default
 
     def check(self) -> None:
         """One-line ConfigError for a bad value."""
@@ -79,6 +80,9 @@ class PoolCheckConfig:
             raise ConfigError("--oracle-samples must be >= 2 and --contexts-per-prompt >= 1")
         if not 0 < self.outside_limit < 1:
             raise ConfigError(f"--outside-limit must lie in (0, 1), got {self.outside_limit}")
+        from repro.models.graphed import check_engine
+
+        check_engine(self.engine)
 
 
 def relative_change(before: float, after: float) -> float:
@@ -145,10 +149,14 @@ def measure(cfg: PoolCheckConfig, run: RunDir, progress: Callable[[str], None] |
     from repro.harness.evaluation import greedy_continuations, route_acceptance
     from repro.harness.falsify.oracle import marginal_bound
     from repro.models.family import drafter_name
+    from repro.models.graphed import GraphedTarget, resolve_engine
     from repro.models.target import open_target
 
     say = progress or (lambda line: None)
     model, tok = open_target(cfg.target, cfg.dtype, cfg.device, seed=cfg.seed)
+    graphed = resolve_engine(cfg.engine, model.device) == "graphed"
+    decoder = GraphedTarget(model) if graphed else model
+    run.update_manifest(engine="graphed" if graphed else "eager")
     dflash = load_dflash(drafter_name(cfg.target, "dflash"), dtype=model.dtype, device=model.device)
     depth = dflash.config.block_size - 1
     source, prompts = _prompts(cfg, tok)
@@ -185,7 +193,7 @@ def measure(cfg: PoolCheckConfig, run: RunDir, progress: Callable[[str], None] |
             else {n: s for n, s in specs.items() if n != f"weaver-K{2 * cfg.rerun_k}"}
         )
         acc = route_acceptance(
-            model, chosen, prompts, cfg.new_tokens, cfg.seed, depth, temperature=temperature
+            decoder, chosen, prompts, cfg.new_tokens, cfg.seed, depth, temperature=temperature
         )
         for name, result in acc.items():
             run.append({"record": "route", "route": name, "spec": chosen[name], "temperature": temperature,
@@ -355,12 +363,13 @@ def build_report(run: Run, figures_dir: Path | None) -> str:
     at_k = pools[pools["k"] == k]
     worst = at_k["mean_outside"].max() if len(at_k) else math.nan
     man = run.manifest
+    where = cfg["device"] + (f", {man['engine']} engine" if man.get("engine") else "")
     m = oracle["samples"]
     lines = [
         f"# Pool mass and the marginal oracle bound: {run.path.name}",
         "",
         f"Target `{cfg['target']}` with its own DFlash drafter and Weaver adapter ({cfg['dtype']},"
-        f" {cfg['device']}); prompts: {man.get('prompt_source')} ({man.get('prompts')} prompts), each"
+        f" {where}); prompts: {man.get('prompt_source')} ({man.get('prompts')} prompts), each"
         f" followed by the target's greedy continuation of {cfg['new_tokens']} tokens, teacher-forced;"
         f" vocabulary {man.get('vocab_size')}. Paper claim (Weaver Sec. 3.2): the top-512 pool keeps"
         " 97.8% of the verifier's mass on held-out data (2.2% outside).",
