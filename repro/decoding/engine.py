@@ -7,7 +7,9 @@ On a graphed target (:class:`~repro.models.graphed.GraphedTarget`) with the gree
 non-sampling builder, a step takes the device path: the builder's ``build_device`` tree (a
 :class:`~repro.tree.DeviceTree` where the proposal lives on the device), the slot's verify graph,
 then ``commit_greedy`` (acceptance, path and commit on the device, one read of the result): one
-device-to-host sync per step, besides the drafter's own. Elsewhere the host rule walks the logits.
+device-to-host sync per step, besides the drafter's own. AR there runs one step ahead of the host
+(:meth:`~repro.models.graphed.GraphedTarget.greedy_decode`: the next decode step is launched before the
+last one's token is read). Elsewhere the host rule walks the logits.
 
 Stage times: ``stage_s`` is wall-clock per stage (on the host path each boundary first synchronizes
 the device; on the device path none does, so a stage's wall time is its host time, the final read's
@@ -26,7 +28,7 @@ import torch
 
 from repro.decoding.acceptance import Acceptance, SamplingRule, TargetMatch
 from repro.decoding.sampling import step_rng
-from repro.decoding.tree_builders import TreeBuilder
+from repro.decoding.tree_builders import SingleNode, TreeBuilder
 from repro.drafters.base import DraftContext, Drafter
 from repro.models.graphed import GraphedTarget
 from repro.models.hybrid import PREFILL_CHUNK, HybridLM, Verification
@@ -196,6 +198,13 @@ def generate(
     paths: list[list[int]] = []
     _, finish = _cut(out, stops, max_new_tokens)
     ctx = DraftContext(list(prompt_ids), out, ver, list(range(ver.tree.size)))
+    if finish is None and on_device and drafter is None and isinstance(route.builder, SingleNode):
+        assert isinstance(model, GraphedTarget)  # AR on the device path: one step ahead of the host
+        room = max_new_tokens - len(out)
+        state, picked = model.greedy_decode(state, out[-1], room, stops.__contains__, clock.mark)
+        new, finish = _cut(picked, stops, room)
+        out.extend(new)
+        lengths, sizes, paths = [1] * len(new), [1] * len(new), [[0] for _ in new]
     while finish is None:
         clock.mark()
         proposal = drafter.propose(ctx) if drafter else None

@@ -255,6 +255,15 @@ class GraphedTarget:
     def _decode_call(self) -> Any:
         return self._call(("decode",), self.decoder.decode_pick, True)
 
+    def _follow_call(self) -> Any:
+        """The decode step on the token the previous decode step picked (device to device)."""
+
+        def follow() -> torch.Tensor:
+            self.decoder.token.copy_(self.decoder.pick)
+            return self.decoder.decode_pick()
+
+        return self._call(("follow",), follow, True)
+
     def prepare(
         self,
         strategies: tuple[str, ...] = ("closed_form",),
@@ -394,6 +403,60 @@ class GraphedTarget:
             self.epoch += 1
         tokens = tree.tokens[path].tolist()
         return GraphedState(state.position + len(path), state.committed_tokens + tokens, self.epoch)
+
+    @torch.no_grad()
+    def greedy_decode(
+        self,
+        state: GraphedState,
+        token: int,
+        steps: int,
+        done: Callable[[int], bool],
+        mark: Callable[[], None] = lambda: None,
+    ) -> tuple[GraphedState, list[int]]:
+        """Greedy AR from ``token`` (not yet folded in) for at most ``steps`` decode steps, one step
+        ahead: step i + 1 (its token the argmax step i wrote on the device) is launched before step i's
+        token is read, so the device never waits for the host. Stops after the first token for which
+        ``done`` holds. Returns the handle and the picked tokens (as ``commit_greedy``'s bonus tokens one
+        step at a time would give them). At a stop the launched step ahead has folded in one more token:
+        the handle's ``position`` counts it, the sequence must end there. ``mark`` is called at every
+        stage boundary of a step (the engine's :class:`~repro.decoding.engine.StageClock`; 5 per step,
+        the decode graph between the third and the fourth, the pick's copy between the fourth and fifth)."""
+        self._check(state)
+        if steps < 1:
+            return state, []
+        need = state.position + steps + 1
+        if need > self.max_len:
+            self._loaded(self._exported(state), need, new_epoch=False)
+        dec = self.decoder
+        first, follow = self._decode_call(), self._follow_call()
+        host = torch.zeros(steps, dtype=torch.long, pin_memory=dec.pick_host.is_pinned())
+        cuda = self.device.type == "cuda"
+        ready: list[torch.cuda.Event | None] = []
+        dec.set_token(token)
+        picked: list[int] = []
+        folded = 0
+        for i in range(steps + 1):
+            if i < steps:  # launch step i
+                mark(), mark(), mark()
+                (first if i == 0 else follow)()
+                mark()
+                host[i : i + 1].copy_(dec.pick, non_blocking=cuda)
+                event = torch.cuda.Event() if cuda else None
+                if event is not None:
+                    event.record()
+                ready.append(event)
+                mark()
+                folded += 1
+            if i > 0:  # read step i - 1, which step i (if any) now runs behind
+                event = ready[i - 1]
+                if event is not None:
+                    event.synchronize()
+                picked.append(int(host[i - 1]))
+                if done(picked[-1]):
+                    break
+        self.epoch += 1
+        tokens = [token, *picked][:folded]
+        return GraphedState(state.position + folded, state.committed_tokens + tokens, self.epoch), picked
 
     @torch.no_grad()
     def commit_greedy(
