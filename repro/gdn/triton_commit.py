@@ -39,7 +39,12 @@ import torch
 import triton
 import triton.language as tl
 
-from repro.gdn.triton_common import check_factors, commit_path_tile  # also patches the CPU interpreter
+from repro.gdn.triton_common import (  # also patches the CPU interpreter
+    accepted_path,
+    check_factors,
+    commit_path_tile,
+    path_rows_update,
+)
 
 
 @triton.jit
@@ -107,8 +112,8 @@ def _conv_commit_kernel(
 def _path_commit_kernel(
     state, delta, k, gate_cum, anc, node_ptr, n, history, inputs, index, C,
     HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, NP: tl.constexpr, BM: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, CONV: tl.constexpr, HIST: tl.constexpr, W: tl.constexpr,
-    HP: tl.constexpr, BC: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, PEEL: tl.constexpr, DOT: tl.constexpr, CONV: tl.constexpr,
+    HIST: tl.constexpr, W: tl.constexpr, HP: tl.constexpr, BC: tl.constexpr,
 ):  # fmt: skip
     """Programs [0, HV * NV * NK): one [BV, BK] state tile each (the path's rows only); with CONV, the
     programs after them: one block of BC conv channels each."""
@@ -122,7 +127,18 @@ def _path_commit_kernel(
         p_s = state + (hv * DV + o_v[:, None]) * DK + o_k[None, :]
         m_s = (o_v < DV)[:, None] & (o_k < DK)[None, :]
         s = tl.load(p_s, mask=m_s, other=0.0)  # issued first: independent of the path
-        new = commit_path_tile(s, delta, k, gate_cum, anc, node_ptr, n, hv, o_v, o_k, HV, DV, DK, NP, BM)
+        if PEEL:
+            # the first BM path rows in straight-line code (every accepted depth <= BM), the rest in a loop
+            live, a, on_path, pos, length = accepted_path(anc, node_ptr, n, NP)
+            g_end = tl.where(live, tl.load(gate_cum + a * HV + hv).to(s.dtype), 0.0)
+            acc = path_rows_update(tl.zeros_like(s), 0, on_path, pos, length, g_end, delta, k, gate_cum, hv,
+                                   o_v, o_k, HV, DV, DK, NP, BM, DOT)  # fmt: skip
+            for m0 in range(BM, length, BM):
+                acc = path_rows_update(acc, m0, on_path, pos, length, g_end, delta, k, gate_cum, hv, o_v,
+                                       o_k, HV, DV, DK, NP, BM, DOT)  # fmt: skip
+            new = tl.exp(g_end) * s + acc
+        else:
+            new = commit_path_tile(s, delta, k, gate_cum, anc, node_ptr, n, hv, o_v, o_k, HV, DV, DK, NP, BM)
         tl.store(p_s, new, mask=m_s)
     elif CONV:
         _conv_commit_block(history, inputs, index, node_ptr, C, pid - HV * NV * NK, HIST, W, HP, BC)
@@ -170,28 +186,36 @@ def commit_path_fused(
     node: torch.Tensor,
     *,
     conv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-    block_v: int = 32,
+    block_v: int = 16,
     block_k: int = 64,
     block_m: int = 16,
-    num_warps: int = 4,
+    num_warps: int = 2,
+    num_stages: int = 1,
+    dot: bool = True,
+    peel: bool = True,
 ) -> None:
     """:func:`commit_closed_form_fused` (same arguments and result) reading only the accepted path's rows,
     with the conv-history commit in the same launch.
 
     The path to ``node`` (1-element int64 device tensor; < 0: nothing to commit) is gathered on the device
-    from the ancestor row (:func:`repro.gdn.triton_common.commit_path_tile`): the bytes read grow with
-    the accepted depth d (d (d_v + d_k + 1) 4 per head), not with the tree. One launch, a static grid of
-    HV * (d_v / block_v) * (d_k / block_k) state-tile programs (SpecLA shape: 256), then, with ``conv`` =
-    (history [W-1, C], conv_inputs [n, C], conv_index [n, W]), one program per 256 channels doing
-    :func:`commit_conv_fused`'s work (the same device code). Capture-safe: no host reads. state float32
-    (float64 under the CPU interpreter, for the exactness tests).
+    from the ancestor row (:func:`repro.gdn.triton_common.accepted_path`): the bytes read grow with the
+    accepted depth d (d (d_v + d_k + 1) 4 per head), not with the tree. One launch, a static grid of
+    HV * (d_v / block_v) * (d_k / block_k) state-tile programs (defaults: SpecLA shape 512, Weaver 768),
+    then, with ``conv`` = (history [W-1, C], conv_inputs [n, C], conv_index [n, W]), one program per 256
+    channels doing :func:`commit_conv_fused`'s work (the same device code). Capture-safe: no host reads.
+    state float32 (float64 under the CPU interpreter, for the exactness tests).
+
+    Tuning knobs (the GPU script scripts/gpu/dev-kernels13.py sweeps them): ``block_m`` path rows per
+    gathered block; ``peel`` (default): the first block in straight-line code, a loop only past
+    ``block_m`` rows (else the loop from the first row: the earlier kernel, with its tiles 32 x 64, 4
+    warps and 3 stages); ``dot``: the block's contraction as an exact fp32 dot (needs every block >= 16;
+    smaller tiles fall back to broadcast products).
     """
     hv, dv, dk = state.shape
     n = delta.shape[0]
     anc = check_factors(state, delta, k, gate_cum, ancestors)
-    bv = min(block_v, triton.next_power_of_2(dv))
-    bk = min(block_k, triton.next_power_of_2(dk))
-    tiles = hv * triton.cdiv(dv, bv) * triton.cdiv(dk, bk)
+    bv, bk = _path_tiles(dv, dk, block_v, block_k)
+    tiles = path_commit_programs(hv, dv, dk, block_v, block_k)
     history, inputs, index, c, hist, width, bc = state, state, node, 1, 0, 1, 1
     if conv is not None and conv[0].shape[0] > 0:
         history, inputs, index = conv
@@ -200,12 +224,29 @@ def commit_path_fused(
         _check_conv(history, inputs, index)
         inputs, index, bc = inputs.contiguous(), index.contiguous(), _CONV_BLOCK
     blocks = triton.cdiv(c, bc) if hist else 0
+    use_dot = dot and min(bv, bk, block_m) >= 16  # tl.dot's smallest tile
     _path_commit_kernel[(tiles + blocks,)](
         state, delta.contiguous(), k.contiguous(), gate_cum.contiguous(), anc, node, n,
         history, inputs, index, c,
-        HV=hv, DK=dk, DV=dv, NP=triton.next_power_of_2(n), BM=block_m, BK=bk, BV=bv, CONV=hist > 0,
-        HIST=hist, W=width, HP=triton.next_power_of_2(max(hist, 1)), BC=bc, num_warps=num_warps,
+        HV=hv, DK=dk, DV=dv, NP=triton.next_power_of_2(n), BM=block_m, BK=bk, BV=bv, PEEL=peel,
+        DOT=use_dot, CONV=hist > 0, HIST=hist, W=width, HP=triton.next_power_of_2(max(hist, 1)), BC=bc,
+        num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
+
+
+def _path_tiles(dv: int, dk: int, block_v: int, block_k: int) -> tuple[int, int]:
+    return min(block_v, triton.next_power_of_2(dv)), min(block_k, triton.next_power_of_2(dk))
+
+
+def path_commit_programs(hv: int, dv: int, dk: int, block_v: int = 16, block_k: int = 64) -> int:
+    """State-tile programs of :func:`commit_path_fused` (its conv programs not counted)."""
+    bv, bk = _path_tiles(dv, dk, block_v, block_k)
+    return hv * triton.cdiv(dv, bv) * triton.cdiv(dk, bk)
+
+
+OLD_PATH_TILES = dict(block_v=32, block_k=64, block_m=16, num_warps=4, num_stages=3, peel=False)
+"""The earlier path kernel's settings (results/2026-12-01-h200-kernels-3: 8.6 us at SpecLA's shape at every
+depth): for comparisons in the benchmarks."""
 
 
 _CONV_BLOCK = 256  # conv channels per program
