@@ -16,13 +16,17 @@ the host.
   rescales and adds its state tile. The dots run in exact fp32 ("ieee"): the state persists across
   steps, so the commit's rounding must stay at float32's.
 - :func:`commit_path_fused`: the same commit, reading only the accepted path's rows: the path is
-  gathered on the device from the ancestor row (a cumsum gives each path node its position; helper
-  :func:`repro.gdn.triton_common.commit_path_tile`, shared with the delayed-commit verification of
-  :mod:`repro.gdn.triton_tree`), the loop runs over ceil(d / 16) blocks of path rows, the grid tiles both
-  d_v and d_k (256 programs at GDN-1.3B instead of 64), and the conv-history commit runs in the same
-  launch on extra programs. Its cost grows with the accepted depth d, not with the tree size, where
-  the closed form above measured 17.5 us in graphs at every depth for a 128-node tree
-  (results/2026-11-30-h200-kernels-2: slower than token replay's 3.3-15 us).
+  gathered on the device from the ancestor row (a cumsum gives each path node its position; helpers
+  :func:`repro.gdn.triton_common.accepted_path` and :func:`~repro.gdn.triton_common.path_rows_update`,
+  shared with the delayed-commit verification of :mod:`repro.gdn.triton_tree`), and the conv-history
+  commit runs in the same launch on extra programs. Its cost grows with the accepted depth d, not with the
+  tree size. The first version (256 programs of 32 x 64 state tiles, 4 warps, the path rows in a
+  software-pipelined loop from the first block: ``OLD_PATH_TILES``) measured 8.6 us in graphs at every
+  depth 1..16 at GDN-1.3B (results/2026-12-01-h200-kernels-3), 8x its bandwidth floor and slower than
+  token replay below depth 8: its sm_90 code (compiled here ahead of time) ran the path gather ~3 times
+  (the pipeline's prologue stages) with ~40 barriers. Now: 16 x 64 tiles (512 programs at GDN-1.3B,
+  768 at Weaver's shape), the first block of 16 path rows in straight-line code (no pipeline; a loop only
+  past 16 rows), ~20 barriers, 128-bit state and row accesses, no spills.
 - :func:`commit_conv_fused`: the conv history after the path, in place: row j (oldest first) of the
   new [W-1, C] history is ``cat(history, conv_inputs)[conv_index[a, W-2-j]]`` (conv_index as
   :func:`repro.gdn.reference.conv_gather_index`: column r = the r-th predecessor). Grid over channel
@@ -30,7 +34,10 @@ the host.
   programs, so the in-place write cannot race.
 
 Cost at GDN-1.3B (HV = 8, d_k = d_v = 256), n = 64: the state (2 MB) is read and written once and the
-path's factors read, ~1-2 us of bandwidth per layer; torch's version is ~10 launches per layer.
+path's factors read, ~1-2 us of bandwidth per layer; torch's version is ~10 launches per layer. The path
+commit also waits on three dependent loads (the node, its ancestor row, the path's rows) before its
+arithmetic, so its latency floor lies above the bandwidth floor: about one launch plus three memory
+round trips.
 """
 
 from __future__ import annotations
@@ -189,7 +196,7 @@ def commit_path_fused(
     block_v: int = 16,
     block_k: int = 64,
     block_m: int = 16,
-    num_warps: int = 2,
+    num_warps: int = 4,
     num_stages: int = 1,
     dot: bool = True,
     peel: bool = True,

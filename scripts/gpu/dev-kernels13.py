@@ -55,12 +55,13 @@ CANDIDATES = {  # chain row method -> repro.gdn.chain method
     "tree_split": "tree_split",
 }
 SETTINGS: dict[str, dict[str, Any]] = {  # commit_path_fused settings checked and swept
-    "default": {},
+    "default": {},  # 16 x 64 tiles, 4 warps, exact dot, first block peeled
     "old": dict(tc.OLD_PATH_TILES),
-    "16x64-w4": dict(block_v=16, block_k=64, num_warps=4),
-    "32x64-w4-peel": dict(block_v=32, block_k=64, num_warps=4),
-    "products-8x64": dict(block_v=8, block_k=64, block_m=8, dot=False, num_warps=2),
-    "products-4x128": dict(block_v=4, block_k=128, block_m=8, dot=False, num_warps=4),
+    "16x64-w2": dict(num_warps=2),
+    "32x64-peel": dict(block_v=32),
+    "products-8x64-bm8-w2": dict(block_v=8, block_m=8, dot=False, num_warps=2),
+    "products-8x64": dict(block_v=8, dot=False),
+    "products-4x128-bm8": dict(block_v=4, block_k=128, block_m=8, dot=False),
 }
 TIMER = TimerConfig(warmup_ms=1.0, rep_ms=5.0, graph_replays=3)
 COLS = ["shape", "group", "T", "depth", "method", "status", "rel_err", "us_graph", "floor_us",

@@ -34,7 +34,7 @@ CASES = [  # (name, HV, d_v, d_k, n, tree kind, seed)
 VARIANTS = {  # commit_path_fused settings beside the default (name: keyword arguments)
     "old": {"block_v": 32, "block_k": 64, "block_m": 16, "num_warps": 4, "peel": False},  # the earlier kernel
     "products": {"block_v": 8, "block_k": 64, "block_m": 8, "dot": False},  # broadcast products, small tiles
-    "wide": {"block_v": 64, "block_k": 128, "block_m": 32},
+    "wide": {"block_v": 64, "block_k": 128, "block_m": 32, "num_warps": 2},
 }
 
 
