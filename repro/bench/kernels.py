@@ -1107,7 +1107,8 @@ def _log2_ticks(ax: Any, values: pd.Series) -> None:
 
 
 def write_figures(table: pd.DataFrame, folder: Path) -> dict[str, Path]:
-    """kernel_tree_vs_branch.png (verification us vs T on draft trees, paper B200 points) and recovery.png."""
+    """kernel_tree_vs_branch.png (verification us vs T on draft trees, paper B200 points), recovery.png and
+    chain.png (chain verification us vs T)."""
     from matplotlib.figure import Figure
 
     from repro.reporting.figures import _save
@@ -1159,6 +1160,24 @@ def write_figures(table: pd.DataFrame, folder: Path) -> dict[str, Path]:
             ax.grid(True, which="both", alpha=0.3)
             ax.legend(fontsize="small")
         out["accepted-state recovery"] = _save(fig, folder / "recovery.png")
+    chains = ok[ok["group"] == "chain"]
+    if len(chains):
+        fig = Figure(figsize=(5.5 * len(shapes), 4.4), layout="constrained")
+        for ax, shape in zip(fig.subplots(1, len(shapes), squeeze=False)[0], shapes):
+            mine = chains[chains["shape"] == shape]
+            for (method, dtype), g in mine.groupby(["method", "dtype"], sort=False):
+                g = g.sort_values("T")
+                times = g["us_graph"].fillna(g["us"])  # graph-timed where the method was captured
+                ax.plot(g["T"], times, marker="o", lw=2 if method == "chain_verify" else 1,
+                        label=f"{method} ({dtype})")  # fmt: skip
+            _log2_ticks(ax, chains["T"])
+            ax.set_yscale("log")
+            ax.set_xlabel("chain length T")
+            ax.set_ylabel("us per layer (CUDA graph where timed)")
+            ax.set_title(f"{shape}: chain verification")
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize="small")
+        out["chain verification"] = _save(fig, folder / "chain.png")
     return out
 
 

@@ -240,6 +240,7 @@ def test_cpu_quick_run_writes_records_manifest_report_table_figures(tmp_path):
     assert "## specla (H=8, HV=8, dk=256, dv=256): Chain verification" in report and "| chain_torch" in report
     assert (out / "figures" / "kernel_tree_vs_branch.png").stat().st_size > 0
     assert (out / "figures" / "recovery.png").stat().st_size > 0
+    assert (out / "figures" / "chain.png").stat().st_size > 0 and "](figures/chain.png)" in report
     again = CliRunner().invoke(cli_app(), args)  # never appends to an earlier run
     assert again.exit_code != 0 and isinstance(again.exception, ReproError)
 
