@@ -38,7 +38,7 @@ def kernels(
         str, typer.Option(help="Comma-separated layer shapes: weaver, specla.")
     ] = "weaver,specla",
     sizes: Annotated[
-        str | None, typer.Option(help="Tree sizes T for every shape (default per shape).")
+        str | None, typer.Option(help="Tree sizes T and chain lengths for every shape (default per shape).")
     ] = None,
     depths: Annotated[
         str | None, typer.Option(help="Accepted depths for recovery (default 2,4,8,16).")
@@ -92,6 +92,8 @@ def kernels(
         cfg.sizes = {s: cfg.sizes[s] for s in names}
     if sizes:
         cfg.sizes = {s: _ints(sizes, "sizes") for s in names}
+    if cfg.quick or sizes:  # the chain group's lengths follow (else 16..256)
+        cfg.chain_sizes = dict(cfg.sizes)
     if depths:
         cfg.depths = _ints(depths, "depths")
     out_dir = out or default_out_dir()

@@ -21,14 +21,22 @@ e the q/k/v element size (2 for bf16, 4 for fp32), g/beta/state/factors in fp32:
 - prefill_flattened: the same bytes; flops HV sum over paths of chunk(len), where
   chunk(l) = sum over 64-token chunks c of wy(c), plus 2 c dk dv for each state hand-off; bf16.
 - chain_recurrent / chain_chunk: io(n) + S, writes o; flops as the two above with L = n.
+- chain group (one chain of T tokens from S0, S never written): per_branch_recurrent (fla's recurrence
+  over the chain's one branch; the baseline), chain_chunk (fla's chunk kernel), tree_fused / tree_split
+  (the project's tree kernels), chain_verify (repro.gdn.chain.verify_chain: the one of those its table
+  picks for T and the shape) and chain_torch (its torch reference, float32): each its own method's cost;
+  chain_verify and chain_torch those of chain_chunk (the cheapest exact form: io(T) + S, writes o; chunked
+  WY flops at the bf16 rate, the fp32 rate for chain_torch).
 - per_token_states: k, v, g, beta of n tokens + S + 8 n (parents), writes n S;
   flops 5 dk dv HV per node (decay, S k, rank-1 update), fp32 rate.
 - commit_closed_form (torch), commit_closed_form_fused (Triton, repro.gdn.triton_commit: reads every
-  node's rows) and commit_path_fused (reads the path's rows only): d HV (dv + dk + 1) 4 (delta, k, G
-  rows of the path) + S, writes S; flops HV (2 d dk dv + 2 dk dv), fp32 rate. The Triton commits run in
-  place on their own copy of S0 (earlier runs, e.g. results/2026-11-30-h200-kernels-2, also copied S0
-  inside the timed call: ~1 us more). ``_conv`` rows add the conv-history commit (W = 4, C = 2 H dk +
-  HV dv, bf16: 2 (W-1) C 2 bytes): a second launch after the old kernel, the same launch for the path one.
+  node's rows) and commit_path_fused (reads the path's rows only; commit_path_fused_old: the same kernel
+  at the earlier settings, triton_commit.OLD_PATH_TILES, not in the default grid): d HV (dv + dk + 1) 4
+  (delta, k, G rows of the path) + S, writes S; flops HV (2 d dk dv + 2 dk dv), fp32 rate. The Triton
+  commits run in place on their own copy of S0 (earlier runs, e.g. results/2026-11-30-h200-kernels-2,
+  also copied S0 inside the timed call: ~1 us more). ``_conv`` rows add the conv-history commit (W = 4,
+  C = 2 H dk + HV dv, bf16: 2 (W-1) C 2 bytes): a second launch after the old kernel, the same launch for
+  the path one.
 - step_* (one speculative step of one layer: commit the previous step's accepted path of depth d, then
   verify the T-node tree from the committed state; bf16 q/k/v, the verification at --bf16-precision):
   tree_fused's bytes and flops + the path's rows + one more S (written); the floor of the fused step.
@@ -87,7 +95,16 @@ VERIFY_ROWS = [
     ("prefill_flattened", "bf16"),
     ("per_token_states", "bf16"),
 ]
-CHAIN_ROWS = [("chain_recurrent", "bf16"), ("chain_chunk", "bf16")]
+# chain verification: the project's chain verifier vs each candidate it chooses from (same chain, same S0)
+CHAIN_ROWS = [
+    ("per_branch_recurrent", "bf16"),
+    ("chain_chunk", "bf16"),
+    ("tree_fused", "bf16"),
+    ("tree_split", "bf16"),
+    ("chain_verify", "bf16"),
+    ("chain_torch", "fp32"),
+]
+CHAIN_SIZES = [16, 32, 64, 128, 256]
 RECOVERY_ROWS = [
     ("commit_replay_fla", "bf16"),
     ("commit_closed_form", "fp32"),
@@ -106,7 +123,12 @@ STEP_ROWS = [
     ("step_delayed_split", "bf16"),
     ("step_torch", "fp32"),
 ]
-PRECISION_METHODS = {"tree_fused", "tree_split", *(m for m, _ in STEP_ROWS if m != "step_torch")}
+PRECISION_METHODS = {
+    "tree_fused",
+    "tree_split",
+    "chain_verify",
+    *(m for m, _ in STEP_ROWS if m != "step_torch"),
+}
 CONV_WIDTH = 4  # the GDN models' short-conv width (conv history of 3 rows)
 QUICK_SIZES = [4, 8]
 QUICK_DEPTHS = [2, 4]
@@ -306,6 +328,17 @@ def build_chain_chunk(case: Case, x: Inputs) -> Fn:
     return _fla_call("chunk", case, x, None, varlen=False, final=False)
 
 
+def build_chain_verify(case: Case, x: Inputs) -> Fn:
+    verify = importlib.import_module("repro.gdn.chain").verify_chain
+    s, prec = case.shape.scale, case.precision
+    return lambda: verify(x.q, x.k, x.v, x.g, x.beta, x.state, s, precision=prec)
+
+
+def build_chain_torch(case: Case, x: Inputs) -> Fn:
+    verify = importlib.import_module("repro.gdn.chain").verify_chain
+    return lambda: verify(x.q, x.k, x.v, x.g, x.beta, x.state, case.shape.scale, method="reference")
+
+
 def _factors(case: Case, x: Inputs, snapshots: bool) -> gdn.TreeFactors:
     """Verification factors of the whole tree (pure torch, float32), computed outside the timing."""
     q, k, v = x.q.float(), x.k.float(), x.v.float()
@@ -338,9 +371,11 @@ def _fused_commit(case: Case, x: Inputs, kernel: str, conv: bool) -> Fn:
     ops = (f.delta, f.k, f.gate_cum, case.ancestors, node)
     hist, inputs, index = _conv_operands(case) if conv else (None, None, None)
 
+    tiles = mod.OLD_PATH_TILES if kernel == "path_old" else {}
+
     def run() -> torch.Tensor:
-        if kernel == "path":
-            mod.commit_path_fused(state, *ops, conv=(hist, inputs, index) if conv else None)
+        if kernel.startswith("path"):
+            mod.commit_path_fused(state, *ops, conv=(hist, inputs, index) if conv else None, **tiles)
         else:
             mod.commit_closed_form_fused(state, *ops)
             if conv:
@@ -356,6 +391,10 @@ def build_commit_closed_form_fused(case: Case, x: Inputs) -> Fn:
 
 def build_commit_path_fused(case: Case, x: Inputs) -> Fn:
     return _fused_commit(case, x, "path", conv=False)
+
+
+def build_commit_path_fused_old(case: Case, x: Inputs) -> Fn:
+    return _fused_commit(case, x, "path_old", conv=False)
 
 
 def build_commit_closed_form_fused_conv(case: Case, x: Inputs) -> Fn:
@@ -488,8 +527,9 @@ def cost(method: str, dtype: str, case: Case) -> tuple[int, float, str]:
         return nbytes, sh.hv * sum(chunk_flops(len(p), sh.dk, sh.dv) for p in case.paths), "bf16"
     if method == "chain_recurrent":
         return io(n) + state + o(n), float(n * rec), "fp32"
-    if method == "chain_chunk":
-        return io(n) + state + o(n), sh.hv * chunk_flops(n, sh.dk, sh.dv), "bf16"
+    if method in ("chain_chunk", "chain_verify", "chain_torch"):
+        rate = "fp32" if method == "chain_torch" else "bf16"
+        return io(n) + state + o(n), sh.hv * chunk_flops(n, sh.dk, sh.dv), rate
     if method == "per_token_states":
         kvgb = n * (sh.h * sh.dk * e + sh.hv * sh.dv * e + 2 * sh.hv * 4)
         return kvgb + state + 8 * n + n * state, float(n * 5 * sh.dk * sh.dv * sh.hv), "fp32"
@@ -540,11 +580,14 @@ METHODS: dict[str, Method] = {
     "per_token_states": Method(build_per_token_states, "states", "triton_tree"),
     "chain_recurrent": Method(build_chain_recurrent, "nodes", "fla"),
     "chain_chunk": Method(build_chain_chunk, "nodes", "fla"),
+    "chain_verify": Method(build_chain_verify, "nodes", "triton_tree"),
+    "chain_torch": Method(build_chain_torch, "nodes", "torch", False, "not graph-timed (reference path)"),
     "commit_closed_form": Method(
         build_commit_closed_form, "commit", "torch", False, "not capturable (host-to-device path index copy)"
     ),
     "commit_closed_form_fused": Method(build_commit_closed_form_fused, "commit", "triton_tree"),
     "commit_path_fused": Method(build_commit_path_fused, "commit", "triton_tree"),
+    "commit_path_fused_old": Method(build_commit_path_fused_old, "commit", "triton_tree"),
     "commit_closed_form_fused_conv": Method(build_commit_closed_form_fused_conv, "commit", "triton_tree"),
     "commit_path_fused_conv": Method(build_commit_path_fused_conv, "commit", "triton_tree"),
     "commit_replay_fla": Method(build_commit_replay_fla, "commit", "fla"),
@@ -660,15 +703,15 @@ def paper_numbers(root: Path | None = None) -> dict[tuple, dict[str, Any]]:
             )
     prior = load("related.yaml").get("gpu_baselines_h200_fla_0_6_0", {})
     names = {"27b_gdn": "weaver", "1.3b_gdn": "specla"}
-    cols = {
-        "fused_recurrent_chain_us": ("chain", "chain_recurrent"),
-        "chunk_chain_us": ("chain", "chain_chunk"),
-        "per_branch_tree_us": ("draft", "per_branch_recurrent"),
+    cols = {  # on a chain, fla's recurrence is the per-branch baseline (one branch)
+        "fused_recurrent_chain_us": ("chain", "chain", "per_branch_recurrent"),
+        "chunk_chain_us": ("chain", "chain", "chain_chunk"),
+        "per_branch_tree_us": ("verify", "draft", "per_branch_recurrent"),
     }
     for r in prior.get("rows", []):
-        for col, (kind, method) in cols.items():
+        for col, (group, kind, method) in cols.items():
             if col in r and r["shape"] in names:
-                put((names[r["shape"]], "verify", kind, method, "bf16", r["T"]), prior_us=r[col])
+                put((names[r["shape"]], group, kind, method, "bf16", r["T"]), prior_us=r[col])
     return out
 
 
@@ -688,6 +731,9 @@ class BenchConfig:
     sizes: dict[str, list[int]] = field(
         default_factory=lambda: {"weaver": [16, 32, 64, 128, 256], "specla": [16, 32, 64, 128]}
     )
+    chain_sizes: dict[str, list[int]] = field(
+        default_factory=lambda: {"weaver": CHAIN_SIZES, "specla": CHAIN_SIZES}
+    )  # the chain group's lengths
     kinds: list[str] = field(default_factory=lambda: ["draft", "chain"])
     depths: list[int] = field(default_factory=lambda: [2, 4, 8, 16])
     recovery_nodes: int = 128
@@ -704,6 +750,7 @@ class BenchConfig:
             "bench": "kernels",
             "shapes": {s: vars(SHAPES[s]) for s in self.shapes},
             "sizes": self.sizes,
+            "chain_sizes": self.chain_sizes,
             "kinds": self.kinds,
             "depths": self.depths,
             "recovery_nodes": self.recovery_nodes,
@@ -723,7 +770,7 @@ class BenchConfig:
 @dataclass(frozen=True)
 class RowSpec:
     shape: str
-    group: str  # verify | recovery | step
+    group: str  # verify | recovery | step | chain
     kind: str
     T: int
     method: str
@@ -732,7 +779,7 @@ class RowSpec:
 
 
 def plan(cfg: BenchConfig) -> list[RowSpec]:
-    """Every row, the most telling first (tree verification, recovery, then chains; see ``budget_s``).
+    """Every row, the most telling first (tree verification, recovery, steps, then chains; see ``budget_s``).
 
     Each (shape, group, kind, T[, depth]) block starts with its baseline.
     """
@@ -754,10 +801,8 @@ def plan(cfg: BenchConfig) -> list[RowSpec]:
             rows += [RowSpec(shape, "step", "draft", step_nodes, m, d, depth) for m, d in STEP_ROWS]
     if "chain" in cfg.kinds:
         for shape in cfg.shapes:
-            chain_rows = VERIFY_ROWS + CHAIN_ROWS
-            rows += [
-                RowSpec(shape, "verify", "chain", t, m, d) for t in cfg.sizes[shape] for m, d in chain_rows
-            ]
+            sizes = cfg.chain_sizes.get(shape, cfg.sizes[shape])
+            rows += [RowSpec(shape, "chain", "chain", t, m, d) for t in sizes for m, d in CHAIN_ROWS]
     return rows
 
 
@@ -888,9 +933,8 @@ def derive(row: dict[str, Any], rows: Iterable[dict[str, Any]], paper: dict[tupl
     for col, src in (("x_floor", "us"), ("x_floor_graph", "us_graph")):
         if row[src] is not None and row["floor_us"]:
             row[col] = row[src] / row["floor_us"]
-    row["baseline"] = {"verify": VERIFY_ROWS, "recovery": RECOVERY_ROWS, "step": STEP_ROWS}[row["group"]][0][
-        0
-    ]
+    groups = {"verify": VERIFY_ROWS, "recovery": RECOVERY_ROWS, "step": STEP_ROWS, "chain": CHAIN_ROWS}
+    row["baseline"] = groups[row["group"]][0][0]
     base = [o for o in rows if _block(o) == _block(row) and o["method"] == row["baseline"]]
     for col, src in (("speedup", "us"), ("speedup_graph", "us_graph")):
         if base and base[0][src] is not None and row[src]:
@@ -1006,6 +1050,7 @@ def report_markdown(
         "verify": "Verification (us per layer call)",
         "recovery": "Accepted-state recovery (depth = accepted)",
         "step": "Commit the previous path + verify the tree (depth = previous accepted)",
+        "chain": "Chain verification (T = chain length; chain_verify = repro.gdn.chain's choice)",
     }
     for shape, group in itertools.product(dict.fromkeys(table["shape"]), titles):
         part = table[(table["shape"] == shape) & (table["group"] == group)]
@@ -1046,7 +1091,8 @@ DEFINITIONS = """\
 - floor_us = max(bytes_min / measured copy bandwidth, flops / measured matmul rate of the method's
   arithmetic); x_floor = us / floor_us. Counts: repro/bench/kernels.py module docstring.
 - speedup: the block's baseline us / this row's us (verification: per_branch_recurrent on the same
-  tree; recovery: commit_replay_fla on the same accepted path; step: step_replay_fla, same tree and depth).
+  tree; recovery: commit_replay_fla on the same accepted path; step: step_replay_fla, same tree and depth;
+  chain: per_branch_recurrent, fla's recurrence over the same chain).
 - per-branch and prefill baselines get their flattened, per-path inputs and S0 copies prepared
   outside the timing (in their favour); recovery factors and snapshots are made outside the timing.
 - paper_us / paper_speedup: the papers' numbers (their GPUs: Weaver B200, SpecLA H100); prior_us:
@@ -1061,7 +1107,8 @@ def _log2_ticks(ax: Any, values: pd.Series) -> None:
 
 
 def write_figures(table: pd.DataFrame, folder: Path) -> dict[str, Path]:
-    """kernel_tree_vs_branch.png (verification us vs T on draft trees, paper B200 points) and recovery.png."""
+    """kernel_tree_vs_branch.png (verification us vs T on draft trees, paper B200 points), recovery.png and
+    chain.png (chain verification us vs T)."""
     from matplotlib.figure import Figure
 
     from repro.reporting.figures import _save
@@ -1113,6 +1160,24 @@ def write_figures(table: pd.DataFrame, folder: Path) -> dict[str, Path]:
             ax.grid(True, which="both", alpha=0.3)
             ax.legend(fontsize="small")
         out["accepted-state recovery"] = _save(fig, folder / "recovery.png")
+    chains = ok[ok["group"] == "chain"]
+    if len(chains):
+        fig = Figure(figsize=(5.5 * len(shapes), 4.4), layout="constrained")
+        for ax, shape in zip(fig.subplots(1, len(shapes), squeeze=False)[0], shapes):
+            mine = chains[chains["shape"] == shape]
+            for (method, dtype), g in mine.groupby(["method", "dtype"], sort=False):
+                g = g.sort_values("T")
+                times = g["us_graph"].fillna(g["us"])  # graph-timed where the method was captured
+                ax.plot(g["T"], times, marker="o", lw=2 if method == "chain_verify" else 1,
+                        label=f"{method} ({dtype})")  # fmt: skip
+            _log2_ticks(ax, chains["T"])
+            ax.set_yscale("log")
+            ax.set_xlabel("chain length T")
+            ax.set_ylabel("us per layer (CUDA graph where timed)")
+            ax.set_title(f"{shape}: chain verification")
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize="small")
+        out["chain verification"] = _save(fig, folder / "chain.png")
     return out
 
 

@@ -16,13 +16,17 @@ the host.
   rescales and adds its state tile. The dots run in exact fp32 ("ieee"): the state persists across
   steps, so the commit's rounding must stay at float32's.
 - :func:`commit_path_fused`: the same commit, reading only the accepted path's rows: the path is
-  gathered on the device from the ancestor row (a cumsum gives each path node its position; helper
-  :func:`repro.gdn.triton_common.commit_path_tile`, shared with the delayed-commit verification of
-  :mod:`repro.gdn.triton_tree`), the loop runs over ceil(d / 16) blocks of path rows, the grid tiles both
-  d_v and d_k (256 programs at GDN-1.3B instead of 64), and the conv-history commit runs in the same
-  launch on extra programs. Its cost grows with the accepted depth d, not with the tree size, where
-  the closed form above measured 17.5 us in graphs at every depth for a 128-node tree
-  (results/2026-11-30-h200-kernels-2: slower than token replay's 3.3-15 us).
+  gathered on the device from the ancestor row (a cumsum gives each path node its position; helpers
+  :func:`repro.gdn.triton_common.accepted_path` and :func:`~repro.gdn.triton_common.path_rows_update`,
+  shared with the delayed-commit verification of :mod:`repro.gdn.triton_tree`), and the conv-history
+  commit runs in the same launch on extra programs. Its cost grows with the accepted depth d, not with the
+  tree size. The first version (256 programs of 32 x 64 state tiles, 4 warps, the path rows in a
+  software-pipelined loop from the first block: ``OLD_PATH_TILES``) measured 8.6 us in graphs at every
+  depth 1..16 at GDN-1.3B (results/2026-12-01-h200-kernels-3), 8x its bandwidth floor and slower than
+  token replay below depth 8: its sm_90 code (compiled here ahead of time) ran the path gather ~3 times
+  (the pipeline's prologue stages) with ~40 barriers. Now: 16 x 64 tiles (512 programs at GDN-1.3B,
+  768 at Weaver's shape), the first block of 16 path rows in straight-line code (no pipeline; a loop only
+  past 16 rows), ~20 barriers, 128-bit state and row accesses, no spills.
 - :func:`commit_conv_fused`: the conv history after the path, in place: row j (oldest first) of the
   new [W-1, C] history is ``cat(history, conv_inputs)[conv_index[a, W-2-j]]`` (conv_index as
   :func:`repro.gdn.reference.conv_gather_index`: column r = the r-th predecessor). Grid over channel
@@ -30,7 +34,10 @@ the host.
   programs, so the in-place write cannot race.
 
 Cost at GDN-1.3B (HV = 8, d_k = d_v = 256), n = 64: the state (2 MB) is read and written once and the
-path's factors read, ~1-2 us of bandwidth per layer; torch's version is ~10 launches per layer.
+path's factors read, ~1-2 us of bandwidth per layer; torch's version is ~10 launches per layer. The path
+commit also waits on three dependent loads (the node, its ancestor row, the path's rows) before its
+arithmetic, so its latency floor lies above the bandwidth floor: about one launch plus three memory
+round trips.
 """
 
 from __future__ import annotations
@@ -39,7 +46,12 @@ import torch
 import triton
 import triton.language as tl
 
-from repro.gdn.triton_common import check_factors, commit_path_tile  # also patches the CPU interpreter
+from repro.gdn.triton_common import (  # also patches the CPU interpreter
+    accepted_path,
+    check_factors,
+    commit_path_tile,
+    path_rows_update,
+)
 
 
 @triton.jit
@@ -107,8 +119,8 @@ def _conv_commit_kernel(
 def _path_commit_kernel(
     state, delta, k, gate_cum, anc, node_ptr, n, history, inputs, index, C,
     HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, NP: tl.constexpr, BM: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, CONV: tl.constexpr, HIST: tl.constexpr, W: tl.constexpr,
-    HP: tl.constexpr, BC: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, PEEL: tl.constexpr, DOT: tl.constexpr, CONV: tl.constexpr,
+    HIST: tl.constexpr, W: tl.constexpr, HP: tl.constexpr, BC: tl.constexpr,
 ):  # fmt: skip
     """Programs [0, HV * NV * NK): one [BV, BK] state tile each (the path's rows only); with CONV, the
     programs after them: one block of BC conv channels each."""
@@ -122,7 +134,18 @@ def _path_commit_kernel(
         p_s = state + (hv * DV + o_v[:, None]) * DK + o_k[None, :]
         m_s = (o_v < DV)[:, None] & (o_k < DK)[None, :]
         s = tl.load(p_s, mask=m_s, other=0.0)  # issued first: independent of the path
-        new = commit_path_tile(s, delta, k, gate_cum, anc, node_ptr, n, hv, o_v, o_k, HV, DV, DK, NP, BM)
+        if PEEL:
+            # the first BM path rows in straight-line code (every accepted depth <= BM), the rest in a loop
+            live, a, on_path, pos, length = accepted_path(anc, node_ptr, n, NP)
+            g_end = tl.where(live, tl.load(gate_cum + a * HV + hv).to(s.dtype), 0.0)
+            acc = path_rows_update(tl.zeros_like(s), 0, on_path, pos, length, g_end, delta, k, gate_cum, hv,
+                                   o_v, o_k, HV, DV, DK, NP, BM, DOT)  # fmt: skip
+            for m0 in range(BM, length, BM):
+                acc = path_rows_update(acc, m0, on_path, pos, length, g_end, delta, k, gate_cum, hv, o_v,
+                                       o_k, HV, DV, DK, NP, BM, DOT)  # fmt: skip
+            new = tl.exp(g_end) * s + acc
+        else:
+            new = commit_path_tile(s, delta, k, gate_cum, anc, node_ptr, n, hv, o_v, o_k, HV, DV, DK, NP, BM)
         tl.store(p_s, new, mask=m_s)
     elif CONV:
         _conv_commit_block(history, inputs, index, node_ptr, C, pid - HV * NV * NK, HIST, W, HP, BC)
@@ -170,28 +193,36 @@ def commit_path_fused(
     node: torch.Tensor,
     *,
     conv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-    block_v: int = 32,
+    block_v: int = 16,
     block_k: int = 64,
     block_m: int = 16,
     num_warps: int = 4,
+    num_stages: int = 1,
+    dot: bool = True,
+    peel: bool = True,
 ) -> None:
     """:func:`commit_closed_form_fused` (same arguments and result) reading only the accepted path's rows,
     with the conv-history commit in the same launch.
 
     The path to ``node`` (1-element int64 device tensor; < 0: nothing to commit) is gathered on the device
-    from the ancestor row (:func:`repro.gdn.triton_common.commit_path_tile`): the bytes read grow with
-    the accepted depth d (d (d_v + d_k + 1) 4 per head), not with the tree. One launch, a static grid of
-    HV * (d_v / block_v) * (d_k / block_k) state-tile programs (SpecLA shape: 256), then, with ``conv`` =
-    (history [W-1, C], conv_inputs [n, C], conv_index [n, W]), one program per 256 channels doing
-    :func:`commit_conv_fused`'s work (the same device code). Capture-safe: no host reads. state float32
-    (float64 under the CPU interpreter, for the exactness tests).
+    from the ancestor row (:func:`repro.gdn.triton_common.accepted_path`): the bytes read grow with the
+    accepted depth d (d (d_v + d_k + 1) 4 per head), not with the tree. One launch, a static grid of
+    HV * (d_v / block_v) * (d_k / block_k) state-tile programs (defaults: SpecLA shape 512, Weaver 768),
+    then, with ``conv`` = (history [W-1, C], conv_inputs [n, C], conv_index [n, W]), one program per 256
+    channels doing :func:`commit_conv_fused`'s work (the same device code). Capture-safe: no host reads.
+    state float32 (float64 under the CPU interpreter, for the exactness tests).
+
+    Tuning knobs (the GPU script scripts/gpu/dev-kernels13.py sweeps them): ``block_m`` path rows per
+    gathered block; ``peel`` (default): the first block in straight-line code, a loop only past
+    ``block_m`` rows (else the loop from the first row: the earlier kernel, with its tiles 32 x 64, 4
+    warps and 3 stages); ``dot``: the block's contraction as an exact fp32 dot (needs every block >= 16;
+    smaller tiles fall back to broadcast products).
     """
     hv, dv, dk = state.shape
     n = delta.shape[0]
     anc = check_factors(state, delta, k, gate_cum, ancestors)
-    bv = min(block_v, triton.next_power_of_2(dv))
-    bk = min(block_k, triton.next_power_of_2(dk))
-    tiles = hv * triton.cdiv(dv, bv) * triton.cdiv(dk, bk)
+    bv, bk = _path_tiles(dv, dk, block_v, block_k)
+    tiles = path_commit_programs(hv, dv, dk, block_v, block_k)
     history, inputs, index, c, hist, width, bc = state, state, node, 1, 0, 1, 1
     if conv is not None and conv[0].shape[0] > 0:
         history, inputs, index = conv
@@ -200,12 +231,29 @@ def commit_path_fused(
         _check_conv(history, inputs, index)
         inputs, index, bc = inputs.contiguous(), index.contiguous(), _CONV_BLOCK
     blocks = triton.cdiv(c, bc) if hist else 0
+    use_dot = dot and min(bv, bk, block_m) >= 16  # tl.dot's smallest tile
     _path_commit_kernel[(tiles + blocks,)](
         state, delta.contiguous(), k.contiguous(), gate_cum.contiguous(), anc, node, n,
         history, inputs, index, c,
-        HV=hv, DK=dk, DV=dv, NP=triton.next_power_of_2(n), BM=block_m, BK=bk, BV=bv, CONV=hist > 0,
-        HIST=hist, W=width, HP=triton.next_power_of_2(max(hist, 1)), BC=bc, num_warps=num_warps,
+        HV=hv, DK=dk, DV=dv, NP=triton.next_power_of_2(n), BM=block_m, BK=bk, BV=bv, PEEL=peel,
+        DOT=use_dot, CONV=hist > 0, HIST=hist, W=width, HP=triton.next_power_of_2(max(hist, 1)), BC=bc,
+        num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
+
+
+def _path_tiles(dv: int, dk: int, block_v: int, block_k: int) -> tuple[int, int]:
+    return min(block_v, triton.next_power_of_2(dv)), min(block_k, triton.next_power_of_2(dk))
+
+
+def path_commit_programs(hv: int, dv: int, dk: int, block_v: int = 16, block_k: int = 64) -> int:
+    """State-tile programs of :func:`commit_path_fused` (its conv programs not counted)."""
+    bv, bk = _path_tiles(dv, dk, block_v, block_k)
+    return hv * triton.cdiv(dv, bv) * triton.cdiv(dk, bk)
+
+
+OLD_PATH_TILES = dict(block_v=32, block_k=64, block_m=16, num_warps=4, num_stages=3, peel=False)
+"""The earlier path kernel's settings (results/2026-12-01-h200-kernels-3: 8.6 us at SpecLA's shape at every
+depth): for comparisons in the benchmarks."""
 
 
 _CONV_BLOCK = 256  # conv channels per program

@@ -91,6 +91,56 @@ if triton.knobs.runtime.interpret:
 
 
 @triton.jit
+def accepted_path(anc, node_ptr, n, NP: tl.constexpr):
+    """The root-to-``node`` path, gathered on the device: (live, a, on_path, pos, length).
+
+    ``node`` is read from the 1-element ``node_ptr`` (< 0: the empty path, live False); a = max(node, 0).
+    ``anc`` row a (uint8 [n, n] ancestor-or-self mask, NP = pow2(n) columns loaded at once) marks the
+    path's nodes (on_path, int32 [NP]); as nodes are in topological order, node j's position on the path
+    is the number of path nodes before it (pos, a cumsum; valid where on_path); length = the path's
+    number of nodes (a device value)."""
+    node = tl.load(node_ptr)
+    live = node >= 0
+    a = tl.maximum(node, 0)
+    o_n = tl.arange(0, NP)
+    on_path = (tl.load(anc + a * n + o_n, mask=(o_n < n) & live, other=0) != 0).to(tl.int32)
+    pos = tl.cumsum(on_path, axis=0) - 1
+    length = tl.sum(on_path, axis=0)
+    return live, a, on_path, pos, length
+
+
+@triton.jit
+def path_rows_update(
+    acc, m0, on_path, pos, length, g_end, delta, k, gate_cum, hv, o_v, o_k,
+    HV: tl.constexpr, DV: tl.constexpr, DK: tl.constexpr, NP: tl.constexpr, BM: tl.constexpr,
+    DOT: tl.constexpr,
+):  # fmt: skip
+    """``acc`` [BV, BK] + sum over path positions [m0, m0 + BM) of ``exp(g_end - G_j) delta_j[o_v]
+    k_j[o_k]^T`` (positions past ``length`` weigh 0): one gathered [BM, BV] block of delta rows and one
+    [BM, BK] block of key rows, loaded at once. DOT: the contraction as one exact ("ieee") dot (BV, BK,
+    BM >= 16); else as broadcast products summed over the block (any tile; exact float arithmetic too)."""
+    acc_t = acc.dtype
+    o_n = tl.arange(0, NP)
+    o_m = m0 + tl.arange(0, BM)
+    hit = (on_path[None, :] != 0) & (pos[None, :] == o_m[:, None])  # [BM, NP]: one hit per valid row
+    idx = tl.sum(tl.where(hit, o_n[None, :], 0), axis=1)
+    m_m = o_m < length
+    rows = idx * HV + hv
+    g_m = tl.load(gate_cum + rows, mask=m_m, other=0.0).to(acc_t)
+    m_v = o_v < DV
+    m_k = o_k < DK
+    d = tl.load(delta + rows[:, None] * DV + o_v[None, :], mask=m_m[:, None] & m_v[None, :], other=0.0)
+    kt = tl.load(k + rows[:, None] * DK + o_k[None, :], mask=m_m[:, None] & m_k[None, :], other=0.0)
+    w = tl.where(m_m, tl.exp(tl.where(m_m, g_end - g_m, 0.0)), 0.0)
+    dw = d.to(acc_t) * w[:, None]
+    if DOT:
+        acc += tl.dot(tl.trans(dw), kt.to(acc_t), input_precision="ieee")
+    else:
+        acc += tl.sum(dw[:, :, None] * kt.to(acc_t)[:, None, :], axis=0)
+    return acc
+
+
+@triton.jit
 def commit_path_tile(
     s, delta, k, gate_cum, anc, node_ptr, n, hv, o_v, o_k,
     HV: tl.constexpr, DV: tl.constexpr, DK: tl.constexpr, NP: tl.constexpr, BM: tl.constexpr,
@@ -100,34 +150,15 @@ def commit_path_tile(
     k_j^T`` over the path's nodes j only (a = node, read from the 1-element ``node_ptr``; node < 0: the
     empty path, ``s`` unchanged).
 
-    The path is gathered on the device: ``anc`` row a (uint8 [n, n] ancestor-or-self mask, NP = pow2(n)
-    columns loaded at once) marks its nodes; as nodes are in topological order, node j's position on the
-    path is the number of path nodes before it (a cumsum), so block b of BM positions holds the nodes
-    whose position falls in it. The loop runs ceil(path length / BM) times (a device value: the grid and
-    every shape stay static). Arithmetic in ``s``'s dtype, dots in exact "ieee" (the state persists).
+    The path is gathered on the device (:func:`accepted_path`); the loop runs ceil(path length / BM)
+    times over blocks of BM path rows (:func:`path_rows_update`; a device value: the grid and every shape
+    stay static). Arithmetic in ``s``'s dtype, dots in exact "ieee" (the state persists).
     """
     acc_t = s.dtype
-    node = tl.load(node_ptr)
-    live = node >= 0
-    a = tl.maximum(node, 0)
-    o_n = tl.arange(0, NP)
-    on_path = (tl.load(anc + a * n + o_n, mask=(o_n < n) & live, other=0) != 0).to(tl.int32)
-    pos = tl.cumsum(on_path, axis=0) - 1  # position on the path (valid where on_path)
-    length = tl.sum(on_path, axis=0)
+    live, a, on_path, pos, length = accepted_path(anc, node_ptr, n, NP)
     g_end = tl.where(live, tl.load(gate_cum + a * HV + hv).to(acc_t), 0.0)
-    m_v = o_v < DV
-    m_k = o_k < DK
     acc = tl.zeros_like(s)
     for m0 in range(0, length, BM):
-        o_m = m0 + tl.arange(0, BM)
-        hit = (on_path[None, :] != 0) & (pos[None, :] == o_m[:, None])  # [BM, NP]: one hit per valid row
-        idx = tl.sum(tl.where(hit, o_n[None, :], 0), axis=1)
-        m_m = o_m < length
-        rows = idx * HV + hv
-        g_m = tl.load(gate_cum + rows, mask=m_m, other=0.0).to(acc_t)
-        d = tl.load(delta + rows[:, None] * DV + o_v[None, :], mask=m_m[:, None] & m_v[None, :], other=0.0)
-        kt = tl.load(k + rows[:, None] * DK + o_k[None, :], mask=m_m[:, None] & m_k[None, :], other=0.0)
-        w = tl.where(m_m, tl.exp(tl.where(m_m, g_end - g_m, 0.0)), 0.0)
-        dw = d.to(acc_t) * w[:, None]
-        acc += tl.dot(tl.trans(dw), kt.to(acc_t), input_precision="ieee")
+        acc = path_rows_update(acc, m0, on_path, pos, length, g_end, delta, k, gate_cum, hv, o_v, o_k,
+                               HV, DV, DK, NP, BM, True)  # fmt: skip
     return tl.exp(g_end) * s + acc

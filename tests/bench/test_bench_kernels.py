@@ -136,6 +136,9 @@ def test_costs_by_hand():
     chain = tiny_case(chain_tree(3))
     assert bk.cost("chain_recurrent", "bf16", chain) == (60 + 16 + 12, 3 * 28, "fp32")
     assert bk.cost("chain_chunk", "bf16", chain)[1] == pytest.approx(wy3)
+    assert bk.cost("chain_verify", "bf16", chain) == bk.cost("chain_chunk", "bf16", chain)
+    assert bk.cost("chain_torch", "fp32", chain) == (3 * 32 + 16 + 3 * 8, pytest.approx(wy3), "fp32")
+    assert bk.cost("commit_path_fused_old", "fp32", case) == bk.cost("commit_path_fused", "fp32", case)
 
 
 def test_chunk_flops_split_into_chunks_with_state_handoffs():
@@ -170,8 +173,11 @@ def test_paper_numbers_come_from_the_baselines_files():
     }
     rec = bk.lookup_paper(paper, ("specla", "recovery", "draft", "commit_closed_form_fused", "fp32", 8))
     assert rec["paper_speedup"] == "2.74-4.28"
-    assert bk.lookup_paper(paper, ("specla", "verify", "chain", "chain_chunk", "bf16", 128)) == {
+    assert bk.lookup_paper(paper, ("specla", "chain", "chain", "chain_chunk", "bf16", 128)) == {
         "prior_us": 501
+    }
+    assert bk.lookup_paper(paper, ("weaver", "chain", "chain", "per_branch_recurrent", "bf16", 16)) == {
+        "prior_us": 109
     }
     assert bk.paper_numbers(ROOT / "no-such-folder") == {}
 
@@ -197,8 +203,8 @@ def test_cpu_quick_run_writes_records_manifest_report_table_figures(tmp_path):
     res = CliRunner().invoke(cli_app(), args)
     assert res.exit_code == 0, res.output
     rows = read_rows(out)
-    expected = [(m, d, "draft") for m, d in bk.VERIFY_ROWS] + [(m, d, "chain") for m, d in bk.VERIFY_ROWS]
-    expected += [(m, d, "chain") for m, d in bk.CHAIN_ROWS] + [(m, d, "draft") for m, d in bk.RECOVERY_ROWS]
+    expected = [(m, d, "draft") for m, d in bk.VERIFY_ROWS] + [(m, d, "chain") for m, d in bk.CHAIN_ROWS]
+    expected += [(m, d, "draft") for m, d in bk.RECOVERY_ROWS]
     expected += [(m, d, "draft") for m, d in bk.STEP_ROWS]
     assert sorted((r["method"], r["dtype"], r["kind"]) for r in rows) == sorted(expected)
     assert all(set(r) == set(bk.COLUMNS) for r in rows)
@@ -216,6 +222,12 @@ def test_cpu_quick_run_writes_records_manifest_report_table_figures(tmp_path):
     step = {r["method"]: r for r in rows if r["group"] == "step"}
     assert {(r["depth"], r["T"], r["baseline"]) for r in step.values()} == {(2, 16, "step_replay_fla")}
     assert step["step_torch"]["status"] == "ok"  # the reference step, checked against float64
+    chain = {r["method"]: r for r in rows if r["group"] == "chain"}
+    assert {(r["kind"], r["T"], r["depth"], r["baseline"]) for r in chain.values()} == {
+        ("chain", 4, 4, "per_branch_recurrent")
+    }
+    assert chain["chain_torch"]["status"] == "ok" and chain["chain_verify"]["reason"] == "needs CUDA"
+    assert chain["chain_verify"]["floor_us"] == pytest.approx(chain["chain_chunk"]["floor_us"])
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["config"]["quick"] is True and manifest["config"]["sizes"] == {"specla": [4]}
     assert {"copy_GBps", "bf16_TFLOPs", "fp32_TFLOPs"} <= set(manifest["ceilings"])
@@ -225,8 +237,10 @@ def test_cpu_quick_run_writes_records_manifest_report_table_figures(tmp_path):
     report = (out / "report.md").read_text()
     assert "## specla (H=8, HV=8, dk=256, dv=256): Verification" in report and "| tree_torch" in report
     assert "skipped (needs CUDA)" in report and "](figures/recovery.png)" in report
+    assert "## specla (H=8, HV=8, dk=256, dv=256): Chain verification" in report and "| chain_torch" in report
     assert (out / "figures" / "kernel_tree_vs_branch.png").stat().st_size > 0
     assert (out / "figures" / "recovery.png").stat().st_size > 0
+    assert (out / "figures" / "chain.png").stat().st_size > 0 and "](figures/chain.png)" in report
     again = CliRunner().invoke(cli_app(), args)  # never appends to an earlier run
     assert again.exit_code != 0 and isinstance(again.exception, ReproError)
 
@@ -303,7 +317,8 @@ rows = [(tree, "per_branch_recurrent", "bf16"), (tree, "tree_fused", "bf16"), (t
         (tree, "step_replay_fla", "bf16"), (tree, "step_closed_form_fused", "bf16"),
         (tree, "step_path_fused", "bf16"), (tree, "step_delayed_fused", "bf16"), (tree, "step_torch", "fp32"),
         (tree, "tree_split", "bf16"), (tree, "tree_split", "fp32"), (tree, "step_delayed_split", "bf16"),
-        (chain, "chain_recurrent", "bf16")]
+        (tree, "commit_path_fused_old", "fp32"), (chain, "chain_recurrent", "bf16"),
+        (chain, "tree_split", "bf16"), (chain, "chain_verify", "bf16"), (chain, "chain_torch", "fp32")]
 for case, name, dtype in rows:
     x64 = bk.make_inputs(sh, case.n, 1, cpu)
     m = bk.METHODS[name]
@@ -343,6 +358,7 @@ def test_gpu_tiny_grid_of_the_real_methods(tmp_path, monkeypatch):
     cfg = bk.BenchConfig(
         shapes=["specla", "weaver"] if full else ["weaver"],
         sizes={"specla": [16], "weaver": [16]},
+        chain_sizes={"specla": [16], "weaver": [16]},
         kinds=["draft", "chain"] if full else ["draft"],
         depths=[2],
         recovery_nodes=16,

@@ -31,6 +31,13 @@ CASES = [  # (name, HV, d_v, d_k, n, tree kind, seed)
 ]
 
 
+VARIANTS = {  # commit_path_fused settings beside the default (name: keyword arguments)
+    "old": {"block_v": 32, "block_k": 64, "block_m": 16, "num_warps": 4, "peel": False},  # the earlier kernel
+    "products": {"block_v": 8, "block_k": 64, "block_m": 8, "dot": False},  # broadcast products, small tiles
+    "wide": {"block_v": 64, "block_k": 128, "block_m": 32, "num_warps": 2},
+}
+
+
 def _random_tree(n: int, kind: str, seed: int) -> Tree:
     from repro.bench.shapes import random_parents
 
@@ -97,9 +104,12 @@ def path_commit_errors(
     device: str,
     dtype: str = "float64",
     width: int = 4,
+    ends: list[int] | None = None,
+    **tiles: object,
 ) -> dict[str, list[float]]:
-    """commit_path_fused vs commit_closed_form (state: relative error) and conv_history_after (conv:
-    mismatching elements), every path end plus node -1 (must leave both unchanged)."""
+    """commit_path_fused (with the tuning knobs ``tiles``) vs commit_closed_form (state: relative error)
+    and conv_history_after (conv: mismatching elements), every path end plus node -1 (must leave both
+    unchanged); ``ends``: those path ends only (-1 first)."""
     from repro.gdn.triton_commit import commit_path_fused
 
     dt = getattr(torch, dtype)
@@ -114,13 +124,13 @@ def path_commit_errors(
     anc = tree.ancestor_mask.to(device)
     ops = [x.to(device=device, dtype=dt) for x in (f.delta, f.k, f.gate_cum)]
     out: dict[str, list[float]] = {"state": [], "conv": []}
-    for end in [-1, *range(n)]:
+    for end in ends or [-1, *range(n)]:
         path = tree.path_to(end) if end >= 0 else []
         ref = gdn.commit_closed_form(state, f, path)
         got = state.to(device=device, dtype=dt)
         hist = history.clone().to(device)
         commit_path_fused(
-            got, *ops, anc, torch.tensor([end], device=device), conv=(hist, inputs.to(device), index)
+            got, *ops, anc, torch.tensor([end], device=device), conv=(hist, inputs.to(device), index), **tiles
         )
         out["state"].append(float((got.cpu().double() - ref).norm() / ref.norm()))
         out["conv"].append(int((hist.cpu() != gdn.conv_history_after(history, inputs, path)).sum()))
@@ -157,6 +167,12 @@ def _interpreter_main() -> None:
         for dtype in ("float64", "float32"):
             out[f"path-{name}-{dtype}"] = path_commit_errors(hv, dv, dk, n, kind, seed, "cpu", dtype)
     out["path-deep"] = path_commit_errors(2, 16, 16, 40, "chain", 8, "cpu", "float64", width=2)  # 3 blocks
+    for name, tiles in VARIANTS.items():  # the other settings: a tree off the tiles, a deep chain
+        tree = _random_tree(21, "random", 1)
+        ends = [-1, *_ends(tree), 20]
+        out[f"variant-{name}"] = path_commit_errors(3, 24, 40, 21, "random", 1, "cpu", ends=ends, **tiles)
+        deep = path_commit_errors(2, 16, 16, 40, "chain", 8, "cpu", width=2, ends=[-1, 15, 16, 39], **tiles)
+        out[f"variant-deep-{name}"] = deep
     print(json.dumps(out))
 
 
@@ -191,6 +207,25 @@ def test_path_commit_matches_reference_in_the_interpreter(
 def test_path_commit_walks_several_blocks_of_a_deep_path(interp: dict) -> None:
     assert max(interp["path-deep"]["state"]) < 1e-12  # a 40-node chain: 3 blocks of 16 path rows
     assert sum(interp["path-deep"]["conv"]) == 0
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_path_commit_settings_all_match_the_reference(interp: dict, name: str) -> None:
+    """Every tile, block, peel and contraction setting gives the reference commit (float64: to rounding),
+    on a tree off the tiles and on a 40-node chain (several blocks of path rows past the peeled one)."""
+    for key in (f"variant-{name}", f"variant-deep-{name}"):
+        got = interp[key]
+        assert got["state"][0] < 1e-300 and max(got["state"]) < 1e-12, (key, got["state"])
+        assert sum(got["conv"]) == 0, key
+
+
+def test_path_commit_tiles_fill_the_gpu() -> None:
+    """The default grid: many programs at both paper shapes (one per 16 x 64 state tile)."""
+    from repro.gdn.triton_commit import path_commit_programs
+
+    assert path_commit_programs(8, 256, 256) == 512  # SpecLA: 8 heads x 16 value tiles x 4 key tiles
+    assert path_commit_programs(48, 128, 128) == 768
+    assert path_commit_programs(8, 256, 256, block_v=32, block_k=64) == 256  # the earlier kernel
 
 
 def test_apply_pending_is_the_closed_form() -> None:
@@ -228,6 +263,9 @@ def test_gpu_commits_at_paper_shapes(shape: tuple) -> None:
     assert max(closed_form_errors(*shape, device="cuda")) < 1e-6
     path = path_commit_errors(*shape, device="cuda", dtype="float32")
     assert max(path["state"]) < 1e-6 and sum(path["conv"]) == 0
+    for tiles in VARIANTS.values():
+        path = path_commit_errors(*shape, device="cuda", dtype="float32", **tiles)
+        assert max(path["state"]) < 1e-6 and sum(path["conv"]) == 0, tiles
     assert conv_commit_mismatches(4, 6144, 64, "random", 7, "cuda") == 0
 
 

@@ -1,0 +1,121 @@
+"""Chain verification: the outputs of a draft chain from the committed state (read, never written), by
+the fastest exact kernel for the chain's length and the layer's shape.
+
+The candidates (one sequence, repro's layout: q, k [T, H, d_k], v [T, HV, d_v], g, beta [T, HV], state
+[HV, d_v, d_k] float32; each returns o [T, HV, d_v] in v's dtype):
+
+- ``chunk``: fla's ``chunk_gated_delta_rule`` from the committed state, no final state (what fla_sd's
+  chain verifier runs, :mod:`repro.models.static_chain`); a fixed cost of ~6 launches, then cheap per
+  64-token chunk;
+- ``tree_split`` / ``tree_fused``: the project's tree kernels (:mod:`repro.gdn.triton_tree`) in chain mode
+  (the causal mask built in the kernel): one or two launches, but O(T^2) work per head;
+- ``recurrent``: fla's fused recurrence, one dependent step per token;
+- ``reference``: :func:`repro.gdn.reference.chunk_gdn` (torch; CPU, or no Triton).
+
+:data:`CHAIN_CHOICE` picks among the GPU ones by length, per head class (few value heads: SpecLA's 8;
+many: Weaver's 48). It is written from CUDA-graph medians on an H200 (us per layer call, bf16 q/k/v,
+fp32 state; results/2026-11-30-h200-kernels-2, results/2026-12-01-h200-kernels-3, issue 13):
+
+- SpecLA (HV = 8, d = 256): T = 64 split 17.8 (a 64-node draft tree; a chain costs the same: the
+  kernel's work depends on T, not the tree's shape); T = 128 split 27.4 / fused 50.3 vs chunk 49.7 vs
+  recurrent 134.7 (a chain of 128) -> the split tree kernel up to 128;
+- Weaver (HV = 48, d = 128): T = 128 fused 42.4 (draft tree); T = 256 tree 105 vs chunk 47 -> the tree
+  kernel up to 64, fla's chunk kernel above (at 128 the two are within ~10% of each other);
+- the recurrence (~1 us a token at SpecLA's shape) never wins from T = 16 on (tree kernels: < 10 us at 16).
+
+Rows the project has not measured yet (SpecLA at 256, both shapes at 16 and 32) follow the trend;
+``python scripts/gpu/dev-kernels13.py OUT`` measures every candidate at 16..256 and prints the table its
+numbers imply (``measured_choice``), to replace this one with.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+from repro.gdn import reference
+
+METHODS = ("chunk", "tree_split", "tree_fused", "recurrent", "reference")
+FEW_HEADS = 16  # value heads at most for the "few" class (the split tree kernel's domain)
+# head class -> ((longest chain length, method), ...): the first row whose length >= T; None: any length
+Table = dict[str, tuple[tuple[int | None, str], ...]]
+CHAIN_CHOICE: Table = {
+    "few": ((128, "tree_split"), (None, "chunk")),
+    "many": ((64, "tree_fused"), (None, "chunk")),
+}
+
+
+def head_class(value_heads: int) -> str:
+    return "few" if value_heads <= FEW_HEADS else "many"
+
+
+def choose(length: int, value_heads: int, table: Table | None = None) -> str:
+    """The method of ``table`` (default :data:`CHAIN_CHOICE`) for a chain of ``length`` tokens at
+    ``value_heads`` value heads."""
+    for longest, method in (table or CHAIN_CHOICE)[head_class(value_heads)]:
+        if longest is None or length <= longest:
+            return method
+    raise ValueError(f"the chain table has no row for length {length}")
+
+
+def _has_fla() -> bool:
+    return importlib.util.find_spec("fla") is not None
+
+
+def chain_method(length: int, value_heads: int, device: torch.device, dtype: torch.dtype) -> str:
+    """The method :func:`verify_chain` runs here: the table's on CUDA (fla's kernels replaced by the tree
+    kernel without fla; the split kernel by the fused one for float32 inputs, where it loses), the
+    reference elsewhere."""
+    if device.type != "cuda":
+        return "reference"
+    method = choose(length, value_heads)
+    if method in ("chunk", "recurrent") and not _has_fla():
+        method = "tree_split" if head_class(value_heads) == "few" else "tree_fused"
+    if method == "tree_split" and dtype not in (torch.bfloat16, torch.float16):
+        method = "tree_fused"
+    return method
+
+
+def verify_chain(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    scale: float,
+    *,
+    method: str | None = None,
+    precision: str | None = None,
+) -> torch.Tensor:
+    """The outputs o [T, HV, d_v] (v's dtype) of the chain q, k, v, g, beta from ``state`` (untouched).
+
+    ``method`` (one of :data:`METHODS`; default :func:`chain_method`) picks the kernel; ``precision``:
+    the tree kernels' float32 dot mode (default "tf32" for bf16/fp16 inputs, else "ieee"). Capture-safe
+    on CUDA: the choice reads shapes only.
+    """
+    if method is None:
+        method = chain_method(v.shape[0], v.shape[1], v.device, v.dtype)
+    if method not in METHODS:
+        raise ValueError(f"unknown chain method {method!r}: choose one of {', '.join(METHODS)}")
+    if method == "reference":  # in the state's precision (float64 state: the float64 oracle)
+        dt = torch.float64 if state.dtype == torch.float64 else torch.float32
+        x = (t[None].to(dt) for t in (q, k, v, g, beta))
+        return reference.chunk_gdn(*x, state[None].to(dt), scale)[0][0].to(v.dtype)
+    if method.startswith("tree_"):
+        from repro.gdn import triton_tree
+
+        low = v.dtype in (torch.bfloat16, torch.float16)
+        prec = precision or ("tf32" if low else "ieee")
+        fn = triton_tree.tree_gdn_split if method == "tree_split" else triton_tree.tree_gdn_fused
+        return fn(q, k, v, g, beta, state, None, scale, prec, chain=True)[0]
+    from fla.ops import gated_delta_rule as fla
+
+    kw = dict(scale=scale, initial_state=state[None].float(), output_final_state=False, state_v_first=True)
+    x = (q[None], k[None], v[None])
+    if method == "chunk":
+        o = fla.chunk_gated_delta_rule(*x, g[None].float(), beta[None].float(), **kw)[0]
+    else:
+        o = fla.fused_recurrent_gated_delta_rule(*x, g=g[None].float(), beta=beta[None].float(), **kw)[0]
+    return o[0].to(v.dtype)
