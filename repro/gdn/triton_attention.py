@@ -144,7 +144,8 @@ def attention_decode(
     """One token's attention (see the module docstring): ``qkv`` [1, Q + 2 H_kv hd], the q and k norm
     scales [hd] and eps, ``rope`` [rows, 2, rot] (:func:`rotary_table`), ``keys``/``values``
     [H_kv, rows, hd] (row ``length`` written), ``length`` [1] int64 on the device. Returns [1, H hd]
-    (gated) in qkv's dtype. ``block_rows``: cache rows per softmax block (default 64; 16 interpreted)."""
+    (gated) in qkv's dtype. ``block_rows``: cache rows per softmax block (default: tiles of <= 4096
+    entries, 16..64 rows; 16 interpreted)."""
     kv_heads, rows, hd = keys.shape
     if qkv.dim() != 2 or qkv.shape[0] != 1 or qkv.stride(-1) != 1:
         raise ValueError(f"qkv must be one contiguous row [1, N], got {tuple(qkv.shape)}")
@@ -154,10 +155,11 @@ def attention_decode(
     if qkv.shape[1] != q_out + 2 * kv_heads * hd:
         raise ValueError(f"qkv has {qkv.shape[1]} columns, expected {q_out + 2 * kv_heads * hd}")
     out = torch.empty(1, heads * hd, dtype=qkv.dtype, device=qkv.device)
-    br = pow2(block_rows or (16 if interpreting() else 64))
     bd = pow2(hd)
+    br = pow2(block_rows or (16 if interpreting() else min(64, max(16, 4096 // bd))))
+    table = rope if rope.numel() else qkv  # no rotary: any valid pointer (never read)
     _attention_decode_kernel[(heads,)](
-        qkv, q_scale, k_scale, rope, keys, values, length, out, float(eps[0]), float(eps[1]), hd**-0.5,
+        qkv, q_scale, k_scale, table, keys, values, length, out, float(eps[0]), float(eps[1]), hd**-0.5,
         rows, H=heads, HKV=kv_heads, HD=hd, ROT=rope.shape[-1], GATE=output_gate, BD=bd, BR=br,
         ACC=acc_dtype(qkv.dtype), num_warps=4 if br * bd <= 4096 else 8,
     )  # fmt: skip

@@ -8,6 +8,11 @@ gate|up matmul, :func:`silu_mul`, the down projection (addmm): 9 launches. Tree 
 :func:`gdn_tree_prologue` for the conv, norms and gates of all n nodes before the tree kernel
 (:mod:`repro.gdn.triton_tree`) and :func:`gated_norm` without the shift after it.
 
+:func:`gdn_decode_layer` (the fused decode step, ``fuse_decode``) does :func:`gdn_decode_step`, then
+:func:`gated_norm` with the history shift, in one launch: one program per key head owns its q and k
+channels, its value heads' v channels and states, so it can move its history channels on after reading
+them, with no other program reading them.
+
 Semantics are those of the torch functions they replace (pinned in tests/gdn/test_triton_decode.py):
 :func:`repro.gdn.reference.gathered_short_conv` (conv through the gather index [n, W] into
 cat(history, conv inputs); the decode step uses the one-node index), ``repro.models.layers.l2norm``
@@ -232,12 +237,12 @@ def _decode_layer_kernel(
     q, k = _qk(proj_ptr, 0, hist_ptr, taps_ptr, bias_ptr, idx_ptr, 0, kh, H, DK, W, C, BK, HAS_BIAS, ACC)
     o_k = tl.arange(0, BK)
     m_k = o_k < DK
-    for j in tl.static_range(G):
+    for j in range(G):  # runtime loops (no unrolling: the 1.3B head walks 16 tiles of d_v)
         hv = kh * G + j
         g, beta = _gates(proj_ptr + A_OFF + hv, proj_ptr + A_OFF + HV + hv, nd_ptr, dtb_ptr, hv, beta_scale,
                          ACC)  # fmt: skip
         ss = tl.zeros([BV], dtype=ACC)
-        for v0 in tl.static_range(0, DV, BV):
+        for v0 in range(0, DV, BV):
             o_v = v0 + tl.arange(0, BV)
             m_v = o_v < DV
             v = _conv_silu(proj_ptr, 0, hist_ptr, taps_ptr, bias_ptr, idx_ptr, 0, 2 * H * DK + hv * DV + o_v,
@@ -254,7 +259,7 @@ def _decode_layer_kernel(
             ss += o * o
         rms = tl.sqrt(tl.sum(ss, axis=0) / DV + eps)
         tl.debug_barrier()  # the head's o tiles are written before they are read back
-        for v0 in tl.static_range(0, DV, BV):
+        for v0 in range(0, DV, BV):
             o_v = v0 + tl.arange(0, BV)
             m_v = o_v < DV
             x = tl.load(o_ptr + hv * DV + o_v, mask=m_v, other=0.0).to(ACC)

@@ -11,6 +11,9 @@ them), with many programs in flight; all rows of x share each weight tile. Arith
 - :func:`norm_gate_up`: ``SiLU(g) * u`` with ``[g; u] = rms_norm(x) @ gate_up^T``; a program computes
   the same row block of g and of u, so the [n, 2 I] intermediate is never written.
 - :func:`linear_residual`: ``residual + x @ W^T (+ bias)`` (the addmm of out_proj / down_proj).
+- :func:`norm_linear_argmax`: :func:`norm_linear` of one row (the LM head) with its argmax (first on ties)
+  into a device buffer: each program also writes its block's maximum, a one-program reduce picks the
+  column (and can move the decode step's length on).
 
 Semantics are those of :func:`repro.models.layers.rms_norm`, ``F.silu`` and ``F.linear`` (pinned in
 tests/gdn/test_triton_linear.py): float32 results agree to ~1e-6; bf16 ones carry one bf16 rounding of the

@@ -2,15 +2,16 @@
 
     python3 scripts/gpu/dev-decode.py OUT_DIR      (one H200: < 90 s)
 
-1. correctness: the embedded tiny-qwen35 in float32 and bf16, 24 decode steps from a prefilled prompt,
-   fused vs the old decode path (``fuse_decode=False``), eager and as CUDA graphs: logits error, greedy
-   picks equal, GDN states and KV caches after the steps;
-2. decode graph time (median per step over replays of one CUDA graph of many steps, the decoder's own
-   step graph) fused vs old at tiny-qwen35 (bf16, GEMV matmuls) and at the gdn-1.3b shape (random bf16
-   weights; cuBLAS and GEMV matmuls), the weight-bandwidth floor (weights once at the measured copy
-   bandwidth) beside it, and the CUDA kernels one eager step launches (torch profiler);
+1. correctness: the embedded tiny-qwen35 in float32 and bf16 (GEMV matmuls), 24 decode steps from a
+   prefilled prompt, fused vs the old decode path (``fuse_decode=False``), eager and as CUDA graphs:
+   logits error, greedy picks equal, the pick equal to the logits' argmax, GDN states and KV caches;
+2. decode graph time (median per step over replays of one CUDA graph of 50 decode steps) fused vs old
+   at tiny-qwen35 (bf16, GEMV matmuls) and at the gdn-1.3b shape (random bf16 weights; cuBLAS and GEMV
+   matmuls), the weight-bandwidth floor (weights once at the measured copy bandwidth) beside it, and
+   the CUDA kernels one eager step launches (torch profiler);
 3. AR tokens/s through ``GraphedTarget`` + ``repro.decoding.engine.generate`` on tiny-qwen35 (bf16,
-   8 suite prompts x 128 new tokens, no stop tokens), fused vs old decode graph, outputs compared.
+   8 suite prompts x 128 new tokens, no stop tokens), fused vs old decode graph, outputs compared
+   (issue 10's target: >= 2500 tokens/s).
 
 Writes OUT_DIR/dev-decode.json and OUT_DIR/dev-decode.md; prints the markdown.
 """
@@ -40,6 +41,8 @@ from repro.models.target import open_target  # noqa: E402
 
 DEV = torch.device("cuda")
 STEPS = 24
+START = time.perf_counter()
+BUDGET_S = 45.0  # timing rows not started by then are skipped (the AR rows follow: < 90 s in all)
 NEW_TOKENS = 128
 
 
@@ -74,7 +77,6 @@ def run_steps(dec: StaticDecoder, state, tokens: list[int], graphed: bool) -> di
 def correctness() -> list[dict[str, Any]]:
     out = []
     for dtype, gemv, tol in (
-        (torch.float32, False, 1e-4),
         (torch.float32, True, 1e-4),
         (torch.bfloat16, True, 3e-2),
     ):
@@ -148,6 +150,9 @@ def timing(ceil: dict[str, Any]) -> list[dict[str, Any]]:
     big.set_gdn_backend("triton")
     cases = [("tiny-qwen35", tiny_model, True), ("gdn-1.3b", big, False), ("gdn-1.3b", big, True)]
     for shape, model, gemv in cases:
+        if time.perf_counter() - START > BUDGET_S:  # the 1.3B GEMV row last: its kernels compile anew
+            rows.append(dict(shape=shape, matmuls="gemv" if gemv else "cublas", skipped="time budget"))
+            continue
         state, _ = model.prefill(list(range(3, 67)))
         floor = weight_bytes(model) / (ceil["copy_GBps"] * 1e3)
         first = {}
@@ -194,7 +199,7 @@ def ar_rate() -> list[dict[str, Any]]:
     )
     cases = prompts(tok)
     rows, outputs = [], {}
-    for fuse in (True, False, True):
+    for fuse in (False, True):
         target = GraphedTarget(model)
         target.decoder.fuse_decode = fuse and target.decoder.fused
         target.prepare(("closed_form",), (), 1)
@@ -241,6 +246,9 @@ def markdown(res: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in res["timing"]:
+        if "skipped" in r:
+            lines.append(f"| {r['shape']} | {r['matmuls']} | skipped ({r['skipped']}) |")
+            continue
         lines.append(
             f"| {r['shape']} | {r['matmuls']} | {r['decode']} | {r['us']:.1f} | {r['floor_us']:.1f} | "
             f"{r['floor_frac']:.0%} | {r['kernels']} | {r['logits_err_vs_old']:.1e} | {r['groups']} |"
