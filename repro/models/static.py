@@ -58,10 +58,11 @@ still (:meth:`StaticDecoder._fused_decode`): per GDN layer the decode core, its 
 history shift in one kernel (:func:`~repro.gdn.triton_decode.gdn_decode_layer`; 5 launches a layer with
 ``gemv``), per attention layer the q/k norms, rotary, the KV write, softmax attention and the output gate
 in one (:func:`~repro.gdn.triton_attention.attention_decode`, rotary table made once; 5 a layer with
-``gemv``, about 35 before), and the final norm + LM head with the argmax into ``pick`` and the length's
-advance in two (:func:`~repro.gdn.triton_linear.norm_linear_argmax`). The tiny-qwen35 layout's decode step
-is then 43 launches, 120 before (tests/gdn/test_fused_decode.py). ``fuse_decode=False`` keeps the old
-decode step for measurement.
+``gemv``, 34 before: 28 aten ops and 6 Triton launches), the per-step rotary tables and masks (10 aten
+ops) are gone, and the final norm + LM head with the argmax into ``pick`` and the length's advance take
+two launches (:func:`~repro.gdn.triton_linear.norm_linear_argmax`; 5 before). The tiny-qwen35 layout's
+decode step (6 GDN, 2 attention layers) is then 43 launches, 120 before (tests/gdn/test_fused_decode.py).
+``fuse_decode=False`` keeps the old decode step for measurement.
 
 ``compile=True`` wraps the per-layer glue around the GDN/attention cores (norms, projections,
 conv, gates, MLP) in ``torch.compile`` so that the elementwise chains fuse into few kernels; the
