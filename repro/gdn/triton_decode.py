@@ -8,6 +8,11 @@ gate|up matmul, :func:`silu_mul`, the down projection (addmm): 9 launches. Tree 
 :func:`gdn_tree_prologue` for the conv, norms and gates of all n nodes before the tree kernel
 (:mod:`repro.gdn.triton_tree`) and :func:`gated_norm` without the shift after it.
 
+:func:`gdn_decode_layer` (the fused decode step, ``fuse_decode``) does :func:`gdn_decode_step`, then
+:func:`gated_norm` with the history shift, in one launch: one program per key head owns its q and k
+channels, its value heads' v channels and states, so it can move its history channels on after reading
+them, with no other program reading them.
+
 Semantics are those of the torch functions they replace (pinned in tests/gdn/test_triton_decode.py):
 :func:`repro.gdn.reference.gathered_short_conv` (conv through the gather index [n, W] into
 cat(history, conv inputs); the decode step uses the one-node index), ``repro.models.layers.l2norm``
@@ -129,6 +134,20 @@ def _gates(a_ptr, b_ptr, nd_ptr, dtb_ptr, head, beta_scale, ACC: tl.constexpr):
     return g, beta
 
 
+@triton.jit
+def _shift_history(hist_ptr, x_ptr, chan, m_c, C: tl.constexpr, HIST: tl.constexpr, HP: tl.constexpr):
+    """Move the history rows [HIST, C] (oldest first) of channels ``chan`` on by the token's conv inputs
+    ``x`` [C]: row r takes row r + 1, the newest row takes x. HP: pow2(HIST)."""
+    r = tl.arange(0, HP)[:, None]
+    c = chan[None, :]
+    mc = m_c[None, :]
+    older = tl.load(hist_ptr + (r + 1) * C + c, mask=mc & (r + 1 < HIST), other=0.0)
+    newest = tl.load(x_ptr + c + 0 * r, mask=mc & (r + 1 == HIST), other=0.0)
+    moved = tl.where(r + 1 < HIST, older, newest.to(older.dtype))
+    tl.debug_barrier()  # every row of the block is read before any is overwritten
+    tl.store(hist_ptr + r * C + c, moved, mask=mc & (r < HIST))
+
+
 # ------------------------------------------------------------------------------------- kernels
 
 
@@ -176,6 +195,84 @@ def _decode_kernel(
     o = tl.sum(s * q[None, :], axis=1) * scale
     tl.store(p_s, round_to(s, state_ptr), mask=m_s)
     tl.store(o_ptr + hv * DV + o_v, round_to(o, o_ptr), mask=m_v)
+
+
+@triton.jit
+def _decode_layer_kernel(
+    proj_ptr,
+    hist_ptr,
+    taps_ptr,
+    bias_ptr,
+    idx_ptr,
+    nd_ptr,
+    dtb_ptr,
+    state_ptr,
+    o_ptr,
+    w_ptr,
+    y_ptr,
+    scale,
+    beta_scale,
+    eps,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    W: tl.constexpr,
+    A_OFF: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_Z: tl.constexpr,
+    HP: tl.constexpr,
+    BG: tl.constexpr,
+    ACC: tl.constexpr,
+):
+    """Key head ``pid`` and its group of value heads: the decode core (as ``_decode_kernel``), the gated
+    norm of each value head (as ``_gated_norm_kernel``; o goes through the scratch ``o_ptr`` [HV, DV] in
+    the state dtype) and the history shift of the channels this program alone reads (the key head's q
+    and k channels, its value heads' v channels), after every read of them."""
+    kh = tl.program_id(0)
+    G: tl.constexpr = HV // H
+    C: tl.constexpr = 2 * H * DK + HV * DV
+    q, k = _qk(proj_ptr, 0, hist_ptr, taps_ptr, bias_ptr, idx_ptr, 0, kh, H, DK, W, C, BK, HAS_BIAS, ACC)
+    o_k = tl.arange(0, BK)
+    m_k = o_k < DK
+    for j in range(G):  # runtime loops (no unrolling: the 1.3B head walks 16 tiles of d_v)
+        hv = kh * G + j
+        g, beta = _gates(proj_ptr + A_OFF + hv, proj_ptr + A_OFF + HV + hv, nd_ptr, dtb_ptr, hv, beta_scale,
+                         ACC)  # fmt: skip
+        ss = tl.zeros([BV], dtype=ACC)
+        for v0 in range(0, DV, BV):
+            o_v = v0 + tl.arange(0, BV)
+            m_v = o_v < DV
+            v = _conv_silu(proj_ptr, 0, hist_ptr, taps_ptr, bias_ptr, idx_ptr, 0, 2 * H * DK + hv * DV + o_v,
+                           m_v, C, W, BV, HAS_BIAS, ACC)  # fmt: skip
+            p_s = state_ptr + hv * (DV * DK) + o_v[:, None] * DK + o_k[None, :]
+            m_s = m_v[:, None] & m_k[None, :]
+            s = tl.load(p_s, mask=m_s, other=0.0).to(ACC) * tl.exp(g)
+            pred = tl.sum(s * k[None, :], axis=1)
+            s += (beta * (v - pred))[:, None] * k[None, :]
+            o = tl.sum(s * q[None, :], axis=1) * scale
+            tl.store(p_s, round_to(s, state_ptr), mask=m_s)
+            o = round_to(o, o_ptr).to(ACC)
+            tl.store(o_ptr + hv * DV + o_v, o, mask=m_v)
+            ss += o * o
+        rms = tl.sqrt(tl.sum(ss, axis=0) / DV + eps)
+        tl.debug_barrier()  # the head's o tiles are written before they are read back
+        for v0 in range(0, DV, BV):
+            o_v = v0 + tl.arange(0, BV)
+            m_v = o_v < DV
+            x = tl.load(o_ptr + hv * DV + o_v, mask=m_v, other=0.0).to(ACC)
+            y = x / rms * tl.load(w_ptr + o_v, mask=m_v, other=0.0).to(ACC)
+            if HAS_Z:
+                y *= silu(tl.load(proj_ptr + C + hv * DV + o_v, mask=m_v, other=0.0).to(ACC))
+            tl.store(y_ptr + hv * DV + o_v, round_to(y, y_ptr), mask=m_v)
+    if HP > 0:
+        tl.debug_barrier()  # every conv read of the history is done before it moves
+        _shift_history(hist_ptr, proj_ptr, kh * DK + o_k, m_k, C, W - 1, HP)
+        _shift_history(hist_ptr, proj_ptr, H * DK + kh * DK + o_k, m_k, C, W - 1, HP)
+        o_g = tl.arange(0, BG)
+        _shift_history(hist_ptr, proj_ptr, 2 * H * DK + kh * G * DV + o_g, o_g < G * DV, C, W - 1, HP)
 
 
 @triton.jit
@@ -264,14 +361,7 @@ def _gated_norm_kernel(
     tl.store(out_ptr + (i * HV + h) * DV + o_d, round_to(y, out_ptr), mask=m_d)
     if SHIFT:
         chan = pid * BC + tl.arange(0, BC)
-        r = tl.arange(0, HP)[:, None]
-        c = chan[None, :]
-        m_c = c < C
-        older = tl.load(hist_ptr + (r + 1) * C + c, mask=m_c & (r + 1 < HIST), other=0.0)
-        newest = tl.load(x_ptr + c + 0 * r, mask=m_c & (r + 1 == HIST), other=0.0)
-        moved = tl.where(r + 1 < HIST, older, newest.to(older.dtype))
-        tl.debug_barrier()  # every row of the block is read before any is overwritten
-        tl.store(hist_ptr + r * C + c, moved, mask=m_c & (r < HIST))
+        _shift_history(hist_ptr, x_ptr, chan, chan < C, C, HIST, HP)
 
 
 @triton.jit
@@ -388,6 +478,53 @@ def gdn_decode_step(
         ACC=acc_dtype(state.dtype), num_warps=num_warps or _warps(bv * bk),
     )  # fmt: skip
     return o
+
+
+def gdn_decode_layer(
+    proj: torch.Tensor,
+    history: torch.Tensor,
+    taps: torch.Tensor,
+    conv_bias: torch.Tensor | None,
+    conv_index: torch.Tensor,
+    neg_decay: torch.Tensor,
+    dt_bias: torch.Tensor,
+    beta_scale: float,
+    state: torch.Tensor,
+    scale: float,
+    dims: GDNDims,
+    norm_weight: torch.Tensor,
+    eps: float,
+    has_z: bool,
+    out_dtype: torch.dtype,
+    *,
+    block_v: int | None = None,
+    num_warps: int | None = None,
+) -> torch.Tensor:
+    """:func:`gdn_decode_step`, then :func:`gated_norm` with the history shift, in one launch (one
+    program per key head): ``proj`` [1, C + V_z + 2 HV] (z from its columns C .. C + HV d_v when
+    ``has_z``), ``history`` [W-1, C] and ``state`` [HV, d_v, d_k] updated in place.
+
+    Returns y [1, HV d_v] in ``out_dtype`` (what the output projection reads). ``block_v``: the d_v
+    tile of the state loop (default: tiles of <= 4096 state entries; the whole head interpreted).
+    """
+    h, hv, dk, dv = dims
+    width = taps.shape[1]
+    history, bias, has_bias = _conv_args(history, conv_bias, proj)
+    if proj.shape[0] != 1 or not history.is_contiguous():
+        raise ValueError("the fused decode layer takes one row of conv inputs and a contiguous history")
+    bk = pow2(dk)
+    default = pow2(dv) if interpreting() else max(1, 4096 // bk)
+    bv = min(block_v or default, pow2(dv))
+    o = torch.empty(hv, dv, dtype=state.dtype, device=state.device)
+    y = torch.empty(1, hv * dv, dtype=out_dtype, device=proj.device)
+    hist = history.shape[0]
+    _decode_layer_kernel[(h,)](
+        proj, history, taps, bias, conv_index, neg_decay, dt_bias, state, o, norm_weight, y, float(scale),
+        float(beta_scale), float(eps), H=h, HV=hv, DK=dk, DV=dv, W=width, A_OFF=proj.shape[1] - 2 * hv,
+        BK=bk, BV=bv, HAS_BIAS=has_bias, HAS_Z=has_z, HP=pow2(hist) if hist else 0, BG=pow2(hv // h * dv),
+        ACC=acc_dtype(state.dtype), num_warps=num_warps or _warps(bv * bk),
+    )  # fmt: skip
+    return y
 
 
 def gdn_tree_prologue(

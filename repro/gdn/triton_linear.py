@@ -11,6 +11,9 @@ them), with many programs in flight; all rows of x share each weight tile. Arith
 - :func:`norm_gate_up`: ``SiLU(g) * u`` with ``[g; u] = rms_norm(x) @ gate_up^T``; a program computes
   the same row block of g and of u, so the [n, 2 I] intermediate is never written.
 - :func:`linear_residual`: ``residual + x @ W^T (+ bias)`` (the addmm of out_proj / down_proj).
+- :func:`norm_linear_argmax`: :func:`norm_linear` of one row (the LM head) with its argmax (first on ties)
+  into a device buffer: each program also writes its block's maximum, a one-program reduce picks the
+  column (and can move the decode step's length on).
 
 Semantics are those of :func:`repro.models.layers.rms_norm`, ``F.silu`` and ``F.linear`` (pinned in
 tests/gdn/test_triton_linear.py): float32 results agree to ~1e-6; bf16 ones carry one bf16 rounding of the
@@ -80,6 +83,8 @@ def _gemv_kernel(
     res_ptr,
     res_stride,
     out_ptr,
+    best_ptr,
+    best_idx_ptr,
     eps,
     N_ROWS: tl.constexpr,
     N: tl.constexpr,
@@ -91,10 +96,12 @@ def _gemv_kernel(
     GATE_UP: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     RESIDUAL: tl.constexpr,
+    ARGMAX: tl.constexpr,
     ACC: tl.constexpr,
 ):
     """Output columns pid * BN .. + BN of every row. GATE_UP: W is [2 N, K] = [gate; up] and the output
-    is SiLU(x W_gate^T) * (x W_up^T); else out = x W^T (+ bias) (+ residual)."""
+    is SiLU(x W_gate^T) * (x W_up^T); else out = x W^T (+ bias) (+ residual). ARGMAX (one row): also the
+    block's largest output as stored (the first on ties) and its column, into best / best_idx [pid]."""
     pid = tl.program_id(0)
     o_n = pid * BN + tl.arange(0, BN)
     rows = tl.arange(0, RB)
@@ -117,6 +124,27 @@ def _gemv_kernel(
     if RESIDUAL:
         acc += tl.load(res_ptr + rows[:, None] * res_stride + o_n[None, :], mask=m, other=0.0).to(ACC)
     tl.store(out_ptr + rows[:, None] * N + o_n[None, :], round_to(acc, out_ptr), mask=m)
+    if ARGMAX:
+        y = tl.sum(round_to(acc, out_ptr).to(ACC), axis=0)  # RB = 1: row 0 as stored
+        y = tl.where(m_n, y, float("-inf"))
+        tl.store(best_ptr + pid, tl.max(y, axis=0))
+        tl.store(best_idx_ptr + pid, pid * BN + tl.argmax(y, axis=0, tie_break_left=True))
+
+
+@triton.jit
+def _argmax_reduce_kernel(best_ptr, best_idx_ptr, pick_ptr, len_ptr, max_len, P: tl.constexpr,
+                          BP: tl.constexpr, ADVANCE: tl.constexpr):  # fmt: skip
+    """pick = the column of the largest of the P block maxima (the first block on ties); ADVANCE: also
+    length = min(length + 1, max_len) (the decode step's counter)."""
+    o = tl.arange(0, BP)
+    m = o < P
+    best = tl.load(best_ptr + o, mask=m, other=float("-inf"))
+    j = tl.argmax(best, axis=0, tie_break_left=True)
+    idx = tl.load(best_idx_ptr + o, mask=m, other=0)
+    tl.store(pick_ptr, tl.sum(tl.where(o == j, idx, 0), axis=0).to(pick_ptr.dtype.element_ty))
+    if ADVANCE:
+        length = tl.load(len_ptr)
+        tl.store(len_ptr, tl.minimum(length + 1, max_len))
 
 
 def _default_block_n(rows_out: int) -> int:
@@ -136,6 +164,7 @@ def _launch(
     gate_up: bool = False,
     bias: torch.Tensor | None = None,
     residual: torch.Tensor | None = None,
+    best: tuple[torch.Tensor, torch.Tensor] | None = None,
     block_n: int | None = None,
     block_k: int | None = None,
     num_warps: int | None = None,
@@ -155,12 +184,13 @@ def _launch(
     bk = pow2(min(block_k or max(128, 4096 // bn), k))  # default: tiles of <= 4096 weights (registers)
     out = torch.empty(n, rows_out, dtype=x.dtype, device=x.device)
     scale, eps = norm if norm is not None else (x, 0.0)
+    best_val, best_idx = best if best is not None else (x, x)
     _gemv_kernel[(triton.cdiv(rows_out, bn),)](
         x, x.stride(0), scale, weight, bias if bias is not None else x,
         residual if residual is not None else x, residual.stride(0) if residual is not None else 0,
-        out, float(eps), N_ROWS=n, N=rows_out, K=k, RB=pow2(n), BN=bn, BK=bk, NORM=norm is not None,
-        GATE_UP=gate_up, HAS_BIAS=bias is not None, RESIDUAL=residual is not None, ACC=acc_dtype(x.dtype),
-        num_warps=num_warps or 4,
+        out, best_val, best_idx, float(eps), N_ROWS=n, N=rows_out, K=k, RB=pow2(n), BN=bn, BK=bk,
+        NORM=norm is not None, GATE_UP=gate_up, HAS_BIAS=bias is not None, RESIDUAL=residual is not None,
+        ARGMAX=best is not None, ACC=acc_dtype(x.dtype), num_warps=num_warps or 4,
     )  # fmt: skip
     return out
 
@@ -201,3 +231,42 @@ def linear_residual(
     """``residual + x @ weight^T (+ bias)`` for x [n, K] (n <= 4), weight [N, K], residual [n, N] -> [n, N]
     in x's dtype. ``blocks``: block_n, block_k, num_warps (untuned defaults)."""
     return _launch(x, weight, weight.shape[0], residual=residual, bias=bias, **blocks)
+
+
+def norm_linear_argmax(
+    x: torch.Tensor,
+    norm_scale: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    pick: torch.Tensor,
+    advance: tuple[torch.Tensor, int] | None = None,
+    **blocks: int,
+) -> torch.Tensor:
+    """:func:`norm_linear` of one row (the LM head), and its argmax (the first on ties, of the logits as
+    returned) into ``pick`` [1] int64, in two launches: the GEMV writes each block's maximum, a one-program
+    reduce picks among them. ``advance`` = (length [1] int64, max_len): the reduce also moves the decode
+    step's counter on, ``length = min(length + 1, max_len)``. Returns the logits [1, N]."""
+    if x.shape[0] != 1:
+        raise ConfigError(f"norm_linear_argmax takes one row, got shape {tuple(x.shape)}")
+    rows_out = weight.shape[0]
+    bn = pow2(blocks.get("block_n") or _default_block_n(rows_out))
+    parts = triton.cdiv(rows_out, bn)
+    best = (
+        torch.empty(parts, dtype=_acc_torch_dtype(x.dtype), device=x.device),
+        torch.empty(parts, dtype=torch.long, device=x.device),
+    )
+    logits = _launch(
+        x, weight, rows_out, norm=(norm_scale, eps), bias=bias, best=best, **{**blocks, "block_n": bn}
+    )
+    length, max_len = advance if advance is not None else (pick, 0)
+    _argmax_reduce_kernel[(1,)](
+        *best, pick, length, int(max_len), P=parts, BP=pow2(parts), ADVANCE=advance is not None,
+        num_warps=4 if parts <= 1024 else 8,
+    )  # fmt: skip
+    return logits
+
+
+def _acc_torch_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The torch dtype of :func:`~repro.gdn.triton_common.acc_dtype`."""
+    return torch.float64 if dtype == torch.float64 else torch.float32

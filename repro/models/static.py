@@ -53,6 +53,17 @@ into the stacked gate|up, the final norm into the LM head. A decode GDN layer is
 (norm + in_proj, decode core, gated norm + conv shift, out_proj + residual, norm + gate|up + SiLU * up,
 down + residual); verify keeps the cuBLAS matmuls.
 
+``fuse_decode`` (needs ``fused``; by default on with ``gemv``) runs the decode step on fewer kernels
+still (:meth:`StaticDecoder._fused_decode`): per GDN layer the decode core, its gated norm and the conv
+history shift in one kernel (:func:`~repro.gdn.triton_decode.gdn_decode_layer`; 5 launches a layer with
+``gemv``), per attention layer the q/k norms, rotary, the KV write, softmax attention and the output gate
+in one (:func:`~repro.gdn.triton_attention.attention_decode`, rotary table made once; 5 a layer with
+``gemv``, 34 before: 28 aten ops and 6 Triton launches), the per-step rotary tables and masks (10 aten
+ops) are gone, and the final norm + LM head with the argmax into ``pick`` and the length's advance take
+two launches (:func:`~repro.gdn.triton_linear.norm_linear_argmax`; 5 before). The tiny-qwen35 layout's
+decode step (6 GDN, 2 attention layers) is then 43 launches, 120 before (tests/gdn/test_fused_decode.py).
+``fuse_decode=False`` keeps the old decode step for measurement.
+
 ``compile=True`` wraps the per-layer glue around the GDN/attention cores (norms, projections,
 conv, gates, MLP) in ``torch.compile`` so that the elementwise chains fuse into few kernels; the
 cores and every buffer write stay outside the compiled regions. Inductor compiles in this process
@@ -361,6 +372,90 @@ def fused_gdn_layer(
     return fused_mlp_block(layer, w, plus_linear(x, y, m.out_proj, gemv), gemv), conv_inputs, k, factors
 
 
+def normed_linear(
+    x: torch.Tensor,
+    scale: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    gemv: bool,
+) -> torch.Tensor:
+    """rms_norm(x) @ weight^T (+ bias): one GEMV kernel (``gemv``) or the Triton RMSNorm and a matmul."""
+    if gemv:
+        from repro.gdn.triton_linear import norm_linear
+
+        return norm_linear(x, scale, eps, weight, bias)
+    from repro.gdn import triton_decode as fused
+
+    return F.linear(fused.rms_norm(x, scale, eps), weight, bias)
+
+
+def fused_decode_gdn(
+    layer: DecoderLayer, w: GDNWeights, buf: GDNBuffers, x: torch.Tensor, conv_index: torch.Tensor, gemv: bool
+) -> torch.Tensor:
+    """A GDN layer's decode step (state and conv history in place): input norm + in_proj, the core with
+    its gated norm and the history shift in one kernel (:func:`~repro.gdn.triton_decode.gdn_decode_layer`),
+    out_proj + residual, the MLP block (:func:`fused_mlp_block`)."""
+    from repro.gdn import triton_decode as fused
+
+    m: GatedDeltaNet = layer.linear_attn
+    dims = fused.GDNDims(m.num_k_heads, m.num_v_heads, m.head_k_dim, m.head_v_dim)
+    proj = normed_linear(x, w.input_norm, layer.input_layernorm.eps, w.in_proj, None, gemv)
+    y = fused.gdn_decode_layer(
+        proj, buf.conv, w.taps, m.conv1d.bias, conv_index, w.neg_decay, w.dt_bias, m.beta_scale,
+        buf.recurrent, m.head_k_dim**-0.5, dims, m.norm.weight, m.norm.eps, m.in_proj_z is not None, x.dtype,
+    )  # fmt: skip
+    return fused_mlp_block(layer, w, plus_linear(x, y, m.out_proj, gemv), gemv)
+
+
+def fused_decode_attention(
+    layer: DecoderLayer,
+    w: AttentionWeights,
+    buf: AttentionBuffers,
+    x: torch.Tensor,
+    rope: torch.Tensor,
+    length: torch.Tensor,
+    gemv: bool,
+) -> torch.Tensor:
+    """An attention layer's decode step (the token's key and value written at ``length``): input norm +
+    q|k|v, the core in one kernel (:func:`~repro.gdn.triton_attention.attention_decode`: q/k norms,
+    rotary, softmax over the cache and the token, output gate), o_proj + residual, the MLP block."""
+    from repro.gdn.triton_attention import attention_decode
+
+    a: Attention = layer.self_attn
+    qkv = normed_linear(x, w.input_norm, layer.input_layernorm.eps, w.qkv, w.bias, gemv)
+    out = attention_decode(
+        qkv, w.q_norm, w.k_norm, (a.q_norm.eps, a.k_norm.eps), rope, buf.keys, buf.values, length,
+        a.num_heads, a.output_gate,
+    )  # fmt: skip
+    return fused_mlp_block(layer, w, plus_linear(x, out, a.o_proj, gemv), gemv)
+
+
+def decode_head(dec: StaticDecoder, x: torch.Tensor) -> torch.Tensor:
+    """Final norm and LM head of a decode step, its argmax into ``dec.pick`` and the length moved on:
+    two launches with ``gemv`` (:func:`~repro.gdn.triton_linear.norm_linear_argmax`), else the Triton
+    RMSNorm, the matmul, argmax, the copy and the length's add and clamp."""
+    head, eps = dec.model.lm_head, dec.model.model.norm.eps
+    if dec.gemv:
+        from repro.gdn.triton_linear import norm_linear_argmax
+
+        return norm_linear_argmax(
+            x, dec.final_norm, eps, head.weight, head.bias, dec.pick, advance=(dec.length, dec.max_len)
+        )
+    logits = normed_linear(x, dec.final_norm, eps, head.weight, head.bias, False)
+    dec.pick.copy_(logits[0].argmax(-1, keepdim=True))
+    dec.length.add_(1).clamp_(max=dec.max_len)
+    return logits
+
+
+def decode_rope(dec: StaticDecoder) -> torch.Tensor:
+    """The cos|sin table [rows, 2, rot] of every position the decoder's attention layers can take."""
+    from repro.gdn.triton_attention import rotary_table
+
+    attn = next(lay.self_attn for lay in dec.layers if lay.layer_type != GDN)
+    return rotary_table(attn.inv_freq, dec.max_len + dec.max_nodes, dec.dtype, dec.device)
+
+
 GLUE: dict[str, Callable[..., Any]] = {
     "gdn_prologue": gdn_prologue,
     "gdn_epilogue": gdn_epilogue,
@@ -640,9 +735,13 @@ class StaticDecoder:
         fused: bool | None = None,
         gemv: bool = False,
         tree_kernel: str | None = None,
+        fuse_decode: bool | None = None,
     ) -> None:
         """``tree_kernel`` (triton only): force the "fused" or "split" tree kernel for verify; None picks
-        by :func:`select_tree_kernel` (kernel dtype and value heads)."""
+        by :func:`select_tree_kernel` (kernel dtype and value heads). ``fuse_decode`` (needs ``fused``):
+        decode steps on :meth:`_fused_decode`'s kernels; None: with ``gemv`` (the half-precision, small
+        width decoders of :class:`~repro.models.graphed.GraphedTarget`); the attribute may be set before
+        the decode graph is captured (False: the old decode path, for measurement)."""
         self.model = model
         cfg = model.config
         dev, dt = model.device, model.dtype
@@ -658,6 +757,9 @@ class StaticDecoder:
                 "gemv=True runs inside the fused decoder: it needs fused=True (kernel='triton')"
             )
         self.gemv = gemv
+        if fuse_decode and not self.fused:
+            raise ConfigError("fuse_decode=True runs inside the fused decoder: it needs fused=True")
+        self.fuse_decode = gemv if fuse_decode is None else fuse_decode
         check_backend(self.kernel, dev, interpreter=True)
         if max_len < 1 or max_nodes < 1:
             raise ConfigError(f"max_len and max_nodes must be positive, got {max_len} and {max_nodes}")
@@ -719,6 +821,7 @@ class StaticDecoder:
         self.pick_host = torch.zeros(1, dtype=torch.long, pin_memory=dev.type == "cuda")
         self.rows = torch.arange(rows, device=dev)
         self.decode_slot = TreeSlot(self, 1)
+        self.rope = decode_rope(self) if self.fused and self.has_attention else None
         self.layer_calls = {"linear_attention": 0, "full_attention": 0}
 
     # ------------------------------------------------------------------ host-side state I/O
@@ -766,7 +869,10 @@ class StaticDecoder:
 
     @torch.no_grad()
     def decode_step(self) -> torch.Tensor:
-        """Fold ``self.token`` into the state; returns its logits [1, V] (the next token's)."""
+        """Fold ``self.token`` into the state; returns its logits [1, V] (the next token's; with
+        ``fuse_decode`` their argmax is in ``self.pick`` too)."""
+        if self.fuse_decode:
+            return self._fused_decode()
         logits = self._forward(self.token, self.length, self.decode_slot, decode=True)
         self.length.add_(1).clamp_(max=self.max_len)
         return logits
@@ -775,8 +881,25 @@ class StaticDecoder:
     def decode_pick(self) -> torch.Tensor:
         """:meth:`decode_step`, then its argmax into ``self.pick`` (greedy AR reads that alone)."""
         logits = self.decode_step()
-        self.pick.copy_(logits[0].argmax(-1, keepdim=True))
+        if not self.fuse_decode:  # the fused step has written it
+            self.pick.copy_(logits[0].argmax(-1, keepdim=True))
         return logits
+
+    def _fused_decode(self) -> torch.Tensor:
+        """A decode step on the fused decode kernels: per GDN layer :func:`fused_decode_gdn` (5 launches
+        with ``gemv``), per attention layer :func:`fused_decode_attention` (5), the final norm, LM head,
+        argmax into ``self.pick`` and the length's advance in two (:func:`decode_head`); the embedding
+        row is the one other launch."""
+        x = self.model.model.embed_tokens(self.token)
+        for layer, w, buf in zip(self.layers, self.weights, self.buffers):
+            self.layer_calls[layer.layer_type] += 1
+            if isinstance(buf, GDNBuffers):
+                assert isinstance(w, GDNWeights)
+                x = fused_decode_gdn(layer, w, buf, x, self.decode_slot.conv_index, self.gemv)
+            else:
+                assert isinstance(w, AttentionWeights) and self.rope is not None
+                x = fused_decode_attention(layer, w, buf, x, self.rope, self.length, self.gemv)
+        return decode_head(self, x)
 
     @torch.no_grad()
     def verify(self, slot: TreeSlot) -> torch.Tensor:
