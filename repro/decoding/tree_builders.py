@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import functools
 import heapq
+import importlib.util
+from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
@@ -215,8 +217,10 @@ class BestFirst:
     only when the top-k tokens of every depth run out). Nodes come out in pop order, so parents
     precede children, siblings are in decreasing probability and scores never increase with the
     node index. Exact score ties pop by (depth, parent's rank among the nodes of its depth, rank):
-    the order of :func:`best_first_device`, which builds the same tree on the device
-    (:meth:`build_device`; probabilities above 1 count as 1, so a child never outscores its parent).
+    the order of :func:`best_first_device` and :func:`best_first_triton`, which build the same tree on
+    the device (:meth:`build_device`: on CUDA one graph per marginals shape of the Triton kernel where
+    Triton is installed, else of the torch ops; probabilities above 1 count as 1, so a child never
+    outscores its parent).
 
     ``sample``: the shape stays the best-first tree's (a function of the marginals alone); each
     node's children are then drawn without replacement from their depth's marginal, afresh per
@@ -228,6 +232,7 @@ class BestFirst:
             raise ConfigError(f"tree budget must lie in [1, {MAX_TREE_NODES - 1}] draft nodes, got {budget}")
         self.budget, self.sample = budget, sample
         self._graphs: dict[tuple, GraphedBestFirst] = {}  # CUDA: one graph per marginals shape
+        self.device_build: DeviceBuilder | None = None  # CUDA graphs' builder (None: device_builder's)
 
     def build(self, root_token: int, proposal: Proposal | None, rng: Rng = None) -> Tree:
         tree = self.shape(root_token, proposal)
@@ -271,7 +276,8 @@ class BestFirst:
         key = (tuple(probs.shape), probs.dtype, probs.device)
         graphed = self._graphs.get(key)
         if graphed is None:
-            graphed = self._graphs[key] = GraphedBestFirst(probs, self.budget)
+            build = self.device_build or device_builder(probs.device)
+            graphed = self._graphs[key] = GraphedBestFirst(probs, self.budget, build)
         return graphed(root_token, probs)
 
     def _top(self, root_token: int, proposal: Proposal | None) -> Tree:
@@ -325,16 +331,32 @@ def best_first_size(depth: int, vocab: int, budget: int) -> int:
     return 1 + total
 
 
-class GraphedBestFirst:
-    """:func:`best_first_device` as one CUDA graph for marginals of one shape: the marginals and the root
-    are copied into static inputs, and the tree is the graph's output (valid until the next call)."""
+DeviceBuilder = Callable[[int | torch.Tensor, torch.Tensor, int], DeviceTree]
 
-    def __init__(self, probs: torch.Tensor, budget: int) -> None:
+
+def triton_available() -> bool:
+    """Whether Triton imports here (the best-first kernel's condition, beside a CUDA device)."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def device_builder(device: torch.device) -> DeviceBuilder:
+    """The best-first device builder for ``device``: the one-program Triton kernel
+    (:func:`best_first_triton`) on CUDA where Triton is installed, else :func:`best_first_device`."""
+    return best_first_triton if device.type == "cuda" and triton_available() else best_first_device
+
+
+class GraphedBestFirst:
+    """A best-first device builder (``build``, by default :func:`best_first_device`) as one CUDA graph for
+    marginals of one shape: the marginals and the root are copied into static inputs, and the tree is
+    the graph's output (valid until the next call)."""
+
+    def __init__(self, probs: torch.Tensor, budget: int, build: DeviceBuilder | None = None) -> None:
         from repro.models.graphs import GraphedCall
 
+        fn = build or best_first_device
         self.probs = torch.zeros_like(probs)
         self.root = torch.zeros(1, dtype=torch.long, device=probs.device)
-        self.call = GraphedCall(lambda: best_first_device(self.root, self.probs, budget), probs.device)
+        self.call = GraphedCall(lambda: fn(self.root, self.probs, budget), probs.device)
 
     def __call__(self, root_token: int, probs: torch.Tensor) -> DeviceTree:
         self.probs.copy_(probs)
@@ -376,3 +398,27 @@ def best_first_device(root_token: int | torch.Tensor, probs: torch.Tensor, budge
     upper = torch.cat(uppers) + (level - 1).clamp(min=0) * width  # the parent's flat index
     parent = torch.where(level == 0, 0, node.index_select(0, upper))
     return _root_and(root_token, torch.cat(tokens).index_select(0, chosen), parent.index_select(0, chosen))
+
+
+def best_first_triton(
+    root_token: int | torch.Tensor,
+    probs: torch.Tensor,
+    budget: int,
+    *,
+    fused: bool = True,
+    num_warps: int | None = None,
+) -> DeviceTree:
+    """:func:`best_first_device`'s tree (node for node) from one Triton program that runs the heap of
+    :meth:`BestFirst._top` on the device (:mod:`repro.decoding.best_first_kernel`, whose ``launch``
+    takes ``fused`` and ``num_warps``): the top-k and the float64 log-probabilities of
+    :func:`top_log_probs`, then one launch; no host read. CUDA, or CPU tensors under Triton's
+    interpreter (TRITON_INTERPRET=1)."""
+    from repro.decoding.best_first_kernel import launch
+
+    logp, ids = top_log_probs(probs, budget)
+    n = best_first_size(logp.shape[0], probs.shape[-1], budget) - 1
+    if isinstance(root_token, torch.Tensor):
+        root = root_token.long().reshape(1)
+    else:
+        root = torch.full((1,), root_token, dtype=torch.long, device=probs.device)
+    return DeviceTree(*launch(root, logp, ids, n, num_warps, fused))
