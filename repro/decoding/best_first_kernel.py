@@ -38,13 +38,14 @@ def _better(s1, k1, r1, b1, s2, k2, r2, b2):
 @triton.jit
 def best_first_kernel(
     logp, ids, root, tokens, parents,
-    N: tl.constexpr, DEPTH: tl.constexpr, K: tl.constexpr, C: tl.constexpr, FUSED: tl.constexpr,
+    depth, k, N: tl.constexpr, C: tl.constexpr, FUSED: tl.constexpr,
 ):  # fmt: skip
-    """``tokens``/``parents`` [N + 1] (int64) of the best-first tree over ``logp`` (float64 [DEPTH, K],
-    each row descending) and ``ids`` (int64 [DEPTH, K]); the root token is read from ``root`` [1].
+    """``tokens``/``parents`` [N + 1] (int64) of the best-first tree over ``logp`` (float64 [depth, k],
+    each row descending) and ``ids`` (int64 [depth, k]); the root token is read from ``root`` [1]. N and
+    C are compile-time (the loop's trip count and the slots), depth and k run-time (fewer compiles).
 
     Slot j (C >= N slots) is node j's next child to pop: ``score`` (-inf: none), ``key`` = depth index
-    * C + j (unique), ``rank`` within the depth's top-K, ``base`` = node j's own score. Every pop finds
+    * C + j (unique), ``rank`` within the depth's top-k, ``base`` = node j's own score. Every pop finds
     a live slot: N is at most the number of paths (best_first_size), and live scores are finite.
     """
     BIG: tl.constexpr = 2**31 - 1
@@ -68,17 +69,17 @@ def best_first_kernel(
         j = kk % C  # the parent node
         d = kk // C  # the new node's depth index
         node = i + 1
-        tl.store(tokens + node, tl.load(ids + d * K + r))
+        tl.store(tokens + node, tl.load(ids + d * k + r))
         tl.store(parents + node, j.to(tl.int64))
         # the parent's slot moves on to the next sibling
-        more = r + 1 < K
-        sib = b + tl.load(logp + d * K + r + 1, mask=more, other=0.0)
+        more = r + 1 < k
+        sib = b + tl.load(logp + d * k + r + 1, mask=more, other=0.0)
         here = slot == j
         score = tl.where(here, tl.where(more, sib, float("-inf")), score)
         rank = tl.where(here, r + 1, rank)
         # the new node's slot opens at its first child
-        deeper = d + 1 < DEPTH
-        child = best + tl.load(logp + (d + 1) * K, mask=deeper, other=0.0)
+        deeper = d + 1 < depth
+        child = best + tl.load(logp + (d + 1) * k, mask=deeper, other=0.0)
         new = slot == node
         score = tl.where(new, tl.where(deeper, child, float("-inf")), score)
         key = tl.where(new, (d + 1) * C + node, key)
@@ -107,6 +108,6 @@ def launch(
     parents = torch.empty(n + 1, dtype=torch.long, device=logp.device)
     best_first_kernel[(1,)](
         logp.contiguous(), ids.long().contiguous(), root, tokens, parents,
-        N=n, DEPTH=depth, K=k, C=slots, FUSED=fused, num_warps=warps,
+        depth, k, N=n, C=slots, FUSED=fused, num_warps=warps,
     )  # fmt: skip
     return tokens, parents

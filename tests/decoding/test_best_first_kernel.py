@@ -81,7 +81,7 @@ def cpu_cases() -> list[Case]:
     return out
 
 
-FUSED_BUDGETS = (1, 3, 8, 16, 32, 64)  # the tuple reduction in the interpreter: ~n * slots combines
+FUSED_BUDGETS = (1, 3, 8, 16, 32)  # the tuple reduction in the interpreter: ~n * slots combines
 
 
 def compare(cases: list[Case], device: str, **kw: object) -> dict:
