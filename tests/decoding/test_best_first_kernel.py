@@ -88,10 +88,11 @@ def compare(cases: list[Case], device: str, **kw: object) -> dict:
     """Run ``best_first_triton`` (``kw``: fused, num_warps) on every case; the names of those whose tree
     differs from ``best_first_device``'s or the host heap's, and how many trees were compared."""
     bad, nodes = [], 0
-    for name, probs, budget in cases:
+    for i, (name, probs, budget) in enumerate(cases):
         probs = probs.to(device)
         root = 7 + budget
-        got = best_first_triton(root, probs, budget, **kw)
+        device_root = torch.full((1,), root, device=device)  # the graphs' static root, every other case
+        got = best_first_triton(device_root if i % 2 else root, probs, budget, **kw)
         ref = best_first_device(root, probs, budget)
         host = BestFirst(budget).build(root, Proposal(probs=probs, top_ids=probs.topk(1, -1).indices))
         size = best_first_size(probs.shape[0], probs.shape[1], budget)
@@ -213,6 +214,58 @@ def test_graphed_best_first_uses_the_builders_own_builder(monkeypatch: pytest.Mo
         == BestFirst(9).build(3, Proposal(probs=probs, top_ids=probs.topk(1, -1).indices)).tokens.tolist()
     )
     assert calls == [9]
+
+
+def _sm90_resources(n: int, fused: bool, num_warps: int) -> str:
+    """The kernel compiled ahead of time for sm_90 (the H200; no GPU needed): cuobjdump's resource line
+    of the cubin, or "" without cuobjdump."""
+    import shutil
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from repro.decoding.best_first_kernel import best_first_kernel
+
+    sig = {"logp": "*fp64", "ids": "*i64", "root": "*i64", "tokens": "*i64", "parents": "*i64"}
+    sig.update(depth="i32", k="i32", N="constexpr", C="constexpr", FUSED="constexpr")
+    consts = {"N": n, "C": triton.next_power_of_2(n), "FUSED": fused}
+    src = ASTSource(fn=best_first_kernel, signature=sig, constexprs=consts)
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    tool = str(tool) if tool.exists() else shutil.which("cuobjdump")
+    if tool is None:
+        return ""
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "k.cubin"
+        cubin.write_bytes(kernel.asm["cubin"])
+        out = subprocess.run([tool, "-res-usage", str(cubin)], capture_output=True, text=True, check=True)
+    return next((line.strip() for line in out.stdout.splitlines() if "REG:" in line), "")
+
+
+def _can_compile_for_cuda() -> bool:
+    if not HAS_TRITON or os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    from pathlib import Path
+
+    import triton
+
+    return (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists()
+
+
+@pytest.mark.skipif(not _can_compile_for_cuda(), reason="needs triton's NVIDIA backend (ptxas)")
+@pytest.mark.parametrize(
+    ("n", "fused", "num_warps"), [(32, True, 1), (256, True, 1), (256, False, 1), (1000, True, 4)]
+)
+def test_kernel_compiles_for_sm90_without_spills(n: int, fused: bool, num_warps: int) -> None:
+    """What the H200 runs compiles here (Triton -> PTX -> ptxas cubin for sm_90) and keeps its slots in
+    registers: no local memory (spills) at budgets up to 1000."""
+    usage = _sm90_resources(n, fused, num_warps)
+    if usage:
+        assert "LOCAL:0 " in usage and "STACK:0 " in usage, usage
 
 
 # ---------------------------------------------------------------------------------------------
