@@ -69,22 +69,25 @@ def best_first_kernel(
         j = kk % C  # the parent node
         d = kk // C  # the new node's depth index
         node = i + 1
-        tl.store(tokens + node, tl.load(ids + d * k + r))
-        tl.store(parents + node, j.to(tl.int64))
-        # the parent's slot moves on to the next sibling
+        # every load first, the stores last: a store may alias the loads, so a load after it would wait
+        # for the token's load (two memory latencies a pop instead of one)
         more = r + 1 < k
+        deeper = d + 1 < depth
         sib = b + tl.load(logp + d * k + r + 1, mask=more, other=0.0)
+        child = best + tl.load(logp + (d + 1) * k, mask=deeper, other=0.0)
+        token = tl.load(ids + d * k + r)
+        # the parent's slot moves on to the next sibling
         here = slot == j
         score = tl.where(here, tl.where(more, sib, float("-inf")), score)
         rank = tl.where(here, r + 1, rank)
         # the new node's slot opens at its first child
-        deeper = d + 1 < depth
-        child = best + tl.load(logp + (d + 1) * k, mask=deeper, other=0.0)
         new = slot == node
         score = tl.where(new, tl.where(deeper, child, float("-inf")), score)
         key = tl.where(new, (d + 1) * C + node, key)
         rank = tl.where(new, 0, rank)
         base = tl.where(new, best, base)
+        tl.store(tokens + node, token)
+        tl.store(parents + node, j.to(tl.int64))
 
 
 def launch(
