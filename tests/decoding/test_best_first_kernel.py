@@ -5,7 +5,7 @@ against ``best_first_device`` and the host heap (``BestFirst.build``): the same 
 - interpreter (CPU, TRITON_INTERPRET=1, one subprocess: Triton reads the flag when a kernel is decorated,
   at import): float64 marginals at budgets 1..256, depths 1..15, vocabularies 2..4096, and tie-heavy
   rows (dyadic probabilities, whose log sums tie across depths and parents; zeros; probability one;
-  vocab < budget), for both selections (the tuple reduction on fewer, larger-budget trees: the
+  vocab < budget; bf16 marginals), for both selections (the tuple reduction on fewer, larger-budget trees: the
   interpreter runs its combine element by element).
 - CPU: the tie cases do tell tie orders apart (a heap with another tie order builds other trees).
 - GPU (``gpu``): the same at DDTree's shapes (15 depths x 4096, float32 and bf16 marginals, budgets
@@ -74,6 +74,9 @@ def cpu_cases() -> list[Case]:
             temp = (0.5, 2.0, 6.0)[(i + budget) % 3]
             probs = torch.softmax(temp * torch.randn(depth, vocab, generator=gen, dtype=F64), -1)
             out.append((f"random-b{budget}-{depth}x{vocab}", probs, budget))
+        if budget <= 64:  # bf16 marginals (DDTree's on the GPU): many exact ties within and across rows
+            rows = torch.softmax(3 * torch.randn(15, 4096, generator=gen, dtype=F64), -1)
+            out.append((f"bf16-b{budget}", rows.to(torch.bfloat16), budget))
         for depth, vocab in ((15, 40), (6, 9), (4, 200))[: 1 if few else 3]:
             out.append((f"dyadic-b{budget}-{depth}x{vocab}", dyadic(depth, vocab, gen), budget))
         for j, rows in enumerate(tie_rows()[: {128: 2, 256: 1}.get(budget)]):
