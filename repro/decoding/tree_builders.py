@@ -231,7 +231,7 @@ class BestFirst:
         if not 1 <= budget < MAX_TREE_NODES:
             raise ConfigError(f"tree budget must lie in [1, {MAX_TREE_NODES - 1}] draft nodes, got {budget}")
         self.budget, self.sample = budget, sample
-        self._graphs: dict[tuple, GraphedBestFirst] = {}  # CUDA: one graph per marginals shape
+        self._graphs: dict[tuple, GraphedBestFirst] = {}  # CUDA: per marginals buffer or shape (graph_for)
         self.device_build: DeviceBuilder | None = None  # CUDA graphs' builder (None: device_builder's)
 
     def build(self, root_token: int, proposal: Proposal | None, rng: Rng = None) -> Tree:
@@ -267,18 +267,30 @@ class BestFirst:
         return Tree(torch.from_numpy(tokens), shape.parents, shape.proposals, "without_replacement")
 
     def build_device(self, root_token: int, proposal: Proposal | None) -> Tree | DeviceTree:
-        """The tree of :meth:`build` (greedy) on the marginals' device, without a host read."""
+        """The tree of :meth:`build` (greedy) on the marginals' device, without a host read (on CUDA
+        through the graphs of :meth:`graph_for`)."""
         if self.sample or proposal is None or proposal.depth == 0:
             return self.build(root_token, proposal)
         probs = _need_probs(proposal)
         if not probs.is_cuda:
             return best_first_device(root_token, probs, self.budget)
-        key = (tuple(probs.shape), probs.dtype, probs.device)
-        graphed = self._graphs.get(key)
+        return self.graph_for(probs)(root_token, probs)
+
+    def graph_for(self, probs: torch.Tensor) -> GraphedBestFirst:
+        """The graph that builds the tree of ``probs``, made on first use with :attr:`device_build`
+        (default :func:`device_builder`'s): one per marginals buffer that reads it where it lies (a static
+        drafter's step outputs, refreshed in place: no copy a step; one buffer per drafter graph), for
+        the first :data:`ALIASED_GRAPHS` buffers; then one per marginals shape that copies them in."""
+        aliased = ("alias", probs.data_ptr(), tuple(probs.shape), probs.stride(), probs.dtype, probs.device)
+        copying = ("copy", tuple(probs.shape), probs.dtype, probs.device)
+        graphed = self._graphs.get(aliased) or self._graphs.get(copying)
         if graphed is None:
+            alias = sum(key[0] == "alias" for key in self._graphs) < ALIASED_GRAPHS
             build = self.device_build or device_builder(probs.device)
-            graphed = self._graphs[key] = GraphedBestFirst(probs, self.budget, build)
-        return graphed(root_token, probs)
+            graphed = self._graphs[aliased if alias else copying] = GraphedBestFirst(
+                probs, self.budget, build, alias
+            )
+        return graphed
 
     def _top(self, root_token: int, proposal: Proposal | None) -> Tree:
         if proposal is None or proposal.depth == 0:
@@ -332,6 +344,7 @@ def best_first_size(depth: int, vocab: int, budget: int) -> int:
 
 
 DeviceBuilder = Callable[[int | torch.Tensor, torch.Tensor, int], DeviceTree]
+ALIASED_GRAPHS = 8  # BestFirst's graphs that read a marginals buffer in place (one per static drafter graph)
 
 
 def triton_available() -> bool:
@@ -348,18 +361,41 @@ def device_builder(device: torch.device) -> DeviceBuilder:
 class GraphedBestFirst:
     """A best-first device builder (``build``, by default :func:`best_first_device`) as one CUDA graph for
     marginals of one shape: the marginals and the root are copied into static inputs, and the tree is
-    the graph's output (valid until the next call)."""
+    the graph's output (valid until the next call).
 
-    def __init__(self, probs: torch.Tensor, budget: int, build: DeviceBuilder | None = None) -> None:
+    ``alias``: the graph reads ``probs`` itself where it lies (held here, so its memory stays that
+    buffer) instead of a copy: it takes that very buffer only (:meth:`reads`), refreshed in place by its
+    owner (a static drafter's output), and copies nothing a call."""
+
+    def __init__(
+        self, probs: torch.Tensor, budget: int, build: DeviceBuilder | None = None, alias: bool = False
+    ) -> None:
         from repro.models.graphs import GraphedCall
 
         fn = build or best_first_device
-        self.probs = torch.zeros_like(probs)
+        self.alias = alias
+        self.probs = probs if alias else torch.zeros_like(probs)
         self.root = torch.zeros(1, dtype=torch.long, device=probs.device)
         self.call = GraphedCall(lambda: fn(self.root, self.probs, budget), probs.device)
 
+    def reads(self, probs: torch.Tensor) -> bool:
+        """Whether ``probs`` is the very buffer this aliasing graph reads (same memory, shape, strides)."""
+        mine = self.probs
+        return (
+            self.alias
+            and probs.data_ptr() == mine.data_ptr()
+            and probs.shape == mine.shape
+            and probs.stride() == mine.stride()
+            and probs.dtype == mine.dtype
+        )
+
     def __call__(self, root_token: int, probs: torch.Tensor) -> DeviceTree:
-        self.probs.copy_(probs)
+        if not self.alias:
+            self.probs.copy_(probs)
+        elif not self.reads(probs):
+            raise ValueError(
+                "an aliasing best-first graph takes only the marginals buffer it was captured on"
+            )
         self.root.fill_(root_token)
         return self.call()
 

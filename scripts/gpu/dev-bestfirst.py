@@ -7,10 +7,11 @@
    reductions ``plain``) vs ``best_first_device`` on random, dyadic (tie-heavy) and hand-made tie
    marginals at DDTree's shapes (15 depths x 4096, float32 and bf16, budgets 16/32/64/128, top-k =
    min(budget, vocab)), eagerly and through ``GraphedBestFirst`` (CUDA graphs, replayed on fresh data);
-2. timing: each builder as ``GraphedBestFirst`` (marginals copy + root fill + one graph replay: what
-   the engine's tree stage runs), median us per call over trials (CUDA events around back-to-back calls,
-   and synchronized host wall), beside a graph of the top-k + float64 log alone (the torch part every
-   builder shares);
+2. timing: each builder as ``GraphedBestFirst``: the graph replay alone, the call on a static marginals
+   buffer (root fill + replay: what the engine's tree stage runs behind the static DFlash drafter) and on
+   other buffers (marginals copy + fill + replay), median us per call over trials (CUDA events around
+   back-to-back calls; synchronized host wall), beside a graph of the top-k + float64 log alone (the
+   torch part every builder shares);
 3. the route: tiny-qwen35 bf16 on a ``GraphedTarget`` (Triton GDN kernels, ``prepare_graphs``), 8 suite
    prompts x 64 new tokens: ar, ddtree-b32 with the Triton builder (the CUDA default now) and with the
    torch builder; tokens/s, speedup over AR, MAL, tree stage device ms/step (``device_stage_s``), device
@@ -151,6 +152,8 @@ def timing() -> dict:
                 graphed = GraphedBestFirst(probs, budget, fn)
                 row[key] = median_us(lambda g=graphed, p=probs: g(7, p))
                 row[key]["replay_us"] = median_us(graphed.call.replay)["event_us"]
+                aliased = GraphedBestFirst(probs, budget, fn, alias=True)  # reads probs in place: no copy
+                row[key]["alias_us"] = median_us(lambda g=aliased, p=probs: g(7, p))["event_us"]
             else:
                 row[key] = median_us(lambda f=fn, p=probs, b=budget: f(7, p, b), trials=3, reps=1)
         if DEVICE == "cuda":
@@ -226,7 +229,8 @@ def routes(dtype: str) -> dict:
 
 
 def cell(t: dict[str, float]) -> str:
-    return f"{t.get('replay_us', float('nan')):.1f} / {t['event_us']:.1f} / {t['wall_us']:.1f}"
+    values = [t.get("replay_us"), t.get("alias_us"), t["event_us"], t["wall_us"]]
+    return " / ".join("-" if v is None else f"{v:.1f}" for v in values)
 
 
 def markdown(res: dict) -> str:
@@ -244,7 +248,8 @@ def markdown(res: dict) -> str:
     lines += [
         "",
         "## Builders as CUDA graphs, median us per call: graph replay alone (events, back to back) / the "
-        "engine's call, copy + fill + replay (events) / the call's synchronized host wall",
+        "engine's call on a static marginals buffer, fill + replay (events) / on other buffers, copy + fill "
+        "+ replay (events) / that call's synchronized host wall",
         "",
     ]
     keys = list(dict.fromkeys(k for row in res["timing"].values() for k in row))

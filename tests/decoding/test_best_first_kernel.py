@@ -27,7 +27,9 @@ import torch
 from conftest import run_in_interpreter, seed_of
 
 from repro.decoding.tree_builders import (
+    ALIASED_GRAPHS,
     BestFirst,
+    GraphedBestFirst,
     best_first_device,
     best_first_size,
     best_first_triton,
@@ -196,27 +198,51 @@ def test_device_builder_selection() -> None:
     assert device_builder(torch.device("cuda")) is expect
 
 
-def test_graphed_best_first_uses_the_builders_own_builder(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``BestFirst.device_build`` replaces the graph's builder (a stand-in graph that calls it on CPU)."""
+def _host(budget: int, root: int, probs: torch.Tensor) -> list[list[int]]:
+    tree = BestFirst(budget).build(root, Proposal(probs=probs, top_ids=probs.topk(1, -1).indices))
+    return [tree.tokens.tolist(), tree.parents.tolist()]
+
+
+def _lists(tree: DeviceTree) -> list[list[int]]:
+    return [tree.tokens.tolist(), tree.parents.tolist()]
+
+
+def test_graph_for_reads_static_buffers_in_place_and_copies_others(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``BestFirst.graph_for`` with stand-in graphs (the callable run on CPU at each call): each of the
+    first ALIASED_GRAPHS buffers gets a graph that reads it where it lies (refreshed in place: no copy),
+    later buffers share one copying graph, and ``device_build`` is the builder the graphs run."""
     import repro.decoding.tree_builders as tb
     import repro.models.graphs as graphs
 
     monkeypatch.setattr(graphs, "GraphedCall", lambda fn, device: fn)
-    calls = []
+    monkeypatch.setattr(tb, "ALIASED_GRAPHS", 2)
+    calls: list[int] = []
 
     def spy(root: int | torch.Tensor, probs: torch.Tensor, budget: int) -> DeviceTree:
         calls.append(budget)
         return best_first_device(root, probs, budget)
 
-    probs = torch.softmax(torch.randn(4, 30, dtype=F64), -1)
+    gen = torch.Generator().manual_seed(3)
+    rows = [torch.softmax(2 * torch.randn(4, 30, generator=gen, dtype=F64), -1) for _ in range(6)]
     builder = BestFirst(9)
     builder.device_build = spy
-    graphed = tb.GraphedBestFirst(probs, 9, builder.device_build)
-    assert (
-        graphed(3, probs).tokens.tolist()
-        == BestFirst(9).build(3, Proposal(probs=probs, top_ids=probs.topk(1, -1).indices)).tokens.tolist()
-    )
-    assert calls == [9]
+    first, second = rows[0].clone(), rows[1].clone()  # two static drafter buffers
+    aliased = [builder.graph_for(first), builder.graph_for(second)]
+    assert all(g.alias for g in aliased) and aliased[0].probs is first and aliased[1].probs is second
+    assert _lists(aliased[0](3, first)) == _host(9, 3, rows[0])
+    first.copy_(rows[2])  # the drafter refreshes its buffer in place
+    assert builder.graph_for(first) is aliased[0] and builder.graph_for(second) is aliased[1]
+    assert _lists(aliased[0](4, first)) == _host(9, 4, rows[2])
+    assert _lists(aliased[1](5, second)) == _host(9, 5, rows[1])
+    copying = builder.graph_for(rows[3])
+    assert not copying.alias and builder.graph_for(rows[4]) is copying
+    assert _lists(copying(6, rows[3])) == _host(9, 6, rows[3])
+    assert _lists(copying(7, rows[4])) == _host(9, 7, rows[4])
+    assert builder.graph_for(first) is aliased[0]
+    assert not aliased[0].reads(first[:, :20]) and not aliased[0].reads(first.to(torch.float32))
+    with pytest.raises(ValueError, match="aliasing"):
+        aliased[0](3, rows[5])
+    assert calls and set(calls) == {9} and len(builder._graphs) == 3
 
 
 def _sm90_resources(n: int, fused: bool, num_warps: int) -> str:
@@ -316,13 +342,13 @@ def test_gpu_kernel_equals_reference(dtype: torch.dtype, fused: bool) -> None:
 @pytest.mark.parametrize("budget", GPU_BUDGETS)
 def test_gpu_kernel_in_a_cuda_graph(budget: int) -> None:
     """One graph per (shape, builder): replays on fresh marginals give the eager reference's trees, for
-    both selections; ``BestFirst.build_device`` on CUDA takes the Triton graph and gives the host tree."""
-    from repro.decoding.tree_builders import GraphedBestFirst
-
+    both selections; ``BestFirst.build_device`` on CUDA takes the Triton graphs (one reading a static
+    buffer refreshed in place, one copying fresh tensors in) and gives the host tree."""
     cases = [c for c in gpu_cases(torch.float32, per_budget=3) if c[2] == budget and c[1].shape[1] == 4096]
     first = cases[0][1].cuda()
     graphs = [GraphedBestFirst(first, budget, partial(best_first_triton, fused=f)) for f in (True, False)]
     builder = BestFirst(budget)
+    static = torch.empty_like(first)  # a static drafter's output buffer
     for i, (name, probs, _) in enumerate(cases * 2):
         probs = probs.cuda()
         root = 100 + i
@@ -331,11 +357,17 @@ def test_gpu_kernel_in_a_cuda_graph(budget: int) -> None:
             got = graphed(root, probs).to_tree()
             assert got.tokens.tolist() == ref.tokens.tolist(), name
             assert got.parents.tolist() == ref.parents.tolist(), name
-        prop = Proposal(probs=probs, top_ids=probs.topk(1, -1).indices)
-        dev = builder.build_device(root, prop)
-        assert isinstance(dev, DeviceTree)
-        host = builder.build(root, prop)
-        assert dev.tokens.tolist() == host.tokens.tolist() and dev.parents.tolist() == host.parents.tolist()
+        static.copy_(probs)
+        for marg in (static, probs):  # the aliasing graph, then the copying one
+            prop = Proposal(probs=marg, top_ids=marg.topk(1, -1).indices)
+            dev = builder.build_device(root, prop)
+            assert isinstance(dev, DeviceTree)
+            host = builder.build(root, prop)
+            assert dev.tokens.tolist() == host.tokens.tolist(), name
+            assert dev.parents.tolist() == host.parents.tolist(), name
+    made = list(builder._graphs.values())  # static, then each fresh tensor until the cap, then one copying
+    assert made[0].alias and made[0].probs is static
+    assert len(made) == min(2 * len(cases) + 1, ALIASED_GRAPHS + 1)
     assert device_builder(first.device) is best_first_triton
 
 
