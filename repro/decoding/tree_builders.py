@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import functools
 import heapq
+import importlib.util
+from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
@@ -215,8 +217,10 @@ class BestFirst:
     only when the top-k tokens of every depth run out). Nodes come out in pop order, so parents
     precede children, siblings are in decreasing probability and scores never increase with the
     node index. Exact score ties pop by (depth, parent's rank among the nodes of its depth, rank):
-    the order of :func:`best_first_device`, which builds the same tree on the device
-    (:meth:`build_device`; probabilities above 1 count as 1, so a child never outscores its parent).
+    the order of :func:`best_first_device` and :func:`best_first_triton`, which build the same tree on
+    the device (:meth:`build_device`: on CUDA one graph per marginals shape of the Triton kernel where
+    Triton is installed, else of the torch ops; probabilities above 1 count as 1, so a child never
+    outscores its parent).
 
     ``sample``: the shape stays the best-first tree's (a function of the marginals alone); each
     node's children are then drawn without replacement from their depth's marginal, afresh per
@@ -227,7 +231,8 @@ class BestFirst:
         if not 1 <= budget < MAX_TREE_NODES:
             raise ConfigError(f"tree budget must lie in [1, {MAX_TREE_NODES - 1}] draft nodes, got {budget}")
         self.budget, self.sample = budget, sample
-        self._graphs: dict[tuple, GraphedBestFirst] = {}  # CUDA: one graph per marginals shape
+        self._graphs: dict[tuple, GraphedBestFirst] = {}  # CUDA: per marginals buffer or shape (graph_for)
+        self.device_build: DeviceBuilder | None = None  # CUDA graphs' builder (None: device_builder's)
 
     def build(self, root_token: int, proposal: Proposal | None, rng: Rng = None) -> Tree:
         tree = self.shape(root_token, proposal)
@@ -262,17 +267,30 @@ class BestFirst:
         return Tree(torch.from_numpy(tokens), shape.parents, shape.proposals, "without_replacement")
 
     def build_device(self, root_token: int, proposal: Proposal | None) -> Tree | DeviceTree:
-        """The tree of :meth:`build` (greedy) on the marginals' device, without a host read."""
+        """The tree of :meth:`build` (greedy) on the marginals' device, without a host read (on CUDA
+        through the graphs of :meth:`graph_for`)."""
         if self.sample or proposal is None or proposal.depth == 0:
             return self.build(root_token, proposal)
         probs = _need_probs(proposal)
         if not probs.is_cuda:
             return best_first_device(root_token, probs, self.budget)
-        key = (tuple(probs.shape), probs.dtype, probs.device)
-        graphed = self._graphs.get(key)
+        return self.graph_for(probs)(root_token, probs)
+
+    def graph_for(self, probs: torch.Tensor) -> GraphedBestFirst:
+        """The graph that builds the tree of ``probs``, made on first use with :attr:`device_build`
+        (default :func:`device_builder`'s): one per marginals buffer that reads it where it lies (a static
+        drafter's step outputs, refreshed in place: no copy a step; one buffer per drafter graph), for
+        the first :data:`ALIASED_GRAPHS` buffers; then one per marginals shape that copies them in."""
+        aliased = ("alias", probs.data_ptr(), tuple(probs.shape), probs.stride(), probs.dtype, probs.device)
+        copying = ("copy", tuple(probs.shape), probs.dtype, probs.device)
+        graphed = self._graphs.get(aliased) or self._graphs.get(copying)
         if graphed is None:
-            graphed = self._graphs[key] = GraphedBestFirst(probs, self.budget)
-        return graphed(root_token, probs)
+            alias = sum(key[0] == "alias" for key in self._graphs) < ALIASED_GRAPHS
+            build = self.device_build or device_builder(probs.device)
+            graphed = self._graphs[aliased if alias else copying] = GraphedBestFirst(
+                probs, self.budget, build, alias
+            )
+        return graphed
 
     def _top(self, root_token: int, proposal: Proposal | None) -> Tree:
         if proposal is None or proposal.depth == 0:
@@ -325,19 +343,59 @@ def best_first_size(depth: int, vocab: int, budget: int) -> int:
     return 1 + total
 
 
-class GraphedBestFirst:
-    """:func:`best_first_device` as one CUDA graph for marginals of one shape: the marginals and the root
-    are copied into static inputs, and the tree is the graph's output (valid until the next call)."""
+DeviceBuilder = Callable[[int | torch.Tensor, torch.Tensor, int], DeviceTree]
+ALIASED_GRAPHS = 8  # BestFirst's graphs that read a marginals buffer in place (one per static drafter graph)
 
-    def __init__(self, probs: torch.Tensor, budget: int) -> None:
+
+def triton_available() -> bool:
+    """Whether Triton imports here (the best-first kernel's condition, beside a CUDA device)."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def device_builder(device: torch.device) -> DeviceBuilder:
+    """The best-first device builder for ``device``: the one-program Triton kernel
+    (:func:`best_first_triton`) on CUDA where Triton is installed, else :func:`best_first_device`."""
+    return best_first_triton if device.type == "cuda" and triton_available() else best_first_device
+
+
+class GraphedBestFirst:
+    """A best-first device builder (``build``, by default :func:`best_first_device`) as one CUDA graph for
+    marginals of one shape: the marginals and the root are copied into static inputs, and the tree is
+    the graph's output (valid until the next call).
+
+    ``alias``: the graph reads ``probs`` itself where it lies (held here, so its memory stays that
+    buffer) instead of a copy: it takes that very buffer only (:meth:`reads`), refreshed in place by its
+    owner (a static drafter's output), and copies nothing a call."""
+
+    def __init__(
+        self, probs: torch.Tensor, budget: int, build: DeviceBuilder | None = None, alias: bool = False
+    ) -> None:
         from repro.models.graphs import GraphedCall
 
-        self.probs = torch.zeros_like(probs)
+        fn = build or best_first_device
+        self.alias = alias
+        self.probs = probs if alias else torch.zeros_like(probs)
         self.root = torch.zeros(1, dtype=torch.long, device=probs.device)
-        self.call = GraphedCall(lambda: best_first_device(self.root, self.probs, budget), probs.device)
+        self.call = GraphedCall(lambda: fn(self.root, self.probs, budget), probs.device)
+
+    def reads(self, probs: torch.Tensor) -> bool:
+        """Whether ``probs`` is the very buffer this aliasing graph reads (same memory, shape, strides)."""
+        mine = self.probs
+        return (
+            self.alias
+            and probs.data_ptr() == mine.data_ptr()
+            and probs.shape == mine.shape
+            and probs.stride() == mine.stride()
+            and probs.dtype == mine.dtype
+        )
 
     def __call__(self, root_token: int, probs: torch.Tensor) -> DeviceTree:
-        self.probs.copy_(probs)
+        if not self.alias:
+            self.probs.copy_(probs)
+        elif not self.reads(probs):
+            raise ValueError(
+                "an aliasing best-first graph takes only the marginals buffer it was captured on"
+            )
         self.root.fill_(root_token)
         return self.call()
 
@@ -376,3 +434,27 @@ def best_first_device(root_token: int | torch.Tensor, probs: torch.Tensor, budge
     upper = torch.cat(uppers) + (level - 1).clamp(min=0) * width  # the parent's flat index
     parent = torch.where(level == 0, 0, node.index_select(0, upper))
     return _root_and(root_token, torch.cat(tokens).index_select(0, chosen), parent.index_select(0, chosen))
+
+
+def best_first_triton(
+    root_token: int | torch.Tensor,
+    probs: torch.Tensor,
+    budget: int,
+    *,
+    fused: bool = True,
+    num_warps: int | None = None,
+) -> DeviceTree:
+    """:func:`best_first_device`'s tree (node for node) from one Triton program that runs the heap of
+    :meth:`BestFirst._top` on the device (:mod:`repro.decoding.best_first_kernel`, whose ``launch``
+    takes ``fused`` and ``num_warps``): the top-k and the float64 log-probabilities of
+    :func:`top_log_probs`, then one launch; no host read. CUDA, or CPU tensors under Triton's
+    interpreter (TRITON_INTERPRET=1)."""
+    from repro.decoding.best_first_kernel import launch
+
+    logp, ids = top_log_probs(probs, budget)
+    n = best_first_size(logp.shape[0], probs.shape[-1], budget) - 1
+    if isinstance(root_token, torch.Tensor):
+        root = root_token.long().reshape(1)
+    else:
+        root = torch.full((1,), root_token, dtype=torch.long, device=probs.device)
+    return DeviceTree(*launch(root, logp, ids, n, num_warps, fused))
