@@ -278,7 +278,8 @@ class DeviceRule:
         self.kind = type(rule)
         if self.kind is not TargetMatch and self.kind not in SAMPLING_ACCEPTS:
             raise ValueError(f"no device version of {self.kind.__name__}")
-        self.key = torch.tensor([rule.seed % 2**63, 0], dtype=torch.long, device=device)
+        self.key = torch.zeros(2, dtype=torch.long, device=device)  # [seed, position]: no upload
+        self.key[:1].fill_(rule.seed % 2**63)
         pinned = device.type == "cuda"
         self.uniforms = torch.zeros(max_depth, dtype=torch.float64, device=device)
         self._host = torch.zeros(max_depth, dtype=torch.float64, pin_memory=pinned)
