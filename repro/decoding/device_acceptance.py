@@ -294,7 +294,8 @@ class DeviceRule:
         uniforms of its ``depth`` positions; the previous upload is done: the last step's read waited
         for the stream)."""
         if self.kind is TargetMatch:
-            self._host[:depth] = torch.tensor(position_uniforms(self.rule.seed, position, depth))
+            draws = position_uniforms(self.rule.seed, position, depth)
+            self._host[:depth] = torch.tensor(draws, dtype=torch.float64)
             self.uniforms[:depth].copy_(self._host[:depth], non_blocking=True)
         else:
             self.key[1:].fill_(position)

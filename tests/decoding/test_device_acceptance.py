@@ -156,10 +156,19 @@ def test_sample_match_device_is_target_match_with_the_position_uniforms():
         want = TargetMatch(temperature, seed).accept(Tree(tokens, parents), logits, position)
         view = HostView.of(tokens, parents, n + 3)
         padded = torch.cat([logits, torch.zeros(3, vocab, dtype=logits.dtype)])
-        uniforms = torch.tensor(da.position_uniforms(seed, position, n + 3))
+        uniforms = torch.tensor(da.position_uniforms(seed, position, n + 3), dtype=torch.float64)
         node, bonus = da.match_accept(view, padded, temperature, uniforms)
         path = torch.nonzero(view.ancestors[int(node)]).flatten().tolist()
         assert (path, int(bonus)) == (want.path, want.bonus), case
+
+
+def test_set_step_uploads_the_host_draws_exactly():
+    twin = da.DeviceRule(TargetMatch(1.0, 5), torch.device("cpu"), 16)
+    twin.set_step(7, 10)
+    assert twin.uniforms[:10].tolist() == da.position_uniforms(5, 7, 10)
+    keyed = da.DeviceRule(Traversal(1.0, 2**40 + 3), torch.device("cpu"), 16)
+    keyed.set_step(123, 10)
+    assert keyed.key.tolist() == [2**40 + 3, 123]
 
 
 def test_keyed_uniforms_are_reproducible_uniform_and_keyed():
@@ -372,11 +381,12 @@ def test_gpu_sampling_step_syncs_only_in_read_back(monkeypatch):
 
     def allowing(fn):  # noqa: ANN001, ANN202
         def wrapped(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            before = torch.cuda.get_sync_debug_mode()
             torch.cuda.set_sync_debug_mode(0)
             try:
                 return fn(*args, **kwargs)
             finally:
-                torch.cuda.set_sync_debug_mode("error")
+                torch.cuda.set_sync_debug_mode(before)
 
         return wrapped
 
