@@ -155,6 +155,16 @@ def device_sampling(model: HybridLM | GraphedTarget, route: Route) -> bool:
     return isinstance(model, GraphedTarget) and drafted and has_device_rule(route.rule)
 
 
+def prepare_sampling(model: HybridLM | GraphedTarget, routes: list[Route], max_size: int = 64) -> None:
+    """Capture ahead the graphs of the sampling device path of ``routes`` (their rules' device twins on
+    slots up to ``max_size`` nodes), after the target's ``prepare`` of the same routes."""
+    for route in routes:
+        if isinstance(model, GraphedTarget) and device_sampling(model, route):
+            twin = device_rule(route.rule, model.device, model.max_nodes)
+            chain = route.verifier == "chain"
+            model.prepare_accept(twin.accept, twin.graph_key, (route.commit,), max_size, chain)
+
+
 def _device_accept(
     model: GraphedTarget, route: Route, state: GraphedState, ver: Verification, position: int
 ) -> tuple[GraphedState, list[int], list[int], int]:

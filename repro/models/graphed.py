@@ -295,6 +295,28 @@ class GraphedTarget:
                 self._commit_call(slot, strategy)
                 self._greedy_call(slot, strategy)
 
+    def prepare_accept(
+        self,
+        accept: Callable[[TreeSlot], None],
+        key: tuple,
+        strategies: tuple[str, ...] = ("closed_form",),
+        max_size: int = 256,
+        chain: bool = False,
+    ) -> None:
+        """:meth:`prepare` for the graphs of :meth:`commit_accepted` with ``accept`` and ``key``, on the
+        slots :meth:`prepare` made (call it first, with the same strategies and captured layers)."""
+        if not self.graphs:
+            return
+        slots = [(strategy, "tree") for strategy in dict.fromkeys(strategies)]
+        for strategy, verifier in slots + ([("replay", "chain")] if chain else []):
+            check_strategy(strategy)
+            for size in SLOT_SIZES:
+                if size > min(max_size, self.max_nodes):
+                    break
+                slot = self._slot(size, strategy == "snapshot", (), verifier)
+                self._verify_call(slot)()
+                self._accept_call(slot, strategy, accept, key)
+
     # --------------------------------------------------------------------------- the API
 
     def empty_state(self) -> GraphedState:

@@ -25,7 +25,7 @@ from test_acceptance_exact import ALPHA, decode_counts, verdict
 from repro.decoding import device_acceptance as da
 from repro.decoding.acceptance import SpecSampling, TargetMatch, Traversal, spec_walk, traversal_walk
 from repro.decoding.device_acceptance import HostView, keyed_uniforms, spec_accept, traversal_accept
-from repro.decoding.engine import Route, device_sampling, generate
+from repro.decoding.engine import Route, device_sampling, generate, prepare_sampling
 from repro.decoding.tree_builders import BestFirst, Chain, SingleNode
 from repro.drafters.base import Proposal
 from repro.models.graphed import GraphedTarget
@@ -299,6 +299,8 @@ def sampling_routes(rule: TargetMatch) -> list[Route]:
     return [
         Route("chain", TopDrafter(5, 1), Chain(), rule),
         Route("ddtree", TopDrafter(4, 2), BestFirst(12), rule, commit="replay"),
+        Route("ddtree-snap", TopDrafter(3, 3), BestFirst(7), rule, commit="snapshot"),
+        Route("chain-verifier", TopDrafter(4, 4), Chain(), rule, commit="replay", verifier="chain"),
     ]
 
 
@@ -357,6 +359,7 @@ def test_which_routes_take_the_sampling_device_path():
     assert not device_sampling(target, Route("ar", None, SingleNode(), TargetMatch(1.0, 0)))
     assert not device_sampling(target, Route("g", TopDrafter(3, 1), Chain(), TargetMatch(0.0, 0)))
     assert device_sampling(target, Route("t", TopDrafter(3, 1), Chain(), Traversal(0.7, 0)))
+    prepare_sampling(target, [sampled])  # without CUDA graphs: nothing to capture
 
 
 # ----------------------------------------------------------------------------------------- GPU
@@ -373,8 +376,9 @@ def test_gpu_keyed_uniforms_equal_the_cpu_ones():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_sampling_step_syncs_only_in_read_back(monkeypatch):
     """The trained default target in float32 on CUDA graphs, the three sampling rules on a device chain
-    and a device DDTree: under torch's sync debug mode ("error") a step syncs nowhere but in
-    ``read_back``, once a step; sample_match decodes the graphed AR's sampled tokens."""
+    and a device DDTree: prepare_sampling captures every graph ahead; under torch's sync debug mode
+    ("error") a step syncs nowhere but in ``read_back``, once a step; sample_match decodes the graphed
+    AR's sampled tokens."""
     import repro.decoding.engine as engine
     import repro.models.graphed as graphed
     from repro.models.target import open_target
@@ -412,7 +416,10 @@ def test_gpu_sampling_step_syncs_only_in_read_back(monkeypatch):
             Route("ddtree", GpuDrafter(4, 2, vocab), BestFirst(12), rule, commit="replay"),
         ]:
             route.drafter.propose = allowing(route.drafter.propose)
-            generate(target, prompt, route, 30, reference_ids=reference)  # captures this rule's graphs
+            prepare_sampling(target, [route], 32)
+            captured = target.captures
+            generate(target, prompt, route, 30, reference_ids=reference)  # warm-up: the device builders
+            assert target.captures == captured  # prepare_sampling made every graph the steps replay
             reads.clear()
             torch.cuda.set_sync_debug_mode("error")
             try:
