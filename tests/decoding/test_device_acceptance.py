@@ -222,7 +222,7 @@ def spec_without_residual(view: HostView, rows: torch.Tensor, u: torch.Tensor, u
     return node, da._draw(rows, node, no_kids, ub.index_select(0, node))
 
 
-N_DEVICE = 6000
+N_DEVICE = 5000
 DISTRIBUTION_CASES = [  # on one level (wide) traversal is spec_sampling: its case is the deep one
     ("spec_sampling", "wide-given"),
     ("spec_sampling", "bestfirst-given"),
@@ -237,10 +237,24 @@ def test_device_rule_reproduces_the_target_joint_distribution(rule, shape):
     assert pvalue > ALPHA and tv < 1.5 * noise, (tv, noise, pvalue)
 
 
-def test_negative_control_without_residual_is_caught():
-    walk = as_walk(spec_without_residual)
-    tv, noise, pvalue = verdict(decode_counts(walk, "wide-given", N_DEVICE, seed=12))
-    print(f"control spec without residual n={N_DEVICE}: TV {tv:.4f} (noise {noise:.4f}), p {pvalue:.3g}")
+def _frozen_odds(child, par, p, before):  # noqa: ANN001, ANN202
+    """The traversal control: every node entered as if its parent's weight were 1 (no composition)."""
+    return torch.where(child, ((1.0 - before - p) / torch.where(p > 0, p, 1.0)).clamp(min=0), 0.0)
+
+
+CONTROLS = {
+    "spec-without-residual": (spec_without_residual, "wide-given", None),
+    "traversal-frozen-weight": (traversal_accept, "bestfirst-given", ("entering_odds", _frozen_odds)),
+}
+
+
+@pytest.mark.parametrize("control", CONTROLS)
+def test_negative_controls_are_caught(control, monkeypatch):
+    accept, shape, patch = CONTROLS[control]
+    if patch:
+        monkeypatch.setattr(da, *patch)
+    tv, noise, pvalue = verdict(decode_counts(as_walk(accept), shape, N_DEVICE, seed=12))
+    print(f"control {control} on {shape} n={N_DEVICE}: TV {tv:.4f} (noise {noise:.4f}), p {pvalue:.3g}")
     assert pvalue < ALPHA and tv > 1.5 * noise, (tv, noise, pvalue)
 
 
