@@ -9,7 +9,10 @@ non-sampling builder, a step takes the device path: the builder's ``build_device
 then ``commit_greedy`` (acceptance, path and commit on the device, one read of the result): one
 device-to-host sync per step, besides the drafter's own. AR there runs one step ahead of the host
 (:meth:`~repro.models.graphed.GraphedTarget.greedy_decode`: the next decode step is launched before the
-last one's token is read). Elsewhere the host rule walks the logits.
+last one's token is read). A sampling rule at temperature > 0 on a drafted, non-sampling builder takes
+the same path with its device twin (:mod:`repro.decoding.device_acceptance`) through ``commit_accepted``:
+sample_match gives the host path's tokens (AR's), spec_sampling and traversal the same law from the
+device's keyed uniforms. Elsewhere the host rule walks the logits.
 
 Stage times: ``stage_s`` is wall-clock per stage (on the host path each boundary first synchronizes
 the device; on the device path none does, so a stage's wall time is its host time, the final read's
@@ -27,12 +30,14 @@ from dataclasses import dataclass, field
 import torch
 
 from repro.decoding.acceptance import Acceptance, SamplingRule, TargetMatch
+from repro.decoding.device_acceptance import device_rule, has_device_rule
 from repro.decoding.sampling import step_rng
 from repro.decoding.tree_builders import SingleNode, TreeBuilder
 from repro.drafters.base import DraftContext, Drafter
-from repro.models.graphed import GraphedTarget
+from repro.models.graphed import GraphedState, GraphedTarget
 from repro.models.hybrid import PREFILL_CHUNK, HybridLM, Verification
 from repro.models.state import ModelState
+from repro.tree import Tree
 
 STAGES = ("draft", "tree", "verify", "commit")  # on the device path "commit" holds the acceptance too
 
@@ -138,9 +143,46 @@ class StageClock:
 
 
 def device_greedy(model: HybridLM | GraphedTarget, route: Route) -> bool:
-    """Whether ``route`` decodes on ``model`` through the device path (module docstring)."""
+    """Whether ``route`` decodes on ``model`` through the greedy device path (module docstring)."""
     greedy = type(route.rule) is TargetMatch and route.rule.temperature == 0
     return isinstance(model, GraphedTarget) and greedy and not route.random
+
+
+def device_sampling(model: HybridLM | GraphedTarget, route: Route) -> bool:
+    """Whether ``route`` decodes on ``model`` through the sampling device path: a sampling rule at
+    temperature > 0 (:mod:`repro.decoding.device_acceptance`) on given (not sampled) draft trees; AR's
+    one-node steps keep their host pick (already one read)."""
+    drafted = not isinstance(route.builder, SingleNode) and not getattr(route.builder, "sample", False)
+    return isinstance(model, GraphedTarget) and drafted and has_device_rule(route.rule)
+
+
+def prepare_sampling(model: HybridLM | GraphedTarget, routes: list[Route], max_size: int = 64) -> None:
+    """Capture ahead the graphs of the sampling device path of ``routes`` (their rules' device twins on
+    slots up to ``max_size`` nodes), after the target's ``prepare`` of the same routes."""
+    for route in routes:
+        if isinstance(model, GraphedTarget) and device_sampling(model, route):
+            twin = device_rule(route.rule, model.device, model.max_nodes)
+            chain = route.verifier == "chain"
+            model.prepare_accept(twin.accept, twin.graph_key, (route.commit,), max_size, chain)
+
+
+def _device_accept(
+    model: GraphedTarget, route: Route, state: GraphedState, ver: Verification, position: int
+) -> tuple[GraphedState, list[int], list[int], int]:
+    """The sampling step's end on the device (one read); a one-node verification folded in by the
+    decode step (no slot) takes the host rule, which reads its logits once."""
+    tree = ver.tree
+    slot = getattr(ver, "slot", None)
+    if slot is None:
+        assert isinstance(tree, Tree)
+        acc = route.rule.accept(tree, ver.logits, position, step_rng(route.rule.seed, position))
+        state = model.commit(state, ver, acc.path)
+        return state, acc.path, tree.tokens[acc.path].tolist(), acc.bonus
+    if isinstance(tree, Tree) and tree.draw != "given":
+        raise ValueError("the device sampling rules take given (top-k) children, not sampled ones")
+    twin = device_rule(route.rule, model.device, model.max_nodes)
+    twin.set_step(position, slot.max_depth)
+    return model.commit_accepted(state, ver, twin.accept, twin.graph_key)
 
 
 def _cut(tokens: list[int], stop_ids: set[int], room: int) -> tuple[list[int], str | None]:
@@ -187,7 +229,8 @@ def generate(
     capture = drafter.capture_layers if drafter else ()
     if drafter:
         drafter.begin(list(prompt_ids), reference_ids)
-    on_device = device_greedy(model, route)
+    greedy = device_greedy(model, route)
+    on_device = greedy or device_sampling(model, route)
     t0 = _clock(dev)
     state, ver = _prefill(model, prompt_ids, capture, drafter, route.commit)
     out = [route.rule.pick(ver.logits[-1], 0)]
@@ -198,7 +241,7 @@ def generate(
     paths: list[list[int]] = []
     _, finish = _cut(out, stops, max_new_tokens)
     ctx = DraftContext(list(prompt_ids), out, ver, list(range(ver.tree.size)))
-    if finish is None and on_device and drafter is None and isinstance(route.builder, SingleNode):
+    if finish is None and greedy and drafter is None and isinstance(route.builder, SingleNode):
         assert isinstance(model, GraphedTarget)  # AR on the device path: one step ahead of the host
         room = max_new_tokens - len(out)
         state, picked = model.greedy_decode(state, out[-1], room, stops.__contains__, clock.mark)
@@ -214,7 +257,10 @@ def generate(
             clock.mark()
             ver = model.verify(state, tree, capture, route.commit, route.verifier)
             clock.mark()
-            state, path, tokens, bonus = model.commit_greedy(state, ver)
+            if greedy:
+                state, path, tokens, bonus = model.commit_greedy(state, ver)
+            else:
+                state, path, tokens, bonus = _device_accept(model, route, state, ver, len(out))
             acc = Acceptance(path, bonus)
         else:
             rng = step_rng(route.rule.seed, len(out)) if route.random else None

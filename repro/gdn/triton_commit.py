@@ -104,6 +104,9 @@ def _conv_commit_block(
     h = tl.load(history + src[:, None] * C + o_c[None, :], mask=m & from_hist[:, None], other=0.0)
     x = tl.load(inputs + (src[:, None] - HIST) * C + o_c[None, :], mask=m & ~from_hist[:, None], other=0.0)
     new = tl.where(from_hist[:, None], h, x.to(h.dtype))
+    # in place: every thread's loads of the old rows before any thread's stores (the load and store layouts
+    # differ with the launch's warps; without it the H200 read rewritten rows at Weaver's shape, 4 warps)
+    tl.debug_barrier()
     tl.store(history + rows[:, None] * C + o_c[None, :], new, mask=m)
 
 

@@ -29,7 +29,8 @@
 - ``commit_greedy`` is the greedy step's end on the device: the slot's accept (greedy longest match),
   the path gathered by depth and the commit in one graph, then :func:`read_back` of one small int64
   buffer (path length, bonus, path nodes, their tokens): the one device-to-host read of the step. AR's
-  decode graph writes its argmax, which ``commit_greedy`` reads the same way.
+  decode graph writes its argmax, which ``commit_greedy`` reads the same way. ``commit_accepted`` is the
+  same step with another device acceptance (the sampling rules, :mod:`repro.decoding.device_acceptance`).
 
 The state is a :class:`GraphedState` handle: the decoder holds the one sequence's state, the handle
 its host-side position and an epoch; a handle that is not the decoder's current one is refused, so a
@@ -252,6 +253,20 @@ class GraphedTarget:
             ("greedy", *slot_key(slot.size, slot.snapshots, slot.verifier), strategy), step, True
         )
 
+    def _accept_call(
+        self, slot: TreeSlot, strategy: str, accept: Callable[[TreeSlot], None], key: tuple
+    ) -> Any:
+        """``accept(slot)`` (a device acceptance writing ``slot.node`` and ``slot.bonus``), the accepted
+        path into ``slot.result`` and commit: one graph per (slot, strategy, ``key``)."""
+
+        def step() -> None:
+            accept(slot)
+            self.decoder.accepted_path(slot)
+            self.decoder.commit(slot, strategy)
+
+        graph = ("accept", *slot_key(slot.size, slot.snapshots, slot.verifier), strategy, key)
+        return self._call(graph, step, True)
+
     def _decode_call(self) -> Any:
         return self._call(("decode",), self.decoder.decode_pick, True)
 
@@ -288,6 +303,28 @@ class GraphedTarget:
                 self._verify_call(slot)()
                 self._commit_call(slot, strategy)
                 self._greedy_call(slot, strategy)
+
+    def prepare_accept(
+        self,
+        accept: Callable[[TreeSlot], None],
+        key: tuple,
+        strategies: tuple[str, ...] = ("closed_form",),
+        max_size: int = 256,
+        chain: bool = False,
+    ) -> None:
+        """:meth:`prepare` for the graphs of :meth:`commit_accepted` with ``accept`` and ``key``, on the
+        slots :meth:`prepare` made (call it first, with the same strategies and captured layers)."""
+        if not self.graphs:
+            return
+        slots = [(strategy, "tree") for strategy in dict.fromkeys(strategies)]
+        for strategy, verifier in slots + ([("replay", "chain")] if chain else []):
+            check_strategy(strategy)
+            for size in SLOT_SIZES:
+                if size > min(max_size, self.max_nodes):
+                    break
+                slot = self._slot(size, strategy == "snapshot", (), verifier)
+                self._verify_call(slot)()
+                self._accept_call(slot, strategy, accept, key)
 
     # --------------------------------------------------------------------------- the API
 
@@ -482,5 +519,31 @@ class GraphedTarget:
             got = read_back(slot.result, slot.result_host)
             n, bonus, depth = got[0], got[1], slot.max_depth
             path, tokens = got[2 : 2 + n], got[2 + depth : 2 + depth + n]
+        new = GraphedState(state.position + len(path), state.committed_tokens + tokens, self.epoch)
+        return new, path, tokens, bonus
+
+    @torch.no_grad()
+    def commit_accepted(
+        self,
+        state: GraphedState,
+        verification: Verification,
+        accept: Callable[[TreeSlot], None],
+        key: tuple,
+    ) -> tuple[GraphedState, list[int], list[int], int]:
+        """:meth:`commit_greedy` with another device acceptance (the sampling rules of
+        :mod:`repro.decoding.device_acceptance`): ``accept(slot)`` writes ``slot.node`` and ``slot.bonus``
+        from the slot's verify without a host read; ``key`` names it among the graphs. Returns the new
+        handle, the accepted path (root first), its tokens and the bonus, after one :func:`read_back`."""
+        if not isinstance(verification, GraphedVerification) or verification.position != state.position:
+            raise ValueError("verification was computed against a different state")
+        slot = verification.slot
+        if slot is None or verification.epoch != self.epoch:
+            raise ValueError("commit_accepted needs a slot verification of the current state")
+        self._check(state)
+        self._accept_call(slot, verification.strategy, accept, key)()
+        self.epoch += 1
+        got = read_back(slot.result, slot.result_host)
+        n, bonus, depth = got[0], got[1], slot.max_depth
+        path, tokens = got[2 : 2 + n], got[2 + depth : 2 + depth + n]
         new = GraphedState(state.position + len(path), state.committed_tokens + tokens, self.epoch)
         return new, path, tokens, bonus

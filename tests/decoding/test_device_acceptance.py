@@ -1,0 +1,463 @@
+"""The device sampling rules (repro.decoding.device_acceptance) pinned to the host rules.
+
+- Identity: on many random padded trees (given children, repeated sibling tokens, padding) and target
+  distributions, in float64 on CPU, each device rule gives the host walk's path and bonus when the host
+  walk draws the same uniforms (fed in the device's keying: one per node's test, one per bonus);
+  sample_match gives ``TargetMatch.accept``'s result (the same position uniforms).
+- Exactness in distribution: test_acceptance_exact's decode-and-compare test on the device rules at a
+  smaller N, with a negative control (the residual left out) that must fail it.
+- Capture safety: no host read or data-dependent shape, the same ops on different data.
+- The engine: on a GraphedTarget (CPU, eager) sample_match through the device path decodes AR's sampled
+  tokens; spec_sampling and traversal decode on the device with one read a step, reproducibly by seed.
+- GPU (``gpu``): the keyed uniforms equal the CPU ones, and a sampling step syncs once (read_back).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pytest
+import torch
+from conftest import SMALL_VOCAB, small_hybrid, small_ids
+from test_acceptance_exact import ALPHA, decode_counts, verdict
+
+from repro.decoding import device_acceptance as da
+from repro.decoding.acceptance import SpecSampling, TargetMatch, Traversal, spec_walk, traversal_walk
+from repro.decoding.device_acceptance import HostView, keyed_uniforms, spec_accept, traversal_accept
+from repro.decoding.engine import Route, device_sampling, generate, prepare_sampling
+from repro.decoding.tree_builders import BestFirst, Chain, SingleNode
+from repro.drafters.base import Proposal
+from repro.models.graphed import GraphedTarget
+from repro.models.graphs import check_capture
+from repro.tree import Tree
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+DEVICE_RULES = {"spec_sampling": (spec_walk, spec_accept), "traversal": (traversal_walk, traversal_accept)}
+
+
+def random_tree(gen: np.random.Generator, n: int, vocab: int) -> tuple[list[int], list[int]]:
+    """Tokens and parents of a random ``n``-node tree (a fifth of them chains); children often repeat a
+    sibling's token."""
+    chain = gen.random() < 0.2  # as deep as the slot: every pointer-jumping round counts
+    parents = [-1] + [
+        int(gen.integers(0, i)) if gen.random() < 0.8 and not chain else i - 1 for i in range(1, n)
+    ]
+    tokens = [int(gen.integers(0, vocab)) for _ in range(n)]
+    for i in range(2, n):
+        sib = [j for j in range(1, i) if parents[j] == parents[i]]
+        if sib and gen.random() < 0.15:
+            tokens[i] = tokens[sib[0]]
+    return tokens, parents
+
+
+def random_rows(gen: np.random.Generator, tokens: list[int], parents: list[int], vocab: int) -> torch.Tensor:
+    """Target rows: peaked or flat, often favouring a child's token, some with exact zeros, some a
+    point mass."""
+    n = len(tokens)
+    logits = gen.normal(size=(n, vocab)) * gen.choice([0.5, 2.0, 6.0], size=(n, 1))
+    for i in range(1, n):
+        if gen.random() < 0.5:
+            logits[parents[i], tokens[i]] += 3.0
+    rows = torch.softmax(torch.from_numpy(logits), -1)
+    rows[torch.from_numpy(gen.random(n) < 0.2), : vocab // 3] = 0.0
+    hot = torch.from_numpy(gen.random(n) < 0.1)
+    rows[hot] = 0.0
+    rows[hot, int(gen.integers(0, vocab))] = 1.0
+    rows = rows + (rows.sum(-1, keepdim=True) == 0) * 1.0  # a row emptied by the zeros: flat again
+    return rows / rows.sum(-1, keepdim=True)
+
+
+class KeyedRand:
+    """The host walks' ``children`` and ``rand`` feeding the device keying: after ``children(u)``,
+    spec_walk's i-th draw is child i's test (then u's bonus); traversal_walk's first draw is u's test
+    (the root has none), its next the bonus at u."""
+
+    def __init__(self, kids: list[list[int]], u: np.ndarray, ub: np.ndarray, rule: str) -> None:
+        self.kids, self.u, self.ub, self.rule = kids, u, ub, rule
+        self.node, self.calls = 0, 0
+
+    def children(self, node: int) -> list[int]:
+        self.node, self.calls = node, 0
+        return self.kids[node]
+
+    def rand(self) -> float:
+        i, self.calls = self.calls, self.calls + 1
+        if self.rule == "spec_sampling":
+            kids = self.kids[self.node]
+            return float(self.u[kids[i]]) if i < len(kids) else float(self.ub[self.node])
+        return float(self.u[self.node]) if i == 0 and self.node != 0 else float(self.ub[self.node])
+
+
+def host_walk(rule: str, tokens, parents, rows, u, ub):  # noqa: ANN001, ANN201
+    kids: list[list[int]] = [[] for _ in tokens]
+    for i, p in enumerate(parents[1:], 1):
+        kids[p].append(i)
+    keyed = KeyedRand(kids, u, ub, rule)
+    rows_np = rows.numpy()
+    walk = DEVICE_RULES[rule][0]
+    return walk(tokens, keyed.children, rows_np.__getitem__, "given", lambda _: None, keyed.rand)
+
+
+def device_walk(rule: str, tokens, parents, rows, u, ub, pad: int = 0):  # noqa: ANN001, ANN201
+    n = len(tokens)
+    view = HostView.of(tokens, parents, n + pad)
+    rows = torch.cat([rows, torch.softmax(torch.randn(pad, rows.shape[1], dtype=torch.float64), -1)])
+    pad_u = lambda x: torch.cat([torch.from_numpy(x), torch.rand(pad, dtype=torch.float64)])  # noqa: E731
+    node, bonus = DEVICE_RULES[rule][1](view, rows, pad_u(u), pad_u(ub))
+    path = torch.nonzero(view.ancestors[int(node)]).flatten().tolist()
+    return path, int(bonus)
+
+
+@pytest.mark.parametrize("rule", DEVICE_RULES)
+def test_device_rule_is_the_host_walk_given_the_same_uniforms(rule):
+    gen = np.random.default_rng(7)
+    accepted = 0
+    for case in range(2000):
+        n, vocab = int(gen.integers(1, 24)), int(gen.choice([3, 7, 40]))
+        tokens, parents = random_tree(gen, n, vocab)
+        rows = random_rows(gen, tokens, parents, vocab)
+        u, ub = gen.random(n), gen.random(n)
+        want = host_walk(rule, tokens, parents, rows, u, ub)
+        pad = int(gen.integers(0, 5)) * (gen.random() < 0.7)
+        got = device_walk(rule, tokens, parents, rows, u, ub, pad)
+        assert got == (list(want[0]), int(want[1])), (case, rule, tokens, parents)
+        accepted += len(want[0]) - 1
+    assert accepted > 1000  # the cases accept drafts, not only bonuses
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 9, 16, 17, 33])
+def test_entering_odds_reach_the_root_from_any_depth(n):
+    """Pointer jumping on a chain as deep as the slot (and a random tree) against the recurrence node by
+    node: every round is needed at some depth."""
+    gen = np.random.default_rng(n)
+    for parents in ([-1] + list(range(n - 1)), [-1] + [int(gen.integers(0, i)) for i in range(1, n)]):
+        par = torch.tensor(parents)
+        p = torch.from_numpy(gen.uniform(0.3, 1.0, n))
+        before = torch.from_numpy(gen.uniform(0.0, 0.2, n)) * (torch.rand(n) < 0.5)
+        want = torch.zeros(n, dtype=torch.float64)
+        for c in range(1, n):
+            want[c] = max(0.0, float((want[parents[c]] + 1 - before[c] - p[c]) / p[c]))
+        got = da.entering_odds(par >= 0, par.clamp(min=0), p, before)
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
+
+
+def test_sample_match_device_is_target_match_with_the_position_uniforms():
+    gen = np.random.default_rng(3)
+    for case in range(300):
+        n, vocab = int(gen.integers(1, 20)), int(gen.choice([3, 11, 50]))
+        tokens, parents = random_tree(gen, n, vocab)
+        logits = torch.from_numpy(gen.normal(size=(n, vocab)) * 3)
+        # make the target's picks hit children often: raise a child's token in its parent's row
+        for i in range(1, n):
+            if gen.random() < 0.6:
+                logits[parents[i], tokens[i]] += 8.0
+        temperature, seed, position = float(gen.choice([0.5, 1.0, 1.7])), int(gen.integers(0, 99)), case
+        want = TargetMatch(temperature, seed).accept(Tree(tokens, parents), logits, position)
+        view = HostView.of(tokens, parents, n + 3)
+        padded = torch.cat([logits, torch.zeros(3, vocab, dtype=logits.dtype)])
+        uniforms = torch.tensor(da.position_uniforms(seed, position, n + 3), dtype=torch.float64)
+        node, bonus = da.match_accept(view, padded, temperature, uniforms)
+        path = torch.nonzero(view.ancestors[int(node)]).flatten().tolist()
+        assert (path, int(bonus)) == (want.path, want.bonus), case
+
+
+def test_set_step_uploads_the_host_draws_exactly():
+    twin = da.DeviceRule(TargetMatch(1.0, 5), torch.device("cpu"), 16)
+    twin.set_step(7, 10)
+    assert twin.uniforms[:10].tolist() == da.position_uniforms(5, 7, 10)
+    keyed = da.DeviceRule(Traversal(1.0, 2**40 + 3), torch.device("cpu"), 16)
+    keyed.set_step(123, 10)
+    assert keyed.key.tolist() == [2**40 + 3, 123]
+
+
+def test_keyed_uniforms_are_reproducible_uniform_and_keyed():
+    key = torch.tensor([123, 45])
+    u = keyed_uniforms(key, 20000, 0)
+    assert torch.equal(u, keyed_uniforms(key.clone(), 20000, 0))
+    assert ((u >= 0) & (u < 1)).all() and abs(float(u.mean()) - 0.5) < 0.01
+    hist = torch.histc(u.float(), 10, 0, 1) / u.numel()
+    assert (hist - 0.1).abs().max() < 0.01
+    for k, stream in [([123, 46], 0), ([124, 45], 0), ([123, 45], 1)]:
+        other = keyed_uniforms(torch.tensor(k), 64, stream)
+        assert not torch.isclose(u[:64], other).any()
+    big = keyed_uniforms(torch.tensor([2**62 + 5, 2**40]), 8, 1)
+    assert ((big >= 0) & (big < 1)).all()
+
+
+# --------------------------------------------------------------------- exactness in distribution
+
+
+def as_walk(accept):  # noqa: ANN001, ANN201
+    """A device rule in test_acceptance_exact's walk signature (given trees), its uniforms from ``rand``."""
+
+    views: dict[tuple, HostView] = {}  # given trees repeat per prefix
+
+    def walk(tokens, children, row, draw, proposal, rand):  # noqa: ANN001, ANN202
+        assert draw == "given"
+        n = len(tokens)
+        parents = [-1] * n
+        for u in range(n):
+            for c in children(u):
+                parents[c] = u
+        rows = torch.from_numpy(np.stack([row(i) for i in range(n)]))
+        key = (tuple(tokens), tuple(parents))
+        view = views.get(key) or views.setdefault(key, HostView.of(tokens, parents))
+        u = torch.tensor([rand() for _ in range(2 * n)], dtype=torch.float64)
+        node, bonus = accept(view, rows, u[:n], u[n:])
+        return torch.nonzero(view.ancestors[int(node)]).flatten().tolist(), int(bonus)
+
+    return walk
+
+
+def spec_without_residual(view: HostView, rows: torch.Tensor, u: torch.Tensor, ub: torch.Tensor):  # noqa: ANN201
+    """The negative control: spec_accept testing every child against its parent's whole row (no
+    residual: repeated tokens, earlier siblings' mass and the bonus's excluded tokens ignored)."""
+    child, par, earlier = da._children(view)
+    p = torch.where(child, rows.reshape(-1).index_select(0, par * rows.shape[1] + view.tokens), 0.0)
+    passed = (u < p) & child
+    ok = (passed & ~((earlier > 0) & passed[None, :]).any(-1)) | (torch.arange(p.numel()) == 0)
+    node = da._deepest(ok, view)
+    no_kids = HostView(view.tokens, torch.full_like(view.parents, -1), view.depth, view.ancestors, view.first)
+    return node, da._draw(rows, node, no_kids, ub.index_select(0, node))
+
+
+N_DEVICE = 5000
+DISTRIBUTION_CASES = [  # on one level (wide) traversal is spec_sampling: its case is the deep one
+    ("spec_sampling", "wide-given"),
+    ("spec_sampling", "bestfirst-given"),
+    ("traversal", "bestfirst-given"),
+]
+
+
+@pytest.mark.parametrize(("rule", "shape"), DISTRIBUTION_CASES, ids=["-".join(c) for c in DISTRIBUTION_CASES])
+def test_device_rule_reproduces_the_target_joint_distribution(rule, shape):
+    tv, noise, pvalue = verdict(decode_counts(as_walk(DEVICE_RULES[rule][1]), shape, N_DEVICE, seed=11))
+    print(f"device {rule} {shape} n={N_DEVICE}: TV {tv:.4f} (noise {noise:.4f}), chi-square p {pvalue:.3g}")
+    assert pvalue > ALPHA and tv < 1.5 * noise, (tv, noise, pvalue)
+
+
+def _frozen_odds(child, par, p, before):  # noqa: ANN001, ANN202
+    """The traversal control: every node entered as if its parent's weight were 1 (no composition)."""
+    return torch.where(child, ((1.0 - before - p) / torch.where(p > 0, p, 1.0)).clamp(min=0), 0.0)
+
+
+CONTROLS = {
+    "spec-without-residual": (spec_without_residual, "wide-given", None),
+    "traversal-frozen-weight": (traversal_accept, "bestfirst-given", ("entering_odds", _frozen_odds)),
+}
+
+
+@pytest.mark.parametrize("control", CONTROLS)
+def test_negative_controls_are_caught(control, monkeypatch):
+    accept, shape, patch = CONTROLS[control]
+    if patch:
+        monkeypatch.setattr(da, *patch)
+    tv, noise, pvalue = verdict(decode_counts(as_walk(accept), shape, N_DEVICE, seed=12))
+    print(f"control {control} on {shape} n={N_DEVICE}: TV {tv:.4f} (noise {noise:.4f}), p {pvalue:.3g}")
+    assert pvalue < ALPHA and tv > 1.5 * noise, (tv, noise, pvalue)
+
+
+# --------------------------------------------------------------------------------- capture safety
+
+
+def _capture_case(rule: str, seed: int):  # noqa: ANN202
+    gen = np.random.default_rng(seed)
+    tokens, parents = random_tree(gen, 9 + seed, 13)
+    view = HostView.of(tokens, parents, 16)
+    logits = torch.randn(16, 13, dtype=torch.float64)
+    key = torch.tensor([seed, 100 + seed])
+    if rule == "sample_match":
+        return lambda: da.match_accept(view, logits, 0.8, torch.rand(16, dtype=torch.float64))
+
+    def run() -> None:
+        rows = da.target_rows(logits, 0.8)
+        DEVICE_RULES[rule][1](view, rows, keyed_uniforms(key, 16, 0), keyed_uniforms(key, 16, 1))
+
+    return run
+
+
+@pytest.mark.parametrize("rule", ["sample_match", *DEVICE_RULES])
+def test_device_rules_are_capture_safe(rule):
+    """No host read or data-dependent shape, and the same ops on the same shapes for other data."""
+    checks = [check_capture(_capture_case(rule, seed)) for seed in range(2)]
+    assert checks[0].hazards == checks[1].hazards == []
+    assert checks[0].trace == checks[1].trace
+
+
+# ------------------------------------------------------------------------------------- the engine
+
+
+class TopDrafter:
+    """Per-depth marginals leaning on a reference continuation (device-style: probs and top_ids)."""
+
+    capture_layers: tuple[int, ...] = ()
+
+    def __init__(self, depth: int, seed: int) -> None:
+        self.depth, self.seed = depth, seed
+
+    def begin(self, prompt_ids: list[int], reference_ids: list[int] | None) -> None:
+        self.reference = list(reference_ids or [])
+        self.gen = torch.Generator().manual_seed(self.seed)  # every generation proposes the same
+
+    def propose(self, ctx):  # noqa: ANN001, ANN201 - the Drafter protocol
+        noise = torch.randn(self.depth, SMALL_VOCAB, generator=self.gen, dtype=torch.float64)
+        probs = torch.softmax(noise, -1)
+        for d, t in enumerate(self.reference[ctx.next_position : ctx.next_position + self.depth]):
+            probs[d, t] += 0.6
+        probs = probs / probs.sum(-1, keepdim=True)
+        return Proposal(probs=probs, top_ids=probs.topk(3, dim=-1).indices)
+
+
+def sampling_routes(rule: TargetMatch) -> list[Route]:
+    return [
+        Route("chain", TopDrafter(5, 1), Chain(), rule),
+        Route("ddtree", TopDrafter(4, 2), BestFirst(12), rule, commit="replay"),
+        Route("ddtree-snap", TopDrafter(3, 3), BestFirst(7), rule, commit="snapshot"),
+        Route("chain-verifier", TopDrafter(4, 4), Chain(), rule, commit="replay", verifier="chain"),
+    ]
+
+
+@contextlib.contextmanager
+def counted_reads(monkeypatch):  # noqa: ANN001, ANN201
+    import repro.models.graphed as graphed
+
+    reads: list[int] = []
+    real = graphed.read_back
+    monkeypatch.setattr(graphed, "read_back", lambda d, h: reads.append(1) or real(d, h))
+    yield reads
+
+
+def test_sample_match_device_path_decodes_ar_sampled_tokens(monkeypatch):
+    model = small_hybrid(5)
+    target = GraphedTarget(model, max_len=96, max_nodes=32)
+    prompt = small_ids(9, 4)
+    rule = TargetMatch(0.9, 17)
+    ar = generate(model, prompt, Route("ar", None, SingleNode(), rule), 40).output_ids
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the host path ran on the device path")
+
+    with counted_reads(monkeypatch) as reads:
+        monkeypatch.setattr(TargetMatch, "accept", refuse)
+        monkeypatch.setattr(GraphedTarget, "commit", refuse)
+        for route in sampling_routes(rule):
+            assert device_sampling(target, route) and not device_sampling(model, route)
+            reads.clear()
+            got = generate(target, prompt, route, 40, reference_ids=ar)
+            assert got.output_ids == ar, route.name
+            assert len(reads) == got.steps and max(got.accepted_lengths) > 1, route.name
+
+
+@pytest.mark.parametrize("rule_cls", [SpecSampling, Traversal], ids=["spec_sampling", "traversal"])
+def test_sampling_rules_take_the_device_path_reproducibly(rule_cls, monkeypatch):
+    model = small_hybrid(6)
+    target = GraphedTarget(model, max_len=96, max_nodes=32)
+    prompt = small_ids(9, 5)
+    ar = generate(model, prompt, Route("ar", None, SingleNode(), TargetMatch(0.0, 0)), 40).output_ids
+    with counted_reads(monkeypatch) as reads:
+        monkeypatch.setattr(rule_cls, "accept", lambda *a, **k: (_ for _ in ()).throw(AssertionError("host")))
+        for route in sampling_routes(rule_cls(1.0, 3)):
+            reads.clear()
+            first = generate(target, prompt, route, 40, reference_ids=ar)
+            assert len(reads) == first.steps
+            again = generate(target, prompt, route, 40, reference_ids=ar)
+            assert first.output_ids == again.output_ids and first.accepted_paths == again.accepted_paths
+            assert max(first.accepted_lengths) > 1, route.name
+
+
+def test_which_routes_take_the_sampling_device_path():
+    target = GraphedTarget(small_hybrid(7), max_len=64, max_nodes=32)
+    sampled = Route("s", TopDrafter(3, 1), BestFirst(5, sample=True), SpecSampling(1.0, 0))
+    assert not device_sampling(target, sampled)  # sampled draws: the host builder and walk
+    assert not device_sampling(target, Route("ar", None, SingleNode(), TargetMatch(1.0, 0)))
+    assert not device_sampling(target, Route("g", TopDrafter(3, 1), Chain(), TargetMatch(0.0, 0)))
+    assert device_sampling(target, Route("t", TopDrafter(3, 1), Chain(), Traversal(0.7, 0)))
+    prepare_sampling(target, [sampled])  # without CUDA graphs: nothing to capture
+
+
+# ----------------------------------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_keyed_uniforms_equal_the_cpu_ones():
+    key = torch.tensor([2**40 + 7, 1234])
+    assert torch.equal(keyed_uniforms(key.cuda(), 512, 1).cpu(), keyed_uniforms(key, 512, 1))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_sampling_step_syncs_only_in_read_back(monkeypatch):
+    """The trained default target in float32 on CUDA graphs, the three sampling rules on a device chain
+    and a device DDTree: prepare_sampling captures every graph ahead; under torch's sync debug mode
+    ("error") a step syncs nowhere but in ``read_back``, once a step; sample_match decodes the graphed
+    AR's sampled tokens."""
+    import repro.decoding.engine as engine
+    import repro.models.graphed as graphed
+    from repro.models.target import open_target
+
+    def allowing(fn):  # noqa: ANN001, ANN202
+        def wrapped(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            before = torch.cuda.get_sync_debug_mode()
+            torch.cuda.set_sync_debug_mode(0)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                torch.cuda.set_sync_debug_mode(before)
+
+        return wrapped
+
+    model, _ = open_target("default", dtype="float32", device="cuda")
+    model.set_gdn_backend("triton")
+    vocab = model.config.vocab_size
+    target = GraphedTarget(model, max_len=128, max_nodes=32)
+    target.prepare(("closed_form", "replay"), (), 32)
+    prompt = [t % vocab for t in small_ids(10, 12)]
+    rules = [TargetMatch(1.0, 5), SpecSampling(1.0, 5), Traversal(1.0, 5)]
+    reference = generate(target, prompt, Route("ar", None, SingleNode(), rules[0]), 30).output_ids
+    reads: list[int] = []
+    real_read = graphed.read_back
+    monkeypatch.setattr(graphed, "read_back", allowing(lambda d, h: reads.append(1) or real_read(d, h)))
+    monkeypatch.setattr(engine, "_clock", allowing(engine._clock))
+    monkeypatch.setattr(engine, "_prefill", allowing(engine._prefill))
+    monkeypatch.setattr(engine.StageClock, "device_s", allowing(engine.StageClock.device_s))
+    monkeypatch.setattr(engine.StageClock, "_harvest", allowing(engine.StageClock._harvest))
+    monkeypatch.setattr(TargetMatch, "pick", allowing(TargetMatch.pick))
+    for rule in rules:
+        for route in [
+            Route("chain", GpuDrafter(5, 1, vocab), Chain(), rule),
+            Route("ddtree", GpuDrafter(4, 2, vocab), BestFirst(12), rule, commit="replay"),
+        ]:
+            route.drafter.propose = allowing(route.drafter.propose)
+            prepare_sampling(target, [route], 32)
+            captured = target.captures
+            generate(target, prompt, route, 30, reference_ids=reference)  # warm-up: the device builders
+            assert target.captures == captured  # prepare_sampling made every graph the steps replay
+            reads.clear()
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                got = generate(target, prompt, route, 30, reference_ids=reference)
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+            assert len(reads) == got.steps, (type(rule).__name__, route.name)
+            if type(rule) is TargetMatch:
+                assert got.output_ids == reference, route.name
+
+
+class GpuDrafter(TopDrafter):
+    """TopDrafter's marginals over ``vocab``, on CUDA in float32 (synchronized before the step's work)."""
+
+    def __init__(self, depth: int, seed: int, vocab: int) -> None:
+        super().__init__(depth, seed)
+        self.vocab = vocab
+
+    def propose(self, ctx):  # noqa: ANN001, ANN201
+        noise = torch.randn(self.depth, self.vocab, generator=self.gen, dtype=torch.float64)
+        probs = torch.softmax(noise, -1)
+        for d, t in enumerate(self.reference[ctx.next_position : ctx.next_position + self.depth]):
+            probs[d, t] += 0.6
+        probs = (probs / probs.sum(-1, keepdim=True)).to("cuda", torch.float32)
+        proposal = Proposal(probs=probs, top_ids=probs.topk(3, dim=-1).indices)
+        torch.cuda.synchronize()
+        return proposal
