@@ -57,10 +57,15 @@ def _p2(x: int) -> int:
 
 @triton.jit
 def _rnd(x, DT: tl.constexpr):
-    """x rounded to DT (round to nearest even), back in x's dtype."""
-    if DT == tl.float32 or DT == tl.float64:  # noqa: SIM300 - constexpr dtypes
-        return x.to(DT).to(x.dtype)
-    return x.to(DT, fp_downcast_rounding="rtne").to(x.dtype)
+    """x (float32 or float64) rounded to DT, round to nearest even, back in x's dtype. bfloat16 by integer
+    arithmetic on the float32 bits (exact in Triton's CPU interpreter too, whose casts truncate)."""
+    if DT == tl.bfloat16:  # noqa: SIM300 - constexpr dtypes
+        bits = x.to(tl.float32).to(tl.uint32, bitcast=True)
+        bits = (bits + (0x7FFF + ((bits >> 16) & 1))) & 0xFFFF0000
+        return bits.to(tl.float32, bitcast=True).to(x.dtype)
+    if DT == tl.float16:  # noqa: SIM300
+        return x.to(DT, fp_downcast_rounding="rtne").to(x.dtype)
+    return x.to(DT).to(x.dtype)
 
 
 @triton.jit
@@ -78,9 +83,11 @@ def _rmsnorm(x, w_ptr, eps, N: tl.constexpr, NP: tl.constexpr, ACC: tl.constexpr
 
 
 @triton.jit
-def _linear(w_ptr, x, y_ptr, OUT: tl.constexpr, IN: tl.constexpr, INP: tl.constexpr, BO: tl.constexpr,
+def _linear(w_ptr, x, y_ptr, OUT: tl.constexpr, IN: tl.constexpr, INP: tl.constexpr, TILE: tl.constexpr,
             ACC: tl.constexpr, DT: tl.constexpr):  # fmt: skip
-    """y = W x (W [OUT, IN] row-major) for x [INP] in registers; y stored rounded to DT, BO rows a time."""
+    """y = W x (W [OUT, IN] row-major) for x [INP] in registers; y stored rounded to DT, TILE / INP rows
+    a time."""
+    BO: tl.constexpr = TILE // INP  # TILE >= INP (grow_fused)
     o_i = tl.arange(0, INP)
     for o0 in range(0, OUT, BO):
         o_o = o0 + tl.arange(0, BO)
@@ -90,7 +97,7 @@ def _linear(w_ptr, x, y_ptr, OUT: tl.constexpr, IN: tl.constexpr, INP: tl.conste
         tl.store(y_ptr + o_o, _rnd(y, DT).to(y_ptr.dtype.element_ty), mask=o_o < OUT)
 
 
-@triton.jit(do_not_specialize=["n", "root"])
+@triton.jit(do_not_specialize=["n"])
 def _node_kernel(
     # growth state
     key_ptr, rank_ptr, order_ptr, valid_ptr, tok_ptr, par_ptr, dep_ptr, score_ptr, anc_ptr,
@@ -103,7 +110,7 @@ def _node_kernel(
     N: tl.constexpr, NP: tl.constexpr, KEEP: tl.constexpr, D: tl.constexpr,
     K: tl.constexpr, KP: tl.constexpr, H: tl.constexpr, HP: tl.constexpr,
     DM: tl.constexpr, DMP: tl.constexpr, NH: tl.constexpr, HD: tl.constexpr,
-    I: tl.constexpr, IP: tl.constexpr, BO: tl.constexpr, BI: tl.constexpr,
+    I: tl.constexpr, IP: tl.constexpr, TILE: tl.constexpr, BP: tl.constexpr, BR: tl.constexpr,
     ROOT: tl.constexpr, SCORE: tl.constexpr, ACC: tl.constexpr, DT: tl.constexpr,
 ):  # fmt: skip
     """Node ``n``: pop it (unless ROOT), then score it (if SCORE). See the module docstring."""
@@ -167,14 +174,14 @@ def _node_kernel(
         su = sm + IP  # u
         ss = su + HP  # pool scores
         # 1. x = base[d] + W_e E[token]
-        _linear(we_ptr, _load_vec(emb_ptr + token * H, H, HP, ACC), se, DM, H, HP, BO, ACC, DT)
+        _linear(we_ptr, _load_vec(emb_ptr + token * H, H, HP, ACC), se, DM, H, HP, TILE, ACC, DT)
         tl.debug_barrier()
         x = _rnd(_load_vec(base_ptr + d * DM, DM, DMP, ACC) + _load_vec(se, DM, DMP, ACC), DT)
         # 2. q, k, v of RMSNorm(x); k and v go to the node's cache slot
         a = _rmsnorm(x, n1_ptr, eps, DM, DMP, ACC, DT)
-        _linear(wq_ptr, a, sq, DM, DM, DMP, BO, ACC, DT)
-        _linear(wk_ptr, a, cache_ptr + n * 2 * DM, DM, DM, DMP, BO, ACC, DT)
-        _linear(wv_ptr, a, cache_ptr + n * 2 * DM + DM, DM, DM, DMP, BO, ACC, DT)
+        _linear(wq_ptr, a, sq, DM, DM, DMP, TILE, ACC, DT)
+        _linear(wk_ptr, a, cache_ptr + n * 2 * DM, DM, DM, DMP, TILE, ACC, DT)
+        _linear(wv_ptr, a, cache_ptr + n * 2 * DM + DM, DM, DM, DMP, TILE, ACC, DT)
         tl.debug_barrier()
         # 3. attention over the ancestors' slots and the node's own (its ancestor row)
         vis = tl.load(anc_ptr + n * NP + o, mask=inb, other=0) != 0
@@ -194,30 +201,30 @@ def _node_kernel(
         tl.store(so + c, _rnd(tl.reshape(att, (DMP,)), DT).to(so.dtype.element_ty), mask=c < DM)
         tl.debug_barrier()
         # 4. y = x + W_o attention
-        _linear(wo_ptr, _load_vec(so, DM, DMP, ACC), sy, DM, DM, DMP, BO, ACC, DT)
+        _linear(wo_ptr, _load_vec(so, DM, DMP, ACC), sy, DM, DM, DMP, TILE, ACC, DT)
         tl.debug_barrier()
         y = _rnd(x + _load_vec(sy, DM, DMP, ACC), DT)
         # 5. the SwiGLU MLP of RMSNorm(y)
         b = _rmsnorm(y, n2_ptr, eps, DM, DMP, ACC, DT)
-        _linear(wg_ptr, b, sg, I, DM, DMP, BO, ACC, DT)
-        _linear(wu_ptr, b, sup, I, DM, DMP, BO, ACC, DT)
+        _linear(wg_ptr, b, sg, I, DM, DMP, TILE, ACC, DT)
+        _linear(wu_ptr, b, sup, I, DM, DMP, TILE, ACC, DT)
         tl.debug_barrier()
         g = _load_vec(sg, I, IP, ACC)
         prod = _rnd(_rnd(g / (1.0 + tl.exp(-g)), DT) * _load_vec(sup, I, IP, ACC), DT)
         tl.store(sm + tl.arange(0, IP), prod.to(sm.dtype.element_ty), mask=tl.arange(0, IP) < I)
         tl.debug_barrier()
-        _linear(wd_ptr, _load_vec(sm, I, IP, ACC), sd, DM, I, IP, BO, ACC, DT)
+        _linear(wd_ptr, _load_vec(sm, I, IP, ACC), sd, DM, I, IP, TILE, ACC, DT)
         tl.debug_barrier()
         hpre = _rnd(y + _load_vec(sd, DM, DMP, ACC), DT)
         # 6. u = W_out RMSNorm(y + MLP)
         h = _rmsnorm(hpre, n3_ptr, eps, DM, DMP, ACC, DT)
-        _linear(wout_ptr, h, su, H, DM, DMP, BO, ACC, DT)
+        _linear(wout_ptr, h, su, H, DM, DMP, TILE, ACC, DT)
         tl.debug_barrier()
         # 7. pool scores l_d + <u, E[pool]>, BI pool tokens a time
         u = _load_vec(su, H, HP, ACC)
         hh = tl.arange(0, HP)
-        for k0 in range(0, K, BI):
-            kk = k0 + tl.arange(0, BI)
+        for k0 in range(0, K, BP):
+            kk = k0 + tl.arange(0, BP)
             ids = tl.load(pid_ptr + d * K + kk, mask=kk < K, other=0)
             em = (kk[:, None] < K) & (hh[None, :] < H)
             rows = tl.load(emb_ptr + ids[:, None] * H + hh[None, :], mask=em, other=0.0)
@@ -234,8 +241,8 @@ def _node_kernel(
         lq = sc - top - lse
         tl.store(sa_ptr + ok, lq, mask=inpool)
         tl.debug_barrier()
-        for i0 in range(0, K, BI):
-            ii = i0 + tl.arange(0, BI)
+        for i0 in range(0, K, BR):
+            ii = i0 + tl.arange(0, BR)
             vi = tl.load(sa_ptr + ii, mask=ii < K, other=0.0)
             above = (lq[None, :] > vi[:, None]) | ((lq[None, :] == vi[:, None]) & (ok[None, :] < ii[:, None]))
             rk = tl.sum((above & inpool[None, :]).to(tl.int32), axis=1)
@@ -257,7 +264,8 @@ def grow_fused(
     pool_logits: torch.Tensor,
     pool_ids: torch.Tensor,
     feature: torch.Tensor,
-    num_warps: int = 4,
+    num_warps: int = 8,
+    tile: int = 8192,
 ) -> DeviceGrowth:
     """:func:`repro.drafters.weaver_growth.grow_on_device`'s tree from ``budget + 1`` launches of one
     kernel (module docstring). Capture-safe; CUDA tensors, or CPU ones under TRITON_INTERPRET=1."""
@@ -268,6 +276,7 @@ def grow_fused(
     np_, dmp, ip, kp = _p2(n), _p2(cfg.d_model), _p2(cfg.intermediate_size), _p2(k)
     hp = _p2(cfg.target_hidden_size)
     acc = torch.float64 if dt == torch.float64 else torch.float32
+    tile = max(min(tile, max(dmp, ip, hp) * max(dmp, ip, hp)), dmp, ip, hp, kp)  # elements per loaded block
     base = (w.hidden_proj(rows) + w.feature_proj(feature)).contiguous()  # [D, d_model]
     state = {
         "key": torch.empty(n, dtype=torch.float64, device=dev),
@@ -294,7 +303,7 @@ def grow_fused(
     consts = dict(
         N=n, NP=np_, KEEP=keep, D=depth, K=k, KP=kp, H=cfg.target_hidden_size, HP=hp,
         DM=cfg.d_model, DMP=dmp, NH=cfg.num_heads, HD=cfg.head_dim, I=cfg.intermediate_size, IP=ip,
-        BO=max(1, min(32, 4096 // max(dmp, ip, hp))), BI=max(1, min(64, 8192 // max(hp, kp))),
+        TILE=tile, BP=max(1, min(kp, tile // hp)), BR=max(1, min(kp, tile // kp)),
         ACC=tl.float64 if acc == torch.float64 else tl.float32, DT=_tl_dtype(dt), num_warps=num_warps,
     )  # fmt: skip
     args = [*state.values(), *inputs, *[p.contiguous() for p in weights]]
