@@ -16,9 +16,10 @@ global scratch:
 Vectors pass between stages in the adapter's dtype, so a half-precision adapter is rounded where
 torch rounds its ops' outputs (arithmetic in float32; float64 for a float64 adapter). The root is
 the same kernel without the pop (it also clears the tables). Per step, torch adds only
-``base = W_g g + W_f f`` (three ops). Exact in-row ties of log q (two pool tokens with the same score
-under one parent) are the one place the order may differ from torch's ``topk``, whose tie order is
-unspecified; everything else (scores, push order, padding) is the torch version's.
+``base = W_g g + W_f f`` and the pool's embedding rows ``E[pool]`` (four ops). Exact in-row ties of
+log q (two pool tokens with the same score under one parent) are the one place the order may differ
+from torch's ``topk``, whose tie order is unspecified; everything else (scores, push order, padding)
+is the torch version's.
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ def _node_kernel(
     key_ptr, rank_ptr, order_ptr, valid_ptr, tok_ptr, par_ptr, dep_ptr, score_ptr, anc_ptr,
     ctok_ptr, clq_ptr, cache_ptr, sw_ptr, sa_ptr,
     # inputs
-    root_ptr, base_ptr, emb_ptr, pl_ptr, pid_ptr,
+    root_ptr, base_ptr, emb_ptr, pemb_ptr, pl_ptr, pid_ptr,
     # weights
     we_ptr, n1_ptr, wq_ptr, wk_ptr, wv_ptr, wo_ptr, n2_ptr, wg_ptr, wu_ptr, wd_ptr, n3_ptr, wout_ptr,
     n, eps,
@@ -225,9 +226,8 @@ def _node_kernel(
         hh = tl.arange(0, HP)
         for k0 in range(0, K, BP):
             kk = k0 + tl.arange(0, BP)
-            ids = tl.load(pid_ptr + d * K + kk, mask=kk < K, other=0)
             em = (kk[:, None] < K) & (hh[None, :] < H)
-            rows = tl.load(emb_ptr + ids[:, None] * H + hh[None, :], mask=em, other=0.0)
+            rows = tl.load(pemb_ptr + (d * K + kk[:, None]) * H + hh[None, :], mask=em, other=0.0)
             dot = _rnd(tl.sum(rows.to(ACC) * u[None, :], axis=1), DT)
             sc = _rnd(tl.load(pl_ptr + d * K + kk, mask=kk < K, other=0.0).to(ACC) + dot, DT)
             tl.store(ss + kk, sc.to(ss.dtype.element_ty), mask=kk < K)
@@ -299,7 +299,8 @@ def grow_fused(
         w.o_proj.weight, w.post_attention_layernorm.weight, w.mlp.gate_proj.weight, w.mlp.up_proj.weight,
         w.mlp.down_proj.weight, w.norm.weight, w.out_proj.weight,
     ]  # fmt: skip
-    inputs = [root, base, embedding.contiguous(), pool_logits.contiguous(), pool_ids.contiguous()]
+    pool_emb = embedding[pool_ids]  # [D, K, H]: read in place by every node (no dependent gather)
+    inputs = [root, base, embedding.contiguous(), pool_emb, pool_logits.contiguous(), pool_ids.contiguous()]
     consts = dict(
         N=n, NP=np_, KEEP=keep, D=depth, K=k, KP=kp, H=cfg.target_hidden_size, HP=hp,
         DM=cfg.d_model, DMP=dmp, NH=cfg.num_heads, HD=cfg.head_dim, I=cfg.intermediate_size, IP=ip,
