@@ -85,12 +85,12 @@ def _rmsnorm(x, w_ptr, eps, N: tl.constexpr, NP: tl.constexpr, ACC: tl.constexpr
 
 @triton.jit
 def _linear(w_ptr, x, y_ptr, OUT: tl.constexpr, IN: tl.constexpr, INP: tl.constexpr, TILE: tl.constexpr,
-            ACC: tl.constexpr, DT: tl.constexpr):  # fmt: skip
+            ACC: tl.constexpr, DT: tl.constexpr, UNROLL: tl.constexpr):  # fmt: skip
     """y = W x (W [OUT, IN] row-major) for x [INP] in registers; y stored rounded to DT, TILE / INP rows
     a time."""
     BO: tl.constexpr = TILE // INP  # TILE >= INP (grow_fused)
     o_i = tl.arange(0, INP)
-    for o0 in range(0, OUT, BO):
+    for o0 in tl.range(0, OUT, BO, loop_unroll_factor=UNROLL):
         o_o = o0 + tl.arange(0, BO)
         m = (o_o[:, None] < OUT) & (o_i[None, :] < IN)
         w = tl.load(w_ptr + o_o[:, None] * IN + o_i[None, :], mask=m, other=0.0).to(ACC)
@@ -112,7 +112,7 @@ def _node_kernel(
     K: tl.constexpr, KP: tl.constexpr, H: tl.constexpr, HP: tl.constexpr,
     DM: tl.constexpr, DMP: tl.constexpr, NH: tl.constexpr, HD: tl.constexpr,
     I: tl.constexpr, IP: tl.constexpr, TILE: tl.constexpr, BP: tl.constexpr, BR: tl.constexpr,
-    ROOT: tl.constexpr, SCORE: tl.constexpr, ACC: tl.constexpr, DT: tl.constexpr,
+    ROOT: tl.constexpr, SCORE: tl.constexpr, ACC: tl.constexpr, DT: tl.constexpr, UNROLL: tl.constexpr,
 ):  # fmt: skip
     """Node ``n``: pop it (unless ROOT), then score it (if SCORE). See the module docstring."""
     o = tl.arange(0, NP)
@@ -175,14 +175,14 @@ def _node_kernel(
         su = sm + IP  # u
         ss = su + HP  # pool scores
         # 1. x = base[d] + W_e E[token]
-        _linear(we_ptr, _load_vec(emb_ptr + token * H, H, HP, ACC), se, DM, H, HP, TILE, ACC, DT)
+        _linear(we_ptr, _load_vec(emb_ptr + token * H, H, HP, ACC), se, DM, H, HP, TILE, ACC, DT, UNROLL)
         tl.debug_barrier()
         x = _rnd(_load_vec(base_ptr + d * DM, DM, DMP, ACC) + _load_vec(se, DM, DMP, ACC), DT)
         # 2. q, k, v of RMSNorm(x); k and v go to the node's cache slot
         a = _rmsnorm(x, n1_ptr, eps, DM, DMP, ACC, DT)
-        _linear(wq_ptr, a, sq, DM, DM, DMP, TILE, ACC, DT)
-        _linear(wk_ptr, a, cache_ptr + n * 2 * DM, DM, DM, DMP, TILE, ACC, DT)
-        _linear(wv_ptr, a, cache_ptr + n * 2 * DM + DM, DM, DM, DMP, TILE, ACC, DT)
+        _linear(wq_ptr, a, sq, DM, DM, DMP, TILE, ACC, DT, UNROLL)
+        _linear(wk_ptr, a, cache_ptr + n * 2 * DM, DM, DM, DMP, TILE, ACC, DT, UNROLL)
+        _linear(wv_ptr, a, cache_ptr + n * 2 * DM + DM, DM, DM, DMP, TILE, ACC, DT, UNROLL)
         tl.debug_barrier()
         # 3. attention over the ancestors' slots and the node's own (its ancestor row)
         vis = tl.load(anc_ptr + n * NP + o, mask=inb, other=0) != 0
@@ -202,29 +202,29 @@ def _node_kernel(
         tl.store(so + c, _rnd(tl.reshape(att, (DMP,)), DT).to(so.dtype.element_ty), mask=c < DM)
         tl.debug_barrier()
         # 4. y = x + W_o attention
-        _linear(wo_ptr, _load_vec(so, DM, DMP, ACC), sy, DM, DM, DMP, TILE, ACC, DT)
+        _linear(wo_ptr, _load_vec(so, DM, DMP, ACC), sy, DM, DM, DMP, TILE, ACC, DT, UNROLL)
         tl.debug_barrier()
         y = _rnd(x + _load_vec(sy, DM, DMP, ACC), DT)
         # 5. the SwiGLU MLP of RMSNorm(y)
         b = _rmsnorm(y, n2_ptr, eps, DM, DMP, ACC, DT)
-        _linear(wg_ptr, b, sg, I, DM, DMP, TILE, ACC, DT)
-        _linear(wu_ptr, b, sup, I, DM, DMP, TILE, ACC, DT)
+        _linear(wg_ptr, b, sg, I, DM, DMP, TILE, ACC, DT, UNROLL)
+        _linear(wu_ptr, b, sup, I, DM, DMP, TILE, ACC, DT, UNROLL)
         tl.debug_barrier()
         g = _load_vec(sg, I, IP, ACC)
         prod = _rnd(_rnd(g / (1.0 + tl.exp(-g)), DT) * _load_vec(sup, I, IP, ACC), DT)
         tl.store(sm + tl.arange(0, IP), prod.to(sm.dtype.element_ty), mask=tl.arange(0, IP) < I)
         tl.debug_barrier()
-        _linear(wd_ptr, _load_vec(sm, I, IP, ACC), sd, DM, I, IP, TILE, ACC, DT)
+        _linear(wd_ptr, _load_vec(sm, I, IP, ACC), sd, DM, I, IP, TILE, ACC, DT, UNROLL)
         tl.debug_barrier()
         hpre = _rnd(y + _load_vec(sd, DM, DMP, ACC), DT)
         # 6. u = W_out RMSNorm(y + MLP)
         h = _rmsnorm(hpre, n3_ptr, eps, DM, DMP, ACC, DT)
-        _linear(wout_ptr, h, su, H, DM, DMP, TILE, ACC, DT)
+        _linear(wout_ptr, h, su, H, DM, DMP, TILE, ACC, DT, UNROLL)
         tl.debug_barrier()
         # 7. pool scores l_d + <u, E[pool]>, BI pool tokens a time
         u = _load_vec(su, H, HP, ACC)
         hh = tl.arange(0, HP)
-        for k0 in range(0, K, BP):
+        for k0 in tl.range(0, K, BP, loop_unroll_factor=UNROLL):
             kk = k0 + tl.arange(0, BP)
             em = (kk[:, None] < K) & (hh[None, :] < H)
             rows = tl.load(pemb_ptr + (d * K + kk[:, None]) * H + hh[None, :], mask=em, other=0.0)
@@ -241,7 +241,7 @@ def _node_kernel(
         lq = sc - top - lse
         tl.store(sa_ptr + ok, lq, mask=inpool)
         tl.debug_barrier()
-        for i0 in range(0, K, BR):
+        for i0 in tl.range(0, K, BR, loop_unroll_factor=UNROLL):
             ii = i0 + tl.arange(0, BR)
             vi = tl.load(sa_ptr + ii, mask=ii < K, other=0.0)
             above = (lq[None, :] > vi[:, None]) | ((lq[None, :] == vi[:, None]) & (ok[None, :] < ii[:, None]))
@@ -266,9 +266,14 @@ def grow_fused(
     feature: torch.Tensor,
     num_warps: int = 8,
     tile: int = 8192,
+    unroll: int = 1,
 ) -> DeviceGrowth:
     """:func:`repro.drafters.weaver_growth.grow_on_device`'s tree from ``budget + 1`` launches of one
-    kernel (module docstring). Capture-safe; CUDA tensors, or CPU ones under TRITON_INTERPRET=1."""
+    kernel (module docstring). Capture-safe; CUDA tensors, or CPU ones under TRITON_INTERPRET=1.
+
+    Launch options (speed only, never the tree): ``num_warps`` of the one program, ``tile`` the
+    elements of one loaded block (weights: tile / in-width rows a time; pool: tile / hidden rows; the
+    ranking: tile / pool rows), ``unroll`` the loops' unroll factor."""
     w, cfg = weaver, weaver.config
     dev, dt = rows.device, w.dtype
     depth, k = pool_ids.shape
@@ -305,7 +310,8 @@ def grow_fused(
         N=n, NP=np_, KEEP=keep, D=depth, K=k, KP=kp, H=cfg.target_hidden_size, HP=hp,
         DM=cfg.d_model, DMP=dmp, NH=cfg.num_heads, HD=cfg.head_dim, I=cfg.intermediate_size, IP=ip,
         TILE=tile, BP=max(1, min(kp, tile // hp)), BR=max(1, min(kp, tile // kp)),
-        ACC=tl.float64 if acc == torch.float64 else tl.float32, DT=_tl_dtype(dt), num_warps=num_warps,
+        ACC=tl.float64 if acc == torch.float64 else tl.float32, DT=_tl_dtype(dt), UNROLL=unroll,
+        num_warps=num_warps,
     )  # fmt: skip
     args = [*state.values(), *inputs, *[p.contiguous() for p in weights]]
     for node in range(n):

@@ -43,7 +43,7 @@ from repro.reporting.records import STAGES, compare_to_reference  # noqa: E402
 
 DEV = torch.device("cuda")
 BUDGETS = (16, 32, 64)
-CONFIGS = ((8192, 4), (8192, 8), (16384, 8), (16384, 16))  # grow_fused's (tile, num_warps), budget 32
+CONFIGS = ((8192, 8, 1), (16384, 8, 1), (8192, 8, 4))  # grow_fused's (tile, num_warps, unroll), budget 32
 NEW_TOKENS, PROMPTS = 64, 8
 
 
@@ -142,18 +142,17 @@ def timing() -> dict:
 
 
 def configs(weaver, emb, root, rows, logits, feature) -> list[dict]:  # noqa: ANN001
-    """The fused growth alone (pools given) in one CUDA graph per (tile, num_warps), budget 32."""
+    """The fused growth alone (pools given) in one CUDA graph per (tile, num_warps, unroll), budget 32
+    (the first: grow_fused's defaults)."""
     from repro.models.graphs import GraphedCall
 
     pool_logits, pool_ids = top_k_pool(logits, weaver.config.pool_size)
     at = torch.tensor([root], device=DEV)
     out = []
-    for tile, warps in CONFIGS:
-        fn = functools.partial(
-            growth_kernels.grow_fused, weaver, emb, 32, at, rows, pool_logits, pool_ids, feature, warps, tile
-        )
-        call = GraphedCall(fn, DEV)
-        out.append({"tile": tile, "num_warps": warps, "growth_ms": timed_ms(call, 50)})
+    for tile, warps, unroll in CONFIGS:
+        args = (weaver, emb, 32, at, rows, pool_logits, pool_ids, feature, warps, tile, unroll)
+        call = GraphedCall(functools.partial(growth_kernels.grow_fused, *args), DEV)
+        out.append({"tile": tile, "num_warps": warps, "unroll": unroll, "growth_ms": timed_ms(call, 50)})
     return out
 
 
@@ -235,8 +234,11 @@ def markdown(res: dict) -> str:
         lines.append(
             f"| {b} | {row['torch_graph_ms']:.3f} | {row['fused_graph_ms']:.3f} | {row['speedup']:.1f}x |"
         )
-    lines += ["", "fused growth alone, budget 32, by (tile, num_warps):"]
-    lines += [f"- {c['tile']}, {c['num_warps']}: {c['growth_ms']:.3f} ms" for c in res["timing"]["configs"]]
+    lines += ["", "fused growth alone, budget 32, by (tile, num_warps, unroll):"]
+    lines += [
+        f"- {c['tile']}, {c['num_warps']}, {c['unroll']}: {c['growth_ms']:.3f} ms"
+        for c in res["timing"]["configs"]
+    ]
     lines += ["", f"## Routes (bf16, {PROMPTS} prompts x {NEW_TOKENS} tokens, GraphedTarget)", ""]
     lines += [
         "| route | tok/s | x AR | MAL | wall ms/step | draft ms | tree ms | verify ms | commit ms | vs AR |"
