@@ -30,7 +30,8 @@ is one batched forward (a tree attention mask over the cached keys/values of anc
 the popped node together with the ``width - 1`` best frontier candidates not yet scored, so later
 pops often need no forward. The tree is the exact best-first tree for every width; the width only
 trades forwards for batch size. On the device the same tree grows with fixed shapes and no host
-read (one node per forward), in one CUDA graph with the pool selection.
+read (one node per forward; on CUDA one fused Triton kernel per node), in one CUDA graph with the pool
+selection.
 
 Checkpoint: a directory with ``config.json`` (``architectures: ["WeaverAdapter"]`` and the
 :class:`WeaverConfig` fields) and ``model.safetensors`` (the :class:`WeaverModel` parameter names).
@@ -281,7 +282,8 @@ class WeaverDrafter:
 
     ``device_growth`` (default: when the drafter's target is a :class:`GraphedTarget`) grows the tree
     on the device (:mod:`repro.drafters.weaver_growth`): pool top-K, marginals and growth run as one
-    CUDA graph on CUDA (eagerly elsewhere, or with ``graphs=False``) with no host read, and the
+    CUDA graph on CUDA (eagerly elsewhere, or with ``graphs=False``) with no host read (on CUDA the
+    growth is one Triton kernel per node, :mod:`repro.drafters.growth_kernels`), and the
     proposal's tree is a :class:`DeviceTree` of ``budget + 1`` nodes (root-level padding nodes with
     token 0 after the real ones when the pools hold fewer). Otherwise :meth:`grow`, the host
     reference, grows a :class:`Tree` of the real nodes.
