@@ -310,8 +310,8 @@ def grow_fused(
         N=n, NP=np_, KEEP=keep, D=depth, K=k, KP=kp, H=cfg.target_hidden_size, HP=hp,
         DM=cfg.d_model, DMP=dmp, NH=cfg.num_heads, HD=cfg.head_dim, I=cfg.intermediate_size, IP=ip,
         TILE=tile, BP=max(1, min(kp, tile // hp)), BR=max(1, min(kp, tile // kp)),
-        ACC=tl.float64 if acc == torch.float64 else tl.float32, DT=_tl_dtype(dt), UNROLL=unroll,
-        num_warps=num_warps,
+        ACC=tl.float64 if acc == torch.float64 else tl.float32, DT=_tl_dtype(dt),
+        UNROLL=unroll if unroll > 1 else None, num_warps=num_warps,
     )  # fmt: skip
     args = [*state.values(), *inputs, *[p.contiguous() for p in weights]]
     for node in range(n):
