@@ -10,8 +10,9 @@ global scratch:
 2. the Weaver layer on the new node alone: input ``base[d] + W_e E[token]``, RMSNorm, q/k/v (k, v
    into the node's cache slot), attention over its ancestors' slots, o_proj, the SwiGLU MLP, the
    final norm and out_proj;
-3. pool scores ``l_d + <u, E[pool]>``, log-softmax, the ``keep`` best children (rank by counting:
-   ties go to the lower pool position) and the node's first-child candidate entry.
+3. pool scores ``l_d + <u, E[pool]>``, log-softmax, the ``keep`` best children (ties go to the lower
+   pool position; float32 arithmetic: one sort of keys packing log q's order-preserving bits with the
+   position, float64: rank by counting) and the node's first-child candidate entry.
 
 Vectors pass between stages in the adapter's dtype, so a half-precision adapter is rounded where
 torch rounds its ops' outputs (arithmetic in float32; float64 for a float64 adapter). The root is
@@ -232,7 +233,7 @@ def _node_kernel(
             sc = _rnd(tl.load(pl_ptr + d * K + kk, mask=kk < K, other=0.0).to(ACC) + dot, DT)
             tl.store(ss + kk, sc.to(ss.dtype.element_ty), mask=kk < K)
         tl.debug_barrier()
-        # 8. log-softmax over the pool, then the KEEP best children by counting (ties: lower position)
+        # 8. log-softmax over the pool, then the KEEP best children (ties: the lower pool position)
         ok = tl.arange(0, KP)
         inpool = ok < K
         sc = tl.where(inpool, _load_vec(ss, K, KP, ACC), float("-inf"))
@@ -241,14 +242,26 @@ def _node_kernel(
         lq = sc - top - lse
         tl.store(sa_ptr + ok, lq, mask=inpool)
         tl.debug_barrier()
-        for i0 in tl.range(0, K, BR, loop_unroll_factor=UNROLL):
-            ii = i0 + tl.arange(0, BR)
-            vi = tl.load(sa_ptr + ii, mask=ii < K, other=0.0)
-            above = (lq[None, :] > vi[:, None]) | ((lq[None, :] == vi[:, None]) & (ok[None, :] < ii[:, None]))
-            rk = tl.sum((above & inpool[None, :]).to(tl.int32), axis=1)
-            put = (ii < K) & (rk < KEEP)
-            tl.store(clq_ptr + n * KEEP + rk, vi.to(tl.float64), mask=put)
-            tl.store(ctok_ptr + n * KEEP + rk, tl.load(pid_ptr + d * K + ii, mask=put, other=0), mask=put)
+        if ACC == tl.float32:  # noqa: SIM300 - one sort of (order-preserving bits of log q, position) keys
+            bits = (lq + 0.0).to(tl.uint32, bitcast=True)  # + 0.0: -0.0 ties with 0.0
+            mono = tl.where((bits >> 31) != 0, bits ^ 0xFFFFFFFF, bits | 0x80000000)
+            keys = (tl.where(inpool, mono, 0).to(tl.uint64) << 32) | (KP - 1 - ok).to(tl.uint64)
+            best = (KP - 1 - (tl.sort(keys, descending=True) & 0xFFFFFFFF)).to(
+                tl.int32
+            )  # positions, best first
+            put = ok < KEEP
+            vi = tl.load(sa_ptr + best, mask=put, other=0.0)
+            tl.store(clq_ptr + n * KEEP + ok, vi.to(tl.float64), mask=put)
+            tl.store(ctok_ptr + n * KEEP + ok, tl.load(pid_ptr + d * K + best, mask=put, other=0), mask=put)
+        else:  # float64: rank by counting, BR pool tokens a time
+            for i0 in tl.range(0, K, BR, loop_unroll_factor=UNROLL):
+                ii = i0 + tl.arange(0, BR)
+                vi = tl.load(sa_ptr + ii, mask=ii < K, other=0.0)
+                tie = (lq[None, :] == vi[:, None]) & (ok[None, :] < ii[:, None])
+                rk = tl.sum((((lq[None, :] > vi[:, None]) | tie) & inpool[None, :]).to(tl.int32), axis=1)
+                put = (ii < K) & (rk < KEEP)
+                tl.store(clq_ptr + n * KEEP + rk, vi.to(tl.float64), mask=put)
+                tl.store(ctok_ptr + n * KEEP + rk, tl.load(pid_ptr + d * K + ii, mask=put, other=0), mask=put)
         tl.store(key_ptr + n, score_n + tl.max(lq, axis=0).to(tl.float64))
         tl.store(valid_ptr + n, (live & (depth < D)).to(tl.int32))
         if not ROOT:

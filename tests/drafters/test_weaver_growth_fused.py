@@ -5,7 +5,8 @@ and the host reference.
   float32 trees equal :func:`grow_on_device`'s and :func:`grow`'s (tokens, parents, order, scores)
   over random adapters and pools, exact ties across paths, padding, the last depth, small tiles (every
   loop of the kernel runs several blocks); bfloat16 equals the torch growth on CPU (rounded where
-  torch rounds) up to exact in-row ties; exact in-row ties go to the lower pool position; the eager
+  torch rounds) up to exact in-row ties; exact in-row ties go to the lower pool position (float64:
+  the counting ranker, float32 / bfloat16: the sort of packed keys); the eager
   :class:`GrowthStep` with ``fused=True``.
 - CPU: aten ops and kernel launches per grown node, torch growth vs fused (launches stubbed).
 - GPU (``gpu``): float32 and bfloat16 in one CUDA graph equal the torch device growth (up to near
@@ -92,15 +93,15 @@ def _case_errors(depth, pool, budget, residual, same_rows, tile, dtype, seeds) -
     return out
 
 
-def _in_row_ties() -> dict:
+def _in_row_ties(dtype: torch.dtype) -> dict:
     """Pool logits [100, 0, 0, 0, ...] with a zero residual: ranks 1..3 tie exactly under every parent;
-    the fused kernel takes them in pool order."""
+    the fused kernel takes them in pool order (float64: by counting, float32: by the sort)."""
     from repro.drafters.growth_kernels import grow_fused
 
-    weaver = adapter(0, 3, 0.0)
-    emb, root, rows, _, _, feature = inputs(1, 3, 4)
-    logits = torch.full((3, VOCAB), -50.0, dtype=torch.float64)
-    logits[:, :4] = torch.tensor([100.0, 0.0, 0.0, 0.0], dtype=torch.float64)
+    weaver = adapter(0, 3, 0.0, dtype)
+    emb, root, rows, _, _, feature = inputs(1, 3, 4, dtype=dtype)
+    logits = torch.full((3, VOCAB), -50.0, dtype=dtype)
+    logits[:, :4] = torch.tensor([100.0, 0.0, 0.0, 0.0], dtype=dtype)
     pool_logits, pool_ids = top_k_pool(logits, 4)
     got = grow_fused(weaver, emb, 9, torch.tensor([root]), rows, pool_logits, pool_ids, feature, tile=64)
     ref = grow_on_device(weaver, emb, 9, torch.tensor([root]), rows, pool_logits, pool_ids, feature)
@@ -139,7 +140,7 @@ def _interpreter_main() -> None:
         out[f"float32-{i}"] = _case_errors(*CASES[i], torch.float32, seeds=(2,))
     for i, (*case, seeds) in enumerate(BFLOAT16):
         out[f"bfloat16-{i}"] = _case_errors(*case, torch.bfloat16, seeds=seeds)
-    out["in_row_ties"] = _in_row_ties()
+    out["in_row_ties"] = [_in_row_ties(torch.float64), _in_row_ties(torch.float32)]
     out["growth_step"] = _growth_step()
     print(json.dumps(out))
 
@@ -173,8 +174,9 @@ def test_fused_growth_rounds_bfloat16_where_torch_does(interp: dict, i: int) -> 
     assert any(row["same_as_torch"] for row in rows)
 
 
-def test_fused_growth_takes_in_row_ties_in_pool_order(interp: dict) -> None:
-    got = interp["in_row_ties"]
+@pytest.mark.parametrize("i", [0, 1], ids=["float64", "float32"])
+def test_fused_growth_takes_in_row_ties_in_pool_order(interp: dict, i: int) -> None:
+    got = interp["in_row_ties"][i]
     assert got["parents"] == got["torch_parents"] == [-1, 0, 1, 2, 0, 1, 2, 0, 4, 1]
     pool = got["pool_ids"]
     for parent in set(got["parents"]) - {-1}:
