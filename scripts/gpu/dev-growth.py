@@ -7,12 +7,15 @@ the dflash_tfm route beside AR.
    rows of one real prompt, budget 32: the fused growth step (``GrowthStep(fused=True)``, one CUDA graph)
    vs the torch device growth (``fused=False``, one CUDA graph) vs the host reference ``grow``; float32
    (identical trees expected, up to float32 near ties) and bf16 (up to exact bf16 ties).
-2. timing: one growth step (pool top-K, marginals, growth) per graph replay, CUDA events, bf16, budgets
-   16 / 32 / 64, torch vs fused; aten ops and kernel launches per node (dispatch-mode count).
-3. route: the tiny-qwen35 family in bf16 on a GraphedTarget (Triton GDN kernels, CUDA graphs,
+2. route: the tiny-qwen35 family in bf16 on a GraphedTarget (Triton GDN kernels, CUDA graphs,
    ``prepare_graphs``): ar, dflash_tfm budget 32 with the fused growth and with the torch growth, 8
    suite prompts x 64 new tokens: tokens/s, MAL, speedup over AR, device ms per step by stage
    (``device_stage_s``; draft = DFlash block + growth), outputs vs AR.
+3. timing: one growth step (pool top-K, marginals, growth) per graph replay, CUDA events, bf16, budgets
+   16 / 32 / 64, torch vs fused; aten ops and kernel launches per node (dispatch-mode count).
+4. configs: the fused growth alone at budget 32 per launch option (tile, num_warps, unroll).
+
+The JSON and markdown are rewritten after each section, so a run cut short keeps what it finished.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from repro.reporting.records import STAGES, compare_to_reference  # noqa: E402
 
 DEV = torch.device("cuda")
 BUDGETS = (16, 32, 64)
-CONFIGS = ((8192, 8, 1), (16384, 8, 1), (8192, 8, 2), (8192, 8, 4))  # (tile, num_warps, unroll), budget 32
+CONFIGS = ((8192, 8, 1), (16384, 8, 1), (8192, 8, 2))  # (tile, num_warps, unroll), budget 32
 NEW_TOKENS, PROMPTS = 64, 8
 
 
@@ -137,7 +140,6 @@ def timing() -> dict:
             row[f"{name}_graph_ms"] = timed_ms(lambda step=step: step(root, rows, logits, feature), 50)
         row["speedup"] = row["torch_graph_ms"] / row["fused_graph_ms"]
         out["budgets"][budget] = row
-    out["configs"] = configs(weaver, emb, root, rows, logits, feature)
     return out
 
 
@@ -206,52 +208,52 @@ def routes() -> dict:
 
 
 def markdown(res: dict) -> str:
-    lines = [
-        f"# dev-growth: fused Weaver growth ({res['device']}, {res['seconds']:.0f} s)",
-        "",
-        "## Check (budget 32)",
-        "",
-    ]
-    lines += [
-        "| dtype | fused = torch | fused = host | torch = host | first diff fused/torch | max score err |"
-    ]
-    lines += ["|---|---|---|---|---:|---:|"]
-    for c in res["check"]:
+    """The sections measured so far (a run cut short still reports what it finished)."""
+    lines = [f"# dev-growth: fused Weaver growth ({res['device']}, {res['seconds']:.0f} s)", ""]
+    if "check" in res:
+        lines += ["## Check (budget 32)", ""]
+        lines += [
+            "| dtype | fused = torch | fused = host | torch = host | first diff fused/torch | max score err |"
+        ]
+        lines += ["|---|---|---|---|---:|---:|"]
+        for c in res["check"]:
+            lines.append(
+                f"| {c['dtype']} | {c['fused_equals_torch']} | {c['fused_equals_host']} | "
+                f"{c['torch_equals_host']} | "
+                f"{c['fused_first_difference_vs_torch']} | {c['max_score_error_fused_vs_torch']:.2e} |"
+            )
+    if "routes" in res:
+        lines += ["", f"## Routes (bf16, {PROMPTS} prompts x {NEW_TOKENS} tokens, GraphedTarget)", ""]
+        lines += [
+            "| route | tok/s | x AR | MAL | wall ms/step | draft ms | tree ms | verify ms | commit ms | vs AR |"  # noqa: E501
+        ]
+        lines += ["|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+        for name, r in res["routes"].items():
+            d = r["device_stage_ms"]
+            same = sum(v == "identical" for v in r["vs_ar"])
+            lines.append(
+                f"| {name} | {r['tokens_per_s']:.0f} | {r['speedup_vs_ar']:.2f} | {r['mal']:.2f} | "
+                f"{r['wall_ms_per_step']:.3f} | {d['draft']:.3f} | {d['tree']:.3f} | {d['verify']:.3f} | "
+                f"{d['commit']:.3f} | {same}/{len(r['vs_ar'])} identical |"
+            )
+    if "timing" in res:
+        ops = res["timing"]["ops"]
+        lines += ["", "## Growth step in one CUDA graph (bf16)", ""]
+        per, total = ops["fused_aten_ops_per_node"], ops["fused_aten_ops_b32"]
         lines.append(
-            f"| {c['dtype']} | {c['fused_equals_torch']} | {c['fused_equals_host']} | "
-            f"{c['torch_equals_host']} | "
-            f"{c['fused_first_difference_vs_torch']} | {c['max_score_error_fused_vs_torch']:.2e} |"
+            f"aten ops per node: torch {ops['torch_aten_ops_per_node']:.0f}; fused {per:.0f} aten ops + 1 "
+            f"Triton kernel (budget 32 in all: {total} aten ops, {ops['fused_kernel_launches_b32']} kernels)"
         )
-    ops = res["timing"]["ops"]
-    lines += ["", "## Growth step in one CUDA graph (bf16)", ""]
-    per, total = ops["fused_aten_ops_per_node"], ops["fused_aten_ops_b32"]
-    lines.append(
-        f"aten ops per node: torch {ops['torch_aten_ops_per_node']:.0f}; fused {per:.0f} aten ops + 1 "
-        f"Triton kernel (budget 32 in all: {total} aten ops, {ops['fused_kernel_launches_b32']} kernels)"
-    )
-    lines += ["", "| budget | torch ms | fused ms | speedup |", "|---:|---:|---:|---:|"]
-    for b, row in res["timing"]["budgets"].items():
-        lines.append(
-            f"| {b} | {row['torch_graph_ms']:.3f} | {row['fused_graph_ms']:.3f} | {row['speedup']:.1f}x |"
-        )
-    lines += ["", "fused growth alone, budget 32, by (tile, num_warps, unroll):"]
-    lines += [
-        f"- {c['tile']}, {c['num_warps']}, {c['unroll']}: {c['growth_ms']:.3f} ms"
-        for c in res["timing"]["configs"]
-    ]
-    lines += ["", f"## Routes (bf16, {PROMPTS} prompts x {NEW_TOKENS} tokens, GraphedTarget)", ""]
-    lines += [
-        "| route | tok/s | x AR | MAL | wall ms/step | draft ms | tree ms | verify ms | commit ms | vs AR |"
-    ]
-    lines += ["|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
-    for name, r in res["routes"].items():
-        d = r["device_stage_ms"]
-        same = sum(v == "identical" for v in r["vs_ar"])
-        lines.append(
-            f"| {name} | {r['tokens_per_s']:.0f} | {r['speedup_vs_ar']:.2f} | {r['mal']:.2f} | "
-            f"{r['wall_ms_per_step']:.3f} | {d['draft']:.3f} | {d['tree']:.3f} | {d['verify']:.3f} | "
-            f"{d['commit']:.3f} | {same}/{len(r['vs_ar'])} identical |"
-        )
+        lines += ["", "| budget | torch ms | fused ms | speedup |", "|---:|---:|---:|---:|"]
+        for b, row in res["timing"]["budgets"].items():
+            lines.append(
+                f"| {b} | {row['torch_graph_ms']:.3f} | {row['fused_graph_ms']:.3f} | {row['speedup']:.1f}x |"
+            )
+    if "configs" in res:
+        lines += ["", "fused growth alone, budget 32, by (tile, num_warps, unroll):"]
+        lines += [
+            f"- {c['tile']}, {c['num_warps']}, {c['unroll']}: {c['growth_ms']:.3f} ms" for c in res["configs"]
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -260,14 +262,25 @@ def main() -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     res: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
-    res["check"] = [check("float32"), check("bfloat16")]
-    res["timing"] = timing()
-    res["routes"] = routes()
-    res["seconds"] = time.perf_counter() - started
-    (out_dir / "dev-growth.json").write_text(json.dumps(res, indent=1))
-    md = markdown(res)
-    (out_dir / "dev-growth.md").write_text(md)
-    print(md)
+
+    def write() -> str:
+        res["seconds"] = time.perf_counter() - started
+        (out_dir / "dev-growth.json").write_text(json.dumps(res, indent=1))
+        md = markdown(res)
+        (out_dir / "dev-growth.md").write_text(md)
+        return md
+
+    sections = (
+        ("check", lambda: [check("float32"), check("bfloat16")]),
+        ("routes", routes),
+        ("timing", timing),
+        ("configs", lambda: configs(*block("bfloat16"))),
+    )
+    for name, run in sections:  # the results so far are on disk after each section
+        res[name] = run()
+        write()
+        print(f"{name} done at {res['seconds']:.0f} s", flush=True)
+    print(write())
 
 
 if __name__ == "__main__":
