@@ -30,7 +30,8 @@ is one batched forward (a tree attention mask over the cached keys/values of anc
 the popped node together with the ``width - 1`` best frontier candidates not yet scored, so later
 pops often need no forward. The tree is the exact best-first tree for every width; the width only
 trades forwards for batch size. On the device the same tree grows with fixed shapes and no host
-read (one node per forward), in one CUDA graph with the pool selection.
+read (one node per forward; on CUDA one fused Triton kernel per node), in one CUDA graph with the pool
+selection.
 
 Checkpoint: a directory with ``config.json`` (``architectures: ["WeaverAdapter"]`` and the
 :class:`WeaverConfig` fields) and ``model.safetensors`` (the :class:`WeaverModel` parameter names).
@@ -281,9 +282,11 @@ class WeaverDrafter:
 
     ``device_growth`` (default: when the drafter's target is a :class:`GraphedTarget`) grows the tree
     on the device (:mod:`repro.drafters.weaver_growth`): pool top-K, marginals and growth run as one
-    CUDA graph on CUDA (eagerly elsewhere, or with ``graphs=False``) with no host read, and the
+    CUDA graph on CUDA (eagerly elsewhere, or with ``graphs=False``) with no host read (on CUDA the
+    growth is one Triton kernel per node, :mod:`repro.drafters.growth_kernels`), and the
     proposal's tree is a :class:`DeviceTree` of ``budget + 1`` nodes (root-level padding nodes with
-    token 0 after the real ones when the pools hold fewer). Otherwise :meth:`grow`, the host
+    token 0 after the real ones when the pools hold fewer); ``fused`` is :class:`GrowthStep`'s (None:
+    the fused kernel on CUDA where it fits). Otherwise :meth:`grow`, the host
     reference, grows a :class:`Tree` of the real nodes.
     """
 
@@ -296,6 +299,7 @@ class WeaverDrafter:
         pool: int | None = None,
         device_growth: bool | None = None,
         graphs: bool | None = None,
+        fused: bool | None = None,
     ) -> None:
         weaver.config.check_fits(dflash.model.config, dflash.target)
         if dflash.block_size > weaver.config.block_size:
@@ -317,7 +321,8 @@ class WeaverDrafter:
         self.device_growth = graphed if device_growth is None else device_growth
         if graphs is None:
             graphs = self.target.device.type == "cuda" and getattr(self.target, "graphs", True)
-        self.step = GrowthStep(self.weaver, self.target.model.embed_tokens.weight, budget, self.pool, graphs)
+        emb = self.target.model.embed_tokens.weight
+        self.step = GrowthStep(self.weaver, emb, budget, self.pool, graphs, fused)
 
     def begin(self, prompt_ids: list[int], reference_ids: list[int] | None) -> None:
         self.dflash.begin(prompt_ids, reference_ids)

@@ -22,10 +22,12 @@ depth D or the node that fills the budget gets no children. Each parent ranks it
   When the pools run out before the budget (fewer than ``budget`` reachable nodes), the reference
   stops early; the device tree is padded to ``budget + 1`` nodes with root-level nodes (parent -1,
   token 0) after the real ones, which verification isolates and acceptance never enters.
-  Cost: about 100 small kernels per node (the Weaver layer and the table bookkeeping, about half
-  each), so the graph's length grows with the budget; fusing the bookkeeping is the next step.
+  Cost: about 100 small aten ops per node (the Weaver layer and the table bookkeeping, about half
+  each). :func:`repro.drafters.growth_kernels.grow_fused` grows the same tree from one Triton kernel
+  per node (CUDA; CPU under Triton's interpreter); this torch version is its reference.
 - :class:`GrowthStep` is the part of Weaver's propose after the DFlash block (pool top-K, DFlash
-  marginals, device growth) on static input buffers: one CUDA graph on CUDA, eager elsewhere.
+  marginals, device growth: fused where the kernel fits, see ``fused``) on static input buffers: one
+  CUDA graph on CUDA, eager elsewhere.
 """
 
 from __future__ import annotations
@@ -319,7 +321,11 @@ def grow_on_device(
 
 class GrowthStep:
     """Weaver's propose after the DFlash block, on static inputs: pool top-``pool``, DFlash marginals,
-    :func:`grow_on_device`. With ``graphs`` one CUDA graph (captured on the first call), else eager.
+    device growth. With ``graphs`` one CUDA graph (captured on the first call), else eager.
+
+    ``fused``: grow with :func:`repro.drafters.growth_kernels.grow_fused` (one Triton kernel per node)
+    instead of :func:`grow_on_device`; default (None): on CUDA when Triton is importable and the
+    adapter's shapes fit one program (``growth_kernels.fits``). True on CPU needs TRITON_INTERPRET=1.
 
     ``__call__(root, rows, logits, feature)`` copies the inputs in (device to device; the root token
     by a fill) and returns (growth, marginals [D, V]); with graphs these are the graph's static
@@ -327,18 +333,26 @@ class GrowthStep:
     """
 
     def __init__(
-        self, weaver: WeaverModel, embedding: torch.Tensor, budget: int, pool: int, graphs: bool
+        self,
+        weaver: WeaverModel,
+        embedding: torch.Tensor,
+        budget: int,
+        pool: int,
+        graphs: bool,
+        fused: bool | None = None,
     ) -> None:
         self.weaver, self.embedding, self.budget = weaver, embedding, budget
-        self.pool, self.graphs = pool, graphs
+        self.pool, self.graphs, self.fused = pool, graphs, fused
         self.inputs: list[torch.Tensor] = []
         self.call: Callable[[], Any] | None = None
 
     def _step(self) -> tuple[DeviceGrowth, torch.Tensor]:
         root, rows, logits, feature = self.inputs
         pool_logits, pool_ids = top_k_pool(logits, self.pool)
-        w, emb = self.weaver, self.embedding
-        growth = grow_on_device(w, emb, self.budget, root, rows, pool_logits, pool_ids, feature)
+        grow_fn = grow_on_device
+        if self.fused:
+            from repro.drafters.growth_kernels import grow_fused as grow_fn
+        growth = grow_fn(self.weaver, self.embedding, self.budget, root, rows, pool_logits, pool_ids, feature)
         return growth, marginals(logits)
 
     def __call__(
@@ -352,6 +366,9 @@ class GrowthStep:
         for buf, t in zip(self.inputs[1:], given):
             buf.copy_(t)
         if self.call is None:
+            if self.fused is None:
+                pool = min(self.pool, logits.shape[-1])
+                self.fused = _fused_fits(self.weaver, self.budget, pool, rows.device)
             if self.graphs:
                 from repro.models.graphs import GraphedCall
 
@@ -359,3 +376,15 @@ class GrowthStep:
             else:
                 self.call = self._step
         return self.call()
+
+
+def _fused_fits(weaver: WeaverModel, budget: int, pool: int, device: torch.device) -> bool:
+    """Whether :class:`GrowthStep` grows with the fused kernel by default: CUDA, Triton importable, the
+    adapter's shapes within ``growth_kernels.fits``."""
+    if device.type != "cuda":
+        return False
+    try:
+        from repro.drafters.growth_kernels import fits
+    except ImportError:
+        return False
+    return fits(weaver.config, budget, pool)

@@ -1,0 +1,287 @@
+"""The fused device growth (repro.drafters.growth_kernels.grow_fused) against the torch device growth
+and the host reference.
+
+- interpreter (CPU, TRITON_INTERPRET=1, one subprocess running this file as a script): float64 and
+  float32 trees equal :func:`grow_on_device`'s and :func:`grow`'s (tokens, parents, order, scores)
+  over random adapters and pools, exact ties across paths, padding, the last depth, small tiles (every
+  loop of the kernel runs several blocks); bfloat16 equals the torch growth on CPU (rounded where
+  torch rounds) up to exact in-row ties; exact in-row ties go to the lower pool position (float64:
+  the counting ranker, float32 / bfloat16: the sort of packed keys); the eager
+  :class:`GrowthStep` with ``fused=True``.
+- CPU: aten ops and kernel launches per grown node, torch growth vs fused (launches stubbed).
+- GPU (``gpu``): float32 and bfloat16 in one CUDA graph equal the torch device growth (up to near
+  ties) with no host sync on replay.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+
+import pytest
+import torch
+from conftest import run_in_interpreter
+
+from repro.drafters.pool import top_k_pool
+from repro.drafters.weaver_growth import DeviceGrowth, GrowthStep, grow, grow_on_device
+from repro.models.graphs import count_ops
+
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+from test_weaver_growth import VOCAB, adapter, inputs  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+CASES = [  # (depth, pool, budget, residual, same_rows, tile): tile 64 = several blocks per loop
+    (3, 5, 12, 1.0, False, 64), (6, 7, 40, 1.0, False, 8192), (4, VOCAB, 25, 1.0, False, 8192),
+    (2, 3, 30, 1.0, False, 64),  # pools smaller than the budget: padding
+    (15, 1, 6, 1.0, False, 64),  # a chain shorter than the depth
+    (3, 2, 9, 0.5, False, 8192),  # the last depth is reached
+    (5, 4, 30, 0.0, True, 8192),  # zero residual, one pool for every depth: exact ties across paths
+    (4, 6, 30, 1e-9, True, 8192),  # near ties
+    (1, 1, 1, 1.0, False, 64),
+]  # fmt: skip
+FLOAT32 = (0, 1, 5, 7)  # the cases also run in float32
+BFLOAT16 = [(4, VOCAB, 25, 1.0, False, 8192, (0, 1)), (6, 7, 40, 1.0, False, 8192, (0,))]
+
+
+def same_tree(a: DeviceGrowth, b: DeviceGrowth) -> bool:
+    return a.tokens.tolist() == b.tokens.tolist() and a.parents.tolist() == b.parents.tolist()
+
+
+def score_error(a: DeviceGrowth, b: DeviceGrowth) -> float:
+    """Largest score difference (padding: both -inf)."""
+    if not torch.equal(a.scores.isinf(), b.scores.isinf()):
+        return float("inf")
+    real = ~a.scores.isinf()
+    return float((a.scores[real] - b.scores[real]).abs().max()) if real.any() else 0.0
+
+
+def tie_swaps_only(a: DeviceGrowth, b: DeviceGrowth) -> bool:
+    """``b`` differs from ``a`` only by siblings of exactly tied scores in ``a`` taken in another order
+    (topk's unspecified tie order); nodes' parents and score sequences agree."""
+    if a.parents.tolist() != b.parents.tolist():
+        return False
+    diff = (a.tokens != b.tokens).nonzero().flatten().tolist()
+    ties = {(int(a.parents[i]), float(a.scores[i])) for i in diff}
+    return all(sum(1 for j in diff if (int(a.parents[j]), float(a.scores[j])) == t) >= 2 for t in ties)
+
+
+def _case_errors(depth, pool, budget, residual, same_rows, tile, dtype, seeds) -> list[dict]:  # noqa: ANN001
+    from repro.drafters.growth_kernels import grow_fused
+
+    out = []
+    for seed in seeds:
+        weaver = adapter(seed, depth, residual, dtype)
+        emb, root, *rest = inputs(seed + 100, depth, pool, same_rows, dtype)
+        at = torch.tensor([root])
+        ref = grow_on_device(weaver, emb, budget, at, *rest)
+        got = grow_fused(weaver, emb, budget, at, *rest, tile=tile)
+        row = {"same_as_torch": same_tree(ref, got), "score_error": score_error(ref, got)}
+        if dtype == torch.bfloat16:
+            row["tie_swaps_only"] = row["same_as_torch"] or tie_swaps_only(ref, got)
+        else:
+            host = grow(weaver, emb, budget, 1, root, *rest)
+            n = host.tree.size
+            row["same_as_host"] = (
+                got.tokens[:n].tolist() == host.tree.tokens.tolist()
+                and got.parents[:n].tolist() == host.tree.parents.tolist()
+                and got.tokens[n:].eq(0).all().item()
+                and got.parents[n:].eq(-1).all().item()
+            )
+        out.append(row)
+    return out
+
+
+def _in_row_ties(dtype: torch.dtype) -> dict:
+    """Pool logits [100, 0, 0, 0, ...] with a zero residual: ranks 1..3 tie exactly under every parent;
+    the fused kernel takes them in pool order (float64: by counting, float32: by the sort)."""
+    from repro.drafters.growth_kernels import grow_fused
+
+    weaver = adapter(0, 3, 0.0, dtype)
+    emb, root, rows, _, _, feature = inputs(1, 3, 4, dtype=dtype)
+    logits = torch.full((3, VOCAB), -50.0, dtype=dtype)
+    logits[:, :4] = torch.tensor([100.0, 0.0, 0.0, 0.0], dtype=dtype)
+    pool_logits, pool_ids = top_k_pool(logits, 4)
+    got = grow_fused(weaver, emb, 9, torch.tensor([root]), rows, pool_logits, pool_ids, feature, tile=64)
+    ref = grow_on_device(weaver, emb, 9, torch.tensor([root]), rows, pool_logits, pool_ids, feature)
+    return {
+        "tokens": got.tokens.tolist(),
+        "parents": got.parents.tolist(),
+        "torch_parents": ref.parents.tolist(),
+        "pool_ids": pool_ids[0].tolist(),
+    }
+
+
+def _growth_step() -> list[bool]:
+    weaver = adapter(3, 5, 1.0)
+    emb, root, rows, _, _, feature = inputs(3, 5, 4)
+    step = GrowthStep(weaver, emb, 17, 4, graphs=False, fused=True)
+    out = []
+    for seed in (1, 2):
+        logits = torch.randn(5, VOCAB, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+        growth, probs = step(root + seed, rows, logits, feature)
+        host = grow(weaver, emb, 17, 4, root + seed, rows, *top_k_pool(logits, 4), feature)
+        out.append(
+            growth.tokens.tolist() == host.tree.tokens.tolist()
+            and growth.parents.tolist() == host.tree.parents.tolist()
+            and torch.allclose(probs, torch.softmax(logits, -1))
+        )
+    return out
+
+
+def _interpreter_main() -> None:
+    """Subprocess entry (TRITON_INTERPRET=1): every case's results as JSON on the last line."""
+    torch.set_num_threads(1)
+    out: dict = {}
+    for i, case in enumerate(CASES):
+        out[f"float64-{i}"] = _case_errors(*case, torch.float64, seeds=(0,))
+    for i in FLOAT32:
+        out[f"float32-{i}"] = _case_errors(*CASES[i], torch.float32, seeds=(2,))
+    for i, (*case, seeds) in enumerate(BFLOAT16):
+        out[f"bfloat16-{i}"] = _case_errors(*case, torch.bfloat16, seeds=seeds)
+    out["in_row_ties"] = [_in_row_ties(torch.float64), _in_row_ties(torch.float32)]
+    out["growth_step"] = _growth_step()
+    print(json.dumps(out))
+
+
+@pytest.fixture(scope="module")
+def interp() -> dict:
+    return run_in_interpreter(__file__)
+
+
+@pytest.mark.parametrize("i", range(len(CASES)))
+def test_fused_growth_is_the_torch_and_host_tree_float64(interp: dict, i: int) -> None:
+    for row in interp[f"float64-{i}"]:
+        assert row["same_as_torch"] and row["same_as_host"], (CASES[i], row)
+        assert row["score_error"] < 1e-12, row
+
+
+@pytest.mark.parametrize("i", FLOAT32)
+def test_fused_growth_is_the_torch_and_host_tree_float32(interp: dict, i: int) -> None:
+    for row in interp[f"float32-{i}"]:
+        assert row["same_as_torch"] and row["same_as_host"], (CASES[i], row)
+        assert row["score_error"] < 1e-5, row
+
+
+@pytest.mark.parametrize("i", range(len(BFLOAT16)))
+def test_fused_growth_rounds_bfloat16_where_torch_does(interp: dict, i: int) -> None:
+    """bf16 scores agree to float32 rounding of the log-softmax (not bf16's 1e-2): every intermediate
+    is rounded to bf16 where torch rounds; trees agree up to siblings of exactly tied scores."""
+    rows = interp[f"bfloat16-{i}"]
+    for row in rows:
+        assert row["tie_swaps_only"] and row["score_error"] < 1e-5, row
+    assert any(row["same_as_torch"] for row in rows)
+
+
+@pytest.mark.parametrize("i", [0, 1], ids=["float64", "float32"])
+def test_fused_growth_takes_in_row_ties_in_pool_order(interp: dict, i: int) -> None:
+    got = interp["in_row_ties"][i]
+    assert got["parents"] == got["torch_parents"] == [-1, 0, 1, 2, 0, 1, 2, 0, 4, 1]
+    pool = got["pool_ids"]
+    for parent in set(got["parents"]) - {-1}:
+        kids = [t for t, p in zip(got["tokens"], got["parents"]) if p == parent]
+        assert kids == pool[: len(kids)], (parent, kids)  # ranks 1..3 tie: pool order
+
+
+def test_growth_step_grows_fused_on_request(interp: dict) -> None:
+    assert interp["growth_step"] == [True, True]
+
+
+# ----- kernels per node, CPU -----
+
+
+class _CountLaunches:
+    """Stands in for the node kernel: counts launches, runs nothing."""
+
+    def __init__(self) -> None:
+        self.launches = 0
+
+    def __getitem__(self, grid):  # noqa: ANN001, ANN204
+        def launch(*args, **kwargs) -> None:  # noqa: ANN002, ANN003
+            self.launches += 1
+
+        return launch
+
+
+def ops_per_node(budgets=(16, 32)) -> dict:  # noqa: ANN001
+    """Aten ops (and, fused, Triton launches) per grown node: differences between two budgets."""
+    pytest.importorskip("triton")
+    from repro.drafters import growth_kernels
+
+    weaver = adapter(0, 6, 1.0)
+    emb, root, *rest = inputs(0, 6, VOCAB)
+    at = torch.tensor([root])
+    torch_ops = [count_ops(functools.partial(grow_on_device, weaver, emb, b, at, *rest)) for b in budgets]
+    fused_ops, launches = [], []
+    real = growth_kernels._node_kernel
+    try:
+        for b in budgets:
+            growth_kernels._node_kernel = stub = _CountLaunches()
+            fused_ops.append(
+                count_ops(functools.partial(growth_kernels.grow_fused, weaver, emb, b, at, *rest))
+            )
+            launches.append(stub.launches)
+    finally:
+        growth_kernels._node_kernel = real
+    span = budgets[1] - budgets[0]
+    return {
+        "torch_aten_ops_per_node": (torch_ops[1] - torch_ops[0]) / span,
+        "torch_aten_ops_fixed": torch_ops[0] - budgets[0] * (torch_ops[1] - torch_ops[0]) / span,
+        "fused_aten_ops_per_node": (fused_ops[1] - fused_ops[0]) / span,
+        "fused_aten_ops_fixed": fused_ops[0],
+        "fused_launches_per_node": (launches[1] - launches[0]) / span,
+        "fused_launches": launches,
+    }
+
+
+def test_fused_growth_is_one_launch_per_node_and_no_aten_op_per_node() -> None:
+    counts = ops_per_node()
+    assert counts["torch_aten_ops_per_node"] > 50  # the torch growth: the Weaver layer and the table
+    assert counts["fused_aten_ops_per_node"] == 0 and counts["fused_launches_per_node"] == 1
+    assert counts["fused_launches"] == [17, 33] and counts["fused_aten_ops_fixed"] <= 5
+
+
+# ----- GPU -----
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_growth_in_a_cuda_graph_equals_the_torch_growth(dtype: torch.dtype) -> None:
+    """One CUDA graph of the fused step vs the torch device growth (eager) on the same inputs: the
+    same tree up to (near) ties, scores to float32 rounding; replays without a host sync."""
+    dev = torch.device("cuda")
+    for seed, (depth, pool, budget) in enumerate([(6, 7, 40), (15, 16, 32), (3, 2, 30), (5, 40, 64)]):
+        weaver = adapter(seed, depth, 1.0, dtype).to(dev)
+        emb, root, rows, _, _, feature = (
+            t.to(dev) if isinstance(t, torch.Tensor) else t for t in inputs(seed, depth, pool, dtype=dtype)
+        )
+        logits = (
+            torch.randn(depth, VOCAB, generator=torch.Generator().manual_seed(seed)).mul(2).to(dev, dtype)
+        )
+        step = GrowthStep(weaver, emb, budget, pool, graphs=True, fused=True)
+        step(root, rows, logits, feature)  # captures
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            growth, _ = step(root, rows, logits, feature)
+            got = DeviceGrowth(growth.tokens.clone(), growth.parents.clone(), growth.scores.clone())
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        ref = grow_on_device(
+            weaver, emb, budget, torch.tensor([root], device=dev), rows, *top_k_pool(logits, pool), feature
+        )
+        if same_tree(ref, got):
+            assert score_error(ref, got) < 1e-4, seed
+        else:  # the first difference must be a (near) tie
+            first = next(
+                i
+                for i in range(budget + 1)
+                if (got.tokens[i], got.parents[i]) != (ref.tokens[i], ref.parents[i])
+            )
+            assert abs(float(got.scores[first]) - float(ref.scores[first])) < 1e-4, (seed, first)
+
+
+if __name__ == "__main__" and "--interpret" in sys.argv:
+    _interpreter_main()
