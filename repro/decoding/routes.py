@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from repro.decoding.acceptance import ACCEPTANCE_RULES, make_rule
-from repro.decoding.engine import Route
+from repro.decoding.engine import Route, prepare_sampling
 from repro.decoding.tree_builders import Backbone, BestFirst, Chain, DrafterTree, SingleNode, TreeBuilder
 from repro.drafters.base import Drafter
 from repro.drafters.dflash import DFlashDrafter, load_dflash, random_dflash_for
@@ -616,14 +616,16 @@ def routes_markdown() -> str:
 
 
 def prepare_graphs(target: GraphedTarget, routes: list[Route]) -> None:
-    """Make ahead the graphs of the routes' commit strategies, verifiers and captured layers (none is
-    captured or compiled inside a timed decode)."""
+    """Make ahead the graphs of the routes' commit strategies, verifiers, captured layers and sampling
+    rules' device acceptance (none is captured or compiled inside a timed decode)."""
     for route in routes:
         check_verifier(route.verifier)
     capture = tuple(i for r in routes if r.drafter for i in r.drafter.capture_layers)
     trees = tuple(r.commit for r in routes if r.verifier == "tree")
     chain = any(r.verifier == "chain" for r in routes)
-    target.prepare(trees, capture, max(largest_tree(r) for r in routes), chain)
+    largest = max(largest_tree(r) for r in routes)
+    target.prepare(trees, capture, largest, chain)
+    prepare_sampling(target, routes, largest)  # the sampling rules' device twins, where routes sample
 
 
 def largest_tree(route: Route) -> int:
