@@ -19,6 +19,7 @@ import sys
 import pytest
 import torch
 from conftest import SMALL_VOCAB, random_tree, run_in_interpreter, small_hybrid, small_ids
+from test_graphed import device_routes
 
 from repro.decoding.engine import generate
 from repro.decoding.routes import build_route
@@ -137,6 +138,52 @@ def test_every_other_reader_sees_the_flushed_state():
     tree = token_tree(8, 22)
     vd = delayed.verify(fresh, tree, (), "delayed")
     assert close(vd.logits, model.verify(model.prefill(prompt)[0], tree).logits, 1e-10)
+
+
+class WarmedCall:
+    """GraphedCall's protocol on CPU: its two warm-up calls (their writes to the state are the target's to
+    undo), then every call runs the function again (a replay)."""
+
+    def __init__(self, fn, device, warmup: int = 2) -> None:  # noqa: ANN001 - GraphedCall's signature
+        for _ in range(warmup):
+            fn()
+        self.fn = fn
+
+    def __call__(self) -> object:
+        return self.fn()
+
+
+def test_captures_between_delayed_steps_keep_the_pending_commit(monkeypatch):
+    """The target's graph bookkeeping on CPU (GraphedCall replaced by warm-ups + eager replays): prepare
+    for delayed slots (both parities, the flushes), then delayed steps that capture new slot sizes while
+    a commit is pending (flushed first, warm-ups undone), a decode step and the device path: every
+    step's logits equal the closed-form twin's and the final states agree."""
+    import repro.models.graphs as graphs
+
+    monkeypatch.setattr(graphs, "GraphedCall", WarmedCall)
+    _, delayed, eager, prompt = twins(27, max_len=64, max_nodes=32)
+    delayed.graphs = True
+    delayed.prepare(("delayed",), (1,), 8)
+    assert {("flush", 0), ("flush", 1), ("verify", 8, "delayed1")} <= set(delayed._calls)
+    sd, _ = delayed.prefill(prompt)
+    sc, _ = eager.prefill(prompt)
+    for step, n in enumerate((6, 20, 5, 30, 1, 12)):  # 20 and 30 nodes: slots captured mid-sequence
+        tree = token_tree(n, 200 + step)
+        vd = delayed.verify(sd, tree, (1,), "delayed")
+        vc = eager.verify(sc, tree, (1,), "closed_form")
+        assert close(vd.logits, vc.logits), step
+        path = tree.path_to(int(tree.depth.argmax()))
+        sd, sc = delayed.commit(sd, vd, path), eager.commit(sc, vc, path)
+    captured = delayed.captures
+    assert captured > 30 and any(k[:2] == ("verify", 32) for k in delayed._calls)
+    assert state_diff(delayed._exported(sd), eager._exported(sc)) <= 1e-12
+    for route, twin in zip(device_routes()[1:], device_routes()[1:]):  # twin drafters: the same draws
+        route.commit, twin.commit = "delayed", "closed_form"
+        got = generate(delayed, prompt, route, 20, reference_ids=small_ids(40, 13))
+        want = generate(eager, prompt, twin, 20, reference_ids=small_ids(40, 13))
+        assert got.output_ids == want.output_ids and got.accepted_paths == want.accepted_paths
+        assert state_diff(delayed.decoder.export(), eager.decoder.export()) <= 1e-12
+    assert delayed.captures > captured
 
 
 def test_delayed_steps_are_capture_safe():
