@@ -82,7 +82,7 @@ def family_target(dtype: str) -> tuple[GraphedTarget, Any]:
     model, tok = open_target("default", dtype="float64" if CPU else dtype, device=DEVICE)
     if not CPU:
         model.set_gdn_backend("triton")
-    return GraphedTarget(model, max_len=512, max_nodes=64), tok
+    return GraphedTarget(model, max_nodes=64), tok
 
 
 # ------------------------------------------------------------------------------------ (a)
