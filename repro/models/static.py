@@ -952,15 +952,14 @@ class StaticDecoder:
         dt = torch.float32 if self.kernel == "triton" else self.state_dtype  # the tree kernels' factors
         gdn_layers = [(i, lay.linear_attn) for i, lay in enumerate(self.layers) if lay.layer_type == GDN]
 
-        def per_layer(*dims: int) -> dict[int, torch.Tensor]:
-            return {i: torch.zeros(rows, m.num_v_heads, *dims, dtype=dt, device=dev) for i, m in gdn_layers}
+        def per_layer(dims: Callable[[GatedDeltaNet], tuple[int, ...]]) -> dict[int, torch.Tensor]:
+            return {i: torch.zeros(rows, *dims(m), dtype=dt, device=dev) for i, m in gdn_layers}
 
-        m0 = gdn_layers[0][1]
         self.pending_sets = [
             PendingSet(
-                per_layer(m0.head_v_dim),
-                per_layer(m0.head_k_dim),
-                per_layer(),
+                per_layer(lambda m: (m.num_v_heads, m.head_v_dim)),
+                per_layer(lambda m: (m.num_v_heads, m.head_k_dim)),
+                per_layer(lambda m: (m.num_v_heads,)),
                 torch.zeros(rows, rows, dtype=torch.bool, device=dev),
                 torch.full((1,), -1, dtype=torch.long, device=dev),
             )
