@@ -278,6 +278,8 @@ def generate(
         sizes.append(tree.size)
         paths.append(acc.path)
         ctx = DraftContext(list(prompt_ids), out, ver, acc.path)
+    if isinstance(model, GraphedTarget):
+        model.flush()  # a delayed commit's last state update (repro.models.graphed)
     t2 = _clock(dev)
     result = DecodeResult(out, lengths, sizes, t1 - t0, t2 - t1, clock.wall, finish, paths)
     result.device_stage_s = clock.device_s()

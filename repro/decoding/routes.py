@@ -25,7 +25,8 @@ from repro.drafters.weaver import WeaverDrafter, load_weaver, random_weaver_for
 from repro.errors import ConfigError
 from repro.models.family import DEFAULT_TARGET, drafter_name, members
 from repro.models.graphed import GraphedTarget, check_verifier
-from repro.models.hybrid import COMMIT_STRATEGIES, HybridLM, check_strategy
+from repro.models.hybrid import HybridLM
+from repro.models.static import DELAYED, STATIC_STRATEGIES, check_static_strategy
 from repro.tree import MAX_TREE_NODES
 
 
@@ -156,7 +157,7 @@ class RouteKind:
     factory: Factory
     needs_target: bool = False
     verifier: str = "tree"  # how the target verifies (HybridLM.verify): "tree", or "chain" (stock fla path)
-    commits: tuple[str, ...] = COMMIT_STRATEGIES  # the commit strategies the kind can use
+    commits: tuple[str, ...] = STATIC_STRATEGIES  # the commit strategies the kind can use
     defaults: dict[str, Any] = field(default_factory=dict)  # its own defaults of common parameters
     alias_of: str | None = None  # the kind whose declaration this one reuses under its own name
     external: bool = (
@@ -178,9 +179,10 @@ COMMON_PARAMS = (
     Param(
         "commit",
         str,
-        "how accepted paths are folded into the state",
+        "how accepted paths are folded into the state (`delayed`: the closed form, folded in by the next "
+        "verification's tree kernel on the graphed engine; `closed_form` on the eager one)",
         default=None,
-        choices=COMMIT_STRATEGIES,
+        choices=STATIC_STRATEGIES,
         unset="the experiment's `commit` (generate: --commit)",
     ),
     Param(
@@ -415,8 +417,9 @@ ROUTE_KINDS: dict[str, RouteKind] = {
         "specla",
         _BY_NAME["eagle_tree"],
         "SpecLA's route: EAGLE drafter, confidence-pruned dynamic tree (`tau`, `topk`, `depth`, `budget`), "
-        "tree-masked verify, closed-form state commit",
-        commit="closed_form",
+        "tree-masked verify, closed-form state commit (delayed into the next verification on the graphed "
+        "engine)",
+        commit=DELAYED,
     ),
 }
 
@@ -510,11 +513,13 @@ def build_route(
 
     ``target`` is the model the route decodes; drafters that read its weights or hidden states
     (the DFlash and EAGLE kinds) need it. ``commit`` is the strategy of routes whose spec has no
-    ``commit``; ``family`` the family target name whose drafters are the checkpoint defaults;
+    ``commit`` (``delayed`` becomes ``closed_form`` unless ``target`` is a
+    :class:`~repro.models.graphed.GraphedTarget`); ``family`` the family target name whose drafters are
+    the checkpoint defaults;
     ``random_drafters`` the constructors of ``random`` drafters by kind (:class:`BuildContext`).
     ``route.params`` are the resolved parameters (commit and built values included).
     """
-    check_strategy(commit)
+    check_static_strategy(commit)
     params = resolve_spec(spec, family)
     kind = ROUTE_KINDS[params["kind"]]
     name = params.pop("name")
@@ -524,6 +529,8 @@ def build_route(
             " (an experiment's routes) runs it"
         )
     params["commit"] = params["commit"] or (commit if commit in kind.commits else kind.commits[0])
+    if params["commit"] == DELAYED and not isinstance(target, GraphedTarget):
+        params["commit"] = "closed_form"  # the same commit, at commit time: what the eager engine runs
     params["acceptance"] = params["acceptance"] or acceptance
     if kind.needs_target and target is None:
         raise ConfigError(f"route kind {kind.name} needs the target model: build_route(..., target=model)")
@@ -596,7 +603,7 @@ def routes_markdown() -> str:
             )
         if kind.defaults:
             out.append("Defaults: " + ", ".join(f"`{k}: {v}`" for k, v in kind.defaults.items()) + ".")
-        if kind.commits != COMMIT_STRATEGIES:
+        if kind.commits != STATIC_STRATEGIES:
             out.append(f"Commit: {', '.join(kind.commits)} only.")
         if kind.needs_target:
             out.append("Reads the target's weights or hidden states.")

@@ -24,33 +24,45 @@ CommitFn = Callable[..., None]
 
 
 def _reference(
-    q, k, v, g, beta, state, parents, ancestors, scale, keep_snapshots, precision=None, pending=None
+    q, k, v, g, beta, state, parents, ancestors, scale, keep_snapshots, precision=None, pending=None,
+    out=None,
 ):  # fmt: skip
     if pending is not None:
         reference.apply_pending(state, pending)
-    return reference.tree_gdn(q, k, v, g, beta, state, ancestors, scale, keep_snapshots)
+    o, factors = reference.tree_gdn(q, k, v, g, beta, state, ancestors, scale, keep_snapshots)
+    if out is None:
+        return o, factors
+    for dest, src in zip(out, (o, factors.delta, factors.gate_cum, factors.k)):
+        dest.copy_(src)
+    factors.delta, factors.gate_cum = out[1], out[2]
+    factors.k = out[3] if len(out) > 3 else factors.k
+    return out[0], factors
 
 
-def _triton(q, k, v, g, beta, state, parents, ancestors, scale, keep_snapshots, precision=None, pending=None):
+def _triton(
+    q, k, v, g, beta, state, parents, ancestors, scale, keep_snapshots, precision=None, pending=None,
+    out=None,
+):  # fmt: skip
     return _triton_tree("tree_gdn_fused", q, k, v, g, beta, state, parents, ancestors, scale, keep_snapshots,
-                        precision, pending)  # fmt: skip
+                        precision, pending, out)  # fmt: skip
 
 
 def _triton_split(
-    q, k, v, g, beta, state, parents, ancestors, scale, keep_snapshots, precision=None, pending=None
+    q, k, v, g, beta, state, parents, ancestors, scale, keep_snapshots, precision=None, pending=None,
+    out=None,
 ):  # fmt: skip
     return _triton_tree("tree_gdn_split", q, k, v, g, beta, state, parents, ancestors, scale, keep_snapshots,
-                        precision, pending)  # fmt: skip
+                        precision, pending, out)  # fmt: skip
 
 
 def _triton_tree(
-    kernel, q, k, v, g, beta, state, parents, ancestors, scale, keep_snapshots, precision, pending
+    kernel, q, k, v, g, beta, state, parents, ancestors, scale, keep_snapshots, precision, pending, out
 ):
     from repro.gdn import triton_tree
 
     # HybridLM's layers pass no precision (their q/k/v are float32): the exact "ieee" dots
     fn = getattr(triton_tree, kernel)
-    o, factors = fn(q, k, v, g, beta, state, ancestors, scale, precision or "ieee", pending=pending)
+    o, factors = fn(q, k, v, g, beta, state, ancestors, scale, precision or "ieee", pending=pending, out=out)
     if keep_snapshots:
         factors.snapshots = triton_tree.tree_states_fused(k, v, g, beta, state, parents)
     return o, factors
@@ -143,11 +155,13 @@ def tree_function(
     name: str, device: torch.device, interpreter: bool = False, kernel: str = "fused"
 ) -> TreeFn:
     """The tree evaluator ``(q, k, v, g, beta, state, parents, ancestors, scale, keep_snapshots,
-    precision=None, pending=None) -> (o, TreeFactors)`` for ``name``; the Triton one needs a CUDA device.
-    ``pending`` (a :class:`repro.gdn.reference.PendingCommit`): SpecLA's delayed commit, applied to
-    ``state`` in place first (by the verification's own launch for ``triton``). ``kernel`` (``triton``):
-    "fused" (:func:`repro.gdn.triton_tree.tree_gdn_fused`) or "split" (``tree_gdn_split``: the key-only
-    work once per head in a first launch; meant for few value heads, e.g. GDN-1.3B's 8)."""
+    precision=None, pending=None, out=None) -> (o, TreeFactors)`` for ``name``; the Triton one needs a
+    CUDA device. ``pending`` (a :class:`repro.gdn.reference.PendingCommit`): SpecLA's delayed commit,
+    applied to ``state`` in place first (by the verification's own launch for ``triton``); ``out`` =
+    (o, delta, gate_cum[, k]): where the outputs and factors go (the delayed commit's double buffers).
+    ``kernel`` (``triton``): "fused" (:func:`repro.gdn.triton_tree.tree_gdn_fused`) or "split"
+    (``tree_gdn_split``: the key-only work once per head in a first launch; meant for few value heads,
+    e.g. GDN-1.3B's 8)."""
     check_backend(name, device, interpreter)
     if kernel not in TREE_KERNELS:
         raise ConfigError(f"unknown tree kernel {kernel!r}: choose one of {', '.join(TREE_KERNELS)}")

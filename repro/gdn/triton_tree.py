@@ -602,7 +602,8 @@ def tree_gdn_fused(
     Returns (o [n, HV, d_v] in q's dtype, TreeFactors with delta [n, HV, d_v] and gate_cum [n, HV]
     in float32, k expanded to value heads in float32, the raw v, g, beta, and no snapshots).
     ``chain=True`` (or ``ancestors=None``) treats the nodes as one chain (mask = lower triangle,
-    computed in the kernel). ``out`` = (o, delta, gate_cum) preallocated outputs (e.g. for graphs).
+    computed in the kernel). ``out`` = (o, delta, gate_cum) preallocated outputs (e.g. for graphs), or
+    (o, delta, gate_cum, k): TreeFactors.k [n, HV, d_k] float32 written there too.
     Tuning knobs: ``block_rows`` (BR, power of two 16..64), ``block_v`` (d_v tile; the grid is
     HV x d_v / block_v), ``block_k`` (d_k chunk), ``num_warps``, ``num_stages``, ``batched_base``
     (batched 16 x 16 base of the diagonal-block inverse; default on for BR >= 32). Defaults: BR =
@@ -635,10 +636,8 @@ def tree_gdn_fused(
         delta = torch.empty(n, hv, dv, dtype=torch.float32, device=q.device)
         gate_cum = torch.empty(n, hv, dtype=torch.float32, device=q.device)
     else:
-        o, delta, gate_cum = out
-    # TreeFactors.k: float32 keys per value head; a view when there is nothing to expand or convert
-    write_k = hv != h or k.dtype != torch.float32
-    k_exp = torch.empty(n, hv, dk, dtype=torch.float32, device=q.device) if write_k else k
+        o, delta, gate_cum = out[:3]
+    k_exp, write_k = _keys_out(q, k, hv, out)
     # the CPU interpreter keeps bf16 as raw uint16 and its tl.dot multiplies those bits: upcast there
     upcast = interpreting() and q.dtype == torch.bfloat16
     base16 = br >= 32 if batched_base is None else (batched_base and br >= 32)
@@ -733,11 +732,10 @@ def tree_gdn_split(
         delta = torch.empty(n, hv, dv, dtype=torch.float32, device=dev)
         gate_cum = torch.empty(n, hv, dtype=torch.float32, device=dev)
     else:
-        o, delta, gate_cum = out
+        o, delta, gate_cum = out[:3]
     a_blocks = torch.empty(hv, npad, npad, dtype=torch.float32, device=dev)
     p_blocks = torch.empty(hv, npad, npad, dtype=torch.float32, device=dev)
-    write_k = hv != h or k.dtype != torch.float32
-    k_exp = torch.empty(n, hv, dk, dtype=torch.float32, device=dev) if write_k else k
+    k_exp, write_k = _keys_out(q, k, hv, out)
     upcast = interpreting() and q.dtype == torch.bfloat16
     warps = num_warps or (8 if br >= 64 else 4)
     _tree_keys_kernel[(hv, nr, nr)](
@@ -752,6 +750,20 @@ def tree_gdn_split(
         PNP=pow2(p_n), num_warps=warps,
     )  # fmt: skip
     return o, TreeFactors(delta=delta, gate_cum=gate_cum, k=k_exp, v=v, g=g, beta=beta)
+
+
+def _keys_out(
+    q: torch.Tensor, k: torch.Tensor, hv: int, out: tuple[torch.Tensor, ...] | None
+) -> tuple[torch.Tensor, bool]:
+    """(TreeFactors.k, whether the kernel writes it): the float32 keys per value head, written into
+    ``out[3]`` when given (double-buffered factors of a delayed commit), else a new tensor, or the
+    input itself when there is nothing to expand or convert."""
+    if out is not None and len(out) > 3:
+        return out[3], True
+    n, h, dk = k.shape
+    if hv != h or k.dtype != torch.float32:
+        return torch.empty(n, hv, dk, dtype=torch.float32, device=q.device), True
+    return k, False
 
 
 def _pending_operands(

@@ -18,6 +18,14 @@
   of the path ``[0]`` returns the next handle.
 - ``commit`` sets the accepted path's end on the device and replays the slot's commit graph for the
   verification's strategy (``snapshot`` verifies on slots with per-node states).
+- ``strategy="delayed"`` (SpecLA's delayed commit, :mod:`repro.models.static`): verifications alternate
+  between slots of parity 0 and 1 (their own graphs); each folds the previous step's accepted path
+  into the GDN states inside its tree kernel before it verifies, and the commit (or ``commit_greedy``)
+  records the path instead of updating the states (conv histories, attention rows and the length are
+  committed as always). The target tracks on the host whether a commit is pending (no device read) and
+  flushes it (:meth:`GraphedTarget.flush`, one graph) before every other reader of the states: a decode
+  step, a verification by another strategy or verifier, an export (prefill continuing a state, growing
+  the buffers), a graph capture; the engine flushes at the end of a generation. Loading a state drops it.
 - ``verifier="chain"`` (fla_sd: a chain, commit ``replay``) verifies on chain slots
   (:mod:`repro.models.static_chain`): the chain padded at its end, GDN layers by fla's chunk kernel
   from the committed state, the commit a replay through fla's fused recurrence.
@@ -49,10 +57,10 @@ from typing import Any
 import torch
 
 from repro.errors import ConfigError
-from repro.models.hybrid import VERIFIERS, HybridLM, Verification, check_strategy
+from repro.models.hybrid import VERIFIERS, HybridLM, Verification
 from repro.models.hybrid import check_verifier as check_chain_verifier
 from repro.models.state import ModelState
-from repro.models.static import GDNBuffers, StaticDecoder, TreeSlot
+from repro.models.static import DELAYED, GDNBuffers, StaticDecoder, TreeSlot, check_static_strategy
 from repro.models.static_chain import ChainSlot
 from repro.tree import MAX_TREE_NODES, DeviceTree, Tree
 
@@ -110,6 +118,7 @@ class GraphedVerification(Verification):
 
     slot: TreeSlot | None = None
     epoch: int = 0
+    ticket: int = 0  # a delayed verification's number: only the latest one may be committed
 
 
 class _Eager:
@@ -130,10 +139,19 @@ def check_verifier(verifier: str) -> str:
     return verifier
 
 
-def slot_key(size: int, snapshots: bool, verifier: str) -> tuple[int, bool | str]:
+def slot_key(size: int, snapshots: bool, verifier: str, parity: int | None = None) -> tuple[int, bool | str]:
     """A slot's key (its graphs': ``("verify", *key)``, ``("commit", *key, strategy)``): (size, per-node
-    states) for tree slots, (size, "chain") for the chain slots of fla_sd's verifier."""
+    states) for tree slots, (size, "chain") for the chain slots of fla_sd's verifier, (size, "delayed0")
+    or (size, "delayed1") for the delayed commit's slots of parity 0 and 1."""
+    if parity is not None:
+        return (size, f"{DELAYED}{parity}")
     return (size, snapshots) if verifier == "tree" else (size, verifier)
+
+
+def reads_stash(key: tuple[Any, ...]) -> bool:
+    """Whether the graph of ``key`` reads or writes the delayed commit's stashes (a delayed slot's
+    graphs and the flushes)."""
+    return key[0] == "flush" or (len(key) > 2 and str(key[2]).startswith(DELAYED))
 
 
 class GraphedTarget:
@@ -170,6 +188,7 @@ class GraphedTarget:
         self.capture: tuple[int, ...] = ()
         self.epoch = 0
         self.captures = 0  # graphs captured so far
+        self.tickets = 0  # delayed verifications so far
         self._build(self.max_len)
 
     @property
@@ -185,6 +204,8 @@ class GraphedTarget:
         self.decoder = StaticDecoder(self.hybrid, max_len, self.max_nodes, kernel=self.kernel, gemv=self.gemv)
         self._slots: dict[tuple[int, bool | str], TreeSlot] = {}
         self._calls: dict[tuple[Any, ...], Any] = {}
+        self._pending: int | None = None  # the stash holding a pending delayed commit (host-side)
+        self._parity = 0  # the parity of the next delayed verification
 
     # ------------------------------------------------------------------------------ graphs
 
@@ -193,6 +214,8 @@ class GraphedTarget:
         state are undone), or ``fn`` itself without graphs."""
         call = self._calls.get(key)
         if call is None:
+            if self.graphs and key[0] != "flush":
+                self.flush()  # warm-ups may write the stashes: nothing may be pending in them
             if self.graphs:
                 from repro.models.graphs import GraphedCall
 
@@ -208,7 +231,7 @@ class GraphedTarget:
     def _preserved(self) -> Iterator[None]:
         """Restore every state buffer of the decoder on exit."""
         dec = self.decoder
-        tensors = [dec.length]
+        tensors = [dec.length] + [stash.node for stash in dec.pending_sets]
         for buf in dec.buffers:
             tensors += [buf.recurrent, buf.conv] if isinstance(buf, GDNBuffers) else [buf.keys, buf.values]
         saved = [t.clone() for t in tensors]
@@ -218,28 +241,57 @@ class GraphedTarget:
             for t, s in zip(tensors, saved):
                 t.copy_(s)
 
-    def _slot(self, size: int, snapshots: bool, capture: tuple[int, ...], verifier: str = "tree") -> TreeSlot:
-        """The slot of ``size`` nodes for ``verifier``; slots keep the union of the layers ever asked for,
-        and one made for fewer is made again (its graphs with it)."""
+    def _slot(
+        self,
+        size: int,
+        snapshots: bool,
+        capture: tuple[int, ...],
+        verifier: str = "tree",
+        parity: int | None = None,
+    ) -> TreeSlot:
+        """The slot of ``size`` nodes for ``verifier`` (``parity``: a delayed-commit slot); slots keep the
+        union of the layers ever asked for, and one made for fewer is made again (its graphs with it)."""
         self.capture = tuple(sorted(set(self.capture) | set(capture)))
-        key = slot_key(size, snapshots, verifier)
+        key = slot_key(size, snapshots, verifier, parity)
+        if parity is not None:
+            self._stashes(size)
         slot = self._slots.get(key)
         if slot is None or slot.capture != self.capture:
             if verifier == "chain":
                 slot = ChainSlot(self.decoder, size, capture=self.capture, derive=True)
             else:
-                slot = TreeSlot(self.decoder, size, snapshots=snapshots, capture=self.capture, derive=True)
+                slot = TreeSlot(
+                    self.decoder, size, snapshots=snapshots, capture=self.capture, derive=True, parity=parity
+                )
             self._slots[key] = slot
             self._calls = {k: v for k, v in self._calls.items() if k[1:3] != key}
         return slot
 
+    def _stashes(self, size: int) -> None:
+        """The delayed commit's stashes for slots of ``size`` nodes (at least 64 rows: few regrowths);
+        made again larger when needed (a pending commit flushed first), their graphs with them."""
+        if self.decoder.ensure_pending(min(self.max_nodes, max(size, 64))):
+            self._pending = None  # ensure_pending flushed it
+            self._calls = {k: v for k, v in self._calls.items() if not reads_stash(k)}
+
     def _verify_call(self, slot: TreeSlot) -> Any:
-        key = ("verify", *slot_key(slot.size, slot.snapshots, slot.verifier))
-        return self._call(key, lambda: self.decoder.verify(slot), False)
+        key = ("verify", *slot_key(slot.size, slot.snapshots, slot.verifier, slot.parity))
+        # a delayed verification folds the pending commit into the states: it mutates them
+        return self._call(key, lambda: self.decoder.verify(slot), slot.parity is not None)
 
     def _commit_call(self, slot: TreeSlot, strategy: str) -> Any:
-        key = ("commit", *slot_key(slot.size, slot.snapshots, slot.verifier), strategy)
+        key = ("commit", *slot_key(slot.size, slot.snapshots, slot.verifier, slot.parity), strategy)
         return self._call(key, lambda: self.decoder.commit(slot, strategy), True)
+
+    def _flush_call(self, parity: int) -> Any:
+        return self._call(("flush", parity), lambda: self.decoder.flush(parity), True)
+
+    def flush(self) -> None:
+        """Fold a pending delayed commit into the GDN states now (one graph); nothing to do without one.
+        Every reader of the states but a delayed verification needs it first (the module docstring)."""
+        if self._pending is not None:
+            parity, self._pending = self._pending, None
+            self._flush_call(parity)()
 
     def _greedy_call(self, slot: TreeSlot, strategy: str) -> Any:
         """accept, the accepted path into ``slot.result`` and commit: one graph."""
@@ -250,7 +302,7 @@ class GraphedTarget:
             self.decoder.commit(slot, strategy)
 
         return self._call(
-            ("greedy", *slot_key(slot.size, slot.snapshots, slot.verifier), strategy), step, True
+            ("greedy", *slot_key(slot.size, slot.snapshots, slot.verifier, slot.parity), strategy), step, True
         )
 
     def _accept_call(
@@ -292,17 +344,26 @@ class GraphedTarget:
         do without graphs."""
         if not self.graphs:
             return
+        self.flush()  # the delayed slots' verifications below would write a pending commit's stash
         self._decode_call()
         slots = [(strategy, "tree") for strategy in dict.fromkeys(strategies)]
+        largest = min(max_size, self.max_nodes)
         for strategy, verifier in slots + ([("replay", "chain")] if chain else []):
-            check_strategy(strategy)
+            check_static_strategy(strategy)
+            parities: tuple[int | None, ...] = (0, 1) if strategy == DELAYED else (None,)
+            if strategy == DELAYED:
+                self._stashes(largest)  # before any of their graphs: the stashes stay
             for size in SLOT_SIZES:
-                if size > min(max_size, self.max_nodes):
+                if size > largest:
                     break
-                slot = self._slot(size, strategy == "snapshot", capture, verifier)
-                self._verify_call(slot)()
-                self._commit_call(slot, strategy)
-                self._greedy_call(slot, strategy)
+                for parity in parities:
+                    slot = self._slot(size, strategy == "snapshot", capture, verifier, parity)
+                    self._verify_call(slot)()
+                    self._commit_call(slot, strategy)
+                    self._greedy_call(slot, strategy)
+            if strategy == DELAYED:
+                self._flush_call(0)
+                self._flush_call(1)
 
     def prepare_accept(
         self,
@@ -341,7 +402,8 @@ class GraphedTarget:
             size *= 2
         if size != self.max_len:
             self._build(size)
-        self.decoder.load(state)
+        self.decoder.load(state)  # drops a pending delayed commit (of the state it replaces)
+        self._pending = None
         self.epoch += new_epoch
 
     def _check(self, state: GraphedState) -> None:
@@ -365,11 +427,13 @@ class GraphedTarget:
         if state is not None:
             self._check(state)
             eager = state.eager if state.eager is not None else self._exported(state)
-        new, ver = self.hybrid.prefill(token_ids, eager, capture, strategy)
+        eager_strategy = "closed_form" if strategy == DELAYED else strategy  # HybridLM's equivalent
+        new, ver = self.hybrid.prefill(token_ids, eager, capture, eager_strategy)
         self._loaded(new)
         return GraphedState(new.position, list(new.committed_tokens), self.epoch, new), ver
 
     def _exported(self, state: GraphedState) -> ModelState:
+        self.flush()
         out = self.decoder.export()
         out.committed_tokens = list(state.committed_tokens)
         return out
@@ -387,7 +451,7 @@ class GraphedTarget:
         one-node tree that the decode step folds in at once); ``verifier="chain"``: a chain on a chain
         slot, committed by ``replay``. A device tree's depth is unknown on the host: its size bounds the
         positions it may take."""
-        check_strategy(strategy)
+        check_static_strategy(strategy)
         check_chain_verifier(verifier, strategy, tree)
         self._check(state)
         on_device = isinstance(tree, DeviceTree)
@@ -395,24 +459,50 @@ class GraphedTarget:
         need = state.position + deepest
         if need > self.max_len:
             self._loaded(self._exported(state), need, new_epoch=False)
+        delayed = strategy == DELAYED and verifier == "tree"
         if tree.size == 1 and not capture and not on_device:
+            self.flush()
             self.decoder.set_token(int(tree.tokens[0]))
             logits = self._decode_call()()
             self.epoch += 1  # the node is folded in: the state handle is consumed
             return GraphedVerification(
                 tree, logits, {}, [], state.position, strategy, slot=None, epoch=self.epoch
             )
-        slot = self._slot(slot_size(tree.size, self.max_nodes), strategy == "snapshot", capture, verifier)
+        if not delayed:
+            self.flush()
+        size = slot_size(tree.size, self.max_nodes)
+        slot = self._slot(size, strategy == "snapshot", capture, verifier, self._parity if delayed else None)
         if on_device:
             slot.set_device_tree(tree)
         else:
             slot.set_tree(tree, pad=True)
-        logits = self._verify_call(slot)()
+        call = self._verify_call(slot)
+        ticket = 0
+        if delayed:  # the call folds the pending commit in (or finds none: flushed at its capture)
+            self._pending = None
+            self.tickets += 1
+            ticket = self.tickets
+        logits = call()
         n = tree.size
         hidden = {i: slot.hidden[i][:n] for i in capture}
         return GraphedVerification(
-            tree, logits[:n], hidden, [], state.position, strategy, slot=slot, epoch=self.epoch
+            tree, logits[:n], hidden, [], state.position, strategy, slot=slot, epoch=self.epoch, ticket=ticket
         )
+
+    def _delayed_commit(self, verification: GraphedVerification) -> bool:
+        """Whether ``verification`` commits by ``delayed`` (then it must be the latest delayed one: its
+        factors are in its stash until the next verification of its parity)."""
+        if verification.strategy != DELAYED or verification.slot is None:
+            return False
+        if verification.ticket != self.tickets:
+            raise ValueError("a delayed verification is committed before the next one: commit the latest")
+        return True
+
+    def _delayed_done(self, slot: TreeSlot) -> None:
+        """After a delayed commit on ``slot``: its stash is pending; the next verification takes the other
+        parity."""
+        assert slot.parity is not None
+        self._pending, self._parity = slot.parity, 1 - slot.parity
 
     @torch.no_grad()
     def commit(self, state: GraphedState, verification: Verification, path: list[int]) -> GraphedState:
@@ -435,8 +525,11 @@ class GraphedTarget:
             slot = verification.slot
             if isinstance(tree, DeviceTree):
                 raise ValueError("a device tree's verification is committed on the device: commit_greedy")
+            delayed = self._delayed_commit(verification)
             slot.set_accepted(path)
             self._commit_call(slot, verification.strategy)()
+            if delayed:
+                self._delayed_done(slot)
             self.epoch += 1
         tokens = tree.tokens[path].tolist()
         return GraphedState(state.position + len(path), state.committed_tokens + tokens, self.epoch)
@@ -514,7 +607,10 @@ class GraphedTarget:
             bonus = read_back(self.decoder.pick, self.decoder.pick_host)[0]
         else:
             self._check(state)
+            delayed = self._delayed_commit(verification)
             self._greedy_call(slot, verification.strategy)()
+            if delayed:
+                self._delayed_done(slot)
             self.epoch += 1
             got = read_back(slot.result, slot.result_host)
             n, bonus, depth = got[0], got[1], slot.max_depth

@@ -18,6 +18,15 @@ graph (:mod:`repro.models.graphs`) and replayed:
   GDN layers use a Triton tree kernel on CUDA (the one-launch "fused" or the two-phase "split", picked
   by :func:`select_tree_kernel` unless ``tree_kernel`` forces one), :func:`~repro.gdn.reference.tree_gdn`
   elsewhere.
+- SpecLA's delayed commit (``delayed``, on slots made with a ``parity``): the commit updates the conv
+  histories, attention rows and length as always but only records the accepted path in its parity's
+  stash (:class:`PendingSet`: the verification wrote its factors there); the next verification, on a
+  slot of the other parity, folds that path into the GDN states before it verifies from them, inside
+  the Triton tree kernel (``pending=``, a float32 state) or in torch before it
+  (:func:`~repro.gdn.reference.apply_pending`), so no commit launch touches the states.
+  :meth:`StaticDecoder.flush` folds a pending commit in at once (what every other reader of the states
+  needs first: decode steps, other strategies, export; :class:`repro.models.graphed.GraphedTarget`
+  tracks when); :meth:`StaticDecoder.load` drops it with the old state.
 - :meth:`StaticDecoder.accept`: greedy longest match on the device (the same path and bonus as
   :class:`repro.decoding.acceptance.TargetMatch` at temperature 0); :meth:`StaticDecoder.commit`: the
   accepted path (ending at the slot's ``node``) folded into the buffers by ``snapshot`` (per-node
@@ -92,9 +101,9 @@ from repro.gdn.backends import (
     recurrent_function,
     tree_function,
 )
-from repro.gdn.reference import TreeFactors
+from repro.gdn.reference import PendingCommit, TreeFactors
 from repro.models.config import GDN
-from repro.models.hybrid import HybridLM, check_strategy
+from repro.models.hybrid import COMMIT_STRATEGIES, HybridLM
 from repro.models.layers import (
     Attention,
     DecoderLayer,
@@ -493,6 +502,44 @@ class AttentionBuffers:
     values: torch.Tensor
 
 
+DELAYED = "delayed"  # SpecLA's delayed commit: the closed form, folded in by the next verification
+STATIC_STRATEGIES = (*COMMIT_STRATEGIES, DELAYED)
+
+
+def check_static_strategy(name: str) -> str:
+    """``name`` if the static decoder commits by it: HybridLM's three strategies or ``delayed``."""
+    if name not in STATIC_STRATEGIES:
+        raise ConfigError(f"unknown commit strategy {name!r}: choose one of {', '.join(STATIC_STRATEGIES)}")
+    return name
+
+
+@dataclass
+class PendingSet:
+    """One of the two stashes of SpecLA's delayed commit (:meth:`StaticDecoder.commit` with ``delayed``).
+
+    A verification on a slot of parity p writes its factors here (rows [0, size) of ``rows``, per GDN
+    layer); its delayed commit records the accepted path: the slot's ancestor mask in the top-left block
+    of ``ancestors`` (the rest of its rows False) and the path's last node in ``node`` (-1: nothing
+    pending). The next verification (parity 1 - p) folds that path into the states from here while it
+    writes its own factors into the other stash: the two never alias.
+    """
+
+    delta: dict[int, torch.Tensor]  # per GDN layer [rows, HV, d_v]
+    k: dict[int, torch.Tensor]  # [rows, HV, d_k]
+    gate_cum: dict[int, torch.Tensor]  # [rows, HV]
+    ancestors: torch.Tensor  # bool [rows, rows]
+    node: torch.Tensor  # [1] int64
+
+    @property
+    def rows(self) -> int:
+        return self.ancestors.shape[0]
+
+    def pending(self, layer: int) -> PendingCommit:
+        """The pending commit of GDN layer ``layer`` (views: nothing copied)."""
+        i = layer
+        return PendingCommit(self.delta[i], self.k[i], self.gate_cum[i], self.ancestors, self.node)
+
+
 @dataclass
 class GDNSaved:
     """What verify leaves per GDN layer for commit."""
@@ -521,6 +568,11 @@ class TreeSlot:
     tensors the forward made: no copy, so a graph's replays rewrite them in place).
     ``result`` (after :meth:`StaticDecoder.accepted_path`): what the host reads of a greedy step.
 
+    ``parity`` (0 or 1; None: an ordinary slot): a slot of SpecLA's delayed commit. Its verify first
+    folds the pending commit of the other parity's stash into the GDN states (:class:`PendingSet`) and
+    writes its factors into its own parity's stash; :meth:`StaticDecoder.commit` with ``delayed`` then
+    records the accepted path there instead of updating the states. Steps alternate parities.
+
     With CUDA graphs, capture verify's graph first and replay it once: accept and commit graphs
     captured after it read that graph's outputs, which every replay of it rewrites in place.
     """
@@ -535,12 +587,18 @@ class TreeSlot:
         snapshots: bool = False,
         capture: tuple[int, ...] = (),
         derive: bool = False,
+        parity: int | None = None,
     ):
         if size < 1 or size > decoder.max_nodes:
             raise ConfigError(f"tree size {size} is outside 1..{decoder.max_nodes} (the decoder's max_nodes)")
+        if parity not in (None, 0, 1) or (parity is not None and (snapshots or self.verifier != "tree")):
+            raise ConfigError("a delayed-commit slot (parity 0 or 1) is a tree slot without snapshots")
         self.size = size
         self.max_depth = min(max_depth or size, size)
         self.snapshots = snapshots
+        self.parity = parity
+        if parity is not None:
+            decoder.ensure_pending(size)
         self.capture = tuple(capture)
         self.width = decoder.conv_width
         dev = decoder.device
@@ -823,6 +881,7 @@ class StaticDecoder:
         self.decode_slot = TreeSlot(self, 1)
         self.rope = decode_rope(self) if self.fused and self.has_attention else None
         self.layer_calls = {"linear_attention": 0, "full_attention": 0}
+        self.pending_sets: list[PendingSet] = []  # the delayed commit's two stashes (ensure_pending)
 
     # ------------------------------------------------------------------ host-side state I/O
 
@@ -845,9 +904,14 @@ class StaticDecoder:
                 buf.keys[:, :n].copy_(s.keys.transpose(0, 1))
                 buf.values[:, :n].copy_(s.values.transpose(0, 1))
         self.length.fill_(state.position)
+        for stash in self.pending_sets:  # a new state: nothing of the old one is pending
+            stash.node.fill_(-1)
 
     def export(self) -> ModelState:
-        """The buffers as a HybridLM state (copies; reads the length from the device)."""
+        """The buffers as a HybridLM state (copies; reads the length from the device); a pending
+        delayed commit is folded in first."""
+        for parity in range(len(self.pending_sets)):
+            self.flush(parity)
         n = int(self.length)
         layers: list[GDNLayerState | AttentionLayerState] = []
         for buf in self.buffers:
@@ -909,6 +973,8 @@ class StaticDecoder:
             slot.derive()
         positions = self.length + slot.depth - 1
         slot.logits = self._forward(slot.tokens, positions, slot, decode=False)
+        if slot.parity is not None:  # the other stash's pending commit is in the states now
+            self.pending_sets[1 - slot.parity].node.fill_(-1)
         return slot.logits
 
     @torch.no_grad()
@@ -950,17 +1016,27 @@ class StaticDecoder:
 
     @torch.no_grad()
     def commit(self, slot: TreeSlot, strategy: str = "replay") -> None:
-        """Fold the path from the root to ``slot.node`` into the buffers (after :meth:`verify`)."""
-        check_strategy(strategy)
+        """Fold the path from the root to ``slot.node`` into the buffers (after :meth:`verify`).
+
+        ``delayed`` (a slot with a parity): conv histories, attention rows and the length as always, but
+        the GDN states' closed-form update is only recorded in the slot's stash (:class:`PendingSet`);
+        the next verification on a slot of the other parity folds it in, or :meth:`flush` does."""
+        check_static_strategy(strategy)
         if slot.verifier == "chain" and strategy != "replay":
             raise ConfigError(f"the chain verifier commits by replay only, not {strategy!r}")
         if strategy == "snapshot" and not slot.snapshots:
             raise ConfigError("snapshot commit needs a slot made with snapshots=True")
+        delayed = strategy == DELAYED
+        if delayed and slot.parity is None:
+            raise ConfigError("a delayed commit needs a slot made with a parity (TreeSlot(parity=0 or 1))")
         node = slot.node
         on_path = slot.ancestors.index_select(0, node)[0]  # [T]
         path_len = slot.depth.index_select(0, node)  # [1]
         for buf, saved in zip(self.buffers, slot.saved):
-            if isinstance(buf, GDNBuffers) and strategy == "closed_form" and self._path_commit is not None:
+            if isinstance(buf, GDNBuffers) and delayed:
+                assert isinstance(saved, GDNSaved), "verify the slot first"
+                self._commit_conv(buf, saved.conv_inputs, slot.conv_index, node)
+            elif isinstance(buf, GDNBuffers) and strategy == "closed_form" and self._path_commit is not None:
                 assert isinstance(saved, GDNSaved), "verify the slot first"
                 f = saved.factors
                 conv = (buf.conv, saved.conv_inputs, slot.conv_index)
@@ -976,7 +1052,58 @@ class StaticDecoder:
                 )
                 buf.keys.index_copy_(1, dest, saved.k.transpose(0, 1))
                 buf.values.index_copy_(1, dest, saved.v.transpose(0, 1))
+        if delayed:
+            assert slot.parity is not None
+            stash = self.pending_sets[slot.parity]
+            n = slot.size
+            stash.ancestors[:n, :n].copy_(slot.ancestors)
+            stash.ancestors[:n, n:].zero_()  # columns of a larger slot's earlier path: not on this one
+            stash.node.copy_(node)
         self.length.add_(path_len).clamp_(max=self.max_len)
+
+    def ensure_pending(self, rows: int) -> bool:
+        """Make the delayed commit's two stashes (:class:`PendingSet`) for slots of up to ``rows`` nodes,
+        or larger ones when they hold fewer (a commit pending in the old ones is flushed first); True when
+        they were made: graphs that read the old ones must be captured again."""
+        if self.pending_sets and self.pending_sets[0].rows >= rows:
+            return False
+        if rows > self.max_nodes:
+            raise ConfigError(f"delayed-commit stashes of {rows} rows exceed max_nodes ({self.max_nodes})")
+        for parity in range(len(self.pending_sets)):
+            self.flush(parity)
+        dev = self.device
+        dt = torch.float32 if self.kernel == "triton" else self.state_dtype  # the tree kernels' factors
+        gdn_layers = [(i, lay.linear_attn) for i, lay in enumerate(self.layers) if lay.layer_type == GDN]
+
+        def per_layer(dims: Callable[[GatedDeltaNet], tuple[int, ...]]) -> dict[int, torch.Tensor]:
+            return {i: torch.zeros(rows, *dims(m), dtype=dt, device=dev) for i, m in gdn_layers}
+
+        self.pending_sets = [
+            PendingSet(
+                per_layer(lambda m: (m.num_v_heads, m.head_v_dim)),
+                per_layer(lambda m: (m.num_v_heads, m.head_k_dim)),
+                per_layer(lambda m: (m.num_v_heads,)),
+                torch.zeros(rows, rows, dtype=torch.bool, device=dev),
+                torch.full((1,), -1, dtype=torch.long, device=dev),
+            )
+            for _ in range(2)
+        ]
+        return True
+
+    @torch.no_grad()
+    def flush(self, parity: int) -> None:
+        """Fold stash ``parity``'s pending commit into the GDN states now (nothing pending: unchanged);
+        capturable. The path commit of the Triton kernels for a float32 state, the torch reference
+        (:func:`~repro.gdn.reference.apply_pending`) otherwise."""
+        stash = self.pending_sets[parity]
+        for i, buf in enumerate(self.buffers):
+            if isinstance(buf, GDNBuffers):
+                if self._path_commit is not None:
+                    p = stash.pending(i)
+                    self._path_commit(buf.recurrent, p.delta, p.k, p.gate_cum, p.ancestors, p.node)
+                else:
+                    gdn.apply_pending(buf.recurrent, stash.pending(i))
+        stash.node.fill_(-1)
 
     @torch.no_grad()
     def step(self, slot: TreeSlot, strategy: str = "replay") -> torch.Tensor:
@@ -1021,7 +1148,7 @@ class StaticDecoder:
                     if buf.conv.shape[0]:  # the window moves by one token
                         buf.conv.copy_(torch.cat([buf.conv, conv_inputs.to(buf.conv.dtype)])[1:])
                 else:
-                    o, factors = self._gdn_core(slot, buf, q, k, v, g, beta, scale)
+                    o, factors = self._gdn_core(i, slot, buf, q, k, v, g, beta, scale)
                     slot.saved[i] = GDNSaved(conv_inputs, k, factors)
                 x = glue["gdn_epilogue"](layer, w, x, o, z)
             else:
@@ -1045,6 +1172,7 @@ class StaticDecoder:
 
     def _gdn_core(
         self,
+        i: int,
         slot: TreeSlot,
         buf: GDNBuffers,
         q: torch.Tensor,
@@ -1055,9 +1183,25 @@ class StaticDecoder:
         scale: float,
     ) -> tuple[torch.Tensor, TreeFactors]:
         """A GDN layer's verify of the slot's nodes from the committed state (untouched): the tree
-        kernel, or a chain slot's chain evaluator (fla's chunk kernel, :mod:`repro.models.static_chain`)."""
+        kernel, or a chain slot's chain evaluator (fla's chunk kernel, :mod:`repro.models.static_chain`).
+        A delayed-commit slot (layer ``i``) first folds the other stash's pending commit into the state
+        (inside the Triton tree kernel for a float32 state, in torch before it otherwise) and writes its
+        factors into its own stash."""
         if slot.verifier == "chain":
             return slot.core(q, k, v, g, beta, buf.recurrent, scale)  # type: ignore[attr-defined]
+        if slot.parity is not None:
+            mine, other = self.pending_sets[slot.parity], self.pending_sets[1 - slot.parity]
+            pending: PendingCommit | None = other.pending(i)
+            if self._path_commit is None:
+                gdn.apply_pending(buf.recurrent, other.pending(i))
+                pending = None
+            n = slot.size
+            o = torch.empty(n, v.shape[1], v.shape[2], dtype=q.dtype, device=self.device)
+            out = (o, mine.delta[i][:n], mine.gate_cum[i][:n], mine.k[i][:n])
+            return self._tree(
+                q, k, v, g, beta, buf.recurrent, slot.parents, slot.ancestors, scale, False, self.precision,
+                pending=pending, out=out,
+            )  # fmt: skip
         return self._tree(
             q, k, v, g, beta, buf.recurrent, slot.parents, slot.ancestors, scale, slot.snapshots,
             self.precision,
@@ -1081,7 +1225,7 @@ class StaticDecoder:
             scale = layer.linear_attn.head_k_dim**-0.5
 
             def core(q, k, v, g, beta):  # noqa: ANN001, ANN202 - the verify core on this slot
-                return self._gdn_core(slot, buf, q, k, v, g, beta, scale)
+                return self._gdn_core(i, slot, buf, q, k, v, g, beta, scale)
 
         x, conv_inputs, k, factors = fused_gdn_layer(
             layer, w, x, buf, slot.conv_index, core, self.kernel_dtype, gemv

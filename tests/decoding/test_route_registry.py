@@ -63,7 +63,7 @@ WEAVER = {"name": "w", "kind": "weaver", "drafter": "random", "weaver": "random"
         ({**EAGLE_TREE, "tau": -0.5}, "tau must be a number in [0, 1), got -0.5"),
         ({**EAGLE_TREE, "depth": 0}, "depth must be an integer >= 1, got 0"),
         ({**WEAVER, "pool": 0}, "pool must be an integer >= 1, got 0"),
-        ({**CHAIN, "commit": "magic"}, "commit must be one of snapshot, replay, closed_form, got 'magic'"),
+        ({**CHAIN, "commit": "magic"}, "commit must be one of snapshot, replay, closed_form, delayed, got"),
         ({**CHAIN, "q": 1}, "unknown parameter(s) q; synthetic_chain takes p, k"),
         ({"name": "a", "kind": "ar", "k": 1}, "unknown parameter(s) k; ar takes no parameters"),
         ({"name": "c", "kind": "synthetic_chain", "p": 0.5}, "missing parameter(s) k"),
