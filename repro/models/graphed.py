@@ -57,7 +57,7 @@ from typing import Any
 import torch
 
 from repro.errors import ConfigError
-from repro.models.hybrid import VERIFIERS, HybridLM, Verification
+from repro.models.hybrid import VERIFIERS, HybridLM, Verification, check_strategy
 from repro.models.hybrid import check_verifier as check_chain_verifier
 from repro.models.state import ModelState
 from repro.models.static import DELAYED, GDNBuffers, StaticDecoder, TreeSlot, check_static_strategy
