@@ -144,6 +144,7 @@ def _kernel_row(t: int, field: str) -> Callable[[dict], float]:
 
 
 TINY = "tiny family on CPU (3.8M-parameter target), not the paper's 27B target"
+TINY_MODEL = "tiny family (3.8M-parameter target), not the paper's 27B target"  # a property of the model
 H200 = "H200, not the paper's B200"
 TABLE2, SPECLA = "repro run table2", "repro run specla"
 CLAIMS: tuple[Claim, ...] = (
@@ -157,7 +158,7 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("W4", "weaver", "end_to_end[3]", _first("end_to_end", 3), "MAL +32% vs DDTree (same tree size)",
           "repro family report", "family-report", _family_gain("weaver", "ddtree"), note=TINY),
     Claim("W5", "weaver", "pool[0]", _first("pool", 0), "top-512 pool keeps 97.8% of the verifier's mass",
-          "repro falsify --pool-mass", "falsify-pool-mass", _pool_kept(512), tolerance=0.01, note=TINY),
+          "repro falsify --pool-mass", "falsify-pool-mass", _pool_kept(512), tolerance=0.01, note=TINY_MODEL),
     Claim("W6", "weaver", "pool[1]", _first("pool", 1), "Weaver adapter of 56.7M parameters", "-", None,
           note="a model size, not a measurement; the embedded adapter is a tiny stand-in"),
     *(
