@@ -57,7 +57,7 @@ from typing import Any
 import torch
 
 from repro.errors import ConfigError
-from repro.models.hybrid import VERIFIERS, HybridLM, Verification, check_strategy
+from repro.models.hybrid import VERIFIERS, HybridLM, Verification
 from repro.models.hybrid import check_verifier as check_chain_verifier
 from repro.models.state import ModelState
 from repro.models.static import DELAYED, GDNBuffers, StaticDecoder, TreeSlot, check_static_strategy
@@ -293,30 +293,19 @@ class GraphedTarget:
             parity, self._pending = self._pending, None
             self._flush_call(parity)()
 
-    def _greedy_call(self, slot: TreeSlot, strategy: str) -> Any:
-        """accept, the accepted path into ``slot.result`` and commit: one graph."""
-
-        def step() -> None:
-            self.decoder.accept(slot)
-            self.decoder.accepted_path(slot)
-            self.decoder.commit(slot, strategy)
-
-        return self._call(
-            ("greedy", *slot_key(slot.size, slot.snapshots, slot.verifier, slot.parity), strategy), step, True
-        )
-
     def _accept_call(
-        self, slot: TreeSlot, strategy: str, accept: Callable[[TreeSlot], None], key: tuple
+        self, slot: TreeSlot, strategy: str, accept: Callable[[TreeSlot], None] | None = None, key: tuple = ()
     ) -> Any:
-        """``accept(slot)`` (a device acceptance writing ``slot.node`` and ``slot.bonus``), the accepted
-        path into ``slot.result`` and commit: one graph per (slot, strategy, ``key``)."""
+        """``accept(slot)`` (a device acceptance writing ``slot.node`` and ``slot.bonus``; None: the greedy
+        one), the accepted path into ``slot.result`` and commit: one graph per (slot, strategy, ``key``)."""
 
         def step() -> None:
-            accept(slot)
+            (accept or self.decoder.accept)(slot)
             self.decoder.accepted_path(slot)
             self.decoder.commit(slot, strategy)
 
-        graph = ("accept", *slot_key(slot.size, slot.snapshots, slot.verifier), strategy, key)
+        name = "greedy" if accept is None else "accept"
+        graph = (name, *slot_key(slot.size, slot.snapshots, slot.verifier, slot.parity), strategy, *key)
         return self._call(graph, step, True)
 
     def _decode_call(self) -> Any:
@@ -344,8 +333,20 @@ class GraphedTarget:
         do without graphs."""
         if not self.graphs:
             return
-        self.flush()  # the delayed slots' verifications below would write a pending commit's stash
         self._decode_call()
+        for slot, strategy in self._prepared_slots(strategies, capture, max_size, chain):
+            self._commit_call(slot, strategy)
+            self._accept_call(slot, strategy)
+        if DELAYED in strategies:
+            self._flush_call(0)
+            self._flush_call(1)
+
+    def _prepared_slots(
+        self, strategies: tuple[str, ...], capture: tuple[int, ...], max_size: int, chain: bool
+    ) -> Iterator[tuple[TreeSlot, str]]:
+        """Every slot (both parities of a delayed one) up to ``max_size`` nodes for ``strategies`` and,
+        with ``chain``, the chain slots, each after its verify graph ran once; pending commits flushed."""
+        self.flush()  # the delayed slots' verifications below would write a pending commit's stash
         slots = [(strategy, "tree") for strategy in dict.fromkeys(strategies)]
         largest = min(max_size, self.max_nodes)
         for strategy, verifier in slots + ([("replay", "chain")] if chain else []):
@@ -359,11 +360,7 @@ class GraphedTarget:
                 for parity in parities:
                     slot = self._slot(size, strategy == "snapshot", capture, verifier, parity)
                     self._verify_call(slot)()
-                    self._commit_call(slot, strategy)
-                    self._greedy_call(slot, strategy)
-            if strategy == DELAYED:
-                self._flush_call(0)
-                self._flush_call(1)
+                    yield slot, strategy
 
     def prepare_accept(
         self,
@@ -377,15 +374,8 @@ class GraphedTarget:
         slots :meth:`prepare` made (call it first, with the same strategies and captured layers)."""
         if not self.graphs:
             return
-        slots = [(strategy, "tree") for strategy in dict.fromkeys(strategies)]
-        for strategy, verifier in slots + ([("replay", "chain")] if chain else []):
-            check_strategy(strategy)
-            for size in SLOT_SIZES:
-                if size > min(max_size, self.max_nodes):
-                    break
-                slot = self._slot(size, strategy == "snapshot", (), verifier)
-                self._verify_call(slot)()
-                self._accept_call(slot, strategy, accept, key)
+        for slot, strategy in self._prepared_slots(strategies, (), max_size, chain):
+            self._accept_call(slot, strategy, accept, key)
 
     # --------------------------------------------------------------------------- the API
 
@@ -554,6 +544,7 @@ class GraphedTarget:
         self._check(state)
         if steps < 1:
             return state, []
+        self.flush()  # a decode step reads the states
         need = state.position + steps + 1
         if need > self.max_len:
             self._loaded(self._exported(state), need, new_epoch=False)
@@ -597,25 +588,15 @@ class GraphedTarget:
         bonus are :class:`repro.decoding.acceptance.TargetMatch`'s at temperature 0."""
         if not isinstance(verification, GraphedVerification) or verification.position != state.position:
             raise ValueError("verification was computed against a different state")
+        if verification.slot is not None:
+            return self.commit_accepted(state, verification)
         if verification.epoch != self.epoch:
             raise ValueError("verification was computed against a different state")
-        slot = verification.slot
-        if slot is None:  # the decode step folded the root in and wrote its argmax
-            tree = verification.tree
-            assert isinstance(tree, Tree)
-            path, tokens = [0], tree.tokens.tolist()
-            bonus = read_back(self.decoder.pick, self.decoder.pick_host)[0]
-        else:
-            self._check(state)
-            delayed = self._delayed_commit(verification)
-            self._greedy_call(slot, verification.strategy)()
-            if delayed:
-                self._delayed_done(slot)
-            self.epoch += 1
-            got = read_back(slot.result, slot.result_host)
-            n, bonus, depth = got[0], got[1], slot.max_depth
-            path, tokens = got[2 : 2 + n], got[2 + depth : 2 + depth + n]
-        new = GraphedState(state.position + len(path), state.committed_tokens + tokens, self.epoch)
+        tree = verification.tree  # the decode step folded the root in and wrote its argmax
+        assert isinstance(tree, Tree)
+        path, tokens = [0], tree.tokens.tolist()
+        bonus = read_back(self.decoder.pick, self.decoder.pick_host)[0]
+        new = GraphedState(state.position + 1, state.committed_tokens + tokens, self.epoch)
         return new, path, tokens, bonus
 
     @torch.no_grad()
@@ -623,20 +604,24 @@ class GraphedTarget:
         self,
         state: GraphedState,
         verification: Verification,
-        accept: Callable[[TreeSlot], None],
-        key: tuple,
+        accept: Callable[[TreeSlot], None] | None = None,
+        key: tuple = (),
     ) -> tuple[GraphedState, list[int], list[int], int]:
-        """:meth:`commit_greedy` with another device acceptance (the sampling rules of
-        :mod:`repro.decoding.device_acceptance`): ``accept(slot)`` writes ``slot.node`` and ``slot.bonus``
-        from the slot's verify without a host read; ``key`` names it among the graphs. Returns the new
-        handle, the accepted path (root first), its tokens and the bonus, after one :func:`read_back`."""
+        """Acceptance on the device (``accept(slot)`` writes ``slot.node`` and ``slot.bonus`` from the
+        slot's verify without a host read, e.g. the sampling rules of
+        :mod:`repro.decoding.device_acceptance`; None: greedy), the accepted path and the commit (a delayed
+        one recorded as pending) as one graph named by ``key``, then one :func:`read_back`. Returns the new
+        handle, the accepted path (root first), its tokens and the bonus."""
         if not isinstance(verification, GraphedVerification) or verification.position != state.position:
             raise ValueError("verification was computed against a different state")
         slot = verification.slot
         if slot is None or verification.epoch != self.epoch:
-            raise ValueError("commit_accepted needs a slot verification of the current state")
+            raise ValueError("a device acceptance needs a slot verification of the current state")
         self._check(state)
+        delayed = self._delayed_commit(verification)
         self._accept_call(slot, verification.strategy, accept, key)()
+        if delayed:
+            self._delayed_done(slot)
         self.epoch += 1
         got = read_back(slot.result, slot.result_host)
         n, bonus, depth = got[0], got[1], slot.max_depth

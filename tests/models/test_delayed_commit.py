@@ -257,6 +257,32 @@ def test_generate_with_the_delayed_commit_equals_ar_on_the_trained_family():
     assert any(str(k[1]).startswith("delayed") for k in target._slots)
 
 
+def test_sampling_on_the_device_path_with_the_delayed_commit_equals_ar():
+    """sample_match (AR's keyed samples) on specla's delayed commit through the device sampling path:
+    AR's sampled tokens (float64), the pending commit recorded like the greedy path's; spec_sampling on
+    the delayed and the closed-form commit: the same tokens (the same keyed uniforms, the same states)."""
+    from repro.decoding.engine import device_sampling
+    from repro.models.target import open_target
+
+    model, tok = open_target("default", dtype="float64", device="cpu")
+    target = GraphedTarget(model, max_len=256, max_nodes=64)
+    vocab = model.config.vocab_size
+    prompt = tok.chat_prompt([{"role": "user", "content": "Write a short poem about the sea."}])
+    ar = build_route({"kind": "ar"}, vocab, "sample_match", 0.8, 7)
+    ref = generate(model, prompt, ar, 40).output_ids
+    spec = {"kind": "specla", "budget": 16, "topk": 4, "tau": 0.05, "depth": 6}
+    route = build_route(spec, vocab, "sample_match", 0.8, 7, target=target, family="tiny-qwen35")
+    assert route.commit == "delayed" and device_sampling(target, route)
+    got = generate(target, prompt, route, 40, reference_ids=ref)
+    assert got.output_ids == ref and got.steps < len(ref) - 5 and target._pending is None
+    outputs = []
+    for commit in ("delayed", "closed_form"):
+        sampled = {**spec, "commit": commit}
+        route = build_route(sampled, vocab, "spec_sampling", 0.8, 7, target=target, family="tiny-qwen35")
+        outputs.append(generate(target, prompt, route, 40).output_ids)
+    assert outputs[0] == outputs[1]
+
+
 # --------------------------------------------------------- the Triton kernels through the interpreter
 
 
