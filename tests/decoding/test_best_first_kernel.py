@@ -19,7 +19,6 @@ import importlib.util
 import json
 import os
 import sys
-import time
 from functools import partial
 
 import pytest
@@ -121,12 +120,10 @@ def _interpreter_main() -> None:
     cases = cpu_cases()
     res = {}
     for fused, chosen in ((False, cases), (True, [c for c in cases if c[2] in FUSED_BUDGETS])):
-        t0 = time.perf_counter()
         try:
             res[f"fused={fused}"] = compare(chosen, "cpu", fused=fused)
         except Exception as exc:  # report, so that the other selection still runs
             res[f"fused={fused}"] = {"error": f"{type(exc).__name__}: {exc}"}
-        res[f"fused={fused}"]["seconds"] = round(time.perf_counter() - t0, 2)
     print(json.dumps(res))
 
 
@@ -143,7 +140,6 @@ def test_interpreter_kernel_equals_reference(interp: dict, fused: bool) -> None:
     budgets = {c[2] for c in cpu_cases()} if not fused else set(FUSED_BUDGETS)
     assert res["trees"] == sum(c[2] in budgets for c in cpu_cases())
     assert res["mismatches"] == [], res
-    assert res["seconds"] < 45, res
 
 
 def _heap_order_tree(probs: torch.Tensor, budget: int, order: str) -> list[tuple[int, int]]:

@@ -27,7 +27,6 @@ import importlib.util
 import json
 import os
 import sys
-import time
 
 import pytest
 import torch
@@ -299,12 +298,10 @@ def _interpreter_main(flag: str) -> None:
     torch.set_num_threads(1)
     results = {}
     for name, spec in _interp_specs(INTERP_GROUPS[flag]).items():
-        t0 = time.perf_counter()
         try:
             res = run_case(spec, "cpu")
         except Exception as exc:  # report, so that one broken case does not hide the others
             res = {"error": f"{type(exc).__name__}: {exc}"}
-        res["seconds"] = round(time.perf_counter() - t0, 2)
         results[name] = res
     print(json.dumps(results))
 
@@ -326,13 +323,6 @@ def test_interpreter_case(interp_results: dict, name: str) -> None:
     assert res["o"] <= O_TOL[dtype], res
     for key in ("delta", "gate_cum", "commit", "states", "committed"):
         assert res[key] <= 1e-5, (key, res)
-
-
-@needs_triton
-@pytest.mark.parametrize("flag", list(INTERP_GROUPS))
-def test_interpreter_is_fast(interp_results: dict, flag: str) -> None:
-    total = sum(r["seconds"] for r in interp_results[flag].values())
-    assert total < 60, f"interpreter cases took {total:.1f} s"
 
 
 # ---------------------------------------------------------------------------------------------
