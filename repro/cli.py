@@ -80,7 +80,10 @@ def run(
         str | None, typer.Option(help="GDN backend: auto (triton on CUDA), reference or triton (CUDA).")
     ] = None,
     commit: Annotated[
-        str | None, typer.Option(help="Default commit strategy: closed_form, snapshot or replay.")
+        str | None,
+        typer.Option(
+            help="Default commit strategy: closed_form, snapshot, replay or delayed (graphed engine)."
+        ),
     ] = None,
     engine: Annotated[str | None, typer.Option(help=ENGINE_HELP)] = None,
     out: Annotated[Path | None, typer.Option(help="Output directory (default runs/<experiment>).")] = None,
@@ -345,7 +348,7 @@ def generate(
     device: Annotated[str, device_option()] = "auto",
     backend: Annotated[str, typer.Option(help="GDN backend: reference or triton (CUDA).")] = "reference",
     commit: Annotated[
-        str, typer.Option(help="Commit strategy: snapshot, replay or closed_form (or --param commit=).")
+        str, typer.Option(help="Commit: snapshot, replay, closed_form, delayed (or --param commit=).")
     ] = "closed_form",
     ignore_eos: Annotated[bool, typer.Option(help="Do not stop at stop tokens.")] = False,
     engine: Annotated[str, typer.Option(help=ENGINE_HELP)] = "auto",

@@ -20,7 +20,7 @@ from repro.errors import ConfigError
 from repro.gdn.backends import default_backend
 from repro.harness.overrides import apply_edits, takes_param
 from repro.models.graphed import resolve_engine
-from repro.models.hybrid import check_strategy
+from repro.models.static import check_static_strategy
 from repro.models.target import resolve_device, resolve_dtype
 
 DEFAULTS: dict[str, Any] = {
@@ -187,7 +187,7 @@ def resolve(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
             f"max_new_tokens must be in [1, {MAX_NEW_TOKENS_CAP:,}], got {cfg['max_new_tokens']}"
         )
     cfg["temperature"] = check_temperature(cfg["temperature"])
-    check_strategy(cfg["commit"])
+    check_static_strategy(cfg["commit"])  # `delayed` runs on the graphed engine (closed_form elsewhere)
     if cfg["device"] == "auto":
         cfg["device"] = resolve_device("auto")
     cfg["engine"] = resolve_engine(cfg["engine"], cfg["device"])

@@ -57,6 +57,7 @@ def test_command_line_overrides_are_checked_the_same_way():
     with pytest.raises(ConfigError, match="unknown commit strategy"):
         resolve(BASE, {"commit": "sometimes"})
     assert resolve(BASE, {"commit": "replay"})["commit"] == "replay"
+    assert resolve(BASE, {"commit": "delayed"})["commit"] == "delayed"  # graphed engine; eager: closed_form
 
 
 def test_good_settings_resolve_auto_device_dtype_and_lossless():
