@@ -24,8 +24,8 @@ from repro.drafters.synthetic import SyntheticDrafter
 from repro.drafters.weaver import WeaverDrafter, load_weaver, random_weaver_for
 from repro.errors import ConfigError
 from repro.models.family import DEFAULT_TARGET, drafter_name, members
-from repro.models.graphed import GraphedTarget, check_verifier
-from repro.models.hybrid import HybridLM
+from repro.models.graphed import GraphedTarget
+from repro.models.hybrid import HybridLM, check_verifier_name
 from repro.models.static import DELAYED, STATIC_STRATEGIES, check_static_strategy
 from repro.tree import MAX_TREE_NODES
 
@@ -626,7 +626,7 @@ def prepare_graphs(target: GraphedTarget, routes: list[Route]) -> None:
     """Make ahead the graphs of the routes' commit strategies, verifiers, captured layers and sampling
     rules' device acceptance (none is captured or compiled inside a timed decode)."""
     for route in routes:
-        check_verifier(route.verifier)
+        check_verifier_name(route.verifier)
     capture = tuple(i for r in routes if r.drafter for i in r.drafter.capture_layers)
     trees = tuple(r.commit for r in routes if r.verifier == "tree")
     chain = any(r.verifier == "chain" for r in routes)

@@ -57,7 +57,7 @@ from typing import Any
 import torch
 
 from repro.errors import ConfigError
-from repro.models.hybrid import VERIFIERS, HybridLM, Verification
+from repro.models.hybrid import HybridLM, Verification
 from repro.models.hybrid import check_verifier as check_chain_verifier
 from repro.models.state import ModelState
 from repro.models.static import DELAYED, GDNBuffers, StaticDecoder, TreeSlot, check_static_strategy
@@ -129,14 +129,6 @@ class _Eager:
 
     def __call__(self) -> Any:
         return self.fn()
-
-
-def check_verifier(verifier: str) -> str:
-    """``verifier`` if the graphed engine runs it: ``tree`` (the tree kernels) or ``chain`` (fla_sd's
-    stock chunk-form chain verify on chain slots, :mod:`repro.models.static_chain`)."""
-    if verifier not in VERIFIERS:
-        raise ConfigError(f"unknown verifier {verifier!r}: choose one of {', '.join(VERIFIERS)}")
-    return verifier
 
 
 def slot_key(size: int, snapshots: bool, verifier: str, parity: int | None = None) -> tuple[int, bool | str]:

@@ -229,11 +229,18 @@ class HybridLM(nn.Module):
         return state, ver
 
 
+def check_verifier_name(verifier: str) -> str:
+    """``verifier`` if both engines run it: ``tree`` (the tree kernels) or ``chain`` (fla_sd's stock
+    chunk-form chain verify), else a one-line ConfigError."""
+    if verifier not in VERIFIERS:
+        raise ConfigError(f"unknown verifier {verifier!r}: choose one of {', '.join(VERIFIERS)}")
+    return verifier
+
+
 def check_verifier(verifier: str, strategy: str, tree: Tree | DeviceTree) -> str:
     """``verifier`` if it can verify ``tree`` and commit by ``strategy``, else a one-line ConfigError
     (a device tree's shape is not read on the host: the chain builders make chains)."""
-    if verifier not in VERIFIERS:
-        raise ConfigError(f"unknown verifier {verifier!r}: choose one of {', '.join(VERIFIERS)}")
+    check_verifier_name(verifier)
     if verifier == "chain" and strategy != "replay":
         raise ConfigError(f"the chain verifier commits by replay only, not {strategy!r}")
     if verifier == "chain" and isinstance(tree, Tree) and not tree.is_chain:

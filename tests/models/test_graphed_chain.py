@@ -21,8 +21,9 @@ from repro.decoding.engine import generate
 from repro.decoding.routes import build_route
 from repro.errors import ConfigError
 from repro.gdn.backends import chain_function
-from repro.models.graphed import GraphedTarget, check_verifier
+from repro.models.graphed import GraphedTarget
 from repro.models.graphs import check_capture
+from repro.models.hybrid import check_verifier_name
 from repro.models.state import GDNLayerState
 from repro.models.static import GDNSaved, StaticDecoder
 from repro.models.static_chain import ChainSlot, chain_evaluator
@@ -79,9 +80,9 @@ def test_chain_verifier_refusals():
     model = small_hybrid(1)
     target = GraphedTarget(model, max_len=32, max_nodes=8, graphs=False)
     state, _ = target.prefill(small_ids(5, 1))
-    assert check_verifier("chain") == "chain"
+    assert check_verifier_name("chain") == "chain"
     with pytest.raises(ConfigError, match="unknown verifier 'fla'"):
-        check_verifier("fla")
+        check_verifier_name("fla")
     with pytest.raises(ConfigError, match="commits by replay only"):
         target.verify(state, Tree.chain([1, 2, 3]), (), "closed_form", "chain")
     with pytest.raises(ConfigError, match="verifies chains only"):
