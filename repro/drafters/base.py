@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -36,10 +37,11 @@ class Proposal:
 
     ``candidates[d][0]`` is the drafter's first choice at depth d+1; deeper candidates are
     conditioned on the first choices above them. A drafter on the device may give ``top_ids``
-    ([depth, k] on the device) instead: ``candidates`` then reads them on first use (a sync that
-    device-side tree builders never make). Drafters that grow their own tree while drafting (Weaver,
-    EAGLE-style dynamic trees) put it in ``tree`` (root = the pending token; a :class:`Tree`, or a
-    :class:`DeviceTree` grown on the device); the ``DrafterTree`` builder passes it through.
+    ([depth, k] on the device) or a ``read`` function instead: ``candidates`` then reads them on first
+    use (a sync that device-side tree builders never make). Drafters that grow their own tree while
+    drafting (Weaver, EAGLE-style dynamic trees) put it in ``tree`` (root = the pending token; a
+    :class:`Tree`, or a :class:`DeviceTree` grown on the device, with ``read`` giving its greedy path);
+    the ``DrafterTree`` builder passes it through.
     """
 
     def __init__(
@@ -48,24 +50,29 @@ class Proposal:
         probs: torch.Tensor | None = None,
         tree: Tree | DeviceTree | None = None,
         top_ids: torch.Tensor | None = None,
+        read: Callable[[], list[list[int]]] | None = None,
     ) -> None:
-        if candidates is None and top_ids is None:
-            raise ValueError("a proposal needs candidates or top_ids")
+        if candidates is None and top_ids is None and read is None:
+            raise ValueError("a proposal needs candidates, top_ids or a reader")
         self._candidates = candidates
         self.probs = probs  # [depth, V] marginals when the drafter has them
         self.tree = tree
         self.top_ids = top_ids
+        self._read = read
 
     @property
     def candidates(self) -> list[list[int]]:
         if self._candidates is None:
-            assert self.top_ids is not None
-            self._candidates = self.top_ids.tolist()
+            if self._read is not None:
+                self._candidates = self._read()
+            else:
+                assert self.top_ids is not None
+                self._candidates = self.top_ids.tolist()
         return self._candidates
 
     @property
     def depth(self) -> int:
-        if self._candidates is None and self.top_ids is not None:
+        if self._candidates is None and self._read is None and self.top_ids is not None:
             return int(self.top_ids.shape[0])
         return len(self.candidates)
 

@@ -72,26 +72,16 @@ def real_nodes(tree: Tree) -> Tree:
     return Tree(tree.tokens[:n], tree.parents[:n])
 
 
-class TreeProposal(Proposal):
-    """A proposal whose tree was grown on the device; ``candidates`` (the greedy path per depth, as
-    EagleDrafter's) are read from the tree and the kept nodes' ``scores`` on first use (a sync)."""
+def tree_proposal(tree: DeviceTree, scores: torch.Tensor) -> Proposal:
+    """A proposal whose tree was grown on the device; its ``candidates`` (the greedy path per depth, as
+    EagleDrafter's) are read from the tree and the kept nodes' ``scores`` ([size - 1] cumulative
+    log-probabilities of the non-root nodes) on first use (a sync)."""
 
-    def __init__(self, tree: DeviceTree, scores: torch.Tensor) -> None:
-        super().__init__(candidates=[], tree=tree)
-        self._candidates = None
-        self.scores = scores  # [size - 1] cumulative log-probabilities of the non-root nodes
+    def read() -> list[list[int]]:
+        host = real_nodes(tree.to_tree())
+        return _greedy_path(host, scores[: host.size - 1].tolist())
 
-    @property
-    def candidates(self) -> list[list[int]]:
-        if self._candidates is None:
-            assert isinstance(self.tree, DeviceTree)
-            host = real_nodes(self.tree.to_tree())
-            self._candidates = _greedy_path(host, self.scores[: host.size - 1].tolist())
-        return self._candidates
-
-    @property
-    def depth(self) -> int:
-        return len(self.candidates)
+    return Proposal(tree=tree, read=read)
 
 
 class StaticEagleDrafter(EagleDrafter):
@@ -212,7 +202,7 @@ class StaticEagleDrafter(EagleDrafter):
             top_ids, probs = out
             return Proposal(probs=probs, top_ids=top_ids)
         tree_tokens, tree_parents, scores = out
-        return TreeProposal(DeviceTree(tree_tokens, tree_parents), scores)
+        return tree_proposal(DeviceTree(tree_tokens, tree_parents), scores)
 
     def _run(self) -> Any:
         if not self.graphs:

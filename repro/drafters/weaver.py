@@ -256,21 +256,10 @@ def random_weaver_for(
 # ----- the Drafter protocol -----
 
 
-class GrownProposal(Proposal):
-    """A proposal whose tree was grown on the device (a :class:`DeviceTree`): ``candidates`` (the
-    greedy path, first child per level) are read from the tree on first use, a sync that nothing on
-    the device path makes."""
-
-    def __init__(self, probs: torch.Tensor, tree: DeviceTree) -> None:
-        super().__init__([], probs, tree)
-        self._candidates = None
-
-    @property
-    def candidates(self) -> list[list[int]]:
-        if self._candidates is None:
-            assert isinstance(self.tree, DeviceTree)
-            self._candidates = [[t] for t in greedy_path(self.tree.to_tree())]
-        return self._candidates
+def grown_proposal(probs: torch.Tensor, tree: DeviceTree) -> Proposal:
+    """A proposal whose tree was grown on the device: its ``candidates`` (the greedy path, first child
+    per level) are read from the tree on first use, a sync that nothing on the device path makes."""
+    return Proposal(probs=probs, tree=tree, read=lambda: [[t] for t in greedy_path(tree.to_tree())])
 
 
 class WeaverDrafter:
@@ -336,7 +325,7 @@ class WeaverDrafter:
         feature = self.dflash.features[-1]
         if self.device_growth:
             growth, probs = self.step(ctx.output_ids[-1], hidden, logits, feature)
-            return GrownProposal(probs, growth.tree)
+            return grown_proposal(probs, growth.tree)
         pool_logits, pool_ids = top_k_pool(logits, self.pool)
         growth = self.grow(ctx.output_ids[-1], hidden, pool_logits, pool_ids, feature)
         return Proposal([[t] for t in growth.greedy], marginals(logits), growth.tree)

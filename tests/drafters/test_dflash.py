@@ -441,3 +441,15 @@ def test_forced_continuation_is_fully_accepted(model64, prompts, ar_outputs):
         res = generate(model64, ids, route, MAX_NEW)
         assert res.output_ids == ar
         assert res.accepted_lengths == (lengths or [4] * 5 + [3])
+
+
+def test_proposals_read_candidates_lazily_and_once():
+    """A proposal's candidates come from the list, the device ``top_ids`` or a ``read`` function (read on
+    first use only, as the device path never asks); one of them is required."""
+    calls = []
+    lazy = Proposal(read=lambda: calls.append(1) or [[3], [5]])
+    assert calls == [] and lazy.depth == 2 and lazy.candidates == [[3], [5]] and calls == [1]
+    top = Proposal(top_ids=torch.tensor([[1, 2], [4, 0], [7, 7]]))
+    assert top.depth == 3 and top.candidates == [[1, 2], [4, 0], [7, 7]]
+    with pytest.raises(ValueError, match="candidates, top_ids or a reader"):
+        Proposal(probs=torch.ones(2, 4))
