@@ -36,13 +36,13 @@ from repro.drafters.base import DraftContext
 from repro.drafters.features import ingest_start
 from repro.errors import ConfigError
 from repro.models.graphed import GraphedVerification
+from repro.models.graphs import HostUploads
 from repro.models.hybrid import Verification
 
 if TYPE_CHECKING:
     from repro.drafters.dflash import DFlashDraftModel
 
 DEFAULT_MAX_LEN = 4096
-RING = 4  # pinned host buffers used in turn (one is rewritten only after its copy has run)
 
 Outputs = tuple[torch.Tensor, ...]
 
@@ -119,30 +119,15 @@ class StaticDFlash:
             self._allocate(size)
 
     def _resize_inputs(self, pad: int) -> None:
-        """The device inputs and pinned host buffers for accepted paths of up to ``pad`` nodes."""
+        """The device inputs for accepted paths of up to ``pad`` nodes (their graphs are made again)."""
         self._pad = pad
-        pin = self.device.type == "cuda"
         self.inputs = torch.zeros(3 + pad, dtype=torch.long, device=self.device)
-        self._host = [torch.zeros(3 + pad, dtype=torch.long, pin_memory=pin) for _ in range(RING)]
-        self._copied: list[Any] = [None] * RING  # a CUDA event per host buffer, once it has been copied
-        self._turn = 0
+        self._uploads = HostUploads(self.device)
         self._calls = {}
 
     def _upload(self, root: int, start: int, path: list[int]) -> None:
-        """[root, start, count, path + zeros] to ``inputs`` (pinned buffer, non-blocking copy)."""
-        i, self._turn = self._turn, (self._turn + 1) % RING
-        done = self._copied[i]
-        if done is not None and not done.query():
-            done.synchronize()  # the copy of RING steps ago has not run yet (never with a per-step sync)
-        host = self._host[i].numpy()
-        host[:3] = (root, start, len(path))
-        host[3 : 3 + len(path)] = path
-        host[3 + len(path) :] = 0
-        self.inputs.copy_(self._host[i], non_blocking=True)
-        if self.device.type == "cuda":
-            if done is None:
-                done = self._copied[i] = torch.cuda.Event()
-            done.record()
+        """[root, start, count, path + zeros] to ``inputs`` (pinned buffers, non-blocking copy)."""
+        self._uploads.put([root, start, len(path), *path] + [0] * (self._pad - len(path)), self.inputs)
 
     @torch.no_grad()
     def _write(self, rows: torch.Tensor, positions: torch.Tensor) -> None:

@@ -49,21 +49,11 @@ from repro.drafters.eagle import DynamicTree, EagleDrafter, EagleDraftModel, _gr
 from repro.drafters.features import ingest_start
 from repro.errors import ConfigError
 from repro.models.graphed import GraphedTarget
+from repro.models.graphs import HostUploads
 from repro.models.hybrid import HybridLM, Verification
 from repro.tree import DeviceTree, Tree
 
 DEFAULT_CAPACITY = 256  # committed positions the buffers hold before they first double
-
-
-def upload(values: list[int], device: torch.device, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Host ints as an int64 tensor on ``device`` (into ``out`` when given) without a blocking copy:
-    pinned and non-blocking on CUDA."""
-    host = torch.tensor(values, dtype=torch.long)
-    if device.type == "cuda":
-        host = host.pin_memory()
-    if out is None:
-        return host.to(device, non_blocking=True)
-    return out.copy_(host, non_blocking=True)
 
 
 def real_nodes(tree: Tree) -> Tree:
@@ -151,6 +141,7 @@ class StaticEagleDrafter(EagleDrafter):
                 v[:, :, :old].copy_(ov[:, :, :old])
         self.features, self.kv = features, kv
         self.inputs = torch.zeros(3 + self.block, dtype=torch.long, device=dev)  # r, c, root, row tokens
+        self._uploads = HostUploads(dev)
         self.capacity = self._buffers_for = capacity
         self._call: Any = None
 
@@ -171,7 +162,7 @@ class StaticEagleDrafter(EagleDrafter):
         start = ingest_start("EAGLE", self.capture_layers, ver, self.count)
         end = start + len(path)
         self._ensure(end + self.block)
-        idx = upload(path, self.model.device)
+        idx = self._uploads.put(path)
         new = torch.cat([ver.hidden[i].index_select(0, idx) for i in self.capture_layers], dim=-1)
         self.features[start:end].copy_(new)
         self.count, self._last = end, ver
@@ -189,13 +180,12 @@ class StaticEagleDrafter(EagleDrafter):
             self.rows = c - 1  # the last row read another pending token
         r = min(self.rows, c - 1)  # at least the last row (recomputed when cached: the same result)
         self._ensure(c + self.block)
-        dev = self.model.device
         if c - r > self.block:  # the prompt's rows (or replaced ones): one eager forward of exact shape
             stop = c - self.block
-            self._context_rows(upload(tokens[r + 1 : stop + 1], dev), upload([r], dev))
+            self._context_rows(self._uploads.put(tokens[r + 1 : stop + 1]), self._uploads.put([r]))
             r = stop
         ids = tokens[r + 1 : c + 1]
-        upload([r, c, tokens[c]] + ids + [0] * (self.block - len(ids)), dev, out=self.inputs)
+        self._uploads.put([r, c, tokens[c]] + ids + [0] * (self.block - len(ids)), self.inputs)
         out = self._run()
         self.rows, self._pending = c, tokens[c]
         if self.tree is None:

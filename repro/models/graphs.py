@@ -152,3 +152,35 @@ def diagnose(fn: Callable[[], Any]) -> str:
     if not found:
         return "no host read or data-dependent shape found in an eager call"
     return "not capture-safe: " + ", ".join(dict.fromkeys(found))
+
+
+class HostUploads:
+    """Host ints to the device without a blocking copy: non-blocking copies from a ring of pinned host
+    buffers used in turn, one rewritten only after its last copy ran (CUDA events; a wait happens only
+    when ``ring`` uploads are still queued). On CPU: plain copies from ordinary buffers."""
+
+    def __init__(self, device: torch.device, ring: int = 4) -> None:
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self._host: list[torch.Tensor | None] = [None] * ring
+        self._copied: list[Any] = [None] * ring  # a CUDA event per host buffer, once it has been copied
+        self._turn = 0
+
+    def put(self, values: list[int], out: torch.Tensor | None = None) -> torch.Tensor:
+        """``values`` as int64 on the device: into ``out[:len(values)]`` when given, else a new tensor."""
+        n = len(values)
+        i, self._turn = self._turn, (self._turn + 1) % len(self._host)
+        done = self._copied[i]
+        if done is not None and not done.query():
+            done.synchronize()  # the copy of `ring` uploads ago has not run yet
+        host = self._host[i]
+        if host is None or host.numel() < n:
+            host = self._host[i] = torch.zeros(max(n, 16), dtype=torch.long, pin_memory=self.cuda)
+        host.numpy()[:n] = values
+        dst = torch.empty(n, dtype=torch.long, device=self.device) if out is None else out[:n]
+        dst.copy_(host[:n], non_blocking=self.cuda)
+        if self.cuda:
+            if done is None:
+                done = self._copied[i] = torch.cuda.Event()
+            done.record()
+        return dst if out is None else out

@@ -437,3 +437,17 @@ def test_gpu_greedy_graphed_step_syncs_only_in_read_back(monkeypatch):
         assert got.output_ids == reference, route.name
         assert len(reads) == (got.steps if route.drafter else 0)  # AR: greedy_decode's event waits
         assert got.device_stage_s is not None and all(v >= 0 for v in got.device_stage_s.values())
+
+
+def test_host_uploads_copy_values_through_a_ring_of_buffers():
+    """HostUploads (the static drafters' host-to-device inputs): into ``out``'s head or a new tensor, the
+    ring's buffers reused in turn and grown for longer values, earlier results untouched."""
+    from repro.models.graphs import HostUploads
+
+    up = HostUploads(torch.device("cpu"), ring=2)
+    out = torch.full((6,), -1, dtype=torch.long)
+    assert up.put([4, 5, 6], out) is out and out.tolist() == [4, 5, 6, -1, -1, -1]
+    first = up.put([1, 2])
+    long = up.put(list(range(40)))  # the first buffer again, grown
+    assert first.tolist() == [1, 2] and long.tolist() == list(range(40)) and first.dtype == torch.long
+    assert up.put([9], out).tolist() == [9, 5, 6, -1, -1, -1]
