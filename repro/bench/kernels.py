@@ -11,7 +11,8 @@ n tree nodes, L tokens over all root-to-leaf paths, N paths (leaves), d the acce
 e the q/k/v element size (2 for bf16, 4 for fp32), g/beta/state/factors in fp32:
 
 - io(t) = t (2 H dk e + HV dv e + 2 HV 4): q, k, v, g, beta of t tokens; S = HV dv dk 4.
-- tree_fused, tree_split (the two-phase kernel; its scratch not counted), tree_torch: io(n) + n^2
+- tree_fused, tree_split (the two-phase kernel; its scratch not counted), tree_torch, hybrid / hybrid_torch
+  (SpecLA's chain + masked-remainder schedule, repro.gdn.hybrid_schedule; Triton / torch): io(n) + n^2
   (ancestor mask) + S, writes o (n HV dv e), delta (n HV dv 4) and G (n HV 4); flops HV wy(n),
   where the masked WY form costs wy(n) = 3 n^2 dk (K K^T, T (beta e^G K), Q K^T; triangular)
   + 2 n^2 dv (T (beta V), P Delta) + n^3 / 3 (the triangular solve) + 4 n dk dv (W S0^T, Q S0^T);
@@ -90,8 +91,10 @@ VERIFY_ROWS = [
     ("per_branch_recurrent", "bf16"),
     ("tree_fused", "bf16"),
     ("tree_split", "bf16"),
+    ("hybrid", "bf16"),
     ("tree_fused", "fp32"),
     ("tree_torch", "fp32"),
+    ("hybrid_torch", "fp32"),
     ("prefill_flattened", "bf16"),
     ("per_token_states", "bf16"),
 ]
@@ -126,6 +129,7 @@ STEP_ROWS = [
 PRECISION_METHODS = {
     "tree_fused",
     "tree_split",
+    "hybrid",
     "chain_verify",
     *(m for m, _ in STEP_ROWS if m != "step_torch"),
 }
@@ -301,6 +305,20 @@ def build_tree_split(case: Case, x: Inputs) -> Fn:
     s = case.shape.scale
     prec = case.precision
     return lambda: split(x.q, x.k, x.v, x.g, x.beta, x.state, case.ancestors, s, precision=prec)[0]
+
+
+def build_hybrid(case: Case, x: Inputs, kernel: str | None = None) -> Fn:
+    """SpecLA's hybrid schedule (:mod:`repro.gdn.hybrid_schedule`); the plan is built outside the timing."""
+    hybrid = importlib.import_module("repro.gdn.hybrid_schedule")
+    plan, s = hybrid.plan_hybrid(case.parents, case.device), case.shape.scale
+    prec = case.precision
+    return lambda: hybrid.hybrid_gdn(
+        x.q, x.k, x.v, x.g, x.beta, x.state, plan, s, kernel=kernel, precision=prec
+    )[0]
+
+
+def build_hybrid_torch(case: Case, x: Inputs) -> Fn:
+    return build_hybrid(case, x, kernel="reference")
 
 
 def build_tree_torch(case: Case, x: Inputs) -> Fn:
@@ -516,7 +534,7 @@ def cost(method: str, dtype: str, case: Case) -> tuple[int, float, str]:
         return t * sh.hv * sh.dv * e
 
     rec = 7 * sh.dk * sh.dv * sh.hv  # flops per token of the recurrence
-    if method in ("tree_fused", "tree_split", "tree_torch"):
+    if method in ("tree_fused", "tree_split", "tree_torch", "hybrid", "hybrid_torch"):
         nbytes = io(n) + n * n + state + o(n) + n * sh.hv * (sh.dv + 1) * 4
         return nbytes, sh.hv * wy_flops(n, sh.dk, sh.dv), dtype
     if method in ("per_branch_recurrent", "prefill_flattened"):
@@ -575,6 +593,8 @@ METHODS: dict[str, Method] = {
     "tree_fused": Method(build_tree_fused, "nodes", "triton_tree"),
     "tree_split": Method(build_tree_split, "nodes", "triton_tree"),
     "tree_torch": Method(build_tree_torch, "nodes", "torch", False, "not graph-timed (reference path)"),
+    "hybrid": Method(build_hybrid, "nodes", "triton_tree"),
+    "hybrid_torch": Method(build_hybrid_torch, "nodes", "torch", False, "not graph-timed (reference path)"),
     "per_branch_recurrent": Method(build_per_branch_recurrent, "flat", "fla"),
     "prefill_flattened": Method(build_prefill_flattened, "flat", "fla"),
     "per_token_states": Method(build_per_token_states, "states", "triton_tree"),
