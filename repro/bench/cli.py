@@ -57,6 +57,12 @@ def kernels(
     time_budget: Annotated[
         float | None, typer.Option(help="Seconds after which rows not started are recorded as skipped.")
     ] = None,
+    groups: Annotated[
+        str | None, typer.Option(help="Only these row groups: verify, recovery, step, chain (default all).")
+    ] = None,
+    methods: Annotated[
+        str | None, typer.Option(help="Only these methods (each block's baseline stays; default all).")
+    ] = None,
     device: Annotated[
         str, device_option("auto (CUDA when present), cpu (same as --quick) or cuda.")
     ] = "auto",
@@ -66,7 +72,15 @@ def kernels(
     Writes records.jsonl, manifest.json, report.md, table.csv and figures; without CUDA (or with
     --quick) only the pure-torch methods run, at tiny sizes, and the others are recorded as skipped.
     """
-    from repro.bench.kernels import QUICK_DEPTHS, QUICK_SIZES, BenchConfig, default_out_dir, plan, run_bench
+    from repro.bench.kernels import (
+        QUICK_DEPTHS,
+        QUICK_SIZES,
+        BenchConfig,
+        check_selection,
+        default_out_dir,
+        plan,
+        run_bench,
+    )
     from repro.bench.shapes import SHAPES
     from repro.bench.timing import TimerConfig
     from repro.models.target import resolve_device
@@ -75,8 +89,13 @@ def kernels(
     unknown = [s for s in names if s not in SHAPES]
     if unknown or not names:
         raise ConfigError(f"unknown shape(s) {', '.join(unknown) or '(none)'}; known: {', '.join(SHAPES)}")
+    chosen_groups = [g.strip() for g in groups.split(",") if g.strip()] if groups else None
+    chosen_methods = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
+    check_selection(chosen_groups, chosen_methods)
     cfg = BenchConfig(
         shapes=names,
+        groups=chosen_groups,
+        methods=chosen_methods,
         recovery_nodes=recovery_nodes,
         bf16_precision=bf16_precision,
         budget_s=time_budget,

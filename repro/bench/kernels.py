@@ -76,7 +76,7 @@ import yaml
 
 from repro.bench.shapes import SHAPES, LayerShape, deepest_path, depths, flatten_paths, make_tree
 from repro.bench.timing import TimerConfig, graph_us, measure_ceilings, median_us, timer_name
-from repro.errors import describe
+from repro.errors import ConfigError, describe
 from repro.gdn import reference as gdn
 from repro.reporting.rundir import Run, RunKind, fields_parser
 from repro.tree import Tree
@@ -126,6 +126,7 @@ STEP_ROWS = [
     ("step_delayed_split", "bf16"),
     ("step_torch", "fp32"),
 ]
+GROUP_ROWS = {"verify": VERIFY_ROWS, "recovery": RECOVERY_ROWS, "step": STEP_ROWS, "chain": CHAIN_ROWS}
 PRECISION_METHODS = {
     "tree_fused",
     "tree_split",
@@ -763,6 +764,8 @@ class BenchConfig:
     seed: int = 0
     quick: bool = False
     budget_s: float | None = None  # rows not started within this many seconds are recorded as skipped
+    groups: list[str] | None = None  # only these row groups (verify, recovery, step, chain); None: all
+    methods: list[str] | None = None  # only these methods (each block's baseline kept); None: all
     timer: TimerConfig = field(default_factory=TimerConfig)
 
     def as_dict(self) -> dict[str, Any]:
@@ -780,6 +783,8 @@ class BenchConfig:
             "seed": self.seed,
             "quick": self.quick,
             "budget_s": self.budget_s,
+            "groups": self.groups,
+            "methods": self.methods,
             "timer": vars(self.timer),
             "tolerance": TOLERANCE,
             "tree": "draft_tree(n, seed, max_depth=16, branching=4, alpha=0.15) or chain",
@@ -799,9 +804,10 @@ class RowSpec:
 
 
 def plan(cfg: BenchConfig) -> list[RowSpec]:
-    """Every row, the most telling first (tree verification, recovery, steps, then chains; see ``budget_s``).
+    """Every row, the most telling first (tree verification, recovery, steps, then chains; see ``budget_s``),
+    of ``groups`` and ``methods`` when given.
 
-    Each (shape, group, kind, T[, depth]) block starts with its baseline.
+    Each (shape, group, kind, T[, depth]) block starts with its baseline (kept whatever ``methods`` says).
     """
     rows: list[RowSpec] = []
     for kind in [k for k in cfg.kinds if k != "chain"]:
@@ -823,7 +829,24 @@ def plan(cfg: BenchConfig) -> list[RowSpec]:
         for shape in cfg.shapes:
             sizes = cfg.chain_sizes.get(shape, cfg.sizes[shape])
             rows += [RowSpec(shape, "chain", "chain", t, m, d) for t in sizes for m, d in CHAIN_ROWS]
-    return rows
+    baselines = {group: table[0][0] for group, table in GROUP_ROWS.items()}
+    return [
+        r
+        for r in rows
+        if (cfg.groups is None or r.group in cfg.groups)
+        and (cfg.methods is None or r.method in cfg.methods or r.method == baselines[r.group])
+    ]
+
+
+def check_selection(groups: list[str] | None, methods: list[str] | None) -> None:
+    """One-line ConfigError for a group or method the bench does not have."""
+    for group in groups or []:
+        if group not in GROUP_ROWS:
+            raise ConfigError(f"unknown row group {group!r}: choose from {', '.join(GROUP_ROWS)}")
+    known = {m for table in GROUP_ROWS.values() for m, _ in table}
+    for method in methods or []:
+        if method not in known:
+            raise ConfigError(f"unknown method {method!r}: choose from {', '.join(sorted(known))}")
 
 
 def seed_of(*parts: object) -> int:
@@ -953,8 +976,7 @@ def derive(row: dict[str, Any], rows: Iterable[dict[str, Any]], paper: dict[tupl
     for col, src in (("x_floor", "us"), ("x_floor_graph", "us_graph")):
         if row[src] is not None and row["floor_us"]:
             row[col] = row[src] / row["floor_us"]
-    groups = {"verify": VERIFY_ROWS, "recovery": RECOVERY_ROWS, "step": STEP_ROWS, "chain": CHAIN_ROWS}
-    row["baseline"] = groups[row["group"]][0][0]
+    row["baseline"] = GROUP_ROWS[row["group"]][0][0]
     base = [o for o in rows if _block(o) == _block(row) and o["method"] == row["baseline"]]
     for col, src in (("speedup", "us"), ("speedup_graph", "us_graph")):
         if base and base[0][src] is not None and row[src]:

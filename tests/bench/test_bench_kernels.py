@@ -293,6 +293,29 @@ def test_an_exception_in_one_method_is_recorded_and_the_run_goes_on(tmp_path, mo
     assert set(table[table["method"] == "commit_closed_form"]["status"]) == {"ok"}
 
 
+def test_groups_and_methods_select_rows_and_keep_each_blocks_baseline(tmp_path):
+    """--groups / --methods: only the chosen rows, each block with its baseline; unknown names: exit 2."""
+    full = bk.plan(quick_cfg(depths=[2], kinds=["draft", "chain"]))
+    chosen = bk.plan(quick_cfg(depths=[2], kinds=["draft", "chain"], groups=["verify", "recovery"],
+                               methods=["tree_split", "commit_path_fused"]))  # fmt: skip
+    assert {r.group for r in full} == {"verify", "recovery", "step", "chain"}
+    assert {(r.group, r.method) for r in chosen} == {
+        ("verify", "per_branch_recurrent"), ("verify", "tree_split"),
+        ("recovery", "commit_replay_fla"), ("recovery", "commit_path_fused"),
+    }  # fmt: skip
+    assert [r for r in full if r in chosen] == chosen  # the plan's order kept
+    out = tmp_path / "sel"
+    args = ["bench", "kernels", "--quick", "--out", str(out), "--shapes", "specla", "--sizes", "4",
+            "--depths", "2", "--groups", "verify", "--methods", "tree_torch", "--rep-ms", "1"]  # fmt: skip
+    res = CliRunner().invoke(cli_app(), args)
+    assert res.exit_code == 0, res.output
+    assert sorted({r["method"] for r in read_rows(out)}) == ["per_branch_recurrent", "tree_torch"]
+    bad_cases = ((["--groups", "verfy"], "unknown row group"), (["--methods", "magic"], "unknown method"))
+    for bad, needle in bad_cases:
+        res = CliRunner().invoke(cli_app(), [*args[:2], "--quick", "--out", str(tmp_path / "x"), *bad])
+        assert res.exit_code != 0 and needle in str(res.exception), res.output
+
+
 def test_a_spent_time_budget_skips_the_remaining_rows_but_still_reports(tmp_path):
     table = bk.run_bench(quick_cfg(budget_s=0.0), tmp_path / "run")
     assert set(table["status"]) == {"skipped"}
