@@ -268,9 +268,22 @@ def count_aten_ops(fn: Callable[[], Any]) -> int | None:
 
 
 KERNEL_GROUPS = (  # (group, fragments of kernel names): the first group with a matching fragment wins
-    ("gdn_core", ("_decode_kernel", "fused_recurrent", "_tree_verify_kernel", "_tree_states_kernel")),
-    ("commit", ("_closed_form_commit", "_conv_commit")),
-    ("glue_triton", ("_rms_norm", "_gated_norm", "_silu_mul", "_tree_prologue", "_gemv", "_linear")),
+    (
+        "gdn_core",
+        (
+            "_decode_kernel",
+            "_decode_layer_kernel",
+            "fused_recurrent",
+            "_tree_verify_kernel",
+            "_tree_states_kernel",
+        ),
+    ),
+    ("attention", ("_attention_decode_kernel",)),
+    ("commit", ("_closed_form_commit", "_conv_commit", "_path_commit")),
+    (
+        "glue_triton",
+        ("_rms_norm", "_gated_norm", "_silu_mul", "_tree_prologue", "_gemv", "_linear", "_argmax_reduce"),
+    ),
     ("matmul", ("gemm", "gemv", "nvjet", "cutlass", "sm90_", "xmma", "cublas", "splitk", "splitK")),
 )
 
