@@ -268,6 +268,7 @@ def count_aten_ops(fn: Callable[[], Any]) -> int | None:
 
 
 KERNEL_GROUPS = (  # (group, fragments of kernel names): the first group with a matching fragment wins
+    ("attention", ("_attention_decode_kernel",)),  # before gdn_core: its name holds "_decode_kernel"
     (
         "gdn_core",
         (
@@ -278,7 +279,6 @@ KERNEL_GROUPS = (  # (group, fragments of kernel names): the first group with a 
             "_tree_states_kernel",
         ),
     ),
-    ("attention", ("_attention_decode_kernel",)),
     ("commit", ("_closed_form_commit", "_conv_commit", "_path_commit")),
     (
         "glue_triton",
