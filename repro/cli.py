@@ -16,7 +16,7 @@ from repro.bench.cli import bench_app
 from repro.data.cli import data_app
 from repro.decoding.routes import route_help
 from repro.errors import CheckFailed, ReproError, SuiteError
-from repro.options import device_option, dtype_option
+from repro.options import comma_list, device_option, dtype_option
 from repro.progress import Progress
 from repro.train.cli import train_app
 
@@ -291,7 +291,7 @@ def sweep(
     raw = read_experiment("sweep")
     raw["name"] = f"sweep-{name}"
     if routes:
-        raw["routes"] = pick_routes(raw["routes"], _names(routes))
+        raw["routes"] = pick_routes(raw["routes"], comma_list(routes))
     raw = apply_edits(raw, drafters=[drafter] if drafter else None, weaver=weaver)
     overrides = {
         "target": target, "suites": suites, "limit": limit, "max_new_tokens": max_new_tokens,
@@ -312,7 +312,7 @@ def _sweep_values(budget: str | None, param: str | None) -> tuple[str, list[floa
         if not sep or not name.strip():
             raise ReproError(f"--param must be NAME=v1,v2,..., got {param!r}")
     values: list[float | int | str] = []
-    for item in _names(text):
+    for item in comma_list(text):
         try:
             values.append(int(item))
         except ValueError:
@@ -548,7 +548,7 @@ def family_report(
     out_dir = out or default_out_dir()
     cfg = FamilyReportConfig(
         out=str(out_dir), figures=str(figures or Path("figures") / out_dir.name), corpus=str(corpus),
-        targets=_names(targets), suites=_names(suites), prompts=prompts, limit=limit,
+        targets=comma_list(targets), suites=comma_list(suites), prompts=prompts, limit=limit,
         new_tokens=max_new_tokens, budget=budget, dtype=dtype, seed=seed, device=resolve_device(device),
     )  # fmt: skip
 
@@ -562,10 +562,6 @@ def family_report(
             f"not lossless: {len(diverged)} route(s) diverged from AR (see {out_dir}/report.md)"
         )
     err_console.print(f"records, manifest, report and table in {out_dir}; figure in {cfg.figures}")
-
-
-def _names(text: str) -> list[str]:
-    return [s.strip() for s in text.split(",") if s.strip()]
 
 
 @suites_app.command("list")
@@ -701,13 +697,13 @@ def falsify_pool_mass(
     from repro.harness.falsify.pool_mass import PoolCheckConfig, run_pool_check
 
     try:
-        ks = [int(x) for x in _names(k)]
+        ks = [int(x) for x in comma_list(k)]
     except ValueError:
         raise ReproError(f"--k takes comma-separated integers, got {k!r}") from None
     out_dir = out or Path("runs") / "falsify-pool-mass"
     cfg = PoolCheckConfig(
         out=str(out_dir), target=target, ks=ks, rerun_k=rerun_k, corpus=str(corpus), prompts=prompts,
-        suites=_names(suites), limit=limit, new_tokens=max_new_tokens, budget=budget,
+        suites=comma_list(suites), limit=limit, new_tokens=max_new_tokens, budget=budget,
         oracle_samples=oracle_samples, contexts_per_prompt=contexts_per_prompt, outside_limit=outside_limit,
         dtype=dtype, seed=seed, device=device, engine=engine,
     )  # fmt: skip
@@ -819,8 +815,8 @@ def falsify_external(
 
     out_dir = out or Path("runs") / "falsify-external"
     records = run_external_check(
-        out_dir, _names(targets), _names(suites), limit, max_new_tokens,
-        engines=_names(engines) if engines else None, seed=seed, dtype=dtype, device="cpu",
+        out_dir, comma_list(targets), comma_list(suites), limit, max_new_tokens,
+        engines=comma_list(engines) if engines else None, seed=seed, dtype=dtype, device="cpu",
         progress=lambda line: err_console.print(line, highlight=False), temperature=temperature,
     )  # fmt: skip
     typer.echo((out_dir / "report.md").read_text(encoding="utf-8"))

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import typer
 
@@ -48,3 +48,17 @@ def short_dtype(name: str, allowed: tuple[str, ...], option: str = "--dtype") ->
         full = [k for k, v in _SHORT.items() if v in allowed]
         raise ConfigError(f"{option} must be one of {', '.join(full)} here, got {name!r}")
     return short
+
+
+def comma_list(text: str) -> list[str]:
+    """``a, b,,c`` -> ``["a", "b", "c"]``: a comma-separated option's names."""
+    return [s.strip() for s in text.split(",") if s.strip()]
+
+
+def shape_names(text: str, known: Collection[str]) -> list[str]:
+    """The comma-separated shape names of ``--shapes``, each one of ``known`` (one-line ConfigError)."""
+    names = comma_list(text)
+    unknown = [s for s in names if s not in known]
+    if unknown or not names:
+        raise ConfigError(f"unknown shape(s) {', '.join(unknown) or '(none)'}; known: {', '.join(known)}")
+    return names

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from repro.errors import ConfigError
-from repro.options import device_option, dtype_option, short_dtype
+from repro.options import comma_list, device_option, dtype_option, shape_names, short_dtype
 from repro.progress import Progress
 
 bench_app = typer.Typer(help="Kernel and model benchmarks: one command, one table.", no_args_is_help=True)
@@ -85,12 +85,9 @@ def kernels(
     from repro.bench.timing import TimerConfig
     from repro.models.target import resolve_device
 
-    names = [s.strip() for s in shapes.split(",") if s.strip()]
-    unknown = [s for s in names if s not in SHAPES]
-    if unknown or not names:
-        raise ConfigError(f"unknown shape(s) {', '.join(unknown) or '(none)'}; known: {', '.join(SHAPES)}")
-    chosen_groups = [g.strip() for g in groups.split(",") if g.strip()] if groups else None
-    chosen_methods = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
+    names = shape_names(shapes, SHAPES)
+    chosen_groups = comma_list(groups) if groups else None
+    chosen_methods = comma_list(methods) if methods else None
     check_selection(chosen_groups, chosen_methods)
     cfg = BenchConfig(
         shapes=names,
@@ -179,12 +176,7 @@ def model(
     from repro.bench.timing import TimerConfig
     from repro.models.target import auto_dtype, resolve_device
 
-    names = [s.strip() for s in shapes.split(",") if s.strip()]
-    unknown = [s for s in names if s not in MODEL_SHAPES]
-    if unknown or not names:
-        raise ConfigError(
-            f"unknown shape(s) {', '.join(unknown) or '(none)'}; known: {', '.join(MODEL_SHAPES)}"
-        )
+    names = shape_names(shapes, MODEL_SHAPES)
     dev = torch.device(resolve_device(device))
     dtype = short_dtype(auto_dtype(dev.type) if dtype == "auto" else dtype, tuple(DTYPES))
     if context < 1 or step_nodes < 1:
@@ -276,13 +268,10 @@ def scale(
     )
     from repro.models.target import auto_dtype, resolve_device
 
-    names = [s.strip() for s in shape.split(",") if s.strip()]
-    unknown = [s for s in names if s not in SHAPES]
-    if unknown or not names:
-        raise ConfigError(f"unknown shape(s) {', '.join(unknown) or '(none)'}; known: {', '.join(SHAPES)}")
+    names = shape_names(shape, SHAPES)
     per_shape = {}
     for name in names:
-        chosen = [r.strip() for r in (routes or DEFAULT_ROUTES[name]).split(",") if r.strip()]
+        chosen = comma_list(routes or DEFAULT_ROUTES[name])
         check_routes(chosen)
         per_shape[name] = ["ar"] + [r for r in dict.fromkeys(chosen) if r != "ar"]
     parse_acceptance(acceptance)
