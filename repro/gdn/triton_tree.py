@@ -105,6 +105,8 @@ software pipelining of the d_k loop (num_stages > 1), persistent scheduling acro
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -610,53 +612,18 @@ def tree_gdn_fused(
     min(64, n) for "tf32", min(32, n) otherwise (>= 16); BV = 64 (32 for "ieee", and when 64 would
     leave fewer than 64 programs); BK = 64.
     """
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    n, h, hv, dk, dv = _check_inputs(q, k, v, g, beta, state)
-    chain = chain or ancestors is None
-    if not chain and ancestors.shape != (n, n):
-        raise ValueError(f"ancestors must be [n, n] = {(n, n)}, got {tuple(ancestors.shape)}")
-    q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
-    p_ops, p_node, p_n = _pending_operands(state, pending, out)
-    state = state.contiguous().float()  # pending: already contiguous float32, so this is the caller's tensor
-    if q.dtype != k.dtype:
-        raise ValueError(f"q and k must share a dtype, got {q.dtype} and {k.dtype}")
-    if chain:
-        anc = q  # unused: the kernel builds the lower-triangular mask from indices
-    else:
-        anc = (ancestors if ancestors.dtype == torch.bool else ancestors != 0).contiguous().view(torch.uint8)
-
-    br, bv, warps = default_tiles(n, hv, dv, precision, block_rows, block_v, num_warps)
-    if br < 16 or br & (br - 1):
-        raise ValueError(f"block_rows must be a power of two >= 16, got {br}")
-    bk = block_k or min(64, _pow2_at_least(dk))
-
-    if out is None:
-        o = torch.empty(n, hv, dv, dtype=q.dtype, device=q.device)
-        delta = torch.empty(n, hv, dv, dtype=torch.float32, device=q.device)
-        gate_cum = torch.empty(n, hv, dtype=torch.float32, device=q.device)
-    else:
-        o, delta, gate_cum = out[:3]
-    k_exp, write_k = _keys_out(q, k, hv, out)
-    # the CPU interpreter keeps bf16 as raw uint16 and its tl.dot multiplies those bits: upcast there
-    upcast = interpreting() and q.dtype == torch.bfloat16
+    c = _TreeCall.of(q, k, v, g, beta, state, ancestors, precision, chain, pending, out)
+    br, bv, warps = default_tiles(c.n, c.hv, c.dv, precision, block_rows, block_v, num_warps)
+    bk = _check_tiles(br, block_k, c.dk)
     base16 = br >= 32 if batched_base is None else (batched_base and br >= 32)
-    grid = (hv, triton.cdiv(dv, bv))
-    _tree_verify_kernel[grid](
-        q, k, v, g, beta, state, anc, o, delta, gate_cum, k_exp, *p_ops, p_node, p_n, n, float(scale),
-        H=h, HV=hv, DK=dk, DV=dv, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk, BV=bv,
-        CHAIN=chain, PREC=precision, UPCAST_QK=upcast, BASE16=base16, WRITE_K=write_k,
-        PENDING=pending is not None, PNP=pow2(p_n), num_warps=warps, num_stages=num_stages,
+    _tree_verify_kernel[(c.hv, triton.cdiv(c.dv, bv))](
+        c.q, c.k, c.v, c.g, c.beta, c.state, c.anc, c.o, c.delta, c.gate_cum, c.k_exp, *c.p_ops, c.p_node,
+        c.p_n, c.n, float(scale),
+        H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk, BV=bv,
+        CHAIN=c.chain, PREC=precision, UPCAST_QK=c.upcast, BASE16=base16, WRITE_K=c.write_k,
+        PENDING=pending is not None, PNP=pow2(c.p_n), num_warps=warps, num_stages=num_stages,
     )  # fmt: skip
-    factors = TreeFactors(
-        delta=delta,
-        gate_cum=gate_cum,
-        k=k_exp,
-        v=v,
-        g=g,
-        beta=beta,
-    )
-    return o, factors
+    return c.o, c.factors()
 
 
 def split_tiles(
@@ -704,52 +671,112 @@ def tree_gdn_split(
     inverses spread over HV NR (NR + 1) / 2 programs, and phase 2 gets narrow tiles (more programs)
     without repeating them. Same arithmetic as the fused kernel, so the same error bounds.
     """
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    n, h, hv, dk, dv = _check_inputs(q, k, v, g, beta, state)
-    chain = chain or ancestors is None
-    if not chain and ancestors.shape != (n, n):
-        raise ValueError(f"ancestors must be [n, n] = {(n, n)}, got {tuple(ancestors.shape)}")
-    q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
-    if q.dtype != k.dtype:
-        raise ValueError(f"q and k must share a dtype, got {q.dtype} and {k.dtype}")
-    p_ops, p_node, p_n = _pending_operands(state, pending, out)
-    state = state.contiguous().float()
-    anc = (
-        q
-        if chain
-        else (ancestors if ancestors.dtype == torch.bool else ancestors != 0).contiguous().view(torch.uint8)
-    )
-    br, bv = split_tiles(n, hv, dv, precision, block_rows, block_v)
+    c = _TreeCall.of(q, k, v, g, beta, state, ancestors, precision, chain, pending, out)
+    br, bv = split_tiles(c.n, c.hv, c.dv, precision, block_rows, block_v)
+    bk = _check_tiles(br, block_k, c.dk)
+    nr = triton.cdiv(c.n, br)
+    npad = nr * br
+    a_blocks = torch.empty(c.hv, npad, npad, dtype=torch.float32, device=c.q.device)
+    p_blocks = torch.empty(c.hv, npad, npad, dtype=torch.float32, device=c.q.device)
+    warps = num_warps or (8 if br >= 64 else 4)
+    _tree_keys_kernel[(c.hv, nr, nr)](
+        c.q, c.k, c.g, c.beta, c.anc, a_blocks, p_blocks, c.gate_cum, c.k_exp, c.n, npad, float(scale),
+        H=c.h, HV=c.hv, DK=c.dk, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk, CHAIN=c.chain, PREC=precision,
+        UPCAST_QK=c.upcast, BASE16=br >= 32, WRITE_K=c.write_k, num_warps=warps,
+    )  # fmt: skip
+    _tree_values_kernel[(c.hv, triton.cdiv(c.dv, bv))](
+        c.q, c.k, c.v, c.beta, c.state, a_blocks, p_blocks, c.gate_cum, c.o, c.delta, *c.p_ops, c.p_node,
+        c.p_n, c.n, npad, float(scale),
+        H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, BK=bk, BV=bv, PREC=precision, PENDING=pending is not None,
+        PNP=pow2(c.p_n), num_warps=warps,
+    )  # fmt: skip
+    return c.o, c.factors()
+
+
+@dataclass
+class _TreeCall:
+    """The checked, contiguous operands and the outputs of one tree-kernel call (fused or split)."""
+
+    n: int
+    h: int
+    hv: int
+    dk: int
+    dv: int
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    g: torch.Tensor
+    beta: torch.Tensor
+    state: torch.Tensor
+    anc: torch.Tensor
+    chain: bool
+    p_ops: tuple
+    p_node: torch.Tensor
+    p_n: int
+    o: torch.Tensor
+    delta: torch.Tensor
+    gate_cum: torch.Tensor
+    k_exp: torch.Tensor
+    write_k: bool
+    upcast: bool
+
+    @classmethod
+    def of(
+        cls,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        g: torch.Tensor,
+        beta: torch.Tensor,
+        state: torch.Tensor,
+        ancestors: torch.Tensor | None,
+        precision: str,
+        chain: bool,
+        pending: PendingCommit | None,
+        out: tuple[torch.Tensor, ...] | None,
+    ) -> _TreeCall:
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        n, h, hv, dk, dv = _check_inputs(q, k, v, g, beta, state)
+        chain = chain or ancestors is None
+        if not chain and ancestors.shape != (n, n):
+            raise ValueError(f"ancestors must be [n, n] = {(n, n)}, got {tuple(ancestors.shape)}")
+        q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
+        if q.dtype != k.dtype:
+            raise ValueError(f"q and k must share a dtype, got {q.dtype} and {k.dtype}")
+        p_ops, p_node, p_n = _pending_operands(state, pending, out)
+        state = state.contiguous().float()  # pending: already contiguous float32, so the caller's tensor
+        if chain:
+            anc = q  # unused: the kernel builds the lower-triangular mask from indices
+        else:
+            anc = (
+                (ancestors if ancestors.dtype == torch.bool else ancestors != 0)
+                .contiguous()
+                .view(torch.uint8)
+            )
+        if out is None:
+            o = torch.empty(n, hv, dv, dtype=q.dtype, device=q.device)
+            delta = torch.empty(n, hv, dv, dtype=torch.float32, device=q.device)
+            gate_cum = torch.empty(n, hv, dtype=torch.float32, device=q.device)
+        else:
+            o, delta, gate_cum = out[:3]
+        k_exp, write_k = _keys_out(q, k, hv, out)
+        # the CPU interpreter keeps bf16 as raw uint16 and its tl.dot multiplies those bits: upcast there
+        upcast = interpreting() and q.dtype == torch.bfloat16
+        return cls(n, h, hv, dk, dv, q, k, v, g, beta, state, anc, chain, p_ops, p_node, p_n, o, delta,
+                   gate_cum, k_exp, write_k, upcast)  # fmt: skip
+
+    def factors(self) -> TreeFactors:
+        return TreeFactors(
+            delta=self.delta, gate_cum=self.gate_cum, k=self.k_exp, v=self.v, g=self.g, beta=self.beta
+        )
+
+
+def _check_tiles(br: int, block_k: int | None, dk: int) -> int:
+    """BK (``block_k`` or min(64, d_k)) after checking that BR is a power of two >= 16."""
     if br < 16 or br & (br - 1):
         raise ValueError(f"block_rows must be a power of two >= 16, got {br}")
-    bk = block_k or min(64, _pow2_at_least(dk))
-    nr = triton.cdiv(n, br)
-    npad = nr * br
-    dev = q.device
-    if out is None:
-        o = torch.empty(n, hv, dv, dtype=q.dtype, device=dev)
-        delta = torch.empty(n, hv, dv, dtype=torch.float32, device=dev)
-        gate_cum = torch.empty(n, hv, dtype=torch.float32, device=dev)
-    else:
-        o, delta, gate_cum = out[:3]
-    a_blocks = torch.empty(hv, npad, npad, dtype=torch.float32, device=dev)
-    p_blocks = torch.empty(hv, npad, npad, dtype=torch.float32, device=dev)
-    k_exp, write_k = _keys_out(q, k, hv, out)
-    upcast = interpreting() and q.dtype == torch.bfloat16
-    warps = num_warps or (8 if br >= 64 else 4)
-    _tree_keys_kernel[(hv, nr, nr)](
-        q, k, g, beta, anc, a_blocks, p_blocks, gate_cum, k_exp, n, npad, float(scale),
-        H=h, HV=hv, DK=dk, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk, CHAIN=chain, PREC=precision,
-        UPCAST_QK=upcast, BASE16=br >= 32, WRITE_K=write_k, num_warps=warps,
-    )  # fmt: skip
-    _tree_values_kernel[(hv, triton.cdiv(dv, bv))](
-        q, k, v, beta, state, a_blocks, p_blocks, gate_cum, o, delta, *p_ops, p_node, p_n, n, npad,
-        float(scale),
-        H=h, HV=hv, DK=dk, DV=dv, BR=br, BK=bk, BV=bv, PREC=precision, PENDING=pending is not None,
-        PNP=pow2(p_n), num_warps=warps,
-    )  # fmt: skip
-    return o, TreeFactors(delta=delta, gate_cum=gate_cum, k=k_exp, v=v, g=g, beta=beta)
+    return block_k or min(64, _pow2_at_least(dk))
 
 
 def _keys_out(
