@@ -10,6 +10,7 @@ history in the same launch)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import torch
 
@@ -39,25 +40,11 @@ def _reference(
     return out[0], factors
 
 
-def _triton(
-    q, k, v, g, beta, state, parents, ancestors, scale, keep_snapshots, precision=None, pending=None,
-    out=None,
-):  # fmt: skip
-    return _triton_tree("tree_gdn_fused", q, k, v, g, beta, state, parents, ancestors, scale, keep_snapshots,
-                        precision, pending, out)  # fmt: skip
-
-
-def _triton_split(
-    q, k, v, g, beta, state, parents, ancestors, scale, keep_snapshots, precision=None, pending=None,
-    out=None,
-):  # fmt: skip
-    return _triton_tree("tree_gdn_split", q, k, v, g, beta, state, parents, ancestors, scale, keep_snapshots,
-                        precision, pending, out)  # fmt: skip
-
-
 def _triton_tree(
-    kernel, q, k, v, g, beta, state, parents, ancestors, scale, keep_snapshots, precision, pending, out
-):
+    kernel, q, k, v, g, beta, state, parents, ancestors, scale, keep_snapshots, precision=None, pending=None,
+    out=None,
+):  # fmt: skip
+    """The tree evaluator on ``kernel`` (tree_gdn_fused or tree_gdn_split of repro.gdn.triton_tree)."""
     from repro.gdn import triton_tree
 
     # HybridLM's layers pass no precision (their q/k/v are float32): the exact "ieee" dots
@@ -66,6 +53,10 @@ def _triton_tree(
     if keep_snapshots:
         factors.snapshots = triton_tree.tree_states_fused(k, v, g, beta, state, parents)
     return o, factors
+
+
+_triton = partial(_triton_tree, "tree_gdn_fused")
+_triton_split = partial(_triton_tree, "tree_gdn_split")
 
 
 def _reference_commit(
