@@ -201,3 +201,21 @@ def small_hybrid(seed: int = 0) -> torch.nn.Module:
 def small_ids(n: int, seed: int) -> list[int]:
     """``n`` seeded token ids below SMALL_VOCAB."""
     return torch.randint(0, SMALL_VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+class CountedLaunches:
+    """A Triton kernel whose launches are counted and run outside any dispatch mode (the interpreter's
+    own torch ops are no aten ops of the step on a GPU): ``module.kernel = CountedLaunches(kernel, n)``."""
+
+    def __init__(self, kernel: object, counter: list[int]) -> None:
+        self.kernel, self.counter = kernel, counter
+
+    def __getitem__(self, grid: tuple) -> object:
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        def launch(*args: object, **kwargs: object) -> None:
+            self.counter[0] += 1
+            with _disable_current_modes():
+                self.kernel[grid](*args, **kwargs)  # type: ignore[index]
+
+        return launch

@@ -29,7 +29,7 @@ import sys
 
 import pytest
 import torch
-from conftest import run_in_interpreter
+from conftest import CountedLaunches, run_in_interpreter
 
 from repro.errors import ConfigError
 
@@ -281,24 +281,6 @@ def check_decoder(res: dict[str, dict]) -> list[str]:
     return bad
 
 
-class _Counted:
-    """A Triton kernel whose launches are counted and run outside any dispatch mode (the interpreter's
-    own torch ops are no aten ops of the step on a GPU)."""
-
-    def __init__(self, kernel: object, counter: list[int]) -> None:
-        self.kernel, self.counter = kernel, counter
-
-    def __getitem__(self, grid: tuple) -> object:
-        from torch.utils._python_dispatch import _disable_current_modes
-
-        def launch(*args: object, **kwargs: object) -> None:
-            self.counter[0] += 1
-            with _disable_current_modes():
-                self.kernel[grid](*args, **kwargs)
-
-        return launch
-
-
 def launch_counts() -> dict[str, dict[str, int]]:
     """Launches of one decode step of the tiny-qwen35 layout (6 GDN + 2 attention layers; random float32
     weights, smaller widths, GEMV matmuls): old vs fused, aten ops that launch work and Triton launches."""
@@ -314,7 +296,7 @@ def launch_counts() -> dict[str, dict[str, int]]:
     for module in (triton_attention, triton_decode, triton_linear):
         for name in dir(module):
             if name.endswith("_kernel"):
-                setattr(module, name, _Counted(getattr(module, name), counter))
+                setattr(module, name, CountedLaunches(getattr(module, name), counter))
     cfg = read_config(resolve_checkpoint("tiny-qwen35", "target"))
     cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size = 64, 32, 48  # launches: widths do not count
     cfg.linear_key_head_dim = cfg.linear_value_head_dim = cfg.head_dim = 16

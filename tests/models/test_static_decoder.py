@@ -17,7 +17,7 @@ import sys
 
 import pytest
 import torch
-from conftest import random_tree, run_in_interpreter, seed_of
+from conftest import CountedLaunches, random_tree, run_in_interpreter, seed_of
 
 from repro.decoding.acceptance import TargetMatch
 from repro.decoding.engine import Route, generate
@@ -624,24 +624,6 @@ def _interpreter_case(
     return errs
 
 
-class _UnseenLaunches:
-    """A Triton kernel whose launches run outside any dispatch mode (the interpreter's own torch ops are
-    no aten ops of the step on a GPU) and are counted."""
-
-    def __init__(self, kernel: object, counter: list[int]) -> None:
-        self.kernel, self.counter = kernel, counter
-
-    def __getitem__(self, grid: tuple) -> object:
-        from torch.utils._python_dispatch import _disable_current_modes
-
-        def launch(*args: object, **kwargs: object) -> None:
-            self.counter[0] += 1
-            with _disable_current_modes():
-                self.kernel[grid](*args, **kwargs)
-
-        return launch
-
-
 def _count_launches(counter: list[int]) -> None:
     """Count every launch of the fused decode and GEMV Triton kernels (module attributes replaced)."""
     from repro.gdn import triton_decode, triton_linear
@@ -649,7 +631,7 @@ def _count_launches(counter: list[int]) -> None:
     for module in (triton_decode, triton_linear):
         for name in dir(module):
             if name.endswith("_kernel"):
-                setattr(module, name, _UnseenLaunches(getattr(module, name), counter))
+                setattr(module, name, CountedLaunches(getattr(module, name), counter))
 
 
 def _selected_kernels_and_launches() -> dict[str, object]:
@@ -678,7 +660,7 @@ def _selected_kernels_and_launches() -> dict[str, object]:
         for name in dir(module):
             if name.endswith("_kernel"):
                 counters[name] = [0]
-                setattr(module, name, _UnseenLaunches(getattr(module, name), counters[name]))
+                setattr(module, name, CountedLaunches(getattr(module, name), counters[name]))
     dec.verify(slot)
     dec.commit(slot, "closed_form")
     return {"picked": picked, "launches": {name: c[0] for name, c in counters.items() if c[0]}}
