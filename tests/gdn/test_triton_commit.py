@@ -59,16 +59,8 @@ def closed_form_errors(hv: int, dv: int, dk: int, n: int, kind: str, seed: int, 
 
     gen = torch.Generator().manual_seed(seed)
     tree = _random_tree(n, kind, seed)
-    f64 = torch.float64
-    f = gdn.TreeFactors(
-        delta=torch.randn(n, hv, dv, generator=gen, dtype=f64),
-        gate_cum=-torch.rand(n, hv, generator=gen, dtype=f64) * 3,
-        k=torch.randn(n, hv, dk, generator=gen, dtype=f64),
-        v=torch.empty(0),
-        g=torch.empty(0),
-        beta=torch.empty(0),
-    )
-    state = torch.randn(hv, dv, dk, generator=gen, dtype=f64)
+    f = _factors(hv, dv, dk, n, gen)
+    state = torch.randn(hv, dv, dk, generator=gen, dtype=torch.float64)
     errs = []
     for end in _ends(tree):
         path = tree.path_to(end)
