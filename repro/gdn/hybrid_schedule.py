@@ -32,13 +32,17 @@ vs :func:`repro.gdn.reference.tree_gdn` and the token-by-token recurrence); the 
 (``tree_fused`` / ``tree_split`` for both pieces) match in float32 under the interpreter. With bf16
 inputs the remainder's o is rounded twice (the kernel's o', then o' + the branch term): ~2^-9 more.
 
-On a GPU (NOT MEASURED yet; ``repro bench kernels`` reports ``hybrid`` beside tree_fused / tree_split /
-per_branch_recurrent with floor and x_floor): two tree-kernel launches (chain mode of m nodes, forest of
-r = n - m nodes) plus ~10 small torch ops for the cross term and the scatter. The masked kernel's work is
-O(n^2) per head whatever the shape, so splitting n into m + r saves ~2 m r of the n^2 block pairs; but
-at the sizes the project verifies (n <= 128) the tree kernel is launch/latency bound (SpecLA shape,
-T = 64: 17.8 us for the whole tree, chain.py), so the extra launches and ops will likely cost more than
-they save, except for deep trees far above 128 nodes. Expect it to lose to tree_split at n <= 128.
+Measured on one H200 (results/2026-12-01-h200-kernels-4: scripts/dev-hybrid and the bench-kernels run;
+CUDA-graph medians per layer call, bf16, draft trees): it loses everywhere, by 10-20x. SpecLA shape
+(HV = 8, d = 256): 179 / 195 / 205 / 226 us at T = 16 / 32 / 64 / 128 (main chain m = 7 / 13 / 13 / 16)
+against tree_split's 10.1 / 13.0 / 18.3 / 27.8 and per-branch recurrence's 12-70; Weaver shape, T = 16:
+195 vs tree_fused 8.8, T = 128: 266 vs 42.7. The cost is nearly flat in T: a fixed ~170 us of
+launch latency, ~40 small torch ops in a dependent chain inside the graph (the inputs gathered per piece,
+the cross term's matmuls and exps, the scatters back; ~4 us each) around the two tree launches, where the
+single tree kernel is itself latency-bound at these sizes. To win it would need the gathers and the
+cross term fused into the two kernels' prologues and trees far above 128 nodes (the masked kernel's
+O(n^2) work dominating); neither is built.
+``repro bench kernels --methods hybrid`` keeps the row.
 """
 
 from __future__ import annotations
