@@ -14,16 +14,16 @@ The candidates (one sequence, repro's layout: q, k [T, H, d_k], v [T, HV, d_v], 
 
 :data:`CHAIN_CHOICE` picks among the GPU ones by length, per head class (few value heads: SpecLA's 8;
 many: Weaver's 48). It is written from CUDA-graph medians on an H200 (us per layer call, bf16 q/k/v,
-fp32 state; results/2026-11-30-h200-kernels-2, results/2026-12-01-h200-kernels-3, issue 13):
+fp32 state; chains measured as chains in results/2026-12-01-h200-kernels-4, issue 13):
 
-- SpecLA (HV = 8, d = 256): T = 64 split 17.8 (a 64-node draft tree; a chain costs the same: the
-  kernel's work depends on T, not the tree's shape); T = 128 split 27.4 / fused 50.3 vs chunk 49.7 vs
-  recurrent 134.7 (a chain of 128) -> the split tree kernel up to 128;
-- Weaver (HV = 48, d = 128): T = 128 fused 42.4 (draft tree); T = 256 tree 105 vs chunk 47 -> the tree
-  kernel up to 64, fla's chunk kernel above (at 128 the two are within ~10% of each other);
-- the recurrence (~1 us a token at SpecLA's shape) never wins from T = 16 on (tree kernels: < 10 us at 16).
+- SpecLA (HV = 8, d = 256): fused / split / fla chunk / recurrent = 9.45 / 10.5 / 25.9 / 14.5 at T = 16,
+  14.8 / 12.9 / 32.1 / 31.4 at 32, 23.5 / 18.2 / 43.2 / 65.6 at 64, 50.2 / 27.4 / 46.2 / 132 at 128 ->
+  the fused tree kernel at 16, the split one up to 128 (0.38-0.57x of fla's chunk time);
+- Weaver (HV = 48, d = 128): T = 128 chunk 40.3 vs fused 42.5 vs split 43.0 (earlier, T = 256: tree 105
+  vs chunk 47) -> the tree kernel up to 64, fla's chunk kernel from 128;
+- the recurrence never wins from T = 16 on.
 
-Rows the project has not measured yet (SpecLA at 256, both shapes at 16 and 32) follow the trend;
+Rows not measured as chains in graphs yet (SpecLA at 256, Weaver at 16-64 and 256) follow the trend;
 ``python scripts/gpu/dev-kernels13.py OUT`` measures every candidate at 16..256 and prints the table its
 numbers imply (``measured_choice``), to replace this one with.
 """
@@ -41,7 +41,7 @@ FEW_HEADS = 16  # value heads at most for the "few" class (the split tree kernel
 # head class -> ((longest chain length, method), ...): the first row whose length >= T; None: any length
 Table = dict[str, tuple[tuple[int | None, str], ...]]
 CHAIN_CHOICE: Table = {
-    "few": ((128, "tree_split"), (None, "chunk")),
+    "few": ((16, "tree_fused"), (128, "tree_split"), (None, "chunk")),
     "many": ((64, "tree_fused"), (None, "chunk")),
 }
 
