@@ -3,6 +3,7 @@ with a target trained on it (for the drafter training tests)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import sys
@@ -85,6 +86,18 @@ def single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@contextlib.contextmanager
+def sync_debug(mode: str | int = "error"):
+    """torch's CUDA sync debug mode ``mode`` inside the block ("error": a host-device sync raises; 0: syncs
+    allowed), the previous mode after it (GPU tests that a step never waits on the device)."""
+    before = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode(mode)
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(before)
 
 
 WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "red", "house", "by", "sea"]

@@ -19,7 +19,7 @@ import contextlib
 import numpy as np
 import pytest
 import torch
-from conftest import SMALL_VOCAB, small_hybrid, small_ids
+from conftest import SMALL_VOCAB, small_hybrid, small_ids, sync_debug
 from test_acceptance_exact import ALPHA, decode_counts, verdict
 
 from repro.decoding import device_acceptance as da
@@ -399,12 +399,8 @@ def test_gpu_sampling_step_syncs_only_in_read_back(monkeypatch):
 
     def allowing(fn):  # noqa: ANN001, ANN202
         def wrapped(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-            before = torch.cuda.get_sync_debug_mode()
-            torch.cuda.set_sync_debug_mode(0)
-            try:
+            with sync_debug(0):
                 return fn(*args, **kwargs)
-            finally:
-                torch.cuda.set_sync_debug_mode(before)
 
         return wrapped
 
@@ -435,11 +431,8 @@ def test_gpu_sampling_step_syncs_only_in_read_back(monkeypatch):
             generate(target, prompt, route, 30, reference_ids=reference)  # warm-up: the device builders
             assert target.captures == captured  # prepare_sampling made every graph the steps replay
             reads.clear()
-            torch.cuda.set_sync_debug_mode("error")
-            try:
+            with sync_debug():
                 got = generate(target, prompt, route, 30, reference_ids=reference)
-            finally:
-                torch.cuda.set_sync_debug_mode(0)
             assert len(reads) == got.steps, (type(rule).__name__, route.name)
             if type(rule) is TargetMatch:
                 assert got.output_ids == reference, route.name

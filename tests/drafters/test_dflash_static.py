@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import sync_debug
 
 from repro.decoding.engine import generate
 from repro.decoding.routes import build_route
@@ -205,13 +206,9 @@ def test_gpu_graphs_equal_eager_in_float32_and_propose_never_syncs():
     path = list(range(ver.tree.size))
     for step in range(3):
         ctx = DraftContext(ids, list(out), ver, path)
-        if step == 2:
-            torch.cuda.synchronize()
-            torch.cuda.set_sync_debug_mode("error")
-        try:
+        torch.cuda.synchronize()
+        with sync_debug("error" if step == 2 else 0):
             proposal = drafter.propose(ctx)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
         assert proposal.top_ids.is_cuda and proposal.probs.is_cuda
         ver = engine.verify(state, Tree.chain([out[-1], 1, 2, 3]), drafter.capture_layers)
         path = [0, 1]

@@ -10,6 +10,7 @@ import contextlib
 
 import pytest
 import torch
+from conftest import sync_debug
 
 from repro.decoding.engine import generate
 from repro.decoding.routes import build_route
@@ -100,7 +101,7 @@ def shadow(
 
     def both_propose(ctx: DraftContext) -> Proposal:
         ref = propose(ctx)
-        guard = no_sync() if sync_check and pads else contextlib.nullcontext()
+        guard = sync_debug() if sync_check and pads else contextlib.nullcontext()
         with guard:
             got = static.propose(ctx)
         pads.append(check_same(eager, ref, got))
@@ -109,15 +110,6 @@ def shadow(
 
     eager.begin, eager.observe_prefill, eager.propose = both_begin, both_observe, both_propose
     return pads, capacities
-
-
-@contextlib.contextmanager
-def no_sync():
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        yield
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
 
 
 STEP_SPECS = {

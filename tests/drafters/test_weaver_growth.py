@@ -14,6 +14,7 @@ import functools
 
 import pytest
 import torch
+from conftest import sync_debug
 
 from repro.decoding.engine import generate
 from repro.decoding.routes import build_route
@@ -212,12 +213,9 @@ def test_graphed_growth_on_cuda_equals_host_without_sync():
         step = GrowthStep(weaver, emb, budget, pool, graphs=True)
         step(root, rows, logits, feature)  # captures
         torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
+        with sync_debug():
             growth, probs = step(root, rows, logits, feature)
             tokens, parents, scores = growth.tokens.clone(), growth.parents.clone(), growth.scores.clone()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
         host = grow(weaver, emb, budget, 4, root, rows, *top_k_pool(logits, pool), feature)
         n = host.tree.size
         same = (

@@ -21,7 +21,7 @@ import sys
 
 import pytest
 import torch
-from conftest import run_in_interpreter
+from conftest import run_in_interpreter, sync_debug
 
 from repro.drafters.pool import top_k_pool
 from repro.drafters.weaver_growth import DeviceGrowth, GrowthStep, grow, grow_on_device
@@ -263,12 +263,9 @@ def test_fused_growth_in_a_cuda_graph_equals_the_torch_growth(dtype: torch.dtype
         step = GrowthStep(weaver, emb, budget, pool, graphs=True, fused=True)
         step(root, rows, logits, feature)  # captures
         torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
+        with sync_debug():
             growth, _ = step(root, rows, logits, feature)
             got = DeviceGrowth(growth.tokens.clone(), growth.parents.clone(), growth.scores.clone())
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
         ref = grow_on_device(
             weaver, emb, budget, torch.tensor([root], device=dev), rows, *top_k_pool(logits, pool), feature
         )

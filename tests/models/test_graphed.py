@@ -10,11 +10,9 @@ route of the gpu-smoke experiment, and the graphs were captured.
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
-from conftest import SMALL_VOCAB, random_tree, small_hybrid, small_ids
+from conftest import SMALL_VOCAB, random_tree, small_hybrid, small_ids, sync_debug
 
 from repro.data.suites import format_turn, load_suite
 from repro.decoding.engine import generate
@@ -369,19 +367,9 @@ def test_gpu_every_route_through_graphs_equals_ar_in_float32():
             assert graphed == ref, f"{name}: {compare_to_reference(graphed, ref)}"
 
 
-@contextlib.contextmanager
-def syncs_allowed():
-    """Inside torch's sync debug mode "error": allow synchronizing calls for a while."""
-    torch.cuda.set_sync_debug_mode(0)
-    try:
-        yield
-    finally:
-        torch.cuda.set_sync_debug_mode("error")
-
-
 def allowing_syncs(fn):  # noqa: ANN001, ANN201
     def wrapped(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-        with syncs_allowed():
+        with sync_debug(0):
             return fn(*args, **kwargs)
 
     return wrapped
@@ -420,7 +408,7 @@ def test_gpu_greedy_graphed_step_syncs_only_in_read_back(monkeypatch):
             propose = route.drafter.propose
 
             def on_cuda(ctx, propose=propose):  # noqa: ANN001, ANN202
-                with syncs_allowed():
+                with sync_debug(0):
                     proposal = propose(ctx)
                     proposal.probs = proposal.probs.to("cuda", torch.float32)
                     proposal.top_ids = proposal.top_ids.to("cuda")
@@ -429,11 +417,8 @@ def test_gpu_greedy_graphed_step_syncs_only_in_read_back(monkeypatch):
 
             route.drafter.propose = on_cuda
         reads.clear()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
+        with sync_debug():
             got = generate(target, prompt, route, 30, reference_ids=reference)
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
         assert got.output_ids == reference, route.name
         assert len(reads) == (got.steps if route.drafter else 0)  # AR: greedy_decode's event waits
         assert got.device_stage_s is not None and all(v >= 0 for v in got.device_stage_s.values())
