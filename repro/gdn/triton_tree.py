@@ -53,6 +53,17 @@ blocks instead of recomputing them, so narrow d_v tiles (BV = 16 at the SpecLA s
 longer repeat the d_k-long K K^T / Q K^T dots and the inverses. Same arithmetic, same error bounds
 (pinned by the same tests). Not yet measured on the GPU (scripts/gpu/dev-kernels.py has the rows).
 
+Blocked verification (:func:`tree_gdn_blocked`, issue 13: short serial chains). The same masked WY
+form with T = (I + A)^-1 made explicit, so that the value work has no serial chain at all. Three launches:
+``_tree_keys_kernel`` (as in the split form: A_rc, P_rc, the diagonal inverses T_rr, G; grid HV x NR x NR),
+``_tree_inverse_kernel`` (grid HV x NR: one column panel c of T per program, by block forward substitution
+T_rc = -T_rr sum_{c<=j<r} A_rj T_jc; then PT_rc = sum_{c<=j<=r} P_rj T_jc; into two float32
+[HV, NP, NP] scratch buffers; its serial depth is NR - 1 block steps of [BR, BR] dots, no d_k or d_v
+work), and ``_tree_wy_kernel`` (grid HV x n / BRV x d_v / BV, every program independent):
+X0_c = beta_c (V_c - e^{G_c} K_c S0^T) for the column blocks c up to its rows, Delta_R = sum_c T_Rc X0_c,
+O_R = scale e^{G_R} Q_R S0^T + sum_c PT_Rc X0_c. Explicit T is the same recursive block elimination as
+the blocked solve (no power series), so the error bounds are the split kernel's. No delayed commit.
+
 Delayed commit (SpecLA, ``pending=``): before its row blocks, each program folds the previous step's
 accepted path into its own [BV, d_k] rows of S0 (:func:`repro.gdn.triton_common.commit_path_tile`, the
 path's rows only, exact "ieee" dots), writes them back in place and, after a CTA barrier, verifies from
@@ -484,6 +495,104 @@ def _tree_values_kernel(
 
 
 @triton.jit
+def _tree_inverse_kernel(
+    a_ptr, p_ptr, t_ptr, pt_ptr, NP, NR, BR: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """Phase 2 of :func:`tree_gdn_blocked`, one (value head, column block c) per program: column panel c
+    of T = (I + A)^-1 from phase 1's blocks (A_rc below the diagonal, T_rr on it) by block forward
+    substitution, X_c = T_cc, X_r = -T_rr sum_{c<=j<r} A_rj X_j, then PT_rc = sum_{c<=j<=r} P_rj X_j.
+    Writes the blocks r >= c of column panel c of T and PT (the ones above stay unwritten)."""
+    i_h = tl.program_id(0)
+    c = tl.program_id(1)
+    o_b = tl.arange(0, BR)
+    base = i_h * NP * NP
+    cols = c * BR + o_b
+    b_x = tl.load(a_ptr + base + cols[:, None] * NP + cols[None, :])
+    tl.store(t_ptr + base + cols[:, None] * NP + cols[None, :], b_x)
+    tl.debug_barrier()
+    for r in range(c + 1, NR):
+        rows = r * BR + o_b
+        b_acc = tl.zeros([BR, BR], dtype=tl.float32)
+        for j in range(c, r):
+            jr = j * BR + o_b
+            b_a = tl.load(a_ptr + base + rows[:, None] * NP + jr[None, :])
+            b_xj = tl.load(t_ptr + base + jr[:, None] * NP + cols[None, :])
+            b_acc += tl.dot(b_a, b_xj, input_precision=PREC)
+        b_t = tl.load(a_ptr + base + rows[:, None] * NP + rows[None, :])
+        b_x = -tl.dot(b_t, b_acc, input_precision=PREC)
+        tl.store(t_ptr + base + rows[:, None] * NP + cols[None, :], b_x)
+        tl.debug_barrier()  # later blocks of this panel read it back
+    for r in range(c, NR):
+        rows = r * BR + o_b
+        b_acc = tl.zeros([BR, BR], dtype=tl.float32)
+        for j in range(c, r + 1):
+            jr = j * BR + o_b
+            b_p = tl.load(p_ptr + base + rows[:, None] * NP + jr[None, :])
+            b_xj = tl.load(t_ptr + base + jr[:, None] * NP + cols[None, :])
+            b_acc += tl.dot(b_p, b_xj, input_precision=PREC)
+        tl.store(pt_ptr + base + rows[:, None] * NP + cols[None, :], b_acc)
+
+
+@triton.jit
+def _tree_wy_kernel(
+    q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, t_ptr, pt_ptr, gcum_ptr, o_ptr, delta_ptr, n, NP, scale,
+    H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BRV: tl.constexpr,
+    BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """Phase 3 of :func:`tree_gdn_blocked`, one (value head, BRV rows R, d_v tile) per program, no
+    dependence on any other program: for each column block c (BC wide) up to R's last row,
+    X0_c = beta_c (V_c - e^{G_c} K_c S0^T), Delta_R += T_Rc X0_c, O_R += PT_Rc X0_c; then
+    O_R += scale e^{G_R} Q_R S0^T. T and PT are read under the mask col <= row < n (their blocks above
+    the diagonal are never written)."""
+    i_h = tl.program_id(0)
+    i_r = tl.program_id(1)
+    i_v = tl.program_id(2)
+    i_kh = i_h // (HV // H)
+    rows = i_r * BRV + tl.arange(0, BRV)
+    m_rows = rows < n
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < DV
+    base = i_h * NP * NP
+    b_d = tl.zeros([BRV, BV], dtype=tl.float32)
+    b_o = tl.zeros([BRV, BV], dtype=tl.float32)
+    for c0 in range(0, (i_r + 1) * BRV, BC):
+        cols = c0 + tl.arange(0, BC)
+        m_cols = cols < n
+        b_ks = tl.zeros([BC, BV], dtype=tl.float32)
+        for kk in range(0, DK, BK):
+            m_k = (kk + o_k) < DK
+            p_k = k_ptr + cols[:, None] * (H * DK) + i_kh * DK + (kk + o_k)[None, :]
+            b_k = tl.load(p_k, mask=m_cols[:, None] & m_k[None, :], other=0.0).to(tl.float32)
+            p_s = s0_ptr + i_h * (DV * DK) + o_v[None, :] * DK + (kk + o_k)[:, None]
+            b_s = tl.load(p_s, mask=m_k[:, None] & m_v[None, :], other=0.0)
+            b_ks += tl.dot(b_k, b_s, input_precision=PREC)
+        b_gc = tl.load(gcum_ptr + cols * HV + i_h, mask=m_cols, other=0.0)
+        b_bc = tl.load(beta_ptr + cols * HV + i_h, mask=m_cols, other=0.0).to(tl.float32)
+        p_vc = v_ptr + cols[:, None] * (HV * DV) + i_h * DV + o_v[None, :]
+        b_vc = tl.load(p_vc, mask=m_cols[:, None] & m_v[None, :], other=0.0).to(tl.float32)
+        b_x0 = b_bc[:, None] * (b_vc - tl.exp(b_gc)[:, None] * b_ks)
+        m_rc = m_rows[:, None] & m_cols[None, :] & (rows[:, None] >= cols[None, :])
+        p_rc = base + rows[:, None] * NP + cols[None, :]
+        b_d += tl.dot(tl.load(t_ptr + p_rc, mask=m_rc, other=0.0), b_x0, input_precision=PREC)
+        b_o += tl.dot(tl.load(pt_ptr + p_rc, mask=m_rc, other=0.0), b_x0, input_precision=PREC)
+    b_qs = tl.zeros([BRV, BV], dtype=tl.float32)
+    for kk in range(0, DK, BK):
+        m_k = (kk + o_k) < DK
+        p_q = q_ptr + rows[:, None] * (H * DK) + i_kh * DK + (kk + o_k)[None, :]
+        b_q = tl.load(p_q, mask=m_rows[:, None] & m_k[None, :], other=0.0).to(tl.float32)
+        p_s = s0_ptr + i_h * (DV * DK) + o_v[None, :] * DK + (kk + o_k)[:, None]
+        b_s = tl.load(p_s, mask=m_k[:, None] & m_v[None, :], other=0.0)
+        b_qs += tl.dot(b_q, b_s, input_precision=PREC)
+    b_gr = tl.load(gcum_ptr + rows * HV + i_h, mask=m_rows, other=0.0)
+    b_o += (scale * tl.exp(b_gr))[:, None] * b_qs
+    p_out = rows[:, None] * (HV * DV) + i_h * DV + o_v[None, :]
+    m_out = m_rows[:, None] & m_v[None, :]
+    tl.store(delta_ptr + p_out, b_d, mask=m_out)
+    tl.store(o_ptr + p_out, b_o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=m_out)
+
+
+@triton.jit
 def _tree_states_kernel(
     k_ptr,
     v_ptr,
@@ -674,21 +783,111 @@ def tree_gdn_split(
     c = _TreeCall.of(q, k, v, g, beta, state, ancestors, precision, chain, pending, out)
     br, bv = split_tiles(c.n, c.hv, c.dv, precision, block_rows, block_v)
     bk = _check_tiles(br, block_k, c.dk)
-    nr = triton.cdiv(c.n, br)
-    npad = nr * br
-    a_blocks = torch.empty(c.hv, npad, npad, dtype=torch.float32, device=c.q.device)
-    p_blocks = torch.empty(c.hv, npad, npad, dtype=torch.float32, device=c.q.device)
     warps = num_warps or (8 if br >= 64 else 4)
-    _tree_keys_kernel[(c.hv, nr, nr)](
-        c.q, c.k, c.g, c.beta, c.anc, a_blocks, p_blocks, c.gate_cum, c.k_exp, c.n, npad, float(scale),
-        H=c.h, HV=c.hv, DK=c.dk, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk, CHAIN=c.chain, PREC=precision,
-        UPCAST_QK=c.upcast, BASE16=br >= 32, WRITE_K=c.write_k, num_warps=warps,
-    )  # fmt: skip
+    a_blocks, p_blocks, npad = _key_blocks(c, br, bk, precision, scale, warps)
     _tree_values_kernel[(c.hv, triton.cdiv(c.dv, bv))](
         c.q, c.k, c.v, c.beta, c.state, a_blocks, p_blocks, c.gate_cum, c.o, c.delta, *c.p_ops, c.p_node,
         c.p_n, c.n, npad, float(scale),
         H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, BK=bk, BV=bv, PREC=precision, PENDING=pending is not None,
         PNP=pow2(c.p_n), num_warps=warps,
+    )  # fmt: skip
+    return c.o, c.factors()
+
+
+def _key_blocks(
+    c: _TreeCall, br: int, bk: int, precision: str, scale: float, warps: int
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Launch ``_tree_keys_kernel`` (phase 1 of the split and blocked forms): returns the float32 scratch
+    (A blocks with the diagonal inverses, P blocks), each [HV, NP, NP], and NP = n rounded up to BR;
+    writes G and TreeFactors.k."""
+    nr = triton.cdiv(c.n, br)
+    npad = nr * br
+    a_blocks = torch.empty(c.hv, npad, npad, dtype=torch.float32, device=c.q.device)
+    p_blocks = torch.empty(c.hv, npad, npad, dtype=torch.float32, device=c.q.device)
+    _tree_keys_kernel[(c.hv, nr, nr)](
+        c.q, c.k, c.g, c.beta, c.anc, a_blocks, p_blocks, c.gate_cum, c.k_exp, c.n, npad, float(scale),
+        H=c.h, HV=c.hv, DK=c.dk, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk, CHAIN=c.chain, PREC=precision,
+        UPCAST_QK=c.upcast, BASE16=br >= 32, WRITE_K=c.write_k, num_warps=warps,
+    )  # fmt: skip
+    return a_blocks, p_blocks, npad
+
+
+def blocked_tiles(
+    n: int,
+    hv: int,
+    dv: int,
+    precision: str,
+    block_rows: int | None = None,
+    block_rows_v: int | None = None,
+    block_cols: int | None = None,
+    block_v: int | None = None,
+) -> tuple[int, int, int, int]:
+    """(BR, BRV, BC, BV) of :func:`tree_gdn_blocked`: the given ones, else BR = min(64, n) for "tf32"
+    (fewer serial column steps; 32 for the exact dots), BRV = BC = min(32, n) (>= 16), and BV = 64 when
+    that still gives the value launch >= 256 programs, else 32 (always <= 32 for "ieee")."""
+    n2 = _pow2_at_least(n)
+    br = block_rows or min(64 if precision == "tf32" else 32, n2)
+    brv = block_rows_v or min(32, n2)
+    bc = block_cols or min(32, n2)
+    wide = precision != "ieee" and hv * triton.cdiv(n, brv) * triton.cdiv(dv, 64) >= 256
+    bv = block_v or (64 if wide else 32)
+    for name, b in (("block_rows_v", brv), ("block_cols", bc)):
+        if b < 16 or b & (b - 1):
+            raise ValueError(f"{name} must be a power of two >= 16, got {b}")
+    return br, brv, bc, min(bv, _pow2_at_least(dv))
+
+
+def tree_gdn_blocked(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    ancestors: torch.Tensor | None,
+    scale: float,
+    precision: str = "ieee",
+    *,
+    chain: bool = False,
+    block_rows: int | None = None,
+    block_rows_v: int | None = None,
+    block_cols: int | None = None,
+    block_v: int | None = None,
+    block_k: int | None = None,
+    num_warps: int | None = None,
+    num_warps_v: int | None = None,
+    num_stages_v: int = 1,
+    out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    pending: PendingCommit | None = None,
+) -> tuple[torch.Tensor, TreeFactors]:
+    """:func:`tree_gdn_fused` (same arguments and results; no ``pending``) with T = (I + A)^-1 explicit:
+    three launches whose serial chains are short (module docstring, "Blocked verification").
+
+    Phase 1 (``_tree_keys_kernel``, HV x NR x NR programs of BR = ``block_rows`` rows): A, P blocks and
+    the diagonal inverses; phase 2 (``_tree_inverse_kernel``, HV x NR): T and PT = P T by column panels;
+    phase 3 (``_tree_wy_kernel``, HV x n / BRV x d_v / BV; BRV = ``block_rows_v`` rows, column blocks of
+    BC = ``block_cols``): Delta = T X0 and O = scale e^G Q S0^T + PT X0 with X0 = beta (V - e^G K S0^T).
+    ``num_warps`` (phases 1-2; 8 for BR >= 64, else 4), ``num_warps_v`` (phase 3; 4) and
+    ``num_stages_v`` (phase 3's software pipelining) are the other knobs. Scratch: four float32
+    [HV, NP, NP] buffers (NP = n rounded up to BR).
+    """
+    if pending is not None:
+        raise ValueError("tree_gdn_blocked has no delayed commit: use tree_gdn_fused or tree_gdn_split")
+    c = _TreeCall.of(q, k, v, g, beta, state, ancestors, precision, chain, None, out)
+    br, brv, bc, bv = blocked_tiles(c.n, c.hv, c.dv, precision, block_rows, block_rows_v, block_cols, block_v)
+    bk = _check_tiles(br, block_k, c.dk)
+    warps = num_warps or (8 if br >= 64 else 4)
+    a_blocks, p_blocks, npad = _key_blocks(c, br, bk, precision, scale, warps)
+    t_full = torch.empty_like(a_blocks)
+    pt_full = torch.empty_like(p_blocks)
+    nr = npad // br
+    _tree_inverse_kernel[(c.hv, nr)](
+        a_blocks, p_blocks, t_full, pt_full, npad, nr, BR=br, PREC=precision, num_warps=warps
+    )
+    _tree_wy_kernel[(c.hv, triton.cdiv(c.n, brv), triton.cdiv(c.dv, bv))](
+        c.q, c.k, c.v, c.beta, c.state, t_full, pt_full, c.gate_cum, c.o, c.delta, c.n, npad, float(scale),
+        H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BRV=brv, BC=bc, BK=bk, BV=bv, PREC=precision,
+        num_warps=num_warps_v or 4, num_stages=num_stages_v,
     )  # fmt: skip
     return c.o, c.factors()
 
