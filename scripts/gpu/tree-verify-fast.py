@@ -39,17 +39,17 @@ BUDGET_S = float(os.environ.get("TREE_FAST_BUDGET_S", "75"))
 RUN_SHAPES = os.environ.get("TREE_FAST_SHAPES", "weaver,specla").split(",")
 METHODS = ["per_branch_recurrent", "tree_fused", "tree_split", "tree_blocked"]
 SETTINGS: dict[str, dict[str, Any]] = {  # tree_gdn_blocked knobs (module docstring of triton_tree)
-    "default": {},
-    "br32": dict(block_rows=32),  # key blocks of 32: more key programs, NR - 1 = 3 column steps
-    "br16": dict(block_rows=16),
+    "default": {},  # BR = 64 (tf32), BRV = BC = 32, BV 64 or 32, X0 precomputed in phase 2
+    "x0-in-values": dict(precompute_x0=False),  # every value program computes its own K S0^T
+    "br32": dict(block_rows=32),  # key blocks of 32: more key programs, NR - 1 = 3 column steps at T=128
     "brv16": dict(block_rows_v=16),  # more value programs
-    "brv64-bc32": dict(block_rows_v=64, block_cols=32),
+    "brv64": dict(block_rows_v=64),
     "bv16": dict(block_v=16),
     "bv64": dict(block_v=64),
     "bc64": dict(block_cols=64),
-    "warps-v8": dict(num_warps_v=8),
+    "bc128-wv8": dict(block_cols=128, num_warps_v=8),  # one column block: one dot over all rows
     "stages-v2": dict(num_stages_v=2),
-    "br32-brv16-bv16": dict(block_rows=32, block_rows_v=16, block_v=16),
+    "br32-brv16-bv32": dict(block_rows=32, block_rows_v=16, block_v=32),
 }
 PICK = os.environ.get("TREE_FAST_SETTINGS")
 if PICK:

@@ -126,7 +126,8 @@ def run_case(spec: dict, device: str) -> dict:
     tree = Tree(torch.zeros(n, dtype=torch.long), parents)
     anc = tree.ancestor_mask.to(device)
     scale = dk**-0.5
-    tuning = ("block_rows", "block_v", "block_k", "num_warps", "batched_base", "block_rows_v", "block_cols")
+    tuning = ("block_rows", "block_v", "block_k", "num_warps", "batched_base", "block_rows_v", "block_cols",
+              "precompute_x0")  # fmt: skip
     knobs = {key: spec[key] for key in tuning if key in spec}
     nan = float("nan")
     o = torch.full((n, hv, dv), nan, dtype=q.dtype, device=device)
@@ -299,6 +300,18 @@ INTERP_CASES = {
         "kind": "mixed",
         "dv": 32,
         "blocked": True,
+        "block_rows": 16,
+        "block_rows_v": 32,
+        "block_cols": 16,
+        "block_v": 16,
+    },  # fmt: skip
+    "blocked-n40-mixed-br16-brv32-bc16-bv16-x0-in-values": {
+        **_SMALL,
+        "n": 40,
+        "kind": "mixed",
+        "dv": 32,
+        "blocked": True,
+        "precompute_x0": False,
         "block_rows": 16,
         "block_rows_v": 32,
         "block_cols": 16,
