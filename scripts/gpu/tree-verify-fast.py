@@ -48,6 +48,7 @@ SETTINGS: dict[str, dict[str, Any]] = {  # tree_gdn_blocked knobs (module docstr
     "bc64": dict(block_cols=64),
     "bc128-wv8": dict(block_cols=128, num_warps_v=8),  # one column block: one dot over all rows
     "stages-v2": dict(num_stages_v=2),
+    "w4": dict(num_warps=4),  # phases 1-2 with 4 warps (default 8 at BR = 64)
     "br32-brv16-bv32": dict(block_rows=32, block_rows_v=16, block_v=32),
 }
 PICK = os.environ.get("TREE_FAST_SETTINGS")
