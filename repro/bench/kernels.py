@@ -11,7 +11,8 @@ n tree nodes, L tokens over all root-to-leaf paths, N paths (leaves), d the acce
 e the q/k/v element size (2 for bf16, 4 for fp32), g/beta/state/factors in fp32:
 
 - io(t) = t (2 H dk e + HV dv e + 2 HV 4): q, k, v, g, beta of t tokens; S = HV dv dk 4.
-- tree_fused, tree_split (the two-phase kernel; its scratch not counted), tree_torch, hybrid / hybrid_torch
+- tree_fused, tree_split (the two-phase kernel; its scratch not counted), tree_blocked (three launches, T
+  explicit: repro.gdn.triton_tree.tree_gdn_blocked; scratch not counted), tree_torch, hybrid / hybrid_torch
   (SpecLA's chain + masked-remainder schedule, repro.gdn.hybrid_schedule; Triton / torch): io(n) + n^2
   (ancestor mask) + S, writes o (n HV dv e), delta (n HV dv 4) and G (n HV 4); flops HV wy(n),
   where the masked WY form costs wy(n) = 3 n^2 dk (K K^T, T (beta e^G K), Q K^T; triangular)
@@ -23,11 +24,11 @@ e the q/k/v element size (2 for bf16, 4 for fp32), g/beta/state/factors in fp32:
   chunk(l) = sum over 64-token chunks c of wy(c), plus 2 c dk dv for each state hand-off; bf16.
 - chain_recurrent / chain_chunk: io(n) + S, writes o; flops as the two above with L = n.
 - chain group (one chain of T tokens from S0, S never written): per_branch_recurrent (fla's recurrence
-  over the chain's one branch; the baseline), chain_chunk (fla's chunk kernel), tree_fused / tree_split
-  (the project's tree kernels), chain_verify (repro.gdn.chain.verify_chain: the one of those its table
-  picks for T and the shape) and chain_torch (its torch reference, float32): each its own method's cost;
-  chain_verify and chain_torch those of chain_chunk (the cheapest exact form: io(T) + S, writes o; chunked
-  WY flops at the bf16 rate, the fp32 rate for chain_torch).
+  over the chain's one branch; the baseline), chain_chunk (fla's chunk kernel), tree_fused / tree_split /
+  tree_blocked (the project's tree kernels), chain_verify (repro.gdn.chain.verify_chain: the one of those
+  its table picks for T and the shape) and chain_torch (its torch reference, float32): each its own
+  method's cost; chain_verify and chain_torch those of chain_chunk (the cheapest exact form: io(T) + S,
+  writes o; chunked WY flops at the bf16 rate, the fp32 rate for chain_torch).
 - per_token_states: k, v, g, beta of n tokens + S + 8 n (parents), writes n S;
   flops 5 dk dv HV per node (decay, S k, rank-1 update), fp32 rate.
 - commit_closed_form (torch), commit_closed_form_fused (Triton, repro.gdn.triton_commit: reads every
@@ -91,6 +92,7 @@ VERIFY_ROWS = [
     ("per_branch_recurrent", "bf16"),
     ("tree_fused", "bf16"),
     ("tree_split", "bf16"),
+    ("tree_blocked", "bf16"),
     ("hybrid", "bf16"),
     ("tree_fused", "fp32"),
     ("tree_torch", "fp32"),
@@ -104,6 +106,7 @@ CHAIN_ROWS = [
     ("chain_chunk", "bf16"),
     ("tree_fused", "bf16"),
     ("tree_split", "bf16"),
+    ("tree_blocked", "bf16"),
     ("chain_verify", "bf16"),
     ("chain_torch", "fp32"),
 ]
@@ -130,6 +133,7 @@ GROUP_ROWS = {"verify": VERIFY_ROWS, "recovery": RECOVERY_ROWS, "step": STEP_ROW
 PRECISION_METHODS = {
     "tree_fused",
     "tree_split",
+    "tree_blocked",
     "hybrid",
     "chain_verify",
     *(m for m, _ in STEP_ROWS if m != "step_torch"),
@@ -306,6 +310,13 @@ def build_tree_split(case: Case, x: Inputs) -> Fn:
     s = case.shape.scale
     prec = case.precision
     return lambda: split(x.q, x.k, x.v, x.g, x.beta, x.state, case.ancestors, s, precision=prec)[0]
+
+
+def build_tree_blocked(case: Case, x: Inputs) -> Fn:
+    blocked = _triton_tree().tree_gdn_blocked
+    s = case.shape.scale
+    prec = case.precision
+    return lambda: blocked(x.q, x.k, x.v, x.g, x.beta, x.state, case.ancestors, s, precision=prec)[0]
 
 
 def build_hybrid(case: Case, x: Inputs, kernel: str | None = None) -> Fn:
@@ -535,7 +546,7 @@ def cost(method: str, dtype: str, case: Case) -> tuple[int, float, str]:
         return t * sh.hv * sh.dv * e
 
     rec = 7 * sh.dk * sh.dv * sh.hv  # flops per token of the recurrence
-    if method in ("tree_fused", "tree_split", "tree_torch", "hybrid", "hybrid_torch"):
+    if method in ("tree_fused", "tree_split", "tree_blocked", "tree_torch", "hybrid", "hybrid_torch"):
         nbytes = io(n) + n * n + state + o(n) + n * sh.hv * (sh.dv + 1) * 4
         return nbytes, sh.hv * wy_flops(n, sh.dk, sh.dv), dtype
     if method in ("per_branch_recurrent", "prefill_flattened"):
@@ -593,6 +604,7 @@ class Method:
 METHODS: dict[str, Method] = {
     "tree_fused": Method(build_tree_fused, "nodes", "triton_tree"),
     "tree_split": Method(build_tree_split, "nodes", "triton_tree"),
+    "tree_blocked": Method(build_tree_blocked, "nodes", "triton_tree"),
     "tree_torch": Method(build_tree_torch, "nodes", "torch", False, "not graph-timed (reference path)"),
     "hybrid": Method(build_hybrid, "nodes", "triton_tree"),
     "hybrid_torch": Method(build_hybrid_torch, "nodes", "torch", False, "not graph-timed (reference path)"),

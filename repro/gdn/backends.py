@@ -4,8 +4,9 @@ draft trees, flash-linear-attention's chunk kernel for batched chains (prefill, 
 recurrence for decode steps. Each pair returns the same results. The one place a backend is chosen:
 HybridLM's layers and the static decoder both ask here. The Triton tree evaluator comes as the one-launch
 kernel ("fused") or the two-phase one ("split", few heads), either with SpecLA's delayed commit
-(``pending``); :func:`commit_function` is the capturable closed-form commit (path rows only, conv
-history in the same launch)."""
+(``pending``), or the three-launch one with T explicit ("blocked"; a pending commit is a launch before
+it); :func:`commit_function` is the capturable closed-form commit (path rows only, conv history in the
+same launch)."""
 
 from __future__ import annotations
 
@@ -49,6 +50,9 @@ def _triton_tree(
 
     # HybridLM's layers pass no precision (their q/k/v are float32): the exact "ieee" dots
     fn = getattr(triton_tree, kernel)
+    if kernel == "tree_gdn_blocked" and pending is not None:  # no delayed commit in it: a commit launch first
+        _triton_commit(state, pending.delta, pending.k, pending.gate_cum, pending.ancestors, pending.node)
+        pending = None
     o, factors = fn(q, k, v, g, beta, state, ancestors, scale, precision or "ieee", pending=pending, out=out)
     if keep_snapshots:
         factors.snapshots = triton_tree.tree_states_fused(k, v, g, beta, state, parents)
@@ -57,6 +61,8 @@ def _triton_tree(
 
 _triton = partial(_triton_tree, "tree_gdn_fused")
 _triton_split = partial(_triton_tree, "tree_gdn_split")
+_triton_blocked = partial(_triton_tree, "tree_gdn_blocked")
+_TREE_FNS = {"fused": _triton, "split": _triton_split, "blocked": _triton_blocked}
 
 
 def _reference_commit(
@@ -139,7 +145,8 @@ def check_backend(name: str, device: torch.device, interpreter: bool = False) ->
     return name
 
 
-TREE_KERNELS = ("fused", "split")  # the Triton tree kernels: one launch, or two phases (few heads)
+# the Triton tree kernels: one launch, two phases (few heads), or three with T explicit (no delayed commit)
+TREE_KERNELS = ("fused", "split", "blocked")
 
 
 def tree_function(
@@ -152,13 +159,14 @@ def tree_function(
     (o, delta, gate_cum[, k]): where the outputs and factors go (the delayed commit's double buffers).
     ``kernel`` (``triton``): "fused" (:func:`repro.gdn.triton_tree.tree_gdn_fused`) or "split"
     (``tree_gdn_split``: the key-only work once per head in a first launch; meant for few value heads,
-    e.g. GDN-1.3B's 8)."""
+    e.g. GDN-1.3B's 8) or "blocked" (``tree_gdn_blocked``: T = (I + A)^-1 explicit, the value work in
+    independent programs; a ``pending`` commit runs as its own launch before it)."""
     check_backend(name, device, interpreter)
     if kernel not in TREE_KERNELS:
         raise ConfigError(f"unknown tree kernel {kernel!r}: choose one of {', '.join(TREE_KERNELS)}")
     if name == "reference":
         return _reference
-    return _triton_split if kernel == "split" else _triton
+    return _TREE_FNS[kernel]
 
 
 def commit_function(name: str, device: torch.device, interpreter: bool = False) -> CommitFn:

@@ -53,6 +53,23 @@ blocks instead of recomputing them, so narrow d_v tiles (BV = 16 at the SpecLA s
 longer repeat the d_k-long K K^T / Q K^T dots and the inverses. Same arithmetic, same error bounds
 (pinned by the same tests). Not yet measured on the GPU (scripts/gpu/dev-kernels.py has the rows).
 
+Blocked verification (:func:`tree_gdn_blocked`, issue 13: short serial chains). The same masked WY
+form with T = (I + A)^-1 made explicit, so that the value work has no serial chain at all. Three launches:
+``_tree_keys_kernel`` (as in the split form: A_rc, P_rc, the diagonal inverses T_rr, G; grid HV x NR x NR),
+``_tree_inverse_kernel`` (grid HV x (NR + value tiles): one column panel c of T per program, by block
+forward substitution T_rc = -T_rr sum_{c<=j<r} A_rj T_jc; then PT_rc = sum_{c<=j<=r} P_rj T_jc; into two
+float32 [HV, NP, NP] scratch buffers; its serial depth is NR - 1 block steps of [BR, BR] dots, no d_k or
+d_v work; beside them, programs computing X0 = beta (V - e^G K S0^T) and scale e^G Q S0^T per BRV x BV
+tile), and ``_tree_wy_kernel`` (grid HV x n / BRV x d_v / BV, every program independent):
+Delta_R = sum_c T_Rc X0_c, O_R = scale e^{G_R} Q_R S0^T + sum_c PT_Rc X0_c over the column blocks c up to
+its rows. Explicit T is the same recursive block elimination as the blocked solve (no power series), so
+the error bounds are the split kernel's. No delayed commit (:mod:`repro.gdn.backends` runs a pending
+commit as a launch of its own first). Why: the split kernel's value phase walks the row blocks in series,
+each step a d_k loop, the off-diagonal dots and a global-memory round trip of Delta behind a CTA barrier;
+here the only serial chain is phase 2's column panel 0 (NR - 1 steps of [BR, BR] dots: one step at
+n = 128, BR = 64), and phase 3 is one pass of independent loads and dots per program. NOT MEASURED on a
+GPU yet (scripts/gpu/tree-verify-fast.py sweeps its knobs).
+
 Delayed commit (SpecLA, ``pending=``): before its row blocks, each program folds the previous step's
 accepted path into its own [BV, d_k] rows of S0 (:func:`repro.gdn.triton_common.commit_path_tile`, the
 path's rows only, exact "ieee" dots), writes them back in place and, after a CTA barrier, verifies from
@@ -484,6 +501,152 @@ def _tree_values_kernel(
 
 
 @triton.jit
+def _s0_products(
+    x_ptr, s0_ptr, rows, m_rows, o_v, m_v, i_h, i_kh,
+    H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr,
+    BM: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """X_rows S0[i_h, o_v, :]^T, [BM, BV] float32 (BM = len(rows)), for keys or queries x [n, H, d_k]."""
+    o_k = tl.arange(0, BK)
+    b_acc = tl.zeros([BM, BV], dtype=tl.float32)
+    for kk in range(0, DK, BK):
+        m_k = (kk + o_k) < DK
+        p_x = x_ptr + rows[:, None] * (H * DK) + i_kh * DK + (kk + o_k)[None, :]
+        b_x = tl.load(p_x, mask=m_rows[:, None] & m_k[None, :], other=0.0).to(tl.float32)
+        p_s = s0_ptr + i_h * (DV * DK) + o_v[None, :] * DK + (kk + o_k)[:, None]
+        b_s = tl.load(p_s, mask=m_k[:, None] & m_v[None, :], other=0.0)
+        b_acc += tl.dot(b_x, b_s, input_precision=PREC)
+    return b_acc
+
+
+@triton.jit
+def _value_rhs(
+    k_ptr, v_ptr, beta_ptr, s0_ptr, gcum_ptr, rows, m_rows, o_v, m_v, i_h, i_kh,
+    H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr,
+    BM: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """X0 = beta (V - e^G K S0^T) on ``rows`` (BM of them) x the d_v tile ``o_v`` of value head i_h
+    (0 on masked rows)."""
+    b_ks = _s0_products(k_ptr, s0_ptr, rows, m_rows, o_v, m_v, i_h, i_kh, H, HV, DK, DV, BK, BM, BV, PREC)
+    b_g = tl.load(gcum_ptr + rows * HV + i_h, mask=m_rows, other=0.0)
+    b_b = tl.load(beta_ptr + rows * HV + i_h, mask=m_rows, other=0.0).to(tl.float32)
+    p_v = v_ptr + rows[:, None] * (HV * DV) + i_h * DV + o_v[None, :]
+    b_v = tl.load(p_v, mask=m_rows[:, None] & m_v[None, :], other=0.0).to(tl.float32)
+    return b_b[:, None] * (b_v - tl.exp(b_g)[:, None] * b_ks)
+
+
+@triton.jit
+def _tree_inverse_kernel(
+    a_ptr, p_ptr, t_ptr, pt_ptr, q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, gcum_ptr, x0_ptr, qs_ptr,
+    n, NP, NR, scale,
+    H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BR: tl.constexpr,
+    BK: tl.constexpr, BRX: tl.constexpr, BVX: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """Phase 2 of :func:`tree_gdn_blocked`. Programs (value head, c < NR): column panel c of
+    T = (I + A)^-1 from phase 1's blocks (A_rc below the diagonal, T_rr on it) by block forward
+    substitution, X_c = T_cc, X_r = -T_rr sum_{c<=j<r} A_rj X_j, then PT_rc = sum_{c<=j<=r} P_rj X_j
+    (the blocks r >= c of the panel; those above stay unwritten). Programs (value head, NR + i), when
+    the grid has them (precomputed X0): the value-side right-hand sides of BRX rows x BVX columns tile i,
+    X0 = beta (V - e^G K S0^T) and QS = scale e^G Q S0^T, float32 [n, HV, d_v] each: they run beside the
+    panels' serial chain instead of inside every phase-3 program."""
+    i_h = tl.program_id(0)
+    c = tl.program_id(1)
+    if c < NR:
+        o_b = tl.arange(0, BR)
+        base = i_h * NP * NP
+        cols = c * BR + o_b
+        b_x = tl.load(a_ptr + base + cols[:, None] * NP + cols[None, :])
+        tl.store(t_ptr + base + cols[:, None] * NP + cols[None, :], b_x)
+        tl.debug_barrier()
+        for r in range(c + 1, NR):
+            rows = r * BR + o_b
+            b_acc = tl.zeros([BR, BR], dtype=tl.float32)
+            for j in range(c, r):
+                jr = j * BR + o_b
+                b_a = tl.load(a_ptr + base + rows[:, None] * NP + jr[None, :])
+                b_xj = tl.load(t_ptr + base + jr[:, None] * NP + cols[None, :])
+                b_acc += tl.dot(b_a, b_xj, input_precision=PREC)
+            b_t = tl.load(a_ptr + base + rows[:, None] * NP + rows[None, :])
+            b_x = -tl.dot(b_t, b_acc, input_precision=PREC)
+            tl.store(t_ptr + base + rows[:, None] * NP + cols[None, :], b_x)
+            tl.debug_barrier()  # later blocks of this panel read it back
+        for r in range(c, NR):
+            rows = r * BR + o_b
+            b_acc = tl.zeros([BR, BR], dtype=tl.float32)
+            for j in range(c, r + 1):
+                jr = j * BR + o_b
+                b_p = tl.load(p_ptr + base + rows[:, None] * NP + jr[None, :])
+                b_xj = tl.load(t_ptr + base + jr[:, None] * NP + cols[None, :])
+                b_acc += tl.dot(b_p, b_xj, input_precision=PREC)
+            tl.store(pt_ptr + base + rows[:, None] * NP + cols[None, :], b_acc)
+    else:
+        i_kh = i_h // (HV // H)
+        nvx = tl.cdiv(DV, BVX)
+        rows = ((c - NR) // nvx) * BRX + tl.arange(0, BRX)
+        o_v = ((c - NR) % nvx) * BVX + tl.arange(0, BVX)
+        m_rows = rows < n
+        m_v = o_v < DV
+        b_x0 = _value_rhs(k_ptr, v_ptr, beta_ptr, s0_ptr, gcum_ptr, rows, m_rows, o_v, m_v, i_h, i_kh,
+                          H, HV, DK, DV, BK, BRX, BVX, PREC)  # fmt: skip
+        b_qs = _s0_products(q_ptr, s0_ptr, rows, m_rows, o_v, m_v, i_h, i_kh,
+                            H, HV, DK, DV, BK, BRX, BVX, PREC)  # fmt: skip
+        b_g = tl.load(gcum_ptr + rows * HV + i_h, mask=m_rows, other=0.0)
+        p_out = rows[:, None] * (HV * DV) + i_h * DV + o_v[None, :]
+        m_out = m_rows[:, None] & m_v[None, :]
+        tl.store(x0_ptr + p_out, b_x0, mask=m_out)
+        tl.store(qs_ptr + p_out, (scale * tl.exp(b_g))[:, None] * b_qs, mask=m_out)
+
+
+@triton.jit
+def _tree_wy_kernel(
+    q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, t_ptr, pt_ptr, gcum_ptr, x0_ptr, qs_ptr, o_ptr, delta_ptr,
+    n, NP, scale,
+    H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BRV: tl.constexpr,
+    BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, PRE_X0: tl.constexpr,
+):  # fmt: skip
+    """Phase 3 of :func:`tree_gdn_blocked`, one (value head, BRV rows R, d_v tile) per program, no
+    dependence on any other program: for each column block c (BC wide) up to R's last row,
+    Delta_R += T_Rc X0_c and O_R += PT_Rc X0_c with X0_c = beta_c (V_c - e^{G_c} K_c S0^T) (computed
+    here, or read from phase 2's programs with PRE_X0); then O_R += scale e^{G_R} Q_R S0^T (likewise).
+    T and PT are read under the mask col <= row < n (their blocks above the diagonal are never written)."""
+    i_h = tl.program_id(0)
+    i_r = tl.program_id(1)
+    i_v = tl.program_id(2)
+    i_kh = i_h // (HV // H)
+    rows = i_r * BRV + tl.arange(0, BRV)
+    m_rows = rows < n
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < DV
+    base = i_h * NP * NP
+    b_d = tl.zeros([BRV, BV], dtype=tl.float32)
+    b_o = tl.zeros([BRV, BV], dtype=tl.float32)
+    for c0 in range(0, (i_r + 1) * BRV, BC):
+        cols = c0 + tl.arange(0, BC)
+        m_cols = cols < n
+        if PRE_X0:
+            p_x0 = x0_ptr + cols[:, None] * (HV * DV) + i_h * DV + o_v[None, :]
+            b_x0 = tl.load(p_x0, mask=m_cols[:, None] & m_v[None, :], other=0.0)
+        else:
+            b_x0 = _value_rhs(k_ptr, v_ptr, beta_ptr, s0_ptr, gcum_ptr, cols, m_cols, o_v, m_v, i_h, i_kh,
+                              H, HV, DK, DV, BK, BC, BV, PREC)  # fmt: skip
+        m_rc = m_rows[:, None] & m_cols[None, :] & (rows[:, None] >= cols[None, :])
+        p_rc = base + rows[:, None] * NP + cols[None, :]
+        b_d += tl.dot(tl.load(t_ptr + p_rc, mask=m_rc, other=0.0), b_x0, input_precision=PREC)
+        b_o += tl.dot(tl.load(pt_ptr + p_rc, mask=m_rc, other=0.0), b_x0, input_precision=PREC)
+    p_out = rows[:, None] * (HV * DV) + i_h * DV + o_v[None, :]
+    m_out = m_rows[:, None] & m_v[None, :]
+    if PRE_X0:
+        b_o += tl.load(qs_ptr + p_out, mask=m_out, other=0.0)
+    else:
+        b_qs = _s0_products(q_ptr, s0_ptr, rows, m_rows, o_v, m_v, i_h, i_kh,
+                            H, HV, DK, DV, BK, BRV, BV, PREC)  # fmt: skip
+        b_gr = tl.load(gcum_ptr + rows * HV + i_h, mask=m_rows, other=0.0)
+        b_o += (scale * tl.exp(b_gr))[:, None] * b_qs
+    tl.store(delta_ptr + p_out, b_d, mask=m_out)
+    tl.store(o_ptr + p_out, b_o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=m_out)
+
+
+@triton.jit
 def _tree_states_kernel(
     k_ptr,
     v_ptr,
@@ -674,21 +837,120 @@ def tree_gdn_split(
     c = _TreeCall.of(q, k, v, g, beta, state, ancestors, precision, chain, pending, out)
     br, bv = split_tiles(c.n, c.hv, c.dv, precision, block_rows, block_v)
     bk = _check_tiles(br, block_k, c.dk)
-    nr = triton.cdiv(c.n, br)
-    npad = nr * br
-    a_blocks = torch.empty(c.hv, npad, npad, dtype=torch.float32, device=c.q.device)
-    p_blocks = torch.empty(c.hv, npad, npad, dtype=torch.float32, device=c.q.device)
     warps = num_warps or (8 if br >= 64 else 4)
-    _tree_keys_kernel[(c.hv, nr, nr)](
-        c.q, c.k, c.g, c.beta, c.anc, a_blocks, p_blocks, c.gate_cum, c.k_exp, c.n, npad, float(scale),
-        H=c.h, HV=c.hv, DK=c.dk, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk, CHAIN=c.chain, PREC=precision,
-        UPCAST_QK=c.upcast, BASE16=br >= 32, WRITE_K=c.write_k, num_warps=warps,
-    )  # fmt: skip
+    a_blocks, p_blocks, npad = _key_blocks(c, br, bk, precision, scale, warps)
     _tree_values_kernel[(c.hv, triton.cdiv(c.dv, bv))](
         c.q, c.k, c.v, c.beta, c.state, a_blocks, p_blocks, c.gate_cum, c.o, c.delta, *c.p_ops, c.p_node,
         c.p_n, c.n, npad, float(scale),
         H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, BK=bk, BV=bv, PREC=precision, PENDING=pending is not None,
         PNP=pow2(c.p_n), num_warps=warps,
+    )  # fmt: skip
+    return c.o, c.factors()
+
+
+def _key_blocks(
+    c: _TreeCall, br: int, bk: int, precision: str, scale: float, warps: int
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Launch ``_tree_keys_kernel`` (phase 1 of the split and blocked forms): returns the float32 scratch
+    (A blocks with the diagonal inverses, P blocks), each [HV, NP, NP], and NP = n rounded up to BR;
+    writes G and TreeFactors.k."""
+    nr = triton.cdiv(c.n, br)
+    npad = nr * br
+    a_blocks = torch.empty(c.hv, npad, npad, dtype=torch.float32, device=c.q.device)
+    p_blocks = torch.empty(c.hv, npad, npad, dtype=torch.float32, device=c.q.device)
+    _tree_keys_kernel[(c.hv, nr, nr)](
+        c.q, c.k, c.g, c.beta, c.anc, a_blocks, p_blocks, c.gate_cum, c.k_exp, c.n, npad, float(scale),
+        H=c.h, HV=c.hv, DK=c.dk, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk, CHAIN=c.chain, PREC=precision,
+        UPCAST_QK=c.upcast, BASE16=br >= 32, WRITE_K=c.write_k, num_warps=warps,
+    )  # fmt: skip
+    return a_blocks, p_blocks, npad
+
+
+def blocked_tiles(
+    n: int,
+    hv: int,
+    dv: int,
+    precision: str,
+    block_rows: int | None = None,
+    block_rows_v: int | None = None,
+    block_cols: int | None = None,
+    block_v: int | None = None,
+) -> tuple[int, int, int, int]:
+    """(BR, BRV, BC, BV) of :func:`tree_gdn_blocked`: the given ones, else BR = min(64, n) for "tf32"
+    (fewer serial column steps; 32 for the exact dots), BRV = BC = min(32, n) (>= 16), and BV = 64 when
+    that still gives the value launch >= 256 programs, else 32 (always <= 32 for "ieee")."""
+    n2 = _pow2_at_least(n)
+    br = block_rows or min(64 if precision == "tf32" else 32, n2)
+    brv = block_rows_v or min(32, n2)
+    bc = block_cols or min(32, n2)
+    wide = precision != "ieee" and hv * triton.cdiv(n, brv) * triton.cdiv(dv, 64) >= 256
+    bv = block_v or (64 if wide else 32)
+    for name, b in (("block_rows_v", brv), ("block_cols", bc)):
+        if b < 16 or b & (b - 1):
+            raise ValueError(f"{name} must be a power of two >= 16, got {b}")
+    return br, brv, bc, min(bv, _pow2_at_least(dv))
+
+
+def tree_gdn_blocked(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    ancestors: torch.Tensor | None,
+    scale: float,
+    precision: str = "ieee",
+    *,
+    chain: bool = False,
+    block_rows: int | None = None,
+    block_rows_v: int | None = None,
+    block_cols: int | None = None,
+    block_v: int | None = None,
+    block_k: int | None = None,
+    num_warps: int | None = None,
+    num_warps_v: int | None = None,
+    num_stages_v: int = 1,
+    precompute_x0: bool = True,
+    out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    pending: PendingCommit | None = None,
+) -> tuple[torch.Tensor, TreeFactors]:
+    """:func:`tree_gdn_fused` (same arguments and results; no ``pending``) with T = (I + A)^-1 explicit:
+    three launches whose serial chains are short (module docstring, "Blocked verification").
+
+    Phase 1 (``_tree_keys_kernel``, HV x NR x NR programs of BR = ``block_rows`` rows): A, P blocks and
+    the diagonal inverses; phase 2 (``_tree_inverse_kernel``, HV x NR): T and PT = P T by column panels;
+    phase 3 (``_tree_wy_kernel``, HV x n / BRV x d_v / BV; BRV = ``block_rows_v`` rows, column blocks of
+    BC = ``block_cols``): Delta = T X0 and O = scale e^G Q S0^T + PT X0 with X0 = beta (V - e^G K S0^T).
+    ``precompute_x0`` (default on): X0 and scale e^G Q S0^T are computed once, by extra programs of phase 2
+    (tiles of BRV x BV, beside the column panels' serial chain), instead of in every phase-3 program (each
+    of which then repeats K S0^T for all its column blocks). ``num_warps`` (phases 1-2; 8 for BR >= 64,
+    else 4), ``num_warps_v`` (phase 3; 4) and ``num_stages_v`` (phase 3's software pipelining) are the
+    other knobs. Scratch: four float32 [HV, NP, NP] buffers (NP = n rounded up to BR), and two float32
+    [n, HV, d_v] with ``precompute_x0``.
+    """
+    if pending is not None:
+        raise ValueError("tree_gdn_blocked has no delayed commit: use tree_gdn_fused or tree_gdn_split")
+    c = _TreeCall.of(q, k, v, g, beta, state, ancestors, precision, chain, None, out)
+    br, brv, bc, bv = blocked_tiles(c.n, c.hv, c.dv, precision, block_rows, block_rows_v, block_cols, block_v)
+    bk = _check_tiles(br, block_k, c.dk)
+    warps = num_warps or (8 if br >= 64 else 4)
+    a_blocks, p_blocks, npad = _key_blocks(c, br, bk, precision, scale, warps)
+    t_full = torch.empty_like(a_blocks)
+    pt_full = torch.empty_like(p_blocks)
+    nr = npad // br
+    # X0 and QS tiles of BRX = BRV rows x BVX = BV columns beside the column panels (precompute_x0)
+    nx = triton.cdiv(c.n, brv) * triton.cdiv(c.dv, bv) if precompute_x0 else 0
+    x0, qs = (torch.empty_like(c.delta) for _ in range(2)) if nx else (c.delta, c.delta)
+    _tree_inverse_kernel[(c.hv, nr + nx)](
+        a_blocks, p_blocks, t_full, pt_full, c.q, c.k, c.v, c.beta, c.state, c.gate_cum, x0, qs,
+        c.n, npad, nr, float(scale),
+        H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, BK=bk, BRX=brv, BVX=bv, PREC=precision, num_warps=warps,
+    )  # fmt: skip
+    _tree_wy_kernel[(c.hv, triton.cdiv(c.n, brv), triton.cdiv(c.dv, bv))](
+        c.q, c.k, c.v, c.beta, c.state, t_full, pt_full, c.gate_cum, x0, qs, c.o, c.delta, c.n, npad,
+        float(scale), H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BRV=brv, BC=bc, BK=bk, BV=bv, PREC=precision,
+        PRE_X0=nx > 0, num_warps=num_warps_v or 4, num_stages=num_stages_v,
     )  # fmt: skip
     return c.o, c.factors()
 

@@ -107,7 +107,13 @@ def run_case(spec: dict, device: str) -> dict:
     ``pending`` cases verify with a delayed commit (make_pending): the references then start from the
     committed state, and ``committed`` is the error of the state the kernel wrote back.
     """
-    from repro.gdn.triton_tree import chain_gdn_fused, tree_gdn_fused, tree_gdn_split, tree_states_fused
+    from repro.gdn.triton_tree import (
+        chain_gdn_fused,
+        tree_gdn_blocked,
+        tree_gdn_fused,
+        tree_gdn_split,
+        tree_states_fused,
+    )
 
     (q, k, v, g, beta), s0, parents = make_inputs(spec, device)
     pending, s_ref = None, s0.to(F64)
@@ -120,14 +126,27 @@ def run_case(spec: dict, device: str) -> dict:
     tree = Tree(torch.zeros(n, dtype=torch.long), parents)
     anc = tree.ancestor_mask.to(device)
     scale = dk**-0.5
-    tuning = ("block_rows", "block_v", "block_k", "num_warps", "batched_base")
+    tuning = ("block_rows", "block_v", "block_k", "num_warps", "batched_base", "block_rows_v", "block_cols",
+              "precompute_x0")  # fmt: skip
     knobs = {key: spec[key] for key in tuning if key in spec}
     nan = float("nan")
     o = torch.full((n, hv, dv), nan, dtype=q.dtype, device=device)
     delta = torch.full((n, hv, dv), nan, dtype=torch.float32, device=device)
     gcum = torch.full((n, hv), nan, dtype=torch.float32, device=device)
     prec = spec.get("precision", "ieee")
-    if spec.get("split"):  # the two-phase kernels (chain_api: the mask from indices)
+    if spec.get("blocked"):  # the three-launch kernels with T explicit (chain_api: the mask from indices)
+        knobs.pop("batched_base", None)
+        ancestors = None if spec.get("chain_api") else anc
+        if pending is not None:  # through the backend, which commits in a launch of its own first
+            from repro.gdn.backends import tree_function
+
+            fn = tree_function("triton", torch.device(device), interpreter=True, kernel="blocked")
+            out = (o, delta, gcum)
+            o, f = fn(q, k, v, g, beta, s0, parents, anc, scale, False, prec, pending=pending, out=out)
+        else:
+            out = (o, delta, gcum)
+            o, f = tree_gdn_blocked(q, k, v, g, beta, s0, ancestors, scale, prec, out=out, **knobs)
+    elif spec.get("split"):  # the two-phase kernels (chain_api: the mask from indices)
         knobs.pop("batched_base", None)
         ancestors = None if spec.get("chain_api") else anc
         o, f = tree_gdn_split(
@@ -273,18 +292,91 @@ INTERP_CASES = {
         "pending": True,
         "pending_node": 0,
     },  # fmt: skip
+    # T explicit (tree_gdn_blocked): several key / value row blocks, ragged n, BRV != BR, bf16, chains
+    "blocked-n20-random-defaults": {**_SMALL, "n": 20, "kind": "random", "blocked": True},
+    "blocked-n40-mixed-br16-brv32-bc16-bv16": {
+        **_SMALL,
+        "n": 40,
+        "kind": "mixed",
+        "dv": 32,
+        "blocked": True,
+        "block_rows": 16,
+        "block_rows_v": 32,
+        "block_cols": 16,
+        "block_v": 16,
+    },  # fmt: skip
+    "blocked-n40-mixed-br16-brv32-bc16-bv16-x0-in-values": {
+        **_SMALL,
+        "n": 40,
+        "kind": "mixed",
+        "dv": 32,
+        "blocked": True,
+        "precompute_x0": False,
+        "block_rows": 16,
+        "block_rows_v": 32,
+        "block_cols": 16,
+        "block_v": 16,
+    },  # fmt: skip
+    "blocked-n64-chain-api-br16-brv16-bc32": {
+        **_SMALL,
+        "n": 64,
+        "kind": "chain",
+        "chain_api": True,
+        "blocked": True,
+        "block_rows": 16,
+        "block_rows_v": 16,
+        "block_cols": 32,
+    },  # fmt: skip
+    "blocked-n48-mixed-hard-beta2-br16": {
+        **_SMALL,
+        "n": 48,
+        "kind": "mixed",
+        "hard": True,
+        "beta_max": 2.0,
+        "blocked": True,
+        "block_rows": 16,
+    },  # fmt: skip
+    "blocked-n33-forest-bf16-h1-dk32-bk16": {
+        **_SMALL,
+        "H": 1,
+        "n": 33,
+        "kind": "forest",
+        "dtype": "bfloat16",
+        "dk": 32,
+        "block_k": 16,
+        "blocked": True,
+        "block_rows": 16,
+        "precision": "tf32",
+    },  # fmt: skip
+    "blocked-pending-n20-mixed-backend": {
+        **_SMALL,
+        "n": 20,
+        "kind": "mixed",
+        "blocked": True,
+        "pending": True,
+    },  # fmt: skip
+    "blocked-n24-fan-br32-brv16": {
+        **_SMALL,
+        "n": 24,
+        "kind": "fan",
+        "blocked": True,
+        "block_rows": 32,
+        "block_rows_v": 16,
+    },  # fmt: skip
 }
 # float32 "ieee" must reach float64 to 1e-5; bf16/fp16 outputs o are rounded to the input dtype
 # (bf16: 2^-9 relative per element, ~1e-3 in norm; fp16: 2^-11), everything else stays float32.
 O_TOL = {"float32": 1e-5, "bfloat16": 5e-3, "float16": 1.5e-3}
 
 
-# two subprocesses (each under its own time bound): the one-launch kernel, then the delayed commit and
-# the two-phase kernels
+# three subprocesses (each under its own time bound): the one-launch kernel, then the delayed commit and
+# the two-phase kernels, then the blocked (T explicit) kernels
 _LATER = tuple(name for name in INTERP_CASES if name.startswith(("pending-", "split-")))
+_BLOCKED = tuple(name for name in INTERP_CASES if name.startswith("blocked-"))
 INTERP_GROUPS = {
-    "--interpret": tuple(name for name in INTERP_CASES if name not in _LATER),
+    "--interpret": tuple(name for name in INTERP_CASES if name not in _LATER + _BLOCKED),
     "--interpret-pending-split": _LATER,
+    "--interpret-blocked": _BLOCKED,
 }
 
 
@@ -450,6 +542,39 @@ def test_gpu_tree_with_pending_commit(shape: str, n: int, kind: str, dtype: str,
     assert res["unwritten"] == 0, msg
     assert res["committed"] <= 1e-5, msg  # the commit's dots are "ieee" whatever the verification's
     assert res["o"] <= o_tol and res["delta"] <= d_tol and res["states"] <= 1e-5, msg
+
+
+@pytest.mark.parametrize(
+    ("shape", "n", "kind", "dtype", "precision"),
+    [("weaver", 128, "mixed", "bfloat16", "tf32"), ("weaver", 129, "mixed", "float32", "ieee"),
+     ("weaver", 256, "random", "bfloat16", "tf32"), ("weaver", 64, "mixed", "float32", "tf32x3"),
+     ("specla", 128, "random", "bfloat16", "tf32"), ("specla", 256, "random", "bfloat16", "tf32"),
+     ("specla", 64, "chain", "float32", "ieee"), ("specla", 31, "random", "bfloat16", "ieee")],
+)  # fmt: skip
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu_ok(), reason="needs a CUDA GPU, triton, and TRITON_INTERPRET unset")
+def test_gpu_tree_blocked(shape: str, n: int, kind: str, dtype: str, precision: str) -> None:
+    """The blocked kernels (tree_gdn_blocked, T explicit) at the paper shapes, default tiles."""
+    base = WEAVER if shape == "weaver" else SPECLA
+    spec = {**base, "n": n, "kind": kind, "dtype": dtype, "precision": precision, "seed": _fresh_seed()}
+    spec.update(blocked=True, chain_api=kind == "chain")
+    res = run_case(spec, "cuda")
+    o_tol, d_tol = GPU_TOL[(dtype, precision)]
+    msg = f"seed={spec['seed']} {res}"
+    assert res["unwritten"] == 0 and res["dtypes_ok"] and res["k_exact"], msg
+    assert res["o"] <= o_tol and res["delta"] <= d_tol and res["commit"] <= d_tol, msg
+    assert res["gate_cum"] <= 1e-5 and res["states"] <= 1e-5, msg
+
+
+@needs_triton
+def test_blocked_refuses_a_pending_commit() -> None:
+    from repro.gdn.triton_tree import tree_gdn_blocked
+
+    spec = {**_SMALL, "n": 4, "kind": "chain", "seed": 0}
+    (q, k, v, g, beta), s0, _ = make_inputs(spec, "cpu")
+    pending, _ = make_pending(spec, s0, "cpu")
+    with pytest.raises(ValueError, match="no delayed commit"):
+        tree_gdn_blocked(q, k, v, g, beta, s0, None, 0.25, pending=pending)
 
 
 if __name__ == "__main__":
