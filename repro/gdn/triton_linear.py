@@ -46,10 +46,10 @@ MAX_VERIFY_ROWS = 256
 
 
 @triton.jit
-def _rstd(x_ptr, x_stride, eps, rows, RB: tl.constexpr, N_ROWS: tl.constexpr, K: tl.constexpr,
-          BK: tl.constexpr, ACC: tl.constexpr):  # fmt: skip
-    """1 / rms of the rows ``rows`` [RB] of x [N_ROWS, K] -> [RB] (rows past N_ROWS: 1 / sqrt(eps))."""
-    m_r = rows < N_ROWS
+def _rstd(x_ptr, x_stride, eps, rows, n_rows, RB: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
+          ACC: tl.constexpr):  # fmt: skip
+    """1 / rms of the rows ``rows`` [RB] of x [n_rows, K] -> [RB] (rows past n_rows: 1 / sqrt(eps))."""
+    m_r = rows < n_rows
     ss = tl.zeros([RB, BK], dtype=ACC)
     for k0 in range(0, K, BK):
         o_k = k0 + tl.arange(0, BK)
@@ -60,13 +60,13 @@ def _rstd(x_ptr, x_stride, eps, rows, RB: tl.constexpr, N_ROWS: tl.constexpr, K:
 
 
 @triton.jit
-def _x_chunk(x_ptr, x_stride, scale_ptr, rstd, rows, k0, N_ROWS: tl.constexpr, K: tl.constexpr,
+def _x_chunk(x_ptr, x_stride, scale_ptr, rstd, rows, k0, n_rows, K: tl.constexpr,
              BK: tl.constexpr, NORM: tl.constexpr, ACC: tl.constexpr):  # fmt: skip
     """Columns k0 .. k0 + BK of the rows ``rows`` of x [RB, BK] (normed and scaled with NORM), zero
     outside."""
     o_k = k0 + tl.arange(0, BK)
     m_k = o_k < K
-    m = (rows < N_ROWS)[:, None] & m_k[None, :]
+    m = (rows < n_rows)[:, None] & m_k[None, :]
     x = tl.load(x_ptr + rows[:, None] * x_stride + o_k[None, :], mask=m, other=0.0).to(ACC)
     if NORM:
         x = x * rstd[:, None] * tl.load(scale_ptr + o_k, mask=m_k, other=0.0).to(ACC)[None, :]
@@ -114,7 +114,7 @@ def _gemv_kernel(
     best_ptr,
     best_idx_ptr,
     eps,
-    N_ROWS: tl.constexpr,
+    n_rows,
     N: tl.constexpr,
     K: tl.constexpr,
     RB: tl.constexpr,
@@ -138,16 +138,16 @@ def _gemv_kernel(
     rows = tl.program_id(1) * RB + tl.arange(0, RB)
     rstd = tl.zeros([RB], dtype=ACC)
     if NORM:
-        rstd = _rstd(x_ptr, x_stride, eps, rows, RB, N_ROWS, K, BK, ACC)
+        rstd = _rstd(x_ptr, x_stride, eps, rows, n_rows, RB, K, BK, ACC)
     acc = tl.zeros([RB, BN], dtype=ACC)
     acc_up = tl.zeros([RB, BN], dtype=ACC)
     for k0 in range(0, K, BK):
-        x = _x_chunk(x_ptr, x_stride, scale_ptr, rstd, rows, k0, N_ROWS, K, BK, NORM, ACC)
+        x = _x_chunk(x_ptr, x_stride, scale_ptr, rstd, rows, k0, n_rows, K, BK, NORM, ACC)
         acc += _tile_dot(w_ptr, x, o_n, k0, N, K, BK, ACC, DOT, NORM, UPCAST)
         if GATE_UP:
             acc_up += _tile_dot(w_ptr + N * K, x, o_n, k0, N, K, BK, ACC, DOT, NORM, UPCAST)
     m_n = o_n < N
-    m = (rows < N_ROWS)[:, None] & m_n[None, :]
+    m = (rows < n_rows)[:, None] & m_n[None, :]
     if GATE_UP:
         acc = silu(acc) * acc_up
     if HAS_BIAS:
@@ -244,7 +244,7 @@ def _launch(
     _gemv_kernel[(triton.cdiv(rows_out, bn), triton.cdiv(n, rb))](
         x, x.stride(0), scale, weight, bias if bias is not None else x,
         residual if residual is not None else x, residual.stride(0) if residual is not None else 0,
-        out, best_val, best_idx, float(eps), N_ROWS=n, N=rows_out, K=k, RB=rb, BN=bn, BK=bk,
+        out, best_val, best_idx, float(eps), n, N=rows_out, K=k, RB=rb, BN=bn, BK=bk,
         NORM=norm is not None, GATE_UP=gate_up, HAS_BIAS=bias is not None, RESIDUAL=residual is not None,
         ARGMAX=best is not None, ACC=acc_dtype(x.dtype), DOT=tiled, UPCAST=tiled and half and interpreting(),
         num_warps=num_warps or 4,

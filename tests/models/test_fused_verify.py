@@ -6,7 +6,8 @@
   HybridLM.verify) and float32 (~1e-6), and the closed-form commit after each; the fused verify
   capture-safe with the same trace on two trees; the launches of a verify of the tiny-qwen35 layout off
   vs on; slots over MAX_VERIFY_ROWS keep cuBLAS.
-- CPU: the default rule (on with ``gemv``) and the ConfigError without the fused decoder.
+- CPU: the default rule (off without ``gemv``; on with it: interpreter) and the ConfigError without the
+  fused decoder.
 - GPU (``gpu``): the verify CUDA graph with ``fuse_verify`` equals the unfused graph (float32 within
   1e-5, bf16 within 3e-2) and captures.
 """
@@ -124,7 +125,7 @@ def check(res: dict[str, dict[str, float]]) -> list[str]:
 
 def capture_facts() -> dict[str, object]:
     """The fused verify under CaptureCheck (a deriving slot: its inputs derived inside the step): hazards
-    and the same trace for two trees; slots over MAX_VERIFY_ROWS keep cuBLAS."""
+    and the same trace for two trees; slots over MAX_VERIFY_ROWS keep cuBLAS; the default (with gemv)."""
     from repro.gdn.triton_linear import MAX_VERIFY_ROWS
     from repro.models.graphs import check_capture
     from repro.models.static import StaticDecoder, TreeSlot
@@ -142,6 +143,8 @@ def capture_facts() -> dict[str, object]:
         hazards += check.hazards
     big = TreeSlot(dec, MAX_VERIFY_ROWS + 1)
     return {
+        "default_with_gemv": StaticDecoder(model, 8, kernel="triton", gemv=True).fuse_verify,
+        "default_without": StaticDecoder(model, 8, kernel="triton").fuse_verify,
         "hazards": hazards,
         "same_trace": traces[0] == traces[1],
         "rows": dec._verify_rows(slot),
@@ -198,7 +201,14 @@ def test_fused_verify_matches_the_unfused_one_in_the_interpreter(interpreted):
 
 
 def test_fused_verify_is_capture_safe_and_bounded(interpreted):
-    assert interpreted["capture"] == {"hazards": [], "same_trace": True, "rows": True, "big_rows": False}
+    assert interpreted["capture"] == {
+        "default_with_gemv": True,
+        "default_without": False,
+        "hazards": [],
+        "same_trace": True,
+        "rows": True,
+        "big_rows": False,
+    }
 
 
 def test_fused_verify_launches_fewer_kernels(interpreted):
