@@ -14,7 +14,7 @@ equals the truncated float32 result), hence 5e-3.
   in one subprocess (TRITON_INTERPRET=1, this file as a script) that prints every case's errors as JSON.
 - GPU tests (``gpu``): the GDN-1.3B matrices (in_proj [12304, 2048], out_proj [2048, 2048], gate|up
   [11264, 2048], down [2048, 5632], lm_head [32000, 2048]) in bf16 with the default blocks on CUDA, at
-  1, 3, 33 and 64 rows.
+  1, 3, 33 and 100 rows.
 """
 
 from __future__ import annotations
@@ -192,10 +192,10 @@ def test_bad_shapes_are_config_errors():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("rows", [1, 3, 33, 64])
+@pytest.mark.parametrize("rows", [1, 3, 33, 100])
 def test_gpu_kernels_at_the_1p3b_shapes(rows):
     """The five decode matmuls of GDN-1.3B in bf16 (default blocks) vs torch in float64: GEMV (1, 3 rows)
-    and row-tiled (verify: 33, 64 rows) variants."""
+    and row-tiled (verify: 33 rows, one block of 64; 100 rows, two) variants."""
     results = {
         f"{kind}/{n}x{k}/n{rows}/bfloat16": case(kind, n, k, rows, torch.bfloat16, "cuda", i)
         for i, (kind, n, k) in enumerate(REAL)

@@ -243,11 +243,12 @@ def test_fuse_verify_default_and_config_errors():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_fused_verify_graph_matches_the_unfused_one():
-    """fuse_verify True vs False on CUDA, eager and as CUDA graphs, 5 / 17 / 33 / 64 nodes: float32 within
-    1e-5 (logits and the committed state), bf16 within 3e-2; the default follows gemv."""
+    """fuse_verify True vs False on CUDA, eager and as CUDA graphs, 5 and 33 nodes (row blocks of 16 and
+    64: two compiles per matrix and dtype): float32 within 1e-5 (logits and the committed state), bf16
+    within 3e-2; the default follows gemv."""
     from repro.models.static import StaticDecoder
 
-    sizes = (5, 17, 33, 64)
+    sizes = (5, 33)
     res = verify_cases("cuda", sizes)
     print(json.dumps(res, indent=1))
     assert len(res) == 2 * 2 * len(sizes) and check(res) == []
