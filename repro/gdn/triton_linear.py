@@ -86,18 +86,20 @@ def _tile_dot(w_ptr, x, o_n, k0, N_W: tl.constexpr, K: tl.constexpr, BK: tl.cons
     o_k = k0 + tl.arange(0, BK)
     m = (o_n < N_W)[:, None] & (o_k < K)[None, :]
     w = tl.load(w_ptr + o_n[:, None] * K + o_k[None, :], mask=m, other=0.0)
-    if not DOT:
-        return tl.sum(w.to(ACC)[None, :, :] * x[:, None, :], axis=2)
-    wt = tl.trans(w)  # [BK, BN]
-    if w.dtype == tl.float32 or w.dtype == tl.float64:
-        return tl.dot(x, wt.to(ACC), input_precision="ieee", out_dtype=ACC)
-    hi = x.to(w.dtype)
-    if UPCAST:
-        wt = wt.to(ACC)
-    acc = tl.dot(hi.to(wt.dtype), wt, out_dtype=ACC)
-    if SPLIT:
-        lo = (x - hi.to(ACC)).to(w.dtype)
-        acc += tl.dot(lo.to(wt.dtype), wt, out_dtype=ACC)
+    if DOT:
+        wt = tl.trans(w)  # [BK, BN]
+        if w.dtype == tl.float32 or w.dtype == tl.float64:
+            acc = tl.dot(x, wt.to(ACC), input_precision="ieee", out_dtype=ACC)
+        else:
+            hi = x.to(w.dtype)
+            if UPCAST:
+                wt = wt.to(ACC)
+            acc = tl.dot(hi.to(wt.dtype), wt, out_dtype=ACC)
+            if SPLIT:
+                lo = (x - hi.to(ACC)).to(w.dtype)
+                acc += tl.dot(lo.to(wt.dtype), wt, out_dtype=ACC)
+    else:
+        acc = tl.sum(w.to(ACC)[None, :, :] * x[:, None, :], axis=2)
     return acc
 
 
