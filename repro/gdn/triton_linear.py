@@ -190,19 +190,39 @@ def _default_block_n(rows_out: int) -> int:
 
 def _row_tiles(
     n: int, rows_out: int, k: int, half: bool, block_m: int | None, block_n: int | None, block_k: int | None
-) -> tuple[int, int, int]:
-    """(BM, BN, BK) of the row-tiled variant, each a power of two >= 16 (tl.dot's smallest tile): BM up
-    to 64 rows (one row block for T <= 64: every weight read once), BN for about 256 programs (2 per SM
-    on an H200) within 16..128 (the interpreter: as few programs as possible), BK 64 (half) or 32
-    (float32 / float64) columns. Untuned guesses; ``block_*`` override them."""
+) -> tuple[int, int, int, int]:
+    """(BM, BN, BK, warps) of the row-tiled variant, each tile a power of two >= 16 (tl.dot's smallest):
+    BM up to 64 rows (one row block for T <= 64: every weight read once), BN for about 256 programs (2 per
+    SM on an H200) within 16..64 (the interpreter: as few programs as possible), BK 64 (half) or 32
+    (float32 / float64) columns; 8 warps for 64-row blocks, else 4 (64-row blocks on 4 warps reach sm_90's
+    255-register cap; the defaults compile without spills at the tiny-qwen35 and GDN-1.3B matrices:
+    tests/gdn/test_triton_linear.py). Untuned guesses; ``block_*`` and ``num_warps`` override them."""
     bm = max(16, pow2(block_m or min(64, n)))
     if interpreting():
-        default_n = min(128, pow2(rows_out))
+        default_n = min(64, pow2(rows_out))
     else:
-        default_n = min(128, pow2(triton.cdiv(rows_out * triton.cdiv(n, bm), 256)))
+        default_n = min(64, pow2(triton.cdiv(rows_out * triton.cdiv(n, bm), 256)))
     bn = max(16, pow2(block_n or default_n))
     bk = max(16, pow2(min(block_k or (128 if interpreting() else 64 if half else 32), k)))
-    return bm, bn, bk
+    return bm, bn, bk, 8 if bm >= 64 else 4
+
+
+def tiles(
+    n: int,
+    rows_out: int,
+    k: int,
+    half: bool,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    block_k: int | None = None,
+) -> tuple[int, int, int, int]:
+    """(rows per program, BN, BK, warps) of a launch on ``n`` rows of x [n, k] and ``rows_out`` outputs:
+    the GEMV variant's for n <= :data:`MAX_ROWS` (every row, [BN, BK] tiles of <= 4096 weights: registers,
+    4 warps), else :func:`_row_tiles`."""
+    if n > MAX_ROWS:
+        return _row_tiles(n, rows_out, k, half, block_m, block_n, block_k)
+    bn = pow2(block_n or _default_block_n(rows_out))
+    return pow2(n), bn, pow2(min(block_k or max(128, 4096 // bn), k)), 4
 
 
 def _launch(
@@ -235,11 +255,7 @@ def _launch(
         raise ConfigError(f"residual must be a row-major [{n}, {rows_out}], got {tuple(residual.shape)}")
     half = x.dtype in (torch.bfloat16, torch.float16)
     tiled = n > MAX_ROWS
-    if tiled:
-        rb, bn, bk = _row_tiles(n, rows_out, k, half, block_m, block_n, block_k)
-    else:
-        rb, bn = pow2(n), pow2(block_n or _default_block_n(rows_out))
-        bk = pow2(min(block_k or max(128, 4096 // bn), k))  # default: tiles of <= 4096 weights (registers)
+    rb, bn, bk, warps = tiles(n, rows_out, k, half, block_m, block_n, block_k)
     out = torch.empty(n, rows_out, dtype=x.dtype, device=x.device)
     scale, eps = norm if norm is not None else (x, 0.0)
     best_val, best_idx = best if best is not None else (x, x)
@@ -249,7 +265,7 @@ def _launch(
         out, best_val, best_idx, float(eps), n, N=rows_out, K=k, RB=rb, BN=bn, BK=bk,
         NORM=norm is not None, GATE_UP=gate_up, HAS_BIAS=bias is not None, RESIDUAL=residual is not None,
         ARGMAX=best is not None, ACC=acc_dtype(x.dtype), DOT=tiled, UPCAST=tiled and half and interpreting(),
-        num_warps=num_warps or 4,
+        num_warps=num_warps or warps,
     )  # fmt: skip
     return out
 

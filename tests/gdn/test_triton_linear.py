@@ -187,33 +187,54 @@ def test_bad_shapes_are_config_errors():
         tlin.norm_gate_up(torch.zeros(1, 4), s, 1e-6, torch.zeros(5, 4))
 
 
-# GEMV (decode) and row-tiled (verify) specialisations that an H200 compiles: (dtype, N, K, RB, BN, BK, flags)
+# what an H200 compiles with the default tiles: (dtype, N (I for gate|up), K, rows of x, flags); the
+# tiny-qwen35 matrices (in_proj 584 x 192, gate|up, LM head 4096 x 192) and the GDN-1.3B ones (REAL)
 SM90_CASES = {
-    "decode_head_argmax": ("bf16", 4096, 192, 1, 16, 128, {"NORM": True, "ARGMAX": True}),
-    "decode_gate_up": ("bf16", 384, 192, 1, 8, 256, {"NORM": True, "GATE_UP": True}),
-    "tiled_in_proj": ("bf16", 584, 192, 64, 16, 64, {"NORM": True}),
-    "tiled_gate_up_1p3b": ("bf16", 5632, 2048, 64, 32, 64, {"NORM": True, "GATE_UP": True}),
-    "tiled_down_residual_bias": ("bf16", 2048, 5632, 16, 16, 64, {"RESIDUAL": True, "HAS_BIAS": True}),
-    "tiled_head_1p3b": ("bf16", 32000, 2048, 64, 128, 64, {"NORM": True}),
-    "tiled_fp32_gate_up": ("fp32", 200, 40, 16, 16, 32, {"NORM": True, "GATE_UP": True}),
+    "decode_head_argmax": ("bf16", 4096, 192, 1, {"NORM": True, "ARGMAX": True}),
+    "decode_gate_up": ("bf16", 384, 192, 1, {"NORM": True, "GATE_UP": True}),
+    "tiny_in_proj_t16": ("bf16", 584, 192, 16, {"NORM": True}),
+    "tiny_gate_up_t33": ("bf16", 384, 192, 33, {"NORM": True, "GATE_UP": True}),
+    "tiny_head_t64": ("bf16", 4096, 192, 64, {"NORM": True}),
+    "tiny_fp32_gate_up_t33": ("fp32", 384, 192, 33, {"NORM": True, "GATE_UP": True}),
+    "1p3b_in_proj_t64": ("bf16", 12304, 2048, 64, {"NORM": True}),
+    "1p3b_gate_up_t64": ("bf16", 5632, 2048, 64, {"NORM": True, "GATE_UP": True}),
+    "1p3b_down_residual_bias_t100": ("bf16", 2048, 5632, 100, {"RESIDUAL": True, "HAS_BIAS": True}),
+    "1p3b_head_t64": ("bf16", 32000, 2048, 64, {"NORM": True}),
 }
 
 
-def compile_for_sm90(dtype: str, n: int, k: int, rb: int, bn: int, bk: int, flags: dict[str, bool]) -> str:
-    """The kernel compiled to PTX for sm_90 on this machine (no GPU needed: Triton's own ptxas)."""
+def compile_for_sm90(dtype: str, n: int, k: int, rows: int, flags: dict[str, bool]) -> dict[str, object]:
+    """The kernel with the default tiles (repro.gdn.triton_linear.tiles) compiled for sm_90 on this machine
+    (no GPU needed: Triton's own ptxas): whether the PTX uses the tensor cores, the spill bytes ptxas
+    reports."""
+    import re
+    import subprocess
+    import tempfile
+
     import triton
     import triton.language as tl
     from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas
     from triton.compiler import ASTSource
 
-    from repro.gdn.triton_linear import _gemv_kernel
+    from repro.gdn.triton_linear import _gemv_kernel, tiles
 
+    rb, bn, bk, warps = tiles(rows, n, k, dtype == "bf16")
     ptr = f"*{dtype}"
     sig = dict.fromkeys(("x_ptr", "scale_ptr", "w_ptr", "bias_ptr", "res_ptr", "out_ptr"), ptr)
     sig.update(
         x_stride="i32", res_stride="i32", best_ptr="*fp32", best_idx_ptr="*i64", eps="fp32", n_rows="i32"
     )
-    consts = {"N": n, "K": k, "RB": rb, "BN": bn, "BK": bk, "ACC": tl.float32, "DOT": rb > 4, "UPCAST": False}
+    consts = {
+        "N": n,
+        "K": k,
+        "RB": rb,
+        "BN": bn,
+        "BK": bk,
+        "ACC": tl.float32,
+        "DOT": rows > 4,
+        "UPCAST": False,
+    }
     for flag in ("NORM", "GATE_UP", "HAS_BIAS", "RESIDUAL", "ARGMAX"):
         consts[flag] = flags.get(flag, False)
     names = _gemv_kernel.arg_names
@@ -221,16 +242,25 @@ def compile_for_sm90(dtype: str, n: int, k: int, rb: int, bn: int, bk: int, flag
     src = ASTSource(
         _gemv_kernel, {a: sig[a] for a in names}, {(names.index(a),): v for a, v in consts.items()}
     )
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm["ptx"]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = f"{tmp}/k.ptx"
+        with open(path, "w") as f:
+            f.write(ptx)
+        cmd = [get_ptxas(90).path, "-arch=sm_90a", "-v", path, "-o", f"{tmp}/k.cubin"]
+        log = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
+    spills = sum(int(b) for b in re.findall(r"(\d+) bytes spill stores", log))
+    return {"mma": "mma" in ptx, "spills": spills}
 
 
 def test_kernels_compile_for_the_h200():
     """The interpreter does not check what only the compiler does (tl.dot tile sizes and dtypes, constexpr
-    branches): every variant compiles for sm_90 here, the row-tiled ones on the tensor cores (mma)."""
+    branches, registers): every variant compiles for sm_90 here with its default tiles, without spills,
+    the row-tiled bf16 ones on the tensor cores (mma), float32 on exact FMA dots."""
     pytest.importorskip("triton.backends.nvidia.compiler")
     for name, case in SM90_CASES.items():
-        ptx = compile_for_sm90(*case)
-        assert ("mma" in ptx) == (case[0] == "bf16" and case[3] > 4), name
+        got = compile_for_sm90(*case)
+        assert got == {"mma": case[0] == "bf16" and case[3] > 4, "spills": 0}, (name, got)
 
 
 # ---------------------------------------------------------------------------------------------- GPU
