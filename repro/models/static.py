@@ -66,8 +66,8 @@ down + residual).
 fused in, on the row-tiled variant of those kernels (slots of up to 256 nodes,
 :data:`~repro.gdn.triton_linear.MAX_VERIFY_ROWS`; larger ones keep cuBLAS): per layer the four matmuls
 become four Triton launches and the two RMSNorm and the SiLU * up launches go, the final norm rides on
-the LM head; a verify of the tiny-qwen35 layout is then 124 launches, 149 before
-(tests/models/test_fused_verify.py).
+the LM head: 25 launches fewer a verify of the tiny-qwen35 layout (149 -> 124 when this was written;
+tests/models/test_fused_verify.py).
 
 ``fuse_decode`` (needs ``fused``; by default on with ``gemv``) runs the decode step on fewer kernels
 still (:meth:`StaticDecoder._fused_decode`): per GDN layer the decode core, its gated norm and the conv
