@@ -1,26 +1,33 @@
-"""Row-vector x matrix (GEMV) Triton kernels for the decode step, with the glue around the matmul fused in.
+"""Row-block x matrix Triton kernels for the decode and verify steps, the glue around the matmul fused in.
 
 A decode step multiplies one row (n <= 4 rows here) by every weight matrix of the model, so its time is
-the time to stream the weights: each program of these kernels owns ``block_n`` output rows and walks K
-in ``block_k`` chunks, loading [block_n, block_k] weight tiles (contiguous along K, as nn.Linear stores
-them), with many programs in flight; all rows of x share each weight tile. Arithmetic is float32
+the time to stream the weights: each program of the GEMV variant owns ``block_n`` output rows and walks
+K in ``block_k`` chunks, loading [block_n, block_k] weight tiles (contiguous along K, as nn.Linear
+stores them), with many programs in flight; all rows of x share each weight tile. A verify step
+multiplies the T nodes of a draft tree (n = 5 .. :data:`MAX_VERIFY_ROWS` rows): the same kernel's
+row-tiled variant runs a grid of output blocks x row blocks, each program one ``tl.dot`` per K chunk on
+a [block_m, block_k] x [block_k, block_n] tile (tiles >= 16; float32 accumulation), the RMS of its row
+block computed in the program as before. At small widths a launch costs more than its arithmetic, so
+folding the norm, SiLU * up and residual launches into the matmul is what counts. Arithmetic is float32
 (float64 for float64 data), each output rounded once to x's dtype. What each kernel folds in:
 
-- :func:`norm_linear`: ``rms_norm(x, scale, eps) @ W^T (+ bias)``; every program recomputes the row's
-  RMS (a row of a few thousand elements) instead of a separate norm launch.
+- :func:`norm_linear`: ``rms_norm(x, scale, eps) @ W^T (+ bias)``; every program recomputes its rows'
+  RMS (rows of a few thousand elements) instead of a separate norm launch.
 - :func:`norm_gate_up`: ``SiLU(g) * u`` with ``[g; u] = rms_norm(x) @ gate_up^T``; a program computes
-  the same row block of g and of u, so the [n, 2 I] intermediate is never written.
+  the same output block of g and of u, so the [n, 2 I] intermediate is never written.
 - :func:`linear_residual`: ``residual + x @ W^T (+ bias)`` (the addmm of out_proj / down_proj).
 - :func:`norm_linear_argmax`: :func:`norm_linear` of one row (the LM head) with its argmax (first on ties)
   into a device buffer: each program also writes its block's maximum, a one-program reduce picks the
   column (and can move the decode step's length on).
 
 Semantics are those of :func:`repro.models.layers.rms_norm`, ``F.silu`` and ``F.linear`` (pinned in
-tests/gdn/test_triton_linear.py): float32 results agree to ~1e-6; bf16 ones carry one bf16 rounding of the
-output (the torch glue rounds after every op, and the normed row is not rounded to bf16 before the
-matmul here). The default block sizes are untuned guesses (about 512 programs for the row counts of the
-1.3B model, [block_n, block_k] tiles of at most 4096 weights, 4 warps); ``block_n``/``block_k``/
-``num_warps`` override them.
+tests/gdn/test_triton_linear.py): float32 results agree to ~1e-6 (the row-tiled dots are exact "ieee"
+float32, as cuBLAS without TF32), float64 ones to rounding; bf16 ones carry one bf16 rounding of the
+output (the torch glue rounds after every op): the normed row is not rounded to bf16 before the matmul
+(the row-tiled variant feeds the tensor cores its hi and lo bf16 parts, two dots on one weight tile, so
+the row keeps ~16 bits). The default block sizes are untuned guesses (GEMV: about 512 programs for the
+row counts of the 1.3B model, [block_n, block_k] tiles of at most 4096 weights, 4 warps; row-tiled: see
+:func:`_row_tiles`); ``block_m``/``block_n``/``block_k``/``num_warps`` override them.
 """
 
 from __future__ import annotations
@@ -32,15 +39,17 @@ import triton.language as tl
 from repro.errors import ConfigError
 from repro.gdn.triton_common import acc_dtype, interpreting, pow2, round_to, silu
 
-MAX_ROWS = 4  # rows of x per call (decode: 1); the programs keep them all in registers
+MAX_ROWS = 4  # rows of x the GEMV variant takes (decode: 1); its programs keep them all in registers
+# rows of x per call in all (the row-tiled variant above MAX_ROWS): the verify slots of the budgets the
+# routes use (16..256 nodes); larger slots keep cuBLAS (StaticDecoder checks this before it calls)
+MAX_VERIFY_ROWS = 256
 
 
 @triton.jit
-def _rstd(x_ptr, x_stride, eps, RB: tl.constexpr, N_ROWS: tl.constexpr, K: tl.constexpr,
-          BK: tl.constexpr, ACC: tl.constexpr):  # fmt: skip
-    """1 / rms of each row of x [N_ROWS, K] -> [RB] (rows past N_ROWS: 1)."""
-    rows = tl.arange(0, RB)
-    m_r = rows < N_ROWS
+def _rstd(x_ptr, x_stride, eps, rows, n_rows, RB: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
+          ACC: tl.constexpr):  # fmt: skip
+    """1 / rms of the rows ``rows`` [RB] of x [n_rows, K] -> [RB] (rows past n_rows: 1 / sqrt(eps))."""
+    m_r = rows < n_rows
     ss = tl.zeros([RB, BK], dtype=ACC)
     for k0 in range(0, K, BK):
         o_k = k0 + tl.arange(0, BK)
@@ -51,13 +60,13 @@ def _rstd(x_ptr, x_stride, eps, RB: tl.constexpr, N_ROWS: tl.constexpr, K: tl.co
 
 
 @triton.jit
-def _x_chunk(x_ptr, x_stride, scale_ptr, rstd, k0, RB: tl.constexpr, N_ROWS: tl.constexpr,
-             K: tl.constexpr, BK: tl.constexpr, NORM: tl.constexpr, ACC: tl.constexpr):  # fmt: skip
-    """Columns k0 .. k0 + BK of x [RB, BK] (normed and scaled with NORM), zero outside."""
-    rows = tl.arange(0, RB)
+def _x_chunk(x_ptr, x_stride, scale_ptr, rstd, rows, k0, n_rows, K: tl.constexpr,
+             BK: tl.constexpr, NORM: tl.constexpr, ACC: tl.constexpr):  # fmt: skip
+    """Columns k0 .. k0 + BK of the rows ``rows`` of x [RB, BK] (normed and scaled with NORM), zero
+    outside."""
     o_k = k0 + tl.arange(0, BK)
     m_k = o_k < K
-    m = (rows < N_ROWS)[:, None] & m_k[None, :]
+    m = (rows < n_rows)[:, None] & m_k[None, :]
     x = tl.load(x_ptr + rows[:, None] * x_stride + o_k[None, :], mask=m, other=0.0).to(ACC)
     if NORM:
         x = x * rstd[:, None] * tl.load(scale_ptr + o_k, mask=m_k, other=0.0).to(ACC)[None, :]
@@ -65,12 +74,33 @@ def _x_chunk(x_ptr, x_stride, scale_ptr, rstd, k0, RB: tl.constexpr, N_ROWS: tl.
 
 
 @triton.jit
-def _tile_dot(w_ptr, x, o_n, k0, N_W: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, ACC: tl.constexpr):
-    """x [RB, BK] times the weight rows o_n [BN], columns k0 .. k0 + BK -> [RB, BN]."""
+def _tile_dot(w_ptr, x, o_n, k0, N_W: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, ACC: tl.constexpr,
+              DOT: tl.constexpr, SPLIT: tl.constexpr, UPCAST: tl.constexpr):  # fmt: skip
+    """x [RB, BK] (in ACC) times the weight rows o_n [BN], columns k0 .. k0 + BK -> [RB, BN] in ACC.
+
+    Not DOT (RB <= 4 rows): broadcast products summed over K. DOT (RB, BN, BK >= 16): one tl.dot, exact
+    ("ieee") for float32 / float64 weights; half weights take x as hi + lo in their dtype (SPLIT: two
+    tensor-core dots, x kept to ~16 bits; else x as it is, e.g. an unnormed half row: one dot), both
+    accumulated in float32. UPCAST (the CPU interpreter, whose tl.dot misreads bf16 operands): the half
+    operands upcast to ACC first (the same products, exact)."""
     o_k = k0 + tl.arange(0, BK)
     m = (o_n < N_W)[:, None] & (o_k < K)[None, :]
-    w = tl.load(w_ptr + o_n[:, None] * K + o_k[None, :], mask=m, other=0.0).to(ACC)
-    return tl.sum(w[None, :, :] * x[:, None, :], axis=2)
+    w = tl.load(w_ptr + o_n[:, None] * K + o_k[None, :], mask=m, other=0.0)
+    if DOT:
+        wt = tl.trans(w)  # [BK, BN]
+        if w.dtype == tl.float32 or w.dtype == tl.float64:
+            acc = tl.dot(x, wt.to(ACC), input_precision="ieee", out_dtype=ACC)
+        else:
+            hi = x.to(w.dtype)
+            if UPCAST:
+                wt = wt.to(ACC)
+            acc = tl.dot(hi.to(wt.dtype), wt, out_dtype=ACC)
+            if SPLIT:
+                lo = (x - hi.to(ACC)).to(w.dtype)
+                acc += tl.dot(lo.to(wt.dtype), wt, out_dtype=ACC)
+    else:
+        acc = tl.sum(w.to(ACC)[None, :, :] * x[:, None, :], axis=2)
+    return acc
 
 
 @triton.jit
@@ -86,7 +116,7 @@ def _gemv_kernel(
     best_ptr,
     best_idx_ptr,
     eps,
-    N_ROWS: tl.constexpr,
+    n_rows,
     N: tl.constexpr,
     K: tl.constexpr,
     RB: tl.constexpr,
@@ -98,25 +128,28 @@ def _gemv_kernel(
     RESIDUAL: tl.constexpr,
     ARGMAX: tl.constexpr,
     ACC: tl.constexpr,
+    DOT: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
-    """Output columns pid * BN .. + BN of every row. GATE_UP: W is [2 N, K] = [gate; up] and the output
-    is SiLU(x W_gate^T) * (x W_up^T); else out = x W^T (+ bias) (+ residual). ARGMAX (one row): also the
-    block's largest output as stored (the first on ties) and its column, into best / best_idx [pid]."""
+    """Output columns pid(0) * BN .. + BN of rows pid(1) * RB .. + RB. GATE_UP: W is [2 N, K] = [gate; up]
+    and the output is SiLU(x W_gate^T) * (x W_up^T); else out = x W^T (+ bias) (+ residual). DOT: the
+    row-tiled variant (tl.dot tiles, :func:`_tile_dot`). ARGMAX (one row): also the block's largest
+    output as stored (the first on ties) and its column, into best / best_idx [pid(0)]."""
     pid = tl.program_id(0)
     o_n = pid * BN + tl.arange(0, BN)
-    rows = tl.arange(0, RB)
+    rows = tl.program_id(1) * RB + tl.arange(0, RB)
     rstd = tl.zeros([RB], dtype=ACC)
     if NORM:
-        rstd = _rstd(x_ptr, x_stride, eps, RB, N_ROWS, K, BK, ACC)
+        rstd = _rstd(x_ptr, x_stride, eps, rows, n_rows, RB, K, BK, ACC)
     acc = tl.zeros([RB, BN], dtype=ACC)
     acc_up = tl.zeros([RB, BN], dtype=ACC)
     for k0 in range(0, K, BK):
-        x = _x_chunk(x_ptr, x_stride, scale_ptr, rstd, k0, RB, N_ROWS, K, BK, NORM, ACC)
-        acc += _tile_dot(w_ptr, x, o_n, k0, N, K, BK, ACC)
+        x = _x_chunk(x_ptr, x_stride, scale_ptr, rstd, rows, k0, n_rows, K, BK, NORM, ACC)
+        acc += _tile_dot(w_ptr, x, o_n, k0, N, K, BK, ACC, DOT, NORM, UPCAST)
         if GATE_UP:
-            acc_up += _tile_dot(w_ptr + N * K, x, o_n, k0, N, K, BK, ACC)
+            acc_up += _tile_dot(w_ptr + N * K, x, o_n, k0, N, K, BK, ACC, DOT, NORM, UPCAST)
     m_n = o_n < N
-    m = (rows < N_ROWS)[:, None] & m_n[None, :]
+    m = (rows < n_rows)[:, None] & m_n[None, :]
     if GATE_UP:
         acc = silu(acc) * acc_up
     if HAS_BIAS:
@@ -155,6 +188,43 @@ def _default_block_n(rows_out: int) -> int:
     return max(4, min(64, pow2(rows_out // 512 + 1) // 2))
 
 
+def _row_tiles(
+    n: int, rows_out: int, k: int, half: bool, block_m: int | None, block_n: int | None, block_k: int | None
+) -> tuple[int, int, int, int]:
+    """(BM, BN, BK, warps) of the row-tiled variant, each tile a power of two >= 16 (tl.dot's smallest):
+    BM up to 64 rows (one row block for T <= 64: every weight read once), BN for about 256 programs (2 per
+    SM on an H200) within 16..64 (the interpreter: as few programs as possible), BK 64 (half) or 32
+    (float32 / float64) columns; 8 warps for 64-row blocks, else 4 (64-row blocks on 4 warps reach sm_90's
+    255-register cap; the defaults compile without spills at the tiny-qwen35 and GDN-1.3B matrices:
+    tests/gdn/test_triton_linear.py). Untuned guesses; ``block_*`` and ``num_warps`` override them."""
+    bm = max(16, pow2(block_m or min(64, n)))
+    if interpreting():
+        default_n = min(64, pow2(rows_out))
+    else:
+        default_n = min(64, pow2(triton.cdiv(rows_out * triton.cdiv(n, bm), 256)))
+    bn = max(16, pow2(block_n or default_n))
+    bk = max(16, pow2(min(block_k or (128 if interpreting() else 64 if half else 32), k)))
+    return bm, bn, bk, 8 if bm >= 64 else 4
+
+
+def tiles(
+    n: int,
+    rows_out: int,
+    k: int,
+    half: bool,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    block_k: int | None = None,
+) -> tuple[int, int, int, int]:
+    """(rows per program, BN, BK, warps) of a launch on ``n`` rows of x [n, k] and ``rows_out`` outputs:
+    the GEMV variant's for n <= :data:`MAX_ROWS` (every row, [BN, BK] tiles of <= 4096 weights: registers,
+    4 warps), else :func:`_row_tiles`."""
+    if n > MAX_ROWS:
+        return _row_tiles(n, rows_out, k, half, block_m, block_n, block_k)
+    bn = pow2(block_n or _default_block_n(rows_out))
+    return pow2(n), bn, pow2(min(block_k or max(128, 4096 // bn), k)), 4
+
+
 def _launch(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -165,12 +235,15 @@ def _launch(
     bias: torch.Tensor | None = None,
     residual: torch.Tensor | None = None,
     best: tuple[torch.Tensor, torch.Tensor] | None = None,
+    block_m: int | None = None,
     block_n: int | None = None,
     block_k: int | None = None,
     num_warps: int | None = None,
 ) -> torch.Tensor:
-    if x.dim() != 2 or not 1 <= x.shape[0] <= MAX_ROWS:
-        raise ConfigError(f"the GEMV kernels take x of 1..{MAX_ROWS} rows [n, K], got shape {tuple(x.shape)}")
+    if x.dim() != 2 or not 1 <= x.shape[0] <= MAX_VERIFY_ROWS:
+        raise ConfigError(
+            f"the linear kernels take x of 1..{MAX_VERIFY_ROWS} rows [n, K], got shape {tuple(x.shape)}"
+        )
     n, k = x.shape
     if weight.dim() != 2 or weight.shape[1] != k:
         raise ConfigError(f"weight {tuple(weight.shape)} is not [N, {k}] for x of shape {tuple(x.shape)}")
@@ -180,17 +253,19 @@ def _launch(
         raise ConfigError("the GEMV kernels read a row-major (contiguous) weight")
     if residual is not None and (residual.shape != (n, rows_out) or residual.stride(-1) != 1):
         raise ConfigError(f"residual must be a row-major [{n}, {rows_out}], got {tuple(residual.shape)}")
-    bn = pow2(block_n or _default_block_n(rows_out))
-    bk = pow2(min(block_k or max(128, 4096 // bn), k))  # default: tiles of <= 4096 weights (registers)
+    half = x.dtype in (torch.bfloat16, torch.float16)
+    tiled = n > MAX_ROWS
+    rb, bn, bk, warps = tiles(n, rows_out, k, half, block_m, block_n, block_k)
     out = torch.empty(n, rows_out, dtype=x.dtype, device=x.device)
     scale, eps = norm if norm is not None else (x, 0.0)
     best_val, best_idx = best if best is not None else (x, x)
-    _gemv_kernel[(triton.cdiv(rows_out, bn),)](
+    _gemv_kernel[(triton.cdiv(rows_out, bn), triton.cdiv(n, rb))](
         x, x.stride(0), scale, weight, bias if bias is not None else x,
         residual if residual is not None else x, residual.stride(0) if residual is not None else 0,
-        out, best_val, best_idx, float(eps), N_ROWS=n, N=rows_out, K=k, RB=pow2(n), BN=bn, BK=bk,
+        out, best_val, best_idx, float(eps), n, N=rows_out, K=k, RB=rb, BN=bn, BK=bk,
         NORM=norm is not None, GATE_UP=gate_up, HAS_BIAS=bias is not None, RESIDUAL=residual is not None,
-        ARGMAX=best is not None, ACC=acc_dtype(x.dtype), num_warps=num_warps or 4,
+        ARGMAX=best is not None, ACC=acc_dtype(x.dtype), DOT=tiled, UPCAST=tiled and half and interpreting(),
+        num_warps=num_warps or warps,
     )  # fmt: skip
     return out
 
@@ -203,9 +278,10 @@ def norm_linear(
     bias: torch.Tensor | None = None,
     **blocks: int,
 ) -> torch.Tensor:
-    """``rms_norm(x, norm_scale, eps) @ weight^T (+ bias)`` for x [n, K] (n <= 4), weight [N, K] -> [n, N].
+    """``rms_norm(x, norm_scale, eps) @ weight^T (+ bias)`` for x [n, K] (n <= :data:`MAX_VERIFY_ROWS`;
+    row-tiled above :data:`MAX_ROWS`), weight [N, K] -> [n, N].
 
-    ``blocks``: block_n, block_k, num_warps (untuned defaults).
+    ``blocks``: block_m (row-tiled), block_n, block_k, num_warps (untuned defaults).
     """
     return _launch(x, weight, weight.shape[0], norm=(norm_scale, eps), bias=bias, **blocks)
 
@@ -214,8 +290,8 @@ def norm_gate_up(
     x: torch.Tensor, norm_scale: torch.Tensor, eps: float, gate_up: torch.Tensor, **blocks: int
 ) -> torch.Tensor:
     """``SiLU(g) * u`` with ``[g; u] = rms_norm(x, norm_scale, eps) @ gate_up^T``; gate_up [2 I, K] is
-    cat(gate_proj, up_proj) -> [n, I]. ``blocks``: block_n (rows of g and of u per program), block_k,
-    num_warps (untuned defaults)."""
+    cat(gate_proj, up_proj) -> [n, I]. ``blocks``: block_m (row-tiled), block_n (columns of g and of u per
+    program), block_k, num_warps (untuned defaults)."""
     if gate_up.shape[0] % 2:
         raise ConfigError(f"gate_up must stack gate and up projections [2 I, K], got {tuple(gate_up.shape)}")
     return _launch(x, gate_up, gate_up.shape[0] // 2, norm=(norm_scale, eps), gate_up=True, **blocks)
@@ -228,8 +304,9 @@ def linear_residual(
     bias: torch.Tensor | None = None,
     **blocks: int,
 ) -> torch.Tensor:
-    """``residual + x @ weight^T (+ bias)`` for x [n, K] (n <= 4), weight [N, K], residual [n, N] -> [n, N]
-    in x's dtype. ``blocks``: block_n, block_k, num_warps (untuned defaults)."""
+    """``residual + x @ weight^T (+ bias)`` for x [n, K] (n <= :data:`MAX_VERIFY_ROWS`), weight [N, K],
+    residual [n, N] -> [n, N] in x's dtype. ``blocks``: block_m (row-tiled), block_n, block_k, num_warps
+    (untuned defaults)."""
     return _launch(x, weight, weight.shape[0], residual=residual, bias=bias, **blocks)
 
 

@@ -60,7 +60,14 @@ reference path on CPU, the "before" row of ``repro bench model``).
 in_proj (attention: q|k|v), the residual into out_proj / o_proj and down_proj, the post norm and SiLU * up
 into the stacked gate|up, the final norm into the LM head. A decode GDN layer is then 6 launches
 (norm + in_proj, decode core, gated norm + conv shift, out_proj + residual, norm + gate|up + SiLU * up,
-down + residual); verify keeps the cuBLAS matmuls.
+down + residual).
+
+``fuse_verify`` (needs ``fused``; by default on with ``gemv``) runs verify's matmuls, the same glue
+fused in, on the row-tiled variant of those kernels (slots of up to 256 nodes,
+:data:`~repro.gdn.triton_linear.MAX_VERIFY_ROWS`; larger ones keep cuBLAS): per layer the four matmuls
+become four Triton launches and the two RMSNorm and the SiLU * up launches go, the final norm rides on
+the LM head: 25 launches fewer a verify of the tiny-qwen35 layout (149 -> 124 when this was written;
+tests/models/test_fused_verify.py).
 
 ``fuse_decode`` (needs ``fused``; by default on with ``gemv``) runs the decode step on fewer kernels
 still (:meth:`StaticDecoder._fused_decode`): per GDN layer the decode core, its gated norm and the conv
@@ -210,7 +217,8 @@ def plus_linear(
     x: torch.Tensor, y: torch.Tensor, linear: torch.nn.Linear, gemv: bool = False
 ) -> torch.Tensor:
     """x + linear(y), the residual add fused into the matmul (addmm) when the layer has no bias, or into
-    the GEMV kernel (``gemv``: :func:`~repro.gdn.triton_linear.linear_residual`, decode steps)."""
+    the GEMV kernel (``gemv``: :func:`~repro.gdn.triton_linear.linear_residual`, decode steps, and verify
+    with ``fuse_verify``)."""
     if gemv:
         from repro.gdn.triton_linear import linear_residual
 
@@ -794,12 +802,16 @@ class StaticDecoder:
         gemv: bool = False,
         tree_kernel: str | None = None,
         fuse_decode: bool | None = None,
+        fuse_verify: bool | None = None,
     ) -> None:
         """``tree_kernel`` (triton only): force the "fused" or "split" tree kernel for verify; None picks
         by :func:`select_tree_kernel` (kernel dtype and value heads). ``fuse_decode`` (needs ``fused``):
         decode steps on :meth:`_fused_decode`'s kernels; None: with ``gemv`` (the half-precision, small
         width decoders of :class:`~repro.models.graphed.GraphedTarget`); the attribute may be set before
-        the decode graph is captured (False: the old decode path, for measurement)."""
+        the decode graph is captured (False: the old decode path, for measurement). ``fuse_verify`` (needs
+        ``fused``): verify's matmuls on the row-tiled kernels of :mod:`repro.gdn.triton_linear` (slots of
+        up to :data:`~repro.gdn.triton_linear.MAX_VERIFY_ROWS` nodes; larger ones keep cuBLAS); None: with
+        ``gemv`` (the same rule); settable before the verify graphs are captured, as ``fuse_decode``."""
         self.model = model
         cfg = model.config
         dev, dt = model.device, model.dtype
@@ -818,6 +830,9 @@ class StaticDecoder:
         if fuse_decode and not self.fused:
             raise ConfigError("fuse_decode=True runs inside the fused decoder: it needs fused=True")
         self.fuse_decode = gemv if fuse_decode is None else fuse_decode
+        if fuse_verify and not self.fused:
+            raise ConfigError("fuse_verify=True runs inside the fused decoder: it needs fused=True")
+        self.fuse_verify = gemv if fuse_verify is None else fuse_verify
         check_backend(self.kernel, dev, interpreter=True)
         if max_len < 1 or max_nodes < 1:
             raise ConfigError(f"max_len and max_nodes must be positive, got {max_len} and {max_nodes}")
@@ -1119,7 +1134,7 @@ class StaticDecoder:
         self, tokens: torch.Tensor, positions: torch.Tensor, slot: TreeSlot, decode: bool
     ) -> torch.Tensor:
         glue = self.glue
-        gemv = self.gemv and decode  # verify keeps the cuBLAS matmuls
+        gemv = self.gemv if decode else self._verify_rows(slot)  # the triton_linear kernels, or cuBLAS
         norm = rms_norm
         if self.fused:
             from repro.gdn import triton_decode
@@ -1169,6 +1184,14 @@ class StaticDecoder:
 
             return norm_linear(x, self.final_norm, eps, head.weight, head.bias)
         return head(norm(x, self.final_norm, eps))
+
+    def _verify_rows(self, slot: TreeSlot) -> bool:
+        """Whether a verify of ``slot`` runs its matmuls on the row-tiled kernels (``fuse_verify``)."""
+        if not self.fuse_verify:
+            return False
+        from repro.gdn.triton_linear import MAX_VERIFY_ROWS
+
+        return slot.size <= MAX_VERIFY_ROWS
 
     def _gdn_core(
         self,
