@@ -37,7 +37,9 @@ e the q/k/v element size (2 for bf16, 4 for fp32), g/beta/state/factors in fp32:
   commits run in place on their own copy of S0 (earlier runs, e.g. results/2026-11-30-h200-kernels-2,
   also copied S0 inside the timed call: ~1 us more). ``_conv`` rows add the conv-history commit (W = 4,
   C = 2 H dk + HV dv, bf16: 2 (W-1) C 2 bytes): a second launch after the old kernel, the same launch for
-  the path one.
+  the path one. commit_path_indexed (+ ``_conv``; ``_rank1_conv``: its rank-1 contraction, not in the
+  default grid): the path commit reading the path from a path index (triton_commit.write_path_index,
+  written once per step for every layer, so outside the timing as replay's gathered inputs are).
 - step_* (one speculative step of one layer: commit the previous step's accepted path of depth d, then
   verify the T-node tree from the committed state; bf16 q/k/v, the verification at --bf16-precision):
   tree_fused's bytes and flops + the path's rows + one more S (written); the floor of the fused step.
@@ -115,6 +117,7 @@ RECOVERY_ROWS = [
     ("commit_path_fused", "fp32"),
     ("commit_closed_form_fused_conv", "fp32"),
     ("commit_path_fused_conv", "fp32"),
+    ("commit_path_indexed_conv", "fp32"),
     ("commit_snapshot", "fp32"),
 ]
 # one decode step's GDN work: commit the previous step's accepted path, then verify the new tree
@@ -391,6 +394,17 @@ def _fused_commit(case: Case, x: Inputs, kernel: str, conv: bool) -> Fn:
     hist, inputs, index = _conv_operands(case) if conv else (None, None, None)
 
     tiles = mod.OLD_PATH_TILES if kernel == "path_old" else {}
+    if kernel.startswith("indexed"):  # the path index: written once per step (outside the timing)
+        index = mod.path_index_buffer(case.n, case.device)
+        mod.write_path_index(case.ancestors, node, index)
+        mode = kernel.partition("_")[2] or "dot"
+
+        def run_indexed() -> torch.Tensor:
+            conv_ops = (hist, inputs) if conv else None
+            mod.commit_path_indexed(state, f.delta, f.k, f.gate_cum, index, conv=conv_ops, mode=mode)
+            return state
+
+        return run_indexed
 
     def run() -> torch.Tensor:
         if kernel.startswith("path"):
@@ -414,6 +428,18 @@ def build_commit_path_fused(case: Case, x: Inputs) -> Fn:
 
 def build_commit_path_fused_old(case: Case, x: Inputs) -> Fn:
     return _fused_commit(case, x, "path_old", conv=False)
+
+
+def build_commit_path_indexed(case: Case, x: Inputs) -> Fn:
+    return _fused_commit(case, x, "indexed", conv=False)
+
+
+def build_commit_path_indexed_conv(case: Case, x: Inputs) -> Fn:
+    return _fused_commit(case, x, "indexed", conv=True)
+
+
+def build_commit_path_indexed_rank1_conv(case: Case, x: Inputs) -> Fn:
+    return _fused_commit(case, x, "indexed_rank1", conv=True)
 
 
 def build_commit_closed_form_fused_conv(case: Case, x: Inputs) -> Fn:
@@ -611,6 +637,9 @@ METHODS: dict[str, Method] = {
     "commit_path_fused_old": Method(build_commit_path_fused_old, "commit", "triton_tree"),
     "commit_closed_form_fused_conv": Method(build_commit_closed_form_fused_conv, "commit", "triton_tree"),
     "commit_path_fused_conv": Method(build_commit_path_fused_conv, "commit", "triton_tree"),
+    "commit_path_indexed": Method(build_commit_path_indexed, "commit", "triton_tree"),
+    "commit_path_indexed_conv": Method(build_commit_path_indexed_conv, "commit", "triton_tree"),
+    "commit_path_indexed_rank1_conv": Method(build_commit_path_indexed_rank1_conv, "commit", "triton_tree"),
     "commit_replay_fla": Method(build_commit_replay_fla, "commit", "fla"),
     "commit_snapshot": Method(build_commit_snapshot, "commit", "torch"),
     "step_replay_fla": Method(build_step_replay_fla, "step", "fla"),
