@@ -189,14 +189,20 @@ def _conv_path_block(
 
 @triton.jit
 def _indexed_commit_kernel(
-    state, delta, k, gate_cum, path, history, inputs, C,
+    state, delta, k, gate_cum, path, history, inputs, C, n,
     HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, MODE: tl.constexpr, CONV: tl.constexpr, HIST: tl.constexpr, HP: tl.constexpr,
     BC: tl.constexpr,
 ):  # fmt: skip
     """:func:`_path_commit_kernel` reading the path from a path index: the state tile, the length and the
-    path's end in the first round trip, the path's rows (and the end's gate) in the second."""
+    path's end in the first round trip, the path's rows (and the end's gate) in the second. Grid axis 1:
+    the layer of stacked operands (state [L, HV, d_v, d_k], factors [L, n, ...], conv [L, ...]; one path)."""
     pid = tl.program_id(0)
+    layer = tl.program_id(1).to(tl.int64)
+    state += layer * (HV * DV * DK)
+    delta += layer * n * (HV * DV)
+    k += layer * n * (HV * DK)
+    gate_cum += layer * n * HV
     NV: tl.constexpr = (DV + BV - 1) // BV
     NK: tl.constexpr = (DK + BK - 1) // BK
     if pid < HV * NV * NK:
@@ -217,7 +223,8 @@ def _indexed_commit_kernel(
                                       HV, DV, DK, BM, MODE)  # fmt: skip
         tl.store(p_s, tl.exp(g_end) * s + acc, mask=m_s)
     elif CONV:
-        _conv_path_block(history, inputs, path, C, pid - HV * NV * NK, HIST, HP, BC)
+        hist_l, inputs_l = history + layer * (HIST * C), inputs + layer * n * C
+        _conv_path_block(hist_l, inputs_l, path, C, pid - HV * NV * NK, HIST, HP, BC)
 
 
 def commit_closed_form_fused(
@@ -366,9 +373,20 @@ def commit_path_indexed(
     node at once, then the path's rows; no cumsum, no one-hot reduce, one dependent load fewer. ``conv``
     = (history [W-1, C], conv_inputs [n, C]): the conv-history commit in the same launch, also from the
     path index (no gather index). ``mode`` (:data:`INDEXED_MODES`): "dot" (needs every block >= 16, else
-    "products"), "products" or "rank1"; tiles and warps as in :func:`commit_path_fused`."""
-    hv, dv, dk = state.shape
-    check_factor_shapes(state, delta, k, gate_cum)
+    "products"), "products" or "rank1"; tiles and warps as in :func:`commit_path_fused`.
+
+    Stacked layers (every operand with a leading layer dim L: state [L, HV, d_v, d_k], delta [L, n, HV,
+    d_v], k, gate_cum, history [L, W-1, C], conv_inputs [L, n, C]; contiguous): L layers' commits of the
+    same path in one launch (grid axis 1), the launch and its two round trips paid once."""
+    stacked = state.dim() == 4
+    layers = state.shape[0] if stacked else 1
+    ops = (state, delta, k, gate_cum) + (tuple(conv) if conv is not None else ())
+    if stacked and (any(t.shape[0] != layers or not t.is_contiguous() for t in ops)):
+        raise ValueError(f"stacked operands need one leading layer dim {layers}, contiguous")
+    one = tuple(t[0] for t in ops) if stacked else ops
+    hv, dv, dk = one[0].shape
+    check_factor_shapes(*one[:4])
+    n = one[1].shape[0]
     if path.dtype != torch.int32 or path.numel() < 2 or not path.is_contiguous():
         raise ValueError(f"path must be a contiguous int32 path index, got {path.dtype} {tuple(path.shape)}")
     if mode not in INDEXED_MODES:
@@ -376,10 +394,10 @@ def commit_path_indexed(
     bv, bk = _path_tiles(dv, dk, block_v, block_k)
     tiles = path_commit_programs(hv, dv, dk, block_v, block_k)
     history, inputs, c, hist, bc = state, state, 1, 0, 1
-    if conv is not None and conv[0].shape[0] > 0:
+    if conv is not None and one[4].shape[0] > 0:
         history, inputs = conv
-        hist, c = history.shape
-        if inputs.shape[1] != c or not history.is_contiguous():
+        hist, c = one[4].shape
+        if one[5].shape[1] != c or not history.is_contiguous():
             raise ValueError(
                 f"conv shapes disagree: history {tuple(history.shape)}, inputs {tuple(inputs.shape)}"
             )
@@ -388,8 +406,8 @@ def commit_path_indexed(
     code = INDEXED_MODES[mode]
     if code == 1 and min(bv, bk, block_m) < 16:  # tl.dot's smallest tile
         code = 0
-    _indexed_commit_kernel[(tiles + blocks,)](
-        state, delta.contiguous(), k.contiguous(), gate_cum.contiguous(), path, history, inputs, c,
+    _indexed_commit_kernel[(tiles + blocks, layers)](
+        state, delta.contiguous(), k.contiguous(), gate_cum.contiguous(), path, history, inputs, c, n,
         HV=hv, DK=dk, DV=dv, BM=block_m, BK=bk, BV=bv, MODE=code, CONV=hist > 0, HIST=hist,
         HP=triton.next_power_of_2(max(hist, 1)), BC=bc, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip

@@ -6,7 +6,8 @@ pure-torch reference.
   settings vs reference.commit_closed_form (float64 to rounding, float32 to float32's) and the conv
   history vs reference.conv_history_after (exact), every path end plus node -1 (a no-op), trees whose
   d_v / d_k / n are off the tiles, a 40-node chain (several blocks of path rows), a conv window
-  reaching into the old history; and the same results as commit_path_fused (float64, to rounding);
+  reaching into the old history; the same results as commit_path_fused (float64, to rounding); stacked
+  layers in one launch bit for bit as one launch per layer;
 - gpu: the same at both paper shapes in float32, replayed from a CUDA graph for several path ends.
 """
 
@@ -117,6 +118,32 @@ def indexed_errors(
     return out
 
 
+def stacked_mismatches(layers: int, device: str, **kw: object) -> dict[str, int]:
+    """commit_path_indexed on ``layers`` stacked layers (one launch) vs one launch per layer, float64,
+    node -1 and three path ends: elements that differ (state, conv history)."""
+    from repro.gdn.triton_commit import commit_path_indexed, path_index_buffer, write_path_index
+
+    hv, dv, dk, n = 2, 24, 40, 13
+    tree, gen = _tree(n, "mixed", 4), torch.Generator().manual_seed(4)
+    fs = [_factors(hv, dv, dk, n, gen) for _ in range(layers)]
+    delta, k, gate = (torch.stack([getattr(f, a) for f in fs]).to(device) for a in ("delta", "k", "gate_cum"))
+    state = torch.randn(layers, hv, dv, dk, generator=gen, dtype=torch.float64).to(device)
+    hist = torch.randn(layers, 3, 2 * dk + dv, generator=gen).to(device)
+    inputs = torch.randn(layers, n, 2 * dk + dv, generator=gen).to(device)
+    path = path_index_buffer(n, device)
+    bad = {"state": 0, "conv": 0}
+    for end in [-1, 0, 5, n - 1]:
+        write_path_index(tree.ancestor_mask.to(device), torch.tensor([end], device=device), path)
+        got, got_h = state.clone(), hist.clone()
+        commit_path_indexed(got, delta, k, gate, path, conv=(got_h, inputs), **kw)
+        for i in range(layers):
+            one, one_h = state[i].clone(), hist[i].clone()
+            commit_path_indexed(one, delta[i], k[i], gate[i], path, conv=(one_h, inputs[i]), **kw)
+            bad["state"] += int((one != got[i]).sum())
+            bad["conv"] += int((one_h != got_h[i]).sum())
+    return bad
+
+
 def _interpreter_main() -> None:
     """Subprocess entry (TRITON_INTERPRET=1): every case's results as JSON on the last line."""
     torch.set_num_threads(1)
@@ -132,6 +159,8 @@ def _interpreter_main() -> None:
             out[f"{name}-{setting}"] = indexed_errors(
                 hv, dv, dk, n, kind, seed, width, "cpu", "float64", ends, compare_fused=setting == "dot", **kw
             )
+    out["stacked"] = stacked_mismatches(3, "cpu")
+    out["stacked-rank1"] = stacked_mismatches(2, "cpu", mode="rank1", block_v=8)
     print(json.dumps(out))
 
 
@@ -169,6 +198,11 @@ def test_indexed_commit_is_the_fused_commit(interp: dict, name: str) -> None:
     assert max(interp[f"{name}-dot"]["vs_fused"]) < 1e-14
 
 
+@pytest.mark.parametrize("key", ["stacked", "stacked-rank1"])
+def test_stacked_layers_in_one_launch_equal_one_launch_per_layer(interp: dict, key: str) -> None:
+    assert interp[key] == {"state": 0, "conv": 0}  # the same arithmetic per layer: bit for bit
+
+
 def test_indexed_commit_rejects_a_bad_path_index() -> None:
     pytest.importorskip("triton")
     from repro.gdn.triton_commit import commit_path_indexed, write_path_index
@@ -179,6 +213,10 @@ def test_indexed_commit_rejects_a_bad_path_index() -> None:
         commit_path_indexed(state, *ops, torch.zeros(5, dtype=torch.long))
     with pytest.raises(ValueError, match="mode must be"):
         commit_path_indexed(state, *ops, torch.zeros(5, dtype=torch.int32), mode="fast")
+    with pytest.raises(ValueError, match="one leading layer dim"):
+        commit_path_indexed(
+            state[None], *(x[None] for x in ops[:2]), ops[2], torch.zeros(5, dtype=torch.int32)
+        )
     with pytest.raises(ValueError, match="path index of a 4-node tree"):
         write_path_index(torch.eye(4, dtype=torch.bool), torch.zeros(1, dtype=torch.long), torch.zeros(4))
 
