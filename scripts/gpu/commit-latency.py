@@ -14,7 +14,10 @@ as scripts/gpu/dev-kernels13.py), accepted depths 1, 2, 4, 8, 16 (the first node
 - fused: the current commit_path_fused with the conv history (path gathered from the ancestor row);
 - indexed-*: commit_path_indexed with the conv history at several contractions and tiles (the path index
   written once per step for every layer by write_path_index: outside the timing); ``path-index``: that
-  write alone, timed once per shape (what a step pays once, not per layer).
+  write alone, timed once per shape (what a step pays once, not per layer);
+- indexed-*-x8: the same kernel on 8 stacked layers (8 input sets' states, factors, conv) in one launch,
+  its time divided by 8: the per-layer cost if the decoder kept its GDN states and factors stacked (not yet:
+  the decoder commits layer by layer).
 
 Each method is first checked on the first input set against the float64 recurrence over the path (state:
 relative error <= 1e-5) and the conv reference (exact); then timed as the CUDA-graph median over 16 input
@@ -57,7 +60,9 @@ VARIANTS: dict[str, dict[str, Any]] = {  # commit_path_indexed settings
     "indexed-rank1-32x64": {"mode": "rank1", "block_v": 32},
     "indexed-dot-32x64": {"block_v": 32},
 }
-METHODS = ["replay", "fused", *VARIANTS]
+STACK = 8  # layers per launch of the stacked variant ("indexed-dot-x8": its time / 8 per layer)
+STACKED = {f"indexed-dot-x{STACK}": {}, f"indexed-rank1-x{STACK}": {"mode": "rank1"}}
+METHODS = ["replay", "fused", *VARIANTS, *STACKED]
 
 
 def draft_tree() -> list[int]:
@@ -120,6 +125,42 @@ def method_fn(name: str, s: InputSet, scale: float) -> Callable[[], Any]:
     return lambda: tc.commit_path_indexed(s.state, f.delta, f.k, f.gate_cum, s.path, conv=conv2, **kw)
 
 
+class Stack:
+    """STACK input sets' states, factors and conv operands stacked (one commit launch for all), one path."""
+
+    def __init__(self, sets: list[InputSet]) -> None:
+        self.sets, self.path = sets, sets[0].path
+        self.state0 = torch.stack([s.x32.state for s in sets])
+        self.hist0 = torch.stack([s.hist0 for s in sets])
+        self.state, self.hist = self.state0.clone(), self.hist0.clone()
+        self.ops = [torch.stack([getattr(s.f, a) for s in sets]) for a in ("delta", "k", "gate_cum")]
+        self.inputs = torch.stack([s.inputs for s in sets])
+
+    def fn(self, name: str) -> Callable[[], Any]:
+        kw, conv = STACKED[name], (self.hist, self.inputs)
+        return lambda: tc.commit_path_indexed(self.state, *self.ops, self.path, conv=conv, **kw)
+
+    def reset(self) -> None:
+        self.state.copy_(self.state0)
+        self.hist.copy_(self.hist0)
+
+
+def check_stack(name: str, st: Stack, path: list[int], scale: float) -> dict[str, Any]:
+    """The stacked commit once vs every layer's float64 recurrence and conv reference."""
+    st.reset()
+    st.fn(name)()
+    err, conv_bad = 0.0, 0
+    p = torch.tensor(path, device=st.state.device)
+    for i, s in enumerate(st.sets):
+        x = s.x64
+        ref = gdn.recurrent_gdn(x.q[p], x.k[p], x.v[p], x.g[p], x.beta[p], x.state, scale)[1]
+        err = max(err, float((st.state[i].double() - ref).norm() / ref.norm()))
+        want = gdn.conv_history_after(s.hist0.cpu(), s.inputs.cpu(), path)
+        conv_bad += int((st.hist[i].cpu() != want).sum())
+    st.reset()
+    return {"state_err": err, "conv_mismatches": conv_bad, "ok": err <= TOL and conv_bad == 0}
+
+
 def check(name: str, s: InputSet, path: list[int], scale: float) -> dict[str, Any]:
     """``name`` once on a fresh copy of set ``s`` vs the float64 recurrence over the path and the conv
     reference."""
@@ -142,6 +183,7 @@ def run_shape(shape: str, dev: torch.device, start: float) -> tuple[list[dict[st
     sh = SHAPES[shape]
     parents = draft_tree()
     sets = [InputSet(shape, parents, 1000 + i, dev) for i in range(SETS)]
+    stacks = [Stack(sets[i : i + STACK]) for i in range(0, len(sets) - STACK + 1, STACK)]
     rows = []
     for s in sets:
         s.accept(deepest_path(parents, max(DEPTHS)))
@@ -158,12 +200,20 @@ def run_shape(shape: str, dev: torch.device, start: float) -> tuple[list[dict[st
                 rows.append(row)
                 continue
             try:
-                row.update(check(name, sets[0], path, sh.scale))
-                if row["ok"]:
-                    fns = [method_fn(name, s, sh.scale) for s in sets]
-                    row["us_graph"] = graph_us(fns, dev, TIMER, 5.0)
-                    for s in sets:
-                        s.reset()
+                if name in STACKED:  # per layer: the stacked launch's time over its layers
+                    row.update(check_stack(name, stacks[0], path, sh.scale))
+                    if row["ok"]:
+                        row["us_launch"] = graph_us([st.fn(name) for st in stacks], dev, TIMER, 5.0 * STACK)
+                        row["us_graph"] = row["us_launch"] / STACK
+                        for st in stacks:
+                            st.reset()
+                else:
+                    row.update(check(name, sets[0], path, sh.scale))
+                    if row["ok"]:
+                        fns = [method_fn(name, s, sh.scale) for s in sets]
+                        row["us_graph"] = graph_us(fns, dev, TIMER, 5.0)
+                        for s in sets:
+                            s.reset()
                 row["status"] = "ok" if row["ok"] else "FAIL"
             except Exception as exc:  # noqa: BLE001 - one failing variant must not stop the table
                 row.update(status=f"error: {type(exc).__name__}: {exc}", ok=False)
@@ -174,14 +224,14 @@ def run_shape(shape: str, dev: torch.device, start: float) -> tuple[list[dict[st
 
 def summary(rows: list[dict[str, Any]], index_us: dict[str, float | None]) -> tuple[str, dict[str, Any]]:
     """The markdown table (us per layer call, CUDA graph) and per (shape, depth) the fastest commit."""
-    lines = ["| shape | depth | " + " | ".join(METHODS) + " | fastest commit | vs replay |"]
+    lines = ["| shape | depth | " + " | ".join(METHODS) + " | fastest per-layer commit | vs replay |"]
     lines.append("|---|---|" + "---|" * (len(METHODS) + 2))
     best: dict[str, Any] = {}
     wins: dict[str, list[float]] = {}
     for shape in RUN_SHAPES:
         for d in DEPTHS:
             us = {r["method"]: r["us_graph"] for r in rows if (r["shape"], r["depth"]) == (shape, d)}
-            commits = {m: u for m, u in us.items() if m != "replay" and u is not None}
+            commits = {m: u for m, u in us.items() if m not in ("replay", *STACKED) and u is not None}
             fast = min(commits, key=commits.get) if commits else None
             rep = us.get("replay")
             ratio = rep / commits[fast] if fast and rep else None
@@ -191,8 +241,8 @@ def summary(rows: list[dict[str, Any]], index_us: dict[str, float | None]) -> tu
                 "replay_us": rep,
                 "speedup": ratio,
             }
-            for m, u in commits.items():
-                if rep:
+            for m, u in us.items():
+                if rep and u is not None and m != "replay":
                     wins.setdefault(f"{shape}:{m}", []).append(rep / u)
             cells = " | ".join("" if us.get(m) is None else f"{us[m]:.2f}" for m in METHODS)
             verdict = "" if ratio is None else f"{ratio:.2f}x ({'wins' if ratio > 1 else 'loses'})"
