@@ -27,6 +27,15 @@ the host.
   (the pipeline's prologue stages) with ~40 barriers. Now: 16 x 64 tiles (512 programs at GDN-1.3B,
   768 at Weaver's shape), the first block of 16 path rows in straight-line code (no pipeline; a loop only
   past 16 rows), ~20 barriers, 128-bit state and row accesses, no spills.
+- :func:`commit_path_indexed`: the same commit (and conv history) reading the path from a path index
+  (:func:`write_path_index`: int32 [length, nodes from the path's end up], written once per step by one
+  launch for every layer) instead of gathering it in every program: a program loads its state tile, the
+  length and the end node in one round trip and the path's rows in the second; no ancestor row, cumsum
+  or one-hot reduce (the latency of commit_path_fused is that chain, not its bytes: 7.3-7.7 us at every
+  depth at GDN-1.3B vs replay's 2.65 us at depth 1, results/2026-12-01-h200-fused-engine/scripts/
+  dev-kernels13). Contractions: blocks of 16 rows as one exact dot, or rank-1 updates in straight-line
+  code (no shared memory, no barrier). Stacked operands (a leading layer dim) commit L layers in one
+  launch. The static decoder uses it (StaticDecoder.indexed_commit).
 - :func:`commit_conv_fused`: the conv history after the path, in place: row j (oldest first) of the
   new [W-1, C] history is ``cat(history, conv_inputs)[conv_index[a, W-2-j]]`` (conv_index as
   :func:`repro.gdn.reference.conv_gather_index`: column r = the r-th predecessor). Grid over channel
