@@ -59,8 +59,8 @@ from repro.gdn.triton_common import (  # also patches the CPU interpreter
     accepted_path,
     check_factor_shapes,
     check_factors,
+    commit_indexed_tile,
     commit_path_tile,
-    indexed_rows_update,
     path_rows_update,
 )
 
@@ -221,16 +221,8 @@ def _indexed_commit_kernel(
         p_s = state + (hv * DV + o_v[:, None]) * DK + o_k[None, :]
         m_s = (o_v < DV)[:, None] & (o_k < DK)[None, :]
         s = tl.load(p_s, mask=m_s, other=0.0)
-        length = tl.load(path)
-        live = length > 0
-        a = tl.load(path + 1, mask=live, other=0)
-        g_end = tl.where(live, tl.load(gate_cum + a * HV + hv).to(s.dtype), 0.0)
-        acc = indexed_rows_update(tl.zeros_like(s), 0, path, length, g_end, delta, k, gate_cum, hv, o_v, o_k,
-                                  HV, DV, DK, BM, MODE)  # fmt: skip
-        for m0 in range(BM, length, BM):  # paths deeper than BM
-            acc = indexed_rows_update(acc, m0, path, length, g_end, delta, k, gate_cum, hv, o_v, o_k,
-                                      HV, DV, DK, BM, MODE)  # fmt: skip
-        tl.store(p_s, tl.exp(g_end) * s + acc, mask=m_s)
+        new = commit_indexed_tile(s, True, delta, k, gate_cum, path, hv, o_v, o_k, HV, DV, DK, BM, MODE)
+        tl.store(p_s, new, mask=m_s)
     elif CONV:
         hist_l, inputs_l = history + layer * (HIST * C), inputs + layer * n * C
         _conv_path_block(hist_l, inputs_l, path, C, pid - HV * NV * NK, HIST, HP, BC)

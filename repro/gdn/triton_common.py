@@ -216,3 +216,22 @@ def commit_path_tile(
         acc = path_rows_update(acc, m0, on_path, pos, length, g_end, delta, k, gate_cum, hv, o_v, o_k,
                                HV, DV, DK, NP, BM, True)  # fmt: skip
     return tl.exp(g_end) * s + acc
+
+
+@triton.jit
+def commit_indexed_tile(
+    s, live, delta, k, gate_cum, path, hv, o_v, o_k,
+    HV: tl.constexpr, DV: tl.constexpr, DK: tl.constexpr, BM: tl.constexpr, MODE: tl.constexpr,
+):  # fmt: skip
+    """:func:`commit_path_tile` along a path given as a path index (``path``: its length, then its nodes
+    from the end up; :func:`indexed_rows_update`): the length and the end node in one round trip, the
+    path's rows and the end's gate in the next. ``live`` False (or length 0): ``s`` unchanged."""
+    length = tl.where(live, tl.load(path), 0)
+    a = tl.load(path + 1, mask=length > 0, other=0)
+    g_end = tl.where(length > 0, tl.load(gate_cum + a * HV + hv).to(s.dtype), 0.0)
+    acc = indexed_rows_update(tl.zeros_like(s), 0, path, length, g_end, delta, k, gate_cum, hv, o_v, o_k,
+                              HV, DV, DK, BM, MODE)  # fmt: skip
+    for m0 in range(BM, length, BM):  # paths deeper than BM
+        acc = indexed_rows_update(acc, m0, path, length, g_end, delta, k, gate_cum, hv, o_v, o_k,
+                                  HV, DV, DK, BM, MODE)  # fmt: skip
+    return tl.exp(g_end) * s + acc

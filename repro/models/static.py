@@ -508,6 +508,13 @@ DELAYED = "delayed"  # SpecLA's delayed commit: the closed form, folded in by th
 STATIC_STRATEGIES = (*COMMIT_STRATEGIES, DELAYED)
 
 
+def _path_index_writer() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]:
+    """:func:`repro.gdn.triton_commit.write_path_index` (imported when first used: Triton is optional)."""
+    from repro.gdn.triton_commit import write_path_index
+
+    return write_path_index
+
+
 def check_static_strategy(name: str) -> str:
     """``name`` if the static decoder commits by it: HybridLM's three strategies or ``delayed``."""
     if name not in STATIC_STRATEGIES:
@@ -537,10 +544,12 @@ class PendingSet:
     def rows(self) -> int:
         return self.ancestors.shape[0]
 
-    def pending(self, layer: int) -> PendingCommit:
-        """The pending commit of GDN layer ``layer`` (views: nothing copied)."""
+    def pending(self, layer: int, indexed: bool = False) -> PendingCommit:
+        """The pending commit of GDN layer ``layer`` (views: nothing copied); ``indexed``: with the path
+        index (``path``, written with ``node`` by the delayed commit) for the Triton kernels to read."""
         i = layer
-        return PendingCommit(self.delta[i], self.k[i], self.gate_cum[i], self.ancestors, self.node)
+        path = self.path if indexed else None
+        return PendingCommit(self.delta[i], self.k[i], self.gate_cum[i], self.ancestors, self.node, path)
 
 
 @dataclass
@@ -1073,6 +1082,8 @@ class StaticDecoder:
             stash.ancestors[:n, :n].copy_(slot.ancestors)
             stash.ancestors[:n, n:].zero_()  # columns of a larger slot's earlier path: not on this one
             stash.node.copy_(node)
+            if self._path_commit is not None:  # always with the node: a stash's index is its node's path
+                _path_index_writer()(slot.ancestors, node, stash.path)
         self.length.add_(path_len).clamp_(max=self.max_len)
 
     def ensure_pending(self, rows: int) -> bool:
@@ -1132,9 +1143,7 @@ class StaticDecoder:
         layer's path commit), returned; else None (each layer's commit gathers the path itself)."""
         if not self.indexed_commit:
             return None
-        from repro.gdn.triton_commit import write_path_index
-
-        write_path_index(ancestors, node, path)
+        _path_index_writer()(ancestors, node, path)
         return path
 
     @torch.no_grad()
@@ -1223,7 +1232,7 @@ class StaticDecoder:
             return slot.core(q, k, v, g, beta, buf.recurrent, scale)  # type: ignore[attr-defined]
         if slot.parity is not None:
             mine, other = self.pending_sets[slot.parity], self.pending_sets[1 - slot.parity]
-            pending: PendingCommit | None = other.pending(i)
+            pending: PendingCommit | None = other.pending(i, self.indexed_commit)
             if self._path_commit is None:
                 gdn.apply_pending(buf.recurrent, other.pending(i))
                 pending = None

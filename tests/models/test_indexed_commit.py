@@ -4,8 +4,9 @@ ancestor row: indexed_commit False) and HybridLM's commit.
 
 Interpreter (one TRITON_INTERPRET=1 subprocess), a float32 model with three GDN layers and one attention
 layer: for several accepted paths (the root, the deepest node, a shallow one) verify + closed-form commit
-on two decoders, one per path source, and HybridLM's commit; then a delayed commit flushed (the stash's
-path index) on both; the Triton launches of one indexed commit (one path index, one commit per GDN layer).
+on two decoders, one per path source, and HybridLM's commit; then two delayed steps on both (the first
+folded in by the second verification's tree kernel, from the stash's path index; the second flushed);
+the Triton launches of one indexed commit (one path index, one commit per GDN layer).
 GPU: the same two decoders on CUDA graphs (GraphedTarget: accept + commit captured), float32.
 """
 
@@ -84,19 +85,23 @@ def compare(device: str) -> dict[str, float | dict[str, int]]:
             exported.append(dec.export())
         out["vs_earlier"] = max(out["vs_earlier"], state_diff(*exported))
         out["vs_model"] = max(out["vs_model"], state_diff(exported[0], model.commit(state, ver, path)))
-    # delayed: the commit recorded in a stash (smaller slot than its rows), flushed by export
-    path = tree.path_to(4)
+    # delayed: two steps; the first step's commit (stash 0) folded in by the second verification (the
+    # tree kernel's prologue, from the stash's path index), the second's (stash 1) flushed by export
+    paths = [tree.path_to(4), tree.path_to(7)]
     exported = []
     for dec in decs:
         dec.load(state)
-        slot = TreeSlot(dec, 9, parity=0)
-        slot.set_tree(tree)
-        dec.verify(slot)
-        slot.set_accepted(path)
-        dec.commit(slot, "delayed")
+        for step, path in enumerate(paths):
+            slot = TreeSlot(dec, 9, parity=step)
+            slot.set_tree(tree)
+            dec.verify(slot)
+            slot.set_accepted(path)
+            dec.commit(slot, "delayed")
         exported.append(dec.export())
+    ref = model.commit(state, ver, paths[0])
+    ref = model.commit(ref, model.verify(ref, tree), paths[1])
     out["delayed_vs_earlier"] = state_diff(*exported)
-    out["delayed_vs_model"] = state_diff(exported[0], model.commit(state, ver, path))
+    out["delayed_vs_model"] = state_diff(exported[0], ref)
     counters: dict[str, list[int]] = {}
     for name in ("_path_index_kernel", "_indexed_commit_kernel", "_path_commit_kernel"):
         counters[name] = [0]
