@@ -47,6 +47,8 @@ e the q/k/v element size (2 for bf16, 4 for fp32), g/beta/state/factors in fp32:
   kernel; step_closed_form_fused / step_path_fused: the two Triton commits, then the tree kernel;
   step_delayed_fused: the tree kernel with the pending commit applied to the state it loads (one launch);
   step_delayed_split: the same in tree_split's second phase (two launches, no separate commit);
+  ``_indexed`` (step_delayed_split_indexed in the grid): the pending path read from a path index (written at
+  the previous step's commit, outside the timing; PendingCommit.path), as the static decoder does;
   step_torch: the reference (apply_pending + tree_gdn, float32).
 - commit_replay_fla: io(d) + S, writes o (d HV dv e) and S; flops 7 d dk dv HV, fp32 rate.
 - commit_snapshot: reads and writes one state (2 S); no flops.
@@ -127,6 +129,7 @@ STEP_ROWS = [
     ("step_path_fused", "bf16"),
     ("step_delayed_fused", "bf16"),
     ("step_delayed_split", "bf16"),
+    ("step_delayed_split_indexed", "bf16"),
     ("step_torch", "fp32"),
 ]
 GROUP_ROWS = {"verify": VERIFY_ROWS, "recovery": RECOVERY_ROWS, "step": STEP_ROWS, "chain": CHAIN_ROWS}
@@ -475,6 +478,11 @@ def _step(case: Case, x: Inputs, commit: str) -> Fn:
             return tt.tree_gdn_fused(x.q, x.k, x.v, x.g, x.beta, replay()[0], anc, s, precision=prec)[0]
 
         return run
+    if commit.endswith("_indexed"):  # the pending path as a path index (written at the commit: untimed)
+        mod = importlib.import_module("repro.gdn.triton_commit")
+        pending.path = mod.path_index_buffer(case.n, case.device)
+        mod.write_path_index(case.ancestors, node, pending.path)
+        commit = commit.removesuffix("_indexed")
     if commit in ("delayed", "delayed_split"):
         verify = tt.tree_gdn_split if commit == "delayed_split" else tt.tree_gdn_fused
         return lambda: verify(x.q, x.k, x.v, x.g, x.beta, state, anc, s, prec, pending=pending)[0]
@@ -506,6 +514,14 @@ def build_step_delayed_fused(case: Case, x: Inputs) -> Fn:
 
 def build_step_delayed_split(case: Case, x: Inputs) -> Fn:
     return _step(case, x, "delayed_split")
+
+
+def build_step_delayed_fused_indexed(case: Case, x: Inputs) -> Fn:
+    return _step(case, x, "delayed_indexed")
+
+
+def build_step_delayed_split_indexed(case: Case, x: Inputs) -> Fn:
+    return _step(case, x, "delayed_split_indexed")
 
 
 def build_step_torch(case: Case, x: Inputs) -> Fn:
@@ -647,6 +663,8 @@ METHODS: dict[str, Method] = {
     "step_path_fused": Method(build_step_path_fused, "step", "triton_tree"),
     "step_delayed_fused": Method(build_step_delayed_fused, "step", "triton_tree"),
     "step_delayed_split": Method(build_step_delayed_split, "step", "triton_tree"),
+    "step_delayed_fused_indexed": Method(build_step_delayed_fused_indexed, "step", "triton_tree"),
+    "step_delayed_split_indexed": Method(build_step_delayed_split_indexed, "step", "triton_tree"),
     "step_torch": Method(build_step_torch, "step", "torch", False, "not graph-timed (reference path)"),
 }
 

@@ -3,8 +3,9 @@
 
     python3 scripts/gpu/commit-latency.py OUT_DIR      (one H200: < 90 s)
 
-Environment: COMMIT_LATENCY_BUDGET_S (75: rows not started by then are recorded as skipped),
-COMMIT_LATENCY_SHAPES (specla,weaver).
+Environment: COMMIT_LATENCY_BUDGET_S (70: commit rows not started by then are recorded as skipped;
+COMMIT_LATENCY_STEP_BUDGET_S, 60: the same for the step rows), COMMIT_LATENCY_SHAPES (specla,weaver),
+COMMIT_LATENCY_PARTS (commit,step: a second call can take the step rows alone).
 
 At both paper layer shapes (repro.bench.shapes.SHAPES), a 128-node draft tree (make_tree("draft", 128, 3),
 as scripts/gpu/dev-kernels13.py), accepted depths 1, 2, 4, 8, 16 (the first nodes of its deepest path):
@@ -18,6 +19,11 @@ as scripts/gpu/dev-kernels13.py), accepted depths 1, 2, 4, 8, 16 (the first node
 - indexed-*-x8: the same kernel on 8 stacked layers (8 input sets' states, factors, conv) in one launch,
   its time divided by 8: the per-layer cost if the decoder kept its GDN states and factors stacked (not yet:
   the decoder commits layer by layer).
+
+Then (part "step", as many rows as the time allows) SpecLA's delayed commit inside the next verification
+(`repro bench kernels` step rows: the previous step's path folded in by the tree kernel the decoder picks,
+split at SpecLA's shape, fused at Weaver's; 64-node tree; depths 4 and 16), its pending path gathered from
+the ancestor mask as before and read from the path index (``_indexed``, as the static decoder now does).
 
 Each method is first checked on the first input set against the float64 recurrence over the path (state:
 relative error <= 1e-5) and the conv reference (exact); then timed as the CUDA-graph median over 16 input
@@ -41,14 +47,17 @@ import torch
 
 from repro.bench import kernels as bk
 from repro.bench.shapes import SHAPES, deepest_path, depths, make_tree
-from repro.bench.timing import TimerConfig, graph_us
+from repro.bench.timing import TimerConfig, graph_us, measure_ceilings
 from repro.gdn import reference as gdn
 from repro.gdn import triton_commit as tc
 from repro.gdn.backends import recurrent_function
 from repro.tree import Tree
 
-BUDGET_S = float(os.environ.get("COMMIT_LATENCY_BUDGET_S", "75"))
+BUDGET_S = float(os.environ.get("COMMIT_LATENCY_BUDGET_S", "70"))  # commit rows started after: skipped
+STEP_BUDGET_S = float(os.environ.get("COMMIT_LATENCY_STEP_BUDGET_S", "60"))  # the same for the step rows
 RUN_SHAPES = os.environ.get("COMMIT_LATENCY_SHAPES", "specla,weaver").split(",")
+PARTS = os.environ.get("COMMIT_LATENCY_PARTS", "commit,step").split(",")
+STEP_METHODS = {"specla": "step_delayed_split", "weaver": "step_delayed_fused"}  # the decoder's tree kernels
 DEPTHS = [1, 2, 4, 8, 16]
 N, WIDTH, SETS, TOL = 128, 4, 16, 1e-5
 TIMER = TimerConfig(warmup_ms=1.0, rep_ms=4.0, graph_replays=3)
@@ -258,6 +267,26 @@ def summary(rows: list[dict[str, Any]], index_us: dict[str, float | None]) -> tu
     return "\n".join(lines) + "\n", {"per_depth": best, "worst_speedup": worst}
 
 
+def step_rows(dev: torch.device, start: float) -> list[dict[str, Any]]:
+    """The delayed-commit step rows through repro.bench.kernels.measure (checked vs float64, then timed)."""
+    cfg = bk.BenchConfig(timer=TIMER, depths=[4, 16])
+    ceilings = measure_ceilings(dev, cfg.timer, quick=True)
+    rows = []
+    for shape in RUN_SHAPES:
+        for d in (4, 16):
+            for method in (STEP_METHODS[shape], STEP_METHODS[shape] + "_indexed"):
+                spec = bk.RowSpec(shape, "step", "draft", 64, method, "bf16", d)
+                late = time.monotonic() - start > STEP_BUDGET_S
+                row = bk.measure(
+                    spec, cfg, dev, ceilings, f"budget of {STEP_BUDGET_S:g} s spent" if late else None
+                )
+                rows.append(
+                    {k: row.get(k) for k in ("shape", "depth", "method", "status", "rel_err", "us_graph")}
+                )
+                print(rows[-1], flush=True)
+    return rows
+
+
 def main() -> None:
     sys.stdout.reconfigure(line_buffering=True)
     out_dir = Path(sys.argv[1] if len(sys.argv) > 1 else "out")
@@ -266,20 +295,25 @@ def main() -> None:
     dev = torch.device("cuda")
     rows: list[dict[str, Any]] = []
     index_us: dict[str, float | None] = {}
-    for shape in RUN_SHAPES:
+    for shape in RUN_SHAPES if "commit" in PARTS else []:
         got, index_us[shape] = run_shape(shape, dev, start)
         rows += got
+    steps = step_rows(dev, start) if "step" in PARTS else []
     table, verdict = summary(rows, index_us)
+    table += "\n## Delayed commit inside the next verification (us per step and layer, CUDA graph)\n\n"
+    table += "| shape | depth | method | status | rel_err | us_graph |\n|---|---|---|---|---|---|\n"
+    table += "".join(f"| {r['shape']} | {r['depth']} | {r['method']} | {r['status']} | {r['rel_err']} | "
+                     f"{r['us_graph']} |\n" for r in steps)  # fmt: skip
     seconds = time.monotonic() - start
     result = {"device": torch.cuda.get_device_name(), "seconds": seconds, "variants": VARIANTS, "rows": rows,
-              "path_index_us": index_us, **verdict}  # fmt: skip
+              "path_index_us": index_us, "step_rows": steps, **verdict}  # fmt: skip
     (out_dir / "commit-latency.json").write_text(json.dumps(result, indent=1, default=str))
     text = f"# commit-latency on {result['device']} ({seconds:.0f} s)\n\n"
     text += "us per layer call (CUDA-graph median)\n\n"
     text += table
     (out_dir / "commit-latency.md").write_text(text)
     print(text)
-    bad = [r for r in rows if r.get("status", "").startswith(("FAIL", "error"))]
+    bad = [r for r in rows + steps if str(r.get("status", "")).startswith(("FAIL", "error"))]
     sys.exit(3 if bad else 0)
 
 
