@@ -175,7 +175,7 @@ def _path_index_kernel(anc, node_ptr, n, path, NP: tl.constexpr):
 
 @triton.jit
 def _conv_path_block(
-    history, inputs, path, C, i_c, HIST: tl.constexpr, HP: tl.constexpr, BC: tl.constexpr,
+    history, inputs, path, cap, C, i_c, HIST: tl.constexpr, HP: tl.constexpr, BC: tl.constexpr,
 ):  # fmt: skip
     """:func:`_conv_commit_block` for a path index: row j (oldest first) of the new history is the input
     of the node r = HIST - 1 - j steps above the path's end (``path[1 + r]``) if r < length, else the old
@@ -187,7 +187,7 @@ def _conv_path_block(
     back = HIST - 1 - rows
     m_r = rows < HIST
     from_in = back < length
-    node = tl.load(path + 1 + back, mask=m_r & from_in, other=0)
+    node = tl.load(path + 1 + back, mask=m_r & (back < cap), other=0)  # not waiting for the length
     m = m_r[:, None] & m_c[None, :]
     h = tl.load(history + (rows + length)[:, None] * C + o_c[None, :], mask=m & ~from_in[:, None], other=0.0)
     x = tl.load(inputs + node[:, None] * C + o_c[None, :], mask=m & from_in[:, None], other=0.0)
@@ -198,7 +198,7 @@ def _conv_path_block(
 
 @triton.jit
 def _indexed_commit_kernel(
-    state, delta, k, gate_cum, path, history, inputs, C, n,
+    state, delta, k, gate_cum, path, cap, history, inputs, C, n,
     HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, MODE: tl.constexpr, CONV: tl.constexpr, HIST: tl.constexpr, HP: tl.constexpr,
     BC: tl.constexpr,
@@ -221,11 +221,11 @@ def _indexed_commit_kernel(
         p_s = state + (hv * DV + o_v[:, None]) * DK + o_k[None, :]
         m_s = (o_v < DV)[:, None] & (o_k < DK)[None, :]
         s = tl.load(p_s, mask=m_s, other=0.0)
-        new = commit_indexed_tile(s, True, delta, k, gate_cum, path, hv, o_v, o_k, HV, DV, DK, BM, MODE)
+        new = commit_indexed_tile(s, True, delta, k, gate_cum, path, cap, hv, o_v, o_k, HV, DV, DK, BM, MODE)
         tl.store(p_s, new, mask=m_s)
     elif CONV:
         hist_l, inputs_l = history + layer * (HIST * C), inputs + layer * n * C
-        _conv_path_block(hist_l, inputs_l, path, C, pid - HV * NV * NK, HIST, HP, BC)
+        _conv_path_block(hist_l, inputs_l, path, cap, C, pid - HV * NV * NK, HIST, HP, BC)
 
 
 def commit_closed_form_fused(
@@ -408,7 +408,8 @@ def commit_path_indexed(
     if code == 1 and min(bv, bk, block_m) < 16:  # tl.dot's smallest tile
         code = 0
     _indexed_commit_kernel[(tiles + blocks, layers)](
-        state, delta.contiguous(), k.contiguous(), gate_cum.contiguous(), path, history, inputs, c, n,
+        state, delta.contiguous(), k.contiguous(), gate_cum.contiguous(), path, path.numel() - 1, history,
+        inputs, c, n,
         HV=hv, DK=dk, DV=dv, BM=block_m, BK=bk, BV=bv, MODE=code, CONV=hist > 0, HIST=hist,
         HP=triton.next_power_of_2(max(hist, 1)), BC=bc, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip

@@ -163,22 +163,23 @@ def gathered_rows_update(
 
 @triton.jit
 def indexed_rows_update(
-    acc, m0, path, length, g_end, delta, k, gate_cum, hv, o_v, o_k,
+    acc, m0, path, cap, length, g_end, delta, k, gate_cum, hv, o_v, o_k,
     HV: tl.constexpr, DV: tl.constexpr, DK: tl.constexpr, BM: tl.constexpr, MODE: tl.constexpr,
 ):  # fmt: skip
     """:func:`path_rows_update` for a path given as a path index
     (:func:`repro.gdn.triton_commit.write_path_index`: ``path[0]`` = its length, ``path[1 + r]`` = the
-    node r steps above its end): positions [m0, m0 + BM) read their nodes straight from ``path``, no
-    reduce. MODE 0: the block gathered at once and contracted by :func:`gathered_rows_update` (1: as a
-    dot); MODE 2: BM rank-1 updates in straight-line code (each row's loads in the layouts the tile
-    needs: no shared memory, no barrier)."""
+    node r steps above its end, r < ``cap``, the index's capacity): positions [m0, m0 + BM) read their nodes
+    straight from ``path`` (masked by the capacity, not the length: no load waits on another but the rows
+    on the index), no reduce. MODE 0: the block gathered at once and contracted by
+    :func:`gathered_rows_update` (1: as a dot); MODE 2: BM rank-1 updates in straight-line code (each row's
+    loads in the layouts the tile needs: no shared memory, no barrier)."""
     if MODE == 2:
         acc_t = acc.dtype
         m_v = o_v < DV
         m_k = o_k < DK
         for j in tl.static_range(BM):
             live = m0 + j < length
-            row = tl.load(path + 1 + m0 + j, mask=live, other=0) * HV + hv
+            row = tl.load(path + 1 + m0 + j, mask=m0 + j < cap, other=0) * HV + hv
             g = tl.load(gate_cum + row, mask=live, other=0.0).to(acc_t)
             d = tl.load(delta + row * DV + o_v, mask=m_v & live, other=0.0).to(acc_t)
             kt = tl.load(k + row * DK + o_k, mask=m_k & live, other=0.0).to(acc_t)
@@ -186,10 +187,9 @@ def indexed_rows_update(
             acc += (d * w)[:, None] * kt[None, :]
     else:
         o_m = m0 + tl.arange(0, BM)
-        m_m = o_m < length
-        idx = tl.load(path + 1 + o_m, mask=m_m, other=0)
+        idx = tl.load(path + 1 + o_m, mask=o_m < cap, other=0)
         acc = gathered_rows_update(
-            acc, idx, m_m, g_end, delta, k, gate_cum, hv, o_v, o_k, HV, DV, DK, MODE == 1
+            acc, idx, o_m < length, g_end, delta, k, gate_cum, hv, o_v, o_k, HV, DV, DK, MODE == 1
         )
     return acc
 
@@ -220,18 +220,19 @@ def commit_path_tile(
 
 @triton.jit
 def commit_indexed_tile(
-    s, live, delta, k, gate_cum, path, hv, o_v, o_k,
+    s, live, delta, k, gate_cum, path, cap, hv, o_v, o_k,
     HV: tl.constexpr, DV: tl.constexpr, DK: tl.constexpr, BM: tl.constexpr, MODE: tl.constexpr,
 ):  # fmt: skip
     """:func:`commit_path_tile` along a path given as a path index (``path``: its length, then its nodes
-    from the end up; :func:`indexed_rows_update`): the length and the end node in one round trip, the
-    path's rows and the end's gate in the next. ``live`` False (or length 0): ``s`` unchanged."""
+    from the end up, ``cap`` >= 1 of them at most; :func:`indexed_rows_update`): the length, the end node
+    and the first block's nodes in one round trip, the path's rows and the end's gate in the next.
+    ``live`` False (or length 0): ``s`` unchanged."""
     length = tl.where(live, tl.load(path), 0)
-    a = tl.load(path + 1, mask=length > 0, other=0)
-    g_end = tl.where(length > 0, tl.load(gate_cum + a * HV + hv).to(s.dtype), 0.0)
-    acc = indexed_rows_update(tl.zeros_like(s), 0, path, length, g_end, delta, k, gate_cum, hv, o_v, o_k,
-                              HV, DV, DK, BM, MODE)  # fmt: skip
+    a = tl.load(path + 1)  # unmasked (cap >= 1): it need not wait for the length
+    g_end = tl.where(length > 0, tl.load(gate_cum + a * HV + hv, mask=length > 0, other=0.0).to(s.dtype), 0.0)
+    acc = indexed_rows_update(tl.zeros_like(s), 0, path, cap, length, g_end, delta, k, gate_cum, hv, o_v,
+                              o_k, HV, DV, DK, BM, MODE)  # fmt: skip
     for m0 in range(BM, length, BM):  # paths deeper than BM
-        acc = indexed_rows_update(acc, m0, path, length, g_end, delta, k, gate_cum, hv, o_v, o_k,
+        acc = indexed_rows_update(acc, m0, path, cap, length, g_end, delta, k, gate_cum, hv, o_v, o_k,
                                   HV, DV, DK, BM, MODE)  # fmt: skip
     return tl.exp(g_end) * s + acc

@@ -212,7 +212,7 @@ def _pending_prologue(
         m_s = m_v[:, None] & (o_kk < DK)[None, :]
         b_s = tl.load(p_s, mask=m_s, other=0.0)
         if PNP == 0:
-            b_s = commit_indexed_tile(b_s, live, pd_ptr, pk_ptr, pg_ptr, panc_ptr, i_h, o_v, o_kk,
+            b_s = commit_indexed_tile(b_s, live, pd_ptr, pk_ptr, pg_ptr, panc_ptr, pn, i_h, o_v, o_kk,
                                       HV, DV, DK, 16, 1)  # fmt: skip
         else:
             b_s = commit_path_tile(b_s, pd_ptr, pk_ptr, pg_ptr, panc_ptr, pnode_ptr, pn, i_h, o_v, o_kk,

@@ -104,6 +104,7 @@ def indexed_errors(
     for end in ends or [-1, *range(n)]:
         nodes = tree.path_to(end) if end >= 0 else []
         node = torch.tensor([end], device=device)
+        path.fill_(1 << 20)  # entries past the length stay stale (here: far out of range): never dereferenced
         write_path_index(anc, node, path)
         ref = gdn.commit_closed_form(state, f, nodes)
         got, hist = state.to(device=device, dtype=dt), history.clone().to(device)
