@@ -119,21 +119,26 @@ def indexed_errors(
     return out
 
 
-def stacked_mismatches(layers: int, device: str, **kw: object) -> dict[str, int]:
-    """commit_path_indexed on ``layers`` stacked layers (one launch) vs one launch per layer, float64,
-    node -1 and three path ends: elements that differ (state, conv history)."""
+def stacked_mismatches(
+    layers: int, device: str, dtype: torch.dtype = torch.float64, shape: tuple[int, ...] = (2, 24, 40, 13),
+    **kw: object,
+) -> dict[str, int]:  # fmt: skip
+    """commit_path_indexed on ``layers`` stacked layers (one launch) vs one launch per layer (``shape`` =
+    HV, d_v, d_k, n), node -1 and three path ends: elements that differ (state, conv history)."""
     from repro.gdn.triton_commit import commit_path_indexed, path_index_buffer, write_path_index
 
-    hv, dv, dk, n = 2, 24, 40, 13
+    hv, dv, dk, n = shape
     tree, gen = _tree(n, "mixed", 4), torch.Generator().manual_seed(4)
     fs = [_factors(hv, dv, dk, n, gen) for _ in range(layers)]
-    delta, k, gate = (torch.stack([getattr(f, a) for f in fs]).to(device) for a in ("delta", "k", "gate_cum"))
-    state = torch.randn(layers, hv, dv, dk, generator=gen, dtype=torch.float64).to(device)
+    delta, k, gate = (
+        torch.stack([getattr(f, a) for f in fs]).to(device, dtype) for a in ("delta", "k", "gate_cum")
+    )
+    state = torch.randn(layers, hv, dv, dk, generator=gen, dtype=torch.float64).to(device, dtype)
     hist = torch.randn(layers, 3, 2 * dk + dv, generator=gen).to(device)
     inputs = torch.randn(layers, n, 2 * dk + dv, generator=gen).to(device)
     path = path_index_buffer(n, device)
     bad = {"state": 0, "conv": 0}
-    for end in [-1, 0, 5, n - 1]:
+    for end in [-1, 0, 5, n - 1, n // 2]:
         write_path_index(tree.ancestor_mask.to(device), torch.tensor([end], device=device), path)
         got, got_h = state.clone(), hist.clone()
         commit_path_indexed(got, delta, k, gate, path, conv=(got_h, inputs), **kw)
@@ -263,6 +268,8 @@ def test_gpu_indexed_commit_in_a_graph(shape: tuple) -> None:
         ref = gdn.commit_closed_form(s0, f, nodes)
         assert float((state.cpu().double() - ref).norm() / ref.norm()) < 1e-6, end
         assert torch.equal(hist.cpu(), gdn.conv_history_after(hist0, inputs.cpu(), nodes)), end
+    # 3 stacked layers in one launch: bit for bit the per-layer launches (float32)
+    assert stacked_mismatches(3, "cuda", torch.float32, (hv, dv, dk, n)) == {"state": 0, "conv": 0}
 
 
 if __name__ == "__main__" and "--interpret" in sys.argv:
