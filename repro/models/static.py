@@ -538,9 +538,7 @@ class PendingSet:
     gate_cum: dict[int, torch.Tensor]  # [rows, HV]
     ancestors: torch.Tensor  # bool [rows, rows]
     node: torch.Tensor  # [1] int64
-    path: (
-        torch.Tensor
-    )  # int32 [rows + 1]: the path index of node (written with it: triton_commit.write_path_index)
+    path: torch.Tensor  # int32 [rows + 1]: node's path index (written with it; write_path_index)
 
     @property
     def rows(self) -> int:
