@@ -38,7 +38,9 @@ e the q/k/v element size (2 for bf16, 4 for fp32), g/beta/state/factors in fp32:
   commits run in place on their own copy of S0 (earlier runs, e.g. results/2026-11-30-h200-kernels-2,
   also copied S0 inside the timed call: ~1 us more). ``_conv`` rows add the conv-history commit (W = 4,
   C = 2 H dk + HV dv, bf16: 2 (W-1) C 2 bytes): a second launch after the old kernel, the same launch for
-  the path one.
+  the path one. commit_path_indexed (+ ``_conv``; ``_rank1_conv``: its rank-1 contraction, not in the
+  default grid): the path commit reading the path from a path index (triton_commit.write_path_index,
+  written once per step for every layer, so outside the timing as replay's gathered inputs are).
 - step_* (one speculative step of one layer: commit the previous step's accepted path of depth d, then
   verify the T-node tree from the committed state; bf16 q/k/v, the verification at --bf16-precision):
   tree_fused's bytes and flops + the path's rows + one more S (written); the floor of the fused step.
@@ -46,6 +48,8 @@ e the q/k/v element size (2 for bf16, 4 for fp32), g/beta/state/factors in fp32:
   kernel; step_closed_form_fused / step_path_fused: the two Triton commits, then the tree kernel;
   step_delayed_fused: the tree kernel with the pending commit applied to the state it loads (one launch);
   step_delayed_split: the same in tree_split's second phase (two launches, no separate commit);
+  ``_indexed`` (step_delayed_split_indexed in the grid): the pending path read from a path index (written at
+  the previous step's commit, outside the timing; PendingCommit.path), as the static decoder does;
   step_torch: the reference (apply_pending + tree_gdn, float32).
 - commit_replay_fla: io(d) + S, writes o (d HV dv e) and S; flops 7 d dk dv HV, fp32 rate.
 - commit_snapshot: reads and writes one state (2 S); no flops.
@@ -118,6 +122,7 @@ RECOVERY_ROWS = [
     ("commit_path_fused", "fp32"),
     ("commit_closed_form_fused_conv", "fp32"),
     ("commit_path_fused_conv", "fp32"),
+    ("commit_path_indexed_conv", "fp32"),
     ("commit_snapshot", "fp32"),
 ]
 # one decode step's GDN work: commit the previous step's accepted path, then verify the new tree
@@ -127,6 +132,7 @@ STEP_ROWS = [
     ("step_path_fused", "bf16"),
     ("step_delayed_fused", "bf16"),
     ("step_delayed_split", "bf16"),
+    ("step_delayed_split_indexed", "bf16"),
     ("step_torch", "fp32"),
 ]
 GROUP_ROWS = {"verify": VERIFY_ROWS, "recovery": RECOVERY_ROWS, "step": STEP_ROWS, "chain": CHAIN_ROWS}
@@ -402,6 +408,17 @@ def _fused_commit(case: Case, x: Inputs, kernel: str, conv: bool) -> Fn:
     hist, inputs, index = _conv_operands(case) if conv else (None, None, None)
 
     tiles = mod.OLD_PATH_TILES if kernel == "path_old" else {}
+    if kernel.startswith("indexed"):  # the path index: written once per step (outside the timing)
+        index = mod.path_index_buffer(case.n, case.device)
+        mod.write_path_index(case.ancestors, node, index)
+        mode = kernel.partition("_")[2] or "dot"
+
+        def run_indexed() -> torch.Tensor:
+            conv_ops = (hist, inputs) if conv else None
+            mod.commit_path_indexed(state, f.delta, f.k, f.gate_cum, index, conv=conv_ops, mode=mode)
+            return state
+
+        return run_indexed
 
     def run() -> torch.Tensor:
         if kernel.startswith("path"):
@@ -425,6 +442,18 @@ def build_commit_path_fused(case: Case, x: Inputs) -> Fn:
 
 def build_commit_path_fused_old(case: Case, x: Inputs) -> Fn:
     return _fused_commit(case, x, "path_old", conv=False)
+
+
+def build_commit_path_indexed(case: Case, x: Inputs) -> Fn:
+    return _fused_commit(case, x, "indexed", conv=False)
+
+
+def build_commit_path_indexed_conv(case: Case, x: Inputs) -> Fn:
+    return _fused_commit(case, x, "indexed", conv=True)
+
+
+def build_commit_path_indexed_rank1_conv(case: Case, x: Inputs) -> Fn:
+    return _fused_commit(case, x, "indexed_rank1", conv=True)
 
 
 def build_commit_closed_form_fused_conv(case: Case, x: Inputs) -> Fn:
@@ -460,6 +489,11 @@ def _step(case: Case, x: Inputs, commit: str) -> Fn:
             return tt.tree_gdn_fused(x.q, x.k, x.v, x.g, x.beta, replay()[0], anc, s, precision=prec)[0]
 
         return run
+    if commit.endswith("_indexed"):  # the pending path as a path index (written at the commit: untimed)
+        mod = importlib.import_module("repro.gdn.triton_commit")
+        pending.path = mod.path_index_buffer(case.n, case.device)
+        mod.write_path_index(case.ancestors, node, pending.path)
+        commit = commit.removesuffix("_indexed")
     if commit in ("delayed", "delayed_split"):
         verify = tt.tree_gdn_split if commit == "delayed_split" else tt.tree_gdn_fused
         return lambda: verify(x.q, x.k, x.v, x.g, x.beta, state, anc, s, prec, pending=pending)[0]
@@ -491,6 +525,14 @@ def build_step_delayed_fused(case: Case, x: Inputs) -> Fn:
 
 def build_step_delayed_split(case: Case, x: Inputs) -> Fn:
     return _step(case, x, "delayed_split")
+
+
+def build_step_delayed_fused_indexed(case: Case, x: Inputs) -> Fn:
+    return _step(case, x, "delayed_indexed")
+
+
+def build_step_delayed_split_indexed(case: Case, x: Inputs) -> Fn:
+    return _step(case, x, "delayed_split_indexed")
 
 
 def build_step_torch(case: Case, x: Inputs) -> Fn:
@@ -623,6 +665,9 @@ METHODS: dict[str, Method] = {
     "commit_path_fused_old": Method(build_commit_path_fused_old, "commit", "triton_tree"),
     "commit_closed_form_fused_conv": Method(build_commit_closed_form_fused_conv, "commit", "triton_tree"),
     "commit_path_fused_conv": Method(build_commit_path_fused_conv, "commit", "triton_tree"),
+    "commit_path_indexed": Method(build_commit_path_indexed, "commit", "triton_tree"),
+    "commit_path_indexed_conv": Method(build_commit_path_indexed_conv, "commit", "triton_tree"),
+    "commit_path_indexed_rank1_conv": Method(build_commit_path_indexed_rank1_conv, "commit", "triton_tree"),
     "commit_replay_fla": Method(build_commit_replay_fla, "commit", "fla"),
     "commit_snapshot": Method(build_commit_snapshot, "commit", "torch"),
     "step_replay_fla": Method(build_step_replay_fla, "step", "fla"),
@@ -630,6 +675,8 @@ METHODS: dict[str, Method] = {
     "step_path_fused": Method(build_step_path_fused, "step", "triton_tree"),
     "step_delayed_fused": Method(build_step_delayed_fused, "step", "triton_tree"),
     "step_delayed_split": Method(build_step_delayed_split, "step", "triton_tree"),
+    "step_delayed_fused_indexed": Method(build_step_delayed_fused_indexed, "step", "triton_tree"),
+    "step_delayed_split_indexed": Method(build_step_delayed_split_indexed, "step", "triton_tree"),
     "step_torch": Method(build_step_torch, "step", "torch", False, "not graph-timed (reference path)"),
 }
 

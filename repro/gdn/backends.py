@@ -74,8 +74,10 @@ def _reference_commit(
     node: torch.Tensor,
     *,
     conv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    path: torch.Tensor | None = None,
 ) -> None:
-    """The closed-form commit (and the conv-history commit) of the path to ``node``, in place, in torch."""
+    """The closed-form commit (and the conv-history commit) of the path to ``node``, in place, in torch
+    (``path``, the path index of the Triton commit, is not needed here)."""
     reference.apply_pending(state, PendingCommit(delta, k, gate_cum, ancestors, node))
     if conv is not None and conv[0].shape[0]:
         history, inputs, index = conv
@@ -84,10 +86,14 @@ def _reference_commit(
         history.copy_(torch.where(node >= 0, moved, history))
 
 
-def _triton_commit(state, delta, k, gate_cum, ancestors, node, *, conv=None) -> None:
-    from repro.gdn.triton_commit import commit_path_fused
+def _triton_commit(state, delta, k, gate_cum, ancestors, node, *, conv=None, path=None) -> None:
+    from repro.gdn import triton_commit
 
-    commit_path_fused(state, delta, k, gate_cum, ancestors, node, conv=conv)
+    if path is None:
+        triton_commit.commit_path_fused(state, delta, k, gate_cum, ancestors, node, conv=conv)
+    else:  # the path index of the same path (triton_commit.write_path_index): no gather per layer
+        conv_ops = None if conv is None else conv[:2]
+        triton_commit.commit_path_indexed(state, delta, k, gate_cum, path, conv=conv_ops)
 
 
 def _fla_recurrent(q, k, v, g, beta, state, scale):
@@ -170,10 +176,12 @@ def tree_function(
 
 
 def commit_function(name: str, device: torch.device, interpreter: bool = False) -> CommitFn:
-    """The capturable closed-form commit ``(state, delta, k, gate_cum, ancestors, node, *, conv=None)``:
-    folds the root-to-``node`` path (1-element device tensor; < 0: nothing) into ``state`` in place and,
-    with ``conv`` = (history, conv_inputs, conv_index), the conv history too. ``triton``: one launch of
-    :func:`repro.gdn.triton_commit.commit_path_fused` (the path's rows only, float32 state); else torch."""
+    """The capturable closed-form commit ``(state, delta, k, gate_cum, ancestors, node, *, conv=None,
+    path=None)``: folds the root-to-``node`` path (1-element device tensor; < 0: nothing) into ``state`` in
+    place and, with ``conv`` = (history, conv_inputs, conv_index), the conv history too. ``triton``: one
+    launch of :func:`repro.gdn.triton_commit.commit_path_fused` (the path's rows only, float32 state), or
+    with ``path`` (that path's index, :func:`repro.gdn.triton_commit.write_path_index`) of
+    :func:`~repro.gdn.triton_commit.commit_path_indexed`; else torch."""
     check_backend(name, device, interpreter)
     return _reference_commit if name == "reference" else _triton_commit
 

@@ -144,13 +144,16 @@ class PendingCommit:
     """A closed-form commit not yet applied (SpecLA's delayed commit): the previous verification's
     factors (delta [n, HV, d_v], k [n, HV, d_k], gate_cum [n, HV]), its ancestor mask (bool [n, n]) and
     the accepted path's last node as a 1-element int64 tensor (< 0: nothing accepted), all on the device.
-    The verification that applies it must not write these factors (double-buffer them)."""
+    The verification that applies it must not write these factors (double-buffer them). ``path``
+    (optional): the same path as a path index (int32, :func:`repro.gdn.triton_commit.write_path_index`),
+    which the Triton tree kernels then read instead of gathering the path from the mask; ignored here."""
 
     delta: torch.Tensor
     k: torch.Tensor
     gate_cum: torch.Tensor
     ancestors: torch.Tensor
     node: torch.Tensor
+    path: torch.Tensor | None = None
 
 
 def apply_pending(state: torch.Tensor, p: PendingCommit) -> None:

@@ -27,6 +27,15 @@ the host.
   (the pipeline's prologue stages) with ~40 barriers. Now: 16 x 64 tiles (512 programs at GDN-1.3B,
   768 at Weaver's shape), the first block of 16 path rows in straight-line code (no pipeline; a loop only
   past 16 rows), ~20 barriers, 128-bit state and row accesses, no spills.
+- :func:`commit_path_indexed`: the same commit (and conv history) reading the path from a path index
+  (:func:`write_path_index`: int32 [length, nodes from the path's end up], written once per step by one
+  launch for every layer) instead of gathering it in every program: a program loads its state tile, the
+  length and the end node in one round trip and the path's rows in the second; no ancestor row, cumsum
+  or one-hot reduce (the latency of commit_path_fused is that chain, not its bytes: 7.3-7.7 us at every
+  depth at GDN-1.3B vs replay's 2.65 us at depth 1, results/2026-12-01-h200-fused-engine/scripts/
+  dev-kernels13). Contractions: blocks of 16 rows as one exact dot, or rank-1 updates in straight-line
+  code (no shared memory, no barrier). Stacked operands (a leading layer dim) commit L layers in one
+  launch. The static decoder uses it (StaticDecoder.indexed_commit).
 - :func:`commit_conv_fused`: the conv history after the path, in place: row j (oldest first) of the
   new [W-1, C] history is ``cat(history, conv_inputs)[conv_index[a, W-2-j]]`` (conv_index as
   :func:`repro.gdn.reference.conv_gather_index`: column r = the r-th predecessor). Grid over channel
@@ -48,7 +57,9 @@ import triton.language as tl
 
 from repro.gdn.triton_common import (  # also patches the CPU interpreter
     accepted_path,
+    check_factor_shapes,
     check_factors,
+    commit_indexed_tile,
     commit_path_tile,
     path_rows_update,
 )
@@ -154,6 +165,69 @@ def _path_commit_kernel(
         _conv_commit_block(history, inputs, index, node_ptr, C, pid - HV * NV * NK, HIST, W, HP, BC)
 
 
+@triton.jit
+def _path_index_kernel(anc, node_ptr, n, path, NP: tl.constexpr):
+    """One program: the path to ``node`` as a path index (:func:`write_path_index`)."""
+    live, a, on_path, pos, length = accepted_path(anc, node_ptr, n, NP)
+    tl.store(path + length - pos, tl.arange(0, NP), mask=on_path != 0)  # 1 + r, r = length - 1 - pos
+    tl.store(path, length)
+
+
+@triton.jit
+def _conv_path_block(
+    history, inputs, path, cap, C, i_c, HIST: tl.constexpr, HP: tl.constexpr, BC: tl.constexpr,
+):  # fmt: skip
+    """:func:`_conv_commit_block` for a path index: row j (oldest first) of the new history is the input
+    of the node r = HIST - 1 - j steps above the path's end (``path[1 + r]``) if r < length, else the old
+    history's row j + length; no gather index, no load waits on another but the rows on the path index."""
+    o_c = i_c * BC + tl.arange(0, BC)
+    m_c = o_c < C
+    length = tl.load(path)
+    rows = tl.arange(0, HP)
+    back = HIST - 1 - rows
+    m_r = rows < HIST
+    from_in = back < length
+    node = tl.load(path + 1 + back, mask=m_r & (back < cap), other=0)  # not waiting for the length
+    m = m_r[:, None] & m_c[None, :]
+    h = tl.load(history + (rows + length)[:, None] * C + o_c[None, :], mask=m & ~from_in[:, None], other=0.0)
+    x = tl.load(inputs + node[:, None] * C + o_c[None, :], mask=m & from_in[:, None], other=0.0)
+    new = tl.where(from_in[:, None], x.to(h.dtype), h)
+    tl.debug_barrier()  # in place: every load of the old rows before any store (see _conv_commit_block)
+    tl.store(history + rows[:, None] * C + o_c[None, :], new, mask=m & (length > 0))
+
+
+@triton.jit
+def _indexed_commit_kernel(
+    state, delta, k, gate_cum, path, cap, history, inputs, C, n,
+    HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, MODE: tl.constexpr, CONV: tl.constexpr, HIST: tl.constexpr, HP: tl.constexpr,
+    BC: tl.constexpr,
+):  # fmt: skip
+    """:func:`_path_commit_kernel` reading the path from a path index: the state tile, the length and the
+    path's end in the first round trip, the path's rows (and the end's gate) in the second. Grid axis 1:
+    the layer of stacked operands (state [L, HV, d_v, d_k], factors [L, n, ...], conv [L, ...]; one path)."""
+    pid = tl.program_id(0)
+    layer = tl.program_id(1).to(tl.int64)
+    state += layer * (HV * DV * DK)
+    delta += layer * n * (HV * DV)
+    k += layer * n * (HV * DK)
+    gate_cum += layer * n * HV
+    NV: tl.constexpr = (DV + BV - 1) // BV
+    NK: tl.constexpr = (DK + BK - 1) // BK
+    if pid < HV * NV * NK:
+        hv = pid // (NV * NK)
+        o_v = ((pid // NK) % NV) * BV + tl.arange(0, BV)
+        o_k = (pid % NK) * BK + tl.arange(0, BK)
+        p_s = state + (hv * DV + o_v[:, None]) * DK + o_k[None, :]
+        m_s = (o_v < DV)[:, None] & (o_k < DK)[None, :]
+        s = tl.load(p_s, mask=m_s, other=0.0)
+        new = commit_indexed_tile(s, True, delta, k, gate_cum, path, cap, hv, o_v, o_k, HV, DV, DK, BM, MODE)
+        tl.store(p_s, new, mask=m_s)
+    elif CONV:
+        hist_l, inputs_l = history + layer * (HIST * C), inputs + layer * n * C
+        _conv_path_block(hist_l, inputs_l, path, cap, C, pid - HV * NV * NK, HIST, HP, BC)
+
+
 def commit_closed_form_fused(
     state: torch.Tensor,
     delta: torch.Tensor,
@@ -241,6 +315,103 @@ def commit_path_fused(
         HV=hv, DK=dk, DV=dv, NP=triton.next_power_of_2(n), BM=block_m, BK=bk, BV=bv, PEEL=peel,
         DOT=use_dot, CONV=hist > 0, HIST=hist, W=width, HP=triton.next_power_of_2(max(hist, 1)), BC=bc,
         num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+
+
+INDEXED_MODES = {"products": 0, "dot": 1, "rank1": 2}
+"""Contractions of :func:`commit_path_indexed`: a gathered block of path rows summed as broadcast
+products, the same as one exact fp32 dot, or one rank-1 update per path row in straight-line code."""
+
+
+def path_index_buffer(n: int, device: torch.device | str) -> torch.Tensor:
+    """A path index for trees of up to ``n`` nodes (:func:`write_path_index`), empty (length 0)."""
+    return torch.zeros(n + 1, dtype=torch.int32, device=device)
+
+
+def write_path_index(ancestors: torch.Tensor, node: torch.Tensor, path: torch.Tensor) -> None:
+    """The root-to-``node`` path as a path index, on the device, in one launch (capture-safe):
+    ``path[0]`` = its number of nodes d (0 when node < 0), ``path[1 + r]`` = the node r steps above
+    ``node`` (r = 0: node itself, r = d - 1: the root), r < d; the entries past d are left as they are.
+
+    ``ancestors`` bool/uint8 [n, n] (diagonal set), ``node`` 1-element int64, ``path`` int32 [>= n + 1]
+    (:func:`path_index_buffer`). Written once per step, it is read by every layer's
+    :func:`commit_path_indexed` (no ancestor row, cumsum and reduce per layer and tile)."""
+    n = ancestors.shape[0]
+    if (
+        ancestors.shape != (n, n)
+        or path.dtype != torch.int32
+        or path.numel() < n + 1
+        or not path.is_contiguous()
+    ):
+        raise ValueError(
+            f"a path index of a {n}-node tree is contiguous int32 [>= {n + 1}], got {path.dtype} "
+            f"{tuple(path.shape)} (ancestors {tuple(ancestors.shape)})"
+        )
+    anc = (
+        ancestors.contiguous().view(torch.uint8) if ancestors.dtype == torch.bool else ancestors.contiguous()
+    )
+    _path_index_kernel[(1,)](anc, node, n, path, NP=triton.next_power_of_2(n), num_warps=4)
+
+
+def commit_path_indexed(
+    state: torch.Tensor,
+    delta: torch.Tensor,
+    k: torch.Tensor,
+    gate_cum: torch.Tensor,
+    path: torch.Tensor,
+    *,
+    conv: tuple[torch.Tensor, torch.Tensor] | None = None,
+    block_v: int = 16,
+    block_k: int = 64,
+    block_m: int = 16,
+    num_warps: int = 4,
+    num_stages: int = 1,
+    mode: str = "dot",
+) -> None:
+    """:func:`commit_path_fused` (the same commit, in place) with the path read from a path index
+    (:func:`write_path_index`, int32: length, then the nodes from the path's end up) instead of gathered
+    from the ancestor row in every program: each program loads its state tile, the length and the end
+    node at once, then the path's rows; no cumsum, no one-hot reduce, one dependent load fewer. ``conv``
+    = (history [W-1, C], conv_inputs [n, C]): the conv-history commit in the same launch, also from the
+    path index (no gather index). ``mode`` (:data:`INDEXED_MODES`): "dot" (needs every block >= 16, else
+    "products"), "products" or "rank1"; tiles and warps as in :func:`commit_path_fused`.
+
+    Stacked layers (every operand with a leading layer dim L: state [L, HV, d_v, d_k], delta [L, n, HV,
+    d_v], k, gate_cum, history [L, W-1, C], conv_inputs [L, n, C]; contiguous): L layers' commits of the
+    same path in one launch (grid axis 1), the launch and its two round trips paid once."""
+    stacked = state.dim() == 4
+    layers = state.shape[0] if stacked else 1
+    ops = (state, delta, k, gate_cum) + (tuple(conv) if conv is not None else ())
+    if stacked and (any(t.shape[0] != layers or not t.is_contiguous() for t in ops)):
+        raise ValueError(f"stacked operands need one leading layer dim {layers}, contiguous")
+    one = tuple(t[0] for t in ops) if stacked else ops
+    hv, dv, dk = one[0].shape
+    check_factor_shapes(*one[:4])
+    n = one[1].shape[0]
+    if path.dtype != torch.int32 or path.numel() < 2 or not path.is_contiguous():
+        raise ValueError(f"path must be a contiguous int32 path index, got {path.dtype} {tuple(path.shape)}")
+    if mode not in INDEXED_MODES:
+        raise ValueError(f"mode must be one of {', '.join(INDEXED_MODES)}, got {mode!r}")
+    bv, bk = _path_tiles(dv, dk, block_v, block_k)
+    tiles = path_commit_programs(hv, dv, dk, block_v, block_k)
+    history, inputs, c, hist, bc = state, state, 1, 0, 1
+    if conv is not None and one[4].shape[0] > 0:
+        history, inputs = conv
+        hist, c = one[4].shape
+        if one[5].shape[1] != c or not history.is_contiguous():
+            raise ValueError(
+                f"conv shapes disagree: history {tuple(history.shape)}, inputs {tuple(inputs.shape)}"
+            )
+        inputs, bc = inputs.contiguous(), _CONV_BLOCK
+    blocks = triton.cdiv(c, bc) if hist else 0
+    code = INDEXED_MODES[mode]
+    if code == 1 and min(bv, bk, block_m) < 16:  # tl.dot's smallest tile
+        code = 0
+    _indexed_commit_kernel[(tiles + blocks, layers)](
+        state, delta.contiguous(), k.contiguous(), gate_cum.contiguous(), path, path.numel() - 1, history,
+        inputs, c, n,
+        HV=hv, DK=dk, DV=dv, BM=block_m, BK=bk, BV=bv, MODE=code, CONV=hist > 0, HIST=hist,
+        HP=triton.next_power_of_2(max(hist, 1)), BC=bc, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
 
 

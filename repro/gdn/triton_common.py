@@ -24,10 +24,11 @@ def pow2(x: int) -> int:
     return triton.next_power_of_2(int(x))
 
 
-def check_factors(
-    state: torch.Tensor, delta: torch.Tensor, k: torch.Tensor, gate_cum: torch.Tensor, ancestors: torch.Tensor
-) -> torch.Tensor:
-    """Validate a commit's operands; returns the ancestor mask as contiguous uint8 (a view of a bool one)."""
+def check_factor_shapes(
+    state: torch.Tensor, delta: torch.Tensor, k: torch.Tensor, gate_cum: torch.Tensor
+) -> None:
+    """A commit's state (contiguous float32, float64 for the interpreter's exactness tests) and factors
+    (delta [n, HV, d_v], k [n, HV, d_k], gate_cum [n, HV]) agree."""
     hv, dv, dk = state.shape
     n = delta.shape[0]
     if state.dtype not in (torch.float32, torch.float64) or not state.is_contiguous():
@@ -37,6 +38,14 @@ def check_factors(
             f"factors do not match the state [{hv}, {dv}, {dk}]: delta {tuple(delta.shape)}, "
             f"k {tuple(k.shape)}, gate_cum {tuple(gate_cum.shape)}"
         )
+
+
+def check_factors(
+    state: torch.Tensor, delta: torch.Tensor, k: torch.Tensor, gate_cum: torch.Tensor, ancestors: torch.Tensor
+) -> torch.Tensor:
+    """Validate a commit's operands; returns the ancestor mask as contiguous uint8 (a view of a bool one)."""
+    check_factor_shapes(state, delta, k, gate_cum)
+    n = delta.shape[0]
     if ancestors.shape != (n, n):
         raise ValueError(f"ancestors must be [n, n] = {(n, n)}, got {tuple(ancestors.shape)}")
     return (
@@ -116,15 +125,27 @@ def path_rows_update(
     DOT: tl.constexpr,
 ):  # fmt: skip
     """``acc`` [BV, BK] + sum over path positions [m0, m0 + BM) of ``exp(g_end - G_j) delta_j[o_v]
-    k_j[o_k]^T`` (positions past ``length`` weigh 0): one gathered [BM, BV] block of delta rows and one
-    [BM, BK] block of key rows, loaded at once. DOT: the contraction as one exact ("ieee") dot (BV, BK,
-    BM >= 16); else as broadcast products summed over the block (any tile; exact float arithmetic too)."""
-    acc_t = acc.dtype
+    k_j[o_k]^T`` (positions past ``length`` weigh 0), the path given as :func:`accepted_path` gives it:
+    each position's node found by a one-hot reduce over the NP nodes, then :func:`gathered_rows_update`."""
     o_n = tl.arange(0, NP)
     o_m = m0 + tl.arange(0, BM)
     hit = (on_path[None, :] != 0) & (pos[None, :] == o_m[:, None])  # [BM, NP]: one hit per valid row
     idx = tl.sum(tl.where(hit, o_n[None, :], 0), axis=1)
-    m_m = o_m < length
+    return gathered_rows_update(
+        acc, idx, o_m < length, g_end, delta, k, gate_cum, hv, o_v, o_k, HV, DV, DK, DOT
+    )
+
+
+@triton.jit
+def gathered_rows_update(
+    acc, idx, m_m, g_end, delta, k, gate_cum, hv, o_v, o_k,
+    HV: tl.constexpr, DV: tl.constexpr, DK: tl.constexpr, DOT: tl.constexpr,
+):  # fmt: skip
+    """``acc`` [BV, BK] + sum over the block's rows (nodes ``idx`` [BM], live where ``m_m``) of
+    ``exp(g_end - G_j) delta_j[o_v] k_j[o_k]^T``: one gathered [BM, BV] block of delta rows and one
+    [BM, BK] block of key rows, loaded at once. DOT: the contraction as one exact ("ieee") dot (BV, BK,
+    BM >= 16); else as broadcast products summed over the block (any tile; exact float arithmetic too)."""
+    acc_t = acc.dtype
     rows = idx * HV + hv
     g_m = tl.load(gate_cum + rows, mask=m_m, other=0.0).to(acc_t)
     m_v = o_v < DV
@@ -137,6 +158,39 @@ def path_rows_update(
         acc += tl.dot(tl.trans(dw), kt.to(acc_t), input_precision="ieee")
     else:
         acc += tl.sum(dw[:, :, None] * kt.to(acc_t)[:, None, :], axis=0)
+    return acc
+
+
+@triton.jit
+def indexed_rows_update(
+    acc, m0, path, cap, length, g_end, delta, k, gate_cum, hv, o_v, o_k,
+    HV: tl.constexpr, DV: tl.constexpr, DK: tl.constexpr, BM: tl.constexpr, MODE: tl.constexpr,
+):  # fmt: skip
+    """:func:`path_rows_update` for a path given as a path index
+    (:func:`repro.gdn.triton_commit.write_path_index`: ``path[0]`` = its length, ``path[1 + r]`` = the
+    node r steps above its end, r < ``cap``, the index's capacity): positions [m0, m0 + BM) read their nodes
+    straight from ``path`` (masked by the capacity, not the length: no load waits on another but the rows
+    on the index), no reduce. MODE 0: the block gathered at once and contracted by
+    :func:`gathered_rows_update` (1: as a dot); MODE 2: BM rank-1 updates in straight-line code (each row's
+    loads in the layouts the tile needs: no shared memory, no barrier)."""
+    if MODE == 2:
+        acc_t = acc.dtype
+        m_v = o_v < DV
+        m_k = o_k < DK
+        for j in tl.static_range(BM):
+            live = m0 + j < length
+            row = tl.load(path + 1 + m0 + j, mask=m0 + j < cap, other=0) * HV + hv
+            g = tl.load(gate_cum + row, mask=live, other=0.0).to(acc_t)
+            d = tl.load(delta + row * DV + o_v, mask=m_v & live, other=0.0).to(acc_t)
+            kt = tl.load(k + row * DK + o_k, mask=m_k & live, other=0.0).to(acc_t)
+            w = tl.where(live, tl.exp(tl.where(live, g_end - g, 0.0)), 0.0)
+            acc += (d * w)[:, None] * kt[None, :]
+    else:
+        o_m = m0 + tl.arange(0, BM)
+        idx = tl.load(path + 1 + o_m, mask=o_m < cap, other=0)
+        acc = gathered_rows_update(
+            acc, idx, o_m < length, g_end, delta, k, gate_cum, hv, o_v, o_k, HV, DV, DK, MODE == 1
+        )
     return acc
 
 
@@ -161,4 +215,24 @@ def commit_path_tile(
     for m0 in range(0, length, BM):
         acc = path_rows_update(acc, m0, on_path, pos, length, g_end, delta, k, gate_cum, hv, o_v, o_k,
                                HV, DV, DK, NP, BM, True)  # fmt: skip
+    return tl.exp(g_end) * s + acc
+
+
+@triton.jit
+def commit_indexed_tile(
+    s, live, delta, k, gate_cum, path, cap, hv, o_v, o_k,
+    HV: tl.constexpr, DV: tl.constexpr, DK: tl.constexpr, BM: tl.constexpr, MODE: tl.constexpr,
+):  # fmt: skip
+    """:func:`commit_path_tile` along a path given as a path index (``path``: its length, then its nodes
+    from the end up, ``cap`` >= 1 of them at most; :func:`indexed_rows_update`): the length, the end node
+    and the first block's nodes in one round trip, the path's rows and the end's gate in the next.
+    ``live`` False (or length 0): ``s`` unchanged."""
+    length = tl.where(live, tl.load(path), 0)
+    a = tl.load(path + 1)  # unmasked (cap >= 1): it need not wait for the length
+    g_end = tl.where(length > 0, tl.load(gate_cum + a * HV + hv, mask=length > 0, other=0.0).to(s.dtype), 0.0)
+    acc = indexed_rows_update(tl.zeros_like(s), 0, path, cap, length, g_end, delta, k, gate_cum, hv, o_v,
+                              o_k, HV, DV, DK, BM, MODE)  # fmt: skip
+    for m0 in range(BM, length, BM):  # paths deeper than BM
+        acc = indexed_rows_update(acc, m0, path, cap, length, g_end, delta, k, gate_cum, hv, o_v, o_k,
+                                  HV, DV, DK, BM, MODE)  # fmt: skip
     return tl.exp(g_end) * s + acc

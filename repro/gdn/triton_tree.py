@@ -129,7 +129,7 @@ import triton
 import triton.language as tl
 
 from repro.gdn.reference import PendingCommit, TreeFactors
-from repro.gdn.triton_common import check_factors, commit_path_tile, interpreting, pow2
+from repro.gdn.triton_common import check_factors, commit_indexed_tile, commit_path_tile, interpreting, pow2
 
 PRECISIONS = ("ieee", "tf32x3", "tf32")
 
@@ -216,16 +216,24 @@ def _pending_prologue(
     HV: tl.constexpr, DV: tl.constexpr, DK: tl.constexpr, BK: tl.constexpr, PNP: tl.constexpr,
 ):  # fmt: skip
     """The delayed commit of S0[i_h, o_v, :] in place (the calling program owns those rows and reads
-    no others), d_k in chunks of BK; ends with a CTA barrier so that the program's loads see it."""
+    no others), d_k in chunks of BK; ends with a CTA barrier so that the program's loads see it.
+    PNP = 0: ``panc_ptr`` is the path index of the path to ``pnode`` (PendingCommit.path), read directly
+    (:func:`~repro.gdn.triton_common.commit_indexed_tile`); else the ancestor mask, gathered per chunk."""
     o_k = tl.arange(0, BK)
     m_v = o_v < DV
+    if PNP == 0:
+        live = tl.load(pnode_ptr) >= 0  # the path index is the stash's: read only while its node is pending
     for kk in range(0, DK, BK):
         o_kk = kk + o_k
         p_s = s0_ptr + i_h * (DV * DK) + o_v[:, None] * DK + o_kk[None, :]
         m_s = m_v[:, None] & (o_kk < DK)[None, :]
         b_s = tl.load(p_s, mask=m_s, other=0.0)
-        b_s = commit_path_tile(b_s, pd_ptr, pk_ptr, pg_ptr, panc_ptr, pnode_ptr, pn, i_h, o_v, o_kk,
-                               HV, DV, DK, PNP, 16)  # fmt: skip
+        if PNP == 0:
+            b_s = commit_indexed_tile(b_s, live, pd_ptr, pk_ptr, pg_ptr, panc_ptr, pn, i_h, o_v, o_kk,
+                                      HV, DV, DK, 16, 1)  # fmt: skip
+        else:
+            b_s = commit_path_tile(b_s, pd_ptr, pk_ptr, pg_ptr, panc_ptr, pnode_ptr, pn, i_h, o_v, o_kk,
+                                   HV, DV, DK, PNP, 16)  # fmt: skip
         tl.store(p_s, b_s, mask=m_s)
     tl.debug_barrier()
 
@@ -784,7 +792,7 @@ def tree_gdn_fused(
         c.p_n, c.n, float(scale),
         H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk, BV=bv,
         CHAIN=c.chain, PREC=precision, UPCAST_QK=c.upcast, BASE16=base16, WRITE_K=c.write_k,
-        PENDING=pending is not None, PNP=pow2(c.p_n), num_warps=warps, num_stages=num_stages,
+        PENDING=pending is not None, PNP=c.pnp, num_warps=warps, num_stages=num_stages,
     )  # fmt: skip
     return c.o, c.factors()
 
@@ -843,7 +851,7 @@ def tree_gdn_split(
         c.q, c.k, c.v, c.beta, c.state, a_blocks, p_blocks, c.gate_cum, c.o, c.delta, *c.p_ops, c.p_node,
         c.p_n, c.n, npad, float(scale),
         H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, BK=bk, BV=bv, PREC=precision, PENDING=pending is not None,
-        PNP=pow2(c.p_n), num_warps=warps,
+        PNP=c.pnp, num_warps=warps,
     )  # fmt: skip
     return c.o, c.factors()
 
@@ -1028,6 +1036,12 @@ class _TreeCall:
         return cls(n, h, hv, dk, dv, q, k, v, g, beta, state, anc, chain, p_ops, p_node, p_n, o, delta,
                    gate_cum, k_exp, write_k, upcast)  # fmt: skip
 
+    @property
+    def pnp(self) -> int:
+        """The prologue's PNP: 0 when the pending commit comes with a path index (int32), else the
+        ancestor row's padded width."""
+        return 0 if self.p_ops[3].dtype == torch.int32 else pow2(self.p_n)
+
     def factors(self) -> TreeFactors:
         return TreeFactors(
             delta=self.delta, gate_cum=self.gate_cum, k=self.k_exp, v=self.v, g=self.g, beta=self.beta
@@ -1068,6 +1082,10 @@ def _pending_operands(
     if out is not None and any(pending.delta.data_ptr() == x.data_ptr() for x in out[1:]):
         raise ValueError("the pending commit's factors are this verification's outputs: double-buffer them")
     p_anc = check_factors(state, pending.delta, pending.k, pending.gate_cum, pending.ancestors)
+    if pending.path is not None:  # the path index of the same path: read in place of the mask
+        if pending.path.dtype != torch.int32 or pending.path.numel() < pending.delta.shape[0] + 1:
+            raise ValueError(f"a pending path index is int32 [>= n + 1], got {pending.path.dtype}")
+        p_anc = pending.path
     ops = (pending.delta.contiguous(), pending.k.contiguous(), pending.gate_cum.contiguous(), p_anc)
     return ops, pending.node, pending.delta.shape[0]
 

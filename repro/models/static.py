@@ -34,7 +34,9 @@ graph (:mod:`repro.models.graphs`) and replayed:
   with identity steps g = beta = 0) or ``closed_form`` (the tree factors, masked to the path). With
   the Triton kernels (float32 state) a closed-form commit is one launch per GDN layer for the state and
   the conv history together, reading only the accepted path's rows
-  (:func:`~repro.gdn.triton_commit.commit_path_fused`, through :func:`~repro.gdn.backends.commit_function`);
+  (:func:`~repro.gdn.triton_commit.commit_path_indexed`, through :func:`~repro.gdn.backends.commit_function`;
+  the path is written once per commit as a path index, :func:`~repro.gdn.triton_commit.write_path_index`,
+  and every layer reads it: ``indexed_commit``, False for the earlier per-layer gather, commit_path_fused);
   the other strategies commit the conv history with one fused kernel (:mod:`repro.gdn.triton_commit`).
 
 The layer arithmetic is HybridLM's (its modules and helpers), regrouped to launch fewer kernels per
@@ -514,6 +516,13 @@ DELAYED = "delayed"  # SpecLA's delayed commit: the closed form, folded in by th
 STATIC_STRATEGIES = (*COMMIT_STRATEGIES, DELAYED)
 
 
+def _path_index_writer() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]:
+    """:func:`repro.gdn.triton_commit.write_path_index` (imported when first used: Triton is optional)."""
+    from repro.gdn.triton_commit import write_path_index
+
+    return write_path_index
+
+
 def check_static_strategy(name: str) -> str:
     """``name`` if the static decoder commits by it: HybridLM's three strategies or ``delayed``."""
     if name not in STATIC_STRATEGIES:
@@ -537,15 +546,18 @@ class PendingSet:
     gate_cum: dict[int, torch.Tensor]  # [rows, HV]
     ancestors: torch.Tensor  # bool [rows, rows]
     node: torch.Tensor  # [1] int64
+    path: torch.Tensor  # int32 [rows + 1]: node's path index (written with it; write_path_index)
 
     @property
     def rows(self) -> int:
         return self.ancestors.shape[0]
 
-    def pending(self, layer: int) -> PendingCommit:
-        """The pending commit of GDN layer ``layer`` (views: nothing copied)."""
+    def pending(self, layer: int, indexed: bool = False) -> PendingCommit:
+        """The pending commit of GDN layer ``layer`` (views: nothing copied); ``indexed``: with the path
+        index (``path``, written with ``node`` by the delayed commit) for the Triton kernels to read."""
         i = layer
-        return PendingCommit(self.delta[i], self.k[i], self.gate_cum[i], self.ancestors, self.node)
+        path = self.path if indexed else None
+        return PendingCommit(self.delta[i], self.k[i], self.gate_cum[i], self.ancestors, self.node, path)
 
 
 @dataclass
@@ -627,6 +639,8 @@ class TreeSlot:
         self._host_longs = host[:ints].view(np.int64)
         self._host_flags = host[ints:].view(np.bool_)
         self.node = torch.zeros(1, dtype=torch.long, device=dev)  # the accepted path's last node
+        # the path index of the Triton path commit (StaticDecoder.indexed_commit), written once per commit
+        self.path_index = torch.zeros(size + 1, dtype=torch.int32, device=dev)
         self.bonus = torch.zeros(1, dtype=torch.long, device=dev)
         # [path length, bonus, path nodes by depth (max_depth), their tokens]; host copy pinned on CUDA
         self.result = torch.zeros(2 + 2 * self.max_depth, dtype=torch.long, device=dev)
@@ -854,6 +868,10 @@ class StaticDecoder:
         self._path_commit = None
         if self.kernel == "triton" and self.state_dtype == torch.float32:
             self._path_commit = commit_function(self.kernel, dev, interpreter=True)
+        # the path commit reads the accepted path from a path index written once per commit for every layer
+        # (the slot's or stash's ``path_index``, repro.gdn.triton_commit.write_path_index), not from the
+        # ancestor row in every layer's every program; False (set before capture): the earlier kernel
+        self.indexed_commit = True
         self._recurrent = recurrent_function(self.kernel)
         self.glue = compiled_glue() if compile else GLUE
         self.layers: list[DecoderLayer] = list(model.model.layers)
@@ -1047,6 +1065,9 @@ class StaticDecoder:
         node = slot.node
         on_path = slot.ancestors.index_select(0, node)[0]  # [T]
         path_len = slot.depth.index_select(0, node)  # [1]
+        path_index = None
+        if strategy == "closed_form" and self._path_commit is not None:
+            path_index = self._write_path_index(slot.ancestors, node, slot.path_index)
         for buf, saved in zip(self.buffers, slot.saved):
             if isinstance(buf, GDNBuffers) and delayed:
                 assert isinstance(saved, GDNSaved), "verify the slot first"
@@ -1055,7 +1076,9 @@ class StaticDecoder:
                 assert isinstance(saved, GDNSaved), "verify the slot first"
                 f = saved.factors
                 conv = (buf.conv, saved.conv_inputs, slot.conv_index)
-                self._path_commit(buf.recurrent, f.delta, f.k, f.gate_cum, slot.ancestors, node, conv=conv)
+                self._path_commit(
+                    buf.recurrent, f.delta, f.k, f.gate_cum, slot.ancestors, node, conv=conv, path=path_index
+                )
             elif isinstance(buf, GDNBuffers):
                 assert isinstance(saved, GDNSaved), "verify the slot first"
                 self._commit_conv(buf, saved.conv_inputs, slot.conv_index, node)
@@ -1074,6 +1097,8 @@ class StaticDecoder:
             stash.ancestors[:n, :n].copy_(slot.ancestors)
             stash.ancestors[:n, n:].zero_()  # columns of a larger slot's earlier path: not on this one
             stash.node.copy_(node)
+            if self._path_commit is not None:  # always with the node: a stash's index is its node's path
+                _path_index_writer()(slot.ancestors, node, stash.path)
         self.length.add_(path_len).clamp_(max=self.max_len)
 
     def ensure_pending(self, rows: int) -> bool:
@@ -1100,6 +1125,7 @@ class StaticDecoder:
                 per_layer(lambda m: (m.num_v_heads,)),
                 torch.zeros(rows, rows, dtype=torch.bool, device=dev),
                 torch.full((1,), -1, dtype=torch.long, device=dev),
+                torch.zeros(rows + 1, dtype=torch.int32, device=dev),
             )
             for _ in range(2)
         ]
@@ -1111,14 +1137,29 @@ class StaticDecoder:
         capturable. The path commit of the Triton kernels for a float32 state, the torch reference
         (:func:`~repro.gdn.reference.apply_pending`) otherwise."""
         stash = self.pending_sets[parity]
+        path_index = None
+        if self._path_commit is not None:
+            path_index = self._write_path_index(stash.ancestors, stash.node, stash.path)
         for i, buf in enumerate(self.buffers):
             if isinstance(buf, GDNBuffers):
                 if self._path_commit is not None:
                     p = stash.pending(i)
-                    self._path_commit(buf.recurrent, p.delta, p.k, p.gate_cum, p.ancestors, p.node)
+                    self._path_commit(
+                        buf.recurrent, p.delta, p.k, p.gate_cum, p.ancestors, p.node, path=path_index
+                    )
                 else:
                     gdn.apply_pending(buf.recurrent, stash.pending(i))
         stash.node.fill_(-1)
+
+    def _write_path_index(
+        self, ancestors: torch.Tensor, node: torch.Tensor, path: torch.Tensor
+    ) -> torch.Tensor | None:
+        """With ``indexed_commit``: the path to ``node`` into ``path`` (one launch, read by every GDN
+        layer's path commit), returned; else None (each layer's commit gathers the path itself)."""
+        if not self.indexed_commit:
+            return None
+        _path_index_writer()(ancestors, node, path)
+        return path
 
     @torch.no_grad()
     def step(self, slot: TreeSlot, strategy: str = "replay") -> torch.Tensor:
@@ -1214,7 +1255,7 @@ class StaticDecoder:
             return slot.core(q, k, v, g, beta, buf.recurrent, scale)  # type: ignore[attr-defined]
         if slot.parity is not None:
             mine, other = self.pending_sets[slot.parity], self.pending_sets[1 - slot.parity]
-            pending: PendingCommit | None = other.pending(i)
+            pending: PendingCommit | None = other.pending(i, self.indexed_commit)
             if self._path_commit is None:
                 gdn.apply_pending(buf.recurrent, other.pending(i))
                 pending = None

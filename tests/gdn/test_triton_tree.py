@@ -98,7 +98,13 @@ def make_pending(spec: dict, s0: torch.Tensor, device: str) -> tuple[gdn.Pending
     committed = gdn.commit_closed_form(s0.cpu().double(), f, path)
     ops = [x.float().to(device) for x in (f.delta, f.k, f.gate_cum)]
     node = torch.tensor([end], device=device)
-    return gdn.PendingCommit(*ops, tree.ancestor_mask.to(device), node), committed.to(device)
+    pending = gdn.PendingCommit(*ops, tree.ancestor_mask.to(device), node)
+    if spec.get("pending_index"):  # the path as a path index too (stale past the path: never read)
+        from repro.gdn.triton_commit import write_path_index
+
+        pending.path = torch.full((n + 1,), 7, dtype=torch.int32, device=device)
+        write_path_index(pending.ancestors, torch.tensor([max(end, 0)], device=device), pending.path)
+    return pending, committed.to(device)
 
 
 def run_case(spec: dict, device: str) -> dict:
@@ -284,6 +290,42 @@ INTERP_CASES = {
         "precision": "tf32",
     },
     "pending-n16-mixed-none": {**_SMALL, "n": 16, "kind": "mixed", "pending": True, "pending_node": -1},
+    # the pending path read from a path index (the static decoder's stash); node -1 with a live index:
+    # the node decides (nothing pending)
+    "pending-index-n20-random-dk32-bk16": {
+        **_SMALL,
+        "n": 20,
+        "kind": "random",
+        "dk": 32,
+        "block_k": 16,
+        "pending": True,
+        "pending_index": True,
+    },
+    "pending-index-n20-chain-api-deep40": {
+        **_SMALL,
+        "n": 20,
+        "kind": "chain",
+        "chain_api": True,
+        "pending": True,
+        "pending_n": 40,
+        "pending_index": True,
+    },
+    "pending-index-n16-mixed-none": {
+        **_SMALL,
+        "n": 16,
+        "kind": "mixed",
+        "pending": True,
+        "pending_node": -1,
+        "pending_index": True,
+    },
+    "split-pending-index-n20-fan": {
+        **_SMALL,
+        "n": 20,
+        "kind": "fan",
+        "split": True,
+        "pending": True,
+        "pending_index": True,
+    },
     "pending-n24-fan-root-bf16": {
         **_SMALL,
         "n": 24,
@@ -535,13 +577,14 @@ def test_gpu_tree_split(shape: str, n: int, kind: str, dtype: str, precision: st
 def test_gpu_tree_with_pending_commit(shape: str, n: int, kind: str, dtype: str, precision: str) -> None:
     base = WEAVER if shape == "weaver" else SPECLA
     spec = {**base, "n": n, "kind": kind, "dtype": dtype, "precision": precision, "seed": _fresh_seed()}
-    spec.update(pending=True, pending_n=64)
-    res = run_case(spec, "cuda")
-    o_tol, d_tol = GPU_TOL[(dtype, precision)]
-    msg = f"seed={spec['seed']} {res}"
-    assert res["unwritten"] == 0, msg
-    assert res["committed"] <= 1e-5, msg  # the commit's dots are "ieee" whatever the verification's
-    assert res["o"] <= o_tol and res["delta"] <= d_tol and res["states"] <= 1e-5, msg
+    for index in (False, True):  # the pending path from the mask, then from a path index
+        spec.update(pending=True, pending_n=64, pending_index=index)
+        res = run_case(spec, "cuda")
+        o_tol, d_tol = GPU_TOL[(dtype, precision)]
+        msg = f"seed={spec['seed']} index={index} {res}"
+        assert res["unwritten"] == 0, msg
+        assert res["committed"] <= 1e-5, msg  # the commit's dots are "ieee" whatever the verification's
+        assert res["o"] <= o_tol and res["delta"] <= d_tol and res["states"] <= 1e-5, msg
 
 
 @pytest.mark.parametrize(

@@ -838,7 +838,8 @@ def test_split_tree_kernel_and_path_commit_through_the_interpreter():
     path commit (state and conv history in one launch) in the interpreter, vs HybridLM: verify, the
     closed-form and snapshot commits, then decode steps. The decoder picks split for bf16 and fused for
     float32 inputs at 4 value heads, a forced kernel wins, and a split verify + closed-form commit
-    launches the split kernel's two phases and one path commit per GDN layer, nothing else."""
+    launches the split kernel's two phases, one path index per commit and one path commit per GDN layer,
+    nothing else."""
     out = _run_interpreter("--interpret-split")
     assert max(out["float32"].values()) < 1e-5, out["float32"]
     assert max(out["bfloat16"].values()) < 5e-2, out["bfloat16"]  # as the unfused bf16 case
@@ -846,9 +847,13 @@ def test_split_tree_kernel_and_path_commit_through_the_interpreter():
     assert sel["picked"] == {"bf16": "split", "f32": "fused", "f32_split": "split", "bf16_fused": "fused"}, (
         sel
     )
-    assert sel["launches"] == {"_tree_keys_kernel": 1, "_tree_values_kernel": 1, "_path_commit_kernel": 1}, (
-        sel
-    )
+    want = {
+        "_tree_keys_kernel": 1,
+        "_tree_values_kernel": 1,
+        "_path_index_kernel": 1,
+        "_indexed_commit_kernel": 1,
+    }
+    assert sel["launches"] == want, sel
 
 
 if __name__ == "__main__" and sys.argv[-1] in (
