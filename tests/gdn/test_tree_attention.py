@@ -286,10 +286,11 @@ def decoder_cases(device: str) -> dict[str, dict[str, object]]:
     return out
 
 
-def check_decoder(res: dict[str, dict[str, object]]) -> list[str]:
+def check_decoder(res: dict[str, dict[str, object]], float32_tol: float = 1e-5) -> list[str]:
+    """Errors over their bounds (float32: ``float32_tol``), argmax picks that differ (but in bf16)."""
     bad = []
     for key, errs in res.items():
-        tol = {"float64": 1e-12, "float32": 1e-5, "bfloat16": 3e-2}[key.split("/")[0]]
+        tol = {"float64": 1e-12, "float32": float32_tol, "bfloat16": 3e-2}[key.split("/")[0]]
         for field, val in errs.items():
             if field == "same_picks":
                 ok = val or key.startswith("bfloat16")
@@ -463,11 +464,12 @@ def test_gpu_tree_attention_kernel_at_model_shapes():
 @pytest.mark.gpu
 @needs_cuda
 def test_gpu_graphed_fused_verify_matches_the_unfused_decoder():
-    """The flag on, verify and commit as CUDA graphs, vs the unfused decoder (torch glue) eager: float32
-    within 1e-5 (same accepted path), bf16 within 3e-2."""
+    """The flag on, verify and commit as CUDA graphs, vs the unfused decoder (torch glue, the GDN prologue
+    too) eager: float32 within 1e-4 (as the other float32 GPU decoder tests; the same argmax picks), bf16
+    within 3e-2."""
     res = decoder_cases("cuda")
     print(json.dumps(res, indent=1))
-    assert len(res) == 2 and check_decoder(res) == []
+    assert len(res) == 2 and check_decoder(res, float32_tol=1e-4) == []
 
 
 def _interpreter_main() -> None:
