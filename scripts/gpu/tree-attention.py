@@ -212,6 +212,9 @@ def verify_rows() -> list[dict[str, Any]]:
     n = 33 if GPU else 16
     rows = []
     for dtype in ("bfloat16", "float32"):
+        if dtype == "float32" and time.perf_counter() - START > 75.0:
+            rows.append(dict(dtype=dtype, T=n, skipped="time budget"))
+            continue
         model, _ = open_target("default", dtype, str(DEV))
         if GPU:
             model.set_gdn_backend("triton")  # the prefill's GDN layers
@@ -283,6 +286,9 @@ def markdown(res: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in res["verify"]:
+        if "skipped" in r:
+            lines.append(f"| {r['dtype']} | {r['T']} | skipped ({r['skipped']}) |")
+            continue
         timed = "verify_us" in r
         lines.append(
             f"| {r['dtype']} | {r['T']} | {r['fuse_tree_attention']} | "
