@@ -301,8 +301,9 @@ def attention_tree(
 
     Returns (out [n, H hd] gated, in qkv's dtype; k [n, H_kv, hd]: the nodes' normed, rotated keys in
     the cache dtype; v [n, H_kv, hd]: a view of qkv). ``block_m``: query rows (node x head of a group)
-    per program (default 16..64, at most 8192 / hd entries; 16 interpreted); ``block_rows``: cache rows
-    and tree nodes per softmax block (as :func:`attention_decode`'s)."""
+    per program; ``block_rows``: cache rows and tree nodes per softmax block (defaults 16..64, tiles of
+    at most 8192 entries of a padded head, 16 interpreted; not tuned yet: scripts/gpu/tree-attention.py
+    times a few)."""
     n = qkv.shape[0]
     kv_heads, rows, hd = keys.shape
     if qkv.dim() != 2 or qkv.stride(-1) != 1:
@@ -324,7 +325,7 @@ def attention_tree(
     bd = max(16, pow2(hd))  # tl.dot tiles: 16+ on every axis
     group_rows = pow2(heads // kv_heads * n)
     bm = pow2(block_m or (16 if interpreting() else min(64, max(16, 8192 // bd), max(16, group_rows))))
-    br = pow2(block_rows or (16 if interpreting() else min(64, max(16, 4096 // bd))))
+    br = pow2(block_rows or (16 if interpreting() else min(64, max(16, 8192 // bd))))
     table = rope if rope.numel() else qkv  # no rotary: any valid pointer (never read)
     acc = acc_dtype(qkv.dtype)
     # the interpreter's dot multiplies bf16 bit patterns: there the operands go as float32, rounded to
@@ -335,6 +336,6 @@ def attention_tree(
         qkv, q_scale, k_scale, table, keys, values, length, depth.contiguous(), mask, out, k,
         float(eps[0]), float(eps[1]), hd**-0.5, rows, n, qkv.stride(0), H=heads, HKV=kv_heads, HD=hd,
         ROT=rope.shape[-1], GATE=output_gate, BD=bd, BM=bm, BR=br, ACC=acc, DOT=dot,
-        num_warps=4 if bm * bd <= 4096 else 8,
+        num_warps=4 if bm * max(bd, br) <= 4096 else 8,
     )  # fmt: skip
     return out, k, v

@@ -14,7 +14,8 @@
      projection, then the kernel);
 2. the embedded tiny-qwen35 (bf16, the GraphedTarget decoder: gemv decode steps), cache 512: the verify
    graph at T = 33 with the flag off / on (median us, in fused decode steps, CUDA kernels of one eager
-   verify by group), the logits on vs off (bf16 and float32) and their argmax agreement.
+   verify by group), the logits on vs off (bf16 and float32) and their argmax agreement;
+3. while time is left: the kernel alone (bf16, T = 33) at a few other (block_m, block_rows).
 
 Writes OUT_DIR/tree-attention.json and OUT_DIR/tree-attention.md; prints the markdown. Without CUDA
 (with TRITON_INTERPRET=1) a small smoke run of the same code: the tiny shape at T = 16, no graphs.
@@ -125,11 +126,14 @@ class Core:
         out = attention_core(q, k, v, self.keys, self.values, prefix_blocked, tree_blocked)
         return out * torch.sigmoid(gate), k
 
-    def kernel(self, qkv: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def kernel(
+        self, qkv: torch.Tensor | None = None, blocks: tuple[int | None, int | None] = (None, None)
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         a, w = self.a, self.w
         out, k, _ = attention_tree(
             self.project() if qkv is None else qkv, w.q_norm, w.k_norm, (a.q_norm.eps, a.k_norm.eps),
             self.rope, self.keys, self.values, self.length, self.depth, self.anc, a.num_heads, a.output_gate,
+            block_m=blocks[0], block_rows=blocks[1],
         )  # fmt: skip
         return out, k
 
@@ -175,6 +179,33 @@ def kernel_rows() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
                 )  # fmt: skip
         del base, layers
     return checks, timings
+
+
+SWEEP = {
+    "tiny-qwen35": ((16, 64), (32, 128), (64, 128), (64, 32)),
+    "qwen3.6-27b": ((16, 16), (32, 16), (64, 32), (16, 64)),
+}
+
+
+def sweep_rows() -> list[dict[str, Any]]:
+    """The kernel alone (bf16, T = 33) at other (block_m, block_rows) than the defaults, while time lasts."""
+    rows: list[dict[str, Any]] = []
+    if not GPU:
+        return rows
+    for name, blocks in SWEEP.items():
+        _, hkv, hd, _, hidden = SHAPES[name]
+        layer = attention_layer(SHAPES[name], torch.bfloat16)
+        gen = torch.Generator(device=DEV).manual_seed(2)
+        x = torch.randn(33, hidden, generator=gen, device=DEV).bfloat16()
+        kv = [torch.randn(hkv, LENGTH + MAX_NODES, hd, generator=gen, device=DEV).bfloat16() for _ in "kv"]
+        core = Core(layer, x, *kv, make_tree("draft", 33, seed=33))
+        for bm, br in blocks:
+            if time.perf_counter() - START > 80.0:
+                rows.append(dict(shape=name, block_m=bm, block_rows=br, skipped="time budget"))
+                continue
+            us = time_us(lambda c=core, m=bm, r=br: c.kernel(c.qkv, blocks=(m, r)), 10.0)
+            rows.append(dict(shape=name, block_m=bm, block_rows=br, kernel_us=us))
+    return rows
 
 
 def decode_step_us(dec: StaticDecoder, state, reps: int = 32) -> float:  # noqa: ANN001
@@ -300,6 +331,16 @@ def markdown(res: dict[str, Any]) -> str:
             + f"{r.get('kernels')} | {r['logits_on_vs_off']:.2e} | {r['top1_on_vs_off']:.3f} | "
             + f"{r.get('groups')} |"
         )
+    lines += [
+        "",
+        "## the kernel alone at other blocks (bf16, T = 33; the defaults are in the table above)",
+        "",
+        "| shape | block_m | block_rows | kernel us |",
+        "|---|---|---|---|",
+    ]
+    for r in res["sweep"]:
+        us = f"{r['kernel_us']:.1f}" if "kernel_us" in r else f"skipped ({r['skipped']})"
+        lines.append(f"| {r['shape']} | {r['block_m']} | {r['block_rows']} | {us} |")
     lines += ["", f"total {res['seconds']:.0f} s"]
     return "\n".join(lines) + "\n"
 
@@ -312,6 +353,7 @@ def main() -> None:
     with torch.no_grad():
         res["checks"], res["timing"] = kernel_rows()
         res["verify"] = verify_rows()
+        res["sweep"] = sweep_rows()
     res["seconds"] = time.perf_counter() - t0
     (out / "tree-attention.json").write_text(json.dumps(res, indent=1, default=str))
     md = markdown(res)

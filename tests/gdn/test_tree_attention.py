@@ -162,6 +162,8 @@ def kernel_cases(device: str) -> dict[str, dict[str, float]]:
         res[f"blocks32/{dname}"] = kernel_case(spec, 33, 37, dtype, device, 90, blocks=(32, 32))
         res[f"blocks64_16/{dname}"] = kernel_case(spec, 33, 37, dtype, device, 91, blocks=(64, 16))
         res[f"strided/{dname}"] = kernel_case(spec, 17, 37, dtype, device, 92, strided=True)
+        tiny = SPECS["tiny_qwen35"]  # the GPU's default blocks at T = 33
+        res[f"tiny_blocks64/{dname}"] = kernel_case(tiny, 33, 37, dtype, device, 93, blocks=(64, 64))
     return res
 
 
@@ -366,7 +368,7 @@ def interpreted() -> dict:
 
 def test_tree_attention_kernel_matches_the_torch_path(interpreted):
     kernels = interpreted["kernels"]
-    assert len(kernels) == len(SPECS) * 2 * (2 * len(SIZES) + 1) + 6
+    assert len(kernels) == len(SPECS) * 2 * (2 * len(SIZES) + 1) + 8
     assert check_kernels(kernels) == []
     assert kernels["gqa_gate/n17/L37/bfloat16"]["out"] > 1e-5  # bf16 really rounds: the bound is live
 
