@@ -452,7 +452,7 @@ def fused_verify_attention(
     w: AttentionWeights,
     buf: AttentionBuffers,
     x: torch.Tensor,
-    rope: torch.Tensor | None,
+    rope: torch.Tensor,
     length: torch.Tensor,
     slot: TreeSlot,
     gemv: bool,
@@ -463,7 +463,6 @@ def fused_verify_attention(
     block. Returns x after the layer and the nodes' keys and values for :meth:`StaticDecoder.commit`."""
     from repro.gdn.triton_attention import attention_tree
 
-    assert rope is not None, "the fused decoder's rotary table (decode_rope)"
     a: Attention = layer.self_attn
     qkv = normed_linear(x, w.input_norm, layer.input_layernorm.eps, w.qkv, w.bias, gemv)
     out, k, v = attention_tree(

@@ -447,7 +447,7 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 def test_gpu_tree_attention_kernel_at_model_shapes():
     """The kernel compiled on CUDA at tiny-qwen35's (4 heads over 2, hd 48) and Qwen3.6-27B's (24 over 4,
     hd 256, rotary 64) attention shapes, T = 16, 33, 64, cache length 512, float32 and bf16; and the
-    interpreter's small cases."""
+    interpreter's small head layouts at T = 17."""
     shapes = {"tiny_qwen35": SPECS["tiny_qwen35"], "qwen3.6_27b": (24, 4, 256, 0.25, True)}
     res = {}
     for dname in ("float32", "bfloat16"):
@@ -456,9 +456,8 @@ def test_gpu_tree_attention_kernel_at_model_shapes():
                 res[f"{name}/n{n}/L512/{dname}"] = kernel_case(
                     spec, n, 512, DTYPES[dname], "cuda", n, rows=600
                 )
-        for name, spec in SPECS.items():
-            for n in SIZES:
-                res[f"{name}/n{n}/L37/{dname}"] = kernel_case(spec, n, 37, DTYPES[dname], "cuda", n)
+        for name, spec in SPECS.items():  # padded head dims, no rotary, GQA 6, no gate: compiled
+            res[f"{name}/n17/L37/{dname}"] = kernel_case(spec, 17, 37, DTYPES[dname], "cuda", 17)
     print(json.dumps(res, indent=1))
     assert check_kernels(res) == []
 
