@@ -213,6 +213,7 @@ def _attention_tree_kernel(
     BD: tl.constexpr,
     BM: tl.constexpr,
     BR: tl.constexpr,
+    BT: tl.constexpr,
     ACC: tl.constexpr,
     DOT: tl.constexpr,
 ):
@@ -224,7 +225,7 @@ def _attention_tree_kernel(
     G: tl.constexpr = H // HKV
     Q_STRIDE: tl.constexpr = 2 * HD if GATE else HD
     K_COL: tl.constexpr = H * Q_STRIDE
-    length = tl.load(len_ptr)
+    length = tl.load(len_ptr).to(tl.int32)  # int32 index arithmetic (fewer registers)
     o_d = tl.arange(0, BD)[None, :]
     m_d = o_d < HD
     r = pid_m * BM + tl.arange(0, BM)
@@ -232,7 +233,7 @@ def _attention_tree_kernel(
     node = tl.minimum(r // G, n - 1)  # rows past the last node: a valid one, never stored
     h = kvh * G + r % G
     q_row = qkv_ptr + node[:, None] * qkv_stride + h[:, None] * Q_STRIDE
-    rope = rope_ptr + (length + tl.load(depth_ptr + node) - 1)[:, None] * 2 * ROT
+    rope = rope_ptr + (length + tl.load(depth_ptr + node).to(tl.int32) - 1)[:, None] * 2 * ROT
     q = round_to(_norm_rotary(q_row, o_d, q_scale_ptr, rope, q_eps, HD, ROT, ACC), qkv_ptr).to(DOT)
     m_i = tl.full([BM, 1], -1.0e30, ACC)  # finite: a block with every score masked adds nothing
     l_i = tl.zeros([BM, 1], ACC)
@@ -250,12 +251,12 @@ def _attention_tree_kernel(
         vb = tl.load(values_ptr + cache + c[:, None] * HD + o_d, mask=m, other=0.0).to(DOT)
         acc = acc * alpha + tl.dot(round_to(p, qkv_ptr).to(DOT), vb, input_precision="ieee").to(ACC)
         r0 += BR
-    for j0 in range(0, n, BR):  # the tree's nodes, each key made once per block of query rows
-        j = j0 + o_r
+    for j0 in range(0, n, BT):  # the tree's nodes, each key made once per block of query rows
+        j = j0 + tl.arange(0, BT)
         m_j = j < n
         jc = tl.minimum(j, n - 1)
         k_row = qkv_ptr + jc[:, None] * qkv_stride + K_COL + kvh * HD
-        rope_j = rope_ptr + (length + tl.load(depth_ptr + jc) - 1)[:, None] * 2 * ROT
+        rope_j = rope_ptr + (length + tl.load(depth_ptr + jc).to(tl.int32) - 1)[:, None] * 2 * ROT
         kt = round_to(_norm_rotary(k_row, o_d, k_scale_ptr, rope_j, k_eps, HD, ROT, ACC), k_out_ptr)
         mine = m_j[:, None] & m_d & (pid_m == 0)
         tl.store(k_out_ptr + j[:, None] * HKV * HD + kvh * HD + o_d, kt, mask=mine)
@@ -301,9 +302,8 @@ def attention_tree(
 
     Returns (out [n, H hd] gated, in qkv's dtype; k [n, H_kv, hd]: the nodes' normed, rotated keys in
     the cache dtype; v [n, H_kv, hd]: a view of qkv). ``block_m``: query rows (node x head of a group)
-    per program; ``block_rows``: cache rows and tree nodes per softmax block (defaults 16..64, tiles of
-    at most 8192 entries of a padded head, 16 interpreted; not tuned yet: scripts/gpu/tree-attention.py
-    times a few)."""
+    per program; ``block_rows``: cache rows per softmax block (defaults below, 16 interpreted; not tuned
+    on a GPU yet: scripts/gpu/tree-attention.py times a few); tree nodes go 16 a block."""
     n = qkv.shape[0]
     kv_heads, rows, hd = keys.shape
     if qkv.dim() != 2 or qkv.stride(-1) != 1:
@@ -323,9 +323,13 @@ def attention_tree(
     k = torch.empty(n, kv_heads, hd, dtype=keys.dtype, device=qkv.device)
     v = qkv[:, q_out + kv_heads * hd :].view(n, kv_heads, hd)
     bd = max(16, pow2(hd))  # tl.dot tiles: 16+ on every axis
+    half = qkv.dtype in _HALF
     group_rows = pow2(heads // kv_heads * n)
-    bm = pow2(block_m or (16 if interpreting() else min(64, max(16, 8192 // bd), max(16, group_rows))))
-    br = pow2(block_rows or (16 if interpreting() else min(64, max(16, 8192 // bd))))
+    # tiles of <= 8192 entries of a padded head in half precision, 1024 (rows) / 2048 (cache rows) in
+    # float32, whose "ieee" dots run on FMAs: few register spills at hd 48 and 256 on sm_90 (ptxas)
+    bm = block_m or (16 if interpreting() else min(64, max(16, (8192 if half else 1024) // bd), group_rows))
+    br = block_rows or (16 if interpreting() else min(64, max(16, (8192 if half else 2048) // bd)))
+    bm, br = pow2(max(16, bm)), pow2(br)
     table = rope if rope.numel() else qkv  # no rotary: any valid pointer (never read)
     acc = acc_dtype(qkv.dtype)
     # the interpreter's dot multiplies bf16 bit patterns: there the operands go as float32, rounded to
@@ -335,7 +339,7 @@ def attention_tree(
     _attention_tree_kernel[grid](
         qkv, q_scale, k_scale, table, keys, values, length, depth.contiguous(), mask, out, k,
         float(eps[0]), float(eps[1]), hd**-0.5, rows, n, qkv.stride(0), H=heads, HKV=kv_heads, HD=hd,
-        ROT=rope.shape[-1], GATE=output_gate, BD=bd, BM=bm, BR=br, ACC=acc, DOT=dot,
-        num_warps=4 if bm * max(bd, br) <= 4096 else 8,
+        ROT=rope.shape[-1], GATE=output_gate, BD=bd, BM=bm, BR=br, BT=16, ACC=acc, DOT=dot,
+        num_warps=8 if bm * max(bd, br) > 4096 or bd >= 256 else 4,
     )  # fmt: skip
     return out, k, v
