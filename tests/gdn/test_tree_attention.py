@@ -8,8 +8,11 @@
   dims padded to the tile (8, 12) and tiny-qwen35's (48); n = 1, 5, 17, 33 nodes of random trees of every
   kind (forests and fans among them), cache lengths 0 and 37 (several row blocks, the last partial);
   the returned keys (normed, rotated, in the cache dtype) and values (a view of qkv), the cache
-  untouched; larger blocks and a row-strided qkv. float64 to rounding, float32 to ~1e-6, bf16 to
-  its rounding (the interpreter's casts truncate: 2e-2).
+  untouched; larger blocks (the GPU's at tiny-qwen35's shape) and a row-strided qkv. float64 to rounding
+  (every case), float32 to ~1e-6 (n = 5, 33), bf16 to its rounding (n = 17; the interpreter's casts
+  truncate: 2e-2).
+- the kernel compiled ahead of time for sm_90 (Triton's ptxas, no GPU) at the launch parameters the
+  host picks for the tiny-qwen35 and Qwen3.6-27B shapes: it lowers, within the H200's shared memory.
 - StaticDecoder verify with the flag on vs off: logits, the state after a closed-form commit and the
   next decode step's logits; float64 (an attention-only model without the output gate: the GDN tree
   kernel takes float32; a padded slot) also vs HybridLM, float32 with GDN layers; the fused verify
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -152,7 +156,7 @@ def kernel_cases(device: str) -> dict[str, dict[str, float]]:
     seed = 0
     for dname, dtype in DTYPES.items():
         for name, spec in SPECS.items():
-            for n in SIZES if dname != "bfloat16" else (17,):
+            for n in {"float64": SIZES, "float32": (5, 33), "bfloat16": (17,)}[dname]:
                 for length in (0, 37):
                     seed += 1
                     res[f"{name}/n{n}/L{length}/{dname}"] = kernel_case(spec, n, length, dtype, device, seed)
@@ -368,7 +372,7 @@ def interpreted() -> dict:
 
 def test_tree_attention_kernel_matches_the_torch_path(interpreted):
     kernels = interpreted["kernels"]
-    assert len(kernels) == len(SPECS) * 2 * (2 * len(SIZES) + 1) + 8
+    assert len(kernels) == len(SPECS) * 2 * (len(SIZES) + 2 + 1) + 8
     assert check_kernels(kernels) == []
     assert kernels["gqa_gate/n17/L37/bfloat16"]["out"] > 1e-5  # bf16 really rounds: the bound is live
 
@@ -438,6 +442,85 @@ def test_fuse_tree_attention_flag(interpreted):
     assert flags["default"] and not (flags["forced_off"] or flags["unfused"] or flags["wide_default"]), flags
     assert "head_dim 512 exceeds the tree attention kernel's 256" in str(flags.get("wide_forced")), flags
 
+
+# ------------------------------------------------------------------------------ compiled for sm_90
+
+H200_SHARED_BYTES = 232448  # the most shared memory one program may take on sm_90 (227 KB)
+
+
+def sm90_launches(monkeypatch) -> list[dict[str, object]]:  # noqa: ANN001
+    """attention_tree's kernel compiled ahead of time for sm_90 (no GPU needed: Triton's bundled ptxas)
+    with the launch parameters the host picks, at tiny-qwen35's and Qwen3.6-27B's attention shapes (bf16
+    and float32, T = 33) and a padded head dim: shared memory per launch."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from repro.gdn import triton_attention as ta
+
+    kernel, launches = ta._attention_tree_kernel, []
+
+    class Recorder:
+        def __getitem__(self, grid: tuple):  # noqa: ANN204
+            return lambda *args, **kwargs: launches.append((args, kwargs))
+
+    monkeypatch.setattr(ta, "_attention_tree_kernel", Recorder())
+    monkeypatch.setattr(ta, "interpreting", lambda: False)  # the GPU's blocks
+    types = {torch.bfloat16: "bf16", torch.float32: "fp32", torch.int64: "i64", torch.uint8: "u8"}
+    out = []
+    cases = [
+        (dt, spec) for dt in (torch.bfloat16, torch.float32) for spec in ((4, 2, 48, 12), (24, 4, 256, 64))
+    ]
+    for dtype, (h, hkv, hd, rot) in cases + [(torch.float32, (6, 1, 8, 0))]:
+        n, rows = 33, 600
+        qkv = torch.zeros(n, 2 * h * hd + 2 * hkv * hd, dtype=dtype)
+        keys, ones = torch.zeros(hkv, rows, hd, dtype=dtype), torch.ones(hd, dtype=dtype)
+        rope = torch.zeros(rows, 2, rot, dtype=dtype)
+        depth, anc = torch.ones(n, dtype=torch.long), torch.eye(n, dtype=torch.bool)
+        ta.attention_tree(
+            qkv, ones, ones, (1e-6, 1e-6), rope, keys, keys, torch.tensor([512]), depth, anc, h, True
+        )
+        args, kwargs = launches.pop()
+        sig = {
+            name: "*" + types[a.dtype]
+            if isinstance(a, torch.Tensor)
+            else "fp32"
+            if isinstance(a, float)
+            else "i32"
+            for name, a in zip(kernel.arg_names, args)
+        }
+        warps = kwargs.pop("num_warps")
+        sig.update(dict.fromkeys(kwargs, "constexpr"))
+        compiled = triton.compile(
+            ASTSource(fn=kernel, signature=sig, constexprs=kwargs), target=GPUTarget("cuda", 90, 32),
+            options={"num_warps": warps},
+        )  # fmt: skip
+        out.append({"case": (types[dtype], h, hkv, hd), "shared": compiled.metadata.shared, "warps": warps})
+    return out
+
+
+def sm90_compiler() -> bool:
+    """Triton's CUDA backend and its bundled ptxas are here (compiling needs no GPU)."""
+    try:
+        from triton.backends import backends
+        from triton.backends.nvidia.compiler import get_ptxas
+
+        return "nvidia" in backends and Path(get_ptxas(90).path).exists()
+    except Exception:  # noqa: BLE001 - no triton, or a build without the CUDA backend
+        return False
+
+
+@pytest.mark.skipif(not sm90_compiler(), reason="needs Triton's CUDA backend (ptxas)")
+def test_kernel_compiles_for_sm90_within_shared_memory(monkeypatch):
+    """The compiled kernel at the GPU's default blocks (what the interpreter cannot check: the lowering
+    and the shared memory of the dots' staging), within the H200's 227 KB a program."""
+    launches = sm90_launches(monkeypatch)
+    assert len(launches) == 5
+    for launch in launches:
+        assert 0 < launch["shared"] <= H200_SHARED_BYTES, launch
+
+
+# ---------------------------------------------------------------------------------------------- GPU
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
