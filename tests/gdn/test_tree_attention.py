@@ -11,7 +11,8 @@
   untouched; larger blocks (the GPU's at tiny-qwen35's shape) and a row-strided qkv. float64 to rounding
   (every case), float32 to ~1e-6 (n = 5, 33), bf16 to its rounding (n = 17; the interpreter's casts
   truncate: 2e-2).
-- the kernel compiled ahead of time for sm_90 (Triton's ptxas, no GPU) at the launch parameters the
+- the kernel (and attention_decode, whose helpers it shares) compiled ahead of time for sm_90 (Triton's
+  ptxas, no GPU) at the launch parameters the
   host picks for the tiny-qwen35 and Qwen3.6-27B shapes: it lowers, within the H200's shared memory.
 - StaticDecoder verify with the flag on vs off: logits, the state after a closed-form commit and the
   next decode step's logits; float64 (an attention-only model without the output gate: the GDN tree
@@ -449,53 +450,59 @@ H200_SHARED_BYTES = 232448  # the most shared memory one program may take on sm_
 
 
 def sm90_launches(monkeypatch) -> list[dict[str, object]]:  # noqa: ANN001
-    """attention_tree's kernel compiled ahead of time for sm_90 (no GPU needed: Triton's bundled ptxas)
-    with the launch parameters the host picks, at tiny-qwen35's and Qwen3.6-27B's attention shapes (bf16
-    and float32, T = 33) and a padded head dim: shared memory per launch."""
+    """attention_tree's kernel (and attention_decode's, whose helpers it shares) compiled ahead of time
+    for sm_90 (no GPU needed: Triton's bundled ptxas) with the launch parameters the host picks, at
+    tiny-qwen35's and Qwen3.6-27B's attention shapes (bf16 and float32, T = 33) and a padded head dim
+    without rotary: shared memory per launch."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     from repro.gdn import triton_attention as ta
 
-    kernel, launches = ta._attention_tree_kernel, []
+    kernels = {"tree": ta._attention_tree_kernel, "decode": ta._attention_decode_kernel}
+    launches: list[tuple] = []
 
     class Recorder:
         def __getitem__(self, grid: tuple):  # noqa: ANN204
             return lambda *args, **kwargs: launches.append((args, kwargs))
 
     monkeypatch.setattr(ta, "_attention_tree_kernel", Recorder())
+    monkeypatch.setattr(ta, "_attention_decode_kernel", Recorder())
     monkeypatch.setattr(ta, "interpreting", lambda: False)  # the GPU's blocks
     types = {torch.bfloat16: "bf16", torch.float32: "fp32", torch.int64: "i64", torch.uint8: "u8"}
+
+    def compiled(kernel, args: tuple, kwargs: dict) -> dict[str, object]:  # noqa: ANN001
+        sig = {name: "constexpr" for name in kwargs if name != "num_warps"}
+        for name, a in zip(kernel.arg_names, args):
+            sig[name] = f"*{types[a.dtype]}" if isinstance(a, torch.Tensor) else "i32"
+            sig[name] = "fp32" if isinstance(a, float) else sig[name]
+        constexprs = {k: v for k, v in kwargs.items() if k != "num_warps"}
+        source = ASTSource(fn=kernel, signature=sig, constexprs=constexprs)
+        out = triton.compile(
+            source, target=GPUTarget("cuda", 90, 32), options={"num_warps": kwargs["num_warps"]}
+        )
+        return {"shared": out.metadata.shared, "warps": kwargs["num_warps"]}
+
     out = []
-    cases = [
-        (dt, spec) for dt in (torch.bfloat16, torch.float32) for spec in ((4, 2, 48, 12), (24, 4, 256, 64))
-    ]
+    shapes = ((4, 2, 48, 12), (24, 4, 256, 64))
+    cases = [(dt, spec) for dt in (torch.bfloat16, torch.float32) for spec in shapes]
     for dtype, (h, hkv, hd, rot) in cases + [(torch.float32, (6, 1, 8, 0))]:
         n, rows = 33, 600
         qkv = torch.zeros(n, 2 * h * hd + 2 * hkv * hd, dtype=dtype)
         keys, ones = torch.zeros(hkv, rows, hd, dtype=dtype), torch.ones(hd, dtype=dtype)
-        rope = torch.zeros(rows, 2, rot, dtype=dtype)
+        rope, length = torch.zeros(rows, 2, rot, dtype=dtype), torch.tensor([512])
         depth, anc = torch.ones(n, dtype=torch.long), torch.eye(n, dtype=torch.bool)
-        ta.attention_tree(
-            qkv, ones, ones, (1e-6, 1e-6), rope, keys, keys, torch.tensor([512]), depth, anc, h, True
-        )
-        args, kwargs = launches.pop()
-        sig = {
-            name: "*" + types[a.dtype]
-            if isinstance(a, torch.Tensor)
-            else "fp32"
-            if isinstance(a, float)
-            else "i32"
-            for name, a in zip(kernel.arg_names, args)
-        }
-        warps = kwargs.pop("num_warps")
-        sig.update(dict.fromkeys(kwargs, "constexpr"))
-        compiled = triton.compile(
-            ASTSource(fn=kernel, signature=sig, constexprs=kwargs), target=GPUTarget("cuda", 90, 32),
-            options={"num_warps": warps},
-        )  # fmt: skip
-        out.append({"case": (types[dtype], h, hkv, hd), "shared": compiled.metadata.shared, "warps": warps})
+        ta.attention_tree(qkv, ones, ones, (1e-6, 1e-6), rope, keys, keys, length, depth, anc, h, True)
+        ta.attention_decode(qkv[:1].contiguous(), ones, ones, (1e-6, 1e-6), rope, keys, keys, length, h, True)
+        for name in ("decode", "tree"):
+            out.append(
+                {
+                    "kernel": name,
+                    "case": (types[dtype], h, hkv, hd),
+                    **compiled(kernels[name], *launches.pop()),
+                }
+            )
     return out
 
 
@@ -515,7 +522,7 @@ def test_kernel_compiles_for_sm90_within_shared_memory(monkeypatch):
     """The compiled kernel at the GPU's default blocks (what the interpreter cannot check: the lowering
     and the shared memory of the dots' staging), within the H200's 227 KB a program."""
     launches = sm90_launches(monkeypatch)
-    assert len(launches) == 5
+    assert len(launches) == 10
     for launch in launches:
         assert 0 < launch["shared"] <= H200_SHARED_BYTES, launch
 
