@@ -12,13 +12,13 @@
   (every case), float32 to ~1e-6 (n = 5, 33), bf16 to its rounding (n = 17; the interpreter's casts
   truncate: 2e-2).
 - the kernel (and attention_decode, whose helpers it shares) compiled ahead of time for sm_90 (Triton's
-  ptxas, no GPU) at the launch parameters the
-  host picks for the tiny-qwen35 and Qwen3.6-27B shapes: it lowers, within the H200's shared memory.
+  ptxas, no GPU) at the launch parameters the host picks for the tiny-qwen35 and Qwen3.6-27B shapes: it
+  lowers, within the H200's shared memory.
 - StaticDecoder verify with the flag on vs off: logits, the state after a closed-form commit and the
   next decode step's logits; float64 (an attention-only model without the output gate: the GDN tree
   kernel takes float32; a padded slot) also vs HybridLM, float32 with GDN layers; the fused verify
-  capture-safe; its launches (aten ops + Triton) per attention layer and for a whole tiny-qwen35-layout
-  verify; the flag's resolution and its ConfigErrors.
+  capture-safe; its launches (aten ops + Triton) per attention layer and per step; the flag's
+  resolution and its ConfigErrors.
 - GPU (``gpu``): the kernel at tiny-qwen35's and Qwen3.6-27B's attention shapes (T = 16, 33, 64, cache
   length 512) in float32 and bf16; graphed verify + commit with the flag on vs the unfused decoder.
 
