@@ -38,6 +38,7 @@ limit_of() {  # seconds for one file: start-up (~10 s: torch, CUDA context) + co
     test_triton_decode | test_triton_commit) echo 45 ;;  # fused glue / commit kernels (15 s, 8 s)
     test_chain_verify) echo 300 ;;   # fla's chunk kernel autotuned at both shapes (Weaver's ran past 150 s on 2026-12-01)
     test_weaver_growth_fused | test_device_acceptance) echo 90 ;;  # Triton growth / rules in graphs
+    test_tree_attention) echo 120 ;; # the tree attention kernel's compiles (~14) and a graphed decoder
     *) echo 60 ;;
   esac
 }

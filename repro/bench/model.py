@@ -268,7 +268,7 @@ def count_aten_ops(fn: Callable[[], Any]) -> int | None:
 
 
 KERNEL_GROUPS = (  # (group, fragments of kernel names): the first group with a matching fragment wins
-    ("attention", ("_attention_decode_kernel",)),  # before gdn_core: its name holds "_decode_kernel"
+    ("attention", ("_attention_decode_kernel", "_attention_tree_kernel")),  # before gdn_core (_decode_kernel)
     (
         "gdn_core",
         (

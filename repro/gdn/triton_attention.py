@@ -1,5 +1,5 @@
-"""One Triton kernel for a gated-attention layer's decode core: the glue between the q|k|v projection
-and the output projection of one token, in one launch.
+"""Triton kernels for a gated-attention layer's core: the glue between the q|k|v projection and the
+output projection, in one launch, for one decode token and for a draft tree's nodes.
 
 :func:`attention_decode` takes the token's stacked projection row ``qkv`` [1, Q + 2 H_kv hd] (Q = H hd,
 or 2 H hd with the output gate: per head [q | gate], as ``q_proj`` lays it out) and does, per query
@@ -16,6 +16,18 @@ It replaces :func:`repro.models.static.attention_prologue` (after the projection
 Arithmetic is float32 (float64 for float64 data), the output rounded once; the torch glue rounds bf16
 after every op, so bf16 results agree to bf16 accuracy and float32 ones to ~1e-6 (pinned in
 tests/gdn/test_fused_decode.py against the torch glue).
+
+:func:`attention_tree` is the same for the n nodes of a draft tree (StaticDecoder's verify): node i
+sits at position ``length + depth[i] - 1`` and attends to the cache rows ``0 .. length - 1`` and to its
+ancestors-or-self among the nodes (the slot's ancestor mask); the cache is not written, the nodes'
+normed, rotated keys are returned for the commit. One program per key head and block of query rows
+(node x query head of the key head's group): the scores and the weighted values are ``tl.dot`` tiles
+over blocks of cache rows, then over blocks of tree nodes whose keys the program makes from ``qkv``
+(the first block of rows stores them). Dot operands are in the data's dtype (bf16: q and the
+probabilities rounded to bf16 as the torch glue rounds them; float32: "ieee" dots), the softmax and
+accumulators float32 (float64 for float64 data). It replaces ``attention_prologue`` (after the
+projection), ``attention_core``, the output gate and the per-step masks and rotary tables of a verify
+(about 35 aten launches a layer; pinned in tests/gdn/test_tree_attention.py against the torch path).
 """
 
 from __future__ import annotations
@@ -36,14 +48,16 @@ def rotary_table(inv_freq: torch.Tensor, rows: int, dtype: torch.dtype, device: 
 
 
 @triton.jit
-def _norm_rotary(row_ptr, scale_ptr, rope_ptr, eps, HD: tl.constexpr, ROT: tl.constexpr, BD: tl.constexpr,
-                 ACC: tl.constexpr):  # fmt: skip
-    """RMSNorm (times scale) of the head at ``row_ptr`` [HD], then rotary of its first ROT channels by
-    the cos|sin row at ``rope_ptr`` [2, ROT] -> [BD] (zero past HD)."""
-    o = tl.arange(0, BD)
+def _norm_rotary(
+    row_ptr, o, scale_ptr, rope_ptr, eps, HD: tl.constexpr, ROT: tl.constexpr, ACC: tl.constexpr
+):  # fmt: skip
+    """RMSNorm (times scale) of the heads at ``row_ptr`` (a pointer, or a [BM, 1] block of them: one head
+    a row), then rotary of their first ROT channels by the cos|sin rows at ``rope_ptr`` ([2, ROT] each,
+    shaped as ``row_ptr``). ``o``: the channel offsets ([BD] or [1, BD]); the result has the broadcast
+    shape of the two and is zero past HD."""
     m = o < HD
     x = tl.load(row_ptr + o, mask=m, other=0.0).to(ACC)
-    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / HD + eps)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=-1, keep_dims=True) / HD + eps)
     y = x * rstd * tl.load(scale_ptr + o, mask=m, other=0.0).to(ACC)
     if ROT > 0:
         half: tl.constexpr = ROT // 2
@@ -56,6 +70,17 @@ def _norm_rotary(row_ptr, scale_ptr, rope_ptr, eps, HD: tl.constexpr, ROT: tl.co
         sign = tl.where(o < half, -1.0, 1.0).to(ACC)
         y = tl.where(in_rot, y * cos + sign * yp * sin, y)
     return y
+
+
+@triton.jit
+def _softmax_step(s, m_i, l_i):
+    """One block of an online softmax along the last axis: scores ``s`` (masked entries -inf), the running
+    max ``m_i`` and sum ``l_i`` (the shape of ``s`` with the last axis kept as 1; ``m_i`` finite) ->
+    (p = exp(s - m_new), the factor alpha = exp(m_i - m_new) of what was summed so far, m_new, l_new)."""
+    m_new = tl.maximum(m_i, tl.max(s, axis=-1, keep_dims=True))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(s - m_new)
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, axis=-1, keep_dims=True)
 
 
 @triton.jit
@@ -88,10 +113,10 @@ def _attention_decode_kernel(
     Q_STRIDE: tl.constexpr = 2 * HD if GATE else HD
     Q_OUT: tl.constexpr = H * Q_STRIDE
     rope = rope_ptr + length * 2 * ROT
-    q = _norm_rotary(qkv_ptr + h * Q_STRIDE, q_scale_ptr, rope, q_eps, HD, ROT, BD, ACC)
-    k = _norm_rotary(qkv_ptr + Q_OUT + kvh * HD, k_scale_ptr, rope, k_eps, HD, ROT, BD, ACC)
     o_d = tl.arange(0, BD)
     m_d = o_d < HD
+    q = _norm_rotary(qkv_ptr + h * Q_STRIDE, o_d, q_scale_ptr, rope, q_eps, HD, ROT, ACC)
+    k = _norm_rotary(qkv_ptr + Q_OUT + kvh * HD, o_d, k_scale_ptr, rope, k_eps, HD, ROT, ACC)
     v = tl.load(qkv_ptr + Q_OUT + HKV * HD + kvh * HD + o_d, mask=m_d, other=0.0)
     k_c = round_to(k, keys_ptr)
     v_c = v.to(values_ptr.dtype.element_ty)
@@ -100,8 +125,8 @@ def _attention_decode_kernel(
         tl.store(keys_ptr + cache + length * HD + o_d, k_c, mask=m_d)
         tl.store(values_ptr + cache + length * HD + o_d, v_c, mask=m_d)
     # online softmax, started at the token itself (its key and value as the cache holds them)
-    m_i = tl.sum(q * k_c.to(ACC), axis=0) * scale
-    l_i = tl.full([], 1.0, ACC)
+    m_i = tl.sum(q * k_c.to(ACC), axis=0, keep_dims=True) * scale
+    l_i = tl.full([1], 1.0, ACC)
     acc = v_c.to(ACC)
     o_r = tl.arange(0, BR)
     r0 = length * 0
@@ -111,14 +136,9 @@ def _attention_decode_kernel(
         m = m_r[:, None] & m_d[None, :]
         kb = tl.load(keys_ptr + cache + r[:, None] * HD + o_d[None, :], mask=m, other=0.0).to(ACC)
         s = tl.sum(kb * q[None, :], axis=1) * scale
-        s = tl.where(m_r, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=0))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new)
+        p, alpha, m_i, l_i = _softmax_step(tl.where(m_r, s, float("-inf")), m_i, l_i)
         vb = tl.load(values_ptr + cache + r[:, None] * HD + o_d[None, :], mask=m, other=0.0).to(ACC)
         acc = acc * alpha + tl.sum(p[:, None] * vb, axis=0)
-        l_i = l_i * alpha + tl.sum(p, axis=0)
-        m_i = m_new
         r0 += BR
     out = acc / l_i
     if GATE:
@@ -164,3 +184,162 @@ def attention_decode(
         ACC=acc_dtype(qkv.dtype), num_warps=4 if br * bd <= 4096 else 8,
     )  # fmt: skip
     return out
+
+
+@triton.jit
+def _attention_tree_kernel(
+    qkv_ptr,
+    q_scale_ptr,
+    k_scale_ptr,
+    rope_ptr,
+    keys_ptr,
+    values_ptr,
+    len_ptr,
+    depth_ptr,
+    anc_ptr,
+    out_ptr,
+    k_out_ptr,
+    q_eps,
+    k_eps,
+    scale,
+    rows,
+    n,
+    qkv_stride,
+    H: tl.constexpr,
+    HKV: tl.constexpr,
+    HD: tl.constexpr,
+    ROT: tl.constexpr,
+    GATE: tl.constexpr,
+    BD: tl.constexpr,
+    BM: tl.constexpr,
+    BR: tl.constexpr,
+    BT: tl.constexpr,
+    ACC: tl.constexpr,
+    DOT: tl.constexpr,
+):
+    """Key head ``pid 0``, query rows ``pid 1`` (row r: node r // G, query head G kvh + r % G): norms,
+    rotary, online softmax over the cache rows, then over the tree's keys (made here from ``qkv``; the
+    first row block writes them out) under the ancestor mask; output gate."""
+    kvh = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    G: tl.constexpr = H // HKV
+    Q_STRIDE: tl.constexpr = 2 * HD if GATE else HD
+    K_COL: tl.constexpr = H * Q_STRIDE
+    length = tl.load(len_ptr).to(tl.int32)  # int32 index arithmetic (fewer registers)
+    o_d = tl.arange(0, BD)[None, :]
+    m_d = o_d < HD
+    r = pid_m * BM + tl.arange(0, BM)
+    live = r < n * G
+    node = tl.minimum(r // G, n - 1)  # rows past the last node: a valid one, never stored
+    h = kvh * G + r % G
+    q_row = qkv_ptr + node[:, None] * qkv_stride + h[:, None] * Q_STRIDE
+    rope = rope_ptr + (length + tl.load(depth_ptr + node).to(tl.int32) - 1)[:, None] * 2 * ROT
+    q = round_to(_norm_rotary(q_row, o_d, q_scale_ptr, rope, q_eps, HD, ROT, ACC), qkv_ptr).to(DOT)
+    m_i = tl.full([BM, 1], -1.0e30, ACC)  # finite: a block with every score masked adds nothing
+    l_i = tl.zeros([BM, 1], ACC)
+    acc = tl.zeros([BM, BD], ACC)
+    o_r = tl.arange(0, BR)
+    cache = kvh * rows * HD
+    r0 = length * 0
+    while r0 < length:  # the cache rows [0, length): a while loop, as in _attention_decode_kernel
+        c = r0 + o_r
+        m_c = c < length
+        m = m_c[:, None] & m_d
+        kb = tl.load(keys_ptr + cache + c[:, None] * HD + o_d, mask=m, other=0.0).to(DOT)
+        s = tl.dot(q, tl.trans(kb), input_precision="ieee").to(ACC) * scale
+        p, alpha, m_i, l_i = _softmax_step(tl.where(m_c[None, :], s, float("-inf")), m_i, l_i)
+        vb = tl.load(values_ptr + cache + c[:, None] * HD + o_d, mask=m, other=0.0).to(DOT)
+        acc = acc * alpha + tl.dot(round_to(p, qkv_ptr).to(DOT), vb, input_precision="ieee").to(ACC)
+        r0 += BR
+    for j0 in range(0, n, BT):  # the tree's nodes, each key made once per block of query rows
+        j = j0 + tl.arange(0, BT)
+        m_j = j < n
+        jc = tl.minimum(j, n - 1)
+        k_row = qkv_ptr + jc[:, None] * qkv_stride + K_COL + kvh * HD
+        rope_j = rope_ptr + (length + tl.load(depth_ptr + jc).to(tl.int32) - 1)[:, None] * 2 * ROT
+        kt = round_to(_norm_rotary(k_row, o_d, k_scale_ptr, rope_j, k_eps, HD, ROT, ACC), k_out_ptr)
+        mine = m_j[:, None] & m_d & (pid_m == 0)
+        tl.store(k_out_ptr + j[:, None] * HKV * HD + kvh * HD + o_d, kt, mask=mine)
+        vt = tl.load(k_row + HKV * HD + o_d, mask=m_d, other=0.0).to(DOT)
+        seen = tl.load(anc_ptr + node[:, None] * n + j[None, :], mask=m_j[None, :], other=0) != 0
+        s = tl.dot(q, tl.trans(kt.to(DOT)), input_precision="ieee").to(ACC) * scale
+        p, alpha, m_i, l_i = _softmax_step(tl.where(seen, s, float("-inf")), m_i, l_i)
+        acc = acc * alpha + tl.dot(round_to(p, qkv_ptr).to(DOT), vt, input_precision="ieee").to(ACC)
+    out = acc / l_i
+    if GATE:
+        gate = tl.load(q_row + HD + o_d, mask=m_d, other=0.0).to(ACC)
+        out = out / (1.0 + tl.exp(-gate))
+    dest = out_ptr + node[:, None] * (H * HD) + h[:, None] * HD + o_d
+    tl.store(dest, round_to(out, out_ptr), mask=live[:, None] & m_d)
+
+
+TREE_ATTENTION_MAX_HEAD_DIM = 256  # a query row's head is one register tile of the kernel
+_HALF = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}  # half-precision dot operands
+
+
+def attention_tree(
+    qkv: torch.Tensor,
+    q_scale: torch.Tensor,
+    k_scale: torch.Tensor,
+    eps: tuple[float, float],
+    rope: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    length: torch.Tensor,
+    depth: torch.Tensor,
+    ancestors: torch.Tensor,
+    heads: int,
+    output_gate: bool,
+    *,
+    block_m: int | None = None,
+    block_rows: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The attention of a tree's n nodes (see the module docstring): ``qkv`` [n, Q + 2 H_kv hd] (rows
+    may be strided), norm scales, eps and ``rope`` as :func:`attention_decode` takes them, ``keys`` /
+    ``values`` [H_kv, rows, hd] (read only: rows [0, length)), ``length`` [1] int64, ``depth`` [n] int64
+    (root level 1: node i sits at position length + depth[i] - 1) and ``ancestors`` [n, n] bool or uint8
+    (row i: the ancestors-or-self of i), all on the device.
+
+    Returns (out [n, H hd] gated, in qkv's dtype; k [n, H_kv, hd]: the nodes' normed, rotated keys in
+    the cache dtype; v [n, H_kv, hd]: a view of qkv). ``block_m``: query rows (node x head of a group)
+    per program; ``block_rows``: cache rows per softmax block (defaults below, 16 interpreted; not tuned
+    on a GPU yet: scripts/gpu/tree-attention.py times a few); tree nodes go 16 a block."""
+    n = qkv.shape[0]
+    kv_heads, rows, hd = keys.shape
+    if qkv.dim() != 2 or qkv.stride(-1) != 1:
+        raise ValueError(f"qkv must be [n, N] with unit column stride, got {tuple(qkv.shape)}")
+    if not (keys.is_contiguous() and values.is_contiguous()) or heads % kv_heads:
+        raise ValueError("keys and values must be contiguous [H_kv, rows, hd] and H_kv must divide H")
+    if hd > TREE_ATTENTION_MAX_HEAD_DIM:
+        raise ValueError(f"head_dim {hd} exceeds the tree kernel's {TREE_ATTENTION_MAX_HEAD_DIM}")
+    q_out = heads * hd * (2 if output_gate else 1)
+    if qkv.shape[1] != q_out + 2 * kv_heads * hd:
+        raise ValueError(f"qkv has {qkv.shape[1]} columns, expected {q_out + 2 * kv_heads * hd}")
+    if depth.shape != (n,) or depth.dtype != torch.long or ancestors.shape != (n, n):
+        raise ValueError(f"depth must be int64 [{n}] and ancestors [{n}, {n}]")
+    mask = ancestors.contiguous()
+    mask = mask.view(torch.uint8) if mask.dtype == torch.bool else mask
+    out = torch.empty(n, heads * hd, dtype=qkv.dtype, device=qkv.device)
+    k = torch.empty(n, kv_heads, hd, dtype=keys.dtype, device=qkv.device)
+    v = qkv[:, q_out + kv_heads * hd :].view(n, kv_heads, hd)
+    bd = max(16, pow2(hd))  # tl.dot tiles: 16+ on every axis
+    half = qkv.dtype in _HALF
+    group_rows = pow2(heads // kv_heads * n)
+    # tiles of <= 8192 entries of a padded head in half precision, 1024 (rows) / 2048 (cache rows) in
+    # float32, whose "ieee" dots run on FMAs: few register spills at hd 48 and 256 on sm_90 (ptxas)
+    bm = block_m or (16 if interpreting() else min(64, max(16, (8192 if half else 1024) // bd), group_rows))
+    br = block_rows or (16 if interpreting() else min(64, max(16, (8192 if half else 2048) // bd)))
+    bm, br = pow2(max(16, bm)), pow2(br)
+    table = rope if rope.numel() else qkv  # no rotary: any valid pointer (never read)
+    acc = acc_dtype(qkv.dtype)
+    # the interpreter's dot multiplies bf16 bit patterns: there the operands go as float32, rounded to
+    # bf16 first (the same products)
+    dot = acc if interpreting() else _HALF.get(qkv.dtype, acc)
+    grid = (kv_heads, triton.cdiv(heads // kv_heads * n, bm))
+    _attention_tree_kernel[grid](
+        qkv, q_scale, k_scale, table, keys, values, length, depth.contiguous(), mask, out, k,
+        float(eps[0]), float(eps[1]), hd**-0.5, rows, n, qkv.stride(0), H=heads, HKV=kv_heads, HD=hd,
+        ROT=rope.shape[-1], GATE=output_gate, BD=bd, BM=bm, BR=br, BT=16, ACC=acc, DOT=dot,
+        num_warps=8 if bm * max(bd, br) > 4096 or bd >= 256 else 4,
+    )  # fmt: skip
+    return out, k, v

@@ -82,6 +82,13 @@ two launches (:func:`~repro.gdn.triton_linear.norm_linear_argmax`; 5 before). Th
 decode step (6 GDN, 2 attention layers) is then 43 launches, 120 before (tests/gdn/test_fused_decode.py).
 ``fuse_decode=False`` keeps the old decode step for measurement.
 
+``fuse_tree_attention`` (needs ``fused``; by default on with it, for head dims up to 256) runs verify's
+attention layers the same way (:func:`fused_verify_attention`): per layer the q/k norms, rotary at the
+nodes' positions, softmax over the cache rows and each node's ancestors and the output gate in one
+kernel (:func:`~repro.gdn.triton_attention.attention_tree`, which also returns the nodes' rotated keys
+for the commit), beside the unchanged projections; the per-step masks and rotary tables are then not
+made. ``fuse_tree_attention=False`` keeps the torch glue (about 35 launches a layer) for measurement.
+
 ``compile=True`` wraps the per-layer glue around the GDN/attention cores (norms, projections,
 conv, gates, MLP) in ``torch.compile`` so that the elementwise chains fuse into few kernels; the
 cores and every buffer write stay outside the compiled regions. Inductor compiles in this process
@@ -448,6 +455,31 @@ def fused_decode_attention(
         a.num_heads, a.output_gate,
     )  # fmt: skip
     return fused_mlp_block(layer, w, plus_linear(x, out, a.o_proj, gemv), gemv)
+
+
+def fused_verify_attention(
+    layer: DecoderLayer,
+    w: AttentionWeights,
+    buf: AttentionBuffers,
+    x: torch.Tensor,
+    rope: torch.Tensor,
+    length: torch.Tensor,
+    slot: TreeSlot,
+    gemv: bool,
+) -> tuple[torch.Tensor, AttentionSaved]:
+    """An attention layer's verify of the slot's nodes (the cache untouched): input norm + q|k|v, the core
+    in one kernel (:func:`~repro.gdn.triton_attention.attention_tree`: q/k norms, rotary at the nodes'
+    positions, softmax over the cache and the node's ancestors, output gate), o_proj + residual, the MLP
+    block. Returns x after the layer and the nodes' keys and values for :meth:`StaticDecoder.commit`."""
+    from repro.gdn.triton_attention import attention_tree
+
+    a: Attention = layer.self_attn
+    qkv = normed_linear(x, w.input_norm, layer.input_layernorm.eps, w.qkv, w.bias, gemv)
+    out, k, v = attention_tree(
+        qkv, w.q_norm, w.k_norm, (a.q_norm.eps, a.k_norm.eps), rope, buf.keys, buf.values, length,
+        slot.depth, slot.ancestors, a.num_heads, a.output_gate,
+    )  # fmt: skip
+    return fused_mlp_block(layer, w, plus_linear(x, out, a.o_proj, gemv), gemv), AttentionSaved(k, v)
 
 
 def decode_head(dec: StaticDecoder, x: torch.Tensor) -> torch.Tensor:
@@ -817,6 +849,7 @@ class StaticDecoder:
         tree_kernel: str | None = None,
         fuse_decode: bool | None = None,
         fuse_verify: bool | None = None,
+        fuse_tree_attention: bool | None = None,
     ) -> None:
         """``tree_kernel`` (triton only): force the "fused" or "split" tree kernel for verify; None picks
         by :func:`select_tree_kernel` (kernel dtype and value heads). ``fuse_decode`` (needs ``fused``):
@@ -825,7 +858,11 @@ class StaticDecoder:
         the decode graph is captured (False: the old decode path, for measurement). ``fuse_verify`` (needs
         ``fused``): verify's matmuls on the row-tiled kernels of :mod:`repro.gdn.triton_linear` (slots of
         up to :data:`~repro.gdn.triton_linear.MAX_VERIFY_ROWS` nodes; larger ones keep cuBLAS); None: with
-        ``gemv`` (the same rule); settable before the verify graphs are captured, as ``fuse_decode``."""
+        ``gemv`` (the same rule); settable before the verify graphs are captured, as ``fuse_decode``.
+        ``fuse_tree_attention`` (needs ``fused``): verify's attention layers each in one kernel
+        (:func:`fused_verify_attention`); None: on in the fused decoder when the kernel takes the head
+        dim (at most :data:`~repro.gdn.triton_attention.TREE_ATTENTION_MAX_HEAD_DIM`; any tree size);
+        the attribute may be set before the verify graph is captured (False: the torch glue)."""
         self.model = model
         cfg = model.config
         dev, dt = model.device, model.dtype
@@ -887,6 +924,7 @@ class StaticDecoder:
             ]
             self.final_norm = model.model.norm.scale()
         self.has_attention = any(lay.layer_type != GDN for lay in self.layers)
+        self.fuse_tree_attention = self._tree_attention_flag(fuse_tree_attention)
         self.buffers: list[GDNBuffers | AttentionBuffers] = []
         for layer in self.layers:
             if layer.layer_type == GDN:
@@ -915,6 +953,24 @@ class StaticDecoder:
         self.rope = decode_rope(self) if self.fused and self.has_attention else None
         self.layer_calls = {"linear_attention": 0, "full_attention": 0}
         self.pending_sets: list[PendingSet] = []  # the delayed commit's two stashes (ensure_pending)
+
+    def _tree_attention_flag(self, forced: bool | None) -> bool:
+        """``fuse_tree_attention`` resolved: forced on needs the fused decoder and a head dim the kernel
+        takes; None: on exactly then."""
+        if not self.fused:
+            if forced:
+                raise ConfigError("fuse_tree_attention=True runs inside the fused decoder: needs fused=True")
+            return False
+        from repro.gdn.triton_attention import TREE_ATTENTION_MAX_HEAD_DIM
+
+        head_dim = self.model.config.head_dim
+        fits = head_dim <= TREE_ATTENTION_MAX_HEAD_DIM
+        if forced and not fits:
+            raise ConfigError(
+                f"fuse_tree_attention=True: head_dim {head_dim} exceeds the tree attention kernel's "
+                f"{TREE_ATTENTION_MAX_HEAD_DIM}"
+            )
+        return fits if forced is None else forced
 
     # ------------------------------------------------------------------ host-side state I/O
 
@@ -1182,7 +1238,8 @@ class StaticDecoder:
 
             norm = triton_decode.rms_norm
         x = self.model.model.embed_tokens(tokens)
-        if self.has_attention:  # shared by every attention layer: made once per step
+        tree_attention = self.fuse_tree_attention and not decode  # every attention layer in one kernel
+        if self.has_attention and not tree_attention:  # shared by every attention layer: made once per step
             prefix_blocked = self.rows >= self.length
             attn = next(lay.self_attn for lay in self.layers if lay.layer_type != GDN)
             tree_blocked = ~slot.ancestors.repeat(attn.num_heads // attn.num_kv_heads, 1)
@@ -1192,6 +1249,15 @@ class StaticDecoder:
             if isinstance(buf, GDNBuffers) and self.fused:
                 assert isinstance(w, GDNWeights)
                 x = self._fused_gdn(i, layer, w, buf, x, slot, decode, gemv)
+            elif tree_attention:
+                assert (
+                    isinstance(w, AttentionWeights)
+                    and isinstance(buf, AttentionBuffers)
+                    and self.rope is not None
+                )
+                x, slot.saved[i] = fused_verify_attention(
+                    layer, w, buf, x, self.rope, self.length, slot, gemv
+                )
             elif isinstance(buf, GDNBuffers):
                 assert isinstance(w, GDNWeights)
                 z, conv_inputs, q, k, v, g, beta = glue["gdn_prologue"](

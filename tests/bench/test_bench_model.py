@@ -124,6 +124,7 @@ def test_kernel_names_fall_into_their_groups():
     assert bm.kernel_group("_decode_kernel") == "gdn_core"
     assert bm.kernel_group("_decode_layer_kernel") == "gdn_core"  # the fused decode step's kernels
     assert bm.kernel_group("_attention_decode_kernel") == "attention"
+    assert bm.kernel_group("_attention_tree_kernel") == "attention"
     assert bm.kernel_group("_argmax_reduce_kernel") == "glue_triton"
     assert bm.kernel_group("_path_commit_kernel") == "commit"
     assert bm.kernel_group("fused_recurrent_gated_delta_rule_fwd_kernel") == "gdn_core"
