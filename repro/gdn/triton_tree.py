@@ -67,8 +67,13 @@ the error bounds are the split kernel's. No delayed commit (:mod:`repro.gdn.back
 commit as a launch of its own first). Why: the split kernel's value phase walks the row blocks in series,
 each step a d_k loop, the off-diagonal dots and a global-memory round trip of Delta behind a CTA barrier;
 here the only serial chain is phase 2's column panel 0 (NR - 1 steps of [BR, BR] dots: one step at
-n = 128, BR = 64), and phase 3 is one pass of independent loads and dots per program. NOT MEASURED on a
-GPU yet (scripts/gpu/tree-verify-fast.py sweeps its knobs).
+n = 128, BR = 64), and phase 3 is one pass of independent loads and dots per program. Measured on an
+H200 (results/2026-12-01-h200-verify-glue, scripts/tree-verify-fast; bf16, CUDA graphs): it does not win.
+Best setting (BR = 32) at T = 128: Weaver 43.0 us (fused 42.4, split 43.0), SpecLA 29.1 (split 27.6);
+default settings 54 / 40 at T = 128 and 147 / 76 at T = 256 (fused 105 / split 58.7). All three designs
+land at ~43 us at Weaver's T = 128, so the split value phase's serial chain is not what bounds them; the
+common cost (the key phase they share or its inputs) is the next thing to profile. Kept as a bench method
+(``tree_blocked``) and a backend option, not a default.
 
 Delayed commit (SpecLA, ``pending=``): before its row blocks, each program folds the previous step's
 accepted path into its own [BV, d_k] rows of S0 (:func:`repro.gdn.triton_common.commit_path_tile`, the
