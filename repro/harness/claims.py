@@ -149,8 +149,18 @@ def _kernel_row(t: int, field: str) -> Callable[[dict], float]:
     )
 
 
-TREE_KERNELS = ("tree_fused", "tree_split")  # the project's tree-verification kernels (bench methods)
-COMMIT_KERNELS = ("commit_closed_form_fused", "commit_path_fused", "commit_path_fused_conv")  # its commits
+TREE_KERNELS = (
+    "tree_fused",
+    "tree_split",
+    "tree_blocked",
+)  # the project's tree-verification kernels (bench methods)
+COMMIT_KERNELS = (  # its commits of an accepted path (bench methods)
+    "commit_closed_form_fused",
+    "commit_path_fused",
+    "commit_path_fused_conv",
+    "commit_path_indexed",
+    "commit_path_indexed_conv",
+)
 TINY = "tiny family on CPU (3.8M-parameter target), not the paper's 27B target"
 TINY_MODEL = "tiny family (3.8M-parameter target), not the paper's 27B target"  # a property of the model
 H200 = "H200, not the paper's B200"
