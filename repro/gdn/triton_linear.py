@@ -1,13 +1,16 @@
 """Row-vector x matrix (GEMV) Triton kernels for the decode step, with the glue around the matmul fused in.
 
 A decode step multiplies one row (n <= 4 rows here) by every weight matrix of the model, so its time is
-the time to stream the weights: each program of these kernels owns ``block_n`` output rows and walks K
-in ``block_k`` chunks, loading [block_n, block_k] weight tiles (contiguous along K, as nn.Linear stores
-them), with many programs in flight; all rows of x share each weight tile. Arithmetic is float32
-(float64 for float64 data), each output rounded once to x's dtype. What each kernel folds in:
+the time to stream the weights: each program of these kernels owns ``block_n`` output rows and walks its
+share of K in ``block_k`` chunks, loading [block_n, block_k] weight tiles (contiguous along K, as
+nn.Linear stores them; no masks where the blocks divide N and K, so the loads stay 128-bit wide), with
+many programs in flight; all rows of x share each weight tile. The loop only multiplies and adds into a
+[block_n, block_k] float32 accumulator per row (float64 for float64 data), reduced over K once at the
+end, and each output is rounded once to x's dtype. What each kernel folds in:
 
-- :func:`norm_linear`: ``rms_norm(x, scale, eps) @ W^T (+ bias)``; every program recomputes the row's
-  RMS (a row of a few thousand elements) instead of a separate norm launch.
+- :func:`norm_linear`: ``rms_norm(x, scale, eps) @ W^T (+ bias)``. The norm is a per-row factor, so the
+  loop multiplies ``x * scale`` and sums ``x^2`` on the side; the result is scaled by ``rsqrt(mean + eps)``
+  at the end (no pass over x before the weights start streaming).
 - :func:`norm_gate_up`: ``SiLU(g) * u`` with ``[g; u] = rms_norm(x) @ gate_up^T``; a program computes
   the same row block of g and of u, so the [n, 2 I] intermediate is never written.
 - :func:`linear_residual`: ``residual + x @ W^T (+ bias)`` (the addmm of out_proj / down_proj).
@@ -15,15 +18,30 @@ them), with many programs in flight; all rows of x share each weight tile. Arith
   into a device buffer: each program also writes its block's maximum, a one-program reduce picks the
   column (and can move the decode step's length on).
 
+Split-K (``split_k`` > 1, for matrices with few output rows): a grid of (row blocks, K slices) writes
+float32 partial sums (and the slices' sums of x^2) into a workspace, and a second launch adds the slices
+in a fixed order and applies the epilogue (norm factor, SiLU * up, bias, residual, rounding, the argmax's
+block maxima): deterministic, no atomics.
+
+Launch configurations (:class:`GemvConfig`: block_n, block_k, num_warps, num_stages, split_k) are picked
+per call by :func:`select_config`: keyword overrides first, then the table made active with
+:func:`gemv_configs` (a mapping keyed by (kind, N, K), or ``"legacy"``: the first untuned defaults), then
+:data:`TUNED` (measured values, ``scripts/gpu/gemv-tune.py`` prints them), else :func:`heuristic_config`.
+The choice is made on the host when the kernel is launched, so for a CUDA graph it is the one active at
+capture.
+
 Semantics are those of :func:`repro.models.layers.rms_norm`, ``F.silu`` and ``F.linear`` (pinned in
 tests/gdn/test_triton_linear.py): float32 results agree to ~1e-6; bf16 ones carry one bf16 rounding of the
 output (the torch glue rounds after every op, and the normed row is not rounded to bf16 before the
-matmul here). The default block sizes are untuned guesses (about 512 programs for the row counts of the
-1.3B model, [block_n, block_k] tiles of at most 4096 weights, 4 warps); ``block_n``/``block_k``/
-``num_warps`` override them.
+matmul here).
 """
 
 from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, replace
 
 import torch
 import triton
@@ -33,44 +51,201 @@ from repro.errors import ConfigError
 from repro.gdn.triton_common import acc_dtype, interpreting, pow2, round_to, silu
 
 MAX_ROWS = 4  # rows of x per call (decode: 1); the programs keep them all in registers
+KINDS = ("norm_linear", "norm_gate_up", "linear_residual", "norm_linear_argmax")
+REDUCE_BLOCK = 256  # output columns per program of the split-K reduce
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    """One launch configuration: output rows and K columns per tile, warps, pipeline stages, K slices."""
+
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 1
+    split_k: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("block_n", "block_k", "num_warps"):
+            v = getattr(self, name)
+            if v < 1 or v & (v - 1):
+                raise ConfigError(f"GemvConfig.{name} must be a power of two, got {v}")
+        if self.num_stages < 1 or self.split_k < 1:
+            raise ConfigError(f"GemvConfig needs num_stages >= 1 and split_k >= 1, got {self}")
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+ConfigKey = tuple[str, int, int]  # (kind, N: output columns (I for gate|up), K)
+TUNED: dict[ConfigKey, GemvConfig] = {}  # measured on an H200 (scripts/gpu/gemv-tune.py); empty: heuristic
+_active: list[Mapping[ConfigKey, GemvConfig] | str] = []  # gemv_configs' stack
+
+
+@contextlib.contextmanager
+def gemv_configs(table: Mapping[ConfigKey, GemvConfig] | str) -> Iterator[None]:
+    """Within the block, launches look their configuration up in ``table`` ((kind, N, K) -> config; a
+    missing key falls through to :data:`TUNED` and the heuristic), or use ``"legacy"`` (the first defaults)
+    or ``"heuristic"`` for every shape. Capture a CUDA graph inside the block to keep its choices."""
+    if isinstance(table, str) and table not in ("legacy", "heuristic"):
+        raise ConfigError(f"gemv_configs takes a table, 'legacy' or 'heuristic', got {table!r}")
+    _active.append(table)
+    try:
+        yield
+    finally:
+        _active.pop()
+
+
+def legacy_config(n_out: int, k: int) -> GemvConfig:
+    """The first, untuned defaults: about 512 programs (2-4 per SM on an H200) within 4..64 rows each,
+    [block_n, block_k] tiles of at most 4096 weights, 4 warps; in the CPU interpreter, which runs programs
+    one by one, as few programs as possible."""
+    if interpreting():
+        bn = min(64, pow2(n_out))
+    else:
+        bn = max(4, min(64, pow2(n_out // 512 + 1) // 2))
+    return GemvConfig(bn, min(max(128, 4096 // bn), pow2(k)))
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def heuristic_config(kind: str, n_out: int, k: int, rows: int = 1, sms: int = 132) -> GemvConfig:
+    """A launch configuration from the shape alone: 512-wide K chunks (one 16-byte load per lane per row
+    of a warp's tile, twice), tiles of up to 8192 weights (gate|up: two of 4096) and 8 warps at that size,
+    block_n as large as leaves >= 4 programs per SM (``sms``), split-K while fewer than 2 per SM remain
+    and every slice keeps >= 2 chunks; fewer weights per tile with more rows of x (registers). The CPU
+    interpreter gets the legacy configuration (few programs)."""
+    if interpreting():
+        return legacy_config(n_out, k)
+    bk = min(512, pow2(k))
+    width = 2 if kind == "norm_gate_up" else 1
+    tile = max(bk, 8192 // width // pow2(rows))
+    bn = max(1, min(64, tile // bk))
+    while bn > 1 and triton.cdiv(n_out, bn) < 4 * sms:
+        bn //= 2
+    split = 1
+    while triton.cdiv(n_out, bn) * split < 2 * sms and k >= 4 * bk * split:
+        split *= 2
+    return GemvConfig(bn, bk, 8 if bn * bk * width >= 8192 else 4, 1, split)
+
+
+def select_config(
+    kind: str, n_out: int, k: int, rows: int = 1, device: torch.device | None = None, **overrides: int
+) -> GemvConfig:
+    """The configuration of one launch (see the module docstring for the order); ``overrides``: any of
+    GemvConfig's fields (block_n alone also resets block_k to the legacy rule's ``max(128, 4096 // bn)``)."""
+    if kind not in KINDS:
+        raise ConfigError(f"unknown GEMV kind {kind!r}; known: {', '.join(KINDS)}")
+    table = _active[-1] if _active else None
+    key = (kind, n_out, k)
+    if table == "legacy":
+        cfg = legacy_config(n_out, k)
+    elif not isinstance(table, str) and table is not None and key in table:
+        cfg = table[key]
+    elif table != "heuristic" and key in TUNED:
+        cfg = TUNED[key]
+    else:
+        on_gpu = device is not None and device.type == "cuda"
+        cfg = heuristic_config(kind, n_out, k, rows, _sm_count(device.index or 0) if on_gpu else 132)
+    given = {f: v for f, v in overrides.items() if v is not None}
+    unknown = set(given) - set(GemvConfig.__dataclass_fields__)
+    if unknown:
+        raise ConfigError(f"unknown GEMV launch options {sorted(unknown)}")
+    if "block_n" in given and "block_k" not in given:
+        given["block_k"] = max(128, 4096 // pow2(given["block_n"]))
+    cfg = replace(
+        cfg, **{f: pow2(v) if f in ("block_n", "block_k", "num_warps") else v for f, v in given.items()}
+    )
+    bk = min(cfg.block_k, pow2(k))
+    return replace(cfg, block_k=bk, split_k=triton.cdiv(k, _k_slice(k, bk, cfg.split_k)))  # no empty slices
+
+
+def _k_slice(k: int, block_k: int, split_k: int) -> int:
+    """Columns of K per slice: whole chunks."""
+    return triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
+
+
+# ------------------------------------------------------------------------------------------- kernels
 
 
 @triton.jit
-def _rstd(x_ptr, x_stride, eps, RB: tl.constexpr, N_ROWS: tl.constexpr, K: tl.constexpr,
-          BK: tl.constexpr, ACC: tl.constexpr):  # fmt: skip
-    """1 / rms of each row of x [N_ROWS, K] -> [RB] (rows past N_ROWS: 1)."""
-    rows = tl.arange(0, RB)
-    m_r = rows < N_ROWS
-    ss = tl.zeros([RB, BK], dtype=ACC)
-    for k0 in range(0, K, BK):
-        o_k = k0 + tl.arange(0, BK)
-        m = m_r[:, None] & (o_k < K)[None, :]
-        x = tl.load(x_ptr + rows[:, None] * x_stride + o_k[None, :], mask=m, other=0.0).to(ACC)
-        ss += x * x
-    return 1.0 / tl.sqrt(tl.sum(ss, axis=1) / K + eps)
+def _tile(ptr, o_rows, o_k, m_k, stride, EVEN_K: tl.constexpr, ACC: tl.constexpr):
+    """[len(o_rows), BK] elements ptr[o_rows * stride + o_k] (zero where m_k is off, unless EVEN_K). Vectors
+    (x, the norm scale) are read as tiles with stride 0, in the weight tile's layout: broadcasting a 1-D
+    load instead would move it through shared memory with barriers on every K step."""
+    p = ptr + o_rows[:, None] * stride + o_k[None, :]
+    if EVEN_K:
+        t = tl.load(p)
+    else:
+        t = tl.load(p, mask=m_k[None, :], other=0.0)
+    return t.to(ACC)
 
 
 @triton.jit
-def _x_chunk(x_ptr, x_stride, scale_ptr, rstd, k0, RB: tl.constexpr, N_ROWS: tl.constexpr,
-             K: tl.constexpr, BK: tl.constexpr, NORM: tl.constexpr, ACC: tl.constexpr):  # fmt: skip
-    """Columns k0 .. k0 + BK of x [RB, BK] (normed and scaled with NORM), zero outside."""
-    rows = tl.arange(0, RB)
-    o_k = k0 + tl.arange(0, BK)
-    m_k = o_k < K
-    m = (rows < N_ROWS)[:, None] & m_k[None, :]
-    x = tl.load(x_ptr + rows[:, None] * x_stride + o_k[None, :], mask=m, other=0.0).to(ACC)
+def _row_step(acc, acc_up, x_ptr, w, wu, sc, zero_n, o_k, m_k, NORM: tl.constexpr, GATE_UP: tl.constexpr,
+              EVEN_K: tl.constexpr, ACC: tl.constexpr):  # fmt: skip
+    """One row of x (NORM: times the norm scale sc) against the weight tile(s) w (wu) [BN, BK]: the
+    elementwise products added into acc (acc_up); reduced over K after the loop."""
+    x = _tile(x_ptr, zero_n, o_k, m_k, 0, EVEN_K, ACC)
     if NORM:
-        x = x * rstd[:, None] * tl.load(scale_ptr + o_k, mask=m_k, other=0.0).to(ACC)[None, :]
-    return x
+        x = x * sc
+    acc += w * x
+    if GATE_UP:
+        acc_up += wu * x
+    return acc, acc_up
 
 
 @triton.jit
-def _tile_dot(w_ptr, x, o_n, k0, N_W: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, ACC: tl.constexpr):
-    """x [RB, BK] times the weight rows o_n [BN], columns k0 .. k0 + BK -> [RB, BN]."""
-    o_k = k0 + tl.arange(0, BK)
-    m = (o_n < N_W)[:, None] & (o_k < K)[None, :]
-    w = tl.load(w_ptr + o_n[:, None] * K + o_k[None, :], mask=m, other=0.0).to(ACC)
-    return tl.sum(w[None, :, :] * x[:, None, :], axis=2)
+def _collect(acc, acc_up, a, u, r: tl.constexpr, RB: tl.constexpr, GATE_UP: tl.constexpr):
+    """Row r of the sums acc (acc_up) [RB, BN]: row r's accumulators a (u) [BN, BK] reduced over K."""
+    at_r = (tl.arange(0, RB) == r)[:, None]
+    acc = tl.where(at_r, tl.sum(a, axis=1)[None, :], acc)
+    if GATE_UP:
+        acc_up = tl.where(at_r, tl.sum(u, axis=1)[None, :], acc_up)
+    return acc, acc_up
+
+
+@triton.jit
+def _x_rows(x_ptr, x_stride, K, N_ROWS: tl.constexpr, RB: tl.constexpr, KP: tl.constexpr, ACC: tl.constexpr):
+    """x [RB, KP] in one load (the norm's sum of squares; K <= KP), zero outside [N_ROWS, K]."""
+    rows = tl.arange(0, RB)
+    o = tl.arange(0, KP)
+    m = (rows < N_ROWS)[:, None] & (o < K)[None, :]
+    return tl.load(x_ptr + rows[:, None] * x_stride + o[None, :], mask=m, other=0.0).to(ACC)
+
+
+@triton.jit
+def _finish(acc, acc_up, ss, blk, N, K, eps, bias_ptr, res_ptr, res_stride, out_ptr, best_ptr,
+            best_idx_ptr, N_ROWS: tl.constexpr, RB: tl.constexpr, BN: tl.constexpr, NORM: tl.constexpr,
+            GATE_UP: tl.constexpr, HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr, ARGMAX: tl.constexpr,
+            ACC: tl.constexpr):  # fmt: skip
+    """The epilogue of output columns blk * BN .. + BN of every row from the sums over K acc (acc_up)
+    [RB, BN] and ss [RB] (sum of x^2): norm factor, SiLU * up, bias, residual, rounding, store; ARGMAX
+    (one row): the block's largest output as stored (the first on ties) and its column, into best /
+    best_idx [blk]."""
+    rows = tl.arange(0, RB)
+    o_n = blk * BN + tl.arange(0, BN)
+    m_n = o_n < N
+    m = (rows < N_ROWS)[:, None] & m_n[None, :]
+    if NORM:
+        rstd = 1.0 / tl.sqrt(ss / K + eps)
+        acc = acc * rstd[:, None]
+        acc_up = acc_up * rstd[:, None]
+    if GATE_UP:
+        acc = silu(acc) * acc_up
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + o_n, mask=m_n, other=0.0).to(ACC)[None, :]
+    if RESIDUAL:
+        acc += tl.load(res_ptr + rows[:, None] * res_stride + o_n[None, :], mask=m, other=0.0).to(ACC)
+    tl.store(out_ptr + rows[:, None] * N + o_n[None, :], round_to(acc, out_ptr), mask=m)
+    if ARGMAX:
+        y = tl.sum(round_to(acc, out_ptr).to(ACC), axis=0)  # RB = 1: row 0 as stored
+        y = tl.where(m_n, y, float("-inf"))
+        tl.store(best_ptr + blk, tl.max(y, axis=0))
+        tl.store(best_idx_ptr + blk, blk * BN + tl.argmax(y, axis=0, tie_break_left=True))
 
 
 @triton.jit
@@ -85,13 +260,18 @@ def _gemv_kernel(
     out_ptr,
     best_ptr,
     best_idx_ptr,
+    ws_ptr,
     eps,
+    N,
+    K,
+    k_slice,
     N_ROWS: tl.constexpr,
-    N: tl.constexpr,
-    K: tl.constexpr,
     RB: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
+    KP: tl.constexpr,
+    SPLIT: tl.constexpr,
+    EVEN_K: tl.constexpr,
     NORM: tl.constexpr,
     GATE_UP: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -99,36 +279,92 @@ def _gemv_kernel(
     ARGMAX: tl.constexpr,
     ACC: tl.constexpr,
 ):
-    """Output columns pid * BN .. + BN of every row. GATE_UP: W is [2 N, K] = [gate; up] and the output
-    is SiLU(x W_gate^T) * (x W_up^T); else out = x W^T (+ bias) (+ residual). ARGMAX (one row): also the
-    block's largest output as stored (the first on ties) and its column, into best / best_idx [pid]."""
+    """Output columns pid * BN .. + BN of every row, over K columns sid * k_slice .. + k_slice (program
+    axis 1; all of K without split). GATE_UP: W is [2 N, K] = [gate; up] and the output is
+    SiLU(x W_gate^T) * (x W_up^T); else out = x W^T (+ bias) (+ residual). NORM: x times the norm scale
+    in the loop, the 1 / rms factor (x read whole, K <= KP) in the epilogue. SPLIT > 1: the sums go to
+    the float32 workspace ws [SPLIT, N_ROWS, 2 N] (per slice and row: the sums, then the up sums) for
+    :func:`_split_reduce_kernel`, which applies the epilogue."""
+    pid = tl.program_id(0)
+    sid = tl.program_id(1)
+    o_n = pid * BN + tl.arange(0, BN)
+    o_w = tl.minimum(o_n, N - 1)  # past N: re-read the last row (never stored), so no row masks
+    zero_n = o_n * 0
+    xs = tl.zeros([RB, KP], dtype=ACC)
+    if NORM and SPLIT == 1:
+        xs = _x_rows(x_ptr, x_stride, K, N_ROWS, RB, KP, ACC)  # issued first, summed after the loop
+    zero = tl.zeros([BN, BK], dtype=ACC)
+    a0, a1, a2, a3 = zero, zero, zero, zero
+    u0, u1, u2, u3 = zero, zero, zero, zero
+    k_lo = sid * k_slice
+    for k0 in range(k_lo, tl.minimum(K, k_lo + k_slice), BK):
+        o_k = k0 + tl.arange(0, BK)
+        m_k = o_k < K
+        w = _tile(w_ptr, o_w, o_k, m_k, K, EVEN_K, ACC)
+        wu = w
+        if GATE_UP:
+            wu = _tile(w_ptr + N * K, o_w, o_k, m_k, K, EVEN_K, ACC)
+        sc = w
+        if NORM:
+            sc = _tile(scale_ptr, zero_n, o_k, m_k, 0, EVEN_K, ACC)
+        a0, u0 = _row_step(a0, u0, x_ptr, w, wu, sc, zero_n, o_k, m_k, NORM, GATE_UP, EVEN_K, ACC)
+        if N_ROWS > 1:
+            a1, u1 = _row_step(
+                a1, u1, x_ptr + x_stride, w, wu, sc, zero_n, o_k, m_k, NORM, GATE_UP, EVEN_K, ACC
+            )
+        if N_ROWS > 2:
+            a2, u2 = _row_step(a2, u2, x_ptr + 2 * x_stride, w, wu, sc, zero_n, o_k, m_k, NORM, GATE_UP,
+                               EVEN_K, ACC)  # fmt: skip
+        if N_ROWS > 3:
+            a3, u3 = _row_step(a3, u3, x_ptr + 3 * x_stride, w, wu, sc, zero_n, o_k, m_k, NORM, GATE_UP,
+                               EVEN_K, ACC)  # fmt: skip
+    acc = tl.zeros([RB, BN], dtype=ACC)
+    acc_up = tl.zeros([RB, BN], dtype=ACC)
+    acc, acc_up = _collect(acc, acc_up, a0, u0, 0, RB, GATE_UP)
+    if N_ROWS > 1:
+        acc, acc_up = _collect(acc, acc_up, a1, u1, 1, RB, GATE_UP)
+    if N_ROWS > 2:
+        acc, acc_up = _collect(acc, acc_up, a2, u2, 2, RB, GATE_UP)
+    if N_ROWS > 3:
+        acc, acc_up = _collect(acc, acc_up, a3, u3, 3, RB, GATE_UP)
+    if SPLIT == 1:
+        ss = tl.sum(xs * xs, axis=1)
+        _finish(acc, acc_up, ss, pid, N, K, eps, bias_ptr, res_ptr, res_stride, out_ptr, best_ptr,
+                best_idx_ptr, N_ROWS, RB, BN, NORM, GATE_UP, HAS_BIAS, RESIDUAL, ARGMAX, ACC)  # fmt: skip
+    else:
+        rows = tl.arange(0, RB)
+        part = ws_ptr + ((sid * N_ROWS + rows) * 2 * N)[:, None] + o_n[None, :]
+        m = (rows < N_ROWS)[:, None] & (o_n < N)[None, :]
+        tl.store(part, acc, mask=m)
+        if GATE_UP:
+            tl.store(part + N, acc_up, mask=m)
+
+
+@triton.jit
+def _split_reduce_kernel(x_ptr, x_stride, ws_ptr, eps, N, K, bias_ptr, res_ptr, res_stride, out_ptr,
+                         best_ptr, best_idx_ptr, N_ROWS: tl.constexpr, RB: tl.constexpr, BN: tl.constexpr,
+                         KP: tl.constexpr, SPLIT: tl.constexpr, NORM: tl.constexpr, GATE_UP: tl.constexpr,
+                         HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr, ARGMAX: tl.constexpr,
+                         ACC: tl.constexpr):  # fmt: skip
+    """Output columns pid * BN .. + BN: the SPLIT slices' partial sums added in slice order, then the
+    epilogue (:func:`_finish`; NORM: the sum of squares from x itself)."""
     pid = tl.program_id(0)
     o_n = pid * BN + tl.arange(0, BN)
     rows = tl.arange(0, RB)
-    rstd = tl.zeros([RB], dtype=ACC)
-    if NORM:
-        rstd = _rstd(x_ptr, x_stride, eps, RB, N_ROWS, K, BK, ACC)
+    m = (rows < N_ROWS)[:, None] & (o_n < N)[None, :]
     acc = tl.zeros([RB, BN], dtype=ACC)
     acc_up = tl.zeros([RB, BN], dtype=ACC)
-    for k0 in range(0, K, BK):
-        x = _x_chunk(x_ptr, x_stride, scale_ptr, rstd, k0, RB, N_ROWS, K, BK, NORM, ACC)
-        acc += _tile_dot(w_ptr, x, o_n, k0, N, K, BK, ACC)
+    for s in tl.static_range(SPLIT):
+        part = ws_ptr + ((s * N_ROWS + rows) * 2 * N)[:, None] + o_n[None, :]
+        acc += tl.load(part, mask=m, other=0.0).to(ACC)
         if GATE_UP:
-            acc_up += _tile_dot(w_ptr + N * K, x, o_n, k0, N, K, BK, ACC)
-    m_n = o_n < N
-    m = (rows < N_ROWS)[:, None] & m_n[None, :]
-    if GATE_UP:
-        acc = silu(acc) * acc_up
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + o_n, mask=m_n, other=0.0).to(ACC)[None, :]
-    if RESIDUAL:
-        acc += tl.load(res_ptr + rows[:, None] * res_stride + o_n[None, :], mask=m, other=0.0).to(ACC)
-    tl.store(out_ptr + rows[:, None] * N + o_n[None, :], round_to(acc, out_ptr), mask=m)
-    if ARGMAX:
-        y = tl.sum(round_to(acc, out_ptr).to(ACC), axis=0)  # RB = 1: row 0 as stored
-        y = tl.where(m_n, y, float("-inf"))
-        tl.store(best_ptr + pid, tl.max(y, axis=0))
-        tl.store(best_idx_ptr + pid, pid * BN + tl.argmax(y, axis=0, tie_break_left=True))
+            acc_up += tl.load(part + N, mask=m, other=0.0).to(ACC)
+    ss = tl.zeros([RB], dtype=ACC)
+    if NORM:
+        xs = _x_rows(x_ptr, x_stride, K, N_ROWS, RB, KP, ACC)
+        ss = tl.sum(xs * xs, axis=1)
+    _finish(acc, acc_up, ss, pid, N, K, eps, bias_ptr, res_ptr, res_stride, out_ptr, best_ptr,
+            best_idx_ptr, N_ROWS, RB, BN, NORM, GATE_UP, HAS_BIAS, RESIDUAL, ARGMAX, ACC)  # fmt: skip
 
 
 @triton.jit
@@ -147,27 +383,27 @@ def _argmax_reduce_kernel(best_ptr, best_idx_ptr, pick_ptr, len_ptr, max_len, P:
         tl.store(len_ptr, tl.minimum(length + 1, max_len))
 
 
-def _default_block_n(rows_out: int) -> int:
-    """About 512 programs (2-4 per SM on an H200) within 4..64 rows each; in the CPU interpreter, which
-    runs programs one by one, as few programs as possible."""
-    if interpreting():
-        return min(64, pow2(rows_out))
-    return max(4, min(64, pow2(rows_out // 512 + 1) // 2))
+# ------------------------------------------------------------------------------------------- launches
+
+
+def _epilogue_blocks(cfg: GemvConfig, rows_out: int) -> tuple[int, int]:
+    """(columns per epilogue program, epilogue programs): the GEMV's own blocks, or the split reduce's."""
+    bn = cfg.block_n if cfg.split_k == 1 else min(REDUCE_BLOCK, pow2(rows_out))
+    return bn, triton.cdiv(rows_out, bn)
 
 
 def _launch(
+    kind: str,
     x: torch.Tensor,
     weight: torch.Tensor,
     rows_out: int,
     *,
     norm: tuple[torch.Tensor, float] | None = None,
-    gate_up: bool = False,
     bias: torch.Tensor | None = None,
     residual: torch.Tensor | None = None,
     best: tuple[torch.Tensor, torch.Tensor] | None = None,
-    block_n: int | None = None,
-    block_k: int | None = None,
-    num_warps: int | None = None,
+    cfg: GemvConfig | None = None,
+    **blocks: int,
 ) -> torch.Tensor:
     if x.dim() != 2 or not 1 <= x.shape[0] <= MAX_ROWS:
         raise ConfigError(f"the GEMV kernels take x of 1..{MAX_ROWS} rows [n, K], got shape {tuple(x.shape)}")
@@ -178,20 +414,37 @@ def _launch(
         x = x.contiguous()
     if not weight.is_contiguous():
         raise ConfigError("the GEMV kernels read a row-major (contiguous) weight")
+    if weight.numel() >= 2**31:
+        raise ConfigError(f"weight {tuple(weight.shape)} has 2^31 or more elements (int32 offsets)")
     if residual is not None and (residual.shape != (n, rows_out) or residual.stride(-1) != 1):
         raise ConfigError(f"residual must be a row-major [{n}, {rows_out}], got {tuple(residual.shape)}")
-    bn = pow2(block_n or _default_block_n(rows_out))
-    bk = pow2(min(block_k or max(128, 4096 // bn), k))  # default: tiles of <= 4096 weights (registers)
+    cfg = cfg or select_config(kind, rows_out, k, n, x.device, **blocks)
+    bn, bk, split = cfg.block_n, cfg.block_k, cfg.split_k
+    k_slice = _k_slice(k, bk, split)
+    kp = pow2(k) if norm is not None else 1  # the norm reads x's rows whole
     out = torch.empty(n, rows_out, dtype=x.dtype, device=x.device)
     scale, eps = norm if norm is not None else (x, 0.0)
     best_val, best_idx = best if best is not None else (x, x)
-    _gemv_kernel[(triton.cdiv(rows_out, bn),)](
-        x, x.stride(0), scale, weight, bias if bias is not None else x,
-        residual if residual is not None else x, residual.stride(0) if residual is not None else 0,
-        out, best_val, best_idx, float(eps), N_ROWS=n, N=rows_out, K=k, RB=pow2(n), BN=bn, BK=bk,
-        NORM=norm is not None, GATE_UP=gate_up, HAS_BIAS=bias is not None, RESIDUAL=residual is not None,
-        ARGMAX=best is not None, ACC=acc_dtype(x.dtype), num_warps=num_warps or 4,
+    ws = x
+    if split > 1:
+        ws = torch.empty(split, n, 2 * rows_out, dtype=_acc_torch_dtype(x.dtype), device=x.device)
+    flags = dict(
+        NORM=norm is not None, GATE_UP=kind == "norm_gate_up", HAS_BIAS=bias is not None,
+        RESIDUAL=residual is not None, ARGMAX=best is not None, ACC=acc_dtype(x.dtype),
     )  # fmt: skip
+    bias_, res_ = bias if bias is not None else x, residual if residual is not None else x
+    res_stride = residual.stride(0) if residual is not None else 0
+    _gemv_kernel[(triton.cdiv(rows_out, bn), split)](
+        x, x.stride(0), scale, weight, bias_, res_, res_stride, out, best_val, best_idx, ws, float(eps),
+        rows_out, k, k_slice, N_ROWS=n, RB=pow2(n), BN=bn, BK=bk, KP=kp, SPLIT=split, EVEN_K=k % bk == 0,
+        **flags, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    if split > 1:
+        rbn, parts = _epilogue_blocks(cfg, rows_out)
+        _split_reduce_kernel[(parts,)](
+            x, x.stride(0), ws, float(eps), rows_out, k, bias_, res_, res_stride, out, best_val, best_idx,
+            N_ROWS=n, RB=pow2(n), BN=rbn, KP=kp, SPLIT=split, **flags, num_warps=4,
+        )  # fmt: skip
     return out
 
 
@@ -205,20 +458,20 @@ def norm_linear(
 ) -> torch.Tensor:
     """``rms_norm(x, norm_scale, eps) @ weight^T (+ bias)`` for x [n, K] (n <= 4), weight [N, K] -> [n, N].
 
-    ``blocks``: block_n, block_k, num_warps (untuned defaults).
+    ``blocks``: GemvConfig fields overriding :func:`select_config`'s choice.
     """
-    return _launch(x, weight, weight.shape[0], norm=(norm_scale, eps), bias=bias, **blocks)
+    return _launch("norm_linear", x, weight, weight.shape[0], norm=(norm_scale, eps), bias=bias, **blocks)
 
 
 def norm_gate_up(
     x: torch.Tensor, norm_scale: torch.Tensor, eps: float, gate_up: torch.Tensor, **blocks: int
 ) -> torch.Tensor:
     """``SiLU(g) * u`` with ``[g; u] = rms_norm(x, norm_scale, eps) @ gate_up^T``; gate_up [2 I, K] is
-    cat(gate_proj, up_proj) -> [n, I]. ``blocks``: block_n (rows of g and of u per program), block_k,
-    num_warps (untuned defaults)."""
+    cat(gate_proj, up_proj) -> [n, I]. ``blocks``: GemvConfig fields (block_n: rows of g and of u per
+    program)."""
     if gate_up.shape[0] % 2:
         raise ConfigError(f"gate_up must stack gate and up projections [2 I, K], got {tuple(gate_up.shape)}")
-    return _launch(x, gate_up, gate_up.shape[0] // 2, norm=(norm_scale, eps), gate_up=True, **blocks)
+    return _launch("norm_gate_up", x, gate_up, gate_up.shape[0] // 2, norm=(norm_scale, eps), **blocks)
 
 
 def linear_residual(
@@ -229,8 +482,8 @@ def linear_residual(
     **blocks: int,
 ) -> torch.Tensor:
     """``residual + x @ weight^T (+ bias)`` for x [n, K] (n <= 4), weight [N, K], residual [n, N] -> [n, N]
-    in x's dtype. ``blocks``: block_n, block_k, num_warps (untuned defaults)."""
-    return _launch(x, weight, weight.shape[0], residual=residual, bias=bias, **blocks)
+    in x's dtype. ``blocks``: GemvConfig fields."""
+    return _launch("linear_residual", x, weight, weight.shape[0], residual=residual, bias=bias, **blocks)
 
 
 def norm_linear_argmax(
@@ -244,20 +497,21 @@ def norm_linear_argmax(
     **blocks: int,
 ) -> torch.Tensor:
     """:func:`norm_linear` of one row (the LM head), and its argmax (the first on ties, of the logits as
-    returned) into ``pick`` [1] int64, in two launches: the GEMV writes each block's maximum, a one-program
-    reduce picks among them. ``advance`` = (length [1] int64, max_len): the reduce also moves the decode
-    step's counter on, ``length = min(length + 1, max_len)``. Returns the logits [1, N]."""
+    returned) into ``pick`` [1] int64, in two launches (three with split-K): the GEMV writes each block's
+    maximum, a one-program reduce picks among them. ``advance`` = (length [1] int64, max_len): the reduce
+    also moves the decode step's counter on, ``length = min(length + 1, max_len)``. Returns the logits
+    [1, N]."""
     if x.shape[0] != 1:
         raise ConfigError(f"norm_linear_argmax takes one row, got shape {tuple(x.shape)}")
     rows_out = weight.shape[0]
-    bn = pow2(blocks.get("block_n") or _default_block_n(rows_out))
-    parts = triton.cdiv(rows_out, bn)
+    cfg = select_config("norm_linear_argmax", rows_out, x.shape[1], 1, x.device, **blocks)
+    parts = _epilogue_blocks(cfg, rows_out)[1]
     best = (
         torch.empty(parts, dtype=_acc_torch_dtype(x.dtype), device=x.device),
         torch.empty(parts, dtype=torch.long, device=x.device),
     )
     logits = _launch(
-        x, weight, rows_out, norm=(norm_scale, eps), bias=bias, best=best, **{**blocks, "block_n": bn}
+        "norm_linear_argmax", x, weight, rows_out, norm=(norm_scale, eps), bias=bias, best=best, cfg=cfg
     )
     length, max_len = advance if advance is not None else (pick, 0)
     _argmax_reduce_kernel[(1,)](
