@@ -1,17 +1,25 @@
-"""GEMV kernels with fused norm / SiLU * up / residual (repro.gdn.triton_linear) vs torch.
+"""GEMV kernels with fused norm / SiLU * up / residual / argmax (repro.gdn.triton_linear) vs torch.
 
 Every case draws x [n, K], the norm scale, the weights and the residual, runs one kernel and the torch
-composition it replaces (``rms_norm`` of repro.models.layers, ``F.linear``, ``F.silu``) in float64 on
-the same (upcast) inputs, and reports ||y - ref|| / ||ref||. Arithmetic in the kernels is float32, so
-float32 outputs agree to ~1e-6; bf16 outputs carry one rounding to bf16: at most 2^-9 relative per
-element with the GPU's round-to-nearest-even, 2^-8 in Triton's interpreter, whose float32 -> bf16 cast
-truncates (checked: every interpreted bf16 output equals the truncated float32 result), hence 5e-3.
+composition it replaces (``rms_norm`` of repro.models.layers, ``F.linear``, ``F.silu``, ``argmax``) in
+float64 on the same (upcast) inputs, and reports ||y - ref|| / ||ref|| (inf when the argmax kernel's pick
+is not the first largest of its own logits). Arithmetic in the kernels is float32 (float64 for float64
+data), so float32 outputs agree to ~1e-6 and float64 ones to ~1e-15; bf16 outputs carry one rounding to
+bf16 (an ulp is 2^-8 .. 2^-7 of the value): at most 2^-8 relative per element with the GPU's
+round-to-nearest-even, 2^-7 in Triton's interpreter, whose float32 -> bf16 cast truncates (checked: every
+interpreted bf16 output equals the truncated float32 result), hence the bound 2^-7 (2^-8 on the GPU).
 
-- interpreter tests (CPU): N and K that are not multiples of the blocks (N = 37, K = 45, blocks 8 x 16
-  and the defaults), n = 1 and 3 rows, float32 and bf16, run by Triton's interpreter in one subprocess
-  (TRITON_INTERPRET=1, this file as a script) that prints every case's errors as JSON.
+- interpreter tests (CPU): every kernel and epilogue (norm, norm + bias, gate|up, residual, residual +
+  bias, argmax) at N = 37, K = 45 (blocks 8 x 16: masked K, clamped rows past N) without and with split-K
+  (3 slices), at N = 40, K = 64 (K a multiple of block_k: the unmasked loads) with 2 slices, and with the
+  default configuration; n = 1 and 3 rows; float64, float32 and bf16, run by Triton's interpreter in one
+  subprocess (TRITON_INTERPRET=1, this file as a script) that prints every case's errors as JSON; split
+  and unsplit float64 results agree to rounding.
+- host tests: the configuration lookup (overrides, gemv_configs tables, "legacy", TUNED, the heuristic),
+  the legacy rule's numbers, the heuristic's invariants at the model shapes.
 - GPU tests (``gpu``): the GDN-1.3B matrices (in_proj [12304, 2048], out_proj [2048, 2048], gate|up
-  [11264, 2048], down [2048, 5632], lm_head [32000, 2048]) in bf16 with the default blocks on CUDA.
+  [11264, 2048], down [2048, 5632], lm_head [32000, 2048]) in bf16 with the heuristic, legacy and split-K
+  configurations on CUDA; split-K twice bitwise equal.
 """
 
 from __future__ import annotations
@@ -26,17 +34,27 @@ from conftest import run_in_interpreter
 
 from repro.errors import ConfigError
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-TOL = {"float32": 2e-6, "bfloat16": 5e-3}
-TINY = {"n": 37, "k": 45, "inter": 19, "blocks": {"block_n": 8, "block_k": 16}}
+DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
+TOL = {"float64": 1e-12, "float32": 2e-6, "bfloat16": 2**-7}  # bf16: one truncation (interpreter)
+# interpreter shapes: (name, N (I for gate|up), K, launch options)
+TINY = [
+    ("tiny", 37, 45, {"block_n": 8, "block_k": 16}),
+    ("split3", 37, 45, {"block_n": 8, "block_k": 16, "split_k": 3}),
+    ("even_split2", 40, 64, {"block_n": 8, "block_k": 16, "split_k": 2}),
+    ("default", 37, 45, {}),
+]
 # GDN-1.3B decode matmuls: (kernel, N (I for gate|up), K)
 REAL = [
     ("norm_linear", 12304, 2048),  # input norm + stacked in_proj
     ("linear_residual", 2048, 2048),  # out_proj + residual
     ("norm_gate_up", 5632, 2048),  # post norm + stacked gate|up + SiLU * up
     ("linear_residual", 2048, 5632),  # down_proj + residual
-    ("norm_linear", 32000, 2048),  # final norm + lm_head
+    ("norm_linear_argmax", 32000, 2048),  # final norm + lm_head + argmax
 ]
+KINDS = (
+    "norm_linear", "norm_linear_bias", "norm_gate_up", "linear_residual", "linear_residual_bias",
+    "norm_linear_argmax",
+)  # fmt: skip
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -46,10 +64,10 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-300))
 
 
-def case(
+def run_case(
     kind: str, n_out: int, k: int, rows: int, dtype: torch.dtype, device: str, seed: int, **blocks
-) -> float:
-    """One kernel on random inputs vs its torch composition in float64."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One kernel on random inputs and its torch composition in float64: (output, reference)."""
     from repro.gdn import triton_linear as tlin
     from repro.models.layers import rms_norm
 
@@ -63,64 +81,94 @@ def case(
     if kind == "norm_gate_up":
         w = rnd(2 * n_out, k, s=k**-0.5)
         gu = F.linear(h, w.double())
-        return rel(tlin.norm_gate_up(x, scale, 1e-6, w, **blocks), F.silu(gu[:, :n_out]) * gu[:, n_out:])
+        return tlin.norm_gate_up(x, scale, 1e-6, w, **blocks), F.silu(gu[:, :n_out]) * gu[:, n_out:]
     w, bias = rnd(n_out, k, s=k**-0.5), rnd(n_out, s=0.1)
     if kind == "norm_linear":
-        return rel(tlin.norm_linear(x, scale, 1e-6, w, **blocks), F.linear(h, w.double()))
+        return tlin.norm_linear(x, scale, 1e-6, w, **blocks), F.linear(h, w.double())
     if kind == "norm_linear_bias":
-        return rel(
-            tlin.norm_linear(x, scale, 1e-6, w, bias, **blocks), F.linear(h, w.double(), bias.double())
-        )
+        return tlin.norm_linear(x, scale, 1e-6, w, bias, **blocks), F.linear(h, w.double(), bias.double())
+    if kind == "norm_linear_argmax":
+        pick = torch.full((1,), -1, dtype=torch.long, device=device)
+        out = tlin.norm_linear_argmax(x[:1], scale, 1e-6, w, bias, pick, **blocks)
+        if int(pick[0]) != int(out[0].float().argmax()):  # the first largest of the logits as returned
+            out = torch.full_like(out, float("nan"))
+        return out, F.linear(h[:1], w.double(), bias.double())
     residual = rnd(rows, n_out)
     if kind == "linear_residual":
         out = tlin.linear_residual(x, w, residual, **blocks)
-        return rel(out, residual.double() + F.linear(x.double(), w.double()))
+        return out, residual.double() + F.linear(x.double(), w.double())
     out = tlin.linear_residual(x, w, residual, bias, **blocks)
-    return rel(out, residual.double() + F.linear(x.double(), w.double(), bias.double()))
+    return out, residual.double() + F.linear(x.double(), w.double(), bias.double())
 
 
-KINDS = ("norm_linear", "norm_linear_bias", "norm_gate_up", "linear_residual", "linear_residual_bias")
+def case(
+    kind: str, n_out: int, k: int, rows: int, dtype: torch.dtype, device: str, seed: int, **blocks
+) -> float:
+    """||kernel - torch|| / ||torch|| of one case (inf when not finite or a wrong pick)."""
+    return rel(*run_case(kind, n_out, k, rows, dtype, device, seed, **blocks))
 
 
-def tiny_cases() -> dict[str, float]:
-    out = {}
+def tiny_cases() -> dict[str, object]:
+    """Every kind x shape/launch x rows x dtype in the interpreter, and the float64 split vs unsplit gap."""
+    out: dict[str, object] = {}
     for dt in DTYPES:
         for rows in (1, 3):
             for kind in KINDS:
-                n_out = TINY["inter"] if kind == "norm_gate_up" else TINY["n"]
-                out[f"{kind}/n{rows}/{dt}"] = case(
-                    kind, n_out, TINY["k"], rows, DTYPES[dt], "cpu", rows, **TINY["blocks"]
-                )
-            out[f"norm_gate_up/n{rows}/default_blocks/{dt}"] = case(
-                "norm_gate_up", TINY["inter"], TINY["k"], rows, DTYPES[dt], "cpu", 7
-            )
+                if kind == "norm_linear_argmax" and rows > 1:
+                    continue
+                for name, n_out, k, blocks in TINY:
+                    n = n_out // 2 if kind == "norm_gate_up" else n_out
+                    out[f"{kind}/{name}/n{rows}/{dt}"] = case(
+                        kind, n, k, rows, DTYPES[dt], "cpu", rows, **blocks
+                    )
+    gaps = {}
+    for kind in KINDS:
+        one, _ = run_case(kind, 37, 45, 1, torch.float64, "cpu", 4, **TINY[0][3])
+        split, _ = run_case(kind, 37, 45, 1, torch.float64, "cpu", 4, **TINY[1][3])
+        gaps[kind] = float((one - split).abs().max())
+    out["split_vs_unsplit_float64"] = gaps
     return out
 
 
-def check(results: dict[str, float]) -> list[str]:
+def check(results: dict[str, object]) -> list[str]:
     """Every error over its dtype's bound (NaN included): an empty list passes."""
-    return [f"{c}: {e:.2e}" for c, e in results.items() if not e <= TOL[c.rsplit("/", 1)[1]]]
+    return [
+        f"{c}: {e:.2e}"
+        for c, e in results.items()
+        if isinstance(e, float) and not e <= TOL[c.rsplit("/", 1)[1]]
+    ]
 
 
 @pytest.fixture(scope="module")
-def interpreted() -> dict[str, float]:
+def interpreted() -> dict[str, object]:
     return run_in_interpreter(__file__)
 
 
 def test_kernels_match_torch_in_the_interpreter(interpreted):
-    """norm_linear (with and without bias), norm_gate_up, linear_residual (with and without bias) at
-    N = 37, K = 45 with 8 x 16 blocks (masked edges, 5 programs, 3 K chunks), n = 1 and 3."""
-    assert len(interpreted) == 2 * 2 * (len(KINDS) + 1)
-    assert check(interpreted) == []
-    f32 = [e for c, e in interpreted.items() if c.endswith("float32")]
-    assert max(f32) < 1e-6
-    assert min(e for c, e in interpreted.items() if c.endswith("bfloat16")) > 1e-4  # rounded to bf16
+    """Every kind and epilogue, unsplit and split-K (masked and unmasked K), default blocks, n = 1 and 3,
+    float64 / float32 / bf16: within the dtype's bound; bf16 visibly rounded (the check can fail)."""
+    errs = {c: e for c, e in interpreted.items() if isinstance(e, float)}
+    assert len(errs) == len(DTYPES) * len(TINY) * (2 * len(KINDS) - 1)
+    assert check(errs) == []
+    assert max(e for c, e in errs.items() if c.endswith("float64")) < 1e-14
+    assert max(e for c, e in errs.items() if c.endswith("float32")) < 1e-6
+    assert min(e for c, e in errs.items() if c.endswith("bfloat16")) > 1e-4  # rounded to bf16
+
+
+def test_split_k_agrees_with_one_slice_in_float64(interpreted):
+    """Split-K adds the same products in another order: float64 outputs agree to rounding."""
+    gaps = interpreted["split_vs_unsplit_float64"]
+    assert set(gaps) == set(KINDS)
+    assert max(gaps.values()) < 1e-13, gaps
 
 
 def test_check_flags_errors_over_their_bounds():
-    assert check({"a/n1/float32": 3e-6, "b/n1/bfloat16": 4e-3, "c/n3/float32": float("nan")}) == [
+    assert check(
+        {"a/n1/float32": 3e-6, "b/n1/bfloat16": 4e-3, "c/n3/float32": float("nan"), "d/n1/float64": 2e-12}
+    ) == [
         "a/n1/float32: 3.00e-06",
         "c/n3/float32: nan",
+        "d/n1/float64: 2.00e-12",
     ]
 
 
@@ -139,6 +187,87 @@ def test_bad_shapes_are_config_errors():
         tlin.linear_residual(torch.zeros(1, 4), w, torch.zeros(1, 5))
     with pytest.raises(ConfigError, match="stack gate and up"):
         tlin.norm_gate_up(torch.zeros(1, 4), s, 1e-6, torch.zeros(5, 4))
+    with pytest.raises(ConfigError, match="unknown GEMV launch options"):
+        tlin.norm_linear(torch.zeros(1, 4), s, 1e-6, w, block_m=4)
+    with pytest.raises(ConfigError, match="power of two"):
+        tlin.GemvConfig(12, 64)
+    with pytest.raises(ConfigError, match="split_k >= 1"):
+        tlin.GemvConfig(8, 64, split_k=0)
+
+
+# ------------------------------------------------------------------------------ launch configurations
+
+
+def test_config_lookup_order():
+    """Overrides > the active gemv_configs table > TUNED > the heuristic; 'legacy' and 'heuristic' force a
+    rule; tables nest; block_k is capped at pow2(K) and split_k at the slices K has."""
+    pytest.importorskip("triton")
+    from repro.gdn import triton_linear as tlin
+
+    key = ("norm_linear", 4096, 2048)
+    heur = tlin.heuristic_config("norm_linear", 4096, 2048)
+    assert tlin.select_config(*key) == heur
+    mine = tlin.GemvConfig(2, 1024, 8, 2, 2)
+    tuned = tlin.GemvConfig(4, 256)
+    tlin.TUNED[key] = tuned
+    try:
+        assert tlin.select_config(*key) == tuned
+        with tlin.gemv_configs({key: mine}):
+            assert tlin.select_config(*key) == mine
+            assert tlin.select_config("norm_gate_up", 4096, 2048) == tlin.heuristic_config(
+                "norm_gate_up", 4096, 2048
+            )
+            with tlin.gemv_configs("legacy"):
+                assert tlin.select_config(*key) == tlin.legacy_config(4096, 2048)
+            with tlin.gemv_configs("heuristic"):
+                assert tlin.select_config(*key) == heur
+            assert tlin.select_config(*key, num_warps=4) == tlin.GemvConfig(2, 1024, 4, 2, 2)
+            assert tlin.select_config(*key, block_n=16) == tlin.GemvConfig(16, 256, 8, 2, 2)
+        assert tlin.select_config(*key) == tuned
+    finally:
+        del tlin.TUNED[key]
+    assert tlin.select_config("linear_residual", 64, 45, block_k=512, split_k=4).block_k == 64
+    assert tlin.select_config("linear_residual", 64, 45, block_k=16, split_k=8).split_k == 3  # 16 + 16 + 13
+    assert tlin.select_config("linear_residual", 64, 4096, block_k=512, split_k=3).split_k == 3
+    with pytest.raises(ConfigError, match="unknown GEMV kind"):
+        tlin.select_config("linear", 64, 64)
+    with pytest.raises(ConfigError, match="gemv_configs takes"), tlin.gemv_configs("fast"):
+        pass
+
+
+def test_legacy_rule_keeps_the_first_defaults():
+    """The untuned defaults the kernels shipped with: ~512 programs within 4..64 rows, tiles of <= 4096."""
+    pytest.importorskip("triton")
+    from repro.gdn import triton_linear as tlin
+
+    got = {
+        shape: tlin.legacy_config(*shape)
+        for shape in ((12304, 2048), (2048, 2048), (2048, 5632), (32000, 2048))
+    }
+    assert {s: (c.block_n, c.block_k, c.num_warps, c.split_k) for s, c in got.items()} == {
+        (12304, 2048): (16, 256, 4, 1),
+        (2048, 2048): (4, 1024, 4, 1),
+        (2048, 5632): (4, 1024, 4, 1),
+        (32000, 2048): (32, 128, 4, 1),
+    }
+
+
+@pytest.mark.parametrize("kind,n,k", [(kind, n, k) for kind, n, k in REAL] + [("linear_residual", 512, 8192)])
+def test_heuristic_invariants(kind, n, k):
+    """Powers of two; tiles of <= 8192 weights (gate|up: both tiles); >= 4 programs per SM unless one row per
+    program; split-K only where fewer than 2 per SM remain, each slice >= 2 chunks."""
+    pytest.importorskip("triton")
+    import triton
+
+    from repro.gdn import triton_linear as tlin
+
+    cfg = tlin.heuristic_config(kind, n, k, sms=132)
+    width = 2 if kind == "norm_gate_up" else 1
+    assert cfg.block_n * cfg.block_k * width <= 8192 and cfg.block_k <= triton.next_power_of_2(k)
+    programs = triton.cdiv(n, cfg.block_n)
+    assert programs >= 4 * 132 or cfg.block_n == 1
+    assert (cfg.split_k > 1) == (programs < 2 * 132 and k >= 4 * cfg.block_k)
+    assert k // cfg.split_k >= 2 * cfg.block_k
 
 
 # ---------------------------------------------------------------------------------------------- GPU
@@ -148,13 +277,35 @@ def test_bad_shapes_are_config_errors():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("rows", [1, 3])
 def test_gpu_kernels_at_the_1p3b_shapes(rows):
-    """The five decode matmuls of GDN-1.3B in bf16 (default blocks) vs torch in float64."""
-    results = {
-        f"{kind}/{n}x{k}/n{rows}/bfloat16": case(kind, n, k, rows, torch.bfloat16, "cuda", i)
-        for i, (kind, n, k) in enumerate(REAL)
-    }
+    """The five decode matmuls of GDN-1.3B in bf16 (heuristic, legacy, split-K by 4) vs torch in float64;
+    split-K twice bitwise equal."""
+    from repro.gdn import triton_linear as tlin
+
+    results: dict[str, object] = {}
+    for i, (kind, n, k) in enumerate(REAL):
+        if kind == "norm_linear_argmax" and rows > 1:
+            kind = "norm_linear"
+        for name, blocks in (
+            ("heuristic", {}),
+            ("legacy", None),
+            ("split4", {"block_n": 16, "block_k": 256, "split_k": 4}),
+        ):
+            if blocks is None:
+                with tlin.gemv_configs("legacy"):
+                    results[f"{kind}/{n}x{k}/{name}/n{rows}/bfloat16"] = case(
+                        kind, n, k, rows, torch.bfloat16, "cuda", i
+                    )
+            else:
+                results[f"{kind}/{n}x{k}/{name}/n{rows}/bfloat16"] = case(
+                    kind, n, k, rows, torch.bfloat16, "cuda", i, **blocks
+                )
+        a, _ = run_case(kind, n, k, rows, torch.bfloat16, "cuda", i, block_n=16, block_k=256, split_k=4)
+        b, _ = run_case(kind, n, k, rows, torch.bfloat16, "cuda", i, block_n=16, block_k=256, split_k=4)
+        results[f"{kind}/{n}x{k}/split4_repeat_equal"] = bool(torch.equal(a, b))
     print(json.dumps(results, indent=1))
     assert check(results) == []
+    assert max(e for e in results.values() if isinstance(e, float)) < 2**-8  # rounded to nearest
+    assert all(v for c, v in results.items() if c.endswith("repeat_equal"))
 
 
 if __name__ == "__main__" and "--interpret" in sys.argv:
