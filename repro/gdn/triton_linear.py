@@ -113,22 +113,25 @@ def _sm_count(index: int) -> int:
 
 
 def heuristic_config(kind: str, n_out: int, k: int, rows: int = 1, sms: int = 132) -> GemvConfig:
-    """A launch configuration from the shape alone: 512-wide K chunks (one 16-byte load per lane per row
-    of a warp's tile, twice), tiles of up to 8192 weights (gate|up: two of 4096) and 8 warps at that size,
-    block_n as large as leaves >= 4 programs per SM (``sms``), split-K while fewer than 2 per SM remain
-    and every slice keeps >= 2 chunks; fewer weights per tile with more rows of x (registers). The CPU
-    interpreter gets the legacy configuration (few programs)."""
+    """A launch configuration from the shape alone. What keeps HBM busy is bytes in flight, so: block_n
+    as large (<= 32) as still leaves >= 4 programs per SM (``sms``); the K step widened to tiles of 8192
+    weights (gate|up: two of 4096; fewer with more rows of x, for registers) within the largest power of
+    two <= K and <= 4096, so that each thread issues about four 16-byte loads per step; 8 warps at 8192
+    weights, 4 below; split-K while fewer than 2 programs per SM remain and every slice keeps >= 256
+    columns (the K step narrowed to fit a slice). The CPU interpreter gets the legacy configuration (few
+    programs)."""
     if interpreting():
         return legacy_config(n_out, k)
-    bk = min(512, pow2(k))
     width = 2 if kind == "norm_gate_up" else 1
-    tile = max(bk, 8192 // width // pow2(rows))
-    bn = max(1, min(64, tile // bk))
+    tile = max(256, 8192 // width // pow2(rows))  # weights of one matrix per K step
+    bn = tile // 256
     while bn > 1 and triton.cdiv(n_out, bn) < 4 * sms:
         bn //= 2
+    bk = min(tile // bn, 4096, pow2(k + 1) // 2)
     split = 1
-    while triton.cdiv(n_out, bn) * split < 2 * sms and k >= 4 * bk * split:
+    while triton.cdiv(n_out, bn) * split < 2 * sms and k >= 512 * split:
         split *= 2
+    bk = min(bk, pow2(k // split + 1) // 2)  # a whole step per slice
     return GemvConfig(bn, bk, 8 if bn * bk * width >= 8192 else 4, 1, split)
 
 

@@ -252,10 +252,15 @@ def test_legacy_rule_keeps_the_first_defaults():
     }
 
 
-@pytest.mark.parametrize("kind,n,k", [(kind, n, k) for kind, n, k in REAL] + [("linear_residual", 512, 8192)])
+@pytest.mark.parametrize(
+    "kind,n,k",
+    [(kind, n, k) for kind, n, k in REAL]
+    + [("linear_residual", 512, 8192), ("linear_residual", 256, 8192), ("norm_gate_up", 128, 4096)],
+)
 def test_heuristic_invariants(kind, n, k):
-    """Powers of two; tiles of <= 8192 weights (gate|up: both tiles); >= 4 programs per SM unless one row per
-    program; split-K only where fewer than 2 per SM remain, each slice >= 2 chunks."""
+    """Powers of two; tiles of <= 8192 weights (gate|up: both tiles) and K steps <= K; >= 4 programs per
+    SM unless one row per program; split-K exactly where fewer than 2 per SM would run (and K has room),
+    every slice a whole K step."""
     pytest.importorskip("triton")
     import triton
 
@@ -263,11 +268,12 @@ def test_heuristic_invariants(kind, n, k):
 
     cfg = tlin.heuristic_config(kind, n, k, sms=132)
     width = 2 if kind == "norm_gate_up" else 1
-    assert cfg.block_n * cfg.block_k * width <= 8192 and cfg.block_k <= triton.next_power_of_2(k)
+    assert cfg.block_n * cfg.block_k * width <= 8192 and cfg.block_k <= k
     programs = triton.cdiv(n, cfg.block_n)
     assert programs >= 4 * 132 or cfg.block_n == 1
-    assert (cfg.split_k > 1) == (programs < 2 * 132 and k >= 4 * cfg.block_k)
-    assert k // cfg.split_k >= 2 * cfg.block_k
+    assert (cfg.split_k > 1) == (programs < 2 * 132 and k >= 512)
+    assert k >= cfg.split_k * cfg.block_k
+    assert (cfg.split_k > 1) == (n <= 256)  # of these shapes, the two narrowest split
 
 
 # ---------------------------------------------------------------------------------------------- GPU
