@@ -1,16 +1,19 @@
 """Row-vector x matrix (GEMV) Triton kernels for the decode step, with the glue around the matmul fused in.
 
 A decode step multiplies one row (n <= 4 rows here) by every weight matrix of the model, so its time is
-the time to stream the weights: each program of these kernels owns ``block_n`` output rows and walks its
-share of K in ``block_k`` chunks, loading [block_n, block_k] weight tiles (contiguous along K, as
-nn.Linear stores them; no masks where the blocks divide N and K, so the loads stay 128-bit wide), with
-many programs in flight; all rows of x share each weight tile. The loop only multiplies and adds into a
-[block_n, block_k] float32 accumulator per row (float64 for float64 data), reduced over K once at the
-end, and each output is rounded once to x's dtype. What each kernel folds in:
+the time to stream the weights, and what keeps HBM busy is bytes in flight. Each program owns
+``block_n`` output rows and walks its share of K in ``block_k`` steps, loading [block_n, block_k] weight
+tiles (contiguous along K, as nn.Linear stores them: 128-bit loads; rows past N re-read the last row
+instead of masking); all rows of x share each tile. The loop body is loads and FMAs only: the products
+go into a [block_n, block_k] accumulator per row (float32; float64 for float64 data) reduced over K once
+after the loop, and x and the norm scale are loaded as tiles in the weight tile's register layout (a 1-D
+load broadcast against the tile, or a reduce per step, would go through shared memory with barriers on
+every step: what made the first version of these kernels 2x slower than cuBLAS). Each output is rounded
+once to x's dtype. What each kernel folds in:
 
-- :func:`norm_linear`: ``rms_norm(x, scale, eps) @ W^T (+ bias)``. The norm is a per-row factor, so the
-  loop multiplies ``x * scale`` and sums ``x^2`` on the side; the result is scaled by ``rsqrt(mean + eps)``
-  at the end (no pass over x before the weights start streaming).
+- :func:`norm_linear`: ``rms_norm(x, scale, eps) @ W^T (+ bias)``. The norm is a per-row factor: the loop
+  multiplies by ``x * scale``, and ``rsqrt(mean(x^2) + eps)`` (x's rows loaded whole before the loop,
+  summed after it) scales the sums in the epilogue; no pass over x before the weights start streaming.
 - :func:`norm_gate_up`: ``SiLU(g) * u`` with ``[g; u] = rms_norm(x) @ gate_up^T``; a program computes
   the same row block of g and of u, so the [n, 2 I] intermediate is never written.
 - :func:`linear_residual`: ``residual + x @ W^T (+ bias)`` (the addmm of out_proj / down_proj).
@@ -19,16 +22,17 @@ end, and each output is rounded once to x's dtype. What each kernel folds in:
   column (and can move the decode step's length on).
 
 Split-K (``split_k`` > 1, for matrices with few output rows): a grid of (row blocks, K slices) writes
-float32 partial sums (and the slices' sums of x^2) into a workspace, and a second launch adds the slices
-in a fixed order and applies the epilogue (norm factor, SiLU * up, bias, residual, rounding, the argmax's
-block maxima): deterministic, no atomics.
+float32 partial sums into a workspace, and a second launch adds the slices in a fixed order and applies
+the epilogue (norm factor from x itself, SiLU * up, bias, residual, rounding, the argmax's block maxima):
+deterministic, no atomics.
 
 Launch configurations (:class:`GemvConfig`: block_n, block_k, num_warps, num_stages, split_k) are picked
 per call by :func:`select_config`: keyword overrides first, then the table made active with
-:func:`gemv_configs` (a mapping keyed by (kind, N, K), or ``"legacy"``: the first untuned defaults), then
-:data:`TUNED` (measured values, ``scripts/gpu/gemv-tune.py`` prints them), else :func:`heuristic_config`.
-The choice is made on the host when the kernel is launched, so for a CUDA graph it is the one active at
-capture.
+:func:`gemv_configs` (a mapping keyed by (kind, N, K), or ``"legacy"``: the first untuned defaults, or
+``"heuristic"``), then :data:`TUNED` (measured values: ``scripts/gpu/gemv-tune.py`` prints them), else
+:func:`heuristic_config`. The choice is made on the host when the kernel is launched, so for a CUDA graph
+it is the one active at capture. (num_stages is passed through; Triton pipelines only loads that feed
+dots, so expect it to change little here.)
 
 Semantics are those of :func:`repro.models.layers.rms_norm`, ``F.silu`` and ``F.linear`` (pinned in
 tests/gdn/test_triton_linear.py): float32 results agree to ~1e-6; bf16 ones carry one bf16 rounding of the

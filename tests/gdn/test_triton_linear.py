@@ -17,7 +17,7 @@ interpreted bf16 output equals the truncated float32 result), hence the bound 2^
   and unsplit float64 results agree to rounding.
 - host tests: the configuration lookup (overrides, gemv_configs tables, "legacy", TUNED, the heuristic),
   the legacy rule's numbers, the heuristic's invariants at the model shapes.
-- GPU tests (``gpu``): the GDN-1.3B matrices (in_proj [12304, 2048], out_proj [2048, 2048], gate|up
+- GPU tests (``gpu``): the GDN-1.3B matrices (in_proj [8208, 2048], out_proj [2048, 2048], gate|up
   [11264, 2048], down [2048, 5632], lm_head [32000, 2048]) in bf16 with the heuristic, legacy and split-K
   configurations on CUDA; split-K twice bitwise equal.
 """
@@ -45,7 +45,7 @@ TINY = [
 ]
 # GDN-1.3B decode matmuls: (kernel, N (I for gate|up), K)
 REAL = [
-    ("norm_linear", 12304, 2048),  # input norm + stacked in_proj
+    ("norm_linear", 8208, 2048),  # input norm + stacked in_proj (q|k|v, z, a, b)
     ("linear_residual", 2048, 2048),  # out_proj + residual
     ("norm_gate_up", 5632, 2048),  # post norm + stacked gate|up + SiLU * up
     ("linear_residual", 2048, 5632),  # down_proj + residual
