@@ -58,6 +58,7 @@ BUDGET_S = 60.0  # matrices not started by then are skipped; the decode rows (~1
 MIN_CALLS, MIN_GRAPH_US = 16, 300.0  # calls per graph: >= 16 and >= 300 us of work per replay
 REPLAYS = 7
 WORKERS = max(1, min(14, (os.cpu_count() or 2) - 2))
+PRECOMPILE_TIMEOUT_S = 45.0  # past it the workers are stopped and the rest compiles on first launch
 BF16 = torch.bfloat16
 
 
@@ -246,8 +247,8 @@ def precompile(matrices: list[Matrix]) -> float:
     for m in matrices:
         cfgs = [c for _, c in sweep(m)]
         jobs += [(m, cfgs[i : i + 3]) for i in range(0, len(cfgs), 3)]
-    with mp.get_context("spawn").Pool(WORKERS) as pool:
-        pool.map(_warm, jobs, chunksize=1)
+    with mp.get_context("spawn").Pool(WORKERS) as pool:  # leaving the block terminates the workers
+        pool.map_async(_warm, jobs, chunksize=1).get(timeout=PRECOMPILE_TIMEOUT_S)
     return time.perf_counter() - t0
 
 

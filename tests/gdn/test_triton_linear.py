@@ -12,9 +12,9 @@ interpreted bf16 output equals the truncated float32 result), hence the bound 2^
 - interpreter tests (CPU): every kernel and epilogue (norm, norm + bias, gate|up, residual, residual +
   bias, argmax) at N = 37, K = 45 (blocks 8 x 16: masked K, clamped rows past N) without and with split-K
   (3 slices), at N = 40, K = 64 (K a multiple of block_k: the unmasked loads) without and with 2 slices,
-  and with the default configuration; n = 1 and 3 rows; float64, float32 and bf16, run by Triton's interpreter in one
-  subprocess (TRITON_INTERPRET=1, this file as a script) that prints every case's errors as JSON; split
-  and unsplit float64 results agree to rounding.
+  and with the default configuration; n = 1 and 3 rows; float64, float32 and bf16, run by Triton's
+  interpreter in one subprocess (TRITON_INTERPRET=1, this file as a script) that prints every case's
+  errors as JSON; split and unsplit float64 results agree to rounding.
 - host tests: the configuration lookup (overrides, gemv_configs tables, "legacy", TUNED, the heuristic),
   the legacy rule's numbers, the heuristic's invariants at the model shapes.
 - GPU tests (``gpu``): the GDN-1.3B matrices (in_proj [8208, 2048], out_proj [2048, 2048], gate|up
