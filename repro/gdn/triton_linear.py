@@ -277,6 +277,7 @@ def _gemv_kernel(
     BN: tl.constexpr,
     BK: tl.constexpr,
     KP: tl.constexpr,
+    EARLY_X: tl.constexpr,
     SPLIT: tl.constexpr,
     EVEN_K: tl.constexpr,
     NORM: tl.constexpr,
@@ -289,16 +290,17 @@ def _gemv_kernel(
     """Output columns pid * BN .. + BN of every row, over K columns sid * k_slice .. + k_slice (program
     axis 1; all of K without split). GATE_UP: W is [2 N, K] = [gate; up] and the output is
     SiLU(x W_gate^T) * (x W_up^T); else out = x W^T (+ bias) (+ residual). NORM: x times the norm scale
-    in the loop, the 1 / rms factor (x read whole, K <= KP) in the epilogue. SPLIT > 1: the sums go to
-    the float32 workspace ws [SPLIT, N_ROWS, 2 N] (per slice and row: the sums, then the up sums) for
-    :func:`_split_reduce_kernel`, which applies the epilogue."""
+    in the loop, the 1 / rms factor (x read whole, K <= KP) in the epilogue; EARLY_X: x's rows are loaded
+    before the loop (their latency hidden behind it) rather than after it (no registers held through
+    it). SPLIT > 1: the sums go to the float32 workspace ws [SPLIT, N_ROWS, 2 N] (per slice and row: the
+    sums, then the up sums) for :func:`_split_reduce_kernel`, which applies the epilogue."""
     pid = tl.program_id(0)
     sid = tl.program_id(1)
     o_n = pid * BN + tl.arange(0, BN)
     o_w = tl.minimum(o_n, N - 1)  # past N: re-read the last row (never stored), so no row masks
     zero_n = o_n * 0
     xs = tl.zeros([RB, KP], dtype=ACC)
-    if NORM and SPLIT == 1:
+    if NORM and SPLIT == 1 and EARLY_X:
         xs = _x_rows(x_ptr, x_stride, K, N_ROWS, RB, KP, ACC)  # issued first, summed after the loop
     zero = tl.zeros([BN, BK], dtype=ACC)
     a0, a1, a2, a3 = zero, zero, zero, zero
@@ -335,6 +337,8 @@ def _gemv_kernel(
     if N_ROWS > 3:
         acc, acc_up = _collect(acc, acc_up, a3, u3, 3, RB, GATE_UP)
     if SPLIT == 1:
+        if NORM and not EARLY_X:
+            xs = _x_rows(x_ptr, x_stride, K, N_ROWS, RB, KP, ACC)
         ss = tl.sum(xs * xs, axis=1)
         _finish(acc, acc_up, ss, pid, N, K, eps, bias_ptr, res_ptr, res_stride, out_ptr, best_ptr,
                 best_idx_ptr, N_ROWS, RB, BN, NORM, GATE_UP, HAS_BIAS, RESIDUAL, ARGMAX, ACC)  # fmt: skip
@@ -428,7 +432,8 @@ def _launch(
     cfg = cfg or select_config(kind, rows_out, k, n, x.device, **blocks)
     bn, bk, split = cfg.block_n, cfg.block_k, cfg.split_k
     k_slice = _k_slice(k, bk, split)
-    kp = pow2(k) if norm is not None else 1  # the norm reads x's rows whole
+    kp = pow2(k) if norm is not None else 1  # the norm reads x's rows whole: before the K loop if that
+    early_x = kp * n <= 512 * cfg.num_warps  # costs <= 16 elements a thread through it, else after it
     out = torch.empty(n, rows_out, dtype=x.dtype, device=x.device)
     scale, eps = norm if norm is not None else (x, 0.0)
     best_val, best_idx = best if best is not None else (x, x)
@@ -443,7 +448,8 @@ def _launch(
     res_stride = residual.stride(0) if residual is not None else 0
     _gemv_kernel[(triton.cdiv(rows_out, bn), split)](
         x, x.stride(0), scale, weight, bias_, res_, res_stride, out, best_val, best_idx, ws, float(eps),
-        rows_out, k, k_slice, N_ROWS=n, RB=pow2(n), BN=bn, BK=bk, KP=kp, SPLIT=split, EVEN_K=k % bk == 0,
+        rows_out, k, k_slice, N_ROWS=n, RB=pow2(n), BN=bn, BK=bk, KP=kp, EARLY_X=early_x,
+        SPLIT=split, EVEN_K=k % bk == 0,
         **flags, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if split > 1:

@@ -25,6 +25,7 @@ rows) and OUT_DIR/gemv-tune.md; prints the markdown and the table lines to paste
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import multiprocessing as mp
@@ -118,27 +119,25 @@ def decode_matrices(shape: str) -> list[Matrix]:
     return list(out.values())
 
 
+# (weights per K step across both tiles of gate|up, block_k, warps): 32 weights a thread (four 16-byte
+# loads) at 4096 / 8192 / 16384 on 4 / 8 / 16 warps, 16 a thread (more warps resident) and 64 a thread
+GRID = [(4096, bk, 4) for bk in (512, 1024, 2048)] + [(8192, bk, 8) for bk in (256, 512, 1024, 2048)]
+GRID += [(16384, 1024, 16), (16384, 2048, 16), (4096, 1024, 8), (8192, 1024, 16), (16384, 1024, 8)]
+
+
 def sweep(m: Matrix) -> list[tuple[str, GemvConfig]]:
-    """legacy, heuristic, then ~18 more: tiles of 4096 / 8192 / 16384 weights (both tiles of gate|up)
-    at block_k 256 .. 2048 (4 warps at 4096, else 8), the 8192 / 512 tile with the other warp count and
-    with 3 stages, split-K 2 and 4 where fewer than ~2 programs per SM would run at block_n 16."""
+    """legacy, the heuristic, GRID (~12), the heuristic with 3 stages, split-K 2 and 4 where fewer than
+    ~2 programs per SM would run at block_n 16: about 16 distinct configurations."""
     width = 2 if m.kind == "norm_gate_up" else 1
-    out = [
-        ("legacy", tlin.legacy_config(m.n, m.k)),
-        (
-            "heuristic",
-            tlin.heuristic_config(
-                m.kind, m.n, m.k, 1, torch.cuda.get_device_properties(0).multi_processor_count
-            ),
-        ),
-    ]
-    for tile in (4096, 8192, 16384):
-        for bk in (256, 512, 1024, 2048):
-            bn = tile // (bk * width)
-            if 1 <= bn <= 64 and bk <= 2 * m.k:
-                out.append((f"{bn}x{bk}", GemvConfig(bn, bk, 4 if tile <= 4096 else 8)))
-    bn = max(1, 8192 // (512 * width))
-    out += [(f"{bn}x512 w4", GemvConfig(bn, 512, 4)), (f"{bn}x512 s3", GemvConfig(bn, 512, 8, 3))]
+    heur = tlin.heuristic_config(
+        m.kind, m.n, m.k, 1, torch.cuda.get_device_properties(0).multi_processor_count
+    )
+    out = [("legacy", tlin.legacy_config(m.n, m.k)), ("heuristic", heur)]
+    for tile, bk, warps in GRID:
+        bn = tile // (bk * width)
+        if 1 <= bn <= 64 and bk <= 2 * m.k:
+            out.append((f"{bn}x{bk} w{warps}", GemvConfig(bn, bk, warps)))
+    out.append(("heuristic s3", dataclasses.replace(heur, num_stages=3)))
     if m.n // 16 < 2 * 132:
         out += [(f"{16 // width}x512 split{s}", GemvConfig(16 // width, 512, 8, 1, s)) for s in (2, 4)]
     seen, unique = set(), []

@@ -12,7 +12,8 @@ interpreted bf16 output equals the truncated float32 result), hence the bound 2^
 - interpreter tests (CPU): every kernel and epilogue (norm, norm + bias, gate|up, residual, residual +
   bias, argmax) at N = 37, K = 45 (blocks 8 x 16: masked K, clamped rows past N) without and with split-K
   (3 slices), at N = 40, K = 64 (K a multiple of block_k: the unmasked loads) without and with 2 slices,
-  and with the default configuration; n = 1 and 3 rows; float64, float32 and bf16, run by Triton's
+  at K = 600 on one warp (the norm reads x's rows after the K loop, not before), and with the default
+  configuration; n = 1 and 3 rows; float64, float32 and bf16, run by Triton's
   interpreter in one subprocess (TRITON_INTERPRET=1, this file as a script) that prints every case's
   errors as JSON; split and unsplit float64 results agree to rounding.
 - host tests: the configuration lookup (overrides, gemv_configs tables, "legacy", TUNED, the heuristic),
@@ -41,6 +42,7 @@ TINY = [
     ("tiny", 37, 45, {"block_n": 8, "block_k": 16}),
     ("split3", 37, 45, {"block_n": 8, "block_k": 16, "split_k": 3}),
     ("even", 40, 64, {"block_n": 8, "block_k": 16}),
+    ("late_x", 37, 600, {"block_n": 8, "block_k": 256, "num_warps": 1}),  # x's rows read after the loop
     ("even_split2", 40, 64, {"block_n": 8, "block_k": 16, "split_k": 2}),
     ("default", 37, 45, {}),
 ]
