@@ -19,8 +19,8 @@ interpreted bf16 output equals the truncated float32 result), hence the bound 2^
 - host tests: the configuration lookup (overrides, gemv_configs tables, "legacy", TUNED, the heuristic),
   the legacy rule's numbers, the heuristic's invariants at the model shapes.
 - GPU tests (``gpu``): the GDN-1.3B matrices (in_proj [8208, 2048], out_proj [2048, 2048], gate|up
-  [11264, 2048], down [2048, 5632], lm_head [32000, 2048]) in bf16 with the heuristic, legacy and split-K
-  configurations on CUDA; split-K twice bitwise equal.
+  [11264, 2048], down [2048, 5632], lm_head [32000, 2048]) and the Qwen3.6-27B in_proj [16480, 5120] in
+  bf16 with the heuristic, legacy and split-K configurations on CUDA; split-K twice bitwise equal.
 """
 
 from __future__ import annotations
@@ -286,12 +286,12 @@ def test_heuristic_invariants(kind, n, k):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("rows", [1, 3])
 def test_gpu_kernels_at_the_1p3b_shapes(rows):
-    """The five decode matmuls of GDN-1.3B in bf16 (heuristic, legacy, split-K by 4) vs torch in float64;
-    split-K twice bitwise equal."""
+    """The five decode matmuls of GDN-1.3B and the 27B in_proj (x's rows read after the K loop) in bf16
+    (heuristic, legacy, split-K by 4) vs torch in float64; split-K twice bitwise equal."""
     from repro.gdn import triton_linear as tlin
 
     results: dict[str, object] = {}
-    for i, (kind, n, k) in enumerate(REAL):
+    for i, (kind, n, k) in enumerate([*REAL, ("norm_linear", 16480, 5120)]):
         if kind == "norm_linear_argmax" and rows > 1:
             kind = "norm_linear"
         for name, blocks in (
