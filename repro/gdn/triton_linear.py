@@ -155,8 +155,10 @@ def select_config(
     elif table != "heuristic" and key in TUNED:
         cfg = TUNED[key]
     else:
-        on_gpu = device is not None and device.type == "cuda"
-        cfg = heuristic_config(kind, n_out, k, rows, _sm_count(device.index or 0) if on_gpu else 132)
+        sms = 132  # an H200's, off the GPU
+        if device is not None and device.type == "cuda":
+            sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+        cfg = heuristic_config(kind, n_out, k, rows, sms)
     given = {f: v for f, v in overrides.items() if v is not None}
     unknown = set(given) - set(GemvConfig.__dataclass_fields__)
     if unknown:
