@@ -141,8 +141,8 @@ def sweep(m: Matrix) -> list[tuple[str, GemvConfig]]:
     if m.n // 16 < 2 * 132:
         out += [(f"{16 // width}x512 split{s}", GemvConfig(16 // width, 512, 8, 1, s)) for s in (2, 4)]
     seen, unique = set(), []
-    for label, cfg in out:
-        if cfg not in seen:
+    for i, (label, cfg) in enumerate(out):
+        if cfg not in seen or i < 2:  # legacy and heuristic keep their rows even when equal
             seen.add(cfg)
             unique.append((label, cfg))
     return unique
