@@ -458,7 +458,8 @@ def _launch(
         rbn, parts = _epilogue_blocks(cfg, rows_out)
         _split_reduce_kernel[(parts,)](
             x, x.stride(0), ws, float(eps), rows_out, k, bias_, res_, res_stride, out, best_val, best_idx,
-            N_ROWS=n, RB=pow2(n), BN=rbn, KP=kp, SPLIT=split, **flags, num_warps=4,
+            N_ROWS=n, RB=pow2(n), BN=rbn, KP=kp, SPLIT=split, **flags,
+            num_warps=4 if kp * pow2(n) <= 2048 else 8,
         )  # fmt: skip
     return out
 
