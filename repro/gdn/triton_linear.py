@@ -57,6 +57,8 @@ from repro.gdn.triton_common import acc_dtype, interpreting, pow2, round_to, sil
 MAX_ROWS = 4  # rows of x per call (decode: 1); the programs keep them all in registers
 KINDS = ("norm_linear", "norm_gate_up", "linear_residual", "norm_linear_argmax")
 REDUCE_BLOCK = 256  # output columns per program of the split-K reduce
+SMALL_WEIGHTS = 1 << 20  # heuristic_config: below, the legacy configuration
+SPLIT_WEIGHTS = 1 << 22  # heuristic_config: below, no split-K
 
 
 @dataclass(frozen=True)
@@ -122,18 +124,22 @@ def heuristic_config(kind: str, n_out: int, k: int, rows: int = 1, sms: int = 13
     weights (gate|up: two of 4096; fewer with more rows of x, for registers) within the largest power of
     two <= K and <= 4096, so that each thread issues about four 16-byte loads per step; 8 warps at 8192
     weights, 4 below; split-K while fewer than 2 programs per SM remain and every slice keeps >= 256
-    columns (the K step narrowed to fit a slice). The CPU interpreter gets the legacy configuration (few
-    programs)."""
-    if interpreting():
-        return legacy_config(n_out, k)
+    columns (the K step narrowed to fit a slice), for matrices of >= 4M weights only (below, the reduce's
+    launch costs more than idle SMs do). Matrices under 1M weights, where a launch's latency dominates,
+    and the CPU interpreter (few programs) get the legacy configuration (measured faster than cuBLAS at
+    the tiny widths)."""
     width = 2 if kind == "norm_gate_up" else 1
+    if interpreting() or n_out * k * width < SMALL_WEIGHTS:
+        return legacy_config(n_out, k)
     tile = max(256, 8192 // width // pow2(rows))  # weights of one matrix per K step
     bn = tile // 256
     while bn > 1 and triton.cdiv(n_out, bn) < 4 * sms:
         bn //= 2
     bk = min(tile // bn, 4096, pow2(k + 1) // 2)
     split = 1
-    while triton.cdiv(n_out, bn) * split < 2 * sms and k >= 512 * split:
+    while (
+        triton.cdiv(n_out, bn) * split < 2 * sms and k >= 512 * split and n_out * k * width >= SPLIT_WEIGHTS
+    ):
         split *= 2
     bk = min(bk, pow2(k // split + 1) // 2)  # a whole step per slice
     return GemvConfig(bn, bk, 8 if bn * bk * width >= 8192 else 4, 1, split)

@@ -258,7 +258,7 @@ def test_legacy_rule_keeps_the_first_defaults():
 @pytest.mark.parametrize(
     "kind,n,k",
     [(kind, n, k) for kind, n, k in REAL]
-    + [("linear_residual", 512, 8192), ("linear_residual", 256, 8192), ("norm_gate_up", 128, 4096)],
+    + [("linear_residual", 512, 8192), ("linear_residual", 256, 16384), ("norm_gate_up", 256, 8192)],
 )
 def test_heuristic_invariants(kind, n, k):
     """Powers of two; tiles of <= 8192 weights (gate|up: both tiles) and K steps <= K; >= 4 programs per
@@ -274,9 +274,21 @@ def test_heuristic_invariants(kind, n, k):
     assert cfg.block_n * cfg.block_k * width <= 8192 and cfg.block_k <= k
     programs = triton.cdiv(n, cfg.block_n)
     assert programs >= 4 * 132 or cfg.block_n == 1
-    assert (cfg.split_k > 1) == (programs < 2 * 132 and k >= 512)
+    assert (cfg.split_k > 1) == (programs < 2 * 132 and k >= 512 and n * k * width >= tlin.SPLIT_WEIGHTS)
     assert k >= cfg.split_k * cfg.block_k
     assert (cfg.split_k > 1) == (n <= 256)  # of these shapes, the two narrowest split
+
+
+def test_heuristic_keeps_the_legacy_rule_for_small_matrices():
+    """Under 1M weights (the tiny widths, where the legacy blocks measured faster than cuBLAS) the
+    heuristic is the legacy rule; no split-K under 4M weights however narrow the output."""
+    pytest.importorskip("triton")
+    from repro.gdn import triton_linear as tlin
+
+    for kind, n, k in (("norm_linear", 1024, 1023), ("norm_gate_up", 256, 2047), ("linear_residual", 64, 64)):
+        assert tlin.heuristic_config(kind, n, k) == tlin.legacy_config(n, k)
+    assert tlin.heuristic_config("linear_residual", 128, 16384).split_k == 1  # 2M weights: too few to split
+    assert tlin.heuristic_config("linear_residual", 256, 16384).split_k == 2  # 4M weights
 
 
 # ---------------------------------------------------------------------------------------------- GPU
