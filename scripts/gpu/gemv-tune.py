@@ -6,8 +6,9 @@
    StaticDecoder's stacked weights of a model built on the meta device: GDN in_proj with its input norm,
    out_proj + residual, attention q|k|v and o_proj, norm + gate|up + SiLU * up, down + residual, final
    norm + LM head + argmax), bf16 random weights: cuBLAS (``F.linear`` on [1, K]) against the fused
-   kernel at the legacy configuration, the heuristic and a bounded sweep (block_n x block_k tiles of 4096
-   .. 16384 weights, 4 / 8 warps, 3 stages once, split-K 2 / 4 where the output is narrow): each checked
+   kernel at the legacy configuration, the heuristic and a bounded sweep (~14 a matrix: block_n x block_k
+   tiles of 4096 .. 16384 weights on 4 / 8 / 16 warps, the heuristic with 3 stages, split-K 2 / 4 where
+   the output is narrow): each checked
    against the torch composition in float32 (not timed past 2e-2), then timed as one CUDA graph of >= 16
    calls cycling through enough weight copies to move 3x the L2 per cycle; us, GB/s, % of the measured
    copy bandwidth, the best configuration. 27B matrices not started by BUDGET_S are skipped (listed).
@@ -17,7 +18,7 @@
    floor = weights once at the copy bandwidth; logits of each vs the cuBLAS step.
 
 The kernels of every (matrix, configuration) are compiled first in worker processes that share Triton's
-file cache (the sweep is ~200 compiles; one process would take most of the budget).
+file cache (the sweep is ~110 distinct compiles; one process would take most of the budget).
 
 Writes OUT_DIR/gemv-tune.json (rows, best configurations per shape as GemvConfig fields, the decode
 rows) and OUT_DIR/gemv-tune.md; prints the markdown and the table lines to paste into ``TUNED``.
