@@ -1,36 +1,61 @@
-"""Row-block x matrix Triton kernels for the decode and verify steps, the glue around the matmul fused in.
+"""Row-vector x matrix (GEMV) Triton kernels for the decode step, and their row-tiled variant for the verify
+step, with the glue around the matmul fused in.
 
 A decode step multiplies one row (n <= 4 rows here) by every weight matrix of the model, so its time is
-the time to stream the weights: each program of the GEMV variant owns ``block_n`` output rows and walks
-K in ``block_k`` chunks, loading [block_n, block_k] weight tiles (contiguous along K, as nn.Linear
-stores them), with many programs in flight; all rows of x share each weight tile. A verify step
-multiplies the T nodes of a draft tree (n = 5 .. :data:`MAX_VERIFY_ROWS` rows): the same kernel's
-row-tiled variant runs a grid of output blocks x row blocks, each program one ``tl.dot`` per K chunk on
-a [block_m, block_k] x [block_k, block_n] tile (tiles >= 16; float32 accumulation), the RMS of its row
-block computed in the program as before. At small widths a launch costs more than its arithmetic, so
-folding the norm, SiLU * up and residual launches into the matmul is what counts. Arithmetic is float32
-(float64 for float64 data), each output rounded once to x's dtype. What each kernel folds in:
+the time to stream the weights, and what keeps HBM busy is bytes in flight. Each program owns
+``block_n`` output rows and walks its share of K in ``block_k`` steps, loading [block_n, block_k] weight
+tiles (contiguous along K, as nn.Linear stores them: 128-bit loads; rows past N re-read the last row
+instead of masking); all rows of x share each tile. The loop body is loads and FMAs only: the products
+go into a [block_n, block_k] accumulator per row (float32; float64 for float64 data) reduced over K once
+after the loop, and x and the norm scale are loaded as tiles in the weight tile's register layout (a 1-D
+load broadcast against the tile, or a reduce per step, would go through shared memory with barriers on
+every step: what made the first version of these kernels 2x slower than cuBLAS). Each output is rounded
+once to x's dtype. What each kernel folds in:
 
-- :func:`norm_linear`: ``rms_norm(x, scale, eps) @ W^T (+ bias)``; every program recomputes its rows'
-  RMS (rows of a few thousand elements) instead of a separate norm launch.
+- :func:`norm_linear`: ``rms_norm(x, scale, eps) @ W^T (+ bias)``. The norm is a per-row factor: the loop
+  multiplies by ``x * scale``, and ``rsqrt(mean(x^2) + eps)`` (x's rows loaded whole before the loop,
+  summed after it) scales the sums in the epilogue; no pass over x before the weights start streaming.
 - :func:`norm_gate_up`: ``SiLU(g) * u`` with ``[g; u] = rms_norm(x) @ gate_up^T``; a program computes
-  the same output block of g and of u, so the [n, 2 I] intermediate is never written.
+  the same row block of g and of u, so the [n, 2 I] intermediate is never written.
 - :func:`linear_residual`: ``residual + x @ W^T (+ bias)`` (the addmm of out_proj / down_proj).
 - :func:`norm_linear_argmax`: :func:`norm_linear` of one row (the LM head) with its argmax (first on ties)
   into a device buffer: each program also writes its block's maximum, a one-program reduce picks the
   column (and can move the decode step's length on).
 
+Verify steps (n = 5 .. :data:`MAX_VERIFY_ROWS` rows, the T nodes of a draft tree) take the row-tiled
+variant (:func:`_rows_kernel`): a grid of output blocks x row blocks, each program one ``tl.dot`` per K
+chunk on a [block_m, block_k] x [block_k, block_n] tile (tiles >= 16; float32 accumulation; exact "ieee"
+dots for float32 data; half data feeds the tensor cores the normed row's hi and lo bf16 parts, two dots on
+one weight tile, so the row keeps ~16 bits), the RMS of its row block computed in the program, the same
+epilogue (:func:`_finish`). At small widths a launch costs more than its arithmetic, so folding the norm,
+SiLU * up and residual launches into the matmul is what counts there (:func:`row_tiles`: its untuned
+tiles; ``block_m``/``block_n``/``block_k``/``num_warps`` override them).
+
+Split-K (``split_k`` > 1, for matrices with few output rows): a grid of (row blocks, K slices) writes
+float32 partial sums into a workspace, and a second launch adds the slices in a fixed order and applies
+the epilogue (norm factor from x itself, SiLU * up, bias, residual, rounding, the argmax's block maxima):
+deterministic, no atomics.
+
+Launch configurations (:class:`GemvConfig`: block_n, block_k, num_warps, num_stages, split_k) are picked
+per call by :func:`select_config`: keyword overrides first, then the table made active with
+:func:`gemv_configs` (a mapping keyed by (kind, N, K), or ``"legacy"``: the first untuned defaults, or
+``"heuristic"``), then :data:`TUNED` (measured values: ``scripts/gpu/gemv-tune.py`` prints them), else
+:func:`heuristic_config`. The choice is made on the host when the kernel is launched, so for a CUDA graph
+it is the one active at capture. (num_stages is passed through; Triton pipelines only loads that feed
+dots, so expect it to change little here.)
+
 Semantics are those of :func:`repro.models.layers.rms_norm`, ``F.silu`` and ``F.linear`` (pinned in
-tests/gdn/test_triton_linear.py): float32 results agree to ~1e-6 (the row-tiled dots are exact "ieee"
-float32, as cuBLAS without TF32), float64 ones to rounding; bf16 ones carry one bf16 rounding of the
-output (the torch glue rounds after every op): the normed row is not rounded to bf16 before the matmul
-(the row-tiled variant feeds the tensor cores its hi and lo bf16 parts, two dots on one weight tile, so
-the row keeps ~16 bits). The default block sizes are untuned guesses (GEMV: about 512 programs for the
-row counts of the 1.3B model, [block_n, block_k] tiles of at most 4096 weights, 4 warps; row-tiled: see
-:func:`_row_tiles`); ``block_m``/``block_n``/``block_k``/``num_warps`` override them.
+tests/gdn/test_triton_linear.py): float32 results agree to ~1e-6; bf16 ones carry one bf16 rounding of the
+output (the torch glue rounds after every op, and the normed row is not rounded to bf16 before the
+matmul here).
 """
 
 from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, replace
 
 import torch
 import triton
@@ -43,64 +68,213 @@ MAX_ROWS = 4  # rows of x the GEMV variant takes (decode: 1); its programs keep 
 # rows of x per call in all (the row-tiled variant above MAX_ROWS): the verify slots of the budgets the
 # routes use (16..256 nodes); larger slots keep cuBLAS (StaticDecoder checks this before it calls)
 MAX_VERIFY_ROWS = 256
+KINDS = ("norm_linear", "norm_gate_up", "linear_residual", "norm_linear_argmax")
+REDUCE_BLOCK = 256  # output columns per program of the split-K reduce
+SMALL_WEIGHTS = 1 << 20  # heuristic_config: below, the legacy configuration
+SPLIT_WEIGHTS = 1 << 22  # heuristic_config: below, no split-K
 
 
-@triton.jit
-def _rstd(x_ptr, x_stride, eps, rows, n_rows, RB: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
-          ACC: tl.constexpr):  # fmt: skip
-    """1 / rms of the rows ``rows`` [RB] of x [n_rows, K] -> [RB] (rows past n_rows: 1 / sqrt(eps))."""
-    m_r = rows < n_rows
-    ss = tl.zeros([RB, BK], dtype=ACC)
-    for k0 in range(0, K, BK):
-        o_k = k0 + tl.arange(0, BK)
-        m = m_r[:, None] & (o_k < K)[None, :]
-        x = tl.load(x_ptr + rows[:, None] * x_stride + o_k[None, :], mask=m, other=0.0).to(ACC)
-        ss += x * x
-    return 1.0 / tl.sqrt(tl.sum(ss, axis=1) / K + eps)
+@dataclass(frozen=True)
+class GemvConfig:
+    """One launch configuration: output rows and K columns per tile, warps, pipeline stages, K slices."""
+
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 1
+    split_k: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("block_n", "block_k", "num_warps"):
+            v = getattr(self, name)
+            if v < 1 or v & (v - 1):
+                raise ConfigError(f"GemvConfig.{name} must be a power of two, got {v}")
+        if self.num_stages < 1 or self.split_k < 1:
+            raise ConfigError(f"GemvConfig needs num_stages >= 1 and split_k >= 1, got {self}")
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
 
 
-@triton.jit
-def _x_chunk(x_ptr, x_stride, scale_ptr, rstd, rows, k0, n_rows, K: tl.constexpr,
-             BK: tl.constexpr, NORM: tl.constexpr, ACC: tl.constexpr):  # fmt: skip
-    """Columns k0 .. k0 + BK of the rows ``rows`` of x [RB, BK] (normed and scaled with NORM), zero
-    outside."""
-    o_k = k0 + tl.arange(0, BK)
-    m_k = o_k < K
-    m = (rows < n_rows)[:, None] & m_k[None, :]
-    x = tl.load(x_ptr + rows[:, None] * x_stride + o_k[None, :], mask=m, other=0.0).to(ACC)
-    if NORM:
-        x = x * rstd[:, None] * tl.load(scale_ptr + o_k, mask=m_k, other=0.0).to(ACC)[None, :]
-    return x
+ConfigKey = tuple[str, int, int]  # (kind, N: output columns (I for gate|up), K)
+TUNED: dict[ConfigKey, GemvConfig] = {}  # measured on an H200 (scripts/gpu/gemv-tune.py); empty: heuristic
+_active: list[Mapping[ConfigKey, GemvConfig] | str] = []  # gemv_configs' stack
 
 
-@triton.jit
-def _tile_dot(w_ptr, x, o_n, k0, N_W: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, ACC: tl.constexpr,
-              DOT: tl.constexpr, SPLIT: tl.constexpr, UPCAST: tl.constexpr):  # fmt: skip
-    """x [RB, BK] (in ACC) times the weight rows o_n [BN], columns k0 .. k0 + BK -> [RB, BN] in ACC.
+@contextlib.contextmanager
+def gemv_configs(table: Mapping[ConfigKey, GemvConfig] | str) -> Iterator[None]:
+    """Within the block, launches look their configuration up in ``table`` ((kind, N, K) -> config; a
+    missing key falls through to :data:`TUNED` and the heuristic), or use ``"legacy"`` (the first defaults)
+    or ``"heuristic"`` for every shape. Capture a CUDA graph inside the block to keep its choices."""
+    if isinstance(table, str) and table not in ("legacy", "heuristic"):
+        raise ConfigError(f"gemv_configs takes a table, 'legacy' or 'heuristic', got {table!r}")
+    _active.append(table)
+    try:
+        yield
+    finally:
+        _active.pop()
 
-    Not DOT (RB <= 4 rows): broadcast products summed over K. DOT (RB, BN, BK >= 16): one tl.dot, exact
-    ("ieee") for float32 / float64 weights; half weights take x as hi + lo in their dtype (SPLIT: two
-    tensor-core dots, x kept to ~16 bits; else x as it is, e.g. an unnormed half row: one dot), both
-    accumulated in float32. UPCAST (the CPU interpreter, whose tl.dot misreads bf16 operands): the half
-    operands upcast to ACC first (the same products, exact)."""
-    o_k = k0 + tl.arange(0, BK)
-    m = (o_n < N_W)[:, None] & (o_k < K)[None, :]
-    w = tl.load(w_ptr + o_n[:, None] * K + o_k[None, :], mask=m, other=0.0)
-    if DOT:
-        wt = tl.trans(w)  # [BK, BN]
-        if w.dtype == tl.float32 or w.dtype == tl.float64:
-            acc = tl.dot(x, wt.to(ACC), input_precision="ieee", out_dtype=ACC)
-        else:
-            hi = x.to(w.dtype)
-            if UPCAST:
-                wt = wt.to(ACC)
-            acc = tl.dot(hi.to(wt.dtype), wt, out_dtype=ACC)
-            if SPLIT:
-                lo = (x - hi.to(ACC)).to(w.dtype)
-                acc += tl.dot(lo.to(wt.dtype), wt, out_dtype=ACC)
+
+def legacy_config(n_out: int, k: int) -> GemvConfig:
+    """The first, untuned defaults: about 512 programs (2-4 per SM on an H200) within 4..64 rows each,
+    [block_n, block_k] tiles of at most 4096 weights, 4 warps; in the CPU interpreter, which runs programs
+    one by one, as few programs as possible."""
+    if interpreting():
+        bn = min(64, pow2(n_out))
     else:
-        acc = tl.sum(w.to(ACC)[None, :, :] * x[:, None, :], axis=2)
-    return acc
+        bn = max(4, min(64, pow2(n_out // 512 + 1) // 2))
+    return GemvConfig(bn, min(max(128, 4096 // bn), pow2(k)))
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def heuristic_config(kind: str, n_out: int, k: int, rows: int = 1, sms: int = 132) -> GemvConfig:
+    """A launch configuration from the shape alone. What keeps HBM busy is bytes in flight, so: block_n
+    as large (<= 32) as still leaves >= 4 programs per SM (``sms``); the K step widened to tiles of 8192
+    weights (gate|up: two of 4096; fewer with more rows of x, for registers) within the largest power of
+    two <= K and <= 4096, so that each thread issues about four 16-byte loads per step; 8 warps at 8192
+    weights, 4 below; split-K while fewer than 2 programs per SM remain and every slice keeps >= 256
+    columns (the K step narrowed to fit a slice), for matrices of >= 4M weights only (below, the reduce's
+    launch costs more than idle SMs do). Matrices under 1M weights, where a launch's latency dominates,
+    and the CPU interpreter (few programs) get the legacy configuration (measured faster than cuBLAS at
+    the tiny widths)."""
+    width = 2 if kind == "norm_gate_up" else 1
+    if interpreting() or n_out * k * width < SMALL_WEIGHTS:
+        return legacy_config(n_out, k)
+    tile = max(256, 8192 // width // pow2(rows))  # weights of one matrix per K step
+    bn = tile // 256
+    while bn > 1 and triton.cdiv(n_out, bn) < 4 * sms:
+        bn //= 2
+    bk = min(tile // bn, 4096, pow2(k + 1) // 2)
+    split = 1
+    while (
+        triton.cdiv(n_out, bn) * split < 2 * sms and k >= 512 * split and n_out * k * width >= SPLIT_WEIGHTS
+    ):
+        split *= 2
+    bk = min(bk, pow2(k // split + 1) // 2)  # a whole step per slice
+    return GemvConfig(bn, bk, 8 if bn * bk * width >= 8192 else 4, 1, split)
+
+
+def select_config(
+    kind: str, n_out: int, k: int, rows: int = 1, device: torch.device | None = None, **overrides: int
+) -> GemvConfig:
+    """The configuration of one launch (see the module docstring for the order); ``overrides``: any of
+    GemvConfig's fields (block_n alone also resets block_k to the legacy rule's ``max(128, 4096 // bn)``)."""
+    if kind not in KINDS:
+        raise ConfigError(f"unknown GEMV kind {kind!r}; known: {', '.join(KINDS)}")
+    table = _active[-1] if _active else None
+    key = (kind, n_out, k)
+    if table == "legacy":
+        cfg = legacy_config(n_out, k)
+    elif not isinstance(table, str) and table is not None and key in table:
+        cfg = table[key]
+    elif table != "heuristic" and key in TUNED:
+        cfg = TUNED[key]
+    else:
+        sms = 132  # an H200's, off the GPU
+        if device is not None and device.type == "cuda":
+            sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+        cfg = heuristic_config(kind, n_out, k, rows, sms)
+    given = {f: v for f, v in overrides.items() if v is not None}
+    unknown = set(given) - set(GemvConfig.__dataclass_fields__)
+    if unknown:
+        raise ConfigError(f"unknown GEMV launch options {sorted(unknown)}")
+    if "block_n" in given and "block_k" not in given:
+        given["block_k"] = max(128, 4096 // pow2(given["block_n"]))
+    cfg = replace(
+        cfg, **{f: pow2(v) if f in ("block_n", "block_k", "num_warps") else v for f, v in given.items()}
+    )
+    bk = min(cfg.block_k, pow2(k))
+    return replace(cfg, block_k=bk, split_k=triton.cdiv(k, _k_slice(k, bk, cfg.split_k)))  # no empty slices
+
+
+def _k_slice(k: int, block_k: int, split_k: int) -> int:
+    """Columns of K per slice: whole chunks."""
+    return triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
+
+
+# ------------------------------------------------------------------------------------------- kernels
+
+
+@triton.jit
+def _tile(ptr, o_rows, o_k, m_k, stride, EVEN_K: tl.constexpr, ACC: tl.constexpr):
+    """[len(o_rows), BK] elements ptr[o_rows * stride + o_k] (zero where m_k is off, unless EVEN_K). Vectors
+    (x, the norm scale) are read as tiles with stride 0, in the weight tile's layout: broadcasting a 1-D
+    load instead would move it through shared memory with barriers on every K step."""
+    p = ptr + o_rows[:, None] * stride + o_k[None, :]
+    if EVEN_K:
+        t = tl.load(p)
+    else:
+        t = tl.load(p, mask=m_k[None, :], other=0.0)
+    return t.to(ACC)
+
+
+@triton.jit
+def _row_step(acc, acc_up, x_ptr, w, wu, sc, zero_n, o_k, m_k, NORM: tl.constexpr, GATE_UP: tl.constexpr,
+              EVEN_K: tl.constexpr, ACC: tl.constexpr):  # fmt: skip
+    """One row of x (NORM: times the norm scale sc) against the weight tile(s) w (wu) [BN, BK]: the
+    elementwise products added into acc (acc_up); reduced over K after the loop."""
+    x = _tile(x_ptr, zero_n, o_k, m_k, 0, EVEN_K, ACC)
+    if NORM:
+        x = x * sc
+    acc += w * x
+    if GATE_UP:
+        acc_up += wu * x
+    return acc, acc_up
+
+
+@triton.jit
+def _collect(acc, acc_up, a, u, r: tl.constexpr, RB: tl.constexpr, GATE_UP: tl.constexpr):
+    """Row r of the sums acc (acc_up) [RB, BN]: row r's accumulators a (u) [BN, BK] reduced over K."""
+    at_r = (tl.arange(0, RB) == r)[:, None]
+    acc = tl.where(at_r, tl.sum(a, axis=1)[None, :], acc)
+    if GATE_UP:
+        acc_up = tl.where(at_r, tl.sum(u, axis=1)[None, :], acc_up)
+    return acc, acc_up
+
+
+@triton.jit
+def _x_rows(x_ptr, x_stride, K, N_ROWS: tl.constexpr, RB: tl.constexpr, KP: tl.constexpr, ACC: tl.constexpr):
+    """x [RB, KP] in one load (the norm's sum of squares; K <= KP), zero outside [N_ROWS, K]."""
+    rows = tl.arange(0, RB)
+    o = tl.arange(0, KP)
+    m = (rows < N_ROWS)[:, None] & (o < K)[None, :]
+    return tl.load(x_ptr + rows[:, None] * x_stride + o[None, :], mask=m, other=0.0).to(ACC)
+
+
+@triton.jit
+def _finish(acc, acc_up, ss, blk, N, K, eps, bias_ptr, res_ptr, res_stride, out_ptr, best_ptr,
+            best_idx_ptr, n_rows, RB: tl.constexpr, BN: tl.constexpr, NORM: tl.constexpr,
+            GATE_UP: tl.constexpr, HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr, ARGMAX: tl.constexpr,
+            ACC: tl.constexpr):  # fmt: skip
+    """The epilogue of output columns blk * BN .. + BN of every row from the sums over K acc (acc_up)
+    [RB, BN] and ss [RB] (sum of x^2): norm factor, SiLU * up, bias, residual, rounding, store (rows
+    < n_rows of out / residual; the row-tiled variant passes them offset to its row block); ARGMAX (one
+    row): the block's largest output as stored (the first on ties) and its column, into best / best_idx
+    [blk]."""
+    rows = tl.arange(0, RB)
+    o_n = blk * BN + tl.arange(0, BN)
+    m_n = o_n < N
+    m = (rows < n_rows)[:, None] & m_n[None, :]
+    if NORM:
+        rstd = 1.0 / tl.sqrt(ss / K + eps)
+        acc = acc * rstd[:, None]
+        acc_up = acc_up * rstd[:, None]
+    if GATE_UP:
+        acc = silu(acc) * acc_up
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + o_n, mask=m_n, other=0.0).to(ACC)[None, :]
+    if RESIDUAL:
+        acc += tl.load(res_ptr + rows[:, None] * res_stride + o_n[None, :], mask=m, other=0.0).to(ACC)
+    tl.store(out_ptr + rows[:, None] * N + o_n[None, :], round_to(acc, out_ptr), mask=m)
+    if ARGMAX:
+        y = tl.sum(round_to(acc, out_ptr).to(ACC), axis=0)  # RB = 1: row 0 as stored
+        y = tl.where(m_n, y, float("-inf"))
+        tl.store(best_ptr + blk, tl.max(y, axis=0))
+        tl.store(best_idx_ptr + blk, blk * BN + tl.argmax(y, axis=0, tie_break_left=True))
 
 
 @triton.jit
@@ -115,10 +289,186 @@ def _gemv_kernel(
     out_ptr,
     best_ptr,
     best_idx_ptr,
+    ws_ptr,
+    eps,
+    N,
+    K,
+    k_slice,
+    N_ROWS: tl.constexpr,
+    RB: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    KP: tl.constexpr,
+    EARLY_X: tl.constexpr,
+    SPLIT: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    NORM: tl.constexpr,
+    GATE_UP: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+    ARGMAX: tl.constexpr,
+    ACC: tl.constexpr,
+):
+    """Output columns pid * BN .. + BN of every row, over K columns sid * k_slice .. + k_slice (program
+    axis 1; all of K without split). GATE_UP: W is [2 N, K] = [gate; up] and the output is
+    SiLU(x W_gate^T) * (x W_up^T); else out = x W^T (+ bias) (+ residual). NORM: x times the norm scale
+    in the loop, the 1 / rms factor (x read whole, K <= KP) in the epilogue; EARLY_X: x's rows are loaded
+    before the loop (their latency hidden behind it) rather than after it (no registers held through
+    it). SPLIT > 1: the sums go to the float32 workspace ws [SPLIT, N_ROWS, 2 N] (per slice and row: the
+    sums, then the up sums) for :func:`_split_reduce_kernel`, which applies the epilogue."""
+    pid = tl.program_id(0)
+    sid = tl.program_id(1)
+    o_n = pid * BN + tl.arange(0, BN)
+    o_w = tl.minimum(o_n, N - 1)  # past N: re-read the last row (never stored), so no row masks
+    zero_n = o_n * 0
+    xs = tl.zeros([RB, KP], dtype=ACC)
+    if NORM and SPLIT == 1 and EARLY_X:
+        xs = _x_rows(x_ptr, x_stride, K, N_ROWS, RB, KP, ACC)  # issued first, summed after the loop
+    zero = tl.zeros([BN, BK], dtype=ACC)
+    a0, a1, a2, a3 = zero, zero, zero, zero
+    u0, u1, u2, u3 = zero, zero, zero, zero
+    k_lo = sid * k_slice
+    for k0 in range(k_lo, tl.minimum(K, k_lo + k_slice), BK):
+        o_k = k0 + tl.arange(0, BK)
+        m_k = o_k < K
+        w = _tile(w_ptr, o_w, o_k, m_k, K, EVEN_K, ACC)
+        wu = w
+        if GATE_UP:
+            wu = _tile(w_ptr + N * K, o_w, o_k, m_k, K, EVEN_K, ACC)
+        sc = w
+        if NORM:
+            sc = _tile(scale_ptr, zero_n, o_k, m_k, 0, EVEN_K, ACC)
+        a0, u0 = _row_step(a0, u0, x_ptr, w, wu, sc, zero_n, o_k, m_k, NORM, GATE_UP, EVEN_K, ACC)
+        if N_ROWS > 1:
+            a1, u1 = _row_step(
+                a1, u1, x_ptr + x_stride, w, wu, sc, zero_n, o_k, m_k, NORM, GATE_UP, EVEN_K, ACC
+            )
+        if N_ROWS > 2:
+            a2, u2 = _row_step(a2, u2, x_ptr + 2 * x_stride, w, wu, sc, zero_n, o_k, m_k, NORM, GATE_UP,
+                               EVEN_K, ACC)  # fmt: skip
+        if N_ROWS > 3:
+            a3, u3 = _row_step(a3, u3, x_ptr + 3 * x_stride, w, wu, sc, zero_n, o_k, m_k, NORM, GATE_UP,
+                               EVEN_K, ACC)  # fmt: skip
+    acc = tl.zeros([RB, BN], dtype=ACC)
+    acc_up = tl.zeros([RB, BN], dtype=ACC)
+    acc, acc_up = _collect(acc, acc_up, a0, u0, 0, RB, GATE_UP)
+    if N_ROWS > 1:
+        acc, acc_up = _collect(acc, acc_up, a1, u1, 1, RB, GATE_UP)
+    if N_ROWS > 2:
+        acc, acc_up = _collect(acc, acc_up, a2, u2, 2, RB, GATE_UP)
+    if N_ROWS > 3:
+        acc, acc_up = _collect(acc, acc_up, a3, u3, 3, RB, GATE_UP)
+    if SPLIT == 1:
+        if NORM and not EARLY_X:
+            xs = _x_rows(x_ptr, x_stride, K, N_ROWS, RB, KP, ACC)
+        ss = tl.sum(xs * xs, axis=1)
+        _finish(acc, acc_up, ss, pid, N, K, eps, bias_ptr, res_ptr, res_stride, out_ptr, best_ptr,
+                best_idx_ptr, N_ROWS, RB, BN, NORM, GATE_UP, HAS_BIAS, RESIDUAL, ARGMAX, ACC)  # fmt: skip
+    else:
+        rows = tl.arange(0, RB)
+        part = ws_ptr + ((sid * N_ROWS + rows) * 2 * N)[:, None] + o_n[None, :]
+        m = (rows < N_ROWS)[:, None] & (o_n < N)[None, :]
+        tl.store(part, acc, mask=m)
+        if GATE_UP:
+            tl.store(part + N, acc_up, mask=m)
+
+
+@triton.jit
+def _split_reduce_kernel(x_ptr, x_stride, ws_ptr, eps, N, K, bias_ptr, res_ptr, res_stride, out_ptr,
+                         best_ptr, best_idx_ptr, N_ROWS: tl.constexpr, RB: tl.constexpr, BN: tl.constexpr,
+                         KP: tl.constexpr, SPLIT: tl.constexpr, NORM: tl.constexpr, GATE_UP: tl.constexpr,
+                         HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr, ARGMAX: tl.constexpr,
+                         ACC: tl.constexpr):  # fmt: skip
+    """Output columns pid * BN .. + BN: the SPLIT slices' partial sums added in slice order, then the
+    epilogue (:func:`_finish`; NORM: the sum of squares from x itself)."""
+    pid = tl.program_id(0)
+    o_n = pid * BN + tl.arange(0, BN)
+    rows = tl.arange(0, RB)
+    m = (rows < N_ROWS)[:, None] & (o_n < N)[None, :]
+    acc = tl.zeros([RB, BN], dtype=ACC)
+    acc_up = tl.zeros([RB, BN], dtype=ACC)
+    for s in tl.static_range(SPLIT):
+        part = ws_ptr + ((s * N_ROWS + rows) * 2 * N)[:, None] + o_n[None, :]
+        acc += tl.load(part, mask=m, other=0.0).to(ACC)
+        if GATE_UP:
+            acc_up += tl.load(part + N, mask=m, other=0.0).to(ACC)
+    ss = tl.zeros([RB], dtype=ACC)
+    if NORM:
+        xs = _x_rows(x_ptr, x_stride, K, N_ROWS, RB, KP, ACC)
+        ss = tl.sum(xs * xs, axis=1)
+    _finish(acc, acc_up, ss, pid, N, K, eps, bias_ptr, res_ptr, res_stride, out_ptr, best_ptr,
+            best_idx_ptr, N_ROWS, RB, BN, NORM, GATE_UP, HAS_BIAS, RESIDUAL, ARGMAX, ACC)  # fmt: skip
+
+
+# ----------------------------------------------------------------------- the row-tiled variant (verify)
+
+
+@triton.jit
+def _rstd(x_ptr, x_stride, eps, rows, n_rows, K, RB: tl.constexpr, BK: tl.constexpr, ACC: tl.constexpr):
+    """1 / rms of the rows ``rows`` [RB] of x [n_rows, K] -> [RB] (rows past n_rows: 1 / sqrt(eps))."""
+    m_r = rows < n_rows
+    ss = tl.zeros([RB, BK], dtype=ACC)
+    for k0 in range(0, K, BK):
+        o_k = k0 + tl.arange(0, BK)
+        m = m_r[:, None] & (o_k < K)[None, :]
+        x = tl.load(x_ptr + rows[:, None] * x_stride + o_k[None, :], mask=m, other=0.0).to(ACC)
+        ss += x * x
+    return 1.0 / tl.sqrt(tl.sum(ss, axis=1) / K + eps)
+
+
+@triton.jit
+def _x_chunk(x_ptr, x_stride, scale_ptr, rstd, rows, k0, n_rows, K, BK: tl.constexpr, NORM: tl.constexpr,
+             ACC: tl.constexpr):  # fmt: skip
+    """Columns k0 .. k0 + BK of the rows ``rows`` of x [RB, BK] (normed and scaled with NORM), zero
+    outside."""
+    o_k = k0 + tl.arange(0, BK)
+    m_k = o_k < K
+    m = (rows < n_rows)[:, None] & m_k[None, :]
+    x = tl.load(x_ptr + rows[:, None] * x_stride + o_k[None, :], mask=m, other=0.0).to(ACC)
+    if NORM:
+        x = x * rstd[:, None] * tl.load(scale_ptr + o_k, mask=m_k, other=0.0).to(ACC)[None, :]
+    return x
+
+
+@triton.jit
+def _dot_tile(w_ptr, x, o_n, k0, N, K, BK: tl.constexpr, ACC: tl.constexpr, SPLIT: tl.constexpr,
+              UPCAST: tl.constexpr):  # fmt: skip
+    """x [RB, BK] (in ACC) times the weight rows o_n [BN], columns k0 .. k0 + BK -> [RB, BN] in ACC, one
+    tl.dot (RB, BN, BK >= 16): exact ("ieee") for float32 / float64 weights; half weights take x as hi +
+    lo in their dtype (SPLIT: two tensor-core dots, x kept to ~16 bits; else x as it is, e.g. an unnormed
+    half row: one dot), both accumulated in float32. UPCAST (the CPU interpreter, whose tl.dot misreads
+    bf16 operands): the half operands upcast to ACC first (the same products, exact)."""
+    o_k = k0 + tl.arange(0, BK)
+    m = (o_n < N)[:, None] & (o_k < K)[None, :]
+    w = tl.load(w_ptr + o_n[:, None] * K + o_k[None, :], mask=m, other=0.0)
+    wt = tl.trans(w)  # [BK, BN]
+    if w.dtype == tl.float32 or w.dtype == tl.float64:
+        acc = tl.dot(x, wt.to(ACC), input_precision="ieee", out_dtype=ACC)
+    else:
+        hi = x.to(w.dtype)
+        if UPCAST:
+            wt = wt.to(ACC)
+        acc = tl.dot(hi.to(wt.dtype), wt, out_dtype=ACC)
+        if SPLIT:
+            lo = (x - hi.to(ACC)).to(w.dtype)
+            acc += tl.dot(lo.to(wt.dtype), wt, out_dtype=ACC)
+    return acc
+
+
+@triton.jit
+def _rows_kernel(
+    x_ptr,
+    x_stride,
+    scale_ptr,
+    w_ptr,
+    bias_ptr,
+    res_ptr,
+    res_stride,
+    out_ptr,
     eps,
     n_rows,
-    N: tl.constexpr,
-    K: tl.constexpr,
+    N,
+    K,
     RB: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
@@ -126,42 +476,28 @@ def _gemv_kernel(
     GATE_UP: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     RESIDUAL: tl.constexpr,
-    ARGMAX: tl.constexpr,
     ACC: tl.constexpr,
-    DOT: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
-    """Output columns pid(0) * BN .. + BN of rows pid(1) * RB .. + RB. GATE_UP: W is [2 N, K] = [gate; up]
-    and the output is SiLU(x W_gate^T) * (x W_up^T); else out = x W^T (+ bias) (+ residual). DOT: the
-    row-tiled variant (tl.dot tiles, :func:`_tile_dot`). ARGMAX (one row): also the block's largest
-    output as stored (the first on ties) and its column, into best / best_idx [pid(0)]."""
+    """Output columns pid(0) * BN .. + BN of rows pid(1) * RB .. + RB (row-tiled: tl.dot tiles,
+    :func:`_dot_tile`; x normed before the dots), then :func:`_finish` on the row block."""
     pid = tl.program_id(0)
+    row0 = tl.program_id(1) * RB
     o_n = pid * BN + tl.arange(0, BN)
-    rows = tl.program_id(1) * RB + tl.arange(0, RB)
+    rows = row0 + tl.arange(0, RB)
     rstd = tl.zeros([RB], dtype=ACC)
     if NORM:
-        rstd = _rstd(x_ptr, x_stride, eps, rows, n_rows, RB, K, BK, ACC)
+        rstd = _rstd(x_ptr, x_stride, eps, rows, n_rows, K, RB, BK, ACC)
     acc = tl.zeros([RB, BN], dtype=ACC)
     acc_up = tl.zeros([RB, BN], dtype=ACC)
     for k0 in range(0, K, BK):
         x = _x_chunk(x_ptr, x_stride, scale_ptr, rstd, rows, k0, n_rows, K, BK, NORM, ACC)
-        acc += _tile_dot(w_ptr, x, o_n, k0, N, K, BK, ACC, DOT, NORM, UPCAST)
+        acc += _dot_tile(w_ptr, x, o_n, k0, N, K, BK, ACC, NORM, UPCAST)
         if GATE_UP:
-            acc_up += _tile_dot(w_ptr + N * K, x, o_n, k0, N, K, BK, ACC, DOT, NORM, UPCAST)
-    m_n = o_n < N
-    m = (rows < n_rows)[:, None] & m_n[None, :]
-    if GATE_UP:
-        acc = silu(acc) * acc_up
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + o_n, mask=m_n, other=0.0).to(ACC)[None, :]
-    if RESIDUAL:
-        acc += tl.load(res_ptr + rows[:, None] * res_stride + o_n[None, :], mask=m, other=0.0).to(ACC)
-    tl.store(out_ptr + rows[:, None] * N + o_n[None, :], round_to(acc, out_ptr), mask=m)
-    if ARGMAX:
-        y = tl.sum(round_to(acc, out_ptr).to(ACC), axis=0)  # RB = 1: row 0 as stored
-        y = tl.where(m_n, y, float("-inf"))
-        tl.store(best_ptr + pid, tl.max(y, axis=0))
-        tl.store(best_idx_ptr + pid, pid * BN + tl.argmax(y, axis=0, tie_break_left=True))
+            acc_up += _dot_tile(w_ptr + N * K, x, o_n, k0, N, K, BK, ACC, NORM, UPCAST)
+    _finish(acc, acc_up, rstd, pid, N, K, eps, bias_ptr, res_ptr + row0 * res_stride, res_stride,
+            out_ptr + row0 * N, out_ptr, out_ptr, n_rows - row0, RB, BN, False, GATE_UP, HAS_BIAS, RESIDUAL,
+            False, ACC)  # fmt: skip
 
 
 @triton.jit
@@ -180,23 +516,30 @@ def _argmax_reduce_kernel(best_ptr, best_idx_ptr, pick_ptr, len_ptr, max_len, P:
         tl.store(len_ptr, tl.minimum(length + 1, max_len))
 
 
-def _default_block_n(rows_out: int) -> int:
-    """About 512 programs (2-4 per SM on an H200) within 4..64 rows each; in the CPU interpreter, which
-    runs programs one by one, as few programs as possible."""
-    if interpreting():
-        return min(64, pow2(rows_out))
-    return max(4, min(64, pow2(rows_out // 512 + 1) // 2))
+# ------------------------------------------------------------------------------------------- launches
 
 
-def _row_tiles(
-    n: int, rows_out: int, k: int, half: bool, block_m: int | None, block_n: int | None, block_k: int | None
+def _epilogue_blocks(cfg: GemvConfig, rows_out: int) -> tuple[int, int]:
+    """(columns per epilogue program, epilogue programs): the GEMV's own blocks, or the split reduce's."""
+    bn = cfg.block_n if cfg.split_k == 1 else min(REDUCE_BLOCK, pow2(rows_out))
+    return bn, triton.cdiv(rows_out, bn)
+
+
+def row_tiles(
+    n: int,
+    rows_out: int,
+    k: int,
+    half: bool,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    block_k: int | None = None,
 ) -> tuple[int, int, int, int]:
     """(BM, BN, BK, warps) of the row-tiled variant, each tile a power of two >= 16 (tl.dot's smallest):
     BM up to 64 rows (one row block for T <= 64: every weight read once), BN for about 256 programs (2 per
     SM on an H200) within 16..64 (the interpreter: as few programs as possible), BK 64 (half) or 32
     (float32 / float64) columns; 8 warps for 64-row blocks, else 4 (64-row blocks on 4 warps reach sm_90's
     255-register cap; the defaults compile without spills at the tiny-qwen35 and GDN-1.3B matrices:
-    tests/gdn/test_triton_linear.py). Untuned guesses; ``block_*`` and ``num_warps`` override them."""
+    tests/gdn/test_triton_linear_rows.py). Untuned guesses; ``block_*`` override them."""
     bm = max(16, pow2(block_m or min(64, n)))
     if interpreting():
         default_n = min(64, pow2(rows_out))
@@ -207,38 +550,47 @@ def _row_tiles(
     return bm, bn, bk, 8 if bm >= 64 else 4
 
 
-def tiles(
-    n: int,
+def _launch_rows(
+    kind: str,
+    x: torch.Tensor,
+    weight: torch.Tensor,
     rows_out: int,
-    k: int,
-    half: bool,
+    out: torch.Tensor,
+    norm: tuple[torch.Tensor, float] | None,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor | None,
     block_m: int | None = None,
     block_n: int | None = None,
     block_k: int | None = None,
-) -> tuple[int, int, int, int]:
-    """(rows per program, BN, BK, warps) of a launch on ``n`` rows of x [n, k] and ``rows_out`` outputs:
-    the GEMV variant's for n <= :data:`MAX_ROWS` (every row, [BN, BK] tiles of <= 4096 weights: registers,
-    4 warps), else :func:`_row_tiles`."""
-    if n > MAX_ROWS:
-        return _row_tiles(n, rows_out, k, half, block_m, block_n, block_k)
-    bn = pow2(block_n or _default_block_n(rows_out))
-    return pow2(n), bn, pow2(min(block_k or max(128, 4096 // bn), k)), 4
+    num_warps: int | None = None,
+) -> torch.Tensor:
+    """The row-tiled variant's launch (n > :data:`MAX_ROWS` rows of x) into ``out``."""
+    n, k = x.shape
+    half = x.dtype in (torch.bfloat16, torch.float16)
+    rb, bn, bk, warps = row_tiles(n, rows_out, k, half, block_m, block_n, block_k)
+    scale, eps = norm if norm is not None else (x, 0.0)
+    _rows_kernel[(triton.cdiv(rows_out, bn), triton.cdiv(n, rb))](
+        x, x.stride(0), scale, weight, bias if bias is not None else x,
+        residual if residual is not None else x, residual.stride(0) if residual is not None else 0,
+        out, float(eps), n, rows_out, k, RB=rb, BN=bn, BK=bk, NORM=norm is not None,
+        GATE_UP=kind == "norm_gate_up", HAS_BIAS=bias is not None, RESIDUAL=residual is not None,
+        ACC=acc_dtype(x.dtype), UPCAST=half and interpreting(), num_warps=num_warps or warps,
+    )  # fmt: skip
+    return out
 
 
 def _launch(
+    kind: str,
     x: torch.Tensor,
     weight: torch.Tensor,
     rows_out: int,
     *,
     norm: tuple[torch.Tensor, float] | None = None,
-    gate_up: bool = False,
     bias: torch.Tensor | None = None,
     residual: torch.Tensor | None = None,
     best: tuple[torch.Tensor, torch.Tensor] | None = None,
-    block_m: int | None = None,
-    block_n: int | None = None,
-    block_k: int | None = None,
-    num_warps: int | None = None,
+    cfg: GemvConfig | None = None,
+    **blocks: int,
 ) -> torch.Tensor:
     if x.dim() != 2 or not 1 <= x.shape[0] <= MAX_VERIFY_ROWS:
         raise ConfigError(
@@ -251,22 +603,48 @@ def _launch(
         x = x.contiguous()
     if not weight.is_contiguous():
         raise ConfigError("the GEMV kernels read a row-major (contiguous) weight")
+    if weight.numel() >= 2**31:
+        raise ConfigError(f"weight {tuple(weight.shape)} has 2^31 or more elements (int32 offsets)")
     if residual is not None and (residual.shape != (n, rows_out) or residual.stride(-1) != 1):
         raise ConfigError(f"residual must be a row-major [{n}, {rows_out}], got {tuple(residual.shape)}")
-    half = x.dtype in (torch.bfloat16, torch.float16)
-    tiled = n > MAX_ROWS
-    rb, bn, bk, warps = tiles(n, rows_out, k, half, block_m, block_n, block_k)
+    if n > MAX_ROWS:
+        if best is not None:
+            raise ConfigError(f"the argmax kernel takes one row, got {n}")
+        unknown = set(blocks) - {"block_m", "block_n", "block_k", "num_warps"}
+        if unknown:
+            raise ConfigError(f"unknown row-tiled launch options {sorted(unknown)}")
+        out = torch.empty(n, rows_out, dtype=x.dtype, device=x.device)
+        return _launch_rows(kind, x, weight, rows_out, out, norm, bias, residual, **blocks)
+    cfg = cfg or select_config(kind, rows_out, k, n, x.device, **blocks)
+    bn, bk, split = cfg.block_n, cfg.block_k, cfg.split_k
+    k_slice = _k_slice(k, bk, split)
+    kp = pow2(k) if norm is not None else 1  # the norm reads x's rows whole: before the K loop if that
+    early_x = kp * n <= 512 * cfg.num_warps  # costs <= 16 elements a thread through it, else after it
     out = torch.empty(n, rows_out, dtype=x.dtype, device=x.device)
     scale, eps = norm if norm is not None else (x, 0.0)
     best_val, best_idx = best if best is not None else (x, x)
-    _gemv_kernel[(triton.cdiv(rows_out, bn), triton.cdiv(n, rb))](
-        x, x.stride(0), scale, weight, bias if bias is not None else x,
-        residual if residual is not None else x, residual.stride(0) if residual is not None else 0,
-        out, best_val, best_idx, float(eps), n, N=rows_out, K=k, RB=rb, BN=bn, BK=bk,
-        NORM=norm is not None, GATE_UP=gate_up, HAS_BIAS=bias is not None, RESIDUAL=residual is not None,
-        ARGMAX=best is not None, ACC=acc_dtype(x.dtype), DOT=tiled, UPCAST=tiled and half and interpreting(),
-        num_warps=num_warps or warps,
+    ws = x
+    if split > 1:
+        ws = torch.empty(split, n, 2 * rows_out, dtype=_acc_torch_dtype(x.dtype), device=x.device)
+    flags = dict(
+        NORM=norm is not None, GATE_UP=kind == "norm_gate_up", HAS_BIAS=bias is not None,
+        RESIDUAL=residual is not None, ARGMAX=best is not None, ACC=acc_dtype(x.dtype),
     )  # fmt: skip
+    bias_, res_ = bias if bias is not None else x, residual if residual is not None else x
+    res_stride = residual.stride(0) if residual is not None else 0
+    _gemv_kernel[(triton.cdiv(rows_out, bn), split)](
+        x, x.stride(0), scale, weight, bias_, res_, res_stride, out, best_val, best_idx, ws, float(eps),
+        rows_out, k, k_slice, N_ROWS=n, RB=pow2(n), BN=bn, BK=bk, KP=kp, EARLY_X=early_x,
+        SPLIT=split, EVEN_K=k % bk == 0,
+        **flags, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    if split > 1:
+        rbn, parts = _epilogue_blocks(cfg, rows_out)
+        _split_reduce_kernel[(parts,)](
+            x, x.stride(0), ws, float(eps), rows_out, k, bias_, res_, res_stride, out, best_val, best_idx,
+            N_ROWS=n, RB=pow2(n), BN=rbn, KP=kp, SPLIT=split, **flags,
+            num_warps=4 if kp * pow2(n) <= 2048 else 8,
+        )  # fmt: skip
     return out
 
 
@@ -281,20 +659,21 @@ def norm_linear(
     """``rms_norm(x, norm_scale, eps) @ weight^T (+ bias)`` for x [n, K] (n <= :data:`MAX_VERIFY_ROWS`;
     row-tiled above :data:`MAX_ROWS`), weight [N, K] -> [n, N].
 
-    ``blocks``: block_m (row-tiled), block_n, block_k, num_warps (untuned defaults).
+    ``blocks``: GemvConfig fields overriding :func:`select_config`'s choice (n <= 4); block_m, block_n,
+    block_k, num_warps overriding :func:`row_tiles` (more rows).
     """
-    return _launch(x, weight, weight.shape[0], norm=(norm_scale, eps), bias=bias, **blocks)
+    return _launch("norm_linear", x, weight, weight.shape[0], norm=(norm_scale, eps), bias=bias, **blocks)
 
 
 def norm_gate_up(
     x: torch.Tensor, norm_scale: torch.Tensor, eps: float, gate_up: torch.Tensor, **blocks: int
 ) -> torch.Tensor:
     """``SiLU(g) * u`` with ``[g; u] = rms_norm(x, norm_scale, eps) @ gate_up^T``; gate_up [2 I, K] is
-    cat(gate_proj, up_proj) -> [n, I]. ``blocks``: block_m (row-tiled), block_n (columns of g and of u per
-    program), block_k, num_warps (untuned defaults)."""
+    cat(gate_proj, up_proj) -> [n, I]. ``blocks``: GemvConfig fields (block_n: rows of g and of u per
+    program)."""
     if gate_up.shape[0] % 2:
         raise ConfigError(f"gate_up must stack gate and up projections [2 I, K], got {tuple(gate_up.shape)}")
-    return _launch(x, gate_up, gate_up.shape[0] // 2, norm=(norm_scale, eps), gate_up=True, **blocks)
+    return _launch("norm_gate_up", x, gate_up, gate_up.shape[0] // 2, norm=(norm_scale, eps), **blocks)
 
 
 def linear_residual(
@@ -305,9 +684,8 @@ def linear_residual(
     **blocks: int,
 ) -> torch.Tensor:
     """``residual + x @ weight^T (+ bias)`` for x [n, K] (n <= :data:`MAX_VERIFY_ROWS`), weight [N, K],
-    residual [n, N] -> [n, N] in x's dtype. ``blocks``: block_m (row-tiled), block_n, block_k, num_warps
-    (untuned defaults)."""
-    return _launch(x, weight, weight.shape[0], residual=residual, bias=bias, **blocks)
+    residual [n, N] -> [n, N] in x's dtype. ``blocks``: as :func:`norm_linear`'s."""
+    return _launch("linear_residual", x, weight, weight.shape[0], residual=residual, bias=bias, **blocks)
 
 
 def norm_linear_argmax(
@@ -321,20 +699,21 @@ def norm_linear_argmax(
     **blocks: int,
 ) -> torch.Tensor:
     """:func:`norm_linear` of one row (the LM head), and its argmax (the first on ties, of the logits as
-    returned) into ``pick`` [1] int64, in two launches: the GEMV writes each block's maximum, a one-program
-    reduce picks among them. ``advance`` = (length [1] int64, max_len): the reduce also moves the decode
-    step's counter on, ``length = min(length + 1, max_len)``. Returns the logits [1, N]."""
+    returned) into ``pick`` [1] int64, in two launches (three with split-K): the GEMV writes each block's
+    maximum, a one-program reduce picks among them. ``advance`` = (length [1] int64, max_len): the reduce
+    also moves the decode step's counter on, ``length = min(length + 1, max_len)``. Returns the logits
+    [1, N]."""
     if x.shape[0] != 1:
         raise ConfigError(f"norm_linear_argmax takes one row, got shape {tuple(x.shape)}")
     rows_out = weight.shape[0]
-    bn = pow2(blocks.get("block_n") or _default_block_n(rows_out))
-    parts = triton.cdiv(rows_out, bn)
+    cfg = select_config("norm_linear_argmax", rows_out, x.shape[1], 1, x.device, **blocks)
+    parts = _epilogue_blocks(cfg, rows_out)[1]
     best = (
         torch.empty(parts, dtype=_acc_torch_dtype(x.dtype), device=x.device),
         torch.empty(parts, dtype=torch.long, device=x.device),
     )
     logits = _launch(
-        x, weight, rows_out, norm=(norm_scale, eps), bias=bias, best=best, **{**blocks, "block_n": bn}
+        "norm_linear_argmax", x, weight, rows_out, norm=(norm_scale, eps), bias=bias, best=best, cfg=cfg
     )
     length, max_len = advance if advance is not None else (pick, 0)
     _argmax_reduce_kernel[(1,)](

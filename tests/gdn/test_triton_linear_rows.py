@@ -1,0 +1,254 @@
+"""The row-tiled (verify) variant of the fused linears (repro.gdn.triton_linear, n > 4 rows) vs torch.
+
+Every case draws x [n, K], the norm scale, the weights and the residual, runs one kernel and the torch
+composition it replaces (``rms_norm`` of repro.models.layers, ``F.linear``, ``F.silu``) in float64 on
+the same (upcast) inputs, and reports ||y - ref|| / ||ref||. Arithmetic in the kernels is float32
+(float64 for float64 data, which agrees to rounding), so float32 outputs agree to ~1e-6; bf16 outputs
+carry one rounding to bf16: at most 2^-9 relative per element with the GPU's round-to-nearest-even, 2^-8
+in Triton's interpreter, whose float32 -> bf16 cast truncates (checked: every interpreted bf16 output
+equals the truncated float32 result), hence 5e-3.
+
+- interpreter tests (CPU): N and K that are not multiples of the blocks (N = 37, K = 45, tiles 16 x 16 x 16
+  and the defaults), n = 5, 17, 33, 64 rows (verify slots), float64, float32 and bf16, and the bf16
+  outputs' single rounding, run by Triton's interpreter in one subprocess (TRITON_INTERPRET=1, this file
+  as a script) that prints every case's errors as JSON (the GEMV variant: test_triton_linear.py).
+- GPU tests (``gpu``): the GDN-1.3B matrices (in_proj [8208, 2048], out_proj [2048, 2048], gate|up
+  [11264, 2048], down [2048, 5632], lm_head [32000, 2048]) in bf16 with the default tiles on CUDA, at 33
+  and 100 rows.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import run_in_interpreter
+
+DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
+TOL = {"float64": 1e-13, "float32": 2e-6, "bfloat16": 5e-3}
+ROUNDED_ONCE = 0.02  # bf16: at most this fraction of outputs off the exact result rounded once
+# block_m: rows per program of the row-tiled variant (n > 4; its tiles are at least 16 wide: 16 x 16 x 16)
+TINY = {"n": 37, "k": 45, "inter": 19, "blocks": {"block_m": 16, "block_n": 8, "block_k": 16}}
+ROWS = (5, 17, 33, 64)  # one row block, 2, 3 and 4 of 16
+# GDN-1.3B decode matmuls: (kernel, N (I for gate|up), K)
+REAL = [
+    ("norm_linear", 8208, 2048),  # input norm + stacked in_proj
+    ("linear_residual", 2048, 2048),  # out_proj + residual
+    ("norm_gate_up", 5632, 2048),  # post norm + stacked gate|up + SiLU * up
+    ("linear_residual", 2048, 5632),  # down_proj + residual
+    ("norm_linear", 32000, 2048),  # final norm + lm_head
+]
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double().cpu(), b.double().cpu()
+    if not bool(torch.isfinite(a).all()):
+        return float("inf")
+    return float((a - b).norm() / b.norm().clamp_min(1e-300))
+
+
+def case(
+    kind: str, n_out: int, k: int, rows: int, dtype: torch.dtype, device: str, seed: int, **blocks
+) -> float:
+    """One kernel on random inputs vs its torch composition in float64."""
+    from repro.gdn import triton_linear as tlin
+    from repro.models.layers import rms_norm
+
+    gen = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape: int, s: float = 1.0, shift: float = 0.0) -> torch.Tensor:
+        return (shift + s * torch.randn(*shape, generator=gen)).to(device=device, dtype=dtype)
+
+    x, scale = rnd(rows, k, s=3.0), rnd(k, s=0.2, shift=1.0)
+    h = rms_norm(x.double(), scale.double(), 1e-6)
+    if kind == "norm_gate_up":
+        w = rnd(2 * n_out, k, s=k**-0.5)
+        gu = F.linear(h, w.double())
+        return rel(tlin.norm_gate_up(x, scale, 1e-6, w, **blocks), F.silu(gu[:, :n_out]) * gu[:, n_out:])
+    w, bias = rnd(n_out, k, s=k**-0.5), rnd(n_out, s=0.1)
+    if kind == "norm_linear":
+        return rel(tlin.norm_linear(x, scale, 1e-6, w, **blocks), F.linear(h, w.double()))
+    if kind == "norm_linear_bias":
+        return rel(
+            tlin.norm_linear(x, scale, 1e-6, w, bias, **blocks), F.linear(h, w.double(), bias.double())
+        )
+    residual = rnd(rows, n_out)
+    if kind == "linear_residual":
+        out = tlin.linear_residual(x, w, residual, **blocks)
+        return rel(out, residual.double() + F.linear(x.double(), w.double()))
+    out = tlin.linear_residual(x, w, residual, bias, **blocks)
+    return rel(out, residual.double() + F.linear(x.double(), w.double(), bias.double()))
+
+
+KINDS = ("norm_linear", "norm_linear_bias", "norm_gate_up", "linear_residual", "linear_residual_bias")
+
+
+def bf16_rounding(rows: int, seed: int) -> dict[str, float]:
+    """Fractions of bf16 outputs that differ from the exact (float64) result rounded once to bf16 as this
+    build rounds (the interpreter truncates, the GPU rounds to nearest even): ``kernel``, norm_linear's
+    (its normed row is not rounded to bf16 before the matmul; the row-tiled variant splits it into hi +
+    lo bf16 parts), so only the rare outputs within float32 error of a bf16 boundary differ; and
+    ``row_rounded``, the same matmul of the normed row rounded to bf16 first (what the bound must catch)."""
+    from repro.gdn import triton_linear as tlin
+    from repro.gdn.triton_common import interpreting
+    from repro.models.layers import rms_norm
+
+    def once(y: torch.Tensor) -> torch.Tensor:
+        y = y.float()
+        return (
+            (y.view(torch.int32) & -65536).view(torch.float32).bfloat16() if interpreting() else y.bfloat16()
+        )
+
+    gen = torch.Generator().manual_seed(seed)
+    x = (3 * torch.randn(rows, 45, generator=gen)).bfloat16()
+    scale = (1 + 0.2 * torch.randn(45, generator=gen)).bfloat16()
+    w = (torch.randn(37, 45, generator=gen) * 45**-0.5).bfloat16()
+    h = rms_norm(x.double(), scale.double(), 1e-6)
+    exact = once(F.linear(h, w.double()))
+    got = tlin.norm_linear(x, scale, 1e-6, w, **TINY["blocks"])
+    rounded = once(F.linear(once(h).double(), w.double()))
+    return {
+        "kernel": float((got != exact).float().mean()),
+        "row_rounded": float((rounded != exact).float().mean()),
+    }
+
+
+def tiny_cases() -> dict[str, float]:
+    out = {}
+    for dt in DTYPES:
+        for rows in ROWS:
+            for kind in KINDS:
+                n_out = TINY["inter"] if kind == "norm_gate_up" else TINY["n"]
+                out[f"{kind}/n{rows}/{dt}"] = case(
+                    kind, n_out, TINY["k"], rows, DTYPES[dt], "cpu", rows, **TINY["blocks"]
+                )
+            out[f"norm_gate_up/n{rows}/default_blocks/{dt}"] = case(
+                "norm_gate_up", TINY["inter"], TINY["k"], rows, DTYPES[dt], "cpu", 7
+            )
+    return out
+
+
+def check(results: dict[str, float]) -> list[str]:
+    """Every error over its dtype's bound (NaN included): an empty list passes."""
+    return [f"{c}: {e:.2e}" for c, e in results.items() if not e <= TOL[c.rsplit("/", 1)[1]]]
+
+
+@pytest.fixture(scope="module")
+def interpreted() -> dict[str, dict]:
+    return run_in_interpreter(__file__)
+
+
+def test_kernels_match_torch_in_the_interpreter(interpreted):
+    """norm_linear (with and without bias), norm_gate_up, linear_residual (with and without bias) at
+    N = 37, K = 45, n = 5, 17, 33, 64 (16 x 16 x 16 tiles, 1-4 row blocks, masked edges everywhere),
+    float64, float32, bf16; norm_gate_up also with the default tiles."""
+    cases = interpreted["cases"]
+    assert len(cases) == len(DTYPES) * len(ROWS) * (len(KINDS) + 1)
+    assert check(cases) == []
+    assert max(e for c, e in cases.items() if c.endswith("float64")) < 1e-14
+    assert max(e for c, e in cases.items() if c.endswith("float32")) < 1e-6
+    assert min(e for c, e in cases.items() if c.endswith("bfloat16")) > 1e-4  # rounded to bf16
+
+
+def test_bf16_outputs_are_rounded_once(interpreted):
+    """n = 5 and 64: the bf16 output is the exact result rounded once, but for rare
+    outputs at a rounding boundary; rounding the normed row to bf16 first would miss the bound."""
+    for rows, frac in interpreted["rounding"].items():
+        assert frac["kernel"] <= ROUNDED_ONCE < frac["row_rounded"], (rows, frac)
+
+
+def test_check_flags_errors_over_their_bounds():
+    assert check({"a/n1/float32": 3e-6, "b/n1/bfloat16": 4e-3, "c/n3/float32": float("nan")}) == [
+        "a/n1/float32: 3.00e-06",
+        "c/n3/float32: nan",
+    ]
+
+
+# what an H200 compiles with the default tiles: (dtype, N (I for gate|up), K, rows of x, flags); the
+# tiny-qwen35 matrices (in_proj 584 x 192, gate|up, LM head 4096 x 192) and the GDN-1.3B ones (REAL)
+SM90_CASES = {
+    "tiny_in_proj_t16": ("bf16", 584, 192, 16, {"NORM": True}),
+    "tiny_gate_up_t33": ("bf16", 384, 192, 33, {"NORM": True, "GATE_UP": True}),
+    "tiny_head_t64": ("bf16", 4096, 192, 64, {"NORM": True}),
+    "tiny_fp32_gate_up_t33": ("fp32", 384, 192, 33, {"NORM": True, "GATE_UP": True}),
+    "1p3b_in_proj_t64": ("bf16", 12304, 2048, 64, {"NORM": True}),
+    "1p3b_gate_up_t64": ("bf16", 5632, 2048, 64, {"NORM": True, "GATE_UP": True}),
+    "1p3b_down_residual_bias_t100": ("bf16", 2048, 5632, 100, {"RESIDUAL": True, "HAS_BIAS": True}),
+    "1p3b_head_t64": ("bf16", 32000, 2048, 64, {"NORM": True}),
+}
+
+
+def compile_for_sm90(dtype: str, n: int, k: int, rows: int, flags: dict[str, bool]) -> dict[str, object]:
+    """The row-tiled kernel with the default tiles (repro.gdn.triton_linear.row_tiles) compiled for sm_90 on
+    this machine (no GPU needed: Triton's own ptxas): whether the PTX uses the tensor cores, the spill bytes
+    ptxas reports."""
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas
+    from triton.compiler import ASTSource
+
+    from repro.gdn.triton_linear import _rows_kernel, row_tiles
+
+    rb, bn, bk, warps = row_tiles(rows, n, k, dtype == "bf16")
+    ptr = f"*{dtype}"
+    sig = dict.fromkeys(("x_ptr", "scale_ptr", "w_ptr", "bias_ptr", "res_ptr", "out_ptr"), ptr)
+    sig.update(x_stride="i32", res_stride="i32", eps="fp32", n_rows="i32", N="i32", K="i32")
+    consts = {"RB": rb, "BN": bn, "BK": bk, "ACC": tl.float32, "UPCAST": False}
+    for flag in ("NORM", "GATE_UP", "HAS_BIAS", "RESIDUAL"):
+        consts[flag] = flags.get(flag, False)
+    names = _rows_kernel.arg_names
+    sig.update(dict.fromkeys(consts, "constexpr"))
+    src = ASTSource(
+        _rows_kernel, {a: sig[a] for a in names}, {(names.index(a),): v for a, v in consts.items()}
+    )
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm["ptx"]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = f"{tmp}/k.ptx"
+        with open(path, "w") as f:
+            f.write(ptx)
+        cmd = [get_ptxas(90).path, "-arch=sm_90a", "-v", path, "-o", f"{tmp}/k.cubin"]
+        log = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
+    spills = sum(int(b) for b in re.findall(r"(\d+) bytes spill stores", log))
+    return {"mma": "mma" in ptx, "spills": spills}
+
+
+def test_kernels_compile_for_the_h200():
+    """The interpreter does not check what only the compiler does (tl.dot tile sizes and dtypes, constexpr
+    branches, registers): every case compiles for sm_90 here with its default tiles, without spills, the
+    bf16 ones on the tensor cores (mma), float32 on exact FMA dots."""
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    for name, case in SM90_CASES.items():
+        got = compile_for_sm90(*case)
+        assert got == {"mma": case[0] == "bf16", "spills": 0}, (name, got)
+
+
+# ---------------------------------------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("rows", [33, 100])
+def test_gpu_kernels_at_the_1p3b_shapes(rows):
+    """The five matmuls of GDN-1.3B in bf16 (default tiles) vs torch in float64 at verify sizes: 33 rows
+    (one block of 64) and 100 (two)."""
+    results = {
+        f"{kind}/{n}x{k}/n{rows}/bfloat16": case(kind, n, k, rows, torch.bfloat16, "cuda", i)
+        for i, (kind, n, k) in enumerate(REAL)
+    }
+    print(json.dumps(results, indent=1))
+    assert check(results) == []
+
+
+if __name__ == "__main__" and "--interpret" in sys.argv:
+    import repro.gdn.triton_common  # noqa: F401 - the interpreter's NumPy patch
+
+    torch.set_num_threads(1)
+    print(json.dumps({"cases": tiny_cases(), "rounding": {n: bf16_rounding(n, n) for n in (5, 64)}}))
