@@ -24,7 +24,9 @@ rows only, for the plumbing), after one prefill of ``context`` random tokens thr
   :mod:`repro.gdn.triton_decode` where the decoder uses the triton kernels) vs the graph of the unfused
   glue (``static_graph_unfused``, same run: the fusion's speedup is the ratio of the two rows) vs the
   graph of the fused decoder with its matmuls on the GEMV kernels of :mod:`repro.gdn.triton_linear`
-  (``static_graph_gemv``, CUDA only: norms, SiLU * up and residuals fused into the matmuls) vs the
+  (``static_graph_gemv``, CUDA only: norms, SiLU * up and residuals fused into the matmuls;
+  ``static_graph_gemv_core``: the same around the separate decode core instead of the fused decode layer
+  kernel) vs the
   eager static step vs HybridLM's own per-sequence verify+commit; floor = (weights read once + GDN
   state read/write + KV read) / copy bw.
 - ``verify``: verify latency vs tree size T (best-first draft trees, :func:`repro.bench.shapes.draft_tree`),
@@ -475,6 +477,10 @@ class ShapeBench:
             dec = StaticDecoder(self.model, self.cfg.context + 256, 1, fused=False)
         elif method == "static_graph_gemv":  # the same, the fused decoder with the GEMV kernels
             dec = StaticDecoder(self.model, self.cfg.context + 256, 1, fused=True, gemv=True)
+        elif method == "static_graph_gemv_core":  # the GEMV kernels around the separate decode core
+            dec = StaticDecoder(
+                self.model, self.cfg.context + 256, 1, fused=True, gemv=True, fuse_decode=False
+            )
         else:
             dec = self._decoder(compiled)
         dec.load(self.state0)
@@ -709,7 +715,7 @@ def plan(cfg: ModelBenchConfig, compiled: bool = False, gemv: bool = False) -> l
     s = cfg.step_nodes
     rows = [RowSpec("decode", "static_graph", 1, True), RowSpec("decode", "static_graph_unfused", 1, True)]
     if gemv:
-        rows.append(RowSpec("decode", "static_graph_gemv", 1, True))
+        rows += [RowSpec("decode", m, 1, True) for m in ("static_graph_gemv", "static_graph_gemv_core")]
     rows += [RowSpec("verify", "static_graph", s, True)]
     rows += [RowSpec("verify", "static_graph", t, True) for t in cfg.sizes if t != s]
     steps = ["verify_snapshots", "accept_graph", "commit_replay", "commit_closed_form", "commit_snapshot"]
@@ -1176,7 +1182,9 @@ DEFINITIONS = """\
   for *_graph rows one CUDA-graph replay of the static decoder's step (static_graph_unfused: the
   decoder with fused=False, the torch glue of repro.models.static around the GDN cores;
   static_graph_gemv: the fused decoder with gemv=True, its decode matmuls on repro.gdn.triton_linear's
-  GEMV kernels with the norms, SiLU * up and residual adds fused in), for *_eager
+  GEMV kernels with the norms, SiLU * up and residual adds fused in, and the fused decode layer kernel;
+  static_graph_gemv_core: the same GEMV kernels around the separate decode core, fuse_decode=False), for
+  *_eager
   rows the same step run op by op from Python, for hybrid_* rows HybridLM's per-sequence
   verify/commit (the harness's current path). CPU runs: a perf_counter loop (plumbing only).
 - rel_err: ||logits - HybridLM's|| / ||HybridLM's|| on the same prefilled state and tree (HybridLM

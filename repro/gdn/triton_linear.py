@@ -97,7 +97,22 @@ class GemvConfig:
 
 
 ConfigKey = tuple[str, int, int]  # (kind, N: output columns (I for gate|up), K)
-TUNED: dict[ConfigKey, GemvConfig] = {}  # measured on an H200 (scripts/gpu/gemv-tune.py); empty: heuristic
+# the fastest configuration of each decode matrix of the paper shapes in scripts/gpu/gemv-tune.py's sweep on
+# an H200 (results/2026-12-01-h200-verify-glue/scripts/gemv-tune; us per call in a CUDA graph, % of the
+# measured copy bandwidth); other shapes: the heuristic
+TUNED: dict[ConfigKey, GemvConfig] = {
+    ("norm_linear", 8208, 2048): GemvConfig(32, 256, 8, 1, 1),  # gdn-1.3b in_proj: 11.3 us, 70%
+    ("linear_residual", 2048, 2048): GemvConfig(4, 1024, 4, 1, 1),  # gdn-1.3b out_proj: 4.7 us, 42%
+    ("norm_gate_up", 5632, 2048): GemvConfig(16, 256, 8, 1, 1),  # gdn-1.3b gate|up: 13.7 us, 79%
+    ("linear_residual", 2048, 5632): GemvConfig(8, 1024, 16, 1, 1),  # gdn-1.3b down: 9.7 us, 56%
+    ("norm_linear_argmax", 32000, 2048): GemvConfig(32, 256, 8, 3, 1),  # gdn-1.3b lm_head: 38.6 us, 80%
+    ("norm_linear", 16480, 5120): GemvConfig(4, 1024, 4, 1, 1),  # qwen3.6-27b in_proj: 44.9 us, 88%
+    ("linear_residual", 5120, 6144): GemvConfig(16, 512, 8, 1, 1),  # qwen3.6-27b out_proj: 17.4 us, 85%
+    ("norm_gate_up", 17408, 5120): GemvConfig(2, 1024, 4, 1, 1),  # qwen3.6-27b gate|up: 89.5 us, 94%
+    ("linear_residual", 5120, 17408): GemvConfig(16, 512, 8, 1, 1),  # qwen3.6-27b down: 43.8 us, 96%
+    ("norm_linear", 14336, 5120): GemvConfig(16, 256, 4, 1, 1),  # qwen3.6-27b attn q|k|v: 39.2 us, 88%
+    ("norm_linear_argmax", 248320, 5120): GemvConfig(64, 128, 4, 1, 1),  # qwen3.6-27b lm_head: 611 us, 98%
+}
 _active: list[Mapping[ConfigKey, GemvConfig] | str] = []  # gemv_configs' stack
 
 
