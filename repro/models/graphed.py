@@ -65,6 +65,7 @@ from repro.models.static_chain import ChainSlot
 from repro.tree import MAX_TREE_NODES, DeviceTree, Tree
 
 SLOT_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+SMALL_WIDTH = 1024  # hidden sizes up to this take the fused decode layer and the row-tiled verify linears
 DEFAULT_MAX_LEN = 4096
 ENGINES = ("auto", "eager", "graphed")
 
@@ -170,13 +171,16 @@ class GraphedTarget:
             raise ConfigError("CUDA graphs need a CUDA device: the graphed engine runs eagerly elsewhere")
         gdn = [layer.linear_attn for layer in hybrid.model.layers if layer.layer_type == "linear_attention"]
         self.kernel = gdn[0].backend if gdn else None
-        # decode steps on the GEMV kernels (repro.models.static) where they measured faster on the H200:
-        # the tiny family (width 64: 321 vs 418 us per decode step, results/2026-12-01-h200-graphed-
-        # routes/timing.json), not the 1.3B (2048: 1.11x slower) or 27B shapes (5120: 2.2x slower,
-        # results/2026-11-30-h200-model-4); by default in half precision only, where greedy
-        # speculation is not exact anyway (float32 keeps cuBLAS: the GPU tests' float32 routes match AR)
-        low = hybrid.dtype in (torch.bfloat16, torch.float16) and hybrid.config.hidden_size <= 1024
-        self.gemv = (self.graphs and self.kernel == "triton" and low) if gemv is None else gemv
+        # decode matmuls on the tuned GEMV kernels (repro.gdn.triton_linear) in half precision, where greedy
+        # speculation is not exact anyway (float32 keeps cuBLAS: the GPU tests' float32 routes match AR):
+        # faster than cuBLAS at every width measured on the H200 (results/2026-12-01-h200-verify-glue,
+        # bench-model: GDN-1.3B 1159 vs 1465 us a decode step, Qwen3.6-27B 14.7 vs 15.7 ms). The fused decode
+        # layer kernel and the row-tiled verify linears only at small widths (<= 1024: the tiny family's
+        # decode 140 us, verify(33) 279 vs 324 us), where launches dominate; at 2048 they lose to the
+        # separate decode core (2465 vs 1159 us) and to cuBLAS (verify(64) 4654 vs 2206 us).
+        half = hybrid.dtype in (torch.bfloat16, torch.float16)
+        self.gemv = (self.graphs and self.kernel == "triton" and half) if gemv is None else gemv
+        self.small = hybrid.config.hidden_size <= SMALL_WIDTH
         self.capture: tuple[int, ...] = ()
         self.epoch = 0
         self.captures = 0  # graphs captured so far
@@ -193,7 +197,11 @@ class GraphedTarget:
 
     def _build(self, max_len: int) -> None:
         self.max_len = max_len
-        self.decoder = StaticDecoder(self.hybrid, max_len, self.max_nodes, kernel=self.kernel, gemv=self.gemv)
+        fuse = self.gemv and self.small
+        self.decoder = StaticDecoder(
+            self.hybrid, max_len, self.max_nodes, kernel=self.kernel, gemv=self.gemv, fuse_decode=fuse,
+            fuse_verify=fuse,
+        )  # fmt: skip
         self._slots: dict[tuple[int, bool | str], TreeSlot] = {}
         self._calls: dict[tuple[Any, ...], Any] = {}
         self._pending: int | None = None  # the stash holding a pending delayed commit (host-side)
