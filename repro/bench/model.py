@@ -279,12 +279,26 @@ KERNEL_GROUPS = (  # (group, fragments of kernel names): the first group with a 
             "fused_recurrent",
             "_tree_verify_kernel",
             "_tree_states_kernel",
+            "_tree_keys_kernel",
+            "_tree_values_kernel",
+            "_tree_inverse_kernel",
+            "_tree_wy_kernel",
         ),
     ),
-    ("commit", ("_closed_form_commit", "_conv_commit", "_path_commit")),
+    ("commit", ("_closed_form_commit", "_conv_commit", "_path_commit", "_path_index", "_indexed_commit")),
     (
         "glue_triton",
-        ("_rms_norm", "_gated_norm", "_silu_mul", "_tree_prologue", "_gemv", "_linear", "_argmax_reduce"),
+        (
+            "_rms_norm",
+            "_gated_norm",
+            "_silu_mul",
+            "_tree_prologue",
+            "_gemv",
+            "_linear",
+            "_argmax_reduce",
+            "_rows_kernel",
+            "_split_reduce",
+        ),  # fmt: skip
     ),
     ("matmul", ("gemm", "gemv", "nvjet", "cutlass", "sm90_", "xmma", "cublas", "splitk", "splitK")),
 )
