@@ -96,6 +96,36 @@ def test_every_smoke_route_through_the_graphed_target_equals_eager_and_ar():
     assert results["_captures"] == [(0,)]  # no graphs on CPU: the same static path, eagerly
 
 
+def test_fused_glue_only_at_small_widths(monkeypatch):
+    """The graphed engine's kernel rule: the GEMV decode matmuls wherever asked (half precision on CUDA by
+    default), the fused decode layer and the row-tiled verify linears only up to SMALL_WIDTH (measured:
+    they lose at the 1.3B width); without CUDA graphs, neither by default."""
+    from repro.gdn import backends
+    from repro.models.config import ATTENTION, GDN, HybridConfig
+    from repro.models.graphed import SMALL_WIDTH
+    from repro.models.hybrid import HybridLM
+
+    monkeypatch.setattr(backends, "interpreting", lambda: True)  # decoders built, never run (no CUDA)
+
+    def target(hidden: int, gemv: bool | None) -> GraphedTarget:
+        cfg = HybridConfig(
+            vocab_size=SMALL_VOCAB, hidden_size=hidden, intermediate_size=64, layer_types=[GDN, ATTENTION],
+            linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+        )  # fmt: skip
+        model = HybridLM(cfg).eval()
+        for layer in model.model.layers:
+            if layer.layer_type == GDN:
+                layer.linear_attn.backend = "triton"
+        return GraphedTarget(model, max_len=16, max_nodes=4, graphs=False, gemv=gemv)
+
+    for hidden, small in ((32, True), (SMALL_WIDTH + 32, False)):
+        dec = target(hidden, True).decoder
+        assert (dec.gemv, dec.fuse_decode, dec.fuse_verify) == (True, small, small), hidden
+    dec = target(32, None).decoder  # no graphs: cuBLAS and the plain decode
+    assert (dec.gemv, dec.fuse_decode, dec.fuse_verify) == (False, False, False)
+
+
 @pytest.mark.parametrize("kind", ["random", "forest", "chain"])
 def test_padding_leaves_real_nodes_unchanged(kind):
     """A tree of 11 nodes verified on slots of 11, 16 and 64 nodes (pads: extra roots, token 0): the real
