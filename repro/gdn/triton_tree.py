@@ -51,7 +51,9 @@ A_rr), into two float32 [HV, NR BR, NR BR] scratch buffers. ``_tree_values_kerne
 then runs the same block forward substitution and outputs as ``_tree_verify_kernel``, reading those
 blocks instead of recomputing them, so narrow d_v tiles (BV = 16 at the SpecLA shape: 128 programs) no
 longer repeat the d_k-long K K^T / Q K^T dots and the inverses. Same arithmetic, same error bounds
-(pinned by the same tests). Not yet measured on the GPU (scripts/gpu/dev-kernels.py has the rows).
+(pinned by the same tests). Measured on an H200 (bf16, CUDA graphs, results/2026-12-01-h200-kernels-4):
+SpecLA's shape T = 128 27.7 us vs the one-kernel form's 50.2 (its 8 value heads gave that one too few
+programs); Weaver's 43.0 vs 42.7 (48 heads: a tie). The static decoder picks it for few value heads.
 
 Blocked verification (:func:`tree_gdn_blocked`, issue 13: short serial chains). The same masked WY
 form with T = (I + A)^-1 made explicit, so that the value work has no serial chain at all. Three launches:
