@@ -491,10 +491,11 @@ class ShapeBench:
             dec = StaticDecoder(self.model, self.cfg.context + 256, 1, fused=False)
         elif method == "static_graph_gemv":  # the same, the fused decoder with the GEMV kernels
             dec = StaticDecoder(self.model, self.cfg.context + 256, 1, fused=True, gemv=True)
-        elif method == "static_graph_gemv_core":  # the GEMV kernels around the separate decode core
+        elif method.startswith("static_graph_gemv_core"):  # the GEMV kernels around the separate decode core
             dec = StaticDecoder(
-                self.model, self.cfg.context + 256, 1, fused=True, gemv=True, fuse_decode=False
-            )
+                self.model, self.cfg.context + 256, 1, fused=True, gemv=True, fuse_decode=False,
+                tree_attention_decode=method.endswith("_tree"),
+            )  # fmt: skip
         else:
             dec = self._decoder(compiled)
         dec.load(self.state0)
@@ -729,7 +730,8 @@ def plan(cfg: ModelBenchConfig, compiled: bool = False, gemv: bool = False) -> l
     s = cfg.step_nodes
     rows = [RowSpec("decode", "static_graph", 1, True), RowSpec("decode", "static_graph_unfused", 1, True)]
     if gemv:
-        rows += [RowSpec("decode", m, 1, True) for m in ("static_graph_gemv", "static_graph_gemv_core")]
+        gemv_rows = ("static_graph_gemv", "static_graph_gemv_core", "static_graph_gemv_core_tree")
+        rows += [RowSpec("decode", m, 1, True) for m in gemv_rows]
     rows += [RowSpec("verify", "static_graph", s, True)]
     rows += [RowSpec("verify", "static_graph", t, True) for t in cfg.sizes if t != s]
     steps = ["verify_snapshots", "accept_graph", "commit_replay", "commit_closed_form", "commit_snapshot"]
@@ -1197,7 +1199,8 @@ DEFINITIONS = """\
   decoder with fused=False, the torch glue of repro.models.static around the GDN cores;
   static_graph_gemv: the fused decoder with gemv=True, its decode matmuls on repro.gdn.triton_linear's
   GEMV kernels with the norms, SiLU * up and residual adds fused in, and the fused decode layer kernel;
-  static_graph_gemv_core: the same GEMV kernels around the separate decode core, fuse_decode=False), for
+  static_graph_gemv_core: the same GEMV kernels around the separate decode core, fuse_decode=False;
+  static_graph_gemv_core_tree: that, its attention layers on the tree attention kernel), for
   *_eager
   rows the same step run op by op from Python, for hybrid_* rows HybridLM's per-sequence
   verify/commit (the harness's current path). CPU runs: a perf_counter loop (plumbing only).

@@ -850,6 +850,7 @@ class StaticDecoder:
         fuse_decode: bool | None = None,
         fuse_verify: bool | None = None,
         fuse_tree_attention: bool | None = None,
+        tree_attention_decode: bool = False,
     ) -> None:
         """``tree_kernel`` (triton only): force the "fused" or "split" tree kernel for verify; None picks
         by :func:`select_tree_kernel` (kernel dtype and value heads). ``fuse_decode`` (needs ``fused``):
@@ -862,7 +863,12 @@ class StaticDecoder:
         ``fuse_tree_attention`` (needs ``fused``): verify's attention layers each in one kernel
         (:func:`fused_verify_attention`); None: on in the fused decoder when the kernel takes the head
         dim (at most :data:`~repro.gdn.triton_attention.TREE_ATTENTION_MAX_HEAD_DIM`; any tree size);
-        the attribute may be set before the verify graph is captured (False: the torch glue)."""
+        the attribute may be set before the verify graph is captured (False: the torch glue).
+        ``tree_attention_decode`` (needs ``fuse_tree_attention``): a decode step that does not take the
+        fused decode kernels (``fuse_decode`` off) runs its attention layers through the same tree kernel
+        (one node) and writes the token's key and value into the cache, instead of the torch glue
+        (~27 launches a layer); off by default until measured (``repro bench model`` row
+        ``static_graph_gemv_core_tree``); settable before the decode graph is captured."""
         self.model = model
         cfg = model.config
         dev, dt = model.device, model.dtype
@@ -925,6 +931,9 @@ class StaticDecoder:
             self.final_norm = model.model.norm.scale()
         self.has_attention = any(lay.layer_type != GDN for lay in self.layers)
         self.fuse_tree_attention = self._tree_attention_flag(fuse_tree_attention)
+        if tree_attention_decode and not self.fuse_tree_attention:
+            raise ConfigError("tree_attention_decode needs the tree attention kernel (fuse_tree_attention)")
+        self.tree_attention_decode = tree_attention_decode
         self.buffers: list[GDNBuffers | AttentionBuffers] = []
         for layer in self.layers:
             if layer.layer_type == GDN:
@@ -1238,7 +1247,8 @@ class StaticDecoder:
 
             norm = triton_decode.rms_norm
         x = self.model.model.embed_tokens(tokens)
-        tree_attention = self.fuse_tree_attention and not decode  # every attention layer in one kernel
+        # every attention layer in one kernel (verify; decode too with tree_attention_decode)
+        tree_attention = self.fuse_tree_attention and (not decode or self.tree_attention_decode)
         if self.has_attention and not tree_attention:  # shared by every attention layer: made once per step
             prefix_blocked = self.rows >= self.length
             attn = next(lay.self_attn for lay in self.layers if lay.layer_type != GDN)
@@ -1255,9 +1265,12 @@ class StaticDecoder:
                     and isinstance(buf, AttentionBuffers)
                     and self.rope is not None
                 )
-                x, slot.saved[i] = fused_verify_attention(
-                    layer, w, buf, x, self.rope, self.length, slot, gemv
-                )
+                x, saved = fused_verify_attention(layer, w, buf, x, self.rope, self.length, slot, gemv)
+                if decode:  # the token's key and value into the cache at its position
+                    buf.keys.index_copy_(1, self.length, saved.k.transpose(0, 1))
+                    buf.values.index_copy_(1, self.length, saved.v.transpose(0, 1))
+                else:
+                    slot.saved[i] = saved
             elif isinstance(buf, GDNBuffers):
                 assert isinstance(w, GDNWeights)
                 z, conv_inputs, q, k, v, g, beta = glue["gdn_prologue"](

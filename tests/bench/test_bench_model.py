@@ -109,10 +109,10 @@ def test_why_lines_give_the_fusion_speedup():
 def test_plan_has_the_gemv_decode_row_only_where_asked():
     cfg = bm.ModelBenchConfig(sizes=[1, 8], step_nodes=8)
     methods = [r.method for r in bm.plan(cfg, gemv=True)]
-    gemv = ["static_graph_gemv", "static_graph_gemv_core"]
-    assert methods[:4] == ["static_graph", "static_graph_unfused", *gemv]
+    gemv = ["static_graph_gemv", "static_graph_gemv_core", "static_graph_gemv_core_tree"]
+    assert methods[:5] == ["static_graph", "static_graph_unfused", *gemv]
     plain = [r.method for r in bm.plan(cfg)]
-    assert len(methods) == len(plain) + 2 and not set(gemv) & set(plain)
+    assert len(methods) == len(plain) + 3 and not set(gemv) & set(plain)
 
 
 def test_speed_ratios_read_as_faster_or_slower():

@@ -250,7 +250,15 @@ def verify_commit(model, state, tree, size: int, fuse: bool, graphed: bool = Fal
         commit()
     after = dec.export()
     dec.set_token(NEXT)
-    return {"logits": logits, "path": path, "state": after, "dec": dec, "next": dec.decode_step().clone()}
+    out = {"logits": logits, "path": path, "state": after, "dec": dec, "next": dec.decode_step().clone()}
+    if fuse and not graphed:  # the same decode step with its attention on the tree kernel
+        out["after_next"] = dec.export()
+        dec.load(after)
+        dec.tree_attention_decode = True
+        dec.set_token(NEXT)
+        out["next_tree"] = dec.decode_step().clone()
+        out["after_next_tree"] = dec.export()
+    return out
 
 
 def decoder_cases(device: str) -> dict[str, dict[str, object]]:
@@ -283,6 +291,9 @@ def decoder_cases(device: str) -> dict[str, dict[str, object]]:
             "state": state_errs(on["state"], off["state"]),
             "next": rel(on["next"], off["next"]),
         }
+        if "next_tree" in on:  # tree_attention_decode: the decode step's logits and state (cache included)
+            errs["next_tree_decode"] = rel(on["next_tree"], on["next"])
+            errs["state_tree_decode"] = state_errs(on["after_next_tree"], on["after_next"])
         if dtype == F64:
             ver = model.verify(state, tree)
             ref = model.commit(state, ver, on["path"])
@@ -381,6 +392,7 @@ def test_tree_attention_kernel_matches_the_torch_path(interpreted):
 def test_fused_verify_matches_the_unfused_one(interpreted):
     res = interpreted["decoder"]
     assert len(res) == 2 and check_decoder(res) == []
+    assert all("next_tree_decode" in errs for errs in res.values())  # the decode step on the tree kernel
     assert all(errs["path_len"] > 1 for errs in res.values()), res  # the commits move several rows
 
 
@@ -420,6 +432,10 @@ def flag_facts() -> dict[str, object]:
         "forced_off": StaticDecoder(model, 8, kernel="triton", fuse_tree_attention=False).fuse_tree_attention,
         "unfused": StaticDecoder(model, 8, kernel="triton", fused=False).fuse_tree_attention,
     }
+    try:
+        StaticDecoder(model, 8, kernel="triton", fuse_tree_attention=False, tree_attention_decode=True)
+    except ConfigError as exc:
+        out["decode_without_kernel"] = str(exc)
     model.config.head_dim = 512  # what the flag reads (the layers are not rebuilt)
     out["wide_default"] = StaticDecoder(model, 8, kernel="triton").fuse_tree_attention
     try:
@@ -442,6 +458,7 @@ def test_fuse_tree_attention_flag(interpreted):
     flags = interpreted["flags"]
     assert flags["default"] and not (flags["forced_off"] or flags["unfused"] or flags["wide_default"]), flags
     assert "head_dim 512 exceeds the tree attention kernel's 256" in str(flags.get("wide_forced")), flags
+    assert "needs the tree attention kernel" in str(flags.get("decode_without_kernel")), flags
 
 
 # ------------------------------------------------------------------------------ compiled for sm_90
