@@ -302,8 +302,8 @@ def attention_tree(
 
     Returns (out [n, H hd] gated, in qkv's dtype; k [n, H_kv, hd]: the nodes' normed, rotated keys in
     the cache dtype; v [n, H_kv, hd]: a view of qkv). ``block_m``: query rows (node x head of a group)
-    per program; ``block_rows``: cache rows per softmax block (defaults below, 16 interpreted; not tuned
-    on a GPU yet: scripts/gpu/tree-attention.py times a few); tree nodes go 16 a block."""
+    per program; ``block_rows``: cache rows per softmax block (defaults below, 16 interpreted; from the
+    few blocks scripts/gpu/tree-attention.py times); tree nodes go 16 a block."""
     n = qkv.shape[0]
     kv_heads, rows, hd = keys.shape
     if qkv.dim() != 2 or qkv.stride(-1) != 1:
@@ -325,10 +325,12 @@ def attention_tree(
     bd = max(16, pow2(hd))  # tl.dot tiles: 16+ on every axis
     half = qkv.dtype in _HALF
     group_rows = pow2(heads // kv_heads * n)
-    # tiles of <= 8192 entries of a padded head in half precision, 1024 (rows) / 2048 (cache rows) in
-    # float32, whose "ieee" dots run on FMAs: few register spills at hd 48 and 256 on sm_90 (ptxas)
-    bm = block_m or (16 if interpreting() else min(64, max(16, (8192 if half else 1024) // bd), group_rows))
-    br = block_rows or (16 if interpreting() else min(64, max(16, (8192 if half else 2048) // bd)))
+    # half precision: query tiles of <= 4096 entries of a padded head, cache tiles of <= 16384 (the H200,
+    # results/2026-12-01-h200-verify-glue/scripts/tree-attention: at the 27B shape, hd 256, 16 x 64 took
+    # 28 us against 43-61 for 32 x 32, 32 x 16, 16 x 16, 64 x 32; 64 x 64 at the tiny family's hd, 16 us);
+    # float32, whose "ieee" dots run on FMAs: 1024 / 2048 (few register spills at hd 48 and 256, ptxas)
+    bm = block_m or (16 if interpreting() else min(64, max(16, (4096 if half else 1024) // bd), group_rows))
+    br = block_rows or (16 if interpreting() else min(64, max(16, (16384 if half else 2048) // bd)))
     bm, br = pow2(max(16, bm)), pow2(br)
     table = rope if rope.numel() else qkv  # no rotary: any valid pointer (never read)
     acc = acc_dtype(qkv.dtype)
