@@ -180,7 +180,6 @@ class GraphedTarget:
         # separate decode core (2465 vs 1159 us) and to cuBLAS (verify(64) 4654 vs 2206 us).
         half = hybrid.dtype in (torch.bfloat16, torch.float16)
         self.gemv = (self.graphs and self.kernel == "triton" and half) if gemv is None else gemv
-        self.small = hybrid.config.hidden_size <= SMALL_WIDTH
         self.capture: tuple[int, ...] = ()
         self.epoch = 0
         self.captures = 0  # graphs captured so far
@@ -197,7 +196,7 @@ class GraphedTarget:
 
     def _build(self, max_len: int) -> None:
         self.max_len = max_len
-        fuse = self.gemv and self.small
+        fuse = self.gemv and self.config.hidden_size <= SMALL_WIDTH
         self.decoder = StaticDecoder(
             self.hybrid, max_len, self.max_nodes, kernel=self.kernel, gemv=self.gemv, fuse_decode=fuse,
             fuse_verify=fuse,

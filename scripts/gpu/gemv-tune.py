@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's 
 
 from repro.bench.kernels import graph_sets  # noqa: E402
 from repro.bench.model import MODEL_SHAPES, build_model, weight_bytes  # noqa: E402
-from repro.bench.timing import TimerConfig, measure_ceilings  # noqa: E402
+from repro.bench.timing import TimerConfig, graph_us, measure_ceilings  # noqa: E402
 from repro.gdn import triton_linear as tlin  # noqa: E402
 from repro.gdn.triton_linear import GemvConfig  # noqa: E402
 from repro.models.config import GDN  # noqa: E402
@@ -201,30 +201,11 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-300)) if bool(torch.isfinite(a).all()) else math.inf
 
 
-def graph_us(fns: list[Callable[[], Any]], calls: int) -> float:
-    """Median us per call over replays of one CUDA graph of ``calls`` calls cycling through ``fns``."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for fn in fns:
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            fns[i % len(fns)]()
-    graph.replay()
-    times = []
-    for _ in range(REPLAYS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(1e3 * start.elapsed_time(end) / calls)
-    del graph
-    return statistics.median(times)
+def graph_time(fns: list[Callable[[], Any]], calls: int, est_us: float) -> float:
+    """Median us per call over replays of one CUDA graph of ``calls`` calls cycling through ``fns``
+    (:func:`repro.bench.timing.graph_us`, its call count pinned to ``calls``)."""
+    cfg = TimerConfig(warmup_ms=0.0, rep_ms=(calls + 0.5) * est_us / 1e3, graph_replays=REPLAYS)
+    return graph_us(fns, torch.device("cuda"), cfg, est_us)
 
 
 # ---------------------------------------------------------------------------------- compile workers
@@ -273,11 +254,8 @@ def bench_matrix(m: Matrix, copy_gbps: float) -> list[dict[str, Any]]:
         )  # fmt: skip
 
     x = o.x
-    rows = [
-        row(
-            "cublas", "F.linear", None, graph_us([lambda w=w: F.linear(x, w) for w in o.weights], calls), None
-        )
-    ]
+    cublas = graph_time([lambda w=w: F.linear(x, w) for w in o.weights], calls, est_us)
+    rows = [row("cublas", "F.linear", None, cublas, None)]
     for label, cfg in sweep(m):
         try:
             y = fused_call(m, o, o.weights[0], cfg)()
@@ -287,7 +265,7 @@ def bench_matrix(m: Matrix, copy_gbps: float) -> list[dict[str, Any]]:
             if not err <= 2e-2:
                 rows.append(row("fused", label, cfg, None, err) | {"status": "FAIL"})
                 continue
-            us = graph_us([fused_call(m, o, w, cfg) for w in o.weights], calls)
+            us = graph_time([fused_call(m, o, w, cfg) for w in o.weights], calls, est_us)
             rows.append(row("fused", label, cfg, us, err) | {"status": "ok"})
         except Exception as exc:  # noqa: BLE001 - one broken configuration must not stop the sweep
             rows.append(
