@@ -548,13 +548,6 @@ DELAYED = "delayed"  # SpecLA's delayed commit: the closed form, folded in by th
 STATIC_STRATEGIES = (*COMMIT_STRATEGIES, DELAYED)
 
 
-def _path_index_writer() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]:
-    """:func:`repro.gdn.triton_commit.write_path_index` (imported when first used: Triton is optional)."""
-    from repro.gdn.triton_commit import write_path_index
-
-    return write_path_index
-
-
 def check_static_strategy(name: str) -> str:
     """``name`` if the static decoder commits by it: HybridLM's three strategies or ``delayed``."""
     if name not in STATIC_STRATEGIES:
@@ -1163,7 +1156,9 @@ class StaticDecoder:
             stash.ancestors[:n, n:].zero_()  # columns of a larger slot's earlier path: not on this one
             stash.node.copy_(node)
             if self._path_commit is not None:  # always with the node: a stash's index is its node's path
-                _path_index_writer()(slot.ancestors, node, stash.path)
+                from repro.gdn.triton_commit import write_path_index  # Triton is optional: imported here
+
+                write_path_index(slot.ancestors, node, stash.path)
         self.length.add_(path_len).clamp_(max=self.max_len)
 
     def ensure_pending(self, rows: int) -> bool:
@@ -1223,7 +1218,9 @@ class StaticDecoder:
         layer's path commit), returned; else None (each layer's commit gathers the path itself)."""
         if not self.indexed_commit:
             return None
-        _path_index_writer()(ancestors, node, path)
+        from repro.gdn.triton_commit import write_path_index
+
+        write_path_index(ancestors, node, path)
         return path
 
     @torch.no_grad()
