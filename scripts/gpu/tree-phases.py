@@ -1,0 +1,132 @@
+"""Where the tree-verify time goes (issue 13 item 1): the split form's two phases timed apart.
+
+    python3 scripts/gpu/tree-phases.py OUT_DIR      (one H200: < 90 s)
+
+At Weaver's shape (T = 64, 128, 256) and SpecLA's (T = 128), bf16 inputs, "tf32" dots, a draft tree
+(repro.bench.shapes via repro.bench.kernels.make_case): CUDA-graph medians of the fused kernel, the split
+form, its phase 1 alone (``_tree_keys_kernel``: G, A / P blocks, diagonal inverses), its phase 2 alone
+(``_tree_values_kernel`` on phase 1's blocks), phase 2 over a sweep of d_v tiles and warps, phase 1 over
+row blocks and warps, and an empty Triton launch on the same grid (the launch floor inside a graph).
+Every split variant is checked against the fused kernel's output before it is timed.
+
+Writes OUT_DIR/tree-phases.json and OUT_DIR/tree-phases.md; prints the markdown.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from repro.bench import kernels as bk
+from repro.bench.timing import TimerConfig, graph_us
+from repro.gdn import triton_tree as tt
+
+TIMER = TimerConfig(warmup_ms=1.0, rep_ms=5.0, graph_replays=3)
+PREC = "tf32"
+
+
+@triton.jit
+def _empty_kernel(x_ptr):
+    if tl.program_id(0) < 0:  # never: the launch alone
+        tl.store(x_ptr, 0.0)
+
+
+def phases(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
+    spec = bk.RowSpec(shape, "verify", "draft", t, "tree_split", "bf16")
+    cfg = bk.BenchConfig(timer=TIMER, bf16_precision=PREC)
+    case = bk.make_case(spec, cfg, dev)
+    x = bk.make_inputs(case.shape, case.n, bk.seed_of(spec, 0, "phases"), dev).to("bf16")
+    scale = case.shape.scale
+    anc = case.ancestors
+    ref = tt.tree_gdn_fused(x.q, x.k, x.v, x.g, x.beta, x.state, anc, scale, PREC)[0].float()
+    rows: list[dict[str, Any]] = []
+
+    def row(name: str, fn, est: float, out: torch.Tensor | None = None, **knobs: Any) -> None:
+        r: dict[str, Any] = dict(shape=shape, T=t, variant=name, **knobs)
+        try:
+            if out is not None:
+                fn()
+                err = ((out.float() - ref).norm() / ref.norm()).item()
+                r["rel_err_vs_fused"] = err
+                if not err < 1e-2:
+                    r["status"] = "FAIL"
+                    rows.append(r)
+                    print(r)
+                    return
+            r["us"] = graph_us([fn], dev, TIMER, est)
+            r["status"] = "ok"
+        except Exception as exc:  # noqa: BLE001 - one variant must not stop the rest
+            r.update(status="error", reason=f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
+        rows.append(r)
+        print(f"{shape:7s} T={t:<4d} {name:22s} {knobs} {r.get('status')} us={r.get('us')}")
+
+    row("fused", lambda: tt.tree_gdn_fused(x.q, x.k, x.v, x.g, x.beta, x.state, anc, scale, PREC), 40.0)
+    row("split", lambda: tt.tree_gdn_split(x.q, x.k, x.v, x.g, x.beta, x.state, anc, scale, PREC), 40.0)
+    for br in (16, 32, 64):
+        if br > max(16, t):
+            continue
+        c = tt._TreeCall.of(x.q, x.k, x.v, x.g, x.beta, x.state, anc, PREC, False, None, None)
+        bk_ = tt._check_tiles(br, None, c.dk)
+        for warps in (4, 8):
+            row("phase1", lambda c=c, br=br, b=bk_, w=warps: tt._key_blocks(c, br, b, PREC, scale, w), 15.0,
+                block_rows=br, num_warps=warps)  # fmt: skip
+        a_blocks, p_blocks, npad = tt._key_blocks(c, br, bk_, PREC, scale, 8 if br >= 64 else 4)
+        for bv in (16, 32, 64, 128):
+            if bv > c.dv:
+                continue
+            for warps in (4, 8):
+
+                def values(c=c, br=br, b=bk_, bv=bv, w=warps, a=a_blocks, p=p_blocks, npad=npad) -> None:
+                    tt._tree_values_kernel[(c.hv, triton.cdiv(c.dv, bv))](
+                        c.q, c.k, c.v, c.beta, c.state, a, p, c.gate_cum, c.o, c.delta, *c.p_ops, c.p_node,
+                        c.p_n, c.n, npad, float(scale),
+                        H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, BK=b, BV=bv, PREC=PREC, PENDING=False,
+                        PNP=c.pnp, num_warps=w,
+                    )  # fmt: skip
+
+                row("phase2", values, 20.0, out=c.o, block_rows=br, block_v=bv, num_warps=warps)
+        grid = (c.hv, c.dv // 64)
+        dummy = torch.zeros(1, device=dev)
+        row("empty-launch", lambda g=grid, d=dummy: _empty_kernel[g](d), 3.0, grid=list(grid))
+        keys_grid = (c.hv, npad // br, npad // br)
+        row("empty-launch-keys", lambda g=keys_grid, d=dummy: _empty_kernel[g](d), 3.0, grid=list(keys_grid))
+    return rows
+
+
+def main() -> None:
+    sys.stdout.reconfigure(line_buffering=True)
+    out_dir = Path(sys.argv[1] if len(sys.argv) > 1 else "out")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    dev = torch.device("cuda")
+    rows: list[dict[str, Any]] = []
+    for shape, t in (("weaver", 128), ("specla", 128), ("weaver", 64), ("weaver", 256)):
+        if time.monotonic() - start > 75:
+            print(f"budget spent: {shape} T={t} skipped")
+            continue
+        rows += phases(shape, t, dev)
+    result = {"device": torch.cuda.get_device_name(), "seconds": time.monotonic() - start, "rows": rows}
+    (out_dir / "tree-phases.json").write_text(json.dumps(result, indent=1, default=str))
+    cols = ["shape", "T", "variant", "block_rows", "block_v", "num_warps", "status", "us", "rel_err_vs_fused"]
+    lines = [f"# tree-phases on {result['device']} ({result['seconds']:.0f} s)", "",
+             "CUDA-graph medians per call (bf16 inputs, tf32 dots); phase2 checked against the fused output.",
+             "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]  # fmt: skip
+
+    def fmt(v: Any) -> str:
+        return f"{v:.3g}" if isinstance(v, float) else ("" if v is None else str(v))
+
+    lines += ["| " + " | ".join(fmt(r.get(c)) for c in cols) + " |" for r in rows]
+    text = "\n".join(lines) + "\n"
+    (out_dir / "tree-phases.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
