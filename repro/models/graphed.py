@@ -65,7 +65,7 @@ from repro.models.static_chain import ChainSlot
 from repro.tree import MAX_TREE_NODES, DeviceTree, Tree
 
 SLOT_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
-SMALL_WIDTH = 1024  # hidden sizes up to this take the fused decode layer and the row-tiled verify linears
+SMALL_WIDTH = 1024  # <= this: fused decode layer, row-tiled verify; above: tree-kernel decode attention
 DEFAULT_MAX_LEN = 4096
 ENGINES = ("auto", "eager", "graphed")
 
@@ -201,6 +201,9 @@ class GraphedTarget:
             self.hybrid, max_len, self.max_nodes, kernel=self.kernel, gemv=self.gemv, fuse_decode=fuse,
             fuse_verify=fuse,
         )  # fmt: skip
+        # wider models: decode attention on the tree kernel (27B shape: 14884 -> 13940 us/token,
+        # results/2026-12-01-h200-kernels-5)
+        self.decoder.tree_attention_decode = self.gemv and not fuse and self.decoder.fuse_tree_attention
         self._slots: dict[tuple[int, bool | str], TreeSlot] = {}
         self._calls: dict[tuple[Any, ...], Any] = {}
         self._pending: int | None = None  # the stash holding a pending delayed commit (host-side)

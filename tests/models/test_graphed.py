@@ -99,7 +99,8 @@ def test_every_smoke_route_through_the_graphed_target_equals_eager_and_ar():
 def test_fused_glue_only_at_small_widths(monkeypatch):
     """The graphed engine's kernel rule: the GEMV decode matmuls wherever asked (half precision on CUDA by
     default), the fused decode layer and the row-tiled verify linears only up to SMALL_WIDTH (measured:
-    they lose at the 1.3B width); without CUDA graphs, neither by default."""
+    they lose at the 1.3B width), decode attention on the tree kernel above it (won at the 27B shape);
+    without CUDA graphs, none of them by default."""
     from repro.gdn import backends
     from repro.models.config import ATTENTION, GDN, HybridConfig
     from repro.models.graphed import SMALL_WIDTH
@@ -122,8 +123,9 @@ def test_fused_glue_only_at_small_widths(monkeypatch):
     for hidden, small in ((32, True), (SMALL_WIDTH + 32, False)):
         dec = target(hidden, True).decoder
         assert (dec.gemv, dec.fuse_decode, dec.fuse_verify) == (True, small, small), hidden
+        assert dec.tree_attention_decode == (not small), hidden  # wide: decode attention on the tree kernel
     dec = target(32, None).decoder  # no graphs: cuBLAS and the plain decode
-    assert (dec.gemv, dec.fuse_decode, dec.fuse_verify) == (False, False, False)
+    assert (dec.gemv, dec.fuse_decode, dec.fuse_verify, dec.tree_attention_decode) == (False,) * 4
 
 
 @pytest.mark.parametrize("kind", ["random", "forest", "chain"])
