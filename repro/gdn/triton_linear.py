@@ -44,6 +44,13 @@ per call by :func:`select_config`: keyword overrides first, then the table made 
 it is the one active at capture. (num_stages is passed through; Triton pipelines only loads that feed
 dots, so expect it to change little here.)
 
+Programmatic dependent launch (:func:`dependent_launch`, off by default until measured; Hopper and later,
+never in the interpreter): the GEMV kernel is launched with ``launch_pdl`` and starts with
+``griddepcontrol.launch_dependents`` then ``griddepcontrol.wait``, so that the next launch of the stream (in
+a CUDA graph too) is scheduled while this one drains and the launch gap between back-to-back matmuls is
+hidden. Nothing is read or written before the wait, so results are bitwise those of a plain launch (a
+kernel before it that does not trigger simply completes first).
+
 Semantics are those of :func:`repro.models.layers.rms_norm`, ``F.silu`` and ``F.linear`` (pinned in
 tests/gdn/test_triton_linear.py): float32 results agree to ~1e-6; bf16 ones carry one bf16 rounding of the
 output (the torch glue rounds after every op, and the normed row is not rounded to bf16 before the
@@ -60,6 +67,7 @@ from dataclasses import asdict, dataclass, replace
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from repro.errors import ConfigError
 from repro.gdn.triton_common import acc_dtype, interpreting, pow2, round_to, silu
@@ -128,6 +136,32 @@ def gemv_configs(table: Mapping[ConfigKey, GemvConfig] | str) -> Iterator[None]:
         yield
     finally:
         _active.pop()
+
+
+_pdl: list[bool] = [False]  # dependent_launch's stack; the bottom is the default
+
+
+@contextlib.contextmanager
+def dependent_launch(enabled: bool = True) -> Iterator[None]:
+    """Within the block, GEMV launches use programmatic dependent launch (module docstring) where the
+    device supports it (compute capability 9.0 or later; never in the interpreter). Capture a CUDA graph
+    inside the block to keep the choice."""
+    _pdl.append(enabled)
+    try:
+        yield
+    finally:
+        _pdl.pop()
+
+
+def _use_pdl(device: torch.device) -> bool:
+    if not _pdl[-1] or interpreting() or device.type != "cuda":
+        return False
+    return _capability(device.index if device.index is not None else torch.cuda.current_device()) >= (9, 0)
+
+
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
 
 
 def legacy_config(n_out: int, k: int) -> GemvConfig:
@@ -323,6 +357,7 @@ def _gemv_kernel(
     RESIDUAL: tl.constexpr,
     ARGMAX: tl.constexpr,
     ACC: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Output columns pid * BN .. + BN of every row, over K columns sid * k_slice .. + k_slice (program
     axis 1; all of K without split). GATE_UP: W is [2 N, K] = [gate; up] and the output is
@@ -330,7 +365,11 @@ def _gemv_kernel(
     in the loop, the 1 / rms factor (x read whole, K <= KP) in the epilogue; EARLY_X: x's rows are loaded
     before the loop (their latency hidden behind it) rather than after it (no registers held through
     it). SPLIT > 1: the sums go to the float32 workspace ws [SPLIT, N_ROWS, 2 N] (per slice and row: the
-    sums, then the up sums) for :func:`_split_reduce_kernel`, which applies the epilogue."""
+    sums, then the up sums) for :func:`_split_reduce_kernel`, which applies the epilogue. PDL: launched
+    as a programmatic dependent; nothing is touched before the wait (module docstring)."""
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
     pid = tl.program_id(0)
     sid = tl.program_id(1)
     o_n = pid * BN + tl.arange(0, BN)
@@ -647,11 +686,12 @@ def _launch(
     )  # fmt: skip
     bias_, res_ = bias if bias is not None else x, residual if residual is not None else x
     res_stride = residual.stride(0) if residual is not None else 0
+    pdl = _use_pdl(x.device)
     _gemv_kernel[(triton.cdiv(rows_out, bn), split)](
         x, x.stride(0), scale, weight, bias_, res_, res_stride, out, best_val, best_idx, ws, float(eps),
         rows_out, k, k_slice, N_ROWS=n, RB=pow2(n), BN=bn, BK=bk, KP=kp, EARLY_X=early_x,
-        SPLIT=split, EVEN_K=k % bk == 0,
-        **flags, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        SPLIT=split, EVEN_K=k % bk == 0, PDL=pdl,
+        **flags, num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )  # fmt: skip
     if split > 1:
         rbn, parts = _epilogue_blocks(cfg, rows_out)

@@ -21,7 +21,8 @@ interpreted bf16 output equals the truncated float32 result), hence the bound 2^
   the legacy rule's numbers, the heuristic's invariants at the model shapes.
 - GPU tests (``gpu``): the GDN-1.3B matrices (in_proj [8208, 2048], out_proj [2048, 2048], gate|up
   [11264, 2048], down [2048, 5632], lm_head [32000, 2048]) and the Qwen3.6-27B in_proj [16480, 5120] in
-  bf16 with the heuristic, legacy and split-K configurations on CUDA; split-K twice bitwise equal.
+  bf16 with the heuristic, legacy and split-K configurations on CUDA; split-K twice bitwise equal;
+  a chain of decode GEMVs in a CUDA graph bitwise equal with and without programmatic dependent launch.
 """
 
 from __future__ import annotations
@@ -330,6 +331,62 @@ def test_gpu_kernels_at_the_1p3b_shapes(rows):
     assert check(results) == []
     assert max(e for e in results.values() if isinstance(e, float)) < 2**-8  # rounded to nearest
     assert all(v for c, v in results.items() if c.endswith("repeat_equal"))
+
+
+def test_dependent_launch_switch():
+    """dependent_launch stacks and restores; it never applies off CUDA (nor in the interpreter)."""
+    from repro.gdn import triton_linear as tlin
+
+    cpu = torch.device("cpu")
+    assert tlin._pdl == [False]
+    with tlin.dependent_launch():
+        assert tlin._pdl[-1] is True and not tlin._use_pdl(cpu)
+        with tlin.dependent_launch(False):
+            assert tlin._pdl[-1] is False
+        assert tlin._pdl[-1] is True
+    assert tlin._pdl == [False]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_dependent_launch_is_bitwise_equal():
+    """A decode layer's chain of GEMVs (each reading the previous output), 20 times over in one CUDA graph,
+    gives bitwise the same result with programmatic dependent launch as without (bf16, 1.3B matrices)."""
+    from repro.gdn import triton_linear as tlin
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    d, inner, qkv = 2048, 5632, 8208
+
+    def rnd(*shape: int, s: float = 0.02) -> torch.Tensor:
+        return (s * torch.randn(*shape, generator=gen, device="cuda")).to(torch.bfloat16)
+
+    w_in, w_out, w_gu, w_down = rnd(qkv, d), rnd(d, qkv), rnd(2 * inner, d), rnd(d, inner)
+    scale = 1.0 + rnd(d, s=0.1)
+    x0 = rnd(1, d, s=1.0)
+
+    def layers(x: torch.Tensor) -> torch.Tensor:
+        for _ in range(20):
+            h = tlin.norm_linear(x, scale, 1e-6, w_in)
+            x = tlin.linear_residual(h, w_out, x)
+            h = tlin.norm_gate_up(x, scale, 1e-6, w_gu)
+            x = tlin.linear_residual(h, w_down, x)
+        return x
+
+    outs = []
+    for on in (False, True):
+        with tlin.dependent_launch(on):
+            assert tlin._use_pdl(x0.device) == (on and torch.cuda.get_device_capability() >= (9, 0))
+            layers(x0)  # compile and warm up outside the capture
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = layers(x0)
+        for _ in range(3):
+            graph.replay()
+        torch.cuda.synchronize()
+        outs.append(out.clone())
+    assert torch.isfinite(outs[0].float()).all()
+    assert torch.equal(outs[0], outs[1])
 
 
 if __name__ == "__main__" and "--interpret" in sys.argv:
