@@ -44,12 +44,14 @@ per call by :func:`select_config`: keyword overrides first, then the table made 
 it is the one active at capture. (num_stages is passed through; Triton pipelines only loads that feed
 dots, so expect it to change little here.)
 
-Programmatic dependent launch (:func:`dependent_launch`, off by default until measured; Hopper and later,
-never in the interpreter): the GEMV kernel is launched with ``launch_pdl`` and starts with
+Programmatic dependent launch (:func:`dependent_launch`, on by default; Hopper and later, never in the
+interpreter): the GEMV kernel is launched with ``launch_pdl`` and starts with
 ``griddepcontrol.launch_dependents`` then ``griddepcontrol.wait``, so that the next launch of the stream (in
 a CUDA graph too) is scheduled while this one drains and the launch gap between back-to-back matmuls is
 hidden. Nothing is read or written before the wait, so results are bitwise those of a plain launch (a
-kernel before it that does not trigger simply completes first).
+kernel before it that does not trigger simply completes first). Measured on an H200 (decode step, random
+bf16 weights, results/2026-12-01-h200-kernels-5/scripts/pdl): GDN-1.3B 1164 -> 1113 us, Qwen3.6-27B
+13633 -> 13582 us, logits bitwise equal.
 
 Semantics are those of :func:`repro.models.layers.rms_norm`, ``F.silu`` and ``F.linear`` (pinned in
 tests/gdn/test_triton_linear.py): float32 results agree to ~1e-6; bf16 ones carry one bf16 rounding of the
@@ -138,7 +140,7 @@ def gemv_configs(table: Mapping[ConfigKey, GemvConfig] | str) -> Iterator[None]:
         _active.pop()
 
 
-_pdl: list[bool] = [False]  # dependent_launch's stack; the bottom is the default
+_pdl: list[bool] = [True]  # dependent_launch's stack; the bottom is the default
 
 
 @contextlib.contextmanager

@@ -338,13 +338,14 @@ def test_dependent_launch_switch():
     from repro.gdn import triton_linear as tlin
 
     cpu = torch.device("cpu")
-    assert tlin._pdl == [False]
-    with tlin.dependent_launch():
-        assert tlin._pdl[-1] is True and not tlin._use_pdl(cpu)
-        with tlin.dependent_launch(False):
-            assert tlin._pdl[-1] is False
-        assert tlin._pdl[-1] is True
-    assert tlin._pdl == [False]
+    assert tlin._pdl == [True]  # on by default (measured: results/2026-12-01-h200-kernels-5/scripts/pdl)
+    assert not tlin._use_pdl(cpu)
+    with tlin.dependent_launch(False):
+        assert tlin._pdl[-1] is False and not tlin._use_pdl(cpu)
+        with tlin.dependent_launch():
+            assert tlin._pdl[-1] is True and not tlin._use_pdl(cpu)
+        assert tlin._pdl[-1] is False
+    assert tlin._pdl == [True]
 
 
 @pytest.mark.gpu
