@@ -9,12 +9,16 @@ form, its phase 1 alone (``_tree_keys_kernel``: G, A / P blocks, diagonal invers
 row blocks and warps, and an empty Triton launch on the same grid (the launch floor inside a graph).
 Every split variant is checked against the fused kernel's output before it is timed.
 
+TREE_PHASES_PARTS (default "knobs,phases"): "knobs" times phase 1 alone under knobs that price its parts
+(:func:`keys_knobs`), "phases" the phase split and tile sweeps above.
+
 Writes OUT_DIR/tree-phases.json and OUT_DIR/tree-phases.md; prints the markdown.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -100,18 +104,70 @@ def phases(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
     return rows
 
 
+def keys_knobs(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
+    """Phase 1 (``_tree_keys_kernel``) alone under knobs, timing only (the variants marked so compute the
+    wrong thing on purpose, to price one part): ``no-inverse`` (LOG2_BR = 0: the diagonal inverse
+    skipped), ``no-mask-loads`` (CHAIN: the lower triangle instead of the ancestor mask, so the gate sums
+    and the mask load no mask bytes), the batched 16 x 16 base off, the d_k chunk BK, software pipelining
+    stages, warps."""
+    spec = bk.RowSpec(shape, "verify", "draft", t, "tree_split", "bf16")
+    case = bk.make_case(spec, bk.BenchConfig(timer=TIMER, bf16_precision=PREC), dev)
+    x = bk.make_inputs(case.shape, case.n, bk.seed_of(spec, 0, "knobs"), dev).to("bf16")
+    c = tt._TreeCall.of(x.q, x.k, x.v, x.g, x.beta, x.state, case.ancestors, PREC, False, None, None)
+    rows: list[dict[str, Any]] = []
+    variants = [("default", {}), ("no-inverse", {"LOG2_BR": 0, "BASE16": False}),
+                ("no-mask-loads", {"CHAIN": True}), ("base16-off", {"BASE16": False}),
+                ("bk128", {"BK": 128}), ("stages3", {"num_stages": 3}), ("stages2", {"num_stages": 2}),
+                ("w8", {"num_warps": 8}), ("w2", {"num_warps": 2})]  # fmt: skip
+    for br in (32, 64):
+        if br > max(16, t):
+            continue
+        nr = triton.cdiv(c.n, br)
+        npad = nr * br
+        a = torch.empty(c.hv, npad, npad, dtype=torch.float32, device=dev)
+        p = torch.empty_like(a)
+        bk_default = tt._check_tiles(br, None, c.dk)
+        for name, knobs in variants:
+            kw = dict(H=c.h, HV=c.hv, DK=c.dk, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk_default,
+                      CHAIN=False, PREC=PREC, UPCAST_QK=c.upcast, BASE16=br >= 32, WRITE_K=False,
+                      num_warps=8 if br >= 64 else 4)  # fmt: skip
+            kw.update(knobs)
+            if kw["BK"] > c.dk:
+                continue
+
+            def launch(kw=kw, nr=nr, npad=npad, a=a, p=p) -> None:
+                tt._tree_keys_kernel[(c.hv, nr, nr)](
+                    c.q, c.k, c.g, c.beta, c.anc, a, p, c.gate_cum, c.k_exp, c.n, npad, 1.0, **kw
+                )
+
+            r: dict[str, Any] = dict(shape=shape, T=t, variant=f"phase1:{name}", block_rows=br)
+            try:
+                r["us"] = graph_us([launch], dev, TIMER, 15.0)
+                r["status"] = "ok"
+            except Exception as exc:  # noqa: BLE001 - one variant must not stop the rest
+                r.update(status="error", reason=f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
+            rows.append(r)
+            print(f"{shape:7s} T={t:<4d} BR={br} {name:14s} {r['status']} us={r.get('us')}")
+    return rows
+
+
 def main() -> None:
     sys.stdout.reconfigure(line_buffering=True)
     out_dir = Path(sys.argv[1] if len(sys.argv) > 1 else "out")
     out_dir.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     dev = torch.device("cuda")
+    parts = os.environ.get("TREE_PHASES_PARTS", "knobs,phases").split(",")
     rows: list[dict[str, Any]] = []
-    for shape, t in (("weaver", 128), ("specla", 128), ("weaver", 64), ("weaver", 256)):
-        if time.monotonic() - start > 75:
-            print(f"budget spent: {shape} T={t} skipped")
-            continue
-        rows += phases(shape, t, dev)
+    if "knobs" in parts:
+        for shape, t in (("weaver", 128), ("weaver", 64), ("specla", 128)):
+            rows += keys_knobs(shape, t, dev)
+    if "phases" in parts:
+        for shape, t in (("weaver", 128), ("specla", 128), ("weaver", 64), ("weaver", 256)):
+            if time.monotonic() - start > 75:
+                print(f"budget spent: {shape} T={t} skipped")
+                continue
+            rows += phases(shape, t, dev)
     result = {"device": torch.cuda.get_device_name(), "seconds": time.monotonic() - start, "rows": rows}
     (out_dir / "tree-phases.json").write_text(json.dumps(result, indent=1, default=str))
     cols = ["shape", "T", "variant", "block_rows", "block_v", "num_warps", "status", "us", "rel_err_vs_fused"]
