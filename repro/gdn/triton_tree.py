@@ -452,17 +452,48 @@ def _tree_keys_kernel(
 
 
 @triton.jit
+def _values_start(
+    q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, gcum_ptr, rows, m_rows, o_k, o_v, m_v, i_h, i_kh, scale,
+    H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BR: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """Row block ``rows``' state terms: X0 = beta (V - e^G K S0^T) and scale e^G Q S0^T, [BR, BV] each."""
+    b_gr = tl.load(gcum_ptr + rows * HV + i_h, mask=m_rows, other=0.0)
+    b_beta = tl.load(beta_ptr + rows * HV + i_h, mask=m_rows, other=0.0).to(tl.float32)
+    b_eg = tl.exp(b_gr)
+    b_ks = tl.zeros([BR, BV], dtype=tl.float32)
+    b_qs = tl.zeros([BR, BV], dtype=tl.float32)
+    for kk in range(0, DK, BK):
+        m_k = (kk + o_k) < DK
+        p_qk = rows[:, None] * (H * DK) + i_kh * DK + (kk + o_k)[None, :]
+        m_qk = m_rows[:, None] & m_k[None, :]
+        b_k = tl.load(k_ptr + p_qk, mask=m_qk, other=0.0).to(tl.float32)
+        b_q = tl.load(q_ptr + p_qk, mask=m_qk, other=0.0).to(tl.float32)
+        p_s = s0_ptr + i_h * (DV * DK) + o_v[None, :] * DK + (kk + o_k)[:, None]
+        b_s = tl.load(p_s, mask=m_k[:, None] & m_v[None, :], other=0.0)
+        b_ks += tl.dot(b_k, b_s, input_precision=PREC)
+        b_qs += tl.dot(b_q, b_s, input_precision=PREC)
+    p_v = rows[:, None] * (HV * DV) + i_h * DV + o_v[None, :]
+    b_vv = tl.load(v_ptr + p_v, mask=m_rows[:, None] & m_v[None, :], other=0.0).to(tl.float32)
+    return b_beta[:, None] * (b_vv - b_eg[:, None] * b_ks), (scale * b_eg)[:, None] * b_qs
+
+
+@triton.jit
 def _tree_values_kernel(
-    q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, a_ptr, p_ptr, gcum_ptr, o_ptr, delta_ptr,
+    q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, a_ptr, p_ptr, gcum_ptr, o_ptr, delta_ptr, qs_ptr,
     pd_ptr, pk_ptr, pg_ptr, panc_ptr, pnode_ptr, pn, n, NP, scale,
     H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BR: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, PENDING: tl.constexpr, PNP: tl.constexpr,
+    HOIST: tl.constexpr,
 ):  # fmt: skip
     """Phase 2 of :func:`tree_gdn_split`, one (value head, d_v tile) per program: the blocked forward
     substitution and outputs of :func:`_tree_verify_kernel` with the key-only blocks read from phase 1's
     scratch (A_rc, P_rc, the diagonal inverses) instead of recomputed per d_v tile:
     X_r = beta_r (V_r - e^{G_r} K_r S0^T) - sum_{c<r} A_rc Delta_c, Delta_r = T_rr X_r,
-    O_r = scale e^{G_r} Q_r S0^T + sum_{c<=r} P_rc Delta_c. With PENDING, the delayed commit first."""
+    O_r = scale e^{G_r} Q_r S0^T + sum_{c<=r} P_rc Delta_c. With PENDING, the delayed commit first.
+    HOIST: the state terms of every row block first, in a pass with no dependence between blocks (X0 into
+    ``delta``, the Q S0^T term into the float32 scratch ``qs_ptr`` [n, HV, d_v]), so the serial walk over
+    the blocks reads them back instead of computing them in the chain; the same arithmetic, bitwise."""
     i_h = tl.program_id(0)
     i_v = tl.program_id(1)
     i_kh = i_h // (HV // H)
@@ -474,29 +505,28 @@ def _tree_values_kernel(
         _pending_prologue(
             s0_ptr, pd_ptr, pk_ptr, pg_ptr, panc_ptr, pnode_ptr, pn, i_h, o_v, HV, DV, DK, BK, PNP
         )
+    if HOIST:
+        for r in range(0, tl.cdiv(n, BR)):
+            rows = r * BR + o_r
+            m_rows = rows < n
+            b_x, b_o = _values_start(q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, gcum_ptr, rows, m_rows, o_k, o_v,
+                                     m_v, i_h, i_kh, scale, H, HV, DK, DV, BR, BK, BV, PREC)  # fmt: skip
+            p_v = rows[:, None] * (HV * DV) + i_h * DV + o_v[None, :]
+            m_rv = m_rows[:, None] & m_v[None, :]
+            tl.store(delta_ptr + p_v, b_x, mask=m_rv)
+            tl.store(qs_ptr + p_v, b_o, mask=m_rv)
+        tl.debug_barrier()  # the walk below reads these rows back
     for r in range(0, tl.cdiv(n, BR)):
         rows = r * BR + o_r
         m_rows = rows < n
-        b_gr = tl.load(gcum_ptr + rows * HV + i_h, mask=m_rows, other=0.0)
-        b_beta = tl.load(beta_ptr + rows * HV + i_h, mask=m_rows, other=0.0).to(tl.float32)
-        b_eg = tl.exp(b_gr)
-        b_ks = tl.zeros([BR, BV], dtype=tl.float32)
-        b_qs = tl.zeros([BR, BV], dtype=tl.float32)
-        for kk in range(0, DK, BK):
-            m_k = (kk + o_k) < DK
-            p_qk = rows[:, None] * (H * DK) + i_kh * DK + (kk + o_k)[None, :]
-            m_qk = m_rows[:, None] & m_k[None, :]
-            b_k = tl.load(k_ptr + p_qk, mask=m_qk, other=0.0).to(tl.float32)
-            b_q = tl.load(q_ptr + p_qk, mask=m_qk, other=0.0).to(tl.float32)
-            p_s = s0_ptr + i_h * (DV * DK) + o_v[None, :] * DK + (kk + o_k)[:, None]
-            b_s = tl.load(p_s, mask=m_k[:, None] & m_v[None, :], other=0.0)
-            b_ks += tl.dot(b_k, b_s, input_precision=PREC)
-            b_qs += tl.dot(b_q, b_s, input_precision=PREC)
         p_v = rows[:, None] * (HV * DV) + i_h * DV + o_v[None, :]
         m_rv = m_rows[:, None] & m_v[None, :]
-        b_vv = tl.load(v_ptr + p_v, mask=m_rv, other=0.0).to(tl.float32)
-        b_x = b_beta[:, None] * (b_vv - b_eg[:, None] * b_ks)
-        b_o = (scale * b_eg)[:, None] * b_qs
+        if HOIST:
+            b_x = tl.load(delta_ptr + p_v, mask=m_rv, other=0.0)
+            b_o = tl.load(qs_ptr + p_v, mask=m_rv, other=0.0)
+        else:
+            b_x, b_o = _values_start(q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, gcum_ptr, rows, m_rows, o_k, o_v,
+                                     m_v, i_h, i_kh, scale, H, HV, DK, DV, BR, BK, BV, PREC)  # fmt: skip
         p_row = i_h * NP * NP + rows[:, None] * NP
         for c in range(0, r):
             cols = c * BR + o_r
@@ -836,6 +866,7 @@ def tree_gdn_split(
     num_warps: int | None = None,
     out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     pending: PendingCommit | None = None,
+    hoist: bool = False,
 ) -> tuple[torch.Tensor, TreeFactors]:
     """:func:`tree_gdn_fused` (same arguments, results and ``pending``) in two launches, for few heads.
 
@@ -847,18 +878,22 @@ def tree_gdn_split(
     in every d_v tile and runs one program per (head, tile) through all of it: 64 programs at the SpecLA
     shape (HV = 8, d_k = 256), 40x above its floor. Here the d_k-long K K^T / Q K^T dots and the
     inverses spread over HV NR (NR + 1) / 2 programs, and phase 2 gets narrow tiles (more programs)
-    without repeating them. Same arithmetic as the fused kernel, so the same error bounds.
+    without repeating them. Same arithmetic as the fused kernel, so the same error bounds. ``hoist``:
+    phase 2 computes every row block's state terms (K S0^T, Q S0^T) in a first pass with no dependence
+    between blocks, so the serial walk only reads them back (bitwise the same results; a float32 scratch
+    [n, HV, d_v] more).
     """
     c = _TreeCall.of(q, k, v, g, beta, state, ancestors, precision, chain, pending, out)
     br, bv = split_tiles(c.n, c.hv, c.dv, precision, block_rows, block_v)
     bk = _check_tiles(br, block_k, c.dk)
     warps = num_warps or (8 if br >= 64 else 4)
     a_blocks, p_blocks, npad = _key_blocks(c, br, bk, precision, scale, warps)
+    qs = torch.empty_like(c.delta) if hoist else c.delta
     _tree_values_kernel[(c.hv, triton.cdiv(c.dv, bv))](
-        c.q, c.k, c.v, c.beta, c.state, a_blocks, p_blocks, c.gate_cum, c.o, c.delta, *c.p_ops, c.p_node,
-        c.p_n, c.n, npad, float(scale),
+        c.q, c.k, c.v, c.beta, c.state, a_blocks, p_blocks, c.gate_cum, c.o, c.delta, qs, *c.p_ops,
+        c.p_node, c.p_n, c.n, npad, float(scale),
         H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, BK=bk, BV=bv, PREC=precision, PENDING=pending is not None,
-        PNP=c.pnp, num_warps=warps,
+        PNP=c.pnp, HOIST=hoist, num_warps=warps,
     )  # fmt: skip
     return c.o, c.factors()
 

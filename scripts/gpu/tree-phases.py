@@ -73,6 +73,8 @@ def phases(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
 
     row("fused", lambda: tt.tree_gdn_fused(x.q, x.k, x.v, x.g, x.beta, x.state, anc, scale, PREC), 40.0)
     row("split", lambda: tt.tree_gdn_split(x.q, x.k, x.v, x.g, x.beta, x.state, anc, scale, PREC), 40.0)
+    args = (x.q, x.k, x.v, x.g, x.beta, x.state, anc, scale, PREC)
+    row("split-hoist", lambda: tt.tree_gdn_split(*args, hoist=True), 40.0)
     for br in (16, 32, 64):
         if br > max(16, t):
             continue
@@ -82,20 +84,24 @@ def phases(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
             row("phase1", lambda c=c, br=br, b=bk_, w=warps: tt._key_blocks(c, br, b, PREC, scale, w), 15.0,
                 block_rows=br, num_warps=warps)  # fmt: skip
         a_blocks, p_blocks, npad = tt._key_blocks(c, br, bk_, PREC, scale, 8 if br >= 64 else 4)
+        qs = torch.empty_like(c.delta)
         for bv in (16, 32, 64, 128):
             if bv > c.dv:
                 continue
-            for warps in (4, 8):
+            for warps, hoist in ((4, False), (8, False), (4, True), (8, True)):
 
-                def values(c=c, br=br, b=bk_, bv=bv, w=warps, a=a_blocks, p=p_blocks, npad=npad) -> None:
+                def values(
+                    c=c, br=br, b=bk_, bv=bv, w=warps, a=a_blocks, p=p_blocks, npad=npad, h=hoist, s=qs
+                ) -> None:
                     tt._tree_values_kernel[(c.hv, triton.cdiv(c.dv, bv))](
-                        c.q, c.k, c.v, c.beta, c.state, a, p, c.gate_cum, c.o, c.delta, *c.p_ops, c.p_node,
-                        c.p_n, c.n, npad, float(scale),
+                        c.q, c.k, c.v, c.beta, c.state, a, p, c.gate_cum, c.o, c.delta, s, *c.p_ops,
+                        c.p_node, c.p_n, c.n, npad, float(scale),
                         H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, BK=b, BV=bv, PREC=PREC, PENDING=False,
-                        PNP=c.pnp, num_warps=w,
+                        PNP=c.pnp, HOIST=h, num_warps=w,
                     )  # fmt: skip
 
-                row("phase2", values, 20.0, out=c.o, block_rows=br, block_v=bv, num_warps=warps)
+                name = "phase2-hoist" if hoist else "phase2"
+                row(name, values, 20.0, out=c.o, block_rows=br, block_v=bv, num_warps=warps)
         grid = (c.hv, c.dv // 64)
         dummy = torch.zeros(1, device=dev)
         row("empty-launch", lambda g=grid, d=dummy: _empty_kernel[g](d), 3.0, grid=list(grid))

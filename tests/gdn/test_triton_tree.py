@@ -133,7 +133,7 @@ def run_case(spec: dict, device: str) -> dict:
     anc = tree.ancestor_mask.to(device)
     scale = dk**-0.5
     tuning = ("block_rows", "block_v", "block_k", "num_warps", "batched_base", "block_rows_v", "block_cols",
-              "precompute_x0")  # fmt: skip
+              "precompute_x0", "hoist")  # fmt: skip
     knobs = {key: spec[key] for key in tuning if key in spec}
     nan = float("nan")
     o = torch.full((n, hv, dv), nan, dtype=q.dtype, device=device)
@@ -316,6 +316,18 @@ INTERP_CASES = {
         "kind": "mixed",
         "pending": True,
         "pending_node": -1,
+        "pending_index": True,
+    },
+    "split-hoist-pending-index-n40-mixed-dk32-br16": {  # phase 2's state terms in a first pass
+        **_SMALL,
+        "n": 40,
+        "kind": "mixed",
+        "dk": 32,
+        "block_k": 16,
+        "block_rows": 16,
+        "split": True,
+        "hoist": True,
+        "pending": True,
         "pending_index": True,
     },
     "split-pending-index-n20-fan": {
@@ -546,19 +558,25 @@ def test_gpu_tree(shape: str, n: int, kind: str, dtype: str, precision: str) -> 
 
 
 @pytest.mark.parametrize(
-    ("shape", "n", "kind", "dtype", "precision", "pending"),
-    [("specla", 128, "mixed", "bfloat16", "tf32", False), ("specla", 64, "chain", "float32", "ieee", True),
-     ("specla", 129, "random", "float32", "ieee", False),
-     ("weaver", 128, "random", "bfloat16", "tf32", False),
-     ("weaver", 64, "mixed", "float32", "ieee", True), ("specla", 256, "random", "bfloat16", "tf32", False)],
+    ("shape", "n", "kind", "dtype", "precision", "pending", "hoist"),
+    [("specla", 128, "mixed", "bfloat16", "tf32", False, False),
+     ("specla", 64, "chain", "float32", "ieee", True, False),
+     ("specla", 129, "random", "float32", "ieee", False, True),
+     ("weaver", 128, "random", "bfloat16", "tf32", False, False),
+     ("weaver", 128, "random", "bfloat16", "tf32", True, True),
+     ("weaver", 64, "mixed", "float32", "ieee", True, False),
+     ("specla", 256, "random", "bfloat16", "tf32", False, False)],
 )  # fmt: skip
 @pytest.mark.gpu
 @pytest.mark.skipif(not _gpu_ok(), reason="needs a CUDA GPU, triton, and TRITON_INTERPRET unset")
-def test_gpu_tree_split(shape: str, n: int, kind: str, dtype: str, precision: str, pending: bool) -> None:
-    """The two-phase kernels (tree_gdn_split) at the paper shapes, with and without a delayed commit."""
+def test_gpu_tree_split(
+    shape: str, n: int, kind: str, dtype: str, precision: str, pending: bool, hoist: bool
+) -> None:
+    """The two-phase kernels (tree_gdn_split) at the paper shapes, with and without a delayed commit and
+    phase 2's hoisted state terms."""
     base = WEAVER if shape == "weaver" else SPECLA
     spec = {**base, "n": n, "kind": kind, "dtype": dtype, "precision": precision, "seed": _fresh_seed()}
-    spec.update(split=True, pending=pending, pending_n=64)
+    spec.update(split=True, pending=pending, pending_n=64, hoist=hoist)
     res = run_case(spec, "cuda")
     o_tol, d_tol = GPU_TOL[(dtype, precision)]
     msg = f"seed={spec['seed']} {res}"
