@@ -81,6 +81,7 @@ MP_LIMITS = {
     "nodes": 256,
 }
 ATT_TILE = 32768  # elements of attention's key block: all heads in one block up to this, else per head
+ATT_CHUNK = 4096  # per head: elements of a block of keys (values), head_dim wide
 SPIN_CAP = 1 << 20  # polls of a grid barrier before the error flag is set
 STAGES = 10  # the pop, 8 stages between barriers, the ranking
 
@@ -188,15 +189,26 @@ def _rmsnorm(x, w_ptr, eps, N: tl.constexpr, NP: tl.constexpr, ACC: tl.constexpr
 
 
 @triton.jit
+def _stride(nprog, PC: tl.constexpr, B: tl.constexpr):
+    """The step of a loop over blocks of B split over the programs: B * P (P = PC, or ``nprog`` at PC 0)."""
+    if PC > 0:
+        return PC * B
+    return nprog * B
+
+
+@triton.jit
 def _linear(w_ptr, x, y_ptr, OUT: tl.constexpr, IN: tl.constexpr, INP: tl.constexpr, TILE: tl.constexpr,
-            ACC: tl.constexpr, DT: tl.constexpr, UNROLL: tl.constexpr, P: tl.constexpr):  # fmt: skip
+            ACC: tl.constexpr, DT: tl.constexpr, UNROLL: tl.constexpr, nprog, PC: tl.constexpr):  # fmt: skip
     """y = W x (W [OUT, IN] row-major) for x [INP] in registers; y stored rounded to DT, in blocks of
-    TILE / INP rows: this program's blocks (program p of P: blocks p, p + P, ...)."""
+    TILE / INP rows: this program's blocks (program p of P: blocks p, p + P, ...; P = PC, or the
+    runtime ``nprog`` when PC is 0)."""
     BO: tl.constexpr = TILE // INP  # TILE >= INP (grow_fused)
     o_i = tl.arange(0, INP)
-    for o0 in tl.range(0, OUT, P * BO, loop_unroll_factor=UNROLL):  # P > 1: the last block may be empty
+    for o0 in tl.range(
+        0, OUT, _stride(nprog, PC, BO), loop_unroll_factor=UNROLL
+    ):  # P > 1: the last block may be empty
         o_o = o0 + tl.arange(0, BO)
-        if P > 1:
+        if PC != 1:
             o_o += tl.program_id(0) * BO
         m = (o_o[:, None] < OUT) & (o_i[None, :] < IN)
         w = tl.load(w_ptr + o_o[:, None] * IN + o_i[None, :], mask=m, other=0.0).to(ACC)
@@ -205,21 +217,21 @@ def _linear(w_ptr, x, y_ptr, OUT: tl.constexpr, IN: tl.constexpr, INP: tl.conste
 
 
 @triton.jit
-def _sync(sync_ptr, n, K: tl.constexpr, N: tl.constexpr, P: tl.constexpr, SPIN: tl.constexpr):
-    """Barrier ``K`` (1-based) of node ``n``'s launch: a block barrier, and with P > 1 a grid barrier on
-    counter ``sync[n]`` (module docstring); past SPIN polls it sets ``sync[N]`` and goes on."""
+def _sync(sync_ptr, n, K: tl.constexpr, N: tl.constexpr, nprog, PC: tl.constexpr, SPIN: tl.constexpr):
+    """Barrier ``K`` (1-based) of node ``n``'s launch: a block barrier, and on ``nprog`` programs (PC 0)
+    a grid barrier on counter ``sync[n]`` (module docstring); past SPIN polls it sets ``sync[N]``."""
     tl.debug_barrier()
-    if P > 1:
+    if PC != 1:
         ctr = sync_ptr + n
         err = sync_ptr + N
         tl.atomic_add(ctr, 1, sem="acq_rel", scope="gpu")
         failed = tl.atomic_add(err, 0, sem="acquire", scope="gpu") != 0  # another barrier gave up: no wait
         spins = tl.where(failed, SPIN, 0)
         cur = tl.atomic_add(ctr, 0, sem="acquire", scope="gpu")
-        while (cur < K * P) & (spins < SPIN):
+        while (cur < K * nprog) & (spins < SPIN):
             cur = tl.atomic_add(ctr, 0, sem="acquire", scope="gpu")
             spins += 1
-        tl.store(err, 1, mask=cur < K * P)
+        tl.store(err, 1, mask=cur < K * nprog)
         tl.debug_barrier()
 
 
@@ -319,7 +331,36 @@ def _attention(q_ptr, cache_ptr, o_ptr, vis, c, ACC: tl.constexpr, DT: tl.conste
     tl.store(o_ptr + c, _rnd(tl.reshape(att, (NH * HD,)), DT).to(o_ptr.dtype.element_ty), mask=c < DM)
 
 
-@triton.jit(do_not_specialize=["n"])
+@triton.jit
+def _attention_head(q_ptr, cache_ptr, o_ptr, vis_ptr, s_ptr, c, ACC: tl.constexpr, DT: tl.constexpr,
+                    CG: tl.constexpr, N: tl.constexpr, NP: tl.constexpr, HD: tl.constexpr, DM: tl.constexpr,
+                    CH: tl.constexpr, UNROLL: tl.constexpr):  # fmt: skip
+    """:func:`_attention` of one head (columns ``c``), CH slots a time: the scores, then the weights, in
+    this head's scratch ``s_ptr`` [2 NP] (ACC); the visible slots read from the ancestor row."""
+    q = _ld(q_ptr + c, c < DM, CG).to(ACC)
+    scale = 1.0 / tl.sqrt(tl.full([], HD, ACC))
+    for r0 in tl.range(0, NP, CH, loop_unroll_factor=UNROLL):
+        rr = r0 + tl.arange(0, CH)
+        vis = _ld(vis_ptr + rr, rr < N, CG) != 0
+        keys = _ld(cache_ptr + rr[:, None] * 2 * DM + c[None, :], vis[:, None], CG).to(ACC)
+        s = _rnd(_rnd(tl.sum(keys * q[None, :], axis=1), DT) * scale, DT)
+        tl.store(s_ptr + rr, tl.where(vis, s, float("-inf")))
+    tl.debug_barrier()
+    o = tl.arange(0, NP)
+    s = tl.load(s_ptr + o)
+    e = tl.exp(s - tl.max(s, axis=0))
+    tl.store(s_ptr + NP + o, _rnd(e / tl.sum(e, axis=0), DT))
+    tl.debug_barrier()
+    att = tl.zeros([HD], dtype=ACC)
+    for r0 in tl.range(0, NP, CH, loop_unroll_factor=UNROLL):
+        rr = r0 + tl.arange(0, CH)
+        vis = _ld(vis_ptr + rr, rr < N, CG) != 0
+        vals = _ld(cache_ptr + rr[:, None] * 2 * DM + DM + c[None, :], vis[:, None], CG).to(ACC)
+        att += tl.sum(tl.load(s_ptr + NP + rr)[:, None] * vals, axis=0)
+    tl.store(o_ptr + c, _rnd(att, DT).to(o_ptr.dtype.element_ty))
+
+
+@triton.jit(do_not_specialize=["n", "nprog"])
 def _node_kernel(
     # growth state
     key_ptr, rank_ptr, order_ptr, valid_ptr, tok_ptr, par_ptr, dep_ptr, score_ptr, anc_ptr,
@@ -328,17 +369,19 @@ def _node_kernel(
     root_ptr, base_ptr, emb_ptr, pemb_ptr, pl_ptr, pid_ptr,
     # weights
     we_ptr, n1_ptr, wq_ptr, wk_ptr, wv_ptr, wo_ptr, n2_ptr, wg_ptr, wu_ptr, wd_ptr, n3_ptr, wout_ptr,
-    n, eps,
+    n, nprog, eps,
     N: tl.constexpr, NP: tl.constexpr, KEEP: tl.constexpr, D: tl.constexpr,
     K: tl.constexpr, KP: tl.constexpr, H: tl.constexpr, HP: tl.constexpr,
     DM: tl.constexpr, DMP: tl.constexpr, NH: tl.constexpr, HD: tl.constexpr,
     I: tl.constexpr, IP: tl.constexpr, TILE: tl.constexpr, BP: tl.constexpr, BR: tl.constexpr,
     ROOT: tl.constexpr, SCORE: tl.constexpr, ACC: tl.constexpr, DT: tl.constexpr, UNROLL: tl.constexpr,
-    P: tl.constexpr, STAGE: tl.constexpr, HEADWISE: tl.constexpr, CG: tl.constexpr, SPIN: tl.constexpr,
+    PC: tl.constexpr, STAGE: tl.constexpr, HEADWISE: tl.constexpr, CH: tl.constexpr, SPIN: tl.constexpr,
 ):  # fmt: skip
-    """Node ``n``: pop it (unless ROOT), then score it (if SCORE), on program ``program_id`` of P.
-    STAGE -1: every stage, barriers between; STAGE s >= 0: stage s alone (staged launches). See the
-    module docstring."""
+    """Node ``n``: pop it (unless ROOT), then score it (if SCORE), on program ``program_id`` of P: PC = 1
+    one program; PC = 0 ``nprog`` programs with grid barriers (one binary for every P > 1); PC = P > 1
+    staged. STAGE -1: every stage, barriers between; STAGE s >= 0: stage s alone (staged launches).
+    See the module docstring."""
+    CG: tl.constexpr = PC == 0  # scratch other programs wrote in this launch: loads bypass L1
     pid = tl.program_id(0)
     o = tl.arange(0, NP)
     if STAGE <= 0:
@@ -383,9 +426,9 @@ def _node_kernel(
         # 1. W_e E[token]
         if (STAGE < 0) or (STAGE == 1):
             e_tok = _load_vec(emb_ptr + token * H, H, HP, ACC, False)
-            _linear(we_ptr, e_tok, se, DM, H, HP, TILE, ACC, DT, UNROLL, P)
+            _linear(we_ptr, e_tok, se, DM, H, HP, TILE, ACC, DT, UNROLL, nprog, PC)
         if STAGE < 0:
-            _sync(sync_ptr, n, 1, N, P, SPIN)
+            _sync(sync_ptr, n, 1, N, nprog, PC, SPIN)
             if pid == 0:
                 if ROOT:
                     _root_write(token, rank_ptr, order_ptr, valid_ptr, tok_ptr, par_ptr, dep_ptr, score_ptr,
@@ -398,59 +441,63 @@ def _node_kernel(
         if (STAGE < 0) or (STAGE == 2):
             x = _rnd(_load_vec(base_ptr + d * DM, DM, DMP, ACC, False) + _load_vec(se, DM, DMP, ACC, CG), DT)
             a = _rmsnorm(x, n1_ptr, eps, DM, DMP, ACC, DT)
-            _linear(wq_ptr, a, sq, DM, DM, DMP, TILE, ACC, DT, UNROLL, P)
-            _linear(wk_ptr, a, cache_ptr + n * 2 * DM, DM, DM, DMP, TILE, ACC, DT, UNROLL, P)
-            _linear(wv_ptr, a, cache_ptr + n * 2 * DM + DM, DM, DM, DMP, TILE, ACC, DT, UNROLL, P)
+            _linear(wq_ptr, a, sq, DM, DM, DMP, TILE, ACC, DT, UNROLL, nprog, PC)
+            _linear(wk_ptr, a, cache_ptr + n * 2 * DM, DM, DM, DMP, TILE, ACC, DT, UNROLL, nprog, PC)
+            _linear(wv_ptr, a, cache_ptr + n * 2 * DM + DM, DM, DM, DMP, TILE, ACC, DT, UNROLL, nprog, PC)
         if STAGE < 0:
-            _sync(sync_ptr, n, 2, N, P, SPIN)
+            _sync(sync_ptr, n, 2, N, nprog, PC, SPIN)
         # 3. attention over the ancestors' slots and the node's own (its ancestor row): per head over
         # the programs, or all heads at once by program 0
         if (STAGE < 0) or (STAGE == 3):
             if HEADWISE:
-                for h0 in tl.range(0, NH, P):
+                for h0 in tl.range(0, NH, _stride(nprog, PC, 1)):
                     if h0 + pid < NH:
-                        c = (h0 + pid) * HD + tl.arange(0, HD)
-                        _attention(sq, cache_ptr, so, vis, c, ACC, DT, CG, NP, 1, HD, DM)
+                        head = h0 + pid
+                        c = head * HD + tl.arange(0, HD)
+                        _attention_head(sq, cache_ptr, so, anc_ptr + n * NP, sa_ptr + KP + head * 2 * NP, c,
+                                        ACC, DT, CG, N, NP, HD, DM, CH, UNROLL)  # fmt: skip
             else:
                 if pid == 0:
                     _attention(sq, cache_ptr, so, vis, tl.arange(0, DMP), ACC, DT, CG, NP, NH, HD, DM)
         if STAGE < 0:
-            _sync(sync_ptr, n, 3, N, P, SPIN)
+            _sync(sync_ptr, n, 3, N, nprog, PC, SPIN)
         # 4. W_o attention
         if (STAGE < 0) or (STAGE == 4):
-            _linear(wo_ptr, _load_vec(so, DM, DMP, ACC, CG), sy, DM, DM, DMP, TILE, ACC, DT, UNROLL, P)
+            _linear(
+                wo_ptr, _load_vec(so, DM, DMP, ACC, CG), sy, DM, DM, DMP, TILE, ACC, DT, UNROLL, nprog, PC
+            )
         if STAGE < 0:
-            _sync(sync_ptr, n, 4, N, P, SPIN)
+            _sync(sync_ptr, n, 4, N, nprog, PC, SPIN)
         # 5. y = x + W_o attention; gate and up of RMSNorm(y)
         if (STAGE < 0) or (STAGE == 5):
             x = _rnd(_load_vec(base_ptr + d * DM, DM, DMP, ACC, False) + _load_vec(se, DM, DMP, ACC, CG), DT)
             y = _rnd(x + _load_vec(sy, DM, DMP, ACC, CG), DT)
             b = _rmsnorm(y, n2_ptr, eps, DM, DMP, ACC, DT)
-            _linear(wg_ptr, b, sg, I, DM, DMP, TILE, ACC, DT, UNROLL, P)
-            _linear(wu_ptr, b, sup, I, DM, DMP, TILE, ACC, DT, UNROLL, P)
+            _linear(wg_ptr, b, sg, I, DM, DMP, TILE, ACC, DT, UNROLL, nprog, PC)
+            _linear(wu_ptr, b, sup, I, DM, DMP, TILE, ACC, DT, UNROLL, nprog, PC)
         if STAGE < 0:
-            _sync(sync_ptr, n, 5, N, P, SPIN)
+            _sync(sync_ptr, n, 5, N, nprog, PC, SPIN)
         # 6. down_proj of SiLU(gate) * up
         if (STAGE < 0) or (STAGE == 6):
             g = _load_vec(sg, I, IP, ACC, CG)
             prod = _rnd(_rnd(g / (1.0 + tl.exp(-g)), DT) * _load_vec(sup, I, IP, ACC, CG), DT)
-            _linear(wd_ptr, prod, sd, DM, I, IP, TILE, ACC, DT, UNROLL, P)
+            _linear(wd_ptr, prod, sd, DM, I, IP, TILE, ACC, DT, UNROLL, nprog, PC)
         if STAGE < 0:
-            _sync(sync_ptr, n, 6, N, P, SPIN)
+            _sync(sync_ptr, n, 6, N, nprog, PC, SPIN)
         # 7. u = W_out RMSNorm(y + MLP)
         if (STAGE < 0) or (STAGE == 7):
             x = _rnd(_load_vec(base_ptr + d * DM, DM, DMP, ACC, False) + _load_vec(se, DM, DMP, ACC, CG), DT)
             y = _rnd(x + _load_vec(sy, DM, DMP, ACC, CG), DT)
             hpre = _rnd(y + _load_vec(sd, DM, DMP, ACC, CG), DT)
             h = _rmsnorm(hpre, n3_ptr, eps, DM, DMP, ACC, DT)
-            _linear(wout_ptr, h, su, H, DM, DMP, TILE, ACC, DT, UNROLL, P)
+            _linear(wout_ptr, h, su, H, DM, DMP, TILE, ACC, DT, UNROLL, nprog, PC)
         if STAGE < 0:
-            _sync(sync_ptr, n, 7, N, P, SPIN)
+            _sync(sync_ptr, n, 7, N, nprog, PC, SPIN)
         # 8. pool scores l_d + <u, E[pool]>, blocks of BP pool tokens over the programs
         if (STAGE < 0) or (STAGE == 8):
             u = _load_vec(su, H, HP, ACC, CG)
             hh = tl.arange(0, HP)
-            for k0 in tl.range(0, K, P * BP, loop_unroll_factor=UNROLL):
+            for k0 in tl.range(0, K, _stride(nprog, PC, BP), loop_unroll_factor=UNROLL):
                 kk = k0 + pid * BP + tl.arange(0, BP)
                 em = (kk[:, None] < K) & (hh[None, :] < H)
                 rows = tl.load(pemb_ptr + (d * K + kk[:, None]) * H + hh[None, :], mask=em, other=0.0)
@@ -458,7 +505,7 @@ def _node_kernel(
                 sc = _rnd(tl.load(pl_ptr + d * K + kk, mask=kk < K, other=0.0).to(ACC) + dot, DT)
                 tl.store(ss + kk, sc.to(ss.dtype.element_ty), mask=kk < K)
         if STAGE < 0:
-            _sync(sync_ptr, n, 8, N, P, SPIN)
+            _sync(sync_ptr, n, 8, N, nprog, PC, SPIN)
         # 9. (program 0) log-softmax over the pool, then the KEEP best children (ties: the lower position)
         if ((STAGE < 0) or (STAGE == 9)) and (pid == 0):
             ok = tl.arange(0, KP)
@@ -555,7 +602,7 @@ def grow_fused(
         "clq": torch.empty(n, keep, dtype=torch.float64, device=dev),
         "cache": torch.empty(n, 2, cfg.d_model, dtype=dt, device=dev),
         "sw": torch.empty(5 * dmp + 2 * ip + hp + kp, dtype=dt, device=dev),
-        "sa": torch.empty(kp, dtype=acc, device=dev),
+        "sa": torch.empty(kp + 2 * cfg.num_heads * np_, dtype=acc, device=dev),  # log q; per head: s, w
         "sync": torch.zeros(n + 1, dtype=torch.int32, device=dev),  # barrier counter per node, error flag
     }
     weights = [
@@ -571,6 +618,7 @@ def grow_fused(
         TILE=tile, BP=max(1, min(kp, tile // hp)), BR=max(1, min(kp, tile // kp)),
         ACC=tl.float64 if acc == torch.float64 else tl.float32, DT=_tl_dtype(dt),
         UNROLL=unroll if unroll > 1 else None, HEADWISE=_headwise(np_, dmp), SPIN=spin_cap,
+        CH=max(1, min(np_, ATT_CHUNK // cfg.head_dim)),
         num_warps=num_warps,
     )  # fmt: skip
     args = [*state.values(), *inputs, *[p.contiguous() for p in weights]]
@@ -579,12 +627,12 @@ def grow_fused(
         if staged:  # the pop, then each stage a launch (the ranking on one program)
             for s in range(STAGES if score else 1):
                 grid = 1 if s in (0, STAGES - 1) else programs
-                _node_kernel[(grid,)](*args, node, cfg.rms_norm_eps, ROOT=node == 0, SCORE=score, P=programs,
-                                      STAGE=s, CG=False, **consts)  # fmt: skip
+                _node_kernel[(grid,)](*args, node, programs, cfg.rms_norm_eps, ROOT=node == 0, SCORE=score,
+                                      PC=programs, STAGE=s, **consts)  # fmt: skip
         else:
             p = programs if score else 1  # the last node: the pop alone
-            _node_kernel[(p,)](*args, node, cfg.rms_norm_eps, ROOT=node == 0, SCORE=score, P=p, STAGE=-1,
-                               CG=p > 1, **consts)  # fmt: skip
+            _node_kernel[(p,)](*args, node, p, cfg.rms_norm_eps, ROOT=node == 0, SCORE=score,
+                               PC=1 if p == 1 else 0, STAGE=-1, **consts)  # fmt: skip
     return FusedGrowth(state["tokens"], state["parents"], state["scores"], state["sync"][n:])
 
 
