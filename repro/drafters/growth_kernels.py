@@ -28,12 +28,16 @@ one place the order may differ from torch's ``topk``, whose tie order is unspeci
 P = 1 is one CTA walking every weight matrix (latency bound: ~40 us a node at the tiny family on an
 H200). With P > 1 every linear splits its output rows into blocks of ``TILE / in-width`` rows and
 program p computes blocks p, p + P, ...; the pool scores split their blocks of ``BP`` tokens the same
-way; attention splits over heads (``HEADWISE``, chosen from the shapes: the all-heads key block
-``NP x d_model`` over :data:`ATT_TILE`) or is program 0's; every program pops redundantly (the
-token, depth and ancestor row it needs, in registers) and recomputes the vectors between stages;
-program 0 alone writes the pop and runs stage 9. A row's value never depends on P: the same block
-shape (TILE, num_warps) computes it whichever program owns it, so the tree and the scores are
-bitwise those of P = 1 at the same launch options.
+way; attention (``HEADWISE``, chosen from the shapes: the all-heads key block ``NP x d_model`` over
+:data:`ATT_TILE`) splits over heads, each head in blocks of ``ATT_CHUNK / head_dim`` slots whose
+visibility it reads from node n's ancestor row (written by program 0 after barrier 1), or is program
+0's (all heads at once, from the pop's row in registers). Every program pops redundantly (the token,
+depth and row it needs, in registers) and recomputes the vectors between stages; program 0 alone
+writes the pop (after barrier 1: every program has read the tables) and runs stage 9. P is a
+runtime argument: one binary serves every P > 1 (P = 1 compiles the single-program code). A row's
+value never depends on P: the same block shape (TILE, num_warps) computes it whichever program owns
+it, so the tree and the scores are bitwise those of P = 1 at the same launch options (GPU tests and
+``scripts/gpu/weaver-mp.py`` check it).
 
 **Grid barrier** (P > 1; P = 1: a block barrier). Node n's launch owns counter ``sync[n]`` (int32;
 ``sync`` is zeroed by one ``zero_`` before the growth's launches, so no counter is reset while in
@@ -42,14 +46,15 @@ use). Barrier k (1..8): a block barrier (every thread's stores issued), then one
 by the block barrier) and polls ``sync[n]`` with acquire loads until it reaches ``k * P``, then a
 block barrier (the acquire orders the block's later loads). A poll past ``spin_cap`` iterations sets
 the error flag ``sync[N]`` and goes on (no hang, a wrong tree: :attr:`FusedGrowth.error` must be 0);
-a program that finds the flag set does not spin. **L1**: a program's loads of scratch another
-program wrote in the same launch (the stage vectors, the node's k / v slot) use ``.cg`` (cached in L2
-only): L1 is per SM and not coherent, and a line (128 bytes) that holds a region read earlier can
-hold a neighbouring region another program writes later. Tables written in earlier launches and
-the weights load normally. **Co-residency**: a barrier waits for every program, so all P must be
-resident at once: P is clamped to the device's SM count (one CTA per SM always fits: the kernel
-compiled at all), and nothing else may hold SMs for long (other streams' kernels delay, the flag
-catches a stall). The node that fills the budget (the pop alone) runs on one program.
+a program that finds the flag set does not spin. **L1**: a program's loads of what another program
+wrote in the same launch (the stage vectors, the node's k / v slot and ancestor row) use ``.cg``
+(cached in L2 only): L1 is per SM and not coherent, and a line (128 bytes) that holds a region read
+earlier can hold a neighbouring region another program writes later. Tables written in earlier
+launches and the weights load normally. **Co-residency**: a barrier waits for every program, so
+all P must be resident at once: P is clamped to the device's SM count (one CTA per SM always fits:
+the kernel compiled at all; about 128 registers a thread at the 27B shape, no spills), and nothing
+else may hold SMs for long (other streams' kernels delay, the flag catches a stall). The node that
+fills the budget (the pop alone) runs on one program.
 
 **CPU**: Triton's interpreter runs a grid's programs one after another, so a spinning barrier would
 wait for programs that only run after it returns. There P > 1 runs *staged* (:func:`grow_fused`'s

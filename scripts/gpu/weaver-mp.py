@@ -10,9 +10,9 @@ Random weights and inputs (``growth_kernels.growth_problem``) at the tiny family
    same tree (or the first difference at a near tie), score error, bitwise equal to the sweep's first
    P, the barrier error flag (must be 0).
 2. timing: one full growth (budget + 1 node launches and grow_fused's four torch ops) in CUDA graphs
-   (``repro.bench.timing.graph_us``): us per growth and per node, per (num_warps, P), and the torch
-   growth. P = 1 at the 27B shape is left out (one SM walking 126 MB of weights a node; ``fits``
-   refuses it).
+   (``repro.bench.timing.graph_us``): us per growth and per node, per (num_warps, P), then two other
+   (tile, unroll) at num_warps 8 and the largest P, and the torch growth. P = 1 at the 27B shape is
+   left out (one SM walking 126 MB of weights a node; ``fits`` refuses it).
 
 Every distinct launch configuration compiles once (P > 1 shares one binary per num_warps); the JSON
 and markdown are rewritten after each section, and timing stops at a time guard (the run stays
@@ -38,6 +38,7 @@ DEV = torch.device("cuda")
 DTYPE = torch.bfloat16
 SHAPES = ("qwen3.6-27b", "tiny")
 WARPS = (8, 4)
+OPTIONS = ((16384, 1), (8192, 2))  # (tile, unroll) beside the default (8192, 1), num_warps 8, the last P
 GUARD_S = 75.0  # no new timing row after this many seconds
 CFG = TimerConfig(warmup_ms=2.0, rep_ms=8.0, graph_replays=3)
 
@@ -95,6 +96,22 @@ def timing(shape: str, started: float) -> dict:
                 continue
             us = graph_us([lambda p=p, w=warps: grow_fused(*args, num_warps=w, programs=p)], DEV, CFG, 1000.0)
             out["fused"].append({"num_warps": warps, "programs": p, "us": us, "us_per_node": us / nodes})
+    p = sweep(shape)[-1]
+    for tile, unroll in OPTIONS:  # bigger blocks / unrolled loops: more bytes in flight per program
+        if time.perf_counter() - started > GUARD_S:
+            out["cut_short"] = True
+            return out
+        fn = lambda t=tile, u=unroll: grow_fused(*args, num_warps=8, tile=t, unroll=u, programs=p)  # noqa: E731
+        us = graph_us([fn], DEV, CFG, 1000.0)
+        row = {
+            "num_warps": 8,
+            "programs": p,
+            "tile": tile,
+            "unroll": unroll,
+            "us": us,
+            "us_per_node": us / nodes,
+        }
+        out["fused"].append(row)
     return out
 
 
@@ -119,14 +136,13 @@ def markdown(res: dict) -> str:
         if not t:
             continue
         lines += ["", f"## One growth in CUDA graphs, {shape} (bf16, {t['nodes']} nodes)", ""]
-        lines += [
-            "| growth | num_warps | P | us / growth | us / node | x torch |",
-            "|---|---:|---:|---:|---:|---:|",
-        ]
-        lines.append(f"| torch | - | - | {t['torch_us']:.0f} | {t['torch_us_per_node']:.1f} | 1.00 |")
+        lines += ["| growth | num_warps | P | tile, unroll | us / growth | us / node | x torch |"]
+        lines += ["|---|---:|---:|---|---:|---:|---:|"]
+        lines.append(f"| torch | - | - | - | {t['torch_us']:.0f} | {t['torch_us_per_node']:.1f} | 1.00 |")
         for f in t["fused"]:
             lines.append(
-                f"| fused | {f['num_warps']} | {f['programs']} | {f['us']:.0f} | {f['us_per_node']:.1f} | "
+                f"| fused | {f['num_warps']} | {f['programs']} | {f.get('tile', 8192)}, "
+                f"{f.get('unroll', 1)} | {f['us']:.0f} | {f['us_per_node']:.1f} | "
                 f"{t['torch_us'] / f['us']:.2f} |"
             )
         if t.get("cut_short"):
