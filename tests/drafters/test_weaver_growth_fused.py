@@ -142,7 +142,7 @@ def _growth_step() -> list[bool]:
 STAGED = [  # (depth, pool, budget, tile, dtype, programs, per-head attention): P programs vs P = 1, bitwise
     (3, 5, 6, 64, torch.float64, 3, False),  # 4 to 8 row blocks a linear, 2 pool blocks: P divides none
     (1, 2, 4, 64, torch.float64, 2, True),  # padding (pools run out), heads over the programs
-    (3, 5, 6, 64, torch.bfloat16, 2, True),
+    (2, 5, 5, 64, torch.bfloat16, 2, True),
 ]  # fmt: skip
 
 
