@@ -82,37 +82,49 @@ def check(shape: str) -> list[dict]:
     return out
 
 
-def timing(shape: str, started: float) -> dict:
-    args = growth_problem(shape, DTYPE, DEV, seed=1)
-    nodes = args[2] + 1
-    t_us = graph_us([lambda: grow_on_device(*args)], DEV, CFG, 20000.0 if shape != "tiny" else 3000.0)
-    out: dict = {"nodes": nodes, "torch_us": t_us, "torch_us_per_node": t_us / nodes, "fused": []}
-    for warps in WARPS:
-        for p in sweep(shape):
-            if time.perf_counter() - started > GUARD_S:
-                out["cut_short"] = True
-                return out
-            if shape != "tiny" and p == 1:
-                continue
-            us = graph_us([lambda p=p, w=warps: grow_fused(*args, num_warps=w, programs=p)], DEV, CFG, 1000.0)
-            out["fused"].append({"num_warps": warps, "programs": p, "us": us, "us_per_node": us / nodes})
-    p = sweep(shape)[-1]
-    for tile, unroll in OPTIONS:  # bigger blocks / unrolled loops: more bytes in flight per program
-        if time.perf_counter() - started > GUARD_S:
-            out["cut_short"] = True
-            return out
-        fn = lambda t=tile, u=unroll: grow_fused(*args, num_warps=8, tile=t, unroll=u, programs=p)  # noqa: E731
-        us = graph_us([fn], DEV, CFG, 1000.0)
-        row = {
-            "num_warps": 8,
-            "programs": p,
-            "tile": tile,
-            "unroll": unroll,
-            "us": us,
-            "us_per_node": us / nodes,
+def jobs() -> list[tuple[str, int, int, int, int]]:
+    """(shape, num_warps, P, tile, unroll), most telling first (a run cut short keeps those): both shapes'
+    P sweeps at num_warps 8, then 4, then the other launch options at the 27B shape."""
+    out = [(shape, w, p, 8192, 1) for w in WARPS for shape in SHAPES for p in sweep(shape)]
+    out = [j for j in out if not (j[0] != "tiny" and j[2] == 1)]
+    return out + [(SHAPES[0], 8, sweep(SHAPES[0])[-1], tile, unroll) for tile, unroll in OPTIONS]
+
+
+def timing(res: dict, started: float, write) -> None:  # noqa: ANN001
+    """Fill ``res['timing'][shape]``: the torch growth, then the fused growth per job, until GUARD_S."""
+    problems = {}
+    for shape in SHAPES:
+        args = growth_problem(shape, DTYPE, DEV, seed=1)
+        nodes = args[2] + 1
+        t_us = graph_us([lambda a=args: grow_on_device(*a)], DEV, CFG, 3000.0 if shape == "tiny" else 20000.0)
+        res["timing"][shape] = {
+            "nodes": nodes,
+            "torch_us": t_us,
+            "torch_us_per_node": t_us / nodes,
+            "fused": [],
         }
-        out["fused"].append(row)
-    return out
+        problems[shape] = args
+    for shape, warps, p, tile, unroll in jobs():
+        if time.perf_counter() - started > GUARD_S:
+            res["timing"]["cut_short"] = True
+            return
+        args, row = problems[shape], res["timing"][shape]
+
+        def fn(a=args, w=warps, p=p, t=tile, u=unroll) -> object:  # noqa: ANN001
+            return grow_fused(*a, num_warps=w, tile=t, unroll=u, programs=p)
+
+        us = graph_us([fn], DEV, CFG, 1000.0)
+        row["fused"].append(
+            {
+                "num_warps": warps,
+                "programs": p,
+                "tile": tile,
+                "unroll": unroll,
+                "us": us,
+                "us_per_node": us / row["nodes"],
+            }
+        )
+        write()
 
 
 def markdown(res: dict) -> str:
@@ -145,8 +157,9 @@ def markdown(res: dict) -> str:
                 f"{f.get('unroll', 1)} | {f['us']:.0f} | {f['us_per_node']:.1f} | "
                 f"{t['torch_us'] / f['us']:.2f} |"
             )
-        if t.get("cut_short"):
-            lines.append("\n(cut short by the time guard)")
+
+    if res.get("timing", {}).get("cut_short"):
+        lines.append("\n(timing cut short by the time guard)")
     return "\n".join(lines) + "\n"
 
 
@@ -174,10 +187,7 @@ def main() -> None:
     write()
     print(f"check done at {res['seconds']:.0f} s", flush=True)
     res["timing"] = {}
-    for shape in SHAPES:
-        res["timing"][shape] = timing(shape, started)
-        write()
-        print(f"timing {shape} done at {res['seconds']:.0f} s", flush=True)
+    timing(res, started, write)
     print(write())
     bad = [r for r in res["check"] if r["error_flag"] or not r["bitwise_vs_first_p"]]
     if bad:
