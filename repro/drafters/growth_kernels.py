@@ -1,30 +1,71 @@
-"""Weaver's device growth fused: one Triton kernel per grown node (:func:`grow_fused`).
+"""Weaver's device growth fused: one Triton kernel per grown node, on one or many programs
+(:func:`grow_fused`).
 
 The same tree as :func:`repro.drafters.weaver_growth.grow_on_device` (the torch version, about 100
-aten ops per node) from one launch per node, in a single program (one CTA: every shape of the tiny
-adapter fits one) that runs, in order, with a block barrier between stages that pass vectors through
-global scratch:
+aten ops per node) from one launch per node. The kernel runs these stages, with a barrier between
+stages that pass vectors through global scratch (every vector a stage needs is reloaded from
+scratch: ``x = base[d] + W_e E[token]``, ``y = x + W_o attention``, ...):
 
-1. the pop: argmax of the candidate table (float64 keys, push order as the tie-break, validity),
-   the new node's token / parent / depth / score / ancestor row, and the parent's next rank pushed;
-2. the Weaver layer on the new node alone: input ``base[d] + W_e E[token]``, RMSNorm, q/k/v (k, v
-   into the node's cache slot), attention over its ancestors' slots, o_proj, the SwiGLU MLP, the
-   final norm and out_proj;
-3. pool scores ``l_d + <u, E[pool]>``, log-softmax, the ``keep`` best children (ties go to the lower
-   pool position; float32 arithmetic: one sort of keys packing log q's order-preserving bits with the
-   position, float64: rank by counting) and the node's first-child candidate entry.
+0. the pop (reads only): argmax of the candidate table (float64 keys, push order as the tie-break,
+   validity), the new node's token / parent / depth / score / ancestor row, the parent's next rank;
+   its writes follow barrier 1 (every read of the tables precedes them);
+1. ``W_e E[token]``; 2. RMSNorm, q / k / v (k, v into the node's cache slot); 3. attention over the
+   ancestors' slots and the node's own; 4. o_proj; 5. RMSNorm, gate / up; 6. ``SiLU(gate) * up``,
+   down; 7. the final norm, out_proj (``u``); 8. pool scores ``l_d + <u, E[pool]>``;
+9. log-softmax, the ``keep`` best children (ties go to the lower pool position; float32 arithmetic:
+   one sort of keys packing log q's order-preserving bits with the position, float64: rank by
+   counting) and the node's first-child candidate entry.
 
 Vectors pass between stages in the adapter's dtype, so a half-precision adapter is rounded where
 torch rounds its ops' outputs (arithmetic in float32; float64 for a float64 adapter). The root is
 the same kernel without the pop (it also clears the tables). Per step, torch adds only
-``base = W_g g + W_f f`` and the pool's embedding rows ``E[pool]`` (four ops). Exact in-row ties of
-log q (two pool tokens with the same score under one parent) are the one place the order may differ
-from torch's ``topk``, whose tie order is unspecified; everything else (scores, push order, padding)
-is the torch version's.
+``base = W_g g + W_f f``, the pool's embedding rows ``E[pool]`` and one zeroing of the barrier
+counters. Exact in-row ties of log q (two pool tokens with the same score under one parent) are the
+one place the order may differ from torch's ``topk``, whose tie order is unspecified; everything else
+(scores, push order, padding) is the torch version's.
+
+**Programs** (``programs`` = P, a launch option; :func:`default_programs` picks it from the shapes).
+P = 1 is one CTA walking every weight matrix (latency bound: ~40 us a node at the tiny family on an
+H200). With P > 1 every linear splits its output rows into blocks of ``TILE / in-width`` rows and
+program p computes blocks p, p + P, ...; the pool scores split their blocks of ``BP`` tokens the same
+way; attention (``HEADWISE``, chosen from the shapes: the all-heads key block ``NP x d_model`` over
+:data:`ATT_TILE`) splits over heads, each head in blocks of ``ATT_CHUNK / head_dim`` slots whose
+visibility it reads from node n's ancestor row (written by program 0 after barrier 1), or is program
+0's (all heads at once, from the pop's row in registers). Every program pops redundantly (the token,
+depth and row it needs, in registers) and recomputes the vectors between stages; program 0 alone
+writes the pop (after barrier 1: every program has read the tables) and runs stage 9. P is a
+runtime argument: one binary serves every P > 1 (P = 1 compiles the single-program code). A row's
+value never depends on P: the same block shape (TILE, num_warps) computes it whichever program owns
+it, so the tree and the scores are bitwise those of P = 1 at the same launch options (GPU tests and
+``scripts/gpu/weaver-mp.py`` check it).
+
+**Grid barrier** (P > 1; P = 1: a block barrier). Node n's launch owns counter ``sync[n]`` (int32;
+``sync`` is zeroed by one ``zero_`` before the growth's launches, so no counter is reset while in
+use). Barrier k (1..8): a block barrier (every thread's stores issued), then one thread does
+``atomic_add(sync[n], 1, acq_rel, gpu)`` (its release publishes the block's stores, ordered before it
+by the block barrier) and polls ``sync[n]`` with acquire loads until it reaches ``k * P``, then a
+block barrier (the acquire orders the block's later loads). A poll past ``spin_cap`` iterations sets
+the error flag ``sync[N]`` and goes on (no hang, a wrong tree: :attr:`FusedGrowth.error` must be 0);
+a program that finds the flag set does not spin. **L1**: a program's loads of what another program
+wrote in the same launch (the stage vectors, the node's k / v slot and ancestor row) use ``.cg``
+(cached in L2 only): L1 is per SM and not coherent, and a line (128 bytes) that holds a region read
+earlier can hold a neighbouring region another program writes later. Tables written in earlier
+launches and the weights load normally. **Co-residency**: a barrier waits for every program, so
+all P must be resident at once: P is clamped to the device's SM count (one CTA per SM always fits:
+the kernel compiled at all; about 128 registers a thread at the 27B shape, no spills), and nothing
+else may hold SMs for long (other streams' kernels delay, the flag catches a stall). The node that
+fills the budget (the pop alone) runs on one program.
+
+**CPU**: Triton's interpreter runs a grid's programs one after another, so a spinning barrier would
+wait for programs that only run after it returns. There P > 1 runs *staged* (:func:`grow_fused`'s
+``staged``, the default off CUDA): one launch per stage over the P programs (the pop and stage 9 on
+one), each stage reading the popped node back from the tables: the same row, pool and head
+partitions without barriers. The barriers and the concurrent pop run only on the GPU.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -37,11 +78,32 @@ if TYPE_CHECKING:
     from repro.drafters.weaver import WeaverConfig, WeaverModel
 
 LIMITS = {"d_model": 512, "intermediate_size": 2048, "target_hidden_size": 2048, "pool": 2048, "nodes": 256}
+MP_LIMITS = {
+    "d_model": 4096,
+    "intermediate_size": 8192,
+    "target_hidden_size": 8192,
+    "pool": 2048,
+    "nodes": 256,
+}
+ATT_TILE = 32768  # elements of attention's key block: all heads in one block up to this, else per head
+ATT_CHUNK = 4096  # per head: elements of a block of keys (values), head_dim wide
+SPIN_CAP = 1 << 20  # polls of a grid barrier before the error flag is set
+STAGES = 10  # the pop, 8 stages between barriers, the ranking
 
 
-def fits(config: WeaverConfig, budget: int, pool: int) -> bool:
-    """Whether one program per node holds the adapter's shapes (:data:`LIMITS`; d_model and head_dim
-    powers of two)."""
+@dataclass
+class FusedGrowth(DeviceGrowth):
+    """A fused growth's tree and its barrier error flag ([1] int32 on the device; 0: every grid barrier
+    was met, nonzero: a poll ran past the spin cap and the tree is not to be trusted)."""
+
+    error: torch.Tensor | None = None
+
+
+def fits(config: WeaverConfig, budget: int, pool: int, programs: int = 1) -> bool:
+    """Whether the kernel holds the adapter's shapes: :data:`LIMITS` on one program, :data:`MP_LIMITS`
+    on several (each program holds whole input vectors and one row block of a weight in registers);
+    d_model and head_dim powers of two (attention: all heads in one block up to :data:`ATT_TILE`
+    elements, else per head in blocks of :data:`ATT_CHUNK`)."""
     sizes = {
         "d_model": config.d_model,
         "intermediate_size": config.intermediate_size,
@@ -49,12 +111,50 @@ def fits(config: WeaverConfig, budget: int, pool: int) -> bool:
         "pool": pool,
         "nodes": budget + 1,
     }
+    limits = LIMITS if programs <= 1 else MP_LIMITS
     pow2 = all(x == _p2(x) for x in (config.d_model, config.head_dim))
-    return pow2 and all(sizes[k] <= v for k, v in LIMITS.items())
+    return pow2 and all(sizes[k] <= v for k, v in limits.items())
+
+
+def default_programs(config: WeaverConfig, budget: int, pool: int, sms: int, tile: int = 8192) -> int:
+    """P for a device of ``sms`` SMs: enough programs for the most row (or pool) blocks of any stage,
+    at most one per SM (all must be co-resident); 1 when the shapes fit neither limit set."""
+    if not fits(config, budget, pool, 2):
+        return 1
+    dmp, ip, hp, kp = (
+        _p2(x) for x in (config.d_model, config.intermediate_size, config.target_hidden_size, pool)
+    )
+    t = _tile(tile, dmp, ip, hp, kp)
+    blocks = [
+        -(-out // max(1, t // inp))
+        for out, inp in ((config.d_model, hp), (config.d_model, dmp), (config.intermediate_size, dmp),
+                         (config.d_model, ip), (config.target_hidden_size, dmp), (pool, hp))
+    ]  # fmt: skip
+    return max(1, min(sms, max(blocks)))
+
+
+def device_programs(
+    config: WeaverConfig, budget: int, pool: int, device: torch.device, tile: int = 8192
+) -> int:
+    """:func:`default_programs` on ``device`` (CUDA: its SM count); 1 elsewhere (the interpreter)."""
+    if device.type != "cuda":
+        return 1
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return default_programs(config, budget, pool, sms, tile)
 
 
 def _p2(x: int) -> int:
     return triton.next_power_of_2(int(x))
+
+
+def _headwise(np_: int, dmp: int) -> bool:
+    return np_ * dmp > ATT_TILE
+
+
+def _tile(tile: int, *widths: int) -> int:
+    """Elements per loaded block: at least one row of the widest input, at most a whole square."""
+    top = max(widths)
+    return max(min(tile, top * top), *widths)
 
 
 @triton.jit
@@ -71,9 +171,17 @@ def _rnd(x, DT: tl.constexpr):
 
 
 @triton.jit
-def _load_vec(ptr, N: tl.constexpr, NP: tl.constexpr, ACC: tl.constexpr):
+def _ld(ptr, mask, CG: tl.constexpr):
+    """A masked load (0 elsewhere); CG: cached in L2 only (scratch another program of the launch wrote)."""
+    if CG:
+        return tl.load(ptr, mask=mask, other=0.0, cache_modifier=".cg")
+    return tl.load(ptr, mask=mask, other=0.0)
+
+
+@triton.jit
+def _load_vec(ptr, N: tl.constexpr, NP: tl.constexpr, ACC: tl.constexpr, CG: tl.constexpr):
     o = tl.arange(0, NP)
-    return tl.load(ptr + o, mask=o < N, other=0.0).to(ACC)
+    return _ld(ptr + o, o < N, CG).to(ACC)
 
 
 @triton.jit
@@ -81,90 +189,235 @@ def _rmsnorm(x, w_ptr, eps, N: tl.constexpr, NP: tl.constexpr, ACC: tl.constexpr
     """DraftRMSNorm: w * (x / rms(x) rounded to DT), rounded to DT."""
     ms = tl.sum(x * x, axis=0) / N
     y = _rnd(x * (1.0 / tl.sqrt(ms + eps)), DT)
-    return _rnd(_load_vec(w_ptr, N, NP, ACC) * y, DT)
+    return _rnd(_load_vec(w_ptr, N, NP, ACC, False) * y, DT)
+
+
+@triton.jit
+def _stride(nprog, PC: tl.constexpr, B: tl.constexpr):
+    """The step of a loop over blocks of B split over the programs: B * P (P = PC, or ``nprog`` at PC 0)."""
+    if PC > 0:
+        return PC * B
+    return nprog * B
 
 
 @triton.jit
 def _linear(w_ptr, x, y_ptr, OUT: tl.constexpr, IN: tl.constexpr, INP: tl.constexpr, TILE: tl.constexpr,
-            ACC: tl.constexpr, DT: tl.constexpr, UNROLL: tl.constexpr):  # fmt: skip
-    """y = W x (W [OUT, IN] row-major) for x [INP] in registers; y stored rounded to DT, TILE / INP rows
-    a time."""
+            ACC: tl.constexpr, DT: tl.constexpr, UNROLL: tl.constexpr, nprog, PC: tl.constexpr):  # fmt: skip
+    """y = W x (W [OUT, IN] row-major) for x [INP] in registers; y stored rounded to DT, in blocks of
+    TILE / INP rows: this program's blocks (program p of P: blocks p, p + P, ...; P = PC, or the
+    runtime ``nprog`` when PC is 0)."""
     BO: tl.constexpr = TILE // INP  # TILE >= INP (grow_fused)
     o_i = tl.arange(0, INP)
-    for o0 in tl.range(0, OUT, BO, loop_unroll_factor=UNROLL):
+    for o0 in tl.range(
+        0, OUT, _stride(nprog, PC, BO), loop_unroll_factor=UNROLL
+    ):  # P > 1: the last block may be empty
         o_o = o0 + tl.arange(0, BO)
+        if PC != 1:
+            o_o += tl.program_id(0) * BO
         m = (o_o[:, None] < OUT) & (o_i[None, :] < IN)
         w = tl.load(w_ptr + o_o[:, None] * IN + o_i[None, :], mask=m, other=0.0).to(ACC)
         y = tl.sum(w * x[None, :], axis=1)
         tl.store(y_ptr + o_o, _rnd(y, DT).to(y_ptr.dtype.element_ty), mask=o_o < OUT)
 
 
-@triton.jit(do_not_specialize=["n"])
+@triton.jit
+def _sync(sync_ptr, n, K: tl.constexpr, N: tl.constexpr, nprog, PC: tl.constexpr, SPIN: tl.constexpr):
+    """Barrier ``K`` (1-based) of node ``n``'s launch: a block barrier, and on ``nprog`` programs (PC 0)
+    a grid barrier on counter ``sync[n]`` (module docstring); past SPIN polls it sets ``sync[N]``."""
+    tl.debug_barrier()
+    if PC != 1:
+        ctr = sync_ptr + n
+        err = sync_ptr + N
+        tl.atomic_add(ctr, 1, sem="acq_rel", scope="gpu")
+        failed = tl.atomic_add(err, 0, sem="acquire", scope="gpu") != 0  # another barrier gave up: no wait
+        spins = tl.where(failed, SPIN, 0)
+        cur = tl.atomic_add(ctr, 0, sem="acquire", scope="gpu")
+        while (cur < K * nprog) & (spins < SPIN):
+            cur = tl.atomic_add(ctr, 0, sem="acquire", scope="gpu")
+            spins += 1
+        tl.store(err, 1, mask=cur < K * nprog)
+        tl.debug_barrier()
+
+
+@triton.jit
+def _pop(key_ptr, rank_ptr, order_ptr, valid_ptr, dep_ptr, score_ptr, anc_ptr, ctok_ptr, clq_ptr,
+         N: tl.constexpr, NP: tl.constexpr, KEEP: tl.constexpr):  # fmt: skip
+    """The best candidate (reads only): its parent p and rank r, the token, depth, score (-inf when
+    the table is exhausted: not live), the parent's score, ancestor row and next child's log q."""
+    o = tl.arange(0, NP)
+    inb = o < N
+    valid = tl.load(valid_ptr + o, mask=inb, other=0) != 0
+    key = tl.where(valid, tl.load(key_ptr + o, mask=inb & valid, other=0.0), float("-inf"))
+    best = tl.max(key, axis=0)
+    hits = valid & (key == best)
+    live = tl.sum(hits.to(tl.int32), axis=0) > 0
+    order = tl.where(hits, tl.load(order_ptr + o, mask=inb, other=0), 2147483647)
+    first = tl.min(order, axis=0)
+    p = tl.min(tl.where(hits & (order == first), o, NP), axis=0)
+    p = tl.where(live, p, 0)
+    r = tl.load(rank_ptr + p)
+    token = tl.load(ctok_ptr + p * KEEP + tl.minimum(r, KEEP - 1))
+    depth = tl.load(dep_ptr + p) + 1
+    score_n = tl.where(live, tl.load(key_ptr + p), float("-inf"))
+    score_p = tl.load(score_ptr + p)
+    row = tl.load(anc_ptr + p * NP + o, mask=inb, other=0)
+    lq_next = tl.load(clq_ptr + p * KEEP + tl.minimum(r + 1, KEEP - 1))
+    return p, r, token, depth, score_n, score_p, row, lq_next, live
+
+
+@triton.jit
+def _pop_write(n, p, r, token, depth, score_n, score_p, row, lq_next, live,
+               key_ptr, rank_ptr, order_ptr, valid_ptr, tok_ptr, par_ptr, dep_ptr, score_ptr, anc_ptr,
+               N: tl.constexpr, NP: tl.constexpr, KEEP: tl.constexpr):  # fmt: skip
+    """Node n's entries and its parent's next rank pushed (push order 2n - 1)."""
+    o = tl.arange(0, NP)
+    tl.store(tok_ptr + n, tl.where(live, token, 0))
+    tl.store(par_ptr + n, tl.where(live, p.to(tl.int64), -1))
+    tl.store(dep_ptr + n, depth)
+    tl.store(score_ptr + n, score_n)
+    tl.store(anc_ptr + n * NP + o, tl.where(o == n, 1, row).to(tl.int8), mask=o < N)
+    nxt = r + 1
+    tl.store(key_ptr + p, score_p + lq_next)
+    tl.store(rank_ptr + p, nxt)
+    tl.store(order_ptr + p, 2 * n - 1)
+    tl.store(valid_ptr + p, (live & (nxt < KEEP)).to(tl.int32))
+
+
+@triton.jit
+def _root_write(token, rank_ptr, order_ptr, valid_ptr, tok_ptr, par_ptr, dep_ptr, score_ptr, anc_ptr,
+                N: tl.constexpr, NP: tl.constexpr):  # fmt: skip
+    """Clear the tables; node 0 is the root."""
+    o = tl.arange(0, NP)
+    inb = o < N
+    zero = tl.zeros([NP], dtype=tl.int32)
+    tl.store(valid_ptr + o, zero, mask=inb)
+    tl.store(rank_ptr + o, zero, mask=inb)
+    tl.store(order_ptr + o, zero, mask=inb)
+    tl.store(anc_ptr + o, (o == 0).to(tl.int8), mask=inb)
+    tl.store(tok_ptr, token)
+    tl.store(par_ptr, -1)
+    tl.store(dep_ptr, 0)
+    tl.store(score_ptr, 0.0)
+
+
+@triton.jit
+def _popped(tok_ptr, par_ptr, dep_ptr, score_ptr, anc_ptr, n, ROOT: tl.constexpr, N: tl.constexpr,
+            NP: tl.constexpr):  # fmt: skip
+    """Staged launches: node n's token, depth, score, liveness and visible slots read back from the
+    tables (a dead node's token reads 0, not the pop's: only entries nothing reads differ)."""
+    o = tl.arange(0, NP)
+    vis = tl.load(anc_ptr + n * NP + o, mask=o < N, other=0) != 0
+    if ROOT:
+        live = tl.full([], 1, tl.int32) != 0
+    else:
+        live = tl.load(par_ptr + n) >= 0
+    return tl.load(tok_ptr + n), tl.load(dep_ptr + n), tl.load(score_ptr + n), live, vis
+
+
+@triton.jit
+def _attention(q_ptr, cache_ptr, o_ptr, vis, c, ACC: tl.constexpr, DT: tl.constexpr, CG: tl.constexpr,
+               NP: tl.constexpr, NH: tl.constexpr, HD: tl.constexpr, DM: tl.constexpr):  # fmt: skip
+    """Softmax attention of the query at ``q_ptr + c`` over the visible slots' keys and values at
+    ``cache_ptr + c`` (columns ``c``: NH heads of HD), stored at ``o_ptr + c`` (rounded as torch)."""
+    o = tl.arange(0, NP)
+    m2 = vis[:, None] & (c[None, :] < DM)
+    kv = cache_ptr + o[:, None] * 2 * DM + c[None, :]
+    q = _ld(q_ptr + c, c < DM, CG).to(ACC)
+    keys = _ld(kv, m2, CG).to(ACC)
+    s = tl.sum(tl.reshape(keys * q[None, :], (NP, NH, HD)), axis=2)  # [NP, NH]
+    scale = 1.0 / tl.sqrt(tl.full([], HD, ACC))
+    s = _rnd(_rnd(s, DT) * scale, DT)
+    s = tl.where(vis[:, None], s, float("-inf"))
+    e = tl.exp(s - tl.max(s, axis=0)[None, :])
+    w = _rnd(e / tl.sum(e, axis=0)[None, :], DT)
+    vals = _ld(kv + DM, m2, CG).to(ACC)
+    att = tl.sum(w[:, :, None] * tl.reshape(vals, (NP, NH, HD)), axis=0)  # [NH, HD]
+    tl.store(o_ptr + c, _rnd(tl.reshape(att, (NH * HD,)), DT).to(o_ptr.dtype.element_ty), mask=c < DM)
+
+
+@triton.jit
+def _attention_head(q_ptr, cache_ptr, o_ptr, vis_ptr, s_ptr, c, ACC: tl.constexpr, DT: tl.constexpr,
+                    CG: tl.constexpr, N: tl.constexpr, NP: tl.constexpr, HD: tl.constexpr, DM: tl.constexpr,
+                    CH: tl.constexpr, UNROLL: tl.constexpr):  # fmt: skip
+    """:func:`_attention` of one head (columns ``c``), CH slots a time: the scores, then the weights, in
+    this head's scratch ``s_ptr`` [2 NP] (ACC); the visible slots read from the ancestor row."""
+    q = _ld(q_ptr + c, c < DM, CG).to(ACC)
+    scale = 1.0 / tl.sqrt(tl.full([], HD, ACC))
+    for r0 in tl.range(0, NP, CH, loop_unroll_factor=UNROLL):
+        rr = r0 + tl.arange(0, CH)
+        vis = _ld(vis_ptr + rr, rr < N, CG) != 0
+        keys = _ld(cache_ptr + rr[:, None] * 2 * DM + c[None, :], vis[:, None], CG).to(ACC)
+        s = _rnd(_rnd(tl.sum(keys * q[None, :], axis=1), DT) * scale, DT)
+        tl.store(s_ptr + rr, tl.where(vis, s, float("-inf")))
+    tl.debug_barrier()
+    o = tl.arange(0, NP)
+    s = tl.load(s_ptr + o)
+    e = tl.exp(s - tl.max(s, axis=0))
+    tl.store(s_ptr + NP + o, _rnd(e / tl.sum(e, axis=0), DT))
+    tl.debug_barrier()
+    att = tl.zeros([HD], dtype=ACC)
+    for r0 in tl.range(0, NP, CH, loop_unroll_factor=UNROLL):
+        rr = r0 + tl.arange(0, CH)
+        vis = _ld(vis_ptr + rr, rr < N, CG) != 0
+        vals = _ld(cache_ptr + rr[:, None] * 2 * DM + DM + c[None, :], vis[:, None], CG).to(ACC)
+        att += tl.sum(tl.load(s_ptr + NP + rr)[:, None] * vals, axis=0)
+    tl.store(o_ptr + c, _rnd(att, DT).to(o_ptr.dtype.element_ty))
+
+
+@triton.jit(do_not_specialize=["n", "nprog"])
 def _node_kernel(
     # growth state
     key_ptr, rank_ptr, order_ptr, valid_ptr, tok_ptr, par_ptr, dep_ptr, score_ptr, anc_ptr,
-    ctok_ptr, clq_ptr, cache_ptr, sw_ptr, sa_ptr,
+    ctok_ptr, clq_ptr, cache_ptr, sw_ptr, sa_ptr, sync_ptr,
     # inputs
     root_ptr, base_ptr, emb_ptr, pemb_ptr, pl_ptr, pid_ptr,
     # weights
     we_ptr, n1_ptr, wq_ptr, wk_ptr, wv_ptr, wo_ptr, n2_ptr, wg_ptr, wu_ptr, wd_ptr, n3_ptr, wout_ptr,
-    n, eps,
+    n, nprog, eps,
     N: tl.constexpr, NP: tl.constexpr, KEEP: tl.constexpr, D: tl.constexpr,
     K: tl.constexpr, KP: tl.constexpr, H: tl.constexpr, HP: tl.constexpr,
     DM: tl.constexpr, DMP: tl.constexpr, NH: tl.constexpr, HD: tl.constexpr,
     I: tl.constexpr, IP: tl.constexpr, TILE: tl.constexpr, BP: tl.constexpr, BR: tl.constexpr,
     ROOT: tl.constexpr, SCORE: tl.constexpr, ACC: tl.constexpr, DT: tl.constexpr, UNROLL: tl.constexpr,
+    PC: tl.constexpr, STAGE: tl.constexpr, HEADWISE: tl.constexpr, CH: tl.constexpr, SPIN: tl.constexpr,
 ):  # fmt: skip
-    """Node ``n``: pop it (unless ROOT), then score it (if SCORE). See the module docstring."""
+    """Node ``n``: pop it (unless ROOT), then score it (if SCORE), on program ``program_id`` of P: PC = 1
+    one program; PC = 0 ``nprog`` programs with grid barriers (one binary for every P > 1); PC = P > 1
+    staged. STAGE -1: every stage, barriers between; STAGE s >= 0: stage s alone (staged launches).
+    See the module docstring."""
+    CG: tl.constexpr = PC == 0  # scratch other programs wrote in this launch: loads bypass L1
+    pid = tl.program_id(0)
     o = tl.arange(0, NP)
-    inb = o < N
-    if ROOT:
-        zero = tl.zeros([NP], dtype=tl.int32)
-        tl.store(valid_ptr + o, zero, mask=inb)
-        tl.store(rank_ptr + o, zero, mask=inb)
-        tl.store(order_ptr + o, zero, mask=inb)
-        tl.store(anc_ptr + o, (o == 0).to(tl.int8), mask=inb)
-        token = tl.load(root_ptr)
-        tl.store(tok_ptr, token)
-        tl.store(par_ptr, -1)
-        tl.store(dep_ptr, 0)
-        tl.store(score_ptr, 0.0)
-        depth = tl.full([], 0, tl.int32)
-        live = tl.full([], 1, tl.int32) != 0
-        score_n = tl.zeros([], dtype=tl.float64)
+    if STAGE <= 0:
+        if ROOT:
+            token = tl.load(root_ptr)
+            depth = tl.full([], 0, tl.int32)
+            live = tl.full([], 1, tl.int32) != 0
+            score_n = tl.zeros([], dtype=tl.float64)
+            vis = o == 0
+        else:
+            p, r, token, depth, score_n, score_p, row, lq_next, live = _pop(
+                key_ptr, rank_ptr, order_ptr, valid_ptr, dep_ptr, score_ptr, anc_ptr, ctok_ptr, clq_ptr,
+                N, NP, KEEP,
+            )  # fmt: skip
+            vis = (row != 0) | (o == n)
+        if (STAGE == 0) or (not SCORE):  # the writes now (else after barrier 1: every pop has read)
+            tl.debug_barrier()  # every read of the tables above happens before a write below
+            if pid == 0:
+                if ROOT:
+                    _root_write(token, rank_ptr, order_ptr, valid_ptr, tok_ptr, par_ptr, dep_ptr, score_ptr,
+                                anc_ptr, N, NP)  # fmt: skip
+                else:
+                    _pop_write(n, p, r, token, depth, score_n, score_p, row, lq_next, live, key_ptr, rank_ptr,
+                               order_ptr, valid_ptr, tok_ptr, par_ptr, dep_ptr, score_ptr, anc_ptr,
+                               N, NP, KEEP)  # fmt: skip
     else:
-        valid = tl.load(valid_ptr + o, mask=inb, other=0) != 0
-        key = tl.where(valid, tl.load(key_ptr + o, mask=inb & valid, other=0.0), float("-inf"))
-        best = tl.max(key, axis=0)
-        hits = valid & (key == best)
-        live = tl.sum(hits.to(tl.int32), axis=0) > 0
-        order = tl.where(hits, tl.load(order_ptr + o, mask=inb, other=0), 2147483647)
-        first = tl.min(order, axis=0)
-        p = tl.min(tl.where(hits & (order == first), o, NP), axis=0)
-        p = tl.where(live, p, 0)
-        r = tl.load(rank_ptr + p)
-        token = tl.load(ctok_ptr + p * KEEP + tl.minimum(r, KEEP - 1))
-        depth = tl.load(dep_ptr + p) + 1
-        score_n = tl.load(key_ptr + p)
-        score_p = tl.load(score_ptr + p)
-        row = tl.load(anc_ptr + p * NP + o, mask=inb, other=0)
-        nxt = r + 1
-        lq = tl.load(clq_ptr + p * KEEP + tl.minimum(nxt, KEEP - 1))
-        tl.debug_barrier()  # every read of the table above happens before a write below
-        tl.store(tok_ptr + n, tl.where(live, token, 0))
-        tl.store(par_ptr + n, tl.where(live, p.to(tl.int64), -1))
-        tl.store(dep_ptr + n, depth)
-        score_n = tl.where(live, score_n, float("-inf"))
-        tl.store(score_ptr + n, score_n)
-        tl.store(anc_ptr + n * NP + o, tl.where(o == n, 1, row).to(tl.int8), mask=inb)
-        tl.store(key_ptr + p, score_p + lq)
-        tl.store(rank_ptr + p, nxt)
-        tl.store(order_ptr + p, 2 * n - 1)
-        tl.store(valid_ptr + p, (live & (nxt < KEEP)).to(tl.int32))
-    if SCORE:
-        tl.debug_barrier()
+        token, depth, score_n, live, vis = _popped(
+            tok_ptr, par_ptr, dep_ptr, score_ptr, anc_ptr, n, ROOT, N, NP
+        )
+    if SCORE and (STAGE != 0):
         d = tl.minimum(depth, D - 1)
-        # scratch (adapter dtype), one region per value (no slot is rewritten within a kernel)
+        # scratch (adapter dtype), one region per value (no region is rewritten within a launch)
         se = sw_ptr  # W_e E[token]
         sq = se + DMP  # q
         so = sq + DMP  # attention output
@@ -172,100 +425,129 @@ def _node_kernel(
         sd = sy + DMP  # down_proj output
         sg = sd + DMP  # gate_proj output
         sup = sg + IP  # up_proj output
-        sm = sup + IP  # SiLU(gate) * up
-        su = sm + IP  # u
+        su = sup + IP  # u
         ss = su + HP  # pool scores
-        # 1. x = base[d] + W_e E[token]
-        _linear(we_ptr, _load_vec(emb_ptr + token * H, H, HP, ACC), se, DM, H, HP, TILE, ACC, DT, UNROLL)
-        tl.debug_barrier()
-        x = _rnd(_load_vec(base_ptr + d * DM, DM, DMP, ACC) + _load_vec(se, DM, DMP, ACC), DT)
-        # 2. q, k, v of RMSNorm(x); k and v go to the node's cache slot
-        a = _rmsnorm(x, n1_ptr, eps, DM, DMP, ACC, DT)
-        _linear(wq_ptr, a, sq, DM, DM, DMP, TILE, ACC, DT, UNROLL)
-        _linear(wk_ptr, a, cache_ptr + n * 2 * DM, DM, DM, DMP, TILE, ACC, DT, UNROLL)
-        _linear(wv_ptr, a, cache_ptr + n * 2 * DM + DM, DM, DM, DMP, TILE, ACC, DT, UNROLL)
-        tl.debug_barrier()
-        # 3. attention over the ancestors' slots and the node's own (its ancestor row)
-        vis = tl.load(anc_ptr + n * NP + o, mask=inb, other=0) != 0
-        c = tl.arange(0, DMP)
-        m2 = vis[:, None] & (c[None, :] < DM)
-        kv = cache_ptr + o[:, None] * 2 * DM + c[None, :]
-        keys = tl.load(kv, mask=m2, other=0.0).to(ACC)
-        vals = tl.load(kv + DM, mask=m2, other=0.0).to(ACC)
-        q = _load_vec(sq, DM, DMP, ACC)
-        s = tl.sum(tl.reshape(keys * q[None, :], (NP, NH, HD)), axis=2)  # [NP, NH]
-        scale = 1.0 / tl.sqrt(tl.full([], HD, ACC))
-        s = _rnd(_rnd(s, DT) * scale, DT)
-        s = tl.where(vis[:, None], s, float("-inf"))
-        e = tl.exp(s - tl.max(s, axis=0)[None, :])
-        w = _rnd(e / tl.sum(e, axis=0)[None, :], DT)
-        att = tl.sum(w[:, :, None] * tl.reshape(vals, (NP, NH, HD)), axis=0)  # [NH, HD]
-        tl.store(so + c, _rnd(tl.reshape(att, (DMP,)), DT).to(so.dtype.element_ty), mask=c < DM)
-        tl.debug_barrier()
-        # 4. y = x + W_o attention
-        _linear(wo_ptr, _load_vec(so, DM, DMP, ACC), sy, DM, DM, DMP, TILE, ACC, DT, UNROLL)
-        tl.debug_barrier()
-        y = _rnd(x + _load_vec(sy, DM, DMP, ACC), DT)
-        # 5. the SwiGLU MLP of RMSNorm(y)
-        b = _rmsnorm(y, n2_ptr, eps, DM, DMP, ACC, DT)
-        _linear(wg_ptr, b, sg, I, DM, DMP, TILE, ACC, DT, UNROLL)
-        _linear(wu_ptr, b, sup, I, DM, DMP, TILE, ACC, DT, UNROLL)
-        tl.debug_barrier()
-        g = _load_vec(sg, I, IP, ACC)
-        prod = _rnd(_rnd(g / (1.0 + tl.exp(-g)), DT) * _load_vec(sup, I, IP, ACC), DT)
-        tl.store(sm + tl.arange(0, IP), prod.to(sm.dtype.element_ty), mask=tl.arange(0, IP) < I)
-        tl.debug_barrier()
-        _linear(wd_ptr, _load_vec(sm, I, IP, ACC), sd, DM, I, IP, TILE, ACC, DT, UNROLL)
-        tl.debug_barrier()
-        hpre = _rnd(y + _load_vec(sd, DM, DMP, ACC), DT)
-        # 6. u = W_out RMSNorm(y + MLP)
-        h = _rmsnorm(hpre, n3_ptr, eps, DM, DMP, ACC, DT)
-        _linear(wout_ptr, h, su, H, DM, DMP, TILE, ACC, DT, UNROLL)
-        tl.debug_barrier()
-        # 7. pool scores l_d + <u, E[pool]>, BI pool tokens a time
-        u = _load_vec(su, H, HP, ACC)
-        hh = tl.arange(0, HP)
-        for k0 in tl.range(0, K, BP, loop_unroll_factor=UNROLL):
-            kk = k0 + tl.arange(0, BP)
-            em = (kk[:, None] < K) & (hh[None, :] < H)
-            rows = tl.load(pemb_ptr + (d * K + kk[:, None]) * H + hh[None, :], mask=em, other=0.0)
-            dot = _rnd(tl.sum(rows.to(ACC) * u[None, :], axis=1), DT)
-            sc = _rnd(tl.load(pl_ptr + d * K + kk, mask=kk < K, other=0.0).to(ACC) + dot, DT)
-            tl.store(ss + kk, sc.to(ss.dtype.element_ty), mask=kk < K)
-        tl.debug_barrier()
-        # 8. log-softmax over the pool, then the KEEP best children (ties: the lower pool position)
-        ok = tl.arange(0, KP)
-        inpool = ok < K
-        sc = tl.where(inpool, _load_vec(ss, K, KP, ACC), float("-inf"))
-        top = tl.max(sc, axis=0)
-        lse = tl.log(tl.sum(tl.where(inpool, tl.exp(sc - top), 0.0), axis=0))
-        lq = sc - top - lse
-        tl.store(sa_ptr + ok, lq, mask=inpool)
-        tl.debug_barrier()
-        if ACC == tl.float32:  # noqa: SIM300 - one sort of (order-preserving bits of log q, position) keys
-            bits = (lq + 0.0).to(tl.uint32, bitcast=True)  # + 0.0: -0.0 ties with 0.0
-            mono = tl.where((bits >> 31) != 0, bits ^ 0xFFFFFFFF, bits | 0x80000000)
-            keys = (tl.where(inpool, mono, 0).to(tl.uint64) << 32) | (KP - 1 - ok).to(tl.uint64)
-            best = (KP - 1 - (tl.sort(keys, descending=True) & 0xFFFFFFFF)).to(
-                tl.int32
-            )  # positions, best first
-            put = ok < KEEP
-            vi = tl.load(sa_ptr + best, mask=put, other=0.0)
-            tl.store(clq_ptr + n * KEEP + ok, vi.to(tl.float64), mask=put)
-            tl.store(ctok_ptr + n * KEEP + ok, tl.load(pid_ptr + d * K + best, mask=put, other=0), mask=put)
-        else:  # float64: rank by counting, BR pool tokens a time
-            for i0 in tl.range(0, K, BR, loop_unroll_factor=UNROLL):
-                ii = i0 + tl.arange(0, BR)
-                vi = tl.load(sa_ptr + ii, mask=ii < K, other=0.0)
-                tie = (lq[None, :] == vi[:, None]) & (ok[None, :] < ii[:, None])
-                rk = tl.sum((((lq[None, :] > vi[:, None]) | tie) & inpool[None, :]).to(tl.int32), axis=1)
-                put = (ii < K) & (rk < KEEP)
-                tl.store(clq_ptr + n * KEEP + rk, vi.to(tl.float64), mask=put)
-                tl.store(ctok_ptr + n * KEEP + rk, tl.load(pid_ptr + d * K + ii, mask=put, other=0), mask=put)
-        tl.store(key_ptr + n, score_n + tl.max(lq, axis=0).to(tl.float64))
-        tl.store(valid_ptr + n, (live & (depth < D)).to(tl.int32))
-        if not ROOT:
-            tl.store(order_ptr + n, 2 * n)
+        # 1. W_e E[token]
+        if (STAGE < 0) or (STAGE == 1):
+            e_tok = _load_vec(emb_ptr + token * H, H, HP, ACC, False)
+            _linear(we_ptr, e_tok, se, DM, H, HP, TILE, ACC, DT, UNROLL, nprog, PC)
+        if STAGE < 0:
+            _sync(sync_ptr, n, 1, N, nprog, PC, SPIN)
+            if pid == 0:
+                if ROOT:
+                    _root_write(token, rank_ptr, order_ptr, valid_ptr, tok_ptr, par_ptr, dep_ptr, score_ptr,
+                                anc_ptr, N, NP)  # fmt: skip
+                else:
+                    _pop_write(n, p, r, token, depth, score_n, score_p, row, lq_next, live, key_ptr, rank_ptr,
+                               order_ptr, valid_ptr, tok_ptr, par_ptr, dep_ptr, score_ptr, anc_ptr,
+                               N, NP, KEEP)  # fmt: skip
+        # 2. x = base[d] + W_e E[token]; q, k, v of RMSNorm(x); k and v go to the node's cache slot
+        if (STAGE < 0) or (STAGE == 2):
+            x = _rnd(_load_vec(base_ptr + d * DM, DM, DMP, ACC, False) + _load_vec(se, DM, DMP, ACC, CG), DT)
+            a = _rmsnorm(x, n1_ptr, eps, DM, DMP, ACC, DT)
+            _linear(wq_ptr, a, sq, DM, DM, DMP, TILE, ACC, DT, UNROLL, nprog, PC)
+            _linear(wk_ptr, a, cache_ptr + n * 2 * DM, DM, DM, DMP, TILE, ACC, DT, UNROLL, nprog, PC)
+            _linear(wv_ptr, a, cache_ptr + n * 2 * DM + DM, DM, DM, DMP, TILE, ACC, DT, UNROLL, nprog, PC)
+        if STAGE < 0:
+            _sync(sync_ptr, n, 2, N, nprog, PC, SPIN)
+        # 3. attention over the ancestors' slots and the node's own (its ancestor row): per head over
+        # the programs, or all heads at once by program 0
+        if (STAGE < 0) or (STAGE == 3):
+            if HEADWISE:
+                for h0 in tl.range(0, NH, _stride(nprog, PC, 1)):
+                    if h0 + pid < NH:
+                        head = h0 + pid
+                        c = head * HD + tl.arange(0, HD)
+                        _attention_head(sq, cache_ptr, so, anc_ptr + n * NP, sa_ptr + KP + head * 2 * NP, c,
+                                        ACC, DT, CG, N, NP, HD, DM, CH, UNROLL)  # fmt: skip
+            else:
+                if pid == 0:
+                    _attention(sq, cache_ptr, so, vis, tl.arange(0, DMP), ACC, DT, CG, NP, NH, HD, DM)
+        if STAGE < 0:
+            _sync(sync_ptr, n, 3, N, nprog, PC, SPIN)
+        # 4. W_o attention
+        if (STAGE < 0) or (STAGE == 4):
+            _linear(
+                wo_ptr, _load_vec(so, DM, DMP, ACC, CG), sy, DM, DM, DMP, TILE, ACC, DT, UNROLL, nprog, PC
+            )
+        if STAGE < 0:
+            _sync(sync_ptr, n, 4, N, nprog, PC, SPIN)
+        # 5. y = x + W_o attention; gate and up of RMSNorm(y)
+        if (STAGE < 0) or (STAGE == 5):
+            x = _rnd(_load_vec(base_ptr + d * DM, DM, DMP, ACC, False) + _load_vec(se, DM, DMP, ACC, CG), DT)
+            y = _rnd(x + _load_vec(sy, DM, DMP, ACC, CG), DT)
+            b = _rmsnorm(y, n2_ptr, eps, DM, DMP, ACC, DT)
+            _linear(wg_ptr, b, sg, I, DM, DMP, TILE, ACC, DT, UNROLL, nprog, PC)
+            _linear(wu_ptr, b, sup, I, DM, DMP, TILE, ACC, DT, UNROLL, nprog, PC)
+        if STAGE < 0:
+            _sync(sync_ptr, n, 5, N, nprog, PC, SPIN)
+        # 6. down_proj of SiLU(gate) * up
+        if (STAGE < 0) or (STAGE == 6):
+            g = _load_vec(sg, I, IP, ACC, CG)
+            prod = _rnd(_rnd(g / (1.0 + tl.exp(-g)), DT) * _load_vec(sup, I, IP, ACC, CG), DT)
+            _linear(wd_ptr, prod, sd, DM, I, IP, TILE, ACC, DT, UNROLL, nprog, PC)
+        if STAGE < 0:
+            _sync(sync_ptr, n, 6, N, nprog, PC, SPIN)
+        # 7. u = W_out RMSNorm(y + MLP)
+        if (STAGE < 0) or (STAGE == 7):
+            x = _rnd(_load_vec(base_ptr + d * DM, DM, DMP, ACC, False) + _load_vec(se, DM, DMP, ACC, CG), DT)
+            y = _rnd(x + _load_vec(sy, DM, DMP, ACC, CG), DT)
+            hpre = _rnd(y + _load_vec(sd, DM, DMP, ACC, CG), DT)
+            h = _rmsnorm(hpre, n3_ptr, eps, DM, DMP, ACC, DT)
+            _linear(wout_ptr, h, su, H, DM, DMP, TILE, ACC, DT, UNROLL, nprog, PC)
+        if STAGE < 0:
+            _sync(sync_ptr, n, 7, N, nprog, PC, SPIN)
+        # 8. pool scores l_d + <u, E[pool]>, blocks of BP pool tokens over the programs
+        if (STAGE < 0) or (STAGE == 8):
+            u = _load_vec(su, H, HP, ACC, CG)
+            hh = tl.arange(0, HP)
+            for k0 in tl.range(0, K, _stride(nprog, PC, BP), loop_unroll_factor=UNROLL):
+                kk = k0 + pid * BP + tl.arange(0, BP)
+                em = (kk[:, None] < K) & (hh[None, :] < H)
+                rows = tl.load(pemb_ptr + (d * K + kk[:, None]) * H + hh[None, :], mask=em, other=0.0)
+                dot = _rnd(tl.sum(rows.to(ACC) * u[None, :], axis=1), DT)
+                sc = _rnd(tl.load(pl_ptr + d * K + kk, mask=kk < K, other=0.0).to(ACC) + dot, DT)
+                tl.store(ss + kk, sc.to(ss.dtype.element_ty), mask=kk < K)
+        if STAGE < 0:
+            _sync(sync_ptr, n, 8, N, nprog, PC, SPIN)
+        # 9. (program 0) log-softmax over the pool, then the KEEP best children (ties: the lower position)
+        if ((STAGE < 0) or (STAGE == 9)) and (pid == 0):
+            ok = tl.arange(0, KP)
+            inpool = ok < K
+            sc = tl.where(inpool, _load_vec(ss, K, KP, ACC, CG), float("-inf"))
+            top = tl.max(sc, axis=0)
+            lse = tl.log(tl.sum(tl.where(inpool, tl.exp(sc - top), 0.0), axis=0))
+            lq = sc - top - lse
+            tl.store(sa_ptr + ok, lq, mask=inpool)
+            tl.debug_barrier()
+            if ACC == tl.float32:  # noqa: SIM300 - one sort of (order-preserving bits of log q, position) keys
+                bits = (lq + 0.0).to(tl.uint32, bitcast=True)  # + 0.0: -0.0 ties with 0.0
+                mono = tl.where((bits >> 31) != 0, bits ^ 0xFFFFFFFF, bits | 0x80000000)
+                keys = (tl.where(inpool, mono, 0).to(tl.uint64) << 32) | (KP - 1 - ok).to(tl.uint64)
+                best = (KP - 1 - (tl.sort(keys, descending=True) & 0xFFFFFFFF)).to(
+                    tl.int32
+                )  # positions, best first
+                put = ok < KEEP
+                vi = tl.load(sa_ptr + best, mask=put, other=0.0)
+                tl.store(clq_ptr + n * KEEP + ok, vi.to(tl.float64), mask=put)
+                tl.store(
+                    ctok_ptr + n * KEEP + ok, tl.load(pid_ptr + d * K + best, mask=put, other=0), mask=put
+                )
+            else:  # float64: rank by counting, BR pool tokens a time
+                for i0 in tl.range(0, K, BR, loop_unroll_factor=UNROLL):
+                    ii = i0 + tl.arange(0, BR)
+                    vi = tl.load(sa_ptr + ii, mask=ii < K, other=0.0)
+                    tie = (lq[None, :] == vi[:, None]) & (ok[None, :] < ii[:, None])
+                    rk = tl.sum((((lq[None, :] > vi[:, None]) | tie) & inpool[None, :]).to(tl.int32), axis=1)
+                    put = (ii < K) & (rk < KEEP)
+                    tl.store(clq_ptr + n * KEEP + rk, vi.to(tl.float64), mask=put)
+                    tl.store(
+                        ctok_ptr + n * KEEP + rk, tl.load(pid_ptr + d * K + ii, mask=put, other=0), mask=put
+                    )
+            tl.store(key_ptr + n, score_n + tl.max(lq, axis=0).to(tl.float64))
+            tl.store(valid_ptr + n, (live & (depth < D)).to(tl.int32))
+            if not ROOT:
+                tl.store(order_ptr + n, 2 * n)
 
 
 def grow_fused(
@@ -280,13 +562,19 @@ def grow_fused(
     num_warps: int = 8,
     tile: int = 8192,
     unroll: int = 1,
-) -> DeviceGrowth:
+    programs: int | None = None,
+    staged: bool | None = None,
+    spin_cap: int = SPIN_CAP,
+) -> FusedGrowth:
     """:func:`repro.drafters.weaver_growth.grow_on_device`'s tree from ``budget + 1`` launches of one
-    kernel (module docstring). Capture-safe; CUDA tensors, or CPU ones under TRITON_INTERPRET=1.
+    kernel (module docstring) and the barrier error flag. Capture-safe; CUDA tensors, or CPU ones
+    under TRITON_INTERPRET=1.
 
-    Launch options (speed only, never the tree): ``num_warps`` of the one program, ``tile`` the
-    elements of one loaded block (weights: tile / in-width rows a time; pool: tile / hidden rows; the
-    ranking: tile / pool rows), ``unroll`` the loops' unroll factor."""
+    Launch options (speed only, never the tree): ``num_warps`` of each program, ``tile`` the elements
+    of one loaded block (weights: tile / in-width rows a time; pool: tile / hidden rows; the ranking:
+    tile / pool rows), ``unroll`` the loops' unroll factor, ``programs`` P (None: :func:`device_programs`;
+    clamped to the SM count on CUDA). ``staged`` (default: off CUDA): one launch per stage instead of
+    grid barriers (the interpreter's way to run P > 1; on CUDA a check of the partitions)."""
     w, cfg = weaver, weaver.config
     dev, dt = rows.device, w.dtype
     depth, k = pool_ids.shape
@@ -294,7 +582,15 @@ def grow_fused(
     np_, dmp, ip, kp = _p2(n), _p2(cfg.d_model), _p2(cfg.intermediate_size), _p2(k)
     hp = _p2(cfg.target_hidden_size)
     acc = torch.float64 if dt == torch.float64 else torch.float32
-    tile = max(min(tile, max(dmp, ip, hp) * max(dmp, ip, hp)), dmp, ip, hp, kp)  # elements per loaded block
+    tile = _tile(tile, dmp, ip, hp, kp)
+    cuda = dev.type == "cuda"
+    if programs is None:
+        programs = device_programs(cfg, budget, k, dev, tile)
+    elif cuda:
+        programs = max(1, min(programs, torch.cuda.get_device_properties(dev).multi_processor_count))
+    staged = (programs > 1 and not cuda) if staged is None else staged
+    if programs > 1 and not staged and not cuda:
+        raise ValueError("P > 1 programs with grid barriers need a GPU (the interpreter runs them staged)")
     base = (w.hidden_proj(rows) + w.feature_proj(feature)).contiguous()  # [D, d_model]
     state = {
         "key": torch.empty(n, dtype=torch.float64, device=dev),
@@ -309,8 +605,9 @@ def grow_fused(
         "ctok": torch.empty(n, keep, dtype=torch.long, device=dev),
         "clq": torch.empty(n, keep, dtype=torch.float64, device=dev),
         "cache": torch.empty(n, 2, cfg.d_model, dtype=dt, device=dev),
-        "sw": torch.empty(5 * dmp + 3 * ip + hp + kp, dtype=dt, device=dev),
-        "sa": torch.empty(kp, dtype=acc, device=dev),
+        "sw": torch.empty(5 * dmp + 2 * ip + hp + kp, dtype=dt, device=dev),
+        "sa": torch.empty(kp + 2 * cfg.num_heads * np_, dtype=acc, device=dev),  # log q; per head: s, w
+        "sync": torch.zeros(n + 1, dtype=torch.int32, device=dev),  # barrier counter per node, error flag
     }
     weights = [
         w.token_proj.weight, w.input_layernorm.weight, w.q_proj.weight, w.k_proj.weight, w.v_proj.weight,
@@ -324,12 +621,58 @@ def grow_fused(
         DM=cfg.d_model, DMP=dmp, NH=cfg.num_heads, HD=cfg.head_dim, I=cfg.intermediate_size, IP=ip,
         TILE=tile, BP=max(1, min(kp, tile // hp)), BR=max(1, min(kp, tile // kp)),
         ACC=tl.float64 if acc == torch.float64 else tl.float32, DT=_tl_dtype(dt),
-        UNROLL=unroll if unroll > 1 else None, num_warps=num_warps,
+        UNROLL=unroll if unroll > 1 else None, HEADWISE=_headwise(np_, dmp), SPIN=spin_cap,
+        CH=max(1, min(np_, ATT_CHUNK // cfg.head_dim)),
+        num_warps=num_warps,
     )  # fmt: skip
     args = [*state.values(), *inputs, *[p.contiguous() for p in weights]]
     for node in range(n):
-        _node_kernel[(1,)](*args, node, cfg.rms_norm_eps, ROOT=node == 0, SCORE=node < budget, **consts)
-    return DeviceGrowth(state["tokens"], state["parents"], state["scores"])
+        score = node < budget
+        if staged:  # the pop, then each stage a launch (the ranking on one program)
+            for s in range(STAGES if score else 1):
+                grid = 1 if s in (0, STAGES - 1) else programs
+                _node_kernel[(grid,)](*args, node, programs, cfg.rms_norm_eps, ROOT=node == 0, SCORE=score,
+                                      PC=programs, STAGE=s, **consts)  # fmt: skip
+        else:
+            p = programs if score else 1  # the last node: the pop alone
+            _node_kernel[(p,)](*args, node, p, cfg.rms_norm_eps, ROOT=node == 0, SCORE=score,
+                               PC=1 if p == 1 else 0, STAGE=-1, **consts)  # fmt: skip
+    return FusedGrowth(state["tokens"], state["parents"], state["scores"], state["sync"][n:])
+
+
+def growth_problem(
+    shape: str, dtype: torch.dtype, device: torch.device, seed: int = 0, vocab: int = 2048
+) -> tuple:
+    """Random weights and inputs of one growth at a named shape, drawn on ``device``: ``tiny`` (the tiny
+    family's Weaver: d_model 128, 4 heads, intermediate 256, target hidden 192, pool 512, budget 32) or
+    ``qwen3.6-27b`` (:data:`repro.drafters.shapes.WEAVER_SHAPE` over the 27B target's hidden 5120:
+    d_model 2048, 16 heads, intermediate 4096, pool 512, budget 64); 15 depths (DFlash block 16),
+    ``vocab`` embedding rows (scaled down: only the pool's rows are read). Returns ``grow_fused``'s
+    positional arguments (weaver, embedding, budget, root [1], rows, pool_logits, pool_ids, feature)."""
+    from repro.drafters.pool import top_k_pool
+    from repro.drafters.shapes import QWEN27B_DFLASH, WEAVER_SHAPE, device_model
+    from repro.drafters.weaver import WeaverConfig, WeaverModel
+
+    if shape == "tiny":
+        d, heads, hidden, pool, budget = 128, 4, 192, 512, 32
+    elif shape == "qwen3.6-27b":
+        d, heads, pool, budget = WEAVER_SHAPE["d_model"], WEAVER_SHAPE["heads"], WEAVER_SHAPE["pool_size"], 64
+        hidden = QWEN27B_DFLASH["hidden_size"]
+    else:
+        raise ValueError(f"unknown growth shape {shape!r} (tiny, qwen3.6-27b)")
+    depth, feat, draft = 15, 2 * hidden, hidden
+    cfg = WeaverConfig(
+        d_model=d, num_heads=heads, intermediate_size=2 * d, pool_size=pool, block_size=depth + 1,
+        vocab_size=vocab, target_hidden_size=hidden, target_feature_size=feat, dflash_hidden_size=draft,
+    )  # fmt: skip
+    weaver = device_model(WeaverModel, cfg, device, dtype, seed)
+    gen = torch.Generator(device=device).manual_seed(seed + 1)
+    emb = torch.randn(vocab, hidden, generator=gen, device=device).to(dtype)
+    rows = torch.randn(depth, draft, generator=gen, device=device).to(dtype)
+    feature = torch.randn(feat, generator=gen, device=device).to(dtype)
+    logits = (2 * torch.randn(depth, vocab, generator=gen, device=device)).to(dtype)
+    root = torch.randint(0, vocab, (1,), generator=gen, device=device)
+    return (weaver, emb, budget, root, rows, *top_k_pool(logits, pool), feature)
 
 
 def _tl_dtype(dtype: torch.dtype) -> tl.dtype:

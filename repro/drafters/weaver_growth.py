@@ -23,8 +23,9 @@ depth D or the node that fills the budget gets no children. Each parent ranks it
   stops early; the device tree is padded to ``budget + 1`` nodes with root-level nodes (parent -1,
   token 0) after the real ones, which verification isolates and acceptance never enters.
   Cost: about 100 small aten ops per node (the Weaver layer and the table bookkeeping, about half
-  each). :func:`repro.drafters.growth_kernels.grow_fused` grows the same tree from one Triton kernel
-  per node (CUDA; CPU under Triton's interpreter); this torch version is its reference.
+  each). :func:`repro.drafters.growth_kernels.grow_fused` grows the same tree from one Triton launch
+  per node on one or many programs (CUDA; CPU under Triton's interpreter); this torch version is its
+  reference.
 - :class:`GrowthStep` is the part of Weaver's propose after the DFlash block (pool top-K, DFlash
   marginals, device growth: fused where the kernel fits, see ``fused``) on static input buffers: one
   CUDA graph on CUDA, eager elsewhere.
@@ -323,9 +324,11 @@ class GrowthStep:
     """Weaver's propose after the DFlash block, on static inputs: pool top-``pool``, DFlash marginals,
     device growth. With ``graphs`` one CUDA graph (captured on the first call), else eager.
 
-    ``fused``: grow with :func:`repro.drafters.growth_kernels.grow_fused` (one Triton kernel per node)
-    instead of :func:`grow_on_device`; default (None): on CUDA when Triton is importable and the
-    adapter's shapes fit one program (``growth_kernels.fits``). True on CPU needs TRITON_INTERPRET=1.
+    ``fused``: grow with :func:`repro.drafters.growth_kernels.grow_fused` (one Triton launch per node,
+    on the programs ``growth_kernels.device_programs`` picks from the shapes and the SM count) instead
+    of :func:`grow_on_device`; default (None): on CUDA when Triton is importable and the adapter's
+    shapes fit that many programs (``growth_kernels.fits``). True on CPU needs TRITON_INTERPRET=1 (one
+    program there).
 
     ``__call__(root, rows, logits, feature)`` copies the inputs in (device to device; the root token
     by a fill) and returns (growth, marginals [D, V]); with graphs these are the graph's static
@@ -380,11 +383,11 @@ class GrowthStep:
 
 def _fused_fits(weaver: WeaverModel, budget: int, pool: int, device: torch.device) -> bool:
     """Whether :class:`GrowthStep` grows with the fused kernel by default: CUDA, Triton importable, the
-    adapter's shapes within ``growth_kernels.fits``."""
+    adapter's shapes within ``growth_kernels.fits`` on the programs ``grow_fused`` will launch."""
     if device.type != "cuda":
         return False
     try:
-        from repro.drafters.growth_kernels import fits
+        from repro.drafters.growth_kernels import device_programs, fits
     except ImportError:
         return False
-    return fits(weaver.config, budget, pool)
+    return fits(weaver.config, budget, pool, device_programs(weaver.config, budget, pool, device))

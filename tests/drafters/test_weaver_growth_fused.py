@@ -8,9 +8,17 @@ and the host reference.
   torch rounds) up to exact in-row ties; exact in-row ties go to the lower pool position (float64:
   the counting ranker, float32 / bfloat16: the sort of packed keys); the eager
   :class:`GrowthStep` with ``fused=True``.
-- CPU: aten ops and kernel launches per grown node, torch growth vs fused (launches stubbed).
+- interpreter, P > 1 programs (staged: one launch per stage over the programs, as the interpreter
+  runs a grid's programs one after another): the row / pool / head partitions give P = 1's tree and
+  scores bitwise (float64, float32, bfloat16, several blocks per program, P not dividing the blocks),
+  per-head attention (forced on tiny shapes) included; per-head attention on one program is the torch
+  tree.
+- CPU: aten ops and kernel launches per grown node, torch growth vs fused (launches stubbed); the
+  limits and the programs picked from the shapes (the 27B Weaver shape fits several programs only).
 - GPU (``gpu``): float32 and bfloat16 in one CUDA graph equal the torch device growth (up to near
-  ties) with no host sync on replay.
+  ties) with no host sync on replay; P in {1, 4, 32, all SMs} with grid barriers at the tiny family's
+  and the 27B Weaver's shapes: P = 1's tree and scores bitwise, the torch tree up to near ties, the
+  barrier error flag 0 (and set when the spin cap is 0).
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import torch
 from conftest import run_in_interpreter, sync_debug
 
 from repro.drafters.pool import top_k_pool
+from repro.drafters.weaver import WeaverConfig
 from repro.drafters.weaver_growth import DeviceGrowth, GrowthStep, grow, grow_on_device
 from repro.models.graphs import count_ops
 
@@ -130,6 +139,38 @@ def _growth_step() -> list[bool]:
     return out
 
 
+STAGED = [  # (depth, pool, budget, tile, dtype, programs, per-head attention): P programs vs P = 1, bitwise
+    (3, 5, 6, 64, torch.float64, 3, False),  # 4 to 8 row blocks a linear, 2 pool blocks: P divides none
+    (1, 2, 4, 64, torch.float64, 2, True),  # padding (pools run out), heads over the programs
+    (2, 5, 5, 64, torch.bfloat16, 2, True),
+]  # fmt: skip
+
+
+def _staged(depth, pool, budget, tile, dtype, programs, headwise) -> dict:  # noqa: ANN001
+    """``programs`` staged programs vs one program (both with per-head attention in blocks of 2 slots
+    when ``headwise``: :data:`ATT_TILE` and :data:`ATT_CHUNK` lowered) and vs the torch growth."""
+    from repro.drafters import growth_kernels
+
+    weaver = adapter(1, depth, 1.0, dtype)
+    emb, root, *rest = inputs(101, depth, pool, False, dtype)
+    at = torch.tensor([root])
+    saved = growth_kernels.ATT_TILE, growth_kernels.ATT_CHUNK
+    if headwise:  # per head, 2 slots a block
+        growth_kernels.ATT_TILE, growth_kernels.ATT_CHUNK = 1, 2 * weaver.config.head_dim
+    try:
+        one = growth_kernels.grow_fused(weaver, emb, budget, at, *rest, tile=tile, programs=1)
+        many = growth_kernels.grow_fused(weaver, emb, budget, at, *rest, tile=tile, programs=programs)
+    finally:
+        growth_kernels.ATT_TILE, growth_kernels.ATT_CHUNK = saved
+    ref = grow_on_device(weaver, emb, budget, at, *rest)
+    return {
+        "bitwise": same_tree(one, many) and torch.equal(one.scores, many.scores),
+        "same_as_torch": same_tree(ref, one) or (dtype == torch.bfloat16 and tie_swaps_only(ref, one)),
+        "score_error": score_error(ref, one),
+        "errors": [int(one.error), int(many.error)],
+    }
+
+
 def _interpreter_main() -> None:
     """Subprocess entry (TRITON_INTERPRET=1): every case's results as JSON on the last line."""
     torch.set_num_threads(1)
@@ -142,6 +183,7 @@ def _interpreter_main() -> None:
         out[f"bfloat16-{i}"] = _case_errors(*case, torch.bfloat16, seeds=seeds)
     out["in_row_ties"] = [_in_row_ties(torch.float64), _in_row_ties(torch.float32)]
     out["growth_step"] = _growth_step()
+    out["staged"] = [_staged(*case) for case in STAGED]
     print(json.dumps(out))
 
 
@@ -186,6 +228,49 @@ def test_fused_growth_takes_in_row_ties_in_pool_order(interp: dict, i: int) -> N
 
 def test_growth_step_grows_fused_on_request(interp: dict) -> None:
     assert interp["growth_step"] == [True, True]
+
+
+@pytest.mark.parametrize("j", range(len(STAGED)))
+def test_programs_partition_rows_pool_and_heads_bitwise(interp: dict, j: int) -> None:
+    row = interp["staged"][j]
+    assert row["bitwise"] and row["same_as_torch"], (STAGED[j], row)
+    assert row["score_error"] < (1e-12 if STAGED[j][4] == torch.float64 else 1e-5), row
+    assert row["errors"] == [0, 0]
+
+
+# ----- limits and programs, CPU -----
+
+
+def _config(d: int, heads: int, inter: int, hidden: int) -> WeaverConfig:
+    return WeaverConfig(
+        d_model=d, num_heads=heads, intermediate_size=inter, pool_size=512, block_size=16, vocab_size=4096,
+        target_hidden_size=hidden, target_feature_size=2 * hidden, dflash_hidden_size=hidden,
+    )  # fmt: skip
+
+
+def test_the_27b_weaver_fits_several_programs_only() -> None:
+    pytest.importorskip("triton")
+    from repro.drafters.growth_kernels import default_programs, fits
+
+    tiny, big = _config(128, 4, 256, 192), _config(2048, 16, 4096, 5120)
+    assert fits(tiny, 32, 512) and fits(tiny, 32, 512, 16)
+    assert not fits(big, 64, 512) and fits(big, 64, 512, 132)
+    assert default_programs(big, 64, 512, 132) == 132  # 2048 blocks of W_e's rows: one program per SM
+    assert default_programs(big, 64, 512, 1) == 1  # one SM: one program (and the shape refused)
+    assert default_programs(tiny, 32, 512, 132) == 16  # the pool's 16 blocks of 32 tokens
+    assert default_programs(tiny, 32, 512, 132, tile=512) == 132  # 256 blocks of 2 pool tokens
+    assert default_programs(_config(8192, 16, 256, 192), 32, 512, 132) == 1  # beyond every limit
+    assert not fits(_config(96, 4, 256, 192), 32, 512, 8)  # d_model not a power of two
+
+
+def test_programs_need_a_gpu_or_staged_launches() -> None:
+    pytest.importorskip("triton")
+    from repro.drafters.growth_kernels import grow_fused
+
+    weaver = adapter(0, 3, 1.0)
+    emb, root, *rest = inputs(0, 3, 5)
+    with pytest.raises(ValueError, match="staged"):
+        grow_fused(weaver, emb, 4, torch.tensor([root]), *rest, programs=2, staged=False)
 
 
 # ----- kernels per node, CPU -----
@@ -239,7 +324,7 @@ def test_fused_growth_is_one_launch_per_node_and_no_aten_op_per_node() -> None:
     counts = ops_per_node()
     assert counts["torch_aten_ops_per_node"] > 50  # the torch growth: the Weaver layer and the table
     assert counts["fused_aten_ops_per_node"] == 0 and counts["fused_launches_per_node"] == 1
-    assert counts["fused_launches"] == [17, 33] and counts["fused_aten_ops_fixed"] <= 5
+    assert counts["fused_launches"] == [17, 33] and counts["fused_aten_ops_fixed"] <= 6  # + barrier counters
 
 
 # ----- GPU -----
@@ -266,6 +351,7 @@ def test_fused_growth_in_a_cuda_graph_equals_the_torch_growth(dtype: torch.dtype
         with sync_debug():
             growth, _ = step(root, rows, logits, feature)
             got = DeviceGrowth(growth.tokens.clone(), growth.parents.clone(), growth.scores.clone())
+        assert int(growth.error) == 0, seed  # the default programs' grid barriers all met
         ref = grow_on_device(
             weaver, emb, budget, torch.tensor([root], device=dev), rows, *top_k_pool(logits, pool), feature
         )
@@ -278,6 +364,56 @@ def test_fused_growth_in_a_cuda_graph_equals_the_torch_growth(dtype: torch.dtype
                 if (got.tokens[i], got.parents[i]) != (ref.tokens[i], ref.parents[i])
             )
             assert abs(float(got.scores[first]) - float(ref.scores[first])) < 1e-4, (seed, first)
+
+
+GPU_PROGRAMS = (1, 4, 32, None)  # None: every SM
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("shape", ["tiny", "qwen3.6-27b"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_programs_with_grid_barriers_equal_one_program(shape: str, dtype: torch.dtype) -> None:
+    """P programs with grid barriers: P = 1's tree and scores bitwise, the barrier flag 0; P = 1 is the
+    torch growth's tree up to (near) ties, scores to float32 rounding (bf16 at the 27B width: to a
+    bf16 step, as sums of 2048-5120 terms in another order round some bf16 vectors differently)."""
+    from repro.drafters.growth_kernels import grow_fused, growth_problem
+
+    dev = torch.device("cuda")
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    for seed in (0, 1) if shape == "tiny" else (0,):
+        args = growth_problem(shape, dtype, dev, seed)
+        ref = grow_on_device(*args)
+        one = grow_fused(*args, programs=1)
+        tol = 5e-2 if (shape, dtype) == ("qwen3.6-27b", torch.bfloat16) else 1e-4
+        _same_up_to_ties(ref, one, (shape, seed), tol)
+        for p in GPU_PROGRAMS[1:]:
+            got = grow_fused(*args, programs=p or sms)
+            assert int(got.error) == 0, (shape, seed, p)
+            assert same_tree(one, got) and torch.equal(one.scores, got.scores), (shape, seed, p)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_barrier_past_its_spin_cap_sets_the_error_flag() -> None:
+    from repro.drafters.growth_kernels import grow_fused, growth_problem
+
+    args = growth_problem("tiny", torch.float32, torch.device("cuda"))
+    assert int(grow_fused(*args, programs=32, spin_cap=0).error) != 0  # no waiting: someone is early
+    assert int(grow_fused(*args, programs=32).error) == 0
+
+
+def _same_up_to_ties(ref: DeviceGrowth, got: DeviceGrowth, what: object, tol: float) -> None:
+    """The same tree with scores within ``tol``, or a first difference at a tie within ``tol``."""
+    if same_tree(ref, got):
+        assert score_error(ref, got) < tol, what
+        return
+    first = next(
+        i
+        for i in range(len(ref.tokens))
+        if (got.tokens[i], got.parents[i]) != (ref.tokens[i], ref.parents[i])
+    )
+    assert abs(float(got.scores[first]) - float(ref.scores[first])) < tol, (what, first)
 
 
 if __name__ == "__main__" and "--interpret" in sys.argv:
