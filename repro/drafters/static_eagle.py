@@ -32,6 +32,13 @@ pending token). Greedy acceptance walks node 0's subtree only, so they never cha
 accepted; they are verified (as the graphed engine's slot padding is), and a record's tree size
 is this fixed size, not the real node count (:func:`real_nodes` recovers the eager tree).
 
+**Fast path** (``fast``; default: with CUDA graphs in half precision, as the graphed target's GEMV
+decode): the drafter forwards and distributions inside the call run on the Triton linear kernels of the
+static decoder, the glue fused in (:class:`~repro.drafters.eagle_fast.FastEagle`: a tree level's forward
+65 -> 20 launches, a chain proposal of k = 6 451 -> 147); the prompt's rows stay on the eager model. The
+eager path is the reference it is pinned to (tests/drafters/test_eagle_fast.py). The step's mask, level
+positions and slots are made once per call on both paths.
+
 Proposal tensors are the call's outputs: valid until the next ``propose`` (graph replays rewrite
 them in place). The first proposal of a prompt brings the prompt's rows in with one eager forward
 (exact shape, outside the graph); capture and buffer growth synchronise once; every other
@@ -40,12 +47,14 @@ them in place). The first proposal of a prompt brings the prompt's rows in with 
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
 
 from repro.drafters.base import DraftContext, Proposal
 from repro.drafters.eagle import DynamicTree, EagleDrafter, EagleDraftModel, _greedy_path
+from repro.drafters.eagle_fast import FastEagle
 from repro.drafters.features import ingest_start
 from repro.errors import ConfigError
 from repro.models.graphed import GraphedTarget
@@ -76,7 +85,9 @@ def tree_proposal(tree: DeviceTree, scores: torch.Tensor) -> Proposal:
 
 class StaticEagleDrafter(EagleDrafter):
     """EagleDrafter on static buffers: see the module docstring. ``graphs``: capture the proposal's
-    call as a CUDA graph (default: on CUDA); ``capacity``: committed positions held at first.
+    call as a CUDA graph (default: on CUDA); ``capacity``: committed positions held at first; ``fast``:
+    the call's forwards on :class:`~repro.drafters.eagle_fast.FastEagle` (default: with graphs in half
+    precision; needs CUDA or Triton's interpreter).
 
     It keeps EagleDrafter's settings, checks, ``observe_prefill`` and distributions (``_probs``) and
     replaces its state (``begin``, ``_ingest``) and ``propose``."""
@@ -90,13 +101,21 @@ class StaticEagleDrafter(EagleDrafter):
         tree: DynamicTree | None = None,
         capacity: int = DEFAULT_CAPACITY,
         graphs: bool | None = None,
+        fast: bool | None = None,
     ) -> None:
         self.graphs = target.device.type == "cuda" if graphs is None else graphs
         if self.graphs and target.device.type != "cuda":
             raise ConfigError("CUDA graphs need a CUDA device (the static EAGLE drafter is eager elsewhere)")
+        half = target.dtype in (torch.bfloat16, torch.float16)
+        self.fast = self.graphs and half if fast is None else fast
+        if self.fast and target.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ConfigError("fast=True runs Triton kernels: it needs a CUDA device (or TRITON_INTERPRET=1)")
         self.capacity = max(1, capacity)
         self._buffers_for = -1  # the capacity the buffers were made for
+        self._fast: FastEagle | None = None
         super().__init__(model, target, k, width, tree)  # calls begin
+        if self.fast:
+            self._fast = FastEagle(self.model, target, self.capacity + self.block)
 
     # ------------------------------------------------------------------ shapes and buffers
 
@@ -141,9 +160,15 @@ class StaticEagleDrafter(EagleDrafter):
                 v[:, :, :old].copy_(ov[:, :, :old])
         self.features, self.kv = features, kv
         self.inputs = torch.zeros(3 + self.block, dtype=torch.long, device=dev)  # r, c, root, row tokens
+        levels = self.draft_slots // self.level_rows
+        self._cols = torch.arange(capacity, device=dev)  # constants of the device call
+        self._level_index = torch.arange(levels, device=dev)
+        self._slots = capacity + torch.arange(self.draft_slots, device=dev).view(levels, self.level_rows)
         self._uploads = HostUploads(dev)
         self.capacity = self._buffers_for = capacity
         self._call: Any = None
+        if self._fast is not None:
+            self._fast.set_rope_rows(capacity + self.block)
 
     def _ensure(self, need: int) -> None:
         """Double the buffers until ``need`` committed positions fit."""
@@ -182,7 +207,7 @@ class StaticEagleDrafter(EagleDrafter):
         self._ensure(c + self.block)
         if c - r > self.block:  # the prompt's rows (or replaced ones): one eager forward of exact shape
             stop = c - self.block
-            self._context_rows(self._uploads.put(tokens[r + 1 : stop + 1]), self._uploads.put([r]))
+            self._context_rows(self._uploads.put(tokens[r + 1 : stop + 1]), self._uploads.put([r]), False)
             r = stop
         ids = tokens[r + 1 : c + 1]
         self._uploads.put([r, c, tokens[c]] + ids + [0] * (self.block - len(ids)), self.inputs)
@@ -207,35 +232,47 @@ class StaticEagleDrafter(EagleDrafter):
 
     def _rows(
         self, ids: torch.Tensor, features: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-        mask: torch.Tensor,
+        mask: torch.Tensor, fast: bool = True,
     ) -> torch.Tensor:  # fmt: skip
-        """Predictions [T, hidden] of T rows written into the buffers at ``slots``."""
+        """Predictions [T, hidden] of T rows written into the buffers at ``slots`` (on the fast forward
+        when the drafter has it and ``fast``)."""
+        if fast and self._fast is not None:
+            return self._fast.forward(ids, features, positions, self.kv, mask, slots)
         m = self.model
         return m(ids[None], features[None], positions[None], self._embedding, self.kv, mask, slots)[0][0]
 
-    def _context_rows(self, ids: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+    def _probs(self, preds: torch.Tensor) -> torch.Tensor:
+        if self._fast is not None:
+            return self._fast.probs(preds)
+        return super()._probs(preds)
+
+    def _context_rows(self, ids: torch.Tensor, start: torch.Tensor, fast: bool = True) -> torch.Tensor:
         """Committed rows start.. (row t reads ``ids[t - start]`` and feature t), causal over the
-        committed rows; their predictions [T, hidden]."""
+        committed rows; their predictions [T, hidden]. ``fast``: as :meth:`_rows`."""
         positions = start + torch.arange(ids.shape[0], device=ids.device)
         cols = torch.arange(self.kv[0][0].shape[2], device=ids.device)
         mask = (cols[None] <= positions[:, None]) & (cols[None] < self.capacity)
-        return self._rows(ids, self.features.index_select(0, positions), positions, positions, mask)
+        return self._rows(ids, self.features.index_select(0, positions), positions, positions, mask, fast)
 
-    def _draft_mask(self, committed: torch.Tensor, ancestors: torch.Tensor) -> torch.Tensor:
-        """[n, C + Ds]: every committed row, and the drafted rows in ``ancestors`` [n, Ds]."""
-        seen = torch.arange(self.capacity, device=committed.device) < committed
-        return torch.cat([seen[None].expand(ancestors.shape[0], -1), ancestors], dim=1)
+    def _draft_context(self, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Once per step: the committed columns every drafted row sees [C] (bool) and the position of each
+        level's rows [levels] (level d: c - 1 + d)."""
+        return self._cols < c, c + self._level_index
 
     def _level(
-        self, depth: int, ids: torch.Tensor, preds: torch.Tensor, ancestors: torch.Tensor, c: torch.Tensor
-    ) -> torch.Tensor:
-        """Drafted rows of level ``depth`` (their parents' predictions ``preds``); their predictions."""
-        n, dev = ids.shape[0], ids.device
-        first = self.capacity + (depth - 1) * self.level_rows
-        slots = torch.arange(first, first + n, device=dev)
-        positions = (c - 1 + depth).expand(n)
-        mask = self._draft_mask(c, ancestors)
-        return self._rows(ids, self.model.draft_features(preds), positions, slots, mask)
+        self, depth: int, ids: torch.Tensor, preds: torch.Tensor, ancestors: torch.Tensor,
+        context: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:  # fmt: skip
+        """Drafted rows of level ``depth`` (their parents' predictions ``preds``, their drafted ancestors
+        ``ancestors`` [n, Ds], the step's :meth:`_draft_context`); their predictions."""
+        n = ids.shape[0]
+        seen, positions = context
+        mask = torch.cat([seen[None].expand(n, -1), ancestors], dim=1)  # [n, C + Ds]
+        one = self._fast is not None and len(self.capture_layers) == 1  # the features are the prediction
+        features = preds if one else self.model.draft_features(preds)
+        return self._rows(
+            ids, features, positions[depth - 1 : depth].expand(n), self._slots[depth - 1, :n], mask
+        )
 
     @torch.no_grad()
     def _step(self) -> tuple[torch.Tensor, ...]:
@@ -243,11 +280,14 @@ class StaticEagleDrafter(EagleDrafter):
         r, c, root = self.inputs[0:1], self.inputs[1:2], self.inputs[2:3]
         preds = self._context_rows(self.inputs[3:], r)
         root_pred = preds.index_select(0, c - r - 1)
+        context = self._draft_context(c)
         if self.tree is None:
-            return self._chain_step(root_pred, c)
-        return self._tree_step(root, root_pred, c, self.tree)
+            return self._chain_step(root_pred, context)
+        return self._tree_step(root, root_pred, context, self.tree)
 
-    def _chain_step(self, pred: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _chain_step(
+        self, pred: torch.Tensor, context: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         slot = torch.arange(self.draft_slots, device=pred.device)[None]
         probs, tops = [], []
         for depth in range(1, self.k + 1):
@@ -256,11 +296,15 @@ class StaticEagleDrafter(EagleDrafter):
             probs.append(p)
             tops.append(top)
             if depth < self.k:
-                pred = self._level(depth, top[:, 0], pred, slot < depth, c)  # the rows above and itself
+                pred = self._level(depth, top[:, 0], pred, slot < depth, context)  # the rows above and itself
         return torch.cat(tops), torch.cat(probs)
 
     def _tree_step(
-        self, root: torch.Tensor, root_pred: torch.Tensor, c: torch.Tensor, spec: DynamicTree
+        self,
+        root: torch.Tensor,
+        root_pred: torch.Tensor,
+        context: tuple[torch.Tensor, torch.Tensor],
+        spec: DynamicTree,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         dev = root_pred.device
         vocab = self.model.config.vocab_size
@@ -297,7 +341,7 @@ class StaticEagleDrafter(EagleDrafter):
             first = (depth - 1) * beam
             own[:, first : first + beam] = torch.eye(beam, dtype=torch.bool, device=dev)
             ancestors = ancestors.index_select(0, row) | own
-            preds = self._level(depth, ids, preds.index_select(0, row), ancestors, c)
+            preds = self._level(depth, ids, preds.index_select(0, row), ancestors, context)
         return _select(root, torch.cat(tokens), torch.cat(parents), torch.cat(scores), spec.budget)
 
 
