@@ -13,7 +13,7 @@ The matmuls go through the static decoder's wrappers of :mod:`repro.gdn.triton_l
   as it is (one target layer) instead of a repeat.
 - Per layer: input norm + q|k|v stacked (one launch), rotary on q and k together from a table of every
   position made once per buffer size (cos and the signed sin, ``x cos + roll(x) sin_signed``: the same
-  products as ``apply_rope``; 4 launches), the keys and values written at the rows' slots (2), masked
+  products as ``apply_rope``; 3 launches), the keys and values written at the rows' slots (2), masked
   softmax attention with the additive mask built once per forward for every layer (:func:`attend`: 5, 7
   in half precision, 3 for one row), o_proj + residual (1), post norm + gate|up + SiLU * up (1), down +
   residual (1).
@@ -28,24 +28,25 @@ the row-tiled linears lost on the target side.
 Launches (aten ops that launch work + Triton launches; the tiny family's drafter layout, one layer reading
 one target layer, counted on CPU by tests/drafters/test_eagle_fast.py):
 
-============================================  ======  ====================  ====
-what                                          before  eager (glue per step)  fast
-============================================  ======  ====================  ====
-a tree level's forward (4 rows)               65      60                    20
-its distributions (norm, head, softmax)        9       9                     2
-the proposal call, chain k = 6                451     428                   147
-the proposal call, tree depth 6, topk 4       629     606                   325
-============================================  ======  ====================  ====
+=======================================  ======  =====================  ====
+what                                     before  eager (glue per step)  fast
+=======================================  ======  =====================  ====
+a tree level's forward (4 rows)          65      60                     19
+its distributions (norm, head, softmax)  9       9                      2
+the proposal call, chain k = 6           451     422                    135
+the proposal call, tree depth 6, topk 4  629     606                    319
+=======================================  ======  =====================  ====
 
-(before: this branch's parent, whose levels each made their own mask, positions and slots; the static
-drafter now makes them once a step on both paths.) A fast level is 15 aten ops (the mask's cat, two
-gathers, the additive mask, rotary 4, the two KV writes, attention 5) and 5 Triton launches; the rest of
-a proposal is the drafting glue (top-k, scores, the tree's selection), unchanged.
+(before: this branch's parent, whose levels each made their own mask, positions, slots and chain
+ancestors; the static drafter now makes them once a step, or once per buffer size, on both paths.) A fast
+level is 14 aten ops (the mask's cat, two gathers, the additive mask, rotary 3, the two KV writes,
+attention 5) and 5 Triton launches; the rest of a proposal is the drafting glue (top-k, scores, the
+tree's selection), unchanged.
 
 What the kernels lack (so these stay torch): :func:`~repro.gdn.triton_attention.attention_tree` /
 ``attention_decode`` always apply q/k RMSNorm (EAGLE's Llama layer has none) and see the cache only as
 rows ``[0, length)`` plus the new rows (EAGLE's drafted ancestors sit in fixed slots after the committed
-rows), so rotary, the KV writes and the attention are the 11 aten launches above instead of one.
+rows), so rotary, the KV writes and the attention are the 10 aten launches above instead of one.
 
 Rounding: the kernels accumulate in float32 (float64 for float64 data) and round once, fc's sum is split
 in two, and bf16 norms are not rounded between the norm and the matmul, so float32 distributions agree
@@ -169,7 +170,7 @@ class FastEagle:
         n, heads, kv_heads, hd = x.shape[0], a.heads, a.kv_heads, a.head_dim
         qkv = normed_linear(x, w.input_norm, layer.input_layernorm.eps, w.qkv, None, gemv)
         qk = qkv[:, : (heads + kv_heads) * hd].view(n, heads + kv_heads, hd)
-        rot = qk * cos + qk.roll(hd // 2, -1) * sin  # apply_rope's products: rotate_half(x) sin
+        rot = torch.addcmul(qk * cos, qk.roll(hd // 2, -1), sin)  # apply_rope's products: rotate_half(x) sin
         keys.index_copy_(1, slots, rot[:, heads:].transpose(0, 1))
         values.index_copy_(1, slots, qkv[:, (heads + kv_heads) * hd :].view(n, kv_heads, hd).transpose(0, 1))
         x = plus_linear(x, attend(rot[:, :heads], keys, values, bias), a.o_proj, gemv)

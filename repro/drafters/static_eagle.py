@@ -35,9 +35,10 @@ is this fixed size, not the real node count (:func:`real_nodes` recovers the eag
 **Fast path** (``fast``; default: with CUDA graphs in half precision, as the graphed target's GEMV
 decode): the drafter forwards and distributions inside the call run on the Triton linear kernels of the
 static decoder, the glue fused in (:class:`~repro.drafters.eagle_fast.FastEagle`: a tree level's forward
-65 -> 20 launches, a chain proposal of k = 6 451 -> 147); the prompt's rows stay on the eager model. The
-eager path is the reference it is pinned to (tests/drafters/test_eagle_fast.py). The step's mask, level
-positions and slots are made once per call on both paths.
+65 -> 19 launches, a chain proposal of k = 6 451 -> 135); the prompt's rows stay on the eager model. The
+eager path is the reference it is pinned to (tests/drafters/test_eagle_fast.py). The step's mask and level
+positions are made once per call, the slots and a chain's ancestor masks once per buffer size, on both
+paths.
 
 Proposal tensors are the call's outputs: valid until the next ``propose`` (graph replays rewrite
 them in place). The first proposal of a prompt brings the prompt's rows in with one eager forward
@@ -164,6 +165,8 @@ class StaticEagleDrafter(EagleDrafter):
         self._cols = torch.arange(capacity, device=dev)  # constants of the device call
         self._level_index = torch.arange(levels, device=dev)
         self._slots = capacity + torch.arange(self.draft_slots, device=dev).view(levels, self.level_rows)
+        # a chain's level d row sees the drafted rows above it and itself: draft slots < d
+        self._chain_ancestors = torch.arange(self.draft_slots, device=dev) < self._level_index[:, None] + 1
         self._uploads = HostUploads(dev)
         self.capacity = self._buffers_for = capacity
         self._call: Any = None
@@ -288,7 +291,6 @@ class StaticEagleDrafter(EagleDrafter):
     def _chain_step(
         self, pred: torch.Tensor, context: tuple[torch.Tensor, torch.Tensor]
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        slot = torch.arange(self.draft_slots, device=pred.device)[None]
         probs, tops = [], []
         for depth in range(1, self.k + 1):
             p = self._probs(pred)
@@ -296,7 +298,7 @@ class StaticEagleDrafter(EagleDrafter):
             probs.append(p)
             tops.append(top)
             if depth < self.k:
-                pred = self._level(depth, top[:, 0], pred, slot < depth, context)  # the rows above and itself
+                pred = self._level(depth, top[:, 0], pred, self._chain_ancestors[depth - 1 : depth], context)
         return torch.cat(tops), torch.cat(probs)
 
     def _tree_step(
