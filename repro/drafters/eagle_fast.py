@@ -115,6 +115,7 @@ class FastEagle:
         self.token_rows = (target.model.embed_tokens.weight @ w_e.t()).contiguous()  # [V, hidden]
         self.fc_features = nn.Linear(w_f.shape[1], hidden, bias=False, device=model.device, dtype=model.dtype)
         self.fc_features.weight.copy_(w_f)
+        self.fc_features.requires_grad_(False)
         self.weights = [LayerWeights.of(layer) for layer in model.layers]
         norm = target.model.norm
         self.final_scale, self.final_eps = norm.scale().detach().clone(), norm.eps
