@@ -34,11 +34,12 @@ what                                     before  eager (glue per step)  fast
 a tree level's forward (4 rows)          65      60                     19
 its distributions (norm, head, softmax)  9       9                      2
 the proposal call, chain k = 6           451     422                    135
-the proposal call, tree depth 6, topk 4  629     606                    319
+the proposal call, tree depth 6, topk 4  629     576                    289
 =======================================  ======  =====================  ====
 
-(before: this branch's parent, whose levels each made their own mask, positions, slots and chain
-ancestors; the static drafter now makes them once a step, or once per buffer size, on both paths.) A fast
+(before: this branch's parent, whose levels each made their own mask, positions, slots, chain ancestors
+and a tree level's candidate indices and own-slot mask; the static drafter now makes them once a step, or
+once per buffer size, on both paths.) A fast
 level is 14 aten ops (the mask's cat, two gathers, the additive mask, rotary 3, the two KV writes,
 attention 5) and 5 Triton launches; the rest of a proposal is the drafting glue (top-k, scores, the
 tree's selection), unchanged.

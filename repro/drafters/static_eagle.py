@@ -37,8 +37,8 @@ decode): the drafter forwards and distributions inside the call run on the Trito
 static decoder, the glue fused in (:class:`~repro.drafters.eagle_fast.FastEagle`: a tree level's forward
 65 -> 19 launches, a chain proposal of k = 6 451 -> 135); the prompt's rows stay on the eager model. The
 eager path is the reference it is pinned to (tests/drafters/test_eagle_fast.py). The step's mask and level
-positions are made once per call, the slots and a chain's ancestor masks once per buffer size, on both
-paths.
+positions are made once per call; the slots, a chain's ancestor masks, a tree level's own-slot masks and
+the root frontier once per buffer size, on both paths (a tree proposal: 629 -> 576 launches eager).
 
 Proposal tensors are the call's outputs: valid until the next ``propose`` (graph replays rewrite
 them in place). The first proposal of a prompt brings the prompt's rows in with one eager forward
@@ -167,6 +167,14 @@ class StaticEagleDrafter(EagleDrafter):
         self._slots = capacity + torch.arange(self.draft_slots, device=dev).view(levels, self.level_rows)
         # a chain's level d row sees the drafted rows above it and itself: draft slots < d
         self._chain_ancestors = torch.arange(self.draft_slots, device=dev) < self._level_index[:, None] + 1
+        # a tree level's rows: each its own slot; the root frontier (score, valid, node -1, no ancestors)
+        own = torch.eye(self.draft_slots, dtype=torch.bool, device=dev)
+        self._own = own.view(levels, self.level_rows, self.draft_slots)
+        self._tree_start = (
+            torch.zeros(1, dtype=torch.float64, device=dev), torch.ones(1, dtype=torch.bool, device=dev),
+            torch.full((1,), -1, dtype=torch.long, device=dev),
+            torch.zeros(1, self.draft_slots, dtype=torch.bool, device=dev),
+        )  # fmt: skip
         self._uploads = HostUploads(dev)
         self.capacity = self._buffers_for = capacity
         self._call: Any = None
@@ -308,14 +316,10 @@ class StaticEagleDrafter(EagleDrafter):
         context: tuple[torch.Tensor, torch.Tensor],
         spec: DynamicTree,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        dev = root_pred.device
         vocab = self.model.config.vocab_size
         kids, beam = min(spec.topk, vocab), spec.topk
         # the frontier: predictions, scores, validity, candidate index (-1: the root), drafted ancestors
-        preds, score = root_pred, torch.zeros(1, dtype=torch.float64, device=dev)
-        valid = torch.ones(1, dtype=torch.bool, device=dev)
-        node = torch.full((1,), -1, dtype=torch.long, device=dev)
-        ancestors = torch.zeros(1, self.draft_slots, dtype=torch.bool, device=dev)
+        preds, (score, valid, node, ancestors) = root_pred, self._tree_start  # constants, never written
         tokens, parents, scores = [], [], []
         made = 0  # candidates created so far (creation order = index)
         for depth in range(1, spec.depth + 1):
@@ -324,7 +328,6 @@ class StaticEagleDrafter(EagleDrafter):
             ok = valid[:, None] & (p >= spec.tau) & (p > 0)
             level_scores = torch.where(ok, score[:, None] + p.log(), float("-inf")).reshape(-1)
             n = level_scores.shape[0]
-            level_nodes = torch.arange(made, made + n, device=dev)
             tokens.append(top_ids.reshape(-1))
             parents.append(node[:, None].expand(-1, kids).reshape(-1))
             scores.append(level_scores)
@@ -337,12 +340,10 @@ class StaticEagleDrafter(EagleDrafter):
             row = (order // kids).clamp(max=preds.shape[0] - 1)  # the frontier row of each child
             score = level_scores.index_select(0, order)
             valid = score > float("-inf")
-            ids = top_ids.reshape(-1).index_select(0, order.clamp(max=n - 1))
-            node = level_nodes.index_select(0, order.clamp(max=n - 1))
-            own = torch.zeros(beam, self.draft_slots, dtype=torch.bool, device=dev)
-            first = (depth - 1) * beam
-            own[:, first : first + beam] = torch.eye(beam, dtype=torch.bool, device=dev)
-            ancestors = ancestors.index_select(0, row) | own
+            child = order.clamp(max=n - 1)
+            ids = top_ids.reshape(-1).index_select(0, child)
+            node = child + (made - n)  # the children's candidate indices
+            ancestors = ancestors.index_select(0, row) | self._own[depth - 1]  # and their own slots
             preds = self._level(depth, ids, preds.index_select(0, row), ancestors, context)
         return _select(root, torch.cat(tokens), torch.cat(parents), torch.cat(scores), spec.budget)
 
