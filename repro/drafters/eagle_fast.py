@@ -21,9 +21,9 @@ The matmuls go through the static decoder's wrappers of :mod:`repro.gdn.triton_l
 
 Which variant: up to :data:`GEMV_ROWS` rows (a chain level: 1; a tree level: ``topk``; the LM head of a
 frontier) the GEMV kernels at every width (half precision won there on the target side); more rows (the
-step's block of committed rows) the row-tiled kernels up to ``row_tiled_width`` (default
-:data:`~repro.models.graphed.SMALL_WIDTH`), cuBLAS (with the Triton RMSNorm and SiLU * up) above it, where
-the row-tiled linears lost on the target side.
+step's block of committed rows, up to :data:`TILED_ROWS`) the row-tiled kernels up to ``row_tiled_width``
+(default :data:`~repro.models.graphed.SMALL_WIDTH`), cuBLAS (with the Triton RMSNorm and SiLU * up) above
+it, where the row-tiled linears lost on the target side.
 
 Launches (aten ops that launch work + Triton launches; the tiny family's drafter layout, one layer reading
 one target layer, counted on CPU by tests/drafters/test_eagle_fast.py):
@@ -72,7 +72,9 @@ from repro.models.static import fused_mlp_block, normed_linear, plus_linear
 if TYPE_CHECKING:
     from repro.drafters.eagle import EagleDraftModel, EagleLayer
 
-GEMV_ROWS = 4  # repro.gdn.triton_linear.MAX_ROWS (drafters do not import gdn; pinned equal by the tests)
+# triton_linear's MAX_ROWS and MAX_VERIFY_ROWS (drafters do not import gdn; pinned equal by the tests)
+GEMV_ROWS = 4  # rows of the GEMV variant
+TILED_ROWS = 256  # rows of the row-tiled variant
 
 
 @dataclass
@@ -137,7 +139,7 @@ class FastEagle:
 
     def gemv(self, rows: int) -> bool:
         """Whether ``rows`` rows take the Triton linears (else cuBLAS): see the module docstring."""
-        return rows <= GEMV_ROWS or self.cfg.hidden_size <= self.row_tiled_width
+        return rows <= GEMV_ROWS or (rows <= TILED_ROWS and self.cfg.hidden_size <= self.row_tiled_width)
 
     def forward(
         self,

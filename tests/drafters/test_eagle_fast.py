@@ -257,11 +257,11 @@ def test_fast_forward_launches_fewer_kernels(interpreted):
 
 def test_fast_default_and_config_errors(monkeypatch):
     from repro.drafters.eagle import random_eagle_for
-    from repro.drafters.eagle_fast import GEMV_ROWS
+    from repro.drafters.eagle_fast import GEMV_ROWS, TILED_ROWS
     from repro.drafters.static_eagle import StaticEagleDrafter
-    from repro.gdn.triton_linear import MAX_ROWS
+    from repro.gdn.triton_linear import MAX_ROWS, MAX_VERIFY_ROWS
 
-    assert GEMV_ROWS == MAX_ROWS
+    assert (GEMV_ROWS, TILED_ROWS) == (MAX_ROWS, MAX_VERIFY_ROWS)
     model = small_target(torch.float64)
     eagle = random_eagle_for(model)
     assert not StaticEagleDrafter(eagle, model).fast
