@@ -379,7 +379,8 @@ def eagle_drafter_for(
     tree: DynamicTree | None = None,
 ) -> EagleDrafter:
     """The static drafter for a :class:`~repro.models.graphed.GraphedTarget` (CUDA graphs when it
-    has them), the eager reference for a HybridLM."""
+    has them; the fast forward when its decoder takes the GEMV kernels), the eager reference for a
+    HybridLM."""
     if isinstance(target, GraphedTarget):
-        return StaticEagleDrafter(model, target, k, width, tree, graphs=target.graphs)
+        return StaticEagleDrafter(model, target, k, width, tree, graphs=target.graphs, fast=target.gemv)
     return EagleDrafter(model, target, k, width, tree)

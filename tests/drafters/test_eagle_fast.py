@@ -262,9 +262,13 @@ def test_fast_default_and_config_errors(monkeypatch):
     from repro.gdn.triton_linear import MAX_ROWS, MAX_VERIFY_ROWS
 
     assert (GEMV_ROWS, TILED_ROWS) == (MAX_ROWS, MAX_VERIFY_ROWS)
+    from repro.drafters.static_eagle import eagle_drafter_for
+    from repro.models.graphed import GraphedTarget
+
     model = small_target(torch.float64)
     eagle = random_eagle_for(model)
     assert not StaticEagleDrafter(eagle, model).fast
+    assert not eagle_drafter_for(eagle, GraphedTarget(model, graphs=False)).fast  # follows the target's gemv
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(ConfigError, match="fast=True runs Triton kernels"):
         StaticEagleDrafter(eagle, model, fast=True)
@@ -300,14 +304,17 @@ def test_gpu_fast_graphed_proposals_equal_eager_in_float32(name):
 @cuda
 def test_gpu_fast_bf16_within_tolerance():
     """bf16, graphed: the fast and the eager static drafter's chain distributions agree to bf16 accuracy,
-    and the default turns the fast path on there."""
+    and the default turns the fast path on there (on a GraphedTarget: with its GEMV decode)."""
     from repro.drafters.base import DraftContext
     from repro.drafters.static_eagle import StaticEagleDrafter
+
+    from repro.drafters.static_eagle import eagle_drafter_for
+    from repro.models.graphed import GraphedTarget
 
     model, prompts, eagle = family("bfloat16")
     ids = prompts[0]
     drafters = [StaticEagleDrafter(eagle, model, k=6, fast=f) for f in (False, None)]
-    assert drafters[1].fast
+    assert drafters[1].fast and eagle_drafter_for(eagle, GraphedTarget(model), k=6).fast
     _, ver = model.prefill(ids, capture=drafters[0].capture_layers)
     probs = []
     for d in drafters:
