@@ -306,9 +306,7 @@ def test_gpu_fast_bf16_within_tolerance():
     """bf16, graphed: the fast and the eager static drafter's chain distributions agree to bf16 accuracy,
     and the default turns the fast path on there (on a GraphedTarget: with its GEMV decode)."""
     from repro.drafters.base import DraftContext
-    from repro.drafters.static_eagle import StaticEagleDrafter
-
-    from repro.drafters.static_eagle import eagle_drafter_for
+    from repro.drafters.static_eagle import StaticEagleDrafter, eagle_drafter_for
     from repro.models.graphed import GraphedTarget
 
     model, prompts, eagle = family("bfloat16")
