@@ -36,6 +36,13 @@ SPECS = {
         {},
     ),
 }
+GPU_SPECS = {  # the routes' shapes: FLA-SD's chain, SpecLA's tree
+    "chain": ({"kind": "eagle_chain", "k": 6, "drafter": "random"}, {"width": 2}),
+    "tree": (
+        {"kind": "eagle_tree", "drafter": "random", "budget": 32, "topk": 4, "tau": 0.05, "depth": 6},
+        {},
+    ),
+}
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
@@ -60,16 +67,17 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def shadowed(  # noqa: ANN001 - model: HybridLM, prompts: token lists, drafter: EagleDraftModel
     model, prompts, name: str, new_tokens: int, drafter=None, tiled_width: int | None = None, **static_kw
 ) -> dict:
-    """Greedy generations with the eager EAGLE route of ``name`` (``drafter``: its model, else a random one),
-    a static drafter (``static_kw``; ``tiled_width``: its fast forward's ``row_tiled_width``) fed the same
-    and compared at every proposal: the count of proposals, of those that differ, the largest relative
-    error of the chain distributions, the accepted lengths, paddings and the buffers' last capacity."""
+    """Greedy generations with the eager EAGLE route of ``name`` (:data:`SPECS`, on CUDA :data:`GPU_SPECS`;
+    ``drafter``: its model, else a random one), a static drafter (``static_kw``; ``tiled_width``: its fast
+    forward's ``row_tiled_width``) fed the same and compared at every proposal: the count of proposals, of
+    those that differ, the largest relative error of the chain distributions, the accepted lengths,
+    paddings and the buffers' last capacity."""
     from repro.decoding.engine import generate
     from repro.decoding.routes import build_route
     from repro.drafters.eagle import EagleDrafter
     from repro.drafters.static_eagle import StaticEagleDrafter, real_nodes
 
-    spec, extra = SPECS[name]
+    spec, extra = (GPU_SPECS if model.device.type == "cuda" else SPECS)[name]
     route = build_route(spec, model.config.vocab_size, "greedy", 0.0, 0, target=model)
     eager = route.drafter
     eager = route.drafter = EagleDrafter(drafter or eager.model, model, k=eager.k, tree=eager.tree, **extra)
