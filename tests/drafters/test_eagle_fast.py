@@ -125,21 +125,25 @@ PROMPT = list(range(7, 40, 2))  # 17 tokens: buffers of 16 positions double at t
 
 
 def proposal_cases() -> dict[str, dict]:
-    """Fast vs eager per dtype, drafter layout and mode (float64: also the committed block on cuBLAS)."""
+    """Fast vs eager: float64 chain and tree of the one-layer drafter and tree of the two-layer one (the
+    features repeated per target layer), float32 chain, and float32 tree with the committed block on cuBLAS
+    (``row_tiled_width`` 0)."""
     from repro.drafters.eagle import random_eagle_for
 
+    cases = [("one", "chain", None), ("one", "tree", None), ("two", "tree", None)]
     out = {}
-    for dtype in (torch.float64, torch.float32):
+    for dtype, todo in (
+        (torch.float64, cases),
+        (torch.float32, [("one", "chain", None), ("one", "tree", 0)]),
+    ):
         model = small_target(dtype)
-        layouts = {"one": random_eagle_for(model, seed=1)}
-        if dtype == torch.float64:
-            layouts["two"] = random_eagle_for(model, seed=2, num_layers=2, target_layer_ids=[0, 2])
-        for layout, drafter in layouts.items():
-            for name in SPECS if dtype == torch.float64 else ("chain",):
-                res = shadowed(model, [PROMPT], name, 9, drafter, fast=True, capacity=16)
-                out[f"{str(dtype)[6:]}/{layout}/{name}"] = res
-    res = shadowed(model, [PROMPT], "tree", 9, layouts["one"], tiled_width=0, fast=True, capacity=16)
-    out["float32/one/tree/cublas"] = res
+        layouts = {
+            "one": random_eagle_for(model, seed=1),
+            "two": random_eagle_for(model, seed=2, num_layers=2, target_layer_ids=[0, 2]),
+        }
+        for layout, name, width in todo:
+            res = shadowed(model, [PROMPT], name, 7, layouts[layout], width, fast=True, capacity=16)
+            out[f"{str(dtype)[6:]}/{layout}/{name}{'/cublas' if width == 0 else ''}"] = res
     return out
 
 
@@ -227,10 +231,10 @@ def interpreted() -> dict:
 
 def test_fast_proposals_equal_the_eager_drafters_in_the_interpreter(interpreted):
     cases = interpreted["proposals"]
-    assert len(cases) == 6
+    assert len(cases) == 5
     for key, res in cases.items():
         dtype = torch.float64 if key.startswith("float64") else torch.float32
-        assert res["differ"] == 0 and res["proposals"] >= 6, (key, res)
+        assert res["differ"] == 0 and res["proposals"] >= 5, (key, res)
         assert res["prob_err"] <= PROB_TOL[dtype], (key, res)
     chains = [res for key, res in cases.items() if key.endswith("chain")]
     assert min(r["prob_err"] for r in chains) > 0  # really another path
