@@ -5,15 +5,15 @@ pinned to the eager EagleDrafter.
   40, no tile multiple, GQA) and random EAGLE drafters (one layer reading one target layer; two layers
   reading two); along greedy generations with buffers doubled from 16 positions, every chain proposal's
   candidates and every dynamic tree (tau pruning, padding) equal the eager drafter's, the distributions
-  within 1e-12 (float64) / 1e-5 (float32) relative; the same with the committed block on cuBLAS
-  (``row_tiled_width=0``); the fast device call capture-safe with the same trace for other inputs; the
-  launches of a level forward, of the distributions and of a whole proposal call at the tiny family's
-  drafter layout, eager vs fast.
-- CPU: the default rule (off on CPU, off in float32, on with graphs in half precision), the ConfigError
-  without CUDA or the interpreter, GEMV_ROWS equal to the kernels' MAX_ROWS.
-- GPU (``gpu``): the tiny family in float32 with CUDA graphs: the fast drafter's proposals equal the eager
-  drafter's at every step, no host sync after the capture; bf16: the fast distributions within bf16
-  tolerance of the eager static drafter's.
+  within 1e-12 (float64) / 1e-5 (float32) relative (float64: chain and tree, the two-layer tree; float32:
+  chain, and a tree with the committed block on cuBLAS, ``row_tiled_width=0``); the fast device call
+  capture-safe with the same trace for other inputs; the launches of a level forward, of the
+  distributions and of a whole proposal call at the tiny family's drafter layout, eager vs fast.
+- CPU: the default rule (off without graphs or in float32; on a GraphedTarget it follows the target's
+  gemv), the ConfigError without CUDA or the interpreter, the row bounds equal to the kernels'.
+- GPU (``gpu``): the tiny family's trained drafter in float32 with CUDA graphs at the routes' shapes: the
+  fast drafter's proposals equal the eager drafter's at every step, no host sync after the capture; bf16:
+  the fast chain distributions within bf16 tolerance of the eager static drafter's, the default on.
 """
 
 from __future__ import annotations
