@@ -32,6 +32,14 @@ pending token). Greedy acceptance walks node 0's subtree only, so they never cha
 accepted; they are verified (as the graphed engine's slot padding is), and a record's tree size
 is this fixed size, not the real node count (:func:`real_nodes` recovers the eager tree).
 
+**Fast path** (``fast``; default: with CUDA graphs in half precision, as the graphed target's GEMV
+decode): the drafter forwards and distributions inside the call run on the Triton linear kernels of the
+static decoder, the glue fused in (:class:`~repro.drafters.eagle_fast.FastEagle`: a tree level's forward
+65 -> 19 launches, a chain proposal of k = 6 451 -> 135); the prompt's rows stay on the eager model. The
+eager path is the reference it is pinned to (tests/drafters/test_eagle_fast.py). The step's mask and level
+positions are made once per call; the slots, a chain's ancestor masks, a tree level's own-slot masks and
+the root frontier once per buffer size, on both paths (a tree proposal: 629 -> 576 launches eager).
+
 Proposal tensors are the call's outputs: valid until the next ``propose`` (graph replays rewrite
 them in place). The first proposal of a prompt brings the prompt's rows in with one eager forward
 (exact shape, outside the graph); capture and buffer growth synchronise once; every other
@@ -40,12 +48,14 @@ them in place). The first proposal of a prompt brings the prompt's rows in with 
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
 
 from repro.drafters.base import DraftContext, Proposal
 from repro.drafters.eagle import DynamicTree, EagleDrafter, EagleDraftModel, _greedy_path
+from repro.drafters.eagle_fast import FastEagle
 from repro.drafters.features import ingest_start
 from repro.errors import ConfigError
 from repro.models.graphed import GraphedTarget
@@ -76,7 +86,9 @@ def tree_proposal(tree: DeviceTree, scores: torch.Tensor) -> Proposal:
 
 class StaticEagleDrafter(EagleDrafter):
     """EagleDrafter on static buffers: see the module docstring. ``graphs``: capture the proposal's
-    call as a CUDA graph (default: on CUDA); ``capacity``: committed positions held at first.
+    call as a CUDA graph (default: on CUDA); ``capacity``: committed positions held at first; ``fast``:
+    the call's forwards on :class:`~repro.drafters.eagle_fast.FastEagle` (default: with graphs in half
+    precision; needs CUDA or Triton's interpreter).
 
     It keeps EagleDrafter's settings, checks, ``observe_prefill`` and distributions (``_probs``) and
     replaces its state (``begin``, ``_ingest``) and ``propose``."""
@@ -90,13 +102,21 @@ class StaticEagleDrafter(EagleDrafter):
         tree: DynamicTree | None = None,
         capacity: int = DEFAULT_CAPACITY,
         graphs: bool | None = None,
+        fast: bool | None = None,
     ) -> None:
         self.graphs = target.device.type == "cuda" if graphs is None else graphs
         if self.graphs and target.device.type != "cuda":
             raise ConfigError("CUDA graphs need a CUDA device (the static EAGLE drafter is eager elsewhere)")
+        half = target.dtype in (torch.bfloat16, torch.float16)
+        self.fast = self.graphs and half if fast is None else fast
+        if self.fast and target.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ConfigError("fast=True runs Triton kernels: it needs a CUDA device (or TRITON_INTERPRET=1)")
         self.capacity = max(1, capacity)
         self._buffers_for = -1  # the capacity the buffers were made for
+        self._fast: FastEagle | None = None
         super().__init__(model, target, k, width, tree)  # calls begin
+        if self.fast:
+            self._fast = FastEagle(self.model, target, self.capacity + self.block)
 
     # ------------------------------------------------------------------ shapes and buffers
 
@@ -141,9 +161,25 @@ class StaticEagleDrafter(EagleDrafter):
                 v[:, :, :old].copy_(ov[:, :, :old])
         self.features, self.kv = features, kv
         self.inputs = torch.zeros(3 + self.block, dtype=torch.long, device=dev)  # r, c, root, row tokens
+        levels = self.draft_slots // self.level_rows
+        self._cols = torch.arange(capacity, device=dev)  # constants of the device call
+        self._level_index = torch.arange(levels, device=dev)
+        self._slots = capacity + torch.arange(self.draft_slots, device=dev).view(levels, self.level_rows)
+        # a chain's level d row sees the drafted rows above it and itself: draft slots < d
+        self._chain_ancestors = torch.arange(self.draft_slots, device=dev) < self._level_index[:, None] + 1
+        # a tree level's rows: each its own slot; the root frontier (score, valid, node -1, no ancestors)
+        own = torch.eye(self.draft_slots, dtype=torch.bool, device=dev)
+        self._own = own.view(levels, self.level_rows, self.draft_slots)
+        self._tree_start = (
+            torch.zeros(1, dtype=torch.float64, device=dev), torch.ones(1, dtype=torch.bool, device=dev),
+            torch.full((1,), -1, dtype=torch.long, device=dev),
+            torch.zeros(1, self.draft_slots, dtype=torch.bool, device=dev),
+        )  # fmt: skip
         self._uploads = HostUploads(dev)
         self.capacity = self._buffers_for = capacity
         self._call: Any = None
+        if self._fast is not None:
+            self._fast.set_rope_rows(capacity + self.block)
 
     def _ensure(self, need: int) -> None:
         """Double the buffers until ``need`` committed positions fit."""
@@ -182,7 +218,7 @@ class StaticEagleDrafter(EagleDrafter):
         self._ensure(c + self.block)
         if c - r > self.block:  # the prompt's rows (or replaced ones): one eager forward of exact shape
             stop = c - self.block
-            self._context_rows(self._uploads.put(tokens[r + 1 : stop + 1]), self._uploads.put([r]))
+            self._context_rows(self._uploads.put(tokens[r + 1 : stop + 1]), self._uploads.put([r]), False)
             r = stop
         ids = tokens[r + 1 : c + 1]
         self._uploads.put([r, c, tokens[c]] + ids + [0] * (self.block - len(ids)), self.inputs)
@@ -207,35 +243,47 @@ class StaticEagleDrafter(EagleDrafter):
 
     def _rows(
         self, ids: torch.Tensor, features: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-        mask: torch.Tensor,
+        mask: torch.Tensor, fast: bool = True,
     ) -> torch.Tensor:  # fmt: skip
-        """Predictions [T, hidden] of T rows written into the buffers at ``slots``."""
+        """Predictions [T, hidden] of T rows written into the buffers at ``slots`` (on the fast forward
+        when the drafter has it and ``fast``)."""
+        if fast and self._fast is not None:
+            return self._fast.forward(ids, features, positions, self.kv, mask, slots)
         m = self.model
         return m(ids[None], features[None], positions[None], self._embedding, self.kv, mask, slots)[0][0]
 
-    def _context_rows(self, ids: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+    def _probs(self, preds: torch.Tensor) -> torch.Tensor:
+        if self._fast is not None:
+            return self._fast.probs(preds)
+        return super()._probs(preds)
+
+    def _context_rows(self, ids: torch.Tensor, start: torch.Tensor, fast: bool = True) -> torch.Tensor:
         """Committed rows start.. (row t reads ``ids[t - start]`` and feature t), causal over the
-        committed rows; their predictions [T, hidden]."""
+        committed rows; their predictions [T, hidden]. ``fast``: as :meth:`_rows`."""
         positions = start + torch.arange(ids.shape[0], device=ids.device)
         cols = torch.arange(self.kv[0][0].shape[2], device=ids.device)
         mask = (cols[None] <= positions[:, None]) & (cols[None] < self.capacity)
-        return self._rows(ids, self.features.index_select(0, positions), positions, positions, mask)
+        return self._rows(ids, self.features.index_select(0, positions), positions, positions, mask, fast)
 
-    def _draft_mask(self, committed: torch.Tensor, ancestors: torch.Tensor) -> torch.Tensor:
-        """[n, C + Ds]: every committed row, and the drafted rows in ``ancestors`` [n, Ds]."""
-        seen = torch.arange(self.capacity, device=committed.device) < committed
-        return torch.cat([seen[None].expand(ancestors.shape[0], -1), ancestors], dim=1)
+    def _draft_context(self, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Once per step: the committed columns every drafted row sees [C] (bool) and the position of each
+        level's rows [levels] (level d: c - 1 + d)."""
+        return self._cols < c, c + self._level_index
 
     def _level(
-        self, depth: int, ids: torch.Tensor, preds: torch.Tensor, ancestors: torch.Tensor, c: torch.Tensor
-    ) -> torch.Tensor:
-        """Drafted rows of level ``depth`` (their parents' predictions ``preds``); their predictions."""
-        n, dev = ids.shape[0], ids.device
-        first = self.capacity + (depth - 1) * self.level_rows
-        slots = torch.arange(first, first + n, device=dev)
-        positions = (c - 1 + depth).expand(n)
-        mask = self._draft_mask(c, ancestors)
-        return self._rows(ids, self.model.draft_features(preds), positions, slots, mask)
+        self, depth: int, ids: torch.Tensor, preds: torch.Tensor, ancestors: torch.Tensor,
+        context: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:  # fmt: skip
+        """Drafted rows of level ``depth`` (their parents' predictions ``preds``, their drafted ancestors
+        ``ancestors`` [n, Ds], the step's :meth:`_draft_context`); their predictions."""
+        n = ids.shape[0]
+        seen, positions = context
+        mask = torch.cat([seen[None].expand(n, -1), ancestors], dim=1)  # [n, C + Ds]
+        one = self._fast is not None and len(self.capture_layers) == 1  # the features are the prediction
+        features = preds if one else self.model.draft_features(preds)
+        return self._rows(
+            ids, features, positions[depth - 1 : depth].expand(n), self._slots[depth - 1, :n], mask
+        )
 
     @torch.no_grad()
     def _step(self) -> tuple[torch.Tensor, ...]:
@@ -243,12 +291,14 @@ class StaticEagleDrafter(EagleDrafter):
         r, c, root = self.inputs[0:1], self.inputs[1:2], self.inputs[2:3]
         preds = self._context_rows(self.inputs[3:], r)
         root_pred = preds.index_select(0, c - r - 1)
+        context = self._draft_context(c)
         if self.tree is None:
-            return self._chain_step(root_pred, c)
-        return self._tree_step(root, root_pred, c, self.tree)
+            return self._chain_step(root_pred, context)
+        return self._tree_step(root, root_pred, context, self.tree)
 
-    def _chain_step(self, pred: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        slot = torch.arange(self.draft_slots, device=pred.device)[None]
+    def _chain_step(
+        self, pred: torch.Tensor, context: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         probs, tops = [], []
         for depth in range(1, self.k + 1):
             p = self._probs(pred)
@@ -256,20 +306,20 @@ class StaticEagleDrafter(EagleDrafter):
             probs.append(p)
             tops.append(top)
             if depth < self.k:
-                pred = self._level(depth, top[:, 0], pred, slot < depth, c)  # the rows above and itself
+                pred = self._level(depth, top[:, 0], pred, self._chain_ancestors[depth - 1 : depth], context)
         return torch.cat(tops), torch.cat(probs)
 
     def _tree_step(
-        self, root: torch.Tensor, root_pred: torch.Tensor, c: torch.Tensor, spec: DynamicTree
+        self,
+        root: torch.Tensor,
+        root_pred: torch.Tensor,
+        context: tuple[torch.Tensor, torch.Tensor],
+        spec: DynamicTree,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        dev = root_pred.device
         vocab = self.model.config.vocab_size
         kids, beam = min(spec.topk, vocab), spec.topk
         # the frontier: predictions, scores, validity, candidate index (-1: the root), drafted ancestors
-        preds, score = root_pred, torch.zeros(1, dtype=torch.float64, device=dev)
-        valid = torch.ones(1, dtype=torch.bool, device=dev)
-        node = torch.full((1,), -1, dtype=torch.long, device=dev)
-        ancestors = torch.zeros(1, self.draft_slots, dtype=torch.bool, device=dev)
+        preds, (score, valid, node, ancestors) = root_pred, self._tree_start  # constants, never written
         tokens, parents, scores = [], [], []
         made = 0  # candidates created so far (creation order = index)
         for depth in range(1, spec.depth + 1):
@@ -278,7 +328,6 @@ class StaticEagleDrafter(EagleDrafter):
             ok = valid[:, None] & (p >= spec.tau) & (p > 0)
             level_scores = torch.where(ok, score[:, None] + p.log(), float("-inf")).reshape(-1)
             n = level_scores.shape[0]
-            level_nodes = torch.arange(made, made + n, device=dev)
             tokens.append(top_ids.reshape(-1))
             parents.append(node[:, None].expand(-1, kids).reshape(-1))
             scores.append(level_scores)
@@ -291,13 +340,11 @@ class StaticEagleDrafter(EagleDrafter):
             row = (order // kids).clamp(max=preds.shape[0] - 1)  # the frontier row of each child
             score = level_scores.index_select(0, order)
             valid = score > float("-inf")
-            ids = top_ids.reshape(-1).index_select(0, order.clamp(max=n - 1))
-            node = level_nodes.index_select(0, order.clamp(max=n - 1))
-            own = torch.zeros(beam, self.draft_slots, dtype=torch.bool, device=dev)
-            first = (depth - 1) * beam
-            own[:, first : first + beam] = torch.eye(beam, dtype=torch.bool, device=dev)
-            ancestors = ancestors.index_select(0, row) | own
-            preds = self._level(depth, ids, preds.index_select(0, row), ancestors, c)
+            child = order.clamp(max=n - 1)
+            ids = top_ids.reshape(-1).index_select(0, child)
+            node = child + (made - n)  # the children's candidate indices
+            ancestors = ancestors.index_select(0, row) | self._own[depth - 1]  # and their own slots
+            preds = self._level(depth, ids, preds.index_select(0, row), ancestors, context)
         return _select(root, torch.cat(tokens), torch.cat(parents), torch.cat(scores), spec.budget)
 
 
@@ -332,7 +379,8 @@ def eagle_drafter_for(
     tree: DynamicTree | None = None,
 ) -> EagleDrafter:
     """The static drafter for a :class:`~repro.models.graphed.GraphedTarget` (CUDA graphs when it
-    has them), the eager reference for a HybridLM."""
+    has them; the fast forward when its decoder takes the GEMV kernels), the eager reference for a
+    HybridLM."""
     if isinstance(target, GraphedTarget):
-        return StaticEagleDrafter(model, target, k, width, tree, graphs=target.graphs)
+        return StaticEagleDrafter(model, target, k, width, tree, graphs=target.graphs, fast=target.gemv)
     return EagleDrafter(model, target, k, width, tree)

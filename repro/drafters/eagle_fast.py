@@ -1,0 +1,204 @@
+"""The EAGLE drafter's forward and distributions on few launches: the fast path of
+:class:`~repro.drafters.static_eagle.StaticEagleDrafter` (``fast``), pinned to the eager
+:class:`~repro.drafters.eagle.EagleDraftModel` it replaces (tests/drafters/test_eagle_fast.py).
+
+The matmuls go through the static decoder's wrappers of :mod:`repro.gdn.triton_linear`
+(:func:`~repro.models.static.normed_linear`, :func:`~repro.models.static.plus_linear`,
+:func:`~repro.models.static.fused_mlp_block`), their glue fused in, with the constants made once:
+
+- ``fc(cat(embed(ids), features))`` = ``token_rows[ids] + features @ W_f^T``: fc's embedding half is
+  folded into a table ``embedding @ W_e^T`` [V, hidden] (one gather a forward; the table costs one LM
+  head of memory), its feature half takes the table rows as the residual of
+  :func:`~repro.gdn.triton_linear.linear_residual`; a drafted row's features are its parent's prediction
+  as it is (one target layer) instead of a repeat.
+- Per layer: input norm + q|k|v stacked (one launch), rotary on q and k together from a table of every
+  position made once per buffer size (cos and the signed sin, ``x cos + roll(x) sin_signed``: the same
+  products as ``apply_rope``; 3 launches), the keys and values written at the rows' slots (2), masked
+  softmax attention with the additive mask built once per forward for every layer (:func:`attend`: 5, 7
+  in half precision, 3 for one row), o_proj + residual (1), post norm + gate|up + SiLU * up (1), down +
+  residual (1).
+- The distributions: the target's final norm + LM head in one launch, then the softmax.
+
+Which variant: up to :data:`GEMV_ROWS` rows (a chain level: 1; a tree level: ``topk``; the LM head of a
+frontier) the GEMV kernels at every width (half precision won there on the target side); more rows (the
+step's block of committed rows, up to :data:`TILED_ROWS`) the row-tiled kernels up to ``row_tiled_width``
+(default :data:`~repro.models.graphed.SMALL_WIDTH`), cuBLAS (with the Triton RMSNorm and SiLU * up) above
+it, where the row-tiled linears lost on the target side.
+
+Launches (aten ops that launch work + Triton launches; the tiny family's drafter layout, one layer reading
+one target layer, counted on CPU by tests/drafters/test_eagle_fast.py):
+
+=======================================  ======  =====================  ====
+what                                     before  eager (glue per step)  fast
+=======================================  ======  =====================  ====
+a tree level's forward (4 rows)          65      60                     19
+its distributions (norm, head, softmax)  9       9                      2
+the proposal call, chain k = 6           451     422                    135
+the proposal call, tree depth 6, topk 4  629     576                    289
+=======================================  ======  =====================  ====
+
+(before: this branch's parent, whose levels each made their own mask, positions, slots, chain ancestors
+and a tree level's candidate indices and own-slot mask; the static drafter now makes them once a step, or
+once per buffer size, on both paths.) A fast
+level is 14 aten ops (the mask's cat, two gathers, the additive mask, rotary 3, the two KV writes,
+attention 5) and 5 Triton launches; the rest of a proposal is the drafting glue (top-k, scores, the
+tree's selection), unchanged.
+
+What the kernels lack (so these stay torch): :func:`~repro.gdn.triton_attention.attention_tree` /
+``attention_decode`` always apply q/k RMSNorm (EAGLE's Llama layer has none) and see the cache only as
+rows ``[0, length)`` plus the new rows (EAGLE's drafted ancestors sit in fixed slots after the committed
+rows), so rotary, the KV writes and the attention are the 10 aten launches above instead of one.
+
+Rounding: the kernels accumulate in float32 (float64 for float64 data) and round once, fc's sum is split
+in two, and bf16 norms are not rounded between the norm and the matmul, so float32 distributions agree
+with the eager drafter's to ~1e-6 (the same proposals unless two candidates tie to that precision) and
+bf16 to bf16 accuracy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from repro.drafters.attention import HALF
+from repro.drafters.dflash import rotary_tables
+from repro.models.graphed import SMALL_WIDTH, GraphedTarget
+from repro.models.hybrid import HybridLM
+from repro.models.static import fused_mlp_block, normed_linear, plus_linear
+
+if TYPE_CHECKING:
+    from repro.drafters.eagle import EagleDraftModel, EagleLayer
+
+# triton_linear's MAX_ROWS and MAX_VERIFY_ROWS (drafters do not import gdn; pinned equal by the tests)
+GEMV_ROWS = 4  # rows of the GEMV variant
+TILED_ROWS = 256  # rows of the row-tiled variant
+
+
+@dataclass
+class LayerWeights:
+    """One drafter layer's constants: q|k|v stacked, the norm scales and gate|up stacked (the fields that
+    :func:`~repro.models.static.fused_mlp_block` reads are ``post_norm`` and ``gate_up``)."""
+
+    qkv: torch.Tensor  # [(H + 2 KV) hd, hidden]
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor  # [2 I, hidden]
+
+    @classmethod
+    def of(cls, layer: EagleLayer) -> LayerWeights:
+        a, mlp = layer.self_attn, layer.mlp
+        return cls(
+            torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
+            layer.input_layernorm.weight.detach(),
+            layer.post_attention_layernorm.weight.detach(),
+            torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
+        )
+
+
+class FastEagle:
+    """The fast forward of ``model`` drafting for ``target`` (weights copied when built): see the module
+    docstring. ``rope_rows``: positions the rotary table holds (:meth:`set_rope_rows` to grow it)."""
+
+    @torch.no_grad()
+    def __init__(
+        self,
+        model: EagleDraftModel,
+        target: HybridLM | GraphedTarget,
+        rope_rows: int,
+        row_tiled_width: int = SMALL_WIDTH,
+    ) -> None:
+        cfg = model.config
+        self.model, self.cfg = model, cfg
+        self.row_tiled_width = row_tiled_width
+        hidden = cfg.hidden_size
+        w_e, w_f = model.fc.weight[:, :hidden], model.fc.weight[:, hidden:]
+        self.token_rows = (target.model.embed_tokens.weight @ w_e.t()).contiguous()  # [V, hidden]
+        self.fc_features = nn.Linear(w_f.shape[1], hidden, bias=False, device=model.device, dtype=model.dtype)
+        self.fc_features.weight.copy_(w_f)
+        self.fc_features.requires_grad_(False)
+        self.weights = [LayerWeights.of(layer) for layer in model.layers]
+        norm = target.model.norm
+        self.final_scale, self.final_eps = norm.scale().detach().clone(), norm.eps
+        self.head = target.lm_head
+        self.zero = torch.zeros((), dtype=model.dtype, device=model.device)
+        self.blocked = torch.full((), float("-inf"), dtype=model.dtype, device=model.device)
+        self.set_rope_rows(rope_rows)
+
+    def set_rope_rows(self, rows: int) -> None:
+        """The rotary table [rows, 2, hd]: cos and the signed sin (-sin | sin) of positions 0 .. rows - 1,
+        the values ``rotary_tables`` gives (angles in float64)."""
+        cfg = self.cfg
+        positions = torch.arange(rows, device=self.model.device)[None]
+        cos, sin = rotary_tables(positions, cfg.head_dim, cfg.rope_theta, self.model.dtype)
+        half = cfg.head_dim // 2
+        signed = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
+        self.rope = torch.stack([cos[0, 0], signed[0, 0]], dim=1).contiguous()
+
+    def gemv(self, rows: int) -> bool:
+        """Whether ``rows`` rows take the Triton linears (else cuBLAS): see the module docstring."""
+        return rows <= GEMV_ROWS or (rows <= TILED_ROWS and self.cfg.hidden_size <= self.row_tiled_width)
+
+    def forward(
+        self,
+        ids: torch.Tensor,
+        features: torch.Tensor,
+        positions: torch.Tensor,
+        kv: list[tuple[torch.Tensor, torch.Tensor]],
+        mask: torch.Tensor,
+        slots: torch.Tensor,
+    ) -> torch.Tensor:
+        """Predictions [T, hidden] of T rows (next-token ``ids`` [T], ``features`` [T, F], ``positions``
+        [T]) written into the static buffers ``kv`` (per layer [1, KV, S, hd]) at ``slots`` [T], each row
+        attending to the buffer rows of ``mask`` [T, S] (bool, True = visible): what
+        ``EagleDraftModel.forward(..., past=kv, mask=mask, slots=slots)`` returns."""
+        n = ids.shape[0]
+        gemv = self.gemv(n)
+        x = plus_linear(self.token_rows.index_select(0, ids), features, self.fc_features, gemv)
+        rope = self.rope.index_select(0, positions)
+        cos, sin = rope[:, None, 0], rope[:, None, 1]  # [T, 1, hd]
+        groups = self.cfg.num_attention_heads // self.cfg.num_key_value_heads
+        visible = mask[:, None].expand(n, groups, mask.shape[-1])
+        bias = torch.where(visible, self.zero, self.blocked).view(n * groups, -1)  # rows: (row, group)
+        for layer, w, (keys, values) in zip(self.model.layers, self.weights, kv):
+            x = self._layer(layer, w, x, cos, sin, keys[0], values[0], bias, slots, gemv)
+        return x
+
+    def _layer(
+        self, layer: EagleLayer, w: LayerWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+        keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, slots: torch.Tensor, gemv: bool,
+    ) -> torch.Tensor:  # fmt: skip
+        a = layer.self_attn
+        n, heads, kv_heads, hd = x.shape[0], a.heads, a.kv_heads, a.head_dim
+        qkv = normed_linear(x, w.input_norm, layer.input_layernorm.eps, w.qkv, None, gemv)
+        qk = qkv[:, : (heads + kv_heads) * hd].view(n, heads + kv_heads, hd)
+        rot = torch.addcmul(qk * cos, qk.roll(hd // 2, -1), sin)  # apply_rope's products: rotate_half(x) sin
+        keys.index_copy_(1, slots, rot[:, heads:].transpose(0, 1))
+        values.index_copy_(1, slots, qkv[:, (heads + kv_heads) * hd :].view(n, kv_heads, hd).transpose(0, 1))
+        x = plus_linear(x, attend(rot[:, :heads], keys, values, bias), a.o_proj, gemv)
+        return fused_mlp_block(layer, w, x, gemv)  # type: ignore[arg-type] - reads post_norm, gate_up
+
+    def probs(self, preds: torch.Tensor) -> torch.Tensor:
+        """The drafter distributions [n, V] after rows with predictions ``preds`` [n, hidden]:
+        ``EagleDrafter._probs``."""
+        head = self.head
+        gemv = self.gemv(preds.shape[0])
+        logits = normed_linear(preds, self.final_scale, self.final_eps, head.weight, head.bias, gemv)
+        return torch.softmax(logits.float() if logits.dtype in HALF else logits, dim=-1)
+
+
+def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """softmax(q k^T / sqrt(hd) + bias) v for q [n, H, hd] (any strides), keys/values [KV, S, hd] (query
+    head h reads key head h // (H // KV)) and the additive mask ``bias`` [n H // KV, S] (rows: (row, query
+    head of the group); 0 or -inf). The softmax runs in float32 for half inputs (as
+    :func:`~repro.drafters.attention.grouped_attention`). Returns [n, H hd]."""
+    n, heads, hd = q.shape
+    kv_heads = keys.shape[0]
+    groups = heads // kv_heads
+    qg = q.reshape(n, kv_heads, groups, hd).transpose(0, 1).reshape(kv_heads, n * groups, hd)
+    scores = torch.baddbmm(bias, qg, keys.transpose(1, 2), alpha=hd**-0.5)
+    p = torch.softmax(scores.float() if scores.dtype in HALF else scores, dim=-1).to(values.dtype)
+    out = torch.bmm(p, values)  # [KV, n groups, hd]
+    return out.view(kv_heads, n, groups, hd).transpose(0, 1).reshape(n, heads * hd)
