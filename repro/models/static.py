@@ -38,6 +38,12 @@ graph (:mod:`repro.models.graphs`) and replayed:
   the path is written once per commit as a path index, :func:`~repro.gdn.triton_commit.write_path_index`,
   and every layer reads it: ``indexed_commit``, False for the earlier per-layer gather, commit_path_fused);
   the other strategies commit the conv history with one fused kernel (:mod:`repro.gdn.triton_commit`).
+  ``stacked_commit`` (a constructor flag, off by default): the GDN layers' states and conv histories are
+  views of one stacked buffer each, a tree slot's verify writes every layer's factors and conv inputs into
+  stacked buffers (:class:`StackedFactors`), and the closed-form commit of every GDN layer (state and conv
+  history) is one launch over the stack, as is a delayed commit's :meth:`~StaticDecoder.flush`
+  (the indexed commit cost 6.1-6.3 us per layer at SpecLA's shape, stacked over 8 layers 1.3-1.5:
+  results/2026-12-01-h200-verify-glue).
 
 The layer arithmetic is HybridLM's (its modules and helpers), regrouped to launch fewer kernels per
 step: per layer the input projections are stacked into one matrix (GDN: q|k|v, z, a, b; attention:
