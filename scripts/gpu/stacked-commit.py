@@ -12,7 +12,8 @@
     tiny family (6 GDN + 2 attention layers) and at the SpecLA shape (GDN-1.3B's layer: HV = 8, d = 256,
     hidden 2048; LAYERS GDN layers, random weights): per-layer indexed closed form, stacked closed form (one
     launch for every GDN layer) and token replay, at accepted depths 1, 2, 4, 8, 16 (a T-node tree of that
-    depth: a chain of d nodes, the rest root-level, so replay pads to d steps, its best case).
+    depth: a chain of d nodes, the rest root-level, so replay pads to d steps, its best case). The stacked
+    verify copies each GDN layer's conv inputs into the stack (one launch per layer): that is in (c) only.
 (c) one whole verify + commit step in one graph both ways (and replay), on the slot GraphedTarget makes
     (T nodes, derived inputs, max depth T), accepted depths 2 and 8; and the states after 6 such steps,
     per-layer vs stacked (bitwise expected: the same kernels write the same factors).
@@ -274,6 +275,8 @@ def markdown(result: dict[str, Any], ok: bool) -> str:
         cells = [f"{us[m]['us']:.1f} ({us[m]['us_per_gdn_layer']:.2f})" for m in methods]
         per, st, rep = (us[m]["us"] for m in methods)
         lines.append(f"| {shape} | {d} | " + " | ".join(cells) + f" | {st / per:.2f} | {st / rep:.2f} |")
+    lines.append("\n(b) is the commit alone: the stacked verify's copies of each GDN layer's conv inputs "
+                 "into the stack (one launch per GDN layer) are in (c), not here.")  # fmt: skip
     lines += ["", "## (c) whole verify + commit step, one graph, us", "",
               "| shape | depth | " + " | ".join(methods) + " | stacked saves |",
               "|---|---|---|---|---|---|"]  # fmt: skip
