@@ -13,7 +13,8 @@
     hidden 2048; LAYERS GDN layers, random weights): per-layer indexed closed form, stacked closed form (one
     launch for every GDN layer) and token replay, at accepted depths 1, 2, 4, 8, 16 (a T-node tree of that
     depth: a chain of d nodes, the rest root-level, so replay pads to d steps, its best case). The stacked
-    verify copies each GDN layer's conv inputs into the stack (one launch per layer): that is in (c) only.
+    verify copies each GDN layer's conv inputs into the stack (one launch per layer): that is in (c) only;
+    the per-layer commit reads them in place (a column slice of the in_proj output, no copy).
 (c) one whole verify + commit step in one graph both ways (and replay), on the slot GraphedTarget makes
     (T nodes, derived inputs, max depth T), accepted depths 2 and 8; and the states after 6 such steps,
     per-layer vs stacked (bitwise expected: the same kernels write the same factors).
