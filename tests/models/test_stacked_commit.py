@@ -9,7 +9,8 @@ layers and one attention layer, stacked vs per-layer (indexed) decoders side by 
 kernel: one step each, seconds a verify here); every step's logits, accepted node and bonus and the
 committed state equal bitwise, and the state equals HybridLM's commit; then decode steps and a replay and a
 snapshot commit (per layer on the views), two delayed steps with the flush (the stacked flush in one
-launch), and the launches of a stacked commit (one path index, one commit).
+launch), and the launches of a stacked commit (one path index, one commit); the stacked kernel reading
+conv inputs at their strides (a column slice of a wider tensor) bitwise as from a contiguous copy.
 CPU float64 (the reference kernels: the views and the factor outputs, commits per layer): the same steps,
 bitwise; GraphedTarget (no graphs) generate() on chain and DDTree routes, closed-form and delayed: AR's
 tokens, the same paths and bitwise the same state as the per-layer target.
@@ -188,6 +189,29 @@ def _launches() -> dict[str, dict[str, int]]:
     return out
 
 
+def strided_inputs() -> int:
+    """Elements that differ between stacked commits (states and conv histories) from conv inputs given as
+    a column slice of a wider [L, n, P] tensor (read at its strides) and from a contiguous copy."""
+    from repro.gdn.triton_commit import commit_path_indexed, write_path_index
+
+    gen = torch.Generator().manual_seed(7)
+    layers, n, hv, d, hist, c = 3, 9, 2, 16, 3, 20
+    tree = Tree(_ids(n, 8), torch.tensor(TREES["tree"]))
+    path = torch.zeros(n + 1, dtype=torch.int32)
+    write_path_index(tree.ancestor_mask, torch.tensor([4]), path)
+    delta, k = (torch.randn(layers, n, hv, d, generator=gen) for _ in "dk")
+    gate = -torch.rand(layers, n, hv, generator=gen)
+    wide = torch.randn(layers, n, c + 7, generator=gen)
+    state0, hist0 = torch.randn(layers, hv, d, d, generator=gen), torch.randn(layers, hist, c, generator=gen)
+    out = []
+    for inputs in (wide[..., :c], wide[..., :c].contiguous()):
+        state, history = state0.clone(), hist0.clone()
+        commit_path_indexed(state, delta, k, gate, path, conv=(history, inputs))
+        out.append((state, history))
+    (s1, h1), (s2, h2) = out
+    return int((s1 != s2).sum() + (h1 != h2).sum()) + int(torch.equal(h1, hist0))  # + 1 if nothing moved
+
+
 # ----------------------------------------------------------------------------- interpreter, float32
 
 
@@ -211,6 +235,10 @@ def test_stacked_commit_is_one_launch(interp: dict) -> None:
         "_conv_commit_kernel": 0,
     }
     assert interp["launches"] == {"commit": one, "flush": one}, interp["launches"]
+
+
+def test_stacked_commit_reads_strided_conv_inputs(interp: dict) -> None:
+    assert interp["strided_inputs"] == 0, interp["strided_inputs"]
 
 
 # ------------------------------------------------------------------------------- CPU, float64
@@ -285,4 +313,6 @@ if __name__ == "__main__" and "--interpret" in sys.argv:
     unfused = compare("cpu", torch.float32, "triton", False)
     fused = compare("cpu", torch.float32, "triton", True, short=True)
     split = compare("cpu", torch.float32, "triton", False, short=True, tree_kernel="split")
-    print(json.dumps({"unfused": unfused, "fused": fused, "split": split, "launches": _launches()}))
+    launches = _launches()
+    print(json.dumps({"unfused": unfused, "fused": fused, "split": split, "launches": launches,
+                      "strided_inputs": strided_inputs()}))  # fmt: skip
