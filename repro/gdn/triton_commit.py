@@ -175,11 +175,12 @@ def _path_index_kernel(anc, node_ptr, n, path, NP: tl.constexpr):
 
 @triton.jit
 def _conv_path_block(
-    history, inputs, path, cap, C, i_c, HIST: tl.constexpr, HP: tl.constexpr, BC: tl.constexpr,
+    history, inputs, in_row, path, cap, C, i_c, HIST: tl.constexpr, HP: tl.constexpr, BC: tl.constexpr,
 ):  # fmt: skip
     """:func:`_conv_commit_block` for a path index: row j (oldest first) of the new history is the input
     of the node r = HIST - 1 - j steps above the path's end (``path[1 + r]``) if r < length, else the old
-    history's row j + length; no gather index, no load waits on another but the rows on the path index."""
+    history's row j + length; no gather index, no load waits on another but the rows on the path index.
+    ``in_row``: the inputs' row stride (a column slice of the in_proj output is read in place)."""
     o_c = i_c * BC + tl.arange(0, BC)
     m_c = o_c < C
     length = tl.load(path)
@@ -190,7 +191,7 @@ def _conv_path_block(
     node = tl.load(path + 1 + back, mask=m_r & (back < cap), other=0)  # not waiting for the length
     m = m_r[:, None] & m_c[None, :]
     h = tl.load(history + (rows + length)[:, None] * C + o_c[None, :], mask=m & ~from_in[:, None], other=0.0)
-    x = tl.load(inputs + node[:, None] * C + o_c[None, :], mask=m & from_in[:, None], other=0.0)
+    x = tl.load(inputs + node[:, None] * in_row + o_c[None, :], mask=m & from_in[:, None], other=0.0)
     new = tl.where(from_in[:, None], x.to(h.dtype), h)
     tl.debug_barrier()  # in place: every load of the old rows before any store (see _conv_commit_block)
     tl.store(history + rows[:, None] * C + o_c[None, :], new, mask=m & (length > 0))
@@ -198,14 +199,15 @@ def _conv_path_block(
 
 @triton.jit
 def _indexed_commit_kernel(
-    state, delta, k, gate_cum, path, cap, history, inputs, C, n,
+    state, delta, k, gate_cum, path, cap, history, inputs, in_layer, in_row, C, n,
     HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, MODE: tl.constexpr, CONV: tl.constexpr, HIST: tl.constexpr, HP: tl.constexpr,
     BC: tl.constexpr,
 ):  # fmt: skip
     """:func:`_path_commit_kernel` reading the path from a path index: the state tile, the length and the
     path's end in the first round trip, the path's rows (and the end's gate) in the second. Grid axis 1:
-    the layer of stacked operands (state [L, HV, d_v, d_k], factors [L, n, ...], conv [L, ...]; one path)."""
+    the layer of stacked operands (state [L, HV, d_v, d_k], factors [L, n, ...], conv [L, ...]; one path);
+    the conv inputs at strides (``in_layer``, ``in_row``, 1)."""
     pid = tl.program_id(0)
     layer = tl.program_id(1).to(tl.int64)
     state += layer * (HV * DV * DK)
@@ -224,8 +226,8 @@ def _indexed_commit_kernel(
         new = commit_indexed_tile(s, True, delta, k, gate_cum, path, cap, hv, o_v, o_k, HV, DV, DK, BM, MODE)
         tl.store(p_s, new, mask=m_s)
     elif CONV:
-        hist_l, inputs_l = history + layer * (HIST * C), inputs + layer * n * C
-        _conv_path_block(hist_l, inputs_l, path, cap, C, pid - HV * NV * NK, HIST, HP, BC)
+        hist_l, inputs_l = history + layer * (HIST * C), inputs + layer * in_layer
+        _conv_path_block(hist_l, inputs_l, in_row, path, cap, C, pid - HV * NV * NK, HIST, HP, BC)
 
 
 def commit_closed_form_fused(
@@ -373,16 +375,19 @@ def commit_path_indexed(
     from the ancestor row in every program: each program loads its state tile, the length and the end
     node at once, then the path's rows; no cumsum, no one-hot reduce, one dependent load fewer. ``conv``
     = (history [W-1, C], conv_inputs [n, C]): the conv-history commit in the same launch, also from the
-    path index (no gather index). ``mode`` (:data:`INDEXED_MODES`): "dot" (needs every block >= 16, else
-    "products"), "products" or "rank1"; tiles and warps as in :func:`commit_path_fused`.
+    path index (no gather index); the inputs are read in place at their strides (a column slice of the
+    in_proj output: no copy) when their last dim is contiguous. ``mode`` (:data:`INDEXED_MODES`): "dot"
+    (needs every block >= 16, else "products"), "products" or "rank1"; tiles and warps as in
+    :func:`commit_path_fused`.
 
     Stacked layers (every operand with a leading layer dim L: state [L, HV, d_v, d_k], delta [L, n, HV,
-    d_v], k, gate_cum, history [L, W-1, C], conv_inputs [L, n, C]; contiguous): L layers' commits of the
-    same path in one launch (grid axis 1), the launch and its two round trips paid once."""
+    d_v], k, gate_cum, history [L, W-1, C], conv_inputs [L, n, C]; contiguous, the conv inputs' last dim
+    at least): L layers' commits of the same path in one launch (grid axis 1), the launch and its two round
+    trips paid once."""
     stacked = state.dim() == 4
     layers = state.shape[0] if stacked else 1
     ops = (state, delta, k, gate_cum) + (tuple(conv) if conv is not None else ())
-    if stacked and (any(t.shape[0] != layers or not t.is_contiguous() for t in ops)):
+    if stacked and (any(t.shape[0] != layers for t in ops) or not all(t.is_contiguous() for t in ops[:5])):
         raise ValueError(f"stacked operands need one leading layer dim {layers}, contiguous")
     one = tuple(t[0] for t in ops) if stacked else ops
     hv, dv, dk = one[0].shape
@@ -402,14 +407,16 @@ def commit_path_indexed(
             raise ValueError(
                 f"conv shapes disagree: history {tuple(history.shape)}, inputs {tuple(inputs.shape)}"
             )
-        inputs, bc = inputs.contiguous(), _CONV_BLOCK
+        inputs = inputs if inputs.stride(-1) == 1 else inputs.contiguous()
+        bc = _CONV_BLOCK
+    in_layer, in_row = (inputs.stride(0), inputs.stride(1)) if stacked and hist else (0, inputs.stride(-2))
     blocks = triton.cdiv(c, bc) if hist else 0
     code = INDEXED_MODES[mode]
     if code == 1 and min(bv, bk, block_m) < 16:  # tl.dot's smallest tile
         code = 0
     _indexed_commit_kernel[(tiles + blocks, layers)](
         state, delta.contiguous(), k.contiguous(), gate_cum.contiguous(), path, path.numel() - 1, history,
-        inputs, c, n,
+        inputs, in_layer, in_row, c, n,
         HV=hv, DK=dk, DV=dv, BM=block_m, BK=bk, BV=bv, MODE=code, CONV=hist > 0, HIST=hist,
         HP=triton.next_power_of_2(max(hist, 1)), BC=bc, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip

@@ -158,8 +158,12 @@ class GraphedTarget:
         max_nodes: int = MAX_TREE_NODES,
         graphs: bool | None = None,
         gemv: bool | None = None,
+        stacked_commit: bool = False,
     ) -> None:
+        """``stacked_commit``: the decoder's GDN states, factors and conv histories in stacked buffers, its
+        closed-form commit of all GDN layers in one launch (:class:`~repro.models.static.StaticDecoder`)."""
         self.hybrid = hybrid
+        self.stacked_commit = stacked_commit
         self.config = hybrid.config
         self.model = hybrid.model
         self.lm_head = hybrid.lm_head
@@ -199,7 +203,7 @@ class GraphedTarget:
         fuse = self.gemv and self.config.hidden_size <= SMALL_WIDTH
         self.decoder = StaticDecoder(
             self.hybrid, max_len, self.max_nodes, kernel=self.kernel, gemv=self.gemv, fuse_decode=fuse,
-            fuse_verify=fuse,
+            fuse_verify=fuse, stacked_commit=self.stacked_commit,
         )  # fmt: skip
         # wider models: decode attention on the tree kernel (27B shape: 14884 -> 13940 us/token,
         # results/2026-12-01-h200-kernels-5)

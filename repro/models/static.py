@@ -38,6 +38,12 @@ graph (:mod:`repro.models.graphs`) and replayed:
   the path is written once per commit as a path index, :func:`~repro.gdn.triton_commit.write_path_index`,
   and every layer reads it: ``indexed_commit``, False for the earlier per-layer gather, commit_path_fused);
   the other strategies commit the conv history with one fused kernel (:mod:`repro.gdn.triton_commit`).
+  ``stacked_commit`` (a constructor flag, off by default): the GDN layers' states and conv histories are
+  views of one stacked buffer each, a tree slot's verify writes every layer's factors and conv inputs into
+  stacked buffers (:class:`StackedFactors`), and the closed-form commit of every GDN layer (state and conv
+  history) is one launch over the stack, as is a delayed commit's :meth:`~StaticDecoder.flush`
+  (the indexed commit cost 6.1-6.3 us per layer at SpecLA's shape, stacked over 8 layers 1.3-1.5:
+  results/2026-12-01-h200-verify-glue).
 
 The layer arithmetic is HybridLM's (its modules and helpers), regrouped to launch fewer kernels per
 step: per layer the input projections are stacked into one matrix (GDN: q|k|v, z, a, b; attention:
@@ -572,6 +578,7 @@ class PendingSet:
     ancestors: torch.Tensor  # bool [rows, rows]
     node: torch.Tensor  # [1] int64
     path: torch.Tensor  # int32 [rows + 1]: node's path index (written with it; write_path_index)
+    stacked: StackedFactors | None = None  # stacked_commit: the per-layer tensors are views of these
 
     @property
     def rows(self) -> int:
@@ -583,6 +590,23 @@ class PendingSet:
         i = layer
         path = self.path if indexed else None
         return PendingCommit(self.delta[i], self.k[i], self.gate_cum[i], self.ancestors, self.node, path)
+
+
+@dataclass
+class StackedFactors:
+    """Every GDN layer's verify outputs for the commit in stacked buffers (``stacked_commit``): GDN layer
+    j's are the views [j], so the verify writes them per layer and the closed-form commit of all layers
+    is one launch over the stack (:func:`~repro.gdn.triton_commit.commit_path_indexed`)."""
+
+    delta: torch.Tensor  # [L_gdn, rows, HV, d_v], the tree kernels' factor dtype
+    k: torch.Tensor  # [L_gdn, rows, HV, d_k]
+    gate_cum: torch.Tensor  # [L_gdn, rows, HV]
+    conv_inputs: torch.Tensor | None = None  # [L_gdn, rows, C], model dtype (slots; not the stashes)
+
+    def views(self, layers: list[int]) -> tuple[dict[int, torch.Tensor], ...]:
+        """(delta, k, gate_cum) per decoder layer index (``layers``: the GDN layers' indices, in stack
+        order) as views (PendingSet's per-layer dicts)."""
+        return tuple({i: t[j] for j, i in enumerate(layers)} for t in (self.delta, self.k, self.gate_cum))
 
 
 @dataclass
@@ -664,6 +688,10 @@ class TreeSlot:
         self._host_longs = host[:ints].view(np.int64)
         self._host_flags = host[ints:].view(np.bool_)
         self.node = torch.zeros(1, dtype=torch.long, device=dev)  # the accepted path's last node
+        # stacked_commit: the GDN layers' factors and conv inputs in stacked buffers (a delayed slot's
+        # factors go to its parity's stash instead; a chain slot commits by replay)
+        stacked = decoder.stacked_commit and self.verifier == "tree" and parity is None
+        self.stack = decoder.stacked_factors(size, conv=True) if stacked else None
         # the path index of the Triton path commit (StaticDecoder.indexed_commit), written once per commit
         self.path_index = torch.zeros(size + 1, dtype=torch.int32, device=dev)
         self.bonus = torch.zeros(1, dtype=torch.long, device=dev)
@@ -844,8 +872,18 @@ class StaticDecoder:
         fuse_verify: bool | None = None,
         fuse_tree_attention: bool | None = None,
         tree_attention_decode: bool = False,
+        stacked_commit: bool = False,
     ) -> None:
-        """``tree_kernel`` (triton only): force the "fused" or "split" tree kernel for verify; None picks
+        """``stacked_commit``: every GDN layer's recurrent state and conv history are views [j] of one
+        stacked buffer (``gdn_states`` [L_gdn, HV, d_v, d_k], ``gdn_conv`` [L_gdn, W-1, C]), each tree
+        slot's verify writes its factors and conv inputs into stacked buffers (:class:`StackedFactors`,
+        views per layer) and the closed-form commit of a float32 state on Triton is one
+        :func:`~repro.gdn.triton_commit.commit_path_indexed` launch over the stack (states and conv
+        histories; the path index written once, whatever ``indexed_commit`` says), as is a delayed
+        commit's :meth:`flush`; the other strategies, the delayed commit's conv histories and the torch
+        commits stay per layer (on the views). Needs GDN layers of one shape.
+
+        ``tree_kernel`` (triton only): force the "fused" or "split" tree kernel for verify; None picks
         by :func:`select_tree_kernel` (kernel dtype and value heads). ``fuse_decode`` (needs ``fused``):
         decode steps on :meth:`_fused_decode`'s kernels; None: with ``gemv`` (the half-precision, small
         width decoders of :class:`~repro.models.graphed.GraphedTarget`); the attribute may be set before
@@ -927,16 +965,24 @@ class StaticDecoder:
         if tree_attention_decode and not self.fuse_tree_attention:
             raise ConfigError("tree_attention_decode needs the tree attention kernel (fuse_tree_attention)")
         self.tree_attention_decode = tree_attention_decode
+        self.gdn_layers = [i for i, lay in enumerate(self.layers) if lay.layer_type == GDN]
+        self.stacked_commit = stacked_commit
+        self.gdn_states, self.gdn_conv = self._gdn_stacks()
         self.buffers: list[GDNBuffers | AttentionBuffers] = []
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
             if layer.layer_type == GDN:
                 m = layer.linear_attn
+                j = self.gdn_layers.index(i)
                 self.buffers.append(
                     GDNBuffers(
                         torch.zeros(
                             m.num_v_heads, m.head_v_dim, m.head_k_dim, dtype=self.state_dtype, device=dev
-                        ),
-                        torch.zeros(m.conv_size - 1, m.conv_dim, dtype=dt, device=dev),
+                        )
+                        if self.gdn_states is None
+                        else self.gdn_states[j],
+                        torch.zeros(m.conv_size - 1, m.conv_dim, dtype=dt, device=dev)
+                        if self.gdn_conv is None
+                        else self.gdn_conv[j],
                     )
                 )
             else:
@@ -955,6 +1001,47 @@ class StaticDecoder:
         self.rope = decode_rope(self) if self.fused and self.has_attention else None
         self.layer_calls = {"linear_attention": 0, "full_attention": 0}
         self.pending_sets: list[PendingSet] = []  # the delayed commit's two stashes (ensure_pending)
+
+    def _gdn_shape(self) -> tuple[int, int, int, int, int]:
+        """(HV, d_v, d_k, W-1, C) of the GDN layers; a ConfigError for stacked buffers when they differ."""
+        shapes = {
+            (m.num_v_heads, m.head_v_dim, m.head_k_dim, m.conv_size - 1, m.conv_dim)
+            for m in (self.layers[i].linear_attn for i in self.gdn_layers)
+        }
+        if len(shapes) != 1:
+            raise ConfigError(f"stacked_commit needs GDN layers of one shape, got {sorted(shapes)}")
+        return shapes.pop()
+
+    def _gdn_stacks(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """With ``stacked_commit`` (and GDN layers): the stacked recurrent states and conv histories
+        whose views [j] are GDN layer j's buffers (allocated once: graphs keep their addresses)."""
+        if not self.stacked_commit or not self.gdn_layers:
+            return None, None
+        hv, dv, dk, hist, c = self._gdn_shape()
+        n = len(self.gdn_layers)
+        states = torch.zeros(n, hv, dv, dk, dtype=self.state_dtype, device=self.device)
+        return states, torch.zeros(n, hist, c, dtype=self.dtype, device=self.device)
+
+    def stacked_factors(self, rows: int, conv: bool) -> StackedFactors | None:
+        """Stacked verify outputs of every GDN layer for ``rows`` nodes (``conv``: with the conv inputs),
+        or None without ``stacked_commit`` or GDN layers. The factors in the tree kernels' dtype (float32
+        on Triton, the state dtype on the reference)."""
+        if self.gdn_states is None:
+            return None
+        hv, dv, dk, _, c = self._gdn_shape()
+        n, dev = len(self.gdn_layers), self.device
+        dt = torch.float32 if self.kernel == "triton" else self.state_dtype
+        return StackedFactors(
+            torch.zeros(n, rows, hv, dv, dtype=dt, device=dev),
+            torch.zeros(n, rows, hv, dk, dtype=dt, device=dev),
+            torch.zeros(n, rows, hv, dtype=dt, device=dev),
+            torch.zeros(n, rows, c, dtype=self.dtype, device=dev) if conv else None,
+        )
+
+    @property
+    def _stacked_path(self) -> bool:
+        """Whether closed-form commits and flushes run as one stacked Triton launch."""
+        return self.gdn_states is not None and self._path_commit is not None
 
     def _tree_attention_flag(self, forced: bool | None) -> bool:
         """``fuse_tree_attention`` resolved: forced on needs the fused decoder and a head dim the kernel
@@ -1124,10 +1211,15 @@ class StaticDecoder:
         on_path = slot.ancestors.index_select(0, node)[0]  # [T]
         path_len = slot.depth.index_select(0, node)  # [1]
         path_index = None
-        if strategy == "closed_form" and self._path_commit is not None:
+        stacked = strategy == "closed_form" and self._stacked_path and slot.stack is not None
+        if stacked:  # every GDN layer's state and conv history in one launch
+            self._commit_stacked(slot)
+        elif strategy == "closed_form" and self._path_commit is not None:
             path_index = self._write_path_index(slot.ancestors, node, slot.path_index)
         for buf, saved in zip(self.buffers, slot.saved):
-            if isinstance(buf, GDNBuffers) and delayed:
+            if isinstance(buf, GDNBuffers) and stacked:
+                continue
+            elif isinstance(buf, GDNBuffers) and delayed:
                 assert isinstance(saved, GDNSaved), "verify the slot first"
                 self._commit_conv(buf, saved.conv_inputs, slot.conv_index, node)
             elif isinstance(buf, GDNBuffers) and strategy == "closed_form" and self._path_commit is not None:
@@ -1161,6 +1253,22 @@ class StaticDecoder:
                 write_path_index(slot.ancestors, node, stash.path)
         self.length.add_(path_len).clamp_(max=self.max_len)
 
+    def _commit_stacked(self, slot: TreeSlot) -> None:
+        """The closed-form commit of every GDN layer (states and conv histories) from the slot's stacked
+        factors: the path index once, then one :func:`~repro.gdn.triton_commit.commit_path_indexed`."""
+        from repro.gdn.triton_commit import write_path_index
+
+        assert slot.stack is not None and slot.stack.conv_inputs is not None and self.gdn_conv is not None
+        assert self._path_commit is not None and all(slot.saved[i] is not None for i in self.gdn_layers), (
+            "verify the slot first"
+        )
+        write_path_index(slot.ancestors, slot.node, slot.path_index)
+        f = slot.stack
+        conv = (self.gdn_conv, f.conv_inputs, slot.conv_index)
+        path = slot.path_index
+        state = self.gdn_states
+        self._path_commit(state, f.delta, f.k, f.gate_cum, slot.ancestors, slot.node, conv=conv, path=path)
+
     def ensure_pending(self, rows: int) -> bool:
         """Make the delayed commit's two stashes (:class:`PendingSet`) for slots of up to ``rows`` nodes,
         or larger ones when they hold fewer (a commit pending in the old ones is flushed first); True when
@@ -1178,17 +1286,23 @@ class StaticDecoder:
         def per_layer(dims: Callable[[GatedDeltaNet], tuple[int, ...]]) -> dict[int, torch.Tensor]:
             return {i: torch.zeros(rows, *dims(m), dtype=dt, device=dev) for i, m in gdn_layers}
 
-        self.pending_sets = [
-            PendingSet(
-                per_layer(lambda m: (m.num_v_heads, m.head_v_dim)),
-                per_layer(lambda m: (m.num_v_heads, m.head_k_dim)),
-                per_layer(lambda m: (m.num_v_heads,)),
-                torch.zeros(rows, rows, dtype=torch.bool, device=dev),
+        def factors() -> tuple[tuple[dict[int, torch.Tensor], ...], StackedFactors | None]:
+            stacked = self.stacked_factors(rows, conv=False)  # stacked_commit: views of one stack
+            if stacked is not None:
+                return stacked.views(self.gdn_layers), stacked
+            delta = per_layer(lambda m: (m.num_v_heads, m.head_v_dim))
+            k = per_layer(lambda m: (m.num_v_heads, m.head_k_dim))
+            return (delta, k, per_layer(lambda m: (m.num_v_heads,))), None
+
+        def stash() -> PendingSet:
+            (delta, k, gate_cum), stacked = factors()
+            return PendingSet(
+                delta, k, gate_cum, torch.zeros(rows, rows, dtype=torch.bool, device=dev),
                 torch.full((1,), -1, dtype=torch.long, device=dev),
-                torch.zeros(rows + 1, dtype=torch.int32, device=dev),
-            )
-            for _ in range(2)
-        ]
+                torch.zeros(rows + 1, dtype=torch.int32, device=dev), stacked,
+            )  # fmt: skip
+
+        self.pending_sets = [stash() for _ in range(2)]
         return True
 
     @torch.no_grad()
@@ -1197,6 +1311,17 @@ class StaticDecoder:
         capturable. The path commit of the Triton kernels for a float32 state, the torch reference
         (:func:`~repro.gdn.reference.apply_pending`) otherwise."""
         stash = self.pending_sets[parity]
+        if self._stacked_path and stash.stacked is not None:  # every GDN layer in one launch
+            from repro.gdn.triton_commit import write_path_index
+
+            write_path_index(stash.ancestors, stash.node, stash.path)
+            f = stash.stacked
+            assert self._path_commit is not None and self.gdn_states is not None
+            self._path_commit(
+                self.gdn_states, f.delta, f.k, f.gate_cum, stash.ancestors, stash.node, path=stash.path
+            )
+            stash.node.fill_(-1)
+            return
         path_index = None
         if self._path_commit is not None:
             path_index = self._write_path_index(stash.ancestors, stash.node, stash.path)
@@ -1281,7 +1406,7 @@ class StaticDecoder:
                         buf.conv.copy_(torch.cat([buf.conv, conv_inputs.to(buf.conv.dtype)])[1:])
                 else:
                     o, factors = self._gdn_core(i, slot, buf, q, k, v, g, beta, scale)
-                    slot.saved[i] = GDNSaved(conv_inputs, k, factors)
+                    self._save_gdn(i, slot, conv_inputs, k, factors)
                 x = glue["gdn_epilogue"](layer, w, x, o, z)
             else:
                 assert isinstance(w, AttentionWeights)
@@ -1342,9 +1467,14 @@ class StaticDecoder:
                 q, k, v, g, beta, buf.recurrent, slot.parents, slot.ancestors, scale, False, self.precision,
                 pending=pending, out=out,
             )  # fmt: skip
+        out = None
+        if slot.stack is not None:  # stacked_commit: the factors into the slot's stack (views per layer)
+            j = self.gdn_layers.index(i)
+            o = torch.empty(slot.size, v.shape[1], v.shape[2], dtype=q.dtype, device=self.device)
+            out = (o, slot.stack.delta[j], slot.stack.gate_cum[j], slot.stack.k[j])
         return self._tree(
             q, k, v, g, beta, buf.recurrent, slot.parents, slot.ancestors, scale, slot.snapshots,
-            self.precision,
+            self.precision, out=out,
         )  # fmt: skip
 
     def _fused_gdn(
@@ -1372,8 +1502,19 @@ class StaticDecoder:
         )
         if factors is not None:
             assert k is not None
-            slot.saved[i] = GDNSaved(conv_inputs, k, factors)
+            self._save_gdn(i, slot, conv_inputs, k, factors)
         return x
+
+    def _save_gdn(
+        self, i: int, slot: TreeSlot, conv_inputs: torch.Tensor, k: torch.Tensor, factors: TreeFactors
+    ) -> None:
+        """What GDN layer ``i``'s verify leaves for the commit (a stacked slot: its conv inputs copied
+        into the stack, whose view it keeps)."""
+        if slot.stack is not None and slot.stack.conv_inputs is not None:
+            stacked = slot.stack.conv_inputs[self.gdn_layers.index(i)]
+            stacked.copy_(conv_inputs)
+            conv_inputs = stacked
+        slot.saved[i] = GDNSaved(conv_inputs, k, factors)
 
     def _commit_conv(
         self, buf: GDNBuffers, conv_inputs: torch.Tensor, conv_index: torch.Tensor, node: torch.Tensor
