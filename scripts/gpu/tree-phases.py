@@ -9,8 +9,9 @@ form, its phase 1 alone (``_tree_keys_kernel``: G, A / P blocks, diagonal invers
 row blocks and warps, and an empty Triton launch on the same grid (the launch floor inside a graph).
 Every split variant is checked against the fused kernel's output before it is timed.
 
-TREE_PHASES_PARTS (default "knobs,phases"): "knobs" times phase 1 alone under knobs that price its parts
-(:func:`keys_knobs`), "phases" the phase split and tile sweeps above.
+TREE_PHASES_PARTS (default "phases,knobs"; the tables are rewritten after every shape): "phases" the
+phase split and tile sweeps above (with phase 2's ``hoist`` variant), "knobs" phase 1 alone under knobs
+that price its parts (:func:`keys_knobs`). A 75 s budget skips the blocks not started by then.
 
 Writes OUT_DIR/tree-phases.json and OUT_DIR/tree-phases.md; prints the markdown.
 """
@@ -157,23 +158,8 @@ def keys_knobs(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
     return rows
 
 
-def main() -> None:
-    sys.stdout.reconfigure(line_buffering=True)
-    out_dir = Path(sys.argv[1] if len(sys.argv) > 1 else "out")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    start = time.monotonic()
-    dev = torch.device("cuda")
-    parts = os.environ.get("TREE_PHASES_PARTS", "knobs,phases").split(",")
-    rows: list[dict[str, Any]] = []
-    if "knobs" in parts:
-        for shape, t in (("weaver", 128), ("weaver", 64), ("specla", 128)):
-            rows += keys_knobs(shape, t, dev)
-    if "phases" in parts:
-        for shape, t in (("weaver", 128), ("specla", 128), ("weaver", 64), ("weaver", 256)):
-            if time.monotonic() - start > 75:
-                print(f"budget spent: {shape} T={t} skipped")
-                continue
-            rows += phases(shape, t, dev)
+def dump(out_dir: Path, rows: list[dict[str, Any]], start: float) -> str:
+    """Write the JSON and markdown of the rows so far (after every block: a timed-out run keeps them)."""
     result = {"device": torch.cuda.get_device_name(), "seconds": time.monotonic() - start, "rows": rows}
     (out_dir / "tree-phases.json").write_text(json.dumps(result, indent=1, default=str))
     cols = ["shape", "T", "variant", "block_rows", "block_v", "num_warps", "status", "us", "rel_err_vs_fused"]
@@ -187,7 +173,31 @@ def main() -> None:
     lines += ["| " + " | ".join(fmt(r.get(c)) for c in cols) + " |" for r in rows]
     text = "\n".join(lines) + "\n"
     (out_dir / "tree-phases.md").write_text(text)
-    print(text)
+    return text
+
+
+def main() -> None:
+    sys.stdout.reconfigure(line_buffering=True)
+    out_dir = Path(sys.argv[1] if len(sys.argv) > 1 else "out")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    dev = torch.device("cuda")
+    parts = os.environ.get("TREE_PHASES_PARTS", "phases,knobs").split(",")
+    blocks = [
+        ("phases", shape, t)
+        for shape, t in (("weaver", 128), ("specla", 128), ("weaver", 64), ("weaver", 256))
+    ]
+    blocks += [("knobs", shape, t) for shape, t in (("weaver", 128), ("weaver", 64), ("specla", 128))]
+    rows: list[dict[str, Any]] = []
+    for part, shape, t in blocks:
+        if part not in parts:
+            continue
+        if time.monotonic() - start > 75:
+            print(f"budget spent: {part} {shape} T={t} skipped")
+            continue
+        rows += phases(shape, t, dev) if part == "phases" else keys_knobs(shape, t, dev)
+        dump(out_dir, rows, start)
+    print(dump(out_dir, rows, start))
 
 
 if __name__ == "__main__":
