@@ -563,7 +563,8 @@ class DFlashDrafter:
     :class:`~repro.models.graphed.GraphedTarget` (the features cached so far are moved over); on a
     HybridLM target the eager path above runs, the reference the static one is tested against.
     ``max_len``: the static buffers' first size in positions (doubled when a step needs more); ``fast``:
-    their block forward on the Triton kernels (:mod:`repro.drafters.dflash_fast`; default: with graphs).
+    their block forward on the Triton kernels (:mod:`repro.drafters.dflash_fast`; default: with graphs,
+    unless float64).
     """
 
     def __init__(

@@ -23,11 +23,11 @@ path padding, marginals) captured on first use; elsewhere the same function runs
 the accepted path are gathered too (padding) and written past ``length``: harmless, they are never
 visible and are overwritten before they could be. Prefill chunks are written eagerly.
 
-``fast`` (default: on with graphs, i.e. on CUDA; on CPU only under Triton's interpreter) runs the ingest
-and the block forward on the Triton kernels (:class:`~repro.drafters.dflash_fast.FastDFlash`: about a
-third of the launches; the block's keys and values are then not written into the buffers). The keys and
-values of all layers live in one stacked buffer each (``keys`` / ``values`` are its per-layer views),
-so that the fast ingest writes every layer at once. With ``probs`` a step returns (logits, marginals,
+``fast`` (default: on with graphs, i.e. on CUDA, unless float64; on CPU only under Triton's interpreter)
+runs the ingest and the block forward on the Triton kernels (:class:`~repro.drafters.dflash_fast.FastDFlash`:
+about a quarter of the launches; the block's keys and values are then not written into the buffers). The
+keys and values of all layers live in one stacked buffer each (``keys`` / ``values`` are its per-layer
+views), so that the fast ingest writes every layer at once. With ``probs`` a step returns (logits, marginals,
 top-k ids); without, (final-normed rows, logits): what ``propose`` and Weaver's ``block_rows`` read.
 """
 
@@ -60,7 +60,7 @@ class StaticDFlash:
     """Static buffers and step graphs of one DFlash drafter (see the module docstring).
 
     ``embedding`` and ``lm_head`` are the target's; ``graphs`` defaults to "on CUDA", ``fast`` to
-    ``graphs``.
+    ``graphs`` (float64: off).
     """
 
     def __init__(
@@ -82,7 +82,8 @@ class StaticDFlash:
             raise ConfigError(
                 "CUDA graphs need a CUDA device: the static DFlash drafter runs eagerly elsewhere"
             )
-        self.fast = self.graphs if fast is None else fast
+        # float64 (CPU's exact runs) keeps torch by default: the kernels' float64 dots are for the interpreter
+        self.fast = (self.graphs and model.dtype != torch.float64) if fast is None else fast
         if self.fast and self.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
             raise ConfigError(
                 "fast=True runs Triton kernels: it needs a CUDA device (or TRITON_INTERPRET=1 on CPU)"

@@ -1,0 +1,214 @@
+"""The static DFlash drafter's step, fast (repro/drafters/dflash_fast.py) vs current (torch), in CUDA graphs.
+
+    python3 scripts/gpu/dflash-fast.py OUT_DIR     writes OUT_DIR/dflash-fast.json and .md, prints a summary
+
+Drafters (:class:`~repro.drafters.static_dflash.StaticDFlash`, graphs on, ``fast`` False / True), each on a
+steady-state step: ``CONTEXT`` committed positions loaded, then every call ingests an accepted path of
+``ACCEPTED`` rows at position ``CONTEXT`` from static hidden tensors (as a verify slot gives them) and drafts
+the block (16 rows):
+
+- ``tiny``: the embedded family's trained drafter (tiny-qwen35-dflash: hidden 192, one layer, vocab 4096)
+  with the tiny target's embedding and LM head; float32 (the check only) and bf16;
+- ``qwen3.6-27b``: random bf16 weights at the public 27B DFlash shape (repro.drafters.shapes: 5 layers at
+  width 5120, 32 / 8 heads of 128, intermediate 17408, 5 feature layers, vocab 248320), random embedding
+  and LM head (the target itself is not built).
+
+Checked first, fast vs current on the same inputs: logits (relative error), marginals (max abs difference),
+the top-k ids (float32: identical expected), Weaver's final-normed rows. Timed (CUDA events over ``REPS``
+replays of the step's graph, microseconds a step): ``ingest+block+probs`` (propose: DDTree and chain DFlash),
+``block+probs`` (nothing to ingest), ``ingest+block+rows`` (Weaver's block_rows: DFlash-TfM).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from repro.bench.model import qwen36_27b
+from repro.drafters.dflash import DFlashDraftModel, load_dflash
+from repro.drafters.shapes import device_model, qwen27b_dflash_config
+from repro.drafters.static_dflash import StaticDFlash
+from repro.models.target import open_target
+
+CONTEXT = 1024
+ACCEPTED = 4
+SLOT = 32  # rows of the fake verify slot's hidden states
+TOP_K = 8
+REPS = {"tiny": 300, "qwen3.6-27b": 40}
+DEV = torch.device(
+    "cuda" if torch.cuda.is_available() else "cpu"
+)  # CPU: a dry run of the check (interpreter)
+STEPS = {"ingest+block+probs": (True, True), "block+probs": (False, True), "ingest+block+rows": (True, False)}
+
+
+def tiny(dtype: torch.dtype) -> tuple[DFlashDraftModel, torch.Tensor, nn.Module]:
+    target, _ = open_target("default", str(dtype)[6:], DEV.type)
+    return (
+        load_dflash("tiny-qwen35-dflash", dtype=dtype, device=DEV),
+        target.model.embed_tokens.weight,
+        target.lm_head,
+    )
+
+
+def qwen27b(dtype: torch.dtype) -> tuple[DFlashDraftModel, torch.Tensor, nn.Module]:
+    tc = qwen36_27b()
+    model = device_model(DFlashDraftModel, qwen27b_dflash_config(tc), DEV, dtype, seed=0)
+    gen = torch.Generator(device=DEV).manual_seed(1)
+    embed = torch.randn(tc.vocab_size, tc.hidden_size, generator=gen, device=DEV).to(dtype)
+    head = nn.Linear(tc.hidden_size, tc.vocab_size, bias=False, device=DEV, dtype=dtype).requires_grad_(False)
+    head.weight.copy_(torch.randn(head.weight.shape, generator=gen, device=DEV) / math.sqrt(tc.hidden_size))
+    return model, embed, head
+
+
+class Step:
+    """A StaticDFlash with ``CONTEXT`` loaded positions and its steady-state step inputs."""
+
+    def __init__(self, model: DFlashDraftModel, embed: torch.Tensor, head: nn.Module, fast: bool) -> None:
+        cfg = model.config
+        gen = torch.Generator(device=DEV).manual_seed(2)  # the same inputs for fast and current
+        self.static = StaticDFlash(
+            model,
+            embed,
+            head,
+            cfg.block_size,
+            TOP_K,
+            max_len=2 * CONTEXT,
+            graphs=DEV.type == "cuda",
+            fast=fast,
+        )
+        dtype = model.dtype
+        self.static.load(torch.randn(CONTEXT, cfg.feature_size, generator=gen, device=DEV).to(dtype))
+        self.sources = tuple(
+            torch.randn(SLOT, cfg.hidden_size, generator=gen, device=DEV).to(dtype)
+            for _ in cfg.target_layer_ids
+        )
+        self.static._resize_inputs(ACCEPTED)
+        self.static._upload(7, CONTEXT, list(range(ACCEPTED)))
+
+    def __call__(self, ingest: bool, probs: bool) -> tuple[torch.Tensor, ...]:
+        return self.static._call(self.sources if ingest else None, probs)
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-300))
+
+
+def check(current: Step, fast: Step) -> dict:
+    """Fast vs current outputs of the same step."""
+    (lc, pc, tc), (lf, pf, tf) = current(True, True), fast(True, True)
+    (rc, _), (rf, _) = current(True, False), fast(True, False)
+    return {
+        "logits_rel": rel(lf, lc),
+        "probs_max_abs": float((pf - pc).abs().max()),
+        "top1_agree": float((tf[:, 0] == tc[:, 0]).float().mean()),
+        "topk_identical": bool(torch.equal(tf, tc)),
+        "rows_rel": rel(rf, rc),
+    }
+
+
+def replay_us(step: Step, ingest: bool, probs: bool, reps: int) -> float:
+    step(ingest, probs)  # captured on first use
+    calls = step.static._calls
+    graph = next(c for k, c in calls.items() if k[0] == probs and (k[2] is not None) == ingest)
+    for _ in range(3):
+        graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(reps):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return 1e3 * start.elapsed_time(end) / reps
+
+
+def measure(name: str, build, dtypes: tuple[torch.dtype, ...]) -> list[dict]:  # noqa: ANN001
+    rows = []
+    for dtype in dtypes:
+        t0 = time.perf_counter()
+        model, embed, head = build(dtype)
+        cfg = model.config
+        row: dict = {
+            "drafter": name, "dtype": str(dtype)[6:], "layers": cfg.num_hidden_layers,
+            "hidden": cfg.hidden_size, "vocab": embed.shape[0], "block": cfg.block_size, "context": CONTEXT,
+            "accepted": ACCEPTED,
+        }  # fmt: skip
+        current, fast = Step(model, embed, head, False), Step(model, embed, head, True)
+        row.update(check(current, fast))
+        if dtype != torch.float32 and DEV.type == "cuda":
+            for key, (ingest, probs) in STEPS.items():
+                cur = replay_us(current, ingest, probs, REPS[name])
+                fst = replay_us(fast, ingest, probs, REPS[name])
+                row[f"{key}_current_us"], row[f"{key}_fast_us"] = cur, fst
+                row[f"{key}_speedup"] = cur / fst
+        row["wall_s"] = time.perf_counter() - t0
+        rows.append(
+            {
+                k: round(v, 7 if "rel" in k or "abs" in k else 2) if isinstance(v, float) else v
+                for k, v in row.items()
+            }
+        )
+        del current, fast, model, embed, head
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main() -> None:
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else "out")
+    out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
+    for name, build, dtypes in (
+        ("tiny", tiny, (torch.float32, torch.bfloat16)),
+        ("qwen3.6-27b", qwen27b, (torch.bfloat16,)),
+    ):
+        try:
+            rows += measure(name, build, dtypes)
+        except Exception as exc:  # noqa: BLE001 - one failed shape still leaves the other's rows
+            rows.append({"drafter": name, "error": f"{type(exc).__name__}: {exc}"[:500]})
+        torch.cuda.empty_cache()
+    device = torch.cuda.get_device_name() if DEV.type == "cuda" else "cpu (dry run)"
+    (out / "dflash-fast.json").write_text(
+        json.dumps({"device": device, "torch": torch.__version__, "rows": rows}, indent=1)
+    )
+    check_cols = [
+        "drafter",
+        "dtype",
+        "logits_rel",
+        "probs_max_abs",
+        "top1_agree",
+        "topk_identical",
+        "rows_rel",
+    ]
+    time_cols = ["drafter", "dtype"] + [
+        f"{k}_{s}" for k in STEPS for s in ("current_us", "fast_us", "speedup")
+    ]
+    lines = [
+        f"# Static DFlash step, fast vs current, CUDA graphs ({device}; context {CONTEXT}, "
+        f"{ACCEPTED} rows ingested)",
+        "",
+    ]
+    for title, cols, keep in (
+        ("Check (fast vs current)", check_cols, rows),
+        (
+            "Device time per step (us)",
+            time_cols,
+            [r for r in rows if "ingest+block+probs_fast_us" in r or "error" in r],
+        ),
+    ):
+        lines += [f"## {title}", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        lines += ["| " + " | ".join(str(r.get(c, r.get("error", ""))) for c in cols) + " |" for r in keep]
+        lines.append("")
+    text = "\n".join(lines)
+    (out / "dflash-fast.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
