@@ -4,8 +4,8 @@
 
 Drafters (:class:`~repro.drafters.static_dflash.StaticDFlash`, graphs on, ``fast`` False / True), each on a
 steady-state step: ``CONTEXT`` committed positions loaded, then every call ingests an accepted path of
-``ACCEPTED`` rows at position ``CONTEXT`` from static hidden tensors (as a verify slot gives them) and drafts
-the block (16 rows):
+``ACCEPTED`` rows at position ``CONTEXT`` from static hidden tensors (as a verify slot gives them; the path
+padded to 16 rows, as in routes) and drafts the block (16 rows):
 
 - ``tiny``: the embedded family's trained drafter (tiny-qwen35-dflash: hidden 192, one layer, vocab 4096)
   with the tiny target's embedding and LM head; float32 (the check only) and bf16;
@@ -88,7 +88,6 @@ class Step:
             torch.randn(SLOT, cfg.hidden_size, generator=gen, device=DEV).to(dtype)
             for _ in cfg.target_layer_ids
         )
-        self.static._resize_inputs(ACCEPTED)
         self.static._upload(7, CONTEXT, list(range(ACCEPTED)))
 
     def __call__(self, ingest: bool, probs: bool) -> tuple[torch.Tensor, ...]:

@@ -7,7 +7,8 @@ to the eager DFlashDrafter.
   chain DFlash and DDTree generations with buffers doubled from 16 positions, at every step the fast
   drafter's block rows (final-normed hidden states), logits and marginals equal the eager drafter's within
   1e-12 (float64) / 1e-5 (float32) relative, its top-k ids are the same, and its features too; steps
-  alternate which call ingests (``propose``: marginals, or ``block_rows``: Weaver's rows and logits). The
+  alternate which call ingests (``propose``: marginals, or ``block_rows``: Weaver's rows and logits); the
+  context keys and values written for 3, 8 and 300 rows (GEMV, row-tiled, cuBLAS) are the torch path's. The
   fast step is capture-safe with the same trace for other paths; the launches of a step, eager vs fast.
 - CPU: the default (off without graphs), the ConfigError without CUDA or the interpreter, the row limits
   equal to the kernels'.
@@ -132,6 +133,27 @@ def proposal_cases() -> dict[str, dict]:
     return out
 
 
+def ingest_errors() -> dict[str, float]:
+    """The context keys/values that a fast and a torch static drafter write for the same feature rows
+    (float64; two layers): relative error per row count (3: the GEMV kernels, 8: row-tiled, 300: cuBLAS)."""
+    from repro.drafters.dflash import random_dflash_for
+    from repro.drafters.static_dflash import StaticDFlash
+
+    target = small_target(torch.float64)
+    model = random_dflash_for(target, seed=6, num_layers=2, block_size=8)
+    emb, head = target.model.embed_tokens.weight, target.lm_head
+    out = {}
+    for n in (3, 8, 300):
+        rows = torch.randn(n, model.config.feature_size, dtype=torch.float64)
+        fast, ref = (StaticDFlash(model, emb, head, 8, 1, max_len=16, fast=f) for f in (True, False))
+        fast.load(rows, start=5)
+        ref.load(rows, start=5)
+        out[str(n)] = max(
+            rel(a[:, :, 5 : 5 + n], b[:, :, 5 : 5 + n]) for a, b in zip(fast.stacks, ref.stacks)
+        )
+    return out
+
+
 def capture_facts() -> dict[str, object]:
     """The fast step (ingest + block + marginals; block + rows) under CaptureCheck: no hazards, the same
     trace for another accepted path, root and length."""
@@ -222,6 +244,12 @@ def test_fast_steps_equal_the_eager_drafters_in_the_interpreter(interpreted):
         assert res["capacity"] > 16, (key, res)  # buffers grew
     assert min(res["logits"] for res in cases.values()) > 0  # really another path
     assert max(max(res["lengths"]) for res in cases.values()) > 1
+
+
+def test_fast_ingest_writes_the_torch_keys_and_values(interpreted):
+    errors = interpreted["ingest"]
+    assert set(errors) == {"3", "8", "300"}  # the GEMV, row-tiled and cuBLAS branches
+    assert all(0 < e <= TOL[torch.float64] for e in errors.values()), errors
 
 
 def test_fast_step_is_capture_safe(interpreted):
@@ -323,7 +351,8 @@ def _interpreter_main() -> None:
 
     torch.set_num_threads(1)
     torch.set_grad_enabled(False)  # as the static drafter's steps run
-    out = {"proposals": proposal_cases(), "capture": capture_facts(), "launches": launch_counts()}
+    out = {"proposals": proposal_cases(), "ingest": ingest_errors(), "capture": capture_facts()}
+    out["launches"] = launch_counts()
     print(json.dumps(out))
 
 
