@@ -25,11 +25,11 @@ their glue fused in, with the constants made once (weights copied when built):
   (``probs=False``) needs the final-normed rows themselves: there the norm is DFlash's torch RMSNorm
   and the LM head a matmul, as eagerly.
 
-Which variant: up to :data:`GEMV_ROWS` rows (an ingest of a short path at any width) the GEMV kernels, more
-rows (the block's T) the row-tiled kernels up to ``row_tiled_width`` (default
-:data:`~repro.models.graphed.SMALL_WIDTH`; rows beyond :data:`MAX_TILED_ROWS`, a prefill chunk, also take
-this branch), cuBLAS with the Triton RMSNorm and SiLU * up above it, where the row-tiled linears lost on
-the target side. The attention kernel runs at every width.
+Which variant: up to :data:`GEMV_ROWS` rows (a short prefill chunk written eagerly) the GEMV kernels at
+any width; more rows (the block's T, a step's path padded to T) the row-tiled kernels up to
+``row_tiled_width`` (default :data:`~repro.models.graphed.SMALL_WIDTH`), cuBLAS with the Triton RMSNorm and
+SiLU * up above it, where the row-tiled linears lost on the target side, and for more than
+:data:`MAX_TILED_ROWS` rows (a long prefill chunk). The attention kernel runs at every width.
 
 Launches (aten ops that launch work + Triton launches; the tiny family's drafter layout: one layer, 4 / 2
 heads, two feature layers, block 16, counted on CPU by tests/drafters/test_dflash_fast.py):
@@ -37,17 +37,18 @@ heads, two feature layers, block 16, counted on CPU by tests/drafters/test_dflas
 =================================================  =====  ====  ===============
 what                                               eager  fast  fast: aten + Triton
 =================================================  =====  ====  ===============
-the step: ingest (4-row path) + block + marginals  124    34    27 + 7
+the step: ingest (16 rows) + block + marginals     124    34    27 + 7
 the step: block + marginals (nothing to ingest)    83     12    6 + 6
 Weaver's step: ingest + block (rows, logits)       122    38    32 + 6
 =================================================  =====  ====  ===============
 
 A fast block is 6 Triton launches (per layer q|k|v, attention, o_proj, gate|up, down; the final norm + LM
-head) and 6 aten ops (the block's ids, the embedding, the softmax, the top-k); an ingest is 22 launches
-(the rows' gather 3, the feature write, positions, fc, the k|v launch, k_norm 6, rotary 5, the two KV
-writes, the length 2), whatever the layer count; Weaver's rows add DFlash's torch RMSNorm (6). Each more
-layer adds 5 Triton launches to the fast step (8 launches on cuBLAS, above ``row_tiled_width``) and 70 aten
-ops to the eager one (55 in the block, 15 in the ingest: a two-layer step is 194 eager, 39 fast).
+head) and 6 aten ops (the block's ids 3, the embedding, the softmax, the top-k). An ingest (a path padded
+to the block's 16 rows, as steps pad it) is 22 launches whatever the layer count: the rows' gather 3, the
+feature write, positions, fc, the k|v launch, k_norm 6, rotary 5, the two KV writes, the length 2.
+Weaver's rows add DFlash's torch RMSNorm (6). Each more layer adds 5 Triton launches to the fast step (8
+launches on cuBLAS, above ``row_tiled_width``) and 70 aten ops to the eager one (55 in the block, 15 in
+the ingest: a two-layer step is 194 eager, 39 fast).
 
 Rounding: the kernels accumulate in float32 (float64 for float64 data) and round once, and norms are not
 rounded before their matmul, so float32 block states and logits agree with the eager drafter's to ~1e-6
