@@ -3,9 +3,9 @@
     python3 scripts/gpu/dflash-fast.py OUT_DIR     writes OUT_DIR/dflash-fast.json and .md, prints a summary
 
 Drafters (:class:`~repro.drafters.static_dflash.StaticDFlash`, graphs on, ``fast`` False / True), each on a
-steady-state step: ``CONTEXT`` committed positions loaded, then every call ingests an accepted path of
-``ACCEPTED`` rows at position ``CONTEXT`` from static hidden tensors (as a verify slot gives them; the path
-padded to 16 rows, as in routes) and drafts the block (16 rows):
+steady-state step: ``context`` committed positions loaded (each of ``CONTEXTS``), then every call ingests
+an accepted path of ``ACCEPTED`` rows at position ``context`` from static hidden tensors (as a verify slot
+gives them; the path padded to 16 rows, as in routes) and drafts the block (16 rows):
 
 - ``tiny``: the embedded family's trained drafter (tiny-qwen35-dflash: hidden 192, one layer, vocab 4096)
   with the tiny target's embedding and LM head; float32 (the check only) and bf16;
@@ -36,14 +36,12 @@ from repro.drafters.shapes import device_model, qwen27b_dflash_config
 from repro.drafters.static_dflash import StaticDFlash
 from repro.models.target import open_target
 
-CONTEXT = 1024
+CONTEXTS = (256, 2048)  # committed positions (the tree kernel walks them in one program per row block)
 ACCEPTED = 4
 SLOT = 32  # rows of the fake verify slot's hidden states
 TOP_K = 8
 REPS = {"tiny": 300, "qwen3.6-27b": 40}
-DEV = torch.device(
-    "cuda" if torch.cuda.is_available() else "cpu"
-)  # CPU: a dry run of the check (interpreter)
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # CPU: a dry run (interpreter)
 STEPS = {"ingest+block+probs": (True, True), "block+probs": (False, True), "ingest+block+rows": (True, False)}
 
 
@@ -67,9 +65,11 @@ def qwen27b(dtype: torch.dtype) -> tuple[DFlashDraftModel, torch.Tensor, nn.Modu
 
 
 class Step:
-    """A StaticDFlash with ``CONTEXT`` loaded positions and its steady-state step inputs."""
+    """A StaticDFlash with ``context`` loaded positions and its steady-state step inputs."""
 
-    def __init__(self, model: DFlashDraftModel, embed: torch.Tensor, head: nn.Module, fast: bool) -> None:
+    def __init__(
+        self, model: DFlashDraftModel, embed: torch.Tensor, head: nn.Module, fast: bool, context: int
+    ) -> None:
         cfg = model.config
         gen = torch.Generator(device=DEV).manual_seed(2)  # the same inputs for fast and current
         self.static = StaticDFlash(
@@ -78,17 +78,17 @@ class Step:
             head,
             cfg.block_size,
             TOP_K,
-            max_len=2 * CONTEXT,
+            max_len=2 * context,
             graphs=DEV.type == "cuda",
             fast=fast,
         )
         dtype = model.dtype
-        self.static.load(torch.randn(CONTEXT, cfg.feature_size, generator=gen, device=DEV).to(dtype))
+        self.static.load(torch.randn(context, cfg.feature_size, generator=gen, device=DEV).to(dtype))
         self.sources = tuple(
             torch.randn(SLOT, cfg.hidden_size, generator=gen, device=DEV).to(dtype)
             for _ in cfg.target_layer_ids
         )
-        self.static._upload(7, CONTEXT, list(range(ACCEPTED)))
+        self.static._upload(7, context, list(range(ACCEPTED)))
 
     def __call__(self, ingest: bool, probs: bool) -> tuple[torch.Tensor, ...]:
         return self.static._call(self.sources if ingest else None, probs)
@@ -128,33 +128,39 @@ def replay_us(step: Step, ingest: bool, probs: bool, reps: int) -> float:
     return 1e3 * start.elapsed_time(end) / reps
 
 
+def _rounded(key: str, v: object) -> object:
+    """Errors to 3 significant digits, times to 0.01 us."""
+    if not isinstance(v, float):
+        return v
+    return float(f"{v:.3g}") if "rel" in key or "abs" in key else round(v, 2)
+
+
 def measure(name: str, build, dtypes: tuple[torch.dtype, ...]) -> list[dict]:  # noqa: ANN001
+    """Per dtype and context: the check, and (bf16 on CUDA) the device time of each step, current vs fast."""
     rows = []
     for dtype in dtypes:
-        t0 = time.perf_counter()
         model, embed, head = build(dtype)
         cfg = model.config
-        row: dict = {
-            "drafter": name, "dtype": str(dtype)[6:], "layers": cfg.num_hidden_layers,
-            "hidden": cfg.hidden_size, "vocab": embed.shape[0], "block": cfg.block_size, "context": CONTEXT,
-            "accepted": ACCEPTED,
-        }  # fmt: skip
-        current, fast = Step(model, embed, head, False), Step(model, embed, head, True)
-        row.update(check(current, fast))
-        if dtype != torch.float32 and DEV.type == "cuda":
-            for key, (ingest, probs) in STEPS.items():
-                cur = replay_us(current, ingest, probs, REPS[name])
-                fst = replay_us(fast, ingest, probs, REPS[name])
-                row[f"{key}_current_us"], row[f"{key}_fast_us"] = cur, fst
-                row[f"{key}_speedup"] = cur / fst
-        row["wall_s"] = time.perf_counter() - t0
-        rows.append(
-            {
-                k: round(v, 7 if "rel" in k or "abs" in k else 2) if isinstance(v, float) else v
-                for k, v in row.items()
-            }
-        )
-        del current, fast, model, embed, head
+        for context in CONTEXTS:
+            t0 = time.perf_counter()
+            row: dict = {
+                "drafter": name, "dtype": str(dtype)[6:], "context": context, "accepted": ACCEPTED,
+                "layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size, "vocab": embed.shape[0],
+                "block": cfg.block_size,
+            }  # fmt: skip
+            current, fast = (Step(model, embed, head, f, context) for f in (False, True))
+            row.update(check(current, fast))
+            if dtype != torch.float32 and DEV.type == "cuda":
+                for key, (ingest, probs) in STEPS.items():
+                    cur = replay_us(current, ingest, probs, REPS[name])
+                    fst = replay_us(fast, ingest, probs, REPS[name])
+                    row[f"{key}_current_us"], row[f"{key}_fast_us"] = cur, fst
+                    row[f"{key}_speedup"] = cur / fst
+            row["wall_s"] = time.perf_counter() - t0
+            rows.append({k: _rounded(k, v) for k, v in row.items()})
+            del current, fast
+            torch.cuda.empty_cache()
+        del model, embed, head
         torch.cuda.empty_cache()
     return rows
 
@@ -176,30 +182,19 @@ def main() -> None:
     (out / "dflash-fast.json").write_text(
         json.dumps({"device": device, "torch": torch.__version__, "rows": rows}, indent=1)
     )
-    check_cols = [
-        "drafter",
-        "dtype",
-        "logits_rel",
-        "probs_max_abs",
-        "top1_agree",
-        "topk_identical",
-        "rows_rel",
-    ]
-    time_cols = ["drafter", "dtype"] + [
+    check_cols = ["drafter", "dtype", "context", "logits_rel", "probs_max_abs", "top1_agree",
+                  "topk_identical", "rows_rel"]  # fmt: skip
+    time_cols = ["drafter", "dtype", "context"] + [
         f"{k}_{s}" for k in STEPS for s in ("current_us", "fast_us", "speedup")
     ]
+    timed = [r for r in rows if "ingest+block+probs_fast_us" in r or "error" in r]
     lines = [
-        f"# Static DFlash step, fast vs current, CUDA graphs ({device}; context {CONTEXT}, "
-        f"{ACCEPTED} rows ingested)",
+        f"# Static DFlash step, fast vs current, CUDA graphs ({device}; {ACCEPTED} accepted rows a step)",
         "",
     ]
     for title, cols, keep in (
         ("Check (fast vs current)", check_cols, rows),
-        (
-            "Device time per step (us)",
-            time_cols,
-            [r for r in rows if "ingest+block+probs_fast_us" in r or "error" in r],
-        ),
+        ("Device time per step (us)", time_cols, timed),
     ):
         lines += [f"## {title}", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
         lines += ["| " + " | ".join(str(r.get(c, r.get("error", ""))) for c in cols) + " |" for r in keep]

@@ -13,9 +13,9 @@ to the eager DFlashDrafter.
 - CPU: the default (off without graphs), the ConfigError without CUDA or the interpreter, the row limits
   equal to the kernels'.
 - GPU (``gpu``): the tiny family in float32 on the graphed engine with CUDA graphs: the fast drafter's
-  proposals equal the eager drafter's at every step (DDTree and chain DFlash), the routes' tokens AR's, no
-  host sync in a replayed step; bf16: the fast step's marginals within bf16 tolerance of the eager static
-  step's, and the default turns the fast path on there.
+  proposals equal the eager drafter's at every step (DDTree and chain DFlash), the routes' tokens AR's; bf16:
+  the fast step's marginals as close to float32's as the torch step's (within twice its error), the default
+  turns the fast path on there, and a replayed fast step makes no host sync.
 """
 
 from __future__ import annotations
@@ -314,27 +314,35 @@ def test_gpu_fast_graphed_proposals_equal_eager_in_float32(kind):
 @pytest.mark.gpu
 @cuda
 def test_gpu_fast_bf16_within_tolerance_and_no_sync():
-    """bf16, graphed: the fast and the eager static step's marginals agree to bf16 accuracy, the default
-    turns the fast path on, and a replayed fast step makes no host sync."""
+    """bf16, graphed: the fast step's marginals are as close to float32's (the torch path's, same inputs) as
+    the bf16 torch step's are (twice its error: the fast path rounds less), the default turns the fast path
+    on, and a replayed fast step makes no host sync."""
     from repro.drafters.base import DraftContext
     from repro.drafters.dflash import DFlashDrafter
     from repro.models.graphed import GraphedTarget
     from repro.tree import Tree
 
     target, prompts, model = family("bfloat16")
+    target32, _, model32 = family("float32")
     engine = GraphedTarget(target)
     ids = prompts[0]
-    drafters = [DFlashDrafter(model, target, static=True, fast=f, top_k=4) for f in (False, None)]
-    assert drafters[1]._static_buffers().fast
-    state, ver = engine.prefill(ids, None, drafters[0].capture_layers)
+    drafters = {
+        "current": DFlashDrafter(model, target, static=True, fast=False, top_k=4),
+        "fast": DFlashDrafter(model, target, static=True, top_k=4),
+        "float32": DFlashDrafter(model32, target32, static=True, fast=False, top_k=4),
+    }
+    assert drafters["fast"]._static_buffers().fast
+    state, ver = engine.prefill(ids, None, drafters["fast"].capture_layers)
     out = [int(ver.logits[-1].argmax())]
-    probs = []
-    for d in drafters:
+    probs = {}
+    for name, d in drafters.items():
         d.begin(ids, None)
-        d.observe_prefill(ver)
-        probs.append(d.propose(DraftContext(ids, list(out))).probs.float())
-    assert (probs[0] - probs[1]).abs().max().item() < 3e-2
-    fast, path = drafters[1], list(range(ver.tree.size))
+        d.observe_prefill(ver)  # bf16 hidden states, cast to the drafter's dtype
+        probs[name] = d.propose(DraftContext(ids, list(out))).probs.float()
+    err = {k: (probs[k] - probs["float32"]).abs().max().item() for k in ("current", "fast")}
+    print(json.dumps(err))
+    assert err["fast"] <= 2 * err["current"] + 1e-3, err
+    fast, path = drafters["fast"], list(range(ver.tree.size))
     for step in range(3):  # steps on one verify slot replay one graph: the third runs under the detector
         ctx = DraftContext(ids, list(out), ver, path)
         torch.cuda.synchronize()
