@@ -126,11 +126,12 @@ def layer_weights(layer: DFlashLayer) -> AttentionWeights:
 
 class FastDFlash:
     """The fast ingest and block forward of ``model`` for blocks of ``block_size`` rows (see the module
-    docstring). ``rope_rows``: positions the rotary tables hold (:meth:`set_rope_rows` to grow them)."""
+    docstring). ``rope_rows``: positions the rotary tables hold (:meth:`set_rope_rows` sizes them again:
+    StaticDFlash does with its buffers)."""
 
     @torch.no_grad()
     def __init__(
-        self, model: DFlashDraftModel, block_size: int, rope_rows: int, row_tiled_width: int = SMALL_WIDTH
+        self, model: DFlashDraftModel, block_size: int, rope_rows: int = 0, row_tiled_width: int = SMALL_WIDTH
     ) -> None:
         cfg = model.config
         self.model, self.cfg, self.row_tiled_width = model, cfg, row_tiled_width
