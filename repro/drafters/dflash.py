@@ -403,7 +403,10 @@ class DFlashDraftModel(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
         """The target's LM head on draft hidden states (with the optional multiplier and softcap)."""
-        logits = lm_head(hidden)
+        return self.shape_logits(lm_head(hidden))
+
+    def shape_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The LM head's ``logits`` times the optional multiplier, then the optional softcap."""
         if self.config.output_multiplier != 1.0:
             logits = logits * self.config.output_multiplier
         cap = self.config.final_logit_softcapping
@@ -559,7 +562,9 @@ class DFlashDrafter:
     to it within a generation once a verification comes from a
     :class:`~repro.models.graphed.GraphedTarget` (the features cached so far are moved over); on a
     HybridLM target the eager path above runs, the reference the static one is tested against.
-    ``max_len``: the static buffers' first size in positions (doubled when a step needs more).
+    ``max_len``: the static buffers' first size in positions (doubled when a step needs more); ``fast``:
+    their block forward on the Triton kernels (:mod:`repro.drafters.dflash_fast`; default: with graphs,
+    unless float64).
     """
 
     def __init__(
@@ -570,6 +575,7 @@ class DFlashDrafter:
         top_k: int = 1,
         static: bool | None = None,
         max_len: int = DEFAULT_MAX_LEN,
+        fast: bool | None = None,
     ) -> None:
         cfg, tc = model.config, target.config
         check_fits(cfg, target)
@@ -582,7 +588,7 @@ class DFlashDrafter:
         self.target = target
         self.top_k = top_k
         self.capture_layers: tuple[int, ...] = tuple(cfg.target_layer_ids)
-        self.static, self.max_len = static, max_len
+        self.static, self.max_len, self.fast = static, max_len, fast
         self._static: StaticDFlash | None = None
         self.begin([], None)
 
@@ -605,7 +611,13 @@ class DFlashDrafter:
         if self._static is None:
             embedding = self.target.model.embed_tokens.weight
             self._static = StaticDFlash(
-                self.model, embedding, self.target.lm_head, self.block_size, self.top_k, self.max_len
+                self.model,
+                embedding,
+                self.target.lm_head,
+                self.block_size,
+                self.top_k,
+                self.max_len,
+                fast=self.fast,
             )
         return self._static
 
@@ -687,7 +699,7 @@ class DFlashDrafter:
         """The marginals and top-``top_k`` ids per depth; on the static buffers both stay on the device
         (no host sync) and are valid until the next step."""
         if self._switch(ctx):
-            _, _, probs, top = self._static_buffers().step(ctx, probs=True)
+            _, probs, top = self._static_buffers().step(ctx, probs=True)
             return Proposal(probs=probs, top_ids=top)
         _, logits = self.block_rows(ctx)
         probs = marginals(logits)

@@ -22,10 +22,18 @@ and, for ``propose``, the marginals and their top-k. On CUDA that is one CUDA gr
 path padding, marginals) captured on first use; elsewhere the same function runs eagerly. Rows past
 the accepted path are gathered too (padding) and written past ``length``: harmless, they are never
 visible and are overwritten before they could be. Prefill chunks are written eagerly.
+
+``fast`` (default: on with graphs, i.e. on CUDA, unless float64; on CPU only under Triton's interpreter)
+runs the ingest and the block forward on the Triton kernels (:class:`~repro.drafters.dflash_fast.FastDFlash`:
+about a quarter of the launches; the block's keys and values are then not written into the buffers). The
+keys and values of all layers live in one stacked buffer each (``keys`` / ``values`` are its per-layer
+views), so that the fast ingest writes every layer at once. With ``probs`` a step returns (logits, marginals,
+top-k ids); without, (final-normed rows, logits): what ``propose`` and Weaver's ``block_rows`` read.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +49,7 @@ from repro.models.hybrid import Verification
 
 if TYPE_CHECKING:
     from repro.drafters.dflash import DFlashDraftModel
+    from repro.drafters.dflash_fast import FastDFlash
 
 DEFAULT_MAX_LEN = 4096
 
@@ -50,7 +59,8 @@ Outputs = tuple[torch.Tensor, ...]
 class StaticDFlash:
     """Static buffers and step graphs of one DFlash drafter (see the module docstring).
 
-    ``embedding`` and ``lm_head`` are the target's; ``graphs`` defaults to "on CUDA".
+    ``embedding`` and ``lm_head`` are the target's; ``graphs`` defaults to "on CUDA", ``fast`` to
+    ``graphs`` (float64: off).
     """
 
     def __init__(
@@ -62,6 +72,7 @@ class StaticDFlash:
         top_k: int,
         max_len: int = DEFAULT_MAX_LEN,
         graphs: bool | None = None,
+        fast: bool | None = None,
     ) -> None:
         self.model, self.embedding, self.lm_head = model, embedding, lm_head
         self.block_size, self.top_k = block_size, top_k
@@ -71,6 +82,17 @@ class StaticDFlash:
             raise ConfigError(
                 "CUDA graphs need a CUDA device: the static DFlash drafter runs eagerly elsewhere"
             )
+        # float64 (CPU's exact runs) keeps torch by default: the kernels' float64 dots are for the interpreter
+        self.fast = (self.graphs and model.dtype != torch.float64) if fast is None else fast
+        if self.fast and self.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ConfigError(
+                "fast=True runs Triton kernels: it needs a CUDA device (or TRITON_INTERPRET=1 on CPU)"
+            )
+        self._fast: FastDFlash | None = None
+        if self.fast:
+            from repro.drafters.dflash_fast import FastDFlash
+
+            self._fast = FastDFlash(model, block_size)  # its rotary tables: sized by _allocate
         self.layers = tuple(model.config.target_layer_ids)
         self.captures = 0  # graphs captured so far
         self.length = torch.zeros((), dtype=torch.long, device=self.device)
@@ -98,15 +120,18 @@ class StaticDFlash:
         """Buffers of ``max_len`` positions, the committed rows copied over; graphs are dropped."""
         cfg, m = self.model.config, self.model
         feat = torch.zeros(max_len, cfg.feature_size, dtype=m.dtype, device=self.device)
-        shape = (1, cfg.num_key_value_heads, max_len, cfg.head_dim)
-        keys = [torch.zeros(shape, dtype=m.dtype, device=self.device) for _ in m.layers]
-        values = [torch.zeros(shape, dtype=m.dtype, device=self.device) for _ in m.layers]
+        shape = (len(m.layers), cfg.num_key_value_heads, max_len, cfg.head_dim)
+        stacks = [torch.zeros(shape, dtype=m.dtype, device=self.device) for _ in range(2)]
         if self.max_len:
             n = self.count
             feat[:n] = self.feat[:n]
-            for new, old in zip(keys + values, self.keys + self.values):
+            for new, old in zip(stacks, self.stacks):
                 new[:, :, :n] = old[:, :, :n]
-        self.feat, self.keys, self.values, self.max_len = feat, keys, values, max_len
+        self.feat, self.stacks, self.max_len = feat, stacks, max_len
+        self.keys = [stacks[0][i : i + 1] for i in range(len(m.layers))]  # [1, KV, max_len, hd] views
+        self.values = [stacks[1][i : i + 1] for i in range(len(m.layers))]
+        if self._fast is not None:
+            self._fast.set_rope_rows(max_len)
         self._positions = torch.arange(max_len, device=self.device)
         self._calls: dict[tuple[Any, ...], Callable[[], Outputs]] = {}
 
@@ -133,6 +158,9 @@ class StaticDFlash:
     def _write(self, rows: torch.Tensor, positions: torch.Tensor) -> None:
         """Features rows [n, F] and their context keys/values at ``positions`` [n] (device)."""
         self.feat.index_copy_(0, positions, rows)
+        if self._fast is not None:
+            self._fast.ingest(rows, positions, *self.stacks)
+            return
         for (k, v), kb, vb in zip(self.model.context_kv(rows[None], positions[None]), self.keys, self.values):
             kb.index_copy_(2, positions, k)
             vb.index_copy_(2, positions, v)
@@ -188,19 +216,27 @@ class StaticDFlash:
             rows = torch.cat([h.index_select(0, inp[3:]) for h in sources], dim=-1).to(m.dtype)
             self._write(rows, start + self._positions[: self._pad])
             self.length.copy_(start + count)
-        slots = self.length + self._block
         ids = torch.where(self._block == 0, inp[0], m.config.mask_token_id)
-        visible = (self._positions < self.length + t)[None, None, None]
-        context = list(zip(self.keys, self.values))
-        hidden = m.forward_block(
-            m.embed_block(ids[None], self.embedding), slots[None], context, visible, slots
-        )
-        rows = hidden[0, 1:]
-        logits = m.compute_logits(rows, self.lm_head)
+        if self._fast is not None:
+            h = self._fast.block(m.embed_block(ids, self.embedding), self.length, self.keys, self.values)[1:]
+            if probs:
+                logits = self._fast.logits(h, self.lm_head)
+            else:
+                rows = m.norm(h)
+                logits = m.compute_logits(rows, self.lm_head)
+        else:
+            slots = self.length + self._block
+            visible = (self._positions < self.length + t)[None, None, None]
+            context = list(zip(self.keys, self.values))
+            hidden = m.forward_block(
+                m.embed_block(ids[None], self.embedding), slots[None], context, visible, slots
+            )
+            rows = hidden[0, 1:]
+            logits = m.compute_logits(rows, self.lm_head)
         if not probs:
             return rows, logits
         p = marginals(logits)
-        return rows, logits, p, torch.topk(p, self.top_k, dim=-1).indices
+        return logits, p, torch.topk(p, self.top_k, dim=-1).indices
 
     def _call(self, sources: tuple[torch.Tensor, ...] | None, probs: bool) -> Outputs:
         """The step's outputs: the graph of ``_run`` (captured on first use per sources and padding),
@@ -219,9 +255,9 @@ class StaticDFlash:
         return call()
 
     def step(self, ctx: DraftContext, probs: bool) -> Outputs:
-        """Ingest the previous step's accepted rows and draft the next block: (hidden rows [T-1, H],
-        logits [T-1, V]) and, with ``probs``, (marginals [T-1, V], top-k ids [T-1, k]). The tensors
-        are the graph's static outputs: valid until the next step."""
+        """Ingest the previous step's accepted rows and draft the next block: (final-normed hidden rows
+        [T-1, H], logits [T-1, V]), or with ``probs`` (logits, marginals [T-1, V], top-k ids [T-1, k]).
+        The tensors are the graph's static outputs: valid until the next step."""
         ver, path = ctx.verification, list(ctx.accepted_path)
         sources = None
         if ver is not None and ver is not self._last and path:

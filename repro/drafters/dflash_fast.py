@@ -1,0 +1,206 @@
+"""The DFlash drafter's step on few launches: the fast path of
+:class:`~repro.drafters.static_dflash.StaticDFlash` (``fast``), pinned to the eager
+:class:`~repro.drafters.dflash.DFlashDraftModel` it replaces (tests/drafters/test_dflash_fast.py).
+
+The matmuls go through the static decoder's wrappers of :mod:`repro.gdn.triton_linear`
+(:func:`~repro.models.static.normed_linear`, :func:`~repro.models.static.fused_verify_attention`, which
+also calls :func:`~repro.models.static.plus_linear` and :func:`~repro.models.static.fused_mlp_block`),
+their glue fused in, with the constants made once (weights copied when built):
+
+- Ingest of the accepted rows: fc (one matmul), then hidden_norm and every draft layer's k and v
+  projections in one launch (the k|v weights of all layers stacked), k_norm of every layer at once, rotary
+  from a table of every position made once per buffer size (cos and the signed sin, ``x cos + roll(x)
+  sin_signed``: the same products as :func:`~repro.drafters.dflash.apply_rope`), the keys and the values
+  of all layers written by one ``index_copy_`` each (StaticDFlash keeps them in one stacked buffer).
+- The block ``[root, MASK x (T-1)]``, per layer: input norm + q|k|v (one launch), then the whole attention
+  in one :func:`~repro.gdn.triton_attention.attention_tree` launch, which is exactly DFlash's block
+  attention: q/k RMSNorm times the scale (DFlash's q_norm / k_norm), rotary over the full head dim in
+  ``rotate_half`` style from the cos|sin table at positions ``length + depth - 1`` (depth = 1..T: the
+  block's positions), query head h on key head h // (H / KV), scale hd^-1/2, softmax over the context
+  rows [0, length) and the block's own keys (made in the kernel from q|k|v; an all-ones "ancestor" mask:
+  every block row sees the whole block). The block's keys and values are not written into the buffers
+  (the eager path writes them past ``length``, where no later step reads them). Then o_proj + residual
+  (1) and post norm + gate|up + SiLU * up (1), down + residual (1).
+- The distributions: the final norm + LM head in one launch, the softmax, the top-k. Weaver's path
+  (``probs=False``) needs the final-normed rows themselves: there the norm is DFlash's torch RMSNorm
+  and the LM head a matmul, as eagerly.
+
+Which variant: up to :data:`GEMV_ROWS` rows (a short prefill chunk written eagerly) the GEMV kernels at
+any width; more rows (the block's T, a step's path padded to T) the row-tiled kernels up to
+``row_tiled_width`` (default :data:`~repro.models.graphed.SMALL_WIDTH`), cuBLAS with the Triton RMSNorm and
+SiLU * up above it, where the row-tiled linears lost on the target side, and for more than
+:data:`MAX_TILED_ROWS` rows (a long prefill chunk). The attention kernel runs at every width.
+
+Launches (aten ops that launch work + Triton launches; the tiny family's drafter layout: one layer, 4 / 2
+heads, two feature layers, block 16, counted on CPU by tests/drafters/test_dflash_fast.py):
+
+=================================================  =====  ====  ===============
+what                                               eager  fast  fast: aten + Triton
+=================================================  =====  ====  ===============
+the step: ingest (16 rows) + block + marginals     124    34    27 + 7
+the step: block + marginals (nothing to ingest)    83     12    6 + 6
+Weaver's step: ingest + block (rows, logits)       122    38    32 + 6
+=================================================  =====  ====  ===============
+
+A fast block is 6 Triton launches (per layer q|k|v, attention, o_proj, gate|up, down; the final norm + LM
+head) and 6 aten ops (the block's ids 3, the embedding, the softmax, the top-k). An ingest (a path padded
+to the block's 16 rows, as steps pad it) is 22 launches whatever the layer count: the rows' gather 3, the
+feature write, positions, fc, the k|v launch, k_norm 6, rotary 5, the two KV writes, the length 2.
+Weaver's rows add DFlash's torch RMSNorm (6). Each more layer adds 5 Triton launches to the fast step (8
+launches on cuBLAS, above ``row_tiled_width``) and 70 aten ops to the eager one (55 in the block, 15 in
+the ingest: a two-layer step is 194 eager, 39 fast).
+
+Rounding: the kernels accumulate in float32 (float64 for float64 data) and round once, and norms are not
+rounded before their matmul, so float32 block states and logits agree with the eager drafter's to ~1e-6
+relative (the same proposals unless two candidates tie to that precision) and bf16 ones to bf16 accuracy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from repro.drafters.attention import HALF
+from repro.drafters.dflash import rotary_tables
+from repro.models.graphed import SMALL_WIDTH
+from repro.models.static import AttentionBuffers, AttentionWeights, fused_verify_attention, normed_linear
+
+if TYPE_CHECKING:
+    from repro.drafters.dflash import DFlashDraftModel, DFlashLayer
+
+GEMV_ROWS = 4  # repro.gdn.triton_linear.MAX_ROWS (drafters do not import gdn; pinned equal by the tests)
+MAX_TILED_ROWS = 256  # repro.gdn.triton_linear.MAX_VERIFY_ROWS (the same)
+
+
+@dataclass
+class AttentionView:
+    """What :func:`~repro.models.static.fused_verify_attention` reads of a target attention module, taken
+    from a :class:`~repro.drafters.dflash.DFlashAttention` (no output gate)."""
+
+    q_norm: nn.Module
+    k_norm: nn.Module
+    o_proj: nn.Linear
+    num_heads: int
+    output_gate: bool = False
+
+
+@dataclass
+class LayerView:
+    """A DFlash layer as :func:`~repro.models.static.fused_verify_attention` reads a decoder layer."""
+
+    self_attn: AttentionView
+    input_layernorm: nn.Module
+    post_attention_layernorm: nn.Module
+    mlp: nn.Module
+
+    @classmethod
+    def of(cls, layer: DFlashLayer) -> LayerView:
+        a = layer.self_attn
+        view = AttentionView(a.q_norm, a.k_norm, a.o_proj, a.heads)
+        return cls(view, layer.input_layernorm, layer.post_attention_layernorm, layer.mlp)
+
+
+@dataclass
+class BlockSlot:
+    """The tree slot fields the attention kernel reads, for the block: node i at depth i + 1 (position
+    ``length + i``), every node "an ancestor" of every other (the block attends to itself whole)."""
+
+    depth: torch.Tensor  # [T] int64
+    ancestors: torch.Tensor  # [T, T] uint8, all ones
+
+
+def layer_weights(layer: DFlashLayer) -> AttentionWeights:
+    """One layer's constants: q|k|v and gate|up stacked, the norm scales."""
+    a, mlp = layer.self_attn, layer.mlp
+    projs = (a.q_proj, a.k_proj, a.v_proj)
+    return AttentionWeights(
+        torch.cat([p.weight for p in projs]), None, [p.out_features for p in projs],
+        a.q_norm.weight.detach(), a.k_norm.weight.detach(), layer.input_layernorm.weight.detach(),
+        layer.post_attention_layernorm.weight.detach(), torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
+    )  # fmt: skip
+
+
+class FastDFlash:
+    """The fast ingest and block forward of ``model`` for blocks of ``block_size`` rows (see the module
+    docstring). ``rope_rows``: positions the rotary tables hold (:meth:`set_rope_rows` sizes them again:
+    StaticDFlash does with its buffers)."""
+
+    @torch.no_grad()
+    def __init__(
+        self, model: DFlashDraftModel, block_size: int, rope_rows: int = 0, row_tiled_width: int = SMALL_WIDTH
+    ) -> None:
+        cfg = model.config
+        self.model, self.cfg, self.row_tiled_width = model, cfg, row_tiled_width
+        self.views = [LayerView.of(layer) for layer in model.layers]
+        self.weights = [layer_weights(layer) for layer in model.layers]
+        attn = [layer.self_attn for layer in model.layers]
+        self.context_weight = torch.cat([a.k_proj.weight for a in attn] + [a.v_proj.weight for a in attn])
+        self.k_scale = torch.stack([a.k_norm.weight.detach() for a in attn])[:, None]  # [L, 1, hd]
+        self.k_eps = attn[0].k_norm.eps
+        device = model.device
+        self.slot = BlockSlot(
+            torch.arange(1, block_size + 1, device=device),
+            torch.ones(block_size, block_size, dtype=torch.uint8, device=device),
+        )
+        self.set_rope_rows(rope_rows)
+
+    def set_rope_rows(self, rows: int) -> None:
+        """The rotary tables [rows, 2, hd] of positions 0 .. rows - 1: (cos, sin) for the attention kernel,
+        (cos, -sin | sin) for the ingest; the values ``rotary_tables`` gives (angles in float64)."""
+        cfg = self.cfg
+        positions = torch.arange(rows, device=self.model.device)[None]
+        cos, sin = rotary_tables(positions, cfg.head_dim, cfg.rope_theta, self.model.dtype)
+        cos, sin = cos[0, 0], sin[0, 0]
+        half = cfg.head_dim // 2
+        self.rope = torch.stack([cos, sin], dim=1).contiguous()
+        self.rope_signed = torch.stack([cos, torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)], dim=1)
+
+    def gemv(self, rows: int) -> bool:
+        """Whether ``rows`` rows take the Triton linears (else cuBLAS): see the module docstring."""
+        small = self.cfg.hidden_size <= self.row_tiled_width and rows <= MAX_TILED_ROWS
+        return rows <= GEMV_ROWS or small
+
+    def ingest(
+        self, rows: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
+    ) -> None:
+        """Context keys/values of feature ``rows`` [n, F] at ``positions`` [n] written into the stacked
+        buffers ``keys`` / ``values`` [L, KV, max_len, hd]: what ``DFlashDraftModel.context_kv`` gives."""
+        m, cfg = self.model, self.cfg
+        n, layers, kv_heads, hd = rows.shape[0], len(self.weights), cfg.num_key_value_heads, cfg.head_dim
+        norm = m.hidden_norm
+        kv = normed_linear(
+            F.linear(rows, m.fc.weight), norm.weight, norm.eps, self.context_weight, None, self.gemv(n)
+        )
+        k = kv[:, : layers * kv_heads * hd].view(n, layers, kv_heads, hd)
+        y = k.float() if k.dtype in HALF else k  # DraftRMSNorm's arithmetic, every layer's k_norm at once
+        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.k_eps)
+        k = self.k_scale * y.to(k.dtype)
+        rope = self.rope_signed.index_select(0, positions)[:, None, None]  # [n, 1, 1, 2, hd]
+        k = k * rope[..., 0, :] + k.roll(hd // 2, -1) * rope[..., 1, :]  # apply_rope's products
+        keys.index_copy_(2, positions, k.permute(1, 2, 0, 3))
+        v = kv[:, layers * kv_heads * hd :].view(n, layers, kv_heads, hd)
+        values.index_copy_(2, positions, v.permute(1, 2, 0, 3))
+
+    def block(
+        self, x: torch.Tensor, length: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor]
+    ) -> torch.Tensor:
+        """Hidden states [T, hidden] before the final norm of the block rows ``x`` [T, hidden] (embedded) at
+        positions ``length`` (a device scalar) .. + T - 1 over the context rows [0, length) of the buffers
+        ``keys`` / ``values`` (per layer [1, KV, max_len, hd]; not written)."""
+        gemv = self.gemv(x.shape[0])
+        length = length.view(1)
+        for view, w, k, v in zip(self.views, self.weights, keys, values):
+            buf = AttentionBuffers(k[0], v[0])
+            x, _ = fused_verify_attention(view, w, buf, x, self.rope, length, self.slot, gemv)  # type: ignore[arg-type]
+        return x
+
+    def logits(self, h: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
+        """``compute_logits(norm(h), lm_head)`` of rows ``h`` [n, hidden], the final norm on the head."""
+        norm = self.model.norm
+        bias = getattr(lm_head, "bias", None)
+        logits = normed_linear(h, norm.weight, norm.eps, lm_head.weight, bias, self.gemv(h.shape[0]))
+        return self.model.shape_logits(logits)
