@@ -211,6 +211,27 @@ def small_hybrid(seed: int = 0) -> torch.nn.Module:
     return init_random_weights(HybridLM(cfg), seed).to(torch.float64).eval()
 
 
+def drafting_target(dtype: torch.dtype, device: str = "cpu", seed: int = 5) -> torch.nn.Module:
+    """A 3-layer hybrid (GDN, attention, GDN) of width 40 whose head dim 16 the Triton kernels take: the
+    drafters' fast-path tests' target."""
+    from repro.models.config import ATTENTION, GDN, HybridConfig
+    from repro.models.default import init_random_weights
+    from repro.models.hybrid import HybridLM
+
+    cfg = HybridConfig(
+        vocab_size=SMALL_VOCAB, hidden_size=40, intermediate_size=56, layer_types=[GDN, ATTENTION, GDN],
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+    )  # fmt: skip
+    return init_random_weights(HybridLM(cfg), seed).to(device=device, dtype=dtype).eval()
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    """||a - b|| / ||b|| in float64 on the CPU."""
+    a, b = a.double().cpu(), b.double().cpu()
+    return float((a - b).norm() / b.norm().clamp_min(1e-300))
+
+
 def small_ids(n: int, seed: int) -> list[int]:
     """``n`` seeded token ids below SMALL_VOCAB."""
     return torch.randint(0, SMALL_VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()

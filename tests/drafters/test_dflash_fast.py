@@ -25,30 +25,13 @@ import sys
 
 import pytest
 import torch
-from conftest import CountedLaunches, run_in_interpreter, sync_debug
+from conftest import CountedLaunches, rel, run_in_interpreter, sync_debug
+from conftest import drafting_target as small_target
 
 from repro.errors import ConfigError
 
 TOL = {torch.float64: 1e-12, torch.float32: 1e-5}
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
-
-def small_target(dtype: torch.dtype, device: str = "cpu", seed: int = 5):  # noqa: ANN201 - HybridLM
-    from repro.models.config import ATTENTION, GDN, HybridConfig
-    from repro.models.default import init_random_weights
-    from repro.models.hybrid import HybridLM
-
-    cfg = HybridConfig(
-        vocab_size=61, hidden_size=40, intermediate_size=56, layer_types=[GDN, ATTENTION, GDN],
-        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-    )  # fmt: skip
-    return init_random_weights(HybridLM(cfg), seed).to(device=device, dtype=dtype).eval()
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double().cpu(), b.double().cpu()
-    return float((a - b).norm() / b.norm().clamp_min(1e-300))
 
 
 def shadowed(  # noqa: ANN001 - target: HybridLM, prompts: token lists, model: DFlashDraftModel
