@@ -71,6 +71,23 @@ def test_end_to_end_speedups_are_read_from_gpu_runs_only(tmp_path):
     assert rows["S2"]["measured"] == pytest.approx(want) and rows["S2"]["source"] == "run"
 
 
+def test_scale_claims_read_the_replayed_acceptance_rows():
+    """W1-scale / S1-scale: the speedup of the route at the paper's shape in the latest bench-scale run on the
+    GPU engine, with the paper's MAL replayed (its summary table), never a superseded run's."""
+    from repro.bench.scale import summary_table
+
+    rows = {r["id"]: r for r in claims.ledger(RESULTS)}
+    for cid, shape, route in (("W1-scale", "qwen3.6-27b", "dflash_tfm"), ("S1-scale", "gdn-1.3b", "specla")):
+        row = rows[cid]
+        assert row["source"] is not None and row["source"] != "2026-12-01-h200-scale-rows/paper-mal"
+        recs = [json.loads(x) for x in (RESULTS / row["source"] / "records.jsonl").read_text().splitlines()]
+        t = summary_table(recs)
+        hit = t[(t["shape"] == shape) & (t["route"] == route)]
+        assert hit["acceptance"].iloc[0].startswith("paper-mal")
+        assert row["measured"] == pytest.approx(float(hit["speedup"].iloc[0]))
+        assert "not a real-checkpoint number" in row["verdict"]
+
+
 def test_planted_verdicts_and_a_missing_kind():
     at_least = claims.Claim("x", "weaver", "k", lambda b: 1.0, "s", "c", "k")
     at_most = claims.Claim("y", "weaver", "k", lambda b: 1.0, "s", "c", "k", judge="at_most")
