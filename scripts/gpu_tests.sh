@@ -50,7 +50,7 @@ for f in "${FILES[@]}"; do
   limit=${GPU_TEST_TIMEOUT:-$(limit_of "$f")}
   echo "== pytest -m gpu $f (limit ${limit} s; $(date -u +%T))"
   start=$SECONDS
-  timeout -s INT -k 15 "$limit" python3 -m pytest -m gpu -vv -rA --durations=0 -p no:cacheprovider \
+  timeout -s INT -k 15 "$limit" python3 -m pytest -m gpu -n 0 -vv -rA --durations=0 -p no:cacheprovider \
     -o faulthandler_timeout=$((limit > 20 ? limit - 10 : 10)) --junitxml="$OUT/junit-$name.xml" "$f"
   rc=$?
   echo "== $f: exit $rc after $((SECONDS - start)) s$([ $rc -eq 124 ] && echo ' (time limit)')"

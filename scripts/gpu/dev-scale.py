@@ -59,7 +59,7 @@ def main() -> None:
             "ar,dflash_chain,ddtree,dflash_tfm",
         )  # fmt: skip
     test = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "tests/bench/test_scale.py"],
+        [sys.executable, "-m", "pytest", "-q", "-n", "0", "-m", "gpu", "tests/bench/test_scale.py"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     summary = {"runs": runs, "gpu_test": {"rc": test.returncode, "tail": test.stdout[-1500:]},
