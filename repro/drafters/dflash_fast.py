@@ -25,11 +25,11 @@ their glue fused in, with the constants made once (weights copied when built):
   (``probs=False``) needs the final-normed rows themselves: there the norm is DFlash's torch RMSNorm
   and the LM head a matmul, as eagerly.
 
-Which variant: up to :data:`GEMV_ROWS` rows (a short prefill chunk written eagerly) the GEMV kernels at
-any width; more rows (the block's T, a step's path padded to T) the row-tiled kernels up to
-``row_tiled_width`` (default :data:`~repro.models.graphed.SMALL_WIDTH`), cuBLAS with the Triton RMSNorm and
-SiLU * up above it, where the row-tiled linears lost on the target side, and for more than
-:data:`MAX_TILED_ROWS` rows (a long prefill chunk). The attention kernel runs at every width.
+Which variant (:func:`~repro.drafters.fast_rules.triton_linears`): up to GEMV_ROWS rows (a short prefill
+chunk written eagerly) the GEMV kernels at any width; more rows (the block's T, a step's path padded to T)
+the row-tiled kernels up to ``row_tiled_width`` (default :data:`~repro.models.graphed.SMALL_WIDTH`), cuBLAS
+with the Triton RMSNorm and SiLU * up above it, where the row-tiled linears lost on the target side, and for
+more than TILED_ROWS rows (a long prefill chunk). The attention kernel runs at every width.
 
 Launches (aten ops that launch work + Triton launches; the tiny family's drafter layout: one layer, 4 / 2
 heads, two feature layers, block 16, counted on CPU by tests/drafters/test_dflash_fast.py):
@@ -65,15 +65,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from repro.drafters.attention import HALF
-from repro.drafters.dflash import rotary_tables
+from repro.drafters.fast_rules import rotary_rows, signed_rotary, triton_linears
 from repro.models.graphed import SMALL_WIDTH
 from repro.models.static import AttentionBuffers, AttentionWeights, fused_verify_attention, normed_linear
 
 if TYPE_CHECKING:
     from repro.drafters.dflash import DFlashDraftModel, DFlashLayer
-
-GEMV_ROWS = 4  # repro.gdn.triton_linear.MAX_ROWS (drafters do not import gdn; pinned equal by the tests)
-MAX_TILED_ROWS = 256  # repro.gdn.triton_linear.MAX_VERIFY_ROWS (the same)
 
 
 @dataclass
@@ -152,17 +149,13 @@ class FastDFlash:
         """The rotary tables [rows, 2, hd] of positions 0 .. rows - 1: (cos, sin) for the attention kernel,
         (cos, -sin | sin) for the ingest; the values ``rotary_tables`` gives (angles in float64)."""
         cfg = self.cfg
-        positions = torch.arange(rows, device=self.model.device)[None]
-        cos, sin = rotary_tables(positions, cfg.head_dim, cfg.rope_theta, self.model.dtype)
-        cos, sin = cos[0, 0], sin[0, 0]
-        half = cfg.head_dim // 2
+        cos, sin = rotary_rows(rows, cfg.head_dim, cfg.rope_theta, self.model.dtype, self.model.device)
         self.rope = torch.stack([cos, sin], dim=1).contiguous()
-        self.rope_signed = torch.stack([cos, torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)], dim=1)
+        self.rope_signed = signed_rotary(cos, sin)
 
     def gemv(self, rows: int) -> bool:
         """Whether ``rows`` rows take the Triton linears (else cuBLAS): see the module docstring."""
-        small = self.cfg.hidden_size <= self.row_tiled_width and rows <= MAX_TILED_ROWS
-        return rows <= GEMV_ROWS or small
+        return triton_linears(rows, self.cfg.hidden_size, self.row_tiled_width)
 
     def ingest(
         self, rows: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor, values: torch.Tensor

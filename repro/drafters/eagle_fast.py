@@ -19,11 +19,11 @@ The matmuls go through the static decoder's wrappers of :mod:`repro.gdn.triton_l
   residual (1).
 - The distributions: the target's final norm + LM head in one launch, then the softmax.
 
-Which variant: up to :data:`GEMV_ROWS` rows (a chain level: 1; a tree level: ``topk``; the LM head of a
-frontier) the GEMV kernels at every width (half precision won there on the target side); more rows (the
-step's block of committed rows, up to :data:`TILED_ROWS`) the row-tiled kernels up to ``row_tiled_width``
-(default :data:`~repro.models.graphed.SMALL_WIDTH`), cuBLAS (with the Triton RMSNorm and SiLU * up) above
-it, where the row-tiled linears lost on the target side.
+Which variant (:func:`~repro.drafters.fast_rules.triton_linears`): up to GEMV_ROWS rows (a chain level: 1; a
+tree level: ``topk``; the LM head of a frontier) the GEMV kernels at every width (half precision won there
+on the target side); more rows (the step's block of committed rows, up to TILED_ROWS) the row-tiled kernels
+up to ``row_tiled_width`` (default :data:`~repro.models.graphed.SMALL_WIDTH`), cuBLAS (with the Triton
+RMSNorm and SiLU * up) above it, where the row-tiled linears lost on the target side.
 
 Launches (aten ops that launch work + Triton launches; the tiny family's drafter layout, one layer reading
 one target layer, counted on CPU by tests/drafters/test_eagle_fast.py):
@@ -64,17 +64,13 @@ import torch
 from torch import nn
 
 from repro.drafters.attention import HALF
-from repro.drafters.dflash import rotary_tables
+from repro.drafters.fast_rules import rotary_rows, signed_rotary, triton_linears
 from repro.models.graphed import SMALL_WIDTH, GraphedTarget
 from repro.models.hybrid import HybridLM
 from repro.models.static import fused_mlp_block, normed_linear, plus_linear
 
 if TYPE_CHECKING:
     from repro.drafters.eagle import EagleDraftModel, EagleLayer
-
-# triton_linear's MAX_ROWS and MAX_VERIFY_ROWS (drafters do not import gdn; pinned equal by the tests)
-GEMV_ROWS = 4  # rows of the GEMV variant
-TILED_ROWS = 256  # rows of the row-tiled variant
 
 
 @dataclass
@@ -131,15 +127,13 @@ class FastEagle:
         """The rotary table [rows, 2, hd]: cos and the signed sin (-sin | sin) of positions 0 .. rows - 1,
         the values ``rotary_tables`` gives (angles in float64)."""
         cfg = self.cfg
-        positions = torch.arange(rows, device=self.model.device)[None]
-        cos, sin = rotary_tables(positions, cfg.head_dim, cfg.rope_theta, self.model.dtype)
-        half = cfg.head_dim // 2
-        signed = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
-        self.rope = torch.stack([cos[0, 0], signed[0, 0]], dim=1).contiguous()
+        self.rope = signed_rotary(
+            *rotary_rows(rows, cfg.head_dim, cfg.rope_theta, self.model.dtype, self.model.device)
+        )
 
     def gemv(self, rows: int) -> bool:
         """Whether ``rows`` rows take the Triton linears (else cuBLAS): see the module docstring."""
-        return rows <= GEMV_ROWS or (rows <= TILED_ROWS and self.cfg.hidden_size <= self.row_tiled_width)
+        return triton_linears(rows, self.cfg.hidden_size, self.row_tiled_width)
 
     def forward(
         self,

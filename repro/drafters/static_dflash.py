@@ -33,7 +33,6 @@ top-k ids); without, (final-normed rows, logits): what ``propose`` and Weaver's 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +40,7 @@ import torch
 
 from repro.drafters.attention import marginals
 from repro.drafters.base import DraftContext
+from repro.drafters.fast_rules import check_fast_device
 from repro.drafters.features import ingest_start
 from repro.errors import ConfigError
 from repro.models.graphed import GraphedVerification
@@ -84,10 +84,7 @@ class StaticDFlash:
             )
         # float64 (CPU's exact runs) keeps torch by default: the kernels' float64 dots are for the interpreter
         self.fast = (self.graphs and model.dtype != torch.float64) if fast is None else fast
-        if self.fast and self.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-            raise ConfigError(
-                "fast=True runs Triton kernels: it needs a CUDA device (or TRITON_INTERPRET=1 on CPU)"
-            )
+        check_fast_device(self.fast, self.device, "the static DFlash drafter")
         self._fast: FastDFlash | None = None
         if self.fast:
             from repro.drafters.dflash_fast import FastDFlash

@@ -48,7 +48,6 @@ them in place). The first proposal of a prompt brings the prompt's rows in with 
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
@@ -56,6 +55,7 @@ import torch
 from repro.drafters.base import DraftContext, Proposal
 from repro.drafters.eagle import DynamicTree, EagleDrafter, EagleDraftModel, _greedy_path
 from repro.drafters.eagle_fast import FastEagle
+from repro.drafters.fast_rules import check_fast_device
 from repro.drafters.features import ingest_start
 from repro.errors import ConfigError
 from repro.models.graphed import GraphedTarget
@@ -109,8 +109,7 @@ class StaticEagleDrafter(EagleDrafter):
             raise ConfigError("CUDA graphs need a CUDA device (the static EAGLE drafter is eager elsewhere)")
         half = target.dtype in (torch.bfloat16, torch.float16)
         self.fast = self.graphs and half if fast is None else fast
-        if self.fast and target.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-            raise ConfigError("fast=True runs Triton kernels: it needs a CUDA device (or TRITON_INTERPRET=1)")
+        check_fast_device(self.fast, target.device, "the static EAGLE drafter")
         self.capacity = max(1, capacity)
         self._buffers_for = -1  # the capacity the buffers were made for
         self._fast: FastEagle | None = None

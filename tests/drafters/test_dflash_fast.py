@@ -254,7 +254,8 @@ def test_fast_step_launches_fewer_kernels(interpreted):
 
 def test_fast_default_and_config_errors(monkeypatch):
     from repro.drafters.dflash import DFlashDrafter, random_dflash_for
-    from repro.drafters.dflash_fast import GEMV_ROWS, MAX_TILED_ROWS
+    from repro.drafters.fast_rules import GEMV_ROWS
+    from repro.drafters.fast_rules import TILED_ROWS as MAX_TILED_ROWS
     from repro.gdn.triton_linear import MAX_ROWS, MAX_VERIFY_ROWS
 
     assert (GEMV_ROWS, MAX_TILED_ROWS) == (MAX_ROWS, MAX_VERIFY_ROWS)

@@ -252,7 +252,7 @@ def test_fast_forward_launches_fewer_kernels(interpreted):
 
 def test_fast_default_and_config_errors(monkeypatch):
     from repro.drafters.eagle import random_eagle_for
-    from repro.drafters.eagle_fast import GEMV_ROWS, TILED_ROWS
+    from repro.drafters.fast_rules import GEMV_ROWS, TILED_ROWS
     from repro.drafters.static_eagle import StaticEagleDrafter
     from repro.gdn.triton_linear import MAX_ROWS, MAX_VERIFY_ROWS
 
