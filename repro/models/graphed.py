@@ -64,7 +64,10 @@ from repro.models.static import DELAYED, GDNBuffers, StaticDecoder, TreeSlot, ch
 from repro.models.static_chain import ChainSlot
 from repro.tree import MAX_TREE_NODES, DeviceTree, Tree
 
-SLOT_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+# powers of two, and one more: a draft tree is a root plus a budget that is usually a power of two (DDTree /
+# Weaver / SpecLA b32 hold 33 nodes), and padding those to the next power of two nearly doubled the verify
+# (at the 27B shape a 65-node tree ran as 128 rows: cuBLAS at 128 rows, the tree kernel at T = 128)
+SLOT_SIZES = tuple(sorted({2**k for k in range(11)} | {2**k + 1 for k in range(1, 10)}))
 SMALL_WIDTH = 1024  # <= this: fused decode layer, row-tiled verify; above: tree-kernel decode attention
 DEFAULT_MAX_LEN = 4096
 ENGINES = ("auto", "eager", "graphed")

@@ -211,7 +211,7 @@ def test_slot_steps_with_captured_layers_are_capture_safe():
     target = GraphedTarget(model, max_len=32, max_nodes=16)
     state, _ = target.prefill(small_ids(6, 8))
     traces = []
-    for n in (5, 8):  # one slot of 8 nodes, padded and not
+    for n in (6, 8):  # one slot of 8 nodes, padded and not
         tree = random_token_tree(n, "mixed", n)
         for snapshots, strategies in ((False, ("replay", "closed_form")), (True, ("snapshot",))):
             slot = target._slot(slot_size(n, 16), snapshots, (1, 3))

@@ -149,7 +149,7 @@ def test_prepare_captures_chain_slots(monkeypatch):
     target.graphs = True
     target.prepare((), (2,), max_size=8, chain=True)
     keys = set(target._calls) - {("decode",)}
-    sizes = (1, 2, 4, 8)
+    sizes = (1, 2, 3, 4, 5, 8)  # SLOT_SIZES up to 8
     verifies = {("verify", s, "chain") for s in sizes}
     commits = {(step, s, "chain", "replay") for s in sizes for step in ("commit", "greedy")}
     assert keys == verifies | commits
