@@ -199,6 +199,7 @@ def _attention_tree_kernel(
     anc_ptr,
     out_ptr,
     k_out_ptr,
+    part_ptr,
     q_eps,
     k_eps,
     scale,
@@ -216,12 +217,16 @@ def _attention_tree_kernel(
     BT: tl.constexpr,
     ACC: tl.constexpr,
     DOT: tl.constexpr,
+    SPLITS: tl.constexpr,
 ):
-    """Key head ``pid 0``, query rows ``pid 1`` (row r: node r // G, query head G kvh + r % G): norms,
-    rotary, online softmax over the cache rows, then over the tree's keys (made here from ``qkv``; the
-    first row block writes them out) under the ancestor mask; output gate."""
+    """Key head ``pid 0``, query rows ``pid 1`` (row r: node r // G, query head G kvh + r % G), split
+    ``pid 2`` of the cache rows: norms, rotary, online softmax over the split's cache rows, then (split 0
+    only) over the tree's keys (made here from ``qkv``; the first row block writes them out) under the
+    ancestor mask; one split: the output gate and the output, else the partial (acc, m, l) into
+    ``part_ptr`` [SPLITS, n, H, HD + 2] for :func:`_attention_tree_combine_kernel`."""
     kvh = tl.program_id(0)
     pid_m = tl.program_id(1)
+    pid_s = tl.program_id(2)
     G: tl.constexpr = H // HKV
     Q_STRIDE: tl.constexpr = 2 * HD if GATE else HD
     K_COL: tl.constexpr = H * Q_STRIDE
@@ -240,10 +245,16 @@ def _attention_tree_kernel(
     acc = tl.zeros([BM, BD], ACC)
     o_r = tl.arange(0, BR)
     cache = kvh * rows * HD
-    r0 = length * 0
-    while r0 < length:  # the cache rows [0, length): a while loop, as in _attention_decode_kernel
+    if SPLITS == 1:
+        r0 = length * 0
+        end = length
+        n_tree = n
+    else:
+        r0, end, _ = _split_rows(length, pid_s, BR, SPLITS)
+        n_tree = tl.where(pid_s == 0, n, 0)  # the tree's keys: split 0's
+    while r0 < end:  # the cache rows [r0, end): a while loop, as in _attention_decode_kernel
         c = r0 + o_r
-        m_c = c < length
+        m_c = c < end
         m = m_c[:, None] & m_d
         kb = tl.load(keys_ptr + cache + c[:, None] * HD + o_d, mask=m, other=0.0).to(DOT)
         s = tl.dot(q, tl.trans(kb), input_precision="ieee").to(ACC) * scale
@@ -251,7 +262,7 @@ def _attention_tree_kernel(
         vb = tl.load(values_ptr + cache + c[:, None] * HD + o_d, mask=m, other=0.0).to(DOT)
         acc = acc * alpha + tl.dot(round_to(p, qkv_ptr).to(DOT), vb, input_precision="ieee").to(ACC)
         r0 += BR
-    for j0 in range(0, n, BT):  # the tree's nodes, each key made once per block of query rows
+    for j0 in range(0, n_tree, BT):  # the tree's nodes, each key made once per block of query rows
         j = j0 + tl.arange(0, BT)
         m_j = j < n
         jc = tl.minimum(j, n - 1)
@@ -265,16 +276,93 @@ def _attention_tree_kernel(
         s = tl.dot(q, tl.trans(kt.to(DOT)), input_precision="ieee").to(ACC) * scale
         p, alpha, m_i, l_i = _softmax_step(tl.where(seen, s, float("-inf")), m_i, l_i)
         acc = acc * alpha + tl.dot(round_to(p, qkv_ptr).to(DOT), vt, input_precision="ieee").to(ACC)
-    out = acc / l_i
+    if SPLITS == 1:
+        out = acc / l_i
+        if GATE:
+            gate = tl.load(q_row + HD + o_d, mask=m_d, other=0.0).to(ACC)
+            out = out / (1.0 + tl.exp(-gate))
+        dest = out_ptr + node[:, None] * (H * HD) + h[:, None] * HD + o_d
+        tl.store(dest, round_to(out, out_ptr), mask=live[:, None] & m_d)
+    else:  # the partial of a split that has rows (or split 0); the others are never read
+        _, _, used = _split_rows(length, pid_s, BR, SPLITS)
+        keep = live[:, None] & (pid_s < used)
+        part = part_ptr + ((pid_s * n + node) * H + h)[:, None] * (HD + 2)
+        tl.store(part + o_d, acc, mask=keep & m_d)
+        tl.store(part + HD, m_i, mask=keep)
+        tl.store(part + HD + 1, l_i, mask=keep)
+
+
+@triton.jit
+def _split_rows(length, s, BR: tl.constexpr, SPLITS: tl.constexpr):
+    """Split ``s``'s cache rows [lo, hi) of [0, length): whole blocks of BR rows, ceil(blocks / SPLITS)
+    a split, the last ones empty when too few; and ``used``: the splits with rows (at least 1)."""
+    blocks = tl.cdiv(length, BR)
+    per = tl.maximum(tl.cdiv(blocks, SPLITS), 1)
+    lo = tl.minimum(s * per * BR, length)
+    hi = tl.minimum(lo + per * BR, length)
+    return lo, hi, tl.maximum(tl.cdiv(blocks, per), 1)
+
+
+@triton.jit
+def _attention_tree_combine_kernel(
+    part_ptr,
+    qkv_ptr,
+    len_ptr,
+    out_ptr,
+    n,
+    qkv_stride,
+    H: tl.constexpr,
+    HD: tl.constexpr,
+    GATE: tl.constexpr,
+    BD: tl.constexpr,
+    BR: tl.constexpr,
+    SPLITS: tl.constexpr,
+    SP: tl.constexpr,
+    ACC: tl.constexpr,
+):
+    """Query row ``pid`` (node pid // H, head pid % H): the used splits' partials merged (weights
+    exp(m_s - max m), summed in one fixed reduction), divided, gated, rounded once."""
+    row = tl.program_id(0)
+    node = row // H
+    h = row % H
+    _, _, used = _split_rows(tl.load(len_ptr).to(tl.int32), 0, BR, SPLITS)
+    o_s = tl.arange(0, SP)
+    m_s = o_s < used
+    o_d = tl.arange(0, BD)
+    m_d = o_d < HD
+    part = part_ptr + (o_s * n * H + row) * (HD + 2)
+    m = tl.load(part + HD, mask=m_s, other=-1.0e30).to(ACC)
+    w = tl.where(m_s, tl.exp(m - tl.max(m, axis=0)), 0.0)
+    den = tl.sum(tl.load(part + HD + 1, mask=m_s, other=0.0).to(ACC) * w, axis=0)
+    acc = tl.load(part[:, None] + o_d[None, :], mask=m_s[:, None] & m_d[None, :], other=0.0).to(ACC)
+    out = tl.sum(acc * w[:, None], axis=0) / den
     if GATE:
-        gate = tl.load(q_row + HD + o_d, mask=m_d, other=0.0).to(ACC)
+        Q_STRIDE: tl.constexpr = 2 * HD
+        gate = tl.load(qkv_ptr + node * qkv_stride + h * Q_STRIDE + HD + o_d, mask=m_d, other=0.0).to(ACC)
         out = out / (1.0 + tl.exp(-gate))
-    dest = out_ptr + node[:, None] * (H * HD) + h[:, None] * HD + o_d
-    tl.store(dest, round_to(out, out_ptr), mask=live[:, None] & m_d)
+    tl.store(out_ptr + row * HD + o_d, round_to(out, out_ptr), mask=m_d)
 
 
 TREE_ATTENTION_MAX_HEAD_DIM = 256  # a query row's head is one register tile of the kernel
 _HALF = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}  # half-precision dot operands
+_TORCH_ACC = {tl.float32: torch.float32, tl.float64: torch.float64}
+MAX_SPLITS = 64  # the combine's [splits, head_dim] tile stays one register tile
+H200_SMS = 132  # the SM count assumed off CUDA (ahead-of-time compiles)
+
+
+def tree_splits(programs: int, capacity_blocks: int, sms: int) -> int:
+    """The default number of cache-row splits S of :func:`attention_tree`: as many as keep the grid
+    (``programs`` = key heads x query row blocks, times S) within one wave over the ``sms`` SMs, at most
+    MAX_SPLITS and at most one split per block of BR rows of the cache's capacity; 1 when the programs
+    already fill the SMs."""
+    return max(1, min(sms // max(programs, 1), MAX_SPLITS, capacity_blocks))
+
+
+def sm_count(device: torch.device) -> int:
+    """The device's SM count (a cached host property: no sync), H200_SMS off CUDA."""
+    if device.type != "cuda":
+        return H200_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def attention_tree(
@@ -293,6 +381,7 @@ def attention_tree(
     *,
     block_m: int | None = None,
     block_rows: int | None = None,
+    splits: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The attention of a tree's n nodes (see the module docstring): ``qkv`` [n, Q + 2 H_kv hd] (rows
     may be strided), norm scales, eps and ``rope`` as :func:`attention_decode` takes them, ``keys`` /
@@ -303,7 +392,8 @@ def attention_tree(
     Returns (out [n, H hd] gated, in qkv's dtype; k [n, H_kv, hd]: the nodes' normed, rotated keys in
     the cache dtype; v [n, H_kv, hd]: a view of qkv). ``block_m``: query rows (node x head of a group)
     per program; ``block_rows``: cache rows per softmax block (defaults below, 16 interpreted; from the
-    few blocks scripts/gpu/tree-attention.py times); tree nodes go 16 a block."""
+    few blocks scripts/gpu/tree-attention.py times); tree nodes go 16 a block. ``splits``: the cache rows'
+    splits S (default :func:`tree_splits`; 1 interpreted): S > 1 adds the combine launch."""
     n = qkv.shape[0]
     kv_heads, rows, hd = keys.shape
     if qkv.dim() != 2 or qkv.stride(-1) != 1:
@@ -338,10 +428,26 @@ def attention_tree(
     # bf16 first (the same products)
     dot = acc if interpreting() else _HALF.get(qkv.dtype, acc)
     grid = (kv_heads, triton.cdiv(heads // kv_heads * n, bm))
-    _attention_tree_kernel[grid](
-        qkv, q_scale, k_scale, table, keys, values, length, depth.contiguous(), mask, out, k,
+    if splits is None:
+        splits = 1 if interpreting() else tree_splits(grid[0] * grid[1], rows // br, sm_count(qkv.device))
+    if splits < 1:
+        raise ValueError(f"splits must be >= 1, got {splits}")
+    # the splits' partials (acc | m | l per query row; S = 1: none, any valid pointer never read)
+    part = (
+        out
+        if splits == 1
+        else torch.empty(splits, n, heads, hd + 2, dtype=_TORCH_ACC[acc], device=qkv.device)
+    )
+    _attention_tree_kernel[grid + (splits,)](
+        qkv, q_scale, k_scale, table, keys, values, length, depth.contiguous(), mask, out, k, part,
         float(eps[0]), float(eps[1]), hd**-0.5, rows, n, qkv.stride(0), H=heads, HKV=kv_heads, HD=hd,
-        ROT=rope.shape[-1], GATE=output_gate, BD=bd, BM=bm, BR=br, BT=16, ACC=acc, DOT=dot,
+        ROT=rope.shape[-1], GATE=output_gate, BD=bd, BM=bm, BR=br, BT=16, ACC=acc, DOT=dot, SPLITS=splits,
         num_warps=8 if bm * max(bd, br) > 4096 or bd >= 256 else 4,
     )  # fmt: skip
+    if splits > 1:
+        sp = pow2(splits)
+        _attention_tree_combine_kernel[(n * heads,)](
+            part, qkv, length, out, n, qkv.stride(0), H=heads, HD=hd, GATE=output_gate, BD=bd, BR=br,
+            SPLITS=splits, SP=sp, ACC=acc, num_warps=8 if sp * bd > 4096 else 4,
+        )  # fmt: skip
     return out, k, v
