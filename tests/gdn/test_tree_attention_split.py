@@ -4,7 +4,8 @@ query row block), each over whole blocks of its share of [0, length), then the c
 - forced S = 1, 2, 3, 4 in the interpreter against the float64 torch path (tests/gdn/test_tree_attention.py's
   reference) for a decode step (n = 1) and a small tree (n = 8): lengths 0, 7 (one block: every split
   but the first empty), 37 (three blocks, the last partial: S = 4 leaves one split empty) and 80 (the whole
-  capacity, five blocks); float64 to rounding, float32 to ~1e-6, bf16 to its rounding; every S against
+  capacity, five blocks); GQA with the output gate (hd 16 and tiny-qwen35's 48) and, in float32, MHA
+  without it; float64 to rounding, float32 to ~1e-6, bf16 to its rounding; every S against
   S = 1 (float32: ~1e-6); the nodes' keys bitwise the same for every S, the cache untouched;
 - the split launch (and its combine) capture-safe (CaptureCheck: no host syncs), 1 launch at S = 1, 2
   above; the host rule for the default S (:func:`repro.gdn.triton_attention.tree_splits`); bad S;
@@ -28,7 +29,7 @@ LENGTHS = (0, 7, 37, 80)
 SPLITS = (1, 2, 3, 4)
 CASES = {  # dtype: (spec names, tree sizes)
     "float64": (("gqa_gate",), (1, 8)),
-    "float32": (("gqa_gate", "tiny_qwen35"), (1, 8)),
+    "float32": (("gqa_gate", "tiny_qwen35", "mha_nogate_fullrot"), (1, 8)),
     "bfloat16": (("tiny_qwen35",), (1, 8)),
 }
 CROSS_TOL = {"float64": 1e-12, "float32": 2e-6, "bfloat16": 2e-2}  # S vs S = 1
@@ -114,7 +115,7 @@ def interpreted() -> dict:
 
 def test_split_kernel_matches_the_torch_path_for_every_split_count(interpreted):
     res = interpreted["cases"]
-    assert len(res) == 4 * len(LENGTHS) * 2
+    assert len(res) == 5 * len(LENGTHS) * 2
     assert all(f"out_{s}" in errs for errs in res.values() for s in SPLITS)
     assert check_splits(res) == []
     # the bounds are live: bf16 rounds, and S > 1 really changes float32's summation order
@@ -151,8 +152,9 @@ def test_bad_split_count():
     from repro.gdn.triton_attention import attention_tree
 
     args = case_inputs(SPECS["gqa_gate"], 1, 5, torch.float64, "cpu", 3, ROWS)["args"]
-    with pytest.raises(ValueError, match="splits must be >= 1"):
-        attention_tree(*args, splits=0)
+    for bad in (0, 65):
+        with pytest.raises(ValueError, match="splits must be in 1 .. 64"):
+            attention_tree(*args, splits=bad)
 
 
 # ---------------------------------------------------------------------------------------------- GPU
