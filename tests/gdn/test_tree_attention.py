@@ -12,8 +12,9 @@
   (every case), float32 to ~1e-6 (n = 5, 33), bf16 to its rounding (n = 17; the interpreter's casts
   truncate: 2e-2).
 - the kernel (and attention_decode, whose helpers it shares) compiled ahead of time for sm_90 (Triton's
-  ptxas, no GPU) at the launch parameters the host picks for the tiny-qwen35 and Qwen3.6-27B shapes: it
-  lowers, within the H200's shared memory.
+  ptxas, no GPU) at the launch parameters the host picks for the tiny-qwen35 and Qwen3.6-27B shapes (T = 33
+  unsplit; T = 1 at a decode step's default cache-row splits, with their combine kernel): it lowers,
+  within the H200's shared memory. The splits themselves: tests/gdn/test_tree_attention_split.py.
 - StaticDecoder verify with the flag on vs off: logits, the state after a closed-form commit and the
   next decode step's logits; float64 (an attention-only model without the output gate: the GDN tree
   kernel takes float32; a padded slot) also vs HybridLM, float32 with GDN layers; the fused verify
