@@ -148,6 +148,23 @@ def test_default_split_rule():
     assert tree_splits(52, 1000, 132) == 2
 
 
+def test_default_splits_at_the_model_shapes(monkeypatch):
+    """The GPU's (block_m, block_rows, S) for bf16 in a buffer of 8320 rows on an H200 (132 SMs): a decode
+    step and a DFlash block split, a large verify does not; interpreted, S = 1 unless forced."""
+    from repro.gdn import triton_attention as ta
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(ta, "interpreting", lambda: True)
+    assert ta.tree_blocks(torch.bfloat16, cpu, 1, 24, 4, 256, 8320) == (16, 16, 1)  # interpreted
+    assert ta.tree_blocks(torch.bfloat16, cpu, 1, 24, 4, 256, 8320, splits=4)[2] == 4
+    monkeypatch.setattr(ta, "interpreting", lambda: False)
+    assert ta.tree_blocks(torch.bfloat16, cpu, 1, 24, 4, 256, 8320) == (16, 64, 33)  # 27B decode: 4 x 33
+    assert ta.tree_blocks(torch.bfloat16, cpu, 16, 24, 4, 256, 8320) == (16, 64, 5)  # 4 x 6 row blocks
+    assert ta.tree_blocks(torch.bfloat16, cpu, 65, 24, 4, 256, 8320)[2] == 1  # 4 x 25 row blocks
+    assert ta.tree_blocks(torch.bfloat16, cpu, 1, 4, 2, 48, 8320) == (16, 64, 64)  # tiny decode
+    assert ta.tree_blocks(torch.bfloat16, cpu, 1, 24, 4, 256, 200)[2] == 3  # a small buffer: 3 blocks
+
+
 def test_bad_split_count():
     from repro.gdn.triton_attention import attention_tree
 
