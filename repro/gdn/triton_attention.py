@@ -51,6 +51,8 @@ overrides). Measured: unmeasured (scripts/gpu/attn-split.py times S = 1, the def
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -378,8 +380,9 @@ def tree_splits(programs: int, capacity_blocks: int, sms: int) -> int:
     return max(1, min(sms // max(programs, 1), MAX_SPLITS, capacity_blocks))
 
 
+@functools.cache
 def sm_count(device: torch.device) -> int:
-    """The device's SM count (a cached host property: no sync), H200_SMS off CUDA."""
+    """The device's SM count (a host property, asked once: no sync), H200_SMS off CUDA."""
     if device.type != "cuda":
         return H200_SMS
     return torch.cuda.get_device_properties(device).multi_processor_count
