@@ -28,9 +28,30 @@ probabilities rounded to bf16 as the torch glue rounds them; float32: "ieee" dot
 accumulators float32 (float64 for float64 data). It replaces ``attention_prologue`` (after the
 projection), ``attention_core``, the output gate and the per-step masks and rotary tables of a verify
 (about 35 aten launches a layer; pinned in tests/gdn/test_tree_attention.py against the torch path).
+
+The tree kernel's cache rows can be split (flash-decoding), for grids too small to fill the GPU: a decode
+step through it (``tree_attention_decode``) at Qwen3.6-27B's shape has 4 key heads x 1 row block = 4
+programs each walking the whole cache, and DFlash's block (repro/drafters/dflash_fast.py) few more. With
+S > 1 splits (a third grid axis) program s takes whole blocks of BR cache rows, ceil(blocks / S) of them
+from block s ceil(blocks / S) on (blocks = ceil(length / BR), computed on the device from ``length``:
+the launch stays capture-safe; splits past the last block take none and write nothing); split 0 also
+takes the tree's nodes (and stores their keys: the same for every S). Each writes its unnormalised
+partial (acc, running max m, sum l; float32, float64 for float64 data) to a workspace [S, n, H, hd + 2];
+a second launch (:func:`_attention_tree_combine_kernel`, one program per node and query head) merges the
+used splits' partials with weights exp(m_s - max m) in one fixed reduction (deterministic), divides,
+gates and rounds once. S = 1 is the unsplit kernel (one launch, unchanged arithmetic); float32 results
+for S > 1 agree with it to ~1e-7 and bf16 ones to bf16 rounding (the probabilities are rounded to bf16
+against each split's own running max; pinned in tests/gdn/test_tree_attention_split.py for S = 1..4).
+The default S (:func:`tree_splits`): as many as keep key heads x row blocks x S within one wave over the
+SMs (132 on an H200), at most MAX_SPLITS = 64 and at most one per block of BR rows of the buffer's
+capacity ``rows``; 1 when the unsplit grid already fills the SMs and in the interpreter (``splits=``
+overrides). Measured: unmeasured (scripts/gpu/attn-split.py times S = 1, the default and a sweep at the
+27B and tiny shapes, n = 1, 16, 65, cache lengths 512 .. 8192; the rule is to be tuned from it).
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
@@ -186,7 +207,7 @@ def attention_decode(
     return out
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["splits"])  # one compile for every S > 1
 def _attention_tree_kernel(
     qkv_ptr,
     q_scale_ptr,
@@ -199,12 +220,14 @@ def _attention_tree_kernel(
     anc_ptr,
     out_ptr,
     k_out_ptr,
+    part_ptr,
     q_eps,
     k_eps,
     scale,
     rows,
     n,
     qkv_stride,
+    splits,
     H: tl.constexpr,
     HKV: tl.constexpr,
     HD: tl.constexpr,
@@ -216,12 +239,16 @@ def _attention_tree_kernel(
     BT: tl.constexpr,
     ACC: tl.constexpr,
     DOT: tl.constexpr,
+    SPLIT: tl.constexpr,
 ):
-    """Key head ``pid 0``, query rows ``pid 1`` (row r: node r // G, query head G kvh + r % G): norms,
-    rotary, online softmax over the cache rows, then over the tree's keys (made here from ``qkv``; the
-    first row block writes them out) under the ancestor mask; output gate."""
+    """Key head ``pid 0``, query rows ``pid 1`` (row r: node r // G, query head G kvh + r % G), split
+    ``pid 2`` of the cache rows: norms, rotary, online softmax over the split's cache rows, then (split 0
+    only) over the tree's keys (made here from ``qkv``; the first row block writes them out) under the
+    ancestor mask; not SPLIT (``splits`` = 1): the output gate and the output, else the partial (acc, m,
+    l) into ``part_ptr`` [splits, n, H, HD + 2] for :func:`_attention_tree_combine_kernel`."""
     kvh = tl.program_id(0)
     pid_m = tl.program_id(1)
+    pid_s = tl.program_id(2)
     G: tl.constexpr = H // HKV
     Q_STRIDE: tl.constexpr = 2 * HD if GATE else HD
     K_COL: tl.constexpr = H * Q_STRIDE
@@ -240,10 +267,16 @@ def _attention_tree_kernel(
     acc = tl.zeros([BM, BD], ACC)
     o_r = tl.arange(0, BR)
     cache = kvh * rows * HD
-    r0 = length * 0
-    while r0 < length:  # the cache rows [0, length): a while loop, as in _attention_decode_kernel
+    if not SPLIT:
+        r0 = length * 0
+        end = length
+        n_tree = n
+    else:
+        r0, end, _ = _split_rows(length, pid_s, BR, splits)
+        n_tree = tl.where(pid_s == 0, n, 0)  # the tree's keys: split 0's
+    while r0 < end:  # the cache rows [r0, end): a while loop, as in _attention_decode_kernel
         c = r0 + o_r
-        m_c = c < length
+        m_c = c < end
         m = m_c[:, None] & m_d
         kb = tl.load(keys_ptr + cache + c[:, None] * HD + o_d, mask=m, other=0.0).to(DOT)
         s = tl.dot(q, tl.trans(kb), input_precision="ieee").to(ACC) * scale
@@ -251,7 +284,7 @@ def _attention_tree_kernel(
         vb = tl.load(values_ptr + cache + c[:, None] * HD + o_d, mask=m, other=0.0).to(DOT)
         acc = acc * alpha + tl.dot(round_to(p, qkv_ptr).to(DOT), vb, input_precision="ieee").to(ACC)
         r0 += BR
-    for j0 in range(0, n, BT):  # the tree's nodes, each key made once per block of query rows
+    for j0 in range(0, n_tree, BT):  # the tree's nodes, each key made once per block of query rows
         j = j0 + tl.arange(0, BT)
         m_j = j < n
         jc = tl.minimum(j, n - 1)
@@ -265,16 +298,125 @@ def _attention_tree_kernel(
         s = tl.dot(q, tl.trans(kt.to(DOT)), input_precision="ieee").to(ACC) * scale
         p, alpha, m_i, l_i = _softmax_step(tl.where(seen, s, float("-inf")), m_i, l_i)
         acc = acc * alpha + tl.dot(round_to(p, qkv_ptr).to(DOT), vt, input_precision="ieee").to(ACC)
-    out = acc / l_i
+    if not SPLIT:
+        out = acc / l_i
+        if GATE:
+            gate = tl.load(q_row + HD + o_d, mask=m_d, other=0.0).to(ACC)
+            out = out / (1.0 + tl.exp(-gate))
+        dest = out_ptr + node[:, None] * (H * HD) + h[:, None] * HD + o_d
+        tl.store(dest, round_to(out, out_ptr), mask=live[:, None] & m_d)
+    else:  # the partial of a split that has rows (or split 0); the others are never read
+        _, _, used = _split_rows(length, pid_s, BR, splits)
+        keep = live[:, None] & (pid_s < used)
+        part = part_ptr + ((pid_s * n + node) * H + h)[:, None] * (HD + 2)
+        tl.store(part + o_d, acc, mask=keep & m_d)
+        tl.store(part + HD, m_i, mask=keep)
+        tl.store(part + HD + 1, l_i, mask=keep)
+
+
+@triton.jit
+def _split_rows(length, s, BR: tl.constexpr, splits):
+    """Split ``s``'s cache rows [lo, hi) of [0, length): whole blocks of BR rows, ceil(blocks / splits)
+    a split, the last ones empty when too few; and ``used``: the splits with rows (at least 1)."""
+    blocks = tl.cdiv(length, BR)
+    per = tl.maximum(tl.cdiv(blocks, splits), 1)
+    lo = tl.minimum(s * per * BR, length)
+    hi = tl.minimum(lo + per * BR, length)
+    return lo, hi, tl.maximum(tl.cdiv(blocks, per), 1)
+
+
+@triton.jit(do_not_specialize=["splits"])
+def _attention_tree_combine_kernel(
+    part_ptr,
+    qkv_ptr,
+    len_ptr,
+    out_ptr,
+    n,
+    qkv_stride,
+    splits,
+    H: tl.constexpr,
+    HD: tl.constexpr,
+    GATE: tl.constexpr,
+    BD: tl.constexpr,
+    BR: tl.constexpr,
+    SP: tl.constexpr,
+    ACC: tl.constexpr,
+):
+    """Query row ``pid`` (node pid // H, head pid % H): the used splits' partials merged (weights
+    exp(m_s - max m), summed in one fixed reduction), divided, gated, rounded once."""
+    row = tl.program_id(0)
+    node = row // H
+    h = row % H
+    _, _, used = _split_rows(tl.load(len_ptr).to(tl.int32), 0, BR, splits)
+    o_s = tl.arange(0, SP)
+    m_s = o_s < used
+    o_d = tl.arange(0, BD)
+    m_d = o_d < HD
+    part = part_ptr + (o_s * n * H + row) * (HD + 2)
+    m = tl.load(part + HD, mask=m_s, other=-1.0e30).to(ACC)
+    w = tl.where(m_s, tl.exp(m - tl.max(m, axis=0)), 0.0)
+    den = tl.sum(tl.load(part + HD + 1, mask=m_s, other=0.0).to(ACC) * w, axis=0)
+    acc = tl.load(part[:, None] + o_d[None, :], mask=m_s[:, None] & m_d[None, :], other=0.0).to(ACC)
+    out = tl.sum(acc * w[:, None], axis=0) / den
     if GATE:
-        gate = tl.load(q_row + HD + o_d, mask=m_d, other=0.0).to(ACC)
+        Q_STRIDE: tl.constexpr = 2 * HD
+        gate = tl.load(qkv_ptr + node * qkv_stride + h * Q_STRIDE + HD + o_d, mask=m_d, other=0.0).to(ACC)
         out = out / (1.0 + tl.exp(-gate))
-    dest = out_ptr + node[:, None] * (H * HD) + h[:, None] * HD + o_d
-    tl.store(dest, round_to(out, out_ptr), mask=live[:, None] & m_d)
+    tl.store(out_ptr + row * HD + o_d, round_to(out, out_ptr), mask=m_d)
 
 
 TREE_ATTENTION_MAX_HEAD_DIM = 256  # a query row's head is one register tile of the kernel
 _HALF = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}  # half-precision dot operands
+_TORCH_ACC = {tl.float32: torch.float32, tl.float64: torch.float64}
+MAX_SPLITS = 64  # the combine's [splits, head_dim] tile stays one register tile
+H200_SMS = 132  # the SM count assumed off CUDA (ahead-of-time compiles)
+
+
+def tree_splits(programs: int, capacity_blocks: int, sms: int) -> int:
+    """The default number of cache-row splits S of :func:`attention_tree`: as many as keep the grid
+    (``programs`` = key heads x query row blocks, times S) within one wave over the ``sms`` SMs, at most
+    MAX_SPLITS and at most one split per block of BR rows of the cache's capacity; 1 when the programs
+    already fill the SMs."""
+    return max(1, min(sms // max(programs, 1), MAX_SPLITS, capacity_blocks))
+
+
+@functools.cache
+def sm_count(device: torch.device) -> int:
+    """The device's SM count (a host property, asked once: no sync), H200_SMS off CUDA."""
+    if device.type != "cuda":
+        return H200_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def tree_blocks(
+    dtype: torch.dtype,
+    device: torch.device,
+    n: int,
+    heads: int,
+    kv_heads: int,
+    hd: int,
+    rows: int,
+    block_m: int | None = None,
+    block_rows: int | None = None,
+    splits: int | None = None,
+) -> tuple[int, int, int]:
+    """(block_m, block_rows, splits) of :func:`attention_tree`'s launch: the given ones, else the defaults."""
+    bd = max(16, pow2(hd))
+    half = dtype in _HALF
+    group_rows = pow2(heads // kv_heads * n)
+    # half precision: query tiles of <= 4096 entries of a padded head, cache tiles of <= 16384 (the H200,
+    # results/2026-12-01-h200-verify-glue/scripts/tree-attention: at the 27B shape, hd 256, 16 x 64 took
+    # 28 us against 43-61 for 32 x 32, 32 x 16, 16 x 16, 64 x 32; 64 x 64 at the tiny family's hd, 16 us);
+    # float32, whose "ieee" dots run on FMAs: 1024 / 2048 (few register spills at hd 48 and 256, ptxas)
+    bm = block_m or (16 if interpreting() else min(64, max(16, (4096 if half else 1024) // bd), group_rows))
+    br = block_rows or (16 if interpreting() else min(64, max(16, (16384 if half else 2048) // bd)))
+    bm, br = pow2(max(16, bm)), pow2(br)
+    if splits is None:
+        programs = kv_heads * triton.cdiv(heads // kv_heads * n, bm)
+        splits = 1 if interpreting() else tree_splits(programs, rows // br, sm_count(device))
+    if not 1 <= splits <= MAX_SPLITS:
+        raise ValueError(f"splits must be in 1 .. {MAX_SPLITS}, got {splits}")
+    return bm, br, splits
 
 
 def attention_tree(
@@ -293,6 +435,7 @@ def attention_tree(
     *,
     block_m: int | None = None,
     block_rows: int | None = None,
+    splits: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The attention of a tree's n nodes (see the module docstring): ``qkv`` [n, Q + 2 H_kv hd] (rows
     may be strided), norm scales, eps and ``rope`` as :func:`attention_decode` takes them, ``keys`` /
@@ -303,7 +446,8 @@ def attention_tree(
     Returns (out [n, H hd] gated, in qkv's dtype; k [n, H_kv, hd]: the nodes' normed, rotated keys in
     the cache dtype; v [n, H_kv, hd]: a view of qkv). ``block_m``: query rows (node x head of a group)
     per program; ``block_rows``: cache rows per softmax block (defaults below, 16 interpreted; from the
-    few blocks scripts/gpu/tree-attention.py times); tree nodes go 16 a block."""
+    few blocks scripts/gpu/tree-attention.py times); tree nodes go 16 a block. ``splits``: the cache rows'
+    splits S (default :func:`tree_splits`; 1 interpreted): S > 1 adds the combine launch."""
     n = qkv.shape[0]
     kv_heads, rows, hd = keys.shape
     if qkv.dim() != 2 or qkv.stride(-1) != 1:
@@ -323,25 +467,31 @@ def attention_tree(
     k = torch.empty(n, kv_heads, hd, dtype=keys.dtype, device=qkv.device)
     v = qkv[:, q_out + kv_heads * hd :].view(n, kv_heads, hd)
     bd = max(16, pow2(hd))  # tl.dot tiles: 16+ on every axis
-    half = qkv.dtype in _HALF
-    group_rows = pow2(heads // kv_heads * n)
-    # half precision: query tiles of <= 4096 entries of a padded head, cache tiles of <= 16384 (the H200,
-    # results/2026-12-01-h200-verify-glue/scripts/tree-attention: at the 27B shape, hd 256, 16 x 64 took
-    # 28 us against 43-61 for 32 x 32, 32 x 16, 16 x 16, 64 x 32; 64 x 64 at the tiny family's hd, 16 us);
-    # float32, whose "ieee" dots run on FMAs: 1024 / 2048 (few register spills at hd 48 and 256, ptxas)
-    bm = block_m or (16 if interpreting() else min(64, max(16, (4096 if half else 1024) // bd), group_rows))
-    br = block_rows or (16 if interpreting() else min(64, max(16, (16384 if half else 2048) // bd)))
-    bm, br = pow2(max(16, bm)), pow2(br)
+    bm, br, splits = tree_blocks(
+        qkv.dtype, qkv.device, n, heads, kv_heads, hd, rows, block_m, block_rows, splits
+    )
     table = rope if rope.numel() else qkv  # no rotary: any valid pointer (never read)
     acc = acc_dtype(qkv.dtype)
     # the interpreter's dot multiplies bf16 bit patterns: there the operands go as float32, rounded to
     # bf16 first (the same products)
     dot = acc if interpreting() else _HALF.get(qkv.dtype, acc)
     grid = (kv_heads, triton.cdiv(heads // kv_heads * n, bm))
-    _attention_tree_kernel[grid](
-        qkv, q_scale, k_scale, table, keys, values, length, depth.contiguous(), mask, out, k,
-        float(eps[0]), float(eps[1]), hd**-0.5, rows, n, qkv.stride(0), H=heads, HKV=kv_heads, HD=hd,
-        ROT=rope.shape[-1], GATE=output_gate, BD=bd, BM=bm, BR=br, BT=16, ACC=acc, DOT=dot,
+    # the splits' partials (acc | m | l per query row; S = 1: none, any valid pointer never read)
+    part = (
+        out
+        if splits == 1
+        else torch.empty(splits, n, heads, hd + 2, dtype=_TORCH_ACC[acc], device=qkv.device)
+    )
+    _attention_tree_kernel[grid + (splits,)](
+        qkv, q_scale, k_scale, table, keys, values, length, depth.contiguous(), mask, out, k, part,
+        float(eps[0]), float(eps[1]), hd**-0.5, rows, n, qkv.stride(0), splits, H=heads, HKV=kv_heads, HD=hd,
+        ROT=rope.shape[-1], GATE=output_gate, BD=bd, BM=bm, BR=br, BT=16, ACC=acc, DOT=dot, SPLIT=splits > 1,
         num_warps=8 if bm * max(bd, br) > 4096 or bd >= 256 else 4,
     )  # fmt: skip
+    if splits > 1:
+        sp = pow2(splits)
+        _attention_tree_combine_kernel[(n * heads,)](
+            part, qkv, length, out, n, qkv.stride(0), splits, H=heads, HD=hd, GATE=output_gate, BD=bd,
+            BR=br, SP=sp, ACC=acc, num_warps=8 if sp * bd > 4096 else 4,
+        )  # fmt: skip
     return out, k, v

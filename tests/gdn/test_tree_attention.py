@@ -12,8 +12,9 @@
   (every case), float32 to ~1e-6 (n = 5, 33), bf16 to its rounding (n = 17; the interpreter's casts
   truncate: 2e-2).
 - the kernel (and attention_decode, whose helpers it shares) compiled ahead of time for sm_90 (Triton's
-  ptxas, no GPU) at the launch parameters the host picks for the tiny-qwen35 and Qwen3.6-27B shapes: it
-  lowers, within the H200's shared memory.
+  ptxas, no GPU) at the launch parameters the host picks for the tiny-qwen35 and Qwen3.6-27B shapes (T = 33
+  unsplit; T = 1 at a decode step's default cache-row splits, with their combine kernel): it lowers,
+  within the H200's shared memory. The splits themselves: tests/gdn/test_tree_attention_split.py.
 - StaticDecoder verify with the flag on vs off: logits, the state after a closed-form commit and the
   next decode step's logits; float64 (an attention-only model without the output gate: the GDN tree
   kernel takes float32; a padded slot) also vs HybridLM, float32 with GDN layers; the fused verify
@@ -100,19 +101,14 @@ def torch_path(layer, x, keys, values, length, anc, depth) -> tuple[torch.Tensor
 
 
 @torch.no_grad()
-def kernel_case(
-    spec: tuple,
-    n: int,
-    length: int,
-    dtype: torch.dtype,
-    device: str,
-    seed: int,
-    rows: int = ROWS,
-    blocks: tuple[int | None, int | None] = (None, None),
+def case_inputs(
+    spec: tuple, n: int, length: int, dtype: torch.dtype, device: str, seed: int, rows: int = ROWS,
     strided: bool = False,
-) -> dict[str, float]:
-    """attention_tree on the layer's projection row (in ``dtype``) vs the float64 torch path."""
-    from repro.gdn.triton_attention import attention_tree, rotary_table
+) -> dict:  # fmt: skip
+    """A layer's projection row (in ``dtype``), cache and tree: ``args`` of attention_tree, the float64
+    torch path's (out, k) on the kernel's (rounded) inputs as ``want``, the values' columns of qkv and the
+    cache as it was."""
+    from repro.gdn.triton_attention import rotary_table
     from repro.models.layers import rms_norm
     from repro.models.static import AttentionWeights
 
@@ -123,32 +119,57 @@ def kernel_case(
     x = torch.randn(n, 32, generator=gen, dtype=F64)
     keys, values = (torch.randn(hkv, rows, hd, generator=gen, dtype=F64) for _ in "kv")
     anc, depth = tree_inputs(n, KINDS[seed % len(KINDS)], seed)
-    want, want_k, want_v = torch_path(layer, x, keys, values, length, anc, depth)
-
     qkv = torch.nn.functional.linear(rms_norm(x, w.input_norm, layer.input_layernorm.eps), w.qkv)
     if strided:  # rows of a wider buffer
         qkv = torch.cat([qkv, torch.zeros(n, 7, dtype=F64)], dim=1)[:, : qkv.shape[1]]
     qkv_d = qkv.to(device=device, dtype=dtype)
     scales = [s.to(device=device, dtype=dtype) for s in (w.q_norm, w.k_norm)]
     keys_d, values_d = keys.to(device=device, dtype=dtype), values.to(device=device, dtype=dtype)
-    before = keys_d.clone(), values_d.clone()
     rope = rotary_table(a.inv_freq, rows + n, dtype, torch.device(device))
-    out, k, v = attention_tree(
-        qkv_d, *scales, (a.q_norm.eps, a.k_norm.eps), rope, keys_d, values_d,
-        torch.tensor([length], device=device), depth.to(device), anc.to(device), a.num_heads, a.output_gate,
-        block_m=blocks[0], block_rows=blocks[1],
+    length_d = torch.tensor([length], device=device)
+    args = (
+        qkv_d, *scales, (a.q_norm.eps, a.k_norm.eps), rope, keys_d, values_d, length_d, depth.to(device),
+        anc.to(device), a.num_heads, a.output_gate,
     )  # fmt: skip
-    if dtype != F64:  # the float64 path on the kernel's (rounded) inputs
-        want, want_k, want_v = torch_path(
-            layer, x, keys_d.double().cpu(), values_d.double().cpu(), length, anc, depth
-        )
+    # the float64 path on the kernel's (rounded) inputs (float64: the same inputs)
+    want, want_k, _ = torch_path(layer, x, keys_d.double().cpu(), values_d.double().cpu(), length, anc, depth)
     q_out = qkv.shape[1] - 2 * hkv * hd
+    v_cols = qkv_d[:, q_out + hkv * hd :]
+    return {
+        "args": args,
+        "want": (want, want_k),
+        "v_cols": v_cols,
+        "before": (keys_d.clone(), values_d.clone()),
+    }
+
+
+@torch.no_grad()
+def kernel_case(
+    spec: tuple,
+    n: int,
+    length: int,
+    dtype: torch.dtype,
+    device: str,
+    seed: int,
+    rows: int = ROWS,
+    blocks: tuple[int | None, int | None] = (None, None),
+    strided: bool = False,
+    splits: int | None = None,
+) -> dict[str, float]:
+    """attention_tree on the layer's projection row (in ``dtype``) vs the float64 torch path."""
+    from repro.gdn.triton_attention import attention_tree
+
+    case = case_inputs(spec, n, length, dtype, device, seed, rows, strided)
+    args, (want, want_k), v_cols = case["args"], case["want"], case["v_cols"]
+    keys_d, values_d = args[5], args[6]
+    out, k, v = attention_tree(*args, block_m=blocks[0], block_rows=blocks[1], splits=splits)
+    hkv, hd = keys_d.shape[0], keys_d.shape[2]
     return {
         "out": rel(out, want),
         "k": rel(k, want_k),
-        "v": rel(v, qkv_d[:, q_out + hkv * hd :].reshape(n, hkv, hd)) + (k.dtype != keys_d.dtype),
-        "v_is_view": float(v.data_ptr() != qkv_d[:, q_out + hkv * hd :].data_ptr()),
-        "untouched": float((keys_d != before[0]).sum() + (values_d != before[1]).sum()),
+        "v": rel(v, v_cols.reshape(n, hkv, hd)) + (k.dtype != keys_d.dtype),
+        "v_is_view": float(v.data_ptr() != v_cols.data_ptr()),
+        "untouched": float((keys_d != case["before"][0]).sum() + (values_d != case["before"][1]).sum()),
     }
 
 
@@ -467,58 +488,64 @@ H200_SHARED_BYTES = 232448  # the most shared memory one program may take on sm_
 
 
 def sm90_launches(monkeypatch) -> list[dict[str, object]]:  # noqa: ANN001
-    """attention_tree's kernel (and attention_decode's, whose helpers it shares) compiled ahead of time
-    for sm_90 (no GPU needed: Triton's bundled ptxas) with the launch parameters the host picks, at
-    tiny-qwen35's and Qwen3.6-27B's attention shapes (bf16 and float32, T = 33) and a padded head dim
-    without rotary: shared memory per launch."""
+    """attention_tree's kernels (the tree kernel, unsplit and split, and the splits' combine) and
+    attention_decode's (whose helpers they share) compiled ahead of time for sm_90 (no GPU needed:
+    Triton's bundled ptxas) with the launch parameters the host picks, at tiny-qwen35's and Qwen3.6-27B's
+    attention shapes (bf16 and float32; T = 33 unsplit, T = 1 at a decode step's default splits) and a
+    padded head dim without rotary: shared memory per launch."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     from repro.gdn import triton_attention as ta
 
-    kernels = {"tree": ta._attention_tree_kernel, "decode": ta._attention_decode_kernel}
+    names = ("_attention_tree_kernel", "_attention_tree_combine_kernel", "_attention_decode_kernel")
+    kernels = {name: getattr(ta, name) for name in names}
     launches: list[tuple] = []
 
     class Recorder:
-        def __getitem__(self, grid: tuple):  # noqa: ANN204
-            return lambda *args, **kwargs: launches.append((args, kwargs))
+        def __init__(self, name: str) -> None:
+            self.name = name
 
-    monkeypatch.setattr(ta, "_attention_tree_kernel", Recorder())
-    monkeypatch.setattr(ta, "_attention_decode_kernel", Recorder())
-    monkeypatch.setattr(ta, "interpreting", lambda: False)  # the GPU's blocks
+        def __getitem__(self, grid: tuple):  # noqa: ANN204
+            return lambda *args, **kwargs: launches.append((self.name, args, kwargs))
+
+    for name in names:
+        monkeypatch.setattr(ta, name, Recorder(name))
+    monkeypatch.setattr(ta, "interpreting", lambda: False)  # the GPU's blocks and splits
     types = {torch.bfloat16: "bf16", torch.float32: "fp32", torch.int64: "i64", torch.uint8: "u8"}
 
-    def compiled(kernel, args: tuple, kwargs: dict) -> dict[str, object]:  # noqa: ANN001
+    def compiled(name: str, args: tuple, kwargs: dict) -> dict[str, object]:
+        kernel = kernels[name]
         sig = {name: "constexpr" for name in kwargs if name != "num_warps"}
-        for name, a in zip(kernel.arg_names, args):
-            sig[name] = f"*{types[a.dtype]}" if isinstance(a, torch.Tensor) else "i32"
-            sig[name] = "fp32" if isinstance(a, float) else sig[name]
+        for arg_name, a in zip(kernel.arg_names, args):
+            sig[arg_name] = f"*{types[a.dtype]}" if isinstance(a, torch.Tensor) else "i32"
+            sig[arg_name] = "fp32" if isinstance(a, float) else sig[arg_name]
         constexprs = {k: v for k, v in kwargs.items() if k != "num_warps"}
         source = ASTSource(fn=kernel, signature=sig, constexprs=constexprs)
         out = triton.compile(
             source, target=GPUTarget("cuda", 90, 32), options={"num_warps": kwargs["num_warps"]}
         )
-        return {"shared": out.metadata.shared, "warps": kwargs["num_warps"]}
+        return {"shared": out.metadata.shared, "warps": kwargs["num_warps"], "split": kwargs.get("SPLIT")}
 
     out = []
     shapes = ((4, 2, 48, 12), (24, 4, 256, 64))
-    cases = [(dt, spec) for dt in (torch.bfloat16, torch.float32) for spec in shapes]
-    for dtype, (h, hkv, hd, rot) in cases + [(torch.float32, (6, 1, 8, 0))]:
-        n, rows = 33, 600
+    cases = [(dt, spec, n) for dt in (torch.bfloat16, torch.float32) for spec in shapes for n in (33, 1)]
+    for dtype, (h, hkv, hd, rot), n in cases + [(torch.float32, (6, 1, 8, 0), 33)]:
+        rows = 600
         qkv = torch.zeros(n, 2 * h * hd + 2 * hkv * hd, dtype=dtype)
         keys, ones = torch.zeros(hkv, rows, hd, dtype=dtype), torch.ones(hd, dtype=dtype)
         rope, length = torch.zeros(rows, 2, rot, dtype=dtype), torch.tensor([512])
         depth, anc = torch.ones(n, dtype=torch.long), torch.eye(n, dtype=torch.bool)
-        ta.attention_tree(qkv, ones, ones, (1e-6, 1e-6), rope, keys, keys, length, depth, anc, h, True)
+        splits = 1 if n > 1 else None  # the unsplit kernel, and a decode step's default splits
+        ta.attention_tree(
+            qkv, ones, ones, (1e-6, 1e-6), rope, keys, keys, length, depth, anc, h, True, splits=splits
+        )
         ta.attention_decode(qkv[:1].contiguous(), ones, ones, (1e-6, 1e-6), rope, keys, keys, length, h, True)
-        for name in ("decode", "tree"):
+        while launches:
+            name, args, kwargs = launches.pop(0)
             out.append(
-                {
-                    "kernel": name,
-                    "case": (types[dtype], h, hkv, hd),
-                    **compiled(kernels[name], *launches.pop()),
-                }
+                {"kernel": name, "case": (types[dtype], h, hkv, hd, n), **compiled(name, args, kwargs)}
             )
     return out
 
@@ -536,12 +563,17 @@ def sm90_compiler() -> bool:
 
 @pytest.mark.skipif(not sm90_compiler(), reason="needs Triton's CUDA backend (ptxas)")
 def test_kernel_compiles_for_sm90_within_shared_memory(monkeypatch):
-    """The compiled kernel at the GPU's default blocks (what the interpreter cannot check: the lowering
-    and the shared memory of the dots' staging), within the H200's 227 KB a program."""
+    """The compiled kernels at the GPU's default blocks (what the interpreter cannot check: the lowering
+    and the shared memory of the dots' staging), within the H200's 227 KB a program; a decode step at
+    these shapes splits its cache rows (and adds the combine), T = 33 forced unsplit."""
     launches = sm90_launches(monkeypatch)
-    assert len(launches) == 10
-    for launch in launches:
-        assert 0 < launch["shared"] <= H200_SHARED_BYTES, launch
+    tree = [launch for launch in launches if launch["kernel"] == "_attention_tree_kernel"]
+    combines = sum(launch["kernel"] == "_attention_tree_combine_kernel" for launch in launches)
+    assert [launch["split"] for launch in tree] == [False, True] * 4 + [False], launches
+    assert combines == 4, launches
+    for launch in launches:  # the combine may reduce in registers alone
+        assert launch["kernel"].endswith("combine_kernel") or launch["shared"] > 0, launch
+        assert launch["shared"] <= H200_SHARED_BYTES, launch
 
 
 # ---------------------------------------------------------------------------------------------- GPU
