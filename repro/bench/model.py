@@ -270,7 +270,8 @@ def count_aten_ops(fn: Callable[[], Any]) -> int | None:
 
 
 KERNEL_GROUPS = (  # (group, fragments of kernel names): the first group with a matching fragment wins
-    ("attention", ("_attention_decode_kernel", "_attention_tree_kernel")),  # before gdn_core (_decode_kernel)
+    # before gdn_core (_decode_kernel)
+    ("attention", ("_attention_decode_kernel", "_attention_tree_kernel", "_attention_tree_combine")),
     (
         "gdn_core",
         (
