@@ -57,7 +57,7 @@ import torch
 import triton
 import triton.language as tl
 
-from repro.gdn.triton_common import acc_dtype, interpreting, pow2, round_to
+from repro.gdn.triton_common import acc_dtype, interpreting, pdl_args, pdl_start, pow2, round_to
 
 
 def rotary_table(inv_freq: torch.Tensor, rows: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -126,8 +126,10 @@ def _attention_decode_kernel(
     BD: tl.constexpr,
     BR: tl.constexpr,
     ACC: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Query head ``pid``: norms, rotary, attention over the cache and the token, output gate."""
+    pdl_start(PDL)
     h = tl.program_id(0)
     kvh = h // (H // HKV)
     length = tl.load(len_ptr)
@@ -202,7 +204,7 @@ def attention_decode(
     _attention_decode_kernel[(heads,)](
         qkv, q_scale, k_scale, table, keys, values, length, out, float(eps[0]), float(eps[1]), hd**-0.5,
         rows, H=heads, HKV=kv_heads, HD=hd, ROT=rope.shape[-1], GATE=output_gate, BD=bd, BR=br,
-        ACC=acc_dtype(qkv.dtype), num_warps=4 if br * bd <= 4096 else 8,
+        ACC=acc_dtype(qkv.dtype), num_warps=4 if br * bd <= 4096 else 8, **pdl_args(qkv.device),
     )  # fmt: skip
     return out
 
@@ -240,12 +242,14 @@ def _attention_tree_kernel(
     ACC: tl.constexpr,
     DOT: tl.constexpr,
     SPLIT: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Key head ``pid 0``, query rows ``pid 1`` (row r: node r // G, query head G kvh + r % G), split
     ``pid 2`` of the cache rows: norms, rotary, online softmax over the split's cache rows, then (split 0
     only) over the tree's keys (made here from ``qkv``; the first row block writes them out) under the
     ancestor mask; not SPLIT (``splits`` = 1): the output gate and the output, else the partial (acc, m,
     l) into ``part_ptr`` [splits, n, H, HD + 2] for :func:`_attention_tree_combine_kernel`."""
+    pdl_start(PDL)
     kvh = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_s = tl.program_id(2)
@@ -341,9 +345,11 @@ def _attention_tree_combine_kernel(
     BR: tl.constexpr,
     SP: tl.constexpr,
     ACC: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Query row ``pid`` (node pid // H, head pid % H): the used splits' partials merged (weights
     exp(m_s - max m), summed in one fixed reduction), divided, gated, rounded once."""
+    pdl_start(PDL)
     row = tl.program_id(0)
     node = row // H
     h = row % H
@@ -486,12 +492,12 @@ def attention_tree(
         qkv, q_scale, k_scale, table, keys, values, length, depth.contiguous(), mask, out, k, part,
         float(eps[0]), float(eps[1]), hd**-0.5, rows, n, qkv.stride(0), splits, H=heads, HKV=kv_heads, HD=hd,
         ROT=rope.shape[-1], GATE=output_gate, BD=bd, BM=bm, BR=br, BT=16, ACC=acc, DOT=dot, SPLIT=splits > 1,
-        num_warps=8 if bm * max(bd, br) > 4096 or bd >= 256 else 4,
+        num_warps=8 if bm * max(bd, br) > 4096 or bd >= 256 else 4, **pdl_args(qkv.device),
     )  # fmt: skip
     if splits > 1:
         sp = pow2(splits)
         _attention_tree_combine_kernel[(n * heads,)](
             part, qkv, length, out, n, qkv.stride(0), splits, H=heads, HD=hd, GATE=output_gate, BD=bd,
-            BR=br, SP=sp, ACC=acc, num_warps=8 if sp * bd > 4096 else 4,
+            BR=br, SP=sp, ACC=acc, num_warps=8 if sp * bd > 4096 else 4, **pdl_args(qkv.device),
         )  # fmt: skip
     return out, k, v

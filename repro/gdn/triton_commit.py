@@ -62,6 +62,8 @@ from repro.gdn.triton_common import (  # also patches the CPU interpreter
     commit_indexed_tile,
     commit_path_tile,
     path_rows_update,
+    pdl_args,
+    pdl_start,
 )
 
 
@@ -70,7 +72,9 @@ def _closed_form_commit_kernel(
     state, delta, k, gate_cum, anc, node_ptr, n,
     HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_start(PDL)
     hv = tl.program_id(0)
     o_v = tl.program_id(1) * BV + tl.arange(0, BV)
     m_v = o_v < DV
@@ -125,7 +129,9 @@ def _conv_commit_block(
 def _conv_commit_kernel(
     history, inputs, index, node_ptr, C, HIST: tl.constexpr, W: tl.constexpr, HP: tl.constexpr,
     BC: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_start(PDL)
     _conv_commit_block(history, inputs, index, node_ptr, C, tl.program_id(0), HIST, W, HP, BC)
 
 
@@ -135,9 +141,11 @@ def _path_commit_kernel(
     HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, NP: tl.constexpr, BM: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, PEEL: tl.constexpr, DOT: tl.constexpr, CONV: tl.constexpr,
     HIST: tl.constexpr, W: tl.constexpr, HP: tl.constexpr, BC: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     """Programs [0, HV * NV * NK): one [BV, BK] state tile each (the path's rows only); with CONV, the
     programs after them: one block of BC conv channels each."""
+    pdl_start(PDL)
     pid = tl.program_id(0)
     NV: tl.constexpr = (DV + BV - 1) // BV
     NK: tl.constexpr = (DK + BK - 1) // BK
@@ -203,11 +211,13 @@ def _indexed_commit_kernel(
     HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, MODE: tl.constexpr, CONV: tl.constexpr, HIST: tl.constexpr, HP: tl.constexpr,
     BC: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     """:func:`_path_commit_kernel` reading the path from a path index: the state tile, the length and the
     path's end in the first round trip, the path's rows (and the end's gate) in the second. Grid axis 1:
     the layer of stacked operands (state [L, HV, d_v, d_k], factors [L, n, ...], conv [L, ...]; one path);
     the conv inputs at strides (``in_layer``, ``in_row``, 1)."""
+    pdl_start(PDL)
     pid = tl.program_id(0)
     layer = tl.program_id(1).to(tl.int64)
     state += layer * (HV * DV * DK)
@@ -259,7 +269,7 @@ def commit_closed_form_fused(
     grid = (hv, triton.cdiv(dv, bv))
     _closed_form_commit_kernel[grid](
         state, delta.contiguous(), k.contiguous(), gate_cum.contiguous(), anc, node, n,
-        HV=hv, DK=dk, DV=dv, BM=block_m, BK=bk, BV=bv, num_warps=warps,
+        HV=hv, DK=dk, DV=dv, BM=block_m, BK=bk, BV=bv, num_warps=warps, **pdl_args(state.device),
     )  # fmt: skip
 
 
@@ -316,7 +326,7 @@ def commit_path_fused(
         history, inputs, index, c,
         HV=hv, DK=dk, DV=dv, NP=triton.next_power_of_2(n), BM=block_m, BK=bk, BV=bv, PEEL=peel,
         DOT=use_dot, CONV=hist > 0, HIST=hist, W=width, HP=triton.next_power_of_2(max(hist, 1)), BC=bc,
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps, num_stages=num_stages, **pdl_args(state.device),
     )  # fmt: skip
 
 
@@ -419,6 +429,7 @@ def commit_path_indexed(
         inputs, in_layer, in_row, c, n,
         HV=hv, DK=dk, DV=dv, BM=block_m, BK=bk, BV=bv, MODE=code, CONV=hist > 0, HIST=hist,
         HP=triton.next_power_of_2(max(hist, 1)), BC=bc, num_warps=num_warps, num_stages=num_stages,
+        **pdl_args(state.device),
     )  # fmt: skip
 
 
@@ -464,4 +475,5 @@ def commit_conv_fused(
     _conv_commit_kernel[(triton.cdiv(c, _CONV_BLOCK),)](
         history, conv_inputs.contiguous(), conv_index.contiguous(), node, c,
         HIST=hist, W=hist + 1, HP=triton.next_power_of_2(hist), BC=_CONV_BLOCK, num_warps=4,
+        **pdl_args(history.device),
     )  # fmt: skip

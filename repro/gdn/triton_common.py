@@ -1,12 +1,28 @@
 """Helpers shared by the Triton kernels of :mod:`repro.gdn`: arithmetic dtype, power-of-two tiles,
-rounding and SiLU device functions, and the CPU interpreter's compatibility patch (applied on import,
-once, only in interpreter mode)."""
+rounding and SiLU device functions, programmatic dependent launch, and the CPU interpreter's
+compatibility patch (applied on import, once, only in interpreter mode).
+
+Programmatic dependent launch (:func:`dependent_launch`, on by default; compute capability 9.0 and later,
+never in the interpreter): a kernel that takes a ``PDL`` constexpr starts with :func:`pdl_start`
+(``griddepcontrol.launch_dependents``, then ``griddepcontrol.wait``) and is launched with
+``launch_pdl=use_pdl(device)``, so that the next launch of the stream (in a CUDA graph too) is scheduled
+while this one drains and the gap between back-to-back kernels is hidden. The wait returns once the
+kernel before it has completed and its writes are visible, so nothing that kernel writes may be read
+before it; constant operands (weights) may be (the GEMV kernels load their first weight tile before it).
+A kernel launched with ``launch_pdl`` must wait before it reads its inputs: the two go together
+(:func:`use_pdl` for both). Results are bitwise those of a plain launch.
+"""
 
 from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
 
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 def interpreting() -> bool:
@@ -51,6 +67,48 @@ def check_factors(
     return (
         ancestors.contiguous().view(torch.uint8) if ancestors.dtype == torch.bool else ancestors.contiguous()
     )
+
+
+_pdl: list[bool] = [True]  # dependent_launch's stack; the bottom is the default
+
+
+@contextlib.contextmanager
+def dependent_launch(enabled: bool = True) -> Iterator[None]:
+    """Within the block, the kernels that support it use programmatic dependent launch (module
+    docstring) where the device supports it. Capture a CUDA graph inside the block to keep the choice."""
+    _pdl.append(enabled)
+    try:
+        yield
+    finally:
+        _pdl.pop()
+
+
+def use_pdl(device: torch.device) -> bool:
+    """Whether a launch on ``device`` now is a programmatic dependent one (its ``PDL`` constexpr and
+    ``launch_pdl``): on, on CUDA, compute capability 9.0 or later, not in the interpreter."""
+    if not _pdl[-1] or interpreting() or device.type != "cuda":
+        return False
+    return _capability(device.index if device.index is not None else torch.cuda.current_device()) >= (9, 0)
+
+
+def pdl_args(device: torch.device) -> dict[str, bool]:
+    """A launch's programmatic-dependent-launch arguments: the kernel's ``PDL`` and ``launch_pdl``."""
+    pdl = use_pdl(device)
+    return {"PDL": pdl, "launch_pdl": pdl}
+
+
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+@triton.jit
+def pdl_start(PDL: tl.constexpr):
+    """A dependent kernel's start (PDL): let the next launch be scheduled, then wait for the previous
+    kernel's completion and writes."""
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
 
 
 @triton.jit

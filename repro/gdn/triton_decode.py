@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from repro.gdn.triton_common import acc_dtype, interpreting, pow2, round_to, silu
+from repro.gdn.triton_common import acc_dtype, interpreting, pdl_args, pdl_start, pow2, round_to, silu
 
 
 class GDNDims(NamedTuple):
@@ -174,8 +174,10 @@ def _decode_kernel(
     BV: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     ACC: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """One (value head, d_v tile): conv/norms/gates of the token, one recurrent step in place, o."""
+    pdl_start(PDL)
     hv = tl.program_id(0)
     iv = tl.program_id(1)
     kh = hv // (HV // H)
@@ -226,11 +228,13 @@ def _decode_layer_kernel(
     HP: tl.constexpr,
     BG: tl.constexpr,
     ACC: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Key head ``pid`` and its group of value heads: the decode core (as ``_decode_kernel``), the gated
     norm of each value head (as ``_gated_norm_kernel``; o goes through the scratch ``o_ptr`` [HV, DV] in
     the state dtype) and the history shift of the channels this program alone reads (the key head's q
     and k channels, its value heads' v channels), after every read of them."""
+    pdl_start(PDL)
     kh = tl.program_id(0)
     G: tl.constexpr = HV // H
     C: tl.constexpr = 2 * H * DK + HV * DV
@@ -301,8 +305,10 @@ def _tree_prologue_kernel(
     BV: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     ACC: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """One (node, value head): v and the gates of that head; q and k of its key head (first of a group)."""
+    pdl_start(PDL)
     i = tl.program_id(0)
     hv = tl.program_id(1)
     C: tl.constexpr = 2 * H * DK + HV * DV
@@ -346,9 +352,11 @@ def _gated_norm_kernel(
     HP: tl.constexpr,
     BC: tl.constexpr,
     ACC: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """One (row, head): RMS norm over d_v, times weight, times SiLU(z). With SHIFT (one row), the program
     also moves its block of BC history channels on by the token's conv inputs ``x``."""
+    pdl_start(PDL)
     pid = tl.program_id(0)
     i = pid // HV
     h = pid % HV
@@ -376,8 +384,10 @@ def _rms_norm_kernel(
     D: tl.constexpr,
     BD: tl.constexpr,
     ACC: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Row ``pid`` of x viewed as [R0, R1, D] (strides s0, s1, 1): x / rms(x) * scale, out contiguous."""
+    pdl_start(PDL)
     pid = tl.program_id(0)
     a = pid // R1
     b = pid % R1
@@ -389,8 +399,11 @@ def _rms_norm_kernel(
 
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, out_ptr, stride, I: tl.constexpr, BLOCK: tl.constexpr, ACC: tl.constexpr):
+def _silu_mul_kernel(
+    gu_ptr, out_ptr, stride, I: tl.constexpr, BLOCK: tl.constexpr, ACC: tl.constexpr, PDL: tl.constexpr
+):
     """out[i, j] = SiLU(gu[i, j]) * gu[i, I + j]."""
+    pdl_start(PDL)
     i = tl.program_id(0)
     o = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = o < I
@@ -416,7 +429,18 @@ def rms_norm(x: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     bd = pow2(d)
     _rms_norm_kernel[(r0 * r1,)](
-        x, scale, out, s0, s1, r1, float(eps), D=d, BD=bd, ACC=acc_dtype(x.dtype), num_warps=_warps(bd)
+        x,
+        scale,
+        out,
+        s0,
+        s1,
+        r1,
+        float(eps),
+        D=d,
+        BD=bd,
+        ACC=acc_dtype(x.dtype),
+        num_warps=_warps(bd),
+        **pdl_args(x.device),
     )
     return out
 
@@ -429,7 +453,13 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     block = min(1024, pow2(inter))
     grid = (n, triton.cdiv(inter, block))
     _silu_mul_kernel[grid](
-        gate_up, out, gate_up.stride(0), I=inter, BLOCK=block, ACC=acc_dtype(gate_up.dtype)
+        gate_up,
+        out,
+        gate_up.stride(0),
+        I=inter,
+        BLOCK=block,
+        ACC=acc_dtype(gate_up.dtype),
+        **pdl_args(gate_up.device),
     )
     return out
 
@@ -475,7 +505,7 @@ def gdn_decode_step(
     _decode_kernel[grid](
         proj, history, taps, bias, conv_index, neg_decay, dt_bias, state, o, float(scale), float(beta_scale),
         H=h, HV=hv, DK=dk, DV=dv, W=width, A_OFF=a_off, BK=bk, BV=bv, HAS_BIAS=has_bias,
-        ACC=acc_dtype(state.dtype), num_warps=num_warps or _warps(bv * bk),
+        ACC=acc_dtype(state.dtype), num_warps=num_warps or _warps(bv * bk), **pdl_args(state.device),
     )  # fmt: skip
     return o
 
@@ -522,7 +552,7 @@ def gdn_decode_layer(
         proj, history, taps, bias, conv_index, neg_decay, dt_bias, state, o, norm_weight, y, float(scale),
         float(beta_scale), float(eps), H=h, HV=hv, DK=dk, DV=dv, W=width, A_OFF=proj.shape[1] - 2 * hv,
         BK=bk, BV=bv, HAS_BIAS=has_bias, HAS_Z=has_z, HP=pow2(hist) if hist else 0, BG=pow2(hv // h * dv),
-        ACC=acc_dtype(state.dtype), num_warps=num_warps or _warps(bv * bk),
+        ACC=acc_dtype(state.dtype), num_warps=num_warps or _warps(bv * bk), **pdl_args(state.device),
     )  # fmt: skip
     return y
 
@@ -554,7 +584,7 @@ def gdn_tree_prologue(
     _tree_prologue_kernel[(n, hv)](
         proj, proj.stride(0), history, taps, bias, conv_index, neg_decay, dt_bias, q, k, v, g, beta,
         float(beta_scale), H=h, HV=hv, DK=dk, DV=dv, W=width, A_OFF=proj.shape[1] - 2 * hv, BK=pow2(dk),
-        BV=pow2(dv), HAS_BIAS=has_bias, ACC=acc_dtype(gdt),
+        BV=pow2(dv), HAS_BIAS=has_bias, ACC=acc_dtype(gdt), **pdl_args(dev),
     )  # fmt: skip
     return q, k, v, g, beta
 
@@ -587,6 +617,6 @@ def gated_norm(
         o, weight, z if z is not None else o, z.stride(0) if z is not None else 0, out, hist, x, float(eps),
         HV=hv, DV=dv, BD=bd, HAS_Z=z is not None, SHIFT=do_shift, C=c, HIST=hist.shape[0] if do_shift else 0,
         HP=pow2(max(1, hist.shape[0])) if do_shift else 1, BC=bc, ACC=acc_dtype(o.dtype),
-        num_warps=_warps(max(bd, bc * pow2(max(1, hist.shape[0])))),
+        num_warps=_warps(max(bd, bc * pow2(max(1, hist.shape[0])))), **pdl_args(o.device),
     )  # fmt: skip
     return out

@@ -44,13 +44,14 @@ per call by :func:`select_config`: keyword overrides first, then the table made 
 it is the one active at capture. (num_stages is passed through; Triton pipelines only loads that feed
 dots, so expect it to change little here.)
 
-Programmatic dependent launch (:func:`dependent_launch`, on by default; Hopper and later, never in the
-interpreter): the GEMV kernel is launched with ``launch_pdl`` and starts with
-``griddepcontrol.launch_dependents`` then ``griddepcontrol.wait``, so that the next launch of the stream (in
-a CUDA graph too) is scheduled while this one drains and the launch gap between back-to-back matmuls is
-hidden. Nothing is read or written before the wait, so results are bitwise those of a plain launch (a
-kernel before it that does not trigger simply completes first). Measured on an H200 (decode step, random
-bf16 weights, results/2026-12-01-h200-kernels-5/scripts/pdl): GDN-1.3B 1164 -> 1113 us, Qwen3.6-27B
+Programmatic dependent launch (:func:`repro.gdn.triton_common.dependent_launch`, on by default; Hopper and
+later, never in the interpreter): every kernel here is launched as a programmatic dependent, so that the
+next launch of the stream (in a CUDA graph too) is scheduled while this one drains. The GEMV kernel goes
+one step further: its first K step's weight tile(s) are loaded *before* ``griddepcontrol.wait`` (weights are
+constant; x, the norm scale and everything the previous kernel writes are read after it), so the first
+HBM round trip of a small matrix overlaps the previous kernel's tail. Results are bitwise those of a
+plain launch. Measured on an H200 (decode step, random bf16 weights, GEMVs alone as dependents, no early
+weight loads: results/2026-12-01-h200-kernels-5/scripts/pdl): GDN-1.3B 1164 -> 1113 us, Qwen3.6-27B
 13633 -> 13582 us, logits bitwise equal.
 
 Semantics are those of :func:`repro.models.layers.rms_norm`, ``F.silu`` and ``F.linear`` (pinned in
@@ -72,7 +73,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from repro.errors import ConfigError
-from repro.gdn.triton_common import acc_dtype, interpreting, pow2, round_to, silu
+from repro.gdn.triton_common import acc_dtype, interpreting, pdl_args, pdl_start, pow2, round_to, silu
 
 MAX_ROWS = 4  # rows of x the GEMV variant takes (decode: 1); its programs keep them all in registers
 # rows of x per call in all (the row-tiled variant above MAX_ROWS): the verify slots of the budgets the
@@ -138,32 +139,6 @@ def gemv_configs(table: Mapping[ConfigKey, GemvConfig] | str) -> Iterator[None]:
         yield
     finally:
         _active.pop()
-
-
-_pdl: list[bool] = [True]  # dependent_launch's stack; the bottom is the default
-
-
-@contextlib.contextmanager
-def dependent_launch(enabled: bool = True) -> Iterator[None]:
-    """Within the block, GEMV launches use programmatic dependent launch (module docstring) where the
-    device supports it (compute capability 9.0 or later; never in the interpreter). Capture a CUDA graph
-    inside the block to keep the choice."""
-    _pdl.append(enabled)
-    try:
-        yield
-    finally:
-        _pdl.pop()
-
-
-def _use_pdl(device: torch.device) -> bool:
-    if not _pdl[-1] or interpreting() or device.type != "cuda":
-        return False
-    return _capability(device.index if device.index is not None else torch.cuda.current_device()) >= (9, 0)
-
-
-@functools.cache
-def _capability(index: int) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(index)
 
 
 def legacy_config(n_out: int, k: int) -> GemvConfig:
@@ -329,6 +304,26 @@ def _finish(acc, acc_up, ss, blk, N, K, eps, bias_ptr, res_ptr, res_stride, out_
 
 
 @triton.jit
+def _k_step(a0, a1, a2, a3, u0, u1, u2, u3, x_ptr, x_stride, scale_ptr, w, wu, zero_n, o_k, m_k,
+            N_ROWS: tl.constexpr, NORM: tl.constexpr, GATE_UP: tl.constexpr, EVEN_K: tl.constexpr,
+            ACC: tl.constexpr):  # fmt: skip
+    """One K step of every row of x (N_ROWS <= 4) against the weight tile(s) w (wu) [BN, BK]."""
+    sc = w
+    if NORM:
+        sc = _tile(scale_ptr, zero_n, o_k, m_k, 0, EVEN_K, ACC)
+    a0, u0 = _row_step(a0, u0, x_ptr, w, wu, sc, zero_n, o_k, m_k, NORM, GATE_UP, EVEN_K, ACC)
+    if N_ROWS > 1:
+        a1, u1 = _row_step(a1, u1, x_ptr + x_stride, w, wu, sc, zero_n, o_k, m_k, NORM, GATE_UP, EVEN_K, ACC)
+    if N_ROWS > 2:
+        a2, u2 = _row_step(a2, u2, x_ptr + 2 * x_stride, w, wu, sc, zero_n, o_k, m_k, NORM, GATE_UP, EVEN_K,
+                           ACC)  # fmt: skip
+    if N_ROWS > 3:
+        a3, u3 = _row_step(a3, u3, x_ptr + 3 * x_stride, w, wu, sc, zero_n, o_k, m_k, NORM, GATE_UP, EVEN_K,
+                           ACC)  # fmt: skip
+    return a0, a1, a2, a3, u0, u1, u2, u3
+
+
+@triton.jit
 def _gemv_kernel(
     x_ptr,
     x_stride,
@@ -368,43 +363,42 @@ def _gemv_kernel(
     before the loop (their latency hidden behind it) rather than after it (no registers held through
     it). SPLIT > 1: the sums go to the float32 workspace ws [SPLIT, N_ROWS, 2 N] (per slice and row: the
     sums, then the up sums) for :func:`_split_reduce_kernel`, which applies the epilogue. PDL: launched
-    as a programmatic dependent; nothing is touched before the wait (module docstring)."""
+    as a programmatic dependent: its first weight tile(s) are loaded before the wait (weights are
+    constant), everything else after it (module docstring)."""
     if PDL:
         gdc_launch_dependents()
-        gdc_wait()
     pid = tl.program_id(0)
     sid = tl.program_id(1)
     o_n = pid * BN + tl.arange(0, BN)
     o_w = tl.minimum(o_n, N - 1)  # past N: re-read the last row (never stored), so no row masks
     zero_n = o_n * 0
+    k_lo = sid * k_slice
+    k_hi = tl.minimum(K, k_lo + k_slice)  # > k_lo: no slice is empty
+    o_k = k_lo + tl.arange(0, BK)
+    m_k = o_k < K
+    w = _tile(w_ptr, o_w, o_k, m_k, K, EVEN_K, ACC)  # the first step's tiles, ahead of the wait
+    wu = w
+    if GATE_UP:
+        wu = _tile(w_ptr + N * K, o_w, o_k, m_k, K, EVEN_K, ACC)
+    if PDL:
+        gdc_wait()
     xs = tl.zeros([RB, KP], dtype=ACC)
     if NORM and SPLIT == 1 and EARLY_X:
         xs = _x_rows(x_ptr, x_stride, K, N_ROWS, RB, KP, ACC)  # issued first, summed after the loop
     zero = tl.zeros([BN, BK], dtype=ACC)
-    a0, a1, a2, a3 = zero, zero, zero, zero
-    u0, u1, u2, u3 = zero, zero, zero, zero
-    k_lo = sid * k_slice
-    for k0 in range(k_lo, tl.minimum(K, k_lo + k_slice), BK):
+    a0, a1, a2, a3, u0, u1, u2, u3 = _k_step(zero, zero, zero, zero, zero, zero, zero, zero, x_ptr,
+                                             x_stride, scale_ptr, w, wu, zero_n, o_k, m_k, N_ROWS, NORM,
+                                             GATE_UP, EVEN_K, ACC)  # fmt: skip
+    for k0 in range(k_lo + BK, k_hi, BK):
         o_k = k0 + tl.arange(0, BK)
         m_k = o_k < K
         w = _tile(w_ptr, o_w, o_k, m_k, K, EVEN_K, ACC)
         wu = w
         if GATE_UP:
             wu = _tile(w_ptr + N * K, o_w, o_k, m_k, K, EVEN_K, ACC)
-        sc = w
-        if NORM:
-            sc = _tile(scale_ptr, zero_n, o_k, m_k, 0, EVEN_K, ACC)
-        a0, u0 = _row_step(a0, u0, x_ptr, w, wu, sc, zero_n, o_k, m_k, NORM, GATE_UP, EVEN_K, ACC)
-        if N_ROWS > 1:
-            a1, u1 = _row_step(
-                a1, u1, x_ptr + x_stride, w, wu, sc, zero_n, o_k, m_k, NORM, GATE_UP, EVEN_K, ACC
-            )
-        if N_ROWS > 2:
-            a2, u2 = _row_step(a2, u2, x_ptr + 2 * x_stride, w, wu, sc, zero_n, o_k, m_k, NORM, GATE_UP,
-                               EVEN_K, ACC)  # fmt: skip
-        if N_ROWS > 3:
-            a3, u3 = _row_step(a3, u3, x_ptr + 3 * x_stride, w, wu, sc, zero_n, o_k, m_k, NORM, GATE_UP,
-                               EVEN_K, ACC)  # fmt: skip
+        a0, a1, a2, a3, u0, u1, u2, u3 = _k_step(a0, a1, a2, a3, u0, u1, u2, u3, x_ptr, x_stride, scale_ptr,
+                                                 w, wu, zero_n, o_k, m_k, N_ROWS, NORM, GATE_UP, EVEN_K,
+                                                 ACC)  # fmt: skip
     acc = tl.zeros([RB, BN], dtype=ACC)
     acc_up = tl.zeros([RB, BN], dtype=ACC)
     acc, acc_up = _collect(acc, acc_up, a0, u0, 0, RB, GATE_UP)
@@ -434,9 +428,10 @@ def _split_reduce_kernel(x_ptr, x_stride, ws_ptr, eps, N, K, bias_ptr, res_ptr, 
                          best_ptr, best_idx_ptr, N_ROWS: tl.constexpr, RB: tl.constexpr, BN: tl.constexpr,
                          KP: tl.constexpr, SPLIT: tl.constexpr, NORM: tl.constexpr, GATE_UP: tl.constexpr,
                          HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr, ARGMAX: tl.constexpr,
-                         ACC: tl.constexpr):  # fmt: skip
+                         ACC: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
     """Output columns pid * BN .. + BN: the SPLIT slices' partial sums added in slice order, then the
     epilogue (:func:`_finish`; NORM: the sum of squares from x itself)."""
+    pdl_start(PDL)
     pid = tl.program_id(0)
     o_n = pid * BN + tl.arange(0, BN)
     rows = tl.arange(0, RB)
@@ -534,9 +529,11 @@ def _rows_kernel(
     RESIDUAL: tl.constexpr,
     ACC: tl.constexpr,
     UPCAST: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Output columns pid(0) * BN .. + BN of rows pid(1) * RB .. + RB (row-tiled: tl.dot tiles,
     :func:`_dot_tile`; x normed before the dots), then :func:`_finish` on the row block."""
+    pdl_start(PDL)
     pid = tl.program_id(0)
     row0 = tl.program_id(1) * RB
     o_n = pid * BN + tl.arange(0, BN)
@@ -558,9 +555,10 @@ def _rows_kernel(
 
 @triton.jit
 def _argmax_reduce_kernel(best_ptr, best_idx_ptr, pick_ptr, len_ptr, max_len, P: tl.constexpr,
-                          BP: tl.constexpr, ADVANCE: tl.constexpr):  # fmt: skip
+                          BP: tl.constexpr, ADVANCE: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
     """pick = the column of the largest of the P block maxima (the first block on ties); ADVANCE: also
     length = min(length + 1, max_len) (the decode step's counter)."""
+    pdl_start(PDL)
     o = tl.arange(0, BP)
     m = o < P
     best = tl.load(best_ptr + o, mask=m, other=float("-inf"))
@@ -631,6 +629,7 @@ def _launch_rows(
         out, float(eps), n, rows_out, k, RB=rb, BN=bn, BK=bk, NORM=norm is not None,
         GATE_UP=kind == "norm_gate_up", HAS_BIAS=bias is not None, RESIDUAL=residual is not None,
         ACC=acc_dtype(x.dtype), UPCAST=half and interpreting(), num_warps=num_warps or warps,
+        **pdl_args(x.device),
     )  # fmt: skip
     return out
 
@@ -688,19 +687,18 @@ def _launch(
     )  # fmt: skip
     bias_, res_ = bias if bias is not None else x, residual if residual is not None else x
     res_stride = residual.stride(0) if residual is not None else 0
-    pdl = _use_pdl(x.device)
     _gemv_kernel[(triton.cdiv(rows_out, bn), split)](
         x, x.stride(0), scale, weight, bias_, res_, res_stride, out, best_val, best_idx, ws, float(eps),
         rows_out, k, k_slice, N_ROWS=n, RB=pow2(n), BN=bn, BK=bk, KP=kp, EARLY_X=early_x,
-        SPLIT=split, EVEN_K=k % bk == 0, PDL=pdl,
-        **flags, num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
+        SPLIT=split, EVEN_K=k % bk == 0,
+        **flags, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args(x.device),
     )  # fmt: skip
     if split > 1:
         rbn, parts = _epilogue_blocks(cfg, rows_out)
         _split_reduce_kernel[(parts,)](
             x, x.stride(0), ws, float(eps), rows_out, k, bias_, res_, res_stride, out, best_val, best_idx,
             N_ROWS=n, RB=pow2(n), BN=rbn, KP=kp, SPLIT=split, **flags,
-            num_warps=4 if kp * pow2(n) <= 2048 else 8,
+            num_warps=4 if kp * pow2(n) <= 2048 else 8, **pdl_args(x.device),
         )  # fmt: skip
     return out
 
@@ -775,7 +773,7 @@ def norm_linear_argmax(
     length, max_len = advance if advance is not None else (pick, 0)
     _argmax_reduce_kernel[(1,)](
         *best, pick, length, int(max_len), P=parts, BP=pow2(parts), ADVANCE=advance is not None,
-        num_warps=4 if parts <= 1024 else 8,
+        num_warps=4 if parts <= 1024 else 8, **pdl_args(x.device),
     )  # fmt: skip
     return logits
 

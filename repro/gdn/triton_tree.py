@@ -136,7 +136,15 @@ import triton
 import triton.language as tl
 
 from repro.gdn.reference import PendingCommit, TreeFactors
-from repro.gdn.triton_common import check_factors, commit_indexed_tile, commit_path_tile, interpreting, pow2
+from repro.gdn.triton_common import (
+    check_factors,
+    commit_indexed_tile,
+    commit_path_tile,
+    interpreting,
+    pdl_args,
+    pdl_start,
+    pow2,
+)
 
 PRECISIONS = ("ieee", "tf32x3", "tf32")
 
@@ -281,6 +289,7 @@ def _tree_verify_kernel(
     WRITE_K: tl.constexpr,
     PENDING: tl.constexpr,
     PNP: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """One (value head, d_v tile): blocked masked-WY verification over all n nodes.
 
@@ -291,6 +300,7 @@ def _tree_verify_kernel(
     Writes o [n, HV, DV] (this tile's columns), delta [n, HV, DV] float32 and gate_cum [n, HV] float32
     (every d_v tile writes the same G values: a benign duplicate).
     """
+    pdl_start(PDL)
     i_h = tl.program_id(0)
     i_v = tl.program_id(1)
     i_kh = i_h // (HV // H)
@@ -403,11 +413,13 @@ def _tree_keys_kernel(
     H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, BR: tl.constexpr, LOG2_BR: tl.constexpr,
     BK: tl.constexpr, CHAIN: tl.constexpr, PREC: tl.constexpr, UPCAST_QK: tl.constexpr,
     BASE16: tl.constexpr, WRITE_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     """Phase 1 of :func:`tree_gdn_split`, one (value head, row block r, column block c <= r) per program:
     the key-only blocks A_rc = diag(beta_r) (K_r K_c^T o Gamma_rc) and P_rc = scale (Q_r K_c^T o Gamma_rc)
     into a [HV, NP, NP] float32 scratch each; a diagonal program (c = r) stores the inverse
     (I + A_rr)^-1 in place of A_rr (phase 2 needs only that) and writes G_r (and k expanded)."""
+    pdl_start(PDL)
     i_h = tl.program_id(0)
     r = tl.program_id(1)
     c = tl.program_id(2)
@@ -485,6 +497,7 @@ def _tree_values_kernel(
     H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BR: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, PENDING: tl.constexpr, PNP: tl.constexpr,
     HOIST: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     """Phase 2 of :func:`tree_gdn_split`, one (value head, d_v tile) per program: the blocked forward
     substitution and outputs of :func:`_tree_verify_kernel` with the key-only blocks read from phase 1's
@@ -494,6 +507,7 @@ def _tree_values_kernel(
     HOIST: the state terms of every row block first, in a pass with no dependence between blocks (X0 into
     ``delta``, the Q S0^T term into the float32 scratch ``qs_ptr`` [n, HV, d_v]), so the serial walk over
     the blocks reads them back instead of computing them in the chain; the same arithmetic, bitwise."""
+    pdl_start(PDL)
     i_h = tl.program_id(0)
     i_v = tl.program_id(1)
     i_kh = i_h // (HV // H)
@@ -586,6 +600,7 @@ def _tree_inverse_kernel(
     n, NP, NR, scale,
     H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BR: tl.constexpr,
     BK: tl.constexpr, BRX: tl.constexpr, BVX: tl.constexpr, PREC: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     """Phase 2 of :func:`tree_gdn_blocked`. Programs (value head, c < NR): column panel c of
     T = (I + A)^-1 from phase 1's blocks (A_rc below the diagonal, T_rr on it) by block forward
@@ -594,6 +609,7 @@ def _tree_inverse_kernel(
     the grid has them (precomputed X0): the value-side right-hand sides of BRX rows x BVX columns tile i,
     X0 = beta (V - e^G K S0^T) and QS = scale e^G Q S0^T, float32 [n, HV, d_v] each: they run beside the
     panels' serial chain instead of inside every phase-3 program."""
+    pdl_start(PDL)
     i_h = tl.program_id(0)
     c = tl.program_id(1)
     if c < NR:
@@ -648,12 +664,14 @@ def _tree_wy_kernel(
     n, NP, scale,
     H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BRV: tl.constexpr,
     BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, PRE_X0: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     """Phase 3 of :func:`tree_gdn_blocked`, one (value head, BRV rows R, d_v tile) per program, no
     dependence on any other program: for each column block c (BC wide) up to R's last row,
     Delta_R += T_Rc X0_c and O_R += PT_Rc X0_c with X0_c = beta_c (V_c - e^{G_c} K_c S0^T) (computed
     here, or read from phase 2's programs with PRE_X0); then O_R += scale e^{G_R} Q_R S0^T (likewise).
     T and PT are read under the mask col <= row < n (their blocks above the diagonal are never written)."""
+    pdl_start(PDL)
     i_h = tl.program_id(0)
     i_r = tl.program_id(1)
     i_v = tl.program_id(2)
@@ -707,8 +725,10 @@ def _tree_states_kernel(
     DV: tl.constexpr,
     BKS: tl.constexpr,
     BV: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """One (value head, d_v tile): the state after every node, in node order, from its parent's state."""
+    pdl_start(PDL)
     i_h = tl.program_id(0)
     i_v = tl.program_id(1)
     i_kh = i_h // (HV // H)
@@ -830,6 +850,7 @@ def tree_gdn_fused(
         H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk, BV=bv,
         CHAIN=c.chain, PREC=precision, UPCAST_QK=c.upcast, BASE16=base16, WRITE_K=c.write_k,
         PENDING=pending is not None, PNP=c.pnp, num_warps=warps, num_stages=num_stages,
+        **pdl_args(c.q.device),
     )  # fmt: skip
     return c.o, c.factors()
 
@@ -893,7 +914,7 @@ def tree_gdn_split(
         c.q, c.k, c.v, c.beta, c.state, a_blocks, p_blocks, c.gate_cum, c.o, c.delta, qs, *c.p_ops,
         c.p_node, c.p_n, c.n, npad, float(scale),
         H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, BK=bk, BV=bv, PREC=precision, PENDING=pending is not None,
-        PNP=c.pnp, HOIST=hoist, num_warps=warps,
+        PNP=c.pnp, HOIST=hoist, num_warps=warps, **pdl_args(c.q.device),
     )  # fmt: skip
     return c.o, c.factors()
 
@@ -911,7 +932,7 @@ def _key_blocks(
     _tree_keys_kernel[(c.hv, nr, nr)](
         c.q, c.k, c.g, c.beta, c.anc, a_blocks, p_blocks, c.gate_cum, c.k_exp, c.n, npad, float(scale),
         H=c.h, HV=c.hv, DK=c.dk, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk, CHAIN=c.chain, PREC=precision,
-        UPCAST_QK=c.upcast, BASE16=br >= 32, WRITE_K=c.write_k, num_warps=warps,
+        UPCAST_QK=c.upcast, BASE16=br >= 32, WRITE_K=c.write_k, num_warps=warps, **pdl_args(c.q.device),
     )  # fmt: skip
     return a_blocks, p_blocks, npad
 
@@ -996,11 +1017,12 @@ def tree_gdn_blocked(
         a_blocks, p_blocks, t_full, pt_full, c.q, c.k, c.v, c.beta, c.state, c.gate_cum, x0, qs,
         c.n, npad, nr, float(scale),
         H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, BK=bk, BRX=brv, BVX=bv, PREC=precision, num_warps=warps,
+        **pdl_args(c.q.device),
     )  # fmt: skip
     _tree_wy_kernel[(c.hv, triton.cdiv(c.n, brv), triton.cdiv(c.dv, bv))](
         c.q, c.k, c.v, c.beta, c.state, t_full, pt_full, c.gate_cum, x0, qs, c.o, c.delta, c.n, npad,
         float(scale), H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BRV=brv, BC=bc, BK=bk, BV=bv, PREC=precision,
-        PRE_X0=nx > 0, num_warps=num_warps_v or 4, num_stages=num_stages_v,
+        PRE_X0=nx > 0, num_warps=num_warps_v or 4, num_stages=num_stages_v, **pdl_args(c.q.device),
     )  # fmt: skip
     return c.o, c.factors()
 
@@ -1179,6 +1201,6 @@ def tree_states_fused(
     grid = (hv, triton.cdiv(dv, bv))
     _tree_states_kernel[grid](
         k, v, g, beta, state, par, states, n,
-        H=h, HV=hv, DK=dk, DV=dv, BKS=bks, BV=bv, num_warps=warps,
+        H=h, HV=hv, DK=dk, DV=dv, BKS=bks, BV=bv, num_warps=warps, **pdl_args(k.device),
     )  # fmt: skip
     return states

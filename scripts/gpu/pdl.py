@@ -1,4 +1,4 @@
-"""Programmatic dependent launch of the GEMV kernels (repro.gdn.triton_linear.dependent_launch) on the
+"""Programmatic dependent launch of the decode kernels (repro.gdn.triton_common.dependent_launch) on the
 decode step, A/B in one process on the H200 (issue 13, item 4: decode near the weight-bandwidth floor).
 
     python3 scripts/gpu/pdl.py OUT_DIR      (one H200: < 90 s)
@@ -7,7 +7,9 @@ At the gdn-1.3b and qwen3.6-27b shapes (random bf16 weights, repro.bench.model.b
 engine's decode configuration (GEMV matmuls, separate GDN core; at 27B decode attention on the tree kernel):
 a CUDA graph of REPS ``decode_pick`` steps from the empty state, captured with and without
 ``dependent_launch``, median us per step over replays (alternating A/B), the first step's logits compared
-bitwise. Writes OUT_DIR/pdl.json and OUT_DIR/pdl.md; prints the markdown.
+bitwise; variants (:data:`VARIANTS`): plain launches, every kernel a programmatic dependent (the GEMVs
+loading their first weight tiles before the wait), and that with the one-kernel fused GDN decode layer.
+Writes OUT_DIR/pdl.json and OUT_DIR/pdl.md; prints the markdown.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's 
 
 from repro.bench.model import MODEL_SHAPES, build_model, weight_bytes  # noqa: E402
 from repro.bench.timing import TimerConfig, measure_ceilings  # noqa: E402
-from repro.gdn import triton_linear as tlin  # noqa: E402
+from repro.gdn.triton_common import dependent_launch  # noqa: E402
 from repro.models.config import GDN  # noqa: E402
 from repro.models.static import StaticDecoder  # noqa: E402
 
@@ -36,7 +38,7 @@ REPLAYS = 7
 def capture(
     dec: StaticDecoder, state: Any, reps: int, pdl: bool
 ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-    with tlin.dependent_launch(pdl):
+    with dependent_launch(pdl):
         dec.load(state)
         dec.set_token(7)
         first = dec.decode_pick().clone()
@@ -63,33 +65,41 @@ def replay_us(dec: StaticDecoder, state: Any, graph: torch.cuda.CUDAGraph, reps:
     return 1e3 * start.elapsed_time(end) / reps
 
 
+VARIANTS = {  # name: (programmatic dependent launch, the fused decode layer instead of the separate core)
+    "plain": (False, False),
+    "pdl": (True, False),
+    "pdl_fused_layer": (True, True),  # the one-kernel GDN decode layer (the engine takes it <= 1024 wide)
+}
+
+
 def shape_rows(shape: str, copy_gbps: float) -> list[dict[str, Any]]:
     dev = torch.device("cuda")
     model = build_model(MODEL_SHAPES[shape](), dev, torch.bfloat16, 0)
     model.set_gdn_backend("triton")
     floor = weight_bytes(model) / (copy_gbps * 1e3)
     attention = any(t != GDN for t in model.config.layer_types)  # 27B: decode attention on the tree kernel
-    dec = StaticDecoder(model, 256, 4, gemv=True, fuse_decode=False, fuse_verify=False,
-                        tree_attention_decode=attention)  # fmt: skip
-    state = dec.export()
     reps = REPS[shape]
-    graphs, firsts = {}, {}
-    for pdl in (False, True):
-        graphs[pdl], firsts[pdl] = capture(dec, state, reps, pdl)
-    times: dict[bool, list[float]] = {False: [], True: []}
+    decoders, graphs, firsts, state = {}, {}, {}, None
+    for name, (pdl, fused) in VARIANTS.items():
+        dec = StaticDecoder(model, 256, 4, gemv=True, fuse_decode=fused, fuse_verify=False,
+                            tree_attention_decode=attention and not fused)  # fmt: skip
+        state = dec.export() if state is None else state
+        decoders[name] = dec
+        graphs[name], firsts[name] = capture(dec, state, reps, pdl)
+    times: dict[str, list[float]] = {name: [] for name in VARIANTS}
     for _ in range(REPLAYS):
-        for pdl in (False, True):
-            times[pdl].append(replay_us(dec, state, graphs[pdl], reps))
-    same = bool(torch.equal(firsts[False], firsts[True]))
+        for name in VARIANTS:
+            times[name].append(replay_us(decoders[name], state, graphs[name], reps))
     rows = []
-    for pdl in (False, True):
-        us = statistics.median(times[pdl])
-        rows.append(dict(shape=shape, pdl=pdl, us=us, floor_us=floor, floor_frac=floor / us, reps=reps,
-                         replays=REPLAYS, first_step_bitwise_equal=same))  # fmt: skip
-        print(
-            f"{shape} pdl={pdl} {us:.1f} us/step ({100 * floor / us:.1f}% of floor) equal={same}", flush=True
-        )
-    del dec, model, graphs
+    for name in VARIANTS:
+        us = statistics.median(times[name])
+        same = bool(torch.equal(firsts["plain"], firsts[name]))
+        err = float((firsts["plain"].float() - firsts[name].float()).abs().max())
+        rows.append(dict(shape=shape, variant=name, us=us, floor_us=floor, floor_frac=floor / us,
+                         reps=reps, replays=REPLAYS, first_step_bitwise_equal=same,
+                         first_step_max_diff=err))  # fmt: skip
+        print(f"{shape} {name} {us:.1f} us/step ({100 * floor / us:.1f}% of floor) equal={same}", flush=True)
+    del decoders, model, graphs
     torch.cuda.empty_cache()
     return rows
 
@@ -112,17 +122,18 @@ def main() -> None:
            "rows": rows}  # fmt: skip
     (out / "pdl.json").write_text(json.dumps(res, indent=1))
     lines = [
-        f"# GEMV programmatic dependent launch, decode step ({res['device']}, {res['seconds']:.0f} s)",
+        f"# Programmatic dependent launch, decode step ({res['device']}, {res['seconds']:.0f} s)",
         "",
-        "| shape | PDL | us/step | floor us | % of floor | first step bitwise equal |",
+        "| shape | variant | us/step | floor us | % of floor | first step = plain's, bitwise (max diff) |",
         "|---|---|--:|--:|--:|---|",
     ]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['shape']} | error: {r['error']} | | | | |")
             continue
-        lines.append(f"| {r['shape']} | {r['pdl']} | {r['us']:.1f} | {r['floor_us']:.1f} | "
-                     f"{100 * r['floor_frac']:.1f}% | {r['first_step_bitwise_equal']} |")  # fmt: skip
+        lines.append(f"| {r['shape']} | {r['variant']} | {r['us']:.1f} | {r['floor_us']:.1f} | "
+                     f"{100 * r['floor_frac']:.1f}% | {r['first_step_bitwise_equal']} "
+                     f"({r['first_step_max_diff']:.2g}) |")  # fmt: skip
     text = "\n".join(lines) + "\n"
     (out / "pdl.md").write_text(text)
     print(text)

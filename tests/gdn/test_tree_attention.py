@@ -517,11 +517,12 @@ def sm90_launches(monkeypatch) -> list[dict[str, object]]:  # noqa: ANN001
 
     def compiled(name: str, args: tuple, kwargs: dict) -> dict[str, object]:
         kernel = kernels[name]
-        sig = {name: "constexpr" for name in kwargs if name != "num_warps"}
+        launch = ("num_warps", "launch_pdl")  # launch options, not kernel arguments
+        sig = {name: "constexpr" for name in kwargs if name not in launch}
         for arg_name, a in zip(kernel.arg_names, args):
             sig[arg_name] = f"*{types[a.dtype]}" if isinstance(a, torch.Tensor) else "i32"
             sig[arg_name] = "fp32" if isinstance(a, float) else sig[arg_name]
-        constexprs = {k: v for k, v in kwargs.items() if k != "num_warps"}
+        constexprs = {k: v for k, v in kwargs.items() if k not in launch}
         source = ASTSource(fn=kernel, signature=sig, constexprs=constexprs)
         out = triton.compile(
             source, target=GPUTarget("cuda", 90, 32), options={"num_warps": kwargs["num_warps"]}

@@ -295,6 +295,54 @@ def test_heuristic_keeps_the_legacy_rule_for_small_matrices():
     assert tlin.heuristic_config("linear_residual", 256, 16384).split_k == 2  # 4M weights
 
 
+@pytest.mark.parametrize("key", [("norm_linear", 8208, 2048), ("norm_gate_up", 5632, 2048)])
+def test_dependent_gemv_loads_weights_before_the_wait(key):
+    """The GEMV kernel as a programmatic dependent (PDL), compiled for sm_90 with the tuned configuration
+    of a GDN-1.3B matrix (Triton's own ptxas, no GPU): its first weight tile is loaded before
+    ``griddepcontrol.wait`` and x after it, and nothing spills."""
+    import re
+    import subprocess
+    import tempfile
+
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    import triton
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas
+    from triton.compiler import ASTSource
+
+    from repro.gdn.triton_linear import TUNED, _gemv_kernel
+
+    kind, n, k = key
+    cfg = TUNED[key]
+    ints = ("x_stride", "res_stride", "N", "K", "k_slice")
+    sig = {a: "i32" if a in ints else "fp32" if a == "eps" else "*bf16" for a in _gemv_kernel.arg_names}
+    sig.update(best_ptr="*fp32", best_idx_ptr="*i64", ws_ptr="*fp32")
+    consts = dict(
+        N_ROWS=1, RB=1, BN=cfg.block_n, BK=cfg.block_k, KP=k, EARLY_X=True, SPLIT=1, EVEN_K=True,
+        NORM=True, GATE_UP=kind == "norm_gate_up", HAS_BIAS=False, RESIDUAL=False, ARGMAX=False,
+        ACC=tl.float32, PDL=True,
+    )  # fmt: skip
+    sig.update(dict.fromkeys(consts, "constexpr"))
+    names = _gemv_kernel.arg_names
+    # as a launch specializes them: 16-byte aligned pointers, sizes and strides divisible by 16
+    aligned = [a for a in names if sig[a].startswith("*") or a in ("N", "K", "k_slice", "x_stride")]
+    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in aligned}
+    const_at = {(names.index(a),): v for a, v in consts.items()}
+    src = ASTSource(_gemv_kernel, {a: sig[a] for a in names}, const_at, attrs)
+    options = {"num_warps": cfg.num_warps}
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+    wait = ptx.index("griddepcontrol.wait")
+    assert ptx.index("griddepcontrol.launch_dependents") < wait
+    assert re.search(r"ld\.global[^\n]*\.v4", ptx[:wait]), "no wide weight load before the wait"
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(f"{tmp}/k.ptx", "w") as f:
+            f.write(ptx)
+        cmd = [get_ptxas(90).path, "-arch=sm_90a", "-v", f"{tmp}/k.ptx", "-o", f"{tmp}/k.cubin"]
+        log = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
+    assert sum(int(b) for b in re.findall(r"(\d+) bytes spill stores", log)) == 0
+
+
 # ---------------------------------------------------------------------------------------------- GPU
 
 
@@ -333,27 +381,13 @@ def test_gpu_kernels_at_the_1p3b_shapes(rows):
     assert all(v for c, v in results.items() if c.endswith("repeat_equal"))
 
 
-def test_dependent_launch_switch():
-    """dependent_launch stacks and restores; it never applies off CUDA (nor in the interpreter)."""
-    from repro.gdn import triton_linear as tlin
-
-    cpu = torch.device("cpu")
-    assert tlin._pdl == [True]  # on by default (measured: results/2026-12-01-h200-kernels-5/scripts/pdl)
-    assert not tlin._use_pdl(cpu)
-    with tlin.dependent_launch(False):
-        assert tlin._pdl[-1] is False and not tlin._use_pdl(cpu)
-        with tlin.dependent_launch():
-            assert tlin._pdl[-1] is True and not tlin._use_pdl(cpu)
-        assert tlin._pdl[-1] is False
-    assert tlin._pdl == [True]
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_dependent_launch_is_bitwise_equal():
     """A decode layer's chain of GEMVs (each reading the previous output), 20 times over in one CUDA graph,
     gives bitwise the same result with programmatic dependent launch as without (bf16, 1.3B matrices)."""
     from repro.gdn import triton_linear as tlin
+    from repro.gdn.triton_common import dependent_launch, use_pdl
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     d, inner, qkv = 2048, 5632, 8208
@@ -375,8 +409,8 @@ def test_gpu_dependent_launch_is_bitwise_equal():
 
     outs = []
     for on in (False, True):
-        with tlin.dependent_launch(on):
-            assert tlin._use_pdl(x0.device) == (on and torch.cuda.get_device_capability() >= (9, 0))
+        with dependent_launch(on):
+            assert use_pdl(x0.device) == (on and torch.cuda.get_device_capability() >= (9, 0))
             layers(x0)  # compile and warm up outside the capture
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()

@@ -201,7 +201,7 @@ def compile_for_sm90(dtype: str, n: int, k: int, rows: int, flags: dict[str, boo
     ptr = f"*{dtype}"
     sig = dict.fromkeys(("x_ptr", "scale_ptr", "w_ptr", "bias_ptr", "res_ptr", "out_ptr"), ptr)
     sig.update(x_stride="i32", res_stride="i32", eps="fp32", n_rows="i32", N="i32", K="i32")
-    consts = {"RB": rb, "BN": bn, "BK": bk, "ACC": tl.float32, "UPCAST": False}
+    consts = {"RB": rb, "BN": bn, "BK": bk, "ACC": tl.float32, "UPCAST": False, "PDL": True}
     for flag in ("NORM", "GATE_UP", "HAS_BIAS", "RESIDUAL"):
         consts[flag] = flags.get(flag, False)
     names = _rows_kernel.arg_names

@@ -1,0 +1,68 @@
+"""Programmatic dependent launch (repro.gdn.triton_common.dependent_launch): the switch, and on the GPU a
+whole decode step's kernels (GEMVs with their weights loaded before the wait, the GDN core, gated norm,
+norms, the LM head's argmax) bitwise equal with and without it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from repro.gdn import triton_common as tc
+
+
+def test_dependent_launch_switch():
+    """dependent_launch stacks and restores; it never applies off CUDA (nor in the interpreter); a launch's
+    two arguments always agree."""
+    cpu = torch.device("cpu")
+    assert tc._pdl == [True]  # on by default (measured: results/2026-12-01-h200-kernels-5/scripts/pdl)
+    assert not tc.use_pdl(cpu) and tc.pdl_args(cpu) == {"PDL": False, "launch_pdl": False}
+    with tc.dependent_launch(False):
+        assert tc._pdl[-1] is False and not tc.use_pdl(cpu)
+        with tc.dependent_launch():
+            assert tc._pdl[-1] is True and not tc.use_pdl(cpu)
+        assert tc._pdl[-1] is False
+    assert tc._pdl == [True]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("fuse_decode", [False, True])
+def test_gpu_decode_steps_bitwise_equal_with_pdl(fuse_decode: bool):
+    """Twelve greedy decode steps of a bf16 hybrid (GDN and attention layers) in one CUDA graph on the
+    static decoder's GEMV path: the picks and the last logits are bitwise equal with and without
+    programmatic dependent launch (every Triton kernel of the step launched as a dependent)."""
+    from repro.bench.model import build_model
+    from repro.models.config import ATTENTION, GDN, HybridConfig
+    from repro.models.static import StaticDecoder
+
+    cfg = HybridConfig(
+        vocab_size=4096, hidden_size=1024, intermediate_size=2816, layer_types=[GDN, GDN, ATTENTION, GDN],
+        linear_num_key_heads=8, linear_num_value_heads=16, linear_key_head_dim=128, linear_value_head_dim=64,
+        num_attention_heads=8, num_key_value_heads=2, head_dim=128,
+    )  # fmt: skip
+    model = build_model(cfg, torch.device("cuda"), torch.bfloat16, 3)
+    model.set_gdn_backend("triton")
+    runs = []
+    for on in (False, True):
+        with tc.dependent_launch(on):
+            dec = StaticDecoder(model, 64, 4, gemv=True, fuse_decode=fuse_decode, fuse_verify=False)
+            dec.set_token(11)
+            dec.decode_pick()  # compile outside the capture
+            dec.load(model.empty_state())
+            dec.set_token(11)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            picks = torch.zeros(12, dtype=torch.long, device="cuda")
+            with torch.cuda.graph(graph):
+                for i in range(12):
+                    dec.decode_pick()
+                    picks[i : i + 1].copy_(dec.pick)
+                    dec.token.copy_(dec.pick)  # the pick is the next token
+            dec.load(model.empty_state())
+            dec.set_token(11)
+            graph.replay()
+            torch.cuda.synchronize()
+            runs.append((picks.cpu(), dec.decode_step().clone()))
+    (picks_off, logits_off), (picks_on, logits_on) = runs
+    assert torch.isfinite(logits_off.float()).all()
+    assert torch.equal(picks_off, picks_on) and torch.equal(logits_off, logits_on)
