@@ -69,14 +69,15 @@ def check_factors(
     )
 
 
-_pdl: list[bool] = [True]  # dependent_launch's stack; the bottom is the default
+_pdl: list[tuple[bool, bool]] = [(True, True)]  # dependent_launch's stack: (enabled, early weights)
 
 
 @contextlib.contextmanager
-def dependent_launch(enabled: bool = True) -> Iterator[None]:
+def dependent_launch(enabled: bool = True, early_weights: bool = True) -> Iterator[None]:
     """Within the block, the kernels that support it use programmatic dependent launch (module
-    docstring) where the device supports it. Capture a CUDA graph inside the block to keep the choice."""
-    _pdl.append(enabled)
+    docstring) where the device supports it; ``early_weights``: the GEMV kernels load their first weight
+    tile before the wait. Capture a CUDA graph inside the block to keep the choice."""
+    _pdl.append((enabled, early_weights))
     try:
         yield
     finally:
@@ -86,9 +87,14 @@ def dependent_launch(enabled: bool = True) -> Iterator[None]:
 def use_pdl(device: torch.device) -> bool:
     """Whether a launch on ``device`` now is a programmatic dependent one (its ``PDL`` constexpr and
     ``launch_pdl``): on, on CUDA, compute capability 9.0 or later, not in the interpreter."""
-    if not _pdl[-1] or interpreting() or device.type != "cuda":
+    if not _pdl[-1][0] or interpreting() or device.type != "cuda":
         return False
     return _capability(device.index if device.index is not None else torch.cuda.current_device()) >= (9, 0)
+
+
+def early_weights(device: torch.device) -> bool:
+    """Whether a dependent GEMV launch on ``device`` now loads its first weight tile before the wait."""
+    return use_pdl(device) and _pdl[-1][1]
 
 
 def pdl_args(device: torch.device) -> dict[str, bool]:

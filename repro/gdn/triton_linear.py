@@ -73,7 +73,16 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from repro.errors import ConfigError
-from repro.gdn.triton_common import acc_dtype, interpreting, pdl_args, pdl_start, pow2, round_to, silu
+from repro.gdn.triton_common import (
+    acc_dtype,
+    early_weights,
+    interpreting,
+    pdl_args,
+    pdl_start,
+    pow2,
+    round_to,
+    silu,
+)
 
 MAX_ROWS = 4  # rows of x the GEMV variant takes (decode: 1); its programs keep them all in registers
 # rows of x per call in all (the row-tiled variant above MAX_ROWS): the verify slots of the budgets the
@@ -355,6 +364,7 @@ def _gemv_kernel(
     ARGMAX: tl.constexpr,
     ACC: tl.constexpr,
     PDL: tl.constexpr,
+    EARLY_W: tl.constexpr,
 ):
     """Output columns pid * BN .. + BN of every row, over K columns sid * k_slice .. + k_slice (program
     axis 1; all of K without split). GATE_UP: W is [2 N, K] = [gate; up] and the output is
@@ -363,8 +373,8 @@ def _gemv_kernel(
     before the loop (their latency hidden behind it) rather than after it (no registers held through
     it). SPLIT > 1: the sums go to the float32 workspace ws [SPLIT, N_ROWS, 2 N] (per slice and row: the
     sums, then the up sums) for :func:`_split_reduce_kernel`, which applies the epilogue. PDL: launched
-    as a programmatic dependent: its first weight tile(s) are loaded before the wait (weights are
-    constant), everything else after it (module docstring)."""
+    as a programmatic dependent; EARLY_W (with PDL): its first weight tile(s) are loaded before the wait
+    (weights are constant), everything else after it (module docstring)."""
     if PDL:
         gdc_launch_dependents()
     pid = tl.program_id(0)
@@ -374,22 +384,28 @@ def _gemv_kernel(
     zero_n = o_n * 0
     k_lo = sid * k_slice
     k_hi = tl.minimum(K, k_lo + k_slice)  # > k_lo: no slice is empty
-    o_k = k_lo + tl.arange(0, BK)
-    m_k = o_k < K
-    w = _tile(w_ptr, o_w, o_k, m_k, K, EVEN_K, ACC)  # the first step's tiles, ahead of the wait
-    wu = w
-    if GATE_UP:
-        wu = _tile(w_ptr + N * K, o_w, o_k, m_k, K, EVEN_K, ACC)
+    if EARLY_W:  # the first step's tiles, ahead of the wait
+        o_k = k_lo + tl.arange(0, BK)
+        m_k = o_k < K
+        w = _tile(w_ptr, o_w, o_k, m_k, K, EVEN_K, ACC)
+        wu = w
+        if GATE_UP:
+            wu = _tile(w_ptr + N * K, o_w, o_k, m_k, K, EVEN_K, ACC)
     if PDL:
         gdc_wait()
     xs = tl.zeros([RB, KP], dtype=ACC)
     if NORM and SPLIT == 1 and EARLY_X:
         xs = _x_rows(x_ptr, x_stride, K, N_ROWS, RB, KP, ACC)  # issued first, summed after the loop
     zero = tl.zeros([BN, BK], dtype=ACC)
-    a0, a1, a2, a3, u0, u1, u2, u3 = _k_step(zero, zero, zero, zero, zero, zero, zero, zero, x_ptr,
-                                             x_stride, scale_ptr, w, wu, zero_n, o_k, m_k, N_ROWS, NORM,
-                                             GATE_UP, EVEN_K, ACC)  # fmt: skip
-    for k0 in range(k_lo + BK, k_hi, BK):
+    a0, a1, a2, a3 = zero, zero, zero, zero
+    u0, u1, u2, u3 = zero, zero, zero, zero
+    k_start = k_lo
+    if EARLY_W:
+        a0, a1, a2, a3, u0, u1, u2, u3 = _k_step(a0, a1, a2, a3, u0, u1, u2, u3, x_ptr, x_stride, scale_ptr,
+                                                 w, wu, zero_n, o_k, m_k, N_ROWS, NORM, GATE_UP, EVEN_K,
+                                                 ACC)  # fmt: skip
+        k_start = k_lo + BK
+    for k0 in range(k_start, k_hi, BK):
         o_k = k0 + tl.arange(0, BK)
         m_k = o_k < K
         w = _tile(w_ptr, o_w, o_k, m_k, K, EVEN_K, ACC)
@@ -691,7 +707,8 @@ def _launch(
         x, x.stride(0), scale, weight, bias_, res_, res_stride, out, best_val, best_idx, ws, float(eps),
         rows_out, k, k_slice, N_ROWS=n, RB=pow2(n), BN=bn, BK=bk, KP=kp, EARLY_X=early_x,
         SPLIT=split, EVEN_K=k % bk == 0,
-        **flags, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args(x.device),
+        EARLY_W=early_weights(x.device), **flags, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **pdl_args(x.device),
     )  # fmt: skip
     if split > 1:
         rbn, parts = _epilogue_blocks(cfg, rows_out)

@@ -7,8 +7,8 @@ At the gdn-1.3b and qwen3.6-27b shapes (random bf16 weights, repro.bench.model.b
 engine's decode configuration (GEMV matmuls, separate GDN core; at 27B decode attention on the tree kernel):
 a CUDA graph of REPS ``decode_pick`` steps from the empty state, captured with and without
 ``dependent_launch``, median us per step over replays (alternating A/B), the first step's logits compared
-bitwise; variants (:data:`VARIANTS`): plain launches, every kernel a programmatic dependent (the GEMVs
-loading their first weight tiles before the wait), and that with the one-kernel fused GDN decode layer.
+bitwise; variants (:data:`VARIANTS`): plain launches, every kernel a programmatic dependent, and that
+with the GEMVs loading their first weight tiles before the wait.
 Writes OUT_DIR/pdl.json and OUT_DIR/pdl.md; prints the markdown.
 """
 
@@ -36,9 +36,9 @@ REPLAYS = 7
 
 
 def capture(
-    dec: StaticDecoder, state: Any, reps: int, pdl: bool
+    dec: StaticDecoder, state: Any, reps: int, variant: tuple[bool, bool]
 ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-    with dependent_launch(pdl):
+    with dependent_launch(*variant):
         dec.load(state)
         dec.set_token(7)
         first = dec.decode_pick().clone()
@@ -65,10 +65,10 @@ def replay_us(dec: StaticDecoder, state: Any, graph: torch.cuda.CUDAGraph, reps:
     return 1e3 * start.elapsed_time(end) / reps
 
 
-VARIANTS = {  # name: (programmatic dependent launch, the fused decode layer instead of the separate core)
+VARIANTS = {  # name: dependent_launch's (enabled, early_weights)
     "plain": (False, False),
     "pdl": (True, False),
-    "pdl_fused_layer": (True, True),  # the one-kernel GDN decode layer (the engine takes it <= 1024 wide)
+    "pdl_early_weights": (True, True),
 }
 
 
@@ -78,18 +78,17 @@ def shape_rows(shape: str, copy_gbps: float) -> list[dict[str, Any]]:
     model.set_gdn_backend("triton")
     floor = weight_bytes(model) / (copy_gbps * 1e3)
     attention = any(t != GDN for t in model.config.layer_types)  # 27B: decode attention on the tree kernel
+    dec = StaticDecoder(model, 256, 4, gemv=True, fuse_decode=False, fuse_verify=False,
+                        tree_attention_decode=attention)  # fmt: skip
+    state = dec.export()
     reps = REPS[shape]
-    decoders, graphs, firsts, state = {}, {}, {}, None
-    for name, (pdl, fused) in VARIANTS.items():
-        dec = StaticDecoder(model, 256, 4, gemv=True, fuse_decode=fused, fuse_verify=False,
-                            tree_attention_decode=attention and not fused)  # fmt: skip
-        state = dec.export() if state is None else state
-        decoders[name] = dec
-        graphs[name], firsts[name] = capture(dec, state, reps, pdl)
+    graphs, firsts = {}, {}
+    for name, variant in VARIANTS.items():
+        graphs[name], firsts[name] = capture(dec, state, reps, variant)
     times: dict[str, list[float]] = {name: [] for name in VARIANTS}
     for _ in range(REPLAYS):
         for name in VARIANTS:
-            times[name].append(replay_us(decoders[name], state, graphs[name], reps))
+            times[name].append(replay_us(dec, state, graphs[name], reps))
     rows = []
     for name in VARIANTS:
         us = statistics.median(times[name])
@@ -99,7 +98,7 @@ def shape_rows(shape: str, copy_gbps: float) -> list[dict[str, Any]]:
                          reps=reps, replays=REPLAYS, first_step_bitwise_equal=same,
                          first_step_max_diff=err))  # fmt: skip
         print(f"{shape} {name} {us:.1f} us/step ({100 * floor / us:.1f}% of floor) equal={same}", flush=True)
-    del decoders, model, graphs
+    del dec, model, graphs
     torch.cuda.empty_cache()
     return rows
 

@@ -98,7 +98,7 @@ def phases(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
                         c.q, c.k, c.v, c.beta, c.state, a, p, c.gate_cum, c.o, c.delta, s, *c.p_ops,
                         c.p_node, c.p_n, c.n, npad, float(scale),
                         H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, BK=b, BV=bv, PREC=PREC, PENDING=False,
-                        PNP=c.pnp, HOIST=h, num_warps=w,
+                        PNP=c.pnp, HOIST=h, PDL=False, num_warps=w,
                     )  # fmt: skip
 
                 name = "phase2-hoist" if hoist else "phase2"
@@ -144,7 +144,7 @@ def keys_knobs(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
 
             def launch(kw=kw, nr=nr, npad=npad, a=a, p=p) -> None:
                 tt._tree_keys_kernel[(c.hv, nr, nr)](
-                    c.q, c.k, c.g, c.beta, c.anc, a, p, c.gate_cum, c.k_exp, c.n, npad, 1.0, **kw
+                    c.q, c.k, c.g, c.beta, c.anc, a, p, c.gate_cum, c.k_exp, c.n, npad, 1.0, PDL=False, **kw
                 )
 
             r: dict[str, Any] = dict(shape=shape, T=t, variant=f"phase1:{name}", block_rows=br)

@@ -14,14 +14,17 @@ def test_dependent_launch_switch():
     """dependent_launch stacks and restores; it never applies off CUDA (nor in the interpreter); a launch's
     two arguments always agree."""
     cpu = torch.device("cpu")
-    assert tc._pdl == [True]  # on by default (measured: results/2026-12-01-h200-kernels-5/scripts/pdl)
+    assert tc._pdl == [
+        (True, True)
+    ]  # on by default (measured: results/2026-12-01-h200-kernels-5/scripts/pdl)
     assert not tc.use_pdl(cpu) and tc.pdl_args(cpu) == {"PDL": False, "launch_pdl": False}
+    assert not tc.early_weights(cpu)
     with tc.dependent_launch(False):
-        assert tc._pdl[-1] is False and not tc.use_pdl(cpu)
-        with tc.dependent_launch():
-            assert tc._pdl[-1] is True and not tc.use_pdl(cpu)
-        assert tc._pdl[-1] is False
-    assert tc._pdl == [True]
+        assert tc._pdl[-1] == (False, True) and not tc.use_pdl(cpu)
+        with tc.dependent_launch(early_weights=False):
+            assert tc._pdl[-1] == (True, False) and not tc.use_pdl(cpu) and not tc.early_weights(cpu)
+        assert tc._pdl[-1] == (False, True)
+    assert tc._pdl == [(True, True)]
 
 
 @pytest.mark.gpu
@@ -30,7 +33,8 @@ def test_dependent_launch_switch():
 def test_gpu_decode_steps_bitwise_equal_with_pdl(fuse_decode: bool):
     """Twelve greedy decode steps of a bf16 hybrid (GDN and attention layers) in one CUDA graph on the
     static decoder's GEMV path: the picks and the last logits are bitwise equal with and without
-    programmatic dependent launch (every Triton kernel of the step launched as a dependent)."""
+    programmatic dependent launch (every Triton kernel of the step launched as a dependent), the GEMVs'
+    first weight tiles loaded before the wait or after it."""
     from repro.bench.model import build_model
     from repro.models.config import ATTENTION, GDN, HybridConfig
     from repro.models.static import StaticDecoder
@@ -43,8 +47,8 @@ def test_gpu_decode_steps_bitwise_equal_with_pdl(fuse_decode: bool):
     model = build_model(cfg, torch.device("cuda"), torch.bfloat16, 3)
     model.set_gdn_backend("triton")
     runs = []
-    for on in (False, True):
-        with tc.dependent_launch(on):
+    for on, early in ((False, False), (True, False), (True, True)):
+        with tc.dependent_launch(on, early):
             dec = StaticDecoder(model, 64, 4, gemv=True, fuse_decode=fuse_decode, fuse_verify=False)
             dec.set_token(11)
             dec.decode_pick()  # compile outside the capture
@@ -63,6 +67,7 @@ def test_gpu_decode_steps_bitwise_equal_with_pdl(fuse_decode: bool):
             graph.replay()
             torch.cuda.synchronize()
             runs.append((picks.cpu(), dec.decode_step().clone()))
-    (picks_off, logits_off), (picks_on, logits_on) = runs
+    (picks_off, logits_off), *dependent = runs
     assert torch.isfinite(logits_off.float()).all()
-    assert torch.equal(picks_off, picks_on) and torch.equal(logits_off, logits_on)
+    for picks_on, logits_on in dependent:
+        assert torch.equal(picks_off, picks_on) and torch.equal(logits_off, logits_on)
