@@ -5,10 +5,11 @@ compatibility patch (applied on import, once, only in interpreter mode).
 Programmatic dependent launch (:func:`dependent_launch`, on by default; compute capability 9.0 and later,
 never in the interpreter): a kernel that takes a ``PDL`` constexpr starts with :func:`pdl_start`
 (``griddepcontrol.launch_dependents``, then ``griddepcontrol.wait``) and is launched with
-``launch_pdl=use_pdl(device)``, so that the next launch of the stream (in a CUDA graph too) is scheduled
+``launch_pdl=use_pdl(device)`` (:func:`pdl_args`), so that the next launch of the stream (in a CUDA graph too) is scheduled
 while this one drains and the gap between back-to-back kernels is hidden. The wait returns once the
 kernel before it has completed and its writes are visible, so nothing that kernel writes may be read
-before it; constant operands (weights) may be (the GEMV kernels load their first weight tile before it).
+before it; constant operands (weights) may be (``early_weights``: the GEMV kernels load their first weight
+tile before it; off by default, measured slower).
 A kernel launched with ``launch_pdl`` must wait before it reads its inputs: the two go together
 (:func:`use_pdl` for both). Results are bitwise those of a plain launch.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 from collections.abc import Iterator
 
 import torch
@@ -69,11 +71,14 @@ def check_factors(
     )
 
 
-_pdl: list[tuple[bool, bool]] = [(True, True)]  # dependent_launch's stack: (enabled, early weights)
+# dependent_launch's stack of (enabled, early weights); the bottom is the default: on (REPRO_PDL=0: off, for
+# A/B runs of whole commands), without early weight loads (measured slower: GDN-1.3B decode 1117 -> 1213 us,
+# results/2026-12-02-h200-pdl-slots/scripts/pdl)
+_pdl: list[tuple[bool, bool]] = [(os.environ.get("REPRO_PDL", "1") != "0", False)]
 
 
 @contextlib.contextmanager
-def dependent_launch(enabled: bool = True, early_weights: bool = True) -> Iterator[None]:
+def dependent_launch(enabled: bool = True, early_weights: bool = False) -> Iterator[None]:
     """Within the block, the kernels that support it use programmatic dependent launch (module
     docstring) where the device supports it; ``early_weights``: the GEMV kernels load their first weight
     tile before the wait. Capture a CUDA graph inside the block to keep the choice."""

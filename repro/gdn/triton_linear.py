@@ -46,11 +46,11 @@ dots, so expect it to change little here.)
 
 Programmatic dependent launch (:func:`repro.gdn.triton_common.dependent_launch`, on by default; Hopper and
 later, never in the interpreter): every kernel here is launched as a programmatic dependent, so that the
-next launch of the stream (in a CUDA graph too) is scheduled while this one drains. The GEMV kernel goes
-one step further: its first K step's weight tile(s) are loaded *before* ``griddepcontrol.wait`` (weights are
-constant; x, the norm scale and everything the previous kernel writes are read after it), so the first
-HBM round trip of a small matrix overlaps the previous kernel's tail. Results are bitwise those of a
-plain launch. Measured on an H200 (decode step, random bf16 weights, GEMVs alone as dependents, no early
+next launch of the stream (in a CUDA graph too) is scheduled while this one drains. With
+``early_weights`` the GEMV kernel loads its first K step's weight tile(s) *before* ``griddepcontrol.wait``
+(weights are constant; x, the norm scale and everything the previous kernel writes are read after it), so
+that the first HBM round trip of a small matrix would overlap the previous kernel's tail: measured slower
+(GDN-1.3B decode 1117 -> 1213 us), so off by default. Results are bitwise those of a plain launch. Measured on an H200 (decode step, random bf16 weights, GEMVs alone as dependents, no early
 weight loads: results/2026-12-01-h200-kernels-5/scripts/pdl): GDN-1.3B 1164 -> 1113 us, Qwen3.6-27B
 13633 -> 13582 us, logits bitwise equal.
 

@@ -20,11 +20,11 @@ def test_dependent_launch_switch():
     assert not tc.use_pdl(cpu) and tc.pdl_args(cpu) == {"PDL": False, "launch_pdl": False}
     assert not tc.early_weights(cpu)
     with tc.dependent_launch(False):
-        assert tc._pdl[-1] == (False, True) and not tc.use_pdl(cpu)
-        with tc.dependent_launch(early_weights=False):
-            assert tc._pdl[-1] == (True, False) and not tc.use_pdl(cpu) and not tc.early_weights(cpu)
-        assert tc._pdl[-1] == (False, True)
-    assert tc._pdl == [(True, True)]
+        assert tc._pdl[-1] == (False, False) and not tc.use_pdl(cpu)
+        with tc.dependent_launch(early_weights=True):
+            assert tc._pdl[-1] == (True, True) and not tc.use_pdl(cpu) and not tc.early_weights(cpu)
+        assert tc._pdl[-1] == (False, False)
+    assert tc._pdl == [(True, False)]
 
 
 @pytest.mark.gpu
