@@ -5,13 +5,13 @@ compatibility patch (applied on import, once, only in interpreter mode).
 Programmatic dependent launch (:func:`dependent_launch`, on by default; compute capability 9.0 and later,
 never in the interpreter): a kernel that takes a ``PDL`` constexpr starts with :func:`pdl_start`
 (``griddepcontrol.launch_dependents``, then ``griddepcontrol.wait``) and is launched with
-``launch_pdl=use_pdl(device)`` (:func:`pdl_args`), so that the next launch of the stream (in a CUDA graph too) is scheduled
-while this one drains and the gap between back-to-back kernels is hidden. The wait returns once the
-kernel before it has completed and its writes are visible, so nothing that kernel writes may be read
-before it; constant operands (weights) may be (``early_weights``: the GEMV kernels load their first weight
-tile before it; off by default, measured slower).
-A kernel launched with ``launch_pdl`` must wait before it reads its inputs: the two go together
-(:func:`use_pdl` for both). Results are bitwise those of a plain launch.
+``launch_pdl=use_pdl(device)`` (:func:`pdl_args`), so that the next launch of the stream (in a CUDA
+graph too) is scheduled while this one drains and the gap between back-to-back kernels is hidden. The
+wait returns once the kernel before it has completed and its writes are visible, so nothing that kernel
+writes may be read before it; constant operands (weights) may be (``early_weights``: the GEMV kernels
+load their first weight tile before it; off by default, measured slower). A kernel launched with
+``launch_pdl`` must wait before it reads its inputs: the two go together (:func:`use_pdl` for both).
+Results are bitwise those of a plain launch.
 """
 
 from __future__ import annotations

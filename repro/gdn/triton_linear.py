@@ -50,9 +50,10 @@ next launch of the stream (in a CUDA graph too) is scheduled while this one drai
 ``early_weights`` the GEMV kernel loads its first K step's weight tile(s) *before* ``griddepcontrol.wait``
 (weights are constant; x, the norm scale and everything the previous kernel writes are read after it), so
 that the first HBM round trip of a small matrix would overlap the previous kernel's tail: measured slower
-(GDN-1.3B decode 1117 -> 1213 us), so off by default. Results are bitwise those of a plain launch. Measured on an H200 (decode step, random bf16 weights, GEMVs alone as dependents, no early
-weight loads: results/2026-12-01-h200-kernels-5/scripts/pdl): GDN-1.3B 1164 -> 1113 us, Qwen3.6-27B
-13633 -> 13582 us, logits bitwise equal.
+(GDN-1.3B decode 1117 -> 1213 us), so off by default. Results are bitwise those of a plain launch.
+Measured on an H200 (decode step, random bf16 weights, results/2026-12-02-h200-pdl-slots/scripts/pdl):
+GDN-1.3B 1163 -> 1117 us, Qwen3.6-27B 13635 -> 13630 us (GEMVs alone as dependents, the day before:
+1164 -> 1113, 13633 -> 13582), logits bitwise equal.
 
 Semantics are those of :func:`repro.models.layers.rms_norm`, ``F.silu`` and ``F.linear`` (pinned in
 tests/gdn/test_triton_linear.py): float32 results agree to ~1e-6; bf16 ones carry one bf16 rounding of the
