@@ -14,9 +14,7 @@ def test_dependent_launch_switch():
     """dependent_launch stacks and restores; it never applies off CUDA (nor in the interpreter); a launch's
     two arguments always agree."""
     cpu = torch.device("cpu")
-    assert tc._pdl == [
-        (True, True)
-    ]  # on by default (measured: results/2026-12-01-h200-kernels-5/scripts/pdl)
+    assert tc._pdl == [(True, False)]  # on by default (no REPRO_PDL here), without early weight loads
     assert not tc.use_pdl(cpu) and tc.pdl_args(cpu) == {"PDL": False, "launch_pdl": False}
     assert not tc.early_weights(cpu)
     with tc.dependent_launch(False):
