@@ -9,7 +9,8 @@
 #
 # Environment: OUT (results; default runs/gpu-session), TEST_FILES (default none), SCRIPTS (names under
 # scripts/gpu/, default all), SCRIPT_TIMEOUT (100 s), EXPERIMENT (none: skip), LIMIT (2), RUN_TIMEOUT
-# (200 s), RUN_ARGS (extra `repro run` options), REPRO_GIT_SHA. Results: $OUT/session.log and
+# (200 s), RUN_ARGS (extra `repro run` options), REPRO_GIT_SHA (put the sha in the command literally: the
+# device copy's .git can be stale, so `git rev-parse` there names an older commit). Results: $OUT/session.log and
 # $OUT/session.tar.gz (tests/, scripts/<name>/, run/).
 set -uo pipefail
 cd "$(dirname "$0")/.."

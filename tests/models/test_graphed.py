@@ -227,6 +227,26 @@ def test_slot_steps_with_captured_layers_are_capture_safe():
     assert traces[0] == traces[2] and traces[1] == traces[3]
 
 
+def test_a_root_and_a_power_of_two_budget_fill_their_slot(monkeypatch):
+    """Trees of 2^k + 1 nodes (a root and a budget of 2^k) verify on a slot of exactly that size, whose
+    verify and commit graphs ``prepare`` captured ahead: verifying and committing one captures nothing."""
+    import repro.models.graphs as graphs
+
+    assert [slot_size(n, 1024) for n in (2, 3, 5, 9, 17, 33, 65, 129)] == [2, 3, 5, 9, 17, 33, 65, 129]
+    assert [slot_size(n, 1024) for n in (6, 34, 66, 130)] == [8, 64, 128, 256]
+    monkeypatch.setattr(graphs, "GraphedCall", lambda fn, device: fn)
+    target = GraphedTarget(small_hybrid(2), max_len=64, max_nodes=64, graphs=False)
+    state, _ = target.prefill(small_ids(5, 3))
+    target.graphs = True
+    target.prepare(("closed_form",), (), 64)
+    captured = target.captures
+    tree = random_token_tree(33, "mixed", 33)
+    ver = target.verify(state, tree)
+    assert ver.slot is not None and ver.slot.size == 33
+    target.commit(state, ver, tree.path_to(32))
+    assert target.captures == captured
+
+
 def test_engine_names():
     assert resolve_engine("auto", "cpu") == "eager" and resolve_engine("auto", "cuda") == "graphed"
     assert resolve_engine("graphed", "cpu") == "graphed"
