@@ -314,6 +314,16 @@ def _finish(acc, acc_up, ss, blk, N, K, eps, bias_ptr, res_ptr, res_stride, out_
 
 
 @triton.jit
+def _w_tiles(w_ptr, o_w, o_k, m_k, N, K, GATE_UP: tl.constexpr, EVEN_K: tl.constexpr, ACC: tl.constexpr):
+    """The weight tile [BN, BK] of rows o_w, columns o_k (GATE_UP: and the up half's, rows N + o_w)."""
+    w = _tile(w_ptr, o_w, o_k, m_k, K, EVEN_K, ACC)
+    wu = w
+    if GATE_UP:
+        wu = _tile(w_ptr + N * K, o_w, o_k, m_k, K, EVEN_K, ACC)
+    return w, wu
+
+
+@triton.jit
 def _k_step(a0, a1, a2, a3, u0, u1, u2, u3, x_ptr, x_stride, scale_ptr, w, wu, zero_n, o_k, m_k,
             N_ROWS: tl.constexpr, NORM: tl.constexpr, GATE_UP: tl.constexpr, EVEN_K: tl.constexpr,
             ACC: tl.constexpr):  # fmt: skip
@@ -388,10 +398,7 @@ def _gemv_kernel(
     if EARLY_W:  # the first step's tiles, ahead of the wait
         o_k = k_lo + tl.arange(0, BK)
         m_k = o_k < K
-        w = _tile(w_ptr, o_w, o_k, m_k, K, EVEN_K, ACC)
-        wu = w
-        if GATE_UP:
-            wu = _tile(w_ptr + N * K, o_w, o_k, m_k, K, EVEN_K, ACC)
+        w, wu = _w_tiles(w_ptr, o_w, o_k, m_k, N, K, GATE_UP, EVEN_K, ACC)
     if PDL:
         gdc_wait()
     xs = tl.zeros([RB, KP], dtype=ACC)
@@ -409,10 +416,7 @@ def _gemv_kernel(
     for k0 in range(k_start, k_hi, BK):
         o_k = k0 + tl.arange(0, BK)
         m_k = o_k < K
-        w = _tile(w_ptr, o_w, o_k, m_k, K, EVEN_K, ACC)
-        wu = w
-        if GATE_UP:
-            wu = _tile(w_ptr + N * K, o_w, o_k, m_k, K, EVEN_K, ACC)
+        w, wu = _w_tiles(w_ptr, o_w, o_k, m_k, N, K, GATE_UP, EVEN_K, ACC)
         a0, a1, a2, a3, u0, u1, u2, u3 = _k_step(a0, a1, a2, a3, u0, u1, u2, u3, x_ptr, x_stride, scale_ptr,
                                                  w, wu, zero_n, o_k, m_k, N_ROWS, NORM, GATE_UP, EVEN_K,
                                                  ACC)  # fmt: skip
