@@ -1,0 +1,173 @@
+"""Which of 2026-12-02's engine changes moved the tiny routes' step time: A/B in one process on the H200.
+
+    python3 scripts/gpu/routes-ab.py OUT_DIR          (one H200: < 100 s)
+    python3 scripts/gpu/routes-ab.py OUT_DIR cpu      (a CPU dry run of the plumbing: float32, eager)
+
+results/2026-12-02-h200-pdl-slots saw the speculative routes' device step grow by 0.1-0.2 ms on the tiny
+family against the day before, with and without dependent launch, and the stage split move from verify into
+commit. This script times the same routes (the embedded tiny-qwen35 in bf16 on the graphed engine, greedy,
+PROMPTS suite prompts, NEW_TOKENS new tokens, after one warm-up generation) under each VARIANTS entry, each
+on a fresh GraphedTarget so that its graphs are captured under that setting:
+
+- ``default``: the code as it is;
+- ``pow2_slots``: slot sizes powers of two only (the day before's: 33-node trees padded to 64 rows);
+- ``unsplit_attention``: ``attention_tree`` with one split (no combine launch);
+- ``no_pdl``: ``dependent_launch(False)`` around capture and replay.
+
+Per variant and route: decode ms per verify step (wall, the engine's clock), device ms per step and per stage
+(CUDA events; idle gaps included), MAL, and whether the tokens equal the default variant's. Writes
+OUT_DIR/routes-ab.json and OUT_DIR/routes-ab.md; prints the markdown.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's repro, not an installed one
+
+from repro.data.suites import format_turn, load_suite  # noqa: E402
+from repro.decoding.engine import STAGES, generate  # noqa: E402
+from repro.decoding.routes import build_route, prepare_graphs  # noqa: E402
+from repro.gdn import triton_attention  # noqa: E402
+from repro.gdn.triton_common import dependent_launch  # noqa: E402
+from repro.models import graphed  # noqa: E402
+from repro.models.target import open_target  # noqa: E402
+
+CPU = sys.argv[2:3] == ["cpu"]
+DEVICE = "cpu" if CPU else "cuda"
+FAMILY = "tiny-qwen35"
+ROUTES = [
+    {"name": "ar", "kind": "ar"},
+    {"name": "dflash-chain", "kind": "dflash_chain"},
+    {"name": "ddtree-b32", "kind": "ddtree", "budget": 32},
+    {"name": "dflash-tfm-b32", "kind": "dflash_tfm", "budget": 32},
+]
+PROMPTS = 1 if CPU else 3
+NEW_TOKENS = 16 if CPU else 96
+BUDGET_S = 1e9 if CPU else 85.0  # no variant starts past this
+
+
+@contextlib.contextmanager
+def patched(obj: Any, name: str, value: Any) -> Iterator[None]:
+    old = getattr(obj, name)
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        setattr(obj, name, old)
+
+
+VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
+    "default": contextlib.nullcontext,
+    "pow2_slots": lambda: patched(graphed, "SLOT_SIZES", tuple(2**k for k in range(11))),
+    "unsplit_attention": lambda: patched(triton_attention, "tree_splits", lambda *args: 1),
+    "no_pdl": lambda: dependent_launch(False),
+}
+
+
+def prompts(tok: Any) -> list[list[int]]:  # noqa: ANN401 - the family tokenizer
+    out = []
+    for suite in ("mt_bench", "gsm8k", "humaneval"):
+        for p in load_suite(suite, 1, 42):
+            out.append(tok.chat_prompt([{"role": "user", "content": format_turn(suite, p.turns[0])}]))
+    return out[:PROMPTS]
+
+
+def variant_rows(name: str, model: Any, tok: Any, reference: dict[str, list[list[int]]]) -> list[dict]:
+    """Every route under one variant: a fresh target, its graphs captured ahead, a warm-up, the timed runs."""
+    vocab = model.config.vocab_size
+    rows = []
+    with VARIANTS[name]():
+        target = graphed.GraphedTarget(model, max_nodes=64, graphs=not CPU)
+        routes = [build_route(s, vocab, "greedy", 0.0, 42, target=target, family=FAMILY) for s in ROUTES]
+        prepare_graphs(target, routes)
+        for spec, route in zip(ROUTES, routes):
+            ps = prompts(tok)
+            generate(target, ps[0], route, NEW_TOKENS)  # warm-up (first-use compiles, the drafter's buffers)
+            steps, decode_s, accepted = 0, 0.0, 0
+            device = dict.fromkeys(STAGES, 0.0)
+            outs = []
+            for p in ps:
+                r = generate(target, p, route, NEW_TOKENS)
+                steps += r.steps
+                decode_s += r.decode_s
+                accepted += sum(r.accepted_lengths)
+                for stage, s in (r.device_stage_s or r.stage_s).items():
+                    device[stage] += s
+                outs.append(r.output_ids)
+            reference.setdefault(spec["name"], outs)
+            row = {
+                "variant": name, "route": spec["name"], "steps": steps, "mal": accepted / max(steps, 1),
+                "wall_ms_per_step": 1e3 * decode_s / max(steps, 1),
+                "device_ms_per_step": 1e3 * sum(device.values()) / max(steps, 1),
+                **{f"{k}_ms": 1e3 * v / max(steps, 1) for k, v in device.items()},
+                "tokens_equal_default": outs == reference[spec["name"]],
+            }  # fmt: skip
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    del target, routes
+    if not CPU:
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main() -> None:
+    sys.stdout.reconfigure(line_buffering=True)
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else "out")
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    model, tok = open_target("default", dtype="float32" if CPU else "bfloat16", device=DEVICE)
+    if not CPU:
+        model.set_gdn_backend("triton")
+    reference: dict[str, list[list[int]]] = {}
+    rows: list[dict] = []
+    for name in VARIANTS:
+        if time.monotonic() - start > BUDGET_S:
+            rows.append({"variant": name, "skipped": f"the {BUDGET_S:g} s budget is spent"})
+            continue
+        try:
+            rows += variant_rows(name, model, tok, reference)
+        except Exception as exc:  # noqa: BLE001 - one variant failing must not lose the others
+            rows.append({"variant": name, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"})
+        write(out, rows, time.monotonic() - start)
+
+
+def write(out: Path, rows: list[dict], seconds: float) -> None:
+    device = "CPU (dry run)" if CPU else torch.cuda.get_device_name()
+    (out / "routes-ab.json").write_text(json.dumps({"device": device, "seconds": seconds, "rows": rows}, indent=1))
+    lines = [
+        f"# routes-ab on {device} ({seconds:.0f} s): {FAMILY} bf16, {PROMPTS} prompts x {NEW_TOKENS} tokens",
+        "",
+        "| variant | route | MAL | wall ms/step | device ms/step | draft | tree | verify | commit | tokens = default |",
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|---|",
+    ]
+    for r in rows:
+        if "route" not in r:
+            lines.append(f"| {r['variant']} | {r.get('error') or r.get('skipped')} | | | | | | | | |")
+            continue
+        stages = " | ".join(f"{r[f'{s}_ms']:.3f}" for s in STAGES)
+        lines.append(f"| {r['variant']} | {r['route']} | {r['mal']:.2f} | {r['wall_ms_per_step']:.3f} | "
+                     f"{r['device_ms_per_step']:.3f} | {stages} | {r['tokens_equal_default']} |")  # fmt: skip
+    medians = {
+        v: statistics.median(r["device_ms_per_step"] for r in rows if r.get("variant") == v and "route" in r)
+        for v in VARIANTS
+        if any(r.get("variant") == v and "route" in r for r in rows)
+    }
+    lines += ["", "Median device ms per step over the routes: "
+              + ", ".join(f"{v} {m:.3f}" for v, m in medians.items())]  # fmt: skip
+    text = "\n".join(lines) + "\n"
+    (out / "routes-ab.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
