@@ -54,6 +54,7 @@ ROUTES = [
 PROMPTS = 1 if CPU else 3
 NEW_TOKENS = 16 if CPU else 96
 BUDGET_S = 1e9 if CPU else 85.0  # no variant starts past this
+DTYPE = "float32" if CPU else "bfloat16"
 
 
 @contextlib.contextmanager
@@ -125,7 +126,7 @@ def main() -> None:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "out")
     out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
-    model, tok = open_target("default", dtype="float32" if CPU else "bfloat16", device=DEVICE)
+    model, tok = open_target("default", dtype=DTYPE, device=DEVICE)
     if not CPU:
         model.set_gdn_backend("triton")
     reference: dict[str, list[list[int]]] = {}
@@ -143,11 +144,12 @@ def main() -> None:
 
 def write(out: Path, rows: list[dict], seconds: float) -> None:
     device = "CPU (dry run)" if CPU else torch.cuda.get_device_name()
-    (out / "routes-ab.json").write_text(json.dumps({"device": device, "seconds": seconds, "rows": rows}, indent=1))
+    result = {"device": device, "seconds": seconds, "rows": rows}
+    (out / "routes-ab.json").write_text(json.dumps(result, indent=1))
     lines = [
-        f"# routes-ab on {device} ({seconds:.0f} s): {FAMILY} bf16, {PROMPTS} prompts x {NEW_TOKENS} tokens",
+        f"# routes-ab on {device} ({seconds:.0f} s): {FAMILY} {DTYPE}, {PROMPTS} prompts x {NEW_TOKENS} new",
         "",
-        "| variant | route | MAL | wall ms/step | device ms/step | draft | tree | verify | commit | tokens = default |",
+        "| variant | route | MAL | wall ms/step | device ms/step | draft | tree | verify | commit | same |",
         "|---|---|--:|--:|--:|--:|--:|--:|--:|---|",
     ]
     for r in rows:
