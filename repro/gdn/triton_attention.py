@@ -45,8 +45,11 @@ against each split's own running max; pinned in tests/gdn/test_tree_attention_sp
 The default S (:func:`tree_splits`): as many as keep key heads x row blocks x S within one wave over the
 SMs (132 on an H200), at most MAX_SPLITS = 64 and at most one per block of BR rows of the buffer's
 capacity ``rows``; 1 when the unsplit grid already fills the SMs and in the interpreter (``splits=``
-overrides). Measured: unmeasured (scripts/gpu/attn-split.py times S = 1, the default and a sweep at the
-27B and tiny shapes, n = 1, 16, 65, cache lengths 512 .. 8192; the rule is to be tuned from it).
+overrides). Measured on an H200 (scripts/gpu/attn-split.py, bf16, the kernel alone in CUDA graphs;
+results/2026-12-02-h200-pdl-slots/scripts/attn-split): a 27B decode step (n = 1, S = 33) 21.0 -> 10.1 us at
+512 cached rows, 72.4 -> 10.8 at 2048, 294 -> 19.4 at 8192; a 16-row DFlash block (S = 5) 70.2 -> 24.8 at
+2048; 65 nodes keep S = 1 (S = 2 was slower); the tiny family 1.4-22x. At 512 rows the best S (8) beat the
+rule's by 1.7 us: the rule sizes S by the capacity, not the (device-side) length.
 """
 
 from __future__ import annotations
