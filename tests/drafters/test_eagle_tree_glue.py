@@ -1,8 +1,9 @@
-"""The static EAGLE drafter's tree glue (``TreeGrowth`` in repro/drafters/static_eagle.py) pinned to the legacy
+"""The static EAGLE drafter's tree glue (``TreeGrowth``, repro/drafters/static_eagle.py) pinned to the legacy
 glue (``legacy_glue=True``) and to the eager EagleDrafter: the same tokens, parents, order and float64 scores
-(bit for bit, padding included) over prompts, seeds, float32 and float64 and tree specs (tau pruning all of a
-level or everything, ties, budgets above the candidates, depth 1, a vocabulary smaller than topk); the call
-capture-safe; its launches per proposal counted (legacy 157 -> 70 at the tiny family's SpecLA shape)."""
+(bit for bit, padding included) over prompts, seeds, float32 and float64 and tree specs (tau pruning part of
+a tree or all of it, ties, tau equal to a probability, budgets above the candidates, depth 1, a vocabulary
+smaller than topk); the call capture-safe; its launches per proposal counted (legacy 157 -> 70 at the tiny
+family's SpecLA shape)."""
 
 from __future__ import annotations
 
