@@ -40,6 +40,16 @@ eager path is the reference it is pinned to (tests/drafters/test_eagle_fast.py).
 positions are made once per call; the slots, a chain's ancestor masks, a tree level's own-slot masks and
 the root frontier once per buffer size, on both paths (a tree proposal: 629 -> 576 launches eager).
 
+**Tree glue** (:class:`TreeGrowth`): the levels write their candidates' tokens, parents and float64 scores
+into buffers indexed by creation order (no cats), a pruned child's probability becomes 0 (its log -inf) so
+one comparison and one ``where`` replace the validity masks (an invalid parent's -inf carries to its
+children), the parents of all levels are one gather of the frontier sorts after the last level, the level
+masks are gathered whole, and the final selection is two sorts, a scatter and four gathers. The same
+tokens, parents, order and scores as the legacy glue (``legacy_glue=True``, kept for the A/B), bit for bit
+(tests/drafters/test_eagle_tree_glue.py). Launches (aten ops that launch work + Triton launches) of a
+SpecLA proposal at the tiny family's layout (budget 32, topk 4, depth 6): the glue 157 -> 70, the call
+576 -> 489 eager, 289 -> 202 fast; time on GPU unmeasured here (scripts/gpu/eagle-glue.py measures it).
+
 Proposal tensors are the call's outputs: valid until the next ``propose`` (graph replays rewrite
 them in place). The first proposal of a prompt brings the prompt's rows in with one eager forward
 (exact shape, outside the graph); capture and buffer growth synchronise once; every other
