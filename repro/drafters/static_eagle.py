@@ -47,8 +47,8 @@ children), the parents of all levels are one gather of the frontier sorts after 
 masks are gathered whole, and the final selection is two sorts, a scatter and four gathers. The same
 tokens, parents, order and scores as the legacy glue (``legacy_glue=True``, kept for the A/B), bit for bit
 (tests/drafters/test_eagle_tree_glue.py). Launches (aten ops that launch work + Triton launches) of a
-SpecLA proposal at the tiny family's layout (budget 32, topk 4, depth 6): the glue 157 -> 70, the call
-576 -> 489 eager, 289 -> 202 fast; time on GPU unmeasured here (scripts/gpu/eagle-glue.py measures it).
+SpecLA proposal at the tiny family's layout (budget 32, topk 4, depth 6): the glue 157 -> 68, the call
+576 -> 487 eager, 289 -> 200 fast; time on GPU unmeasured here (scripts/gpu/eagle-glue.py measures it).
 
 Proposal tensors are the call's outputs: valid until the next ``propose`` (graph replays rewrite
 them in place). The first proposal of a prompt brings the prompt's rows in with one eager forward
@@ -355,14 +355,17 @@ class StaticEagleDrafter(EagleDrafter):
                 torch.add(score[:, None], p.log(), out=grow.level_scores(depth, rows))
             if depth == grow.depth:
                 break
-            values, order = grow.frontier(depth)  # the level's candidates by (-score, creation order)
-            scores = grow.scores[level]
-            if grow.pad[depth - 1]:  # fewer children than frontier rows: pad with invalid ones
-                scores = torch.cat([scores, grow.neg_pad[depth - 1]])
-            torch.sort(scores, descending=True, stable=True, out=(values, order))
-            score, order = values[: grow.beam], order[: grow.beam]
-            child = order.clamp(max=rows * grow.kids - 1) if grow.pad[depth - 1] else order
-            ids = top_ids.view(-1).index_select(0, child)
+            if depth == 1 and not grow.pad[0]:  # the root's children are in order already (see TreeGrowth)
+                score, ids = grow.scores[level][: grow.beam], top_ids.view(-1)[: grow.beam]
+            else:
+                values, order = grow.frontier(depth)  # the level's candidates by (-score, creation order)
+                scores = grow.scores[level]
+                if grow.pad[depth - 1]:  # fewer children than frontier rows: pad with invalid ones
+                    scores = torch.cat([scores, grow.neg_pad[depth - 1]])
+                torch.sort(scores, descending=True, stable=True, out=(values, order))
+                score, order = values[: grow.beam], order[: grow.beam]
+                child = order.clamp(max=rows * grow.kids - 1) if grow.pad[depth - 1] else order
+                ids = top_ids.view(-1).index_select(0, child)
             if depth == 1:  # every frontier row is the root's child
                 row, mask = grow.root_rows, mask | grow.own[0]
             else:
@@ -435,7 +438,9 @@ class TreeGrowth:
     their candidates into them in place (``out=``) and each non-last level's frontier sort into ``orders``,
     so no cat gathers them, and a level's parents are one gather of ``orders`` after the last level.
     Validity is folded into the scores: a pruned child's probability becomes 0 (log: -inf), and an invalid
-    parent's -inf score makes every child -inf, as the legacy glue's masks do.
+    parent's -inf score makes every child -inf, as the legacy glue's masks do. The root's children need no
+    sort: topk gives them by non-increasing probability, so their scores (log p, or -inf for a pruned
+    suffix) never rise along creation order and the stable sort would be the identity.
     """
 
     def __init__(
@@ -465,6 +470,8 @@ class TreeGrowth:
         self.deep_parents = self.parents[1 + self.counts[0] : 1 + n]
         self.top_p = full(n, 0, prob_dtype)
         self.orders = full(sum(sorted_len), 0, long)
+        if self.depth > 1:  # level 1's order when it is not sorted: the identity
+            self.orders[: sorted_len[0]] = torch.arange(sorted_len[0], device=device)
         self.sorted = full(sum(sorted_len), 0, f64)
         self.neg_pad = [full(m - c, float("-inf"), f64) for m, c in zip(sorted_len, self.counts)]
         # level d >= 2's candidate j: the parent is frontier row j // kids of level d - 1
