@@ -47,8 +47,8 @@ children), the parents of all levels are one gather of the frontier sorts after 
 masks are gathered whole, and the final selection is two sorts, a scatter and four gathers. The same
 tokens, parents, order and scores as the legacy glue (``legacy_glue=True``, kept for the A/B), bit for bit
 (tests/drafters/test_eagle_tree_glue.py). Launches (aten ops that launch work + Triton launches) of a
-SpecLA proposal at the tiny family's layout (budget 32, topk 4, depth 6): the glue 157 -> 68, the call
-576 -> 487 eager, 289 -> 200 fast; time on GPU unmeasured here (scripts/gpu/eagle-glue.py measures it).
+SpecLA proposal at the tiny family's layout (budget 32, topk 4, depth 6): the glue 157 -> 67, the call
+576 -> 486 eager, 289 -> 199 fast; time on GPU unmeasured here (scripts/gpu/eagle-glue.py measures it).
 
 Proposal tensors are the call's outputs: valid until the next ``propose`` (graph replays rewrite
 them in place). The first proposal of a prompt brings the prompt's rows in with one eager forward
@@ -341,7 +341,7 @@ class StaticEagleDrafter(EagleDrafter):
         """The dynamic tree grown into ``grow``'s buffers (the legacy glue's tree, in fewer launches)."""
         seen, positions = context
         grow.tokens[:1].copy_(root)
-        preds, mask = root_pred, torch.cat([seen, grow.no_drafts])  # the root frontier's, [1, H] / [C + Ds]
+        preds, mask = root_pred, seen  # the frontier's predictions and mask (the root's: no drafted row)
         score = None  # the frontier's scores [rows] (the root's: 0, added by nothing)
         for depth in range(1, grow.depth + 1):
             rows = preds.shape[0]
@@ -367,7 +367,8 @@ class StaticEagleDrafter(EagleDrafter):
                 child = order.clamp(max=rows * grow.kids - 1) if grow.pad[depth - 1] else order
                 ids = top_ids.view(-1).index_select(0, child)
             if depth == 1:  # every frontier row is the root's child
-                row, mask = grow.root_rows, mask | grow.own[0]
+                own = grow.own[0, :, seen.shape[0] :]  # [beam, Ds]
+                row, mask = grow.root_rows, torch.cat([seen[None].expand(grow.beam, -1), own], dim=1)
             else:
                 row = torch.div(order, grow.kids, rounding_mode="floor")
                 mask = mask.index_select(0, row) | grow.own[depth - 1]
@@ -485,7 +486,6 @@ class TreeGrowth:
         self.zero = full(1, 0.0, f64)
         self.root_rows = full(self.beam, 0, long)
         drafts = levels * self.beam
-        self.no_drafts = full(drafts, False, torch.bool)
         own = torch.zeros(levels, self.beam, capacity + drafts, dtype=torch.bool, device=device)
         own[:, :, capacity:] = torch.eye(drafts, dtype=torch.bool, device=device).view(
             levels, self.beam, drafts
