@@ -45,9 +45,9 @@ into buffers indexed by creation order (no cats), a pruned child's probability b
 one comparison and one ``where`` replace the validity masks (an invalid parent's -inf carries to its
 children), the root's children need no sort (topk's order), the parents of all levels are one gather of
 the frontier sorts after the last level, the level masks are gathered whole (level 1's: one cat), and the
-final selection is two sorts, a scatter and four gathers (per level: 11 launches, 4 at the last). The same
-tokens, parents, order and scores as the legacy glue (``legacy_glue=True``, kept for the A/B), bit for bit
-(tests/drafters/test_eagle_tree_glue.py). Launches (aten ops that launch work + Triton launches) of a
+final selection is two sorts, a scatter and four gathers (a level: 11 launches, the first 6, the last 5).
+The same tokens, parents, order and scores as the legacy glue (``legacy_glue=True``, kept for the A/B), bit
+for bit (tests/drafters/test_eagle_tree_glue.py). Launches (aten ops that launch work + Triton launches) of a
 SpecLA proposal at the tiny family's layout (budget 32, topk 4, depth 6): the glue 157 -> 67, the call
 576 -> 486 eager, 289 -> 199 fast; time on GPU unmeasured here (scripts/gpu/eagle-glue.py measures it).
 
