@@ -196,3 +196,35 @@ def test_the_new_glue_launches_fewer_kernels():
     assert (old_glue, new_glue) == (157, 67)
     assert (old_all, new_all) == (576, 486)
     assert 2 * new_glue <= old_glue
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("fast", [False, True], ids=["eager-forward", "fast-forward"])
+def test_gpu_graphed_new_glue_equals_legacy(fast):
+    """float32, CUDA graphs: the new glue's call outputs equal the legacy glue's bit for bit, and its trees
+    the eager drafter's, over pending tokens and SpecLA's tree with tau pruning."""
+    model = drafting_target(torch.float32, "cuda")
+    eagle = random_eagle_for(model, seed=1)
+    spec = DynamicTree(32, 4, 0.05, 6)
+    eager = EagleDrafter(eagle, model, tree=spec)
+    ds = [
+        StaticEagleDrafter(eagle, model, tree=spec, graphs=True, fast=fast, legacy_glue=g)
+        for g in (True, False)
+    ]
+    prompt = list(range(3, 40))
+    _, ver = model.prefill(prompt, capture=eager.capture_layers)
+    for d in (eager, *ds):
+        d.begin(prompt, None)
+        d.observe_prefill(ver)
+    for pending in range(3, 11):
+        ctx = DraftContext(prompt, [pending])
+        ref = eager.propose(ctx)
+        outs = []
+        for d in ds:
+            got = d.propose(ctx)
+            outs.append([t.tolist() for t in d._call.output])
+            host = real_nodes(got.tree.to_tree())
+            assert host.tokens.tolist() == ref.tree.tokens.tolist()
+            assert host.parents.tolist() == ref.tree.parents.tolist()
+        assert outs[0] == outs[1]
