@@ -40,6 +40,17 @@ eager path is the reference it is pinned to (tests/drafters/test_eagle_fast.py).
 positions are made once per call; the slots, a chain's ancestor masks, a tree level's own-slot masks and
 the root frontier once per buffer size, on both paths (a tree proposal: 629 -> 576 launches eager).
 
+**Tree glue** (:class:`TreeGrowth`): the levels write their candidates' tokens, parents and float64 scores
+into buffers indexed by creation order (no cats), a pruned child's probability becomes 0 (its log -inf) so
+one comparison and one ``where`` replace the validity masks (an invalid parent's -inf carries to its
+children), the root's children need no sort (topk's order), the parents of all levels are one gather of
+the frontier sorts after the last level, the level masks are gathered whole (level 1's: one cat), and the
+final selection is two sorts, a scatter and four gathers (a level: 11 launches, the first 6, the last 5).
+The same tokens, parents, order and scores as the legacy glue (``legacy_glue=True``, kept for the A/B), bit
+for bit (tests/drafters/test_eagle_tree_glue.py). Launches (aten ops that launch work + Triton launches) of a
+SpecLA proposal at the tiny family's layout (budget 32, topk 4, depth 6): the glue 157 -> 67, the call
+576 -> 486 eager, 289 -> 199 fast; time on GPU unmeasured here (scripts/gpu/eagle-glue.py measures it).
+
 Proposal tensors are the call's outputs: valid until the next ``propose`` (graph replays rewrite
 them in place). The first proposal of a prompt brings the prompt's rows in with one eager forward
 (exact shape, outside the graph); capture and buffer growth synchronise once; every other
@@ -103,7 +114,9 @@ class StaticEagleDrafter(EagleDrafter):
         capacity: int = DEFAULT_CAPACITY,
         graphs: bool | None = None,
         fast: bool | None = None,
+        legacy_glue: bool = False,
     ) -> None:
+        self.legacy_glue = legacy_glue  # the tree's glue as it was (the A/B of scripts/gpu/eagle-glue.py)
         self.graphs = target.device.type == "cuda" if graphs is None else graphs
         if self.graphs and target.device.type != "cuda":
             raise ConfigError("CUDA graphs need a CUDA device (the static EAGLE drafter is eager elsewhere)")
@@ -174,6 +187,8 @@ class StaticEagleDrafter(EagleDrafter):
             torch.full((1,), -1, dtype=torch.long, device=dev),
             torch.zeros(1, self.draft_slots, dtype=torch.bool, device=dev),
         )  # fmt: skip
+        if self.tree is not None:
+            self._growth = TreeGrowth(self.tree, cfg.vocab_size, _prob_dtype(dtype), capacity, levels, dev)
         self._uploads = HostUploads(dev)
         self.capacity = self._buffers_for = capacity
         self._call: Any = None
@@ -275,9 +290,16 @@ class StaticEagleDrafter(EagleDrafter):
     ) -> torch.Tensor:  # fmt: skip
         """Drafted rows of level ``depth`` (their parents' predictions ``preds``, their drafted ancestors
         ``ancestors`` [n, Ds], the step's :meth:`_draft_context`); their predictions."""
+        seen = context[0]
+        mask = torch.cat([seen[None].expand(ids.shape[0], -1), ancestors], dim=1)  # [n, C + Ds]
+        return self._level_rows(depth, ids, preds, mask, context[1])
+
+    def _level_rows(
+        self, depth: int, ids: torch.Tensor, preds: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
+        """The forward of :meth:`_level` given the rows' whole ``mask`` [n, C + Ds] and the levels'
+        ``positions``."""
         n = ids.shape[0]
-        seen, positions = context
-        mask = torch.cat([seen[None].expand(n, -1), ancestors], dim=1)  # [n, C + Ds]
         one = self._fast is not None and len(self.capture_layers) == 1  # the features are the prediction
         features = preds if one else self.model.draft_features(preds)
         return self._rows(
@@ -293,7 +315,9 @@ class StaticEagleDrafter(EagleDrafter):
         context = self._draft_context(c)
         if self.tree is None:
             return self._chain_step(root_pred, context)
-        return self._tree_step(root, root_pred, context, self.tree)
+        if self.legacy_glue:
+            return self._tree_step_legacy(root, root_pred, context, self.tree)
+        return self._tree_step(root, root_pred, context, self._growth)
 
     def _chain_step(
         self, pred: torch.Tensor, context: tuple[torch.Tensor, torch.Tensor]
@@ -313,8 +337,55 @@ class StaticEagleDrafter(EagleDrafter):
         root: torch.Tensor,
         root_pred: torch.Tensor,
         context: tuple[torch.Tensor, torch.Tensor],
+        grow: TreeGrowth,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The dynamic tree grown into ``grow``'s buffers (the legacy glue's tree, in fewer launches)."""
+        seen, positions = context
+        grow.tokens[:1].copy_(root)
+        preds, mask = root_pred, seen  # the frontier's predictions and mask (the root's: no drafted row)
+        score = None  # the frontier's scores [rows] (the root's: 0, added by nothing)
+        for depth in range(1, grow.depth + 1):
+            rows = preds.shape[0]
+            level = grow.level(depth)
+            top_p, top_ids = grow.level_top(depth, rows)
+            torch.topk(self._probs(preds), grow.kids, dim=-1, out=(top_p, top_ids))
+            p = torch.where(grow.confident(top_p), top_p, grow.zero)  # float64; 0 where pruned
+            if score is None:
+                torch.log(p, out=grow.level_scores(depth, rows))
+            else:
+                torch.add(score[:, None], p.log(), out=grow.level_scores(depth, rows))
+            if depth == grow.depth:
+                break
+            if depth == 1 and not grow.pad[0]:  # the root's children are in order already (see TreeGrowth)
+                score, ids = grow.scores[level][: grow.beam], top_ids.view(-1)[: grow.beam]
+            else:
+                values, order = grow.frontier(depth)  # the level's candidates by (-score, creation order)
+                scores = grow.scores[level]
+                if grow.pad[depth - 1]:  # fewer children than frontier rows: pad with invalid ones
+                    scores = torch.cat([scores, grow.neg_pad[depth - 1]])
+                torch.sort(scores, descending=True, stable=True, out=(values, order))
+                score, order = values[: grow.beam], order[: grow.beam]
+                child = order.clamp(max=rows * grow.kids - 1) if grow.pad[depth - 1] else order
+                ids = top_ids.view(-1).index_select(0, child)
+            if depth == 1:  # every frontier row is the root's child
+                own = grow.own[0, :, seen.shape[0] :]  # [beam, Ds]
+                row, mask = grow.root_rows, torch.cat([seen[None].expand(grow.beam, -1), own], dim=1)
+            else:
+                row = torch.div(order, grow.kids, rounding_mode="floor")
+                mask = mask.index_select(0, row) | grow.own[depth - 1]
+            preds = self._level_rows(depth, ids, preds.index_select(0, row), mask, positions)
+        if grow.depth > 1:  # the parents of levels 2..: the frontier rows' candidate ids
+            torch.add(grow.orders.index_select(0, grow.parent_at), grow.parent_base, out=grow.deep_parents)
+        return grow.select()
+
+    def _tree_step_legacy(
+        self,
+        root: torch.Tensor,
+        root_pred: torch.Tensor,
+        context: tuple[torch.Tensor, torch.Tensor],
         spec: DynamicTree,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The tree step before :class:`TreeGrowth` (``legacy_glue``): the reference it is pinned to."""
         vocab = self.model.config.vocab_size
         kids, beam = min(spec.topk, vocab), spec.topk
         # the frontier: predictions, scores, validity, candidate index (-1: the root), drafted ancestors
@@ -345,6 +416,118 @@ class StaticEagleDrafter(EagleDrafter):
             ancestors = ancestors.index_select(0, row) | self._own[depth - 1]  # and their own slots
             preds = self._level(depth, ids, preds.index_select(0, row), ancestors, context)
         return _select(root, torch.cat(tokens), torch.cat(parents), torch.cat(scores), spec.budget)
+
+
+def _prob_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the drafter distributions (``EagleDrafter._probs``) of a model in ``dtype``."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _at_least(tau: float, dtype: torch.dtype) -> float:
+    """The smallest value of ``dtype`` that is ``>= tau`` (so ``p >= it`` iff ``float(p) >= tau``)."""
+    t = torch.tensor(tau, dtype=dtype)
+    if t.item() < tau:
+        t = torch.nextafter(t, torch.tensor(float("inf"), dtype=dtype))
+    return t.item()
+
+
+class TreeGrowth:
+    """The device buffers and constants of :meth:`StaticEagleDrafter._tree_step` (one per buffer size).
+
+    Candidates are numbered by creation order; their *id* is that index + 1, id 0 is the root and id
+    ``N + 1`` (``N`` candidates) an invalid sentinel. ``tokens``, ``parents`` (parent ids; ``N + 2``: none)
+    and ``scores`` (float64; the root +inf, the sentinel -inf) [N + 2] are indexed by id; the levels write
+    their candidates into them in place (``out=``) and each non-last level's frontier sort into ``orders``,
+    so no cat gathers them, and a level's parents are one gather of ``orders`` after the last level.
+    Validity is folded into the scores: a pruned child's probability becomes 0 (log: -inf), and an invalid
+    parent's -inf score makes every child -inf, as the legacy glue's masks do. The root's children need no
+    sort: topk gives them by non-increasing probability, so their scores (log p, or -inf for a pruned
+    suffix) never rise along creation order and the stable sort would be the identity.
+    """
+
+    def __init__(
+        self, spec: DynamicTree, vocab: int, prob_dtype: torch.dtype, capacity: int, levels: int,
+        device: torch.device,
+    ) -> None:  # fmt: skip
+        self.kids, self.beam, self.depth = min(spec.topk, vocab), spec.topk, spec.depth
+        rows = [1] + [self.beam] * (self.depth - 1)
+        self.counts = [r * self.kids for r in rows]  # candidates per level
+        self.bases = [sum(self.counts[:d]) for d in range(self.depth)]
+        self.n = n = sum(self.counts)
+        self.size = min(spec.budget, n)
+        self.pad = [c < self.beam for c in self.counts[:-1]]  # levels with fewer children than frontier rows
+        sorted_len = [max(c, self.beam) for c in self.counts[:-1]]
+        self.offsets = [sum(sorted_len[:d]) for d in range(len(sorted_len))]
+        self.tau = spec.tau if spec.tau <= 0 else _at_least(spec.tau, prob_dtype)
+
+        def full(size: int, value: float, dtype: torch.dtype) -> torch.Tensor:
+            return torch.full((size,), value, dtype=dtype, device=device)
+
+        long, f64 = torch.long, torch.float64
+        self.tokens = full(n + 2, 0, long)
+        self.scores = full(n + 2, float("-inf"), f64)
+        self.scores[0] = float("inf")  # the root sorts first
+        self.parents = full(n + 2, n + 2, long)
+        self.parents[1 : 1 + self.counts[0]] = 0  # level 1: the root's children
+        self.deep_parents = self.parents[1 + self.counts[0] : 1 + n]
+        self.top_p = full(n, 0, prob_dtype)
+        self.orders = full(sum(sorted_len), 0, long)
+        if self.depth > 1:  # level 1's order when it is not sorted: the identity
+            self.orders[: sorted_len[0]] = torch.arange(sorted_len[0], device=device)
+        self.sorted = full(sum(sorted_len), 0, f64)
+        self.neg_pad = [full(m - c, float("-inf"), f64) for m, c in zip(sorted_len, self.counts)]
+        # level d >= 2's candidate j: the parent is frontier row j // kids of level d - 1
+        at, base = [], []
+        for d in range(1, self.depth):
+            j = torch.arange(self.counts[d], device=device)
+            at.append(self.offsets[d - 1] + j // self.kids)
+            base.append(torch.full_like(j, self.bases[d - 1] + 1))
+        self.parent_at = torch.cat(at) if at else None
+        self.parent_base = torch.cat(base) if base else None
+        self.zero = full(1, 0.0, f64)
+        self.root_rows = full(self.beam, 0, long)
+        drafts = levels * self.beam
+        own = torch.zeros(levels, self.beam, capacity + drafts, dtype=torch.bool, device=device)
+        own[:, :, capacity:] = torch.eye(drafts, dtype=torch.bool, device=device).view(
+            levels, self.beam, drafts
+        )
+        self.own = own
+        self.sentinel = full(1, n + 1, long)
+        self.slots = torch.arange(self.size + 1, device=device)
+        self.unmapped = full(n + 3, 0, long)  # id -> tree node (0 unless kept); none -> -1
+        self.unmapped[n + 2] = -1
+
+    def level(self, depth: int) -> slice:
+        """Level ``depth``'s ids."""
+        return slice(1 + self.bases[depth - 1], 1 + self.bases[depth - 1] + self.counts[depth - 1])
+
+    def level_top(self, depth: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Where level ``depth``'s top-k probabilities and tokens go: [rows, kids] views."""
+        base, count = self.bases[depth - 1], self.counts[depth - 1]
+        return self.top_p[base : base + count].view(rows, -1), self.tokens[self.level(depth)].view(rows, -1)
+
+    def level_scores(self, depth: int, rows: int) -> torch.Tensor:
+        return self.scores[self.level(depth)].view(rows, -1)
+
+    def frontier(self, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Where level ``depth``'s sorted scores and their candidate order go."""
+        start = self.offsets[depth - 1]
+        stop = start + max(self.counts[depth - 1], self.beam)
+        return self.sorted[start:stop], self.orders[start:stop]
+
+    def confident(self, top_p: torch.Tensor) -> torch.Tensor:
+        """The legacy ``(p >= tau) & (p > 0)`` (in float64) in one comparison."""
+        return top_p >= self.tau if self.tau > 0 else top_p > 0
+
+    def select(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:func:`_select` on the buffers: the root, the ``size`` best candidates by (-score, id) in id order,
+        padding (token 0, parent -1, score -inf) in place of invalid ones."""
+        values, ids = torch.sort(self.scores[: self.n + 1], descending=True, stable=True)
+        top = self.size + 1  # the root first (+inf)
+        ordered = torch.sort(torch.where(values[:top] > float("-inf"), ids[:top], self.sentinel)).values
+        node_of = self.unmapped.scatter(0, ordered, self.slots)  # the sentinel's writes land on id n + 1
+        parents = node_of.index_select(0, self.parents.index_select(0, ordered))
+        return self.tokens.index_select(0, ordered), parents, self.scores.index_select(0, ordered[1:])
 
 
 def _select(
