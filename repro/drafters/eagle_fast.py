@@ -34,7 +34,7 @@ what                                     before  eager (glue per step)  fast
 a tree level's forward (4 rows)          65      60                     19
 its distributions (norm, head, softmax)  9       9                      2
 the proposal call, chain k = 6           451     422                    135
-the proposal call, tree depth 6, topk 4  629     576                    289
+the proposal call, tree depth 6, topk 4  629     576 (486)              289 (199)
 =======================================  ======  =====================  ====
 
 (before: this branch's parent, whose levels each made their own mask, positions, slots, chain ancestors
@@ -42,7 +42,8 @@ and a tree level's candidate indices and own-slot mask; the static drafter now m
 once per buffer size, on both paths.) A fast
 level is 14 aten ops (the mask's cat, two gathers, the additive mask, rotary 3, the two KV writes,
 attention 5) and 5 Triton launches; the rest of a proposal is the drafting glue (top-k, scores, the
-tree's selection), unchanged.
+tree's selection): in parentheses, with the tree glue of :mod:`repro.drafters.static_eagle` cut from 157 to
+67 launches (its ``TreeGrowth`` buffers; ``legacy_glue`` keeps the old one).
 
 What the kernels lack (so these stay torch): :func:`~repro.gdn.triton_attention.attention_tree` /
 ``attention_decode`` always apply q/k RMSNorm (EAGLE's Llama layer has none) and see the cache only as
