@@ -49,7 +49,8 @@ final selection is two sorts, a scatter and four gathers (a level: 11 launches, 
 The same tokens, parents, order and scores as the legacy glue (``legacy_glue=True``, kept for the A/B), bit
 for bit (tests/drafters/test_eagle_tree_glue.py). Launches (aten ops that launch work + Triton launches) of a
 SpecLA proposal at the tiny family's layout (budget 32, topk 4, depth 6): the glue 157 -> 67, the call
-576 -> 486 eager, 289 -> 199 fast; time on GPU unmeasured here (scripts/gpu/eagle-glue.py measures it).
+576 -> 486 eager, 289 -> 199 fast; time on GPU unmeasured here (scripts/gpu/eagle-fast.py times it
+against ``legacy_glue``).
 
 Proposal tensors are the call's outputs: valid until the next ``propose`` (graph replays rewrite
 them in place). The first proposal of a prompt brings the prompt's rows in with one eager forward
@@ -116,7 +117,7 @@ class StaticEagleDrafter(EagleDrafter):
         fast: bool | None = None,
         legacy_glue: bool = False,
     ) -> None:
-        self.legacy_glue = legacy_glue  # the tree's glue as it was (the A/B of scripts/gpu/eagle-glue.py)
+        self.legacy_glue = legacy_glue  # the tree's glue as it was (the A/B of scripts/gpu/eagle-fast.py)
         self.graphs = target.device.type == "cuda" if graphs is None else graphs
         if self.graphs and target.device.type != "cuda":
             raise ConfigError("CUDA graphs need a CUDA device (the static EAGLE drafter is eager elsewhere)")

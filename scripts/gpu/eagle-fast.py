@@ -12,8 +12,10 @@ Checks (the tiny family: the embedded tiny-qwen35 target and its trained EAGLE d
   drafter (``fast=False``): proposals that agree (bf16 may flip near-ties) and the chain distributions'
   largest absolute difference.
 
-Timing (bf16, CUDA graphs, fast vs current), one proposal (chain k = 6; SpecLA's tree: budget 32, topk 4,
-tau 0.05, depth 6) at two shapes: ``tiny`` (above) and ``gdn-1.3b`` (random weights: the EAGLE drafter
+Timing (bf16, CUDA graphs, fast vs current; for the tree mode also the fast forward with the tree glue
+before 2026-12-02, ``legacy_glue``, checked against the new glue first), one proposal (chain k = 6;
+SpecLA's tree: budget 32, topk 4, tau 0.05, depth 6) at two shapes: ``tiny`` (above) and ``gdn-1.3b``
+(random weights: the EAGLE drafter
 at the GDN-1.3B shape, ``repro.drafters.shapes.gdn13b_eagle``: one layer at width 2048, 16 heads of 128,
 intermediate 5632, vocabulary 32000, on a 2-layer random target of that shape: the drafter reads only the
 last layer's features, the embedding, the final norm and the LM head). Per row: the median CUDA-event
@@ -105,8 +107,12 @@ def drafted(drafter: EagleDrafter, p: Proposal) -> tuple:
     return tuple(tree.tokens.tolist()), tuple(tree.parents.tolist())
 
 
-def static(model: EagleDraftModel, target: HybridLM, fast: bool, mode: dict[str, Any]) -> StaticEagleDrafter:
-    return StaticEagleDrafter(model, target, graphs=not DRY, capacity=1024, fast=fast, **mode)
+def static(
+    model: EagleDraftModel, target: HybridLM, fast: bool, mode: dict[str, Any], legacy_glue: bool = False
+) -> StaticEagleDrafter:
+    return StaticEagleDrafter(
+        model, target, graphs=not DRY, capacity=1024, fast=fast, legacy_glue=legacy_glue, **mode
+    )
 
 
 def compare(ref_drafter: EagleDrafter, drafter: EagleDrafter, ctxs: list[DraftContext]) -> dict[str, Any]:
@@ -194,11 +200,17 @@ def timings(checked: list[dict[str, Any]]) -> list[dict[str, Any]]:
         ctxs = contexts(target.config.vocab_size, CONTEXT[shape], CALLS)
         for mode_name, mode in MODES.items():
             ds = {name: static(model, target, name == "fast", mode) for name in ("current", "fast")}
+            if "tree" in mode:  # the tree glue before 2026-12-02 (157 launches a proposal, now 67)
+                ds["fast_legacy_glue"] = static(model, target, True, mode, legacy_glue=True)
             prefilled(target, ctxs[0].prompt_ids, list(ds.values()))
             if shape == "tiny":
                 row = {"dtype": str(TIME_DTYPE)[6:], "mode": mode_name, "reference": "static, fast=False"}
                 checked.append({**row, **compare(ds["current"], ds["fast"], ctxs[:CHECKS])})
                 print(json.dumps(checked[-1]), flush=True)
+                if "fast_legacy_glue" in ds:  # the same forward: the two glues must give the same trees
+                    row = {**row, "reference": "fast, legacy tree glue"}
+                    checked.append({**row, **compare(ds["fast_legacy_glue"], ds["fast"], ctxs[:CHECKS])})
+                    print(json.dumps(checked[-1]), flush=True)
             for name, d in ds.items():
                 rows.append({"shape": shape, "mode": mode_name, "path": name, **time_drafter(d, ctxs)})
                 print(json.dumps(rows[-1]), flush=True)
