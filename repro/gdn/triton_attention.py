@@ -54,13 +54,11 @@ rule's by 1.7 us: the rule sizes S by the capacity, not the (device-side) length
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
-from repro.gdn.triton_common import acc_dtype, interpreting, pdl_args, pdl_start, pow2, round_to
+from repro.gdn.triton_common import acc_dtype, interpreting, pdl_args, pdl_start, pow2, round_to, sm_count
 
 
 def rotary_table(inv_freq: torch.Tensor, rows: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -378,7 +376,6 @@ TREE_ATTENTION_MAX_HEAD_DIM = 256  # a query row's head is one register tile of 
 _HALF = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}  # half-precision dot operands
 _TORCH_ACC = {tl.float32: torch.float32, tl.float64: torch.float64}
 MAX_SPLITS = 64  # the combine's [splits, head_dim] tile stays one register tile
-H200_SMS = 132  # the SM count assumed off CUDA (ahead-of-time compiles)
 
 
 def tree_splits(programs: int, capacity_blocks: int, sms: int) -> int:
@@ -387,14 +384,6 @@ def tree_splits(programs: int, capacity_blocks: int, sms: int) -> int:
     MAX_SPLITS and at most one split per block of BR rows of the cache's capacity; 1 when the programs
     already fill the SMs."""
     return max(1, min(sms // max(programs, 1), MAX_SPLITS, capacity_blocks))
-
-
-@functools.cache
-def sm_count(device: torch.device) -> int:
-    """The device's SM count (a host property, asked once: no sync), H200_SMS off CUDA."""
-    if device.type != "cuda":
-        return H200_SMS
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def tree_blocks(

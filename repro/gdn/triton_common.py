@@ -108,6 +108,17 @@ def pdl_args(device: torch.device) -> dict[str, bool]:
     return {"PDL": pdl, "launch_pdl": pdl}
 
 
+H200_SMS = 132  # the SM count assumed off CUDA (launch heuristics, ahead-of-time compiles)
+
+
+@functools.cache
+def sm_count(device: torch.device) -> int:
+    """The device's SM count (a host property, asked once per device: no sync); H200_SMS off CUDA."""
+    if device.type != "cuda":
+        return H200_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 @functools.cache
 def _capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)

@@ -64,7 +64,6 @@ matmul here).
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
 
@@ -75,6 +74,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from repro.errors import ConfigError
 from repro.gdn.triton_common import (
+    H200_SMS,
     acc_dtype,
     early_weights,
     interpreting,
@@ -83,6 +83,7 @@ from repro.gdn.triton_common import (
     pow2,
     round_to,
     silu,
+    sm_count,
 )
 
 MAX_ROWS = 4  # rows of x the GEMV variant takes (decode: 1); its programs keep them all in registers
@@ -162,12 +163,7 @@ def legacy_config(n_out: int, k: int) -> GemvConfig:
     return GemvConfig(bn, min(max(128, 4096 // bn), pow2(k)))
 
 
-@functools.cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def heuristic_config(kind: str, n_out: int, k: int, rows: int = 1, sms: int = 132) -> GemvConfig:
+def heuristic_config(kind: str, n_out: int, k: int, rows: int = 1, sms: int = H200_SMS) -> GemvConfig:
     """A launch configuration from the shape alone. What keeps HBM busy is bytes in flight, so: block_n
     as large (<= 32) as still leaves >= 4 programs per SM (``sms``); the K step widened to tiles of 8192
     weights (gate|up: two of 4096; fewer with more rows of x, for registers) within the largest power of
@@ -210,9 +206,7 @@ def select_config(
     elif table != "heuristic" and key in TUNED:
         cfg = TUNED[key]
     else:
-        sms = 132  # an H200's, off the GPU
-        if device is not None and device.type == "cuda":
-            sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+        sms = sm_count(device) if device is not None else H200_SMS
         cfg = heuristic_config(kind, n_out, k, rows, sms)
     given = {f: v for f, v in overrides.items() if v is not None}
     unknown = set(given) - set(GemvConfig.__dataclass_fields__)

@@ -33,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's 
 
 from repro.bench.shapes import make_tree  # noqa: E402
 from repro.bench.timing import TimerConfig, graph_us, median_us  # noqa: E402
-from repro.gdn.triton_attention import attention_tree, rotary_table, sm_count, tree_blocks  # noqa: E402
+from repro.gdn.triton_attention import attention_tree, rotary_table, tree_blocks  # noqa: E402
+from repro.gdn.triton_common import sm_count  # noqa: E402
 from repro.models.static import ancestor_matrix  # noqa: E402
 
 GPU = torch.cuda.is_available()
