@@ -51,10 +51,11 @@ wrote in the same launch (the stage vectors, the node's k / v slot and ancestor 
 (cached in L2 only): L1 is per SM and not coherent, and a line (128 bytes) that holds a region read
 earlier can hold a neighbouring region another program writes later. Tables written in earlier
 launches and the weights load normally. **Co-residency**: a barrier waits for every program, so
-all P must be resident at once: P is clamped to the device's SM count (one CTA per SM always fits:
-the kernel compiled at all; about 128 registers a thread at the 27B shape, no spills), and nothing
-else may hold SMs for long (other streams' kernels delay, the flag catches a stall). The node that
-fills the budget (the pop alone) runs on one program.
+all P must be resident at once: P is clamped to SMs x :func:`resident_ctas` of the compiled
+kernel (its registers, warps and shared memory; at least one CTA a SM: the kernel compiled at all;
+about 128 registers a thread at the 27B shape, no spills), and nothing else may hold SMs for long
+(other streams' kernels delay, the flag catches a stall). The node that fills the budget (the pop
+alone) runs on one program.
 
 **CPU**: Triton's interpreter runs a grid's programs one after another, so a spinning barrier would
 wait for programs that only run after it returns. There P > 1 runs *staged* (:func:`grow_fused`'s
@@ -93,10 +94,12 @@ STAGES = 10  # the pop, 8 stages between barriers, the ranking
 
 @dataclass
 class FusedGrowth(DeviceGrowth):
-    """A fused growth's tree and its barrier error flag ([1] int32 on the device; 0: every grid barrier
-    was met, nonzero: a poll ran past the spin cap and the tree is not to be trusted)."""
+    """A fused growth's tree, its barrier error flag ([1] int32 on the device; 0: every grid barrier
+    was met, nonzero: a poll ran past the spin cap and the tree is not to be trusted) and the programs
+    its launches ran on (after the residency clamp)."""
 
     error: torch.Tensor | None = None
+    programs: int = 1
 
 
 def fits(config: WeaverConfig, budget: int, pool: int, programs: int = 1) -> bool:
@@ -550,6 +553,22 @@ def _node_kernel(
                 tl.store(order_ptr + n, 2 * n)
 
 
+def resident_ctas(regs: int, num_warps: int, shared: int, device: torch.device | None = None) -> int:
+    """CTAs of a kernel one SM holds at once (at least 1): ``regs`` registers a thread, allocated per warp
+    in units of 256; ``num_warps`` warps; ``shared`` bytes of shared memory a CTA; the SM's registers,
+    threads and shared memory from ``device``'s properties (CUDA), else the H100 / H200's (64 K
+    registers, 2048 threads, 228 KiB, 32 CTAs)."""
+    props = torch.cuda.get_device_properties(device) if device is not None and device.type == "cuda" else None
+    sm_regs = getattr(props, "regs_per_multiprocessor", 65536)
+    sm_threads = getattr(props, "max_threads_per_multi_processor", 2048)
+    sm_shared = getattr(props, "shared_memory_per_multiprocessor", 233472)
+    per_warp = -(-max(regs, 1) * 32 // 256) * 256
+    fit = [sm_regs // (per_warp * num_warps), sm_threads // (32 * num_warps), 32]
+    if shared:
+        fit.append(sm_shared // (shared + 1024))  # the driver reserves 1 KiB a CTA
+    return max(1, min(fit))
+
+
 def grow_fused(
     weaver: WeaverModel,
     embedding: torch.Tensor,
@@ -573,7 +592,8 @@ def grow_fused(
     Launch options (speed only, never the tree): ``num_warps`` of each program, ``tile`` the elements
     of one loaded block (weights: tile / in-width rows a time; pool: tile / hidden rows; the ranking:
     tile / pool rows), ``unroll`` the loops' unroll factor, ``programs`` P (None: :func:`device_programs`;
-    clamped to the SM count on CUDA). ``staged`` (default: off CUDA): one launch per stage instead of
+    with grid barriers clamped to what the device holds at once: SMs x :func:`resident_ctas` of the
+    compiled kernel). ``staged`` (default: off CUDA): one launch per stage instead of
     grid barriers (the interpreter's way to run P > 1; on CUDA a check of the partitions)."""
     w, cfg = weaver, weaver.config
     dev, dt = rows.device, w.dtype
@@ -586,8 +606,6 @@ def grow_fused(
     cuda = dev.type == "cuda"
     if programs is None:
         programs = device_programs(cfg, budget, k, dev, tile)
-    elif cuda:
-        programs = max(1, min(programs, torch.cuda.get_device_properties(dev).multi_processor_count))
     staged = (programs > 1 and not cuda) if staged is None else staged
     if programs > 1 and not staged and not cuda:
         raise ValueError("P > 1 programs with grid barriers need a GPU (the interpreter runs them staged)")
@@ -626,6 +644,13 @@ def grow_fused(
         num_warps=num_warps,
     )  # fmt: skip
     args = [*state.values(), *inputs, *[p.contiguous() for p in weights]]
+    if cuda and programs > 1 and not staged:  # every program resident at once (the grid barriers)
+        binary = _node_kernel.warmup(*args, 3, programs, cfg.rms_norm_eps, ROOT=False, SCORE=True, PC=0,
+                                     STAGE=-1, grid=(programs,), **consts)  # fmt: skip
+        binary._init_handles()
+        sms = torch.cuda.get_device_properties(dev).multi_processor_count
+        programs = min(programs, sms * resident_ctas(binary.n_regs, num_warps, binary.metadata.shared, dev))
+    programs = max(1, programs)
     for node in range(n):
         score = node < budget
         if staged:  # the pop, then each stage a launch (the ranking on one program)
@@ -637,7 +662,7 @@ def grow_fused(
             p = programs if score else 1  # the last node: the pop alone
             _node_kernel[(p,)](*args, node, p, cfg.rms_norm_eps, ROOT=node == 0, SCORE=score,
                                PC=1 if p == 1 else 0, STAGE=-1, **consts)  # fmt: skip
-    return FusedGrowth(state["tokens"], state["parents"], state["scores"], state["sync"][n:])
+    return FusedGrowth(state["tokens"], state["parents"], state["scores"], state["sync"][n:], programs)
 
 
 def growth_problem(

@@ -11,8 +11,10 @@ Random weights and inputs (``growth_kernels.growth_problem``) at the tiny family
    P, the barrier error flag (must be 0).
 2. timing: one full growth (budget + 1 node launches and grow_fused's four torch ops) in CUDA graphs
    (``repro.bench.timing.graph_us``): us per growth and per node, per (num_warps, P), then two other
-   (tile, unroll) at num_warps 8 and the largest P, and the torch growth. P = 1 at the 27B shape is
-   left out (one SM walking 126 MB of weights a node; ``fits`` refuses it).
+   (tile, unroll) at num_warps 8 and the largest P, and the torch growth. At the 27B shape first: more
+   than one program a SM (``RESIDENT``; grow_fused clamps P to what the SMs hold at once, the row
+   says which P ran), each row's tree checked bitwise against the default P's, its flag 0. P = 1 at
+   the 27B shape is left out (one SM walking 126 MB of weights a node; ``fits`` refuses it).
 
 Every distinct launch configuration compiles once (P > 1 shares one binary per num_warps); the JSON
 and markdown are rewritten after each section, and timing stops at a time guard (the run stays
@@ -38,8 +40,9 @@ DEV = torch.device("cuda")
 DTYPE = torch.bfloat16
 SHAPES = ("qwen3.6-27b", "tiny")
 WARPS = (8, 4)
+RESIDENT = ((8, 2), (4, 2), (4, 3), (4, 4), (16, 1))  # 27B: (num_warps, programs a SM), clamped to residency
 OPTIONS = ((16384, 1), (8192, 2))  # (tile, unroll) beside the default (8192, 1), num_warps 8, the last P
-GUARD_S = 75.0  # no new timing row after this many seconds
+GUARD_S = 110.0  # no new timing row after this many seconds
 CFG = TimerConfig(warmup_ms=2.0, rep_ms=8.0, graph_replays=3)
 
 
@@ -83,11 +86,15 @@ def check(shape: str) -> list[dict]:
 
 
 def jobs() -> list[tuple[str, int, int, int, int]]:
-    """(shape, num_warps, P, tile, unroll), most telling first (a run cut short keeps those): both shapes'
-    P sweeps at num_warps 8, then 4, then the other launch options at the 27B shape."""
+    """(shape, num_warps, P, tile, unroll), most telling first (a run cut short keeps those): the 27B
+    default (num_warps 8, one program a SM), then more than one program a SM (RESIDENT: the memory
+    parallelism that bounds one CTA a SM), both shapes' P sweeps at num_warps 8, then 4, then the other
+    launch options at the 27B shape."""
+    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    first = [(SHAPES[0], 8, sms, 8192, 1)] + [(SHAPES[0], w, m * sms, 8192, 1) for w, m in RESIDENT]
     out = [(shape, w, p, 8192, 1) for w in WARPS for shape in SHAPES for p in sweep(shape)]
-    out = [j for j in out if not (j[0] != "tiny" and j[2] == 1)]
-    return out + [(SHAPES[0], 8, sweep(SHAPES[0])[-1], tile, unroll) for tile, unroll in OPTIONS]
+    out = [j for j in out if not (j[0] != "tiny" and j[2] == 1) and j not in first]
+    return first + out + [(SHAPES[0], 8, sweep(SHAPES[0])[-1], tile, unroll) for tile, unroll in OPTIONS]
 
 
 def timing(res: dict, started: float, write) -> None:  # noqa: ANN001
@@ -113,11 +120,17 @@ def timing(res: dict, started: float, write) -> None:  # noqa: ANN001
         def fn(a=args, w=warps, p=p, t=tile, u=unroll) -> object:  # noqa: ANN001
             return grow_fused(*a, num_warps=w, tile=t, unroll=u, programs=p)
 
+        got = fn()  # the programs after the residency clamp; checked against the default P's tree
+        ref = grow_fused(*args)
+        same = first_difference(ref, got) is None and torch.equal(ref.scores, got.scores)
         us = graph_us([fn], DEV, CFG, 1000.0)
         row["fused"].append(
             {
                 "num_warps": warps,
-                "programs": p,
+                "programs_asked": p,
+                "programs": got.programs,
+                "error_flag": int(got.error),
+                "same_as_default_p": same,
                 "tile": tile,
                 "unroll": unroll,
                 "us": us,
@@ -148,14 +161,15 @@ def markdown(res: dict) -> str:
         if not t:
             continue
         lines += ["", f"## One growth in CUDA graphs, {shape} (bf16, {t['nodes']} nodes)", ""]
-        lines += ["| growth | num_warps | P | tile, unroll | us / growth | us / node | x torch |"]
-        lines += ["|---|---:|---:|---|---:|---:|---:|"]
-        lines.append(f"| torch | - | - | - | {t['torch_us']:.0f} | {t['torch_us_per_node']:.1f} | 1.00 |")
+        lines += ["| growth | num_warps | P (asked) | tile, unroll | us / growth | us / node | x torch | "
+                  "= default P | flag |"]  # fmt: skip
+        lines += ["|---|---:|---:|---|---:|---:|---:|---|---:|"]
+        lines.append(f"| torch | - | - | - | {t['torch_us']:.0f} | {t['torch_us_per_node']:.1f} | 1.00 | | |")
         for f in t["fused"]:
             lines.append(
-                f"| fused | {f['num_warps']} | {f['programs']} | {f.get('tile', 8192)}, "
-                f"{f.get('unroll', 1)} | {f['us']:.0f} | {f['us_per_node']:.1f} | "
-                f"{t['torch_us'] / f['us']:.2f} |"
+                f"| fused | {f['num_warps']} | {f['programs']} ({f['programs_asked']}) | "
+                f"{f.get('tile', 8192)}, {f.get('unroll', 1)} | {f['us']:.0f} | {f['us_per_node']:.1f} | "
+                f"{t['torch_us'] / f['us']:.2f} | {f['same_as_default_p']} | {f['error_flag']} |"
             )
 
     if res.get("timing", {}).get("cut_short"):
@@ -189,7 +203,9 @@ def main() -> None:
     res["timing"] = {}
     timing(res, started, write)
     print(write())
+    timed = [f for shape in SHAPES for f in res["timing"].get(shape, {}).get("fused", [])]
     bad = [r for r in res["check"] if r["error_flag"] or not r["bitwise_vs_first_p"]]
+    bad += [f for f in timed if f["error_flag"] or not f["same_as_default_p"]]
     if bad:
         print(f"FAILED: {len(bad)} check rows (error flag set or not bitwise across P)")
         sys.exit(3)

@@ -263,6 +263,19 @@ def test_the_27b_weaver_fits_several_programs_only() -> None:
     assert not fits(_config(96, 4, 256, 192), 32, 512, 8)  # d_model not a power of two
 
 
+def test_resident_ctas_follow_registers_warps_and_shared_memory() -> None:
+    """The co-residency bound behind P (H100 / H200 limits off CUDA: 64 K registers, 2048 threads)."""
+    from repro.drafters.growth_kernels import resident_ctas
+
+    assert resident_ctas(128, 8, 0) == 2  # 32 K registers a CTA
+    assert resident_ctas(128, 4, 0) == 4
+    assert resident_ctas(129, 8, 0) == 1  # 136 a thread (units of 256 a warp): 34.8 K a CTA
+    assert resident_ctas(32, 4, 0) == 16  # threads bind: 2048 / 128
+    assert resident_ctas(16, 1, 0) == 32  # the CTA limit
+    assert resident_ctas(64, 4, 100 * 1024) == 2  # shared memory binds (1 KiB reserved a CTA)
+    assert resident_ctas(255, 16, 0) == 1  # never below one
+
+
 def test_programs_need_a_gpu_or_staged_launches() -> None:
     pytest.importorskip("triton")
     from repro.drafters.growth_kernels import grow_fused
@@ -366,7 +379,7 @@ def test_fused_growth_in_a_cuda_graph_equals_the_torch_growth(dtype: torch.dtype
             assert abs(float(got.scores[first]) - float(ref.scores[first])) < 1e-4, (seed, first)
 
 
-GPU_PROGRAMS = (1, 4, 32, None)  # None: every SM
+GPU_PROGRAMS = (1, 4, 32, -1, -2)  # -m: m programs a SM (clamped to what stays resident)
 
 
 @pytest.mark.gpu
@@ -388,7 +401,7 @@ def test_programs_with_grid_barriers_equal_one_program(shape: str, dtype: torch.
         tol = 5e-2 if (shape, dtype) == ("qwen3.6-27b", torch.bfloat16) else 1e-4
         _same_up_to_ties(ref, one, (shape, seed), tol)
         for p in GPU_PROGRAMS[1:]:
-            got = grow_fused(*args, programs=p or sms)
+            got = grow_fused(*args, programs=p if p > 0 else -p * sms)
             assert int(got.error) == 0, (shape, seed, p)
             assert same_tree(one, got) and torch.equal(one.scores, got.scores), (shape, seed, p)
 
