@@ -24,9 +24,14 @@ counters. Exact in-row ties of log q (two pool tokens with the same score under 
 one place the order may differ from torch's ``topk``, whose tie order is unspecified; everything else
 (scores, push order, padding) is the torch version's.
 
-**Programs** (``programs`` = P, a launch option; :func:`default_programs` picks it from the shapes).
-P = 1 is one CTA walking every weight matrix (latency bound: ~40 us a node at the tiny family on an
-H200). With P > 1 every linear splits its output rows into blocks of ``TILE / in-width`` rows and
+**Programs** (``programs`` = P, a launch option; :func:`default_programs` picks it from the shapes:
+one program a row block, as many as the SMs hold at once). P = 1 is one CTA walking every weight
+matrix (latency bound: ~40 us a node at the tiny family on an H200). At the 27B shape every SM holds
+two programs (8 warps, ~128 registers a thread) and two a SM stream the weights faster than one
+(H200, 65 nodes: 79 us a node at P = 264 against 103 at P = 132; 4 warps at P = 528: 75 us, not the
+default, as num_warps changes the rounding; results/2026-12-02-h200-growth-residency).
+
+With P > 1 every linear splits its output rows into blocks of ``TILE / in-width`` rows and
 program p computes blocks p, p + P, ...; the pool scores split their blocks of ``BP`` tokens the same
 way; attention (``HEADWISE``, chosen from the shapes: the all-heads key block ``NP x d_model`` over
 :data:`ATT_TILE`) splits over heads, each head in blocks of ``ATT_CHUNK / head_dim`` slots whose
@@ -88,6 +93,7 @@ MP_LIMITS = {
 }
 ATT_TILE = 32768  # elements of attention's key block: all heads in one block up to this, else per head
 ATT_CHUNK = 4096  # per head: elements of a block of keys (values), head_dim wide
+PER_SM = 32  # programs a SM device_programs may ask for (CUDA's CTA limit; residency clamps it)
 SPIN_CAP = 1 << 20  # polls of a grid barrier before the error flag is set
 STAGES = 10  # the pop, 8 stages between barriers, the ranking
 
@@ -119,9 +125,10 @@ def fits(config: WeaverConfig, budget: int, pool: int, programs: int = 1) -> boo
     return pow2 and all(sizes[k] <= v for k, v in limits.items())
 
 
-def default_programs(config: WeaverConfig, budget: int, pool: int, sms: int, tile: int = 8192) -> int:
-    """P for a device of ``sms`` SMs: enough programs for the most row (or pool) blocks of any stage,
-    at most one per SM (all must be co-resident); 1 when the shapes fit neither limit set."""
+def default_programs(config: WeaverConfig, budget: int, pool: int, slots: int, tile: int = 8192) -> int:
+    """P for a device that holds ``slots`` programs at once: enough programs for the most row (or pool)
+    blocks of any stage, at most ``slots`` (all must be co-resident); 1 when the shapes fit neither
+    limit set."""
     if not fits(config, budget, pool, 2):
         return 1
     dmp, ip, hp, kp = (
@@ -133,17 +140,18 @@ def default_programs(config: WeaverConfig, budget: int, pool: int, sms: int, til
         for out, inp in ((config.d_model, hp), (config.d_model, dmp), (config.intermediate_size, dmp),
                          (config.d_model, ip), (config.target_hidden_size, dmp), (pool, hp))
     ]  # fmt: skip
-    return max(1, min(sms, max(blocks)))
+    return max(1, min(slots, max(blocks)))
 
 
 def device_programs(
     config: WeaverConfig, budget: int, pool: int, device: torch.device, tile: int = 8192
 ) -> int:
-    """:func:`default_programs` on ``device`` (CUDA: its SM count); 1 elsewhere (the interpreter)."""
+    """:func:`default_programs` on ``device`` (CUDA: up to :data:`PER_SM` programs a SM, which
+    :func:`grow_fused` clamps to the compiled kernel's residency); 1 elsewhere (the interpreter)."""
     if device.type != "cuda":
         return 1
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return default_programs(config, budget, pool, sms, tile)
+    return default_programs(config, budget, pool, sms * PER_SM, tile)
 
 
 def _p2(x: int) -> int:

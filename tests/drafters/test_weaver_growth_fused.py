@@ -255,7 +255,8 @@ def test_the_27b_weaver_fits_several_programs_only() -> None:
     tiny, big = _config(128, 4, 256, 192), _config(2048, 16, 4096, 5120)
     assert fits(tiny, 32, 512) and fits(tiny, 32, 512, 16)
     assert not fits(big, 64, 512) and fits(big, 64, 512, 132)
-    assert default_programs(big, 64, 512, 132) == 132  # 2048 blocks of W_e's rows: one program per SM
+    assert default_programs(big, 64, 512, 132) == 132  # 2048 blocks of W_e's rows: one program a slot
+    assert default_programs(big, 64, 512, 264) == 264  # two resident a SM
     assert default_programs(big, 64, 512, 1) == 1  # one SM: one program (and the shape refused)
     assert default_programs(tiny, 32, 512, 132) == 16  # the pool's 16 blocks of 32 tokens
     assert default_programs(tiny, 32, 512, 132, tile=512) == 132  # 256 blocks of 2 pool tokens
