@@ -2,7 +2,8 @@
 
 Each rule of :mod:`repro.decoding.acceptance` at temperature > 0, on a tree whose children were
 *given* (top-k, a drafter's own tree: point-mass proposals), computed for every node at once, with no
-host read and no data-dependent shape (capture-safe; ``O(log depth)`` sequential steps):
+host read and no data-dependent shape (capture-safe; ``O(log depth)`` sequential steps), and the
+replayed acceptance of the scale rows (:func:`replayed_accept`, temperature 0):
 
 - ``sample_match`` (:func:`match_accept`): the target's inverse-CDF pick at every node with the
   uniform of its output position (the host's :func:`repro.decoding.sampling.position_uniform`,
@@ -38,7 +39,8 @@ import numpy as np
 import torch
 
 from repro.decoding.acceptance import SpecSampling, TargetMatch, Traversal
-from repro.decoding.sampling import position_uniform
+from repro.decoding.replayed import ReplayedAcceptance
+from repro.decoding.sampling import position_uniform, step_rng
 
 _MASK32 = 0xFFFFFFFF
 _BIG = 1e150  # inverse odds beyond this are weight 0 for any uniform (clamped: no inf * 0)
@@ -188,6 +190,20 @@ def match_accept(
     return node, choice.index_select(0, node)
 
 
+def replayed_accept(
+    view: SlotView, logits: torch.Tensor, want: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:class:`~repro.decoding.replayed.ReplayedAcceptance` at temperature 0: (node [1], bonus [1]): the
+    tree's greedy spine (from the root, each node's lowest-index child) down to ``want`` [1] drafts or
+    its end, and the target's argmax at that node (the host walk's last pick)."""
+    child, _, same = _children(view)
+    rows = torch.arange(child.numel(), device=child.device)
+    ok = (child & ~(same > 0).any(dim=-1)) | (rows == 0)  # a first child, or the root
+    on = ~(view.ancestors & ~ok[None, :]).any(dim=-1) & (view.depth <= want + 1)
+    node = torch.where(on, view.depth, 0).argmax().view(1)
+    return node, logits.index_select(0, node).argmax(dim=-1)
+
+
 def spec_accept(
     view: SlotView, rows: torch.Tensor, u_accept: torch.Tensor, u_bonus: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -272,17 +288,20 @@ class DeviceRule:
     writes ``slot.node`` and ``slot.bonus``)."""
 
     def __init__(self, rule: TargetMatch, device: torch.device, max_depth: int) -> None:
-        if rule.temperature <= 0:
-            raise ValueError("the device sampling rules need temperature > 0 (greedy: commit_greedy)")
         self.rule = rule
         self.kind = type(rule)
-        if self.kind is not TargetMatch and self.kind not in SAMPLING_ACCEPTS:
-            raise ValueError(f"no device version of {self.kind.__name__}")
+        if not has_device_rule(rule):
+            if rule.temperature <= 0 and self.kind is not ReplayedAcceptance:
+                raise ValueError("the device sampling rules need temperature > 0 (greedy: commit_greedy)")
+            raise ValueError(f"no device version of {self.kind.__name__} at temperature {rule.temperature:g}")
         self.key = torch.zeros(2, dtype=torch.long, device=device)  # [seed, position]: no upload
         self.key[:1].fill_(rule.seed % 2**63)
         pinned = device.type == "cuda"
         self.uniforms = torch.zeros(max_depth, dtype=torch.float64, device=device)
         self._host = torch.zeros(max_depth, dtype=torch.float64, pin_memory=pinned)
+        self.want = torch.zeros(1, dtype=torch.long, device=device)  # replayed: this step's drawn depth
+        self._want_host = torch.zeros(1, dtype=torch.long, pin_memory=pinned)
+        self.drawn = 0
 
     @property
     def graph_key(self) -> tuple:
@@ -292,8 +311,14 @@ class DeviceRule:
     def set_step(self, position: int, depth: int) -> None:
         """Key this step's draws by its root ``position`` (sample_match: upload the host's position
         uniforms of its ``depth`` positions; the previous upload is done: the last step's read waited
-        for the stream)."""
-        if self.kind is TargetMatch:
+        for the stream; replayed: upload the depth drawn from the step's stream)."""
+        if self.kind is ReplayedAcceptance:
+            rule = self.rule
+            assert isinstance(rule, ReplayedAcceptance)
+            self.drawn = rule.process.draw(step_rng(rule.seed, position))
+            self._want_host.fill_(self.drawn)
+            self.want.copy_(self._want_host, non_blocking=True)
+        elif self.kind is TargetMatch:
             draws = position_uniforms(self.rule.seed, position, depth)
             self._host[:depth] = torch.tensor(draws, dtype=torch.float64)
             self.uniforms[:depth].copy_(self._host[:depth], non_blocking=True)
@@ -305,7 +330,9 @@ class DeviceRule:
         logits = slot.logits  # type: ignore[attr-defined]
         assert logits is not None, "verify the slot first"
         size = slot.tokens.numel()
-        if self.kind is TargetMatch:
+        if self.kind is ReplayedAcceptance:
+            node, bonus = replayed_accept(slot, logits, self.want)
+        elif self.kind is TargetMatch:
             node, bonus = match_accept(slot, logits, self.rule.temperature, self.uniforms)
         else:
             rows = target_rows(logits, self.rule.temperature)
@@ -313,6 +340,12 @@ class DeviceRule:
             node, bonus = SAMPLING_ACCEPTS[self.kind](slot, rows, u, ub)
         slot.node.copy_(node)  # type: ignore[attr-defined]
         slot.bonus.copy_(bonus)  # type: ignore[attr-defined]
+
+    def done(self, path: list[int]) -> None:
+        """After the step's read: the host rule's counters (replayed: ``steps``, ``truncated``)."""
+        if isinstance(self.rule, ReplayedAcceptance):
+            self.rule.steps += 1
+            self.rule.truncated += len(path) - 1 < self.drawn
 
 
 _TWINS: weakref.WeakKeyDictionary[TargetMatch, dict[torch.device, DeviceRule]] = weakref.WeakKeyDictionary()
@@ -328,5 +361,7 @@ def device_rule(rule: TargetMatch, device: torch.device, max_depth: int) -> Devi
 
 
 def has_device_rule(rule: TargetMatch) -> bool:
-    """Whether ``rule`` has a device version at its temperature (> 0: sampling)."""
+    """Whether ``rule`` has a device version at its temperature (> 0: sampling; the replayed rule at 0)."""
+    if type(rule) is ReplayedAcceptance:
+        return rule.temperature <= 0
     return rule.temperature > 0 and (type(rule) is TargetMatch or type(rule) in SAMPLING_ACCEPTS)

@@ -150,8 +150,8 @@ def device_greedy(model: HybridLM | GraphedTarget, route: Route) -> bool:
 
 def device_sampling(model: HybridLM | GraphedTarget, route: Route) -> bool:
     """Whether ``route`` decodes on ``model`` through the sampling device path: a sampling rule at
-    temperature > 0 (:mod:`repro.decoding.device_acceptance`) on given (not sampled) draft trees; AR's
-    one-node steps keep their host pick (already one read)."""
+    temperature > 0 or the replayed acceptance (:mod:`repro.decoding.device_acceptance`) on given (not
+    sampled) draft trees; AR's one-node steps keep their host pick (already one read)."""
     drafted = not isinstance(route.builder, SingleNode) and not getattr(route.builder, "sample", False)
     return isinstance(model, GraphedTarget) and drafted and has_device_rule(route.rule)
 
@@ -182,7 +182,9 @@ def _device_accept(
         raise ValueError("the device sampling rules take given (top-k) children, not sampled ones")
     twin = device_rule(route.rule, model.device, model.max_nodes)
     twin.set_step(position, slot.max_depth)
-    return model.commit_accepted(state, ver, twin.accept, twin.graph_key)
+    state, path, tokens, bonus = model.commit_accepted(state, ver, twin.accept, twin.graph_key)
+    twin.done(path)
+    return state, path, tokens, bonus
 
 
 def _cut(tokens: list[int], stop_ids: set[int], room: int) -> tuple[list[int], str | None]:

@@ -113,7 +113,7 @@ class AcceptanceProcess:
         )
 
 
-@dataclass
+@dataclass(eq=False)  # identity: a rule keys its device twin (repro.decoding.device_acceptance) and counts
 class ReplayedAcceptance(TargetMatch):
     """Greedy-spine acceptance to a depth drawn from ``process``; target logits only give the bonus.
 

@@ -22,6 +22,7 @@ from repro.models.default import init_random_weights, tiny_config
 from repro.models.hybrid import HybridLM
 from repro.reporting.report import accept_histogram
 from repro.reporting.rundir import load_run
+from repro.tree import Tree
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 ROOT = Path(__file__).resolve().parents[2]
@@ -180,3 +181,48 @@ def test_tiny_shape_on_cuda_graphs(tmp_path):
     assert table["MAL"].iloc[1:].between(1.5, 5).all()
     manifest = json.loads((tmp_path / "scale" / "manifest.json").read_text())
     assert manifest["models"]["tiny"]["graphs_captured"] > 0
+
+
+@pytest.mark.parametrize("name", ["dflash_chain", "ddtree", "dflash_tfm", "eagle_chain", "specla"])
+def test_replayed_steps_run_on_the_device_path_as_on_the_host(name, monkeypatch):
+    """The scale rows' replayed acceptance runs on the graphed engine's device path (no host tree, one read
+    a step: :func:`repro.decoding.device_acceptance.replayed_accept`) and gives the host walk's tokens,
+    accepted lengths and truncation count (float32, the eager graphed target on the CPU)."""
+    from repro.decoding import engine
+    from repro.models.graphed import GraphedTarget
+
+    cfg = bs.ScaleConfig(shapes=["tiny"], routes={"tiny": [name]}, acceptance="mal:4", dtype="fp32",
+                         prompt_len=12, max_new_tokens=40)  # fmt: skip
+    model = bs.build_target("tiny", cfg, torch.device("cpu"))
+    target = GraphedTarget(model, graphs=False)
+    (route,) = bs.build_routes("tiny", cfg, target, bs.parse_acceptance(cfg.acceptance))
+    ids = bs.prompt_ids(model.config.vocab_size, cfg.prompt_len, 0, cfg.seed)
+    assert engine.device_sampling(target, route)
+    runs = []
+    for on_device in (True, False):
+        if not on_device:
+            monkeypatch.setattr(engine, "device_sampling", lambda *a: False)
+        route.rule.reset()
+        res = engine.generate(target, ids, route, cfg.max_new_tokens)
+        runs.append((res.output_ids, res.accepted_lengths, route.rule.steps, route.rule.truncated))
+    assert runs[0] == runs[1]
+    assert max(runs[0][1]) > 2 and runs[0][2] == len(runs[0][1])  # drafts accepted; every step counted
+
+
+def test_replayed_accept_walks_the_first_children_to_the_drawn_depth():
+    """On a padded slot view: the spine of lowest-index children, cut at the drawn depth or its end; the
+    bonus is the argmax at the end node (against the host rule on the same tree and logits)."""
+    from repro.decoding.device_acceptance import HostView, replayed_accept
+    from repro.decoding.replayed import AcceptanceProcess
+
+    tokens = [0, 5, 6, 7, 8, 9, 4]
+    parents = [-1, 0, 0, 1, 1, 3, 2]  # spine 0 -> 1 -> 3 -> 5; 2 and 4 are later siblings
+    view = HostView.of(tokens, parents, size=9)  # two padding nodes
+    logits = torch.randn(9, 11, generator=torch.Generator().manual_seed(0))
+    tree = Tree(tokens, parents)
+    for want, node in [(0, 0), (1, 1), (2, 3), (3, 5), (7, 5)]:
+        got, bonus = replayed_accept(view, logits, torch.tensor([want]))
+        assert int(got) == node and int(bonus) == int(logits[node].argmax()), want
+        rule = ReplayedAcceptance(process=AcceptanceProcess("fixed", (1.0,) * want + (0.0,), "test"))
+        acc = rule.accept(tree, logits[:7], 0)
+        assert acc.path[-1] == node and acc.bonus == int(bonus)
