@@ -226,3 +226,21 @@ def test_replayed_accept_walks_the_first_children_to_the_drawn_depth():
         rule = ReplayedAcceptance(process=AcceptanceProcess("fixed", (1.0,) * want + (0.0,), "test"))
         acc = rule.accept(tree, logits[:7], 0)
         assert acc.path[-1] == node and acc.bonus == int(bonus)
+
+
+def test_the_breakdown_gives_the_stage_split_only_when_the_events_account_for_the_step():
+    def table(commit_ms: float) -> pd.DataFrame:
+        rows = [
+            {"shape": "s", "kind": "ar", "route": "ar", "MAL": 1.0, "step_ms": 10.0, "paper_speedup": None,
+             "speedup": 1.0, "draft_ms": 0.0, "tree_ms": 0.0, "verify_ms": 10.0, "commit_ms": 0.0},
+            {"shape": "s", "kind": "dflash_tfm", "route": "dflash_tfm", "MAL": 8.0, "step_ms": 20.0,
+             "paper_speedup": 4.0, "speedup": 4.0, "draft_ms": 5.0, "tree_ms": 0.5, "verify_ms": 12.0,
+             "commit_ms": commit_ms},
+        ]  # fmt: skip
+        return pd.DataFrame(rows)
+
+    (whole,) = bs.breakdown_lines(table(2.5))  # stages sum to the 20 ms step
+    assert "needs a step of 20.0 ms" in whole and "takes 20.0 ms = draft 5.0 + tree 0.5" in whole
+    (short,) = bs.breakdown_lines(table(0.1))  # 17.6 of 20 ms: beyond the 10% tolerance
+    assert "its stage events sum to 17.6 ms" in short and "is not the step's" in short
+    assert "= draft" not in short
