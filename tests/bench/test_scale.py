@@ -242,5 +242,5 @@ def test_the_breakdown_gives_the_stage_split_only_when_the_events_account_for_th
     (whole,) = bs.breakdown_lines(table(2.5))  # stages sum to the 20 ms step
     assert "needs a step of 20.0 ms" in whole and "takes 20.0 ms = draft 5.0 + tree 0.5" in whole
     (short,) = bs.breakdown_lines(table(0.1))  # 17.6 of 20 ms: beyond the 10% tolerance
-    assert "its stage events sum to 17.6 ms" in short and "is not the step's" in short
+    assert "device times sum to 17.6 ms" in short and "is not the step's split" in short
     assert "= draft" not in short
