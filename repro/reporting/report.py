@@ -362,6 +362,8 @@ SUMMARY_TIMING = [
     "device_step_ms",
 ]
 
+SUMMARY_DEVICE = ["suite", "route", "step_ms", "device_step_ms", *(f"device_{s}_ms" for s in STAGES)]
+
 
 def _cell(value: Any, fmt: str | None) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -416,7 +418,8 @@ _DEFINITIONS = """\
   device_step_ms: the stages' device time per verify step (CUDA events at the stage boundaries,
   summed; CPU: the wall-clock stage times; "-" for records made before device times were kept).
   On the graphed engine's greedy path no stage boundary synchronizes, so step_ms vs device_step_ms
-  is the harness overhead.
+  is the harness overhead, and the wall-clock stage columns are the host's split (its one wait, at
+  the step's read, lands in commit): the device's split is the device_*_ms table.
 - per-position acceptance (histogram): accept_rate at length d = fraction of steps with accepted
   length > d (the d-th draft token accepted); cond_accept_rate = the same among steps with
   accepted length >= d.
@@ -476,6 +479,13 @@ def build_report(run: Run, figures_dir: Path | None) -> str:
             markdown_table(summary[[c for c in SUMMARY_TIMING if c in summary]]),
             "",
         ]
+        if set(SUMMARY_DEVICE) <= set(summary.columns):
+            lines += [
+                "## Device time per stage (CUDA events at the stage marks, ms per verify step)",
+                "",
+                markdown_table(summary[SUMMARY_DEVICE]),
+                "",
+            ]
         counts, rates = _histogram_tables(hist)
         lines += [
             "## Accepted lengths (verify steps per accepted length)",

@@ -38,3 +38,15 @@ def test_mixed_runs_give_no_device_numbers_and_bad_device_times_are_refused():
     with pytest.raises(ValueError, match="device_stage_s lacks verify"):
         partial = {"draft": 0.0, "tree": 0.0, "commit": 0.0}
         dataclasses.replace(make_record(), device_stage_s=partial).validate()
+
+
+def test_the_report_shows_the_device_split_per_stage_when_records_have_it(tmp_path):
+    from repro.reporting.report import build_report
+    from repro.reporting.rundir import DECODE_KIND, Run
+
+    ar = dataclasses.replace(make_record(), device_stage_s=DEVICE)
+    text = build_report(Run(tmp_path, DECODE_KIND, {}, [ar]), None)
+    assert "## Device time per stage" in text
+    table = text.split("## Device time per stage")[1].split("##")[0]
+    cells = [c.strip() for c in table.strip().splitlines()[-1].strip("|").split("|")]
+    assert cells == ["all", "ar", "333.33", "50.00", "10.00", "0.00", "30.00", "10.00"]  # device split
