@@ -9,7 +9,11 @@ the routes' random drafters, paper-MAL replayed acceptance) on the graphed engin
 (``GraphedTarget(graphs=False)``: the same kernels, launched eagerly, so the torch profiler attributes
 each kernel to the engine stage that launched it), one prompt of ``NEW`` tokens after a warm-up, and
 reports per route and stage: the kernels' summed device time per step by group
-(``repro.bench.model.kernel_group``), their count, and the top kernels by time. The eager wall time
+(``repro.bench.model.kernel_group``), their count, the top kernels by time, the stage's host time (its
+profiler range) and its top host ops by self CPU time. ``SCALE_PROFILE_GRAPHS=1`` keeps the CUDA graphs
+(the engine as it runs; kernels inside replays are then not attributed): the host's time per stage, where
+the device waits for the host at small widths (e.g. ``tiny``: the EAGLE routes' draft stage is twice the
+proposal's graph on the device). The eager wall time
 says nothing (Python launches); the kernel sums are what a graph replays, less the gaps between kernels.
 Writes OUT_DIR/scale-profile.json and OUT_DIR/scale-profile.md; prints the markdown.
 """
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -43,6 +48,7 @@ from repro.models.graphed import GraphedTarget  # noqa: E402
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # cpu: a dry run of the plumbing
 NEW = 48
+GRAPHS = os.environ.get("SCALE_PROFILE_GRAPHS") == "1"  # the host's view: graphs replayed, as the engine runs
 TOP = 12
 
 
@@ -112,9 +118,15 @@ def profile_route(target: GraphedTarget, route, ids: list[int]) -> dict:  # noqa
     names: dict[str, dict[str, list[float]]] = collections.defaultdict(
         lambda: collections.defaultdict(counter)
     )
+    host: dict[str, float] = collections.defaultdict(float)  # a stage's range: host microseconds
+    host_ops: dict[str, dict[str, float]] = collections.defaultdict(lambda: collections.defaultdict(float))
     for e in prof.events():
         if e.device_type == DeviceType.CUDA:
             continue
+        if e.name.startswith("stage::"):
+            host[e.name[len("stage::") :]] += e.cpu_time_total
+        else:
+            host_ops[stage_of(e)][e.name[:60]] += e.self_cpu_time_total
         for k in e.kernels:
             stage = stage_of(e)
             us = k.duration
@@ -127,15 +139,18 @@ def profile_route(target: GraphedTarget, route, ids: list[int]) -> dict:  # noqa
     steps = max(res.steps, 1)
     out = {"route": route.name, "steps": res.steps, "mal": sum(res.accepted_lengths) / steps, "stages": {}}
     for stage in (*STAGES, "outside"):
-        if stage not in groups:
+        if stage not in groups and stage not in host:
             continue
-        g = {k: {"kernels": v[0] / steps, "us": v[1] / steps} for k, v in groups[stage].items()}
-        top = sorted(names[stage].items(), key=lambda kv: -kv[1][1])[:TOP]
+        g = {k: {"kernels": v[0] / steps, "us": v[1] / steps} for k, v in groups.get(stage, {}).items()}
+        top = sorted(names.get(stage, {}).items(), key=lambda kv: -kv[1][1])[:TOP]
+        ops = sorted(host_ops.get(stage, {}).items(), key=lambda kv: -kv[1])[:TOP]
         out["stages"][stage] = {
             "us": sum(v["us"] for v in g.values()),
             "kernels": sum(v["kernels"] for v in g.values()),
+            "host_us": host.get(stage, 0.0) / steps,
             "groups": g,
             "top": [{"name": k, "calls": v[0] / steps, "us": v[1] / steps} for k, v in top],
+            "host_top": [{"name": k, "us": v / steps} for k, v in ops],
         }
     return out
 
@@ -145,17 +160,24 @@ def markdown(res: dict) -> str:
         f"# scale-profile: {res['shape']} on {res['device']} ({res['seconds']:.0f} s), kernels a step",
         "",
     ]
-    lines.append("Eager launches of the graphed engine's kernels (no CUDA graphs), by engine stage.")
+    lines.append(
+        "The graphed engine with its CUDA graphs (kernels in replays not attributed), by engine stage."
+        if res.get("graphs")
+        else "Eager launches of the graphed engine's kernels (no CUDA graphs), by engine stage."
+    )
     for r in res["routes"]:
         lines += ["", f"## {r['route']}: {r['steps']} steps, MAL {r['mal']:.2f}", ""]
-        lines += ["| stage | kernels / step | kernel us / step | groups (us / step) |", "|---|--:|--:|---|"]
+        lines += ["| stage | host us / step | kernels / step | kernel us / step | groups (us / step) |"]
+        lines += ["|---|--:|--:|--:|---|"]
         for stage, s in r["stages"].items():
             parts = sorted(s["groups"].items(), key=lambda kv: -kv[1]["us"])
             text = "; ".join(f"{k} {v['kernels']:.0f}x {v['us']:.0f}" for k, v in parts)
-            lines.append(f"| {stage} | {s['kernels']:.0f} | {s['us']:.0f} | {text} |")
+            lines.append(f"| {stage} | {s['host_us']:.0f} | {s['kernels']:.0f} | {s['us']:.0f} | {text} |")
         for stage, s in r["stages"].items():
             lines += ["", f"Top kernels of `{stage}` (us / step, calls / step):", ""]
             lines += [f"- {t['us']:.0f} us, {t['calls']:.1f}x: `{t['name']}`" for t in s["top"]]
+            lines += ["", f"Top host ops of `{stage}` (self CPU us / step):", ""]
+            lines += [f"- {t['us']:.0f} us: `{t['name']}`" for t in s["host_top"]]
     return "\n".join(lines) + "\n"
 
 
@@ -167,11 +189,11 @@ def main() -> None:
     start = time.perf_counter()
     cfg = ScaleConfig(shapes=[shape], routes={shape: names}, prompts=1, max_new_tokens=NEW)
     model = build_target(shape, cfg, DEV)
-    target = GraphedTarget(model, graphs=False)
+    target = GraphedTarget(model, graphs=GRAPHS and DEV.type == "cuda")
     routes = build_routes(shape, cfg, target, parse_acceptance(cfg.acceptance))
     ids = prompt_ids(model.config.vocab_size, cfg.prompt_len, 0, cfg.seed)
     device = torch.cuda.get_device_name() if DEV.type == "cuda" else "cpu"
-    res = {"device": device, "shape": shape, "new_tokens": NEW, "routes": []}
+    res = {"device": device, "shape": shape, "new_tokens": NEW, "graphs": target.graphs, "routes": []}
     for route in routes:
         res["routes"].append(profile_route(target, route, ids))
         res["seconds"] = time.perf_counter() - start
