@@ -50,8 +50,8 @@ from repro.reporting.rundir import Run, RunKind, fields_parser, load_run
 SHAPES = ("qwen3.6-27b", "gdn-1.3b", "tiny")
 DEFAULT_ROUTES = {
     "qwen3.6-27b": "ar,dflash_chain,ddtree,dflash_tfm",
-    "gdn-1.3b": "ar,eagle_chain,specla",
-    "tiny": "ar,dflash_chain,ddtree,dflash_tfm,eagle_chain,specla",
+    "gdn-1.3b": "ar,fla_sd,eagle_chain,specla",
+    "tiny": "ar,dflash_chain,ddtree,dflash_tfm,fla_sd,eagle_chain,specla",
 }
 # the routes (scale names -> route specs): the papers' budgets (Weaver: 64 nodes, width 4 of 2..8)
 ROUTE_SPECS: dict[str, dict[str, Any]] = {
@@ -59,6 +59,7 @@ ROUTE_SPECS: dict[str, dict[str, Any]] = {
     "dflash_chain": {"kind": "dflash_chain", "drafter": "random"},
     "ddtree": {"kind": "ddtree", "drafter": "random", "budget": 64},
     "dflash_tfm": {"kind": "dflash_tfm", "drafter": "random", "weaver": "random", "budget": 64, "width": 4},
+    "fla_sd": {"kind": "fla_sd", "drafter": "random", "k": 6},  # SpecLA's baseline: stock fla kernels, replay
     "eagle_chain": {"kind": "eagle_chain", "drafter": "random", "k": 6},
     "specla": {"kind": "specla", "drafter": "random", "budget": 32},
 }

@@ -177,17 +177,18 @@ def test_tiny_shape_on_cuda_graphs(tmp_path):
         prompts=1, prompt_len=32, max_new_tokens=32, warmup_tokens=4, dtype="bf16",
     )  # fmt: skip
     table = bs.run_scale(cfg, torch.device("cuda"), tmp_path / "scale")
-    assert len(table) == 6 and (table["truncated"] == 0).all()
+    assert len(table) == len(cfg.routes["tiny"]) == 7 and (table["truncated"] == 0).all()
     assert table["MAL"].iloc[1:].between(1.5, 5).all()
     manifest = json.loads((tmp_path / "scale" / "manifest.json").read_text())
     assert manifest["models"]["tiny"]["graphs_captured"] > 0
 
 
-@pytest.mark.parametrize("name", ["dflash_chain", "ddtree", "dflash_tfm", "eagle_chain", "specla"])
+@pytest.mark.parametrize("name", ["dflash_chain", "ddtree", "dflash_tfm", "fla_sd", "eagle_chain", "specla"])
 def test_replayed_steps_run_on_the_device_path_as_on_the_host(name, monkeypatch):
     """The scale rows' replayed acceptance runs on the graphed engine's device path (no host tree, one read
-    a step: :func:`repro.decoding.device_acceptance.replayed_accept`) and gives the host walk's tokens,
-    accepted lengths and truncation count (float32, the eager graphed target on the CPU)."""
+    a step: :func:`repro.decoding.device_acceptance.replayed_accept`; FLA-SD on chain slots, committed by
+    replay) and gives the host walk's tokens, accepted lengths and truncation count (float32, the eager
+    graphed target on the CPU)."""
     from repro.decoding import engine
     from repro.models.graphed import GraphedTarget
 
