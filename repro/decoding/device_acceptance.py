@@ -290,9 +290,7 @@ class DeviceRule:
     def __init__(self, rule: TargetMatch, device: torch.device, max_depth: int) -> None:
         self.rule = rule
         self.kind = type(rule)
-        if not has_device_rule(rule):
-            if rule.temperature <= 0 and self.kind is not ReplayedAcceptance:
-                raise ValueError("the device sampling rules need temperature > 0 (greedy: commit_greedy)")
+        if not has_device_rule(rule):  # greedy TargetMatch included: commit_greedy is its device path
             raise ValueError(f"no device version of {self.kind.__name__} at temperature {rule.temperature:g}")
         self.key = torch.zeros(2, dtype=torch.long, device=device)  # [seed, position]: no upload
         self.key[:1].fill_(rule.seed % 2**63)

@@ -577,6 +577,22 @@ def resident_ctas(regs: int, num_warps: int, shared: int, device: torch.device |
     return max(1, min(fit))
 
 
+_SLOTS: dict[tuple, int] = {}  # (device, launch constants) -> programs the device holds at once
+
+
+def _device_slots(dev: torch.device, args: list, eps: float, consts: dict) -> int:
+    """SMs x :func:`resident_ctas` of the multi-program binary for these launch constants (compiled once;
+    asked once per device and constants, not per growth)."""
+    key = (dev, tuple(sorted((k, repr(v)) for k, v in consts.items())))
+    if key not in _SLOTS:
+        binary = _node_kernel.warmup(*args, 3, 2, eps, ROOT=False, SCORE=True, PC=0, STAGE=-1, grid=(2,),
+                                     **consts)  # fmt: skip
+        binary._init_handles()
+        sms = torch.cuda.get_device_properties(dev).multi_processor_count
+        _SLOTS[key] = sms * resident_ctas(binary.n_regs, consts["num_warps"], binary.metadata.shared, dev)
+    return _SLOTS[key]
+
+
 def grow_fused(
     weaver: WeaverModel,
     embedding: torch.Tensor,
@@ -653,11 +669,7 @@ def grow_fused(
     )  # fmt: skip
     args = [*state.values(), *inputs, *[p.contiguous() for p in weights]]
     if cuda and programs > 1 and not staged:  # every program resident at once (the grid barriers)
-        binary = _node_kernel.warmup(*args, 3, programs, cfg.rms_norm_eps, ROOT=False, SCORE=True, PC=0,
-                                     STAGE=-1, grid=(programs,), **consts)  # fmt: skip
-        binary._init_handles()
-        sms = torch.cuda.get_device_properties(dev).multi_processor_count
-        programs = min(programs, sms * resident_ctas(binary.n_regs, num_warps, binary.metadata.shared, dev))
+        programs = min(programs, _device_slots(dev, args, cfg.rms_norm_eps, consts))
     programs = max(1, programs)
     for node in range(n):
         score = node < budget
