@@ -11,7 +11,9 @@ Every split variant is checked against the fused kernel's output before it is ti
 
 TREE_PHASES_PARTS (default "phases,knobs"; the tables are rewritten after every shape): "phases" the
 phase split and tile sweeps above (with phase 2's ``hoist`` variant), "knobs" phase 1 alone under knobs
-that price its parts (:func:`keys_knobs`). A 75 s budget skips the blocks not started by then.
+that price its parts (:func:`keys_knobs`). TREE_PHASES_BLOCKS picks the blocks as ``part:shape:T`` items
+(e.g. "knobs:specla:128,phases:specla:128"; default every block); a budget of TREE_PHASES_BUDGET seconds
+(75) skips the blocks not started by then.
 
 Writes OUT_DIR/tree-phases.json and OUT_DIR/tree-phases.md; prints the markdown.
 """
@@ -188,11 +190,15 @@ def main() -> None:
         for shape, t in (("weaver", 128), ("specla", 128), ("weaver", 64), ("weaver", 256))
     ]
     blocks += [("knobs", shape, t) for shape, t in (("weaver", 128), ("weaver", 64), ("specla", 128))]
+    if os.environ.get("TREE_PHASES_BLOCKS"):
+        items = (b.split(":") for b in os.environ["TREE_PHASES_BLOCKS"].split(","))
+        blocks = [(part, shape, int(t)) for part, shape, t in items]
+    budget = float(os.environ.get("TREE_PHASES_BUDGET", "75"))
     rows: list[dict[str, Any]] = []
     for part, shape, t in blocks:
         if part not in parts:
             continue
-        if time.monotonic() - start > 75:
+        if time.monotonic() - start > budget:
             print(f"budget spent: {part} {shape} T={t} skipped")
             continue
         rows += phases(shape, t, dev) if part == "phases" else keys_knobs(shape, t, dev)
