@@ -12,6 +12,12 @@ writes may be read before it; constant operands (weights) may be (``early_weight
 load their first weight tile before it; off by default, measured slower). A kernel launched with
 ``launch_pdl`` must wait before it reads its inputs: the two go together (:func:`use_pdl` for both).
 Results are bitwise those of a plain launch.
+
+Where the next launch is released (``trigger``, :data:`TRIGGERS`): "start" (the default) at every
+kernel's start, "exit" at its exit (no explicit trigger: the launch still overlaps the kernel's drain
+and memory flush), "gemv" at the start of the GEMVs and at the exit of the rest. An early release lets
+the next kernel's CTAs be placed on the SMs while this one runs, where they wait; the kernel's ``PDL``
+constexpr says which (:func:`pdl_args`: 0 plain, 1 released at the start, 2 at the exit).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import contextlib
 import functools
 import os
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import torch
 import triton
@@ -71,18 +78,44 @@ def check_factors(
     )
 
 
-# dependent_launch's stack of (enabled, early weights); the bottom is the default: on (REPRO_PDL=0: off, for
-# A/B runs of whole commands), without early weight loads (measured slower: GDN-1.3B decode 1117 -> 1213 us,
+TRIGGERS = ("start", "exit", "gemv")
+
+
+class PdlMode(NamedTuple):
+    """One entry of :func:`dependent_launch`'s stack."""
+
+    enabled: bool
+    early_weights: bool
+    trigger: str  # one of TRIGGERS
+
+
+def _env_mode(value: str) -> PdlMode:
+    """REPRO_PDL: "0" off (A/B runs of whole commands), "1" or a trigger name (:data:`TRIGGERS`) on."""
+    if value == "0":
+        return PdlMode(False, False, "start")
+    trigger = "start" if value == "1" else value
+    if trigger not in TRIGGERS:
+        raise ValueError(f"REPRO_PDL must be 0, 1 or one of {TRIGGERS}, got {value!r}")
+    return PdlMode(True, False, trigger)
+
+
+# dependent_launch's stack; the bottom is the default: on, released at every kernel's start, without early
+# weight loads (measured slower: GDN-1.3B decode 1117 -> 1213 us,
 # results/2026-12-02-h200-pdl-slots/scripts/pdl)
-_pdl: list[tuple[bool, bool]] = [(os.environ.get("REPRO_PDL", "1") != "0", False)]
+_pdl: list[PdlMode] = [_env_mode(os.environ.get("REPRO_PDL", "1"))]
 
 
 @contextlib.contextmanager
-def dependent_launch(enabled: bool = True, early_weights: bool = False) -> Iterator[None]:
+def dependent_launch(
+    enabled: bool = True, early_weights: bool = False, trigger: str = "start"
+) -> Iterator[None]:
     """Within the block, the kernels that support it use programmatic dependent launch (module
     docstring) where the device supports it; ``early_weights``: the GEMV kernels load their first weight
-    tile before the wait. Capture a CUDA graph inside the block to keep the choice."""
-    _pdl.append((enabled, early_weights))
+    tile before the wait; ``trigger``: where each kernel releases the next launch (:data:`TRIGGERS`).
+    Capture a CUDA graph inside the block to keep the choice."""
+    if trigger not in TRIGGERS:
+        raise ValueError(f"trigger must be one of {TRIGGERS}, got {trigger!r}")
+    _pdl.append(PdlMode(enabled, early_weights, trigger))
     try:
         yield
     finally:
@@ -92,20 +125,24 @@ def dependent_launch(enabled: bool = True, early_weights: bool = False) -> Itera
 def use_pdl(device: torch.device) -> bool:
     """Whether a launch on ``device`` now is a programmatic dependent one (its ``PDL`` constexpr and
     ``launch_pdl``): on, on CUDA, compute capability 9.0 or later, not in the interpreter."""
-    if not _pdl[-1][0] or interpreting() or device.type != "cuda":
+    if not _pdl[-1].enabled or interpreting() or device.type != "cuda":
         return False
     return _capability(device.index if device.index is not None else torch.cuda.current_device()) >= (9, 0)
 
 
 def early_weights(device: torch.device) -> bool:
     """Whether a dependent GEMV launch on ``device`` now loads its first weight tile before the wait."""
-    return use_pdl(device) and _pdl[-1][1]
+    return use_pdl(device) and _pdl[-1].early_weights
 
 
-def pdl_args(device: torch.device) -> dict[str, bool]:
-    """A launch's programmatic-dependent-launch arguments: the kernel's ``PDL`` and ``launch_pdl``."""
-    pdl = use_pdl(device)
-    return {"PDL": pdl, "launch_pdl": pdl}
+def pdl_args(device: torch.device, gemv: bool = False) -> dict[str, int | bool]:
+    """A launch's programmatic-dependent-launch arguments: the kernel's ``PDL`` (0 plain, 1 the next
+    launch released at this kernel's start, 2 at its exit; module docstring) and ``launch_pdl``.
+    ``gemv``: the launch is a GEMV's (the "gemv" trigger releases those at their start)."""
+    if not use_pdl(device):
+        return {"PDL": 0, "launch_pdl": False}
+    trigger = _pdl[-1].trigger
+    return {"PDL": 1 if trigger == "start" or (trigger == "gemv" and gemv) else 2, "launch_pdl": True}
 
 
 H200_SMS = 132  # the SM count assumed off CUDA (launch heuristics, ahead-of-time compiles)
@@ -126,10 +163,11 @@ def _capability(index: int) -> tuple[int, int]:
 
 @triton.jit
 def pdl_start(PDL: tl.constexpr):
-    """A dependent kernel's start (PDL): let the next launch be scheduled, then wait for the previous
-    kernel's completion and writes."""
-    if PDL:
+    """A dependent kernel's start (PDL 1: let the next launch be scheduled; PDL 1 or 2: wait for the
+    previous kernel's completion and writes)."""
+    if PDL == 1:
         gdc_launch_dependents()
+    if PDL:
         gdc_wait()
 
 

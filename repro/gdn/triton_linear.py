@@ -380,7 +380,7 @@ def _gemv_kernel(
     sums, then the up sums) for :func:`_split_reduce_kernel`, which applies the epilogue. PDL: launched
     as a programmatic dependent; EARLY_W (with PDL): its first weight tile(s) are loaded before the wait
     (weights are constant), everything else after it (module docstring)."""
-    if PDL:
+    if PDL == 1:
         gdc_launch_dependents()
     pid = tl.program_id(0)
     sid = tl.program_id(1)
@@ -707,7 +707,7 @@ def _launch(
         rows_out, k, k_slice, N_ROWS=n, RB=pow2(n), BN=bn, BK=bk, KP=kp, EARLY_X=early_x,
         SPLIT=split, EVEN_K=k % bk == 0,
         EARLY_W=early_weights(x.device), **flags, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **pdl_args(x.device),
+        **pdl_args(x.device, gemv=True),
     )  # fmt: skip
     if split > 1:
         rbn, parts = _epilogue_blocks(cfg, rows_out)

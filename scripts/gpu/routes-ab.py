@@ -12,7 +12,11 @@ on a fresh GraphedTarget so that its graphs are captured under that setting:
 - ``default``: the code as it is;
 - ``pow2_slots``: slot sizes powers of two only (the day before's: 33-node trees padded to 64 rows);
 - ``unsplit_attention``: ``attention_tree`` with one split (no combine launch);
-- ``no_pdl``: ``dependent_launch(False)`` around capture and replay.
+- ``no_pdl``: ``dependent_launch(False)`` around capture and replay;
+- ``pdl_exit`` / ``pdl_gemv``: dependent launch releasing the next launch at each kernel's exit, or at the
+  GEMVs' start and the other kernels' exit (``dependent_launch(trigger=)``).
+
+ROUTES_AB_VARIANTS (comma-separated names; default all) picks the variants; "default" always runs first.
 
 Per variant and route: decode ms per verify step (wall, the engine's clock), device ms per step and per stage
 (CUDA events; idle gaps included), MAL, and whether the tokens equal the default variant's. Writes
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import statistics
 import sys
 import time
@@ -72,6 +77,8 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "pow2_slots": lambda: patched(graphed, "SLOT_SIZES", tuple(2**k for k in range(11))),
     "unsplit_attention": lambda: patched(triton_attention, "tree_splits", lambda *args: 1),
     "no_pdl": lambda: dependent_launch(False),
+    "pdl_exit": lambda: dependent_launch(trigger="exit"),
+    "pdl_gemv": lambda: dependent_launch(trigger="gemv"),
 }
 
 
@@ -131,7 +138,8 @@ def main() -> None:
         model.set_gdn_backend("triton")
     reference: dict[str, list[list[int]]] = {}
     rows: list[dict] = []
-    for name in VARIANTS:
+    picked = os.environ.get("ROUTES_AB_VARIANTS", ",".join(VARIANTS)).split(",")
+    for name in ["default"] + [v for v in picked if v != "default"]:
         if time.monotonic() - start > BUDGET_S:
             rows.append({"variant": name, "skipped": f"the {BUDGET_S:g} s budget is spent"})
             continue

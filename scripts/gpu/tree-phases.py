@@ -118,7 +118,8 @@ def keys_knobs(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
     wrong thing on purpose, to price one part): ``no-inverse`` (LOG2_BR = 0: the diagonal inverse
     skipped), ``no-mask-loads`` (CHAIN: the lower triangle instead of the ancestor mask, so the gate sums
     and the mask load no mask bytes), the batched 16 x 16 base off, the d_k chunk BK, software pipelining
-    stages, warps."""
+    stages, warps; and two that compute the right thing: ``write-k`` (TreeFactors.k written, as the split
+    form does) and dependent launch releasing the next launch at the start or the exit (``pdl-*``)."""
     spec = bk.RowSpec(shape, "verify", "draft", t, "tree_split", "bf16")
     case = bk.make_case(spec, bk.BenchConfig(timer=TIMER, bf16_precision=PREC), dev)
     x = bk.make_inputs(case.shape, case.n, bk.seed_of(spec, 0, "knobs"), dev).to("bf16")
@@ -127,7 +128,9 @@ def keys_knobs(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
     variants = [("default", {}), ("no-inverse", {"LOG2_BR": 0, "BASE16": False}),
                 ("no-mask-loads", {"CHAIN": True}), ("base16-off", {"BASE16": False}),
                 ("bk128", {"BK": 128}), ("stages3", {"num_stages": 3}), ("stages2", {"num_stages": 2}),
-                ("w8", {"num_warps": 8}), ("w2", {"num_warps": 2})]  # fmt: skip
+                ("w8", {"num_warps": 8}), ("w2", {"num_warps": 2}), ("write-k", {"WRITE_K": True}),
+                ("pdl-start", {"PDL": 1, "launch_pdl": True}),
+                ("pdl-exit", {"PDL": 2, "launch_pdl": True})]  # fmt: skip
     for br in (32, 64):
         if br > max(16, t):
             continue
@@ -139,14 +142,14 @@ def keys_knobs(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
         for name, knobs in variants:
             kw = dict(H=c.h, HV=c.hv, DK=c.dk, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk_default,
                       CHAIN=False, PREC=PREC, UPCAST_QK=c.upcast, BASE16=br >= 32, WRITE_K=False,
-                      num_warps=8 if br >= 64 else 4)  # fmt: skip
+                      num_warps=8 if br >= 64 else 4, PDL=0, launch_pdl=False)  # fmt: skip
             kw.update(knobs)
             if kw["BK"] > c.dk:
                 continue
 
             def launch(kw=kw, nr=nr, npad=npad, a=a, p=p) -> None:
                 tt._tree_keys_kernel[(c.hv, nr, nr)](
-                    c.q, c.k, c.g, c.beta, c.anc, a, p, c.gate_cum, c.k_exp, c.n, npad, 1.0, PDL=False, **kw
+                    c.q, c.k, c.g, c.beta, c.anc, a, p, c.gate_cum, c.k_exp, c.n, npad, 1.0, **kw
                 )
 
             r: dict[str, Any] = dict(shape=shape, T=t, variant=f"phase1:{name}", block_rows=br)

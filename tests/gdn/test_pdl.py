@@ -14,15 +14,46 @@ def test_dependent_launch_switch():
     """dependent_launch stacks and restores; it never applies off CUDA (nor in the interpreter); a launch's
     two arguments always agree."""
     cpu = torch.device("cpu")
-    assert tc._pdl == [(True, False)]  # on by default (no REPRO_PDL here), without early weight loads
-    assert not tc.use_pdl(cpu) and tc.pdl_args(cpu) == {"PDL": False, "launch_pdl": False}
+    assert tc._pdl == [(True, False, "start")]  # on by default (no REPRO_PDL here), no early weight loads
+    assert not tc.use_pdl(cpu) and tc.pdl_args(cpu) == {"PDL": 0, "launch_pdl": False}
     assert not tc.early_weights(cpu)
     with tc.dependent_launch(False):
-        assert tc._pdl[-1] == (False, False) and not tc.use_pdl(cpu)
-        with tc.dependent_launch(early_weights=True):
-            assert tc._pdl[-1] == (True, True) and not tc.use_pdl(cpu) and not tc.early_weights(cpu)
-        assert tc._pdl[-1] == (False, False)
-    assert tc._pdl == [(True, False)]
+        assert tc._pdl[-1] == (False, False, "start") and not tc.use_pdl(cpu)
+        with tc.dependent_launch(early_weights=True, trigger="exit"):
+            assert tc._pdl[-1] == (True, True, "exit") and not tc.use_pdl(cpu) and not tc.early_weights(cpu)
+        assert tc._pdl[-1] == (False, False, "start")
+    assert tc._pdl == [(True, False, "start")]
+    with pytest.raises(ValueError, match="trigger"), tc.dependent_launch(trigger="end"):
+        pass
+    assert tc._pdl == [(True, False, "start")]
+
+
+def test_trigger_picks_each_kernels_pdl_level(monkeypatch):
+    """Where a dependent launch releases the next one: "start" at every kernel's start (PDL 1), "exit" at
+    every kernel's exit (2), "gemv" at the GEMVs' start and the other kernels' exit; off: 0."""
+    dev = torch.device("cpu")
+    monkeypatch.setattr(tc, "use_pdl", lambda device: tc._pdl[-1].enabled)  # as on a CUDA sm90 device
+    expect = {"start": (1, 1), "exit": (2, 2), "gemv": (2, 1)}
+    for trigger, (other, gemv) in expect.items():
+        with tc.dependent_launch(trigger=trigger):
+            assert tc.pdl_args(dev) == {"PDL": other, "launch_pdl": True}
+            assert tc.pdl_args(dev, gemv=True) == {"PDL": gemv, "launch_pdl": True}
+        with tc.dependent_launch(False, trigger=trigger):
+            assert tc.pdl_args(dev, gemv=True) == {"PDL": 0, "launch_pdl": False}
+
+
+@pytest.mark.parametrize(
+    "value, mode",
+    [("0", (False, False, "start")), ("1", (True, False, "start")), ("exit", (True, False, "exit")),
+     ("gemv", (True, False, "gemv"))],
+)  # fmt: skip
+def test_repro_pdl_environment_values(value, mode):
+    assert tc._env_mode(value) == mode
+
+
+def test_repro_pdl_environment_rejects_unknown_values():
+    with pytest.raises(ValueError, match="REPRO_PDL must be 0, 1 or one of"):
+        tc._env_mode("on")
 
 
 @pytest.mark.gpu
@@ -32,7 +63,8 @@ def test_gpu_decode_steps_bitwise_equal_with_pdl(fuse_decode: bool):
     """Twelve greedy decode steps of a bf16 hybrid (GDN and attention layers) in one CUDA graph on the
     static decoder's GEMV path: the picks and the last logits are bitwise equal with and without
     programmatic dependent launch (every Triton kernel of the step launched as a dependent), the GEMVs'
-    first weight tiles loaded before the wait or after it."""
+    first weight tiles loaded before the wait or after it, the next launch released at each kernel's
+    start, exit, or the GEMVs' start only."""
     from repro.bench.model import build_model
     from repro.models.config import ATTENTION, GDN, HybridConfig
     from repro.models.static import StaticDecoder
@@ -45,8 +77,10 @@ def test_gpu_decode_steps_bitwise_equal_with_pdl(fuse_decode: bool):
     model = build_model(cfg, torch.device("cuda"), torch.bfloat16, 3)
     model.set_gdn_backend("triton")
     runs = []
-    for on, early in ((False, False), (True, False), (True, True)):
-        with tc.dependent_launch(on, early):
+    variants = ((False, False, "start"), (True, False, "start"), (True, True, "start"), (True, False, "exit"),
+                (True, False, "gemv"))  # fmt: skip
+    for on, early, trigger in variants:
+        with tc.dependent_launch(on, early, trigger):
             dec = StaticDecoder(model, 64, 4, gemv=True, fuse_decode=fuse_decode, fuse_verify=False)
             dec.set_token(11)
             dec.decode_pick()  # compile outside the capture
