@@ -13,11 +13,17 @@ load their first weight tile before it; off by default, measured slower). A kern
 ``launch_pdl`` must wait before it reads its inputs: the two go together (:func:`use_pdl` for both).
 Results are bitwise those of a plain launch.
 
-Where the next launch is released (``trigger``, :data:`TRIGGERS`): "start" (the default) at every
-kernel's start, "exit" at its exit (no explicit trigger: the launch still overlaps the kernel's drain
-and memory flush), "gemv" at the start of the GEMVs and at the exit of the rest. An early release lets
-the next kernel's CTAs be placed on the SMs while this one runs, where they wait; the kernel's ``PDL``
-constexpr says which (:func:`pdl_args`: 0 plain, 1 released at the start, 2 at the exit).
+Where the next launch is released (``trigger``, :data:`TRIGGERS`): "start" at every kernel's start,
+"exit" at its exit (no explicit trigger: the launch still overlaps the kernel's drain and memory flush),
+"gemv" at the start of the GEMVs and at the exit of the rest, and "auto" (the default) at the start
+except in a multi-row verification (:func:`verify_launches`, the tree kernels), whose kernels release at
+their exit. An early release lets the next kernel's CTAs be placed on the SMs while this one runs, where
+they wait for it; measured on the H200 (results/2026-12-02-h200-flasd-phases/scripts/pdl), that helps the
+decode step (GDN-1.3B 1163 -> 1113 us, plain -> start) and hurts verification (GDN-1.3B verify of 33
+nodes 1931 -> 2276 us; SpecLA's split tree kernel 24.7 -> 35.6 us), where exit costs nothing against
+plain launches (1936 us, 24.2 us): the waiting CTAs take SM slots that the latency-bound kernels' programs
+would have spread over. The kernel's ``PDL`` constexpr says which (:func:`pdl_args`: 0 plain, 1 released
+at the start, 2 at the exit).
 """
 
 from __future__ import annotations
@@ -78,7 +84,7 @@ def check_factors(
     )
 
 
-TRIGGERS = ("start", "exit", "gemv")
+TRIGGERS = ("auto", "start", "exit", "gemv")
 
 
 class PdlMode(NamedTuple):
@@ -92,22 +98,21 @@ class PdlMode(NamedTuple):
 def _env_mode(value: str) -> PdlMode:
     """REPRO_PDL: "0" off (A/B runs of whole commands), "1" or a trigger name (:data:`TRIGGERS`) on."""
     if value == "0":
-        return PdlMode(False, False, "start")
-    trigger = "start" if value == "1" else value
+        return PdlMode(False, False, "auto")
+    trigger = "auto" if value == "1" else value
     if trigger not in TRIGGERS:
         raise ValueError(f"REPRO_PDL must be 0, 1 or one of {TRIGGERS}, got {value!r}")
     return PdlMode(True, False, trigger)
 
 
-# dependent_launch's stack; the bottom is the default: on, released at every kernel's start, without early
-# weight loads (measured slower: GDN-1.3B decode 1117 -> 1213 us,
-# results/2026-12-02-h200-pdl-slots/scripts/pdl)
+# dependent_launch's stack; the bottom is the default: on, "auto" release, without early weight loads
+# (measured slower: GDN-1.3B decode 1117 -> 1213 us, results/2026-12-02-h200-pdl-slots/scripts/pdl)
 _pdl: list[PdlMode] = [_env_mode(os.environ.get("REPRO_PDL", "1"))]
 
 
 @contextlib.contextmanager
 def dependent_launch(
-    enabled: bool = True, early_weights: bool = False, trigger: str = "start"
+    enabled: bool = True, early_weights: bool = False, trigger: str = "auto"
 ) -> Iterator[None]:
     """Within the block, the kernels that support it use programmatic dependent launch (module
     docstring) where the device supports it; ``early_weights``: the GEMV kernels load their first weight
@@ -135,14 +140,33 @@ def early_weights(device: torch.device) -> bool:
     return use_pdl(device) and _pdl[-1].early_weights
 
 
-def pdl_args(device: torch.device, gemv: bool = False) -> dict[str, int | bool]:
+_verifying: list[bool] = [False]  # verify_launches' stack
+
+
+@contextlib.contextmanager
+def verify_launches() -> Iterator[None]:
+    """Within the block, launches belong to a multi-row verification (the "auto" trigger releases the
+    next launch at their exit)."""
+    _verifying.append(True)
+    try:
+        yield
+    finally:
+        _verifying.pop()
+
+
+def pdl_args(device: torch.device, gemv: bool = False, verify: bool = False) -> dict[str, int | bool]:
     """A launch's programmatic-dependent-launch arguments: the kernel's ``PDL`` (0 plain, 1 the next
     launch released at this kernel's start, 2 at its exit; module docstring) and ``launch_pdl``.
-    ``gemv``: the launch is a GEMV's (the "gemv" trigger releases those at their start)."""
+    ``gemv``: the launch is a GEMV's; ``verify``: a verification kernel's (as inside
+    :func:`verify_launches`)."""
     if not use_pdl(device):
         return {"PDL": 0, "launch_pdl": False}
     trigger = _pdl[-1].trigger
-    return {"PDL": 1 if trigger == "start" or (trigger == "gemv" and gemv) else 2, "launch_pdl": True}
+    if trigger == "auto":
+        early = not (verify or _verifying[-1])
+    else:
+        early = trigger == "start" or (trigger == "gemv" and gemv)
+    return {"PDL": 1 if early else 2, "launch_pdl": True}
 
 
 H200_SMS = 132  # the SM count assumed off CUDA (launch heuristics, ahead-of-time compiles)

@@ -850,7 +850,7 @@ def tree_gdn_fused(
         H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk, BV=bv,
         CHAIN=c.chain, PREC=precision, UPCAST_QK=c.upcast, BASE16=base16, WRITE_K=c.write_k,
         PENDING=pending is not None, PNP=c.pnp, num_warps=warps, num_stages=num_stages,
-        **pdl_args(c.q.device),
+        **pdl_args(c.q.device, verify=True),
     )  # fmt: skip
     return c.o, c.factors()
 
@@ -914,7 +914,7 @@ def tree_gdn_split(
         c.q, c.k, c.v, c.beta, c.state, a_blocks, p_blocks, c.gate_cum, c.o, c.delta, qs, *c.p_ops,
         c.p_node, c.p_n, c.n, npad, float(scale),
         H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, BK=bk, BV=bv, PREC=precision, PENDING=pending is not None,
-        PNP=c.pnp, HOIST=hoist, num_warps=warps, **pdl_args(c.q.device),
+        PNP=c.pnp, HOIST=hoist, num_warps=warps, **pdl_args(c.q.device, verify=True),
     )  # fmt: skip
     return c.o, c.factors()
 
@@ -932,7 +932,8 @@ def _key_blocks(
     _tree_keys_kernel[(c.hv, nr, nr)](
         c.q, c.k, c.g, c.beta, c.anc, a_blocks, p_blocks, c.gate_cum, c.k_exp, c.n, npad, float(scale),
         H=c.h, HV=c.hv, DK=c.dk, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk, CHAIN=c.chain, PREC=precision,
-        UPCAST_QK=c.upcast, BASE16=br >= 32, WRITE_K=c.write_k, num_warps=warps, **pdl_args(c.q.device),
+        UPCAST_QK=c.upcast, BASE16=br >= 32, WRITE_K=c.write_k, num_warps=warps,
+        **pdl_args(c.q.device, verify=True),
     )  # fmt: skip
     return a_blocks, p_blocks, npad
 
@@ -1017,12 +1018,13 @@ def tree_gdn_blocked(
         a_blocks, p_blocks, t_full, pt_full, c.q, c.k, c.v, c.beta, c.state, c.gate_cum, x0, qs,
         c.n, npad, nr, float(scale),
         H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, BK=bk, BRX=brv, BVX=bv, PREC=precision, num_warps=warps,
-        **pdl_args(c.q.device),
+        **pdl_args(c.q.device, verify=True),
     )  # fmt: skip
     _tree_wy_kernel[(c.hv, triton.cdiv(c.n, brv), triton.cdiv(c.dv, bv))](
         c.q, c.k, c.v, c.beta, c.state, t_full, pt_full, c.gate_cum, x0, qs, c.o, c.delta, c.n, npad,
         float(scale), H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BRV=brv, BC=bc, BK=bk, BV=bv, PREC=precision,
-        PRE_X0=nx > 0, num_warps=num_warps_v or 4, num_stages=num_stages_v, **pdl_args(c.q.device),
+        PRE_X0=nx > 0, num_warps=num_warps_v or 4, num_stages=num_stages_v,
+        **pdl_args(c.q.device, verify=True),
     )  # fmt: skip
     return c.o, c.factors()
 
@@ -1201,6 +1203,6 @@ def tree_states_fused(
     grid = (hv, triton.cdiv(dv, bv))
     _tree_states_kernel[grid](
         k, v, g, beta, state, par, states, n,
-        H=h, HV=hv, DK=dk, DV=dv, BKS=bks, BV=bv, num_warps=warps, **pdl_args(k.device),
+        H=h, HV=hv, DK=dk, DV=dv, BKS=bks, BV=bv, num_warps=warps, **pdl_args(k.device, verify=True),
     )  # fmt: skip
     return states

@@ -124,6 +124,7 @@ from repro.gdn.backends import (
     tree_function,
 )
 from repro.gdn.reference import PendingCommit, TreeFactors
+from repro.gdn.triton_common import verify_launches
 from repro.models.config import GDN
 from repro.models.hybrid import COMMIT_STRATEGIES, HybridLM
 from repro.models.layers import (
@@ -1150,7 +1151,8 @@ class StaticDecoder:
         if slot.derive_inputs:
             slot.derive()
         positions = self.length + slot.depth - 1
-        slot.logits = self._forward(slot.tokens, positions, slot, decode=False)
+        with verify_launches():  # its kernels release the next launch at their exit (triton_common)
+            slot.logits = self._forward(slot.tokens, positions, slot, decode=False)
         if slot.parity is not None:  # the other stash's pending commit is in the states now
             self.pending_sets[1 - slot.parity].node.fill_(-1)
         return slot.logits

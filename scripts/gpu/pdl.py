@@ -11,8 +11,8 @@ step over replays (alternating variants), the first step's logits compared bitwi
 the verify of a VERIFY_NODES-node draft tree on the same decoder (a graph of REPS verifies), and at the
 SpecLA and Weaver kernel shapes (T = 128) the split and fused tree kernels alone (bf16, "tf32").
 Variants (:data:`VARIANTS`): plain launches; every kernel a programmatic dependent releasing the next
-launch at its start (the default), at its exit, or the GEMVs at their start and the rest at their exit
-(``trigger``: an early release places the next kernel's CTAs on the SMs while this one runs).
+launch at its start, at its exit, or "auto" (the default: at the start but in verification, at the exit;
+``trigger``: an early release places the next kernel's CTAs on the SMs while this one runs).
 Writes OUT_DIR/pdl.json and OUT_DIR/pdl.md; prints the markdown.
 """
 
@@ -75,10 +75,10 @@ def replay_us(dec: StaticDecoder, state: Any, graph: torch.cuda.CUDAGraph, reps:
 
 
 VARIANTS = {  # name: dependent_launch's (enabled, early_weights, trigger)
-    "plain": (False, False, "start"),
-    "pdl": (True, False, "start"),
+    "plain": (False, False, "auto"),
+    "pdl_start": (True, False, "start"),
+    "pdl_auto": (True, False, "auto"),
     "pdl_exit": (True, False, "exit"),
-    "pdl_gemv": (True, False, "gemv"),
 }
 VERIFY_NODES = 33
 

@@ -13,8 +13,9 @@ on a fresh GraphedTarget so that its graphs are captured under that setting:
 - ``pow2_slots``: slot sizes powers of two only (the day before's: 33-node trees padded to 64 rows);
 - ``unsplit_attention``: ``attention_tree`` with one split (no combine launch);
 - ``no_pdl``: ``dependent_launch(False)`` around capture and replay;
-- ``pdl_exit`` / ``pdl_gemv``: dependent launch releasing the next launch at each kernel's exit, or at the
-  GEMVs' start and the other kernels' exit (``dependent_launch(trigger=)``).
+- ``pdl_start`` / ``pdl_exit`` / ``pdl_gemv``: dependent launch releasing the next launch at each kernel's
+  start, at its exit, or at the GEMVs' start and the other kernels' exit (``dependent_launch(trigger=)``;
+  the default, "auto", releases at the start but in verification).
 
 ROUTES_AB_VARIANTS (comma-separated names; default all) picks the variants; "default" always runs first.
 
@@ -77,6 +78,7 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "pow2_slots": lambda: patched(graphed, "SLOT_SIZES", tuple(2**k for k in range(11))),
     "unsplit_attention": lambda: patched(triton_attention, "tree_splits", lambda *args: 1),
     "no_pdl": lambda: dependent_launch(False),
+    "pdl_start": lambda: dependent_launch(trigger="start"),
     "pdl_exit": lambda: dependent_launch(trigger="exit"),
     "pdl_gemv": lambda: dependent_launch(trigger="gemv"),
 }

@@ -14,38 +14,72 @@ def test_dependent_launch_switch():
     """dependent_launch stacks and restores; it never applies off CUDA (nor in the interpreter); a launch's
     two arguments always agree."""
     cpu = torch.device("cpu")
-    assert tc._pdl == [(True, False, "start")]  # on by default (no REPRO_PDL here), no early weight loads
+    assert tc._pdl == [(True, False, "auto")]  # on by default (no REPRO_PDL here), no early weight loads
     assert not tc.use_pdl(cpu) and tc.pdl_args(cpu) == {"PDL": 0, "launch_pdl": False}
     assert not tc.early_weights(cpu)
     with tc.dependent_launch(False):
-        assert tc._pdl[-1] == (False, False, "start") and not tc.use_pdl(cpu)
+        assert tc._pdl[-1] == (False, False, "auto") and not tc.use_pdl(cpu)
         with tc.dependent_launch(early_weights=True, trigger="exit"):
             assert tc._pdl[-1] == (True, True, "exit") and not tc.use_pdl(cpu) and not tc.early_weights(cpu)
-        assert tc._pdl[-1] == (False, False, "start")
-    assert tc._pdl == [(True, False, "start")]
+        assert tc._pdl[-1] == (False, False, "auto")
+    assert tc._pdl == [(True, False, "auto")]
     with pytest.raises(ValueError, match="trigger"), tc.dependent_launch(trigger="end"):
         pass
-    assert tc._pdl == [(True, False, "start")]
+    assert tc._pdl == [(True, False, "auto")]
 
 
 def test_trigger_picks_each_kernels_pdl_level(monkeypatch):
     """Where a dependent launch releases the next one: "start" at every kernel's start (PDL 1), "exit" at
-    every kernel's exit (2), "gemv" at the GEMVs' start and the other kernels' exit; off: 0."""
+    every kernel's exit (2), "gemv" at the GEMVs' start and the other kernels' exit, "auto" at the start
+    except for verification kernels and inside verify_launches (exit); off: 0."""
     dev = torch.device("cpu")
     monkeypatch.setattr(tc, "use_pdl", lambda device: tc._pdl[-1].enabled)  # as on a CUDA sm90 device
-    expect = {"start": (1, 1), "exit": (2, 2), "gemv": (2, 1)}
-    for trigger, (other, gemv) in expect.items():
+    # trigger: (other kernel, GEMV, verification kernel, GEMV inside verify_launches)
+    expect = {"start": (1, 1, 1, 1), "exit": (2, 2, 2, 2), "gemv": (2, 1, 2, 1), "auto": (1, 1, 2, 2)}
+    for trigger, levels in expect.items():
         with tc.dependent_launch(trigger=trigger):
-            assert tc.pdl_args(dev) == {"PDL": other, "launch_pdl": True}
-            assert tc.pdl_args(dev, gemv=True) == {"PDL": gemv, "launch_pdl": True}
-        with tc.dependent_launch(False, trigger=trigger):
+            got = [
+                tc.pdl_args(dev)["PDL"],
+                tc.pdl_args(dev, gemv=True)["PDL"],
+                tc.pdl_args(dev, verify=True)["PDL"],
+            ]
+            with tc.verify_launches():
+                got.append(tc.pdl_args(dev, gemv=True)["PDL"])
+            assert tuple(got) == levels, trigger
+            assert tc.pdl_args(dev)["launch_pdl"] is True
+            assert tc.pdl_args(dev)["PDL"] == levels[0]  # verify_launches restored
+        with tc.dependent_launch(False, trigger=trigger), tc.verify_launches():
             assert tc.pdl_args(dev, gemv=True) == {"PDL": 0, "launch_pdl": False}
+    assert tc._verifying == [False]
+
+
+def test_static_decoder_verifies_inside_verify_launches(monkeypatch):
+    """StaticDecoder.verify launches its forward inside verify_launches; its decode step does not."""
+    from repro.bench.model import build_model
+    from repro.models.default import tiny_config
+    from repro.models.static import StaticDecoder, TreeSlot
+    from repro.tree import Tree
+
+    model = build_model(tiny_config(), torch.device("cpu"), torch.float32, 0)
+    dec = StaticDecoder(model, 32, 4)
+    seen: list[bool] = []
+    forward = dec._forward
+    monkeypatch.setattr(
+        dec, "_forward", lambda *a, **k: (seen.append(tc._verifying[-1]), forward(*a, **k))[1]
+    )
+    slot = TreeSlot(dec, 3, max_depth=2)
+    slot.set_tree(Tree(torch.tensor([1, 2, 3]), torch.tensor([-1, 0, 0])))
+    dec.verify(slot)
+    dec.set_token(1)
+    dec.decode_step()
+    assert seen[0] is True and tc._verifying == [False]
+    assert seen[1:] in ([], [False])  # the decode step runs its own path, or _forward outside verification
 
 
 @pytest.mark.parametrize(
     "value, mode",
-    [("0", (False, False, "start")), ("1", (True, False, "start")), ("exit", (True, False, "exit")),
-     ("gemv", (True, False, "gemv"))],
+    [("0", (False, False, "auto")), ("1", (True, False, "auto")), ("start", (True, False, "start")),
+     ("exit", (True, False, "exit")), ("gemv", (True, False, "gemv"))],
 )  # fmt: skip
 def test_repro_pdl_environment_values(value, mode):
     assert tc._env_mode(value) == mode
@@ -77,8 +111,8 @@ def test_gpu_decode_steps_bitwise_equal_with_pdl(fuse_decode: bool):
     model = build_model(cfg, torch.device("cuda"), torch.bfloat16, 3)
     model.set_gdn_backend("triton")
     runs = []
-    variants = ((False, False, "start"), (True, False, "start"), (True, True, "start"), (True, False, "exit"),
-                (True, False, "gemv"))  # fmt: skip
+    variants = ((False, False, "auto"), (True, False, "start"), (True, True, "start"), (True, False, "exit"),
+                (True, False, "gemv"), (True, False, "auto"))  # fmt: skip
     for on, early, trigger in variants:
         with tc.dependent_launch(on, early, trigger):
             dec = StaticDecoder(model, 64, 4, gemv=True, fuse_decode=fuse_decode, fuse_verify=False)
