@@ -18,7 +18,7 @@ Where the next launch is released (``trigger``, :data:`TRIGGERS`): "start" at ev
 "gemv" at the start of the GEMVs and at the exit of the rest, and "auto" (the default) at the start
 except in a multi-row verification (:func:`verify_launches`, the tree kernels), whose kernels release at
 their exit. An early release lets the next kernel's CTAs be placed on the SMs while this one runs, where
-they wait for it; measured on the H200 (results/2026-12-02-h200-flasd-phases/scripts/pdl), that helps the
+they wait for it; measured on the H200 (results/2026-12-02-h200-pdl-release/scripts/pdl), that helps the
 decode step (GDN-1.3B 1163 -> 1113 us, plain -> start) and hurts verification (GDN-1.3B verify of 33
 nodes 1931 -> 2276 us; SpecLA's split tree kernel 24.7 -> 35.6 us), where exit costs nothing against
 plain launches (1936 us, 24.2 us): the waiting CTAs take SM slots that the latency-bound kernels' programs
