@@ -1,0 +1,107 @@
+"""Where the host's time goes in a decode step on the graphed engine (issue 10: harness overhead), H200.
+
+    python3 scripts/gpu/host-profile.py OUT_DIR          (one H200: < 60 s)
+    python3 scripts/gpu/host-profile.py OUT_DIR cpu      (a CPU dry run of the plumbing: float32, eager)
+
+At the tiny family's width a decode graph runs ~45 us and a 33-node verify ~120 us, while a speculative
+step takes ~1 ms of wall time: the host's Python between the graph launches is the step. This runs the
+routes of scripts/gpu/routes-ab.py (its setup: the embedded tiny-qwen35 in bf16 on a GraphedTarget with CUDA
+graphs, greedy, its prompts) under cProfile after a warm-up, one prompt of NEW_TOKENS per route, and writes
+per route the wall ms per step and the top functions by own time and by cumulative time (ms per step), so
+that the host path can be cut where it costs. cProfile slows Python down (~1.5-2x): the shares count, not
+the absolute times. Writes OUT_DIR/host-profile.json and OUT_DIR/host-profile.md; prints the markdown.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import importlib.util
+import json
+import pstats
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # this checkout's repro, not an installed one
+
+from repro.decoding.engine import generate  # noqa: E402
+from repro.decoding.routes import build_route, prepare_graphs  # noqa: E402
+from repro.models import graphed  # noqa: E402
+from repro.models.target import open_target  # noqa: E402
+
+_spec = importlib.util.spec_from_file_location("routes_ab", ROOT / "scripts/gpu/routes-ab.py")
+assert _spec is not None and _spec.loader is not None
+ab = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ab)  # the routes, prompts and device choice of routes-ab
+
+ROUTES = ab.ROUTES + [{"name": "specla-b32", "kind": "specla", "budget": 32}]
+NEW_TOKENS = 16 if ab.CPU else 96
+TOP = 25
+
+
+def top(stats: pstats.Stats, key: str, steps: int) -> list[dict[str, Any]]:
+    """The TOP functions by ``key`` ("tottime" or "cumtime"), ms per step."""
+    rows = []
+    entries = stats.stats  # type: ignore[attr-defined] - {(file, line, name): (cc, nc, tt, ct, callers)}
+    order = sorted(entries.items(), key=lambda e: e[1][2 if key == "tottime" else 3], reverse=True)
+    for (file, line, name), (_, calls, tt, ct, _) in order[:TOP]:
+        where = f"{Path(file).name}:{line}" if line else file
+        rows.append(dict(function=f"{name} ({where})", calls_per_step=calls / steps,
+                         own_ms_per_step=1e3 * tt / steps, cum_ms_per_step=1e3 * ct / steps))  # fmt: skip
+    return rows
+
+
+def main() -> None:
+    sys.stdout.reconfigure(line_buffering=True)
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else "out")
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    model, tok = open_target("default", dtype=ab.DTYPE, device=ab.DEVICE)
+    if not ab.CPU:
+        model.set_gdn_backend("triton")
+    target = graphed.GraphedTarget(model, max_nodes=64, graphs=not ab.CPU)
+    vocab = model.config.vocab_size
+    routes = [build_route(s, vocab, "greedy", 0.0, 42, target=target, family=ab.FAMILY) for s in ROUTES]
+    prepare_graphs(target, routes)
+    prompt = ab.prompts(tok)[0]
+    device = "CPU (dry run)" if ab.CPU else torch.cuda.get_device_name()
+    res: dict[str, Any] = {"device": device, "routes": []}
+    for spec, route in zip(ROUTES, routes):
+        generate(target, prompt, route, NEW_TOKENS)  # warm-up: compiles, buffers, graphs
+        prof = cProfile.Profile()
+        prof.enable()
+        r = generate(target, prompt, route, NEW_TOKENS)
+        prof.disable()
+        steps = max(r.steps, 1)
+        stats = pstats.Stats(prof)
+        device_s = sum((r.device_stage_s or r.stage_s).values())
+        row = dict(route=spec["name"], steps=r.steps, wall_ms_per_step=1e3 * r.decode_s / steps,
+                   device_ms_per_step=1e3 * device_s / steps, by_own=top(stats, "tottime", steps),
+                   by_cum=top(stats, "cumtime", steps))  # fmt: skip
+        res["routes"].append(row)
+        print(f"{spec['name']}: {r.steps} steps, {row['wall_ms_per_step']:.3f} ms/step (profiled)")
+    res["seconds"] = time.monotonic() - start
+    (out / "host-profile.json").write_text(json.dumps(res, indent=1))
+    lines = [f"# host-profile on {device} ({res['seconds']:.0f} s): tiny-qwen35 {ab.DTYPE}, cProfile on", ""]
+    head = "| calls/step | own ms/step | cum ms/step |"
+    for r in res["routes"]:
+        lines += [f"## {r['route']}: {r['steps']} steps, {r['wall_ms_per_step']:.3f} ms/step wall "
+                  f"(profiled), {r['device_ms_per_step']:.3f} device (stage marks)", "",
+                  f"| by own time {head}", "|---|--:|--:|--:|"]  # fmt: skip
+        lines += [f"| `{f['function']}` | {f['calls_per_step']:.1f} | {f['own_ms_per_step']:.3f} | "
+                  f"{f['cum_ms_per_step']:.3f} |" for f in r["by_own"]]  # fmt: skip
+        lines += ["", f"| by cumulative time {head}", "|---|--:|--:|--:|"]
+        lines += [f"| `{f['function']}` | {f['calls_per_step']:.1f} | {f['own_ms_per_step']:.3f} | "
+                  f"{f['cum_ms_per_step']:.3f} |" for f in r["by_cum"]]  # fmt: skip
+        lines.append("")
+    text = "\n".join(lines)
+    (out / "host-profile.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
