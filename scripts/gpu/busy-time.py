@@ -10,7 +10,7 @@ decodes the embedded tiny-qwen35 in bf16 on the graphed engine (Triton GDN kerne
 with AR, DDTree (budget 32) and DFlash-TfM (budget 32), PROMPTS suite prompts x NEW_TOKENS new tokens
 after one warm-up generation per route, and writes per route: wall ms per verify step (the engine's
 clock), device ms per step and per stage, busy ms per step and per stage, wall / busy (issue 10: within
-1.10) and device / busy, whether busy <= device in every stage (2% + 20 us slack), and the AR decode
+1.10) and device / busy, whether busy <= device in every stage (5% + 50 us slack), and the AR decode
 graph replayed back to back (its device time with no host gap: what AR's busy time per step should be
 near, unless the replays' launch latency lands in it). Writes OUT_DIR/busy-time.json and
 OUT_DIR/busy-time.md; prints the markdown.
@@ -45,7 +45,7 @@ ROUTES = [
 PROMPTS = 1 if CPU else 3
 NEW_TOKENS = 16 if CPU else 96
 DTYPE = "float32" if CPU else "bfloat16"
-SLACK = (1.02, 20e-6)  # busy <= device * 1.02 + 20 us per stage of a generation
+SLACK = (1.05, 50e-6)  # busy <= device * 1.05 + 50 us per stage of a generation (event rounding)
 
 
 def prompts(tok: Any) -> list[list[int]]:  # noqa: ANN401 - the family tokenizer

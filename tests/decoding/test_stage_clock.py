@@ -210,7 +210,7 @@ def test_gpu_busy_time_of_the_graphs_is_within_the_stage_marks_device_time():
         busy, device = got.busy_stage_s, got.device_stage_s
         assert busy is not None and device is not None, route.name
         assert busy["verify"] > 0 and sum(busy.values()) > 0, (route.name, busy)
-        if route.drafter is not None:
-            assert busy["commit"] > 0, (route.name, busy)  # the accept + commit graph
-        for name in STAGES:
-            assert busy[name] <= device[name] * 1.02 + 20e-6, (route.name, name, busy, device)
+        if route.drafter is not None:  # the static DFlash block's graph, the accept + commit graph
+            assert busy["draft"] > 0 and busy["commit"] > 0, (route.name, busy)
+        for name in STAGES:  # the replays lie between the marks: busy <= device, up to event rounding
+            assert busy[name] <= device[name] * 1.05 + 50e-6, (route.name, name, busy, device)
