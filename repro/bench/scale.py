@@ -69,8 +69,9 @@ CANONICAL = {"weaver": "dflash_tfm", "eagle_tree": "specla"}
 COLUMNS = [
     "shape", "route", "kind", "acceptance", "acceptance_model", "target_MAL", "MAL", "truncated",
     "tokens_per_s", "speedup", "paper_speedup", "paper_ref", "step_ms", "draft_ms", "tree_ms", "verify_ms",
-    "commit_ms", "nodes", "prompts", "new_tokens", "drafter",
+    "commit_ms", "busy_ms", "wall_over_busy", "nodes", "prompts", "new_tokens", "drafter",
 ]  # fmt: skip
+BUSY_COLUMNS = ("busy_ms", "wall_over_busy")  # only where the records have graph busy times
 
 
 def canonical(kind: str) -> str:
@@ -344,6 +345,7 @@ def decode_record(
         "decode_s": res.decode_s,
         "stage_s": res.stage_s,
         "device_stage_s": res.device_stage_s,
+        "busy_stage_s": res.busy_stage_s,
         "truncated_steps": rule.truncated if replayed else 0,
         "acceptance": rule.process.as_dict() if replayed else None,
         "route_params": route.params,
@@ -442,9 +444,15 @@ def stage_seconds(record: dict[str, Any]) -> dict[str, float]:
     return record.get("device_stage_s") or record["stage_s"]
 
 
+def busy_seconds(group: list[dict[str, Any]]) -> float:
+    """The records' summed CUDA-graph replay seconds (``busy_stage_s``); NaN unless every record has them."""
+    busy = [r.get("busy_stage_s") for r in group]
+    return math.nan if any(b is None for b in busy) else sum(sum(b.values()) for b in busy)
+
+
 def summary_table(records: list[dict[str, Any]]) -> pd.DataFrame:
     """One row per (shape, route): replayed and realised MAL, tokens/s, speedup over the same shape's AR,
-    per-stage ms per step, the paper's speedup beside."""
+    per-stage ms per step, the graphs' busy ms per step and wall / busy, the paper's speedup beside."""
     paper = paper_speedups()
     rows = []
     for (shape, route), group in _groups(records).items():
@@ -454,6 +462,7 @@ def summary_table(records: list[dict[str, Any]]) -> pd.DataFrame:
         acc = group[0]["acceptance"]
         stage = {s: sum(stage_seconds(r)[s] for r in group) for s in STAGES}
         ms = partial(_per_step_ms, steps=steps)
+        busy = busy_seconds(group)
         ref = paper.get((shape, canonical(group[0]["kind"])))
         rows.append(
             {
@@ -471,6 +480,8 @@ def summary_table(records: list[dict[str, Any]]) -> pd.DataFrame:
                 "paper_ref": ref[1] if ref else None,
                 "step_ms": ms(decode_s),
                 **{f"{s}_ms": ms(stage[s]) for s in STAGES},
+                "busy_ms": ms(busy),
+                "wall_over_busy": decode_s / busy if busy > 0 else math.nan,
                 "nodes": sum(sum(r["tree_sizes"]) for r in group) / steps if steps else math.nan,
                 "prompts": len(group),
                 "new_tokens": new,
@@ -478,6 +489,8 @@ def summary_table(records: list[dict[str, Any]]) -> pd.DataFrame:
             }
         )
     table = pd.DataFrame(rows, columns=COLUMNS)
+    if not table["busy_ms"].notna().any():  # records from before graph busy times: the table they had
+        table = table.drop(columns=list(BUSY_COLUMNS))
     for shape in table["shape"].unique():
         mine = table["shape"] == shape
         ar = table[mine & (table["kind"] == "ar")]["tokens_per_s"]
@@ -539,13 +552,15 @@ REPORT_COLUMNS = {  # column -> (header, format)
     "target_MAL": ("MAL (target)", ".2f"), "MAL": ("MAL", ".2f"), "truncated": ("trunc.", "d"),
     "tokens_per_s": ("tok/s", ".1f"), "speedup": ("speedup", ".2f"), "paper_speedup": ("paper", ".2f"),
     "step_ms": ("step ms", ".2f"), "draft_ms": ("draft", ".2f"), "tree_ms": ("tree", ".2f"),
-    "verify_ms": ("verify", ".2f"), "commit_ms": ("commit", ".2f"), "nodes": ("nodes", ".1f"),
-    "drafter": ("drafter", "s"),
+    "verify_ms": ("verify", ".2f"), "commit_ms": ("commit", ".2f"), "busy_ms": ("graphs busy", ".2f"),
+    "wall_over_busy": ("wall/busy", ".2f"), "nodes": ("nodes", ".1f"), "drafter": ("drafter", "s"),
 }  # fmt: skip
 
 
 def report_markdown(table: pd.DataFrame, manifest: dict[str, Any]) -> str:
     cfg = manifest.get("config", {})
+    busy = "busy_ms" in table  # summary_table leaves them out for records from before graph busy times
+    columns = {c: v for c, v in REPORT_COLUMNS.items() if busy or c not in BUSY_COLUMNS}
     head = [
         "# Scale rows: e2e tokens/s at the papers' shapes, acceptance replayed",
         "",
@@ -557,13 +572,12 @@ def report_markdown(table: pd.DataFrame, manifest: dict[str, Any]) -> str:
         "replayed (only which draft tokens are accepted; docs/gpu.md, Replayed acceptance). These are not "
         "real-checkpoint numbers.",
         "",
-        "| " + " | ".join(h for h, _ in REPORT_COLUMNS.values()) + " |",
-        "|" + "---|" * len(REPORT_COLUMNS),
+        "| " + " | ".join(h for h, _ in columns.values()) + " |",
+        "|" + "---|" * len(columns),
     ]
     shown = table.assign(acceptance=[a.split(" (")[0] for a in table["acceptance"]])
     rows = [
-        "| " + " | ".join(_fmt(r[c], f) for c, (_, f) in REPORT_COLUMNS.items()) + " |"
-        for _, r in shown.iterrows()
+        "| " + " | ".join(_fmt(r[c], f) for c, (_, f) in columns.items()) + " |" for _, r in shown.iterrows()
     ]
     sources = [
         f"- {r['shape']} {r['route']}: {r['acceptance']}; {r['acceptance_model']}"
@@ -573,6 +587,9 @@ def report_markdown(table: pd.DataFrame, manifest: dict[str, Any]) -> str:
     refs = sorted(set(table["paper_ref"].dropna()))
     tail = ["", "Per-stage columns are device ms per verify step (CUDA events at the stage marks; wall clock "
             "for records without them; verify includes the acceptance)."]  # fmt: skip
+    if busy:
+        tail[-1] += (" graphs busy: the CUDA graph replays' own ms per step; wall/busy: how much longer a "
+                     "step takes than its graphs run.")  # fmt: skip
     if refs:
         tail += ["Paper speedups: " + "; ".join(refs) + "."]
     if sources:

@@ -18,14 +18,21 @@ Stage times: ``stage_s`` is wall-clock per stage (on the host path each boundary
 the device; on the device path none does, so a stage's wall time is its host time, the final read's
 wait landing in ``commit``); ``device_stage_s`` is device time per stage from CUDA events recorded at
 the same boundaries and read once at the end (the current clocks' values where there are no events,
-e.g. on CPU).
+e.g. on CPU). Both include the device's idle gaps: when the host is the bottleneck, an event recorded on
+an idle stream completes at once and device time follows wall time. ``busy_stage_s`` is the graphs' busy
+time per stage: every CUDA-graph replay of the decode loop (:func:`repro.models.graphs.busy_recorder`)
+bracketed by two events, its duration summed into the stage whose mark came last; None without replays
+(CPU, ``graphs=False``). A replay launched on an idle stream counts its launch latency too (its first
+event completes before the graph reaches the device), so busy is an upper bound on the graphs' run time.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -35,6 +42,7 @@ from repro.decoding.sampling import step_rng
 from repro.decoding.tree_builders import SingleNode, TreeBuilder
 from repro.drafters.base import DraftContext, Drafter
 from repro.models.graphed import GraphedState, GraphedTarget
+from repro.models.graphs import busy_recorder
 from repro.models.hybrid import PREFILL_CHUNK, HybridLM, Verification
 from repro.models.state import ModelState
 from repro.tree import Tree
@@ -55,6 +63,7 @@ class DecodeResult:
     finish_reason: str
     accepted_paths: list[list[int]] = field(default_factory=list)
     device_stage_s: dict[str, float] | None = None  # device time per stage (module docstring)
+    busy_stage_s: dict[str, float] | None = None  # graph replay time per stage; None without replays
 
     @property
     def steps(self) -> int:
@@ -91,13 +100,17 @@ def _clock(device: torch.device) -> float:
 
 
 class StageClock:
-    """Per-stage wall and device time over the steps of one generation.
+    """Per-stage wall, device and graph-busy time over the steps of one generation.
 
     ``mark()`` at every stage boundary of a step (len(STAGES) + 1 marks per step): a wall-clock reading
     (after a device sync when ``sync``) and, on CUDA, an event recorded on the current stream without a
     sync. Steps whose events have completed (``query``, no sync) are summed at the next step's first
     mark and their events reused; ``device_s()`` waits for the rest (one sync) and returns the summed
     device time per stage; without events it gives the wall-clock sums.
+
+    It is also a :class:`~repro.models.graphs.ReplayRecorder`: inside ``busy_recorder(clock)`` every graph
+    replay's (start, end) events, from the same pool, are attributed to the stage whose mark came last
+    (after a step's last mark: its last stage), harvested like the marks; ``busy_s()`` sums them.
     """
 
     def __init__(self, device: torch.device, sync: bool) -> None:
@@ -105,17 +118,31 @@ class StageClock:
         self.events = device.type == "cuda"
         self.wall = dict.fromkeys(STAGES, 0.0)
         self.device_sums = dict.fromkeys(STAGES, 0.0)
+        self.busy_sums = dict.fromkeys(STAGES, 0.0)
+        self.replays = 0  # replays recorded so far
         self._times: list[float] = []
         self._steps: list[list[torch.cuda.Event]] = []  # recorded, not yet summed
         self._pool: list[torch.cuda.Event] = []
+        self._stage = 0  # index into STAGES of the stage now running
+        self._pairs: deque[tuple[int, Any, Any]] = deque()  # (stage, start, end) of replays not yet summed
+
+    def event(self) -> torch.cuda.Event:
+        """A timing event from the pool (a new one when it is empty)."""
+        return self._pool.pop() if self._pool else torch.cuda.Event(enable_timing=True)
+
+    def replayed(self, start: Any, end: Any) -> None:
+        """A graph replay between the recorded ``start`` and ``end``: busy time of the current stage."""
+        self._pairs.append((self._stage, start, end))
+        self.replays += 1
 
     def mark(self) -> None:
+        self._stage = min(len(self._times), len(STAGES) - 1)
         self._times.append(_clock(self.device) if self.sync else time.perf_counter())
         if self.events:
             if len(self._times) == 1:
                 self._harvest(wait=False)
                 self._steps.append([])
-            event = self._pool.pop() if self._pool else torch.cuda.Event(enable_timing=True)
+            event = self.event()
             event.record()
             self._steps[-1].append(event)
         if len(self._times) == len(STAGES) + 1:
@@ -124,22 +151,38 @@ class StageClock:
             self._times = []
 
     def _harvest(self, wait: bool) -> None:
-        """Sum the device time of the recorded steps that are done (``wait``: all of them)."""
+        """Sum the device time of the recorded steps and replays that are done (``wait``: all of them)."""
         while self._steps and len(self._steps[0]) == len(STAGES) + 1:
             marks = self._steps[0]
             if wait:
                 marks[-1].synchronize()
             elif not marks[-1].query():
-                return
+                break
             for name, a, b in zip(STAGES, marks, marks[1:]):
                 self.device_sums[name] += a.elapsed_time(b) / 1000.0
             self._pool += self._steps.pop(0)
+        while self._pairs:
+            stage, start, end = self._pairs[0]
+            if wait:
+                end.synchronize()
+            elif not end.query():
+                break
+            self.busy_sums[STAGES[stage]] += start.elapsed_time(end) / 1000.0
+            self._pool += self._pairs.popleft()[1:]
 
     def device_s(self) -> dict[str, float]:
         if not self.events:
             return dict(self.wall)
         self._harvest(wait=True)
         return dict(self.device_sums)
+
+    def busy_s(self) -> dict[str, float] | None:
+        """Summed graph replay time per stage (waits for the replays still running); None without
+        events or without a replay (nothing ran as a graph: not zero time)."""
+        if not self.events or not self.replays:
+            return None
+        self._harvest(wait=True)
+        return dict(self.busy_sums)
 
 
 def device_greedy(model: HybridLM | GraphedTarget, route: Route) -> bool:
@@ -243,46 +286,48 @@ def generate(
     paths: list[list[int]] = []
     _, finish = _cut(out, stops, max_new_tokens)
     ctx = DraftContext(list(prompt_ids), out, ver, list(range(ver.tree.size)))
-    if finish is None and greedy and drafter is None and isinstance(route.builder, SingleNode):
-        assert isinstance(model, GraphedTarget)  # AR on the device path: one step ahead of the host
-        room = max_new_tokens - len(out)
-        state, picked = model.greedy_decode(state, out[-1], room, stops.__contains__, clock.mark)
-        new, finish = _cut(picked, stops, room)
-        out.extend(new)
-        lengths, sizes, paths = [1] * len(new), [1] * len(new), [[0] for _ in new]
-    while finish is None:
-        clock.mark()
-        proposal = drafter.propose(ctx) if drafter else None
-        clock.mark()
-        if on_device:
-            tree = route.builder.build_device(out[-1], proposal)
+    with busy_recorder(clock):  # the graph replays of the decode loop: busy time per stage
+        if finish is None and greedy and drafter is None and isinstance(route.builder, SingleNode):
+            assert isinstance(model, GraphedTarget)  # AR on the device path: one step ahead of the host
+            room = max_new_tokens - len(out)
+            state, picked = model.greedy_decode(state, out[-1], room, stops.__contains__, clock.mark)
+            new, finish = _cut(picked, stops, room)
+            out.extend(new)
+            lengths, sizes, paths = [1] * len(new), [1] * len(new), [[0] for _ in new]
+        while finish is None:
             clock.mark()
-            ver = model.verify(state, tree, capture, route.commit, route.verifier)
+            proposal = drafter.propose(ctx) if drafter else None
             clock.mark()
-            if greedy:
-                state, path, tokens, bonus = model.commit_greedy(state, ver)
+            if on_device:
+                tree = route.builder.build_device(out[-1], proposal)
+                clock.mark()
+                ver = model.verify(state, tree, capture, route.commit, route.verifier)
+                clock.mark()
+                if greedy:
+                    state, path, tokens, bonus = model.commit_greedy(state, ver)
+                else:
+                    state, path, tokens, bonus = _device_accept(model, route, state, ver, len(out))
+                acc = Acceptance(path, bonus)
             else:
-                state, path, tokens, bonus = _device_accept(model, route, state, ver, len(out))
-            acc = Acceptance(path, bonus)
-        else:
-            rng = step_rng(route.rule.seed, len(out)) if route.random else None
-            tree = route.builder.build(out[-1], proposal, rng)
+                rng = step_rng(route.rule.seed, len(out)) if route.random else None
+                tree = route.builder.build(out[-1], proposal, rng)
+                clock.mark()
+                ver = model.verify(state, tree, capture, route.commit, route.verifier)
+                acc = route.rule.accept(tree, ver.logits, len(out), rng)
+                clock.mark()
+                state = model.commit(state, ver, acc.path)
+                tokens = tree.tokens[acc.path].tolist()
             clock.mark()
-            ver = model.verify(state, tree, capture, route.commit, route.verifier)
-            acc = route.rule.accept(tree, ver.logits, len(out), rng)
-            clock.mark()
-            state = model.commit(state, ver, acc.path)
-            tokens = tree.tokens[acc.path].tolist()
-        clock.mark()
-        new, finish = _cut(tokens[1:] + [acc.bonus], stops, max_new_tokens - len(out))
-        out.extend(new)
-        lengths.append(len(new))
-        sizes.append(tree.size)
-        paths.append(acc.path)
-        ctx = DraftContext(list(prompt_ids), out, ver, acc.path)
+            new, finish = _cut(tokens[1:] + [acc.bonus], stops, max_new_tokens - len(out))
+            out.extend(new)
+            lengths.append(len(new))
+            sizes.append(tree.size)
+            paths.append(acc.path)
+            ctx = DraftContext(list(prompt_ids), out, ver, acc.path)
     if isinstance(model, GraphedTarget):
         model.flush()  # a delayed commit's last state update (repro.models.graphed)
     t2 = _clock(dev)
     result = DecodeResult(out, lengths, sizes, t1 - t0, t2 - t1, clock.wall, finish, paths)
     result.device_stage_s = clock.device_s()
+    result.busy_stage_s = clock.busy_s()
     return result

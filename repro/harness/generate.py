@@ -113,6 +113,7 @@ def generate_one(
         "decode_s": result.decode_s,
         "stage_s": result.stage_s,
         "device_stage_s": result.device_stage_s,
+        "busy_stage_s": result.busy_stage_s,
         "identical_to_ar": None if reference is None else result.output_ids == reference,
         "engine": "graphed" if isinstance(decoder, GraphedTarget) else "eager",
     }

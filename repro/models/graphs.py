@@ -15,12 +15,18 @@ device tensor out (``.cpu()``, ``.tolist()`` on CUDA). It also records the op tr
 shapes), so that two calls on different data can be compared: a capturable step runs the same ops
 on the same shapes whatever its inputs hold. :func:`count_ops` counts the ops of a call that launch
 work (every op but views and allocations): a device-independent proxy for kernels per step.
+
+:func:`busy_recorder` times the replays themselves: while a :class:`ReplayRecorder` is active, every
+:class:`GraphedCall` replay is bracketed by two events on the current stream (no sync), handed to the
+recorder (the engine's :class:`~repro.decoding.engine.StageClock` sums them per stage: the graphs' busy
+time). Without an active recorder a replay costs one list check.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -109,6 +115,43 @@ def count_ops(fn: Callable[[], Any]) -> int:
     return check_capture(fn).launches
 
 
+class ReplayRecorder(Protocol):
+    """What :func:`busy_recorder` hands the replays to."""
+
+    def event(self) -> Any:
+        """A timing event to record (``record()``, later ``query()``/``synchronize()``/``elapsed_time``)."""
+
+    def replayed(self, start: Any, end: Any) -> None:
+        """One replay ran between ``start`` and ``end`` (both recorded, maybe not yet done)."""
+
+
+_recorders: list[ReplayRecorder] = []  # the active recorders; the innermost (last) gets the replays
+
+
+@contextlib.contextmanager
+def busy_recorder(recorder: ReplayRecorder) -> Iterator[ReplayRecorder]:
+    """Hand every :class:`GraphedCall` replay inside the block to ``recorder`` (the innermost one when
+    nested): an event recorded on the current stream just before the replay and one just after."""
+    _recorders.append(recorder)
+    try:
+        yield recorder
+    finally:
+        _recorders.remove(recorder)
+
+
+def replay_graph(graph: Any) -> None:
+    """``graph.replay()``, bracketed by a recorder's events when one is active (:func:`busy_recorder`)."""
+    if not _recorders:
+        graph.replay()
+        return
+    recorder = _recorders[-1]
+    start, end = recorder.event(), recorder.event()
+    start.record()
+    graph.replay()
+    end.record()
+    recorder.replayed(start, end)
+
+
 class GraphedCall:
     """One CUDA graph of ``fn``; calling the object replays it and returns what the capture returned.
 
@@ -136,10 +179,10 @@ class GraphedCall:
         torch.cuda.synchronize(device)
 
     def replay(self) -> None:
-        self.graph.replay()
+        replay_graph(self.graph)
 
     def __call__(self) -> Any:
-        self.graph.replay()
+        replay_graph(self.graph)
         return self.output
 
 

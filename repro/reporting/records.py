@@ -112,6 +112,7 @@ class DecodeRecord:
     temperature: float
     seed: int
     device_stage_s: dict[str, float] | None = None  # device (CUDA event) time per stage; old records: None
+    busy_stage_s: dict[str, float] | None = None  # CUDA-graph replay time per stage; None: no graphs / old
 
     @property
     def key(self) -> RecordKey:
@@ -153,9 +154,11 @@ class DecodeRecord:
         missing = [s for s in STAGES if s not in self.stage_s]
         if missing:
             raise ValueError(f"stage_s lacks {', '.join(missing)}")
-        lacking = [s for s in STAGES if self.device_stage_s is not None and s not in self.device_stage_s]
-        if lacking:
-            raise ValueError(f"device_stage_s lacks {', '.join(lacking)}")
+        for name in ("device_stage_s", "busy_stage_s"):
+            times = getattr(self, name)
+            lacking = [s for s in STAGES if times is not None and s not in times]
+            if lacking:
+                raise ValueError(f"{name} lacks {', '.join(lacking)}")
         if self.finish_reason not in FINISH_REASONS:
             raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, got {self.finish_reason!r}")
         if (
@@ -179,7 +182,7 @@ class DecodeRecord:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DecodeRecord:
         """Build and validate; unknown keys are ignored, missing keys raise ValueError (but for the
-        optional fields that later versions added, e.g. ``device_stage_s``)."""
+        optional fields that later versions added, e.g. ``device_stage_s``, ``busy_stage_s``)."""
         if not isinstance(d, dict):
             raise ValueError(f"expected a JSON object, got {type(d).__name__}")
         names = [f.name for f in fields(cls)]

@@ -41,8 +41,12 @@ SUMMARY_COLUMNS = [
     *(f"{s}_ms" for s in STAGES),
     "device_step_ms",
     *(f"device_{s}_ms" for s in STAGES),
+    "busy_step_ms",
+    *(f"busy_{s}_ms" for s in STAGES),
+    "wall_over_busy",
 ]
-DEVICE_COLUMNS = SUMMARY_COLUMNS[SUMMARY_COLUMNS.index("device_step_ms") :]  # runs with device times only
+DEVICE_COLUMNS = ["device_step_ms", *(f"device_{s}_ms" for s in STAGES)]  # runs with device times only
+BUSY_COLUMNS = ["busy_step_ms", *(f"busy_{s}_ms" for s in STAGES), "wall_over_busy"]  # runs with graphs only
 HISTOGRAM_COLUMNS = ["route", "length", "steps", "share", "accept_rate", "cond_accept_rate"]
 
 
@@ -145,6 +149,12 @@ def _aggregate(recs: list[DecodeRecord], statuses: dict, distinct_prompts: int) 
         total = sum(float(r.device_stage_s.get(s, 0.0)) for r in with_device if r.device_stage_s)
         row[f"device_{s}_ms"] = 1000 * _ratio(total, device_steps)
     row["device_step_ms"] = sum(row[f"device_{s}_ms"] for s in STAGES)
+    with_busy = [r.busy_stage_s for r in recs if r.busy_stage_s is not None]
+    busy_steps = steps if len(with_busy) == len(recs) else 0  # all or none: no partial sums
+    for s in STAGES:
+        row[f"busy_{s}_ms"] = 1000 * _ratio(sum(float(b.get(s, 0.0)) for b in with_busy), busy_steps)
+    row["busy_step_ms"] = sum(row[f"busy_{s}_ms"] for s in STAGES)
+    row["wall_over_busy"] = _ratio(row["step_ms"], row["busy_step_ms"])
     return row
 
 
@@ -161,7 +171,8 @@ def _paired_speedup(recs: list[DecodeRecord], ar_recs: list[DecodeRecord]) -> fl
 
 def summarize(records: Iterable[DecodeRecord | dict[str, Any]]) -> pd.DataFrame:
     """One row per (suite, route), plus a suite "all" row per route; columns SUMMARY_COLUMNS
-    (DEVICE_COLUMNS only when some record has device stage times, so older runs rebuild as they were).
+    (DEVICE_COLUMNS only when some record has device stage times, BUSY_COLUMNS only when some record has
+    graph busy times, so older runs rebuild as they were).
 
     speedup = route tokens/s / AR tokens/s in the same suite of the same run, over the
     (prompt_id, turn) pairs both have; the "all" row's speedup is the mean of the suites' speedups
@@ -198,8 +209,10 @@ def summarize(records: Iterable[DecodeRecord | dict[str, Any]]) -> pd.DataFrame:
         valid = [s for s in suite_speedups if not math.isnan(s)]
         row["speedup"] = sum(valid) / len(valid) if valid else math.nan
         rows.append(row)
-    timed = any(r.device_stage_s is not None for r in recs)
-    df = pd.DataFrame(rows, columns=[c for c in SUMMARY_COLUMNS if timed or c not in DEVICE_COLUMNS])
+    hidden = set() if any(r.device_stage_s is not None for r in recs) else set(DEVICE_COLUMNS)
+    if not any(r.busy_stage_s is not None for r in recs):
+        hidden |= set(BUSY_COLUMNS)
+    df = pd.DataFrame(rows, columns=[c for c in SUMMARY_COLUMNS if c not in hidden])
     suite_order = {s: i for i, s in enumerate([*suites, ALL_SUITES])}
     df["_order"] = df["suite"].map(suite_order)
     return df.sort_values("_order", kind="stable").drop(columns="_order").reset_index(drop=True)
@@ -336,6 +349,9 @@ _FORMATS = {
     **{f"{s}_ms": "{:.2f}" for s in STAGES},
     "device_step_ms": "{:.2f}",
     **{f"device_{s}_ms": "{:.2f}" for s in STAGES},
+    "busy_step_ms": "{:.3f}",
+    **{f"busy_{s}_ms": "{:.3f}" for s in STAGES},
+    "wall_over_busy": "{:.2f}",
 }
 SUMMARY_MAIN = [
     "suite",
@@ -362,7 +378,7 @@ SUMMARY_TIMING = [
     "device_step_ms",
 ]
 
-SUMMARY_DEVICE = ["suite", "route", "step_ms", "device_step_ms", *(f"device_{s}_ms" for s in STAGES)]
+SUMMARY_DEVICE = ["suite", "route", "step_ms", *DEVICE_COLUMNS]  # + BUSY_COLUMNS where records have them
 
 
 def _cell(value: Any, fmt: str | None) -> str:
@@ -419,7 +435,12 @@ _DEFINITIONS = """\
   summed; CPU: the wall-clock stage times; "-" for records made before device times were kept).
   On the graphed engine's greedy path no stage boundary synchronizes, so step_ms vs device_step_ms
   is the harness overhead, and the wall-clock stage columns are the host's split (its one wait, at
-  the step's read, lands in commit): the device's split is the device_*_ms table.
+  the step's read, lands in commit): the device's split is the device_*_ms table. Device time counts
+  the device's idle gaps too (an event on an idle stream completes at once).
+- busy_step_ms, busy_*_ms: the CUDA graphs' busy time per verify step: every graph replay of the decode
+  loop between two events, summed into the stage it ran in (a replay on an idle stream counts its
+  launch latency too). wall_over_busy = step_ms / busy_step_ms: how much longer a step takes than its
+  graphs run (1 = the host keeps the device busy); "-" or absent where no graph ran (CPU, graphs off).
 - per-position acceptance (histogram): accept_rate at length d = fraction of steps with accepted
   length > d (the d-th draft token accepted); cond_accept_rate = the same among steps with
   accepted length >= d.
@@ -480,12 +501,19 @@ def build_report(run: Run, figures_dir: Path | None) -> str:
             "",
         ]
         if set(SUMMARY_DEVICE) <= set(summary.columns):
+            busy = [c for c in BUSY_COLUMNS if c in summary]
             lines += [
                 "## Device time per stage (CUDA events at the stage marks, ms per verify step)",
                 "",
-                markdown_table(summary[SUMMARY_DEVICE]),
+                markdown_table(summary[SUMMARY_DEVICE + busy]),
                 "",
             ]
+            if busy:
+                lines += [
+                    "busy_*: the CUDA graph replays' own time in each stage; wall_over_busy = step_ms /"
+                    " busy_step_ms, how much longer a step takes than its graphs run.",
+                    "",
+                ]
         counts, rates = _histogram_tables(hist)
         lines += [
             "## Accepted lengths (verify steps per accepted length)",

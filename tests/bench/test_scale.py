@@ -245,3 +245,23 @@ def test_the_breakdown_gives_the_stage_split_only_when_the_events_account_for_th
     (short,) = bs.breakdown_lines(table(0.1))  # 17.6 of 20 ms: beyond the 10% tolerance
     assert "device times sum to 17.6 ms" in short and "is not the step's split" in short
     assert "= draft" not in short
+
+
+def test_the_table_gives_graph_busy_ms_and_wall_over_busy_only_when_records_have_them():
+    stages = {"draft": 0.002, "tree": 0.0, "verify": 0.004, "commit": 0.002}
+    record = {
+        "shape": "s", "route": "ar", "kind": "ar", "status": "ok", "steps": 4, "decode_s": 0.02,
+        "new_tokens": 5, "accepted_lengths": [1] * 4, "tree_sizes": [1] * 4, "truncated_steps": 0,
+        "acceptance": None, "stage_s": stages, "device_stage_s": stages, "drafter": {},
+    }  # fmt: skip
+    old = bs.summary_table([record])
+    assert not {"busy_ms", "wall_over_busy"} & set(old.columns)
+    assert "graphs busy" not in bs.report_markdown(old, {})
+    busy = {"draft": 0.001, "tree": 0.0, "verify": 0.003, "commit": 0.001}
+    new = bs.summary_table([{**record, "busy_stage_s": busy}])
+    got = new.iloc[0]
+    assert got["busy_ms"] == pytest.approx(1.25) and got["wall_over_busy"] == pytest.approx(4.0)
+    assert got["step_ms"] == pytest.approx(5.0) and got["verify_ms"] == pytest.approx(1.0)
+    text = bs.report_markdown(new, {})
+    (row,) = [line for line in text.splitlines() if line.startswith("| s | ar |")]
+    assert "| commit | graphs busy | wall/busy | nodes |" in text and "| 0.50 | 1.25 | 4.00 | 1.0 |" in row

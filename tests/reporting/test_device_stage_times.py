@@ -1,4 +1,4 @@
-"""Device stage times in records (``device_stage_s``) and the report's device_step_ms."""
+"""Device and graph busy stage times in records (``device_stage_s``, ``busy_stage_s``) and the report."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from conftest import make_record
 
 from repro.reporting.records import DecodeRecord
-from repro.reporting.report import DEVICE_COLUMNS, summarize
+from repro.reporting.report import BUSY_COLUMNS, DEVICE_COLUMNS, summarize
 
 DEVICE = {"draft": 0.03, "tree": 0.0, "verify": 0.09, "commit": 0.03}
 
@@ -50,3 +50,43 @@ def test_the_report_shows_the_device_split_per_stage_when_records_have_it(tmp_pa
     table = text.split("## Device time per stage")[1].split("##")[0]
     cells = [c.strip() for c in table.strip().splitlines()[-1].strip("|").split("|")]
     assert cells == ["all", "ar", "333.33", "50.00", "10.00", "0.00", "30.00", "10.00"]  # device split
+
+
+BUSY = {"draft": 0.01, "tree": 0.0, "verify": 0.06, "commit": 0.005}  # graph replays: within DEVICE
+
+
+def test_busy_times_round_trip_and_old_records_have_none():
+    rec = dataclasses.replace(make_record(), device_stage_s=DEVICE, busy_stage_s=BUSY)
+    assert DecodeRecord.from_json(rec.to_json()).busy_stage_s == BUSY
+    old = rec.to_dict()
+    del old["busy_stage_s"]
+    assert DecodeRecord.from_dict(old).busy_stage_s is None
+    with pytest.raises(ValueError, match="busy_stage_s lacks commit"):
+        dataclasses.replace(rec, busy_stage_s={"draft": 0.0, "tree": 0.0, "verify": 0.0}).validate()
+
+
+def test_busy_columns_per_step_only_when_records_have_them():
+    assert not set(BUSY_COLUMNS) & set(summarize([dataclasses.replace(make_record(), device_stage_s=DEVICE)]))
+    rec = dataclasses.replace(make_record(), device_stage_s=DEVICE, busy_stage_s=BUSY)  # 3 steps, 1 s
+    row = summarize([rec]).iloc[-1]
+    assert row["busy_verify_ms"] == pytest.approx(20.0) and row["busy_draft_ms"] == pytest.approx(10 / 3)
+    assert row["busy_step_ms"] == pytest.approx(25.0)
+    assert row["wall_over_busy"] == pytest.approx((1000 / 3) / 25.0)
+    assert row["device_step_ms"] == pytest.approx(50.0)  # the device columns keep their meaning
+    mixed = summarize([rec, dataclasses.replace(make_record(prompt_id="p1"), device_stage_s=DEVICE)])
+    assert math.isnan(mixed.iloc[-1]["busy_step_ms"]) and math.isnan(mixed.iloc[-1]["wall_over_busy"])
+
+
+def test_the_report_shows_busy_time_beside_the_device_split_when_records_have_it(tmp_path):
+    from repro.reporting.report import build_report
+    from repro.reporting.rundir import DECODE_KIND, Run
+
+    rec = dataclasses.replace(make_record(), device_stage_s=DEVICE, busy_stage_s=BUSY)
+    text = build_report(Run(tmp_path, DECODE_KIND, {}, [rec]), None)
+    table = text.split("## Device time per stage")[1].split("##")[0]
+    lines = [line for line in table.strip().splitlines() if line.startswith("|")]
+    assert [c.strip() for c in lines[0].strip("|").split("|")][-6:] == [*BUSY_COLUMNS]
+    cells = [c.strip() for c in lines[-1].strip("|").split("|")]
+    assert cells[2:8] == ["333.33", "50.00", "10.00", "0.00", "30.00", "10.00"]  # device split as before
+    assert cells[8:] == ["25.000", "3.333", "0.000", "20.000", "1.667", "13.33"]
+    assert "wall_over_busy = step_ms / busy_step_ms" in table
