@@ -7,12 +7,13 @@ On a graphed target (:class:`~repro.models.graphed.GraphedTarget`) with the gree
 non-sampling builder, a step takes the device path: the builder's ``build_device`` tree (a
 :class:`~repro.tree.DeviceTree` where the proposal lives on the device), the slot's verify graph,
 then ``commit_greedy`` (acceptance, path and commit on the device, one read of the result): one
-device-to-host sync per step, besides the drafter's own. AR there runs one step ahead of the host
-(:meth:`~repro.models.graphed.GraphedTarget.greedy_decode`: the next decode step is launched before the
-last one's token is read). A sampling rule at temperature > 0 on a drafted, non-sampling builder takes
-the same path with its device twin (:mod:`repro.decoding.device_acceptance`) through ``commit_accepted``:
-sample_match gives the host path's tokens (AR's), spec_sampling and traversal the same law from the
-device's keyed uniforms. Elsewhere the host rule walks the logits.
+device-to-host sync per step, besides the drafter's own. AR there runs groups of decode steps, one group
+ahead of the host (:meth:`~repro.models.graphed.GraphedTarget.greedy_decode`: the next group of decode
+steps is launched before the last one's tokens are read; one read a group). A sampling rule at
+temperature > 0 on a drafted, non-sampling builder takes the same path with its device twin
+(:mod:`repro.decoding.device_acceptance`) through ``commit_accepted``: sample_match gives the host
+path's tokens (AR's), spec_sampling and traversal the same law from the device's keyed uniforms.
+Elsewhere the host rule walks the logits.
 
 Stage times: ``stage_s`` is wall-clock per stage (on the host path each boundary first synchronizes
 the device; on the device path none does, so a stage's wall time is its host time, the final read's
@@ -288,7 +289,7 @@ def generate(
     ctx = DraftContext(list(prompt_ids), out, ver, list(range(ver.tree.size)))
     with busy_recorder(clock):  # the graph replays of the decode loop: busy time per stage
         if finish is None and greedy and drafter is None and isinstance(route.builder, SingleNode):
-            assert isinstance(model, GraphedTarget)  # AR on the device path: one step ahead of the host
+            assert isinstance(model, GraphedTarget)  # AR on the device path: one group ahead of the host
             room = max_new_tokens - len(out)
             state, picked = model.greedy_decode(state, out[-1], room, stops.__contains__, clock.mark)
             new, finish = _cut(picked, stops, room)

@@ -69,6 +69,9 @@ from repro.tree import MAX_TREE_NODES, DeviceTree, Tree
 # (at the 27B shape a 65-node tree ran as 128 rows: cuBLAS at 128 rows, the tree kernel at T = 128)
 SLOT_SIZES = tuple(sorted({2**k for k in range(11)} | {2**k + 1 for k in range(1, 10)}))
 SMALL_WIDTH = 1024  # <= this: fused decode layer, row-tiled verify; above: tree-kernel decode attention
+# greedy AR's decode steps per graph (greedy_decode): one host read per group, so that the host's loop
+# (~100 us a step in Python) never paces a decode step (~45 us at the tiny width on an H200)
+AR_GROUP = 8
 DEFAULT_MAX_LEN = 4096
 ENGINES = ("auto", "eager", "graphed")
 
@@ -213,6 +216,7 @@ class GraphedTarget:
         self.decoder.tree_attention_decode = self.gemv and not fuse and self.decoder.fuse_tree_attention
         self._slots: dict[tuple[int, bool | str], TreeSlot] = {}
         self._calls: dict[tuple[Any, ...], Any] = {}
+        self._picks = torch.zeros(AR_GROUP, dtype=torch.long, device=self.device)  # greedy AR's picks
         self._pending: int | None = None  # the stash holding a pending delayed commit (host-side)
         self._parity = 0  # the parity of the next delayed verification
 
@@ -320,14 +324,22 @@ class GraphedTarget:
     def _decode_call(self) -> Any:
         return self._call(("decode",), self.decoder.decode_pick, True)
 
-    def _follow_call(self) -> Any:
-        """The decode step on the token the previous decode step picked (device to device)."""
+    def _ar_call(self, size: int, first: bool) -> Any:
+        """``size`` greedy decode steps in one graph, their picks into ``self._picks[:size]``: the first
+        on ``decoder.token`` (``first``: the host set it) or on the previous step's pick, each later one
+        on its predecessor's pick (device to device)."""
+        dec = self.decoder
+        assert size <= AR_GROUP
 
-        def follow() -> torch.Tensor:
-            self.decoder.token.copy_(self.decoder.pick)
-            return self.decoder.decode_pick()
+        def ar_steps() -> torch.Tensor:
+            for i in range(size):
+                if i > 0 or not first:
+                    dec.token.copy_(dec.pick)
+                dec.decode_pick()
+                self._picks[i : i + 1].copy_(dec.pick)
+            return self._picks
 
-        return self._call(("follow",), follow, True)
+        return self._call(("ar", size, first), ar_steps, True)
 
     def prepare(
         self,
@@ -336,13 +348,16 @@ class GraphedTarget:
         max_size: int = 256,
         chain: bool = False,
     ) -> None:
-        """Capture ahead the decode graph and every slot's verify and commit graphs up to ``max_size``
-        nodes for ``strategies`` (tree slots) and, with ``chain``, the chain slots of fla_sd's chain
-        verifier (commit ``replay``), so that no capture or compile lands in a timed decode; nothing to
-        do without graphs."""
+        """Capture ahead the decode graphs (greedy AR's too) and every slot's verify and commit graphs up
+        to ``max_size`` nodes for ``strategies`` (tree slots) and, with ``chain``, the chain slots of
+        fla_sd's chain verifier (commit ``replay``), so that no capture or compile lands in a timed
+        decode; nothing to do without graphs."""
         if not self.graphs:
             return
         self._decode_call()
+        for size in dict.fromkeys((AR_GROUP, 1)):
+            self._ar_call(size, True)
+            self._ar_call(size, False)
         for slot, strategy in self._prepared_slots(strategies, capture, max_size, chain):
             self._commit_call(slot, strategy)
             self._accept_call(slot, strategy)
@@ -542,14 +557,17 @@ class GraphedTarget:
         done: Callable[[int], bool],
         mark: Callable[[], None] = lambda: None,
     ) -> tuple[GraphedState, list[int]]:
-        """Greedy AR from ``token`` (not yet folded in) for at most ``steps`` decode steps, one step
-        ahead: step i + 1 (its token the argmax step i wrote on the device) is launched before step i's
-        token is read, so the device never waits for the host. Stops after the first token for which
-        ``done`` holds. Returns the handle and the picked tokens (as ``commit_greedy``'s bonus tokens one
-        step at a time would give them). At a stop the launched step ahead has folded in one more token:
-        the handle's ``position`` counts it, the sequence must end there. ``mark`` is called at every
-        stage boundary of a step (the engine's :class:`~repro.decoding.engine.StageClock`; 5 per step,
-        the decode graph between the third and the fourth, the pick's copy between the fourth and fifth)."""
+        """Greedy AR from ``token`` (not yet folded in) for at most ``steps`` decode steps, in groups of
+        :data:`AR_GROUP` steps a graph (single steps for the tail) and one group ahead: group j + 1 (its
+        first token the argmax group j's last step wrote on the device) is launched before group j's
+        tokens are read, one read a group, so the device waits for the host neither between the steps of
+        a group nor between groups. Stops after the first token for which ``done`` holds. Returns the
+        handle and the picked tokens (as ``commit_greedy``'s bonus tokens one step at a time would give
+        them). At a stop the groups launched past it have folded in more tokens (at most 2 AR_GROUP - 1):
+        the handle's ``position`` and ``committed_tokens`` count them, the sequence must end there.
+        ``mark`` is called at every stage boundary of a group (the engine's
+        :class:`~repro.decoding.engine.StageClock`; 5 per group, the group's graph between the third and
+        the fourth, the picks' copy between the fourth and fifth)."""
         self._check(state)
         if steps < 1:
             return state, []
@@ -558,34 +576,41 @@ class GraphedTarget:
         if need > self.max_len:
             self._loaded(self._exported(state), need, new_epoch=False)
         dec = self.decoder
-        first, follow = self._decode_call(), self._follow_call()
-        host = torch.zeros(steps, dtype=torch.long, pin_memory=dec.pick_host.is_pinned())
         cuda = self.device.type == "cuda"
-        ready: list[torch.cuda.Event | None] = []
+        host = torch.zeros(steps, dtype=torch.long, pin_memory=dec.pick_host.is_pinned())
+        groups: list[tuple[int, int, torch.cuda.Event | None]] = []  # (first step, size, its copy's event)
         dec.set_token(token)
         picked: list[int] = []
         folded = 0
-        for i in range(steps + 1):
-            if i < steps:  # launch step i
+        stopped = False
+        while not stopped and (folded < steps or groups):
+            if folded < steps:  # launch the next group
+                size = AR_GROUP if steps - folded >= AR_GROUP else 1
                 mark(), mark(), mark()
-                (first if i == 0 else follow)()
+                self._ar_call(size, folded == 0)()
                 mark()
-                host[i : i + 1].copy_(dec.pick, non_blocking=cuda)
+                host[folded : folded + size].copy_(self._picks[:size], non_blocking=cuda)
                 event = torch.cuda.Event() if cuda else None
                 if event is not None:
                     event.record()
-                ready.append(event)
+                groups.append((folded, size, event))
                 mark()
-                folded += 1
-            if i > 0:  # read step i - 1, which step i (if any) now runs behind
-                event = ready[i - 1]
-                if event is not None:
-                    event.synchronize()
-                picked.append(int(host[i - 1]))
-                if done(picked[-1]):
+                folded += size
+                if len(groups) < 2 and folded < steps:
+                    continue  # one group ahead before the first read
+            start, size, event = groups.pop(0)  # read the oldest group, which the next one runs behind
+            if event is not None:
+                event.synchronize()
+            for tok in host[start : start + size].tolist():
+                picked.append(tok)
+                if done(tok):
+                    stopped = True
                     break
+        for _, _, event in groups:  # launched past a stop: folded in, their tokens committed
+            if event is not None:
+                event.synchronize()
         self.epoch += 1
-        tokens = [token, *picked][:folded]
+        tokens = [token, *host[: folded - 1].tolist()]
         return GraphedState(state.position + folded, state.committed_tokens + tokens, self.epoch), picked
 
     @torch.no_grad()

@@ -159,7 +159,7 @@ def _engine_with_timed_graphs(monkeypatch: pytest.MonkeyPatch, ms: dict[str, flo
 
 
 def test_generate_gives_each_stage_the_busy_time_of_its_graphs(fake_events, monkeypatch):
-    ms = {"decode_pick": 1.0, "follow": 1.0, "<lambda>": 2.0, "step": 0.5}  # decode, verify, accept+commit
+    ms = {"ar_steps": 1.0, "<lambda>": 2.0, "step": 0.5}  # AR's decode group, verify, accept+commit
     counted = _engine_with_timed_graphs(monkeypatch, ms)
     target = graphed.GraphedTarget(small_hybrid(3), max_len=64, max_nodes=32)
     prompt = small_ids(8, 1)
@@ -168,9 +168,11 @@ def test_generate_gives_each_stage_the_busy_time_of_its_graphs(fake_events, monk
     counted.clear()
     got = generate(target, prompt, ar, 20)
     assert got.output_ids == reference and got.busy_stage_s is not None
-    decodes = counted["decode_pick"] + counted["follow"]
-    assert decodes == got.steps == 19
-    assert got.busy_stage_s == pytest.approx({"draft": 0.0, "tree": 0.0, "verify": 19e-3, "commit": 0.0})
+    group = graphed.AR_GROUP
+    replays = 19 // group + 19 % group  # groups of AR_GROUP decode steps, single steps for the tail
+    assert counted["ar_steps"] == replays and got.steps == 19
+    want = {"draft": 0.0, "tree": 0.0, "verify": replays * 1e-3, "commit": 0.0}
+    assert got.busy_stage_s == pytest.approx(want)
     chain = build_route({"kind": "synthetic_chain", "k": 3, "p": 0.8}, SMALL_VOCAB, "greedy", 0.0, 0)
     counted.clear()
     got = generate(target, prompt, chain, 20, reference_ids=reference)

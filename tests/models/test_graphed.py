@@ -19,6 +19,7 @@ from repro.decoding.engine import generate
 from repro.decoding.routes import build_route
 from repro.errors import ConfigError
 from repro.harness.experiment import load_experiment
+from repro.models import graphed as graphed_module
 from repro.models.graphed import GraphedState, GraphedTarget, resolve_engine, slot_size
 from repro.models.graphs import check_capture
 from repro.models.target import open_target
@@ -366,11 +367,14 @@ def test_greedy_graphed_steps_read_nothing_else_on_the_host(monkeypatch):
         assert got.steps > 3 and check.hazards == [], (route.name, check.hazards)
 
 
-@pytest.mark.parametrize("stop_at", [None, 0, 5, 17])
-def test_ar_one_step_ahead_stops_where_the_host_loop_stops(stop_at):
-    """AR on the device path launches the next step before reading the last token: the same tokens,
-    finish reason and per-step records as HybridLM's loop, with a stop token (the first occurrence of
-    AR's token number ``stop_at``), at the token limit, and across a buffer growth."""
+@pytest.mark.parametrize("group", [8, 3])
+@pytest.mark.parametrize("stop_at", [None, 0, 5, 17, 38])
+def test_ar_one_group_ahead_stops_where_the_host_loop_stops(stop_at, group, monkeypatch):
+    """AR on the device path runs ``AR_GROUP`` decode steps a graph and launches the next group before
+    reading the last one's tokens: the same tokens, finish reason and per-step records as HybridLM's
+    loop, with a stop token (the first occurrence of AR's token number ``stop_at``: in the first group,
+    inside a later one, in the single-step tail), at the token limit, and across a buffer growth."""
+    monkeypatch.setattr(graphed_module, "AR_GROUP", group)
     model = small_hybrid(13)
     ar = device_routes()[0]
     prompt = small_ids(9, 14)
@@ -385,10 +389,20 @@ def test_ar_one_step_ahead_stops_where_the_host_loop_stops(stop_at):
     )  # fmt: skip
     if stop_at is not None:
         assert got.finish_reason == "stop" and got.output_ids[-1] in stops and len(got.output_ids) < 40
+    for steps in (6, 2 * group + 1):  # the single-step tail alone, then groups and a tail
+        state = target.prefill(prompt)[0]
+        new, picked = target.greedy_decode(state, full[0], steps, lambda t: False)
+        assert picked == full[1 : steps + 1] and new.position == len(prompt) + steps
+        assert new.committed_tokens == prompt + full[:steps]
+    # a stop inside the first group: the groups launched past it are folded in and committed
     state = target.prefill(prompt)[0]
-    new, picked = target.greedy_decode(state, full[0], 6, lambda t: False)
-    assert picked == full[1:7] and new.position == len(prompt) + 6
-    assert new.committed_tokens == prompt + full[:6]
+    new, picked = target.greedy_decode(state, full[0], 30, lambda t: t == full[2])
+    assert picked == full[1:3]
+    folded = new.position - len(prompt)
+    assert 2 <= folded <= min(30, 2 * group) and new.committed_tokens == prompt + full[:folded]
+    probe = target.verify(new, Tree.single(full[folded]))  # the state holds exactly what it says
+    want = model.verify(model.prefill(prompt + full[:folded])[0], Tree.single(full[folded]))
+    assert torch.allclose(probe.logits.float(), want.logits.float(), atol=1e-5)
 
 
 def test_graphed_sampling_routes_keep_the_host_path():
