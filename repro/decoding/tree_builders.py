@@ -26,6 +26,7 @@ import torch
 
 from repro.drafters.base import Proposal
 from repro.errors import ConfigError
+from repro.models.graphs import EagerCall
 from repro.tree import MAX_TREE_NODES, DeviceTree, Sparse, Tree
 
 Rng = np.random.Generator | None
@@ -272,8 +273,8 @@ class BestFirst:
         if self.sample or proposal is None or proposal.depth == 0:
             return self.build(root_token, proposal)
         probs = _need_probs(proposal)
-        if not probs.is_cuda:
-            return best_first_device(root_token, probs, self.budget)
+        if not probs.is_cuda:  # the graph's stand-in (HostLaunches does not count its ops)
+            return EagerCall(lambda: best_first_device(root_token, probs, self.budget))()
         return self.graph_for(probs)(root_token, probs)
 
     def graph_for(self, probs: torch.Tensor) -> GraphedBestFirst:

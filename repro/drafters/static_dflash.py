@@ -44,7 +44,7 @@ from repro.drafters.fast_rules import check_fast_device
 from repro.drafters.features import ingest_start
 from repro.errors import ConfigError
 from repro.models.graphed import GraphedVerification
-from repro.models.graphs import HostUploads
+from repro.models.graphs import EagerCall, HostUploads
 from repro.models.hybrid import Verification
 
 if TYPE_CHECKING:
@@ -240,7 +240,7 @@ class StaticDFlash:
         or ``_run`` itself without graphs."""
         fn = torch.no_grad()(lambda: self._run(sources, probs))
         if not self.graphs:
-            return fn()
+            return EagerCall(fn)()
         key = (probs, self._pad, None if sources is None else tuple(_address(h) for h in sources))
         call = self._calls.get(key)
         if call is None:

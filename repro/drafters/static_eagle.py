@@ -71,7 +71,7 @@ from repro.drafters.fast_rules import check_fast_device
 from repro.drafters.features import ingest_start
 from repro.errors import ConfigError
 from repro.models.graphed import GraphedTarget
-from repro.models.graphs import HostUploads
+from repro.models.graphs import EagerCall, HostUploads
 from repro.models.hybrid import HybridLM, Verification
 from repro.tree import DeviceTree, Tree
 
@@ -247,7 +247,7 @@ class StaticEagleDrafter(EagleDrafter):
 
     def _run(self) -> Any:
         if not self.graphs:
-            return self._step()
+            return EagerCall(self._step)()
         if self._call is None:
             from repro.models.graphs import GraphedCall
 

@@ -372,12 +372,9 @@ class GrowthStep:
             if self.fused is None:
                 pool = min(self.pool, logits.shape[-1])
                 self.fused = _fused_fits(self.weaver, self.budget, pool, rows.device)
-            if self.graphs:
-                from repro.models.graphs import GraphedCall
+            from repro.models.graphs import graph_call
 
-                self.call = GraphedCall(self._step, rows.device)
-            else:
-                self.call = self._step
+            self.call = graph_call(self._step, rows.device, self.graphs)
         return self.call()
 
 

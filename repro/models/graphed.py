@@ -57,6 +57,7 @@ from typing import Any
 import torch
 
 from repro.errors import ConfigError
+from repro.models.graphs import EagerCall, GraphedCall
 from repro.models.hybrid import HybridLM, Verification
 from repro.models.hybrid import check_verifier as check_chain_verifier
 from repro.models.state import ModelState
@@ -126,16 +127,6 @@ class GraphedVerification(Verification):
     slot: TreeSlot | None = None
     epoch: int = 0
     ticket: int = 0  # a delayed verification's number: only the latest one may be committed
-
-
-class _Eager:
-    """GraphedCall's interface without a graph (CPU, or ``graphs=False``)."""
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        self.fn = fn
-
-    def __call__(self) -> Any:
-        return self.fn()
 
 
 def slot_key(size: int, snapshots: bool, verifier: str, parity: int | None = None) -> tuple[int, bool | str]:
@@ -230,13 +221,11 @@ class GraphedTarget:
             if self.graphs and key[0] != "flush":
                 self.flush()  # warm-ups may write the stashes: nothing may be pending in them
             if self.graphs:
-                from repro.models.graphs import GraphedCall
-
                 with self._preserved() if mutates else contextlib.nullcontext():
                     call = GraphedCall(fn, self.device)
                 self.captures += 1
             else:
-                call = _Eager(fn)
+                call = EagerCall(fn)
             self._calls[key] = call
         return call
 

@@ -25,6 +25,7 @@ time). Without an active recorder a replay costs one list check.
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
@@ -108,6 +109,53 @@ def check_capture(fn: Callable[[], Any]) -> CaptureCheck:
     with CaptureCheck() as check:
         fn()
     return check
+
+
+_stand_ins = [0]  # EagerCall calls running now (their ops would be a graph's on CUDA)
+
+
+class EagerCall:
+    """:class:`GraphedCall`'s interface without a graph (CPU, or graphs off): calling it runs ``fn``.
+    Its ops are the ones a graph would replay: :class:`HostLaunches` does not count them."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn = fn
+
+    def __call__(self) -> Any:
+        _stand_ins[0] += 1
+        try:
+            return self.fn()
+        finally:
+            _stand_ins[0] -= 1
+
+    def replay(self) -> None:
+        self()
+
+
+class HostLaunches(TorchDispatchMode):
+    """Dispatch mode: the ops that launch work *outside* graphed calls (an :class:`EagerCall` standing in
+    for a :class:`GraphedCall` on the CPU), by name: on CUDA each is a launch of its own from the host,
+    between the graphs (``with HostLaunches() as h: ...``; ``h.total``, ``h.ops``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: Counter[str] = Counter()
+
+    @property
+    def total(self) -> int:
+        return sum(self.ops.values())
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 - torch's signature
+        out = func(*args, **(kwargs or {}))
+        name = func._schema.name
+        if _stand_ins[0] == 0 and not func.is_view and name not in _NO_KERNEL:
+            self.ops[name] += 1
+        return out
+
+
+def graph_call(fn: Callable[[], Any], device: torch.device, graphs: bool) -> GraphedCall | EagerCall:
+    """A :class:`GraphedCall` of ``fn`` with ``graphs``, else its :class:`EagerCall` stand-in."""
+    return GraphedCall(fn, device) if graphs else EagerCall(fn)
 
 
 def count_ops(fn: Callable[[], Any]) -> int:

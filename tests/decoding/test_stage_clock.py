@@ -18,6 +18,7 @@ from conftest import SMALL_VOCAB, small_hybrid, small_ids
 
 import repro.decoding.engine as engine
 import repro.models.graphed as graphed
+import repro.models.graphs as graphs
 from repro.decoding.engine import STAGES, StageClock, generate
 from repro.decoding.routes import build_route
 from repro.models.graphs import GraphedCall, busy_recorder, replay_graph
@@ -141,7 +142,7 @@ def _engine_with_timed_graphs(monkeypatch: pytest.MonkeyPatch, ms: dict[str, flo
     call's function name) and StageClock on fake events; returns the replays counted by name."""
     counted: Counter = Counter()
 
-    def replayed(self) -> object:  # noqa: ANN001 - _Eager.__call__
+    def replayed(self) -> object:  # noqa: ANN001 - EagerCall.__call__
         name = self.fn.__qualname__.split(".")[-1]
         graph = TimedGraph(ms.get(name, 0.0), self.fn)
         replay_graph(graph)
@@ -153,7 +154,7 @@ def _engine_with_timed_graphs(monkeypatch: pytest.MonkeyPatch, ms: dict[str, flo
             super().__init__(device, sync)
             self.events = True  # fake events on the CPU
 
-    monkeypatch.setattr(graphed._Eager, "__call__", replayed)
+    monkeypatch.setattr(graphs.EagerCall, "__call__", replayed)
     monkeypatch.setattr(engine, "StageClock", EventClock)
     return counted
 
