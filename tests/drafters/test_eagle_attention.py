@@ -1,0 +1,265 @@
+"""repro/drafters/eagle_attention.py: ``rope_attend`` (rotary, the KV writes and the masked attention in one
+launch) against the eager sequence it replaces (the signed-sin rotary of ``FastEagle``, two ``index_copy_``
+and ``attend``) and a float64 oracle of the same inputs.
+
+- Interpreter (CPU, TRITON_INTERPRET=1, one subprocess): float32 and bf16, GQA (4 query heads on 2 kv
+  heads) and MHA (head dims 16 and 32), masks fully visible, a draft tree's (committed prefix + ancestors +
+  itself), a row seeing only itself (whose slot sits past the first key block: the softmax starts on
+  blocks with nothing visible), slots not contiguous, n = 1, 5, 20 and 40 (two query blocks), buffers of
+  19, 37, 100 and 300 rows. float32: output within 1e-5 relative of eager, keys within 1 ulp of the largest
+  key (eager's ``addcmul`` may fuse), values bitwise. bf16: keys and values bitwise (the kernel rounds to
+  nearest even like torch, also in the interpreter); the output within 1e-2 relative of eager and within
+  2^-7 of the oracle, no farther than eager's own error plus 2^-9 (eager rounds the scores and the
+  softmax to bf16 before the values' product; the kernel keeps the scores in float32). A row that sees only
+  itself returns its own value row exactly (the write is visible to the read in the same launch). The fast
+  drafter's proposals with the kernel (float32; its launches counted) equal the eager drafter's (the
+  helpers of test_eagle_fast.py).
+- GPU (``gpu``): the same cases on CUDA in float32 and bf16, and the fast drafter with the kernel under
+  CUDA graphs equal to the eager drafter (float32), the kernel's bf16 proposal distributions within bf16
+  tolerance of the eager glue's.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+from conftest import CountedLaunches, rel, run_in_interpreter
+from conftest import drafting_target as small_target
+
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+from test_eagle_fast import PROMPT, shadowed  # noqa: E402
+
+CASES = [  # (heads, kv_heads, head_dim, rows, buffer rows, mask)
+    (4, 2, 16, 5, 37, "tree"),
+    (4, 2, 16, 1, 19, "full"),
+    (4, 2, 16, 20, 300, "self"),
+    (4, 2, 16, 40, 100, "tree"),
+    (4, 4, 32, 20, 100, "tree"),
+    (4, 4, 32, 1, 37, "self"),
+    (4, 4, 16, 5, 300, "full"),
+]
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def case_inputs(
+    heads: int, kv_heads: int, hd: int, n: int, S: int, kind: str, dtype: torch.dtype, device: str
+):
+    """q|k|v rows, the signed rotary table, positions, keys / values buffers, mask and slots of one case:
+    the last rows of the buffer hold a draft region whose slots are shuffled (not contiguous); ``tree``:
+    row i sees the committed prefix, a random parent chain among earlier rows and itself."""
+    from repro.drafters.fast_rules import rotary_rows, signed_rotary
+
+    g = torch.Generator().manual_seed(n * 1000 + S + heads + kv_heads + hd)
+    qkv = torch.randn(n, (heads + 2 * kv_heads) * hd, generator=g)
+    keys, values = torch.randn(2, kv_heads, S, hd, generator=g)
+    draft = max(n, S // 4)
+    slots = (S - draft) + torch.randperm(draft, generator=g)[:n]
+    committed = S - draft
+    positions = committed - 1 + torch.randint(1, 8, (n,), generator=g)
+    mask = torch.zeros(n, S, dtype=torch.bool)
+    if kind == "full":
+        mask[:] = True
+    elif kind == "tree":
+        mask[:, :committed] = True
+        for i in range(n):
+            j = i
+            while j >= 0:  # itself, then parents (earlier rows)
+                mask[i, slots[j]] = True
+                j = int(torch.randint(-1, j, (), generator=g)) if j else -1
+    mask[torch.arange(n), slots] = True
+    rope = signed_rotary(*rotary_rows(S + 8, hd, 10000.0, torch.float64, torch.device("cpu")))
+    on = {"device": device}
+    return (
+        qkv.to(dtype=dtype, **on), rope.to(dtype=dtype, **on), positions.to(**on),
+        keys.to(dtype=dtype, **on), values.to(dtype=dtype, **on), mask.to(**on), slots.to(**on),
+    )  # fmt: skip
+
+
+def eager_attention(qkv, rope_table, positions, keys, values, mask, slots, heads, kv_heads, hd):  # noqa: ANN001, ANN201
+    """FastEagle's eager glue: the rotary of the table's rows at ``positions``, the two ``index_copy_`` and
+    ``attend`` with the additive mask."""
+    from repro.drafters.eagle_fast import attend
+
+    n = qkv.shape[0]
+    rope = rope_table.index_select(0, positions)
+    cos, sin = rope[:, None, 0], rope[:, None, 1]
+    qk = qkv[:, : (heads + kv_heads) * hd].view(n, heads + kv_heads, hd)
+    rot = torch.addcmul(qk * cos, qk.roll(hd // 2, -1), sin)
+    keys.index_copy_(1, slots, rot[:, heads:].transpose(0, 1))
+    values.index_copy_(1, slots, qkv[:, (heads + kv_heads) * hd :].view(n, kv_heads, hd).transpose(0, 1))
+    groups = heads // kv_heads
+    zero = torch.zeros((), dtype=qkv.dtype, device=qkv.device)
+    blocked = torch.full((), float("-inf"), dtype=qkv.dtype, device=qkv.device)
+    bias = torch.where(mask[:, None].expand(n, groups, mask.shape[-1]), zero, blocked).view(n * groups, -1)
+    return attend(rot[:, :heads], keys, values, bias)
+
+
+def kernel_cases(dtype: torch.dtype, device: str) -> dict[str, dict]:
+    """Every case of :data:`CASES`: the kernel's output and buffers against eager's and the oracle's."""
+    from repro.drafters.eagle_attention import rope_attend
+
+    out = {}
+    for heads, kv_heads, hd, n, S, kind in CASES:
+        inputs = case_inputs(heads, kv_heads, hd, n, S, kind, dtype, device)
+        qkv, rope, positions, keys, values, mask, slots = inputs
+        shape = (heads, kv_heads, hd)
+        ek, ev, gk, gv = keys.clone(), values.clone(), keys.clone(), values.clone()
+        ref = eager_attention(qkv, rope, positions, ek, ev, mask, slots, *shape)
+        got = rope_attend(qkv, rope, positions, gk, gv, mask, slots, *shape)
+        ok, ov = keys.double(), values.double()
+        exact = eager_attention(qkv.double(), rope.double(), positions, ok, ov, mask, slots, *shape)
+        res = {
+            "out": rel(got, ref),
+            "oracle": rel(got, exact),
+            "eager_oracle": rel(ref, exact),
+            "keys": float((gk.double() - ek.double()).abs().max() / ek.double().abs().max()),
+            "keys_equal": bool(torch.equal(gk, ek)),
+            "values_equal": bool(torch.equal(gv, ev)),
+            "finite": bool(got.isfinite().all()),
+        }
+        if kind == "self":  # each query head's output is its own row's value row, exactly
+            own = gv[:, slots].transpose(0, 1).repeat_interleave(heads // kv_heads, dim=1)  # [n, heads, hd]
+            res["self_exact"] = bool(torch.equal(got.view(n, heads, hd), own))
+        out[f"{heads}/{kv_heads}/{hd}/n{n}/S{S}/{kind}"] = res
+    return out
+
+
+def check_kernel_cases(cases: dict[str, dict], dtype: torch.dtype, gpu: bool = False) -> None:
+    assert len(cases) == len(CASES)
+    for key, r in cases.items():
+        assert r["finite"] and r["values_equal"], (key, r)
+        if dtype == torch.float32:
+            assert r["out"] <= 1e-5 and r["oracle"] <= 1e-5, (key, r)
+            assert r["keys"] <= 2.0**-23, (key, r)
+        else:
+            assert r["keys_equal"] or (gpu and r["keys"] <= 2.0**-7), (key, r)
+            assert r["out"] <= 1e-2 and r["oracle"] <= 2.0**-7, (key, r)
+            assert r["oracle"] <= r["eager_oracle"] + 2.0**-9, (key, r)
+        if "self_exact" in r:
+            assert r["self_exact"], (key, r)
+    assert max(r["out"] for r in cases.values()) > 0  # really another computation
+
+
+def proposal_cases(device: str = "cpu", graphs: bool = False) -> dict[str, dict]:
+    """float32 chain and tree: the fast drafter (its attention on the kernel, launches counted) against the
+    eager drafter at every proposal (``shadowed``)."""
+    from repro.drafters import eagle_attention
+    from repro.drafters.eagle import random_eagle_for
+
+    counter = [0]
+    kernel = eagle_attention._rope_attend_kernel
+    eagle_attention._rope_attend_kernel = CountedLaunches(kernel, counter)
+    try:
+        model = small_target(torch.float32, device)
+        out = {}
+        for name in ("chain", "tree"):
+            counter[0] = 0
+            kw = {"graphs": True, "capacity": 1024} if graphs else {"capacity": 16}
+            res = shadowed(model, [PROMPT], name, 7, random_eagle_for(model, seed=1), fast=True, **kw)
+            out[name] = {**res, "kernel_launches": counter[0]}
+    finally:
+        eagle_attention._rope_attend_kernel = kernel
+    return out
+
+
+# ------------------------------------------------------------------------------------ interpreter
+
+
+@pytest.fixture(scope="module")
+def interpreted() -> dict:
+    return run_in_interpreter(__file__)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_kernel_equals_the_eager_glue_in_the_interpreter(interpreted, dtype):
+    check_kernel_cases(interpreted["kernel"][dtype], getattr(torch, dtype))
+
+
+def test_fast_proposals_with_the_kernel_equal_the_eager_drafters(interpreted):
+    for name, res in interpreted["proposals"].items():
+        assert res["differ"] == 0 and res["proposals"] >= 5, (name, res)
+        assert res["prob_err"] <= 1e-5 and res["kernel_launches"] >= 4 * res["proposals"], (name, res)
+
+
+# --------------------------------------------------------------------------------------------- CPU
+
+
+def test_default_and_errors(monkeypatch):
+    from repro.drafters import eagle_attention
+    from repro.drafters.eagle_attention import fused_attention_default, rope_attend
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(eagle_attention.triton.knobs.runtime, "interpret", False)
+    assert not fused_attention_default(torch.float32, cpu, 16)  # plain CPU: the eager reference
+    monkeypatch.setattr(eagle_attention.triton.knobs.runtime, "interpret", True)
+    assert fused_attention_default(torch.float32, cpu, 16) and fused_attention_default(
+        torch.bfloat16, cpu, 64
+    )
+    assert not fused_attention_default(torch.float64, cpu, 16)  # float64 stays eager
+    assert not fused_attention_default(torch.float32, cpu, 24) and not fused_attention_default(
+        torch.float32, cpu, 8
+    )
+    args = case_inputs(4, 2, 16, 3, 19, "full", torch.float64, "cpu")
+    with pytest.raises(ValueError, match="float32 or half"):
+        rope_attend(*args, 4, 2, 16)
+
+
+# ---------------------------------------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_gpu_kernel_equals_the_eager_glue(dtype):
+    cases = kernel_cases(getattr(torch, dtype), "cuda")
+    print(json.dumps(cases))
+    check_kernel_cases(cases, getattr(torch, dtype), gpu=True)
+
+
+@pytest.mark.gpu
+@cuda
+def test_gpu_graphed_fast_proposals_with_the_kernel():
+    """float32 with CUDA graphs (the captured call launches the kernel): the fast drafter's proposals equal
+    the eager drafter's at every step."""
+    res = proposal_cases("cuda", graphs=True)
+    print(json.dumps(res))
+    for name, r in res.items():
+        assert r["differ"] == 0 and r["prob_err"] <= 1e-5 and r["kernel_launches"] > 0, (name, r)
+
+
+@pytest.mark.gpu
+@cuda
+def test_gpu_bf16_kernel_distributions_within_tolerance():
+    """bf16, graphed: a chain proposal's distributions with the kernel and with the eager attention glue
+    agree to bf16 accuracy."""
+    from repro.drafters.base import DraftContext
+    from repro.drafters.eagle import random_eagle_for
+    from repro.drafters.static_eagle import StaticEagleDrafter
+
+    model = small_target(torch.bfloat16, "cuda")
+    eagle = random_eagle_for(model, seed=1)
+    drafters = [StaticEagleDrafter(eagle, model, k=6, fast=True, graphs=True) for _ in range(2)]
+    assert drafters[0]._fast.fused_attention
+    drafters[1]._fast.fused_attention = False
+    ids = list(range(3, 60))
+    _, ver = model.prefill(ids, capture=drafters[0].capture_layers)
+    probs = []
+    for d in drafters:
+        d.observe_prefill(ver)
+        probs.append(d.propose(DraftContext(ids, [7])).probs.float())
+    assert (probs[0] - probs[1]).abs().max().item() < 3e-2
+
+
+def _interpreter_main() -> None:
+    import repro.gdn.triton_common  # noqa: F401 - the interpreter's NumPy patch
+
+    torch.set_num_threads(1)
+    kernel = {str(dt)[6:]: kernel_cases(dt, "cpu") for dt in (torch.float32, torch.bfloat16)}
+    print(json.dumps({"kernel": kernel, "proposals": proposal_cases()}))
+
+
+if __name__ == "__main__" and "--interpret" in sys.argv:
+    _interpreter_main()
