@@ -177,12 +177,9 @@ rope_attend` (one launch), else the eager glue and :func:`attend` (the reference
         if self.fused_attention:  # the rotary table read, the mask applied and the KV written in the kernel
             glue = _Glue(None, None, None, positions, mask, slots)
         else:
-            rope = self.rope.index_select(0, positions)
             groups = self.cfg.num_attention_heads // self.cfg.num_key_value_heads
-            visible = mask[:, None].expand(n, groups, mask.shape[-1])
-            bias = torch.where(visible, self.zero, self.blocked).view(n * groups, -1)  # rows: (row, group)
-            cos, sin = rope[:, None, 0], rope[:, None, 1]  # [T, 1, hd]
-            glue = _Glue(cos, sin, bias, positions, mask, slots)
+            tables = eager_tables(self.rope, positions, mask, groups, self.zero, self.blocked)
+            glue = _Glue(*tables, positions, mask, slots)
         for layer, w, (keys, values) in zip(self.model.layers, self.weights, kv):
             x = self._layer(layer, w, x, keys[0], values[0], glue, gemv)
         return x
@@ -192,18 +189,13 @@ rope_attend` (one launch), else the eager glue and :func:`attend` (the reference
         glue: _Glue, gemv: bool,
     ) -> torch.Tensor:  # fmt: skip
         a = layer.self_attn
-        n, heads, kv_heads, hd = x.shape[0], a.heads, a.kv_heads, a.head_dim
+        heads, kv_heads, hd = a.heads, a.kv_heads, a.head_dim
         qkv = normed_linear(x, w.input_norm, layer.input_layernorm.eps, w.qkv, None, gemv)
+        shape = (heads, kv_heads, hd)
         if glue.bias is None:
-            pos, mask, slots = glue.positions, glue.mask, glue.slots
-            out = rope_attend(qkv, self.rope, pos, keys, values, mask, slots, heads, kv_heads, hd)
+            out = rope_attend(qkv, self.rope, glue.positions, keys, values, glue.mask, glue.slots, *shape)
         else:
-            qk = qkv[:, : (heads + kv_heads) * hd].view(n, heads + kv_heads, hd)
-            rot = torch.addcmul(qk * glue.cos, qk.roll(hd // 2, -1), glue.sin)  # apply_rope's products
-            keys.index_copy_(1, glue.slots, rot[:, heads:].transpose(0, 1))
-            v = qkv[:, (heads + kv_heads) * hd :].view(n, kv_heads, hd)
-            values.index_copy_(1, glue.slots, v.transpose(0, 1))
-            out = attend(rot[:, :heads], keys, values, glue.bias)
+            out = rope_attend_eager(qkv, glue.cos, glue.sin, keys, values, glue.bias, glue.slots, *shape)
         x = plus_linear(x, out, a.o_proj, gemv)
         return fused_mlp_block(layer, w, x, gemv)  # type: ignore[arg-type] - reads post_norm, gate_up
 
@@ -214,6 +206,34 @@ rope_attend` (one launch), else the eager glue and :func:`attend` (the reference
         gemv = self.gemv(preds.shape[0])
         logits = normed_linear(preds, self.final_scale, self.final_eps, head.weight, head.bias, gemv)
         return torch.softmax(logits.float() if logits.dtype in HALF else logits, dim=-1)
+
+
+def eager_tables(
+    rope: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, groups: int, zero: torch.Tensor,
+    blocked: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """What the eager attention glue makes once per forward: cos, sin [T, 1, hd] (the signed rotary table
+    ``rope`` [rows, 2, hd] at ``positions``) and the additive mask [T groups, S] (rows: (row, query head of
+    the group); ``zero`` where ``mask`` [T, S] is True, else ``blocked`` (-inf), 0-d tensors)."""
+    n = mask.shape[0]
+    rows = rope.index_select(0, positions)
+    visible = mask[:, None].expand(n, groups, mask.shape[-1])
+    return rows[:, None, 0], rows[:, None, 1], torch.where(visible, zero, blocked).view(n * groups, -1)
+
+
+def rope_attend_eager(
+    qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+    bias: torch.Tensor, slots: torch.Tensor, heads: int, kv_heads: int, hd: int,
+) -> torch.Tensor:  # fmt: skip
+    """The eager reference of :func:`~repro.drafters.eagle_attention.rope_attend` (tables of
+    :func:`eager_tables`): rotary on q and k (``apply_rope``'s products), the rotated keys and the values
+    written into ``keys``/``values`` [KV, S, hd] at ``slots`` (2 ``index_copy_``), :func:`attend`."""
+    n = qkv.shape[0]
+    qk = qkv[:, : (heads + kv_heads) * hd].view(n, heads + kv_heads, hd)
+    rot = torch.addcmul(qk * cos, qk.roll(hd // 2, -1), sin)  # rotate_half(x) sin = roll(x) sin_signed
+    keys.index_copy_(1, slots, rot[:, heads:].transpose(0, 1))
+    values.index_copy_(1, slots, qkv[:, (heads + kv_heads) * hd :].view(n, kv_heads, hd).transpose(0, 1))
+    return attend(rot[:, :heads], keys, values, bias)
 
 
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:

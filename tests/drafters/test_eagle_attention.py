@@ -79,22 +79,13 @@ def case_inputs(
 
 
 def eager_attention(qkv, rope_table, positions, keys, values, mask, slots, heads, kv_heads, hd):  # noqa: ANN001, ANN201
-    """FastEagle's eager glue: the rotary of the table's rows at ``positions``, the two ``index_copy_`` and
-    ``attend`` with the additive mask."""
-    from repro.drafters.eagle_fast import attend
+    """FastEagle's eager glue: the tables of ``eager_tables``, then ``rope_attend_eager``."""
+    from repro.drafters.eagle_fast import eager_tables, rope_attend_eager
 
-    n = qkv.shape[0]
-    rope = rope_table.index_select(0, positions)
-    cos, sin = rope[:, None, 0], rope[:, None, 1]
-    qk = qkv[:, : (heads + kv_heads) * hd].view(n, heads + kv_heads, hd)
-    rot = torch.addcmul(qk * cos, qk.roll(hd // 2, -1), sin)
-    keys.index_copy_(1, slots, rot[:, heads:].transpose(0, 1))
-    values.index_copy_(1, slots, qkv[:, (heads + kv_heads) * hd :].view(n, kv_heads, hd).transpose(0, 1))
-    groups = heads // kv_heads
     zero = torch.zeros((), dtype=qkv.dtype, device=qkv.device)
     blocked = torch.full((), float("-inf"), dtype=qkv.dtype, device=qkv.device)
-    bias = torch.where(mask[:, None].expand(n, groups, mask.shape[-1]), zero, blocked).view(n * groups, -1)
-    return attend(rot[:, :heads], keys, values, bias)
+    cos, sin, bias = eager_tables(rope_table, positions, mask, heads // kv_heads, zero, blocked)
+    return rope_attend_eager(qkv, cos, sin, keys, values, bias, slots, heads, kv_heads, hd)
 
 
 def kernel_cases(dtype: torch.dtype, device: str) -> dict[str, dict]:
