@@ -1,21 +1,32 @@
 """The EAGLE drafter's per-layer attention in one Triton launch (:func:`rope_attend`): rotary on the
 queries and keys, the keys and values written into the static buffers at the rows' slots, and the masked
 softmax attention over every buffer row, what :meth:`~repro.drafters.eagle_fast.FastEagle._layer` does
-between its q|k|v and o_proj linears (its eager sequence, 11 aten launches and the mask, is the reference:
-tests/drafters/test_eagle_attention.py).
+between its q|k|v and o_proj linears. Its eager sequence (``eager_tables`` once per forward: the table's
+rows and the additive mask, 2 launches; ``rope_attend_eager`` per layer: rotary 3, the KV writes 2, attention
+5) is the reference (tests/drafters/test_eagle_attention.py).
 
-**Grid**: one program per kv head. It rotates its head's new keys and writes them and the values at
-``slots``, then a block barrier (``tl.debug_barrier``: the block's global stores are visible to its own
-threads after it; no other program reads this head's buffers), then attends for every query head of its
-group and every row, the (row, group head) pairs in blocks of ``BM`` query rows, online softmax over the
-buffer rows in blocks of ``BS`` (the buffer's keys are loaded ``.cg``, from L2).
+**Grid**: kv heads x splits (:func:`default_splits`: one program per :data:`CHUNK` buffer rows, so that a
+long buffer is read by many SMs). Program (h, j) owns the buffer rows [lo, hi) of chunk j of kv head h:
+
+1. it rotates head h's new keys and writes them and the values at the rows' slots that fall in its chunk
+   (each slot is written by exactly one program, and only that program reads it);
+2. a block barrier (``tl.debug_barrier``: the block's global stores are visible to its own threads), then
+   the online softmax over its chunk for every query head of the group and every row (the (row, group
+   head) pairs in blocks of ``BM`` query rows; keys in blocks of ``BS``, loaded ``.cg``: from L2);
+3. with one split it writes the output; with more it stores its partial (max, sum, weighted values:
+   float32 scratch), then a block barrier and one ``atomic_add`` (acq_rel, gpu scope) on the head's
+   counter: the head's last program to arrive merges the partials (loaded ``.cg``), writes the output
+   and sets the counter back to 0 for the next launch (``counters``: zeros the caller keeps; no program
+   ever waits on another, so any number of programs may be resident). Triton's CPU interpreter runs the
+   programs one after another: the last one merges.
 
 **Rounding**, as the eager code: ``x cos`` rounded to the data type, ``+ roll(x, hd / 2) sin_signed``
 rounded (keys stored, queries fed to the dot as they would be by ``baddbmm``), scores and softmax in
 float32 (float32 data: IEEE dots, not TF32), the softmax's weights rounded to the data type for the
 values' dot (as ``p.to(values.dtype)``; unnormalised here), the output rounded once. Rounding to bf16 is
 round to nearest even in Triton's CPU interpreter too (whose casts truncate), so the interpreter's keys
-equal torch's bit for bit. Half precision or float32 only: float64 (CPU's exact runs) stays eager.
+equal torch's bit for bit; there the bf16 dots run in float32 (its bf16 dot is wrong; the products of bf16
+values are exact in float32). Half precision or float32 only: float64 (CPU's exact runs) stays eager.
 """
 
 from __future__ import annotations
@@ -26,6 +37,8 @@ import triton.language as tl
 
 from repro.drafters.growth_kernels import _rnd  # round to a dtype, exact in the interpreter too
 
+CHUNK = 256  # buffer rows per program (default_splits)
+MAX_SPLITS = 16
 DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
@@ -50,59 +63,121 @@ def _rotate(x_ptr, c_ptr, s_ptr, d, HD: tl.constexpr, rows_ok, DT: tl.constexpr)
 
 
 @triton.jit
-def _rope_attend_kernel(
-    qkv_ptr, rope_ptr, pos_ptr, k_ptr, v_ptr, mask_ptr, slot_ptr, out_ptr,
-    n, S, s_pos, s_slot, s_qkv, s_rope, s_rope_sin, s_kh, s_ks, s_vh, s_vs, s_mask, s_out, scale,
-    HEADS: tl.constexpr, KV: tl.constexpr, HD: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
+def _attend_chunk(
+    q, keys, values, mask_row, lo, hi, s_ks, s_vs, d, ok, scale, BM: tl.constexpr, HD: tl.constexpr,
     BS: tl.constexpr, DT: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
+    """Online softmax of the rotated queries ``q`` [BM, HD] over buffer rows [lo, hi) in blocks of BS
+    (``mask_row`` [BM, 1]: the rows' mask pointers): the running max, sum and weighted values (float32;
+    -inf, 0, 0 where nothing is visible)."""
+    top = tl.full([BM], float("-inf"), tl.float32)
+    total = tl.zeros([BM], tl.float32)
+    acc = tl.zeros([BM, HD], tl.float32)
+    for s0 in range(lo, hi, BS):
+        cols = s0 + tl.arange(0, BS)
+        inb = cols < hi
+        kb = tl.load(keys + cols[:, None] * s_ks + d[None, :], inb[:, None], 0.0, cache_modifier=".cg")
+        vb = tl.load(values + cols[:, None] * s_vs + d[None, :], inb[:, None], 0.0, cache_modifier=".cg")
+        vis = tl.load(mask_row + cols[None, :], ok[:, None] & inb[None, :], 0)
+        sc = tl.dot(q, tl.trans(kb.to(DOT)), input_precision=PREC) * scale
+        sc = tl.where(vis != 0, sc, float("-inf"))
+        new = tl.maximum(top, tl.max(sc, axis=1))
+        base = tl.where(new == float("-inf"), 0.0, new)  # nothing visible yet: no -inf - -inf
+        p = tl.exp(sc - base[:, None])
+        alpha = tl.exp(top - base)
+        total = total * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(_rnd(p, DT).to(DOT), vb.to(DOT), input_precision=PREC)
+        top = new
+    return top, total, acc
+
+
+@triton.jit
+def _rope_attend_kernel(
+    qkv_ptr, rope_ptr, pos_ptr, k_ptr, v_ptr, mask_ptr, slot_ptr, out_ptr, part_ptr, stat_ptr, ctr_ptr,
+    n, S, chunk, s_pos, s_slot, s_qkv, s_rope, s_rope_sin, s_kh, s_ks, s_vh, s_vs, s_mask, s_out, scale,
+    HEADS: tl.constexpr, KV: tl.constexpr, HD: tl.constexpr, SPLITS: tl.constexpr, BN: tl.constexpr,
+    BM: tl.constexpr, BS: tl.constexpr, DT: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
     h = tl.program_id(0)  # the kv head
+    j = tl.program_id(1)  # the buffer rows [lo, hi) of this program
     G: tl.constexpr = HEADS // KV
+    lo = j * chunk
+    hi = tl.minimum(lo + chunk, S)
     d = tl.arange(0, HD)
     keys = k_ptr + h * s_kh
     values = v_ptr + h * s_vh
-    # 1. this head's new keys (rotated) and values at the rows' slots
+    # 1. this head's new keys (rotated) and values at the rows' slots in [lo, hi)
     for r0 in range(0, n, BN):
         r = r0 + tl.arange(0, BN)
-        ok = r < n
-        pos = tl.load(pos_ptr + r * s_pos, mask=ok, other=0)
-        slot = tl.load(slot_ptr + r * s_slot, mask=ok, other=0)
+        pos = tl.load(pos_ptr + r * s_pos, mask=r < n, other=0)
+        slot = tl.load(slot_ptr + r * s_slot, mask=r < n, other=0)
+        ok = (r < n) & (slot >= lo) & (slot < hi)
         rope = rope_ptr + pos[:, None] * s_rope
         k = _rotate(qkv_ptr + r[:, None] * s_qkv + (HEADS + h) * HD, rope, rope + s_rope_sin, d, HD, ok, DT)
         tl.store(keys + slot[:, None] * s_ks + d[None, :], k.to(k_ptr.dtype.element_ty), mask=ok[:, None])
         v = tl.load(qkv_ptr + r[:, None] * s_qkv + (HEADS + KV + h) * HD + d[None, :], mask=ok[:, None])
         tl.store(values + slot[:, None] * s_vs + d[None, :], v, mask=ok[:, None])
-    tl.debug_barrier()  # the block's writes are visible to its threads
-    # 2. attention: query rows (row, group head) in blocks of BM, keys in blocks of BS
-    for m0 in range(0, n * G, BM):
+    tl.debug_barrier()  # the block's writes are visible to its threads (no other program reads [lo, hi))
+    # 2. attention over [lo, hi): query rows (row, group head) in blocks of BM
+    M = n * G
+    for m0 in range(0, M, BM):
         m = m0 + tl.arange(0, BM)
-        ok = m < n * G
+        ok = m < M
         r = m // G
         head = h * G + m % G
         pos = tl.load(pos_ptr + r * s_pos, mask=ok, other=0)
         rope = rope_ptr + pos[:, None] * s_rope
         q = _rotate(qkv_ptr + r[:, None] * s_qkv + head[:, None] * HD, rope, rope + s_rope_sin, d, HD, ok, DT)
-        q = q.to(DOT)
-        top = tl.full([BM], float("-inf"), tl.float32)
-        total = tl.zeros([BM], tl.float32)
-        acc = tl.zeros([BM, HD], tl.float32)
-        for s0 in range(0, S, BS):
-            cols = s0 + tl.arange(0, BS)
-            inb = cols < S
-            kb = tl.load(keys + cols[:, None] * s_ks + d[None, :], inb[:, None], 0.0, cache_modifier=".cg")
-            vb = tl.load(values + cols[:, None] * s_vs + d[None, :], inb[:, None], 0.0, cache_modifier=".cg")
-            vis = tl.load(mask_ptr + r[:, None] * s_mask + cols[None, :], ok[:, None] & inb[None, :], 0)
-            sc = tl.dot(q, tl.trans(kb.to(DOT)), input_precision=PREC) * scale
-            sc = tl.where(vis != 0, sc, float("-inf"))
-            new = tl.maximum(top, tl.max(sc, axis=1))
-            base = tl.where(new == float("-inf"), 0.0, new)  # nothing visible yet: no -inf - -inf
-            p = tl.exp(sc - base[:, None])
-            alpha = tl.exp(top - base)
-            total = total * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + tl.dot(_rnd(p, DT).to(DOT), vb.to(DOT), input_precision=PREC)
-            top = new
-        o = _rnd(acc / tl.where(ok, total, 1.0)[:, None], DT)  # padding rows: 0, not 0 / 0
-        tl.store(out_ptr + r[:, None] * s_out + head[:, None] * HD + d[None, :], o.to(DT), mask=ok[:, None])
+        mask_row = mask_ptr + r[:, None] * s_mask
+        top, total, acc = _attend_chunk(q.to(DOT), keys, values, mask_row, lo, hi, s_ks, s_vs, d, ok, scale,
+                                        BM, HD, BS, DT, DOT, PREC)  # fmt: skip
+        if SPLITS == 1:
+            o = _rnd(acc / tl.where(ok, total, 1.0)[:, None], DT)  # padding rows: 0, not 0 / 0
+            tl.store(
+                out_ptr + r[:, None] * s_out + head[:, None] * HD + d[None, :], o.to(DT), mask=ok[:, None]
+            )
+        else:  # this chunk's partial: [h, j, m] rows of part (HD wide) and stat (max, sum)
+            row = (h * SPLITS + j) * M + m
+            tl.store(part_ptr + row[:, None] * HD + d[None, :], acc, mask=ok[:, None])
+            tl.store(stat_ptr + 2 * row, top, mask=ok)
+            tl.store(stat_ptr + 2 * row + 1, total, mask=ok)
+    if SPLITS > 1:  # 3. the head's last program to finish merges the partials (and resets the counter)
+        tl.debug_barrier()  # every thread's partials stored before the release
+        done = tl.atomic_add(ctr_ptr + h, 1, sem="acq_rel", scope="gpu")
+        tl.debug_barrier()
+        if done == SPLITS - 1:
+            for m0 in range(0, M, BM):
+                m = m0 + tl.arange(0, BM)
+                ok = m < M
+                top = tl.full([BM], float("-inf"), tl.float32)
+                for jj in range(SPLITS):  # the rows' max over the chunks
+                    row = (h * SPLITS + jj) * M + m
+                    top = tl.maximum(
+                        top, tl.load(stat_ptr + 2 * row, mask=ok, other=0.0, cache_modifier=".cg")
+                    )
+                base = tl.where(top == float("-inf"), 0.0, top)
+                total = tl.zeros([BM], tl.float32)
+                acc = tl.zeros([BM, HD], tl.float32)
+                for jj in range(SPLITS):
+                    row = (h * SPLITS + jj) * M + m
+                    w = tl.exp(tl.load(stat_ptr + 2 * row, mask=ok, other=0.0, cache_modifier=".cg") - base)
+                    total += w * tl.load(stat_ptr + 2 * row + 1, mask=ok, other=0.0, cache_modifier=".cg")
+                    part = tl.load(part_ptr + row[:, None] * HD + d[None, :], mask=ok[:, None], other=0.0,
+                                   cache_modifier=".cg")  # fmt: skip
+                    acc += w[:, None] * part
+                r = m // G
+                head = h * G + m % G
+                o = _rnd(acc / tl.where(ok, total, 1.0)[:, None], DT)
+                tl.store(
+                    out_ptr + r[:, None] * s_out + head[:, None] * HD + d[None, :], o.to(DT), mask=ok[:, None]
+                )
+            tl.atomic_xchg(ctr_ptr + h, 0, sem="relaxed", scope="gpu")  # ready for the next launch
+
+
+def default_splits(S: int, block_s: int) -> int:
+    """Programs per kv head for ``S`` buffer rows: one per :data:`CHUNK` rows (whole key blocks), at most
+    :data:`MAX_SPLITS`."""
+    return max(1, min(MAX_SPLITS, triton.cdiv(S, max(CHUNK, block_s))))
 
 
 def rope_attend(
@@ -116,6 +191,8 @@ def rope_attend(
     heads: int,
     kv_heads: int,
     hd: int,
+    counters: torch.Tensor | None = None,
+    splits: int | None = None,
     block_s: int | None = None,
     num_warps: int = 4,
 ) -> torch.Tensor:
@@ -123,7 +200,12 @@ def rope_attend(
     (q | k | v, rows of unit column stride), the signed rotary table ``rope`` [rows, 2, hd] (cos, sin_signed)
     read at ``positions`` [n], the keys and values buffers [kv_heads, S, hd] written at ``slots`` [n]
     (rotated keys, values), ``mask`` [n, S] (bool, True = visible). Returns [n, heads hd], the eager
-    ``attend(rot q, keys, values, bias)``. ``block_s``, ``num_warps``: launch options (speed only)."""
+    ``rope_attend_eager`` of :mod:`repro.drafters.eagle_fast`.
+
+    ``splits``: programs per kv head, each over its chunk of the buffer rows (default
+    :func:`default_splits`); with more than one, ``counters`` [>= kv_heads] int32 zeros that the launch
+    leaves zero (made here when not given: one more launch). ``block_s``, ``num_warps``: launch options.
+    All of them change speed (and with the splits the float32 summation order), never what is computed."""
     n, S = mask.shape
     if qkv.dtype not in DTYPES or keys.dtype != qkv.dtype or values.dtype != qkv.dtype:
         raise ValueError(f"rope_attend takes float32 or half precision, got {qkv.dtype}")
@@ -132,18 +214,30 @@ def rope_attend(
     for t in (qkv, rope, keys, values, mask):
         if t.stride(-1) != 1:
             raise ValueError("rope_attend needs unit strides along the last dim")
-    out = torch.empty(n, heads * hd, dtype=qkv.dtype, device=qkv.device)
+    dev = qkv.device
+    out = torch.empty(n, heads * hd, dtype=qkv.dtype, device=dev)
     p2 = triton.next_power_of_2
-    groups = heads // kv_heads
+    rows = n * (heads // kv_heads)
     block_s = block_s or max(16, min(128, 8192 // hd))
+    splits = default_splits(S, block_s) if splits is None else splits
+    chunk = triton.cdiv(triton.cdiv(S, splits), block_s) * block_s  # rows per program: whole key blocks
+    splits = triton.cdiv(S, chunk)
+    if splits > 1:
+        part = torch.empty(kv_heads, splits, rows, hd, dtype=torch.float32, device=dev)
+        stat = torch.empty(kv_heads, splits, rows, 2, dtype=torch.float32, device=dev)
+        counters = torch.zeros(kv_heads, dtype=torch.int32, device=dev) if counters is None else counters
+    else:
+        part = stat = out
+        counters = slots
     dt = DTYPES[qkv.dtype]
     wide = qkv.dtype == torch.float32 or bool(triton.knobs.runtime.interpret)  # float32 dots (exact products)
-    _rope_attend_kernel[(kv_heads,)](
-        qkv, rope, positions, keys, values, mask.view(torch.uint8), slots, out,
-        n, S, positions.stride(0), slots.stride(0), qkv.stride(0), rope.stride(0), rope.stride(1),
+    _rope_attend_kernel[(kv_heads, splits)](
+        qkv, rope, positions, keys, values, mask.view(torch.uint8), slots, out, part, stat, counters,
+        n, S, chunk, positions.stride(0), slots.stride(0), qkv.stride(0), rope.stride(0), rope.stride(1),
         keys.stride(0), keys.stride(1), values.stride(0), values.stride(1), mask.stride(0), out.stride(0),
         hd**-0.5,
-        HEADS=heads, KV=kv_heads, HD=hd, BN=min(64, max(2, p2(n))), BM=min(64, max(16, p2(n * groups))),
+        HEADS=heads, KV=kv_heads, HD=hd, SPLITS=splits, BN=min(64, max(2, p2(n))),
+        BM=min(64, max(16, p2(rows))),
         BS=block_s, DT=dt, DOT=tl.float32 if wide else dt, PREC="ieee" if wide else None,
         num_warps=num_warps,
     )  # fmt: skip

@@ -144,6 +144,7 @@ rope_attend` (one launch), else the eager glue and :func:`attend` (the reference
         self.zero = torch.zeros((), dtype=model.dtype, device=model.device)
         self.blocked = torch.full((), float("-inf"), dtype=model.dtype, device=model.device)
         self.fused_attention = fused_attention_default(model.dtype, model.device, cfg.head_dim)
+        self.counters = torch.zeros(cfg.num_key_value_heads, dtype=torch.int32, device=model.device)
         self.set_rope_rows(rope_rows)
 
     def set_rope_rows(self, rows: int) -> None:
@@ -193,7 +194,8 @@ rope_attend` (one launch), else the eager glue and :func:`attend` (the reference
         qkv = normed_linear(x, w.input_norm, layer.input_layernorm.eps, w.qkv, None, gemv)
         shape = (heads, kv_heads, hd)
         if glue.bias is None:
-            out = rope_attend(qkv, self.rope, glue.positions, keys, values, glue.mask, glue.slots, *shape)
+            pos, mask, slots = glue.positions, glue.mask, glue.slots
+            out = rope_attend(qkv, self.rope, pos, keys, values, mask, slots, *shape, self.counters)
         else:
             out = rope_attend_eager(qkv, glue.cos, glue.sin, keys, values, glue.bias, glue.slots, *shape)
         x = plus_linear(x, out, a.o_proj, gemv)

@@ -21,6 +21,7 @@ and ``attend``) and a float64 oracle of the same inputs.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 
@@ -32,14 +33,15 @@ from conftest import drafting_target as small_target
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
 from test_eagle_fast import PROMPT, shadowed  # noqa: E402
 
-CASES = [  # (heads, kv_heads, head_dim, rows, buffer rows, mask)
-    (4, 2, 16, 5, 37, "tree"),
-    (4, 2, 16, 1, 19, "full"),
-    (4, 2, 16, 20, 300, "self"),
-    (4, 2, 16, 40, 100, "tree"),
-    (4, 4, 32, 20, 100, "tree"),
-    (4, 4, 32, 1, 37, "self"),
-    (4, 4, 16, 5, 300, "full"),
+CASES = [  # (heads, kv_heads, head_dim, rows, buffer rows, mask, launch options)
+    (4, 2, 16, 5, 37, "tree", {}),
+    (4, 2, 16, 1, 19, "full", {}),
+    (4, 2, 16, 20, 300, "self", {}),  # 2 programs a kv head (default_splits), the slots across both
+    (4, 2, 16, 40, 100, "tree", {}),
+    (4, 2, 16, 20, 100, "tree", {"splits": 3, "block_s": 16}),  # chunks of 48 rows
+    (4, 4, 32, 20, 100, "tree", {}),
+    (4, 4, 32, 1, 37, "self", {"splits": 4, "block_s": 16}),  # 3 chunks of 16 rows
+    (4, 4, 16, 5, 300, "full", {"splits": 1}),
 ]
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -93,13 +95,14 @@ def kernel_cases(dtype: torch.dtype, device: str) -> dict[str, dict]:
     from repro.drafters.eagle_attention import rope_attend
 
     out = {}
-    for heads, kv_heads, hd, n, S, kind in CASES:
+    for heads, kv_heads, hd, n, S, kind, options in CASES:
         inputs = case_inputs(heads, kv_heads, hd, n, S, kind, dtype, device)
         qkv, rope, positions, keys, values, mask, slots = inputs
         shape = (heads, kv_heads, hd)
         ek, ev, gk, gv = keys.clone(), values.clone(), keys.clone(), values.clone()
         ref = eager_attention(qkv, rope, positions, ek, ev, mask, slots, *shape)
-        got = rope_attend(qkv, rope, positions, gk, gv, mask, slots, *shape)
+        counters = torch.zeros(kv_heads, dtype=torch.int32, device=device)
+        got = rope_attend(qkv, rope, positions, gk, gv, mask, slots, *shape, counters, **options)
         ok, ov = keys.double(), values.double()
         exact = eager_attention(qkv.double(), rope.double(), positions, ok, ov, mask, slots, *shape)
         res = {
@@ -110,18 +113,19 @@ def kernel_cases(dtype: torch.dtype, device: str) -> dict[str, dict]:
             "keys_equal": bool(torch.equal(gk, ek)),
             "values_equal": bool(torch.equal(gv, ev)),
             "finite": bool(got.isfinite().all()),
+            "counters_zero": bool((counters == 0).all()),
         }
         if kind == "self":  # each query head's output is its own row's value row, exactly
             own = gv[:, slots].transpose(0, 1).repeat_interleave(heads // kv_heads, dim=1)  # [n, heads, hd]
             res["self_exact"] = bool(torch.equal(got.view(n, heads, hd), own))
-        out[f"{heads}/{kv_heads}/{hd}/n{n}/S{S}/{kind}"] = res
+        out[f"{heads}/{kv_heads}/{hd}/n{n}/S{S}/{kind}/{options.get('splits', 'auto')}"] = res
     return out
 
 
 def check_kernel_cases(cases: dict[str, dict], dtype: torch.dtype, gpu: bool = False) -> None:
     assert len(cases) == len(CASES)
     for key, r in cases.items():
-        assert r["finite"] and r["values_equal"], (key, r)
+        assert r["finite"] and r["values_equal"] and r["counters_zero"], (key, r)
         if dtype == torch.float32:
             assert r["out"] <= 1e-5 and r["oracle"] <= 1e-5, (key, r)
             assert r["keys"] <= 2.0**-23, (key, r)
@@ -137,22 +141,24 @@ def check_kernel_cases(cases: dict[str, dict], dtype: torch.dtype, gpu: bool = F
 def proposal_cases(device: str = "cpu", graphs: bool = False) -> dict[str, dict]:
     """float32 chain and tree: the fast drafter (its attention on the kernel, launches counted) against the
     eager drafter at every proposal (``shadowed``)."""
-    from repro.drafters import eagle_attention
+    from repro.drafters import eagle_attention, eagle_fast
     from repro.drafters.eagle import random_eagle_for
 
     counter = [0]
-    kernel = eagle_attention._rope_attend_kernel
+    kernel, launcher = eagle_attention._rope_attend_kernel, eagle_fast.rope_attend
     eagle_attention._rope_attend_kernel = CountedLaunches(kernel, counter)
     try:
         model = small_target(torch.float32, device)
         out = {}
-        for name in ("chain", "tree"):
+        for name, options in (("chain", {}), ("tree", {}), ("tree/splits", {"splits": 3, "block_s": 16})):
             counter[0] = 0
+            eagle_fast.rope_attend = functools.partial(launcher, **options)
             kw = {"graphs": True, "capacity": 1024} if graphs else {"capacity": 16}
-            res = shadowed(model, [PROMPT], name, 7, random_eagle_for(model, seed=1), fast=True, **kw)
+            drafter = random_eagle_for(model, seed=1)
+            res = shadowed(model, [PROMPT], name.split("/")[0], 7, drafter, fast=True, **kw)
             out[name] = {**res, "kernel_launches": counter[0]}
     finally:
-        eagle_attention._rope_attend_kernel = kernel
+        eagle_attention._rope_attend_kernel, eagle_fast.rope_attend = kernel, launcher
     return out
 
 
