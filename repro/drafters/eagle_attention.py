@@ -5,7 +5,7 @@ between its q|k|v and o_proj linears. Its eager sequence (``eager_tables`` once 
 rows and the additive mask, 2 launches; ``rope_attend_eager`` per layer: rotary 3, the KV writes 2, attention
 5) is the reference (tests/drafters/test_eagle_attention.py).
 
-**Grid**: kv heads x splits (:func:`default_splits`: one program per :data:`CHUNK` buffer rows, so that a
+**Grid**: kv heads x splits (:func:`launch_plan`: one program per :data:`CHUNK` buffer rows, so that a
 long buffer is read by many SMs). Program (h, j) owns the buffer rows [lo, hi) of chunk j of kv head h:
 
 1. it rotates head h's new keys and writes them and the values at the rows' slots that fall in its chunk
@@ -43,18 +43,19 @@ DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16:
 
 
 def fused_attention_default(dtype: torch.dtype, device: torch.device, head_dim: int) -> bool:
-    """Whether :func:`rope_attend` serves data of ``dtype`` on ``device``: float32 or half precision, a
-    power-of-two head dim of at least 16 (the dots' smallest tile), on CUDA or under Triton's
-    interpreter (float64 and plain CPU keep the eager reference)."""
+    """Whether :func:`rope_attend` serves data of ``dtype`` on ``device``: float32 or half precision, an even
+    head dim of at least 16 (the dots' smallest tile), on CUDA or under Triton's interpreter (float64 and
+    plain CPU keep the eager reference)."""
     runs = device.type == "cuda" or bool(triton.knobs.runtime.interpret)
-    return runs and dtype in DTYPES and head_dim >= 16 and head_dim == triton.next_power_of_2(head_dim)
+    return runs and dtype in DTYPES and head_dim >= 16 and head_dim % 2 == 0
 
 
 @triton.jit
 def _rotate(x_ptr, c_ptr, s_ptr, d, HD: tl.constexpr, rows_ok, DT: tl.constexpr):
     """``x cos`` rounded to DT, ``+ roll(x, HD / 2) sin_signed`` rounded to DT (float32 values): the
-    eager ``addcmul(x * cos, x.roll(hd // 2, -1), sin)``. Pointers are [rows, 1] row starts."""
-    m = rows_ok[:, None]
+    eager ``addcmul(x * cos, x.roll(hd // 2, -1), sin)``. Pointers are [rows, 1] row starts; ``d`` the
+    columns (padded to a power of two: 0 past HD)."""
+    m = rows_ok[:, None] & (d < HD)[None, :]
     x = tl.load(x_ptr + d[None, :], mask=m, other=0.0).to(tl.float32)
     xr = tl.load(x_ptr + ((d + HD // 2) % HD)[None, :], mask=m, other=0.0).to(tl.float32)
     c = tl.load(c_ptr + d[None, :], mask=m, other=0.0).to(tl.float32)
@@ -65,19 +66,20 @@ def _rotate(x_ptr, c_ptr, s_ptr, d, HD: tl.constexpr, rows_ok, DT: tl.constexpr)
 @triton.jit
 def _attend_chunk(
     q, keys, values, mask_row, lo, hi, s_ks, s_vs, d, ok, scale, BM: tl.constexpr, HD: tl.constexpr,
-    BS: tl.constexpr, DT: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
+    HP: tl.constexpr, BS: tl.constexpr, DT: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
-    """Online softmax of the rotated queries ``q`` [BM, HD] over buffer rows [lo, hi) in blocks of BS
-    (``mask_row`` [BM, 1]: the rows' mask pointers): the running max, sum and weighted values (float32;
-    -inf, 0, 0 where nothing is visible)."""
+    """Online softmax of the rotated queries ``q`` [BM, HP] (HD columns, zeros to HP) over buffer rows
+    [lo, hi) in blocks of BS (``mask_row`` [BM, 1]: the rows' mask pointers): the running max, sum and
+    weighted values (float32; -inf, 0, 0 where nothing is visible)."""
     top = tl.full([BM], float("-inf"), tl.float32)
     total = tl.zeros([BM], tl.float32)
-    acc = tl.zeros([BM, HD], tl.float32)
+    acc = tl.zeros([BM, HP], tl.float32)
     for s0 in range(lo, hi, BS):
         cols = s0 + tl.arange(0, BS)
         inb = cols < hi
-        kb = tl.load(keys + cols[:, None] * s_ks + d[None, :], inb[:, None], 0.0, cache_modifier=".cg")
-        vb = tl.load(values + cols[:, None] * s_vs + d[None, :], inb[:, None], 0.0, cache_modifier=".cg")
+        kv_ok = inb[:, None] & (d < HD)[None, :]
+        kb = tl.load(keys + cols[:, None] * s_ks + d[None, :], kv_ok, 0.0, cache_modifier=".cg")
+        vb = tl.load(values + cols[:, None] * s_vs + d[None, :], kv_ok, 0.0, cache_modifier=".cg")
         vis = tl.load(mask_row + cols[None, :], ok[:, None] & inb[None, :], 0)
         sc = tl.dot(q, tl.trans(kb.to(DOT)), input_precision=PREC) * scale
         sc = tl.where(vis != 0, sc, float("-inf"))
@@ -95,15 +97,17 @@ def _attend_chunk(
 def _rope_attend_kernel(
     qkv_ptr, rope_ptr, pos_ptr, k_ptr, v_ptr, mask_ptr, slot_ptr, out_ptr, part_ptr, stat_ptr, ctr_ptr,
     n, S, chunk, s_pos, s_slot, s_qkv, s_rope, s_rope_sin, s_kh, s_ks, s_vh, s_vs, s_mask, s_out, scale,
-    HEADS: tl.constexpr, KV: tl.constexpr, HD: tl.constexpr, SPLITS: tl.constexpr, BN: tl.constexpr,
-    BM: tl.constexpr, BS: tl.constexpr, DT: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
+    HEADS: tl.constexpr, KV: tl.constexpr, HD: tl.constexpr, HP: tl.constexpr, SPLITS: tl.constexpr,
+    BN: tl.constexpr, BM: tl.constexpr, BS: tl.constexpr, DT: tl.constexpr, DOT: tl.constexpr,
+    PREC: tl.constexpr,
 ):  # fmt: skip
     h = tl.program_id(0)  # the kv head
     j = tl.program_id(1)  # the buffer rows [lo, hi) of this program
     G: tl.constexpr = HEADS // KV
     lo = j * chunk
     hi = tl.minimum(lo + chunk, S)
-    d = tl.arange(0, HD)
+    d = tl.arange(0, HP)  # the head's columns, padded to a power of two
+    dm = (d < HD)[None, :]
     keys = k_ptr + h * s_kh
     values = v_ptr + h * s_vh
     # 1. this head's new keys (rotated) and values at the rows' slots in [lo, hi)
@@ -114,9 +118,10 @@ def _rope_attend_kernel(
         ok = (r < n) & (slot >= lo) & (slot < hi)
         rope = rope_ptr + pos[:, None] * s_rope
         k = _rotate(qkv_ptr + r[:, None] * s_qkv + (HEADS + h) * HD, rope, rope + s_rope_sin, d, HD, ok, DT)
-        tl.store(keys + slot[:, None] * s_ks + d[None, :], k.to(k_ptr.dtype.element_ty), mask=ok[:, None])
-        v = tl.load(qkv_ptr + r[:, None] * s_qkv + (HEADS + KV + h) * HD + d[None, :], mask=ok[:, None])
-        tl.store(values + slot[:, None] * s_vs + d[None, :], v, mask=ok[:, None])
+        w = ok[:, None] & dm
+        tl.store(keys + slot[:, None] * s_ks + d[None, :], k.to(k_ptr.dtype.element_ty), mask=w)
+        v = tl.load(qkv_ptr + r[:, None] * s_qkv + (HEADS + KV + h) * HD + d[None, :], mask=w)
+        tl.store(values + slot[:, None] * s_vs + d[None, :], v, mask=w)
     tl.debug_barrier()  # the block's writes are visible to its threads (no other program reads [lo, hi))
     # 2. attention over [lo, hi): query rows (row, group head) in blocks of BM
     M = n * G
@@ -130,15 +135,17 @@ def _rope_attend_kernel(
         q = _rotate(qkv_ptr + r[:, None] * s_qkv + head[:, None] * HD, rope, rope + s_rope_sin, d, HD, ok, DT)
         mask_row = mask_ptr + r[:, None] * s_mask
         top, total, acc = _attend_chunk(q.to(DOT), keys, values, mask_row, lo, hi, s_ks, s_vs, d, ok, scale,
-                                        BM, HD, BS, DT, DOT, PREC)  # fmt: skip
+                                        BM, HD, HP, BS, DT, DOT, PREC)  # fmt: skip
         if SPLITS == 1:
             o = _rnd(acc / tl.where(ok, total, 1.0)[:, None], DT)  # padding rows: 0, not 0 / 0
             tl.store(
-                out_ptr + r[:, None] * s_out + head[:, None] * HD + d[None, :], o.to(DT), mask=ok[:, None]
+                out_ptr + r[:, None] * s_out + head[:, None] * HD + d[None, :],
+                o.to(DT),
+                mask=ok[:, None] & dm,
             )
         else:  # this chunk's partial: [h, j, m] rows of part (HD wide) and stat (max, sum)
             row = (h * SPLITS + j) * M + m
-            tl.store(part_ptr + row[:, None] * HD + d[None, :], acc, mask=ok[:, None])
+            tl.store(part_ptr + row[:, None] * HP + d[None, :], acc, mask=ok[:, None])
             tl.store(stat_ptr + 2 * row, top, mask=ok)
             tl.store(stat_ptr + 2 * row + 1, total, mask=ok)
     if SPLITS > 1:  # 3. the head's last program to finish merges the partials (and resets the counter)
@@ -157,27 +164,37 @@ def _rope_attend_kernel(
                     )
                 base = tl.where(top == float("-inf"), 0.0, top)
                 total = tl.zeros([BM], tl.float32)
-                acc = tl.zeros([BM, HD], tl.float32)
+                acc = tl.zeros([BM, HP], tl.float32)
                 for jj in range(SPLITS):
                     row = (h * SPLITS + jj) * M + m
                     w = tl.exp(tl.load(stat_ptr + 2 * row, mask=ok, other=0.0, cache_modifier=".cg") - base)
                     total += w * tl.load(stat_ptr + 2 * row + 1, mask=ok, other=0.0, cache_modifier=".cg")
-                    part = tl.load(part_ptr + row[:, None] * HD + d[None, :], mask=ok[:, None], other=0.0,
+                    part = tl.load(part_ptr + row[:, None] * HP + d[None, :], mask=ok[:, None], other=0.0,
                                    cache_modifier=".cg")  # fmt: skip
                     acc += w[:, None] * part
                 r = m // G
                 head = h * G + m % G
                 o = _rnd(acc / tl.where(ok, total, 1.0)[:, None], DT)
                 tl.store(
-                    out_ptr + r[:, None] * s_out + head[:, None] * HD + d[None, :], o.to(DT), mask=ok[:, None]
+                    out_ptr + r[:, None] * s_out + head[:, None] * HD + d[None, :],
+                    o.to(DT),
+                    mask=ok[:, None] & dm,
                 )
             tl.atomic_xchg(ctr_ptr + h, 0, sem="relaxed", scope="gpu")  # ready for the next launch
 
 
-def default_splits(S: int, block_s: int) -> int:
-    """Programs per kv head for ``S`` buffer rows: one per :data:`CHUNK` rows (whole key blocks), at most
-    :data:`MAX_SPLITS`."""
-    return max(1, min(MAX_SPLITS, triton.cdiv(S, max(CHUNK, block_s))))
+def launch_plan(
+    S: int, hd: int, splits: int | None = None, block_s: int | None = None
+) -> tuple[int, int, int]:
+    """(splits, chunk, block_s) of a launch over ``S`` buffer rows of head dim ``hd``: keys in blocks of
+    ``block_s`` rows (default: 8192 elements, 16 to 128 rows), ``splits`` programs per kv head (default:
+    one per :data:`CHUNK` rows, at most :data:`MAX_SPLITS`) of ``chunk`` rows each (whole key blocks; the
+    splits that are left once the chunks are rounded up)."""
+    block_s = block_s or max(16, min(128, 8192 // triton.next_power_of_2(hd)))
+    if splits is None:
+        splits = max(1, min(MAX_SPLITS, triton.cdiv(S, max(CHUNK, block_s))))
+    chunk = triton.cdiv(triton.cdiv(S, splits), block_s) * block_s
+    return triton.cdiv(S, chunk), chunk, block_s
 
 
 def rope_attend(
@@ -202,15 +219,15 @@ def rope_attend(
     (rotated keys, values), ``mask`` [n, S] (bool, True = visible). Returns [n, heads hd], the eager
     ``rope_attend_eager`` of :mod:`repro.drafters.eagle_fast`.
 
-    ``splits``: programs per kv head, each over its chunk of the buffer rows (default
-    :func:`default_splits`); with more than one, ``counters`` [>= kv_heads] int32 zeros that the launch
-    leaves zero (made here when not given: one more launch). ``block_s``, ``num_warps``: launch options.
-    All of them change speed (and with the splits the float32 summation order), never what is computed."""
+    ``splits``: programs per kv head, each over its chunk of the buffer rows (default: :func:`launch_plan`);
+    with more than one, ``counters`` [>= kv_heads] int32 zeros that the launch leaves zero (made here when
+    not given: one more launch). ``block_s``, ``num_warps``: launch options. All of them change speed (and
+    with the splits the float32 summation order), never what is computed."""
     n, S = mask.shape
     if qkv.dtype not in DTYPES or keys.dtype != qkv.dtype or values.dtype != qkv.dtype:
         raise ValueError(f"rope_attend takes float32 or half precision, got {qkv.dtype}")
-    if hd != triton.next_power_of_2(hd) or hd < 16 or heads % kv_heads:
-        raise ValueError(f"rope_attend needs a power-of-two head_dim >= 16 and heads / kv_heads, got {hd}")
+    if hd % 2 or hd < 16 or heads % kv_heads:
+        raise ValueError(f"rope_attend needs an even head_dim >= 16 and heads / kv_heads, got {hd}")
     for t in (qkv, rope, keys, values, mask):
         if t.stride(-1) != 1:
             raise ValueError("rope_attend needs unit strides along the last dim")
@@ -218,12 +235,9 @@ def rope_attend(
     out = torch.empty(n, heads * hd, dtype=qkv.dtype, device=dev)
     p2 = triton.next_power_of_2
     rows = n * (heads // kv_heads)
-    block_s = block_s or max(16, min(128, 8192 // hd))
-    splits = default_splits(S, block_s) if splits is None else splits
-    chunk = triton.cdiv(triton.cdiv(S, splits), block_s) * block_s  # rows per program: whole key blocks
-    splits = triton.cdiv(S, chunk)
+    splits, chunk, block_s = launch_plan(S, hd, splits, block_s)
     if splits > 1:
-        part = torch.empty(kv_heads, splits, rows, hd, dtype=torch.float32, device=dev)
+        part = torch.empty(kv_heads, splits, rows, p2(hd), dtype=torch.float32, device=dev)
         stat = torch.empty(kv_heads, splits, rows, 2, dtype=torch.float32, device=dev)
         counters = torch.zeros(kv_heads, dtype=torch.int32, device=dev) if counters is None else counters
     else:
@@ -236,7 +250,7 @@ def rope_attend(
         n, S, chunk, positions.stride(0), slots.stride(0), qkv.stride(0), rope.stride(0), rope.stride(1),
         keys.stride(0), keys.stride(1), values.stride(0), values.stride(1), mask.stride(0), out.stride(0),
         hd**-0.5,
-        HEADS=heads, KV=kv_heads, HD=hd, SPLITS=splits, BN=min(64, max(2, p2(n))),
+        HEADS=heads, KV=kv_heads, HD=hd, HP=p2(hd), SPLITS=splits, BN=min(64, max(2, p2(n))),
         BM=min(64, max(16, p2(rows))),
         BS=block_s, DT=dt, DOT=tl.float32 if wide else dt, PREC="ieee" if wide else None,
         num_warps=num_warps,

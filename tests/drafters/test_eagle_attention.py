@@ -1,22 +1,25 @@
 """repro/drafters/eagle_attention.py: ``rope_attend`` (rotary, the KV writes and the masked attention in one
-launch) against the eager sequence it replaces (the signed-sin rotary of ``FastEagle``, two ``index_copy_``
-and ``attend``) and a float64 oracle of the same inputs.
+launch) against the eager sequence it replaces (``eager_tables`` + ``rope_attend_eager`` of
+repro/drafters/eagle_fast.py: the signed-sin rotary, two ``index_copy_`` and ``attend``) and a float64
+oracle of the same inputs.
 
 - Interpreter (CPU, TRITON_INTERPRET=1, one subprocess): float32 and bf16, GQA (4 query heads on 2 kv
-  heads) and MHA (head dims 16 and 32), masks fully visible, a draft tree's (committed prefix + ancestors +
-  itself), a row seeing only itself (whose slot sits past the first key block: the softmax starts on
-  blocks with nothing visible), slots not contiguous, n = 1, 5, 20 and 40 (two query blocks), buffers of
-  19, 37, 100 and 300 rows. float32: output within 1e-5 relative of eager, keys within 1 ulp of the largest
-  key (eager's ``addcmul`` may fuse), values bitwise. bf16: keys and values bitwise (the kernel rounds to
-  nearest even like torch, also in the interpreter); the output within 1e-2 relative of eager and within
-  2^-7 of the oracle, no farther than eager's own error plus 2^-9 (eager rounds the scores and the
-  softmax to bf16 before the values' product; the kernel keeps the scores in float32). A row that sees only
-  itself returns its own value row exactly (the write is visible to the read in the same launch). The fast
-  drafter's proposals with the kernel (float32; its launches counted) equal the eager drafter's (the
-  helpers of test_eagle_fast.py).
-- GPU (``gpu``): the same cases on CUDA in float32 and bf16, and the fast drafter with the kernel under
-  CUDA graphs equal to the eager drafter (float32), the kernel's bf16 proposal distributions within bf16
-  tolerance of the eager glue's.
+  heads) and MHA, head dims 16, 32 and 48 (the tiny family's drafter: not a power of two), masks fully
+  visible, a draft tree's (committed prefix + ancestors + itself), a row seeing only itself (its slot
+  past the first key block: the softmax starts on blocks with nothing visible), slots not contiguous,
+  n = 1, 5, 20 and 40 (two query blocks), buffers of 19, 37, 100 and 300 rows, one program per kv head
+  and the buffer split over 2 or 3 programs (the partials merged by the last one; the counters left
+  zero). float32: output within 1e-5 relative of eager, keys within 1 ulp of the largest key (eager's
+  ``addcmul`` may fuse), values bitwise. bf16: keys and values bitwise (the kernel rounds to nearest even
+  like torch, also in the interpreter); the output within 1e-2 relative of eager and within 2^-7 of the
+  oracle, no farther than eager's own error plus 2^-9 (eager rounds the scores and the softmax to bf16
+  before the values' product; the kernel keeps the scores in float32). A row that sees only itself
+  returns its own value row exactly (the write is visible to the read in the same launch). The fast
+  drafter's proposals with the kernel (float32; its launches counted; also split over programs) equal
+  the eager drafter's (the helpers of test_eagle_fast.py).
+- GPU (``gpu``): the same cases on CUDA in float32 and bf16 (bf16 keys within 1 ulp: the GPU may fuse the
+  rotary's product into an FMA), the fast drafter with the kernel under CUDA graphs equal to the eager
+  drafter (float32), and the kernel's bf16 chain distributions within bf16 tolerance of the eager glue's.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ CASES = [  # (heads, kv_heads, head_dim, rows, buffer rows, mask, launch options
     (4, 4, 32, 20, 100, "tree", {}),
     (4, 4, 32, 1, 37, "self", {"splits": 4, "block_s": 16}),  # 3 chunks of 16 rows
     (4, 4, 16, 5, 300, "full", {"splits": 1}),
+    (4, 2, 48, 5, 37, "tree", {}),  # the tiny family's drafter: head dim 48 (columns padded to 64)
+    (4, 2, 48, 20, 300, "tree", {}),
 ]
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
