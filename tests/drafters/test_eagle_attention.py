@@ -197,13 +197,12 @@ def test_default_and_errors(monkeypatch):
     monkeypatch.setattr(eagle_attention.triton.knobs.runtime, "interpret", False)
     assert not fused_attention_default(torch.float32, cpu, 16)  # plain CPU: the eager reference
     monkeypatch.setattr(eagle_attention.triton.knobs.runtime, "interpret", True)
-    assert fused_attention_default(torch.float32, cpu, 16) and fused_attention_default(
-        torch.bfloat16, cpu, 64
-    )
-    assert not fused_attention_default(torch.float64, cpu, 16)  # float64 stays eager
-    assert not fused_attention_default(torch.float32, cpu, 24) and not fused_attention_default(
-        torch.float32, cpu, 8
-    )
+    fused = fused_attention_default
+    assert fused(torch.float32, cpu, 16) and fused(torch.bfloat16, cpu, 64) and fused(torch.float32, cpu, 48)
+    assert not fused(torch.float64, cpu, 16)  # float64 stays eager
+    assert not fused(torch.float32, cpu, 8) and not fused(
+        torch.float32, cpu, 17
+    )  # head dims the kernel takes
     args = case_inputs(4, 2, 16, 3, 19, "full", torch.float64, "cpu")
     with pytest.raises(ValueError, match="float32 or half"):
         rope_attend(*args, 4, 2, 16)
