@@ -37,7 +37,7 @@ import triton.language as tl
 
 from repro.drafters.growth_kernels import _rnd  # round to a dtype, exact in the interpreter too
 
-CHUNK = 256  # buffer rows per program (default_splits)
+CHUNK = 256  # buffer rows per program (launch_plan)
 MAX_SPLITS = 16
 DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 

@@ -116,9 +116,9 @@ class _Glue(NamedTuple):
 class FastEagle:
     """The fast forward of ``model`` drafting for ``target`` (weights copied when built): see the module
     docstring. ``rope_rows``: positions the rotary table holds (:meth:`set_rope_rows` to grow it);
-    ``fused_attention`` (default: :func:`~repro.drafters.eagle_attention.fused_attention_default`, on CUDA or
-    under the interpreter unless float64): the layers' attention on :func:`~repro.drafters.eagle_attention.\
-rope_attend` (one launch), else the eager glue and :func:`attend` (the reference)."""
+    ``fused_attention`` (default: ``eagle_attention.fused_attention_default``, on CUDA or under the
+    interpreter unless float64): the layers' attention on ``eagle_attention.rope_attend`` (one launch;
+    ``counters``: its split counters), else :func:`eager_tables` and :func:`rope_attend_eager`."""
 
     @torch.no_grad()
     def __init__(

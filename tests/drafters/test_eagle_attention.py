@@ -39,7 +39,7 @@ from test_eagle_fast import PROMPT, shadowed  # noqa: E402
 CASES = [  # (heads, kv_heads, head_dim, rows, buffer rows, mask, launch options)
     (4, 2, 16, 5, 37, "tree", {}),
     (4, 2, 16, 1, 19, "full", {}),
-    (4, 2, 16, 20, 300, "self", {}),  # 2 programs a kv head (default_splits), the slots across both
+    (4, 2, 16, 20, 300, "self", {}),  # 2 programs a kv head (launch_plan), the slots across both
     (4, 2, 16, 40, 100, "tree", {}),
     (4, 2, 16, 20, 100, "tree", {"splits": 3, "block_s": 16}),  # chunks of 48 rows
     (4, 4, 32, 20, 100, "tree", {}),
