@@ -211,7 +211,7 @@ def rope_attend(
     counters: torch.Tensor | None = None,
     splits: int | None = None,
     block_s: int | None = None,
-    num_warps: int = 4,
+    num_warps: int | None = None,
 ) -> torch.Tensor:
     """One launch of the drafter layer's attention for ``n`` rows: ``qkv`` [n, (heads + 2 kv_heads) hd]
     (q | k | v, rows of unit column stride), the signed rotary table ``rope`` [rows, 2, hd] (cos, sin_signed)
@@ -221,8 +221,9 @@ def rope_attend(
 
     ``splits``: programs per kv head, each over its chunk of the buffer rows (default: :func:`launch_plan`);
     with more than one, ``counters`` [>= kv_heads] int32 zeros that the launch leaves zero (made here when
-    not given: one more launch). ``block_s``, ``num_warps``: launch options. All of them change speed (and
-    with the splits the float32 summation order), never what is computed."""
+    not given: one more launch). ``block_s``, ``num_warps`` (default: 4, 8 for query blocks of 4096
+    elements and more): launch options. All of them change speed (and with the splits the float32
+    summation order), never what is computed."""
     n, S = mask.shape
     if qkv.dtype not in DTYPES or keys.dtype != qkv.dtype or values.dtype != qkv.dtype:
         raise ValueError(f"rope_attend takes float32 or half precision, got {qkv.dtype}")
@@ -236,8 +237,10 @@ def rope_attend(
     p2 = triton.next_power_of_2
     rows = n * (heads // kv_heads)
     splits, chunk, block_s = launch_plan(S, hd, splits, block_s)
+    hp = p2(hd)
+    bm = min(64 if hp <= 64 else 32, max(16, p2(rows)))  # query rows a block (sm_90: no spills at 8 warps)
     if splits > 1:
-        part = torch.empty(kv_heads, splits, rows, p2(hd), dtype=torch.float32, device=dev)
+        part = torch.empty(kv_heads, splits, rows, hp, dtype=torch.float32, device=dev)
         stat = torch.empty(kv_heads, splits, rows, 2, dtype=torch.float32, device=dev)
         counters = torch.zeros(kv_heads, dtype=torch.int32, device=dev) if counters is None else counters
     else:
@@ -250,9 +253,8 @@ def rope_attend(
         n, S, chunk, positions.stride(0), slots.stride(0), qkv.stride(0), rope.stride(0), rope.stride(1),
         keys.stride(0), keys.stride(1), values.stride(0), values.stride(1), mask.stride(0), out.stride(0),
         hd**-0.5,
-        HEADS=heads, KV=kv_heads, HD=hd, HP=p2(hd), SPLITS=splits, BN=min(64, max(2, p2(n))),
-        BM=min(64, max(16, p2(rows))),
+        HEADS=heads, KV=kv_heads, HD=hd, HP=hp, SPLITS=splits, BN=min(16, max(2, p2(n))), BM=bm,
         BS=block_s, DT=dt, DOT=tl.float32 if wide else dt, PREC="ieee" if wide else None,
-        num_warps=num_warps,
+        num_warps=num_warps or (8 if bm * hp >= 4096 else 4),
     )  # fmt: skip
     return out
