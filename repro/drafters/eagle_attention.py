@@ -197,6 +197,27 @@ def launch_plan(
     return triton.cdiv(S, chunk), chunk, block_s
 
 
+def kernel_constants(
+    n: int, S: int, heads: int, kv_heads: int, hd: int, dtype: torch.dtype, splits: int | None = None,
+    block_s: int | None = None, num_warps: int | None = None,
+) -> tuple[int, dict]:  # fmt: skip
+    """The chunk (buffer rows a program) and the kernel's constexprs and ``num_warps`` of a launch
+    (:func:`rope_attend`'s options; blocks chosen to run without register spills on sm_90: phase 1 in
+    blocks of up to 16 rows, query blocks of up to 64 rows, 32 at head dims above 64, 8 warps from query
+    blocks of 4096 elements; tests/drafters/test_eagle_attention.py compiles them for sm_90)."""
+    p2 = triton.next_power_of_2
+    splits, chunk, block_s = launch_plan(S, hd, splits, block_s)
+    hp = p2(hd)
+    bm = min(64 if hp <= 64 else 32, max(16, p2(n * (heads // kv_heads))))
+    dt = DTYPES[dtype]
+    wide = dtype == torch.float32 or bool(triton.knobs.runtime.interpret)  # float32 dots (exact products)
+    return chunk, dict(
+        HEADS=heads, KV=kv_heads, HD=hd, HP=hp, SPLITS=splits, BN=min(16, max(2, p2(n))), BM=bm, BS=block_s,
+        DT=dt, DOT=tl.float32 if wide else dt, PREC="ieee" if wide else None,
+        num_warps=num_warps or (8 if bm * hp >= 4096 else 4),
+    )  # fmt: skip
+
+
 def rope_attend(
     qkv: torch.Tensor,
     rope: torch.Tensor,
@@ -234,27 +255,19 @@ def rope_attend(
             raise ValueError("rope_attend needs unit strides along the last dim")
     dev = qkv.device
     out = torch.empty(n, heads * hd, dtype=qkv.dtype, device=dev)
-    p2 = triton.next_power_of_2
-    rows = n * (heads // kv_heads)
-    splits, chunk, block_s = launch_plan(S, hd, splits, block_s)
-    hp = p2(hd)
-    bm = min(64 if hp <= 64 else 32, max(16, p2(rows)))  # query rows a block (sm_90: no spills at 8 warps)
+    chunk, meta = kernel_constants(n, S, heads, kv_heads, hd, qkv.dtype, splits, block_s, num_warps)
+    splits, rows = meta["SPLITS"], n * (heads // kv_heads)
     if splits > 1:
-        part = torch.empty(kv_heads, splits, rows, hp, dtype=torch.float32, device=dev)
+        part = torch.empty(kv_heads, splits, rows, meta["HP"], dtype=torch.float32, device=dev)
         stat = torch.empty(kv_heads, splits, rows, 2, dtype=torch.float32, device=dev)
         counters = torch.zeros(kv_heads, dtype=torch.int32, device=dev) if counters is None else counters
     else:
         part = stat = out
         counters = slots
-    dt = DTYPES[qkv.dtype]
-    wide = qkv.dtype == torch.float32 or bool(triton.knobs.runtime.interpret)  # float32 dots (exact products)
     _rope_attend_kernel[(kv_heads, splits)](
         qkv, rope, positions, keys, values, mask.view(torch.uint8), slots, out, part, stat, counters,
         n, S, chunk, positions.stride(0), slots.stride(0), qkv.stride(0), rope.stride(0), rope.stride(1),
         keys.stride(0), keys.stride(1), values.stride(0), values.stride(1), mask.stride(0), out.stride(0),
-        hd**-0.5,
-        HEADS=heads, KV=kv_heads, HD=hd, HP=hp, SPLITS=splits, BN=min(16, max(2, p2(n))), BM=bm,
-        BS=block_s, DT=dt, DOT=tl.float32 if wide else dt, PREC="ieee" if wide else None,
-        num_warps=num_warps or (8 if bm * hp >= 4096 else 4),
+        hd**-0.5, **meta,
     )  # fmt: skip
     return out

@@ -17,6 +17,8 @@ oracle of the same inputs.
   returns its own value row exactly (the write is visible to the read in the same launch). The fast
   drafter's proposals with the kernel (float32; its launches counted; also split over programs) equal
   the eager drafter's (the helpers of test_eagle_fast.py).
+- CPU, no GPU: the bf16 kernel at its default launch options compiled for sm_90 (triton's ptxas) at both
+  drafter shapes: no register spills, the split counter's atomic issued by one thread.
 - GPU (``gpu``): the same cases on CUDA in float32 and bf16 (bf16 keys within 1 ulp: the GPU may fuse the
   rotary's product into an FMA), the fast drafter with the kernel under CUDA graphs equal to the eager
   drafter (float32), and the kernel's bf16 chain distributions within bf16 tolerance of the eager glue's.
@@ -206,6 +208,63 @@ def test_default_and_errors(monkeypatch):
     args = case_inputs(4, 2, 16, 3, 19, "full", torch.float64, "cpu")
     with pytest.raises(ValueError, match="float32 or half"):
         rope_attend(*args, 4, 2, 16)
+
+
+def _can_compile_for_cuda() -> bool:
+    import os
+    from pathlib import Path
+
+    import triton
+
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    return os.environ.get("TRITON_INTERPRET") != "1" and ptxas.exists()
+
+
+def sm90_resources(n: int, S: int, heads: int, kv_heads: int, hd: int, dtype: torch.dtype) -> tuple[str, str]:
+    """The launch's kernel (``kernel_constants``' defaults) compiled for sm_90 (no GPU needed): cuobjdump's
+    resource line and the PTX."""
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from repro.drafters.eagle_attention import _rope_attend_kernel, kernel_constants
+
+    _, meta = kernel_constants(n, S, heads, kv_heads, hd, dtype)
+    warps = meta.pop("num_warps")
+    t = {torch.bfloat16: "*bf16", torch.float32: "*fp32"}[dtype]
+    sig = dict(qkv_ptr=t, rope_ptr=t, pos_ptr="*i64", k_ptr=t, v_ptr=t, mask_ptr="*u8", slot_ptr="*i64",
+               out_ptr=t, part_ptr="*fp32", stat_ptr="*fp32", ctr_ptr="*i32")  # fmt: skip
+    ints = "n S chunk s_pos s_slot s_qkv s_rope s_rope_sin s_kh s_ks s_vh s_vs s_mask s_out"
+    sig.update(dict.fromkeys(ints.split(), "i32"))
+    sig.update(scale="fp32", **dict.fromkeys(meta, "constexpr"))
+    src = ASTSource(fn=_rope_attend_kernel, signature=sig, constexprs=meta)
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "k.cubin"
+        cubin.write_bytes(kernel.asm["cubin"])
+        out = subprocess.run(
+            [str(tool), "-res-usage", str(cubin)], capture_output=True, text=True, check=True
+        )
+    return next(line.strip() for line in out.stdout.splitlines() if "REG:" in line), kernel.asm["ptx"]
+
+
+@pytest.mark.skipif(not _can_compile_for_cuda(), reason="needs triton's NVIDIA backend (ptxas)")
+@pytest.mark.parametrize(
+    ("n", "S", "heads", "kv_heads", "hd"),
+    [(32, 2048, 16, 16, 128), (4, 512, 4, 2, 48)],  # GDN-1.3B's EAGLE (8 splits); the tiny family's (2)
+)
+def test_bf16_kernel_compiles_for_sm90_without_spills(n, S, heads, kv_heads, hd):
+    """bf16 at the default launch options: no local memory (register spills), and the split counter's
+    atomic issued by one thread (its result shared through shared memory)."""
+    res, ptx = sm90_resources(n, S, heads, kv_heads, hd, torch.bfloat16)
+    assert "STACK:0 " in res and "LOCAL:0 " in res, res
+    atomic = [line for line in ptx.splitlines() if "atom.global.gpu.acq_rel.add" in line]
+    assert len(atomic) == 1 and atomic[0].strip().startswith("@%p"), atomic
 
 
 # ---------------------------------------------------------------------------------------------- GPU
