@@ -93,7 +93,7 @@ def _attend_chunk(
     return top, total, acc
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n", "S", "chunk"])  # one binary for every row count and buffer size
 def _rope_attend_kernel(
     qkv_ptr, rope_ptr, pos_ptr, k_ptr, v_ptr, mask_ptr, slot_ptr, out_ptr, part_ptr, stat_ptr, ctr_ptr,
     n, S, chunk, s_pos, s_slot, s_qkv, s_rope, s_rope_sin, s_kh, s_ks, s_vh, s_vs, s_mask, s_out, scale,
@@ -203,7 +203,7 @@ def kernel_constants(
 ) -> tuple[int, dict]:  # fmt: skip
     """The chunk (buffer rows a program) and the kernel's constexprs and ``num_warps`` of a launch
     (:func:`rope_attend`'s options; blocks chosen to run without register spills on sm_90: phase 1 in
-    blocks of up to 16 rows, query blocks of up to 64 rows, 32 at head dims above 64, 8 warps from query
+    blocks of 16 rows, query blocks of up to 64 rows, 32 at head dims above 64, 8 warps from query
     blocks of 4096 elements; tests/drafters/test_eagle_attention.py compiles them for sm_90)."""
     p2 = triton.next_power_of_2
     splits, chunk, block_s = launch_plan(S, hd, splits, block_s)
@@ -212,7 +212,7 @@ def kernel_constants(
     dt = DTYPES[dtype]
     wide = dtype == torch.float32 or bool(triton.knobs.runtime.interpret)  # float32 dots (exact products)
     return chunk, dict(
-        HEADS=heads, KV=kv_heads, HD=hd, HP=hp, SPLITS=splits, BN=min(16, max(2, p2(n))), BM=bm, BS=block_s,
+        HEADS=heads, KV=kv_heads, HD=hd, HP=hp, SPLITS=splits, BN=16, BM=bm, BS=block_s,
         DT=dt, DOT=tl.float32 if wide else dt, PREC="ieee" if wide else None,
         num_warps=num_warps or (8 if bm * hp >= 4096 else 4),
     )  # fmt: skip

@@ -12,7 +12,8 @@ Usage: python scripts/gpu/eagle-attn.py OUT_DIR [--cpu-dry-run]   (CUDA; well un
    buffer rows S = 512, 2048 (a tree mask: the committed prefix, a few ancestors and the row's own slot).
    Before timing each kernel's output is compared with eager's (relative error, expected ~4e-3 in bf16:
    eager rounds its scores to bf16; the keys / values buffers' largest difference, expected 0 or one bf16
-   ulp of a key) and one float32 case per shape (expected <= 1e-5).
+   ulp of a key) and one float32 case per shape (expected <= 1e-5). Then the kernel's launch options (splits,
+   key block rows) at the GDN-1.3B shape, S = 2048, n = 4.
 2. One SpecLA proposal (``StaticEagleDrafter``, fast, CUDA graphs, bf16: budget 32, topk 4, tau 0.05,
    depth 6) at both shapes (as scripts/gpu/eagle-fast.py builds them: the tiny family's trained drafter;
    the GDN-1.3B EAGLE drafter with random weights on a 2-layer random target), with the kernel and with
@@ -35,6 +36,7 @@ if DRY:
     os.environ.setdefault("EAGLE_FAST_CALLS", "3")
 os.environ.setdefault("EAGLE_FAST_CALLS", "20")  # proposals timed per drafter (scripts/gpu/eagle-fast.py)
 
+import functools  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
@@ -60,6 +62,7 @@ DTYPE = torch.float32 if DRY else torch.bfloat16
 ROWS = [1, 4] if DRY else [1, 4, 8, 32]
 BUFFER = [100, 300] if DRY else [512, 2048]
 REPS, ITERS = (1, 2) if DRY else (20, 7)
+VARIANTS = [(2, 32)] if DRY else [(4, 64), (8, 32), (16, 32), (16, 64)]  # (splits, key block rows)
 SPECLA = {"tree": ef.DynamicTree(32, topk=4, tau=0.05, depth=6)}
 
 
@@ -167,7 +170,7 @@ def glue(shape_of: dict[str, tuple[int, int, int]]) -> tuple[list[dict], list[di
         x = inputs(heads, kv, hd, 4, BUFFER[0], torch.float32)  # float32: the kernel within 1e-5 of eager
         f = paths(x, heads, kv, hd)
         ref = f["eager"]()
-        for name in ("kernel", "kernel_1"):
+        for name in ("kernel",):
             checks.append({"shape": shape, "dtype": "float32", "n": 4, "S": BUFFER[0], "path": name,
                            "rel_err": rel(f[name](), ref)})  # fmt: skip
             print(json.dumps(checks[-1]), flush=True)
@@ -189,6 +192,32 @@ def glue(shape_of: dict[str, tuple[int, int, int]]) -> tuple[list[dict], list[di
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     return checks, rows
+
+
+def variants(shape_of: dict[str, tuple[int, int, int]]) -> list[dict]:
+    """The kernel's launch options at the last shape's largest buffer, 4 rows (``VARIANTS``: splits x key
+    block rows; speed only): checked against the default, then timed."""
+    shape, (heads, kv, hd) = list(shape_of.items())[-1]
+    S, n = BUFFER[-1], 4
+    x = inputs(heads, kv, hd, n, S, DTYPE, seed=7)
+    args = (x["qkv"], x["rope"], x["positions"], x["keys"], x["values"], x["mask"], x["slots"], heads, kv, hd)
+    ref = rope_attend(*args, x["counters"])
+    rows = []
+    for splits, block_s in VARIANTS:
+        fn = functools.partial(rope_attend, *args, x["counters"], splits=splits, block_s=block_s)
+        got = fn()
+        plan = launch_plan(S, hd, splits, block_s)[0]
+        row = {
+            "shape": shape,
+            "n": n,
+            "S": S,
+            "splits": plan,
+            "block_s": block_s,
+            "rel_err_vs_default": rel(got, ref),
+        }
+        rows.append({**row, "us": graph_us(fn)})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
 
 
 def proposals() -> tuple[list[dict], list[dict]]:
@@ -234,6 +263,16 @@ def markdown(r: dict[str, Any]) -> str:
     ]
     md += [
         "",
+        "| shape | n | S | splits | key block rows | us | rel err vs default |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for x in r["variants"]:
+        md.append(
+            f"| {x['shape']} | {x['n']} | {x['S']} | {x['splits']} | {x['block_s']} | {x['us']:.1f} | "
+            f"{x['rel_err_vs_default']:.1e} |"
+        )
+    md += [
+        "",
         "| shape | SpecLA proposal | propose ms (event median) | wall ms/call | replay ms |",
         "|---|---|---|---|---|",
     ]
@@ -266,6 +305,7 @@ def main(out: Path) -> None:
         "iters": ITERS,
     }
     result["checks"], result["glue"] = glue(shape_of)
+    result["variants"] = variants(shape_of)
     result["proposal_checks"], result["proposals"] = proposals()
     result["seconds"] = time.perf_counter() - t0
     (out / "eagle-attn.json").write_text(json.dumps(result, indent=2) + "\n")
