@@ -93,11 +93,12 @@ def _attend_chunk(
     return top, total, acc
 
 
-@triton.jit(do_not_specialize=["n", "S", "chunk"])  # one binary for every row count and buffer size
+@triton.jit(do_not_specialize=["n", "S", "chunk", "splits"])  # one binary for every n, S and split > 1
 def _rope_attend_kernel(
     qkv_ptr, rope_ptr, pos_ptr, k_ptr, v_ptr, mask_ptr, slot_ptr, out_ptr, part_ptr, stat_ptr, ctr_ptr,
-    n, S, chunk, s_pos, s_slot, s_qkv, s_rope, s_rope_sin, s_kh, s_ks, s_vh, s_vs, s_mask, s_out, scale,
-    HEADS: tl.constexpr, KV: tl.constexpr, HD: tl.constexpr, HP: tl.constexpr, SPLITS: tl.constexpr,
+    n, S, chunk, splits, s_pos, s_slot, s_qkv, s_rope, s_rope_sin, s_kh, s_ks, s_vh, s_vs, s_mask, s_out,
+    scale,
+    HEADS: tl.constexpr, KV: tl.constexpr, HD: tl.constexpr, HP: tl.constexpr, MERGE: tl.constexpr,
     BN: tl.constexpr, BM: tl.constexpr, BS: tl.constexpr, DT: tl.constexpr, DOT: tl.constexpr,
     PREC: tl.constexpr,
 ):  # fmt: skip
@@ -136,7 +137,7 @@ def _rope_attend_kernel(
         mask_row = mask_ptr + r[:, None] * s_mask
         top, total, acc = _attend_chunk(q.to(DOT), keys, values, mask_row, lo, hi, s_ks, s_vs, d, ok, scale,
                                         BM, HD, HP, BS, DT, DOT, PREC)  # fmt: skip
-        if SPLITS == 1:
+        if not MERGE:
             o = _rnd(acc / tl.where(ok, total, 1.0)[:, None], DT)  # padding rows: 0, not 0 / 0
             tl.store(
                 out_ptr + r[:, None] * s_out + head[:, None] * HD + d[None, :],
@@ -144,29 +145,29 @@ def _rope_attend_kernel(
                 mask=ok[:, None] & dm,
             )
         else:  # this chunk's partial: [h, j, m] rows of part (HD wide) and stat (max, sum)
-            row = (h * SPLITS + j) * M + m
+            row = (h * splits + j) * M + m
             tl.store(part_ptr + row[:, None] * HP + d[None, :], acc, mask=ok[:, None])
             tl.store(stat_ptr + 2 * row, top, mask=ok)
             tl.store(stat_ptr + 2 * row + 1, total, mask=ok)
-    if SPLITS > 1:  # 3. the head's last program to finish merges the partials (and resets the counter)
+    if MERGE:  # 3. the head's last program to finish merges the partials (and resets the counter)
         tl.debug_barrier()  # every thread's partials stored before the release
         done = tl.atomic_add(ctr_ptr + h, 1, sem="acq_rel", scope="gpu")
         tl.debug_barrier()
-        if done == SPLITS - 1:
+        if done == splits - 1:
             for m0 in range(0, M, BM):
                 m = m0 + tl.arange(0, BM)
                 ok = m < M
                 top = tl.full([BM], float("-inf"), tl.float32)
-                for jj in range(SPLITS):  # the rows' max over the chunks
-                    row = (h * SPLITS + jj) * M + m
+                for jj in range(splits):  # the rows' max over the chunks
+                    row = (h * splits + jj) * M + m
                     top = tl.maximum(
                         top, tl.load(stat_ptr + 2 * row, mask=ok, other=0.0, cache_modifier=".cg")
                     )
                 base = tl.where(top == float("-inf"), 0.0, top)
                 total = tl.zeros([BM], tl.float32)
                 acc = tl.zeros([BM, HP], tl.float32)
-                for jj in range(SPLITS):
-                    row = (h * SPLITS + jj) * M + m
+                for jj in range(splits):
+                    row = (h * splits + jj) * M + m
                     w = tl.exp(tl.load(stat_ptr + 2 * row, mask=ok, other=0.0, cache_modifier=".cg") - base)
                     total += w * tl.load(stat_ptr + 2 * row + 1, mask=ok, other=0.0, cache_modifier=".cg")
                     part = tl.load(part_ptr + row[:, None] * HP + d[None, :], mask=ok[:, None], other=0.0,
@@ -200,19 +201,19 @@ def launch_plan(
 def kernel_constants(
     n: int, S: int, heads: int, kv_heads: int, hd: int, dtype: torch.dtype, splits: int | None = None,
     block_s: int | None = None, num_warps: int | None = None,
-) -> tuple[int, dict]:  # fmt: skip
-    """The chunk (buffer rows a program) and the kernel's constexprs and ``num_warps`` of a launch
-    (:func:`rope_attend`'s options; blocks chosen to run without register spills on sm_90: phase 1 in
-    blocks of 16 rows, query blocks of up to 64 rows, 32 at head dims above 64, 8 warps from query
-    blocks of 4096 elements; tests/drafters/test_eagle_attention.py compiles them for sm_90)."""
+) -> tuple[int, int, dict]:  # fmt: skip
+    """The splits (programs a kv head), the chunk (buffer rows a program) and the kernel's constexprs and
+    ``num_warps`` of a launch (:func:`rope_attend`'s options; blocks chosen to run without register spills
+    on sm_90: phase 1 in blocks of 16 rows, query blocks of up to 64 rows, 32 at head dims above 64, 8 warps
+    from query blocks of 4096 elements; tests/drafters/test_eagle_attention.py compiles them for sm_90)."""
     p2 = triton.next_power_of_2
     splits, chunk, block_s = launch_plan(S, hd, splits, block_s)
     hp = p2(hd)
     bm = min(64 if hp <= 64 else 32, max(16, p2(n * (heads // kv_heads))))
     dt = DTYPES[dtype]
     wide = dtype == torch.float32 or bool(triton.knobs.runtime.interpret)  # float32 dots (exact products)
-    return chunk, dict(
-        HEADS=heads, KV=kv_heads, HD=hd, HP=hp, SPLITS=splits, BN=16, BM=bm, BS=block_s,
+    return splits, chunk, dict(
+        HEADS=heads, KV=kv_heads, HD=hd, HP=hp, MERGE=splits > 1, BN=16, BM=bm, BS=block_s,
         DT=dt, DOT=tl.float32 if wide else dt, PREC="ieee" if wide else None,
         num_warps=num_warps or (8 if bm * hp >= 4096 else 4),
     )  # fmt: skip
@@ -255,8 +256,8 @@ def rope_attend(
             raise ValueError("rope_attend needs unit strides along the last dim")
     dev = qkv.device
     out = torch.empty(n, heads * hd, dtype=qkv.dtype, device=dev)
-    chunk, meta = kernel_constants(n, S, heads, kv_heads, hd, qkv.dtype, splits, block_s, num_warps)
-    splits, rows = meta["SPLITS"], n * (heads // kv_heads)
+    splits, chunk, meta = kernel_constants(n, S, heads, kv_heads, hd, qkv.dtype, splits, block_s, num_warps)
+    rows = n * (heads // kv_heads)
     if splits > 1:
         part = torch.empty(kv_heads, splits, rows, meta["HP"], dtype=torch.float32, device=dev)
         stat = torch.empty(kv_heads, splits, rows, 2, dtype=torch.float32, device=dev)
@@ -266,8 +267,8 @@ def rope_attend(
         counters = slots
     _rope_attend_kernel[(kv_heads, splits)](
         qkv, rope, positions, keys, values, mask.view(torch.uint8), slots, out, part, stat, counters,
-        n, S, chunk, positions.stride(0), slots.stride(0), qkv.stride(0), rope.stride(0), rope.stride(1),
-        keys.stride(0), keys.stride(1), values.stride(0), values.stride(1), mask.stride(0), out.stride(0),
-        hd**-0.5, **meta,
+        n, S, chunk, splits, positions.stride(0), slots.stride(0), qkv.stride(0), rope.stride(0),
+        rope.stride(1), keys.stride(0), keys.stride(1), values.stride(0), values.stride(1), mask.stride(0),
+        out.stride(0), hd**-0.5, **meta,
     )  # fmt: skip
     return out

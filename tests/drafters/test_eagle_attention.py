@@ -233,12 +233,12 @@ def sm90_resources(n: int, S: int, heads: int, kv_heads: int, hd: int, dtype: to
 
     from repro.drafters.eagle_attention import _rope_attend_kernel, kernel_constants
 
-    _, meta = kernel_constants(n, S, heads, kv_heads, hd, dtype)
+    _, _, meta = kernel_constants(n, S, heads, kv_heads, hd, dtype)
     warps = meta.pop("num_warps")
     t = {torch.bfloat16: "*bf16", torch.float32: "*fp32"}[dtype]
     sig = dict(qkv_ptr=t, rope_ptr=t, pos_ptr="*i64", k_ptr=t, v_ptr=t, mask_ptr="*u8", slot_ptr="*i64",
                out_ptr=t, part_ptr="*fp32", stat_ptr="*fp32", ctr_ptr="*i32")  # fmt: skip
-    ints = "n S chunk s_pos s_slot s_qkv s_rope s_rope_sin s_kh s_ks s_vh s_vs s_mask s_out"
+    ints = "n S chunk splits s_pos s_slot s_qkv s_rope s_rope_sin s_kh s_ks s_vh s_vs s_mask s_out"
     sig.update(dict.fromkeys(ints.split(), "i32"))
     sig.update(scale="fp32", **dict.fromkeys(meta, "constexpr"))
     src = ASTSource(fn=_rope_attend_kernel, signature=sig, constexprs=meta)
