@@ -18,7 +18,8 @@ oracle of the same inputs.
   drafter's proposals with the kernel (float32; its launches counted; also split over programs) equal
   the eager drafter's (the helpers of test_eagle_fast.py).
 - CPU, no GPU: the bf16 kernel at its default launch options compiled for sm_90 (triton's ptxas) at both
-  drafter shapes: no register spills, the split counter's atomic issued by one thread.
+  drafter shapes: no register spills, the key / value loop pipelined, the split counter's atomic issued by
+  one thread.
 - GPU (``gpu``): the same cases on CUDA in float32 and bf16 (bf16 keys within 1 ulp: the GPU may fuse the
   rotary's product into an FMA), the fast drafter with the kernel under CUDA graphs equal to the eager
   drafter (float32), and the kernel's bf16 chain distributions within bf16 tolerance of the eager glue's.
@@ -221,8 +222,8 @@ def _can_compile_for_cuda() -> bool:
 
 
 def sm90_resources(n: int, S: int, heads: int, kv_heads: int, hd: int, dtype: torch.dtype) -> tuple[str, str]:
-    """The launch's kernel (``kernel_constants``' defaults) compiled for sm_90 (no GPU needed): cuobjdump's
-    resource line and the PTX."""
+    """The launch's kernel (``kernel_constants``' defaults; pointers and strides 16-aligned) compiled for
+    sm_90 (no GPU needed): cuobjdump's resource line, the PTX and the TTGIR."""
     import subprocess
     import tempfile
     from pathlib import Path
@@ -241,7 +242,10 @@ def sm90_resources(n: int, S: int, heads: int, kv_heads: int, hd: int, dtype: to
     ints = "n S chunk splits s_pos s_slot s_qkv s_rope s_rope_sin s_kh s_ks s_vh s_vs s_mask s_out"
     sig.update(dict.fromkeys(ints.split(), "i32"))
     sig.update(scale="fp32", **dict.fromkeys(meta, "constexpr"))
-    src = ASTSource(fn=_rope_attend_kernel, signature=sig, constexprs=meta)
+    strides = ("s_qkv", "s_rope", "s_rope_sin", "s_kh", "s_ks", "s_vh", "s_vs", "s_out")  # multiples of 16
+    aligned = [i for i, (k, v) in enumerate(sig.items()) if v.startswith("*") or k in strides]
+    attrs = {(i,): [["tt.divisibility", 16]] for i in aligned}  # as the JIT specializes real launches
+    src = ASTSource(fn=_rope_attend_kernel, signature=sig, constexprs=meta, attrs=attrs)
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.TemporaryDirectory() as tmp:
@@ -250,7 +254,8 @@ def sm90_resources(n: int, S: int, heads: int, kv_heads: int, hd: int, dtype: to
         out = subprocess.run(
             [str(tool), "-res-usage", str(cubin)], capture_output=True, text=True, check=True
         )
-    return next(line.strip() for line in out.stdout.splitlines() if "REG:" in line), kernel.asm["ptx"]
+    res = next(line.strip() for line in out.stdout.splitlines() if "REG:" in line)
+    return res, kernel.asm["ptx"], kernel.asm["ttgir"]
 
 
 @pytest.mark.skipif(not _can_compile_for_cuda(), reason="needs triton's NVIDIA backend (ptxas)")
@@ -259,10 +264,12 @@ def sm90_resources(n: int, S: int, heads: int, kv_heads: int, hd: int, dtype: to
     [(32, 2048, 16, 16, 128), (4, 512, 4, 2, 48)],  # GDN-1.3B's EAGLE (8 splits); the tiny family's (2)
 )
 def test_bf16_kernel_compiles_for_sm90_without_spills(n, S, heads, kv_heads, hd):
-    """bf16 at the default launch options: no local memory (register spills), and the split counter's
-    atomic issued by one thread (its result shared through shared memory)."""
-    res, ptx = sm90_resources(n, S, heads, kv_heads, hd, torch.bfloat16)
+    """bf16 at the default launch options: no local memory (register spills), the keys / values loop
+    pipelined (asynchronous copies), and the split counter's atomic issued by one thread (its result shared
+    through shared memory)."""
+    res, ptx, ttgir = sm90_resources(n, S, heads, kv_heads, hd, torch.bfloat16)
     assert "STACK:0 " in res and "LOCAL:0 " in res, res
+    assert "async_copy_global_to_local" in ttgir
     atomic = [line for line in ptx.splitlines() if "atom.global.gpu.acq_rel.add" in line]
     assert len(atomic) == 1 and atomic[0].strip().startswith("@%p"), atomic
 
