@@ -56,7 +56,7 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GP
 
 def case_inputs(
     heads: int, kv_heads: int, hd: int, n: int, S: int, kind: str, dtype: torch.dtype, device: str
-):
+) -> tuple[torch.Tensor, ...]:
     """q|k|v rows, the signed rotary table, positions, keys / values buffers, mask and slots of one case:
     the last rows of the buffer hold a draft region whose slots are shuffled (not contiguous); ``tree``:
     row i sees the committed prefix, a random parent chain among earlier rows and itself."""
