@@ -11,11 +11,13 @@ The matmuls go through the static decoder's wrappers of :mod:`repro.gdn.triton_l
   head of memory), its feature half takes the table rows as the residual of
   :func:`~repro.gdn.triton_linear.linear_residual`; a drafted row's features are its parent's prediction
   as it is (one target layer) instead of a repeat.
-- Per layer: input norm + q|k|v stacked (one launch), rotary on q and k together from a table of every
-  position made once per buffer size (cos and the signed sin, ``x cos + roll(x) sin_signed``: the same
-  products as ``apply_rope``; 3 launches), the keys and values written at the rows' slots (2), masked
-  softmax attention with the additive mask built once per forward for every layer (:func:`attend`: 5, 7
-  in half precision, 3 for one row), o_proj + residual (1), post norm + gate|up + SiLU * up (1), down +
+- Per layer: input norm + q|k|v stacked (one launch); rotary on q and k from a table of every position
+  made once per buffer size (cos and the signed sin, ``x cos + roll(x) sin_signed``: the same products as
+  ``apply_rope``), the keys and values written at the rows' slots and the masked softmax attention in one
+  launch (:func:`~repro.drafters.eagle_attention.rope_attend`, ``fused_attention``: on CUDA and under the
+  interpreter unless float64); else (float64, the reference) rotary (3 launches, the table read once per
+  forward), the KV writes (2) and :func:`attend` with the additive mask built once per forward (5, 7 in
+  half precision, 3 for one row); o_proj + residual (1), post norm + gate|up + SiLU * up (1), down +
   residual (1).
 - The distributions: the target's final norm + LM head in one launch, then the softmax.
 
@@ -28,43 +30,47 @@ RMSNorm and SiLU * up) above it, where the row-tiled linears lost on the target 
 Launches (aten ops that launch work + Triton launches; the tiny family's drafter layout, one layer reading
 one target layer, counted on CPU by tests/drafters/test_eagle_fast.py):
 
-=======================================  ======  =====================  ====
-what                                     before  eager (glue per step)  fast
-=======================================  ======  =====================  ====
-a tree level's forward (4 rows)          65      60                     19
-its distributions (norm, head, softmax)  9       9                      2
-the proposal call, chain k = 6           451     422                    135
-the proposal call, tree depth 6, topk 4  629     576 (486)              289 (199)
-=======================================  ======  =====================  ====
+=======================================  ======  =====================  ===========  ==========
+what                                     before  eager (glue per step)  fast, eager  fast
+                                                                        attention
+=======================================  ======  =====================  ===========  ==========
+a tree level's forward (4 rows)          65      60                     19           8
+its distributions (norm, head, softmax)  9       9                      2            2
+the proposal call, chain k = 6           451     422                    135          79
+the proposal call, tree depth 6, topk 4  629     576 (486)              289 (199)    (133)
+=======================================  ======  =====================  ===========  ==========
 
-(before: this branch's parent, whose levels each made their own mask, positions, slots, chain ancestors
-and a tree level's candidate indices and own-slot mask; the static drafter now makes them once a step, or
-once per buffer size, on both paths.) A fast
-level is 14 aten ops (the mask's cat, two gathers, the additive mask, rotary 3, the two KV writes,
-attention 5) and 5 Triton launches; the rest of a proposal is the drafting glue (top-k, scores, the
-tree's selection): in parentheses, with the tree glue of :mod:`repro.drafters.static_eagle` cut from 157 to
-67 launches (its ``TreeGrowth`` buffers; ``legacy_glue`` keeps the old one).
+(before: the static drafter whose levels each made their own mask, positions, slots, chain ancestors and a
+tree level's candidate indices and own-slot mask; it now makes them once a step, or once per buffer size, on
+both paths.) A fast level is 2 aten ops (the mask's cat, the token rows' gather) and 6 Triton launches (fc,
+q|k|v, :func:`~repro.drafters.eagle_attention.rope_attend`, o_proj, gate|up, down); with the eager attention
+glue 14 aten ops (the mask's cat, two gathers, the additive mask, rotary 3, the two KV writes, attention 5)
+and 5 Triton launches. The rest of a proposal is the drafting glue (top-k, scores, the tree's selection): in
+parentheses, with the tree glue of :mod:`repro.drafters.static_eagle` cut from 157 to 67 launches (its
+``TreeGrowth`` buffers; ``legacy_glue`` keeps the old one).
 
-What the kernels lack (so these stay torch): :func:`~repro.gdn.triton_attention.attention_tree` /
+Why the attention has its own kernel: :func:`~repro.gdn.triton_attention.attention_tree` /
 ``attention_decode`` always apply q/k RMSNorm (EAGLE's Llama layer has none) and see the cache only as
 rows ``[0, length)`` plus the new rows (EAGLE's drafted ancestors sit in fixed slots after the committed
-rows), so rotary, the KV writes and the attention are the 10 aten launches above instead of one.
+rows), so :mod:`repro.drafters.eagle_attention` takes the rows' mask over the whole buffer instead.
 
 Rounding: the kernels accumulate in float32 (float64 for float64 data) and round once, fc's sum is split
-in two, and bf16 norms are not rounded between the norm and the matmul, so float32 distributions agree
-with the eager drafter's to ~1e-6 (the same proposals unless two candidates tie to that precision) and
-bf16 to bf16 accuracy.
+in two, bf16 norms are not rounded between the norm and the matmul, and the fused attention keeps its
+scores in float32 (``attend`` rounds them to bf16 in bf16), so float32 distributions agree with the eager
+drafter's to ~1e-6 (the same proposals unless two candidates tie to that precision) and bf16 to bf16
+accuracy.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from torch import nn
 
 from repro.drafters.attention import HALF
+from repro.drafters.eagle_attention import fused_attention_default, rope_attend
 from repro.drafters.fast_rules import rotary_rows, signed_rotary, triton_linears
 from repro.models.graphed import SMALL_WIDTH, GraphedTarget
 from repro.models.hybrid import HybridLM
@@ -95,9 +101,24 @@ class LayerWeights:
         )
 
 
+class _Glue(NamedTuple):
+    """What a forward's layers share: the eager path's cos, sin [T, 1, hd] and additive mask (None on the
+    kernel's path, which reads the table at ``positions`` and ``mask`` itself) and the rows' slots."""
+
+    cos: torch.Tensor | None
+    sin: torch.Tensor | None
+    bias: torch.Tensor | None
+    positions: torch.Tensor
+    mask: torch.Tensor
+    slots: torch.Tensor
+
+
 class FastEagle:
     """The fast forward of ``model`` drafting for ``target`` (weights copied when built): see the module
-    docstring. ``rope_rows``: positions the rotary table holds (:meth:`set_rope_rows` to grow it)."""
+    docstring. ``rope_rows``: positions the rotary table holds (:meth:`set_rope_rows` to grow it);
+    ``fused_attention`` (default: ``eagle_attention.fused_attention_default``, on CUDA or under the
+    interpreter unless float64): the layers' attention on ``eagle_attention.rope_attend`` (one launch;
+    ``counters``: its split counters), else :func:`eager_tables` and :func:`rope_attend_eager`."""
 
     @torch.no_grad()
     def __init__(
@@ -122,6 +143,8 @@ class FastEagle:
         self.head = target.lm_head
         self.zero = torch.zeros((), dtype=model.dtype, device=model.device)
         self.blocked = torch.full((), float("-inf"), dtype=model.dtype, device=model.device)
+        self.fused_attention = fused_attention_default(model.dtype, model.device, cfg.head_dim)
+        self.counters = torch.zeros(cfg.num_key_value_heads, dtype=torch.int32, device=model.device)
         self.set_rope_rows(rope_rows)
 
     def set_rope_rows(self, rows: int) -> None:
@@ -152,27 +175,30 @@ class FastEagle:
         n = ids.shape[0]
         gemv = self.gemv(n)
         x = plus_linear(self.token_rows.index_select(0, ids), features, self.fc_features, gemv)
-        rope = self.rope.index_select(0, positions)
-        cos, sin = rope[:, None, 0], rope[:, None, 1]  # [T, 1, hd]
-        groups = self.cfg.num_attention_heads // self.cfg.num_key_value_heads
-        visible = mask[:, None].expand(n, groups, mask.shape[-1])
-        bias = torch.where(visible, self.zero, self.blocked).view(n * groups, -1)  # rows: (row, group)
+        if self.fused_attention:  # the rotary table read, the mask applied and the KV written in the kernel
+            glue = _Glue(None, None, None, positions, mask, slots)
+        else:
+            groups = self.cfg.num_attention_heads // self.cfg.num_key_value_heads
+            tables = eager_tables(self.rope, positions, mask, groups, self.zero, self.blocked)
+            glue = _Glue(*tables, positions, mask, slots)
         for layer, w, (keys, values) in zip(self.model.layers, self.weights, kv):
-            x = self._layer(layer, w, x, cos, sin, keys[0], values[0], bias, slots, gemv)
+            x = self._layer(layer, w, x, keys[0], values[0], glue, gemv)
         return x
 
     def _layer(
-        self, layer: EagleLayer, w: LayerWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-        keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, slots: torch.Tensor, gemv: bool,
+        self, layer: EagleLayer, w: LayerWeights, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+        glue: _Glue, gemv: bool,
     ) -> torch.Tensor:  # fmt: skip
         a = layer.self_attn
-        n, heads, kv_heads, hd = x.shape[0], a.heads, a.kv_heads, a.head_dim
+        heads, kv_heads, hd = a.heads, a.kv_heads, a.head_dim
         qkv = normed_linear(x, w.input_norm, layer.input_layernorm.eps, w.qkv, None, gemv)
-        qk = qkv[:, : (heads + kv_heads) * hd].view(n, heads + kv_heads, hd)
-        rot = torch.addcmul(qk * cos, qk.roll(hd // 2, -1), sin)  # apply_rope's products: rotate_half(x) sin
-        keys.index_copy_(1, slots, rot[:, heads:].transpose(0, 1))
-        values.index_copy_(1, slots, qkv[:, (heads + kv_heads) * hd :].view(n, kv_heads, hd).transpose(0, 1))
-        x = plus_linear(x, attend(rot[:, :heads], keys, values, bias), a.o_proj, gemv)
+        shape = (heads, kv_heads, hd)
+        if glue.bias is None:
+            pos, mask, slots = glue.positions, glue.mask, glue.slots
+            out = rope_attend(qkv, self.rope, pos, keys, values, mask, slots, *shape, self.counters)
+        else:
+            out = rope_attend_eager(qkv, glue.cos, glue.sin, keys, values, glue.bias, glue.slots, *shape)
+        x = plus_linear(x, out, a.o_proj, gemv)
         return fused_mlp_block(layer, w, x, gemv)  # type: ignore[arg-type] - reads post_norm, gate_up
 
     def probs(self, preds: torch.Tensor) -> torch.Tensor:
@@ -182,6 +208,34 @@ class FastEagle:
         gemv = self.gemv(preds.shape[0])
         logits = normed_linear(preds, self.final_scale, self.final_eps, head.weight, head.bias, gemv)
         return torch.softmax(logits.float() if logits.dtype in HALF else logits, dim=-1)
+
+
+def eager_tables(
+    rope: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, groups: int, zero: torch.Tensor,
+    blocked: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """What the eager attention glue makes once per forward: cos, sin [T, 1, hd] (the signed rotary table
+    ``rope`` [rows, 2, hd] at ``positions``) and the additive mask [T groups, S] (rows: (row, query head of
+    the group); ``zero`` where ``mask`` [T, S] is True, else ``blocked`` (-inf), 0-d tensors)."""
+    n = mask.shape[0]
+    rows = rope.index_select(0, positions)
+    visible = mask[:, None].expand(n, groups, mask.shape[-1])
+    return rows[:, None, 0], rows[:, None, 1], torch.where(visible, zero, blocked).view(n * groups, -1)
+
+
+def rope_attend_eager(
+    qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+    bias: torch.Tensor, slots: torch.Tensor, heads: int, kv_heads: int, hd: int,
+) -> torch.Tensor:  # fmt: skip
+    """The eager reference of :func:`~repro.drafters.eagle_attention.rope_attend` (tables of
+    :func:`eager_tables`): rotary on q and k (``apply_rope``'s products), the rotated keys and the values
+    written into ``keys``/``values`` [KV, S, hd] at ``slots`` (2 ``index_copy_``), :func:`attend`."""
+    n = qkv.shape[0]
+    qk = qkv[:, : (heads + kv_heads) * hd].view(n, heads + kv_heads, hd)
+    rot = torch.addcmul(qk * cos, qk.roll(hd // 2, -1), sin)  # rotate_half(x) sin = roll(x) sin_signed
+    keys.index_copy_(1, slots, rot[:, heads:].transpose(0, 1))
+    values.index_copy_(1, slots, qkv[:, (heads + kv_heads) * hd :].view(n, kv_heads, hd).transpose(0, 1))
+    return attend(rot[:, :heads], keys, values, bias)
 
 
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:

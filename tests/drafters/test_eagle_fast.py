@@ -159,6 +159,7 @@ def launch_counts() -> dict[str, dict[str, int]]:
     reading one target layer, 4 / 2 heads; smaller widths: launches do not depend on them): a tree level's
     forward (4 rows) and its distributions, and the whole proposal call of a chain (k = 6) and of a dynamic
     tree (budget 32, topk 4, depth 6), eager vs fast."""
+    from repro.drafters import eagle_attention
     from repro.drafters.base import DraftContext
     from repro.drafters.eagle import DynamicTree, EagleConfig, EagleDraftModel
     from repro.drafters.static_eagle import StaticEagleDrafter
@@ -166,7 +167,7 @@ def launch_counts() -> dict[str, dict[str, int]]:
     from repro.models.graphs import count_ops
 
     counter = [0]
-    for module in (triton_decode, triton_linear):
+    for module in (triton_decode, triton_linear, eagle_attention):
         for name in dir(module):
             if name.endswith("_kernel"):
                 setattr(module, name, CountedLaunches(getattr(module, name), counter))
@@ -235,17 +236,19 @@ def test_fast_call_is_capture_safe(interpreted):
 
 
 def test_fast_forward_launches_fewer_kernels(interpreted):
-    """The tiny family's layout (the module docstring of repro/drafters/eagle_fast.py has these numbers): a
-    tree level's forward (4 rows, the step's mask and positions made once) 60 -> 19 launches (65 before the
-    glue was made once a step), its distributions 9 -> 2, the whole proposal call of a chain (k = 6)
-    422 -> 135 (451 before), of a dynamic tree (depth 6) 486 -> 199 (576 -> 289 with the legacy tree glue,
-    629 before; tests/drafters/test_eagle_tree_glue.py)."""
+    """The tiny family's layout (the module docstring of repro/drafters/eagle_fast.py has these numbers), the
+    attention on repro/drafters/eagle_attention.py's kernel (float32 in the interpreter): a tree level's
+    forward (4 rows, the step's mask and positions made once) 60 -> 8 launches (19 with the eager attention
+    glue, 65 before the glue was made once a step), its distributions 9 -> 2, the whole proposal call of a
+    chain (k = 6) 422 -> 79 (135 with the eager attention glue, 451 before), of a dynamic tree (depth 6)
+    486 -> 133 (199 with the eager attention glue; 576 -> 289 with the legacy tree glue and the eager
+    attention glue, 629 before; tests/drafters/test_eagle_tree_glue.py)."""
     n = {key: v["total"] for key, v in interpreted["launches"].items()}
-    assert (n["eager/level"], n["fast/level"]) == (60, 19), n
-    assert interpreted["launches"]["fast/level"]["triton"] == 5, n  # fc, q|k|v, o_proj, gate|up, down
+    assert (n["eager/level"], n["fast/level"]) == (60, 8), n
+    assert interpreted["launches"]["fast/level"]["triton"] == 6, n  # fc, qkv, attention, o, gate|up, down
     assert (n["eager/probs"], n["fast/probs"]) == (9, 2), n
-    assert (n["eager/chain/step"], n["fast/chain/step"]) == (422, 135), n
-    assert (n["eager/tree/step"], n["fast/tree/step"]) == (486, 199), n
+    assert (n["eager/chain/step"], n["fast/chain/step"]) == (422, 79), n
+    assert (n["eager/tree/step"], n["fast/tree/step"]) == (486, 133), n
 
 
 # --------------------------------------------------------------------------------------------- CPU
