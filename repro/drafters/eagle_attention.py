@@ -42,11 +42,17 @@ MAX_SPLITS = 16
 DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
+# The kernel has run only in Triton's interpreter and compiled for sm_90 (no GPU yet): on CUDA the fast
+# drafter keeps the eager attention glue until test_eagle_attention.py's GPU cases and
+# scripts/gpu/eagle-attn.py have run on the H200 (the split merge's atomics run concurrently only there).
+CUDA_DEFAULT = False
+
+
 def fused_attention_default(dtype: torch.dtype, device: torch.device, head_dim: int) -> bool:
     """Whether :func:`rope_attend` serves data of ``dtype`` on ``device``: float32 or half precision, an even
-    head dim of at least 16 (the dots' smallest tile), on CUDA or under Triton's interpreter (float64 and
-    plain CPU keep the eager reference)."""
-    runs = device.type == "cuda" or bool(triton.knobs.runtime.interpret)
+    head dim of at least 16 (the dots' smallest tile), under Triton's interpreter or on CUDA with
+    :data:`CUDA_DEFAULT` (float64 and plain CPU keep the eager reference)."""
+    runs = (device.type == "cuda" and CUDA_DEFAULT) or bool(triton.knobs.runtime.interpret)
     return runs and dtype in DTYPES and head_dim >= 16 and head_dim % 2 == 0
 
 

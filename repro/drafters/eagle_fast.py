@@ -14,11 +14,11 @@ The matmuls go through the static decoder's wrappers of :mod:`repro.gdn.triton_l
 - Per layer: input norm + q|k|v stacked (one launch); rotary on q and k from a table of every position
   made once per buffer size (cos and the signed sin, ``x cos + roll(x) sin_signed``: the same products as
   ``apply_rope``), the keys and values written at the rows' slots and the masked softmax attention in one
-  launch (:func:`~repro.drafters.eagle_attention.rope_attend`, ``fused_attention``: on CUDA and under the
-  interpreter unless float64); else (float64, the reference) rotary (3 launches, the table read once per
-  forward), the KV writes (2) and :func:`attend` with the additive mask built once per forward (5, 7 in
-  half precision, 3 for one row); o_proj + residual (1), post norm + gate|up + SiLU * up (1), down +
-  residual (1).
+  launch (:func:`~repro.drafters.eagle_attention.rope_attend`, ``fused_attention``: under the interpreter,
+  on CUDA with ``eagle_attention.CUDA_DEFAULT``, never for float64); else (float64, the reference)
+  rotary (3 launches, the table read once per forward), the KV writes (2) and :func:`attend` with the
+  additive mask built once per forward (5, 7 in half precision, 3 for one row); o_proj + residual (1),
+  post norm + gate|up + SiLU * up (1), down + residual (1).
 - The distributions: the target's final norm + LM head in one launch, then the softmax.
 
 Which variant (:func:`~repro.drafters.fast_rules.triton_linears`): up to GEMV_ROWS rows (a chain level: 1; a
@@ -116,9 +116,10 @@ class _Glue(NamedTuple):
 class FastEagle:
     """The fast forward of ``model`` drafting for ``target`` (weights copied when built): see the module
     docstring. ``rope_rows``: positions the rotary table holds (:meth:`set_rope_rows` to grow it);
-    ``fused_attention`` (default: ``eagle_attention.fused_attention_default``, on CUDA or under the
-    interpreter unless float64): the layers' attention on ``eagle_attention.rope_attend`` (one launch;
-    ``counters``: its split counters), else :func:`eager_tables` and :func:`rope_attend_eager`."""
+    ``fused_attention`` (default: ``eagle_attention.fused_attention_default``: under the interpreter, on
+    CUDA with ``eagle_attention.CUDA_DEFAULT``, never for float64): the layers' attention on
+    ``eagle_attention.rope_attend`` (one launch; ``counters``: its split counters), else
+    :func:`eager_tables` and :func:`rope_attend_eager`."""
 
     @torch.no_grad()
     def __init__(

@@ -48,7 +48,10 @@ from typing import Any  # noqa: E402
 import torch  # noqa: E402
 
 import repro.gdn.triton_common  # noqa: E402, F401 - the interpreter's NumPy patch (dry run)
+from repro.drafters import eagle_attention  # noqa: E402
 from repro.drafters.eagle_attention import launch_plan, rope_attend  # noqa: E402
+
+eagle_attention.CUDA_DEFAULT = True  # the kernel on CUDA (off by default until this script has run)
 from repro.drafters.eagle_fast import eager_tables, rope_attend_eager  # noqa: E402
 from repro.drafters.fast_rules import rotary_rows, signed_rotary  # noqa: E402
 from repro.drafters.shapes import GDN13B_EAGLE  # noqa: E402

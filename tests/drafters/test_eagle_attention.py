@@ -203,6 +203,13 @@ def test_default_and_errors(monkeypatch):
     fused = fused_attention_default
     assert fused(torch.float32, cpu, 16) and fused(torch.bfloat16, cpu, 64) and fused(torch.float32, cpu, 48)
     assert not fused(torch.float64, cpu, 16)  # float64 stays eager
+    monkeypatch.setattr(eagle_attention.triton.knobs.runtime, "interpret", False)
+    cuda_device = torch.device("cuda")
+    monkeypatch.setattr(eagle_attention, "CUDA_DEFAULT", False)
+    assert not fused(torch.bfloat16, cuda_device, 64)  # on CUDA only with CUDA_DEFAULT
+    monkeypatch.setattr(eagle_attention, "CUDA_DEFAULT", True)
+    assert fused(torch.bfloat16, cuda_device, 64) and not fused(torch.float64, cuda_device, 64)
+    monkeypatch.setattr(eagle_attention.triton.knobs.runtime, "interpret", True)
     assert not fused(torch.float32, cpu, 8) and not fused(
         torch.float32, cpu, 17
     )  # head dims the kernel takes
@@ -277,10 +284,18 @@ def test_bf16_kernel_compiles_for_sm90_without_spills(n, S, heads, kv_heads, hd)
 # ---------------------------------------------------------------------------------------------- GPU
 
 
+@pytest.fixture
+def kernel_on_cuda(monkeypatch):
+    """The kernel on CUDA (eagle_attention.CUDA_DEFAULT is off until these cases have run on a GPU)."""
+    from repro.drafters import eagle_attention
+
+    monkeypatch.setattr(eagle_attention, "CUDA_DEFAULT", True)
+
+
 @pytest.mark.gpu
 @cuda
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_gpu_kernel_equals_the_eager_glue(dtype):
+def test_gpu_kernel_equals_the_eager_glue(dtype, kernel_on_cuda):
     cases = kernel_cases(getattr(torch, dtype), "cuda")
     print(json.dumps(cases))
     check_kernel_cases(cases, getattr(torch, dtype), gpu=True)
@@ -288,7 +303,7 @@ def test_gpu_kernel_equals_the_eager_glue(dtype):
 
 @pytest.mark.gpu
 @cuda
-def test_gpu_graphed_fast_proposals_with_the_kernel():
+def test_gpu_graphed_fast_proposals_with_the_kernel(kernel_on_cuda):
     """float32 with CUDA graphs (the captured call launches the kernel): the fast drafter's proposals equal
     the eager drafter's at every step."""
     res = proposal_cases("cuda", graphs=True)
@@ -299,7 +314,7 @@ def test_gpu_graphed_fast_proposals_with_the_kernel():
 
 @pytest.mark.gpu
 @cuda
-def test_gpu_bf16_kernel_distributions_within_tolerance():
+def test_gpu_bf16_kernel_distributions_within_tolerance(kernel_on_cuda):
     """bf16, graphed: a chain proposal's distributions with the kernel and with the eager attention glue
     agree to bf16 accuracy."""
     from repro.drafters.base import DraftContext
