@@ -18,6 +18,7 @@ OUT_DIR/busy-time.md; prints the markdown.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 import time
@@ -28,32 +29,31 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's repro, not an installed one
 
-from repro.data.suites import format_turn, load_suite  # noqa: E402
 from repro.decoding.engine import STAGES, generate  # noqa: E402
 from repro.decoding.routes import build_route, prepare_graphs  # noqa: E402
 from repro.models.graphed import GraphedTarget  # noqa: E402
 from repro.models.target import open_target  # noqa: E402
 
-CPU = sys.argv[2:3] == ["cpu"]
-DEVICE = "cpu" if CPU else "cuda"
-FAMILY = "tiny-qwen35"
+_spec = importlib.util.spec_from_file_location("routes_ab", Path(__file__).with_name("routes-ab.py"))
+assert _spec is not None and _spec.loader is not None
+ab = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ab)  # the prompts, device and dtype of routes-ab (one setup for both scripts)
+
+CPU, DEVICE, FAMILY, PROMPTS, NEW_TOKENS, DTYPE = (
+    ab.CPU,
+    ab.DEVICE,
+    ab.FAMILY,
+    ab.PROMPTS,
+    ab.NEW_TOKENS,
+    ab.DTYPE,
+)
+prompts = ab.prompts
 ROUTES = [
     {"name": "ar", "kind": "ar"},
     {"name": "ddtree-b32", "kind": "ddtree", "budget": 32},
     {"name": "dflash-tfm-b32", "kind": "dflash_tfm", "budget": 32},
 ]
-PROMPTS = 1 if CPU else 3
-NEW_TOKENS = 16 if CPU else 96
-DTYPE = "float32" if CPU else "bfloat16"
 SLACK = (1.05, 50e-6)  # busy <= device * 1.05 + 50 us per stage of a generation (event rounding)
-
-
-def prompts(tok: Any) -> list[list[int]]:  # noqa: ANN401 - the family tokenizer
-    out = []
-    for suite in ("mt_bench", "gsm8k", "humaneval"):
-        for p in load_suite(suite, 1, 42):
-            out.append(tok.chat_prompt([{"role": "user", "content": format_turn(suite, p.turns[0])}]))
-    return out[:PROMPTS]
 
 
 def ms(seconds: float | None, steps: int) -> float | None:
