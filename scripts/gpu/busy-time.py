@@ -32,7 +32,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's 
 from repro.decoding.engine import STAGES, generate  # noqa: E402
 from repro.decoding.routes import build_route, prepare_graphs  # noqa: E402
 from repro.models.graphed import GraphedTarget  # noqa: E402
-from repro.models.target import open_target  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("routes_ab", Path(__file__).with_name("routes-ab.py"))
 assert _spec is not None and _spec.loader is not None
@@ -119,9 +118,7 @@ def main() -> None:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "out")
     out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
-    model, tok = open_target("default", dtype=DTYPE, device=DEVICE)
-    if not CPU:
-        model.set_gdn_backend("triton")
+    model, tok = ab.open_family()
     target = GraphedTarget(model, max_nodes=64, graphs=not CPU)
     vocab = model.config.vocab_size
     routes = [build_route(s, vocab, "greedy", 0.0, 42, target=target, family=FAMILY) for s in ROUTES]

@@ -31,7 +31,6 @@ sys.path.insert(0, str(ROOT))  # this checkout's repro, not an installed one
 from repro.decoding.engine import generate  # noqa: E402
 from repro.decoding.routes import build_route, prepare_graphs  # noqa: E402
 from repro.models import graphed  # noqa: E402
-from repro.models.target import open_target  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("routes_ab", ROOT / "scripts/gpu/routes-ab.py")
 assert _spec is not None and _spec.loader is not None
@@ -60,9 +59,7 @@ def main() -> None:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "out")
     out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
-    model, tok = open_target("default", dtype=ab.DTYPE, device=ab.DEVICE)
-    if not ab.CPU:
-        model.set_gdn_backend("triton")
+    model, tok = ab.open_family()
     target = graphed.GraphedTarget(model, max_nodes=64, graphs=not ab.CPU)
     vocab = model.config.vocab_size
     routes = [build_route(s, vocab, "greedy", 0.0, 42, target=target, family=ab.FAMILY) for s in ROUTES]

@@ -84,6 +84,14 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
 }
 
 
+def open_family() -> tuple[Any, Any]:
+    """The embedded family's target and tokenizer: bf16 on the Triton kernels on CUDA, float32 on CPU."""
+    model, tok = open_target("default", dtype=DTYPE, device=DEVICE)
+    if not CPU:
+        model.set_gdn_backend("triton")
+    return model, tok
+
+
 def prompts(tok: Any) -> list[list[int]]:  # noqa: ANN401 - the family tokenizer
     out = []
     for suite in ("mt_bench", "gsm8k", "humaneval"):
@@ -135,9 +143,7 @@ def main() -> None:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "out")
     out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
-    model, tok = open_target("default", dtype=DTYPE, device=DEVICE)
-    if not CPU:
-        model.set_gdn_backend("triton")
+    model, tok = open_family()
     reference: dict[str, list[list[int]]] = {}
     rows: list[dict] = []
     picked = os.environ.get("ROUTES_AB_VARIANTS", ",".join(VARIANTS)).split(",")
