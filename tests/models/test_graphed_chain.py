@@ -21,6 +21,7 @@ from repro.decoding.engine import generate
 from repro.decoding.routes import build_route
 from repro.errors import ConfigError
 from repro.gdn.backends import chain_function
+from repro.models import graphed
 from repro.models.graphed import GraphedTarget
 from repro.models.graphs import check_capture
 from repro.models.hybrid import check_verifier_name
@@ -148,13 +149,15 @@ def test_prepare_captures_chain_slots(monkeypatch):
     target.prefill(small_ids(4, 4))
     target.graphs = True
     target.prepare((), (2,), max_size=8, chain=True)
-    keys = set(target._calls) - {("decode",)}
+    ar = {("ar", size, first) for size in (graphed.AR_GROUP, 1) for first in (True, False)}  # AR's groups
+    assert ar <= set(target._calls)
+    keys = set(target._calls) - {("decode",)} - ar
     sizes = (1, 2, 3, 4, 5, 8)  # SLOT_SIZES up to 8
     verifies = {("verify", s, "chain") for s in sizes}
     commits = {(step, s, "chain", "replay") for s in sizes for step in ("commit", "greedy")}
     assert keys == verifies | commits
     assert all(isinstance(target._slots[(s, "chain")], ChainSlot) for s in sizes)
-    assert target.captures == len(keys) + 1
+    assert target.captures == len(keys) + 1 + len(ar)
 
 
 def test_chain_evaluator_choice():
