@@ -218,6 +218,37 @@ def summarize(records: Iterable[DecodeRecord | dict[str, Any]]) -> pd.DataFrame:
     return df.sort_values("_order", kind="stable").drop(columns="_order").reset_index(drop=True)
 
 
+BOUND_COLUMNS = ["route", "MAL", "busy_step_ms", "speedup", "graphs_speedup", "free_draft", "verify_only"]
+
+
+def speedup_bounds(summary: pd.DataFrame) -> pd.DataFrame:
+    """What the graphs allow, per route (suite "all" rows of :func:`summarize` with busy times), against the
+    reference route's busy time per token (AR: a step is a token): ``graphs_speedup`` = MAL x AR busy /
+    the route's busy step (both paced by their graphs alone, no host time), ``free_draft`` the same with
+    the draft and tree stages free, ``verify_only`` with only the verify stage left (drafting, acceptance
+    and commit free): the ceiling a faster host path or drafter could reach at this MAL. Empty without
+    busy times or a reference route."""
+    if "busy_step_ms" not in summary or summary.empty:
+        return pd.DataFrame(columns=BOUND_COLUMNS)
+    rows = summary[summary["suite"] == ALL_SUITES]
+    ref = rows[rows["lossless"] == "reference"]
+    if ref.empty or not ref.iloc[0]["busy_step_ms"] > 0:
+        return pd.DataFrame(columns=BOUND_COLUMNS)
+    ar_ms = float(ref.iloc[0]["busy_step_ms"]) / float(ref.iloc[0]["MAL"])  # per token
+    out = []
+    for _, r in rows[rows["lossless"] != "reference"].iterrows():
+        mal = float(r["MAL"])
+        parts = {
+            "graphs_speedup": float(r["busy_step_ms"]),
+            "free_draft": float(r["busy_verify_ms"] + r["busy_commit_ms"]),
+            "verify_only": float(r["busy_verify_ms"]),
+        }
+        bounds = {k: _ratio(mal * ar_ms, v) for k, v in parts.items()}
+        out.append({"route": r["route"], "MAL": mal, "busy_step_ms": float(r["busy_step_ms"]),
+                    "speedup": r["speedup"], **bounds})  # fmt: skip
+    return pd.DataFrame(out, columns=BOUND_COLUMNS)
+
+
 def accept_histogram(records: Iterable[DecodeRecord | dict[str, Any]]) -> pd.DataFrame:
     """Per route and accepted length L = 1..max: step count, share, and acceptance per draft position.
 
@@ -352,6 +383,9 @@ _FORMATS = {
     "busy_step_ms": "{:.3f}",
     **{f"busy_{s}_ms": "{:.3f}" for s in STAGES},
     "wall_over_busy": "{:.2f}",
+    "graphs_speedup": "{:.2f}x",
+    "free_draft": "{:.2f}x",
+    "verify_only": "{:.2f}x",
 }
 SUMMARY_MAIN = [
     "suite",
@@ -514,6 +548,18 @@ def build_report(run: Run, figures_dir: Path | None) -> str:
                     " busy_step_ms, how much longer a step takes than its graphs run.",
                     "",
                 ]
+                bounds = speedup_bounds(summary)
+                if not bounds.empty:
+                    lines += [
+                        "## What the graphs allow (all suites; over the reference's busy time a token)",
+                        "",
+                        markdown_table(bounds),
+                        "",
+                        "graphs_speedup = MAL x reference busy ms a token / busy_step_ms (host time free);"
+                        " free_draft: the draft and tree stages free too; verify_only: only the verify stage"
+                        " left (drafting, acceptance and commit free): the ceiling at this MAL.",
+                        "",
+                    ]
         counts, rates = _histogram_tables(hist)
         lines += [
             "## Accepted lengths (verify steps per accepted length)",

@@ -90,3 +90,36 @@ def test_the_report_shows_busy_time_beside_the_device_split_when_records_have_it
     assert cells[2:8] == ["333.33", "50.00", "10.00", "0.00", "30.00", "10.00"]  # device split as before
     assert cells[8:] == ["25.000", "3.333", "0.000", "20.000", "1.667", "13.33"]
     assert "wall_over_busy = step_ms / busy_step_ms" in table
+
+
+def test_speedup_bounds_from_the_graphs_busy_time():
+    """MAL x the reference's busy ms a token over the route's busy step, then with drafting free, then
+    with only verify left; nothing without busy times."""
+    from repro.reporting.report import speedup_bounds
+
+    ar = dataclasses.replace(make_record(), device_stage_s=DEVICE, busy_stage_s=BUSY)  # 3 tokens: 25 ms each
+    spec_busy = {"draft": 0.03, "tree": 0.003, "verify": 0.06, "commit": 0.012}  # 2 steps: 52.5 ms each
+    spec = dataclasses.replace(make_record("dd", accepted=[3, 2], kind="chain"), device_stage_s=DEVICE,
+                               busy_stage_s=spec_busy)  # fmt: skip
+    bounds = speedup_bounds(summarize([ar, spec])).set_index("route")
+    row = bounds.loc["dd"]
+    assert row["MAL"] == pytest.approx(2.5) and row["busy_step_ms"] == pytest.approx(52.5)
+    assert row["graphs_speedup"] == pytest.approx(2.5 * 25.0 / 52.5)
+    assert row["free_draft"] == pytest.approx(2.5 * 25.0 / 36.0)
+    assert row["verify_only"] == pytest.approx(2.5 * 25.0 / 30.0)
+    assert list(bounds.index) == ["dd"]  # the reference has no row
+    assert speedup_bounds(summarize([make_record(), make_record("dd", accepted=[3, 2])])).empty
+
+
+def test_the_report_shows_the_bounds_with_busy_times(tmp_path):
+    from repro.reporting.report import build_report
+    from repro.reporting.rundir import DECODE_KIND, Run
+
+    ar = dataclasses.replace(make_record(), device_stage_s=DEVICE, busy_stage_s=BUSY)
+    spec = dataclasses.replace(make_record("dd", accepted=[3, 2]), device_stage_s=DEVICE, busy_stage_s=BUSY)
+    text = build_report(Run(tmp_path, DECODE_KIND, {}, [ar, spec]), None)
+    table = text.split("## What the graphs allow")[1].split("##")[0]
+    assert "| dd " in table and "graphs_speedup" in table and "| ar " not in table
+    assert "## What the graphs allow" not in build_report(
+        Run(tmp_path, DECODE_KIND, {}, [make_record()]), None
+    )
