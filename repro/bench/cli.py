@@ -35,7 +35,7 @@ def kernels(
         Path | None, typer.Option(help="Run folder (default results/bench-kernels-<date>).")
     ] = None,
     shapes: Annotated[
-        str, typer.Option(help="Comma-separated layer shapes: weaver, specla.")
+        str, typer.Option(help="Comma-separated layer shapes: weaver, specla, tiny-qwen35.")
     ] = "weaver,specla",
     sizes: Annotated[
         str | None, typer.Option(help="Tree sizes T and chain lengths for every shape (default per shape).")

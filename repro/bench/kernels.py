@@ -809,10 +809,14 @@ class BenchConfig:
 
     shapes: list[str] = field(default_factory=lambda: ["weaver", "specla"])
     sizes: dict[str, list[int]] = field(
-        default_factory=lambda: {"weaver": [16, 32, 64, 128, 256], "specla": [16, 32, 64, 128]}
+        default_factory=lambda: {
+            "weaver": [16, 32, 64, 128, 256],
+            "specla": [16, 32, 64, 128],
+            "tiny-qwen35": [17, 33, 65],
+        }
     )
     chain_sizes: dict[str, list[int]] = field(
-        default_factory=lambda: {"weaver": CHAIN_SIZES, "specla": CHAIN_SIZES}
+        default_factory=lambda: {"weaver": CHAIN_SIZES, "specla": CHAIN_SIZES, "tiny-qwen35": CHAIN_SIZES}
     )  # the chain group's lengths
     kinds: list[str] = field(default_factory=lambda: ["draft", "chain"])
     depths: list[int] = field(default_factory=lambda: [2, 4, 8, 16])

@@ -36,6 +36,7 @@ class LayerShape:
 SHAPES = {
     "weaver": LayerShape("weaver", h=16, hv=48, dk=128, dv=128),  # Qwen3.6-27B GDN layer (paper A)
     "specla": LayerShape("specla", h=8, hv=8, dk=256, dv=256),  # GDN-1.3B layer (paper B)
+    "tiny-qwen35": LayerShape("tiny-qwen35", h=2, hv=4, dk=48, dv=48),  # the embedded family's GDN layer
 }
 
 
