@@ -70,8 +70,10 @@ from repro.tree import MAX_TREE_NODES, DeviceTree, Tree
 # (at the 27B shape a 65-node tree ran as 128 rows: cuBLAS at 128 rows, the tree kernel at T = 128)
 SLOT_SIZES = tuple(sorted({2**k for k in range(11)} | {2**k + 1 for k in range(1, 10)}))
 SMALL_WIDTH = 1024  # <= this: fused decode layer, row-tiled verify; above: tree-kernel decode attention
-# greedy AR's decode steps per graph (greedy_decode): one host read per group, so that the host's loop
-# (~100 us a step in Python) never paces a decode step (~45 us at the tiny width on an H200)
+# greedy AR's decode steps per graph at small widths (greedy_decode, :meth:`GraphedTarget.ar_group`): one
+# host read per group, so that the host's loop (~100 us a step in Python) does not pace a decode step (~45 us
+# at the tiny width on an H200). Wider models take one step a graph: their steps outlast the host's loop,
+# and a stop token then wastes at most one step launched past it (a group: up to 2 AR_GROUP - 1 steps).
 AR_GROUP = 8
 DEFAULT_MAX_LEN = 4096
 ENGINES = ("auto", "eager", "graphed")
@@ -315,6 +317,11 @@ class GraphedTarget:
     def _decode_call(self) -> Any:
         return self._call(("decode",), self.decoder.decode_pick, True)
 
+    @property
+    def ar_group(self) -> int:
+        """Greedy AR's decode steps a graph: :data:`AR_GROUP` up to :data:`SMALL_WIDTH`, else 1."""
+        return AR_GROUP if self.config.hidden_size <= SMALL_WIDTH else 1
+
     def _ar_call(self, size: int, first: bool) -> Any:
         """``size`` greedy decode steps in one graph, their picks into ``self._picks[:size]``: the first
         on ``decoder.token`` (``first``: the host set it) or on the previous step's pick, each later one
@@ -346,7 +353,7 @@ class GraphedTarget:
         if not self.graphs:
             return
         self._decode_call()
-        for size in dict.fromkeys((AR_GROUP, 1)):
+        for size in dict.fromkeys((self.ar_group, 1)):
             self._ar_call(size, True)
             self._ar_call(size, False)
         for slot, strategy in self._prepared_slots(strategies, capture, max_size, chain):
@@ -549,12 +556,12 @@ class GraphedTarget:
         mark: Callable[[], None] = lambda: None,
     ) -> tuple[GraphedState, list[int]]:
         """Greedy AR from ``token`` (not yet folded in) for at most ``steps`` decode steps, in groups of
-        :data:`AR_GROUP` steps a graph (single steps for the tail) and one group ahead: group j + 1 (its
+        :attr:`ar_group` steps a graph (single steps for the tail) and one group ahead: group j + 1 (its
         first token the argmax group j's last step wrote on the device) is launched before group j's
         tokens are read, one read a group, so the device waits for the host neither between the steps of
         a group nor between groups. Stops after the first token for which ``done`` holds. Returns the
         handle and the picked tokens (as ``commit_greedy``'s bonus tokens one step at a time would give
-        them). At a stop the groups launched past it have folded in more tokens (at most 2 AR_GROUP - 1):
+        them). At a stop the groups launched past it have folded in more tokens (at most 2 ar_group - 1):
         the handle's ``position`` and ``committed_tokens`` count them, the sequence must end there.
         ``mark`` is called at every stage boundary of a group (the engine's
         :class:`~repro.decoding.engine.StageClock`; 5 per group, the group's graph between the third and
@@ -571,12 +578,13 @@ class GraphedTarget:
         host = torch.zeros(steps, dtype=torch.long, pin_memory=dec.pick_host.is_pinned())
         groups: list[tuple[int, int, torch.cuda.Event | None]] = []  # (first step, size, its copy's event)
         dec.set_token(token)
+        group = self.ar_group
         picked: list[int] = []
         folded = 0
         stopped = False
         while not stopped and (folded < steps or groups):
             if folded < steps:  # launch the next group
-                size = AR_GROUP if steps - folded >= AR_GROUP else 1
+                size = group if steps - folded >= group else 1
                 mark(), mark(), mark()
                 self._ar_call(size, folded == 0)()
                 mark()

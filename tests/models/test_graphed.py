@@ -405,6 +405,23 @@ def test_ar_one_group_ahead_stops_where_the_host_loop_stops(stop_at, group, monk
     assert torch.allclose(probe.logits.float(), want.logits.float(), atol=1e-5)
 
 
+def test_ar_groups_only_at_small_widths(monkeypatch):
+    """AR_GROUP steps a graph up to SMALL_WIDTH (where the host's loop would pace the decode step); one
+    step a graph above it (a stop wastes at most one step there), with the same tokens."""
+    model = small_hybrid(13)
+    prompt = small_ids(9, 14)
+    ar = device_routes()[0]
+    want = generate(model, prompt, ar, 20).output_ids
+    target = GraphedTarget(model, max_len=64, max_nodes=16)
+    assert target.ar_group == graphed_module.AR_GROUP
+    monkeypatch.setattr(graphed_module, "SMALL_WIDTH", model.config.hidden_size - 1)
+    assert target.ar_group == 1
+    state = target.prefill(prompt)[0]
+    new, picked = target.greedy_decode(state, want[0], 30, lambda t: t == want[3])
+    assert picked == want[1:4] and new.position == len(prompt) + 4  # one step past the stop
+    assert generate(target, prompt, ar, 20).output_ids == want
+
+
 def test_graphed_sampling_routes_keep_the_host_path():
     """A sampling rule (and sampled trees) on the graphed target: the host walk, as before."""
     from repro.decoding.engine import Route, device_greedy
