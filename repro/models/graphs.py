@@ -41,6 +41,11 @@ _NO_KERNEL = {
 }  # fmt: skip
 
 
+def launches_work(func: Any) -> bool:
+    """Whether an aten op launches work (a kernel): every op but views and allocations."""
+    return not func.is_view and func._schema.name not in _NO_KERNEL
+
+
 def _bool_index(args: tuple) -> bool:
     indices = args[1] if len(args) > 1 and isinstance(args[1], (list, tuple)) else ()
     return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices)
@@ -97,9 +102,8 @@ class CaptureCheck(TorchDispatchMode):
         why = hazard(func, args, kwargs, out)
         if why is not None:
             self.hazards.append(why)
-        name = func._schema.name
-        self.trace.append((name, _shapes(out)))
-        if not func.is_view and name not in _NO_KERNEL:
+        self.trace.append((func._schema.name, _shapes(out)))
+        if launches_work(func):
             self.launches += 1
         return out
 
@@ -147,9 +151,8 @@ class HostLaunches(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 - torch's signature
         out = func(*args, **(kwargs or {}))
-        name = func._schema.name
-        if _stand_ins[0] == 0 and not func.is_view and name not in _NO_KERNEL:
-            self.ops[name] += 1
+        if _stand_ins[0] == 0 and launches_work(func):
+            self.ops[func._schema.name] += 1
         return out
 
 

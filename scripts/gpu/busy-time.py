@@ -30,7 +30,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's repro, not an installed one
 
 from repro.decoding.engine import STAGES, generate  # noqa: E402
-from repro.decoding.routes import build_route, prepare_graphs  # noqa: E402
 from repro.models.graphed import GraphedTarget  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("routes_ab", Path(__file__).with_name("routes-ab.py"))
@@ -119,10 +118,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     model, tok = ab.open_family()
-    target = GraphedTarget(model, max_nodes=64, graphs=not CPU)
-    vocab = model.config.vocab_size
-    routes = [build_route(s, vocab, "greedy", 0.0, 42, target=target, family=FAMILY) for s in ROUTES]
-    prepare_graphs(target, routes)
+    target, routes = ab.graphed_routes(model, ROUTES)
     ps = prompts(tok)
     rows: list[dict] = []
     for spec, route in zip(ROUTES, routes):

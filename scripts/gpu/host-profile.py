@@ -29,8 +29,6 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # this checkout's repro, not an installed one
 
 from repro.decoding.engine import generate  # noqa: E402
-from repro.decoding.routes import build_route, prepare_graphs  # noqa: E402
-from repro.models import graphed  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("routes_ab", ROOT / "scripts/gpu/routes-ab.py")
 assert _spec is not None and _spec.loader is not None
@@ -60,10 +58,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     model, tok = ab.open_family()
-    target = graphed.GraphedTarget(model, max_nodes=64, graphs=not ab.CPU)
-    vocab = model.config.vocab_size
-    routes = [build_route(s, vocab, "greedy", 0.0, 42, target=target, family=ab.FAMILY) for s in ROUTES]
-    prepare_graphs(target, routes)
+    target, routes = ab.graphed_routes(model, ROUTES)
     prompt = ab.prompts(tok)[0]
     device = "CPU (dry run)" if ab.CPU else torch.cuda.get_device_name()
     res: dict[str, Any] = {"device": device, "routes": []}

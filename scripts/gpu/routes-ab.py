@@ -92,6 +92,16 @@ def open_family() -> tuple[Any, Any]:
     return model, tok
 
 
+def graphed_routes(model: Any, specs: list[dict]) -> tuple[graphed.GraphedTarget, list[Any]]:  # noqa: ANN401
+    """A fresh GraphedTarget of ``model`` (CUDA graphs off on CPU) and the greedy routes of ``specs`` on
+    it, their graphs captured ahead."""
+    target = graphed.GraphedTarget(model, max_nodes=64, graphs=not CPU)
+    vocab = model.config.vocab_size
+    routes = [build_route(s, vocab, "greedy", 0.0, 42, target=target, family=FAMILY) for s in specs]
+    prepare_graphs(target, routes)
+    return target, routes
+
+
 def prompts(tok: Any) -> list[list[int]]:  # noqa: ANN401 - the family tokenizer
     out = []
     for suite in ("mt_bench", "gsm8k", "humaneval"):
@@ -102,12 +112,9 @@ def prompts(tok: Any) -> list[list[int]]:  # noqa: ANN401 - the family tokenizer
 
 def variant_rows(name: str, model: Any, tok: Any, reference: dict[str, list[list[int]]]) -> list[dict]:
     """Every route under one variant: a fresh target, its graphs captured ahead, a warm-up, the timed runs."""
-    vocab = model.config.vocab_size
     rows = []
     with VARIANTS[name]():
-        target = graphed.GraphedTarget(model, max_nodes=64, graphs=not CPU)
-        routes = [build_route(s, vocab, "greedy", 0.0, 42, target=target, family=FAMILY) for s in ROUTES]
-        prepare_graphs(target, routes)
+        target, routes = graphed_routes(model, ROUTES)
         for spec, route in zip(ROUTES, routes):
             ps = prompts(tok)
             generate(target, ps[0], route, NEW_TOKENS)  # warm-up (first-use compiles, the drafter's buffers)
