@@ -104,10 +104,12 @@ class StageClock:
     """Per-stage wall, device and graph-busy time over the steps of one generation.
 
     ``mark()`` at every stage boundary of a step (len(STAGES) + 1 marks per step): a wall-clock reading
-    (after a device sync when ``sync``) and, on CUDA, an event recorded on the current stream without a
-    sync. Steps whose events have completed (``query``, no sync) are summed at the next step's first
-    mark and their events reused; ``device_s()`` waits for the rest (one sync) and returns the summed
-    device time per stage; without events it gives the wall-clock sums.
+    (after a device sync when ``sync``) and, on CUDA, an event recorded without a sync on ``stream``, the
+    stream current when the clock was made (the generation's: it runs on one stream; resolved once, as
+    looking it up costs host time on every event). Steps whose events have completed (``query``, no
+    sync) are summed at the next step's first mark and their events reused; ``device_s()`` waits for the
+    rest (one sync) and returns the summed device time per stage; without events it gives the wall-clock
+    sums.
 
     It is also a :class:`~repro.models.graphs.ReplayRecorder`: inside ``busy_recorder(clock)`` every graph
     replay's (start, end) events, from the same pool, are attributed to the stage whose mark came last
@@ -117,6 +119,7 @@ class StageClock:
     def __init__(self, device: torch.device, sync: bool) -> None:
         self.device, self.sync = device, sync
         self.events = device.type == "cuda"
+        self.stream = torch.cuda.current_stream(device) if self.events else None
         self.wall = dict.fromkeys(STAGES, 0.0)
         self.device_sums = dict.fromkeys(STAGES, 0.0)
         self.busy_sums = dict.fromkeys(STAGES, 0.0)
@@ -144,7 +147,7 @@ class StageClock:
                 self._harvest(wait=False)
                 self._steps.append([])
             event = self.event()
-            event.record()
+            event.record(self.stream)
             self._steps[-1].append(event)
         if len(self._times) == len(STAGES) + 1:
             for name, a, b in zip(STAGES, self._times, self._times[1:]):

@@ -167,7 +167,11 @@ def count_ops(fn: Callable[[], Any]) -> int:
 
 
 class ReplayRecorder(Protocol):
-    """What :func:`busy_recorder` hands the replays to."""
+    """What :func:`busy_recorder` hands the replays to. ``stream``: the stream its events are recorded
+    on (the one the replays run on, resolved once: ``Event.record()`` without a stream looks the current
+    stream up through torch's Python on every call, ~10 us of host time an event on a decode step)."""
+
+    stream: Any
 
     def event(self) -> Any:
         """A timing event to record (``record()``, later ``query()``/``synchronize()``/``elapsed_time``)."""
@@ -197,9 +201,9 @@ def replay_graph(graph: Any) -> None:
         return
     recorder = _recorders[-1]
     start, end = recorder.event(), recorder.event()
-    start.record()
+    start.record(recorder.stream)
     graph.replay()
-    end.record()
+    end.record(recorder.stream)
     recorder.replayed(start, end)
 
 

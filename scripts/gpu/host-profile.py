@@ -9,7 +9,9 @@ routes of scripts/gpu/routes-ab.py (its setup: the embedded tiny-qwen35 in bf16 
 graphs, greedy, its prompts) under cProfile after a warm-up, one prompt of NEW_TOKENS per route, and writes
 per route the wall ms per step and the top functions by own time and by cumulative time (ms per step), so
 that the host path can be cut where it costs. cProfile slows Python down (~1.5-2x): the shares count, not
-the absolute times. Writes OUT_DIR/host-profile.json and OUT_DIR/host-profile.md; prints the markdown.
+the absolute times. The prompt's prefill (eager, once a prompt) is left out; each function's callers
+that called it most are listed. Writes OUT_DIR/host-profile.json and OUT_DIR/host-profile.md; prints the
+markdown.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # this checkout's repro, not an installed one
 
+import repro.decoding.engine as engine  # noqa: E402
 from repro.decoding.engine import generate  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("routes_ab", ROOT / "scripts/gpu/routes-ab.py")
@@ -40,16 +43,38 @@ NEW_TOKENS = 16 if ab.CPU else 96
 TOP = 25
 
 
+def _name(key: tuple[str, int, str]) -> str:
+    file, line, name = key
+    return f"{name} ({Path(file).name}:{line})" if line else f"{name} ({file})"
+
+
 def top(stats: pstats.Stats, key: str, steps: int) -> list[dict[str, Any]]:
-    """The TOP functions by ``key`` ("tottime" or "cumtime"), ms per step."""
+    """The TOP functions by ``key`` ("tottime" or "cumtime"), ms per step, each with its three callers
+    that called it most (calls per step)."""
     rows = []
     entries = stats.stats  # type: ignore[attr-defined] - {(file, line, name): (cc, nc, tt, ct, callers)}
     order = sorted(entries.items(), key=lambda e: e[1][2 if key == "tottime" else 3], reverse=True)
-    for (file, line, name), (_, calls, tt, ct, _) in order[:TOP]:
-        where = f"{Path(file).name}:{line}" if line else file
-        rows.append(dict(function=f"{name} ({where})", calls_per_step=calls / steps,
-                         own_ms_per_step=1e3 * tt / steps, cum_ms_per_step=1e3 * ct / steps))  # fmt: skip
+    for fn, (_, calls, tt, ct, callers) in order[:TOP]:
+        most = sorted(callers.items(), key=lambda c: c[1][1], reverse=True)[:3]
+        by = ", ".join(f"{_name(c)} {v[1] / steps:.1f}" for c, v in most)
+        rows.append(dict(function=_name(fn), calls_per_step=calls / steps, own_ms_per_step=1e3 * tt / steps,
+                         cum_ms_per_step=1e3 * ct / steps, callers=by))  # fmt: skip
     return rows
+
+
+def _prefill_unprofiled(prof: cProfile.Profile) -> None:
+    """The engine's prompt prefill (an eager forward, once a prompt) left out of ``prof``: the table is
+    the decode loop's, per step."""
+    prefill = engine._prefill
+
+    def unprofiled(*args: Any, **kwargs: Any) -> Any:
+        prof.disable()
+        try:
+            return prefill(*args, **kwargs)
+        finally:
+            prof.enable()
+
+    engine._prefill = unprofiled  # type: ignore[assignment]
 
 
 def main() -> None:
@@ -65,9 +90,14 @@ def main() -> None:
     for spec, route in zip(ROUTES, routes):
         generate(target, prompt, route, NEW_TOKENS)  # warm-up: compiles, buffers, graphs
         prof = cProfile.Profile()
+        prefill = engine._prefill
+        _prefill_unprofiled(prof)
         prof.enable()
-        r = generate(target, prompt, route, NEW_TOKENS)
-        prof.disable()
+        try:
+            r = generate(target, prompt, route, NEW_TOKENS)
+        finally:
+            prof.disable()
+            engine._prefill = prefill
         steps = max(r.steps, 1)
         stats = pstats.Stats(prof)
         device_s = sum((r.device_stage_s or r.stage_s).values())
@@ -79,16 +109,16 @@ def main() -> None:
     res["seconds"] = time.monotonic() - start
     (out / "host-profile.json").write_text(json.dumps(res, indent=1))
     lines = [f"# host-profile on {device} ({res['seconds']:.0f} s): tiny-qwen35 {ab.DTYPE}, cProfile on", ""]
-    head = "| calls/step | own ms/step | cum ms/step |"
+    head = "| calls/step | own ms/step | cum ms/step | called most by (calls/step) |"
     for r in res["routes"]:
         lines += [f"## {r['route']}: {r['steps']} steps, {r['wall_ms_per_step']:.3f} ms/step wall "
                   f"(profiled), {r['device_ms_per_step']:.3f} device (stage marks)", "",
-                  f"| by own time {head}", "|---|--:|--:|--:|"]  # fmt: skip
+                  f"| by own time {head}", "|---|--:|--:|--:|---|"]  # fmt: skip
         lines += [f"| `{f['function']}` | {f['calls_per_step']:.1f} | {f['own_ms_per_step']:.3f} | "
-                  f"{f['cum_ms_per_step']:.3f} |" for f in r["by_own"]]  # fmt: skip
-        lines += ["", f"| by cumulative time {head}", "|---|--:|--:|--:|"]
+                  f"{f['cum_ms_per_step']:.3f} | {f['callers']} |" for f in r["by_own"]]  # fmt: skip
+        lines += ["", f"| by cumulative time {head}", "|---|--:|--:|--:|---|"]
         lines += [f"| `{f['function']}` | {f['calls_per_step']:.1f} | {f['own_ms_per_step']:.3f} | "
-                  f"{f['cum_ms_per_step']:.3f} |" for f in r["by_cum"]]  # fmt: skip
+                  f"{f['cum_ms_per_step']:.3f} | {f['callers']} |" for f in r["by_cum"]]  # fmt: skip
         lines.append("")
     text = "\n".join(lines)
     (out / "host-profile.md").write_text(text)

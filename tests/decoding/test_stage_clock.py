@@ -23,6 +23,8 @@ from repro.decoding.engine import STAGES, StageClock, generate
 from repro.decoding.routes import build_route
 from repro.models.graphs import GraphedCall, busy_recorder, replay_graph
 
+FAKE_STREAM = object()  # the stream current when the clock was made
+
 
 class FakeEvent:
     made = 0
@@ -33,7 +35,8 @@ class FakeEvent:
         FakeEvent.made += 1
         self.at: float | None = None
 
-    def record(self) -> None:
+    def record(self, stream: object = None) -> None:
+        assert stream is FAKE_STREAM, "an event recorded on another stream than the generation's"
         self.at = FakeEvent.now
 
     def query(self) -> bool:
@@ -51,6 +54,7 @@ class FakeEvent:
 def fake_events(monkeypatch):
     FakeEvent.made, FakeEvent.now, FakeEvent.done_until = 0, 0.0, 0.0
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: FAKE_STREAM)
     return FakeEvent
 
 
@@ -152,7 +156,7 @@ def _engine_with_timed_graphs(monkeypatch: pytest.MonkeyPatch, ms: dict[str, flo
     class EventClock(StageClock):
         def __init__(self, device: torch.device, sync: bool) -> None:
             super().__init__(device, sync)
-            self.events = True  # fake events on the CPU
+            self.events, self.stream = True, FAKE_STREAM  # fake events on the CPU
 
     monkeypatch.setattr(graphs.EagerCall, "__call__", replayed)
     monkeypatch.setattr(engine, "StageClock", EventClock)

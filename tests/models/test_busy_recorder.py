@@ -23,11 +23,13 @@ class LogEvent:
     def __init__(self, log: list, n: int) -> None:
         self.log, self.n = log, n
 
-    def record(self) -> None:
-        self.log.append(("record", self.n))
+    def record(self, stream: str) -> None:
+        self.log.append(("record", self.n, stream))
 
 
 class Recorder:
+    stream = "s"
+
     def __init__(self, log: list) -> None:
         self.log, self.made = log, 0
 
@@ -54,8 +56,8 @@ def test_each_replay_hands_the_recorder_one_pair_recorded_around_it():
         b.replay()
     assert rec.made == 4
     assert log == [
-        ("record", 1), ("replay", "a"), ("record", 2), ("pair", 1, 2),
-        ("record", 3), ("replay", "b"), ("record", 4), ("pair", 3, 4),
+        ("record", 1, "s"), ("replay", "a"), ("record", 2, "s"), ("pair", 1, 2),
+        ("record", 3, "s"), ("replay", "b"), ("record", 4, "s"), ("pair", 3, 4),
     ]  # fmt: skip
 
 
