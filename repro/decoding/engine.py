@@ -43,12 +43,15 @@ from repro.decoding.sampling import step_rng
 from repro.decoding.tree_builders import SingleNode, TreeBuilder
 from repro.drafters.base import DraftContext, Drafter
 from repro.models.graphed import GraphedState, GraphedTarget
-from repro.models.graphs import busy_recorder
+from repro.models.graphs import busy_recorder, generation_stream
 from repro.models.hybrid import PREFILL_CHUNK, HybridLM, Verification
 from repro.models.state import ModelState
 from repro.tree import Tree
 
 STAGES = ("draft", "tree", "verify", "commit")  # on the device path "commit" holds the acceptance too
+# StageClock sums finished steps at the step's mark after the verify launch: the device is busy then and
+# the host would wait anyway (at the step's first mark the harvest delayed the next launch)
+HARVEST_MARK = STAGES.index("verify") + 2
 
 
 @dataclass
@@ -107,7 +110,8 @@ class StageClock:
     (after a device sync when ``sync``) and, on CUDA, an event recorded without a sync on ``stream``, the
     stream current when the clock was made (the generation's: it runs on one stream; resolved once, as
     looking it up costs host time on every event). Steps whose events have completed (``query``, no
-    sync) are summed at the next step's first mark and their events reused; ``device_s()`` waits for the
+    sync) are summed at a later step's mark after its verify launch (``HARVEST_MARK``) and their events
+    reused; ``device_s()`` waits for the
     rest (one sync) and returns the summed device time per stage; without events it gives the wall-clock
     sums.
 
@@ -119,7 +123,7 @@ class StageClock:
     def __init__(self, device: torch.device, sync: bool) -> None:
         self.device, self.sync = device, sync
         self.events = device.type == "cuda"
-        self.stream = torch.cuda.current_stream(device) if self.events else None
+        self.stream = generation_stream(device)
         self.wall = dict.fromkeys(STAGES, 0.0)
         self.device_sums = dict.fromkeys(STAGES, 0.0)
         self.busy_sums = dict.fromkeys(STAGES, 0.0)
@@ -144,11 +148,12 @@ class StageClock:
         self._times.append(_clock(self.device) if self.sync else time.perf_counter())
         if self.events:
             if len(self._times) == 1:
-                self._harvest(wait=False)
                 self._steps.append([])
             event = self.event()
             event.record(self.stream)
             self._steps[-1].append(event)
+            if len(self._times) == HARVEST_MARK:
+                self._harvest(wait=False)
         if len(self._times) == len(STAGES) + 1:
             for name, a, b in zip(STAGES, self._times, self._times[1:]):
                 self.wall[name] += b - a

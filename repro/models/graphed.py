@@ -57,7 +57,7 @@ from typing import Any
 import torch
 
 from repro.errors import ConfigError
-from repro.models.graphs import EagerCall
+from repro.models.graphs import EagerCall, generation_stream
 from repro.models.hybrid import HybridLM, Verification
 from repro.models.hybrid import check_verifier as check_chain_verifier
 from repro.models.state import ModelState
@@ -101,12 +101,12 @@ def slot_size(n: int, max_nodes: int) -> int:
     raise ConfigError(f"a tree of {n} nodes exceeds the graphed engine's {max_nodes} nodes; lower the budget")
 
 
-def read_back(device: torch.Tensor, host: torch.Tensor) -> list[int]:
-    """``device`` copied into ``host`` (pinned on CUDA: one copy, then the stream is waited for) and
-    listed: the only device-to-host read of a greedy step on the graphed target."""
+def read_back(device: torch.Tensor, host: torch.Tensor, stream: Any) -> list[int]:
+    """``device`` copied into ``host`` (pinned on CUDA: one copy on ``stream``, the current one, then it
+    is waited for) and listed: the only device-to-host read of a greedy step on the graphed target."""
     host.copy_(device, non_blocking=True)
-    if device.is_cuda:
-        torch.cuda.current_stream(device.device).synchronize()
+    if stream is not None:
+        stream.synchronize()
     return host.tolist()
 
 
@@ -187,6 +187,7 @@ class GraphedTarget:
         self.epoch = 0
         self.captures = 0  # graphs captured so far
         self.tickets = 0  # delayed verifications so far
+        self.stream = generation_stream(self.device)  # the stream the graphs replay on (read_back waits)
         self._build(self.max_len)
 
     @property
@@ -591,7 +592,7 @@ class GraphedTarget:
                 host[folded : folded + size].copy_(self._picks[:size], non_blocking=cuda)
                 event = torch.cuda.Event() if cuda else None
                 if event is not None:
-                    event.record()
+                    event.record(self.stream)
                 groups.append((folded, size, event))
                 mark()
                 folded += size
@@ -628,7 +629,7 @@ class GraphedTarget:
         tree = verification.tree  # the decode step folded the root in and wrote its argmax
         assert isinstance(tree, Tree)
         path, tokens = [0], tree.tokens.tolist()
-        bonus = read_back(self.decoder.pick, self.decoder.pick_host)[0]
+        bonus = read_back(self.decoder.pick, self.decoder.pick_host, self.stream)[0]
         new = GraphedState(state.position + 1, state.committed_tokens + tokens, self.epoch)
         return new, path, tokens, bonus
 
@@ -656,7 +657,7 @@ class GraphedTarget:
         if delayed:
             self._delayed_done(slot)
         self.epoch += 1
-        got = read_back(slot.result, slot.result_host)
+        got = read_back(slot.result, slot.result_host, self.stream)
         n, bonus, depth = got[0], got[1], slot.max_depth
         path, tokens = got[2 : 2 + n], got[2 + depth : 2 + depth + n]
         new = GraphedState(state.position + len(path), state.committed_tokens + tokens, self.epoch)

@@ -166,6 +166,15 @@ def count_ops(fn: Callable[[], Any]) -> int:
     return check_capture(fn).launches
 
 
+def generation_stream(device: torch.device) -> Any:
+    """The CUDA stream current on ``device`` now (None off CUDA), for what records events on it or waits
+    for it every step: resolved once, since ``Event.record()`` and ``current_stream()`` look it up
+    through torch's Python on every call (~10 us of host time each, a dozen times a decode step). The
+    holder assumes what the engine does: a generation runs on one stream, the one current when it was
+    made."""
+    return torch.cuda.current_stream(device) if device.type == "cuda" else None
+
+
 class ReplayRecorder(Protocol):
     """What :func:`busy_recorder` hands the replays to. ``stream``: the stream its events are recorded
     on (the one the replays run on, resolved once: ``Event.record()`` without a stream looks the current
@@ -260,6 +269,7 @@ class HostUploads:
     def __init__(self, device: torch.device, ring: int = 4) -> None:
         self.device = device
         self.cuda = device.type == "cuda"
+        self.stream = generation_stream(device)
         self._host: list[torch.Tensor | None] = [None] * ring
         self._copied: list[Any] = [None] * ring  # a CUDA event per host buffer, once it has been copied
         self._turn = 0
@@ -280,5 +290,5 @@ class HostUploads:
         if self.cuda:
             if done is None:
                 done = self._copied[i] = torch.cuda.Event()
-            done.record()
+            done.record(self.stream)
         return dst if out is None else out

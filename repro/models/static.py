@@ -126,6 +126,7 @@ from repro.gdn.backends import (
 from repro.gdn.reference import PendingCommit, TreeFactors
 from repro.gdn.triton_common import verify_launches
 from repro.models.config import GDN
+from repro.models.graphs import generation_stream
 from repro.models.hybrid import COMMIT_STRATEGIES, HybridLM
 from repro.models.layers import (
     Attention,
@@ -678,6 +679,7 @@ class TreeSlot:
         pinned = dev.type == "cuda"
         self._host_bytes = torch.zeros(nbytes, dtype=torch.uint8, pin_memory=pinned)
         self._copied: Any = None  # the last upload's CUDA event: the host buffer is reused after it
+        self._stream = generation_stream(dev)
         longs = self._device_bytes[:ints].view(torch.long)
         flags = self._device_bytes[ints:].view(torch.bool)
         self.tokens, self.parents = longs[:size], longs[size : 2 * size]
@@ -752,7 +754,7 @@ class TreeSlot:
         self._device_bytes[:nbytes].copy_(self._host_bytes[:nbytes], non_blocking=True)
         if self._device_bytes.is_cuda:
             self._copied = torch.cuda.Event()
-            self._copied.record()
+            self._copied.record(self._stream)
 
     def set_device_tree(self, tree: DeviceTree) -> None:
         """Copy a device tree of up to ``size`` nodes into tokens and parents on the device (no host
