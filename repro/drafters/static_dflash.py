@@ -238,14 +238,14 @@ class StaticDFlash:
     def _call(self, sources: tuple[torch.Tensor, ...] | None, probs: bool) -> Outputs:
         """The step's outputs: the graph of ``_run`` (captured on first use per sources and padding),
         or ``_run`` itself without graphs."""
-        fn = torch.no_grad()(lambda: self._run(sources, probs))
         if not self.graphs:
-            return EagerCall(fn)()
+            return EagerCall(torch.no_grad()(lambda: self._run(sources, probs)))()
         key = (probs, self._pad, None if sources is None else tuple(_address(h) for h in sources))
         call = self._calls.get(key)
         if call is None:
             from repro.models.graphs import GraphedCall
 
+            fn = torch.no_grad()(lambda: self._run(sources, probs))
             call = GraphedCall(fn, self.device)  # its warm-up calls are real steps: writes are idempotent
             self.captures += 1
             self._calls[key] = call
