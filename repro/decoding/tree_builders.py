@@ -26,7 +26,7 @@ import torch
 
 from repro.drafters.base import Proposal
 from repro.errors import ConfigError
-from repro.models.graphs import EagerCall
+from repro.models.graphs import EagerCall, tensor_address
 from repro.tree import MAX_TREE_NODES, DeviceTree, Sparse, Tree
 
 Rng = np.random.Generator | None
@@ -282,7 +282,7 @@ class BestFirst:
         (default :func:`device_builder`'s): one per marginals buffer that reads it where it lies (a static
         drafter's step outputs, refreshed in place: no copy a step; one buffer per drafter graph), for
         the first :data:`ALIASED_GRAPHS` buffers; then one per marginals shape that copies them in."""
-        aliased = ("alias", probs.data_ptr(), tuple(probs.shape), probs.stride(), probs.dtype, probs.device)
+        aliased = ("alias", *tensor_address(probs))
         copying = ("copy", tuple(probs.shape), probs.dtype, probs.device)
         graphed = self._graphs.get(aliased) or self._graphs.get(copying)
         if graphed is None:

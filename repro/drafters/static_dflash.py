@@ -44,7 +44,7 @@ from repro.drafters.fast_rules import check_fast_device
 from repro.drafters.features import ingest_start
 from repro.errors import ConfigError
 from repro.models.graphed import GraphedVerification
-from repro.models.graphs import EagerCall, HostUploads
+from repro.models.graphs import EagerCall, HostUploads, tensor_address
 from repro.models.hybrid import Verification
 
 if TYPE_CHECKING:
@@ -240,7 +240,7 @@ class StaticDFlash:
         or ``_run`` itself without graphs."""
         if not self.graphs:
             return EagerCall(torch.no_grad()(lambda: self._run(sources, probs)))()
-        key = (probs, self._pad, None if sources is None else tuple(_address(h) for h in sources))
+        key = (probs, self._pad, None if sources is None else tuple(tensor_address(h) for h in sources))
         call = self._calls.get(key)
         if call is None:
             from repro.models.graphs import GraphedCall
@@ -277,8 +277,3 @@ class StaticDFlash:
         if sources is None:
             self._upload(ctx.output_ids[-1], self.count, [])
         return self._call(sources, probs)
-
-
-def _address(t: torch.Tensor) -> tuple[Any, ...]:
-    """What a graph that reads ``t`` in place depends on."""
-    return t.data_ptr(), tuple(t.shape), t.stride(), t.dtype

@@ -166,6 +166,12 @@ def count_ops(fn: Callable[[], Any]) -> int:
     return check_capture(fn).launches
 
 
+def tensor_address(t: torch.Tensor) -> tuple[Any, ...]:
+    """What a graph that reads ``t`` in place depends on: a graph captured on a tensor with the same
+    address reads this one."""
+    return t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device
+
+
 def generation_stream(device: torch.device) -> Any:
     """The CUDA stream current on ``device`` now (None off CUDA), for what records events on it or waits
     for it every step: resolved once, since ``Event.record()`` and ``current_stream()`` look it up

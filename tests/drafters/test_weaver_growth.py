@@ -147,6 +147,46 @@ def test_growth_step_takes_its_inputs_and_returns_marginals():
         assert torch.allclose(probs, torch.softmax(logits, -1))
 
 
+def test_growth_step_graphs_read_the_first_buffers_in_place_and_copy_later_ones(monkeypatch):
+    """With stand-in graphs (the step's callable, run at each call): the first ALIASED_GROWTHS input
+    buffers each get a graph that reads them where they lie (a buffer refreshed in place is read anew,
+    nothing captured again); later buffers share one copying graph per shape; every call grows the tree
+    of the inputs it was given."""
+    import repro.drafters.weaver_growth as wg
+    import repro.models.graphs as graphs
+
+    captured: list[int] = []
+
+    def stand_in(fn, device):  # noqa: ANN001, ANN202 - GraphedCall's signature
+        captured.append(1)
+        return fn
+
+    monkeypatch.setattr(graphs, "GraphedCall", stand_in)
+    monkeypatch.setattr(wg, "ALIASED_GROWTHS", 2)
+    weaver = adapter(4, 5, 1.0)
+    emb, root, rows, _, _, feature = inputs(4, 5, 4)
+    step = GrowthStep(weaver, emb, 17, 4, graphs=True)
+    gen = torch.Generator().manual_seed(9)
+    buffers = [2 * torch.randn(5, VOCAB, generator=gen, dtype=torch.float64) for _ in range(4)]
+
+    def check(logits: torch.Tensor, token: int, captures: int) -> None:
+        growth, probs = step(token, rows, logits, feature)
+        host = grow(weaver, emb, 17, 4, token, rows, *top_k_pool(logits, 4), feature)
+        assert growth.tokens.tolist() == host.tree.tokens.tolist()
+        assert growth.parents.tolist() == host.tree.parents.tolist()
+        assert torch.allclose(probs, torch.softmax(logits, -1))
+        assert len(captured) == captures
+
+    check(buffers[0], root, 1)
+    buffers[0].copy_(2 * torch.randn(5, VOCAB, generator=gen, dtype=torch.float64))  # refreshed in place
+    check(buffers[0], root + 1, 1)
+    check(buffers[1], root, 2)
+    check(buffers[2], root, 3)  # past ALIASED_GROWTHS: the copying graph
+    check(buffers[3], root + 2, 3)  # the same shape: copied into it
+    check(buffers[1], root + 3, 3)
+    assert len(step.aliased) == 2
+
+
 # ----- the weaver route through the graphed target -----
 
 
