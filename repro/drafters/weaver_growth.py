@@ -335,11 +335,13 @@ class GrowthStep:
     shapes fit that many programs (``growth_kernels.fits``). True on CPU needs TRITON_INTERPRET=1 (one
     program there).
 
-    ``__call__(root, rows, logits, feature)`` writes the root token (a fill) and returns (growth,
-    marginals [D, V]); with graphs these are the graph's static outputs, valid until the next call. The
-    first :data:`ALIASED_GROWTHS` input buffers (a static DFlash drafter's step outputs, refreshed in
-    place) each get a graph that reads them where they lie (no copy a step; the step holds them, so
-    their memory is not reused); later ones share one graph per shape that copies them in.
+    ``__call__(root, rows, logits, feature)`` writes the root token (a fill) and the feature row (a
+    copy: it moves along the drafter's feature buffer every step) into the step's own buffers and
+    returns (growth, marginals [D, V]); with graphs these are the graph's static outputs, valid until
+    the next call. The first :data:`ALIASED_GROWTHS` (rows, logits) buffers (a static DFlash drafter's
+    step outputs, refreshed in place) each get a graph that reads them where they lie (no copy a step;
+    the step holds them, so their memory is not reused); later ones share one graph per shape that
+    copies them in.
     """
 
     def __init__(
@@ -354,8 +356,9 @@ class GrowthStep:
         self.weaver, self.embedding, self.budget = weaver, embedding, budget
         self.pool, self.graphs, self.fused = pool, graphs, fused
         self.root: torch.Tensor | None = None  # the root token on the device, shared by the graphs
+        self.feature: torch.Tensor | None = None  # the root's feature row, shared by the graphs
         self.aliased: dict[tuple[Any, ...], tuple[tuple[torch.Tensor, ...], Callable[[], Any]]] = {}
-        self.inputs: list[torch.Tensor] = []  # the copying graph's input buffers
+        self.inputs: list[torch.Tensor] = []  # the copying graph's (rows, logits) buffers
         self.call: Callable[[], Any] | None = None  # the copying graph
 
     def _step(self, inputs: tuple[torch.Tensor, ...]) -> tuple[DeviceGrowth, torch.Tensor]:
@@ -378,24 +381,32 @@ class GrowthStep:
     def __call__(
         self, root: int, rows: torch.Tensor, logits: torch.Tensor, feature: torch.Tensor
     ) -> tuple[DeviceGrowth, torch.Tensor]:
-        given = (rows, logits, feature)
-        if self.root is None:
+        f = self.feature
+        if (
+            self.root is None
+            or f is None
+            or (f.shape, f.dtype, f.device) != (feature.shape, feature.dtype, feature.device)
+        ):
             self.root = torch.zeros(1, dtype=torch.long, device=rows.device)
+            self.feature = torch.empty_like(feature)
+            self.aliased, self.inputs, self.call = {}, [], None  # the graphs read the old buffers
+        assert self.feature is not None
         self.root.fill_(root)
-        key = tuple(tensor_address(t) for t in given)
+        self.feature.copy_(feature)
+        key = (tensor_address(rows), tensor_address(logits))
         aliased = self.aliased.get(key)
         if aliased is None and len(self.aliased) < ALIASED_GROWTHS:
-            inputs = (self.root, *given)
+            inputs = (self.root, rows, logits, self.feature)
             aliased = self.aliased[key] = (inputs, self._graph(inputs))
         if aliased is not None:
             return aliased[1]()
-        if self.call is None or any(a.shape != b.shape for a, b in zip(self.inputs[1:], given)):
-            self.inputs = [self.root] + [t.clone() for t in given]
+        if self.call is None or any(a.shape != b.shape for a, b in zip(self.inputs, (rows, logits))):
+            self.inputs = [rows.clone(), logits.clone()]
             self.call = None
-        for buf, t in zip(self.inputs[1:], given):
+        for buf, t in zip(self.inputs, (rows, logits)):
             buf.copy_(t)
         if self.call is None:
-            self.call = self._graph(tuple(self.inputs))
+            self.call = self._graph((self.root, *self.inputs, self.feature))
         return self.call()
 
 

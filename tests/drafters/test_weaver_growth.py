@@ -148,10 +148,11 @@ def test_growth_step_takes_its_inputs_and_returns_marginals():
 
 
 def test_growth_step_graphs_read_the_first_buffers_in_place_and_copy_later_ones(monkeypatch):
-    """With stand-in graphs (the step's callable, run at each call): the first ALIASED_GROWTHS input
-    buffers each get a graph that reads them where they lie (a buffer refreshed in place is read anew,
-    nothing captured again); later buffers share one copying graph per shape; every call grows the tree
-    of the inputs it was given."""
+    """With stand-in graphs (the step's callable, run at each call): the first ALIASED_GROWTHS (rows,
+    logits) buffers each get a graph that reads them where they lie (a buffer refreshed in place is read
+    anew, nothing captured again); later buffers share one copying graph per shape; the feature row,
+    another view of the drafter's buffer every step, is copied in and captures nothing; every call
+    grows the tree of the inputs it was given."""
     import repro.drafters.weaver_growth as wg
     import repro.models.graphs as graphs
 
@@ -168,22 +169,23 @@ def test_growth_step_graphs_read_the_first_buffers_in_place_and_copy_later_ones(
     step = GrowthStep(weaver, emb, 17, 4, graphs=True)
     gen = torch.Generator().manual_seed(9)
     buffers = [2 * torch.randn(5, VOCAB, generator=gen, dtype=torch.float64) for _ in range(4)]
+    features = torch.randn(8, feature.numel(), generator=gen, dtype=torch.float64)  # a drafter's rows
 
-    def check(logits: torch.Tensor, token: int, captures: int) -> None:
-        growth, probs = step(token, rows, logits, feature)
-        host = grow(weaver, emb, 17, 4, token, rows, *top_k_pool(logits, 4), feature)
+    def check(logits: torch.Tensor, token: int, row: int, captures: int) -> None:
+        growth, probs = step(token, rows, logits, features[row])
+        host = grow(weaver, emb, 17, 4, token, rows, *top_k_pool(logits, 4), features[row])
         assert growth.tokens.tolist() == host.tree.tokens.tolist()
         assert growth.parents.tolist() == host.tree.parents.tolist()
         assert torch.allclose(probs, torch.softmax(logits, -1))
         assert len(captured) == captures
 
-    check(buffers[0], root, 1)
+    check(buffers[0], root, 0, 1)
     buffers[0].copy_(2 * torch.randn(5, VOCAB, generator=gen, dtype=torch.float64))  # refreshed in place
-    check(buffers[0], root + 1, 1)
-    check(buffers[1], root, 2)
-    check(buffers[2], root, 3)  # past ALIASED_GROWTHS: the copying graph
-    check(buffers[3], root + 2, 3)  # the same shape: copied into it
-    check(buffers[1], root + 3, 3)
+    check(buffers[0], root + 1, 1, 1)
+    check(buffers[1], root, 2, 2)
+    check(buffers[2], root, 3, 3)  # past ALIASED_GROWTHS: the copying graph
+    check(buffers[3], root + 2, 4, 3)  # the same shape: copied into it
+    check(buffers[1], root + 3, 5, 3)
     assert len(step.aliased) == 2
 
 
