@@ -238,7 +238,9 @@ class GraphedTarget:
     def _preserved(self) -> Iterator[None]:
         """Restore every state buffer of the decoder on exit."""
         dec = self.decoder
-        tensors = [dec.length] + [stash.node for stash in dec.pending_sets]
+        # greedy AR's graphs read the token or the last pick and write both (the warm-ups must not leave
+        # theirs behind for the first replay)
+        tensors = [dec.length, dec.token, dec.pick, self._picks] + [stash.node for stash in dec.pending_sets]
         for buf in dec.buffers:
             tensors += [buf.recurrent, buf.conv] if isinstance(buf, GDNBuffers) else [buf.keys, buf.values]
         saved = [t.clone() for t in tensors]

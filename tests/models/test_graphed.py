@@ -405,6 +405,41 @@ def test_ar_one_group_ahead_stops_where_the_host_loop_stops(stop_at, group, monk
     assert torch.allclose(probe.logits.float(), want.logits.float(), atol=1e-5)
 
 
+class WarmedCall:
+    """GraphedCall's stand-in on the CPU: two warm-up calls of ``fn`` at capture (as GraphedCall makes,
+    for real), then ``fn`` at every call."""
+
+    def __init__(self, fn, device) -> None:  # noqa: ANN001 - GraphedCall's signature
+        self.fn = fn
+        fn(), fn()
+        self.output = fn()
+
+    def __call__(self):  # noqa: ANN204
+        return self.fn()
+
+    def replay(self) -> None:
+        self.fn()
+
+
+@pytest.mark.parametrize("group", [8, 1])
+def test_graphs_captured_mid_generation_leave_greedy_ar_exact(group, monkeypatch):
+    """A graph captured during a generation (here: after the buffers grew) runs its warm-ups on the live
+    decoder: the state, the token and the last pick they write are restored, so greedy AR's groups (which
+    read the token or the last pick) still give HybridLM's tokens."""
+    import repro.models.graphs as graphs
+
+    monkeypatch.setattr(graphed_module, "AR_GROUP", group)
+    monkeypatch.setattr(graphs, "GraphedCall", WarmedCall)
+    model = small_hybrid(13)
+    prompt = small_ids(9, 14)
+    ar = device_routes()[0]
+    want = generate(model, prompt, ar, 40).output_ids
+    target = GraphedTarget(model, max_len=24, max_nodes=16, graphs=False)
+    target.graphs = True  # graph calls through the stand-in
+    assert generate(target, prompt, ar, 40).output_ids == want  # the buffers grow: graphs captured anew
+    assert generate(target, prompt, ar, 40).output_ids == want
+
+
 def test_ar_groups_only_at_small_widths(monkeypatch):
     """AR_GROUP steps a graph up to SMALL_WIDTH (where the host's loop would pace the decode step); one
     step a graph above it (a stop wastes at most one step there), with the same tokens."""
