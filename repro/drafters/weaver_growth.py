@@ -43,7 +43,6 @@ import torch
 
 from repro.drafters.dflash import marginals
 from repro.drafters.pool import top_k_pool
-from repro.models.graphs import graph_call, tensor_address
 from repro.tree import DeviceTree, Sparse, Tree
 
 if TYPE_CHECKING:
@@ -321,13 +320,9 @@ def grow_on_device(
     return grower.run(root, budget)
 
 
-ALIASED_GROWTHS = 8  # GrowthStep's graphs that read their inputs in place (one per DFlash graph's outputs)
-
-
 class GrowthStep:
     """Weaver's propose after the DFlash block, on static inputs: pool top-``pool``, DFlash marginals,
-    device growth. With ``graphs`` one CUDA graph per input buffers (captured on their first call), else
-    eager.
+    device growth. With ``graphs`` one CUDA graph (captured on the first call), else eager.
 
     ``fused``: grow with :func:`repro.drafters.growth_kernels.grow_fused` (one Triton launch per node,
     on the programs ``growth_kernels.device_programs`` picks from the shapes and the SM count) instead
@@ -335,13 +330,11 @@ class GrowthStep:
     shapes fit that many programs (``growth_kernels.fits``). True on CPU needs TRITON_INTERPRET=1 (one
     program there).
 
-    ``__call__(root, rows, logits, feature)`` writes the root token (a fill) and the feature row (a
-    copy: it moves along the drafter's feature buffer every step) into the step's own buffers and
-    returns (growth, marginals [D, V]); with graphs these are the graph's static outputs, valid until
-    the next call. The first :data:`ALIASED_GROWTHS` (rows, logits) buffers (a static DFlash drafter's
-    step outputs, refreshed in place) each get a graph that reads them where they lie (no copy a step;
-    the step holds them, so their memory is not reused); later ones share one graph per shape that
-    copies them in.
+    ``__call__(root, rows, logits, feature)`` copies the inputs in (device to device; the root token
+    by a fill) and returns (growth, marginals [D, V]); with graphs these are the graph's static
+    outputs, valid until the next call. (A graph per input buffers that read the DFlash step's outputs
+    in place, saving the three copies, measured slower on the H200: each new DFlash graph then captured
+    a growth graph inside the timed decode, results/2026-12-02-h200-host-path.)
     """
 
     def __init__(
@@ -355,14 +348,11 @@ class GrowthStep:
     ) -> None:
         self.weaver, self.embedding, self.budget = weaver, embedding, budget
         self.pool, self.graphs, self.fused = pool, graphs, fused
-        self.root: torch.Tensor | None = None  # the root token on the device, shared by the graphs
-        self.feature: torch.Tensor | None = None  # the root's feature row, shared by the graphs
-        self.aliased: dict[tuple[Any, ...], tuple[tuple[torch.Tensor, ...], Callable[[], Any]]] = {}
-        self.inputs: list[torch.Tensor] = []  # the copying graph's (rows, logits) buffers
-        self.call: Callable[[], Any] | None = None  # the copying graph
+        self.inputs: list[torch.Tensor] = []
+        self.call: Callable[[], Any] | None = None
 
-    def _step(self, inputs: tuple[torch.Tensor, ...]) -> tuple[DeviceGrowth, torch.Tensor]:
-        root, rows, logits, feature = inputs
+    def _step(self) -> tuple[DeviceGrowth, torch.Tensor]:
+        root, rows, logits, feature = self.inputs
         pool_logits, pool_ids = top_k_pool(logits, self.pool)
         grow_fn = grow_on_device
         if self.fused:
@@ -370,43 +360,23 @@ class GrowthStep:
         growth = grow_fn(self.weaver, self.embedding, self.budget, root, rows, pool_logits, pool_ids, feature)
         return growth, marginals(logits)
 
-    def _graph(self, inputs: tuple[torch.Tensor, ...]) -> Callable[[], Any]:
-        """The graph (or its eager stand-in) of the step on ``inputs`` (the root filled in already)."""
-        rows, logits = inputs[1], inputs[2]
-        if self.fused is None:
-            pool = min(self.pool, logits.shape[-1])
-            self.fused = _fused_fits(self.weaver, self.budget, pool, rows.device)
-        return graph_call(lambda: self._step(inputs), rows.device, self.graphs)
-
     def __call__(
         self, root: int, rows: torch.Tensor, logits: torch.Tensor, feature: torch.Tensor
     ) -> tuple[DeviceGrowth, torch.Tensor]:
-        f = self.feature
-        if (
-            self.root is None
-            or f is None
-            or (f.shape, f.dtype, f.device) != (feature.shape, feature.dtype, feature.device)
-        ):
-            self.root = torch.zeros(1, dtype=torch.long, device=rows.device)
-            self.feature = torch.empty_like(feature)
-            self.aliased, self.inputs, self.call = {}, [], None  # the graphs read the old buffers
-        assert self.feature is not None
-        self.root.fill_(root)
-        self.feature.copy_(feature)
-        key = (tensor_address(rows), tensor_address(logits))
-        aliased = self.aliased.get(key)
-        if aliased is None and len(self.aliased) < ALIASED_GROWTHS:
-            inputs = (self.root, rows, logits, self.feature)
-            aliased = self.aliased[key] = (inputs, self._graph(inputs))
-        if aliased is not None:
-            return aliased[1]()
-        if self.call is None or any(a.shape != b.shape for a, b in zip(self.inputs, (rows, logits))):
-            self.inputs = [rows.clone(), logits.clone()]
+        given = (rows, logits, feature)
+        if self.call is None or any(a.shape != b.shape for a, b in zip(self.inputs[1:], given)):
+            self.inputs = [torch.zeros(1, dtype=torch.long, device=rows.device)] + [t.clone() for t in given]
             self.call = None
-        for buf, t in zip(self.inputs, (rows, logits)):
+        self.inputs[0].fill_(root)
+        for buf, t in zip(self.inputs[1:], given):
             buf.copy_(t)
         if self.call is None:
-            self.call = self._graph((self.root, *self.inputs, self.feature))
+            if self.fused is None:
+                pool = min(self.pool, logits.shape[-1])
+                self.fused = _fused_fits(self.weaver, self.budget, pool, rows.device)
+            from repro.models.graphs import graph_call
+
+            self.call = graph_call(self._step, rows.device, self.graphs)
         return self.call()
 
 

@@ -147,48 +147,6 @@ def test_growth_step_takes_its_inputs_and_returns_marginals():
         assert torch.allclose(probs, torch.softmax(logits, -1))
 
 
-def test_growth_step_graphs_read_the_first_buffers_in_place_and_copy_later_ones(monkeypatch):
-    """With stand-in graphs (the step's callable, run at each call): the first ALIASED_GROWTHS (rows,
-    logits) buffers each get a graph that reads them where they lie (a buffer refreshed in place is read
-    anew, nothing captured again); later buffers share one copying graph per shape; the feature row,
-    another view of the drafter's buffer every step, is copied in and captures nothing; every call
-    grows the tree of the inputs it was given."""
-    import repro.drafters.weaver_growth as wg
-    import repro.models.graphs as graphs
-
-    captured: list[int] = []
-
-    def stand_in(fn, device):  # noqa: ANN001, ANN202 - GraphedCall's signature
-        captured.append(1)
-        return fn
-
-    monkeypatch.setattr(graphs, "GraphedCall", stand_in)
-    monkeypatch.setattr(wg, "ALIASED_GROWTHS", 2)
-    weaver = adapter(4, 5, 1.0)
-    emb, root, rows, _, _, feature = inputs(4, 5, 4)
-    step = GrowthStep(weaver, emb, 17, 4, graphs=True)
-    gen = torch.Generator().manual_seed(9)
-    buffers = [2 * torch.randn(5, VOCAB, generator=gen, dtype=torch.float64) for _ in range(4)]
-    features = torch.randn(8, feature.numel(), generator=gen, dtype=torch.float64)  # a drafter's rows
-
-    def check(logits: torch.Tensor, token: int, row: int, captures: int) -> None:
-        growth, probs = step(token, rows, logits, features[row])
-        host = grow(weaver, emb, 17, 4, token, rows, *top_k_pool(logits, 4), features[row])
-        assert growth.tokens.tolist() == host.tree.tokens.tolist()
-        assert growth.parents.tolist() == host.tree.parents.tolist()
-        assert torch.allclose(probs, torch.softmax(logits, -1))
-        assert len(captured) == captures
-
-    check(buffers[0], root, 0, 1)
-    buffers[0].copy_(2 * torch.randn(5, VOCAB, generator=gen, dtype=torch.float64))  # refreshed in place
-    check(buffers[0], root + 1, 1, 1)
-    check(buffers[1], root, 2, 2)
-    check(buffers[2], root, 3, 3)  # past ALIASED_GROWTHS: the copying graph
-    check(buffers[3], root + 2, 4, 3)  # the same shape: copied into it
-    check(buffers[1], root + 3, 5, 3)
-    assert len(step.aliased) == 2
-
-
 # ----- the weaver route through the graphed target -----
 
 
