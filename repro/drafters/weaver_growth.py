@@ -333,8 +333,9 @@ class GrowthStep:
     ``__call__(root, rows, logits, feature)`` copies the inputs in (device to device; the root token
     by a fill) and returns (growth, marginals [D, V]); with graphs these are the graph's static
     outputs, valid until the next call. (A graph per input buffers that read the DFlash step's outputs
-    in place, saving the three copies, measured slower on the H200: each new DFlash graph then captured
-    a growth graph inside the timed decode, results/2026-12-02-h200-host-path.)
+    in place, saving the three copies, measured slower on the H200: the draft stage's host time grew,
+    likely from growth graphs captured inside the timed decode for each new DFlash graph;
+    results/2026-12-02-h200-host-path.)
     """
 
     def __init__(
