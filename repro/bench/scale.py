@@ -346,6 +346,7 @@ def decode_record(
         "stage_s": res.stage_s,
         "device_stage_s": res.device_stage_s,
         "busy_stage_s": res.busy_stage_s,
+        "graph_captures": res.graph_captures,
         "truncated_steps": rule.truncated if replayed else 0,
         "acceptance": rule.process.as_dict() if replayed else None,
         "route_params": route.params,

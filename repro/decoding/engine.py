@@ -43,7 +43,7 @@ from repro.decoding.sampling import step_rng
 from repro.decoding.tree_builders import SingleNode, TreeBuilder
 from repro.drafters.base import DraftContext, Drafter
 from repro.models.graphed import GraphedState, GraphedTarget
-from repro.models.graphs import busy_recorder, generation_stream
+from repro.models.graphs import busy_recorder, generation_stream, graphs_captured
 from repro.models.hybrid import PREFILL_CHUNK, HybridLM, Verification
 from repro.models.state import ModelState
 from repro.tree import Tree
@@ -68,6 +68,7 @@ class DecodeResult:
     accepted_paths: list[list[int]] = field(default_factory=list)
     device_stage_s: dict[str, float] | None = None  # device time per stage (module docstring)
     busy_stage_s: dict[str, float] | None = None  # graph replay time per stage; None without replays
+    graph_captures: int = 0  # CUDA graphs captured inside the decode (their capture time is in decode_s)
 
     @property
     def steps(self) -> int:
@@ -289,6 +290,7 @@ def generate(
     state, ver = _prefill(model, prompt_ids, capture, drafter, route.commit)
     out = [route.rule.pick(ver.logits[-1], 0)]
     t1 = _clock(dev)
+    captured = graphs_captured()
     clock = StageClock(dev, sync=not on_device)
     lengths: list[int] = []
     sizes: list[int] = []
@@ -339,4 +341,5 @@ def generate(
     result = DecodeResult(out, lengths, sizes, t1 - t0, t2 - t1, clock.wall, finish, paths)
     result.device_stage_s = clock.device_s()
     result.busy_stage_s = clock.busy_s()
+    result.graph_captures = graphs_captured() - captured
     return result

@@ -114,6 +114,7 @@ def generate_one(
         "stage_s": result.stage_s,
         "device_stage_s": result.device_stage_s,
         "busy_stage_s": result.busy_stage_s,
+        "graph_captures": result.graph_captures,
         "identical_to_ar": None if reference is None else result.output_ids == reference,
         "engine": "graphed" if isinstance(decoder, GraphedTarget) else "eager",
     }

@@ -222,6 +222,15 @@ def replay_graph(graph: Any) -> None:
     recorder.replayed(start, end)
 
 
+_captured = [0]  # CUDA graphs captured in this process so far
+
+
+def graphs_captured() -> int:
+    """How many :class:`GraphedCall` graphs this process has captured so far (the engine subtracts two
+    readings to count the captures inside a timed decode: their warm-ups and capture are in its time)."""
+    return _captured[0]
+
+
 class GraphedCall:
     """One CUDA graph of ``fn``; calling the object replays it and returns what the capture returned.
 
@@ -229,6 +238,12 @@ class GraphedCall:
     """
 
     def __init__(self, fn: Callable[[], Any], device: torch.device, warmup: int = 2) -> None:
+        self.graph, self.output = self._capture(fn, device, warmup)
+        _captured[0] += 1
+
+    @staticmethod
+    def _capture(fn: Callable[[], Any], device: torch.device, warmup: int) -> tuple[Any, Any]:
+        """``warmup`` calls of ``fn`` on a side stream, then its capture: (the graph, its output)."""
         if device.type != "cuda":
             raise ConfigError("CUDA graphs need a CUDA device")
         if device.index is None:
@@ -240,13 +255,14 @@ class GraphedCall:
                 fn()
         torch.cuda.current_stream(device).wait_stream(stream)
         torch.cuda.synchronize(device)
-        self.graph = torch.cuda.CUDAGraph()
+        graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(self.graph):
-                self.output = fn()
+            with torch.cuda.graph(graph):
+                output = fn()
         except Exception as exc:
             raise RuntimeError(f"CUDA graph capture failed: {diagnose(fn)}") from exc
         torch.cuda.synchronize(device)
+        return graph, output
 
     def replay(self) -> None:
         replay_graph(self.graph)

@@ -113,6 +113,7 @@ class DecodeRecord:
     seed: int
     device_stage_s: dict[str, float] | None = None  # device (CUDA event) time per stage; old records: None
     busy_stage_s: dict[str, float] | None = None  # CUDA-graph replay time per stage; None: no graphs / old
+    graph_captures: int | None = None  # CUDA graphs captured inside the timed decode; None: old records
 
     @property
     def key(self) -> RecordKey:

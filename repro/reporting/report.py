@@ -497,6 +497,26 @@ def write_report(run_dir: str | Path, figures: bool = True) -> str:
     return build_report(run, run.path if figures else None)
 
 
+def _captures_section(records: Sequence[DecodeRecord]) -> list[str]:
+    """Report lines on the records whose timed decode captured CUDA graphs (none: no lines)."""
+    hit = [r for r in records if r.graph_captures]
+    if not hit:
+        return []
+    lines = ["## Graphs captured inside the timed decode", ""]
+    for route in _ordered_routes(hit):
+        recs = [r for r in hit if r.route == route]
+        captures = sum(r.graph_captures or 0 for r in recs)
+        lines.append(f"- {route}: {captures} capture(s) in {len(recs)} record(s)")
+    lines += [
+        "",
+        "Their warm-up calls and capture are in these records' decode time (tok/s too low, wall_over_busy"
+        " too high): a graph first needed after the warm-up turns (a new tree slot, drafter buffer or"
+        " buffer growth). More warm-up turns (`warmup:`) or a longer first turn take them out.",
+        "",
+    ]
+    return lines
+
+
 def build_report(run: Run, figures_dir: Path | None) -> str:
     """report.md, summary.csv and histogram.csv (and figures) of a decode run, from its records only.
 
@@ -560,6 +580,7 @@ def build_report(run: Run, figures_dir: Path | None) -> str:
                         " left (drafting, acceptance and commit free): the ceiling at this MAL.",
                         "",
                     ]
+        lines += _captures_section(records)
         counts, rates = _histogram_tables(hist)
         lines += [
             "## Accepted lengths (verify steps per accepted length)",

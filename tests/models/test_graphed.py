@@ -20,6 +20,7 @@ from repro.decoding.routes import build_route
 from repro.errors import ConfigError
 from repro.harness.experiment import load_experiment
 from repro.models import graphed as graphed_module
+from repro.models import graphs as graphs_module
 from repro.models.graphed import GraphedState, GraphedTarget, resolve_engine, slot_size
 from repro.models.graphs import check_capture
 from repro.models.target import open_target
@@ -405,14 +406,15 @@ def test_ar_one_group_ahead_stops_where_the_host_loop_stops(stop_at, group, monk
     assert torch.allclose(probe.logits.float(), want.logits.float(), atol=1e-5)
 
 
-class WarmedCall:
-    """GraphedCall's stand-in on the CPU: two warm-up calls of ``fn`` at capture (as GraphedCall makes,
-    for real), then ``fn`` at every call."""
+class WarmedCall(graphs_module.GraphedCall):
+    """GraphedCall on the CPU: its capture is the two warm-up calls of ``fn`` (as GraphedCall makes, for
+    real) and one more for the output; every call then runs ``fn``."""
 
-    def __init__(self, fn, device) -> None:  # noqa: ANN001 - GraphedCall's signature
+    def _capture(self, fn, device, warmup):  # noqa: ANN001, ANN202 - GraphedCall's
         self.fn = fn
-        fn(), fn()
-        self.output = fn()
+        for _ in range(warmup):
+            fn()
+        return None, fn()
 
     def __call__(self):  # noqa: ANN204
         return self.fn()
@@ -426,10 +428,8 @@ def test_graphs_captured_mid_generation_leave_greedy_ar_exact(group, monkeypatch
     """A graph captured during a generation (here: after the buffers grew) runs its warm-ups on the live
     decoder: the state, the token and the last pick they write are restored, so greedy AR's groups (which
     read the token or the last pick) still give HybridLM's tokens."""
-    import repro.models.graphs as graphs
-
     monkeypatch.setattr(graphed_module, "AR_GROUP", group)
-    monkeypatch.setattr(graphs, "GraphedCall", WarmedCall)
+    monkeypatch.setattr(graphs_module, "GraphedCall", WarmedCall)
     model = small_hybrid(13)
     prompt = small_ids(9, 14)
     ar = device_routes()[0]
@@ -438,6 +438,34 @@ def test_graphs_captured_mid_generation_leave_greedy_ar_exact(group, monkeypatch
     target.graphs = True  # graph calls through the stand-in
     assert generate(target, prompt, ar, 40).output_ids == want  # the buffers grow: graphs captured anew
     assert generate(target, prompt, ar, 40).output_ids == want
+
+
+def test_graphs_captured_inside_a_decode_are_counted_in_its_result_and_record(monkeypatch):
+    """The captures a generation's decode loop makes (graphs first needed there) are counted in its
+    result and record (prefill's are not), and the run report lists them; a generation after them
+    captures nothing."""
+    from repro.data.suites import Prompt
+    from repro.harness.runner import make_record
+    from repro.reporting.report import _captures_section
+
+    monkeypatch.setattr(graphs_module, "GraphedCall", WarmedCall)
+    model = small_hybrid(13)
+    prompt = small_ids(9, 14)
+    ar = device_routes()[0]
+    target = GraphedTarget(model, max_len=64, max_nodes=16, graphs=False)
+    target.graphs = True  # graph calls through the stand-in
+    first = generate(target, prompt, ar, 20)
+    assert first.graph_captures >= 2  # greedy AR's first group and a later one
+    second = generate(target, prompt, ar, 20)
+    assert second.graph_captures == 0 and second.output_ids == first.output_ids
+    cfg = {"temperature": 0.0, "seed": 0}
+    item = Prompt("s", "p", ["text"])
+    recs = [make_record(ar, item, 0, prompt, res, cfg, "lossless") for res in (first, second)]
+    assert [r.graph_captures for r in recs] == [first.graph_captures, 0]
+    lines = _captures_section(recs)
+    assert lines[0] == "## Graphs captured inside the timed decode"
+    assert lines[2] == f"- {ar.name}: {first.graph_captures} capture(s) in 1 record(s)"
+    assert _captures_section(recs[1:]) == []
 
 
 def test_ar_groups_only_at_small_widths(monkeypatch):
