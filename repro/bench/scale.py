@@ -23,7 +23,7 @@ from __future__ import annotations
 import gc
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import partial
@@ -558,7 +558,23 @@ REPORT_COLUMNS = {  # column -> (header, format)
 }  # fmt: skip
 
 
-def report_markdown(table: pd.DataFrame, manifest: dict[str, Any]) -> str:
+def capture_lines(records: list[dict[str, Any]]) -> list[str]:
+    """Report lines on the (shape, route) rows whose timed decodes captured CUDA graphs (none: none)."""
+    lines = []
+    for (shape, route), group in _groups(records).items():
+        hit = [r for r in group if r.get("graph_captures")]
+        if hit:
+            n = sum(r["graph_captures"] for r in hit)
+            lines.append(f"- {shape} {route}: {n} capture(s) in {len(hit)} of {len(group)} prompt(s)")
+    if not lines:
+        return []
+    return ["", "## Graphs captured inside the timed decode", "", *lines, "",
+            "Their warm-ups and capture are in those prompts' decode time (tok/s too low, wall/busy too "
+            "high)."]  # fmt: skip
+
+
+def report_markdown(table: pd.DataFrame, manifest: dict[str, Any], captures: Sequence[str] = ()) -> str:
+    """The run's report; ``captures``: :func:`capture_lines` of its records."""
     cfg = manifest.get("config", {})
     busy = "busy_ms" in table  # summary_table leaves them out for records from before graph busy times
     columns = {c: v for c, v in REPORT_COLUMNS.items() if busy or c not in BUSY_COLUMNS}
@@ -598,14 +614,16 @@ def report_markdown(table: pd.DataFrame, manifest: dict[str, Any]) -> str:
     lines = breakdown_lines(table)
     if lines:
         tail += ["", "## Cost breakdown against the paper", "", *lines]
+    tail += list(captures)
     return "\n".join(head + rows + tail) + "\n"
 
 
 def build_report(run: Run, figures_dir: Path | None) -> str:
     """table.csv and report.md of a bench-scale run, from its records."""
-    table = summary_table(list(run.records))
+    records = list(run.records)
+    table = summary_table(records)
     run.write("table.csv", table.to_csv(index=False))
-    text = report_markdown(table, run.manifest)
+    text = report_markdown(table, run.manifest, capture_lines(records))
     run.write("report.md", text)
     return text
 

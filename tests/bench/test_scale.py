@@ -265,3 +265,20 @@ def test_the_table_gives_graph_busy_ms_and_wall_over_busy_only_when_records_have
     text = bs.report_markdown(new, {})
     (row,) = [line for line in text.splitlines() if line.startswith("| s | ar |")]
     assert "| commit | graphs busy | wall/busy | nodes |" in text and "| 0.50 | 1.25 | 4.00 | 1.0 |" in row
+
+
+def test_the_report_lists_graph_captures_inside_the_timed_decode_only_when_there_were_any():
+    stages = {"draft": 0.002, "tree": 0.0, "verify": 0.004, "commit": 0.002}
+    record = {
+        "shape": "s", "route": "ddtree", "kind": "ddtree", "status": "ok", "steps": 4, "decode_s": 0.02,
+        "new_tokens": 5, "accepted_lengths": [1] * 4, "tree_sizes": [1] * 4, "truncated_steps": 0,
+        "acceptance": None, "stage_s": stages, "device_stage_s": stages, "drafter": {},
+    }  # fmt: skip
+    clean = [{**record, "prompt": i, "graph_captures": 0} for i in range(3)]
+    assert bs.capture_lines(clean) == [] and bs.capture_lines([record]) == []  # none, or old records
+    hit = [*clean[:2], {**clean[2], "graph_captures": 5}]
+    lines = bs.capture_lines(hit)
+    assert "- s ddtree: 5 capture(s) in 1 of 3 prompt(s)" in lines
+    text = bs.report_markdown(bs.summary_table(hit), {}, lines)
+    assert "## Graphs captured inside the timed decode" in text
+    assert "Graphs captured" not in bs.report_markdown(bs.summary_table(clean), {}, bs.capture_lines(clean))
