@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from repro.drafters.growth_kernels import _rnd  # round to a dtype, exact in the interpreter too
+from repro.drafters.growth_kernels import round_to  # round to a dtype, exact in the interpreter too
 
 CHUNK = 256  # buffer rows per program (launch_plan)
 MAX_SPLITS = 16
@@ -66,7 +66,7 @@ def _rotate(x_ptr, c_ptr, s_ptr, d, HD: tl.constexpr, rows_ok, DT: tl.constexpr)
     xr = tl.load(x_ptr + ((d + HD // 2) % HD)[None, :], mask=m, other=0.0).to(tl.float32)
     c = tl.load(c_ptr + d[None, :], mask=m, other=0.0).to(tl.float32)
     s = tl.load(s_ptr + d[None, :], mask=m, other=0.0).to(tl.float32)
-    return _rnd(_rnd(x * c, DT) + xr * s, DT)
+    return round_to(round_to(x * c, DT) + xr * s, DT)
 
 
 @triton.jit
@@ -94,7 +94,7 @@ def _attend_chunk(
         p = tl.exp(sc - base[:, None])
         alpha = tl.exp(top - base)
         total = total * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(_rnd(p, DT).to(DOT), vb.to(DOT), input_precision=PREC)
+        acc = acc * alpha[:, None] + tl.dot(round_to(p, DT).to(DOT), vb.to(DOT), input_precision=PREC)
         top = new
     return top, total, acc
 
@@ -144,7 +144,7 @@ def _rope_attend_kernel(
         top, total, acc = _attend_chunk(q.to(DOT), keys, values, mask_row, lo, hi, s_ks, s_vs, d, ok, scale,
                                         BM, HD, HP, BS, DT, DOT, PREC)  # fmt: skip
         if not MERGE:
-            o = _rnd(acc / tl.where(ok, total, 1.0)[:, None], DT)  # padding rows: 0, not 0 / 0
+            o = round_to(acc / tl.where(ok, total, 1.0)[:, None], DT)  # padding rows: 0, not 0 / 0
             tl.store(
                 out_ptr + r[:, None] * s_out + head[:, None] * HD + d[None, :],
                 o.to(DT),
@@ -181,7 +181,7 @@ def _rope_attend_kernel(
                     acc += w[:, None] * part
                 r = m // G
                 head = h * G + m % G
-                o = _rnd(acc / tl.where(ok, total, 1.0)[:, None], DT)
+                o = round_to(acc / tl.where(ok, total, 1.0)[:, None], DT)
                 tl.store(
                     out_ptr + r[:, None] * s_out + head[:, None] * HD + d[None, :],
                     o.to(DT),

@@ -169,7 +169,7 @@ def _tile(tile: int, *widths: int) -> int:
 
 
 @triton.jit
-def _rnd(x, DT: tl.constexpr):
+def round_to(x, DT: tl.constexpr):
     """x (float32 or float64) rounded to DT, round to nearest even, back in x's dtype. bfloat16 by integer
     arithmetic on the float32 bits (exact in Triton's CPU interpreter too, whose casts truncate)."""
     if DT == tl.bfloat16:  # noqa: SIM300 - constexpr dtypes
@@ -199,8 +199,8 @@ def _load_vec(ptr, N: tl.constexpr, NP: tl.constexpr, ACC: tl.constexpr, CG: tl.
 def _rmsnorm(x, w_ptr, eps, N: tl.constexpr, NP: tl.constexpr, ACC: tl.constexpr, DT: tl.constexpr):
     """DraftRMSNorm: w * (x / rms(x) rounded to DT), rounded to DT."""
     ms = tl.sum(x * x, axis=0) / N
-    y = _rnd(x * (1.0 / tl.sqrt(ms + eps)), DT)
-    return _rnd(_load_vec(w_ptr, N, NP, ACC, False) * y, DT)
+    y = round_to(x * (1.0 / tl.sqrt(ms + eps)), DT)
+    return round_to(_load_vec(w_ptr, N, NP, ACC, False) * y, DT)
 
 
 @triton.jit
@@ -228,7 +228,7 @@ def _linear(w_ptr, x, y_ptr, OUT: tl.constexpr, IN: tl.constexpr, INP: tl.conste
         m = (o_o[:, None] < OUT) & (o_i[None, :] < IN)
         w = tl.load(w_ptr + o_o[:, None] * IN + o_i[None, :], mask=m, other=0.0).to(ACC)
         y = tl.sum(w * x[None, :], axis=1)
-        tl.store(y_ptr + o_o, _rnd(y, DT).to(y_ptr.dtype.element_ty), mask=o_o < OUT)
+        tl.store(y_ptr + o_o, round_to(y, DT).to(y_ptr.dtype.element_ty), mask=o_o < OUT)
 
 
 @triton.jit
@@ -337,13 +337,13 @@ def _attention(q_ptr, cache_ptr, o_ptr, vis, c, ACC: tl.constexpr, DT: tl.conste
     keys = _ld(kv, m2, CG).to(ACC)
     s = tl.sum(tl.reshape(keys * q[None, :], (NP, NH, HD)), axis=2)  # [NP, NH]
     scale = 1.0 / tl.sqrt(tl.full([], HD, ACC))
-    s = _rnd(_rnd(s, DT) * scale, DT)
+    s = round_to(round_to(s, DT) * scale, DT)
     s = tl.where(vis[:, None], s, float("-inf"))
     e = tl.exp(s - tl.max(s, axis=0)[None, :])
-    w = _rnd(e / tl.sum(e, axis=0)[None, :], DT)
+    w = round_to(e / tl.sum(e, axis=0)[None, :], DT)
     vals = _ld(kv + DM, m2, CG).to(ACC)
     att = tl.sum(w[:, :, None] * tl.reshape(vals, (NP, NH, HD)), axis=0)  # [NH, HD]
-    tl.store(o_ptr + c, _rnd(tl.reshape(att, (NH * HD,)), DT).to(o_ptr.dtype.element_ty), mask=c < DM)
+    tl.store(o_ptr + c, round_to(tl.reshape(att, (NH * HD,)), DT).to(o_ptr.dtype.element_ty), mask=c < DM)
 
 
 @triton.jit
@@ -358,13 +358,13 @@ def _attention_head(q_ptr, cache_ptr, o_ptr, vis_ptr, s_ptr, c, ACC: tl.constexp
         rr = r0 + tl.arange(0, CH)
         vis = _ld(vis_ptr + rr, rr < N, CG) != 0
         keys = _ld(cache_ptr + rr[:, None] * 2 * DM + c[None, :], vis[:, None], CG).to(ACC)
-        s = _rnd(_rnd(tl.sum(keys * q[None, :], axis=1), DT) * scale, DT)
+        s = round_to(round_to(tl.sum(keys * q[None, :], axis=1), DT) * scale, DT)
         tl.store(s_ptr + rr, tl.where(vis, s, float("-inf")))
     tl.debug_barrier()
     o = tl.arange(0, NP)
     s = tl.load(s_ptr + o)
     e = tl.exp(s - tl.max(s, axis=0))
-    tl.store(s_ptr + NP + o, _rnd(e / tl.sum(e, axis=0), DT))
+    tl.store(s_ptr + NP + o, round_to(e / tl.sum(e, axis=0), DT))
     tl.debug_barrier()
     att = tl.zeros([HD], dtype=ACC)
     for r0 in tl.range(0, NP, CH, loop_unroll_factor=UNROLL):
@@ -372,7 +372,7 @@ def _attention_head(q_ptr, cache_ptr, o_ptr, vis_ptr, s_ptr, c, ACC: tl.constexp
         vis = _ld(vis_ptr + rr, rr < N, CG) != 0
         vals = _ld(cache_ptr + rr[:, None] * 2 * DM + DM + c[None, :], vis[:, None], CG).to(ACC)
         att += tl.sum(tl.load(s_ptr + NP + rr)[:, None] * vals, axis=0)
-    tl.store(o_ptr + c, _rnd(att, DT).to(o_ptr.dtype.element_ty))
+    tl.store(o_ptr + c, round_to(att, DT).to(o_ptr.dtype.element_ty))
 
 
 @triton.jit(do_not_specialize=["n", "nprog"])
@@ -454,7 +454,9 @@ def _node_kernel(
                                N, NP, KEEP)  # fmt: skip
         # 2. x = base[d] + W_e E[token]; q, k, v of RMSNorm(x); k and v go to the node's cache slot
         if (STAGE < 0) or (STAGE == 2):
-            x = _rnd(_load_vec(base_ptr + d * DM, DM, DMP, ACC, False) + _load_vec(se, DM, DMP, ACC, CG), DT)
+            x = round_to(
+                _load_vec(base_ptr + d * DM, DM, DMP, ACC, False) + _load_vec(se, DM, DMP, ACC, CG), DT
+            )
             a = _rmsnorm(x, n1_ptr, eps, DM, DMP, ACC, DT)
             _linear(wq_ptr, a, sq, DM, DM, DMP, TILE, ACC, DT, UNROLL, nprog, PC)
             _linear(wk_ptr, a, cache_ptr + n * 2 * DM, DM, DM, DMP, TILE, ACC, DT, UNROLL, nprog, PC)
@@ -485,8 +487,10 @@ def _node_kernel(
             _sync(sync_ptr, n, 4, N, nprog, PC, SPIN)
         # 5. y = x + W_o attention; gate and up of RMSNorm(y)
         if (STAGE < 0) or (STAGE == 5):
-            x = _rnd(_load_vec(base_ptr + d * DM, DM, DMP, ACC, False) + _load_vec(se, DM, DMP, ACC, CG), DT)
-            y = _rnd(x + _load_vec(sy, DM, DMP, ACC, CG), DT)
+            x = round_to(
+                _load_vec(base_ptr + d * DM, DM, DMP, ACC, False) + _load_vec(se, DM, DMP, ACC, CG), DT
+            )
+            y = round_to(x + _load_vec(sy, DM, DMP, ACC, CG), DT)
             b = _rmsnorm(y, n2_ptr, eps, DM, DMP, ACC, DT)
             _linear(wg_ptr, b, sg, I, DM, DMP, TILE, ACC, DT, UNROLL, nprog, PC)
             _linear(wu_ptr, b, sup, I, DM, DMP, TILE, ACC, DT, UNROLL, nprog, PC)
@@ -495,15 +499,17 @@ def _node_kernel(
         # 6. down_proj of SiLU(gate) * up
         if (STAGE < 0) or (STAGE == 6):
             g = _load_vec(sg, I, IP, ACC, CG)
-            prod = _rnd(_rnd(g / (1.0 + tl.exp(-g)), DT) * _load_vec(sup, I, IP, ACC, CG), DT)
+            prod = round_to(round_to(g / (1.0 + tl.exp(-g)), DT) * _load_vec(sup, I, IP, ACC, CG), DT)
             _linear(wd_ptr, prod, sd, DM, I, IP, TILE, ACC, DT, UNROLL, nprog, PC)
         if STAGE < 0:
             _sync(sync_ptr, n, 6, N, nprog, PC, SPIN)
         # 7. u = W_out RMSNorm(y + MLP)
         if (STAGE < 0) or (STAGE == 7):
-            x = _rnd(_load_vec(base_ptr + d * DM, DM, DMP, ACC, False) + _load_vec(se, DM, DMP, ACC, CG), DT)
-            y = _rnd(x + _load_vec(sy, DM, DMP, ACC, CG), DT)
-            hpre = _rnd(y + _load_vec(sd, DM, DMP, ACC, CG), DT)
+            x = round_to(
+                _load_vec(base_ptr + d * DM, DM, DMP, ACC, False) + _load_vec(se, DM, DMP, ACC, CG), DT
+            )
+            y = round_to(x + _load_vec(sy, DM, DMP, ACC, CG), DT)
+            hpre = round_to(y + _load_vec(sd, DM, DMP, ACC, CG), DT)
             h = _rmsnorm(hpre, n3_ptr, eps, DM, DMP, ACC, DT)
             _linear(wout_ptr, h, su, H, DM, DMP, TILE, ACC, DT, UNROLL, nprog, PC)
         if STAGE < 0:
@@ -516,8 +522,8 @@ def _node_kernel(
                 kk = k0 + pid * BP + tl.arange(0, BP)
                 em = (kk[:, None] < K) & (hh[None, :] < H)
                 rows = tl.load(pemb_ptr + (d * K + kk[:, None]) * H + hh[None, :], mask=em, other=0.0)
-                dot = _rnd(tl.sum(rows.to(ACC) * u[None, :], axis=1), DT)
-                sc = _rnd(tl.load(pl_ptr + d * K + kk, mask=kk < K, other=0.0).to(ACC) + dot, DT)
+                dot = round_to(tl.sum(rows.to(ACC) * u[None, :], axis=1), DT)
+                sc = round_to(tl.load(pl_ptr + d * K + kk, mask=kk < K, other=0.0).to(ACC) + dot, DT)
                 tl.store(ss + kk, sc.to(ss.dtype.element_ty), mask=kk < K)
         if STAGE < 0:
             _sync(sync_ptr, n, 8, N, nprog, PC, SPIN)
