@@ -112,9 +112,8 @@ class StageClock:
     stream current when the clock was made (the generation's: it runs on one stream; resolved once, as
     looking it up costs host time on every event). Steps whose events have completed (``query``, no
     sync) are summed at a later step's mark after its verify launch (``HARVEST_MARK``) and their events
-    reused; ``device_s()`` waits for the
-    rest (one sync) and returns the summed device time per stage; without events it gives the wall-clock
-    sums.
+    reused; ``device_s()`` waits for the rest (one sync) and returns the summed device time per stage;
+    without events it gives the wall-clock sums.
 
     It is also a :class:`~repro.models.graphs.ReplayRecorder`: inside ``busy_recorder(clock)`` every graph
     replay's (start, end) events, from the same pool, are attributed to the stage whose mark came last

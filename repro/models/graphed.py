@@ -57,7 +57,7 @@ from typing import Any
 import torch
 
 from repro.errors import ConfigError
-from repro.models.graphs import EagerCall, generation_stream
+from repro.models.graphs import generation_stream, graph_call
 from repro.models.hybrid import HybridLM, Verification
 from repro.models.hybrid import check_verifier as check_chain_verifier
 from repro.models.state import ModelState
@@ -223,14 +223,9 @@ class GraphedTarget:
         if call is None:
             if self.graphs and key[0] != "flush":
                 self.flush()  # warm-ups may write the stashes: nothing may be pending in them
-            if self.graphs:
-                from repro.models.graphs import GraphedCall  # looked up at use: tests stand in for it
-
-                with self._preserved() if mutates else contextlib.nullcontext():
-                    call = GraphedCall(fn, self.device)
-                self.captures += 1
-            else:
-                call = EagerCall(fn)
+            with self._preserved() if mutates and self.graphs else contextlib.nullcontext():
+                call = graph_call(fn, self.device, self.graphs)
+            self.captures += int(self.graphs)
             self._calls[key] = call
         return call
 

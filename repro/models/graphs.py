@@ -17,7 +17,7 @@ on the same shapes whatever its inputs hold. :func:`count_ops` counts the ops of
 work (every op but views and allocations): a device-independent proxy for kernels per step.
 
 :func:`busy_recorder` times the replays themselves: while a :class:`ReplayRecorder` is active, every
-:class:`GraphedCall` replay is bracketed by two events on the current stream (no sync), handed to the
+:class:`GraphedCall` replay is bracketed by two events on the recorder's stream (no sync), handed to the
 recorder (the engine's :class:`~repro.decoding.engine.StageClock` sums them per stage: the graphs' busy
 time). Without an active recorder a replay costs one list check.
 """
@@ -183,8 +183,7 @@ def generation_stream(device: torch.device) -> Any:
 
 class ReplayRecorder(Protocol):
     """What :func:`busy_recorder` hands the replays to. ``stream``: the stream its events are recorded
-    on (the one the replays run on, resolved once: ``Event.record()`` without a stream looks the current
-    stream up through torch's Python on every call, ~10 us of host time an event on a decode step)."""
+    on, the one the replays run on (:func:`generation_stream`)."""
 
     stream: Any
 
@@ -201,7 +200,7 @@ _recorders: list[ReplayRecorder] = []  # the active recorders; the innermost (la
 @contextlib.contextmanager
 def busy_recorder(recorder: ReplayRecorder) -> Iterator[ReplayRecorder]:
     """Hand every :class:`GraphedCall` replay inside the block to ``recorder`` (the innermost one when
-    nested): an event recorded on the current stream just before the replay and one just after."""
+    nested): an event recorded on its stream just before the replay and one just after."""
     _recorders.append(recorder)
     try:
         yield recorder

@@ -22,6 +22,7 @@ import json
 import pstats
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,19 +63,18 @@ def top(stats: pstats.Stats, key: str, steps: int) -> list[dict[str, Any]]:
     return rows
 
 
-def _prefill_unprofiled(prof: cProfile.Profile) -> None:
-    """The engine's prompt prefill (an eager forward, once a prompt) left out of ``prof``: the table is
-    the decode loop's, per step."""
-    prefill = engine._prefill
+def _unprofiled(prof: cProfile.Profile, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` with ``prof`` paused while it runs (the engine's prompt prefill, an eager forward once a
+    prompt: the tables are the decode loop's, per step)."""
 
     def unprofiled(*args: Any, **kwargs: Any) -> Any:
         prof.disable()
         try:
-            return prefill(*args, **kwargs)
+            return fn(*args, **kwargs)
         finally:
             prof.enable()
 
-    engine._prefill = unprofiled  # type: ignore[assignment]
+    return unprofiled
 
 
 def main() -> None:
@@ -90,14 +90,12 @@ def main() -> None:
     for spec, route in zip(ROUTES, routes):
         generate(target, prompt, route, NEW_TOKENS)  # warm-up: compiles, buffers, graphs
         prof = cProfile.Profile()
-        prefill = engine._prefill
-        _prefill_unprofiled(prof)
-        prof.enable()
-        try:
-            r = generate(target, prompt, route, NEW_TOKENS)
-        finally:
-            prof.disable()
-            engine._prefill = prefill
+        with ab.patched(engine, "_prefill", _unprofiled(prof, engine._prefill)):
+            prof.enable()
+            try:
+                r = generate(target, prompt, route, NEW_TOKENS)
+            finally:
+                prof.disable()
         steps = max(r.steps, 1)
         stats = pstats.Stats(prof)
         device_s = sum((r.device_stage_s or r.stage_s).values())
@@ -112,13 +110,11 @@ def main() -> None:
     head = "| calls/step | own ms/step | cum ms/step | called most by (calls/step) |"
     for r in res["routes"]:
         lines += [f"## {r['route']}: {r['steps']} steps, {r['wall_ms_per_step']:.3f} ms/step wall "
-                  f"(profiled), {r['device_ms_per_step']:.3f} device (stage marks)", "",
-                  f"| by own time {head}", "|---|--:|--:|--:|---|"]  # fmt: skip
-        lines += [f"| `{f['function']}` | {f['calls_per_step']:.1f} | {f['own_ms_per_step']:.3f} | "
-                  f"{f['cum_ms_per_step']:.3f} | {f['callers']} |" for f in r["by_own"]]  # fmt: skip
-        lines += ["", f"| by cumulative time {head}", "|---|--:|--:|--:|---|"]
-        lines += [f"| `{f['function']}` | {f['calls_per_step']:.1f} | {f['own_ms_per_step']:.3f} | "
-                  f"{f['cum_ms_per_step']:.3f} | {f['callers']} |" for f in r["by_cum"]]  # fmt: skip
+                  f"(profiled), {r['device_ms_per_step']:.3f} device (stage marks)"]  # fmt: skip
+        for title, key in (("by own time", "by_own"), ("by cumulative time", "by_cum")):
+            lines += ["", f"| {title} {head}", "|---|--:|--:|--:|---|"]
+            lines += [f"| `{f['function']}` | {f['calls_per_step']:.1f} | {f['own_ms_per_step']:.3f} | "
+                      f"{f['cum_ms_per_step']:.3f} | {f['callers']} |" for f in r[key]]  # fmt: skip
         lines.append("")
     text = "\n".join(lines)
     (out / "host-profile.md").write_text(text)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -247,13 +248,18 @@ def test_the_breakdown_gives_the_stage_split_only_when_the_events_account_for_th
     assert "= draft" not in short
 
 
-def test_the_table_gives_graph_busy_ms_and_wall_over_busy_only_when_records_have_them():
+def scale_record(route: str, **fields: Any) -> dict[str, Any]:
+    """A bench-scale record of shape "s": 4 steps of 1 token in 20 ms (stages 2 + 0 + 4 + 2 ms)."""
     stages = {"draft": 0.002, "tree": 0.0, "verify": 0.004, "commit": 0.002}
-    record = {
-        "shape": "s", "route": "ar", "kind": "ar", "status": "ok", "steps": 4, "decode_s": 0.02,
+    return {
+        "shape": "s", "route": route, "kind": route, "status": "ok", "steps": 4, "decode_s": 0.02,
         "new_tokens": 5, "accepted_lengths": [1] * 4, "tree_sizes": [1] * 4, "truncated_steps": 0,
-        "acceptance": None, "stage_s": stages, "device_stage_s": stages, "drafter": {},
+        "acceptance": None, "stage_s": stages, "device_stage_s": stages, "drafter": {}, **fields,
     }  # fmt: skip
+
+
+def test_the_table_gives_graph_busy_ms_and_wall_over_busy_only_when_records_have_them():
+    record = scale_record("ar")
     old = bs.summary_table([record])
     assert not {"busy_ms", "wall_over_busy"} & set(old.columns)
     assert "graphs busy" not in bs.report_markdown(old, {})
@@ -268,12 +274,7 @@ def test_the_table_gives_graph_busy_ms_and_wall_over_busy_only_when_records_have
 
 
 def test_the_report_lists_graph_captures_inside_the_timed_decode_only_when_there_were_any():
-    stages = {"draft": 0.002, "tree": 0.0, "verify": 0.004, "commit": 0.002}
-    record = {
-        "shape": "s", "route": "ddtree", "kind": "ddtree", "status": "ok", "steps": 4, "decode_s": 0.02,
-        "new_tokens": 5, "accepted_lengths": [1] * 4, "tree_sizes": [1] * 4, "truncated_steps": 0,
-        "acceptance": None, "stage_s": stages, "device_stage_s": stages, "drafter": {},
-    }  # fmt: skip
+    record = scale_record("ddtree")
     clean = [{**record, "prompt": i, "graph_captures": 0} for i in range(3)]
     assert bs.capture_lines(clean) == [] and bs.capture_lines([record]) == []  # none, or old records
     hit = [*clean[:2], {**clean[2], "graph_captures": 5}]
