@@ -46,7 +46,6 @@ CPU, DEVICE, FAMILY, PROMPTS, NEW_TOKENS, DTYPE = (
     ab.NEW_TOKENS,
     ab.DTYPE,
 )
-prompts = ab.prompts
 ROUTES = [
     {"name": "ar", "kind": "ar"},
     {"name": "dflash-chain", "kind": "dflash_chain"},
@@ -117,13 +116,8 @@ def decode_graph_ms(target: GraphedTarget, reps: int = 200) -> float | None:
 
 
 def main() -> None:
-    sys.stdout.reconfigure(line_buffering=True)
-    out = Path(sys.argv[1] if len(sys.argv) > 1 else "out")
-    out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
-    model, tok = ab.open_family()
-    target, routes = ab.graphed_routes(model, ROUTES)
-    ps = prompts(tok)
+    out, target, routes, ps = ab.family_session(ROUTES)
     rows: list[dict] = []
     for spec, route in zip(ROUTES, routes):
         try:

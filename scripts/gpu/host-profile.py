@@ -78,13 +78,9 @@ def _unprofiled(prof: cProfile.Profile, fn: Callable[..., Any]) -> Callable[...,
 
 
 def main() -> None:
-    sys.stdout.reconfigure(line_buffering=True)
-    out = Path(sys.argv[1] if len(sys.argv) > 1 else "out")
-    out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
-    model, tok = ab.open_family()
-    target, routes = ab.graphed_routes(model, ROUTES)
-    prompt = ab.prompts(tok)[0]
+    out, target, routes, ps = ab.family_session(ROUTES)
+    prompt = ps[0]
     device = "CPU (dry run)" if ab.CPU else torch.cuda.get_device_name()
     res: dict[str, Any] = {"device": device, "routes": []}
     for spec, route in zip(ROUTES, routes):

@@ -102,6 +102,17 @@ def graphed_routes(model: Any, specs: list[dict]) -> tuple[graphed.GraphedTarget
     return target, routes
 
 
+def family_session(specs: list[dict]) -> tuple[Path, graphed.GraphedTarget, list[Any], list[list[int]]]:
+    """A script's start on the family's graphed routes of ``specs``: line-buffered stdout, the output
+    folder (argv[1], made), the target and routes (:func:`graphed_routes`) and the prompts."""
+    sys.stdout.reconfigure(line_buffering=True)
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else "out")
+    out.mkdir(parents=True, exist_ok=True)
+    model, tok = open_family()
+    target, routes = graphed_routes(model, specs)
+    return out, target, routes, prompts(tok)
+
+
 def prompts(tok: Any) -> list[list[int]]:  # noqa: ANN401 - the family tokenizer
     out = []
     for suite in ("mt_bench", "gsm8k", "humaneval"):
