@@ -33,16 +33,16 @@ import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from repro.decoding.acceptance import Acceptance, SamplingRule, TargetMatch
 from repro.decoding.device_acceptance import device_rule, has_device_rule
 from repro.decoding.sampling import step_rng
-from repro.decoding.tree_builders import SingleNode, TreeBuilder
-from repro.drafters.base import DraftContext, Drafter
-from repro.models.graphed import GraphedState, GraphedTarget
+from repro.decoding.tree_builders import BestFirst, Chain, DrafterTree, SingleNode, TreeBuilder
+from repro.drafters.base import DraftContext, Drafter, PipelinedDrafter
+from repro.models.graphed import GraphedState, GraphedTarget, LaunchedStep
 from repro.models.graphs import busy_recorder, generation_stream, graphs_captured
 from repro.models.hybrid import PREFILL_CHUNK, HybridLM, Verification
 from repro.models.state import ModelState
@@ -52,6 +52,9 @@ STAGES = ("draft", "tree", "verify", "commit")  # on the device path "commit" ho
 # StageClock sums finished steps at the step's mark after the verify launch: the device is busy then and
 # the host would wait anyway (at the step's first mark the harvest delayed the next launch)
 HARVEST_MARK = STAGES.index("verify") + 2
+# greedy device routes whose drafter pipelines run one step ahead of the host (:func:`pipelined`); False: each
+# step read before the next is drafted (the A/B of scripts/gpu/busy-time.py)
+PIPELINE = True
 
 
 @dataclass
@@ -218,6 +221,74 @@ def prepare_sampling(model: HybridLM | GraphedTarget, routes: list[Route], max_s
             model.prepare_accept(twin.accept, twin.graph_key, (route.commit,), max_size, chain)
 
 
+def pipelined(model: HybridLM | GraphedTarget, route: Route) -> bool:
+    """Whether ``route`` decodes on ``model`` one step ahead of the host (:func:`_pipelined`): the greedy
+    device path with a drafter that drafts after a launched step (``pipelines()``: DFlash and Weaver on
+    static buffers) and a builder of device trees; :data:`PIPELINE` off turns it off."""
+    drafter = route.drafter
+    return (
+        PIPELINE
+        and device_greedy(model, route)
+        and drafter is not None
+        and getattr(drafter, "pipelines", lambda: False)()
+        and isinstance(route.builder, (Chain, BestFirst, DrafterTree))
+    )
+
+
+def _pipelined(
+    model: GraphedTarget,
+    route: Route,
+    state: GraphedState,
+    ctx: DraftContext,
+    out: list[int],
+    max_new_tokens: int,
+    stops: set[int],
+    capture: tuple[int, ...],
+    clock: StageClock,
+) -> tuple[str, list[int], list[int], list[list[int]]]:
+    """Greedy device steps, each launched before the previous one is read: step k + 1's drafter reads step
+    k's accepted path and bonus where its commit wrote them (:class:`~repro.models.graphed.LaunchedStep`),
+    its tree takes that bonus as root, and only then is step k's result read (one wait a step), so the
+    device runs step k + 1 while the host reads step k and launches step k + 2. The first step drafts from
+    ``ctx`` (the prefill). ``out`` grows by the read tokens; returns the finish reason and the accepted
+    lengths, tree sizes and paths per read step. The step launched past a stop (or the last token) is
+    folded in and waited for: the sequence must end there, as after :meth:`GraphedTarget.greedy_decode`."""
+    drafter, builder = cast(PipelinedDrafter, route.drafter), route.builder
+    position = state.position  # exact: the tokens committed before the oldest unread step
+    launched: deque[LaunchedStep] = deque()
+    lengths: list[int] = []
+    sizes: list[int] = []
+    paths: list[list[int]] = []
+    finish = None
+    while finish is None:
+        clock.mark()
+        last = launched[-1] if launched else None
+        proposal = drafter.propose_after(last) if last else drafter.propose(ctx)
+        clock.mark()
+        tree = builder.build_device(last.root if last else out[-1], proposal)
+        clock.mark()
+        # the unread steps' lengths are bounded by their trees' sizes: the buffers grow for the bound
+        handle = model.handle(position + sum(step.verification.tree.size for step in launched))
+        ver = model.verify(handle, tree, capture, route.commit, route.verifier)
+        clock.mark()
+        launched.append(model.launch_accepted(handle, ver))
+        clock.mark()
+        if len(launched) < 2:
+            continue
+        step = launched.popleft()
+        path, tokens, bonus = model.read_launched(step)
+        drafter.settle(len(path))  # the launched step behind it ingested this path
+        position += len(path)
+        new, finish = _cut(tokens[1:] + [bonus], stops, max_new_tokens - len(out))
+        out.extend(new)
+        lengths.append(len(new))
+        sizes.append(step.verification.tree.size)
+        paths.append(path)
+    for step in launched:  # launched past the stop: folded in; its copy waited for
+        model.read_launched(step)
+    return finish, lengths, sizes, paths
+
+
 def _device_accept(
     model: GraphedTarget, route: Route, state: GraphedState, ver: Verification, position: int
 ) -> tuple[GraphedState, list[int], list[int], int]:
@@ -304,6 +375,13 @@ def generate(
             new, finish = _cut(picked, stops, room)
             out.extend(new)
             lengths, sizes, paths = [1] * len(new), [1] * len(new), [[0] for _ in new]
+        if finish is None and pipelined(model, route):
+            assert (
+                isinstance(model, GraphedTarget) and isinstance(state, GraphedState) and drafter is not None
+            )
+            finish, lengths, sizes, paths = _pipelined(
+                model, route, state, ctx, out, max_new_tokens, stops, capture, clock
+            )
         while finish is None:
             clock.mark()
             proposal = drafter.propose(ctx) if drafter else None

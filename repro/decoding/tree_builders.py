@@ -35,9 +35,17 @@ Rng = np.random.Generator | None
 class TreeBuilder(Protocol):
     def build(self, root_token: int, proposal: Proposal | None, rng: Rng = None) -> Tree: ...
 
-    def build_device(self, root_token: int, proposal: Proposal | None) -> Tree | DeviceTree:
-        """The greedy (non-sampling) tree of :meth:`build` without a host read of the device."""
+    def build_device(self, root_token: int | torch.Tensor, proposal: Proposal | None) -> Tree | DeviceTree:
+        """The greedy (non-sampling) tree of :meth:`build` without a host read of the device; the root may
+        be a [1] device tensor (a pipelined step's bonus) where the tree is built on the device."""
         ...
+
+
+def _host_root(root_token: int | torch.Tensor) -> int:
+    """The root token on the host: a device root (a pipelined step's bonus) is for device trees only."""
+    if isinstance(root_token, torch.Tensor):
+        raise ValueError("a host tree needs the root token on the host, not a device tensor")
+    return root_token
 
 
 def _root_and(root_token: int | torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor) -> DeviceTree:
@@ -139,10 +147,10 @@ class Chain:
         ]
         return Tree.chain(tokens, tuple(marg) + (None,), "iid")
 
-    def build_device(self, root_token: int, proposal: Proposal | None) -> Tree | DeviceTree:
+    def build_device(self, root_token: int | torch.Tensor, proposal: Proposal | None) -> Tree | DeviceTree:
         """The first choices straight from ``proposal.top_ids`` (device); a host tree otherwise."""
         if self.sample or proposal is None or proposal.top_ids is None or proposal.depth == 0:
-            return self.build(root_token, proposal)
+            return self.build(_host_root(root_token), proposal)
         first = proposal.top_ids[:, 0]
         return _root_and(root_token, first, torch.arange(first.numel(), device=first.device))
 
@@ -160,13 +168,14 @@ class DrafterTree:
             raise ValueError("the drafter's tree must be rooted at the pending token (node 0)")
         return tree
 
-    def build_device(self, root_token: int, proposal: Proposal | None) -> Tree | DeviceTree:
+    def build_device(self, root_token: int | torch.Tensor, proposal: Proposal | None) -> Tree | DeviceTree:
         """The drafter's tree as it is (a device tree's root is not checked: that would read it)."""
-        if proposal is None or proposal.tree is None:
-            return Tree.single(root_token)
-        if isinstance(proposal.tree, DeviceTree):
+        if proposal is not None and isinstance(proposal.tree, DeviceTree):
             return proposal.tree
-        return self.build(root_token, proposal)
+        root = _host_root(root_token)
+        if proposal is None or proposal.tree is None:
+            return Tree.single(root)
+        return self.build(root, proposal)
 
 
 class Backbone:
@@ -267,11 +276,11 @@ class BestFirst:
             tokens[shape.children_of(i)] = vocab[id(ids)][picks]
         return Tree(torch.from_numpy(tokens), shape.parents, shape.proposals, "without_replacement")
 
-    def build_device(self, root_token: int, proposal: Proposal | None) -> Tree | DeviceTree:
+    def build_device(self, root_token: int | torch.Tensor, proposal: Proposal | None) -> Tree | DeviceTree:
         """The tree of :meth:`build` (greedy) on the marginals' device, without a host read (on CUDA
-        through the graphs of :meth:`graph_for`)."""
+        through the graphs of :meth:`graph_for`); ``root_token`` may be a [1] device tensor."""
         if self.sample or proposal is None or proposal.depth == 0:
-            return self.build(root_token, proposal)
+            return self.build(_host_root(root_token), proposal)
         probs = _need_probs(proposal)
         if not probs.is_cuda:  # the graph's stand-in (HostLaunches does not count its ops)
             return EagerCall(lambda: best_first_device(root_token, probs, self.budget))()
@@ -390,14 +399,17 @@ class GraphedBestFirst:
             and probs.dtype == mine.dtype
         )
 
-    def __call__(self, root_token: int, probs: torch.Tensor) -> DeviceTree:
+    def __call__(self, root_token: int | torch.Tensor, probs: torch.Tensor) -> DeviceTree:
         if not self.alias:
             self.probs.copy_(probs)
         elif not self.reads(probs):
             raise ValueError(
                 "an aliasing best-first graph takes only the marginals buffer it was captured on"
             )
-        self.root.fill_(root_token)
+        if isinstance(root_token, torch.Tensor):  # on the device (a pipelined step's bonus)
+            self.root.copy_(root_token)
+        else:
+            self.root.fill_(root_token)
         return self.call()
 
 

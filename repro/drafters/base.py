@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from repro.models.hybrid import Verification
 from repro.tree import DeviceTree, Tree
+
+if TYPE_CHECKING:
+    from repro.models.graphed import LaunchedStep
 
 
 @dataclass
@@ -87,3 +90,20 @@ class Drafter(Protocol):
         ...
 
     def propose(self, ctx: DraftContext) -> Proposal: ...
+
+
+class PipelinedDrafter(Drafter, Protocol):
+    """A drafter that can draft after a greedy step launched on a graphed target and not yet read (the
+    engine's pipelined loop, :func:`repro.decoding.engine.pipelined`)."""
+
+    def pipelines(self) -> bool:
+        """Whether it can now (e.g. its static buffers are on)."""
+        ...
+
+    def propose_after(self, step: LaunchedStep) -> Proposal:
+        """The proposal after ``step``: its accepted path and bonus read on the device."""
+        ...
+
+    def settle(self, accepted: int) -> None:
+        """The host has read the length of the path the last ``propose_after`` ingested."""
+        ...

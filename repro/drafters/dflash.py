@@ -39,7 +39,7 @@ from repro.drafters.features import FeatureCache
 from repro.drafters.static_dflash import DEFAULT_MAX_LEN, StaticDFlash
 from repro.errors import CheckpointError, ConfigError
 from repro.models.family import resolve_checkpoint
-from repro.models.graphed import GraphedVerification
+from repro.models.graphed import GraphedTarget, GraphedVerification, LaunchedStep
 from repro.models.hybrid import HybridLM, Verification
 from repro.models.layers import MLP, rotate_half
 from repro.models.loading import assign_weights, read_json_config, write_checkpoint
@@ -693,6 +693,39 @@ class DFlashDrafter:
         hidden = self.model.block_hidden(self.kv, block, positions, self.target.model.embed_tokens.weight)
         rows = hidden[0, 1:]
         return rows, self.model.compute_logits(rows, self.target.lm_head)
+
+    def pipelines(self) -> bool:
+        """Whether this drafter can draft after a launched, unread step (:meth:`propose_after`): on a
+        graphed target, static buffers not turned off."""
+        return isinstance(self.target, GraphedTarget) and self.static is not False
+
+    def _after(self, step: LaunchedStep, probs: bool) -> tuple[torch.Tensor, ...]:
+        if not self._switch(DraftContext([], [], step.verification)):
+            raise ValueError("drafting after a launched step needs the static buffers (pipelines())")
+        return self._static_buffers().step_after(step.verification, step.result, step.depth, probs)
+
+    @torch.no_grad()
+    def propose_after(self, step: LaunchedStep) -> Proposal:
+        """:meth:`propose` after ``step``, launched on the graphed target and not read yet: the accepted path
+        and the block's root (the bonus) are read on the device (:meth:`StaticDFlash.step_after`); the
+        host learns the path's length through :meth:`settle`, after its read."""
+        _, probs, top = self._after(step, probs=True)
+        return Proposal(probs=probs, top_ids=top)
+
+    @torch.no_grad()
+    def block_rows_after(self, step: LaunchedStep) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`block_rows` after a launched, unread ``step`` (:meth:`propose_after`)."""
+        rows, logits = self._after(step, probs=False)
+        return rows, logits
+
+    def settle(self, accepted: int) -> None:
+        """The length of the path a :meth:`propose_after` ingested, once the host has read it."""
+        self._static_buffers().settle(accepted)
+
+    def root_feature(self) -> torch.Tensor:
+        """The last committed token's target features [F] (the next tree root's parent token); on the static
+        buffers the device copy a step without marginals wrote (no host count needed)."""
+        return self._static_buffers().tail[0] if self.on_static else self.features[-1]
 
     @torch.no_grad()
     def propose(self, ctx: DraftContext) -> Proposal:

@@ -54,6 +54,9 @@ if TYPE_CHECKING:
 DEFAULT_MAX_LEN = 4096
 
 Outputs = tuple[torch.Tensor, ...]
+Launched = tuple[
+    torch.Tensor, int
+]  # a launched step's device result and its path depth (StaticDFlash.step_after)
 
 
 class StaticDFlash:
@@ -107,6 +110,7 @@ class StaticDFlash:
         self.count = 0
         self.length.zero_()
         self._last: Verification | None = None
+        self._unsettled = False  # a step_after's path length not yet given by settle
 
     @property
     def features(self) -> torch.Tensor:
@@ -125,6 +129,8 @@ class StaticDFlash:
             for new, old in zip(stacks, self.stacks):
                 new[:, :, :n] = old[:, :, :n]
         self.feat, self.stacks, self.max_len = feat, stacks, max_len
+        # feat[length - 1], written by the steps without probs (Weaver's root feature, on the device)
+        self.tail = torch.zeros(1, cfg.feature_size, dtype=m.dtype, device=self.device)
         self.keys = [stacks[0][i : i + 1] for i in range(len(m.layers))]  # [1, KV, max_len, hd] views
         self.values = [stacks[1][i : i + 1] for i in range(len(m.layers))]
         if self._fast is not None:
@@ -205,14 +211,27 @@ class StaticDFlash:
 
     # ------------------------------------------------------------------ the step
 
-    def _run(self, sources: tuple[torch.Tensor, ...] | None, probs: bool) -> Outputs:
-        """Ingest (when ``sources``, the hidden outputs per feature layer) and the block forward."""
+    def _run(
+        self, sources: tuple[torch.Tensor, ...] | None, probs: bool, after: Launched | None = None
+    ) -> Outputs:
+        """Ingest (when ``sources``, the hidden outputs per feature layer) and the block forward; ``after``
+        (a launched step's device result and its depth): the inputs are taken from it on the device."""
         m, inp, t = self.model, self.inputs, self.block_size
+        if after is not None:  # [bonus, start = the committed length, path length, path by depth + zeros]
+            result, depth = after
+            width = min(self._pad, depth)
+            inp[0].copy_(result[1])
+            inp[1].copy_(self.length)
+            inp[2].copy_(result[0])
+            inp[3 : 3 + width].copy_(result[2 : 2 + width])
+            inp[3 + width :].zero_()
         if sources is not None:
             start, count = inp[1], inp[2]
             rows = torch.cat([h.index_select(0, inp[3:]) for h in sources], dim=-1).to(m.dtype)
             self._write(rows, start + self._positions[: self._pad])
             self.length.copy_(start + count)
+        if not probs:  # Weaver's root feature
+            self.tail.copy_(self.feat.index_select(0, (self.length - 1).clamp(min=0).view(1)))
         ids = torch.where(self._block == 0, inp[0], m.config.mask_token_id)
         if self._fast is not None:
             h = self._fast.block(m.embed_block(ids, self.embedding), self.length, self.keys, self.values)[1:]
@@ -235,21 +254,56 @@ class StaticDFlash:
         p = marginals(logits)
         return logits, p, torch.topk(p, self.top_k, dim=-1).indices
 
-    def _call(self, sources: tuple[torch.Tensor, ...] | None, probs: bool) -> Outputs:
-        """The step's outputs: the graph of ``_run`` (captured on first use per sources and padding),
-        or ``_run`` itself without graphs."""
+    def _call(
+        self, sources: tuple[torch.Tensor, ...] | None, probs: bool, after: Launched | None = None
+    ) -> Outputs:
+        """The step's outputs: the graph of ``_run`` (captured on first use per sources, padding and
+        launched result), or ``_run`` itself without graphs."""
         if not self.graphs:
-            return EagerCall(torch.no_grad()(lambda: self._run(sources, probs)))()
-        key = (probs, self._pad, None if sources is None else tuple(tensor_address(h) for h in sources))
+            return EagerCall(torch.no_grad()(lambda: self._run(sources, probs, after)))()
+        key = (
+            probs,
+            self._pad,
+            None if sources is None else tuple(tensor_address(h) for h in sources),
+            None if after is None else (tensor_address(after[0]), after[1]),
+        )
         call = self._calls.get(key)
         if call is None:
             from repro.models.graphs import GraphedCall
 
-            fn = torch.no_grad()(lambda: self._run(sources, probs))
-            call = GraphedCall(fn, self.device)  # its warm-up calls are real steps: writes are idempotent
+            fn = torch.no_grad()(lambda: self._run(sources, probs, after))
+            # its warm-up calls are real steps: writes are idempotent, but for the committed length when
+            # the start is read from it (``after``): it is restored, and the replay makes the step
+            length = self.length.clone()
+            call = GraphedCall(fn, self.device)
+            self.length.copy_(length)
             self.captures += 1
             self._calls[key] = call
         return call()
+
+    def step_after(self, ver: Verification, result: torch.Tensor, depth: int, probs: bool) -> Outputs:
+        """:meth:`step` after a launched, unread step (a pipelined loop): its accepted path is ingested from
+        ``result`` on the device (the graphed target's ``[path length, bonus, path nodes by depth
+        (``depth``), tokens]`` of ``ver``'s slot), the block's root is its bonus, and the host's ``count``
+        is behind by the path's length until :meth:`settle` gives it (the buffers grow for the most it
+        may be: the padded path). Returns :meth:`step`'s outputs."""
+        if ver is self._last or self._unsettled:
+            raise ValueError(
+                "step_after: the verification is ingested already, or the last one is not settled"
+            )
+        pad = 1 << (self.block_size - 1).bit_length()  # a path holds at most the block: root + T - 1 drafts
+        if pad != self._pad:
+            self._resize_inputs(pad)
+        self._fit(self.count + pad + self.block_size)
+        self._last, self._unsettled = ver, True
+        return self._call(tuple(ver.hidden[i] for i in self.layers), probs, (result, depth))
+
+    def settle(self, accepted: int) -> None:
+        """The read length of the path :meth:`step_after` ingested unread: the host's count catches up."""
+        if not self._unsettled:
+            raise ValueError("no ingested step waits to be settled")
+        self.count += accepted
+        self._unsettled = False
 
     def step(self, ctx: DraftContext, probs: bool) -> Outputs:
         """Ingest the previous step's accepted rows and draft the next block: (final-normed hidden rows

@@ -55,7 +55,7 @@ from repro.drafters.pool import top_k_pool
 from repro.drafters.weaver_growth import KV, Growth, GrowthStep, greedy_path, grow
 from repro.errors import CheckpointError, ConfigError
 from repro.models.family import resolve_checkpoint
-from repro.models.graphed import GraphedTarget
+from repro.models.graphed import GraphedTarget, LaunchedStep
 from repro.models.hybrid import HybridLM, Verification
 from repro.models.layers import MLP
 from repro.models.loading import assign_weights, read_json_config, write_checkpoint
@@ -322,13 +322,29 @@ class WeaverDrafter:
     @torch.no_grad()
     def propose(self, ctx: DraftContext) -> Proposal:
         hidden, logits = self.dflash.block_rows(ctx)
-        feature = self.dflash.features[-1]
+        feature = self.dflash.root_feature()
         if self.device_growth:
             growth, probs = self.step(ctx.output_ids[-1], hidden, logits, feature)
             return grown_proposal(probs, growth.tree)
         pool_logits, pool_ids = top_k_pool(logits, self.pool)
         growth = self.grow(ctx.output_ids[-1], hidden, pool_logits, pool_ids, feature)
         return Proposal([[t] for t in growth.greedy], marginals(logits), growth.tree)
+
+    def pipelines(self) -> bool:
+        """Whether :meth:`propose_after` can run: device growth on a DFlash drafter that pipelines."""
+        return self.device_growth and self.dflash.pipelines()
+
+    @torch.no_grad()
+    def propose_after(self, step: LaunchedStep) -> Proposal:
+        """:meth:`propose` after a launched, unread ``step``: the DFlash block on its device result
+        (:meth:`DFlashDrafter.block_rows_after`), the tree grown below its bonus on the device."""
+        hidden, logits = self.dflash.block_rows_after(step)
+        growth, probs = self.step(step.root, hidden, logits, self.dflash.root_feature())
+        return grown_proposal(probs, growth.tree)
+
+    def settle(self, accepted: int) -> None:
+        """The read length of the path :meth:`propose_after` ingested (the DFlash drafter's count)."""
+        self.dflash.settle(accepted)
 
     @torch.no_grad()
     def grow(

@@ -331,11 +331,11 @@ class GrowthStep:
     program there).
 
     ``__call__(root, rows, logits, feature)`` copies the inputs in (device to device; the root token
-    by a fill) and returns (growth, marginals [D, V]); with graphs these are the graph's static
-    outputs, valid until the next call. (A graph per input buffers that read the DFlash step's outputs
-    in place, saving the three copies, measured slower on the H200: the draft stage's host time grew,
-    likely from growth graphs captured inside the timed decode for each new DFlash graph;
-    results/2026-12-02-h200-host-path.)
+    by a fill, or a copy when it is a [1] device tensor) and returns (growth, marginals [D, V]); with
+    graphs these are the graph's static outputs, valid until the next call. (A graph per input buffers
+    that read the DFlash step's outputs in place, saving the three copies, measured slower on the H200:
+    the draft stage's host time grew, likely from growth graphs captured inside the timed decode for
+    each new DFlash graph; results/2026-12-02-h200-host-path.)
     """
 
     def __init__(
@@ -362,13 +362,16 @@ class GrowthStep:
         return growth, marginals(logits)
 
     def __call__(
-        self, root: int, rows: torch.Tensor, logits: torch.Tensor, feature: torch.Tensor
+        self, root: int | torch.Tensor, rows: torch.Tensor, logits: torch.Tensor, feature: torch.Tensor
     ) -> tuple[DeviceGrowth, torch.Tensor]:
         given = (rows, logits, feature)
         if self.call is None or any(a.shape != b.shape for a, b in zip(self.inputs[1:], given)):
             self.inputs = [torch.zeros(1, dtype=torch.long, device=rows.device)] + [t.clone() for t in given]
             self.call = None
-        self.inputs[0].fill_(root)
+        if isinstance(root, torch.Tensor):  # on the device (a pipelined step's bonus): copied
+            self.inputs[0].copy_(root)
+        else:
+            self.inputs[0].fill_(root)
         for buf, t in zip(self.inputs[1:], given):
             buf.copy_(t)
         if self.call is None:

@@ -101,12 +101,11 @@ def slot_size(n: int, max_nodes: int) -> int:
     raise ConfigError(f"a tree of {n} nodes exceeds the graphed engine's {max_nodes} nodes; lower the budget")
 
 
-def read_back(device: torch.Tensor, host: torch.Tensor, stream: Any) -> list[int]:
-    """``device`` copied into ``host`` (pinned on CUDA: one copy on ``stream``, the current one, then it
-    is waited for) and listed: the only device-to-host read of a greedy step on the graphed target."""
-    host.copy_(device, non_blocking=True)
-    if stream is not None:
-        stream.synchronize()
+def read_back(host: torch.Tensor, copied: Any) -> list[int]:
+    """``host`` listed once ``copied`` (the CUDA event recorded after its copy from the device was queued;
+    None on CPU) has completed: the only device-to-host read of a greedy step on the graphed target."""
+    if copied is not None:
+        copied.synchronize()
     return host.tolist()
 
 
@@ -129,6 +128,29 @@ class GraphedVerification(Verification):
     slot: TreeSlot | None = None
     epoch: int = 0
     ticket: int = 0  # a delayed verification's number: only the latest one may be committed
+
+
+@dataclass
+class LaunchedStep:
+    """A device acceptance and commit launched but not yet read (:meth:`GraphedTarget.launch_accepted`).
+
+    ``result`` is the slot's device result ``[path length, bonus, path nodes by depth (``depth``), their
+    tokens]``, valid until the slot's next commit: a pipelined step's drafter and tree builder read it
+    there (:attr:`root`: the bonus, the next tree's root). ``host`` receives its copy, queued behind the
+    commit; ``copied`` (a CUDA event; None on CPU) completes with that copy. ``epoch``: the target's epoch
+    after the commit."""
+
+    verification: GraphedVerification
+    result: torch.Tensor
+    depth: int
+    host: torch.Tensor
+    copied: Any
+    epoch: int
+
+    @property
+    def root(self) -> torch.Tensor:
+        """The bonus token on the device, [1]: the root of the next tree."""
+        return self.result[1:2]
 
 
 def slot_key(size: int, snapshots: bool, verifier: str, parity: int | None = None) -> tuple[int, bool | str]:
@@ -212,6 +234,7 @@ class GraphedTarget:
         self._calls: dict[tuple[Any, ...], Any] = {}
         self._picks = torch.zeros(AR_GROUP, dtype=torch.long, device=self.device)  # greedy AR's picks
         self._pending: int | None = None  # the stash holding a pending delayed commit (host-side)
+        self._result_hosts: dict[int, list[torch.Tensor]] = {}  # per result length: two host buffers
         self._parity = 0  # the parity of the next delayed verification
 
     # ------------------------------------------------------------------------------ graphs
@@ -626,7 +649,7 @@ class GraphedTarget:
         tree = verification.tree  # the decode step folded the root in and wrote its argmax
         assert isinstance(tree, Tree)
         path, tokens = [0], tree.tokens.tolist()
-        bonus = read_back(self.decoder.pick, self.decoder.pick_host, self.stream)[0]
+        bonus = read_back(*self._copy_out(self.decoder.pick, self.decoder.pick_host))[0]
         new = GraphedState(state.position + 1, state.committed_tokens + tokens, self.epoch)
         return new, path, tokens, bonus
 
@@ -643,6 +666,23 @@ class GraphedTarget:
         :mod:`repro.decoding.device_acceptance`; None: greedy), the accepted path and the commit (a delayed
         one recorded as pending) as one graph named by ``key``, then one :func:`read_back`. Returns the new
         handle, the accepted path (root first), its tokens and the bonus."""
+        step = self.launch_accepted(state, verification, accept, key)
+        path, tokens, bonus = self.read_launched(step)
+        new = GraphedState(state.position + len(path), state.committed_tokens + tokens, self.epoch)
+        return new, path, tokens, bonus
+
+    @torch.no_grad()
+    def launch_accepted(
+        self,
+        state: GraphedState,
+        verification: Verification,
+        accept: Callable[[TreeSlot], None] | None = None,
+        key: tuple = (),
+    ) -> LaunchedStep:
+        """:meth:`commit_accepted` without its read: the graph is launched and the result's copy to the
+        host queued behind it; :meth:`read_launched` waits for it. Until then the device result is what a
+        pipelined step reads (the next drafter's inputs, the next tree's root: :class:`LaunchedStep`), and
+        ``state`` stays the caller's: the step's length is known on the host only after the read."""
         if not isinstance(verification, GraphedVerification) or verification.position != state.position:
             raise ValueError("verification was computed against a different state")
         slot = verification.slot
@@ -654,8 +694,39 @@ class GraphedTarget:
         if delayed:
             self._delayed_done(slot)
         self.epoch += 1
-        got = read_back(slot.result, slot.result_host, self.stream)
-        n, bonus, depth = got[0], got[1], slot.max_depth
-        path, tokens = got[2 : 2 + n], got[2 + depth : 2 + depth + n]
-        new = GraphedState(state.position + len(path), state.committed_tokens + tokens, self.epoch)
-        return new, path, tokens, bonus
+        host, copied = self._copy_out(slot.result, self._result_host(slot.result))
+        return LaunchedStep(verification, slot.result, slot.max_depth, host, copied, self.epoch)
+
+    def _copy_out(self, device: torch.Tensor, host: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """``device`` copied into ``host`` (pinned on CUDA: queued on the stream, not waited for) and the
+        CUDA event recorded behind the copy (None on CPU): what :func:`read_back` takes."""
+        host.copy_(device, non_blocking=True)
+        if self.device.type != "cuda":
+            return host, None
+        copied = torch.cuda.Event()
+        copied.record(self.stream)
+        return host, copied
+
+    def _result_host(self, result: torch.Tensor) -> torch.Tensor:
+        """The next of the two host buffers (pinned on CUDA) for results of ``result``'s length: a step's
+        copy may land while the host still reads the step before."""
+        n = result.numel()
+        ring = self._result_hosts.get(n)
+        if ring is None:
+            pinned = self.device.type == "cuda"
+            ring = self._result_hosts[n] = [
+                torch.zeros(n, dtype=torch.long, pin_memory=pinned) for _ in range(2)
+            ]
+        ring.reverse()
+        return ring[0]
+
+    def read_launched(self, step: LaunchedStep) -> tuple[list[int], list[int], int]:
+        """The launched step's accepted path (root first), its tokens and the bonus: one wait, one read."""
+        got = read_back(step.host, step.copied)
+        n, bonus, depth = got[0], got[1], step.depth
+        return got[2 : 2 + n], got[2 + depth : 2 + depth + n], bonus
+
+    def handle(self, position: int) -> GraphedState:
+        """A handle on the current state at host ``position`` (a pipelined loop's bound on it: a launched
+        step's length is not read yet; the buffers grow for what the bound says may come)."""
+        return GraphedState(position, [], self.epoch)

@@ -698,9 +698,8 @@ class TreeSlot:
         # the path index of the Triton path commit (StaticDecoder.indexed_commit), written once per commit
         self.path_index = torch.zeros(size + 1, dtype=torch.int32, device=dev)
         self.bonus = torch.zeros(1, dtype=torch.long, device=dev)
-        # [path length, bonus, path nodes by depth (max_depth), their tokens]; host copy pinned on CUDA
+        # [path length, bonus, path nodes by depth (max_depth), their tokens] (the graphed target reads it)
         self.result = torch.zeros(2 + 2 * self.max_depth, dtype=torch.long, device=dev)
-        self.result_host = torch.zeros(2 + 2 * self.max_depth, dtype=torch.long, pin_memory=pinned)
         self.derive_inputs = derive
         self._rows = torch.arange(size, device=dev)
         self.logits: torch.Tensor | None = None

@@ -8,7 +8,8 @@ idle gaps, so with a host-bound loop they follow wall time. ``busy_stage_s`` sum
 time (every ``GraphedCall`` replay between two events, attributed to the stage it ran in). This script
 decodes the embedded tiny-qwen35 in bf16 on the graphed engine (Triton GDN kernels, CUDA graphs, greedy)
 with AR, chain DFlash, DDTree, SpecLA and DFlash-TfM (budget 32), PROMPTS suite prompts x NEW_TOKENS new
-tokens after one warm-up generation per route, and writes per route: wall ms per verify step (the
+tokens after one warm-up generation per route (the routes of the pipelined loop, ``engine.pipelined``, once
+more step by step: ``engine.PIPELINE`` off), and writes per route: wall ms per verify step (the
 engine's clock), device ms per step and per stage, busy ms per step and per stage, wall / busy (issue 10:
 within 1.10) and device / busy, whether busy <= device in every stage (5% + 50 us slack), the CUDA graphs
 captured inside the timed generations, and the AR decode graph replayed back to back (its device time
@@ -30,6 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's repro, not an installed one
 
+import repro.decoding.engine as engine  # noqa: E402
 from repro.decoding.engine import STAGES, generate  # noqa: E402
 from repro.models.graphed import GraphedTarget  # noqa: E402
 
@@ -120,13 +122,18 @@ def main() -> None:
     out, target, routes, ps = ab.family_session(ROUTES)
     rows: list[dict] = []
     for spec, route in zip(ROUTES, routes):
-        try:
-            rows.append(route_row(spec, route, target, ps))
-        except Exception as exc:  # noqa: BLE001 - one route failing must not lose the others
-            rows.append(
-                {"route": spec["name"], "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
-            )
-        print(json.dumps(rows[-1]), flush=True)
+        # the pipelined routes also step by step (engine.PIPELINE off): the A/B of the pipelined loop
+        for steps in (False, True) if engine.pipelined(target, route) else (False,):
+            engine.PIPELINE = not steps
+            name = spec["name"] + (" (step by step)" if steps else "")
+            try:
+                rows.append(route_row({**spec, "name": name}, route, target, ps))
+            except Exception as exc:  # noqa: BLE001 - one route failing must not lose the others
+                rows.append(
+                    {"route": name, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
+                )
+            print(json.dumps(rows[-1]), flush=True)
+        engine.PIPELINE = True
     extra = {"ar_decode_graph_ms_back_to_back": decode_graph_ms(target)}
     write(out, rows, extra, time.monotonic() - start)
 

@@ -324,7 +324,7 @@ def counted_reads(monkeypatch):  # noqa: ANN001, ANN201
 
     reads: list[int] = []
     real = graphed.read_back
-    monkeypatch.setattr(graphed, "read_back", lambda d, h, s: reads.append(1) or real(d, h, s))
+    monkeypatch.setattr(graphed, "read_back", lambda h, c: reads.append(1) or real(h, c))
     yield reads
 
 
@@ -414,7 +414,7 @@ def test_gpu_sampling_step_syncs_only_in_read_back(monkeypatch):
     reference = generate(target, prompt, Route("ar", None, SingleNode(), rules[0]), 30).output_ids
     reads: list[int] = []
     real_read = graphed.read_back
-    monkeypatch.setattr(graphed, "read_back", allowing(lambda d, h, s: reads.append(1) or real_read(d, h, s)))
+    monkeypatch.setattr(graphed, "read_back", allowing(lambda h, c: reads.append(1) or real_read(h, c)))
     monkeypatch.setattr(engine, "_clock", allowing(engine._clock))
     monkeypatch.setattr(engine, "_prefill", allowing(engine._prefill))
     monkeypatch.setattr(engine.StageClock, "device_s", allowing(engine.StageClock.device_s))

@@ -113,7 +113,12 @@ CASES = [  # route kind, target, static: True, or None (auto: switched on by the
 
 
 @pytest.mark.parametrize("kind,engine,mode", CASES, ids=["-".join(map(str, c)) for c in CASES])
-def test_static_drafter_equals_eager_step_by_step(pair, prompts, ar_outputs, kind, engine, mode):
+def test_static_drafter_equals_eager_step_by_step(pair, prompts, ar_outputs, kind, engine, mode, monkeypatch):
+    import repro.decoding.engine
+
+    # the step-by-step loop: the twin checks every propose (the pipelined loop's propose_after:
+    # tests/decoding/test_pipelined.py)
+    monkeypatch.setattr(repro.decoding.engine, "PIPELINE", False)
     target, model = pair
     spec = {"name": "r", "kind": kind, "drafter": "random"}
     if kind == "ddtree":

@@ -313,7 +313,7 @@ def test_greedy_graphed_steps_read_the_device_once_and_keep_the_records(monkeypa
     eager = {r.name: generate(model, prompt, r, 30, reference_ids=reference) for r in device_routes()}
     reads = []
     real_read = graphed.read_back
-    monkeypatch.setattr(graphed, "read_back", lambda d, h, s: reads.append(d.numel()) or real_read(d, h, s))
+    monkeypatch.setattr(graphed, "read_back", lambda h, c: reads.append(h.numel()) or real_read(h, c))
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("the host path ran on the device path")
@@ -542,9 +542,7 @@ def test_gpu_greedy_graphed_step_syncs_only_in_read_back(monkeypatch):
     reference = generate(target, prompt, device_routes(vocab)[0], 30).output_ids
     reads = []
     real_read = graphed.read_back
-    monkeypatch.setattr(
-        graphed, "read_back", allowing_syncs(lambda d, h, s: reads.append(1) or real_read(d, h, s))
-    )
+    monkeypatch.setattr(graphed, "read_back", allowing_syncs(lambda h, c: reads.append(1) or real_read(h, c)))
     monkeypatch.setattr(engine, "_clock", allowing_syncs(engine._clock))
     monkeypatch.setattr(engine, "_prefill", allowing_syncs(engine._prefill))
     monkeypatch.setattr(engine.StageClock, "device_s", allowing_syncs(engine.StageClock.device_s))

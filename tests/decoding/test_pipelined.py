@@ -1,0 +1,170 @@
+"""The pipelined greedy loop (repro.decoding.engine.pipelined): DFlash, DDTree and Weaver routes on the
+graphed target with each step launched before the previous one is read.
+
+CPU, float64, the trained tiny family on a graphed target without CUDA graphs (the same device path,
+eagerly): the pipelined loop gives the step-by-step loop's tokens, accepted paths, accepted lengths and
+tree sizes, which are AR's tokens, for every length limit and at stop tokens; one read a step plus the
+step launched past the end; the drafter's host count catches up with every read; the step after a
+launched one reads nothing on the host. GPU (``gpu``): the same in float32 on CUDA graphs, across the
+graphs captured mid-generation (the drafter's step restores the length its warm-ups advanced).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import repro.decoding.engine as engine
+from repro.decoding.engine import generate, pipelined
+from repro.decoding.routes import build_route
+from repro.decoding.tree_builders import BestFirst, Chain
+from repro.models.graphed import GraphedTarget
+from repro.models.graphs import check_capture
+from repro.models.loading import load_target
+from repro.models.tokenizer import load_tokenizer
+
+FAMILY = "tiny-qwen35"
+SPECS = [
+    {"name": "chain", "kind": "dflash_chain"},
+    {"name": "ddtree", "kind": "ddtree", "budget": 16},
+    {"name": "weaver", "kind": "weaver", "budget": 16},
+]
+TEXTS = ("What is 7 times 8?", "Name three colours of the sea and say why the sky looks blue at noon.")
+
+
+def _routes(model: torch.nn.Module) -> dict:
+    vocab = model.config.vocab_size
+    return {s["name"]: build_route(s, vocab, "greedy", 0.0, 0, target=model, family=FAMILY) for s in SPECS}
+
+
+@pytest.fixture(scope="module")
+def setup():
+    model = load_target(FAMILY, dtype=torch.float64)
+    tok = load_tokenizer(FAMILY)
+    prompts = [tok.chat_prompt([{"role": "user", "content": t}]) for t in TEXTS]
+    ar = build_route({"kind": "ar"}, model.config.vocab_size, "greedy", 0.0, 0)
+    reference = [generate(model, p, ar, 40).output_ids for p in prompts]
+    return model, prompts, reference
+
+
+def _fields(res) -> tuple:
+    return res.output_ids, res.accepted_paths, res.accepted_lengths, res.tree_sizes, res.finish_reason
+
+
+@pytest.mark.parametrize("name", [s["name"] for s in SPECS])
+def test_pipelined_steps_equal_the_step_by_step_loop_and_ar(setup, monkeypatch, name):
+    """Both loops on the same graphed target: identical records, AR's tokens, for a long limit and
+    limits that end inside a step or at the prefill's token; the pipelined loop reads once a step, plus
+    the step launched past the end, and leaves no ingested path unsettled."""
+    import repro.models.graphed as graphed
+
+    model, prompts, reference = setup
+    target = GraphedTarget(model, max_len=64, graphs=False)  # 64: the buffers grow during the run
+    route = _routes(target)[name]
+    assert pipelined(target, route) and not pipelined(model, route)
+    reads: list[int] = []
+    real = graphed.read_back
+    monkeypatch.setattr(graphed, "read_back", lambda h, c: reads.append(1) or real(h, c))
+    for prompt, ref in zip(prompts, reference):
+        for limit in (40, 7, 1):
+            monkeypatch.setattr(engine, "PIPELINE", False)
+            want = generate(target, prompt, route, limit)
+            monkeypatch.setattr(engine, "PIPELINE", True)
+            reads.clear()
+            got = generate(target, prompt, route, limit)
+            assert _fields(got) == _fields(want), (name, limit)
+            assert got.output_ids == ref[:limit]
+            assert len(reads) == (got.steps + 1 if got.steps else 0)  # limit 1: the prefill's token
+            dflash = getattr(route.drafter, "dflash", route.drafter)
+            assert not dflash._static._unsettled
+            assert set(got.device_stage_s) == set(engine.STAGES)
+    assert max(max(want.accepted_lengths) for want in [generate(target, prompts[1], route, 40)]) > 1
+
+
+def test_pipelined_loop_stops_at_a_stop_token_inside_a_step(setup, monkeypatch):
+    """A stop token in the middle of an accepted path: the output ends there (stop), the same as the
+    step-by-step loop's, although one more step was launched and folded in on the device."""
+    model, prompts, reference = setup
+    target = GraphedTarget(model, max_len=256, graphs=False)
+    route = _routes(target)["ddtree"]
+    full = generate(target, prompts[1], route, 40)
+    long_step = next(i for i, n in enumerate(full.accepted_lengths) if n > 2)
+    at = 1 + sum(full.accepted_lengths[:long_step]) + 1  # inside that step's accepted tokens
+    stop = full.output_ids[at]
+    assert stop not in full.output_ids[:at]
+    got = generate(target, prompts[1], route, 40, stop_ids=[stop])
+    monkeypatch.setattr(engine, "PIPELINE", False)
+    want = generate(target, prompts[1], route, 40, stop_ids=[stop])
+    assert _fields(got) == _fields(want)
+    assert got.output_ids == reference[1][: at + 1] and got.finish_reason == "stop"
+
+
+def test_step_after_a_launched_step_reads_nothing_on_the_host(setup):
+    """The DFlash step after a launched, unread step takes its root, start and path from the device
+    result: no host read, no data-dependent shape, the same ops whatever the accepted path."""
+    from repro.drafters.base import DraftContext
+
+    model, prompts, _ = setup
+    target = GraphedTarget(model, graphs=False)
+    route = _routes(target)["ddtree"]
+    drafter = route.drafter
+    drafter.static = True
+    drafter.begin(prompts[0], None)
+    state, ver = target.prefill(prompts[0], capture=drafter.capture_layers)
+    drafter.observe_prefill(ver)
+    out = [int(ver.logits[-1].argmax())]
+    proposal = drafter.propose(DraftContext(prompts[0], out, ver, list(range(ver.tree.size))))
+    tree = route.builder.build_device(out[-1], proposal)
+    ver = target.verify(state, tree, drafter.capture_layers)
+    step = target.launch_accepted(state, ver)
+    static = drafter._static
+    static._resize_inputs(16)
+    traces = []
+    for n in (1, 3):  # the same trace for different accepted lengths
+        step.result[0] = n
+        check = check_capture(
+            lambda: static._run(tuple(ver.hidden[i] for i in static.layers), True, (step.result, 5))
+        )
+        assert check.hazards == []
+        traces.append(check.trace)
+    assert traces[0] == traces[1]
+
+
+def test_step_after_needs_each_path_settled_before_the_next(setup):
+    """``step_after`` twice without ``settle``, or ``settle`` with nothing ingested, raises; a device
+    root for a builder that makes host trees raises."""
+    model, prompts, _ = setup
+    target = GraphedTarget(model, graphs=False)
+    drafter = _routes(target)["ddtree"].drafter
+    drafter.static = True
+    drafter.begin(prompts[0], None)
+    with pytest.raises(ValueError, match="settle"):
+        drafter.settle(2)
+    with pytest.raises(ValueError, match="host"):
+        Chain(sample=True).build_device(torch.tensor([3]), None)
+    with pytest.raises(ValueError, match="host"):
+        BestFirst(4).build_device(torch.tensor([3]), None)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_pipelined_routes_equal_ar_in_float32_on_cuda_graphs(monkeypatch):
+    """The trained tiny family in float32 on CUDA graphs (Triton GDN kernels): the pipelined chain, DDTree
+    and Weaver routes give AR's tokens and the step-by-step loop's records; the drafter graphs are
+    captured inside the generations (no prepare), so their warm-ups run mid-generation."""
+    model = load_target(FAMILY, dtype=torch.float32, device="cuda")
+    model.set_gdn_backend("triton")
+    tok = load_tokenizer(FAMILY)
+    prompts = [tok.chat_prompt([{"role": "user", "content": t}]) for t in TEXTS]
+    target = GraphedTarget(model, max_len=128)
+    ar = build_route({"kind": "ar"}, model.config.vocab_size, "greedy", 0.0, 0)
+    for name, route in _routes(target).items():
+        assert pipelined(target, route)
+        for prompt in prompts:
+            reference = generate(target, prompt, ar, 48).output_ids
+            got = generate(target, prompt, route, 48)
+            monkeypatch.setattr(engine, "PIPELINE", False)
+            want = generate(target, prompt, route, 48)
+            monkeypatch.setattr(engine, "PIPELINE", True)
+            assert got.output_ids == reference, name
+            assert _fields(got) == _fields(want), name
