@@ -558,9 +558,9 @@ class DFlashDrafter:
     committed tokens) and returns the top-``top_k`` tokens and the marginals per depth.
 
     ``static``: draft on :class:`~repro.drafters.static_dflash.StaticDFlash` (static buffers of
-    ``max_len`` positions, one CUDA graph per step on CUDA, no host sync). None (the default) switches
-    to it within a generation once a verification comes from a
-    :class:`~repro.models.graphed.GraphedTarget` (the features cached so far are moved over); on a
+    ``max_len`` positions, one CUDA graph per step on CUDA, no host sync). None (the default): on from
+    the start when ``target`` is a :class:`~repro.models.graphed.GraphedTarget`; else switched on within a
+    generation once a verification comes from one (the features cached so far are moved over); on a
     HybridLM target the eager path above runs, the reference the static one is tested against.
     ``max_len``: the static buffers' first size in positions (doubled when a step needs more); ``fast``:
     their block forward on the Triton kernels (:mod:`repro.drafters.dflash_fast`; default: with graphs,
@@ -625,7 +625,11 @@ class DFlashDrafter:
         m = self.model
         self.store = FeatureCache("DFlash", self.capture_layers, m.config.hidden_size, m.dtype, m.device)
         self.kv: KVCache = []
-        self._static_now = bool(self.static)
+        # auto mode on a graphed target: static from the start (the first step's marginals then lie in a
+        # graph's output, which the tree builders' graphs read in place, not in a new tensor per prompt)
+        self._static_now = bool(self.static) or (
+            self.static is None and isinstance(self.target, GraphedTarget)
+        )
         if self._static_now:
             self._static_buffers().reset()
 
