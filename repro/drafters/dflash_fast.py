@@ -39,16 +39,16 @@ what                                               eager  fast  fast: aten + Tri
 =================================================  =====  ====  ===============
 the step: ingest (16 rows) + block + marginals     124    34    27 + 7
 the step: block + marginals (nothing to ingest)    83     12    6 + 6
-Weaver's step: ingest + block (rows, logits)       122    38    32 + 6
+Weaver's step: ingest + block (rows, logits)       126    42    36 + 6
 =================================================  =====  ====  ===============
 
 A fast block is 6 Triton launches (per layer q|k|v, attention, o_proj, gate|up, down; the final norm + LM
 head) and 6 aten ops (the block's ids 3, the embedding, the softmax, the top-k). An ingest (a path padded
 to the block's 16 rows, as steps pad it) is 22 launches whatever the layer count: the rows' gather 3, the
 feature write, positions, fc, the k|v launch, k_norm 6, rotary 5, the two KV writes, the length 2.
-Weaver's rows add DFlash's torch RMSNorm (6). Each more layer adds 5 Triton launches to the fast step (8
-launches on cuBLAS, above ``row_tiled_width``) and 70 aten ops to the eager one (55 in the block, 15 in
-the ingest: a two-layer step is 194 eager, 39 fast).
+Weaver's rows add DFlash's torch RMSNorm (6) and the root's feature into ``tail`` (4). Each more layer
+adds 5 Triton launches to the fast step (8 launches on cuBLAS, above ``row_tiled_width``) and 70 aten
+ops to the eager one (55 in the block, 15 in the ingest: a two-layer step is 194 eager, 39 fast).
 
 Rounding: the kernels accumulate in float32 (float64 for float64 data) and round once, and norms are not
 rounded before their matmul, so float32 block states and logits agree with the eager drafter's to ~1e-6

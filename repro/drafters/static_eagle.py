@@ -70,8 +70,8 @@ from repro.drafters.eagle_fast import FastEagle
 from repro.drafters.fast_rules import check_fast_device
 from repro.drafters.features import ingest_start
 from repro.errors import ConfigError
-from repro.models.graphed import GraphedTarget
-from repro.models.graphs import EagerCall, HostUploads
+from repro.models.graphed import GraphedTarget, LaunchedStep
+from repro.models.graphs import EagerCall, HostUploads, tensor_address
 from repro.models.hybrid import HybridLM, Verification
 from repro.tree import DeviceTree, Tree
 
@@ -153,6 +153,7 @@ class StaticEagleDrafter(EagleDrafter):
         self.rows = 0  # committed drafter rows whose keys/values are in the buffers
         self._pending = -1  # the token the last committed row read
         self._last: Verification | None = None
+        self._unsettled = False  # a propose_after's path length not yet given by settle
         if self._buffers_for != self.capacity:
             self._allocate(self.capacity)
 
@@ -193,6 +194,11 @@ class StaticEagleDrafter(EagleDrafter):
         self._uploads = HostUploads(dev)
         self.capacity = self._buffers_for = capacity
         self._call: Any = None
+        self._calls_after: dict[tuple[Any, ...], Any] = {}  # propose_after's graphs, per launched result
+        # the committed count on the device (every call writes its c): where propose_after's step starts;
+        # the buffers grow only when no path is unsettled, so it is the host's count then
+        self._committed = torch.full((1,), self.count, dtype=torch.long, device=dev)
+        self._block_index = torch.arange(self.block, device=dev)
         if self._fast is not None:
             self._fast.set_rope_rows(capacity + self.block)
 
@@ -254,6 +260,77 @@ class StaticEagleDrafter(EagleDrafter):
             self._call = GraphedCall(self._step, self.model.device)
         return self._call()
 
+    # ------------------------------------------------------------ after a launched step
+
+    def pipelines(self) -> bool:
+        """Whether :meth:`propose_after` can run: the drafter serves a graphed target."""
+        return isinstance(self.target, GraphedTarget)
+
+    @torch.no_grad()
+    def propose_after(self, step: LaunchedStep) -> Proposal:
+        """:meth:`propose` after a launched, unread ``step`` (the engine's pipelined loop): its accepted
+        path's features are gathered, and the step's inputs made, on the device from the launched result
+        (path length n, bonus, path nodes, their tokens) and the committed count of the last call, in the
+        same call as the drafting; the host's count is behind by n until :meth:`settle`. Its buffers grow
+        for the most n may be (the block)."""
+        if step.verification is self._last or self._unsettled:
+            raise ValueError("propose_after: this step is ingested already, or the last is not settled")
+        ver = step.verification
+        ingest_start("EAGLE", self.capture_layers, ver, ver.position)  # checks only that the layers are there
+        self._ensure(self.count + 2 * self.block)
+        sources = tuple(ver.hidden[i] for i in self.capture_layers)
+        self._last, self._unsettled = ver, True
+        out = self._run_after(sources, step.result, step.depth)
+        if self.tree is None:
+            top_ids, probs = out
+            return Proposal(probs=probs, top_ids=top_ids)
+        tree_tokens, tree_parents, scores = out
+        return tree_proposal(DeviceTree(tree_tokens, tree_parents), scores)
+
+    def settle(self, accepted: int) -> None:
+        """The read length of the path :meth:`propose_after` ingested: the host's counts catch up (the
+        pending token, the bonus, stays on the device: a later host ``propose`` recomputes the last row)."""
+        if not self._unsettled:
+            raise ValueError("no ingested step waits to be settled")
+        self.count += accepted
+        self.rows, self._pending, self._unsettled = self.count, -1, False
+
+    def _run_after(self, sources: tuple[torch.Tensor, ...], result: torch.Tensor, depth: int) -> Any:
+        """The graph of :meth:`_step_after` for these source and result buffers (captured on first use;
+        the committed count its warm-ups advanced is restored), or the step itself without graphs."""
+        if not self.graphs:
+            return EagerCall(lambda: self._step_after(sources, result, depth))()
+        key = (tuple(tensor_address(h) for h in sources), tensor_address(result), depth)
+        call = self._calls_after.get(key)
+        if call is None:
+            from repro.models.graphs import GraphedCall
+
+            committed = self._committed.clone()
+            call = GraphedCall(lambda: self._step_after(sources, result, depth), self.model.device)
+            self._committed.copy_(committed)
+            self._calls_after[key] = call
+        return call()
+
+    @torch.no_grad()
+    def _step_after(self, sources: tuple[torch.Tensor, ...], result: torch.Tensor, depth: int) -> Any:
+        """Ingest the launched path (``result``: [n, bonus, path nodes by depth (``depth``), tokens]) at the
+        committed count c0 and set the inputs: r = c0, c = c0 + n, the bonus as root, the rows' tokens
+        (the path's after its root, then the bonus); then :meth:`_step` (capture-safe)."""
+        b, j = self.block, self._block_index
+        n, bonus, c0 = result[0:1], result[1:2], self._committed
+        width = min(b, depth)
+        nodes = torch.zeros(b, dtype=torch.long, device=result.device)
+        nodes[:width] = result[2 : 2 + width]  # padded with node 0 (as the result pads)
+        rows = torch.cat([h.index_select(0, nodes) for h in sources], dim=-1).to(self.features.dtype)
+        self.features.index_copy_(0, c0 + j, rows)  # rows past the path: never read, overwritten later
+        tokens = result[2 + depth :].index_select(0, (j + 1).clamp(max=depth - 1))
+        ids = torch.where(j < n - 1, tokens, torch.where(j == n - 1, bonus, torch.zeros_like(tokens)))
+        self.inputs[0:1].copy_(c0)
+        self.inputs[1:2].copy_(c0 + n)
+        self.inputs[2:3].copy_(bonus)
+        self.inputs[3:].copy_(ids)
+        return self._step()
+
     # ---------------------------------------------------------------- the device call
 
     def _rows(
@@ -311,6 +388,7 @@ class StaticEagleDrafter(EagleDrafter):
     def _step(self) -> tuple[torch.Tensor, ...]:
         """The committed block and the drafting, from ``self.inputs`` (capture-safe)."""
         r, c, root = self.inputs[0:1], self.inputs[1:2], self.inputs[2:3]
+        self._committed.copy_(c)
         preds = self._context_rows(self.inputs[3:], r)
         root_pred = preds.index_select(0, c - r - 1)
         context = self._draft_context(c)

@@ -1,5 +1,5 @@
-"""The pipelined greedy loop (repro.decoding.engine.pipelined): DFlash, DDTree and Weaver routes on the
-graphed target with each step launched before the previous one is read.
+"""The pipelined greedy loop (repro.decoding.engine.pipelined): DFlash chain, DDTree, Weaver, EAGLE chain,
+FLA-SD and SpecLA routes on the graphed target with each step launched before the previous one is read.
 
 CPU, float64, the trained tiny family on a graphed target without CUDA graphs (the same device path,
 eagerly): the pipelined loop gives the step-by-step loop's tokens, accepted paths, accepted lengths and
@@ -28,6 +28,10 @@ SPECS = [
     {"name": "chain", "kind": "dflash_chain"},
     {"name": "ddtree", "kind": "ddtree", "budget": 16},
     {"name": "weaver", "kind": "weaver", "budget": 16},
+    {"name": "eagle-chain", "kind": "eagle_chain", "k": 4},
+    {"name": "fla-sd", "kind": "fla_sd", "k": 4},
+    {"name": "specla", "kind": "specla", "budget": 16},
+    {"name": "specla-delayed", "kind": "specla", "budget": 16, "commit": "delayed"},
 ]
 TEXTS = ("What is 7 times 8?", "Name three colours of the sea and say why the sky looks blue at noon.")
 
@@ -47,6 +51,13 @@ def setup():
     return model, prompts, reference
 
 
+def _unsettled(drafter) -> bool:
+    """Whether the drafter (DFlash's static buffers, Weaver's DFlash, a static EAGLE) waits for a settle."""
+    dflash = getattr(drafter, "dflash", drafter)
+    static = getattr(dflash, "_static", None)
+    return (static if static is not None else drafter)._unsettled
+
+
 def _fields(res) -> tuple:
     return res.output_ids, res.accepted_paths, res.accepted_lengths, res.tree_sizes, res.finish_reason
 
@@ -62,6 +73,7 @@ def test_pipelined_steps_equal_the_step_by_step_loop_and_ar(setup, monkeypatch, 
     target = GraphedTarget(model, max_len=64, graphs=False)  # 64: the buffers grow during the run
     route = _routes(target)[name]
     assert pipelined(target, route) and not pipelined(model, route)
+    assert route.commit == next(s for s in SPECS if s["name"] == name).get("commit", route.commit)
     reads: list[int] = []
     real = graphed.read_back
     monkeypatch.setattr(graphed, "read_back", lambda h, c: reads.append(1) or real(h, c))
@@ -75,8 +87,7 @@ def test_pipelined_steps_equal_the_step_by_step_loop_and_ar(setup, monkeypatch, 
             assert _fields(got) == _fields(want), (name, limit)
             assert got.output_ids == ref[:limit]
             assert len(reads) == (got.steps + 1 if got.steps else 0)  # limit 1: the prefill's token
-            dflash = getattr(route.drafter, "dflash", route.drafter)
-            assert not dflash._static._unsettled
+            assert not _unsettled(route.drafter)
             assert set(got.device_stage_s) == set(engine.STAGES)
     assert max(max(want.accepted_lengths) for want in [generate(target, prompts[1], route, 40)]) > 1
 
@@ -130,6 +141,35 @@ def test_step_after_a_launched_step_reads_nothing_on_the_host(setup):
     assert traces[0] == traces[1]
 
 
+@pytest.mark.parametrize("name", ["eagle-chain", "specla"])
+def test_eagle_step_after_a_launched_step_reads_nothing_on_the_host(setup, name):
+    """The static EAGLE drafter's step after a launched step (ingest, inputs and drafting from the device
+    result and its committed count): no host read, no data-dependent shape, one trace for any n."""
+    from repro.drafters.base import DraftContext
+
+    model, prompts, _ = setup
+    target = GraphedTarget(model, graphs=False)
+    route = _routes(target)[name]
+    drafter = route.drafter
+    drafter.begin(prompts[0], None)
+    state, ver = target.prefill(prompts[0], capture=drafter.capture_layers)
+    drafter.observe_prefill(ver)
+    out = [int(ver.logits[-1].argmax())]
+    proposal = drafter.propose(DraftContext(prompts[0], out, ver, list(range(ver.tree.size))))
+    ver = target.verify(state, route.builder.build_device(out[-1], proposal), drafter.capture_layers)
+    step = target.launch_accepted(state, ver)
+    sources = tuple(ver.hidden[i] for i in drafter.capture_layers)
+    traces = []
+    for n in (1, 3):
+        step.result[0] = n
+        committed = drafter._committed.clone()
+        check = check_capture(lambda: drafter._step_after(sources, step.result, step.depth))
+        drafter._committed.copy_(committed)
+        assert check.hazards == []
+        traces.append(check.trace)
+    assert traces[0] == traces[1]
+
+
 def test_step_after_needs_each_path_settled_before_the_next(setup):
     """``step_after`` twice without ``settle``, or ``settle`` with nothing ingested, raises; a device
     root for a builder that makes host trees raises."""
@@ -149,8 +189,8 @@ def test_step_after_needs_each_path_settled_before_the_next(setup):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_pipelined_routes_equal_ar_in_float32_on_cuda_graphs(monkeypatch):
-    """The trained tiny family in float32 on CUDA graphs (Triton GDN kernels): the pipelined chain, DDTree
-    and Weaver routes give AR's tokens and the step-by-step loop's records; the drafter graphs are
+    """The trained tiny family in float32 on CUDA graphs (Triton GDN kernels): every pipelined route gives
+    AR's tokens and the step-by-step loop's records; the drafter graphs are
     captured inside the generations (no prepare), so their warm-ups run mid-generation."""
     model = load_target(FAMILY, dtype=torch.float32, device="cuda")
     model.set_gdn_backend("triton")

@@ -244,7 +244,8 @@ def test_fast_step_launches_fewer_kernels(interpreted):
     n = {key: v["total"] for key, v in interpreted["launches"].items()}
     assert (n["eager/ingest+block+probs"], n["fast/ingest+block+probs"]) == (124, 34), n
     assert (n["eager/block+probs"], n["fast/block+probs"]) == (83, 12), n
-    assert (n["eager/ingest+block+rows"], n["fast/ingest+block+rows"]) == (122, 38), n
+    # rows: 4 more for the root's feature (feat[length - 1] into ``tail``, Weaver's)
+    assert (n["eager/ingest+block+rows"], n["fast/ingest+block+rows"]) == (126, 42), n
     # q|k|v, attention, o_proj, gate|up, down; the final norm + LM head
     assert interpreted["launches"]["fast/block+probs"]["triton"] == 6, n
 
