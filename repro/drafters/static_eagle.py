@@ -640,8 +640,11 @@ def eagle_drafter_for(
     tree: DynamicTree | None = None,
 ) -> EagleDrafter:
     """The static drafter for a :class:`~repro.models.graphed.GraphedTarget` (CUDA graphs when it
-    has them; the fast forward when its decoder takes the GEMV kernels), the eager reference for a
-    HybridLM."""
+    has them; the fast forward when its decoder takes the GEMV kernels; buffers as long as the target's,
+    so that they grow, and their graphs are captured again, only when the target's do), the eager
+    reference for a HybridLM."""
     if isinstance(target, GraphedTarget):
-        return StaticEagleDrafter(model, target, k, width, tree, graphs=target.graphs, fast=target.gemv)
+        return StaticEagleDrafter(
+            model, target, k, width, tree, capacity=target.max_len, graphs=target.graphs, fast=target.gemv
+        )
     return EagleDrafter(model, target, k, width, tree)

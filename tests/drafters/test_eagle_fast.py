@@ -268,7 +268,10 @@ def test_fast_default_and_config_errors(monkeypatch):
     model = small_target(torch.float64)
     eagle = random_eagle_for(model)
     assert not StaticEagleDrafter(eagle, model).fast
-    assert not eagle_drafter_for(eagle, GraphedTarget(model, graphs=False)).fast  # follows the target's gemv
+    graphed = GraphedTarget(model, max_len=512, graphs=False)
+    made = eagle_drafter_for(eagle, graphed)
+    assert not made.fast  # follows the target's gemv
+    assert made.capacity == 512  # as long as the target's buffers: it grows only when they do
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(ConfigError, match="fast=True runs Triton kernels"):
         StaticEagleDrafter(eagle, model, fast=True)
