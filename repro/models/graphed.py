@@ -162,6 +162,9 @@ def slot_key(size: int, snapshots: bool, verifier: str, parity: int | None = Non
     return (size, snapshots) if verifier == "tree" else (size, verifier)
 
 
+SLOT_GRAPHS = ("verify", "commit", "greedy", "accept")  # the graphs of a slot: keys (name, *slot_key, ...)
+
+
 def reads_stash(key: tuple[Any, ...]) -> bool:
     """Whether the graph of ``key`` reads or writes the delayed commit's stashes (a delayed slot's
     graphs and the flushes)."""
@@ -291,7 +294,10 @@ class GraphedTarget:
                     self.decoder, size, snapshots=snapshots, capture=self.capture, derive=True, parity=parity
                 )
             self._slots[key] = slot
-            self._calls = {k: v for k, v in self._calls.items() if k[1:3] != key}
+            # its graphs go with it (not greedy AR's, whose keys ("ar", size, first) look alike)
+            self._calls = {
+                k: v for k, v in self._calls.items() if not (k[0] in SLOT_GRAPHS and k[1:3] == key)
+            }
         return slot
 
     def _stashes(self, size: int) -> None:

@@ -440,6 +440,18 @@ def test_graphs_captured_mid_generation_leave_greedy_ar_exact(group, monkeypatch
     assert generate(target, prompt, ar, 40).output_ids == want
 
 
+def test_prepared_graphs_leave_nothing_to_capture_in_greedy_ar(monkeypatch):
+    """``prepare`` captures greedy AR's group graphs and then every slot's: making a slot drops only that
+    slot's graphs, so AR's first generation after it captures nothing (AR's keys ("ar", size, first)
+    once matched slots' (size, snapshots) and were dropped: the first timed AR record captured them)."""
+    monkeypatch.setattr(graphs_module, "GraphedCall", WarmedCall)
+    target = GraphedTarget(small_hybrid(13), max_len=64, max_nodes=16, graphs=False)
+    target.graphs = True  # graph calls through the stand-in
+    target.prepare(("closed_form", "snapshot"), (), 16)
+    got = generate(target, small_ids(9, 14), device_routes()[0], 20)
+    assert got.graph_captures == 0 and len(got.output_ids) == 20
+
+
 def test_graphs_captured_inside_a_decode_are_counted_in_its_result_and_record(monkeypatch):
     """The captures a generation's decode loop makes (graphs first needed there) are counted in its
     result and record (prefill's are not), and the run report lists them; a generation after them
