@@ -9,7 +9,10 @@ non-sampling builder, a step takes the device path: the builder's ``build_device
 then ``commit_greedy`` (acceptance, path and commit on the device, one read of the result): one
 device-to-host sync per step, besides the drafter's own. AR there runs groups of decode steps, one group
 ahead of the host (:meth:`~repro.models.graphed.GraphedTarget.greedy_decode`: the next group of decode
-steps is launched before the last one's tokens are read; one read a group). A sampling rule at
+steps is launched before the last one's tokens are read; one read a group); drafted greedy routes whose
+drafter can draft after a launched step (DFlash, Weaver, static EAGLE: :func:`pipelined`) run one step ahead
+the same way (:func:`_pipelined`: step k + 1's drafter and tree read step k's result on the device, then step
+k is read). A sampling rule at
 temperature > 0 on a drafted, non-sampling builder takes the same path with its device twin
 (:mod:`repro.decoding.device_acceptance`) through ``commit_accepted``: sample_match gives the host
 path's tokens (AR's), spec_sampling and traversal the same law from the device's keyed uniforms.

@@ -22,6 +22,9 @@ and, for ``propose``, the marginals and their top-k. On CUDA that is one CUDA gr
 path padding, marginals) captured on first use; elsewhere the same function runs eagerly. Rows past
 the accepted path are gathered too (padding) and written past ``length``: harmless, they are never
 visible and are overwritten before they could be. Prefill chunks are written eagerly.
+:meth:`StaticDFlash.step_after` (the engine's pipelined loop) takes the step's inputs from a launched, unread
+greedy step's device result instead of the host (root = its bonus, start = ``length``), the host's
+``count`` catching up at ``settle``.
 
 ``fast`` (default: on with graphs, i.e. on CUDA, unless float64; on CPU only under Triton's interpreter)
 runs the ingest and the block forward on the Triton kernels (:class:`~repro.drafters.dflash_fast.FastDFlash`:
