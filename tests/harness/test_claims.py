@@ -45,6 +45,17 @@ def test_values_are_read_from_the_named_records():
         return sum(r["mal"] * r["steps"] for r in g) / sum(r["steps"] for r in g)
 
     assert w3["measured"] == pytest.approx(mal("weaver") / mal("dflash_chain") - 1)
+    w2 = rows["W2"]  # interactivity: DFlash-TfM's tokens/s per sequence over chain DFlash's, best-of protocol
+    t2 = [json.loads(x) for x in (RESULTS / w2["source"] / "records.jsonl").read_text().splitlines()]
+    assert w2["source"].endswith("table2-bf16-graphed")
+
+    def tok_s(route: str) -> float:  # pooled over the prompts: tokens over decode seconds
+        g = [r for r in t2 if r.get("route") == route]
+        return sum(len(r["output_ids"]) - 1 for r in g) / sum(r["decode_s"] for r in g)
+
+    assert w2["measured"] == pytest.approx(
+        tok_s("dflash-tfm-b64@sample_match") / tok_s("dflash-chain@sample_match") - 1, rel=0.05
+    )
 
 
 def test_end_to_end_speedups_are_read_from_gpu_runs_only(tmp_path):
