@@ -226,8 +226,8 @@ def prepare_sampling(model: HybridLM | GraphedTarget, routes: list[Route], max_s
 
 def pipelined(model: HybridLM | GraphedTarget, route: Route) -> bool:
     """Whether ``route`` decodes on ``model`` one step ahead of the host (:func:`_pipelined`): the greedy
-    device path with a drafter that drafts after a launched step (``pipelines()``: DFlash and Weaver on
-    static buffers) and a builder of device trees; :data:`PIPELINE` off turns it off."""
+    device path with a drafter that drafts after a launched step (``pipelines()``: DFlash, Weaver and EAGLE
+    on static buffers) and a builder of device trees; :data:`PIPELINE` off turns it off."""
     drafter = route.drafter
     return (
         PIPELINE

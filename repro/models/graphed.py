@@ -137,15 +137,13 @@ class LaunchedStep:
     ``result`` is the slot's device result ``[path length, bonus, path nodes by depth (``depth``), their
     tokens]``, valid until the slot's next commit: a pipelined step's drafter and tree builder read it
     there (:attr:`root`: the bonus, the next tree's root). ``host`` receives its copy, queued behind the
-    commit; ``copied`` (a CUDA event; None on CPU) completes with that copy. ``epoch``: the target's epoch
-    after the commit."""
+    commit; ``copied`` (a CUDA event; None on CPU) completes with that copy."""
 
     verification: GraphedVerification
     result: torch.Tensor
     depth: int
     host: torch.Tensor
     copied: Any
-    epoch: int
 
     @property
     def root(self) -> torch.Tensor:
@@ -701,7 +699,7 @@ class GraphedTarget:
             self._delayed_done(slot)
         self.epoch += 1
         host, copied = self._copy_out(slot.result, self._result_host(slot.result))
-        return LaunchedStep(verification, slot.result, slot.max_depth, host, copied, self.epoch)
+        return LaunchedStep(verification, slot.result, slot.max_depth, host, copied)
 
     def _copy_out(self, device: torch.Tensor, host: torch.Tensor) -> tuple[torch.Tensor, Any]:
         """``device`` copied into ``host`` (pinned on CUDA: queued on the stream, not waited for) and the
