@@ -283,78 +283,98 @@ SAMPLING_ACCEPTS: dict[type, Callable[..., tuple[torch.Tensor, torch.Tensor]]] =
 
 
 class DeviceRule:
-    """A host rule's device twin on one device: the static key and uniform buffers its graphs read,
-    ``set_step`` (host writes before the step's graph: no read) and ``accept(slot)`` (capture-safe:
-    writes ``slot.node`` and ``slot.bonus``)."""
+    """A host rule's device twin on one device: the buffers its graphs read, ``begin`` (host writes before
+    a generation: every draw it may need, no read) and ``accept(slot, length)`` (capture-safe: writes
+    ``slot.node`` and ``slot.bonus``).
 
-    def __init__(self, rule: TargetMatch, device: torch.device, max_depth: int) -> None:
+    A step's draws are keyed by its root's output position, which :meth:`accept` reads on the device: the
+    decoder's ``length`` (the tokens committed before the root) plus the generation's offset. So a step
+    can be launched before the host knows the previous step's length (the pipelined loop), with the draws
+    the host path would use: sample_match's position uniforms and the replayed depths are drawn on the host
+    for every position of the generation at ``begin`` and looked up by position."""
+
+    def __init__(self, rule: TargetMatch, device: torch.device, max_depth: int, positions: int) -> None:
         self.rule = rule
         self.kind = type(rule)
         if not has_device_rule(rule):  # greedy TargetMatch included: commit_greedy is its device path
             raise ValueError(f"no device version of {self.kind.__name__} at temperature {rule.temperature:g}")
-        self.key = torch.zeros(2, dtype=torch.long, device=device)  # [seed, position]: no upload
-        self.key[:1].fill_(rule.seed % 2**63)
-        pinned = device.type == "cuda"
-        self.uniforms = torch.zeros(max_depth, dtype=torch.float64, device=device)
-        self._host = torch.zeros(max_depth, dtype=torch.float64, pin_memory=pinned)
-        self.want = torch.zeros(1, dtype=torch.long, device=device)  # replayed: this step's drawn depth
-        self._want_host = torch.zeros(1, dtype=torch.long, pin_memory=pinned)
-        self.drawn = 0
+        self.max_depth, self.positions = max_depth, positions
+        self.seed = torch.full((1,), rule.seed % 2**63, dtype=torch.long, device=device)
+        self.offset = torch.zeros(1, dtype=torch.long, device=device)  # root position = length + offset
+        self._steps = torch.arange(max_depth, dtype=torch.long, device=device)
+        replayed = self.kind is ReplayedAcceptance
+        dtype = torch.long if replayed else torch.float64
+        # per output position: the replayed depth drawn there, or sample_match's uniform
+        self.table = torch.zeros(positions, dtype=dtype, device=device)
+        self._host = torch.zeros(positions, dtype=dtype, pin_memory=device.type == "cuda")
+        self._drawn: list[int] = []  # the replayed depths of this generation, on the host
 
     @property
     def graph_key(self) -> tuple:
         """What the graph of :meth:`accept` depends on besides the slot and strategy."""
         return ("sampling", self.kind.__name__, self.rule.temperature, id(self))
 
-    def set_step(self, position: int, depth: int) -> None:
-        """Key this step's draws by its root ``position`` (sample_match: upload the host's position
-        uniforms of its ``depth`` positions; the previous upload is done: the last step's read waited
-        for the stream; replayed: upload the depth drawn from the step's stream)."""
+    def begin(self, prompt_len: int, max_new_tokens: int) -> None:
+        """Before a generation's first step: its root positions (output position = committed length -
+        ``prompt_len`` + 1) and the host's draws of its positions (the previous generation has ended: its
+        last read waited for the stream). Raises when they do not fit (:func:`device_rule` sizes twins)."""
+        need = max_new_tokens + self.max_depth + 1  # a tree rooted before the end may reach past it
+        if need > self.positions:
+            raise ValueError(f"{max_new_tokens} new tokens exceed the twin's {self.positions} positions")
+        self.offset.fill_(1 - prompt_len)
         if self.kind is ReplayedAcceptance:
             rule = self.rule
             assert isinstance(rule, ReplayedAcceptance)
-            self.drawn = rule.process.draw(step_rng(rule.seed, position))
-            self._want_host.fill_(self.drawn)
-            self.want.copy_(self._want_host, non_blocking=True)
+            self._drawn = [rule.process.draw(step_rng(rule.seed, p)) for p in range(need)]
+            self._host[:need] = torch.tensor(self._drawn, dtype=torch.long)
         elif self.kind is TargetMatch:
-            draws = position_uniforms(self.rule.seed, position, depth)
-            self._host[:depth] = torch.tensor(draws, dtype=torch.float64)
-            self.uniforms[:depth].copy_(self._host[:depth], non_blocking=True)
+            self._host[:need] = torch.tensor(position_uniforms(self.rule.seed, 0, need), dtype=torch.float64)
         else:
-            self.key[1:].fill_(position)
+            return
+        self.table[:need].copy_(self._host[:need], non_blocking=True)
 
-    def accept(self, slot: SlotView) -> None:
-        """The rule on the slot's last verify, into ``slot.node`` and ``slot.bonus`` (capture-safe)."""
+    def accept(self, slot: SlotView, length: torch.Tensor) -> None:
+        """The rule on the slot's last verify, into ``slot.node`` and ``slot.bonus`` (capture-safe);
+        ``length`` [1] the tokens committed before the slot's root (the decoder's, on the device)."""
         logits = slot.logits  # type: ignore[attr-defined]
         assert logits is not None, "verify the slot first"
         size = slot.tokens.numel()
+        position = length + self.offset  # [1]: the root's output position
+        last = self.positions - 1  # a step launched past the generation's end: clamped, its draws unused
         if self.kind is ReplayedAcceptance:
-            node, bonus = replayed_accept(slot, logits, self.want)
+            want = self.table.index_select(0, position.clamp(max=last))
+            node, bonus = replayed_accept(slot, logits, want)
         elif self.kind is TargetMatch:
-            node, bonus = match_accept(slot, logits, self.rule.temperature, self.uniforms)
+            uniforms = self.table.index_select(0, (position + self._steps).clamp(max=last))
+            node, bonus = match_accept(slot, logits, self.rule.temperature, uniforms)
         else:
+            key = torch.cat([self.seed, position])
             rows = target_rows(logits, self.rule.temperature)
-            u, ub = keyed_uniforms(self.key, size, ACCEPT), keyed_uniforms(self.key, size, BONUS)
+            u, ub = keyed_uniforms(key, size, ACCEPT), keyed_uniforms(key, size, BONUS)
             node, bonus = SAMPLING_ACCEPTS[self.kind](slot, rows, u, ub)
         slot.node.copy_(node)  # type: ignore[attr-defined]
         slot.bonus.copy_(bonus)  # type: ignore[attr-defined]
 
-    def done(self, path: list[int]) -> None:
-        """After the step's read: the host rule's counters (replayed: ``steps``, ``truncated``)."""
+    def done(self, path: list[int], position: int) -> None:
+        """After the read of the step rooted at output ``position``: the host rule's counters (replayed:
+        ``steps``, ``truncated``)."""
         if isinstance(self.rule, ReplayedAcceptance):
             self.rule.steps += 1
-            self.rule.truncated += len(path) - 1 < self.drawn
+            self.rule.truncated += len(path) - 1 < self._drawn[position]
 
 
 _TWINS: weakref.WeakKeyDictionary[TargetMatch, dict[torch.device, DeviceRule]] = weakref.WeakKeyDictionary()
 
 
-def device_rule(rule: TargetMatch, device: torch.device, max_depth: int) -> DeviceRule:
-    """The one :class:`DeviceRule` of ``rule`` on ``device`` (its graphs are captured once)."""
+def device_rule(rule: TargetMatch, device: torch.device, max_depth: int, positions: int) -> DeviceRule:
+    """The one :class:`DeviceRule` of ``rule`` on ``device`` with room for trees of ``max_depth`` and
+    ``positions`` output positions (made again, larger, when one does not fit: its graphs are new)."""
     per = _TWINS.setdefault(rule, {})
     twin = per.get(device)
-    if twin is None or twin.uniforms.numel() < max_depth:
-        twin = per[device] = DeviceRule(rule, device, max_depth)
+    if twin is not None:
+        max_depth, positions = max(max_depth, twin.max_depth), max(positions, twin.positions)
+    if twin is None or (twin.max_depth, twin.positions) != (max_depth, positions):
+        twin = per[device] = DeviceRule(rule, device, max_depth, positions)
     return twin
 
 

@@ -13,10 +13,10 @@ steps is launched before the last one's tokens are read; one read a group); draf
 drafter can draft after a launched step (DFlash, Weaver, static EAGLE: :func:`pipelined`) run one step ahead
 the same way (:func:`_pipelined`: step k + 1's drafter and tree read step k's result on the device, then step
 k is read). A sampling rule at
-temperature > 0 on a drafted, non-sampling builder takes the same path with its device twin
-(:mod:`repro.decoding.device_acceptance`) through ``commit_accepted``: sample_match gives the host
-path's tokens (AR's), spec_sampling and traversal the same law from the device's keyed uniforms.
-Elsewhere the host rule walks the logits.
+temperature > 0 (or the replayed acceptance) on a drafted, non-sampling builder takes the same path with its
+device twin (:mod:`repro.decoding.device_acceptance`: its draws keyed by the root's output position, read
+on the device, so it pipelines too): sample_match gives the host path's tokens (AR's), spec_sampling and
+traversal the same law from the device's keyed uniforms. Elsewhere the host rule walks the logits.
 
 Stage times: ``stage_s`` is wall-clock per stage (on the host path each boundary first synchronizes
 the device; on the device path none does, so a stage's wall time is its host time, the final read's
@@ -41,7 +41,7 @@ from typing import Any, cast
 import torch
 
 from repro.decoding.acceptance import Acceptance, SamplingRule, TargetMatch
-from repro.decoding.device_acceptance import device_rule, has_device_rule
+from repro.decoding.device_acceptance import DeviceRule, device_rule, has_device_rule
 from repro.decoding.sampling import step_rng
 from repro.decoding.tree_builders import BestFirst, Chain, DrafterTree, SingleNode, TreeBuilder
 from repro.drafters.base import DraftContext, Drafter, PipelinedDrafter
@@ -219,19 +219,19 @@ def prepare_sampling(model: HybridLM | GraphedTarget, routes: list[Route], max_s
     slots up to ``max_size`` nodes), after the target's ``prepare`` of the same routes."""
     for route in routes:
         if isinstance(model, GraphedTarget) and device_sampling(model, route):
-            twin = device_rule(route.rule, model.device, model.max_nodes)
+            twin = device_rule(route.rule, model.device, model.max_nodes, model.max_len + model.max_nodes + 1)
             chain = route.verifier == "chain"
             model.prepare_accept(twin.accept, twin.graph_key, (route.commit,), max_size, chain)
 
 
 def pipelined(model: HybridLM | GraphedTarget, route: Route) -> bool:
-    """Whether ``route`` decodes on ``model`` one step ahead of the host (:func:`_pipelined`): the greedy
-    device path with a drafter that drafts after a launched step (``pipelines()``: DFlash, Weaver and EAGLE
-    on static buffers) and a builder of device trees; :data:`PIPELINE` off turns it off."""
+    """Whether ``route`` decodes on ``model`` one step ahead of the host (:func:`_pipelined`): the greedy or
+    sampling device path with a drafter that drafts after a launched step (``pipelines()``: DFlash, Weaver
+    and EAGLE on static buffers) and a builder of device trees; :data:`PIPELINE` off turns it off."""
     drafter = route.drafter
     return (
         PIPELINE
-        and device_greedy(model, route)
+        and (device_greedy(model, route) or device_sampling(model, route))
         and drafter is not None
         and getattr(drafter, "pipelines", lambda: False)()
         and isinstance(route.builder, (Chain, BestFirst, DrafterTree))
@@ -248,8 +248,10 @@ def _pipelined(
     stops: set[int],
     capture: tuple[int, ...],
     clock: StageClock,
+    twin: DeviceRule | None,
 ) -> tuple[str, list[int], list[int], list[list[int]]]:
-    """Greedy device steps, each launched before the previous one is read: step k + 1's drafter reads step
+    """Device steps (greedy, or ``twin``'s rule: its draws keyed by the root's position on the device), each
+    launched before the previous one is read: step k + 1's drafter reads step
     k's accepted path and bonus where its commit wrote them (:class:`~repro.models.graphed.LaunchedStep`),
     its tree takes that bonus as root, and only then is step k's result read (one wait a step), so the
     device runs step k + 1 while the host reads step k and launches step k + 2. The first step drafts from
@@ -274,13 +276,16 @@ def _pipelined(
         handle = model.handle(position + sum(step.verification.tree.size for step in launched))
         ver = model.verify(handle, tree, capture, route.commit, route.verifier)
         clock.mark()
-        launched.append(model.launch_accepted(handle, ver))
+        accept = (twin.accept, twin.graph_key) if twin else ()
+        launched.append(model.launch_accepted(handle, ver, *accept))
         clock.mark()
         if len(launched) < 2:
             continue
         step = launched.popleft()
         path, tokens, bonus = model.read_launched(step)
         drafter.settle(len(path))  # the launched step behind it ingested this path
+        if twin:
+            twin.done(path, len(out))
         position += len(path)
         new, finish = _cut(tokens[1:] + [bonus], stops, max_new_tokens - len(out))
         out.extend(new)
@@ -293,10 +298,15 @@ def _pipelined(
 
 
 def _device_accept(
-    model: GraphedTarget, route: Route, state: GraphedState, ver: Verification, position: int
+    model: GraphedTarget,
+    route: Route,
+    state: GraphedState,
+    ver: Verification,
+    position: int,
+    twin: DeviceRule | None,
 ) -> tuple[GraphedState, list[int], list[int], int]:
-    """The sampling step's end on the device (one read); a one-node verification folded in by the
-    decode step (no slot) takes the host rule, which reads its logits once."""
+    """The sampling step's end on the device through ``twin`` (one read); a one-node verification folded in
+    by the decode step (no slot) takes the host rule, which reads its logits once."""
     tree = ver.tree
     slot = getattr(ver, "slot", None)
     if slot is None:
@@ -306,10 +316,9 @@ def _device_accept(
         return state, acc.path, tree.tokens[acc.path].tolist(), acc.bonus
     if isinstance(tree, Tree) and tree.draw != "given":
         raise ValueError("the device sampling rules take given (top-k) children, not sampled ones")
-    twin = device_rule(route.rule, model.device, model.max_nodes)
-    twin.set_step(position, slot.max_depth)
+    assert twin is not None, "a sampling device step needs the rule's twin"
     state, path, tokens, bonus = model.commit_accepted(state, ver, twin.accept, twin.graph_key)
-    twin.done(path)
+    twin.done(path, position)
     return state, path, tokens, bonus
 
 
@@ -359,6 +368,11 @@ def generate(
         drafter.begin(list(prompt_ids), reference_ids)
     greedy = device_greedy(model, route)
     on_device = greedy or device_sampling(model, route)
+    twin = None
+    if on_device and not greedy:  # the sampling rule's device twin, its draws for this generation
+        assert isinstance(model, GraphedTarget)
+        twin = device_rule(route.rule, dev, model.max_nodes, max_new_tokens + model.max_nodes + 1)
+        twin.begin(len(prompt_ids), max_new_tokens)
     t0 = _clock(dev)
     state, ver = _prefill(model, prompt_ids, capture, drafter, route.commit)
     out = [route.rule.pick(ver.logits[-1], 0)]
@@ -383,7 +397,7 @@ def generate(
                 isinstance(model, GraphedTarget) and isinstance(state, GraphedState) and drafter is not None
             )
             finish, lengths, sizes, paths = _pipelined(
-                model, route, state, ctx, out, max_new_tokens, stops, capture, clock
+                model, route, state, ctx, out, max_new_tokens, stops, capture, clock, twin
             )
         while finish is None:
             clock.mark()
@@ -397,7 +411,7 @@ def generate(
                 if greedy:
                     state, path, tokens, bonus = model.commit_greedy(state, ver)
                 else:
-                    state, path, tokens, bonus = _device_accept(model, route, state, ver, len(out))
+                    state, path, tokens, bonus = _device_accept(model, route, state, ver, len(out), twin)
                 acc = Acceptance(path, bonus)
             else:
                 rng = step_rng(route.rule.seed, len(out)) if route.random else None

@@ -75,6 +75,8 @@ SMALL_WIDTH = 1024  # <= this: fused decode layer, row-tiled verify; above: tree
 # at the tiny width on an H200). Wider models take one step a graph: their steps outlast the host's loop,
 # and a stop token then wastes at most one step launched past it (a group: up to 2 AR_GROUP - 1 steps).
 AR_GROUP = 8
+# a device acceptance: (slot, the committed length [1] before its root); writes slot.node, slot.bonus
+DeviceAccept = Callable[[TreeSlot, torch.Tensor], None]
 DEFAULT_MAX_LEN = 4096
 ENGINES = ("auto", "eager", "graphed")
 
@@ -325,13 +327,17 @@ class GraphedTarget:
             self._flush_call(parity)()
 
     def _accept_call(
-        self, slot: TreeSlot, strategy: str, accept: Callable[[TreeSlot], None] | None = None, key: tuple = ()
+        self, slot: TreeSlot, strategy: str, accept: DeviceAccept | None = None, key: tuple = ()
     ) -> Any:
-        """``accept(slot)`` (a device acceptance writing ``slot.node`` and ``slot.bonus``; None: the greedy
-        one), the accepted path into ``slot.result`` and commit: one graph per (slot, strategy, ``key``)."""
+        """``accept(slot, length)`` (a device acceptance writing ``slot.node`` and ``slot.bonus``, given the
+        decoder's committed length before the root; None: the greedy one), the accepted path into
+        ``slot.result`` and commit: one graph per (slot, strategy, ``key``)."""
 
         def step() -> None:
-            (accept or self.decoder.accept)(slot)
+            if accept is None:
+                self.decoder.accept(slot)
+            else:
+                accept(slot, self.decoder.length)
             self.decoder.accepted_path(slot)
             self.decoder.commit(slot, strategy)
 
@@ -411,7 +417,7 @@ class GraphedTarget:
 
     def prepare_accept(
         self,
-        accept: Callable[[TreeSlot], None],
+        accept: DeviceAccept,
         key: tuple,
         strategies: tuple[str, ...] = ("closed_form",),
         max_size: int = 256,
@@ -662,11 +668,11 @@ class GraphedTarget:
         self,
         state: GraphedState,
         verification: Verification,
-        accept: Callable[[TreeSlot], None] | None = None,
+        accept: DeviceAccept | None = None,
         key: tuple = (),
     ) -> tuple[GraphedState, list[int], list[int], int]:
-        """Acceptance on the device (``accept(slot)`` writes ``slot.node`` and ``slot.bonus`` from the
-        slot's verify without a host read, e.g. the sampling rules of
+        """Acceptance on the device (``accept(slot, length)`` writes ``slot.node`` and ``slot.bonus`` from the
+        slot's verify and the committed length without a host read, e.g. the sampling rules of
         :mod:`repro.decoding.device_acceptance`; None: greedy), the accepted path and the commit (a delayed
         one recorded as pending) as one graph named by ``key``, then one :func:`read_back`. Returns the new
         handle, the accepted path (root first), its tokens and the bonus."""
@@ -680,7 +686,7 @@ class GraphedTarget:
         self,
         state: GraphedState,
         verification: Verification,
-        accept: Callable[[TreeSlot], None] | None = None,
+        accept: DeviceAccept | None = None,
         key: tuple = (),
     ) -> LaunchedStep:
         """:meth:`commit_accepted` without its read: the graph is launched and the result's copy to the

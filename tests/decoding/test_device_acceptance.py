@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
@@ -26,6 +27,8 @@ from repro.decoding import device_acceptance as da
 from repro.decoding.acceptance import SpecSampling, TargetMatch, Traversal, spec_walk, traversal_walk
 from repro.decoding.device_acceptance import HostView, keyed_uniforms, spec_accept, traversal_accept
 from repro.decoding.engine import Route, device_sampling, generate, prepare_sampling
+from repro.decoding.replayed import AcceptanceProcess, ReplayedAcceptance
+from repro.decoding.sampling import step_rng
 from repro.decoding.tree_builders import BestFirst, Chain, SingleNode
 from repro.drafters.base import Proposal
 from repro.models.graphed import GraphedTarget
@@ -162,13 +165,56 @@ def test_sample_match_device_is_target_match_with_the_position_uniforms():
         assert (path, int(bonus)) == (want.path, want.bonus), case
 
 
-def test_set_step_uploads_the_host_draws_exactly():
-    twin = da.DeviceRule(TargetMatch(1.0, 5), torch.device("cpu"), 16)
-    twin.set_step(7, 10)
-    assert twin.uniforms[:10].tolist() == da.position_uniforms(5, 7, 10)
-    keyed = da.DeviceRule(Traversal(1.0, 2**40 + 3), torch.device("cpu"), 16)
-    keyed.set_step(123, 10)
-    assert keyed.key.tolist() == [2**40 + 3, 123]
+@dataclass
+class AcceptSlot(HostView):
+    """A HostView with what a twin's ``accept`` reads and writes of a slot: logits, node, bonus."""
+
+    logits: torch.Tensor | None = None
+    node: torch.Tensor = field(default_factory=lambda: torch.zeros(1, dtype=torch.long))
+    bonus: torch.Tensor = field(default_factory=lambda: torch.zeros(1, dtype=torch.long))
+
+
+@pytest.mark.parametrize("kind", ["sample_match", "spec_sampling", "traversal", "replayed"])
+def test_twin_keys_draws_by_the_root_position_read_on_the_device(kind):
+    """A twin's step draws what the host keying gives the root's output position, which it reads from the
+    committed length on the device (length - prompt + 1): the same step at another length draws anew."""
+    gen = np.random.default_rng(9)
+    process = AcceptanceProcess("test", (0.7, 0.6, 0.5, 0.9))
+    rule = {
+        "sample_match": TargetMatch(0.8, 5),
+        "spec_sampling": SpecSampling(1.0, 2**40 + 3),
+        "traversal": Traversal(1.0, 11),
+        "replayed": ReplayedAcceptance(process=process, seed=4),
+    }[kind]
+    tokens, parents = [0, 1, 2, 3, 4, 5], [-1, 0, 1, 2, 0, 4]
+    logits = torch.from_numpy(gen.normal(size=(8, SMALL_VOCAB)))
+    prompt, new_tokens, depth = 9, 30, 8
+    twin = da.device_rule(rule, torch.device("cpu"), depth, new_tokens + depth + 1)
+    twin.begin(prompt, new_tokens)
+    drawn = []
+    for position in (1, 7, 19):
+        slot = AcceptSlot(*vars(HostView.of(tokens, parents, 8)).values(), logits=logits)
+        twin.accept(slot, torch.tensor([prompt + position - 1]))
+        if kind == "sample_match":
+            uniforms = torch.tensor(da.position_uniforms(5, position, depth), dtype=torch.float64)
+            want = da.match_accept(slot, logits, 0.8, uniforms)
+        elif kind == "replayed":
+            wanted = torch.tensor([process.draw(step_rng(4, position))])
+            want = da.replayed_accept(slot, logits, wanted)
+        else:
+            key = torch.tensor([rule.seed, position])
+            rows = da.target_rows(logits, 1.0)
+            u, ub = keyed_uniforms(key, 8, da.ACCEPT), keyed_uniforms(key, 8, da.BONUS)
+            want = da.SAMPLING_ACCEPTS[type(rule)](slot, rows, u, ub)
+        assert (slot.node.tolist(), slot.bonus.tolist()) == (want[0].tolist(), want[1].tolist()), position
+        drawn.append(twin.table[position].item() if kind in ("sample_match", "replayed") else position)
+    assert len(set(drawn)) > 1  # the positions draw differently (not one upload reused)
+    if kind == "replayed":
+        twin.done([0, 4, 5], 7)
+        assert rule.steps == 1 and rule.truncated == int(process.draw(step_rng(4, 7)) > 2)
+    with pytest.raises(ValueError, match="exceed"):
+        twin.begin(prompt, new_tokens + 1)  # its trees could reach past the drawn positions
+    assert da.device_rule(rule, torch.device("cpu"), depth, new_tokens + depth + 2) is not twin
 
 
 def test_keyed_uniforms_are_reproducible_uniform_and_keyed():

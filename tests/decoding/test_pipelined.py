@@ -1,11 +1,12 @@
-"""The pipelined greedy loop (repro.decoding.engine.pipelined): DFlash chain, DDTree, Weaver, EAGLE chain,
+"""The pipelined loop (repro.decoding.engine.pipelined): DFlash chain, DDTree, Weaver, EAGLE chain,
 FLA-SD and SpecLA routes on the graphed target with each step launched before the previous one is read.
 
 CPU, float64, the trained tiny family on a graphed target without CUDA graphs (the same device path,
 eagerly): the pipelined loop gives the step-by-step loop's tokens, accepted paths, accepted lengths and
 tree sizes, which are AR's tokens, for every length limit and at stop tokens; one read a step plus the
 step launched past the end; the drafter's host count catches up with every read; the step after a
-launched one reads nothing on the host. GPU (``gpu``): the same in float32 on CUDA graphs, across the
+launched one reads nothing on the host; the sampling rules and the replayed acceptance pipeline with the same
+records as their step-by-step loop. GPU (``gpu``): the same in float32 on CUDA graphs, across the
 graphs captured mid-generation (the drafter's step restores the length its warm-ups advanced).
 """
 
@@ -90,6 +91,54 @@ def test_pipelined_steps_equal_the_step_by_step_loop_and_ar(setup, monkeypatch, 
             assert not _unsettled(route.drafter)
             assert set(got.device_stage_s) == set(engine.STAGES)
     assert max(max(want.accepted_lengths) for want in [generate(target, prompts[1], route, 40)]) > 1
+
+
+SAMPLED = ["chain", "ddtree", "weaver", "specla-delayed"]
+
+
+@pytest.mark.parametrize("rule", ["sample_match", "spec_sampling", "traversal", "replayed"])
+def test_pipelined_sampling_steps_equal_the_step_by_step_loop(setup, monkeypatch, rule):
+    """The sampling rules' device twins and the replayed acceptance pipeline too (their draws keyed by the
+    root's position read on the device): the same records as the step-by-step loop, sample_match AR's
+    sampled tokens, the replayed counters the same; one read a step plus the one launched past the end."""
+    import repro.models.graphed as graphed
+    from repro.decoding.replayed import AcceptanceProcess
+    from repro.decoding.scale_routes import replayed
+
+    model, prompts, _ = setup
+    target = GraphedTarget(model, max_len=64, graphs=False)
+    vocab = model.config.vocab_size
+    process = AcceptanceProcess("test", (0.9, 0.8, 0.7, 0.6, 0.5))
+    name, temperature = ("greedy", 0.0) if rule == "replayed" else (rule, 0.9)
+    ar = build_route({"kind": "ar"}, vocab, name, temperature, 7)
+    sampled_ar = generate(model, prompts[1], ar, 30).output_ids
+    reads: list[int] = []
+    real = graphed.read_back
+    monkeypatch.setattr(graphed, "read_back", lambda h, c: reads.append(1) or real(h, c))
+    longest = 0
+    for spec in (s for s in SPECS if s["name"] in SAMPLED):
+        route = build_route(spec, vocab, name, temperature, 7, target=target, family=FAMILY)
+        if rule == "replayed":
+            route = replayed(route, process, 7)
+        assert pipelined(target, route) and not engine.device_greedy(target, route)
+        for limit in (30, 5):
+            counts = [(getattr(route.rule, "steps", 0), getattr(route.rule, "truncated", 0))]
+            monkeypatch.setattr(engine, "PIPELINE", False)
+            want = generate(target, prompts[1], route, limit)
+            counts.append((getattr(route.rule, "steps", 0), getattr(route.rule, "truncated", 0)))
+            monkeypatch.setattr(engine, "PIPELINE", True)
+            reads.clear()
+            got = generate(target, prompts[1], route, limit)
+            counts.append((getattr(route.rule, "steps", 0), getattr(route.rule, "truncated", 0)))
+            assert _fields(got) == _fields(want), (spec["name"], limit)
+            assert len(reads) == got.steps + 1
+            if rule == "sample_match":
+                assert got.output_ids == sampled_ar[:limit], spec["name"]
+            (s0, t0), (s1, t1), (s2, t2) = counts
+            assert (s2 - s1, t2 - t1) == (s1 - s0, t1 - t0)  # the replayed rule's counters: the same steps
+            assert s2 - s1 == (got.steps if rule == "replayed" else 0)
+            longest = max(longest, *got.accepted_lengths)
+    assert longest > 1
 
 
 def test_pipelined_loop_stops_at_a_stop_token_inside_a_step(setup, monkeypatch):
@@ -208,3 +257,29 @@ def test_gpu_pipelined_routes_equal_ar_in_float32_on_cuda_graphs(monkeypatch):
             monkeypatch.setattr(engine, "PIPELINE", True)
             assert got.output_ids == reference, name
             assert _fields(got) == _fields(want), name
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_pipelined_sample_match_gives_ar_sampled_tokens_on_cuda_graphs(monkeypatch):
+    """sample_match at temperature 0.9 on CUDA graphs, float32: the pipelined DDTree, Weaver and delayed
+    SpecLA routes give the sampled AR's tokens and the step-by-step loop's records (the draws keyed by the
+    root's position read on the device, across graphs captured mid-generation)."""
+    model = load_target(FAMILY, dtype=torch.float32, device="cuda")
+    model.set_gdn_backend("triton")
+    tok = load_tokenizer(FAMILY)
+    prompts = [tok.chat_prompt([{"role": "user", "content": t}]) for t in TEXTS]
+    target = GraphedTarget(model, max_len=128)
+    vocab = model.config.vocab_size
+    ar = build_route({"kind": "ar"}, vocab, "sample_match", 0.9, 3)
+    for spec in (s for s in SPECS if s["name"] in ("ddtree", "weaver", "specla-delayed")):
+        route = build_route(spec, vocab, "sample_match", 0.9, 3, target=target, family=FAMILY)
+        assert pipelined(target, route)
+        for prompt in prompts:
+            reference = generate(target, prompt, ar, 48).output_ids
+            got = generate(target, prompt, route, 48)
+            monkeypatch.setattr(engine, "PIPELINE", False)
+            want = generate(target, prompt, route, 48)
+            monkeypatch.setattr(engine, "PIPELINE", True)
+            assert got.output_ids == reference, spec["name"]
+            assert _fields(got) == _fields(want), spec["name"]
