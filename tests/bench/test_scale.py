@@ -186,10 +186,10 @@ def test_tiny_shape_on_cuda_graphs(tmp_path):
 
 @pytest.mark.parametrize("name", ["dflash_chain", "ddtree", "dflash_tfm", "fla_sd", "eagle_chain", "specla"])
 def test_replayed_steps_run_on_the_device_path_as_on_the_host(name, monkeypatch):
-    """The scale rows' replayed acceptance runs on the graphed engine's device path (no host tree, one read
-    a step: :func:`repro.decoding.device_acceptance.replayed_accept`; FLA-SD on chain slots, committed by
-    replay) and gives the host walk's tokens, accepted lengths and truncation count (float32, the eager
-    graphed target on the CPU)."""
+    """The scale rows' replayed acceptance runs on the graphed engine's device path, pipelined (no host
+    tree, one read a step: :func:`repro.decoding.device_acceptance.replayed_accept`; FLA-SD on chain slots,
+    committed by replay) and gives the host walk's tokens, accepted lengths and truncation count (float32,
+    the eager graphed target on the CPU)."""
     from repro.decoding import engine
     from repro.models.graphed import GraphedTarget
 
@@ -199,7 +199,7 @@ def test_replayed_steps_run_on_the_device_path_as_on_the_host(name, monkeypatch)
     target = GraphedTarget(model, graphs=False)
     (route,) = bs.build_routes("tiny", cfg, target, bs.parse_acceptance(cfg.acceptance))
     ids = bs.prompt_ids(model.config.vocab_size, cfg.prompt_len, 0, cfg.seed)
-    assert engine.device_sampling(target, route)
+    assert engine.device_sampling(target, route) and engine.pipelined(target, route)  # one step ahead
     runs = []
     for on_device in (True, False):
         if not on_device:
