@@ -42,7 +42,7 @@ limit_of() {  # seconds for one file: start-up (~10 s: torch, CUDA context) + co
     test_tree_attention_split) echo 90 ;;  # the split kernel's compiles
     test_pdl) echo 150 ;;  # a decode graph each of six ways (three PDL levels to compile)
     test_device_acceptance) echo 90 ;;     # acceptance rules in graphs
-    test_pipelined) echo 150 ;;  # the pipelined DFlash, DDTree and Weaver routes on CUDA graphs (compiles)
+    test_pipelined) echo 200 ;;  # the pipelined routes on CUDA graphs, greedy and sample_match (compiles)
     test_scale) echo 180 ;;          # the tiny scale run on CUDA graphs compiles every route (60 s cut it on 2026-12-02)
     test_eagle_fast | test_dflash_fast) echo 120 ;;  # drafters' fast forwards: compiles, graphed targets
     test_tree_attention) echo 120 ;; # the tree attention kernel's compiles (~14) and a graphed decoder
