@@ -28,11 +28,8 @@ chunk on a [block_m, block_k] x [block_k, block_n] tile (tiles >= 16; float32 ac
 dots for float32 data; half data feeds the tensor cores the normed row's hi and lo bf16 parts, two dots on
 one weight tile, so the row keeps ~16 bits), the RMS of its row block computed in the program, the same
 epilogue (:func:`_finish`). At small widths a launch costs more than its arithmetic, so folding the norm,
-SiLU * up and residual launches into the matmul is what counts there. Wider matrices are weight streams as
-in decode: split-K over programs (float32 partial sums, then :func:`_rows_reduce_kernel` adds the slices in
-order and applies the epilogue, the norm factor from x itself), so that the grid fills the SMs with bytes in
-flight. :func:`row_tiles` picks the launch (:class:`RowsConfig`): overrides, then :data:`TUNED_ROWS`
-(measured per matrix and row block: ``scripts/gpu/rows-tune.py``), then its rules.
+SiLU * up and residual launches into the matmul is what counts there (:func:`row_tiles`: its untuned
+tiles; ``block_m``/``block_n``/``block_k``/``num_warps`` override them).
 
 Split-K (``split_k`` > 1, for matrices with few output rows): a grid of (row blocks, K slices) writes
 float32 partial sums into a workspace, and a second launch adds the slices in a fixed order and applies
@@ -473,8 +470,8 @@ def _split_reduce_kernel(x_ptr, x_stride, ws_ptr, eps, N, K, bias_ptr, res_ptr, 
 
 
 @triton.jit
-def _sum_squares(x_ptr, x_stride, rows, n_rows, K, RB: tl.constexpr, BK: tl.constexpr, ACC: tl.constexpr):
-    """sum(x^2) over K of the rows ``rows`` [RB] of x [n_rows, K] -> [RB] (rows past n_rows: 0)."""
+def _rstd(x_ptr, x_stride, eps, rows, n_rows, K, RB: tl.constexpr, BK: tl.constexpr, ACC: tl.constexpr):
+    """1 / rms of the rows ``rows`` [RB] of x [n_rows, K] -> [RB] (rows past n_rows: 1 / sqrt(eps))."""
     m_r = rows < n_rows
     ss = tl.zeros([RB, BK], dtype=ACC)
     for k0 in range(0, K, BK):
@@ -482,13 +479,7 @@ def _sum_squares(x_ptr, x_stride, rows, n_rows, K, RB: tl.constexpr, BK: tl.cons
         m = m_r[:, None] & (o_k < K)[None, :]
         x = tl.load(x_ptr + rows[:, None] * x_stride + o_k[None, :], mask=m, other=0.0).to(ACC)
         ss += x * x
-    return tl.sum(ss, axis=1)
-
-
-@triton.jit
-def _rstd(x_ptr, x_stride, eps, rows, n_rows, K, RB: tl.constexpr, BK: tl.constexpr, ACC: tl.constexpr):
-    """1 / rms of the rows ``rows`` [RB] of x [n_rows, K] -> [RB] (rows past n_rows: 1 / sqrt(eps))."""
-    return 1.0 / tl.sqrt(_sum_squares(x_ptr, x_stride, rows, n_rows, K, RB, BK, ACC) / K + eps)
+    return 1.0 / tl.sqrt(tl.sum(ss, axis=1) / K + eps)
 
 
 @triton.jit
@@ -540,16 +531,13 @@ def _rows_kernel(
     res_ptr,
     res_stride,
     out_ptr,
-    ws_ptr,
     eps,
     n_rows,
     N,
     K,
-    slice_steps,
     RB: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
-    PARTIAL: tl.constexpr,
     NORM: tl.constexpr,
     GATE_UP: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -558,67 +546,25 @@ def _rows_kernel(
     UPCAST: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """Output columns pid(0) * BN .. + BN of rows pid(1) * RB .. + RB over the K steps pid(2) *
-    slice_steps .. + slice_steps (a step: BK columns; counted in steps, so that the compiler knows every
-    column offset is a multiple of BK), one tl.dot per step (:func:`_dot_tile`), then :func:`_finish` on
-    the row block; x normed before the dots. PARTIAL (split-K): x times the norm scale only, the sums
-    into the float32 workspace ws [slices, n_rows, 2 N] (per slice and row: the sums, then the up sums)
-    for :func:`_rows_reduce_kernel`, which applies the 1 / rms factor and the epilogue."""
+    """Output columns pid(0) * BN .. + BN of rows pid(1) * RB .. + RB (row-tiled: tl.dot tiles,
+    :func:`_dot_tile`; x normed before the dots), then :func:`_finish` on the row block."""
     pdl_start(PDL)
     pid = tl.program_id(0)
     row0 = tl.program_id(1) * RB
-    sid = tl.program_id(2)
     o_n = pid * BN + tl.arange(0, BN)
     rows = row0 + tl.arange(0, RB)
-    rstd = tl.full([RB], 1.0, dtype=ACC)
-    if NORM and not PARTIAL:
+    rstd = tl.zeros([RB], dtype=ACC)
+    if NORM:
         rstd = _rstd(x_ptr, x_stride, eps, rows, n_rows, K, RB, BK, ACC)
     acc = tl.zeros([RB, BN], dtype=ACC)
     acc_up = tl.zeros([RB, BN], dtype=ACC)
-    k_lo = sid * slice_steps * BK
-    for k0 in range(k_lo, tl.minimum(K, k_lo + slice_steps * BK), BK):
+    for k0 in range(0, K, BK):
         x = _x_chunk(x_ptr, x_stride, scale_ptr, rstd, rows, k0, n_rows, K, BK, NORM, ACC)
         acc += _dot_tile(w_ptr, x, o_n, k0, N, K, BK, ACC, NORM, UPCAST)
         if GATE_UP:
             acc_up += _dot_tile(w_ptr + N * K, x, o_n, k0, N, K, BK, ACC, NORM, UPCAST)
-    if not PARTIAL:
-        _finish(acc, acc_up, rstd, pid, N, K, eps, bias_ptr, res_ptr + row0 * res_stride, res_stride,
-                out_ptr + row0 * N, out_ptr, out_ptr, n_rows - row0, RB, BN, False, GATE_UP, HAS_BIAS,
-                RESIDUAL, False, ACC)  # fmt: skip
-    else:
-        part = ws_ptr + ((sid * n_rows + rows) * 2 * N)[:, None] + o_n[None, :]
-        m = (rows < n_rows)[:, None] & (o_n < N)[None, :]
-        tl.store(part, acc, mask=m)
-        if GATE_UP:
-            tl.store(part + N, acc_up, mask=m)
-
-
-@triton.jit
-def _rows_reduce_kernel(x_ptr, x_stride, ws_ptr, eps, n_rows, N, K, slices, bias_ptr, res_ptr, res_stride,
-                        out_ptr, RB: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NORM: tl.constexpr,
-                        GATE_UP: tl.constexpr, HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
-                        ACC: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
-    """Output columns pid(0) * BN .. + BN of rows pid(1) * RB .. + RB: the K slices' partial sums of
-    :func:`_rows_kernel` added in slice order, then :func:`_finish` (NORM: the rows' sum of squares read
-    from x in BK chunks)."""
-    pdl_start(PDL)
-    pid = tl.program_id(0)
-    row0 = tl.program_id(1) * RB
-    o_n = pid * BN + tl.arange(0, BN)
-    rows = row0 + tl.arange(0, RB)
-    m = (rows < n_rows)[:, None] & (o_n < N)[None, :]
-    acc = tl.zeros([RB, BN], dtype=ACC)
-    acc_up = tl.zeros([RB, BN], dtype=ACC)
-    for s in range(0, slices):
-        part = ws_ptr + ((s * n_rows + rows) * 2 * N)[:, None] + o_n[None, :]
-        acc += tl.load(part, mask=m, other=0.0).to(ACC)
-        if GATE_UP:
-            acc_up += tl.load(part + N, mask=m, other=0.0).to(ACC)
-    ss = tl.zeros([RB], dtype=ACC)
-    if NORM:
-        ss = _sum_squares(x_ptr, x_stride, rows, n_rows, K, RB, BK, ACC)
-    _finish(acc, acc_up, ss, pid, N, K, eps, bias_ptr, res_ptr + row0 * res_stride, res_stride,
-            out_ptr + row0 * N, out_ptr, out_ptr, n_rows - row0, RB, BN, NORM, GATE_UP, HAS_BIAS, RESIDUAL,
+    _finish(acc, acc_up, rstd, pid, N, K, eps, bias_ptr, res_ptr + row0 * res_stride, res_stride,
+            out_ptr + row0 * N, out_ptr, out_ptr, n_rows - row0, RB, BN, False, GATE_UP, HAS_BIAS, RESIDUAL,
             False, ACC)  # fmt: skip
 
 
@@ -648,80 +594,29 @@ def _epilogue_blocks(cfg: GemvConfig, rows_out: int) -> tuple[int, int]:
     return bn, triton.cdiv(rows_out, bn)
 
 
-@dataclass(frozen=True)
-class RowsConfig:
-    """One launch of the row-tiled variant: rows, output columns and K columns per tile, warps, pipeline
-    stages, K slices (split-K: a float32 workspace and a reduce launch)."""
-
-    block_m: int
-    block_n: int
-    block_k: int
-    num_warps: int
-    num_stages: int = 3  # Triton's default on CUDA
-    split_k: int = 1
-
-    def __post_init__(self) -> None:
-        for name in ("block_m", "block_n", "block_k", "num_warps"):
-            v = getattr(self, name)
-            if v < 1 or v & (v - 1):
-                raise ConfigError(f"RowsConfig.{name} must be a power of two, got {v}")
-        if min(self.block_m, self.block_n, self.block_k) < 16:
-            raise ConfigError(f"RowsConfig tiles are at least 16 (tl.dot's smallest), got {self}")
-        if self.num_stages < 1 or self.split_k < 1:
-            raise ConfigError(f"RowsConfig needs num_stages >= 1 and split_k >= 1, got {self}")
-
-
-RowsKey = tuple[str, int, int, int]  # (kind, N (I for gate|up), K, block_m)
-# measured per matrix and row block on an H200 (scripts/gpu/rows-tune.py); other shapes: row_tiles' rules
-TUNED_ROWS: dict[RowsKey, RowsConfig] = {}
-
-
 def row_tiles(
     n: int,
     rows_out: int,
     k: int,
     half: bool,
-    kind: str = "norm_linear",
-    sms: int = H200_SMS,
-    **overrides: int | None,
-) -> RowsConfig:
-    """The row-tiled variant's launch for x of ``n`` rows: ``overrides`` (any RowsConfig field), else
-    :data:`TUNED_ROWS`, else these rules. Tiles are powers of two >= 16 (tl.dot's smallest): BM up to 64
-    rows (one row block for T <= 64: every weight read once). Matrices under 4M weights (the tiny widths,
-    where a launch's latency dominates) keep the first, untuned tiles: BN for about 256 programs (2 per SM)
-    within 16..64 (the interpreter: as few programs as possible), BK 64 (half) or 32 (float32 / float64),
-    no split, 8 warps for 64-row blocks, else 4 (64-row blocks on 4 warps reach sm_90's 255-register cap).
-    Larger ones stream their weights like the GEMVs: 64 x 64 weight tiles for 16-row blocks, 32 x 64 for
-    more rows, 8 warps (the largest tiles that compile without spills for sm_90 in every kind: the
-    normed rows' hi + lo dots double the operands), and split-K until the grid holds about 2 programs per
-    SM, every slice at least four K steps."""
-    bm = max(16, pow2(overrides.get("block_m") or min(64, n)))
-    cfg = TUNED_ROWS.get((kind, rows_out, k, bm))
-    if cfg is None:
-        width = 2 if kind == "norm_gate_up" else 1
-        large = not interpreting() and rows_out * k * width >= SPLIT_WEIGHTS
-        if interpreting():
-            bn = min(64, pow2(rows_out))
-        else:
-            bn = (
-                (64 if bm == 16 else 32)
-                if large
-                else min(64, pow2(triton.cdiv(rows_out * triton.cdiv(n, bm), 256)))
-            )
-        bk = 128 if interpreting() else 64 if half else 32
-        bn, bk = max(16, bn), max(16, min(bk, pow2(k)))
-        split = 1
-        grid = triton.cdiv(rows_out, bn) * triton.cdiv(n, bm)
-        while large and grid * split < 2 * sms and k >= 4 * bk * split:
-            split *= 2
-        cfg = RowsConfig(bm, bn, bk, 8 if bm >= 64 or large else 4, 3, split)
-    given = {f: v for f, v in overrides.items() if v is not None}
-    unknown = set(given) - set(RowsConfig.__dataclass_fields__)
-    if unknown:
-        raise ConfigError(f"unknown row-tiled launch options {sorted(unknown)}")
-    cfg = replace(cfg, **{f: max(16, pow2(v)) if f.startswith("block_") else v for f, v in given.items()})
-    bk = min(cfg.block_k, max(16, pow2(k)))
-    return replace(cfg, block_m=bm, block_k=bk, split_k=triton.cdiv(k, _k_slice(k, bk, cfg.split_k)))
+    block_m: int | None = None,
+    block_n: int | None = None,
+    block_k: int | None = None,
+) -> tuple[int, int, int, int]:
+    """(BM, BN, BK, warps) of the row-tiled variant, each tile a power of two >= 16 (tl.dot's smallest):
+    BM up to 64 rows (one row block for T <= 64: every weight read once), BN for about 256 programs (2 per
+    SM on an H200) within 16..64 (the interpreter: as few programs as possible), BK 64 (half) or 32
+    (float32 / float64) columns; 8 warps for 64-row blocks, else 4 (64-row blocks on 4 warps reach sm_90's
+    255-register cap; the defaults compile without spills at the tiny-qwen35 and GDN-1.3B matrices:
+    tests/gdn/test_triton_linear_rows.py). Untuned guesses; ``block_*`` override them."""
+    bm = max(16, pow2(block_m or min(64, n)))
+    if interpreting():
+        default_n = min(64, pow2(rows_out))
+    else:
+        default_n = min(64, pow2(triton.cdiv(rows_out * triton.cdiv(n, bm), 256)))
+    bn = max(16, pow2(block_n or default_n))
+    bk = max(16, pow2(min(block_k or (128 if interpreting() else 64 if half else 32), k)))
+    return bm, bn, bk, 8 if bm >= 64 else 4
 
 
 def _launch_rows(
@@ -733,36 +628,24 @@ def _launch_rows(
     norm: tuple[torch.Tensor, float] | None,
     bias: torch.Tensor | None,
     residual: torch.Tensor | None,
-    **overrides: int | None,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    block_k: int | None = None,
+    num_warps: int | None = None,
 ) -> torch.Tensor:
-    """The row-tiled variant's launch (n > :data:`MAX_ROWS` rows of x) into ``out``: one launch, two with
-    split-K (the reduce)."""
+    """The row-tiled variant's launch (n > :data:`MAX_ROWS` rows of x) into ``out``."""
     n, k = x.shape
     half = x.dtype in (torch.bfloat16, torch.float16)
-    cfg = row_tiles(n, rows_out, k, half, kind, sm_count(x.device) if x.is_cuda else H200_SMS, **overrides)
-    rb, bn, bk, split = cfg.block_m, cfg.block_n, cfg.block_k, cfg.split_k
+    rb, bn, bk, warps = row_tiles(n, rows_out, k, half, block_m, block_n, block_k)
     scale, eps = norm if norm is not None else (x, 0.0)
-    ws = x
-    if split > 1:
-        ws = torch.empty(split, n, 2 * rows_out, dtype=_acc_torch_dtype(x.dtype), device=x.device)
-    flags = dict(
-        NORM=norm is not None, GATE_UP=kind == "norm_gate_up", HAS_BIAS=bias is not None,
-        RESIDUAL=residual is not None, ACC=acc_dtype(x.dtype),
+    _rows_kernel[(triton.cdiv(rows_out, bn), triton.cdiv(n, rb))](
+        x, x.stride(0), scale, weight, bias if bias is not None else x,
+        residual if residual is not None else x, residual.stride(0) if residual is not None else 0,
+        out, float(eps), n, rows_out, k, RB=rb, BN=bn, BK=bk, NORM=norm is not None,
+        GATE_UP=kind == "norm_gate_up", HAS_BIAS=bias is not None, RESIDUAL=residual is not None,
+        ACC=acc_dtype(x.dtype), UPCAST=half and interpreting(), num_warps=num_warps or warps,
+        **pdl_args(x.device),
     )  # fmt: skip
-    bias_, res_ = bias if bias is not None else x, residual if residual is not None else x
-    res_stride = residual.stride(0) if residual is not None else 0
-    _rows_kernel[(triton.cdiv(rows_out, bn), triton.cdiv(n, rb), split)](
-        x, x.stride(0), scale, weight, bias_, res_, res_stride, out, ws, float(eps), n, rows_out, k,
-        _k_slice(k, bk, split) // bk, RB=rb, BN=bn, BK=bk, PARTIAL=split > 1, **flags,
-        UPCAST=half and interpreting(),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args(x.device),
-    )  # fmt: skip
-    if split > 1:
-        rrb, rbn = 16, min(REDUCE_BLOCK // 2, max(16, pow2(rows_out)))
-        _rows_reduce_kernel[(triton.cdiv(rows_out, rbn), triton.cdiv(n, rrb))](
-            x, x.stride(0), ws, float(eps), n, rows_out, k, split, bias_, res_, res_stride, out, RB=rrb,
-            BN=rbn, BK=min(256, max(16, pow2(k))), **flags, num_warps=4, **pdl_args(x.device),
-        )  # fmt: skip
     return out
 
 
@@ -797,6 +680,9 @@ def _launch(
     if n > MAX_ROWS:
         if best is not None:
             raise ConfigError(f"the argmax kernel takes one row, got {n}")
+        unknown = set(blocks) - {"block_m", "block_n", "block_k", "num_warps"}
+        if unknown:
+            raise ConfigError(f"unknown row-tiled launch options {sorted(unknown)}")
         out = torch.empty(n, rows_out, dtype=x.dtype, device=x.device)
         return _launch_rows(kind, x, weight, rows_out, out, norm, bias, residual, **blocks)
     cfg = cfg or select_config(kind, rows_out, k, n, x.device, **blocks)
@@ -844,8 +730,8 @@ def norm_linear(
     """``rms_norm(x, norm_scale, eps) @ weight^T (+ bias)`` for x [n, K] (n <= :data:`MAX_VERIFY_ROWS`;
     row-tiled above :data:`MAX_ROWS`), weight [N, K] -> [n, N].
 
-    ``blocks``: GemvConfig fields overriding :func:`select_config`'s choice (n <= 4); RowsConfig fields
-    overriding :func:`row_tiles` (more rows).
+    ``blocks``: GemvConfig fields overriding :func:`select_config`'s choice (n <= 4); block_m, block_n,
+    block_k, num_warps overriding :func:`row_tiles` (more rows).
     """
     return _launch("norm_linear", x, weight, weight.shape[0], norm=(norm_scale, eps), bias=bias, **blocks)
 

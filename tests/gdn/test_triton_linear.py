@@ -185,7 +185,7 @@ def test_bad_shapes_are_config_errors():
     with pytest.raises(ConfigError, match="1..256 rows"):
         tlin.norm_linear(torch.zeros(257, 4), s, 1e-6, w)
     with pytest.raises(ConfigError, match="unknown row-tiled launch options"):
-        tlin.norm_linear(torch.zeros(5, 4), s, 1e-6, w, block_x=2)
+        tlin.norm_linear(torch.zeros(5, 4), s, 1e-6, w, split_k=2)
     with pytest.raises(ConfigError, match=r"is not \[N, 4\]"):
         tlin.linear_residual(torch.zeros(1, 4), torch.zeros(6, 5), torch.zeros(1, 6))
     with pytest.raises(ConfigError, match="row-major"):
@@ -200,38 +200,9 @@ def test_bad_shapes_are_config_errors():
         tlin.GemvConfig(12, 64)
     with pytest.raises(ConfigError, match="split_k >= 1"):
         tlin.GemvConfig(8, 64, split_k=0)
-    with pytest.raises(ConfigError, match="at least 16"):
-        tlin.RowsConfig(16, 8, 16, 4)
-    with pytest.raises(ConfigError, match="split_k >= 1"):
-        tlin.RowsConfig(16, 16, 16, 4, split_k=0)
 
 
 # ------------------------------------------------------------------------------ launch configurations
-
-
-def test_row_tiles_split_large_matrices_and_follow_the_table(monkeypatch):
-    """The row-tiled variant's launch: tiny widths keep one launch (no split); a GDN-1.3B matrix gets
-    split-K until the grid holds ~2 programs a SM (whole slices of K steps); TUNED_ROWS entries (per row
-    block) win over the rules, overrides over both."""
-    pytest.importorskip("triton")
-    from repro.gdn import triton_linear as tlin
-
-    tiny = tlin.row_tiles(33, 584, 192, True, "norm_linear")
-    assert (tiny.block_m, tiny.split_k) == (64, 1)
-    big = tlin.row_tiles(33, 8208, 2048, True, "norm_linear")
-    grid = -(-8208 // big.block_n)
-    assert big.block_m == 64 and big.split_k > 1 and grid * big.split_k >= 2 * tlin.H200_SMS
-    assert 2048 % (big.block_k * big.split_k) == 0  # whole K steps a slice
-    assert tlin.row_tiles(16, 8208, 2048, True, "norm_linear").block_m == 16
-    mine = tlin.RowsConfig(64, 64, 128, 8, 2, 4)
-    monkeypatch.setitem(tlin.TUNED_ROWS, ("norm_linear", 8208, 2048, 64), mine)
-    assert tlin.row_tiles(33, 8208, 2048, True, "norm_linear") == mine
-    assert tlin.row_tiles(64, 8208, 2048, True, "norm_linear") == mine
-    assert tlin.row_tiles(16, 8208, 2048, True, "norm_linear") != mine  # another row block
-    assert tlin.row_tiles(33, 8208, 2048, True, "norm_linear", split_k=2).split_k == 2
-    assert tlin.row_tiles(33, 8208, 2048, True, "norm_linear", block_k=4096).block_k == 2048  # capped at K
-    with pytest.raises(ConfigError, match="unknown row-tiled launch options"):
-        tlin.row_tiles(33, 8208, 2048, True, "norm_linear", early_x=1)
 
 
 def test_config_lookup_order():

@@ -84,8 +84,6 @@ def case(
 
 
 KINDS = ("norm_linear", "norm_linear_bias", "norm_gate_up", "linear_residual", "linear_residual_bias")
-SPLIT_KINDS = ("norm_linear", "norm_gate_up", "linear_residual_bias")  # every epilogue once, after a reduce
-SPLIT_ROWS = (5, 33)  # one row block of 16 in the reduce, and three
 
 
 def bf16_rounding(rows: int, seed: int) -> dict[str, float]:
@@ -130,12 +128,6 @@ def tiny_cases() -> dict[str, float]:
             out[f"norm_gate_up/n{rows}/default_blocks/{dt}"] = case(
                 "norm_gate_up", TINY["inter"], TINY["k"], rows, DTYPES[dt], "cpu", 7
             )
-        for rows in SPLIT_ROWS:  # split-K: three K slices of 16 (the last one short), then the reduce
-            for kind in SPLIT_KINDS:
-                n_out = TINY["inter"] if kind == "norm_gate_up" else TINY["n"]
-                out[f"{kind}/n{rows}/split3/{dt}"] = case(
-                    kind, n_out, TINY["k"], rows, DTYPES[dt], "cpu", rows + 1, **TINY["blocks"], split_k=3
-                )
     return out
 
 
@@ -152,12 +144,9 @@ def interpreted() -> dict[str, dict]:
 def test_kernels_match_torch_in_the_interpreter(interpreted):
     """norm_linear (with and without bias), norm_gate_up, linear_residual (with and without bias) at
     N = 37, K = 45, n = 5, 17, 33, 64 (16 x 16 x 16 tiles, 1-4 row blocks, masked edges everywhere),
-    float64, float32, bf16; norm_gate_up also with the default tiles; split-K (three slices and the
-    reduce) for each epilogue at n = 5 and 33."""
+    float64, float32, bf16; norm_gate_up also with the default tiles."""
     cases = interpreted["cases"]
-    per_dtype = len(ROWS) * (len(KINDS) + 1) + len(SPLIT_ROWS) * len(SPLIT_KINDS)
-    assert len(cases) == len(DTYPES) * per_dtype
-    assert sum("/split3/" in c for c in cases) == len(DTYPES) * len(SPLIT_ROWS) * len(SPLIT_KINDS)
+    assert len(cases) == len(DTYPES) * len(ROWS) * (len(KINDS) + 1)
     assert check(cases) == []
     assert max(e for c, e in cases.items() if c.endswith("float64")) < 1e-14
     assert max(e for c, e in cases.items() if c.endswith("float32")) < 1e-6
@@ -208,16 +197,11 @@ def compile_for_sm90(dtype: str, n: int, k: int, rows: int, flags: dict[str, boo
 
     from repro.gdn.triton_linear import _rows_kernel, row_tiles
 
-    kind = "norm_gate_up" if flags.get("GATE_UP") else "norm_linear"
-    cfg = row_tiles(rows, n, k, dtype == "bf16", kind)
+    rb, bn, bk, warps = row_tiles(rows, n, k, dtype == "bf16")
     ptr = f"*{dtype}"
     sig = dict.fromkeys(("x_ptr", "scale_ptr", "w_ptr", "bias_ptr", "res_ptr", "out_ptr"), ptr)
-    sig.update(
-        x_stride="i32", res_stride="i32", eps="fp32", n_rows="i32", N="i32", K="i32", slice_steps="i32"
-    )
-    sig["ws_ptr"] = "*fp32"
-    consts = {"RB": cfg.block_m, "BN": cfg.block_n, "BK": cfg.block_k, "PARTIAL": cfg.split_k > 1}
-    consts.update(ACC=tl.float32, UPCAST=False, PDL=True)
+    sig.update(x_stride="i32", res_stride="i32", eps="fp32", n_rows="i32", N="i32", K="i32")
+    consts = {"RB": rb, "BN": bn, "BK": bk, "ACC": tl.float32, "UPCAST": False, "PDL": True}
     for flag in ("NORM", "GATE_UP", "HAS_BIAS", "RESIDUAL"):
         consts[flag] = flags.get(flag, False)
     names = _rows_kernel.arg_names
@@ -225,8 +209,7 @@ def compile_for_sm90(dtype: str, n: int, k: int, rows: int, flags: dict[str, boo
     src = ASTSource(
         _rows_kernel, {a: sig[a] for a in names}, {(names.index(a),): v for a, v in consts.items()}
     )
-    options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
-    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm["ptx"]
     with tempfile.TemporaryDirectory() as tmp:
         path = f"{tmp}/k.ptx"
         with open(path, "w") as f:
