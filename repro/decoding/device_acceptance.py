@@ -363,6 +363,58 @@ class DeviceRule:
             self.rule.truncated += len(path) - 1 < self._drawn[position]
 
 
+class DevicePick:
+    """sample_match's AR pick on the device (``TargetMatch.pick``: ``pick_token``'s inverse CDF of the
+    target's row at the temperature with the output position's uniform), for sampled AR in groups of
+    graphed steps one group ahead of the host (``GraphedTarget.greedy_decode`` with a picker). The position
+    is read on the device (the decoder's length after the step less the prompt's); the uniforms of every
+    position of the generation are drawn on the host at ``begin``."""
+
+    def __init__(self, rule: TargetMatch, device: torch.device, positions: int) -> None:
+        if rule.temperature <= 0:
+            raise ValueError("a device pick samples: temperature > 0 (greedy AR takes the argmax)")
+        self.rule, self.positions = rule, positions
+        self.offset = torch.zeros(1, dtype=torch.long, device=device)  # position = length after + offset
+        self.table = torch.zeros(positions, dtype=torch.float64, device=device)
+        self._host = torch.zeros(positions, dtype=torch.float64, pin_memory=device.type == "cuda")
+
+    @property
+    def graph_key(self) -> tuple:
+        return ("pick", self.rule.temperature, id(self))
+
+    def begin(self, prompt_len: int, max_new_tokens: int) -> None:
+        """Before a generation: its positions (a step that leaves ``length`` tokens committed picks output
+        position ``length - prompt_len``) and their uniforms (the previous generation has ended)."""
+        need = max_new_tokens + 1
+        if need > self.positions:
+            raise ValueError(f"{max_new_tokens} new tokens exceed the picker's {self.positions} positions")
+        self.offset.fill_(-prompt_len)
+        self._host[:need] = torch.tensor(position_uniforms(self.rule.seed, 0, need), dtype=torch.float64)
+        self.table[:need].copy_(self._host[:need], non_blocking=True)
+
+    def __call__(self, logits: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
+        """[1]: the pick of ``logits`` [1, V] (a decode step's) after which ``length`` [1] tokens are
+        committed (capture-safe; a step launched past the generation's end reads a clamped draw)."""
+        position = (length + self.offset).clamp(0, self.positions - 1)
+        rows = target_rows(logits[-1:], self.rule.temperature)
+        cdf = torch.cumsum(rows, -1)
+        u = self.table.index_select(0, position)
+        return torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).view(1).clamp(max=rows.shape[-1] - 1)
+
+
+_PICKS: weakref.WeakKeyDictionary[TargetMatch, dict[torch.device, DevicePick]] = weakref.WeakKeyDictionary()
+
+
+def device_pick(rule: TargetMatch, device: torch.device, positions: int) -> DevicePick:
+    """The one :class:`DevicePick` of ``rule`` on ``device`` with room for ``positions`` output positions
+    (made again, larger, when it has fewer: its graphs are new)."""
+    per = _PICKS.setdefault(rule, {})
+    pick = per.get(device)
+    if pick is None or pick.positions < positions:
+        pick = per[device] = DevicePick(rule, device, max(positions, pick.positions if pick else 0))
+    return pick
+
+
 _TWINS: weakref.WeakKeyDictionary[TargetMatch, dict[torch.device, DeviceRule]] = weakref.WeakKeyDictionary()
 
 

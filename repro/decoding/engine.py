@@ -9,7 +9,8 @@ non-sampling builder, a step takes the device path: the builder's ``build_device
 then ``commit_greedy`` (acceptance, path and commit on the device, one read of the result): one
 device-to-host sync per step, besides the drafter's own. AR there runs groups of decode steps, one group
 ahead of the host (:meth:`~repro.models.graphed.GraphedTarget.greedy_decode`: the next group of decode
-steps is launched before the last one's tokens are read; one read a group); drafted greedy routes whose
+steps is launched before the last one's tokens are read; one read a group; sampled AR the same way, its picks
+made on the device: :func:`device_ar_sampling`); drafted greedy routes whose
 drafter can draft after a launched step (DFlash, Weaver, static EAGLE: :func:`pipelined`) run one step ahead
 the same way (:func:`_pipelined`: step k + 1's drafter and tree read step k's result on the device, then step
 k is read). A sampling rule at
@@ -41,7 +42,7 @@ from typing import Any, cast
 import torch
 
 from repro.decoding.acceptance import Acceptance, SamplingRule, TargetMatch
-from repro.decoding.device_acceptance import DeviceRule, device_rule, has_device_rule
+from repro.decoding.device_acceptance import DeviceRule, device_pick, device_rule, has_device_rule
 from repro.decoding.sampling import step_rng
 from repro.decoding.tree_builders import BestFirst, Chain, DrafterTree, SingleNode, TreeBuilder
 from repro.drafters.base import DraftContext, Drafter, PipelinedDrafter
@@ -206,10 +207,24 @@ def device_greedy(model: HybridLM | GraphedTarget, route: Route) -> bool:
     return isinstance(model, GraphedTarget) and greedy and not route.random
 
 
+def device_ar_sampling(model: HybridLM | GraphedTarget, route: Route) -> bool:
+    """Whether ``route`` is sample_match AR on a graphed target: its picks made on the device
+    (:class:`~repro.decoding.device_acceptance.DevicePick`: ``TargetMatch.pick``, the same tokens) in groups
+    of graphed steps, one group ahead of the host, as greedy AR. (AR under spec_sampling or traversal draws
+    its bonus from the step's stream on the host.)"""
+    ar = route.drafter is None and isinstance(route.builder, SingleNode)
+    return (
+        isinstance(model, GraphedTarget)
+        and ar
+        and type(route.rule) is TargetMatch
+        and route.rule.temperature > 0
+    )
+
+
 def device_sampling(model: HybridLM | GraphedTarget, route: Route) -> bool:
     """Whether ``route`` decodes on ``model`` through the sampling device path: a sampling rule at
     temperature > 0 or the replayed acceptance (:mod:`repro.decoding.device_acceptance`) on given (not
-    sampled) draft trees; AR's one-node steps keep their host pick (already one read)."""
+    sampled) draft trees (sampled AR: :func:`device_ar_sampling`)."""
     drafted = not isinstance(route.builder, SingleNode) and not getattr(route.builder, "sample", False)
     return isinstance(model, GraphedTarget) and drafted and has_device_rule(route.rule)
 
@@ -218,6 +233,8 @@ def prepare_sampling(model: HybridLM | GraphedTarget, routes: list[Route], max_s
     """Capture ahead the graphs of the sampling device path of ``routes`` (their rules' device twins on
     slots up to ``max_size`` nodes), after the target's ``prepare`` of the same routes."""
     for route in routes:
+        if isinstance(model, GraphedTarget) and device_ar_sampling(model, route):
+            model.prepare_picker(device_pick(route.rule, model.device, model.max_len + 1))
         if isinstance(model, GraphedTarget) and device_sampling(model, route):
             twin = device_rule(route.rule, model.device, model.max_nodes, model.max_len + model.max_nodes + 1)
             chain = route.verifier == "chain"
@@ -367,7 +384,12 @@ def generate(
     if drafter:
         drafter.begin(list(prompt_ids), reference_ids)
     greedy = device_greedy(model, route)
-    on_device = greedy or device_sampling(model, route)
+    sampled_ar = device_ar_sampling(model, route)
+    on_device = greedy or sampled_ar or device_sampling(model, route)
+    picker = None
+    if sampled_ar:  # the rule's pick on the device, its uniforms for this generation
+        picker = device_pick(route.rule, dev, max_new_tokens + 1)
+        picker.begin(len(prompt_ids), max_new_tokens)
     twin = None
     if on_device and not greedy:  # the sampling rule's device twin, its draws for this generation
         assert isinstance(model, GraphedTarget)
@@ -385,10 +407,15 @@ def generate(
     _, finish = _cut(out, stops, max_new_tokens)
     ctx = DraftContext(list(prompt_ids), out, ver, list(range(ver.tree.size)))
     with busy_recorder(clock):  # the graph replays of the decode loop: busy time per stage
-        if finish is None and greedy and drafter is None and isinstance(route.builder, SingleNode):
+        if (
+            finish is None
+            and (greedy or sampled_ar)
+            and drafter is None
+            and isinstance(route.builder, SingleNode)
+        ):
             assert isinstance(model, GraphedTarget)  # AR on the device path: one group ahead of the host
             room = max_new_tokens - len(out)
-            state, picked = model.greedy_decode(state, out[-1], room, stops.__contains__, clock.mark)
+            state, picked = model.greedy_decode(state, out[-1], room, stops.__contains__, clock.mark, picker)
             new, finish = _cut(picked, stops, room)
             out.extend(new)
             lengths, sizes, paths = [1] * len(new), [1] * len(new), [[0] for _ in new]

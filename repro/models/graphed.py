@@ -52,7 +52,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -77,6 +77,17 @@ SMALL_WIDTH = 1024  # <= this: fused decode layer, row-tiled verify; above: tree
 AR_GROUP = 8
 # a device acceptance: (slot, the committed length [1] before its root); writes slot.node, slot.bonus
 DeviceAccept = Callable[[TreeSlot, torch.Tensor], None]
+
+
+class DevicePicker(Protocol):
+    """A sampled AR pick on the device: (a decode step's logits [1, V], the committed length [1] after it)
+    -> the token [1]; ``graph_key`` names the graphs that call it."""
+
+    graph_key: tuple
+
+    def __call__(self, logits: torch.Tensor, length: torch.Tensor) -> torch.Tensor: ...
+
+
 DEFAULT_MAX_LEN = 4096
 ENGINES = ("auto", "eager", "graphed")
 
@@ -353,10 +364,12 @@ class GraphedTarget:
         """Greedy AR's decode steps a graph: :data:`AR_GROUP` up to :data:`SMALL_WIDTH`, else 1."""
         return AR_GROUP if self.config.hidden_size <= SMALL_WIDTH else 1
 
-    def _ar_call(self, size: int, first: bool) -> Any:
-        """``size`` greedy decode steps in one graph, their picks into ``self._picks[:size]``: the first
-        on ``decoder.token`` (``first``: the host set it) or on the previous step's pick, each later one
-        on its predecessor's pick (device to device)."""
+    def _ar_call(self, size: int, first: bool, picker: DevicePicker | None = None) -> Any:
+        """``size`` AR decode steps in one graph, their picks into ``self._picks[:size]``: the first on
+        ``decoder.token`` (``first``: the host set it) or on the previous step's pick, each later one on its
+        predecessor's pick (device to device). A pick is the argmax, or ``picker(logits, length)`` (a
+        sampled pick from the step's logits and the committed length after it: device twins of the host
+        rules' picks, :class:`repro.decoding.device_acceptance.DevicePick`)."""
         dec = self.decoder
         assert size <= AR_GROUP
 
@@ -364,11 +377,14 @@ class GraphedTarget:
             for i in range(size):
                 if i > 0 or not first:
                     dec.token.copy_(dec.pick)
-                dec.decode_pick()
+                logits = dec.decode_pick()
+                if picker is not None:
+                    dec.pick.copy_(picker(logits, dec.length))
                 self._picks[i : i + 1].copy_(dec.pick)
             return self._picks
 
-        return self._call(("ar", size, first), ar_steps, True)
+        key = picker.graph_key if picker is not None else ()
+        return self._call(("ar", size, first, *key), ar_steps, True)
 
     def prepare(
         self,
@@ -414,6 +430,14 @@ class GraphedTarget:
                     slot = self._slot(size, strategy == "snapshot", capture, verifier, parity)
                     self._verify_call(slot)()
                     yield slot, strategy
+
+    def prepare_picker(self, picker: DevicePicker) -> None:
+        """:meth:`prepare` for sampled AR with ``picker``: its group graphs, captured ahead."""
+        if not self.graphs:
+            return
+        for size in dict.fromkeys((self.ar_group, 1)):
+            self._ar_call(size, True, picker)
+            self._ar_call(size, False, picker)
 
     def prepare_accept(
         self,
@@ -585,8 +609,10 @@ class GraphedTarget:
         steps: int,
         done: Callable[[int], bool],
         mark: Callable[[], None] = lambda: None,
+        picker: DevicePicker | None = None,
     ) -> tuple[GraphedState, list[int]]:
-        """Greedy AR from ``token`` (not yet folded in) for at most ``steps`` decode steps, in groups of
+        """Greedy AR (``picker``: sampled AR, its picks on the device, :meth:`_ar_call`) from ``token`` (not
+        yet folded in) for at most ``steps`` decode steps, in groups of
         :attr:`ar_group` steps a graph (single steps for the tail) and one group ahead: group j + 1 (its
         first token the argmax group j's last step wrote on the device) is launched before group j's
         tokens are read, one read a group, so the device waits for the host neither between the steps of
@@ -617,7 +643,7 @@ class GraphedTarget:
             if folded < steps:  # launch the next group
                 size = group if steps - folded >= group else 1
                 mark(), mark(), mark()
-                self._ar_call(size, folded == 0)()
+                self._ar_call(size, folded == 0, picker)()
                 mark()
                 host[folded : folded + size].copy_(self._picks[:size], non_blocking=cuda)
                 event = torch.cuda.Event() if cuda else None

@@ -24,6 +24,7 @@ from conftest import SMALL_VOCAB, small_hybrid, small_ids, sync_debug
 from test_acceptance_exact import ALPHA, decode_counts, verdict
 
 from repro.decoding import device_acceptance as da
+from repro.decoding import engine
 from repro.decoding.acceptance import SpecSampling, TargetMatch, Traversal, spec_walk, traversal_walk
 from repro.decoding.device_acceptance import HostView, keyed_uniforms, spec_accept, traversal_accept
 from repro.decoding.engine import Route, device_sampling, generate, prepare_sampling
@@ -410,6 +411,33 @@ def test_sampling_rules_take_the_device_path_reproducibly(rule_cls, monkeypatch)
             again = generate(target, prompt, route, 40, reference_ids=ar)
             assert first.output_ids == again.output_ids and first.accepted_paths == again.accepted_paths
             assert max(first.accepted_lengths) > 1, route.name
+
+
+def test_sampled_ar_picks_on_the_device_the_host_paths_tokens(monkeypatch):
+    """sample_match AR on a graphed target picks on the device (groups of steps one ahead of the host, no
+    host pick but the prefill's): the host AR's tokens, at limits inside and across groups and at a stop
+    token. Greedy AR has its own device path; AR under spec_sampling / traversal keeps the host's bonus."""
+    model = small_hybrid(8)
+    target = GraphedTarget(model, max_len=64, max_nodes=32)  # 64: the buffers grow during the run
+    prompt = small_ids(9, 6)
+    rule_cls = TargetMatch
+    route = Route("ar", None, SingleNode(), rule_cls(0.9, 11))
+    assert engine.device_ar_sampling(target, route) and not engine.device_ar_sampling(model, route)
+    for other in (TargetMatch(0.0, 0), SpecSampling(0.9, 11), Traversal(0.9, 11)):
+        assert not engine.device_ar_sampling(target, Route("ar", None, SingleNode(), other))
+    want = generate(model, prompt, route, 70).output_ids
+    assert len(set(want)) > 10  # sampled, not a repeated argmax
+    calls: list[int] = []
+    real = rule_cls.pick
+    monkeypatch.setattr(rule_cls, "pick", lambda self, *a: calls.append(1) or real(self, *a))
+    for limit in (70, 13, 8, 1):
+        calls.clear()
+        got = generate(target, prompt, route, limit)
+        assert got.output_ids == want[:limit] and got.finish_reason == "length", limit
+        assert len(calls) == 1  # the prefill's token; every later pick on the device
+    stop = want[20]
+    got = generate(target, prompt, route, 70, stop_ids=[stop])
+    assert got.output_ids == want[: want.index(stop) + 1] and got.finish_reason == "stop"
 
 
 def test_which_routes_take_the_sampling_device_path():

@@ -262,8 +262,9 @@ def test_gpu_pipelined_routes_equal_ar_in_float32_on_cuda_graphs(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_pipelined_sample_match_gives_ar_sampled_tokens_on_cuda_graphs(monkeypatch):
-    """sample_match at temperature 0.9 on CUDA graphs, float32: the pipelined DDTree, Weaver and delayed
-    SpecLA routes give the sampled AR's tokens and the step-by-step loop's records (the draws keyed by the
+    """sample_match at temperature 0.9 on CUDA graphs, float32: AR picking on the device gives the host AR's
+    tokens with its graphs captured ahead; the pipelined DDTree, Weaver and delayed SpecLA routes give the
+    sampled AR's tokens and the step-by-step loop's records (the draws keyed by the
     root's position read on the device, across graphs captured mid-generation)."""
     model = load_target(FAMILY, dtype=torch.float32, device="cuda")
     model.set_gdn_backend("triton")
@@ -272,6 +273,11 @@ def test_gpu_pipelined_sample_match_gives_ar_sampled_tokens_on_cuda_graphs(monke
     target = GraphedTarget(model, max_len=128)
     vocab = model.config.vocab_size
     ar = build_route({"kind": "ar"}, vocab, "sample_match", 0.9, 3)
+    engine.prepare_sampling(target, [ar])  # sampled AR's group graphs, picking on the device
+    captured = target.captures
+    for prompt in prompts:  # the device picks are the host's (HybridLM's eager AR, float32)
+        assert generate(target, prompt, ar, 48).output_ids == generate(model, prompt, ar, 48).output_ids
+    assert target.captures == captured
     for spec in (s for s in SPECS if s["name"] in ("ddtree", "weaver", "specla-delayed")):
         route = build_route(spec, vocab, "sample_match", 0.9, 3, target=target, family=FAMILY)
         assert pipelined(target, route)
