@@ -241,22 +241,32 @@ def test_gpu_pipelined_routes_equal_ar_in_float32_on_cuda_graphs(monkeypatch):
     """The trained tiny family in float32 on CUDA graphs (Triton GDN kernels): every pipelined route gives
     AR's tokens and the step-by-step loop's records; the drafter graphs are
     captured inside the generations (no prepare), so their warm-ups run mid-generation."""
+    model, target, prompts = _cuda_float32()
+    ar = build_route({"kind": "ar"}, model.config.vocab_size, "greedy", 0.0, 0)
+    for name, route in _routes(target).items():
+        _equal_ar_and_step_by_step(target, prompts, ar, route, name, monkeypatch)
+
+
+def _cuda_float32() -> tuple:
+    """The trained tiny family in float32 on CUDA (Triton GDN kernels), its graphed target, the prompts."""
     model = load_target(FAMILY, dtype=torch.float32, device="cuda")
     model.set_gdn_backend("triton")
     tok = load_tokenizer(FAMILY)
     prompts = [tok.chat_prompt([{"role": "user", "content": t}]) for t in TEXTS]
-    target = GraphedTarget(model, max_len=128)
-    ar = build_route({"kind": "ar"}, model.config.vocab_size, "greedy", 0.0, 0)
-    for name, route in _routes(target).items():
-        assert pipelined(target, route)
-        for prompt in prompts:
-            reference = generate(target, prompt, ar, 48).output_ids
-            got = generate(target, prompt, route, 48)
-            monkeypatch.setattr(engine, "PIPELINE", False)
-            want = generate(target, prompt, route, 48)
-            monkeypatch.setattr(engine, "PIPELINE", True)
-            assert got.output_ids == reference, name
-            assert _fields(got) == _fields(want), name
+    return model, GraphedTarget(model, max_len=128), prompts
+
+
+def _equal_ar_and_step_by_step(target, prompts, ar, route, name, monkeypatch) -> None:  # noqa: ANN001
+    """``route`` pipelined on ``target``: AR's tokens and the step-by-step loop's records on every prompt."""
+    assert pipelined(target, route)
+    for prompt in prompts:
+        reference = generate(target, prompt, ar, 48).output_ids
+        got = generate(target, prompt, route, 48)
+        monkeypatch.setattr(engine, "PIPELINE", False)
+        want = generate(target, prompt, route, 48)
+        monkeypatch.setattr(engine, "PIPELINE", True)
+        assert got.output_ids == reference, name
+        assert _fields(got) == _fields(want), name
 
 
 @pytest.mark.gpu
@@ -266,11 +276,7 @@ def test_gpu_pipelined_sample_match_gives_ar_sampled_tokens_on_cuda_graphs(monke
     tokens with its graphs captured ahead; the pipelined DDTree, Weaver and delayed SpecLA routes give the
     sampled AR's tokens and the step-by-step loop's records (the draws keyed by the
     root's position read on the device, across graphs captured mid-generation)."""
-    model = load_target(FAMILY, dtype=torch.float32, device="cuda")
-    model.set_gdn_backend("triton")
-    tok = load_tokenizer(FAMILY)
-    prompts = [tok.chat_prompt([{"role": "user", "content": t}]) for t in TEXTS]
-    target = GraphedTarget(model, max_len=128)
+    model, target, prompts = _cuda_float32()
     vocab = model.config.vocab_size
     ar = build_route({"kind": "ar"}, vocab, "sample_match", 0.9, 3)
     engine.prepare_sampling(target, [ar])  # sampled AR's group graphs, picking on the device
@@ -280,12 +286,4 @@ def test_gpu_pipelined_sample_match_gives_ar_sampled_tokens_on_cuda_graphs(monke
     assert target.captures == captured
     for spec in (s for s in SPECS if s["name"] in ("ddtree", "weaver", "specla-delayed")):
         route = build_route(spec, vocab, "sample_match", 0.9, 3, target=target, family=FAMILY)
-        assert pipelined(target, route)
-        for prompt in prompts:
-            reference = generate(target, prompt, ar, 48).output_ids
-            got = generate(target, prompt, route, 48)
-            monkeypatch.setattr(engine, "PIPELINE", False)
-            want = generate(target, prompt, route, 48)
-            monkeypatch.setattr(engine, "PIPELINE", True)
-            assert got.output_ids == reference, spec["name"]
-            assert _fields(got) == _fields(want), spec["name"]
+        _equal_ar_and_step_by_step(target, prompts, ar, route, spec["name"], monkeypatch)
