@@ -2,7 +2,7 @@
 
 A fixed seeded "target" gives a next-token distribution per token prefix (vocab V = 5) and a
 fixed "drafter" a proposal per prefix (conditionals, and per-depth marginals for the builders
-that read them). Each case decodes the first L = 3 tokens N = 100,000 times with independent
+that read them). Each case decodes the first L = 3 tokens N = 50,000 times with independent
 randomness, exactly as the engine does (build a tree at the current prefix, accept a path and a
 bonus, repeat), and compares the empirical joint distribution of the 3 tokens with the target's,
 computed by enumeration: total-variation distance (against the TV that exact sampling itself
@@ -32,7 +32,7 @@ from repro.decoding.tree_builders import Backbone, BestFirst, Chain
 from repro.drafters.base import Proposal
 from repro.tree import Tree
 
-V, L, N = 5, 3, 100_000
+V, L, N = 5, 3, 50_000
 ALPHA = 1e-3  # the chi-square test's significance; fixed seeds make every verdict reproducible
 ROOT = 0  # the pending token before the first step
 DEPTH = 3  # draft depth of the marginals
