@@ -173,16 +173,20 @@ def _draw(rows: torch.Tensor, node: torch.Tensor, view: SlotView, u: torch.Tenso
 # ------------------------------------------------------------------------------------------ rules
 
 
+def target_picks(logits: torch.Tensor, temperature: float, u: torch.Tensor) -> torch.Tensor:
+    """[S]: the target's pick at each row of ``logits`` [S, V] with its uniform ``u`` [S] (``pick_token``'s
+    inverse CDF: side left, scaled by the total, clamped to V - 1)."""
+    rows = target_rows(logits, temperature)
+    cdf = torch.cumsum(rows, -1)
+    return torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).squeeze(1).clamp(max=rows.shape[-1] - 1)
+
+
 def match_accept(
     view: SlotView, logits: torch.Tensor, temperature: float, uniforms: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """sample_match: (node [1], bonus [1]); ``uniforms[d]`` is the draw of the position a depth-(d+1)
     node predicts (``pick_token``'s inverse CDF: side left, scaled by the total, clamped to V - 1)."""
-    rows = target_rows(logits, temperature)
-    vocab = rows.shape[-1]
-    cdf = torch.cumsum(rows, -1)
-    u = uniforms.index_select(0, view.depth - 1)
-    choice = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).squeeze(1).clamp(max=vocab - 1)
+    choice = target_picks(logits, temperature, uniforms.index_select(0, view.depth - 1))
     child, par, _ = _children(view)
     ok = (view.tokens == choice.index_select(0, par)) & child & view.first
     ok = ok | (torch.arange(ok.numel(), device=ok.device) == 0)
@@ -284,8 +288,8 @@ SAMPLING_ACCEPTS: dict[type, Callable[..., tuple[torch.Tensor, torch.Tensor]]] =
 
 class DeviceRule:
     """A host rule's device twin on one device: the buffers its graphs read, ``begin`` (host writes before
-    a generation: every draw it may need, no read) and ``accept(slot, length)`` (capture-safe: writes
-    ``slot.node`` and ``slot.bonus``).
+    a generation: every draw it may need, no read), ``accept(slot, length)`` (capture-safe: writes
+    ``slot.node`` and ``slot.bonus``) and, for sample_match AR, ``pick(logits, length)``.
 
     A step's draws are keyed by its root's output position, which :meth:`accept` reads on the device: the
     decoder's ``length`` (the tokens committed before the root) plus the generation's offset. So a step
@@ -355,64 +359,20 @@ class DeviceRule:
         slot.node.copy_(node)  # type: ignore[attr-defined]
         slot.bonus.copy_(bonus)  # type: ignore[attr-defined]
 
+    def pick(self, logits: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
+        """sample_match's AR pick [1] from a decode step's ``logits`` [1, V], after which ``length`` [1]
+        tokens are committed (its root's included): ``TargetMatch.pick`` at the root's position, the host
+        AR's token (capture-safe; ``GraphedTarget.greedy_decode``'s picker)."""
+        assert self.kind is TargetMatch, "AR picks on the device under sample_match only"
+        position = (length - 1 + self.offset).clamp(0, self.positions - 1)
+        return target_picks(logits[-1:], self.rule.temperature, self.table.index_select(0, position))
+
     def done(self, path: list[int], position: int) -> None:
         """After the read of the step rooted at output ``position``: the host rule's counters (replayed:
         ``steps``, ``truncated``)."""
         if isinstance(self.rule, ReplayedAcceptance):
             self.rule.steps += 1
             self.rule.truncated += len(path) - 1 < self._drawn[position]
-
-
-class DevicePick:
-    """sample_match's AR pick on the device (``TargetMatch.pick``: ``pick_token``'s inverse CDF of the
-    target's row at the temperature with the output position's uniform), for sampled AR in groups of
-    graphed steps one group ahead of the host (``GraphedTarget.greedy_decode`` with a picker). The position
-    is read on the device (the decoder's length after the step less the prompt's); the uniforms of every
-    position of the generation are drawn on the host at ``begin``."""
-
-    def __init__(self, rule: TargetMatch, device: torch.device, positions: int) -> None:
-        if rule.temperature <= 0:
-            raise ValueError("a device pick samples: temperature > 0 (greedy AR takes the argmax)")
-        self.rule, self.positions = rule, positions
-        self.offset = torch.zeros(1, dtype=torch.long, device=device)  # position = length after + offset
-        self.table = torch.zeros(positions, dtype=torch.float64, device=device)
-        self._host = torch.zeros(positions, dtype=torch.float64, pin_memory=device.type == "cuda")
-
-    @property
-    def graph_key(self) -> tuple:
-        return ("pick", self.rule.temperature, id(self))
-
-    def begin(self, prompt_len: int, max_new_tokens: int) -> None:
-        """Before a generation: its positions (a step that leaves ``length`` tokens committed picks output
-        position ``length - prompt_len``) and their uniforms (the previous generation has ended)."""
-        need = max_new_tokens + 1
-        if need > self.positions:
-            raise ValueError(f"{max_new_tokens} new tokens exceed the picker's {self.positions} positions")
-        self.offset.fill_(-prompt_len)
-        self._host[:need] = torch.tensor(position_uniforms(self.rule.seed, 0, need), dtype=torch.float64)
-        self.table[:need].copy_(self._host[:need], non_blocking=True)
-
-    def __call__(self, logits: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
-        """[1]: the pick of ``logits`` [1, V] (a decode step's) after which ``length`` [1] tokens are
-        committed (capture-safe; a step launched past the generation's end reads a clamped draw)."""
-        position = (length + self.offset).clamp(0, self.positions - 1)
-        rows = target_rows(logits[-1:], self.rule.temperature)
-        cdf = torch.cumsum(rows, -1)
-        u = self.table.index_select(0, position)
-        return torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).view(1).clamp(max=rows.shape[-1] - 1)
-
-
-_PICKS: weakref.WeakKeyDictionary[TargetMatch, dict[torch.device, DevicePick]] = weakref.WeakKeyDictionary()
-
-
-def device_pick(rule: TargetMatch, device: torch.device, positions: int) -> DevicePick:
-    """The one :class:`DevicePick` of ``rule`` on ``device`` with room for ``positions`` output positions
-    (made again, larger, when it has fewer: its graphs are new)."""
-    per = _PICKS.setdefault(rule, {})
-    pick = per.get(device)
-    if pick is None or pick.positions < positions:
-        pick = per[device] = DevicePick(rule, device, max(positions, pick.positions if pick else 0))
-    return pick
 
 
 _TWINS: weakref.WeakKeyDictionary[TargetMatch, dict[torch.device, DeviceRule]] = weakref.WeakKeyDictionary()

@@ -42,7 +42,7 @@ from typing import Any, cast
 import torch
 
 from repro.decoding.acceptance import Acceptance, SamplingRule, TargetMatch
-from repro.decoding.device_acceptance import DeviceRule, device_pick, device_rule, has_device_rule
+from repro.decoding.device_acceptance import DeviceRule, device_rule, has_device_rule
 from repro.decoding.sampling import step_rng
 from repro.decoding.tree_builders import BestFirst, Chain, DrafterTree, SingleNode, TreeBuilder
 from repro.drafters.base import DraftContext, Drafter, PipelinedDrafter
@@ -208,10 +208,10 @@ def device_greedy(model: HybridLM | GraphedTarget, route: Route) -> bool:
 
 
 def device_ar_sampling(model: HybridLM | GraphedTarget, route: Route) -> bool:
-    """Whether ``route`` is sample_match AR on a graphed target: its picks made on the device
-    (:class:`~repro.decoding.device_acceptance.DevicePick`: ``TargetMatch.pick``, the same tokens) in groups
-    of graphed steps, one group ahead of the host, as greedy AR. (AR under spec_sampling or traversal draws
-    its bonus from the step's stream on the host.)"""
+    """Whether ``route`` is sample_match AR on a graphed target: its picks made on the device (the rule's
+    twin, :meth:`~repro.decoding.device_acceptance.DeviceRule.pick`: ``TargetMatch.pick``, the same tokens)
+    in groups of graphed steps, one group ahead of the host, as greedy AR. (AR under spec_sampling or
+    traversal draws its bonus from the step's stream on the host.)"""
     ar = route.drafter is None and isinstance(route.builder, SingleNode)
     return (
         isinstance(model, GraphedTarget)
@@ -233,10 +233,13 @@ def prepare_sampling(model: HybridLM | GraphedTarget, routes: list[Route], max_s
     """Capture ahead the graphs of the sampling device path of ``routes`` (their rules' device twins on
     slots up to ``max_size`` nodes), after the target's ``prepare`` of the same routes."""
     for route in routes:
-        if isinstance(model, GraphedTarget) and device_ar_sampling(model, route):
-            model.prepare_picker(device_pick(route.rule, model.device, model.max_len + 1))
-        if isinstance(model, GraphedTarget) and device_sampling(model, route):
-            twin = device_rule(route.rule, model.device, model.max_nodes, model.max_len + model.max_nodes + 1)
+        if not isinstance(model, GraphedTarget):
+            continue
+        positions = model.max_len + model.max_nodes + 1  # any generation the target's buffers hold
+        if device_ar_sampling(model, route):
+            model.prepare_picker(device_rule(route.rule, model.device, model.max_nodes, positions))
+        if device_sampling(model, route):
+            twin = device_rule(route.rule, model.device, model.max_nodes, positions)
             chain = route.verifier == "chain"
             model.prepare_accept(twin.accept, twin.graph_key, (route.commit,), max_size, chain)
 
@@ -385,13 +388,10 @@ def generate(
         drafter.begin(list(prompt_ids), reference_ids)
     greedy = device_greedy(model, route)
     sampled_ar = device_ar_sampling(model, route)
+    device_ar = sampled_ar or (greedy and drafter is None and isinstance(route.builder, SingleNode))
     on_device = greedy or sampled_ar or device_sampling(model, route)
-    picker = None
-    if sampled_ar:  # the rule's pick on the device, its uniforms for this generation
-        picker = device_pick(route.rule, dev, max_new_tokens + 1)
-        picker.begin(len(prompt_ids), max_new_tokens)
     twin = None
-    if on_device and not greedy:  # the sampling rule's device twin, its draws for this generation
+    if on_device and not greedy:  # the sampling rule's device twin (sampled AR's picker), its draws
         assert isinstance(model, GraphedTarget)
         twin = device_rule(route.rule, dev, model.max_nodes, max_new_tokens + model.max_nodes + 1)
         twin.begin(len(prompt_ids), max_new_tokens)
@@ -407,14 +407,10 @@ def generate(
     _, finish = _cut(out, stops, max_new_tokens)
     ctx = DraftContext(list(prompt_ids), out, ver, list(range(ver.tree.size)))
     with busy_recorder(clock):  # the graph replays of the decode loop: busy time per stage
-        if (
-            finish is None
-            and (greedy or sampled_ar)
-            and drafter is None
-            and isinstance(route.builder, SingleNode)
-        ):
+        if finish is None and device_ar:
             assert isinstance(model, GraphedTarget)  # AR on the device path: one group ahead of the host
             room = max_new_tokens - len(out)
+            picker = twin if sampled_ar else None
             state, picked = model.greedy_decode(state, out[-1], room, stops.__contains__, clock.mark, picker)
             new, finish = _cut(picked, stops, room)
             out.extend(new)

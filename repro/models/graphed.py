@@ -80,12 +80,13 @@ DeviceAccept = Callable[[TreeSlot, torch.Tensor], None]
 
 
 class DevicePicker(Protocol):
-    """A sampled AR pick on the device: (a decode step's logits [1, V], the committed length [1] after it)
-    -> the token [1]; ``graph_key`` names the graphs that call it."""
+    """A sampled AR pick on the device: ``pick(logits, length)`` (a decode step's logits [1, V], the
+    committed length [1] after it) -> the token [1]; ``graph_key`` names the graphs that call it."""
 
-    graph_key: tuple
+    @property
+    def graph_key(self) -> tuple: ...
 
-    def __call__(self, logits: torch.Tensor, length: torch.Tensor) -> torch.Tensor: ...
+    def pick(self, logits: torch.Tensor, length: torch.Tensor) -> torch.Tensor: ...
 
 
 DEFAULT_MAX_LEN = 4096
@@ -367,9 +368,9 @@ class GraphedTarget:
     def _ar_call(self, size: int, first: bool, picker: DevicePicker | None = None) -> Any:
         """``size`` AR decode steps in one graph, their picks into ``self._picks[:size]``: the first on
         ``decoder.token`` (``first``: the host set it) or on the previous step's pick, each later one on its
-        predecessor's pick (device to device). A pick is the argmax, or ``picker(logits, length)`` (a
-        sampled pick from the step's logits and the committed length after it: device twins of the host
-        rules' picks, :class:`repro.decoding.device_acceptance.DevicePick`)."""
+        predecessor's pick (device to device). A pick is the argmax, or ``picker.pick(logits, length)`` (a
+        sampled pick from the step's logits and the committed length after it: sample_match's device twin,
+        :meth:`repro.decoding.device_acceptance.DeviceRule.pick`)."""
         dec = self.decoder
         assert size <= AR_GROUP
 
@@ -379,7 +380,7 @@ class GraphedTarget:
                     dec.token.copy_(dec.pick)
                 logits = dec.decode_pick()
                 if picker is not None:
-                    dec.pick.copy_(picker(logits, dec.length))
+                    dec.pick.copy_(picker.pick(logits, dec.length))
                 self._picks[i : i + 1].copy_(dec.pick)
             return self._picks
 
