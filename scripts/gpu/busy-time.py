@@ -7,14 +7,14 @@ The engine's device stage times (``device_stage_s``: CUDA events at the stage ma
 idle gaps, so with a host-bound loop they follow wall time. ``busy_stage_s`` sums the graph replays' own
 time (every ``GraphedCall`` replay between two events, attributed to the stage it ran in). This script
 decodes the embedded tiny-qwen35 in bf16 on the graphed engine (Triton GDN kernels, CUDA graphs, greedy)
-with AR, chain DFlash, DDTree, SpecLA and DFlash-TfM (budget 32), PROMPTS suite prompts x NEW_TOKENS new
-tokens after one warm-up generation per route (the routes of the pipelined loop, ``engine.pipelined``, once
-more step by step: ``engine.PIPELINE`` off), and writes per route: wall ms per verify step (the
-engine's clock), device ms per step and per stage, busy ms per step and per stage, wall / busy (issue 10:
-within 1.10) and device / busy, whether busy <= device in every stage (5% + 50 us slack), the CUDA graphs
-captured inside the timed generations, and the AR decode graph replayed back to back (its device time
-with no host gap: what AR's busy time per step should be near, unless the replays' launch latency lands
-in it). Writes OUT_DIR/busy-time.json and
+with AR, chain DFlash, DDTree, SpecLA, DFlash-TfM (budget 32) and FLA-SD (k 6), PROMPTS suite prompts x
+NEW_TOKENS new tokens after one warm-up generation per route (the routes of the pipelined loop,
+``engine.pipelined``, once more step by step: ``engine.PIPELINE`` off), and writes per route: wall ms
+per verify step (the engine's clock), device ms per step and per stage, busy ms per step and per stage,
+wall / busy (issue 10: within 1.10) and device / busy, whether busy <= device in every stage (5% + 50 us
+slack), the CUDA graphs captured inside the timed generations, and the AR decode graph replayed back to
+back (its device time with no host gap: what AR's busy time per step should be near, unless the
+replays' launch latency lands in it). Writes OUT_DIR/busy-time.json and
 OUT_DIR/busy-time.md; prints the markdown.
 """
 
@@ -54,6 +54,7 @@ ROUTES = [
     {"name": "ddtree-b32", "kind": "ddtree", "budget": 32},
     {"name": "specla-b32", "kind": "specla", "budget": 32},
     {"name": "dflash-tfm-b32", "kind": "dflash_tfm", "budget": 32},
+    {"name": "fla-sd-k6", "kind": "fla_sd", "k": 6},
 ]
 SLACK = (1.05, 50e-6)  # busy <= device * 1.05 + 50 us per stage of a generation (event rounding)
 

@@ -39,7 +39,10 @@ assert _spec is not None and _spec.loader is not None
 ab = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(ab)  # the routes, prompts and device choice of routes-ab
 
-ROUTES = ab.ROUTES + [{"name": "specla-b32", "kind": "specla", "budget": 32}]
+ROUTES = ab.ROUTES + [
+    {"name": "specla-b32", "kind": "specla", "budget": 32},
+    {"name": "fla-sd-k6", "kind": "fla_sd", "k": 6},
+]
 NEW_TOKENS = 16 if ab.CPU else 96
 TOP = 25
 
