@@ -448,6 +448,7 @@ class EagleDrafter:
         )
         self.kv: KVCache = []  # keys/values of the committed rows 0..rows-1
         self.rows = 0
+        self._prompt = list(prompt_ids)
         self._pred = torch.zeros(0)  # the last committed row's prediction
         self._pending = -1  # the token that row read (the pending one)
 
@@ -457,8 +458,20 @@ class EagleDrafter:
             self.rows = start
 
     def observe_prefill(self, verification: Verification) -> None:
-        """Cache the features of one prefill chunk (every node of its chain is committed)."""
+        """Cache the features of one prefill chunk (every node of its chain is committed); after the
+        prompt's last chunk, the drafter's own prefill: the committed rows that read prompt tokens only
+        (:meth:`_prompt_rows`), timed with the prompt's prefill as a serving engine runs the draft
+        model's extend with the target's, not in the first decode step."""
         self._ingest(verification, list(range(verification.tree.size)))
+        self._prompt_rows()
+
+    @torch.no_grad()
+    def _prompt_rows(self) -> None:
+        """Once every prompt feature is cached: rows 0..c-2 (c prompt tokens; row t reads token t + 1, so
+        the last row waits for the first new token)."""
+        c = self.store.count
+        if c == len(self._prompt) and self.rows < c - 1:
+            self._extend(self._prompt, c - 1)
 
     @torch.no_grad()
     def _context(self, tokens: list[int]) -> torch.Tensor:
@@ -471,15 +484,21 @@ class EagleDrafter:
             self.rows = c - 1
         if self.rows == c:
             return self._pred
+        self._pred, self._pending = self._extend(tokens, c), tokens[c]
+        return self._pred
+
+    def _extend(self, tokens: list[int], end: int) -> torch.Tensor:
+        """Rows rows..end-1 (row t reads ``tokens[t + 1]`` and feature t) appended to the committed
+        keys/values; the last one's prediction [hidden]."""
         r = self.rows
         m = self.model
-        ids = torch.tensor(tokens[r + 1 : c + 1], device=m.device)[None]
-        positions = torch.arange(r, c, device=m.device)[None]
+        ids = torch.tensor(tokens[r + 1 : end + 1], device=m.device)[None]
+        positions = torch.arange(r, end, device=m.device)[None]
         past = [(k[:, :, :r], v[:, :, :r]) for k, v in self.kv] if r else None
-        pred, new = m(ids, self.store.rows[r:c][None], positions, self._embedding, past)
+        pred, new = m(ids, self.store.rows[r:end][None], positions, self._embedding, past)
         self.kv = _append(past, new) if past else new
-        self.rows, self._pred, self._pending = c, pred[0, -1], tokens[c]
-        return self._pred
+        self.rows = end
+        return pred[0, -1]
 
     @property
     def _embedding(self) -> torch.Tensor:

@@ -103,7 +103,7 @@ class StaticEagleDrafter(EagleDrafter):
     precision; needs CUDA or Triton's interpreter).
 
     It keeps EagleDrafter's settings, checks, ``observe_prefill`` and distributions (``_probs``) and
-    replaces its state (``begin``, ``_ingest``) and ``propose``."""
+    replaces its state (``begin``, ``_ingest``), its prompt rows (``_prompt_rows``) and ``propose``."""
 
     def __init__(
         self,
@@ -151,6 +151,7 @@ class StaticEagleDrafter(EagleDrafter):
     def begin(self, prompt_ids: list[int], reference_ids: list[int] | None) -> None:
         self.count = 0  # committed positions whose features are in the buffer
         self.rows = 0  # committed drafter rows whose keys/values are in the buffers
+        self._prompt = list(prompt_ids)
         self._pending = -1  # the token the last committed row read
         self._last: Verification | None = None
         self._unsettled = False  # a propose_after's path length not yet given by settle
@@ -235,12 +236,8 @@ class StaticEagleDrafter(EagleDrafter):
             raise ConfigError(f"EAGLE drafter holds hidden states of {self.count} tokens, {c} are committed")
         if self.rows == c and tokens[c] != self._pending:
             self.rows = c - 1  # the last row read another pending token
-        r = min(self.rows, c - 1)  # at least the last row (recomputed when cached: the same result)
         self._ensure(c + self.block)
-        if c - r > self.block:  # the prompt's rows (or replaced ones): one eager forward of exact shape
-            stop = c - self.block
-            self._context_rows(self._uploads.put(tokens[r + 1 : stop + 1]), self._uploads.put([r]), False)
-            r = stop
+        r = self._catch_up(tokens, c)
         ids = tokens[r + 1 : c + 1]
         self._uploads.put([r, c, tokens[c]] + ids + [0] * (self.block - len(ids)), self.inputs)
         out = self._run()
@@ -250,6 +247,25 @@ class StaticEagleDrafter(EagleDrafter):
             return Proposal(probs=probs, top_ids=top_ids)
         tree_tokens, tree_parents, scores = out
         return tree_proposal(DeviceTree(tree_tokens, tree_parents), scores)
+
+    def _catch_up(self, tokens: list[int], c: int) -> int:
+        """The rows the device call leaves out, computed eagerly in one forward of exact shape: those
+        before c - block when more than a block of the c committed rows are missing (the prompt's,
+        or replaced ones). Returns the first row the device call computes (at least the last row:
+        recomputed when cached, the same result)."""
+        r = min(self.rows, c - 1)
+        if c - r > self.block:
+            stop = c - self.block
+            self._context_rows(self._uploads.put(tokens[r + 1 : stop + 1]), self._uploads.put([r]), False)
+            self.rows = r = stop
+        return r
+
+    @torch.no_grad()
+    def _prompt_rows(self) -> None:
+        """Once every prompt feature is cached: :meth:`_catch_up` over the prompt (the rows the first
+        step's device call does not compute)."""
+        if self.count == len(self._prompt):
+            self._catch_up(self._prompt, self.count)
 
     def _run(self) -> Any:
         if not self.graphs:

@@ -279,7 +279,8 @@ A, B, C, D = 10, 11, 12, 13
 )
 def test_dynamic_tree_hand_examples(model64, prompts, shape, tokens, parents, forwards):
     """Every node's drafter distribution is a .6, b .25, c .1, d .05: the tree follows from the
-    EAGLE-2 rules alone; one drafter forward per depth (the first brings the committed rows in)."""
+    EAGLE-2 rules alone. The prefill's last chunk runs the drafter over the prompt's rows but the
+    last (one forward); then one drafter forward per depth (the first brings the last row in)."""
     dist = torch.zeros(TOK.vocab_size, dtype=torch.float64)
     dist[[A, B, C, D]] = torch.tensor([0.6, 0.25, 0.1, 0.05], dtype=torch.float64)
     drafter = EagleDrafter(random_eagle_for(model64), model64, tree=shape)
@@ -291,10 +292,12 @@ def test_dynamic_tree_hand_examples(model64, prompts, shape, tokens, parents, fo
     drafter.begin(ids, None)
     _, ver = model64.prefill(ids, capture=drafter.capture_layers)
     drafter.observe_prefill(ver)
+    assert calls == [(1, len(ids) - 1)] and drafter.rows == len(ids) - 1
+    calls.clear()
     proposal = drafter.propose(DraftContext(ids, [7]))
     assert proposal.tree.tokens.tolist() == [7, *tokens]
     assert proposal.tree.parents.tolist() == [-1, *parents]
-    assert len(calls) == forwards and calls[0] == (1, len(ids))
+    assert len(calls) == forwards and calls[0] == (1, 1)
     assert all(c[1] <= shape.topk for c in calls[1:])  # a depth's frontier drafts together
     assert [c[0] for c in proposal.candidates] == [A] * (max(proposal.tree.depth.tolist()) - 1)
     inner = [i for i in range(proposal.tree.size) if proposal.tree.children_of(i)]

@@ -175,6 +175,28 @@ def test_hand_trees_equal_eager(model64, shape):
     check_same(eager, eager.propose(ctx), static.propose(ctx))
 
 
+def test_prompt_rows_run_at_prefill_not_in_the_first_step(model64):
+    """The drafter's own prefill: after the prompt's last chunk the rows the first step's device call
+    leaves out are there (one eager forward); the first propose runs only the device call, and proposes
+    what a drafter that catches up inside propose (the prompt not given to begin) proposes."""
+    eager = EagleDrafter(random_eagle_for(model64, seed=4), model64, k=3)
+    static, late = twin(eager), twin(eager)
+    ids = list(range(3, 40))
+    _, ver = model64.prefill(ids, capture=eager.capture_layers)
+    fast: list[bool] = []
+    rows = static._context_rows
+    static._context_rows = lambda ids, start, f=True: fast.append(f) or rows(ids, start, f)
+    for d, prompt in ((eager, ids), (static, ids), (late, [])):
+        d.begin(prompt, None)
+        d.observe_prefill(ver)
+    assert fast == [False] and static.rows == len(ids) - static.block and late.rows == 0
+    ctx = DraftContext(ids, [7])
+    got = static.propose(ctx)
+    assert fast == [False, True]  # the device call's own rows only
+    check_same(eager, late.propose(ctx), got)
+    check_same(eager, eager.propose(ctx), got)
+
+
 @pytest.mark.parametrize("tree", [None, DynamicTree(12, 3, 0.01, 4)], ids=["chain", "tree"])
 def test_the_device_call_is_capture_safe(model64, tree):
     """No host read, host copy or data-dependent shape in the call a CUDA graph captures, and the same ops on
