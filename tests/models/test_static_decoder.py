@@ -6,8 +6,8 @@ the static steps (AR and speculative, eager) reproduces AR's tokens exactly.
 GPU tests (``gpu``): the same steps eager and as CUDA graphs on the Triton/fla kernels, against
 HybridLM (reference GDN path) in float32 (1e-4) and bfloat16 (looser; the errors are printed), with the
 selected and the forced other tree kernel.
-Interpreter tests (a TRITON_INTERPRET=1 subprocess each): the Triton kernel paths on CPU tensors, among
-them the split tree kernel and the path commit, and which tree kernel the decoder picks.
+Interpreter tests (one TRITON_INTERPRET=1 subprocess for all): the Triton kernel paths on CPU tensors,
+among them the split tree kernel and the path commit, and which tree kernel the decoder picks.
 """
 
 from __future__ import annotations
@@ -762,56 +762,84 @@ def _gemv_greedy_and_capture() -> dict[str, object]:
     }
 
 
-def _interpreter_main(flag: str) -> None:
-    """Subprocess entry (TRITON_INTERPRET=1): print the cases' errors as JSON on the last line."""
-    import repro.gdn.triton_common  # noqa: F401 - applies the interpreter's NumPy patch before fla loads
-
-    torch.set_num_threads(1)
+def _interpreter_part(flag: str) -> dict[str, object]:
+    """One interpreter test's results (``flag``: which one)."""
     if flag == "--interpret-gemv":
-        out = {
+        return {
             "float32": _interpreter_case(torch.float32, ("closed_form",), True, [GDN, ATTENTION], gemv=True),
             "greedy": _gemv_greedy_and_capture(),
         }
-    elif flag == "--interpret-split":
-        out = {
+    if flag == "--interpret-split":
+        return {
             "float32": _interpreter_case(
                 torch.float32, ("closed_form", "snapshot"), True, [GDN, ATTENTION], tree_kernel="split"
             ),
             "bfloat16": _interpreter_case(torch.bfloat16, ("closed_form",), True, [GDN, ATTENTION]),
             "selection": _selected_kernels_and_launches(),
         }  # fmt: skip
-    elif flag == "--interpret-fused":
-        out = {
+    if flag == "--interpret-fused":
+        return {
             "float32": _interpreter_case(torch.float32, ("closed_form",), True, [GDN, ATTENTION]),
             "greedy": _fused_greedy_and_capture(),
         }
-    else:
-        out = {
-            "float32": _interpreter_case(torch.float32, ("replay", "closed_form", "snapshot"), False),
-            "bfloat16": _interpreter_case(torch.bfloat16, ("replay",), False),
-        }
+    return {
+        "float32": _interpreter_case(torch.float32, ("replay", "closed_form", "snapshot"), False),
+        "bfloat16": _interpreter_case(torch.bfloat16, ("replay",), False),
+    }
+
+
+INTERPRETER_PARTS = ("--interpret", "--interpret-fused", "--interpret-gemv", "--interpret-split")
+
+
+def _interpreter_main(flags: tuple[str, ...]) -> None:
+    """Subprocess entry (TRITON_INTERPRET=1): each flag's results (or its error) as JSON on the last line.
+    One process for all of them (a process pays ~10 s importing fla); the kernels that a part replaces with
+    launch counters are put back after it, so that every part runs as it would alone."""
+    import repro.gdn.triton_common  # noqa: F401 - applies the interpreter's NumPy patch before fla loads
+    from repro.gdn import triton_commit, triton_decode, triton_linear, triton_tree
+
+    torch.set_num_threads(1)
+    modules = (triton_commit, triton_decode, triton_linear, triton_tree)
+    out: dict[str, object] = {}
+    for flag in flags:
+        kernels = [
+            (m, name, getattr(m, name)) for m in modules for name in dir(m) if name.endswith("_kernel")
+        ]
+        try:
+            out[flag] = _interpreter_part(flag)
+        except Exception as exc:  # report, so that one broken part does not hide the others
+            out[flag] = {"error": f"{type(exc).__name__}: {exc}"}
+        for module, name, kernel in kernels:
+            setattr(module, name, kernel)
     print(json.dumps(out))
 
 
-def _run_interpreter(flag: str) -> dict:
-    return run_in_interpreter(__file__, flag, needs=("triton", "fla"))
+@pytest.fixture(scope="module")
+def interpreted() -> dict:
+    return run_in_interpreter(__file__, "--interpret-all", needs=("triton", "fla"))
 
 
-def test_triton_kernel_path_through_the_interpreter():
+def _run_interpreter(interpreted: dict, flag: str) -> dict:
+    out = interpreted[flag]
+    assert "error" not in out, out["error"]
+    return out
+
+
+def test_triton_kernel_path_through_the_interpreter(interpreted):
     """The unfused CUDA code path (fused Triton tree kernel, per-node states, fla's fused recurrence for
     decode and replay, bf16 kernel inputs with tf32 dots) run by Triton's CPU interpreter, vs HybridLM."""
-    errs = _run_interpreter("--interpret")
+    errs = _run_interpreter(interpreted, "--interpret")
     assert max(errs["float32"].values()) < 1e-5, errs
     assert max(errs["bfloat16"].values()) < 5e-2, errs  # bf16 q/k/v and model vs HybridLM's float32 GDN
 
 
-def test_fused_decoder_through_the_interpreter():
+def test_fused_decoder_through_the_interpreter(interpreted):
     """fused=True (the triton default): the Triton decode core, tree prologue, gated norm with the conv
     shift, RMSNorm and SiLU * up kernels, in the interpreter, vs HybridLM; greedy decoding equals AR
     (decode_step and speculative steps); every step capture-safe; a decode GDN layer is 4 aten ops
     (in_proj, out_proj + residual, gate|up, down + residual) and 5 Triton kernels (the bf16 kernels are
     pinned in tests/gdn/test_triton_decode.py, the replay commit and bf16 decoder on the GPU)."""
-    out = _run_interpreter("--interpret-fused")
+    out = _run_interpreter(interpreted, "--interpret-fused")
     assert max(out["float32"].values()) < 1e-5, out["float32"]
     greedy = out["greedy"]
     assert greedy["ar_equal"] and greedy["spec_equal"], greedy
@@ -820,27 +848,27 @@ def test_fused_decoder_through_the_interpreter():
     assert (greedy["gdn_ops_per_layer"], greedy["gdn_triton_launches_per_layer"]) == (4, 5), greedy
 
 
-def test_gemv_decoder_through_the_interpreter():
+def test_gemv_decoder_through_the_interpreter(interpreted):
     """gemv=True: decode steps on the GEMV kernels (norm + in_proj / q|k|v, residual into out_proj /
     o_proj and down, norm + gate|up + SiLU * up, final norm + LM head) in the interpreter: float32
     decode logits and states vs HybridLM after a fused verify + commit, greedy float64 decoding equals
     AR, decode_step capture-safe, and a decode GDN layer is 0 aten ops and 5 Triton kernels (gemv turns
     on fuse_decode: the core, gated norm and history shift in one kernel; 6 without it)."""
-    out = _run_interpreter("--interpret-gemv")
+    out = _run_interpreter(interpreted, "--interpret-gemv")
     assert max(out["float32"].values()) < 1e-5, out["float32"]
     greedy = out["greedy"]
     assert greedy["ar_equal"] and greedy["hazards"] == [] and greedy["same_trace"], greedy
     assert (greedy["gdn_ops_per_layer"], greedy["gdn_triton_launches_per_layer"]) == (0, 5), greedy
 
 
-def test_split_tree_kernel_and_path_commit_through_the_interpreter():
+def test_split_tree_kernel_and_path_commit_through_the_interpreter(interpreted):
     """The split tree kernel (forced on float32; selected for the bf16 model's 4 value heads) and the
     path commit (state and conv history in one launch) in the interpreter, vs HybridLM: verify, the
     closed-form and snapshot commits, then decode steps. The decoder picks split for bf16 and fused for
     float32 inputs at 4 value heads, a forced kernel wins, and a split verify + closed-form commit
     launches the split kernel's two phases, one path index per commit and one path commit per GDN layer,
     nothing else."""
-    out = _run_interpreter("--interpret-split")
+    out = _run_interpreter(interpreted, "--interpret-split")
     assert max(out["float32"].values()) < 1e-5, out["float32"]
     assert max(out["bfloat16"].values()) < 5e-2, out["bfloat16"]  # as the unfused bf16 case
     sel = out["selection"]
@@ -856,10 +884,10 @@ def test_split_tree_kernel_and_path_commit_through_the_interpreter():
     assert sel["launches"] == want, sel
 
 
-if __name__ == "__main__" and sys.argv[-1] in (
-    "--interpret", "--interpret-fused", "--interpret-gemv", "--interpret-split"
-):  # fmt: skip
-    _interpreter_main(sys.argv[-1])
+if __name__ == "__main__" and sys.argv[-1] == "--interpret-all":
+    _interpreter_main(INTERPRETER_PARTS)
+elif __name__ == "__main__" and sys.argv[-1] in INTERPRETER_PARTS:  # one part alone
+    _interpreter_main((sys.argv[-1],))
 
 
 # ------------------------------------------------------------------ derived slot inputs (device trees)
