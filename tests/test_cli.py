@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import run_cli
 
 from repro.reporting.rundir import load_records
 
@@ -89,50 +90,64 @@ def test_run_refuses_a_directory_of_another_config(tmp_path):
     assert (out / "records.jsonl").read_text() == before
 
 
-@pytest.mark.parametrize(
-    "args, needle",
-    [
-        (["run", "no-such-experiment"], "unknown experiment"),
-        (["run", "smoke", "--suites", "gsm9k"], "unknown suite"),
-        (["run", "smoke", "--target", "/nonexistent/ckpt"], "does not exist"),
-        (["generate", "hi", "--route", "warp"], "unknown route kind"),
-        (["generate", "--prompt-ids", "1,2,x"], "plain decimal integers"),
-        (["generate", "--prompt-ids", "1_0"], "plain decimal integers"),  # int() would read 10
-        (["generate", "--prompt-ids", "1,,2"], "plain decimal integers"),
-        (["generate", "--prompt-ids", "-1"], "plain decimal integers"),
-        (["generate", "hi", "--route", "synthetic_chain", "--param", "k=3"], "missing parameter"),
-        (["run", "smoke", "--device", "tpu"], "unknown device"),
-        (["generate", "hi", "--max-new-tokens", "0"], "--max-new-tokens"),
-        (["generate", "hi", "--max-new-tokens", "-5"], "--max-new-tokens"),
-        (["generate", "hi", "--temperature", "-1"], "temperature must be a finite number >= 0"),
-        (["generate", "hi", "--temperature", "nan"], "temperature must be a finite number >= 0"),
-        (["run", "smoke", "--temperature", "nan"], "temperature must be a finite number >= 0"),
-        (["run", "smoke", "--max-new-tokens", "1000001"], "max_new_tokens must be in [1, 1,000,000]"),
-        (["run", "smoke", "--commit", "later"], "unknown commit strategy"),
-        (["run", "smoke", "--limit", "abc"], "Invalid value for '--limit'"),  # Click's usage errors
-        (["run", "smoke", "--no-such-option"], "No such option"),
-        (["run", "smoke", "--dtype", "fp32"], "Invalid value for '--dtype'"),
-        (["bench", "model", "--shape", "tiny"], "No such option: --shape"),
-        (["train", "target", "--precision", "bf16"], "No such option: --precision"),
-    ],
-)
-def test_bad_input_gives_one_line_errors(tmp_path, args, needle):
-    res = repro(*args, "--out", str(tmp_path / "o")) if args[0] == "run" else repro(*args)
-    assert res.returncode == 2, res.stdout + res.stderr
-    assert needle in res.stderr
-    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
-    assert "Traceback" not in res.stderr
+# the cases in SUBPROCESS run as `python -m repro` (a ReproError of run and of generate, a Click usage
+# error: the whole process prints one line, nothing at import); the rest call repro.cli.main in this
+# process (the same code after the imports, without ~4 s of imports a case)
+SUBPROCESS = {
+    ("run", "no-such-experiment"),
+    ("generate", "--prompt-ids", "1,2,x"),
+    ("run", "smoke", "--limit", "abc"),
+}
+BAD_INPUT = [
+    (["run", "no-such-experiment"], "unknown experiment"),
+    (["run", "smoke", "--suites", "gsm9k"], "unknown suite"),
+    (["run", "smoke", "--target", "/nonexistent/ckpt"], "does not exist"),
+    (["generate", "hi", "--route", "warp"], "unknown route kind"),
+    (["generate", "--prompt-ids", "1,2,x"], "plain decimal integers"),
+    (["generate", "--prompt-ids", "1_0"], "plain decimal integers"),  # int() would read 10
+    (["generate", "--prompt-ids", "1,,2"], "plain decimal integers"),
+    (["generate", "--prompt-ids", "-1"], "plain decimal integers"),
+    (["generate", "hi", "--route", "synthetic_chain", "--param", "k=3"], "missing parameter"),
+    (["run", "smoke", "--device", "tpu"], "unknown device"),
+    (["generate", "hi", "--max-new-tokens", "0"], "--max-new-tokens"),
+    (["generate", "hi", "--max-new-tokens", "-5"], "--max-new-tokens"),
+    (["generate", "hi", "--temperature", "-1"], "temperature must be a finite number >= 0"),
+    (["generate", "hi", "--temperature", "nan"], "temperature must be a finite number >= 0"),
+    (["run", "smoke", "--temperature", "nan"], "temperature must be a finite number >= 0"),
+    (["run", "smoke", "--max-new-tokens", "1000001"], "max_new_tokens must be in [1, 1,000,000]"),
+    (["run", "smoke", "--commit", "later"], "unknown commit strategy"),
+    (["run", "smoke", "--limit", "abc"], "Invalid value for '--limit'"),  # Click's usage errors
+    (["run", "smoke", "--no-such-option"], "No such option"),
+    (["run", "smoke", "--dtype", "fp32"], "Invalid value for '--dtype'"),
+    (["bench", "model", "--shape", "tiny"], "No such option: --shape"),
+    (["train", "target", "--precision", "bf16"], "No such option: --precision"),
+]
+assert {tuple(args) for args, _ in BAD_INPUT} > SUBPROCESS
 
 
-def test_bad_experiment_files(tmp_path):
+@pytest.mark.parametrize("args, needle", BAD_INPUT)
+def test_bad_input_gives_one_line_errors(tmp_path, monkeypatch, capsys, args, needle):
+    full = [*args, "--out", str(tmp_path / "o")] if args[0] == "run" else args
+    if tuple(args) in SUBPROCESS:
+        res = repro(*full)
+        code, stdout, stderr = res.returncode, res.stdout, res.stderr
+    else:
+        code, stdout, stderr = run_cli(monkeypatch, capsys, *full)
+    assert code == 2, stdout + stderr
+    assert needle in stderr
+    assert len(stderr.strip().splitlines()) == 1, stderr
+    assert "Traceback" not in stderr
+
+
+def test_bad_experiment_files(tmp_path, monkeypatch, capsys):
     broken = tmp_path / "broken.yaml"
     broken.write_text("routes: [unclosed\n")
-    res = repro("run", str(broken))
-    assert res.returncode == 2 and "not valid YAML" in res.stderr
+    code, _, err = run_cli(monkeypatch, capsys, "run", str(broken))
+    assert code == 2 and "not valid YAML" in err
     unknown = tmp_path / "unknown.yaml"
     unknown.write_text("speed: 11\n")
-    res = repro("run", str(unknown))
-    assert res.returncode == 2 and "unknown experiment setting" in res.stderr
+    code, _, err = run_cli(monkeypatch, capsys, "run", str(unknown))
+    assert code == 2 and "unknown experiment setting" in err
 
 
 def test_corrupted_suite_file_is_refused(tmp_path):
@@ -165,26 +180,32 @@ def test_generate_prints_json_and_matches_ar(tmp_path):
     assert ids.returncode == 0 and json.loads(ids.stdout)["prompt_ids"] == [1, 2, 3]
 
 
-def test_exported_default_loads_as_a_checkpoint(tmp_path):
-    ckpt = tmp_path / "ckpt"
-    assert repro("export-default", str(ckpt)).returncode == 0
-    a = json.loads(
-        repro("generate", "abc", "--max-new-tokens", "8", "--ignore-eos", "--target", "tiny-random").stdout
-    )
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory) -> Path:
+    """``repro export-default`` once for the module; tests that change it take a copy (:func:`copy_of`)."""
+    ckpt = tmp_path_factory.mktemp("export") / "ckpt"
+    res = repro("export-default", str(ckpt))
+    assert res.returncode == 0, res.stderr
+    return ckpt
+
+
+def copy_of(ckpt: Path, tmp_path: Path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(ckpt, tmp_path / "ckpt"))
+
+
+def test_exported_default_loads_as_a_checkpoint(tmp_path, exported, monkeypatch, capsys):
+    ckpt = copy_of(exported, tmp_path)
+    args = ("generate", "abc", "--max-new-tokens", "8", "--ignore-eos")
+    a = json.loads(run_cli(monkeypatch, capsys, *args, "--target", "tiny-random")[1])
     b = json.loads(
         repro("generate", "abc", "--max-new-tokens", "8", "--ignore-eos", "--target", str(ckpt)).stdout
     )
     assert a["output_ids"] == b["output_ids"]
     (ckpt / "model.safetensors").unlink()
-    res = repro("generate", "abc", "--target", str(ckpt))
-    assert res.returncode == 2 and "no *.safetensors" in res.stderr
-
-
-def test_help_lists_commands():
-    res = repro("--help")
-    assert res.returncode == 0
-    for cmd in ("run", "generate", "report", "suites", "routes", "export-default"):
-        assert cmd in res.stdout
+    code, _, err = run_cli(monkeypatch, capsys, "generate", "abc", "--target", str(ckpt))
+    assert code == 2 and "no *.safetensors" in err
 
 
 def test_shipped_smoke_routes_all_reproduce_ar(tmp_path):
@@ -242,12 +263,12 @@ def test_a_folder_named_like_an_experiment_does_not_shadow_it(tmp_path, monkeypa
     assert load_experiment("smoke")["name"] == "smoke"
 
 
-def test_prompt_ids_accept_commas_and_spaces_and_need_no_tokenizer(tmp_path):
-    res = repro("generate", "--prompt-ids", " 1 2,3 ,4 ", "--max-new-tokens", "2", "--target", "tiny-random")
-    assert res.returncode == 0, res.stderr
-    assert json.loads(res.stdout)["prompt_ids"] == [1, 2, 3, 4]  # not [1234]
-    ckpt = tmp_path / "ckpt"
-    assert repro("export-default", str(ckpt)).returncode == 0
+def test_prompt_ids_accept_commas_and_spaces_and_need_no_tokenizer(tmp_path, exported, monkeypatch, capsys):
+    args = ("generate", "--prompt-ids", " 1 2,3 ,4 ", "--max-new-tokens", "2", "--target", "tiny-random")
+    code, stdout, err = run_cli(monkeypatch, capsys, *args)
+    assert code == 0, err
+    assert json.loads(stdout)["prompt_ids"] == [1, 2, 3, 4]  # not [1234]
+    ckpt = copy_of(exported, tmp_path)
     (ckpt / "repro_tokenizer.json").unlink()  # weights and config, no tokenizer files
     res = repro(
         "generate", "--prompt-ids", "1,2", "--max-new-tokens", "3", "--ignore-eos", "--target", str(ckpt)
@@ -255,8 +276,8 @@ def test_prompt_ids_accept_commas_and_spaces_and_need_no_tokenizer(tmp_path):
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
     assert out["text"] is None and out["new_tokens"] == 3
-    res = repro("generate", "hi", "--target", str(ckpt))
-    assert res.returncode == 2 and "has no tokenizer" in res.stderr
+    code, _, err = run_cli(monkeypatch, capsys, "generate", "hi", "--target", str(ckpt))
+    assert code == 2 and "has no tokenizer" in err
 
 
 def test_a_prompt_that_is_not_utf8_is_one_line():
@@ -270,9 +291,11 @@ def test_a_prompt_that_is_not_utf8_is_one_line():
     assert res.returncode == 2 and "not valid UTF-8" in stderr and len(stderr.strip().splitlines()) == 1
 
 
-def test_help_documents_the_exit_codes():
+def test_help_lists_commands_and_documents_the_exit_codes():
     res = repro("--help", env={"COLUMNS": "200"})
     assert res.returncode == 0
+    for cmd in ("run", "generate", "report", "suites", "routes", "export-default"):
+        assert cmd in res.stdout
     text = " ".join(res.stdout.split())
     assert "0 success" in text and "2 bad usage or input" in text and "3 a check failed" in text
     assert "130 interrupted" in text
