@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import run_cli
 
 from repro.errors import ReproError
 from repro.harness.parallel import Shard, env_shard, expected_keys, merge_shards, parse_shard, shard_prompts
@@ -99,30 +100,29 @@ def test_torchrun_merge_equals_one_process(runs):
     assert (runs["dp"] / "report.md").exists()
 
 
-def test_shard_jobs_and_merge_equal_one_process(runs, tmp_path):
+def test_shard_jobs_and_merge_equal_one_process(runs, tmp_path, monkeypatch, capsys):
+    """The shard jobs' merge, and the refusals, through repro.cli.main in this process (the runs
+    themselves are whole processes: the ``runs`` fixture)."""
     jobs = tmp_path / "jobs"
     shutil.copytree(runs["jobs"], jobs)
     # one shard only: refused, then merged with --partial, then completed by a second merge
     shutil.move(jobs / "shards" / "rank-1", tmp_path / "rank-1")
-    res = repro("merge", str(jobs))
-    assert res.returncode == 2 and "lacks shard(s) 1/2" in res.stderr
-    assert len(res.stderr.strip().splitlines()) == 1
-    res = repro("merge", str(jobs), "--partial")
-    assert res.returncode == 0, res.stderr
+    code, _, err = run_cli(monkeypatch, capsys, "merge", str(jobs))
+    assert code == 2 and "lacks shard(s) 1/2" in err
+    assert len(err.splitlines()) == 1
+    code, _, err = run_cli(monkeypatch, capsys, "merge", str(jobs), "--partial")
+    assert code == 0, err
     assert len(outcome(jobs)) < 12
     shutil.move(tmp_path / "rank-1", jobs / "shards" / "rank-1")
-    res = repro("merge", str(jobs))
-    assert res.returncode == 0, res.stderr
+    code, _, err = run_cli(monkeypatch, capsys, "merge", str(jobs))
+    assert code == 0, err
     assert outcome(jobs) == outcome(runs["one"])
     # a shard directory of another split is not resumed; bad --shard values and --shard under torchrun
-    res = repro("run", str(runs["exp"]), "--out", str(jobs), "--shard", "1/3")
-    assert res.returncode == 2 and "holds shard 1/2 of a run, not shard 1/3" in res.stderr
+    code, _, err = run_cli(monkeypatch, capsys, "run", str(runs["exp"]), "--out", str(jobs), "--shard", "1/3")
+    assert code == 2 and "holds shard 1/2 of a run, not shard 1/3" in err
     assert "resumes" not in json.loads((jobs / "shards" / "rank-1" / MANIFEST_FILE).read_text())
-    res = repro("run", str(runs["exp"]), "--out", str(jobs), "--shard", "2/2")
-    assert (
-        res.returncode == 2
-        and res.stderr.strip() == "error: --shard must be i/n with 0 <= i < n (e.g. 0/4), got '2/2'"
-    )
+    code, _, err = run_cli(monkeypatch, capsys, "run", str(runs["exp"]), "--out", str(jobs), "--shard", "2/2")
+    assert code == 2 and err == "error: --shard must be i/n with 0 <= i < n (e.g. 0/4), got '2/2'"
     # merging again adds nothing and changes nothing
     before = (jobs / RECORDS_FILE).read_bytes()
     merged = merge_shards(jobs)
