@@ -210,8 +210,8 @@ def device_greedy(model: HybridLM | GraphedTarget, route: Route) -> bool:
 def device_ar_sampling(model: HybridLM | GraphedTarget, route: Route) -> bool:
     """Whether ``route`` is sample_match AR on a graphed target: its picks made on the device (the rule's
     twin, :meth:`~repro.decoding.device_acceptance.DeviceRule.pick`: ``TargetMatch.pick``, the same tokens)
-    in groups of graphed steps, one group ahead of the host, as greedy AR. (AR under spec_sampling or
-    traversal draws its bonus from the step's stream on the host.)"""
+    in groups of graphed steps, one group ahead of the host, as greedy AR (AR routes under spec_sampling
+    or traversal are sample_match AR: :func:`~repro.decoding.routes.build_route`)."""
     ar = route.drafter is None and isinstance(route.builder, SingleNode)
     return (
         isinstance(model, GraphedTarget)

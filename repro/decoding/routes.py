@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from repro.decoding.acceptance import ACCEPTANCE_RULES, make_rule
+from repro.decoding.acceptance import ACCEPTANCE_RULES, SAMPLING_ACCEPTANCES, make_rule
 from repro.decoding.engine import Route, prepare_sampling
 from repro.decoding.tree_builders import Backbone, BestFirst, Chain, DrafterTree, SingleNode, TreeBuilder
 from repro.drafters.base import Drafter
@@ -517,7 +517,10 @@ def build_route(
     :class:`~repro.models.graphed.GraphedTarget`); ``family`` the family target name whose drafters are
     the checkpoint defaults;
     ``random_drafters`` the constructors of ``random`` drafters by kind (:class:`BuildContext`).
-    ``route.params`` are the resolved parameters (commit and built values included).
+    ``route.params`` are the resolved parameters (commit and built values included). AR under
+    spec_sampling or traversal is AR under sample_match (its params say so): with no drafts every
+    lossless rule samples the target, and sample_match's position-keyed pick is the one the graphed
+    engine makes on the device (a rule's step stream would be drawn on the host, a sync a token).
     """
     check_static_strategy(commit)
     params = resolve_spec(spec, family)
@@ -532,6 +535,8 @@ def build_route(
     if params["commit"] == DELAYED and not isinstance(target, GraphedTarget):
         params["commit"] = "closed_form"  # the same commit, at commit time: what the eager engine runs
     params["acceptance"] = params["acceptance"] or acceptance
+    if kind.name == "ar" and params["acceptance"] in SAMPLING_ACCEPTANCES:
+        params["acceptance"] = "sample_match"  # no drafts: AR's law is the target's under every rule
     if kind.needs_target and target is None:
         raise ConfigError(f"route kind {kind.name} needs the target model: build_route(..., target=model)")
     drafter, builder = kind.factory(

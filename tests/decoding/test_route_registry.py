@@ -107,6 +107,22 @@ def test_records_carry_resolved_parameters(model64):
     assert weaver.params["block_size"] == 8 == weaver.drafter.dflash.block_size
 
 
+@pytest.mark.parametrize("acceptance", ["spec_sampling", "traversal"])
+def test_ar_under_a_sampling_rule_is_sample_match_ar(model64, acceptance):
+    """With no drafts every lossless rule samples the target: an AR route under spec_sampling or traversal
+    is sample_match AR (its params say so; its picks run on the graphed engine's device path), while a
+    drafted route keeps the rule."""
+    from repro.decoding.acceptance import SpecSampling, TargetMatch
+    from repro.models.graphed import GraphedTarget
+
+    ar = build_route({"kind": "ar"}, V, acceptance, 0.9, 11)
+    assert ar.params["acceptance"] == "sample_match" and type(ar.rule) is TargetMatch
+    assert (ar.rule.temperature, ar.rule.seed) == (0.9, 11)
+    assert engine.device_ar_sampling(GraphedTarget(model64, max_nodes=8, graphs=False), ar)
+    chain = build_route(CHAIN, V, "spec_sampling", 0.9, 11)
+    assert chain.params["acceptance"] == "spec_sampling" and type(chain.rule) is SpecSampling
+
+
 def test_checkpoint_parameters_default_to_the_family_targets_own_drafters():
     assert family_of("default") == "tiny-qwen35" and family_of("tiny-gdn") == "tiny-gdn"
     assert family_of("tiny-random") is None and family_of("/some/dir") is None
