@@ -114,14 +114,17 @@ def case(
 
 
 def tiny_cases() -> dict[str, object]:
-    """Every kind x shape/launch x rows x dtype in the interpreter, and the float64 split vs unsplit gap."""
+    """Every kind x shape/launch x rows in float64 in the interpreter; float32 and bfloat16 (what changes
+    with the dtype: loads, accumulation, rounding of the stores) on the ragged, split-K and late-x
+    launches; and the float64 split vs unsplit gap."""
     out: dict[str, object] = {}
     for dt in DTYPES:
+        shapes = TINY if dt == "float64" else [t for t in TINY if t[0] in ("tiny", "split3", "late_x")]
         for rows in (1, 3):
             for kind in KINDS:
                 if kind == "norm_linear_argmax" and rows > 1:
                     continue
-                for name, n_out, k, blocks in TINY:
+                for name, n_out, k, blocks in shapes:
                     n = n_out // 2 if kind == "norm_gate_up" else n_out
                     out[f"{kind}/{name}/n{rows}/{dt}"] = case(
                         kind, n, k, rows, DTYPES[dt], "cpu", rows, **blocks
@@ -151,9 +154,10 @@ def interpreted() -> dict[str, object]:
 
 def test_kernels_match_torch_in_the_interpreter(interpreted):
     """Every kind and epilogue, unsplit and split-K (masked and unmasked K), default blocks, n = 1 and 3,
-    float64 / float32 / bf16: within the dtype's bound; bf16 visibly rounded (the check can fail)."""
+    in float64, and in float32 / bf16 on three launches: within the dtype's bound; bf16 visibly rounded
+    (the check can fail)."""
     errs = {c: e for c, e in interpreted.items() if isinstance(e, float)}
-    assert len(errs) == len(DTYPES) * len(TINY) * (2 * len(KINDS) - 1)
+    assert len(errs) == (len(TINY) + 2 * 3) * (2 * len(KINDS) - 1)
     assert check(errs) == []
     assert max(e for c, e in errs.items() if c.endswith("float64")) < 1e-14
     assert max(e for c, e in errs.items() if c.endswith("float32")) < 1e-6
