@@ -5,8 +5,9 @@ query row block), each over whole blocks of its share of [0, length), then the c
   reference) for a decode step (n = 1) and a small tree (n = 8): lengths 0, 7 (one block: every split
   but the first empty), 37 (three blocks, the last partial: S = 4 leaves one split empty) and 80 (the whole
   capacity, five blocks); GQA with the output gate (hd 16 and tiny-qwen35's 48) and, in float32, MHA
-  without it; float64 to rounding, float32 to ~1e-6, bf16 to its rounding; every S against
-  S = 1 (float32: ~1e-6); the nodes' keys bitwise the same for every S, the cache untouched;
+  without it (18 cases: each dtype at each length, see CASES); float64 to rounding, float32 to ~1e-6,
+  bf16 to its rounding; every S against S = 1 (float32: ~1e-6); the nodes' keys bitwise the same for
+  every S, the cache untouched;
 - the split launch (and its combine) capture-safe (CaptureCheck: no host syncs), 1 launch at S = 1, 2
   above; the host rule for the default S (:func:`repro.gdn.triton_attention.tree_splits`); bad S;
 - GPU (``gpu``): the same at tiny-qwen35's and Qwen3.6-27B's attention shapes (n = 1, 16; float32 and
@@ -27,11 +28,23 @@ from test_tree_attention import DTYPES, SPECS, TOL, case_inputs, rel
 ROWS = 80  # cache capacity: five blocks of 16 (the interpreter's block_rows)
 LENGTHS = (0, 7, 37, 80)
 SPLITS = (1, 2, 3, 4)
-CASES = {  # dtype: (spec names, tree sizes)
-    "float64": (("gqa_gate",), (1, 8)),
-    "float32": (("gqa_gate", "tiny_qwen35", "mha_nogate_fullrot"), (1, 8)),
-    "bfloat16": (("tiny_qwen35",), (1, 8)),
-}
+# (spec name, tree size, cache length, dtype): every dtype at every length, n = 1 and 8 in each dtype;
+# float32's GQA with the gate at every length for n = 1 (and at 80 for n = 8: the cross check's live
+# bound), tiny-qwen35's hd 48 and MHA without the gate at two lengths each
+CASES = [
+    *(("gqa_gate", 8, length, "float64") for length in LENGTHS),
+    ("gqa_gate", 1, 37, "float64"),
+    *(("gqa_gate", 1, length, "float32") for length in LENGTHS),
+    ("gqa_gate", 8, 80, "float32"),
+    ("tiny_qwen35", 8, 37, "float32"),
+    ("tiny_qwen35", 1, 80, "float32"),
+    ("mha_nogate_fullrot", 8, 80, "float32"),
+    ("mha_nogate_fullrot", 1, 7, "float32"),
+    ("tiny_qwen35", 8, 37, "bfloat16"),
+    ("tiny_qwen35", 8, 7, "bfloat16"),
+    ("tiny_qwen35", 1, 0, "bfloat16"),
+    ("tiny_qwen35", 1, 80, "bfloat16"),
+]
 CROSS_TOL = {"float64": 1e-12, "float32": 2e-6, "bfloat16": 2e-2}  # S vs S = 1
 
 
@@ -76,14 +89,9 @@ def check_splits(res: dict[str, dict[str, float]]) -> list[str]:
 
 def interpreter_cases() -> dict[str, dict[str, float]]:
     res = {}
-    seed = 100
-    for dname, (specs, sizes) in CASES.items():
-        for name in specs:
-            for n in sizes:
-                for length in LENGTHS:
-                    seed += 1
-                    key = f"{name}/n{n}/L{length}/{dname}"
-                    res[key] = split_case(SPECS[name], n, length, dname, "cpu", seed, ROWS, SPLITS)
+    for seed, (name, n, length, dname) in enumerate(CASES, 101):
+        key = f"{name}/n{n}/L{length}/{dname}"
+        res[key] = split_case(SPECS[name], n, length, dname, "cpu", seed, ROWS, SPLITS)
     return res
 
 
@@ -115,7 +123,8 @@ def interpreted() -> dict:
 
 def test_split_kernel_matches_the_torch_path_for_every_split_count(interpreted):
     res = interpreted["cases"]
-    assert len(res) == 5 * len(LENGTHS) * 2
+    assert len(res) == len(CASES) == 18
+    assert {(length, dname) for _, _, length, dname in CASES} == {(x, d) for x in LENGTHS for d in DTYPES}
     assert all(f"out_{s}" in errs for errs in res.values() for s in SPLITS)
     assert check_splits(res) == []
     # the bounds are live: bf16 rounds, and S > 1 really changes float32's summation order
