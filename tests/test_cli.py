@@ -46,12 +46,26 @@ def tiny_experiment(tmp_path: Path, **extra) -> Path:
     return path
 
 
-def test_run_writes_records_report_and_resumes(tmp_path):
-    exp = tiny_experiment(tmp_path)
-    out = tmp_path / "run"
-    res = repro("run", str(exp), "--out", str(out))
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory) -> tuple[Path, Path, subprocess.CompletedProcess]:
+    """``repro run`` of :func:`tiny_experiment` once for the module, as a whole process (the experiment
+    file, the run directory, the process); tests that change the directory take a copy (:func:`copy_run`)."""
+    tmp = tmp_path_factory.mktemp("tiny")
+    exp = tiny_experiment(tmp)
+    res = repro("run", str(exp), "--out", str(tmp / "run"))
     assert res.returncode == 0, res.stderr
-    manifest, records = load_records(out)
+    return exp, tmp / "run", res
+
+
+def copy_run(run: Path, tmp_path: Path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(run, tmp_path / "run"))
+
+
+def test_run_writes_records_report_and_resumes(tmp_path, tiny_run, monkeypatch, capsys):
+    exp, first, res = tiny_run
+    manifest, records = load_records(first)
     # 1 prompt x (2 turns MT-Bench + 1 + 1) x 3 routes
     assert len(records) == 4 * 3
     assert {r.vs_ar for r in records if r.route != "ar"} == {"identical"}
@@ -64,29 +78,30 @@ def test_run_writes_records_report_and_resumes(tmp_path):
     assert manifest["config"]["max_new_tokens"] == 12
     assert "chain" in res.stdout and "tree" in res.stdout
     assert "tiny: 12/12 (100%), elapsed" in res.stderr  # progress is logged without a terminal
-    assert (out / "report.md").exists() and (out / "summary.csv").exists()
-    # simulate an interruption: drop the last 5 records and cut the next one mid-line
+    assert (first / "report.md").exists() and (first / "summary.csv").exists()
+    # simulate an interruption: drop the last 5 records and cut the next one mid-line (in a copy; the
+    # resume and the report run in this process)
+    out = copy_run(first, tmp_path)
     lines = (out / "records.jsonl").read_text().splitlines()
     (out / "records.jsonl").write_text("\n".join(lines[:6]) + "\n" + lines[6][:40])
-    res = repro("run", str(exp), "--out", str(out))
-    assert res.returncode == 0, res.stderr
+    code, _, err = run_cli(monkeypatch, capsys, "run", str(exp), "--out", str(out))
+    assert code == 0, err
     _, resumed = load_records(out)
     assert len(resumed) == 12
     assert [r.output_sha256 for r in resumed[:6]] == [r.output_sha256 for r in records[:6]]
     assert sorted(r.key for r in resumed) == sorted(r.key for r in records)
     # the report rebuilds from records alone
-    rep = repro("report", str(out))
-    assert rep.returncode == 0 and "chain" in rep.stdout
+    code, stdout, _ = run_cli(monkeypatch, capsys, "report", str(out))
+    assert code == 0 and "chain" in stdout
 
 
-def test_run_refuses_a_directory_of_another_config(tmp_path):
-    out = tmp_path / "run"
-    exp = tiny_experiment(tmp_path, suites=["gsm8k"], routes=[{"name": "ar", "kind": "ar"}])
-    assert repro("run", str(exp), "--out", str(out)).returncode == 0
+def test_run_refuses_a_directory_of_another_config(tmp_path, tiny_run, monkeypatch, capsys):
+    exp, first, _ = tiny_run
+    out = copy_run(first, tmp_path)
     before = (out / "records.jsonl").read_text()
-    res = repro("run", str(exp), "--out", str(out), "--max-new-tokens", "5")
-    assert res.returncode == 2
-    assert "different configuration" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    code, _, err = run_cli(monkeypatch, capsys, "run", str(exp), "--out", str(out), "--max-new-tokens", "5")
+    assert code == 2
+    assert "different configuration" in err and len(err.strip().splitlines()) == 1
     assert (out / "records.jsonl").read_text() == before
 
 
@@ -150,7 +165,7 @@ def test_bad_experiment_files(tmp_path, monkeypatch, capsys):
     assert code == 2 and "unknown experiment setting" in err
 
 
-def test_corrupted_suite_file_is_refused(tmp_path):
+def test_corrupted_suite_file_is_refused(tmp_path, monkeypatch, capsys):
     suites = tmp_path / "suites"
     suites.mkdir()
     for f in (ROOT / "suites").iterdir():
@@ -159,25 +174,29 @@ def test_corrupted_suite_file_is_refused(tmp_path):
     data[100] ^= 1
     (suites / "gsm8k.jsonl").write_bytes(bytes(data))
     exp = tiny_experiment(tmp_path, suites=["gsm8k"])
-    res = repro("run", str(exp), "--out", str(tmp_path / "o"), env={"REPRO_SUITES_DIR": str(suites)})
-    assert res.returncode == 2 and "corrupted" in res.stderr and "gsm8k" in res.stderr
-    res = repro("suites", "verify", env={"REPRO_SUITES_DIR": str(suites)})
-    assert res.returncode == 2 and "BAD gsm8k: suite file" in res.stdout and "corrupted" in res.stdout
-    assert "sha256 None" not in res.stdout and "ok  humaneval: 164 records, sha256 " in res.stdout
-    assert f"do not match {suites / 'manifest.json'}" in res.stderr  # the manifest actually used
+    monkeypatch.setenv("REPRO_SUITES_DIR", str(suites))
+    code, _, err = run_cli(monkeypatch, capsys, "run", str(exp), "--out", str(tmp_path / "o"))
+    assert code == 2 and "corrupted" in err and "gsm8k" in err
+    code, stdout, err = run_cli(monkeypatch, capsys, "suites", "verify")
+    assert code == 2 and "BAD gsm8k: suite file" in stdout and "corrupted" in stdout
+    assert "sha256 None" not in stdout and "ok  humaneval: 164 records, sha256 " in stdout
+    assert f"do not match {suites / 'manifest.json'}" in err  # the manifest actually used
 
 
-def test_generate_prints_json_and_matches_ar(tmp_path):
-    res = repro(
-        "generate", "Hello there", "--route", "synthetic_tree", "--param", "k=3", "--param", "p=0.6",
-        "--param", "width=2", "--max-new-tokens", "10", "--dtype", "float64", "--ignore-eos",
+def test_generate_prints_json_and_matches_ar(monkeypatch, capsys):
+    code, stdout, err = run_cli(
+        monkeypatch, capsys, "generate", "Hello there", "--route", "synthetic_tree", "--param", "k=3",
+        "--param", "p=0.6", "--param", "width=2", "--max-new-tokens", "10", "--dtype", "float64",
+        "--ignore-eos",
     )  # fmt: skip
-    assert res.returncode == 0, res.stderr
-    out = json.loads(res.stdout)
+    assert code == 0, err
+    out = json.loads(stdout)
     assert out["new_tokens"] == 10 and out["identical_to_ar"] is True
     assert sum(out["accepted_lengths"]) == 9 and set(out["stage_s"]) == {"draft", "tree", "verify", "commit"}
-    ids = repro("generate", "--prompt-ids", "1,2,3", "--max-new-tokens", "4", "--ignore-eos")
-    assert ids.returncode == 0 and json.loads(ids.stdout)["prompt_ids"] == [1, 2, 3]
+    code, stdout, _ = run_cli(
+        monkeypatch, capsys, "generate", "--prompt-ids", "1,2,3", "--max-new-tokens", "4", "--ignore-eos"
+    )
+    assert code == 0 and json.loads(stdout)["prompt_ids"] == [1, 2, 3]
 
 
 @pytest.fixture(scope="module")
@@ -236,13 +255,12 @@ def test_shipped_smoke_routes_all_reproduce_ar(tmp_path):
         assert sum(r.new_tokens for r in steps) / sum(len(r.accepted_lengths) for r in steps) > 1.5, kind
 
 
-def test_acceptance_experiment_writes_table_and_figure(tmp_path):
+def test_acceptance_experiment_writes_table_and_figure(tmp_path, monkeypatch, capsys):
     out = tmp_path / "acc"
-    res = repro(
-        "run", "acceptance", "--suites", "gsm8k", "--limit", "1", "--max-new-tokens", "12", "--out", str(out)
-    )
-    assert res.returncode == 0, res.stderr
-    assert "Break-even acceptance probability" in res.stdout and "0.7" in res.stdout  # the paper's, beside
+    args = ("run", "acceptance", "--suites", "gsm8k", "--limit", "1", "--max-new-tokens", "12")
+    code, stdout, err = run_cli(monkeypatch, capsys, *args, "--out", str(out))
+    assert code == 0, err
+    assert "Break-even acceptance probability" in stdout and "0.7" in stdout  # the paper's, beside
     assert (out / "figures" / "acceptance.png").stat().st_size > 1000
     assert (out / "figures" / "acceptance.svg").exists()
     import pandas as pd
