@@ -3,7 +3,7 @@
 - Interpreter (CPU, one TRITON_INTERPRET=1 subprocess, this file as a script): a [GDN, ATTENTION, GDN]
   model of width 40 (no tile multiple) with z gate, output gate and GQA; verify logits of random trees of
   5 and 17 nodes with ``fuse_verify`` on vs off (cuBLAS-path glue), float64 (to rounding, and vs
-  HybridLM.verify) and float32 (~1e-6), and the closed-form commit after each; the fused verify
+  HybridLM.verify) and float32 (~1e-6; 17 nodes), and the closed-form commit after each; the fused verify
   capture-safe with the same trace on two trees; the launches of a verify of the tiny-qwen35 layout off
   vs on; slots over MAX_VERIFY_ROWS keep cuBLAS.
 - CPU: the default rule (off without ``gemv``; on with it: interpreter) and the ConfigError without the
@@ -92,12 +92,12 @@ def verify_run(model, state, tree, fuse: bool, graphed: bool = False) -> dict:  
 
 def verify_cases(device: str, sizes: tuple[int, ...] = SIZES) -> dict[str, dict[str, float]]:
     """fuse_verify on vs off per dtype and tree size: logits and the committed state (float64: also vs
-    HybridLM's verify and commit)."""
+    HybridLM's verify and commit). On the CPU float32 at the largest size only (two row blocks)."""
     out = {}
     for dname in ("float64", "float32") if device == "cpu" else ("float32", "bfloat16"):
         model = small_model(getattr(torch, dname), device)
         state, _ = model.prefill([3, 9, 1, 4, 1, 5, 9, 2])
-        for t in sizes:
+        for t in sizes if dname != "float32" or device == "cuda" else sizes[-1:]:
             tree = tree_of(t, t)
             for graphed in (False, True) if device == "cuda" else (False,):
                 old, new = (verify_run(model, state, tree, fuse, graphed) for fuse in (False, True))
@@ -133,11 +133,11 @@ def capture_facts() -> dict[str, object]:
     model = small_model(torch.float32)
     state, _ = model.prefill([1, 2, 3, 4])
     dec = StaticDecoder(model, 32, MAX_VERIFY_ROWS + 1, kernel="triton", fuse_verify=True)
-    slot = TreeSlot(dec, 9, derive=True)
+    slot = TreeSlot(dec, 6, derive=True)
     traces, hazards = [], []
     for seed in (1, 2):
         dec.load(state)
-        slot.set_tree(tree_of(9, seed))
+        slot.set_tree(tree_of(6, seed))
         check = check_capture(partial(dec.verify, slot))
         traces.append(check.trace)
         hazards += check.hazards
@@ -154,7 +154,7 @@ def capture_facts() -> dict[str, object]:
 
 def launch_counts() -> dict[str, dict[str, int]]:
     """Launches of one verify of the tiny-qwen35 layout (6 GDN + 2 attention layers; random float32
-    weights, smaller widths; 5 nodes: the count does not depend on T), fuse_verify off vs on: aten ops
+    weights, smaller widths; 3 nodes: the count does not depend on T), fuse_verify off vs on: aten ops
     that launch work and Triton launches."""
     from repro.gdn import triton_attention, triton_decode, triton_linear, triton_tree
     from repro.models.default import init_random_weights
@@ -178,8 +178,8 @@ def launch_counts() -> dict[str, dict[str, int]]:
     for fuse in (False, True):
         dec = StaticDecoder(model, 16, 64, kernel="triton", fuse_verify=fuse)
         dec.load(state)
-        slot = TreeSlot(dec, 5)
-        slot.set_tree(tree_of(5, 3, 64))
+        slot = TreeSlot(dec, 3)
+        slot.set_tree(tree_of(3, 3, 64))
         counter[0] = 0
         ops = count_ops(partial(dec.verify, slot))
         out["fused" if fuse else "old"] = {"aten": ops, "triton": counter[0], "total": ops + counter[0]}
@@ -196,7 +196,7 @@ def interpreted() -> dict:
 
 def test_fused_verify_matches_the_unfused_one_in_the_interpreter(interpreted):
     res = interpreted["verify"]
-    assert len(res) == 2 * len(SIZES) and check(res) == []
+    assert len(res) == len(SIZES) + 1 and check(res) == []
     assert max(e["logits"] for k, e in res.items() if k.startswith("float32")) > 0  # really another path
 
 
