@@ -4,13 +4,14 @@ over the stack) gives bitwise the states, logits and tokens of the per-layer com
 
 Interpreter (one TRITON_INTERPRET=1 subprocess; float32, the Triton path commit), a model of three GDN
 layers and one attention layer, stacked vs per-layer (indexed) decoders side by side: steps on a tree
-(accepted paths ending at every depth 1..5, i.e. 0..4 accepted drafts), a chain-shaped tree (depths 1, 4,
-6) and a one-node tree, forced paths and the device's greedy accept (the fused decoder and the split tree
-kernel: one step each, seconds a verify here); every step's logits, accepted node and bonus and the
-committed state equal bitwise, and the state equals HybridLM's commit; then decode steps and a replay and a
-snapshot commit (per layer on the views), two delayed steps with the flush (the stacked flush in one
-launch), and the launches of a stacked commit (one path index, one commit); the stacked kernel reading
-conv inputs at their strides (a column slice of a wider tensor) bitwise as from a contiguous copy.
+(accepted paths ending at every depth 1..5, i.e. 0..4 accepted drafts), a chain-shaped tree (depth 6)
+and a one-node tree (greedy only), forced paths and the device's greedy accept (the fused decoder and
+the split tree kernel: one step each, seconds a verify here); every step's logits, accepted node and
+bonus and the committed state equal bitwise, and the state equals HybridLM's commit; then decode steps
+and a replay and a snapshot commit (per layer on the views), two delayed steps with the flush (the
+stacked flush in one launch), and the launches of a stacked commit (one path index, one commit); the
+stacked kernel reading conv inputs at their strides (a column slice of a wider tensor) bitwise as from a
+contiguous copy.
 CPU float64 (the reference kernels: the views and the factor outputs, commits per layer): the same steps,
 bitwise; GraphedTarget (no graphs) generate() on chain and DDTree routes, closed-form and delayed: AR's
 tokens, the same paths and bitwise the same state as the per-layer target.
@@ -65,7 +66,7 @@ def _steps() -> list[tuple[str, int | None]]:
     out: list[tuple[str, int | None]] = []
     for name, d in depth.items():
         ends = [max(i for i in range(len(d)) if d[i] == k) for k in range(1, max(d) + 1)]
-        ends = [ends[0], ends[3], ends[-1]] if name == "chain" else ends
+        ends = {"tree": ends, "chain": ends[-1:], "one": []}[name]  # depths 1..5 on the tree
         out += [(name, end) for end in ends] + [(name, None)]
     return out
 
