@@ -5,7 +5,7 @@ pinned to the eager EagleDrafter.
   40, no tile multiple, GQA) and random EAGLE drafters (one layer reading one target layer; two layers
   reading two); along greedy generations with buffers doubled from 16 positions, every chain proposal's
   candidates and every dynamic tree (tau pruning, padding) equal the eager drafter's, the distributions
-  within 1e-12 (float64) / 1e-5 (float32) relative (float64: chain and tree, the two-layer tree; float32:
+  within 1e-12 (float64) / 1e-5 (float32) relative (float64: the chain, the two-layer tree; float32:
   chain, and a tree with the committed block on cuBLAS, ``row_tiled_width=0``); the fast device call
   capture-safe with the same trace for other inputs; the launches of a level forward, of the
   distributions and of a whole proposal call at the tiny family's drafter layout, eager vs fast.
@@ -108,12 +108,12 @@ PROMPT = list(range(7, 40, 2))  # 17 tokens: buffers of 16 positions double at t
 
 
 def proposal_cases() -> dict[str, dict]:
-    """Fast vs eager: float64 chain and tree of the one-layer drafter and tree of the two-layer one (the
-    features repeated per target layer), float32 chain, and float32 tree with the committed block on cuBLAS
-    (``row_tiled_width`` 0)."""
+    """Fast vs eager: float64 chain of the one-layer drafter and tree of the two-layer one (the features
+    repeated per target layer; the one-layer tree: float32's), float32 chain, and float32 tree with the
+    committed block on cuBLAS (``row_tiled_width`` 0)."""
     from repro.drafters.eagle import random_eagle_for
 
-    cases = [("one", "chain", None), ("one", "tree", None), ("two", "tree", None)]
+    cases = [("one", "chain", None), ("two", "tree", None)]
     out = {}
     for dtype, todo in (
         (torch.float64, cases),
@@ -139,9 +139,9 @@ def capture_facts() -> dict[str, object]:
 
     model = small_target(torch.float32)
     out: dict[str, object] = {}
-    for name, tree in (("chain", None), ("tree", DynamicTree(12, 3, 0.01, 4))):
+    for name, tree in (("chain", None), ("tree", DynamicTree(9, 3, 0.01, 3))):
         drafter = StaticEagleDrafter(
-            random_eagle_for(model, seed=3), model, k=3, width=2, tree=tree, fast=True
+            random_eagle_for(model, seed=3), model, k=2, width=2, tree=tree, fast=True
         )
         ids = list(range(3, 30))
         _, ver = model.prefill(ids, capture=drafter.capture_layers)
@@ -215,7 +215,7 @@ def interpreted() -> dict:
 
 def test_fast_proposals_equal_the_eager_drafters_in_the_interpreter(interpreted):
     cases = interpreted["proposals"]
-    assert len(cases) == 5
+    assert len(cases) == 4
     for key, res in cases.items():
         dtype = torch.float64 if key.startswith("float64") else torch.float32
         assert res["differ"] == 0 and res["proposals"] >= 5, (key, res)
