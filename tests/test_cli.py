@@ -236,7 +236,7 @@ def test_shipped_smoke_routes_all_reproduce_ar(tmp_path):
     from repro.reporting.records import build_manifest
     from repro.reporting.rundir import RunDir
 
-    cfg = load_experiment("smoke", {"limit": 1, "max_new_tokens": 20})
+    cfg = load_experiment("smoke", {"limit": 1, "max_new_tokens": 12})  # MAL 1.9 .. 3.0 of the drafters
     cfg["warmup"], cfg["ignore_eos"] = 0, True
     runner = ExperimentRunner(cfg)
     run_dir = RunDir(tmp_path / "smoke", build_manifest(cfg))
@@ -249,7 +249,7 @@ def test_shipped_smoke_routes_all_reproduce_ar(tmp_path):
     assert {r.route_params.get("commit") for r in records} >= {"replay", "snapshot"}
     for r in records:
         assert r.vs_ar == ("reference" if r.route == "ar" else "identical"), (r.route, r.suite, r.vs_ar)
-        assert r.new_tokens == 20
+        assert r.new_tokens == 12
     for kind in drafted:
         steps = [r for r in records if r.route_params["kind"] == kind]
         assert sum(r.new_tokens for r in steps) / sum(len(r.accepted_lengths) for r in steps) > 1.5, kind
