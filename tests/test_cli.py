@@ -218,9 +218,7 @@ def test_exported_default_loads_as_a_checkpoint(tmp_path, exported, monkeypatch,
     ckpt = copy_of(exported, tmp_path)
     args = ("generate", "abc", "--max-new-tokens", "8", "--ignore-eos")
     a = json.loads(run_cli(monkeypatch, capsys, *args, "--target", "tiny-random")[1])
-    b = json.loads(
-        repro("generate", "abc", "--max-new-tokens", "8", "--ignore-eos", "--target", str(ckpt)).stdout
-    )
+    b = json.loads(run_cli(monkeypatch, capsys, *args, "--target", str(ckpt))[1])
     assert a["output_ids"] == b["output_ids"]
     (ckpt / "model.safetensors").unlink()
     code, _, err = run_cli(monkeypatch, capsys, "generate", "abc", "--target", str(ckpt))
@@ -288,11 +286,10 @@ def test_prompt_ids_accept_commas_and_spaces_and_need_no_tokenizer(tmp_path, exp
     assert json.loads(stdout)["prompt_ids"] == [1, 2, 3, 4]  # not [1234]
     ckpt = copy_of(exported, tmp_path)
     (ckpt / "repro_tokenizer.json").unlink()  # weights and config, no tokenizer files
-    res = repro(
-        "generate", "--prompt-ids", "1,2", "--max-new-tokens", "3", "--ignore-eos", "--target", str(ckpt)
-    )
-    assert res.returncode == 0, res.stderr
-    out = json.loads(res.stdout)
+    args = ("generate", "--prompt-ids", "1,2", "--max-new-tokens", "3", "--ignore-eos", "--target", str(ckpt))
+    code, stdout, err = run_cli(monkeypatch, capsys, *args)
+    assert code == 0, err
+    out = json.loads(stdout)
     assert out["text"] is None and out["new_tokens"] == 3
     code, _, err = run_cli(monkeypatch, capsys, "generate", "hi", "--target", str(ckpt))
     assert code == 2 and "has no tokenizer" in err
@@ -309,12 +306,13 @@ def test_a_prompt_that_is_not_utf8_is_one_line():
     assert res.returncode == 2 and "not valid UTF-8" in stderr and len(stderr.strip().splitlines()) == 1
 
 
-def test_help_lists_commands_and_documents_the_exit_codes():
-    res = repro("--help", env={"COLUMNS": "200"})
-    assert res.returncode == 0
+def test_help_lists_commands_and_documents_the_exit_codes(monkeypatch, capsys):
+    monkeypatch.setenv("COLUMNS", "200")
+    code, stdout, _ = run_cli(monkeypatch, capsys, "--help")
+    assert code == 0
     for cmd in ("run", "generate", "report", "suites", "routes", "export-default"):
-        assert cmd in res.stdout
-    text = " ".join(res.stdout.split())
+        assert cmd in stdout
+    text = " ".join(stdout.split())
     assert "0 success" in text and "2 bad usage or input" in text and "3 a check failed" in text
     assert "130 interrupted" in text
 
