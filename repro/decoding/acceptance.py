@@ -243,7 +243,6 @@ class Traversal(SamplingRule):
 
 
 ACCEPTANCE_RULES = ("greedy", "sample_match", "spec_sampling", "traversal")
-SAMPLING_ACCEPTANCES = ("spec_sampling", "traversal")  # the SamplingRule ones: accept by draft probabilities
 DISTRIBUTIONAL_RULES = ("spec_sampling", "traversal")  # lossless in distribution, not token for token
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from repro.decoding.acceptance import ACCEPTANCE_RULES, SAMPLING_ACCEPTANCES, make_rule
+from repro.decoding.acceptance import ACCEPTANCE_RULES, DISTRIBUTIONAL_RULES, make_rule
 from repro.decoding.engine import Route, prepare_sampling
 from repro.decoding.tree_builders import Backbone, BestFirst, Chain, DrafterTree, SingleNode, TreeBuilder
 from repro.drafters.base import Drafter
@@ -535,7 +535,7 @@ def build_route(
     if params["commit"] == DELAYED and not isinstance(target, GraphedTarget):
         params["commit"] = "closed_form"  # the same commit, at commit time: what the eager engine runs
     params["acceptance"] = params["acceptance"] or acceptance
-    if kind.name == "ar" and params["acceptance"] in SAMPLING_ACCEPTANCES:
+    if kind.name == "ar" and params["acceptance"] in DISTRIBUTIONAL_RULES:
         params["acceptance"] = "sample_match"  # no drafts: AR's law is the target's under every rule
     if kind.needs_target and target is None:
         raise ConfigError(f"route kind {kind.name} needs the target model: build_route(..., target=model)")

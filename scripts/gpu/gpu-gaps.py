@@ -96,7 +96,7 @@ def main() -> None:
         steps = max(r.steps, 1)
         span = (work[-1]["ts"] + work[-1]["dur"] - work[0]["ts"]) if work else 0.0
         busy = sum(e["dur"] for e in work)
-        by_call: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])  # type: ignore[arg-type]
+        by_call: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])  # gaps, us
         for g in found:
             late = g["host_late_us"] is not None and g["host_late_us"] > 0
             row = by_call[f"{g['call']} ({'host late' if late else 'launched ahead'})"]
