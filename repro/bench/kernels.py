@@ -45,9 +45,12 @@ e the q/k/v element size (2 for bf16, 4 for fp32), g/beta/state/factors in fp32:
   verify the T-node tree from the committed state; bf16 q/k/v, the verification at --bf16-precision):
   tree_fused's bytes and flops + the path's rows + one more S (written); the floor of the fused step.
   step_replay_fla: fla's recurrence over the path (inputs gathered outside the timing), then the tree
-  kernel; step_closed_form_fused / step_path_fused: the two Triton commits, then the tree kernel;
+  kernel; step_closed_form_fused / step_path_fused: the two Triton commits, then the tree kernel (in these
+  three, the one the static decoder picks for the shape, repro.models.static.select_tree_kernel: split at
+  SpecLA's, fused at Weaver's);
   step_delayed_fused: the tree kernel with the pending commit applied to the state it loads (one launch);
-  step_delayed_split: the same in tree_split's second phase (two launches, no separate commit);
+  step_delayed_split: the same in tree_split's first phase, beside the key work (two launches, no separate
+  commit);
   ``_indexed`` (step_delayed_split_indexed in the grid): the pending path read from a path index (written at
   the previous step's commit, outside the timing; PendingCommit.path), as the static decoder does;
   step_torch: the reference (apply_pending + tree_gdn, float32).
@@ -472,7 +475,10 @@ def previous_inputs(case: Case) -> Inputs:
 def _step(case: Case, x: Inputs, commit: str) -> Fn:
     """Commit the previous step's accepted path into a copy of S0 (``commit``: replay with fla's recurrence,
     the Triton closed forms, or "delayed": inside the verification), then verify the case's tree from it
-    (the Triton tree kernel at the row's precision). Returns o of the new tree."""
+    (at the row's precision; the delayed rows name their kernel, the others take the static decoder's
+    choice for the shape). Returns o of the new tree."""
+    from repro.models.static import select_tree_kernel
+
     tt = _triton_tree()
     prev = previous_inputs(case).to(x.q.dtype)
     prev.state = x.state
@@ -481,12 +487,14 @@ def _step(case: Case, x: Inputs, commit: str) -> Fn:
     pending = gdn.PendingCommit(f.delta, f.k, f.gate_cum, case.ancestors, node)
     state = x.state.clone()
     s, prec, anc = case.shape.scale, case.precision, case.ancestors
+    split = select_tree_kernel(x.q.dtype, x.v.shape[1]) == "split"
+    engine_verify = tt.tree_gdn_split if split else tt.tree_gdn_fused
     if commit == "replay":
         idx = torch.tensor(case.accepted, dtype=torch.long, device=case.device)
         replay = _fla_call("recurrent", case, prev, idx, varlen=False, final=True)
 
         def run() -> torch.Tensor:
-            return tt.tree_gdn_fused(x.q, x.k, x.v, x.g, x.beta, replay()[0], anc, s, precision=prec)[0]
+            return engine_verify(x.q, x.k, x.v, x.g, x.beta, replay()[0], anc, s, precision=prec)[0]
 
         return run
     if commit.endswith("_indexed"):  # the pending path as a path index (written at the commit: untimed)
@@ -502,7 +510,7 @@ def _step(case: Case, x: Inputs, commit: str) -> Fn:
 
     def run_commit() -> torch.Tensor:
         fn(state, f.delta, f.k, f.gate_cum, anc, node)
-        return tt.tree_gdn_fused(x.q, x.k, x.v, x.g, x.beta, state, anc, s, precision=prec)[0]
+        return engine_verify(x.q, x.k, x.v, x.g, x.beta, state, anc, s, precision=prec)[0]
 
     return run_commit
 

@@ -1,12 +1,12 @@
-"""Which implementation evaluates a GDN layer: the pure-torch reference (any device, the oracle) or
-the Triton kernels (CUDA, or CPU under Triton's interpreter): the project's fused tree kernels for
-draft trees, flash-linear-attention's chunk kernel for batched chains (prefill, training) and its fused
+"""Which implementation evaluates a GDN layer: the pure-torch reference (any device, the oracle) or the
+Triton kernels (CUDA, or CPU under Triton's interpreter): the project's fused tree kernels for draft
+trees, flash-linear-attention's chunk kernel for batched chains (prefill, training) and its fused
 recurrence for decode steps. Each pair returns the same results. The one place a backend is chosen:
 HybridLM's layers and the static decoder both ask here. The Triton tree evaluator comes as the one-launch
-kernel ("fused") or the two-phase one ("split", few heads), either with SpecLA's delayed commit
-(``pending``), or the three-launch one with T explicit ("blocked"; a pending commit is a launch before
-it); :func:`commit_function` is the capturable closed-form commit (path rows only, conv history in the
-same launch)."""
+kernel ("fused"), the two-phase one ("split", few heads) or the three-launch one with T explicit
+("blocked"), each with SpecLA's delayed commit (``pending``) inside its own launches;
+:func:`commit_function` is the capturable closed-form commit (path rows only, conv history in the same
+launch)."""
 
 from __future__ import annotations
 
@@ -50,9 +50,6 @@ def _triton_tree(
 
     # HybridLM's layers pass no precision (their q/k/v are float32): the exact "ieee" dots
     fn = getattr(triton_tree, kernel)
-    if kernel == "tree_gdn_blocked" and pending is not None:  # no delayed commit in it: a commit launch first
-        _triton_commit(state, pending.delta, pending.k, pending.gate_cum, pending.ancestors, pending.node)
-        pending = None
     o, factors = fn(q, k, v, g, beta, state, ancestors, scale, precision or "ieee", pending=pending, out=out)
     if keep_snapshots:
         factors.snapshots = triton_tree.tree_states_fused(k, v, g, beta, state, parents)
@@ -151,7 +148,7 @@ def check_backend(name: str, device: torch.device, interpreter: bool = False) ->
     return name
 
 
-# the Triton tree kernels: one launch, two phases (few heads), or three with T explicit (no delayed commit)
+# the Triton tree kernels: one launch, two phases (few heads), or three with T explicit
 TREE_KERNELS = ("fused", "split", "blocked")
 
 
@@ -166,7 +163,7 @@ def tree_function(
     ``kernel`` (``triton``): "fused" (:func:`repro.gdn.triton_tree.tree_gdn_fused`) or "split"
     (``tree_gdn_split``: the key-only work once per head in a first launch; meant for few value heads,
     e.g. GDN-1.3B's 8) or "blocked" (``tree_gdn_blocked``: T = (I + A)^-1 explicit, the value work in
-    independent programs; a ``pending`` commit runs as its own launch before it)."""
+    independent programs)."""
     check_backend(name, device, interpreter)
     if kernel not in TREE_KERNELS:
         raise ConfigError(f"unknown tree kernel {kernel!r}: choose one of {', '.join(TREE_KERNELS)}")

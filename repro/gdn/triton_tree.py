@@ -55,35 +55,40 @@ longer repeat the d_k-long K K^T / Q K^T dots and the inverses. Same arithmetic,
 SpecLA's shape T = 128 27.7 us vs the one-kernel form's 50.2 (its 8 value heads gave that one too few
 programs); Weaver's 43.0 vs 42.7 (48 heads: a tie). The static decoder picks it for few value heads.
 
-Blocked verification (:func:`tree_gdn_blocked`, issue 13: short serial chains). The same masked WY
-form with T = (I + A)^-1 made explicit, so that the value work has no serial chain at all. Three launches:
-``_tree_keys_kernel`` (as in the split form: A_rc, P_rc, the diagonal inverses T_rr, G; grid HV x NR x NR),
-``_tree_inverse_kernel`` (grid HV x (NR + value tiles): one column panel c of T per program, by block
+Blocked verification (:func:`tree_gdn_blocked`, issue 13: short serial chains). The same masked WY form
+with T = (I + A)^-1 made explicit, so that the value work has no serial chain at all. Three launches:
+``_tree_keys_kernel`` (as in the split form: A_rc, P_rc, the diagonal inverses T_rr, G; grid HV x NR x
+NR), ``_tree_inverse_kernel`` (grid HV x (NR + value tiles): one column panel c of T per program, by block
 forward substitution T_rc = -T_rr sum_{c<=j<r} A_rj T_jc; then PT_rc = sum_{c<=j<=r} P_rj T_jc; into two
 float32 [HV, NP, NP] scratch buffers; its serial depth is NR - 1 block steps of [BR, BR] dots, no d_k or
 d_v work; beside them, programs computing X0 = beta (V - e^G K S0^T) and scale e^G Q S0^T per BRV x BV
-tile), and ``_tree_wy_kernel`` (grid HV x n / BRV x d_v / BV, every program independent):
-Delta_R = sum_c T_Rc X0_c, O_R = scale e^{G_R} Q_R S0^T + sum_c PT_Rc X0_c over the column blocks c up to
-its rows. Explicit T is the same recursive block elimination as the blocked solve (no power series), so
-the error bounds are the split kernel's. No delayed commit (:mod:`repro.gdn.backends` runs a pending
-commit as a launch of its own first). Why: the split kernel's value phase walks the row blocks in series,
-each step a d_k loop, the off-diagonal dots and a global-memory round trip of Delta behind a CTA barrier;
-here the only serial chain is phase 2's column panel 0 (NR - 1 steps of [BR, BR] dots: one step at
-n = 128, BR = 64), and phase 3 is one pass of independent loads and dots per program. Measured on an
-H200 (results/2026-12-01-h200-verify-glue, scripts/tree-verify-fast; bf16, CUDA graphs): it does not win.
-Best setting (BR = 32) at T = 128: Weaver 43.0 us (fused 42.4, split 43.0), SpecLA 29.1 (split 27.6);
-default settings 54 / 40 at T = 128 and 147 / 76 at T = 256 (fused 105 / split 58.7). All three designs
-land at ~43 us at Weaver's T = 128, so the split value phase's serial chain is not what bounds them; the
-common cost (the key phase they share or its inputs) is the next thing to profile. Kept as a bench method
-(``tree_blocked``) and a backend option, not a default.
+tile), and ``_tree_wy_kernel`` (grid HV x n / BRV x d_v / BV, every program independent): Delta_R = sum_c
+T_Rc X0_c, O_R = scale e^{G_R} Q_R S0^T + sum_c PT_Rc X0_c over the column blocks c up to its rows.
+Explicit T is the same recursive block elimination as the blocked solve (no power series), so the error
+bounds are the split kernel's. A pending commit runs in phase 1, as in the split form. Why: the split
+kernel's value phase walks the row blocks in series, each step a d_k loop, the off-diagonal dots and a
+global-memory round trip of Delta behind a CTA barrier; here the only serial chain is phase 2's column
+panel 0 (NR - 1 steps of [BR, BR] dots: one step at n = 128, BR = 64), and phase 3 is one pass of
+independent loads and dots per program. Measured on an H200 (results/2026-12-01-h200-verify-glue,
+scripts/tree-verify-fast; bf16, CUDA graphs): it does not win. Best setting (BR = 32) at T = 128: Weaver
+43.0 us (fused 42.4, split 43.0), SpecLA 29.1 (split 27.6); default settings 54 / 40 at T = 128 and 147 /
+76 at T = 256 (fused 105 / split 58.7). All three designs land at ~43 us at Weaver's T = 128, so the split
+value phase's serial chain is not what bounds them; the common cost (the key phase they share or its
+inputs) is the next thing to profile. Kept as a bench method (``tree_blocked``) and a backend option, not
+a default.
 
-Delayed commit (SpecLA, ``pending=``): before its row blocks, each program folds the previous step's
-accepted path into its own [BV, d_k] rows of S0 (:func:`repro.gdn.triton_common.commit_path_tile`, the
-path's rows only, exact "ieee" dots), writes them back in place and, after a CTA barrier, verifies from
-them: the separate commit launch disappears and the committed state is the next step's start. A program
-reads no S0 rows but its own, so the in-place write cannot race. Cost: d (d_v/BV + d_k) rows per
-program and one extra pass over its S0 tile. The conv-history commit cannot move here (the conv runs
-before this kernel): it stays a separate launch (:func:`repro.gdn.triton_commit.commit_conv_fused`).
+Delayed commit (SpecLA, ``pending=``). In the one-launch kernel: before its row blocks, each program folds
+the previous step's accepted path into its own [BV, d_k] rows of S0
+(:func:`repro.gdn.triton_common.commit_path_tile`, the path's rows only, exact "ieee" dots), writes them
+back in place and, after a CTA barrier, verifies from them: the separate commit launch disappears and the
+committed state is the next step's start. A program reads no S0 rows but its own, so the in-place write
+cannot race. Cost: d (d_v/BV + d_k) rows per program and one extra pass over its S0 tile. The conv-history
+commit cannot move here (the conv runs before this kernel): it stays a separate launch
+(:func:`repro.gdn.triton_commit.commit_conv_fused`). In the split and blocked forms the commit is extra
+programs of phase 1 (one [16, d_k] S0 tile each): the key phase reads no S0, so the commit runs beside it,
+off the value phase's serial chain, which then starts from the committed state. The one-launch prologue
+had cost the split form's value phase ~10 us at the SpecLA shape, T = 64
+(results/2026-12-01-h200-kernels-3: 28.0 us a step against 17.8 for the verify).
 
 ``_tree_states_kernel`` (per-node state caching, the SGLang-style baseline and the "snapshot" commit).
 Grid ``(HV, d_v / BVS)``: each program keeps a [BVS, d_k] float32 state tile in registers and walks the
@@ -409,20 +414,34 @@ def _tree_verify_kernel(
 
 @triton.jit
 def _tree_keys_kernel(
-    q_ptr, k_ptr, g_ptr, beta_ptr, anc_ptr, a_ptr, p_ptr, gcum_ptr, kx_ptr, n, NP, scale,
-    H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, BR: tl.constexpr, LOG2_BR: tl.constexpr,
-    BK: tl.constexpr, CHAIN: tl.constexpr, PREC: tl.constexpr, UPCAST_QK: tl.constexpr,
-    BASE16: tl.constexpr, WRITE_K: tl.constexpr,
+    q_ptr, k_ptr, g_ptr, beta_ptr, anc_ptr, a_ptr, p_ptr, gcum_ptr, kx_ptr,
+    s0_ptr, pd_ptr, pk_ptr, pg_ptr, panc_ptr, pnode_ptr, pn, n, NP, NR, scale,
+    H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BR: tl.constexpr,
+    LOG2_BR: tl.constexpr, BK: tl.constexpr, CHAIN: tl.constexpr, PREC: tl.constexpr,
+    UPCAST_QK: tl.constexpr, BASE16: tl.constexpr, WRITE_K: tl.constexpr,
+    PENDING: tl.constexpr, PNP: tl.constexpr, NCT: tl.constexpr, BVC: tl.constexpr, BKC: tl.constexpr,
     PDL: tl.constexpr,
 ):  # fmt: skip
-    """Phase 1 of :func:`tree_gdn_split`, one (value head, row block r, column block c <= r) per program:
+    """Phase 1 of :func:`tree_gdn_split` (and of :func:`tree_gdn_blocked`), one (value head, row block r,
+    column block c <= r) per program (grid axis 1 holds NR x NR of them; those with c > r exit at once):
     the key-only blocks A_rc = diag(beta_r) (K_r K_c^T o Gamma_rc) and P_rc = scale (Q_r K_c^T o Gamma_rc)
     into a [HV, NP, NP] float32 scratch each; a diagonal program (c = r) stores the inverse
-    (I + A_rr)^-1 in place of A_rr (phase 2 needs only that) and writes G_r (and k expanded)."""
+    (I + A_rr)^-1 in place of A_rr (phase 2 needs only that) and writes G_r (and k expanded).
+    With PENDING, the first NCT programs of axis 1 are the delayed commit instead, one [BVC, d_k] tile of
+    S0 each (:func:`_pending_prologue`, d_k in chunks of BKC): nothing here reads S0, so the commit runs
+    beside the key work and the next phase (launched after this one completes) starts from it."""
     pdl_start(PDL)
     i_h = tl.program_id(0)
-    r = tl.program_id(1)
-    c = tl.program_id(2)
+    pid = tl.program_id(1)
+    if PENDING:
+        if pid < NCT:
+            o_v = pid * BVC + tl.arange(0, BVC)
+            _pending_prologue(s0_ptr, pd_ptr, pk_ptr, pg_ptr, panc_ptr, pnode_ptr, pn, i_h, o_v, HV, DV, DK,
+                              BKC, PNP)  # fmt: skip
+            return
+        pid -= NCT
+    r = pid // NR
+    c = pid % NR
     if c > r:
         return
     i_kh = i_h // (HV // H)
@@ -492,21 +511,20 @@ def _values_start(
 
 @triton.jit
 def _tree_values_kernel(
-    q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, a_ptr, p_ptr, gcum_ptr, o_ptr, delta_ptr, qs_ptr,
-    pd_ptr, pk_ptr, pg_ptr, panc_ptr, pnode_ptr, pn, n, NP, scale,
+    q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, a_ptr, p_ptr, gcum_ptr, o_ptr, delta_ptr, qs_ptr, n, NP, scale,
     H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BR: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, PENDING: tl.constexpr, PNP: tl.constexpr,
-    HOIST: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, HOIST: tl.constexpr,
     PDL: tl.constexpr,
 ):  # fmt: skip
     """Phase 2 of :func:`tree_gdn_split`, one (value head, d_v tile) per program: the blocked forward
     substitution and outputs of :func:`_tree_verify_kernel` with the key-only blocks read from phase 1's
     scratch (A_rc, P_rc, the diagonal inverses) instead of recomputed per d_v tile:
     X_r = beta_r (V_r - e^{G_r} K_r S0^T) - sum_{c<r} A_rc Delta_c, Delta_r = T_rr X_r,
-    O_r = scale e^{G_r} Q_r S0^T + sum_{c<=r} P_rc Delta_c. With PENDING, the delayed commit first.
-    HOIST: the state terms of every row block first, in a pass with no dependence between blocks (X0 into
-    ``delta``, the Q S0^T term into the float32 scratch ``qs_ptr`` [n, HV, d_v]), so the serial walk over
-    the blocks reads them back instead of computing them in the chain; the same arithmetic, bitwise."""
+    O_r = scale e^{G_r} Q_r S0^T + sum_{c<=r} P_rc Delta_c (S0 as phase 1 left it: committed there when
+    a commit was pending). HOIST: the state terms of every row block first, in a pass with no dependence
+    between blocks (X0 into ``delta``, the Q S0^T term into the float32 scratch ``qs_ptr`` [n, HV, d_v]),
+    so the serial walk over the blocks reads them back instead of computing them in the chain; the same
+    arithmetic, bitwise."""
     pdl_start(PDL)
     i_h = tl.program_id(0)
     i_v = tl.program_id(1)
@@ -515,10 +533,6 @@ def _tree_values_kernel(
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < DV
-    if PENDING:
-        _pending_prologue(
-            s0_ptr, pd_ptr, pk_ptr, pg_ptr, panc_ptr, pnode_ptr, pn, i_h, o_v, HV, DV, DK, BK, PNP
-        )
     if HOIST:
         for r in range(0, tl.cdiv(n, BR)):
             rows = r * BR + o_r
@@ -888,6 +902,7 @@ def tree_gdn_split(
     out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     pending: PendingCommit | None = None,
     hoist: bool = False,
+    commit_block_v: int | None = None,
 ) -> tuple[torch.Tensor, TreeFactors]:
     """:func:`tree_gdn_fused` (same arguments, results and ``pending``) in two launches, for few heads.
 
@@ -902,38 +917,59 @@ def tree_gdn_split(
     without repeating them. Same arithmetic as the fused kernel, so the same error bounds. ``hoist``:
     phase 2 computes every row block's state terms (K S0^T, Q S0^T) in a first pass with no dependence
     between blocks, so the serial walk only reads them back (bitwise the same results; a float32 scratch
-    [n, HV, d_v] more).
+    [n, HV, d_v] more). ``pending`` runs in phase 1's launch, beside the key work (which reads no S0):
+    HV x d_v / ``commit_block_v`` programs more (:func:`commit_tiles`), no launch and no serial step more.
     """
     c = _TreeCall.of(q, k, v, g, beta, state, ancestors, precision, chain, pending, out)
     br, bv = split_tiles(c.n, c.hv, c.dv, precision, block_rows, block_v)
     bk = _check_tiles(br, block_k, c.dk)
     warps = num_warps or (8 if br >= 64 else 4)
-    a_blocks, p_blocks, npad = _key_blocks(c, br, bk, precision, scale, warps)
+    pend = pending is not None
+    a_blocks, p_blocks, npad = _key_blocks(c, br, bk, precision, scale, warps, pend, commit_block_v)
     qs = torch.empty_like(c.delta) if hoist else c.delta
     _tree_values_kernel[(c.hv, triton.cdiv(c.dv, bv))](
-        c.q, c.k, c.v, c.beta, c.state, a_blocks, p_blocks, c.gate_cum, c.o, c.delta, qs, *c.p_ops,
-        c.p_node, c.p_n, c.n, npad, float(scale),
-        H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, BK=bk, BV=bv, PREC=precision, PENDING=pending is not None,
-        PNP=c.pnp, HOIST=hoist, num_warps=warps, **pdl_args(c.q.device, verify=True),
+        c.q, c.k, c.v, c.beta, c.state, a_blocks, p_blocks, c.gate_cum, c.o, c.delta, qs, c.n, npad,
+        float(scale), H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, BK=bk, BV=bv, PREC=precision, HOIST=hoist,
+        num_warps=warps, **pdl_args(c.q.device, verify=True),
     )  # fmt: skip
     return c.o, c.factors()
 
 
+def commit_tiles(dv: int, dk: int, block_v: int | None = None) -> tuple[int, int]:
+    """(BVC, BKC) of phase 1's delayed-commit programs: ``block_v`` (default 16: the most programs, each
+    the shortest chain) S0 rows per program, d_k in chunks of BKC (all of it up to 4096 elements a tile:
+    the path is gathered once per chunk)."""
+    bvc = min(block_v or 16, _pow2_at_least(dv))
+    if bvc < 1 or bvc & (bvc - 1):
+        raise ValueError(f"commit_block_v must be a power of two, got {block_v}")
+    return bvc, min(_pow2_at_least(dk), max(16, 4096 // bvc))
+
+
 def _key_blocks(
-    c: _TreeCall, br: int, bk: int, precision: str, scale: float, warps: int
+    c: _TreeCall,
+    br: int,
+    bk: int,
+    precision: str,
+    scale: float,
+    warps: int,
+    pending: bool = False,
+    commit_block_v: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Launch ``_tree_keys_kernel`` (phase 1 of the split and blocked forms): returns the float32 scratch
     (A blocks with the diagonal inverses, P blocks), each [HV, NP, NP], and NP = n rounded up to BR;
-    writes G and TreeFactors.k."""
+    writes G and TreeFactors.k; ``pending``: commits c's pending path into c.state too."""
     nr = triton.cdiv(c.n, br)
     npad = nr * br
     a_blocks = torch.empty(c.hv, npad, npad, dtype=torch.float32, device=c.q.device)
     p_blocks = torch.empty(c.hv, npad, npad, dtype=torch.float32, device=c.q.device)
-    _tree_keys_kernel[(c.hv, nr, nr)](
-        c.q, c.k, c.g, c.beta, c.anc, a_blocks, p_blocks, c.gate_cum, c.k_exp, c.n, npad, float(scale),
-        H=c.h, HV=c.hv, DK=c.dk, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk, CHAIN=c.chain, PREC=precision,
-        UPCAST_QK=c.upcast, BASE16=br >= 32, WRITE_K=c.write_k, num_warps=warps,
-        **pdl_args(c.q.device, verify=True),
+    bvc, bkc = commit_tiles(c.dv, c.dk, commit_block_v)
+    nct = triton.cdiv(c.dv, bvc) if pending else 0
+    _tree_keys_kernel[(c.hv, nct + nr * nr)](
+        c.q, c.k, c.g, c.beta, c.anc, a_blocks, p_blocks, c.gate_cum, c.k_exp, c.state, *c.p_ops, c.p_node,
+        c.p_n, c.n, npad, nr, float(scale),
+        H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk, CHAIN=c.chain,
+        PREC=precision, UPCAST_QK=c.upcast, BASE16=br >= 32, WRITE_K=c.write_k, PENDING=pending, PNP=c.pnp,
+        NCT=nct, BVC=bvc, BKC=bkc, num_warps=warps, **pdl_args(c.q.device, verify=True),
     )  # fmt: skip
     return a_blocks, p_blocks, npad
 
@@ -987,7 +1023,8 @@ def tree_gdn_blocked(
     out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     pending: PendingCommit | None = None,
 ) -> tuple[torch.Tensor, TreeFactors]:
-    """:func:`tree_gdn_fused` (same arguments and results; no ``pending``) with T = (I + A)^-1 explicit:
+    """:func:`tree_gdn_fused` (same arguments, results and ``pending``, committed in phase 1 as in
+    :func:`tree_gdn_split`) with T = (I + A)^-1 explicit:
     three launches whose serial chains are short (module docstring, "Blocked verification").
 
     Phase 1 (``_tree_keys_kernel``, HV x NR x NR programs of BR = ``block_rows`` rows): A, P blocks and
@@ -1001,13 +1038,11 @@ def tree_gdn_blocked(
     other knobs. Scratch: four float32 [HV, NP, NP] buffers (NP = n rounded up to BR), and two float32
     [n, HV, d_v] with ``precompute_x0``.
     """
-    if pending is not None:
-        raise ValueError("tree_gdn_blocked has no delayed commit: use tree_gdn_fused or tree_gdn_split")
-    c = _TreeCall.of(q, k, v, g, beta, state, ancestors, precision, chain, None, out)
+    c = _TreeCall.of(q, k, v, g, beta, state, ancestors, precision, chain, pending, out)
     br, brv, bc, bv = blocked_tiles(c.n, c.hv, c.dv, precision, block_rows, block_rows_v, block_cols, block_v)
     bk = _check_tiles(br, block_k, c.dk)
     warps = num_warps or (8 if br >= 64 else 4)
-    a_blocks, p_blocks, npad = _key_blocks(c, br, bk, precision, scale, warps)
+    a_blocks, p_blocks, npad = _key_blocks(c, br, bk, precision, scale, warps, pending is not None)
     t_full = torch.empty_like(a_blocks)
     pt_full = torch.empty_like(p_blocks)
     nr = npad // br

@@ -11,7 +11,9 @@ Every split variant is checked against the fused kernel's output before it is ti
 
 TREE_PHASES_PARTS (default "phases,knobs"; the tables are rewritten after every shape): "phases" the
 phase split and tile sweeps above (with phase 2's ``hoist`` variant), "knobs" phase 1 alone under knobs
-that price its parts (:func:`keys_knobs`). TREE_PHASES_BLOCKS picks the blocks as ``part:shape:T`` items
+that price its parts (:func:`keys_knobs`), "delayed" the split form with and without a pending commit
+(phase 1's commit programs over commit_block_v 16 / 32 / 64, the path from the mask or a path index;
+:func:`delayed`). TREE_PHASES_BLOCKS picks the blocks as ``part:shape:T`` items
 (e.g. "knobs:specla:128,phases:specla:128"; default every block); a budget of TREE_PHASES_BUDGET seconds
 (75) skips the blocks not started by then.
 
@@ -97,10 +99,9 @@ def phases(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
                     c=c, br=br, b=bk_, bv=bv, w=warps, a=a_blocks, p=p_blocks, npad=npad, h=hoist, s=qs
                 ) -> None:
                     tt._tree_values_kernel[(c.hv, triton.cdiv(c.dv, bv))](
-                        c.q, c.k, c.v, c.beta, c.state, a, p, c.gate_cum, c.o, c.delta, s, *c.p_ops,
-                        c.p_node, c.p_n, c.n, npad, float(scale),
-                        H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, BK=b, BV=bv, PREC=PREC, PENDING=False,
-                        PNP=c.pnp, HOIST=h, PDL=False, num_warps=w,
+                        c.q, c.k, c.v, c.beta, c.state, a, p, c.gate_cum, c.o, c.delta, s, c.n, npad,
+                        float(scale), H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, BK=b, BV=bv, PREC=PREC,
+                        HOIST=h, PDL=False, num_warps=w,
                     )  # fmt: skip
 
                 name = "phase2-hoist" if hoist else "phase2"
@@ -108,7 +109,7 @@ def phases(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
         grid = (c.hv, c.dv // 64)
         dummy = torch.zeros(1, device=dev)
         row("empty-launch", lambda g=grid, d=dummy: _empty_kernel[g](d), 3.0, grid=list(grid))
-        keys_grid = (c.hv, npad // br, npad // br)
+        keys_grid = (c.hv, (npad // br) ** 2)
         row("empty-launch-keys", lambda g=keys_grid, d=dummy: _empty_kernel[g](d), 3.0, grid=list(keys_grid))
     return rows
 
@@ -140,17 +141,19 @@ def keys_knobs(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
         p = torch.empty_like(a)
         bk_default = tt._check_tiles(br, None, c.dk)
         for name, knobs in variants:
-            kw = dict(H=c.h, HV=c.hv, DK=c.dk, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk_default,
+            kw = dict(H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk_default,
                       CHAIN=False, PREC=PREC, UPCAST_QK=c.upcast, BASE16=br >= 32, WRITE_K=False,
+                      PENDING=False, PNP=c.pnp, NCT=0, BVC=16, BKC=16,
                       num_warps=8 if br >= 64 else 4, PDL=0, launch_pdl=False)  # fmt: skip
             kw.update(knobs)
             if kw["BK"] > c.dk:
                 continue
 
             def launch(kw=kw, nr=nr, npad=npad, a=a, p=p) -> None:
-                tt._tree_keys_kernel[(c.hv, nr, nr)](
-                    c.q, c.k, c.g, c.beta, c.anc, a, p, c.gate_cum, c.k_exp, c.n, npad, 1.0, **kw
-                )
+                tt._tree_keys_kernel[(c.hv, nr * nr)](
+                    c.q, c.k, c.g, c.beta, c.anc, a, p, c.gate_cum, c.k_exp, c.state, *c.p_ops, c.p_node,
+                    c.p_n, c.n, npad, nr, 1.0, **kw,
+                )  # fmt: skip
 
             r: dict[str, Any] = dict(shape=shape, T=t, variant=f"phase1:{name}", block_rows=br)
             try:
@@ -160,6 +163,63 @@ def keys_knobs(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
                 r.update(status="error", reason=f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
             rows.append(r)
             print(f"{shape:7s} T={t:<4d} BR={br} {name:14s} {r['status']} us={r.get('us')}")
+    return rows
+
+
+def delayed(shape: str, t: int, dev: torch.device, depth: int = 4) -> list[dict[str, Any]]:
+    """The split form at T nodes with a pending commit of a depth-``depth`` path of a previous T-node
+    tree (the bench's step rows' inputs) against the same launch without one; each variant first checked:
+    the committed state against :func:`repro.gdn.reference.apply_pending` (float32) and o against the
+    fused kernel run from that state."""
+    from repro.gdn import reference
+    from repro.gdn.triton_commit import path_index_buffer, write_path_index
+
+    spec = bk.RowSpec(shape, "step", "draft", t, "step_delayed_split", "bf16", depth)
+    case = bk.make_case(spec, bk.BenchConfig(timer=TIMER, bf16_precision=PREC), dev)
+    x = bk.make_inputs(case.shape, case.n, bk.seed_of(spec, 0, "delayed"), dev).to("bf16")
+    prev = bk.previous_inputs(case).to("bf16")
+    prev.state = x.state
+    f = bk._factors(case, prev, snapshots=False)
+    node = torch.tensor([case.accepted[-1]], device=dev)
+    anc, scale = case.ancestors, case.shape.scale
+    want_state = x.state.clone()
+    reference.apply_pending(want_state, reference.PendingCommit(f.delta, f.k, f.gate_cum, anc, node))
+    want_o = tt.tree_gdn_fused(x.q, x.k, x.v, x.g, x.beta, want_state, anc, scale, PREC)[0].float()
+    rows: list[dict[str, Any]] = []
+    state = x.state.clone()
+    args = (x.q, x.k, x.v, x.g, x.beta, state, anc, scale, PREC)
+    variants: list[tuple[str, dict[str, Any]]] = [("split, nothing pending", {})]
+    for index in (False, True):
+        for cbv in (16, 32, 64):
+            pending = reference.PendingCommit(f.delta, f.k, f.gate_cum, anc, node)
+            if index:
+                pending.path = path_index_buffer(case.n, dev)
+                write_path_index(anc, node, pending.path)
+            name = f"split, delayed{' (path index)' if index else ''}"
+            variants.append((name, {"pending": pending, "commit_block_v": cbv}))
+    for name, kw in variants:
+        r: dict[str, Any] = dict(
+            shape=shape, T=t, variant=name, depth=depth, block_v=kw.get("commit_block_v")
+        )
+        try:
+            if kw:
+                state.copy_(x.state)
+                o = tt.tree_gdn_split(*args, **kw)[0].float()
+                err_s = ((state - want_state).norm() / want_state.norm()).item()
+                err_o = ((o - want_o).norm() / want_o.norm()).item()
+                r["rel_err_vs_fused"] = max(err_s, err_o)
+                if not (err_s < 1e-5 and err_o < 1e-2):
+                    r["status"] = "FAIL"
+                    rows.append(r)
+                    print(r)
+                    continue
+            # timed in place: every replay commits the same path again (the same work, other values)
+            r["us"] = graph_us([lambda kw=kw: tt.tree_gdn_split(*args, **kw)], dev, TIMER, 30.0)
+            r["status"] = "ok"
+        except Exception as exc:  # noqa: BLE001 - one variant must not stop the rest
+            r.update(status="error", reason=f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
+        rows.append(r)
+        print(f"{shape:7s} T={t:<4d} {name:32s} cbv={r['block_v']} {r.get('status')} us={r.get('us')}")
     return rows
 
 
@@ -193,6 +253,7 @@ def main() -> None:
         for shape, t in (("weaver", 128), ("specla", 128), ("weaver", 64), ("weaver", 256))
     ]
     blocks += [("knobs", shape, t) for shape, t in (("weaver", 128), ("weaver", 64), ("specla", 128))]
+    blocks += [("delayed", shape, t) for shape, t in (("specla", 64), ("specla", 128))]
     if os.environ.get("TREE_PHASES_BLOCKS"):
         items = (b.split(":") for b in os.environ["TREE_PHASES_BLOCKS"].split(","))
         blocks = [(part, shape, int(t)) for part, shape, t in items]
@@ -204,7 +265,7 @@ def main() -> None:
         if time.monotonic() - start > budget:
             print(f"budget spent: {part} {shape} T={t} skipped")
             continue
-        rows += phases(shape, t, dev) if part == "phases" else keys_knobs(shape, t, dev)
+        rows += {"phases": phases, "knobs": keys_knobs, "delayed": delayed}[part](shape, t, dev)
         dump(out_dir, rows, start)
     print(dump(out_dir, rows, start))
 

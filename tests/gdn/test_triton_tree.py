@@ -134,7 +134,7 @@ def run_case(spec: dict, device: str) -> dict:
     anc = tree.ancestor_mask.to(device)
     scale = dk**-0.5
     tuning = ("block_rows", "block_v", "block_k", "num_warps", "batched_base", "block_rows_v", "block_cols",
-              "precompute_x0", "hoist")  # fmt: skip
+              "precompute_x0", "hoist", "commit_block_v")  # fmt: skip
     knobs = {key: spec[key] for key in tuning if key in spec}
     nan = float("nan")
     o = torch.full((n, hv, dv), nan, dtype=q.dtype, device=device)
@@ -144,15 +144,8 @@ def run_case(spec: dict, device: str) -> dict:
     if spec.get("blocked"):  # the three-launch kernels with T explicit (chain_api: the mask from indices)
         knobs.pop("batched_base", None)
         ancestors = None if spec.get("chain_api") else anc
-        if pending is not None:  # through the backend, which commits in a launch of its own first
-            from repro.gdn.backends import tree_function
-
-            fn = tree_function("triton", torch.device(device), interpreter=True, kernel="blocked")
-            out = (o, delta, gcum)
-            o, f = fn(q, k, v, g, beta, s0, parents, anc, scale, False, prec, pending=pending, out=out)
-        else:
-            out = (o, delta, gcum)
-            o, f = tree_gdn_blocked(q, k, v, g, beta, s0, ancestors, scale, prec, out=out, **knobs)
+        out = (o, delta, gcum)
+        o, f = tree_gdn_blocked(q, k, v, g, beta, s0, ancestors, scale, prec, out=out, **knobs, **knobs_p)
     elif spec.get("split"):  # the two-phase kernels (chain_api: the mask from indices)
         knobs.pop("batched_base", None)
         ancestors = None if spec.get("chain_api") else anc
@@ -285,13 +278,14 @@ INTERP_CASES = {
         "split": True,
         "block_rows": 16,
     },  # fmt: skip
-    "split-pending-n20-fan-tf32": {
+    "split-pending-n20-fan-tf32-cbv8": {  # the commit in phase 1: two S0 tiles per head
         **_SMALL,
         "n": 20,
         "kind": "fan",
         "split": True,
         "pending": True,
         "precision": "tf32",
+        "commit_block_v": 8,
     },
     "pending-n16-mixed-none": {**_SMALL, "n": 16, "kind": "mixed", "pending": True, "pending_node": -1},
     # the pending path read from a path index (the static decoder's stash); node -1 with a live index:
@@ -406,12 +400,13 @@ INTERP_CASES = {
         "block_rows": 16,
         "precision": "tf32",
     },  # fmt: skip
-    "blocked-pending-n20-mixed-backend": {
+    "blocked-pending-index-n20-mixed": {  # the commit in phase 1, as in the split form
         **_SMALL,
         "n": 20,
         "kind": "mixed",
         "blocked": True,
         "pending": True,
+        "pending_index": True,
     },  # fmt: skip
     "blocked-n24-fan-br32-brv16": {
         **_SMALL,
@@ -571,6 +566,7 @@ def test_gpu_tree(shape: str, n: int, kind: str, dtype: str, precision: str) -> 
     ("shape", "n", "kind", "dtype", "precision", "pending", "hoist"),
     [("specla", 128, "mixed", "bfloat16", "tf32", False, False),
      ("specla", 64, "chain", "float32", "ieee", True, False),
+     ("specla", 64, "mixed", "bfloat16", "tf32", 32, False),  # 32-row commit tiles: two d_k chunks
      ("specla", 129, "random", "float32", "ieee", False, True),
      ("weaver", 128, "random", "bfloat16", "tf32", False, False),
      ("weaver", 128, "random", "bfloat16", "tf32", True, True),
@@ -580,13 +576,15 @@ def test_gpu_tree(shape: str, n: int, kind: str, dtype: str, precision: str) -> 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _gpu_ok(), reason="needs a CUDA GPU, triton, and TRITON_INTERPRET unset")
 def test_gpu_tree_split(
-    shape: str, n: int, kind: str, dtype: str, precision: str, pending: bool, hoist: bool
+    shape: str, n: int, kind: str, dtype: str, precision: str, pending: bool | int, hoist: bool
 ) -> None:
-    """The two-phase kernels (tree_gdn_split) at the paper shapes, with and without a delayed commit and
-    phase 2's hoisted state terms."""
+    """The two-phase kernels (tree_gdn_split) at the paper shapes, with and without a delayed commit (an
+    int: its commit_block_v) and phase 2's hoisted state terms."""
     base = WEAVER if shape == "weaver" else SPECLA
     spec = {**base, "n": n, "kind": kind, "dtype": dtype, "precision": precision, "seed": _fresh_seed()}
-    spec.update(split=True, pending=pending, pending_n=64, hoist=hoist)
+    spec.update(split=True, pending=bool(pending), pending_n=64, hoist=hoist)
+    if not isinstance(pending, bool):
+        spec["commit_block_v"] = pending
     res = run_case(spec, "cuda")
     o_tol, d_tol = GPU_TOL[(dtype, precision)]
     msg = f"seed={spec['seed']} {res}"
@@ -635,17 +633,6 @@ def test_gpu_tree_blocked(shape: str, n: int, kind: str, dtype: str, precision: 
     assert res["unwritten"] == 0 and res["dtypes_ok"] and res["k_exact"], msg
     assert res["o"] <= o_tol and res["delta"] <= d_tol and res["commit"] <= d_tol, msg
     assert res["gate_cum"] <= 1e-5 and res["states"] <= 1e-5, msg
-
-
-@needs_triton
-def test_blocked_refuses_a_pending_commit() -> None:
-    from repro.gdn.triton_tree import tree_gdn_blocked
-
-    spec = {**_SMALL, "n": 4, "kind": "chain", "seed": 0}
-    (q, k, v, g, beta), s0, _ = make_inputs(spec, "cpu")
-    pending, _ = make_pending(spec, s0, "cpu")
-    with pytest.raises(ValueError, match="no delayed commit"):
-        tree_gdn_blocked(q, k, v, g, beta, s0, None, 0.25, pending=pending)
 
 
 if __name__ == "__main__" and "--interpret" in sys.argv:
