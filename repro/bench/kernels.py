@@ -46,7 +46,7 @@ e the q/k/v element size (2 for bf16, 4 for fp32), g/beta/state/factors in fp32:
   tree_fused's bytes and flops + the path's rows + one more S (written); the floor of the fused step.
   step_replay_fla: fla's recurrence over the path (inputs gathered outside the timing), then the tree
   kernel; step_closed_form_fused / step_path_fused: the two Triton commits, then the tree kernel (in these
-  three, the one the static decoder picks for the shape, repro.models.static.select_tree_kernel: split at
+  three, the one the static decoder picks for the shape, repro.gdn.chain.select_tree_kernel: split at
   SpecLA's, fused at Weaver's);
   step_delayed_fused: the tree kernel with the pending commit applied to the state it loads (one launch);
   step_delayed_split: the same in tree_split's first phase, beside the key work (two launches, no separate
@@ -477,7 +477,7 @@ def _step(case: Case, x: Inputs, commit: str) -> Fn:
     the Triton closed forms, or "delayed": inside the verification), then verify the case's tree from it
     (at the row's precision; the delayed rows name their kernel, the others take the static decoder's
     choice for the shape). Returns o of the new tree."""
-    from repro.models.static import select_tree_kernel
+    from repro.gdn.chain import select_tree_kernel
 
     tt = _triton_tree()
     prev = previous_inputs(case).to(x.q.dtype)

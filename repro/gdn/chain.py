@@ -50,6 +50,19 @@ def head_class(value_heads: int) -> str:
     return "few" if value_heads <= FEW_HEADS else "many"
 
 
+def select_tree_kernel(kernel_dtype: torch.dtype, value_heads: int) -> str:
+    """The Triton tree kernel for a tree's verification: "split" for bf16/fp16 kernel inputs and few
+    value heads (:func:`head_class`), else "fused".
+
+    From CUDA-graph medians on an H200 (us per layer call, bf16 inputs): SpecLA's shape (HV = 8, d = 256)
+    split 17.8 vs fused 22.9 at T = 64 and 27.4 vs 50.0 at T = 128; Weaver's (HV = 48, d = 128) 42.8 vs
+    42.4 at T = 128 (a tie: the fused kernel already has enough programs); float32 inputs: split loses
+    badly (47-110 us). The threshold (:data:`FEW_HEADS`) sits between the measured 8 and 48 heads.
+    """
+    low = kernel_dtype in (torch.bfloat16, torch.float16)
+    return "split" if low and head_class(value_heads) == "few" else "fused"
+
+
 def choose(length: int, value_heads: int, table: Table | None = None) -> str:
     """The method of ``table`` (default :data:`CHAIN_CHOICE`) for a chain of ``length`` tokens at
     ``value_heads`` value heads."""
@@ -70,10 +83,8 @@ def chain_method(length: int, value_heads: int, device: torch.device, dtype: tor
     if device.type != "cuda":
         return "reference"
     method = choose(length, value_heads)
-    if method in ("chunk", "recurrent") and not _has_fla():
-        method = "tree_split" if head_class(value_heads) == "few" else "tree_fused"
-    if method == "tree_split" and dtype not in (torch.bfloat16, torch.float16):
-        method = "tree_fused"
+    if (method in ("chunk", "recurrent") and not _has_fla()) or method == "tree_split":
+        method = "tree_" + select_tree_kernel(dtype, value_heads)
     return method
 
 

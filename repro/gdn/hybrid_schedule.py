@@ -124,10 +124,9 @@ def default_kernel(value_heads: int, device: torch.device, dtype: torch.dtype) -
     inputs (the chain verifier's rule, :func:`repro.gdn.chain.chain_method`), the fused one otherwise."""
     if device.type != "cuda":
         return "reference"
-    from repro.gdn.chain import head_class
+    from repro.gdn.chain import select_tree_kernel
 
-    low = dtype in (torch.bfloat16, torch.float16)
-    return "tree_split" if head_class(value_heads) == "few" and low else "tree_fused"
+    return "tree_" + select_tree_kernel(dtype, value_heads)
 
 
 def _verify(

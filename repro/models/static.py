@@ -123,6 +123,7 @@ from repro.gdn.backends import (
     recurrent_function,
     tree_function,
 )
+from repro.gdn.chain import select_tree_kernel
 from repro.gdn.reference import PendingCommit, TreeFactors
 from repro.gdn.triton_common import verify_launches
 from repro.models.config import GDN
@@ -839,21 +840,6 @@ def first_occurrences(parents: np.ndarray, tokens: np.ndarray) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------------- decoder
-
-SPLIT_MAX_VALUE_HEADS = 16  # the split tree kernel wins up to this many value heads (bf16/fp16 inputs)
-
-
-def select_tree_kernel(kernel_dtype: torch.dtype, value_heads: int) -> str:
-    """The Triton tree kernel for a decoder's verify: "split" for bf16/fp16 kernel inputs and at most
-    :data:`SPLIT_MAX_VALUE_HEADS` value heads, else "fused".
-
-    From CUDA-graph medians on an H200 (us per layer call, bf16 inputs): SpecLA's shape (HV = 8, d = 256)
-    split 17.8 vs fused 22.9 at T = 64 and 27.4 vs 50.0 at T = 128; Weaver's (HV = 48, d = 128) 42.8 vs
-    42.4 at T = 128 (a tie: the fused kernel already has enough programs); float32 inputs: split loses
-    badly (47-110 us). The threshold sits between the measured 8 and 48 heads.
-    """
-    low = kernel_dtype in (torch.bfloat16, torch.float16)
-    return "split" if low and value_heads <= SPLIT_MAX_VALUE_HEADS else "fused"
 
 
 class StaticDecoder:

@@ -23,12 +23,13 @@ from repro.decoding.acceptance import TargetMatch
 from repro.decoding.engine import Route, generate
 from repro.decoding.tree_builders import SingleNode
 from repro.errors import ConfigError
+from repro.gdn.chain import select_tree_kernel
 from repro.models.config import ATTENTION, GDN, HybridConfig
 from repro.models.default import init_random_weights
 from repro.models.graphs import check_capture, count_ops, diagnose
 from repro.models.hybrid import HybridLM
 from repro.models.state import ModelState
-from repro.models.static import StaticDecoder, TreeSlot, select_tree_kernel
+from repro.models.static import StaticDecoder, TreeSlot
 from repro.tree import Tree
 
 pytestmark = pytest.mark.usefixtures("single_thread")
