@@ -220,6 +220,70 @@ def delayed(shape: str, t: int, dev: torch.device, depth: int = 4) -> list[dict[
             r.update(status="error", reason=f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
         rows.append(r)
         print(f"{shape:7s} T={t:<4d} {name:32s} cbv={r['block_v']} {r.get('status')} us={r.get('us')}")
+    rows += _delayed_parts(shape, t, dev, x, f, anc, node, scale, state, depth)
+    return rows
+
+
+def _delayed_parts(shape, t, dev, x, f, anc, node, scale, state, depth) -> list[dict[str, Any]]:  # noqa: ANN001
+    """The pieces of the delayed split step timed alone (timing only; the variants above checked the
+    arithmetic): phase 1 with and without the commit programs, the commit programs alone (phase 1's
+    launch with no key programs), phase 2 alone, and the separate indexed commit launch
+    (repro.gdn.triton_commit.commit_path_indexed) on the same path."""
+    from repro.gdn import reference
+    from repro.gdn.triton_commit import commit_path_indexed, path_index_buffer, write_path_index
+
+    pending = reference.PendingCommit(f.delta, f.k, f.gate_cum, anc, node)
+    pending.path = path_index_buffer(len(f.delta), dev)
+    write_path_index(anc, node, pending.path)
+    args = (x.q, x.k, x.v, x.g, x.beta, state, anc, PREC, False)
+    c0 = tt._TreeCall.of(*args, None, None)
+    cp = tt._TreeCall.of(*args, pending, None)
+    br, bv = tt.split_tiles(c0.n, c0.hv, c0.dv, PREC)
+    bk_ = tt._check_tiles(br, None, c0.dk)
+    warps = 8 if br >= 64 else 4
+    a_blocks, p_blocks, npad = tt._key_blocks(c0, br, bk_, PREC, scale, warps)
+
+    def commit_alone(cbv: int) -> None:
+        bvc, bkc = tt.commit_tiles(cp.dv, cp.dk, cbv)
+        nct = triton.cdiv(cp.dv, bvc)
+        tt._tree_keys_kernel[(cp.hv, nct)](
+            cp.q, cp.k, cp.g, cp.beta, cp.anc, a_blocks, p_blocks, cp.gate_cum, cp.k_exp, cp.state, *cp.p_ops,
+            cp.p_node, cp.p_n, cp.n, npad, 1, float(scale),
+            H=cp.h, HV=cp.hv, DK=cp.dk, DV=cp.dv, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk_, CHAIN=False,
+            PREC=PREC, UPCAST_QK=False, BASE16=br >= 32, WRITE_K=cp.write_k, PENDING=True, PNP=cp.pnp,
+            NCT=nct, BVC=bvc, BKC=bkc, num_warps=warps, PDL=0,
+        )  # fmt: skip
+
+    def phase2() -> None:
+        tt._tree_values_kernel[(c0.hv, triton.cdiv(c0.dv, bv))](
+            c0.q, c0.k, c0.v, c0.beta, c0.state, a_blocks, p_blocks, c0.gate_cum, c0.o, c0.delta, c0.delta,
+            c0.n, npad, float(scale), H=c0.h, HV=c0.hv, DK=c0.dk, DV=c0.dv, BR=br, BK=bk_, BV=bv, PREC=PREC,
+            HOIST=False, PDL=0, num_warps=warps,
+        )  # fmt: skip
+
+    def keys(c: tt._TreeCall, cbv: int | None) -> None:
+        tt._key_blocks(c, br, bk_, PREC, scale, warps, cbv is not None, cbv)
+
+    parts = [
+        ("phase 1", None, lambda: keys(c0, None)),
+        ("phase 1 + commit (path index)", 16, lambda: keys(cp, 16)),
+        ("phase 1 + commit (path index)", 64, lambda: keys(cp, 64)),
+        ("commit programs alone", 16, lambda: commit_alone(16)),
+        ("commit programs alone", 64, lambda: commit_alone(64)),
+        ("phase 2", None, phase2),
+        ("commit_path_indexed (own launch)", 16,
+         lambda: commit_path_indexed(state, f.delta, f.k, f.gate_cum, pending.path)),
+    ]  # fmt: skip
+    rows: list[dict[str, Any]] = []
+    for name, cbv, fn in parts:
+        r: dict[str, Any] = dict(shape=shape, T=t, variant=name, depth=depth, block_v=cbv)
+        try:
+            r["us"] = graph_us([fn], dev, TIMER, 20.0)
+            r["status"] = "ok"
+        except Exception as exc:  # noqa: BLE001 - one variant must not stop the rest
+            r.update(status="error", reason=f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
+        rows.append(r)
+        print(f"{shape:7s} T={t:<4d} {name:32s} cbv={cbv} {r.get('status')} us={r.get('us')}")
     return rows
 
 
