@@ -85,7 +85,7 @@ committed state is the next step's start. A program reads no S0 rows but its own
 cannot race. Cost: d (d_v/BV + d_k) rows per program and one extra pass over its S0 tile. The conv-history
 commit cannot move here (the conv runs before this kernel): it stays a separate launch
 (:func:`repro.gdn.triton_commit.commit_conv_fused`). In the split and blocked forms the commit is extra
-programs of phase 1 (one [16, d_k] S0 tile each): the key phase reads no S0, so the commit runs beside it,
+programs of phase 1 (one [32, d_k] S0 tile each): the key phase reads no S0, so the commit runs beside it,
 off the value phase's serial chain, which then starts from the committed state. The one-launch prologue
 had cost the split form's value phase ~10 us at the SpecLA shape, T = 64
 (results/2026-12-01-h200-kernels-3: 28.0 us a step against 17.8 for the verify).
@@ -936,10 +936,12 @@ def tree_gdn_split(
 
 
 def commit_tiles(dv: int, dk: int, block_v: int | None = None) -> tuple[int, int]:
-    """(BVC, BKC) of phase 1's delayed-commit programs: ``block_v`` (default 16: the most programs, each
-    the shortest chain) S0 rows per program, d_k in chunks of BKC (all of it up to 4096 elements a tile:
-    the path is gathered once per chunk)."""
-    bvc = min(block_v or 16, _pow2_at_least(dv))
+    """(BVC, BKC) of phase 1's delayed-commit programs: ``block_v`` (default 32) S0 rows per program, d_k
+    in chunks of BKC (all of it up to 4096 elements a tile: the path is gathered once per chunk).
+    SpecLA's shape on an H200 (results/2026-12-02-h200-delayed-phase1): the split step with the commit
+    17.6 / 29.9 us at T = 64 / 128 with 32 rows (path index), 18.6 / 30.4 with 16, 17.5 / 30.0 with 64
+    (but 20.3 / 34.0 with 64 when the path is gathered from the mask, once per chunk)."""
+    bvc = min(block_v or 32, _pow2_at_least(dv))
     if bvc < 1 or bvc & (bvc - 1):
         raise ValueError(f"commit_block_v must be a power of two, got {block_v}")
     return bvc, min(_pow2_at_least(dk), max(16, 4096 // bvc))

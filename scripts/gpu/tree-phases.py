@@ -267,10 +267,16 @@ def _delayed_parts(shape, t, dev, x, f, anc, node, scale, state, depth) -> list[
     parts = [
         ("phase 1", None, lambda: keys(c0, None)),
         ("phase 1 + commit (path index)", 16, lambda: keys(cp, 16)),
+        ("phase 1 + commit (path index)", 32, lambda: keys(cp, 32)),
         ("phase 1 + commit (path index)", 64, lambda: keys(cp, 64)),
         ("commit programs alone", 16, lambda: commit_alone(16)),
+        ("commit programs alone", 32, lambda: commit_alone(32)),
         ("commit programs alone", 64, lambda: commit_alone(64)),
         ("phase 2", None, phase2),
+        # the same launches in sequence, no dependent launch: where the step's sum stops adding up
+        ("seq: phase 1, phase 2", None, lambda: (keys(c0, None), phase2())),
+        ("seq: phase 1 + commit, phase 2", 32, lambda: (keys(cp, 32), phase2())),
+        ("seq: commit alone, phase 1, phase 2", 32, lambda: (commit_alone(32), keys(c0, None), phase2())),
         ("commit_path_indexed (own launch)", 16,
          lambda: commit_path_indexed(state, f.delta, f.k, f.gate_cum, pending.path)),
     ]  # fmt: skip
