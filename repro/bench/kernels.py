@@ -379,9 +379,13 @@ def build_chain_torch(case: Case, x: Inputs) -> Fn:
 
 
 def _factors(case: Case, x: Inputs, snapshots: bool) -> gdn.TreeFactors:
-    """Verification factors of the whole tree (pure torch, float32), computed outside the timing."""
+    """Verification factors of the whole tree (pure torch, float32), computed outside the timing, each
+    contiguous as the engine's buffers are (the reference returns delta as a view: a Triton commit would
+    copy it inside every timed call)."""
     q, k, v = x.q.float(), x.k.float(), x.v.float()
-    return gdn.tree_gdn(q, k, v, x.g, x.beta, x.state, case.ancestors, case.shape.scale, snapshots)[1]
+    f = gdn.tree_gdn(q, k, v, x.g, x.beta, x.state, case.ancestors, case.shape.scale, snapshots)[1]
+    f.delta, f.k, f.gate_cum = (t.contiguous() for t in (f.delta, f.k, f.gate_cum))
+    return f
 
 
 def build_commit_closed_form(case: Case, x: Inputs) -> Fn:

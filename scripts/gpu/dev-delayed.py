@@ -55,7 +55,7 @@ DEPTHS = [2, 4] if CPU else [2, 4, 8]
 T = 16 if CPU else 64
 HEAD, HIDDEN, VOCAB = (32, 256, 1000) if CPU else (256, 2048, 32000)  # gdn-1.3b: 8 heads of 256
 EXACT_TOKENS, SPEED_PROMPTS, SPEED_TOKENS = (16, 2, 16) if CPU else (48, 8, 64)
-BUDGET_S = 1e9 if CPU else 80.0  # (c) stops starting prompts after this (the script stays < 90 s)
+BUDGET_S = 1e9 if CPU else 80.0  # (c) stops starting prompts after this (2 at least)
 START = time.monotonic()
 
 
@@ -192,6 +192,10 @@ def whole_step() -> dict[str, Any]:
         timed("verify+replay", d, [step(plain, "replay")])
         timed("verify+path_commit", d, [step(plain, "closed_form")])
         timed("delayed", d, [step(pair[0], "delayed"), step(pair[1], "delayed")])
+    kernels = {} if CPU else {
+        "verify+path_commit": kernel_times(lambda: step(plain, "closed_form")()),
+        "delayed": kernel_times(lambda: (step(pair[0], "delayed")(), step(pair[1], "delayed")()), per=2),
+    }  # fmt: skip
     # the state after 6 steps: delayed (flushed) vs the path commit
     states = {}
     for strategy, slots in (("closed_form", [plain] * 6), ("delayed", [pair[i % 2] for i in range(6)])):
@@ -204,8 +208,29 @@ def whole_step() -> dict[str, Any]:
         "shape": {"hidden": HIDDEN, "HV": 8, "dk": HEAD, "dv": HEAD, "gdn_layers": LAYERS, "T": T,
                   "dtype": "float64" if CPU else "bfloat16", "tree_kernel": dec.tree_kernel},
         "rows": rows,
+        "kernels": kernels,
         "state_delayed_vs_path_commit_after_6_steps": state_diff(states["delayed"], states["closed_form"]),
     }  # fmt: skip
+
+
+def kernel_times(fn, per: int = 1) -> list[dict[str, Any]]:  # noqa: ANN001 - a step to run
+    """Device microseconds per step by kernel name (torch profiler, 5 eager runs of ``fn`` after one
+    warm-up; ``fn`` holds ``per`` steps), the largest first: where the delayed step's time goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            fn()
+        torch.cuda.synchronize()
+    total: dict[str, list[float]] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            total.setdefault(e.name[:60], []).append(e.device_time)
+    rows = [{"kernel": k, "calls_per_step": len(v) / (5 * per), "us_per_step": sum(v) / (5 * per)}
+            for k, v in total.items()]  # fmt: skip
+    return sorted(rows, key=lambda r: -r["us_per_step"])
 
 
 # ------------------------------------------------------------------------------------ (c)
@@ -227,7 +252,7 @@ def tokens_per_s() -> dict[str, Any]:
     }
     same = done = 0
     for i, p in enumerate(cases):
-        if time.monotonic() - START > BUDGET_S:
+        if i >= 2 and time.monotonic() - START > BUDGET_S:  # two prompts at least
             print(f"(c) budget of {BUDGET_S:g} s spent after {i} prompts")
             break
         order = [("delayed", delayed), ("path", path)]
@@ -288,6 +313,10 @@ def main() -> None:
         f"| {r['depth']} | {r['method']} | {r['us_per_step']:.1f} | {r['us_per_layer']:.1f} |"
         for r in ws["rows"]
     ]
+    for name, ks in ws["kernels"].items():
+        lines += ["", f"device us per step by kernel, {name} (profiler, eager; top 14)", "",
+                  "| kernel | calls | us |", "|---|---|---|"]  # fmt: skip
+        lines += [f"| {r['kernel']} | {r['calls_per_step']:.2f} | {r['us_per_step']:.1f} |" for r in ks[:14]]
     lines.append(
         "\nstate after 6 delayed steps vs path commit: "
         f"{ws['state_delayed_vs_path_commit_after_6_steps']:.3g}"
