@@ -104,10 +104,11 @@ def _closed_form_commit_kernel(
 
 @triton.jit
 def _conv_commit_block(
-    history, inputs, index, node_ptr, C, i_c, HIST: tl.constexpr, W: tl.constexpr, HP: tl.constexpr,
+    history, inputs, in_row, index, node_ptr, C, i_c, HIST: tl.constexpr, W: tl.constexpr, HP: tl.constexpr,
     BC: tl.constexpr,
 ):  # fmt: skip
-    """Channels [i_c * BC, (i_c + 1) * BC) of the conv history after the path to ``node``, in place."""
+    """Channels [i_c * BC, (i_c + 1) * BC) of the conv history after the path to ``node``, in place
+    (``inputs``' rows ``in_row`` elements apart, its channels contiguous)."""
     o_c = i_c * BC + tl.arange(0, BC)
     m_c = o_c < C
     node = tl.load(node_ptr)
@@ -117,7 +118,8 @@ def _conv_commit_block(
     from_hist = src < HIST
     m = m_r[:, None] & m_c[None, :]
     h = tl.load(history + src[:, None] * C + o_c[None, :], mask=m & from_hist[:, None], other=0.0)
-    x = tl.load(inputs + (src[:, None] - HIST) * C + o_c[None, :], mask=m & ~from_hist[:, None], other=0.0)
+    p_x = inputs + (src[:, None] - HIST) * in_row + o_c[None, :]
+    x = tl.load(p_x, mask=m & ~from_hist[:, None], other=0.0)
     new = tl.where(from_hist[:, None], h, x.to(h.dtype))
     # in place: every thread's loads of the old rows before any thread's stores (the load and store layouts
     # differ with the launch's warps; without it the H200 read rewritten rows at Weaver's shape, 4 warps)
@@ -127,17 +129,17 @@ def _conv_commit_block(
 
 @triton.jit
 def _conv_commit_kernel(
-    history, inputs, index, node_ptr, C, HIST: tl.constexpr, W: tl.constexpr, HP: tl.constexpr,
+    history, inputs, in_row, index, node_ptr, C, HIST: tl.constexpr, W: tl.constexpr, HP: tl.constexpr,
     BC: tl.constexpr,
     PDL: tl.constexpr,
 ):  # fmt: skip
     pdl_start(PDL)
-    _conv_commit_block(history, inputs, index, node_ptr, C, tl.program_id(0), HIST, W, HP, BC)
+    _conv_commit_block(history, inputs, in_row, index, node_ptr, C, tl.program_id(0), HIST, W, HP, BC)
 
 
 @triton.jit
 def _path_commit_kernel(
-    state, delta, k, gate_cum, anc, node_ptr, n, history, inputs, index, C,
+    state, delta, k, gate_cum, anc, node_ptr, n, history, inputs, in_row, index, C,
     HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, NP: tl.constexpr, BM: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, PEEL: tl.constexpr, DOT: tl.constexpr, CONV: tl.constexpr,
     HIST: tl.constexpr, W: tl.constexpr, HP: tl.constexpr, BC: tl.constexpr,
@@ -170,7 +172,8 @@ def _path_commit_kernel(
             new = commit_path_tile(s, delta, k, gate_cum, anc, node_ptr, n, hv, o_v, o_k, HV, DV, DK, NP, BM)
         tl.store(p_s, new, mask=m_s)
     elif CONV:
-        _conv_commit_block(history, inputs, index, node_ptr, C, pid - HV * NV * NK, HIST, W, HP, BC)
+        i_c = pid - HV * NV * NK
+        _conv_commit_block(history, inputs, in_row, index, node_ptr, C, i_c, HIST, W, HP, BC)
 
 
 @triton.jit
@@ -318,12 +321,12 @@ def commit_path_fused(
         hist, c = history.shape
         width = index.shape[1]
         _check_conv(history, inputs, index)
-        inputs, index, bc = inputs.contiguous(), index.contiguous(), _CONV_BLOCK
+        inputs, index, bc = _channels_contiguous(inputs), index.contiguous(), _CONV_BLOCK
     blocks = triton.cdiv(c, bc) if hist else 0
     use_dot = dot and min(bv, bk, block_m) >= 16  # tl.dot's smallest tile
     _path_commit_kernel[(tiles + blocks,)](
         state, delta.contiguous(), k.contiguous(), gate_cum.contiguous(), anc, node, n,
-        history, inputs, index, c,
+        history, inputs, inputs.stride(0), index, c,
         HV=hv, DK=dk, DV=dv, NP=triton.next_power_of_2(n), BM=block_m, BK=bk, BV=bv, PEEL=peel,
         DOT=use_dot, CONV=hist > 0, HIST=hist, W=width, HP=triton.next_power_of_2(max(hist, 1)), BC=bc,
         num_warps=num_warps, num_stages=num_stages, **pdl_args(state.device),
@@ -417,8 +420,7 @@ def commit_path_indexed(
             raise ValueError(
                 f"conv shapes disagree: history {tuple(history.shape)}, inputs {tuple(inputs.shape)}"
             )
-        inputs = inputs if inputs.stride(-1) == 1 else inputs.contiguous()
-        bc = _CONV_BLOCK
+        inputs, bc = _channels_contiguous(inputs), _CONV_BLOCK
     in_layer, in_row = (inputs.stride(0), inputs.stride(1)) if stacked and hist else (0, inputs.stride(-2))
     blocks = triton.cdiv(c, bc) if hist else 0
     code = INDEXED_MODES[mode]
@@ -451,6 +453,11 @@ depth): for comparisons in the benchmarks."""
 _CONV_BLOCK = 256  # conv channels per program
 
 
+def _channels_contiguous(inputs: torch.Tensor) -> torch.Tensor:
+    """``inputs`` itself when its last dim is contiguous (the kernels take its row stride), else a copy."""
+    return inputs if inputs.stride(-1) == 1 else inputs.contiguous()
+
+
 def _check_conv(history: torch.Tensor, conv_inputs: torch.Tensor, conv_index: torch.Tensor) -> None:
     hist, c = history.shape
     width = conv_index.shape[1]
@@ -466,14 +473,16 @@ def commit_conv_fused(
 ) -> None:
     """The conv history [W-1, C] after the path to ``node``, in place.
 
-    conv_inputs [n, C] (the verified nodes' raw conv inputs), conv_index [n, W] (conv_gather_index).
+    conv_inputs [n, C] (the verified nodes' raw conv inputs; read at its row stride, e.g. a column slice
+    of the in_proj output, without a copy), conv_index [n, W] (conv_gather_index).
     """
     hist, c = history.shape
     if hist == 0:
         return
     _check_conv(history, conv_inputs, conv_index)
+    inputs = _channels_contiguous(conv_inputs)
     _conv_commit_kernel[(triton.cdiv(c, _CONV_BLOCK),)](
-        history, conv_inputs.contiguous(), conv_index.contiguous(), node, c,
+        history, inputs, inputs.stride(0), conv_index.contiguous(), node, c,
         HIST=hist, W=hist + 1, HP=triton.next_power_of_2(hist), BC=_CONV_BLOCK, num_warps=4,
         **pdl_args(history.device),
     )  # fmt: skip

@@ -111,7 +111,7 @@ def path_commit_errors(
     state = torch.randn(hv, dv, dk, generator=gen, dtype=torch.float64)
     channels = 2 * dk + dv
     history = torch.randn(width - 1, channels, generator=gen)
-    inputs = torch.randn(n, channels, generator=gen)
+    inputs = _column_slice(n, channels, gen)
     index = gdn.conv_gather_index(tree.parents, width).to(device)
     anc = tree.ancestor_mask.to(device)
     ops = [x.to(device=device, dtype=dt) for x in (f.delta, f.k, f.gate_cum)]
@@ -129,6 +129,12 @@ def path_commit_errors(
     return out
 
 
+def _column_slice(n: int, channels: int, gen: torch.Generator) -> torch.Tensor:
+    """Conv inputs [n, channels] as the verify leaves them: a column slice of a wider projection output
+    (rows further apart than ``channels``; the kernels read them at that stride, no copy)."""
+    return torch.randn(n, channels + 7, generator=gen)[:, 3 : 3 + channels]
+
+
 def conv_commit_mismatches(width: int, channels: int, n: int, kind: str, seed: int, device: str) -> int:
     """Elements where the fused conv commit differs from reference.conv_history_after (all path ends)."""
     from repro.gdn.triton_commit import commit_conv_fused
@@ -136,7 +142,7 @@ def conv_commit_mismatches(width: int, channels: int, n: int, kind: str, seed: i
     gen = torch.Generator().manual_seed(seed)
     tree = _random_tree(n, kind, seed)
     history = torch.randn(width - 1, channels, generator=gen)
-    inputs = torch.randn(n, channels, generator=gen)
+    inputs = _column_slice(n, channels, gen)
     index = gdn.conv_gather_index(tree.parents, width)
     bad = 0
     for end in range(n):
