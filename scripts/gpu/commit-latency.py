@@ -101,6 +101,9 @@ class InputSet:
         self.f = gdn.tree_gdn(
             x.q.float(), x.k.float(), x.v.float(), x.g, x.beta, x.state, self.anc, sh.scale
         )[1]
+        # contiguous as the engine's buffers (delta is a view: the commits would copy it in every timed call;
+        # they did up to 2026-12-02, results/2026-12-02-h200-delayed-phase1/NOTES.md)
+        self.f.delta, self.f.k = self.f.delta.contiguous(), self.f.k.contiguous()
         gen = torch.Generator().manual_seed(seed)
         c = 2 * sh.h * sh.dk + sh.hv * sh.dv
         self.hist0 = torch.randn(WIDTH - 1, c, generator=gen).to(dev, torch.bfloat16)
