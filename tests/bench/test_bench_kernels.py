@@ -422,3 +422,24 @@ def test_gpu_graph_timing_and_ceilings():
     assert 0 < graph_us([lambda: x.mul(2.0), lambda: x.add(1.0)], dev, cfg, us) < 1e4
     ceil = measure_ceilings(dev, cfg, quick=True)
     assert ceil["copy_GBps"] > 0 and ceil["bf16_TFLOPs"] > 0 and ceil["fp32_TFLOPs"] > 0
+
+
+@pytest.mark.parametrize("method", ["commit_path_fused", "commit_closed_form_fused", "commit_path_indexed"])
+def test_commit_rows_hand_their_kernel_contiguous_factors(monkeypatch, method):
+    """The reference returns delta as a view; a commit handed it copies it inside every timed call (the
+    recovery and step rows timed that copy until 2026-12-02). Spies stand in for the Triton commits."""
+    tc = pytest.importorskip("repro.gdn.triton_commit")
+    seen: list[bool] = []
+
+    def spy(state, delta, k, gate_cum, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        seen.append(all(t.is_contiguous() for t in (delta, k, gate_cum)))
+
+    for name in ("commit_path_fused", "commit_closed_form_fused", "commit_path_indexed"):
+        monkeypatch.setattr(tc, name, spy)
+    monkeypatch.setattr(tc, "write_path_index", lambda *a: None)
+    dev = torch.device("cpu")
+    spec = bk.RowSpec("specla", "recovery", "draft", 16, method, "fp32", 4)
+    case = bk.make_case(spec, quick_cfg(depths=[4], recovery_nodes=16), dev)
+    x = bk.make_inputs(case.shape, case.n, 0, dev).to("fp32")
+    bk.METHODS[method].build(case, x)()
+    assert seen == [True]
