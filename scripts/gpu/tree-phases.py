@@ -26,6 +26,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,26 @@ def _empty_kernel(x_ptr):
         tl.store(x_ptr, 0.0)
 
 
+def measure(
+    r: dict[str, Any], fn: Callable[[], Any], dev: torch.device, est: float,
+    check: Callable[[], tuple[float, bool]] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Fill row ``r``: ``check``'s (error, ok) first (``rel_err_vs_fused``; not ok: status FAIL, not
+    timed), then the CUDA-graph median of ``fn`` (``us``); an exception is recorded in the row, not
+    raised, so that one variant cannot stop the rest."""
+    try:
+        if check is not None:
+            r["rel_err_vs_fused"], ok = check()
+            if not ok:
+                r["status"] = "FAIL"
+                return r
+        r["us"] = graph_us([fn], dev, TIMER, est)
+        r["status"] = "ok"
+    except Exception as exc:  # noqa: BLE001 - one variant must not stop the rest
+        r.update(status="error", reason=f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
+    return r
+
+
 def phases(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
     spec = bk.RowSpec(shape, "verify", "draft", t, "tree_split", "bf16")
     cfg = bk.BenchConfig(timer=TIMER, bf16_precision=PREC)
@@ -58,21 +79,15 @@ def phases(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
 
     def row(name: str, fn, est: float, out: torch.Tensor | None = None, **knobs: Any) -> None:
-        r: dict[str, Any] = dict(shape=shape, T=t, variant=name, **knobs)
-        try:
-            if out is not None:
-                fn()
-                err = ((out.float() - ref).norm() / ref.norm()).item()
-                r["rel_err_vs_fused"] = err
-                if not err < 1e-2:
-                    r["status"] = "FAIL"
-                    rows.append(r)
-                    print(r)
-                    return
-            r["us"] = graph_us([fn], dev, TIMER, est)
-            r["status"] = "ok"
-        except Exception as exc:  # noqa: BLE001 - one variant must not stop the rest
-            r.update(status="error", reason=f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
+        def check() -> tuple[float, bool]:
+            assert out is not None
+            fn()
+            err = ((out.float() - ref).norm() / ref.norm()).item()
+            return err, err < 1e-2
+
+        r = measure(
+            dict(shape=shape, T=t, variant=name, **knobs), fn, dev, est, None if out is None else check
+        )
         rows.append(r)
         print(f"{shape:7s} T={t:<4d} {name:22s} {knobs} {r.get('status')} us={r.get('us')}")
 
@@ -155,12 +170,7 @@ def keys_knobs(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
                     c.p_n, c.n, npad, nr, 1.0, **kw,
                 )  # fmt: skip
 
-            r: dict[str, Any] = dict(shape=shape, T=t, variant=f"phase1:{name}", block_rows=br)
-            try:
-                r["us"] = graph_us([launch], dev, TIMER, 15.0)
-                r["status"] = "ok"
-            except Exception as exc:  # noqa: BLE001 - one variant must not stop the rest
-                r.update(status="error", reason=f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
+            r = measure(dict(shape=shape, T=t, variant=f"phase1:{name}", block_rows=br), launch, dev, 15.0)
             rows.append(r)
             print(f"{shape:7s} T={t:<4d} BR={br} {name:14s} {r['status']} us={r.get('us')}")
     return rows
@@ -198,26 +208,17 @@ def delayed(shape: str, t: int, dev: torch.device, depth: int = 4) -> list[dict[
             name = f"split, delayed{' (path index)' if index else ''}"
             variants.append((name, {"pending": pending, "commit_block_v": cbv}))
     for name, kw in variants:
-        r: dict[str, Any] = dict(
-            shape=shape, T=t, variant=name, depth=depth, block_v=kw.get("commit_block_v")
-        )
-        try:
-            if kw:
-                state.copy_(x.state)
-                o = tt.tree_gdn_split(*args, **kw)[0].float()
-                err_s = ((state - want_state).norm() / want_state.norm()).item()
-                err_o = ((o - want_o).norm() / want_o.norm()).item()
-                r["rel_err_vs_fused"] = max(err_s, err_o)
-                if not (err_s < 1e-5 and err_o < 1e-2):
-                    r["status"] = "FAIL"
-                    rows.append(r)
-                    print(r)
-                    continue
-            # timed in place: every replay commits the same path again (the same work, other values)
-            r["us"] = graph_us([lambda kw=kw: tt.tree_gdn_split(*args, **kw)], dev, TIMER, 30.0)
-            r["status"] = "ok"
-        except Exception as exc:  # noqa: BLE001 - one variant must not stop the rest
-            r.update(status="error", reason=f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
+
+        def check(kw: dict[str, Any] = kw) -> tuple[float, bool]:
+            state.copy_(x.state)
+            o = tt.tree_gdn_split(*args, **kw)[0].float()
+            err_s = ((state - want_state).norm() / want_state.norm()).item()
+            err_o = ((o - want_o).norm() / want_o.norm()).item()
+            return max(err_s, err_o), err_s < 1e-5 and err_o < 1e-2
+
+        # timed in place: every replay commits the same path again (the same work, other values)
+        r = dict(shape=shape, T=t, variant=name, depth=depth, block_v=kw.get("commit_block_v"))
+        measure(r, lambda kw=kw: tt.tree_gdn_split(*args, **kw), dev, 30.0, check if kw else None)
         rows.append(r)
         print(f"{shape:7s} T={t:<4d} {name:32s} cbv={r['block_v']} {r.get('status')} us={r.get('us')}")
     rows += _delayed_parts(shape, t, dev, x, f, anc, node, scale, state, depth)
@@ -282,12 +283,7 @@ def _delayed_parts(shape, t, dev, x, f, anc, node, scale, state, depth) -> list[
     ]  # fmt: skip
     rows: list[dict[str, Any]] = []
     for name, cbv, fn in parts:
-        r: dict[str, Any] = dict(shape=shape, T=t, variant=name, depth=depth, block_v=cbv)
-        try:
-            r["us"] = graph_us([fn], dev, TIMER, 20.0)
-            r["status"] = "ok"
-        except Exception as exc:  # noqa: BLE001 - one variant must not stop the rest
-            r.update(status="error", reason=f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
+        r = measure(dict(shape=shape, T=t, variant=name, depth=depth, block_v=cbv), fn, dev, 20.0)
         rows.append(r)
         print(f"{shape:7s} T={t:<4d} {name:32s} cbv={cbv} {r.get('status')} us={r.get('us')}")
     return rows
