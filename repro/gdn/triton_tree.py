@@ -44,16 +44,17 @@ trees n = 16..256, both paper shapes): "ieee" and "tf32x3" o and delta ~1e-7 (fl
 inputs: delta ~1e-7, o 1.7e-3 = the bf16 rounding of o itself); "tf32" delta 4-6e-4, o 8e-4 (float32
 inputs) or 1.7e-3 (bf16 inputs). The CPU interpreter computes every dot in exact fp32.
 
-Two-phase verification (:func:`tree_gdn_split`, for few value heads). ``_tree_keys_kernel`` (grid HV x NR
-x NR, NR = n / BR; programs above the diagonal exit) computes every key-only block once per head: G, the
-masked A_rc and P_rc blocks over the full d_k, and the diagonal blocks' inverses (stored in place of
-A_rr), into two float32 [HV, NR BR, NR BR] scratch buffers. ``_tree_values_kernel`` (grid HV x d_v / BV)
-then runs the same block forward substitution and outputs as ``_tree_verify_kernel``, reading those
-blocks instead of recomputing them, so narrow d_v tiles (BV = 16 at the SpecLA shape: 128 programs) no
-longer repeat the d_k-long K K^T / Q K^T dots and the inverses. Same arithmetic, same error bounds
-(pinned by the same tests). Measured on an H200 (bf16, CUDA graphs, results/2026-12-01-h200-kernels-4):
-SpecLA's shape T = 128 27.7 us vs the one-kernel form's 50.2 (its 8 value heads gave that one too few
-programs); Weaver's 43.0 vs 42.7 (48 heads: a tie). The static decoder picks it for few value heads.
+Two-phase verification (:func:`tree_gdn_split`, for few value heads). ``_tree_keys_kernel`` (grid HV x
+NR^2 programs, NR = n / BR, those above the diagonal exit; a pending commit's programs besides) computes
+every key-only block once per head: G, the masked A_rc and P_rc blocks over the full d_k, and the diagonal
+blocks' inverses (stored in place of A_rr), into two float32 [HV, NR BR, NR BR] scratch buffers.
+``_tree_values_kernel`` (grid HV x d_v / BV) then runs the same block forward substitution and outputs as
+``_tree_verify_kernel``, reading those blocks instead of recomputing them, so narrow d_v tiles (BV = 16 at
+the SpecLA shape: 128 programs) no longer repeat the d_k-long K K^T / Q K^T dots and the inverses. Same
+arithmetic, same error bounds (pinned by the same tests). Measured on an H200 (bf16, CUDA graphs,
+results/2026-12-01-h200-kernels-4): SpecLA's shape T = 128 27.7 us vs the one-kernel form's 50.2 (its 8
+value heads gave that one too few programs); Weaver's 43.0 vs 42.7 (48 heads: a tie). The static decoder
+picks it for few value heads.
 
 Blocked verification (:func:`tree_gdn_blocked`, issue 13: short serial chains). The same masked WY form
 with T = (I + A)^-1 made explicit, so that the value work has no serial chain at all. Three launches:
@@ -906,19 +907,19 @@ def tree_gdn_split(
 ) -> tuple[torch.Tensor, TreeFactors]:
     """:func:`tree_gdn_fused` (same arguments, results and ``pending``) in two launches, for few heads.
 
-    Phase 1 (``_tree_keys_kernel``, grid HV x NR x NR, NR = n / BR row blocks; the programs above the
-    diagonal exit at once): the key-only work (G, the masked A and P blocks, the diagonal blocks'
-    inverses) once per head and block pair, into float32 scratch [HV, NR BR, NR BR] (two of them:
-    8 MB at HV = 48, n = 256). Phase 2 (``_tree_values_kernel``, grid HV x d_v / BV): the substitution
-    and outputs per d_v tile, reading those blocks. The single-launch kernel repeats the key-only work
-    in every d_v tile and runs one program per (head, tile) through all of it: 64 programs at the SpecLA
-    shape (HV = 8, d_k = 256), 40x above its floor. Here the d_k-long K K^T / Q K^T dots and the
-    inverses spread over HV NR (NR + 1) / 2 programs, and phase 2 gets narrow tiles (more programs)
-    without repeating them. Same arithmetic as the fused kernel, so the same error bounds. ``hoist``:
-    phase 2 computes every row block's state terms (K S0^T, Q S0^T) in a first pass with no dependence
-    between blocks, so the serial walk only reads them back (bitwise the same results; a float32 scratch
-    [n, HV, d_v] more). ``pending`` runs in phase 1's launch, beside the key work (which reads no S0):
-    HV x d_v / ``commit_block_v`` programs more (:func:`commit_tiles`), no launch and no serial step more.
+    Phase 1 (``_tree_keys_kernel``, HV x NR^2 programs, NR = n / BR row blocks; the programs above the
+    diagonal exit at once; with ``pending``, the commit's programs besides): the key-only work (G, the masked
+    A and P blocks, the diagonal blocks' inverses) once per head and block pair, into float32 scratch [HV, NR
+    BR, NR BR] (two of them: 8 MB at HV = 48, n = 256). Phase 2 (``_tree_values_kernel``, grid HV x d_v / BV):
+    the substitution and outputs per d_v tile, reading those blocks. The single-launch kernel repeats the
+    key-only work in every d_v tile and runs one program per (head, tile) through all of it: 64 programs at
+    the SpecLA shape (HV = 8, d_k = 256), 40x above its floor. Here the d_k-long K K^T / Q K^T dots and the
+    inverses spread over HV NR (NR + 1) / 2 programs, and phase 2 gets narrow tiles (more programs) without
+    repeating them. Same arithmetic as the fused kernel, so the same error bounds. ``hoist``: phase 2 computes
+    every row block's state terms (K S0^T, Q S0^T) in a first pass with no dependence between blocks, so the
+    serial walk only reads them back (bitwise the same results; a float32 scratch [n, HV, d_v] more).
+    ``pending`` runs in phase 1's launch, beside the key work (which reads no S0): HV x d_v /
+    ``commit_block_v`` programs more (:func:`commit_tiles`), no launch and no serial step more.
     """
     c = _TreeCall.of(q, k, v, g, beta, state, ancestors, precision, chain, pending, out)
     br, bv = split_tiles(c.n, c.hv, c.dv, precision, block_rows, block_v)
