@@ -94,7 +94,6 @@ KINDS = ("norm_linear", "norm_gate_up", "linear_residual", "norm_linear_argmax")
 REDUCE_BLOCK = 256  # output columns per program of the split-K reduce
 SMALL_WEIGHTS = 1 << 20  # heuristic_config: below, the legacy configuration
 SPLIT_WEIGHTS = 1 << 22  # heuristic_config: below, no split-K
-L2_ROW_BYTES = 0  # early_weights "l2": bytes of each row slice prefetched (a multiple of 16; 0: all of it)
 
 
 @dataclass(frozen=True)
@@ -339,26 +338,13 @@ def _k_step(a0, a1, a2, a3, u0, u1, u2, u3, x_ptr, x_stride, scale_ptr, w, wu, z
 
 
 @triton.jit
-def _prefetch_l2(
-    w_ptr,
-    pid,
-    N,
-    K,
-    k_lo,
-    k_hi,
-    BN: tl.constexpr,
-    GATE_UP: tl.constexpr,
-    NT: tl.constexpr,
-    ROW_BYTES: tl.constexpr,
-):
+def _prefetch_l2(w_ptr, pid, N, K, k_lo, k_hi, BN: tl.constexpr, GATE_UP: tl.constexpr, NT: tl.constexpr):
     """Ask L2 for this program's weight rows (GATE_UP: and the up half's) over K columns k_lo .. k_hi: one
     ``cp.async.bulk.prefetch.L2`` a row, issued by one of the program's NT threads each (no copies into
     registers or shared memory; sm_90+). Rows, starts and lengths are 16-byte multiples (the launcher
     checks)."""
     R: tl.constexpr = BN * 2 if GATE_UP else BN
     n_bytes = (k_hi - k_lo) * (w_ptr.dtype.element_ty.primitive_bitwidth // 8)
-    if ROW_BYTES:
-        n_bytes = tl.minimum(n_bytes, ROW_BYTES)
     for c in tl.static_range(0, R, NT):
         r = c + tl.arange(0, NT)
         row = tl.minimum(pid * BN + r % BN, N - 1) + tl.where(r >= BN, N, 0)
@@ -404,7 +390,6 @@ def _gemv_kernel(
     PDL: tl.constexpr,
     EARLY_W: tl.constexpr,
     NT: tl.constexpr = 128,
-    L2_ROW_BYTES: tl.constexpr = 0,
 ):
     """Output columns pid * BN .. + BN of every row, over K columns sid * k_slice .. + k_slice (program
     axis 1; all of K without split). GATE_UP: W is [2 N, K] = [gate; up] and the output is
@@ -426,7 +411,7 @@ def _gemv_kernel(
     k_lo = sid * k_slice
     k_hi = tl.minimum(K, k_lo + k_slice)  # > k_lo: no slice is empty
     if EARLY_W == 2:
-        _prefetch_l2(w_ptr, pid, N, K, k_lo, k_hi, BN, GATE_UP, NT, L2_ROW_BYTES)
+        _prefetch_l2(w_ptr, pid, N, K, k_lo, k_hi, BN, GATE_UP, NT)
     if EARLY_W == 1:  # the first step's tiles, ahead of the wait
         o_k = k_lo + tl.arange(0, BK)
         m_k = o_k < K
@@ -744,8 +729,8 @@ def _launch(
         x, x.stride(0), scale, weight, bias_, res_, res_stride, out, best_val, best_idx, ws, float(eps),
         rows_out, k, k_slice, N_ROWS=n, RB=pow2(n), BN=bn, BK=bk, KP=kp, EARLY_X=early_x,
         SPLIT=split, EVEN_K=k % bk == 0,
-        EARLY_W=_early_w(weight, k_slice), NT=32 * cfg.num_warps, L2_ROW_BYTES=L2_ROW_BYTES, **flags,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        EARLY_W=_early_w(weight, k_slice), NT=32 * cfg.num_warps, **flags, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
         **pdl_args(x.device, gemv=True),
     )  # fmt: skip
     if split > 1:

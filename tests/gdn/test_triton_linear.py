@@ -328,7 +328,7 @@ def test_dependent_gemv_loads_weights_before_the_wait(key, early, pdl):
     consts = dict(
         N_ROWS=1, RB=1, BN=cfg.block_n, BK=cfg.block_k, KP=k, EARLY_X=True, SPLIT=1, EVEN_K=True,
         NORM=True, GATE_UP=kind == "norm_gate_up", HAS_BIAS=False, RESIDUAL=False, ARGMAX=False,
-        ACC=tl.float32, PDL=pdl, EARLY_W=early, NT=32 * cfg.num_warps, L2_ROW_BYTES=0,
+        ACC=tl.float32, PDL=pdl, EARLY_W=early, NT=32 * cfg.num_warps,
     )  # fmt: skip
     sig.update(dict.fromkeys(consts, "constexpr"))
     names = _gemv_kernel.arg_names
