@@ -9,8 +9,7 @@ never in the interpreter): a kernel that takes a ``PDL`` constexpr starts with :
 graph too) is scheduled while this one drains and the gap between back-to-back kernels is hidden. The
 wait returns once the kernel before it has completed and its writes are visible, so nothing that kernel
 writes may be read before it; constant operands (weights) may be (``early_weights``: the GEMV kernels
-load their first weight tile before it, "load", measured slower; or ask L2 for their whole weight slice
-with bulk prefetches, "l2"). A kernel launched with
+load their first weight tile before it; off by default, measured slower). A kernel launched with
 ``launch_pdl`` must wait before it reads its inputs: the two go together (:func:`use_pdl` for both).
 Results are bitwise those of a plain launch.
 
@@ -88,27 +87,22 @@ def check_factors(
 TRIGGERS = ("auto", "start", "exit", "gemv")
 
 
-# what a dependent GEMV does with its weights before griddepcontrol.wait: nothing, load its first tile into
-# registers, or bulk-prefetch its whole slice into L2 (the kernel's EARLY_W: 0, 1, 2)
-EARLY_WEIGHTS = ("off", "load", "l2")
-
-
 class PdlMode(NamedTuple):
     """One entry of :func:`dependent_launch`'s stack."""
 
     enabled: bool
-    early_weights: str  # one of EARLY_WEIGHTS
+    early_weights: bool
     trigger: str  # one of TRIGGERS
 
 
 def _env_mode(value: str) -> PdlMode:
     """REPRO_PDL: "0" off (A/B runs of whole commands), "1" or a trigger name (:data:`TRIGGERS`) on."""
     if value == "0":
-        return PdlMode(False, "off", "auto")
+        return PdlMode(False, False, "auto")
     trigger = "auto" if value == "1" else value
     if trigger not in TRIGGERS:
         raise ValueError(f"REPRO_PDL must be 0, 1 or one of {TRIGGERS}, got {value!r}")
-    return PdlMode(True, "off", trigger)
+    return PdlMode(True, False, trigger)
 
 
 # dependent_launch's stack; the bottom is the default: on, "auto" release, without early weight loads
@@ -118,17 +112,14 @@ _pdl: list[PdlMode] = [_env_mode(os.environ.get("REPRO_PDL", "1"))]
 
 @contextlib.contextmanager
 def dependent_launch(
-    enabled: bool = True, early_weights: str = "off", trigger: str = "auto"
+    enabled: bool = True, early_weights: bool = False, trigger: str = "auto"
 ) -> Iterator[None]:
     """Within the block, the kernels that support it use programmatic dependent launch (module
-    docstring) where the device supports it; ``early_weights``: what the GEMV kernels do with their
-    weights before the wait (:data:`EARLY_WEIGHTS`); ``trigger``: where each kernel releases the next
-    launch (:data:`TRIGGERS`).
+    docstring) where the device supports it; ``early_weights``: the GEMV kernels load their first weight
+    tile before the wait; ``trigger``: where each kernel releases the next launch (:data:`TRIGGERS`).
     Capture a CUDA graph inside the block to keep the choice."""
     if trigger not in TRIGGERS:
         raise ValueError(f"trigger must be one of {TRIGGERS}, got {trigger!r}")
-    if early_weights not in EARLY_WEIGHTS:
-        raise ValueError(f"early_weights must be one of {EARLY_WEIGHTS}, got {early_weights!r}")
     _pdl.append(PdlMode(enabled, early_weights, trigger))
     try:
         yield
@@ -144,10 +135,9 @@ def use_pdl(device: torch.device) -> bool:
     return _capability(device.index if device.index is not None else torch.cuda.current_device()) >= (9, 0)
 
 
-def early_weights(device: torch.device) -> int:
-    """What a GEMV launch on ``device`` now does with its weights before the wait, as its ``EARLY_W``
-    constexpr (the index in :data:`EARLY_WEIGHTS`; 0 unless it is a dependent launch)."""
-    return EARLY_WEIGHTS.index(_pdl[-1].early_weights) if use_pdl(device) else 0
+def early_weights(device: torch.device) -> bool:
+    """Whether a dependent GEMV launch on ``device`` now loads its first weight tile before the wait."""
+    return use_pdl(device) and _pdl[-1].early_weights
 
 
 _verifying: list[bool] = [False]  # verify_launches' stack

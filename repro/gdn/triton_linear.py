@@ -338,25 +338,6 @@ def _k_step(a0, a1, a2, a3, u0, u1, u2, u3, x_ptr, x_stride, scale_ptr, w, wu, z
 
 
 @triton.jit
-def _prefetch_l2(w_ptr, pid, N, K, k_lo, k_hi, BN: tl.constexpr, GATE_UP: tl.constexpr, NT: tl.constexpr):
-    """Ask L2 for this program's weight rows (GATE_UP: and the up half's) over K columns k_lo .. k_hi: one
-    ``cp.async.bulk.prefetch.L2`` a row, issued by one of the program's NT threads each (no copies into
-    registers or shared memory; sm_90+). Rows, starts and lengths are 16-byte multiples (the launcher
-    checks)."""
-    R: tl.constexpr = BN * 2 if GATE_UP else BN
-    n_bytes = (k_hi - k_lo) * (w_ptr.dtype.element_ty.primitive_bitwidth // 8)
-    for c in tl.static_range(0, R, NT):
-        r = c + tl.arange(0, NT)
-        row = tl.minimum(pid * BN + r % BN, N - 1) + tl.where(r >= BN, N, 0)
-        addr = (w_ptr + row.to(tl.int64) * K + k_lo).to(tl.int64)
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.s32 p, $3, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; "
-            "mov.u32 $0, 0; }",
-            "=r,l,r,r", [addr, r * 0 + n_bytes, (r < R).to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
-        )  # fmt: skip
-
-
-@triton.jit
 def _gemv_kernel(
     x_ptr,
     x_stride,
@@ -389,7 +370,6 @@ def _gemv_kernel(
     ACC: tl.constexpr,
     PDL: tl.constexpr,
     EARLY_W: tl.constexpr,
-    NT: tl.constexpr = 128,
 ):
     """Output columns pid * BN .. + BN of every row, over K columns sid * k_slice .. + k_slice (program
     axis 1; all of K without split). GATE_UP: W is [2 N, K] = [gate; up] and the output is
@@ -398,9 +378,8 @@ def _gemv_kernel(
     before the loop (their latency hidden behind it) rather than after it (no registers held through
     it). SPLIT > 1: the sums go to the float32 workspace ws [SPLIT, N_ROWS, 2 N] (per slice and row: the
     sums, then the up sums) for :func:`_split_reduce_kernel`, which applies the epilogue. PDL: launched
-    as a programmatic dependent; EARLY_W (with PDL; weights are constant, everything else is read after
-    the wait): 1, its first weight tile(s) are loaded before the wait; 2, its whole weight slice is
-    prefetched into L2 before it (:func:`_prefetch_l2`; NT: the program's threads) (module docstring)."""
+    as a programmatic dependent; EARLY_W (with PDL): its first weight tile(s) are loaded before the wait
+    (weights are constant), everything else after it (module docstring)."""
     if PDL == 1:
         gdc_launch_dependents()
     pid = tl.program_id(0)
@@ -410,9 +389,7 @@ def _gemv_kernel(
     zero_n = o_n * 0
     k_lo = sid * k_slice
     k_hi = tl.minimum(K, k_lo + k_slice)  # > k_lo: no slice is empty
-    if EARLY_W == 2:
-        _prefetch_l2(w_ptr, pid, N, K, k_lo, k_hi, BN, GATE_UP, NT)
-    if EARLY_W == 1:  # the first step's tiles, ahead of the wait
+    if EARLY_W:  # the first step's tiles, ahead of the wait
         o_k = k_lo + tl.arange(0, BK)
         m_k = o_k < K
         w, wu = _w_tiles(w_ptr, o_w, o_k, m_k, N, K, GATE_UP, EVEN_K, ACC)
@@ -425,7 +402,7 @@ def _gemv_kernel(
     a0, a1, a2, a3 = zero, zero, zero, zero
     u0, u1, u2, u3 = zero, zero, zero, zero
     k_start = k_lo
-    if EARLY_W == 1:
+    if EARLY_W:
         a0, a1, a2, a3, u0, u1, u2, u3 = _k_step(a0, a1, a2, a3, u0, u1, u2, u3, x_ptr, x_stride, scale_ptr,
                                                  w, wu, zero_n, o_k, m_k, N_ROWS, NORM, GATE_UP, EVEN_K,
                                                  ACC)  # fmt: skip
@@ -729,8 +706,7 @@ def _launch(
         x, x.stride(0), scale, weight, bias_, res_, res_stride, out, best_val, best_idx, ws, float(eps),
         rows_out, k, k_slice, N_ROWS=n, RB=pow2(n), BN=bn, BK=bk, KP=kp, EARLY_X=early_x,
         SPLIT=split, EVEN_K=k % bk == 0,
-        EARLY_W=_early_w(weight, k_slice), NT=32 * cfg.num_warps, **flags, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        EARLY_W=early_weights(x.device), **flags, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **pdl_args(x.device, gemv=True),
     )  # fmt: skip
     if split > 1:
@@ -741,15 +717,6 @@ def _launch(
             num_warps=4 if kp * pow2(n) <= 2048 else 8, **pdl_args(x.device),
         )  # fmt: skip
     return out
-
-
-def _early_w(weight: torch.Tensor, k_slice: int) -> int:
-    """The GEMV's EARLY_W now (:func:`repro.gdn.triton_common.early_weights`); the L2 prefetch (2) only
-    where every row slice starts and ends on 16 bytes (its bulk copies' rule), else nothing early."""
-    mode = early_weights(weight.device)
-    size = weight.element_size()
-    aligned = weight.data_ptr() % 16 == 0 and all((n * size) % 16 == 0 for n in (weight.shape[1], k_slice))
-    return 0 if mode == 2 and not aligned else mode
 
 
 def norm_linear(

@@ -12,8 +12,7 @@ the verify of a VERIFY_NODES-node draft tree on the same decoder (a graph of REP
 SpecLA and Weaver kernel shapes (T = 128) the split and fused tree kernels alone (bf16, "tf32").
 Variants (:data:`VARIANTS`): plain launches; every kernel a programmatic dependent releasing the next
 launch at its start, at its exit, or "auto" (the default: at the start but in verification, at the exit;
-``trigger``: an early release places the next kernel's CTAs on the SMs while this one runs); and "auto"
-with the GEMVs' weight slices prefetched into L2 before their wait (``early_weights="l2"``).
+``trigger``: an early release places the next kernel's CTAs on the SMs while this one runs).
 Writes OUT_DIR/pdl.json and OUT_DIR/pdl.md; prints the markdown.
 """
 
@@ -46,7 +45,7 @@ REPLAYS = 7
 
 
 def capture(
-    dec: StaticDecoder, state: Any, reps: int, variant: tuple[bool, str, str]
+    dec: StaticDecoder, state: Any, reps: int, variant: tuple[bool, bool, str]
 ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
     with dependent_launch(*variant):
         dec.load(state)
@@ -76,16 +75,15 @@ def replay_us(dec: StaticDecoder, state: Any, graph: torch.cuda.CUDAGraph, reps:
 
 
 VARIANTS = {  # name: dependent_launch's (enabled, early_weights, trigger)
-    "plain": (False, "off", "auto"),
-    "pdl_start": (True, "off", "start"),
-    "pdl_auto": (True, "off", "auto"),
-    "pdl_exit": (True, "off", "exit"),
-    "pdl_auto_l2": (True, "l2", "auto"),
+    "plain": (False, False, "auto"),
+    "pdl_start": (True, False, "start"),
+    "pdl_auto": (True, False, "auto"),
+    "pdl_exit": (True, False, "exit"),
 }
 VERIFY_NODES = 33
 
 
-def graph_of(fn: Callable[[], Any], reps: int, variant: tuple[bool, str, str]) -> torch.cuda.CUDAGraph:
+def graph_of(fn: Callable[[], Any], reps: int, variant: tuple[bool, bool, str]) -> torch.cuda.CUDAGraph:
     """A CUDA graph of ``reps`` calls of ``fn`` captured under ``variant`` (after a warm call on a side
     stream)."""
     with dependent_launch(*variant):

@@ -14,20 +14,18 @@ def test_dependent_launch_switch():
     """dependent_launch stacks and restores; it never applies off CUDA (nor in the interpreter); a launch's
     two arguments always agree."""
     cpu = torch.device("cpu")
-    assert tc._pdl == [(True, "off", "auto")]  # on by default (no REPRO_PDL here), no early weight loads
+    assert tc._pdl == [(True, False, "auto")]  # on by default (no REPRO_PDL here), no early weight loads
     assert not tc.use_pdl(cpu) and tc.pdl_args(cpu) == {"PDL": 0, "launch_pdl": False}
     assert not tc.early_weights(cpu)
     with tc.dependent_launch(False):
-        assert tc._pdl[-1] == (False, "off", "auto") and not tc.use_pdl(cpu)
-        with tc.dependent_launch(early_weights="l2", trigger="exit"):
-            assert tc._pdl[-1] == (True, "l2", "exit") and not tc.use_pdl(cpu) and tc.early_weights(cpu) == 0
-        assert tc._pdl[-1] == (False, "off", "auto")
-    assert tc._pdl == [(True, "off", "auto")]
+        assert tc._pdl[-1] == (False, False, "auto") and not tc.use_pdl(cpu)
+        with tc.dependent_launch(early_weights=True, trigger="exit"):
+            assert tc._pdl[-1] == (True, True, "exit") and not tc.use_pdl(cpu) and not tc.early_weights(cpu)
+        assert tc._pdl[-1] == (False, False, "auto")
+    assert tc._pdl == [(True, False, "auto")]
     with pytest.raises(ValueError, match="trigger"), tc.dependent_launch(trigger="end"):
         pass
-    with pytest.raises(ValueError, match="early_weights"), tc.dependent_launch(early_weights=True):
-        pass
-    assert tc._pdl == [(True, "off", "auto")]
+    assert tc._pdl == [(True, False, "auto")]
 
 
 def test_trigger_picks_each_kernels_pdl_level(monkeypatch):
@@ -80,8 +78,8 @@ def test_static_decoder_verifies_inside_verify_launches(monkeypatch):
 
 @pytest.mark.parametrize(
     "value, mode",
-    [("0", (False, "off", "auto")), ("1", (True, "off", "auto")), ("start", (True, "off", "start")),
-     ("exit", (True, "off", "exit")), ("gemv", (True, "off", "gemv"))],
+    [("0", (False, False, "auto")), ("1", (True, False, "auto")), ("start", (True, False, "start")),
+     ("exit", (True, False, "exit")), ("gemv", (True, False, "gemv"))],
 )  # fmt: skip
 def test_repro_pdl_environment_values(value, mode):
     assert tc._env_mode(value) == mode
@@ -99,8 +97,8 @@ def test_gpu_decode_steps_bitwise_equal_with_pdl(fuse_decode: bool):
     """Twelve greedy decode steps of a bf16 hybrid (GDN and attention layers) in one CUDA graph on the
     static decoder's GEMV path: the picks and the last logits are bitwise equal with and without
     programmatic dependent launch (every Triton kernel of the step launched as a dependent), the GEMVs'
-    first weight tiles loaded before the wait, prefetched into L2 there, or read after it, the next launch
-    released at each kernel's start, exit, or the GEMVs' start only."""
+    first weight tiles loaded before the wait or after it, the next launch released at each kernel's
+    start, exit, or the GEMVs' start only."""
     from repro.bench.model import build_model
     from repro.models.config import ATTENTION, GDN, HybridConfig
     from repro.models.static import StaticDecoder
@@ -113,14 +111,8 @@ def test_gpu_decode_steps_bitwise_equal_with_pdl(fuse_decode: bool):
     model = build_model(cfg, torch.device("cuda"), torch.bfloat16, 3)
     model.set_gdn_backend("triton")
     runs = []
-    on_start = [(True, early, "start") for early in ("off", "load", "l2")]
-    variants = [
-        (False, "off", "auto"),
-        *on_start,
-        (True, "off", "exit"),
-        (True, "off", "gemv"),
-        (True, "off", "auto"),
-    ]
+    variants = ((False, False, "auto"), (True, False, "start"), (True, True, "start"), (True, False, "exit"),
+                (True, False, "gemv"), (True, False, "auto"))  # fmt: skip
     for on, early, trigger in variants:
         with tc.dependent_launch(on, early, trigger):
             dec = StaticDecoder(model, 64, 4, gemv=True, fuse_decode=fuse_decode, fuse_verify=False)
