@@ -9,7 +9,8 @@ never in the interpreter): a kernel that takes a ``PDL`` constexpr starts with :
 graph too) is scheduled while this one drains and the gap between back-to-back kernels is hidden. The
 wait returns once the kernel before it has completed and its writes are visible, so nothing that kernel
 writes may be read before it; constant operands (weights) may be (``early_weights``: the GEMV kernels
-load their first weight tile before it; off by default, measured slower). A kernel launched with
+load their first weight tile before it; off by default, measured slower, as were L2 prefetches of the
+weights there: results/2026-12-03-h200-l2-prefetch). A kernel launched with
 ``launch_pdl`` must wait before it reads its inputs: the two go together (:func:`use_pdl` for both).
 Results are bitwise those of a plain launch.
 
