@@ -416,12 +416,12 @@ def _tree_verify_kernel(
 @triton.jit
 def _tree_keys_kernel(
     q_ptr, k_ptr, g_ptr, beta_ptr, anc_ptr, a_ptr, p_ptr, gcum_ptr, kx_ptr,
-    s0_ptr, pd_ptr, pk_ptr, pg_ptr, panc_ptr, pnode_ptr, pn, n, NP, NR, scale,
+    s0_ptr, pd_ptr, pk_ptr, pg_ptr, panc_ptr, pnode_ptr, pn, ks_ptr, qs_ptr, n, NP, NR, scale,
     H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BR: tl.constexpr,
     LOG2_BR: tl.constexpr, BK: tl.constexpr, CHAIN: tl.constexpr, PREC: tl.constexpr,
     UPCAST_QK: tl.constexpr, BASE16: tl.constexpr, WRITE_K: tl.constexpr,
     PENDING: tl.constexpr, PNP: tl.constexpr, NCT: tl.constexpr, BVC: tl.constexpr, BKC: tl.constexpr,
-    PDL: tl.constexpr,
+    TERMS: tl.constexpr, RC: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """Phase 1 of :func:`tree_gdn_split` (and of :func:`tree_gdn_blocked`), one (value head, row block r,
     column block c <= r) per program (grid axis 1 holds NR x NR of them; those with c > r exit at once):
@@ -430,15 +430,30 @@ def _tree_keys_kernel(
     (I + A_rr)^-1 in place of A_rr (phase 2 needs only that) and writes G_r (and k expanded).
     With PENDING, the first NCT programs of axis 1 are the delayed commit instead, one [BVC, d_k] tile of
     S0 each (:func:`_pending_prologue`, d_k in chunks of BKC): nothing here reads S0, so the commit runs
-    beside the key work and the next phase (launched after this one completes) starts from it."""
+    beside the key work and the next phase (launched after this one completes) starts from it. With TERMS
+    the same NCT programs (after the commit, if any) write phase 2's state products K S0^T and Q S0^T of
+    their d_v rows for every node (:func:`_state_products`, RC rows at a time) into ks / qs [n, HV, d_v]
+    float32: the value phase's d_k-long dots leave its serial chain for programs beside the key work."""
     pdl_start(PDL)
     i_h = tl.program_id(0)
     pid = tl.program_id(1)
-    if PENDING:
+    if PENDING or TERMS:
         if pid < NCT:
             o_v = pid * BVC + tl.arange(0, BVC)
-            _pending_prologue(s0_ptr, pd_ptr, pk_ptr, pg_ptr, panc_ptr, pnode_ptr, pn, i_h, o_v, HV, DV, DK,
-                              BKC, PNP)  # fmt: skip
+            if PENDING:
+                _pending_prologue(s0_ptr, pd_ptr, pk_ptr, pg_ptr, panc_ptr, pnode_ptr, pn, i_h, o_v, HV, DV,
+                                  DK, BKC, PNP)  # fmt: skip
+            if TERMS:
+                i_kh = i_h // (HV // H)
+                m_v = o_v < DV
+                for r0 in range(0, n, RC):
+                    rows = r0 + tl.arange(0, RC)
+                    m_rows = rows < n
+                    b_ks, b_qs = _state_products(q_ptr, k_ptr, s0_ptr, rows, m_rows, o_v, m_v, i_h, i_kh, H,
+                                                 HV, DK, DV, RC, BK, BVC, PREC)  # fmt: skip
+                    p_v = rows[:, None] * (HV * DV) + i_h * DV + o_v[None, :]
+                    tl.store(ks_ptr + p_v, b_ks, mask=m_rows[:, None] & m_v[None, :])
+                    tl.store(qs_ptr + p_v, b_qs, mask=m_rows[:, None] & m_v[None, :])
             return
         pid -= NCT
     r = pid // NR
@@ -484,15 +499,14 @@ def _tree_keys_kernel(
 
 
 @triton.jit
-def _values_start(
-    q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, gcum_ptr, rows, m_rows, o_k, o_v, m_v, i_h, i_kh, scale,
+def _state_products(
+    q_ptr, k_ptr, s0_ptr, rows, m_rows, o_v, m_v, i_h, i_kh,
     H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BR: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
-    """Row block ``rows``' state terms: X0 = beta (V - e^G K S0^T) and scale e^G Q S0^T, [BR, BV] each."""
-    b_gr = tl.load(gcum_ptr + rows * HV + i_h, mask=m_rows, other=0.0)
-    b_beta = tl.load(beta_ptr + rows * HV + i_h, mask=m_rows, other=0.0).to(tl.float32)
-    b_eg = tl.exp(b_gr)
+    """K S0^T and Q S0^T on ``rows`` (BR of them) x the d_v tile ``o_v`` of value head i_h, [BR, BV]
+    float32 each (d_k in chunks of BK)."""
+    o_k = tl.arange(0, BK)
     b_ks = tl.zeros([BR, BV], dtype=tl.float32)
     b_qs = tl.zeros([BR, BV], dtype=tl.float32)
     for kk in range(0, DK, BK):
@@ -505,16 +519,38 @@ def _values_start(
         b_s = tl.load(p_s, mask=m_k[:, None] & m_v[None, :], other=0.0)
         b_ks += tl.dot(b_k, b_s, input_precision=PREC)
         b_qs += tl.dot(b_q, b_s, input_precision=PREC)
+    return b_ks, b_qs
+
+
+@triton.jit
+def _state_terms(b_ks, b_qs, v_ptr, beta_ptr, gcum_ptr, rows, m_rows, o_v, m_v, i_h, scale, HV: tl.constexpr,
+                 DV: tl.constexpr):  # fmt: skip
+    """Row block ``rows``' state terms from its products (:func:`_state_products`): X0 = beta (V - e^G
+    K S0^T) and scale e^G Q S0^T."""
+    b_eg = tl.exp(tl.load(gcum_ptr + rows * HV + i_h, mask=m_rows, other=0.0))
+    b_beta = tl.load(beta_ptr + rows * HV + i_h, mask=m_rows, other=0.0).to(tl.float32)
     p_v = rows[:, None] * (HV * DV) + i_h * DV + o_v[None, :]
     b_vv = tl.load(v_ptr + p_v, mask=m_rows[:, None] & m_v[None, :], other=0.0).to(tl.float32)
     return b_beta[:, None] * (b_vv - b_eg[:, None] * b_ks), (scale * b_eg)[:, None] * b_qs
 
 
 @triton.jit
+def _values_start(
+    q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, gcum_ptr, rows, m_rows, o_v, m_v, i_h, i_kh, scale,
+    H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BR: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """Row block ``rows``' state terms: X0 = beta (V - e^G K S0^T) and scale e^G Q S0^T, [BR, BV] each."""
+    b_ks, b_qs = _state_products(q_ptr, k_ptr, s0_ptr, rows, m_rows, o_v, m_v, i_h, i_kh, H, HV, DK, DV, BR,
+                                 BK, BV, PREC)  # fmt: skip
+    return _state_terms(b_ks, b_qs, v_ptr, beta_ptr, gcum_ptr, rows, m_rows, o_v, m_v, i_h, scale, HV, DV)
+
+
+@triton.jit
 def _tree_values_kernel(
     q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, a_ptr, p_ptr, gcum_ptr, o_ptr, delta_ptr, qs_ptr, n, NP, scale,
     H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BR: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, HOIST: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, HOIST: tl.constexpr, TERMS: tl.constexpr,
     PDL: tl.constexpr,
 ):  # fmt: skip
     """Phase 2 of :func:`tree_gdn_split`, one (value head, d_v tile) per program: the blocked forward
@@ -525,21 +561,21 @@ def _tree_values_kernel(
     a commit was pending). HOIST: the state terms of every row block first, in a pass with no dependence
     between blocks (X0 into ``delta``, the Q S0^T term into the float32 scratch ``qs_ptr`` [n, HV, d_v]),
     so the serial walk over the blocks reads them back instead of computing them in the chain; the same
-    arithmetic, bitwise."""
+    arithmetic, bitwise. TERMS: phase 1 wrote the products K S0^T (into ``delta``) and Q S0^T (``qs_ptr``)
+    of every row; the walk reads them and applies the gates, beta and V (:func:`_state_terms`)."""
     pdl_start(PDL)
     i_h = tl.program_id(0)
     i_v = tl.program_id(1)
     i_kh = i_h // (HV // H)
     o_r = tl.arange(0, BR)
-    o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < DV
     if HOIST:
         for r in range(0, tl.cdiv(n, BR)):
             rows = r * BR + o_r
             m_rows = rows < n
-            b_x, b_o = _values_start(q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, gcum_ptr, rows, m_rows, o_k, o_v,
-                                     m_v, i_h, i_kh, scale, H, HV, DK, DV, BR, BK, BV, PREC)  # fmt: skip
+            b_x, b_o = _values_start(q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, gcum_ptr, rows, m_rows, o_v, m_v,
+                                     i_h, i_kh, scale, H, HV, DK, DV, BR, BK, BV, PREC)  # fmt: skip
             p_v = rows[:, None] * (HV * DV) + i_h * DV + o_v[None, :]
             m_rv = m_rows[:, None] & m_v[None, :]
             tl.store(delta_ptr + p_v, b_x, mask=m_rv)
@@ -550,12 +586,17 @@ def _tree_values_kernel(
         m_rows = rows < n
         p_v = rows[:, None] * (HV * DV) + i_h * DV + o_v[None, :]
         m_rv = m_rows[:, None] & m_v[None, :]
-        if HOIST:
+        if TERMS:
+            b_ks = tl.load(delta_ptr + p_v, mask=m_rv, other=0.0)
+            b_qs = tl.load(qs_ptr + p_v, mask=m_rv, other=0.0)
+            b_x, b_o = _state_terms(b_ks, b_qs, v_ptr, beta_ptr, gcum_ptr, rows, m_rows, o_v, m_v, i_h, scale,
+                                    HV, DV)  # fmt: skip
+        elif HOIST:
             b_x = tl.load(delta_ptr + p_v, mask=m_rv, other=0.0)
             b_o = tl.load(qs_ptr + p_v, mask=m_rv, other=0.0)
         else:
-            b_x, b_o = _values_start(q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, gcum_ptr, rows, m_rows, o_k, o_v,
-                                     m_v, i_h, i_kh, scale, H, HV, DK, DV, BR, BK, BV, PREC)  # fmt: skip
+            b_x, b_o = _values_start(q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, gcum_ptr, rows, m_rows, o_v, m_v,
+                                     i_h, i_kh, scale, H, HV, DK, DV, BR, BK, BV, PREC)  # fmt: skip
         p_row = i_h * NP * NP + rows[:, None] * NP
         for c in range(0, r):
             cols = c * BR + o_r
@@ -904,6 +945,7 @@ def tree_gdn_split(
     pending: PendingCommit | None = None,
     hoist: bool = False,
     commit_block_v: int | None = None,
+    terms: bool = False,
 ) -> tuple[torch.Tensor, TreeFactors]:
     """:func:`tree_gdn_fused` (same arguments, results and ``pending``) in two launches, for few heads.
 
@@ -919,19 +961,25 @@ def tree_gdn_split(
     every row block's state terms (K S0^T, Q S0^T) in a first pass with no dependence between blocks, so the
     serial walk only reads them back (bitwise the same results; a float32 scratch [n, HV, d_v] more).
     ``pending`` runs in phase 1's launch, beside the key work (which reads no S0): HV x d_v /
-    ``commit_block_v`` programs more (:func:`commit_tiles`), no launch and no serial step more.
+    ``commit_block_v`` programs more (:func:`commit_tiles`), no launch and no serial step more. ``terms``:
+    those programs (there with or without ``pending``) also compute every node's K S0^T and Q S0^T for
+    phase 2 (float32 scratch [n, HV, d_v]), so that phase 2's serial walk has no d_k loop (the same dots
+    over row chunks of 64: not bitwise the other forms, within the same bounds).
     """
+    if hoist and terms:
+        raise ValueError("hoist and terms are two places for the same state terms: pick one")
     c = _TreeCall.of(q, k, v, g, beta, state, ancestors, precision, chain, pending, out)
     br, bv = split_tiles(c.n, c.hv, c.dv, precision, block_rows, block_v)
     bk = _check_tiles(br, block_k, c.dk)
     warps = num_warps or (8 if br >= 64 else 4)
     pend = pending is not None
-    a_blocks, p_blocks, npad = _key_blocks(c, br, bk, precision, scale, warps, pend, commit_block_v)
-    qs = torch.empty_like(c.delta) if hoist else c.delta
+    qs = torch.empty_like(c.delta) if hoist or terms else c.delta
+    a_blocks, p_blocks, npad = _key_blocks(c, br, bk, precision, scale, warps, pend, commit_block_v,
+                                           qs if terms else None)  # fmt: skip
     _tree_values_kernel[(c.hv, triton.cdiv(c.dv, bv))](
         c.q, c.k, c.v, c.beta, c.state, a_blocks, p_blocks, c.gate_cum, c.o, c.delta, qs, c.n, npad,
         float(scale), H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, BK=bk, BV=bv, PREC=precision, HOIST=hoist,
-        num_warps=warps, **pdl_args(c.q.device, verify=True),
+        TERMS=terms, num_warps=warps, **pdl_args(c.q.device, verify=True),
     )  # fmt: skip
     return c.o, c.factors()
 
@@ -957,22 +1005,26 @@ def _key_blocks(
     warps: int,
     pending: bool = False,
     commit_block_v: int | None = None,
+    qs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Launch ``_tree_keys_kernel`` (phase 1 of the split and blocked forms): returns the float32 scratch
     (A blocks with the diagonal inverses, P blocks), each [HV, NP, NP], and NP = n rounded up to BR;
-    writes G and TreeFactors.k; ``pending``: commits c's pending path into c.state too."""
+    writes G and TreeFactors.k; ``pending``: commits c's pending path into c.state too; ``qs`` given:
+    the state products K S0^T into c.delta and Q S0^T into ``qs`` (the split form's ``terms``)."""
     nr = triton.cdiv(c.n, br)
     npad = nr * br
     a_blocks = torch.empty(c.hv, npad, npad, dtype=torch.float32, device=c.q.device)
     p_blocks = torch.empty(c.hv, npad, npad, dtype=torch.float32, device=c.q.device)
     bvc, bkc = commit_tiles(c.dv, c.dk, commit_block_v)
-    nct = triton.cdiv(c.dv, bvc) if pending else 0
+    terms = qs is not None
+    nct = triton.cdiv(c.dv, bvc) if pending or terms else 0
     _tree_keys_kernel[(c.hv, nct + nr * nr)](
         c.q, c.k, c.g, c.beta, c.anc, a_blocks, p_blocks, c.gate_cum, c.k_exp, c.state, *c.p_ops, c.p_node,
-        c.p_n, c.n, npad, nr, float(scale),
+        c.p_n, c.delta, qs if terms else c.delta, c.n, npad, nr, float(scale),
         H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk, CHAIN=c.chain,
         PREC=precision, UPCAST_QK=c.upcast, BASE16=br >= 32, WRITE_K=c.write_k, PENDING=pending, PNP=c.pnp,
-        NCT=nct, BVC=bvc, BKC=bkc, num_warps=warps, **pdl_args(c.q.device, verify=True),
+        NCT=nct, BVC=bvc, BKC=bkc, TERMS=terms, RC=min(64, _pow2_at_least(c.n)), num_warps=warps,
+        **pdl_args(c.q.device, verify=True),
     )  # fmt: skip
     return a_blocks, p_blocks, npad
 

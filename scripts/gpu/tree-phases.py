@@ -10,7 +10,8 @@ row blocks and warps, and an empty Triton launch on the same grid (the launch fl
 Every split variant is checked against the fused kernel's output before it is timed.
 
 TREE_PHASES_PARTS (default "phases,knobs"; the tables are rewritten after every shape): "phases" the
-phase split and tile sweeps above (with phase 2's ``hoist`` variant), "knobs" phase 1 alone under knobs
+phase split and tile sweeps above (with phase 2's ``hoist`` variant and its state products from phase 1,
+``terms``), "knobs" phase 1 alone under knobs
 that price its parts (:func:`keys_knobs`), "delayed" the split form with and without a pending commit
 (phase 1's commit programs over commit_block_v 16 / 32 / 64, the path from the mask or a path index;
 :func:`delayed`). TREE_PHASES_BLOCKS picks the blocks as ``part:shape:T`` items
@@ -95,6 +96,11 @@ def phases(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
     row("split", lambda: tt.tree_gdn_split(x.q, x.k, x.v, x.g, x.beta, x.state, anc, scale, PREC), 40.0)
     args = (x.q, x.k, x.v, x.g, x.beta, x.state, anc, scale, PREC)
     row("split-hoist", lambda: tt.tree_gdn_split(*args, hoist=True), 40.0)
+    row("split-terms", lambda: tt.tree_gdn_split(*args, terms=True), 40.0)
+    for name, kw in (("split", {}), ("split-hoist", {"hoist": True}), ("split-terms", {"terms": True})):
+        err = ((tt.tree_gdn_split(*args, **kw)[0].float() - ref).norm() / ref.norm()).item()
+        rows.append(dict(shape=shape, T=t, variant=f"{name} check", status="ok" if err < 1e-2 else "wrong",
+                         rel_err_vs_fused=err))  # fmt: skip
     for br in (16, 32, 64):
         if br > max(16, t):
             continue
@@ -108,19 +114,21 @@ def phases(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
         for bv in (16, 32, 64, 128):
             if bv > c.dv:
                 continue
-            for warps, hoist in ((4, False), (8, False), (4, True), (8, True)):
+            for warps, mode in ((4, ""), (8, ""), (4, "hoist"), (8, "hoist"), (4, "terms"), (8, "terms")):
 
                 def values(
-                    c=c, br=br, b=bk_, bv=bv, w=warps, a=a_blocks, p=p_blocks, npad=npad, h=hoist, s=qs
+                    c=c, br=br, b=bk_, bv=bv, w=warps, a=a_blocks, p=p_blocks, npad=npad, m=mode, s=qs
                 ) -> None:
                     tt._tree_values_kernel[(c.hv, triton.cdiv(c.dv, bv))](
                         c.q, c.k, c.v, c.beta, c.state, a, p, c.gate_cum, c.o, c.delta, s, c.n, npad,
                         float(scale), H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, BK=b, BV=bv, PREC=PREC,
-                        HOIST=h, PDL=False, num_warps=w,
+                        HOIST=m == "hoist", TERMS=m == "terms", PDL=False, num_warps=w,
                     )  # fmt: skip
 
-                name = "phase2-hoist" if hoist else "phase2"
-                row(name, values, 20.0, out=c.o, block_rows=br, block_v=bv, num_warps=warps)
+                # terms: phase 1's products are not rewritten between replays (timing only, no check)
+                out = None if mode == "terms" else c.o
+                row(f"phase2-{mode}" if mode else "phase2", values, 20.0, out=out, block_rows=br, block_v=bv,
+                    num_warps=warps)  # fmt: skip
         grid = (c.hv, c.dv // 64)
         dummy = torch.zeros(1, device=dev)
         row("empty-launch", lambda g=grid, d=dummy: _empty_kernel[g](d), 3.0, grid=list(grid))
@@ -207,6 +215,11 @@ def delayed(shape: str, t: int, dev: torch.device, depth: int = 4) -> list[dict[
                 write_path_index(anc, node, pending.path)
             name = f"split, delayed{' (path index)' if index else ''}"
             variants.append((name, {"pending": pending, "commit_block_v": cbv}))
+            if index:
+                variants.append(
+                    (f"{name} + terms", {"pending": pending, "commit_block_v": cbv, "terms": True})
+                )
+    variants.insert(1, ("split + terms, nothing pending", {"terms": True}))
     for name, kw in variants:
 
         def check(kw: dict[str, Any] = kw) -> tuple[float, bool]:
@@ -218,7 +231,9 @@ def delayed(shape: str, t: int, dev: torch.device, depth: int = 4) -> list[dict[
 
         # timed in place: every replay commits the same path again (the same work, other values)
         r = dict(shape=shape, T=t, variant=name, depth=depth, block_v=kw.get("commit_block_v"))
-        measure(r, lambda kw=kw: tt.tree_gdn_split(*args, **kw), dev, 30.0, check if kw else None)
+        measure(
+            r, lambda kw=kw: tt.tree_gdn_split(*args, **kw), dev, 30.0, check if "pending" in kw else None
+        )
         rows.append(r)
         print(f"{shape:7s} T={t:<4d} {name:32s} cbv={r['block_v']} {r.get('status')} us={r.get('us')}")
     rows += _delayed_parts(shape, t, dev, x, f, anc, node, scale, state, depth)
@@ -249,21 +264,23 @@ def _delayed_parts(shape, t, dev, x, f, anc, node, scale, state, depth) -> list[
         nct = triton.cdiv(cp.dv, bvc)
         tt._tree_keys_kernel[(cp.hv, nct)](
             cp.q, cp.k, cp.g, cp.beta, cp.anc, a_blocks, p_blocks, cp.gate_cum, cp.k_exp, cp.state, *cp.p_ops,
-            cp.p_node, cp.p_n, cp.n, npad, 1, float(scale),
+            cp.p_node, cp.p_n, cp.delta, cp.delta, cp.n, npad, 1, float(scale),
             H=cp.h, HV=cp.hv, DK=cp.dk, DV=cp.dv, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk_, CHAIN=False,
             PREC=PREC, UPCAST_QK=False, BASE16=br >= 32, WRITE_K=cp.write_k, PENDING=True, PNP=cp.pnp,
-            NCT=nct, BVC=bvc, BKC=bkc, num_warps=warps, PDL=0,
+            NCT=nct, BVC=bvc, BKC=bkc, TERMS=False, RC=16, num_warps=warps, PDL=0,
         )  # fmt: skip
 
-    def phase2() -> None:
+    qs = torch.empty_like(c0.delta)
+
+    def phase2(terms: bool = False) -> None:
         tt._tree_values_kernel[(c0.hv, triton.cdiv(c0.dv, bv))](
-            c0.q, c0.k, c0.v, c0.beta, c0.state, a_blocks, p_blocks, c0.gate_cum, c0.o, c0.delta, c0.delta,
+            c0.q, c0.k, c0.v, c0.beta, c0.state, a_blocks, p_blocks, c0.gate_cum, c0.o, c0.delta, qs,
             c0.n, npad, float(scale), H=c0.h, HV=c0.hv, DK=c0.dk, DV=c0.dv, BR=br, BK=bk_, BV=bv, PREC=PREC,
-            HOIST=False, PDL=0, num_warps=warps,
+            HOIST=False, TERMS=terms, PDL=0, num_warps=warps,
         )  # fmt: skip
 
-    def keys(c: tt._TreeCall, cbv: int | None) -> None:
-        tt._key_blocks(c, br, bk_, PREC, scale, warps, cbv is not None, cbv)
+    def keys(c: tt._TreeCall, cbv: int | None, terms: bool = False) -> None:
+        tt._key_blocks(c, br, bk_, PREC, scale, warps, c is cp, cbv, qs if terms else None)
 
     parts = [
         ("phase 1", None, lambda: keys(c0, None)),
@@ -274,6 +291,9 @@ def _delayed_parts(shape, t, dev, x, f, anc, node, scale, state, depth) -> list[
         ("commit programs alone", 32, lambda: commit_alone(32)),
         ("commit programs alone", 64, lambda: commit_alone(64)),
         ("phase 2", None, phase2),
+        ("phase 1 + terms", 32, lambda: keys(c0, 32, True)),
+        ("phase 1 + commit + terms (path index)", 32, lambda: keys(cp, 32, True)),
+        ("phase 2 (terms from phase 1)", None, lambda: phase2(True)),
         # the same launches in sequence, no dependent launch: where the step's sum stops adding up
         ("seq: phase 1, phase 2", None, lambda: (keys(c0, None), phase2())),
         ("seq: phase 1 + commit, phase 2", 32, lambda: (keys(cp, 32), phase2())),

@@ -134,7 +134,7 @@ def run_case(spec: dict, device: str) -> dict:
     anc = tree.ancestor_mask.to(device)
     scale = dk**-0.5
     tuning = ("block_rows", "block_v", "block_k", "num_warps", "batched_base", "block_rows_v", "block_cols",
-              "precompute_x0", "hoist", "commit_block_v")  # fmt: skip
+              "precompute_x0", "hoist", "commit_block_v", "terms")  # fmt: skip
     knobs = {key: spec[key] for key in tuning if key in spec}
     nan = float("nan")
     o = torch.full((n, hv, dv), nan, dtype=q.dtype, device=device)
@@ -327,6 +327,26 @@ INTERP_CASES = {
         "hoist": True,
         "pending": True,
         "pending_index": True,
+    },
+    "split-terms-pending-index-n40-mixed-dk32-br16": {  # phase 2's state products from phase 1
+        **_SMALL,
+        "n": 40,
+        "kind": "mixed",
+        "dk": 32,
+        "block_k": 16,
+        "block_rows": 16,
+        "split": True,
+        "terms": True,
+        "pending": True,
+        "pending_index": True,
+        "commit_block_v": 8,
+    },
+    "split-terms-n80-chain": {  # two row chunks of the products (64 rows each)
+        **_SMALL,
+        "n": 80,
+        "kind": "chain",
+        "split": True,
+        "terms": True,
     },
     "split-pending-index-n20-fan": {
         **_SMALL,
@@ -563,26 +583,32 @@ def test_gpu_tree(shape: str, n: int, kind: str, dtype: str, precision: str) -> 
 
 
 @pytest.mark.parametrize(
-    ("shape", "n", "kind", "dtype", "precision", "pending", "hoist"),
-    [("specla", 128, "mixed", "bfloat16", "tf32", False, False),
-     ("specla", 64, "chain", "float32", "ieee", True, False),
-     ("specla", 64, "mixed", "bfloat16", "tf32", 16, False),  # 16-row commit tiles: one d_k chunk
-     ("specla", 129, "random", "float32", "ieee", False, True),
-     ("weaver", 128, "random", "bfloat16", "tf32", False, False),
-     ("weaver", 128, "random", "bfloat16", "tf32", True, True),
-     ("weaver", 64, "mixed", "float32", "ieee", True, False),
-     ("specla", 256, "random", "bfloat16", "tf32", False, False)],
+    ("shape", "n", "kind", "dtype", "precision", "pending", "terms_at"),
+    [("specla", 128, "mixed", "bfloat16", "tf32", False, ""),
+     ("specla", 64, "chain", "float32", "ieee", True, ""),
+     ("specla", 64, "mixed", "bfloat16", "tf32", 16, ""),  # 16-row commit tiles: one d_k chunk
+     ("specla", 129, "random", "float32", "ieee", False, "hoist"),
+     ("weaver", 128, "random", "bfloat16", "tf32", False, ""),
+     ("weaver", 128, "random", "bfloat16", "tf32", True, "hoist"),
+     ("weaver", 64, "mixed", "float32", "ieee", True, ""),
+     ("specla", 256, "random", "bfloat16", "tf32", False, ""),
+     ("specla", 128, "mixed", "bfloat16", "tf32", True, "terms"),
+     ("specla", 129, "random", "float32", "ieee", 16, "terms"),
+     ("weaver", 256, "random", "bfloat16", "tf32", False, "terms")],
 )  # fmt: skip
 @pytest.mark.gpu
 @pytest.mark.skipif(not _gpu_ok(), reason="needs a CUDA GPU, triton, and TRITON_INTERPRET unset")
 def test_gpu_tree_split(
-    shape: str, n: int, kind: str, dtype: str, precision: str, pending: bool | int, hoist: bool
+    shape: str, n: int, kind: str, dtype: str, precision: str, pending: bool | int, terms_at: str
 ) -> None:
     """The two-phase kernels (tree_gdn_split) at the paper shapes, with and without a delayed commit (an
-    int: its commit_block_v) and phase 2's hoisted state terms."""
+    int: its commit_block_v), with phase 2's state terms in its serial walk, hoisted before it, or from
+    phase 1 (``terms_at``)."""
     base = WEAVER if shape == "weaver" else SPECLA
     spec = {**base, "n": n, "kind": kind, "dtype": dtype, "precision": precision, "seed": _fresh_seed()}
-    spec.update(split=True, pending=bool(pending), pending_n=64, hoist=hoist)
+    spec.update(split=True, pending=bool(pending), pending_n=64)
+    if terms_at:
+        spec[terms_at] = True
     if not isinstance(pending, bool):
         spec["commit_block_v"] = pending
     res = run_case(spec, "cuda")
