@@ -551,7 +551,7 @@ def _tree_values_kernel(
     q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, a_ptr, p_ptr, gcum_ptr, o_ptr, delta_ptr, qs_ptr, n, NP, scale,
     H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BR: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, HOIST: tl.constexpr, TERMS: tl.constexpr,
-    PDL: tl.constexpr,
+    PAIR: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """Phase 2 of :func:`tree_gdn_split`, one (value head, d_v tile) per program: the blocked forward
     substitution and outputs of :func:`_tree_verify_kernel` with the key-only blocks read from phase 1's
@@ -562,7 +562,10 @@ def _tree_values_kernel(
     between blocks (X0 into ``delta``, the Q S0^T term into the float32 scratch ``qs_ptr`` [n, HV, d_v]),
     so the serial walk over the blocks reads them back instead of computing them in the chain; the same
     arithmetic, bitwise. TERMS: phase 1 wrote the products K S0^T (into ``delta``) and Q S0^T (``qs_ptr``)
-    of every row; the walk reads them and applies the gates, beta and V (:func:`_state_terms`)."""
+    of every row; the walk reads them and applies the gates, beta and V (:func:`_state_terms`). PAIR: the
+    walk's blocks are two of phase 1's (BR = 2 x its block rows; half the serial steps): the diagonal
+    block's inverse is M - M N M (M: phase 1's two diagonal inverses, N: the A block between them; exact,
+    as N M is nilpotent), and the scratch's unwritten blocks above the diagonal are masked out."""
     pdl_start(PDL)
     i_h = tl.program_id(0)
     i_v = tl.program_id(1)
@@ -608,8 +611,15 @@ def _tree_values_kernel(
             b_o += tl.dot(b_p, b_dc, input_precision=PREC)
         cols = r * BR + o_r
         b_t = tl.load(a_ptr + p_row + cols[None, :])
+        b_pd = tl.load(p_ptr + p_row + cols[None, :])
+        if PAIR:  # phase 1's blocks are BR / 2 rows: (I + A_rr)^-1 from its two inverses and A_10
+            half = o_r // (BR // 2)
+            b_m = tl.where(half[:, None] == half[None, :], b_t, 0.0)  # the two inverses; above: unwritten
+            b_n = tl.where(half[:, None] > half[None, :], b_t, 0.0)
+            b_t = b_m - tl.dot(tl.dot(b_m, b_n, input_precision=PREC), b_m, input_precision=PREC)
+            b_pd = tl.where(half[:, None] >= half[None, :], b_pd, 0.0)
         b_d = tl.dot(b_t, b_x, input_precision=PREC)
-        b_o += tl.dot(tl.load(p_ptr + p_row + cols[None, :]), b_d, input_precision=PREC)
+        b_o += tl.dot(b_pd, b_d, input_precision=PREC)
         tl.store(delta_ptr + p_v, b_d, mask=m_rv)
         tl.store(o_ptr + p_v, b_o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=m_rv)
         tl.debug_barrier()  # later row blocks read these delta rows back
@@ -946,6 +956,7 @@ def tree_gdn_split(
     hoist: bool = False,
     commit_block_v: int | None = None,
     terms: bool = False,
+    pair: bool | None = None,
 ) -> tuple[torch.Tensor, TreeFactors]:
     """:func:`tree_gdn_fused` (same arguments, results and ``pending``) in two launches, for few heads.
 
@@ -964,7 +975,9 @@ def tree_gdn_split(
     ``commit_block_v`` programs more (:func:`commit_tiles`), no launch and no serial step more. ``terms``:
     those programs (there with or without ``pending``) also compute every node's K S0^T and Q S0^T for
     phase 2 (float32 scratch [n, HV, d_v]), so that phase 2's serial walk has no d_k loop (the same dots
-    over row chunks of 64: not bitwise the other forms, within the same bounds).
+    over row chunks of 64: not bitwise the other forms, within the same bounds). ``pair``: phase 2 walks
+    blocks of 2 BR rows (``_tree_values_kernel``'s PAIR; default: for d_v tiles <= 32 wide and more than
+    one block of rows).
     """
     if hoist and terms:
         raise ValueError("hoist and terms are two places for the same state terms: pick one")
@@ -974,12 +987,14 @@ def tree_gdn_split(
     warps = num_warps or (8 if br >= 64 else 4)
     pend = pending is not None
     qs = torch.empty_like(c.delta) if hoist or terms else c.delta
+    pair = bv <= 32 and c.n > br if pair is None else pair
+    walk = 2 * br if pair else br
     a_blocks, p_blocks, npad = _key_blocks(c, br, bk, precision, scale, warps, pend, commit_block_v,
-                                           qs if terms else None)  # fmt: skip
+                                           qs if terms else None, walk)  # fmt: skip
     _tree_values_kernel[(c.hv, triton.cdiv(c.dv, bv))](
         c.q, c.k, c.v, c.beta, c.state, a_blocks, p_blocks, c.gate_cum, c.o, c.delta, qs, c.n, npad,
-        float(scale), H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, BK=bk, BV=bv, PREC=precision, HOIST=hoist,
-        TERMS=terms, num_warps=warps, **pdl_args(c.q.device, verify=True),
+        float(scale), H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=walk, BK=bk, BV=bv, PREC=precision, HOIST=hoist,
+        TERMS=terms, PAIR=pair, num_warps=warps, **pdl_args(c.q.device, verify=True),
     )  # fmt: skip
     return c.o, c.factors()
 
@@ -1006,13 +1021,16 @@ def _key_blocks(
     pending: bool = False,
     commit_block_v: int | None = None,
     qs: torch.Tensor | None = None,
+    rows_multiple: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Launch ``_tree_keys_kernel`` (phase 1 of the split and blocked forms): returns the float32 scratch
     (A blocks with the diagonal inverses, P blocks), each [HV, NP, NP], and NP = n rounded up to BR;
     writes G and TreeFactors.k; ``pending``: commits c's pending path into c.state too; ``qs`` given:
-    the state products K S0^T into c.delta and Q S0^T into ``qs`` (the split form's ``terms``)."""
-    nr = triton.cdiv(c.n, br)
-    npad = nr * br
+    the state products K S0^T into c.delta and Q S0^T into ``qs`` (the split form's ``terms``);
+    ``rows_multiple`` (a multiple of BR): NP rounded up to it instead (phase 2 walking larger blocks)."""
+    mult = rows_multiple or br
+    npad = triton.cdiv(c.n, mult) * mult
+    nr = npad // br
     a_blocks = torch.empty(c.hv, npad, npad, dtype=torch.float32, device=c.q.device)
     p_blocks = torch.empty(c.hv, npad, npad, dtype=torch.float32, device=c.q.device)
     bvc, bkc = commit_tiles(c.dv, c.dk, commit_block_v)

@@ -93,14 +93,20 @@ def phases(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
         print(f"{shape:7s} T={t:<4d} {name:22s} {knobs} {r.get('status')} us={r.get('us')}")
 
     row("fused", lambda: tt.tree_gdn_fused(x.q, x.k, x.v, x.g, x.beta, x.state, anc, scale, PREC), 40.0)
-    row("split", lambda: tt.tree_gdn_split(x.q, x.k, x.v, x.g, x.beta, x.state, anc, scale, PREC), 40.0)
     args = (x.q, x.k, x.v, x.g, x.beta, x.state, anc, scale, PREC)
-    row("split-hoist", lambda: tt.tree_gdn_split(*args, hoist=True), 40.0)
-    row("split-terms", lambda: tt.tree_gdn_split(*args, terms=True), 40.0)
-    for name, kw in (("split", {}), ("split-hoist", {"hoist": True}), ("split-terms", {"terms": True})):
+    variants = {  # tree_gdn_split's phase-2 options, then its defaults
+        "split-plain": dict(terms=False, pair=False),
+        "split-terms": dict(terms=True, pair=False),
+        "split-pair": dict(terms=False, pair=True),
+        "split-terms-pair": dict(terms=True, pair=True),
+        "split-hoist": dict(hoist=True, terms=False, pair=False),
+        "split": {},
+    }
+    for name, kw in variants.items():
         err = ((tt.tree_gdn_split(*args, **kw)[0].float() - ref).norm() / ref.norm()).item()
         rows.append(dict(shape=shape, T=t, variant=f"{name} check", status="ok" if err < 1e-2 else "wrong",
                          rel_err_vs_fused=err))  # fmt: skip
+        row(name, lambda kw=kw: tt.tree_gdn_split(*args, **kw), 40.0)
     for br in (16, 32, 64):
         if br > max(16, t):
             continue
@@ -122,7 +128,7 @@ def phases(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
                     tt._tree_values_kernel[(c.hv, triton.cdiv(c.dv, bv))](
                         c.q, c.k, c.v, c.beta, c.state, a, p, c.gate_cum, c.o, c.delta, s, c.n, npad,
                         float(scale), H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, BK=b, BV=bv, PREC=PREC,
-                        HOIST=m == "hoist", TERMS=m == "terms", PDL=False, num_warps=w,
+                        HOIST=m == "hoist", TERMS=m == "terms", PAIR=False, PDL=False, num_warps=w,
                     )  # fmt: skip
 
                 # terms: phase 1's products are not rewritten between replays (timing only, no check)
@@ -206,7 +212,9 @@ def delayed(shape: str, t: int, dev: torch.device, depth: int = 4) -> list[dict[
     rows: list[dict[str, Any]] = []
     state = x.state.clone()
     args = (x.q, x.k, x.v, x.g, x.beta, state, anc, scale, PREC)
-    variants: list[tuple[str, dict[str, Any]]] = [("split, nothing pending", {})]
+    plain, terms = {"terms": False, "pair": False}, {"terms": True, "pair": True}
+    variants: list[tuple[str, dict[str, Any]]] = [("split, nothing pending", plain)]
+    variants.append(("split + terms + pair, nothing pending", terms))
     for index in (False, True):
         for cbv in (16, 32, 64):
             pending = reference.PendingCommit(f.delta, f.k, f.gate_cum, anc, node)
@@ -214,12 +222,11 @@ def delayed(shape: str, t: int, dev: torch.device, depth: int = 4) -> list[dict[
                 pending.path = path_index_buffer(case.n, dev)
                 write_path_index(anc, node, pending.path)
             name = f"split, delayed{' (path index)' if index else ''}"
-            variants.append((name, {"pending": pending, "commit_block_v": cbv}))
+            variants.append((name, {"pending": pending, "commit_block_v": cbv, **plain}))
             if index:
-                variants.append(
-                    (f"{name} + terms", {"pending": pending, "commit_block_v": cbv, "terms": True})
-                )
-    variants.insert(1, ("split + terms, nothing pending", {"terms": True}))
+                kw = {"pending": pending, "commit_block_v": cbv}
+                variants.append((f"{name} + terms", {**kw, "terms": True, "pair": False}))
+                variants.append((f"{name} + terms + pair", {**kw, **terms}))
     for name, kw in variants:
 
         def check(kw: dict[str, Any] = kw) -> tuple[float, bool]:
@@ -276,7 +283,16 @@ def _delayed_parts(shape, t, dev, x, f, anc, node, scale, state, depth) -> list[
         tt._tree_values_kernel[(c0.hv, triton.cdiv(c0.dv, bv))](
             c0.q, c0.k, c0.v, c0.beta, c0.state, a_blocks, p_blocks, c0.gate_cum, c0.o, c0.delta, qs,
             c0.n, npad, float(scale), H=c0.h, HV=c0.hv, DK=c0.dk, DV=c0.dv, BR=br, BK=bk_, BV=bv, PREC=PREC,
-            HOIST=False, TERMS=terms, PDL=0, num_warps=warps,
+            HOIST=False, TERMS=terms, PAIR=False, PDL=0, num_warps=warps,
+        )  # fmt: skip
+
+    a2, p2, npad2 = tt._key_blocks(c0, br, bk_, PREC, scale, warps, rows_multiple=2 * br)
+
+    def phase2_pair() -> None:
+        tt._tree_values_kernel[(c0.hv, triton.cdiv(c0.dv, bv))](
+            c0.q, c0.k, c0.v, c0.beta, c0.state, a2, p2, c0.gate_cum, c0.o, c0.delta, qs,
+            c0.n, npad2, float(scale), H=c0.h, HV=c0.hv, DK=c0.dk, DV=c0.dv, BR=2 * br, BK=bk_, BV=bv,
+            PREC=PREC, HOIST=False, TERMS=True, PAIR=True, PDL=0, num_warps=warps,
         )  # fmt: skip
 
     def keys(c: tt._TreeCall, cbv: int | None, terms: bool = False) -> None:
@@ -294,6 +310,7 @@ def _delayed_parts(shape, t, dev, x, f, anc, node, scale, state, depth) -> list[
         ("phase 1 + terms", 32, lambda: keys(c0, 32, True)),
         ("phase 1 + commit + terms (path index)", 32, lambda: keys(cp, 32, True)),
         ("phase 2 (terms from phase 1)", None, lambda: phase2(True)),
+        ("phase 2 (terms, walking pairs of blocks)", None, phase2_pair),
         # the same launches in sequence, no dependent launch: where the step's sum stops adding up
         ("seq: phase 1, phase 2", None, lambda: (keys(c0, None), phase2())),
         ("seq: phase 1 + commit, phase 2", 32, lambda: (keys(cp, 32), phase2())),

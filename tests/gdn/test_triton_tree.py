@@ -134,7 +134,7 @@ def run_case(spec: dict, device: str) -> dict:
     anc = tree.ancestor_mask.to(device)
     scale = dk**-0.5
     tuning = ("block_rows", "block_v", "block_k", "num_warps", "batched_base", "block_rows_v", "block_cols",
-              "precompute_x0", "hoist", "commit_block_v", "terms")  # fmt: skip
+              "precompute_x0", "hoist", "commit_block_v", "terms", "pair")  # fmt: skip
     knobs = {key: spec[key] for key in tuning if key in spec}
     nan = float("nan")
     o = torch.full((n, hv, dv), nan, dtype=q.dtype, device=device)
@@ -339,7 +339,8 @@ INTERP_CASES = {
         "terms": True,
         "pending": True,
         "pending_index": True,
-        "commit_block_v": 8,
+        "commit_block_v": 16,
+        "pair": False,  # phase 2 on phase 1's own blocks
     },
     "split-terms-n80-chain": {  # two row chunks of the products (64 rows each)
         **_SMALL,
