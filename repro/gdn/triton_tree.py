@@ -54,7 +54,10 @@ the SpecLA shape: 128 programs) no longer repeat the d_k-long K K^T / Q K^T dots
 arithmetic, same error bounds (pinned by the same tests). Measured on an H200 (bf16, CUDA graphs,
 results/2026-12-01-h200-kernels-4): SpecLA's shape T = 128 27.7 us vs the one-kernel form's 50.2 (its 8
 value heads gave that one too few programs); Weaver's 43.0 vs 42.7 (48 heads: a tie). The static decoder
-picks it for few value heads.
+picks it for few value heads. Phase 1 also runs, beside the key work, HV x d_v / 32 programs that compute
+phase 2's state products K S0^T and Q S0^T for every node (``terms``, default; after the pending commit
+of their S0 rows when there is one), so phase 2's serial walk has no d_k loop (SpecLA T = 64 14.9 ->
+12.5 us; results/2026-12-03-h200-split-terms).
 
 Blocked verification (:func:`tree_gdn_blocked`, issue 13: short serial chains). The same masked WY form
 with T = (I + A)^-1 made explicit, so that the value work has no serial chain at all. Three launches:
@@ -550,22 +553,16 @@ def _values_start(
 def _tree_values_kernel(
     q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, a_ptr, p_ptr, gcum_ptr, o_ptr, delta_ptr, qs_ptr, n, NP, scale,
     H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BR: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, HOIST: tl.constexpr, TERMS: tl.constexpr,
-    PAIR: tl.constexpr, PDL: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, TERMS: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """Phase 2 of :func:`tree_gdn_split`, one (value head, d_v tile) per program: the blocked forward
     substitution and outputs of :func:`_tree_verify_kernel` with the key-only blocks read from phase 1's
     scratch (A_rc, P_rc, the diagonal inverses) instead of recomputed per d_v tile:
     X_r = beta_r (V_r - e^{G_r} K_r S0^T) - sum_{c<r} A_rc Delta_c, Delta_r = T_rr X_r,
     O_r = scale e^{G_r} Q_r S0^T + sum_{c<=r} P_rc Delta_c (S0 as phase 1 left it: committed there when
-    a commit was pending). HOIST: the state terms of every row block first, in a pass with no dependence
-    between blocks (X0 into ``delta``, the Q S0^T term into the float32 scratch ``qs_ptr`` [n, HV, d_v]),
-    so the serial walk over the blocks reads them back instead of computing them in the chain; the same
-    arithmetic, bitwise. TERMS: phase 1 wrote the products K S0^T (into ``delta``) and Q S0^T (``qs_ptr``)
-    of every row; the walk reads them and applies the gates, beta and V (:func:`_state_terms`). PAIR: the
-    walk's blocks are two of phase 1's (BR = 2 x its block rows; half the serial steps): the diagonal
-    block's inverse is M - M N M (M: phase 1's two diagonal inverses, N: the A block between them; exact,
-    as N M is nilpotent), and the scratch's unwritten blocks above the diagonal are masked out."""
+    a commit was pending). TERMS: phase 1 wrote the products K S0^T (into ``delta``) and Q S0^T (into the
+    float32 scratch ``qs_ptr`` [n, HV, d_v]) of every row; the walk reads them and applies the gates, beta
+    and V (:func:`_state_terms`) instead of running a d_k loop per row block in its chain."""
     pdl_start(PDL)
     i_h = tl.program_id(0)
     i_v = tl.program_id(1)
@@ -573,17 +570,6 @@ def _tree_values_kernel(
     o_r = tl.arange(0, BR)
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < DV
-    if HOIST:
-        for r in range(0, tl.cdiv(n, BR)):
-            rows = r * BR + o_r
-            m_rows = rows < n
-            b_x, b_o = _values_start(q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, gcum_ptr, rows, m_rows, o_v, m_v,
-                                     i_h, i_kh, scale, H, HV, DK, DV, BR, BK, BV, PREC)  # fmt: skip
-            p_v = rows[:, None] * (HV * DV) + i_h * DV + o_v[None, :]
-            m_rv = m_rows[:, None] & m_v[None, :]
-            tl.store(delta_ptr + p_v, b_x, mask=m_rv)
-            tl.store(qs_ptr + p_v, b_o, mask=m_rv)
-        tl.debug_barrier()  # the walk below reads these rows back
     for r in range(0, tl.cdiv(n, BR)):
         rows = r * BR + o_r
         m_rows = rows < n
@@ -594,9 +580,6 @@ def _tree_values_kernel(
             b_qs = tl.load(qs_ptr + p_v, mask=m_rv, other=0.0)
             b_x, b_o = _state_terms(b_ks, b_qs, v_ptr, beta_ptr, gcum_ptr, rows, m_rows, o_v, m_v, i_h, scale,
                                     HV, DV)  # fmt: skip
-        elif HOIST:
-            b_x = tl.load(delta_ptr + p_v, mask=m_rv, other=0.0)
-            b_o = tl.load(qs_ptr + p_v, mask=m_rv, other=0.0)
         else:
             b_x, b_o = _values_start(q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, gcum_ptr, rows, m_rows, o_v, m_v,
                                      i_h, i_kh, scale, H, HV, DK, DV, BR, BK, BV, PREC)  # fmt: skip
@@ -611,15 +594,8 @@ def _tree_values_kernel(
             b_o += tl.dot(b_p, b_dc, input_precision=PREC)
         cols = r * BR + o_r
         b_t = tl.load(a_ptr + p_row + cols[None, :])
-        b_pd = tl.load(p_ptr + p_row + cols[None, :])
-        if PAIR:  # phase 1's blocks are BR / 2 rows: (I + A_rr)^-1 from its two inverses and A_10
-            half = o_r // (BR // 2)
-            b_m = tl.where(half[:, None] == half[None, :], b_t, 0.0)  # the two inverses; above: unwritten
-            b_n = tl.where(half[:, None] > half[None, :], b_t, 0.0)
-            b_t = b_m - tl.dot(tl.dot(b_m, b_n, input_precision=PREC), b_m, input_precision=PREC)
-            b_pd = tl.where(half[:, None] >= half[None, :], b_pd, 0.0)
         b_d = tl.dot(b_t, b_x, input_precision=PREC)
-        b_o += tl.dot(b_pd, b_d, input_precision=PREC)
+        b_o += tl.dot(tl.load(p_ptr + p_row + cols[None, :]), b_d, input_precision=PREC)
         tl.store(delta_ptr + p_v, b_d, mask=m_rv)
         tl.store(o_ptr + p_v, b_o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=m_rv)
         tl.debug_barrier()  # later row blocks read these delta rows back
@@ -953,10 +929,8 @@ def tree_gdn_split(
     num_warps: int | None = None,
     out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     pending: PendingCommit | None = None,
-    hoist: bool = False,
     commit_block_v: int | None = None,
-    terms: bool = False,
-    pair: bool | None = None,
+    terms: bool | None = None,
 ) -> tuple[torch.Tensor, TreeFactors]:
     """:func:`tree_gdn_fused` (same arguments, results and ``pending``) in two launches, for few heads.
 
@@ -968,33 +942,35 @@ def tree_gdn_split(
     key-only work in every d_v tile and runs one program per (head, tile) through all of it: 64 programs at
     the SpecLA shape (HV = 8, d_k = 256), 40x above its floor. Here the d_k-long K K^T / Q K^T dots and the
     inverses spread over HV NR (NR + 1) / 2 programs, and phase 2 gets narrow tiles (more programs) without
-    repeating them. Same arithmetic as the fused kernel, so the same error bounds. ``hoist``: phase 2 computes
-    every row block's state terms (K S0^T, Q S0^T) in a first pass with no dependence between blocks, so the
-    serial walk only reads them back (bitwise the same results; a float32 scratch [n, HV, d_v] more).
+    repeating them. Same arithmetic as the fused kernel, so the same error bounds.
     ``pending`` runs in phase 1's launch, beside the key work (which reads no S0): HV x d_v /
-    ``commit_block_v`` programs more (:func:`commit_tiles`), no launch and no serial step more. ``terms``:
-    those programs (there with or without ``pending``) also compute every node's K S0^T and Q S0^T for
-    phase 2 (float32 scratch [n, HV, d_v]), so that phase 2's serial walk has no d_k loop (the same dots
-    over row chunks of 64: not bitwise the other forms, within the same bounds). ``pair``: phase 2 walks
-    blocks of 2 BR rows (``_tree_values_kernel``'s PAIR; default: for d_v tiles <= 32 wide and more than
-    one block of rows).
+    ``commit_block_v`` programs more (:func:`commit_tiles`), no launch and no serial step more. ``terms``
+    (default where those tiles are >= 16 rows, as tensor-core dots need): those programs (there with or
+    without ``pending``) also compute every node's K S0^T and Q S0^T for phase 2 (float32 scratch [n, HV,
+    d_v]), so that phase 2's serial walk has no d_k loop (the same dots over row chunks of 64: not bitwise
+    the other forms, within the same bounds). Measured on an H200 (bf16, "tf32", CUDA graphs;
+    results/2026-12-03-h200-split-terms): SpecLA's shape 14.9 -> 12.5 us at T = 64 and 23.0 -> 22.3 at T =
+    128 (with a pending commit 15.3 -> 13.1 and 26.0 -> 24.7), Weaver's 40.7 -> 39.1 at T = 128. Computing
+    them in phase 2 before its walk instead was slower at every tile, and so was walking pairs of phase
+    1's blocks (the pair's inverse M - M N M in the chain: 24.4 us at SpecLA T = 128).
     """
-    if hoist and terms:
-        raise ValueError("hoist and terms are two places for the same state terms: pick one")
     c = _TreeCall.of(q, k, v, g, beta, state, ancestors, precision, chain, pending, out)
     br, bv = split_tiles(c.n, c.hv, c.dv, precision, block_rows, block_v)
     bk = _check_tiles(br, block_k, c.dk)
     warps = num_warps or (8 if br >= 64 else 4)
     pend = pending is not None
-    qs = torch.empty_like(c.delta) if hoist or terms else c.delta
-    pair = bv <= 32 and c.n > br if pair is None else pair
-    walk = 2 * br if pair else br
+    bvc = commit_tiles(c.dv, c.dk, commit_block_v)[0]
+    if terms is None:
+        terms = bvc >= 16
+    elif terms and bvc < 16:
+        raise ValueError(f"terms needs commit tiles of >= 16 rows (commit_block_v, d_v), got {bvc}")
+    qs = torch.empty_like(c.delta) if terms else c.delta
     a_blocks, p_blocks, npad = _key_blocks(c, br, bk, precision, scale, warps, pend, commit_block_v,
-                                           qs if terms else None, walk)  # fmt: skip
+                                           qs if terms else None)  # fmt: skip
     _tree_values_kernel[(c.hv, triton.cdiv(c.dv, bv))](
         c.q, c.k, c.v, c.beta, c.state, a_blocks, p_blocks, c.gate_cum, c.o, c.delta, qs, c.n, npad,
-        float(scale), H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=walk, BK=bk, BV=bv, PREC=precision, HOIST=hoist,
-        TERMS=terms, PAIR=pair, num_warps=warps, **pdl_args(c.q.device, verify=True),
+        float(scale), H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, BK=bk, BV=bv, PREC=precision, TERMS=terms,
+        num_warps=warps, **pdl_args(c.q.device, verify=True),
     )  # fmt: skip
     return c.o, c.factors()
 
@@ -1021,16 +997,13 @@ def _key_blocks(
     pending: bool = False,
     commit_block_v: int | None = None,
     qs: torch.Tensor | None = None,
-    rows_multiple: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Launch ``_tree_keys_kernel`` (phase 1 of the split and blocked forms): returns the float32 scratch
     (A blocks with the diagonal inverses, P blocks), each [HV, NP, NP], and NP = n rounded up to BR;
     writes G and TreeFactors.k; ``pending``: commits c's pending path into c.state too; ``qs`` given:
-    the state products K S0^T into c.delta and Q S0^T into ``qs`` (the split form's ``terms``);
-    ``rows_multiple`` (a multiple of BR): NP rounded up to it instead (phase 2 walking larger blocks)."""
-    mult = rows_multiple or br
-    npad = triton.cdiv(c.n, mult) * mult
-    nr = npad // br
+    the state products K S0^T into c.delta and Q S0^T into ``qs`` (the split form's ``terms``)."""
+    nr = triton.cdiv(c.n, br)
+    npad = nr * br
     a_blocks = torch.empty(c.hv, npad, npad, dtype=torch.float32, device=c.q.device)
     p_blocks = torch.empty(c.hv, npad, npad, dtype=torch.float32, device=c.q.device)
     bvc, bkc = commit_tiles(c.dv, c.dk, commit_block_v)

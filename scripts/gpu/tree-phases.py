@@ -10,8 +10,8 @@ row blocks and warps, and an empty Triton launch on the same grid (the launch fl
 Every split variant is checked against the fused kernel's output before it is timed.
 
 TREE_PHASES_PARTS (default "phases,knobs"; the tables are rewritten after every shape): "phases" the
-phase split and tile sweeps above (with phase 2's ``hoist`` variant and its state products from phase 1,
-``terms``), "knobs" phase 1 alone under knobs
+phase split and tile sweeps above (phase 2 with its state products from phase 1, ``terms``, and without;
+the split form at 64-row blocks), "knobs" phase 1 alone under knobs
 that price its parts (:func:`keys_knobs`), "delayed" the split form with and without a pending commit
 (phase 1's commit programs over commit_block_v 16 / 32 / 64, the path from the mask or a path index;
 :func:`delayed`). TREE_PHASES_BLOCKS picks the blocks as ``part:shape:T`` items
@@ -95,11 +95,11 @@ def phases(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
     row("fused", lambda: tt.tree_gdn_fused(x.q, x.k, x.v, x.g, x.beta, x.state, anc, scale, PREC), 40.0)
     args = (x.q, x.k, x.v, x.g, x.beta, x.state, anc, scale, PREC)
     variants = {  # tree_gdn_split's phase-2 options, then its defaults
-        "split-plain": dict(terms=False, pair=False),
-        "split-terms": dict(terms=True, pair=False),
-        "split-pair": dict(terms=False, pair=True),
-        "split-terms-pair": dict(terms=True, pair=True),
-        "split-hoist": dict(hoist=True, terms=False, pair=False),
+        "split-plain": dict(terms=False),
+        "split-terms": dict(terms=True),
+        "split-plain-br64": dict(terms=False, block_rows=64),
+        "split-terms-br64": dict(terms=True, block_rows=64),
+        "split-terms-br64-w4": dict(terms=True, block_rows=64, num_warps=4),
         "split": {},
     }
     for name, kw in variants.items():
@@ -120,7 +120,7 @@ def phases(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
         for bv in (16, 32, 64, 128):
             if bv > c.dv:
                 continue
-            for warps, mode in ((4, ""), (8, ""), (4, "hoist"), (8, "hoist"), (4, "terms"), (8, "terms")):
+            for warps, mode in ((4, ""), (8, ""), (4, "terms"), (8, "terms")):
 
                 def values(
                     c=c, br=br, b=bk_, bv=bv, w=warps, a=a_blocks, p=p_blocks, npad=npad, m=mode, s=qs
@@ -128,7 +128,7 @@ def phases(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
                     tt._tree_values_kernel[(c.hv, triton.cdiv(c.dv, bv))](
                         c.q, c.k, c.v, c.beta, c.state, a, p, c.gate_cum, c.o, c.delta, s, c.n, npad,
                         float(scale), H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, BK=b, BV=bv, PREC=PREC,
-                        HOIST=m == "hoist", TERMS=m == "terms", PAIR=False, PDL=False, num_warps=w,
+                        TERMS=m == "terms", PDL=False, num_warps=w,
                     )  # fmt: skip
 
                 # terms: phase 1's products are not rewritten between replays (timing only, no check)
@@ -212,9 +212,10 @@ def delayed(shape: str, t: int, dev: torch.device, depth: int = 4) -> list[dict[
     rows: list[dict[str, Any]] = []
     state = x.state.clone()
     args = (x.q, x.k, x.v, x.g, x.beta, state, anc, scale, PREC)
-    plain, terms = {"terms": False, "pair": False}, {"terms": True, "pair": True}
+    plain, terms, br64 = {"terms": False}, {"terms": True}, {"terms": True, "block_rows": 64}
     variants: list[tuple[str, dict[str, Any]]] = [("split, nothing pending", plain)]
-    variants.append(("split + terms + pair, nothing pending", terms))
+    variants.append(("split + terms, nothing pending", terms))
+    variants.append(("split + terms, 64-row blocks, nothing pending", br64))
     for index in (False, True):
         for cbv in (16, 32, 64):
             pending = reference.PendingCommit(f.delta, f.k, f.gate_cum, anc, node)
@@ -225,8 +226,8 @@ def delayed(shape: str, t: int, dev: torch.device, depth: int = 4) -> list[dict[
             variants.append((name, {"pending": pending, "commit_block_v": cbv, **plain}))
             if index:
                 kw = {"pending": pending, "commit_block_v": cbv}
-                variants.append((f"{name} + terms", {**kw, "terms": True, "pair": False}))
-                variants.append((f"{name} + terms + pair", {**kw, **terms}))
+                variants.append((f"{name} + terms", {**kw, **terms}))
+                variants.append((f"{name} + terms, 64-row blocks", {**kw, **br64}))
     for name, kw in variants:
 
         def check(kw: dict[str, Any] = kw) -> tuple[float, bool]:
@@ -283,16 +284,7 @@ def _delayed_parts(shape, t, dev, x, f, anc, node, scale, state, depth) -> list[
         tt._tree_values_kernel[(c0.hv, triton.cdiv(c0.dv, bv))](
             c0.q, c0.k, c0.v, c0.beta, c0.state, a_blocks, p_blocks, c0.gate_cum, c0.o, c0.delta, qs,
             c0.n, npad, float(scale), H=c0.h, HV=c0.hv, DK=c0.dk, DV=c0.dv, BR=br, BK=bk_, BV=bv, PREC=PREC,
-            HOIST=False, TERMS=terms, PAIR=False, PDL=0, num_warps=warps,
-        )  # fmt: skip
-
-    a2, p2, npad2 = tt._key_blocks(c0, br, bk_, PREC, scale, warps, rows_multiple=2 * br)
-
-    def phase2_pair() -> None:
-        tt._tree_values_kernel[(c0.hv, triton.cdiv(c0.dv, bv))](
-            c0.q, c0.k, c0.v, c0.beta, c0.state, a2, p2, c0.gate_cum, c0.o, c0.delta, qs,
-            c0.n, npad2, float(scale), H=c0.h, HV=c0.hv, DK=c0.dk, DV=c0.dv, BR=2 * br, BK=bk_, BV=bv,
-            PREC=PREC, HOIST=False, TERMS=True, PAIR=True, PDL=0, num_warps=warps,
+            TERMS=terms, PDL=0, num_warps=warps,
         )  # fmt: skip
 
     def keys(c: tt._TreeCall, cbv: int | None, terms: bool = False) -> None:
@@ -310,7 +302,6 @@ def _delayed_parts(shape, t, dev, x, f, anc, node, scale, state, depth) -> list[
         ("phase 1 + terms", 32, lambda: keys(c0, 32, True)),
         ("phase 1 + commit + terms (path index)", 32, lambda: keys(cp, 32, True)),
         ("phase 2 (terms from phase 1)", None, lambda: phase2(True)),
-        ("phase 2 (terms, walking pairs of blocks)", None, phase2_pair),
         # the same launches in sequence, no dependent launch: where the step's sum stops adding up
         ("seq: phase 1, phase 2", None, lambda: (keys(c0, None), phase2())),
         ("seq: phase 1 + commit, phase 2", 32, lambda: (keys(cp, 32), phase2())),

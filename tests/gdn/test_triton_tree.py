@@ -134,7 +134,7 @@ def run_case(spec: dict, device: str) -> dict:
     anc = tree.ancestor_mask.to(device)
     scale = dk**-0.5
     tuning = ("block_rows", "block_v", "block_k", "num_warps", "batched_base", "block_rows_v", "block_cols",
-              "precompute_x0", "hoist", "commit_block_v", "terms", "pair")  # fmt: skip
+              "precompute_x0", "commit_block_v", "terms")  # fmt: skip
     knobs = {key: spec[key] for key in tuning if key in spec}
     nan = float("nan")
     o = torch.full((n, hv, dv), nan, dtype=q.dtype, device=device)
@@ -285,7 +285,17 @@ INTERP_CASES = {
         "split": True,
         "pending": True,
         "precision": "tf32",
-        "commit_block_v": 8,
+        "commit_block_v": 8,  # tiles too narrow for the state products: phase 2 computes them
+    },
+    "split-noterms-n40-mixed-dk32-br16": {  # phase 2's state products in its own walk
+        **_SMALL,
+        "n": 40,
+        "kind": "mixed",
+        "dk": 32,
+        "block_k": 16,
+        "block_rows": 16,
+        "split": True,
+        "terms": False,
     },
     "pending-n16-mixed-none": {**_SMALL, "n": 16, "kind": "mixed", "pending": True, "pending_node": -1},
     # the pending path read from a path index (the static decoder's stash); node -1 with a live index:
@@ -316,18 +326,6 @@ INTERP_CASES = {
         "pending_node": -1,
         "pending_index": True,
     },
-    "split-hoist-pending-index-n40-mixed-dk32-br16": {  # phase 2's state terms in a first pass
-        **_SMALL,
-        "n": 40,
-        "kind": "mixed",
-        "dk": 32,
-        "block_k": 16,
-        "block_rows": 16,
-        "split": True,
-        "hoist": True,
-        "pending": True,
-        "pending_index": True,
-    },
     "split-terms-pending-index-n40-mixed-dk32-br16": {  # phase 2's state products from phase 1
         **_SMALL,
         "n": 40,
@@ -340,7 +338,6 @@ INTERP_CASES = {
         "pending": True,
         "pending_index": True,
         "commit_block_v": 16,
-        "pair": False,  # phase 2 on phase 1's own blocks
     },
     "split-terms-n80-chain": {  # two row chunks of the products (64 rows each)
         **_SMALL,
@@ -477,6 +474,20 @@ def _interpreter_main() -> None:
     print(json.dumps(results))
 
 
+def test_split_state_products_need_tiles_of_16_rows() -> None:
+    """tree_gdn_split's state products from phase 1 (``terms``) run tensor-core dots on the commit tiles:
+    asked for with tiles under 16 rows it refuses before any launch; by default it then leaves them to
+    phase 2 (the interpreter case split-pending-n20-fan-tf32-cbv8 runs that)."""
+    from repro.gdn.triton_tree import tree_gdn_split
+
+    n, h, hv, dk, dv = 8, 2, 4, 16, 16
+    q, k, v = torch.randn(n, h, dk), torch.randn(n, h, dk), torch.randn(n, hv, dv)
+    g, beta, s0 = -torch.rand(n, hv), torch.rand(n, hv), torch.zeros(hv, dv, dk)
+    anc = torch.ones(n, n, dtype=torch.bool).tril()
+    with pytest.raises(ValueError, match="terms needs commit tiles of >= 16 rows"):
+        tree_gdn_split(q, k, v, g, beta, s0, anc, 0.25, terms=True, commit_block_v=8)
+
+
 @pytest.fixture(scope="module")
 def interp_results() -> dict[str, dict]:
     return run_in_interpreter(__file__)
@@ -584,32 +595,29 @@ def test_gpu_tree(shape: str, n: int, kind: str, dtype: str, precision: str) -> 
 
 
 @pytest.mark.parametrize(
-    ("shape", "n", "kind", "dtype", "precision", "pending", "terms_at"),
-    [("specla", 128, "mixed", "bfloat16", "tf32", False, ""),
-     ("specla", 64, "chain", "float32", "ieee", True, ""),
-     ("specla", 64, "mixed", "bfloat16", "tf32", 16, ""),  # 16-row commit tiles: one d_k chunk
-     ("specla", 129, "random", "float32", "ieee", False, "hoist"),
-     ("weaver", 128, "random", "bfloat16", "tf32", False, ""),
-     ("weaver", 128, "random", "bfloat16", "tf32", True, "hoist"),
-     ("weaver", 64, "mixed", "float32", "ieee", True, ""),
-     ("specla", 256, "random", "bfloat16", "tf32", False, ""),
-     ("specla", 128, "mixed", "bfloat16", "tf32", True, "terms"),
-     ("specla", 129, "random", "float32", "ieee", 16, "terms"),
-     ("weaver", 256, "random", "bfloat16", "tf32", False, "terms")],
+    ("shape", "n", "kind", "dtype", "precision", "pending", "terms"),
+    [("specla", 128, "mixed", "bfloat16", "tf32", False, True),
+     ("specla", 64, "chain", "float32", "ieee", True, True),
+     ("specla", 64, "mixed", "bfloat16", "tf32", 16, True),  # 16-row commit tiles: one d_k chunk
+     ("specla", 129, "random", "float32", "ieee", False, False),
+     ("weaver", 128, "random", "bfloat16", "tf32", False, True),
+     ("weaver", 128, "random", "bfloat16", "tf32", True, False),
+     ("weaver", 64, "mixed", "float32", "ieee", True, True),
+     ("specla", 256, "random", "bfloat16", "tf32", False, True),
+     ("specla", 128, "mixed", "bfloat16", "tf32", True, False),
+     ("specla", 129, "random", "float32", "ieee", 16, True),
+     ("weaver", 256, "random", "bfloat16", "tf32", False, False)],
 )  # fmt: skip
 @pytest.mark.gpu
 @pytest.mark.skipif(not _gpu_ok(), reason="needs a CUDA GPU, triton, and TRITON_INTERPRET unset")
 def test_gpu_tree_split(
-    shape: str, n: int, kind: str, dtype: str, precision: str, pending: bool | int, terms_at: str
+    shape: str, n: int, kind: str, dtype: str, precision: str, pending: bool | int, terms: bool
 ) -> None:
     """The two-phase kernels (tree_gdn_split) at the paper shapes, with and without a delayed commit (an
-    int: its commit_block_v), with phase 2's state terms in its serial walk, hoisted before it, or from
-    phase 1 (``terms_at``)."""
+    int: its commit_block_v), with phase 2's state products from phase 1 (``terms``) or in its walk."""
     base = WEAVER if shape == "weaver" else SPECLA
     spec = {**base, "n": n, "kind": kind, "dtype": dtype, "precision": precision, "seed": _fresh_seed()}
-    spec.update(split=True, pending=bool(pending), pending_n=64)
-    if terms_at:
-        spec[terms_at] = True
+    spec.update(split=True, pending=bool(pending), pending_n=64, terms=terms)
     if not isinstance(pending, bool):
         spec["commit_block_v"] = pending
     res = run_case(spec, "cuda")
