@@ -172,7 +172,7 @@ def keys_knobs(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
         for name, knobs in variants:
             kw = dict(H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk_default,
                       CHAIN=False, PREC=PREC, UPCAST_QK=c.upcast, BASE16=br >= 32, WRITE_K=False,
-                      PENDING=False, PNP=c.pnp, NCT=0, BVC=16, BKC=16,
+                      PENDING=False, PNP=c.pnp, NCT=0, BVC=16, BKC=16, TERMS=False, RC=16,
                       num_warps=8 if br >= 64 else 4, PDL=0, launch_pdl=False)  # fmt: skip
             kw.update(knobs)
             if kw["BK"] > c.dk:
@@ -181,7 +181,7 @@ def keys_knobs(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
             def launch(kw=kw, nr=nr, npad=npad, a=a, p=p) -> None:
                 tt._tree_keys_kernel[(c.hv, nr * nr)](
                     c.q, c.k, c.g, c.beta, c.anc, a, p, c.gate_cum, c.k_exp, c.state, *c.p_ops, c.p_node,
-                    c.p_n, c.n, npad, nr, 1.0, **kw,
+                    c.p_n, c.delta, c.delta, c.n, npad, nr, 1.0, **kw,
                 )  # fmt: skip
 
             r = measure(dict(shape=shape, T=t, variant=f"phase1:{name}", block_rows=br), launch, dev, 15.0)
