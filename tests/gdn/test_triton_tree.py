@@ -193,6 +193,8 @@ def run_case(spec: dict, device: str) -> dict:
 # interpreter cases: small shapes (H=2, HV=4 grouped unless said), every tree kind, n in 1..64
 
 _SMALL = {"H": 2, "HV": 4, "dk": 16, "dv": 16}
+# the split form on three row blocks, two d_k chunks (with and without phase 1's state products)
+_SPLIT_N40 = {**_SMALL, "n": 40, "kind": "mixed", "dk": 32, "block_k": 16, "block_rows": 16, "split": True}
 INTERP_CASES = {
     "n1-single": {**_SMALL, "n": 1, "kind": "chain"},
     "n5-random": {**_SMALL, "n": 5, "kind": "random"},
@@ -287,16 +289,7 @@ INTERP_CASES = {
         "precision": "tf32",
         "commit_block_v": 8,  # tiles too narrow for the state products: phase 2 computes them
     },
-    "split-noterms-n40-mixed-dk32-br16": {  # phase 2's state products in its own walk
-        **_SMALL,
-        "n": 40,
-        "kind": "mixed",
-        "dk": 32,
-        "block_k": 16,
-        "block_rows": 16,
-        "split": True,
-        "terms": False,
-    },
+    "split-noterms-n40-mixed-dk32-br16": {**_SPLIT_N40, "terms": False},  # products in phase 2's walk
     "pending-n16-mixed-none": {**_SMALL, "n": 16, "kind": "mixed", "pending": True, "pending_node": -1},
     # the pending path read from a path index (the static decoder's stash); node -1 with a live index:
     # the node decides (nothing pending)
@@ -327,13 +320,7 @@ INTERP_CASES = {
         "pending_index": True,
     },
     "split-terms-pending-index-n40-mixed-dk32-br16": {  # phase 2's state products from phase 1
-        **_SMALL,
-        "n": 40,
-        "kind": "mixed",
-        "dk": 32,
-        "block_k": 16,
-        "block_rows": 16,
-        "split": True,
+        **_SPLIT_N40,
         "terms": True,
         "pending": True,
         "pending_index": True,
