@@ -964,6 +964,8 @@ def tree_gdn_split(
         terms = bvc >= 16
     elif terms and bvc < 16:
         raise ValueError(f"terms needs commit tiles of >= 16 rows (commit_block_v, d_v), got {bvc}")
+    if commit_block_v is None and pend and terms and c.n > 64:
+        commit_block_v = 16  # the commit and the products are phase 1's longest programs: more, shorter ones
     qs = torch.empty_like(c.delta) if terms else c.delta
     a_blocks, p_blocks, npad = _key_blocks(c, br, bk, precision, scale, warps, pend, commit_block_v,
                                            qs if terms else None)  # fmt: skip
@@ -980,7 +982,10 @@ def commit_tiles(dv: int, dk: int, block_v: int | None = None) -> tuple[int, int
     in chunks of BKC (all of it up to 4096 elements a tile: the path is gathered once per chunk).
     SpecLA's shape on an H200 (results/2026-12-02-h200-delayed-phase1): the split step with the commit
     17.6 / 29.9 us at T = 64 / 128 with 32 rows (path index), 18.6 / 30.4 with 16, 17.5 / 30.0 with 64
-    (but 20.3 / 34.0 with 64 when the path is gathered from the mask, once per chunk)."""
+    (but 20.3 / 34.0 with 64 when the path is gathered from the mask, once per chunk). With the state
+    products in the same programs (results/2026-12-03-h200-split-terms, three calls): T = 64 12.7-13.1 us
+    with 32 rows, 15.1 with 16; T = 128 24.7-25.1 with 32, 23.4-23.6 with 16, so :func:`tree_gdn_split`
+    takes 16 rows above 64 nodes when a commit is pending."""
     bvc = min(block_v or 32, _pow2_at_least(dv))
     if bvc < 1 or bvc & (bvc - 1):
         raise ValueError(f"commit_block_v must be a power of two, got {block_v}")

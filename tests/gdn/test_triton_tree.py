@@ -475,6 +475,35 @@ def test_split_state_products_need_tiles_of_16_rows() -> None:
         tree_gdn_split(q, k, v, g, beta, s0, anc, 0.25, terms=True, commit_block_v=8)
 
 
+@pytest.mark.parametrize(
+    ("n", "pending", "given", "want"),
+    [(65, True, None, 16), (64, True, None, None), (65, False, None, None), (65, True, 32, 32)],
+)
+def test_split_commit_tiles_narrow_above_64_nodes(monkeypatch, n: int, pending: bool, given, want) -> None:
+    """With a pending commit and the state products, trees of more than 64 nodes get 16-row commit tiles
+    (measured faster there, slower at 64: commit_tiles' docstring); a given commit_block_v is kept."""
+    from repro.gdn import triton_tree as tt
+    from repro.gdn.reference import PendingCommit
+
+    seen = {}
+
+    def spy(c, br, bk, precision, scale, warps, pend, commit_block_v, qs):  # noqa: ANN001
+        seen.update(pend=pend, cbv=commit_block_v, terms=qs is not None)
+        raise RuntimeError("stop before the launch")
+
+    monkeypatch.setattr(tt, "_key_blocks", spy)
+    h, hv, dk, dv = 2, 4, 16, 64
+    q, k, v = torch.randn(n, h, dk), torch.randn(n, h, dk), torch.randn(n, hv, dv)
+    g, beta, s0 = -torch.rand(n, hv), torch.rand(n, hv), torch.zeros(hv, dv, dk)
+    anc = torch.ones(n, n, dtype=torch.bool).tril()
+    node = torch.tensor([n - 1])
+    pend = PendingCommit(torch.zeros(n, hv, dv), torch.zeros(n, hv, dk), torch.zeros(n, hv), anc, node)
+    with pytest.raises(RuntimeError, match="stop before the launch"):
+        tt.tree_gdn_split(q, k, v, g, beta, s0, anc, 0.25, "tf32", pending=pend if pending else None,
+                          commit_block_v=given)  # fmt: skip
+    assert seen == {"pend": pending, "cbv": want, "terms": True}
+
+
 @pytest.fixture(scope="module")
 def interp_results() -> dict[str, dict]:
     return run_in_interpreter(__file__)
