@@ -966,15 +966,34 @@ def tree_gdn_split(
         raise ValueError(f"terms needs commit tiles of >= 16 rows (commit_block_v, d_v), got {bvc}")
     if commit_block_v is None and pend and terms and c.n > 64:
         commit_block_v = 16  # the commit and the products are phase 1's longest programs: more, shorter ones
-    qs = torch.empty_like(c.delta) if terms else c.delta
-    a_blocks, p_blocks, npad = _key_blocks(c, br, bk, precision, scale, warps, pend, commit_block_v,
-                                           qs if terms else None)  # fmt: skip
-    _tree_values_kernel[(c.hv, triton.cdiv(c.dv, bv))](
-        c.q, c.k, c.v, c.beta, c.state, a_blocks, p_blocks, c.gate_cum, c.o, c.delta, qs, c.n, npad,
-        float(scale), H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, BK=bk, BV=bv, PREC=precision, TERMS=terms,
-        num_warps=warps, **pdl_args(c.q.device, verify=True),
-    )  # fmt: skip
+    qs = torch.empty_like(c.delta) if terms else None
+    a_blocks, p_blocks, npad = _key_blocks(c, br, bk, precision, scale, warps, pend, commit_block_v, qs)
+    _value_walk(c, a_blocks, p_blocks, npad, br, bk, bv, precision, scale, warps, qs)
     return c.o, c.factors()
+
+
+def _value_walk(
+    c: _TreeCall,
+    a_blocks: torch.Tensor,
+    p_blocks: torch.Tensor,
+    npad: int,
+    br: int,
+    bk: int,
+    bv: int,
+    precision: str,
+    scale: float,
+    warps: int,
+    qs: torch.Tensor | None = None,
+) -> None:
+    """Launch ``_tree_values_kernel`` (phase 2 of the split form) on phase 1's blocks (:func:`_key_blocks`):
+    writes c.o and c.delta; ``qs`` given: phase 1 wrote the state products (K S0^T in c.delta, Q S0^T in
+    ``qs``)."""
+    terms = qs is not None
+    _tree_values_kernel[(c.hv, triton.cdiv(c.dv, bv))](
+        c.q, c.k, c.v, c.beta, c.state, a_blocks, p_blocks, c.gate_cum, c.o, c.delta,
+        qs if terms else c.delta, c.n, npad, float(scale), H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, BK=bk,
+        BV=bv, PREC=precision, TERMS=terms, num_warps=warps, **pdl_args(c.q.device, verify=True),
+    )  # fmt: skip
 
 
 def commit_tiles(dv: int, dk: int, block_v: int | None = None) -> tuple[int, int]:
@@ -1002,11 +1021,14 @@ def _key_blocks(
     pending: bool = False,
     commit_block_v: int | None = None,
     qs: torch.Tensor | None = None,
+    key_programs: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Launch ``_tree_keys_kernel`` (phase 1 of the split and blocked forms): returns the float32 scratch
     (A blocks with the diagonal inverses, P blocks), each [HV, NP, NP], and NP = n rounded up to BR;
     writes G and TreeFactors.k; ``pending``: commits c's pending path into c.state too; ``qs`` given:
-    the state products K S0^T into c.delta and Q S0^T into ``qs`` (the split form's ``terms``)."""
+    the state products K S0^T into c.delta and Q S0^T into ``qs`` (the split form's ``terms``).
+    ``key_programs`` False: the launch without its key-only programs (the commit's and products' alone:
+    timing their share; the scratch is left unwritten)."""
     nr = triton.cdiv(c.n, br)
     npad = nr * br
     a_blocks = torch.empty(c.hv, npad, npad, dtype=torch.float32, device=c.q.device)
@@ -1014,7 +1036,7 @@ def _key_blocks(
     bvc, bkc = commit_tiles(c.dv, c.dk, commit_block_v)
     terms = qs is not None
     nct = triton.cdiv(c.dv, bvc) if pending or terms else 0
-    _tree_keys_kernel[(c.hv, nct + nr * nr)](
+    _tree_keys_kernel[(c.hv, nct + (nr * nr if key_programs else 0))](
         c.q, c.k, c.g, c.beta, c.anc, a_blocks, p_blocks, c.gate_cum, c.k_exp, c.state, *c.p_ops, c.p_node,
         c.p_n, c.delta, qs if terms else c.delta, c.n, npad, nr, float(scale),
         H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk, CHAIN=c.chain,

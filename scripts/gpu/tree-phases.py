@@ -125,11 +125,7 @@ def phases(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
                 def values(
                     c=c, br=br, b=bk_, bv=bv, w=warps, a=a_blocks, p=p_blocks, npad=npad, m=mode, s=qs
                 ) -> None:
-                    tt._tree_values_kernel[(c.hv, triton.cdiv(c.dv, bv))](
-                        c.q, c.k, c.v, c.beta, c.state, a, p, c.gate_cum, c.o, c.delta, s, c.n, npad,
-                        float(scale), H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, BK=b, BV=bv, PREC=PREC,
-                        TERMS=m == "terms", PDL=False, num_warps=w,
-                    )  # fmt: skip
+                    tt._value_walk(c, a, p, npad, br, b, bv, PREC, scale, w, s if m == "terms" else None)
 
                 # terms: phase 1's products are not rewritten between replays (timing only, no check)
                 out = None if mode == "terms" else c.o
@@ -268,24 +264,12 @@ def _delayed_parts(shape, t, dev, x, f, anc, node, scale, state, depth) -> list[
     a_blocks, p_blocks, npad = tt._key_blocks(c0, br, bk_, PREC, scale, warps)
 
     def commit_alone(cbv: int) -> None:
-        bvc, bkc = tt.commit_tiles(cp.dv, cp.dk, cbv)
-        nct = triton.cdiv(cp.dv, bvc)
-        tt._tree_keys_kernel[(cp.hv, nct)](
-            cp.q, cp.k, cp.g, cp.beta, cp.anc, a_blocks, p_blocks, cp.gate_cum, cp.k_exp, cp.state, *cp.p_ops,
-            cp.p_node, cp.p_n, cp.delta, cp.delta, cp.n, npad, 1, float(scale),
-            H=cp.h, HV=cp.hv, DK=cp.dk, DV=cp.dv, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk_, CHAIN=False,
-            PREC=PREC, UPCAST_QK=False, BASE16=br >= 32, WRITE_K=cp.write_k, PENDING=True, PNP=cp.pnp,
-            NCT=nct, BVC=bvc, BKC=bkc, TERMS=False, RC=16, num_warps=warps, PDL=0,
-        )  # fmt: skip
+        tt._key_blocks(cp, br, bk_, PREC, scale, warps, True, cbv, key_programs=False)
 
     qs = torch.empty_like(c0.delta)
 
     def phase2(terms: bool = False) -> None:
-        tt._tree_values_kernel[(c0.hv, triton.cdiv(c0.dv, bv))](
-            c0.q, c0.k, c0.v, c0.beta, c0.state, a_blocks, p_blocks, c0.gate_cum, c0.o, c0.delta, qs,
-            c0.n, npad, float(scale), H=c0.h, HV=c0.hv, DK=c0.dk, DV=c0.dv, BR=br, BK=bk_, BV=bv, PREC=PREC,
-            TERMS=terms, PDL=0, num_warps=warps,
-        )  # fmt: skip
+        tt._value_walk(c0, a_blocks, p_blocks, npad, br, bk_, bv, PREC, scale, warps, qs if terms else None)
 
     def keys(c: tt._TreeCall, cbv: int | None, terms: bool = False) -> None:
         tt._key_blocks(c, br, bk_, PREC, scale, warps, c is cp, cbv, qs if terms else None)

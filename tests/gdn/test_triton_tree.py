@@ -475,6 +475,30 @@ def test_split_state_products_need_tiles_of_16_rows() -> None:
         tree_gdn_split(q, k, v, g, beta, s0, anc, 0.25, terms=True, commit_block_v=8)
 
 
+@pytest.mark.parametrize("key_programs", [True, False])
+def test_phase_one_grid_holds_commit_and_product_programs_first(monkeypatch, key_programs: bool) -> None:
+    """Phase 1's launch: HV x (commit/product programs + NR^2 key programs); without its key programs
+    (timing the others' share, scripts/gpu/tree-phases.py) only the first kind."""
+    from repro.gdn import triton_tree as tt
+
+    grids = []
+
+    class Spy:
+        def __getitem__(self, grid):  # noqa: ANN001, ANN204
+            grids.append(grid)
+            return lambda *args, **kwargs: None
+
+    monkeypatch.setattr(tt, "_tree_keys_kernel", Spy())
+    n, h, hv, dk, dv = 40, 2, 4, 16, 64
+    q, k, v = torch.randn(n, h, dk), torch.randn(n, h, dk), torch.randn(n, hv, dv)
+    g, beta, s0 = -torch.rand(n, hv), torch.rand(n, hv), torch.zeros(hv, dv, dk)
+    anc = torch.ones(n, n, dtype=torch.bool).tril()
+    c = tt._TreeCall.of(q, k, v, g, beta, s0, anc, "tf32", False, None, None)
+    qs = torch.empty_like(c.delta)
+    tt._key_blocks(c, 16, 16, "tf32", 0.25, 4, False, 32, qs, key_programs=key_programs)
+    assert grids == [(hv, 2 + (9 if key_programs else 0))]  # d_v 64 / 32-row tiles; NR = 3 row blocks
+
+
 @pytest.mark.parametrize(
     ("n", "pending", "given", "want"),
     [(65, True, None, 16), (64, True, None, None), (65, False, None, None), (65, True, 32, 32)],
