@@ -54,10 +54,10 @@ the SpecLA shape: 128 programs) no longer repeat the d_k-long K K^T / Q K^T dots
 arithmetic, same error bounds (pinned by the same tests). Measured on an H200 (bf16, CUDA graphs,
 results/2026-12-01-h200-kernels-4): SpecLA's shape T = 128 27.7 us vs the one-kernel form's 50.2 (its 8
 value heads gave that one too few programs); Weaver's 43.0 vs 42.7 (48 heads: a tie). The static decoder
-picks it for few value heads. Phase 1 also runs, beside the key work, HV x d_v / 32 programs that compute
-phase 2's state products K S0^T and Q S0^T for every node (``terms``, default; after the pending commit
-of their S0 rows when there is one), so phase 2's serial walk has no d_k loop (SpecLA T = 64 14.9 ->
-12.5 us; results/2026-12-03-h200-split-terms).
+picks it for few value heads. Phase 1 also runs, beside the key work, HV x d_v / BVC programs
+(:func:`commit_tiles`) that compute phase 2's state products K S0^T and Q S0^T for every node
+(``terms``, default; after the pending commit of their S0 rows when there is one), so phase 2's serial
+walk has no d_k loop (SpecLA T = 64 14.9 -> 12.5 us; results/2026-12-03-h200-split-terms).
 
 Blocked verification (:func:`tree_gdn_blocked`, issue 13: short serial chains). The same masked WY form
 with T = (I + A)^-1 made explicit, so that the value work has no serial chain at all. Three launches:
@@ -950,7 +950,8 @@ def tree_gdn_split(
     d_v]), so that phase 2's serial walk has no d_k loop (the same dots over row chunks of 64: not bitwise
     the other forms, within the same bounds). Measured on an H200 (bf16, "tf32", CUDA graphs;
     results/2026-12-03-h200-split-terms): SpecLA's shape 14.9 -> 12.5 us at T = 64 and 23.0 -> 22.3 at T =
-    128 (with a pending commit 15.3 -> 13.1 and 26.0 -> 24.7), Weaver's 40.7 -> 39.1 at T = 128. Computing
+    128 (with a pending commit 15.3 -> 13.1 and 26.0 -> 23.4, on 16-row commit tiles above 64 nodes),
+    Weaver's 40.7 -> 39.1 at T = 128. Computing
     them in phase 2 before its walk instead was slower at every tile, and so was walking pairs of phase
     1's blocks (the pair's inverse M - M N M in the chain: 24.4 us at SpecLA T = 128).
     """
