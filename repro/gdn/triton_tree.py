@@ -965,8 +965,6 @@ def tree_gdn_split(
         terms = bvc >= 16
     elif terms and bvc < 16:
         raise ValueError(f"terms needs commit tiles of >= 16 rows (commit_block_v, d_v), got {bvc}")
-    if commit_block_v is None and pend and terms and c.n > 64:
-        commit_block_v = 16  # the commit and the products are phase 1's longest programs: more, shorter ones
     qs = torch.empty_like(c.delta) if terms else None
     a_blocks, p_blocks, npad = _key_blocks(c, br, bk, precision, scale, warps, pend, commit_block_v, qs)
     _value_walk(c, a_blocks, p_blocks, npad, br, bk, bv, precision, scale, warps, qs)
@@ -997,16 +995,18 @@ def _value_walk(
     )  # fmt: skip
 
 
-def commit_tiles(dv: int, dk: int, block_v: int | None = None) -> tuple[int, int]:
-    """(BVC, BKC) of phase 1's delayed-commit programs: ``block_v`` (default 32) S0 rows per program, d_k
+def commit_tiles(
+    dv: int, dk: int, block_v: int | None = None, long_programs: bool = False
+) -> tuple[int, int]:
+    """(BVC, BKC) of phase 1's delayed-commit programs: ``block_v`` (default 32; 16 for ``long_programs``,
+    which commit and then compute the state products of more than 64 nodes) S0 rows per program, d_k
     in chunks of BKC (all of it up to 4096 elements a tile: the path is gathered once per chunk).
     SpecLA's shape on an H200 (results/2026-12-02-h200-delayed-phase1): the split step with the commit
     17.6 / 29.9 us at T = 64 / 128 with 32 rows (path index), 18.6 / 30.4 with 16, 17.5 / 30.0 with 64
     (but 20.3 / 34.0 with 64 when the path is gathered from the mask, once per chunk). With the state
     products in the same programs (results/2026-12-03-h200-split-terms, three calls): T = 64 12.7-13.1 us
-    with 32 rows, 15.1 with 16; T = 128 24.7-25.1 with 32, 23.4-23.6 with 16, so :func:`tree_gdn_split`
-    takes 16 rows above 64 nodes when a commit is pending."""
-    bvc = min(block_v or 32, _pow2_at_least(dv))
+    with 32 rows, 15.1 with 16; T = 128 24.7-25.1 with 32, 23.4-23.6 with 16: hence ``long_programs``."""
+    bvc = min(block_v or (16 if long_programs else 32), _pow2_at_least(dv))
     if bvc < 1 or bvc & (bvc - 1):
         raise ValueError(f"commit_block_v must be a power of two, got {block_v}")
     return bvc, min(_pow2_at_least(dk), max(16, 4096 // bvc))
@@ -1034,8 +1034,8 @@ def _key_blocks(
     npad = nr * br
     a_blocks = torch.empty(c.hv, npad, npad, dtype=torch.float32, device=c.q.device)
     p_blocks = torch.empty(c.hv, npad, npad, dtype=torch.float32, device=c.q.device)
-    bvc, bkc = commit_tiles(c.dv, c.dk, commit_block_v)
     terms = qs is not None
+    bvc, bkc = commit_tiles(c.dv, c.dk, commit_block_v, long_programs=pending and terms and c.n > 64)
     nct = triton.cdiv(c.dv, bvc) if pending or terms else 0
     _tree_keys_kernel[(c.hv, nct + (nr * nr if key_programs else 0))](
         c.q, c.k, c.g, c.beta, c.anc, a_blocks, p_blocks, c.gate_cum, c.k_exp, c.state, *c.p_ops, c.p_node,

@@ -461,18 +461,33 @@ def _interpreter_main() -> None:
     print(json.dumps(results))
 
 
+def _split_inputs(n: int, hv: int, dv: int, h: int = 2, dk: int = 16) -> tuple:
+    """q, k, v, g, beta, S0 and a chain's ancestor mask on CPU (the CPU tests of the split form's host
+    side: nothing is launched)."""
+    q, k, v = torch.randn(n, h, dk), torch.randn(n, h, dk), torch.randn(n, hv, dv)
+    g, beta, s0 = -torch.rand(n, hv), torch.rand(n, hv), torch.zeros(hv, dv, dk)
+    return q, k, v, g, beta, s0, torch.ones(n, n, dtype=torch.bool).tril()
+
+
+class _GridSpy:
+    """Stands in for a Triton kernel: records each launch's grid, launches nothing."""
+
+    def __init__(self) -> None:
+        self.grids: list[tuple[int, ...]] = []
+
+    def __getitem__(self, grid):  # noqa: ANN001, ANN204
+        self.grids.append(grid)
+        return lambda *args, **kwargs: None
+
+
 def test_split_state_products_need_tiles_of_16_rows() -> None:
     """tree_gdn_split's state products from phase 1 (``terms``) run tensor-core dots on the commit tiles:
     asked for with tiles under 16 rows it refuses before any launch; by default it then leaves them to
     phase 2 (the interpreter case split-pending-n20-fan-tf32-cbv8 runs that)."""
     from repro.gdn.triton_tree import tree_gdn_split
 
-    n, h, hv, dk, dv = 8, 2, 4, 16, 16
-    q, k, v = torch.randn(n, h, dk), torch.randn(n, h, dk), torch.randn(n, hv, dv)
-    g, beta, s0 = -torch.rand(n, hv), torch.rand(n, hv), torch.zeros(hv, dv, dk)
-    anc = torch.ones(n, n, dtype=torch.bool).tril()
     with pytest.raises(ValueError, match="terms needs commit tiles of >= 16 rows"):
-        tree_gdn_split(q, k, v, g, beta, s0, anc, 0.25, terms=True, commit_block_v=8)
+        tree_gdn_split(*_split_inputs(8, 4, 16), 0.25, terms=True, commit_block_v=8)
 
 
 @pytest.mark.parametrize("key_programs", [True, False])
@@ -481,51 +496,38 @@ def test_phase_one_grid_holds_commit_and_product_programs_first(monkeypatch, key
     (timing the others' share, scripts/gpu/tree-phases.py) only the first kind."""
     from repro.gdn import triton_tree as tt
 
-    grids = []
-
-    class Spy:
-        def __getitem__(self, grid):  # noqa: ANN001, ANN204
-            grids.append(grid)
-            return lambda *args, **kwargs: None
-
-    monkeypatch.setattr(tt, "_tree_keys_kernel", Spy())
-    n, h, hv, dk, dv = 40, 2, 4, 16, 64
-    q, k, v = torch.randn(n, h, dk), torch.randn(n, h, dk), torch.randn(n, hv, dv)
-    g, beta, s0 = -torch.rand(n, hv), torch.rand(n, hv), torch.zeros(hv, dv, dk)
-    anc = torch.ones(n, n, dtype=torch.bool).tril()
-    c = tt._TreeCall.of(q, k, v, g, beta, s0, anc, "tf32", False, None, None)
+    spy = _GridSpy()
+    monkeypatch.setattr(tt, "_tree_keys_kernel", spy)
+    hv = 4
+    c = tt._TreeCall.of(*_split_inputs(40, hv, 64), "tf32", False, None, None)
     qs = torch.empty_like(c.delta)
     tt._key_blocks(c, 16, 16, "tf32", 0.25, 4, False, 32, qs, key_programs=key_programs)
-    assert grids == [(hv, 2 + (9 if key_programs else 0))]  # d_v 64 / 32-row tiles; NR = 3 row blocks
+    assert spy.grids == [(hv, 2 + (9 if key_programs else 0))]  # d_v 64 / 32-row tiles; NR = 3 row blocks
 
 
 @pytest.mark.parametrize(
     ("n", "pending", "given", "want"),
-    [(65, True, None, 16), (64, True, None, None), (65, False, None, None), (65, True, 32, 32)],
+    [(65, True, None, 16), (64, True, None, 32), (65, False, None, 32), (65, True, 32, 32)],
 )
 def test_split_commit_tiles_narrow_above_64_nodes(monkeypatch, n: int, pending: bool, given, want) -> None:
     """With a pending commit and the state products, trees of more than 64 nodes get 16-row commit tiles
-    (measured faster there, slower at 64: commit_tiles' docstring); a given commit_block_v is kept."""
+    (measured faster there, slower at 64: commit_tiles' docstring); a given commit_block_v is kept. Read
+    from phase 1's grid: d_v / rows commit-and-product programs per head before the key programs."""
     from repro.gdn import triton_tree as tt
     from repro.gdn.reference import PendingCommit
 
-    seen = {}
-
-    def spy(c, br, bk, precision, scale, warps, pend, commit_block_v, qs):  # noqa: ANN001
-        seen.update(pend=pend, cbv=commit_block_v, terms=qs is not None)
-        raise RuntimeError("stop before the launch")
-
-    monkeypatch.setattr(tt, "_key_blocks", spy)
-    h, hv, dk, dv = 2, 4, 16, 64
-    q, k, v = torch.randn(n, h, dk), torch.randn(n, h, dk), torch.randn(n, hv, dv)
-    g, beta, s0 = -torch.rand(n, hv), torch.rand(n, hv), torch.zeros(hv, dv, dk)
-    anc = torch.ones(n, n, dtype=torch.bool).tril()
-    node = torch.tensor([n - 1])
-    pend = PendingCommit(torch.zeros(n, hv, dv), torch.zeros(n, hv, dk), torch.zeros(n, hv), anc, node)
-    with pytest.raises(RuntimeError, match="stop before the launch"):
-        tt.tree_gdn_split(q, k, v, g, beta, s0, anc, 0.25, "tf32", pending=pend if pending else None,
-                          commit_block_v=given)  # fmt: skip
-    assert seen == {"pend": pending, "cbv": want, "terms": True}
+    keys, values = _GridSpy(), _GridSpy()
+    monkeypatch.setattr(tt, "_tree_keys_kernel", keys)
+    monkeypatch.setattr(tt, "_tree_values_kernel", values)
+    hv, dv, dk = 4, 64, 16
+    inputs = _split_inputs(n, hv, dv, dk=dk)
+    anc = inputs[-1]
+    pend = PendingCommit(
+        torch.zeros(n, hv, dv), torch.zeros(n, hv, dk), torch.zeros(n, hv), anc, torch.tensor([n - 1])
+    )
+    tt.tree_gdn_split(*inputs, 0.25, "tf32", pending=pend if pending else None, commit_block_v=given)
+    nr = -(-n // 32)  # 32-row blocks
+    assert keys.grids == [(hv, dv // want + nr * nr)] and len(values.grids) == 1
 
 
 @pytest.fixture(scope="module")
