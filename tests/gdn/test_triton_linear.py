@@ -189,7 +189,7 @@ def test_bad_shapes_are_config_errors():
     with pytest.raises(ConfigError, match="1..256 rows"):
         tlin.norm_linear(torch.zeros(257, 4), s, 1e-6, w)
     with pytest.raises(ConfigError, match="unknown row-tiled launch options"):
-        tlin.norm_linear(torch.zeros(5, 4), s, 1e-6, w, split_k=2)
+        tlin.norm_linear(torch.zeros(5, 4), s, 1e-6, w, early_x=2)
     with pytest.raises(ConfigError, match=r"is not \[N, 4\]"):
         tlin.linear_residual(torch.zeros(1, 4), torch.zeros(6, 5), torch.zeros(1, 6))
     with pytest.raises(ConfigError, match="row-major"):
@@ -202,6 +202,8 @@ def test_bad_shapes_are_config_errors():
         tlin.norm_linear(torch.zeros(1, 4), s, 1e-6, w, block_m=4)
     with pytest.raises(ConfigError, match="power of two"):
         tlin.GemvConfig(12, 64)
+    with pytest.raises(ConfigError, match="RowsConfig.block_m must be a power of two"):
+        tlin.RowsConfig(48, 16, 64)
     with pytest.raises(ConfigError, match="split_k >= 1"):
         tlin.GemvConfig(8, 64, split_k=0)
 

@@ -1,0 +1,329 @@
+"""Launch configurations of the row-tiled linears (repro.gdn.triton_linear, verify) per matrix, on the H200,
+and the verify step they make at the GDN-1.3B shape.
+
+    python3 scripts/gpu/rows-tune.py OUT_DIR [ROWS]      (one H200: < 6 min; ROWS: 64)
+
+1. every distinct matmul of the gdn-1.3b shape, then the qwen3.6-27b shape's (gemv-tune.py's matrices; the
+   LM head as norm_linear, as verify runs it), bf16 random weights, x of ROWS rows: cuBLAS (``F.linear``
+   alone, without the norm / SiLU * up / residual launches the fused kernel also does) against the
+   row-tiled kernel at its defaults and a bounded sweep (RowsConfig: block_n x block_k tiles on 4 / 8
+   warps, 3 / 4 stages, split-K up to about a wave of programs, normed rows with and without the lo
+   part): each checked against the torch composition in float32 (not timed past 2e-2), then timed as one
+   CUDA graph of >= 16 calls cycling through enough weight copies to move 3x the L2 per cycle; us, % of
+   the measured copy bandwidth, the best configuration. Matrices not started by BUDGET_S are skipped.
+2. the gdn-1.3b verify step (StaticDecoder.verify of best-first trees of 64 and 33 nodes after a
+   64-token prefill, graphed): cuBLAS matmuls (``fuse_verify`` off) against the row-tiled kernels at
+   the defaults and with part 1's best configurations (placed in ``TUNED_ROWS`` for the capture),
+   beside the decode step; logits against the cuBLAS verify.
+
+Writes OUT_DIR/rows-tune.json and OUT_DIR/rows-tune.md; prints the markdown and the ``TUNED_ROWS`` lines.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import math
+import multiprocessing as mp
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's repro, not an installed one
+
+from repro.bench.kernels import graph_sets  # noqa: E402
+from repro.bench.model import MODEL_SHAPES, build_model  # noqa: E402
+from repro.bench.timing import TimerConfig, measure_ceilings  # noqa: E402
+from repro.gdn import triton_linear as tlin  # noqa: E402
+from repro.gdn.triton_linear import RowsConfig  # noqa: E402
+from repro.models.layers import rms_norm  # noqa: E402
+
+
+def _script(name: str) -> Any:
+    """A sibling script as a module (its helpers, not copies of them)."""
+    path = Path(__file__).with_name(f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name.replace("-", "_"), path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses and pickling look the module up by name
+    spec.loader.exec_module(mod)
+    return mod
+
+
+gemv_tune = _script("gemv-tune")
+verify_rows = _script("verify-rows")
+Matrix = gemv_tune.Matrix
+
+START = time.perf_counter()
+BUDGET_S = 200.0  # part 1: matrices not started by then are skipped; part 2 (~60 s) follows
+MIN_CALLS, MIN_GRAPH_US = 16, 300.0
+WORKERS = max(1, min(14, (os.cpu_count() or 2) - 2))
+PRECOMPILE_TIMEOUT_S = 120.0
+BF16 = torch.bfloat16
+# (block_n, block_k, warps): output columns x K columns per step (gate|up: two such tiles)
+TILES = [(16, 128, 4), (32, 64, 4), (32, 128, 4), (64, 64, 4), (64, 64, 8), (64, 128, 8), (128, 64, 8)]
+
+
+def matrices() -> list[Matrix]:
+    out = []
+    for shape in ("gdn-1.3b", "qwen3.6-27b"):
+        for m in gemv_tune.decode_matrices(shape):
+            kind = "norm_linear" if m.kind == "norm_linear_argmax" else m.kind
+            out.append(dataclasses.replace(m, kind=kind))
+    return out
+
+
+def sweep(m: Matrix, n: int) -> list[tuple[str, RowsConfig]]:
+    """The defaults, then TILES x stages 3 / 4 x (no split, split-K to about one wave of programs) x (lo on,
+    off for the norm kinds): ~50 configurations a matrix."""
+    norm = m.kind != "linear_residual"
+    out = [("default", tlin.row_tiles(n, m.n, m.k, True, m.kind))]
+    bm = min(64, tlin.pow2(n))
+    for bn, bk, warps in TILES:
+        programs = math.ceil(m.n / bn) * math.ceil(n / bm)
+        split = 1
+        while programs * split < 132 and m.k // (2 * split) >= 2 * bk:
+            split *= 2
+        for stages in (3, 4):
+            for s in sorted({1, split}):
+                for lo in (True, False) if norm else (True,):
+                    cfg = RowsConfig(bm, bn, bk, warps, stages, s, lo)
+                    out.append((f"{bn}x{bk} w{warps} s{stages} k{s}{'' if lo else ' nolo'}", cfg))
+    seen, unique = set(), []
+    for label, cfg in out:
+        if cfg not in seen:
+            seen.add(cfg)
+            unique.append((label, cfg))
+    return unique
+
+
+@dataclasses.dataclass
+class Operands:
+    weights: list[torch.Tensor]
+    x: torch.Tensor
+    scale: torch.Tensor
+    residual: torch.Tensor
+
+
+def operands(m: Matrix, n: int, sets: int, init: bool = True) -> Operands:
+    gen = torch.Generator(device="cuda").manual_seed(0)
+
+    def rnd(*shape: int, s: float = 1.0, shift: float = 0.0) -> torch.Tensor:
+        if not init:
+            return torch.empty(*shape, dtype=BF16, device="cuda")
+        return (shift + s * torch.randn(*shape, generator=gen, device="cuda")).to(BF16)
+
+    weights = [rnd(m.rows, m.k, s=m.k**-0.5) for _ in range(sets)]
+    return Operands(weights, rnd(n, m.k, s=3.0), rnd(m.k, s=0.2, shift=1.0), rnd(n, m.n))
+
+
+def fused_call(m: Matrix, o: Operands, w: torch.Tensor, cfg: RowsConfig) -> Callable[[], torch.Tensor]:
+    blocks = dataclasses.asdict(cfg)
+    if m.kind == "norm_linear":
+        return lambda: tlin.norm_linear(o.x, o.scale, 1e-6, w, **blocks)
+    if m.kind == "norm_gate_up":
+        return lambda: tlin.norm_gate_up(o.x, o.scale, 1e-6, w, **blocks)
+    return lambda: tlin.linear_residual(o.x, w, o.residual, **blocks)
+
+
+def reference(m: Matrix, o: Operands) -> torch.Tensor:
+    x, w = o.x.float(), o.weights[0].float()
+    if m.kind == "linear_residual":
+        return o.residual.float() + F.linear(x, w)
+    y = F.linear(rms_norm(x, o.scale.float(), 1e-6), w)
+    return F.silu(y[:, : m.n]) * y[:, m.n :] if m.kind == "norm_gate_up" else y
+
+
+def _warm(job: tuple[Matrix, int, list[RowsConfig]]) -> int:
+    """Worker: launch every configuration once on uninitialised operands (fills Triton's file cache)."""
+    m, n, cfgs = job
+    o = operands(m, n, 1, init=False)
+    for cfg in cfgs:
+        try:
+            fused_call(m, o, o.weights[0], cfg)()
+        except Exception:  # noqa: BLE001, S112 - the sweep records the error when it runs this one
+            continue
+    torch.cuda.synchronize()
+    return len(cfgs)
+
+
+def precompile(ms: list[Matrix], n: int) -> float:
+    t0 = time.perf_counter()
+    jobs = []
+    for m in ms:
+        cfgs = [c for _, c in sweep(m, n)]
+        jobs += [(m, n, cfgs[i : i + 4]) for i in range(0, len(cfgs), 4)]
+    with mp.get_context("spawn").Pool(WORKERS) as pool:
+        pool.map_async(_warm, jobs, chunksize=1).get(timeout=PRECOMPILE_TIMEOUT_S)
+    return time.perf_counter() - t0
+
+
+def bench_matrix(m: Matrix, n: int, copy_gbps: float) -> list[dict[str, Any]]:
+    sets = graph_sets(torch.device("cuda"), m.nbytes)
+    o = operands(m, n, sets)
+    ref = reference(m, o)
+    est_us = m.nbytes / 3e3
+    calls = max(MIN_CALLS, math.ceil(MIN_GRAPH_US / est_us))
+    calls += -calls % sets
+
+    def row(label: str, cfg: RowsConfig | None, us: float | None, err: float | None, status: str) -> dict:
+        return dict(
+            shape=m.shape, matrix=m.name, kind=m.kind, n=m.n, k=m.k, rows=n, MB=m.nbytes / 1e6,
+            config=label, cfg=dataclasses.asdict(cfg) if cfg else None, rel_err=err, us=us,
+            pct_copy=100 * m.nbytes / us / 1e3 / copy_gbps if us else None, status=status,
+        )  # fmt: skip
+
+    x = o.x
+    cublas = gemv_tune.graph_time([lambda w=w: F.linear(x, w) for w in o.weights], calls, est_us)
+    rows = [row("cuBLAS F.linear", None, cublas, None, "ok")]
+    for label, cfg in sweep(m, n):
+        try:
+            err = gemv_tune.rel(fused_call(m, o, o.weights[0], cfg)(), ref)
+            if not err <= 2e-2:
+                rows.append(row(label, cfg, None, err, "FAIL"))
+                continue
+            us = gemv_tune.graph_time([fused_call(m, o, w, cfg) for w in o.weights], calls, est_us)
+            rows.append(row(label, cfg, us, err, "ok"))
+        except Exception as exc:  # noqa: BLE001 - one broken configuration must not stop the sweep
+            rows.append(row(label, cfg, None, None, f"error: {type(exc).__name__}: {exc}"[:200]))
+    del o
+    torch.cuda.empty_cache()
+    return rows
+
+
+def best_rows(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    best: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        if r["cfg"] is not None and r["status"] == "ok":
+            key = f"{r['shape']}:{r['kind']}/{r['n']}x{r['k']}"
+            if key not in best or r["us"] < best[key]["us"]:
+                best[key] = r
+    return best
+
+
+def verify_step(best: dict[str, dict[str, Any]], n: int) -> list[dict[str, Any]]:
+    """gdn-1.3b verify(T) for T = n and 33: fuse_verify off, on at the defaults, on with the best table."""
+    model = build_model(MODEL_SHAPES["gdn-1.3b"](), torch.device("cuda"), BF16, 0)
+    model.set_gdn_backend("triton")
+    state = verify_rows.prefilled(model)
+    decode = verify_rows.decode_us(model, state, True)
+    table = {
+        (r["kind"], r["n"], r["k"], r["cfg"]["block_m"]): RowsConfig(**r["cfg"])
+        for r in best.values()
+        if r["shape"] == "gdn-1.3b"
+    }
+    rows = []
+    for t in (n, 33):
+        for label, entries in (("defaults", {}), ("best of sweep", table)):
+            tlin.TUNED_ROWS.clear()
+            tlin.TUNED_ROWS.update(entries)
+            for r in verify_rows.verify_pair(model, state, t, True, timed=True):
+                if r["fuse_verify"] or label == "defaults":
+                    r.update(
+                        rows_configs=label if r["fuse_verify"] else "cuBLAS", decode_us=decode,
+                        x_decode=r["us"] / decode,
+                    )  # fmt: skip
+                    rows.append(r)
+    tlin.TUNED_ROWS.clear()
+    return rows
+
+
+def fmt(v: Any, spec: str = ".1f") -> str:
+    return "-" if v is None else format(v, spec) if isinstance(v, float) else str(v)
+
+
+def markdown(res: dict[str, Any]) -> str:
+    lines = [
+        f"# Row-tiled linears (triton_linear, verify) vs cuBLAS at {res['n_rows']} rows, H200",
+        "",
+        f"copy bandwidth {res['copy_GBps']:.0f} GB/s; precompile {fmt(res['precompile_s'])} s; total "
+        f"{res['elapsed_s']:.0f} s; skipped: {', '.join(res['skipped']) or 'none'}. cuBLAS times the matmul "
+        "alone; the fused kernel also does the norm / SiLU * up / residual.",
+        "",
+        "| shape | matrix | kind | N x K | MB | cuBLAS us | default us | best us | best % copy | best config "
+        "| best vs cuBLAS | best vs default |",
+        "|---|---|---|---|--:|--:|--:|--:|--:|---|--:|--:|",
+    ]
+    by: dict[tuple, list] = {}
+    for r in res["rows"]:
+        by.setdefault((r["shape"], r["kind"], r["n"], r["k"]), []).append(r)
+    for (shape, kind, n, k), rs in by.items():
+        get = {r["config"]: r for r in rs}
+        b = res["best"].get(f"{shape}:{kind}/{n}x{k}")
+        cub, dft = get["cuBLAS F.linear"]["us"], get.get("default", {}).get("us")
+        lines.append(
+            f"| {shape} | {rs[0]['matrix']} | {kind} | {n} x {k} | {rs[0]['MB']:.1f} | {fmt(cub)} | "
+            f"{fmt(dft)} | {fmt(b and b['us'])} | {fmt(b and b['pct_copy'], '.0f')} | "
+            f"{b['config'] if b else '-'} | {fmt(cub / b['us'] if b else None, '.2f')}x | "
+            f"{fmt(dft / b['us'] if b and dft else None, '.2f')}x |"
+        )
+    lines += ["", "## gdn-1.3b verify step (graphed)", ""]
+    lines += [
+        "| T | matmuls | verify us | x decode | kernels | logits err vs cuBLAS | top1 |",
+        "|--:|---|--:|--:|--:|--:|--:|",
+    ]
+    for r in res["verify"]:
+        lines.append(
+            f"| {r['T']} | {r['rows_configs']} | {r['us']:.0f} | {r['x_decode']:.2f} | {r['kernels']} | "
+            f"{r['logits_err_vs_off']:.1e} | {r['top1_vs_off']:.3f} |"
+        )
+    lines += ["", "Every configuration (us):", ""]
+    for (shape, kind, n, k), rs in by.items():
+        cells = ", ".join(
+            f"{r['config']} {fmt(r['us'])}" + ("" if r["status"] == "ok" else f" {r['status']}") for r in rs
+        )
+        lines.append(f"- {shape} {kind} {n}x{k}: {cells}")
+    lines += ["", "TUNED_ROWS entries:", "", "```python"]
+    for key, b in res["best"].items():
+        c = b["cfg"]
+        fields = ", ".join(str(v) for v in c.values())
+        lines.append(
+            f'("{b["kind"]}", {b["n"]}, {b["k"]}, {c["block_m"]}): RowsConfig({fields}),'
+            f"  # {key.split(':')[0]} {b['matrix']}: {b['us']:.1f} us, {b['pct_copy']:.0f}% of copy"
+        )
+    lines.append("```")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    out_dir = Path(sys.argv[1] if len(sys.argv) > 1 else "rows-tune-out")
+    n = int(sys.argv[2]) if len(sys.argv) > 2 else 64
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ms = matrices()
+    try:
+        pre_s = precompile(ms, n)
+        print(f"precompiled in {pre_s:.1f} s", flush=True)
+    except Exception as exc:  # noqa: BLE001 - the rest compiles on first launch
+        pre_s = math.nan
+        print(f"precompile stopped ({type(exc).__name__}: {exc})", flush=True)
+    ceilings = measure_ceilings(torch.device("cuda"), TimerConfig(warmup_ms=5, rep_ms=20))
+    copy_gbps = float(ceilings["copy_GBps"])
+    rows, skipped = [], []
+    for m in ms:
+        if time.perf_counter() - START > BUDGET_S:
+            skipped.append(f"{m.shape} {m.name}")
+            continue
+        rows += bench_matrix(m, n, copy_gbps)
+        print(f"{time.perf_counter() - START:5.1f} s  {m.shape} {m.name} {m.key}", flush=True)
+    best = best_rows(rows)
+    res: dict[str, Any] = dict(
+        device=torch.cuda.get_device_name(), n_rows=n, copy_GBps=copy_gbps, precompile_s=pre_s,
+        skipped=skipped, rows=rows, best=best,
+    )  # fmt: skip
+    (out_dir / "rows-tune.json").write_text(json.dumps(res, indent=1, default=str))
+    res["verify"] = verify_step(best, n)
+    res["elapsed_s"] = time.perf_counter() - START
+    md = markdown(res)
+    (out_dir / "rows-tune.json").write_text(json.dumps(res, indent=1, default=str))
+    (out_dir / "rows-tune.md").write_text(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
