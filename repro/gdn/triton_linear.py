@@ -639,14 +639,14 @@ def row_tiles(
     n: int, rows_out: int, k: int, half: bool, kind: str = "norm_linear", **overrides: int | bool | None
 ) -> RowsConfig:
     """The row-tiled variant's configuration for x of n rows against a [rows_out (x 2 for gate|up), k]
-    weight: ``overrides`` (RowsConfig fields) first, then :data:`TUNED_ROWS` (keyed by (kind, N, K,
-    block_m)), else the untuned defaults, each tile a power of two >= 16 (tl.dot's smallest): block_m up to
-    64 rows (one row block for T <= 64: every weight read once), block_n for about 256 programs (2 per SM
-    on an H200; halved for gate|up's two tiles) within 16..64 (the interpreter: as few programs as
-    possible), block_k 64 (half) or 32 (float32 / float64) columns; 8 warps for 64-row blocks, else 4
-    (64-row blocks on 4 warps reach sm_90's 255-register cap; the defaults compile without spills at the
-    tiny-qwen35 and GDN-1.3B matrices: tests/gdn/test_triton_linear_rows.py); 3 stages, no split-K, normed
-    half rows as hi + lo parts."""
+    weight: ``overrides`` (RowsConfig fields) first, then :data:`TUNED_ROWS` (keyed by (kind, N, K, the
+    default block_m); the entry's own block_m may differ), else the untuned defaults, each tile a power
+    of two >= 16 (tl.dot's smallest): block_m up to 64 rows (one row block for T <= 64: every weight read
+    once), block_n for about 256 programs (2 per SM on an H200; halved for gate|up's two tiles) within
+    16..64 (the interpreter: as few programs as possible), block_k 64 (half) or 32 (float32 / float64)
+    columns; 8 warps for 64-row blocks, else 4 (64-row blocks on 4 warps reach sm_90's 255-register cap;
+    the defaults compile without spills at the tiny-qwen35 and GDN-1.3B matrices:
+    tests/gdn/test_triton_linear_rows.py); 3 stages, no split-K, normed half rows as hi + lo parts."""
     given = {f: v for f, v in overrides.items() if v is not None}
     unknown = set(given) - set(RowsConfig.__dataclass_fields__)
     if unknown:
@@ -655,6 +655,7 @@ def row_tiles(
     tuned = TUNED_ROWS.get((kind, rows_out, k, bm)) if half and not interpreting() else None
     if tuned is not None:
         cfg = tuned
+        bm = pow2(given.get("block_m") or tuned.block_m)
     else:
         if interpreting():
             default_n = min(64, pow2(rows_out))

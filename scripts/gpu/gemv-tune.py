@@ -49,7 +49,7 @@ from repro.bench.model import MODEL_SHAPES, build_model, weight_bytes  # noqa: E
 from repro.bench.timing import TimerConfig, graph_us, measure_ceilings  # noqa: E402
 from repro.gdn import triton_linear as tlin  # noqa: E402
 from repro.gdn.triton_linear import GemvConfig  # noqa: E402
-from repro.models.config import GDN  # noqa: E402
+from repro.models.config import GDN, HybridConfig  # noqa: E402
 from repro.models.hybrid import HybridLM  # noqa: E402
 from repro.models.layers import rms_norm  # noqa: E402
 from repro.models.static import AttentionWeights, GDNWeights, StaticDecoder  # noqa: E402
@@ -87,12 +87,13 @@ class Matrix:
         return f"{self.kind}/{self.n}x{self.k}"
 
 
-def decode_matrices(shape: str) -> list[Matrix]:
-    """The distinct decode matmuls of a model shape, read off StaticDecoder's stacked weights (meta)."""
+def decode_matrices(shape: str, config: HybridConfig | None = None) -> list[Matrix]:
+    """The distinct decode matmuls of a model shape (``config``, else :data:`MODEL_SHAPES`' of that name),
+    read off StaticDecoder's stacked weights (meta)."""
     torch.set_default_dtype(BF16)
     try:
         with torch.device("meta"):
-            model = HybridLM(MODEL_SHAPES[shape]())
+            model = HybridLM(config or MODEL_SHAPES[shape]())
     finally:
         torch.set_default_dtype(torch.float32)
     out: dict[tuple[str, int, int], Matrix] = {}

@@ -1,20 +1,25 @@
 """Launch configurations of the row-tiled linears (repro.gdn.triton_linear, verify) per matrix, on the H200,
 and the verify step they make at the GDN-1.3B shape.
 
-    python3 scripts/gpu/rows-tune.py OUT_DIR [ROWS]      (one H200: < 6 min; ROWS: 64)
+    python3 scripts/gpu/rows-tune.py OUT_DIR [SHAPES [ROWS]]      (one H200: < 6 min)
 
-1. every distinct matmul of the gdn-1.3b shape, then the qwen3.6-27b shape's (gemv-tune.py's matrices; the
-   LM head as norm_linear, as verify runs it), bf16 random weights, x of ROWS rows: cuBLAS (``F.linear``
+SHAPES: comma-separated, of gdn-1.3b, qwen3.6-27b (default both) and tiny-qwen35 (the embedded target's
+layout); ROWS: comma-separated row counts of x (default 64).
+
+1. every distinct matmul of each shape (gemv-tune.py's matrices; the LM head as norm_linear, as verify
+   runs it), bf16 random weights, x of each ROWS rows: cuBLAS (``F.linear``
    alone, without the norm / SiLU * up / residual launches the fused kernel also does) against the
    row-tiled kernel at its defaults and a bounded sweep (RowsConfig: block_n x block_k tiles on 4 / 8
    warps, 3 / 4 stages, split-K up to about a wave of programs, normed rows with and without the lo
    part): each checked against the torch composition in float32 (not timed past 2e-2), then timed as one
    CUDA graph of >= 16 calls cycling through enough weight copies to move 3x the L2 per cycle; us, % of
    the measured copy bandwidth, the best configuration. Matrices not started by BUDGET_S are skipped.
-2. the gdn-1.3b verify step (StaticDecoder.verify of best-first trees of 64 and 33 nodes after a
-   64-token prefill, graphed): cuBLAS matmuls (``fuse_verify`` off) against the row-tiled kernels at
-   the defaults and with part 1's best configurations (placed in ``TUNED_ROWS`` for the capture),
-   beside the decode step; logits against the cuBLAS verify.
+   At the tiny width (K <= 1024) the sweep is TINY_TILES on 2 / 4 warps, 2 / 3 stages (64-row blocks also
+   as two of 32 rows), with the lo part (the documented rounding), no split-K.
+2. the verify step of gdn-1.3b (random weights) or tiny-qwen35 (the trained target) (StaticDecoder.verify
+   of best-first trees of ROWS nodes after a 64-token prefill, graphed): cuBLAS matmuls (``fuse_verify``
+   off) against the row-tiled kernels at the defaults and with part 1's best configurations (placed in
+   ``TUNED_ROWS`` for the capture); logits against the cuBLAS verify.
 
 Writes OUT_DIR/rows-tune.json and OUT_DIR/rows-tune.md; prints the markdown and the ``TUNED_ROWS`` lines.
 """
@@ -43,7 +48,10 @@ from repro.bench.model import MODEL_SHAPES, build_model  # noqa: E402
 from repro.bench.timing import TimerConfig, measure_ceilings  # noqa: E402
 from repro.gdn import triton_linear as tlin  # noqa: E402
 from repro.gdn.triton_linear import RowsConfig  # noqa: E402
+from repro.models.family import resolve_checkpoint  # noqa: E402
 from repro.models.layers import rms_norm  # noqa: E402
+from repro.models.loading import read_config  # noqa: E402
+from repro.models.target import open_target  # noqa: E402
 
 
 def _script(name: str) -> Any:
@@ -68,24 +76,33 @@ PRECOMPILE_TIMEOUT_S = 120.0
 BF16 = torch.bfloat16
 # (block_n, block_k, warps): output columns x K columns per step (gate|up: two such tiles)
 TILES = [(16, 128, 4), (32, 64, 4), (32, 128, 4), (64, 64, 4), (64, 64, 8), (64, 128, 8), (128, 64, 8)]
+TINY_TILES = [(bn, bk) for bn in (16, 32, 64) for bk in (64, 128, 256)]
 
 
-def matrices() -> list[Matrix]:
+def matrices(shape: str) -> list[Matrix]:
+    config = read_config(resolve_checkpoint(shape)) if shape == "tiny-qwen35" else None
     out = []
-    for shape in ("gdn-1.3b", "qwen3.6-27b"):
-        for m in gemv_tune.decode_matrices(shape):
-            kind = "norm_linear" if m.kind == "norm_linear_argmax" else m.kind
-            out.append(dataclasses.replace(m, kind=kind))
+    for m in gemv_tune.decode_matrices(shape, config):
+        kind = "norm_linear" if m.kind == "norm_linear_argmax" else m.kind
+        out.append(dataclasses.replace(m, kind=kind))
     return out
 
 
 def sweep(m: Matrix, n: int) -> list[tuple[str, RowsConfig]]:
     """The defaults, then TILES x stages 3 / 4 x (no split, split-K to about one wave of programs) x (lo on,
-    off for the norm kinds): ~50 configurations a matrix."""
+    off for the norm kinds): ~50 configurations a matrix; at K <= 1024 TINY_TILES x warps 2 / 4 x stages
+    2 / 3 with lo (36), and for 64-row blocks the same on 32-row blocks (4 warps; 18 more)."""
     norm = m.kind != "linear_residual"
     out = [("default", tlin.row_tiles(n, m.n, m.k, True, m.kind))]
-    bm = min(64, tlin.pow2(n))
-    for bn, bk, warps in TILES:
+    bm = max(16, min(64, tlin.pow2(n)))
+    if m.k <= 1024:
+        for bn, bk in TINY_TILES:
+            for warps in (2, 4):
+                for stages in (2, 3):
+                    out.append((f"{bn}x{bk} w{warps} s{stages}", RowsConfig(bm, bn, bk, warps, stages)))
+                    if bm == 64 and warps == 4:  # two row blocks of 32: twice the programs
+                        out.append((f"m32 {bn}x{bk} w4 s{stages}", RowsConfig(32, bn, bk, 4, stages)))
+    for bn, bk, warps in TILES if m.k > 1024 else []:
         programs = math.ceil(m.n / bn) * math.ceil(n / bm)
         split = 1
         while programs * split < 132 and m.k // (2 * split) >= 2 * bk:
@@ -153,10 +170,10 @@ def _warm(job: tuple[Matrix, int, list[RowsConfig]]) -> int:
     return len(cfgs)
 
 
-def precompile(ms: list[Matrix], n: int) -> float:
+def precompile(matrix_rows: list[tuple[Matrix, int]]) -> float:
     t0 = time.perf_counter()
     jobs = []
-    for m in ms:
+    for m, n in matrix_rows:
         cfgs = [c for _, c in sweep(m, n)]
         jobs += [(m, n, cfgs[i : i + 4]) for i in range(0, len(cfgs), 4)]
     with mp.get_context("spawn").Pool(WORKERS) as pool:
@@ -201,36 +218,37 @@ def best_rows(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     best: dict[str, dict[str, Any]] = {}
     for r in rows:
         if r["cfg"] is not None and r["status"] == "ok":
-            key = f"{r['shape']}:{r['kind']}/{r['n']}x{r['k']}"
+            key = f"{r['shape']}:{r['kind']}/{r['n']}x{r['k']}/n{r['rows']}"
             if key not in best or r["us"] < best[key]["us"]:
                 best[key] = r
     return best
 
 
-def verify_step(best: dict[str, dict[str, Any]], n: int) -> list[dict[str, Any]]:
-    """gdn-1.3b verify(T) for T = n and 33: fuse_verify off, on at the defaults, on with the best table."""
-    model = build_model(MODEL_SHAPES["gdn-1.3b"](), torch.device("cuda"), BF16, 0)
+def verify_step(shape: str, best: dict[str, dict[str, Any]], sizes: list[int]) -> list[dict[str, Any]]:
+    """verify(T) for T in ``sizes``: fuse_verify off, on at the defaults, on with the best table."""
+    if shape == "tiny-qwen35":
+        model, _ = open_target("default", "bfloat16", "cuda")
+    else:
+        model = build_model(MODEL_SHAPES[shape](), torch.device("cuda"), BF16, 0)
     model.set_gdn_backend("triton")
     state = verify_rows.prefilled(model)
-    decode = verify_rows.decode_us(model, state, True)
     table = {
         (r["kind"], r["n"], r["k"], r["cfg"]["block_m"]): RowsConfig(**r["cfg"])
         for r in best.values()
-        if r["shape"] == "gdn-1.3b"
+        if r["shape"] == shape
     }
     rows = []
-    for t in (n, 33):
+    for t in sizes:
         for label, entries in (("defaults", {}), ("best of sweep", table)):
             tlin.TUNED_ROWS.clear()
             tlin.TUNED_ROWS.update(entries)
             for r in verify_rows.verify_pair(model, state, t, True, timed=True):
                 if r["fuse_verify"] or label == "defaults":
-                    r.update(
-                        rows_configs=label if r["fuse_verify"] else "cuBLAS", decode_us=decode,
-                        x_decode=r["us"] / decode,
-                    )  # fmt: skip
+                    r.update(shape=shape, rows_configs=label if r["fuse_verify"] else "cuBLAS")
                     rows.append(r)
     tlin.TUNED_ROWS.clear()
+    del model
+    torch.cuda.empty_cache()
     return rows
 
 
@@ -246,39 +264,39 @@ def markdown(res: dict[str, Any]) -> str:
         f"{res['elapsed_s']:.0f} s; skipped: {', '.join(res['skipped']) or 'none'}. cuBLAS times the matmul "
         "alone; the fused kernel also does the norm / SiLU * up / residual.",
         "",
-        "| shape | matrix | kind | N x K | MB | cuBLAS us | default us | best us | best % copy | best config "
-        "| best vs cuBLAS | best vs default |",
-        "|---|---|---|---|--:|--:|--:|--:|--:|---|--:|--:|",
+        "| shape | rows | matrix | kind | N x K | MB | cuBLAS us | default us | best us | best % copy "
+        "| best config | best vs cuBLAS | best vs default |",
+        "|---|--:|---|---|---|--:|--:|--:|--:|--:|---|--:|--:|",
     ]
     by: dict[tuple, list] = {}
     for r in res["rows"]:
-        by.setdefault((r["shape"], r["kind"], r["n"], r["k"]), []).append(r)
-    for (shape, kind, n, k), rs in by.items():
+        by.setdefault((r["shape"], r["kind"], r["n"], r["k"], r["rows"]), []).append(r)
+    for (shape, kind, n, k, rows), rs in by.items():
         get = {r["config"]: r for r in rs}
-        b = res["best"].get(f"{shape}:{kind}/{n}x{k}")
+        b = res["best"].get(f"{shape}:{kind}/{n}x{k}/n{rows}")
         cub, dft = get["cuBLAS F.linear"]["us"], get.get("default", {}).get("us")
         lines.append(
-            f"| {shape} | {rs[0]['matrix']} | {kind} | {n} x {k} | {rs[0]['MB']:.1f} | {fmt(cub)} | "
+            f"| {shape} | {rows} | {rs[0]['matrix']} | {kind} | {n} x {k} | {rs[0]['MB']:.1f} | {fmt(cub)} | "
             f"{fmt(dft)} | {fmt(b and b['us'])} | {fmt(b and b['pct_copy'], '.0f')} | "
             f"{b['config'] if b else '-'} | {fmt(cub / b['us'] if b else None, '.2f')}x | "
             f"{fmt(dft / b['us'] if b and dft else None, '.2f')}x |"
         )
-    lines += ["", "## gdn-1.3b verify step (graphed)", ""]
+    lines += ["", "## The verify step (graphed)", ""]
     lines += [
-        "| T | matmuls | verify us | x decode | kernels | logits err vs cuBLAS | top1 |",
-        "|--:|---|--:|--:|--:|--:|--:|",
+        "| shape | T | matmuls | verify us | kernels | logits err vs cuBLAS | top1 |",
+        "|---|--:|---|--:|--:|--:|--:|",
     ]
     for r in res["verify"]:
         lines.append(
-            f"| {r['T']} | {r['rows_configs']} | {r['us']:.0f} | {r['x_decode']:.2f} | {r['kernels']} | "
+            f"| {r['shape']} | {r['T']} | {r['rows_configs']} | {r['us']:.1f} | {r['kernels']} | "
             f"{r['logits_err_vs_off']:.1e} | {r['top1_vs_off']:.3f} |"
         )
     lines += ["", "Every configuration (us):", ""]
-    for (shape, kind, n, k), rs in by.items():
+    for (shape, kind, n, k, rows), rs in by.items():
         cells = ", ".join(
             f"{r['config']} {fmt(r['us'])}" + ("" if r["status"] == "ok" else f" {r['status']}") for r in rs
         )
-        lines.append(f"- {shape} {kind} {n}x{k}: {cells}")
+        lines.append(f"- {shape} {kind} {n}x{k} at {rows} rows: {cells}")
     lines += ["", "TUNED_ROWS entries:", "", "```python"]
     for key, b in res["best"].items():
         c = b["cfg"]
@@ -293,11 +311,12 @@ def markdown(res: dict[str, Any]) -> str:
 
 def main() -> None:
     out_dir = Path(sys.argv[1] if len(sys.argv) > 1 else "rows-tune-out")
-    n = int(sys.argv[2]) if len(sys.argv) > 2 else 64
+    shapes = (sys.argv[2] if len(sys.argv) > 2 else "gdn-1.3b,qwen3.6-27b").split(",")
+    sizes = [int(v) for v in (sys.argv[3] if len(sys.argv) > 3 else "64").split(",")]
     out_dir.mkdir(parents=True, exist_ok=True)
-    ms = matrices()
+    jobs = [(m, n) for shape in shapes for m in matrices(shape) for n in sizes]
     try:
-        pre_s = precompile(ms, n)
+        pre_s = precompile(jobs)
         print(f"precompiled in {pre_s:.1f} s", flush=True)
     except Exception as exc:  # noqa: BLE001 - the rest compiles on first launch
         pre_s = math.nan
@@ -305,19 +324,21 @@ def main() -> None:
     ceilings = measure_ceilings(torch.device("cuda"), TimerConfig(warmup_ms=5, rep_ms=20))
     copy_gbps = float(ceilings["copy_GBps"])
     rows, skipped = [], []
-    for m in ms:
+    for m, n in jobs:
         if time.perf_counter() - START > BUDGET_S:
-            skipped.append(f"{m.shape} {m.name}")
+            skipped.append(f"{m.shape} {m.name} n{n}")
             continue
         rows += bench_matrix(m, n, copy_gbps)
-        print(f"{time.perf_counter() - START:5.1f} s  {m.shape} {m.name} {m.key}", flush=True)
+        print(f"{time.perf_counter() - START:5.1f} s  {m.shape} {m.name} {m.key} n{n}", flush=True)
     best = best_rows(rows)
     res: dict[str, Any] = dict(
-        device=torch.cuda.get_device_name(), n_rows=n, copy_GBps=copy_gbps, precompile_s=pre_s,
-        skipped=skipped, rows=rows, best=best,
+        device=torch.cuda.get_device_name(), n_rows=",".join(map(str, sizes)), copy_GBps=copy_gbps,
+        precompile_s=pre_s, skipped=skipped, rows=rows, best=best, verify=[],
     )  # fmt: skip
     (out_dir / "rows-tune.json").write_text(json.dumps(res, indent=1, default=str))
-    res["verify"] = verify_step(best, n)
+    for shape in shapes:
+        if shape in ("gdn-1.3b", "tiny-qwen35"):
+            res["verify"] += verify_step(shape, best, sizes)
     res["elapsed_s"] = time.perf_counter() - START
     md = markdown(res)
     (out_dir / "rows-tune.json").write_text(json.dumps(res, indent=1, default=str))
