@@ -163,9 +163,25 @@ class RowsConfig:
             raise ConfigError(f"RowsConfig needs num_stages >= 1 and split_k >= 1, got {self}")
 
 
-RowsKey = tuple[str, int, int, int]  # (kind, N (I for gate|up), K, block_m)
-# the row-tiled variant's measured configurations (half data on a GPU); other shapes: row_tiles' defaults
-TUNED_ROWS: dict[RowsKey, RowsConfig] = {}
+RowsKey = tuple[str, int, int, int]  # (kind, N (I for gate|up), K, row_tiles' default block_m)
+# the row-tiled variant's fastest configurations in scripts/gpu/rows-tune.py's sweep on an H200 (half data;
+# results/2026-12-03-h200-rows-tune; us per call in a CUDA graph, the defaults' beside): the tiny-qwen35
+# matrices at 16 rows (block_m 16: slots of 5-16 nodes) and 33 (block_m 64: 33-64 nodes, e.g. budget 32);
+# other shapes: row_tiles' defaults. At the GDN-1.3B and Qwen3.6-27B widths no configuration came near
+# cuBLAS for the normed kinds (0.47-0.68x), so those verify on cuBLAS (StaticDecoder's fuse_verify off)
+TUNED_ROWS: dict[RowsKey, RowsConfig] = {
+    ("norm_linear", 584, 192, 16): RowsConfig(16, 16, 128, 2),  # gdn in_proj: 3.3 us (default 3.5)
+    ("norm_gate_up", 384, 192, 16): RowsConfig(16, 16, 64, 2),  # gate|up: 3.9 (4.5)
+    ("linear_residual", 192, 384, 16): RowsConfig(16, 32, 128, 4),  # down: 2.2 (2.5)
+    ("norm_linear", 576, 192, 16): RowsConfig(16, 32, 128, 2),  # attn q|k|v: 3.5 (3.8)
+    ("norm_linear", 4096, 192, 16): RowsConfig(16, 64, 64, 4),  # lm_head: 3.9 (7.0)
+    ("norm_linear", 584, 192, 64): RowsConfig(32, 16, 64, 4),  # gdn in_proj: 3.8 (5.2)
+    ("linear_residual", 192, 192, 64): RowsConfig(64, 16, 64, 4),  # gdn out_proj: 2.0 (2.2)
+    ("norm_gate_up", 384, 192, 64): RowsConfig(32, 16, 64, 4),  # gate|up: 4.1 (6.5)
+    ("linear_residual", 192, 384, 64): RowsConfig(64, 16, 128, 4),  # down: 2.4 (2.8)
+    ("norm_linear", 576, 192, 64): RowsConfig(32, 16, 64, 4),  # attn q|k|v: 3.8 (5.2)
+    ("norm_linear", 4096, 192, 64): RowsConfig(64, 64, 64, 4),  # lm_head: 4.9 (10.1)
+}
 
 
 @contextlib.contextmanager

@@ -224,6 +224,11 @@ def best_rows(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return best
 
 
+def rows_key(r: dict[str, Any]) -> tuple[str, int, int, int]:
+    """A best row's TUNED_ROWS key: its matrix and the default block_m of its row count."""
+    return r["kind"], r["n"], r["k"], max(16, min(64, tlin.pow2(r["rows"])))
+
+
 def verify_step(shape: str, best: dict[str, dict[str, Any]], sizes: list[int]) -> list[dict[str, Any]]:
     """verify(T) for T in ``sizes``: fuse_verify off, on at the defaults, on with the best table."""
     if shape == "tiny-qwen35":
@@ -232,11 +237,7 @@ def verify_step(shape: str, best: dict[str, dict[str, Any]], sizes: list[int]) -
         model = build_model(MODEL_SHAPES[shape](), torch.device("cuda"), BF16, 0)
     model.set_gdn_backend("triton")
     state = verify_rows.prefilled(model)
-    table = {
-        (r["kind"], r["n"], r["k"], r["cfg"]["block_m"]): RowsConfig(**r["cfg"])
-        for r in best.values()
-        if r["shape"] == shape
-    }
+    table = {rows_key(r): RowsConfig(**r["cfg"]) for r in best.values() if r["shape"] == shape}
     rows = []
     for t in sizes:
         for label, entries in (("defaults", {}), ("best of sweep", table)):
@@ -299,10 +300,9 @@ def markdown(res: dict[str, Any]) -> str:
         lines.append(f"- {shape} {kind} {n}x{k} at {rows} rows: {cells}")
     lines += ["", "TUNED_ROWS entries:", "", "```python"]
     for key, b in res["best"].items():
-        c = b["cfg"]
-        fields = ", ".join(str(v) for v in c.values())
+        fields = ", ".join(str(v) for v in b["cfg"].values())
         lines.append(
-            f'("{b["kind"]}", {b["n"]}, {b["k"]}, {c["block_m"]}): RowsConfig({fields}),'
+            f"{rows_key(b)}: RowsConfig({fields}),"
             f"  # {key.split(':')[0]} {b['matrix']}: {b['us']:.1f} us, {b['pct_copy']:.0f}% of copy"
         )
     lines.append("```")

@@ -217,7 +217,7 @@ SM90_CASES = {
 
 
 def compile_for_sm90(dtype: str, n: int, k: int, rows: int, flags: dict[str, bool]) -> dict[str, object]:
-    """The row-tiled kernel with the default tiles (repro.gdn.triton_linear.row_tiles) compiled for sm_90 on
+    """The row-tiled kernel with row_tiles' configuration (repro.gdn.triton_linear) compiled for sm_90 on
     this machine (no GPU needed: Triton's own ptxas): whether the PTX uses the tensor cores, the spill bytes
     ptxas reports."""
     import re
@@ -232,7 +232,9 @@ def compile_for_sm90(dtype: str, n: int, k: int, rows: int, flags: dict[str, boo
 
     from repro.gdn.triton_linear import _rows_kernel, row_tiles
 
-    cfg = row_tiles(rows, n, k, dtype == "bf16", "norm_gate_up" if flags.get("GATE_UP") else "norm_linear")
+    kind = "norm_gate_up" if flags.get("GATE_UP") else "norm_linear" if flags.get("NORM") else ""
+    kind = kind or "linear_residual"
+    cfg = row_tiles(rows, n, k, dtype == "bf16", kind)
     ptr = f"*{dtype}"
     sig = dict.fromkeys(("x_ptr", "scale_ptr", "w_ptr", "bias_ptr", "res_ptr", "out_ptr"), ptr)
     sig.update(ws_ptr="*fp32", ss_ptr="*fp32", k_slice="i32")
@@ -261,14 +263,40 @@ def compile_for_sm90(dtype: str, n: int, k: int, rows: int, flags: dict[str, boo
     return {"mma": "mma" in ptx, "spills": spills}
 
 
-def test_kernels_compile_for_the_h200():
+def test_kernels_compile_for_the_h200(monkeypatch):
     """The interpreter does not check what only the compiler does (tl.dot tile sizes and dtypes, constexpr
-    branches, registers): every case compiles for sm_90 here with its default tiles, without spills, the
-    bf16 ones on the tensor cores (mma), float32 on exact FMA dots."""
+    branches, registers): every case compiles for sm_90 here with its untuned default tiles (TUNED_ROWS
+    set aside), without spills, the bf16 ones on the tensor cores (mma), float32 on exact FMA dots."""
     pytest.importorskip("triton.backends.nvidia.compiler")
+    from repro.gdn import triton_linear as tlin
+
+    monkeypatch.setattr(tlin, "TUNED_ROWS", {})
     for name, case in SM90_CASES.items():
         got = compile_for_sm90(*case)
         assert got == {"mma": case[0] == "bf16", "spills": 0}, (name, got)
+
+
+def test_tuned_rows_entries_are_found_and_compile():
+    """Every tiny-qwen35 matrix finds its entry at 33 rows (where they were tuned; a key of the wrong block_m
+    would miss it); every TUNED_ROWS entry is what row_tiles returns for bf16 slots of the row counts its
+    key stands for (the key's block_m is the default one of those counts, not the entry's own), not for
+    float32, and compiles for sm_90 on the tensor cores. Some spill (the 2-warp tiles, the 64-row LM
+    head): they were measured fastest anyway (results/2026-12-03-h200-rows-tune), so spills are not
+    asserted here."""
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    from repro.gdn.triton_linear import TUNED_ROWS, row_tiles
+
+    tiny = [("norm_linear", 584, 192), ("linear_residual", 192, 192), ("norm_gate_up", 384, 192)]
+    tiny += [("linear_residual", 192, 384), ("norm_linear", 576, 192), ("norm_linear", 4096, 192)]
+    for kind, n, k in tiny:  # tuned at 33 rows: every tiny-qwen35 matrix of a budget-32 verify finds one
+        assert row_tiles(33, n, k, True, kind) == TUNED_ROWS[kind, n, k, 64], (kind, n, k)
+    for (kind, n, k, bm), cfg in TUNED_ROWS.items():
+        for rows in (bm // 2 + 1, bm) if bm > 16 else (5, 16):
+            assert row_tiles(rows, n, k, True, kind) == cfg, (kind, n, k, rows)
+        assert row_tiles(bm, n, k, False, kind) != cfg  # float32 keeps the defaults
+        flags = {"NORM": kind != "linear_residual", "GATE_UP": kind == "norm_gate_up"}
+        flags["RESIDUAL"] = kind == "linear_residual"
+        assert compile_for_sm90("bf16", n, k, bm, flags)["mma"], (kind, n, k, bm)
 
 
 # ---------------------------------------------------------------------------------------------- GPU
