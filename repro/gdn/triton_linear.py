@@ -678,7 +678,7 @@ def row_tiles(
         else:
             default_n = min(64, pow2(triton.cdiv(rows_out * triton.cdiv(n, bm), 256)))
             if kind == "norm_gate_up":  # two weight tiles and two accumulators a program
-                default_n //= 2
+                default_n = max(1, default_n // 2)
         bk = 128 if interpreting() else 64 if half else 32
         cfg = RowsConfig(bm, default_n, bk, 8 if bm >= 64 else 4)
     cfg = replace(cfg, **{f: pow2(v) if f.startswith(("block", "num_w")) else v for f, v in given.items()})

@@ -276,6 +276,19 @@ def test_kernels_compile_for_the_h200(monkeypatch):
         assert got == {"mma": case[0] == "bf16", "spills": 0}, (name, got)
 
 
+def test_default_tiles_are_valid_at_every_width():
+    """row_tiles' GPU defaults (the interpreter's differ) at narrow outputs (gate|up halves block_n: a
+    2-column matrix once asked for block_n 0) and wide ones, in bf16 and float32: tiles >= 16 and powers of
+    two (RowsConfig checks the latter)."""
+    from repro.gdn.triton_linear import row_tiles
+
+    for kind in ("norm_linear", "norm_gate_up", "linear_residual"):
+        for rows_out in (1, 2, 19, 384, 5632, 248320):
+            for half in (True, False):
+                cfg = row_tiles(33, rows_out, 45, half, kind)
+                assert min(cfg.block_m, cfg.block_n, cfg.block_k) >= 16, (kind, rows_out, half, cfg)
+
+
 def test_tuned_rows_entries_are_found_and_compile():
     """Every tiny-qwen35 matrix finds its entry at 33 rows (where they were tuned; a key of the wrong block_m
     would miss it); every TUNED_ROWS entry is what row_tiles returns for bf16 slots of the row counts its
