@@ -25,11 +25,17 @@ once to x's dtype. What each kernel folds in:
 Verify steps (n = 5 .. :data:`MAX_VERIFY_ROWS` rows, the T nodes of a draft tree) take the row-tiled
 variant (:func:`_rows_kernel`): a grid of output blocks x row blocks, each program one ``tl.dot`` per K
 chunk on a [block_m, block_k] x [block_k, block_n] tile (tiles >= 16; float32 accumulation; exact "ieee"
-dots for float32 data; half data feeds the tensor cores the normed row's hi and lo bf16 parts, two dots on
-one weight tile, so the row keeps ~16 bits), the RMS of its row block computed in the program, the same
-epilogue (:func:`_finish`). At small widths a launch costs more than its arithmetic, so folding the norm,
-SiLU * up and residual launches into the matmul is what counts there (:func:`row_tiles`: its untuned
-tiles; ``block_m``/``block_n``/``block_k``/``num_warps`` override them).
+dots for float32 data; half data feeds the tensor cores the row times the norm scale as hi and lo bf16
+parts, two dots on one weight tile, so the row keeps ~16 bits), the row block's sum of squares gathered
+from the same chunks, the 1 / rms factor in the same epilogue (:func:`_finish`). At small widths a launch
+costs more than its arithmetic, so folding the norm, SiLU * up and residual launches into the matmul is
+what counts there. Configurations
+(:class:`RowsConfig`) come from :func:`row_tiles`: keyword overrides, then :data:`TUNED_ROWS` (measured
+at the tiny-qwen35 matrices: a budget-32 verify 10% faster, results/2026-12-03-h200-rows-tune), then
+untuned defaults. At the GDN-1.3B and Qwen3.6-27B widths the best of ~40 configurations a matrix (also
+split-K, and the row rounded once instead of hi + lo: measured at 3562a89, not kept) reached 0.47-0.68x
+of cuBLAS for the normed kinds (the A operand is built in registers every K step), so those shapes verify
+on cuBLAS (fuse_verify off in the engine).
 
 Split-K (``split_k`` > 1, for matrices with few output rows): a grid of (row blocks, K slices) writes
 float32 partial sums into a workspace, and a second launch adds the slices in a fixed order and applies
@@ -141,26 +147,21 @@ _active: list[Mapping[ConfigKey, GemvConfig] | str] = []  # gemv_configs' stack
 @dataclass(frozen=True)
 class RowsConfig:
     """One launch configuration of the row-tiled variant: rows, output columns and K columns per tile
-    (powers of two; tl.dot takes >= 16), warps, pipeline stages, K slices (each writes float32 partial
-    sums that a second launch adds), and ``lo``: a normed half row goes to the tensor cores as hi + lo
-    parts (two dots, ~16 bits of the row kept) rather than rounded once to the weights' dtype (one dot,
-    what the torch glue's bf16 norm output does)."""
+    (powers of two; tl.dot takes >= 16), warps, pipeline stages."""
 
     block_m: int
     block_n: int
     block_k: int
     num_warps: int = 4
     num_stages: int = 3
-    split_k: int = 1
-    lo: bool = True
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k", "num_warps"):
             v = getattr(self, name)
             if v < 1 or v & (v - 1):
                 raise ConfigError(f"RowsConfig.{name} must be a power of two, got {v}")
-        if self.num_stages < 1 or self.split_k < 1:
-            raise ConfigError(f"RowsConfig needs num_stages >= 1 and split_k >= 1, got {self}")
+        if self.num_stages < 1:
+            raise ConfigError(f"RowsConfig needs num_stages >= 1, got {self}")
 
 
 RowsKey = tuple[str, int, int, int]  # (kind, N (I for gate|up), K, row_tiles' default block_m)
@@ -485,37 +486,31 @@ def _gemv_kernel(
 
 
 @triton.jit
-def _split_reduce_kernel(x_ptr, x_stride, ws_ptr, ss_ptr, eps, N, K, bias_ptr, res_ptr, res_stride, out_ptr,
+def _split_reduce_kernel(x_ptr, x_stride, ws_ptr, eps, N, K, bias_ptr, res_ptr, res_stride, out_ptr,
                          best_ptr, best_idx_ptr, N_ROWS: tl.constexpr, RB: tl.constexpr, BN: tl.constexpr,
-                         KP: tl.constexpr, SPLIT: tl.constexpr, SS_WS: tl.constexpr, NORM: tl.constexpr,
-                         GATE_UP: tl.constexpr, HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
-                         ARGMAX: tl.constexpr, ACC: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
-    """Output columns pid(0) * BN .. + BN of rows pid(1) * RB .. + RB: the SPLIT slices' partial sums added
-    in slice order, then the epilogue (:func:`_finish`; NORM: the sum of squares from x itself, read whole
-    (K <= KP; the GEMV's one row block), or with SS_WS the slices' partial sums of squares ss [SPLIT,
-    N_ROWS] added in slice order (the row-tiled variant's))."""
+                         KP: tl.constexpr, SPLIT: tl.constexpr, NORM: tl.constexpr, GATE_UP: tl.constexpr,
+                         HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr, ARGMAX: tl.constexpr,
+                         ACC: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+    """Output columns pid * BN .. + BN: the SPLIT slices' partial sums added in slice order, then the
+    epilogue (:func:`_finish`; NORM: the sum of squares from x itself)."""
     pdl_start(PDL)
     pid = tl.program_id(0)
-    row0 = tl.program_id(1) * RB
     o_n = pid * BN + tl.arange(0, BN)
-    rows = row0 + tl.arange(0, RB)
+    rows = tl.arange(0, RB)
     m = (rows < N_ROWS)[:, None] & (o_n < N)[None, :]
     acc = tl.zeros([RB, BN], dtype=ACC)
     acc_up = tl.zeros([RB, BN], dtype=ACC)
-    ss = tl.zeros([RB], dtype=ACC)
     for s in tl.static_range(SPLIT):
         part = ws_ptr + ((s * N_ROWS + rows) * 2 * N)[:, None] + o_n[None, :]
         acc += tl.load(part, mask=m, other=0.0).to(ACC)
         if GATE_UP:
             acc_up += tl.load(part + N, mask=m, other=0.0).to(ACC)
-        if NORM and SS_WS:
-            ss += tl.load(ss_ptr + s * N_ROWS + rows, mask=rows < N_ROWS, other=0.0).to(ACC)
-    if NORM and not SS_WS:
+    ss = tl.zeros([RB], dtype=ACC)
+    if NORM:
         xs = _x_rows(x_ptr, x_stride, K, N_ROWS, RB, KP, ACC)
         ss = tl.sum(xs * xs, axis=1)
-    _finish(acc, acc_up, ss, pid, N, K, eps, bias_ptr, res_ptr + row0 * res_stride, res_stride,
-            out_ptr + row0 * N, best_ptr, best_idx_ptr, N_ROWS - row0, RB, BN, NORM, GATE_UP, HAS_BIAS,
-            RESIDUAL, ARGMAX, ACC)  # fmt: skip
+    _finish(acc, acc_up, ss, pid, N, K, eps, bias_ptr, res_ptr, res_stride, out_ptr, best_ptr,
+            best_idx_ptr, N_ROWS, RB, BN, NORM, GATE_UP, HAS_BIAS, RESIDUAL, ARGMAX, ACC)  # fmt: skip
 
 
 # ----------------------------------------------------------------------- the row-tiled variant (verify)
@@ -564,18 +559,13 @@ def _rows_kernel(
     res_ptr,
     res_stride,
     out_ptr,
-    ws_ptr,
-    ss_ptr,
     eps,
     n_rows,
     N,
     K,
-    k_slice,
     RB: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
-    SPLIT: tl.constexpr,
-    LO: tl.constexpr,
     NORM: tl.constexpr,
     GATE_UP: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -584,45 +574,29 @@ def _rows_kernel(
     UPCAST: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """Output columns pid(0) * BN .. + BN of rows pid(1) * RB .. + RB over K columns pid(2) * k_slice ..
-    + k_slice (all of K without split): one tl.dot a K chunk (:func:`_dot_tile`; NORM: x times the norm
-    scale, its sum of squares kept beside, LO: a half x as hi + lo parts), then :func:`_finish` on the row
-    block (the 1 / rms factor from the sum of squares), or with SPLIT > 1 the float32 partial sums into
-    ws [SPLIT, n_rows, 2 N] and the partial sums of squares into ss [SPLIT, n_rows] for
-    :func:`_split_reduce_kernel`."""
+    """Output columns pid(0) * BN .. + BN of rows pid(1) * RB .. + RB: one tl.dot a K chunk
+    (:func:`_dot_tile`; NORM: x times the norm scale, its sum of squares gathered beside), then
+    :func:`_finish` on the row block (the 1 / rms factor from the sum of squares)."""
     pdl_start(PDL)
     pid = tl.program_id(0)
     row0 = tl.program_id(1) * RB
-    sid = tl.program_id(2)
     o_n = pid * BN + tl.arange(0, BN)
     rows = row0 + tl.arange(0, RB)
-    k_lo = sid * k_slice
-    k_hi = tl.minimum(K, k_lo + k_slice)
     ss = tl.zeros([RB], dtype=ACC)
     acc = tl.zeros([RB, BN], dtype=ACC)
     acc_up = tl.zeros([RB, BN], dtype=ACC)
-    for k0 in range(k_lo, k_hi, BK):
+    for k0 in range(0, K, BK):
         x = _x_chunk(x_ptr, x_stride, rows, k0, n_rows, K, BK, ACC)
         if NORM:
             ss += tl.sum(x * x, axis=1)
             o_k = k0 + tl.arange(0, BK)
             x = x * tl.load(scale_ptr + o_k, mask=o_k < K, other=0.0).to(ACC)[None, :]
-        acc += _dot_tile(w_ptr, x, o_n, k0, N, K, BK, ACC, NORM and LO, UPCAST)
+        acc += _dot_tile(w_ptr, x, o_n, k0, N, K, BK, ACC, NORM, UPCAST)
         if GATE_UP:
-            acc_up += _dot_tile(w_ptr + N * K, x, o_n, k0, N, K, BK, ACC, NORM and LO, UPCAST)
-    if SPLIT == 1:
-        _finish(acc, acc_up, ss, pid, N, K, eps, bias_ptr, res_ptr + row0 * res_stride, res_stride,
-                out_ptr + row0 * N, out_ptr, out_ptr, n_rows - row0, RB, BN, NORM, GATE_UP, HAS_BIAS,
-                RESIDUAL, False, ACC)  # fmt: skip
-    else:
-        m_r = rows < n_rows
-        part = ws_ptr + ((sid * n_rows + rows) * 2 * N)[:, None] + o_n[None, :]
-        m = m_r[:, None] & (o_n < N)[None, :]
-        tl.store(part, acc, mask=m)
-        if GATE_UP:
-            tl.store(part + N, acc_up, mask=m)
-        if NORM and pid == 0:
-            tl.store(ss_ptr + sid * n_rows + rows, ss, mask=m_r)
+            acc_up += _dot_tile(w_ptr + N * K, x, o_n, k0, N, K, BK, ACC, NORM, UPCAST)
+    _finish(acc, acc_up, ss, pid, N, K, eps, bias_ptr, res_ptr + row0 * res_stride, res_stride,
+            out_ptr + row0 * N, out_ptr, out_ptr, n_rows - row0, RB, BN, NORM, GATE_UP, HAS_BIAS, RESIDUAL,
+            False, ACC)  # fmt: skip
 
 
 @triton.jit
@@ -652,7 +626,7 @@ def _epilogue_blocks(cfg: GemvConfig, rows_out: int) -> tuple[int, int]:
 
 
 def row_tiles(
-    n: int, rows_out: int, k: int, half: bool, kind: str = "norm_linear", **overrides: int | bool | None
+    n: int, rows_out: int, k: int, half: bool, kind: str = "norm_linear", **overrides: int | None
 ) -> RowsConfig:
     """The row-tiled variant's configuration for x of n rows against a [rows_out (x 2 for gate|up), k]
     weight: ``overrides`` (RowsConfig fields) first, then :data:`TUNED_ROWS` (keyed by (kind, N, K, the
@@ -662,7 +636,7 @@ def row_tiles(
     16..64 (the interpreter: as few programs as possible), block_k 64 (half) or 32 (float32 / float64)
     columns; 8 warps for 64-row blocks, else 4 (64-row blocks on 4 warps reach sm_90's 255-register cap;
     the defaults compile without spills at the tiny-qwen35 and GDN-1.3B matrices:
-    tests/gdn/test_triton_linear_rows.py); 3 stages, no split-K, normed half rows as hi + lo parts."""
+    tests/gdn/test_triton_linear_rows.py); 3 stages."""
     given = {f: v for f, v in overrides.items() if v is not None}
     unknown = set(given) - set(RowsConfig.__dataclass_fields__)
     if unknown:
@@ -683,8 +657,7 @@ def row_tiles(
         cfg = RowsConfig(bm, default_n, bk, 8 if bm >= 64 else 4)
     cfg = replace(cfg, **{f: pow2(v) if f.startswith(("block", "num_w")) else v for f, v in given.items()})
     bn, bk = max(16, cfg.block_n), max(16, min(cfg.block_k, pow2(k)))
-    cfg = replace(cfg, block_m=bm, block_n=bn, block_k=bk)
-    return replace(cfg, split_k=triton.cdiv(k, _k_slice(k, bk, cfg.split_k)))  # no empty slices
+    return replace(cfg, block_m=bm, block_n=bn, block_k=bk)
 
 
 def _launch_rows(
@@ -696,39 +669,21 @@ def _launch_rows(
     norm: tuple[torch.Tensor, float] | None,
     bias: torch.Tensor | None,
     residual: torch.Tensor | None,
-    **overrides: int | bool,
+    **overrides: int,
 ) -> torch.Tensor:
-    """The row-tiled variant's launch (n > :data:`MAX_ROWS` rows of x) into ``out`` (with split-K, and
-    the reduce's)."""
+    """The row-tiled variant's launch (n > :data:`MAX_ROWS` rows of x) into ``out``."""
     n, k = x.shape
     half = x.dtype in (torch.bfloat16, torch.float16)
     cfg = row_tiles(n, rows_out, k, half, kind, **overrides)
     scale, eps = norm if norm is not None else (x, 0.0)
-    split = cfg.split_k
-    ws = ss = x
-    if split > 1:
-        ws = torch.empty(split, n, 2 * rows_out, dtype=_acc_torch_dtype(x.dtype), device=x.device)
-        ss = torch.empty(split, n, dtype=ws.dtype, device=x.device)
-    flags = dict(
+    _rows_kernel[(triton.cdiv(rows_out, cfg.block_n), triton.cdiv(n, cfg.block_m))](
+        x, x.stride(0), scale, weight, bias if bias is not None else x,
+        residual if residual is not None else x, residual.stride(0) if residual is not None else 0,
+        out, float(eps), n, rows_out, k, RB=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k,
         NORM=norm is not None, GATE_UP=kind == "norm_gate_up", HAS_BIAS=bias is not None,
-        RESIDUAL=residual is not None, ACC=acc_dtype(x.dtype),
+        RESIDUAL=residual is not None, ACC=acc_dtype(x.dtype), UPCAST=half and interpreting(),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args(x.device),
     )  # fmt: skip
-    bias_, res_ = bias if bias is not None else x, residual if residual is not None else x
-    res_stride = residual.stride(0) if residual is not None else 0
-    _rows_kernel[(triton.cdiv(rows_out, cfg.block_n), triton.cdiv(n, cfg.block_m), split)](
-        x, x.stride(0), scale, weight, bias_, res_, res_stride, out, ws, ss, float(eps), n, rows_out, k,
-        _k_slice(k, cfg.block_k, split), RB=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, SPLIT=split,
-        LO=cfg.lo, UPCAST=half and interpreting(), **flags, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **pdl_args(x.device),
-    )  # fmt: skip
-    if split > 1:
-        rb = min(cfg.block_m, 16)
-        rbn = min(REDUCE_BLOCK // rb * 4, pow2(rows_out))
-        _split_reduce_kernel[(triton.cdiv(rows_out, rbn), triton.cdiv(n, rb))](
-            x, x.stride(0), ws, ss, float(eps), rows_out, k, bias_, res_, res_stride, out, x, x,
-            N_ROWS=n, RB=rb, BN=rbn, KP=1, SPLIT=split, SS_WS=True, ARGMAX=False, **flags, num_warps=4,
-            **pdl_args(x.device),
-        )  # fmt: skip
     return out
 
 
@@ -791,9 +746,9 @@ def _launch(
     )  # fmt: skip
     if split > 1:
         rbn, parts = _epilogue_blocks(cfg, rows_out)
-        _split_reduce_kernel[(parts, 1)](
-            x, x.stride(0), ws, x, float(eps), rows_out, k, bias_, res_, res_stride, out, best_val, best_idx,
-            N_ROWS=n, RB=pow2(n), BN=rbn, KP=kp, SPLIT=split, SS_WS=False, **flags,
+        _split_reduce_kernel[(parts,)](
+            x, x.stride(0), ws, float(eps), rows_out, k, bias_, res_, res_stride, out, best_val, best_idx,
+            N_ROWS=n, RB=pow2(n), BN=rbn, KP=kp, SPLIT=split, **flags,
             num_warps=4 if kp * pow2(n) <= 2048 else 8, **pdl_args(x.device),
         )  # fmt: skip
     return out

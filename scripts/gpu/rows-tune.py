@@ -7,15 +7,15 @@ SHAPES: comma-separated, of gdn-1.3b, qwen3.6-27b (default both) and tiny-qwen35
 layout); ROWS: comma-separated row counts of x (default 64).
 
 1. every distinct matmul of each shape (gemv-tune.py's matrices; the LM head as norm_linear, as verify
-   runs it), bf16 random weights, x of each ROWS rows: cuBLAS (``F.linear``
-   alone, without the norm / SiLU * up / residual launches the fused kernel also does) against the
-   row-tiled kernel at its defaults and a bounded sweep (RowsConfig: block_n x block_k tiles on 4 / 8
-   warps, 3 / 4 stages, split-K up to about a wave of programs, normed rows with and without the lo
-   part): each checked against the torch composition in float32 (not timed past 2e-2), then timed as one
-   CUDA graph of >= 16 calls cycling through enough weight copies to move 3x the L2 per cycle; us, % of
-   the measured copy bandwidth, the best configuration. Matrices not started by BUDGET_S are skipped.
-   At the tiny width (K <= 1024) the sweep is TINY_TILES on 2 / 4 warps, 2 / 3 stages (64-row blocks also
-   as two of 32 rows), with the lo part (the documented rounding), no split-K.
+   runs it), bf16 random weights, x of each ROWS rows: cuBLAS (``F.linear`` alone, without the norm /
+   SiLU * up / residual launches the fused kernel also does) against the row-tiled kernel at its
+   defaults and a bounded sweep (RowsConfig: block_n x block_k tiles on 4 / 8 warps, 3 / 4 stages; at
+   3562a89 the kernel also had split-K and a one-dot "no lo" mode, swept there:
+   results/2026-12-03-h200-rows-tune/callQ): each checked against the torch composition in float32 (not
+   timed past 2e-2), then timed as one CUDA graph of >= 16 calls cycling through enough weight copies to
+   move 3x the L2 per cycle; us, % of the measured copy bandwidth, the best configuration. Matrices not
+   started by BUDGET_S are skipped. At the tiny width (K <= 1024) the sweep is TINY_TILES on 2 / 4 warps,
+   2 / 3 stages (64-row blocks also as two of 32 rows).
 2. the verify step of gdn-1.3b (random weights) or tiny-qwen35 (the trained target) (StaticDecoder.verify
    of best-first trees of ROWS nodes after a 64-token prefill, graphed): cuBLAS matmuls (``fuse_verify``
    off) against the row-tiled kernels at the defaults and with part 1's best configurations (placed in
@@ -89,10 +89,8 @@ def matrices(shape: str) -> list[Matrix]:
 
 
 def sweep(m: Matrix, n: int) -> list[tuple[str, RowsConfig]]:
-    """The defaults, then TILES x stages 3 / 4 x (no split, split-K to about one wave of programs) x (lo on,
-    off for the norm kinds): ~50 configurations a matrix; at K <= 1024 TINY_TILES x warps 2 / 4 x stages
-    2 / 3 with lo (36), and for 64-row blocks the same on 32-row blocks (4 warps; 18 more)."""
-    norm = m.kind != "linear_residual"
+    """The defaults, then TILES x stages 3 / 4 (14 configurations a matrix); at K <= 1024 TINY_TILES x warps
+    2 / 4 x stages 2 / 3 (36), and for 64-row blocks the same on 32-row blocks (4 warps; 18 more)."""
     out = [("default", tlin.row_tiles(n, m.n, m.k, True, m.kind))]
     bm = max(16, min(64, tlin.pow2(n)))
     if m.k <= 1024:
@@ -102,16 +100,10 @@ def sweep(m: Matrix, n: int) -> list[tuple[str, RowsConfig]]:
                     out.append((f"{bn}x{bk} w{warps} s{stages}", RowsConfig(bm, bn, bk, warps, stages)))
                     if bm == 64 and warps == 4:  # two row blocks of 32: twice the programs
                         out.append((f"m32 {bn}x{bk} w4 s{stages}", RowsConfig(32, bn, bk, 4, stages)))
-    for bn, bk, warps in TILES if m.k > 1024 else []:
-        programs = math.ceil(m.n / bn) * math.ceil(n / bm)
-        split = 1
-        while programs * split < 132 and m.k // (2 * split) >= 2 * bk:
-            split *= 2
-        for stages in (3, 4):
-            for s in sorted({1, split}):
-                for lo in (True, False) if norm else (True,):
-                    cfg = RowsConfig(bm, bn, bk, warps, stages, s, lo)
-                    out.append((f"{bn}x{bk} w{warps} s{stages} k{s}{'' if lo else ' nolo'}", cfg))
+    else:
+        for bn, bk, warps in TILES:
+            for stages in (3, 4):
+                out.append((f"{bn}x{bk} w{warps} s{stages}", RowsConfig(bm, bn, bk, warps, stages)))
     seen, unique = set(), []
     for label, cfg in out:
         if cfg not in seen:

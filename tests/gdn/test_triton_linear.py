@@ -189,7 +189,7 @@ def test_bad_shapes_are_config_errors():
     with pytest.raises(ConfigError, match="1..256 rows"):
         tlin.norm_linear(torch.zeros(257, 4), s, 1e-6, w)
     with pytest.raises(ConfigError, match="unknown row-tiled launch options"):
-        tlin.norm_linear(torch.zeros(5, 4), s, 1e-6, w, early_x=2)
+        tlin.norm_linear(torch.zeros(5, 4), s, 1e-6, w, split_k=2)
     with pytest.raises(ConfigError, match=r"is not \[N, 4\]"):
         tlin.linear_residual(torch.zeros(1, 4), torch.zeros(6, 5), torch.zeros(1, 6))
     with pytest.raises(ConfigError, match="row-major"):
