@@ -424,7 +424,7 @@ def _tree_keys_kernel(
     LOG2_BR: tl.constexpr, BK: tl.constexpr, CHAIN: tl.constexpr, PREC: tl.constexpr,
     UPCAST_QK: tl.constexpr, BASE16: tl.constexpr, WRITE_K: tl.constexpr,
     PENDING: tl.constexpr, PNP: tl.constexpr, NCT: tl.constexpr, BVC: tl.constexpr, BKC: tl.constexpr,
-    TERMS: tl.constexpr, RC: tl.constexpr, SPLIT_ROWS: tl.constexpr, PDL: tl.constexpr,
+    TERMS: tl.constexpr, RC: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """Phase 1 of :func:`tree_gdn_split` (and of :func:`tree_gdn_blocked`), one (value head, row block r,
     column block c <= r) per program (grid axis 1 holds NR x NR of them; those with c > r exit at once):
@@ -436,27 +436,20 @@ def _tree_keys_kernel(
     beside the key work and the next phase (launched after this one completes) starts from it. With TERMS
     the same NCT programs (after the commit, if any) write phase 2's state products K S0^T and Q S0^T of
     their d_v rows for every node (:func:`_state_products`, RC rows at a time) into ks / qs [n, HV, d_v]
-    float32: the value phase's d_k-long dots leave its serial chain for programs beside the key work.
-    SPLIT_ROWS (no PENDING): the products' programs are NCT = d_v / BVC x row chunks, one chunk of RC rows
-    each (program pid: d_v tile pid mod d_v / BVC), not one a d_v tile over every row."""
+    float32: the value phase's d_k-long dots leave its serial chain for programs beside the key work."""
     pdl_start(PDL)
     i_h = tl.program_id(0)
     pid = tl.program_id(1)
     if PENDING or TERMS:
         if pid < NCT:
-            o_v = (pid % tl.cdiv(DV, BVC)) * BVC + tl.arange(0, BVC)
+            o_v = pid * BVC + tl.arange(0, BVC)
             if PENDING:
                 _pending_prologue(s0_ptr, pd_ptr, pk_ptr, pg_ptr, panc_ptr, pnode_ptr, pn, i_h, o_v, HV, DV,
                                   DK, BKC, PNP)  # fmt: skip
             if TERMS:
                 i_kh = i_h // (HV // H)
                 m_v = o_v < DV
-                r_lo = 0
-                r_hi = n
-                if SPLIT_ROWS:
-                    r_lo = (pid // tl.cdiv(DV, BVC)) * RC
-                    r_hi = tl.minimum(n, r_lo + RC)
-                for r0 in range(r_lo, r_hi, RC):
+                for r0 in range(0, n, RC):
                     rows = r0 + tl.arange(0, RC)
                     m_rows = rows < n
                     b_ks, b_qs = _state_products(q_ptr, k_ptr, s0_ptr, rows, m_rows, o_v, m_v, i_h, i_kh, H,
@@ -938,7 +931,6 @@ def tree_gdn_split(
     pending: PendingCommit | None = None,
     commit_block_v: int | None = None,
     terms: bool | None = None,
-    product_rows: int | None = None,
 ) -> tuple[torch.Tensor, TreeFactors]:
     """:func:`tree_gdn_fused` (same arguments, results and ``pending``) in two launches, for few heads.
 
@@ -973,12 +965,8 @@ def tree_gdn_split(
         terms = bvc >= 16
     elif terms and bvc < 16:
         raise ValueError(f"terms needs commit tiles of >= 16 rows (commit_block_v, d_v), got {bvc}")
-    if product_rows is not None and (product_rows < 16 or product_rows & (product_rows - 1)):
-        raise ValueError(f"product_rows must be a power of two >= 16, got {product_rows}")
     qs = torch.empty_like(c.delta) if terms else None
-    a_blocks, p_blocks, npad = _key_blocks(
-        c, br, bk, precision, scale, warps, pend, commit_block_v, qs, product_rows=product_rows
-    )
+    a_blocks, p_blocks, npad = _key_blocks(c, br, bk, precision, scale, warps, pend, commit_block_v, qs)
     _value_walk(c, a_blocks, p_blocks, npad, br, bk, bv, precision, scale, warps, qs)
     return c.o, c.factors()
 
@@ -1035,13 +1023,11 @@ def _key_blocks(
     commit_block_v: int | None = None,
     qs: torch.Tensor | None = None,
     key_programs: bool = True,
-    product_rows: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Launch ``_tree_keys_kernel`` (phase 1 of the split and blocked forms): returns the float32 scratch
     (A blocks with the diagonal inverses, P blocks), each [HV, NP, NP], and NP = n rounded up to BR;
     writes G and TreeFactors.k; ``pending``: commits c's pending path into c.state too; ``qs`` given:
-    the state products K S0^T into c.delta and Q S0^T into ``qs`` (the split form's ``terms``), with
-    ``product_rows`` (no ``pending``) that many rows a program, else every row.
+    the state products K S0^T into c.delta and Q S0^T into ``qs`` (the split form's ``terms``).
     ``key_programs`` False: the launch without its key-only programs (the commit's and products' alone:
     timing their share; the scratch is left unwritten)."""
     nr = triton.cdiv(c.n, br)
@@ -1051,17 +1037,12 @@ def _key_blocks(
     terms = qs is not None
     bvc, bkc = commit_tiles(c.dv, c.dk, commit_block_v, long_programs=pending and terms and c.n > 64)
     nct = triton.cdiv(c.dv, bvc) if pending or terms else 0
-    rc = min(64, _pow2_at_least(c.n))
-    split_rows = terms and product_rows is not None and not pending
-    if split_rows:
-        rc = min(rc, product_rows)
-        nct *= triton.cdiv(c.n, rc)
     _tree_keys_kernel[(c.hv, nct + (nr * nr if key_programs else 0))](
         c.q, c.k, c.g, c.beta, c.anc, a_blocks, p_blocks, c.gate_cum, c.k_exp, c.state, *c.p_ops, c.p_node,
         c.p_n, c.delta, qs if terms else c.delta, c.n, npad, nr, float(scale),
         H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk, CHAIN=c.chain,
         PREC=precision, UPCAST_QK=c.upcast, BASE16=br >= 32, WRITE_K=c.write_k, PENDING=pending, PNP=c.pnp,
-        NCT=nct, BVC=bvc, BKC=bkc, TERMS=terms, RC=rc, SPLIT_ROWS=split_rows, num_warps=warps,
+        NCT=nct, BVC=bvc, BKC=bkc, TERMS=terms, RC=min(64, _pow2_at_least(c.n)), num_warps=warps,
         **pdl_args(c.q.device, verify=True),
     )  # fmt: skip
     return a_blocks, p_blocks, npad

@@ -14,8 +14,7 @@ phase split and tile sweeps above (phase 2 with its state products from phase 1,
 the split form at 64-row blocks), "knobs" phase 1 alone under knobs
 that price its parts (:func:`keys_knobs`), "delayed" the split form with and without a pending commit
 (phase 1's commit programs over commit_block_v 16 / 32 / 64, the path from the mask or a path index;
-:func:`delayed`), "products" the split form with its state products over row chunks (:func:`products`).
-TREE_PHASES_BLOCKS picks the blocks as ``part:shape:T`` items
+:func:`delayed`). TREE_PHASES_BLOCKS picks the blocks as ``part:shape:T`` items
 (e.g. "knobs:specla:128,phases:specla:128"; default every block); a budget of TREE_PHASES_BUDGET seconds
 (75) skips the blocks not started by then.
 
@@ -140,32 +139,6 @@ def phases(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
     return rows
 
 
-def products(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
-    """The split form (its defaults) with phase 1's state products over row chunks (``product_rows`` 64 /
-    32 / 16: d_v tiles x row chunks of programs) against all rows a program, each variant checked against
-    the fused kernel and timed twice, interleaved."""
-    spec = bk.RowSpec(shape, "verify", "draft", t, "tree_split", "bf16")
-    case = bk.make_case(spec, bk.BenchConfig(timer=TIMER, bf16_precision=PREC), dev)
-    x = bk.make_inputs(case.shape, case.n, bk.seed_of(spec, 0, "products"), dev).to("bf16")
-    args = (x.q, x.k, x.v, x.g, x.beta, x.state, case.ancestors, case.shape.scale, PREC)
-    ref = tt.tree_gdn_fused(*args)[0].float()
-    variants = {"split": {}, "rows64": {"product_rows": 64}, "rows32": {"product_rows": 32}}
-    variants["rows16"] = {"product_rows": 16}
-    rows: list[dict[str, Any]] = []
-    for rep in range(2):
-        for name, kw in variants.items():
-
-            def check(kw=kw) -> tuple[float, bool]:
-                err = ((tt.tree_gdn_split(*args, **kw)[0].float() - ref).norm() / ref.norm()).item()
-                return err, err < 1e-2
-
-            fn = lambda kw=kw: tt.tree_gdn_split(*args, **kw)  # noqa: E731
-            r = measure(dict(shape=shape, T=t, variant=f"products:{name}", rep=rep), fn, dev, 25.0, check)
-            rows.append(r)
-            print(f"{shape:7s} T={t:<4d} {name:8s} rep {rep} {r['status']} us={r.get('us')}")
-    return rows
-
-
 def keys_knobs(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
     """Phase 1 (``_tree_keys_kernel``) alone under knobs, timing only (the variants marked so compute the
     wrong thing on purpose, to price one part): ``no-inverse`` (LOG2_BR = 0: the diagonal inverse
@@ -195,7 +168,7 @@ def keys_knobs(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
         for name, knobs in variants:
             kw = dict(H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk_default,
                       CHAIN=False, PREC=PREC, UPCAST_QK=c.upcast, BASE16=br >= 32, WRITE_K=False,
-                      PENDING=False, PNP=c.pnp, NCT=0, BVC=16, BKC=16, TERMS=False, RC=16, SPLIT_ROWS=False,
+                      PENDING=False, PNP=c.pnp, NCT=0, BVC=16, BKC=16, TERMS=False, RC=16,
                       num_warps=8 if br >= 64 else 4, PDL=0, launch_pdl=False)  # fmt: skip
             kw.update(knobs)
             if kw["BK"] > c.dk:
@@ -359,7 +332,6 @@ def main() -> None:
     ]
     blocks += [("knobs", shape, t) for shape, t in (("weaver", 128), ("weaver", 64), ("specla", 128))]
     blocks += [("delayed", shape, t) for shape, t in (("specla", 64), ("specla", 128))]
-    blocks += [("products", shape, t) for shape, t in (("specla", 128), ("specla", 64), ("weaver", 128))]
     if os.environ.get("TREE_PHASES_BLOCKS"):
         items = (b.split(":") for b in os.environ["TREE_PHASES_BLOCKS"].split(","))
         blocks = [(part, shape, int(t)) for part, shape, t in items]
@@ -371,9 +343,7 @@ def main() -> None:
         if time.monotonic() - start > budget:
             print(f"budget spent: {part} {shape} T={t} skipped")
             continue
-        rows += {"phases": phases, "knobs": keys_knobs, "delayed": delayed, "products": products}[part](
-            shape, t, dev
-        )
+        rows += {"phases": phases, "knobs": keys_knobs, "delayed": delayed}[part](shape, t, dev)
         dump(out_dir, rows, start)
     print(dump(out_dir, rows, start))
 

@@ -134,7 +134,7 @@ def run_case(spec: dict, device: str) -> dict:
     anc = tree.ancestor_mask.to(device)
     scale = dk**-0.5
     tuning = ("block_rows", "block_v", "block_k", "num_warps", "batched_base", "block_rows_v", "block_cols",
-              "precompute_x0", "commit_block_v", "terms", "product_rows")  # fmt: skip
+              "precompute_x0", "commit_block_v", "terms")  # fmt: skip
     knobs = {key: spec[key] for key in tuning if key in spec}
     nan = float("nan")
     o = torch.full((n, hv, dv), nan, dtype=q.dtype, device=device)
@@ -326,11 +326,6 @@ INTERP_CASES = {
         "pending_index": True,
         "commit_block_v": 16,
     },
-    "split-terms-rows16-n40-mixed-dk32-br16": {  # the products over 3 programs a d_v tile (16 rows each)
-        **_SPLIT_N40,
-        "terms": True,
-        "product_rows": 16,
-    },
     "split-terms-n80-chain": {  # two row chunks of the products (64 rows each)
         **_SMALL,
         "n": 80,
@@ -511,22 +506,6 @@ def test_phase_one_grid_holds_commit_and_product_programs_first(monkeypatch, key
 
 
 @pytest.mark.parametrize(
-    ("rows", "pending", "want"), [(16, False, 6), (32, False, 4), (64, False, 2), (16, True, 2)]
-)
-def test_phase_one_products_over_row_chunks(monkeypatch, rows: int, pending: bool, want: int) -> None:
-    """product_rows: the state products' programs are d_v tiles x row chunks (n = 40: 3 chunks of 16, 2
-    of 32, 1 of 64), but not with a pending commit (each tile's commit must precede its products)."""
-    from repro.gdn import triton_tree as tt
-
-    spy = _GridSpy()
-    monkeypatch.setattr(tt, "_tree_keys_kernel", spy)
-    c = tt._TreeCall.of(*_split_inputs(40, 4, 64), "tf32", False, None, None)
-    qs = torch.empty_like(c.delta)
-    tt._key_blocks(c, 16, 16, "tf32", 0.25, 4, pending, 32, qs, key_programs=False, product_rows=rows)
-    assert spy.grids == [(4, want)]
-
-
-@pytest.mark.parametrize(
     ("n", "pending", "given", "want"),
     [(65, True, None, 16), (64, True, None, 32), (65, False, None, 32), (65, True, 32, 32)],
 )
@@ -689,27 +668,6 @@ def test_gpu_tree_split(
     assert res["unwritten"] == 0 and res["dtypes_ok"] and res["k_exact"], msg
     assert res["o"] <= o_tol and res["delta"] <= d_tol and res["commit"] <= d_tol, msg
     assert res["gate_cum"] <= 1e-5 and res["states"] <= 1e-5 and res["committed"] <= 1e-5, msg
-
-
-@pytest.mark.parametrize(
-    ("shape", "n", "kind", "dtype", "precision", "rows"),
-    [("specla", 128, "mixed", "bfloat16", "tf32", 32), ("specla", 128, "random", "bfloat16", "tf32", 64),
-     ("weaver", 128, "random", "bfloat16", "tf32", 32), ("specla", 129, "chain", "float32", "ieee", 16)],
-)  # fmt: skip
-@pytest.mark.gpu
-@pytest.mark.skipif(not _gpu_ok(), reason="needs a CUDA GPU, triton, and TRITON_INTERPRET unset")
-def test_gpu_tree_split_products_over_row_chunks(
-    shape: str, n: int, kind: str, dtype: str, precision: str, rows: int
-) -> None:
-    """tree_gdn_split with phase 1's state products over row chunks (``product_rows``) at the paper shapes."""
-    base = WEAVER if shape == "weaver" else SPECLA
-    spec = {**base, "n": n, "kind": kind, "dtype": dtype, "precision": precision, "seed": _fresh_seed()}
-    spec.update(split=True, terms=True, product_rows=rows)
-    res = run_case(spec, "cuda")
-    o_tol, d_tol = GPU_TOL[(dtype, precision)]
-    msg = f"seed={spec['seed']} {res}"
-    assert res["unwritten"] == 0 and res["o"] <= o_tol and res["delta"] <= d_tol, msg
-    assert res["gate_cum"] <= 1e-5 and res["states"] <= 1e-5, msg
 
 
 @pytest.mark.parametrize(
