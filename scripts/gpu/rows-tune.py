@@ -67,6 +67,7 @@ def _script(name: str) -> Any:
 gemv_tune = _script("gemv-tune")
 verify_rows = _script("verify-rows")
 Matrix = gemv_tune.Matrix
+fmt = gemv_tune.fmt
 
 START = time.perf_counter()
 BUDGET_S = 200.0  # part 1: matrices not started by then are skipped; part 2 (~60 s) follows
@@ -243,10 +244,6 @@ def verify_step(shape: str, best: dict[str, dict[str, Any]], sizes: list[int]) -
     del model
     torch.cuda.empty_cache()
     return rows
-
-
-def fmt(v: Any, spec: str = ".1f") -> str:
-    return "-" if v is None else format(v, spec) if isinstance(v, float) else str(v)
 
 
 def markdown(res: dict[str, Any]) -> str:
