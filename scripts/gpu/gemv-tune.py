@@ -164,7 +164,8 @@ class Operands:
     pick: torch.Tensor
 
 
-def operands(m: Matrix, sets: int, init: bool = True) -> Operands:
+def operands(m: Matrix, sets: int, init: bool = True, rows: int = 1) -> Operands:
+    """``sets`` weight copies and ``rows`` rows of x (and of the residual); random, or uninitialised."""
     gen = torch.Generator(device="cuda").manual_seed(0)
 
     def rnd(*shape: int, s: float = 1.0, shift: float = 0.0) -> torch.Tensor:
@@ -174,7 +175,7 @@ def operands(m: Matrix, sets: int, init: bool = True) -> Operands:
 
     weights = [rnd(m.rows, m.k, s=m.k**-0.5) for _ in range(sets)]
     pick = torch.zeros(1, dtype=torch.long, device="cuda")
-    return Operands(weights, rnd(1, m.k, s=3.0), rnd(m.k, s=0.2, shift=1.0), rnd(1, m.n), pick)
+    return Operands(weights, rnd(rows, m.k, s=3.0), rnd(m.k, s=0.2, shift=1.0), rnd(rows, m.n), pick)
 
 
 def fused_call(m: Matrix, o: Operands, w: torch.Tensor, cfg: GemvConfig) -> Callable[[], torch.Tensor]:

@@ -49,7 +49,6 @@ from repro.bench.timing import TimerConfig, measure_ceilings  # noqa: E402
 from repro.gdn import triton_linear as tlin  # noqa: E402
 from repro.gdn.triton_linear import RowsConfig  # noqa: E402
 from repro.models.family import resolve_checkpoint  # noqa: E402
-from repro.models.layers import rms_norm  # noqa: E402
 from repro.models.loading import read_config  # noqa: E402
 from repro.models.target import open_target  # noqa: E402
 
@@ -67,6 +66,7 @@ def _script(name: str) -> Any:
 gemv_tune = _script("gemv-tune")
 verify_rows = _script("verify-rows")
 Matrix = gemv_tune.Matrix
+Operands = gemv_tune.Operands
 fmt = gemv_tune.fmt
 
 START = time.perf_counter()
@@ -113,26 +113,6 @@ def sweep(m: Matrix, n: int) -> list[tuple[str, RowsConfig]]:
     return unique
 
 
-@dataclasses.dataclass
-class Operands:
-    weights: list[torch.Tensor]
-    x: torch.Tensor
-    scale: torch.Tensor
-    residual: torch.Tensor
-
-
-def operands(m: Matrix, n: int, sets: int, init: bool = True) -> Operands:
-    gen = torch.Generator(device="cuda").manual_seed(0)
-
-    def rnd(*shape: int, s: float = 1.0, shift: float = 0.0) -> torch.Tensor:
-        if not init:
-            return torch.empty(*shape, dtype=BF16, device="cuda")
-        return (shift + s * torch.randn(*shape, generator=gen, device="cuda")).to(BF16)
-
-    weights = [rnd(m.rows, m.k, s=m.k**-0.5) for _ in range(sets)]
-    return Operands(weights, rnd(n, m.k, s=3.0), rnd(m.k, s=0.2, shift=1.0), rnd(n, m.n))
-
-
 def fused_call(m: Matrix, o: Operands, w: torch.Tensor, cfg: RowsConfig) -> Callable[[], torch.Tensor]:
     blocks = dataclasses.asdict(cfg)
     if m.kind == "norm_linear":
@@ -142,18 +122,10 @@ def fused_call(m: Matrix, o: Operands, w: torch.Tensor, cfg: RowsConfig) -> Call
     return lambda: tlin.linear_residual(o.x, w, o.residual, **blocks)
 
 
-def reference(m: Matrix, o: Operands) -> torch.Tensor:
-    x, w = o.x.float(), o.weights[0].float()
-    if m.kind == "linear_residual":
-        return o.residual.float() + F.linear(x, w)
-    y = F.linear(rms_norm(x, o.scale.float(), 1e-6), w)
-    return F.silu(y[:, : m.n]) * y[:, m.n :] if m.kind == "norm_gate_up" else y
-
-
 def _warm(job: tuple[Matrix, int, list[RowsConfig]]) -> int:
     """Worker: launch every configuration once on uninitialised operands (fills Triton's file cache)."""
     m, n, cfgs = job
-    o = operands(m, n, 1, init=False)
+    o = gemv_tune.operands(m, 1, init=False, rows=n)
     for cfg in cfgs:
         try:
             fused_call(m, o, o.weights[0], cfg)()
@@ -176,8 +148,8 @@ def precompile(matrix_rows: list[tuple[Matrix, int]]) -> float:
 
 def bench_matrix(m: Matrix, n: int, copy_gbps: float) -> list[dict[str, Any]]:
     sets = graph_sets(torch.device("cuda"), m.nbytes)
-    o = operands(m, n, sets)
-    ref = reference(m, o)
+    o = gemv_tune.operands(m, sets, rows=n)
+    ref = gemv_tune.reference(m, o)
     est_us = m.nbytes / 3e3
     calls = max(MIN_CALLS, math.ceil(MIN_GRAPH_US / est_us))
     calls += -calls % sets
