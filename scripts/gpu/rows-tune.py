@@ -9,8 +9,9 @@ layout); ROWS: comma-separated row counts of x (default 64).
 1. every distinct matmul of each shape (gemv-tune.py's matrices; the LM head as norm_linear, as verify
    runs it), bf16 random weights, x of each ROWS rows: cuBLAS (``F.linear`` alone, without the norm /
    SiLU * up / residual launches the fused kernel also does) against the row-tiled kernel at its
-   defaults and a bounded sweep (RowsConfig: block_n x block_k tiles on 4 / 8 warps, 3 / 4 stages; at
-   3562a89 the kernel also had split-K and a one-dot "no lo" mode, swept there:
+   current configuration ("current": ``row_tiles``, so TUNED_ROWS where it has the matrix, else the
+   untuned defaults) and a bounded sweep (RowsConfig: block_n x block_k tiles on 4 / 8 warps, 3 / 4
+   stages; at 3562a89 the kernel also had split-K and a one-dot "no lo" mode, swept there:
    results/2026-12-03-h200-rows-tune/callQ): each checked against the torch composition in float32 (not
    timed past 2e-2), then timed as one CUDA graph of >= 16 calls cycling through enough weight copies to
    move 3x the L2 per cycle; us, % of the measured copy bandwidth, the best configuration. Matrices not
@@ -18,7 +19,8 @@ layout); ROWS: comma-separated row counts of x (default 64).
    2 / 3 stages (64-row blocks also as two of 32 rows).
 2. the verify step of gdn-1.3b (random weights) or tiny-qwen35 (the trained target) (StaticDecoder.verify
    of best-first trees of ROWS nodes after a 64-token prefill, graphed): cuBLAS matmuls (``fuse_verify``
-   off) against the row-tiled kernels at the defaults and with part 1's best configurations (placed in
+   off) against the row-tiled kernels at the untuned defaults (TUNED_ROWS emptied) and with part 1's best
+   configurations (placed in
    ``TUNED_ROWS`` for the capture); logits against the cuBLAS verify.
 
 Writes OUT_DIR/rows-tune.json and OUT_DIR/rows-tune.md; prints the markdown and the ``TUNED_ROWS`` lines.
@@ -90,9 +92,10 @@ def matrices(shape: str) -> list[Matrix]:
 
 
 def sweep(m: Matrix, n: int) -> list[tuple[str, RowsConfig]]:
-    """The defaults, then TILES x stages 3 / 4 (14 configurations a matrix); at K <= 1024 TINY_TILES x warps
-    2 / 4 x stages 2 / 3 (36), and for 64-row blocks the same on 32-row blocks (4 warps; 18 more)."""
-    out = [("default", tlin.row_tiles(n, m.n, m.k, True, m.kind))]
+    """row_tiles' current choice ("current"), then TILES x stages 3 / 4 (14 configurations a matrix); at
+    K <= 1024 TINY_TILES x warps 2 / 4 x stages 2 / 3 (36), and for 64-row blocks the same on 32-row
+    blocks (4 warps; 18 more)."""
+    out = [("current", tlin.row_tiles(n, m.n, m.k, True, m.kind))]
     bm = max(16, min(64, tlin.pow2(n)))
     if m.k <= 1024:
         for bn, bk in TINY_TILES:
@@ -195,7 +198,7 @@ def rows_key(r: dict[str, Any]) -> tuple[str, int, int, int]:
 
 
 def verify_step(shape: str, best: dict[str, dict[str, Any]], sizes: list[int]) -> list[dict[str, Any]]:
-    """verify(T) for T in ``sizes``: fuse_verify off, on at the defaults, on with the best table."""
+    """verify(T) for T in ``sizes``: fuse_verify off, on at the untuned defaults, on with the best table."""
     if shape == "tiny-qwen35":
         model, _ = open_target("default", "bfloat16", "cuda")
     else:
@@ -205,11 +208,11 @@ def verify_step(shape: str, best: dict[str, dict[str, Any]], sizes: list[int]) -
     table = {rows_key(r): RowsConfig(**r["cfg"]) for r in best.values() if r["shape"] == shape}
     rows = []
     for t in sizes:
-        for label, entries in (("defaults", {}), ("best of sweep", table)):
+        for label, entries in (("untuned defaults", {}), ("best of sweep", table)):
             tlin.TUNED_ROWS.clear()
             tlin.TUNED_ROWS.update(entries)
             for r in verify_rows.verify_pair(model, state, t, True, timed=True):
-                if r["fuse_verify"] or label == "defaults":
+                if r["fuse_verify"] or label == "untuned defaults":
                     r.update(shape=shape, rows_configs=label if r["fuse_verify"] else "cuBLAS")
                     rows.append(r)
     tlin.TUNED_ROWS.clear()
@@ -226,8 +229,8 @@ def markdown(res: dict[str, Any]) -> str:
         f"{res['elapsed_s']:.0f} s; skipped: {', '.join(res['skipped']) or 'none'}. cuBLAS times the matmul "
         "alone; the fused kernel also does the norm / SiLU * up / residual.",
         "",
-        "| shape | rows | matrix | kind | N x K | MB | cuBLAS us | default us | best us | best % copy "
-        "| best config | best vs cuBLAS | best vs default |",
+        "| shape | rows | matrix | kind | N x K | MB | cuBLAS us | current us | best us | best % copy "
+        "| best config | best vs cuBLAS | best vs current |",
         "|---|--:|---|---|---|--:|--:|--:|--:|--:|---|--:|--:|",
     ]
     by: dict[tuple, list] = {}
@@ -236,7 +239,7 @@ def markdown(res: dict[str, Any]) -> str:
     for (shape, kind, n, k, rows), rs in by.items():
         get = {r["config"]: r for r in rs}
         b = res["best"].get(f"{shape}:{kind}/{n}x{k}/n{rows}")
-        cub, dft = get["cuBLAS F.linear"]["us"], get.get("default", {}).get("us")
+        cub, dft = get["cuBLAS F.linear"]["us"], get.get("current", {}).get("us")
         lines.append(
             f"| {shape} | {rows} | {rs[0]['matrix']} | {kind} | {n} x {k} | {rs[0]['MB']:.1f} | {fmt(cub)} | "
             f"{fmt(dft)} | {fmt(b and b['us'])} | {fmt(b and b['pct_copy'], '.0f')} | "
