@@ -765,8 +765,8 @@ def norm_linear(
     """``rms_norm(x, norm_scale, eps) @ weight^T (+ bias)`` for x [n, K] (n <= :data:`MAX_VERIFY_ROWS`;
     row-tiled above :data:`MAX_ROWS`), weight [N, K] -> [n, N].
 
-    ``blocks``: GemvConfig fields overriding :func:`select_config`'s choice (n <= 4); block_m, block_n,
-    block_k, num_warps overriding :func:`row_tiles` (more rows).
+    ``blocks``: GemvConfig fields overriding :func:`select_config`'s choice (n <= 4), or RowsConfig
+    fields overriding :func:`row_tiles`' (more rows).
     """
     return _launch("norm_linear", x, weight, weight.shape[0], norm=(norm_scale, eps), bias=bias, **blocks)
 

@@ -951,9 +951,10 @@ def tree_gdn_split(
     the other forms, within the same bounds). Measured on an H200 (bf16, "tf32", CUDA graphs;
     results/2026-12-03-h200-split-terms): SpecLA's shape 14.9 -> 12.5 us at T = 64 and 23.0 -> 22.3 at T =
     128 (with a pending commit 15.3 -> 13.1 and 26.0 -> 23.4, on 16-row commit tiles above 64 nodes),
-    Weaver's 40.7 -> 39.1 at T = 128. Computing
-    them in phase 2 before its walk instead was slower at every tile, and so was walking pairs of phase
-    1's blocks (the pair's inverse M - M N M in the chain: 24.4 us at SpecLA T = 128).
+    Weaver's 40.7 -> 39.1 at T = 128. Computing them in phase 2 before its walk instead was slower at
+    every tile, and so was walking pairs of phase 1's blocks (the pair's inverse M - M N M in the chain:
+    24.4 us at SpecLA T = 128), and so were the products spread over row chunks of programs
+    (results/2026-12-03-h200-rows-tune/callV).
     """
     c = _TreeCall.of(q, k, v, g, beta, state, ancestors, precision, chain, pending, out)
     br, bv = split_tiles(c.n, c.hv, c.dv, precision, block_rows, block_v)

@@ -278,12 +278,12 @@ def bench_matrix(m: Matrix, copy_gbps: float) -> list[dict[str, Any]]:
     return rows
 
 
-def best_rows(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The fastest passing fused row per (shape, matrix key)."""
+def best_rows(rows: list[dict[str, Any]], per_rows: bool = False) -> dict[str, dict[str, Any]]:
+    """The fastest passing fused row per (shape, matrix key), and row count of x with ``per_rows``."""
     best: dict[str, dict[str, Any]] = {}
     for r in rows:
         if r["method"] == "fused" and r.get("status") == "ok":
-            key = f"{r['shape']}:{r['kind']}/{r['n']}x{r['k']}"
+            key = f"{r['shape']}:{r['kind']}/{r['n']}x{r['k']}" + (f"/n{r['rows']}" if per_rows else "")
             if key not in best or r["us"] < best[key]["us"]:
                 best[key] = r
     return best

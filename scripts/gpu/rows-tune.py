@@ -160,7 +160,8 @@ def bench_matrix(m: Matrix, n: int, copy_gbps: float) -> list[dict[str, Any]]:
     def row(label: str, cfg: RowsConfig | None, us: float | None, err: float | None, status: str) -> dict:
         return dict(
             shape=m.shape, matrix=m.name, kind=m.kind, n=m.n, k=m.k, rows=n, MB=m.nbytes / 1e6,
-            config=label, cfg=dataclasses.asdict(cfg) if cfg else None, rel_err=err, us=us,
+            method="fused" if cfg else "cublas", config=label, cfg=dataclasses.asdict(cfg) if cfg else None,
+            rel_err=err, us=us,
             pct_copy=100 * m.nbytes / us / 1e3 / copy_gbps if us else None, status=status,
         )  # fmt: skip
 
@@ -180,16 +181,6 @@ def bench_matrix(m: Matrix, n: int, copy_gbps: float) -> list[dict[str, Any]]:
     del o
     torch.cuda.empty_cache()
     return rows
-
-
-def best_rows(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    best: dict[str, dict[str, Any]] = {}
-    for r in rows:
-        if r["cfg"] is not None and r["status"] == "ok":
-            key = f"{r['shape']}:{r['kind']}/{r['n']}x{r['k']}/n{r['rows']}"
-            if key not in best or r["us"] < best[key]["us"]:
-                best[key] = r
-    return best
 
 
 def rows_key(r: dict[str, Any]) -> tuple[str, int, int, int]:
@@ -294,7 +285,7 @@ def main() -> None:
             continue
         rows += bench_matrix(m, n, copy_gbps)
         print(f"{time.perf_counter() - START:5.1f} s  {m.shape} {m.name} {m.key} n{n}", flush=True)
-    best = best_rows(rows)
+    best = gemv_tune.best_rows(rows, per_rows=True)
     res: dict[str, Any] = dict(
         device=torch.cuda.get_device_name(), n_rows=",".join(map(str, sizes)), copy_GBps=copy_gbps,
         precompile_s=pre_s, skipped=skipped, rows=rows, best=best, verify=[],
