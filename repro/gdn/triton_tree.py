@@ -156,6 +156,8 @@ from repro.gdn.triton_common import (
 )
 
 PRECISIONS = ("ieee", "tf32x3", "tf32")
+# phase 2 of the split form: Delta row blocks in registers, or read back from the delta output
+WALKS = ("registers", "memory")
 
 
 @triton.jit
@@ -550,10 +552,55 @@ def _values_start(
 
 
 @triton.jit
+def _values_in_registers(
+    q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, a_ptr, p_ptr, gcum_ptr, o_ptr, delta_ptr, qs_ptr, n, NP, scale,
+    i_h, i_kh, o_v, m_v, H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    BR: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, TERMS: tl.constexpr,
+    NR: tl.constexpr, NRP: tl.constexpr,
+):  # fmt: skip
+    """``_tree_values_kernel``'s walk with Delta in registers (its REGS): row block r takes
+    X_r -= A[R, :rR] Delta[:rR] and O_r += P[R, :rR] Delta[:rR] as one dot each over the Delta rows of
+    blocks c < r (A and P read with their columns >= r BR masked to zero: those blocks of the scratch are
+    not written), then Delta_r = T_rr X_r is placed into block r of the [NRP, BR, BV] register tile."""
+    o_r = tl.arange(0, BR)
+    o_p = tl.arange(0, NRP * BR)
+    o_b = tl.arange(0, NRP)[:, None, None]
+    b_d3 = tl.zeros([NRP, BR, BV], dtype=tl.float32)
+    for r in tl.static_range(NR):
+        rows = r * BR + o_r
+        m_rows = rows < n
+        p_v = rows[:, None] * (HV * DV) + i_h * DV + o_v[None, :]
+        m_rv = m_rows[:, None] & m_v[None, :]
+        if TERMS:
+            b_ks = tl.load(delta_ptr + p_v, mask=m_rv, other=0.0)
+            b_qs = tl.load(qs_ptr + p_v, mask=m_rv, other=0.0)
+            b_x, b_o = _state_terms(b_ks, b_qs, v_ptr, beta_ptr, gcum_ptr, rows, m_rows, o_v, m_v, i_h, scale,
+                                    HV, DV)  # fmt: skip
+        else:
+            b_x, b_o = _values_start(q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, gcum_ptr, rows, m_rows, o_v, m_v,
+                                     i_h, i_kh, scale, H, HV, DK, DV, BR, BK, BV, PREC)  # fmt: skip
+        p_row = i_h * NP * NP + rows[:, None] * NP
+        if r > 0:
+            m_prev = (o_p < r * BR)[None, :]
+            b_all = tl.reshape(b_d3, [NRP * BR, BV])
+            b_x -= tl.dot(tl.load(a_ptr + p_row + o_p[None, :], mask=m_prev, other=0.0), b_all,
+                          input_precision=PREC)  # fmt: skip
+            b_o += tl.dot(tl.load(p_ptr + p_row + o_p[None, :], mask=m_prev, other=0.0), b_all,
+                          input_precision=PREC)  # fmt: skip
+        cols = r * BR + o_r
+        b_d = tl.dot(tl.load(a_ptr + p_row + cols[None, :]), b_x, input_precision=PREC)
+        b_o += tl.dot(tl.load(p_ptr + p_row + cols[None, :]), b_d, input_precision=PREC)
+        b_d3 = tl.where(o_b == r, b_d[None, :, :], b_d3)
+        tl.store(delta_ptr + p_v, b_d, mask=m_rv)
+        tl.store(o_ptr + p_v, b_o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=m_rv)
+
+
+@triton.jit
 def _tree_values_kernel(
     q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, a_ptr, p_ptr, gcum_ptr, o_ptr, delta_ptr, qs_ptr, n, NP, scale,
     H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BR: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, TERMS: tl.constexpr, PDL: tl.constexpr,
+    REGS: tl.constexpr, NR: tl.constexpr, NRP: tl.constexpr,
 ):  # fmt: skip
     """Phase 2 of :func:`tree_gdn_split`, one (value head, d_v tile) per program: the blocked forward
     substitution and outputs of :func:`_tree_verify_kernel` with the key-only blocks read from phase 1's
@@ -562,7 +609,10 @@ def _tree_values_kernel(
     O_r = scale e^{G_r} Q_r S0^T + sum_{c<=r} P_rc Delta_c (S0 as phase 1 left it: committed there when
     a commit was pending). TERMS: phase 1 wrote the products K S0^T (into ``delta``) and Q S0^T (into the
     float32 scratch ``qs_ptr`` [n, HV, d_v]) of every row; the walk reads them and applies the gates, beta
-    and V (:func:`_state_terms`) instead of running a d_k loop per row block in its chain."""
+    and V (:func:`_state_terms`) instead of running a d_k loop per row block in its chain.
+    REGS: the walk keeps every Delta row block in registers ([NRP, BR, BV], NRP = NR = NP / BR rounded up to
+    a power of two) and takes each row block's off-diagonal sums as one dot over all earlier rows, so no
+    Delta row goes through global memory and back and no CTA barrier orders the steps (NR unrolled)."""
     pdl_start(PDL)
     i_h = tl.program_id(0)
     i_v = tl.program_id(1)
@@ -570,6 +620,12 @@ def _tree_values_kernel(
     o_r = tl.arange(0, BR)
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < DV
+    if REGS:
+        _values_in_registers(
+            q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, a_ptr, p_ptr, gcum_ptr, o_ptr, delta_ptr, qs_ptr, n, NP,
+            scale, i_h, i_kh, o_v, m_v, H, HV, DK, DV, BR, BK, BV, PREC, TERMS, NR, NRP,
+        )  # fmt: skip
+        return
     for r in range(0, tl.cdiv(n, BR)):
         rows = r * BR + o_r
         m_rows = rows < n
@@ -931,6 +987,7 @@ def tree_gdn_split(
     pending: PendingCommit | None = None,
     commit_block_v: int | None = None,
     terms: bool | None = None,
+    walk: str = "registers",
 ) -> tuple[torch.Tensor, TreeFactors]:
     """:func:`tree_gdn_fused` (same arguments, results and ``pending``) in two launches, for few heads.
 
@@ -968,7 +1025,7 @@ def tree_gdn_split(
         raise ValueError(f"terms needs commit tiles of >= 16 rows (commit_block_v, d_v), got {bvc}")
     qs = torch.empty_like(c.delta) if terms else None
     a_blocks, p_blocks, npad = _key_blocks(c, br, bk, precision, scale, warps, pend, commit_block_v, qs)
-    _value_walk(c, a_blocks, p_blocks, npad, br, bk, bv, precision, scale, warps, qs)
+    _value_walk(c, a_blocks, p_blocks, npad, br, bk, bv, precision, scale, warps, qs, walk)
     return c.o, c.factors()
 
 
@@ -984,15 +1041,20 @@ def _value_walk(
     scale: float,
     warps: int,
     qs: torch.Tensor | None = None,
+    walk: str = "registers",
 ) -> None:
     """Launch ``_tree_values_kernel`` (phase 2 of the split form) on phase 1's blocks (:func:`_key_blocks`):
     writes c.o and c.delta; ``qs`` given: phase 1 wrote the state products (K S0^T in c.delta, Q S0^T in
-    ``qs``)."""
+    ``qs``); ``walk`` (:data:`WALKS`): Delta kept in registers or read back from c.delta."""
+    if walk not in WALKS:
+        raise ValueError(f"walk must be one of {WALKS}, got {walk!r}")
     terms = qs is not None
+    nr = npad // br
     _tree_values_kernel[(c.hv, triton.cdiv(c.dv, bv))](
         c.q, c.k, c.v, c.beta, c.state, a_blocks, p_blocks, c.gate_cum, c.o, c.delta,
         qs if terms else c.delta, c.n, npad, float(scale), H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, BK=bk,
-        BV=bv, PREC=precision, TERMS=terms, num_warps=warps, **pdl_args(c.q.device, verify=True),
+        BV=bv, PREC=precision, TERMS=terms, REGS=walk == "registers", NR=nr, NRP=pow2(nr), num_warps=warps,
+        **pdl_args(c.q.device, verify=True),
     )  # fmt: skip
 
 

@@ -94,20 +94,21 @@ def phases(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
 
     row("fused", lambda: tt.tree_gdn_fused(x.q, x.k, x.v, x.g, x.beta, x.state, anc, scale, PREC), 40.0)
     args = (x.q, x.k, x.v, x.g, x.beta, x.state, anc, scale, PREC)
-    variants = {  # tree_gdn_split's phase-2 options, then its defaults
-        "split-plain": dict(terms=False),
-        "split-terms": dict(terms=True),
-        "split-plain-br64": dict(terms=False, block_rows=64),
-        "split-terms-br64": dict(terms=True, block_rows=64),
-        "split-terms-br64-w4": dict(terms=True, block_rows=64, num_warps=4),
-        "split": {},
-    }
+    variants = {  # tree_gdn_split's phase-2 options (each walk), then its defaults
+        f"split-{name}-{walk}": dict(kw, walk=walk)
+        for walk in tt.WALKS
+        for name, kw in (("plain", dict(terms=False)), ("terms", dict(terms=True)),
+                         ("plain-br64", dict(terms=False, block_rows=64)),
+                         ("terms-br64", dict(terms=True, block_rows=64)),
+                         ("terms-w8", dict(terms=True, num_warps=8)))
+    }  # fmt: skip
+    variants["split"] = {}
     for name, kw in variants.items():
         err = ((tt.tree_gdn_split(*args, **kw)[0].float() - ref).norm() / ref.norm()).item()
         rows.append(dict(shape=shape, T=t, variant=f"{name} check", status="ok" if err < 1e-2 else "wrong",
                          rel_err_vs_fused=err))  # fmt: skip
         row(name, lambda kw=kw: tt.tree_gdn_split(*args, **kw), 40.0)
-    for br in (16, 32, 64):
+    for br in (32, 64):
         if br > max(16, t):
             continue
         c = tt._TreeCall.of(x.q, x.k, x.v, x.g, x.beta, x.state, anc, PREC, False, None, None)
@@ -117,20 +118,21 @@ def phases(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
                 block_rows=br, num_warps=warps)  # fmt: skip
         a_blocks, p_blocks, npad = tt._key_blocks(c, br, bk_, PREC, scale, 8 if br >= 64 else 4)
         qs = torch.empty_like(c.delta)
-        for bv in (16, 32, 64, 128):
-            if bv > c.dv:
-                continue
-            for warps, mode in ((4, ""), (8, ""), (4, "terms"), (8, "terms")):
+        bv_default = tt.split_tiles(c.n, c.hv, c.dv, PREC, br)[1]
+        # phase 2 on its own products, checked (once per walk); then with phase 1's (terms) over tiles
+        sweep = [(bv_default, 4, "", k) for k in tt.WALKS]
+        sweep += [(bv, w, "terms", k) for bv in (16, 32, 64) for w in (4, 8) for k in tt.WALKS if bv <= c.dv]
+        for bv, warps, mode, walk in sweep:
 
-                def values(
-                    c=c, br=br, b=bk_, bv=bv, w=warps, a=a_blocks, p=p_blocks, npad=npad, m=mode, s=qs
-                ) -> None:
-                    tt._value_walk(c, a, p, npad, br, b, bv, PREC, scale, w, s if m == "terms" else None)
+            def values(
+                c=c, br=br, b=bk_, bv=bv, w=warps, a=a_blocks, p=p_blocks, npad=npad, m=mode, s=qs, k=walk
+            ) -> None:
+                tt._value_walk(c, a, p, npad, br, b, bv, PREC, scale, w, s if m == "terms" else None, k)
 
-                # terms: phase 1's products are not rewritten between replays (timing only, no check)
-                out = None if mode == "terms" else c.o
-                row(f"phase2-{mode}" if mode else "phase2", values, 20.0, out=out, block_rows=br, block_v=bv,
-                    num_warps=warps)  # fmt: skip
+            # terms: phase 1's products are not rewritten between replays (timing only, no check)
+            out = None if mode == "terms" else c.o
+            name = f"phase2-{mode}-{walk}" if mode else f"phase2-{walk}"
+            row(name, values, 20.0, out=out, block_rows=br, block_v=bv, num_warps=warps)
         grid = (c.hv, c.dv // 64)
         dummy = torch.zeros(1, device=dev)
         row("empty-launch", lambda g=grid, d=dummy: _empty_kernel[g](d), 3.0, grid=list(grid))
@@ -328,7 +330,7 @@ def main() -> None:
     parts = os.environ.get("TREE_PHASES_PARTS", "phases,knobs").split(",")
     blocks = [
         ("phases", shape, t)
-        for shape, t in (("weaver", 128), ("specla", 128), ("weaver", 64), ("weaver", 256))
+        for shape, t in (("weaver", 128), ("specla", 128), ("specla", 64), ("weaver", 64), ("weaver", 256))
     ]
     blocks += [("knobs", shape, t) for shape, t in (("weaver", 128), ("weaver", 64), ("specla", 128))]
     blocks += [("delayed", shape, t) for shape, t in (("specla", 64), ("specla", 128))]

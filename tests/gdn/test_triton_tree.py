@@ -134,7 +134,7 @@ def run_case(spec: dict, device: str) -> dict:
     anc = tree.ancestor_mask.to(device)
     scale = dk**-0.5
     tuning = ("block_rows", "block_v", "block_k", "num_warps", "batched_base", "block_rows_v", "block_cols",
-              "precompute_x0", "commit_block_v", "terms")  # fmt: skip
+              "precompute_x0", "commit_block_v", "terms", "walk")  # fmt: skip
     knobs = {key: spec[key] for key in tuning if key in spec}
     nan = float("nan")
     o = torch.full((n, hv, dv), nan, dtype=q.dtype, device=device)
@@ -290,6 +290,18 @@ INTERP_CASES = {
         "commit_block_v": 8,  # tiles too narrow for the state products: phase 2 computes them
     },
     "split-noterms-n40-mixed-dk32-br16": {**_SPLIT_N40, "terms": False},  # products in phase 2's walk
+    # phase 2's walk with Delta read back from memory (the registers walk is the default everywhere else)
+    "split-memory-n40-mixed-dk32-br16": {**_SPLIT_N40, "walk": "memory"},
+    "split-memory-noterms-n20-random-bv16": {
+        **_SMALL,
+        "n": 20,
+        "kind": "random",
+        "split": True,
+        "block_rows": 16,
+        "block_v": 16,
+        "terms": False,
+        "walk": "memory",
+    },  # fmt: skip
     "pending-n16-mixed-none": {**_SMALL, "n": 16, "kind": "mixed", "pending": True, "pending_node": -1},
     # the pending path read from a path index (the static decoder's stash); node -1 with a live index:
     # the node decides (nothing pending)
