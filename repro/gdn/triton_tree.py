@@ -156,6 +156,8 @@ from repro.gdn.triton_common import (
 )
 
 PRECISIONS = ("ieee", "tf32x3", "tf32")
+# G in one load of the mask's row block (True) or a loop over its column blocks (False): _block_gates
+GATES_AT_ONCE = True
 # phase 2 of the split form: Delta row blocks in registers, or read back from the delta output
 WALKS = ("registers", "memory")
 
@@ -225,14 +227,23 @@ def _block_mask(anc_ptr, rows, cols, n, CHAIN: tl.constexpr):
 
 
 @triton.jit
-def _block_gates(g_ptr, anc_ptr, r, n, i_h, HV: tl.constexpr, BR: tl.constexpr, CHAIN: tl.constexpr):
-    """G of row block r (value head i_h): the sum of g over each row's ancestors (all in blocks c <= r)."""
+def _block_gates(
+    g_ptr, anc_ptr, r, n, i_h, HV: tl.constexpr, BR: tl.constexpr, CHAIN: tl.constexpr, NPG: tl.constexpr
+):
+    """G of row block r (value head i_h): the sum of g over each row's ancestors (all in blocks c <= r).
+    NPG > 0 (a power of two >= n): the mask's row block [BR, NPG] and g in one load each, one sum;
+    NPG = 0: a loop over the column blocks c <= r, a [BR, BR] load and sum each."""
     rows = r * BR + tl.arange(0, BR)
-    b_gr = tl.zeros([BR], dtype=tl.float32)
-    for c in range(0, r + 1):
-        cols = c * BR + tl.arange(0, BR)
-        b_gc = tl.load(g_ptr + cols * HV + i_h, mask=cols < n, other=0.0).to(tl.float32)
-        b_gr += tl.sum(tl.where(_block_mask(anc_ptr, rows, cols, n, CHAIN), b_gc[None, :], 0.0), axis=1)
+    if NPG > 0:
+        cols = tl.arange(0, NPG)
+        b_g = tl.load(g_ptr + cols * HV + i_h, mask=cols < n, other=0.0).to(tl.float32)
+        b_gr = tl.sum(tl.where(_block_mask(anc_ptr, rows, cols, n, CHAIN), b_g[None, :], 0.0), axis=1)
+    else:
+        b_gr = tl.zeros([BR], dtype=tl.float32)
+        for c in range(0, r + 1):
+            cols = c * BR + tl.arange(0, BR)
+            b_gc = tl.load(g_ptr + cols * HV + i_h, mask=cols < n, other=0.0).to(tl.float32)
+            b_gr += tl.sum(tl.where(_block_mask(anc_ptr, rows, cols, n, CHAIN), b_gc[None, :], 0.0), axis=1)
     return b_gr
 
 
@@ -301,6 +312,7 @@ def _tree_verify_kernel(
     PENDING: tl.constexpr,
     PNP: tl.constexpr,
     PDL: tl.constexpr,
+    NPG: tl.constexpr,
 ):
     """One (value head, d_v tile): blocked masked-WY verification over all n nodes.
 
@@ -332,7 +344,7 @@ def _tree_verify_kernel(
         m_rows = rows < n
 
         # ---- G for this block's rows: sum over ancestors, which all sit in column blocks c <= r
-        b_gr = _block_gates(g_ptr, anc_ptr, r, n, i_h, HV, BR, CHAIN)
+        b_gr = _block_gates(g_ptr, anc_ptr, r, n, i_h, HV, BR, CHAIN, NPG)
         tl.store(gcum_ptr + rows * HV + i_h, b_gr, mask=m_rows)
         b_beta = tl.load(beta_ptr + rows * HV + i_h, mask=m_rows, other=0.0).to(tl.float32)
         b_eg = tl.exp(b_gr)
@@ -426,7 +438,7 @@ def _tree_keys_kernel(
     LOG2_BR: tl.constexpr, BK: tl.constexpr, CHAIN: tl.constexpr, PREC: tl.constexpr,
     UPCAST_QK: tl.constexpr, BASE16: tl.constexpr, WRITE_K: tl.constexpr,
     PENDING: tl.constexpr, PNP: tl.constexpr, NCT: tl.constexpr, BVC: tl.constexpr, BKC: tl.constexpr,
-    TERMS: tl.constexpr, RC: tl.constexpr, PDL: tl.constexpr,
+    TERMS: tl.constexpr, RC: tl.constexpr, PDL: tl.constexpr, NPG: tl.constexpr,
 ):  # fmt: skip
     """Phase 1 of :func:`tree_gdn_split` (and of :func:`tree_gdn_blocked`), one (value head, row block r,
     column block c <= r) per program (grid axis 1 holds NR x NR of them; those with c > r exit at once):
@@ -471,8 +483,8 @@ def _tree_keys_kernel(
     o_k = tl.arange(0, BK)
     m_rows = rows < n
     m_cols = cols < n
-    b_gr = _block_gates(g_ptr, anc_ptr, r, n, i_h, HV, BR, CHAIN)
-    b_gc = _block_gates(g_ptr, anc_ptr, c, n, i_h, HV, BR, CHAIN)
+    b_gr = _block_gates(g_ptr, anc_ptr, r, n, i_h, HV, BR, CHAIN, NPG)
+    b_gc = _block_gates(g_ptr, anc_ptr, c, n, i_h, HV, BR, CHAIN, NPG)
     b_kk = tl.zeros([BR, BR], dtype=tl.float32)
     b_qk = tl.zeros([BR, BR], dtype=tl.float32)
     for kk in range(0, DK, BK):
@@ -947,10 +959,15 @@ def tree_gdn_fused(
         c.p_n, c.n, float(scale),
         H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk, BV=bv,
         CHAIN=c.chain, PREC=precision, UPCAST_QK=c.upcast, BASE16=base16, WRITE_K=c.write_k,
-        PENDING=pending is not None, PNP=c.pnp, num_warps=warps, num_stages=num_stages,
-        **pdl_args(c.q.device, verify=True),
+        PENDING=pending is not None, PNP=c.pnp, NPG=_gate_columns(c.n), num_warps=warps,
+        num_stages=num_stages, **pdl_args(c.q.device, verify=True),
     )  # fmt: skip
     return c.o, c.factors()
+
+
+def _gate_columns(n: int) -> int:
+    """The kernels' NPG (:func:`_block_gates`): the mask columns summed in one load, 0 for the loop."""
+    return _pow2_at_least(n) if GATES_AT_ONCE else 0
 
 
 def split_tiles(
@@ -1105,8 +1122,8 @@ def _key_blocks(
         c.p_n, c.delta, qs if terms else c.delta, c.n, npad, nr, float(scale),
         H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk, CHAIN=c.chain,
         PREC=precision, UPCAST_QK=c.upcast, BASE16=br >= 32, WRITE_K=c.write_k, PENDING=pending, PNP=c.pnp,
-        NCT=nct, BVC=bvc, BKC=bkc, TERMS=terms, RC=min(64, _pow2_at_least(c.n)), num_warps=warps,
-        **pdl_args(c.q.device, verify=True),
+        NCT=nct, BVC=bvc, BKC=bkc, TERMS=terms, RC=min(64, _pow2_at_least(c.n)), NPG=_gate_columns(c.n),
+        num_warps=warps, **pdl_args(c.q.device, verify=True),
     )  # fmt: skip
     return a_blocks, p_blocks, npad
 

@@ -69,6 +69,19 @@ def measure(
     return r
 
 
+def gates_loop(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """``fn`` launched with the gate sums looped over column blocks (tt.GATES_AT_ONCE off)."""
+
+    def run() -> Any:
+        tt.GATES_AT_ONCE = False
+        try:
+            return fn()
+        finally:
+            tt.GATES_AT_ONCE = True
+
+    return run
+
+
 def phases(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
     spec = bk.RowSpec(shape, "verify", "draft", t, "tree_split", "bf16")
     cfg = bk.BenchConfig(timer=TIMER, bf16_precision=PREC)
@@ -92,8 +105,10 @@ def phases(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
         rows.append(r)
         print(f"{shape:7s} T={t:<4d} {name:22s} {knobs} {r.get('status')} us={r.get('us')}")
 
-    row("fused", lambda: tt.tree_gdn_fused(x.q, x.k, x.v, x.g, x.beta, x.state, anc, scale, PREC), 40.0)
     args = (x.q, x.k, x.v, x.g, x.beta, x.state, anc, scale, PREC)
+    row("fused", lambda: tt.tree_gdn_fused(*args), 40.0)
+    row("fused-gates-loop", gates_loop(lambda: tt.tree_gdn_fused(*args)), 40.0)
+    row("split-gates-loop", gates_loop(lambda: tt.tree_gdn_split(*args)), 40.0)
     variants = {  # tree_gdn_split's phase-2 options (each walk), then its defaults
         f"split-{name}-{walk}": dict(kw, walk=walk)
         for walk in tt.WALKS
@@ -154,7 +169,8 @@ def keys_knobs(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
     c = tt._TreeCall.of(x.q, x.k, x.v, x.g, x.beta, x.state, case.ancestors, PREC, False, None, None)
     rows: list[dict[str, Any]] = []
     variants = [("default", {}), ("no-inverse", {"LOG2_BR": 0, "BASE16": False}),
-                ("no-mask-loads", {"CHAIN": True}), ("base16-off", {"BASE16": False}),
+                ("no-mask-loads", {"CHAIN": True}), ("gates-loop", {"NPG": 0}),
+                ("base16-off", {"BASE16": False}),
                 ("bk128", {"BK": 128}), ("stages3", {"num_stages": 3}), ("stages2", {"num_stages": 2}),
                 ("w8", {"num_warps": 8}), ("w2", {"num_warps": 2}), ("write-k", {"WRITE_K": True}),
                 ("pdl-start", {"PDL": 1, "launch_pdl": True}),
@@ -171,6 +187,7 @@ def keys_knobs(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
             kw = dict(H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk_default,
                       CHAIN=False, PREC=PREC, UPCAST_QK=c.upcast, BASE16=br >= 32, WRITE_K=False,
                       PENDING=False, PNP=c.pnp, NCT=0, BVC=16, BKC=16, TERMS=False, RC=16,
+                      NPG=tt._gate_columns(c.n),
                       num_warps=8 if br >= 64 else 4, PDL=0, launch_pdl=False)  # fmt: skip
             kw.update(knobs)
             if kw["BK"] > c.dk:

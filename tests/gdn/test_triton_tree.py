@@ -114,6 +114,7 @@ def run_case(spec: dict, device: str) -> dict:
     committed state, and ``committed`` is the error of the state the kernel wrote back. ``states``
     (default True) also runs tree_states_fused, and reports its error as ``states``.
     """
+    import repro.gdn.triton_tree as triton_tree
     from repro.gdn.triton_tree import (
         chain_gdn_fused,
         tree_gdn_blocked,
@@ -141,24 +142,28 @@ def run_case(spec: dict, device: str) -> dict:
     delta = torch.full((n, hv, dv), nan, dtype=torch.float32, device=device)
     gcum = torch.full((n, hv), nan, dtype=torch.float32, device=device)
     prec = spec.get("precision", "ieee")
-    if spec.get("blocked"):  # the three-launch kernels with T explicit (chain_api: the mask from indices)
-        knobs.pop("batched_base", None)
-        ancestors = None if spec.get("chain_api") else anc
-        out = (o, delta, gcum)
-        o, f = tree_gdn_blocked(q, k, v, g, beta, s0, ancestors, scale, prec, out=out, **knobs, **knobs_p)
-    elif spec.get("split"):  # the two-phase kernels (chain_api: the mask from indices)
-        knobs.pop("batched_base", None)
-        ancestors = None if spec.get("chain_api") else anc
-        o, f = tree_gdn_split(
-            q, k, v, g, beta, s0, ancestors, scale, prec, out=(o, delta, gcum), **knobs, **knobs_p
-        )
-    elif spec.get("chain_api"):
-        assert spec["kind"] == "chain"
-        o, f = chain_gdn_fused(q, k, v, g, beta, s0, scale, prec, out=(o, delta, gcum), **knobs, **knobs_p)
-    else:
-        o, f = tree_gdn_fused(
-            q, k, v, g, beta, s0, anc, scale, prec, out=(o, delta, gcum), **knobs, **knobs_p
-        )
+    out = (o, delta, gcum)
+    triton_tree.GATES_AT_ONCE = not spec.get("gates_loop")  # G summed per column block (the old form)
+    try:
+        if spec.get("blocked"):  # the three-launch kernels with T explicit (chain_api: the mask from indices)
+            knobs.pop("batched_base", None)
+            ancestors = None if spec.get("chain_api") else anc
+            o, f = tree_gdn_blocked(q, k, v, g, beta, s0, ancestors, scale, prec, out=out, **knobs, **knobs_p)
+        elif spec.get("split"):  # the two-phase kernels (chain_api: the mask from indices)
+            knobs.pop("batched_base", None)
+            ancestors = None if spec.get("chain_api") else anc
+            o, f = tree_gdn_split(
+                q, k, v, g, beta, s0, ancestors, scale, prec, out=(o, delta, gcum), **knobs, **knobs_p
+            )
+        elif spec.get("chain_api"):
+            assert spec["kind"] == "chain"
+            o, f = chain_gdn_fused(q, k, v, g, beta, s0, scale, prec, out=out, **knobs, **knobs_p)
+        else:
+            o, f = tree_gdn_fused(
+                q, k, v, g, beta, s0, anc, scale, prec, out=(o, delta, gcum), **knobs, **knobs_p
+            )
+    finally:
+        triton_tree.GATES_AT_ONCE = True
     states = None
     if spec.get("states", True):
         states = torch.full((n, hv, dv, dk), nan, dtype=torch.float32, device=device)
@@ -292,6 +297,9 @@ INTERP_CASES = {
     "split-noterms-n40-mixed-dk32-br16": {**_SPLIT_N40, "terms": False},  # products in phase 2's walk
     # phase 2's walk with Delta read back from memory (the registers walk is the default everywhere else)
     "split-memory-n40-mixed-dk32-br16": {**_SPLIT_N40, "walk": "memory"},
+    # G looped over column blocks (tt.GATES_AT_ONCE off: the A/B of _block_gates), both kernel forms
+    "split-gatesloop-n40-mixed-dk32-br16": {**_SPLIT_N40, "gates_loop": True},
+    "gatesloop-n40-random-br16": {**_SMALL, "n": 40, "kind": "random", "block_rows": 16, "gates_loop": True},
     "split-memory-noterms-n20-random-bv16": {
         **_SMALL,
         "n": 20,
