@@ -109,14 +109,14 @@ def phases(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
     row("fused", lambda: tt.tree_gdn_fused(*args), 40.0)
     row("fused-gates-loop", gates_loop(lambda: tt.tree_gdn_fused(*args)), 40.0)
     row("split-gates-loop", gates_loop(lambda: tt.tree_gdn_split(*args)), 40.0)
-    variants = {  # tree_gdn_split's phase-2 options (each walk), then its defaults
-        f"split-{name}-{walk}": dict(kw, walk=walk)
-        for walk in tt.WALKS
-        for name, kw in (("plain", dict(terms=False)), ("terms", dict(terms=True)),
-                         ("plain-br64", dict(terms=False, block_rows=64)),
-                         ("terms-br64", dict(terms=True, block_rows=64)),
-                         ("terms-w8", dict(terms=True, num_warps=8)))
+    options = {  # tree_gdn_split's options; the memory walk only as the baseline of the first two
+        "plain": dict(terms=False), "terms": dict(terms=True), "plain-br64": dict(terms=False, block_rows=64),
+        "terms-br64": dict(terms=True, block_rows=64), "terms-w8": dict(terms=True, num_warps=8),
+        "terms-cbv16": dict(terms=True, commit_block_v=16),
+        "terms-cbv64": dict(terms=True, commit_block_v=64),
     }  # fmt: skip
+    variants = {f"split-{name}-memory": dict(options[name], walk="memory") for name in ("plain", "terms")}
+    variants |= {f"split-{name}-registers": dict(kw, walk="registers") for name, kw in options.items()}
     variants["split"] = {}
     for name, kw in variants.items():
         err = ((tt.tree_gdn_split(*args, **kw)[0].float() - ref).norm() / ref.norm()).item()
