@@ -156,9 +156,7 @@ from repro.gdn.triton_common import (
 )
 
 PRECISIONS = ("ieee", "tf32x3", "tf32")
-# G in one load of the mask's row block (True) or a loop over its column blocks (False): _block_gates
-GATES_AT_ONCE = True
-# phase 2 of the split form: Delta row blocks in registers, or read back from the delta output
+# phase 2 of the split form: Delta row blocks in registers, or read back from the delta output (split_walk)
 WALKS = ("registers", "memory")
 
 
@@ -230,21 +228,14 @@ def _block_mask(anc_ptr, rows, cols, n, CHAIN: tl.constexpr):
 def _block_gates(
     g_ptr, anc_ptr, r, n, i_h, HV: tl.constexpr, BR: tl.constexpr, CHAIN: tl.constexpr, NPG: tl.constexpr
 ):
-    """G of row block r (value head i_h): the sum of g over each row's ancestors (all in blocks c <= r).
-    NPG > 0 (a power of two >= n): the mask's row block [BR, NPG] and g in one load each, one sum;
-    NPG = 0: a loop over the column blocks c <= r, a [BR, BR] load and sum each."""
+    """G of row block r (value head i_h): the sum of g over each row's ancestors, from one load of the
+    mask's row block [BR, NPG] and of g (NPG: a power of two >= n). A loop over the column blocks c <= r
+    (a [BR, BR] load and sum each) cost phase 1 of the split form 1.2-1.3 us more at 32-row blocks and
+    1.7-6.7 at 64 (SpecLA / Weaver, T = 128; results/2026-12-03-h200-tree-walk); the fused kernel tied."""
     rows = r * BR + tl.arange(0, BR)
-    if NPG > 0:
-        cols = tl.arange(0, NPG)
-        b_g = tl.load(g_ptr + cols * HV + i_h, mask=cols < n, other=0.0).to(tl.float32)
-        b_gr = tl.sum(tl.where(_block_mask(anc_ptr, rows, cols, n, CHAIN), b_g[None, :], 0.0), axis=1)
-    else:
-        b_gr = tl.zeros([BR], dtype=tl.float32)
-        for c in range(0, r + 1):
-            cols = c * BR + tl.arange(0, BR)
-            b_gc = tl.load(g_ptr + cols * HV + i_h, mask=cols < n, other=0.0).to(tl.float32)
-            b_gr += tl.sum(tl.where(_block_mask(anc_ptr, rows, cols, n, CHAIN), b_gc[None, :], 0.0), axis=1)
-    return b_gr
+    cols = tl.arange(0, NPG)
+    b_g = tl.load(g_ptr + cols * HV + i_h, mask=cols < n, other=0.0).to(tl.float32)
+    return tl.sum(tl.where(_block_mask(anc_ptr, rows, cols, n, CHAIN), b_g[None, :], 0.0), axis=1)
 
 
 @triton.jit
@@ -622,8 +613,8 @@ def _tree_values_kernel(
     a commit was pending). TERMS: phase 1 wrote the products K S0^T (into ``delta``) and Q S0^T (into the
     float32 scratch ``qs_ptr`` [n, HV, d_v]) of every row; the walk reads them and applies the gates, beta
     and V (:func:`_state_terms`) instead of running a d_k loop per row block in its chain.
-    REGS: the walk keeps every Delta row block in registers ([NRP, BR, BV], NRP = NR = NP / BR rounded up to
-    a power of two) and takes each row block's off-diagonal sums as one dot over all earlier rows, so no
+    REGS: the walk keeps every Delta row block in registers ([NRP, BR, BV]; NR = NP / BR, NRP that rounded
+    up to a power of two) and takes each row block's off-diagonal sums as one dot over all earlier rows, so no
     Delta row goes through global memory and back and no CTA barrier orders the steps (NR unrolled)."""
     pdl_start(PDL)
     i_h = tl.program_id(0)
@@ -966,8 +957,8 @@ def tree_gdn_fused(
 
 
 def _gate_columns(n: int) -> int:
-    """The kernels' NPG (:func:`_block_gates`): the mask columns summed in one load, 0 for the loop."""
-    return _pow2_at_least(n) if GATES_AT_ONCE else 0
+    """The kernels' NPG (:func:`_block_gates`): the mask columns summed in one load."""
+    return _pow2_at_least(n)
 
 
 def split_tiles(
@@ -1004,7 +995,7 @@ def tree_gdn_split(
     pending: PendingCommit | None = None,
     commit_block_v: int | None = None,
     terms: bool | None = None,
-    walk: str = "registers",
+    walk: str | None = None,
 ) -> tuple[torch.Tensor, TreeFactors]:
     """:func:`tree_gdn_fused` (same arguments, results and ``pending``) in two launches, for few heads.
 
@@ -1028,7 +1019,11 @@ def tree_gdn_split(
     Weaver's 40.7 -> 39.1 at T = 128. Computing them in phase 2 before its walk instead was slower at
     every tile, and so was walking pairs of phase 1's blocks (the pair's inverse M - M N M in the chain:
     24.4 us at SpecLA T = 128), and so were the products spread over row chunks of programs
-    (results/2026-12-03-h200-rows-tune/callV).
+    (results/2026-12-03-h200-rows-tune/callV). ``walk`` (:data:`WALKS`; default :func:`split_walk`): phase
+    2 with every Delta row block in registers, or read back from the delta output behind a CTA barrier.
+    Whole form at its best (results/2026-12-03-h200-tree-walk): SpecLA T = 128 22.1 us (32-row blocks,
+    memory walk) vs 21.3 (64-row blocks, registers: phase 2 5.7 us but phase 1 13.1 against 6.7, its 64 x
+    64 inverse alone costing 5.3); Weaver T = 128 35.7 without ``terms`` (fused 38.5).
     """
     c = _TreeCall.of(q, k, v, g, beta, state, ancestors, precision, chain, pending, out)
     br, bv = split_tiles(c.n, c.hv, c.dv, precision, block_rows, block_v)
@@ -1058,21 +1053,33 @@ def _value_walk(
     scale: float,
     warps: int,
     qs: torch.Tensor | None = None,
-    walk: str = "registers",
+    walk: str | None = None,
 ) -> None:
     """Launch ``_tree_values_kernel`` (phase 2 of the split form) on phase 1's blocks (:func:`_key_blocks`):
     writes c.o and c.delta; ``qs`` given: phase 1 wrote the state products (K S0^T in c.delta, Q S0^T in
-    ``qs``); ``walk`` (:data:`WALKS`): Delta kept in registers or read back from c.delta."""
+    ``qs``); ``walk`` (:data:`WALKS`, default :func:`split_walk`): Delta kept in registers or read back
+    from c.delta."""
+    nr = npad // br
+    walk = walk or split_walk(br, nr)
     if walk not in WALKS:
         raise ValueError(f"walk must be one of {WALKS}, got {walk!r}")
     terms = qs is not None
-    nr = npad // br
     _tree_values_kernel[(c.hv, triton.cdiv(c.dv, bv))](
         c.q, c.k, c.v, c.beta, c.state, a_blocks, p_blocks, c.gate_cum, c.o, c.delta,
         qs if terms else c.delta, c.n, npad, float(scale), H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, BK=bk,
         BV=bv, PREC=precision, TERMS=terms, REGS=walk == "registers", NR=nr, NRP=pow2(nr), num_warps=warps,
         **pdl_args(c.q.device, verify=True),
     )  # fmt: skip
+
+
+def split_walk(block_rows: int, row_blocks: int) -> str:
+    """Phase 2's walk for ``row_blocks`` blocks of ``block_rows`` rows: "registers" for 64-row blocks, at
+    most two of them (T <= 128), else "memory". Measured on an H200 (bf16, tf32 dots, phase 2 alone on
+    phase 1's state products; results/2026-12-03-h200-tree-walk): 64-row blocks, registers vs memory,
+    SpecLA T = 128 5.7 vs 6.7 us, Weaver 9.7 vs 16.4. At 32-row blocks (four steps) the whole split form
+    lost with registers (SpecLA 23.3 vs 22.1, Weaver 39.8 vs 36.9), at Weaver T = 256 (eight steps) badly
+    (179 vs 118; not profiled: presumably the unrolled walk's registers)."""
+    return "registers" if block_rows >= 64 and row_blocks <= 2 else "memory"
 
 
 def commit_tiles(

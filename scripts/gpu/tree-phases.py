@@ -69,19 +69,6 @@ def measure(
     return r
 
 
-def gates_loop(fn: Callable[[], Any]) -> Callable[[], Any]:
-    """``fn`` launched with the gate sums looped over column blocks (tt.GATES_AT_ONCE off)."""
-
-    def run() -> Any:
-        tt.GATES_AT_ONCE = False
-        try:
-            return fn()
-        finally:
-            tt.GATES_AT_ONCE = True
-
-    return run
-
-
 def phases(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
     spec = bk.RowSpec(shape, "verify", "draft", t, "tree_split", "bf16")
     cfg = bk.BenchConfig(timer=TIMER, bf16_precision=PREC)
@@ -107,8 +94,6 @@ def phases(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
 
     args = (x.q, x.k, x.v, x.g, x.beta, x.state, anc, scale, PREC)
     row("fused", lambda: tt.tree_gdn_fused(*args), 40.0)
-    row("fused-gates-loop", gates_loop(lambda: tt.tree_gdn_fused(*args)), 40.0)
-    row("split-gates-loop", gates_loop(lambda: tt.tree_gdn_split(*args)), 40.0)
     options = {  # tree_gdn_split's options; the memory walk only as the baseline of the first two
         "plain": dict(terms=False), "terms": dict(terms=True), "plain-br64": dict(terms=False, block_rows=64),
         "terms-br64": dict(terms=True, block_rows=64), "terms-w8": dict(terms=True, num_warps=8),
@@ -169,7 +154,7 @@ def keys_knobs(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
     c = tt._TreeCall.of(x.q, x.k, x.v, x.g, x.beta, x.state, case.ancestors, PREC, False, None, None)
     rows: list[dict[str, Any]] = []
     variants = [("default", {}), ("no-inverse", {"LOG2_BR": 0, "BASE16": False}),
-                ("no-mask-loads", {"CHAIN": True}), ("gates-loop", {"NPG": 0}),
+                ("no-mask-loads", {"CHAIN": True}),
                 ("base16-off", {"BASE16": False}),
                 ("bk128", {"BK": 128}), ("stages3", {"num_stages": 3}), ("stages2", {"num_stages": 2}),
                 ("w8", {"num_warps": 8}), ("w2", {"num_warps": 2}), ("write-k", {"WRITE_K": True}),

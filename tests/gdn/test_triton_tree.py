@@ -114,7 +114,6 @@ def run_case(spec: dict, device: str) -> dict:
     committed state, and ``committed`` is the error of the state the kernel wrote back. ``states``
     (default True) also runs tree_states_fused, and reports its error as ``states``.
     """
-    import repro.gdn.triton_tree as triton_tree
     from repro.gdn.triton_tree import (
         chain_gdn_fused,
         tree_gdn_blocked,
@@ -143,27 +142,23 @@ def run_case(spec: dict, device: str) -> dict:
     gcum = torch.full((n, hv), nan, dtype=torch.float32, device=device)
     prec = spec.get("precision", "ieee")
     out = (o, delta, gcum)
-    triton_tree.GATES_AT_ONCE = not spec.get("gates_loop")  # G summed per column block (the old form)
-    try:
-        if spec.get("blocked"):  # the three-launch kernels with T explicit (chain_api: the mask from indices)
-            knobs.pop("batched_base", None)
-            ancestors = None if spec.get("chain_api") else anc
-            o, f = tree_gdn_blocked(q, k, v, g, beta, s0, ancestors, scale, prec, out=out, **knobs, **knobs_p)
-        elif spec.get("split"):  # the two-phase kernels (chain_api: the mask from indices)
-            knobs.pop("batched_base", None)
-            ancestors = None if spec.get("chain_api") else anc
-            o, f = tree_gdn_split(
-                q, k, v, g, beta, s0, ancestors, scale, prec, out=(o, delta, gcum), **knobs, **knobs_p
-            )
-        elif spec.get("chain_api"):
-            assert spec["kind"] == "chain"
-            o, f = chain_gdn_fused(q, k, v, g, beta, s0, scale, prec, out=out, **knobs, **knobs_p)
-        else:
-            o, f = tree_gdn_fused(
-                q, k, v, g, beta, s0, anc, scale, prec, out=(o, delta, gcum), **knobs, **knobs_p
-            )
-    finally:
-        triton_tree.GATES_AT_ONCE = True
+    if spec.get("blocked"):  # the three-launch kernels with T explicit (chain_api: the mask from indices)
+        knobs.pop("batched_base", None)
+        ancestors = None if spec.get("chain_api") else anc
+        o, f = tree_gdn_blocked(q, k, v, g, beta, s0, ancestors, scale, prec, out=out, **knobs, **knobs_p)
+    elif spec.get("split"):  # the two-phase kernels (chain_api: the mask from indices)
+        knobs.pop("batched_base", None)
+        ancestors = None if spec.get("chain_api") else anc
+        o, f = tree_gdn_split(
+            q, k, v, g, beta, s0, ancestors, scale, prec, out=(o, delta, gcum), **knobs, **knobs_p
+        )
+    elif spec.get("chain_api"):
+        assert spec["kind"] == "chain"
+        o, f = chain_gdn_fused(q, k, v, g, beta, s0, scale, prec, out=out, **knobs, **knobs_p)
+    else:
+        o, f = tree_gdn_fused(
+            q, k, v, g, beta, s0, anc, scale, prec, out=(o, delta, gcum), **knobs, **knobs_p
+        )
     states = None
     if spec.get("states", True):
         states = torch.full((n, hv, dv, dk), nan, dtype=torch.float32, device=device)
@@ -295,12 +290,9 @@ INTERP_CASES = {
         "commit_block_v": 8,  # tiles too narrow for the state products: phase 2 computes them
     },
     "split-noterms-n40-mixed-dk32-br16": {**_SPLIT_N40, "terms": False},  # products in phase 2's walk
-    # phase 2's walk with Delta read back from memory (the registers walk is the default everywhere else)
-    "split-memory-n40-mixed-dk32-br16": {**_SPLIT_N40, "walk": "memory"},
-    # G looped over column blocks (tt.GATES_AT_ONCE off: the A/B of _block_gates), both kernel forms
-    "split-gatesloop-n40-mixed-dk32-br16": {**_SPLIT_N40, "gates_loop": True},
-    "gatesloop-n40-random-br16": {**_SMALL, "n": 40, "kind": "random", "block_rows": 16, "gates_loop": True},
-    "split-memory-noterms-n20-random-bv16": {
+    # phase 2's walk with Delta in registers (split_walk's default at two 64-row blocks; asked for below)
+    "split-registers-n40-mixed-dk32-br16": {**_SPLIT_N40, "walk": "registers"},
+    "split-registers-noterms-n20-random-bv16": {
         **_SMALL,
         "n": 20,
         "kind": "random",
@@ -308,8 +300,9 @@ INTERP_CASES = {
         "block_rows": 16,
         "block_v": 16,
         "terms": False,
-        "walk": "memory",
-    },  # fmt: skip
+        "walk": "registers",
+    },
+    "split-br64-n80-mixed": {**_SMALL, "n": 80, "kind": "mixed", "split": True, "block_rows": 64},
     "pending-n16-mixed-none": {**_SMALL, "n": 16, "kind": "mixed", "pending": True, "pending_node": -1},
     # the pending path read from a path index (the static decoder's stash); node -1 with a live index:
     # the node decides (nothing pending)
@@ -494,10 +487,32 @@ class _GridSpy:
 
     def __init__(self) -> None:
         self.grids: list[tuple[int, ...]] = []
+        self.kwargs: list[dict] = []
 
     def __getitem__(self, grid):  # noqa: ANN001, ANN204
         self.grids.append(grid)
-        return lambda *args, **kwargs: None
+        return lambda *args, **kwargs: self.kwargs.append(kwargs)
+
+
+@pytest.mark.parametrize(
+    ("n", "block_rows", "walk", "regs", "nrp"),
+    [(128, 64, None, True, 2), (65, 64, None, True, 2), (129, 64, None, False, 4), (128, 32, None, False, 4),
+     (33, 32, None, False, 2), (96, 32, "registers", True, 4), (128, 64, "memory", False, 2)],
+)  # fmt: skip
+def test_split_walk_in_registers_for_two_64_row_blocks(monkeypatch, n, block_rows, walk, regs, nrp) -> None:
+    """Phase 2 keeps Delta in registers by default only at 64-row blocks, at most two of them (split_walk:
+    measured faster there, slower at 32-row blocks and at eight); a given walk is kept; NRP is the number
+    of row blocks rounded up to a power of two (three 32-row blocks at n = 96: 4)."""
+    from repro.gdn import triton_tree as tt
+
+    values = _GridSpy()
+    monkeypatch.setattr(tt, "_tree_keys_kernel", _GridSpy())
+    monkeypatch.setattr(tt, "_tree_values_kernel", values)
+    tt.tree_gdn_split(*_split_inputs(n, 4, 16), 0.25, "tf32", block_rows=block_rows, walk=walk)
+    (kw,) = values.kwargs
+    assert (kw["REGS"], kw["NRP"], kw["BR"]) == (regs, nrp, block_rows)
+    with pytest.raises(ValueError, match="walk must be one of"):
+        tt.tree_gdn_split(*_split_inputs(n, 4, 16), 0.25, "tf32", block_rows=block_rows, walk="stack")
 
 
 def test_split_state_products_need_tiles_of_16_rows() -> None:
