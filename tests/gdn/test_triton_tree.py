@@ -726,6 +726,32 @@ def test_gpu_tree_with_pending_commit(shape: str, n: int, kind: str, dtype: str,
 
 
 @pytest.mark.parametrize(
+    ("shape", "n", "kind", "dtype", "precision", "block_rows", "walk"),
+    [("specla", 128, "mixed", "bfloat16", "tf32", 64, None),  # split_walk: registers
+     ("weaver", 128, "random", "bfloat16", "tf32", 64, None),
+     ("specla", 65, "random", "float32", "ieee", 64, None),
+     ("weaver", 96, "mixed", "float32", "ieee", 32, "registers"),  # three blocks: NRP = 4
+     ("specla", 256, "random", "bfloat16", "tf32", 32, "registers")],
+)  # fmt: skip
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu_ok(), reason="needs a CUDA GPU, triton, and TRITON_INTERPRET unset")
+def test_gpu_tree_split_walk_in_registers(
+    shape: str, n: int, kind: str, dtype: str, precision: str, block_rows: int, walk: str | None
+) -> None:
+    """The split form's phase 2 with Delta in registers (by default at two 64-row blocks, or asked for)
+    at the paper shapes, against float64."""
+    base = WEAVER if shape == "weaver" else SPECLA
+    spec = {**base, "n": n, "kind": kind, "dtype": dtype, "precision": precision, "seed": _fresh_seed()}
+    spec.update(split=True, block_rows=block_rows, **({"walk": walk} if walk else {}))
+    res = run_case(spec, "cuda")
+    o_tol, d_tol = GPU_TOL[(dtype, precision)]
+    msg = f"seed={spec['seed']} {res}"
+    assert res["unwritten"] == 0 and res["dtypes_ok"] and res["k_exact"], msg
+    assert res["o"] <= o_tol and res["delta"] <= d_tol and res["commit"] <= d_tol, msg
+    assert res["gate_cum"] <= 1e-5 and res["states"] <= 1e-5, msg
+
+
+@pytest.mark.parametrize(
     ("shape", "n", "kind", "dtype", "precision"),
     [("weaver", 128, "mixed", "bfloat16", "tf32"), ("weaver", 129, "mixed", "float32", "ieee"),
      ("weaver", 256, "random", "bfloat16", "tf32"), ("weaver", 64, "mixed", "float32", "tf32x3"),
