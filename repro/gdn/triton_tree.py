@@ -555,6 +555,29 @@ def _values_start(
 
 
 @triton.jit
+def _walk_start(
+    q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, gcum_ptr, delta_ptr, qs_ptr, r, n, scale, i_h, i_kh, o_v, m_v,
+    H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BR: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, TERMS: tl.constexpr,
+):  # fmt: skip
+    """Phase 2's row block r: its rows, their [BR, BV] offsets and mask in the [n, HV, d_v] outputs, and the
+    state terms X0 and scale e^G Q S0^T (TERMS: from phase 1's products in delta / qs; else computed)."""
+    rows = r * BR + tl.arange(0, BR)
+    m_rows = rows < n
+    p_v = rows[:, None] * (HV * DV) + i_h * DV + o_v[None, :]
+    m_rv = m_rows[:, None] & m_v[None, :]
+    if TERMS:
+        b_ks = tl.load(delta_ptr + p_v, mask=m_rv, other=0.0)
+        b_qs = tl.load(qs_ptr + p_v, mask=m_rv, other=0.0)
+        b_x, b_o = _state_terms(b_ks, b_qs, v_ptr, beta_ptr, gcum_ptr, rows, m_rows, o_v, m_v, i_h, scale, HV,
+                                DV)  # fmt: skip
+    else:
+        b_x, b_o = _values_start(q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, gcum_ptr, rows, m_rows, o_v, m_v, i_h,
+                                 i_kh, scale, H, HV, DK, DV, BR, BK, BV, PREC)  # fmt: skip
+    return rows, p_v, m_rv, b_x, b_o
+
+
+@triton.jit
 def _values_in_registers(
     q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, a_ptr, p_ptr, gcum_ptr, o_ptr, delta_ptr, qs_ptr, n, NP, scale,
     i_h, i_kh, o_v, m_v, H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
@@ -570,18 +593,10 @@ def _values_in_registers(
     o_b = tl.arange(0, NRP)[:, None, None]
     b_d3 = tl.zeros([NRP, BR, BV], dtype=tl.float32)
     for r in tl.static_range(NR):
-        rows = r * BR + o_r
-        m_rows = rows < n
-        p_v = rows[:, None] * (HV * DV) + i_h * DV + o_v[None, :]
-        m_rv = m_rows[:, None] & m_v[None, :]
-        if TERMS:
-            b_ks = tl.load(delta_ptr + p_v, mask=m_rv, other=0.0)
-            b_qs = tl.load(qs_ptr + p_v, mask=m_rv, other=0.0)
-            b_x, b_o = _state_terms(b_ks, b_qs, v_ptr, beta_ptr, gcum_ptr, rows, m_rows, o_v, m_v, i_h, scale,
-                                    HV, DV)  # fmt: skip
-        else:
-            b_x, b_o = _values_start(q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, gcum_ptr, rows, m_rows, o_v, m_v,
-                                     i_h, i_kh, scale, H, HV, DK, DV, BR, BK, BV, PREC)  # fmt: skip
+        rows, p_v, m_rv, b_x, b_o = _walk_start(
+            q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, gcum_ptr, delta_ptr, qs_ptr, r, n, scale, i_h, i_kh, o_v,
+            m_v, H, HV, DK, DV, BR, BK, BV, PREC, TERMS,
+        )  # fmt: skip
         p_row = i_h * NP * NP + rows[:, None] * NP
         if r > 0:
             m_prev = (o_p < r * BR)[None, :]
@@ -630,18 +645,10 @@ def _tree_values_kernel(
         )  # fmt: skip
         return
     for r in range(0, tl.cdiv(n, BR)):
-        rows = r * BR + o_r
-        m_rows = rows < n
-        p_v = rows[:, None] * (HV * DV) + i_h * DV + o_v[None, :]
-        m_rv = m_rows[:, None] & m_v[None, :]
-        if TERMS:
-            b_ks = tl.load(delta_ptr + p_v, mask=m_rv, other=0.0)
-            b_qs = tl.load(qs_ptr + p_v, mask=m_rv, other=0.0)
-            b_x, b_o = _state_terms(b_ks, b_qs, v_ptr, beta_ptr, gcum_ptr, rows, m_rows, o_v, m_v, i_h, scale,
-                                    HV, DV)  # fmt: skip
-        else:
-            b_x, b_o = _values_start(q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, gcum_ptr, rows, m_rows, o_v, m_v,
-                                     i_h, i_kh, scale, H, HV, DK, DV, BR, BK, BV, PREC)  # fmt: skip
+        rows, p_v, m_rv, b_x, b_o = _walk_start(
+            q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, gcum_ptr, delta_ptr, qs_ptr, r, n, scale, i_h, i_kh, o_v,
+            m_v, H, HV, DK, DV, BR, BK, BV, PREC, TERMS,
+        )  # fmt: skip
         p_row = i_h * NP * NP + rows[:, None] * NP
         for c in range(0, r):
             cols = c * BR + o_r

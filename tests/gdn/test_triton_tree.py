@@ -740,10 +740,15 @@ def test_gpu_tree_split_walk_in_registers(
 ) -> None:
     """The split form's phase 2 with Delta in registers (by default at two 64-row blocks, or asked for)
     at the paper shapes, against float64."""
+    _check_gpu_case(shape, n, kind, dtype, precision, split=True, block_rows=block_rows,
+                    **({"walk": walk} if walk else {}))  # fmt: skip
+
+
+def _check_gpu_case(shape: str, n: int, kind: str, dtype: str, precision: str, **knobs: object) -> None:
+    """Run one paper-shape case (fresh seed, ``knobs`` added to its spec) and check it within GPU_TOL."""
     base = WEAVER if shape == "weaver" else SPECLA
     spec = {**base, "n": n, "kind": kind, "dtype": dtype, "precision": precision, "seed": _fresh_seed()}
-    spec.update(split=True, block_rows=block_rows, **({"walk": walk} if walk else {}))
-    res = run_case(spec, "cuda")
+    res = run_case({**spec, **knobs}, "cuda")
     o_tol, d_tol = GPU_TOL[(dtype, precision)]
     msg = f"seed={spec['seed']} {res}"
     assert res["unwritten"] == 0 and res["dtypes_ok"] and res["k_exact"], msg
@@ -762,15 +767,7 @@ def test_gpu_tree_split_walk_in_registers(
 @pytest.mark.skipif(not _gpu_ok(), reason="needs a CUDA GPU, triton, and TRITON_INTERPRET unset")
 def test_gpu_tree_blocked(shape: str, n: int, kind: str, dtype: str, precision: str) -> None:
     """The blocked kernels (tree_gdn_blocked, T explicit) at the paper shapes, default tiles."""
-    base = WEAVER if shape == "weaver" else SPECLA
-    spec = {**base, "n": n, "kind": kind, "dtype": dtype, "precision": precision, "seed": _fresh_seed()}
-    spec.update(blocked=True, chain_api=kind == "chain")
-    res = run_case(spec, "cuda")
-    o_tol, d_tol = GPU_TOL[(dtype, precision)]
-    msg = f"seed={spec['seed']} {res}"
-    assert res["unwritten"] == 0 and res["dtypes_ok"] and res["k_exact"], msg
-    assert res["o"] <= o_tol and res["delta"] <= d_tol and res["commit"] <= d_tol, msg
-    assert res["gate_cum"] <= 1e-5 and res["states"] <= 1e-5, msg
+    _check_gpu_case(shape, n, kind, dtype, precision, blocked=True, chain_api=kind == "chain")
 
 
 if __name__ == "__main__" and "--interpret" in sys.argv:
