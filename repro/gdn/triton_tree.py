@@ -132,8 +132,10 @@ per head (BV = 128) measured 52 vs 43 us. With BR = 64, BV = 64 and 8 warps each
 stays under ~150 registers. n = 256 and d_k = 256 grow no tile: rows are walked in blocks (NR = n / BR
 trips, each with r off-diagonal blocks, so the work grows ~n^2 / BR^2 but registers do not), d_k in
 chunks of BK = 64. Shared memory is only what tl.dot stages operands through (a few 8-16 kB tiles).
-Not yet tried: precomputing the K-only part (inverse, A/P blocks) once per head in its own launch,
-software pipelining of the d_k loop (num_stages > 1), persistent scheduling across layers.
+Since tried: the K-only part once per head in its own launch (the split form below), software pipelining of
+the d_k loop (num_stages 2-3: no gain, results/2026-12-03-h200-tree-walk/callY knobs). Not yet tried:
+persistent scheduling across layers; the 64 x 64 diagonal inverse's last doubling level as 32 x 32 block
+products instead of masked 64 x 64 ones (that inverse costs phase 1 5.3 us at SpecLA T = 128).
 """
 
 from __future__ import annotations
