@@ -2,16 +2,16 @@
 
     python3 scripts/gpu/tree-phases.py OUT_DIR      (one H200: < 90 s)
 
-At Weaver's shape (T = 64, 128, 256) and SpecLA's (T = 128), bf16 inputs, "tf32" dots, a draft tree
+At Weaver's shape (T = 128, 64, 256) and SpecLA's (T = 128, 64), bf16 inputs, "tf32" dots, a draft tree
 (repro.bench.shapes via repro.bench.kernels.make_case): CUDA-graph medians of the fused kernel, the split
-form, its phase 1 alone (``_tree_keys_kernel``: G, A / P blocks, diagonal inverses), its phase 2 alone
-(``_tree_values_kernel`` on phase 1's blocks), phase 2 over a sweep of d_v tiles and warps, phase 1 over
-row blocks and warps, and an empty Triton launch on the same grid (the launch floor inside a graph).
-Every split variant is checked against the fused kernel's output before it is timed.
+form under its options (each phase-2 walk, ``terms``, 64-row blocks, 8 warps, commit tiles), its phase 1
+alone (``_tree_keys_kernel``: G, A / P blocks, diagonal inverses) over 32- and 64-row blocks and warps, its
+phase 2 alone (``_tree_values_kernel`` on phase 1's blocks) over d_v tiles, warps and both walks, and an
+empty Triton launch on the same grid (the launch floor inside a graph). Every split variant is checked
+against the fused kernel's output before it is timed.
 
 TREE_PHASES_PARTS (default "phases,knobs"; the tables are rewritten after every shape): "phases" the
-phase split and tile sweeps above (phase 2 with its state products from phase 1, ``terms``, and without;
-the split form at 64-row blocks), "knobs" phase 1 alone under knobs
+variants and sweeps above, "knobs" phase 1 alone under knobs
 that price its parts (:func:`keys_knobs`), "delayed" the split form with and without a pending commit
 (phase 1's commit programs over commit_block_v 16 / 32 / 64, the path from the mask or a path index;
 :func:`delayed`). TREE_PHASES_BLOCKS picks the blocks as ``part:shape:T`` items
