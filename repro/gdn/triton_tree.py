@@ -959,15 +959,10 @@ def tree_gdn_fused(
         c.p_n, c.n, float(scale),
         H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk, BV=bv,
         CHAIN=c.chain, PREC=precision, UPCAST_QK=c.upcast, BASE16=base16, WRITE_K=c.write_k,
-        PENDING=pending is not None, PNP=c.pnp, NPG=_gate_columns(c.n), num_warps=warps,
+        PENDING=pending is not None, PNP=c.pnp, NPG=_pow2_at_least(c.n), num_warps=warps,
         num_stages=num_stages, **pdl_args(c.q.device, verify=True),
     )  # fmt: skip
     return c.o, c.factors()
-
-
-def _gate_columns(n: int) -> int:
-    """The kernels' NPG (:func:`_block_gates`): the mask columns summed in one load."""
-    return _pow2_at_least(n)
 
 
 def split_tiles(
@@ -1138,7 +1133,7 @@ def _key_blocks(
         c.p_n, c.delta, qs if terms else c.delta, c.n, npad, nr, float(scale),
         H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk, CHAIN=c.chain,
         PREC=precision, UPCAST_QK=c.upcast, BASE16=br >= 32, WRITE_K=c.write_k, PENDING=pending, PNP=c.pnp,
-        NCT=nct, BVC=bvc, BKC=bkc, TERMS=terms, RC=min(64, _pow2_at_least(c.n)), NPG=_gate_columns(c.n),
+        NCT=nct, BVC=bvc, BKC=bkc, TERMS=terms, RC=min(64, _pow2_at_least(c.n)), NPG=_pow2_at_least(c.n),
         num_warps=warps, **pdl_args(c.q.device, verify=True),
     )  # fmt: skip
     return a_blocks, p_blocks, npad

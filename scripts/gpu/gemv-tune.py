@@ -400,15 +400,22 @@ def markdown(res: dict[str, Any]) -> str:
             f"| {r['matmuls']} | {r['us']:.0f} | {r['floor_us']:.0f} | {100 * r['floor_frac']:.0f}% | "
             f"{r['logits_err_vs_cublas']:.1e} |"
         )
-    lines += ["", "TUNED entries (repro/gdn/triton_linear.py):", "", "```python"]
-    for key, b in res["best"].items():
-        cfg = ", ".join(str(v) for v in b["cfg"].values())
-        lines.append(
-            f'("{b["kind"]}", {b["n"]}, {b["k"]}): GemvConfig({cfg}),  # {key.split(":")[0]} {b["matrix"]}: '
-            f"{b['us']:.1f} us, {b['pct_copy']:.0f}% of copy"
-        )
-    lines.append("```")
+    lines += table_entries(res["best"], "TUNED entries (repro/gdn/triton_linear.py):",
+                           lambda b: f'("{b["kind"]}", {b["n"]}, {b["k"]}): GemvConfig')  # fmt: skip
     return "\n".join(lines)
+
+
+def table_entries(
+    best: dict[str, dict[str, Any]], title: str, head: Callable[[dict[str, Any]], str]
+) -> list[str]:
+    """Markdown lines: ``title`` and a python block of one table entry per best row (``head(row)``, then the
+    row's configuration fields in parentheses, then its shape, matrix, time and share of copy bandwidth)."""
+    lines = ["", title, "", "```python"]
+    for key, b in best.items():
+        cfg = ", ".join(str(v) for v in b["cfg"].values())
+        what = f"{key.split(':')[0]} {b['matrix']}: {b['us']:.1f} us, {b['pct_copy']:.0f}% of copy"
+        lines.append(f"{head(b)}({cfg}),  # {what}")
+    return lines + ["```"]
 
 
 def main() -> None:

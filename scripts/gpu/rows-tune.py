@@ -253,14 +253,8 @@ def markdown(res: dict[str, Any]) -> str:
             f"{r['config']} {fmt(r['us'])}" + ("" if r["status"] == "ok" else f" {r['status']}") for r in rs
         )
         lines.append(f"- {shape} {kind} {n}x{k} at {rows} rows: {cells}")
-    lines += ["", "TUNED_ROWS entries:", "", "```python"]
-    for key, b in res["best"].items():
-        fields = ", ".join(str(v) for v in b["cfg"].values())
-        lines.append(
-            f"{rows_key(b)}: RowsConfig({fields}),"
-            f"  # {key.split(':')[0]} {b['matrix']}: {b['us']:.1f} us, {b['pct_copy']:.0f}% of copy"
-        )
-    lines.append("```")
+    entry = lambda b: f"{rows_key(b)}: RowsConfig"  # noqa: E731
+    lines += gemv_tune.table_entries(res["best"], "TUNED_ROWS entries:", entry)
     return "\n".join(lines) + "\n"
 
 

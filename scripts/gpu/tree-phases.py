@@ -172,7 +172,7 @@ def keys_knobs(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
             kw = dict(H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk_default,
                       CHAIN=False, PREC=PREC, UPCAST_QK=c.upcast, BASE16=br >= 32, WRITE_K=False,
                       PENDING=False, PNP=c.pnp, NCT=0, BVC=16, BKC=16, TERMS=False, RC=16,
-                      NPG=tt._gate_columns(c.n),
+                      NPG=tt._pow2_at_least(c.n),
                       num_warps=8 if br >= 64 else 4, PDL=0, launch_pdl=False)  # fmt: skip
             kw.update(knobs)
             if kw["BK"] > c.dk:
