@@ -31,8 +31,9 @@ products): D_1 = I, D_2s = D_s - D_s L_s D_s with L_s = A restricted to the lowe
 of every 2s x 2s diagonal block. It is exactly the recursive triangular inversion T21 = -T22 A21 T11
 (no power series, so no cancellation, and no dependence on the tree depth: the float32 IEEE path
 matches float64 to ~1e-7), and needs no dynamic indexing or scratch memory. The levels s = 1..8 (inside
-the 16 x 16 diagonal blocks) run as batched [BR/16, 16, 16] dots on the extracted diagonal blocks
-(``batched_base``, BR >= 32); the levels s = 16, 32 as full [BR, BR] masked products.
+the 16 x 16 diagonal blocks) run as batched [BR/16, 16, 16] dots on the extracted diagonal blocks (BR
+>= 32); at BR = 64 the level s = 16 as batched [2, 32, 32] dots and s = 32 as 32 x 32 block products
+(``inverse``, :func:`inverse_scheme`; at BR = 32 the level s = 16 as a masked [32, 32] product).
 
 Precision: ``precision`` picks ``input_precision`` for every float32 x float32 dot ("ieee": exact fp32
 FMA; "tf32x3": three tf32 products, ~fp32 accuracy on tensor cores; "tf32": one tf32 product). When the
@@ -170,20 +171,43 @@ def _level_mask(ri, ci, LVL: tl.constexpr):
 
 
 @triton.jit
-def _unit_lower_inverse(
-    b_a, BR: tl.constexpr, LOG2_BR: tl.constexpr, PREC: tl.constexpr, BASE16: tl.constexpr
-):
+def _halves_inverse(b_a, b_t, PREC: tl.constexpr):
+    """The last two doubling levels of a [64, 64] unit lower inverse on 32-row blocks: ``b_t`` holds the
+    inverses of A's 16 x 16 diagonal blocks; the level s = 16 runs as a batched [2, 32, 32] product on the
+    two 32 x 32 diagonal blocks, the level s = 32 as T_10 = -T_11 (A_10 T_00) on 32 x 32 blocks (the same
+    recursive triangular inversion, 1/4 and 1/8 of the masked [64, 64] products' flops)."""
+    o_h = tl.arange(0, 2)
+    rb = o_h[:, None, None, None]
+    cb = o_h[None, :, None, None]
+    a4 = tl.permute(tl.reshape(b_a, [2, 32, 2, 32]), [0, 2, 1, 3])
+    a3 = tl.sum(tl.where(rb == cb, a4, 0.0), axis=1)
+    t3 = tl.sum(tl.where(rb == cb, tl.permute(tl.reshape(b_t, [2, 32, 2, 32]), [0, 2, 1, 3]), 0.0), axis=1)
+    l3 = tl.where(_level_mask(tl.arange(0, 32)[None, :, None], tl.arange(0, 32)[None, None, :], 4), a3, 0.0)
+    t3 = t3 - tl.dot(t3, tl.dot(l3, t3, input_precision=PREC), input_precision=PREC)
+    b3 = o_h[:, None, None]
+    a10 = tl.sum(tl.sum(tl.where((rb == 1) & (cb == 0), a4, 0.0), axis=0), axis=0)
+    t00 = tl.sum(tl.where(b3 == 0, t3, 0.0), axis=0)
+    t11 = tl.sum(tl.where(b3 == 1, t3, 0.0), axis=0)
+    t10 = -tl.dot(t11, tl.dot(a10, t00, input_precision=PREC), input_precision=PREC)
+    t4 = tl.where(rb == cb, t3[:, None, :, :], 0.0)
+    t4 += tl.where((rb == 1) & (cb == 0), t10[None, None, :, :], 0.0)
+    return tl.reshape(tl.permute(t4, [0, 2, 1, 3]), [64, 64])
+
+
+@triton.jit
+def _unit_lower_inverse(b_a, BR: tl.constexpr, LOG2_BR: tl.constexpr, PREC: tl.constexpr, INV: tl.constexpr):
     """(I + A)^-1 for a strictly lower triangular [BR, BR] A, by recursive doubling.
 
     D_1 = I; D_{2s} = D_s - D_s L_s D_s where L_s keeps A's lower-left s x s sub-block of every
-    2s x 2s diagonal block. After log2(BR) levels D is the full inverse. With ``BASE16`` the first
-    four levels (s = 1..8, inside the 16 x 16 diagonal blocks) run as batched [BR/16, 16, 16] dots on
-    the extracted diagonal blocks instead of full [BR, BR] products (BR >= 32).
+    2s x 2s diagonal block. After log2(BR) levels D is the full inverse. ``INV`` (:func:`inverse_scheme`):
+    0 every level as a masked [BR, BR] product; 1 the first four levels (s = 1..8, inside the 16 x 16
+    diagonal blocks) as batched [BR/16, 16, 16] dots on the extracted diagonal blocks (BR >= 32), the
+    rest masked; 2 (BR = 64) as 1, then the last two levels on 32-row blocks (:func:`_halves_inverse`).
     """
     o_i = tl.arange(0, BR)
     ri = o_i[:, None]
     ci = o_i[None, :]
-    if BASE16:
+    if INV > 0:
         NB: tl.constexpr = BR // 16
         o_b = tl.arange(0, NB)
         m_bb = o_b[:, None, None, None] == o_b[None, :, None, None]
@@ -201,11 +225,14 @@ def _unit_lower_inverse(
             t3 = t3 - tl.dot(t3, lt3, input_precision=PREC)
         t4 = tl.where(m_bb, t3[:, None, :, :], 0.0)
         b_t = tl.reshape(tl.permute(t4, [0, 2, 1, 3]), [BR, BR])
-        for lvl in tl.static_range(4, LOG2_BR):
-            m_l = _level_mask(ri, ci, lvl)
-            b_l = tl.where(m_l, b_a, 0.0)
-            b_lt = tl.dot(b_l, b_t, input_precision=PREC)
-            b_t = b_t - tl.dot(b_t, b_lt, input_precision=PREC)
+        if INV == 2:
+            b_t = _halves_inverse(b_a, b_t, PREC)
+        else:
+            for lvl in tl.static_range(4, LOG2_BR):
+                m_l = _level_mask(ri, ci, lvl)
+                b_l = tl.where(m_l, b_a, 0.0)
+                b_lt = tl.dot(b_l, b_t, input_precision=PREC)
+                b_t = b_t - tl.dot(b_t, b_lt, input_precision=PREC)
     else:
         b_t = tl.where(ri == ci, 1.0, 0.0)
         for lvl in tl.static_range(LOG2_BR):
@@ -300,7 +327,7 @@ def _tree_verify_kernel(
     CHAIN: tl.constexpr,
     PREC: tl.constexpr,
     UPCAST_QK: tl.constexpr,
-    BASE16: tl.constexpr,
+    INV: tl.constexpr,
     WRITE_K: tl.constexpr,
     PENDING: tl.constexpr,
     PNP: tl.constexpr,
@@ -414,7 +441,7 @@ def _tree_verify_kernel(
         b_gam = tl.where(m_rc, tl.exp(tl.where(m_rc, b_gr[:, None] - b_gr[None, :], 0.0)), 0.0)
         b_a = tl.where(rows[:, None] > cols[None, :], b_beta[:, None] * b_kk * b_gam, 0.0)
         b_p = scale * b_qk * b_gam
-        b_t = _unit_lower_inverse(b_a, BR, LOG2_BR, PREC, BASE16)
+        b_t = _unit_lower_inverse(b_a, BR, LOG2_BR, PREC, INV)
         b_d = tl.dot(b_t, b_x, input_precision=PREC)
         b_o += tl.dot(b_p, b_d, input_precision=PREC)
         tl.store(delta_ptr + p_v, b_d, mask=m_rv)
@@ -429,7 +456,7 @@ def _tree_keys_kernel(
     s0_ptr, pd_ptr, pk_ptr, pg_ptr, panc_ptr, pnode_ptr, pn, ks_ptr, qs_ptr, n, NP, NR, scale,
     H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BR: tl.constexpr,
     LOG2_BR: tl.constexpr, BK: tl.constexpr, CHAIN: tl.constexpr, PREC: tl.constexpr,
-    UPCAST_QK: tl.constexpr, BASE16: tl.constexpr, WRITE_K: tl.constexpr,
+    UPCAST_QK: tl.constexpr, INV: tl.constexpr, WRITE_K: tl.constexpr,
     PENDING: tl.constexpr, PNP: tl.constexpr, NCT: tl.constexpr, BVC: tl.constexpr, BKC: tl.constexpr,
     TERMS: tl.constexpr, RC: tl.constexpr, PDL: tl.constexpr, NPG: tl.constexpr,
 ):  # fmt: skip
@@ -504,7 +531,7 @@ def _tree_keys_kernel(
     tl.store(p_ptr + p_blk, scale * b_qk * b_gam)
     if c == r:
         tl.store(gcum_ptr + rows * HV + i_h, b_gr, mask=m_rows)
-        b_a = _unit_lower_inverse(b_a, BR, LOG2_BR, PREC, BASE16)
+        b_a = _unit_lower_inverse(b_a, BR, LOG2_BR, PREC, INV)
     tl.store(a_ptr + p_blk, b_a)
 
 
@@ -876,6 +903,21 @@ def _pow2_at_least(x: int, lo: int = 16) -> int:
     return max(lo, triton.next_power_of_2(int(x)))
 
 
+INVERSES = (0, 1, 2)
+
+
+def inverse_scheme(block_rows: int, inverse: int | None = None) -> int:
+    """The diagonal-block inverse of :func:`_unit_lower_inverse` for ``block_rows``-row blocks: ``inverse``
+    if given (:data:`INVERSES`; 1 needs BR >= 32, 2 BR = 64), else the batched 16-row base (1) from BR = 32
+    and the 32-row halves (2) at BR = 64. 0 (every level a masked [BR, BR] product) stays as the plain
+    form the others are pinned to."""
+    if inverse is None:
+        return 2 if block_rows == 64 else int(block_rows >= 32)
+    if inverse not in INVERSES or (inverse == 1 and block_rows < 32) or (inverse == 2 and block_rows != 64):
+        raise ValueError(f"inverse {inverse!r} does not fit {block_rows}-row blocks (0; 1 from 32; 2 at 64)")
+    return inverse
+
+
 def _check_inputs(q, k, v, g, beta, state) -> tuple[int, int, int, int, int]:
     n, h, dk = q.shape
     hv, dv = v.shape[1], v.shape[2]
@@ -928,7 +970,7 @@ def tree_gdn_fused(
     block_k: int | None = None,
     num_warps: int | None = None,
     num_stages: int = 1,
-    batched_base: bool | None = None,
+    inverse: int | None = None,
     out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     pending: PendingCommit | None = None,
 ) -> tuple[torch.Tensor, TreeFactors]:
@@ -945,20 +987,19 @@ def tree_gdn_fused(
     computed in the kernel). ``out`` = (o, delta, gate_cum) preallocated outputs (e.g. for graphs), or
     (o, delta, gate_cum, k): TreeFactors.k [n, HV, d_k] float32 written there too.
     Tuning knobs: ``block_rows`` (BR, power of two 16..64), ``block_v`` (d_v tile; the grid is
-    HV x d_v / block_v), ``block_k`` (d_k chunk), ``num_warps``, ``num_stages``, ``batched_base``
-    (batched 16 x 16 base of the diagonal-block inverse; default on for BR >= 32). Defaults: BR =
+    HV x d_v / block_v), ``block_k`` (d_k chunk), ``num_warps``, ``num_stages``, ``inverse``
+    (the diagonal-block inverse, :func:`inverse_scheme`). Defaults: BR =
     min(64, n) for "tf32", min(32, n) otherwise (>= 16); BV = 64 (32 for "ieee", and when 64 would
     leave fewer than 64 programs); BK = 64.
     """
     c = _TreeCall.of(q, k, v, g, beta, state, ancestors, precision, chain, pending, out)
     br, bv, warps = default_tiles(c.n, c.hv, c.dv, precision, block_rows, block_v, num_warps)
     bk = _check_tiles(br, block_k, c.dk)
-    base16 = br >= 32 if batched_base is None else (batched_base and br >= 32)
     _tree_verify_kernel[(c.hv, triton.cdiv(c.dv, bv))](
         c.q, c.k, c.v, c.g, c.beta, c.state, c.anc, c.o, c.delta, c.gate_cum, c.k_exp, *c.p_ops, c.p_node,
         c.p_n, c.n, float(scale),
         H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk, BV=bv,
-        CHAIN=c.chain, PREC=precision, UPCAST_QK=c.upcast, BASE16=base16, WRITE_K=c.write_k,
+        CHAIN=c.chain, PREC=precision, UPCAST_QK=c.upcast, INV=inverse_scheme(br, inverse), WRITE_K=c.write_k,
         PENDING=pending is not None, PNP=c.pnp, NPG=_pow2_at_least(c.n), num_warps=warps,
         num_stages=num_stages, **pdl_args(c.q.device, verify=True),
     )  # fmt: skip
@@ -1000,6 +1041,7 @@ def tree_gdn_split(
     commit_block_v: int | None = None,
     terms: bool | None = None,
     walk: str | None = None,
+    inverse: int | None = None,
 ) -> tuple[torch.Tensor, TreeFactors]:
     """:func:`tree_gdn_fused` (same arguments, results and ``pending``) in two launches, for few heads.
 
@@ -1040,7 +1082,9 @@ def tree_gdn_split(
     elif terms and bvc < 16:
         raise ValueError(f"terms needs commit tiles of >= 16 rows (commit_block_v, d_v), got {bvc}")
     qs = torch.empty_like(c.delta) if terms else None
-    a_blocks, p_blocks, npad = _key_blocks(c, br, bk, precision, scale, warps, pend, commit_block_v, qs)
+    a_blocks, p_blocks, npad = _key_blocks(
+        c, br, bk, precision, scale, warps, pend, commit_block_v, qs, inverse
+    )
     _value_walk(c, a_blocks, p_blocks, npad, br, bk, bv, precision, scale, warps, qs, walk)
     return c.o, c.factors()
 
@@ -1113,14 +1157,16 @@ def _key_blocks(
     pending: bool = False,
     commit_block_v: int | None = None,
     qs: torch.Tensor | None = None,
+    inverse: int | None = None,
     key_programs: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Launch ``_tree_keys_kernel`` (phase 1 of the split and blocked forms): returns the float32 scratch
     (A blocks with the diagonal inverses, P blocks), each [HV, NP, NP], and NP = n rounded up to BR;
     writes G and TreeFactors.k; ``pending``: commits c's pending path into c.state too; ``qs`` given:
-    the state products K S0^T into c.delta and Q S0^T into ``qs`` (the split form's ``terms``).
-    ``key_programs`` False: the launch without its key-only programs (the commit's and products' alone:
-    timing their share; the scratch is left unwritten)."""
+    the state products K S0^T into c.delta and Q S0^T into ``qs`` (the split form's ``terms``);
+    ``inverse``: the diagonal inverse (:func:`inverse_scheme`). ``key_programs`` False: the launch without
+    its key-only programs (the commit's and products' alone: timing their share; the scratch is left
+    unwritten)."""
     nr = triton.cdiv(c.n, br)
     npad = nr * br
     a_blocks = torch.empty(c.hv, npad, npad, dtype=torch.float32, device=c.q.device)
@@ -1132,7 +1178,8 @@ def _key_blocks(
         c.q, c.k, c.g, c.beta, c.anc, a_blocks, p_blocks, c.gate_cum, c.k_exp, c.state, *c.p_ops, c.p_node,
         c.p_n, c.delta, qs if terms else c.delta, c.n, npad, nr, float(scale),
         H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk, CHAIN=c.chain,
-        PREC=precision, UPCAST_QK=c.upcast, BASE16=br >= 32, WRITE_K=c.write_k, PENDING=pending, PNP=c.pnp,
+        PREC=precision, UPCAST_QK=c.upcast, INV=inverse_scheme(br, inverse), WRITE_K=c.write_k,
+        PENDING=pending, PNP=c.pnp,
         NCT=nct, BVC=bvc, BKC=bkc, TERMS=terms, RC=min(64, _pow2_at_least(c.n)), NPG=_pow2_at_least(c.n),
         num_warps=warps, **pdl_args(c.q.device, verify=True),
     )  # fmt: skip

@@ -133,7 +133,7 @@ def run_case(spec: dict, device: str) -> dict:
     tree = Tree(torch.zeros(n, dtype=torch.long), parents)
     anc = tree.ancestor_mask.to(device)
     scale = dk**-0.5
-    tuning = ("block_rows", "block_v", "block_k", "num_warps", "batched_base", "block_rows_v", "block_cols",
+    tuning = ("block_rows", "block_v", "block_k", "num_warps", "inverse", "block_rows_v", "block_cols",
               "precompute_x0", "commit_block_v", "terms", "walk")  # fmt: skip
     knobs = {key: spec[key] for key in tuning if key in spec}
     nan = float("nan")
@@ -143,11 +143,10 @@ def run_case(spec: dict, device: str) -> dict:
     prec = spec.get("precision", "ieee")
     out = (o, delta, gcum)
     if spec.get("blocked"):  # the three-launch kernels with T explicit (chain_api: the mask from indices)
-        knobs.pop("batched_base", None)
+        knobs.pop("inverse", None)
         ancestors = None if spec.get("chain_api") else anc
         o, f = tree_gdn_blocked(q, k, v, g, beta, s0, ancestors, scale, prec, out=out, **knobs, **knobs_p)
     elif spec.get("split"):  # the two-phase kernels (chain_api: the mask from indices)
-        knobs.pop("batched_base", None)
         ancestors = None if spec.get("chain_api") else anc
         o, f = tree_gdn_split(
             q, k, v, g, beta, s0, ancestors, scale, prec, out=(o, delta, gcum), **knobs, **knobs_p
@@ -212,7 +211,7 @@ INTERP_CASES = {
         "block_k": 16,
         "block_rows": 64,
     },
-    "n64-random-unbatched-base": {**_SMALL, "n": 64, "kind": "random", "batched_base": False},
+    "n64-random-unbatched-base": {**_SMALL, "n": 64, "kind": "random", "inverse": 0},
     "n48-forest-br16-h1": {**_SMALL, "H": 1, "n": 48, "kind": "forest", "block_rows": 16},
     "n64-fan-br32": {**_SMALL, "n": 64, "kind": "fan", "block_rows": 32},
     # tf32's defaults (BR=64, batched 16-block base); the interpreter's dots are exact fp32 anyway
@@ -303,6 +302,17 @@ INTERP_CASES = {
         "walk": "registers",
     },
     "split-br64-n80-mixed": {**_SMALL, "n": 80, "kind": "mixed", "split": True, "block_rows": 64},
+    # 64-row blocks: the diagonal inverse on 32-row halves (inverse 2, the default there) and without them
+    "split-br64-n64-mixed-hard-beta2": {
+        **_SMALL,
+        "n": 64,
+        "kind": "mixed",
+        "hard": True,
+        "beta_max": 2.0,
+        "split": True,
+        "block_rows": 64,
+    },
+    "n64-mixed-br64-inverse1": {**_SMALL, "n": 64, "kind": "mixed", "block_rows": 64, "inverse": 1},
     "pending-n16-mixed-none": {**_SMALL, "n": 16, "kind": "mixed", "pending": True, "pending_node": -1},
     # the pending path read from a path index (the static decoder's stash); node -1 with a live index:
     # the node decides (nothing pending)
@@ -513,6 +523,31 @@ def test_split_walk_in_registers_for_two_64_row_blocks(monkeypatch, n, block_row
     assert (kw["REGS"], kw["NRP"], kw["BR"]) == (regs, nrp, block_rows)
     with pytest.raises(ValueError, match="walk must be one of"):
         tt.tree_gdn_split(*_split_inputs(n, 4, 16), 0.25, "tf32", block_rows=block_rows, walk="stack")
+
+
+@pytest.mark.parametrize(
+    ("block_rows", "inverse", "want"),
+    [(16, None, 0), (32, None, 1), (64, None, 2), (64, 1, 1), (64, 0, 0), (32, 0, 0), (16, 1, None),
+     (32, 2, None), (64, 3, None)],
+)  # fmt: skip
+def test_inverse_scheme_by_block_rows(monkeypatch, block_rows: int, inverse, want) -> None:
+    """The diagonal inverse (INV): the 16-row batched base from 32-row blocks, the 32-row halves at 64 by
+    default; a given scheme is kept where it fits the blocks and refused where it does not; phase 1 of
+    the split form is launched with it."""
+    from repro.gdn import triton_tree as tt
+
+    if want is None:
+        with pytest.raises(ValueError, match="does not fit"):
+            tt.inverse_scheme(block_rows, inverse)
+        return
+    assert tt.inverse_scheme(block_rows, inverse) == want
+    keys = _GridSpy()
+    monkeypatch.setattr(tt, "_tree_keys_kernel", keys)
+    monkeypatch.setattr(tt, "_tree_values_kernel", _GridSpy())
+    q, k, v, g, beta, s0, _ = _split_inputs(block_rows * 2, 2, 16)
+    tt.tree_gdn_split(q, k, v, g, beta, s0, None, 0.25, "tf32", chain=True, block_rows=block_rows,
+                      inverse=inverse)  # fmt: skip
+    assert keys.kwargs[0]["INV"] == want
 
 
 def test_split_state_products_need_tiles_of_16_rows() -> None:
