@@ -171,38 +171,14 @@ def _level_mask(ri, ci, LVL: tl.constexpr):
 
 
 @triton.jit
-def _halves_inverse(b_a, b_t, PREC: tl.constexpr):
-    """The last two doubling levels of a [64, 64] unit lower inverse on 32-row blocks: ``b_t`` holds the
-    inverses of A's 16 x 16 diagonal blocks; the level s = 16 runs as a batched [2, 32, 32] product on the
-    two 32 x 32 diagonal blocks, the level s = 32 as T_10 = -T_11 (A_10 T_00) on 32 x 32 blocks (the same
-    recursive triangular inversion, 1/4 and 1/8 of the masked [64, 64] products' flops)."""
-    o_h = tl.arange(0, 2)
-    rb = o_h[:, None, None, None]
-    cb = o_h[None, :, None, None]
-    a4 = tl.permute(tl.reshape(b_a, [2, 32, 2, 32]), [0, 2, 1, 3])
-    a3 = tl.sum(tl.where(rb == cb, a4, 0.0), axis=1)
-    t3 = tl.sum(tl.where(rb == cb, tl.permute(tl.reshape(b_t, [2, 32, 2, 32]), [0, 2, 1, 3]), 0.0), axis=1)
-    l3 = tl.where(_level_mask(tl.arange(0, 32)[None, :, None], tl.arange(0, 32)[None, None, :], 4), a3, 0.0)
-    t3 = t3 - tl.dot(t3, tl.dot(l3, t3, input_precision=PREC), input_precision=PREC)
-    b3 = o_h[:, None, None]
-    a10 = tl.sum(tl.sum(tl.where((rb == 1) & (cb == 0), a4, 0.0), axis=0), axis=0)
-    t00 = tl.sum(tl.where(b3 == 0, t3, 0.0), axis=0)
-    t11 = tl.sum(tl.where(b3 == 1, t3, 0.0), axis=0)
-    t10 = -tl.dot(t11, tl.dot(a10, t00, input_precision=PREC), input_precision=PREC)
-    t4 = tl.where(rb == cb, t3[:, None, :, :], 0.0)
-    t4 += tl.where((rb == 1) & (cb == 0), t10[None, None, :, :], 0.0)
-    return tl.reshape(tl.permute(t4, [0, 2, 1, 3]), [64, 64])
-
-
-@triton.jit
 def _unit_lower_inverse(b_a, BR: tl.constexpr, LOG2_BR: tl.constexpr, PREC: tl.constexpr, INV: tl.constexpr):
     """(I + A)^-1 for a strictly lower triangular [BR, BR] A, by recursive doubling.
 
     D_1 = I; D_{2s} = D_s - D_s L_s D_s where L_s keeps A's lower-left s x s sub-block of every
     2s x 2s diagonal block. After log2(BR) levels D is the full inverse. ``INV`` (:func:`inverse_scheme`):
-    0 every level as a masked [BR, BR] product; 1 the first four levels (s = 1..8, inside the 16 x 16
+    0 every level as a masked [BR, BR] product; else the first four levels (s = 1..8, inside the 16 x 16
     diagonal blocks) as batched [BR/16, 16, 16] dots on the extracted diagonal blocks (BR >= 32), the
-    rest masked; 2 (BR = 64) as 1, then the last two levels on 32-row blocks (:func:`_halves_inverse`).
+    rest masked.
     """
     o_i = tl.arange(0, BR)
     ri = o_i[:, None]
@@ -225,14 +201,11 @@ def _unit_lower_inverse(b_a, BR: tl.constexpr, LOG2_BR: tl.constexpr, PREC: tl.c
             t3 = t3 - tl.dot(t3, lt3, input_precision=PREC)
         t4 = tl.where(m_bb, t3[:, None, :, :], 0.0)
         b_t = tl.reshape(tl.permute(t4, [0, 2, 1, 3]), [BR, BR])
-        if INV == 2:
-            b_t = _halves_inverse(b_a, b_t, PREC)
-        else:
-            for lvl in tl.static_range(4, LOG2_BR):
-                m_l = _level_mask(ri, ci, lvl)
-                b_l = tl.where(m_l, b_a, 0.0)
-                b_lt = tl.dot(b_l, b_t, input_precision=PREC)
-                b_t = b_t - tl.dot(b_t, b_lt, input_precision=PREC)
+        for lvl in tl.static_range(4, LOG2_BR):
+            m_l = _level_mask(ri, ci, lvl)
+            b_l = tl.where(m_l, b_a, 0.0)
+            b_lt = tl.dot(b_l, b_t, input_precision=PREC)
+            b_t = b_t - tl.dot(b_t, b_lt, input_precision=PREC)
     else:
         b_t = tl.where(ri == ci, 1.0, 0.0)
         for lvl in tl.static_range(LOG2_BR):
@@ -265,6 +238,45 @@ def _block_gates(
     cols = tl.arange(0, NPG)
     b_g = tl.load(g_ptr + cols * HV + i_h, mask=cols < n, other=0.0).to(tl.float32)
     return tl.sum(tl.where(_block_mask(anc_ptr, rows, cols, n, CHAIN), b_g[None, :], 0.0), axis=1)
+
+
+@triton.jit
+def _gamma(anc_ptr, rows, cols, b_gr, b_gc, n, CHAIN: tl.constexpr):
+    """Gamma of the block rows x cols: exp(G_rows - G_cols) on ancestors (masked before exp), 0 elsewhere."""
+    m_rc = _block_mask(anc_ptr, rows, cols, n, CHAIN)
+    return tl.where(m_rc, tl.exp(tl.where(m_rc, b_gr[:, None] - b_gc[None, :], 0.0)), 0.0)
+
+
+@triton.jit
+def _store_inverse_by_halves(
+    b_k00, b_k10, b_k11, g_ptr, beta_ptr, anc_ptr, a_ptr, r, n, NP, i_h,
+    HV: tl.constexpr, BR: tl.constexpr, LOG2_BR: tl.constexpr, CHAIN: tl.constexpr, PREC: tl.constexpr,
+    NPG: tl.constexpr,
+):  # fmt: skip
+    """(I + A_rr)^-1 of a BR-row diagonal block from its two BR/2-row halves, stored into the A scratch:
+    T_00 and T_11 invert A's diagonal halves (:func:`_unit_lower_inverse`, 16-row batched base), T_10 =
+    -T_11 (A_10 T_00), T_01 = 0 (the recursive triangular inversion's last level as block products). The
+    halves' K K^T (``b_k00``, ``b_k10``, ``b_k11``) come from their own dots over d_k: no [BR, BR] tile
+    is cut apart in registers."""
+    HB: tl.constexpr = BR // 2
+    h0 = r * BR + tl.arange(0, HB)
+    h1 = h0 + HB
+    b_g0 = _block_gates(g_ptr, anc_ptr, 2 * r, n, i_h, HV, HB, CHAIN, NPG)
+    b_g1 = _block_gates(g_ptr, anc_ptr, 2 * r + 1, n, i_h, HV, HB, CHAIN, NPG)
+    b_b0 = tl.load(beta_ptr + h0 * HV + i_h, mask=h0 < n, other=0.0).to(tl.float32)
+    b_b1 = tl.load(beta_ptr + h1 * HV + i_h, mask=h1 < n, other=0.0).to(tl.float32)
+    lower = h0[:, None] > h0[None, :]  # the same within either half
+    b_a00 = tl.where(lower, b_b0[:, None] * b_k00 * _gamma(anc_ptr, h0, h0, b_g0, b_g0, n, CHAIN), 0.0)
+    b_a11 = tl.where(lower, b_b1[:, None] * b_k11 * _gamma(anc_ptr, h1, h1, b_g1, b_g1, n, CHAIN), 0.0)
+    b_a10 = b_b1[:, None] * b_k10 * _gamma(anc_ptr, h1, h0, b_g1, b_g0, n, CHAIN)
+    b_t00 = _unit_lower_inverse(b_a00, HB, LOG2_BR - 1, PREC, 1)
+    b_t11 = _unit_lower_inverse(b_a11, HB, LOG2_BR - 1, PREC, 1)
+    b_t10 = -tl.dot(b_t11, tl.dot(b_a10, b_t00, input_precision=PREC), input_precision=PREC)
+    p_00 = a_ptr + i_h * NP * NP + h0[:, None] * NP + h0[None, :]
+    tl.store(p_00, b_t00)
+    tl.store(p_00 + HB, tl.zeros([HB, HB], dtype=tl.float32))
+    tl.store(p_00 + HB * NP, b_t10)
+    tl.store(p_00 + HB * NP + HB, b_t11)
 
 
 @triton.jit
@@ -507,6 +519,11 @@ def _tree_keys_kernel(
     b_gc = _block_gates(g_ptr, anc_ptr, c, n, i_h, HV, BR, CHAIN, NPG)
     b_kk = tl.zeros([BR, BR], dtype=tl.float32)
     b_qk = tl.zeros([BR, BR], dtype=tl.float32)
+    if INV == 2:  # the diagonal block's halves, for its inverse (every program: the d_k loop is shared)
+        HB: tl.constexpr = BR // 2
+        b_k00 = tl.zeros([HB, HB], dtype=tl.float32)
+        b_k10 = tl.zeros([HB, HB], dtype=tl.float32)
+        b_k11 = tl.zeros([HB, HB], dtype=tl.float32)
     for kk in range(0, DK, BK):
         m_k = (kk + o_k) < DK
         p_r = rows[:, None] * (H * DK) + i_kh * DK + (kk + o_k)[None, :]
@@ -517,22 +534,37 @@ def _tree_keys_kernel(
         if WRITE_K:  # TreeFactors.k: the float32 keys expanded to value heads (diagonal programs)
             p_kx = rows[:, None] * (HV * DK) + i_h * DK + (kk + o_k)[None, :]
             tl.store(kx_ptr + p_kx, b_k.to(tl.float32), mask=m_rows[:, None] & m_k[None, :] & (c == r))
+        if INV == 2:
+            h0 = r * BR + tl.arange(0, HB)
+            p_h = h0[:, None] * (H * DK) + i_kh * DK + (kk + o_k)[None, :]
+            b_k0 = tl.load(k_ptr + p_h, mask=(h0 < n)[:, None] & m_k[None, :], other=0.0)
+            b_k1 = tl.load(k_ptr + p_h + HB * (H * DK), mask=(h0 + HB < n)[:, None] & m_k[None, :], other=0.0)
+            if UPCAST_QK:
+                b_k0 = b_k0.to(tl.float32)
+                b_k1 = b_k1.to(tl.float32)
+            b_k00 += tl.dot(b_k0, tl.trans(b_k0), input_precision=PREC)
+            b_k10 += tl.dot(b_k1, tl.trans(b_k0), input_precision=PREC)
+            b_k11 += tl.dot(b_k1, tl.trans(b_k1), input_precision=PREC)
         if UPCAST_QK:
             b_k = b_k.to(tl.float32)
             b_q = b_q.to(tl.float32)
             b_kc = b_kc.to(tl.float32)
         b_kk += tl.dot(b_k, tl.trans(b_kc), input_precision=PREC)
         b_qk += tl.dot(b_q, tl.trans(b_kc), input_precision=PREC)
-    m_rc = _block_mask(anc_ptr, rows, cols, n, CHAIN)
-    b_gam = tl.where(m_rc, tl.exp(tl.where(m_rc, b_gr[:, None] - b_gc[None, :], 0.0)), 0.0)
-    b_beta = tl.load(beta_ptr + rows * HV + i_h, mask=m_rows, other=0.0).to(tl.float32)
-    b_a = tl.where(rows[:, None] > cols[None, :], b_beta[:, None] * b_kk * b_gam, 0.0)
+    b_gam = _gamma(anc_ptr, rows, cols, b_gr, b_gc, n, CHAIN)
     p_blk = i_h * NP * NP + rows[:, None] * NP + cols[None, :]
     tl.store(p_ptr + p_blk, scale * b_qk * b_gam)
+    b_beta = tl.load(beta_ptr + rows * HV + i_h, mask=m_rows, other=0.0).to(tl.float32)
+    b_a = tl.where(rows[:, None] > cols[None, :], b_beta[:, None] * b_kk * b_gam, 0.0)
     if c == r:
         tl.store(gcum_ptr + rows * HV + i_h, b_gr, mask=m_rows)
-        b_a = _unit_lower_inverse(b_a, BR, LOG2_BR, PREC, INV)
-    tl.store(a_ptr + p_blk, b_a)
+        if INV == 2:
+            _store_inverse_by_halves(b_k00, b_k10, b_k11, g_ptr, beta_ptr, anc_ptr, a_ptr, r, n, NP, i_h, HV,
+                                     BR, LOG2_BR, CHAIN, PREC, NPG)  # fmt: skip
+        else:
+            tl.store(a_ptr + p_blk, _unit_lower_inverse(b_a, BR, LOG2_BR, PREC, INV))
+    else:
+        tl.store(a_ptr + p_blk, b_a)
 
 
 @triton.jit
@@ -906,15 +938,18 @@ def _pow2_at_least(x: int, lo: int = 16) -> int:
 INVERSES = (0, 1, 2)
 
 
-def inverse_scheme(block_rows: int, inverse: int | None = None) -> int:
-    """The diagonal-block inverse of :func:`_unit_lower_inverse` for ``block_rows``-row blocks: ``inverse``
-    if given (:data:`INVERSES`; 1 needs BR >= 32, 2 BR = 64), else the batched 16-row base (1) from BR = 32
-    and the 32-row halves (2) at BR = 64. 0 (every level a masked [BR, BR] product) stays as the plain
-    form the others are pinned to."""
+def inverse_scheme(block_rows: int, inverse: int | None = None, halves: bool = False) -> int:
+    """The diagonal-block inverse for ``block_rows``-row blocks (:data:`INVERSES`): 0 every doubling level
+    a masked [BR, BR] product (:func:`_unit_lower_inverse`); 1 its first four levels batched on 16-row
+    blocks (BR >= 32); 2 (BR = 64, phase 1 of the split and blocked forms only: ``halves``) the block from
+    its two 32-row halves (:func:`_store_inverse_by_halves`). ``inverse`` if given and it fits, else the
+    most batched that does."""
     if inverse is None:
-        return 2 if block_rows == 64 else int(block_rows >= 32)
-    if inverse not in INVERSES or (inverse == 1 and block_rows < 32) or (inverse == 2 and block_rows != 64):
-        raise ValueError(f"inverse {inverse!r} does not fit {block_rows}-row blocks (0; 1 from 32; 2 at 64)")
+        return 2 if block_rows == 64 and halves else int(block_rows >= 32)
+    fits = {0: True, 1: block_rows >= 32, 2: block_rows == 64 and halves}
+    if not fits.get(inverse, False):
+        where = "" if halves else " in the one-launch kernel"
+        raise ValueError(f"inverse {inverse} does not fit {block_rows}-row blocks{where} (0; 1: 32+; 2: 64)")
     return inverse
 
 
@@ -1009,11 +1044,11 @@ def tree_gdn_fused(
 def split_tiles(
     n: int, hv: int, dv: int, precision: str, block_rows: int | None = None, block_v: int | None = None
 ) -> tuple[int, int]:
-    """(block_rows, block_v) of :func:`tree_gdn_split`: the given ones, else BR = min(32, n) (>= 16; the
-    key-only programs' serial depth is the diagonal inverse's) and the widest BV in 64, 32, 16 that
-    still gives phase 2 at least 128 programs (SpecLA, HV = 8, d_v = 256: 16; Weaver: 64), at most 32
-    for "ieee"."""
-    br = block_rows or min(32, _pow2_at_least(n))
+    """(block_rows, block_v) of :func:`tree_gdn_split`: the given ones, else BR = 64 for "tf32" at 64 < n
+    <= 128 (two row blocks: phase 2 walks them in registers, phase 1 inverts the diagonal blocks from
+    their 32-row halves), min(32, n) otherwise (>= 16), and the widest BV in 64, 32, 16 that still gives
+    phase 2 at least 128 programs (SpecLA, HV = 8, d_v = 256: 16; Weaver: 64), at most 32 for "ieee"."""
+    br = block_rows or (64 if precision == "tf32" and 64 < n <= 128 else min(32, _pow2_at_least(n)))
     bv = block_v or next((b for b in (64, 32) if hv * triton.cdiv(dv, b) >= 128), 16)
     if block_v is None and precision == "ieee":
         bv = min(bv, 32)  # fp32 FMA dots: the fused kernel's "ieee" tile bound (registers)
@@ -1178,7 +1213,7 @@ def _key_blocks(
         c.q, c.k, c.g, c.beta, c.anc, a_blocks, p_blocks, c.gate_cum, c.k_exp, c.state, *c.p_ops, c.p_node,
         c.p_n, c.delta, qs if terms else c.delta, c.n, npad, nr, float(scale),
         H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk, CHAIN=c.chain,
-        PREC=precision, UPCAST_QK=c.upcast, INV=inverse_scheme(br, inverse), WRITE_K=c.write_k,
+        PREC=precision, UPCAST_QK=c.upcast, INV=inverse_scheme(br, inverse, halves=True), WRITE_K=c.write_k,
         PENDING=pending, PNP=c.pnp,
         NCT=nct, BVC=bvc, BKC=bkc, TERMS=terms, RC=min(64, _pow2_at_least(c.n)), NPG=_pow2_at_least(c.n),
         num_warps=warps, **pdl_args(c.q.device, verify=True),

@@ -94,15 +94,12 @@ def phases(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
 
     args = (x.q, x.k, x.v, x.g, x.beta, x.state, anc, scale, PREC)
     row("fused", lambda: tt.tree_gdn_fused(*args), 40.0)
-    if t >= 64:  # the default 64-row blocks' inverse on masked [64, 64] products instead of 32-row halves
-        o1, f1 = tt.tree_gdn_fused(*args, inverse=1)
-        out1 = (o1, f1.delta, f1.gate_cum)
-        row("fused-inverse1", lambda: tt.tree_gdn_fused(*args, inverse=1, out=out1), 40.0, out=o1)
     options = {  # tree_gdn_split's options; the memory walk only as the baseline of the first two
         "plain": dict(terms=False), "terms": dict(terms=True), "plain-br64": dict(terms=False, block_rows=64),
         "terms-br64": dict(terms=True, block_rows=64), "terms-w8": dict(terms=True, num_warps=8),
         "terms-br64-inverse1": dict(terms=True, block_rows=64, inverse=1),
         "terms-br64-w4": dict(terms=True, block_rows=64, num_warps=4),
+        "terms-br64-inverse1-w4": dict(terms=True, block_rows=64, inverse=1, num_warps=4),
         "terms-cbv16": dict(terms=True, commit_block_v=16),
         "terms-cbv64": dict(terms=True, commit_block_v=64),
     }  # fmt: skip
@@ -164,7 +161,9 @@ def keys_knobs(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
                 ("no-mask-loads", {"CHAIN": True}),
                 ("inverse0", {"INV": 0}), ("inverse1", {"INV": 1}),
                 ("bk128", {"BK": 128}), ("stages3", {"num_stages": 3}), ("stages2", {"num_stages": 2}),
-                ("w8", {"num_warps": 8}), ("w2", {"num_warps": 2}), ("write-k", {"WRITE_K": True}),
+                ("w8", {"num_warps": 8}), ("w4", {"num_warps": 4}),
+                ("inverse1-w4", {"INV": 1, "num_warps": 4}), ("w2", {"num_warps": 2}),
+                ("write-k", {"WRITE_K": True}),
                 ("pdl-start", {"PDL": 1, "launch_pdl": True}),
                 ("pdl-exit", {"PDL": 2, "launch_pdl": True})]  # fmt: skip
     for br in (32, 64):
@@ -177,11 +176,11 @@ def keys_knobs(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
         bk_default = tt._check_tiles(br, None, c.dk)
         for name, knobs in variants:
             kw = dict(H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk_default,
-                      CHAIN=False, PREC=PREC, UPCAST_QK=c.upcast, INV=tt.inverse_scheme(br), WRITE_K=False,
-                      PENDING=False, PNP=c.pnp, NCT=0, BVC=16, BKC=16, TERMS=False, RC=16,
+                      CHAIN=False, PREC=PREC, UPCAST_QK=c.upcast, INV=tt.inverse_scheme(br, halves=True),
+                      WRITE_K=False, PENDING=False, PNP=c.pnp, NCT=0, BVC=16, BKC=16, TERMS=False, RC=16,
                       NPG=tt._pow2_at_least(c.n),
                       num_warps=8 if br >= 64 else 4, PDL=0, launch_pdl=False)  # fmt: skip
-            if name.startswith("inverse") and knobs["INV"] == kw["INV"]:
+            if all(kw.get(key) == val for key, val in knobs.items()):
                 continue  # the default already
             kw.update(knobs)
             if kw["BK"] > c.dk:

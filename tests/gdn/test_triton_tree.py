@@ -302,7 +302,7 @@ INTERP_CASES = {
         "walk": "registers",
     },
     "split-br64-n80-mixed": {**_SMALL, "n": 80, "kind": "mixed", "split": True, "block_rows": 64},
-    # 64-row blocks: the diagonal inverse on 32-row halves (inverse 2, the default there) and without them
+    # 64-row blocks: phase 1's diagonal inverse from 32-row halves (inverse 2, its default there) or not
     "split-br64-n64-mixed-hard-beta2": {
         **_SMALL,
         "n": 64,
@@ -313,6 +313,14 @@ INTERP_CASES = {
         "block_rows": 64,
     },
     "n64-mixed-br64-inverse1": {**_SMALL, "n": 64, "kind": "mixed", "block_rows": 64, "inverse": 1},
+    "split-br64-n100-random-inverse1": {
+        **_SMALL,
+        "n": 100,
+        "kind": "random",
+        "split": True,
+        "block_rows": 64,
+        "inverse": 1,
+    },
     "pending-n16-mixed-none": {**_SMALL, "n": 16, "kind": "mixed", "pending": True, "pending_node": -1},
     # the pending path read from a path index (the static decoder's stash); node -1 with a live index:
     # the node decides (nothing pending)
@@ -526,21 +534,38 @@ def test_split_walk_in_registers_for_two_64_row_blocks(monkeypatch, n, block_row
 
 
 @pytest.mark.parametrize(
-    ("block_rows", "inverse", "want"),
-    [(16, None, 0), (32, None, 1), (64, None, 2), (64, 1, 1), (64, 0, 0), (32, 0, 0), (16, 1, None),
-     (32, 2, None), (64, 3, None)],
+    ("n", "precision", "want"),
+    [(128, "tf32", 64), (65, "tf32", 64), (64, "tf32", 32), (129, "tf32", 32), (128, "ieee", 32),
+     (128, "tf32x3", 32), (20, "tf32", 32), (10, "ieee", 16)],
 )  # fmt: skip
-def test_inverse_scheme_by_block_rows(monkeypatch, block_rows: int, inverse, want) -> None:
-    """The diagonal inverse (INV): the 16-row batched base from 32-row blocks, the 32-row halves at 64 by
-    default; a given scheme is kept where it fits the blocks and refused where it does not; phase 1 of
-    the split form is launched with it."""
+def test_split_rows_64_for_two_tf32_blocks(n: int, precision: str, want: int) -> None:
+    """The split form's default row blocks: 64 rows for "tf32" where that makes two blocks (64 < n <= 128),
+    else 32 (16 below 17 nodes); a given block_rows is kept."""
+    from repro.gdn import triton_tree as tt
+
+    assert tt.split_tiles(n, 8, 256, precision)[0] == want
+    assert tt.split_tiles(n, 8, 256, precision, block_rows=16)[0] == 16
+
+
+@pytest.mark.parametrize(
+    ("block_rows", "inverse", "halves", "want"),
+    [(16, None, True, 0), (32, None, True, 1), (64, None, True, 2), (64, None, False, 1), (64, 1, True, 1),
+     (64, 0, True, 0), (32, 0, False, 0), (16, 1, True, None), (32, 2, True, None), (64, 2, False, None),
+     (64, 3, True, None)],
+)  # fmt: skip
+def test_inverse_scheme_by_block_rows(monkeypatch, block_rows: int, inverse, halves: bool, want) -> None:
+    """The diagonal inverse (INV): the 16-row batched base from 32-row blocks; at 64 the block from its
+    32-row halves where the kernel has them (phase 1: ``halves``), else the batched base; a given scheme
+    is kept where it fits and refused where it does not; phase 1 of the split form is launched with it."""
     from repro.gdn import triton_tree as tt
 
     if want is None:
         with pytest.raises(ValueError, match="does not fit"):
-            tt.inverse_scheme(block_rows, inverse)
+            tt.inverse_scheme(block_rows, inverse, halves)
         return
-    assert tt.inverse_scheme(block_rows, inverse) == want
+    assert tt.inverse_scheme(block_rows, inverse, halves) == want
+    if not halves:
+        return
     keys = _GridSpy()
     monkeypatch.setattr(tt, "_tree_keys_kernel", keys)
     monkeypatch.setattr(tt, "_tree_values_kernel", _GridSpy())
@@ -596,7 +621,7 @@ def test_split_commit_tiles_narrow_above_64_nodes(monkeypatch, n: int, pending: 
         torch.zeros(n, hv, dv), torch.zeros(n, hv, dk), torch.zeros(n, hv), anc, torch.tensor([n - 1])
     )
     tt.tree_gdn_split(*inputs, 0.25, "tf32", pending=pend if pending else None, commit_block_v=given)
-    nr = -(-n // 32)  # 32-row blocks
+    nr = -(-n // tt.split_tiles(n, hv, dv, "tf32")[0])  # row blocks
     assert keys.grids == [(hv, dv // want + nr * nr)] and len(values.grids) == 1
 
 
