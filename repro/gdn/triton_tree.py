@@ -134,9 +134,13 @@ stays under ~150 registers. n = 256 and d_k = 256 grow no tile: rows are walked 
 trips, each with r off-diagonal blocks, so the work grows ~n^2 / BR^2 but registers do not), d_k in
 chunks of BK = 64. Shared memory is only what tl.dot stages operands through (a few 8-16 kB tiles).
 Since tried: the K-only part once per head in its own launch (the split form below), software pipelining of
-the d_k loop (num_stages 2-3: no gain, results/2026-12-03-h200-tree-walk/callY knobs). Not yet tried:
-persistent scheduling across layers; the 64 x 64 diagonal inverse's last doubling level as 32 x 32 block
-products instead of masked 64 x 64 ones (that inverse costs phase 1 5.3 us at SpecLA T = 128).
+the d_k loop (num_stages 2-3: no gain, results/2026-12-03-h200-tree-walk/callY knobs); the 64 x 64
+diagonal inverse's last two levels on 32-row blocks (results/2026-12-03-h200-inverse-halves), either cut
+out of the [64, 64] registers (reshape, permute, masked sums: fused SpecLA T = 128 59.9 vs 46.4 us, the
+split form's phase 1 at 64-row blocks 20.0 vs 13.1) or, in phase 1, from the halves' own K K^T dots
+(20.0-22.2 vs 13.2): both slower than the masked [64, 64] products, although they have 1/4-1/8 of the
+flops (not profiled; both put [32, 32] dots and two 32-row inverses in a 64-row program). Not yet tried:
+persistent scheduling across layers.
 """
 
 from __future__ import annotations
@@ -238,45 +242,6 @@ def _block_gates(
     cols = tl.arange(0, NPG)
     b_g = tl.load(g_ptr + cols * HV + i_h, mask=cols < n, other=0.0).to(tl.float32)
     return tl.sum(tl.where(_block_mask(anc_ptr, rows, cols, n, CHAIN), b_g[None, :], 0.0), axis=1)
-
-
-@triton.jit
-def _gamma(anc_ptr, rows, cols, b_gr, b_gc, n, CHAIN: tl.constexpr):
-    """Gamma of the block rows x cols: exp(G_rows - G_cols) on ancestors (masked before exp), 0 elsewhere."""
-    m_rc = _block_mask(anc_ptr, rows, cols, n, CHAIN)
-    return tl.where(m_rc, tl.exp(tl.where(m_rc, b_gr[:, None] - b_gc[None, :], 0.0)), 0.0)
-
-
-@triton.jit
-def _store_inverse_by_halves(
-    b_k00, b_k10, b_k11, g_ptr, beta_ptr, anc_ptr, a_ptr, r, n, NP, i_h,
-    HV: tl.constexpr, BR: tl.constexpr, LOG2_BR: tl.constexpr, CHAIN: tl.constexpr, PREC: tl.constexpr,
-    NPG: tl.constexpr,
-):  # fmt: skip
-    """(I + A_rr)^-1 of a BR-row diagonal block from its two BR/2-row halves, stored into the A scratch:
-    T_00 and T_11 invert A's diagonal halves (:func:`_unit_lower_inverse`, 16-row batched base), T_10 =
-    -T_11 (A_10 T_00), T_01 = 0 (the recursive triangular inversion's last level as block products). The
-    halves' K K^T (``b_k00``, ``b_k10``, ``b_k11``) come from their own dots over d_k: no [BR, BR] tile
-    is cut apart in registers."""
-    HB: tl.constexpr = BR // 2
-    h0 = r * BR + tl.arange(0, HB)
-    h1 = h0 + HB
-    b_g0 = _block_gates(g_ptr, anc_ptr, 2 * r, n, i_h, HV, HB, CHAIN, NPG)
-    b_g1 = _block_gates(g_ptr, anc_ptr, 2 * r + 1, n, i_h, HV, HB, CHAIN, NPG)
-    b_b0 = tl.load(beta_ptr + h0 * HV + i_h, mask=h0 < n, other=0.0).to(tl.float32)
-    b_b1 = tl.load(beta_ptr + h1 * HV + i_h, mask=h1 < n, other=0.0).to(tl.float32)
-    lower = h0[:, None] > h0[None, :]  # the same within either half
-    b_a00 = tl.where(lower, b_b0[:, None] * b_k00 * _gamma(anc_ptr, h0, h0, b_g0, b_g0, n, CHAIN), 0.0)
-    b_a11 = tl.where(lower, b_b1[:, None] * b_k11 * _gamma(anc_ptr, h1, h1, b_g1, b_g1, n, CHAIN), 0.0)
-    b_a10 = b_b1[:, None] * b_k10 * _gamma(anc_ptr, h1, h0, b_g1, b_g0, n, CHAIN)
-    b_t00 = _unit_lower_inverse(b_a00, HB, LOG2_BR - 1, PREC, 1)
-    b_t11 = _unit_lower_inverse(b_a11, HB, LOG2_BR - 1, PREC, 1)
-    b_t10 = -tl.dot(b_t11, tl.dot(b_a10, b_t00, input_precision=PREC), input_precision=PREC)
-    p_00 = a_ptr + i_h * NP * NP + h0[:, None] * NP + h0[None, :]
-    tl.store(p_00, b_t00)
-    tl.store(p_00 + HB, tl.zeros([HB, HB], dtype=tl.float32))
-    tl.store(p_00 + HB * NP, b_t10)
-    tl.store(p_00 + HB * NP + HB, b_t11)
 
 
 @triton.jit
@@ -519,11 +484,6 @@ def _tree_keys_kernel(
     b_gc = _block_gates(g_ptr, anc_ptr, c, n, i_h, HV, BR, CHAIN, NPG)
     b_kk = tl.zeros([BR, BR], dtype=tl.float32)
     b_qk = tl.zeros([BR, BR], dtype=tl.float32)
-    if INV == 2:  # the diagonal block's halves, for its inverse (every program: the d_k loop is shared)
-        HB: tl.constexpr = BR // 2
-        b_k00 = tl.zeros([HB, HB], dtype=tl.float32)
-        b_k10 = tl.zeros([HB, HB], dtype=tl.float32)
-        b_k11 = tl.zeros([HB, HB], dtype=tl.float32)
     for kk in range(0, DK, BK):
         m_k = (kk + o_k) < DK
         p_r = rows[:, None] * (H * DK) + i_kh * DK + (kk + o_k)[None, :]
@@ -534,37 +494,22 @@ def _tree_keys_kernel(
         if WRITE_K:  # TreeFactors.k: the float32 keys expanded to value heads (diagonal programs)
             p_kx = rows[:, None] * (HV * DK) + i_h * DK + (kk + o_k)[None, :]
             tl.store(kx_ptr + p_kx, b_k.to(tl.float32), mask=m_rows[:, None] & m_k[None, :] & (c == r))
-        if INV == 2:
-            h0 = r * BR + tl.arange(0, HB)
-            p_h = h0[:, None] * (H * DK) + i_kh * DK + (kk + o_k)[None, :]
-            b_k0 = tl.load(k_ptr + p_h, mask=(h0 < n)[:, None] & m_k[None, :], other=0.0)
-            b_k1 = tl.load(k_ptr + p_h + HB * (H * DK), mask=(h0 + HB < n)[:, None] & m_k[None, :], other=0.0)
-            if UPCAST_QK:
-                b_k0 = b_k0.to(tl.float32)
-                b_k1 = b_k1.to(tl.float32)
-            b_k00 += tl.dot(b_k0, tl.trans(b_k0), input_precision=PREC)
-            b_k10 += tl.dot(b_k1, tl.trans(b_k0), input_precision=PREC)
-            b_k11 += tl.dot(b_k1, tl.trans(b_k1), input_precision=PREC)
         if UPCAST_QK:
             b_k = b_k.to(tl.float32)
             b_q = b_q.to(tl.float32)
             b_kc = b_kc.to(tl.float32)
         b_kk += tl.dot(b_k, tl.trans(b_kc), input_precision=PREC)
         b_qk += tl.dot(b_q, tl.trans(b_kc), input_precision=PREC)
-    b_gam = _gamma(anc_ptr, rows, cols, b_gr, b_gc, n, CHAIN)
+    m_rc = _block_mask(anc_ptr, rows, cols, n, CHAIN)
+    b_gam = tl.where(m_rc, tl.exp(tl.where(m_rc, b_gr[:, None] - b_gc[None, :], 0.0)), 0.0)
     p_blk = i_h * NP * NP + rows[:, None] * NP + cols[None, :]
     tl.store(p_ptr + p_blk, scale * b_qk * b_gam)
     b_beta = tl.load(beta_ptr + rows * HV + i_h, mask=m_rows, other=0.0).to(tl.float32)
     b_a = tl.where(rows[:, None] > cols[None, :], b_beta[:, None] * b_kk * b_gam, 0.0)
     if c == r:
         tl.store(gcum_ptr + rows * HV + i_h, b_gr, mask=m_rows)
-        if INV == 2:
-            _store_inverse_by_halves(b_k00, b_k10, b_k11, g_ptr, beta_ptr, anc_ptr, a_ptr, r, n, NP, i_h, HV,
-                                     BR, LOG2_BR, CHAIN, PREC, NPG)  # fmt: skip
-        else:
-            tl.store(a_ptr + p_blk, _unit_lower_inverse(b_a, BR, LOG2_BR, PREC, INV))
-    else:
-        tl.store(a_ptr + p_blk, b_a)
+        b_a = _unit_lower_inverse(b_a, BR, LOG2_BR, PREC, INV)
+    tl.store(a_ptr + p_blk, b_a)
 
 
 @triton.jit
@@ -935,21 +880,17 @@ def _pow2_at_least(x: int, lo: int = 16) -> int:
     return max(lo, triton.next_power_of_2(int(x)))
 
 
-INVERSES = (0, 1, 2)
+INVERSES = (0, 1)
 
 
-def inverse_scheme(block_rows: int, inverse: int | None = None, halves: bool = False) -> int:
-    """The diagonal-block inverse for ``block_rows``-row blocks (:data:`INVERSES`): 0 every doubling level
-    a masked [BR, BR] product (:func:`_unit_lower_inverse`); 1 its first four levels batched on 16-row
-    blocks (BR >= 32); 2 (BR = 64, phase 1 of the split and blocked forms only: ``halves``) the block from
-    its two 32-row halves (:func:`_store_inverse_by_halves`). ``inverse`` if given and it fits, else the
-    most batched that does."""
+def inverse_scheme(block_rows: int, inverse: int | None = None) -> int:
+    """The diagonal-block inverse of :func:`_unit_lower_inverse` for ``block_rows``-row blocks
+    (:data:`INVERSES`): 0 every doubling level a masked [BR, BR] product, 1 its first four levels batched
+    on 16-row blocks (BR >= 32; the default there). ``inverse`` if given and it fits."""
     if inverse is None:
-        return 2 if block_rows == 64 and halves else int(block_rows >= 32)
-    fits = {0: True, 1: block_rows >= 32, 2: block_rows == 64 and halves}
-    if not fits.get(inverse, False):
-        where = "" if halves else " in the one-launch kernel"
-        raise ValueError(f"inverse {inverse} does not fit {block_rows}-row blocks{where} (0; 1: 32+; 2: 64)")
+        return int(block_rows >= 32)
+    if inverse not in INVERSES or (inverse == 1 and block_rows < 32):
+        raise ValueError(f"inverse {inverse} does not fit {block_rows}-row blocks (0; 1 from 32 rows)")
     return inverse
 
 
@@ -1045,9 +986,9 @@ def split_tiles(
     n: int, hv: int, dv: int, precision: str, block_rows: int | None = None, block_v: int | None = None
 ) -> tuple[int, int]:
     """(block_rows, block_v) of :func:`tree_gdn_split`: the given ones, else BR = 64 for "tf32" at 64 < n
-    <= 128 (two row blocks: phase 2 walks them in registers, phase 1 inverts the diagonal blocks from
-    their 32-row halves), min(32, n) otherwise (>= 16), and the widest BV in 64, 32, 16 that still gives
-    phase 2 at least 128 programs (SpecLA, HV = 8, d_v = 256: 16; Weaver: 64), at most 32 for "ieee"."""
+    <= 128 (two row blocks, walked in registers by phase 2; measured: :func:`tree_gdn_split`), min(32, n)
+    otherwise (>= 16), and the widest BV in 64, 32, 16 that still gives phase 2 at least 128 programs
+    (SpecLA, HV = 8, d_v = 256: 16; Weaver: 64), at most 32 for "ieee"."""
     br = block_rows or (64 if precision == "tf32" and 64 < n <= 128 else min(32, _pow2_at_least(n)))
     bv = block_v or next((b for b in (64, 32) if hv * triton.cdiv(dv, b) >= 128), 16)
     if block_v is None and precision == "ieee":
@@ -1102,14 +1043,16 @@ def tree_gdn_split(
     24.4 us at SpecLA T = 128), and so were the products spread over row chunks of programs
     (results/2026-12-03-h200-rows-tune/callV). ``walk`` (:data:`WALKS`; default :func:`split_walk`): phase
     2 with every Delta row block in registers, or read back from the delta output behind a CTA barrier.
-    Whole form at its best (results/2026-12-03-h200-tree-walk): SpecLA T = 128 22.1 us (32-row blocks,
-    memory walk) vs 21.3 (64-row blocks, registers: phase 2 5.7 us but phase 1 13.1 against 6.7, its 64 x
-    64 inverse alone costing 5.3); Weaver T = 128 35.7 without ``terms`` (fused 38.5).
+    Whole form at T = 128 (results/2026-12-03-h200-inverse-halves, tree-phases): 64-row blocks, registers
+    walk, 4 warps (the defaults there: :func:`split_tiles`) SpecLA 19.0 us, Weaver 31.2 (fused 38.5); with
+    8 warps 21.0 / 42.1; 32-row blocks, memory walk 22.2 at SpecLA (results/2026-12-03-h200-tree-walk:
+    Weaver 36.9). 4 warps are faster in both phases at both block sizes (phase 1 at 64-row blocks 12.4 vs
+    13.2 us, at 32 8.0 vs 10.1).
     """
     c = _TreeCall.of(q, k, v, g, beta, state, ancestors, precision, chain, pending, out)
     br, bv = split_tiles(c.n, c.hv, c.dv, precision, block_rows, block_v)
     bk = _check_tiles(br, block_k, c.dk)
-    warps = num_warps or (8 if br >= 64 else 4)
+    warps = num_warps or 4
     pend = pending is not None
     bvc = commit_tiles(c.dv, c.dk, commit_block_v)[0]
     if terms is None:
@@ -1213,7 +1156,7 @@ def _key_blocks(
         c.q, c.k, c.g, c.beta, c.anc, a_blocks, p_blocks, c.gate_cum, c.k_exp, c.state, *c.p_ops, c.p_node,
         c.p_n, c.delta, qs if terms else c.delta, c.n, npad, nr, float(scale),
         H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk, CHAIN=c.chain,
-        PREC=precision, UPCAST_QK=c.upcast, INV=inverse_scheme(br, inverse, halves=True), WRITE_K=c.write_k,
+        PREC=precision, UPCAST_QK=c.upcast, INV=inverse_scheme(br, inverse), WRITE_K=c.write_k,
         PENDING=pending, PNP=c.pnp,
         NCT=nct, BVC=bvc, BKC=bkc, TERMS=terms, RC=min(64, _pow2_at_least(c.n)), NPG=_pow2_at_least(c.n),
         num_warps=warps, **pdl_args(c.q.device, verify=True),

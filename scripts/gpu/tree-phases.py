@@ -97,9 +97,8 @@ def phases(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
     options = {  # tree_gdn_split's options; the memory walk only as the baseline of the first two
         "plain": dict(terms=False), "terms": dict(terms=True), "plain-br64": dict(terms=False, block_rows=64),
         "terms-br64": dict(terms=True, block_rows=64), "terms-w8": dict(terms=True, num_warps=8),
-        "terms-br64-inverse1": dict(terms=True, block_rows=64, inverse=1),
-        "terms-br64-w4": dict(terms=True, block_rows=64, num_warps=4),
-        "terms-br64-inverse1-w4": dict(terms=True, block_rows=64, inverse=1, num_warps=4),
+        "terms-br32": dict(terms=True, block_rows=32),
+        "terms-br64-w8": dict(terms=True, block_rows=64, num_warps=8),
         "terms-cbv16": dict(terms=True, commit_block_v=16),
         "terms-cbv64": dict(terms=True, commit_block_v=64),
     }  # fmt: skip
@@ -148,7 +147,7 @@ def keys_knobs(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
     """Phase 1 (``_tree_keys_kernel``) alone under knobs, timing only (the variants marked so compute the
     wrong thing on purpose, to price one part): ``no-inverse`` (LOG2_BR = 0: the diagonal inverse
     skipped), ``no-mask-loads`` (CHAIN: the lower triangle instead of the ancestor mask, so the gate sums
-    and the mask load no mask bytes), the other diagonal inverses (``inverse0``, ``inverse1``), the d_k
+    and the mask load no mask bytes), the unbatched diagonal inverse (``inverse0``), the d_k
     chunk BK, software pipelining stages, warps; and two that compute the right thing: ``write-k``
     (TreeFactors.k written, as the split form does) and dependent launch releasing the next launch at the
     start or the exit (``pdl-*``)."""
@@ -159,10 +158,10 @@ def keys_knobs(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     variants = [("default", {}), ("no-inverse", {"LOG2_BR": 0, "INV": 0}),
                 ("no-mask-loads", {"CHAIN": True}),
-                ("inverse0", {"INV": 0}), ("inverse1", {"INV": 1}),
+                ("inverse0", {"INV": 0}),
                 ("bk128", {"BK": 128}), ("stages3", {"num_stages": 3}), ("stages2", {"num_stages": 2}),
                 ("w8", {"num_warps": 8}), ("w4", {"num_warps": 4}),
-                ("inverse1-w4", {"INV": 1, "num_warps": 4}), ("w2", {"num_warps": 2}),
+                ("w2", {"num_warps": 2}),
                 ("write-k", {"WRITE_K": True}),
                 ("pdl-start", {"PDL": 1, "launch_pdl": True}),
                 ("pdl-exit", {"PDL": 2, "launch_pdl": True})]  # fmt: skip
@@ -176,7 +175,7 @@ def keys_knobs(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
         bk_default = tt._check_tiles(br, None, c.dk)
         for name, knobs in variants:
             kw = dict(H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk_default,
-                      CHAIN=False, PREC=PREC, UPCAST_QK=c.upcast, INV=tt.inverse_scheme(br, halves=True),
+                      CHAIN=False, PREC=PREC, UPCAST_QK=c.upcast, INV=tt.inverse_scheme(br),
                       WRITE_K=False, PENDING=False, PNP=c.pnp, NCT=0, BVC=16, BKC=16, TERMS=False, RC=16,
                       NPG=tt._pow2_at_least(c.n),
                       num_warps=8 if br >= 64 else 4, PDL=0, launch_pdl=False)  # fmt: skip

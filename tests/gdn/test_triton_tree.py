@@ -302,7 +302,8 @@ INTERP_CASES = {
         "walk": "registers",
     },
     "split-br64-n80-mixed": {**_SMALL, "n": 80, "kind": "mixed", "split": True, "block_rows": 64},
-    # 64-row blocks: phase 1's diagonal inverse from 32-row halves (inverse 2, its default there) or not
+    # 64-row blocks (the split form's default for tf32 at 64 < n <= 128), the inverse with and without
+    # its batched base
     "split-br64-n64-mixed-hard-beta2": {
         **_SMALL,
         "n": 64,
@@ -312,14 +313,21 @@ INTERP_CASES = {
         "split": True,
         "block_rows": 64,
     },
-    "n64-mixed-br64-inverse1": {**_SMALL, "n": 64, "kind": "mixed", "block_rows": 64, "inverse": 1},
-    "split-br64-n100-random-inverse1": {
+    "n64-mixed-br64-inverse0": {**_SMALL, "n": 64, "kind": "mixed", "block_rows": 64, "inverse": 0},
+    "split-br64-n100-random-inverse0": {
         **_SMALL,
         "n": 100,
         "kind": "random",
         "split": True,
         "block_rows": 64,
-        "inverse": 1,
+        "inverse": 0,
+    },
+    "split-n80-random-tf32-defaults": {
+        **_SMALL,
+        "n": 80,
+        "kind": "random",
+        "split": True,
+        "precision": "tf32",
     },
     "pending-n16-mixed-none": {**_SMALL, "n": 16, "kind": "mixed", "pending": True, "pending_node": -1},
     # the pending path read from a path index (the static decoder's stash); node -1 with a live index:
@@ -548,31 +556,27 @@ def test_split_rows_64_for_two_tf32_blocks(n: int, precision: str, want: int) ->
 
 
 @pytest.mark.parametrize(
-    ("block_rows", "inverse", "halves", "want"),
-    [(16, None, True, 0), (32, None, True, 1), (64, None, True, 2), (64, None, False, 1), (64, 1, True, 1),
-     (64, 0, True, 0), (32, 0, False, 0), (16, 1, True, None), (32, 2, True, None), (64, 2, False, None),
-     (64, 3, True, None)],
-)  # fmt: skip
-def test_inverse_scheme_by_block_rows(monkeypatch, block_rows: int, inverse, halves: bool, want) -> None:
-    """The diagonal inverse (INV): the 16-row batched base from 32-row blocks; at 64 the block from its
-    32-row halves where the kernel has them (phase 1: ``halves``), else the batched base; a given scheme
-    is kept where it fits and refused where it does not; phase 1 of the split form is launched with it."""
+    ("block_rows", "inverse", "want"),
+    [(16, None, 0), (32, None, 1), (64, None, 1), (64, 0, 0), (32, 0, 0), (16, 1, None), (64, 2, None)],
+)
+def test_inverse_scheme_by_block_rows(monkeypatch, block_rows: int, inverse, want) -> None:
+    """The diagonal inverse (INV): the 16-row batched base from 32-row blocks; a given scheme is kept where
+    it fits and refused where it does not; the split form launches both phases with 4 warps by default."""
     from repro.gdn import triton_tree as tt
 
     if want is None:
         with pytest.raises(ValueError, match="does not fit"):
-            tt.inverse_scheme(block_rows, inverse, halves)
+            tt.inverse_scheme(block_rows, inverse)
         return
-    assert tt.inverse_scheme(block_rows, inverse, halves) == want
-    if not halves:
-        return
-    keys = _GridSpy()
+    assert tt.inverse_scheme(block_rows, inverse) == want
+    keys, values = _GridSpy(), _GridSpy()
     monkeypatch.setattr(tt, "_tree_keys_kernel", keys)
-    monkeypatch.setattr(tt, "_tree_values_kernel", _GridSpy())
+    monkeypatch.setattr(tt, "_tree_values_kernel", values)
     q, k, v, g, beta, s0, _ = _split_inputs(block_rows * 2, 2, 16)
     tt.tree_gdn_split(q, k, v, g, beta, s0, None, 0.25, "tf32", chain=True, block_rows=block_rows,
                       inverse=inverse)  # fmt: skip
     assert keys.kwargs[0]["INV"] == want
+    assert keys.kwargs[0]["num_warps"] == values.kwargs[0]["num_warps"] == 4
 
 
 def test_split_state_products_need_tiles_of_16_rows() -> None:
