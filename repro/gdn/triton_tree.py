@@ -31,9 +31,8 @@ products): D_1 = I, D_2s = D_s - D_s L_s D_s with L_s = A restricted to the lowe
 of every 2s x 2s diagonal block. It is exactly the recursive triangular inversion T21 = -T22 A21 T11
 (no power series, so no cancellation, and no dependence on the tree depth: the float32 IEEE path
 matches float64 to ~1e-7), and needs no dynamic indexing or scratch memory. The levels s = 1..8 (inside
-the 16 x 16 diagonal blocks) run as batched [BR/16, 16, 16] dots on the extracted diagonal blocks (BR
->= 32); at BR = 64 the level s = 16 as batched [2, 32, 32] dots and s = 32 as 32 x 32 block products
-(``inverse``, :func:`inverse_scheme`; at BR = 32 the level s = 16 as a masked [32, 32] product).
+the 16 x 16 diagonal blocks) run as batched [BR/16, 16, 16] dots on the extracted diagonal blocks
+(``inverse`` 1, :func:`inverse_scheme`, BR >= 32); the levels s = 16, 32 as full [BR, BR] masked products.
 
 Precision: ``precision`` picks ``input_precision`` for every float32 x float32 dot ("ieee": exact fp32
 FMA; "tf32x3": three tf32 products, ~fp32 accuracy on tensor cores; "tf32": one tf32 product). When the
@@ -58,7 +57,9 @@ value heads gave that one too few programs); Weaver's 43.0 vs 42.7 (48 heads: a 
 picks it for few value heads. Phase 1 also runs, beside the key work, HV x d_v / BVC programs
 (:func:`commit_tiles`) that compute phase 2's state products K S0^T and Q S0^T for every node
 (``terms``, default; after the pending commit of their S0 rows when there is one), so phase 2's serial
-walk has no d_k loop (SpecLA T = 64 14.9 -> 12.5 us; results/2026-12-03-h200-split-terms).
+walk has no d_k loop (SpecLA T = 64 14.9 -> 12.5 us; results/2026-12-03-h200-split-terms). At 64 < T
+<= 128 ("tf32") it walks two 64-row blocks in registers, 4 warps: SpecLA T = 128 19.0 us, Weaver 31.2,
+below the fused kernel's 38.5 (results/2026-12-03-h200-inverse-halves; :func:`tree_gdn_split`).
 
 Blocked verification (:func:`tree_gdn_blocked`, issue 13: short serial chains). The same masked WY form
 with T = (I + A)^-1 made explicit, so that the value work has no serial chain at all. Three launches:
@@ -502,10 +503,10 @@ def _tree_keys_kernel(
         b_qk += tl.dot(b_q, tl.trans(b_kc), input_precision=PREC)
     m_rc = _block_mask(anc_ptr, rows, cols, n, CHAIN)
     b_gam = tl.where(m_rc, tl.exp(tl.where(m_rc, b_gr[:, None] - b_gc[None, :], 0.0)), 0.0)
-    p_blk = i_h * NP * NP + rows[:, None] * NP + cols[None, :]
-    tl.store(p_ptr + p_blk, scale * b_qk * b_gam)
     b_beta = tl.load(beta_ptr + rows * HV + i_h, mask=m_rows, other=0.0).to(tl.float32)
     b_a = tl.where(rows[:, None] > cols[None, :], b_beta[:, None] * b_kk * b_gam, 0.0)
+    p_blk = i_h * NP * NP + rows[:, None] * NP + cols[None, :]
+    tl.store(p_ptr + p_blk, scale * b_qk * b_gam)
     if c == r:
         tl.store(gcum_ptr + rows * HV + i_h, b_gr, mask=m_rows)
         b_a = _unit_lower_inverse(b_a, BR, LOG2_BR, PREC, INV)
@@ -963,10 +964,9 @@ def tree_gdn_fused(
     computed in the kernel). ``out`` = (o, delta, gate_cum) preallocated outputs (e.g. for graphs), or
     (o, delta, gate_cum, k): TreeFactors.k [n, HV, d_k] float32 written there too.
     Tuning knobs: ``block_rows`` (BR, power of two 16..64), ``block_v`` (d_v tile; the grid is
-    HV x d_v / block_v), ``block_k`` (d_k chunk), ``num_warps``, ``num_stages``, ``inverse``
-    (the diagonal-block inverse, :func:`inverse_scheme`). Defaults: BR =
-    min(64, n) for "tf32", min(32, n) otherwise (>= 16); BV = 64 (32 for "ieee", and when 64 would
-    leave fewer than 64 programs); BK = 64.
+    HV x d_v / block_v), ``block_k`` (d_k chunk), ``num_warps``, ``num_stages``, ``inverse`` (the
+    diagonal-block inverse, :func:`inverse_scheme`). Defaults: BR = min(64, n) for "tf32", min(32, n)
+    otherwise (>= 16); BV = 64 (32 for "ieee", and when 64 would leave fewer than 64 programs); BK = 64.
     """
     c = _TreeCall.of(q, k, v, g, beta, state, ancestors, precision, chain, pending, out)
     br, bv, warps = default_tiles(c.n, c.hv, c.dv, precision, block_rows, block_v, num_warps)
