@@ -58,6 +58,9 @@ def select_tree_kernel(kernel_dtype: torch.dtype, value_heads: int) -> str:
     split 17.8 vs fused 22.9 at T = 64 and 27.4 vs 50.0 at T = 128; Weaver's (HV = 48, d = 128) 42.8 vs
     42.4 at T = 128 (a tie: the fused kernel already has enough programs); float32 inputs: split loses
     badly (47-110 us). The threshold (:data:`FEW_HEADS`) sits between the measured 8 and 48 heads.
+    Since the split form walks two 64-row blocks with 4 warps at 64 < T <= 128, it beats the fused kernel
+    at Weaver's T = 128 too (31.2 vs 38.5 us, results/2026-12-03-h200-inverse-halves); not yet a choice
+    here: it would be one per tree size (T = 64 and 256 unmeasured at those settings).
     """
     low = kernel_dtype in (torch.bfloat16, torch.float16)
     return "split" if low and head_class(value_heads) == "few" else "fused"
