@@ -322,6 +322,14 @@ INTERP_CASES = {
         "block_rows": 64,
         "inverse": 0,
     },
+    "split-n96-chain-api-tf32-defaults": {  # chain.py's path for few heads up to 128 tokens
+        **_SMALL,
+        "n": 96,
+        "kind": "chain",
+        "chain_api": True,
+        "split": True,
+        "precision": "tf32",
+    },
     "split-n80-random-tf32-defaults": {
         **_SMALL,
         "n": 80,
