@@ -164,6 +164,8 @@ from repro.gdn.triton_common import (
 )
 
 PRECISIONS = ("ieee", "tf32x3", "tf32")
+# warps of both launches of the split form at every block size (measured faster than 8: tree_gdn_split)
+SPLIT_WARPS = 4
 # phase 2 of the split form: Delta row blocks in registers, or read back from the delta output (split_walk)
 WALKS = ("registers", "memory")
 
@@ -1052,7 +1054,7 @@ def tree_gdn_split(
     c = _TreeCall.of(q, k, v, g, beta, state, ancestors, precision, chain, pending, out)
     br, bv = split_tiles(c.n, c.hv, c.dv, precision, block_rows, block_v)
     bk = _check_tiles(br, block_k, c.dk)
-    warps = num_warps or 4
+    warps = num_warps or SPLIT_WARPS
     pend = pending is not None
     bvc = commit_tiles(c.dv, c.dk, commit_block_v)[0]
     if terms is None:
@@ -1157,8 +1159,8 @@ def _key_blocks(
         c.p_n, c.delta, qs if terms else c.delta, c.n, npad, nr, float(scale),
         H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk, CHAIN=c.chain,
         PREC=precision, UPCAST_QK=c.upcast, INV=inverse_scheme(br, inverse), WRITE_K=c.write_k,
-        PENDING=pending, PNP=c.pnp,
-        NCT=nct, BVC=bvc, BKC=bkc, TERMS=terms, RC=min(64, _pow2_at_least(c.n)), NPG=_pow2_at_least(c.n),
+        PENDING=pending, PNP=c.pnp, NCT=nct, BVC=bvc, BKC=bkc, TERMS=terms, RC=min(64, _pow2_at_least(c.n)),
+        NPG=_pow2_at_least(c.n),
         num_warps=warps, **pdl_args(c.q.device, verify=True),
     )  # fmt: skip
     return a_blocks, p_blocks, npad

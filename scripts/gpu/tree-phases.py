@@ -98,7 +98,6 @@ def phases(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
         "plain": dict(terms=False), "terms": dict(terms=True), "plain-br64": dict(terms=False, block_rows=64),
         "terms-br64": dict(terms=True, block_rows=64), "terms-w8": dict(terms=True, num_warps=8),
         "terms-br32": dict(terms=True, block_rows=32),
-        "terms-br64-w8": dict(terms=True, block_rows=64, num_warps=8),
         "terms-cbv16": dict(terms=True, commit_block_v=16),
         "terms-cbv64": dict(terms=True, commit_block_v=64),
     }  # fmt: skip
@@ -118,7 +117,7 @@ def phases(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
         for warps in (4, 8):
             row("phase1", lambda c=c, br=br, b=bk_, w=warps: tt._key_blocks(c, br, b, PREC, scale, w), 15.0,
                 block_rows=br, num_warps=warps)  # fmt: skip
-        a_blocks, p_blocks, npad = tt._key_blocks(c, br, bk_, PREC, scale, 8 if br >= 64 else 4)
+        a_blocks, p_blocks, npad = tt._key_blocks(c, br, bk_, PREC, scale, tt.SPLIT_WARPS)
         qs = torch.empty_like(c.delta)
         bv_default = tt.split_tiles(c.n, c.hv, c.dv, PREC, br)[1]
         # phase 2 on its own products, checked (once per walk); then with phase 1's (terms) over tiles
@@ -160,9 +159,7 @@ def keys_knobs(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
                 ("no-mask-loads", {"CHAIN": True}),
                 ("inverse0", {"INV": 0}),
                 ("bk128", {"BK": 128}), ("stages3", {"num_stages": 3}), ("stages2", {"num_stages": 2}),
-                ("w8", {"num_warps": 8}), ("w4", {"num_warps": 4}),
-                ("w2", {"num_warps": 2}),
-                ("write-k", {"WRITE_K": True}),
+                ("w8", {"num_warps": 8}), ("w2", {"num_warps": 2}), ("write-k", {"WRITE_K": True}),
                 ("pdl-start", {"PDL": 1, "launch_pdl": True}),
                 ("pdl-exit", {"PDL": 2, "launch_pdl": True})]  # fmt: skip
     for br in (32, 64):
@@ -178,7 +175,7 @@ def keys_knobs(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
                       CHAIN=False, PREC=PREC, UPCAST_QK=c.upcast, INV=tt.inverse_scheme(br),
                       WRITE_K=False, PENDING=False, PNP=c.pnp, NCT=0, BVC=16, BKC=16, TERMS=False, RC=16,
                       NPG=tt._pow2_at_least(c.n),
-                      num_warps=8 if br >= 64 else 4, PDL=0, launch_pdl=False)  # fmt: skip
+                      num_warps=tt.SPLIT_WARPS, PDL=0, launch_pdl=False)  # fmt: skip
             if all(kw.get(key) == val for key, val in knobs.items()):
                 continue  # the default already
             kw.update(knobs)
@@ -271,7 +268,7 @@ def _delayed_parts(shape, t, dev, x, f, anc, node, scale, state, depth) -> list[
     cp = tt._TreeCall.of(*args, pending, None)
     br, bv = tt.split_tiles(c0.n, c0.hv, c0.dv, PREC)
     bk_ = tt._check_tiles(br, None, c0.dk)
-    warps = 8 if br >= 64 else 4
+    warps = tt.SPLIT_WARPS
     a_blocks, p_blocks, npad = tt._key_blocks(c0, br, bk_, PREC, scale, warps)
 
     def commit_alone(cbv: int) -> None:
