@@ -79,6 +79,7 @@ import triton
 import triton.language as tl
 
 from repro.drafters.weaver_growth import DeviceGrowth
+from repro.gdn.triton_common import grid_sync, ld, resident_ctas
 
 if TYPE_CHECKING:
     from repro.drafters.weaver import WeaverConfig, WeaverModel
@@ -182,17 +183,9 @@ def round_to(x, DT: tl.constexpr):
 
 
 @triton.jit
-def _ld(ptr, mask, CG: tl.constexpr):
-    """A masked load (0 elsewhere); CG: cached in L2 only (scratch another program of the launch wrote)."""
-    if CG:
-        return tl.load(ptr, mask=mask, other=0.0, cache_modifier=".cg")
-    return tl.load(ptr, mask=mask, other=0.0)
-
-
-@triton.jit
 def _load_vec(ptr, N: tl.constexpr, NP: tl.constexpr, ACC: tl.constexpr, CG: tl.constexpr):
     o = tl.arange(0, NP)
-    return _ld(ptr + o, o < N, CG).to(ACC)
+    return ld(ptr + o, o < N, CG).to(ACC)
 
 
 @triton.jit
@@ -235,18 +228,9 @@ def _linear(w_ptr, x, y_ptr, OUT: tl.constexpr, IN: tl.constexpr, INP: tl.conste
 def _sync(sync_ptr, n, K: tl.constexpr, N: tl.constexpr, nprog, PC: tl.constexpr, SPIN: tl.constexpr):
     """Barrier ``K`` (1-based) of node ``n``'s launch: a block barrier, and on ``nprog`` programs (PC 0)
     a grid barrier on counter ``sync[n]`` (module docstring); past SPIN polls it sets ``sync[N]``."""
-    tl.debug_barrier()
     if PC != 1:
-        ctr = sync_ptr + n
-        err = sync_ptr + N
-        tl.atomic_add(ctr, 1, sem="acq_rel", scope="gpu")
-        failed = tl.atomic_add(err, 0, sem="acquire", scope="gpu") != 0  # another barrier gave up: no wait
-        spins = tl.where(failed, SPIN, 0)
-        cur = tl.atomic_add(ctr, 0, sem="acquire", scope="gpu")
-        while (cur < K * nprog) & (spins < SPIN):
-            cur = tl.atomic_add(ctr, 0, sem="acquire", scope="gpu")
-            spins += 1
-        tl.store(err, 1, mask=cur < K * nprog)
+        grid_sync(sync_ptr + n, sync_ptr + N, K * nprog, SPIN)
+    else:
         tl.debug_barrier()
 
 
@@ -333,15 +317,15 @@ def _attention(q_ptr, cache_ptr, o_ptr, vis, c, ACC: tl.constexpr, DT: tl.conste
     o = tl.arange(0, NP)
     m2 = vis[:, None] & (c[None, :] < DM)
     kv = cache_ptr + o[:, None] * 2 * DM + c[None, :]
-    q = _ld(q_ptr + c, c < DM, CG).to(ACC)
-    keys = _ld(kv, m2, CG).to(ACC)
+    q = ld(q_ptr + c, c < DM, CG).to(ACC)
+    keys = ld(kv, m2, CG).to(ACC)
     s = tl.sum(tl.reshape(keys * q[None, :], (NP, NH, HD)), axis=2)  # [NP, NH]
     scale = 1.0 / tl.sqrt(tl.full([], HD, ACC))
     s = round_to(round_to(s, DT) * scale, DT)
     s = tl.where(vis[:, None], s, float("-inf"))
     e = tl.exp(s - tl.max(s, axis=0)[None, :])
     w = round_to(e / tl.sum(e, axis=0)[None, :], DT)
-    vals = _ld(kv + DM, m2, CG).to(ACC)
+    vals = ld(kv + DM, m2, CG).to(ACC)
     att = tl.sum(w[:, :, None] * tl.reshape(vals, (NP, NH, HD)), axis=0)  # [NH, HD]
     tl.store(o_ptr + c, round_to(tl.reshape(att, (NH * HD,)), DT).to(o_ptr.dtype.element_ty), mask=c < DM)
 
@@ -352,12 +336,12 @@ def _attention_head(q_ptr, cache_ptr, o_ptr, vis_ptr, s_ptr, c, ACC: tl.constexp
                     CH: tl.constexpr, UNROLL: tl.constexpr):  # fmt: skip
     """:func:`_attention` of one head (columns ``c``), CH slots a time: the scores, then the weights, in
     this head's scratch ``s_ptr`` [2 NP] (ACC); the visible slots read from the ancestor row."""
-    q = _ld(q_ptr + c, c < DM, CG).to(ACC)
+    q = ld(q_ptr + c, c < DM, CG).to(ACC)
     scale = 1.0 / tl.sqrt(tl.full([], HD, ACC))
     for r0 in tl.range(0, NP, CH, loop_unroll_factor=UNROLL):
         rr = r0 + tl.arange(0, CH)
-        vis = _ld(vis_ptr + rr, rr < N, CG) != 0
-        keys = _ld(cache_ptr + rr[:, None] * 2 * DM + c[None, :], vis[:, None], CG).to(ACC)
+        vis = ld(vis_ptr + rr, rr < N, CG) != 0
+        keys = ld(cache_ptr + rr[:, None] * 2 * DM + c[None, :], vis[:, None], CG).to(ACC)
         s = round_to(round_to(tl.sum(keys * q[None, :], axis=1), DT) * scale, DT)
         tl.store(s_ptr + rr, tl.where(vis, s, float("-inf")))
     tl.debug_barrier()
@@ -369,8 +353,8 @@ def _attention_head(q_ptr, cache_ptr, o_ptr, vis_ptr, s_ptr, c, ACC: tl.constexp
     att = tl.zeros([HD], dtype=ACC)
     for r0 in tl.range(0, NP, CH, loop_unroll_factor=UNROLL):
         rr = r0 + tl.arange(0, CH)
-        vis = _ld(vis_ptr + rr, rr < N, CG) != 0
-        vals = _ld(cache_ptr + rr[:, None] * 2 * DM + DM + c[None, :], vis[:, None], CG).to(ACC)
+        vis = ld(vis_ptr + rr, rr < N, CG) != 0
+        vals = ld(cache_ptr + rr[:, None] * 2 * DM + DM + c[None, :], vis[:, None], CG).to(ACC)
         att += tl.sum(tl.load(s_ptr + NP + rr)[:, None] * vals, axis=0)
     tl.store(o_ptr + c, round_to(att, DT).to(o_ptr.dtype.element_ty))
 
@@ -565,22 +549,6 @@ def _node_kernel(
             tl.store(valid_ptr + n, (live & (depth < D)).to(tl.int32))
             if not ROOT:
                 tl.store(order_ptr + n, 2 * n)
-
-
-def resident_ctas(regs: int, num_warps: int, shared: int, device: torch.device | None = None) -> int:
-    """CTAs of a kernel one SM holds at once (at least 1): ``regs`` registers a thread, allocated per warp
-    in units of 256; ``num_warps`` warps; ``shared`` bytes of shared memory a CTA; the SM's registers,
-    threads and shared memory from ``device``'s properties (CUDA), else the H100 / H200's (64 K
-    registers, 2048 threads, 228 KiB, 32 CTAs)."""
-    props = torch.cuda.get_device_properties(device) if device is not None and device.type == "cuda" else None
-    sm_regs = getattr(props, "regs_per_multiprocessor", 65536)
-    sm_threads = getattr(props, "max_threads_per_multi_processor", 2048)
-    sm_shared = getattr(props, "shared_memory_per_multiprocessor", 233472)
-    per_warp = -(-max(regs, 1) * 32 // 256) * 256
-    fit = [sm_regs // (per_warp * num_warps), sm_threads // (32 * num_warps), 32]
-    if shared:
-        fit.append(sm_shared // (shared + 1024))  # the driver reserves 1 KiB a CTA
-    return max(1, min(fit))
 
 
 _SLOTS: dict[tuple, int] = {}  # (device, launch constants) -> programs the device holds at once

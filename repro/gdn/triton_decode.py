@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from repro.gdn.triton_common import acc_dtype, interpreting, pdl_args, pdl_start, pow2, round_to, silu
+from repro.gdn.triton_common import acc_dtype, interpreting, ld, pdl_args, pdl_start, pow2, round_to, silu
 
 
 class GDNDims(NamedTuple):
@@ -71,9 +71,10 @@ def _conv_silu(
     BLOCK: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     ACC: tl.constexpr,
+    CG: tl.constexpr = False,
 ):
     """SiLU(bias + sum_r taps[c, r] ext[idx[row, r], c]) for channels ``chan`` [BLOCK] (ext = history
-    rows, then x rows)."""
+    rows, then x rows; CG: x read from L2 only, as a persistent launch's scratch)."""
     HIST: tl.constexpr = W - 1
     acc = tl.zeros([BLOCK], dtype=ACC)
     for r in tl.static_range(W):
@@ -81,7 +82,7 @@ def _conv_silu(
         in_x = j >= HIST
         jx = tl.maximum(j - HIST, 0)
         jh = tl.minimum(j, tl.maximum(HIST - 1, 0))
-        b_x = tl.load(x_ptr + jx * x_stride + chan, mask=m_chan & in_x, other=0.0).to(ACC)
+        b_x = ld(x_ptr + jx * x_stride + chan, m_chan & in_x, CG).to(ACC)
         b_h = tl.load(hist_ptr + jh * C + chan, mask=m_chan & (j < HIST), other=0.0).to(ACC)
         b_w = tl.load(taps_ptr + chan * W + r, mask=m_chan, other=0.0).to(ACC)
         acc += b_w * tl.where(in_x, b_x, b_h)
@@ -112,43 +113,77 @@ def _qk(
     BK: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     ACC: tl.constexpr,
+    CG: tl.constexpr = False,
 ):
     """Key head ``kh``'s q and k of node ``row``: conv, SiLU, L2 norm ([BK], zero past d_k)."""
     o_k = tl.arange(0, BK)
     m_k = o_k < DK
     q = _conv_silu(x_ptr, x_stride, hist_ptr, taps_ptr, bias_ptr, idx_ptr, row, kh * DK + o_k, m_k,
-                   C, W, BK, HAS_BIAS, ACC)  # fmt: skip
+                   C, W, BK, HAS_BIAS, ACC, CG)  # fmt: skip
     k = _conv_silu(x_ptr, x_stride, hist_ptr, taps_ptr, bias_ptr, idx_ptr, row, H * DK + kh * DK + o_k, m_k,
-                   C, W, BK, HAS_BIAS, ACC)  # fmt: skip
+                   C, W, BK, HAS_BIAS, ACC, CG)  # fmt: skip
     return _l2norm(q), _l2norm(k)
 
 
 @triton.jit
-def _gates(a_ptr, b_ptr, nd_ptr, dtb_ptr, head, beta_scale, ACC: tl.constexpr):
-    """g = neg_decay softplus(a + dt_bias) (threshold 20, as F.softplus), beta = beta_scale sigmoid(b)."""
-    a = tl.load(a_ptr).to(ACC) + tl.load(dtb_ptr + head).to(ACC)
+def _gates(a_ptr, b_ptr, nd_ptr, dtb_ptr, head, beta_scale, ACC: tl.constexpr, CG: tl.constexpr = False):
+    """g = neg_decay softplus(a + dt_bias) (threshold 20, as F.softplus), beta = beta_scale sigmoid(b)
+    (CG: a and b read from L2 only)."""
+    if CG:
+        a, b = tl.load(a_ptr, cache_modifier=".cg"), tl.load(b_ptr, cache_modifier=".cg")
+    else:
+        a, b = tl.load(a_ptr), tl.load(b_ptr)
+    a = a.to(ACC) + tl.load(dtb_ptr + head).to(ACC)
     soft = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(tl.minimum(a, 20.0))))
     g = tl.load(nd_ptr + head).to(ACC) * soft
-    b = tl.load(b_ptr).to(ACC)
+    b = b.to(ACC)
     beta = beta_scale * (1.0 / (1.0 + tl.exp(-b)))
     return g, beta
 
 
 @triton.jit
-def _shift_history(hist_ptr, x_ptr, chan, m_c, C: tl.constexpr, HIST: tl.constexpr, HP: tl.constexpr):
+def _shift_history(hist_ptr, x_ptr, chan, m_c, C: tl.constexpr, HIST: tl.constexpr, HP: tl.constexpr,
+                   CG: tl.constexpr = False):  # fmt: skip
     """Move the history rows [HIST, C] (oldest first) of channels ``chan`` on by the token's conv inputs
-    ``x`` [C]: row r takes row r + 1, the newest row takes x. HP: pow2(HIST)."""
+    ``x`` [C]: row r takes row r + 1, the newest row takes x. HP: pow2(HIST). CG: x read from L2 only."""
     r = tl.arange(0, HP)[:, None]
     c = chan[None, :]
     mc = m_c[None, :]
     older = tl.load(hist_ptr + (r + 1) * C + c, mask=mc & (r + 1 < HIST), other=0.0)
-    newest = tl.load(x_ptr + c + 0 * r, mask=mc & (r + 1 == HIST), other=0.0)
+    newest = ld(x_ptr + c + 0 * r, mc & (r + 1 == HIST), CG)
     moved = tl.where(r + 1 < HIST, older, newest.to(older.dtype))
     tl.debug_barrier()  # every row of the block is read before any is overwritten
     tl.store(hist_ptr + r * C + c, moved, mask=mc & (r < HIST))
 
 
 # ------------------------------------------------------------------------------------- kernels
+
+
+@triton.jit
+def decode_tile(proj_ptr, hist_ptr, taps_ptr, bias_ptr, idx_ptr, nd_ptr, dtb_ptr, state_ptr, o_ptr, scale,
+                beta_scale, hv, iv, H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+                W: tl.constexpr, A_OFF: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                HAS_BIAS: tl.constexpr, ACC: tl.constexpr, CG: tl.constexpr):  # fmt: skip
+    """Value head ``hv``, d_v tile ``iv``: conv/norms/gates of the token, one recurrent step of that state
+    tile in place, its o. CG: ``proj`` read from L2 only (a persistent launch's scratch)."""
+    kh = hv // (HV // H)
+    C: tl.constexpr = 2 * H * DK + HV * DV
+    q, k = _qk(proj_ptr, 0, hist_ptr, taps_ptr, bias_ptr, idx_ptr, 0, kh, H, DK, W, C, BK, HAS_BIAS, ACC, CG)
+    o_k = tl.arange(0, BK)
+    o_v = iv * BV + tl.arange(0, BV)
+    m_v = o_v < DV
+    v = _conv_silu(proj_ptr, 0, hist_ptr, taps_ptr, bias_ptr, idx_ptr, 0, 2 * H * DK + hv * DV + o_v, m_v,
+                   C, W, BV, HAS_BIAS, ACC, CG)  # fmt: skip
+    g, beta = _gates(proj_ptr + A_OFF + hv, proj_ptr + A_OFF + HV + hv, nd_ptr, dtb_ptr, hv, beta_scale, ACC,
+                     CG)  # fmt: skip
+    p_s = state_ptr + hv * (DV * DK) + o_v[:, None] * DK + o_k[None, :]
+    m_s = m_v[:, None] & (o_k < DK)[None, :]
+    s = tl.load(p_s, mask=m_s, other=0.0).to(ACC) * tl.exp(g)
+    pred = tl.sum(s * k[None, :], axis=1)
+    s += (beta * (v - pred))[:, None] * k[None, :]
+    o = tl.sum(s * q[None, :], axis=1) * scale
+    tl.store(p_s, round_to(s, state_ptr), mask=m_s)
+    tl.store(o_ptr + hv * DV + o_v, round_to(o, o_ptr), mask=m_v)
 
 
 @triton.jit
@@ -176,27 +211,11 @@ def _decode_kernel(
     ACC: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """One (value head, d_v tile): conv/norms/gates of the token, one recurrent step in place, o."""
+    """One (value head, d_v tile) program: :func:`decode_tile`."""
     pdl_start(PDL)
-    hv = tl.program_id(0)
-    iv = tl.program_id(1)
-    kh = hv // (HV // H)
-    C: tl.constexpr = 2 * H * DK + HV * DV
-    q, k = _qk(proj_ptr, 0, hist_ptr, taps_ptr, bias_ptr, idx_ptr, 0, kh, H, DK, W, C, BK, HAS_BIAS, ACC)
-    o_k = tl.arange(0, BK)
-    o_v = iv * BV + tl.arange(0, BV)
-    m_v = o_v < DV
-    v = _conv_silu(proj_ptr, 0, hist_ptr, taps_ptr, bias_ptr, idx_ptr, 0, 2 * H * DK + hv * DV + o_v, m_v,
-                   C, W, BV, HAS_BIAS, ACC)  # fmt: skip
-    g, beta = _gates(proj_ptr + A_OFF + hv, proj_ptr + A_OFF + HV + hv, nd_ptr, dtb_ptr, hv, beta_scale, ACC)
-    p_s = state_ptr + hv * (DV * DK) + o_v[:, None] * DK + o_k[None, :]
-    m_s = m_v[:, None] & (o_k < DK)[None, :]
-    s = tl.load(p_s, mask=m_s, other=0.0).to(ACC) * tl.exp(g)
-    pred = tl.sum(s * k[None, :], axis=1)
-    s += (beta * (v - pred))[:, None] * k[None, :]
-    o = tl.sum(s * q[None, :], axis=1) * scale
-    tl.store(p_s, round_to(s, state_ptr), mask=m_s)
-    tl.store(o_ptr + hv * DV + o_v, round_to(o, o_ptr), mask=m_v)
+    hv, iv = tl.program_id(0), tl.program_id(1)
+    decode_tile(proj_ptr, hist_ptr, taps_ptr, bias_ptr, idx_ptr, nd_ptr, dtb_ptr, state_ptr, o_ptr, scale,
+                beta_scale, hv, iv, H, HV, DK, DV, W, A_OFF, BK, BV, HAS_BIAS, ACC, False)  # fmt: skip
 
 
 @triton.jit

@@ -107,7 +107,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -141,6 +141,9 @@ from repro.models.layers import (
 )
 from repro.models.state import AttentionLayerState, GDNLayerState, ModelState
 from repro.tree import DeviceTree, Tree
+
+if TYPE_CHECKING:
+    from repro.gdn.triton_persistent import PersistentGDN
 
 # ------------------------------------------------------------------------- per-layer glue
 
@@ -441,6 +444,48 @@ def fused_decode_gdn(
         buf.recurrent, m.head_k_dim**-0.5, dims, m.norm.weight, m.norm.eps, m.in_proj_z is not None, x.dtype,
     )  # fmt: skip
     return fused_mlp_block(layer, w, plus_linear(x, y, m.out_proj, gemv), gemv)
+
+
+def persistent_layers(dec: StaticDecoder) -> PersistentGDN:
+    """The stacked constants of a pure-GDN decoder's layers for its persistent decode launch
+    (:mod:`repro.gdn.triton_persistent`), over its stacked states and conv histories. The projection
+    matrices are stacked once; each layer's GDNWeights and the model's own out_proj and down_proj weights
+    become views of the stacks (the model keeps its values, the device keeps one copy)."""
+    from repro.gdn.triton_decode import GDNDims
+    from repro.gdn.triton_persistent import PersistentGDN
+
+    assert dec.gdn_states is not None and dec.gdn_conv is not None
+    layers = dec.layers
+    mixers: list[GatedDeltaNet] = [lay.linear_attn for lay in layers]
+    ws = [w for w in dec.weights if isinstance(w, GDNWeights)]
+    eps = {lay.input_layernorm.eps for lay in layers} | {lay.post_attention_layernorm.eps for lay in layers}
+    consts = {(m.beta_scale, m.norm.eps, m.in_proj_z is not None, m.conv1d.bias is not None) for m in mixers}
+    if len(eps) != 1 or len(consts) != 1:
+        raise ConfigError("persistent=True needs every layer's norms and gates alike (one launch's)")
+    beta_scale, norm_eps, has_z, has_bias = consts.pop()
+
+    def stacked(tensors: list[torch.Tensor]) -> torch.Tensor:
+        return torch.stack([t.detach() for t in tensors]).contiguous()
+
+    with torch.no_grad():
+        in_proj, gate_up = stacked([w.in_proj for w in ws]), stacked([w.gate_up for w in ws])
+        out_proj = stacked([m.out_proj.weight for m in mixers])
+        down = stacked([lay.mlp.down_proj.weight for lay in layers])
+        for j, (w, m, lay) in enumerate(zip(ws, mixers, layers)):
+            w.in_proj, w.gate_up = in_proj[j], gate_up[j]
+            m.out_proj.weight.data = out_proj[j]
+            lay.mlp.down_proj.weight.data = down[j]
+        m0 = mixers[0]
+        return PersistentGDN(
+            in_norm=stacked([w.input_norm for w in ws]), in_proj=in_proj, taps=stacked([w.taps for w in ws]),
+            conv_bias=stacked([m.conv1d.bias for m in mixers]) if has_bias else None,
+            neg_decay=stacked([w.neg_decay for w in ws]), dt_bias=stacked([w.dt_bias for w in ws]),
+            norm_weight=stacked([m.norm.weight for m in mixers]), out_proj=out_proj,
+            post_norm=stacked([w.post_norm for w in ws]), gate_up=gate_up, down=down, states=dec.gdn_states,
+            history=dec.gdn_conv, conv_index=dec.decode_slot.conv_index,
+            dims=GDNDims(m0.num_k_heads, m0.num_v_heads, m0.head_k_dim, m0.head_v_dim), has_z=has_z,
+            beta_scale=beta_scale, eps=eps.pop(), norm_eps=norm_eps,
+        )  # fmt: skip
 
 
 def fused_decode_attention(
@@ -861,6 +906,7 @@ class StaticDecoder:
         fuse_tree_attention: bool | None = None,
         tree_attention_decode: bool = False,
         stacked_commit: bool = False,
+        persistent: bool = False,
     ) -> None:
         """``stacked_commit``: every GDN layer's recurrent state and conv history are views [j] of one
         stacked buffer (``gdn_states`` [L_gdn, HV, d_v, d_k], ``gdn_conv`` [L_gdn, W-1, C]), each tree
@@ -887,7 +933,13 @@ class StaticDecoder:
         fused decode kernels (``fuse_decode`` off) runs its attention layers through the same tree kernel
         (one node) and writes the token's key and value into the cache, instead of the torch glue
         (~27 launches a layer); off by default until measured (``repro bench model`` row
-        ``static_graph_gemv_core_tree``); settable before the decode graph is captured."""
+        ``static_graph_gemv_core_tree``); settable before the decode graph is captured.
+
+        ``persistent`` (a pure-GDN model on the fused Triton decoder, float32 states): a decode step runs
+        every layer in one persistent launch (:mod:`repro.gdn.triton_persistent`; the embedding row and the
+        LM head stay separate), on states and conv histories stacked as with ``stacked_commit``; the
+        layers' projection weights are stacked once and the model's own parameters become views of the
+        stacks (no second copy). Decode steps then skip ``fuse_decode``."""
         self.model = model
         cfg = model.config
         dev, dt = model.device, model.dtype
@@ -955,6 +1007,10 @@ class StaticDecoder:
         self.tree_attention_decode = tree_attention_decode
         self.gdn_layers = [i for i, lay in enumerate(self.layers) if lay.layer_type == GDN]
         self.stacked_commit = stacked_commit
+        if persistent:
+            self._check_persistent(fuse_decode)
+            self.fuse_decode = False
+        self.persistent = persistent
         self.gdn_states, self.gdn_conv = self._gdn_stacks()
         self.buffers: list[GDNBuffers | AttentionBuffers] = []
         for i, layer in enumerate(self.layers):
@@ -989,6 +1045,16 @@ class StaticDecoder:
         self.rope = decode_rope(self) if self.fused and self.has_attention else None
         self.layer_calls = {"linear_attention": 0, "full_attention": 0}
         self.pending_sets: list[PendingSet] = []  # the delayed commit's two stashes (ensure_pending)
+        self.persistent_gdn = persistent_layers(self) if persistent else None
+
+    def _check_persistent(self, fuse_decode: bool | None) -> None:
+        """A ConfigError unless the persistent decode launch takes this decoder."""
+        if not self.fused or self.has_attention or not self.gdn_layers or self.state_dtype != torch.float32:
+            raise ConfigError(
+                "persistent=True takes a pure-GDN model on the fused Triton decoder with float32 states"
+            )
+        if fuse_decode:
+            raise ConfigError("persistent=True replaces the fused decode kernels: leave fuse_decode off")
 
     def _gdn_shape(self) -> tuple[int, int, int, int, int]:
         """(HV, d_v, d_k, W-1, C) of the GDN layers; a ConfigError for stacked buffers when they differ."""
@@ -1001,9 +1067,9 @@ class StaticDecoder:
         return shapes.pop()
 
     def _gdn_stacks(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """With ``stacked_commit`` (and GDN layers): the stacked recurrent states and conv histories
-        whose views [j] are GDN layer j's buffers (allocated once: graphs keep their addresses)."""
-        if not self.stacked_commit or not self.gdn_layers:
+        """With ``stacked_commit`` or ``persistent`` (and GDN layers): the stacked recurrent states and conv
+        histories whose views [j] are GDN layer j's buffers (allocated once: graphs keep their addresses)."""
+        if not (self.stacked_commit or self.persistent) or not self.gdn_layers:
             return None, None
         hv, dv, dk, hist, c = self._gdn_shape()
         n = len(self.gdn_layers)
@@ -1358,6 +1424,12 @@ class StaticDecoder:
 
             norm = triton_decode.rms_norm
         x = self.model.model.embed_tokens(tokens)
+        if decode and self.persistent_gdn is not None:  # every layer in one launch
+            from repro.gdn.triton_persistent import decode_layers
+
+            decode_layers(self.persistent_gdn, x)
+            self.layer_calls["linear_attention"] += self.num_layers
+            return self._head(x, gemv)
         # every attention layer in one kernel (verify; decode too with tree_attention_decode)
         tree_attention = self.fuse_tree_attention and (not decode or self.tree_attention_decode)
         if self.has_attention and not tree_attention:  # shared by every attention layer: made once per step
@@ -1409,6 +1481,15 @@ class StaticDecoder:
                 x = glue["attention_epilogue"](layer, w, x, out, gate, gemv)
             if not decode and i in slot.capture:  # the layer's output, kept (graph outputs are rewritten)
                 slot.hidden[i] = x
+        return self._head(x, gemv)
+
+    def _head(self, x: torch.Tensor, gemv: bool) -> torch.Tensor:
+        """The final norm and the LM head: logits [n, V]."""
+        norm = rms_norm
+        if self.fused:
+            from repro.gdn import triton_decode
+
+            norm = triton_decode.rms_norm
         head, eps = self.model.lm_head, self.model.model.norm.eps
         if gemv:
             from repro.gdn.triton_linear import norm_linear

@@ -1,0 +1,384 @@
+"""A pure-GDN decoder's layers for one decode token in one persistent Triton launch (:func:`decode_layers`).
+
+At the GDN-1.3B shape a decode step on separate kernels (six a layer: the norm and in_proj GEMV, the GDN
+core, the gated norm, out_proj with the residual, the norm and gate|up with SiLU * up, down with the
+residual) streams ~30 us of weights a layer in ~46 us: every launch pays a ramp and a drain of a few us
+on matrices of 8-46 MB, and neither dependent launch nor early weight loads or L2 prefetches closed it
+(results/2026-12-02-h200-pdl-slots, results/2026-12-03-h200-l2-prefetch). Here P co-resident programs
+walk every layer once, with a grid barrier (:func:`~repro.gdn.triton_common.grid_sync`) between the five
+stages of a layer, which pass vectors through global scratch:
+
+0. ``proj = in_proj (x / rms(x) * in_norm)`` (the conv inputs q|k|v, z, a, b);
+1. the GDN core of every (value head, d_v tile): conv + SiLU, q / k L2 norms, gates, one recurrent step
+   of that state tile in place, ``o`` (float32; :func:`~repro.gdn.triton_decode.decode_tile`, the same
+   code as the separate decode kernel);
+2. ``x += out_proj y`` with ``y = GatedRMSNorm(o, z)`` built per K chunk (a chunk lies in one head: the
+   head's 1 / rms from its d_v values of ``o``; y rounded to x's dtype as the separate path rounds it),
+   and the conv history moved on by the token's conv inputs (each program a block of channels: every
+   read of the history in stage 1 precedes it);
+3. ``act = SiLU(g) * u``, ``[g; u] = gate_up (x / rms(x) * post_norm)``;
+4. ``x += down act``.
+
+Each matrix stage splits its output rows into blocks of ``BN`` rows: program p takes blocks p, p + P,
+...; a block walks K in ``BK`` steps with a [BN, BK] float32 accumulator reduced once after the loop,
+vectors loaded as tiles in the weight tile's layout (as :mod:`repro.gdn.triton_linear`'s GEMV kernels;
+norm factors in the epilogue), each output rounded once. A value never depends on P (the same block
+computes it whichever program owns it), so a staged run (one launch a stage and layer, no barriers:
+:func:`decode_layers` ``staged``, the CPU interpreter's way, where programs run one after another and a
+barrier would wait forever) gives the same bits as the persistent one. Loads of what another program
+wrote in the launch (x, proj, o, act) are L2-only (``.cg``). The launch's barrier counter is zeroed
+before it (one memset); a barrier that polls past ``spin_cap`` sets the sticky error flag
+(:attr:`PersistentGDN.error`, nonzero: the step's results are not to be trusted) instead of hanging.
+P is at most SMs x the compiled kernel's resident CTAs (:func:`~repro.gdn.triton_common.resident_ctas`):
+every program must be on an SM at once.
+
+The embedding row before and the final norm and LM head after stay separate launches
+(:class:`repro.models.static.StaticDecoder`, ``persistent``). Semantics: those of the separate fused path
+(:func:`repro.models.static.fused_gdn_layer` on the GEMV kernels), float32 results to ~1e-6; bf16 ones
+to bf16 rounding (summation orders differ).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import torch
+import triton
+import triton.language as tl
+
+from repro.errors import ConfigError
+from repro.gdn.triton_common import acc_dtype, grid_sync, ld, pow2, resident_ctas, round_to, silu, sm_count
+from repro.gdn.triton_decode import GDNDims, _shift_history, decode_tile
+
+STAGES = 5  # a layer's stages between grid barriers (module docstring)
+_STAGES = tl.constexpr(STAGES)  # the same, as the kernel reads it
+SPIN_CAP = 1 << 22  # polls of a grid barrier before the error flag is set
+
+
+@dataclass(frozen=True)
+class PersistentConfig:
+    """Launch options (speed only: a value never depends on them beyond summation order, and never on
+    ``programs``): (rows, K columns) per block of in_proj, out_proj, gate|up and down; the core's d_v
+    tile; warps; programs (None: SMs x resident CTAs, at most the most blocks of any stage)."""
+
+    in_tile: tuple[int, int] = (32, 256)
+    out_tile: tuple[int, int] = (16, 256)
+    gate_up_tile: tuple[int, int] = (16, 256)
+    down_tile: tuple[int, int] = (8, 1024)
+    block_v: int = 32
+    num_warps: int = 8
+    programs: int | None = None
+
+    def __post_init__(self) -> None:
+        sizes = [*self.in_tile, *self.out_tile, *self.gate_up_tile, *self.down_tile]
+        sizes += [self.block_v, self.num_warps]
+        if any(v < 1 or v & (v - 1) for v in sizes):
+            raise ConfigError(f"PersistentConfig: tiles, block_v and num_warps must be powers of two: {self}")
+        if self.programs is not None and self.programs < 1:
+            raise ConfigError(f"PersistentConfig.programs must be positive, got {self.programs}")
+
+    def fitted(self, d_v: int) -> PersistentConfig:
+        """This configuration for heads of ``d_v`` values: the core's tile at most pow2(d_v), out_proj's K
+        step at most the largest power of two dividing d_v (a chunk of y lies in one head)."""
+        out_tile = (self.out_tile[0], min(self.out_tile[1], d_v & -d_v))
+        return replace(self, block_v=min(self.block_v, pow2(d_v)), out_tile=out_tile)
+
+
+@dataclass
+class PersistentGDN:
+    """A pure-GDN decoder's constants stacked over its L layers (views [l] are layer l's), its state
+    buffers and the launch's scratch. Shapes: in_norm, post_norm [L, D]; in_proj [L, N1, D] (N1 = C +
+    V_z + 2 HV: conv inputs, z, a, b); taps [L, C, W]; conv_bias [L, C] or None; neg_decay, dt_bias
+    [L, HV]; norm_weight [L, d_v] (the gated norm's); out_proj [L, D, HV d_v]; gate_up [L, 2 I, D];
+    down [L, D, I]; states [L, HV, d_v, d_k] (float32); history [L, W-1, C]; conv_index [1, W]."""
+
+    in_norm: torch.Tensor
+    in_proj: torch.Tensor
+    taps: torch.Tensor
+    conv_bias: torch.Tensor | None
+    neg_decay: torch.Tensor
+    dt_bias: torch.Tensor
+    norm_weight: torch.Tensor
+    out_proj: torch.Tensor
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+    states: torch.Tensor
+    history: torch.Tensor
+    conv_index: torch.Tensor
+    dims: GDNDims
+    has_z: bool
+    beta_scale: float
+    eps: float  # the input and post-attention RMSNorms'
+    norm_eps: float  # the gated norm's
+    config: PersistentConfig = field(default_factory=PersistentConfig)
+    spin_cap: int = SPIN_CAP
+
+    def __post_init__(self) -> None:
+        L, n1, d = self.in_proj.shape
+        h, hv, dk, dv = self.dims
+        c = self.dims.conv_dim
+        if n1 != c + (hv * dv if self.has_z else 0) + 2 * hv:
+            raise ConfigError(f"in_proj has {n1} rows; the dims {self.dims} need {c} + z + {2 * hv}")
+        if self.gate_up.shape[1] % 2 or self.gate_up.shape[2] != d or self.down.shape[1:] != (
+            d, self.gate_up.shape[1] // 2
+        ):  # fmt: skip
+            raise ConfigError("gate_up must be [L, 2 I, D] and down [L, D, I]")
+        if self.states.dtype != torch.float32 or self.states.shape != (L, hv, dv, dk):
+            raise ConfigError(f"states must be float32 [L, HV, d_v, d_k] = {(L, hv, dv, dk)}")
+        big = max(n1 * d, self.gate_up.shape[1] * d, d * hv * dv)
+        if L * big >= 2**31:
+            raise ConfigError("a stacked matrix over 2^31 elements: the kernel's offsets are int32")
+        self.config = self.config.fitted(dv)
+        dev, dt = self.in_proj.device, self.in_proj.dtype
+        self.x_dtype = dt
+        self.proj = torch.zeros(n1, dtype=dt, device=dev)
+        self.o = torch.zeros(hv * dv, dtype=torch.float32, device=dev)
+        self.act = torch.zeros(self.gate_up.shape[1] // 2, dtype=dt, device=dev)
+        # [0] the barrier counter (zeroed before every launch), [1] the sticky error flag
+        self.sync = torch.zeros(2, dtype=torch.int32, device=dev)
+
+    def configure(self, config: PersistentConfig) -> None:
+        """Launch with ``config`` (fitted to the heads) from now on; capture graphs after it."""
+        self.config = config.fitted(self.dims.d_v)
+
+    @property
+    def layers(self) -> int:
+        return self.in_proj.shape[0]
+
+    @property
+    def error(self) -> torch.Tensor:
+        """The sticky barrier error flag ([1] int32 on the device; 0: every barrier of every launch met)."""
+        return self.sync[1:]
+
+    def blocks(self) -> int:
+        """The most row blocks (or core tiles) of any stage: more programs than this would idle."""
+        cfg, (_, hv, _, dv) = self.config, self.dims
+        d, n1, i = self.in_proj.shape[2], self.in_proj.shape[1], self.down.shape[2]
+        rows = [(n1, cfg.in_tile), (d, cfg.out_tile), (i, cfg.gate_up_tile), (d, cfg.down_tile)]
+        return max(hv * triton.cdiv(dv, cfg.block_v), *(triton.cdiv(n, tile[0]) for n, tile in rows))
+
+
+# ----------------------------------------------------------------------------------- device functions
+
+
+@triton.jit
+def _vec_tile(ptr, zero_n, o_k, m_k, EVEN: tl.constexpr, CG: tl.constexpr, ACC: tl.constexpr):
+    """A vector's columns o_k as a [BN, BK] tile in the weight tile's layout (stride-0 rows)."""
+    p = ptr + zero_n[:, None] + o_k[None, :]
+    if EVEN:
+        if CG:
+            return tl.load(p, cache_modifier=".cg").to(ACC)
+        return tl.load(p).to(ACC)
+    return ld(p, m_k[None, :], CG).to(ACC)
+
+
+@triton.jit
+def _w_tile(w_ptr, o_w, o_k, m_k, K: tl.constexpr, EVEN: tl.constexpr, ACC: tl.constexpr):
+    p = w_ptr + o_w[:, None] * K + o_k[None, :]
+    if EVEN:
+        return tl.load(p).to(ACC)
+    return tl.load(p, mask=m_k[None, :], other=0.0).to(ACC)
+
+
+@triton.jit
+def _rstd(x_ptr, eps, D: tl.constexpr, DP: tl.constexpr, ACC: tl.constexpr):
+    """1 / rms(x) of the vector x [D] (written in this launch: L2 loads)."""
+    o = tl.arange(0, DP)
+    x = ld(x_ptr + o, o < D, True).to(ACC)
+    return 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
+
+
+@triton.jit
+def _norm_rows(x_ptr, scale_ptr, w_ptr, out_ptr, eps, nprog, N: tl.constexpr, D: tl.constexpr,
+               DP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GATE_UP: tl.constexpr,
+               ACC: tl.constexpr):  # fmt: skip
+    """out = W (x / rms(x) * scale) over this program's row blocks; GATE_UP: W is [2 N, D] = [gate; up]
+    and out = SiLU(gate rows) * up rows."""
+    EVEN: tl.constexpr = D % BK == 0
+    rstd = _rstd(x_ptr, eps, D, DP, ACC)
+    for blk in range(tl.program_id(0), tl.cdiv(N, BN), nprog):
+        o_n = blk * BN + tl.arange(0, BN)
+        o_w = tl.minimum(o_n, N - 1)  # past N: the last row again (never stored)
+        zero_n = o_n * 0
+        a = tl.zeros([BN, BK], dtype=ACC)
+        u = tl.zeros([BN, BK], dtype=ACC)
+        for k0 in range(0, D, BK):
+            o_k = k0 + tl.arange(0, BK)
+            m_k = o_k < D
+            v = _vec_tile(x_ptr, zero_n, o_k, m_k, EVEN, True, ACC) * _vec_tile(
+                scale_ptr, zero_n, o_k, m_k, EVEN, False, ACC
+            )
+            a += _w_tile(w_ptr, o_w, o_k, m_k, D, EVEN, ACC) * v
+            if GATE_UP:
+                u += _w_tile(w_ptr + N * D, o_w, o_k, m_k, D, EVEN, ACC) * v
+        y = tl.sum(a, axis=1) * rstd
+        if GATE_UP:
+            y = silu(y) * (tl.sum(u, axis=1) * rstd)
+        tl.store(out_ptr + o_n, round_to(y, out_ptr), mask=o_n < N)
+
+
+@triton.jit
+def _residual_rows(x_ptr, w_ptr, v_ptr, z_ptr, gnw_ptr, gn_eps, nprog, N: tl.constexpr, K: tl.constexpr,
+                   BN: tl.constexpr, BK: tl.constexpr, GATED: tl.constexpr, HAS_Z: tl.constexpr,
+                   DV: tl.constexpr, DVP: tl.constexpr, ACC: tl.constexpr):  # fmt: skip
+    """x += W v over this program's row blocks (W [N, K]). GATED: v = GatedRMSNorm(o, z) with o = v_ptr
+    (float32 [K = HV d_v]), built per K chunk (BK divides d_v: one head a chunk), rounded to x's dtype."""
+    EVEN: tl.constexpr = K % BK == 0
+    for blk in range(tl.program_id(0), tl.cdiv(N, BN), nprog):
+        o_n = blk * BN + tl.arange(0, BN)
+        o_w = tl.minimum(o_n, N - 1)
+        zero_n = o_n * 0
+        a = tl.zeros([BN, BK], dtype=ACC)
+        for k0 in range(0, K, BK):
+            o_k = k0 + tl.arange(0, BK)
+            m_k = o_k < K
+            v = _vec_tile(v_ptr, zero_n, o_k, m_k, EVEN, True, ACC)
+            if GATED:
+                head = k0 // DV
+                o_h = tl.arange(0, DVP)
+                oh = ld(v_ptr + head * DV + o_h, o_h < DV, True).to(ACC)
+                v = v / tl.sqrt(tl.sum(oh * oh, axis=0) / DV + gn_eps)
+                v *= _vec_tile(gnw_ptr, zero_n, o_k % DV, m_k, EVEN, False, ACC)
+                if HAS_Z:
+                    v *= silu(_vec_tile(z_ptr, zero_n, o_k, m_k, EVEN, True, ACC))
+                v = round_to(v, x_ptr).to(ACC)
+            a += _w_tile(w_ptr, o_w, o_k, m_k, K, EVEN, ACC) * v
+        y = tl.sum(a, axis=1) + ld(x_ptr + o_w, o_n < N, True).to(ACC)
+        tl.store(x_ptr + o_n, round_to(y, x_ptr), mask=o_n < N)
+
+
+@triton.jit
+def _layers_kernel(
+    x_ptr, in_norm_ptr, in_w_ptr, proj_ptr, hist_ptr, taps_ptr, bias_ptr, idx_ptr, nd_ptr, dtb_ptr, state_ptr,
+    o_ptr, gnw_ptr, out_w_ptr, post_ptr, gu_ptr, act_ptr, down_ptr, sync_ptr, eps, gn_eps, scale, beta_scale,
+    layer0, n_layers, nprog,
+    D: tl.constexpr, DP: tl.constexpr, N1: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
+    DV: tl.constexpr, W: tl.constexpr, I: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_Z: tl.constexpr,
+    BN1: tl.constexpr, BK1: tl.constexpr, BN3: tl.constexpr, BK3: tl.constexpr, BN4: tl.constexpr,
+    BK4: tl.constexpr, BN5: tl.constexpr, BK5: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr,
+    DKP: tl.constexpr, DVP: tl.constexpr, HP: tl.constexpr,
+    STAGE: tl.constexpr, SPIN: tl.constexpr, ACC: tl.constexpr,
+):  # fmt: skip
+    """Layers layer0 .. layer0 + n_layers of one decode token on ``nprog`` programs (module docstring).
+    STAGE -1: every stage, grid barriers between; STAGE s >= 0: stage s alone (staged launches)."""
+    C: tl.constexpr = 2 * H * DK + HV * DV
+    V: tl.constexpr = HV * DV
+    HIST: tl.constexpr = W - 1
+    NVB: tl.constexpr = (DV + BV - 1) // BV
+    pid = tl.program_id(0)
+    for j in range(0, n_layers):
+        lay = layer0 + j
+        b = j * _STAGES  # barriers passed before this layer
+        hist_l = hist_ptr + lay * (HIST * C)
+        if STAGE < 0 or STAGE == 0:
+            _norm_rows(x_ptr, in_norm_ptr + lay * D, in_w_ptr + lay * (N1 * D), proj_ptr, eps, nprog, N1, D,
+                       DP, BN1, BK1, False, ACC)  # fmt: skip
+        if STAGE < 0:
+            grid_sync(sync_ptr, sync_ptr + 1, (b + 1) * nprog, SPIN)
+        if STAGE < 0 or STAGE == 1:
+            for item in range(pid, HV * NVB, nprog):
+                decode_tile(proj_ptr, hist_l, taps_ptr + lay * (C * W), bias_ptr + lay * C, idx_ptr,
+                            nd_ptr + lay * HV, dtb_ptr + lay * HV, state_ptr + lay * (V * DK), o_ptr, scale,
+                            beta_scale, item // NVB, item % NVB, H, HV, DK, DV, W, N1 - 2 * HV, DKP, BV,
+                            HAS_BIAS, ACC, True)  # fmt: skip
+        if STAGE < 0:
+            grid_sync(sync_ptr, sync_ptr + 1, (b + 2) * nprog, SPIN)
+        if STAGE < 0 or STAGE == 2:
+            _residual_rows(x_ptr, out_w_ptr + lay * (D * V), o_ptr, proj_ptr + C, gnw_ptr + lay * DV, gn_eps,
+                           nprog, D, V, BN3, BK3, True, HAS_Z, DV, DVP, ACC)  # fmt: skip
+            if HIST > 0:
+                for cb in range(pid, tl.cdiv(C, BC), nprog):
+                    chan = cb * BC + tl.arange(0, BC)
+                    _shift_history(hist_l, proj_ptr, chan, chan < C, C, HIST, HP, True)
+        if STAGE < 0:
+            grid_sync(sync_ptr, sync_ptr + 1, (b + 3) * nprog, SPIN)
+        if STAGE < 0 or STAGE == 3:
+            _norm_rows(x_ptr, post_ptr + lay * D, gu_ptr + lay * (2 * I * D), act_ptr, eps, nprog, I, D, DP,
+                       BN4, BK4, True, ACC)  # fmt: skip
+        if STAGE < 0:
+            grid_sync(sync_ptr, sync_ptr + 1, (b + 4) * nprog, SPIN)
+        if STAGE < 0 or STAGE == 4:
+            _residual_rows(x_ptr, down_ptr + lay * (D * I), act_ptr, act_ptr, gnw_ptr, gn_eps, nprog, D, I,
+                           BN5, BK5, False, False, DV, DVP, ACC)  # fmt: skip
+        if STAGE < 0:
+            grid_sync(sync_ptr, sync_ptr + 1, (b + 5) * nprog, SPIN)
+
+
+# ------------------------------------------------------------------------------------------- host
+
+
+def _args(pg: PersistentGDN, x: torch.Tensor) -> tuple[list, dict]:
+    h, hv, dk, dv = pg.dims
+    L, n1, d = pg.in_proj.shape
+    cfg = pg.config
+    args = [
+        x, pg.in_norm, pg.in_proj, pg.proj, pg.history, pg.taps,
+        pg.conv_bias if pg.conv_bias is not None else pg.taps, pg.conv_index, pg.neg_decay, pg.dt_bias,
+        pg.states, pg.o, pg.norm_weight, pg.out_proj, pg.post_norm, pg.gate_up, pg.act, pg.down, pg.sync,
+        float(pg.eps), float(pg.norm_eps), dk**-0.5, float(pg.beta_scale),
+    ]  # fmt: skip
+    consts = dict(
+        D=d, DP=pow2(d), N1=n1, H=h, HV=hv, DK=dk, DV=dv, W=pg.taps.shape[2], I=pg.down.shape[2],
+        HAS_BIAS=pg.conv_bias is not None, HAS_Z=pg.has_z, BN1=cfg.in_tile[0], BK1=cfg.in_tile[1],
+        BN3=cfg.out_tile[0], BK3=cfg.out_tile[1], BN4=cfg.gate_up_tile[0], BK4=cfg.gate_up_tile[1],
+        BN5=cfg.down_tile[0], BK5=cfg.down_tile[1], BV=cfg.block_v, DKP=pow2(dk), DVP=pow2(dv),
+        HP=pow2(max(1, pg.taps.shape[2] - 1)), ACC=acc_dtype(x.dtype),
+        SPIN=pg.spin_cap, num_warps=cfg.num_warps,
+    )  # fmt: skip
+    return args, consts
+
+
+_SLOTS: dict[tuple, int] = {}  # (device, launch constants) -> programs the device holds at once
+
+
+def device_slots(pg: PersistentGDN, x: torch.Tensor, bc: int) -> int:
+    """SMs x :func:`~repro.gdn.triton_common.resident_ctas` of the persistent binary (compiled once per
+    device and constants)."""
+    args, consts = _args(pg, x)
+    dev = x.device
+    key = (dev, tuple(sorted((k, repr(v)) for k, v in consts.items())), bc)
+    if key not in _SLOTS:
+        binary = _layers_kernel.warmup(*args, 0, pg.layers, 2, BC=bc, STAGE=-1, grid=(2,), **consts)
+        binary._init_handles()
+        held = resident_ctas(binary.n_regs, consts["num_warps"], binary.metadata.shared, dev)
+        _SLOTS[key] = sm_count(dev) * held
+    return _SLOTS[key]
+
+
+def programs_for(pg: PersistentGDN, x: torch.Tensor, staged: bool) -> int:
+    """P: the configured count, else the most blocks of any stage, clamped (persistent launches on CUDA) to
+    what the device holds at once; 3 in the CPU interpreter (programs run one by one)."""
+    want = pg.config.programs or (3 if x.device.type != "cuda" else pg.blocks())
+    if staged or x.device.type != "cuda":
+        return want
+    return max(1, min(want, device_slots(pg, x, _channel_block(pg, want))))
+
+
+def _channel_block(pg: PersistentGDN, programs: int) -> int:
+    """Channels of the history shift per block: about one block a program."""
+    return pow2(triton.cdiv(pg.dims.conv_dim, programs))
+
+
+def decode_layers(pg: PersistentGDN, x: torch.Tensor, staged: bool | None = None) -> None:
+    """Every layer of one decode token: ``x`` [1, D] (the embedded token, contiguous, in the weights' dtype)
+    becomes the last layer's output in place; states and conv histories move on by the token.
+
+    ``staged`` (default: off CUDA): one launch a stage and layer over the same programs, no barriers (the
+    CPU interpreter's way; on CUDA a check of the persistent launch: the same bits). Capture-safe."""
+    if x.dtype != pg.x_dtype or x.numel() != pg.in_proj.shape[2] or not x.is_contiguous():
+        raise ConfigError(f"x must be one contiguous row of {pg.in_proj.shape[2]} {pg.x_dtype}")
+    cuda = x.device.type == "cuda"
+    staged = (not cuda) if staged is None else staged
+    p = programs_for(pg, x, staged)
+    args, consts = _args(pg, x)
+    bc = _channel_block(pg, p)
+    if staged:
+        for lay in range(pg.layers):
+            for stage in range(STAGES):
+                _layers_kernel[(p,)](*args, lay, 1, p, BC=bc, STAGE=stage, **consts)
+        return
+    if not cuda:
+        raise ConfigError("a persistent launch (grid barriers) needs CUDA; the interpreter runs staged")
+    pg.sync[:1].zero_()
+    _layers_kernel[(p,)](*args, 0, pg.layers, p, BC=bc, STAGE=-1, **consts)
