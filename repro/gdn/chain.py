@@ -50,20 +50,25 @@ def head_class(value_heads: int) -> str:
     return "few" if value_heads <= FEW_HEADS else "many"
 
 
-def select_tree_kernel(kernel_dtype: torch.dtype, value_heads: int) -> str:
+SPLIT_WINDOW = (64, 128)  # tree sizes n with lo < n <= hi where the split form wins at many heads too
+
+
+def select_tree_kernel(kernel_dtype: torch.dtype, value_heads: int, nodes: int | None = None) -> str:
     """The Triton tree kernel for a tree's verification: "split" for bf16/fp16 kernel inputs and few
-    value heads (:func:`head_class`), else "fused".
+    value heads (:func:`head_class`), or for bf16/fp16 trees of ``nodes`` in :data:`SPLIT_WINDOW` at any
+    head count; else "fused".
 
     From CUDA-graph medians on an H200 (us per layer call, bf16 inputs): SpecLA's shape (HV = 8, d = 256)
-    split 17.8 vs fused 22.9 at T = 64 and 27.4 vs 50.0 at T = 128; Weaver's (HV = 48, d = 128) 42.8 vs
-    42.4 at T = 128 (a tie: the fused kernel already has enough programs); float32 inputs: split loses
-    badly (47-110 us). The threshold (:data:`FEW_HEADS`) sits between the measured 8 and 48 heads.
-    Since the split form walks two 64-row blocks with 4 warps at 64 < T <= 128, it beats the fused kernel
-    at Weaver's T = 128 too (31.2 vs 38.5 us, results/2026-12-03-h200-inverse-halves); not yet a choice
-    here: it would be one per tree size (T = 64 and 256 unmeasured at those settings).
+    split 17.8 vs fused 22.9 at T = 64 and 27.4 vs 50.0 at T = 128; float32 inputs: split loses badly
+    (47-110 us). The threshold (:data:`FEW_HEADS`) sits between the measured 8 and 48 heads. At Weaver's
+    shape (HV = 48, d = 128), since the split form walks two 64-row blocks with 4 warps at 64 < T <= 128:
+    split 32.8 vs fused 41.5 at T = 128 (`repro bench kernels`), 16.5-17.5 vs 16.6 at T = 64 (a tie) and
+    107.8 vs 99.8 at T = 256 (results/2026-12-03-h200-persistent-decode): the split form for 64 < n <= 128
+    only.
     """
     low = kernel_dtype in (torch.bfloat16, torch.float16)
-    return "split" if low and head_class(value_heads) == "few" else "fused"
+    window = nodes is not None and SPLIT_WINDOW[0] < nodes <= SPLIT_WINDOW[1]
+    return "split" if low and (head_class(value_heads) == "few" or window) else "fused"
 
 
 def choose(length: int, value_heads: int, table: Table | None = None) -> str:

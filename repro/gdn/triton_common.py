@@ -219,21 +219,27 @@ def ld(ptr, mask, CG: tl.constexpr):
 
 
 @triton.jit
-def grid_sync(ctr_ptr, err_ptr, target, SPIN: tl.constexpr):
+def grid_sync(ctr_ptr, err_ptr, target, SPIN: tl.constexpr, LOAD_POLL: tl.constexpr = False):
     """A grid barrier of a persistent launch (every program co-resident): a block barrier (every thread's
     stores issued), then one ``atomic_add(ctr, 1, acq_rel, gpu)`` (its release publishes the block's
     stores) and acquire polls of ``ctr`` until it reaches ``target`` (barrier k of P programs: k P; the
     counter is zeroed before the launch), then a block barrier (the acquire orders the block's later
     loads). A poll past SPIN iterations sets ``err`` and goes on (no hang; the launch's results are not to
-    be trusted); a program that finds ``err`` set does not spin."""
+    be trusted); a program that finds ``err`` set does not spin. LOAD_POLL: the polls are volatile loads
+    (no read-modify-write at the counter's L2 slice) and one acquire atomic follows the last."""
     tl.debug_barrier()
     tl.atomic_add(ctr_ptr, 1, sem="acq_rel", scope="gpu")
     failed = tl.atomic_add(err_ptr, 0, sem="acquire", scope="gpu") != 0
     spins = tl.where(failed, SPIN, 0)
     cur = tl.atomic_add(ctr_ptr, 0, sem="acquire", scope="gpu")
     while (cur < target) & (spins < SPIN):
-        cur = tl.atomic_add(ctr_ptr, 0, sem="acquire", scope="gpu")
+        if LOAD_POLL:
+            cur = tl.load(ctr_ptr, volatile=True)
+        else:
+            cur = tl.atomic_add(ctr_ptr, 0, sem="acquire", scope="gpu")
         spins += 1
+    if LOAD_POLL:
+        cur = tl.atomic_add(ctr_ptr, 0, sem="acquire", scope="gpu")  # orders the block's later loads
     tl.store(err_ptr, 1, mask=cur < target)
     tl.debug_barrier()
 

@@ -59,7 +59,11 @@ SPIN_CAP = 1 << 22  # polls of a grid barrier before the error flag is set
 class PersistentConfig:
     """Launch options (speed only: a value never depends on them beyond summation order, and never on
     ``programs``): (rows, K columns) per block of in_proj, out_proj, gate|up and down; the core's d_v
-    tile; warps; programs (None: SMs x resident CTAs, at most the most blocks of any stage)."""
+    tile; warps; programs (None: SMs x resident CTAs, at most the most blocks of any stage);
+    ``cached_vectors``: the vectors another program wrote read through L1 (plain loads: the barrier's
+    acquire orders them after the writes) instead of L2 only; ``load_poll``: the barrier polls with
+    volatile loads, then one acquire, instead of acquire atomics
+    (:func:`~repro.gdn.triton_common.grid_sync`)."""
 
     in_tile: tuple[int, int] = (32, 256)
     out_tile: tuple[int, int] = (16, 256)
@@ -68,6 +72,8 @@ class PersistentConfig:
     block_v: int = 32
     num_warps: int = 8
     programs: int | None = None
+    cached_vectors: bool = False
+    load_poll: bool = False
 
     def __post_init__(self) -> None:
         sizes = [*self.in_tile, *self.out_tile, *self.gate_up_tile, *self.down_tile]
@@ -182,21 +188,21 @@ def _w_tile(w_ptr, o_w, o_k, m_k, K: tl.constexpr, EVEN: tl.constexpr, ACC: tl.c
 
 
 @triton.jit
-def _rstd(x_ptr, eps, D: tl.constexpr, DP: tl.constexpr, ACC: tl.constexpr):
-    """1 / rms(x) of the vector x [D] (written in this launch: L2 loads)."""
+def _rstd(x_ptr, eps, D: tl.constexpr, DP: tl.constexpr, CG: tl.constexpr, ACC: tl.constexpr):
+    """1 / rms(x) of the vector x [D] (written in this launch)."""
     o = tl.arange(0, DP)
-    x = ld(x_ptr + o, o < D, True).to(ACC)
+    x = ld(x_ptr + o, o < D, CG).to(ACC)
     return 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
 
 
 @triton.jit
 def _norm_rows(x_ptr, scale_ptr, w_ptr, out_ptr, eps, nprog, N: tl.constexpr, D: tl.constexpr,
-               DP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GATE_UP: tl.constexpr,
+               DP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GATE_UP: tl.constexpr, CG: tl.constexpr,
                ACC: tl.constexpr):  # fmt: skip
     """out = W (x / rms(x) * scale) over this program's row blocks; GATE_UP: W is [2 N, D] = [gate; up]
     and out = SiLU(gate rows) * up rows."""
     EVEN: tl.constexpr = D % BK == 0
-    rstd = _rstd(x_ptr, eps, D, DP, ACC)
+    rstd = _rstd(x_ptr, eps, D, DP, CG, ACC)
     for blk in range(tl.program_id(0), tl.cdiv(N, BN), nprog):
         o_n = blk * BN + tl.arange(0, BN)
         o_w = tl.minimum(o_n, N - 1)  # past N: the last row again (never stored)
@@ -206,7 +212,7 @@ def _norm_rows(x_ptr, scale_ptr, w_ptr, out_ptr, eps, nprog, N: tl.constexpr, D:
         for k0 in range(0, D, BK):
             o_k = k0 + tl.arange(0, BK)
             m_k = o_k < D
-            v = _vec_tile(x_ptr, zero_n, o_k, m_k, EVEN, True, ACC) * _vec_tile(
+            v = _vec_tile(x_ptr, zero_n, o_k, m_k, EVEN, CG, ACC) * _vec_tile(
                 scale_ptr, zero_n, o_k, m_k, EVEN, False, ACC
             )
             a += _w_tile(w_ptr, o_w, o_k, m_k, D, EVEN, ACC) * v
@@ -221,7 +227,7 @@ def _norm_rows(x_ptr, scale_ptr, w_ptr, out_ptr, eps, nprog, N: tl.constexpr, D:
 @triton.jit
 def _residual_rows(x_ptr, w_ptr, v_ptr, z_ptr, gnw_ptr, gn_eps, nprog, N: tl.constexpr, K: tl.constexpr,
                    BN: tl.constexpr, BK: tl.constexpr, GATED: tl.constexpr, HAS_Z: tl.constexpr,
-                   DV: tl.constexpr, DVP: tl.constexpr, ACC: tl.constexpr):  # fmt: skip
+                   DV: tl.constexpr, DVP: tl.constexpr, CG: tl.constexpr, ACC: tl.constexpr):  # fmt: skip
     """x += W v over this program's row blocks (W [N, K]). GATED: v = GatedRMSNorm(o, z) with o = v_ptr
     (float32 [K = HV d_v]), built per K chunk (BK divides d_v: one head a chunk), rounded to x's dtype."""
     EVEN: tl.constexpr = K % BK == 0
@@ -233,18 +239,18 @@ def _residual_rows(x_ptr, w_ptr, v_ptr, z_ptr, gnw_ptr, gn_eps, nprog, N: tl.con
         for k0 in range(0, K, BK):
             o_k = k0 + tl.arange(0, BK)
             m_k = o_k < K
-            v = _vec_tile(v_ptr, zero_n, o_k, m_k, EVEN, True, ACC)
+            v = _vec_tile(v_ptr, zero_n, o_k, m_k, EVEN, CG, ACC)
             if GATED:
                 head = k0 // DV
                 o_h = tl.arange(0, DVP)
-                oh = ld(v_ptr + head * DV + o_h, o_h < DV, True).to(ACC)
+                oh = ld(v_ptr + head * DV + o_h, o_h < DV, CG).to(ACC)
                 v = v / tl.sqrt(tl.sum(oh * oh, axis=0) / DV + gn_eps)
                 v *= _vec_tile(gnw_ptr, zero_n, o_k % DV, m_k, EVEN, False, ACC)
                 if HAS_Z:
-                    v *= silu(_vec_tile(z_ptr, zero_n, o_k, m_k, EVEN, True, ACC))
+                    v *= silu(_vec_tile(z_ptr, zero_n, o_k, m_k, EVEN, CG, ACC))
                 v = round_to(v, x_ptr).to(ACC)
             a += _w_tile(w_ptr, o_w, o_k, m_k, K, EVEN, ACC) * v
-        y = tl.sum(a, axis=1) + ld(x_ptr + o_w, o_n < N, True).to(ACC)
+        y = tl.sum(a, axis=1) + ld(x_ptr + o_w, o_n < N, CG).to(ACC)
         tl.store(x_ptr + o_n, round_to(y, x_ptr), mask=o_n < N)
 
 
@@ -252,16 +258,17 @@ def _residual_rows(x_ptr, w_ptr, v_ptr, z_ptr, gnw_ptr, gn_eps, nprog, N: tl.con
 def _layers_kernel(
     x_ptr, in_norm_ptr, in_w_ptr, proj_ptr, hist_ptr, taps_ptr, bias_ptr, idx_ptr, nd_ptr, dtb_ptr, state_ptr,
     o_ptr, gnw_ptr, out_w_ptr, post_ptr, gu_ptr, act_ptr, down_ptr, sync_ptr, eps, gn_eps, scale, beta_scale,
-    layer0, n_layers, nprog,
+    layer0, n_layers, nprog, stages, barriers,
     D: tl.constexpr, DP: tl.constexpr, N1: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
     DV: tl.constexpr, W: tl.constexpr, I: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_Z: tl.constexpr,
     BN1: tl.constexpr, BK1: tl.constexpr, BN3: tl.constexpr, BK3: tl.constexpr, BN4: tl.constexpr,
     BK4: tl.constexpr, BN5: tl.constexpr, BK5: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr,
     DKP: tl.constexpr, DVP: tl.constexpr, HP: tl.constexpr,
-    STAGE: tl.constexpr, SPIN: tl.constexpr, ACC: tl.constexpr,
+    SPIN: tl.constexpr, LOAD_POLL: tl.constexpr, CG: tl.constexpr, ACC: tl.constexpr,
 ):  # fmt: skip
-    """Layers layer0 .. layer0 + n_layers of one decode token on ``nprog`` programs (module docstring).
-    STAGE -1: every stage, grid barriers between; STAGE s >= 0: stage s alone (staged launches)."""
+    """Layers layer0 .. layer0 + n_layers of one decode token on ``nprog`` programs (module docstring):
+    the stages in the bitmask ``stages`` (bit s: stage s), a grid barrier after each stage if ``barriers``
+    (one binary for persistent and staged launches: run-time branches)."""
     C: tl.constexpr = 2 * H * DK + HV * DV
     V: tl.constexpr = HV * DV
     HIST: tl.constexpr = W - 1
@@ -271,38 +278,38 @@ def _layers_kernel(
         lay = layer0 + j
         b = j * _STAGES  # barriers passed before this layer
         hist_l = hist_ptr + lay * (HIST * C)
-        if STAGE < 0 or STAGE == 0:
+        if (stages >> 0) & 1:
             _norm_rows(x_ptr, in_norm_ptr + lay * D, in_w_ptr + lay * (N1 * D), proj_ptr, eps, nprog, N1, D,
-                       DP, BN1, BK1, False, ACC)  # fmt: skip
-        if STAGE < 0:
-            grid_sync(sync_ptr, sync_ptr + 1, (b + 1) * nprog, SPIN)
-        if STAGE < 0 or STAGE == 1:
+                       DP, BN1, BK1, False, CG, ACC)  # fmt: skip
+        if barriers:
+            grid_sync(sync_ptr, sync_ptr + 1, (b + 1) * nprog, SPIN, LOAD_POLL)
+        if (stages >> 1) & 1:
             for item in range(pid, HV * NVB, nprog):
                 decode_tile(proj_ptr, hist_l, taps_ptr + lay * (C * W), bias_ptr + lay * C, idx_ptr,
                             nd_ptr + lay * HV, dtb_ptr + lay * HV, state_ptr + lay * (V * DK), o_ptr, scale,
                             beta_scale, item // NVB, item % NVB, H, HV, DK, DV, W, N1 - 2 * HV, DKP, BV,
-                            HAS_BIAS, ACC, True)  # fmt: skip
-        if STAGE < 0:
-            grid_sync(sync_ptr, sync_ptr + 1, (b + 2) * nprog, SPIN)
-        if STAGE < 0 or STAGE == 2:
+                            HAS_BIAS, ACC, CG)  # fmt: skip
+        if barriers:
+            grid_sync(sync_ptr, sync_ptr + 1, (b + 2) * nprog, SPIN, LOAD_POLL)
+        if (stages >> 2) & 1:
             _residual_rows(x_ptr, out_w_ptr + lay * (D * V), o_ptr, proj_ptr + C, gnw_ptr + lay * DV, gn_eps,
-                           nprog, D, V, BN3, BK3, True, HAS_Z, DV, DVP, ACC)  # fmt: skip
+                           nprog, D, V, BN3, BK3, True, HAS_Z, DV, DVP, CG, ACC)  # fmt: skip
             if HIST > 0:
                 for cb in range(pid, tl.cdiv(C, BC), nprog):
                     chan = cb * BC + tl.arange(0, BC)
-                    _shift_history(hist_l, proj_ptr, chan, chan < C, C, HIST, HP, True)
-        if STAGE < 0:
-            grid_sync(sync_ptr, sync_ptr + 1, (b + 3) * nprog, SPIN)
-        if STAGE < 0 or STAGE == 3:
+                    _shift_history(hist_l, proj_ptr, chan, chan < C, C, HIST, HP, CG)
+        if barriers:
+            grid_sync(sync_ptr, sync_ptr + 1, (b + 3) * nprog, SPIN, LOAD_POLL)
+        if (stages >> 3) & 1:
             _norm_rows(x_ptr, post_ptr + lay * D, gu_ptr + lay * (2 * I * D), act_ptr, eps, nprog, I, D, DP,
-                       BN4, BK4, True, ACC)  # fmt: skip
-        if STAGE < 0:
-            grid_sync(sync_ptr, sync_ptr + 1, (b + 4) * nprog, SPIN)
-        if STAGE < 0 or STAGE == 4:
+                       BN4, BK4, True, CG, ACC)  # fmt: skip
+        if barriers:
+            grid_sync(sync_ptr, sync_ptr + 1, (b + 4) * nprog, SPIN, LOAD_POLL)
+        if (stages >> 4) & 1:
             _residual_rows(x_ptr, down_ptr + lay * (D * I), act_ptr, act_ptr, gnw_ptr, gn_eps, nprog, D, I,
-                           BN5, BK5, False, False, DV, DVP, ACC)  # fmt: skip
-        if STAGE < 0:
-            grid_sync(sync_ptr, sync_ptr + 1, (b + 5) * nprog, SPIN)
+                           BN5, BK5, False, False, DV, DVP, CG, ACC)  # fmt: skip
+        if barriers:
+            grid_sync(sync_ptr, sync_ptr + 1, (b + 5) * nprog, SPIN, LOAD_POLL)
 
 
 # ------------------------------------------------------------------------------------------- host
@@ -322,63 +329,63 @@ def _args(pg: PersistentGDN, x: torch.Tensor) -> tuple[list, dict]:
         D=d, DP=pow2(d), N1=n1, H=h, HV=hv, DK=dk, DV=dv, W=pg.taps.shape[2], I=pg.down.shape[2],
         HAS_BIAS=pg.conv_bias is not None, HAS_Z=pg.has_z, BN1=cfg.in_tile[0], BK1=cfg.in_tile[1],
         BN3=cfg.out_tile[0], BK3=cfg.out_tile[1], BN4=cfg.gate_up_tile[0], BK4=cfg.gate_up_tile[1],
-        BN5=cfg.down_tile[0], BK5=cfg.down_tile[1], BV=cfg.block_v, DKP=pow2(dk), DVP=pow2(dv),
-        HP=pow2(max(1, pg.taps.shape[2] - 1)), ACC=acc_dtype(x.dtype),
-        SPIN=pg.spin_cap, num_warps=cfg.num_warps,
+        BN5=cfg.down_tile[0], BK5=cfg.down_tile[1], BV=cfg.block_v, BC=min(128, pow2(pg.dims.conv_dim)),
+        DKP=pow2(dk), DVP=pow2(dv), HP=pow2(max(1, pg.taps.shape[2] - 1)), ACC=acc_dtype(x.dtype),
+        SPIN=pg.spin_cap, LOAD_POLL=cfg.load_poll, CG=not cfg.cached_vectors, num_warps=cfg.num_warps,
     )  # fmt: skip
     return args, consts
 
 
+ALL_STAGES = (1 << STAGES) - 1
 _SLOTS: dict[tuple, int] = {}  # (device, launch constants) -> programs the device holds at once
 
 
-def device_slots(pg: PersistentGDN, x: torch.Tensor, bc: int) -> int:
-    """SMs x :func:`~repro.gdn.triton_common.resident_ctas` of the persistent binary (compiled once per
-    device and constants)."""
+def device_slots(pg: PersistentGDN, x: torch.Tensor) -> int:
+    """SMs x :func:`~repro.gdn.triton_common.resident_ctas` of the binary (compiled once per device and
+    constants)."""
     args, consts = _args(pg, x)
     dev = x.device
-    key = (dev, tuple(sorted((k, repr(v)) for k, v in consts.items())), bc)
+    key = (dev, tuple(sorted((k, repr(v)) for k, v in consts.items())))
     if key not in _SLOTS:
-        binary = _layers_kernel.warmup(*args, 0, pg.layers, 2, BC=bc, STAGE=-1, grid=(2,), **consts)
+        binary = _layers_kernel.warmup(*args, 0, pg.layers, 2, ALL_STAGES, 1, grid=(2,), **consts)
         binary._init_handles()
         held = resident_ctas(binary.n_regs, consts["num_warps"], binary.metadata.shared, dev)
         _SLOTS[key] = sm_count(dev) * held
     return _SLOTS[key]
 
 
-def programs_for(pg: PersistentGDN, x: torch.Tensor, staged: bool) -> int:
-    """P: the configured count, else the most blocks of any stage, clamped (persistent launches on CUDA) to
-    what the device holds at once; 3 in the CPU interpreter (programs run one by one)."""
+def programs_for(pg: PersistentGDN, x: torch.Tensor) -> int:
+    """P: the configured count, else the most blocks of any stage; on CUDA clamped to what the device holds
+    at once (staged launches too: the same programs, so the same bits); 3 in the CPU interpreter (programs
+    run one by one there)."""
     want = pg.config.programs or (3 if x.device.type != "cuda" else pg.blocks())
-    if staged or x.device.type != "cuda":
+    if x.device.type != "cuda":
         return want
-    return max(1, min(want, device_slots(pg, x, _channel_block(pg, want))))
+    return max(1, min(want, device_slots(pg, x)))
 
 
-def _channel_block(pg: PersistentGDN, programs: int) -> int:
-    """Channels of the history shift per block: about one block a program."""
-    return pow2(triton.cdiv(pg.dims.conv_dim, programs))
-
-
-def decode_layers(pg: PersistentGDN, x: torch.Tensor, staged: bool | None = None) -> None:
+def decode_layers(
+    pg: PersistentGDN, x: torch.Tensor, staged: bool | None = None, stages: int = ALL_STAGES
+) -> None:
     """Every layer of one decode token: ``x`` [1, D] (the embedded token, contiguous, in the weights' dtype)
     becomes the last layer's output in place; states and conv histories move on by the token.
 
-    ``staged`` (default: off CUDA): one launch a stage and layer over the same programs, no barriers (the
-    CPU interpreter's way; on CUDA a check of the persistent launch: the same bits). Capture-safe."""
+    ``staged`` (default: off CUDA): one launch a stage and layer over the same programs and binary, no
+    barriers (the CPU interpreter's way; on CUDA a check of the persistent launch: the same bits).
+    ``stages`` (a bitmask, persistent launches; diagnostics only: any other than :data:`ALL_STAGES` leaves
+    wrong results): the stages that run, every barrier kept (0: the barriers' own cost). Capture-safe."""
     if x.dtype != pg.x_dtype or x.numel() != pg.in_proj.shape[2] or not x.is_contiguous():
         raise ConfigError(f"x must be one contiguous row of {pg.in_proj.shape[2]} {pg.x_dtype}")
     cuda = x.device.type == "cuda"
     staged = (not cuda) if staged is None else staged
-    p = programs_for(pg, x, staged)
+    p = programs_for(pg, x)
     args, consts = _args(pg, x)
-    bc = _channel_block(pg, p)
     if staged:
         for lay in range(pg.layers):
             for stage in range(STAGES):
-                _layers_kernel[(p,)](*args, lay, 1, p, BC=bc, STAGE=stage, **consts)
+                _layers_kernel[(p,)](*args, lay, 1, p, 1 << stage, 0, **consts)
         return
     if not cuda:
         raise ConfigError("a persistent launch (grid barriers) needs CUDA; the interpreter runs staged")
     pg.sync[:1].zero_()
-    _layers_kernel[(p,)](*args, 0, pg.layers, p, BC=bc, STAGE=-1, **consts)
+    _layers_kernel[(p,)](*args, 0, pg.layers, p, stages, 1, **consts)

@@ -918,7 +918,8 @@ class StaticDecoder:
         commits stay per layer (on the views). Needs GDN layers of one shape.
 
         ``tree_kernel`` (triton only): force the "fused" or "split" tree kernel for verify; None picks
-        by :func:`select_tree_kernel` (kernel dtype and value heads). ``fuse_decode`` (needs ``fused``):
+        by :func:`select_tree_kernel` (kernel dtype, value heads and each slot's size: :meth:`tree_kernel_at`;
+        ``self.tree_kernel`` is the choice outside the size window). ``fuse_decode`` (needs ``fused``):
         decode steps on :meth:`_fused_decode`'s kernels; None: with ``gemv`` (the half-precision, small
         width decoders of :class:`~repro.models.graphed.GraphedTarget`); the attribute may be set before
         the decode graph is captured (False: the old decode path, for measurement). ``fuse_verify`` (needs
@@ -978,6 +979,7 @@ class StaticDecoder:
             heads = cfg.linear_num_value_heads
             self.tree_kernel = tree_kernel or select_tree_kernel(self.kernel_dtype, heads)
         self._tree = tree_function(self.kernel, dev, interpreter=True, kernel=self.tree_kernel or "fused")
+        self._tree_forced = tree_kernel is not None
         # closed-form commits of a float32 state on Triton: state and conv history in one path-rows launch
         self._path_commit = None
         if self.kernel == "triton" and self.state_dtype == torch.float32:
@@ -1505,6 +1507,20 @@ class StaticDecoder:
 
         return slot.size <= MAX_VERIFY_ROWS
 
+    def tree_kernel_at(self, nodes: int) -> str | None:
+        """The Triton tree kernel a verify of ``nodes`` nodes runs: the forced one, else
+        :func:`select_tree_kernel` for the size (None: the reference backend)."""
+        if self.tree_kernel is None or self._tree_forced:
+            return self.tree_kernel
+        return select_tree_kernel(self.kernel_dtype, self.model.config.linear_num_value_heads, nodes)
+
+    def _tree_for(self, nodes: int) -> Callable[..., Any]:
+        """The tree function of a verify of ``nodes`` nodes (:meth:`tree_kernel_at`)."""
+        kernel = self.tree_kernel_at(nodes)
+        if kernel is None or kernel == self.tree_kernel:
+            return self._tree
+        return tree_function(self.kernel, self.device, interpreter=True, kernel=kernel)
+
     def _gdn_core(
         self,
         i: int,
@@ -1533,7 +1549,7 @@ class StaticDecoder:
             n = slot.size
             o = torch.empty(n, v.shape[1], v.shape[2], dtype=q.dtype, device=self.device)
             out = (o, mine.delta[i][:n], mine.gate_cum[i][:n], mine.k[i][:n])
-            return self._tree(
+            return self._tree_for(slot.size)(
                 q, k, v, g, beta, buf.recurrent, slot.parents, slot.ancestors, scale, False, self.precision,
                 pending=pending, out=out,
             )  # fmt: skip
@@ -1542,7 +1558,7 @@ class StaticDecoder:
             j = self.gdn_layers.index(i)
             o = torch.empty(slot.size, v.shape[1], v.shape[2], dtype=q.dtype, device=self.device)
             out = (o, slot.stack.delta[j], slot.stack.gate_cum[j], slot.stack.k[j])
-        return self._tree(
+        return self._tree_for(slot.size)(
             q, k, v, g, beta, buf.recurrent, slot.parents, slot.ancestors, scale, slot.snapshots,
             self.precision, out=out,
         )  # fmt: skip

@@ -7,8 +7,10 @@ Random bf16 weights at gdn-1.3b (repro.bench.model.build_model), the graphed eng
 (GEMV matmuls, the separate GDN core: six launches a layer) beside StaticDecoder(persistent=True) under
 each launch configuration of :data:`CONFIGS`: a CUDA graph of REPS ``decode_pick`` steps from one prefilled
 state, median us per step over replays (configurations alternating), the floor (weight bytes over the
-measured copy bandwidth). Checked first: the persistent step equals its staged launches bitwise (logits,
-states), is within bf16 rounding of the separate kernels, and leaves the barrier error flag at 0.
+measured copy bandwidth); then, for the fastest configuration, the layers alone (no head) and under stage
+masks (:func:`decode_layers` ``stages``): the barriers alone and each stage with every barrier (where the
+time goes). Checked first: the persistent step equals its staged launches bitwise (logits, states), is
+within bf16 rounding of the separate kernels, and leaves the barrier error flag at 0.
 Writes OUT_DIR/persistent.json and OUT_DIR/persistent.md; prints the markdown.
 """
 
@@ -33,16 +35,19 @@ from repro.gdn.triton_persistent import PersistentConfig, decode_layers, program
 from repro.models.static import StaticDecoder  # noqa: E402
 
 REPS = 50
+W4 = {"num_warps": 4}
 CONFIGS: dict[str, PersistentConfig] = {
     "default": PersistentConfig(),
-    "warps4": PersistentConfig(num_warps=4),
-    "wide_k": PersistentConfig(in_tile=(16, 512), gate_up_tile=(8, 512), down_tile=(4, 2048)),
-    "tall": PersistentConfig(
-        in_tile=(64, 128), out_tile=(32, 128), gate_up_tile=(32, 128), down_tile=(16, 512)
-    ),
-    "one_per_sm": PersistentConfig(programs=132),
-    "bv16": PersistentConfig(block_v=16),
+    "warps4": PersistentConfig(**W4),
+    "warps4_cached": PersistentConfig(**W4, cached_vectors=True),
+    "warps4_poll": PersistentConfig(**W4, load_poll=True),
+    "warps4_cached_poll": PersistentConfig(**W4, cached_vectors=True, load_poll=True),
+    "cached_poll": PersistentConfig(cached_vectors=True, load_poll=True),
+    "warps4_cached_poll_p264": PersistentConfig(**W4, cached_vectors=True, load_poll=True, programs=264),
+    "warps4_cached_poll_p132": PersistentConfig(**W4, cached_vectors=True, load_poll=True, programs=132),
+    "warps4_cached_poll_bv16": PersistentConfig(**W4, cached_vectors=True, load_poll=True, block_v=16),
 }
+BREAKDOWN = {"barriers only": 0, **{f"stage {s} + barriers": 1 << s for s in range(5)}}
 
 
 def main() -> None:
@@ -85,7 +90,7 @@ def main() -> None:
             vs_separate=err,
             staged_bitwise=bool(same),
             error_flag=int(pg.error),
-            programs=programs_for(pg, x, False),
+            programs=programs_for(pg, x),
             top1_equal=bool(got.argmax() == want.argmax()),
         )
         print(name, checks[name], flush=True)
@@ -94,6 +99,20 @@ def main() -> None:
     sep.load(state)
     graphs["separate"] = graph_of(sep.decode_pick, REPS, (True, False, "auto"))
     us = timed(graphs, REPS, lambda: None)
+    best = min(CONFIGS, key=lambda n: us[n])
+    pg.configure(CONFIGS[best])
+    xbuf = model.model.embed_tokens(torch.tensor([7], device=dev))
+    parts = {
+        f"{best}: {name}": graph_of(
+            lambda m=mask: decode_layers(pg, xbuf, stages=m), REPS, (True, False, "auto")
+        )
+        for name, mask in BREAKDOWN.items()
+    }
+    parts[f"{best}: all stages (no head)"] = graph_of(
+        lambda: decode_layers(pg, xbuf), REPS, (True, False, "auto")
+    )
+    us.update(timed(parts, REPS, lambda: None))
+    graphs.update(parts)
     for name in graphs:
         rows.append(dict(method=name, us=us[name], floor_us=floor, floor_frac=floor / us[name],
                          x_separate=us["separate"] / us[name], **checks.get(name, {}),

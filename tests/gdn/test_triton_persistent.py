@@ -223,11 +223,12 @@ if __name__ == "__main__" and "--interpret" in sys.argv:
     print(json.dumps({"gated": compare("gated", 3, (3, 1)), "odd": compare("odd", 2, (2, 3))}))
 
 
-@pytest.mark.parametrize("stage", [-1, 2])
-def test_persistent_kernel_compiles_for_sm90_at_the_gdn_1p3b_shape(stage: int) -> None:
+@pytest.mark.parametrize("variant", ["default", "cached_load_poll"])
+def test_persistent_kernel_compiles_for_sm90_at_the_gdn_1p3b_shape(variant: str) -> None:
     """The kernel compiled ahead of time for sm_90 (Triton's bundled ptxas, no GPU) with the arguments the
-    host passes at the GDN-1.3B shape (meta tensors): the persistent binary (grid barriers: atomics) and a
-    staged one (none); what the interpreter cannot check (the compiler's rules for jit globals and types)."""
+    host passes at the GDN-1.3B shape (meta tensors), what the interpreter cannot check (the compiler's
+    rules for jit globals and types): by default the launch's scratch read past L1 and the barriers'
+    polls acquire atomics; with ``cached_vectors`` and ``load_poll`` plain loads and volatile polls."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -241,27 +242,23 @@ def test_persistent_kernel_compiles_for_sm90_at_the_gdn_1p3b_shape(stage: int) -
         return torch.empty(*shape, dtype=dtype, device="meta")
 
     f32 = torch.float32
+    other = variant != "default"
     pg = tp.PersistentGDN(
         in_norm=meta(L, d), in_proj=meta(L, n1, d), taps=meta(L, c, 4), conv_bias=None,
         neg_decay=meta(L, 8, dtype=f32), dt_bias=meta(L, 8, dtype=f32), norm_weight=meta(L, 256),
         out_proj=meta(L, d, d), post_norm=meta(L, d), gate_up=meta(L, 2 * i, d), down=meta(L, d, i),
         states=meta(L, 8, 256, 256, dtype=f32), history=meta(L, 3, c),
         conv_index=meta(1, 4, dtype=torch.long), dims=GDNDims(8, 8, 256, 256), has_z=True, beta_scale=1.0,
-        eps=1e-6, norm_eps=1e-6,
+        eps=1e-6, norm_eps=1e-6, config=PersistentConfig(cached_vectors=other, load_poll=other),
     )  # fmt: skip
-    x = meta(1, d)
-    args, consts = tp._args(pg, x)
+    args, consts = tp._args(pg, meta(1, d))
     warps = consts.pop("num_warps")
-    consts.update(BC=64, STAGE=stage)
     types = {torch.bfloat16: "*bf16", f32: "*fp32", torch.long: "*i64", torch.int32: "*i32"}
     sig = {n: "constexpr" for n in consts}
-    for name, a in zip(tp._layers_kernel.arg_names, [*args, 0, L, 132]):
-        sig[name] = (
-            types[a.dtype] if isinstance(a, torch.Tensor) else ("fp32" if isinstance(a, float) else "i32")
-        )
+    for name, a in zip(tp._layers_kernel.arg_names, [*args, 0, L, 132, tp.ALL_STAGES, 1]):
+        scalar = "fp32" if isinstance(a, float) else "i32"
+        sig[name] = types[a.dtype] if isinstance(a, torch.Tensor) else scalar
     src = ASTSource(fn=tp._layers_kernel, signature=sig, constexprs=consts)
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm["ptx"]
-    assert ("atom.global.gpu.acq_rel.add" in ptx) == (stage < 0), (
-        stage
-    )  # the barriers' release: persistent only
-    assert "ld.global.cg" in ptx  # the launch's scratch read past L1
+    assert "atom.global.gpu.acq_rel.add" in ptx  # the barrier's arrival
+    assert ("ld.global.cg" in ptx) == (not other) and ("ld.volatile.global" in ptx) == other, variant

@@ -306,13 +306,38 @@ def step_calls(dec: StaticDecoder, slot: TreeSlot) -> dict[str, object]:
         (torch.bfloat16, 8, "split"),  # SpecLA's GDN-1.3B: 17.8 vs 22.9 us (T = 64), 27.4 vs 50.0 (T = 128)
         (torch.float16, 16, "split"),
         (torch.bfloat16, 17, "fused"),
-        (torch.bfloat16, 48, "fused"),  # Weaver's shape: a tie (42.8 vs 42.4 us)
+        (torch.bfloat16, 48, "fused"),  # Weaver's shape outside the size window
         (torch.float32, 8, "fused"),  # float32 inputs: split loses badly
         (torch.float64, 4, "fused"),
     ],
 )
 def test_tree_kernel_selection_rule(dtype, heads, want):
     assert select_tree_kernel(dtype, heads) == want
+
+
+def test_tree_kernel_by_tree_size_at_many_heads(monkeypatch):
+    """At Weaver's 48 heads the split form wins for 64 < n <= 128 only (32.8 vs 41.5 us at T = 128; a tie at
+    64; 107.8 vs 99.8 at 256); float32 stays fused; few heads stay split at every size. The static decoder
+    picks per slot size unless a kernel is forced."""
+    bf16 = torch.bfloat16
+    assert [select_tree_kernel(bf16, 48, n) for n in (33, 64, 65, 128, 129, 256)] == [
+        "fused", "fused", "split", "split", "fused", "fused"
+    ]  # fmt: skip
+    assert select_tree_kernel(torch.float32, 48, 128) == "fused"
+    assert select_tree_kernel(bf16, 8, 256) == "split"
+    from repro.gdn import backends
+
+    monkeypatch.setattr(backends, "interpreting", lambda: True)  # the decoder built on the CPU, never run
+    cfg = config([GDN])
+    cfg.linear_num_value_heads = 48
+    m = build(cfg, dtype=bf16, seed=5)
+    dec = StaticDecoder(m, 16, 4, kernel="triton")
+    assert dec.tree_kernel == "fused" and [dec.tree_kernel_at(n) for n in (64, 65, 128, 129)] == [
+        "fused", "split", "split", "fused"
+    ]  # fmt: skip
+    assert dec._tree_for(33) is dec._tree and dec._tree_for(100) is not dec._tree
+    forced = StaticDecoder(m, 16, 4, kernel="triton", tree_kernel="fused")
+    assert forced.tree_kernel_at(100) == "fused" and forced._tree_for(100) is forced._tree
 
 
 def test_tree_kernel_option_needs_the_triton_backend(model):
