@@ -79,7 +79,7 @@ import triton
 import triton.language as tl
 
 from repro.drafters.weaver_growth import DeviceGrowth
-from repro.gdn.triton_common import grid_sync, ld, resident_ctas
+from repro.grid import grid_sync, ld, resident_ctas
 
 if TYPE_CHECKING:
     from repro.drafters.weaver import WeaverConfig, WeaverModel

@@ -36,7 +36,8 @@ import torch
 import triton
 import triton.language as tl
 
-from repro.gdn.triton_common import acc_dtype, interpreting, ld, pdl_args, pdl_start, pow2, round_to, silu
+from repro.gdn.triton_common import acc_dtype, interpreting, pdl_args, pdl_start, pow2, round_to, silu
+from repro.grid import ld
 
 
 class GDNDims(NamedTuple):

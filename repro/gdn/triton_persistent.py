@@ -5,7 +5,7 @@ core, the gated norm, out_proj with the residual, the norm and gate|up with SiLU
 residual) streams ~30 us of weights a layer in ~46 us: every launch pays a ramp and a drain of a few us
 on matrices of 8-46 MB, and neither dependent launch nor early weight loads or L2 prefetches closed it
 (results/2026-12-02-h200-pdl-slots, results/2026-12-03-h200-l2-prefetch). Here P co-resident programs
-walk every layer once, with a grid barrier (:func:`~repro.gdn.triton_common.grid_sync`) between the five
+walk every layer once, with a grid barrier (:func:`~repro.grid.grid_sync`) between the five
 stages of a layer, which pass vectors through global scratch:
 
 0. ``proj = in_proj (x / rms(x) * in_norm)`` (the conv inputs q|k|v, z, a, b);
@@ -29,8 +29,21 @@ barrier would wait forever) gives the same bits as the persistent one. Loads of 
 wrote in the launch (x, proj, o, act) are L2-only (``.cg``). The launch's barrier counter is zeroed
 before it (one memset); a barrier that polls past ``spin_cap`` sets the sticky error flag
 (:attr:`PersistentGDN.error`, nonzero: the step's results are not to be trusted) instead of hanging.
-P is at most SMs x the compiled kernel's resident CTAs (:func:`~repro.gdn.triton_common.resident_ctas`):
+P is at most SMs x the compiled kernel's resident CTAs (:func:`~repro.grid.resident_ctas`):
 every program must be on an SM at once.
+
+Measured on an H200 at GDN-1.3B (bf16, CUDA graphs of 50 steps, scripts/gpu/persistent.py,
+results/2026-12-03-h200-persistent-decode): **slower than the separate kernels**, 1408 us a token at the
+best of nine configurations against 1115 (59% of the weight floor there). Where the time goes (stage
+masks, every barrier kept): the 120 barriers alone 167 us (1.39 us each: about what a dependent launch's
+gap costs, so one launch a step saves nothing by itself); in_proj 10.1 us a layer, gate|up 12.7, down 8.2
+(each ~1.2 us *faster* than its separate GEMV launch); the core 6.5 (separate ~5); out_proj with the
+gated norm 11.7 (separate 6.7: the norm's per-chunk reduction and SiLU are recomputed for every row of
+a block's broadcast tile). Defaults are the best measured settings: 4 warps (352 programs, 3 a SM; 8
+warps leave one a SM: 1850 us), L1-cached vectors (1574 -> 1424 us), d_v tiles of 16; volatile-load
+polls lost (1424 -> 1535). Closing the gap needs less than a grid barrier between stages (flags per row
+block, the next stage's first weight tiles loaded before the wait) and the gated norm computed once;
+until then StaticDecoder keeps ``persistent`` off.
 
 The embedding row before and the final norm and LM head after stay separate launches
 (:class:`repro.models.static.StaticDecoder`, ``persistent``). Semantics: those of the separate fused path
@@ -47,8 +60,9 @@ import triton
 import triton.language as tl
 
 from repro.errors import ConfigError
-from repro.gdn.triton_common import acc_dtype, grid_sync, ld, pow2, resident_ctas, round_to, silu, sm_count
+from repro.gdn.triton_common import acc_dtype, pow2, round_to, silu, sm_count
 from repro.gdn.triton_decode import GDNDims, _shift_history, decode_tile
+from repro.grid import grid_sync, ld, resident_ctas
 
 STAGES = 5  # a layer's stages between grid barriers (module docstring)
 _STAGES = tl.constexpr(STAGES)  # the same, as the kernel reads it
@@ -63,16 +77,16 @@ class PersistentConfig:
     ``cached_vectors``: the vectors another program wrote read through L1 (plain loads: the barrier's
     acquire orders them after the writes) instead of L2 only; ``load_poll``: the barrier polls with
     volatile loads, then one acquire, instead of acquire atomics
-    (:func:`~repro.gdn.triton_common.grid_sync`)."""
+    (:func:`~repro.grid.grid_sync`)."""
 
     in_tile: tuple[int, int] = (32, 256)
     out_tile: tuple[int, int] = (16, 256)
     gate_up_tile: tuple[int, int] = (16, 256)
     down_tile: tuple[int, int] = (8, 1024)
-    block_v: int = 32
-    num_warps: int = 8
+    block_v: int = 16
+    num_warps: int = 4
     programs: int | None = None
-    cached_vectors: bool = False
+    cached_vectors: bool = True
     load_poll: bool = False
 
     def __post_init__(self) -> None:
@@ -341,7 +355,7 @@ _SLOTS: dict[tuple, int] = {}  # (device, launch constants) -> programs the devi
 
 
 def device_slots(pg: PersistentGDN, x: torch.Tensor) -> int:
-    """SMs x :func:`~repro.gdn.triton_common.resident_ctas` of the binary (compiled once per device and
+    """SMs x :func:`~repro.grid.resident_ctas` of the binary (compiled once per device and
     constants)."""
     args, consts = _args(pg, x)
     dev = x.device

@@ -266,7 +266,7 @@ def test_the_27b_weaver_fits_several_programs_only() -> None:
 
 def test_resident_ctas_follow_registers_warps_and_shared_memory() -> None:
     """The co-residency bound behind P (H100 / H200 limits off CUDA: 64 K registers, 2048 threads)."""
-    from repro.gdn.triton_common import resident_ctas
+    from repro.grid import resident_ctas
 
     assert resident_ctas(128, 8, 0) == 2  # 32 K registers a CTA
     assert resident_ctas(128, 4, 0) == 4
