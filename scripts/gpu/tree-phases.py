@@ -94,14 +94,15 @@ def phases(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
 
     args = (x.q, x.k, x.v, x.g, x.beta, x.state, anc, scale, PREC)
     row("fused", lambda: tt.tree_gdn_fused(*args), 40.0)
-    options = {  # tree_gdn_split's options; the memory walk only as the baseline of the first two
+    options = {  # tree_gdn_split's options; the memory walk only as the baseline of three
         "plain": dict(terms=False), "terms": dict(terms=True), "plain-br64": dict(terms=False, block_rows=64),
         "terms-br64": dict(terms=True, block_rows=64), "terms-w8": dict(terms=True, num_warps=8),
         "terms-br32": dict(terms=True, block_rows=32),
         "terms-cbv16": dict(terms=True, commit_block_v=16),
         "terms-cbv64": dict(terms=True, commit_block_v=64),
     }  # fmt: skip
-    variants = {f"split-{name}-memory": dict(options[name], walk="memory") for name in ("plain", "terms")}
+    memory = ("plain", "terms", "terms-br64")
+    variants = {f"split-{name}-memory": dict(options[name], walk="memory") for name in memory}
     variants |= {f"split-{name}-registers": dict(kw, walk="registers") for name, kw in options.items()}
     variants["split"] = {}
     for name, kw in variants.items():
