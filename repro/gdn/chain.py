@@ -50,7 +50,7 @@ def head_class(value_heads: int) -> str:
     return "few" if value_heads <= FEW_HEADS else "many"
 
 
-SPLIT_WINDOW = (64, 128)  # tree sizes n with lo < n <= hi where the split form wins at many heads too
+SPLIT_WINDOW = (64, 256)  # tree sizes n with lo < n <= hi where the split form wins at many heads too
 
 
 def select_tree_kernel(kernel_dtype: torch.dtype, value_heads: int, nodes: int | None = None) -> str:
@@ -61,10 +61,10 @@ def select_tree_kernel(kernel_dtype: torch.dtype, value_heads: int, nodes: int |
     From CUDA-graph medians on an H200 (us per layer call, bf16 inputs): SpecLA's shape (HV = 8, d = 256)
     split 17.8 vs fused 22.9 at T = 64 and 27.4 vs 50.0 at T = 128; float32 inputs: split loses badly
     (47-110 us). The threshold (:data:`FEW_HEADS`) sits between the measured 8 and 48 heads. At Weaver's
-    shape (HV = 48, d = 128), since the split form walks two 64-row blocks with 4 warps at 64 < T <= 128:
-    split 32.8 vs fused 41.5 at T = 128 (`repro bench kernels`), 16.5-17.5 vs 16.6 at T = 64 (a tie) and
-    107.8 vs 99.8 at T = 256 (results/2026-12-03-h200-persistent-decode): the split form for 64 < n <= 128
-    only.
+    shape (HV = 48, d = 128), since the split form walks 64-row blocks with 4 warps at 64 < T <= 256:
+    split 32.8 vs fused 41.5 at T = 128 (`repro bench kernels`), 16.5-17.5 vs 16.6 at T = 64 (a tie) and,
+    on four 64-row blocks walked in registers, 92.1 vs 99.6 at T = 256 (results/2026-12-03-h200-persistent-
+    decode, callAF; on 32-row blocks it lost there, 116.2): the split form for 64 < n <= 256.
     """
     low = kernel_dtype in (torch.bfloat16, torch.float16)
     window = nodes is not None and SPLIT_WINDOW[0] < nodes <= SPLIT_WINDOW[1]

@@ -988,10 +988,10 @@ def split_tiles(
     n: int, hv: int, dv: int, precision: str, block_rows: int | None = None, block_v: int | None = None
 ) -> tuple[int, int]:
     """(block_rows, block_v) of :func:`tree_gdn_split`: the given ones, else BR = 64 for "tf32" at 64 < n
-    <= 128 (two row blocks, walked in registers by phase 2; measured: :func:`tree_gdn_split`), min(32, n)
-    otherwise (>= 16), and the widest BV in 64, 32, 16 that still gives phase 2 at least 128 programs
-    (SpecLA, HV = 8, d_v = 256: 16; Weaver: 64), at most 32 for "ieee"."""
-    br = block_rows or (64 if precision == "tf32" and 64 < n <= 128 else min(32, _pow2_at_least(n)))
+    <= 256 (two to four row blocks, walked in registers by phase 2; measured: :func:`tree_gdn_split`),
+    min(32, n) otherwise (>= 16), and the widest BV in 64, 32, 16 that still gives phase 2 at least 128
+    programs (SpecLA, HV = 8, d_v = 256: 16; Weaver: 64), at most 32 for "ieee"."""
+    br = block_rows or (64 if precision == "tf32" and 64 < n <= 256 else min(32, _pow2_at_least(n)))
     bv = block_v or next((b for b in (64, 32) if hv * triton.cdiv(dv, b) >= 128), 16)
     if block_v is None and precision == "ieee":
         bv = min(bv, 32)  # fp32 FMA dots: the fused kernel's "ieee" tile bound (registers)
@@ -1102,12 +1102,14 @@ def _value_walk(
 
 def split_walk(block_rows: int, row_blocks: int) -> str:
     """Phase 2's walk for ``row_blocks`` blocks of ``block_rows`` rows: "registers" for 64-row blocks, at
-    most two of them (T <= 128), else "memory". Measured on an H200 (bf16, tf32 dots, phase 2 alone on
+    most four of them (T <= 256), else "memory". Measured on an H200 (bf16, tf32 dots, phase 2 alone on
     phase 1's state products; results/2026-12-03-h200-tree-walk): 64-row blocks, registers vs memory,
     SpecLA T = 128 5.7 vs 6.7 us, Weaver 9.7 vs 16.4. At 32-row blocks (four steps) the whole split form
     lost with registers (SpecLA 23.3 vs 22.1, Weaver 39.8 vs 36.9), at Weaver T = 256 (eight steps) badly
-    (179 vs 118; not profiled: presumably the unrolled walk's registers)."""
-    return "registers" if block_rows >= 64 and row_blocks <= 2 else "memory"
+    (179 vs 118; not profiled: presumably the unrolled walk's registers). At T = 256 on four 64-row blocks
+    (whole form, results/2026-12-03-h200-persistent-decode/callAF): Weaver 92.1 registers vs 96.3 memory,
+    SpecLA 40.4 vs 38.4 (32-row blocks, memory: 116.2 / 44.9; fused 99.6 / 116.9)."""
+    return "registers" if block_rows >= 64 and row_blocks <= 4 else "memory"
 
 
 def commit_tiles(

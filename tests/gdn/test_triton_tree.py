@@ -302,7 +302,7 @@ INTERP_CASES = {
         "walk": "registers",
     },
     "split-br64-n80-mixed": {**_SMALL, "n": 80, "kind": "mixed", "split": True, "block_rows": 64},
-    # 64-row blocks (the split form's default for tf32 at 64 < n <= 128), the inverse with and without
+    # 64-row blocks (the split form's default for tf32 at 64 < n <= 256), the inverse with and without
     # its batched base
     "split-br64-n64-mixed-hard-beta2": {
         **_SMALL,
@@ -327,6 +327,13 @@ INTERP_CASES = {
         "n": 96,
         "kind": "chain",
         "chain_api": True,
+        "split": True,
+        "precision": "tf32",
+    },
+    "split-n160-mixed-tf32-defaults": {  # three 64-row blocks walked in registers (NRP 4)
+        **_SMALL,
+        "n": 160,
+        "kind": "mixed",
         "split": True,
         "precision": "tf32",
     },
@@ -530,11 +537,14 @@ class _GridSpy:
 
 @pytest.mark.parametrize(
     ("n", "block_rows", "walk", "regs", "nrp"),
-    [(128, 64, None, True, 2), (65, 64, None, True, 2), (129, 64, None, False, 4), (128, 32, None, False, 4),
-     (33, 32, None, False, 2), (96, 32, "registers", True, 4), (128, 64, "memory", False, 2)],
+    [(128, 64, None, True, 2), (65, 64, None, True, 2), (129, 64, None, True, 4), (256, 64, None, True, 4),
+     (257, 64, None, False, 8), (128, 32, None, False, 4), (33, 32, None, False, 2),
+     (96, 32, "registers", True, 4), (128, 64, "memory", False, 2)],
 )  # fmt: skip
-def test_split_walk_in_registers_for_two_64_row_blocks(monkeypatch, n, block_rows, walk, regs, nrp) -> None:
-    """Phase 2 keeps Delta in registers by default only at 64-row blocks, at most two of them (split_walk:
+def test_split_walk_in_registers_for_up_to_four_64_row_blocks(
+    monkeypatch, n, block_rows, walk, regs, nrp
+) -> None:
+    """Phase 2 keeps Delta in registers by default only at 64-row blocks, at most four of them (split_walk:
     measured faster there, slower at 32-row blocks and at eight); a given walk is kept; NRP is the number
     of row blocks rounded up to a power of two (three 32-row blocks at n = 96: 4)."""
     from repro.gdn import triton_tree as tt
@@ -551,12 +561,12 @@ def test_split_walk_in_registers_for_two_64_row_blocks(monkeypatch, n, block_row
 
 @pytest.mark.parametrize(
     ("n", "precision", "want"),
-    [(128, "tf32", 64), (65, "tf32", 64), (64, "tf32", 32), (129, "tf32", 32), (128, "ieee", 32),
-     (128, "tf32x3", 32), (20, "tf32", 32), (10, "ieee", 16)],
+    [(128, "tf32", 64), (65, "tf32", 64), (64, "tf32", 32), (129, "tf32", 64), (256, "tf32", 64),
+     (257, "tf32", 32), (128, "ieee", 32), (128, "tf32x3", 32), (20, "tf32", 32), (10, "ieee", 16)],
 )  # fmt: skip
-def test_split_rows_64_for_two_tf32_blocks(n: int, precision: str, want: int) -> None:
-    """The split form's default row blocks: 64 rows for "tf32" where that makes two blocks (64 < n <= 128),
-    else 32 (16 below 17 nodes); a given block_rows is kept."""
+def test_split_rows_64_for_two_to_four_tf32_blocks(n: int, precision: str, want: int) -> None:
+    """The split form's default row blocks: 64 rows for "tf32" where that makes two to four blocks (64 < n
+    <= 256), else 32 (16 below 17 nodes); a given block_rows is kept."""
     from repro.gdn import triton_tree as tt
 
     assert tt.split_tiles(n, 8, 256, precision)[0] == want
@@ -803,7 +813,9 @@ def test_gpu_tree_with_pending_commit(shape: str, n: int, kind: str, dtype: str,
      ("weaver", 128, "random", "bfloat16", "tf32", 64, None),
      ("specla", 65, "random", "float32", "ieee", 64, None),
      ("weaver", 96, "mixed", "float32", "ieee", 32, "registers"),  # three blocks: NRP = 4
-     ("specla", 256, "random", "bfloat16", "tf32", 32, "registers")],
+     ("specla", 256, "random", "bfloat16", "tf32", 32, "registers"),
+     ("weaver", 256, "mixed", "bfloat16", "tf32", 64, None),
+     ("specla", 192, "random", "bfloat16", "tf32", 64, None)],
 )  # fmt: skip
 @pytest.mark.gpu
 @pytest.mark.skipif(not _gpu_ok(), reason="needs a CUDA GPU, triton, and TRITON_INTERPRET unset")
