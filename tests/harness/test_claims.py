@@ -130,3 +130,21 @@ def test_the_command_writes_claims_md(monkeypatch, capsys, tmp_path):
     with pytest.raises(SystemExit) as exc:
         main()
     assert exc.value.code == 2
+
+
+def test_a_best_row_claim_keeps_each_size_from_its_newest_run():
+    """S4 (the best tree size): a newer kernel bench of other sizes does not hide an older size's best
+    speedup, and a newer bench of the same size replaces it (even when lower); runs come newest first."""
+    (s4,) = (c for c in claims.CLAIMS if c.id == "S4")
+    assert s4.row_key is not None
+
+    def bench(rows: list[tuple[int, float]]) -> list[dict]:
+        return [dict(shape="specla", group="verify", kind="draft", T=t, method="tree_split", dtype="bf16",
+                     status="ok", speedup_graph=v) for t, v in rows]  # fmt: skip
+
+    old, new = ("old", bench([(128, 3.4), (64, 2.0)])), ("new", bench([(65, 1.8), (129, 1.7)]))
+    assert claims._best_row_hit(s4, [new, old]) == ("old", 3.4)
+    assert claims._latest_hit(s4, [new, old]) == ("new", 1.8)  # what the newest run alone would say
+    newest = ("newest", bench([(128, 2.9)]))
+    assert claims._best_row_hit(s4, [newest, new, old]) == ("newest", 2.9)  # 128 re-measured
+    assert claims._best_row_hit(s4, []) is None
