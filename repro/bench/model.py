@@ -270,6 +270,7 @@ def count_aten_ops(fn: Callable[[], Any]) -> int | None:
 
 
 KERNEL_GROUPS = (  # (group, fragments of kernel names): the first group with a matching fragment wins
+    ("persistent", ("_layers_kernel",)),  # every layer of a pure-GDN decode step (triton_persistent)
     # before gdn_core (_decode_kernel)
     ("attention", ("_attention_decode_kernel", "_attention_tree_kernel", "_attention_tree_combine")),
     (
@@ -492,6 +493,8 @@ class ShapeBench:
             dec = StaticDecoder(self.model, self.cfg.context + 256, 1, fused=False)
         elif method == "static_graph_gemv":  # the same, the fused decoder with the GEMV kernels
             dec = StaticDecoder(self.model, self.cfg.context + 256, 1, fused=True, gemv=True)
+        elif method == "static_graph_persistent":  # every layer in one persistent launch (pure GDN)
+            dec = StaticDecoder(self.model, self.cfg.context + 256, 1, gemv=True, persistent=True)
         elif method.startswith("static_graph_gemv_core"):  # the GEMV kernels around the separate decode core
             dec = StaticDecoder(
                 self.model, self.cfg.context + 256, 1, fused=True, gemv=True, fuse_decode=False,
@@ -723,9 +726,12 @@ class RowSpec:
     graph: bool  # needs CUDA graphs
 
 
-def plan(cfg: ModelBenchConfig, compiled: bool = False, gemv: bool = False) -> list[RowSpec]:
+def plan(
+    cfg: ModelBenchConfig, compiled: bool = False, gemv: bool = False, persistent: bool = False
+) -> list[RowSpec]:
     """Rows of one shape, the most telling first: the two targets (and the decode graphs of the unfused
-    glue and, with ``gemv``, of the GEMV kernels), the verify curve, the step's graphs, the eager step and
+    glue and, with ``gemv``, of the GEMV kernels; with ``persistent`` too, a pure-GDN model's, of the
+    persistent decode launch), the verify curve, the step's graphs, the eager step and
     decode (host overhead), the compiled glue (``compiled``), the GDN cores, the host parts, HybridLM's
     own path."""
     s = cfg.step_nodes
@@ -733,6 +739,8 @@ def plan(cfg: ModelBenchConfig, compiled: bool = False, gemv: bool = False) -> l
     if gemv:
         gemv_rows = ("static_graph_gemv", "static_graph_gemv_core", "static_graph_gemv_core_tree")
         rows += [RowSpec("decode", m, 1, True) for m in gemv_rows]
+        if persistent:
+            rows += [RowSpec("decode", "static_graph_persistent", 1, True)]
     rows += [RowSpec("verify", "static_graph", s, True)]
     rows += [RowSpec("verify", "static_graph", t, True) for t in cfg.sizes if t != s]
     steps = ["verify_snapshots", "accept_graph", "commit_replay", "commit_closed_form", "commit_snapshot"]
@@ -896,7 +904,8 @@ def run_model_bench(
                 skip_all = f"model setup failed: {describe(exc)}"
                 traceback.print_exc()
             cuda = device.type == "cuda"  # the GEMV row needs the fused triton decoder: CUDA only
-            for spec in plan(cfg, compiled=cfg.compile and cuda, gemv=cuda):
+            pure_gdn = all(t == GDN for t in MODEL_SHAPES[name]().layer_types)  # the persistent launch's
+            for spec in plan(cfg, compiled=cfg.compile and cuda, gemv=cuda, persistent=cuda and pure_gdn):
                 left = shape_deadline - time.monotonic()
                 skip = skip_all
                 if skip is None and left < 0:
@@ -1201,7 +1210,9 @@ DEFINITIONS = """\
   static_graph_gemv: the fused decoder with gemv=True, its decode matmuls on repro.gdn.triton_linear's
   GEMV kernels with the norms, SiLU * up and residual adds fused in, and the fused decode layer kernel;
   static_graph_gemv_core: the same GEMV kernels around the separate decode core, fuse_decode=False;
-  static_graph_gemv_core_tree: that, its attention layers on the tree attention kernel), for
+  static_graph_gemv_core_tree: that, its attention layers on the tree attention kernel;
+  static_graph_persistent, pure-GDN shapes: every layer in one persistent launch,
+  repro.gdn.triton_persistent, the embedding and the LM head around it), for
   *_eager
   rows the same step run op by op from Python, for hybrid_* rows HybridLM's per-sequence
   verify/commit (the harness's current path). CPU runs: a perf_counter loop (plumbing only).

@@ -113,6 +113,9 @@ def test_plan_has_the_gemv_decode_row_only_where_asked():
     assert methods[:5] == ["static_graph", "static_graph_unfused", *gemv]
     plain = [r.method for r in bm.plan(cfg)]
     assert len(methods) == len(plain) + 3 and not set(gemv) & set(plain)
+    persistent = [r.method for r in bm.plan(cfg, gemv=True, persistent=True)]
+    assert persistent[:6] == [*methods[:5], "static_graph_persistent"] and len(persistent) == len(methods) + 1
+    assert "static_graph_persistent" not in methods
 
 
 def test_speed_ratios_read_as_faster_or_slower():
@@ -122,6 +125,7 @@ def test_speed_ratios_read_as_faster_or_slower():
 
 def test_kernel_names_fall_into_their_groups():
     assert bm.kernel_group("_decode_kernel") == "gdn_core"
+    assert bm.kernel_group("_layers_kernel") == "persistent"  # a whole decode step's layers
     assert bm.kernel_group("_decode_layer_kernel") == "gdn_core"  # the fused decode step's kernels
     assert bm.kernel_group("_attention_decode_kernel") == "attention"
     assert bm.kernel_group("_attention_tree_kernel") == "attention"
