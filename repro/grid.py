@@ -60,3 +60,10 @@ def resident_ctas(regs: int, num_warps: int, shared: int, device: torch.device |
     if shared:
         fit.append(sm_shared // (shared + 1024))  # the driver reserves 1 KiB a CTA
     return max(1, min(fit))
+
+
+def held_programs(binary, num_warps: int, device: torch.device) -> int:  # noqa: ANN001 - a compiled kernel
+    """Programs ``device`` holds at once of a compiled Triton kernel (after ``_init_handles``): its SMs x
+    :func:`resident_ctas` of the binary's registers and shared memory."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return sms * resident_ctas(binary.n_regs, num_warps, binary.metadata.shared, device)

@@ -79,7 +79,7 @@ import triton
 import triton.language as tl
 
 from repro.drafters.weaver_growth import DeviceGrowth
-from repro.grid import grid_sync, ld, resident_ctas
+from repro.grid import grid_sync, held_programs, ld
 
 if TYPE_CHECKING:
     from repro.drafters.weaver import WeaverConfig, WeaverModel
@@ -555,15 +555,14 @@ _SLOTS: dict[tuple, int] = {}  # (device, launch constants) -> programs the devi
 
 
 def _device_slots(dev: torch.device, args: list, eps: float, consts: dict) -> int:
-    """SMs x :func:`resident_ctas` of the multi-program binary for these launch constants (compiled once;
-    asked once per device and constants, not per growth)."""
+    """:func:`~repro.grid.held_programs` of the multi-program binary for these launch constants (compiled
+    once; asked once per device and constants, not per growth)."""
     key = (dev, tuple(sorted((k, repr(v)) for k, v in consts.items())))
     if key not in _SLOTS:
         binary = _node_kernel.warmup(*args, 3, 2, eps, ROOT=False, SCORE=True, PC=0, STAGE=-1, grid=(2,),
                                      **consts)  # fmt: skip
         binary._init_handles()
-        sms = torch.cuda.get_device_properties(dev).multi_processor_count
-        _SLOTS[key] = sms * resident_ctas(binary.n_regs, consts["num_warps"], binary.metadata.shared, dev)
+        _SLOTS[key] = held_programs(binary, consts["num_warps"], dev)
     return _SLOTS[key]
 
 

@@ -40,6 +40,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from repro.grid import ld
+
 
 def interpreting() -> bool:
     """Triton's CPU interpreter is on (TRITON_INTERPRET=1): the kernels then run on CPU tensors."""
@@ -207,6 +209,22 @@ def round_to(x, ptr):
 @triton.jit
 def silu(x):
     return x / (1.0 + tl.exp(-x))
+
+
+@triton.jit
+def load_tile(
+    ptr, o_rows, o_k, m_k, stride, EVEN_K: tl.constexpr, ACC: tl.constexpr, CG: tl.constexpr = False
+):
+    """[len(o_rows), BK] elements ptr[o_rows * stride + o_k] in ACC (zero where m_k is off, unless EVEN_K).
+    Vectors (x, a norm scale) are read as tiles with stride 0, in the weight tile's layout: broadcasting a
+    1-D load instead would move it through shared memory with barriers on every K step. CG: L2 only
+    (:func:`repro.grid.ld`: what another program of a persistent launch wrote)."""
+    p = ptr + o_rows[:, None] * stride + o_k[None, :]
+    if EVEN_K:
+        if CG:
+            return tl.load(p, cache_modifier=".cg").to(ACC)
+        return tl.load(p).to(ACC)
+    return ld(p, m_k[None, :], CG).to(ACC)
 
 
 def _interpreter_numpy_compat() -> None:

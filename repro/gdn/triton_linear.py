@@ -84,6 +84,7 @@ from repro.gdn.triton_common import (
     acc_dtype,
     early_weights,
     interpreting,
+    load_tile,
     pdl_args,
     pdl_start,
     pow2,
@@ -277,24 +278,11 @@ def _k_slice(k: int, block_k: int, split_k: int) -> int:
 
 
 @triton.jit
-def _tile(ptr, o_rows, o_k, m_k, stride, EVEN_K: tl.constexpr, ACC: tl.constexpr):
-    """[len(o_rows), BK] elements ptr[o_rows * stride + o_k] (zero where m_k is off, unless EVEN_K). Vectors
-    (x, the norm scale) are read as tiles with stride 0, in the weight tile's layout: broadcasting a 1-D
-    load instead would move it through shared memory with barriers on every K step."""
-    p = ptr + o_rows[:, None] * stride + o_k[None, :]
-    if EVEN_K:
-        t = tl.load(p)
-    else:
-        t = tl.load(p, mask=m_k[None, :], other=0.0)
-    return t.to(ACC)
-
-
-@triton.jit
 def _row_step(acc, acc_up, x_ptr, w, wu, sc, zero_n, o_k, m_k, NORM: tl.constexpr, GATE_UP: tl.constexpr,
               EVEN_K: tl.constexpr, ACC: tl.constexpr):  # fmt: skip
     """One row of x (NORM: times the norm scale sc) against the weight tile(s) w (wu) [BN, BK]: the
     elementwise products added into acc (acc_up); reduced over K after the loop."""
-    x = _tile(x_ptr, zero_n, o_k, m_k, 0, EVEN_K, ACC)
+    x = load_tile(x_ptr, zero_n, o_k, m_k, 0, EVEN_K, ACC)
     if NORM:
         x = x * sc
     acc += w * x
@@ -357,10 +345,10 @@ def _finish(acc, acc_up, ss, blk, N, K, eps, bias_ptr, res_ptr, res_stride, out_
 @triton.jit
 def _w_tiles(w_ptr, o_w, o_k, m_k, N, K, GATE_UP: tl.constexpr, EVEN_K: tl.constexpr, ACC: tl.constexpr):
     """The weight tile [BN, BK] of rows o_w, columns o_k (GATE_UP: and the up half's, rows N + o_w)."""
-    w = _tile(w_ptr, o_w, o_k, m_k, K, EVEN_K, ACC)
+    w = load_tile(w_ptr, o_w, o_k, m_k, K, EVEN_K, ACC)
     wu = w
     if GATE_UP:
-        wu = _tile(w_ptr + N * K, o_w, o_k, m_k, K, EVEN_K, ACC)
+        wu = load_tile(w_ptr + N * K, o_w, o_k, m_k, K, EVEN_K, ACC)
     return w, wu
 
 
@@ -371,7 +359,7 @@ def _k_step(a0, a1, a2, a3, u0, u1, u2, u3, x_ptr, x_stride, scale_ptr, w, wu, z
     """One K step of every row of x (N_ROWS <= 4) against the weight tile(s) w (wu) [BN, BK]."""
     sc = w
     if NORM:
-        sc = _tile(scale_ptr, zero_n, o_k, m_k, 0, EVEN_K, ACC)
+        sc = load_tile(scale_ptr, zero_n, o_k, m_k, 0, EVEN_K, ACC)
     a0, u0 = _row_step(a0, u0, x_ptr, w, wu, sc, zero_n, o_k, m_k, NORM, GATE_UP, EVEN_K, ACC)
     if N_ROWS > 1:
         a1, u1 = _row_step(a1, u1, x_ptr + x_stride, w, wu, sc, zero_n, o_k, m_k, NORM, GATE_UP, EVEN_K, ACC)
@@ -525,7 +513,7 @@ def _x_chunk(x_ptr, x_stride, rows, k0, n_rows, K, BK: tl.constexpr, ACC: tl.con
 
 
 @triton.jit
-def _dot_tile(w_ptr, x, o_n, k0, N, K, BK: tl.constexpr, ACC: tl.constexpr, SPLIT: tl.constexpr,
+def _dotload_tile(w_ptr, x, o_n, k0, N, K, BK: tl.constexpr, ACC: tl.constexpr, SPLIT: tl.constexpr,
               UPCAST: tl.constexpr):  # fmt: skip
     """x [RB, BK] (in ACC) times the weight rows o_n [BN], columns k0 .. k0 + BK -> [RB, BN] in ACC, one
     tl.dot (RB, BN, BK >= 16): exact ("ieee") for float32 / float64 weights; half weights take x as hi +
@@ -591,9 +579,9 @@ def _rows_kernel(
             ss += tl.sum(x * x, axis=1)
             o_k = k0 + tl.arange(0, BK)
             x = x * tl.load(scale_ptr + o_k, mask=o_k < K, other=0.0).to(ACC)[None, :]
-        acc += _dot_tile(w_ptr, x, o_n, k0, N, K, BK, ACC, NORM, UPCAST)
+        acc += _dotload_tile(w_ptr, x, o_n, k0, N, K, BK, ACC, NORM, UPCAST)
         if GATE_UP:
-            acc_up += _dot_tile(w_ptr + N * K, x, o_n, k0, N, K, BK, ACC, NORM, UPCAST)
+            acc_up += _dotload_tile(w_ptr + N * K, x, o_n, k0, N, K, BK, ACC, NORM, UPCAST)
     _finish(acc, acc_up, ss, pid, N, K, eps, bias_ptr, res_ptr + row0 * res_stride, res_stride,
             out_ptr + row0 * N, out_ptr, out_ptr, n_rows - row0, RB, BN, NORM, GATE_UP, HAS_BIAS, RESIDUAL,
             False, ACC)  # fmt: skip

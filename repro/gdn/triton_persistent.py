@@ -60,9 +60,9 @@ import triton
 import triton.language as tl
 
 from repro.errors import ConfigError
-from repro.gdn.triton_common import acc_dtype, pow2, round_to, silu, sm_count
+from repro.gdn.triton_common import acc_dtype, load_tile, pow2, round_to, silu
 from repro.gdn.triton_decode import GDNDims, _shift_history, decode_tile
-from repro.grid import grid_sync, ld, resident_ctas
+from repro.grid import grid_sync, held_programs, ld
 
 STAGES = 5  # a layer's stages between grid barriers (module docstring)
 _STAGES = tl.constexpr(STAGES)  # the same, as the kernel reads it
@@ -183,25 +183,6 @@ class PersistentGDN:
 
 
 @triton.jit
-def _vec_tile(ptr, zero_n, o_k, m_k, EVEN: tl.constexpr, CG: tl.constexpr, ACC: tl.constexpr):
-    """A vector's columns o_k as a [BN, BK] tile in the weight tile's layout (stride-0 rows)."""
-    p = ptr + zero_n[:, None] + o_k[None, :]
-    if EVEN:
-        if CG:
-            return tl.load(p, cache_modifier=".cg").to(ACC)
-        return tl.load(p).to(ACC)
-    return ld(p, m_k[None, :], CG).to(ACC)
-
-
-@triton.jit
-def _w_tile(w_ptr, o_w, o_k, m_k, K: tl.constexpr, EVEN: tl.constexpr, ACC: tl.constexpr):
-    p = w_ptr + o_w[:, None] * K + o_k[None, :]
-    if EVEN:
-        return tl.load(p).to(ACC)
-    return tl.load(p, mask=m_k[None, :], other=0.0).to(ACC)
-
-
-@triton.jit
 def _rstd(x_ptr, eps, D: tl.constexpr, DP: tl.constexpr, CG: tl.constexpr, ACC: tl.constexpr):
     """1 / rms(x) of the vector x [D] (written in this launch)."""
     o = tl.arange(0, DP)
@@ -226,12 +207,11 @@ def _norm_rows(x_ptr, scale_ptr, w_ptr, out_ptr, eps, nprog, N: tl.constexpr, D:
         for k0 in range(0, D, BK):
             o_k = k0 + tl.arange(0, BK)
             m_k = o_k < D
-            v = _vec_tile(x_ptr, zero_n, o_k, m_k, EVEN, CG, ACC) * _vec_tile(
-                scale_ptr, zero_n, o_k, m_k, EVEN, False, ACC
-            )
-            a += _w_tile(w_ptr, o_w, o_k, m_k, D, EVEN, ACC) * v
+            v = load_tile(x_ptr, zero_n, o_k, m_k, 0, EVEN, ACC, CG)
+            v *= load_tile(scale_ptr, zero_n, o_k, m_k, 0, EVEN, ACC)
+            a += load_tile(w_ptr, o_w, o_k, m_k, D, EVEN, ACC) * v
             if GATE_UP:
-                u += _w_tile(w_ptr + N * D, o_w, o_k, m_k, D, EVEN, ACC) * v
+                u += load_tile(w_ptr + N * D, o_w, o_k, m_k, D, EVEN, ACC) * v
         y = tl.sum(a, axis=1) * rstd
         if GATE_UP:
             y = silu(y) * (tl.sum(u, axis=1) * rstd)
@@ -253,17 +233,17 @@ def _residual_rows(x_ptr, w_ptr, v_ptr, z_ptr, gnw_ptr, gn_eps, nprog, N: tl.con
         for k0 in range(0, K, BK):
             o_k = k0 + tl.arange(0, BK)
             m_k = o_k < K
-            v = _vec_tile(v_ptr, zero_n, o_k, m_k, EVEN, CG, ACC)
+            v = load_tile(v_ptr, zero_n, o_k, m_k, 0, EVEN, ACC, CG)
             if GATED:
                 head = k0 // DV
                 o_h = tl.arange(0, DVP)
                 oh = ld(v_ptr + head * DV + o_h, o_h < DV, CG).to(ACC)
                 v = v / tl.sqrt(tl.sum(oh * oh, axis=0) / DV + gn_eps)
-                v *= _vec_tile(gnw_ptr, zero_n, o_k % DV, m_k, EVEN, False, ACC)
+                v *= load_tile(gnw_ptr, zero_n, o_k % DV, m_k, 0, EVEN, ACC)
                 if HAS_Z:
-                    v *= silu(_vec_tile(z_ptr, zero_n, o_k, m_k, EVEN, CG, ACC))
+                    v *= silu(load_tile(z_ptr, zero_n, o_k, m_k, 0, EVEN, ACC, CG))
                 v = round_to(v, x_ptr).to(ACC)
-            a += _w_tile(w_ptr, o_w, o_k, m_k, K, EVEN, ACC) * v
+            a += load_tile(w_ptr, o_w, o_k, m_k, K, EVEN, ACC) * v
         y = tl.sum(a, axis=1) + ld(x_ptr + o_w, o_n < N, CG).to(ACC)
         tl.store(x_ptr + o_n, round_to(y, x_ptr), mask=o_n < N)
 
@@ -363,8 +343,7 @@ def device_slots(pg: PersistentGDN, x: torch.Tensor) -> int:
     if key not in _SLOTS:
         binary = _layers_kernel.warmup(*args, 0, pg.layers, 2, ALL_STAGES, 1, grid=(2,), **consts)
         binary._init_handles()
-        held = resident_ctas(binary.n_regs, consts["num_warps"], binary.metadata.shared, dev)
-        _SLOTS[key] = sm_count(dev) * held
+        _SLOTS[key] = held_programs(binary, consts["num_warps"], dev)
     return _SLOTS[key]
 
 

@@ -1421,11 +1421,7 @@ class StaticDecoder:
     ) -> torch.Tensor:
         glue = self.glue
         gemv = self.gemv if decode else self._verify_rows(slot)  # the triton_linear kernels, or cuBLAS
-        norm = rms_norm
-        if self.fused:
-            from repro.gdn import triton_decode
-
-            norm = triton_decode.rms_norm
+        norm = self._rms_norm()
         x = self.model.model.embed_tokens(tokens)
         if decode and self.persistent_gdn is not None:  # every layer in one launch
             from repro.gdn.triton_persistent import decode_layers
@@ -1486,13 +1482,17 @@ class StaticDecoder:
                 slot.hidden[i] = x
         return self._head(x, gemv)
 
-    def _head(self, x: torch.Tensor, gemv: bool) -> torch.Tensor:
-        """The final norm and the LM head: logits [n, V]."""
-        norm = rms_norm
+    def _rms_norm(self) -> Callable[..., torch.Tensor]:
+        """The RMSNorm of this decoder's glue: the Triton kernel in the fused decoder, else torch's."""
         if self.fused:
             from repro.gdn import triton_decode
 
-            norm = triton_decode.rms_norm
+            return triton_decode.rms_norm
+        return rms_norm
+
+    def _head(self, x: torch.Tensor, gemv: bool) -> torch.Tensor:
+        """The final norm and the LM head: logits [n, V]."""
+        norm = self._rms_norm()
         head, eps = self.model.lm_head, self.model.model.norm.eps
         if gemv:
             from repro.gdn.triton_linear import norm_linear
