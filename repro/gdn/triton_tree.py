@@ -988,10 +988,16 @@ def split_tiles(
     n: int, hv: int, dv: int, precision: str, block_rows: int | None = None, block_v: int | None = None
 ) -> tuple[int, int]:
     """(block_rows, block_v) of :func:`tree_gdn_split`: the given ones, else BR = 64 for "tf32" at 64 < n
-    <= 256 (two to four row blocks, walked in registers by phase 2; measured: :func:`tree_gdn_split`),
-    min(32, n) otherwise (>= 16), and the widest BV in 64, 32, 16 that still gives phase 2 at least 128
-    programs (SpecLA, HV = 8, d_v = 256: 16; Weaver: 64), at most 32 for "ieee"."""
-    br = block_rows or (64 if precision == "tf32" and 64 < n <= 256 else min(32, _pow2_at_least(n)))
+    <= 256 (two to four row blocks, walked in registers by phase 2; measured: :func:`tree_gdn_split`)
+    unless the last 64-row block would hold at most 32 rows (n = 65-96, 129-160, 193-224: the engine's
+    slots of 2^k + 1 nodes), min(32, n) otherwise (>= 16), and the widest BV in 64, 32, 16 that still
+    gives phase 2 at least 128 programs (SpecLA, HV = 8, d_v = 256: 16; Weaver: 64), at most 32 for
+    "ieee". A block costs the same however few of its rows are nodes; at 65 / 129 nodes 32-row blocks
+    (memory walk) measured SpecLA 20.6 / 32.6 us vs 23.5 / 35.3 on 64-row blocks, the tiny family's layer
+    18.2 vs 20.6 at 65, Weaver's a tie (35.0 / 72.0 vs 35.1 / 72.4; H200, bf16, CUDA graphs:
+    results/2026-12-03-h200-tree-slots)."""
+    wide = precision == "tf32" and 64 < n <= 256 and (n - 1) % 64 >= 32
+    br = block_rows or (64 if wide else min(32, _pow2_at_least(n)))
     bv = block_v or next((b for b in (64, 32) if hv * triton.cdiv(dv, b) >= 128), 16)
     if block_v is None and precision == "ieee":
         bv = min(bv, 32)  # fp32 FMA dots: the fused kernel's "ieee" tile bound (registers)
