@@ -330,14 +330,14 @@ INTERP_CASES = {
         "split": True,
         "precision": "tf32",
     },
-    "split-n160-mixed-tf32-defaults": {  # three 64-row blocks walked in registers (NRP 4)
+    "split-n176-mixed-tf32-defaults": {  # three 64-row blocks walked in registers (NRP 4)
         **_SMALL,
-        "n": 160,
+        "n": 176,
         "kind": "mixed",
         "split": True,
         "precision": "tf32",
     },
-    "split-n80-random-tf32-defaults": {
+    "split-n80-random-tf32-defaults": {  # 32-row blocks: the last 64-row block would hold 16 rows
         **_SMALL,
         "n": 80,
         "kind": "random",
@@ -766,7 +766,9 @@ def test_gpu_tree(shape: str, n: int, kind: str, dtype: str, precision: str) -> 
      ("specla", 256, "random", "bfloat16", "tf32", False, True),
      ("specla", 128, "mixed", "bfloat16", "tf32", True, False),
      ("specla", 129, "random", "float32", "ieee", 16, True),
-     ("weaver", 256, "random", "bfloat16", "tf32", False, False)],
+     ("weaver", 256, "random", "bfloat16", "tf32", False, False),
+     ("specla", 65, "random", "bfloat16", "tf32", False, True),  # 2^k + 1 slots: 32-row blocks
+     ("weaver", 129, "mixed", "bfloat16", "tf32", True, True)],
 )  # fmt: skip
 @pytest.mark.gpu
 @pytest.mark.skipif(not _gpu_ok(), reason="needs a CUDA GPU, triton, and TRITON_INTERPRET unset")
