@@ -1,7 +1,8 @@
 """Helpers of persistent Triton launches (all programs co-resident, grid barriers between stages), shared by
 :mod:`repro.gdn.triton_persistent` and Weaver's growth kernel (:mod:`repro.drafters.growth_kernels`): the
 grid barrier (:func:`grid_sync`), loads of what another program of the launch wrote (:func:`ld`) and the
-co-residency bound on the program count (:func:`resident_ctas`)."""
+co-residency bound on the program count (:func:`resident_ctas`, and for a compiled kernel on a device
+:func:`held_programs`)."""
 
 from __future__ import annotations
 

@@ -46,8 +46,8 @@ e the q/k/v element size (2 for bf16, 4 for fp32), g/beta/state/factors in fp32:
   tree_fused's bytes and flops + the path's rows + one more S (written); the floor of the fused step.
   step_replay_fla: fla's recurrence over the path (inputs gathered outside the timing), then the tree
   kernel; step_closed_form_fused / step_path_fused: the two Triton commits, then the tree kernel (in these
-  three, the one the static decoder picks for the shape, repro.gdn.chain.select_tree_kernel: split at
-  SpecLA's, fused at Weaver's);
+  three, the one the static decoder picks for the shape and tree size, repro.gdn.chain.select_tree_kernel:
+  split at SpecLA's, at Weaver's split for 65-256 nodes, else fused);
   step_delayed_fused: the tree kernel with the pending commit applied to the state it loads (one launch);
   step_delayed_split: the same in tree_split's first phase, beside the key work (two launches, no separate
   commit);
@@ -491,7 +491,7 @@ def _step(case: Case, x: Inputs, commit: str) -> Fn:
     pending = gdn.PendingCommit(f.delta, f.k, f.gate_cum, case.ancestors, node)
     state = x.state.clone()
     s, prec, anc = case.shape.scale, case.precision, case.ancestors
-    split = select_tree_kernel(x.q.dtype, x.v.shape[1]) == "split"
+    split = select_tree_kernel(x.q.dtype, x.v.shape[1], case.n) == "split"
     engine_verify = tt.tree_gdn_split if split else tt.tree_gdn_fused
     if commit == "replay":
         idx = torch.tensor(case.accepted, dtype=torch.long, device=case.device)

@@ -685,7 +685,8 @@ class ShapeBench:
         if t == 1:
             fn = lambda: dec._recurrent(q, k, v, g, beta, state, scale)[0]  # noqa: E731
         else:
-            fn = lambda: dec._tree(  # noqa: E731
+            tree = dec._tree_for(slot.size)  # the kernel the decoder's verify of this slot runs
+            fn = lambda: tree(  # noqa: E731
                 q, k, v, g, beta, state, slot.parents, slot.ancestors, scale, False, dec.precision
             )[0]
         from repro.gdn.reference import tree_gdn

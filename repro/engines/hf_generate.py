@@ -40,6 +40,8 @@ def _run(target: Any, note: str, request: EngineRequest, config: Any, **kwargs: 
             out = target.generate(ids, generation_config=config, **kwargs)
     except (ValueError, NotImplementedError, TypeError) as exc:  # generate's own refusals
         return refused(describe(exc, 300), request.dtype, note)
+    except Exception as exc:  # generate failing on this model is a finding too, recorded with its reason
+        return refused(f"generate failed: {describe(exc, 300)}", request.dtype, note)
     wall = time.perf_counter() - t0
     return EngineResult(out[0, len(prompt_ids) :].tolist(), None, wall, OK, request.dtype, note)
 

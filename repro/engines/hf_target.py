@@ -43,11 +43,27 @@ def _first_sentence(text: str) -> str:
 
 
 def _binds_fla(module: Any) -> bool:
-    """Whether transformers' Qwen3.5 module bound fla's kernels (not its torch reference)."""
+    """Whether transformers' Qwen3.5 module bound fla's kernels (not its torch reference): the flag its hub
+    wrapper closes over (``is_new_implementation``), a function's closure (transformers 5.17-5.24) or one
+    wrapped in a ``kernels`` Func module (5.25 on)."""
     fn = getattr(module, "torch_chunk_gated_delta_rule", None)
-    if fn is None:
-        return False
-    return bool(inspect.getclosurevars(fn).nonlocals.get("is_new_implementation", False))
+    return bool(_closure_value(fn, "is_new_implementation"))
+
+
+def _closure_value(obj: Any, name: str, depth: int = 4) -> Any:
+    """``name``'s value in the closure of function ``obj``, else of the functions it closes over or of a
+    torch module's ``forward``, searched ``depth`` levels deep; None where it is not found."""
+    if depth < 0 or obj is None:
+        return None
+    if isinstance(obj, torch.nn.Module):
+        return _closure_value(type(obj).forward, name, depth - 1)
+    if not inspect.isfunction(obj):
+        return None
+    nonlocals = inspect.getclosurevars(obj).nonlocals
+    if name in nonlocals:
+        return nonlocals[name]
+    inner = (_closure_value(v, name, depth - 1) for v in nonlocals.values() if callable(v))
+    return next((v for v in inner if v is not None), None)
 
 
 def import_qwen35_torch_path() -> Any:

@@ -92,7 +92,7 @@ def chain_method(length: int, value_heads: int, device: torch.device, dtype: tor
         return "reference"
     method = choose(length, value_heads)
     if (method in ("chunk", "recurrent") and not _has_fla()) or method == "tree_split":
-        method = "tree_" + select_tree_kernel(dtype, value_heads)
+        method = "tree_" + select_tree_kernel(dtype, value_heads, length)
     return method
 
 

@@ -513,8 +513,8 @@ def _x_chunk(x_ptr, x_stride, rows, k0, n_rows, K, BK: tl.constexpr, ACC: tl.con
 
 
 @triton.jit
-def _dotload_tile(w_ptr, x, o_n, k0, N, K, BK: tl.constexpr, ACC: tl.constexpr, SPLIT: tl.constexpr,
-              UPCAST: tl.constexpr):  # fmt: skip
+def _dot_tile(w_ptr, x, o_n, k0, N, K, BK: tl.constexpr, ACC: tl.constexpr, SPLIT: tl.constexpr,
+          UPCAST: tl.constexpr):  # fmt: skip
     """x [RB, BK] (in ACC) times the weight rows o_n [BN], columns k0 .. k0 + BK -> [RB, BN] in ACC, one
     tl.dot (RB, BN, BK >= 16): exact ("ieee") for float32 / float64 weights; half weights take x as hi +
     lo in their dtype (SPLIT: two tensor-core dots, x kept to ~16 bits; else x as it is, e.g. an unnormed
@@ -579,9 +579,9 @@ def _rows_kernel(
             ss += tl.sum(x * x, axis=1)
             o_k = k0 + tl.arange(0, BK)
             x = x * tl.load(scale_ptr + o_k, mask=o_k < K, other=0.0).to(ACC)[None, :]
-        acc += _dotload_tile(w_ptr, x, o_n, k0, N, K, BK, ACC, NORM, UPCAST)
+        acc += _dot_tile(w_ptr, x, o_n, k0, N, K, BK, ACC, NORM, UPCAST)
         if GATE_UP:
-            acc_up += _dotload_tile(w_ptr + N * K, x, o_n, k0, N, K, BK, ACC, NORM, UPCAST)
+            acc_up += _dot_tile(w_ptr + N * K, x, o_n, k0, N, K, BK, ACC, NORM, UPCAST)
     _finish(acc, acc_up, ss, pid, N, K, eps, bias_ptr, res_ptr + row0 * res_stride, res_stride,
             out_ptr + row0 * N, out_ptr, out_ptr, n_rows - row0, RB, BN, NORM, GATE_UP, HAS_BIAS, RESIDUAL,
             False, ACC)  # fmt: skip

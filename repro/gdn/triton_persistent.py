@@ -26,7 +26,8 @@ norm factors in the epilogue), each output rounded once. A value never depends o
 computes it whichever program owns it), so a staged run (one launch a stage and layer, no barriers:
 :func:`decode_layers` ``staged``, the CPU interpreter's way, where programs run one after another and a
 barrier would wait forever) gives the same bits as the persistent one. Loads of what another program
-wrote in the launch (x, proj, o, act) are L2-only (``.cg``). The launch's barrier counter is zeroed
+wrote in the launch (x, proj, o, act) are plain loads ordered by the barrier's acquire (L2-only ``.cg``
+without :attr:`PersistentConfig.cached_vectors`). The launch's barrier counter is zeroed
 before it (one memset); a barrier that polls past ``spin_cap`` sets the sticky error flag
 (:attr:`PersistentGDN.error`, nonzero: the step's results are not to be trusted) instead of hanging.
 P is at most SMs x the compiled kernel's resident CTAs (:func:`~repro.grid.resident_ctas`):
@@ -248,7 +249,7 @@ def _residual_rows(x_ptr, w_ptr, v_ptr, z_ptr, gnw_ptr, gn_eps, nprog, N: tl.con
         tl.store(x_ptr + o_n, round_to(y, x_ptr), mask=o_n < N)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["layer0", "n_layers", "nprog", "stages", "barriers"])
 def _layers_kernel(
     x_ptr, in_norm_ptr, in_w_ptr, proj_ptr, hist_ptr, taps_ptr, bias_ptr, idx_ptr, nd_ptr, dtb_ptr, state_ptr,
     o_ptr, gnw_ptr, out_w_ptr, post_ptr, gu_ptr, act_ptr, down_ptr, sync_ptr, eps, gn_eps, scale, beta_scale,
@@ -262,7 +263,9 @@ def _layers_kernel(
 ):  # fmt: skip
     """Layers layer0 .. layer0 + n_layers of one decode token on ``nprog`` programs (module docstring):
     the stages in the bitmask ``stages`` (bit s: stage s), a grid barrier after each stage if ``barriers``
-    (one binary for persistent and staged launches: run-time branches)."""
+    (one binary for persistent and staged launches: run-time branches, and the launch scalars not
+    specialized, so that the values 1 and multiples of 16 that staged launches and :func:`device_slots`'s
+    warm-up pass compile no other binary)."""
     C: tl.constexpr = 2 * H * DK + HV * DV
     V: tl.constexpr = HV * DV
     HIST: tl.constexpr = W - 1

@@ -989,14 +989,15 @@ def split_tiles(
 ) -> tuple[int, int]:
     """(block_rows, block_v) of :func:`tree_gdn_split`: the given ones, else BR = 64 for "tf32" at 64 < n
     <= 256 (two to four row blocks, walked in registers by phase 2; measured: :func:`tree_gdn_split`)
-    unless the last 64-row block would hold at most 32 rows (n = 65-96, 129-160, 193-224: the engine's
-    slots of 2^k + 1 nodes), min(32, n) otherwise (>= 16), and the widest BV in 64, 32, 16 that still
-    gives phase 2 at least 128 programs (SpecLA, HV = 8, d_v = 256: 16; Weaver: 64), at most 32 for
-    "ieee". A block costs the same however few of its rows are nodes; at 65 / 129 nodes 32-row blocks
-    (memory walk) measured SpecLA 20.6 / 32.6 us vs 23.5 / 35.3 on 64-row blocks, the tiny family's layer
-    18.2 vs 20.6 at 65, Weaver's a tie (35.0 / 72.0 vs 35.1 / 72.4; H200, bf16, CUDA graphs:
-    results/2026-12-03-h200-tree-slots)."""
-    wide = precision == "tf32" and 64 < n <= 256 and (n - 1) % 64 >= 32
+    except at n = 65-96 and 129-160, where the last 64-row block would hold at most 32 rows (the engine's
+    slots of 65 and 129 nodes), min(32, n) otherwise (>= 16), and the widest BV in 64, 32, 16 that still
+    gives phase 2 at least 128 programs (SpecLA, HV = 8, d_v = 256: 16; Weaver, HV = 48, d_v = 128: 32),
+    at most 32 for "ieee". A block costs the same however few of its rows are nodes; at 65 / 129 nodes
+    32-row blocks (memory walk) measured SpecLA 20.6 / 32.6 us vs 23.5 / 35.3 on 64-row blocks, the tiny
+    family's layer 18.2 vs 20.6 at 65, Weaver's a tie (35.0 / 72.0 vs 35.1 / 72.4; H200, bf16, CUDA
+    graphs: results/2026-12-03-h200-tree-slots). Not at 193-224: seven 32-row blocks there, and at 256
+    nodes eight lost to four 64-row ones (Weaver 116.2 vs 92.1 us, :func:`split_walk`)."""
+    wide = precision == "tf32" and 64 < n <= 256 and not (n <= 160 and (n - 1) % 64 < 32)
     br = block_rows or (64 if wide else min(32, _pow2_at_least(n)))
     bv = block_v or next((b for b in (64, 32) if hv * triton.cdiv(dv, b) >= 128), 16)
     if block_v is None and precision == "ieee":
@@ -1027,7 +1028,8 @@ def tree_gdn_split(
     walk: str | None = None,
     inverse: int | None = None,
 ) -> tuple[torch.Tensor, TreeFactors]:
-    """:func:`tree_gdn_fused` (same arguments, results and ``pending``) in two launches, for few heads.
+    """:func:`tree_gdn_fused` (same arguments, results and ``pending``) in two launches: for few heads,
+    and at any head count for trees of 65-256 nodes (:func:`repro.gdn.chain.select_tree_kernel`).
 
     Phase 1 (``_tree_keys_kernel``, HV x NR^2 programs, NR = n / BR row blocks; the programs above the
     diagonal exit at once; with ``pending``, the commit's programs besides): the key-only work (G, the masked
@@ -1114,7 +1116,8 @@ def split_walk(block_rows: int, row_blocks: int) -> str:
     lost with registers (SpecLA 23.3 vs 22.1, Weaver 39.8 vs 36.9), at Weaver T = 256 (eight steps) badly
     (179 vs 118; not profiled: presumably the unrolled walk's registers). At T = 256 on four 64-row blocks
     (whole form, results/2026-12-03-h200-persistent-decode/callAF): Weaver 92.1 registers vs 96.3 memory,
-    SpecLA 40.4 vs 38.4 (32-row blocks, memory: 116.2 / 44.9; fused 99.6 / 116.9)."""
+    SpecLA 40.4 vs 38.4 (32-row blocks, memory: 116.2 / 44.9; fused 99.6 / 116.9): the rule takes Weaver's
+    gain at four blocks and pays SpecLA's 2 us (one rule for every head count)."""
     return "registers" if block_rows >= 64 and row_blocks <= 4 else "memory"
 
 

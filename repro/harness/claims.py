@@ -316,8 +316,8 @@ def _latest_hit(c: Claim, runs: list[tuple[str, list[Any]]]) -> tuple[str, float
 
 def _best_row_hit(c: Claim, runs: list[tuple[str, list[Any]]]) -> tuple[str, float] | None:
     """(folder, value) of the best value over the runs (newest first), each run read on the rows whose
-    ``row_key`` no newer run holds: a later run of other tree sizes does not hide an earlier size's
-    best, and one that re-measures a size replaces it."""
+    ``row_key`` no newer run measured (status "ok"): a later run of other tree sizes, or one that skipped or
+    failed a size, does not hide an earlier size's best, and one that re-measures a size replaces it."""
     assert c.read is not None and c.row_key is not None
     seen: set[tuple] = set()
     hits = []
@@ -325,7 +325,7 @@ def _best_row_hit(c: Claim, runs: list[tuple[str, list[Any]]]) -> tuple[str, flo
         keys = [c.row_key(r) for r in recs]
         if (v := c.read([r for r, k in zip(recs, keys) if k not in seen])) is not None:
             hits.append((rel, v))
-        seen.update(keys)
+        seen.update(k for r, k in zip(recs, keys) if r.get("status") == "ok")
     if not hits:
         return None
     return (min if c.judge == "at_most" else max)(hits, key=lambda h: h[1])

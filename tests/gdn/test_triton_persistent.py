@@ -223,12 +223,13 @@ if __name__ == "__main__" and "--interpret" in sys.argv:
     print(json.dumps({"gated": compare("gated", 3, (3, 1)), "odd": compare("odd", 2, (2, 3))}))
 
 
-@pytest.mark.parametrize("variant", ["default", "cached_load_poll"])
+@pytest.mark.parametrize("variant", ["default", "l2_vectors_load_poll"])
 def test_persistent_kernel_compiles_for_sm90_at_the_gdn_1p3b_shape(variant: str) -> None:
     """The kernel compiled ahead of time for sm_90 (Triton's bundled ptxas, no GPU) with the arguments the
     host passes at the GDN-1.3B shape (meta tensors), what the interpreter cannot check (the compiler's
-    rules for jit globals and types): by default the launch's scratch read past L1 and the barriers'
-    polls acquire atomics; with ``cached_vectors`` and ``load_poll`` plain loads and volatile polls."""
+    rules for jit globals and types): by default (``cached_vectors``) the launch's scratch read with plain
+    loads and the barriers' polls acquire atomics; without ``cached_vectors`` and with ``load_poll`` the
+    scratch read past L1 (``.cg``) and volatile polls."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -242,14 +243,14 @@ def test_persistent_kernel_compiles_for_sm90_at_the_gdn_1p3b_shape(variant: str)
         return torch.empty(*shape, dtype=dtype, device="meta")
 
     f32 = torch.float32
-    other = variant != "default"
+    other = variant != "default"  # the non-default options: L2-only vectors, volatile polls
     pg = tp.PersistentGDN(
         in_norm=meta(L, d), in_proj=meta(L, n1, d), taps=meta(L, c, 4), conv_bias=None,
         neg_decay=meta(L, 8, dtype=f32), dt_bias=meta(L, 8, dtype=f32), norm_weight=meta(L, 256),
         out_proj=meta(L, d, d), post_norm=meta(L, d), gate_up=meta(L, 2 * i, d), down=meta(L, d, i),
         states=meta(L, 8, 256, 256, dtype=f32), history=meta(L, 3, c),
         conv_index=meta(1, 4, dtype=torch.long), dims=GDNDims(8, 8, 256, 256), has_z=True, beta_scale=1.0,
-        eps=1e-6, norm_eps=1e-6, config=PersistentConfig(cached_vectors=other, load_poll=other),
+        eps=1e-6, norm_eps=1e-6, config=PersistentConfig(cached_vectors=not other, load_poll=other),
     )  # fmt: skip
     args, consts = tp._args(pg, meta(1, d))
     warps = consts.pop("num_warps")
@@ -261,4 +262,4 @@ def test_persistent_kernel_compiles_for_sm90_at_the_gdn_1p3b_shape(variant: str)
     src = ASTSource(fn=tp._layers_kernel, signature=sig, constexprs=consts)
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm["ptx"]
     assert "atom.global.gpu.acq_rel.add" in ptx  # the barrier's arrival
-    assert ("ld.global.cg" in ptx) == (not other) and ("ld.volatile.global" in ptx) == other, variant
+    assert ("ld.global.cg" in ptx) == other and ("ld.volatile.global" in ptx) == other, variant

@@ -138,13 +138,16 @@ def test_a_best_row_claim_keeps_each_size_from_its_newest_run():
     (s4,) = (c for c in claims.CLAIMS if c.id == "S4")
     assert s4.row_key is not None
 
-    def bench(rows: list[tuple[int, float]]) -> list[dict]:
+    def bench(rows: list[tuple[int, float]], status: str = "ok") -> list[dict]:
+        ok = status == "ok"
         return [dict(shape="specla", group="verify", kind="draft", T=t, method="tree_split", dtype="bf16",
-                     status="ok", speedup_graph=v) for t, v in rows]  # fmt: skip
+                     status=status, speedup_graph=v if ok else None) for t, v in rows]  # fmt: skip
 
     old, new = ("old", bench([(128, 3.4), (64, 2.0)])), ("new", bench([(65, 1.8), (129, 1.7)]))
     assert claims._best_row_hit(s4, [new, old]) == ("old", 3.4)
     assert claims._latest_hit(s4, [new, old]) == ("new", 1.8)  # what the newest run alone would say
     newest = ("newest", bench([(128, 2.9)]))
     assert claims._best_row_hit(s4, [newest, new, old]) == ("newest", 2.9)  # 128 re-measured
+    skipped = ("skipped", bench([(128, 0.0)], status="skipped"))  # out of its time budget: not a measurement
+    assert claims._best_row_hit(s4, [skipped, new, old]) == ("old", 3.4)
     assert claims._best_row_hit(s4, []) is None
