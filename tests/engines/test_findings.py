@@ -1,10 +1,13 @@
-"""Today's finding, pinned on CPU (float64 weights, greedy): the ``dflash`` package's reference loop
-diverges from AR on tiny-qwen35 while repro's ``dflash_chain`` with the same drafter does not, and
-transformers refuses assisted generation on the stateful Qwen3.5 model. The cause: transformers'
-linear-attention cache ``crop`` rolls back the conv states but not the GDN recurrent state.
+"""Today's findings, pinned on CPU (float64 weights, greedy), per transformers version
+(:mod:`external_findings`): with transformers 5.17-5.24 the ``dflash`` package's reference loop diverges
+from AR on tiny-qwen35 while repro's ``dflash_chain`` with the same drafter does not, and transformers
+refuses assisted generation on the stateful Qwen3.5 model; the cause: the linear-attention cache's
+``crop`` rolls back the conv states but not the GDN recurrent state. transformers 5.25 keeps the recurrent
+states for ``crop`` when asked (``recurrent_states_to_keep``): crop is exact, assisted generation is
+identical to AR, and the dflash package's loop (which does not ask) fails inside transformers.
 
-A failure here that says "verdict changed" is news (e.g. a transformers release that fixes the crop):
-re-run ``results/2026-12-01-external-loops`` and update its NOTES.md and the pins below.
+A failure here that says "verdict changed" is news: re-run ``repro falsify external`` and update the pins
+in tests/external_findings.py.
 """
 
 from __future__ import annotations
@@ -27,9 +30,15 @@ from repro.models.target import open_target
 pytest.importorskip("transformers", reason="the finding is about transformers' cache")
 pytest.importorskip("dflash.model", reason="the finding is about the dflash package's loop")
 
+from external_findings import (  # noqa: E402 - after the skips: it imports transformers
+    CHANGED,
+    DFLASH_DIVERGES,
+    RECORDS_RECURRENT_STATES,
+    assisted_verdict,
+    dflash_loop_verdict,
+)
+
 NEW = 32
-PINNED = {"gsm8k/588": "diverged at token 2", "mt_bench/130": "diverged at token 7"}  # observed 2026-12-01
-CHANGED = "verdict changed (was {was!r}, now {now!r}) for {what}: re-run results/2026-12-01-external-loops"
 
 
 @pytest.fixture(scope="module")
@@ -43,24 +52,25 @@ def case():
     for p in prompts:
         ids = tok.chat_prompt([{"role": "user", "content": p.turns[0]}])
         cases[f"{p.suite}/{p.id}"] = (ids, generate(model, ids, ar, NEW).output_ids)
-    assert set(cases) == set(PINNED), "the suite sample changed: re-pick the pinned prompts"
+    assert set(cases) == set(DFLASH_DIVERGES), "the suite sample changed: re-pick the pinned prompts"
     return resolve_checkpoint("tiny-qwen35"), resolve_checkpoint("tiny-qwen35-dflash"), cases
 
 
-def test_dflash_package_loop_diverges_from_ar(case):
+def test_dflash_package_loop_against_ar(case):
+    """Diverges at the pinned tokens (5.17-5.24), fails inside transformers (5.25 on)."""
     target, drafter, cases = case
     for key, (ids, ref) in cases.items():
         res = dflash_generate(EngineRequest(target, drafter, ids, NEW))
-        assert res.ok, res.status
-        assert res.dtype == "float64" and len(res.output_ids) == NEW
-        assert sum(res.accepted_lengths) == NEW - 1  # produced per step; the first token is prefill's
+        if res.ok:
+            assert res.dtype == "float64" and len(res.output_ids) == NEW
+            assert sum(res.accepted_lengths) == NEW - 1  # produced per step; the first token is prefill's
         hf_ar = hf_generate(EngineRequest(target, None, ids, NEW))
         # transformers' own AR on the same loaded model agrees with repro's AR: not a rounding effect
         assert verdict(hf_ar, ref) == "identical", CHANGED.format(
             was="identical", now=verdict(hf_ar, ref), what=f"transformers AR on {key}"
         )
-        now = verdict(res, ref)
-        assert now == PINNED[key], CHANGED.format(was=PINNED[key], now=now, what=f"dflash_generate on {key}")
+        now, was = verdict(res, ref), dflash_loop_verdict(key)
+        assert now == was, CHANGED.format(was=was, now=now, what=f"dflash_generate on {key}")
 
 
 def test_repro_dflash_chain_with_the_same_drafter_is_identical(case):
@@ -71,19 +81,19 @@ def test_repro_dflash_chain_with_the_same_drafter_is_identical(case):
         assert max(res.accepted_lengths) > 1  # the drafter's tokens were accepted: a real speculative run
 
 
-def test_transformers_refuses_assisted_generation(case):
+def test_transformers_assisted_generation_on_the_stateful_model(case):
+    """Refused (5.17-5.24), identical to AR (5.25 on; the target as its own assistant)."""
     target, _, cases = case
     ids, ref = next(iter(cases.values()))
     res = hf_assisted(EngineRequest(target, None, ids, NEW))
-    was = (
-        "refused: ValueError: assisted generation is not supported with stateful models,"
-        " such as Qwen3_5ForCausalLM"
-    )
-    assert res.status == was, CHANGED.format(was=was, now=verdict(res, ref), what="transformers assisted")
+    now, was = verdict(res, ref), assisted_verdict()
+    assert now == was, CHANGED.format(was=was, now=now, what="transformers assisted")
 
 
-def test_transformers_crop_keeps_the_rejected_tokens_in_the_recurrent_state(case):
-    """The cause, at the cache: forward 4 tokens, crop 3 of them, compare with forwarding 1 token."""
+def test_transformers_crop_and_the_recurrent_state(case):
+    """The cause, at the cache: forward 4 tokens, crop 3 of them, compare with forwarding 1 token. The conv
+    window is rolled back; the recurrent state is not (5.17-5.24), or exactly when the cache keeps the
+    last states (5.25 on: ``recurrent_states_to_keep``)."""
     from transformers import DynamicCache
 
     target, _, cases = case
@@ -92,7 +102,8 @@ def test_transformers_crop_keeps_the_rejected_tokens_in_the_recurrent_state(case
 
     def cache_after(n: int, drop: int) -> DynamicCache:
         cache = DynamicCache(config=hf.config)
-        cache.activate_past_recording()
+        keep = {"recurrent_states_to_keep": 4} if RECORDS_RECURRENT_STATES else {}
+        cache.activate_past_recording(**keep)
         with torch.no_grad():
             hf(ids[:, :16], past_key_values=cache, use_cache=True)
             cache.crop(0)  # as dflash_generate does after prefill
@@ -108,9 +119,12 @@ def test_transformers_crop_keeps_the_rejected_tokens_in_the_recurrent_state(case
         assert torch.allclose(conv, ref, atol=1e-5, rtol=0), f"layer {i}: conv state not rolled back"
     state = [(cropped.layers[i].recurrent_states[0], exact.layers[i].recurrent_states[0]) for i in gdn]
     diff = max((a - b).abs().max().item() for a, b in state)
-    assert diff > 1e-3, CHANGED.format(  # ... the recurrent state is not
-        was="recurrent state not rolled back", now=f"max |diff| {diff:.2e}", what="transformers' cache crop"
-    )
+    was = "recurrent state rolled back" if RECORDS_RECURRENT_STATES else "recurrent state not rolled back"
+    now = f"max |diff| {diff:.2e}"
+    if RECORDS_RECURRENT_STATES:  # ... the recurrent state too: the state kept after the first token
+        assert diff == 0.0, CHANGED.format(was=was, now=now, what="transformers' cache crop")
+    else:  # ... the recurrent state is not
+        assert diff > 1e-3, CHANGED.format(was=was, now=now, what="transformers' cache crop")
 
 
 def test_transformers_cannot_load_the_fla_format_target():
