@@ -141,3 +141,35 @@ def test_the_transformers_target_is_loaded_once_per_run():
     first, _ = held_hf_target(resolve_checkpoint("tiny-qwen35"), "float64", "cpu")
     assert held_hf_target(resolve_checkpoint("tiny-qwen35"), "float64", "cpu")[0] is first
     assert held_hf_target(resolve_checkpoint("tiny-qwen35"), "float64", "cpu", "assistant")[0] is not first
+
+
+@pytest.mark.parametrize("wrapped_in_module", [False, True], ids=["function", "kernels-func-module"])
+@pytest.mark.parametrize("bound", [False, True])
+def test_the_fla_binding_flag_is_found_through_transformers_wrappers(wrapped_in_module: bool, bound: bool):
+    """transformers' hub wrapper closes over ``is_new_implementation`` (5.17-5.24: the module attribute is
+    that function; 5.25 on: a torch module whose forward closes over it); absent: not bound."""
+    import types
+
+    import torch
+
+    from repro.engines.hf_target import _binds_fla
+
+    def hub_wrapper(is_new_implementation: bool):
+        def wrapped(*args):
+            return is_new_implementation
+
+        return wrapped
+
+    fn = hub_wrapper(bound)
+    if wrapped_in_module:
+
+        def func_module(func):
+            class Func(torch.nn.Module):
+                def forward(self, *args):
+                    return func(*args)
+
+            return Func()
+
+        fn = func_module(fn)
+    assert _binds_fla(types.SimpleNamespace(torch_chunk_gated_delta_rule=fn)) is bound
+    assert _binds_fla(types.SimpleNamespace()) is False
