@@ -617,24 +617,32 @@ def _interpreter_case(
     layers: list[str] | None = None,
     gemv: bool = False,
     tree_kernel: str | None = None,
+    value_heads: int | None = None,
+    nodes: int = 9,
 ) -> dict[str, float]:
-    """StaticDecoder with kernel="triton" (a Triton tree kernel, ``tree_kernel`` or the selected one; fla
-    recurrence or the fused decode kernels; ``gemv``: decode steps on the GEMV kernels) on CPU tensors vs
-    HybridLM: verify, commit, then two decode steps (logits and state)."""
+    """StaticDecoder with kernel="triton" (a Triton tree kernel, ``tree_kernel`` or the one selected for the
+    slot's size; fla recurrence or the fused decode kernels; ``gemv``: decode steps on the GEMV kernels) on
+    CPU tensors vs HybridLM: verify of a ``nodes``-node tree, commit, then two decode steps (logits and
+    state); ``value_heads``: the GDN layers' (a multiple of the key heads)."""
     cfg = config(layers)
     cfg.linear_key_head_dim = cfg.linear_value_head_dim = 16
+    if value_heads is not None:
+        cfg.linear_num_value_heads = value_heads
     model = build(cfg, dtype=dtype, seed=17)
     state, _ = model.prefill(ids(10, 18))
-    tree = random_token_tree(9, "mixed", 19)
+    tree = random_token_tree(nodes, "mixed", 19)
     path = tree.path_to(int(tree.depth.argmax()))
     ver = model.verify(state, tree)
     errs = {}
     for strategy in strategies:
         dec = StaticDecoder(
-            model, max_len=32, max_nodes=16, kernel="triton", fused=fused, gemv=gemv, tree_kernel=tree_kernel
-        )
+            model, max_len=96, max_nodes=max(16, nodes), kernel="triton", fused=fused, gemv=gemv,
+            tree_kernel=tree_kernel,
+        )  # fmt: skip
+        if value_heads is not None:  # which kernel the slot's size selects
+            errs["split_selected"] = float(dec.tree_kernel_at(nodes) == "split")
         dec.load(state)
-        slot = TreeSlot(dec, 9, max_depth=int(tree.depth.max()), snapshots=strategy == "snapshot")
+        slot = TreeSlot(dec, nodes, max_depth=int(tree.depth.max()), snapshots=strategy == "snapshot")
         slot.set_tree(tree)
         errs["verify"] = rel(dec.verify(slot), ver.logits)
         slot.set_accepted(path)
@@ -801,6 +809,10 @@ def _interpreter_part(flag: str) -> dict[str, object]:
                 torch.float32, ("closed_form", "snapshot"), True, [GDN, ATTENTION], tree_kernel="split"
             ),
             "bfloat16": _interpreter_case(torch.bfloat16, ("closed_form",), True, [GDN, ATTENTION]),
+            # many heads: split only for the slot's size (65 nodes, three 32-row blocks)
+            "bfloat16_many_heads_65_nodes": _interpreter_case(
+                torch.bfloat16, ("closed_form",), True, [GDN], value_heads=20, nodes=65
+            ),
             "selection": _selected_kernels_and_launches(),
         }  # fmt: skip
     if flag == "--interpret-fused":
@@ -888,15 +900,17 @@ def test_gemv_decoder_through_the_interpreter(interpreted):
 
 
 def test_split_tree_kernel_and_path_commit_through_the_interpreter(interpreted):
-    """The split tree kernel (forced on float32; selected for the bf16 model's 4 value heads) and the
-    path commit (state and conv history in one launch) in the interpreter, vs HybridLM: verify, the
-    closed-form and snapshot commits, then decode steps. The decoder picks split for bf16 and fused for
-    float32 inputs at 4 value heads, a forced kernel wins, and a split verify + closed-form commit
-    launches the split kernel's two phases, one path index per commit and one path commit per GDN layer,
-    nothing else."""
+    """The split tree kernel (forced on float32; selected for the bf16 model's 4 value heads, and at 20
+    value heads for a 65-node slot) and the path commit (state and conv history in one launch) in the
+    interpreter, vs HybridLM: verify, the closed-form and snapshot commits, then decode steps. The decoder
+    picks split for bf16 and fused for float32 inputs at 4 value heads, a forced kernel wins, and a split
+    verify + closed-form commit launches the split kernel's two phases, one path index per commit and one
+    path commit per GDN layer, nothing else."""
     out = _run_interpreter(interpreted, "--interpret-split")
     assert max(out["float32"].values()) < 1e-5, out["float32"]
     assert max(out["bfloat16"].values()) < 5e-2, out["bfloat16"]  # as the unfused bf16 case
+    many = out["bfloat16_many_heads_65_nodes"]  # the 27B engine's case: fused by head count, split by size
+    assert many.pop("split_selected") == 1.0 and max(many.values()) < 5e-2, many
     sel = out["selection"]
     assert sel["picked"] == {"bf16": "split", "f32": "fused", "f32_split": "split", "bf16_fused": "fused"}, (
         sel
