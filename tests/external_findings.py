@@ -8,7 +8,8 @@ version, pinned by tests/engines/test_findings.py and tests/harness/test_externa
 - transformers 5.25 on (results/2026-12-03-cpu-external-loops-transformers-5.25):
   ``activate_past_recording(recurrent_states_to_keep=k)`` keeps the last k recurrent states and ``crop``
   restores the right one (bitwise here): the cause is fixed; assisted generation runs on Qwen3.5 and is
-  identical to AR; the dflash package (0.1.0) still calls ``activate_past_recording()`` without
+  identical to AR, also with a perturbed copy of the target as the assistant (drafts rejected, states
+  rolled back); the dflash package (0.1.0) still calls ``activate_past_recording()`` without
   ``recurrent_states_to_keep`` and its first verify forward raises inside transformers.
 
 A test failing with "verdict changed" is news (a release of either package): re-run ``repro falsify

@@ -277,7 +277,8 @@ def _external(p: dict[str, Any], ctx: BuildContext) -> tuple[Drafter | None, Tre
 EXTERNAL = "external"
 # the loops of repro.engines.catalog an external route can name (tests/engines pins the two lists equal)
 EXTERNAL_ENGINES = (
-    "transformers-generate", "transformers-assisted", "transformers-assisted-dflash", "dflash-generate",
+    "transformers-generate", "transformers-assisted", "transformers-assisted-perturbed",
+    "transformers-assisted-dflash", "dflash-generate",
     "sglang-ar", "sglang-dflash", "sglang-eagle", "vllm-ar", "vllm-dflash", "vllm-eagle",
 )  # fmt: skip
 

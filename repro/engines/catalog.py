@@ -9,7 +9,7 @@ from functools import partial
 from pathlib import Path
 
 from repro.engines.dflash_loop import dflash_generate
-from repro.engines.hf_generate import hf_assisted, hf_assisted_dflash, hf_generate
+from repro.engines.hf_generate import hf_assisted, hf_assisted_dflash, hf_assisted_perturbed, hf_generate
 from repro.engines.repro_route import repro_dflash_chain
 from repro.engines.result import EngineRequest, EngineResult
 from repro.engines.sglang import sglang_generate
@@ -53,6 +53,12 @@ ENGINES: dict[str, Engine] = {
         Engine("transformers-generate", hf_generate, None, "transformers generate, plain AR"),
         Engine(
             "transformers-assisted", hf_assisted, None, "transformers assisted generation, target assists"
+        ),
+        Engine(
+            "transformers-assisted-perturbed",
+            hf_assisted_perturbed,
+            None,
+            "transformers assisted generation, a perturbed copy of the target assists (drafts rejected)",
         ),
         Engine(
             "transformers-assisted-dflash",

@@ -71,6 +71,35 @@ def hf_assisted(request: EngineRequest) -> EngineResult:
     return _run(target, note, request, _config(transformers, request), assistant_model=assistant)
 
 
+ASSISTANT_NOISE = 0.1  # relative weight noise of hf_assisted_perturbed's assistant
+
+
+def hf_assisted_perturbed(request: EngineRequest) -> EngineResult:
+    """Assisted generation whose assistant is a perturbed copy of the target (:data:`ASSISTANT_NOISE`,
+    seed 0; ``drafter_dir`` unused): a draft model that disagrees with the target at some tokens, so that
+    the loop rejects drafts and must roll its caches back (on GDN: the recurrent and conv states), which a
+    copy of the target as its own assistant never asks of it. The note says where the assistant's own
+    greedy tokens first leave the target's."""
+    transformers = require("transformers")
+    dtype, device = request.dtype, request.device
+    try:
+        target, note = held_hf_target(request.target_dir, dtype, device)
+        assistant, a_note = held_hf_target(
+            request.target_dir, dtype, device, "perturbed-assistant", noise=ASSISTANT_NOISE
+        )
+    except TargetRefused as exc:
+        return refused(str(exc), dtype)
+    config = _config(transformers, request)
+    res = _run(target, note + f"; assistant: the target, {a_note.split('; ')[-1]}", request, config,
+               assistant_model=assistant)  # fmt: skip
+    if res.ok and request.temperature == 0:  # how far apart the two models are, each decoding alone
+        own, ar = _run(assistant, a_note, request, config), _run(target, note, request, config)
+        first = next((i for i, (a, b) in enumerate(zip(own.output_ids, ar.output_ids)) if a != b), None)
+        where = "never" if first is None else f"at token {first}"
+        res.notes += f"; the assistant's own greedy tokens leave the target's {where}"
+    return res
+
+
 def hf_assisted_dflash(request: EngineRequest) -> EngineResult:
     """transformers' DFlash speculation (``speculation_type="dflash"``) with the ``dflash`` package's
     ``DFlashDraftModel`` loaded from ``drafter_dir`` as the assistant."""

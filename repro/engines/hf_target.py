@@ -114,10 +114,30 @@ def load_hf_target(target_dir: str | Path, dtype: str, device: str) -> tuple[Any
     return model.to(device).eval(), note
 
 
-def held_hf_target(target_dir: str | Path, dtype: str, device: str, slot: str = "target") -> tuple[Any, str]:
-    """``load_hf_target``, kept across calls while (directory, dtype, device) stay the same; ``slot``
-    separates models held at once (a target and its assistant). The loops only read the weights."""
-    key = (str(Path(target_dir).resolve()), dtype, device)
-    return cached_engine(
-        f"transformers-{slot}", key, lambda: load_hf_target(target_dir, dtype, device), lambda _: None
-    )
+def held_hf_target(
+    target_dir: str | Path, dtype: str, device: str, slot: str = "target", noise: float = 0.0
+) -> tuple[Any, str]:
+    """``load_hf_target``, kept across calls while (directory, dtype, device, noise) stay the same;
+    ``slot`` separates models held at once (a target and its assistant). The loops only read the weights.
+    ``noise`` > 0: every floating weight times 1 + noise N(0, 1) (seed 0; :func:`perturb`)."""
+    key = (str(Path(target_dir).resolve()), dtype, device, noise)
+
+    def start() -> tuple[Any, str]:
+        model, note = load_hf_target(target_dir, dtype, device)
+        if noise > 0:
+            perturb(model, noise)
+            note += f"; weights perturbed by {noise:g} N(0, 1) relative noise (seed 0)"
+        return model, note
+
+    return cached_engine(f"transformers-{slot}", key, start, lambda _: None)
+
+
+def perturb(model: torch.nn.Module, noise: float, seed: int = 0) -> None:
+    """Every floating parameter of ``model`` times 1 + ``noise`` N(0, 1), in place, from a CPU generator
+    seeded with ``seed`` in parameter order (the same model and seed: the same weights)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.is_floating_point():
+                z = torch.randn(p.shape, generator=gen, dtype=torch.float64)
+                p.mul_((1 + noise * z).to(p.device, p.dtype))

@@ -173,3 +173,23 @@ def test_the_fla_binding_flag_is_found_through_transformers_wrappers(wrapped_in_
         fn = func_module(fn)
     assert _binds_fla(types.SimpleNamespace(torch_chunk_gated_delta_rule=fn)) is bound
     assert _binds_fla(types.SimpleNamespace()) is False
+
+
+def test_a_perturbed_assistant_is_the_same_weights_times_seeded_noise():
+    import torch
+
+    from repro.engines.hf_target import perturb
+
+    def model() -> torch.nn.Module:
+        torch.manual_seed(3)
+        return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4)).double()
+
+    a, b, base = model(), model(), model()
+    perturb(a, 0.1)
+    perturb(b, 0.1)
+    for pa, pb, p0 in zip(a.parameters(), b.parameters(), base.parameters()):
+        assert torch.equal(pa, pb)  # seeded: the same perturbed weights
+        rel = (pa / p0 - 1).std().item()
+        assert 0.05 < rel < 0.2  # each weight times 1 + 0.1 N(0, 1)
+    perturb(b, 0.1, seed=1)
+    assert not torch.equal(next(a.parameters()), next(b.parameters()))

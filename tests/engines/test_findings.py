@@ -19,7 +19,7 @@ from repro.data.suites import load_suite
 from repro.decoding.engine import generate
 from repro.decoding.routes import build_route
 from repro.engines.dflash_loop import dflash_generate
-from repro.engines.hf_generate import hf_assisted, hf_generate
+from repro.engines.hf_generate import hf_assisted, hf_assisted_perturbed, hf_generate
 from repro.engines.hf_target import load_hf_target
 from repro.engines.repro_route import repro_dflash_chain
 from repro.engines.result import EngineRequest
@@ -88,6 +88,19 @@ def test_transformers_assisted_generation_on_the_stateful_model(case):
     res = hf_assisted(EngineRequest(target, None, ids, NEW))
     now, was = verdict(res, ref), assisted_verdict()
     assert now == was, CHANGED.format(was=was, now=now, what="transformers assisted")
+
+
+def test_transformers_assisted_generation_with_a_perturbed_assistant(case):
+    """The same verdict when the assistant is a perturbed copy of the target whose own greedy tokens leave
+    the target's (so drafts are rejected and the loop rolls its GDN states back): refused (5.17-5.24),
+    identical to AR (5.25 on)."""
+    target, _, cases = case
+    ids, ref = next(iter(cases.values()))
+    res = hf_assisted_perturbed(EngineRequest(target, None, ids, NEW))
+    now, was = verdict(res, ref), assisted_verdict()
+    assert now == was, CHANGED.format(was=was, now=now, what="transformers assisted, perturbed assistant")
+    if res.ok:
+        assert "the assistant's own greedy tokens leave the target's at token" in res.notes, res.notes
 
 
 def test_transformers_crop_and_the_recurrent_state(case):
