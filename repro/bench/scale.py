@@ -262,6 +262,8 @@ class ScaleConfig:
             "prompts": self.prompts,
             "prompt_len": self.prompt_len,
             "prompt_ids": "uniform random ids, torch.Generator(seed * 100003 + index), warm-up index -1",
+            "acceptance_draws": "per prompt: step_rng(seed * 100003 + index, output position), the same for"
+            " every route (paired)",
             "max_new_tokens": self.max_new_tokens,
             "warmup_tokens": self.warmup_tokens,
             "logit_scale": self.logit_scale,
@@ -287,6 +289,13 @@ def check_routes(names: list[str]) -> None:
         raise ConfigError(
             f"unknown route(s) {', '.join(unknown) or '(none)'}; known: {', '.join(ROUTE_SPECS)}"
         )
+
+
+def acceptance_seed(seed: int, index: int) -> int:
+    """The seed of prompt ``index``'s replayed acceptance draws: one stream per prompt, so that prompts are
+    independent samples of the acceptance process, and the same stream for every route of that prompt (a
+    paired comparison). Before 2026-12-03 every prompt replayed the same draws (the rule's seed alone)."""
+    return seed * 100_003 + index
 
 
 def prompt_ids(vocab: int, length: int, index: int, seed: int) -> list[int]:
@@ -326,10 +335,11 @@ def decode_record(
 ) -> dict[str, Any]:
     """One prompt decoded by the engine with ``route``: what the record holds."""
     rule = route.rule
-    if isinstance(rule, ReplayedAcceptance):
-        rule.reset()
-    res = generate(target, ids, route, cfg.max_new_tokens)
     replayed = isinstance(rule, ReplayedAcceptance)
+    if replayed:
+        rule.reset()
+        rule.seed = acceptance_seed(cfg.seed, prompt)  # read by the device twin at each generation's begin
+    res = generate(target, ids, route, cfg.max_new_tokens)
     return {
         "shape": shape,
         "route": route.name,
@@ -349,6 +359,7 @@ def decode_record(
         "graph_captures": res.graph_captures,
         "truncated_steps": rule.truncated if replayed else 0,
         "acceptance": rule.process.as_dict() if replayed else None,
+        "acceptance_seed": rule.seed if replayed else None,
         "route_params": route.params,
         "drafter": route_drafters(route),
     }

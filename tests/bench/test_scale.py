@@ -142,6 +142,28 @@ def test_tiny_run_writes_records_table_and_report(tmp_path, monkeypatch, capsys)
     assert rebuild_report(out) == before  # `repro report DIR` rebuilds it from the records
 
 
+def test_each_prompt_replays_its_own_acceptance_draws_shared_by_the_routes(tmp_path, monkeypatch, capsys):
+    """Prompts are independent samples of the acceptance process (one draw stream per prompt), and every
+    route of a prompt replays that prompt's stream (paired): before, every prompt replayed the same
+    depths, so a row's MAL was one sample however many prompts ran."""
+    out = tmp_path / "scale"
+    code, _, err = run_cli(
+        monkeypatch, capsys, "bench", "scale", "--shape", "tiny", "--routes", "dflash_chain,ddtree",
+        "--acceptance", "mal:3", "--prompts", "3", "--prompt-len", "12", "--max-new-tokens", "24",
+        "--warmup-tokens", "2", "--device", "cpu", "--dtype", "float32", "--out", str(out),
+    )  # fmt: skip
+    assert code == 0, err
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    chain = {r["prompt"]: r for r in records if r["route"] == "dflash_chain"}
+    tree = {r["prompt"]: r for r in records if r["route"] == "ddtree"}
+    assert [chain[i]["acceptance_seed"] for i in range(3)] == [bs.acceptance_seed(0, i) for i in range(3)]
+    assert all(tree[i]["acceptance_seed"] == chain[i]["acceptance_seed"] for i in range(3))
+    lengths = [tuple(chain[i]["accepted_lengths"]) for i in range(3)]
+    assert len(set(lengths)) == 3, lengths  # the chain holds every drawn depth: the draws differ
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert "per prompt" in manifest["config"]["acceptance_draws"]
+
+
 def test_replayed_rule_is_the_routes_rule():
     model = tiny_target()
     cfg = bs.ScaleConfig(shapes=["tiny"], routes={"tiny": ["ar", "ddtree"]}, acceptance="mal:2", dtype="fp32")
