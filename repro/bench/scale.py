@@ -69,9 +69,11 @@ CANONICAL = {"weaver": "dflash_tfm", "eagle_tree": "specla"}
 COLUMNS = [
     "shape", "route", "kind", "acceptance", "acceptance_model", "target_MAL", "MAL", "truncated",
     "tokens_per_s", "speedup", "paper_speedup", "paper_ref", "step_ms", "draft_ms", "tree_ms", "verify_ms",
-    "commit_ms", "busy_ms", "wall_over_busy", "nodes", "prompts", "new_tokens", "drafter",
+    "commit_ms", "busy_ms", "wall_over_busy", "nodes", "steps", "launched", "prompts", "new_tokens",
+    "drafter",
 ]  # fmt: skip
 BUSY_COLUMNS = ("busy_ms", "wall_over_busy")  # only where the records have graph busy times
+LAUNCH_COLUMNS = ("steps", "launched")  # only where the records count launched steps (since 2026-12-03)
 
 
 def canonical(kind: str) -> str:
@@ -349,6 +351,7 @@ def decode_record(
         "prompt_tokens": len(ids),
         "new_tokens": len(res.output_ids),
         "steps": res.steps,
+        "launched_steps": res.steps if res.launched_steps is None else res.launched_steps,
         "accepted_lengths": res.accepted_lengths,
         "tree_sizes": res.tree_sizes,
         "prefill_s": res.prefill_s,
@@ -495,6 +498,8 @@ def summary_table(records: list[dict[str, Any]]) -> pd.DataFrame:
                 "busy_ms": ms(busy),
                 "wall_over_busy": decode_s / busy if busy > 0 else math.nan,
                 "nodes": sum(sum(r["tree_sizes"]) for r in group) / steps if steps else math.nan,
+                "steps": steps,
+                "launched": sum(r.get("launched_steps", r["steps"]) for r in group),
                 "prompts": len(group),
                 "new_tokens": new,
                 "drafter": drafter_text(group[0]["drafter"]),
@@ -503,6 +508,8 @@ def summary_table(records: list[dict[str, Any]]) -> pd.DataFrame:
     table = pd.DataFrame(rows, columns=COLUMNS)
     if not table["busy_ms"].notna().any():  # records from before graph busy times: the table they had
         table = table.drop(columns=list(BUSY_COLUMNS))
+    if not any("launched_steps" in r for r in records):  # records from before the count: the same
+        table = table.drop(columns=list(LAUNCH_COLUMNS))
     for shape in table["shape"].unique():
         mine = table["shape"] == shape
         ar = table[mine & (table["kind"] == "ar")]["tokens_per_s"]
@@ -551,10 +558,17 @@ def breakdown_lines(table: pd.DataFrame) -> list[str]:
             split = f"= {split}"
         else:  # the events do not account for the step: their split is no breakdown of it
             split = f"(its stages' device times sum to {stages:.1f} ms, so {split} is not the step's split)"
+        ahead = ""
+        if "launched" in r and r["launched"] > r["steps"]:  # the pipelined loop's look-ahead past the end
+            ahead = (
+                f" Of its {int(r['launched'])} launched steps {int(r['launched'] - r['steps'])} ran past a "
+                f"generation's end (in the time above): a launched step takes "
+                f"{r['step_ms'] * r['steps'] / r['launched']:.1f} ms."
+            )
         lines.append(
             f"- {r['shape']} {r['route']}: at MAL {r['MAL']:.2f} the paper's {paper:.2f}x needs a step of "
             f"{need:.1f} ms (MAL x AR {ar_ms:.2f} ms / {paper:.2f}); here a step takes {r['step_ms']:.1f} ms "
-            f"{split} ({r['step_ms'] / ar_ms:.2f} AR steps), so {r['speedup']:.2f}x."
+            f"{split} ({r['step_ms'] / ar_ms:.2f} AR steps), so {r['speedup']:.2f}x.{ahead}"
         )
     return lines
 
@@ -565,7 +579,8 @@ REPORT_COLUMNS = {  # column -> (header, format)
     "tokens_per_s": ("tok/s", ".1f"), "speedup": ("speedup", ".2f"), "paper_speedup": ("paper", ".2f"),
     "step_ms": ("step ms", ".2f"), "draft_ms": ("draft", ".2f"), "tree_ms": ("tree", ".2f"),
     "verify_ms": ("verify", ".2f"), "commit_ms": ("commit", ".2f"), "busy_ms": ("graphs busy", ".2f"),
-    "wall_over_busy": ("wall/busy", ".2f"), "nodes": ("nodes", ".1f"), "drafter": ("drafter", "s"),
+    "wall_over_busy": ("wall/busy", ".2f"), "nodes": ("nodes", ".1f"), "steps": ("steps", "d"),
+    "launched": ("launched", "d"), "drafter": ("drafter", "s"),
 }  # fmt: skip
 
 
@@ -588,7 +603,11 @@ def report_markdown(table: pd.DataFrame, manifest: dict[str, Any], captures: Seq
     """The run's report; ``captures``: :func:`capture_lines` of its records."""
     cfg = manifest.get("config", {})
     busy = "busy_ms" in table  # summary_table leaves them out for records from before graph busy times
-    columns = {c: v for c, v in REPORT_COLUMNS.items() if busy or c not in BUSY_COLUMNS}
+    launched = "launched" in table  # and the step counts for records from before launched steps
+    columns = {
+        c: v for c, v in REPORT_COLUMNS.items()
+        if (busy or c not in BUSY_COLUMNS) and (launched or c not in LAUNCH_COLUMNS)
+    }  # fmt: skip
     head = [
         "# Scale rows: e2e tokens/s at the papers' shapes, acceptance replayed",
         "",
@@ -618,6 +637,13 @@ def report_markdown(table: pd.DataFrame, manifest: dict[str, Any], captures: Seq
     if busy:
         tail[-1] += (" graphs busy: the CUDA graph replays' own ms per step; wall/busy: how much longer a "
                      "step takes than its graphs run.")  # fmt: skip
+    if launched:
+        tail[-1] += (
+            " steps: verify steps recorded (the ms columns are per recorded step); launched: the steps run,"
+            " the pipelined loop's step past the end of each generation included, whose time is in tok/s"
+            " and the ms columns (a launched step's ms: step ms x steps / launched). tok/s counts the new"
+            " tokens over the decode (prefill excluded)."
+        )
     if refs:
         tail += ["Paper speedups: " + "; ".join(refs) + "."]
     if sources:

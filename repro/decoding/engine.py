@@ -76,6 +76,9 @@ class DecodeResult:
     device_stage_s: dict[str, float] | None = None  # device time per stage (module docstring)
     busy_stage_s: dict[str, float] | None = None  # graph replay time per stage; None without replays
     graph_captures: int = 0  # CUDA graphs captured inside the decode (their capture time is in decode_s)
+    # verify steps run: the recorded ones plus the pipelined loop's steps launched past the end, whose time
+    # is in decode_s and the stage sums (None: no step ran past the end)
+    launched_steps: int | None = None
 
     @property
     def steps(self) -> int:
@@ -269,15 +272,16 @@ def _pipelined(
     capture: tuple[int, ...],
     clock: StageClock,
     twin: DeviceRule | None,
-) -> tuple[str, list[int], list[int], list[list[int]]]:
+) -> tuple[str, list[int], list[int], list[list[int]], int]:
     """Device steps (greedy, or ``twin``'s rule: its draws keyed by the root's position on the device), each
     launched before the previous one is read: step k + 1's drafter reads step
     k's accepted path and bonus where its commit wrote them (:class:`~repro.models.graphed.LaunchedStep`),
     its tree takes that bonus as root, and only then is step k's result read (one wait a step), so the
     device runs step k + 1 while the host reads step k and launches step k + 2. The first step drafts from
-    ``ctx`` (the prefill). ``out`` grows by the read tokens; returns the finish reason and the accepted
-    lengths, tree sizes and paths per read step. The step launched past a stop (or the last token) is
-    folded in and waited for: the sequence must end there, as after :meth:`GraphedTarget.greedy_decode`."""
+    ``ctx`` (the prefill). ``out`` grows by the read tokens; returns the finish reason, the accepted
+    lengths, tree sizes and paths per read step, and the number of steps launched past the end: the step
+    launched past a stop (or the last token) is folded in and waited for (the sequence must end there, as
+    after :meth:`GraphedTarget.greedy_decode`), its time part of the decode's."""
     drafter, builder = cast(PipelinedDrafter, route.drafter), route.builder
     position = state.position  # exact: the tokens committed before the oldest unread step
     launched: deque[LaunchedStep] = deque()
@@ -314,7 +318,7 @@ def _pipelined(
         paths.append(path)
     for step in launched:  # launched past the stop: folded in; its copy waited for
         model.read_launched(step)
-    return finish, lengths, sizes, paths
+    return finish, lengths, sizes, paths, len(launched)
 
 
 def _device_accept(
@@ -404,6 +408,7 @@ def generate(
     lengths: list[int] = []
     sizes: list[int] = []
     paths: list[list[int]] = []
+    past_end = 0  # steps the pipelined loop launched past the end
     _, finish = _cut(out, stops, max_new_tokens)
     ctx = DraftContext(list(prompt_ids), out, ver, list(range(ver.tree.size)))
     with busy_recorder(clock):  # the graph replays of the decode loop: busy time per stage
@@ -419,7 +424,7 @@ def generate(
             assert (
                 isinstance(model, GraphedTarget) and isinstance(state, GraphedState) and drafter is not None
             )
-            finish, lengths, sizes, paths = _pipelined(
+            finish, lengths, sizes, paths, past_end = _pipelined(
                 model, route, state, ctx, out, max_new_tokens, stops, capture, clock, twin
             )
         while finish is None:
@@ -459,4 +464,6 @@ def generate(
     result.device_stage_s = clock.device_s()
     result.busy_stage_s = clock.busy_s()
     result.graph_captures = graphs_captured() - captured
+    if past_end:
+        result.launched_steps = len(lengths) + past_end
     return result

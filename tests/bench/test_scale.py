@@ -162,6 +162,13 @@ def test_each_prompt_replays_its_own_acceptance_draws_shared_by_the_routes(tmp_p
     assert len(set(lengths)) == 3, lengths  # the chain holds every drawn depth: the draws differ
     manifest = json.loads((out / "manifest.json").read_text())
     assert "per prompt" in manifest["config"]["acceptance_draws"]
+    # the pipelined loop's step launched past each generation's end is counted (its time is in decode_s)
+    assert all(r["launched_steps"] == r["steps"] + 1 for r in (*chain.values(), *tree.values()))
+    assert all(r["launched_steps"] == r["steps"] for r in records if r["route"] == "ar")
+    table = pd.read_csv(out / "table.csv").set_index("route")
+    assert table.loc["ddtree", "launched"] == table.loc["ddtree", "steps"] + 3
+    assert "ran past a generation's end" not in (out / "report.md").read_text()  # no paper row for tiny
+    assert "| steps | launched |" in (out / "report.md").read_text()
 
 
 def test_replayed_rule_is_the_routes_rule():
@@ -268,6 +275,10 @@ def test_the_breakdown_gives_the_stage_split_only_when_the_events_account_for_th
     (short,) = bs.breakdown_lines(table(0.1))  # 17.6 of 20 ms: beyond the 10% tolerance
     assert "device times sum to 17.6 ms" in short and "is not the step's split" in short
     assert "= draft" not in short
+    assert "launched" not in whole  # records without launched steps: nothing said
+    counted = table(2.5).assign(steps=[40, 14], launched=[40, 16])
+    (ahead,) = bs.breakdown_lines(counted)  # 2 of 16 launched steps past the end: 20 x 14 / 16 = 17.5 ms
+    assert "Of its 16 launched steps 2 ran past a generation's end" in ahead and "takes 17.5 ms." in ahead
 
 
 def scale_record(route: str, **fields: Any) -> dict[str, Any]:
