@@ -47,6 +47,8 @@ class Claim:
     # a claim read at the best row over several runs (a range's "best T"): each row's key, so that a
     # row counts from the newest run holding its key and the best of those is the measurement
     row_key: Callable[[dict], tuple] | None = None
+    # what the source run's records say about the measurement's standing (None: nothing), in the verdict
+    caveat: Callable[[list[Any]], str | None] | None = None
 
 
 # ----------------------------------------------------------------------------------- readers
@@ -166,6 +168,15 @@ def _scale_speedup(shape: str, route: str, acceptance: str = "paper-mal") -> Rea
     return read
 
 
+def _one_draw(records: list[Any]) -> str | None:
+    """A scale run whose replayed routes' prompts all replayed the same acceptance draws (records without
+    ``acceptance_seed``, before repro.bench.scale.acceptance_seed): its MALs are one sample each."""
+    replayed = [r for r in records if r.get("status") == "ok" and r.get("acceptance")]
+    if replayed and not any("acceptance_seed" in r for r in replayed):
+        return "one acceptance draw replayed for all its prompts: each MAL one sample; re-run pending"
+    return None
+
+
 def _break_even_p(records: list[Any]) -> float | None:
     """The p above which every draft length of the acceptance study is profitable: the largest break-even
     p over k (None when some k never breaks even)."""
@@ -213,7 +224,7 @@ CLAIMS: tuple[Claim, ...] = (
           gpu_only=True),
     Claim("W1-scale", "weaver", "end_to_end[0]", _first("end_to_end", 0),
           "DFlash-TfM 4.37x over AR at the Qwen3.6-27B shape (MAL replayed)", SCALE, "bench-scale",
-          _scale_speedup("qwen3.6-27b", "dflash_tfm"), note=REPLAYED, gpu_only=True),
+          _scale_speedup("qwen3.6-27b", "dflash_tfm"), note=REPLAYED, gpu_only=True, caveat=_one_draw),
     Claim("W2", "weaver", "end_to_end[1]", _first("end_to_end", 1), "+24.7% interactivity over DFlash",
           TABLE2, "paper-table2", _table2_gain("DFlash-TfM", "DFlash (chain)"),
           note="tokens/s per sequence over chain DFlash, best-of protocol, all workloads", gpu_only=True),
@@ -250,7 +261,7 @@ CLAIMS: tuple[Claim, ...] = (
           "paper-specla", _specla_speedup("humaneval"), gpu_only=True),
     Claim("S1-scale", "specla", "end_to_end[0]", _first("end_to_end", 0),
           "SpecLA 1.42x over AR at the GDN-1.3B shape (MAL replayed)", SCALE, "bench-scale",
-          _scale_speedup("gdn-1.3b", "specla"), note=REPLAYED, gpu_only=True),
+          _scale_speedup("gdn-1.3b", "specla"), note=REPLAYED, gpu_only=True, caveat=_one_draw),
     Claim("S4", "specla", "microbenchmarks[0].low", _first("microbenchmarks", 0, "low"),
           "tree verification 1.8-7.1x over root-to-leaf replay (low end; best T)",
           "repro bench kernels --shapes specla", "bench-kernels",
@@ -356,6 +367,8 @@ def ledger(results: Path, claims: tuple[Claim, ...] = CLAIMS) -> list[dict[str, 
                 row["source"], row["measured"] = hit
                 row["ratio"] = hit[1] / paper if paper else None
                 row["verdict"] = verdict(c, paper, hit[1]) + (f" ({c.note})" if c.note else "")
+                said = c.caveat(dict(runs)[hit[0]]) if c.caveat else None
+                row["verdict"] += f"; {said}" if said else ""
         rows.append(row)
     return rows
 

@@ -151,3 +151,17 @@ def test_a_best_row_claim_keeps_each_size_from_its_newest_run():
     skipped = ("skipped", bench([(128, 0.0)], status="skipped"))  # out of its time budget: not a measurement
     assert claims._best_row_hit(s4, [skipped, new, old]) == ("old", 3.4)
     assert claims._best_row_hit(s4, []) is None
+
+
+def test_a_scale_claim_says_when_its_run_replayed_one_draw_for_all_prompts():
+    """W1-scale / S1-scale: a source run whose replayed records carry no per-prompt acceptance seed (before
+    the fix) is flagged in the verdict; one that does is not."""
+    (w1,) = (c for c in claims.CLAIMS if c.id == "W1-scale")
+    assert w1.caveat is not None
+    old = [{"status": "ok", "acceptance": None}, {"status": "ok", "acceptance": {"mal": 10.2}}]
+    new = [
+        {"status": "ok", "acceptance": None},
+        {"status": "ok", "acceptance": {"mal": 10.2}, "acceptance_seed": 7},
+    ]
+    assert "one acceptance draw" in w1.caveat(old)
+    assert w1.caveat(new) is None and w1.caveat(old[:1]) is None
