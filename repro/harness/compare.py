@@ -110,7 +110,7 @@ def _decode(name: str, old: Run, new: Run, noise: Noise) -> list[Change]:
             by_route[rec.route].append((olds[rec.key], rec))
     for route, pairs in by_route.items():
         ok = [(a, b) for a, b in pairs if _finite(a.tokens_per_s) and _finite(b.tokens_per_s)]
-        change = speed_change([b.tokens_per_s / a.tokens_per_s for a, b in ok], noise)
+        change = speed_change(prompt_ratios(ok), noise)
         if change:
             old_rate = sum(a.new_tokens for a, _ in ok) / sum(a.decode_s for a, _ in ok)
             new_rate = sum(b.new_tokens for _, b in ok) / sum(b.decode_s for _, b in ok)
@@ -124,6 +124,20 @@ def _decode(name: str, old: Run, new: Run, noise: Noise) -> list[Change]:
                 item = f"{route} {b.suite}/{b.prompt_id} turn {b.turn}"
                 changes.append(Change(name, item, "vs AR", a.vs_ar, b.vs_ar, True, "new divergence from AR"))
     return changes
+
+
+def prompt_ratios(pairs: list[tuple[Any, Any]]) -> list[float]:
+    """New over old tokens/s per prompt (suite, id): the turns both runs hold pooled on each side (tokens
+    over decode seconds), so that a prompt with two turns (MT-Bench) is one resampling unit, as the
+    docstring's "prompts" say, not two."""
+    by_prompt: dict[tuple[str, str], list[tuple[Any, Any]]] = defaultdict(list)
+    for a, b in pairs:
+        by_prompt[(b.suite, b.prompt_id)].append((a, b))
+
+    def rate(recs: list[Any]) -> float:
+        return sum(r.new_tokens for r in recs) / sum(r.decode_s for r in recs)
+
+    return [rate([b for _, b in turns]) / rate([a for a, _ in turns]) for turns in by_prompt.values()]
 
 
 def _finite(x: float) -> bool:

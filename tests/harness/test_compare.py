@@ -59,6 +59,31 @@ def test_a_faster_route_is_a_change_but_not_a_regression(tmp_path):
     assert [(c.item, c.regression) for c in result.changes] == [("ar", False)]
 
 
+def test_a_prompt_with_two_turns_is_one_unit(tmp_path):
+    """MT-Bench's two turns pool into one ratio per prompt (tokens over seconds on each side): the routes
+    run has 5 prompts but 7 turns per route, and the change is reported over 5 prompts."""
+    from repro.harness.compare import Noise, prompt_ratios, speed_change
+    from repro.harness.run_kinds import load_run
+
+    def slower(r: dict) -> dict:
+        if r["route"] == "ddtree-b32":  # every turn 10% slower, MT-Bench's second turns 50% slower
+            r["decode_s"] *= 1.5 if r["turn"] == 1 else 1 / 0.9
+        return r
+
+    old, new = (load_run(_night(tmp_path, n, e) / "routes") for n, e in (("o", None), ("n", slower)))
+    olds = {r.key: r for r in old.records}
+    pairs = [(olds[r.key], r) for r in new.records if r.route == "ddtree-b32"]
+    ratios = prompt_ratios(pairs)
+    assert len(pairs) == 7 and len(ratios) == 5
+    for (suite, pid), got in zip(dict.fromkeys((b.suite, b.prompt_id) for _, b in pairs), ratios):
+        turns = [(a, b) for a, b in pairs if (b.suite, b.prompt_id) == (suite, pid)]
+        tokens = sum(a.new_tokens for a, _ in turns)
+        want = (tokens / sum(b.decode_s for _, b in turns)) / (tokens / sum(a.decode_s for a, _ in turns))
+        assert abs(got - want) < 1e-12 and (len(turns) == 2) == (suite == "mt_bench")
+    change = speed_change(ratios, Noise())
+    assert change is not None and change[2] == -1 and "over 5 prompts" in change[1]
+
+
 def test_noise_is_a_ci_including_one_or_a_small_effect():
     jitter = [0.97, 1.04, 0.99, 1.02, 0.98, 1.01, 0.96, 1.03]
     assert speed_change(jitter, Noise()) is None  # the interval includes 1
