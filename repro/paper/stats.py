@@ -39,12 +39,18 @@ class Paired:
 
 
 def unit_sums(
-    records: Iterable[DecodeRecord], route: str, suites: Sequence[str]
+    records: Iterable[DecodeRecord],
+    route: str,
+    suites: Sequence[str],
+    turns: set[tuple[str, str, int]] | None = None,
 ) -> dict[Unit, dict[str, float]]:
-    """Per prompt of ``suites``, the route's new tokens, decode seconds, accepted tokens and verify steps."""
+    """Per prompt of ``suites``, the route's new tokens, decode seconds, accepted tokens and verify steps
+    (over the (suite, prompt, turn) in ``turns`` when given)."""
     out: dict[Unit, dict[str, float]] = {}
     for r in records:
         if r.route != route or r.suite not in suites:
+            continue
+        if turns is not None and (r.suite, r.prompt_id, r.turn) not in turns:
             continue
         sums = out.setdefault(
             (r.suite, r.prompt_id), dict.fromkeys(("new_tokens", "decode_s", "accepted", "steps"), 0.0)
@@ -92,8 +98,14 @@ def paired_ratio(arrays: Sequence[Sequence[float]], seed: int = SEED) -> Paired:
 def compare(
     records: Sequence[DecodeRecord], route: str, reference: str, suites: Sequence[str], what: tuple[str, str]
 ) -> Paired:
-    """``route`` over ``reference`` on the prompts of ``suites`` both have: ``what`` = SPEEDUP or MAL."""
-    a, b = unit_sums(records, route, suites), unit_sums(records, reference, suites)
+    """``route`` over ``reference`` on the prompts of ``suites`` both have, each prompt over the turns both
+    have (a turn one of them lacks, e.g. in an interrupted run, would pair unlike work): ``what`` = SPEEDUP
+    or MAL."""
+    held = [
+        {(r.suite, r.prompt_id, r.turn) for r in records if r.route == name} for name in (route, reference)
+    ]
+    both = held[0] & held[1]
+    a, b = unit_sums(records, route, suites, both), unit_sums(records, reference, suites, both)
     units = sorted(set(a) & set(b))
     x, y = what
     return paired_ratio(

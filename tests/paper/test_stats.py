@@ -49,3 +49,20 @@ def test_compare_pools_turns_per_prompt_and_pairs_by_prompt():
     assert sp.n == 2 and sp.value == (30 / 2.0) / (30 / 4.0) == sp.low == sp.high
     mal = compare(recs, "x", "ar", ["mt_bench"], MAL)
     assert mal.value == 3.0
+
+
+def test_compare_pairs_each_prompt_over_the_turns_both_routes_have():
+    """A turn the reference lacks (an interrupted run) is left out of the route's sums for that prompt too:
+    the two rates cover the same turns. Here the route's second turn of prompt a is 4x slower; counted
+    against AR's one turn it would have pulled the speedup down."""
+    recs = [
+        make_record("ar", "mt_bench", "a", 0, accepted=[1] * 9, decode_s=1.0),
+        make_record("ar", "mt_bench", "b", 0, accepted=[1] * 9, decode_s=1.0),
+        make_record("ar", "mt_bench", "b", 1, accepted=[1] * 9, decode_s=1.0),
+        make_record("x", "mt_bench", "a", 0, accepted=[3] * 3, decode_s=0.5),
+        make_record("x", "mt_bench", "a", 1, accepted=[3] * 3, decode_s=2.0),  # AR has no turn 1 of a
+        make_record("x", "mt_bench", "b", 0, accepted=[3] * 3, decode_s=0.5),
+        make_record("x", "mt_bench", "b", 1, accepted=[3] * 3, decode_s=0.5),
+    ]
+    sp = compare(recs, "x", "ar", ["mt_bench"], SPEEDUP)
+    assert sp.n == 2 and sp.value == 2.0 == sp.low == sp.high  # every common turn 2x
