@@ -159,9 +159,14 @@ def _aggregate(recs: list[DecodeRecord], statuses: dict, distinct_prompts: int) 
 
 
 def _paired_speedup(recs: list[DecodeRecord], ar_recs: list[DecodeRecord]) -> float:
-    """Token-weighted tokens/s ratio over the (prompt_id, turn) pairs both routes have."""
+    """Token-weighted tokens/s ratio over the (prompt_id, turn) pairs both routes have and both timed (a
+    refused external loop's record, 0 tokens in 0 s, pairs with nothing)."""
     ar = {(r.prompt_id, r.turn): r for r in ar_recs}
-    pairs = [(r, ar[(r.prompt_id, r.turn)]) for r in recs if (r.prompt_id, r.turn) in ar]
+    pairs = [
+        (r, ar[(r.prompt_id, r.turn)])
+        for r in recs
+        if (r.prompt_id, r.turn) in ar and r.decode_s > 0 and ar[(r.prompt_id, r.turn)].decode_s > 0
+    ]
     if not pairs:
         return math.nan
     route_rate = _ratio(sum(a.new_tokens for a, _ in pairs), sum(a.decode_s for a, _ in pairs))

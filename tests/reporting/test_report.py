@@ -266,3 +266,22 @@ def test_figures_write_pngs(tmp_path: Path):
         assert p.read_bytes()[:4] == b"\x89PNG" and p.stat().st_size > 1000
     with pytest.raises(ReproError):
         plot_acceptance(table.iloc[0:0], tmp_path / "empty.png")
+
+
+def test_a_refused_record_pairs_with_nothing_in_the_speedup():
+    """An external loop refused on one prompt (0 tokens in 0 s) leaves that prompt out of its speedup, so
+    AR's time on it does not count against the prompts the loop did run."""
+    from dataclasses import replace
+
+    from conftest import make_record
+
+    refused = {"output_ids": [], "accepted_lengths": [], "new_tokens": 0, "decode_s": 0.0}
+    recs = [
+        make_record("ar", "gsm8k", "p0", accepted=[1] * 9, decode_s=1.0),
+        make_record("ar", "gsm8k", "p1", accepted=[1] * 9, decode_s=4.0),
+        make_record("x", "gsm8k", "p0", accepted=[3] * 3, decode_s=0.5),
+        replace(make_record("x", "gsm8k", "p1"), **refused),
+    ]
+    table = summarize(recs)
+    row = table[(table["route"] == "x") & (table["suite"] == "gsm8k")].iloc[0]
+    assert row["speedup"] == pytest.approx(2.0)  # p0 alone: 10 tokens in 0.5 s vs in 1.0 s
