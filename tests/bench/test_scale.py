@@ -118,15 +118,22 @@ def test_build_route_uses_the_random_drafter_constructors():
     assert calls == [8] and route.drafter.model.config.num_hidden_layers == 2
 
 
-def test_tiny_run_writes_records_table_and_report(tmp_path, monkeypatch, capsys):
+def tiny_scale_run(
+    tmp_path: Path, monkeypatch, capsys, routes: str, prompts: int, new_tokens: int
+) -> tuple[Path, str, list[dict]]:
+    """``repro bench scale`` on the tiny shape on CPU (mal:3): (its folder, stdout, its records)."""
     out = tmp_path / "scale"
     code, stdout, err = run_cli(
-        monkeypatch, capsys, "bench", "scale", "--shape", "tiny", "--routes", "dflash_chain",
-        "--acceptance", "mal:3", "--prompts", "1", "--prompt-len", "12", "--max-new-tokens", "12",
-        "--warmup-tokens", "2", "--device", "cpu", "--dtype", "float32", "--out", str(out),
+        monkeypatch, capsys, "bench", "scale", "--shape", "tiny", "--routes", routes,
+        "--acceptance", "mal:3", "--prompts", str(prompts), "--prompt-len", "12", "--max-new-tokens",
+        str(new_tokens), "--warmup-tokens", "2", "--device", "cpu", "--dtype", "float32", "--out", str(out),
     )  # fmt: skip
     assert code == 0, err
-    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    return out, stdout, [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+
+
+def test_tiny_run_writes_records_table_and_report(tmp_path, monkeypatch, capsys):
+    out, stdout, records = tiny_scale_run(tmp_path, monkeypatch, capsys, "dflash_chain", 1, 12)
     assert [r["route"] for r in records] == ["ar", "dflash_chain"]
     chain = records[1]
     assert chain["acceptance"]["source"] == "mal:3" and chain["acceptance"]["mal"] == pytest.approx(3.0)
@@ -146,14 +153,7 @@ def test_each_prompt_replays_its_own_acceptance_draws_shared_by_the_routes(tmp_p
     """Prompts are independent samples of the acceptance process (one draw stream per prompt), and every
     route of a prompt replays that prompt's stream (paired): before, every prompt replayed the same
     depths, so a row's MAL was one sample however many prompts ran."""
-    out = tmp_path / "scale"
-    code, _, err = run_cli(
-        monkeypatch, capsys, "bench", "scale", "--shape", "tiny", "--routes", "dflash_chain,ddtree",
-        "--acceptance", "mal:3", "--prompts", "3", "--prompt-len", "12", "--max-new-tokens", "24",
-        "--warmup-tokens", "2", "--device", "cpu", "--dtype", "float32", "--out", str(out),
-    )  # fmt: skip
-    assert code == 0, err
-    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    out, _, records = tiny_scale_run(tmp_path, monkeypatch, capsys, "dflash_chain,ddtree", 3, 24)
     chain = {r["prompt"]: r for r in records if r["route"] == "dflash_chain"}
     tree = {r["prompt"]: r for r in records if r["route"] == "ddtree"}
     assert [chain[i]["acceptance_seed"] for i in range(3)] == [bs.acceptance_seed(0, i) for i in range(3)]
