@@ -4,13 +4,15 @@ OLD and NEW are run directories or folders of them (searched recursively for ``m
 runs are matched by their path relative to the folder and must be of the same kind (two single run
 directories are matched to each other). Per kind:
 
-- ``decode``: per route, tokens/s per (suite, prompt, turn) paired across the two runs. The change
-  is the geometric mean of the per-prompt ratios new/old with a 95% paired bootstrap interval
-  (resampling prompts, :data:`BOOTSTRAP` draws, seeded). **Noise** is a change whose interval
+- ``decode``: per route, tokens/s per prompt paired across the two runs (the (suite, prompt, turn)
+  records both hold, a prompt's turns pooled). The change is the geometric mean of the per-prompt
+  ratios new/old with a 95% paired bootstrap interval (resampling prompts, :data:`BOOTSTRAP` draws,
+  seeded). **Noise** is a change whose interval
   includes 1 or whose size is below ``min_effect`` (default 3%); with fewer than
   :data:`MIN_PAIRS` pairs no interval is formed and only a change beyond ``threshold`` (default 10%)
   counts. A slowdown beyond noise is a regression; so is any prompt that was identical to AR (or the
-  reference) and now diverges.
+  reference) and now diverges, and any record newly refused; records of the old run the new one lacks
+  are listed per route.
 - ``bench-kernels`` / ``bench-model``: per measured row (shape, method, T, ...), its time; one timing
   per row, so a row slower by more than ``threshold`` is a regression, as is a row whose status was
   ok and is not.
@@ -120,9 +122,22 @@ def _decode(name: str, old: Run, new: Run, noise: Noise) -> list[Change]:
                 )
             )
         for a, b in pairs:
+            item = f"{route} {b.suite}/{b.prompt_id} turn {b.turn}"
             if a.vs_ar in ("identical", "reference") and b.vs_ar.startswith("diverged"):
-                item = f"{route} {b.suite}/{b.prompt_id} turn {b.turn}"
                 changes.append(Change(name, item, "vs AR", a.vs_ar, b.vs_ar, True, "new divergence from AR"))
+            if b.vs_ar.startswith("refused") and not a.vs_ar.startswith("refused"):
+                changes.append(Change(name, item, "vs AR", a.vs_ar, b.vs_ar, True, "newly refused"))
+    news = {r.key for r in new.records}
+    lost: dict[str, int] = defaultdict(int)
+    for key in olds:
+        if key not in news:
+            lost[key[0]] += 1
+    for route, n in lost.items():  # a record the new run lacks: its comparison silently shrinks
+        held = sum(1 for key in olds if key[0] == route)
+        what = "records" if route in by_route else "route"
+        changes.append(
+            Change(name, route, what, f"{held}", f"{held - n}", False, f"{n} record(s) not in the new run")
+        )
     return changes
 
 

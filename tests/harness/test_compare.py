@@ -9,6 +9,7 @@ from pathlib import Path
 from conftest import run_cli as cli
 
 from repro.harness.compare import Noise, claim_verdicts, compare, speed_change
+from repro.reporting.records import sha256_ids
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
 ROUTES = RESULTS / "2026-11-30-h200-routes" / "float32"  # a decode run on the H200, 4 prompts x 3 suites
@@ -82,6 +83,34 @@ def test_a_prompt_with_two_turns_is_one_unit(tmp_path):
         assert abs(got - want) < 1e-12 and (len(turns) == 2) == (suite == "mt_bench")
     change = speed_change(ratios, Noise())
     assert change is not None and change[2] == -1 and "over 5 prompts" in change[1]
+
+
+def test_a_newly_refused_record_is_a_regression_and_lost_records_are_listed(tmp_path):
+    """A route that starts being refused on a prompt is a regression (its tokens/s pairs would otherwise
+    just drop out); records the new run lacks are listed, not silently left out of the comparison."""
+
+    def external(r: dict) -> dict:  # the eagle chain's records as an external loop's (they may be refused)
+        if r["route"] == "eagle-chain-k6":
+            r["route_params"] = {"kind": "external", "engine": "dflash-generate"}
+        return r
+
+    def refuse(r: dict) -> dict:
+        if external(r)["route"] == "eagle-chain-k6" and r["prompt_id"] == "588":
+            r.update(vs_ar="refused: engine failed", output_ids=[], accepted_lengths=[], new_tokens=0,
+                     decode_s=0.0, steps=0, tree_sizes=[], output_sha256=sha256_ids([]))  # fmt: skip
+        return r
+
+    old, new = _night(tmp_path, "old", external), _night(tmp_path, "new", refuse)
+    path = new / "routes" / "records.jsonl"
+    rows = path.read_text().splitlines()
+    path.write_text("".join(r + "\n" for r in rows if json.loads(r)["route"] != "ddtree-b32"))
+    changes = compare(old, new).changes
+    refused = [c for c in changes if c.note == "newly refused"]
+    assert [(c.item, c.regression) for c in refused] == [("eagle-chain-k6 gsm8k/588 turn 0", True)]
+    lost = [c for c in changes if "not in the new run" in c.note]
+    assert [(c.item, c.what, c.old, c.new, c.regression) for c in lost] == [
+        ("ddtree-b32", "route", "7", "0", False)
+    ]
 
 
 def test_noise_is_a_ci_including_one_or_a_small_effect():
