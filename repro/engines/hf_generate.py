@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from repro.engines.hf_target import TargetRefused, held_hf_target, torch_dtype
+from repro.engines.hf_target import TargetRefused, held_hf_target, perturbed, torch_dtype
 from repro.engines.result import OK, EngineRequest, EngineResult, refused, require
 from repro.errors import describe
 
@@ -90,7 +90,7 @@ def hf_assisted_perturbed(request: EngineRequest) -> EngineResult:
     except TargetRefused as exc:
         return refused(str(exc), dtype)
     config = _config(transformers, request)
-    res = _run(target, note + f"; assistant: the target, {a_note.split('; ')[-1]}", request, config,
+    res = _run(target, note + f"; assistant: the target, {perturbed(ASSISTANT_NOISE)}", request, config,
                assistant_model=assistant)  # fmt: skip
     if res.ok and request.temperature == 0:  # how far apart the two models are, each decoding alone
         own, ar = _run(assistant, a_note, request, config), _run(target, note, request, config)

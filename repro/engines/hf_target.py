@@ -126,10 +126,15 @@ def held_hf_target(
         model, note = load_hf_target(target_dir, dtype, device)
         if noise > 0:
             perturb(model, noise)
-            note += f"; weights perturbed by {noise:g} N(0, 1) relative noise (seed 0)"
+            note += f"; {perturbed(noise)}"
         return model, note
 
     return cached_engine(f"transformers-{slot}", key, start, lambda _: None)
+
+
+def perturbed(noise: float) -> str:
+    """How :func:`perturb` changed a model's weights, for the notes."""
+    return f"weights perturbed by {noise:g} N(0, 1) relative noise (seed 0)"
 
 
 def perturb(model: torch.nn.Module, noise: float, seed: int = 0) -> None:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -114,8 +114,7 @@ def _decode(name: str, old: Run, new: Run, noise: Noise) -> list[Change]:
         ok = [(a, b) for a, b in pairs if _finite(a.tokens_per_s) and _finite(b.tokens_per_s)]
         change = speed_change(prompt_ratios(ok), noise)
         if change:
-            old_rate = sum(a.new_tokens for a, _ in ok) / sum(a.decode_s for a, _ in ok)
-            new_rate = sum(b.new_tokens for _, b in ok) / sum(b.decode_s for _, b in ok)
+            old_rate, new_rate = _rate([a for a, _ in ok]), _rate([b for _, b in ok])
             changes.append(
                 Change(
                     name, route, "tokens/s", f"{old_rate:.1f}", f"{new_rate:.1f}", change[2] < 0, change[1]
@@ -128,15 +127,20 @@ def _decode(name: str, old: Run, new: Run, noise: Noise) -> list[Change]:
             if b.vs_ar.startswith("refused") and not a.vs_ar.startswith("refused"):
                 changes.append(Change(name, item, "vs AR", a.vs_ar, b.vs_ar, True, "newly refused"))
     news = {r.key for r in new.records}
-    lost: dict[str, int] = defaultdict(int)
-    for key in olds:
-        if key not in news:
-            lost[key[0]] += 1
+    held = Counter(route for route, *_ in olds)
+    lost = Counter(route for (route, *rest) in olds if (route, *rest) not in news)
     for route, n in lost.items():  # a record the new run lacks: its comparison silently shrinks
-        held = sum(1 for key in olds if key[0] == route)
         what = "records" if route in by_route else "route"
         changes.append(
-            Change(name, route, what, f"{held}", f"{held - n}", False, f"{n} record(s) not in the new run")
+            Change(
+                name,
+                route,
+                what,
+                f"{held[route]}",
+                f"{held[route] - n}",
+                False,
+                f"{n} record(s) not in the new run",
+            )  # fmt: skip
         )
     return changes
 
@@ -149,10 +153,12 @@ def prompt_ratios(pairs: list[tuple[Any, Any]]) -> list[float]:
     for a, b in pairs:
         by_prompt[(b.suite, b.prompt_id)].append((a, b))
 
-    def rate(recs: list[Any]) -> float:
-        return sum(r.new_tokens for r in recs) / sum(r.decode_s for r in recs)
+    return [_rate([b for _, b in turns]) / _rate([a for a, _ in turns]) for turns in by_prompt.values()]
 
-    return [rate([b for _, b in turns]) / rate([a for a, _ in turns]) for turns in by_prompt.values()]
+
+def _rate(recs: list[Any]) -> float:
+    """Pooled tokens/s: the records' new tokens over their decode seconds."""
+    return sum(r.new_tokens for r in recs) / sum(r.decode_s for r in recs)
 
 
 def _finite(x: float) -> bool:
