@@ -1,3 +1,15 @@
 """repro: a reference harness for speculative decoding on Gated DeltaNet language models."""
 
+import os
+from pathlib import Path
+
 __version__ = "0.1.0"
+
+CACHE_ENV = "REPRO_CACHE"
+
+
+def cache_dir() -> Path:
+    """repro's cache folder (downloaded archives, checkpoint fingerprints): $REPRO_CACHE, else
+    ~/.cache/repro."""
+    env = os.environ.get(CACHE_ENV)
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "repro"

@@ -190,6 +190,7 @@ def _decode(
 ) -> tuple[list, int, str]:
     """Decode ``cfg`` (only ``shard``'s prompts, into its shard directory, when given) through RunDir;
     returns (records, records written, report markdown)."""
+    from repro.data.suites import suite_fingerprints
     from repro.harness import parallel
     from repro.harness.run_kinds import experiment_kind
     from repro.harness.runner import ExperimentRunner
@@ -199,7 +200,12 @@ def _decode(
 
     kind = experiment_kind(cfg["kind"])
     runner = ExperimentRunner(cfg, shard)  # opens the target and checks routes and suites first
-    manifest = {**build_manifest(cfg), "checkpoints": fingerprint_checkpoints(cfg)}
+    resolved = [{**route.params, "name": route.name} for route in runner.all_routes]
+    manifest = {
+        **build_manifest(cfg),
+        "checkpoints": fingerprint_checkpoints(str(cfg["target"]), resolved),
+        "suites": suite_fingerprints(cfg["suites"]),
+    }
     if shard is not None:
         out_dir = parallel.shard_path(out_dir, shard.rank)
         manifest.update(parallel.shard_manifest(shard, device))
@@ -692,7 +698,8 @@ def falsify_pool_mass(
     budget-64 weaver decode at K and 2K, and Weaver's Fig. 4 oracle bound for marginal drafters beside
     the measured per-depth acceptance (one run directory).
 
-    Exits 3 when the claim is refuted (mass escapes the pool AND weaver falls to the marginal bound).
+    Exits 3 when the claim is refuted (mass escapes the pool AND weaver falls to the marginal bound), or
+    when a greedy route diverged from AR in float64.
     """
     from repro.harness.falsify.pool_mass import PoolCheckConfig, run_pool_check
 
@@ -709,6 +716,11 @@ def falsify_pool_mass(
     )  # fmt: skip
     text, found = run_pool_check(cfg, progress=lambda line: err_console.print(line, highlight=False))
     typer.echo(text)
+    if found["diverged"]:
+        raise CheckFailed(
+            f"not lossless: greedy route(s) {', '.join(found['diverged'])} diverged from AR in {dtype}"
+            f" (see {out_dir}/report.md)"
+        )
     if found["falsifier"] == "refuted":
         raise CheckFailed(
             f"pool-mass claim refuted at depth(s) {', '.join(map(str, found['depths']))} (see {out_dir})"

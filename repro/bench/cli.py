@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
+import pandas as pd
 import typer
 
-from repro.errors import ConfigError
+from repro.errors import CheckFailed, ConfigError
 from repro.options import comma_list, device_option, dtype_option, shape_names, short_dtype
 from repro.progress import Progress
 
@@ -126,6 +127,21 @@ def kernels(
         table = run_bench(cfg, out_dir, figures, progress=show)
     typer.echo((out_dir / "report.md").read_text(encoding="utf-8"))
     typer.echo(f"{len(table)} rows; records, manifest, report, table and figures in {out_dir}", err=True)
+    check_rows(table, out_dir)
+
+
+def check_rows(table: pd.DataFrame, out_dir: Path) -> None:
+    """CheckFailed (exit 3) when a row's exactness check failed (status FAIL) or a row raised (error):
+    the numbers are written, but the run did not measure what it was asked to."""
+    bad = table[table["status"].isin(["FAIL", "error"])]
+    if len(bad):
+        rows = "; ".join(
+            f"{r.shape} {r.method} T={r.T} {r.status}" for r in bad.head(3).itertuples(index=False)
+        )
+        more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+        raise CheckFailed(
+            f"{len(bad)} row(s) failed their check or raised: {rows}{more} (see {out_dir}/report.md)"
+        )
 
 
 @bench_app.command("model")
@@ -212,6 +228,7 @@ def model(
         table = run_model_bench(cfg, dev, out_dir, figures, progress=show)
     typer.echo((out_dir / "report.md").read_text(encoding="utf-8"))
     typer.echo(f"{len(table)} rows; records, manifest, report, table and figure in {out_dir}", err=True)
+    check_rows(table, out_dir)
 
 
 @bench_app.command("scale")

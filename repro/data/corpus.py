@@ -35,7 +35,6 @@ import configparser
 import fnmatch
 import hashlib
 import json
-import os
 import re
 import subprocess
 import sys
@@ -51,11 +50,11 @@ from typing import Any
 
 import numpy as np
 
+import repro
 from repro.errors import ReproError
 
 SPECIAL_TOKENS: tuple[str, ...] = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>", "<|pad|>")
 SEPARATOR = "<|endoftext|>"
-CACHE_ENV = "REPRO_CACHE"
 DEFAULT_MAX_BYTES = 40_000_000
 HELDOUT_PER_MILLE = 20
 OVERLAP_CHARS = 50
@@ -199,12 +198,6 @@ def _clean(text: str) -> str:
 
 def _squash(text: str) -> str:
     return re.sub(r"\s+", " ", text)
-
-
-def default_cache_dir() -> Path:
-    """$REPRO_CACHE, else ~/.cache/repro."""
-    env = os.environ.get(CACHE_ENV)
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "repro"
 
 
 # ----------------------------------------------------------------------------- archives
@@ -693,7 +686,7 @@ def build_corpus(
     byte-identical files.
     """
     out = Path(out_dir)
-    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    cache = Path(cache_dir) if cache_dir is not None else repro.cache_dir()
     index = suite_index() if exclude_texts is None else OverlapIndex(exclude_texts)
 
     entries: list[dict[str, Any]] = []

@@ -304,6 +304,18 @@ def load_suite(name: str, limit: int | None = None, seed: int = 42) -> list[Prom
     return prompts
 
 
+def suite_fingerprints(names: list[str]) -> dict[str, dict[str, Any]]:
+    """``{suite: {"file", "sha256", "records"}}`` of the frozen suite files ``names`` read (from the
+    suites manifest, which :func:`load_suite` checks each file against), for a run's manifest."""
+    folder = suites_dir()
+    manifest = _read_manifest(folder)
+    out = {}
+    for name in names:
+        entry = _manifest_entry(manifest, folder, canonical_suite(name))
+        out[canonical_suite(name)] = {k: entry[k] for k in ("file", "sha256", "records")}
+    return out
+
+
 # ----------------------------------------------------------------------------- reports
 
 

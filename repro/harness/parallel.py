@@ -22,7 +22,16 @@ from typing import Any
 from repro.data.suites import Prompt, load_suite
 from repro.errors import ReproError, RunDirError
 from repro.reporting.records import MANIFEST_FILE
-from repro.reporting.rundir import SHARDS_DIR, Run, RunDir, load_run, read_manifest, recorded_device_class
+from repro.reporting.rundir import (
+    ACROSS_CODE_ENV,
+    SHARDS_DIR,
+    Run,
+    RunDir,
+    code_change,
+    load_run,
+    read_manifest,
+    recorded_device_class,
+)
 
 BARRIER_TIMEOUT = timedelta(hours=48)  # the slowest rank's decoding; the default (30 min) is too short
 # manifest entries of one shard (or one session) that the merged run directory does not inherit
@@ -189,6 +198,12 @@ def _check_shards(runs: list[tuple[int, Run]]) -> int:
             )
         if m.get("seed") != first.get("seed"):
             raise ReproError(f"{where} has another seed ({m.get('seed')} != {first.get('seed')}); not merged")
+        if code_change(first.get("git_sha"), m.get("git_sha")):
+            raise ReproError(
+                f"{where} was written by git sha {m.get('git_sha')}, shard {first.get('shard')} by"
+                f" {first.get('git_sha')}; records of two code versions are not merged"
+                f" ({ACROSS_CODE_ENV}=1 merges them)"
+            )
         if recorded_device_class(m) != recorded_device_class(first):
             raise ReproError(
                 f"{where} was measured on {recorded_device_class(m)}, the others on"
@@ -237,6 +252,7 @@ def merge_shards(out: str | Path, partial: bool = False) -> Merged:
     provenance = {
         f"rank-{rank}": {
             "shard": run.manifest["shard"],
+            "git_sha": run.manifest.get("git_sha"),
             "host": run.manifest.get("host"),
             "device": run.manifest.get("rank_device"),
             "device_description": run.manifest.get("device"),

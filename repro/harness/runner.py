@@ -169,10 +169,16 @@ class ExperimentRunner:
                 for route in self.all_routes:
                     messages = history[route.name] + [{"role": "user", "content": user_text}]
                     key = (route.name, prompt.suite, prompt.id, turn)
+                    prompt_ids = self.tokenizer.chat_prompt(messages)
                     if key in done:
                         record = run_dir.get(*key)
+                        if record.prompt_sha256 != sha256_ids(prompt_ids):
+                            raise RunDirError(
+                                f"cannot resume {run_dir.path}: the record of {'/'.join(map(str, key[1:]))}"
+                                f" {route.name} was decoded from another prompt than this run builds (the"
+                                " suite text, chat template or tokenizer changed); choose another --out"
+                            )
                     else:
-                        prompt_ids = self.tokenizer.chat_prompt(messages)
                         if isinstance(route, ExternalRoute):
                             record = self.decode_external(route, prompt, turn, prompt_ids, reference, run_dir)
                         else:

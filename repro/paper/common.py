@@ -14,7 +14,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from repro.bench.kernels import baselines_dir
-from repro.reporting.records import DecodeRecord
+from repro.reporting.records import DecodeRecord, code_versions
 from repro.reporting.report import SUMMARY_MAIN, markdown_table, summarize
 from repro.reporting.rundir import Run, RunKind
 
@@ -52,7 +52,7 @@ def header(run: Run, title: str, what: str) -> list[str]:
         f"- target {cfg.get('target')}, {cfg.get('dtype')} on {m.get('device', 'unknown')}; temperature "
         f"{cfg.get('temperature')}, max_new_tokens {cfg.get('max_new_tokens')}, limit {cfg.get('limit')}"
         " per suite",
-        f"- git sha {m.get('git_sha', 'unknown')}, seed {m.get('seed')}, config hash"
+        f"- git sha {code_versions(m)}, seed {m.get('seed')}, config hash"
         f" {str(m.get('config_hash', '?'))[:12]}, {len(run.records)} records",
         "",
     ]

@@ -14,7 +14,7 @@ import platform
 import re
 import subprocess
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import MISSING, asdict, dataclass, fields
 from datetime import datetime, timezone
 from importlib import metadata
@@ -82,6 +82,20 @@ def reference_route(routes: Iterable[tuple[str, dict[str, Any]]]) -> str | None:
     return next((name for name, params in routes if is_ar_route(params)), None)
 
 
+# the JSON type of each DecodeRecord field (bool is not accepted where a number is)
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    **dict.fromkeys(
+        ("route", "suite", "prompt_id", "prompt_sha256", "output_sha256", "finish_reason", "vs_ar"), (str,)
+    ),
+    **dict.fromkeys(("turn", "prompt_tokens", "new_tokens", "steps", "seed"), (int,)),
+    **dict.fromkeys(("prefill_s", "decode_s", "temperature"), (int, float)),
+    **dict.fromkeys(("accepted_lengths", "tree_sizes", "output_ids"), (list,)),
+    **dict.fromkeys(("route_params", "stage_s"), (dict,)),
+    **dict.fromkeys(("device_stage_s", "busy_stage_s"), (dict, type(None))),
+    "graph_captures": (int, type(None)),
+}
+
+
 @dataclass
 class DecodeRecord:
     """Result of decoding one turn of one prompt with one route (one line of records.jsonl).
@@ -135,7 +149,11 @@ class DecodeRecord:
         return sum(self.accepted_lengths) / self.steps if self.steps > 0 else math.nan
 
     def validate(self) -> None:
-        """Raise ValueError when the record is internally inconsistent."""
+        """Raise ValueError when a field has the wrong JSON type or the record is internally inconsistent."""
+        for name, types in _FIELD_TYPES.items():
+            value = getattr(self, name)
+            if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+                raise ValueError(f"{name} must be {' or '.join(t.__name__ for t in types)}, got {value!r}")
         if not isinstance(self.turn, int) or self.turn < 0:
             raise ValueError(f"turn must be a non-negative int, got {self.turn!r}")
         if self.new_tokens != len(self.output_ids):
@@ -211,6 +229,14 @@ def canonical_json(obj: Any) -> str:
 def config_hash(config: dict[str, Any]) -> str:
     """sha256 of the canonical JSON of the full resolved config."""
     return hashlib.sha256(canonical_json(config).encode("utf-8")).hexdigest()
+
+
+def code_versions(manifest: Mapping[str, Any]) -> str:
+    """The git sha a run began with, and those of later sessions that resumed it with other code."""
+    first = str(manifest.get("git_sha", "unknown"))
+    later = [str(r.get("git_sha")) for r in manifest.get("resumes", []) if isinstance(r, dict)]
+    others = [sha for i, sha in enumerate(later) if sha != first and sha not in later[:i]]
+    return first + (f" (resumed with {', '.join(others)})" if others else "")
 
 
 def git_sha(root: Path | None = None) -> str:

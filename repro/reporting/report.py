@@ -15,7 +15,13 @@ import pandas as pd
 
 from repro.errors import ReproError
 from repro.reporting import records as records_mod
-from repro.reporting.records import STAGES, DecodeRecord, compare_to_reference, divergence_index
+from repro.reporting.records import (
+    STAGES,
+    DecodeRecord,
+    code_versions,
+    compare_to_reference,
+    divergence_index,
+)
 from repro.reporting.rundir import Run, load_run
 
 ALL_SUITES = "all"
@@ -539,7 +545,7 @@ def build_report(run: Run, figures_dir: Path | None) -> str:
     lines = [f"# Run report: {run_dir.name}", ""]
     lines += [
         f"- device: {manifest.get('device', 'unknown')}",
-        f"- git sha: {manifest.get('git_sha', 'unknown')}",
+        f"- git sha: {code_versions(manifest)}",
         f"- repro {manifest.get('repro_version', '?')}, seed {manifest.get('seed')},"
         f" config hash {str(manifest.get('config_hash', '?'))[:12]}",
         f"- created {manifest.get('created_at', '?')}, updated {manifest.get('updated_at', '?')},"

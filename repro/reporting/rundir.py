@@ -1,7 +1,8 @@
 """Run directories: the one writer and reader of every output kind.
 
 A run directory holds ``manifest.json`` (its ``kind``, environment, the full resolved config, the
-fingerprints of the checkpoints it uses and the hash of both, the ``outputs`` it wrote) and
+fingerprints of the checkpoints and prompt suites it uses and the hash of all three, the ``outputs``
+it wrote) and
 ``records.jsonl``: one JSON record per line, validated by the kind, appended and fsynced as soon
 as it is measured, so an interrupted run loses at most the line being written. Everything else
 (report.md, CSV tables, figures) is rebuilt from those two files by the kind's report builder
@@ -12,6 +13,9 @@ Rules shared by every kind:
 - one writer at a time: an exclusive ``flock`` on ``DIR/.lock`` held for the writer's lifetime;
 - a directory that exists and is not empty must be a run directory of the same kind and config
   hash; a resumable kind (decode) then resumes, the others refuse (they never overwrite a run);
+- a resume runs the code (git sha) that began the run: records of two code versions are not mixed
+  unless ``REPRO_RESUME_ACROSS_CODE=1`` says so, and then every session's sha stays in the manifest
+  (``resumes``) and in the report's header;
 - a run writes only the files its kind declares (``RunKind.outputs``) and lists them in the manifest;
 - file-system errors (read-only, full) become one line naming the path (:class:`RunDirError`).
 """
@@ -102,7 +106,9 @@ def infer_kind(manifest: dict[str, Any]) -> str:
     ``routes`` (a decode experiment), ``targets`` + ``prompt_len`` (the family report)."""
     if "kind" in manifest:
         return str(manifest["kind"])
-    cfg = manifest.get("config") or {}
+    cfg = manifest.get("config")
+    if not isinstance(cfg, dict):
+        raise RunDirError("its manifest has no 'kind' and no config object")
     if cfg.get("bench") in ("kernels", "model"):
         return f"bench-{cfg['bench']}"
     if cfg.get("check") == "tree-exactness":
@@ -123,9 +129,27 @@ def run_kind(name: str, kinds: Kinds) -> RunKind:
     return kinds[name]
 
 
-def run_hash(config: dict[str, Any], checkpoints: dict[str, Any] | None = None) -> str:
-    """The config hash of a run: of the config alone, or of config + checkpoint fingerprints."""
-    return config_hash({"config": config, "checkpoints": checkpoints} if checkpoints else config)
+FIGURES_OWNER = ".repro-run"  # in a figures folder outside its run: the run's path, relative to it
+FINGERPRINTS = ("checkpoints", "suites")  # manifest keys: fingerprints of what a run reads
+ACROSS_CODE_ENV = "REPRO_RESUME_ACROSS_CODE"
+
+
+def run_hash(manifest: Mapping[str, Any]) -> str:
+    """The config hash of a run: of its config alone, or of the config and the fingerprints of the
+    checkpoints and suites it reads (those it records)."""
+    inputs = {key: manifest[key] for key in FINGERPRINTS if manifest.get(key)}
+    return config_hash({"config": manifest["config"], **inputs} if inputs else manifest["config"])
+
+
+def code_change(was: str | None, now: str | None) -> str | None:
+    """Why records of git sha ``was`` may not be mixed with ``now``'s, or None (same code, or
+    $REPRO_RESUME_ACROSS_CODE=1)."""
+    if was == now or os.environ.get(ACROSS_CODE_ENV) == "1":
+        return None
+    return (
+        f"was written by git sha {was}, this is {now} (records of two code versions are not mixed;"
+        f" {ACROSS_CODE_ENV}=1 mixes them, each session's sha kept in the manifest)"
+    )
 
 
 def changed_checkpoint(old: dict[str, Any], new: dict[str, Any]) -> str | None:
@@ -140,6 +164,15 @@ def changed_checkpoint(old: dict[str, Any], new: dict[str, Any]) -> str | None:
             if a["files"].get(file) != b["files"].get(file):
                 return f"{name}: {Path(b['path']) / file} changed"
         return f"{name}: {a['path']} -> {b['path']}"
+    return None
+
+
+def changed_suites(old: dict[str, Any], new: dict[str, Any]) -> str | None:
+    """``"<suite>: sha256 <a> -> <b>"`` for the first suite whose file differs, else None."""
+    for name in sorted(set(old) | set(new)):
+        a, b = (old.get(name) or {}).get("sha256"), (new.get(name) or {}).get("sha256")
+        if a != b:
+            return f"{name}: sha256 {str(a)[:12]} -> {str(b)[:12]}"
     return None
 
 
@@ -225,14 +258,15 @@ def scan_records(path: Path, kind: RunKind, warn: bool = True) -> Scan:
             continue
         try:
             rec = kind.parse(json.loads(raw.decode("utf-8")))
-        except (ValueError, TypeError, KeyError) as e:  # JSON and UTF-8 decode errors are ValueErrors
+            key = kind.key(rec) if kind.key is not None else None
+            hash(key)
+        except Exception as e:  # noqa: BLE001 - any malformed line is one line of text, not a traceback
             msg = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise ReproError(
                 f"{path} line {lineno} is not a valid record of a {kind.name} run ({msg});"
                 " fix or delete that line"
             ) from None
-        if kind.key is not None:
-            key = kind.key(rec)
+        if key is not None:
             if key in seen:
                 raise ReproError(
                     f"{path} line {lineno} repeats the record of line {seen[key]} ({key}); delete one of them"
@@ -266,9 +300,42 @@ class Run:
     def figures_dir(self, override: str | Path | None = None) -> Path:
         """Where figures go: ``override``, else the manifest's ``figures_dir`` (relative to the run
         directory), else ``<run>/figures``."""
-        if override is not None:
-            return Path(override)
-        return self.path / self.manifest.get("figures_dir", "figures")
+        folder = (
+            Path(override)
+            if override is not None
+            else self.path / self.manifest.get("figures_dir", "figures")
+        )
+        claim_figures_dir(folder, self.path)
+        return folder
+
+
+def claim_figures_dir(folder: Path, run_path: Path) -> None:
+    """Let the run at ``run_path`` write figures into ``folder``: a folder inside the run is its own; one
+    outside is claimed with a ``FIGURES_OWNER`` file naming the run, and refused (RunDirError) when it
+    already holds files without that claim or belongs to another run (figures are never written over
+    files a run did not write)."""
+    run = run_path.resolve()
+    if folder.resolve().is_relative_to(run):
+        return
+    owner = folder / FIGURES_OWNER
+    if owner.is_file():
+        claimed = owner.read_text(encoding="utf-8").strip()
+        if (folder / claimed).resolve() != run:
+            raise RunDirError(
+                f"figures folder {folder} belongs to the run {claimed} (its {FIGURES_OWNER});"
+                " choose another --figures"
+            )
+        return
+    if folder.is_dir() and any(folder.iterdir()):
+        raise RunDirError(
+            f"figures folder {folder} holds files this run did not write; choose another --figures (nothing"
+            " was overwritten)"
+        )
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        owner.write_text(os.path.relpath(run, folder.resolve()) + "\n", encoding="utf-8")
+    except OSError as e:
+        raise os_error(folder, e) from None
 
 
 def _resolve(path: str | Path) -> Path:
@@ -335,7 +402,7 @@ class RunDir:
         if "config" not in manifest:
             raise ValueError("the manifest passed to RunDir needs the full resolved 'config'")
         new = {**build_manifest(manifest["config"], manifest.get("seed")), **manifest, "kind": kind.name}
-        new["config_hash"] = run_hash(manifest["config"], manifest.get("checkpoints"))
+        new["config_hash"] = run_hash(manifest)
         self.manifest_path = self.path / MANIFEST_FILE
         self.records_path = self.path / RECORDS_FILE
         self._check_target()
@@ -398,6 +465,9 @@ class RunDir:
             changed = changed_checkpoint(old.get("checkpoints") or {}, new.get("checkpoints") or {})
             if changed and old.get("config") == new["config"]:
                 self._refuse(f"was run with other checkpoint contents ({changed})")
+            suites = changed_suites(old.get("suites") or {}, new.get("suites") or {})
+            if suites and old.get("config") == new["config"]:
+                self._refuse(f"was run with other prompt suite contents ({suites})")
             self._refuse(
                 f"holds records of a different configuration (config hash {old['config_hash'][:12]} !="
                 f" {new['config_hash'][:12]})"
@@ -414,6 +484,8 @@ class RunDir:
             self._refuse(
                 f"already holds a finished or interrupted {self.kind.name} run ({len(scan.records)} records)"
             )
+        if why := code_change(old.get("git_sha"), new.get("git_sha")):
+            self._refuse(why)
         session = {k: new[k] for k in ("git_sha", "repro_version", "device")}
         old.setdefault("resumes", []).append({"at": _now(), **session})
         old["updated_at"] = old["resumes"][-1]["at"]

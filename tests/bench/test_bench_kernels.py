@@ -266,6 +266,21 @@ def test_a_wrong_output_is_marked_fail_and_not_timed(tmp_path, monkeypatch, wron
     assert "- FAIL: specla draft T=4 tree_torch (fp32)" in (tmp_path / "run" / "report.md").read_text()
 
 
+def test_a_failed_row_makes_the_command_exit_3(tmp_path, monkeypatch, capsys):
+    """The rows are written, and the command says the run did not measure what it was asked to."""
+    from conftest import run_cli
+
+    real = bk.METHODS["tree_torch"]
+    args = ("bench", "kernels", "--quick", "--shapes", "specla", "--sizes", "4", "--groups", "verify")
+    code, _, err = run_cli(monkeypatch, capsys, *args, "--out", str(tmp_path / "ok"))
+    assert code == 0, err
+    wrong = bk.Method(lambda case, x: (lambda fn: lambda: fn() * 1.01)(real.build(case, x)), "nodes", "torch")
+    monkeypatch.setitem(bk.METHODS, "tree_torch", wrong)
+    code, _, err = run_cli(monkeypatch, capsys, *args, "--out", str(tmp_path / "bad"))
+    assert code == 3 and "1 row(s) failed their check or raised: specla tree_torch T=4 FAIL" in err
+    assert (tmp_path / "bad" / "records.jsonl").read_text().count('"FAIL"') == 1
+
+
 def test_speedup_is_against_the_blocks_baseline(tmp_path, monkeypatch):
     """Stand in a torch per-branch baseline so that both rows of a block are timed on the CPU."""
 

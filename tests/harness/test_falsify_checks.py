@@ -96,10 +96,15 @@ def test_pool_mass_cli_end_to_end_on_the_tiny_family(monkeypatch, capsys, tmp_pa
     routes = {r["route"]: r for r in records if r["record"] == "route" and r["temperature"] == 0}
     rerun = pm.rerun_table(records, 64)
     assert list(rerun["mal"]) == [routes["weaver-K64"]["mal"], routes["weaver-K128"]["mal"]]
-    found = pm.verdicts(records, json.loads((out / "manifest.json").read_text())["config"])
+    config = json.loads((out / "manifest.json").read_text())["config"]
+    found = pm.verdicts(records, config)
+    assert found["diverged"] == []  # greedy in float64: every route identical to AR
     assert f"**Falsifier: {found['falsifier']}.**" in text and (code == 3) == (
         found["falsifier"] == "refuted"
     )
+    tampered = [{**r, "lossless": False} if r.get("route") == "ddtree" else r for r in records]
+    assert pm.verdicts(tampered, config)["diverged"] == ["ddtree"]  # and the command exits 3 on it
+    assert pm.verdicts(tampered, {**config, "dtype": "float32"})["diverged"] == []  # not required there
     assert (out / "figures" / "pool_mass.png").exists() and (out / "figures" / "oracle_bound.svg").exists()
     oracle = pd.read_csv(out / "oracle.csv")
     assert list(oracle["bound"]) == pytest.approx(
@@ -117,12 +122,16 @@ def test_the_options_dispatch_to_the_same_functions(monkeypatch, capsys, tmp_pat
 
     def fake(cfg, progress=None):
         seen.append(cfg)
-        return "report", {"falsifier": "refuted", "depths": [1], "rerun": "material"}
+        return "report", {"falsifier": "refuted", "depths": [1], "rerun": "material", "diverged": []}
 
     monkeypatch.setattr(module, "run_pool_check", fake)
     code, _, err = cli(monkeypatch, capsys, "falsify", "--pool-mass", "--k", "64,128", "--out", str(tmp_path))
     assert code == 3 and "pool-mass claim refuted at depth(s) 1" in err
     assert seen[0].ks == [64, 128] and seen[0].out == str(tmp_path)
+    diverged = {"falsifier": "not refuted", "depths": [], "rerun": "immaterial", "diverged": ["ddtree"]}
+    monkeypatch.setattr(module, "run_pool_check", lambda cfg, progress=None: ("report", diverged))
+    code, _, err = cli(monkeypatch, capsys, "falsify", "pool-mass", "--out", str(tmp_path / "b"))
+    assert code == 3 and "not lossless: greedy route(s) ddtree diverged from AR in float64" in err
     code, _, err = cli(monkeypatch, capsys, "falsify", "--pool-mass", "--k", "6x")
     assert code == 2 and "--k takes comma-separated integers" in err
     code, _, _ = cli(monkeypatch, capsys, "falsify")

@@ -4,6 +4,7 @@ mixed results (two writers, overwrites, the AR baseline, changed checkpoints, ed
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -57,7 +58,7 @@ def test_every_committed_results_folder_rebuilds(tmp_path: Path, monkeypatch: py
     for folder in folders:
         current = infer_kind(load_run(folder).manifest)
         (folder / "report.md").unlink()
-        text = rebuild_report(folder, figures=tmp_path / "figures" / folder.name)
+        text = rebuild_report(folder, figures=tmp_path / "figures" / "_".join(folder.relative_to(copy).parts))
         rasterized.add(current)
         assert text.startswith("# ") and (folder / "report.md").read_text() == text
         original = RESULTS / folder.relative_to(copy)
@@ -177,31 +178,142 @@ def test_a_changed_checkpoint_is_refused_on_resume(tmp_path: Path, monkeypatch, 
     ckpt = tmp_path / "ckpt"
     assert cli(monkeypatch, capsys, "export-default", str(ckpt))[0] == 0
     cfg = {**CONFIG, "target": str(ckpt), "routes": [{"name": "ar", "kind": "ar"}]}
-    manifest = {**build_manifest(cfg), "checkpoints": fingerprint_checkpoints(cfg)}
-    assert set(manifest["checkpoints"]["target"]["files"]) >= {"config.json", "model.safetensors"}
-    RunDir(tmp_path / "run", manifest).close()
-    RunDir(tmp_path / "run", {**build_manifest(cfg), "checkpoints": fingerprint_checkpoints(cfg)}).close()
+
+    def manifest() -> dict:
+        return {**build_manifest(cfg), "checkpoints": fingerprint_checkpoints(str(ckpt), cfg["routes"])}
+
+    assert set(manifest()["checkpoints"]["target"]["files"]) >= {"config.json", "model.safetensors"}
+    RunDir(tmp_path / "run", manifest()).close()
+    RunDir(tmp_path / "run", manifest()).close()
     data = bytearray((ckpt / "model.safetensors").read_bytes())
     data[-1] ^= 1  # same size, one weight bit flipped
     (ckpt / "model.safetensors").write_bytes(bytes(data))
     with pytest.raises(
         RunDirError, match=r"other checkpoint contents \(target: .*model\.safetensors changed\)"
     ):
-        RunDir(tmp_path / "run", {**build_manifest(cfg), "checkpoints": fingerprint_checkpoints(cfg)})
+        RunDir(tmp_path / "run", manifest())
 
 
 def test_family_names_are_fingerprinted_and_built_in_models_are_not():
     from repro.models.family import FAMILY_DIR
 
     routes = [{"name": "d", "kind": "dflash_chain", "drafter": "tiny-qwen35-dflash"}]
-    prints = fingerprint_checkpoints({"target": "default", "routes": routes})
+    prints = fingerprint_checkpoints("default", routes)
     assert set(prints) == {"target", "d.drafter"}
     assert prints["target"]["path"] == str(FAMILY_DIR / "tiny-qwen35")
     assert len(prints["d.drafter"]["files"]["config.json"]["sha256"]) == 64
-    assert (
-        fingerprint_checkpoints({"target": "tiny-random", "routes": [{"name": "r", "drafter": "random"}]})
-        == {}
+    assert fingerprint_checkpoints("tiny-random", [{"name": "r", "drafter": "random"}]) == {}
+
+
+def test_a_route_s_default_drafter_is_fingerprinted(monkeypatch, capsys, tmp_path: Path):
+    """A route that names no drafter decodes with its target family's own: that checkpoint is in the
+    manifest's fingerprints, so a resume after it changed is refused."""
+    routes = "routes=[{name: ar, kind: ar}, {name: d, kind: dflash_chain}]"
+    args = ("run", "smoke", "--suites", "gsm8k", "--limit", "1", "--max-new-tokens", "4", "--set", routes)
+    code, _, err = cli(monkeypatch, capsys, *args, "--out", str(tmp_path / "run"))
+    assert code == 0, err
+    prints = json.loads((tmp_path / "run" / "manifest.json").read_text())["checkpoints"]
+    assert set(prints) == {"target", "d.drafter"} and prints["d.drafter"]["path"].endswith(
+        "tiny-qwen35-dflash"
     )
+
+
+def test_large_files_are_hashed_whole_once_per_version(tmp_path: Path, monkeypatch):
+    """Over the cache threshold a file is still hashed whole (two checkpoints of one shape and header
+    differ), and the hash is read back from the cache until the file changes."""
+    from repro.models import fingerprint as fp
+
+    monkeypatch.setattr(fp, "CACHED_ABOVE", 1024)
+    monkeypatch.setenv("REPRO_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(b"h" * 64 + bytes(4096))
+    hashed = []
+    monkeypatch.setattr(fp, "_sha256", lambda p, real=fp._sha256: hashed.append(p) or real(p))
+    first = fp.file_fingerprint(path)
+    assert fp.file_fingerprint(path) == first and len(hashed) == 1  # second call: from the cache
+    path.write_bytes(b"h" * 64 + bytes(4095) + b"\x01")  # same size, same header, last byte differs
+    second = fp.file_fingerprint(path)
+    assert second["size"] == first["size"] and second["sha256"] != first["sha256"] and len(hashed) == 2
+    assert (
+        json.loads((tmp_path / "cache" / "fingerprints.json").read_text())[str(path.resolve())]["sha256"]
+        == second["sha256"]
+    )
+
+
+def test_a_resume_with_changed_suite_contents_is_refused(monkeypatch, capsys, tmp_path: Path):
+    from repro.data.suites import suites_dir
+
+    copy = tmp_path / "suites"
+    shutil.copytree(suites_dir(), copy)
+    monkeypatch.setenv("REPRO_SUITES_DIR", str(copy))
+    only_ar = "routes=[{name: ar, kind: ar}]"
+    args = ("run", "smoke", "--suites", "gsm8k", "--limit", "1", "--max-new-tokens", "3", "--set", only_ar)
+    out = ("--out", str(tmp_path / "run"))
+    assert cli(monkeypatch, capsys, *args, *out)[0] == 0
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert (
+        manifest["suites"]["gsm8k"]["sha256"]
+        == json.loads((copy / "manifest.json").read_text())["suites"]["gsm8k"]["sha256"]
+    )
+    file = copy / "gsm8k.jsonl"  # one prompt rewritten, the suite manifest updated to match
+    lines = file.read_text().splitlines()
+    first = json.loads(lines[0])
+    lines[0] = json.dumps({**first, "turns": ["What is 2 + 2?"]})
+    file.write_text("\n".join(lines) + "\n")
+    suites = json.loads((copy / "manifest.json").read_text())
+    suites["suites"]["gsm8k"]["sha256"] = hashlib.sha256(file.read_bytes()).hexdigest()
+    (copy / "manifest.json").write_text(json.dumps(suites))
+    code, _, err = cli(monkeypatch, capsys, *args, *out)
+    assert code == 2 and "was run with other prompt suite contents (gsm8k: sha256" in err
+
+
+def test_a_resume_by_other_code_is_refused_unless_asked(tmp_path: Path, monkeypatch):
+    """Records of two git shas are not mixed silently: refused, or with REPRO_RESUME_ACROSS_CODE=1 mixed
+    and every sha named in the report's header."""
+    monkeypatch.setenv("REPRO_GIT_SHA", "aaaa1111")
+    with RunDir(tmp_path, {"config": CONFIG}) as run:
+        run.append(make_record(prompt_id="p0"))
+    monkeypatch.setenv("REPRO_GIT_SHA", "bbbb2222")
+    with pytest.raises(RunDirError) as exc:
+        RunDir(tmp_path, {"config": CONFIG})
+    assert "was written by git sha aaaa1111, this is bbbb2222" in str(exc.value)
+    monkeypatch.setenv("REPRO_RESUME_ACROSS_CODE", "1")
+    with RunDir(tmp_path, {"config": CONFIG}) as run:
+        run.append(make_record(prompt_id="p1"))
+        text = run.write_report()
+    assert "- git sha: aaaa1111 (resumed with bbbb2222)" in text
+
+
+def test_bad_record_fields_are_one_line(monkeypatch, capsys, tmp_path: Path):
+    with RunDir(tmp_path, {"config": CONFIG}) as run:
+        run.append(make_record())
+    good = (tmp_path / "records.jsonl").read_text()
+    for field, value in (("route_params", []), ("prompt_id", [1]), ("route", None), ("prompt_tokens", "x")):
+        record = {**json.loads(good), field: value}
+        (tmp_path / "records.jsonl").write_text(json.dumps(record) + "\n")
+        code, _, err = cli(monkeypatch, capsys, "report", str(tmp_path))
+        assert code == 2 and len(err.splitlines()) == 1 and "line 1 is not a valid record" in err, (
+            field,
+            err,
+        )
+        assert field in err or "unhashable" in err, err
+
+
+def test_figures_outside_the_run_never_overwrite_foreign_files(tmp_path: Path):
+    with RunDir(tmp_path / "a", {"config": CONFIG}) as run:
+        run.append(make_record())
+    mine = tmp_path / "figs"
+    mine.mkdir()
+    (mine / "accept_histogram.png").write_text("a precious figure")
+    with pytest.raises(RunDirError, match="holds files this run did not write"):
+        rebuild_report(tmp_path / "a", figures=mine)
+    assert (mine / "accept_histogram.png").read_text() == "a precious figure"
+    rebuild_report(tmp_path / "a", figures=tmp_path / "shared")  # claimed by run a
+    rebuild_report(tmp_path / "a", figures=tmp_path / "shared")  # a rebuild of run a may write again
+    with RunDir(tmp_path / "b", {"config": CONFIG}) as run:
+        run.append(make_record())
+    with pytest.raises(RunDirError, match="belongs to the run"):
+        rebuild_report(tmp_path / "b", figures=tmp_path / "shared")
 
 
 def test_a_record_whose_route_kind_was_edited_is_refused_on_resume(tmp_path: Path):

@@ -300,7 +300,8 @@ def depth_table(records: list[dict], k: int) -> pd.DataFrame:
 
 
 def verdicts(records: list[dict], cfg: dict) -> dict[str, Any]:
-    """The rerun verdict and the falsifier's, from the records."""
+    """The rerun verdict and the falsifier's, and the greedy routes that diverged from AR where they
+    must not (float64), from the records."""
     k = cfg["rerun_k"]
     rerun = rerun_table(records, k)
     depths = depth_table(records, k)
@@ -310,10 +311,12 @@ def verdicts(records: list[dict], cfg: dict) -> dict[str, Any]:
         depths["weaver_T1"].tolist(),
         cfg["outside_limit"],
     )
+    exact = cfg["dtype"] == "float64"  # greedy in float64: speculation is exact, any divergence a bug
     return {
         "rerun": rerun_verdict(tuple(rerun["mal"]), tuple(rerun["tokens_per_s"])),
         "falsifier": verdict,
         "depths": decided,
+        "diverged": sorted(name for name, r in routes(records, 0.0).items() if exact and not r["lossless"]),
     }
 
 
@@ -365,6 +368,8 @@ def build_report(run: Run, figures_dir: Path | None) -> str:
     man = run.manifest
     where = cfg["device"] + (f", {man['engine']} engine" if man.get("engine") else "")
     m = oracle["samples"]
+    diverged = [f"**Not lossless: greedy route(s) {', '.join(found['diverged'])} diverged from AR.**", ""]
+    diverged = diverged if found["diverged"] else []
     lines = [
         f"# Pool mass and the marginal oracle bound: {run.path.name}",
         "",
@@ -382,6 +387,7 @@ def build_report(run: Run, figures_dir: Path | None) -> str:
         f"**K vs 2K rerun: {found['rerun']}** (immaterial when MAL and tokens/s both change by <"
         f" {MATERIAL:.0%}; CPU tokens/s of a tiny model time Python, not GPU work).",
         "",
+        *diverged,
         "## Mass outside the top-K pool, per K and draft depth",
         "",
         "mean / median / p90 of the target's probability mass outside the pool over positions (p90"
