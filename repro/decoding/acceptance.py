@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from repro.decoding.sampling import pick_token, probs_row, sample_index, step_rng, target_probs
+from repro.decoding.sampling import pick_token, probs_row, sample_index, target_probs
 from repro.errors import ConfigError
 from repro.tree import Sparse, Tree
 
@@ -205,15 +205,20 @@ class SamplingRule(TargetMatch):
     """A rule that accepts by draft probabilities: lossless in distribution, reproducible by seed.
 
     The first token (from prefill) is AR's position-keyed pick; each step draws from
-    :func:`repro.decoding.sampling.step_rng` (seed, root position), after the tree builder.
+    :func:`repro.decoding.sampling.step_rng` (seed, root position), after the tree builder: the caller
+    passes that stream on (``rng``, required), past the builder's draws.
     """
 
     walk: Walk
 
-    def accept(
-        self, tree: Tree, logits: torch.Tensor, position: int, rng: np.random.Generator | None = None
+    def accept(  # type: ignore[override]
+        self, tree: Tree, logits: torch.Tensor, position: int, rng: np.random.Generator
     ) -> Acceptance:
-        rng = rng if rng is not None else step_rng(self.seed, position)
+        """``rng``: the step's stream after a sampling builder's draws. Required, with no fallback: a fresh
+        ``step_rng(seed, position)`` would replay the very draws the builder made its children from (the
+        acceptance tests then correlate with the children: biased)."""
+        if rng is None:
+            raise ValueError("a sampling rule needs the step's random generator, after the builder's draws")
         if self.temperature > 0:
             rows = target_probs(logits, self.temperature).cpu().numpy()
         else:

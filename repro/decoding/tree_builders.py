@@ -232,9 +232,11 @@ class BestFirst:
     Triton is installed, else of the torch ops; probabilities above 1 count as 1, so a child never
     outscores its parent).
 
-    ``sample``: the shape stays the best-first tree's (a function of the marginals alone); each
-    node's children are then drawn without replacement from their depth's marginal, afresh per
-    parent, in child order.
+    ``sample``: the shape stays the best-first tree's (a function of the marginals alone) over the tokens
+    of positive probability only (a node never has more children than its depth's marginal has tokens to
+    draw: the greedy tree may hold zero-probability tokens, their log-probabilities clamped to ``tiny``),
+    so it may be smaller than ``budget + 1``; each node's children are then drawn without replacement
+    from their depth's marginal, afresh per parent, in child order.
     """
 
     def __init__(self, budget: int, sample: bool = False) -> None:
@@ -252,8 +254,9 @@ class BestFirst:
 
     def shape(self, root_token: int, proposal: Proposal | None) -> Tree:
         """The greedy best-first tree, each inner node's proposal its children's depth marginal: what
-        :meth:`build` returns without ``sample``, and the shape it samples into (no randomness)."""
-        tree = self._top(root_token, proposal)
+        :meth:`build` returns without ``sample``, and with it the shape it samples into (no randomness),
+        built over each depth's positive-probability tokens only (the class docstring)."""
+        tree = self._top(root_token, proposal, positive=self.sample)
         if tree.size == 1:
             return tree
         marg = depth_marginals(proposal)
@@ -272,7 +275,12 @@ class BestFirst:
         drawn = draw_rows_without_replacement([p[1] for p in pairs], counts, rng)
         vocab = {id(ids): ids.numpy() for ids, _ in pairs}  # the token ids (depths share one tensor)
         tokens = shape.tokens.numpy().copy()
-        for i, (ids, _), picks in zip(inner, pairs, drawn):
+        for i, (ids, _), picks, count in zip(inner, pairs, drawn, counts):
+            if len(picks) != count:  # a support smaller than the children: duplicates, or no token at all
+                raise ValueError(
+                    f"node {i} has {count} children but its proposal only {len(picks)} tokens of positive "
+                    "probability: the shape must come from BestFirst.shape with sample=True"
+                )
             tokens[shape.children_of(i)] = vocab[id(ids)][picks]
         return Tree(torch.from_numpy(tokens), shape.parents, shape.proposals, "without_replacement")
 
@@ -302,12 +310,20 @@ class BestFirst:
             )
         return graphed
 
-    def _top(self, root_token: int, proposal: Proposal | None) -> Tree:
+    def _top(self, root_token: int, proposal: Proposal | None, positive: bool = False) -> Tree:
+        """The heap's tree; ``positive``: over each depth's tokens of positive probability only (the top-k
+        ranks below that depth's support), ending at the first depth without one."""
         if proposal is None or proposal.depth == 0:
             return Tree.single(root_token)
-        logp_t, ids_t = top_log_probs(_need_probs(proposal), self.budget)
+        probs = _need_probs(proposal)
+        logp_t, ids_t = top_log_probs(probs, self.budget)
         depth, k = logp_t.shape
         logp, ids = logp_t.cpu().tolist(), ids_t.cpu().tolist()
+        ranks = (probs > 0).sum(-1).clamp(max=k).cpu().tolist() if positive else [k] * depth
+        if 0 in ranks:
+            depth = ranks.index(0)
+        if depth == 0:
+            return Tree.single(root_token)
         tokens, parents = [root_token], [-1]
         seen = [0] * depth  # nodes popped per depth so far: the next one's rank within its depth
         pushes = 0
@@ -320,7 +336,7 @@ class BestFirst:
             tokens.append(ids[d][r])
             parents.append(parent)
             mine, seen[d] = seen[d], seen[d] + 1
-            if r + 1 < k:
+            if r + 1 < ranks[d]:
                 pushes += 1
                 entry = (-(base + logp[d][r + 1]), d, up, r + 1, pushes, parent, base)
                 heapq.heappush(heap, entry)

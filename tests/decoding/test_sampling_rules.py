@@ -1,16 +1,25 @@
-"""The sampling acceptance rules in the engine: greedy limit, route parameters, reproducibility."""
+"""The sampling acceptance rules in the engine: greedy limit, route parameters, reproducibility, the
+engine's law at T != 1 over seeds (its random stream wiring), sampled best-first trees on sparse marginals."""
 
 from __future__ import annotations
 
+import itertools
+
+import numpy as np
 import pytest
 import torch
+from scipy.stats import chisquare
 
 from repro.decoding.acceptance import ACCEPTANCE_RULES, SpecSampling, TargetMatch, Traversal, make_rule
-from repro.decoding.engine import generate
+from repro.decoding.engine import Route, generate
 from repro.decoding.routes import build_route
+from repro.decoding.sampling import step_rng, target_probs
 from repro.decoding.tree_builders import BestFirst, Chain
-from repro.drafters.base import Proposal
+from repro.drafters.base import DraftContext, Proposal
 from repro.errors import ConfigError, TreeError
+from repro.models.config import ATTENTION, GDN, HybridConfig
+from repro.models.default import init_random_weights
+from repro.models.hybrid import HybridLM
 from repro.tree import Tree
 
 torch.set_num_threads(1)
@@ -30,7 +39,7 @@ def test_at_temperature_zero_the_sampling_rules_are_greedy_longest_match(rule_cl
         tree = random_tree(gen, int(torch.randint(1, 12, (1,), generator=gen)), 4)
         logits = torch.randn(tree.size, 4, generator=gen, dtype=torch.float64)
         want = TargetMatch(0.0, 0).accept(tree, logits, 5)
-        got = rule_cls(0.0, trial).accept(tree, logits, 5)
+        got = rule_cls(0.0, trial).accept(tree, logits, 5, step_rng(trial, 5))
         assert (got.path, got.bonus) == (want.path, want.bonus)
 
 
@@ -39,13 +48,13 @@ def test_sampled_trees_at_temperature_zero_are_greedy_too():
     gen = torch.Generator().manual_seed(1)
     for trial in range(100):
         probs = torch.softmax(torch.randn(3, 6, generator=gen, dtype=torch.float64), -1)
-        rng = __import__("numpy").random.default_rng(trial)
+        rng = np.random.default_rng(trial)
         tree = BestFirst(5, sample=True).build(0, Proposal([[0]] * 3, probs), rng)
         assert tree.draw == "without_replacement" and tree.proposals is not None
         logits = torch.randn(tree.size, 6, generator=gen, dtype=torch.float64)
         want = TargetMatch(0.0, 0).accept(tree, logits, 2)
         for rule in (SpecSampling(0.0, trial), Traversal(0.0, trial)):
-            got = rule.accept(tree, logits, 2)
+            got = rule.accept(tree, logits, 2, rng)
             assert (got.path, got.bonus) == (want.path, want.bonus)
 
 
@@ -68,7 +77,6 @@ def test_builders_record_proposals_and_sample_from_them():
         and top.proposals[0][1].tolist() == probs[0].tolist()
     )
     assert top.proposals[-1] is None
-    np = __import__("numpy")
     counts = torch.zeros(8)
     for s in range(4000):
         tree = Chain(sample=True).build(5, prop, np.random.default_rng(s))
@@ -149,3 +157,166 @@ def test_sampling_rules_decode_reproducibly_and_greedily_at_zero(model64, spec, 
         runs.append(res.output_ids)
     assert runs[0] == runs[1]  # seeded: the same seed decodes the same tokens
     assert runs[0][0] == ar1[0]  # the first token is prefill's, AR's position-keyed pick
+
+
+@pytest.mark.parametrize("rule_cls", [SpecSampling, Traversal])
+def test_sampling_rules_need_the_steps_random_stream(rule_cls):
+    """No silent fallback to a fresh step_rng(seed, position): that stream is the builder's, already drawn."""
+    tree, logits = Tree([0, 1], [-1, 0]), torch.zeros(2, 3, dtype=torch.float64)
+    with pytest.raises(TypeError, match="rng"):
+        rule_cls(1.0, 0).accept(tree, logits, 1)
+    with pytest.raises(ValueError, match="random generator"):
+        rule_cls(1.0, 0).accept(tree, logits, 1, None)
+
+
+# ----- the engine's law over seeds: generate's first L_ENGINE tokens against AR's enumerated joint
+
+V_ENGINE, L_ENGINE, T_ENGINE = 6, 3, 1.3
+ENGINE_PROMPT = [1, 2, 3]
+# Decodes a case (seeds 0 .. N_ENGINE - 1). Measured at 1,500 with the engine passing the rule a fresh
+# step_rng(seed, position) instead of the step's stream (the sampled builder's draws replayed as the rule's
+# uniforms): chi-square p 3e-19 (tree, spec_sampling), 1e-13 (chain), 3e-12 (tree, traversal); with the
+# rule's temperature taken as 1: p 5e-5 or less; with the step stream's seed ignored (step_rng(0, position)):
+# 6 distinct outputs (one continuation per first token) and p 0. The exact engine: p 0.148 or more and 184
+# or more distinct outputs.
+N_ENGINE = 1_500
+ALPHA = 1e-3
+
+
+def _tiny_target() -> HybridLM:
+    """A float64 2-layer hybrid (GDN, attention) of width 16 over V_ENGINE tokens: its joints enumerate."""
+    cfg = HybridConfig(
+        vocab_size=V_ENGINE, hidden_size=16, intermediate_size=24, layer_types=[GDN, ATTENTION],
+        linear_num_key_heads=1, linear_num_value_heads=2, linear_key_head_dim=8, linear_value_head_dim=8,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=8, partial_rotary_factor=0.5,
+    )  # fmt: skip
+    return init_random_weights(HybridLM(cfg), 0).to(torch.float64).eval()
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """The tiny target and AR's joint of its first L_ENGINE tokens after ENGINE_PROMPT at T_ENGINE."""
+    model = _tiny_target()
+
+    def after(ctx: tuple[int, ...]) -> np.ndarray:
+        return target_probs(model.prefill(ENGINE_PROMPT + list(ctx))[1].logits[-1], T_ENGINE).numpy()
+
+    rows = {ctx: after(ctx) for n in range(L_ENGINE) for ctx in itertools.product(range(V_ENGINE), repeat=n)}
+    joint = np.array(
+        [
+            np.prod([rows[seq[:i]][t] for i, t in enumerate(seq)])
+            for seq in itertools.product(range(V_ENGINE), repeat=L_ENGINE)
+        ]
+    )
+    return model, joint
+
+
+class MarginalDrafter:
+    """Per-depth marginals, a function of the context (the last token and its position), half their mass
+    on token 0: a sampled builder draws token 0 at depth 1 often, its test the stream's first uniform."""
+
+    capture_layers: tuple[int, ...] = ()
+
+    def __init__(self, depth: int) -> None:
+        self.depth = depth
+
+    def begin(self, prompt_ids: list[int], reference_ids: list[int] | None) -> None:
+        pass
+
+    def propose(self, ctx: DraftContext) -> Proposal:
+        noise = np.random.default_rng([7, ctx.output_ids[-1], len(ctx.output_ids)]).normal(
+            size=(self.depth, V_ENGINE)
+        )
+        probs = 0.5 * torch.softmax(torch.from_numpy(noise), -1)
+        probs[:, 0] += 0.5
+        return Proposal([[0]] * self.depth, probs)
+
+
+ENGINE_CASES = {
+    "tree-spec_sampling": (lambda: BestFirst(4, sample=True), 3, SpecSampling),
+    "chain-spec_sampling": (lambda: Chain(sample=True), 3, SpecSampling),
+    # traversal draws its first uniform at the first leaf, not at a depth-1 child: a shallower tree (depth
+    # 2) keeps the stream-reuse bias as visible as spec_sampling's (at depth 3: p 5e-4)
+    "tree-traversal": (lambda: BestFirst(4, sample=True), 2, Traversal),
+}
+
+
+@pytest.mark.parametrize("case", ENGINE_CASES)
+def test_generate_samples_ars_law_over_seeds(tiny, case):
+    """``generate`` with a sampled builder and a sampling rule at T != 1, seed by seed: the first L_ENGINE
+    tokens follow AR's joint (chi-square), and seeds decode different continuations (the step stream is
+    keyed by the seed, not only the prefill's pick)."""
+    model, joint = tiny
+    make_builder, depth, rule_cls = ENGINE_CASES[case]
+    builder = make_builder()
+    outputs = []
+    for seed in range(N_ENGINE):
+        route = Route(case, MarginalDrafter(depth), builder, rule_cls(T_ENGINE, seed))
+        outputs.append(tuple(generate(model, ENGINE_PROMPT, route, L_ENGINE).output_ids))
+    counts = np.bincount(
+        [np.ravel_multi_index(o, (V_ENGINE,) * L_ENGINE) for o in outputs], minlength=joint.size
+    )
+    expected = N_ENGINE * joint
+    small = expected < 5
+    obs, exp = (
+        np.append(counts[~small], counts[small].sum()),
+        np.append(expected[~small], expected[small].sum()),
+    )
+    pvalue = float(chisquare(obs, exp).pvalue)
+    tv = 0.5 * np.abs(counts / N_ENGINE - joint).sum()
+    firsts = {o[0] for o in outputs}
+    print(
+        f"generate {case} T={T_ENGINE} seeds 0..{N_ENGINE - 1}: TV {tv:.4f}, chi-square p {pvalue:.3g}, "
+        f"{len(set(outputs))} distinct outputs, {len(firsts)} first tokens"
+    )
+    assert len(set(outputs)) > len(firsts) + 10  # not one continuation per first token: the seed counts
+    assert pvalue > ALPHA, (tv, pvalue)
+
+
+# ----- sampled best-first trees on sparse marginals
+
+SPARSE = {  # (marginals, budget): the greedy shape has more children at a node than its marginal has tokens
+    # float32 softmax underflowing to exact zeros: 4 root slots, 2 tokens (the draw raised "shape mismatch")
+    "underflow": (
+        torch.softmax(torch.tensor([[0.0, 0.3, -200, -200, -200], [0.0, -200, -200, -200, -200]]), -1),
+        6,
+    ),
+    # a one-token support under two children: the draw broadcast token 0 into both (the rules then raised
+    # "child token 0 has no proposal mass")
+    "one-token": (torch.tensor([[1.0, 0.0, 0.0]], dtype=torch.float64), 2),
+}
+
+
+@pytest.mark.parametrize("case", SPARSE)
+def test_sampled_best_first_keeps_zero_probability_tokens_out_of_its_shape(case):
+    """The sampled shape holds each depth's positive-probability tokens only: sibling tokens distinct and of
+    positive proposal mass, the rules accept every tree, and the first token follows the target (chi-square);
+    a shape with more children than tokens to draw (the greedy one) is refused by ``draw``."""
+    probs, budget = SPARSE[case]
+    vocab = probs.shape[-1]
+    prop = Proposal([[0]] * probs.shape[0], probs)
+    greedy = BestFirst(budget).shape(0, prop)
+    assert len(greedy.children_of(0)) > int((probs[0] > 0).sum())  # the premise: zero-probability children
+    root_p = np.array([0.1, 0.3, 0.2, 0.15, 0.25][:vocab])
+    root_p /= root_p.sum()
+    logits = torch.randn(budget + 1, vocab, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    logits[0] = torch.from_numpy(np.log(root_p))
+    n = 2000
+    counts = {SpecSampling: np.zeros(vocab), Traversal: np.zeros(vocab)}
+    for s in range(n):
+        rng = step_rng(s, 1)
+        tree = BestFirst(budget, sample=True).build(0, prop, rng)
+        depth = tree.depth.tolist()
+        for node in range(tree.size):
+            tokens = tree.tokens[tree.children_of(node)].tolist()
+            assert len(set(tokens)) == len(tokens), (s, tree.tokens.tolist(), tree.parents.tolist())
+            assert all(probs[depth[node] - 1, t] > 0 for t in tokens), (s, tree.tokens.tolist())
+        for i, (rule_cls, c) in enumerate(counts.items()):  # each rule its own stream, past the builder's
+            acc = rule_cls(1.0, s).accept(tree, logits[: tree.size], 1, np.random.default_rng([s, i]))
+            c[int(tree.tokens[acc.path[1]]) if len(acc.path) > 1 else acc.bonus] += 1
+    for rule_cls, c in counts.items():
+        pvalue = float(chisquare(c, n * root_p).pvalue)
+        print(f"{case} {rule_cls.__name__}: first tokens {c.tolist()}, chi-square p {pvalue:.3g}")
+        assert pvalue > ALPHA, (rule_cls.__name__, c.tolist())
+    with pytest.raises(ValueError, match="children but its proposal only"):
+        BestFirst.draw(greedy, np.random.default_rng(0))
