@@ -84,8 +84,8 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
 # gross errors; graphs vs the eager static call must agree closely in every dtype.
 TOLERANCE = {"bf16": 0.5, "fp32": 1e-3, "fp64": 1e-10}
 TOLERANCE_EAGER = {"bf16": 1e-2, "fp32": 1e-5, "fp64": 1e-10}
-TARGET_RATIO = 1.5  # verify(64) / decode at gdn-1.3b
-TARGET_FLOOR = 0.70  # AR decode >= 70% of the weight-bandwidth floor at gdn-1.3b
+TARGET_RATIO = 1.2  # verify(step_nodes) <= 1.2x the decode step at gdn-1.3b (issue 13)
+TARGET_FLOOR = {"gdn-1.3b": 0.80, "qwen3.6-27b": 0.88}  # AR decode's share of the floor (issue 13)
 CORE_CALLS = 16  # GDN core rows: calls per graph replay
 COMPILE_MIN_S = 45.0  # compiled rows start only with this much of the shape's budget left
 
@@ -1004,41 +1004,48 @@ def _pick(
     return value.item() if hasattr(value, "item") else value
 
 
-def targets(table: pd.DataFrame, shape: str, step_nodes: int) -> list[str]:
-    """The issue's two targets (set for gdn-1.3b, reported for every shape), met or missed and by how much."""
-    decode = _pick(table, shape, "decode", "static_graph", 1)
-    verify = _pick(table, shape, "verify", "static_graph", step_nodes)
-    dec_row = table[
-        (table["shape"] == shape) & (table["group"] == "decode") & (table["method"] == "static_graph")
+def best_decode(table: pd.DataFrame, shape: str) -> pd.Series | None:
+    """The fastest decode graph row of ``shape`` that passed its check (the decode the engine can run:
+    cuBLAS, GEMV kernels or persistent), or None."""
+    rows = table[
+        (table["shape"] == shape)
+        & (table["group"] == "decode")
+        & (table["status"] == "ok")
+        & table["method"].str.startswith("static_graph")
+        & table["us"].notna()
     ]
-    floor = (
-        float(dec_row["floor_us"].iloc[0]) if len(dec_row) and pd.notna(dec_row["floor_us"].iloc[0]) else None
-    )
+    return rows.loc[rows["us"].idxmin()] if len(rows) else None
+
+
+def targets(table: pd.DataFrame, shape: str, step_nodes: int) -> list[str]:
+    """Issue 13's targets against the fastest decode graph (the verify ratio set for gdn-1.3b, the floor
+    share for gdn-1.3b and qwen3.6-27b; both reported for every shape), met or missed and by how much."""
+    best = best_decode(table, shape)
+    verify = _pick(table, shape, "verify", "static_graph", step_nodes)
+    share = TARGET_FLOOR.get(shape, TARGET_FLOOR["gdn-1.3b"])
     lines = ["| target | measured | verdict |", "|---|---|---|"]
-    if decode and verify:
+    if best is not None and verify:
+        decode, name = float(best["us"]), best["method"]
         ratio = verify / decode
         verdict = "met" if ratio <= TARGET_RATIO else f"missed by {ratio / TARGET_RATIO:.2f}x"
         lines.append(
             f"| verify({step_nodes}) <= {TARGET_RATIO}x decode "
-            f"| {verify:.0f} us / {decode:.0f} us = {ratio:.2f}x | {verdict} |"
+            f"| {verify:.0f} us / {decode:.0f} us ({name}) = {ratio:.2f}x | {verdict} |"
         )
     else:
         lines.append(f"| verify({step_nodes}) <= {TARGET_RATIO}x decode | not measured | open |")
-    if decode and floor:
+    if best is not None and pd.notna(best["floor_us"]):
+        decode, floor, name = float(best["us"]), float(best["floor_us"]), best["method"]
         frac = floor / decode
         verdict = (
-            "met"
-            if frac >= TARGET_FLOOR
-            else f"missed: {frac:.0%} (needs {decode / floor * TARGET_FLOOR:.2f}x faster)"
+            "met" if frac >= share else f"missed: {frac:.0%} (needs {decode / floor * share:.2f}x faster)"
         )
         lines.append(
-            f"| AR decode >= {TARGET_FLOOR:.0%} of the weight-bandwidth floor "
-            f"| {decode:.0f} us/token vs floor {floor:.0f} us = {frac:.0%} | {verdict} |"
+            f"| AR decode >= {share:.0%} of the weight-bandwidth floor "
+            f"| {decode:.0f} us/token ({name}) vs floor {floor:.0f} us = {frac:.0%} | {verdict} |"
         )
     else:
-        lines.append(
-            f"| AR decode >= {TARGET_FLOOR:.0%} of the weight-bandwidth floor | not measured | open |"
-        )
+        lines.append(f"| AR decode >= {share:.0%} of the weight-bandwidth floor | not measured | open |")
     return lines
 
 
@@ -1252,7 +1259,8 @@ DEFINITIONS = """\
 
 
 def write_figure(table: pd.DataFrame, folder: Path) -> dict[str, Path]:
-    """model_verify_vs_T.png: verify latency vs T (graph; eager dashed), the decode step, 1.5x decode."""
+    """model_verify_vs_T.png: verify latency vs T (graph; eager dashed), the fastest decode step and the
+    target ratio times it."""
     from matplotlib.figure import Figure
 
     from repro.reporting.figures import _save
@@ -1267,11 +1275,10 @@ def write_figure(table: pd.DataFrame, folder: Path) -> dict[str, Path]:
             g = ok[(ok["shape"] == shape) & (ok["method"] == method)].sort_values("T")
             if len(g):
                 ax.plot(g["T"], g["us"] / 1e3, ls=style, marker="o", label=f"verify ({method})")
-        decode = _pick(table, shape, "decode", "static_graph", 1) or _pick(
-            table, shape, "decode", "static_eager", 1
-        )
+        best = best_decode(table, shape)
+        decode = float(best["us"]) if best is not None else _pick(table, shape, "decode", "static_eager", 1)
         if decode:
-            ax.axhline(decode / 1e3, color="k", lw=1, label="decode step")
+            ax.axhline(decode / 1e3, color="k", lw=1, label="decode step (fastest)")
             ax.axhline(TARGET_RATIO * decode / 1e3, color="k", lw=1, ls="--", label=f"{TARGET_RATIO}x decode")
         ts = sorted({int(t) for t in ok[ok["shape"] == shape]["T"]})
         ax.set_xscale("log", base=2)
