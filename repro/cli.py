@@ -453,12 +453,35 @@ def compare(
 def claims(
     results: Annotated[Path, typer.Option(help="The results folder to read.")] = Path("results"),
     out: Annotated[Path | None, typer.Option(help="Where to write (default RESULTS/CLAIMS.md).")] = None,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check",
+            help="Write nothing; exit 3 when a verdict differs from OUT (default RESULTS/CLAIMS.md).",
+        ),
+    ] = False,
 ) -> None:
     """The claims ledger: every claim in baselines/ with its command, the latest measured value in the
-    results' records (nothing re-measured), the ratio and a verdict; writes RESULTS/CLAIMS.md."""
-    from repro.harness.claims import write_claims
+    results' records (nothing re-measured), the ratio and a verdict; writes RESULTS/CLAIMS.md.
 
-    typer.echo(write_claims(results, out))
+    Exit 0 whatever the verdicts (a report of many claims, most not reproduced by design at tiny scale);
+    with --check nothing is written and the exit is 3 when any claim's verdict (reproduced / not reproduced /
+    not measured / ...) differs from the committed ledger's: a new refutation, a regression or a claim
+    newly reproduced, for a nightly job to look at and commit."""
+    from repro.harness.claims import claims_markdown, verdict_changes, write_claims
+
+    if not check:
+        typer.echo(write_claims(results, out))
+        return
+    committed = out if out is not None else results / "CLAIMS.md"
+    try:
+        old = committed.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ReproError(f"cannot read {committed}: {e.strerror or e}") from None
+    changed = verdict_changes(old, claims_markdown(results))
+    if changed:
+        raise CheckFailed(f"{len(changed)} verdict(s) differ from {committed}: " + "; ".join(changed))
+    typer.echo(f"every verdict as in {committed}")
 
 
 @app.command()

@@ -46,13 +46,16 @@ def swept(records: list[DecodeRecord], param: str) -> dict[str, tuple[str, float
 
 
 def table(records: list[DecodeRecord], param: str) -> pd.DataFrame:
-    """One row per (base route, suite incl. all, value): n, MAL, tokens/s, speedup with CI."""
+    """One row per (base route, suite incl. all, value): n, MAL, tokens/s, speedup with CI; a route without
+    records in a suite (a partial run) has no row there."""
     ar = reference_route(records)
     suites = suites_of(records)
     summary = summarize(records).set_index(["suite", "route"])
     rows = []
     for route, (base, value) in swept(records, param).items():
         for suite, members in [(s, [s]) for s in suites] + [(ALL_SUITES, suites)]:
+            if (suite, route) not in summary.index:  # a partial run: this route has no record there yet
+                continue
             s = summary.loc[(suite, route)]
             sp = compare(records, route, ar, members, SPEEDUP) if ar else None
             rows.append(

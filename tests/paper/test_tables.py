@@ -84,22 +84,55 @@ def test_table2_numbers_come_from_the_records():
 
 
 def test_specla_table_mixed_pools_the_three_suites():
+    """mixed: MT-Bench's two turns, GSM8K and HumanEval pooled token-weighted (MT-Bench half the tokens, not
+    an equal mix); tokens/s and MAL from those suites' records only, not the run's other suites ("all")."""
     records = []
-    for j, suite in enumerate(SUITES):
+    for j, suite in enumerate((*SUITES, "extra")):
         for pid in ("p0", "p1"):
-            records.append(rec("ar", "ar", suite, pid, [1] * 10, 1.0, rule="greedy"))
-            records.append(rec("fla", "fla_sd", suite, pid, [2] * 5, 0.8 + 0.2 * j, rule="greedy"))
-            records.append(rec("sl", "specla", suite, pid, [5] * 2, 0.5 + 0.1 * j, rule="greedy"))
+            for turn in (0, 1) if suite == "mt_bench" else (0,):
+                for route, kind, acc, secs in (
+                    ("ar", "ar", [1] * 10, 1.0),
+                    ("fla", "fla_sd", [2] * 5, 0.8 + 0.2 * j),
+                    ("sl", "specla", [5] * 2 if suite != "extra" else [1] * 10, 0.5 + 0.1 * j),
+                ):
+                    r = make_record(route, suite, pid, turn, accepted=acc, decode_s=secs, kind=kind)
+                    r.route_params.update(acceptance="greedy")
+                    records.append(r)
     paper = {"end_to_end": [{"metric": "speedup_vs_ar", "suite": s, "value": v}
                             for s, v in (("mixed", 1.42), ("gsm8k", 1.70), ("humaneval", 1.06))]}  # fmt: skip
     t = specla_table.table(records, paper).set_index(["workload", "method"])
-    assert list(dict.fromkeys(t.index.get_level_values(0))) == ["mixed", *SUITES]
-    # mixed: token-weighted over every prompt: 66 tokens / (2 x (0.5 + 0.6 + 0.7)) s vs 66 / 6 s
-    assert t.loc[("mixed", "SpecLA"), "speedup"] == pytest.approx((66 / 3.6) / (66 / 6.0))
-    assert t.loc[("mixed", "SpecLA"), "n"] == 6 and t.loc[("gsm8k", "SpecLA"), "n"] == 2
+    assert list(dict.fromkeys(t.index.get_level_values(0))) == ["mixed", *SUITES, "extra"]
+    # mixed, 11 tokens a record: SpecLA 8 records x 11 / (2 x (2 x 0.5 + 0.6 + 0.7)) s, AR 88 / 8 s
+    sl = t.loc[("mixed", "SpecLA")]
+    assert sl["tokens_per_s"] == pytest.approx(88 / 4.6) and sl["MAL"] == pytest.approx(5.0)
+    assert sl["speedup"] == pytest.approx((88 / 4.6) / (88 / 8.0)) and sl["turns"] == 8
+    assert sl["n"] == 6 and t.loc[("gsm8k", "SpecLA"), "n"] == 2
+    assert specla_table.mixed_shares(records, "ar") == pytest.approx(
+        {"mt_bench": 0.5, "gsm8k": 0.25, "humaneval": 0.25}
+    )
     assert t.loc[("gsm8k", "SpecLA"), "speedup"] == pytest.approx(1 / 0.6)
     assert t.loc[("gsm8k", "SpecLA"), "paper_speedup"] == 1.70
     assert math.isnan(t.loc[("mixed", "FLA-SD"), "paper_speedup"])
+
+
+def test_partial_runs_show_missing_rows_instead_of_crashing():
+    """A partial sweep / SpecLA run (a route without records in a suite yet): that row is absent, the rest
+    of the table is built (it used to raise KeyError: 'specla@budget=32' in repro report)."""
+    records = []
+    for suite in SUITES:
+        for pid in ("p0", "p1"):
+            records.append(rec("ar", "ar", suite, pid, [1] * 12, 1.2, rule="greedy"))
+            records.append(rec("dd@budget=16", "ddtree", suite, pid, [2] * 6, 0.6, budget=16))
+            records.append(rec("sl", "specla", suite, pid, [3] * 4, 0.6, rule="greedy"))
+            if suite == "gsm8k":  # the run stopped before the other suites of this value
+                records.append(rec("specla@budget=32", "specla", suite, pid, [3] * 4, 0.5, budget=32))
+    t = sweep.table(records, "budget")
+    part = t[t["route"] == "specla"]
+    assert set(part["suite"]) == {"gsm8k", "all"} and len(t[t["route"] == "dd"]) == 4
+    s = specla_table.table([r for r in records if not (r.route == "sl" and r.suite == "humaneval")], {})
+    sl = s[s["method"] == "SpecLA"]
+    assert set(sl["workload"]) == {"mt_bench", "gsm8k"}  # no humaneval row, so no mixed row either
+    assert len(s[s["method"] == "AR"]) == 4
 
 
 def test_sweep_table_and_best_budget():
