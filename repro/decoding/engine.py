@@ -408,7 +408,7 @@ def generate(
     lengths: list[int] = []
     sizes: list[int] = []
     paths: list[list[int]] = []
-    past_end = 0  # steps the pipelined loop launched past the end
+    past_end = 0  # steps launched past the end (the pipelined loop's one, AR's groups ahead of a stop)
     _, finish = _cut(out, stops, max_new_tokens)
     ctx = DraftContext(list(prompt_ids), out, ver, list(range(ver.tree.size)))
     with busy_recorder(clock):  # the graph replays of the decode loop: busy time per stage
@@ -416,10 +416,12 @@ def generate(
             assert isinstance(model, GraphedTarget)  # AR on the device path: one group ahead of the host
             room = max_new_tokens - len(out)
             picker = twin if sampled_ar else None
+            before = state.position
             state, picked = model.greedy_decode(state, out[-1], room, stops.__contains__, clock.mark, picker)
             new, finish = _cut(picked, stops, room)
             out.extend(new)
             lengths, sizes, paths = [1] * len(new), [1] * len(new), [[0] for _ in new]
+            past_end = state.position - before - len(new)  # groups launched ahead of a stop: run, timed
         if finish is None and pipelined(model, route):
             assert (
                 isinstance(model, GraphedTarget) and isinstance(state, GraphedState) and drafter is not None

@@ -67,6 +67,7 @@ def make_record(
         device_stage_s=result.device_stage_s,
         busy_stage_s=result.busy_stage_s,
         graph_captures=result.graph_captures,
+        launched_steps=result.launched_steps,
         output_ids=result.output_ids,
         output_sha256=sha256_ids(result.output_ids),
         finish_reason=result.finish_reason,

@@ -93,6 +93,7 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     **dict.fromkeys(("route_params", "stage_s"), (dict,)),
     **dict.fromkeys(("device_stage_s", "busy_stage_s"), (dict, type(None))),
     "graph_captures": (int, type(None)),
+    "launched_steps": (int, type(None)),
 }
 
 
@@ -128,6 +129,9 @@ class DecodeRecord:
     device_stage_s: dict[str, float] | None = None  # device (CUDA event) time per stage; old records: None
     busy_stage_s: dict[str, float] | None = None  # CUDA-graph replay time per stage; None: no graphs / old
     graph_captures: int | None = None  # CUDA graphs captured inside the timed decode; None: old records
+    # steps the decode ran when more than ``steps`` (a pipelined loop's step past the end, AR's groups
+    # launched ahead of a stop): their time is in decode_s; None: as many as ``steps``, or old records
+    launched_steps: int | None = None
 
     @property
     def key(self) -> RecordKey:
@@ -163,6 +167,8 @@ class DecodeRecord:
         external = is_external_route(self.route_params)
         if self.steps != len(self.tree_sizes) and not (external and not self.tree_sizes):
             raise ValueError(f"steps={self.steps} but {len(self.tree_sizes)} tree_sizes")
+        if self.launched_steps is not None and self.launched_steps < self.steps:
+            raise ValueError(f"launched_steps={self.launched_steps} < steps={self.steps}")
         if any(a < 1 for a in self.accepted_lengths):
             raise ValueError("accepted lengths include the bonus token and must be >= 1")
         if sum(self.accepted_lengths) != max(self.new_tokens - 1, 0) and not (external and not self.steps):

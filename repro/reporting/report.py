@@ -44,6 +44,7 @@ SUMMARY_COLUMNS = [
     "lossless",
     "temperature",
     "step_ms",
+    "launched_steps",
     *(f"{s}_ms" for s in STAGES),
     "device_step_ms",
     *(f"device_{s}_ms" for s in STAGES),
@@ -141,6 +142,7 @@ def _aggregate(recs: list[DecodeRecord], statuses: dict, distinct_prompts: int) 
         "lossless": _lossless_text([statuses[r.key] for r in recs]),
         "temperature": temps[0] if len(temps) == 1 else "mixed",
         "step_ms": 1000 * _ratio(dec, steps),
+        "launched_steps": sum(r.steps if r.launched_steps is None else r.launched_steps for r in recs),
     }
     timed = not any(
         records_mod.is_external_route(r.route_params) for r in recs
@@ -223,6 +225,8 @@ def summarize(records: Iterable[DecodeRecord | dict[str, Any]]) -> pd.DataFrame:
     hidden = set() if any(r.device_stage_s is not None for r in recs) else set(DEVICE_COLUMNS)
     if not any(r.busy_stage_s is not None for r in recs):
         hidden |= set(BUSY_COLUMNS)
+    if all(r.launched_steps is None for r in recs):  # every step recorded: the column says nothing
+        hidden.add("launched_steps")
     df = pd.DataFrame(rows, columns=[c for c in SUMMARY_COLUMNS if c not in hidden])
     suite_order = {s: i for i, s in enumerate([*suites, ALL_SUITES])}
     df["_order"] = df["suite"].map(suite_order)
@@ -419,6 +423,7 @@ SUMMARY_TIMING = [
     "mean_tokens_per_s",
     "e2e_tokens_per_s",
     "step_ms",
+    "launched_steps",
     *(f"{s}_ms" for s in STAGES),
     "device_step_ms",
 ]

@@ -390,6 +390,11 @@ def test_ar_one_group_ahead_stops_where_the_host_loop_stops(stop_at, group, monk
     )  # fmt: skip
     if stop_at is not None:
         assert got.finish_reason == "stop" and got.output_ids[-1] in stops and len(got.output_ids) < 40
+    # the steps launched ahead of a stop ran and are in decode_s: the record counts them
+    assert want.launched_steps is None
+    if got.launched_steps is not None:
+        assert got.steps < got.launched_steps <= got.steps + 2 * group
+    assert (got.launched_steps is not None) == (stop_at is not None and group > 1 and got.steps > 0)
     for steps in (6, 2 * group + 1):  # the single-step tail alone, then groups and a tail
         state = target.prefill(prompt)[0]
         new, picked = target.greedy_decode(state, full[0], steps, lambda t: False)

@@ -174,6 +174,20 @@ def test_the_baseline_is_the_route_of_kind_ar_not_the_one_named_ar():
 # ------------------------------------------------------------------------------- resumption
 
 
+def test_steps_launched_past_the_end_are_counted_only_when_some_record_has_them():
+    import dataclasses
+
+    plain = [make_record(route="ar"), make_record(route="chain", accepted=[2, 1])]
+    assert "launched_steps" not in summarize(plain).columns  # old runs rebuild as they were
+    ahead = dataclasses.replace(plain[0], launched_steps=9)  # AR's groups ran past a stop
+    table = summarize([ahead, plain[1]]).set_index(["suite", "route"])
+    assert (
+        table.loc[("all", "ar"), "launched_steps"] == 9 and table.loc[("all", "chain"), "launched_steps"] == 2
+    )
+    with pytest.raises(ValueError, match="launched_steps=1 < steps=3"):
+        dataclasses.replace(plain[0], launched_steps=1).validate()
+
+
 def test_a_changed_checkpoint_is_refused_on_resume(tmp_path: Path, monkeypatch, capsys):
     ckpt = tmp_path / "ckpt"
     assert cli(monkeypatch, capsys, "export-default", str(ckpt))[0] == 0
