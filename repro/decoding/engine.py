@@ -20,8 +20,9 @@ on the device, so it pipelines too): sample_match gives the host path's tokens (
 traversal the same law from the device's keyed uniforms. Elsewhere the host rule walks the logits.
 
 Stage times: ``stage_s`` is wall-clock per stage (on the host path each boundary first synchronizes
-the device; on the device path none does, so a stage's wall time is its host time, the final read's
-wait landing in ``commit``); ``device_stage_s`` is device time per stage from CUDA events recorded at
+the device; on the device path none does, so a stage's wall time is its host time, and the wait for a
+step's read-back falls between one step's last mark and the next one's first, in no stage: it is in
+``decode_s``, not in ``stage_s``); ``device_stage_s`` is device time per stage from CUDA events recorded at
 the same boundaries and read once at the end (the current clocks' values where there are no events,
 e.g. on CPU). Both include the device's idle gaps: when the host is the bottleneck, an event recorded on
 an idle stream completes at once and device time follows wall time. ``busy_stage_s`` is the graphs' busy
