@@ -190,6 +190,40 @@ def test_what_was_timed_counts_every_layer(monkeypatch, capsys, tmp_path, decode
         )
 
 
+def test_what_was_timed_counts_the_graphed_engine_s_own_layers(monkeypatch):
+    """A run on the graphed engine is counted on its static decoder (the HybridLM hooks never fire
+    there): every decode step executes every layer; a decoder that skips one is caught."""
+    from repro.harness.experiment import resolve
+    from repro.models.static import StaticDecoder
+
+    routes = [{"name": "ar", "kind": "ar"}, {"name": "chain", "kind": "synthetic_chain", "k": 3, "p": 0.9}]
+    raw = {"name": "t", "target": "tiny-random", "dtype": "float32", "suites": ["gsm8k"], "limit": 1,
+           "max_new_tokens": 6, "warmup": 0, "ignore_eos": True, "engine": "graphed",
+           "routes": routes}  # fmt: skip
+    cfg = resolve(raw, {})
+    counts = timed.count_layers(cfg, ["ar", "chain"], 6)
+    layers = counts["ar"]["model_layers"]
+    assert {c["layers_min"] for c in counts.values()} == {layers} and counts["chain"]["verify_calls"] >= 2
+    real = StaticDecoder._forward
+
+    def one_layer_short(
+        self: StaticDecoder, *args: object, **kw: object
+    ) -> torch.Tensor:  # 1st layer skipped
+        full = self.layers, self.weights, self.buffers
+        self.layers, self.weights, self.buffers = full[0][1:], full[1][1:], full[2][1:]
+        try:
+            return real(self, *args, **kw)
+        finally:
+            self.layers, self.weights, self.buffers = full
+
+    monkeypatch.setattr(StaticDecoder, "_forward", one_layer_short)
+    short = timed.count_layers(cfg, ["ar"], 6)["ar"]  # decode steps only (a verify's commit needs them all)
+    assert (
+        short["layers_min"] == layers - 1
+        and timed.timing_verdict(short["layers_min"], layers) == timed.SINGLE
+    )
+
+
 def test_a_single_layer_timing_is_refused(monkeypatch, capsys, tmp_path, decode_run):
     assert timed.timing_verdict(1, 8) == timed.SINGLE and timed.timing_verdict(8, 8) == timed.MODEL
 

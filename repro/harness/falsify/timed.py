@@ -1,11 +1,14 @@
 """What was timed (``repro falsify --what-was-timed RUN_DIR``): SpecLA's reviewers' check 3.
 
 For a decode run directory, per route: the decoder layers the target actually executed per verify
-step, **counted** (a forward hook on every decoder layer's input norm, during a short re-run of the
-run's first prompt with each route on the CPU reference path), against the model's layer count; and
-the full-model per-stage breakdown (draft, tree, verify, commit ms per step) read from the run's
-records. A route whose verify executed fewer layers than the model has gets the verdict
-"single-layer timing, not a model timing" (the command exits 3).
+step, **counted** during a short re-run of the run's first prompt with each route on the CPU, on the
+engine the run timed: the eager HybridLM (a forward hook on every decoder layer's input norm, per
+verify call) or the graphed engine's static decoder (run eagerly on the CPU: its own count of the
+layers each of its steps executes, per decode step launched after the prefill); against the model's
+layer count; and the full-model per-stage breakdown (draft, tree, verify, commit ms per step) read
+from the run's records. A route whose verify executed fewer layers than the model has, or that no
+verify was counted for, gets the verdict "single-layer timing, not a model timing" (the command exits
+3). External routes (other implementations' loops) are not counted: their rows say so.
 """
 
 from __future__ import annotations
@@ -17,11 +20,13 @@ from typing import Any
 import pandas as pd
 
 from repro.errors import ReproError
+from repro.models.graphed import GraphedTarget
 from repro.reporting.records import STAGES, build_manifest
 from repro.reporting.rundir import Run, RunDir, RunKind, fields_parser
 
 MODEL = "model timing"
 SINGLE = "single-layer timing, not a model timing"
+EXTERNAL = "external loop: not counted"
 
 
 def timing_verdict(executed_min: float, model_layers: int) -> str:
@@ -61,9 +66,35 @@ class LayerCounter:
         del self.model.verify, self.model.prefill  # back to the class's methods
 
 
+class DecoderCounter:
+    """Counts the layers the graphed engine's static decoder executes in the decode steps after the
+    prompt's prefill (its ``layer_calls``, kept by the decoder's own layer loop; CPU: no graphs, so every
+    step runs that loop)."""
+
+    def __init__(self, target: Any) -> None:
+        self.target, self.prefilled = target, 0
+        self._prefill = target.prefill
+        target.prefill = self._counted_prefill
+
+    def executed(self) -> int:
+        return sum(self.target.decoder.layer_calls.values())
+
+    def _counted_prefill(self, *args: Any, **kwargs: Any) -> Any:
+        before = self.executed()
+        try:
+            return self._prefill(*args, **kwargs)
+        finally:
+            self.prefilled += self.executed() - before
+
+    def close(self) -> None:
+        del self.target.prefill  # back to the class's method
+
+
 def count_layers(cfg: dict[str, Any], routes: list[str], new_tokens: int) -> dict[str, dict[str, Any]]:
-    """Per route name: layers executed per verify (mean, min), verify calls, the model's layers, on
-    the first prompt of ``cfg`` re-run on the CPU reference path (float64 unless float32 was run)."""
+    """Per route name: layers executed per verify step (mean, min), verify steps counted, the model's
+    layers, on the first prompt of ``cfg`` re-run on the CPU with the run's engine (reference GDN path;
+    float64 unless float32 was run). On the graphed engine the steps are the decode steps launched
+    (``launched_steps``), and the minimum is the mean (the decoder counts layers, not steps)."""
     from repro.decoding.engine import generate
     from repro.harness.runner import ExperimentRunner
     from repro.reporting.records import reference_route
@@ -79,19 +110,32 @@ def count_layers(cfg: dict[str, Any], routes: list[str], new_tokens: int) -> dic
     ref = next((r for r in runner.routes if r.name == ref_name), None)
     reference = generate(runner.model, ids, ref, new_tokens).output_ids if ref else None
     out = {}
+    layers = len(runner.model.model.layers)
+    graphed = isinstance(runner.target, GraphedTarget)
     for route in chosen:
-        counter = LayerCounter(runner.model)
+        where = {"prompt": f"{prompt.suite}/{prompt.id}", "model_layers": layers}
+        if graphed:
+            counter = DecoderCounter(runner.target)
+            start = counter.executed()
+            try:
+                result = generate(runner.target, ids, route, new_tokens, (), reference)
+            finally:
+                counter.close()
+            steps = result.launched_steps or result.steps
+            mean = (counter.executed() - start - counter.prefilled) / steps if steps else math.nan
+            out[route.name] = {**where, "verify_calls": steps, "layers_per_verify": mean, "layers_min": mean}
+            continue
+        hooks = LayerCounter(runner.model)
         try:
             generate(runner.model, ids, route, new_tokens, (), reference)
         finally:
-            counter.close()
-        n = counter.per_verify
+            hooks.close()
+        n = hooks.per_verify
         out[route.name] = {
-            "prompt": f"{prompt.suite}/{prompt.id}",
+            **where,
             "verify_calls": len(n),
             "layers_per_verify": sum(n) / len(n) if n else math.nan,
             "layers_min": min(n) if n else math.nan,
-            "model_layers": len(runner.model.model.layers),
         }
     return out
 
@@ -116,10 +160,13 @@ def what_was_timed(source: str | Path, out: str | Path, new_tokens: int = 8) -> 
     with RunDir(out, build_manifest(config), kind=KIND) as run:
         for name in names:
             row = pooled.loc[name]
-            c = counts[name]
+            nan = {"prompt": "-", "verify_calls": 0, "layers_per_verify": math.nan, "layers_min": math.nan,
+                   "model_layers": math.nan}  # fmt: skip
+            c = counts.get(name)
+            verdict = EXTERNAL if c is None else timing_verdict(c["layers_min"], c["model_layers"])
             run.append({
                 "route": name, "kind": kinds[name],
-                **c, "verdict": timing_verdict(c["layers_min"], c["model_layers"]),
+                **(c or nan), "verdict": verdict,
                 "device": src.manifest.get("device"), "MAL": float(row["MAL"]),
                 "tokens_per_s": float(row["tokens_per_s"]), "step_ms": float(row["step_ms"]),
                 **{f"{s}_ms": float(row[f"{s}_ms"]) for s in STAGES},
