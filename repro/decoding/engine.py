@@ -395,15 +395,15 @@ def generate(
     sampled_ar = device_ar_sampling(model, route)
     device_ar = sampled_ar or (greedy and drafter is None and isinstance(route.builder, SingleNode))
     on_device = greedy or sampled_ar or device_sampling(model, route)
-    twin = None
-    if on_device and not greedy:  # the sampling rule's device twin (sampled AR's picker), its draws
-        assert isinstance(model, GraphedTarget)
-        twin = device_rule(route.rule, dev, model.max_nodes, max_new_tokens + model.max_nodes + 1)
-        twin.begin(len(prompt_ids), max_new_tokens)
     t0 = _clock(dev)
     state, ver = _prefill(model, prompt_ids, capture, drafter, route.commit)
     out = [route.rule.pick(ver.logits[-1], 0)]
     t1 = _clock(dev)
+    twin = None
+    if on_device and not greedy:  # the sampling rule's device twin (sampled AR's picker): its draws for
+        assert isinstance(model, GraphedTarget)  # every position, made on the host, are decode time
+        twin = device_rule(route.rule, dev, model.max_nodes, max_new_tokens + model.max_nodes + 1)
+        twin.begin(len(prompt_ids), max_new_tokens)
     captured = graphs_captured()
     clock = StageClock(dev, sync=not on_device)
     lengths: list[int] = []
