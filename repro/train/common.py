@@ -50,8 +50,8 @@ class OptimConfig:
     def __post_init__(self) -> None:
         if self.steps < 1:
             raise ConfigError(f"steps must be >= 1, got {self.steps}")
-        if self.lr <= 0:
-            raise ConfigError(f"lr must be > 0, got {self.lr}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ConfigError(f"lr must be a finite number > 0, got {self.lr}")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"unknown precision {self.precision!r}: choose one of {', '.join(PRECISIONS)}")
 

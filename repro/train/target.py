@@ -79,6 +79,11 @@ class TargetRecipe(TrainRecipe):
     lr: float = 3e-3
     weight_decay: float = 0.1
 
+    def __post_init__(self) -> None:
+        for name in ("layers", "hidden_size", "seq_len", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+
 
 # ----- data -----
 
