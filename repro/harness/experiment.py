@@ -249,6 +249,11 @@ def _sweep(routes: list[dict], sweep: dict | None) -> list[dict]:
                 " choose --routes whose kinds declare it (repro routes)"
             )
         out += [{**route, "name": f"{route['name']}@{param}={v}", param: v} for v in values]
+    if len(out) == len(routes):
+        raise ConfigError(
+            f"no route takes {param!r} to sweep (AR and external loops run once); add a route whose kind"
+            " declares it (repro routes)"
+        )
     return out
 
 

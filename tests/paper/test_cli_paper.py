@@ -73,6 +73,7 @@ def test_sweep_budget_end_to_end(monkeypatch, capsys, tmp_path: Path):
         (["--param", "pool=4,8", "--routes", "ddtree"], "has no parameter 'pool'"),
         (["--budget", "0,4", "--routes", "ddtree", "--limit", "1"], "budget must be an integer in [1, 1023]"),
         (["--budget", "4", "--routes", "nosuch"], "no route named (or of kind) 'nosuch'"),
+        (["--budget", "16", "--routes", "ar"], "no route takes 'budget' to sweep"),
     ],
 )
 def test_sweep_bad_input_is_one_line(monkeypatch, capsys, tmp_path: Path, args, message):
