@@ -23,7 +23,6 @@ depth) that ``by`` measured. Everything else in it counts (e.g. the Weaver-shape
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -374,8 +373,9 @@ def _matches(config: dict, conditions: tuple[tuple[str, Any], ...]) -> bool:
 
 
 def _supersedes(results: Path) -> dict[str, dict]:
-    sup_path = results / "supersedes.json"
-    return json.loads(sup_path.read_text())["superseded"] if sup_path.is_file() else {}
+    from repro.reporting.index import read_supersedes
+
+    return read_supersedes(results).get("superseded", {})
 
 
 def latest_runs(

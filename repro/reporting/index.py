@@ -35,14 +35,19 @@ def _cell(text: Any) -> str:
     return str(text).replace("|", "\\|")
 
 
+def read_supersedes(results: Path) -> dict[str, Any]:
+    """The hand-kept ``supersedes.json`` of a results folder (``superseded``, ``not_run_dirs``); {} without
+    one."""
+    path = Path(results) / SUPERSEDES_FILE
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
 def index_markdown(results: str | Path) -> str:
     """The text of INDEX.md for a results folder."""
     results = Path(results)
     if not results.is_dir():
         raise ReproError(f"results folder {results} does not exist")
-    hand = (
-        json.loads((results / SUPERSEDES_FILE).read_text()) if (results / SUPERSEDES_FILE).is_file() else {}
-    )
+    hand = read_supersedes(results)
     superseded: dict[str, dict[str, str]] = hand.get("superseded", {})
     runs = []
     for path in run_folders(results):
