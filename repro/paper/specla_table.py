@@ -35,7 +35,7 @@ from repro.paper.common import (
     summary_section,
     table_text,
 )  # fmt: skip
-from repro.paper.stats import SPEEDUP, compare
+from repro.paper.stats import MIN_UNITS, SPEEDUP, compare
 from repro.reporting.records import DecodeRecord
 from repro.reporting.report import ALL_SUITES, reference_route, summarize
 from repro.reporting.rundir import Run
@@ -174,7 +174,8 @@ def build_report(run: Run, figures_dir: Path | None) -> str:
         "- mixed: MT-Bench (both turns), GSM8K and HumanEval (the same limit of prompts per suite), pooled"
         " token-weighted over those suites' records, not an equal-weight mix"
         + _shares_text(run.records)
-        + "; n: prompts; CIs: percentile bootstrap over prompts, 95%, 9999 resamples.",
+        + "; n: prompts; CIs: percentile bootstrap over prompts, 95%, 9999 resamples"
+        + f" (none below {MIN_UNITS} prompts).",
         "- paper: baselines/specla.yaml (GDN-1.3B, H100): SpecLA 1.42x mixed, 1.70x GSM8K, 1.06x HumanEval;"
         " it gives no number for FLA-SD or Chain in baselines/.",
         "- CPU tokens/s of a tiny model time Python, not GPU work; MAL is a property of the pair.",

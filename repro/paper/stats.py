@@ -22,6 +22,8 @@ from repro.reporting.records import DecodeRecord
 CONFIDENCE = 0.95
 RESAMPLES = 9999
 SEED = 0  # the bootstrap's generator: a rebuilt report prints the same interval
+MIN_UNITS = 5  # fewest prompts for an interval: below it a percentile bootstrap has a handful of distinct
+# resamples (3 at n = 2) and its "95%" interval covers far less than 95%, so none is printed
 
 Unit = tuple[str, str]  # (suite, prompt_id)
 SPEEDUP = ("new_tokens", "decode_s")
@@ -30,7 +32,7 @@ MAL = ("accepted", "steps")
 
 @dataclass(frozen=True)
 class Paired:
-    """A paired ratio with its percentile-bootstrap CI (NaN when fewer than 2 prompts) and n prompts."""
+    """A paired ratio with its percentile-bootstrap CI (NaN below :data:`MIN_UNITS` prompts) and n prompts."""
 
     value: float
     low: float
@@ -82,7 +84,7 @@ def paired_ratio(arrays: Sequence[Sequence[float]], seed: int = SEED) -> Paired:
     if n == 0:
         return Paired(math.nan, math.nan, math.nan, 0)
     value = float(ratio_of_ratios(*data))
-    if n < 2 or not math.isfinite(value):
+    if n < MIN_UNITS or not math.isfinite(value):
         return Paired(value, math.nan, math.nan, n)
     res = bootstrap(
         data, ratio_of_ratios, paired=True, vectorized=True, n_resamples=RESAMPLES,

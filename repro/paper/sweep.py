@@ -25,7 +25,7 @@ from repro.paper.common import (
     suites_of,
     summary_section,
 )
-from repro.paper.stats import SPEEDUP, compare
+from repro.paper.stats import MIN_UNITS, SPEEDUP, compare
 from repro.reporting.records import DecodeRecord
 from repro.reporting.report import ALL_SUITES, markdown_table, reference_route, summarize
 from repro.reporting.rundir import Run
@@ -140,8 +140,8 @@ def build_report(run: Run, figures_dir: Path | None) -> str:
         "",
         markdown_table(shown, {"speedup": "{}"}),
         "",
-        "- n: prompts; speedup over AR paired per prompt, percentile bootstrap 95% CI; all: every"
-        " prompt pooled.",
+        "- n: prompts; speedup over AR paired per prompt, percentile bootstrap 95% CI (none below"
+        f" {MIN_UNITS} prompts); all: every prompt pooled.",
         "- paper: Weaver Appendix B's sweep numbers are not in baselines/; nothing to print beside.",
         "- CPU tokens/s of a tiny model time Python, not GPU work: the best value by speed is this"
         " machine's.",

@@ -39,7 +39,7 @@ from repro.paper.common import (
     summary_section,
     table_text,
 )  # fmt: skip
-from repro.paper.stats import MAL, SPEEDUP, compare
+from repro.paper.stats import MAL, MIN_UNITS, SPEEDUP, compare
 from repro.reporting.records import DecodeRecord
 from repro.reporting.report import ALL_SUITES, summarize
 from repro.reporting.rundir import Run
@@ -245,7 +245,8 @@ def build_report(run: Run, figures_dir: Path | None) -> str:
         " workloads, best-of-protocol; the paper has no uniform-protocol column and its per-workload cells"
         " are not in baselines/.",
         "- n: prompts (MT-Bench: both turns of each); CIs: percentile bootstrap over prompts, 95%, 9999"
-        " resamples; fewer than 2 prompts: no interval. all: every prompt of the workloads pooled.",
+        f" resamples; fewer than {MIN_UNITS} prompts: no interval. all: every prompt of the workloads"
+        " pooled.",
         "- CPU tokens/s of a tiny model time Python, not GPU work; MAL ratios are properties of the pairs.",
         "",
     ]

@@ -6,7 +6,7 @@ import math
 
 from conftest import make_record
 
-from repro.paper.stats import MAL, SPEEDUP, compare, paired_ratio
+from repro.paper.stats import MAL, MIN_UNITS, SPEEDUP, compare, paired_ratio
 
 
 def test_a_constant_ratio_gives_a_degenerate_interval_at_that_value():
@@ -17,13 +17,13 @@ def test_a_constant_ratio_gives_a_degenerate_interval_at_that_value():
 
 
 def test_a_known_paired_difference():
-    # per prompt ratios 1, 2, 3 with equal weights: the pooled ratio is 2 and the interval holds it
-    xa, ya, xb, yb = [1, 2, 3], [1, 1, 1], [1, 1, 1], [1, 1, 1]
+    # per prompt ratios 1, 2, 3, 1, 3 with equal weights: the pooled ratio is 2 and the interval holds it
+    xa, ya, xb, yb = [1, 2, 3, 1, 3], [1] * 5, [1] * 5, [1] * 5
     got = paired_ratio((xa, ya, xb, yb))
-    assert got.value == 2.0 and got.n == 3
+    assert got.value == 2.0 and got.n == 5
     assert 1.0 <= got.low < 2.0 < got.high <= 3.0
     # pairing matters: the same per-prompt ratios on prompts of different difficulty stay [1, 3]-bounded
-    scale = [1, 100, 10]
+    scale = [1, 100, 10, 3, 30]
     paired = paired_ratio(([x * s for x, s in zip(xa, scale)], ya, scale, yb))
     assert paired.low >= 1.0 and paired.high <= 3.0
     assert paired_ratio((xa, ya, xb, yb), seed=0) == got  # seeded: a rebuilt report prints the same
@@ -32,6 +32,10 @@ def test_a_known_paired_difference():
 def test_too_few_prompts_give_no_interval():
     one = paired_ratio(([2], [1], [1], [1]))
     assert one.value == 2.0 and math.isnan(one.low) and math.isnan(one.high) and one.n == 1
+    # below MIN_UNITS prompts (2-4 give 3-35 distinct resamples) no interval; at MIN_UNITS one
+    for n in range(2, MIN_UNITS + 1):
+        got = paired_ratio(([1, 2, 3, 1, 3][:n], [1] * n, [1] * n, [1] * n))
+        assert got.n == n and math.isnan(got.low) == (n < MIN_UNITS)
     assert math.isnan(paired_ratio(([], [], [], [])).value)
 
 
@@ -46,7 +50,7 @@ def test_compare_pools_turns_per_prompt_and_pairs_by_prompt():
         make_record("x", "mt_bench", "c", 0, accepted=[3] * 3, decode_s=1.0),  # no AR record: not paired
     ]
     sp = compare(recs, "x", "ar", ["mt_bench"], SPEEDUP)
-    assert sp.n == 2 and sp.value == (30 / 2.0) / (30 / 4.0) == sp.low == sp.high
+    assert sp.n == 2 and sp.value == (30 / 2.0) / (30 / 4.0) and math.isnan(sp.low)  # n < MIN_UNITS
     mal = compare(recs, "x", "ar", ["mt_bench"], MAL)
     assert mal.value == 3.0
 
@@ -65,4 +69,4 @@ def test_compare_pairs_each_prompt_over_the_turns_both_routes_have():
         make_record("x", "mt_bench", "b", 1, accepted=[3] * 3, decode_s=0.5),
     ]
     sp = compare(recs, "x", "ar", ["mt_bench"], SPEEDUP)
-    assert sp.n == 2 and sp.value == 2.0 == sp.low == sp.high  # every common turn 2x
+    assert sp.n == 2 and sp.value == 2.0  # every common turn 2x
