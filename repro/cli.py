@@ -135,7 +135,7 @@ def run(
     if check:
         from repro.harness.check import check_experiment
 
-        typer.echo(check_experiment(experiment, overrides, edits).text())
+        typer.echo(check_experiment(experiment, overrides, edits, shard).text())
         return
     cfg = load_experiment(experiment, overrides, edits)
     require_filled(cfg)
@@ -433,13 +433,16 @@ def compare(
     out: Annotated[Path | None, typer.Option(help="Also write the markdown report to this file.")] = None,
 ) -> None:
     """What changed between two nights: tokens/s beyond noise, new divergences from AR, bench rows,
-    falsifier verdicts and CLAIMS.md verdicts. Exits 3 on a regression."""
+    falsifier verdicts and CLAIMS.md verdicts. Exits 3 on a regression, 2 when nothing matched.
+    Matched runs of two experiments (config, checkpoints, suites, device) are compared under a warning."""
     from repro.harness.compare import Noise, summary_line
     from repro.harness.compare import compare as compare_results
 
     result = compare_results(old, new, Noise(min_effect=min_effect, threshold=threshold))
     markdown = result.markdown()
     typer.echo(markdown)
+    for warning in result.warnings:  # also in the markdown; here too, so they are not lost in a pipe
+        err_console.print(f"[bold yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
     if out is not None:
         try:
             out.write_text(markdown, encoding="utf-8")
@@ -536,11 +539,21 @@ def family_list() -> None:
 def family_install(
     runs: Annotated[Path, typer.Argument(help="A training run folder (scripts/gpu_train.sh: runs/family).")],
     names: Annotated[list[str], typer.Argument(help="Members to copy in, e.g. tiny-qwen35 tiny-gdn-dflash.")],
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Replace members that are already installed (each swapped in whole). Without it an "
+            "existing member is refused and nothing is installed.",
+        ),
+    ] = False,
 ) -> None:
-    """Copy trained checkpoints into the package's family folder and rewrite family.json."""
+    """Copy trained checkpoints into the package's family folder and rewrite family.json: every name
+    and run folder is checked first (a bad one: nothing is installed, exit 2), then each member is
+    copied into a temporary folder there and renamed into place."""
     from repro.models.family import install
 
-    info = install(runs, names)
+    info = install(runs, names, force=force)
     typer.echo(f"family: {', '.join(info['members'])} ({info['total_bytes'] / 2**20:.1f} MiB)")
 
 
@@ -604,18 +617,29 @@ def suites_list() -> None:
 
 @suites_app.command("verify")
 def suites_verify() -> None:
-    """Check every frozen suite file against the manifest's sha256 and record count."""
+    """Check every frozen suite file against the manifest's sha256 and record count: exit 3 when a
+    file is missing or differs (a failed check), else 2 when one cannot be checked (an unusable
+    manifest or entry, an unreadable file)."""
     from repro.data.suites import manifest_label, verify_suites
 
-    bad = 0
+    failed: list[str] = []
+    unusable: list[str] = []
     for row in verify_suites():
         if row["ok"]:
             typer.echo(f"ok  {row['name']}: {row['records']} records, sha256 {row['sha256']['actual']}")
         else:
-            bad += 1
+            (failed if row["failure"] == "mismatch" else unusable).append(row["name"])
             typer.echo(f"BAD {row['name']}: {row['error']}")
-    if bad:
-        raise SuiteError(f"{bad} suite file(s) do not match {manifest_label()}")  # bad input data: exit 2
+    unchecked = f"; {', '.join(unusable)} could not be checked" if unusable else ""
+    if failed:  # a mismatch found is the verdict, whatever else could not be checked
+        raise CheckFailed(
+            f"{len(failed)} suite file(s) do not match {manifest_label()} ({', '.join(failed)}){unchecked}"
+        )
+    if unusable:
+        names = ", ".join(unusable)
+        raise SuiteError(
+            f"{len(unusable)} suite file(s) could not be checked against {manifest_label()} ({names})"
+        )
 
 
 @suites_app.command("freeze")

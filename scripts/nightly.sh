@@ -90,8 +90,11 @@ if [ -z "$PREVIOUS" ] && [ -n "$BUCKET" ]; then
   [ $DRY -eq 1 ] || mkdir -p "$PREVIOUS"
   stage fetch-previous "${SYNC[@]}" "$BUCKET/latest" "$PREVIOUS"
 fi
-if [ -n "$PREVIOUS" ]; then
+# a first night (an empty BUCKET/latest) has nothing to compare against: compare would refuse it (exit 2)
+if [ -n "$PREVIOUS" ] && { [ $DRY -eq 1 ] || find "$PREVIOUS" -name manifest.json -print -quit | grep -q .; }; then
   stage compare "${REPRO_CMD[@]}" compare "$PREVIOUS" "$NIGHT" --out "$NIGHT/COMPARE.md"
+elif [ -n "$PREVIOUS" ]; then
+  echo "no run in the previous night's $PREVIOUS (a first night?): comparison skipped" >&2
 else
   echo "no previous night (set REPRO_NIGHTLY_BUCKET or REPRO_NIGHTLY_PREVIOUS): comparison skipped" >&2
 fi

@@ -178,7 +178,7 @@ def test_corrupted_suite_file_is_refused(tmp_path, monkeypatch, capsys):
     code, _, err = run_cli(monkeypatch, capsys, "run", str(exp), "--out", str(tmp_path / "o"))
     assert code == 2 and "corrupted" in err and "gsm8k" in err
     code, stdout, err = run_cli(monkeypatch, capsys, "suites", "verify")
-    assert code == 2 and "BAD gsm8k: suite file" in stdout and "corrupted" in stdout
+    assert code == 3 and "BAD gsm8k: suite file" in stdout and "corrupted" in stdout  # a failed check
     assert "sha256 None" not in stdout and "ok  humaneval: 164 records, sha256 " in stdout
     assert f"do not match {suites / 'manifest.json'}" in err  # the manifest actually used
 

@@ -329,8 +329,11 @@ def verify_suites() -> list[dict[str, Any]]:
     """Check every frozen suite file against the manifest without raising on a mismatch.
 
     One dict per suite: name, file, records (from the manifest), records_actual (lines in
-    the file, None if missing), sha256 {ok, expected, actual}, source, licence, ok, and
-    error (a one-line message, or None). A missing or unreadable manifest raises SuiteError.
+    the file, None if missing), sha256 {ok, expected, actual}, source, licence, ok, error (a
+    one-line message, or None) and failure: None when ok, ``"mismatch"`` when the file is missing
+    or does not match its manifest entry (a failed check), ``"unusable"`` when it could not be
+    checked (no usable manifest entry, a file that cannot be read: bad input). A missing or
+    unreadable manifest raises SuiteError.
     """
     folder = suites_dir()
     manifest = _read_manifest(folder)
@@ -346,6 +349,7 @@ def verify_suites() -> list[dict[str, Any]]:
             "licence": None,
             "ok": False,
             "error": None,
+            "failure": "unusable",
         }
         try:
             entry = _manifest_entry(manifest, folder, name)
@@ -361,10 +365,16 @@ def verify_suites() -> list[dict[str, Any]]:
             licence=entry["licence"],
         )
         row["sha256"]["expected"] = entry["sha256"]
-        if not path.is_file():
+        try:
+            data = path.read_bytes() if path.is_file() else None
+        except OSError as exc:
+            row["error"] = f"cannot read suite file {_show(path)}: {exc.strerror or exc}"
+            rows.append(row)
+            continue
+        row["failure"] = "mismatch"
+        if data is None:
             row["error"] = f"suite file {_show(path)} is missing; restore it with git checkout"
         else:
-            data = path.read_bytes()
             actual = _sha256(data)
             row["sha256"].update(actual=actual, ok=actual == entry["sha256"])
             row["records_actual"] = len(data.split(b"\n")) - (1 if data.endswith(b"\n") else 0)
@@ -376,7 +386,7 @@ def verify_suites() -> list[dict[str, Any]]:
             elif row["records_actual"] != entry["records"]:
                 row["error"] = f"suite file {_show(path)} record count differs from the manifest; rebuild it"
             else:
-                row["ok"] = True
+                row.update(ok=True, failure=None)
         rows.append(row)
     return rows
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from repro.decoding.acceptance import ACCEPTANCE_RULES, DISTRIBUTIONAL_RULES, make_rule
+from repro.decoding.acceptance import ACCEPTANCE_RULES, DISTRIBUTIONAL_RULES, TargetMatch, make_rule
 from repro.decoding.engine import Route, prepare_sampling
 from repro.decoding.tree_builders import Backbone, BestFirst, Chain, DrafterTree, SingleNode, TreeBuilder
 from repro.drafters.base import Drafter
@@ -543,11 +543,16 @@ def build_route(
     drafter, builder = kind.factory(
         params, BuildContext(vocab_size, seed, target, dict(random_drafters or {}))
     )
+    rule = route_rule(name, params["acceptance"], temperature, seed)
+    return Route(name, drafter, builder, rule, params, params["commit"], kind.verifier)
+
+
+def route_rule(name: str, acceptance: str, temperature: float, seed: int) -> TargetMatch:
+    """Route ``name``'s acceptance rule (:func:`make_rule`), or a one-line ConfigError naming the route."""
     try:
-        rule = make_rule(params["acceptance"], temperature, seed)
+        return make_rule(acceptance, temperature, seed)
     except ConfigError as exc:
         raise ConfigError(f"route {name!r}: {exc}") from None
-    return Route(name, drafter, builder, rule, params, params["commit"], kind.verifier)
 
 
 # --------------------------------------------------------------------------- documentation

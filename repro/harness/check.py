@@ -4,7 +4,9 @@ Settings are type-checked (:func:`repro.harness.experiment.resolve`), every rout
 against the route registry (:func:`repro.decoding.routes.resolve_spec`), template placeholders still
 unfilled are listed with the option that fills them, and each checkpoint path that is given is read
 as far as its ``config.json`` (and, for EAGLE, its safetensors headers): a wrong format is refused in
-the same one line a run would give, before any GPU time is spent. An external route
+the same one line a run would give, before any GPU time is spent (an embedded family member too: a
+drafter member given as the target is refused). The GDN backend, each route's acceptance rule, the
+``--shard`` and the suites' prompts are checked by the run's own functions. An external route
 (:mod:`repro.engines.external_route`) is resolved as a run resolves it: a package its loop imports that
 is not installed is refused here.
 """
@@ -18,16 +20,18 @@ from typing import Any
 
 import torch
 
-from repro.decoding.routes import RANDOM, ROUTE_KINDS, family_of, resolve_spec
+from repro.decoding.routes import RANDOM, ROUTE_KINDS, family_of, resolve_spec, route_rule
 from repro.drafters.dflash import read_dflash_config
 from repro.drafters.eagle import EagleConfig, unsupported_format
 from repro.drafters.weaver import read_weaver_config
 from repro.engines.external_route import is_external, resolve_external, target_dir
 from repro.errors import CheckpointError
-from repro.harness.experiment import load_experiment
-from repro.harness.overrides import PLACEHOLDER, unfilled
+from repro.gdn.backends import check_backend
+from repro.harness.experiment import read_experiment, resolve
+from repro.harness.overrides import PLACEHOLDER, apply_edits, unfilled
+from repro.harness.parallel import experiment_prompts, parse_shard, shard_prompts
 from repro.models.config import GDN
-from repro.models.family import members, resolve_checkpoint
+from repro.models.family import DEFAULT_TARGET, RANDOM_TARGET, members, resolve_checkpoint
 from repro.models.loading import read_config, read_json_config, weight_names
 
 
@@ -93,22 +97,30 @@ class CheckReport:
 def _read(name: str, spec: str, reader: str) -> str:
     if spec == PLACEHOLDER:
         return ""
-    if spec in members():
-        return "embedded family member"
     return f"{READERS[reader](resolve_checkpoint(spec, name))} ({spec})"
 
 
 def check_experiment(
-    experiment: str, overrides: dict[str, Any] | None = None, edits: dict[str, Any] | None = None
+    experiment: str,
+    overrides: dict[str, Any] | None = None,
+    edits: dict[str, Any] | None = None,
+    shard: str | None = None,
 ) -> CheckReport:
-    """The validated experiment (ConfigError / CheckpointError in one line when invalid); a device
-    that is absent here (CUDA) is checked as cpu and said so."""
+    """The validated experiment (and ``--shard`` ``shard``), or the one-line ReproError the run would
+    give; a device that is absent here (CUDA) is checked as cpu and said so."""
     overrides = dict(overrides or {})
     notes = []
-    if overrides.get("device") is None and not torch.cuda.is_available():
+    no_cuda = overrides.get("device") is None and not torch.cuda.is_available()
+    if no_cuda:
         overrides["device"] = "cpu"
         notes.append("no CUDA here: device checked as cpu")
-    cfg = load_experiment(experiment, overrides, edits)
+    raw = read_experiment(experiment)
+    raw = apply_edits(raw, **edits) if edits else raw
+    cfg = resolve(raw, overrides)
+    parsed = parse_shard(shard) if shard is not None else None
+    # the backend on the device the run would have: the experiment's (auto: CUDA) where cpu stands in
+    run_device = "cuda" if no_cuda and raw.get("device") != "cpu" else cfg["device"]
+    check_backend(cfg["gdn_backend"], torch.device(run_device))
     family = family_of(cfg["target"])
     external = {}  # route name -> the drafter kind its loop takes
     routes = []
@@ -123,8 +135,11 @@ def check_experiment(
             routes.append(resolve_spec(spec, family))
     cfg["routes"] = routes
     report = CheckReport(cfg, missing=unfilled(cfg), notes=notes)
-    if cfg["target"] not in ("default", PLACEHOLDER) and family is None:
-        report.checkpoints["target"] = _read("target", cfg["target"], "target")
+    target = str(cfg["target"])
+    if target not in (PLACEHOLDER, RANDOM_TARGET):  # as open_target opens it (tiny-random is built)
+        report.checkpoints["target"] = _read(
+            "target", DEFAULT_TARGET if target == "default" else target, "target"
+        )
     for route in cfg["routes"]:
         drafter = route.get("drafter")
         if route["name"] in external and external[route["name"]] and drafter not in (None, PLACEHOLDER):
@@ -142,4 +157,11 @@ def check_experiment(
             if param.checkpoint and value not in (None, RANDOM, PLACEHOLDER):
                 name = f"{route['name']}.{param.name}"
                 report.checkpoints[name] = _read(name, str(value), param.checkpoint)
+        if route["name"] not in external:  # the rule of each route the run builds
+            rule = route["acceptance"] or cfg["acceptance"]
+            route_rule(route["name"], rule, cfg["temperature"], cfg["seed"])
+    prompts = experiment_prompts(cfg)  # the suites as the run loads them: checksums and records
+    if parsed is not None:
+        mine = shard_prompts(prompts, parsed)
+        report.notes.append(f"shard {parsed}: {len(mine)} of {len(prompts)} prompt(s)")
     return report

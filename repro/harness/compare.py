@@ -9,7 +9,7 @@ directories are matched to each other). Per kind:
   ratios new/old with a 95% paired bootstrap interval (resampling prompts, :data:`BOOTSTRAP` draws,
   seeded). **Noise** is a change whose interval
   includes 1 or whose size is below ``min_effect`` (default 3%); with fewer than
-  :data:`MIN_PAIRS` pairs no interval is formed and only a change beyond ``threshold`` (default 10%)
+  :data:`MIN_UNITS` pairs no interval is formed and only a change beyond ``threshold`` (default 10%)
   counts. A slowdown beyond noise is a regression; so is any prompt that was identical to AR (or the
   reference) and now diverges, and any record newly refused; records of the old run the new one lacks
   are listed per route.
@@ -21,11 +21,21 @@ directories are matched to each other). Per kind:
   not a regression).
 - ``CLAIMS.md`` beside the runs in both folders: every claim whose verdict changed is flagged.
 
-Other kinds are listed as not compared. Any regression makes ``repro compare`` exit 3.
+Other kinds are listed as not compared, and so is a matched pair of runs that holds no record in
+common. Any regression makes ``repro compare`` exit 3. Nothing to compare is bad input (ReproError,
+exit 2): a side with neither a run directory nor a CLAIMS.md, or no matched pair of runs with a
+record in common and no claim in both CLAIMS.md.
+
+Comparing two code versions (git shas) of one experiment is the intended use. A matched pair whose
+manifests say they are not the same experiment (another config hash: config settings, checkpoint or
+suite contents; or another device class) is still compared, under a warning naming what differs
+(:func:`differences`), since its changes may come from that and not from the code.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 import re
 from collections import Counter, defaultdict
@@ -38,12 +48,15 @@ import numpy as np
 
 from repro.errors import ReproError
 from repro.harness.run_kinds import load_run
+from repro.paper.stats import MIN_UNITS
 from repro.reporting.records import MANIFEST_FILE
-from repro.reporting.rundir import Run
+from repro.reporting.rundir import Run, changed_checkpoint, changed_suites, recorded_device_class
 
 BOOTSTRAP = 2000
-MIN_PAIRS = 5
 CLAIMS = "CLAIMS.md"
+SHOWN_DIFFERENCES = 8  # what differs, named in a warning before "and N more"
+# config settings named first in a warning: what most often makes two runs' numbers incomparable
+KEY_SETTINGS = ("target", "targets", "drafter", "dtype", "device", "engine", "shapes", "suites", "routes")
 
 
 @dataclass(frozen=True)
@@ -86,10 +99,10 @@ def speed_change(ratios: list[float], noise: Noise) -> tuple[float, str, int] | 
     faster), or None when within noise."""
     if not ratios:
         return None
-    if len(ratios) < MIN_PAIRS:
+    if len(ratios) < MIN_UNITS:
         ratio = math.exp(float(np.mean(np.log(ratios))))
         beyond = abs(ratio - 1) > noise.threshold
-        what = f"x{ratio:.3f} over {len(ratios)} prompt(s) (< {MIN_PAIRS}: threshold {noise.threshold:.0%})"
+        what = f"x{ratio:.3f} over {len(ratios)} prompt(s) (< {MIN_UNITS}: threshold {noise.threshold:.0%})"
         return (ratio, what, 1 if ratio > 1 else -1) if beyond else None
     ratio, lo, hi = ratio_interval(ratios, noise.seed)
     what = f"x{ratio:.3f} [{lo:.3f}, {hi:.3f}] over {len(ratios)} prompts"
@@ -103,7 +116,7 @@ def speed_change(ratios: list[float], noise: Noise) -> tuple[float, str, int] | 
 # --------------------------------------------------------------------------- per kind
 
 
-def _decode(name: str, old: Run, new: Run, noise: Noise) -> list[Change]:
+def _decode(name: str, old: Run, new: Run, noise: Noise) -> tuple[list[Change], int]:
     changes = []
     olds = {r.key: r for r in old.records}
     by_route: dict[str, list[tuple[Any, Any]]] = defaultdict(list)
@@ -142,7 +155,7 @@ def _decode(name: str, old: Run, new: Run, noise: Noise) -> list[Change]:
                 f"{n} record(s) not in the new run",
             )  # fmt: skip
         )
-    return changes
+    return changes, sum(len(pairs) for pairs in by_route.values())
 
 
 def prompt_ratios(pairs: list[tuple[Any, Any]]) -> list[float]:
@@ -168,16 +181,17 @@ def _finite(x: float) -> bool:
 BENCH_KEYS = ("shape", "group", "kind", "method", "baseline", "T", "context", "dtype", "precision")
 
 
-def _bench(name: str, old: Run, new: Run, noise: Noise) -> list[Change]:
+def _bench(name: str, old: Run, new: Run, noise: Noise) -> tuple[list[Change], int]:
     def key(r: dict) -> str:
         return " ".join(f"{k}={r[k]}" for k in BENCH_KEYS if r.get(k) not in (None, ""))
 
     olds = {key(r): r for r in old.records}
-    changes = []
+    changes, paired = [], 0
     for rec in new.records:
         a = olds.get(key(rec))
         if a is None:
             continue
+        paired += 1
         if a.get("status") == "ok" and rec.get("status") != "ok":
             changes.append(
                 Change(name, key(rec), "status", "ok", str(rec.get("status")), True, rec.get("reason", ""))
@@ -191,32 +205,39 @@ def _bench(name: str, old: Run, new: Run, noise: Noise) -> list[Change]:
             changes.append(
                 Change(name, key(rec), "us", f"{a['us']:.1f}", f"{rec['us']:.1f}", speed < 1, note)
             )
-    return changes
+    return changes, paired
+
+
+Comparator = Callable[[str, Run, Run, Noise], tuple[list[Change], int]]
+"""(run name, old, new, noise) -> (the changes, how many pairs of records it compared)."""
 
 
 def _verdicts(
     keys: tuple[str, ...], field: str, good: Callable[[str], bool], regresses: Callable[[dict], bool]
-) -> Callable[[str, Run, Run, Noise], list[Change]]:
+) -> Comparator:
     """A comparator of records keyed by ``keys`` whose ``field`` is a verdict: a change from a ``good``
     verdict is a regression when ``regresses(record)``; every other change is reported."""
 
-    def compare(name: str, old: Run, new: Run, noise: Noise) -> list[Change]:
+    def compare(name: str, old: Run, new: Run, noise: Noise) -> tuple[list[Change], int]:
         def key(r: dict) -> str:
             return " ".join(str(r.get(k)) for k in keys if r.get(k) is not None)
 
         olds = {key(r): r for r in old.records}
-        out = []
+        out, paired = [], 0
         for rec in new.records:
             a = olds.get(key(rec))
-            if a is not None and a.get(field) != rec.get(field):
+            if a is None:
+                continue
+            paired += 1
+            if a.get(field) != rec.get(field):
                 bad = good(str(a.get(field))) and regresses(rec)
                 out.append(Change(name, key(rec), field, str(a.get(field)), str(rec.get(field)), bad))
-        return out
+        return out, paired
 
     return compare
 
 
-COMPARATORS: dict[str, Callable[[str, Run, Run, Noise], list[Change]]] = {
+COMPARATORS: dict[str, Comparator] = {
     "decode": _decode,
     "bench-kernels": _bench,
     "bench-model": _bench,
@@ -252,16 +273,86 @@ def claim_verdicts(path: Path) -> dict[str, str]:
     return out
 
 
-def _claims(old_root: Path, new_root: Path) -> list[Change]:
+def _claims(old_root: Path, new_root: Path) -> tuple[list[Change], int]:
+    """The claims whose verdict changed between the two folders' CLAIMS.md, and how many both hold."""
     old, new = old_root / CLAIMS, new_root / CLAIMS
     if not (old.is_file() and new.is_file()):
-        return []
+        return [], 0
     a, b = claim_verdicts(old), claim_verdicts(new)
-    return [
+    changes = [
         Change(CLAIMS, claim, "verdict", a[claim], b[claim], True, "claim verdict changed")
         for claim in b
         if claim in a and a[claim] != b[claim]
     ]
+    return changes, len(a.keys() & b.keys())
+
+
+# --------------------------------------------------------------------------- comparability
+
+_UNSET = object()
+
+
+def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested dicts as ``{"a.b": leaf}`` (lists and scalars are leaves)."""
+    if not isinstance(value, dict):
+        return {prefix: value}
+    out: dict[str, Any] = {}
+    for k, v in value.items():
+        out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def _shown(value: Any) -> str:
+    """A config value as shown in a warning: short JSON, ``unset``, or "" when too long to show."""
+    text = "unset" if value is _UNSET else json.dumps(value, default=str)
+    return text if len(text) <= 24 else ""
+
+
+def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """What makes the runs of manifests ``old`` and ``new`` not the same experiment, one short phrase
+    each, empty when they are: the config settings that differ (``dtype "float32" -> "bfloat16"``,
+    ``routes differs``), the checkpoint and suite contents they read, the device class they ran on.
+    The git sha and package versions are not among them: comparing code versions is compare's use."""
+    settings: list[tuple[int, str]] = []  # (rank: key settings, others, unset <-> null; phrase)
+    a, b = _flat(old.get("config") or {}), _flat(new.get("config") or {})
+    for key in dict.fromkeys([*b, *a]):
+        was, now = a.get(key, _UNSET), b.get(key, _UNSET)
+        if was != now:
+            shown = (_shown(was), _shown(now))
+            nothing = all(v is _UNSET or v is None for v in (was, now))
+            rank = 0 if key.split(".")[0] in KEY_SETTINGS else 2 if nothing else 1
+            settings.append((rank, f"{key} {shown[0]} -> {shown[1]}" if all(shown) else f"{key} differs"))
+    out = [phrase for rank, phrase in sorted(settings, key=lambda s: s[0]) if rank == 0]
+    for key, changed in (("checkpoints", changed_checkpoint), ("suites", changed_suites)):
+        was, now = old.get(key), new.get(key)
+        if was == now:
+            continue
+        if not was or not now:
+            out.append(f"{key} recorded by the {'new' if now else 'old'} run only")
+        else:
+            out.append(f"{key} ({changed(was, now) or 'differ'})")
+    was_device, now_device = recorded_device_class(old), recorded_device_class(new)
+    if was_device is not None and now_device is not None and was_device != now_device:
+        out.append(f"device class {was_device} -> {now_device}")
+    out += [phrase for rank, phrase in sorted(settings, key=lambda s: s[0]) if rank > 0]
+    if not out and old.get("config_hash") != new.get("config_hash"):
+        out.append("config hash")  # it differs for a reason the manifests do not show
+    return out
+
+
+def comparability_warning(name: str, old: dict[str, Any], new: dict[str, Any]) -> str | None:
+    """One line warning that the matched runs ``name`` (manifests ``old``, ``new``) are not the same
+    experiment, naming what differs; None when they are."""
+    diff = differences(old, new)
+    if not diff:
+        return None
+    more = len(diff) - SHOWN_DIFFERENCES
+    shown = "; ".join(diff[:SHOWN_DIFFERENCES]) + (f"; and {more} more" if more > 0 else "")
+    hashes = f"config hash {str(old.get('config_hash'))[:12]} -> {str(new.get('config_hash'))[:12]}"
+    return (
+        f"{name}: not the same experiment ({hashes}): {shown}. Compared anyway: its changes may come from"
+        " these differences, not from the code"
+    )
 
 
 # --------------------------------------------------------------------------- the comparison
@@ -269,6 +360,8 @@ def _claims(old_root: Path, new_root: Path) -> list[Change]:
 
 def find_runs(root: Path) -> dict[str, Path]:
     """Run directories under ``root`` by path relative to it (``root`` itself: its own name)."""
+    if not root.exists():
+        raise ReproError(f"{root} does not exist; give a run directory or a folder of them")
     if not root.is_dir():
         raise ReproError(f"{root} is not a directory of results")
     if (root / MANIFEST_FILE).is_file():
@@ -285,15 +378,16 @@ class Comparison:
     matched: list[tuple[str, str]]  # (run, kind)
     changes: list[Change]
     skipped: list[str]
+    warnings: list[str] = dataclasses.field(default_factory=list)  # matched runs of two experiments
 
     @property
     def regressions(self) -> list[Change]:
         return [c for c in self.changes if c.regression]
 
     def markdown(self) -> str:
-        lines = [
-            f"# Comparison: {self.old} -> {self.new}",
-            "",
+        lines = [f"# Comparison: {self.old} -> {self.new}", ""]
+        lines += [f"**Warning**: {w}" for w in self.warnings] + ([""] if self.warnings else [])
+        lines += [
             f"{len(self.matched)} run(s) matched; {len(self.regressions)} regression(s); "
             f"{len(self.changes) - len(self.regressions)} other change(s) beyond noise.",
             "",
@@ -323,7 +417,13 @@ def compare(old_root: str | Path, new_root: str | Path, noise: Noise | None = No
     ]  # fmt: skip
     skipped = [f"{name}: only in {new_root}" for name in new_runs if not single and name not in old_runs]
     skipped += [f"{name}: only in {old_root}" for name in old_runs if not single and name not in new_runs]
-    matched, changes = [], []
+    claims = (old_root / CLAIMS).is_file() and (new_root / CLAIMS).is_file()
+    for root, runs in ((old_root, old_runs), (new_root, new_runs)):
+        if not runs and not claims:
+            raise ReproError(
+                f"{root} holds no run directory (no {MANIFEST_FILE} in or below it): nothing to compare"
+            )
+    matched, changes, warned = [], [], []
     for name, old_dir, new_dir in pairs:
         old, new = load_run(old_dir), load_run(new_dir)
         if old.kind.name != new.kind.name:
@@ -331,10 +431,24 @@ def compare(old_root: str | Path, new_root: str | Path, noise: Noise | None = No
         elif old.kind.name not in COMPARATORS:
             skipped.append(f"{name}: {new.kind.name} runs have no comparison")
         else:
+            found, paired = COMPARATORS[new.kind.name](name, old, new, noise)
+            if not paired:
+                held = f"{len(old.records)} old, {len(new.records)} new"
+                skipped.append(f"{name}: no record in common ({held})")
+                continue
             matched.append((name, new.kind.name))
-            changes += COMPARATORS[new.kind.name](name, old, new, noise)
-    changes += _claims(old_root, new_root)
-    return Comparison(old_root, new_root, matched, changes, skipped)
+            changes += found
+            if warning := comparability_warning(name, old.manifest, new.manifest):
+                warned.append(warning)
+    claim_changes, claims_paired = _claims(old_root, new_root)
+    if not matched and not claims_paired:
+        why = "; ".join(skipped[:3]) + (f"; and {len(skipped) - 3} more" if len(skipped) > 3 else "")
+        raise ReproError(
+            f"nothing to compare: {old_root} and {new_root} share no run with a record in common"
+            f" ({why or 'no run matched by path and kind'})"
+        )
+    changes += claim_changes
+    return Comparison(old_root, new_root, matched, changes, skipped, warned)
 
 
 def summary_line(result: Comparison) -> str:

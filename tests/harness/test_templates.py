@@ -20,6 +20,7 @@ from repro.models.family import FAMILY_DIR
 
 QWEN = "qwen36-27b-weaver"
 GDN = "gdn-1.3b-specla"
+CPU = {"device": "cpu", "gdn_backend": "reference"}  # the templates' triton backend needs CUDA
 
 
 def test_the_papers_setups_are_shipped_templates():
@@ -59,23 +60,23 @@ def test_drafter_options_fill_routes_by_name_kind_or_all():
 
 
 def test_set_reaches_route_parameters_and_is_validated_by_the_registry():
-    report = check_experiment(QWEN, {"device": "cpu"}, {"sets": ["routes.ddtree.budget=48"]})
+    report = check_experiment(QWEN, CPU, {"sets": ["routes.ddtree.budget=48"]})
     assert next(r for r in report.cfg["routes"] if r["kind"] == "ddtree")["budget"] == 48
     with pytest.raises(ConfigError, match="budget must be an integer in"):
-        check_experiment(QWEN, {"device": "cpu"}, {"sets": ["routes.ddtree.budget=0"]})
+        check_experiment(QWEN, CPU, {"sets": ["routes.ddtree.budget=0"]})
     with pytest.raises(ConfigError, match="unknown experiment setting"):
-        check_experiment(QWEN, {"device": "cpu"}, {"sets": ["limt=2"]})
+        check_experiment(QWEN, CPU, {"sets": ["limt=2"]})
 
 
 def test_check_reads_given_checkpoints_formats_without_weights():
     fam = {n: str(FAMILY_DIR / n) for n in ("tiny-qwen35", "tiny-qwen35-dflash", "tiny-qwen35-weaver")}
     edits = {"drafters": [fam["tiny-qwen35-dflash"]], "weaver": fam["tiny-qwen35-weaver"]}
-    report = check_experiment(QWEN, {"device": "cpu", "target": fam["tiny-qwen35"]}, edits)
+    report = check_experiment(QWEN, {**CPU, "target": fam["tiny-qwen35"]}, edits)
     assert report.missing == [] and unfilled(report.cfg) == []
     assert report.checkpoints["target"].startswith("qwen3_5 target, 8 layers (6 GDN)")
     assert report.checkpoints["weaver-b64.weaver"].startswith("Weaver adapter")
     with pytest.raises(CheckpointError, match="is not an EagleDraftModel checkpoint"):  # a DFlash dir
-        check_experiment(GDN, {"device": "cpu"}, {"drafters": [fam["tiny-qwen35-dflash"]]})
+        check_experiment(GDN, CPU, {"drafters": [fam["tiny-qwen35-dflash"]]})
 
 
 def _eagle3_dir(path: Path) -> Path:
