@@ -313,7 +313,7 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     each, empty when they are: the config settings that differ (``dtype "float32" -> "bfloat16"``,
     ``routes differs``), the checkpoint and suite contents they read, the device class they ran on.
     The git sha and package versions are not among them: comparing code versions is compare's use."""
-    settings: list[tuple[int, str]] = []  # (rank: key settings, others, unset <-> null; phrase)
+    ranked: list[list[str]] = [[], [], []]  # phrases of the key settings, the others, unset <-> null
     a, b = _flat(old.get("config") or {}), _flat(new.get("config") or {})
     for key in dict.fromkeys([*b, *a]):
         was, now = a.get(key, _UNSET), b.get(key, _UNSET)
@@ -321,8 +321,8 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
             shown = (_shown(was), _shown(now))
             nothing = all(v is _UNSET or v is None for v in (was, now))
             rank = 0 if key.split(".")[0] in KEY_SETTINGS else 2 if nothing else 1
-            settings.append((rank, f"{key} {shown[0]} -> {shown[1]}" if all(shown) else f"{key} differs"))
-    out = [phrase for rank, phrase in sorted(settings, key=lambda s: s[0]) if rank == 0]
+            ranked[rank].append(f"{key} {shown[0]} -> {shown[1]}" if all(shown) else f"{key} differs")
+    out = list(ranked[0])
     for key, changed in (("checkpoints", changed_checkpoint), ("suites", changed_suites)):
         was, now = old.get(key), new.get(key)
         if was == now:
@@ -334,7 +334,7 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     was_device, now_device = recorded_device_class(old), recorded_device_class(new)
     if was_device is not None and now_device is not None and was_device != now_device:
         out.append(f"device class {was_device} -> {now_device}")
-    out += [phrase for rank, phrase in sorted(settings, key=lambda s: s[0]) if rank > 0]
+    out += ranked[1] + ranked[2]
     if not out and old.get("config_hash") != new.get("config_hash"):
         out.append("config hash")  # it differs for a reason the manifests do not show
     return out

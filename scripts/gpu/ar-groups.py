@@ -119,7 +119,7 @@ def main() -> None:
     fmt = lambda v: f"{v:.3f}" if isinstance(v, float) else str(v)  # noqa: E731
     text = "\n".join(
         [
-            f"# AR steps per graph (tiny-qwen35, {ab.DTYPE}, {len(ps)} stop-terminated prompts, "
+            f"# AR steps per graph (tiny-qwen35, {ab.DTYPE}, {len(ps)} prompts decoded with stop tokens, "
             f"{PROMPTS} at {NEW_TOKENS} tokens for the per-step rows)",
             "",
             "| " + " | ".join(cols) + " |",
