@@ -46,6 +46,7 @@ limit_of() {  # seconds for one file: start-up (~10 s: torch, CUDA context) + co
     test_scale) echo 180 ;;          # the tiny scale run on CUDA graphs compiles every route (60 s cut it on 2026-12-02)
     test_eagle_fast | test_dflash_fast) echo 120 ;;  # drafters' fast forwards: compiles, graphed targets
     test_tree_attention) echo 120 ;; # the tree attention kernel's compiles (~14) and a graphed decoder
+    test_slot_kernels) echo 120 ;;   # the slot kernels at 25 tree sizes (compiles) and two graphed targets
     *) echo 60 ;;
   esac
 }

@@ -95,6 +95,13 @@ kernel (:func:`~repro.gdn.triton_attention.attention_tree`, which also returns t
 for the commit), beside the unchanged projections; the per-step masks and rotary tables are then not
 made. ``fuse_tree_attention=False`` keeps the torch glue (about 35 launches a layer) for measurement.
 
+``fuse_bookkeeping`` (on with the Triton kernels; ``FUSE_BOOKKEEPING`` sets the default) runs what surrounds
+the forward on :mod:`repro.models.slot_kernels`, one launch each: a deriving slot's depths, ancestor mask,
+conv gather index and first-sibling flags (~65 torch ops in the verify graph before), the greedy accept (the
+argmax stays torch), the accepted path's ``result``, each attention layer's commit of the path's keys and
+values, and the length's advance: a greedy accept + path + commit of the tiny-qwen35 layout takes 9 launches
+instead of 45 (tests/models/test_slot_kernels.py). False keeps the torch ops, the reference on CPU.
+
 ``compile=True`` wraps the per-layer glue around the GDN/attention cores (norms, projections,
 conv, gates, MLP) in ``torch.compile`` so that the elementwise chains fuse into few kernels; the
 cores and every buffer write stay outside the compiled regions. Inductor compiles in this process
@@ -583,6 +590,9 @@ def compiled_glue() -> dict[str, Callable[..., Any]]:
     return _COMPILED
 
 
+# the default of StaticDecoder.fuse_bookkeeping on the Triton kernels (False: the torch ops, for an A/B)
+FUSE_BOOKKEEPING = True
+
 # --------------------------------------------------------------------------------- buffers
 
 
@@ -989,6 +999,10 @@ class StaticDecoder:
         # (the slot's or stash's ``path_index``, repro.gdn.triton_commit.write_path_index), not from the
         # ancestor row in every layer's every program; False (set before capture): the earlier kernel
         self.indexed_commit = True
+        # the slot's derived inputs, greedy accept, accepted path, attention rows' commit and the length's
+        # advance on the one-launch kernels of repro.models.slot_kernels (False, set before capture: the torch
+        # ops, ~70 small launches a greedy step, for measurement)
+        self.fuse_bookkeeping = FUSE_BOOKKEEPING and self.kernel == "triton"
         self._recurrent = recurrent_function(self.kernel)
         self.glue = compiled_glue() if compile else GLUE
         self.layers: list[DecoderLayer] = list(model.model.layers)
@@ -1204,7 +1218,11 @@ class StaticDecoder:
     def verify(self, slot: TreeSlot) -> torch.Tensor:
         """Logits [T, V] of every node of the slot's tree (first its derived inputs, on a deriving
         slot); the state is left untouched."""
-        if slot.derive_inputs:
+        if slot.derive_inputs and self.fuse_bookkeeping:
+            from repro.models.slot_kernels import derive_slot  # Triton is optional: imported here
+
+            derive_slot(slot.tokens, slot.parents, slot.depth, slot.ancestors, slot.conv_index, slot.first)
+        elif slot.derive_inputs:
             slot.derive()
         positions = self.length + slot.depth - 1
         with verify_launches():  # its kernels release the next launch at their exit (triton_common)
@@ -1222,6 +1240,20 @@ class StaticDecoder:
         """
         assert slot.logits is not None, "verify the slot first"
         choice = slot.logits.argmax(-1)
+        if self.fuse_bookkeeping:
+            from repro.models.slot_kernels import greedy_node
+
+            greedy_node(
+                choice,
+                slot.tokens,
+                slot.parents,
+                slot.first,
+                slot.depth,
+                slot.ancestors,
+                slot.node,
+                slot.bonus,
+            )
+            return
         ok = (slot.tokens == choice.index_select(0, slot.parents.clamp(min=0))) & (slot.parents >= 0)
         ok = (ok & slot.first) | (self.rows[: slot.size] == 0)
         accepted = ~(slot.ancestors & ~ok[None, :]).any(dim=-1)
@@ -1243,6 +1275,11 @@ class StaticDecoder:
         """``slot.result`` = [path length, bonus, path nodes by depth, their tokens] of the path into
         ``slot.node`` (after :meth:`accept`): everything the host needs of a greedy step, one read."""
         node = slot.node
+        if self.fuse_bookkeeping:
+            from repro.models.slot_kernels import path_result
+
+            path_result(node, slot.bonus, slot.tokens, slot.depth, slot.ancestors, slot.result)
+            return
         order = self.path_order(slot, slot.ancestors.index_select(0, node)[0])
         depth = slot.max_depth
         slot.result[:1].copy_(slot.depth.index_select(0, node))
@@ -1266,10 +1303,16 @@ class StaticDecoder:
         if delayed and slot.parity is None:
             raise ConfigError("a delayed commit needs a slot made with a parity (TreeSlot(parity=0 or 1))")
         node = slot.node
-        on_path = slot.ancestors.index_select(0, node)[0]  # [T]
-        path_len = slot.depth.index_select(0, node)  # [1]
+        fused = self.fuse_bookkeeping
+        if fused:
+            from repro.models import slot_kernels
         path_index = None
         stacked = strategy == "closed_form" and self._stacked_path and slot.stack is not None
+        triton_gdn = delayed or (strategy == "closed_form" and self._path_commit is not None)
+        on_path = path_len = None  # the torch commits': the path's mask [T] and its length [1]
+        if not fused or (self.gdn_layers and not triton_gdn):
+            on_path = slot.ancestors.index_select(0, node)[0]
+            path_len = slot.depth.index_select(0, node)
         if stacked:  # every GDN layer's state and conv history in one launch
             self._commit_stacked(slot)
         elif strategy == "closed_form" and self._path_commit is not None:
@@ -1290,9 +1333,14 @@ class StaticDecoder:
             elif isinstance(buf, GDNBuffers):
                 assert isinstance(saved, GDNSaved), "verify the slot first"
                 self._commit_conv(buf, saved.conv_inputs, slot.conv_index, node)
+                assert on_path is not None and path_len is not None
                 self._commit_gdn(buf, saved, slot, node, on_path, path_len, strategy)
-            else:
+            elif fused:
                 assert isinstance(saved, AttentionSaved), "verify the slot first"
+                args = (slot.ancestors, slot.depth, node, self.length)
+                slot_kernels.commit_rows(buf.keys, buf.values, saved.k, saved.v, *args)
+            else:
+                assert isinstance(saved, AttentionSaved) and on_path is not None, "verify the slot first"
                 dest = torch.where(
                     on_path, self.length + slot.depth - 1, self.max_len + self.rows[: slot.size]
                 )
@@ -1309,7 +1357,11 @@ class StaticDecoder:
                 from repro.gdn.triton_commit import write_path_index  # Triton is optional: imported here
 
                 write_path_index(slot.ancestors, node, stash.path)
-        self.length.add_(path_len).clamp_(max=self.max_len)
+        if fused:
+            slot_kernels.advance_length(self.length, slot.depth, node, self.max_len)
+        else:
+            assert path_len is not None
+            self.length.add_(path_len).clamp_(max=self.max_len)
 
     def _commit_stacked(self, slot: TreeSlot) -> None:
         """The closed-form commit of every GDN layer (states and conv histories) from the slot's stacked

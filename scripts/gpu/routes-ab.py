@@ -15,7 +15,9 @@ on a fresh GraphedTarget so that its graphs are captured under that setting:
 - ``no_pdl``: ``dependent_launch(False)`` around capture and replay;
 - ``pdl_start`` / ``pdl_exit`` / ``pdl_gemv``: dependent launch releasing the next launch at each kernel's
   start, at its exit, or at the GEMVs' start and the other kernels' exit (``dependent_launch(trigger=)``;
-  the default, "auto", releases at the start but in verification).
+  the default, "auto", releases at the start but in verification);
+- ``torch_bookkeeping``: the slot's derive, greedy accept, path and attention-row commit on torch ops, not
+  on :mod:`repro.models.slot_kernels` (``static.FUSE_BOOKKEEPING`` off).
 
 ROUTES_AB_VARIANTS (comma-separated names; default all) picks the variants; "default" always runs first.
 
@@ -45,7 +47,7 @@ from repro.decoding.engine import STAGES, generate  # noqa: E402
 from repro.decoding.routes import build_route, prepare_graphs  # noqa: E402
 from repro.gdn import triton_attention  # noqa: E402
 from repro.gdn.triton_common import dependent_launch  # noqa: E402
-from repro.models import graphed  # noqa: E402
+from repro.models import graphed, static  # noqa: E402
 from repro.models.target import open_target  # noqa: E402
 
 CPU = sys.argv[2:3] == ["cpu"]
@@ -81,6 +83,7 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "pdl_start": lambda: dependent_launch(trigger="start"),
     "pdl_exit": lambda: dependent_launch(trigger="exit"),
     "pdl_gemv": lambda: dependent_launch(trigger="gemv"),
+    "torch_bookkeeping": lambda: patched(static, "FUSE_BOOKKEEPING", False),
 }
 
 

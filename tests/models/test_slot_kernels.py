@@ -1,0 +1,278 @@
+"""The slot bookkeeping kernels (repro.models.slot_kernels) equal what they replace.
+
+Interpreter (one TRITON_INTERPRET=1 subprocess):
+- ``derive_slot`` against the host's ancestor matrix, conv gather index and first-sibling flags (NumPy:
+  what ``TreeSlot.set_tree`` uploads) on random, chain, fan, mixed and forest trees of 1-100 nodes, with
+  few distinct tokens (so that twins occur);
+- ``greedy_node`` + ``path_result`` against TargetMatch's host walk at temperature 0, the choices made
+  to match deep paths, and against the torch ops on the same slot;
+- a StaticDecoder (kernel="triton", three GDN layers and one attention layer) with the kernels against the
+  same decoder with the torch bookkeeping (``fuse_bookkeeping`` False): verify, accept, accepted path and
+  commit by every strategy give the same node, result and state; the torch ops of a greedy accept + path +
+  commit drop to the argmax and the path's two selects of the replay commit.
+GPU: the same decoders on CUDA graphs (GraphedTarget's greedy steps), float32: the same states and tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pytest
+import torch
+from conftest import TREE_KINDS, CountedLaunches, random_tree, run_in_interpreter
+
+from repro.models.config import ATTENTION, GDN, HybridConfig
+from repro.models.default import init_random_weights
+from repro.models.graphs import count_ops
+from repro.models.hybrid import HybridLM
+from repro.models.static import (
+    StaticDecoder,
+    TreeSlot,
+    ancestor_matrix,
+    conv_gather_index_np,
+    first_occurrences,
+)
+from repro.tree import Tree
+
+LAYERS = [GDN, GDN, ATTENTION, GDN]
+STRATEGIES = ("closed_form", "replay", "snapshot", "delayed")
+
+
+def _model(device: str = "cpu") -> HybridLM:
+    cfg = HybridConfig(
+        vocab_size=61, hidden_size=32, intermediate_size=48, layer_types=LAYERS, linear_num_key_heads=2,
+        linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, partial_rotary_factor=0.5,
+    )  # fmt: skip
+    return init_random_weights(HybridLM(cfg), 41).to(device=device, dtype=torch.float32).eval()
+
+
+def _trees(device: str) -> list[tuple[str, int, torch.Tensor, torch.Tensor]]:
+    """(kind, n, tokens, parents) of random trees, tokens from 3 values (many twins)."""
+    gen = torch.Generator().manual_seed(5)
+    out = []
+    for kind in TREE_KINDS:
+        for n in (1, 2, 9, 33, 100):
+            parents = random_tree(n, kind, gen)
+            tokens = torch.randint(0, 3, (n,), generator=gen)
+            out.append((kind, n, tokens.to(device), parents.to(device)))
+    return out
+
+
+def derive_mismatches(device: str) -> list[str]:
+    """Trees where derive_slot differs from the host's NumPy tensors."""
+    from repro.models.slot_kernels import derive_slot
+
+    bad = []
+    for kind, n, tokens, parents in _trees(device):
+        width = 4
+        depth = torch.full((n,), -7, dtype=torch.long, device=device)
+        anc = torch.ones(n, n, dtype=torch.bool, device=device)
+        conv = torch.full((n, width), -99, dtype=torch.long, device=device)
+        first = torch.zeros(n, dtype=torch.bool, device=device)
+        derive_slot(tokens, parents, depth, anc, conv, first)
+        p, t = parents.cpu().numpy(), tokens.cpu().numpy()
+        want_anc, want_depth = ancestor_matrix(p)
+        got = (anc.cpu().numpy(), depth.cpu().numpy(), conv.cpu().numpy(), first.cpu().numpy())
+        want = (want_anc, want_depth, conv_gather_index_np(p, width), first_occurrences(p, t))
+        for name, g, w in zip(("ancestors", "depth", "conv_index", "first"), got, want):
+            if not np.array_equal(g, w):
+                bad.append(f"{kind} n={n}: {name}")
+    return bad
+
+
+def accept_mismatches(device: str) -> tuple[list[str], int]:
+    """Trees where greedy_node + path_result differ from TargetMatch's walk or the torch ops; the deepest
+    accepted path seen (the choices follow random children, so paths go deep)."""
+    from repro.decoding.acceptance import TargetMatch
+    from repro.models.slot_kernels import greedy_node, path_result
+
+    model = _model(device)
+    decs = {fuse: StaticDecoder(model, 64, 128, kernel="triton", fused=False) for fuse in (True, False)}
+    decs[False].fuse_bookkeeping = False
+    gen = torch.Generator().manual_seed(6)
+    bad, deepest = [], 0
+    for kind, n, tokens, parents in _trees("cpu"):
+        tree = Tree(tokens, parents)
+        choice = torch.randint(0, 3, (n,), generator=gen)
+        for i in range(n):  # most nodes pick a child's token
+            kids = tree.children_of(i)
+            if kids and float(torch.rand((), generator=gen)) < 0.8:
+                choice[i] = tokens[kids[int(torch.randint(len(kids), (), generator=gen))]]
+        logits = torch.nn.functional.one_hot(choice, 61).float()
+        want = TargetMatch(0.0, 0).accept(tree, logits, 0)
+        results = []
+        for fuse, dec in decs.items():
+            slot = TreeSlot(dec, n)
+            slot.set_tree(tree)
+            slot.logits = logits.to(device)
+            dec.accept(slot)
+            dec.accepted_path(slot)
+            results.append(slot.result.cpu())
+            path, bonus = slot.accepted()
+            if (path, bonus) != (list(want.path), want.bonus):
+                bad.append(f"{kind} n={n} fused={fuse}: {path, bonus} != {want.path, want.bonus}")
+        if not torch.equal(*results):
+            bad.append(f"{kind} n={n}: result {results[0].tolist()} != {results[1].tolist()}")
+        deepest = max(deepest, len(want.path))
+        # the kernels alone, on fresh buffers (no decoder)
+        node, bonus = torch.full((1,), -5), torch.full((1,), -5)
+        derived = slot.depth, slot.ancestors
+        greedy_node(choice, slot.tokens, slot.parents, slot.first, *derived, node, bonus)
+        result = torch.full_like(slot.result, -5)
+        path_result(node, bonus, slot.tokens, *derived, result)
+        if not torch.equal(result, results[1]):
+            bad.append(f"{kind} n={n}: kernels alone {result.tolist()}")
+    return bad, deepest
+
+
+def decoder_diffs(device: str) -> dict:
+    """Largest differences between the decoders with and without the kernels over steps of every strategy;
+    the torch ops of one greedy accept + path + commit on each."""
+    model = _model(device)
+    gen = torch.Generator().manual_seed(7)
+    prompt = torch.randint(0, 61, (7,), generator=gen).to(device)
+    state, _ = model.prefill(prompt)
+    decs = [StaticDecoder(model, 64, 32, kernel="triton", fused=False) for _ in "ab"]
+    decs[1].fuse_bookkeeping = False
+    out: dict = {"state": 0.0, "results_equal": True, "ops": {}}
+    for strategy in STRATEGIES:
+        for dec in decs:
+            dec.load(state)
+        for step in range(3):
+            parents = random_tree(12, "mixed", gen)
+            tree = Tree(torch.randint(0, 61, (12,), generator=gen), parents)
+            results = []
+            for dec in decs:
+                parity = step % 2 if strategy == "delayed" else None
+                slot = TreeSlot(dec, 12, snapshots=strategy == "snapshot", derive=True, parity=parity)
+                slot.set_tree(tree)
+                dec.verify(slot)
+                slot.logits[:, int(tree.tokens[1])] += 50.0  # the root picks node 1's token: a deeper path
+                dec.accept(slot)
+                dec.accepted_path(slot)
+                dec.commit(slot, strategy)
+                results.append(slot.result.cpu())
+            out["results_equal"] &= torch.equal(*results)
+        exported = [dec.export() for dec in decs]  # flushes a delayed commit
+        assert exported[0].position == exported[1].position
+        for x, y in zip(exported[0].layers, exported[1].layers):
+            for u, v in zip(vars(x).values(), vars(y).values()):
+                out["state"] = max(out["state"], float((u.double() - v.double()).abs().max()))
+    launches = counted_launches()
+    for key, dec in zip(("fused", "torch"), decs):
+        dec.load(state)
+        slot = TreeSlot(dec, 12, derive=True)
+        slot.set_tree(tree)
+        dec.verify(slot)
+
+        def step(dec: StaticDecoder = dec, slot: TreeSlot = slot) -> None:
+            dec.accept(slot)
+            dec.accepted_path(slot)
+            dec.commit(slot, "closed_form")
+
+        for name, fn in (("step", step), ("verify", lambda dec=dec, slot=slot: dec.verify(slot))):
+            for counter in launches.values():
+                counter[0] = 0
+            out["ops"][f"{key}_{name}"] = {
+                "aten": count_ops(fn),
+                **{k: c[0] for k, c in launches.items() if c[0]},
+            }
+    return out
+
+
+def counted_launches() -> dict[str, list[int]]:
+    """Every Triton kernel of the slot kernels', the commits' and the tree kernels' modules, counted (and
+    kept out of the aten count: the interpreter runs them on torch ops): {module: launches}."""
+    from triton.runtime import KernelInterface
+
+    from repro.gdn import triton_commit, triton_tree
+    from repro.models import slot_kernels
+
+    counters = {}
+    for module in (slot_kernels, triton_commit, triton_tree):
+        name = module.__name__.rsplit(".", 1)[1]
+        counters[name] = [0]
+        for attr, obj in list(vars(module).items()):
+            if isinstance(obj, KernelInterface) and attr.endswith(
+                "_kernel"
+            ):  # launched, not device functions
+                setattr(module, attr, CountedLaunches(obj, counters[name]))
+    return counters
+
+
+def compare(device: str) -> dict:
+    bad, deepest = accept_mismatches(device)
+    return {"derive": derive_mismatches(device), "accept": bad, "deepest": deepest, **decoder_diffs(device)}
+
+
+@pytest.fixture(scope="module")
+def interp() -> dict:
+    return run_in_interpreter(__file__)
+
+
+def test_derive_slot_equals_the_host_tensors(interp: dict) -> None:
+    assert interp["derive"] == [], interp["derive"]
+
+
+def test_greedy_node_and_path_result_equal_target_match(interp: dict) -> None:
+    assert interp["accept"] == [], interp["accept"]
+    assert interp["deepest"] >= 6, interp["deepest"]  # deep paths were accepted, not just the root
+
+
+def test_decoder_with_kernels_equals_the_torch_bookkeeping(interp: dict) -> None:
+    assert interp["results_equal"], interp
+    assert interp["state"] == 0.0, interp  # the kernels copy and index; nothing is rounded differently
+
+
+def test_kernels_take_the_torch_ops_of_a_greedy_step(interp: dict) -> None:
+    ops = interp["ops"]
+    # accept + path + commit: the argmax stays torch; greedy node, path result, attention rows, advance
+    assert ops["fused_step"] == {"aten": 1, "slot_kernels": 4, "triton_commit": 4}, ops
+    assert ops["torch_step"]["aten"] >= 30 and "slot_kernels" not in ops["torch_step"], ops
+    # verify: the derived inputs in one launch instead of dozens of torch ops
+    assert ops["fused_verify"]["slot_kernels"] == 1, ops
+    assert ops["torch_verify"]["aten"] - ops["fused_verify"]["aten"] >= 40, ops
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_slot_kernels() -> None:
+    """The same checks on CUDA, then GraphedTarget greedy steps (the kernels captured) with and without
+    them: the same tokens and states."""
+    from repro.models.graphed import GraphedTarget
+
+    got = compare("cuda")
+    assert got["derive"] == [] and got["accept"] == [] and got["results_equal"], got
+    assert got["state"] < 1e-6, got
+    model = _model("cuda")
+    model.set_gdn_backend("triton")
+    gen = torch.Generator().manual_seed(8)
+    prompt = torch.randint(0, 61, (7,), generator=gen).tolist()
+    trees = [
+        Tree(torch.randint(0, 61, (10,), generator=gen), random_tree(10, "mixed", gen)) for _ in range(4)
+    ]
+    runs = []
+    for fuse in (True, False):
+        target = GraphedTarget(model, max_len=64, max_nodes=16)
+        target.decoder.fuse_bookkeeping = fuse  # before any graph is captured
+        state, _ = target.prefill(prompt)
+        tokens = []
+        for tree in trees:
+            ver = target.verify(state, tree, strategy="closed_form")
+            state, _, toks, bonus = target.commit_greedy(state, ver)
+            tokens.append((toks, bonus))
+        runs.append((tokens, target.decoder.export()))
+    assert runs[0][0] == runs[1][0]
+    for x, y in zip(runs[0][1].layers, runs[1][1].layers):
+        for u, v in zip(vars(x).values(), vars(y).values()):
+            assert torch.equal(u, v)
+
+
+if __name__ == "__main__" and "--interpret" in sys.argv:
+    torch.set_num_threads(1)
+    import repro.gdn.triton_common  # noqa: F401 - the interpreter's NumPy patch
+
+    print(json.dumps(compare("cpu")))
