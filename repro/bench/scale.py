@@ -599,8 +599,11 @@ def capture_lines(records: list[dict[str, Any]]) -> list[str]:
             "high)."]  # fmt: skip
 
 
-def report_markdown(table: pd.DataFrame, manifest: dict[str, Any], captures: Sequence[str] = ()) -> str:
-    """The run's report; ``captures``: :func:`capture_lines` of its records."""
+def report_markdown(
+    table: pd.DataFrame, manifest: dict[str, Any], captures: Sequence[str] = (), figure: str | None = None
+) -> str:
+    """The run's report; ``captures``: :func:`capture_lines` of its records; ``figure``: the file name of
+    its figure (:func:`repro.reporting.scale_figure.plot_scale`, beside report.md), linked under the table."""
     cfg = manifest.get("config", {})
     busy = "busy_ms" in table  # summary_table leaves them out for records from before graph busy times
     launched = "launched" in table  # and the step counts for records from before launched steps
@@ -646,6 +649,8 @@ def report_markdown(table: pd.DataFrame, manifest: dict[str, Any], captures: Seq
         )
     if refs:
         tail += ["Paper speedups: " + "; ".join(refs) + "."]
+    if figure:
+        tail += ["", f"![speedup over AR and ms per step by stage]({figure})", "", FIGURE_CAPTION]
     if sources:
         tail += ["", "## Acceptance replayed (source, per route)", "", *sources]
     lines = breakdown_lines(table)
@@ -655,12 +660,31 @@ def report_markdown(table: pd.DataFrame, manifest: dict[str, Any], captures: Seq
     return "\n".join(head + rows + tail) + "\n"
 
 
+FIGURE_CAPTION = (
+    "Per shape, left: speedup over AR (bars) beside the realised MAL (circles: the speedup if a step cost one"
+    " AR step), the replayed target MAL where it differs (x) and the paper's speedup (diamonds); right: ms"
+    " per verify step by stage (stacked, as the table's columns), the wall step (black tick, labelled in AR"
+    " steps) and the step the paper's speedup needs at this MAL (red tick: MAL x AR ms / paper), AR's ms"
+    " per token dotted. speedup ~ MAL / (step in AR steps)."
+)
+
+
 def build_report(run: Run, figures_dir: Path | None) -> str:
-    """table.csv and report.md of a bench-scale run, from its records."""
+    """table.csv, the figure (:data:`FIGURE`, beside report.md, as a decode run's accept_histogram.png;
+    unless ``figures_dir`` is None) and report.md of a bench-scale run, from its records."""
+    from repro.reporting.scale_figure import FIGURE, plot_scale
+
     records = list(run.records)
     table = summary_table(records)
     run.write("table.csv", table.to_csv(index=False))
-    text = report_markdown(table, run.manifest, capture_lines(records))
+    figure = None
+    if figures_dir is not None and not table.empty:
+        acceptance = run.manifest.get("config", {}).get("acceptance")
+        title = f"bench scale on {run.manifest.get('bench_device', '?')}, acceptance replayed: {acceptance}"
+        plot_scale(table, run.path / FIGURE, title)
+        run.written.append(FIGURE)
+        figure = FIGURE
+    text = report_markdown(table, run.manifest, capture_lines(records), figure)
     run.write("report.md", text)
     return text
 
@@ -669,6 +693,6 @@ KIND = RunKind(
     "bench-scale",
     fields_parser("shape", "route", "kind", "prompt", "status"),
     build_report,
-    ("report.md", "table.csv"),
+    ("report.md", "table.csv", "speedup_stages.png"),  # the figure: repro.reporting.scale_figure.FIGURE
     key=lambda r: (r["shape"], r["route"], r["prompt"]),
 )

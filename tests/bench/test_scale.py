@@ -17,12 +17,13 @@ from repro.decoding.replayed import ReplayedAcceptance
 from repro.decoding.routes import build_route
 from repro.drafters import shapes
 from repro.drafters.dflash import DFlashDraftModel, random_dflash_for
-from repro.errors import ConfigError
+from repro.errors import ConfigError, ReproError
 from repro.harness.run_kinds import rebuild_report
 from repro.models.default import init_random_weights, tiny_config
 from repro.models.hybrid import HybridLM
 from repro.reporting.report import accept_histogram
 from repro.reporting.rundir import load_run
+from repro.reporting.scale_figure import FIGURE, plot_scale
 from repro.tree import Tree
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -146,7 +147,9 @@ def test_tiny_run_writes_records_table_and_report(tmp_path, monkeypatch, capsys)
     assert list(table["route"]) == ["ar", "dflash_chain"] and table["speedup"].iloc[0] == pytest.approx(1.0)
     assert table["MAL"].iloc[1] > 1 and "acceptance replayed" in stdout and "mal:3" in stdout
     before = (out / "report.md").read_text()
+    figure = (out / FIGURE).read_bytes()
     assert rebuild_report(out) == before  # `repro report DIR` rebuilds it from the records
+    assert (out / FIGURE).read_bytes() == figure  # and the figure, byte for byte
 
 
 def test_each_prompt_replays_its_own_acceptance_draws_shared_by_the_routes(tmp_path, monkeypatch, capsys):
@@ -316,3 +319,37 @@ def test_the_report_lists_graph_captures_inside_the_timed_decode_only_when_there
     text = bs.report_markdown(bs.summary_table(hit), {}, lines)
     assert "## Graphs captured inside the timed decode" in text
     assert "Graphs captured" not in bs.report_markdown(bs.summary_table(clean), {}, bs.capture_lines(clean))
+
+
+def test_the_run_draws_its_figure_beside_the_report_and_links_it(tmp_path, monkeypatch, capsys):
+    """records, manifest, report, table and figure: one PNG beside report.md, linked from it and listed in
+    the manifest's outputs; a rebuild from the records draws the same bytes."""
+    out, _, _ = tiny_scale_run(tmp_path, monkeypatch, capsys, "dflash_chain,ddtree", 2, 12)
+    data = (out / FIGURE).read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and 10_000 < len(data) < 150_000
+    report = (out / "report.md").read_text()
+    assert f"]({FIGURE})" in report and report.index("| shape |") < report.index(FIGURE)
+    assert FIGURE in json.loads((out / "manifest.json").read_text())["outputs"]
+    table = (out / "table.csv").read_bytes()
+    (out / FIGURE).unlink()
+    assert rebuild_report(out) == report
+    assert (out / FIGURE).read_bytes() == data and (out / "table.csv").read_bytes() == table
+
+
+def test_the_figure_marks_the_paper_speedup_and_survives_a_shape_without_ar(tmp_path):
+    """Two shapes: one with a paper row (its needed step drawn), one without AR (no speedups: no bars, no
+    reference line, still a figure); an empty table is refused in one line."""
+    records = [
+        {**scale_record("ar"), "prompt": 0},
+        {**scale_record("dflash_tfm"), "prompt": 0, "accepted_lengths": [3] * 4, "new_tokens": 13},
+        {**scale_record("ddtree"), "shape": "t", "prompt": 0},
+    ]
+    table = bs.summary_table(records)
+    table.loc[table["route"] == "dflash_tfm", "paper_speedup"] = 2.0
+    path = plot_scale(table, tmp_path / "fig.png", "title")
+    assert path.read_bytes()[:4] == b"\x89PNG" and path.stat().st_size < 150_000
+    text = bs.report_markdown(table, {}, figure="fig.png")
+    assert "![speedup over AR and ms per step by stage](fig.png)" in text
+    assert "](fig.png)" not in bs.report_markdown(table, {})
+    with pytest.raises(ReproError, match="no scale rows"):
+        plot_scale(table.iloc[0:0], tmp_path / "empty.png")
