@@ -43,7 +43,7 @@ def kernels(
         str | None, typer.Option(help="Tree sizes T and chain lengths for every shape (default per shape).")
     ] = None,
     depths: Annotated[
-        str | None, typer.Option(help="Accepted depths for recovery (default 2,4,8,16).")
+        str | None, typer.Option(help="Accepted depths for recovery (default 1,2,4,8,16).")
     ] = None,
     recovery_nodes: Annotated[
         int, typer.Option(min=2, help="Nodes of the recovery benchmark's draft tree.")

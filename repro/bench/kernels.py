@@ -831,7 +831,7 @@ class BenchConfig:
         default_factory=lambda: {"weaver": CHAIN_SIZES, "specla": CHAIN_SIZES, "tiny-qwen35": CHAIN_SIZES}
     )  # the chain group's lengths
     kinds: list[str] = field(default_factory=lambda: ["draft", "chain"])
-    depths: list[int] = field(default_factory=lambda: [2, 4, 8, 16])
+    depths: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
     recovery_nodes: int = 128
     step_nodes: int = 64  # the step rows' tree (SpecLA's T = 64) and previous accepted depths
     step_depths: list[int] = field(default_factory=lambda: [2, 4, 8])
@@ -1136,11 +1136,12 @@ def build_report(run: Run, figures_dir: Path | None) -> str:
 
 REPORT_COLUMNS = [
     "kind", "T", "depth", "leaves", "method", "dtype", "precision", "status", "rel_err", "us", "us_graph",
-    "floor_us", "x_floor", "speedup", "speedup_graph", "paper_us", "paper_speedup", "prior_us",
+    "floor_us", "x_floor_graph", "x_floor", "speedup", "speedup_graph", "paper_us", "paper_speedup",
+    "prior_us",
 ]  # fmt: skip
 FORMATS = {
     "rel_err": "{:.1e}", "us": "{:.1f}", "us_graph": "{:.1f}", "floor_us": "{:.2f}", "x_floor": "{:.1f}",
-    "speedup_graph": "{:.2f}x", "paper_us": "{:.1f}", "prior_us": "{:g}",
+    "x_floor_graph": "{:.1f}", "speedup_graph": "{:.2f}x", "paper_us": "{:.1f}", "prior_us": "{:g}",
 }  # fmt: skip
 
 
@@ -1206,10 +1207,13 @@ DEFINITIONS = """\
 - precision (tree_fused): the Triton kernel's float32 dot mode; bf16 rows use --bf16-precision
   (default tf32), fp32 rows "ieee".
 - floor_us = max(bytes_min / measured copy bandwidth, flops / measured matmul rate of the method's
-  arithmetic); x_floor = us / floor_us. Counts: repro/bench/kernels.py module docstring.
-- speedup: the block's baseline us / this row's us (verification: per_branch_recurrent on the same
-  tree; recovery: commit_replay_fla on the same accepted path; step: step_replay_fla, same tree and depth;
-  chain: per_branch_recurrent, fla's recurrence over the same chain).
+  arithmetic); counts: repro/bench/kernels.py module docstring. x_floor_graph = us_graph / floor_us
+  (the CUDA-graph time, the one to read; "-" where no graph was timed, e.g. CPU runs); x_floor =
+  us / floor_us (the do_bench time per call, which at these sizes includes the launch and host overhead
+  that the graph removes).
+- speedup: the block's baseline us / this row's us; speedup_graph: the same with us_graph (verification:
+  per_branch_recurrent on the same tree; recovery: commit_replay_fla on the same accepted path; step:
+  step_replay_fla, same tree and depth; chain: per_branch_recurrent, fla's recurrence over the same chain).
 - per-branch and prefill baselines get their flattened, per-path inputs and S0 copies prepared
   outside the timing (in their favour); recovery factors and snapshots are made outside the timing.
 - paper_us / paper_speedup: the papers' numbers (their GPUs: Weaver B200, SpecLA H100); prior_us:

@@ -551,8 +551,8 @@ def breakdown_lines(table: pd.DataFrame) -> list[str]:
         need = r["MAL"] * ar_ms / paper
         stages = sum(float(r[f"{s}_ms"]) for s in STAGES)
         split = (
-            f"draft {r['draft_ms']:.1f} + tree {r['tree_ms']:.1f} + verify and accept {r['verify_ms']:.1f} "
-            f"+ commit {r['commit_ms']:.1f}"
+            f"draft {r['draft_ms']:.1f} + tree {r['tree_ms']:.1f} + verify {r['verify_ms']:.1f} "
+            f"+ accept and commit {r['commit_ms']:.1f}"
         )
         if abs(stages - r["step_ms"]) <= STAGE_SPLIT_TOLERANCE * r["step_ms"]:
             split = f"= {split}"

@@ -94,11 +94,17 @@ def test_make_tree_kinds_and_deepest_path():
 
 
 def test_default_recovery_tree_reaches_depth_16():
+    """Every default depth, 1 (replay's single step, its cheapest) included, is cut from one tree's path."""
     cfg = bk.BenchConfig()
+    assert cfg.depths == [1, 2, 4, 8, 16]
+    cases = []
     for depth in cfg.depths:
         spec = bk.RowSpec("specla", "recovery", "draft", cfg.recovery_nodes, "commit_snapshot", "fp32", depth)
         case = bk.make_case(spec, cfg, torch.device("cpu"))
         assert len(case.accepted) == depth and case.accepted == case.tree.path_to(case.accepted[-1])
+        cases.append(case)
+    assert all(c.parents == cases[0].parents for c in cases)
+    assert all(c.accepted == cases[-1].accepted[: len(c.accepted)] for c in cases)
 
 
 # -------------------------------------------------------------------------------- cost model
@@ -213,7 +219,7 @@ def test_cpu_quick_run_writes_records_manifest_report_table_figures(tmp_path):
         assert r["status"] == ("ok" if torch_only else "skipped"), r
         if torch_only:
             assert r["rel_err"] <= r["tol"] and r["us"] > 0 and r["us_graph"] is None
-            assert r["x_floor"] == pytest.approx(r["us"] / r["floor_us"])
+            assert r["x_floor"] == pytest.approx(r["us"] / r["floor_us"]) and r["x_floor_graph"] is None
         else:
             assert r["reason"] == "needs CUDA" and r["us"] is None
         assert r["floor_us"] > 0 and r["bytes_min"] > 0 and r["timer"] == "perf_counter"
@@ -237,6 +243,7 @@ def test_cpu_quick_run_writes_records_manifest_report_table_figures(tmp_path):
     report = (out / "report.md").read_text()
     assert "## specla (H=8, HV=8, dk=256, dv=256): Verification" in report and "| tree_torch" in report
     assert "skipped (needs CUDA)" in report and "](figures/recovery.png)" in report
+    assert "x_floor_graph = us_graph / floor_us" in report and "us / floor_us (the do_bench time" in report
     assert "## specla (H=8, HV=8, dk=256, dv=256): Chain verification" in report and "| chain_torch" in report
     assert (out / "figures" / "kernel_tree_vs_branch.png").stat().st_size > 0
     assert (out / "figures" / "recovery.png").stat().st_size > 0
@@ -295,6 +302,38 @@ def test_speedup_is_against_the_blocks_baseline(tmp_path, monkeypatch):
         base = block.loc["per_branch_recurrent"]
         assert base["speedup"] == pytest.approx(1.0) and base["baseline"] == "per_branch_recurrent"
         assert block.loc["tree_torch", "speedup"] == pytest.approx(base["us"] / block.loc["tree_torch", "us"])
+
+
+def test_depth_1_recovery_and_step_rows_run(tmp_path):
+    """Accepted depth 1 (in the default depths): one node committed, by the torch rows on the CPU."""
+    cfg = quick_cfg(depths=[1], recovery_nodes=16, groups=["recovery", "step"])
+    table = bk.run_bench(cfg, tmp_path / "run")
+    assert set(table["group"]) == {"recovery", "step"} and set(table["depth"]) == {1}
+    torch_rows = table[table["method"].map(lambda m: bk.METHODS[m].needs == "torch")]
+    assert {"commit_closed_form", "commit_snapshot", "step_torch"} <= set(torch_rows["method"])
+    assert set(torch_rows["status"]) == {"ok"}, torch_rows[["method", "reason"]].to_string()
+    assert (torch_rows["rel_err"] <= torch_rows["tol"]).all() and (table["floor_us"] > 0).all()
+
+
+def test_the_report_shows_the_graph_floor_ratio_and_a_dash_without_a_graph(tmp_path):
+    """x_floor_graph (us_graph / floor_us: the graph time the notes quote) beside x_floor (us / floor_us,
+    do_bench per call); a row without a graph time shows "-"."""
+    rows: list[dict] = []
+    for method, us_graph in (("commit_replay_fla", 8.0), ("commit_closed_form", None)):
+        row = {c: None for c in bk.COLUMNS}
+        row.update(shape="specla", group="recovery", kind="draft", T=16, depth=1, method=method, dtype="fp32",
+                   status="ok", reason="", us=100.0, us_graph=us_graph, floor_us=2.0)  # fmt: skip
+        rows.append(row)
+        bk.derive(row, rows, {})
+    assert rows[0]["x_floor"] == 50.0 and rows[0]["x_floor_graph"] == 4.0 and rows[1]["x_floor_graph"] is None
+    text = bk.report_markdown(pd.DataFrame(rows, columns=bk.COLUMNS), {}, tmp_path, {})
+    table = [line for line in text.splitlines() if line.startswith("| ")]
+    header = [c.strip() for c in table[0].strip("|").split("|")]
+    assert header.index("x_floor_graph") == header.index("floor_us") + 1
+    assert header.index("x_floor") == header.index("x_floor_graph") + 1
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in table[1:]]
+    at = header.index("x_floor_graph")
+    assert [(r[at], r[at + 1]) for r in cells] == [("4.0", "50.0"), ("-", "50.0")]
 
 
 def test_an_exception_in_one_method_is_recorded_and_the_run_goes_on(tmp_path, monkeypatch):
