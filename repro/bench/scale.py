@@ -313,7 +313,7 @@ def build_target(shape: str, cfg: ScaleConfig, device: torch.device) -> HybridLM
     backend: the Triton kernels on CUDA, as ``bench model``'s decoder), its LM head scaled by
     ``logit_scale``."""
     model = build_model(MODEL_SHAPES[shape](), device, DTYPES[cfg.dtype], cfg.seed)
-    model.set_gdn_backend(default_backend(device))
+    model.set_gdn_backend(default_backend(device, model.dtype))
     with torch.no_grad():
         model.lm_head.weight.mul_(cfg.logit_scale)
     return model

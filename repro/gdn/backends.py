@@ -129,9 +129,10 @@ def interpreting() -> bool:
     return on()
 
 
-def default_backend(device: torch.device) -> str:
-    """The fastest exact backend on ``device``: the Triton kernels on CUDA, the reference elsewhere."""
-    return "triton" if device.type == "cuda" else "reference"
+def default_backend(device: torch.device, dtype: torch.dtype | None = None) -> str:
+    """The fastest exact backend on ``device``: the Triton kernels on CUDA, the reference elsewhere and
+    for float64 (the Triton kernels accumulate in float32 and do not compile for float64)."""
+    return "triton" if device.type == "cuda" and dtype != torch.float64 else "reference"
 
 
 def _known(name: str) -> None:
@@ -139,12 +140,19 @@ def _known(name: str) -> None:
         raise ConfigError(f"unknown GDN backend {name!r}: choose one of {', '.join(BACKENDS)}")
 
 
-def check_backend(name: str, device: torch.device, interpreter: bool = False) -> str:
-    """``name`` if it is a backend that runs on ``device`` (``interpreter``: Triton's CPU interpreter
-    counts as a device for the Triton kernels), else a one-line ConfigError."""
+def check_backend(
+    name: str, device: torch.device, interpreter: bool = False, dtype: torch.dtype | None = None
+) -> str:
+    """``name`` if it is a backend that runs on ``device`` with weights of ``dtype`` (``interpreter``:
+    Triton's CPU interpreter counts as a device for the Triton kernels), else a one-line ConfigError."""
     _known(name)
     if name == "triton" and device.type != "cuda" and not (interpreter and interpreting()):
         raise ConfigError("the triton GDN backend needs a CUDA device (use --device cuda)")
+    if name == "triton" and device.type == "cuda" and dtype == torch.float64:
+        raise ConfigError(
+            "the triton GDN kernels compute in float32 and do not compile for float64: "
+            "use gdn_backend reference (the default in float64)"
+        )
     return name
 
 

@@ -33,6 +33,7 @@ from repro.harness.parallel import experiment_prompts, parse_shard, shard_prompt
 from repro.models.config import GDN
 from repro.models.family import DEFAULT_TARGET, RANDOM_TARGET, members, resolve_checkpoint
 from repro.models.loading import read_config, read_json_config, weight_names
+from repro.models.target import resolve_dtype
 
 
 def _target(path: Path) -> str:
@@ -120,7 +121,7 @@ def check_experiment(
     parsed = parse_shard(shard) if shard is not None else None
     # the backend on the device the run would have: the experiment's (auto: CUDA) where cpu stands in
     run_device = "cuda" if no_cuda and raw.get("device") != "cpu" else cfg["device"]
-    check_backend(cfg["gdn_backend"], torch.device(run_device))
+    check_backend(cfg["gdn_backend"], torch.device(run_device), dtype=resolve_dtype(cfg["dtype"]))
     family = family_of(cfg["target"])
     external = {}  # route name -> the drafter kind its loop takes
     routes = []

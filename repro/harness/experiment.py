@@ -195,11 +195,11 @@ def resolve(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     if cfg["device"] == "auto":
         cfg["device"] = resolve_device("auto")
     cfg["engine"] = resolve_engine(cfg["engine"], cfg["device"])
-    if cfg["gdn_backend"] == "auto":
-        cfg["gdn_backend"] = default_backend(torch.device(cfg["device"]))
     if cfg["dtype"] == "auto":
         cfg["dtype"] = "bfloat16" if cfg["device"].startswith("cuda") else "float32"
-    resolve_dtype(cfg["dtype"])
+    dtype = resolve_dtype(cfg["dtype"])
+    if cfg["gdn_backend"] == "auto":  # float64 runs the reference (the Triton kernels are float32)
+        cfg["gdn_backend"] = default_backend(torch.device(cfg["device"]), dtype)
     if isinstance(cfg["suites"], str):
         cfg["suites"] = [s.strip() for s in cfg["suites"].split(",") if s.strip()]
     if not cfg["suites"]:

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from repro.errors import ConfigError
-from repro.gdn.backends import tree_function
+from repro.gdn.backends import check_backend
 from repro.models.config import HybridConfig
 from repro.models.layers import AttentionVerification, DecoderLayer, GDNVerification, RMSNorm
 from repro.models.state import AttentionLayerState, GDNLayerState, ModelState
@@ -55,7 +55,7 @@ class HybridLM(nn.Module):
 
     def set_gdn_backend(self, name: str) -> HybridLM:
         """Evaluate GDN layers with ``reference`` (pure torch) or ``triton`` (fused CUDA kernels)."""
-        tree_function(name, self.device)  # validates the name and the device
+        check_backend(name, self.device, dtype=self.dtype)  # the name, the device and the dtype
         for layer in self.model.layers:
             if layer.layer_type == "linear_attention":
                 layer.linear_attn.backend = name

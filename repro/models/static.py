@@ -956,7 +956,7 @@ class StaticDecoder:
         cfg = model.config
         dev, dt = model.device, model.dtype
         self.device, self.dtype = dev, dt
-        self.kernel = kernel or default_backend(dev)
+        self.kernel = kernel or default_backend(dev, dt)
         self.fused = (self.kernel == "triton" and not compile) if fused is None else fused
         if self.fused and compile:
             raise ConfigError("fused=True replaces the compiled glue: choose fused or compile")
@@ -973,7 +973,7 @@ class StaticDecoder:
         if fuse_verify and not self.fused:
             raise ConfigError("fuse_verify=True runs inside the fused decoder: it needs fused=True")
         self.fuse_verify = gemv if fuse_verify is None else fuse_verify
-        check_backend(self.kernel, dev, interpreter=True)
+        check_backend(self.kernel, dev, interpreter=True, dtype=dt)
         if max_len < 1 or max_nodes < 1:
             raise ConfigError(f"max_len and max_nodes must be positive, got {max_len} and {max_nodes}")
         self.max_len, self.max_nodes = max_len, max_nodes

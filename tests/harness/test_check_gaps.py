@@ -120,3 +120,24 @@ def test_the_backend_is_checked_on_the_device_the_experiment_names(monkeypatch):
     assert report.cfg["device"] == "cpu" and "device checked as cpu" in report.text()
     with pytest.raises(ConfigError, match="triton GDN backend needs a CUDA device"):
         check_experiment("gpu-smoke", edits={"sets": ["device=cpu"]})
+
+
+def test_float64_on_cuda_runs_the_reference_and_refuses_the_triton_kernels(monkeypatch):
+    """The Triton GDN kernels are float32 (they do not compile for float64): an "auto" backend in float64
+    on CUDA resolves to the reference; the triton backend named with float64 is refused in one line."""
+    import torch
+
+    from repro.gdn.backends import check_backend, default_backend
+    from repro.harness.experiment import read_experiment, resolve
+
+    cuda = torch.device("cuda")
+    assert default_backend(cuda, torch.float64) == "reference"
+    assert default_backend(cuda, torch.bfloat16) == default_backend(cuda) == "triton"
+    assert check_backend("triton", cuda, dtype=torch.float32) == "triton"
+    with pytest.raises(ConfigError, match="do not compile for float64"):
+        check_backend("triton", cuda, dtype=torch.float64)
+    cfg = resolve(read_experiment("smoke"), {"device": "cuda"})
+    assert cfg["dtype"] == "float64" and cfg["gdn_backend"] == "reference"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match="do not compile for float64"):
+        check_experiment("gpu-smoke", edits={"sets": ["dtype=float64", "gdn_backend=triton"]})

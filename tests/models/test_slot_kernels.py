@@ -118,9 +118,9 @@ def accept_mismatches(device: str) -> tuple[list[str], int]:
             bad.append(f"{kind} n={n}: result {results[0].tolist()} != {results[1].tolist()}")
         deepest = max(deepest, len(want.path))
         # the kernels alone, on fresh buffers (no decoder)
-        node, bonus = torch.full((1,), -5), torch.full((1,), -5)
+        node, bonus = torch.full((1,), -5, device=device), torch.full((1,), -5, device=device)
         derived = slot.depth, slot.ancestors
-        greedy_node(choice, slot.tokens, slot.parents, slot.first, *derived, node, bonus)
+        greedy_node(choice.to(device), slot.tokens, slot.parents, slot.first, *derived, node, bonus)
         result = torch.full_like(slot.result, -5)
         path_result(node, bonus, slot.tokens, *derived, result)
         if not torch.equal(result, results[1]):
