@@ -180,7 +180,15 @@ def depth_of(params: dict[str, Any]) -> int:
 
 
 def check_acceptance(spec: AcceptanceSpec, cfg: ScaleConfig) -> None:
-    """Refuse (one line) a MAL that a route's draft depth cannot reach, before anything is built."""
+    """Refuse (one line) a MAL that a route's draft depth cannot reach, or a records run without a route
+    of some replayed kind, before anything is built."""
+    if spec.kind == "records":
+        for shape in cfg.shapes:
+            for name in cfg.routes[shape]:
+                params = resolve_spec({"name": name, **cfg.specs[name]})
+                if depth_of(params):
+                    records_route(_decode_run(spec.arg), spec.arg, canonical(params["kind"]))
+        return
     if spec.kind not in ("mal", "paper-mal"):
         return
     mals = paper_mals(spec.arg) if spec.kind == "paper-mal" else {}
@@ -203,14 +211,26 @@ def _decode_run(path: str) -> Run:
         raise ConfigError(f"--acceptance records:{path}: {exc}") from None
 
 
+# kinds whose drafts are the same (the EAGLE chain of k tokens): FLA-SD differs only in how the chain is
+# verified and committed, so either's measured acceptance stands for the other's when it is missing
+SAME_DRAFTS = {"eagle_chain": ("eagle_chain", "fla_sd"), "fla_sd": ("fla_sd", "eagle_chain")}
+
+
+def records_route(run: Run, path: str, kind: str) -> str:
+    """The route of ``run`` whose acceptance ``kind`` replays: the first of that kind, else of a kind with
+    the same drafts (:data:`SAME_DRAFTS`); one line if there is none."""
+    for want in SAME_DRAFTS.get(kind, (kind,)):
+        names = [r.route for r in run.records if canonical(str(r.route_params.get("kind"))) == want]
+        if names:
+            return names[0]
+    raise ConfigError(f"--acceptance records:{path} has no route of kind {kind}")
+
+
 def records_probs(path: str, kind: str, depth: int) -> tuple[tuple[float, ...], str]:
     """Per-depth conditional acceptance (depths 1..``depth``) of the first route of ``kind`` in a decode
-    run's records, and a line saying which route and how many steps."""
+    run's records (:func:`records_route`), and a line saying which route and how many steps."""
     run = _decode_run(path)
-    names = [r.route for r in run.records if canonical(str(r.route_params.get("kind"))) == kind]
-    if not names:
-        raise ConfigError(f"--acceptance records:{path} has no route of kind {kind}")
-    name = names[0]
+    name = records_route(run, path, kind)
     hist = accept_histogram([r for r in run.records if r.route == name])
     cond = {int(d): float(p) for d, p in zip(hist["length"], hist["cond_accept_rate"]) if not math.isnan(p)}
     steps = sum(len(r.accepted_lengths) for r in run.records if r.route == name)

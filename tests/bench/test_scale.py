@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,9 @@ def test_records_source_gives_the_measured_conditional_acceptance():
     assert tfm[0] > 0.5
     with pytest.raises(ConfigError, match="no route of kind"):
         bs.records_probs(str(GRAPHED_RUN), "specla_missing", 6)
+    # FLA-SD drafts the EAGLE chain: that run has none, so its eagle_chain route's acceptance stands in
+    fla, how = bs.records_probs(str(GRAPHED_RUN), "fla_sd", 6)
+    assert "eagle-chain-k6" in how and fla == bs.records_probs(str(GRAPHED_RUN), "eagle_chain", 6)[0]
 
 
 def test_the_27b_dflash_drafter_has_its_public_shape():
@@ -353,3 +357,16 @@ def test_the_figure_marks_the_paper_speedup_and_survives_a_shape_without_ar(tmp_
     assert "](fig.png)" not in bs.report_markdown(table, {})
     with pytest.raises(ReproError, match="no scale rows"):
         plot_scale(table.iloc[0:0], tmp_path / "empty.png")
+
+
+@pytest.mark.skipif(not GRAPHED_RUN.exists(), reason="the committed graphed-routes run is absent")
+def test_a_records_run_without_a_replayed_kind_is_refused_before_anything_runs(tmp_path, monkeypatch, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(GRAPHED_RUN, run)
+    lines = (run / "records.jsonl").read_text().splitlines()
+    (run / "records.jsonl").write_text("".join(f"{x}\n" for x in lines if '"weaver-b32"' not in x))
+    out = tmp_path / "x"
+    args = ["--shape", "tiny", "--routes", "dflash_chain,dflash_tfm", "--acceptance", f"records:{run}"]
+    code, _, err = run_cli(monkeypatch, capsys, "bench", "scale", *args, "--device", "cpu", "--out", str(out))
+    assert code == 2 and "has no route of kind dflash_tfm" in err, err
+    assert not (out / "records.jsonl").exists()  # refused before the first route ran
