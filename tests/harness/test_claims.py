@@ -299,7 +299,7 @@ def test_partly_superseded_rows_do_not_decide_a_claim():
     assert "2026-11-30-h200-kernels/bench-kernels" in committed
     rows = {r["id"]: r for r in claims.ledger(RESULTS, (s4, w7))}
     assert "2026-11-30-h200-kernels/bench-kernels" not in rows["S4"]["source"]
-    assert rows["W7-T16"]["source"] == "2026-11-30-h200-kernels/bench-kernels"  # its Weaver rows stand
+    assert rows["W7-T16"]["source"] == "2026-12-04-h200-engine-runs/bench-kernels"  # the newest Weaver rows
 
 
 def test_check_exits_3_when_a_verdict_changed(monkeypatch, capsys, tmp_path):
