@@ -59,7 +59,11 @@ def kernels(
     rep_ms: Annotated[float, typer.Option(help="do_bench repetitions per row, and per graph (ms).")] = 40.0,
     figures: Annotated[Path | None, typer.Option(help="Figure folder (default <out>/figures).")] = None,
     time_budget: Annotated[
-        float | None, typer.Option(help="Seconds after which rows not started are recorded as skipped.")
+        float | None,
+        typer.Option(
+            help="Seconds after which rows not started are recorded as skipped; shared evenly by the row "
+            "groups (each may use what the groups before it left)."
+        ),
     ] = None,
     groups: Annotated[
         str | None, typer.Option(help="Only these row groups: verify, recovery, step, chain (default all).")

@@ -878,6 +878,13 @@ class RowSpec:
     accepted: int | None = None
 
 
+def group_deadline(budget_s: float, groups: list[str], group: str) -> float:
+    """Seconds into the run after which ``group``'s rows are no longer started: the budget is shared evenly
+    by the groups in plan order, and a group may use what the groups before it left unspent (so one slow
+    group cannot starve the rest of a side-by-side run)."""
+    return budget_s * (groups.index(group) + 1) / len(groups)
+
+
 def plan(cfg: BenchConfig) -> list[RowSpec]:
     """Every row, the most telling first (tree verification, recovery, steps, then chains; see ``budget_s``),
     of ``groups`` and ``methods`` when given.
@@ -1106,11 +1113,16 @@ def run_bench(
         paper = paper_numbers()
         rows: list[dict[str, Any]] = []
         start = time.monotonic()
-        for spec in plan(cfg):
-            over = cfg.budget_s is not None and time.monotonic() - start > cfg.budget_s
-            row = measure(
-                spec, cfg, device, ceilings, f"time budget of {cfg.budget_s:g} s spent" if over else None
+        specs = plan(cfg)
+        groups = list(dict.fromkeys(s.group for s in specs))
+        for spec in specs:
+            over = cfg.budget_s is not None and time.monotonic() - start > group_deadline(
+                cfg.budget_s, groups, spec.group
             )
+            skip = (
+                f"time budget of {cfg.budget_s:g} s spent (the {spec.group} group's share)" if over else None
+            )
+            row = measure(spec, cfg, device, ceilings, skip)
             derive(row, rows + [row], paper)
             rows.append(row)
             run.append(row)

@@ -373,7 +373,9 @@ def test_groups_and_methods_select_rows_and_keep_each_blocks_baseline(tmp_path):
 def test_a_spent_time_budget_skips_the_remaining_rows_but_still_reports(tmp_path):
     table = bk.run_bench(quick_cfg(budget_s=0.0), tmp_path / "run")
     assert set(table["status"]) == {"skipped"}
-    assert set(table["reason"]) == {"time budget of 0 s spent"}
+    assert set(table["reason"]) == {
+        f"time budget of 0 s spent (the {g} group's share)" for g in table["group"]
+    }
     assert (tmp_path / "run" / "report.md").exists() and (tmp_path / "run" / "table.csv").exists()
 
 
@@ -497,3 +499,11 @@ def test_commit_rows_hand_their_kernel_contiguous_factors(monkeypatch, method):
     x = bk.make_inputs(case.shape, case.n, 0, dev).to("fp32")
     bk.METHODS[method].build(case, x)()
     assert seen == [True]
+
+
+def test_the_time_budget_is_shared_by_the_groups_in_plan_order():
+    """Each group's rows start until its share of the budget (and what earlier groups left) is spent: a
+    slow first group cannot take the whole budget from the later ones."""
+    groups = ["verify", "recovery", "chain"]
+    assert [bk.group_deadline(300.0, groups, g) for g in groups] == [100.0, 200.0, 300.0]
+    assert bk.group_deadline(300.0, ["chain"], "chain") == 300.0
