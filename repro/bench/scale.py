@@ -183,11 +183,12 @@ def check_acceptance(spec: AcceptanceSpec, cfg: ScaleConfig) -> None:
     """Refuse (one line) a MAL that a route's draft depth cannot reach, or a records run without a route
     of some replayed kind, before anything is built."""
     if spec.kind == "records":
+        run = _decode_run(spec.arg)
         for shape in cfg.shapes:
             for name in cfg.routes[shape]:
                 params = resolve_spec({"name": name, **cfg.specs[name]})
                 if depth_of(params):
-                    records_route(_decode_run(spec.arg), spec.arg, canonical(params["kind"]))
+                    records_route(run, spec.arg, canonical(params["kind"]))
         return
     if spec.kind not in ("mal", "paper-mal"):
         return
