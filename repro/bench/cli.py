@@ -61,8 +61,8 @@ def kernels(
     time_budget: Annotated[
         float | None,
         typer.Option(
-            help="Seconds after which rows not started are recorded as skipped; shared evenly by the row "
-            "groups (each may use what the groups before it left)."
+            help="Seconds after which rows not started are recorded as skipped; shared evenly by the "
+            "(row group, shape) blocks (each may use what the blocks before it left)."
         ),
     ] = None,
     groups: Annotated[

@@ -878,11 +878,11 @@ class RowSpec:
     accepted: int | None = None
 
 
-def group_deadline(budget_s: float, groups: list[str], group: str) -> float:
-    """Seconds into the run after which ``group``'s rows are no longer started: the budget is shared evenly
-    by the groups in plan order, and a group may use what the groups before it left unspent (so one slow
-    group cannot starve the rest of a side-by-side run)."""
-    return budget_s * (groups.index(group) + 1) / len(groups)
+def block_deadline(budget_s: float, blocks: list[tuple[str, str]], block: tuple[str, str]) -> float:
+    """Seconds into the run after which a (group, shape) block's rows are no longer started: the budget is
+    shared evenly by the blocks in plan order, and a block may use what the blocks before it left unspent
+    (so one slow group or shape cannot starve the rest of a side-by-side run)."""
+    return budget_s * (blocks.index(block) + 1) / len(blocks)
 
 
 def plan(cfg: BenchConfig) -> list[RowSpec]:
@@ -1114,13 +1114,15 @@ def run_bench(
         rows: list[dict[str, Any]] = []
         start = time.monotonic()
         specs = plan(cfg)
-        groups = list(dict.fromkeys(s.group for s in specs))
+        blocks = list(dict.fromkeys((s.group, s.shape) for s in specs))
         for spec in specs:
-            over = cfg.budget_s is not None and time.monotonic() - start > group_deadline(
-                cfg.budget_s, groups, spec.group
+            over = cfg.budget_s is not None and time.monotonic() - start > block_deadline(
+                cfg.budget_s, blocks, (spec.group, spec.shape)
             )
             skip = (
-                f"time budget of {cfg.budget_s:g} s spent (the {spec.group} group's share)" if over else None
+                f"time budget of {cfg.budget_s:g} s spent (the {spec.shape} {spec.group} rows' share)"
+                if over
+                else None
             )
             row = measure(spec, cfg, device, ceilings, skip)
             derive(row, rows + [row], paper)

@@ -374,7 +374,7 @@ def test_a_spent_time_budget_skips_the_remaining_rows_but_still_reports(tmp_path
     table = bk.run_bench(quick_cfg(budget_s=0.0), tmp_path / "run")
     assert set(table["status"]) == {"skipped"}
     assert set(table["reason"]) == {
-        f"time budget of 0 s spent (the {g} group's share)" for g in table["group"]
+        f"time budget of 0 s spent (the {s} {g} rows' share)" for s, g in zip(table["shape"], table["group"])
     }
     assert (tmp_path / "run" / "report.md").exists() and (tmp_path / "run" / "table.csv").exists()
 
@@ -501,9 +501,13 @@ def test_commit_rows_hand_their_kernel_contiguous_factors(monkeypatch, method):
     assert seen == [True]
 
 
-def test_the_time_budget_is_shared_by_the_groups_in_plan_order():
-    """Each group's rows start until its share of the budget (and what earlier groups left) is spent: a
-    slow first group cannot take the whole budget from the later ones."""
-    groups = ["verify", "recovery", "chain"]
-    assert [bk.group_deadline(300.0, groups, g) for g in groups] == [100.0, 200.0, 300.0]
-    assert bk.group_deadline(300.0, ["chain"], "chain") == 300.0
+def test_the_time_budget_is_shared_by_the_group_and_shape_blocks_in_plan_order():
+    """Each (group, shape) block's rows start until its share of the budget (and what earlier blocks left)
+    is spent: a slow first group or shape cannot take the whole budget from the later ones (2026-12-04's
+    side-by-side run spent the verify group's share on the Weaver shape, leaving SpecLA's unmeasured)."""
+    blocks = [("verify", "weaver"), ("verify", "specla"), ("chain", "weaver"), ("chain", "specla")]
+    assert [bk.block_deadline(400.0, blocks, b) for b in blocks] == [100.0, 200.0, 300.0, 400.0]
+    assert bk.block_deadline(300.0, [("chain", "weaver")], ("chain", "weaver")) == 300.0
+    two = dict(shapes=["weaver", "specla"], sizes={"weaver": [4], "specla": [4]}, kinds=["draft", "chain"])
+    specs = bk.plan(quick_cfg(**two, groups=["verify", "chain"]))
+    assert list(dict.fromkeys((s.group, s.shape) for s in specs)) == blocks
