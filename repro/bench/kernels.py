@@ -120,14 +120,17 @@ CHAIN_ROWS = [
 CHAIN_SIZES = [16, 32, 64, 128, 256]
 RECOVERY_ROWS = [
     ("commit_replay_fla", "bf16"),
+    ("commit_replay_fla_conv", "bf16"),
     ("commit_closed_form", "fp32"),
     ("commit_closed_form_fused", "fp32"),
     ("commit_path_fused", "fp32"),
     ("commit_closed_form_fused_conv", "fp32"),
     ("commit_path_fused_conv", "fp32"),
+    ("commit_path_indexed", "fp32"),
     ("commit_path_indexed_conv", "fp32"),
     ("commit_snapshot", "fp32"),
 ]
+CONV_BASELINE = "commit_replay_fla_conv"  # the baseline of the recovery rows that commit the conv history
 # one decode step's GDN work: commit the previous step's accepted path, then verify the new tree
 STEP_ROWS = [
     ("step_replay_fla", "bf16"),
@@ -139,6 +142,16 @@ STEP_ROWS = [
     ("step_torch", "fp32"),
 ]
 GROUP_ROWS = {"verify": VERIFY_ROWS, "recovery": RECOVERY_ROWS, "step": STEP_ROWS, "chain": CHAIN_ROWS}
+
+
+def baseline_of(group: str, method: str) -> str:
+    """The method a row's speedup is measured against: its group's first row; for a recovery row that also
+    commits the conv history (``*_conv``), token replay plus the same conv-history commit."""
+    if group == "recovery" and method.endswith("_conv"):
+        return CONV_BASELINE
+    return GROUP_ROWS[group][0][0]
+
+
 PRECISION_METHODS = {
     "tree_fused",
     "tree_split",
@@ -573,6 +586,22 @@ def build_commit_replay_fla(case: Case, x: Inputs) -> Fn:
     return _fla_call("recurrent", case, x, idx, varlen=False, final=True)
 
 
+def build_commit_replay_fla_conv(case: Case, x: Inputs) -> Fn:
+    """Token replay of the accepted path, then the conv-history commit (the project's conv kernel, the
+    path end read from a device tensor): what replay costs an engine that must also commit the conv."""
+    mod = importlib.import_module("repro.gdn.triton_commit")
+    replay = build_commit_replay_fla(case, x)
+    hist, inputs, index = _conv_operands(case)
+    node = torch.tensor([case.accepted[-1]], device=case.device)
+
+    def run() -> torch.Tensor:
+        state = replay()
+        mod.commit_conv_fused(hist, inputs, index, node)
+        return state
+
+    return run
+
+
 # --------------------------------------------------------------------------------- cost model
 
 
@@ -628,8 +657,9 @@ def cost(method: str, dtype: str, case: Case) -> tuple[int, float, str]:
     ):  # the tree's verification plus the path's rows; S0 read once, S written once
         t_bytes, t_flops, _ = cost("tree_fused", "bf16", case)
         return t_bytes + path_rows + state, t_flops + sh.hv * (2 * d + 2) * sh.dk * sh.dv, "bf16"
-    if method == "commit_replay_fla":
-        return io(d) + 2 * state + o(d), float(d * rec), "fp32"
+    if method in ("commit_replay_fla", CONV_BASELINE):
+        nbytes = io(d) + 2 * state + o(d) + (conv if method == CONV_BASELINE else 0)
+        return nbytes, float(d * rec), "fp32"
     if method == "commit_snapshot":
         return 2 * state, 0.0, "fp32"
     raise KeyError(f"no cost model for method {method!r}")
@@ -681,6 +711,7 @@ METHODS: dict[str, Method] = {
     "commit_path_indexed_conv": Method(build_commit_path_indexed_conv, "commit", "triton_tree"),
     "commit_path_indexed_rank1_conv": Method(build_commit_path_indexed_rank1_conv, "commit", "triton_tree"),
     "commit_replay_fla": Method(build_commit_replay_fla, "commit", "fla"),
+    CONV_BASELINE: Method(build_commit_replay_fla_conv, "commit", "fla"),
     "commit_snapshot": Method(build_commit_snapshot, "commit", "torch"),
     "step_replay_fla": Method(build_step_replay_fla, "step", "fla"),
     "step_closed_form_fused": Method(build_step_closed_form_fused, "step", "triton_tree"),
@@ -911,13 +942,10 @@ def plan(cfg: BenchConfig) -> list[RowSpec]:
         for shape in cfg.shapes:
             sizes = cfg.chain_sizes.get(shape, cfg.sizes[shape])
             rows += [RowSpec(shape, "chain", "chain", t, m, d) for t in sizes for m, d in CHAIN_ROWS]
-    baselines = {group: table[0][0] for group, table in GROUP_ROWS.items()}
-    return [
-        r
-        for r in rows
-        if (cfg.groups is None or r.group in cfg.groups)
-        and (cfg.methods is None or r.method in cfg.methods or r.method == baselines[r.group])
-    ]
+    chosen = set(METHODS) if cfg.methods is None else set(cfg.methods)
+    kept = chosen | {baseline_of(r.group, r.method) for r in rows if r.method in chosen}
+    kept |= {table[0][0] for table in GROUP_ROWS.values()}
+    return [r for r in rows if (cfg.groups is None or r.group in cfg.groups) and r.method in kept]
 
 
 def check_selection(groups: list[str] | None, methods: list[str] | None) -> None:
@@ -1058,7 +1086,7 @@ def derive(row: dict[str, Any], rows: Iterable[dict[str, Any]], paper: dict[tupl
     for col, src in (("x_floor", "us"), ("x_floor_graph", "us_graph")):
         if row[src] is not None and row["floor_us"]:
             row[col] = row[src] / row["floor_us"]
-    row["baseline"] = GROUP_ROWS[row["group"]][0][0]
+    row["baseline"] = baseline_of(row["group"], row["method"])
     base = [o for o in rows if _block(o) == _block(row) and o["method"] == row["baseline"]]
     for col, src in (("speedup", "us"), ("speedup_graph", "us_graph")):
         if base and base[0][src] is not None and row[src]:
@@ -1226,7 +1254,9 @@ DEFINITIONS = """\
   us / floor_us (the do_bench time per call, which at these sizes includes the launch and host overhead
   that the graph removes).
 - speedup: the block's baseline us / this row's us; speedup_graph: the same with us_graph (verification:
-  per_branch_recurrent on the same tree; recovery: commit_replay_fla on the same accepted path; step:
+  per_branch_recurrent on the same tree; recovery: commit_replay_fla on the same accepted path, and for the
+  *_conv rows, which commit the conv history too, commit_replay_fla_conv (the same replay plus the
+  project's conv-history commit kernel); step:
   step_replay_fla, same tree and depth; chain: per_branch_recurrent, fla's recurrence over the same chain).
 - per-branch and prefill baselines get their flattened, per-path inputs and S0 copies prepared
   outside the timing (in their favour); recovery factors and snapshots are made outside the timing.

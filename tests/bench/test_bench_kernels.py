@@ -138,6 +138,7 @@ def test_costs_by_hand():
     tree_bytes, tree_flops, _ = bk.cost("tree_fused", "bf16", case)
     assert bk.cost("step_delayed_fused", "bf16", case) == (tree_bytes + 40 + 16, tree_flops + 24, "bf16")
     assert bk.cost("commit_replay_fla", "bf16", case) == (40 + 32 + 8, 2 * 28, "fp32")
+    assert bk.cost("commit_replay_fla_conv", "bf16", case) == (40 + 32 + 8 + 2 * 3 * 6 * 2, 2 * 28, "fp32")
     assert bk.cost("commit_snapshot", "fp32", case) == (32, 0.0, "fp32")
     chain = tiny_case(chain_tree(3))
     assert bk.cost("chain_recurrent", "bf16", chain) == (60 + 16 + 12, 3 * 28, "fp32")
@@ -304,6 +305,23 @@ def test_speedup_is_against_the_blocks_baseline(tmp_path, monkeypatch):
         assert block.loc["tree_torch", "speedup"] == pytest.approx(base["us"] / block.loc["tree_torch", "us"])
 
 
+def test_a_recovery_row_that_commits_the_conv_history_is_compared_with_replay_plus_the_conv_commit():
+    """A *_conv commit does the conv-history commit too: its speedup is against replay + that commit, the
+    state-only rows' against replay alone (like against like)."""
+    rows: list[dict] = []
+    for method, us_graph in (("commit_replay_fla", 4.0), ("commit_replay_fla_conv", 6.0),
+                             ("commit_path_indexed", 2.0), ("commit_path_indexed_conv", 3.0)):  # fmt: skip
+        row = {c: None for c in bk.COLUMNS}
+        row.update(shape="specla", group="recovery", kind="draft", T=16, depth=1, method=method, dtype="fp32",
+                   status="ok", reason="", us=10.0, us_graph=us_graph, floor_us=1.0)  # fmt: skip
+        rows.append(row)
+        bk.derive(row, rows, {})
+    assert [(r["baseline"], r["speedup_graph"]) for r in rows] == [
+        ("commit_replay_fla", 1.0), ("commit_replay_fla_conv", 1.0),
+        ("commit_replay_fla", 2.0), ("commit_replay_fla_conv", 2.0),
+    ]  # fmt: skip
+
+
 def test_depth_1_recovery_and_step_rows_run(tmp_path):
     """Accepted depth 1 (in the default depths): one node committed, by the torch rows on the CPU."""
     cfg = quick_cfg(depths=[1], recovery_nodes=16, groups=["recovery", "step"])
@@ -358,6 +376,12 @@ def test_groups_and_methods_select_rows_and_keep_each_blocks_baseline(tmp_path):
         ("recovery", "commit_replay_fla"), ("recovery", "commit_path_fused"),
     }  # fmt: skip
     assert [r for r in full if r in chosen] == chosen  # the plan's order kept
+    conv = bk.plan(quick_cfg(depths=[2], groups=["recovery"], methods=["commit_path_indexed_conv"]))
+    assert [r.method for r in conv] == [
+        "commit_replay_fla",
+        "commit_replay_fla_conv",
+        "commit_path_indexed_conv",
+    ]
     out = tmp_path / "sel"
     args = ["bench", "kernels", "--quick", "--out", str(out), "--shapes", "specla", "--sizes", "4",
             "--depths", "2", "--groups", "verify", "--methods", "tree_torch", "--rep-ms", "1"]  # fmt: skip
