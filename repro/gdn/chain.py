@@ -14,16 +14,17 @@ The candidates (one sequence, repro's layout: q, k [T, H, d_k], v [T, HV, d_v], 
 
 :data:`CHAIN_CHOICE` picks among the GPU ones by length, per head class (few value heads: SpecLA's 8;
 many: Weaver's 48). It is written from CUDA-graph medians on an H200 (us per layer call, bf16 q/k/v,
-fp32 state; chains measured as chains in results/2026-12-01-h200-kernels-4, issue 13):
+fp32 state; chains measured as chains, every candidate in one run: results/2026-12-04-h200-kernels-side-
+by-side, issue 13):
 
-- SpecLA (HV = 8, d = 256): fused / split / fla chunk / recurrent = 9.45 / 10.5 / 25.9 / 14.5 at T = 16,
-  14.8 / 12.9 / 32.1 / 31.4 at 32, 23.5 / 18.2 / 43.2 / 65.6 at 64, 50.2 / 27.4 / 46.2 / 132 at 128 ->
-  the fused tree kernel at 16, the split one up to 128 (0.38-0.57x of fla's chunk time);
-- Weaver (HV = 48, d = 128): T = 128 chunk 40.3 vs fused 42.5 vs split 43.0 (earlier, T = 256: tree 105
-  vs chunk 47) -> the tree kernel up to 64, fla's chunk kernel from 128;
+- SpecLA (HV = 8, d = 256): split / fused / fla chunk / recurrent = 7.4 / 9.0 / 26.2 / 12.9 at T = 16,
+  10.5 / 14.6 / 31.6 / 29.8 at 32, 14.1 / 23.2 / 43.9 / 63.8 at 64, 20.2 / 51.0 / 47.0 / 132 at 128,
+  41.6 / 126 / 51.7 / 271 at 256 -> the split tree kernel up to 256 (0.28-0.80x of fla's chunk time);
+- Weaver (HV = 48, d = 128): fused / split / chunk = 8.4 / 8.7 / 25.0 at 16, 11.5 / 12.0 / 28.9 at 32,
+  19.1 / 19.1 / 36.9 at 64, 41.8 / 32.9 / 40.5 at 128, 106 / 93.5 / 50.2 at 256 -> the fused tree kernel
+  up to 64, the split one at 128, fla's chunk kernel from 256 (the tree kernels' O(T^2) work);
 - the recurrence never wins from T = 16 on.
 
-Rows not measured as chains in graphs yet (SpecLA at 256, Weaver at 16-64 and 256) follow the trend;
 ``python scripts/gpu/dev-kernels13.py OUT`` measures every candidate at 16..256 and prints the table its
 numbers imply (``measured_choice``), to replace this one with.
 """
@@ -41,8 +42,8 @@ FEW_HEADS = 16  # value heads at most for the "few" class (the split tree kernel
 # head class -> ((longest chain length, method), ...): the first row whose length >= T; None: any length
 Table = dict[str, tuple[tuple[int | None, str], ...]]
 CHAIN_CHOICE: Table = {
-    "few": ((16, "tree_fused"), (128, "tree_split"), (None, "chunk")),
-    "many": ((64, "tree_fused"), (None, "chunk")),
+    "few": ((256, "tree_split"), (None, "chunk")),
+    "many": ((64, "tree_fused"), (128, "tree_split"), (None, "chunk")),
 }
 
 

@@ -299,7 +299,7 @@ def test_partly_superseded_rows_do_not_decide_a_claim():
     assert "2026-11-30-h200-kernels/bench-kernels" in committed
     rows = {r["id"]: r for r in claims.ledger(RESULTS, (s4, w7))}
     assert "2026-11-30-h200-kernels/bench-kernels" not in rows["S4"]["source"]
-    assert rows["W7-T16"]["source"] == "2026-12-04-h200-engine-runs/bench-kernels"  # the newest Weaver rows
+    assert rows["W7-T16"]["source"] == "2026-12-04-h200-kernels-side-by-side/bench-kernels"  # the newest rows
     runs = claims.latest_runs(RESULTS, w7.kind, w7.gpu_only, w7.conditions)
     kept = dict(claims.without_superseded_parts(w7, runs, committed))["2026-11-30-h200-kernels/bench-kernels"]
     assert any(isinstance(r, dict) and r.get("shape") == "weaver" for r in kept)  # its Weaver rows stand
