@@ -8,10 +8,11 @@ also calls :func:`~repro.models.static.plus_linear` and :func:`~repro.models.sta
 their glue fused in, with the constants made once (weights copied when built):
 
 - Ingest of the accepted rows: fc (one matmul), then hidden_norm and every draft layer's k and v
-  projections in one launch (the k|v weights of all layers stacked), k_norm of every layer at once, rotary
-  from a table of every position made once per buffer size (cos and the signed sin, ``x cos + roll(x)
-  sin_signed``: the same products as :func:`~repro.drafters.dflash.apply_rope`), the keys and the values
-  of all layers written by one ``index_copy_`` each (StaticDFlash keeps them in one stacked buffer).
+  projections in one launch (the k|v weights of all layers stacked), then one
+  :func:`~repro.gdn.triton_attention.write_context_kv` launch for every layer's k_norm, rotary (the
+  attention kernel's cos|sin table of every position, made once per buffer size: the products of
+  :func:`~repro.drafters.dflash.apply_rope`, in float32 and rounded once) and the key and value writes
+  into StaticDFlash's stacked buffers.
 - The block ``[root, MASK x (T-1)]``, per layer: input norm + q|k|v (one launch), then the whole attention
   in one :func:`~repro.gdn.triton_attention.attention_tree` launch, which is exactly DFlash's block
   attention: q/k RMSNorm times the scale (DFlash's q_norm / k_norm), rotary over the full head dim in
@@ -37,18 +38,19 @@ heads, two feature layers, block 16, counted on CPU by tests/drafters/test_dflas
 =================================================  =====  ====  ===============
 what                                               eager  fast  fast: aten + Triton
 =================================================  =====  ====  ===============
-the step: ingest (16 rows) + block + marginals     124    34    27 + 7
+the step: ingest (16 rows) + block + marginals     124    22    14 + 8
 the step: block + marginals (nothing to ingest)    83     12    6 + 6
-Weaver's step: ingest + block (rows, logits)       126    42    36 + 6
+Weaver's step: ingest + block (rows, logits)       126    30    23 + 7
 =================================================  =====  ====  ===============
 
 A fast block is 6 Triton launches (per layer q|k|v, attention, o_proj, gate|up, down; the final norm + LM
 head) and 6 aten ops (the block's ids 3, the embedding, the softmax, the top-k). An ingest (a path padded
-to the block's 16 rows, as steps pad it) is 22 launches whatever the layer count: the rows' gather 3, the
-feature write, positions, fc, the k|v launch, k_norm 6, rotary 5, the two KV writes, the length 2.
+to the block's 16 rows, as steps pad it) is 10 launches whatever the layer count: the rows' gather 3, the
+feature write, positions, fc, the k|v launch, the context keys and values (one kernel; 13 aten ops before
+2026-12-04: k_norm 6, rotary 5, two writes), the length 2.
 Weaver's rows add DFlash's torch RMSNorm (6) and the root's feature into ``tail`` (4). Each more layer
 adds 5 Triton launches to the fast step (8 launches on cuBLAS, above ``row_tiled_width``) and 70 aten
-ops to the eager one (55 in the block, 15 in the ingest: a two-layer step is 194 eager, 39 fast).
+ops to the eager one (55 in the block, 15 in the ingest: a two-layer step is 194 eager, 27 fast).
 
 Rounding: the kernels accumulate in float32 (float64 for float64 data) and round once, and norms are not
 rounded before their matmul, so float32 block states and logits agree with the eager drafter's to ~1e-6
@@ -64,8 +66,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from repro.drafters.attention import HALF
-from repro.drafters.fast_rules import rotary_rows, signed_rotary, triton_linears
+from repro.drafters.fast_rules import rotary_rows, triton_linears
+from repro.gdn.triton_attention import write_context_kv
 from repro.models.graphed import SMALL_WIDTH
 from repro.models.static import AttentionBuffers, AttentionWeights, fused_verify_attention, normed_linear
 
@@ -136,7 +138,7 @@ class FastDFlash:
         self.weights = [layer_weights(layer) for layer in model.layers]
         attn = [layer.self_attn for layer in model.layers]
         self.context_weight = torch.cat([a.k_proj.weight for a in attn] + [a.v_proj.weight for a in attn])
-        self.k_scale = torch.stack([a.k_norm.weight.detach() for a in attn])[:, None]  # [L, 1, hd]
+        self.k_scale = torch.stack([a.k_norm.weight.detach() for a in attn]).contiguous()  # [L, hd]
         self.k_eps = attn[0].k_norm.eps
         device = model.device
         self.slot = BlockSlot(
@@ -146,12 +148,11 @@ class FastDFlash:
         self.set_rope_rows(rope_rows)
 
     def set_rope_rows(self, rows: int) -> None:
-        """The rotary tables [rows, 2, hd] of positions 0 .. rows - 1: (cos, sin) for the attention kernel,
-        (cos, -sin | sin) for the ingest; the values ``rotary_tables`` gives (angles in float64)."""
+        """The rotary table [rows, 2, hd] of positions 0 .. rows - 1, (cos, sin), for the attention and
+        ingest kernels; the values ``rotary_tables`` gives (angles in float64)."""
         cfg = self.cfg
         cos, sin = rotary_rows(rows, cfg.head_dim, cfg.rope_theta, self.model.dtype, self.model.device)
         self.rope = torch.stack([cos, sin], dim=1).contiguous()
-        self.rope_signed = signed_rotary(cos, sin)
 
     def gemv(self, rows: int) -> bool:
         """Whether ``rows`` rows take the Triton linears (else cuBLAS): see the module docstring."""
@@ -162,21 +163,12 @@ class FastDFlash:
     ) -> None:
         """Context keys/values of feature ``rows`` [n, F] at ``positions`` [n] written into the stacked
         buffers ``keys`` / ``values`` [L, KV, max_len, hd]: what ``DFlashDraftModel.context_kv`` gives."""
-        m, cfg = self.model, self.cfg
-        n, layers, kv_heads, hd = rows.shape[0], len(self.weights), cfg.num_key_value_heads, cfg.head_dim
+        m, n = self.model, rows.shape[0]
         norm = m.hidden_norm
         kv = normed_linear(
             F.linear(rows, m.fc.weight), norm.weight, norm.eps, self.context_weight, None, self.gemv(n)
         )
-        k = kv[:, : layers * kv_heads * hd].view(n, layers, kv_heads, hd)
-        y = k.float() if k.dtype in HALF else k  # DraftRMSNorm's arithmetic, every layer's k_norm at once
-        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.k_eps)
-        k = self.k_scale * y.to(k.dtype)
-        rope = self.rope_signed.index_select(0, positions)[:, None, None]  # [n, 1, 1, 2, hd]
-        k = k * rope[..., 0, :] + k.roll(hd // 2, -1) * rope[..., 1, :]  # apply_rope's products
-        keys.index_copy_(2, positions, k.permute(1, 2, 0, 3))
-        v = kv[:, layers * kv_heads * hd :].view(n, layers, kv_heads, hd)
-        values.index_copy_(2, positions, v.permute(1, 2, 0, 3))
+        write_context_kv(kv, positions, self.k_scale, self.k_eps, self.rope, keys, values)
 
     def block(
         self, x: torch.Tensor, length: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor]

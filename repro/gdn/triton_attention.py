@@ -493,3 +493,77 @@ def attention_tree(
             BR=br, SP=sp, ACC=acc, num_warps=8 if sp * bd > 4096 else 4, **pdl_args(qkv.device),
         )  # fmt: skip
     return out, k, v
+
+
+@triton.jit
+def _context_kv_kernel(
+    kv_ptr,
+    pos_ptr,
+    k_scale_ptr,
+    rope_ptr,
+    keys_ptr,
+    values_ptr,
+    eps,
+    kv_stride,
+    rows,
+    KV: tl.constexpr,
+    LKV: tl.constexpr,
+    HD: tl.constexpr,
+    BD: tl.constexpr,
+    ACC: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """Feature row ``pid0``, (layer, key head) ``pid1``: the key RMSNorm'd (the layer's scale) and rotated at
+    the row's position into ``keys``, the value copied into ``values`` ([L, KV, rows, HD] each)."""
+    pdl_start(PDL)
+    i = tl.program_id(0)
+    lh = tl.program_id(1)
+    layer = lh // KV
+    pos = tl.load(pos_ptr + i)
+    o = tl.arange(0, BD)
+    m = o < HD
+    row = kv_ptr + i * kv_stride
+    k = _norm_rotary(row + lh * HD, o, k_scale_ptr + layer * HD, rope_ptr + pos * 2 * HD, eps, HD, HD, ACC)
+    dst = (lh * rows + pos) * HD + o  # [L, KV] flattened: lh = layer * KV + head
+    tl.store(keys_ptr + dst, round_to(k, keys_ptr), mask=m)
+    v = tl.load(row + LKV * HD + lh * HD + o, mask=m, other=0.0)
+    tl.store(values_ptr + dst, v.to(values_ptr.dtype.element_ty), mask=m)
+
+
+def write_context_kv(
+    kv: torch.Tensor,
+    positions: torch.Tensor,
+    k_scale: torch.Tensor,
+    eps: float,
+    rope: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+) -> None:
+    """Context keys and values of every layer in one launch (DFlash's ingest of accepted feature rows).
+
+    ``kv`` [n, 2 L KV hd]: per row every layer's raw key heads, then every layer's value heads (the stacked
+    k|v projections); ``positions`` [n] int64 on the device (distinct); ``k_scale`` [L, hd] (each layer's
+    k_norm weight; RMSNorm with ``eps``); ``rope`` [rows, 2, hd] (:func:`rotary_table`: cos | sin, rotary
+    over the whole head in ``rotate_half`` style). Writes row ``positions[i]`` of ``keys`` / ``values``
+    [L, KV, rows, hd] (contiguous): the normed, rotated key (arithmetic in float32, float64 for float64
+    data, rounded once) and the value as given."""
+    layers, kv_heads, rows, hd = keys.shape
+    n = kv.shape[0]
+    if kv.dim() != 2 or kv.stride(-1) != 1 or kv.shape[1] != 2 * layers * kv_heads * hd:
+        raise ValueError(
+            f"kv must be [n, {2 * layers * kv_heads * hd}] with contiguous rows, got {tuple(kv.shape)}"
+        )
+    if not (keys.is_contiguous() and values.is_contiguous()) or values.shape != keys.shape:
+        raise ValueError("keys and values must be contiguous [L, KV, rows, hd] of one shape")
+    if k_scale.shape != (layers, hd) or rope.shape[1:] != (2, hd) or positions.shape != (n,):
+        raise ValueError(
+            f"k_scale must be [{layers}, {hd}], rope [rows, 2, {hd}], positions [{n}]; got "
+            f"{tuple(k_scale.shape)}, {tuple(rope.shape)}, {tuple(positions.shape)}"
+        )
+    if n == 0:
+        return
+    _context_kv_kernel[(n, layers * kv_heads)](
+        kv, positions, k_scale.contiguous(), rope.contiguous(), keys, values, float(eps), kv.stride(0), rows,
+        KV=kv_heads, LKV=layers * kv_heads, HD=hd, BD=pow2(hd), ACC=acc_dtype(kv.dtype), num_warps=1,
+        **pdl_args(kv.device),
+    )  # fmt: skip
