@@ -38,19 +38,20 @@ heads, two feature layers, block 16, counted on CPU by tests/drafters/test_dflas
 =================================================  =====  ====  ===============
 what                                               eager  fast  fast: aten + Triton
 =================================================  =====  ====  ===============
-the step: ingest (16 rows) + block + marginals     124    22    14 + 8
+the step: ingest (16 rows) + block + marginals     124    17    7 + 10
 the step: block + marginals (nothing to ingest)    83     12    6 + 6
-Weaver's step: ingest + block (rows, logits)       126    30    23 + 7
+Weaver's step: ingest + block (rows, logits)       126    25    16 + 9
 =================================================  =====  ====  ===============
 
 A fast block is 6 Triton launches (per layer q|k|v, attention, o_proj, gate|up, down; the final norm + LM
 head) and 6 aten ops (the block's ids 3, the embedding, the softmax, the top-k). An ingest (a path padded
-to the block's 16 rows, as steps pad it) is 10 launches whatever the layer count: the rows' gather 3, the
-feature write, positions, fc, the k|v launch, the context keys and values (one kernel; 13 aten ops before
-2026-12-04: k_norm 6, rotary 5, two writes), the length 2.
+to the block's 16 rows, as steps pad it) is 5 launches with two feature layers, whatever the layer count:
+the rows' gather, feature write, positions and length (one launch per feature layer,
+:func:`~repro.drafters.ingest_kernels.gather_features`; 7 aten ops before), fc, the k|v launch, the context
+keys and values (one kernel; 13 aten ops before: k_norm 6, rotary 5, two writes).
 Weaver's rows add DFlash's torch RMSNorm (6) and the root's feature into ``tail`` (4). Each more layer
 adds 5 Triton launches to the fast step (8 launches on cuBLAS, above ``row_tiled_width``) and 70 aten
-ops to the eager one (55 in the block, 15 in the ingest: a two-layer step is 194 eager, 27 fast).
+ops to the eager one (55 in the block, 15 in the ingest: a two-layer step is 194 eager, 22 fast).
 
 Rounding: the kernels accumulate in float32 (float64 for float64 data) and round once, and norms are not
 rounded before their matmul, so float32 block states and logits agree with the eager drafter's to ~1e-6

@@ -223,16 +223,27 @@ class StaticDFlash:
         if after is not None:  # [bonus, start = the committed length, path length, path by depth + zeros]
             result, depth = after
             width = min(self._pad, depth)
-            inp[0].copy_(result[1])
-            inp[1].copy_(self.length)
-            inp[2].copy_(result[0])
-            inp[3 : 3 + width].copy_(result[2 : 2 + width])
-            inp[3 + width :].zero_()
+            if self._fast is not None:
+                from repro.drafters.ingest_kernels import launched_inputs
+
+                launched_inputs(result, self.length, inp, width)
+            else:
+                inp[0].copy_(result[1])
+                inp[1].copy_(self.length)
+                inp[2].copy_(result[0])
+                inp[3 : 3 + width].copy_(result[2 : 2 + width])
+                inp[3 + width :].zero_()
         if sources is not None:
             start, count = inp[1], inp[2]
-            rows = torch.cat([h.index_select(0, inp[3:]) for h in sources], dim=-1).to(m.dtype)
-            self._write(rows, start + self._positions[: self._pad])
-            self.length.copy_(start + count)
+            if self._fast is not None:  # the same rows, positions, features and length in few launches
+                from repro.drafters.ingest_kernels import gather_features
+
+                rows, positions = gather_features(sources, inp[3:], start, count, self.feat, self.length)
+                self._fast.ingest(rows, positions, *self.stacks)
+            else:
+                rows = torch.cat([h.index_select(0, inp[3:]) for h in sources], dim=-1).to(m.dtype)
+                self._write(rows, start + self._positions[: self._pad])
+                self.length.copy_(start + count)
         if not probs:  # Weaver's root feature
             self.tail.copy_(self.feat.index_select(0, (self.length - 1).clamp(min=0).view(1)))
         ids = torch.where(self._block == 0, inp[0], m.config.mask_token_id)

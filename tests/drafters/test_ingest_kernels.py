@@ -1,0 +1,95 @@
+"""The static DFlash drafter's ingest-input kernels (repro/drafters/ingest_kernels.py) equal the torch ops
+they replace, under Triton's interpreter (one TRITON_INTERPRET=1 subprocess; this file as a script):
+
+- gather_features: the fc rows, the feature buffer's rows at ``start + j`` (the rows before and after the
+  path untouched), the positions and the length, for two feature layers of different widths (one wider than
+  a column block), a padded path with repeated nodes, float32 sources into bf16 features;
+- launched_inputs: ``[bonus, start, path length, path + zeros]`` for widths 0, a part and all of the pad.
+The drafter's whole fast step through them: tests/drafters/test_dflash_fast.py.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from conftest import run_in_interpreter
+
+WIDTHS = (24, 1100)  # the second spans two column blocks
+
+
+def gather_case(dtype: torch.dtype) -> dict[str, object]:
+    """The kernel's outputs and the torch ops' on the same inputs: whether each pair is equal."""
+    from repro.drafters.ingest_kernels import gather_features
+
+    gen = torch.Generator().manual_seed(3)
+    sources = tuple(torch.randn(9, w, generator=gen) for w in WIDTHS)
+    path = torch.tensor([4, 0, 7, 7, 0, 0])  # an accepted path of 4, padded with node 0
+    start, count = torch.tensor(5), torch.tensor(4)
+    feat = torch.randn(16, sum(WIDTHS), generator=gen).to(dtype)
+    length = torch.tensor(0)
+    ref_feat = feat.clone()
+    ref_rows = torch.cat([h.index_select(0, path) for h in sources], dim=-1).to(dtype)
+    ref_positions = start + torch.arange(path.shape[0])
+    ref_feat.index_copy_(0, ref_positions, ref_rows)
+    rows, positions = gather_features(sources, path, start, count, feat, length)
+    return {
+        "rows": torch.equal(rows, ref_rows),
+        "positions": torch.equal(positions, ref_positions),
+        "feat": torch.equal(feat, ref_feat),
+        "length": int(length),
+        "dtype": str(rows.dtype),
+    }
+
+
+def launched_case(width: int) -> bool:
+    from repro.drafters.ingest_kernels import launched_inputs
+
+    result = torch.tensor([3, 42, 5, 9, 11, 13, 17, 19])  # [path length, bonus, path nodes by depth ...]
+    length = torch.tensor(27)
+    inp = torch.full((3 + 4,), -1, dtype=torch.long)
+    ref = inp.clone()
+    ref[0], ref[1], ref[2] = result[1], length, result[0]
+    ref[3 : 3 + width] = result[2 : 2 + width]
+    ref[3 + width :] = 0
+    launched_inputs(result, length, inp, width)
+    return torch.equal(inp, ref)
+
+
+def _interpreter_main() -> None:
+    import json
+
+    out = {f"gather/{d}": gather_case(getattr(torch, d)) for d in ("float32", "bfloat16")}
+    out.update({f"launched/{w}": launched_case(w) for w in (0, 2, 4)})
+    print(json.dumps(out))
+
+
+@pytest.fixture(scope="module")
+def interp() -> dict:
+    return run_in_interpreter(__file__)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_gather_features_equals_the_torch_ops(interp: dict, dtype: str) -> None:
+    case = interp[f"gather/{dtype}"]
+    assert case == {"rows": True, "positions": True, "feat": True, "length": 9, "dtype": f"torch.{dtype}"}
+
+
+@pytest.mark.parametrize("width", [0, 2, 4])
+def test_launched_inputs_equal_the_torch_copies(interp: dict, width: int) -> None:
+    assert interp[f"launched/{width}"] is True
+
+
+def test_bad_shapes_are_refused() -> None:
+    from repro.drafters.ingest_kernels import gather_features, launched_inputs
+
+    feat, scalar = torch.zeros(8, 10), torch.tensor(0)
+    with pytest.raises(ValueError, match="feature width"):
+        gather_features((torch.zeros(4, 6),), torch.zeros(2, dtype=torch.long), scalar, scalar, feat, scalar)
+    with pytest.raises(ValueError, match="width at most"):
+        launched_inputs(torch.zeros(8, dtype=torch.long), scalar, torch.zeros(5, dtype=torch.long), 3)
+
+
+if __name__ == "__main__" and "--interpret" in sys.argv:
+    _interpreter_main()
