@@ -23,8 +23,9 @@ their glue fused in, with the constants made once (weights copied when built):
   (the eager path writes them past ``length``, where no later step reads them). Then o_proj + residual
   (1) and post norm + gate|up + SiLU * up (1), down + residual (1).
 - The distributions: the final norm + LM head in one launch, the softmax, the top-k. Weaver's path
-  (``probs=False``) needs the final-normed rows themselves: there the norm is DFlash's torch RMSNorm
-  and the LM head a matmul, as eagerly.
+  (``probs=False``) needs the final-normed rows themselves: there the norm is one Triton RMSNorm
+  (:meth:`FastDFlash.final_norm`) and the LM head a matmul, and the root's feature one copy
+  (:func:`~repro.drafters.ingest_kernels.last_feature`).
 
 Which variant (:func:`~repro.drafters.fast_rules.triton_linears`): up to GEMV_ROWS rows (a short prefill
 chunk written eagerly) the GEMV kernels at any width; more rows (the block's T, a step's path padded to T)
@@ -40,7 +41,7 @@ what                                               eager  fast  fast: aten + Tri
 =================================================  =====  ====  ===============
 the step: ingest (16 rows) + block + marginals     124    17    7 + 10
 the step: block + marginals (nothing to ingest)    83     12    6 + 6
-Weaver's step: ingest + block (rows, logits)       126    25    16 + 9
+Weaver's step: ingest + block (rows, logits)       126    17    6 + 11
 =================================================  =====  ====  ===============
 
 A fast block is 6 Triton launches (per layer q|k|v, attention, o_proj, gate|up, down; the final norm + LM
@@ -49,7 +50,7 @@ to the block's 16 rows, as steps pad it) is 5 launches with two feature layers, 
 the rows' gather, feature write, positions and length (one launch per feature layer,
 :func:`~repro.drafters.ingest_kernels.gather_features`; 7 aten ops before), fc, the k|v launch, the context
 keys and values (one kernel; 13 aten ops before: k_norm 6, rotary 5, two writes).
-Weaver's rows add DFlash's torch RMSNorm (6) and the root's feature into ``tail`` (4). Each more layer
+Weaver's rows add the final RMSNorm (1) and the root's feature into ``tail`` (1). Each more layer
 adds 5 Triton launches to the fast step (8 launches on cuBLAS, above ``row_tiled_width``) and 70 aten
 ops to the eager one (55 in the block, 15 in the ingest: a two-layer step is 194 eager, 22 fast).
 
@@ -183,6 +184,13 @@ class FastDFlash:
             buf = AttentionBuffers(k[0], v[0])
             x, _ = fused_verify_attention(view, w, buf, x, self.rope, length, self.slot, gemv)  # type: ignore[arg-type]
         return x
+
+    def final_norm(self, h: torch.Tensor) -> torch.Tensor:
+        """The final-normed rows of ``h`` [n, hidden] (one Triton RMSNorm; Weaver reads them)."""
+        from repro.gdn.triton_decode import rms_norm
+
+        norm = self.model.norm
+        return rms_norm(h, norm.weight, norm.eps)
 
     def logits(self, h: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
         """``compute_logits(norm(h), lm_head)`` of rows ``h`` [n, hidden], the final norm on the head."""

@@ -12,6 +12,8 @@ and equal to the torch ops it replaces (tests/drafters/test_ingest_kernels.py, u
   ``start + count`` (7 aten launches before, 2 with two feature layers).
 - :func:`launched_inputs`: the step inputs ``[bonus, start, path length, path + zeros]`` taken from a
   launched, unread verify's result and the committed length (5 copies before).
+- :func:`last_feature`: Weaver's root feature, the feature row of the last committed position (4 aten
+  launches before).
 """
 
 from __future__ import annotations
@@ -99,3 +101,24 @@ def launched_inputs(result: torch.Tensor, length: torch.Tensor, inp: torch.Tenso
         raise ValueError("result, length and inp must be int64, and width at most inp's path entries")
     n = inp.shape[0]
     _launched_inputs_kernel[(1,)](result, length, inp, width, n, BN=pow2(n), num_warps=1)
+
+
+@triton.jit
+def _last_feature_kernel(feat, feat_stride, length, tail, width, BH: tl.constexpr):
+    """tail = feat[max(length - 1, 0)], column block ``pid``."""
+    o = tl.program_id(0) * BH + tl.arange(0, BH)
+    m = o < width
+    row = tl.maximum(tl.load(length) - 1, 0)
+    tl.store(tail + o, tl.load(feat + row * feat_stride + o, mask=m, other=0.0), mask=m)
+
+
+def last_feature(feat: torch.Tensor, length: torch.Tensor, tail: torch.Tensor) -> None:
+    """``tail`` [1, F] = the feature row of the last committed position, ``feat[max(length - 1, 0)]``
+    (Weaver's root feature; ``length`` a 0-d int64 device tensor)."""
+    if feat.stride(-1) != 1 or not tail.is_contiguous() or tail.shape != (1, feat.shape[1]):
+        raise ValueError(f"tail must be contiguous [1, {feat.shape[1]}] and feat's rows contiguous")
+    width = feat.shape[1]
+    bh = min(COLUMN_BLOCK, pow2(width))
+    _last_feature_kernel[(triton.cdiv(width, bh),)](
+        feat, feat.stride(0), length, tail, width, BH=bh, num_warps=4
+    )

@@ -244,7 +244,11 @@ class StaticDFlash:
                 rows = torch.cat([h.index_select(0, inp[3:]) for h in sources], dim=-1).to(m.dtype)
                 self._write(rows, start + self._positions[: self._pad])
                 self.length.copy_(start + count)
-        if not probs:  # Weaver's root feature
+        if not probs and self._fast is not None:  # Weaver's root feature
+            from repro.drafters.ingest_kernels import last_feature
+
+            last_feature(self.feat, self.length, self.tail)
+        elif not probs:
             self.tail.copy_(self.feat.index_select(0, (self.length - 1).clamp(min=0).view(1)))
         ids = torch.where(self._block == 0, inp[0], m.config.mask_token_id)
         if self._fast is not None:
@@ -252,7 +256,7 @@ class StaticDFlash:
             if probs:
                 logits = self._fast.logits(h, self.lm_head)
             else:
-                rows = m.norm(h)
+                rows = self._fast.final_norm(h)
                 logits = m.compute_logits(rows, self.lm_head)
         else:
             slots = self.length + self._block

@@ -4,7 +4,8 @@ they replace, under Triton's interpreter (one TRITON_INTERPRET=1 subprocess; thi
 - gather_features: the fc rows, the feature buffer's rows at ``start + j`` (the rows before and after the
   path untouched), the positions and the length, for two feature layers of different widths (one wider than
   a column block), a padded path with repeated nodes, float32 sources into bf16 features;
-- launched_inputs: ``[bonus, start, path length, path + zeros]`` for widths 0, a part and all of the pad.
+- launched_inputs: ``[bonus, start, path length, path + zeros]`` for widths 0, a part and all of the pad;
+- last_feature: ``feat[max(length - 1, 0)]`` at lengths 0, 1 and 9, over more than one column block.
 The drafter's whole fast step through them: tests/drafters/test_dflash_fast.py.
 """
 
@@ -57,11 +58,21 @@ def launched_case(width: int) -> bool:
     return torch.equal(inp, ref)
 
 
+def last_case(length: int) -> bool:
+    from repro.drafters.ingest_kernels import last_feature
+
+    feat = torch.randn(12, 1100, generator=torch.Generator().manual_seed(length))
+    tail = torch.zeros(1, 1100)
+    last_feature(feat, torch.tensor(length), tail)
+    return torch.equal(tail, feat.index_select(0, (torch.tensor(length) - 1).clamp(min=0).view(1)))
+
+
 def _interpreter_main() -> None:
     import json
 
     out = {f"gather/{d}": gather_case(getattr(torch, d)) for d in ("float32", "bfloat16")}
     out.update({f"launched/{w}": launched_case(w) for w in (0, 2, 4)})
+    out.update({f"last/{n}": last_case(n) for n in (0, 1, 9)})
     print(json.dumps(out))
 
 
@@ -81,14 +92,21 @@ def test_launched_inputs_equal_the_torch_copies(interp: dict, width: int) -> Non
     assert interp[f"launched/{width}"] is True
 
 
+@pytest.mark.parametrize("length", [0, 1, 9])
+def test_last_feature_equals_the_torch_ops(interp: dict, length: int) -> None:
+    assert interp[f"last/{length}"] is True
+
+
 def test_bad_shapes_are_refused() -> None:
-    from repro.drafters.ingest_kernels import gather_features, launched_inputs
+    from repro.drafters.ingest_kernels import gather_features, last_feature, launched_inputs
 
     feat, scalar = torch.zeros(8, 10), torch.tensor(0)
     with pytest.raises(ValueError, match="feature width"):
         gather_features((torch.zeros(4, 6),), torch.zeros(2, dtype=torch.long), scalar, scalar, feat, scalar)
     with pytest.raises(ValueError, match="width at most"):
         launched_inputs(torch.zeros(8, dtype=torch.long), scalar, torch.zeros(5, dtype=torch.long), 3)
+    with pytest.raises(ValueError, match="tail must be"):
+        last_feature(feat, scalar, torch.zeros(1, 9))
 
 
 if __name__ == "__main__" and "--interpret" in sys.argv:
