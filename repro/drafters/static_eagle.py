@@ -50,7 +50,10 @@ The same tokens, parents, order and scores as the legacy glue (``legacy_glue=Tru
 for bit (tests/drafters/test_eagle_tree_glue.py). Launches (aten ops that launch work + Triton launches) of a
 SpecLA proposal at the tiny family's layout (budget 32, topk 4, depth 6): the glue 157 -> 67, the call
 576 -> 486 eager, 289 -> 199 fast with the eager attention glue, 133 with the one-launch attention
-(:mod:`repro.drafters.eagle_attention`, the fast path's default on CUDA).
+(:mod:`repro.drafters.eagle_attention`, the fast path's default on CUDA), 94 with each level after the first
+in one launch of glue (:mod:`repro.drafters.frontier_kernels`: scores, the frontier's sort, the next rows'
+tokens, masks and predictions; the fast path; in the interpreter its trees equal the eager drafter's,
+tests/drafters/test_eagle_fast.py).
 
 Proposal tensors are the call's outputs: valid until the next ``propose`` (graph replays rewrite
 them in place). The first proposal of a prompt brings the prompt's rows in with one eager forward
@@ -439,11 +442,27 @@ class StaticEagleDrafter(EagleDrafter):
         grow.tokens[:1].copy_(root)
         preds, mask = root_pred, seen  # the frontier's predictions and mask (the root's: no drafted row)
         score = None  # the frontier's scores [rows] (the root's: 0, added by nothing)
+        fused = self._fast is not None  # levels 2.. in one launch of glue each (frontier_kernels)
         for depth in range(1, grow.depth + 1):
             rows = preds.shape[0]
             level = grow.level(depth)
             top_p, top_ids = grow.level_top(depth, rows)
             torch.topk(self._probs(preds), grow.kids, dim=-1, out=(top_p, top_ids))
+            if fused and depth > 1:
+                from repro.drafters import frontier_kernels as fk
+
+                scores = grow.level_scores(depth, rows)
+                if depth == grow.depth:
+                    fk.level_scores(top_p, score, grow.tau, scores)
+                    break
+                values, order = grow.frontier(depth)
+                own = grow.own[depth - 1]
+                ids, _, mask, parent_preds = fk.next_frontier(
+                    top_p, top_ids, score, grow.tau, scores, values, order, mask, own, preds
+                )
+                score = values[: grow.beam]
+                preds = self._level_rows(depth, ids, parent_preds, mask, positions)
+                continue
             p = torch.where(grow.confident(top_p), top_p, grow.zero)  # float64; 0 where pruned
             if score is None:
                 torch.log(p, out=grow.level_scores(depth, rows))

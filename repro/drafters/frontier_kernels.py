@@ -1,0 +1,123 @@
+"""One Triton launch for a level of the static EAGLE drafter's dynamic tree after the first
+(:meth:`~repro.drafters.static_eagle.StaticEagleDrafter._tree_step` on its fast path): what
+:class:`~repro.drafters.static_eagle.TreeGrowth`'s torch glue does between a level's top-k and the next
+level's forward, equal to it (tests/drafters/test_frontier_kernels.py, under Triton's interpreter):
+
+- the level's float64 scores, ``parent score + log p`` with a pruned child's ``p`` (``p < tau``, or 0)
+  taken as 0, into the tree's score buffer (``where``, ``log``, ``add``);
+- the frontier: the level's candidates sorted by (-score, creation order), a stable descending sort done
+  by ranks (candidate i's rank: how many score higher, or the same and come first), into the level's sort
+  buffers (``sort``);
+- per frontier row b: the candidate's token, its parent row, the parent row's slot mask OR the row's own
+  slot, and the parent row's prediction (``index_select`` x 3, ``div``, ``|``).
+
+A level was 9 aten launches of glue (the last, scores only, 3); now 1. The log is float64 on both sides
+(the tree's scores are float64); ties keep creation order as torch's stable sort does.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from repro.gdn.triton_common import pow2  # the module also patches the CPU interpreter
+
+COPY_BLOCK = 1024  # mask / prediction columns a program copies per step
+
+
+@triton.jit
+def _frontier_kernel(
+    top_p, top_ids, score, tau, scores_out, values, order, ids, rows_out, mask, own, mask_out, preds,
+    preds_out, n, kids, mask_width, width, NP: tl.constexpr, POSITIVE_TAU: tl.constexpr,
+    FRONTIER: tl.constexpr, BC: tl.constexpr,
+):  # fmt: skip
+    """Frontier row ``pid``: the level's scores and sort (program 0 writes them), then row pid's token,
+    parent row, mask and prediction."""
+    b = tl.program_id(0)
+    i = tl.arange(0, NP)
+    valid = i < n
+    p = tl.load(top_p + i, mask=valid, other=0.0).to(tl.float64)
+    ok = p >= tau if POSITIVE_TAU else p > 0.0
+    p = tl.where(ok, p, 0.0)
+    s = tl.load(score + i // kids, mask=valid, other=0.0) + tl.log(p)
+    if b == 0:
+        tl.store(scores_out + i, s, mask=valid)
+    if FRONTIER:
+        s_i = s[:, None]
+        s_j = s[None, :]
+        ahead = (s_j > s_i) | ((s_j == s_i) & (i[None, :] < i[:, None]))
+        rank = tl.sum((ahead & valid[None, :]).to(tl.int32), axis=1)
+        if b == 0:
+            tl.store(values + rank, s, mask=valid)
+            tl.store(order + rank, i.to(tl.int64), mask=valid)
+        child = tl.sum(tl.where((rank == b) & valid, i, 0), axis=0)
+        row = child // kids
+        tl.store(ids + b, tl.load(top_ids + child))
+        tl.store(rows_out + b, row.to(tl.int64))
+        c = tl.arange(0, BC)
+        for c0 in range(0, mask_width, BC):
+            m = c0 + c < mask_width
+            seen = tl.load(mask + row * mask_width + c0 + c, mask=m, other=0)
+            mine = tl.load(own + b * mask_width + c0 + c, mask=m, other=0)
+            tl.store(mask_out + b * mask_width + c0 + c, seen | mine, mask=m)
+        for c0 in range(0, width, BC):
+            m = c0 + c < width
+            x = tl.load(preds + row * width + c0 + c, mask=m, other=0.0)
+            tl.store(preds_out + b * width + c0 + c, x, mask=m)
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor's bool data as uint8 (the same bytes), others as they are."""
+    if not t.is_contiguous():
+        raise ValueError("the frontier kernel's tensors must be contiguous")
+    return t.view(torch.uint8) if t.dtype == torch.bool else t
+
+
+def level_scores(top_p: torch.Tensor, score: torch.Tensor, tau: float, scores_out: torch.Tensor) -> None:
+    """The last level: ``scores_out`` [rows, kids] (float64) = ``score[:, None] + log(p)``, ``p`` =
+    ``top_p`` [rows, kids] where confident (``>= tau``; ``> 0`` for tau <= 0), else 0."""
+    rows, kids = top_p.shape
+    n = rows * kids
+    _frontier_kernel[(1,)](
+        _flat(top_p), top_p, _flat(score), float(tau), _flat(scores_out), score, score, score, score, score,
+        score, score, score, score, n, kids, 0, 0, NP=pow2(n), POSITIVE_TAU=tau > 0, FRONTIER=False, BC=16,
+        num_warps=4,
+    )  # fmt: skip
+
+
+def next_frontier(
+    top_p: torch.Tensor,
+    top_ids: torch.Tensor,
+    score: torch.Tensor,
+    tau: float,
+    scores_out: torch.Tensor,
+    values: torch.Tensor,
+    order: torch.Tensor,
+    mask: torch.Tensor,
+    own: torch.Tensor,
+    preds: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A non-last level after the first: its scores (as :func:`level_scores`) and the next frontier.
+
+    ``top_p`` / ``top_ids`` [rows, kids]: the level's top-k per frontier row; ``score`` [rows] float64:
+    the rows' scores; ``values`` / ``order`` [rows kids]: the level's candidates sorted by (-score,
+    creation order) and their indices (written); ``mask`` [rows, M] bool: the rows' slot masks; ``own``
+    [beam, M] bool: each next row's own slot; ``preds`` [rows, H]: the rows' predictions. Returns the next
+    frontier's (tokens [beam], parent rows [beam], masks [beam, M], predictions [beam, H]), ``beam`` =
+    ``own``'s rows."""
+    rows, kids = top_p.shape
+    n, beam = rows * kids, own.shape[0]
+    if values.shape != (n,) or order.shape != (n,) or beam > n or mask.shape[1] != own.shape[1]:
+        raise ValueError(f"frontier buffers of {n} candidates, beam <= {n}, masks of one width expected")
+    ids = torch.empty(beam, dtype=top_ids.dtype, device=top_ids.device)
+    parent_rows = torch.empty(beam, dtype=torch.long, device=top_ids.device)
+    mask_out = torch.empty(beam, mask.shape[1], dtype=mask.dtype, device=mask.device)
+    preds_out = torch.empty(beam, preds.shape[1], dtype=preds.dtype, device=preds.device)
+    _frontier_kernel[(beam,)](
+        _flat(top_p), _flat(top_ids), _flat(score), float(tau), _flat(scores_out), _flat(values),
+        _flat(order), ids, parent_rows, _flat(mask), _flat(own), _flat(mask_out), _flat(preds), preds_out,
+        n, kids, mask.shape[1], preds.shape[1], NP=pow2(n), POSITIVE_TAU=tau > 0, FRONTIER=True,
+        BC=COPY_BLOCK, num_warps=4,
+    )  # fmt: skip
+    return ids, parent_rows, mask_out, preds_out
