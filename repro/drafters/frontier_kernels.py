@@ -1,5 +1,6 @@
-"""One Triton launch for a level of the static EAGLE drafter's dynamic tree after the first
-(:meth:`~repro.drafters.static_eagle.StaticEagleDrafter._tree_step` on its fast path): what
+"""The static EAGLE drafter's dynamic-tree glue on few launches (the fast path of
+:meth:`~repro.drafters.static_eagle.StaticEagleDrafter._tree_step`): one per level after the first, one for
+the final selection. :func:`next_frontier` is what
 :class:`~repro.drafters.static_eagle.TreeGrowth`'s torch glue does between a level's top-k and the next
 level's forward, equal to it (tests/drafters/test_frontier_kernels.py, under Triton's interpreter):
 
@@ -13,6 +14,11 @@ level's forward, equal to it (tests/drafters/test_frontier_kernels.py, under Tri
 
 A level was 9 aten launches of glue (the last, scores only, 3); now 1. The log is float64 on both sides
 (the tree's scores are float64); ties keep creation order as torch's stable sort does.
+
+:func:`select_tree` is :meth:`~repro.drafters.static_eagle.TreeGrowth.select` and the deep levels' parents
+before it (two sorts, a scatter, five gathers and an add: 10 launches) in one program: ranks by (-score,
+id) counted over blocks of candidates, the kept ones' tree positions by a prefix sum, the parents' positions
+read back through a scratch map after a block barrier.
 """
 
 from __future__ import annotations
@@ -121,3 +127,79 @@ def next_frontier(
         BC=COPY_BLOCK, num_warps=4,
     )  # fmt: skip
     return ids, parent_rows, mask_out, preds_out
+
+
+@triton.jit
+def _select_kernel(
+    scores, tokens, parents, orders, parent_at, parent_base, node_of, out_tokens, out_parents, out_scores,
+    n, first, size, NP: tl.constexpr, BJ: tl.constexpr,
+):  # fmt: skip
+    """One program: the deep levels' parents, the ``size`` best candidates by (-score, id) and the root
+    as a tree in id order, padding after (see :func:`select_tree`)."""
+    i = tl.arange(0, NP)
+    valid = i <= n  # ids 0 (the root) .. n
+    s = tl.load(scores + i, mask=valid, other=float("-inf"))
+    deep = valid & (i > first)  # levels 2..: the parent is a frontier row's candidate id
+    at = tl.load(parent_at + (i - first - 1), mask=deep, other=0)
+    par = tl.where(
+        deep,
+        tl.load(orders + at, mask=deep, other=0) + tl.load(parent_base + (i - first - 1), mask=deep, other=0),
+        tl.load(parents + i, mask=valid, other=0),
+    )
+    tl.store(parents + i, par, mask=deep)
+    rank = tl.zeros([NP], dtype=tl.int32)
+    for j0 in range(0, n + 1, BJ):
+        j = j0 + tl.arange(0, BJ)
+        s_j = tl.load(scores + j, mask=j <= n, other=float("-inf"))
+        ahead = (s_j[None, :] > s[:, None]) | ((s_j[None, :] == s[:, None]) & (j[None, :] < i[:, None]))
+        rank += tl.sum((ahead & (j[None, :] <= n)).to(tl.int32), axis=1)
+    chosen = valid & (rank <= size) & (s > float("-inf"))
+    pos = tl.cumsum(chosen.to(tl.int32), axis=0) - 1
+    kept = tl.sum(chosen.to(tl.int32), axis=0)
+    tl.store(node_of + i, tl.zeros([NP], dtype=tl.int64), mask=i <= n + 1)  # as TreeGrowth.unmapped: 0 ..
+    tl.store(node_of + n + 2, -1)  # .. and -1 for "none" (the root's parent)
+    tl.debug_barrier()
+    tl.store(node_of + i, pos.to(tl.int64), mask=chosen)
+    tl.debug_barrier()
+    parent_node = tl.load(node_of + par, mask=chosen, other=-1)
+    tl.store(out_tokens + pos, tl.load(tokens + i, mask=chosen, other=0), mask=chosen)
+    tl.store(out_parents + pos, parent_node, mask=chosen)
+    tl.store(out_scores + pos - 1, s, mask=chosen & (pos > 0))
+    pad = (i >= kept) & (i <= size)  # positions after the real nodes
+    tl.store(out_tokens + i, tl.zeros([NP], dtype=tl.int64), mask=pad)
+    tl.store(out_parents + i, tl.full([NP], -1, dtype=tl.int64), mask=pad)
+    tl.store(out_scores + i - 1, tl.full([NP], float("-inf"), dtype=tl.float64), mask=pad & (i > 0))
+
+
+def select_tree(
+    scores: torch.Tensor,
+    tokens: torch.Tensor,
+    parents: torch.Tensor,
+    orders: torch.Tensor,
+    parent_at: torch.Tensor,
+    parent_base: torch.Tensor,
+    first: int,
+    size: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:meth:`~repro.drafters.static_eagle.TreeGrowth.select` after the deep levels' parents, in one launch.
+
+    Over candidate ids 0 (the root) .. n (``scores`` float64, ``tokens``, ``parents`` [n + 2], the
+    sentinel id n + 1 and "none" n + 2 as TreeGrowth numbers them): the parents of ids past ``first`` (the
+    root's children) are written first, ``orders[parent_at] + parent_base``; then the root and the
+    ``size`` best candidates by (-score, id) that score above -inf, in id order, with padding (token 0,
+    parent -1, score -inf) after them: (tokens, parents as tree nodes [size + 1], the kept candidates'
+    scores [size])."""
+    n = scores.shape[0] - 2
+    np_ = pow2(n + 1)
+    dev = scores.device
+    node_of = torch.empty(n + 3, dtype=torch.long, device=dev)
+    out_tokens = torch.empty(size + 1, dtype=tokens.dtype, device=dev)
+    out_parents = torch.empty(size + 1, dtype=torch.long, device=dev)
+    out_scores = torch.empty(size, dtype=scores.dtype, device=dev)
+    at = parent_at if parent_at is not None else parents  # no deep level: never read
+    base = parent_base if parent_base is not None else parents
+    _select_kernel[(1,)](
+        scores, tokens, parents, orders, at, base, node_of, out_tokens, out_parents, out_scores, n, first,
+        size, NP=np_, BJ=max(1, min(np_, 4096 // np_)), num_warps=4 if np_ <= 256 else 8,
+    )  # fmt: skip
+    return out_tokens, out_parents, out_scores

@@ -50,10 +50,10 @@ The same tokens, parents, order and scores as the legacy glue (``legacy_glue=Tru
 for bit (tests/drafters/test_eagle_tree_glue.py). Launches (aten ops that launch work + Triton launches) of a
 SpecLA proposal at the tiny family's layout (budget 32, topk 4, depth 6): the glue 157 -> 67, the call
 576 -> 486 eager, 289 -> 199 fast with the eager attention glue, 133 with the one-launch attention
-(:mod:`repro.drafters.eagle_attention`, the fast path's default on CUDA), 94 with each level after the first
+(:mod:`repro.drafters.eagle_attention`, the fast path's default on CUDA), 84 with each level after the first
 in one launch of glue (:mod:`repro.drafters.frontier_kernels`: scores, the frontier's sort, the next rows'
-tokens, masks and predictions; the fast path; in the interpreter its trees equal the eager drafter's,
-tests/drafters/test_eagle_fast.py).
+tokens, masks and predictions) and the deep parents and the final selection in one (the fast path; in the
+interpreter its trees equal the eager drafter's, tests/drafters/test_eagle_fast.py).
 
 Proposal tensors are the call's outputs: valid until the next ``propose`` (graph replays rewrite
 them in place). The first proposal of a prompt brings the prompt's rows in with one eager forward
@@ -488,6 +488,13 @@ class StaticEagleDrafter(EagleDrafter):
                 row = torch.div(order, grow.kids, rounding_mode="floor")
                 mask = mask.index_select(0, row) | grow.own[depth - 1]
             preds = self._level_rows(depth, ids, preds.index_select(0, row), mask, positions)
+        if fused:  # the deep parents and the selection in one launch
+            from repro.drafters import frontier_kernels as fk
+
+            return fk.select_tree(
+                grow.scores, grow.tokens, grow.parents, grow.orders, grow.parent_at, grow.parent_base,
+                grow.counts[0], grow.size,
+            )  # fmt: skip
         if grow.depth > 1:  # the parents of levels 2..: the frontier rows' candidate ids
             torch.add(grow.orders.index_select(0, grow.parent_at), grow.parent_base, out=grow.deep_parents)
         return grow.select()

@@ -6,7 +6,9 @@ ops (repro/drafters/static_eagle.py), under Triton's interpreter (one TRITON_INT
   probabilities, a pruned child (p < tau), a pruned parent (score -inf, its children -inf and sorted after
   every finite one in creation order), tau <= 0 (only p = 0 pruned) and more frontier rows than a parent has
   children (kids < beam);
-- level_scores: the last level's scores alone.
+- level_scores: the last level's scores alone;
+- select_tree: TreeGrowth's deep parents and final selection (``TreeGrowth.select``) on buffers of random
+  scores with ties and -inf, budgets below and above the candidates, one level and six.
 Scores are compared to the float64 ulp (the interpreter's log is NumPy's, torch's its own); everything else
 exactly. The drafter's whole tree through it: tests/drafters/test_eagle_fast.py.
 """
@@ -107,10 +109,55 @@ def compare(name: str) -> dict[str, object]:
     }
 
 
+SELECT_SPECS = {  # name: (budget, topk, depth)
+    "spec-la": (32, 4, 6),
+    "all": (200, 3, 3),
+    "one-level": (3, 5, 1),
+}
+
+
+def compare_select(name: str) -> dict[str, bool]:
+    """select_tree against TreeGrowth's torch ops on the same random buffers."""
+    import copy
+
+    from repro.drafters.eagle import DynamicTree
+    from repro.drafters.frontier_kernels import select_tree
+    from repro.drafters.static_eagle import TreeGrowth
+
+    budget, topk, depth = SELECT_SPECS[name]
+    grow = TreeGrowth(DynamicTree(budget, topk, 0.0, depth), 50, torch.float32, 8, depth, torch.device("cpu"))
+    gen = torch.Generator().manual_seed(len(name))
+    n = grow.n
+    scores = -torch.rand(n, generator=gen, dtype=torch.float64) * 4
+    scores[torch.rand(n, generator=gen) < 0.2] = float("-inf")
+    scores[5:9] = scores[4]  # ties
+    grow.scores[1 : n + 1] = scores
+    grow.tokens[1 : n + 1] = torch.randint(1, 50, (n,), generator=gen)
+    for d in range(1, depth):  # a level's frontier order: candidate positions within the level
+        values, order = grow.frontier(d)
+        order.copy_(torch.randint(0, grow.counts[d - 1], order.shape, generator=gen))
+    ref = copy.deepcopy(grow)
+    if depth > 1:
+        torch.add(ref.orders.index_select(0, ref.parent_at), ref.parent_base, out=ref.deep_parents)
+    want = ref.select()
+    got = select_tree(grow.scores, grow.tokens, grow.parents, grow.orders, grow.parent_at, grow.parent_base,
+                      grow.counts[0], grow.size)  # fmt: skip
+    return {
+        "tokens": torch.equal(got[0], want[0]),
+        "parents": torch.equal(got[1], want[1]),
+        "scores": torch.equal(got[2], want[2]),
+        "parent buffer": torch.equal(grow.parents, ref.parents),
+        "pads": bool((want[1][1:] < 0).any()),  # fewer real candidates than the tree's size
+        "truncates": int(torch.isfinite(scores).sum()) > grow.size,  # more than it keeps
+    }
+
+
 def _interpreter_main() -> None:
     import json
 
-    print(json.dumps({name: compare(name) for name in CASES}))
+    out: dict[str, object] = {name: compare(name) for name in CASES}
+    out.update({f"select/{name}": compare_select(name) for name in SELECT_SPECS})
+    print(json.dumps(out))
 
 
 @pytest.fixture(scope="module")
@@ -123,6 +170,19 @@ def test_the_level_kernel_equals_the_torch_glue(interp: dict, name: str) -> None
     got = interp[name]
     assert got.pop("pruned") > 0, got
     assert all(got.values()), got
+
+
+@pytest.mark.parametrize("name", list(SELECT_SPECS))
+def test_the_selection_kernel_equals_tree_growth_select(interp: dict, name: str) -> None:
+    got = dict(interp[f"select/{name}"])
+    got.pop("pads"), got.pop("truncates")
+    assert all(got.values()), got
+
+
+def test_the_selection_cases_pad_and_truncate(interp: dict) -> None:
+    """Not vacuous: a case keeps fewer real candidates than its tree's size (padding), one more than it."""
+    flags = [interp[f"select/{name}"] for name in SELECT_SPECS]
+    assert any(f["pads"] for f in flags) and any(f["truncates"] for f in flags), flags
 
 
 def test_frontier_buffers_that_do_not_fit_are_refused() -> None:
