@@ -44,8 +44,10 @@ def _frontier_kernel(
     i = tl.arange(0, NP)
     valid = i < n
     p = tl.load(top_p + i, mask=valid, other=0.0).to(tl.float64)
-    ok = p >= tau if POSITIVE_TAU else p > 0.0
-    p = tl.where(ok, p, 0.0)
+    if POSITIVE_TAU:
+        p = tl.where(p >= tau, p, 0.0)
+    else:
+        p = tl.where(p > 0.0, p, 0.0)
     s = tl.load(score + i // kids, mask=valid, other=0.0) + tl.log(p)
     if b == 0:
         tl.store(scores_out + i, s, mask=valid)
