@@ -70,21 +70,22 @@ def torch_level(x: dict[str, torch.Tensor], tau: float, beam: int) -> dict[str, 
     }  # fmt: skip
 
 
-def compare(name: str) -> dict[str, object]:
+def compare(name: str, device: str = "cpu") -> dict[str, object]:
     from repro.drafters.frontier_kernels import level_scores, next_frontier
 
     rows, kids, beam, tau, ties, dead = CASES[name]
-    x = case_inputs(rows, kids, beam, ties, dead, seed=len(name))
-    ref = torch_level(x, tau, beam)
+    host = case_inputs(rows, kids, beam, ties, dead, seed=len(name))
+    ref = {k: v.to(device) for k, v in torch_level(host, tau, beam).items()}
+    x = {k: v.to(device) for k, v in host.items()}
     n = rows * kids
-    scores = torch.full((n,), 7.0, dtype=torch.float64)
-    values = torch.zeros(n, dtype=torch.float64)
-    order = torch.zeros(n, dtype=torch.long)
+    scores = torch.full((n,), 7.0, dtype=torch.float64, device=device)
+    values = torch.zeros(n, dtype=torch.float64, device=device)
+    order = torch.zeros(n, dtype=torch.long, device=device)
     ids, parent_rows, mask, preds = next_frontier(
         x["top_p"], x["top_ids"], x["score"], tau, scores.view(rows, kids), values, order, x["mask"],
         x["own"], x["preds"],
     )  # fmt: skip
-    last = torch.full((n,), 7.0, dtype=torch.float64)
+    last = torch.full((n,), 7.0, dtype=torch.float64, device=device)
     level_scores(x["top_p"], x["score"], tau, last.view(rows, kids))
 
     def ulps(a: torch.Tensor, b: torch.Tensor) -> bool:  # equal, or within 2 ulp where finite
@@ -116,7 +117,7 @@ SELECT_SPECS = {  # name: (budget, topk, depth)
 }
 
 
-def compare_select(name: str) -> dict[str, bool]:
+def compare_select(name: str, device: str = "cpu") -> dict[str, bool]:
     """select_tree against TreeGrowth's torch ops on the same random buffers."""
     import copy
 
@@ -125,14 +126,16 @@ def compare_select(name: str) -> dict[str, bool]:
     from repro.drafters.static_eagle import TreeGrowth
 
     budget, topk, depth = SELECT_SPECS[name]
-    grow = TreeGrowth(DynamicTree(budget, topk, 0.0, depth), 50, torch.float32, 8, depth, torch.device("cpu"))
+    grow = TreeGrowth(
+        DynamicTree(budget, topk, 0.0, depth), 50, torch.float32, 8, depth, torch.device(device)
+    )
     gen = torch.Generator().manual_seed(len(name))
     n = grow.n
     scores = -torch.rand(n, generator=gen, dtype=torch.float64) * 4
     scores[torch.rand(n, generator=gen) < 0.2] = float("-inf")
     scores[5:9] = scores[4]  # ties
-    grow.scores[1 : n + 1] = scores
-    grow.tokens[1 : n + 1] = torch.randint(1, 50, (n,), generator=gen)
+    grow.scores[1 : n + 1] = scores.to(device)
+    grow.tokens[1 : n + 1] = torch.randint(1, 50, (n,), generator=gen).to(device)
     for d in range(1, depth):  # a level's frontier order: candidate positions within the level
         values, order = grow.frontier(d)
         order.copy_(torch.randint(0, grow.counts[d - 1], order.shape, generator=gen))
@@ -183,6 +186,18 @@ def test_the_selection_cases_pad_and_truncate(interp: dict) -> None:
     """Not vacuous: a case keeps fewer real candidates than its tree's size (padding), one more than it."""
     flags = [interp[f"select/{name}"] for name in SELECT_SPECS]
     assert any(f["pads"] for f in flags) and any(f["truncates"] for f in flags), flags
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_level_and_selection_kernels() -> None:
+    for name in CASES:
+        got = compare(name, "cuda")
+        assert got.pop("pruned") > 0 and all(got.values()), (name, got)
+    for name in SELECT_SPECS:
+        got = compare_select(name, "cuda")
+        got.pop("pads"), got.pop("truncates")
+        assert all(got.values()), (name, got)
 
 
 def test_frontier_buffers_that_do_not_fit_are_refused() -> None:

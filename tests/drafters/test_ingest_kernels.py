@@ -20,19 +20,19 @@ from conftest import run_in_interpreter
 WIDTHS = (24, 1100)  # the second spans two column blocks
 
 
-def gather_case(dtype: torch.dtype) -> dict[str, object]:
+def gather_case(dtype: torch.dtype, device: str = "cpu") -> dict[str, object]:
     """The kernel's outputs and the torch ops' on the same inputs: whether each pair is equal."""
     from repro.drafters.ingest_kernels import gather_features
 
     gen = torch.Generator().manual_seed(3)
-    sources = tuple(torch.randn(9, w, generator=gen) for w in WIDTHS)
-    path = torch.tensor([4, 0, 7, 7, 0, 0])  # an accepted path of 4, padded with node 0
-    start, count = torch.tensor(5), torch.tensor(4)
-    feat = torch.randn(16, sum(WIDTHS), generator=gen).to(dtype)
-    length = torch.tensor(0)
+    sources = tuple(torch.randn(9, w, generator=gen).to(device) for w in WIDTHS)
+    path = torch.tensor([4, 0, 7, 7, 0, 0], device=device)  # an accepted path of 4, padded with node 0
+    start, count = torch.tensor(5, device=device), torch.tensor(4, device=device)
+    feat = torch.randn(16, sum(WIDTHS), generator=gen).to(device, dtype)
+    length = torch.tensor(0, device=device)
     ref_feat = feat.clone()
     ref_rows = torch.cat([h.index_select(0, path) for h in sources], dim=-1).to(dtype)
-    ref_positions = start + torch.arange(path.shape[0])
+    ref_positions = start + torch.arange(path.shape[0], device=device)
     ref_feat.index_copy_(0, ref_positions, ref_rows)
     rows, positions = gather_features(sources, path, start, count, feat, length)
     return {
@@ -44,12 +44,12 @@ def gather_case(dtype: torch.dtype) -> dict[str, object]:
     }
 
 
-def launched_case(width: int) -> bool:
+def launched_case(width: int, device: str = "cpu") -> bool:
     from repro.drafters.ingest_kernels import launched_inputs
 
-    result = torch.tensor([3, 42, 5, 9, 11, 13, 17, 19])  # [path length, bonus, path nodes by depth ...]
-    length = torch.tensor(27)
-    inp = torch.full((3 + 4,), -1, dtype=torch.long)
+    result = torch.tensor([3, 42, 5, 9, 11, 13, 17, 19], device=device)  # [path length, bonus, path ...]
+    length = torch.tensor(27, device=device)
+    inp = torch.full((3 + 4,), -1, dtype=torch.long, device=device)
     ref = inp.clone()
     ref[0], ref[1], ref[2] = result[1], length, result[0]
     ref[3 : 3 + width] = result[2 : 2 + width]
@@ -58,13 +58,14 @@ def launched_case(width: int) -> bool:
     return torch.equal(inp, ref)
 
 
-def last_case(length: int) -> bool:
+def last_case(length: int, device: str = "cpu") -> bool:
     from repro.drafters.ingest_kernels import last_feature
 
-    feat = torch.randn(12, 1100, generator=torch.Generator().manual_seed(length))
-    tail = torch.zeros(1, 1100)
-    last_feature(feat, torch.tensor(length), tail)
-    return torch.equal(tail, feat.index_select(0, (torch.tensor(length) - 1).clamp(min=0).view(1)))
+    feat = torch.randn(12, 1100, generator=torch.Generator().manual_seed(length)).to(device)
+    tail = torch.zeros(1, 1100, device=device)
+    n = torch.tensor(length, device=device)
+    last_feature(feat, n, tail)
+    return torch.equal(tail, feat.index_select(0, (n - 1).clamp(min=0).view(1)))
 
 
 def _interpreter_main() -> None:
@@ -95,6 +96,16 @@ def test_launched_inputs_equal_the_torch_copies(interp: dict, width: int) -> Non
 @pytest.mark.parametrize("length", [0, 1, 9])
 def test_last_feature_equals_the_torch_ops(interp: dict, length: int) -> None:
     assert interp[f"last/{length}"] is True
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_ingest_kernels() -> None:
+    for dtype in (torch.float32, torch.bfloat16):
+        case = gather_case(dtype, "cuda")
+        assert case["rows"] and case["positions"] and case["feat"] and case["length"] == 9, (dtype, case)
+    assert all(launched_case(w, "cuda") for w in (0, 2, 4))
+    assert all(last_case(n, "cuda") for n in (0, 1, 9))
 
 
 def test_bad_shapes_are_refused() -> None:
