@@ -43,11 +43,10 @@ def _gather_features_kernel(
     y = tl.load(src + node * src_stride + o, mask=m, other=0.0)
     tl.store(rows + j * rows_stride + col0 + o, y, mask=m)
     tl.store(feat + (start + j) * feat_stride + col0 + o, y, mask=m)
-    if FIRST:
-        if cb == 0:
-            tl.store(positions + j, start + j)
-            if j == 0:
-                tl.store(length, start + tl.load(count_ptr))
+    if FIRST and cb == 0:
+        tl.store(positions + j, start + j)
+        if j == 0:
+            tl.store(length, start + tl.load(count_ptr))
 
 
 def gather_features(
