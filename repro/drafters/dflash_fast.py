@@ -39,20 +39,21 @@ heads, two feature layers, block 16, counted on CPU by tests/drafters/test_dflas
 =================================================  =====  ====  ===============
 what                                               eager  fast  fast: aten + Triton
 =================================================  =====  ====  ===============
-the step: ingest (16 rows) + block + marginals     124    17    7 + 10
-the step: block + marginals (nothing to ingest)    83     12    6 + 6
-Weaver's step: ingest + block (rows, logits)       126    17    6 + 11
+the step: ingest (16 rows) + block + marginals     124    14    3 + 11
+the step: block + marginals (nothing to ingest)    83     9     2 + 7
+Weaver's step: ingest + block (rows, logits)       126    14    2 + 12
 =================================================  =====  ====  ===============
 
-A fast block is 6 Triton launches (per layer q|k|v, attention, o_proj, gate|up, down; the final norm + LM
-head) and 6 aten ops (the block's ids 3, the embedding, the softmax, the top-k). An ingest (a path padded
+A fast block is 7 Triton launches (the block's input rows,
+:func:`~repro.drafters.ingest_kernels.block_rows`; per layer q|k|v, attention, o_proj, gate|up, down; the
+final norm + LM head) and 2 aten ops (the softmax, the top-k). An ingest (a path padded
 to the block's 16 rows, as steps pad it) is 5 launches with two feature layers, whatever the layer count:
 the rows' gather, feature write, positions and length (one launch per feature layer,
 :func:`~repro.drafters.ingest_kernels.gather_features`; 7 aten ops before), fc, the k|v launch, the context
 keys and values (one kernel; 13 aten ops before: k_norm 6, rotary 5, two writes).
 Weaver's rows add the final RMSNorm (1) and the root's feature into ``tail`` (1). Each more layer
 adds 5 Triton launches to the fast step (8 launches on cuBLAS, above ``row_tiled_width``) and 70 aten
-ops to the eager one (55 in the block, 15 in the ingest: a two-layer step is 194 eager, 22 fast).
+ops to the eager one (55 in the block, 15 in the ingest: a two-layer step is 194 eager, 19 fast).
 
 Rounding: the kernels accumulate in float32 (float64 for float64 data) and round once, and norms are not
 rounded before their matmul, so float32 block states and logits agree with the eager drafter's to ~1e-6

@@ -1,6 +1,6 @@
-"""Triton kernels of the static DFlash drafter's ingest inputs (the fast path of
-:class:`~repro.drafters.static_dflash.StaticDFlash`): what a step did in small torch ops before the fc
-matmul, in few launches.
+"""Triton kernels of the static DFlash drafter's step inputs (the fast path of
+:class:`~repro.drafters.static_dflash.StaticDFlash`): what a step did in small torch ops around its
+matmuls, in few launches.
 
 At the tiny family's width a drafter step is bound by its launches (results/2026-12-04-h200-engine-runs: the
 DFlash draft is 0.14 ms of DDTree's 0.49 ms step); each kernel here is one launch, capturable (no host read),
@@ -13,7 +13,8 @@ and equal to the torch ops it replaces (tests/drafters/test_ingest_kernels.py, u
 - :func:`launched_inputs`: the step inputs ``[bonus, start, path length, path + zeros]`` taken from a
   launched, unread verify's result and the committed length (5 copies before).
 - :func:`last_feature`: Weaver's root feature, the feature row of the last committed position (4 aten
-  launches before).
+  launches before);
+- :func:`block_rows`: the block's input rows, the root's embedding then the mask token's (3 before).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from repro.gdn.triton_common import pow2  # the module also patches the CPU interpreter
+from repro.gdn.triton_common import acc_dtype, pow2, round_to  # the module also patches the interpreter
 
 COLUMN_BLOCK = 1024  # feature columns a program copies
 
@@ -122,3 +123,45 @@ def last_feature(feat: torch.Tensor, length: torch.Tensor, tail: torch.Tensor) -
     _last_feature_kernel[(triton.cdiv(width, bh),)](
         feat, feat.stride(0), length, tail, width, BH=bh, num_warps=4
     )
+
+
+@triton.jit
+def _block_rows_kernel(
+    embedding,
+    emb_stride,
+    root_ptr,
+    mask_id,
+    out,
+    width,
+    scale,
+    BH: tl.constexpr,
+    SCALE: tl.constexpr,
+    ACC: tl.constexpr,
+):
+    """Block row ``pid0`` (0: the root, else the mask token), column block ``pid1``: its embedding row."""
+    r = tl.program_id(0)
+    o = tl.program_id(1) * BH + tl.arange(0, BH)
+    m = o < width
+    token = tl.where(r == 0, tl.load(root_ptr), mask_id)
+    x = tl.load(embedding + token * emb_stride + o, mask=m, other=0.0)
+    if SCALE:
+        x = round_to(x.to(ACC) * scale, out)
+    tl.store(out + r * width + o, x, mask=m)
+
+
+def block_rows(
+    embedding: torch.Tensor, root: torch.Tensor, mask_id: int, rows: int, scale: float
+) -> torch.Tensor:
+    """The DFlash block's input rows [rows, hidden]: the embedding of ``root`` (a 1-element int64 device
+    tensor) then of ``mask_id`` for the other rows, times ``scale`` (when not 1: in float32, float64 for
+    float64 rows, rounded once, as torch multiplies a tensor by a Python float)."""
+    if embedding.stride(-1) != 1:
+        raise ValueError("embedding rows must be contiguous")
+    width = embedding.shape[1]
+    out = torch.empty(rows, width, dtype=embedding.dtype, device=embedding.device)
+    bh = min(COLUMN_BLOCK, pow2(width))
+    _block_rows_kernel[(rows, triton.cdiv(width, bh))](
+        embedding, embedding.stride(0), root, int(mask_id), out, width, float(scale), BH=bh,
+        SCALE=scale != 1.0, ACC=acc_dtype(embedding.dtype), num_warps=4,
+    )  # fmt: skip
+    return out

@@ -250,9 +250,18 @@ class StaticDFlash:
             last_feature(self.feat, self.length, self.tail)
         elif not probs:
             self.tail.copy_(self.feat.index_select(0, (self.length - 1).clamp(min=0).view(1)))
-        ids = torch.where(self._block == 0, inp[0], m.config.mask_token_id)
+        ids = torch.where(self._block == 0, inp[0], m.config.mask_token_id) if self._fast is None else None
         if self._fast is not None:
-            h = self._fast.block(m.embed_block(ids, self.embedding), self.length, self.keys, self.values)[1:]
+            from repro.drafters.ingest_kernels import block_rows
+
+            x = block_rows(
+                self.embedding,
+                inp[0:1],
+                m.config.mask_token_id,
+                self.block_size,
+                m.config.input_embedding_scale,
+            )
+            h = self._fast.block(x, self.length, self.keys, self.values)[1:]
             if probs:
                 logits = self._fast.logits(h, self.lm_head)
             else:

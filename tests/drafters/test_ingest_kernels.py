@@ -5,7 +5,10 @@ they replace, under Triton's interpreter (one TRITON_INTERPRET=1 subprocess; thi
   path untouched), the positions and the length, for two feature layers of different widths (one wider than
   a column block), a padded path with repeated nodes, float32 sources into bf16 features;
 - launched_inputs: ``[bonus, start, path length, path + zeros]`` for widths 0, a part and all of the pad;
-- last_feature: ``feat[max(length - 1, 0)]`` at lengths 0, 1 and 9, over more than one column block.
+- last_feature: ``feat[max(length - 1, 0)]`` at lengths 0, 1 and 9, over more than one column block;
+- block_rows: ``embed_block`` of ``[root, mask x (T - 1)]`` (the embedding times the scale) in float32 and
+  float64 with a scale, bf16 without (the interpreter's bf16 casts truncate; a scaled bf16 block is
+  checked on the GPU).
 The drafter's whole fast step through them: tests/drafters/test_dflash_fast.py.
 """
 
@@ -68,12 +71,29 @@ def last_case(length: int, device: str = "cpu") -> bool:
     return torch.equal(tail, feat.index_select(0, (n - 1).clamp(min=0).view(1)))
 
 
+BLOCK_CASES = {"float32": 1.5, "float64": 0.75, "bfloat16": 1.0}  # dtype: input_embedding_scale
+
+
+def block_case(dtype: str, scale: float, device: str = "cpu") -> bool:
+    import torch.nn.functional as F
+
+    from repro.drafters.ingest_kernels import block_rows
+
+    emb = torch.randn(40, 1100, generator=torch.Generator().manual_seed(1)).to(device, getattr(torch, dtype))
+    root = torch.tensor([7], device=device)
+    ids = torch.tensor([7] + [39] * 5, device=device)
+    want = F.embedding(ids, emb)
+    want = want * scale if scale != 1.0 else want
+    return torch.equal(block_rows(emb, root, 39, 6, scale), want)
+
+
 def _interpreter_main() -> None:
     import json
 
     out = {f"gather/{d}": gather_case(getattr(torch, d)) for d in ("float32", "bfloat16")}
     out.update({f"launched/{w}": launched_case(w) for w in (0, 2, 4)})
     out.update({f"last/{n}": last_case(n) for n in (0, 1, 9)})
+    out.update({f"block/{d}": block_case(d, scale) for d, scale in BLOCK_CASES.items()})
     print(json.dumps(out))
 
 
@@ -106,6 +126,12 @@ def test_gpu_ingest_kernels() -> None:
         assert case["rows"] and case["positions"] and case["feat"] and case["length"] == 9, (dtype, case)
     assert all(launched_case(w, "cuda") for w in (0, 2, 4))
     assert all(last_case(n, "cuda") for n in (0, 1, 9))
+    assert all(block_case(d, s, "cuda") for d, s in [*BLOCK_CASES.items(), ("bfloat16", 1.5)])
+
+
+@pytest.mark.parametrize("dtype", list(BLOCK_CASES))
+def test_block_rows_equal_the_embedding(interp: dict, dtype: str) -> None:
+    assert interp[f"block/{dtype}"] is True
 
 
 def test_bad_shapes_are_refused() -> None:

@@ -53,6 +53,10 @@ CASES = {  # name: (module, kernel, signature, constexprs)
     "last-feature": ("repro.drafters.ingest_kernels", "_last_feature_kernel", dict(
         feat=ptr("bf16"), feat_stride="i32", length=ptr("i64"), tail=ptr("bf16"), width="i32", BH="constexpr",
     ), {"BH": 1024}),
+    "block-rows": ("repro.drafters.ingest_kernels", "_block_rows_kernel", dict(
+        embedding=ptr("bf16"), emb_stride="i32", root_ptr=ptr("i64"), mask_id="i32", out=ptr("bf16"),
+        width="i32", scale="fp32", BH="constexpr", SCALE="constexpr", ACC="constexpr",
+    ), {"BH": 1024, "SCALE": True, "ACC": "float32"}),
     "context-kv": ("repro.gdn.triton_attention", "_context_kv_kernel", dict(
         kv_ptr=ptr("bf16"), pos_ptr=ptr("i64"), k_scale_ptr=ptr("bf16"), rope_ptr=ptr("bf16"),
         keys_ptr=ptr("bf16"), values_ptr=ptr("bf16"), eps="fp32", kv_stride="i32", rows="i32", KV="constexpr",
