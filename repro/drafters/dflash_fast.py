@@ -70,9 +70,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from repro.drafters.fast_rules import rotary_rows, triton_linears
-from repro.gdn.triton_attention import write_context_kv
 from repro.models.graphed import SMALL_WIDTH
-from repro.models.static import AttentionBuffers, AttentionWeights, fused_verify_attention, normed_linear
+from repro.models.static import (
+    AttentionBuffers,
+    AttentionWeights,
+    fused_verify_attention,
+    normed_linear,
+    triton_rms_norm,
+    write_context_kv,
+)
 
 if TYPE_CHECKING:
     from repro.drafters.dflash import DFlashDraftModel, DFlashLayer
@@ -188,10 +194,8 @@ class FastDFlash:
 
     def final_norm(self, h: torch.Tensor) -> torch.Tensor:
         """The final-normed rows of ``h`` [n, hidden] (one Triton RMSNorm; Weaver reads them)."""
-        from repro.gdn.triton_decode import rms_norm
-
         norm = self.model.norm
-        return rms_norm(h, norm.weight, norm.eps)
+        return triton_rms_norm(h, norm.weight, norm.eps)
 
     def logits(self, h: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
         """``compute_logits(norm(h), lm_head)`` of rows ``h`` [n, hidden], the final norm on the head."""

@@ -27,15 +27,17 @@ import torch
 import triton
 import triton.language as tl
 
-from repro.gdn.triton_common import pow2  # the module also patches the CPU interpreter
-
 COPY_BLOCK = 1024  # mask / prediction columns a program copies per step
+
+
+def pow2(x: int) -> int:
+    return triton.next_power_of_2(int(x))
 
 
 @triton.jit
 def _frontier_kernel(
     top_p, top_ids, score, tau, scores_out, values, order, ids, rows_out, mask, own, mask_out, preds,
-    preds_out, n, kids, mask_width, width, NP: tl.constexpr, POSITIVE_TAU: tl.constexpr,
+    preds_out, n, kids, MW: tl.constexpr, W: tl.constexpr, NP: tl.constexpr, POSITIVE_TAU: tl.constexpr,
     FRONTIER: tl.constexpr, BC: tl.constexpr,
 ):  # fmt: skip
     """Frontier row ``pid``: the level's scores and sort (program 0 writes them), then row pid's token,
@@ -64,15 +66,15 @@ def _frontier_kernel(
         tl.store(ids + b, tl.load(top_ids + child))
         tl.store(rows_out + b, row.to(tl.int64))
         c = tl.arange(0, BC)
-        for c0 in range(0, mask_width, BC):
-            m = c0 + c < mask_width
-            seen = tl.load(mask + row * mask_width + c0 + c, mask=m, other=0)
-            mine = tl.load(own + b * mask_width + c0 + c, mask=m, other=0)
-            tl.store(mask_out + b * mask_width + c0 + c, seen | mine, mask=m)
-        for c0 in range(0, width, BC):
-            m = c0 + c < width
-            x = tl.load(preds + row * width + c0 + c, mask=m, other=0.0)
-            tl.store(preds_out + b * width + c0 + c, x, mask=m)
+        for c0 in range(0, MW, BC):  # constexpr bounds (the interpreter's run-time bounds need a patch)
+            m = c0 + c < MW
+            seen = tl.load(mask + row * MW + c0 + c, mask=m, other=0)
+            mine = tl.load(own + b * MW + c0 + c, mask=m, other=0)
+            tl.store(mask_out + b * MW + c0 + c, seen | mine, mask=m)
+        for c0 in range(0, W, BC):
+            m = c0 + c < W
+            x = tl.load(preds + row * W + c0 + c, mask=m, other=0.0)
+            tl.store(preds_out + b * W + c0 + c, x, mask=m)
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
@@ -89,8 +91,8 @@ def level_scores(top_p: torch.Tensor, score: torch.Tensor, tau: float, scores_ou
     n = rows * kids
     _frontier_kernel[(1,)](
         _flat(top_p), top_p, _flat(score), float(tau), _flat(scores_out), score, score, score, score, score,
-        score, score, score, score, n, kids, 0, 0, NP=pow2(n), POSITIVE_TAU=tau > 0, FRONTIER=False, BC=16,
-        num_warps=4,
+        score, score, score, score, n, kids, MW=0, W=0, NP=pow2(n), POSITIVE_TAU=tau > 0, FRONTIER=False,
+        BC=16, num_warps=4,
     )  # fmt: skip
 
 
@@ -125,7 +127,7 @@ def next_frontier(
     _frontier_kernel[(beam,)](
         _flat(top_p), _flat(top_ids), _flat(score), float(tau), _flat(scores_out), _flat(values),
         _flat(order), ids, parent_rows, _flat(mask), _flat(own), _flat(mask_out), _flat(preds), preds_out,
-        n, kids, mask.shape[1], preds.shape[1], NP=pow2(n), POSITIVE_TAU=tau > 0, FRONTIER=True,
+        n, kids, MW=mask.shape[1], W=preds.shape[1], NP=pow2(n), POSITIVE_TAU=tau > 0, FRONTIER=True,
         BC=COPY_BLOCK, num_warps=4,
     )  # fmt: skip
     return ids, parent_rows, mask_out, preds_out
@@ -134,12 +136,12 @@ def next_frontier(
 @triton.jit
 def _select_kernel(
     scores, tokens, parents, orders, parent_at, parent_base, node_of, out_tokens, out_parents, out_scores,
-    n, first, size, NP: tl.constexpr, BJ: tl.constexpr,
+    first, size, N: tl.constexpr, NP: tl.constexpr, BJ: tl.constexpr,
 ):  # fmt: skip
     """One program: the deep levels' parents, the ``size`` best candidates by (-score, id) and the root
     as a tree in id order, padding after (see :func:`select_tree`)."""
     i = tl.arange(0, NP)
-    valid = i <= n  # ids 0 (the root) .. n
+    valid = i <= N  # ids 0 (the root) .. N
     s = tl.load(scores + i, mask=valid, other=float("-inf"))
     deep = valid & (i > first)  # levels 2..: the parent is a frontier row's candidate id
     at = tl.load(parent_at + (i - first - 1), mask=deep, other=0)
@@ -150,16 +152,16 @@ def _select_kernel(
     )
     tl.store(parents + i, par, mask=deep)
     rank = tl.zeros([NP], dtype=tl.int32)
-    for j0 in range(0, n + 1, BJ):
+    for j0 in range(0, N + 1, BJ):  # constexpr bounds, as in _frontier_kernel
         j = j0 + tl.arange(0, BJ)
-        s_j = tl.load(scores + j, mask=j <= n, other=float("-inf"))
+        s_j = tl.load(scores + j, mask=j <= N, other=float("-inf"))
         ahead = (s_j[None, :] > s[:, None]) | ((s_j[None, :] == s[:, None]) & (j[None, :] < i[:, None]))
-        rank += tl.sum((ahead & (j[None, :] <= n)).to(tl.int32), axis=1)
+        rank += tl.sum((ahead & (j[None, :] <= N)).to(tl.int32), axis=1)
     chosen = valid & (rank <= size) & (s > float("-inf"))
     pos = tl.cumsum(chosen.to(tl.int32), axis=0) - 1
     kept = tl.sum(chosen.to(tl.int32), axis=0)
-    tl.store(node_of + i, tl.zeros([NP], dtype=tl.int64), mask=i <= n + 1)  # as TreeGrowth.unmapped: 0 ..
-    tl.store(node_of + n + 2, -1)  # .. and -1 for "none" (the root's parent)
+    tl.store(node_of + i, tl.zeros([NP], dtype=tl.int64), mask=i <= N + 1)  # as TreeGrowth.unmapped: 0 ..
+    tl.store(node_of + N + 2, -1)  # .. and -1 for "none" (the root's parent)
     tl.debug_barrier()
     tl.store(node_of + i, pos.to(tl.int64), mask=chosen)
     tl.debug_barrier()
@@ -201,7 +203,7 @@ def select_tree(
     at = parent_at if parent_at is not None else parents  # no deep level: never read
     base = parent_base if parent_base is not None else parents
     _select_kernel[(1,)](
-        scores, tokens, parents, orders, at, base, node_of, out_tokens, out_parents, out_scores, n, first,
-        size, NP=np_, BJ=max(1, min(np_, 4096 // np_)), num_warps=4 if np_ <= 256 else 8,
+        scores, tokens, parents, orders, at, base, node_of, out_tokens, out_parents, out_scores, first, size,
+        N=n, NP=np_, BJ=max(1, min(np_, 4096 // np_)), num_warps=4 if np_ <= 256 else 8,
     )  # fmt: skip
     return out_tokens, out_parents, out_scores

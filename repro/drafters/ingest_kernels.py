@@ -23,9 +23,13 @@ import torch
 import triton
 import triton.language as tl
 
-from repro.gdn.triton_common import acc_dtype, pow2, round_to  # the module also patches the interpreter
+from repro.drafters.growth_kernels import round_to  # round to a dtype, exact in the interpreter too
 
 COLUMN_BLOCK = 1024  # feature columns a program copies
+
+
+def pow2(x: int) -> int:
+    return triton.next_power_of_2(int(x))
 
 
 @triton.jit
@@ -137,6 +141,7 @@ def _block_rows_kernel(
     BH: tl.constexpr,
     SCALE: tl.constexpr,
     ACC: tl.constexpr,
+    DT: tl.constexpr,
 ):
     """Block row ``pid0`` (0: the root, else the mask token), column block ``pid1``: its embedding row."""
     r = tl.program_id(0)
@@ -145,8 +150,16 @@ def _block_rows_kernel(
     token = tl.where(r == 0, tl.load(root_ptr), mask_id)
     x = tl.load(embedding + token * emb_stride + o, mask=m, other=0.0)
     if SCALE:
-        x = round_to(x.to(ACC) * scale, out)
+        x = round_to(x.to(ACC) * scale, DT)
     tl.store(out + r * width + o, x, mask=m)
+
+
+_TL = {
+    torch.float32: tl.float32,
+    torch.float64: tl.float64,
+    torch.bfloat16: tl.bfloat16,
+    torch.float16: tl.float16,
+}
 
 
 def block_rows(
@@ -162,6 +175,7 @@ def block_rows(
     bh = min(COLUMN_BLOCK, pow2(width))
     _block_rows_kernel[(rows, triton.cdiv(width, bh))](
         embedding, embedding.stride(0), root, int(mask_id), out, width, float(scale), BH=bh,
-        SCALE=scale != 1.0, ACC=acc_dtype(embedding.dtype), num_warps=4,
+        SCALE=scale != 1.0, ACC=tl.float64 if embedding.dtype == torch.float64 else tl.float32,
+        DT=_TL[embedding.dtype], num_warps=4,
     )  # fmt: skip
     return out

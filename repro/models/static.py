@@ -435,6 +435,29 @@ def normed_linear(
     return F.linear(fused.rms_norm(x, scale, eps), weight, bias)
 
 
+def triton_rms_norm(x: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x / rms(x) * scale`` over the last dim in one launch (:func:`repro.gdn.triton_decode.rms_norm`)."""
+    from repro.gdn import triton_decode
+
+    return triton_decode.rms_norm(x, scale, eps)
+
+
+def write_context_kv(
+    kv: torch.Tensor,
+    positions: torch.Tensor,
+    k_scale: torch.Tensor,
+    eps: float,
+    rope: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+) -> None:
+    """Every layer's context keys (RMSNorm, rotary) and values written at ``positions`` in one launch:
+    :func:`repro.gdn.triton_attention.write_context_kv` (DFlash's fast ingest reads it from here)."""
+    from repro.gdn import triton_attention
+
+    triton_attention.write_context_kv(kv, positions, k_scale, eps, rope, keys, values)
+
+
 def fused_decode_gdn(
     layer: DecoderLayer, w: GDNWeights, buf: GDNBuffers, x: torch.Tensor, conv_index: torch.Tensor, gemv: bool
 ) -> torch.Tensor:

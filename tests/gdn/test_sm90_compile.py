@@ -29,19 +29,19 @@ def ptr(t: str) -> str:
 FRONTIER = dict(
     top_p=ptr("fp32"), top_ids=ptr("i64"), score=ptr("fp64"), tau="fp64", scores_out=ptr("fp64"),
     values=ptr("fp64"), order=ptr("i64"), ids=ptr("i64"), rows_out=ptr("i64"), mask=ptr("u8"), own=ptr("u8"),
-    mask_out=ptr("u8"), preds=ptr("bf16"), preds_out=ptr("bf16"), n="i32", kids="i32", mask_width="i32",
-    width="i32", NP="constexpr", POSITIVE_TAU="constexpr", FRONTIER="constexpr", BC="constexpr",
+    mask_out=ptr("u8"), preds=ptr("bf16"), preds_out=ptr("bf16"), n="i32", kids="i32", MW="constexpr",
+    W="constexpr", NP="constexpr", POSITIVE_TAU="constexpr", FRONTIER="constexpr", BC="constexpr",
 )  # fmt: skip
 CASES = {  # name: (module, kernel, signature, constexprs)
     "frontier": ("repro.drafters.frontier_kernels", "_frontier_kernel", FRONTIER,
-                 {"NP": 16, "POSITIVE_TAU": True, "FRONTIER": True, "BC": 1024}),
+                 {"MW": 300, "W": 1024, "NP": 16, "POSITIVE_TAU": True, "FRONTIER": True, "BC": 1024}),
     "level-scores": ("repro.drafters.frontier_kernels", "_frontier_kernel", FRONTIER,
-                     {"NP": 16, "POSITIVE_TAU": False, "FRONTIER": False, "BC": 16}),
+                     {"MW": 0, "W": 0, "NP": 16, "POSITIVE_TAU": False, "FRONTIER": False, "BC": 16}),
     "select": ("repro.drafters.frontier_kernels", "_select_kernel", dict(
         scores=ptr("fp64"), tokens=ptr("i64"), parents=ptr("i64"), orders=ptr("i64"), parent_at=ptr("i64"),
         parent_base=ptr("i64"), node_of=ptr("i64"), out_tokens=ptr("i64"), out_parents=ptr("i64"),
-        out_scores=ptr("fp64"), n="i32", first="i32", size="i32", NP="constexpr", BJ="constexpr",
-    ), {"NP": 128, "BJ": 32}),
+        out_scores=ptr("fp64"), first="i32", size="i32", N="constexpr", NP="constexpr", BJ="constexpr",
+    ), {"N": 84, "NP": 128, "BJ": 32}),
     "gather-features": ("repro.drafters.ingest_kernels", "_gather_features_kernel", dict(
         src=ptr("bf16"), src_stride="i32", path=ptr("i64"), start_ptr=ptr("i64"), count_ptr=ptr("i64"),
         rows=ptr("bf16"), rows_stride="i32", feat=ptr("bf16"), feat_stride="i32", positions=ptr("i64"),
@@ -55,8 +55,8 @@ CASES = {  # name: (module, kernel, signature, constexprs)
     ), {"BH": 1024}),
     "block-rows": ("repro.drafters.ingest_kernels", "_block_rows_kernel", dict(
         embedding=ptr("bf16"), emb_stride="i32", root_ptr=ptr("i64"), mask_id="i32", out=ptr("bf16"),
-        width="i32", scale="fp32", BH="constexpr", SCALE="constexpr", ACC="constexpr",
-    ), {"BH": 1024, "SCALE": True, "ACC": "float32"}),
+        width="i32", scale="fp32", BH="constexpr", SCALE="constexpr", ACC="constexpr", DT="constexpr",
+    ), {"BH": 1024, "SCALE": True, "ACC": "float32", "DT": "bfloat16"}),
     "context-kv": ("repro.gdn.triton_attention", "_context_kv_kernel", dict(
         kv_ptr=ptr("bf16"), pos_ptr=ptr("i64"), k_scale_ptr=ptr("bf16"), rope_ptr=ptr("bf16"),
         keys_ptr=ptr("bf16"), values_ptr=ptr("bf16"), eps="fp32", kv_stride="i32", rows="i32", KV="constexpr",
@@ -72,7 +72,7 @@ def test_kernel_compiles_for_sm90(name: str) -> None:
     from triton.compiler import ASTSource
 
     module, kernel, signature, constexprs = CASES[name]
-    consts = {k: getattr(tl, v) if k == "ACC" else v for k, v in constexprs.items()}
+    consts = {k: getattr(tl, v) if k in ("ACC", "DT") else v for k, v in constexprs.items()}
     fn = getattr(importlib.import_module(module), kernel)
     compiled = triton.compile(
         ASTSource(fn=fn, signature=signature, constexprs=consts), target=GPUTarget("cuda", 90, 32)
