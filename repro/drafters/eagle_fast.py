@@ -37,7 +37,7 @@ what                                     before  eager (glue per step)  fast, ea
 a tree level's forward (4 rows)          65      60                     19           8
 its distributions (norm, head, softmax)  9       9                      2            2
 the proposal call, chain k = 6           451     422                    135          79
-the proposal call, tree depth 6, topk 4  629     576 (486)              289 (199)    (133; 84)
+the proposal call, tree depth 6, topk 4  629     576 (486)              289 (199)    (133; 80)
 =======================================  ======  =====================  ===========  ==========
 
 (before: the static drafter whose levels each made their own mask, positions, slots, chain ancestors and a
@@ -47,8 +47,8 @@ q|k|v, :func:`~repro.drafters.eagle_attention.rope_attend`, o_proj, gate|up, dow
 glue 14 aten ops (the mask's cat, two gathers, the additive mask, rotary 3, the two KV writes, attention 5)
 and 5 Triton launches. The rest of a proposal is the drafting glue (top-k, scores, the tree's selection): in
 parentheses, with the tree glue of :mod:`repro.drafters.static_eagle` cut from 157 to 67 launches (its
-``TreeGrowth`` buffers; ``legacy_glue`` keeps the old one). After the parentheses: with levels 2.. of the
-tree glue in one launch each and the final selection in one (:mod:`repro.drafters.frontier_kernels`, the
+``TreeGrowth`` buffers; ``legacy_glue`` keeps the old one). After the parentheses: with every level of the
+tree glue in one launch and the final selection in one (:mod:`repro.drafters.frontier_kernels`, the
 fast path).
 
 Why the attention has its own kernel: :func:`~repro.gdn.triton_attention.attention_tree` /

@@ -12,7 +12,8 @@ level's forward, equal to it (tests/drafters/test_frontier_kernels.py, under Tri
 - per frontier row b: the candidate's token, its parent row, the parent row's slot mask OR the row's own
   slot, and the parent row's prediction (``index_select`` x 3, ``div``, ``|``).
 
-A level was 9 aten launches of glue (the last, scores only, 3); now 1. The log is float64 on both sides
+A level was 9 aten launches of glue (the first 5, the last, scores only, 3); now 1 (the first too, when
+the root has at least as many children as the frontier has rows). The log is float64 on both sides
 (the tree's scores are float64); ties keep creation order as torch's stable sort does.
 
 :func:`select_tree` is :meth:`~repro.drafters.static_eagle.TreeGrowth.select` and the deep levels' parents
@@ -37,11 +38,11 @@ def pow2(x: int) -> int:
 @triton.jit
 def _frontier_kernel(
     top_p, top_ids, score, tau, scores_out, values, order, ids, rows_out, mask, own, mask_out, preds,
-    preds_out, n, kids, MW: tl.constexpr, W: tl.constexpr, NP: tl.constexpr, POSITIVE_TAU: tl.constexpr,
-    FRONTIER: tl.constexpr, BC: tl.constexpr,
+    preds_out, n, kids, MIN: tl.constexpr, MW: tl.constexpr, W: tl.constexpr, NP: tl.constexpr,
+    POSITIVE_TAU: tl.constexpr, FRONTIER: tl.constexpr, BC: tl.constexpr,
 ):  # fmt: skip
     """Frontier row ``pid``: the level's scores and sort (program 0 writes them), then row pid's token,
-    parent row, mask and prediction."""
+    parent row, mask (the parent row's MIN columns, zeros after them, | the row's own) and prediction."""
     b = tl.program_id(0)
     i = tl.arange(0, NP)
     valid = i < n
@@ -68,7 +69,7 @@ def _frontier_kernel(
         c = tl.arange(0, BC)
         for c0 in range(0, MW, BC):  # constexpr bounds (the interpreter's run-time bounds need a patch)
             m = c0 + c < MW
-            seen = tl.load(mask + row * MW + c0 + c, mask=m, other=0)
+            seen = tl.load(mask + row * MIN + c0 + c, mask=m & (c0 + c < MIN), other=0)
             mine = tl.load(own + b * MW + c0 + c, mask=m, other=0)
             tl.store(mask_out + b * MW + c0 + c, seen | mine, mask=m)
         for c0 in range(0, W, BC):
@@ -91,8 +92,8 @@ def level_scores(top_p: torch.Tensor, score: torch.Tensor, tau: float, scores_ou
     n = rows * kids
     _frontier_kernel[(1,)](
         _flat(top_p), top_p, _flat(score), float(tau), _flat(scores_out), score, score, score, score, score,
-        score, score, score, score, n, kids, MW=0, W=0, NP=pow2(n), POSITIVE_TAU=tau > 0, FRONTIER=False,
-        BC=16, num_warps=4,
+        score, score, score, score, n, kids, MIN=0, MW=0, W=0, NP=pow2(n), POSITIVE_TAU=tau > 0,
+        FRONTIER=False, BC=16, num_warps=4,
     )  # fmt: skip
 
 
@@ -112,23 +113,24 @@ def next_frontier(
 
     ``top_p`` / ``top_ids`` [rows, kids]: the level's top-k per frontier row; ``score`` [rows] float64:
     the rows' scores; ``values`` / ``order`` [rows kids]: the level's candidates sorted by (-score,
-    creation order) and their indices (written); ``mask`` [rows, M] bool: the rows' slot masks; ``own``
-    [beam, M] bool: each next row's own slot; ``preds`` [rows, H]: the rows' predictions. Returns the next
+    creation order) and their indices (written); ``mask`` [rows, M'] bool: the rows' slot masks (M' <= M:
+    the first M' columns, False after them; the root's committed columns at level 1); ``own`` [beam, M]
+    bool: each next row's own slot; ``preds`` [rows, H]: the rows' predictions. Returns the next
     frontier's (tokens [beam], parent rows [beam], masks [beam, M], predictions [beam, H]), ``beam`` =
     ``own``'s rows."""
     rows, kids = top_p.shape
     n, beam = rows * kids, own.shape[0]
-    if values.shape != (n,) or order.shape != (n,) or beam > n or mask.shape[1] != own.shape[1]:
-        raise ValueError(f"frontier buffers of {n} candidates, beam <= {n}, masks of one width expected")
+    if values.shape != (n,) or order.shape != (n,) or beam > n or mask.shape[1] > own.shape[1]:
+        raise ValueError(f"frontier buffers of {n} candidates, beam <= {n}, masks no wider than own expected")
     ids = torch.empty(beam, dtype=top_ids.dtype, device=top_ids.device)
     parent_rows = torch.empty(beam, dtype=torch.long, device=top_ids.device)
-    mask_out = torch.empty(beam, mask.shape[1], dtype=mask.dtype, device=mask.device)
+    mask_out = torch.empty(beam, own.shape[1], dtype=mask.dtype, device=mask.device)
     preds_out = torch.empty(beam, preds.shape[1], dtype=preds.dtype, device=preds.device)
     _frontier_kernel[(beam,)](
         _flat(top_p), _flat(top_ids), _flat(score), float(tau), _flat(scores_out), _flat(values),
         _flat(order), ids, parent_rows, _flat(mask), _flat(own), _flat(mask_out), _flat(preds), preds_out,
-        n, kids, MW=mask.shape[1], W=preds.shape[1], NP=pow2(n), POSITIVE_TAU=tau > 0, FRONTIER=True,
-        BC=COPY_BLOCK, num_warps=4,
+        n, kids, MIN=mask.shape[1], MW=own.shape[1], W=preds.shape[1], NP=pow2(n), POSITIVE_TAU=tau > 0,
+        FRONTIER=True, BC=COPY_BLOCK, num_warps=4,
     )  # fmt: skip
     return ids, parent_rows, mask_out, preds_out
 

@@ -50,8 +50,8 @@ The same tokens, parents, order and scores as the legacy glue (``legacy_glue=Tru
 for bit (tests/drafters/test_eagle_tree_glue.py). Launches (aten ops that launch work + Triton launches) of a
 SpecLA proposal at the tiny family's layout (budget 32, topk 4, depth 6): the glue 157 -> 67, the call
 576 -> 486 eager, 289 -> 199 fast with the eager attention glue, 133 with the one-launch attention
-(:mod:`repro.drafters.eagle_attention`, the fast path's default on CUDA), 84 with each level after the first
-in one launch of glue (:mod:`repro.drafters.frontier_kernels`: scores, the frontier's sort, the next rows'
+(:mod:`repro.drafters.eagle_attention`, the fast path's default on CUDA), 80 with each level in one launch
+of glue (:mod:`repro.drafters.frontier_kernels`: scores, the frontier's sort, the next rows'
 tokens, masks and predictions) and the deep parents and the final selection in one (the fast path; in the
 interpreter its trees equal the eager drafter's, tests/drafters/test_eagle_fast.py).
 
@@ -442,23 +442,25 @@ class StaticEagleDrafter(EagleDrafter):
         grow.tokens[:1].copy_(root)
         preds, mask = root_pred, seen  # the frontier's predictions and mask (the root's: no drafted row)
         score = None  # the frontier's scores [rows] (the root's: 0, added by nothing)
-        fused = self._fast is not None  # levels 2.. in one launch of glue each (frontier_kernels)
+        fused = self._fast is not None  # a level's glue in one launch (frontier_kernels)
         for depth in range(1, grow.depth + 1):
             rows = preds.shape[0]
             level = grow.level(depth)
             top_p, top_ids = grow.level_top(depth, rows)
             torch.topk(self._probs(preds), grow.kids, dim=-1, out=(top_p, top_ids))
-            if fused and depth > 1:
+            if fused and (depth > 1 or not grow.pad[0]):  # level 1 padded: the torch glue below
                 from repro.drafters import frontier_kernels as fk
 
                 scores = grow.level_scores(depth, rows)
+                parent_score = grow.zero if depth == 1 else score  # the root's: 0 (0 + log p = log p)
                 if depth == grow.depth:
-                    fk.level_scores(top_p, score, grow.tau, scores)
+                    fk.level_scores(top_p, parent_score, grow.tau, scores)
                     break
-                values, order = grow.frontier(depth)
+                values, order = grow.frontier(depth)  # level 1: the identity, as TreeGrowth made it
                 own = grow.own[depth - 1]
+                rows_mask = seen[None] if depth == 1 else mask  # the root's: the committed columns
                 ids, _, mask, parent_preds = fk.next_frontier(
-                    top_p, top_ids, score, grow.tau, scores, values, order, mask, own, preds
+                    top_p, top_ids, parent_score, grow.tau, scores, values, order, rows_mask, own, preds
                 )
                 score = values[: grow.beam]
                 preds = self._level_rows(depth, ids, parent_preds, mask, positions)

@@ -2,7 +2,8 @@
 ops (repro/drafters/static_eagle.py), under Triton's interpreter (one TRITON_INTERPRET=1 subprocess):
 
 - next_frontier: the float64 scores, the stable descending sort (values and creation order), the next
-  rows' tokens, parent rows, masks (parent row's | own slot) and predictions, on cases with tied
+  rows' tokens, parent rows, masks (parent row's | own slot) and predictions, on the root's level (one
+  row, score 0, a mask of the committed columns only) and on cases with tied
   probabilities, a pruned child (p < tau), a pruned parent (score -inf, its children -inf and sorted after
   every finite one in creation order), tau <= 0 (only p = 0 pruned) and more frontier rows than a parent has
   children (kids < beam);
@@ -19,6 +20,7 @@ import sys
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import run_in_interpreter
 
 CASES = {  # name: (rows, kids, beam, tau, ties, dead parent)
@@ -26,7 +28,9 @@ CASES = {  # name: (rows, kids, beam, tau, ties, dead parent)
     "dead-parent": (4, 4, 4, 0.05, False, True),
     "no-tau": (3, 2, 3, 0.0, True, True),
     "narrow": (5, 2, 5, 0.1, False, False),
+    "root": (1, 6, 4, 0.05, False, False),  # level 1: one row, score 0, the committed columns' mask only
 }
+ROOT_COLUMNS = 7  # the root's mask: the first 7 of 11 columns (the drafted slots' after them)
 
 
 def case_inputs(
@@ -38,7 +42,7 @@ def case_inputs(
         top_p[1] = top_p[0]  # two rows with the same children's probabilities
         top_p[0, 1] = top_p[0, 0]
     top_p[-1, -1] = 0.0  # a child with no probability
-    score = -torch.rand(rows, generator=gen, dtype=torch.float64) * 3
+    score = -torch.rand(rows, generator=gen, dtype=torch.float64) * 3 if rows > 1 else torch.zeros(1).double()
     if ties:
         score[1] = score[0]
     if dead:
@@ -48,7 +52,7 @@ def case_inputs(
         "top_p": top_p,
         "top_ids": torch.randint(0, 1000, (rows, kids), generator=gen),
         "score": score,
-        "mask": torch.rand(rows, width, generator=gen) < 0.3,
+        "mask": torch.rand(rows, width if rows > 1 else ROOT_COLUMNS, generator=gen) < 0.3,
         "own": torch.eye(beam, width, dtype=torch.bool).roll(width - beam, dims=1),
         "preds": torch.randn(rows, hidden, generator=gen),
     }
@@ -66,7 +70,8 @@ def torch_level(x: dict[str, torch.Tensor], tau: float, beam: int) -> dict[str, 
     return {
         "scores": scores.reshape(-1), "values": values, "order": order,
         "ids": x["top_ids"].reshape(-1).index_select(0, first), "rows": row,
-        "mask": x["mask"].index_select(0, row) | x["own"], "preds": x["preds"].index_select(0, row),
+        "mask": F.pad(x["mask"], (0, x["own"].shape[1] - x["mask"].shape[1])).index_select(0, row) | x["own"],
+        "preds": x["preds"].index_select(0, row),
     }  # fmt: skip
 
 

@@ -29,14 +29,17 @@ def ptr(t: str) -> str:
 FRONTIER = dict(
     top_p=ptr("fp32"), top_ids=ptr("i64"), score=ptr("fp64"), tau="fp64", scores_out=ptr("fp64"),
     values=ptr("fp64"), order=ptr("i64"), ids=ptr("i64"), rows_out=ptr("i64"), mask=ptr("u8"), own=ptr("u8"),
-    mask_out=ptr("u8"), preds=ptr("bf16"), preds_out=ptr("bf16"), n="i32", kids="i32", MW="constexpr",
-    W="constexpr", NP="constexpr", POSITIVE_TAU="constexpr", FRONTIER="constexpr", BC="constexpr",
+    mask_out=ptr("u8"), preds=ptr("bf16"), preds_out=ptr("bf16"), n="i32", kids="i32", MIN="constexpr",
+    MW="constexpr", W="constexpr", NP="constexpr", POSITIVE_TAU="constexpr", FRONTIER="constexpr",
+    BC="constexpr",
 )  # fmt: skip
 CASES = {  # name: (module, kernel, signature, constexprs)
     "frontier": ("repro.drafters.frontier_kernels", "_frontier_kernel", FRONTIER,
-                 {"MW": 300, "W": 1024, "NP": 16, "POSITIVE_TAU": True, "FRONTIER": True, "BC": 1024}),
+                 {"MIN": 280, "MW": 300, "W": 1024, "NP": 16, "POSITIVE_TAU": True, "FRONTIER": True,
+                  "BC": 1024}),
     "level-scores": ("repro.drafters.frontier_kernels", "_frontier_kernel", FRONTIER,
-                     {"MW": 0, "W": 0, "NP": 16, "POSITIVE_TAU": False, "FRONTIER": False, "BC": 16}),
+                     {"MIN": 0, "MW": 0, "W": 0, "NP": 16, "POSITIVE_TAU": False, "FRONTIER": False,
+                      "BC": 16}),
     "select": ("repro.drafters.frontier_kernels", "_select_kernel", dict(
         scores=ptr("fp64"), tokens=ptr("i64"), parents=ptr("i64"), orders=ptr("i64"), parent_at=ptr("i64"),
         parent_base=ptr("i64"), node_of=ptr("i64"), out_tokens=ptr("i64"), out_parents=ptr("i64"),
