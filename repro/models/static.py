@@ -132,6 +132,7 @@ from repro.gdn.backends import (
 )
 from repro.gdn.chain import select_tree_kernel
 from repro.gdn.reference import PendingCommit, TreeFactors
+from repro.gdn.triton_attention import write_context_kv  # noqa: F401 - DFlash's fast ingest reads it here
 from repro.gdn.triton_common import verify_launches
 from repro.models.config import GDN
 from repro.models.graphs import generation_stream
@@ -440,22 +441,6 @@ def triton_rms_norm(x: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.T
     from repro.gdn import triton_decode
 
     return triton_decode.rms_norm(x, scale, eps)
-
-
-def write_context_kv(
-    kv: torch.Tensor,
-    positions: torch.Tensor,
-    k_scale: torch.Tensor,
-    eps: float,
-    rope: torch.Tensor,
-    keys: torch.Tensor,
-    values: torch.Tensor,
-) -> None:
-    """Every layer's context keys (RMSNorm, rotary) and values written at ``positions`` in one launch:
-    :func:`repro.gdn.triton_attention.write_context_kv` (DFlash's fast ingest reads it from here)."""
-    from repro.gdn import triton_attention
-
-    triton_attention.write_context_kv(kv, positions, k_scale, eps, rope, keys, values)
 
 
 def fused_decode_gdn(
