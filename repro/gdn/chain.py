@@ -86,12 +86,15 @@ def _has_fla() -> bool:
 
 
 def chain_method(length: int, value_heads: int, device: torch.device, dtype: torch.dtype) -> str:
-    """The method :func:`verify_chain` runs here: the table's on CUDA (fla's kernels replaced by the tree
-    kernel without fla; the split kernel by the fused one for float32 inputs, where it loses), the
-    reference elsewhere."""
+    """The method :func:`verify_chain` runs here: the table's on CUDA, the reference elsewhere. The table is
+    written for bf16/fp16 inputs: for float32 ones, where the split kernel loses badly and the fused one
+    runs "ieee" dots (4-5x its bf16 time at 64-128 tokens), the split kernel's lengths take fla's chunk
+    kernel; without fla, fla's kernels are replaced by the tree kernel of :func:`select_tree_kernel`."""
     if device.type != "cuda":
         return "reference"
     method = choose(length, value_heads)
+    if method == "tree_split" and dtype not in (torch.bfloat16, torch.float16) and _has_fla():
+        return "chunk"
     if (method in ("chunk", "recurrent") and not _has_fla()) or method == "tree_split":
         method = "tree_" + select_tree_kernel(dtype, value_heads, length)
     return method

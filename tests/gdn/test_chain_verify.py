@@ -97,12 +97,14 @@ def test_device_choice_and_its_fallbacks(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(chain, "CHAIN_CHOICE", table)
     monkeypatch.setattr(chain, "_has_fla", lambda: True)
     assert chain.chain_method(16, 8, cuda, torch.bfloat16) == "tree_split"
-    assert chain.chain_method(16, 8, cuda, torch.float32) == "tree_fused"  # split loses in float32
+    assert chain.chain_method(16, 8, cuda, torch.float32) == "chunk"  # split loses in float32
+    assert chain.chain_method(16, 48, cuda, torch.float32) == "recurrent"  # the table's own choice stays
     assert chain.chain_method(17, 8, cuda, torch.bfloat16) == "chunk"
     assert chain.chain_method(17, 48, cuda, torch.bfloat16) == "recurrent"
     monkeypatch.setattr(chain, "_has_fla", lambda: False)  # no fla: the tree kernel of the head class
     assert chain.chain_method(17, 8, cuda, torch.bfloat16) == "tree_split"
     assert chain.chain_method(17, 48, cuda, torch.bfloat16) == "tree_fused"
+    assert chain.chain_method(16, 8, cuda, torch.float32) == "tree_fused"  # the split kernel's, in float32
 
 
 def test_unknown_method_is_refused() -> None:
@@ -151,8 +153,8 @@ def test_gpu_every_method_at_paper_shapes(shape: str, n: int) -> None:
 def test_gpu_default_choice_replays_in_a_cuda_graph() -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    h, hv, dk, dv = SHAPES["specla"]
-    for n in (32, 256):  # the tree kernel and (with fla) the chunk kernel
+    for shape, n in (("specla", 32), ("weaver", 256)):  # the split tree kernel; (with fla) the chunk kernel
+        h, hv, dk, dv = SHAPES[shape]
         x = chain_inputs(h, hv, dk, dv, n, 5)
         q, k, v = (t.to("cuda", torch.bfloat16) for t in x[:3])
         g, beta, state = (t.to("cuda", torch.float32) for t in x[3:])
