@@ -39,8 +39,8 @@ def _grouped(mask: torch.Tensor, kv: int, groups: int) -> torch.Tensor:
 
 
 def marginals(logits: torch.Tensor) -> torch.Tensor:
-    """Softmax of draft logits (half precision is lifted to float32 first)."""
-    return torch.softmax(logits.float() if logits.dtype in HALF else logits, dim=-1)
+    """Softmax of draft logits (half precision is lifted to float32 first, inside the softmax's launch)."""
+    return torch.softmax(logits, dim=-1, dtype=torch.float32 if logits.dtype in HALF else None)
 
 
 class ProjectedAttention(nn.Module):

@@ -32,10 +32,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from repro.drafters.attention import ProjectedAttention, grouped_attention
+from repro.drafters.attention import ProjectedAttention, grouped_attention, marginals
 from repro.drafters.base import DraftContext, Proposal
 from repro.drafters.dflash import (
-    HALF,
     DraftLayer,
     apply_rope,
     init_draft_weights,
@@ -506,8 +505,7 @@ class EagleDrafter:
 
     def _probs(self, preds: torch.Tensor) -> torch.Tensor:
         """Drafter distributions [n, V] of the tokens after rows with predictions ``preds`` [n, hidden]."""
-        logits = self.model.compute_logits(preds, self.target)
-        return torch.softmax(logits.float() if logits.dtype in HALF else logits, dim=-1)
+        return marginals(self.model.compute_logits(preds, self.target))
 
     def _start_drafting(self) -> None:
         """Forget the previous proposal's drafted rows (they never enter the committed cache)."""

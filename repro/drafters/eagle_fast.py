@@ -71,7 +71,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 from torch import nn
 
-from repro.drafters.attention import HALF
+from repro.drafters.attention import HALF, marginals
 from repro.drafters.eagle_attention import fused_attention_default, rope_attend
 from repro.drafters.fast_rules import rotary_rows, signed_rotary, triton_linears
 from repro.models.graphed import SMALL_WIDTH, GraphedTarget
@@ -210,7 +210,7 @@ class FastEagle:
         head = self.head
         gemv = self.gemv(preds.shape[0])
         logits = normed_linear(preds, self.final_scale, self.final_eps, head.weight, head.bias, gemv)
-        return torch.softmax(logits.float() if logits.dtype in HALF else logits, dim=-1)
+        return marginals(logits)
 
 
 def eager_tables(
