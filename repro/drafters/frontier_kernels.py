@@ -1,6 +1,6 @@
 """The static EAGLE drafter's dynamic-tree glue on few launches (the fast path of
-:meth:`~repro.drafters.static_eagle.StaticEagleDrafter._tree_step`): one per level after the first, one for
-the final selection. :func:`next_frontier` is what
+:meth:`~repro.drafters.static_eagle.StaticEagleDrafter._tree_step`): one per level, one for the final
+selection. :func:`next_frontier` is what
 :class:`~repro.drafters.static_eagle.TreeGrowth`'s torch glue does between a level's top-k and the next
 level's forward, equal to it (tests/drafters/test_frontier_kernels.py, under Triton's interpreter):
 
@@ -29,10 +29,6 @@ import triton
 import triton.language as tl
 
 COPY_BLOCK = 1024  # mask / prediction columns a program copies per step
-
-
-def pow2(x: int) -> int:
-    return triton.next_power_of_2(int(x))
 
 
 @triton.jit
@@ -90,9 +86,10 @@ def level_scores(top_p: torch.Tensor, score: torch.Tensor, tau: float, scores_ou
     ``top_p`` [rows, kids] where confident (``>= tau``; ``> 0`` for tau <= 0), else 0."""
     rows, kids = top_p.shape
     n = rows * kids
+    np_ = triton.next_power_of_2(n)
     _frontier_kernel[(1,)](
         _flat(top_p), top_p, _flat(score), float(tau), _flat(scores_out), score, score, score, score, score,
-        score, score, score, score, n, kids, MIN=0, MW=0, W=0, NP=pow2(n), POSITIVE_TAU=tau > 0,
+        score, score, score, score, n, kids, MIN=0, MW=0, W=0, NP=np_, POSITIVE_TAU=tau > 0,
         FRONTIER=False, BC=16, num_warps=4,
     )  # fmt: skip
 
@@ -109,7 +106,7 @@ def next_frontier(
     own: torch.Tensor,
     preds: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A non-last level after the first: its scores (as :func:`level_scores`) and the next frontier.
+    """A non-last level: its scores (as :func:`level_scores`) and the next frontier.
 
     ``top_p`` / ``top_ids`` [rows, kids]: the level's top-k per frontier row; ``score`` [rows] float64:
     the rows' scores; ``values`` / ``order`` [rows kids]: the level's candidates sorted by (-score,
@@ -126,10 +123,11 @@ def next_frontier(
     parent_rows = torch.empty(beam, dtype=torch.long, device=top_ids.device)
     mask_out = torch.empty(beam, own.shape[1], dtype=mask.dtype, device=mask.device)
     preds_out = torch.empty(beam, preds.shape[1], dtype=preds.dtype, device=preds.device)
+    np_ = triton.next_power_of_2(n)
     _frontier_kernel[(beam,)](
         _flat(top_p), _flat(top_ids), _flat(score), float(tau), _flat(scores_out), _flat(values),
         _flat(order), ids, parent_rows, _flat(mask), _flat(own), _flat(mask_out), _flat(preds), preds_out,
-        n, kids, MIN=mask.shape[1], MW=own.shape[1], W=preds.shape[1], NP=pow2(n), POSITIVE_TAU=tau > 0,
+        n, kids, MIN=mask.shape[1], MW=own.shape[1], W=preds.shape[1], NP=np_, POSITIVE_TAU=tau > 0,
         FRONTIER=True, BC=COPY_BLOCK, num_warps=4,
     )  # fmt: skip
     return ids, parent_rows, mask_out, preds_out
@@ -196,7 +194,7 @@ def select_tree(
     parent -1, score -inf) after them: (tokens, parents as tree nodes [size + 1], the kept candidates'
     scores [size])."""
     n = scores.shape[0] - 2
-    np_ = pow2(n + 1)
+    np_ = triton.next_power_of_2(n + 1)
     dev = scores.device
     node_of = torch.empty(n + 3, dtype=torch.long, device=dev)
     out_tokens = torch.empty(size + 1, dtype=tokens.dtype, device=dev)

@@ -635,7 +635,7 @@ def grow_fused(
         N=n, NP=np_, KEEP=keep, D=depth, K=k, KP=kp, H=cfg.target_hidden_size, HP=hp,
         DM=cfg.d_model, DMP=dmp, NH=cfg.num_heads, HD=cfg.head_dim, I=cfg.intermediate_size, IP=ip,
         TILE=tile, BP=max(1, min(kp, tile // hp)), BR=max(1, min(kp, tile // kp)),
-        ACC=tl.float64 if acc == torch.float64 else tl.float32, DT=_tl_dtype(dt),
+        ACC=tl.float64 if acc == torch.float64 else tl.float32, DT=tl_dtype(dt),
         UNROLL=unroll if unroll > 1 else None, HEADWISE=_headwise(np_, dmp), SPIN=spin_cap,
         CH=max(1, min(np_, ATT_CHUNK // cfg.head_dim)),
         num_warps=num_warps,
@@ -693,6 +693,7 @@ def growth_problem(
     return (weaver, emb, budget, root, rows, *top_k_pool(logits, pool), feature)
 
 
-def _tl_dtype(dtype: torch.dtype) -> tl.dtype:
+def tl_dtype(dtype: torch.dtype) -> tl.dtype:
+    """Triton's dtype for a torch float dtype (a kernel's DT constexpr)."""
     return {torch.float64: tl.float64, torch.float32: tl.float32, torch.bfloat16: tl.bfloat16,
             torch.float16: tl.float16}[dtype]  # fmt: skip

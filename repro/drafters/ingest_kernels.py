@@ -23,13 +23,9 @@ import torch
 import triton
 import triton.language as tl
 
-from repro.drafters.growth_kernels import round_to  # round to a dtype, exact in the interpreter too
+from repro.drafters.growth_kernels import round_to, tl_dtype  # round_to: exact in the interpreter too
 
 COLUMN_BLOCK = 1024  # feature columns a program copies
-
-
-def pow2(x: int) -> int:
-    return triton.next_power_of_2(int(x))
 
 
 @triton.jit
@@ -80,7 +76,7 @@ def gather_features(
     col0 = 0
     for i, src in enumerate(sources):
         width = src.shape[1]
-        bh = min(COLUMN_BLOCK, pow2(width))
+        bh = min(COLUMN_BLOCK, triton.next_power_of_2(width))
         _gather_features_kernel[(n, triton.cdiv(width, bh))](
             src, src.stride(0), path, start, count, rows, rows.stride(0), feat, feat.stride(0), positions,
             length, col0, width, BH=bh, FIRST=i == 0, num_warps=4,
@@ -105,7 +101,7 @@ def launched_inputs(result: torch.Tensor, length: torch.Tensor, inp: torch.Tenso
     if result.dtype != inp.dtype or length.dtype != inp.dtype or width > inp.shape[0] - 3:
         raise ValueError("result, length and inp must be int64, and width at most inp's path entries")
     n = inp.shape[0]
-    _launched_inputs_kernel[(1,)](result, length, inp, width, n, BN=pow2(n), num_warps=1)
+    _launched_inputs_kernel[(1,)](result, length, inp, width, n, BN=triton.next_power_of_2(n), num_warps=1)
 
 
 @triton.jit
@@ -123,7 +119,7 @@ def last_feature(feat: torch.Tensor, length: torch.Tensor, tail: torch.Tensor) -
     if feat.stride(-1) != 1 or not tail.is_contiguous() or tail.shape != (1, feat.shape[1]):
         raise ValueError(f"tail must be contiguous [1, {feat.shape[1]}] and feat's rows contiguous")
     width = feat.shape[1]
-    bh = min(COLUMN_BLOCK, pow2(width))
+    bh = min(COLUMN_BLOCK, triton.next_power_of_2(width))
     _last_feature_kernel[(triton.cdiv(width, bh),)](
         feat, feat.stride(0), length, tail, width, BH=bh, num_warps=4
     )
@@ -154,14 +150,6 @@ def _block_rows_kernel(
     tl.store(out + r * width + o, x, mask=m)
 
 
-_TL = {
-    torch.float32: tl.float32,
-    torch.float64: tl.float64,
-    torch.bfloat16: tl.bfloat16,
-    torch.float16: tl.float16,
-}
-
-
 def block_rows(
     embedding: torch.Tensor, root: torch.Tensor, mask_id: int, rows: int, scale: float
 ) -> torch.Tensor:
@@ -172,10 +160,10 @@ def block_rows(
         raise ValueError("embedding rows must be contiguous")
     width = embedding.shape[1]
     out = torch.empty(rows, width, dtype=embedding.dtype, device=embedding.device)
-    bh = min(COLUMN_BLOCK, pow2(width))
+    bh = min(COLUMN_BLOCK, triton.next_power_of_2(width))
     _block_rows_kernel[(rows, triton.cdiv(width, bh))](
         embedding, embedding.stride(0), root, int(mask_id), out, width, float(scale), BH=bh,
         SCALE=scale != 1.0, ACC=tl.float64 if embedding.dtype == torch.float64 else tl.float32,
-        DT=_TL[embedding.dtype], num_warps=4,
+        DT=tl_dtype(embedding.dtype), num_warps=4,
     )  # fmt: skip
     return out

@@ -219,67 +219,68 @@ class StaticDFlash:
     ) -> Outputs:
         """Ingest (when ``sources``, the hidden outputs per feature layer) and the block forward; ``after``
         (a launched step's device result and its depth): the inputs are taken from it on the device."""
-        m, inp, t = self.model, self.inputs, self.block_size
-        if after is not None:  # [bonus, start = the committed length, path length, path by depth + zeros]
-            result, depth = after
-            width = min(self._pad, depth)
-            if self._fast is not None:
-                from repro.drafters.ingest_kernels import launched_inputs
-
-                launched_inputs(result, self.length, inp, width)
-            else:
-                inp[0].copy_(result[1])
-                inp[1].copy_(self.length)
-                inp[2].copy_(result[0])
-                inp[3 : 3 + width].copy_(result[2 : 2 + width])
-                inp[3 + width :].zero_()
-        if sources is not None:
-            start, count = inp[1], inp[2]
-            if self._fast is not None:  # the same rows, positions, features and length in few launches
-                from repro.drafters.ingest_kernels import gather_features
-
-                rows, positions = gather_features(sources, inp[3:], start, count, self.feat, self.length)
-                self._fast.ingest(rows, positions, *self.stacks)
-            else:
-                rows = torch.cat([h.index_select(0, inp[3:]) for h in sources], dim=-1).to(m.dtype)
-                self._write(rows, start + self._positions[: self._pad])
-                self.length.copy_(start + count)
-        if not probs and self._fast is not None:  # Weaver's root feature
-            from repro.drafters.ingest_kernels import last_feature
-
-            last_feature(self.feat, self.length, self.tail)
-        elif not probs:
-            self.tail.copy_(self.feat.index_select(0, (self.length - 1).clamp(min=0).view(1)))
-        ids = torch.where(self._block == 0, inp[0], m.config.mask_token_id) if self._fast is None else None
-        if self._fast is not None:
-            from repro.drafters.ingest_kernels import block_rows
-
-            x = block_rows(
-                self.embedding,
-                inp[0:1],
-                m.config.mask_token_id,
-                self.block_size,
-                m.config.input_embedding_scale,
-            )
-            h = self._fast.block(x, self.length, self.keys, self.values)[1:]
-            if probs:
-                logits = self._fast.logits(h, self.lm_head)
-            else:
-                rows = self._fast.final_norm(h)
-                logits = m.compute_logits(rows, self.lm_head)
-        else:
-            slots = self.length + self._block
-            visible = (self._positions < self.length + t)[None, None, None]
-            context = list(zip(self.keys, self.values))
-            hidden = m.forward_block(
-                m.embed_block(ids[None], self.embedding), slots[None], context, visible, slots
-            )
-            rows = hidden[0, 1:]
-            logits = m.compute_logits(rows, self.lm_head)
+        step = self._fast_step if self._fast is not None else self._torch_step
+        rows, logits = step(sources, probs, after)
         if not probs:
             return rows, logits
         p = marginals(logits)
         return logits, p, torch.topk(p, self.top_k, dim=-1).indices
+
+    def _torch_step(
+        self, sources: tuple[torch.Tensor, ...] | None, probs: bool, after: Launched | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`_run`'s block rows and logits on torch ops (the reference of :meth:`_fast_step`)."""
+        m, inp, t = self.model, self.inputs, self.block_size
+        if after is not None:  # [bonus, start = the committed length, path length, path by depth + zeros]
+            result, depth = after
+            width = min(self._pad, depth)
+            inp[0].copy_(result[1])
+            inp[1].copy_(self.length)
+            inp[2].copy_(result[0])
+            inp[3 : 3 + width].copy_(result[2 : 2 + width])
+            inp[3 + width :].zero_()
+        if sources is not None:
+            start, count = inp[1], inp[2]
+            rows = torch.cat([h.index_select(0, inp[3:]) for h in sources], dim=-1).to(m.dtype)
+            self._write(rows, start + self._positions[: self._pad])
+            self.length.copy_(start + count)
+        if not probs:  # Weaver's root feature
+            self.tail.copy_(self.feat.index_select(0, (self.length - 1).clamp(min=0).view(1)))
+        ids = torch.where(self._block == 0, inp[0], m.config.mask_token_id)
+        slots = self.length + self._block
+        visible = (self._positions < self.length + t)[None, None, None]
+        context = list(zip(self.keys, self.values))
+        hidden = m.forward_block(
+            m.embed_block(ids[None], self.embedding), slots[None], context, visible, slots
+        )
+        rows = hidden[0, 1:]
+        return rows, m.compute_logits(rows, self.lm_head)
+
+    def _fast_step(
+        self, sources: tuple[torch.Tensor, ...] | None, probs: bool, after: Launched | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`_torch_step` on the fast path: its glue in one launch each
+        (:mod:`repro.drafters.ingest_kernels`), the ingest and block on :class:`FastDFlash`."""
+        from repro.drafters import ingest_kernels as ik
+
+        m, inp, fast = self.model, self.inputs, self._fast
+        assert fast is not None
+        if after is not None:
+            result, depth = after
+            ik.launched_inputs(result, self.length, inp, min(self._pad, depth))
+        if sources is not None:
+            rows, positions = ik.gather_features(sources, inp[3:], inp[1], inp[2], self.feat, self.length)
+            fast.ingest(rows, positions, *self.stacks)
+        if not probs:
+            ik.last_feature(self.feat, self.length, self.tail)
+        x = ik.block_rows(
+            self.embedding, inp[0:1], m.config.mask_token_id, self.block_size, m.config.input_embedding_scale
+        )
+        h = fast.block(x, self.length, self.keys, self.values)[1:]
+        if probs:  # the final norm rides on the LM head; the rows are not needed
+            return h, fast.logits(h, self.lm_head)
+        rows = fast.final_norm(h)
+        return rows, m.compute_logits(rows, self.lm_head)
 
     def _call(
         self, sources: tuple[torch.Tensor, ...] | None, probs: bool, after: Launched | None = None

@@ -442,15 +442,15 @@ class StaticEagleDrafter(EagleDrafter):
         grow.tokens[:1].copy_(root)
         preds, mask = root_pred, seen  # the frontier's predictions and mask (the root's: no drafted row)
         score = None  # the frontier's scores [rows] (the root's: 0, added by nothing)
-        fused = self._fast is not None  # a level's glue in one launch (frontier_kernels)
+        fused = self._fast is not None  # a level's glue in one launch, the selection in one
+        if fused:
+            from repro.drafters import frontier_kernels as fk
         for depth in range(1, grow.depth + 1):
             rows = preds.shape[0]
             level = grow.level(depth)
             top_p, top_ids = grow.level_top(depth, rows)
             torch.topk(self._probs(preds), grow.kids, dim=-1, out=(top_p, top_ids))
             if fused and (depth > 1 or not grow.pad[0]):  # level 1 padded: the torch glue below
-                from repro.drafters import frontier_kernels as fk
-
                 scores = grow.level_scores(depth, rows)
                 parent_score = grow.zero if depth == 1 else score  # the root's: 0 (0 + log p = log p)
                 if depth == grow.depth:
@@ -491,8 +491,6 @@ class StaticEagleDrafter(EagleDrafter):
                 mask = mask.index_select(0, row) | grow.own[depth - 1]
             preds = self._level_rows(depth, ids, preds.index_select(0, row), mask, positions)
         if fused:  # the deep parents and the selection in one launch
-            from repro.drafters import frontier_kernels as fk
-
             return fk.select_tree(
                 grow.scores, grow.tokens, grow.parents, grow.orders, grow.parent_at, grow.parent_base,
                 grow.counts[0], grow.size,
