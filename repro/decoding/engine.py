@@ -54,9 +54,9 @@ from repro.models.state import ModelState
 from repro.tree import Tree
 
 STAGES = ("draft", "tree", "verify", "commit")  # on the device path "commit" holds the acceptance too
-# StageClock sums finished steps at the step's mark after the verify launch: the device is busy then and
-# the host would wait anyway (at the step's first mark the harvest delayed the next launch)
-HARVEST_MARK = STAGES.index("verify") + 2
+# timing events of finished clocks by device, reused by later clocks: a decode step records ~11 (its stage
+# marks and two a graph replay) and reads none, so the loop neither makes nor reads events once warm
+_EVENTS: dict[torch.device, list[torch.cuda.Event]] = {}
 # greedy device routes whose drafter pipelines run one step ahead of the host (:func:`pipelined`); False: each
 # step read before the next is drafted (the A/B of scripts/gpu/busy-time.py)
 PIPELINE = True
@@ -121,14 +121,14 @@ class StageClock:
     ``mark()`` at every stage boundary of a step (len(STAGES) + 1 marks per step): a wall-clock reading
     (after a device sync when ``sync``) and, on CUDA, an event recorded without a sync on ``stream``, the
     stream current when the clock was made (the generation's: it runs on one stream; resolved once, as
-    looking it up costs host time on every event). Steps whose events have completed (``query``, no
-    sync) are summed at a later step's mark after its verify launch (``HARVEST_MARK``) and their events
-    reused; ``device_s()`` waits for the rest (one sync) and returns the summed device time per stage;
-    without events it gives the wall-clock sums.
+    looking it up costs host time on every event). Nothing is read while the steps run: ``device_s()``
+    waits for the last event (one sync, after the caller's decode time was taken), sums the device time
+    per stage and gives the events back to the device's pool (``_EVENTS``: the next generation's clock
+    takes them, so a warm decode loop makes no events either); without events it gives the wall-clock sums.
 
     It is also a :class:`~repro.models.graphs.ReplayRecorder`: inside ``busy_recorder(clock)`` every graph
     replay's (start, end) events, from the same pool, are attributed to the stage whose mark came last
-    (after a step's last mark: its last stage), harvested like the marks; ``busy_s()`` sums them.
+    (after a step's last mark: its last stage), summed like the marks by ``busy_s()``.
     """
 
     def __init__(self, device: torch.device, sync: bool) -> None:
@@ -141,7 +141,7 @@ class StageClock:
         self.replays = 0  # replays recorded so far
         self._times: list[float] = []
         self._steps: list[list[torch.cuda.Event]] = []  # recorded, not yet summed
-        self._pool: list[torch.cuda.Event] = []
+        self._pool = _EVENTS.setdefault(device, []) if self.events else []
         self._stage = 0  # index into STAGES of the stage now running
         self._pairs: deque[tuple[int, Any, Any]] = deque()  # (stage, start, end) of replays not yet summed
 
@@ -163,37 +163,29 @@ class StageClock:
             event = self.event()
             event.record(self.stream)
             self._steps[-1].append(event)
-            if len(self._times) == HARVEST_MARK:
-                self._harvest(wait=False)
         if len(self._times) == len(STAGES) + 1:
             for name, a, b in zip(STAGES, self._times, self._times[1:]):
                 self.wall[name] += b - a
             self._times = []
 
-    def _harvest(self, wait: bool) -> None:
-        """Sum the device time of the recorded steps and replays that are done (``wait``: all of them)."""
+    def _harvest(self) -> None:
+        """Wait for the recorded steps and replays, sum their device time and give their events back."""
         while self._steps and len(self._steps[0]) == len(STAGES) + 1:
-            marks = self._steps[0]
-            if wait:
-                marks[-1].synchronize()
-            elif not marks[-1].query():
-                break
+            marks = self._steps.pop(0)
+            marks[-1].synchronize()
             for name, a, b in zip(STAGES, marks, marks[1:]):
                 self.device_sums[name] += a.elapsed_time(b) / 1000.0
-            self._pool += self._steps.pop(0)
+            self._pool += marks
         while self._pairs:
-            stage, start, end = self._pairs[0]
-            if wait:
-                end.synchronize()
-            elif not end.query():
-                break
+            stage, start, end = self._pairs.popleft()
+            end.synchronize()
             self.busy_sums[STAGES[stage]] += start.elapsed_time(end) / 1000.0
-            self._pool += self._pairs.popleft()[1:]
+            self._pool += (start, end)
 
     def device_s(self) -> dict[str, float]:
         if not self.events:
             return dict(self.wall)
-        self._harvest(wait=True)
+        self._harvest()
         return dict(self.device_sums)
 
     def busy_s(self) -> dict[str, float] | None:
@@ -201,7 +193,7 @@ class StageClock:
         events or without a replay (nothing ran as a graph: not zero time)."""
         if not self.events or not self.replays:
             return None
-        self._harvest(wait=True)
+        self._harvest()
         return dict(self.busy_sums)
 
 

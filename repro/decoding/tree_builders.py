@@ -151,8 +151,17 @@ class Chain:
         """The first choices straight from ``proposal.top_ids`` (device); a host tree otherwise."""
         if self.sample or proposal is None or proposal.top_ids is None or proposal.depth == 0:
             return self.build(_host_root(root_token), proposal)
-        first = proposal.top_ids[:, 0]
-        return _root_and(root_token, first, torch.arange(first.numel(), device=first.device))
+        first = proposal.top_ids[:, 0].long()
+        root = root_token.long() if isinstance(root_token, torch.Tensor) else first.new_full((1,), root_token)
+        return DeviceTree(torch.cat([root, first]), _chain_parents(first.numel() + 1, first.device))
+
+
+@functools.lru_cache(maxsize=64)
+def _chain_parents(nodes: int, device: torch.device) -> torch.Tensor:
+    """A chain's parents on ``device`` (-1, 0, ..., nodes - 2), made once per length: a pipelined chain
+    step then launches one op from the host (its tokens' concatenation) instead of four. Device trees are
+    not modified after they are made."""
+    return torch.arange(-1, nodes - 1, device=device)
 
 
 class DrafterTree:

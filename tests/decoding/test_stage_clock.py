@@ -1,9 +1,10 @@
-"""StageClock (repro.decoding.engine): device stage times from events, summed once, events reused; the
-graphs' busy time (every replay's own events, attributed to the stage whose mark came last).
+"""StageClock (repro.decoding.engine): device stage times from events, summed once at the end, events reused
+by the next clock; the graphs' busy time (every replay's own events, attributed to the stage whose mark came
+last).
 
 CUDA events are replaced by a fake with a device timeline, so the bookkeeping is checked on the CPU:
-per stage the summed elapsed times, steps summed early only once their last event is done, and no
-more events made than the steps in flight need. The engine's wiring is checked on the CPU graphed
+per stage the summed elapsed times, no event read while the steps run, and no event made by a clock
+that follows one of as many steps. The engine's wiring is checked on the CPU graphed
 target (no graphs) with its graph calls routed through ``replay_graph`` on fake graphs that take a
 known device time; the GPU test checks busy against the stage marks' device time on real graphs.
 """
@@ -28,6 +29,7 @@ FAKE_STREAM = object()  # the stream current when the clock was made
 
 class FakeEvent:
     made = 0
+    reads = 0  # query / synchronize / elapsed_time calls
     now = 0.0  # the device timeline, ms
     done_until = 0.0  # events recorded at or before this time have completed
 
@@ -40,41 +42,51 @@ class FakeEvent:
         self.at = FakeEvent.now
 
     def query(self) -> bool:
+        FakeEvent.reads += 1
+        return self._done()
+
+    def _done(self) -> bool:
         return self.at is not None and self.at <= FakeEvent.done_until
 
     def synchronize(self) -> None:
+        FakeEvent.reads += 1
         FakeEvent.done_until = max(FakeEvent.done_until, FakeEvent.now)
 
     def elapsed_time(self, other: FakeEvent) -> float:
-        assert self.query() and other.query(), "elapsed_time of an event not yet done"
+        FakeEvent.reads += 1
+        assert self._done() and other._done(), "elapsed_time of an event not yet done"
         return other.at - self.at
 
 
 @pytest.fixture
 def fake_events(monkeypatch):
-    FakeEvent.made, FakeEvent.now, FakeEvent.done_until = 0, 0.0, 0.0
+    FakeEvent.made, FakeEvent.reads, FakeEvent.now, FakeEvent.done_until = 0, 0, 0.0, 0.0
+    monkeypatch.setattr(engine, "_EVENTS", {})  # no fake event left in the pool for later tests
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: FAKE_STREAM)
     return FakeEvent
 
 
 def test_device_times_are_summed_per_stage_and_events_reused(fake_events):
-    clock = StageClock(torch.device("cuda"), sync=False)
     durations = {"draft": 1.0, "tree": 0.5, "verify": 3.0, "commit": 2.0}  # ms per step
     steps = 50
-    for step in range(steps):
-        clock.mark()
-        for name in STAGES:
-            fake_events.now += durations[name]
+    for _ in range(2):  # two generations: the second clock reuses the first one's events
+        clock = StageClock(torch.device("cuda"), sync=False)
+        for step in range(steps):
             clock.mark()
-        fake_events.now += 0.25  # host bookkeeping between steps
-        if step % 3 != 2:
-            fake_events.done_until = fake_events.now  # the step's read waited for the device
-    got = clock.device_s()
-    for name in STAGES:
-        assert got[name] == pytest.approx(steps * durations[name] / 1000.0)
-    assert fake_events.made <= 3 * (len(STAGES) + 1)  # reused: at most the steps still in flight
-    assert set(clock.wall) == set(STAGES)
+            for name in STAGES:
+                fake_events.now += durations[name]
+                clock.mark()
+            fake_events.now += 0.25  # host bookkeeping between steps
+            if step % 3 != 2:
+                fake_events.done_until = fake_events.now  # the step's read waited for the device
+        assert fake_events.reads == 0  # the steps ran without reading an event
+        assert fake_events.made == steps * (len(STAGES) + 1)  # the second clock took the first one's
+        got = clock.device_s()
+        for name in STAGES:
+            assert got[name] == pytest.approx(steps * durations[name] / 1000.0)
+        assert set(clock.wall) == set(STAGES)
+        fake_events.reads = 0
 
 
 def test_without_events_device_times_are_the_clocks(monkeypatch):
@@ -105,31 +117,32 @@ def timed_call(ms: float) -> GraphedCall:
 
 
 def test_busy_times_go_to_the_stage_whose_mark_came_last(fake_events):
-    clock = StageClock(torch.device("cuda"), sync=False)
     graphs = {"draft": [0.4, 0.1], "tree": [0.2], "verify": [1.0], "commit": [0.5]}  # replays per stage, ms
     calls = {name: [timed_call(ms) for ms in times] for name, times in graphs.items()}
     late = timed_call(0.3)  # after the step's last mark: its last stage (commit)
     steps = 40
-    with busy_recorder(clock):
-        for step in range(steps):
-            clock.mark()
-            for name in STAGES:
-                fake_events.now += 0.05  # the host's launch gap: device time, not busy time
-                for call in calls[name]:
-                    call()
+    for _ in range(2):
+        clock = StageClock(torch.device("cuda"), sync=False)
+        with busy_recorder(clock):
+            for step in range(steps):
                 clock.mark()
-            late.replay()
-            fake_events.now += 0.25
-            if step % 4 != 3:
-                fake_events.done_until = fake_events.now
-    assert clock.replays == steps * (sum(map(len, graphs.values())) + 1)
-    busy, device = clock.busy_s(), clock.device_s()
-    for name in STAGES:
-        want = sum(graphs[name]) + (0.3 if name == "commit" else 0.0)
-        assert busy[name] == pytest.approx(steps * want / 1000.0), name
-    for name in ("draft", "tree", "verify"):
-        assert busy[name] < device[name] == pytest.approx(steps * (sum(graphs[name]) + 0.05) / 1000.0)
-    assert fake_events.made <= 3 * (len(STAGES) + 1 + 2 * clock.replays // steps)  # reused: <= 3 steps' worth
+                for name in STAGES:
+                    fake_events.now += 0.05  # the host's launch gap: device time, not busy time
+                    for call in calls[name]:
+                        call()
+                    clock.mark()
+                late.replay()
+                fake_events.now += 0.25
+                if step % 4 != 3:
+                    fake_events.done_until = fake_events.now
+        assert clock.replays == steps * (sum(map(len, graphs.values())) + 1)
+        assert fake_events.made == steps * (len(STAGES) + 1) + 2 * clock.replays  # the second clock: reused
+        busy, device = clock.busy_s(), clock.device_s()
+        for name in STAGES:
+            want = sum(graphs[name]) + (0.3 if name == "commit" else 0.0)
+            assert busy[name] == pytest.approx(steps * want / 1000.0), name
+        for name in ("draft", "tree", "verify"):
+            assert busy[name] < device[name] == pytest.approx(steps * (sum(graphs[name]) + 0.05) / 1000.0)
 
 
 def test_busy_is_none_without_events_or_without_replays(fake_events):

@@ -84,6 +84,10 @@ def test_chain_and_drafter_tree_device_paths():
     dev = Chain().build_device(9, Proposal(top_ids=top))
     assert isinstance(dev, DeviceTree)
     _same(Chain().build(9, Proposal(top.tolist())), dev)
+    bonus = torch.tensor([9], dtype=torch.int32)  # a pipelined step's root: the last step's bonus
+    after = Chain().build_device(bonus, Proposal(top_ids=top))
+    _same(Chain().build(9, Proposal(top.tolist())), after)
+    assert after.tokens.dtype == torch.long and after.parents is dev.parents  # one parents tensor a length
     host = Chain().build_device(9, Proposal([[4], [5]]))  # host candidates: a host tree
     assert isinstance(host, Tree) and host.tokens.tolist() == [9, 4, 5]
     tree = DeviceTree(torch.tensor([9, 4, 5]), torch.tensor([-1, 0, 0]))

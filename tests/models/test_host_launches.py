@@ -43,8 +43,9 @@ def test_graph_call_stands_in_without_graphs():
 
 
 # host launches a decode step, measured on the tiny family (float32, CPU): AR 0.1 (its groups' reads),
-# DDTree 4 (the tree's and the result's copies), DFlash-TfM 8, SpecLA 8 (copies, the drafter's inputs)
-BUDGET = {"ar": 0.5, "ddtree": 5.0, "dflash_tfm": 9.0, "specla": 9.0}
+# DDTree 3 (the tree's and the result's copies), chain DFlash 4 (the same and its tokens' concatenation:
+# 7 before its parents were made once a length), DFlash-TfM 8, SpecLA 8 (copies, the drafter's inputs)
+BUDGET = {"ar": 0.5, "ddtree": 4.0, "dflash_chain": 4.5, "dflash_tfm": 9.0, "specla": 9.0}
 
 
 def test_decode_steps_launch_few_ops_from_the_host():
@@ -55,6 +56,7 @@ def test_decode_steps_launch_few_ops_from_the_host():
     target = GraphedTarget(model, max_nodes=64, graphs=False)
     prompt = tok.chat_prompt([{"role": "user", "content": "Write a short poem about the sea."}])
     specs = {"ar": {"kind": "ar"}, "ddtree": {"kind": "ddtree", "budget": 32},
+             "dflash_chain": {"kind": "dflash_chain"},
              "dflash_tfm": {"kind": "dflash_tfm", "budget": 32},
              "specla": {"kind": "specla", "budget": 32}}  # fmt: skip
     for name, spec in specs.items():

@@ -1,0 +1,123 @@
+"""Where the tiny family's verify step goes, kernel by kernel, beside the decode step (issue 10: 2x), H200.
+
+    python3 scripts/gpu/verify-kernels.py OUT_DIR      (one H200: < 60 s)
+
+In `results/2026-12-04-h200-drafter-launches/routes` a 33-node verify costs 0.237 ms of graph time, about 2.1
+AR decode steps (0.114 ms), with 56 launches against the decode step's 43. That verify alone caps DDTree near
+2x at its MAL. This script asks which kernels make the difference. It uses the embedded tiny-qwen35 in bf16
+on the StaticDecoder that `repro run` builds (`GraphedTarget`'s options), with a 64-token prefill. Calls:
+- the decode step;
+- verify of a device tree on a deriving slot, as the engine's verify graph runs it: a chain of 16 nodes
+  (chain DFlash's block) and best-first trees of 33 and 65 nodes (DDTree / DFlash-TfM at budgets 32 and 64;
+  `repro.bench.shapes.draft_tree`).
+
+For each call it reports:
+- the median CUDA-graph time per call (`repro.bench.timing.graph_us`);
+- the kernels of one eager call (torch profiler), summed by name, with their count. Eager kernel times
+  leave out the gaps a graph replay has between kernels; `gaps` = graph time minus the eager kernel sum.
+
+Writes OUT_DIR/verify-kernels.json and OUT_DIR/verify-kernels.md; prints the markdown.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import defaultdict
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's repro, not an installed one
+
+from repro.bench.shapes import draft_tree  # noqa: E402
+from repro.bench.timing import TimerConfig, graph_us  # noqa: E402
+from repro.models.graphed import GraphedTarget  # noqa: E402
+from repro.models.static import TreeSlot  # noqa: E402
+from repro.models.target import open_target  # noqa: E402
+from repro.tree import DeviceTree  # noqa: E402
+
+DEV = torch.device("cuda")
+TIMER = TimerConfig(warmup_ms=2.0, rep_ms=10.0, graph_replays=5)
+TOP = 14
+
+
+def kernels(fn: Any) -> dict[str, tuple[int, float]]:
+    """Name -> (launches, summed device us) of one eager call of ``fn`` (after a warm call)."""
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    out: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for e in prof.events():
+        if e.device_type == DeviceType.CUDA:
+            row = out[e.name[:90]]
+            row[0] += 1
+            row[1] += e.time_range.elapsed_us()
+    return {k: (int(n), us) for k, (n, us) in out.items()}
+
+
+def row(name: str, fn: Any, estimate_us: float) -> dict[str, Any]:
+    ks = kernels(fn)
+    us = graph_us([fn], DEV, TIMER, estimate_us=estimate_us)
+    eager = sum(u for _, u in ks.values())
+    return {"call": name, "graph_us": us, "launches": sum(n for n, _ in ks.values()), "kernel_us": eager,
+            "gaps_us": us - eager, "kernels": ks}  # fmt: skip
+
+
+def main(out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    model, _ = open_target("default", "bfloat16", "cuda")
+    target = GraphedTarget(model, max_len=4096, max_nodes=128, graphs=False)
+    gen = torch.Generator().manual_seed(1)
+    target.prefill(torch.randint(0, model.config.vocab_size, (64,), generator=gen).tolist())
+    dec = target.decoder
+    rows = []
+    dec.set_token(7)
+    rows.append(row("decode step", dec.decode_pick, 120.0))
+    vocab = model.config.vocab_size
+    for name, parents in (
+        ("verify chain 16", [-1] + list(range(15))),
+        ("verify tree 33", draft_tree(33, 33)),
+        ("verify tree 65", draft_tree(65, 65)),
+    ):
+        n = len(parents)
+        tokens = torch.randint(0, vocab, (n,), generator=gen)
+        slot = TreeSlot(dec, n, derive=True)
+        slot.set_device_tree(DeviceTree(tokens.to(DEV), torch.tensor(parents, device=DEV)))
+        rows.append(row(name, partial(dec.verify, slot), 250.0))
+    base = rows[0]["graph_us"]
+    lines = [
+        "# verify-kernels: tiny-qwen35, bf16, H200",
+        "",
+        "| call | graph us | x decode | launches | eager kernel us | gaps us (graph - kernels) |",
+        "|---|--:|--:|--:|--:|--:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['call']} | {r['graph_us']:.1f} | {r['graph_us'] / base:.2f} | {r['launches']} | "
+            f"{r['kernel_us']:.1f} | {r['gaps_us']:.1f} |"
+        )
+    for r in rows:
+        lines += [
+            "",
+            f"## {r['call']}: kernels by summed device time (eager)",
+            "",
+            "| kernel | n | us |",
+            "|---|--:|--:|",
+        ]
+        top = sorted(r["kernels"].items(), key=lambda kv: -kv[1][1])[:TOP]
+        lines += [f"| `{k}` | {n} | {us:.1f} |" for k, (n, us) in top]
+    md = "\n".join(lines) + "\n"
+    (out / "verify-kernels.md").write_text(md)
+    (out / "verify-kernels.json").write_text(json.dumps(rows, indent=1))
+    print(md)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
