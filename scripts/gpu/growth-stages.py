@@ -102,6 +102,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+@torch.no_grad()
 def main(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     rows = []

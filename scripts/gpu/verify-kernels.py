@@ -70,6 +70,7 @@ def row(name: str, fn: Any, estimate_us: float) -> dict[str, Any]:
             "gaps_us": us - eager, "kernels": ks}  # fmt: skip
 
 
+@torch.no_grad()
 def main(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     model, _ = open_target("default", "bfloat16", "cuda")
