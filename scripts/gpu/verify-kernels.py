@@ -5,7 +5,8 @@
 In `results/2026-12-04-h200-drafter-launches/routes` a 33-node verify costs 0.237 ms of graph time, about 2.1
 AR decode steps (0.114 ms), with 56 launches against the decode step's 43. That verify alone caps DDTree near
 2x at its MAL. This script asks which kernels make the difference. It uses the embedded tiny-qwen35 in bf16
-on the StaticDecoder that `repro run` builds (`GraphedTarget`'s options), with a 64-token prefill. Calls:
+on the StaticDecoder that `repro run` builds (its GDN backend, `GraphedTarget`'s options with graphs on), with
+a 64-token prefill. Calls:
 - the decode step;
 - verify of a device tree on a deriving slot, as the engine's verify graph runs it: a chain of 16 nodes
   (chain DFlash's block) and best-first trees of 33 and 65 nodes (DDTree / DFlash-TfM at budgets 32 and 64;
@@ -36,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's 
 
 from repro.bench.shapes import draft_tree  # noqa: E402
 from repro.bench.timing import TimerConfig, graph_us  # noqa: E402
+from repro.gdn.backends import default_backend  # noqa: E402
 from repro.models.graphed import GraphedTarget  # noqa: E402
 from repro.models.static import TreeSlot  # noqa: E402
 from repro.models.target import open_target  # noqa: E402
@@ -74,7 +76,8 @@ def row(name: str, fn: Any, estimate_us: float) -> dict[str, Any]:
 def main(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     model, _ = open_target("default", "bfloat16", "cuda")
-    target = GraphedTarget(model, max_len=4096, max_nodes=128, graphs=False)
+    model.set_gdn_backend(default_backend(DEV, model.dtype))  # as `repro run` (harness/runner.py) sets it
+    target = GraphedTarget(model, max_len=4096, max_nodes=128)  # graphs on: the engine's kernel options
     gen = torch.Generator().manual_seed(1)
     target.prefill(torch.randint(0, model.config.vocab_size, (64,), generator=gen).tolist())
     dec = target.decoder
