@@ -17,7 +17,10 @@ on a fresh GraphedTarget so that its graphs are captured under that setting:
   start, at its exit, or at the GEMVs' start and the other kernels' exit (``dependent_launch(trigger=)``;
   the default, "auto", releases at the start but in verification);
 - ``torch_bookkeeping``: the slot's derive, greedy accept, path and attention-row commit on torch ops, not
-  on :mod:`repro.models.slot_kernels` (``static.FUSE_BOOKKEEPING`` off).
+  on :mod:`repro.models.slot_kernels` (``static.FUSE_BOOKKEEPING`` off);
+- ``no_clock_events``: the engine's own measurement off: StageClock without CUDA events (wall-clock stages
+  only) and no busy recorder around the replays (about 12 event records a speculative step): what the
+  harness's instrumentation costs each route's wall time (its device columns then read the wall clock).
 
 ROUTES_AB_VARIANTS (comma-separated names; default all) picks the variants; "default" always runs first.
 
@@ -43,6 +46,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's repro, not an installed one
 
 from repro.data.suites import format_turn, load_suite  # noqa: E402
+from repro.decoding import engine  # noqa: E402
 from repro.decoding.engine import STAGES, generate  # noqa: E402
 from repro.decoding.routes import build_route, prepare_graphs  # noqa: E402
 from repro.gdn import triton_attention  # noqa: E402
@@ -75,6 +79,24 @@ def patched(obj: Any, name: str, value: Any) -> Iterator[None]:
         setattr(obj, name, old)
 
 
+class UnclockedStages(engine.StageClock):
+    """StageClock without CUDA events: wall-clock stage times only (``no_clock_events``)."""
+
+    def __init__(self, device: torch.device, sync: bool) -> None:
+        super().__init__(device, sync)
+        self.events = False
+
+
+@contextlib.contextmanager
+def unclocked() -> Iterator[None]:
+    """The engine's generate without its event records: no stage events, no busy recorder."""
+    with (
+        patched(engine, "StageClock", UnclockedStages),
+        patched(engine, "busy_recorder", contextlib.nullcontext),
+    ):
+        yield
+
+
 VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "default": contextlib.nullcontext,
     "pow2_slots": lambda: patched(graphed, "SLOT_SIZES", tuple(2**k for k in range(11))),
@@ -84,6 +106,7 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "pdl_exit": lambda: dependent_launch(trigger="exit"),
     "pdl_gemv": lambda: dependent_launch(trigger="gemv"),
     "torch_bookkeeping": lambda: patched(static, "FUSE_BOOKKEEPING", False),
+    "no_clock_events": unclocked,
 }
 
 
