@@ -3,8 +3,9 @@
     python3 scripts/gpu/verify-kernels.py OUT_DIR      (one H200: < 60 s)
 
 In `results/2026-12-04-h200-drafter-launches/routes` a 33-node verify costs 0.237 ms of graph time, about 2.1
-AR decode steps (0.114 ms), with 56 launches against the decode step's 43. That verify alone caps DDTree near
-2x at its MAL. This script asks which kernels make the difference. It uses the embedded tiny-qwen35 in bf16
+AR decode steps (0.114 ms); its graph launches 65 kernels against the decode step's 43
+(`results/2026-12-04-h200-host-loop-profiles/callBF`). That verify alone caps DDTree near 2x at its MAL. This
+script asks which kernels make the difference. It uses the embedded tiny-qwen35 in bf16
 on the StaticDecoder that `repro run` builds (its GDN backend, `GraphedTarget`'s options with graphs on), with
 a 64-token prefill. Calls:
 - the decode step;
