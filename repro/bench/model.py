@@ -328,10 +328,13 @@ def kernel_group(name: str) -> str:
     return "other"
 
 
-def profile_kernels(fn: Callable[[], Any], device: torch.device) -> KernelProfile | None:
+def profile_kernels(
+    fn: Callable[[], Any], device: torch.device, key: Callable[[str], str] | None = None
+) -> KernelProfile | None:
     """The CUDA kernels one call launches, with their device time (torch profiler; the call is run
-    eagerly, so the gaps between kernels are not those of a graph replay); None off CUDA or when the
-    profiler cannot tell."""
+    eagerly, so the gaps between kernels are not those of a graph replay), grouped by ``key`` of the
+    kernel name (default :func:`kernel_group`); None off CUDA or when the profiler cannot tell."""
+    key = key or kernel_group
     if device.type != "cuda":
         return None
     try:
@@ -347,8 +350,8 @@ def profile_kernels(fn: Callable[[], Any], device: torch.device) -> KernelProfil
         for e in prof.events():
             if e.device_type != DeviceType.CUDA:
                 continue
-            n, us = groups.get(kernel_group(e.name), (0, 0.0))
-            groups[kernel_group(e.name)] = (n + 1, us + e.time_range.elapsed_us())
+            n, us = groups.get(key(e.name), (0, 0.0))
+            groups[key(e.name)] = (n + 1, us + e.time_range.elapsed_us())
         if not groups:
             return None
         return KernelProfile(sum(n for n, _ in groups.values()), sum(us for _, us in groups.values()), groups)

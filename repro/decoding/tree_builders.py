@@ -48,13 +48,18 @@ def _host_root(root_token: int | torch.Tensor) -> int:
     return root_token
 
 
+def _device_root(root_token: int | torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The pending token as a [1] int64 tensor on ``device`` (a [1] device tensor, e.g. a pipelined step's
+    bonus, as it is)."""
+    if isinstance(root_token, torch.Tensor):
+        return root_token.long()
+    return torch.full((1,), root_token, dtype=torch.long, device=device)
+
+
 def _root_and(root_token: int | torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor) -> DeviceTree:
     """A device tree: the root (the pending token, parent -1; an int, or a [1] tensor on the device)
     followed by ``tokens``/``parents``."""
-    if isinstance(root_token, torch.Tensor):
-        root = root_token.long()
-    else:
-        root = torch.full((1,), root_token, dtype=torch.long, device=tokens.device)
+    root = _device_root(root_token, tokens.device)
     minus = torch.full((1,), -1, dtype=torch.long, device=tokens.device)
     return DeviceTree(torch.cat([root, tokens.long()]), torch.cat([minus, parents.long()]))
 
@@ -152,7 +157,7 @@ class Chain:
         if self.sample or proposal is None or proposal.top_ids is None or proposal.depth == 0:
             return self.build(_host_root(root_token), proposal)
         first = proposal.top_ids[:, 0].long()
-        root = root_token.long() if isinstance(root_token, torch.Tensor) else first.new_full((1,), root_token)
+        root = _device_root(root_token, first.device)
         return DeviceTree(torch.cat([root, first]), _chain_parents(first.numel() + 1, first.device))
 
 

@@ -25,17 +25,15 @@ from __future__ import annotations
 
 import json
 import sys
-from collections import defaultdict
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.autograd import DeviceType
-from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's repro, not an installed one
 
+from repro.bench.model import profile_kernels  # noqa: E402
 from repro.bench.shapes import draft_tree  # noqa: E402
 from repro.bench.timing import TimerConfig, graph_us  # noqa: E402
 from repro.gdn.backends import default_backend  # noqa: E402
@@ -49,27 +47,13 @@ TIMER = TimerConfig(warmup_ms=2.0, rep_ms=10.0, graph_replays=5)
 TOP = 14
 
 
-def kernels(fn: Any) -> dict[str, tuple[int, float]]:
-    """Name -> (launches, summed device us) of one eager call of ``fn`` (after a warm call)."""
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    out: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
-    for e in prof.events():
-        if e.device_type == DeviceType.CUDA:
-            row = out[e.name[:90]]
-            row[0] += 1
-            row[1] += e.time_range.elapsed_us()
-    return {k: (int(n), us) for k, (n, us) in out.items()}
-
-
 def row(name: str, fn: Any, estimate_us: float) -> dict[str, Any]:
-    ks = kernels(fn)
+    prof = profile_kernels(fn, DEV, key=lambda kernel: kernel[:90])  # by name (truncated)
+    if prof is None:
+        raise RuntimeError(f"{name}: the profiler saw no CUDA kernel")
+    ks, eager = prof.groups, prof.busy_us
     us = graph_us([fn], DEV, TIMER, estimate_us=estimate_us)
-    eager = sum(u for _, u in ks.values())
-    return {"call": name, "graph_us": us, "launches": sum(n for n, _ in ks.values()), "kernel_us": eager,
+    return {"call": name, "graph_us": us, "launches": prof.kernels, "kernel_us": eager,
             "gaps_us": us - eager, "kernels": ks}  # fmt: skip
 
 
