@@ -358,13 +358,13 @@ _KINDS: tuple[RouteKind, ...] = (
     RouteKind(
         "weaver",
         "DFlash top-`pool` candidates per depth, Weaver-grown best-first tree of `budget` nodes, "
-        "`width` nodes scored per Weaver step",
+        "`width` frontier nodes taken and scored per Weaver step (1: exact best-first)",
         (
             _DFLASH,
             Param("weaver", str, "the Weaver adapter (shaped for the drafter)", checkpoint="weaver"),
             _BUDGET,
             Param("pool", int, "DFlash candidates per depth", default=None, min=1, unset="the adapter's"),
-            Param("width", int, "nodes one Weaver forward scores", default=4, min=1),
+            Param("width", int, "frontier nodes per Weaver step (the paper's w)", default=4, min=1),
             _BLOCK,
         ),
         _weaver,

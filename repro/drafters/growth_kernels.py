@@ -1,24 +1,29 @@
-"""Weaver's device growth fused: one Triton kernel per grown node, on one or many programs
+"""Weaver's device growth fused: one Triton kernel per Weaver step, on one or many programs
 (:func:`grow_fused`).
 
 The same tree as :func:`repro.drafters.weaver_growth.grow_on_device` (the torch version, about 100
-aten ops per node) from one launch per node. The kernel runs these stages, with a barrier between
-stages that pass vectors through global scratch (every vector a stage needs is reloaded from
-scratch: ``x = base[d] + W_e E[token]``, ``y = x + W_o attention``, ...):
+aten ops per step) from one launch per step of ``width`` nodes (W; the root a step of its own). The
+kernel runs these stages for the step's m <= W nodes at once, with a barrier between stages that pass
+vectors (one row a node) through global scratch (every vector a stage needs is reloaded from scratch:
+``x = base[d] + W_e E[token]``, ``y = x + W_o attention``, ...):
 
-0. the pop (reads only): argmax of the candidate table (float64 keys, push order as the tie-break,
-   validity), the new node's token / parent / depth / score / ancestor row, the parent's next rank;
-   its writes follow barrier 1 (every read of the tables precedes them);
-1. ``W_e E[token]``; 2. RMSNorm, q / k / v (k, v into the node's cache slot); 3. attention over the
-   ancestors' slots and the node's own; 4. o_proj; 5. RMSNorm, gate / up; 6. ``SiLU(gate) * up``,
-   down; 7. the final norm, out_proj (``u``); 8. pool scores ``l_d + <u, E[pool]>``;
-9. log-softmax, the ``keep`` best children (ties go to the lower pool position; float32 arithmetic:
-   one sort of keys packing log q's order-preserving bits with the position, float64: rank by
-   counting) and the node's first-child candidate entry.
+0. the pops (reads only): m argmaxes of the candidate table (float64 keys, push order as the
+   tie-break, validity), kept in registers between pops (each pop pushes its parent's next rank);
+   the nodes' tokens / parents / depths / scores / ancestor rows; the writes follow barrier 1 (every
+   read of the tables precedes them);
+1. ``W_e E[token]``; 2. RMSNorm, q / k / v (k, v into the nodes' cache slots); 3. attention of each
+   node over its ancestors' slots and its own (no node of a step sees another); 4. o_proj; 5. RMSNorm,
+   gate / up; 6. ``SiLU(gate) * up``, down; 7. the final norm, out_proj (``u``); 8. pool scores
+   ``l_d + <u, E[pool]>``;
+9. per node: log-softmax, the ``keep`` best children (ties go to the lower pool position; float32
+   arithmetic: one sort of keys packing log q's order-preserving bits with the position, float64: rank
+   by counting) and the node's first-child candidate entry.
 
+Every linear reads each weight block once for all the step's nodes (a [W, block] product), so a
+step of W nodes costs about one node's weight traffic and latency: the point of wider steps.
 Vectors pass between stages in the adapter's dtype, so a half-precision adapter is rounded where
 torch rounds its ops' outputs (arithmetic in float32; float64 for a float64 adapter). The root is
-the same kernel without the pop (it also clears the tables). Per step, torch adds only
+the same kernel without the pops (it also clears the tables). Per growth, torch adds only
 ``base = W_g g + W_f f``, the pool's embedding rows ``E[pool]`` and one zeroing of the barrier
 counters. Exact in-row ties of log q (two pool tokens with the same score under one parent) are the
 one place the order may differ from torch's ``topk``, whose tie order is unspecified; everything else
@@ -26,25 +31,27 @@ one place the order may differ from torch's ``topk``, whose tie order is unspeci
 
 **Programs** (``programs`` = P, a launch option; :func:`default_programs` picks it from the shapes:
 one program a row block, as many as the SMs hold at once). P = 1 is one CTA walking every weight
-matrix (latency bound: ~40 us a node at the tiny family on an H200). At the 27B shape every SM holds
+matrix (latency bound: ~40 us a one-node step at the tiny family on an H200). At the 27B shape every SM holds
 two programs (8 warps, ~128 registers a thread) and two a SM stream the weights faster than one
 (H200, 65 nodes: 79 us a node at P = 264 against 103 at P = 132; 4 warps at P = 528: 75 us, not the
 default, as num_warps changes the rounding; results/2026-12-02-h200-growth-residency).
 
-With P > 1 every linear splits its output rows into blocks of ``TILE / in-width`` rows and
-program p computes blocks p, p + P, ...; the pool scores split their blocks of ``BP`` tokens the same
-way; attention (``HEADWISE``, chosen from the shapes: the all-heads key block ``NP x d_model`` over
-:data:`ATT_TILE`) splits over heads, each head in blocks of ``ATT_CHUNK / head_dim`` slots whose
-visibility it reads from node n's ancestor row (written by program 0 after barrier 1), or is program
-0's (all heads at once, from the pop's row in registers). Every program pops redundantly (the token,
-depth and row it needs, in registers) and recomputes the vectors between stages; program 0 alone
-writes the pop (after barrier 1: every program has read the tables) and runs stage 9. P is a
+With P > 1 every linear splits its output rows into blocks of ``TILE / (in-width x WP)`` rows (WP:
+W's power of two) and program p computes blocks p, p + P, ...; the pool scores split their blocks of
+``BP`` tokens the same way, node by node; attention (``HEADWISE``, chosen from the shapes: the
+all-heads key block ``NP x d_model`` over :data:`ATT_TILE`) splits (node, head) pairs over the
+programs, each head in blocks of ``ATT_CHUNK / head_dim`` slots, or nodes (all heads at once); the
+visible slots come from each node's ancestor row (written by program 0 after barrier 1). Every program
+pops redundantly (the tokens and depths it needs, in registers) and recomputes the vectors between
+stages; program 0 alone writes the pops (after barrier 1: every program has read the tables); the
+ranking splits the nodes over the programs. P is a
 runtime argument: one binary serves every P > 1 (P = 1 compiles the single-program code). A row's
 value never depends on P: the same block shape (TILE, num_warps) computes it whichever program owns
 it, so the tree and the scores are bitwise those of P = 1 at the same launch options (GPU tests and
 ``scripts/gpu/weaver-mp.py`` check it).
 
-**Grid barrier** (P > 1; P = 1: a block barrier). Node n's launch owns counter ``sync[n]`` (int32;
+**Grid barrier** (P > 1; P = 1: a block barrier). The launch of the step from node n owns counter
+``sync[n]`` (int32;
 ``sync`` is zeroed by one ``zero_`` before the growth's launches, so no counter is reset while in
 use). Barrier k (1..8): a block barrier (every thread's stores issued), then one thread does
 ``atomic_add(sync[n], 1, acq_rel, gpu)`` (its release publishes the block's stores, ordered before it
@@ -59,13 +66,13 @@ launches and the weights load normally. **Co-residency**: a barrier waits for ev
 all P must be resident at once: P is clamped to SMs x :func:`resident_ctas` of the compiled
 kernel (its registers, warps and shared memory; at least one CTA a SM: the kernel compiled at all;
 about 128 registers a thread at the 27B shape, no spills), and nothing else may hold SMs for long
-(other streams' kernels delay, the flag catches a stall). The node that fills the budget (the pop
+(other streams' kernels delay, the flag catches a stall). The step that fills the budget (the pops
 alone) runs on one program.
 
 **CPU**: Triton's interpreter runs a grid's programs one after another, so a spinning barrier would
 wait for programs that only run after it returns. There P > 1 runs *staged* (:func:`grow_fused`'s
 ``staged``, the default off CUDA): one launch per stage over the P programs (the pop and stage 9 on
-one), each stage reading the popped node back from the tables: the same row, pool and head
+one), each stage reading the popped nodes back from the tables: the same row, pool and head
 partitions without barriers. The barriers and the concurrent pop run only on the GPU.
 """
 
@@ -126,33 +133,37 @@ def fits(config: WeaverConfig, budget: int, pool: int, programs: int = 1) -> boo
     return pow2 and all(sizes[k] <= v for k, v in limits.items())
 
 
-def default_programs(config: WeaverConfig, budget: int, pool: int, slots: int, tile: int = 8192) -> int:
+def default_programs(
+    config: WeaverConfig, budget: int, pool: int, slots: int, tile: int = 8192, width: int = 1
+) -> int:
     """P for a device that holds ``slots`` programs at once: enough programs for the most row (or pool)
-    blocks of any stage, at most ``slots`` (all must be co-resident); 1 when the shapes fit neither
-    limit set."""
+    blocks of any stage at steps of ``width`` nodes, at most ``slots`` (all must be co-resident); 1
+    when the shapes fit neither limit set."""
     if not fits(config, budget, pool, 2):
         return 1
     dmp, ip, hp, kp = (
         _p2(x) for x in (config.d_model, config.intermediate_size, config.target_hidden_size, pool)
     )
-    t = _tile(tile, dmp, ip, hp, kp)
+    wp = _p2(width)
+    t = _linear_tile(tile, wp, dmp, ip, hp)
     blocks = [
-        -(-out // max(1, t // inp))
+        -(-out // max(1, t // (inp * wp)))
         for out, inp in ((config.d_model, hp), (config.d_model, dmp), (config.intermediate_size, dmp),
-                         (config.d_model, ip), (config.target_hidden_size, dmp), (pool, hp))
+                         (config.d_model, ip), (config.target_hidden_size, dmp))
     ]  # fmt: skip
+    blocks.append(-(-pool // max(1, min(kp, _tile(tile, dmp, ip, hp, kp) // hp))))  # the pool scores
     return max(1, min(slots, max(blocks)))
 
 
 def device_programs(
-    config: WeaverConfig, budget: int, pool: int, device: torch.device, tile: int = 8192
+    config: WeaverConfig, budget: int, pool: int, device: torch.device, tile: int = 8192, width: int = 1
 ) -> int:
     """:func:`default_programs` on ``device`` (CUDA: up to :data:`PER_SM` programs a SM, which
     :func:`grow_fused` clamps to the compiled kernel's residency); 1 elsewhere (the interpreter)."""
     if device.type != "cuda":
         return 1
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return default_programs(config, budget, pool, sms * PER_SM, tile)
+    return default_programs(config, budget, pool, sms * PER_SM, tile, width)
 
 
 def _p2(x: int) -> int:
@@ -167,6 +178,13 @@ def _tile(tile: int, *widths: int) -> int:
     """Elements per loaded block: at least one row of the widest input, at most a whole square."""
     top = max(widths)
     return max(min(tile, top * top), *widths)
+
+
+def _linear_tile(tile: int, wp: int, *widths: int) -> int:
+    """Elements of a linear's product block (rows of the step's ``wp`` nodes times a weight block): at
+    least one weight row for every node, at most a whole square for every node."""
+    top = max(widths)
+    return max(min(tile, top * top * wp), top * wp)
 
 
 @triton.jit
@@ -189,11 +207,18 @@ def _load_vec(ptr, N: tl.constexpr, NP: tl.constexpr, ACC: tl.constexpr, CG: tl.
 
 
 @triton.jit
+def _load_rows(ptr, stride, jj, rows, N: tl.constexpr, NP: tl.constexpr, ACC: tl.constexpr, CG: tl.constexpr):
+    """Rows ``jj`` (those with ``rows`` set) of a row-major block at ``ptr`` (``stride`` apart), [WP, NP]."""
+    o = tl.arange(0, NP)
+    return ld(ptr + jj[:, None] * stride + o[None, :], rows[:, None] & (o[None, :] < N), CG).to(ACC)
+
+
+@triton.jit
 def _rmsnorm(x, w_ptr, eps, N: tl.constexpr, NP: tl.constexpr, ACC: tl.constexpr, DT: tl.constexpr):
-    """DraftRMSNorm: w * (x / rms(x) rounded to DT), rounded to DT."""
-    ms = tl.sum(x * x, axis=0) / N
-    y = round_to(x * (1.0 / tl.sqrt(ms + eps)), DT)
-    return round_to(_load_vec(w_ptr, N, NP, ACC, False) * y, DT)
+    """DraftRMSNorm of each row of x [WP, NP]: w * (x / rms(x) rounded to DT), rounded to DT."""
+    ms = tl.sum(x * x, axis=1) / N
+    y = round_to(x * (1.0 / tl.sqrt(ms + eps))[:, None], DT)
+    return round_to(_load_vec(w_ptr, N, NP, ACC, False)[None, :] * y, DT)
 
 
 @triton.jit
@@ -205,12 +230,14 @@ def _stride(nprog, PC: tl.constexpr, B: tl.constexpr):
 
 
 @triton.jit
-def _linear(w_ptr, x, y_ptr, OUT: tl.constexpr, IN: tl.constexpr, INP: tl.constexpr, TILE: tl.constexpr,
-            ACC: tl.constexpr, DT: tl.constexpr, UNROLL: tl.constexpr, nprog, PC: tl.constexpr):  # fmt: skip
-    """y = W x (W [OUT, IN] row-major) for x [INP] in registers; y stored rounded to DT, in blocks of
-    TILE / INP rows: this program's blocks (program p of P: blocks p, p + P, ...; P = PC, or the
-    runtime ``nprog`` when PC is 0)."""
-    BO: tl.constexpr = TILE // INP  # TILE >= INP (grow_fused)
+def _linear(w_ptr, x, y_ptr, y_stride, jj, rows, OUT: tl.constexpr, IN: tl.constexpr, INP: tl.constexpr,
+            TILE: tl.constexpr, WP: tl.constexpr, ACC: tl.constexpr, DT: tl.constexpr, UNROLL: tl.constexpr,
+            nprog, PC: tl.constexpr):  # fmt: skip
+    """y = x W^T for the rows x [WP, INP] in registers (W [OUT, IN] row-major, read once for every row);
+    y's rows stored ``y_stride`` apart, rounded to DT, in blocks of TILE / (INP WP) output columns:
+    this program's blocks (program p of P: blocks p, p + P, ...; P = PC, or the runtime ``nprog`` when
+    PC is 0)."""
+    BO: tl.constexpr = TILE // (INP * WP)  # TILE >= INP * WP (grow_fused)
     o_i = tl.arange(0, INP)
     for o0 in tl.range(
         0, OUT, _stride(nprog, PC, BO), loop_unroll_factor=UNROLL
@@ -220,14 +247,16 @@ def _linear(w_ptr, x, y_ptr, OUT: tl.constexpr, IN: tl.constexpr, INP: tl.conste
             o_o += tl.program_id(0) * BO
         m = (o_o[:, None] < OUT) & (o_i[None, :] < IN)
         w = tl.load(w_ptr + o_o[:, None] * IN + o_i[None, :], mask=m, other=0.0).to(ACC)
-        y = tl.sum(w * x[None, :], axis=1)
-        tl.store(y_ptr + o_o, round_to(y, DT).to(y_ptr.dtype.element_ty), mask=o_o < OUT)
+        y = tl.sum(w[None, :, :] * x[:, None, :], axis=2)  # [WP, BO]
+        out = y_ptr + jj[:, None] * y_stride + o_o[None, :]
+        tl.store(out, round_to(y, DT).to(y_ptr.dtype.element_ty), mask=rows[:, None] & (o_o[None, :] < OUT))
 
 
 @triton.jit
 def _sync(sync_ptr, n, K: tl.constexpr, N: tl.constexpr, nprog, PC: tl.constexpr, SPIN: tl.constexpr):
-    """Barrier ``K`` (1-based) of node ``n``'s launch: a block barrier, and on ``nprog`` programs (PC 0)
-    a grid barrier on counter ``sync[n]`` (module docstring); past SPIN polls it sets ``sync[N]``."""
+    """Barrier ``K`` (1-based) of the launch whose step starts at node ``n``: a block barrier, and on
+    ``nprog`` programs (PC 0) a grid barrier on counter ``sync[n]`` (module docstring); past SPIN polls
+    it sets ``sync[N]``."""
     if PC != 1:
         grid_sync(sync_ptr + n, sync_ptr + N, K * nprog, SPIN)
     else:
@@ -235,47 +264,85 @@ def _sync(sync_ptr, n, K: tl.constexpr, N: tl.constexpr, nprog, PC: tl.constexpr
 
 
 @triton.jit
-def _pop(key_ptr, rank_ptr, order_ptr, valid_ptr, dep_ptr, score_ptr, anc_ptr, ctok_ptr, clq_ptr,
-         N: tl.constexpr, NP: tl.constexpr, KEEP: tl.constexpr):  # fmt: skip
-    """The best candidate (reads only): its parent p and rank r, the token, depth, score (-inf when
-    the table is exhausted: not live), the parent's score, ancestor row and next child's log q."""
-    o = tl.arange(0, NP)
-    inb = o < N
-    valid = tl.load(valid_ptr + o, mask=inb, other=0) != 0
-    key = tl.where(valid, tl.load(key_ptr + o, mask=inb & valid, other=0.0), float("-inf"))
-    best = tl.max(key, axis=0)
-    hits = valid & (key == best)
-    live = tl.sum(hits.to(tl.int32), axis=0) > 0
-    order = tl.where(hits, tl.load(order_ptr + o, mask=inb, other=0), 2147483647)
-    first = tl.min(order, axis=0)
-    p = tl.min(tl.where(hits & (order == first), o, NP), axis=0)
-    p = tl.where(live, p, 0)
-    r = tl.load(rank_ptr + p)
-    token = tl.load(ctok_ptr + p * KEEP + tl.minimum(r, KEEP - 1))
-    depth = tl.load(dep_ptr + p) + 1
-    score_n = tl.where(live, tl.load(key_ptr + p), float("-inf"))
-    score_p = tl.load(score_ptr + p)
-    row = tl.load(anc_ptr + p * NP + o, mask=inb, other=0)
-    lq_next = tl.load(clq_ptr + p * KEEP + tl.minimum(r + 1, KEEP - 1))
-    return p, r, token, depth, score_n, score_p, row, lq_next, live
+def _pick(v, jj, j):
+    """Entry ``j`` of the [WP] vector v."""
+    return tl.sum(tl.where(jj == j, v, 0), axis=0)
 
 
 @triton.jit
-def _pop_write(n, p, r, token, depth, score_n, score_p, row, lq_next, live,
-               key_ptr, rank_ptr, order_ptr, valid_ptr, tok_ptr, par_ptr, dep_ptr, score_ptr, anc_ptr,
-               N: tl.constexpr, NP: tl.constexpr, KEEP: tl.constexpr):  # fmt: skip
-    """Node n's entries and its parent's next rank pushed (push order 2n - 1)."""
+def _pops(n0, m, key_ptr, rank_ptr, order_ptr, valid_ptr, dep_ptr, score_ptr, ctok_ptr, clq_ptr,
+          N: tl.constexpr, NP: tl.constexpr, KEEP: tl.constexpr, W: tl.constexpr,
+          WP: tl.constexpr):  # fmt: skip
+    """The step's ``m`` pops from the tables (reads only; the table kept in registers between pops): pop j
+    takes the best candidate (float64 key, push order as the tie-break) as node ``n0 + j`` and pushes its
+    parent's next rank with order ``2 n0 - 1 + j``. Returns the updated table (key, rank, order, valid
+    [NP]) and per pop [WP]: parent (0 when the table was empty), token, depth, score (-inf when empty),
+    liveness."""
     o = tl.arange(0, NP)
-    tl.store(tok_ptr + n, tl.where(live, token, 0))
-    tl.store(par_ptr + n, tl.where(live, p.to(tl.int64), -1))
-    tl.store(dep_ptr + n, depth)
-    tl.store(score_ptr + n, score_n)
-    tl.store(anc_ptr + n * NP + o, tl.where(o == n, 1, row).to(tl.int8), mask=o < N)
-    nxt = r + 1
-    tl.store(key_ptr + p, score_p + lq_next)
-    tl.store(rank_ptr + p, nxt)
-    tl.store(order_ptr + p, 2 * n - 1)
-    tl.store(valid_ptr + p, (live & (nxt < KEEP)).to(tl.int32))
+    inb = o < N
+    jj = tl.arange(0, WP)
+    valid = tl.load(valid_ptr + o, mask=inb, other=0) != 0
+    key = tl.load(key_ptr + o, mask=inb & valid, other=0.0)
+    order = tl.load(order_ptr + o, mask=inb, other=0)
+    rank = tl.load(rank_ptr + o, mask=inb, other=0)
+    par_v = tl.zeros([WP], dtype=tl.int32)
+    tok_v = tl.zeros([WP], dtype=tl.int64)
+    dep_v = tl.zeros([WP], dtype=tl.int32)
+    scn_v = tl.full([WP], float("-inf"), dtype=tl.float64)
+    live_v = tl.zeros([WP], dtype=tl.int32)
+    for j in tl.static_range(W):
+        act = j < m
+        k = tl.where(valid, key, float("-inf"))
+        best = tl.max(k, axis=0)
+        hits = valid & (k == best)
+        live = (tl.sum(hits.to(tl.int32), axis=0) > 0) & act
+        ordh = tl.where(hits, order, 2147483647)
+        first = tl.min(ordh, axis=0)
+        p = tl.min(tl.where(hits & (ordh == first), o, NP), axis=0)
+        p = tl.where(live, p, 0)
+        at = o == p
+        r = tl.sum(tl.where(at, rank, 0), axis=0)
+        token = tl.load(ctok_ptr + p * KEEP + tl.minimum(r, KEEP - 1))
+        depth = tl.load(dep_ptr + p) + 1
+        score_n = tl.where(live, tl.sum(tl.where(at, key, 0.0), axis=0), float("-inf"))
+        score_p = tl.load(score_ptr + p)
+        lq_next = tl.load(clq_ptr + p * KEEP + tl.minimum(r + 1, KEEP - 1))
+        upd = at & act
+        key = tl.where(upd, score_p + lq_next, key)
+        rank = tl.where(upd, r + 1, rank)
+        order = tl.where(upd, 2 * n0 - 1 + j, order)
+        valid = tl.where(upd, live & (r + 1 < KEEP), valid)
+        here = jj == j
+        par_v = tl.where(here, p, par_v)
+        tok_v = tl.where(here, token, tok_v)
+        dep_v = tl.where(here, depth, dep_v)
+        scn_v = tl.where(here, score_n, scn_v)
+        live_v = tl.where(here, live.to(tl.int32), live_v)
+    return key, rank, order, valid, par_v, tok_v, dep_v, scn_v, live_v != 0
+
+
+@triton.jit
+def _pops_write(n0, m, key, rank, order, valid, par_v, tok_v, dep_v, scn_v, live_v,
+                key_ptr, rank_ptr, order_ptr, valid_ptr, tok_ptr, par_ptr, dep_ptr, score_ptr, anc_ptr,
+                N: tl.constexpr, NP: tl.constexpr, W: tl.constexpr, WP: tl.constexpr):  # fmt: skip
+    """The step's nodes' entries (padding: token 0, parent -1) and the updated candidate table."""
+    o = tl.arange(0, NP)
+    inb = o < N
+    jj = tl.arange(0, WP)
+    tl.store(key_ptr + o, key, mask=inb & valid)
+    tl.store(rank_ptr + o, rank, mask=inb)
+    tl.store(order_ptr + o, order, mask=inb)
+    tl.store(valid_ptr + o, valid.to(tl.int32), mask=inb)
+    rows = jj < m
+    tl.store(tok_ptr + n0 + jj, tl.where(live_v, tok_v, 0), mask=rows)
+    tl.store(par_ptr + n0 + jj, tl.where(live_v, par_v.to(tl.int64), -1), mask=rows)
+    tl.store(dep_ptr + n0 + jj, dep_v, mask=rows)
+    tl.store(score_ptr + n0 + jj, scn_v, mask=rows)
+    for j in tl.static_range(W):
+        if j < m:
+            n = n0 + j
+            row = tl.load(anc_ptr + _pick(par_v, jj, j) * NP + o, mask=inb, other=0)
+            tl.store(anc_ptr + n * NP + o, tl.where(o == n, 1, row).to(tl.int8), mask=inb)
 
 
 @triton.jit
@@ -296,17 +363,26 @@ def _root_write(token, rank_ptr, order_ptr, valid_ptr, tok_ptr, par_ptr, dep_ptr
 
 
 @triton.jit
-def _popped(tok_ptr, par_ptr, dep_ptr, score_ptr, anc_ptr, n, ROOT: tl.constexpr, N: tl.constexpr,
-            NP: tl.constexpr):  # fmt: skip
-    """Staged launches: node n's token, depth, score, liveness and visible slots read back from the
-    tables (a dead node's token reads 0, not the pop's: only entries nothing reads differ)."""
-    o = tl.arange(0, NP)
-    vis = tl.load(anc_ptr + n * NP + o, mask=o < N, other=0) != 0
+def _popped(tok_ptr, par_ptr, dep_ptr, score_ptr, n0, m, ROOT: tl.constexpr, WP: tl.constexpr):
+    """Staged launches: the step's nodes' token, depth, score and liveness [WP] read back from the tables
+    (a dead node's token reads 0, not the pop's: only entries nothing reads differ)."""
+    jj = tl.arange(0, WP)
+    rows = jj < m
     if ROOT:
-        live = tl.full([], 1, tl.int32) != 0
+        live = rows
     else:
-        live = tl.load(par_ptr + n) >= 0
-    return tl.load(tok_ptr + n), tl.load(dep_ptr + n), tl.load(score_ptr + n), live, vis
+        live = tl.load(par_ptr + n0 + jj, mask=rows, other=-1) >= 0
+    tok = tl.load(tok_ptr + n0 + jj, mask=rows, other=0)
+    dep = tl.load(dep_ptr + n0 + jj, mask=rows, other=0)
+    return tok, dep, tl.load(score_ptr + n0 + jj, mask=rows, other=0.0), live
+
+
+@triton.jit
+def _rank_stride(nprog, PC: tl.constexpr, STAGE: tl.constexpr):
+    """The step of the ranking's loop over the step's nodes: 1 in a staged launch (one program), else P."""
+    if STAGE == 9:
+        return 1
+    return _stride(nprog, PC, 1)
 
 
 @triton.jit
@@ -359,8 +435,8 @@ def _attention_head(q_ptr, cache_ptr, o_ptr, vis_ptr, s_ptr, c, ACC: tl.constexp
     tl.store(o_ptr + c, round_to(att, DT).to(o_ptr.dtype.element_ty))
 
 
-@triton.jit(do_not_specialize=["n", "nprog"])
-def _node_kernel(
+@triton.jit(do_not_specialize=["n0", "m", "nprog"])
+def _step_kernel(
     # growth state
     key_ptr, rank_ptr, order_ptr, valid_ptr, tok_ptr, par_ptr, dep_ptr, score_ptr, anc_ptr,
     ctok_ptr, clq_ptr, cache_ptr, sw_ptr, sa_ptr, sync_ptr,
@@ -368,187 +444,213 @@ def _node_kernel(
     root_ptr, base_ptr, emb_ptr, pemb_ptr, pl_ptr, pid_ptr,
     # weights
     we_ptr, n1_ptr, wq_ptr, wk_ptr, wv_ptr, wo_ptr, n2_ptr, wg_ptr, wu_ptr, wd_ptr, n3_ptr, wout_ptr,
-    n, nprog, eps,
+    n0, m, nprog, eps,
     N: tl.constexpr, NP: tl.constexpr, KEEP: tl.constexpr, D: tl.constexpr,
     K: tl.constexpr, KP: tl.constexpr, H: tl.constexpr, HP: tl.constexpr,
     DM: tl.constexpr, DMP: tl.constexpr, NH: tl.constexpr, HD: tl.constexpr,
-    I: tl.constexpr, IP: tl.constexpr, TILE: tl.constexpr, BP: tl.constexpr, BR: tl.constexpr,
+    I: tl.constexpr, IP: tl.constexpr, TILE: tl.constexpr, BP: tl.constexpr,
+    BR: tl.constexpr, W: tl.constexpr, WP: tl.constexpr,
     ROOT: tl.constexpr, SCORE: tl.constexpr, ACC: tl.constexpr, DT: tl.constexpr, UNROLL: tl.constexpr,
     PC: tl.constexpr, STAGE: tl.constexpr, HEADWISE: tl.constexpr, CH: tl.constexpr, SPIN: tl.constexpr,
 ):  # fmt: skip
-    """Node ``n``: pop it (unless ROOT), then score it (if SCORE), on program ``program_id`` of P: PC = 1
-    one program; PC = 0 ``nprog`` programs with grid barriers (one binary for every P > 1); PC = P > 1
-    staged. STAGE -1: every stage, barriers between; STAGE s >= 0: stage s alone (staged launches).
-    See the module docstring."""
+    """The step of nodes ``n0`` .. ``n0 + m - 1`` (m <= W): pop them (unless ROOT: node 0, m = 1), then
+    score them (if SCORE), on program ``program_id`` of P: PC = 1 one program; PC = 0 ``nprog`` programs
+    with grid barriers (one binary for every P > 1); PC = P > 1 staged. STAGE -1: every stage, barriers
+    between; STAGE s >= 0: stage s alone (staged launches). See the module docstring."""
     CG: tl.constexpr = PC == 0  # scratch other programs wrote in this launch: loads bypass L1
     pid = tl.program_id(0)
     o = tl.arange(0, NP)
+    jj = tl.arange(0, WP)
+    rows = jj < m
     if STAGE <= 0:
         if ROOT:
-            token = tl.load(root_ptr)
-            depth = tl.full([], 0, tl.int32)
-            live = tl.full([], 1, tl.int32) != 0
-            score_n = tl.zeros([], dtype=tl.float64)
-            vis = o == 0
+            tok_v = tl.where(jj == 0, tl.load(root_ptr), 0)
+            dep_v = tl.zeros([WP], dtype=tl.int32)
+            scn_v = tl.zeros([WP], dtype=tl.float64)
+            live_v = jj == 0
         else:
-            p, r, token, depth, score_n, score_p, row, lq_next, live = _pop(
-                key_ptr, rank_ptr, order_ptr, valid_ptr, dep_ptr, score_ptr, anc_ptr, ctok_ptr, clq_ptr,
-                N, NP, KEEP,
+            key, rank, order, valid, par_v, tok_v, dep_v, scn_v, live_v = _pops(
+                n0, m, key_ptr, rank_ptr, order_ptr, valid_ptr, dep_ptr, score_ptr, ctok_ptr, clq_ptr,
+                N, NP, KEEP, W, WP,
             )  # fmt: skip
-            vis = (row != 0) | (o == n)
         if (STAGE == 0) or (not SCORE):  # the writes now (else after barrier 1: every pop has read)
             tl.debug_barrier()  # every read of the tables above happens before a write below
             if pid == 0:
                 if ROOT:
-                    _root_write(token, rank_ptr, order_ptr, valid_ptr, tok_ptr, par_ptr, dep_ptr, score_ptr,
-                                anc_ptr, N, NP)  # fmt: skip
+                    _root_write(tl.load(root_ptr), rank_ptr, order_ptr, valid_ptr, tok_ptr, par_ptr, dep_ptr,
+                                score_ptr, anc_ptr, N, NP)  # fmt: skip
                 else:
-                    _pop_write(n, p, r, token, depth, score_n, score_p, row, lq_next, live, key_ptr, rank_ptr,
-                               order_ptr, valid_ptr, tok_ptr, par_ptr, dep_ptr, score_ptr, anc_ptr,
-                               N, NP, KEEP)  # fmt: skip
+                    _pops_write(n0, m, key, rank, order, valid, par_v, tok_v, dep_v, scn_v, live_v, key_ptr,
+                                rank_ptr, order_ptr, valid_ptr, tok_ptr, par_ptr, dep_ptr, score_ptr, anc_ptr,
+                                N, NP, W, WP)  # fmt: skip
     else:
-        token, depth, score_n, live, vis = _popped(
-            tok_ptr, par_ptr, dep_ptr, score_ptr, anc_ptr, n, ROOT, N, NP
-        )
+        tok_v, dep_v, scn_v, live_v = _popped(tok_ptr, par_ptr, dep_ptr, score_ptr, n0, m, ROOT, WP)
     if SCORE and (STAGE != 0):
-        d = tl.minimum(depth, D - 1)
-        # scratch (adapter dtype), one region per value (no region is rewritten within a launch)
+        d_v = tl.minimum(dep_v, D - 1)
+        # scratch (adapter dtype), one region per value and row (no region is rewritten within a launch)
         se = sw_ptr  # W_e E[token]
-        sq = se + DMP  # q
-        so = sq + DMP  # attention output
-        sy = so + DMP  # W_o attention
-        sd = sy + DMP  # down_proj output
-        sg = sd + DMP  # gate_proj output
-        sup = sg + IP  # up_proj output
-        su = sup + IP  # u
-        ss = su + HP  # pool scores
+        sq = se + WP * DMP  # q
+        so = sq + WP * DMP  # attention output
+        sy = so + WP * DMP  # W_o attention
+        sd = sy + WP * DMP  # down_proj output
+        sg = sd + WP * DMP  # gate_proj output
+        sup = sg + WP * IP  # up_proj output
+        su = sup + WP * IP  # u
+        ss = su + WP * HP  # pool scores
+        cache_n = cache_ptr + n0 * 2 * DM  # the step's first cache slot
         # 1. W_e E[token]
         if (STAGE < 0) or (STAGE == 1):
-            e_tok = _load_vec(emb_ptr + token * H, H, HP, ACC, False)
-            _linear(we_ptr, e_tok, se, DM, H, HP, TILE, ACC, DT, UNROLL, nprog, PC)
+            e_tok = _load_rows(emb_ptr, H, tok_v, rows, H, HP, ACC, False)
+            _linear(we_ptr, e_tok, se, DMP, jj, rows, DM, H, HP, TILE, WP, ACC, DT, UNROLL, nprog, PC)
         if STAGE < 0:
-            _sync(sync_ptr, n, 1, N, nprog, PC, SPIN)
+            _sync(sync_ptr, n0, 1, N, nprog, PC, SPIN)
             if pid == 0:
                 if ROOT:
-                    _root_write(token, rank_ptr, order_ptr, valid_ptr, tok_ptr, par_ptr, dep_ptr, score_ptr,
-                                anc_ptr, N, NP)  # fmt: skip
+                    _root_write(tl.load(root_ptr), rank_ptr, order_ptr, valid_ptr, tok_ptr, par_ptr, dep_ptr,
+                                score_ptr, anc_ptr, N, NP)  # fmt: skip
                 else:
-                    _pop_write(n, p, r, token, depth, score_n, score_p, row, lq_next, live, key_ptr, rank_ptr,
-                               order_ptr, valid_ptr, tok_ptr, par_ptr, dep_ptr, score_ptr, anc_ptr,
-                               N, NP, KEEP)  # fmt: skip
-        # 2. x = base[d] + W_e E[token]; q, k, v of RMSNorm(x); k and v go to the node's cache slot
+                    _pops_write(n0, m, key, rank, order, valid, par_v, tok_v, dep_v, scn_v, live_v, key_ptr,
+                                rank_ptr, order_ptr, valid_ptr, tok_ptr, par_ptr, dep_ptr, score_ptr, anc_ptr,
+                                N, NP, W, WP)  # fmt: skip
+        # 2. x = base[d] + W_e E[token]; q, k, v of RMSNorm(x); k and v go to the nodes' cache slots
         if (STAGE < 0) or (STAGE == 2):
             x = round_to(
-                _load_vec(base_ptr + d * DM, DM, DMP, ACC, False) + _load_vec(se, DM, DMP, ACC, CG), DT
-            )
+                _load_rows(base_ptr, DM, d_v, rows, DM, DMP, ACC, False)
+                + _load_rows(se, DMP, jj, rows, DM, DMP, ACC, CG), DT
+            )  # fmt: skip
             a = _rmsnorm(x, n1_ptr, eps, DM, DMP, ACC, DT)
-            _linear(wq_ptr, a, sq, DM, DM, DMP, TILE, ACC, DT, UNROLL, nprog, PC)
-            _linear(wk_ptr, a, cache_ptr + n * 2 * DM, DM, DM, DMP, TILE, ACC, DT, UNROLL, nprog, PC)
-            _linear(wv_ptr, a, cache_ptr + n * 2 * DM + DM, DM, DM, DMP, TILE, ACC, DT, UNROLL, nprog, PC)
+            _linear(wq_ptr, a, sq, DMP, jj, rows, DM, DM, DMP, TILE, WP, ACC, DT, UNROLL, nprog, PC)
+            _linear(wk_ptr, a, cache_n, 2 * DM, jj, rows, DM, DM, DMP, TILE, WP, ACC, DT, UNROLL, nprog, PC)
+            _linear(wv_ptr, a, cache_n + DM, 2 * DM, jj, rows, DM, DM, DMP, TILE, WP, ACC, DT, UNROLL, nprog,
+                    PC)  # fmt: skip
         if STAGE < 0:
-            _sync(sync_ptr, n, 2, N, nprog, PC, SPIN)
-        # 3. attention over the ancestors' slots and the node's own (its ancestor row): per head over
-        # the programs, or all heads at once by program 0
+            _sync(sync_ptr, n0, 2, N, nprog, PC, SPIN)
+        # 3. attention of each node over its ancestors' slots and its own (its ancestor row): per (node,
+        # head) over the programs, or per node (all heads at once)
         if (STAGE < 0) or (STAGE == 3):
             if HEADWISE:
-                for h0 in tl.range(0, NH, _stride(nprog, PC, 1)):
-                    if h0 + pid < NH:
-                        head = h0 + pid
+                for h0 in tl.range(0, m * NH, _stride(nprog, PC, 1)):
+                    if h0 + pid < m * NH:
+                        idx = h0 + pid
+                        j, head = idx // NH, idx % NH
                         c = head * HD + tl.arange(0, HD)
-                        _attention_head(sq, cache_ptr, so, anc_ptr + n * NP, sa_ptr + KP + head * 2 * NP, c,
-                                        ACC, DT, CG, N, NP, HD, DM, CH, UNROLL)  # fmt: skip
+                        _attention_head(sq + j * DMP, cache_ptr, so + j * DMP, anc_ptr + (n0 + j) * NP,
+                                        sa_ptr + WP * KP + idx * 2 * NP, c, ACC, DT, CG, N, NP, HD, DM, CH,
+                                        UNROLL)  # fmt: skip
             else:
-                if pid == 0:
-                    _attention(sq, cache_ptr, so, vis, tl.arange(0, DMP), ACC, DT, CG, NP, NH, HD, DM)
+                for j0 in tl.range(0, m, _stride(nprog, PC, 1)):
+                    if j0 + pid < m:
+                        j = j0 + pid
+                        vis = ld(anc_ptr + (n0 + j) * NP + o, o < N, CG) != 0
+                        _attention(sq + j * DMP, cache_ptr, so + j * DMP, vis, tl.arange(0, DMP), ACC, DT, CG,
+                                   NP, NH, HD, DM)  # fmt: skip
         if STAGE < 0:
-            _sync(sync_ptr, n, 3, N, nprog, PC, SPIN)
+            _sync(sync_ptr, n0, 3, N, nprog, PC, SPIN)
         # 4. W_o attention
         if (STAGE < 0) or (STAGE == 4):
-            _linear(
-                wo_ptr, _load_vec(so, DM, DMP, ACC, CG), sy, DM, DM, DMP, TILE, ACC, DT, UNROLL, nprog, PC
-            )
+            att = _load_rows(so, DMP, jj, rows, DM, DMP, ACC, CG)
+            _linear(wo_ptr, att, sy, DMP, jj, rows, DM, DM, DMP, TILE, WP, ACC, DT, UNROLL, nprog, PC)
         if STAGE < 0:
-            _sync(sync_ptr, n, 4, N, nprog, PC, SPIN)
+            _sync(sync_ptr, n0, 4, N, nprog, PC, SPIN)
         # 5. y = x + W_o attention; gate and up of RMSNorm(y)
         if (STAGE < 0) or (STAGE == 5):
             x = round_to(
-                _load_vec(base_ptr + d * DM, DM, DMP, ACC, False) + _load_vec(se, DM, DMP, ACC, CG), DT
-            )
-            y = round_to(x + _load_vec(sy, DM, DMP, ACC, CG), DT)
+                _load_rows(base_ptr, DM, d_v, rows, DM, DMP, ACC, False)
+                + _load_rows(se, DMP, jj, rows, DM, DMP, ACC, CG), DT
+            )  # fmt: skip
+            y = round_to(x + _load_rows(sy, DMP, jj, rows, DM, DMP, ACC, CG), DT)
             b = _rmsnorm(y, n2_ptr, eps, DM, DMP, ACC, DT)
-            _linear(wg_ptr, b, sg, I, DM, DMP, TILE, ACC, DT, UNROLL, nprog, PC)
-            _linear(wu_ptr, b, sup, I, DM, DMP, TILE, ACC, DT, UNROLL, nprog, PC)
+            _linear(wg_ptr, b, sg, IP, jj, rows, I, DM, DMP, TILE, WP, ACC, DT, UNROLL, nprog, PC)
+            _linear(wu_ptr, b, sup, IP, jj, rows, I, DM, DMP, TILE, WP, ACC, DT, UNROLL, nprog, PC)
         if STAGE < 0:
-            _sync(sync_ptr, n, 5, N, nprog, PC, SPIN)
+            _sync(sync_ptr, n0, 5, N, nprog, PC, SPIN)
         # 6. down_proj of SiLU(gate) * up
         if (STAGE < 0) or (STAGE == 6):
-            g = _load_vec(sg, I, IP, ACC, CG)
-            prod = round_to(round_to(g / (1.0 + tl.exp(-g)), DT) * _load_vec(sup, I, IP, ACC, CG), DT)
-            _linear(wd_ptr, prod, sd, DM, I, IP, TILE, ACC, DT, UNROLL, nprog, PC)
+            g = _load_rows(sg, IP, jj, rows, I, IP, ACC, CG)
+            up = _load_rows(sup, IP, jj, rows, I, IP, ACC, CG)
+            prod = round_to(round_to(g / (1.0 + tl.exp(-g)), DT) * up, DT)
+            _linear(wd_ptr, prod, sd, DMP, jj, rows, DM, I, IP, TILE, WP, ACC, DT, UNROLL, nprog, PC)
         if STAGE < 0:
-            _sync(sync_ptr, n, 6, N, nprog, PC, SPIN)
+            _sync(sync_ptr, n0, 6, N, nprog, PC, SPIN)
         # 7. u = W_out RMSNorm(y + MLP)
         if (STAGE < 0) or (STAGE == 7):
             x = round_to(
-                _load_vec(base_ptr + d * DM, DM, DMP, ACC, False) + _load_vec(se, DM, DMP, ACC, CG), DT
-            )
-            y = round_to(x + _load_vec(sy, DM, DMP, ACC, CG), DT)
-            hpre = round_to(y + _load_vec(sd, DM, DMP, ACC, CG), DT)
+                _load_rows(base_ptr, DM, d_v, rows, DM, DMP, ACC, False)
+                + _load_rows(se, DMP, jj, rows, DM, DMP, ACC, CG), DT
+            )  # fmt: skip
+            y = round_to(x + _load_rows(sy, DMP, jj, rows, DM, DMP, ACC, CG), DT)
+            hpre = round_to(y + _load_rows(sd, DMP, jj, rows, DM, DMP, ACC, CG), DT)
             h = _rmsnorm(hpre, n3_ptr, eps, DM, DMP, ACC, DT)
-            _linear(wout_ptr, h, su, H, DM, DMP, TILE, ACC, DT, UNROLL, nprog, PC)
+            _linear(wout_ptr, h, su, HP, jj, rows, H, DM, DMP, TILE, WP, ACC, DT, UNROLL, nprog, PC)
         if STAGE < 0:
-            _sync(sync_ptr, n, 7, N, nprog, PC, SPIN)
-        # 8. pool scores l_d + <u, E[pool]>, blocks of BP pool tokens over the programs
+            _sync(sync_ptr, n0, 7, N, nprog, PC, SPIN)
+        # 8. pool scores l_d + <u, E[pool]>, per node in blocks of BP pool tokens over the programs
         if (STAGE < 0) or (STAGE == 8):
-            u = _load_vec(su, H, HP, ACC, CG)
             hh = tl.arange(0, HP)
-            for k0 in tl.range(0, K, _stride(nprog, PC, BP), loop_unroll_factor=UNROLL):
-                kk = k0 + pid * BP + tl.arange(0, BP)
-                em = (kk[:, None] < K) & (hh[None, :] < H)
-                rows = tl.load(pemb_ptr + (d * K + kk[:, None]) * H + hh[None, :], mask=em, other=0.0)
-                dot = round_to(tl.sum(rows.to(ACC) * u[None, :], axis=1), DT)
-                sc = round_to(tl.load(pl_ptr + d * K + kk, mask=kk < K, other=0.0).to(ACC) + dot, DT)
-                tl.store(ss + kk, sc.to(ss.dtype.element_ty), mask=kk < K)
+            for j in tl.range(0, m):
+                d = _pick(d_v, jj, j)
+                u = _load_vec(su + j * HP, H, HP, ACC, CG)
+                for k0 in tl.range(0, K, _stride(nprog, PC, BP), loop_unroll_factor=UNROLL):
+                    kk = k0 + pid * BP + tl.arange(0, BP)
+                    em = (kk[:, None] < K) & (hh[None, :] < H)
+                    prow = tl.load(pemb_ptr + (d * K + kk[:, None]) * H + hh[None, :], mask=em, other=0.0)
+                    dot = round_to(tl.sum(prow.to(ACC) * u[None, :], axis=1), DT)
+                    sc = round_to(tl.load(pl_ptr + d * K + kk, mask=kk < K, other=0.0).to(ACC) + dot, DT)
+                    tl.store(ss + j * KP + kk, sc.to(ss.dtype.element_ty), mask=kk < K)
         if STAGE < 0:
-            _sync(sync_ptr, n, 8, N, nprog, PC, SPIN)
-        # 9. (program 0) log-softmax over the pool, then the KEEP best children (ties: the lower position)
-        if ((STAGE < 0) or (STAGE == 9)) and (pid == 0):
-            ok = tl.arange(0, KP)
-            inpool = ok < K
-            sc = tl.where(inpool, _load_vec(ss, K, KP, ACC, CG), float("-inf"))
-            top = tl.max(sc, axis=0)
-            lse = tl.log(tl.sum(tl.where(inpool, tl.exp(sc - top), 0.0), axis=0))
-            lq = sc - top - lse
-            tl.store(sa_ptr + ok, lq, mask=inpool)
-            tl.debug_barrier()
-            if ACC == tl.float32:  # noqa: SIM300 - one sort of (order-preserving bits of log q, position) keys
-                bits = (lq + 0.0).to(tl.uint32, bitcast=True)  # + 0.0: -0.0 ties with 0.0
-                mono = tl.where((bits >> 31) != 0, bits ^ 0xFFFFFFFF, bits | 0x80000000)
-                keys = (tl.where(inpool, mono, 0).to(tl.uint64) << 32) | (KP - 1 - ok).to(tl.uint64)
-                best = (KP - 1 - (tl.sort(keys, descending=True) & 0xFFFFFFFF)).to(
-                    tl.int32
-                )  # positions, best first
-                put = ok < KEEP
-                vi = tl.load(sa_ptr + best, mask=put, other=0.0)
-                tl.store(clq_ptr + n * KEEP + ok, vi.to(tl.float64), mask=put)
-                tl.store(
-                    ctok_ptr + n * KEEP + ok, tl.load(pid_ptr + d * K + best, mask=put, other=0), mask=put
-                )
-            else:  # float64: rank by counting, BR pool tokens a time
-                for i0 in tl.range(0, K, BR, loop_unroll_factor=UNROLL):
-                    ii = i0 + tl.arange(0, BR)
-                    vi = tl.load(sa_ptr + ii, mask=ii < K, other=0.0)
-                    tie = (lq[None, :] == vi[:, None]) & (ok[None, :] < ii[:, None])
-                    rk = tl.sum((((lq[None, :] > vi[:, None]) | tie) & inpool[None, :]).to(tl.int32), axis=1)
-                    put = (ii < K) & (rk < KEEP)
-                    tl.store(clq_ptr + n * KEEP + rk, vi.to(tl.float64), mask=put)
-                    tl.store(
-                        ctok_ptr + n * KEEP + rk, tl.load(pid_ptr + d * K + ii, mask=put, other=0), mask=put
-                    )
-            tl.store(key_ptr + n, score_n + tl.max(lq, axis=0).to(tl.float64))
-            tl.store(valid_ptr + n, (live & (depth < D)).to(tl.int32))
-            if not ROOT:
-                tl.store(order_ptr + n, 2 * n)
+            _sync(sync_ptr, n0, 8, N, nprog, PC, SPIN)
+        # 9. per node over the programs (staged: one): log-softmax over the pool, then the KEEP best
+        # children (ties: the lower position) and the node's first-child candidate entry
+        if (STAGE < 0) or (STAGE == 9):
+            for j0 in tl.range(0, m, _rank_stride(nprog, PC, STAGE)):
+                if j0 + pid < m:
+                    j = j0 + pid
+                    n = n0 + j
+                    d = _pick(d_v, jj, j)
+                    lq_ptr = sa_ptr + j * KP
+                    ok = tl.arange(0, KP)
+                    inpool = ok < K
+                    sc = tl.where(inpool, _load_vec(ss + j * KP, K, KP, ACC, CG), float("-inf"))
+                    top = tl.max(sc, axis=0)
+                    lse = tl.log(tl.sum(tl.where(inpool, tl.exp(sc - top), 0.0), axis=0))
+                    lq = sc - top - lse
+                    tl.store(lq_ptr + ok, lq, mask=inpool)
+                    tl.debug_barrier()
+                    if ACC == tl.float32:  # noqa: SIM300 - one sort of (order-preserving bits of log q, position) keys
+                        bits = (lq + 0.0).to(tl.uint32, bitcast=True)  # + 0.0: -0.0 ties with 0.0
+                        mono = tl.where((bits >> 31) != 0, bits ^ 0xFFFFFFFF, bits | 0x80000000)
+                        keys = (tl.where(inpool, mono, 0).to(tl.uint64) << 32) | (KP - 1 - ok).to(tl.uint64)
+                        best = (KP - 1 - (tl.sort(keys, descending=True) & 0xFFFFFFFF)).to(
+                            tl.int32
+                        )  # positions, best first
+                        put = ok < KEEP
+                        vi = tl.load(lq_ptr + best, mask=put, other=0.0)
+                        tl.store(clq_ptr + n * KEEP + ok, vi.to(tl.float64), mask=put)
+                        tl.store(
+                            ctok_ptr + n * KEEP + ok,
+                            tl.load(pid_ptr + d * K + best, mask=put, other=0),
+                            mask=put,
+                        )
+                    else:  # float64: rank by counting, BR pool tokens a time
+                        for i0 in tl.range(0, K, BR, loop_unroll_factor=UNROLL):
+                            ii = i0 + tl.arange(0, BR)
+                            vi = tl.load(lq_ptr + ii, mask=ii < K, other=0.0)
+                            tie = (lq[None, :] == vi[:, None]) & (ok[None, :] < ii[:, None])
+                            rk = tl.sum(
+                                (((lq[None, :] > vi[:, None]) | tie) & inpool[None, :]).to(tl.int32), axis=1
+                            )
+                            put = (ii < K) & (rk < KEEP)
+                            tl.store(clq_ptr + n * KEEP + rk, vi.to(tl.float64), mask=put)
+                            tl.store(
+                                ctok_ptr + n * KEEP + rk,
+                                tl.load(pid_ptr + d * K + ii, mask=put, other=0),
+                                mask=put,
+                            )
+                    live = _pick(live_v.to(tl.int32), jj, j) != 0
+                    tl.store(key_ptr + n, _pick(scn_v, jj, j) + tl.max(lq, axis=0).to(tl.float64))
+                    tl.store(valid_ptr + n, (live & (_pick(dep_v, jj, j) < D)).to(tl.int32))
+                    if not ROOT:
+                        tl.store(order_ptr + n, 2 * n0 - 1 + W + j)
 
 
 _SLOTS: dict[tuple, int] = {}  # (device, launch constants) -> programs the device holds at once
@@ -559,7 +661,7 @@ def _device_slots(dev: torch.device, args: list, eps: float, consts: dict) -> in
     once; asked once per device and constants, not per growth)."""
     key = (dev, tuple(sorted((k, repr(v)) for k, v in consts.items())))
     if key not in _SLOTS:
-        binary = _node_kernel.warmup(*args, 3, 2, eps, ROOT=False, SCORE=True, PC=0, STAGE=-1, grid=(2,),
+        binary = _step_kernel.warmup(*args, 3, 2, 2, eps, ROOT=False, SCORE=True, PC=0, STAGE=-1, grid=(2,),
                                      **consts)  # fmt: skip
         binary._init_handles()
         _SLOTS[key] = held_programs(binary, consts["num_warps"], dev)
@@ -581,17 +683,19 @@ def grow_fused(
     programs: int | None = None,
     staged: bool | None = None,
     spin_cap: int = SPIN_CAP,
+    width: int = 1,
 ) -> FusedGrowth:
-    """:func:`repro.drafters.weaver_growth.grow_on_device`'s tree from ``budget + 1`` launches of one
-    kernel (module docstring) and the barrier error flag. Capture-safe; CUDA tensors, or CPU ones
-    under TRITON_INTERPRET=1.
+    """:func:`repro.drafters.weaver_growth.grow_on_device`'s tree (Weaver steps of ``width`` nodes) from
+    ``1 + ceil(budget / width)`` launches of one kernel (module docstring) and the barrier error flag.
+    Capture-safe; CUDA tensors, or CPU ones under TRITON_INTERPRET=1.
 
     Launch options (speed only, never the tree): ``num_warps`` of each program, ``tile`` the elements
-    of one loaded block (weights: tile / in-width rows a time; pool: tile / hidden rows; the ranking:
-    tile / pool rows), ``unroll`` the loops' unroll factor, ``programs`` P (None: :func:`device_programs`;
-    with grid barriers clamped to what the device holds at once: SMs x :func:`resident_ctas` of the
-    compiled kernel). ``staged`` (default: off CUDA): one launch per stage instead of
-    grid barriers (the interpreter's way to run P > 1; on CUDA a check of the partitions)."""
+    of one loaded block (weights: tile / (in-width x the step's nodes, a power of two) rows a time, at
+    least one; pool: tile / hidden rows; the ranking: tile / pool rows), ``unroll`` the loops' unroll
+    factor, ``programs`` P (None: :func:`device_programs`; with grid barriers clamped to what the device
+    holds at once: SMs x :func:`resident_ctas` of the compiled kernel). ``staged`` (default: off CUDA):
+    one launch per stage instead of grid barriers (the interpreter's way to run P > 1; on CUDA a check
+    of the partitions)."""
     w, cfg = weaver, weaver.config
     dev, dt = rows.device, w.dtype
     depth, k = pool_ids.shape
@@ -599,10 +703,12 @@ def grow_fused(
     np_, dmp, ip, kp = _p2(n), _p2(cfg.d_model), _p2(cfg.intermediate_size), _p2(k)
     hp = _p2(cfg.target_hidden_size)
     acc = torch.float64 if dt == torch.float64 else torch.float32
+    wp = _p2(width)
+    ltile = _linear_tile(tile, wp, dmp, ip, hp)
     tile = _tile(tile, dmp, ip, hp, kp)
     cuda = dev.type == "cuda"
     if programs is None:
-        programs = device_programs(cfg, budget, k, dev, tile)
+        programs = device_programs(cfg, budget, k, dev, tile, width)
     staged = (programs > 1 and not cuda) if staged is None else staged
     if programs > 1 and not staged and not cuda:
         raise ValueError("P > 1 programs with grid barriers need a GPU (the interpreter runs them staged)")
@@ -620,9 +726,10 @@ def grow_fused(
         "ctok": torch.empty(n, keep, dtype=torch.long, device=dev),
         "clq": torch.empty(n, keep, dtype=torch.float64, device=dev),
         "cache": torch.empty(n, 2, cfg.d_model, dtype=dt, device=dev),
-        "sw": torch.empty(5 * dmp + 2 * ip + hp + kp, dtype=dt, device=dev),
-        "sa": torch.empty(kp + 2 * cfg.num_heads * np_, dtype=acc, device=dev),  # log q; per head: s, w
-        "sync": torch.zeros(n + 1, dtype=torch.int32, device=dev),  # barrier counter per node, error flag
+        "sw": torch.empty(wp * (5 * dmp + 2 * ip + hp + kp), dtype=dt, device=dev),
+        # per node of a step: log q, and per head: s, w
+        "sa": torch.empty(wp * (kp + 2 * cfg.num_heads * np_), dtype=acc, device=dev),
+        "sync": torch.zeros(n + 1, dtype=torch.int32, device=dev),  # barrier counter per step, error flag
     }
     weights = [
         w.token_proj.weight, w.input_layernorm.weight, w.q_proj.weight, w.k_proj.weight, w.v_proj.weight,
@@ -634,7 +741,7 @@ def grow_fused(
     consts = dict(
         N=n, NP=np_, KEEP=keep, D=depth, K=k, KP=kp, H=cfg.target_hidden_size, HP=hp,
         DM=cfg.d_model, DMP=dmp, NH=cfg.num_heads, HD=cfg.head_dim, I=cfg.intermediate_size, IP=ip,
-        TILE=tile, BP=max(1, min(kp, tile // hp)), BR=max(1, min(kp, tile // kp)),
+        TILE=ltile, BP=max(1, min(kp, tile // hp)), BR=max(1, min(kp, tile // kp)), W=width, WP=wp,
         ACC=tl.float64 if acc == torch.float64 else tl.float32, DT=tl_dtype(dt),
         UNROLL=unroll if unroll > 1 else None, HEADWISE=_headwise(np_, dmp), SPIN=spin_cap,
         CH=max(1, min(np_, ATT_CHUNK // cfg.head_dim)),
@@ -644,16 +751,19 @@ def grow_fused(
     if cuda and programs > 1 and not staged:  # every program resident at once (the grid barriers)
         programs = min(programs, _device_slots(dev, args, cfg.rms_norm_eps, consts))
     programs = max(1, programs)
-    for node in range(n):
-        score = node < budget
-        if staged:  # the pop, then each stage a launch (the ranking on one program)
+    steps = [(0, 1, True)] + [
+        (first, min(width, n - first), first + width <= budget) for first in range(1, n, width)
+    ]  # (first node, nodes, scored): the root, then the Weaver steps; the last one's nodes are not scored
+    for first, m, score in steps:
+        root_step = first == 0
+        if staged:  # the pops, then each stage a launch (the pops and the ranking on one program)
             for s in range(STAGES if score else 1):
                 grid = 1 if s in (0, STAGES - 1) else programs
-                _node_kernel[(grid,)](*args, node, programs, cfg.rms_norm_eps, ROOT=node == 0, SCORE=score,
-                                      PC=programs, STAGE=s, **consts)  # fmt: skip
+                _step_kernel[(grid,)](*args, first, m, programs, cfg.rms_norm_eps, ROOT=root_step,
+                                      SCORE=score, PC=programs, STAGE=s, **consts)  # fmt: skip
         else:
-            p = programs if score else 1  # the last node: the pop alone
-            _node_kernel[(p,)](*args, node, p, cfg.rms_norm_eps, ROOT=node == 0, SCORE=score,
+            p = programs if score else 1  # the last step: the pops alone
+            _step_kernel[(p,)](*args, first, m, p, cfg.rms_norm_eps, ROOT=root_step, SCORE=score,
                                PC=1 if p == 1 else 0, STAGE=-1, **consts)  # fmt: skip
     return FusedGrowth(state["tokens"], state["parents"], state["scores"], state["sync"][n:], programs)
 

@@ -23,15 +23,13 @@ embedding evaluated on the K pool tokens only: no full-vocabulary matmul, and to
 depth d renormalised on the pool (how training starts).
 
 Tree growth (:class:`WeaverDrafter`, :mod:`repro.drafters.weaver_growth`): best-first on the
-cumulative log-probability of a path under the q's, until ``budget`` draft nodes; depth is capped at
-T-1. On the host (the reference) candidates wait in a heap (a parent's next-ranked child is pushed
-when one is taken, as in DDTree); a popped node must be scored before the next pop. Each Weaver step
-is one batched forward (a tree attention mask over the cached keys/values of ancestors) that scores
-the popped node together with the ``width - 1`` best frontier candidates not yet scored, so later
-pops often need no forward. The tree is the exact best-first tree for every width; the width only
-trades forwards for batch size. On the device the same tree grows with fixed shapes and no host
-read (one node per forward; on CUDA one fused Triton kernel per node), in one CUDA graph with the pool
-selection.
+cumulative log-probability of a path under the q's, until ``budget`` draft nodes, in Weaver steps of
+``width`` nodes (the paper's w, 2..8): a step takes the ``width`` best frontier candidates and one
+batched forward (a tree attention mask over the cached keys/values of ancestors) scores them; width 1
+is the exact best-first tree. Depth is capped at T-1. On the host (the reference) candidates wait in
+a heap (a parent's next-ranked child is pushed when one is taken, as in DDTree). On the device the
+same tree grows with fixed shapes and no host read (on CUDA one fused Triton kernel per step), in one
+CUDA graph with the pool selection.
 
 Checkpoint: a directory with ``config.json`` (``architectures: ["WeaverAdapter"]`` and the
 :class:`WeaverConfig` fields) and ``model.safetensors`` (the :class:`WeaverModel` parameter names).
@@ -266,15 +264,15 @@ class WeaverDrafter:
     """DFlash marginals and hidden states, then a Weaver-grown best-first tree (``Proposal.tree``).
 
     The wrapped :class:`DFlashDrafter` keeps the target features of committed tokens and runs the
-    block; ``pool`` (default: the adapter's ``pool_size``) is K, ``width`` the most nodes one
-    Weaver forward scores on the host, ``budget`` the draft nodes of the tree (the root excluded).
+    block; ``pool`` (default: the adapter's ``pool_size``) is K, ``width`` the nodes one Weaver step
+    takes and scores (the paper's w), ``budget`` the draft nodes of the tree (the root excluded).
 
     ``device_growth`` (default: when the drafter's target is a :class:`GraphedTarget`) grows the tree
     on the device (:mod:`repro.drafters.weaver_growth`): pool top-K, marginals and growth run as one
     CUDA graph on CUDA (eagerly elsewhere, or with ``graphs=False``) with no host read (on CUDA the
-    growth is one Triton kernel per node, :mod:`repro.drafters.growth_kernels`), and the
+    growth is one Triton kernel per step, :mod:`repro.drafters.growth_kernels`), and the
     proposal's tree is a :class:`DeviceTree` of ``budget + 1`` nodes (root-level padding nodes with
-    token 0 after the real ones when the pools hold fewer); ``fused`` is :class:`GrowthStep`'s (None:
+    token 0 where the pools hold fewer); ``fused`` is :class:`GrowthStep`'s (None:
     the fused kernel on CUDA where it fits). Otherwise :meth:`grow`, the host
     reference, grows a :class:`Tree` of the real nodes.
     """
@@ -311,7 +309,7 @@ class WeaverDrafter:
         if graphs is None:
             graphs = self.target.device.type == "cuda" and getattr(self.target, "graphs", True)
         emb = self.target.model.embed_tokens.weight
-        self.step = GrowthStep(self.weaver, emb, budget, self.pool, graphs, fused)
+        self.step = GrowthStep(self.weaver, emb, budget, self.pool, graphs, fused, width)
 
     def begin(self, prompt_ids: list[int], reference_ids: list[int] | None) -> None:
         self.dflash.begin(prompt_ids, reference_ids)

@@ -1,30 +1,32 @@
 """Weaver's best-first tree growth: the host reference and its device twin.
 
 Both grow the same tree below a root from DFlash rows ``g_d`` [D, hidden], pools (logits and ids
-[D, K], best first) and the root's target features: nodes are taken in decreasing cumulative
-log q; a candidate is a (parent node, rank) pair, one per scored parent (a parent's next-ranked
-child enters when one is taken, as in DDTree); ties go to the candidate pushed first; a node at
-depth D or the node that fills the budget gets no children. Each parent ranks its best
-``keep = min(K, budget)`` pool tokens.
+[D, K], best first) and the root's target features, in Weaver steps of ``width`` nodes (the paper's
+w: "expanding w frontier nodes per Weaver step"). A step takes the ``width`` best candidates one
+after another (decreasing cumulative log q); a candidate is a (parent node, rank) pair, one per
+scored parent (a parent's next-ranked child enters when one is taken, as in DDTree); ties go to the
+candidate pushed first. Then one Weaver forward scores the step's nodes together and their first
+children enter. A node at depth D, or in the step that fills the budget, gets no children. Each
+parent ranks its best ``keep = min(K, budget)`` pool tokens. Width 1 is the exact best-first tree
+(the ``budget`` best nodes); a wider step takes its later nodes without the children of its earlier
+ones, for ``budget / width`` forwards instead of ``budget``.
 
-- :func:`grow` (the reference) keeps the candidates in a host heap; each Weaver forward scores the
-  popped node together with the ``width - 1`` best unscored frontier candidates (fewer forwards,
-  same tree). It reads every forward's result on the host.
-- :func:`grow_on_device` has fixed shapes and never reads the device: ``budget`` iterations, each
-  an argmax over a candidate table of one entry per node (cumulative log q in float64, push order
-  as the tie-break, a validity flag), then one Weaver forward of the new node alone over a static
-  cache of ``budget + 1`` key/value slots (slot = node index) with its ancestor row as the mask,
-  then the two pushes (the parent's next rank, the node's first child). Width is 1 on the device:
-  scoring frontier nodes ahead only saves forwards when the host can skip later ones, and a
-  captured graph runs every iteration anyway; one node per forward keeps every shape static. The
-  tree is the reference's (tokens, parents, order): cumulative scores are float64 sums of the
-  same float64 terms in the same order as the host's Python floats, push order is kept exactly.
-  When the pools run out before the budget (fewer than ``budget`` reachable nodes), the reference
-  stops early; the device tree is padded to ``budget + 1`` nodes with root-level nodes (parent -1,
-  token 0) after the real ones, which verification isolates and acceptance never enters.
-  Cost: about 100 small aten ops per node (the Weaver layer and the table bookkeeping, about half
-  each). :func:`repro.drafters.growth_kernels.grow_fused` grows the same tree from one Triton launch
-  per node on one or many programs (CUDA; CPU under Triton's interpreter); this torch version is its
+- :func:`grow` (the reference) keeps the candidates in a host heap and reads every forward's result
+  on the host.
+- :func:`grow_on_device` has fixed shapes and never reads the device: ``ceil(budget / width)``
+  steps, each ``width`` argmaxes over a candidate table of one entry per node (cumulative log q in
+  float64, push order as the tie-break, a validity flag), then one Weaver forward of the step's nodes
+  over a static cache of ``budget + 1`` key/value slots (slot = node index) with their ancestor rows
+  as the mask (no node of a step is an ancestor of another), then the first-child pushes. The tree
+  is the reference's (tokens, parents, order): cumulative scores are float64 sums of the same
+  float64 terms in the same order as the host's Python floats, push order is kept exactly. When the
+  pools run out (fewer than ``budget`` reachable nodes), the reference leaves the slots it could not
+  fill empty; the device tree fills them with root-level padding nodes (parent -1, token 0), after
+  the real ones, or within a step whose pops found the table empty before its forward refilled it:
+  verification isolates them and acceptance never enters them (:meth:`DeviceGrowth.real` drops
+  them). Cost: about 100 small aten ops per step (the Weaver layer and the table bookkeeping).
+  :func:`repro.drafters.growth_kernels.grow_fused` grows the same tree from one Triton launch per
+  step on one or many programs (CUDA; CPU under Triton's interpreter); this torch version is its
   reference.
 - :class:`GrowthStep` is the part of Weaver's propose after the DFlash block (pool top-K, DFlash
   marginals, device growth: fused where the kernel fits, see ``fused``) on static input buffers: one
@@ -142,42 +144,47 @@ def grow(
     pool_ids: torch.Tensor,
     feature: torch.Tensor,
 ) -> Growth:
-    """The best-first tree of ``budget`` draft nodes below ``root`` (the reference; module docstring).
+    """The tree of ``budget`` draft nodes below ``root`` grown in Weaver steps of ``width`` nodes (the
+    reference; module docstring).
 
-    Nodes are popped from a heap of candidates in decreasing cumulative log q (ties pop in push
-    order). A popped node below depth D must be scored before the next pop; if no earlier forward
-    scored it, one forward scores it together with the ``width - 1`` best unscored candidates.
+    Step s owns the node slots ``1 + s * width`` .. ``min(budget, (s + 1) * width)``. Each slot pops the
+    best candidate from a heap (decreasing cumulative log q, ties in push order) and pushes its
+    parent's next rank; a slot whose pop finds the heap empty stays empty (the device pads it). Then,
+    unless the step filled the budget, one forward scores the step's nodes above depth D together and
+    pushes their first children in slot order. Width 1 is the exact best-first tree.
     """
     max_depth, k = pool_ids.shape
     keep = min(k, budget)  # children worth ranking per node
     expand = _Expander(weaver, embedding, rows, pool_logits, pool_ids, feature, keep)
     tokens, parents, depth, score = [root], [-1], [0], [0.0]
     scored = {0: expand([(0, root, [])])[0]}  # tree node -> its scoring
-    ahead: dict[tuple[int, int], _Expanded] = {}  # candidates (parent, rank) scored before their pop
     order = itertools.count()
     heap = [(-scored[0].log_q[0], next(order), 0, 0)]  # (-score, push order, parent node, rank)
-    while heap and len(tokens) <= budget:
-        neg, _, p, r = heapq.heappop(heap)
-        node = len(tokens)
-        tokens.append(scored[p].children[r])
-        parents.append(p)
-        depth.append(depth[p] + 1)
-        score.append(-neg)
-        if r + 1 < keep:
-            heapq.heappush(heap, (-(score[p] + scored[p].log_q[r + 1]), next(order), p, r + 1))
-        if depth[node] == max_depth or len(tokens) > budget:
-            continue  # no children: at the last depth, or the tree is full
-        if (p, r) not in ahead:
-            frontier = sorted(heap) if width > 1 else []
-            batch = [(p, r)] + [
-                (q, rank) for _, _, q, rank in frontier if depth[q] + 1 < max_depth and (q, rank) not in ahead
-            ][: width - 1]
-            items = [(depth[q] + 1, scored[q].children[rank], scored[q].slots) for q, rank in batch]
-            ahead.update(zip(batch, expand(items)))
-        scored[node] = ahead.pop((p, r))
-        heapq.heappush(heap, (-(score[node] + scored[node].log_q[0]), next(order), node, 0))
-    inner = set(parents)
-    props = tuple(scored[n].q if n in inner else None for n in range(len(tokens)))
+    for first in range(1, budget + 1, width):
+        step: list[int] = []
+        for _ in range(min(width, budget + 1 - first)):
+            if not heap:
+                break
+            neg, _, p, r = heapq.heappop(heap)
+            step.append(len(tokens))
+            tokens.append(scored[p].children[r])
+            parents.append(p)
+            depth.append(depth[p] + 1)
+            score.append(-neg)
+            if r + 1 < keep:
+                heapq.heappush(heap, (-(score[p] + scored[p].log_q[r + 1]), next(order), p, r + 1))
+        if first + width > budget:
+            break  # the last step: its nodes get no children
+        inner = [n for n in step if depth[n] < max_depth]
+        if inner:
+            items = [(depth[n], tokens[n], scored[parents[n]].slots) for n in inner]
+            for n, expanded in zip(inner, expand(items)):
+                scored[n] = expanded
+                heapq.heappush(heap, (-(score[n] + expanded.log_q[0]), next(order), n, 0))
+        if not heap:
+            break
+    inner_nodes = set(parents)
+    props = tuple(scored[n].q if n in inner_nodes else None for n in range(len(tokens)))
     tree = Tree(tokens, parents, props)
     return Growth(tree, greedy_path(tree), score, expand.batches)
 
@@ -197,6 +204,15 @@ class DeviceGrowth:
     @property
     def tree(self) -> DeviceTree:
         return DeviceTree(self.tokens, self.parents)
+
+    def real(self) -> tuple[list[int], list[int], list[float]]:
+        """The real nodes (root, then every node with a parent) as host lists: tokens, parents
+        renumbered over the real nodes, scores; the host reference's tree (a sync)."""
+        parents = self.parents.tolist()
+        keep = [i for i, p in enumerate(parents) if i == 0 or p >= 0]
+        index = {node: i for i, node in enumerate(keep)}
+        tokens, scores = self.tokens.tolist(), self.scores.tolist()
+        return [tokens[i] for i in keep], [index.get(parents[i], -1) for i in keep], [scores[i] for i in keep]
 
 
 class _DeviceGrower:
@@ -237,34 +253,35 @@ class _DeviceGrower:
     def score(
         self, n: int, token: torch.Tensor, depth: torch.Tensor, ancestors: torch.Tensor, live: torch.Tensor
     ) -> None:
-        """One Weaver forward of node ``n`` (token [1] at ``depth`` [1], ``ancestors`` [1, N] bool);
-        its ranked children and its first child's candidate entry (valid when ``live`` and the node is
-        above the last depth)."""
+        """One Weaver forward of the m nodes ``n`` .. ``n + m - 1`` (tokens [m] at ``depth`` [m],
+        ``ancestors`` [m, N] bool: none of them an ancestor of another): their ranked children and
+        first-child candidate entries (valid when ``live`` [m] and the node is above the last depth)."""
+        m = token.shape[0]
         d = depth.clamp(max=self.max_depth - 1)
         x = self.base.index_select(0, d) + self.w.token_proj(self.embedding.index_select(0, token))
-        mask = torch.cat([ancestors, self.own], dim=1)[None]  # the cached ancestors, then the node itself
+        own = torch.eye(m, dtype=torch.bool, device=x.device)
+        mask = torch.cat([ancestors, own], dim=1)[None]  # the cached ancestors, then each node itself
         u, (k, v) = self.w(x[None], mask, (self.cache[0], self.cache[1]))
-        self.cache[0, :, :, n : n + 1].copy_(k)
-        self.cache[1, :, :, n : n + 1].copy_(v)
+        self.cache[0, :, :, n : n + m].copy_(k)
+        self.cache[1, :, :, n : n + m].copy_(v)
         pool_logits, pool_emb = self.pool_logits.index_select(0, d), self.pool_emb.index_select(0, d)
         log_q = self.w.pool_log_probs(u[0], pool_logits, pool_emb)
         top_q, top_rank = torch.topk(log_q, self.keep, dim=-1)
-        self.child_lq[n].copy_(top_q[0])
-        self.child_tok[n].copy_(self.pool_ids.index_select(0, d).gather(1, top_rank)[0])
-        self.key[n : n + 1].copy_(self.scores[n : n + 1] + self.child_lq[n, :1])
-        self.valid[n : n + 1].copy_(live & (depth < self.max_depth))
+        self.child_lq[n : n + m].copy_(top_q)
+        self.child_tok[n : n + m].copy_(self.pool_ids.index_select(0, d).gather(1, top_rank))
+        self.key[n : n + m].copy_(self.scores[n : n + m] + self.child_lq[n : n + m, 0])
+        self.valid[n : n + m].copy_(live & (depth < self.max_depth))
 
-    def pop(self, i: int) -> tuple[torch.Tensor, ...]:
-        """Iteration ``i``: take the best candidate as node ``i + 1`` (padding when none is left) and
-        push its parent's next rank (push order 2i + 1); the caller scores the node (order 2i + 2).
-        Returns the node's token, depth, ancestors (a [1, N] mask) and whether it is real. A padding
-        node's fields are whatever the exhausted table gives (it is never a valid parent); ``run``
-        overwrites its token, parent and score."""
-        n, keep = i + 1, self.keep
+    def pop(self, n: int, push: int) -> tuple[torch.Tensor, ...]:
+        """Take the best candidate as node ``n`` (padding when none is left) and push its parent's next
+        rank with push order ``push``. Returns the node's token, depth, ancestors (a [1, N] mask) and
+        whether it is real. A padding node's fields are whatever the exhausted table gives (it is never
+        a valid parent); ``run`` overwrites its token, parent and score."""
+        keep = self.keep
         masked = self.key.masked_fill(~self.valid, float("-inf"))
         hits = self.valid & (masked == masked.max())
         live = hits.any(0, keepdim=True)  # [1]: False once the pools are exhausted
-        p = torch.where(hits, self.order, 4 * n + 4).argmin(0, keepdim=True)  # first pushed of the best
+        p = torch.where(hits, self.order, 1 << 62).argmin(0, keepdim=True)  # the first pushed of the best
         r = self.rank.index_select(0, p)
         token = self.child_tok.view(-1).index_select(0, p * keep + r)
         depth = self.depth.index_select(0, p) + 1
@@ -280,21 +297,27 @@ class _DeviceGrower:
         lq = self.child_lq.view(-1).index_select(0, p * keep + nxt.clamp(max=keep - 1))
         self.key.index_copy_(0, p, self.scores.index_select(0, p) + lq)
         self.rank.index_copy_(0, p, nxt)
-        self.order.index_fill_(0, p, 2 * i + 1)
+        self.order.index_fill_(0, p, push)
         self.valid.index_copy_(0, p, live & (nxt < keep))
         return token, depth, ancestors, live
 
-    def run(self, root: torch.Tensor, budget: int) -> DeviceGrowth:
+    def run(self, root: torch.Tensor, budget: int, width: int) -> DeviceGrowth:
+        """:func:`grow`'s steps: the step from slot ``first`` pushes parents' next ranks with orders
+        ``2 first - 1 + j`` and its nodes' first children with ``2 first - 1 + width + j`` (slot j of
+        the step), after every push of earlier steps and in the host's order."""
         self.tokens[:1].copy_(root)
         self.anc[0, :1].fill_(True)
         live = torch.ones(1, dtype=torch.bool, device=root.device)
         self.score(0, root, self.depth[:1], torch.zeros_like(self.anc[:1]), live)
-        for i in range(budget):
-            token, depth, ancestors, live = self.pop(i)
-            n = i + 1
-            if n < budget:  # the node that fills the budget gets no children
-                self.score(n, token, depth, ancestors, live)
-                self.order[n : n + 1].fill_(2 * i + 2)
+        for first in range(1, budget + 1, width):
+            popped = [self.pop(first + j, 2 * first - 1 + j) for j in range(min(width, budget + 1 - first))]
+            if first + width <= budget:  # the last step's nodes get no children
+                token, depth, ancestors, live = (torch.cat(t) for t in zip(*popped))
+                self.score(first, token, depth, ancestors, live)
+                m = len(popped)
+                self.order[first : first + m].copy_(
+                    torch.arange(m, device=root.device) + 2 * first - 1 + width
+                )
         real = self.real
         return DeviceGrowth(
             torch.where(real, self.tokens, 0),
@@ -313,18 +336,21 @@ def grow_on_device(
     pool_logits: torch.Tensor,
     pool_ids: torch.Tensor,
     feature: torch.Tensor,
+    width: int = 1,
 ) -> DeviceGrowth:
-    """:func:`grow`'s tree with fixed shapes and no host read (module docstring); ``root`` is a [1]
-    long tensor on the device. Capture-safe: one CUDA graph can hold the whole growth."""
+    """:func:`grow`'s tree (Weaver steps of ``width`` nodes) with fixed shapes and no host read (module
+    docstring); ``root`` is a [1] long tensor on the device. Capture-safe: one CUDA graph can hold the
+    whole growth."""
     grower = _DeviceGrower(weaver, embedding, budget, rows, pool_logits, pool_ids, feature)
-    return grower.run(root, budget)
+    return grower.run(root, budget, width)
 
 
 class GrowthStep:
     """Weaver's propose after the DFlash block, on static inputs: pool top-``pool``, DFlash marginals,
-    device growth. With ``graphs`` one CUDA graph (captured on the first call), else eager.
+    device growth in steps of ``width`` nodes. With ``graphs`` one CUDA graph (captured on the first
+    call), else eager.
 
-    ``fused``: grow with :func:`repro.drafters.growth_kernels.grow_fused` (one Triton launch per node,
+    ``fused``: grow with :func:`repro.drafters.growth_kernels.grow_fused` (one Triton launch per step,
     on the programs ``growth_kernels.device_programs`` picks from the shapes and the SM count) instead
     of :func:`grow_on_device`; default (None): on CUDA when Triton is importable and the adapter's
     shapes fit that many programs (``growth_kernels.fits``). True on CPU needs TRITON_INTERPRET=1 (one
@@ -346,8 +372,9 @@ class GrowthStep:
         pool: int,
         graphs: bool,
         fused: bool | None = None,
+        width: int = 1,
     ) -> None:
-        self.weaver, self.embedding, self.budget = weaver, embedding, budget
+        self.weaver, self.embedding, self.budget, self.width = weaver, embedding, budget, width
         self.pool, self.graphs, self.fused = pool, graphs, fused
         self.inputs: list[torch.Tensor] = []
         self.call: Callable[[], Any] | None = None
@@ -358,7 +385,17 @@ class GrowthStep:
         grow_fn = grow_on_device
         if self.fused:
             from repro.drafters.growth_kernels import grow_fused as grow_fn
-        growth = grow_fn(self.weaver, self.embedding, self.budget, root, rows, pool_logits, pool_ids, feature)
+        growth = grow_fn(
+            self.weaver,
+            self.embedding,
+            self.budget,
+            root,
+            rows,
+            pool_logits,
+            pool_ids,
+            feature,
+            width=self.width,
+        )
         return growth, marginals(logits)
 
     def __call__(
@@ -377,14 +414,14 @@ class GrowthStep:
         if self.call is None:
             if self.fused is None:
                 pool = min(self.pool, logits.shape[-1])
-                self.fused = _fused_fits(self.weaver, self.budget, pool, rows.device)
+                self.fused = _fused_fits(self.weaver, self.budget, pool, rows.device, self.width)
             from repro.models.graphs import graph_call
 
             self.call = graph_call(self._step, rows.device, self.graphs)
         return self.call()
 
 
-def _fused_fits(weaver: WeaverModel, budget: int, pool: int, device: torch.device) -> bool:
+def _fused_fits(weaver: WeaverModel, budget: int, pool: int, device: torch.device, width: int) -> bool:
     """Whether :class:`GrowthStep` grows with the fused kernel by default: CUDA, Triton importable, the
     adapter's shapes within ``growth_kernels.fits`` on the programs ``grow_fused`` will launch."""
     if device.type != "cuda":
@@ -393,4 +430,6 @@ def _fused_fits(weaver: WeaverModel, budget: int, pool: int, device: torch.devic
         from repro.drafters.growth_kernels import device_programs, fits
     except ImportError:
         return False
-    return fits(weaver.config, budget, pool, device_programs(weaver.config, budget, pool, device))
+    return fits(
+        weaver.config, budget, pool, device_programs(weaver.config, budget, pool, device, width=width)
+    )

@@ -51,7 +51,7 @@ def stage_us(problem: tuple, programs: int) -> list[float]:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         grow_fused(*problem, programs=programs, staged=True)
         torch.cuda.synchronize()
-    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA and "_node_kernel" in e.name]
+    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA and "_step_kernel" in e.name]
     kernels.sort(key=lambda e: e.time_range.start)
     want = budget * STAGES + 1
     if len(kernels) != want:

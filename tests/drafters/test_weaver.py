@@ -127,7 +127,7 @@ def test_zero_residual_full_pool_is_ddtree_at_every_width(model64, prompts):
 
 
 def test_tokens_outside_the_pool_are_never_proposed(model64, prompts):
-    drafter = make_drafter(model64, block=5, budget=60, width=5, pool=3)
+    drafter = make_drafter(model64, block=5, budget=60, width=3, pool=3)
     proposal, args, growth = draft_once(drafter, model64, prompts[0])
     pool_ids, tree = args[3], growth.tree
     depth = tree.depth.tolist()
@@ -151,7 +151,7 @@ def test_tree_respects_budget_width_depth(model64, prompts, budget, width, block
     tree, scores = growth.tree, growth.scores
     k = min(pool or 512, V)
     capacity = sum(k**d for d in range(1, block))
-    assert tree.size == min(budget, capacity) + 1 and int(tree.tokens[0]) == args[0]
+    assert tree.size <= min(budget, capacity) + 1 and int(tree.tokens[0]) == args[0]
     assert max(tree.depth.tolist()) <= block  # Tree depth counts the root as 1: drafts reach block - 1
     assert growth.batches[0] == 1 and all(1 <= b <= width for b in growth.batches)
     for node in range(tree.size):
@@ -160,15 +160,20 @@ def test_tree_respects_budget_width_depth(model64, prompts, budget, width, block
         assert [scores[c] for c in kids] == sorted((scores[c] for c in kids), reverse=True)
         # the tree-masked, cached batch forward equals the node's own root-to-node chain
         assert abs(scores[node] - path_log_q(drafter, args, tree, node)) < 1e-10
-    assert all(a >= b for a, b in zip(scores[1:], scores[2:]))  # exact best-first pop order
-    # one node per forward: the root and every node with children to come, i.e. below the last
-    # depth and not the node that filled the budget; a wider step grows the same tree in fewer
+    # width 1: one node per forward (the root and every node with children to come, i.e. below the
+    # last depth and not the node that filled the budget), the exact best-first pop order and every
+    # reachable node up to the budget; a wider step takes fewer forwards and never a better tree
     one = make_drafter(model64, block=block, budget=budget, width=1, pool=pool)
     _, _, narrow = draft_once(one, model64, prompts[0])
     depth = narrow.tree.depth.tolist()
-    assert narrow.batches == [1] * (1 + sum(depth[n] < block and n < budget for n in range(1, tree.size)))
-    assert torch.equal(narrow.tree.tokens, tree.tokens) and torch.equal(narrow.tree.parents, tree.parents)
+    assert narrow.tree.size == min(budget, capacity) + 1
+    assert narrow.batches == [1] * (
+        1 + sum(depth[n] < block and n < budget for n in range(1, narrow.tree.size))
+    )
+    assert all(a >= b for a, b in zip(narrow.scores[1:], narrow.scores[2:]))
     assert len(growth.batches) <= len(narrow.batches)
+    if tree.size == narrow.tree.size:
+        assert sum(scores) <= sum(narrow.scores) + 1e-9
     greedy, node = [], 0
     while tree.children_of(node):
         node = max(tree.children_of(node), key=scores.__getitem__)
@@ -272,6 +277,7 @@ ROUTES = [
     {"name": "wk3", "kind": "weaver", "drafter": "random", "weaver": "random", "budget": 30, "width": 8,
      "pool": 3, "block_size": 4},
 ]  # fmt: skip
+SIZES = {"wk3": 26}  # the root's 3 children fill 3 of the first step's 8 slots: 5 of 30 stay empty
 
 
 @pytest.mark.parametrize("spec", ROUTES, ids=[s["name"] for s in ROUTES])
@@ -281,7 +287,7 @@ def test_random_weaver_routes_reproduce_ar(model64, prompts, ar_outputs, spec):
         res = generate(model64, ids, route, MAX_NEW)
         assert res.output_ids == ar
         assert sum(res.accepted_lengths) == len(res.output_ids) - 1
-        assert set(res.tree_sizes) == {spec["budget"] + 1}
+        assert set(res.tree_sizes) == {SIZES.get(spec["name"], spec["budget"] + 1)}
 
 
 def test_route_parameters(model64):

@@ -11,6 +11,7 @@ with no host sync.
 from __future__ import annotations
 
 import functools
+import itertools
 
 import pytest
 import torch
@@ -21,7 +22,7 @@ from repro.decoding.routes import build_route
 from repro.drafters.dflash import init_draft_weights
 from repro.drafters.pool import top_k_pool
 from repro.drafters.weaver import WeaverConfig, WeaverModel
-from repro.drafters.weaver_growth import GrowthStep, grow, grow_on_device
+from repro.drafters.weaver_growth import DeviceGrowth, GrowthStep, grow, grow_on_device
 from repro.models.graphed import GraphedTarget
 from repro.models.graphs import check_capture
 from repro.tree import DeviceTree, Tree
@@ -56,25 +57,28 @@ def inputs(seed: int, depth: int, pool: int, same_rows: bool = False, dtype: tor
 
 
 def check_same(weaver: WeaverModel, budget: int, args: tuple, widths=(1, 2, 4, 8)) -> Tree:
-    """Device growth == host growth at every width; returns the host tree."""
+    """Device growth == host growth at every width (the real nodes; the other slots padding, after the
+    real ones at width 1); returns the width-1 host tree."""
     emb, root, *rest = args
-    dev = grow_on_device(weaver, emb, budget, torch.tensor([root]), *rest)
-    assert dev.tokens.shape == dev.parents.shape == (budget + 1,)
     ref = None
     for width in widths:
+        dev = grow_on_device(weaver, emb, budget, torch.tensor([root]), *rest, width=width)
+        assert dev.tokens.shape == dev.parents.shape == (budget + 1,)
         host = grow(weaver, emb, budget, width, root, *rest)
         ref = ref or host
-        n = host.tree.size
-        assert dev.tokens[:n].tolist() == host.tree.tokens.tolist(), (width, dev.tokens, host.tree.tokens)
-        assert dev.parents[:n].tolist() == host.tree.parents.tolist(), width
+        tokens, parents, scores = dev.real()
+        assert tokens == host.tree.tokens.tolist(), (width, dev.tokens, host.tree.tokens)
+        assert parents == host.tree.parents.tolist(), width
         assert torch.allclose(
-            dev.scores[:n], torch.tensor(host.scores, dtype=torch.float64), rtol=0, atol=1e-12
-        )
-        assert (
-            dev.tokens[n:].eq(0).all()
-            and dev.parents[n:].eq(-1).all()
-            and dev.scores[n:].eq(-float("inf")).all()
-        )
+            torch.tensor(scores, dtype=torch.float64), torch.tensor(host.scores, dtype=torch.float64),
+            rtol=0, atol=1e-12,
+        )  # fmt: skip
+        pad = dev.parents.eq(-1)
+        pad[0] = False
+        assert int(pad.sum()) == budget + 1 - host.tree.size
+        assert dev.tokens[pad].eq(0).all() and dev.scores[pad].eq(-float("inf")).all()
+        if width == 1:
+            assert not pad[: host.tree.size].any()  # padding after the real nodes
     assert ref is not None
     return ref.tree
 
@@ -88,6 +92,42 @@ CASES = [  # (depth, pool, budget, residual, same_rows)
     (4, 6, 30, 1e-9, True),  # near ties (1e-9 apart)
     (3, 4, 20, 0.0, False),  # zero residual: DDTree on the pool
 ]  # fmt: skip
+
+
+def test_wider_steps_take_fewer_forwards_and_never_a_better_tree():
+    """Width w: one forward for the root, then one a step but the last (``ceil(budget / w) - 1``, each
+    of w nodes) when the pools suffice; width 1 takes the ``budget`` best nodes, so no wider step's
+    tree has a larger total score, and on random pools some wider tree is strictly worse."""
+    worse = 0
+    for seed in range(8):
+        weaver, args = adapter(seed, 15, 1.0), inputs(seed + 300, 15, 9)
+        emb, root, *rest = args
+        best = grow(weaver, emb, 30, 1, root, *rest)
+        assert best.batches == [1] * 30
+        for width in (2, 4, 8):
+            g = grow(weaver, emb, 30, width, root, *rest)
+            assert g.tree.size == 31 and g.batches == [1] + [width] * (-(-30 // width) - 1), (
+                width,
+                g.batches,
+            )
+            assert sum(g.scores) <= sum(best.scores) + 1e-9
+            worse += sum(g.scores) < sum(best.scores) - 1e-9
+    assert worse > 0
+
+
+def test_a_step_without_candidates_left_leaves_its_slots_empty():
+    """Pools of 2 at depth 3 (2 + 4 + 8 = 14 reachable nodes), width 4: the step's pops find the table
+    empty before its forward pushes new candidates, so the host tree has empty slots where the device
+    pads inside the tree, and real nodes follow them (here all 14 reachable ones)."""
+    weaver, args = adapter(0, 3, 1.0), inputs(5, 3, 2)
+    emb, root, *rest = args
+    dev = grow_on_device(weaver, emb, 20, torch.tensor([root]), *rest, width=4)
+    host = grow(weaver, emb, 20, 4, root, *rest)
+    check_same(weaver, 20, args, widths=(4,))
+    parents = dev.parents.tolist()
+    first_pad = next(i for i in range(1, 21) if parents[i] == -1)
+    assert any(p >= 0 for p in parents[first_pad:])  # a real node after a padding slot
+    assert host.tree.size == 15  # every reachable node, the empty slots besides
 
 
 @pytest.mark.parametrize("depth,pool,budget,residual,same_rows", CASES)
@@ -123,27 +163,30 @@ def test_many_random_cases():
 def test_device_growth_is_capture_safe_and_static():
     """No host read or data-dependent shape, and the same ops on the same shapes for other data
     (another pool size of exhausted pools included)."""
-    traces = []
-    for seed, pool in ((0, 5), (1, 5), (2, 5)):
-        weaver, args = adapter(seed, 4, 1.0), inputs(seed, 4, pool, same_rows=seed == 2)
-        emb, root, *rest = args
-        check = check_capture(functools.partial(grow_on_device, weaver, emb, 20, torch.tensor([root]), *rest))
-        assert check.hazards == []
-        traces.append(check.trace)
-    assert traces[0] == traces[1] == traces[2]
+    for width in (1, 4):
+        traces = []
+        for seed, pool in ((0, 5), (1, 5), (2, 5)):
+            weaver, args = adapter(seed, 4, 1.0), inputs(seed, 4, pool, same_rows=seed == 2)
+            emb, root, *rest = args
+            grow_it = functools.partial(
+                grow_on_device, weaver, emb, 20, torch.tensor([root]), *rest, width=width
+            )
+            check = check_capture(grow_it)
+            assert check.hazards == []
+            traces.append(check.trace)
+        assert traces[0] == traces[1] == traces[2]
 
 
 def test_growth_step_takes_its_inputs_and_returns_marginals():
     """The eager step (pool top-K of the logits, marginals, growth) on static input buffers."""
     weaver = adapter(3, 5, 1.0)
     emb, root, rows, _, _, feature = inputs(3, 5, 4)
-    step = GrowthStep(weaver, emb, 17, 4, graphs=False)
+    step = GrowthStep(weaver, emb, 17, 4, graphs=False, width=3)
     for seed in (1, 2):
         logits = torch.randn(5, VOCAB, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
         growth, probs = step(root + seed, rows, logits, feature)
-        host = grow(weaver, emb, 17, 4, root + seed, rows, *top_k_pool(logits, 4), feature)
-        assert growth.tokens.tolist() == host.tree.tokens.tolist()
-        assert growth.parents.tolist() == host.tree.parents.tolist()
+        host = grow(weaver, emb, 17, 3, root + seed, rows, *top_k_pool(logits, 4), feature)
+        assert growth.real()[:2] == (host.tree.tokens.tolist(), host.tree.parents.tolist())
         assert torch.allclose(probs, torch.softmax(logits, -1))
 
 
@@ -210,27 +253,27 @@ def test_graphed_growth_on_cuda_equals_host_without_sync():
             t.to(dev, torch.float32) if isinstance(t, torch.Tensor) else t for t in inputs(seed, depth, pool)
         )
         logits = torch.randn(depth, VOCAB, generator=torch.Generator().manual_seed(seed)).mul(2).to(dev)
-        step = GrowthStep(weaver, emb, budget, pool, graphs=True)
+        step = GrowthStep(weaver, emb, budget, pool, graphs=True, width=4)
         step(root, rows, logits, feature)  # captures
         torch.cuda.synchronize()
         with sync_debug():
             growth, probs = step(root, rows, logits, feature)
-            tokens, parents, scores = growth.tokens.clone(), growth.parents.clone(), growth.scores.clone()
+            grown = DeviceGrowth(growth.tokens.clone(), growth.parents.clone(), growth.scores.clone())
         host = grow(weaver, emb, budget, 4, root, rows, *top_k_pool(logits, pool), feature)
+        tokens, parents, scores = grown.real()
         n = host.tree.size
-        same = (
-            tokens[:n].tolist() == host.tree.tokens.tolist()
-            and parents[:n].tolist() == host.tree.parents.tolist()
-        )
+        same = tokens == host.tree.tokens.tolist() and parents == host.tree.parents.tolist()
         if not same:  # float32 forwards of other shapes may swap two candidates closer than float32 noise
             first = next(
                 i
-                for i in range(n)
-                if (int(tokens[i]), int(parents[i])) != (int(host.tree.tokens[i]), int(host.tree.parents[i]))
+                for i in range(min(n, len(tokens)))
+                if (tokens[i], parents[i]) != (int(host.tree.tokens[i]), int(host.tree.parents[i]))
             )
-            assert abs(float(scores[first]) - host.scores[first]) < 1e-4, (seed, first)
+            assert abs(scores[first] - host.scores[first]) < 1e-4, (seed, first)
         else:
-            assert torch.allclose(scores[:n].cpu(), torch.tensor(host.scores, dtype=torch.float64), atol=1e-4)
+            assert torch.allclose(
+                torch.tensor(scores), torch.tensor(host.scores, dtype=torch.float64), atol=1e-4
+            )
         assert torch.allclose(probs, torch.softmax(logits, -1))
 
 
@@ -268,23 +311,20 @@ def _scratch_q(weaver: WeaverModel, args: tuple, tree: Tree, node: int) -> torch
 def test_host_tree_carries_each_inner_nodes_q_over_its_pool(depth, pool, budget):
     """``grow``'s tree records, per inner node, q over the pool of the depth below it (float64), the
     distribution its children were ranked by (they are its top tokens, in order); leaves record none.
-    The same at every width (up to rounding) and equal to q recomputed from scratch."""
-    for seed in range(3):
+    At every width (batched forwards over a cache) equal to q recomputed from scratch."""
+    for seed, width in itertools.product(range(3), (1, 4)):
         weaver, args = adapter(seed, depth, 1.0), inputs(seed + 50, depth, pool)
         emb, root, *rest = args
-        grown = [grow(weaver, emb, budget, width, root, *rest).tree for width in (1, 4)]
-        tree = grown[0]
+        tree = grow(weaver, emb, budget, width, root, *rest).tree
         assert tree.draw == "given" and tree.proposals is not None
         level = [d - 1 for d in tree.depth.tolist()]  # the root is level 0
         for node in range(tree.size):
             kids = tree.children_of(node)
-            props = [t.proposals[node] for t in grown]
             if not kids:
-                assert props == [None, None]
+                assert tree.proposals[node] is None
                 continue
-            (ids, q), (ids4, q4) = props
+            ids, q = tree.proposals[node]
             assert q.dtype == torch.float64 and torch.equal(ids, rest[2][level[node]])
-            assert torch.equal(ids, ids4) and (q - q4).abs().max().item() < 1e-12
             assert abs(q.sum().item() - 1.0) < 1e-12
             assert (q - _scratch_q(weaver, args, tree, node)).abs().max().item() < 1e-12
             top = ids[torch.argsort(q, descending=True, stable=True)[: len(kids)]]

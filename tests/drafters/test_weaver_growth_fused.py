@@ -24,6 +24,7 @@ and the host reference.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import sys
 
@@ -50,6 +51,7 @@ CASES = [  # (depth, pool, budget, residual, same_rows, tile): tile 64 = several
     (4, 6, 30, 1e-9, True, 8192),  # near ties
     (1, 1, 1, 1.0, False, 64),
 ]  # fmt: skip
+WIDTHS = (1, 4)  # Weaver steps of one node (exact best-first) and of four (the routes' default)
 FLOAT32 = (0, 5, 7)  # the cases also run in float32 (both tiles; the last depth; near ties)
 BFLOAT16 = [(4, VOCAB, 25, 1.0, False, 8192, (0,)), (6, 7, 40, 1.0, False, 8192, (0,))]
 
@@ -80,24 +82,18 @@ def _case_errors(depth, pool, budget, residual, same_rows, tile, dtype, seeds) -
     from repro.drafters.growth_kernels import grow_fused
 
     out = []
-    for seed in seeds:
+    for seed, width in itertools.product(seeds, WIDTHS):
         weaver = adapter(seed, depth, residual, dtype)
         emb, root, *rest = inputs(seed + 100, depth, pool, same_rows, dtype)
         at = torch.tensor([root])
-        ref = grow_on_device(weaver, emb, budget, at, *rest)
-        got = grow_fused(weaver, emb, budget, at, *rest, tile=tile)
-        row = {"same_as_torch": same_tree(ref, got), "score_error": score_error(ref, got)}
+        ref = grow_on_device(weaver, emb, budget, at, *rest, width=width)
+        got = grow_fused(weaver, emb, budget, at, *rest, tile=tile, width=width)
+        row = {"width": width, "same_as_torch": same_tree(ref, got), "score_error": score_error(ref, got)}
         if dtype == torch.bfloat16:
             row["tie_swaps_only"] = row["same_as_torch"] or tie_swaps_only(ref, got)
         else:
-            host = grow(weaver, emb, budget, 1, root, *rest)
-            n = host.tree.size
-            row["same_as_host"] = (
-                got.tokens[:n].tolist() == host.tree.tokens.tolist()
-                and got.parents[:n].tolist() == host.tree.parents.tolist()
-                and got.tokens[n:].eq(0).all().item()
-                and got.parents[n:].eq(-1).all().item()
-            )
+            host = grow(weaver, emb, budget, width, root, *rest)
+            row["same_as_host"] = got.real()[:2] == (host.tree.tokens.tolist(), host.tree.parents.tolist())
         out.append(row)
     return out
 
@@ -125,28 +121,28 @@ def _in_row_ties(dtype: torch.dtype) -> dict:
 def _growth_step() -> list[bool]:
     weaver = adapter(3, 5, 1.0)
     emb, root, rows, _, _, feature = inputs(3, 5, 4)
-    step = GrowthStep(weaver, emb, 17, 4, graphs=False, fused=True)
+    step = GrowthStep(weaver, emb, 17, 4, graphs=False, fused=True, width=4)
     out = []
     for seed in (1, 2):
         logits = torch.randn(5, VOCAB, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
         growth, probs = step(root + seed, rows, logits, feature)
         host = grow(weaver, emb, 17, 4, root + seed, rows, *top_k_pool(logits, 4), feature)
         out.append(
-            growth.tokens.tolist() == host.tree.tokens.tolist()
-            and growth.parents.tolist() == host.tree.parents.tolist()
+            growth.real()[:2] == (host.tree.tokens.tolist(), host.tree.parents.tolist())
             and torch.allclose(probs, torch.softmax(logits, -1))
         )
     return out
 
 
-STAGED = [  # (depth, pool, budget, tile, dtype, programs, per-head attention): P programs vs P = 1, bitwise
-    (3, 5, 6, 64, torch.float64, 3, False),  # 4 to 8 row blocks a linear, 2 pool blocks: P divides none
-    (1, 2, 4, 64, torch.float64, 2, True),  # padding (pools run out), heads over the programs
-    (2, 5, 5, 64, torch.bfloat16, 2, True),
+STAGED = [  # (depth, pool, budget, tile, dtype, programs, per-head attention, width): P vs P = 1, bitwise
+    (3, 5, 6, 64, torch.float64, 3, False, 1),  # 4 to 8 row blocks a linear, 2 pool blocks: P divides none
+    (3, 5, 12, 64, torch.float64, 3, False, 4),  # steps of 4 nodes: nodes over the programs
+    (1, 2, 4, 64, torch.float64, 2, True, 1),  # padding (pools run out), heads over the programs
+    (2, 5, 5, 64, torch.bfloat16, 2, True, 2),  # (node, head) pairs over the programs
 ]  # fmt: skip
 
 
-def _staged(depth, pool, budget, tile, dtype, programs, headwise) -> dict:  # noqa: ANN001
+def _staged(depth, pool, budget, tile, dtype, programs, headwise, width) -> dict:  # noqa: ANN001
     """``programs`` staged programs vs one program (both with per-head attention in blocks of 2 slots
     when ``headwise``: :data:`ATT_TILE` and :data:`ATT_CHUNK` lowered) and vs the torch growth."""
     from repro.drafters import growth_kernels
@@ -158,11 +154,13 @@ def _staged(depth, pool, budget, tile, dtype, programs, headwise) -> dict:  # no
     if headwise:  # per head, 2 slots a block
         growth_kernels.ATT_TILE, growth_kernels.ATT_CHUNK = 1, 2 * weaver.config.head_dim
     try:
-        one = growth_kernels.grow_fused(weaver, emb, budget, at, *rest, tile=tile, programs=1)
-        many = growth_kernels.grow_fused(weaver, emb, budget, at, *rest, tile=tile, programs=programs)
+        one = growth_kernels.grow_fused(weaver, emb, budget, at, *rest, tile=tile, programs=1, width=width)
+        many = growth_kernels.grow_fused(
+            weaver, emb, budget, at, *rest, tile=tile, programs=programs, width=width
+        )
     finally:
         growth_kernels.ATT_TILE, growth_kernels.ATT_CHUNK = saved
-    ref = grow_on_device(weaver, emb, budget, at, *rest)
+    ref = grow_on_device(weaver, emb, budget, at, *rest, width=width)
     return {
         "bitwise": same_tree(one, many) and torch.equal(one.scores, many.scores),
         "same_as_torch": same_tree(ref, one) or (dtype == torch.bfloat16 and tie_swaps_only(ref, one)),
@@ -291,7 +289,7 @@ def test_programs_need_a_gpu_or_staged_launches() -> None:
 
 
 class _CountLaunches:
-    """Stands in for the node kernel: counts launches, runs nothing."""
+    """Stands in for the step kernel: counts launches, runs nothing."""
 
     def __init__(self) -> None:
         self.launches = 0
@@ -303,26 +301,31 @@ class _CountLaunches:
         return launch
 
 
-def ops_per_node(budgets=(16, 32)) -> dict:  # noqa: ANN001
-    """Aten ops (and, fused, Triton launches) per grown node: differences between two budgets."""
+def ops_per_node(budgets=(16, 32), width: int = 1) -> dict:  # noqa: ANN001
+    """Aten ops (and, fused, Triton launches) per grown node at steps of ``width`` nodes: differences
+    between two budgets."""
     pytest.importorskip("triton")
     from repro.drafters import growth_kernels
 
     weaver = adapter(0, 6, 1.0)
     emb, root, *rest = inputs(0, 6, VOCAB)
     at = torch.tensor([root])
-    torch_ops = [count_ops(functools.partial(grow_on_device, weaver, emb, b, at, *rest)) for b in budgets]
+    torch_ops = [
+        count_ops(functools.partial(grow_on_device, weaver, emb, b, at, *rest, width=width)) for b in budgets
+    ]
     fused_ops, launches = [], []
-    real = growth_kernels._node_kernel
+    real = growth_kernels._step_kernel
     try:
         for b in budgets:
-            growth_kernels._node_kernel = stub = _CountLaunches()
+            growth_kernels._step_kernel = stub = _CountLaunches()
             fused_ops.append(
-                count_ops(functools.partial(growth_kernels.grow_fused, weaver, emb, b, at, *rest))
+                count_ops(
+                    functools.partial(growth_kernels.grow_fused, weaver, emb, b, at, *rest, width=width)
+                )
             )
             launches.append(stub.launches)
     finally:
-        growth_kernels._node_kernel = real
+        growth_kernels._step_kernel = real
     span = budgets[1] - budgets[0]
     return {
         "torch_aten_ops_per_node": (torch_ops[1] - torch_ops[0]) / span,
@@ -334,11 +337,16 @@ def ops_per_node(budgets=(16, 32)) -> dict:  # noqa: ANN001
     }
 
 
-def test_fused_growth_is_one_launch_per_node_and_no_aten_op_per_node() -> None:
+def test_fused_growth_is_one_launch_per_step_and_no_aten_op_per_node() -> None:
     counts = ops_per_node()
     assert counts["torch_aten_ops_per_node"] > 50  # the torch growth: the Weaver layer and the table
     assert counts["fused_aten_ops_per_node"] == 0 and counts["fused_launches_per_node"] == 1
     assert counts["fused_launches"] == [17, 33] and counts["fused_aten_ops_fixed"] <= 6  # + barrier counters
+    wide = ops_per_node(width=4)  # the root, then one launch a step of 4 nodes
+    assert wide["fused_launches"] == [5, 9] and wide["fused_aten_ops_per_node"] == 0
+    assert (
+        wide["torch_aten_ops_per_node"] < 0.6 * counts["torch_aten_ops_per_node"]
+    )  # one Weaver layer a step
 
 
 # ----- GPU -----
@@ -359,7 +367,8 @@ def test_fused_growth_in_a_cuda_graph_equals_the_torch_growth(dtype: torch.dtype
         logits = (
             torch.randn(depth, VOCAB, generator=torch.Generator().manual_seed(seed)).mul(2).to(dev, dtype)
         )
-        step = GrowthStep(weaver, emb, budget, pool, graphs=True, fused=True)
+        width = (1, 4)[seed % 2]
+        step = GrowthStep(weaver, emb, budget, pool, graphs=True, fused=True, width=width)
         step(root, rows, logits, feature)  # captures
         torch.cuda.synchronize()
         with sync_debug():
@@ -367,8 +376,9 @@ def test_fused_growth_in_a_cuda_graph_equals_the_torch_growth(dtype: torch.dtype
             got = DeviceGrowth(growth.tokens.clone(), growth.parents.clone(), growth.scores.clone())
         assert int(growth.error) == 0, seed  # the default programs' grid barriers all met
         ref = grow_on_device(
-            weaver, emb, budget, torch.tensor([root], device=dev), rows, *top_k_pool(logits, pool), feature
-        )
+            weaver, emb, budget, torch.tensor([root], device=dev), rows, *top_k_pool(logits, pool), feature,
+            width=width,
+        )  # fmt: skip
         if same_tree(ref, got):
             assert score_error(ref, got) < 1e-4, seed
         else:  # the first difference must be a (near) tie
@@ -397,10 +407,10 @@ def test_programs_with_grid_barriers_equal_one_program(shape: str, dtype: torch.
 
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    for seed in (0, 1) if shape == "tiny" else (0,):
+    for seed, width in itertools.product((0, 1) if shape == "tiny" else (0,), (1, 4)):
         args = growth_problem(shape, dtype, dev, seed)
-        ref = grow_on_device(*args)
-        one = grow_fused(*args, programs=1)
+        ref = grow_on_device(*args, width=width)
+        one = grow_fused(*args, programs=1, width=width)
         if (shape, dtype) == ("qwen3.6-27b", torch.bfloat16):
             pairs = list(
                 zip(ref.tokens.tolist(), ref.parents.tolist(), one.tokens.tolist(), one.parents.tolist())
@@ -408,11 +418,11 @@ def test_programs_with_grid_barriers_equal_one_program(shape: str, dtype: torch.
             shared = next((i for i, (a, b, c, d) in enumerate(pairs) if (a, b) != (c, d)), len(pairs))
             assert shared >= 32, shared
         else:
-            _same_up_to_ties(ref, one, (shape, seed), 1e-4)
+            _same_up_to_ties(ref, one, (shape, seed, width), 1e-4)
         for p in GPU_PROGRAMS[1:]:
-            got = grow_fused(*args, programs=p if p > 0 else -p * sms)
-            assert int(got.error) == 0, (shape, seed, p)
-            assert same_tree(one, got) and torch.equal(one.scores, got.scores), (shape, seed, p)
+            got = grow_fused(*args, programs=p if p > 0 else -p * sms, width=width)
+            assert int(got.error) == 0, (shape, seed, width, p)
+            assert same_tree(one, got) and torch.equal(one.scores, got.scores), (shape, seed, width, p)
 
 
 @pytest.mark.gpu
