@@ -239,6 +239,8 @@ def _linear(w_ptr, x, y_ptr, y_stride, jj, rows, OUT: tl.constexpr, IN: tl.const
     PC is 0)."""
     BO: tl.constexpr = TILE // (INP * WP)  # TILE >= INP * WP (grow_fused)
     o_i = tl.arange(0, INP)
+    if WP == 1:
+        xr = tl.reshape(x, (INP,))  # one node: a [BO, INP] block against one vector (no 3-D product)
     for o0 in tl.range(
         0, OUT, _stride(nprog, PC, BO), loop_unroll_factor=UNROLL
     ):  # P > 1: the last block may be empty
@@ -247,9 +249,14 @@ def _linear(w_ptr, x, y_ptr, y_stride, jj, rows, OUT: tl.constexpr, IN: tl.const
             o_o += tl.program_id(0) * BO
         m = (o_o[:, None] < OUT) & (o_i[None, :] < IN)
         w = tl.load(w_ptr + o_o[:, None] * IN + o_i[None, :], mask=m, other=0.0).to(ACC)
-        y = tl.sum(w[None, :, :] * x[:, None, :], axis=2)  # [WP, BO]
-        out = y_ptr + jj[:, None] * y_stride + o_o[None, :]
-        tl.store(out, round_to(y, DT).to(y_ptr.dtype.element_ty), mask=rows[:, None] & (o_o[None, :] < OUT))
+        if WP == 1:
+            y1 = tl.sum(w * xr[None, :], axis=1)
+            tl.store(y_ptr + o_o, round_to(y1, DT).to(y_ptr.dtype.element_ty), mask=o_o < OUT)
+        else:
+            y = tl.sum(w[None, :, :] * x[:, None, :], axis=2)  # [WP, BO]
+            out = y_ptr + jj[:, None] * y_stride + o_o[None, :]
+            keep = rows[:, None] & (o_o[None, :] < OUT)
+            tl.store(out, round_to(y, DT).to(y_ptr.dtype.element_ty), mask=keep)
 
 
 @triton.jit

@@ -21,6 +21,7 @@ Writes OUT_DIR/growth-widths.json and OUT_DIR/growth-widths.md; prints the markd
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from pathlib import Path
@@ -37,6 +38,7 @@ from repro.drafters.weaver_growth import DeviceGrowth, grow_on_device  # noqa: E
 DEV = torch.device("cuda")
 TIMER = TimerConfig(warmup_ms=2.0, rep_ms=20.0, graph_replays=5)
 WIDTHS = (1, 2, 4, 8)
+WARPS = (8, 16)  # num_warps tried at widths >= 4 (8: grow_fused's default; rounding may differ)
 
 
 def paths(growth: DeviceGrowth) -> set[tuple[int, ...]]:
@@ -77,9 +79,12 @@ def shape_rows(shape: str) -> list[dict[str, Any]]:
         best = best or (row["score_sum"], paths(fused))
         row["score_sum_vs_width1"] = row["score_sum"] - best[0]
         row["width1_nodes_held"] = len(paths(fused) & best[1]) / len(best[1])
-        row["growth_us"] = graph_us(
-            [lambda w=width, p=programs: grow_fused(*problem, programs=p, width=w)], DEV, TIMER, 1000.0
-        )
+        for warps in WARPS if width >= 4 else WARPS[:1]:
+            alt = grow_fused(*problem, programs=programs, width=width, num_warps=warps)
+            key = "" if warps == 8 else f"_w{warps}"
+            row[f"programs{key}"] = alt.programs
+            call = functools.partial(grow_fused, *problem, programs=programs, width=width, num_warps=warps)
+            row[f"growth_us{key}"] = graph_us([call], DEV, TIMER, 1000.0)
         row["us_per_step"] = row["growth_us"] / (steps + 1)  # the root's step included
         row["us_per_node"] = row["growth_us"] / budget
         rows.append(row)
@@ -95,9 +100,9 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         lines += [
             f"## {shape}: budget {rs[0]['nodes']}",
             "",
-            "| width | P | launches | growth us | x width 1 | us a launch | fused = torch tree "
-            "| sum log q vs w1 | width-1 nodes held |",
-            "|--:|--:|--:|--:|--:|--:|---|--:|--:|",
+            "| width | P | launches | growth us | x width 1 | us a launch | 16 warps: P, us "
+            "| fused = torch tree | sum log q vs w1 | width-1 nodes held |",
+            "|--:|--:|--:|--:|--:|--:|--:|---|--:|--:|",
         ]
         for r in rs:
             same = (
@@ -107,7 +112,9 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             )
             lines.append(
                 f"| {r['width']} | {r['programs']} | {r['steps'] + 1} | {r['growth_us']:.0f} | "
-                f"{one / r['growth_us']:.2f}x | {r['us_per_step']:.1f} | {same} | "
+                f"{one / r['growth_us']:.2f}x | {r['us_per_step']:.1f} | "
+                + (f"{r['programs_w16']}, {r['growth_us_w16']:.0f} | " if "growth_us_w16" in r else "| ")
+                + f"{same} | "
                 f"{r['score_sum_vs_width1']:+.2f} | {r['width1_nodes_held']:.0%} |"
             )
         lines.append("")
