@@ -272,7 +272,9 @@ def test_graphed_growth_on_cuda_equals_host_without_sync():
             assert abs(scores[first] - host.scores[first]) < 1e-4, (seed, first)
         else:
             assert torch.allclose(
-                torch.tensor(scores), torch.tensor(host.scores, dtype=torch.float64), atol=1e-4
+                torch.tensor(scores, dtype=torch.float64),
+                torch.tensor(host.scores, dtype=torch.float64),
+                atol=1e-4,
             )
         assert torch.allclose(probs, torch.softmax(logits, -1))
 
