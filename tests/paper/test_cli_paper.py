@@ -65,6 +65,21 @@ def test_sweep_budget_end_to_end(monkeypatch, capsys, tmp_path: Path):
         assert r.vs_ar in ("reference", "identical")
 
 
+def test_sweep_of_another_parameter_keeps_the_routes_budget(monkeypatch, capsys, tmp_path: Path):
+    """``--param width=...`` on DFlash-TfM: the tree routes' budget comes from the sweep experiment (32)."""
+    out = tmp_path / "sw"
+    args = ["--limit", "1", "--suites", "gsm8k", "--max-new-tokens", "8", "--routes", "ar,dflash_tfm"]
+    code, _, err = cli(monkeypatch, capsys, "sweep", "--param", "width=1,4", *args, "--out", str(out))
+    assert code == 0, err
+    t = pd.read_csv(out / "table.csv")
+    tfm = t[t["route"] == "dflash_tfm"]
+    assert sorted(set(tfm["width"])) == [1, 4]
+    specs = json.loads((out / "manifest.json").read_text())["config"]["routes"]
+    assert {s.get("budget") for s in specs if s["kind"] == "dflash_tfm"} == {32}
+    for r in load_run(out).records:
+        assert r.vs_ar in ("reference", "identical")
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
