@@ -1,4 +1,5 @@
-"""Kernels that have not yet run on the H200 compile for it on the CPU: Triton lowers each to PTX and the
+"""Kernels that have not yet run on the H200 (or that change between device calls: Weaver's growth step)
+compile for it on the CPU: Triton lowers each to PTX and the
 wheel's ptxas assembles it for sm_90 (no GPU needed), so a compile error that the interpreter cannot see
 (types, layouts, PDL instructions) fails CI instead of the next device call. Each case names the kernel,
 a signature like the launches' and its constexprs; the cubin must come out non-empty."""
@@ -33,7 +34,33 @@ FRONTIER = dict(
     MW="constexpr", W="constexpr", NP="constexpr", POSITIVE_TAU="constexpr", FRONTIER="constexpr",
     BC="constexpr",
 )  # fmt: skip
+GROWTH_POINTERS = (  # _step_kernel's pointer arguments, in order, as name:dtype
+    "key_ptr:fp64 rank_ptr:i32 order_ptr:i32 valid_ptr:i32 tok_ptr:i64 par_ptr:i64 dep_ptr:i32 "
+    "score_ptr:fp64 anc_ptr:i8 ctok_ptr:i64 clq_ptr:fp64 cache_ptr:bf16 sw_ptr:bf16 sa_ptr:fp32 "
+    "sync_ptr:i32 root_ptr:i64 base_ptr:bf16 emb_ptr:bf16 pemb_ptr:bf16 pl_ptr:bf16 pid_ptr:i64 "
+    "we_ptr:bf16 n1_ptr:bf16 wq_ptr:bf16 wk_ptr:bf16 wv_ptr:bf16 wo_ptr:bf16 n2_ptr:bf16 wg_ptr:bf16 "
+    "wu_ptr:bf16 wd_ptr:bf16 n3_ptr:bf16 wout_ptr:bf16"
+)
+GROWTH_CONSTS = (
+    "N NP KEEP D K KP H HP DM DMP NH HD I IP TILE BP BR W WP ROOT SCORE ACC DT UNROLL PC STAGE HEADWISE CH "
+    "SPIN"
+)
+GROWTH = {
+    **{name: ptr(t) for name, t in (item.split(":") for item in GROWTH_POINTERS.split())},
+    "n0": "i32", "m": "i32", "nprog": "i32", "eps": "fp32",
+    **{name: "constexpr" for name in GROWTH_CONSTS.split()},
+}  # fmt: skip
+TINY_GROWTH = {  # the tiny family's Weaver (budget 32, pool 512) as grow_fused launches it, bf16
+    "N": 33, "NP": 64, "KEEP": 32, "D": 15, "K": 512, "KP": 512, "H": 192, "HP": 256, "DM": 128, "DMP": 128,
+    "NH": 4, "HD": 32, "I": 256, "IP": 256, "TILE": 8192, "BP": 32, "BR": 16, "ROOT": False, "SCORE": True,
+    "ACC": "float32", "DT": "bfloat16", "UNROLL": None, "STAGE": -1, "HEADWISE": False, "CH": 64,
+    "SPIN": 1 << 20,
+}  # fmt: skip
 CASES = {  # name: (module, kernel, signature, constexprs)
+    "growth-step-1": ("repro.drafters.growth_kernels", "_step_kernel", GROWTH,
+                      {**TINY_GROWTH, "W": 1, "WP": 1, "PC": 1}),  # one node a step, one program
+    "growth-step-4": ("repro.drafters.growth_kernels", "_step_kernel", GROWTH,
+                      {**TINY_GROWTH, "W": 4, "WP": 4, "PC": 0}),  # four nodes a step, grid barriers
     "frontier": ("repro.drafters.frontier_kernels", "_frontier_kernel", FRONTIER,
                  {"MIN": 280, "MW": 300, "W": 1024, "NP": 16, "POSITIVE_TAU": True, "FRONTIER": True,
                   "BC": 1024}),
