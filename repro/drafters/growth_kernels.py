@@ -145,7 +145,7 @@ def default_programs(
         _p2(x) for x in (config.d_model, config.intermediate_size, config.target_hidden_size, pool)
     )
     wp = _p2(width)
-    t = _linear_tile(tile, wp, dmp, ip, hp)
+    t = _tile(tile, dmp, ip, hp, rows=wp)
     blocks = [
         -(-out // max(1, t // (inp * wp)))
         for out, inp in ((config.d_model, hp), (config.d_model, dmp), (config.intermediate_size, dmp),
@@ -174,17 +174,11 @@ def _headwise(np_: int, dmp: int) -> bool:
     return np_ * dmp > ATT_TILE
 
 
-def _tile(tile: int, *widths: int) -> int:
-    """Elements per loaded block: at least one row of the widest input, at most a whole square."""
+def _tile(tile: int, *widths: int, rows: int = 1) -> int:
+    """Elements per loaded block (a linear's: a weight block times the step's ``rows`` nodes): at least
+    one row of the widest input for every node, at most a whole square for every node."""
     top = max(widths)
-    return max(min(tile, top * top), *widths)
-
-
-def _linear_tile(tile: int, wp: int, *widths: int) -> int:
-    """Elements of a linear's product block (rows of the step's ``wp`` nodes times a weight block): at
-    least one weight row for every node, at most a whole square for every node."""
-    top = max(widths)
-    return max(min(tile, top * top * wp), top * wp)
+    return max(min(tile, top * top * rows), top * rows)
 
 
 @triton.jit
@@ -711,7 +705,7 @@ def grow_fused(
     hp = _p2(cfg.target_hidden_size)
     acc = torch.float64 if dt == torch.float64 else torch.float32
     wp = _p2(width)
-    ltile = _linear_tile(tile, wp, dmp, ip, hp)
+    ltile = _tile(tile, dmp, ip, hp, rows=wp)
     tile = _tile(tile, dmp, ip, hp, kp)
     cuda = dev.type == "cuda"
     if programs is None:
