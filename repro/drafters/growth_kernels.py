@@ -241,13 +241,17 @@ def _linear(w_ptr, x, y_ptr, y_stride, jj, rows, OUT: tl.constexpr, IN: tl.const
         o_o = o0 + tl.arange(0, BO)
         if PC != 1:
             o_o += tl.program_id(0) * BO
-        m = (o_o[:, None] < OUT) & (o_i[None, :] < IN)
-        w = tl.load(w_ptr + o_o[:, None] * IN + o_i[None, :], mask=m, other=0.0).to(ACC)
         if WP == 1:
+            m = (o_o[:, None] < OUT) & (o_i[None, :] < IN)
+            w = tl.load(w_ptr + o_o[:, None] * IN + o_i[None, :], mask=m, other=0.0).to(ACC)
             y1 = tl.sum(w * xr[None, :], axis=1)
             tl.store(y_ptr + o_o, round_to(y1, DT).to(y_ptr.dtype.element_ty), mask=o_o < OUT)
         else:
-            y = tl.sum(w[None, :, :] * x[:, None, :], axis=2)  # [WP, BO]
+            # the tile loaded as [1, BO, INP] pointers: it lands in the product's layout, with no layout
+            # conversion through shared memory in every iteration (a [BO, INP] load broadcast to 3-D has one)
+            m3 = (o_o[None, :, None] < OUT) & (o_i[None, None, :] < IN)
+            w3 = tl.load(w_ptr + o_o[None, :, None] * IN + o_i[None, None, :], mask=m3, other=0.0).to(ACC)
+            y = tl.sum(w3 * x[:, None, :], axis=2)  # [WP, BO]
             out = y_ptr + jj[:, None] * y_stride + o_o[None, :]
             keep = rows[:, None] & (o_o[None, :] < OUT)
             tl.store(out, round_to(y, DT).to(y_ptr.dtype.element_ty), mask=keep)

@@ -1,6 +1,6 @@
 """Weaver's growth at the paper's expansion widths: time per growth and tree quality (H200, bf16).
 
-    python3 scripts/gpu/growth-widths.py OUT_DIR      (one H200: < 90 s)
+    python3 scripts/gpu/growth-widths.py OUT_DIR [--warps 8,16]     (one H200: about 150 s at 8 warps)
 
 The paper grows its trees "best-first, expanding w = 2..8 frontier nodes per Weaver step". Width 1 is
 the exact best-first tree (one Weaver forward a node); width w takes w candidates a step and scores
@@ -21,6 +21,7 @@ Writes OUT_DIR/growth-widths.json and OUT_DIR/growth-widths.md; prints the markd
 
 from __future__ import annotations
 
+import argparse
 import functools
 import json
 import sys
@@ -38,7 +39,6 @@ from repro.drafters.weaver_growth import DeviceGrowth, grow_on_device  # noqa: E
 DEV = torch.device("cuda")
 TIMER = TimerConfig(warmup_ms=2.0, rep_ms=20.0, graph_replays=5)
 WIDTHS = (1, 2, 4, 8)
-WARPS = (8, 16)  # num_warps tried at widths >= 4 (8: grow_fused's default; rounding may differ)
 
 
 def paths(growth: DeviceGrowth) -> set[tuple[int, ...]]:
@@ -61,7 +61,9 @@ def agreement(ref: DeviceGrowth, got: DeviceGrowth) -> dict[str, Any]:
             "score_gap": abs(float(ref.scores[first]) - float(got.scores[first]))}  # fmt: skip
 
 
-def shape_rows(shape: str) -> list[dict[str, Any]]:
+def shape_rows(shape: str, warps_tried: tuple[int, ...]) -> list[dict[str, Any]]:
+    """One row per width; num_warps other than grow_fused's default 8 tried at widths >= 4 (their
+    rounding may differ)."""
     problem = growth_problem(shape, torch.bfloat16, DEV)
     weaver, budget, k = problem[0], problem[2], problem[5].shape[1]
     rows, best = [], None
@@ -79,7 +81,7 @@ def shape_rows(shape: str) -> list[dict[str, Any]]:
         best = best or (row["score_sum"], paths(fused))
         row["score_sum_vs_width1"] = row["score_sum"] - best[0]
         row["width1_nodes_held"] = len(paths(fused) & best[1]) / len(best[1])
-        for warps in WARPS if width >= 4 else WARPS[:1]:
+        for warps in (8, *(w for w in warps_tried if w != 8 and width >= 4)):
             key = "" if warps == 8 else f"_w{warps}"
             if warps != 8:  # the default's programs are fused.programs (above)
                 row[f"programs{key}"] = grow_fused(
@@ -99,12 +101,14 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     for shape in dict.fromkeys(r["shape"] for r in rows):
         rs = [r for r in rows if r["shape"] == shape]
         one = rs[0]["growth_us"]
+        extra = sorted({int(k[len("growth_us_w") :]) for r in rs for k in r if k.startswith("growth_us_w")})
         lines += [
             f"## {shape}: budget {rs[0]['nodes']}",
             "",
-            "| width | P | launches | growth us | x width 1 | us a launch | 16 warps: P, us "
-            "| fused = torch tree | sum log q vs w1 | width-1 nodes held |",
-            "|--:|--:|--:|--:|--:|--:|--:|---|--:|--:|",
+            "| width | P | launches | growth us | x width 1 | us a launch | "
+            + "".join(f"{w} warps: P, us | " for w in extra)
+            + "fused = torch tree | sum log q vs w1 | width-1 nodes held |",
+            "|--:|--:|--:|--:|--:|--:|" + "--:|" * len(extra) + "---|--:|--:|",
         ]
         for r in rs:
             same = (
@@ -112,11 +116,13 @@ def markdown(rows: list[dict[str, Any]]) -> str:
                 if r["same_tree"]
                 else f"parts at node {r['first_difference']} (gap {r['score_gap']:.2g})"
             )
+            warps = "".join(
+                f"{r[f'programs_w{w}']}, {r[f'growth_us_w{w}']:.0f} | " if f"growth_us_w{w}" in r else " | "
+                for w in extra
+            )
             lines.append(
                 f"| {r['width']} | {r['programs']} | {r['steps'] + 1} | {r['growth_us']:.0f} | "
-                f"{one / r['growth_us']:.2f}x | {r['us_per_step']:.1f} | "
-                + (f"{r['programs_w16']}, {r['growth_us_w16']:.0f} | " if "growth_us_w16" in r else "| ")
-                + f"{same} | "
+                f"{one / r['growth_us']:.2f}x | {r['us_per_step']:.1f} | {warps}{same} | "
                 f"{r['score_sum_vs_width1']:+.2f} | {r['width1_nodes_held']:.0%} |"
             )
         lines.append("")
@@ -124,15 +130,19 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 
 @torch.no_grad()
-def main(out: Path) -> None:
+def main(out: Path, warps_tried: tuple[int, ...]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     for shape in ("tiny", "qwen3.6-27b"):
-        rows += shape_rows(shape)
+        rows += shape_rows(shape, warps_tried)
         (out / "growth-widths.json").write_text(json.dumps(rows, indent=1))
         (out / "growth-widths.md").write_text(markdown(rows))
     print(markdown(rows))
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--warps", default="8", help="num_warps to time at widths >= 4, comma-separated")
+    args = parser.parse_args()
+    main(args.out, tuple(int(w) for w in args.warps.split(",")))
