@@ -9,7 +9,8 @@ candidate pushed first. Then one Weaver forward scores the step's nodes together
 children enter. A node at depth D, or in the step that fills the budget, gets no children. Each
 parent ranks its best ``keep = min(K, budget)`` pool tokens. Width 1 is the exact best-first tree
 (the ``budget`` best nodes); a wider step takes its later nodes without the children of its earlier
-ones, for ``budget / width`` forwards instead of ``budget``.
+ones, for ``budget / width`` forwards instead of ``budget``. A node's children enter only after its
+step, so the tree is at most ``ceil(budget / width)`` deep (budget 32 at width 4: 8 of a 16-block's 15).
 
 - :func:`grow` (the reference) keeps the candidates in a host heap and reads every forward's result
   on the host.

@@ -115,6 +115,22 @@ def test_wider_steps_take_fewer_forwards_and_never_a_better_tree():
     assert worse > 0
 
 
+def test_a_tree_is_at_most_one_depth_deeper_per_step():
+    """A node's children enter only after the step that scores it, so a tree of steps of w nodes is at
+    most ceil(budget / w) deep (budget 32 at width 4: depth 8, of the DFlash block's 15); with a
+    near-chain pool (one dominant token per depth) each width reaches its bound, width 1 the block's
+    depth."""
+    depth, budget = 15, 32
+    weaver = adapter(5, depth, 0.0)  # DFlash's marginals on the pool
+    emb, root, rows, _, _, feature = inputs(5, depth, 9)
+    logits = torch.full((depth, VOCAB), -8.0, dtype=torch.float64)
+    logits[:, 0] = 8.0  # token 0 first at every depth: best-first runs down the chain
+    pool_logits, pool_ids = top_k_pool(logits, 9)
+    for width in (1, 2, 4, 8):
+        tree = grow(weaver, emb, budget, width, root, rows, pool_logits, pool_ids, feature).tree
+        assert int(tree.depth.max()) - 1 == min(depth, -(-budget // width)), width
+
+
 def test_a_step_without_candidates_left_leaves_its_slots_empty():
     """Pools of 2 at depth 3 (2 + 4 + 8 = 14 reachable nodes), width 4: the step's pops find the table
     empty before its forward pushes new candidates, so the host tree has empty slots where the device
