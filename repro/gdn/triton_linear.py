@@ -70,6 +70,7 @@ matmul here).
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
 
@@ -101,6 +102,10 @@ KINDS = ("norm_linear", "norm_gate_up", "linear_residual", "norm_linear_argmax")
 REDUCE_BLOCK = 256  # output columns per program of the split-K reduce
 SMALL_WEIGHTS = 1 << 20  # heuristic_config: below, the legacy configuration
 SPLIT_WEIGHTS = 1 << 22  # heuristic_config: below, no split-K
+# a verify's rows (n > MAX_ROWS) run on the row-tiled kernel ("dot") or on the GEMV kernel in groups of
+# MAX_ROWS rows ("gemv"); REPRO_VERIFY_ROWS sets the default for a whole command, verify_form a block
+VERIFY_FORMS = ("dot", "gemv")
+GROUPED_PROGRAMS = 1024  # grouped_config: block_n doubled while the launch has more programs
 
 
 @dataclass(frozen=True)
@@ -143,6 +148,26 @@ TUNED: dict[ConfigKey, GemvConfig] = {
     ("norm_linear_argmax", 248320, 5120): GemvConfig(64, 128, 4, 1, 1),  # qwen3.6-27b lm_head: 611 us, 98%
 }
 _active: list[Mapping[ConfigKey, GemvConfig] | str] = []  # gemv_configs' stack
+
+
+def _env_form(value: str) -> str:
+    if value not in VERIFY_FORMS:
+        raise ConfigError(f"REPRO_VERIFY_ROWS must be one of {VERIFY_FORMS}, got {value!r}")
+    return value
+
+
+_verify_form: list[str] = [_env_form(os.environ.get("REPRO_VERIFY_ROWS", "dot"))]  # verify_form's stack
+
+
+@contextlib.contextmanager
+def verify_form(form: str) -> Iterator[None]:
+    """Within the block, launches of more than :data:`MAX_ROWS` rows take ``form`` (:data:`VERIFY_FORMS`)
+    unless a call names its own. Capture a CUDA graph inside the block to keep the choice."""
+    _verify_form.append(_env_form(form))
+    try:
+        yield
+    finally:
+        _verify_form.pop()
 
 
 @dataclass(frozen=True)
@@ -269,6 +294,23 @@ def select_config(
     return replace(cfg, block_k=bk, split_k=triton.cdiv(k, _k_slice(k, bk, cfg.split_k)))  # no empty slices
 
 
+def grouped_config(
+    kind: str, n_out: int, k: int, groups: int, device: torch.device | None = None, **overrides: int
+) -> GemvConfig:
+    """The configuration of the GEMV kernel over ``groups`` groups of 4 rows (the "gemv" verify form):
+    :func:`select_config`'s for 4 rows, without split-K (one K pass per group), block_n doubled (within
+    64, the K step narrowed to the legacy rule's) while the launch has more than :data:`GROUPED_PROGRAMS`
+    programs; ``overrides`` as select_config's."""
+    cfg = replace(select_config(kind, n_out, k, MAX_ROWS, device, **overrides), split_k=1)
+    if "block_n" not in overrides:
+        bn = cfg.block_n
+        while triton.cdiv(n_out, bn) * groups > GROUPED_PROGRAMS and bn < 64:
+            bn *= 2
+        if bn != cfg.block_n:
+            cfg = replace(cfg, block_n=bn, block_k=min(max(128, 4096 // bn), pow2(k)))
+    return cfg
+
+
 def _k_slice(k: int, block_k: int, split_k: int) -> int:
     """Columns of K per slice: whole chunks."""
     return triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
@@ -302,11 +344,11 @@ def _collect(acc, acc_up, a, u, r: tl.constexpr, RB: tl.constexpr, GATE_UP: tl.c
 
 
 @triton.jit
-def _x_rows(x_ptr, x_stride, K, N_ROWS: tl.constexpr, RB: tl.constexpr, KP: tl.constexpr, ACC: tl.constexpr):
-    """x [RB, KP] in one load (the norm's sum of squares; K <= KP), zero outside [N_ROWS, K]."""
+def _x_rows(x_ptr, x_stride, K, n_rows, RB: tl.constexpr, KP: tl.constexpr, ACC: tl.constexpr):
+    """x [RB, KP] in one load (the norm's sum of squares; K <= KP), zero outside [n_rows, K]."""
     rows = tl.arange(0, RB)
     o = tl.arange(0, KP)
-    m = (rows < N_ROWS)[:, None] & (o < K)[None, :]
+    m = (rows < n_rows)[:, None] & (o < K)[None, :]
     return tl.load(x_ptr + rows[:, None] * x_stride + o[None, :], mask=m, other=0.0).to(ACC)
 
 
@@ -353,22 +395,32 @@ def _w_tiles(w_ptr, o_w, o_k, m_k, N, K, GATE_UP: tl.constexpr, EVEN_K: tl.const
 
 
 @triton.jit
-def _k_step(a0, a1, a2, a3, u0, u1, u2, u3, x_ptr, x_stride, scale_ptr, w, wu, zero_n, o_k, m_k,
+def _row_ptr(x_ptr, x_stride, j: tl.constexpr, last, GROUPED: tl.constexpr):
+    """Row j of x; GROUPED: rows past ``last`` (a short last group) re-read row ``last`` (never stored)."""
+    if GROUPED:
+        return x_ptr + tl.minimum(last, j) * x_stride
+    return x_ptr + j * x_stride
+
+
+@triton.jit
+def _k_step(a0, a1, a2, a3, u0, u1, u2, u3, x_ptr, x_stride, scale_ptr, w, wu, zero_n, o_k, m_k, last,
             N_ROWS: tl.constexpr, NORM: tl.constexpr, GATE_UP: tl.constexpr, EVEN_K: tl.constexpr,
-            ACC: tl.constexpr):  # fmt: skip
-    """One K step of every row of x (N_ROWS <= 4) against the weight tile(s) w (wu) [BN, BK]."""
+            ACC: tl.constexpr, GROUPED: tl.constexpr):  # fmt: skip
+    """One K step of every row of x (N_ROWS <= 4; GROUPED: rows past ``last`` repeat it) against the
+    weight tile(s) w (wu) [BN, BK]."""
     sc = w
     if NORM:
         sc = load_tile(scale_ptr, zero_n, o_k, m_k, 0, EVEN_K, ACC)
     a0, u0 = _row_step(a0, u0, x_ptr, w, wu, sc, zero_n, o_k, m_k, NORM, GATE_UP, EVEN_K, ACC)
     if N_ROWS > 1:
-        a1, u1 = _row_step(a1, u1, x_ptr + x_stride, w, wu, sc, zero_n, o_k, m_k, NORM, GATE_UP, EVEN_K, ACC)
+        x1 = _row_ptr(x_ptr, x_stride, 1, last, GROUPED)
+        a1, u1 = _row_step(a1, u1, x1, w, wu, sc, zero_n, o_k, m_k, NORM, GATE_UP, EVEN_K, ACC)
     if N_ROWS > 2:
-        a2, u2 = _row_step(a2, u2, x_ptr + 2 * x_stride, w, wu, sc, zero_n, o_k, m_k, NORM, GATE_UP, EVEN_K,
-                           ACC)  # fmt: skip
+        x2 = _row_ptr(x_ptr, x_stride, 2, last, GROUPED)
+        a2, u2 = _row_step(a2, u2, x2, w, wu, sc, zero_n, o_k, m_k, NORM, GATE_UP, EVEN_K, ACC)
     if N_ROWS > 3:
-        a3, u3 = _row_step(a3, u3, x_ptr + 3 * x_stride, w, wu, sc, zero_n, o_k, m_k, NORM, GATE_UP, EVEN_K,
-                           ACC)  # fmt: skip
+        x3 = _row_ptr(x_ptr, x_stride, 3, last, GROUPED)
+        a3, u3 = _row_step(a3, u3, x3, w, wu, sc, zero_n, o_k, m_k, NORM, GATE_UP, EVEN_K, ACC)
     return a0, a1, a2, a3, u0, u1, u2, u3
 
 
@@ -389,6 +441,7 @@ def _gemv_kernel(
     N,
     K,
     k_slice,
+    n_rows,
     N_ROWS: tl.constexpr,
     RB: tl.constexpr,
     BN: tl.constexpr,
@@ -405,9 +458,12 @@ def _gemv_kernel(
     ACC: tl.constexpr,
     PDL: tl.constexpr,
     EARLY_W: tl.constexpr,
+    GROUPED: tl.constexpr,
 ):
     """Output columns pid * BN .. + BN of every row, over K columns sid * k_slice .. + k_slice (program
-    axis 1; all of K without split). GATE_UP: W is [2 N, K] = [gate; up] and the output is
+    axis 1; all of K without split). GROUPED (a verify's n > 4 rows, no split): program axis 2 is a
+    group of N_ROWS = 4 rows of the ``n_rows``, the last group's missing rows repeating its last row
+    (computed, never stored). GATE_UP: W is [2 N, K] = [gate; up] and the output is
     SiLU(x W_gate^T) * (x W_up^T); else out = x W^T (+ bias) (+ residual). NORM: x times the norm scale
     in the loop, the 1 / rms factor (x read whole, K <= KP) in the epilogue; EARLY_X: x's rows are loaded
     before the loop (their latency hidden behind it) rather than after it (no registers held through
@@ -419,6 +475,14 @@ def _gemv_kernel(
         gdc_launch_dependents()
     pid = tl.program_id(0)
     sid = tl.program_id(1)
+    rows_here = N_ROWS
+    if GROUPED:
+        r0 = tl.program_id(2) * N_ROWS
+        x_ptr += r0 * x_stride
+        out_ptr += r0 * N
+        res_ptr += r0 * res_stride
+        rows_here = tl.minimum(n_rows - r0, N_ROWS)
+    last = rows_here - 1
     o_n = pid * BN + tl.arange(0, BN)
     o_w = tl.minimum(o_n, N - 1)  # past N: re-read the last row (never stored), so no row masks
     zero_n = o_n * 0
@@ -432,23 +496,23 @@ def _gemv_kernel(
         gdc_wait()
     xs = tl.zeros([RB, KP], dtype=ACC)
     if NORM and SPLIT == 1 and EARLY_X:
-        xs = _x_rows(x_ptr, x_stride, K, N_ROWS, RB, KP, ACC)  # issued first, summed after the loop
+        xs = _x_rows(x_ptr, x_stride, K, rows_here, RB, KP, ACC)  # issued first, summed after the loop
     zero = tl.zeros([BN, BK], dtype=ACC)
     a0, a1, a2, a3 = zero, zero, zero, zero
     u0, u1, u2, u3 = zero, zero, zero, zero
     k_start = k_lo
     if EARLY_W:
         a0, a1, a2, a3, u0, u1, u2, u3 = _k_step(a0, a1, a2, a3, u0, u1, u2, u3, x_ptr, x_stride, scale_ptr,
-                                                 w, wu, zero_n, o_k, m_k, N_ROWS, NORM, GATE_UP, EVEN_K,
-                                                 ACC)  # fmt: skip
+                                                 w, wu, zero_n, o_k, m_k, last, N_ROWS, NORM, GATE_UP,
+                                                 EVEN_K, ACC, GROUPED)  # fmt: skip
         k_start = k_lo + BK
     for k0 in range(k_start, k_hi, BK):
         o_k = k0 + tl.arange(0, BK)
         m_k = o_k < K
         w, wu = _w_tiles(w_ptr, o_w, o_k, m_k, N, K, GATE_UP, EVEN_K, ACC)
         a0, a1, a2, a3, u0, u1, u2, u3 = _k_step(a0, a1, a2, a3, u0, u1, u2, u3, x_ptr, x_stride, scale_ptr,
-                                                 w, wu, zero_n, o_k, m_k, N_ROWS, NORM, GATE_UP, EVEN_K,
-                                                 ACC)  # fmt: skip
+                                                 w, wu, zero_n, o_k, m_k, last, N_ROWS, NORM, GATE_UP,
+                                                 EVEN_K, ACC, GROUPED)  # fmt: skip
     acc = tl.zeros([RB, BN], dtype=ACC)
     acc_up = tl.zeros([RB, BN], dtype=ACC)
     acc, acc_up = _collect(acc, acc_up, a0, u0, 0, RB, GATE_UP)
@@ -460,10 +524,10 @@ def _gemv_kernel(
         acc, acc_up = _collect(acc, acc_up, a3, u3, 3, RB, GATE_UP)
     if SPLIT == 1:
         if NORM and not EARLY_X:
-            xs = _x_rows(x_ptr, x_stride, K, N_ROWS, RB, KP, ACC)
+            xs = _x_rows(x_ptr, x_stride, K, rows_here, RB, KP, ACC)
         ss = tl.sum(xs * xs, axis=1)
         _finish(acc, acc_up, ss, pid, N, K, eps, bias_ptr, res_ptr, res_stride, out_ptr, best_ptr,
-                best_idx_ptr, N_ROWS, RB, BN, NORM, GATE_UP, HAS_BIAS, RESIDUAL, ARGMAX, ACC)  # fmt: skip
+                best_idx_ptr, rows_here, RB, BN, NORM, GATE_UP, HAS_BIAS, RESIDUAL, ARGMAX, ACC)  # fmt: skip
     else:
         rows = tl.arange(0, RB)
         part = ws_ptr + ((sid * N_ROWS + rows) * 2 * N)[:, None] + o_n[None, :]
@@ -686,6 +750,7 @@ def _launch(
     residual: torch.Tensor | None = None,
     best: tuple[torch.Tensor, torch.Tensor] | None = None,
     cfg: GemvConfig | None = None,
+    form: str | None = None,
     **blocks: int,
 ) -> torch.Tensor:
     if x.dim() != 2 or not 1 <= x.shape[0] <= MAX_VERIFY_ROWS:
@@ -703,16 +768,24 @@ def _launch(
         raise ConfigError(f"weight {tuple(weight.shape)} has 2^31 or more elements (int32 offsets)")
     if residual is not None and (residual.shape != (n, rows_out) or residual.stride(-1) != 1):
         raise ConfigError(f"residual must be a row-major [{n}, {rows_out}], got {tuple(residual.shape)}")
+    groups = 1
     if n > MAX_ROWS:
         if best is not None:
             raise ConfigError(f"the argmax kernel takes one row, got {n}")
-        out = torch.empty(n, rows_out, dtype=x.dtype, device=x.device)
-        return _launch_rows(kind, x, weight, rows_out, out, norm, bias, residual, **blocks)
+        form = form or _verify_form[-1]
+        if form not in VERIFY_FORMS:
+            raise ConfigError(f"the verify form must be one of {VERIFY_FORMS}, got {form!r}")
+        if form == "dot":
+            out = torch.empty(n, rows_out, dtype=x.dtype, device=x.device)
+            return _launch_rows(kind, x, weight, rows_out, out, norm, bias, residual, **blocks)
+        groups = triton.cdiv(n, MAX_ROWS)
+        cfg = cfg or grouped_config(kind, rows_out, k, groups, x.device, **blocks)
     cfg = cfg or select_config(kind, rows_out, k, n, x.device, **blocks)
     bn, bk, split = cfg.block_n, cfg.block_k, cfg.split_k
     k_slice = _k_slice(k, bk, split)
+    rows = min(n, MAX_ROWS)  # a program's rows (a group of them when GROUPED)
     kp = pow2(k) if norm is not None else 1  # the norm reads x's rows whole: before the K loop if that
-    early_x = kp * n <= 512 * cfg.num_warps  # costs <= 16 elements a thread through it, else after it
+    early_x = kp * rows <= 512 * cfg.num_warps  # costs <= 16 elements a thread through it, else after it
     out = torch.empty(n, rows_out, dtype=x.dtype, device=x.device)
     scale, eps = norm if norm is not None else (x, 0.0)
     best_val, best_idx = best if best is not None else (x, x)
@@ -725,12 +798,11 @@ def _launch(
     )  # fmt: skip
     bias_, res_ = bias if bias is not None else x, residual if residual is not None else x
     res_stride = residual.stride(0) if residual is not None else 0
-    _gemv_kernel[(triton.cdiv(rows_out, bn), split)](
+    _gemv_kernel[(triton.cdiv(rows_out, bn), split, groups)](
         x, x.stride(0), scale, weight, bias_, res_, res_stride, out, best_val, best_idx, ws, float(eps),
-        rows_out, k, k_slice, N_ROWS=n, RB=pow2(n), BN=bn, BK=bk, KP=kp, EARLY_X=early_x,
-        SPLIT=split, EVEN_K=k % bk == 0,
-        EARLY_W=early_weights(x.device), **flags, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **pdl_args(x.device, gemv=True),
+        rows_out, k, k_slice, n, N_ROWS=rows, RB=pow2(rows), BN=bn, BK=bk, KP=kp, EARLY_X=early_x,
+        SPLIT=split, EVEN_K=k % bk == 0, EARLY_W=early_weights(x.device), GROUPED=groups > 1, **flags,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args(x.device, gemv=True),
     )  # fmt: skip
     if split > 1:
         rbn, parts = _epilogue_blocks(cfg, rows_out)

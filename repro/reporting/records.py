@@ -323,6 +323,12 @@ def package_versions() -> dict[str, str]:
     return out
 
 
+def repro_env() -> dict[str, str]:
+    """The REPRO_* environment variables set for this process (kernel switches such as REPRO_PDL and
+    REPRO_VERIFY_ROWS change what a run times; REPRO_GIT_SHA names the code)."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith("REPRO_")}
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
@@ -340,6 +346,7 @@ def build_manifest(config: dict[str, Any], seed: int | None = None) -> dict[str,
         "device_info": dev,
         "device_class": device_class(dev, config),
         "argv": list(sys.argv),
+        "repro_env": repro_env(),
         "seed": config.get("seed") if seed is None else seed,
         "config": config,
         "config_hash": config_hash(config),

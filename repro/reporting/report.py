@@ -555,8 +555,11 @@ def build_report(run: Run, figures_dir: Path | None) -> str:
         f" config hash {str(manifest.get('config_hash', '?'))[:12]}",
         f"- created {manifest.get('created_at', '?')}, updated {manifest.get('updated_at', '?')},"
         f" {len(records)} records",
-        "",
     ]
+    switches = {k: v for k, v in (manifest.get("repro_env") or {}).items() if k != "REPRO_GIT_SHA"}
+    if switches:
+        lines.append("- REPRO_* switches set: " + ", ".join(f"{k}={v}" for k, v in switches.items()))
+    lines.append("")
     if not records:
         lines += ["No records yet.", ""]
     else:

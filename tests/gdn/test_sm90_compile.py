@@ -56,11 +56,26 @@ TINY_GROWTH = {  # the tiny family's Weaver (budget 32, pool 512) as grow_fused 
     "ACC": "float32", "DT": "bfloat16", "UNROLL": None, "STAGE": -1, "HEADWISE": False, "CH": 64,
     "SPIN": 1 << 20,
 }  # fmt: skip
+GEMV_CONSTS = (
+    "N_ROWS RB BN BK KP EARLY_X SPLIT EVEN_K NORM GATE_UP HAS_BIAS RESIDUAL ARGMAX ACC PDL EARLY_W GROUPED"
+)
+GEMV = dict(
+    x_ptr=ptr("bf16"), x_stride="i32", scale_ptr=ptr("bf16"), w_ptr=ptr("bf16"), bias_ptr=ptr("bf16"),
+    res_ptr=ptr("bf16"), res_stride="i32", out_ptr=ptr("bf16"), best_ptr=ptr("fp32"), best_idx_ptr=ptr("i64"),
+    ws_ptr=ptr("fp32"), eps="fp32", N="i32", K="i32", k_slice="i32", n_rows="i32",
+    **dict.fromkeys(GEMV_CONSTS.split(), "constexpr"),
+)  # fmt: skip
+GROUPED_GATE_UP = {  # tiny-qwen35's gate|up over a verify's rows in groups of 4 (the "gemv" verify form)
+    "N_ROWS": 4, "RB": 4, "BN": 4, "BK": 256, "KP": 256, "EARLY_X": True, "SPLIT": 1, "EVEN_K": False,
+    "NORM": True, "GATE_UP": True, "HAS_BIAS": False, "RESIDUAL": False, "ARGMAX": False, "ACC": "float32",
+    "PDL": 2, "EARLY_W": False, "GROUPED": True,
+}  # fmt: skip
 CASES = {  # name: (module, kernel, signature, constexprs)
     "growth-step-1": ("repro.drafters.growth_kernels", "_step_kernel", GROWTH,
                       {**TINY_GROWTH, "W": 1, "WP": 1, "PC": 1}),  # one node a step, one program
     "growth-step-4": ("repro.drafters.growth_kernels", "_step_kernel", GROWTH,
                       {**TINY_GROWTH, "W": 4, "WP": 4, "PC": 0}),  # four nodes a step, grid barriers
+    "gemv-grouped": ("repro.gdn.triton_linear", "_gemv_kernel", GEMV, GROUPED_GATE_UP),
     "frontier": ("repro.drafters.frontier_kernels", "_frontier_kernel", FRONTIER,
                  {"MIN": 280, "MW": 300, "W": 1024, "NP": 16, "POSITIVE_TAU": True, "FRONTIER": True,
                   "BC": 1024}),

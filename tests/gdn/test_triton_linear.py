@@ -323,13 +323,13 @@ def test_dependent_gemv_loads_weights_before_the_wait(key, early, pdl):
 
     kind, n, k = key
     cfg = TUNED[key]
-    ints = ("x_stride", "res_stride", "N", "K", "k_slice")
+    ints = ("x_stride", "res_stride", "N", "K", "k_slice", "n_rows")
     sig = {a: "i32" if a in ints else "fp32" if a == "eps" else "*bf16" for a in _gemv_kernel.arg_names}
     sig.update(best_ptr="*fp32", best_idx_ptr="*i64", ws_ptr="*fp32")
     consts = dict(
         N_ROWS=1, RB=1, BN=cfg.block_n, BK=cfg.block_k, KP=k, EARLY_X=True, SPLIT=1, EVEN_K=True,
         NORM=True, GATE_UP=kind == "norm_gate_up", HAS_BIAS=False, RESIDUAL=False, ARGMAX=False,
-        ACC=tl.float32, PDL=pdl, EARLY_W=early,
+        ACC=tl.float32, PDL=pdl, EARLY_W=early, GROUPED=False,
     )  # fmt: skip
     sig.update(dict.fromkeys(consts, "constexpr"))
     names = _gemv_kernel.arg_names

@@ -33,7 +33,19 @@ TOL = {"float64": 1e-13, "float32": 2e-6, "bfloat16": 5e-3}
 ROUNDED_ONCE = 0.02  # bf16: at most this fraction of outputs off the exact result rounded once
 # block_m: rows per program of the row-tiled variant (n > 4; its tiles are at least 16 wide: 16 x 16 x 16)
 TINY = {"n": 37, "k": 45, "inter": 19, "blocks": {"block_m": 16, "block_n": 8, "block_k": 16}}
+# the "gemv" form (the GEMV kernel over groups of 4 rows): its blocks (8 x 16: masked edges, 3 K steps)
+GEMV_BLOCKS = {"form": "gemv", "block_n": 8, "block_k": 16}
+FORM_BLOCKS = {"dot": {"form": "dot", **TINY["blocks"]}, "gemv": GEMV_BLOCKS}
 ROWS = (5, 17, 33, 64)  # one row block, 2, 3 and 4 of 16
+# tiny-qwen35's verify matmuls (the engine's "gemv" / "dot" choice is made at this width)
+TINY_REAL = [
+    ("norm_linear", 584, 192),  # GDN in_proj
+    ("linear_residual", 192, 192),  # GDN out_proj
+    ("norm_gate_up", 384, 192),  # gate|up
+    ("linear_residual", 192, 384),  # down
+    ("norm_linear", 576, 192),  # attention q|k|v
+    ("norm_linear", 4096, 192),  # lm_head
+]
 # GDN-1.3B decode matmuls: (kernel, N (I for gate|up), K)
 REAL = [
     ("norm_linear", 8208, 2048),  # input norm + stacked in_proj
@@ -87,7 +99,7 @@ def case(
 KINDS = ("norm_linear", "norm_linear_bias", "norm_gate_up", "linear_residual", "linear_residual_bias")
 
 
-def bf16_rounding(rows: int, seed: int) -> dict[str, float]:
+def bf16_rounding(rows: int, seed: int, form: str = "dot") -> dict[str, float]:
     """Fractions of bf16 outputs that differ from the exact (float64) result rounded once to bf16 as this
     build rounds (the interpreter truncates, the GPU rounds to nearest even): ``kernel``, norm_linear's
     (its normed row is not rounded to bf16 before the matmul; the row-tiled variant splits it into hi +
@@ -109,7 +121,7 @@ def bf16_rounding(rows: int, seed: int) -> dict[str, float]:
     w = (torch.randn(37, 45, generator=gen) * 45**-0.5).bfloat16()
     h = rms_norm(x.double(), scale.double(), 1e-6)
     exact = once(F.linear(h, w.double()))
-    got = tlin.norm_linear(x, scale, 1e-6, w, **TINY["blocks"])
+    got = tlin.norm_linear(x, scale, 1e-6, w, **FORM_BLOCKS[form])
     rounded = once(F.linear(once(h).double(), w.double()))
     return {
         "kernel": float((got != exact).float().mean()),
@@ -119,16 +131,17 @@ def bf16_rounding(rows: int, seed: int) -> dict[str, float]:
 
 def tiny_cases() -> dict[str, float]:
     out = {}
-    for dt in DTYPES:
-        for rows in ROWS:
-            for kind in KINDS:
-                n_out = TINY["inter"] if kind == "norm_gate_up" else TINY["n"]
-                out[f"{kind}/n{rows}/{dt}"] = case(
-                    kind, n_out, TINY["k"], rows, DTYPES[dt], "cpu", rows, **TINY["blocks"]
+    for form, blocks in FORM_BLOCKS.items():
+        for dt in DTYPES:
+            for rows in ROWS:
+                for kind in KINDS:
+                    n_out = TINY["inter"] if kind == "norm_gate_up" else TINY["n"]
+                    out[f"{form}/{kind}/n{rows}/{dt}"] = case(
+                        kind, n_out, TINY["k"], rows, DTYPES[dt], "cpu", rows, **blocks
+                    )
+                out[f"{form}/norm_gate_up/n{rows}/default_blocks/{dt}"] = case(
+                    "norm_gate_up", TINY["inter"], TINY["k"], rows, DTYPES[dt], "cpu", 7, form=form
                 )
-            out[f"norm_gate_up/n{rows}/default_blocks/{dt}"] = case(
-                "norm_gate_up", TINY["inter"], TINY["k"], rows, DTYPES[dt], "cpu", 7
-            )
     return out
 
 
@@ -144,10 +157,12 @@ def interpreted() -> dict[str, dict]:
 
 def test_kernels_match_torch_in_the_interpreter(interpreted):
     """norm_linear (with and without bias), norm_gate_up, linear_residual (with and without bias) at
-    N = 37, K = 45, n = 5, 17, 33, 64 (16 x 16 x 16 tiles, 1-4 row blocks, masked edges everywhere),
-    float64, float32, bf16; norm_gate_up also with the default tiles."""
+    N = 37, K = 45, n = 5, 17, 33, 64, float64, float32, bf16, in both forms: the row-tiled kernel (16 x
+    16 x 16 tiles, 1-4 row blocks) and the GEMV kernel over groups of 4 rows (8 x 16 tiles; 2, 5, 9 and
+    16 groups, the first three with a short last group), masked edges everywhere; norm_gate_up also with
+    the default tiles."""
     cases = interpreted["cases"]
-    assert len(cases) == len(DTYPES) * len(ROWS) * (len(KINDS) + 1)
+    assert len(cases) == len(FORM_BLOCKS) * len(DTYPES) * len(ROWS) * (len(KINDS) + 1)
     assert check(cases) == []
     assert max(e for c, e in cases.items() if c.endswith("float64")) < 1e-14
     assert max(e for c, e in cases.items() if c.endswith("float32")) < 1e-6
@@ -155,10 +170,11 @@ def test_kernels_match_torch_in_the_interpreter(interpreted):
 
 
 def test_bf16_outputs_are_rounded_once(interpreted):
-    """n = 5 and 64: the bf16 output is the exact result rounded once, but for rare
+    """n = 5 and 64, both forms: the bf16 output is the exact result rounded once, but for rare
     outputs at a rounding boundary; rounding the normed row to bf16 first would miss the bound."""
-    for rows, frac in interpreted["rounding"].items():
-        assert frac["kernel"] <= ROUNDED_ONCE < frac["row_rounded"], (rows, frac)
+    assert len(interpreted["rounding"]) == 4
+    for case_, frac in interpreted["rounding"].items():
+        assert frac["kernel"] <= ROUNDED_ONCE < frac["row_rounded"], (case_, frac)
 
 
 def test_check_flags_errors_over_their_bounds():
@@ -280,13 +296,15 @@ def test_tuned_rows_entries_are_found_and_compile():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("form", ["dot", "gemv"])
 @pytest.mark.parametrize("rows", [33, 100])
-def test_gpu_kernels_at_the_1p3b_shapes(rows):
-    """The five matmuls of GDN-1.3B in bf16 (default tiles) vs torch in float64 at verify sizes: 33 rows
-    (one block of 64) and 100 (two)."""
+def test_gpu_kernels_at_the_1p3b_and_tiny_shapes(rows, form):
+    """The five matmuls of GDN-1.3B and the six of tiny-qwen35 in bf16 (default tiles) vs torch in float64
+    at verify sizes, in both forms: 33 rows (one block of 64; 9 groups of 4, the last of 1) and 100 (two;
+    25 groups)."""
     results = {
-        f"{kind}/{n}x{k}/n{rows}/bfloat16": case(kind, n, k, rows, torch.bfloat16, "cuda", i)
-        for i, (kind, n, k) in enumerate(REAL)
+        f"{kind}/{n}x{k}/n{rows}/bfloat16": case(kind, n, k, rows, torch.bfloat16, "cuda", i, form=form)
+        for i, (kind, n, k) in enumerate(REAL + TINY_REAL)
     }
     print(json.dumps(results, indent=1))
     assert check(results) == []
@@ -296,4 +314,5 @@ if __name__ == "__main__" and "--interpret" in sys.argv:
     import repro.gdn.triton_common  # noqa: F401 - the interpreter's NumPy patch
 
     torch.set_num_threads(1)
-    print(json.dumps({"cases": tiny_cases(), "rounding": {n: bf16_rounding(n, n) for n in (5, 64)}}))
+    rounding = {f"{form}/n{n}": bf16_rounding(n, n, form) for form in FORM_BLOCKS for n in (5, 64)}
+    print(json.dumps({"cases": tiny_cases(), "rounding": rounding}))

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 from functools import partial
@@ -91,16 +92,22 @@ def verify_run(model, state, tree, fuse: bool, graphed: bool = False) -> dict:  
 
 
 def verify_cases(device: str, sizes: tuple[int, ...] = SIZES) -> dict[str, dict[str, float]]:
-    """fuse_verify on vs off per dtype and tree size: logits and the committed state (float64: also vs
-    HybridLM's verify and commit). On the CPU float32 at the largest size only (two row blocks)."""
+    """fuse_verify on vs off per dtype, tree size and verify form (the row-tiled kernel, the GEMV kernel
+    over groups of 4 rows): logits and the committed state (float64: also vs HybridLM's verify and
+    commit). On the CPU float32 at the largest size only (two row blocks)."""
+    from repro.gdn.triton_linear import VERIFY_FORMS, verify_form
+
     out = {}
     for dname in ("float64", "float32") if device == "cpu" else ("float32", "bfloat16"):
         model = small_model(getattr(torch, dname), device)
         state, _ = model.prefill([3, 9, 1, 4, 1, 5, 9, 2])
-        for t in sizes if dname != "float32" or device == "cuda" else sizes[-1:]:
+        for t, form in itertools.product(sizes if dname != "float32" or device == "cuda" else sizes[-1:],
+                                         VERIFY_FORMS):  # fmt: skip
             tree = tree_of(t, t)
             for graphed in (False, True) if device == "cuda" else (False,):
-                old, new = (verify_run(model, state, tree, fuse, graphed) for fuse in (False, True))
+                old = verify_run(model, state, tree, False, graphed)
+                with verify_form(form):
+                    new = verify_run(model, state, tree, True, graphed)
                 errs = {
                     "logits": rel(new["logits"], old["logits"]),
                     "state": state_errs(new["state"], old["state"]),
@@ -110,7 +117,7 @@ def verify_cases(device: str, sizes: tuple[int, ...] = SIZES) -> dict[str, dict[
                     errs["logits_vs_hybrid"] = rel(new["logits"], ver.logits)
                     ref = model.commit(state, ver, tree.path_to(int(tree.depth.argmax())))
                     errs["state_vs_hybrid"] = state_errs(new["state"], ref)
-                out[f"{dname}/T{t}{'/graphed' if graphed else ''}"] = errs
+                out[f"{dname}/T{t}/{form}{'/graphed' if graphed else ''}"] = errs
     return out
 
 
@@ -196,7 +203,7 @@ def interpreted() -> dict:
 
 def test_fused_verify_matches_the_unfused_one_in_the_interpreter(interpreted):
     res = interpreted["verify"]
-    assert len(res) == len(SIZES) + 1 and check(res) == []
+    assert len(res) == 2 * (len(SIZES) + 1) and check(res) == []
     assert max(e["logits"] for k, e in res.items() if k.startswith("float32")) > 0  # really another path
 
 
@@ -244,14 +251,14 @@ def test_fuse_verify_default_and_config_errors():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_fused_verify_graph_matches_the_unfused_one():
     """fuse_verify True vs False on CUDA, eager and as CUDA graphs, 5 and 33 nodes (row blocks of 16 and
-    64: two compiles per matrix and dtype): float32 within 1e-5 (logits and the committed state), bf16
-    within 3e-2; the default follows gemv."""
+    64: two compiles per matrix and dtype), both verify forms: float32 within 1e-5 (logits and the
+    committed state), bf16 within 3e-2; the default follows gemv."""
     from repro.models.static import StaticDecoder
 
     sizes = (5, 33)
     res = verify_cases("cuda", sizes)
     print(json.dumps(res, indent=1))
-    assert len(res) == 2 * 2 * len(sizes) and check(res) == []
+    assert len(res) == 2 * 2 * 2 * len(sizes) and check(res) == []
     model = small_model(torch.bfloat16, "cuda")
     assert StaticDecoder(model, 8, gemv=True).fuse_verify and not StaticDecoder(model, 8).fuse_verify
 

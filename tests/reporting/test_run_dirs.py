@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -443,3 +444,22 @@ def test_cpu_runs_share_one_device_class():
     gpu = {"cuda": "NVIDIA H200", "cpu": "x86"}
     assert device_class(gpu, {"device": "cpu"}) == "cpu" == device_class({"cuda": None, "cpu": "arm"})
     assert device_class(gpu, {"device": "cuda"}) == "NVIDIA H200" == device_class(gpu, {})
+
+
+def test_the_manifest_records_the_repro_switches_set(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    """Kernel switches (REPRO_PDL, REPRO_VERIFY_ROWS, ...) change what a run times: the manifest names
+    every REPRO_* variable set, and no other; the report's header shows them."""
+    for key in [k for k in os.environ if k.startswith("REPRO_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("REPRO_VERIFY_ROWS", "gemv")
+    monkeypatch.setenv("REPRO_PDL", "0")
+    monkeypatch.setenv("NOT_REPRO_X", "1")
+    manifest = build_manifest({"seed": 1})
+    assert manifest["repro_env"] == {"REPRO_PDL": "0", "REPRO_VERIFY_ROWS": "gemv"}
+    with RunDir(tmp_path, manifest) as run:
+        run.append(make_record())
+    text = rebuild_report(tmp_path, figures=None)
+    assert "- REPRO_* switches set: REPRO_PDL=0, REPRO_VERIFY_ROWS=gemv" in text
+    monkeypatch.delenv("REPRO_VERIFY_ROWS")
+    monkeypatch.delenv("REPRO_PDL")
+    assert build_manifest({"seed": 1})["repro_env"] == {}
