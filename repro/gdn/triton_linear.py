@@ -37,6 +37,13 @@ split-K, and the row rounded once instead of hi + lo: measured at 3562a89, not k
 of cuBLAS for the normed kinds (the A operand is built in registers every K step), so those shapes verify
 on cuBLAS (fuse_verify off in the engine).
 
+A verify's rows can also take the GEMV kernel in groups of 4 rows (the "gemv" form; ``GROUPED``: a third
+program axis over the groups, the last group's missing rows repeating its last row, computed and never
+stored; x kept in float32, no hi / lo split). Which form a launch takes (:func:`form_for`): the call's
+``form``, else :func:`verify_form` / REPRO_VERIFY_ROWS, else "auto": gemv up to
+:data:`GEMV_VERIFY_ROWS` rows (a 17-node verify step 6% faster at the tiny width), dot above (33 and 65
+nodes 1.4x / 1.6x slower on gemv: each group reads the weights again, the LM head most).
+
 Split-K (``split_k`` > 1, for matrices with few output rows): a grid of (row blocks, K slices) writes
 float32 partial sums into a workspace, and a second launch adds the slices in a fixed order and applies
 the epilogue (norm factor from x itself, SiLU * up, bias, residual, rounding, the argmax's block maxima):
@@ -103,8 +110,12 @@ REDUCE_BLOCK = 256  # output columns per program of the split-K reduce
 SMALL_WEIGHTS = 1 << 20  # heuristic_config: below, the legacy configuration
 SPLIT_WEIGHTS = 1 << 22  # heuristic_config: below, no split-K
 # a verify's rows (n > MAX_ROWS) run on the row-tiled kernel ("dot") or on the GEMV kernel in groups of
-# MAX_ROWS rows ("gemv"); REPRO_VERIFY_ROWS sets the default for a whole command, verify_form a block
-VERIFY_FORMS = ("dot", "gemv")
+# MAX_ROWS rows ("gemv"); "auto" (the default): gemv up to GEMV_VERIFY_ROWS rows, dot above. Measured on
+# an H200, tiny-qwen35's whole verify step in bf16 (results/2026-12-04-h200-verify-forms): 17 nodes
+# 174.5 us gemv vs 185.0 dot, 33 nodes 288.6 vs 212.8, 65 nodes 441.3 vs 273.8. REPRO_VERIFY_ROWS sets
+# the form for a whole command, verify_form for a block
+VERIFY_FORMS = ("auto", "dot", "gemv")
+GEMV_VERIFY_ROWS = 17
 GROUPED_PROGRAMS = 1024  # grouped_config: block_n doubled while the launch has more programs
 
 
@@ -152,11 +163,20 @@ _active: list[Mapping[ConfigKey, GemvConfig] | str] = []  # gemv_configs' stack
 
 def _env_form(value: str) -> str:
     if value not in VERIFY_FORMS:
-        raise ConfigError(f"REPRO_VERIFY_ROWS must be one of {VERIFY_FORMS}, got {value!r}")
+        raise ConfigError(f"the verify form (REPRO_VERIFY_ROWS) must be one of {VERIFY_FORMS}, got {value!r}")
     return value
 
 
-_verify_form: list[str] = [_env_form(os.environ.get("REPRO_VERIFY_ROWS", "dot"))]  # verify_form's stack
+_verify_form: list[str] = [_env_form(os.environ.get("REPRO_VERIFY_ROWS", "auto"))]  # verify_form's stack
+
+
+def form_for(rows: int, form: str | None = None) -> str:
+    """The form ("dot" or "gemv") a launch of ``rows`` > MAX_ROWS rows takes: ``form``, else the active
+    one (:func:`verify_form`, REPRO_VERIFY_ROWS), "auto" resolved by the row count."""
+    form = _env_form(form or _verify_form[-1])
+    if form == "auto":
+        return "gemv" if rows <= GEMV_VERIFY_ROWS else "dot"
+    return form
 
 
 @contextlib.contextmanager
@@ -772,10 +792,7 @@ def _launch(
     if n > MAX_ROWS:
         if best is not None:
             raise ConfigError(f"the argmax kernel takes one row, got {n}")
-        form = form or _verify_form[-1]
-        if form not in VERIFY_FORMS:
-            raise ConfigError(f"the verify form must be one of {VERIFY_FORMS}, got {form!r}")
-        if form == "dot":
+        if form_for(n, form) == "dot":
             out = torch.empty(n, rows_out, dtype=x.dtype, device=x.device)
             return _launch_rows(kind, x, weight, rows_out, out, norm, bias, residual, **blocks)
         groups = triton.cdiv(n, MAX_ROWS)
