@@ -40,9 +40,10 @@ on cuBLAS (fuse_verify off in the engine).
 A verify's rows can also take the GEMV kernel in groups of 4 rows (the "gemv" form; ``GROUPED``: a third
 program axis over the groups, the last group's missing rows repeating its last row, computed and never
 stored; x kept in float32, no hi / lo split). Which form a launch takes (:func:`form_for`): the call's
-``form``, else :func:`verify_form` / REPRO_VERIFY_ROWS, else "auto": gemv up to
-:data:`GEMV_VERIFY_ROWS` rows (a 17-node verify step 6% faster at the tiny width), dot above (33 and 65
-nodes 1.4x / 1.6x slower on gemv: each group reads the weights again, the LM head most).
+``form``, else :func:`verify_form` / REPRO_VERIFY_ROWS, else "dot" (the default until a routes run
+measures "auto": gemv up to :data:`GEMV_VERIFY_ROWS` rows, a 17-node verify step 6% faster at the tiny
+width; dot above, where gemv is 1.4x / 1.6x slower at 33 / 65 nodes: each group reads the weights again,
+the LM head most).
 
 Split-K (``split_k`` > 1, for matrices with few output rows): a grid of (row blocks, K slices) writes
 float32 partial sums into a workspace, and a second launch adds the slices in a fixed order and applies
@@ -109,11 +110,12 @@ KINDS = ("norm_linear", "norm_gate_up", "linear_residual", "norm_linear_argmax")
 REDUCE_BLOCK = 256  # output columns per program of the split-K reduce
 SMALL_WEIGHTS = 1 << 20  # heuristic_config: below, the legacy configuration
 SPLIT_WEIGHTS = 1 << 22  # heuristic_config: below, no split-K
-# a verify's rows (n > MAX_ROWS) run on the row-tiled kernel ("dot") or on the GEMV kernel in groups of
-# MAX_ROWS rows ("gemv"); "auto" (the default): gemv up to GEMV_VERIFY_ROWS rows, dot above. Measured on
-# an H200, tiny-qwen35's whole verify step in bf16 (results/2026-12-04-h200-verify-forms): 17 nodes
-# 174.5 us gemv vs 185.0 dot, 33 nodes 288.6 vs 212.8, 65 nodes 441.3 vs 273.8. REPRO_VERIFY_ROWS sets
-# the form for a whole command, verify_form for a block
+# a verify's rows (n > MAX_ROWS) run on the row-tiled kernel ("dot", the default: every committed route
+# result ran on it) or on the GEMV kernel in groups of MAX_ROWS rows ("gemv"); "auto": gemv up to
+# GEMV_VERIFY_ROWS rows, dot above. Measured on an H200, tiny-qwen35's whole verify step in bf16
+# (results/2026-12-04-h200-verify-forms): 17 nodes 174.5 us gemv vs 185.0 dot, 33 nodes 288.6 vs 212.8,
+# 65 nodes 441.3 vs 273.8; "auto" becomes the default once a routes run measures it (the drafters' 16-row
+# forwards take it too). REPRO_VERIFY_ROWS sets the form for a whole command, verify_form for a block
 VERIFY_FORMS = ("auto", "dot", "gemv")
 GEMV_VERIFY_ROWS = 17
 GROUPED_PROGRAMS = 1024  # grouped_config: block_n doubled while the launch has more programs
@@ -167,7 +169,7 @@ def _env_form(value: str) -> str:
     return value
 
 
-_verify_form: list[str] = [_env_form(os.environ.get("REPRO_VERIFY_ROWS", "auto"))]  # verify_form's stack
+_verify_form: list[str] = [_env_form(os.environ.get("REPRO_VERIFY_ROWS", "dot"))]  # verify_form's stack
 
 
 def form_for(rows: int, form: str | None = None) -> str:

@@ -294,20 +294,25 @@ def test_tuned_rows_entries_are_found_and_compile():
 
 
 def test_a_launch_takes_the_form_asked_else_auto_by_its_rows():
-    """auto: the GEMV kernel in groups up to GEMV_VERIFY_ROWS rows, the row-tiled kernel above; a call's
-    form, then verify_form's, then REPRO_VERIFY_ROWS's win over it; an unknown form is a ConfigError."""
+    """The default is dot; auto: the GEMV kernel in groups up to GEMV_VERIFY_ROWS rows, the row-tiled
+    kernel above; a call's form wins over verify_form's, which wins over REPRO_VERIFY_ROWS's; an unknown
+    form is a ConfigError."""
     from repro.errors import ConfigError
     from repro.gdn import triton_linear as tlin
 
     edge = tlin.GEMV_VERIFY_ROWS
-    assert (tlin.form_for(5), tlin.form_for(edge), tlin.form_for(edge + 1)) == ("gemv", "gemv", "dot")
-    assert tlin.form_for(5, "dot") == "dot" and tlin.form_for(200, "gemv") == "gemv"
-    with tlin.verify_form("dot"):
-        assert tlin.form_for(5) == "dot" and tlin.form_for(5, "gemv") == "gemv"
+    assert tlin.form_for(5) == tlin.form_for(200) == "dot"
+    with tlin.verify_form("auto"):
+        assert (tlin.form_for(5), tlin.form_for(edge), tlin.form_for(edge + 1)) == ("gemv", "gemv", "dot")
+        assert tlin.form_for(5, "dot") == "dot" and tlin.form_for(200, "gemv") == "gemv"
     with pytest.raises(ConfigError, match="must be one of"):
         tlin.form_for(5, "rows")
-    code = "from repro.gdn.triton_linear import form_for; print(form_for(5))"
-    for value, out in (("dot", "dot"), ("nope", "REPRO_VERIFY_ROWS) must be one of")):
+    code = "from repro.gdn.triton_linear import form_for; print(form_for(5), form_for(200))"
+    for value, out in (
+        ("auto", "gemv dot"),
+        ("gemv", "gemv gemv"),
+        ("nope", "REPRO_VERIFY_ROWS) must be one of"),
+    ):
         env = {**os.environ, "REPRO_VERIFY_ROWS": value}
         proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
         assert out in proc.stdout + proc.stderr, (value, proc.stderr[-500:])
