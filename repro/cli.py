@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -199,7 +200,16 @@ def _decode(
     from repro.reporting.rundir import RunDir
 
     kind = experiment_kind(cfg["kind"])
+    if show_progress:
+        graphs = " (capturing every route's graphs: Triton compiles, minutes on a cold cache)"
+        err_console.print(
+            f"{cfg['name']}: building {len(cfg['routes'])} route(s) on {device}"
+            + (graphs if cfg.get("engine") == "graphed" else "")
+        )
+    start = time.perf_counter()
     runner = ExperimentRunner(cfg, shard)  # opens the target and checks routes and suites first
+    if show_progress:
+        err_console.print(f"{cfg['name']}: routes built in {time.perf_counter() - start:.1f} s")
     resolved = [{**route.params, "name": route.name} for route in runner.all_routes]
     manifest = {
         **build_manifest(cfg),
