@@ -19,6 +19,7 @@ agreement is under 0.95.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from functools import partial
@@ -30,14 +31,12 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's repro, not an installed one
 
-from repro.bench.shapes import draft_tree  # noqa: E402
 from repro.bench.timing import TimerConfig, graph_us  # noqa: E402
 from repro.gdn import triton_linear as tlin  # noqa: E402
 from repro.models.graphs import GraphedCall  # noqa: E402
 from repro.models.layers import rms_norm  # noqa: E402
 from repro.models.static import StaticDecoder, TreeSlot  # noqa: E402
 from repro.models.target import open_target  # noqa: E402
-from repro.tree import Tree  # noqa: E402
 
 DEV = torch.device("cuda")
 TIMER = TimerConfig(warmup_ms=2.0, rep_ms=10.0, graph_replays=5)
@@ -52,6 +51,10 @@ MATRICES = [  # (name, kind, N (I for gate|up), K)
 ]
 BLOCK_N = (4, 8, 16, 32, 64)
 TOL, TOP1 = 5e-3, 0.95
+_spec = importlib.util.spec_from_file_location("verify_rows", Path(__file__).with_name("verify-rows.py"))
+assert _spec is not None and _spec.loader is not None
+verify_rows = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(verify_rows)  # its trees, prefill and decode timing (one setup for both scripts)
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -98,20 +101,15 @@ def matrix_rows() -> list[dict[str, Any]]:
     return out
 
 
-def verify_rows() -> list[dict[str, Any]]:
+def verify_steps() -> list[dict[str, Any]]:
+    """The verify step in each form per tree size (verify-rows.py's trees, prefill and decode timing)."""
     model, _ = open_target("default", "bfloat16", "cuda", need_tokenizer=False)
     model.set_gdn_backend("triton")
-    gen = torch.Generator().manual_seed(1)
-    state = model.prefill(torch.randint(0, model.config.vocab_size, (64,), generator=gen))[0]
-    dec = StaticDecoder(model, 512, 4, gemv=True)
-    dec.load(state)
-    dec.set_token(7)
-    decode = graph_us([dec.decode_pick], DEV, TIMER, estimate_us=100.0)
+    state = verify_rows.prefilled(model)
+    decode = verify_rows.decode_us(model, state, True)
     out = []
     for t in ROWS:
-        g = torch.Generator().manual_seed(t)
-        tokens = torch.randint(0, model.config.vocab_size, (t,), generator=g)
-        tree = Tree(tokens, torch.tensor(draft_tree(t, t)))
+        tree = verify_rows.tree(t, model.config.vocab_size, t)
         row: dict[str, Any] = {"T": t, "decode_us": decode}
         logits = {}
         for form in ("dot", "gemv"):
@@ -177,7 +175,7 @@ def markdown(res: dict[str, Any]) -> str:
 def main(out: Path) -> int:
     out.mkdir(parents=True, exist_ok=True)
     res: dict[str, Any] = {"matrices": matrix_rows()}
-    res["verify"] = verify_rows()
+    res["verify"] = verify_steps()
     res["ok"] = all(r["dot_err"] <= TOL and r["gemv_err"] <= TOL for r in res["matrices"]) and all(
         r["top1"] >= TOP1 for r in res["verify"]
     )
