@@ -79,7 +79,7 @@ partitions without barriers. The barriers and the concurrent pop run only on the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import triton
@@ -708,8 +708,11 @@ def grow_fused(
     np_, dmp, ip, kp = _p2(n), _p2(cfg.d_model), _p2(cfg.intermediate_size), _p2(k)
     hp = _p2(cfg.target_hidden_size)
     acc = torch.float64 if dt == torch.float64 else torch.float32
+    consts = {
+        **step_constants(cfg, budget, k, depth, dt, width, tile, unroll, spin_cap),
+        "num_warps": num_warps,
+    }
     wp = _p2(width)
-    ltile = _tile(tile, dmp, ip, hp, rows=wp)
     tile = _tile(tile, dmp, ip, hp, kp)
     cuda = dev.type == "cuda"
     if programs is None:
@@ -743,15 +746,6 @@ def grow_fused(
     ]  # fmt: skip
     pool_emb = embedding[pool_ids]  # [D, K, H]: read in place by every node (no dependent gather)
     inputs = [root, base, embedding.contiguous(), pool_emb, pool_logits.contiguous(), pool_ids.contiguous()]
-    consts = dict(
-        N=n, NP=np_, KEEP=keep, D=depth, K=k, KP=kp, H=cfg.target_hidden_size, HP=hp,
-        DM=cfg.d_model, DMP=dmp, NH=cfg.num_heads, HD=cfg.head_dim, I=cfg.intermediate_size, IP=ip,
-        TILE=ltile, BP=max(1, min(kp, tile // hp)), BR=max(1, min(kp, tile // kp)), W=width, WP=wp,
-        ACC=tl.float64 if acc == torch.float64 else tl.float32, DT=tl_dtype(dt),
-        UNROLL=unroll if unroll > 1 else None, HEADWISE=_headwise(np_, dmp), SPIN=spin_cap,
-        CH=max(1, min(np_, ATT_CHUNK // cfg.head_dim)),
-        num_warps=num_warps,
-    )  # fmt: skip
     args = [*state.values(), *inputs, *[p.contiguous() for p in weights]]
     if cuda and programs > 1 and not staged:  # every program resident at once (the grid barriers)
         programs = min(programs, _device_slots(dev, args, cfg.rms_norm_eps, consts))
@@ -773,18 +767,44 @@ def grow_fused(
     return FusedGrowth(state["tokens"], state["parents"], state["scores"], state["sync"][n:], programs)
 
 
-def growth_problem(
-    shape: str, dtype: torch.dtype, device: torch.device, seed: int = 0, vocab: int = 2048
-) -> tuple:
-    """Random weights and inputs of one growth at a named shape, drawn on ``device``: ``tiny`` (the tiny
-    family's Weaver: d_model 128, 4 heads, intermediate 256, target hidden 192, pool 512, budget 32) or
-    ``qwen3.6-27b`` (:data:`repro.drafters.shapes.WEAVER_SHAPE` over the 27B target's hidden 5120:
-    d_model 2048, 16 heads, intermediate 4096, pool 512, budget 64); 15 depths (DFlash block 16),
-    ``vocab`` embedding rows (scaled down: only the pool's rows are read). Returns ``grow_fused``'s
-    positional arguments (weaver, embedding, budget, root [1], rows, pool_logits, pool_ids, feature)."""
-    from repro.drafters.pool import top_k_pool
-    from repro.drafters.shapes import QWEN27B_DFLASH, WEAVER_SHAPE, device_model
-    from repro.drafters.weaver import WeaverConfig, WeaverModel
+def step_constants(
+    cfg: WeaverConfig,
+    budget: int,
+    pool: int,
+    depth: int,
+    dtype: torch.dtype,
+    width: int = 1,
+    tile: int = 8192,
+    unroll: int = 1,
+    spin_cap: int = SPIN_CAP,
+) -> dict[str, Any]:
+    """The step kernel's shape and launch constexprs (all but ROOT, SCORE, PC and STAGE, which vary per
+    launch) for a Weaver of ``cfg`` growing ``budget`` nodes over ``depth`` pools of ``pool`` in steps
+    of ``width`` nodes, data in ``dtype`` (:func:`grow_fused`'s launch options ``tile``, ``unroll``,
+    ``spin_cap``)."""
+    n = budget + 1
+    np_, dmp, ip, kp = _p2(n), _p2(cfg.d_model), _p2(cfg.intermediate_size), _p2(pool)
+    hp, wp = _p2(cfg.target_hidden_size), _p2(width)
+    score_tile = _tile(tile, dmp, ip, hp, kp)
+    return dict(
+        N=n, NP=np_, KEEP=min(pool, budget), D=depth, K=pool, KP=kp, H=cfg.target_hidden_size, HP=hp,
+        DM=cfg.d_model, DMP=dmp, NH=cfg.num_heads, HD=cfg.head_dim, I=cfg.intermediate_size, IP=ip,
+        TILE=_tile(tile, dmp, ip, hp, rows=wp), BP=max(1, min(kp, score_tile // hp)),
+        BR=max(1, min(kp, score_tile // kp)), W=width, WP=wp,
+        ACC=tl.float64 if dtype == torch.float64 else tl.float32, DT=tl_dtype(dtype),
+        UNROLL=unroll if unroll > 1 else None, HEADWISE=_headwise(np_, dmp), SPIN=spin_cap,
+        CH=max(1, min(np_, ATT_CHUNK // cfg.head_dim)),
+    )  # fmt: skip
+
+
+def growth_shape(shape: str, vocab: int = 2048) -> tuple[WeaverConfig, int]:
+    """The Weaver config and budget of a named growth shape: ``tiny`` (the tiny family's Weaver: d_model
+    128, 4 heads, intermediate 256, target hidden 192, pool 512, budget 32) or ``qwen3.6-27b``
+    (:data:`repro.drafters.shapes.WEAVER_SHAPE` over the 27B target's hidden 5120: d_model 2048, 16
+    heads, intermediate 4096, pool 512, budget 64); 15 depths (DFlash block 16), ``vocab`` embedding
+    rows (scaled down: only the pool's rows are read)."""
+    from repro.drafters.shapes import QWEN27B_DFLASH, WEAVER_SHAPE
+    from repro.drafters.weaver import WeaverConfig
 
     if shape == "tiny":
         d, heads, hidden, pool, budget = 128, 4, 192, 512, 32
@@ -793,19 +813,33 @@ def growth_problem(
         hidden = QWEN27B_DFLASH["hidden_size"]
     else:
         raise ValueError(f"unknown growth shape {shape!r} (tiny, qwen3.6-27b)")
-    depth, feat, draft = 15, 2 * hidden, hidden
     cfg = WeaverConfig(
-        d_model=d, num_heads=heads, intermediate_size=2 * d, pool_size=pool, block_size=depth + 1,
-        vocab_size=vocab, target_hidden_size=hidden, target_feature_size=feat, dflash_hidden_size=draft,
+        d_model=d, num_heads=heads, intermediate_size=2 * d, pool_size=pool, block_size=16, vocab_size=vocab,
+        target_hidden_size=hidden, target_feature_size=2 * hidden, dflash_hidden_size=hidden,
     )  # fmt: skip
+    return cfg, budget
+
+
+def growth_problem(
+    shape: str, dtype: torch.dtype, device: torch.device, seed: int = 0, vocab: int = 2048
+) -> tuple:
+    """Random weights and inputs of one growth at a named shape (:func:`growth_shape`), drawn on
+    ``device``. Returns ``grow_fused``'s positional arguments (weaver, embedding, budget, root [1], rows,
+    pool_logits, pool_ids, feature)."""
+    from repro.drafters.pool import top_k_pool
+    from repro.drafters.shapes import device_model
+    from repro.drafters.weaver import WeaverModel
+
+    cfg, budget = growth_shape(shape, vocab)
+    depth = cfg.block_size - 1
     weaver = device_model(WeaverModel, cfg, device, dtype, seed)
     gen = torch.Generator(device=device).manual_seed(seed + 1)
-    emb = torch.randn(vocab, hidden, generator=gen, device=device).to(dtype)
-    rows = torch.randn(depth, draft, generator=gen, device=device).to(dtype)
-    feature = torch.randn(feat, generator=gen, device=device).to(dtype)
+    emb = torch.randn(vocab, cfg.target_hidden_size, generator=gen, device=device).to(dtype)
+    rows = torch.randn(depth, cfg.dflash_hidden_size, generator=gen, device=device).to(dtype)
+    feature = torch.randn(cfg.target_feature_size, generator=gen, device=device).to(dtype)
     logits = (2 * torch.randn(depth, vocab, generator=gen, device=device)).to(dtype)
     root = torch.randint(0, vocab, (1,), generator=gen, device=device)
-    return (weaver, emb, budget, root, rows, *top_k_pool(logits, pool), feature)
+    return (weaver, emb, budget, root, rows, *top_k_pool(logits, cfg.pool_size), feature)
 
 
 def tl_dtype(dtype: torch.dtype) -> tl.dtype:

@@ -50,12 +50,20 @@ GROWTH = {
     "n0": "i32", "m": "i32", "nprog": "i32", "eps": "fp32",
     **{name: "constexpr" for name in GROWTH_CONSTS.split()},
 }  # fmt: skip
-TINY_GROWTH = {  # the tiny family's Weaver (budget 32, pool 512) as grow_fused launches it, bf16
-    "N": 33, "NP": 64, "KEEP": 32, "D": 15, "K": 512, "KP": 512, "H": 192, "HP": 256, "DM": 128, "DMP": 128,
-    "NH": 4, "HD": 32, "I": 256, "IP": 256, "TILE": 8192, "BP": 32, "BR": 16, "ROOT": False, "SCORE": True,
-    "ACC": "float32", "DT": "bfloat16", "UNROLL": None, "STAGE": -1, "HEADWISE": False, "CH": 64,
-    "SPIN": 1 << 20,
-}  # fmt: skip
+
+
+def growth_constants(shape: str, width: int, programs: int) -> dict:
+    """The growth step kernel's constexprs as grow_fused launches it at a named shape (bf16), a scoring
+    step past the root on ``programs`` programs (0: the runtime count, grid barriers)."""
+    import torch
+
+    from repro.drafters.growth_kernels import growth_shape, step_constants
+
+    cfg, budget = growth_shape(shape)
+    consts = step_constants(cfg, budget, cfg.pool_size, cfg.block_size - 1, torch.bfloat16, width)
+    return {**consts, "ROOT": False, "SCORE": True, "PC": programs, "STAGE": -1}
+
+
 GEMV_CONSTS = (
     "N_ROWS RB BN BK KP EARLY_X SPLIT EVEN_K NORM GATE_UP HAS_BIAS RESIDUAL ARGMAX ACC PDL EARLY_W GROUPED"
 )
@@ -72,9 +80,9 @@ GROUPED_GATE_UP = {  # tiny-qwen35's gate|up over a verify's rows in groups of 4
 }  # fmt: skip
 CASES = {  # name: (module, kernel, signature, constexprs)
     "growth-step-1": ("repro.drafters.growth_kernels", "_step_kernel", GROWTH,
-                      {**TINY_GROWTH, "W": 1, "WP": 1, "PC": 1}),  # one node a step, one program
+                      growth_constants("tiny", 1, 1)),  # one node a step, one program
     "growth-step-4": ("repro.drafters.growth_kernels", "_step_kernel", GROWTH,
-                      {**TINY_GROWTH, "W": 4, "WP": 4, "PC": 0}),  # four nodes a step, grid barriers
+                      growth_constants("tiny", 4, 0)),  # four nodes a step, grid barriers
     "gemv-grouped": ("repro.gdn.triton_linear", "_gemv_kernel", GEMV, GROUPED_GATE_UP),
     "frontier": ("repro.drafters.frontier_kernels", "_frontier_kernel", FRONTIER,
                  {"MIN": 280, "MW": 300, "W": 1024, "NP": 16, "POSITIVE_TAU": True, "FRONTIER": True,
@@ -117,10 +125,48 @@ def test_kernel_compiles_for_sm90(name: str) -> None:
     from triton.compiler import ASTSource
 
     module, kernel, signature, constexprs = CASES[name]
-    consts = {k: getattr(tl, v) if k in ("ACC", "DT") else v for k, v in constexprs.items()}
+    consts = {
+        k: getattr(tl, v) if k in ("ACC", "DT") and isinstance(v, str) else v for k, v in constexprs.items()
+    }
     fn = getattr(importlib.import_module(module), kernel)
     compiled = triton.compile(
         ASTSource(fn=fn, signature=signature, constexprs=consts), target=GPUTarget("cuda", 90, 32)
     )
     assert len(compiled.asm["cubin"]) > 1000  # an assembled sm_90 binary
     assert "sm_90" in compiled.asm["ptx"]
+
+
+def ptxas_registers(ptx: str) -> int:
+    """Registers a thread of the kernel in ``ptx`` uses on sm_90a (the wheel's ptxas -v)."""
+    import re
+    import subprocess
+    import tempfile
+
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "kernel.ptx"
+        src.write_text(ptx)
+        out = subprocess.run(
+            [get_ptxas(90).path, "-v", "--gpu-name=sm_90a", str(src), "-o", str(Path(tmp) / "kernel.cubin")],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+    return int(re.findall(r"Used (\d+) registers", out.stderr)[-1])
+
+
+@pytest.mark.parametrize("width", [1, 2])
+def test_the_27b_growth_step_fits_two_programs_a_sm(width: int) -> None:
+    """Weaver's growth at the Qwen3.6-27B shape runs on every program the SMs hold at once (grid barriers),
+    and 79 us a one-node step against 103 at one program a SM: a step of 1 or 2 nodes at 8 warps (256
+    threads) must stay within 128 registers a thread, two programs a SM (65536 registers). At 4 nodes the
+    [4, 8192] rows of the target's hidden size (W_e's input, the pool scores' u) take 177 and one program
+    a SM (results/2026-12-04-h200-weaver-tile/NOTES.md)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from repro.drafters.growth_kernels import _step_kernel
+
+    consts = growth_constants("qwen3.6-27b", width, 0)
+    src = ASTSource(fn=_step_kernel, signature=GROWTH, constexprs=consts)
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8}).asm["ptx"]
+    assert ptxas_registers(ptx) <= 128
