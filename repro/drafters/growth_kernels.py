@@ -20,7 +20,12 @@ vectors (one row a node) through global scratch (every vector a stage needs is r
    by counting) and the node's first-child candidate entry.
 
 Every linear reads each weight block once for all the step's nodes (a [W, block] product), so a
-step of W nodes costs about one node's weight traffic and latency: the point of wider steps.
+step of W nodes costs about one node's weight traffic and latency: the point of wider steps. A
+linear holds its input rows in registers, whole; where those rows would take more than two tiles for
+the step's nodes (:func:`linear_tiles`: the target's hidden size into W_e and the intermediate size
+into down_proj at the 27B shape from 4 nodes a step, 177 registers a thread and one program a SM),
+those two linears read their rows from memory CK columns a time instead (``CHUNK``; 128 registers,
+two programs a SM; sums over the chunks, rounded once).
 Vectors pass between stages in the adapter's dtype, so a half-precision adapter is rounded where
 torch rounds its ops' outputs (arithmetic in float32; float64 for a float64 adapter). The root is
 the same kernel without the pops (it also clears the tables). Per growth, torch adds only
@@ -101,6 +106,7 @@ MP_LIMITS = {
 }
 ATT_TILE = 32768  # elements of attention's key block: all heads in one block up to this, else per head
 ATT_CHUNK = 4096  # per head: elements of a block of keys (values), head_dim wide
+CHUNK_ROWS = 4  # output rows of a block of the linears that read their input in chunks (linear_tiles)
 PER_SM = 32  # programs a SM device_programs may ask for (CUDA's CTA limit; residency clamps it)
 SPIN_CAP = 1 << 20  # polls of a grid barrier before the error flag is set
 STAGES = 10  # the pop, 8 stages between barriers, the ranking
@@ -145,12 +151,15 @@ def default_programs(
         _p2(x) for x in (config.d_model, config.intermediate_size, config.target_hidden_size, pool)
     )
     wp = _p2(width)
-    t = _tile(tile, dmp, ip, hp, rows=wp)
+    t, chunk, _ = linear_tiles(dmp, ip, hp, wp, tile)
+    wide = [] if chunk else [(config.d_model, hp), (config.d_model, ip)]  # chunked: CHUNK_ROWS a block
     blocks = [
         -(-out // max(1, t // (inp * wp)))
-        for out, inp in ((config.d_model, hp), (config.d_model, dmp), (config.intermediate_size, dmp),
-                         (config.d_model, ip), (config.target_hidden_size, dmp))
+        for out, inp in (*wide, (config.d_model, dmp), (config.intermediate_size, dmp),
+                         (config.target_hidden_size, dmp))
     ]  # fmt: skip
+    if chunk:
+        blocks.append(-(-config.d_model // CHUNK_ROWS))
     blocks.append(-(-pool // max(1, min(kp, _tile(tile, dmp, ip, hp, kp) // hp))))  # the pool scores
     return max(1, min(slots, max(blocks)))
 
@@ -179,6 +188,18 @@ def _tile(tile: int, *widths: int, rows: int = 1) -> int:
     one row of the widest input for every node, at most a whole square for every node."""
     top = max(widths)
     return max(min(tile, top * top * rows), top * rows)
+
+
+def linear_tiles(dmp: int, ip: int, hp: int, wp: int, tile: int) -> tuple[int, bool, int]:
+    """(TILE, CHUNK, CK) of a step of ``wp`` nodes: CHUNK when whole rows of the widest inputs (the
+    target's hidden size into W_e, the intermediate size into down_proj) for every node would take more
+    than two tiles, as at the 27B shape at 4 nodes a step (177 registers a thread, one program a SM);
+    those two linears then read their rows from memory CK columns a time, in blocks of
+    :data:`CHUNK_ROWS` output rows, and TILE only has to hold the d_model-wide inputs' rows."""
+    chunk = wp * max(hp, ip) > 2 * tile
+    if not chunk:
+        return _tile(tile, dmp, ip, hp, rows=wp), False, 1
+    return _tile(tile, dmp, rows=wp), True, max(16, tile // (wp * CHUNK_ROWS))
 
 
 @triton.jit
@@ -255,6 +276,36 @@ def _linear(w_ptr, x, y_ptr, y_stride, jj, rows, OUT: tl.constexpr, IN: tl.const
             out = y_ptr + jj[:, None] * y_stride + o_o[None, :]
             keep = rows[:, None] & (o_o[None, :] < OUT)
             tl.store(out, round_to(y, DT).to(y_ptr.dtype.element_ty), mask=keep)
+
+
+@triton.jit
+def _linear_in_chunks(w_ptr, x_ptr, x_row, u_ptr, y_ptr, y_stride, jj, rows, OUT: tl.constexpr,
+                      IN: tl.constexpr, CK: tl.constexpr, BO: tl.constexpr, WP: tl.constexpr,
+                      ACC: tl.constexpr, DT: tl.constexpr, UNROLL: tl.constexpr, nprog, PC: tl.constexpr,
+                      GATED: tl.constexpr, CG: tl.constexpr):  # fmt: skip
+    """:func:`_linear` of rows read from memory CK columns a time (row j at ``x_ptr + x_row[j]``; GATED:
+    SiLU(x) * u with u at ``u_ptr + x_row[j]``, rounded as torch), for inputs too wide to hold every
+    node's whole row in registers: blocks of BO output rows over the programs, each summing its [WP, BO]
+    outputs over the chunks."""
+    o_c = tl.arange(0, CK)
+    for o0 in tl.range(0, OUT, _stride(nprog, PC, BO), loop_unroll_factor=UNROLL):
+        o_o = o0 + tl.arange(0, BO)
+        if PC != 1:
+            o_o += tl.program_id(0) * BO
+        acc = tl.zeros([WP, BO], dtype=ACC)
+        for k0 in tl.range(0, IN, CK):
+            kk = k0 + o_c
+            m3 = (o_o[None, :, None] < OUT) & (kk[None, None, :] < IN)
+            w3 = tl.load(w_ptr + o_o[None, :, None] * IN + kk[None, None, :], mask=m3, other=0.0).to(ACC)
+            mx = rows[:, None] & (kk[None, :] < IN)
+            x = ld(x_ptr + x_row[:, None] + kk[None, :], mx, CG).to(ACC)
+            if GATED:
+                u = ld(u_ptr + x_row[:, None] + kk[None, :], mx, CG).to(ACC)
+                x = round_to(round_to(x / (1.0 + tl.exp(-x)), DT) * u, DT)
+            acc += tl.sum(w3 * x[:, None, :], axis=2)
+        out = y_ptr + jj[:, None] * y_stride + o_o[None, :]
+        keep = rows[:, None] & (o_o[None, :] < OUT)
+        tl.store(out, round_to(acc, DT).to(y_ptr.dtype.element_ty), mask=keep)
 
 
 @triton.jit
@@ -453,8 +504,8 @@ def _step_kernel(
     N: tl.constexpr, NP: tl.constexpr, KEEP: tl.constexpr, D: tl.constexpr,
     K: tl.constexpr, KP: tl.constexpr, H: tl.constexpr, HP: tl.constexpr,
     DM: tl.constexpr, DMP: tl.constexpr, NH: tl.constexpr, HD: tl.constexpr,
-    I: tl.constexpr, IP: tl.constexpr, TILE: tl.constexpr, BP: tl.constexpr,
-    BR: tl.constexpr, W: tl.constexpr, WP: tl.constexpr,
+    I: tl.constexpr, IP: tl.constexpr, TILE: tl.constexpr, CHUNK: tl.constexpr, CK: tl.constexpr,
+    BO: tl.constexpr, BP: tl.constexpr, BR: tl.constexpr, W: tl.constexpr, WP: tl.constexpr,
     ROOT: tl.constexpr, SCORE: tl.constexpr, ACC: tl.constexpr, DT: tl.constexpr, UNROLL: tl.constexpr,
     PC: tl.constexpr, STAGE: tl.constexpr, HEADWISE: tl.constexpr, CH: tl.constexpr, SPIN: tl.constexpr,
 ):  # fmt: skip
@@ -505,8 +556,12 @@ def _step_kernel(
         cache_n = cache_ptr + n0 * 2 * DM  # the step's first cache slot
         # 1. W_e E[token]
         if (STAGE < 0) or (STAGE == 1):
-            e_tok = _load_rows(emb_ptr, H, tok_v, rows, H, HP, ACC, False)
-            _linear(we_ptr, e_tok, se, DMP, jj, rows, DM, H, HP, TILE, WP, ACC, DT, UNROLL, nprog, PC)
+            if CHUNK:  # E[token] read CK columns a time
+                _linear_in_chunks(we_ptr, emb_ptr, tok_v * H, emb_ptr, se, DMP, jj, rows, DM, H, CK, BO, WP,
+                                  ACC, DT, UNROLL, nprog, PC, False, False)  # fmt: skip
+            else:
+                e_tok = _load_rows(emb_ptr, H, tok_v, rows, H, HP, ACC, False)
+                _linear(we_ptr, e_tok, se, DMP, jj, rows, DM, H, HP, TILE, WP, ACC, DT, UNROLL, nprog, PC)
         if STAGE < 0:
             _sync(sync_ptr, n0, 1, N, nprog, PC, SPIN)
             if pid == 0:
@@ -571,10 +626,14 @@ def _step_kernel(
             _sync(sync_ptr, n0, 5, N, nprog, PC, SPIN)
         # 6. down_proj of SiLU(gate) * up
         if (STAGE < 0) or (STAGE == 6):
-            g = _load_rows(sg, IP, jj, rows, I, IP, ACC, CG)
-            up = _load_rows(sup, IP, jj, rows, I, IP, ACC, CG)
-            prod = round_to(round_to(g / (1.0 + tl.exp(-g)), DT) * up, DT)
-            _linear(wd_ptr, prod, sd, DMP, jj, rows, DM, I, IP, TILE, WP, ACC, DT, UNROLL, nprog, PC)
+            if CHUNK:  # SiLU(gate) * up made CK columns a time
+                _linear_in_chunks(wd_ptr, sg, jj * IP, sup, sd, DMP, jj, rows, DM, I, CK, BO, WP, ACC, DT,
+                                  UNROLL, nprog, PC, True, CG)  # fmt: skip
+            else:
+                g = _load_rows(sg, IP, jj, rows, I, IP, ACC, CG)
+                up = _load_rows(sup, IP, jj, rows, I, IP, ACC, CG)
+                prod = round_to(round_to(g / (1.0 + tl.exp(-g)), DT) * up, DT)
+                _linear(wd_ptr, prod, sd, DMP, jj, rows, DM, I, IP, TILE, WP, ACC, DT, UNROLL, nprog, PC)
         if STAGE < 0:
             _sync(sync_ptr, n0, 6, N, nprog, PC, SPIN)
         # 7. u = W_out RMSNorm(y + MLP)
@@ -786,10 +845,11 @@ def step_constants(
     np_, dmp, ip, kp = _p2(n), _p2(cfg.d_model), _p2(cfg.intermediate_size), _p2(pool)
     hp, wp = _p2(cfg.target_hidden_size), _p2(width)
     score_tile = _tile(tile, dmp, ip, hp, kp)
+    ltile, chunk, ck = linear_tiles(dmp, ip, hp, wp, tile)
     return dict(
         N=n, NP=np_, KEEP=min(pool, budget), D=depth, K=pool, KP=kp, H=cfg.target_hidden_size, HP=hp,
         DM=cfg.d_model, DMP=dmp, NH=cfg.num_heads, HD=cfg.head_dim, I=cfg.intermediate_size, IP=ip,
-        TILE=_tile(tile, dmp, ip, hp, rows=wp), BP=max(1, min(kp, score_tile // hp)),
+        TILE=ltile, CHUNK=chunk, CK=ck, BO=CHUNK_ROWS, BP=max(1, min(kp, score_tile // hp)),
         BR=max(1, min(kp, score_tile // kp)), W=width, WP=wp,
         ACC=tl.float64 if dtype == torch.float64 else tl.float32, DT=tl_dtype(dtype),
         UNROLL=unroll if unroll > 1 else None, HEADWISE=_headwise(np_, dmp), SPIN=spin_cap,

@@ -50,9 +50,10 @@ CASES = [  # (depth, pool, budget, residual, same_rows, tile): tile 64 = several
     (5, 4, 30, 0.0, True, 8192),  # zero residual, one pool for every depth: exact ties across paths
     (4, 6, 30, 1e-9, True, 8192),  # near ties
     (1, 1, 1, 1.0, False, 64),
+    (4, 9, 24, 1.0, False, 32),  # tile 32: at 4 nodes a step W_e and down_proj read their rows in chunks
 ]  # fmt: skip
 WIDTHS = (1, 4)  # Weaver steps of one node (exact best-first) and of four (the routes' default)
-FLOAT32 = (0, 5, 7)  # the cases also run in float32 (both tiles; the last depth; near ties)
+FLOAT32 = (0, 5, 7, 9)  # the cases also run in float32 (the tiles; the last depth; near ties; chunks)
 BFLOAT16 = [(4, VOCAB, 25, 1.0, False, 8192, (0,)), (6, 7, 40, 1.0, False, 8192, (0,))]
 
 
@@ -139,6 +140,7 @@ STAGED = [  # (depth, pool, budget, tile, dtype, programs, per-head attention, w
     (3, 5, 12, 64, torch.float64, 3, False, 4),  # steps of 4 nodes: nodes over the programs
     (1, 2, 4, 64, torch.float64, 2, True, 1),  # padding (pools run out), heads over the programs
     (2, 5, 5, 64, torch.bfloat16, 2, True, 2),  # (node, head) pairs over the programs
+    (3, 6, 13, 32, torch.float64, 3, False, 4),  # the chunked linears' row blocks over the programs
 ]  # fmt: skip
 
 
@@ -237,6 +239,18 @@ def test_programs_partition_rows_pool_and_heads_bitwise(interp: dict, j: int) ->
 
 
 # ----- limits and programs, CPU -----
+
+
+def test_only_steps_too_wide_for_registers_read_their_rows_in_chunks() -> None:
+    """linear_tiles: the 27B shape (d_model 2048, intermediate 4096, hidden 5120 -> 8192) chunks W_e's and
+    down_proj's rows from 4 nodes a step (1-2 fit two programs a SM whole), the tiny shape never; the
+    test adapter at tile 32 does at 4 nodes (CASES' and STAGED's chunked cases)."""
+    from repro.drafters.growth_kernels import linear_tiles
+
+    assert [linear_tiles(2048, 4096, 8192, w, 8192)[1] for w in (1, 2, 4, 8)] == [False, False, True, True]
+    assert linear_tiles(2048, 4096, 8192, 4, 8192) == (8192, True, 512)  # [4 nodes, 4 rows, 512 columns]
+    assert not any(linear_tiles(128, 256, 256, w, 8192)[1] for w in (1, 2, 4, 8))
+    assert linear_tiles(16, 32, 16, 4, 32)[1] and not linear_tiles(16, 32, 16, 1, 32)[1]
 
 
 def _config(d: int, heads: int, inter: int, hidden: int) -> WeaverConfig:

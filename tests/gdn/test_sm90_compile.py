@@ -42,8 +42,8 @@ GROWTH_POINTERS = (  # _step_kernel's pointer arguments, in order, as name:dtype
     "wu_ptr:bf16 wd_ptr:bf16 n3_ptr:bf16 wout_ptr:bf16"
 )
 GROWTH_CONSTS = (
-    "N NP KEEP D K KP H HP DM DMP NH HD I IP TILE BP BR W WP ROOT SCORE ACC DT UNROLL PC STAGE HEADWISE CH "
-    "SPIN"
+    "N NP KEEP D K KP H HP DM DMP NH HD I IP TILE CHUNK CK BO BP BR W WP ROOT SCORE ACC DT UNROLL PC STAGE "
+    "HEADWISE CH SPIN"
 )
 GROWTH = {
     **{name: ptr(t) for name, t in (item.split(":") for item in GROWTH_POINTERS.split())},
@@ -154,13 +154,13 @@ def ptxas_registers(ptx: str) -> int:
     return int(re.findall(r"Used (\d+) registers", out.stderr)[-1])
 
 
-@pytest.mark.parametrize("width", [1, 2])
+@pytest.mark.parametrize("width", [1, 2, 4])
 def test_the_27b_growth_step_fits_two_programs_a_sm(width: int) -> None:
     """Weaver's growth at the Qwen3.6-27B shape runs on every program the SMs hold at once (grid barriers),
-    and 79 us a one-node step against 103 at one program a SM: a step of 1 or 2 nodes at 8 warps (256
-    threads) must stay within 128 registers a thread, two programs a SM (65536 registers). At 4 nodes the
-    [4, 8192] rows of the target's hidden size (W_e's input, the pool scores' u) take 177 and one program
-    a SM (results/2026-12-04-h200-weaver-tile/NOTES.md)."""
+    and 79 us a one-node step against 103 at one program a SM: a step of 1, 2 or 4 nodes at 8 warps (256
+    threads) must stay within 128 registers a thread, two programs a SM (65536 registers). At 4 nodes that
+    takes the chunked W_e and down_proj (whole rows: 177 registers, one program a SM;
+    results/2026-12-04-h200-weaver-tile/NOTES.md)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
