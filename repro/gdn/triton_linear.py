@@ -845,7 +845,8 @@ def norm_linear(
     row-tiled above :data:`MAX_ROWS`), weight [N, K] -> [n, N].
 
     ``blocks``: GemvConfig fields overriding :func:`select_config`'s choice (n <= 4), or RowsConfig
-    fields overriding :func:`row_tiles`' (more rows).
+    fields overriding :func:`row_tiles`' (more rows), or ``form`` (more rows: "dot", "gemv" or "auto",
+    :func:`form_for`; GemvConfig fields then for "gemv").
     """
     return _launch("norm_linear", x, weight, weight.shape[0], norm=(norm_scale, eps), bias=bias, **blocks)
 
