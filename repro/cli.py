@@ -200,16 +200,9 @@ def _decode(
     from repro.reporting.rundir import RunDir
 
     kind = experiment_kind(cfg["kind"])
-    if show_progress:
-        graphs = " (capturing every route's graphs: Triton compiles, minutes on a cold cache)"
-        err_console.print(
-            f"{cfg['name']}: building {len(cfg['routes'])} route(s) on {device}"
-            + (graphs if cfg.get("engine") == "graphed" else "")
-        )
     start = time.perf_counter()
     runner = ExperimentRunner(cfg, shard)  # opens the target and checks routes and suites first
-    if show_progress:
-        err_console.print(f"{cfg['name']}: routes built in {time.perf_counter() - start:.1f} s")
+    built = time.perf_counter() - start  # on the graphed engine: every graph's capture (Triton compiles)
     resolved = [{**route.params, "name": route.name} for route in runner.all_routes]
     manifest = {
         **build_manifest(cfg),
@@ -222,6 +215,8 @@ def _decode(
         parallel.check_shard(out_dir, shard)
     progress = Progress(str(cfg["name"]), runner.total_units()) if show_progress else None
     with RunDir(out_dir, manifest, kind) as run_dir, progress or contextlib.nullcontext():
+        if show_progress:  # the input checked: no line before a bad input's one
+            err_console.print(f"{cfg['name']}: {len(runner.all_routes)} route(s) built in {built:.1f} s")
         advance = (lambda item: progress.advance(item=item)) if progress else None
         written = runner.run(run_dir, progress=advance)
         markdown = run_dir.write_report()
