@@ -321,12 +321,13 @@ def grouped_config(
 ) -> GemvConfig:
     """The configuration of the GEMV kernel over ``groups`` groups of 4 rows (the "gemv" verify form):
     :func:`select_config`'s for 4 rows, without split-K (one K pass per group), block_n doubled (within
-    64, the K step narrowed to the legacy rule's) while the launch has more than :data:`GROUPED_PROGRAMS`
-    programs; ``overrides`` as select_config's."""
+    32, the K step narrowed to the legacy rule's) while the launch has more than :data:`GROUPED_PROGRAMS`
+    programs; ``overrides`` as select_config's. (block_n 64 took tiny-qwen35's LM head [4096, 192] to
+    54 / 91 us at 33 / 65 rows against 14 / 25 at 32: results/2026-12-04-h200-verify-forms.)"""
     cfg = replace(select_config(kind, n_out, k, MAX_ROWS, device, **overrides), split_k=1)
     if "block_n" not in overrides:
         bn = cfg.block_n
-        while triton.cdiv(n_out, bn) * groups > GROUPED_PROGRAMS and bn < 64:
+        while triton.cdiv(n_out, bn) * groups > GROUPED_PROGRAMS and bn < 32:
             bn *= 2
         if bn != cfg.block_n:
             cfg = replace(cfg, block_n=bn, block_k=min(max(128, 4096 // bn), pow2(k)))

@@ -318,6 +318,20 @@ def test_a_launch_takes_the_form_asked_else_auto_by_its_rows():
         assert out in proc.stdout + proc.stderr, (value, proc.stderr[-500:])
 
 
+def test_grouped_configs_cap_programs_and_block_n():
+    """The gemv form's launch: one K pass (no split-K), block_n doubled while over GROUPED_PROGRAMS
+    programs but never past 32 (64 spilled at the LM head); a block_n override stands."""
+    from repro.gdn.triton_linear import GROUPED_PROGRAMS, grouped_config, select_config
+
+    head = grouped_config("norm_linear", 4096, 192, 9)
+    assert (head.block_n, head.split_k) == (32, 1)  # 128 x 9 programs: over the cap, block_n at its limit
+    in_proj = grouped_config("norm_linear", 584, 192, 9)
+    assert in_proj.block_n == 8 and -(-584 // 8) * 9 <= GROUPED_PROGRAMS < -(-584 // 4) * 9
+    assert grouped_config("norm_linear", 4096, 192, 9, block_n=64).block_n == 64
+    assert select_config("linear_residual", 64, 65536, 4).split_k > 1  # few outputs, long K: split at 4 rows
+    assert grouped_config("linear_residual", 64, 65536, 2).split_k == 1  # not over groups
+
+
 # ---------------------------------------------------------------------------------------------- GPU
 
 
