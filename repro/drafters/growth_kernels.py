@@ -143,24 +143,19 @@ def default_programs(
     config: WeaverConfig, budget: int, pool: int, slots: int, tile: int = 8192, width: int = 1
 ) -> int:
     """P for a device that holds ``slots`` programs at once: enough programs for the most row (or pool)
-    blocks of any stage at steps of ``width`` nodes, at most ``slots`` (all must be co-resident); 1
-    when the shapes fit neither limit set."""
+    blocks of any stage at steps of ``width`` nodes (the blocks of :func:`step_constants`), at most
+    ``slots`` (all must be co-resident); 1 when the shapes fit neither limit set."""
     if not fits(config, budget, pool, 2):
         return 1
-    dmp, ip, hp, kp = (
-        _p2(x) for x in (config.d_model, config.intermediate_size, config.target_hidden_size, pool)
-    )
-    wp = _p2(width)
-    t, chunk, _ = linear_tiles(dmp, ip, hp, wp, tile)
-    wide = [] if chunk else [(config.d_model, hp), (config.d_model, ip)]  # chunked: CHUNK_ROWS a block
-    blocks = [
-        -(-out // max(1, t // (inp * wp)))
-        for out, inp in (*wide, (config.d_model, dmp), (config.intermediate_size, dmp),
-                         (config.target_hidden_size, dmp))
-    ]  # fmt: skip
-    if chunk:
-        blocks.append(-(-config.d_model // CHUNK_ROWS))
-    blocks.append(-(-pool // max(1, min(kp, _tile(tile, dmp, ip, hp, kp) // hp))))  # the pool scores
+    c = step_constants(config, budget, pool, 1, torch.float32, width, tile)
+    dmp, ip, hp, wp = c["DMP"], c["IP"], c["HP"], c["WP"]
+    linears = [(config.d_model, dmp), (config.intermediate_size, dmp), (config.target_hidden_size, dmp)]
+    if not c["CHUNK"]:  # else W_e and down_proj in blocks of BO rows
+        linears += [(config.d_model, hp), (config.d_model, ip)]
+    blocks = [-(-out // max(1, c["TILE"] // (inp * wp))) for out, inp in linears]
+    if c["CHUNK"]:
+        blocks.append(-(-config.d_model // c["BO"]))
+    blocks.append(-(-pool // c["BP"]))  # the pool scores
     return max(1, min(slots, max(blocks)))
 
 
@@ -229,6 +224,18 @@ def _load_rows(ptr, stride, jj, rows, N: tl.constexpr, NP: tl.constexpr, ACC: tl
 
 
 @triton.jit
+def _layer_input(base_ptr, se, d_v, jj, rows, DM: tl.constexpr, DMP: tl.constexpr, ACC: tl.constexpr,
+                 DT: tl.constexpr, CG: tl.constexpr):  # fmt: skip
+    """x = base[d] + W_e E[token] of the step's rows [WP, DMP] (``se``: W_e E[token] in scratch), rounded
+    to DT: every stage that needs it reloads it."""
+    return round_to(
+        _load_rows(base_ptr, DM, d_v, rows, DM, DMP, ACC, False)
+        + _load_rows(se, DMP, jj, rows, DM, DMP, ACC, CG),
+        DT,
+    )
+
+
+@triton.jit
 def _rmsnorm(x, w_ptr, eps, N: tl.constexpr, NP: tl.constexpr, ACC: tl.constexpr, DT: tl.constexpr):
     """DraftRMSNorm of each row of x [WP, NP]: w * (x / rms(x) rounded to DT), rounded to DT."""
     ms = tl.sum(x * x, axis=1) / N
@@ -242,6 +249,16 @@ def _stride(nprog, PC: tl.constexpr, B: tl.constexpr):
     if PC > 0:
         return PC * B
     return nprog * B
+
+
+@triton.jit
+def _store_rows(y_ptr, y_stride, jj, rows, o_o, y, OUT: tl.constexpr, DT: tl.constexpr):
+    """The [WP, BO] outputs y of columns o_o, rounded to DT, into rows ``jj`` (those with ``rows`` set)
+    ``y_stride`` apart."""
+    keep = rows[:, None] & (o_o[None, :] < OUT)
+    tl.store(
+        y_ptr + jj[:, None] * y_stride + o_o[None, :], round_to(y, DT).to(y_ptr.dtype.element_ty), mask=keep
+    )
 
 
 @triton.jit
@@ -272,10 +289,7 @@ def _linear(w_ptr, x, y_ptr, y_stride, jj, rows, OUT: tl.constexpr, IN: tl.const
             # conversion through shared memory in every iteration (a [BO, INP] load broadcast to 3-D has one)
             m3 = (o_o[None, :, None] < OUT) & (o_i[None, None, :] < IN)
             w3 = tl.load(w_ptr + o_o[None, :, None] * IN + o_i[None, None, :], mask=m3, other=0.0).to(ACC)
-            y = tl.sum(w3 * x[:, None, :], axis=2)  # [WP, BO]
-            out = y_ptr + jj[:, None] * y_stride + o_o[None, :]
-            keep = rows[:, None] & (o_o[None, :] < OUT)
-            tl.store(out, round_to(y, DT).to(y_ptr.dtype.element_ty), mask=keep)
+            _store_rows(y_ptr, y_stride, jj, rows, o_o, tl.sum(w3 * x[:, None, :], axis=2), OUT, DT)
 
 
 @triton.jit
@@ -303,9 +317,7 @@ def _linear_in_chunks(w_ptr, x_ptr, x_row, u_ptr, y_ptr, y_stride, jj, rows, OUT
                 u = ld(u_ptr + x_row[:, None] + kk[None, :], mx, CG).to(ACC)
                 x = round_to(round_to(x / (1.0 + tl.exp(-x)), DT) * u, DT)
             acc += tl.sum(w3 * x[:, None, :], axis=2)
-        out = y_ptr + jj[:, None] * y_stride + o_o[None, :]
-        keep = rows[:, None] & (o_o[None, :] < OUT)
-        tl.store(out, round_to(acc, DT).to(y_ptr.dtype.element_ty), mask=keep)
+        _store_rows(y_ptr, y_stride, jj, rows, o_o, acc, OUT, DT)
 
 
 @triton.jit
@@ -574,10 +586,7 @@ def _step_kernel(
                                 N, NP, W, WP)  # fmt: skip
         # 2. x = base[d] + W_e E[token]; q, k, v of RMSNorm(x); k and v go to the nodes' cache slots
         if (STAGE < 0) or (STAGE == 2):
-            x = round_to(
-                _load_rows(base_ptr, DM, d_v, rows, DM, DMP, ACC, False)
-                + _load_rows(se, DMP, jj, rows, DM, DMP, ACC, CG), DT
-            )  # fmt: skip
+            x = _layer_input(base_ptr, se, d_v, jj, rows, DM, DMP, ACC, DT, CG)
             a = _rmsnorm(x, n1_ptr, eps, DM, DMP, ACC, DT)
             _linear(wq_ptr, a, sq, DMP, jj, rows, DM, DM, DMP, TILE, WP, ACC, DT, UNROLL, nprog, PC)
             _linear(wk_ptr, a, cache_n, 2 * DM, jj, rows, DM, DM, DMP, TILE, WP, ACC, DT, UNROLL, nprog, PC)
@@ -614,10 +623,7 @@ def _step_kernel(
             _sync(sync_ptr, n0, 4, N, nprog, PC, SPIN)
         # 5. y = x + W_o attention; gate and up of RMSNorm(y)
         if (STAGE < 0) or (STAGE == 5):
-            x = round_to(
-                _load_rows(base_ptr, DM, d_v, rows, DM, DMP, ACC, False)
-                + _load_rows(se, DMP, jj, rows, DM, DMP, ACC, CG), DT
-            )  # fmt: skip
+            x = _layer_input(base_ptr, se, d_v, jj, rows, DM, DMP, ACC, DT, CG)
             y = round_to(x + _load_rows(sy, DMP, jj, rows, DM, DMP, ACC, CG), DT)
             b = _rmsnorm(y, n2_ptr, eps, DM, DMP, ACC, DT)
             _linear(wg_ptr, b, sg, IP, jj, rows, I, DM, DMP, TILE, WP, ACC, DT, UNROLL, nprog, PC)
@@ -638,10 +644,7 @@ def _step_kernel(
             _sync(sync_ptr, n0, 6, N, nprog, PC, SPIN)
         # 7. u = W_out RMSNorm(y + MLP)
         if (STAGE < 0) or (STAGE == 7):
-            x = round_to(
-                _load_rows(base_ptr, DM, d_v, rows, DM, DMP, ACC, False)
-                + _load_rows(se, DMP, jj, rows, DM, DMP, ACC, CG), DT
-            )  # fmt: skip
+            x = _layer_input(base_ptr, se, d_v, jj, rows, DM, DMP, ACC, DT, CG)
             y = round_to(x + _load_rows(sy, DMP, jj, rows, DM, DMP, ACC, CG), DT)
             hpre = round_to(y + _load_rows(sd, DMP, jj, rows, DM, DMP, ACC, CG), DT)
             h = _rmsnorm(hpre, n3_ptr, eps, DM, DMP, ACC, DT)
@@ -772,7 +775,6 @@ def grow_fused(
         "num_warps": num_warps,
     }
     wp = _p2(width)
-    tile = _tile(tile, dmp, ip, hp, kp)
     cuda = dev.type == "cuda"
     if programs is None:
         programs = device_programs(cfg, budget, k, dev, tile, width)

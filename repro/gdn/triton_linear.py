@@ -324,14 +324,13 @@ def grouped_config(
     32, the K step narrowed to the legacy rule's) while the launch has more than :data:`GROUPED_PROGRAMS`
     programs; ``overrides`` as select_config's. (block_n 64 took tiny-qwen35's LM head [4096, 192] to
     54 / 91 us at 33 / 65 rows against 14 / 25 at 32: results/2026-12-04-h200-verify-forms.)"""
-    cfg = replace(select_config(kind, n_out, k, MAX_ROWS, device, **overrides), split_k=1)
-    if "block_n" not in overrides:
-        bn = cfg.block_n
-        while triton.cdiv(n_out, bn) * groups > GROUPED_PROGRAMS and bn < 32:
-            bn *= 2
-        if bn != cfg.block_n:
-            cfg = replace(cfg, block_n=bn, block_k=min(max(128, 4096 // bn), pow2(k)))
-    return cfg
+    cfg = select_config(kind, n_out, k, MAX_ROWS, device, **overrides)
+    bn = cfg.block_n
+    while "block_n" not in overrides and triton.cdiv(n_out, bn) * groups > GROUPED_PROGRAMS and bn < 32:
+        bn *= 2
+    if bn != cfg.block_n:  # select_config's block_n override: the K step by the legacy rule
+        cfg = select_config(kind, n_out, k, MAX_ROWS, device, **{**overrides, "block_n": bn})
+    return replace(cfg, split_k=1)
 
 
 def _k_slice(k: int, block_k: int, split_k: int) -> int:
