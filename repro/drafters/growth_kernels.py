@@ -23,7 +23,7 @@ Every linear reads each weight block once for all the step's nodes (a [W, block]
 step of W nodes costs about one node's weight traffic and latency: the point of wider steps. A
 linear holds its input rows in registers, whole; where those rows would take more than two tiles for
 the step's nodes (:func:`linear_tiles`: the target's hidden size into W_e and the intermediate size
-into down_proj at the 27B shape from 4 nodes a step, 177 registers a thread and one program a SM),
+into down_proj at the 27B shape at 4 nodes a step, 177 registers a thread and one program a SM),
 those two linears read their rows from memory CK columns a time instead (``CHUNK``; 128 registers,
 two programs a SM; sums over the chunks, rounded once).
 Vectors pass between stages in the adapter's dtype, so a half-precision adapter is rounded where
@@ -188,10 +188,13 @@ def _tile(tile: int, *widths: int, rows: int = 1) -> int:
 def linear_tiles(dmp: int, ip: int, hp: int, wp: int, tile: int) -> tuple[int, bool, int]:
     """(TILE, CHUNK, CK) of a step of ``wp`` nodes: CHUNK when whole rows of the widest inputs (the
     target's hidden size into W_e, the intermediate size into down_proj) for every node would take more
-    than two tiles, as at the 27B shape at 4 nodes a step (177 registers a thread, one program a SM);
-    those two linears then read their rows from memory CK columns a time, in blocks of
-    :data:`CHUNK_ROWS` output rows, and TILE only has to hold the d_model-wide inputs' rows."""
-    chunk = wp * max(hp, ip) > 2 * tile
+    than two tiles and at most four, as at the 27B shape at 4 nodes a step (177 registers a thread, one
+    program a SM); those two linears then read their rows from memory CK columns a time, in blocks of
+    :data:`CHUNK_ROWS` output rows, and TILE only has to hold the d_model-wide inputs' rows. Measured on
+    an H200 (bf16, results/2026-12-04-h200-growth-chunks): 27B at 4 nodes 2860 -> 2736 us a growth (two
+    programs a SM); at 8 nodes chunked rows lost (2323 -> 3531 us: still one program a SM, and every
+    chunk's extra pass over the rows), so wider steps keep their rows whole."""
+    chunk = 2 * tile < wp * max(hp, ip) <= 4 * tile
     if not chunk:
         return _tile(tile, dmp, ip, hp, rows=wp), False, 1
     return _tile(tile, dmp, rows=wp), True, max(16, tile // (wp * CHUNK_ROWS))
