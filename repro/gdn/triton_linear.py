@@ -641,6 +641,7 @@ def _rows_kernel(
     BN: tl.constexpr,
     BK: tl.constexpr,
     NORM: tl.constexpr,
+    SCALED: tl.constexpr,
     GATE_UP: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     RESIDUAL: tl.constexpr,
@@ -649,8 +650,10 @@ def _rows_kernel(
     PDL: tl.constexpr,
 ):
     """Output columns pid(0) * BN .. + BN of rows pid(1) * RB .. + RB: one tl.dot a K chunk
-    (:func:`_dot_tile`; NORM: x times the norm scale, its sum of squares gathered beside), then
-    :func:`_finish` on the row block (the 1 / rms factor from the sum of squares)."""
+    (:func:`_dot_tile`; NORM: x's sum of squares gathered beside; SCALED: x times the norm scale, as hi +
+    lo parts for half weights; NORM without SCALED: the weights carry the scale (:func:`fold_norm`) and
+    x goes in as it is, one dot), then :func:`_finish` on the row block (the 1 / rms factor from the sum
+    of squares)."""
     pdl_start(PDL)
     pid = tl.program_id(0)
     row0 = tl.program_id(1) * RB
@@ -663,11 +666,12 @@ def _rows_kernel(
         x = _x_chunk(x_ptr, x_stride, rows, k0, n_rows, K, BK, ACC)
         if NORM:
             ss += tl.sum(x * x, axis=1)
+        if SCALED:
             o_k = k0 + tl.arange(0, BK)
             x = x * tl.load(scale_ptr + o_k, mask=o_k < K, other=0.0).to(ACC)[None, :]
-        acc += _dot_tile(w_ptr, x, o_n, k0, N, K, BK, ACC, NORM, UPCAST)
+        acc += _dot_tile(w_ptr, x, o_n, k0, N, K, BK, ACC, SCALED, UPCAST)
         if GATE_UP:
-            acc_up += _dot_tile(w_ptr + N * K, x, o_n, k0, N, K, BK, ACC, NORM, UPCAST)
+            acc_up += _dot_tile(w_ptr + N * K, x, o_n, k0, N, K, BK, ACC, SCALED, UPCAST)
     _finish(acc, acc_up, ss, pid, N, K, eps, bias_ptr, res_ptr + row0 * res_stride, res_stride,
             out_ptr + row0 * N, out_ptr, out_ptr, n_rows - row0, RB, BN, NORM, GATE_UP, HAS_BIAS, RESIDUAL,
             False, ACC)  # fmt: skip
@@ -743,19 +747,24 @@ def _launch_rows(
     norm: tuple[torch.Tensor, float] | None,
     bias: torch.Tensor | None,
     residual: torch.Tensor | None,
+    folded: torch.Tensor | None = None,
     **overrides: int,
 ) -> torch.Tensor:
-    """The row-tiled variant's launch (n > :data:`MAX_ROWS` rows of x) into ``out``."""
+    """The row-tiled variant's launch (n > :data:`MAX_ROWS` rows of x) into ``out``; ``folded`` (with
+    ``norm``): :func:`fold_norm` of ``weight``, read instead of it with x unscaled."""
     n, k = x.shape
     half = x.dtype in (torch.bfloat16, torch.float16)
-    cfg = row_tiles(n, rows_out, k, half, kind, **overrides)
+    cfg = row_tiles(n, rows_out, k, half, kind, **overrides)  # folded or not: the same tiles
+    if folded is not None:
+        weight = folded
     scale, eps = norm if norm is not None else (x, 0.0)
     _rows_kernel[(triton.cdiv(rows_out, cfg.block_n), triton.cdiv(n, cfg.block_m))](
         x, x.stride(0), scale, weight, bias if bias is not None else x,
         residual if residual is not None else x, residual.stride(0) if residual is not None else 0,
         out, float(eps), n, rows_out, k, RB=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k,
-        NORM=norm is not None, GATE_UP=kind == "norm_gate_up", HAS_BIAS=bias is not None,
-        RESIDUAL=residual is not None, ACC=acc_dtype(x.dtype), UPCAST=half and interpreting(),
+        NORM=norm is not None, SCALED=norm is not None and folded is None, GATE_UP=kind == "norm_gate_up",
+        HAS_BIAS=bias is not None, RESIDUAL=residual is not None, ACC=acc_dtype(x.dtype),
+        UPCAST=half and interpreting(),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args(x.device),
     )  # fmt: skip
     return out
@@ -773,6 +782,7 @@ def _launch(
     best: tuple[torch.Tensor, torch.Tensor] | None = None,
     cfg: GemvConfig | None = None,
     form: str | None = None,
+    folded: torch.Tensor | None = None,
     **blocks: int,
 ) -> torch.Tensor:
     if x.dim() != 2 or not 1 <= x.shape[0] <= MAX_VERIFY_ROWS:
@@ -788,6 +798,10 @@ def _launch(
         raise ConfigError("the GEMV kernels read a row-major (contiguous) weight")
     if weight.numel() >= 2**31:
         raise ConfigError(f"weight {tuple(weight.shape)} has 2^31 or more elements (int32 offsets)")
+    if folded is not None and (folded.shape != weight.shape or folded.dtype != weight.dtype or norm is None):
+        raise ConfigError(
+            f"folded must be fold_norm(weight, norm scale) {tuple(weight.shape)} of a normed kind"
+        )
     if residual is not None and (residual.shape != (n, rows_out) or residual.stride(-1) != 1):
         raise ConfigError(f"residual must be a row-major [{n}, {rows_out}], got {tuple(residual.shape)}")
     groups = 1
@@ -796,7 +810,7 @@ def _launch(
             raise ConfigError(f"the argmax kernel takes one row, got {n}")
         if form_for(n, form) == "dot":
             out = torch.empty(n, rows_out, dtype=x.dtype, device=x.device)
-            return _launch_rows(kind, x, weight, rows_out, out, norm, bias, residual, **blocks)
+            return _launch_rows(kind, x, weight, rows_out, out, norm, bias, residual, folded, **blocks)
         groups = triton.cdiv(n, MAX_ROWS)
         cfg = cfg or grouped_config(kind, rows_out, k, groups, x.device, **blocks)
     cfg = cfg or select_config(kind, rows_out, k, n, x.device, **blocks)
@@ -839,27 +853,52 @@ def norm_linear(
     eps: float,
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
+    folded: torch.Tensor | None = None,
     **blocks: int,
 ) -> torch.Tensor:
     """``rms_norm(x, norm_scale, eps) @ weight^T (+ bias)`` for x [n, K] (n <= :data:`MAX_VERIFY_ROWS`;
     row-tiled above :data:`MAX_ROWS`), weight [N, K] -> [n, N].
 
+    ``folded``: :func:`fold_norm` (weight, norm_scale), which the row-tiled ("dot") form reads instead
+    of weight, x going into its dots as it is (the GEMV forms keep weight and the scale).
     ``blocks``: GemvConfig fields overriding :func:`select_config`'s choice (n <= 4), or RowsConfig
     fields overriding :func:`row_tiles`' (more rows), or ``form`` (more rows: "dot", "gemv" or "auto",
     :func:`form_for`; GemvConfig fields then for "gemv").
     """
-    return _launch("norm_linear", x, weight, weight.shape[0], norm=(norm_scale, eps), bias=bias, **blocks)
+    norm = (norm_scale, eps)
+    return _launch("norm_linear", x, weight, weight.shape[0], norm=norm, bias=bias, folded=folded, **blocks)
 
 
 def norm_gate_up(
-    x: torch.Tensor, norm_scale: torch.Tensor, eps: float, gate_up: torch.Tensor, **blocks: int
+    x: torch.Tensor,
+    norm_scale: torch.Tensor,
+    eps: float,
+    gate_up: torch.Tensor,
+    folded: torch.Tensor | None = None,
+    **blocks: int,
 ) -> torch.Tensor:
     """``SiLU(g) * u`` with ``[g; u] = rms_norm(x, norm_scale, eps) @ gate_up^T``; gate_up [2 I, K] is
-    cat(gate_proj, up_proj) -> [n, I]. ``blocks``: GemvConfig fields (block_n: rows of g and of u per
-    program)."""
+    cat(gate_proj, up_proj) -> [n, I]. ``folded``: as :func:`norm_linear`'s. ``blocks``: GemvConfig
+    fields (block_n: rows of g and of u per program)."""
     if gate_up.shape[0] % 2:
         raise ConfigError(f"gate_up must stack gate and up projections [2 I, K], got {tuple(gate_up.shape)}")
-    return _launch("norm_gate_up", x, gate_up, gate_up.shape[0] // 2, norm=(norm_scale, eps), **blocks)
+    rows_out, norm = gate_up.shape[0] // 2, (norm_scale, eps)
+    return _launch("norm_gate_up", x, gate_up, rows_out, norm=norm, folded=folded, **blocks)
+
+
+def fold_norm(weight: torch.Tensor, norm_scale: torch.Tensor) -> torch.Tensor:
+    """weight [N, K] with the norm scale folded into its columns, ``weight * norm_scale`` rounded once to
+    weight's dtype: ``rms_norm(x, s) @ W^T = (x @ (W diag s)^T) / rms(x)``, so a normed kind's row-tiled
+    launch (``folded=``) feeds x to the tensor cores as it is (one dot a K chunk; with the scale, the
+    scaled half row goes in as hi + lo parts, two dots, built in registers every K step). In half
+    precision the folded weight carries one more rounding (2^-9 relative), where the unfused path
+    rounds the normed row instead."""
+    if weight.dim() != 2 or norm_scale.shape != (weight.shape[1],):
+        raise ConfigError(
+            f"fold_norm: scale {tuple(norm_scale.shape)} does not match weight {tuple(weight.shape)}"
+        )
+    acc = torch.float64 if weight.dtype == torch.float64 else torch.float32
+    return (weight.to(acc) * norm_scale.to(acc)[None, :]).to(weight.dtype).contiguous()
 
 
 def linear_residual(

@@ -113,7 +113,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -170,6 +170,7 @@ class GDNWeights:
     input_norm: torch.Tensor
     post_norm: torch.Tensor
     gate_up: torch.Tensor | None = None  # [2 I, d]: the MLP's gate_proj and up_proj stacked (fused decoders)
+    folded: dict[str, torch.Tensor] = field(default_factory=dict)  # fold_weights': "in_proj", "gate_up"
 
     @classmethod
     def of(cls, layer: DecoderLayer, dtype: torch.dtype, stack_mlp: bool = False) -> GDNWeights:
@@ -197,6 +198,7 @@ class AttentionWeights:
     input_norm: torch.Tensor
     post_norm: torch.Tensor
     gate_up: torch.Tensor | None = None
+    folded: dict[str, torch.Tensor] = field(default_factory=dict)  # fold_weights': "qkv", "gate_up"
 
     @classmethod
     def of(cls, layer: DecoderLayer, stack_mlp: bool = False) -> AttentionWeights:
@@ -208,6 +210,18 @@ class AttentionWeights:
             a.k_norm.scale(), layer.input_layernorm.scale(), layer.post_attention_layernorm.scale(),
             stacked_mlp(layer, stack_mlp),
         )  # fmt: skip
+
+
+def fold_weights(w: GDNWeights | AttentionWeights) -> None:
+    """Fill ``w.folded`` with the layer's normed matrices, the norm scales folded into their columns
+    (:func:`~repro.gdn.triton_linear.fold_norm`): what a verify's row-tiled linears read (one dot a K
+    chunk instead of the scaled row's hi + lo parts)."""
+    from repro.gdn.triton_linear import fold_norm
+
+    name, first = ("in_proj", w.in_proj) if isinstance(w, GDNWeights) else ("qkv", w.qkv)
+    w.folded = {name: fold_norm(first, w.input_norm)}
+    if w.gate_up is not None:
+        w.folded["gate_up"] = fold_norm(w.gate_up, w.post_norm)
 
 
 def stacked_mlp(layer: DecoderLayer, stack: bool) -> torch.Tensor | None:
@@ -291,7 +305,9 @@ def attention_prologue(
     if gemv:
         from repro.gdn.triton_linear import norm_linear
 
-        qkv = norm_linear(x, w.input_norm, layer.input_layernorm.eps, w.qkv, w.bias)
+        qkv = norm_linear(
+            x, w.input_norm, layer.input_layernorm.eps, w.qkv, w.bias, folded=w.folded.get("qkv")
+        )
     else:
         qkv = F.linear(norm(x, w.input_norm, layer.input_layernorm.eps), w.qkv, w.bias)
     q, k, v = torch.split(qkv, w.sizes, dim=-1)
@@ -367,7 +383,7 @@ def fused_mlp_block(
     if gemv:
         from repro.gdn.triton_linear import norm_gate_up
 
-        act = norm_gate_up(x, w.post_norm, eps, w.gate_up)
+        act = norm_gate_up(x, w.post_norm, eps, w.gate_up, folded=w.folded.get("gate_up"))
     else:
         act = fused.silu_mul(F.linear(fused.rms_norm(x, w.post_norm, eps), w.gate_up))
     return plus_linear(x, act, layer.mlp.down_proj, gemv)
@@ -397,7 +413,9 @@ def fused_gdn_layer(
     if gemv:
         from repro.gdn.triton_linear import norm_linear
 
-        proj = norm_linear(x, w.input_norm, layer.input_layernorm.eps, w.in_proj)
+        proj = norm_linear(
+            x, w.input_norm, layer.input_layernorm.eps, w.in_proj, folded=w.folded.get("in_proj")
+        )
     else:
         proj = F.linear(fused.rms_norm(x, w.input_norm, layer.input_layernorm.eps), w.in_proj)
     conv_inputs = proj[:, : w.sizes[0]]
@@ -425,12 +443,14 @@ def normed_linear(
     weight: torch.Tensor,
     bias: torch.Tensor | None,
     gemv: bool,
+    folded: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """rms_norm(x) @ weight^T (+ bias): one GEMV kernel (``gemv``) or the Triton RMSNorm and a matmul."""
+    """rms_norm(x) @ weight^T (+ bias): one GEMV kernel (``gemv``; ``folded``: the weight with the scale
+    folded in, for the row-tiled form) or the Triton RMSNorm and a matmul."""
     if gemv:
         from repro.gdn.triton_linear import norm_linear
 
-        return norm_linear(x, scale, eps, weight, bias)
+        return norm_linear(x, scale, eps, weight, bias, folded=folded)
     from repro.gdn import triton_decode as fused
 
     return F.linear(fused.rms_norm(x, scale, eps), weight, bias)
@@ -543,7 +563,7 @@ def fused_verify_attention(
     from repro.gdn.triton_attention import attention_tree
 
     a: Attention = layer.self_attn
-    qkv = normed_linear(x, w.input_norm, layer.input_layernorm.eps, w.qkv, w.bias, gemv)
+    qkv = normed_linear(x, w.input_norm, layer.input_layernorm.eps, w.qkv, w.bias, gemv, w.folded.get("qkv"))
     out, k, v = attention_tree(
         qkv, w.q_norm, w.k_norm, (a.q_norm.eps, a.k_norm.eps), rope, buf.keys, buf.values, length,
         slot.depth, slot.ancestors, a.num_heads, a.output_gate,
@@ -925,6 +945,7 @@ class StaticDecoder:
         tree_attention_decode: bool = False,
         stacked_commit: bool = False,
         persistent: bool = False,
+        fold_norms: bool | None = None,
     ) -> None:
         """``stacked_commit``: every GDN layer's recurrent state and conv history are views [j] of one
         stacked buffer (``gdn_states`` [L_gdn, HV, d_v, d_k], ``gdn_conv`` [L_gdn, W-1, C]), each tree
@@ -944,6 +965,10 @@ class StaticDecoder:
         ``fused``): verify's matmuls on the row-tiled kernels of :mod:`repro.gdn.triton_linear` (slots of
         up to :data:`~repro.gdn.triton_linear.MAX_VERIFY_ROWS` nodes; larger ones keep cuBLAS); None: with
         ``gemv`` (the same rule); settable before the verify graphs are captured, as ``fuse_decode``.
+        ``fold_norms``: those row-tiled linears read copies of the normed matrices (in_proj, q|k|v,
+        gate|up, the LM head) with the norm scales folded into their columns (:func:`fold_weights`, made
+        here: x enters the dots as it is), instead of scaling x in every K step; None: with
+        ``fuse_verify``; False: the scaled rows (for measurement).
         ``fuse_tree_attention`` (needs ``fused``): verify's attention layers each in one kernel
         (:func:`fused_verify_attention`); None: on in the fused decoder when the kernel takes the head
         dim (at most :data:`~repro.gdn.triton_attention.TREE_ATTENTION_MAX_HEAD_DIM`; any tree size);
@@ -1025,6 +1050,16 @@ class StaticDecoder:
                 for lay in self.layers
             ]
             self.final_norm = model.model.norm.scale()
+            self.fold_norms = self.fuse_verify if fold_norms is None else fold_norms
+            self.folded_head: torch.Tensor | None = None
+            if self.fold_norms:
+                if not self.fused:
+                    raise ConfigError("fold_norms=True is for the fused decoder's row-tiled verify")
+                from repro.gdn.triton_linear import fold_norm
+
+                for w in self.weights:
+                    fold_weights(w)
+                self.folded_head = fold_norm(model.lm_head.weight, self.final_norm)
         self.has_attention = any(lay.layer_type != GDN for lay in self.layers)
         self.fuse_tree_attention = self._tree_attention_flag(fuse_tree_attention)
         if tree_attention_decode and not self.fuse_tree_attention:
@@ -1557,7 +1592,7 @@ class StaticDecoder:
         if gemv:
             from repro.gdn.triton_linear import norm_linear
 
-            return norm_linear(x, self.final_norm, eps, head.weight, head.bias)
+            return norm_linear(x, self.final_norm, eps, head.weight, head.bias, folded=self.folded_head)
         return head(norm(x, self.final_norm, eps))
 
     def _verify_rows(self, slot: TreeSlot) -> bool:

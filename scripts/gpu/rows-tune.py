@@ -23,6 +23,10 @@ layout); ROWS: comma-separated row counts of x (default 64).
    configurations (placed in
    ``TUNED_ROWS`` for the capture); logits against the cuBLAS verify.
 
+``ROWS_TUNE_FOLD=1``: part 1's normed kinds run on their weights with the norm scale folded in
+(``folded=``, :func:`repro.gdn.triton_linear.fold_norm`: x enters the dots as it is, one dot a K step),
+as the StaticDecoder's verify does by default (``fold_norms``); part 2 takes the decoder's default.
+
 Writes OUT_DIR/rows-tune.json and OUT_DIR/rows-tune.md; prints the markdown and the ``TUNED_ROWS`` lines.
 """
 
@@ -77,6 +81,7 @@ MIN_CALLS, MIN_GRAPH_US = 16, 300.0
 WORKERS = max(1, min(14, (os.cpu_count() or 2) - 2))
 PRECOMPILE_TIMEOUT_S = 120.0
 BF16 = torch.bfloat16
+FOLD = os.environ.get("ROWS_TUNE_FOLD") == "1"  # the normed kinds on fold_norm's weights (x unscaled)
 # (block_n, block_k, warps): output columns x K columns per step (gate|up: two such tiles)
 TILES = [(16, 128, 4), (32, 64, 4), (32, 128, 4), (64, 64, 4), (64, 64, 8), (64, 128, 8), (128, 64, 8)]
 TINY_TILES = [(bn, bk) for bn in (16, 32, 64) for bk in (64, 128, 256)]
@@ -116,22 +121,33 @@ def sweep(m: Matrix, n: int) -> list[tuple[str, RowsConfig]]:
     return unique
 
 
-def fused_call(m: Matrix, o: Operands, w: torch.Tensor, cfg: RowsConfig) -> Callable[[], torch.Tensor]:
+def fused_call(
+    m: Matrix, o: Operands, w: torch.Tensor, cfg: RowsConfig, folded: torch.Tensor | None = None
+) -> Callable[[], torch.Tensor]:
+    """The row-tiled launch of ``m`` at ``cfg`` (``folded``: the normed kinds on fold_norm's weight)."""
     blocks = dataclasses.asdict(cfg)
     if m.kind == "norm_linear":
-        return lambda: tlin.norm_linear(o.x, o.scale, 1e-6, w, **blocks)
+        return lambda: tlin.norm_linear(o.x, o.scale, 1e-6, w, folded=folded, **blocks)
     if m.kind == "norm_gate_up":
-        return lambda: tlin.norm_gate_up(o.x, o.scale, 1e-6, w, **blocks)
+        return lambda: tlin.norm_gate_up(o.x, o.scale, 1e-6, w, folded=folded, **blocks)
     return lambda: tlin.linear_residual(o.x, w, o.residual, **blocks)
+
+
+def folded_weights(m: Matrix, o: Operands) -> list[torch.Tensor | None]:
+    """With FOLD, each weight copy of a normed kind with the norm scale folded in, else Nones."""
+    if not FOLD or m.kind == "linear_residual":
+        return [None] * len(o.weights)
+    return [tlin.fold_norm(w, o.scale) for w in o.weights]
 
 
 def _warm(job: tuple[Matrix, int, list[RowsConfig]]) -> int:
     """Worker: launch every configuration once on uninitialised operands (fills Triton's file cache)."""
     m, n, cfgs = job
     o = gemv_tune.operands(m, 1, init=False, rows=n)
+    folded = folded_weights(m, o)[0]
     for cfg in cfgs:
         try:
-            fused_call(m, o, o.weights[0], cfg)()
+            fused_call(m, o, o.weights[0], cfg, folded)()
         except Exception:  # noqa: BLE001, S112 - the sweep records the error when it runs this one
             continue
     torch.cuda.synchronize()
@@ -168,13 +184,15 @@ def bench_matrix(m: Matrix, n: int, copy_gbps: float) -> list[dict[str, Any]]:
     x = o.x
     cublas = gemv_tune.graph_time([lambda w=w: F.linear(x, w) for w in o.weights], calls, est_us)
     rows = [row("cuBLAS F.linear", None, cublas, None, "ok")]
+    folded = folded_weights(m, o)
     for label, cfg in sweep(m, n):
         try:
-            err = gemv_tune.rel(fused_call(m, o, o.weights[0], cfg)(), ref)
+            err = gemv_tune.rel(fused_call(m, o, o.weights[0], cfg, folded[0])(), ref)
             if not err <= 2e-2:
                 rows.append(row(label, cfg, None, err, "FAIL"))
                 continue
-            us = gemv_tune.graph_time([fused_call(m, o, w, cfg) for w in o.weights], calls, est_us)
+            calls_ = [fused_call(m, o, w, cfg, f) for w, f in zip(o.weights, folded)]
+            us = gemv_tune.graph_time(calls_, calls, est_us)
             rows.append(row(label, cfg, us, err, "ok"))
         except Exception as exc:  # noqa: BLE001 - one broken configuration must not stop the sweep
             rows.append(row(label, cfg, None, None, f"error: {type(exc).__name__}: {exc}"[:200]))
@@ -214,7 +232,8 @@ def verify_step(shape: str, best: dict[str, dict[str, Any]], sizes: list[int]) -
 
 def markdown(res: dict[str, Any]) -> str:
     lines = [
-        f"# Row-tiled linears (triton_linear, verify) vs cuBLAS at {res['n_rows']} rows, H200",
+        f"# Row-tiled linears (triton_linear, verify) vs cuBLAS at {res['n_rows']} rows, H200"
+        + (" (normed kinds on folded weights)" if res.get("folded") else ""),
         "",
         f"copy bandwidth {res['copy_GBps']:.0f} GB/s; precompile {fmt(res['precompile_s'])} s; total "
         f"{res['elapsed_s']:.0f} s; skipped: {', '.join(res['skipped']) or 'none'}. cuBLAS times the matmul "
@@ -282,7 +301,7 @@ def main() -> None:
     best = gemv_tune.best_rows(rows, per_rows=True)
     res: dict[str, Any] = dict(
         device=torch.cuda.get_device_name(), n_rows=",".join(map(str, sizes)), copy_GBps=copy_gbps,
-        precompile_s=pre_s, skipped=skipped, rows=rows, best=best, verify=[],
+        precompile_s=pre_s, skipped=skipped, rows=rows, best=best, verify=[], folded=FOLD,
     )  # fmt: skip
     (out_dir / "rows-tune.json").write_text(json.dumps(res, indent=1, default=str))
     for shape in shapes:

@@ -79,17 +79,28 @@ def case(
 
     x, scale = rnd(rows, k, s=3.0), rnd(k, s=0.2, shift=1.0)
     h = rms_norm(x.double(), scale.double(), 1e-6)
+    fold = blocks.pop("fold", False)  # normed kinds: the folded weight (fold_norm), vs torch on it
+
+    def weight(rows_out: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        w = rnd(rows_out, k, s=k**-0.5)
+        if not fold:
+            return w, None, h
+        wf = tlin.fold_norm(w, scale)
+        return w, wf, rms_norm(x.double(), torch.ones(k, dtype=torch.float64), 1e-6)
+
     if kind == "norm_gate_up":
-        w = rnd(2 * n_out, k, s=k**-0.5)
-        gu = F.linear(h, w.double())
-        return rel(tlin.norm_gate_up(x, scale, 1e-6, w, **blocks), F.silu(gu[:, :n_out]) * gu[:, n_out:])
-    w, bias = rnd(n_out, k, s=k**-0.5), rnd(n_out, s=0.1)
+        w, wf, hh = weight(2 * n_out)
+        gu = F.linear(hh, (w if wf is None else wf).double())
+        out = tlin.norm_gate_up(x, scale, 1e-6, w, folded=wf, **blocks)
+        return rel(out, F.silu(gu[:, :n_out]) * gu[:, n_out:])
+    w, wf, hh = weight(n_out)
+    bias = rnd(n_out, s=0.1)
+    ref_w = (w if wf is None else wf).double()
     if kind == "norm_linear":
-        return rel(tlin.norm_linear(x, scale, 1e-6, w, **blocks), F.linear(h, w.double()))
+        return rel(tlin.norm_linear(x, scale, 1e-6, w, folded=wf, **blocks), F.linear(hh, ref_w))
     if kind == "norm_linear_bias":
-        return rel(
-            tlin.norm_linear(x, scale, 1e-6, w, bias, **blocks), F.linear(h, w.double(), bias.double())
-        )
+        out = tlin.norm_linear(x, scale, 1e-6, w, bias, folded=wf, **blocks)
+        return rel(out, F.linear(hh, ref_w, bias.double()))
     residual = rnd(rows, n_out)
     if kind == "linear_residual":
         out = tlin.linear_residual(x, w, residual, **blocks)
@@ -99,6 +110,8 @@ def case(
 
 
 KINDS = ("norm_linear", "norm_linear_bias", "norm_gate_up", "linear_residual", "linear_residual_bias")
+NORMED = KINDS[:3]  # the kinds that take a folded weight
+FOLDED_BLOCKS = {**FORM_BLOCKS["dot"], "fold": True}  # the row-tiled kernel on fold_norm's weights
 
 
 def bf16_rounding(rows: int, seed: int, form: str = "dot") -> dict[str, float]:
@@ -106,7 +119,9 @@ def bf16_rounding(rows: int, seed: int, form: str = "dot") -> dict[str, float]:
     build rounds (the interpreter truncates, the GPU rounds to nearest even): ``kernel``, norm_linear's
     (its normed row is not rounded to bf16 before the matmul; the row-tiled variant splits it into hi +
     lo bf16 parts), so only the rare outputs within float32 error of a bf16 boundary differ; and
-    ``row_rounded``, the same matmul of the normed row rounded to bf16 first (what the bound must catch)."""
+    ``row_rounded``, the same matmul of the normed row rounded to bf16 first (what the bound must catch).
+    "dot-folded": the row-tiled kernel on fold_norm's weight, exact meaning exact on that weight (x
+    unscaled, its 1 / rms in the epilogue; the weight's own rounding is fold_norm's, once)."""
     from repro.gdn import triton_linear as tlin
     from repro.gdn.triton_common import interpreting
     from repro.models.layers import rms_norm
@@ -121,10 +136,16 @@ def bf16_rounding(rows: int, seed: int, form: str = "dot") -> dict[str, float]:
     x = (3 * torch.randn(rows, 45, generator=gen)).bfloat16()
     scale = (1 + 0.2 * torch.randn(45, generator=gen)).bfloat16()
     w = (torch.randn(37, 45, generator=gen) * 45**-0.5).bfloat16()
-    h = rms_norm(x.double(), scale.double(), 1e-6)
-    exact = once(F.linear(h, w.double()))
-    got = tlin.norm_linear(x, scale, 1e-6, w, **FORM_BLOCKS[form])
-    rounded = once(F.linear(once(h).double(), w.double()))
+    wf = None
+    if form == "dot-folded":  # x unscaled into the dots, on the folded weight: exact means on that weight
+        wf = tlin.fold_norm(w, scale)
+        h, w_ref = rms_norm(x.double(), torch.ones(45, dtype=torch.float64), 1e-6), wf.double()
+    else:
+        h, w_ref = rms_norm(x.double(), scale.double(), 1e-6), w.double()
+    exact = once(F.linear(h, w_ref))
+    blocks = FOLDED_BLOCKS if wf is not None else FORM_BLOCKS[form]
+    got = tlin.norm_linear(x, scale, 1e-6, w, folded=wf, **{k: v for k, v in blocks.items() if k != "fold"})
+    rounded = once(F.linear(once(h).double(), w_ref))
     return {
         "kernel": float((got != exact).float().mean()),
         "row_rounded": float((rounded != exact).float().mean()),
@@ -143,6 +164,13 @@ def tiny_cases() -> dict[str, float]:
                     )
                 out[f"{form}/norm_gate_up/n{rows}/default_blocks/{dt}"] = case(
                     "norm_gate_up", TINY["inter"], TINY["k"], rows, DTYPES[dt], "cpu", 7, form=form
+                )
+    for dt in DTYPES:
+        for rows in ROWS:
+            for kind in NORMED:
+                n_out = TINY["inter"] if kind == "norm_gate_up" else TINY["n"]
+                out[f"dot-folded/{kind}/n{rows}/{dt}"] = case(
+                    kind, n_out, TINY["k"], rows, DTYPES[dt], "cpu", rows, **FOLDED_BLOCKS
                 )
     return out
 
@@ -164,7 +192,8 @@ def test_kernels_match_torch_in_the_interpreter(interpreted):
     16 groups, the first three with a short last group), masked edges everywhere; norm_gate_up also with
     the default tiles."""
     cases = interpreted["cases"]
-    assert len(cases) == len(FORM_BLOCKS) * len(DTYPES) * len(ROWS) * (len(KINDS) + 1)
+    folded = len(DTYPES) * len(ROWS) * len(NORMED)  # the row-tiled kernel on folded weights too
+    assert len(cases) == len(FORM_BLOCKS) * len(DTYPES) * len(ROWS) * (len(KINDS) + 1) + folded
     assert check(cases) == []
     assert max(e for c, e in cases.items() if c.endswith("float64")) < 1e-14
     assert max(e for c, e in cases.items() if c.endswith("float32")) < 1e-6
@@ -174,7 +203,7 @@ def test_kernels_match_torch_in_the_interpreter(interpreted):
 def test_bf16_outputs_are_rounded_once(interpreted):
     """n = 5 and 64, both forms: the bf16 output is the exact result rounded once, but for rare
     outputs at a rounding boundary; rounding the normed row to bf16 first would miss the bound."""
-    assert len(interpreted["rounding"]) == 4
+    assert len(interpreted["rounding"]) == 6
     for case_, frac in interpreted["rounding"].items():
         assert frac["kernel"] <= ROUNDED_ONCE < frac["row_rounded"], (case_, frac)
 
@@ -195,6 +224,8 @@ SM90_CASES = {
     "1p3b_gate_up_t64": ("bf16", 5632, 2048, 64, {"NORM": True, "GATE_UP": True}),
     "1p3b_down_residual_bias_t100": ("bf16", 2048, 5632, 100, {"RESIDUAL": True, "HAS_BIAS": True}),
     "1p3b_head_t64": ("bf16", 32000, 2048, 64, {"NORM": True}),
+    "tiny_in_proj_t33_folded": ("bf16", 584, 192, 33, {"NORM": True, "SCALED": False}),
+    "1p3b_gate_up_t64_folded": ("bf16", 5632, 2048, 64, {"NORM": True, "SCALED": False, "GATE_UP": True}),
 }
 
 
@@ -224,6 +255,7 @@ def compile_for_sm90(dtype: str, n: int, k: int, rows: int, flags: dict[str, boo
     consts.update(ACC=tl.float32, UPCAST=False, PDL=True)
     for flag in ("NORM", "GATE_UP", "HAS_BIAS", "RESIDUAL"):
         consts[flag] = flags.get(flag, False)
+    consts["SCALED"] = flags.get("SCALED", consts["NORM"])  # False with NORM: a folded weight
     names = _rows_kernel.arg_names
     sig.update(dict.fromkeys(consts, "constexpr"))
     src = ASTSource(
@@ -355,5 +387,7 @@ if __name__ == "__main__" and "--interpret" in sys.argv:
     import repro.gdn.triton_common  # noqa: F401 - the interpreter's NumPy patch
 
     torch.set_num_threads(1)
-    rounding = {f"{form}/n{n}": bf16_rounding(n, n, form) for form in FORM_BLOCKS for n in (5, 64)}
+    rounding = {
+        f"{form}/n{n}": bf16_rounding(n, n, form) for form in (*FORM_BLOCKS, "dot-folded") for n in (5, 64)
+    }
     print(json.dumps({"cases": tiny_cases(), "rounding": rounding}))

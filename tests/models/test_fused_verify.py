@@ -66,14 +66,15 @@ def state_errs(a, b) -> float:  # noqa: ANN001 - ModelStates
     return max(errs)
 
 
-def verify_run(model, state, tree, fuse: bool, graphed: bool = False) -> dict:  # noqa: ANN001
+def verify_run(model, state, tree, fuse: bool, graphed: bool = False, fold: bool | None = None) -> dict:  # noqa: ANN001
     """Verify ``tree`` from ``state`` (a CUDA graph of it with ``graphed``), then its closed-form commit
     along the deepest path. A float64 model's GDN cores run on the reference tree evaluator (the Triton
-    tree kernels take float32 at most; the glue and the linears around them are what is compared)."""
+    tree kernels take float32 at most; the glue and the linears around them are what is compared).
+    ``fold``: the decoder's ``fold_norms``."""
     from repro.gdn.backends import tree_function
     from repro.models.static import StaticDecoder, TreeSlot
 
-    dec = StaticDecoder(model, 64, 64, kernel="triton", fuse_verify=fuse)
+    dec = StaticDecoder(model, 64, 64, kernel="triton", fuse_verify=fuse, fold_norms=fold)
     if model.dtype == F64:
         dec._tree = tree_function("reference", model.device)
     dec.load(state)
@@ -91,23 +92,29 @@ def verify_run(model, state, tree, fuse: bool, graphed: bool = False) -> dict:  
     return {"logits": logits, "state": dec.export()}
 
 
+# the fused verify's variants: (verify form, fold_norms): the row-tiled kernel on the folded normed
+# matrices (the default), on the scaled rows, and the GEMV kernel over groups of 4 rows
+VARIANTS = {"dot": ("dot", None), "dot-scaled": ("dot", False), "gemv": ("gemv", None)}
+
+
 def verify_cases(device: str, sizes: tuple[int, ...] = SIZES) -> dict[str, dict[str, float]]:
-    """fuse_verify on vs off per dtype, tree size and verify form (the row-tiled kernel, the GEMV kernel
-    over groups of 4 rows): logits and the committed state (float64: also vs HybridLM's verify and
-    commit). On the CPU float32 at the largest size only (two row blocks)."""
+    """fuse_verify on vs off per dtype, tree size and variant (:data:`VARIANTS`): logits and the committed
+    state (float64: also vs HybridLM's verify and commit). On the CPU float32 at the largest size only
+    (two row blocks)."""
     from repro.gdn.triton_linear import verify_form
 
     out = {}
     for dname in ("float64", "float32") if device == "cpu" else ("float32", "bfloat16"):
         model = small_model(getattr(torch, dname), device)
         state, _ = model.prefill([3, 9, 1, 4, 1, 5, 9, 2])
-        for t, form in itertools.product(sizes if dname != "float32" or device == "cuda" else sizes[-1:],
-                                         ("dot", "gemv")):  # fmt: skip
+        for t, variant in itertools.product(sizes if dname != "float32" or device == "cuda" else sizes[-1:],
+                                            VARIANTS):  # fmt: skip
+            form, fold = VARIANTS[variant]
             tree = tree_of(t, t)
             for graphed in (False, True) if device == "cuda" else (False,):
                 old = verify_run(model, state, tree, False, graphed)
                 with verify_form(form):
-                    new = verify_run(model, state, tree, True, graphed)
+                    new = verify_run(model, state, tree, True, graphed, fold)
                 errs = {
                     "logits": rel(new["logits"], old["logits"]),
                     "state": state_errs(new["state"], old["state"]),
@@ -117,7 +124,7 @@ def verify_cases(device: str, sizes: tuple[int, ...] = SIZES) -> dict[str, dict[
                     errs["logits_vs_hybrid"] = rel(new["logits"], ver.logits)
                     ref = model.commit(state, ver, tree.path_to(int(tree.depth.argmax())))
                     errs["state_vs_hybrid"] = state_errs(new["state"], ref)
-                out[f"{dname}/T{t}/{form}{'/graphed' if graphed else ''}"] = errs
+                out[f"{dname}/T{t}/{variant}{'/graphed' if graphed else ''}"] = errs
     return out
 
 
@@ -203,8 +210,10 @@ def interpreted() -> dict:
 
 def test_fused_verify_matches_the_unfused_one_in_the_interpreter(interpreted):
     res = interpreted["verify"]
-    assert len(res) == 2 * (len(SIZES) + 1) and check(res) == []
+    assert len(res) == len(VARIANTS) * (len(SIZES) + 1) and check(res) == []
     assert max(e["logits"] for k, e in res.items() if k.startswith("float32")) > 0  # really another path
+    f32 = {k.split("/")[2]: e["logits"] for k, e in res.items() if k.startswith("float32")}
+    assert f32["dot"] != f32["dot-scaled"]  # the folded weights: another rounding, so another path
 
 
 def test_fused_verify_is_capture_safe_and_bounded(interpreted):
@@ -242,6 +251,28 @@ def test_fuse_verify_default_and_config_errors():
         StaticDecoder(model, 8, fuse_verify=True)
     assert not StaticDecoder(model, 8).fuse_verify
     assert not StaticDecoder(model, 8, fuse_verify=False).fuse_verify
+    with pytest.raises(ConfigError, match="fold_norms=True is for the fused decoder"):
+        StaticDecoder(model, 8, fold_norms=True)
+    assert StaticDecoder(model, 8).folded_head is None
+
+
+def test_fold_weights_fold_each_normed_matrix_once():
+    """fold_weights: in_proj (GDN) or q|k|v (attention) times the input norm's scale, gate|up times the
+    post norm's, column by column; the unfolded matrices stay as they were."""
+    from repro.models.config import GDN
+    from repro.models.static import AttentionWeights, GDNWeights, fold_weights
+
+    model = small_model(F64)
+    for layer in model.model.layers:
+        w = GDNWeights.of(layer, F64, True) if layer.layer_type == GDN else AttentionWeights.of(layer, True)
+        first = w.in_proj if isinstance(w, GDNWeights) else w.qkv
+        before = first.clone()
+        fold_weights(w)
+        name = "in_proj" if isinstance(w, GDNWeights) else "qkv"
+        assert set(w.folded) == {name, "gate_up"}
+        torch.testing.assert_close(w.folded[name], first * w.input_norm[None, :], rtol=1e-15, atol=0)
+        torch.testing.assert_close(w.folded["gate_up"], w.gate_up * w.post_norm[None, :], rtol=1e-15, atol=0)
+        assert torch.equal(first, before) and not torch.equal(w.folded[name], first)
 
 
 # ---------------------------------------------------------------------------------------------- GPU
@@ -258,7 +289,7 @@ def test_gpu_fused_verify_graph_matches_the_unfused_one():
     sizes = (5, 33)
     res = verify_cases("cuda", sizes)
     print(json.dumps(res, indent=1))
-    assert len(res) == 2 * 2 * 2 * len(sizes) and check(res) == []
+    assert len(res) == 2 * len(VARIANTS) * 2 * len(sizes) and check(res) == []
     model = small_model(torch.bfloat16, "cuda")
     assert StaticDecoder(model, 8, gemv=True).fuse_verify and not StaticDecoder(model, 8).fuse_verify
 
