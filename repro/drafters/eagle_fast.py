@@ -65,7 +65,7 @@ accuracy.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
@@ -91,6 +91,7 @@ class LayerWeights:
     input_norm: torch.Tensor
     post_norm: torch.Tensor
     gate_up: torch.Tensor  # [2 I, hidden]
+    folded: dict[str, torch.Tensor] = field(default_factory=dict)  # none: the drafter's rows scale x
 
     @classmethod
     def of(cls, layer: EagleLayer) -> LayerWeights:

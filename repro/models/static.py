@@ -620,6 +620,8 @@ def compiled_glue() -> dict[str, Callable[..., Any]]:
 
 # the default of StaticDecoder.fuse_bookkeeping on the Triton kernels (False: the torch ops, for an A/B)
 FUSE_BOOKKEEPING = True
+# the default of StaticDecoder.fold_norms with fuse_verify (False: the scaled rows, for an A/B)
+FOLD_NORMS = True
 
 # --------------------------------------------------------------------------------- buffers
 
@@ -968,7 +970,7 @@ class StaticDecoder:
         ``fold_norms``: those row-tiled linears read copies of the normed matrices (in_proj, q|k|v,
         gate|up, the LM head) with the norm scales folded into their columns (:func:`fold_weights`, made
         here: x enters the dots as it is), instead of scaling x in every K step; None: with
-        ``fuse_verify``; False: the scaled rows (for measurement).
+        ``fuse_verify`` (and :data:`FOLD_NORMS`); False: the scaled rows (for measurement).
         ``fuse_tree_attention`` (needs ``fused``): verify's attention layers each in one kernel
         (:func:`fused_verify_attention`); None: on in the fused decoder when the kernel takes the head
         dim (at most :data:`~repro.gdn.triton_attention.TREE_ATTENTION_MAX_HEAD_DIM`; any tree size);
@@ -1050,7 +1052,7 @@ class StaticDecoder:
                 for lay in self.layers
             ]
             self.final_norm = model.model.norm.scale()
-            self.fold_norms = self.fuse_verify if fold_norms is None else fold_norms
+            self.fold_norms = self.fuse_verify and FOLD_NORMS if fold_norms is None else fold_norms
             self.folded_head: torch.Tensor | None = None
             if self.fold_norms:
                 if not self.fused:

@@ -20,7 +20,11 @@ on a fresh GraphedTarget so that its graphs are captured under that setting:
   on :mod:`repro.models.slot_kernels` (``static.FUSE_BOOKKEEPING`` off);
 - ``no_clock_events``: the engine's own measurement off: StageClock without CUDA events (wall-clock stages
   only) and no busy recorder around the replays (about 12 event records a speculative step): what the
-  harness's instrumentation costs each route's wall time (its device columns then read the wall clock).
+  harness's instrumentation costs each route's wall time (its device columns then read the wall clock);
+- ``scaled_rows``: the verify's normed row-tiled linears on the unfolded weights, x scaled in every K step
+  (``static.FOLD_NORMS`` off; the default reads :func:`~repro.gdn.triton_linear.fold_norm`'s weights);
+- ``auto_rows``: ``verify_form("auto")``: the GEMV kernel in groups of 4 rows up to ``GEMV_VERIFY_ROWS``
+  rows (verifies and the drafters' 16-row forwards), the row-tiled kernel above.
 
 ROUTES_AB_VARIANTS (comma-separated names; default all) picks the variants; "default" always runs first.
 
@@ -50,6 +54,7 @@ from repro.decoding import engine  # noqa: E402
 from repro.decoding.engine import STAGES, generate  # noqa: E402
 from repro.decoding.routes import build_route, prepare_graphs  # noqa: E402
 from repro.gdn import triton_attention  # noqa: E402
+from repro.gdn import triton_linear as tlin  # noqa: E402
 from repro.gdn.triton_common import dependent_launch  # noqa: E402
 from repro.models import graphed, static  # noqa: E402
 from repro.models.target import open_target  # noqa: E402
@@ -107,6 +112,8 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "pdl_gemv": lambda: dependent_launch(trigger="gemv"),
     "torch_bookkeeping": lambda: patched(static, "FUSE_BOOKKEEPING", False),
     "no_clock_events": unclocked,
+    "scaled_rows": lambda: patched(static, "FOLD_NORMS", False),
+    "auto_rows": lambda: tlin.verify_form("auto"),
 }
 
 
