@@ -650,10 +650,10 @@ def _rows_kernel(
     PDL: tl.constexpr,
 ):
     """Output columns pid(0) * BN .. + BN of rows pid(1) * RB .. + RB: one tl.dot a K chunk
-    (:func:`_dot_tile`; NORM: x's sum of squares gathered beside; SCALED: x times the norm scale, as hi +
-    lo parts for half weights; NORM without SCALED: the weights carry the scale (:func:`fold_norm`) and
-    x goes in as it is, one dot), then :func:`_finish` on the row block (the 1 / rms factor from the sum
-    of squares)."""
+    (:func:`_dot_tile`; SCALED: x times the norm scale, as hi + lo parts for half weights, its sum of
+    squares gathered beside; NORM without SCALED: the weights carry the scale (:func:`fold_norm`), x goes
+    in as it is, one dot, and a second pass over x sums its squares), then :func:`_finish` on the row
+    block (the 1 / rms factor from the sum of squares)."""
     pdl_start(PDL)
     pid = tl.program_id(0)
     row0 = tl.program_id(1) * RB
@@ -664,14 +664,17 @@ def _rows_kernel(
     acc_up = tl.zeros([RB, BN], dtype=ACC)
     for k0 in range(0, K, BK):
         x = _x_chunk(x_ptr, x_stride, rows, k0, n_rows, K, BK, ACC)
-        if NORM:
-            ss += tl.sum(x * x, axis=1)
         if SCALED:
+            ss += tl.sum(x * x, axis=1)
             o_k = k0 + tl.arange(0, BK)
             x = x * tl.load(scale_ptr + o_k, mask=o_k < K, other=0.0).to(ACC)[None, :]
         acc += _dot_tile(w_ptr, x, o_n, k0, N, K, BK, ACC, SCALED, UPCAST)
         if GATE_UP:
             acc_up += _dot_tile(w_ptr + N * K, x, o_n, k0, N, K, BK, ACC, SCALED, UPCAST)
+    if NORM and not SCALED:  # a second pass over x: a chunk that fed the dot as it is and the sum of
+        for k0 in range(0, K, BK):  # squares too compiled wrong at some tiles (2e-2 to 0.3 off, sm_90)
+            x = _x_chunk(x_ptr, x_stride, rows, k0, n_rows, K, BK, ACC)
+            ss += tl.sum(x * x, axis=1)
     _finish(acc, acc_up, ss, pid, N, K, eps, bias_ptr, res_ptr + row0 * res_stride, res_stride,
             out_ptr + row0 * N, out_ptr, out_ptr, n_rows - row0, RB, BN, NORM, GATE_UP, HAS_BIAS, RESIDUAL,
             False, ACC)  # fmt: skip

@@ -383,6 +383,41 @@ def test_gpu_kernels_at_the_1p3b_and_tiny_shapes(rows, form):
     assert check(results) == []
 
 
+# tiles on which the folded normed kinds once failed the check on an H200 (rel. error 2e-2 to 0.3: the
+# row chunk fed both the dot and the sum of squares; results/2026-12-04-h200-folded-norms): (kind, N, K,
+# rows, block_n, block_k, warps, stages)
+FOLDED_TILES = [
+    ("norm_linear", 584, 192, 33, 64, 128, 4, 2),
+    ("norm_linear", 584, 192, 33, 64, 128, 4, 3),
+    ("norm_gate_up", 384, 192, 33, 16, 128, 4, 2),
+    ("norm_gate_up", 384, 192, 33, 64, 128, 4, 3),
+    ("norm_linear", 576, 192, 33, 16, 128, 4, 2),
+    ("norm_linear", 4096, 192, 33, 32, 128, 4, 2),
+    ("norm_gate_up", 5632, 2048, 64, 128, 64, 8, 3),
+    ("norm_gate_up", 5632, 2048, 64, 64, 64, 8, 4),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_folded_kinds_at_every_tile():
+    """The normed kinds on fold_norm's weights in bf16 vs torch in float64 (on the folded weight) at the
+    tiles that once failed, and at the default tiles of the tiny-qwen35 and GDN-1.3B matrices."""
+    results = {}
+    for i, (kind, n, k, rows, bn, bk, warps, stages) in enumerate(FOLDED_TILES):
+        blocks = {"block_n": bn, "block_k": bk, "num_warps": warps, "num_stages": stages}
+        results[f"{kind}/{n}x{k}/n{rows}/{bn}x{bk}w{warps}s{stages}/bfloat16"] = case(
+            kind, n, k, rows, torch.bfloat16, "cuda", i, form="dot", fold=True, **blocks
+        )
+    for i, (kind, n, k) in enumerate(REAL + TINY_REAL):
+        if kind != "linear_residual":
+            results[f"{kind}/{n}x{k}/n64/default/bfloat16"] = case(
+                kind, n, k, 64, torch.bfloat16, "cuda", i, form="dot", fold=True
+            )
+    print(json.dumps(results, indent=1))
+    assert check(results) == []
+
+
 if __name__ == "__main__" and "--interpret" in sys.argv:
     import repro.gdn.triton_common  # noqa: F401 - the interpreter's NumPy patch
 
