@@ -86,7 +86,7 @@ def case(
         if not fold:
             return w, None, h
         wf = tlin.fold_norm(w, scale)
-        return w, wf, rms_norm(x.double(), torch.ones(k, dtype=torch.float64), 1e-6)
+        return w, wf, rms_norm(x.double(), torch.ones(k, dtype=torch.float64, device=device), 1e-6)
 
     if kind == "norm_gate_up":
         w, wf, hh = weight(2 * n_out)
