@@ -154,8 +154,8 @@ def verify_steps() -> list[dict[str, Any]]:
 
 def markdown(res: dict[str, Any]) -> str:
     lines = [
-        "# verify-forms: a verify's linears on the row-tiled kernel (dot) or the GEMV kernel in groups of 4 "
-        "rows (gemv), tiny-qwen35 width, bf16, H200",
+        "# verify-forms: a verify's linears on the row-tiled kernel (scaled rows, or folded weights: the "
+        "default) or the GEMV kernel in groups of 4 rows (gemv), tiny-qwen35 width, bf16, H200",
         "",
         "## Each matrix, us per call in a CUDA graph (error vs torch float64)",
         "",
