@@ -153,25 +153,22 @@ def bf16_rounding(rows: int, seed: int, form: str = "dot") -> dict[str, float]:
 
 
 def tiny_cases() -> dict[str, float]:
+    """Every form's kinds (the folded weights: the normed ones) per dtype and row count, and each form's
+    gate|up on its default tiles."""
     out = {}
-    for form, blocks in FORM_BLOCKS.items():
+    variants = [(form, blocks, KINDS) for form, blocks in FORM_BLOCKS.items()]
+    for name, blocks, kinds in [*variants, ("dot-folded", FOLDED_BLOCKS, NORMED)]:
         for dt in DTYPES:
             for rows in ROWS:
-                for kind in KINDS:
+                for kind in kinds:
                     n_out = TINY["inter"] if kind == "norm_gate_up" else TINY["n"]
-                    out[f"{form}/{kind}/n{rows}/{dt}"] = case(
+                    out[f"{name}/{kind}/n{rows}/{dt}"] = case(
                         kind, n_out, TINY["k"], rows, DTYPES[dt], "cpu", rows, **blocks
                     )
-                out[f"{form}/norm_gate_up/n{rows}/default_blocks/{dt}"] = case(
-                    "norm_gate_up", TINY["inter"], TINY["k"], rows, DTYPES[dt], "cpu", 7, form=form
-                )
-    for dt in DTYPES:
-        for rows in ROWS:
-            for kind in NORMED:
-                n_out = TINY["inter"] if kind == "norm_gate_up" else TINY["n"]
-                out[f"dot-folded/{kind}/n{rows}/{dt}"] = case(
-                    kind, n_out, TINY["k"], rows, DTYPES[dt], "cpu", rows, **FOLDED_BLOCKS
-                )
+                if name in FORM_BLOCKS:
+                    out[f"{name}/norm_gate_up/n{rows}/default_blocks/{dt}"] = case(
+                        "norm_gate_up", TINY["inter"], TINY["k"], rows, DTYPES[dt], "cpu", 7, form=name
+                    )
     return out
 
 
