@@ -37,13 +37,21 @@ split-K, and the row rounded once instead of hi + lo: measured at 3562a89, not k
 of cuBLAS for the normed kinds (the A operand is built in registers every K step), so those shapes verify
 on cuBLAS (fuse_verify off in the engine).
 
+A normed kind can read a weight with the norm scale folded into its columns instead (``folded=``,
+:func:`fold_norm`; the StaticDecoder's default with fuse_verify): x enters the dots as it is (one dot a K
+chunk) and its sum of squares comes from a second pass over x after the K loop (summing the chunk that
+fed the dot gave wrong results at some tiles on the H200). A tiny-qwen35 verify step is 8% shorter
+than on the scaled rows; at GDN-1.3B the folded matrices reach 0.56-0.81x of cuBLAS, still short
+(results/2026-12-04-h200-folded-norms).
+
 A verify's rows can also take the GEMV kernel in groups of 4 rows (the "gemv" form; ``GROUPED``: a third
 program axis over the groups, the last group's missing rows repeating its last row, computed and never
 stored; x kept in float32, no hi / lo split). Which form a launch takes (:func:`form_for`): the call's
-``form``, else :func:`verify_form` / REPRO_VERIFY_ROWS, else "dot" (the default until a routes run
-measures "auto": gemv up to :data:`GEMV_VERIFY_ROWS` rows, a 17-node verify step 6% faster at the tiny
-width; dot above, where gemv is 1.4x / 1.6x slower at 33 / 65 nodes: each group reads the weights again,
-the LM head most).
+``form``, else :func:`verify_form` / REPRO_VERIFY_ROWS, else "dot". "auto" takes gemv up to
+:data:`GEMV_VERIFY_ROWS` rows (a 17-node verify step 6% faster than the scaled rows at the tiny width;
+gemv is 1.4x / 1.6x slower at 33 / 65 nodes: each group reads the weights again, the LM head most) and
+dot above; over the folded rows it changed no route's step (0.365 vs 0.364 ms, routes-ab), so the
+default stays "dot".
 
 Split-K (``split_k`` > 1, for matrices with few output rows): a grid of (row blocks, K slices) writes
 float32 partial sums into a workspace, and a second launch adds the slices in a fixed order and applies
