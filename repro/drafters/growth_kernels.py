@@ -770,14 +770,12 @@ def grow_fused(
     dev, dt = rows.device, w.dtype
     depth, k = pool_ids.shape
     n, keep = budget + 1, min(k, budget)
-    np_, dmp, ip, kp = _p2(n), _p2(cfg.d_model), _p2(cfg.intermediate_size), _p2(k)
-    hp = _p2(cfg.target_hidden_size)
     acc = torch.float64 if dt == torch.float64 else torch.float32
     consts = {
         **step_constants(cfg, budget, k, depth, dt, width, tile, unroll, spin_cap),
         "num_warps": num_warps,
     }
-    wp = _p2(width)
+    np_, dmp, ip, kp, hp, wp = (consts[c] for c in ("NP", "DMP", "IP", "KP", "HP", "WP"))
     cuda = dev.type == "cuda"
     if programs is None:
         programs = device_programs(cfg, budget, k, dev, tile, width)

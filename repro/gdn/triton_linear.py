@@ -118,12 +118,7 @@ KINDS = ("norm_linear", "norm_gate_up", "linear_residual", "norm_linear_argmax")
 REDUCE_BLOCK = 256  # output columns per program of the split-K reduce
 SMALL_WEIGHTS = 1 << 20  # heuristic_config: below, the legacy configuration
 SPLIT_WEIGHTS = 1 << 22  # heuristic_config: below, no split-K
-# a verify's rows (n > MAX_ROWS) run on the row-tiled kernel ("dot", the default: every committed route
-# result ran on it) or on the GEMV kernel in groups of MAX_ROWS rows ("gemv"); "auto": gemv up to
-# GEMV_VERIFY_ROWS rows, dot above. Measured on an H200, tiny-qwen35's whole verify step in bf16
-# (results/2026-12-04-h200-verify-forms): 17 nodes 174.5 us gemv vs 185.0 dot, 33 nodes 288.6 vs 212.8,
-# 65 nodes 441.3 vs 273.8; "auto" becomes the default once a routes run measures it (the drafters' 16-row
-# forwards take it too). REPRO_VERIFY_ROWS sets the form for a whole command, verify_form for a block
+# a verify's forms (module docstring): REPRO_VERIFY_ROWS sets one for a whole command, verify_form for a block
 VERIFY_FORMS = ("auto", "dot", "gemv")
 GEMV_VERIFY_ROWS = 17
 GROUPED_PROGRAMS = 1024  # grouped_config: block_n doubled while the launch has more programs
@@ -681,8 +676,8 @@ def _rows_kernel(
         acc += _dot_tile(w_ptr, x, o_n, k0, N, K, BK, ACC, SCALED, UPCAST)
         if GATE_UP:
             acc_up += _dot_tile(w_ptr + N * K, x, o_n, k0, N, K, BK, ACC, SCALED, UPCAST)
-    if NORM and not SCALED:  # a second pass over x: a chunk that fed the dot as it is and the sum of
-        for k0 in range(0, K, BK):  # squares too compiled wrong at some tiles (2e-2 to 0.3 off, sm_90)
+    if NORM and not SCALED:  # a second pass over x: summing the chunk that fed the dot gave wrong results
+        for k0 in range(0, K, BK):  # at some tiles on the H200 (2e-2 to 0.3 off)
             x = _x_chunk(x_ptr, x_stride, rows, k0, n_rows, K, BK, ACC)
             ss += tl.sum(x * x, axis=1)
     _finish(acc, acc_up, ss, pid, N, K, eps, bias_ptr, res_ptr + row0 * res_stride, res_stride,
@@ -760,22 +755,20 @@ def _launch_rows(
     norm: tuple[torch.Tensor, float] | None,
     bias: torch.Tensor | None,
     residual: torch.Tensor | None,
-    folded: torch.Tensor | None = None,
+    scaled: bool,
     **overrides: int,
 ) -> torch.Tensor:
-    """The row-tiled variant's launch (n > :data:`MAX_ROWS` rows of x) into ``out``; ``folded`` (with
-    ``norm``): :func:`fold_norm` of ``weight``, read instead of it with x unscaled."""
+    """The row-tiled variant's launch (n > :data:`MAX_ROWS` rows of x) into ``out``; ``scaled`` (with
+    ``norm``): x times the norm scale in the loop, else ``weight`` carries it (:func:`fold_norm`)."""
     n, k = x.shape
     half = x.dtype in (torch.bfloat16, torch.float16)
     cfg = row_tiles(n, rows_out, k, half, kind, **overrides)  # folded or not: the same tiles
-    if folded is not None:
-        weight = folded
     scale, eps = norm if norm is not None else (x, 0.0)
     _rows_kernel[(triton.cdiv(rows_out, cfg.block_n), triton.cdiv(n, cfg.block_m))](
         x, x.stride(0), scale, weight, bias if bias is not None else x,
         residual if residual is not None else x, residual.stride(0) if residual is not None else 0,
         out, float(eps), n, rows_out, k, RB=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k,
-        NORM=norm is not None, SCALED=norm is not None and folded is None, GATE_UP=kind == "norm_gate_up",
+        NORM=norm is not None, SCALED=norm is not None and scaled, GATE_UP=kind == "norm_gate_up",
         HAS_BIAS=bias is not None, RESIDUAL=residual is not None, ACC=acc_dtype(x.dtype),
         UPCAST=half and interpreting(),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args(x.device),
@@ -823,7 +816,8 @@ def _launch(
             raise ConfigError(f"the argmax kernel takes one row, got {n}")
         if form_for(n, form) == "dot":
             out = torch.empty(n, rows_out, dtype=x.dtype, device=x.device)
-            return _launch_rows(kind, x, weight, rows_out, out, norm, bias, residual, folded, **blocks)
+            w_rows, scaled = (weight, True) if folded is None else (folded, False)
+            return _launch_rows(kind, x, w_rows, rows_out, out, norm, bias, residual, scaled, **blocks)
         groups = triton.cdiv(n, MAX_ROWS)
         cfg = cfg or grouped_config(kind, rows_out, k, groups, x.device, **blocks)
     cfg = cfg or select_config(kind, rows_out, k, n, x.device, **blocks)
