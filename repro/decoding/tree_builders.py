@@ -368,10 +368,11 @@ def _need_probs(proposal: Proposal) -> torch.Tensor:
 
 def top_log_probs(probs: torch.Tensor, budget: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Per depth the top-min(budget, V) log-probabilities (float64, in (log tiny, 0]) and token ids,
-    on the marginals' device: what both best-first builders read."""
-    k = min(budget, probs.shape[-1])
-    top_p, top_ids = torch.topk(probs, k, dim=-1)
-    return top_p.to(torch.float64).clamp(torch.finfo(torch.float64).tiny, 1.0).log(), top_ids
+    on the marginals' device: what both best-first builders read (on CUDA one top-k launch,
+    :func:`~repro.gdn.triton_topk.row_topk`)."""
+    from repro.gdn.triton_topk import row_topk
+
+    return row_topk(probs, min(budget, probs.shape[-1]), log=True)
 
 
 def best_first_size(depth: int, vocab: int, budget: int) -> int:

@@ -16,6 +16,7 @@ import torch
 
 from repro.drafters.dflash import DFlashDraftModel
 from repro.errors import ConfigError
+from repro.gdn.triton_topk import row_topk
 from repro.models.hybrid import HybridLM
 
 
@@ -23,7 +24,7 @@ def top_k_pool(logits: torch.Tensor, pool_size: int) -> tuple[torch.Tensor, torc
     """Pool logits and token ids [..., K] of draft ``logits`` [..., V], best first (K <= V)."""
     if pool_size < 1:
         raise ConfigError(f"pool size must be >= 1, got {pool_size}")
-    return torch.topk(logits, min(pool_size, logits.shape[-1]), dim=-1)
+    return row_topk(logits, min(pool_size, logits.shape[-1]))
 
 
 @dataclass

@@ -46,6 +46,7 @@ from repro.drafters.base import DraftContext
 from repro.drafters.fast_rules import check_fast_device
 from repro.drafters.features import ingest_start
 from repro.errors import ConfigError
+from repro.gdn.triton_topk import row_topk
 from repro.models.graphed import GraphedVerification
 from repro.models.graphs import EagerCall, HostUploads, tensor_address
 from repro.models.hybrid import Verification
@@ -224,7 +225,7 @@ class StaticDFlash:
         if not probs:
             return rows, logits
         p = marginals(logits)
-        return logits, p, torch.topk(p, self.top_k, dim=-1).indices
+        return logits, p, row_topk(p, self.top_k)[1]
 
     def _torch_step(
         self, sources: tuple[torch.Tensor, ...] | None, probs: bool, after: Launched | None

@@ -73,6 +73,7 @@ from repro.drafters.eagle_fast import FastEagle
 from repro.drafters.fast_rules import check_fast_device
 from repro.drafters.features import ingest_start
 from repro.errors import ConfigError
+from repro.gdn.triton_topk import row_topk
 from repro.models.graphed import GraphedTarget, LaunchedStep
 from repro.models.graphs import EagerCall, HostUploads, tensor_address
 from repro.models.hybrid import HybridLM, Verification
@@ -423,7 +424,7 @@ class StaticEagleDrafter(EagleDrafter):
         probs, tops = [], []
         for depth in range(1, self.k + 1):
             p = self._probs(pred)
-            top = torch.topk(p, self.width, dim=-1).indices
+            top = row_topk(p, self.width)[1]
             probs.append(p)
             tops.append(top)
             if depth < self.k:
@@ -449,7 +450,7 @@ class StaticEagleDrafter(EagleDrafter):
             rows = preds.shape[0]
             level = grow.level(depth)
             top_p, top_ids = grow.level_top(depth, rows)
-            torch.topk(self._probs(preds), grow.kids, dim=-1, out=(top_p, top_ids))
+            row_topk(self._probs(preds), grow.kids, out=(top_p, top_ids))
             if fused and (depth > 1 or not grow.pad[0]):  # level 1 padded: the torch glue below
                 scores = grow.level_scores(depth, rows)
                 parent_score = grow.zero if depth == 1 else score  # the root's: 0 (0 + log p = log p)

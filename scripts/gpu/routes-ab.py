@@ -24,7 +24,9 @@ on a fresh GraphedTarget so that its graphs are captured under that setting:
 - ``scaled_rows``: the verify's normed row-tiled linears on the unfolded weights, x scaled in every K step
   (``static.FOLD_NORMS`` off; the default reads :func:`~repro.gdn.triton_linear.fold_norm`'s weights);
 - ``auto_rows``: ``verify_form("auto")``: the GEMV kernel in groups of 4 rows up to ``GEMV_VERIFY_ROWS``
-  rows (verifies and the drafters' 16-row forwards), the row-tiled kernel above.
+  rows (verifies and the drafters' 16-row forwards), the row-tiled kernel above;
+- ``torch_topk``: ``torch.topk`` for every row top-k of the drafters and DDTree's tree stage, not
+  :mod:`repro.gdn.triton_topk`'s kernels (``triton_topk.KERNELS`` off).
 
 ROUTES_AB_VARIANTS (comma-separated names; default all) picks the variants; "default" always runs first.
 
@@ -53,7 +55,7 @@ from repro.data.suites import format_turn, load_suite  # noqa: E402
 from repro.decoding import engine  # noqa: E402
 from repro.decoding.engine import STAGES, generate  # noqa: E402
 from repro.decoding.routes import build_route, prepare_graphs  # noqa: E402
-from repro.gdn import triton_attention  # noqa: E402
+from repro.gdn import triton_attention, triton_topk  # noqa: E402
 from repro.gdn import triton_linear as tlin  # noqa: E402
 from repro.gdn.triton_common import dependent_launch  # noqa: E402
 from repro.models import graphed, static  # noqa: E402
@@ -66,6 +68,7 @@ ROUTES = [
     {"name": "ar", "kind": "ar"},
     {"name": "dflash-chain", "kind": "dflash_chain"},
     {"name": "ddtree-b32", "kind": "ddtree", "budget": 32},
+    {"name": "specla-b32", "kind": "specla", "budget": 32, "topk": 4, "tau": 0.05, "depth": 6},
     {"name": "dflash-tfm-b32", "kind": "dflash_tfm", "budget": 32},
 ]
 PROMPTS = 1 if CPU else 3
@@ -114,6 +117,7 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "no_clock_events": unclocked,
     "scaled_rows": lambda: patched(static, "FOLD_NORMS", False),
     "auto_rows": lambda: tlin.verify_form("auto"),
+    "torch_topk": lambda: patched(triton_topk, "KERNELS", False),
 }
 
 

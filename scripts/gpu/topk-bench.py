@@ -1,0 +1,96 @@
+"""The row top-k kernels (repro/gdn/triton_topk.py) against torch.topk at the GPU path's shapes, H200.
+
+    python3 scripts/gpu/topk-bench.py OUT_DIR      (one H200: < 40 s)
+
+Shapes (rows x vocabulary, k, dtype, log): DDTree's tree stage (15 x 4096, k 32, float32 marginals, float64
+logs), the DFlash drafter's top ids (15 x 4096, k 1), SpecLA's EAGLE levels (1 and 16 rows x 4096, k 4),
+DFlash-TfM's pool (15 x 4096 bf16 logits, k 512), and the real vocabularies (GDN-1.3B's 32000 and
+Qwen3.6-27B's 248320, bf16, k 32 / 512: two launches). Each is timed as a CUDA graph of one call
+(``repro.bench.timing.graph_us``, median us per call), with ``triton_topk.KERNELS`` on and off, after an
+equality check of the kernels against a stable descending sort (value, then smaller index). Writes
+OUT_DIR/topk-bench.json and OUT_DIR/topk-bench.md; prints the markdown. Exit 3 on a mismatch.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from functools import partial
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's repro, not an installed one
+
+from repro.bench.timing import TimerConfig, graph_us  # noqa: E402
+from repro.gdn import triton_topk  # noqa: E402
+
+DEV = torch.device("cuda")
+TIMER = TimerConfig(warmup_ms=2.0, rep_ms=10.0, graph_replays=5)
+SHAPES = [  # name, rows, vocab, k, dtype, log
+    ("DDTree tree stage", 15, 4096, 32, torch.float32, True),
+    ("DFlash top ids", 15, 4096, 1, torch.float32, False),
+    ("EAGLE level, 1 row", 1, 4096, 4, torch.float32, False),
+    ("EAGLE level, 16 rows", 16, 4096, 4, torch.float32, False),
+    ("TfM pool", 15, 4096, 512, torch.bfloat16, False),
+    ("1.3B vocab, k 32", 15, 32000, 32, torch.bfloat16, False),
+    ("27B vocab, k 32", 15, 248320, 32, torch.bfloat16, False),
+    ("27B pool, k 512", 15, 248320, 512, torch.bfloat16, False),
+]
+
+
+def reference(x: torch.Tensor, k: int, log: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    values, index = torch.sort(x.float(), dim=-1, descending=True, stable=True)
+    values, index = values[..., :k].to(x.dtype), index[..., :k]
+    if log:
+        values = values.double().clamp(torch.finfo(torch.float64).tiny, 1.0).log()
+    return values, index
+
+
+def main(out: Path) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    gen = torch.Generator().manual_seed(0)
+    rows, bad = [], []
+    for name, r, v, k, dtype, log in SHAPES:
+        x = torch.randn(r, v, generator=gen).to(dtype).to(DEV)
+        if log:
+            x = torch.softmax(x.float() * 3, -1)
+        applies = triton_topk.triton_topk_applies(x, k)
+        if applies:
+            got = triton_topk.launch_topk(x, k, log)
+            want = reference(x, k, log)
+            if not (torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])):
+                bad.append(name)
+        call = partial(triton_topk.row_topk, x, k, log)
+        times = {}
+        for kernels in (True, False):
+            triton_topk.KERNELS = kernels
+            times[kernels] = graph_us([call], DEV, TIMER, estimate_us=20.0)
+        triton_topk.KERNELS = True
+        rows.append({"shape": name, "rows": r, "vocab": v, "k": k, "dtype": str(dtype), "log": log,
+                     "kernels_apply": applies, "kernels_us": times[True],
+                     "torch_us": times[False]})  # fmt: skip
+        print(json.dumps(rows[-1]), flush=True)
+    lines = [
+        "# topk-bench: row top-k, kernels vs torch.topk, CUDA-graph median us per call, H200",
+        "",
+        f"equality against a stable sort: {'**mismatches: ' + ', '.join(bad) + '**' if bad else 'all equal'}",
+        "",
+        "| shape | rows x vocab | k | dtype | log | kernels us | torch.topk us | torch / kernels |",
+        "|---|---|--:|---|---|--:|--:|--:|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['shape']} | {row['rows']} x {row['vocab']} | {row['k']} | {row['dtype']} | "
+            f"{row['log']} | "
+            f"{row['kernels_us']:.1f} | {row['torch_us']:.1f} | {row['torch_us'] / row['kernels_us']:.2f} |"
+        )
+    md = "\n".join(lines) + "\n"
+    (out / "topk-bench.md").write_text(md)
+    (out / "topk-bench.json").write_text(json.dumps({"rows": rows, "mismatches": bad}, indent=1))
+    print(md)
+    return 3 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(Path(sys.argv[1])))
