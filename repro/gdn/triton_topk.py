@@ -30,9 +30,9 @@ KEYED = (torch.float32, torch.bfloat16, torch.float16)  # dtypes whose values fi
 MAX_K = 1024  # the largest k ranked here (bitonic stages grow with log k; torch.topk above)
 MAX_MERGE = 8192  # the most chunk winners one merge program ranks (keys in registers)
 KERNELS = True  # False: row_topk uses torch.topk on CUDA too (the A/B of scripts/gpu/routes-ab.py)
-LOWEST = -(2**63)
-LOW_MASK = 2**32 - 1
-INDEX_TOP = 2**31 - 1
+LOWEST: tl.constexpr = tl.constexpr(-(2**63))  # the key of a masked entry
+LOW_MASK: tl.constexpr = tl.constexpr(2**32 - 1)
+INDEX_TOP: tl.constexpr = tl.constexpr(2**31 - 1)  # key's lower half: INDEX_TOP - index
 
 
 @triton.jit
@@ -41,7 +41,7 @@ def _keys(v, idx, valid):
     index; ``LOWEST`` where not ``valid``."""
     bits = v.to(tl.int32, bitcast=True)
     ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # negative floats: flip the magnitude bits
-    key = (ordered.to(tl.int64) << 32) | (INDEX_TOP - idx).to(tl.int64)
+    key = (ordered.to(tl.int64) << 32) | (-idx + INDEX_TOP).to(tl.int64)  # tensor first: constexpr
     return tl.where(valid, key, LOWEST)
 
 
@@ -53,7 +53,7 @@ def _emit(top, vals, ids, k, LOG: tl.constexpr, KP: tl.constexpr):
     hi = (top >> 32).to(tl.int32)
     bits = hi ^ ((hi >> 31) & 0x7FFFFFFF)
     value = bits.to(tl.float32, bitcast=True)
-    index = INDEX_TOP - (top & LOW_MASK).to(tl.int32)
+    index = -(top & LOW_MASK).to(tl.int32) + INDEX_TOP
     keep = j < k
     if LOG:
         tiny = tl.full([KP], 2.2250738585072014e-308, tl.float64)

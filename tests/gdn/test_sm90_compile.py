@@ -78,7 +78,24 @@ GROUPED_GATE_UP = {  # tiny-qwen35's gate|up over a verify's rows in groups of 4
     "NORM": True, "GATE_UP": True, "HAS_BIAS": False, "RESIDUAL": False, "ARGMAX": False, "ACC": "float32",
     "PDL": 2, "EARLY_W": False, "GROUPED": True,
 }  # fmt: skip
+TOPK_CHUNKS = dict(
+    x=ptr("fp32"), stride_x="i32", n="i32", parts=ptr("i64"), vals=ptr("fp64"), stride_v="i32",
+    ids=ptr("i64"), stride_i="i32", k="i32", CHUNK="constexpr", KP="constexpr", CHUNKS="constexpr",
+    LOG="constexpr",
+)  # fmt: skip
+TOPK_MERGE = dict(
+    parts=ptr("i64"), vals=ptr("bf16"), stride_v="i32", ids=ptr("i64"), stride_i="i32", k="i32",
+    KP="constexpr", CHUNKS="constexpr", MP="constexpr", LOG="constexpr",
+)  # fmt: skip
 CASES = {  # name: (module, kernel, signature, constexprs)
+    "topk-log": ("repro.gdn.triton_topk", "_topk_chunks_kernel", TOPK_CHUNKS,
+                 {"CHUNK": 4096, "KP": 32, "CHUNKS": 1, "LOG": True}),  # DDTree's tree stage
+    "topk-k2": ("repro.gdn.triton_topk", "_topk_chunks_kernel", {**TOPK_CHUNKS, "vals": ptr("fp32")},
+                {"CHUNK": 4096, "KP": 2, "CHUNKS": 1, "LOG": False}),  # k = 1 (KP 2)
+    "topk-parts": ("repro.gdn.triton_topk", "_topk_chunks_kernel", {**TOPK_CHUNKS, "x": ptr("bf16")},
+                   {"CHUNK": 4096, "KP": 512, "CHUNKS": 8, "LOG": False}),
+    "topk-merge": ("repro.gdn.triton_topk", "_topk_merge_kernel", TOPK_MERGE,
+                   {"KP": 512, "CHUNKS": 8, "MP": 4096, "LOG": False}),
     "growth-step-1": ("repro.drafters.growth_kernels", "_step_kernel", GROWTH,
                       growth_constants("tiny", 1, 1)),  # one node a step, one program
     "growth-step-4": ("repro.drafters.growth_kernels", "_step_kernel", GROWTH,
