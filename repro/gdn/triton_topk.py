@@ -25,9 +25,11 @@ import triton.language as tl
 
 from repro.gdn.triton_common import pow2
 
-CHUNK = 4096  # entries of a row one program ranks (registers: 8 int64 keys a thread per 4 warps x 128)
+CHUNK = 4096  # entries of a row one program ranks at most
+WARPS = 4  # a chunk program's warps (at most; fewer for a short chunk)
 KEYED = (torch.float32, torch.bfloat16, torch.float16)  # dtypes whose values fit the key's upper half
-MAX_K = 1024  # the largest k ranked here (bitonic stages grow with log k; torch.topk above)
+MAX_K = 128  # the largest k ranked here: at k 512 torch.topk was faster (topk-bench, 15 x 4096: 31 vs 44 us)
+MAX_ROW = 32768  # the longest row ranked here: 248320 entries (61 chunks) lost to torch.topk (98 vs 68 us)
 MAX_MERGE = 8192  # the most chunk winners one merge program ranks (keys in registers)
 KERNELS = True  # False: row_topk uses torch.topk on CUDA too (the A/B of scripts/gpu/routes-ab.py)
 LOWEST: tl.constexpr = tl.constexpr(-(2**63))  # the key of a masked entry
@@ -98,16 +100,16 @@ def _topk_merge_kernel(
 def plan(n: int, k: int) -> tuple[int, int, int, int]:
     """(KP, chunk, chunks, merged keys MP) of ranking rows of ``n`` entries for the top ``k``."""
     kp = max(2, pow2(k))  # tl.topk needs two keys at least
-    chunk = max(min(CHUNK, pow2(n)), kp)
+    chunk = max(min(CHUNK, pow2(n)), 2 * kp)
     chunks = triton.cdiv(n, chunk)
     return kp, chunk, chunks, pow2(chunks * kp) if chunks > 1 else 0
 
 
 def triton_topk_applies(x: torch.Tensor, k: int) -> bool:
     """Whether the kernels rank ``x`` [..., n]: a dtype of :data:`KEYED`, ``1 <= k <= MAX_K``, k at most
-    the row length, rows below 2^31 entries, at most :data:`MAX_MERGE` chunk winners a row."""
+    the row length, rows of at most :data:`MAX_ROW` entries and :data:`MAX_MERGE` chunk winners."""
     n = x.shape[-1] if x.dim() else 0
-    if not (x.dtype in KEYED and 1 <= k <= min(MAX_K, n) and n < 2**31):
+    if not (x.dtype in KEYED and 1 <= k <= min(MAX_K, n) and n <= MAX_ROW):
         return False
     return plan(n, k)[3] <= MAX_MERGE
 
@@ -165,7 +167,7 @@ def launch_topk(
     parts = torch.empty(r, chunks, kp, dtype=torch.long, device=x.device) if chunks > 1 else i2
     _topk_chunks_kernel[(r, chunks)](
         rows, rows.stride(0), n, parts, v2, v2.stride(0), i2, i2.stride(0), k,
-        CHUNK=chunk, KP=kp, CHUNKS=chunks, LOG=log, num_warps=max(1, min(8, chunk // 1024)),
+        CHUNK=chunk, KP=kp, CHUNKS=chunks, LOG=log, num_warps=max(1, min(WARPS, chunk // 128)),
     )  # fmt: skip
     if chunks > 1:
         _topk_merge_kernel[(r,)](

@@ -26,9 +26,11 @@ on a fresh GraphedTarget so that its graphs are captured under that setting:
 - ``auto_rows``: ``verify_form("auto")``: the GEMV kernel in groups of 4 rows up to ``GEMV_VERIFY_ROWS``
   rows (verifies and the drafters' 16-row forwards), the row-tiled kernel above;
 - ``torch_topk``: ``torch.topk`` for every row top-k of the drafters and DDTree's tree stage, not
-  :mod:`repro.gdn.triton_topk`'s kernels (``triton_topk.KERNELS`` off).
+  :mod:`repro.gdn.triton_topk`'s kernels (``triton_topk.KERNELS`` off);
+- ``topk_chunk1024``: those kernels on 1024-entry chunks (a 4096 row: four programs, then a merge launch).
 
 ROUTES_AB_VARIANTS (comma-separated names; default all) picks the variants; "default" always runs first.
+ROUTES_AB_BUDGET_S (default 150): no variant starts after this many seconds.
 
 Per variant and route: decode ms per verify step (wall, the engine's clock), device ms per step and per stage
 (CUDA events; idle gaps included), MAL, and whether the tokens equal the default variant's. Writes
@@ -73,7 +75,7 @@ ROUTES = [
 ]
 PROMPTS = 1 if CPU else 3
 NEW_TOKENS = 16 if CPU else 96
-BUDGET_S = 1e9 if CPU else 150.0  # no variant starts past this
+BUDGET_S = 1e9 if CPU else float(os.environ.get("ROUTES_AB_BUDGET_S", "150"))  # no variant starts past this
 DTYPE = "float32" if CPU else "bfloat16"
 
 
@@ -118,6 +120,7 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "scaled_rows": lambda: patched(static, "FOLD_NORMS", False),
     "auto_rows": lambda: tlin.verify_form("auto"),
     "torch_topk": lambda: patched(triton_topk, "KERNELS", False),
+    "topk_chunk1024": lambda: patched(triton_topk, "CHUNK", 1024),
 }
 
 

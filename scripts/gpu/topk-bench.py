@@ -6,9 +6,10 @@ Shapes (rows x vocabulary, k, dtype, log): DDTree's tree stage (15 x 4096, k 32,
 logs), the DFlash drafter's top ids (15 x 4096, k 1), SpecLA's EAGLE levels (1 and 16 rows x 4096, k 4),
 DFlash-TfM's pool (15 x 4096 bf16 logits, k 512), and the real vocabularies (GDN-1.3B's 32000 and
 Qwen3.6-27B's 248320, bf16, k 32 / 512: two launches). Each is timed as a CUDA graph of one call
-(``repro.bench.timing.graph_us``, median us per call), with ``triton_topk.KERNELS`` on and off, after an
-equality check of the kernels against a stable descending sort (value, then smaller index). Writes
-OUT_DIR/topk-bench.json and OUT_DIR/topk-bench.md; prints the markdown. Exit 3 on a mismatch.
+(``repro.bench.timing.graph_us``, median us per call): ``torch.topk`` (``triton_topk.KERNELS`` off) and
+the kernels at each (CHUNK, WARPS) of TILES, each checked against a stable descending sort (value, then
+smaller index) on the device first. Writes OUT_DIR/topk-bench.json and OUT_DIR/topk-bench.md; prints the
+markdown. Exit 3 on a mismatch.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ DEV = torch.device("cuda")
 TIMER = TimerConfig(warmup_ms=2.0, rep_ms=10.0, graph_replays=5)
 SHAPES = [  # name, rows, vocab, k, dtype, log
     ("DDTree tree stage", 15, 4096, 32, torch.float32, True),
+    ("DDTree b64", 15, 4096, 64, torch.float32, True),
+    ("DDTree b128", 15, 4096, 128, torch.float32, True),
     ("DFlash top ids", 15, 4096, 1, torch.float32, False),
     ("EAGLE level, 1 row", 1, 4096, 4, torch.float32, False),
     ("EAGLE level, 16 rows", 16, 4096, 4, torch.float32, False),
@@ -37,6 +40,8 @@ SHAPES = [  # name, rows, vocab, k, dtype, log
     ("27B vocab, k 32", 15, 248320, 32, torch.bfloat16, False),
     ("27B pool, k 512", 15, 248320, 512, torch.bfloat16, False),
 ]
+DEFAULT_TILE = (triton_topk.CHUNK, triton_topk.WARPS)
+TILES = [(4096, 4), (4096, 8), (2048, 4), (1024, 4), (1024, 2), (512, 4), (512, 2), (256, 2)]  # chunk, warps
 
 
 def reference(x: torch.Tensor, k: int, log: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -56,34 +61,41 @@ def main(out: Path) -> int:
         if log:
             x = torch.softmax(x.float() * 3, -1)
         applies = triton_topk.triton_topk_applies(x, k)
-        if applies:
-            got = triton_topk.launch_topk(x, k, log)
-            want = reference(x, k, log)
-            if not (torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])):
-                bad.append(name)
+        want = reference(x, k, log)
         call = partial(triton_topk.row_topk, x, k, log)
-        times = {}
-        for kernels in (True, False):
-            triton_topk.KERNELS = kernels
-            times[kernels] = graph_us([call], DEV, TIMER, estimate_us=20.0)
+        triton_topk.KERNELS = False
+        torch_us = graph_us([call], DEV, TIMER, estimate_us=20.0)
         triton_topk.KERNELS = True
+        tiles = {}
+        for chunk, warps in TILES if applies else []:
+            triton_topk.CHUNK, triton_topk.WARPS = chunk, warps
+            if not triton_topk.triton_topk_applies(x, k):  # too many chunk winners at this chunk
+                continue
+            got = triton_topk.row_topk(x, k, log)
+            if not (torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])):
+                bad.append(f"{name} chunk {chunk} warps {warps}")
+            tiles[f"{chunk}/{warps}"] = graph_us([call], DEV, TIMER, estimate_us=20.0)
+        triton_topk.CHUNK, triton_topk.WARPS = DEFAULT_TILE
         rows.append({"shape": name, "rows": r, "vocab": v, "k": k, "dtype": str(dtype), "log": log,
-                     "kernels_apply": applies, "kernels_us": times[True],
-                     "torch_us": times[False]})  # fmt: skip
+                     "kernels_apply": applies, "tiles_us": tiles, "torch_us": torch_us})  # fmt: skip
         print(json.dumps(rows[-1]), flush=True)
+    names = [f"{c}/{w}" for c, w in TILES]
     lines = [
         "# topk-bench: row top-k, kernels vs torch.topk, CUDA-graph median us per call, H200",
         "",
         f"equality against a stable sort: {'**mismatches: ' + ', '.join(bad) + '**' if bad else 'all equal'}",
         "",
-        "| shape | rows x vocab | k | dtype | log | kernels us | torch.topk us | torch / kernels |",
-        "|---|---|--:|---|---|--:|--:|--:|",
+        f"Kernel columns: chunk / warps (default {DEFAULT_TILE[0]}/{DEFAULT_TILE[1]}); "
+        "'-': the kernels do not apply.",
+        "",
+        "| shape | rows x vocab | k | dtype | log | torch.topk us | " + " | ".join(names) + " |",
+        "|---|---|--:|---|---|--:|" + "--:|" * len(names),
     ]
     for row in rows:
+        cells = [f"{row['tiles_us'][n]:.1f}" if n in row["tiles_us"] else "-" for n in names]
         lines.append(
             f"| {row['shape']} | {row['rows']} x {row['vocab']} | {row['k']} | {row['dtype']} | "
-            f"{row['log']} | "
-            f"{row['kernels_us']:.1f} | {row['torch_us']:.1f} | {row['torch_us'] / row['kernels_us']:.2f} |"
+            f"{row['log']} | {row['torch_us']:.1f} | " + " | ".join(cells) + " |"
         )
     md = "\n".join(lines) + "\n"
     (out / "topk-bench.md").write_text(md)
