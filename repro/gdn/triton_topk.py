@@ -25,8 +25,11 @@ import triton.language as tl
 
 from repro.gdn.triton_common import pow2
 
-CHUNK = 4096  # entries of a row one program ranks at most
-WARPS = 4  # a chunk program's warps (at most; fewer for a short chunk)
+# entries of a row one program ranks at most, and its warps: DDTree's 15 x 4096, k 32 took 21.6 us on
+# 4096-entry chunks, 6.8 on 1024 (four programs a row, then the merge), 6.1 on 512; the routes A/B preferred
+# 1024 to 4096 (results/2026-12-04-h200-topk, callCC)
+CHUNK = 1024
+WARPS = 4
 KEYED = (torch.float32, torch.bfloat16, torch.float16)  # dtypes whose values fit the key's upper half
 MAX_K = 128  # the largest k ranked here: at k 512 torch.topk was faster (topk-bench, 15 x 4096: 31 vs 44 us)
 MAX_ROW = 32768  # the longest row ranked here: 248320 entries (61 chunks) lost to torch.topk (98 vs 68 us)
