@@ -27,7 +27,9 @@ on a fresh GraphedTarget so that its graphs are captured under that setting:
   rows (verifies and the drafters' 16-row forwards), the row-tiled kernel above;
 - ``torch_topk``: ``torch.topk`` for every row top-k of the drafters and DDTree's tree stage, not
   :mod:`repro.gdn.triton_topk`'s kernels (``triton_topk.KERNELS`` off);
-- ``topk_chunk1024``: those kernels on 1024-entry chunks (a 4096 row: four programs, then a merge launch).
+- ``topk_chunk4096`` / ``topk_chunk512``: those kernels on 4096- / 512-entry chunks (the default 1024: a
+  4096 row is four programs, then a merge launch);
+- ``topk_pool``: the kernels up to k = 512 (``triton_topk.MAX_K``), so DFlash-TfM's pool (512 of 4096) too.
 
 ROUTES_AB_VARIANTS (comma-separated names; default all) picks the variants; "default" always runs first.
 ROUTES_AB_BUDGET_S (default 150): no variant starts after this many seconds.
@@ -120,7 +122,9 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "scaled_rows": lambda: patched(static, "FOLD_NORMS", False),
     "auto_rows": lambda: tlin.verify_form("auto"),
     "torch_topk": lambda: patched(triton_topk, "KERNELS", False),
-    "topk_chunk1024": lambda: patched(triton_topk, "CHUNK", 1024),
+    "topk_chunk4096": lambda: patched(triton_topk, "CHUNK", 4096),
+    "topk_chunk512": lambda: patched(triton_topk, "CHUNK", 512),
+    "topk_pool": lambda: patched(triton_topk, "MAX_K", 512),
 }
 
 
