@@ -369,8 +369,8 @@ def _need_probs(proposal: Proposal) -> torch.Tensor:
 def top_log_probs(probs: torch.Tensor, budget: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Per depth the top-min(budget, V) log-probabilities (float64, in (log tiny, 0]) and token ids,
     on the marginals' device: what both best-first builders read (on CUDA one top-k launch,
-    :func:`~repro.gdn.triton_topk.row_topk`)."""
-    from repro.gdn.triton_topk import row_topk
+    :func:`~repro.models.topk_kernels.row_topk`)."""
+    from repro.models.topk_kernels import row_topk
 
     return row_topk(probs, min(budget, probs.shape[-1]), log=True)
 

@@ -47,7 +47,7 @@ Weaver's step: ingest + block (rows, logits)       126    14    2 + 12
 A fast block is 7 Triton launches (the block's input rows,
 :func:`~repro.drafters.ingest_kernels.block_rows`; per layer q|k|v, attention, o_proj, gate|up, down; the
 final norm + LM head) and 2 aten ops (the softmax, the top-k; on CUDA the top-k is a Triton launch,
-:func:`~repro.gdn.triton_topk.row_topk`). An ingest (a path padded
+:func:`~repro.models.topk_kernels.row_topk`). An ingest (a path padded
 to the block's 16 rows, as steps pad it) is 5 launches with two feature layers, whatever the layer count:
 the rows' gather, feature write, positions and length (one launch per feature layer,
 :func:`~repro.drafters.ingest_kernels.gather_features`; 7 aten ops before), fc, the k|v launch, the context

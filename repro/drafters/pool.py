@@ -16,8 +16,8 @@ import torch
 
 from repro.drafters.dflash import DFlashDraftModel
 from repro.errors import ConfigError
-from repro.gdn.triton_topk import row_topk
 from repro.models.hybrid import HybridLM
+from repro.models.topk_kernels import row_topk
 
 
 def top_k_pool(logits: torch.Tensor, pool_size: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -46,10 +46,10 @@ from repro.drafters.base import DraftContext
 from repro.drafters.fast_rules import check_fast_device
 from repro.drafters.features import ingest_start
 from repro.errors import ConfigError
-from repro.gdn.triton_topk import row_topk
 from repro.models.graphed import GraphedVerification
 from repro.models.graphs import EagerCall, HostUploads, tensor_address
 from repro.models.hybrid import Verification
+from repro.models.topk_kernels import row_topk
 
 if TYPE_CHECKING:
     from repro.drafters.dflash import DFlashDraftModel

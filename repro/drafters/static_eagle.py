@@ -73,10 +73,10 @@ from repro.drafters.eagle_fast import FastEagle
 from repro.drafters.fast_rules import check_fast_device
 from repro.drafters.features import ingest_start
 from repro.errors import ConfigError
-from repro.gdn.triton_topk import row_topk
 from repro.models.graphed import GraphedTarget, LaunchedStep
 from repro.models.graphs import EagerCall, HostUploads, tensor_address
 from repro.models.hybrid import HybridLM, Verification
+from repro.models.topk_kernels import row_topk
 from repro.tree import DeviceTree, Tree
 
 DEFAULT_CAPACITY = 256  # committed positions the buffers hold before they first double

@@ -26,13 +26,14 @@ on a fresh GraphedTarget so that its graphs are captured under that setting:
 - ``auto_rows``: ``verify_form("auto")``: the GEMV kernel in groups of 4 rows up to ``GEMV_VERIFY_ROWS``
   rows (verifies and the drafters' 16-row forwards), the row-tiled kernel above;
 - ``torch_topk``: ``torch.topk`` for every row top-k of the drafters and DDTree's tree stage, not
-  :mod:`repro.gdn.triton_topk`'s kernels (``triton_topk.KERNELS`` off);
+  :mod:`repro.models.topk_kernels`'s kernels (``topk_kernels.KERNELS`` off);
 - ``topk_chunk4096`` / ``topk_chunk512``: those kernels on 4096- / 512-entry chunks (the default 1024: a
   4096 row is four programs, then a merge launch);
-- ``topk_pool``: the kernels up to k = 512 (``triton_topk.MAX_K``), so DFlash-TfM's pool (512 of 4096) too.
+- ``topk_pool``: the kernels up to k = 512 (``topk_kernels.MAX_K``), so DFlash-TfM's pool (512 of 4096) too.
 
 ROUTES_AB_VARIANTS (comma-separated names; default all) picks the variants; "default" always runs first.
-ROUTES_AB_BUDGET_S (default 150): no variant starts after this many seconds.
+ROUTES_AB_BUDGET_S (default 400): a variant starts only if, taking as long as the one before it, it would end
+within this many seconds of the start (the first variant, on a fresh machine, also pays the compiles: ~190 s).
 
 Per variant and route: decode ms per verify step (wall, the engine's clock), device ms per step and per stage
 (CUDA events; idle gaps included), MAL, and whether the tokens equal the default variant's. Writes
@@ -59,10 +60,10 @@ from repro.data.suites import format_turn, load_suite  # noqa: E402
 from repro.decoding import engine  # noqa: E402
 from repro.decoding.engine import STAGES, generate  # noqa: E402
 from repro.decoding.routes import build_route, prepare_graphs  # noqa: E402
-from repro.gdn import triton_attention, triton_topk  # noqa: E402
+from repro.gdn import triton_attention  # noqa: E402
 from repro.gdn import triton_linear as tlin  # noqa: E402
 from repro.gdn.triton_common import dependent_launch  # noqa: E402
-from repro.models import graphed, static  # noqa: E402
+from repro.models import graphed, static, topk_kernels  # noqa: E402
 from repro.models.target import open_target  # noqa: E402
 
 CPU = sys.argv[2:3] == ["cpu"]
@@ -77,7 +78,7 @@ ROUTES = [
 ]
 PROMPTS = 1 if CPU else 3
 NEW_TOKENS = 16 if CPU else 96
-BUDGET_S = 1e9 if CPU else float(os.environ.get("ROUTES_AB_BUDGET_S", "150"))  # no variant starts past this
+BUDGET_S = 1e9 if CPU else float(os.environ.get("ROUTES_AB_BUDGET_S", "400"))
 DTYPE = "float32" if CPU else "bfloat16"
 
 
@@ -121,10 +122,10 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "no_clock_events": unclocked,
     "scaled_rows": lambda: patched(static, "FOLD_NORMS", False),
     "auto_rows": lambda: tlin.verify_form("auto"),
-    "torch_topk": lambda: patched(triton_topk, "KERNELS", False),
-    "topk_chunk4096": lambda: patched(triton_topk, "CHUNK", 4096),
-    "topk_chunk512": lambda: patched(triton_topk, "CHUNK", 512),
-    "topk_pool": lambda: patched(triton_topk, "MAX_K", 512),
+    "torch_topk": lambda: patched(topk_kernels, "KERNELS", False),
+    "topk_chunk4096": lambda: patched(topk_kernels, "CHUNK", 4096),
+    "topk_chunk512": lambda: patched(topk_kernels, "CHUNK", 512),
+    "topk_pool": lambda: patched(topk_kernels, "MAX_K", 512),
 }
 
 
@@ -209,14 +210,17 @@ def main() -> None:
     reference: dict[str, list[list[int]]] = {}
     rows: list[dict] = []
     picked = os.environ.get("ROUTES_AB_VARIANTS", ",".join(VARIANTS)).split(",")
+    last = 0.0  # the previous variant's seconds: the next one is skipped if it would end past the budget
     for name in ["default"] + [v for v in picked if v != "default"]:
-        if time.monotonic() - start > BUDGET_S:
-            rows.append({"variant": name, "skipped": f"the {BUDGET_S:g} s budget is spent"})
+        if time.monotonic() - start + last > BUDGET_S:
+            rows.append({"variant": name, "skipped": f"the {BUDGET_S:g} s budget would be spent"})
             continue
+        began = time.monotonic()
         try:
             rows += variant_rows(name, model, tok, reference)
         except Exception as exc:  # noqa: BLE001 - one variant failing must not lose the others
             rows.append({"variant": name, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"})
+        last = time.monotonic() - began
         write(out, rows, time.monotonic() - start)
 
 

@@ -1,4 +1,4 @@
-"""The row top-k kernels (repro/gdn/triton_topk.py) against torch.topk at the GPU path's shapes, H200.
+"""The row top-k kernels (repro/models/topk_kernels.py) against torch.topk at the GPU path's shapes, H200.
 
     python3 scripts/gpu/topk-bench.py OUT_DIR      (one H200: < 40 s)
 
@@ -6,7 +6,7 @@ Shapes (rows x vocabulary, k, dtype, log): DDTree's tree stage (15 x 4096, k 32,
 logs), the DFlash drafter's top ids (15 x 4096, k 1), SpecLA's EAGLE levels (1 and 16 rows x 4096, k 4),
 DFlash-TfM's pool (15 x 4096 bf16 logits, k 512), and the real vocabularies (GDN-1.3B's 32000 and
 Qwen3.6-27B's 248320, bf16, k 32 / 512: two launches). Each is timed as a CUDA graph of one call
-(``repro.bench.timing.graph_us``, median us per call): ``torch.topk`` (``triton_topk.KERNELS`` off) and
+(``repro.bench.timing.graph_us``, median us per call): ``torch.topk`` (``topk_kernels.KERNELS`` off) and
 the kernels at each (CHUNK, WARPS) of TILES, each checked against a stable descending sort (value, then
 smaller index) on the device first. Writes OUT_DIR/topk-bench.json and OUT_DIR/topk-bench.md; prints the
 markdown. Exit 3 on a mismatch.
@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's repro, not an installed one
 
 from repro.bench.timing import TimerConfig, graph_us  # noqa: E402
-from repro.gdn import triton_topk  # noqa: E402
+from repro.models import topk_kernels  # noqa: E402
 
 DEV = torch.device("cuda")
 TIMER = TimerConfig(warmup_ms=2.0, rep_ms=10.0, graph_replays=5)
@@ -40,7 +40,7 @@ SHAPES = [  # name, rows, vocab, k, dtype, log
     ("27B vocab, k 32", 15, 248320, 32, torch.bfloat16, False),
     ("27B pool, k 512", 15, 248320, 512, torch.bfloat16, False),
 ]
-DEFAULT_TILE = (triton_topk.CHUNK, triton_topk.WARPS)
+DEFAULT_TILE = (topk_kernels.CHUNK, topk_kernels.WARPS)
 TILES = [(4096, 4), (1024, 4), (512, 4)]  # chunk, warps (callCC also had 4096/8 2048/4 1024/2 512/2 256/2)
 
 
@@ -60,22 +60,22 @@ def main(out: Path) -> int:
         x = torch.randn(r, v, generator=gen).to(dtype).to(DEV)
         if log:
             x = torch.softmax(x.float() * 3, -1)
-        applies = triton_topk.triton_topk_applies(x, k)
+        applies = topk_kernels.triton_topk_applies(x, k)
         want = reference(x, k, log)
-        call = partial(triton_topk.row_topk, x, k, log)
-        triton_topk.KERNELS = False
+        call = partial(topk_kernels.row_topk, x, k, log)
+        topk_kernels.KERNELS = False
         torch_us = graph_us([call], DEV, TIMER, estimate_us=20.0)
-        triton_topk.KERNELS = True
+        topk_kernels.KERNELS = True
         tiles = {}
         for chunk, warps in TILES if applies else []:
-            triton_topk.CHUNK, triton_topk.WARPS = chunk, warps
-            if not triton_topk.triton_topk_applies(x, k):  # too many chunk winners at this chunk
+            topk_kernels.CHUNK, topk_kernels.WARPS = chunk, warps
+            if not topk_kernels.triton_topk_applies(x, k):  # too many chunk winners at this chunk
                 continue
-            got = triton_topk.row_topk(x, k, log)
+            got = topk_kernels.row_topk(x, k, log)
             if not (torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])):
                 bad.append(f"{name} chunk {chunk} warps {warps}")
             tiles[f"{chunk}/{warps}"] = graph_us([call], DEV, TIMER, estimate_us=20.0)
-        triton_topk.CHUNK, triton_topk.WARPS = DEFAULT_TILE
+        topk_kernels.CHUNK, topk_kernels.WARPS = DEFAULT_TILE
         rows.append({"shape": name, "rows": r, "vocab": v, "k": k, "dtype": str(dtype), "log": log,
                      "kernels_apply": applies, "tiles_us": tiles, "torch_us": torch_us})  # fmt: skip
         print(json.dumps(rows[-1]), flush=True)

@@ -88,13 +88,13 @@ TOPK_MERGE = dict(
     KP="constexpr", CHUNKS="constexpr", MP="constexpr", LOG="constexpr",
 )  # fmt: skip
 CASES = {  # name: (module, kernel, signature, constexprs)
-    "topk-log": ("repro.gdn.triton_topk", "_topk_chunks_kernel", TOPK_CHUNKS,
+    "topk-log": ("repro.models.topk_kernels", "_topk_chunks_kernel", TOPK_CHUNKS,
                  {"CHUNK": 4096, "KP": 32, "CHUNKS": 1, "LOG": True}),  # DDTree's tree stage
-    "topk-k2": ("repro.gdn.triton_topk", "_topk_chunks_kernel", {**TOPK_CHUNKS, "vals": ptr("fp32")},
+    "topk-k2": ("repro.models.topk_kernels", "_topk_chunks_kernel", {**TOPK_CHUNKS, "vals": ptr("fp32")},
                 {"CHUNK": 4096, "KP": 2, "CHUNKS": 1, "LOG": False}),  # k = 1 (KP 2)
-    "topk-parts": ("repro.gdn.triton_topk", "_topk_chunks_kernel", {**TOPK_CHUNKS, "x": ptr("bf16")},
+    "topk-parts": ("repro.models.topk_kernels", "_topk_chunks_kernel", {**TOPK_CHUNKS, "x": ptr("bf16")},
                    {"CHUNK": 4096, "KP": 512, "CHUNKS": 8, "LOG": False}),
-    "topk-merge": ("repro.gdn.triton_topk", "_topk_merge_kernel", TOPK_MERGE,
+    "topk-merge": ("repro.models.topk_kernels", "_topk_merge_kernel", TOPK_MERGE,
                    {"KP": 512, "CHUNKS": 8, "MP": 4096, "LOG": False}),
     "growth-step-1": ("repro.drafters.growth_kernels", "_step_kernel", GROWTH,
                       growth_constants("tiny", 1, 1)),  # one node a step, one program

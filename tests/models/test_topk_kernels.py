@@ -1,4 +1,4 @@
-"""The row-wise top-k kernels (repro.gdn.triton_topk) against a stable descending sort: values, indices
+"""The row-wise top-k kernels (repro.models.topk_kernels) against a stable descending sort: values, indices
 (ties to the smaller index), float64 log values, ``out=``, rows of one chunk and of several.
 
 - interpreter (CPU, TRITON_INTERPRET=1, one subprocess): float32 / bf16 / float16 rows with negatives,
@@ -19,7 +19,7 @@ import pytest
 import torch
 from conftest import run_in_interpreter
 
-from repro.gdn.triton_topk import CHUNK, MAX_K, MAX_ROW, launch_topk, row_topk, triton_topk_applies
+from repro.models.topk_kernels import CHUNK, MAX_K, MAX_ROW, launch_topk, row_topk, triton_topk_applies
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 TINY = torch.finfo(torch.float64).tiny
