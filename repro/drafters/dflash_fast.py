@@ -75,6 +75,8 @@ from repro.models.graphed import SMALL_WIDTH
 from repro.models.static import (
     AttentionBuffers,
     AttentionWeights,
+    fold_head,
+    fold_weights,
     fused_verify_attention,
     normed_linear,
     triton_rms_norm,
@@ -83,6 +85,12 @@ from repro.models.static import (
 
 if TYPE_CHECKING:
     from repro.drafters.dflash import DFlashDraftModel, DFlashLayer
+
+
+# The block's normed matrices (q|k|v, gate|up, the LM head) with the norm scales folded into their columns
+# where the block runs on the row-tiled kernels, as the target's verify does (static.FOLD_NORMS). Off until
+# an A/B on the H200 says (scripts/gpu/routes-ab.py, fold_drafter).
+FOLD_NORMS = False
 
 
 @dataclass
@@ -146,6 +154,11 @@ class FastDFlash:
         self.model, self.cfg, self.row_tiled_width = model, cfg, row_tiled_width
         self.views = [LayerView.of(layer) for layer in model.layers]
         self.weights = [layer_weights(layer) for layer in model.layers]
+        self.fold = FOLD_NORMS and self.gemv(block_size)
+        if self.fold:
+            for w in self.weights:
+                fold_weights(w)
+        self._head: tuple[torch.Tensor, torch.Tensor] | None = None  # (an LM head's weight, it folded)
         attn = [layer.self_attn for layer in model.layers]
         self.context_weight = torch.cat([a.k_proj.weight for a in attn] + [a.v_proj.weight for a in attn])
         self.k_scale = torch.stack([a.k_norm.weight.detach() for a in attn]).contiguous()  # [L, hd]
@@ -202,5 +215,13 @@ class FastDFlash:
         """``compute_logits(norm(h), lm_head)`` of rows ``h`` [n, hidden], the final norm on the head."""
         norm = self.model.norm
         bias = getattr(lm_head, "bias", None)
-        logits = normed_linear(h, norm.weight, norm.eps, lm_head.weight, bias, self.gemv(h.shape[0]))
+        gemv = self.gemv(h.shape[0])
+        folded = self._folded_head(lm_head.weight) if self.fold and gemv else None
+        logits = normed_linear(h, norm.weight, norm.eps, lm_head.weight, bias, gemv, folded)
         return self.model.shape_logits(logits)
+
+    def _folded_head(self, weight: torch.Tensor) -> torch.Tensor:
+        """``weight`` (the target's LM head) with this drafter's final norm scale folded in, made once."""
+        if self._head is None or self._head[0] is not weight:
+            self._head = (weight, fold_head(weight, self.model.norm.weight.detach()))
+        return self._head[1]

@@ -224,6 +224,14 @@ def fold_weights(w: GDNWeights | AttentionWeights) -> None:
         w.folded["gate_up"] = fold_norm(w.gate_up, w.post_norm)
 
 
+def fold_head(weight: torch.Tensor, norm_scale: torch.Tensor) -> torch.Tensor:
+    """An LM head with the final norm's scale folded into its columns
+    (:func:`~repro.gdn.triton_linear.fold_norm`), for a row-tiled ``normed_linear(folded=)``."""
+    from repro.gdn.triton_linear import fold_norm
+
+    return fold_norm(weight, norm_scale)
+
+
 def stacked_mlp(layer: DecoderLayer, stack: bool) -> torch.Tensor | None:
     """The MLP's gate_proj and up_proj weights stacked [2 I, d] (one matmul), or None."""
     return torch.cat([layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight]) if stack else None
@@ -1057,11 +1065,9 @@ class StaticDecoder:
             if self.fold_norms:
                 if not self.fused:
                     raise ConfigError("fold_norms=True is for the fused decoder's row-tiled verify")
-                from repro.gdn.triton_linear import fold_norm
-
                 for w in self.weights:
                     fold_weights(w)
-                self.folded_head = fold_norm(model.lm_head.weight, self.final_norm)
+                self.folded_head = fold_head(model.lm_head.weight, self.final_norm)
         self.has_attention = any(lay.layer_type != GDN for lay in self.layers)
         self.fuse_tree_attention = self._tree_attention_flag(fuse_tree_attention)
         if tree_attention_decode and not self.fuse_tree_attention:

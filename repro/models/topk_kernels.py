@@ -13,8 +13,10 @@ index (``torch.topk`` leaves tie order unspecified; a stable descending sort giv
 ``log=True`` writes the values as float64 ``log(clamp(p, tiny, 1))`` (DDTree's scores,
 :func:`repro.decoding.tree_builders.top_log_probs`), else in the input's dtype. Inputs float32, bf16 or
 float16 (float64 values do not fit the key: :func:`row_topk` leaves them to ``torch.topk``, as it does
-every CPU tensor). NaN is not
-ranked (callers pass probabilities or logits); -0.0 ranks just below +0.0.
+every CPU tensor). NaN is not ranked (callers pass probabilities or logits); -0.0 ranks just below +0.0.
+
+Measured (results/2026-12-04-h200-topk): DDTree's top-k + logs 6.8 us against 34.6, an EAGLE level's 3.7-3.9
+against 22-27; in one process the device step of DDTree 0.416 -> 0.359 ms and of SpecLA 0.731 -> 0.590.
 """
 
 from __future__ import annotations
@@ -127,11 +129,11 @@ def row_topk(
     torch's tie order)."""
     if KERNELS and x.is_cuda and triton_topk_applies(x, k):
         return launch_topk(x, k, log, out)
-    if not log and out is not None:
+    if not log:
+        if out is None:
+            return tuple(torch.topk(x, k, dim=-1))
         torch.topk(x, k, dim=-1, out=out)
         return out
-    if not log:
-        return tuple(torch.topk(x, k, dim=-1))
     values, index = torch.topk(x, k, dim=-1)
     values = values.to(torch.float64).clamp(torch.finfo(torch.float64).tiny, 1.0).log()
     if out is None:

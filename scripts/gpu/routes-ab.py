@@ -29,7 +29,9 @@ on a fresh GraphedTarget so that its graphs are captured under that setting:
   :mod:`repro.models.topk_kernels`'s kernels (``topk_kernels.KERNELS`` off);
 - ``topk_chunk4096`` / ``topk_chunk512``: those kernels on 4096- / 512-entry chunks (the default 1024: a
   4096 row is four programs, then a merge launch);
-- ``topk_pool``: the kernels up to k = 512 (``topk_kernels.MAX_K``), so DFlash-TfM's pool (512 of 4096) too.
+- ``topk_pool``: the kernels up to k = 512 (``topk_kernels.MAX_K``), so DFlash-TfM's pool (512 of 4096) too;
+- ``fold_drafter``: the DFlash block's normed matrices with the norm scales folded in
+  (``dflash_fast.FOLD_NORMS``), as the target's verify reads them.
 
 ROUTES_AB_VARIANTS (comma-separated names; default all) picks the variants; "default" always runs first.
 ROUTES_AB_BUDGET_S (default 400): a variant starts only if, taking as long as the one before it, it would end
@@ -60,6 +62,7 @@ from repro.data.suites import format_turn, load_suite  # noqa: E402
 from repro.decoding import engine  # noqa: E402
 from repro.decoding.engine import STAGES, generate  # noqa: E402
 from repro.decoding.routes import build_route, prepare_graphs  # noqa: E402
+from repro.drafters import dflash_fast  # noqa: E402
 from repro.gdn import triton_attention  # noqa: E402
 from repro.gdn import triton_linear as tlin  # noqa: E402
 from repro.gdn.triton_common import dependent_launch  # noqa: E402
@@ -126,6 +129,7 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "topk_chunk4096": lambda: patched(topk_kernels, "CHUNK", 4096),
     "topk_chunk512": lambda: patched(topk_kernels, "CHUNK", 512),
     "topk_pool": lambda: patched(topk_kernels, "MAX_K", 512),
+    "fold_drafter": lambda: patched(dflash_fast, "FOLD_NORMS", True),
 }
 
 

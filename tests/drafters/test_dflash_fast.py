@@ -91,6 +91,8 @@ def shadowed(  # noqa: ANN001 - target: HybridLM, prompts: token lists, model: D
         out["lengths"] += res.accepted_lengths
         out["ar"] = out["ar"] and res.output_ids == generate(engine, ids, ar, new_tokens).output_ids
     out["capacity"] = static._static.max_len
+    fast = static._static._fast
+    out["folded"] = bool(fast is not None and fast.fold)
     return out
 
 
@@ -98,7 +100,9 @@ PROMPT = list(range(7, 40, 2))  # 17 tokens: buffers of 16 positions double at t
 
 
 def proposal_cases() -> dict[str, dict]:
-    """Fast vs eager per dtype, drafter layout and route (float64: also two layers, and cuBLAS)."""
+    """Fast vs eager per dtype, drafter layout and route (float64: also two layers, cuBLAS, and the norm
+    scales folded into the block's matrices)."""
+    from repro.drafters import dflash_fast
     from repro.drafters.dflash import random_dflash_for
 
     out = {}
@@ -113,6 +117,13 @@ def proposal_cases() -> dict[str, dict]:
             out["float64/one/ddtree/cublas"] = shadowed(
                 target, [PROMPT], "ddtree", 8, one, tiled_width=0, max_len=16, fast=True
             )
+            dflash_fast.FOLD_NORMS = True  # the block's normed matrices with the scales folded in
+            try:
+                out["float64/one/ddtree/folded"] = shadowed(
+                    target, [PROMPT], "ddtree", 8, one, max_len=16, fast=True
+                )
+            finally:
+                dflash_fast.FOLD_NORMS = False
     return out
 
 
@@ -220,7 +231,8 @@ def interpreted() -> dict:
 
 def test_fast_steps_equal_the_eager_drafters_in_the_interpreter(interpreted):
     cases = interpreted["proposals"]
-    assert len(cases) == 4
+    assert len(cases) == 5
+    assert [key for key, res in cases.items() if res["folded"]] == ["float64/one/ddtree/folded"]
     for key, res in cases.items():
         tol = TOL[torch.float64 if key.startswith("float64") else torch.float32]
         assert res["differ"] == 0 and res["steps"] >= 3 and res["ar"], (key, res)
@@ -286,14 +298,17 @@ def family(dtype: str):  # noqa: ANN201 - (HybridLM, prompts, the trained DFlash
 
 @pytest.mark.gpu
 @cuda
-@pytest.mark.parametrize("kind", ["ddtree", "dflash_chain"])
-def test_gpu_fast_graphed_proposals_equal_eager_in_float32(kind):
+@pytest.mark.parametrize("kind,fold", [("ddtree", False), ("dflash_chain", False), ("ddtree", True)])
+def test_gpu_fast_graphed_proposals_equal_eager_in_float32(kind, fold, monkeypatch):
+    from repro.drafters import dflash_fast
     from repro.models.graphed import GraphedTarget
 
+    monkeypatch.setattr(dflash_fast, "FOLD_NORMS", fold)
     target, prompts, model = family("float32")
     engine = GraphedTarget(target)
     res = shadowed(target, prompts, kind, 48, model, engine=engine, max_len=64)
     print(json.dumps(res))
+    assert res["folded"] == fold, res
     assert res["differ"] == 0 and res["ar"] and max(res["lengths"]) > 2, res
     assert max(res[k] for k in ("rows", "logits", "probs")) <= 1e-4, res
 
