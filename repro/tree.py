@@ -153,6 +153,9 @@ class DeviceTree:
 
     tokens: torch.Tensor
     parents: torch.Tensor
+    # ``parents`` is a tensor nobody writes (a chain's, cached per length): a verify slot that already
+    # holds that very tensor's values skips copying it again
+    constant_parents: bool = False
 
     def __post_init__(self) -> None:
         if self.tokens.dim() != 1 or self.tokens.shape != self.parents.shape or self.tokens.numel() == 0:

@@ -158,14 +158,15 @@ class Chain:
             return self.build(_host_root(root_token), proposal)
         first = proposal.top_ids[:, 0].long()
         root = _device_root(root_token, first.device)
-        return DeviceTree(torch.cat([root, first]), _chain_parents(first.numel() + 1, first.device))
+        parents = _chain_parents(first.numel() + 1, first.device)
+        return DeviceTree(torch.cat([root, first]), parents, constant_parents=True)
 
 
 @functools.lru_cache(maxsize=64)
 def _chain_parents(nodes: int, device: torch.device) -> torch.Tensor:
-    """A chain's parents on ``device`` (-1, 0, ..., nodes - 2), made once per length: a pipelined chain
-    step then launches one op from the host (its tokens' concatenation) instead of four. Device trees are
-    not modified after they are made."""
+    """A chain's parents on ``device`` (-1, 0, ..., nodes - 2), made once per length and never written
+    (``DeviceTree.constant_parents``): a pipelined chain step then launches its tokens' concatenation and
+    their copy into the verify slot from the host, and no parents (a slot keeps the last ones it took)."""
     return torch.arange(-1, nodes - 1, device=device)
 
 

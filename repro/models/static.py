@@ -800,6 +800,7 @@ class TreeSlot:
         self.hidden: dict[int, torch.Tensor] = {}
         self.saved: list[GDNSaved | AttentionSaved | None] = [None] * decoder.num_layers
         self.tree: Tree | DeviceTree | None = None
+        self._held_parents: torch.Tensor | None = None  # the constant parents held (set_device_tree)
         parents = [-1 if i % self.max_depth == 0 else i - 1 for i in range(size)]
         self.set_tree(Tree(torch.zeros(size, dtype=torch.long), torch.tensor(parents)))
         if derive:
@@ -817,6 +818,7 @@ class TreeSlot:
             bound = "up to " if pad else ""
             raise ConfigError(f"this slot verifies {self.verifier}s of {bound}{self.size} nodes, got {n}")
         size, width = self.size, self.width
+        self._held_parents = None  # the upload writes the parents
         if self._copied is not None:
             self._copied.synchronize()  # the previous upload has left the host buffer
         longs, flags = self._host_longs, self._host_flags
@@ -852,15 +854,19 @@ class TreeSlot:
     def set_device_tree(self, tree: DeviceTree) -> None:
         """Copy a device tree of up to ``size`` nodes into tokens and parents on the device (no host
         read; padded as :meth:`set_tree` pads); needs ``derive``. Its depth is not checked on the host:
-        slots that take device trees are as deep as they are large."""
+        slots that take device trees are as deep as they are large. Constant parents
+        (``tree.constant_parents``) that this slot took last are not copied again."""
         n = tree.size
         if not self.derive_inputs or n > self.size:
             raise ConfigError(f"a device tree of {n} nodes needs a deriving slot of >= {n} nodes")
         self.tokens[:n].copy_(tree.tokens)
-        self.parents[:n].copy_(tree.parents)
         if n < self.size:
             self.tokens[n:].zero_()
-            self.parents[n:].fill_(-1)
+        if tree.parents is not self._held_parents:  # held: the same n, its padding in place
+            self.parents[:n].copy_(tree.parents)
+            if n < self.size:
+                self.parents[n:].fill_(-1)
+        self._held_parents = tree.parents if tree.constant_parents else None
         self.tree = tree
 
     def derive(self) -> None:
