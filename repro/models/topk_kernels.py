@@ -169,6 +169,7 @@ def launch_topk(
         return vals, ids
     v2, i2 = vals.view(r, k), ids.view(r, k)
     kp, chunk, chunks, mp = plan(n, k)
+    # the chunks' winners for the merge; one chunk writes the result itself (parts unused: any int64 tensor)
     parts = torch.empty(r, chunks, kp, dtype=torch.long, device=x.device) if chunks > 1 else i2
     _topk_chunks_kernel[(r, chunks)](
         rows, rows.stride(0), n, parts, v2, v2.stride(0), i2, i2.stride(0), k,
