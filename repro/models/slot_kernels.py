@@ -28,6 +28,10 @@ import triton.language as tl
 from repro.gdn.triton_common import interpreting  # noqa: F401 - also patches the CPU interpreter
 
 REGISTER_TILE = 4096  # elements of a [rows, nodes] tile a program keeps in registers
+# derive_slot's launch: rows a program (None: as many as a REGISTER_TILE holds, one program up to 64 nodes)
+# and warps; scripts/gpu/slot-bench.py times the choices
+DERIVE_ROWS: int | None = None
+DERIVE_WARPS = 4
 
 
 def _flags(t: torch.Tensor) -> torch.Tensor:
@@ -88,16 +92,22 @@ def derive_slot(
     ancestors: torch.Tensor,
     conv_index: torch.Tensor,
     first: torch.Tensor,
+    block_rows: int | None = None,
+    num_warps: int | None = None,
 ) -> None:
     """Depths [n] (int64), ancestor-or-self mask [n, n] (bool), conv gather index [n, W] (int64: as
     :func:`repro.gdn.reference.conv_gather_index`) and first-sibling flags [n] (bool) of the tree given by
-    ``tokens`` and ``parents`` [n] (int64, parent -1 at the root level), written in place; one launch."""
+    ``tokens`` and ``parents`` [n] (int64, parent -1 at the root level), written in place; one launch of
+    ``block_rows`` rows a program (a power of two; default :data:`DERIVE_ROWS`) and ``num_warps`` warps
+    (:data:`DERIVE_WARPS`). Each program walks its rows up to the root, so fewer rows a program shorten the
+    deepest program's walk and its one-hot reduces."""
     n, width = conv_index.shape
     np2 = triton.next_power_of_2(n)
-    br = max(1, min(np2, REGISTER_TILE // np2))
+    br = block_rows or DERIVE_ROWS or REGISTER_TILE // np2
+    br = max(1, min(np2, triton.next_power_of_2(br)))
     _derive_kernel[(triton.cdiv(n, br),)](
         tokens, parents, depth, _flags(ancestors), conv_index, _flags(first), n,
-        HIST=width - 1, W=width, NP=np2, BR=br, num_warps=4,
+        HIST=width - 1, W=width, NP=np2, BR=br, num_warps=num_warps or DERIVE_WARPS,
     )  # fmt: skip
 
 

@@ -10,11 +10,15 @@ Qwen3.6-27B's 248320, bf16, k 32 / 512: two launches). Each is timed as a CUDA g
 the kernels at each (CHUNK, WARPS) of TILES, each checked against a stable descending sort (value, then
 smaller index) on the device first. Writes OUT_DIR/topk-bench.json and OUT_DIR/topk-bench.md; prints the
 markdown. Exit 3 on a mismatch.
+
+TOPK_BENCH_ONLY (comma-separated shape names) times only those shapes; TOPK_BENCH_MAX_K raises
+``topk_kernels.MAX_K`` (e.g. 512: the kernels on DFlash-TfM's pool, which the default limit keeps on torch).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from functools import partial
 from pathlib import Path
@@ -56,7 +60,11 @@ def main(out: Path) -> int:
     out.mkdir(parents=True, exist_ok=True)
     gen = torch.Generator().manual_seed(0)
     rows, bad = [], []
+    only = [s for s in os.environ.get("TOPK_BENCH_ONLY", "").split(",") if s]
+    topk_kernels.MAX_K = int(os.environ.get("TOPK_BENCH_MAX_K", topk_kernels.MAX_K))
     for name, r, v, k, dtype, log in SHAPES:
+        if only and name not in only:
+            continue
         x = torch.randn(r, v, generator=gen).to(dtype).to(DEV)
         if log:
             x = torch.softmax(x.float() * 3, -1)
@@ -85,8 +93,8 @@ def main(out: Path) -> int:
         "",
         f"equality against a stable sort: {'**mismatches: ' + ', '.join(bad) + '**' if bad else 'all equal'}",
         "",
-        f"Kernel columns: chunk / warps (default {DEFAULT_TILE[0]}/{DEFAULT_TILE[1]}); "
-        "'-': the kernels do not apply.",
+        f"MAX_K {topk_kernels.MAX_K}. Kernel columns: chunk / warps (default "
+        f"{DEFAULT_TILE[0]}/{DEFAULT_TILE[1]}); '-': the kernels do not apply.",
         "",
         "| shape | rows x vocab | k | dtype | log | torch.topk us | " + " | ".join(names) + " |",
         "|---|---|--:|---|---|--:|" + "--:|" * len(names),

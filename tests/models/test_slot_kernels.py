@@ -15,6 +15,7 @@ GPU: the same decoders on CUDA graphs (GraphedTarget's greedy steps), float32: t
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 
@@ -66,20 +67,20 @@ def derive_mismatches(device: str) -> list[str]:
     from repro.models.slot_kernels import derive_slot
 
     bad = []
-    for kind, n, tokens, parents in _trees(device):
+    for (kind, n, tokens, parents), rows in itertools.product(_trees(device), (None, 4)):
         width = 4
         depth = torch.full((n,), -7, dtype=torch.long, device=device)
         anc = torch.ones(n, n, dtype=torch.bool, device=device)
         conv = torch.full((n, width), -99, dtype=torch.long, device=device)
         first = torch.zeros(n, dtype=torch.bool, device=device)
-        derive_slot(tokens, parents, depth, anc, conv, first)
+        derive_slot(tokens, parents, depth, anc, conv, first, block_rows=rows)
         p, t = parents.cpu().numpy(), tokens.cpu().numpy()
         want_anc, want_depth = ancestor_matrix(p)
         got = (anc.cpu().numpy(), depth.cpu().numpy(), conv.cpu().numpy(), first.cpu().numpy())
         want = (want_anc, want_depth, conv_gather_index_np(p, width), first_occurrences(p, t))
         for name, g, w in zip(("ancestors", "depth", "conv_index", "first"), got, want):
             if not np.array_equal(g, w):
-                bad.append(f"{kind} n={n}: {name}")
+                bad.append(f"{kind} n={n} block_rows={rows}: {name}")
     return bad
 
 
