@@ -57,6 +57,10 @@ STAGES = ("draft", "tree", "verify", "commit")  # on the device path "commit" ho
 # timing events of finished clocks by device, reused by later clocks: a decode step records ~11 (its stage
 # marks and two a graph replay) and reads none, so the loop neither makes nor reads events once warm
 _EVENTS: dict[torch.device, list[torch.cuda.Event]] = {}
+# StageClock records its CUDA events (stage marks, graph replays) on every EVENT_EVERY-th step, and scales the
+# sampled steps' sums to all steps; 1: every step. The events cost host time a step (engine wall time), the
+# measurement's own overhead (results/2026-12-04-h200-host-loop-profiles: 2.5-4% of wall with every step)
+EVENT_EVERY = 1
 # greedy device routes whose drafter pipelines run one step ahead of the host (:func:`pipelined`); False: each
 # step read before the next is drafted (the A/B of scripts/gpu/busy-time.py)
 PIPELINE = True
@@ -129,10 +133,20 @@ class StageClock:
     It is also a :class:`~repro.models.graphs.ReplayRecorder`: inside ``busy_recorder(clock)`` every graph
     replay's (start, end) events, from the same pool, are attributed to the stage whose mark came last
     (after a step's last mark: its last stage), summed like the marks by ``busy_s()``.
+
+    ``every`` (default :data:`EVENT_EVERY`): events only on steps 0, every, 2 every, ... (their marks and
+    their replays, ``recording``); ``device_s()`` and ``busy_s()`` scale the sampled steps' sums by
+    steps / sampled steps. Wall-clock sums take every step.
     """
 
-    def __init__(self, device: torch.device, sync: bool) -> None:
+    def __init__(self, device: torch.device, sync: bool, every: int | None = None) -> None:
         self.device, self.sync = device, sync
+        self.every = every or EVENT_EVERY
+        if self.every < 1:
+            raise ValueError(f"StageClock samples every >= 1 steps, got {self.every}")
+        self.steps = 0  # complete steps (len(STAGES) + 1 marks each)
+        self.sampled = 0  # complete steps whose events were recorded
+        self.recording = True  # whether the step now running records events (step 0 does)
         self.events = device.type == "cuda"
         self.stream = generation_stream(device)
         self.wall = dict.fromkeys(STAGES, 0.0)
@@ -156,8 +170,10 @@ class StageClock:
 
     def mark(self) -> None:
         self._stage = min(len(self._times), len(STAGES) - 1)
+        if not self._times:  # a step's first mark
+            self.recording = self.steps % self.every == 0
         self._times.append(_clock(self.device) if self.sync else time.perf_counter())
-        if self.events:
+        if self.events and self.recording:
             if len(self._times) == 1:
                 self._steps.append([])
             event = self.event()
@@ -167,6 +183,8 @@ class StageClock:
             for name, a, b in zip(STAGES, self._times, self._times[1:]):
                 self.wall[name] += b - a
             self._times = []
+            self.steps += 1
+            self.sampled += self.recording
 
     def _harvest(self) -> None:
         """Wait for the recorded steps and replays, sum their device time and give their events back."""
@@ -182,11 +200,16 @@ class StageClock:
             self.busy_sums[STAGES[stage]] += start.elapsed_time(end) / 1000.0
             self._pool += (start, end)
 
+    def _scaled(self, sums: dict[str, float]) -> dict[str, float]:
+        """The sampled steps' ``sums`` over all steps (as they are with every step sampled)."""
+        scale = self.steps / self.sampled if self.sampled and self.every > 1 else 1.0
+        return {name: v * scale for name, v in sums.items()}
+
     def device_s(self) -> dict[str, float]:
         if not self.events:
             return dict(self.wall)
         self._harvest()
-        return dict(self.device_sums)
+        return self._scaled(self.device_sums)
 
     def busy_s(self) -> dict[str, float] | None:
         """Summed graph replay time per stage (waits for the replays still running); None without
@@ -194,7 +217,7 @@ class StageClock:
         if not self.events or not self.replays:
             return None
         self._harvest()
-        return dict(self.busy_sums)
+        return self._scaled(self.busy_sums)
 
 
 def device_greedy(model: HybridLM | GraphedTarget, route: Route) -> bool:

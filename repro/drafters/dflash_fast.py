@@ -88,9 +88,10 @@ if TYPE_CHECKING:
 
 
 # The block's normed matrices (q|k|v, gate|up, the LM head) with the norm scales folded into their columns
-# where the block runs on the row-tiled kernels, as the target's verify does (static.FOLD_NORMS). Off until
-# an A/B on the H200 says (scripts/gpu/routes-ab.py, fold_drafter).
-FOLD_NORMS = False
+# where the block runs on the row-tiled kernels, as the target's verify does (static.FOLD_NORMS). On since
+# routes-ab's A/B on the H200 (results/2026-12-04-h200-derive-rows/callCF): the DFlash draft stage 0.065 ->
+# 0.062 ms a step (chain), 0.069 -> 0.065 (DDTree), 0.389 -> 0.382 (DFlash-TfM, with Weaver's growth)
+FOLD_NORMS = True
 
 
 @dataclass
@@ -148,17 +149,24 @@ class FastDFlash:
 
     @torch.no_grad()
     def __init__(
-        self, model: DFlashDraftModel, block_size: int, rope_rows: int = 0, row_tiled_width: int = SMALL_WIDTH
+        self,
+        model: DFlashDraftModel,
+        block_size: int,
+        rope_rows: int = 0,
+        row_tiled_width: int = SMALL_WIDTH,
+        lm_head: nn.Module | None = None,
     ) -> None:
         cfg = model.config
         self.model, self.cfg, self.row_tiled_width = model, cfg, row_tiled_width
         self.views = [LayerView.of(layer) for layer in model.layers]
         self.weights = [layer_weights(layer) for layer in model.layers]
         self.fold = FOLD_NORMS and self.gemv(block_size)
+        self._head: tuple[torch.Tensor, torch.Tensor] | None = None  # (an LM head's weight, it folded)
         if self.fold:
             for w in self.weights:
                 fold_weights(w)
-        self._head: tuple[torch.Tensor, torch.Tensor] | None = None  # (an LM head's weight, it folded)
+            if lm_head is not None:  # folded now, so that no step's trace differs by the fold
+                self._folded_head(lm_head.weight)
         attn = [layer.self_attn for layer in model.layers]
         self.context_weight = torch.cat([a.k_proj.weight for a in attn] + [a.v_proj.weight for a in attn])
         self.k_scale = torch.stack([a.k_norm.weight.detach() for a in attn]).contiguous()  # [L, hd]

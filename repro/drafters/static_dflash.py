@@ -96,7 +96,7 @@ class StaticDFlash:
         if self.fast:
             from repro.drafters.dflash_fast import FastDFlash
 
-            self._fast = FastDFlash(model, block_size)  # its rotary tables: sized by _allocate
+            self._fast = FastDFlash(model, block_size, lm_head=lm_head)  # rotary tables: sized by _allocate
         self.layers = tuple(model.config.target_layer_ids)
         self.captures = 0  # graphs captured so far
         self.length = torch.zeros((), dtype=torch.long, device=self.device)

@@ -235,6 +235,13 @@ TUNED_ROWS: dict[RowsKey, RowsConfig] = {
     ("norm_gate_up", 384, 192, 64): RowsConfig(32, 16, 256, 4, 2),  # gate|up
     ("norm_linear", 576, 192, 64): RowsConfig(32, 16, 128, 4, 3),  # attn q|k|v
     ("norm_linear", 4096, 192, 64): RowsConfig(64, 32, 256, 4, 3),  # lm_head
+    # 17-32 rows (block_m 32: chain DFlash's 17-node verify), on the folded weights; us at 17 rows (the
+    # untuned defaults'), results/2026-12-04-h200-derive-rows/callCF: the verify step 195.7 -> 192.0 us
+    ("norm_linear", 584, 192, 32): RowsConfig(32, 32, 256, 4, 2),  # gdn in_proj: 2.6 (2.6)
+    ("norm_gate_up", 384, 192, 32): RowsConfig(32, 16, 256, 4, 2),  # gate|up: 3.0 (3.1)
+    ("linear_residual", 192, 384, 32): RowsConfig(32, 16, 128, 4, 3),  # down: 2.3 (2.5)
+    ("norm_linear", 576, 192, 32): RowsConfig(32, 16, 256, 4, 3),  # attn q|k|v: 2.5 (2.6)
+    ("norm_linear", 4096, 192, 32): RowsConfig(32, 32, 64, 4, 3),  # lm_head: 3.1 (3.4)
 }
 
 

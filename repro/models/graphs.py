@@ -186,6 +186,7 @@ class ReplayRecorder(Protocol):
     on, the one the replays run on (:func:`generation_stream`)."""
 
     stream: Any
+    recording: bool  # whether replays now get events (a sampling recorder's unsampled steps: no)
 
     def event(self) -> Any:
         """A timing event to record (``record()``, later ``query()``/``synchronize()``/``elapsed_time``)."""
@@ -210,10 +211,10 @@ def busy_recorder(recorder: ReplayRecorder) -> Iterator[ReplayRecorder]:
 
 def replay_graph(graph: Any) -> None:
     """``graph.replay()``, bracketed by a recorder's events when one is active (:func:`busy_recorder`)."""
-    if not _recorders:
+    recorder = _recorders[-1] if _recorders else None
+    if recorder is None or not recorder.recording:
         graph.replay()
         return
-    recorder = _recorders[-1]
     start, end = recorder.event(), recorder.event()
     start.record(recorder.stream)
     graph.replay()

@@ -29,9 +29,15 @@ from repro.gdn.triton_common import interpreting  # noqa: F401 - also patches th
 
 REGISTER_TILE = 4096  # elements of a [rows, nodes] tile a program keeps in registers
 # derive_slot's launch: rows a program (None: as many as a REGISTER_TILE holds, one program up to 64 nodes)
-# and warps; scripts/gpu/slot-bench.py times the choices
-DERIVE_ROWS: int | None = None
-DERIVE_WARPS = 4
+# and warps. One row a program on one warp, from scripts/gpu/slot-bench.py on the H200
+# (results/2026-12-04-h200-derive-rows/callCF, us a call at 17 / 33 / 65 nodes, chains): 1.7 / 2.7 / 4.5
+# against 4.5 / 30.5 / 69.7 for one program of every row on 4 warps (the walk's one-hot reduces over a
+# [rows, nodes] tile cost more the wider the tile; with one row a program the deepest row alone is serial)
+DERIVE_ROWS: int | None = 1
+DERIVE_WARPS = 1
+# greedy_node's one program: rows a step (None: a REGISTER_TILE's worth) and warps (slot-bench times them)
+GREEDY_ROWS: int | None = None
+GREEDY_WARPS = 4
 
 
 def _flags(t: torch.Tensor) -> torch.Tensor:
@@ -149,17 +155,21 @@ def greedy_node(
     ancestors: torch.Tensor,
     node: torch.Tensor,
     bonus: torch.Tensor,
+    block_rows: int | None = None,
+    num_warps: int | None = None,
 ) -> None:
     """Greedy acceptance (TargetMatch at temperature 0) from ``choice`` [n] (each node's argmax token):
     a node is accepted when every node on its path below the root carries its parent's choice and is the
     first child of its parent with that token; ``node`` [1] = the deepest accepted node (the first on ties),
-    ``bonus`` [1] = its choice. One launch, one program."""
+    ``bonus`` [1] = its choice. One launch, one program, walking the rows ``block_rows`` at a time (a power
+    of two; default :data:`GREEDY_ROWS`) on ``num_warps`` warps (:data:`GREEDY_WARPS`)."""
     n = tokens.shape[0]
     np2 = triton.next_power_of_2(n)
-    br = max(1, min(np2, REGISTER_TILE // np2))
+    br = block_rows or GREEDY_ROWS or REGISTER_TILE // np2
+    br = max(1, min(np2, triton.next_power_of_2(br)))
     _greedy_node_kernel[(1,)](
         choice, tokens, parents, _flags(first), depth, _flags(ancestors), node, bonus, n, NP=np2, BR=br,
-        num_warps=4,
+        num_warps=num_warps or GREEDY_WARPS,
     )  # fmt: skip
 
 

@@ -30,8 +30,10 @@ on a fresh GraphedTarget so that its graphs are captured under that setting:
 - ``topk_chunk4096`` / ``topk_chunk512``: those kernels on 4096- / 512-entry chunks (the default 1024: a
   4096 row is four programs, then a merge launch);
 - ``topk_pool``: the kernels up to k = 512 (``topk_kernels.MAX_K``), so DFlash-TfM's pool (512 of 4096) too;
-- ``fold_drafter``: the DFlash block's normed matrices with the norm scales folded in
-  (``dflash_fast.FOLD_NORMS``), as the target's verify reads them.
+- ``fold_drafter`` / ``scaled_drafter``: the DFlash block's normed matrices with the norm scales folded in
+  (``dflash_fast.FOLD_NORMS``, the default since callCF), as the target's verify reads them / not;
+- ``clock_every4``: StageClock's events on every 4th step only (``engine.EVENT_EVERY``), their sums scaled
+  to all steps.
 
 ROUTES_AB_VARIANTS (comma-separated names; default all) picks the variants; "default" always runs first.
 ROUTES_AB_BUDGET_S (default 400): a variant starts only if, taking as long as the one before it, it would end
@@ -130,6 +132,8 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "topk_chunk512": lambda: patched(topk_kernels, "CHUNK", 512),
     "topk_pool": lambda: patched(topk_kernels, "MAX_K", 512),
     "fold_drafter": lambda: patched(dflash_fast, "FOLD_NORMS", True),
+    "scaled_drafter": lambda: patched(dflash_fast, "FOLD_NORMS", False),
+    "clock_every4": lambda: patched(engine, "EVENT_EVERY", 4),
 }
 
 

@@ -7,8 +7,9 @@ Trees of 17 / 33 / 65 nodes (chain DFlash's, budget-32's and budget-64's slots),
 walk) and a bushy tree (parents among the last 3 nodes: DDTree-like depths). ``derive_slot`` runs at every
 (rows a program, warps) of GRID, each checked equal to the default launch's outputs first, then timed as a
 CUDA graph of one call (``repro.bench.timing.graph_us``, median us per call); ``greedy_node`` and
-``path_result`` at their defaults beside. Writes OUT_DIR/slot-bench.json and OUT_DIR/slot-bench.md; prints
-the markdown. Exit 3 on a mismatch.
+``path_result`` at their defaults beside, and ``greedy_node`` at every (rows a step, warps) of GREEDY_GRID
+(each checked equal to its default's node and bonus). Writes OUT_DIR/slot-bench.json and
+OUT_DIR/slot-bench.md; prints the markdown. Exit 3 on a mismatch.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ DEV = torch.device("cuda")
 TIMER = TimerConfig(warmup_ms=2.0, rep_ms=10.0, graph_replays=5)
 SIZES = (17, 33, 65)
 GRID = [(rows, warps) for rows in (1, 2, 4, 8, 16) for warps in (1, 2, 4)]
+GREEDY_GRID = [(rows, warps) for rows in (8, 16, 32, 64) for warps in (1, 2, 4)]
 CONV = 4  # the conv kernel width (tiny-qwen35's and the real shapes')
 
 
@@ -83,6 +85,16 @@ def main(out: Path) -> int:
             greedy = partial(slot_kernels.greedy_node, choice, tokens, parents, first, d, anc, node, bonus)
             path = partial(slot_kernels.path_result, node, bonus, tokens, d, anc, result)
             row["greedy_node_us"] = graph_us([greedy], DEV, TIMER, estimate_us=5.0)
+            row["greedy_us"] = {}
+            want_node = (node.clone(), bonus.clone())
+            for br, warps in GREEDY_GRID:
+                node.fill_(-1)
+                bonus.fill_(-1)
+                call = partial(greedy, block_rows=br, num_warps=warps)
+                call()
+                if not (torch.equal(node, want_node[0]) and torch.equal(bonus, want_node[1])):
+                    bad.append(f"greedy_node n {n} {kind} rows {br} warps {warps}")
+                row["greedy_us"][f"{br}/{warps}"] = graph_us([call], DEV, TIMER, estimate_us=5.0)
             row["path_result_us"] = graph_us([path], DEV, TIMER, estimate_us=5.0)
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -101,6 +113,19 @@ def main(out: Path) -> int:
             f"| {row['nodes']} | {row['tree']} | {row['depth']} | {row['default_us']:.1f} | "
             + " | ".join(cells)
             + f" | {row['greedy_node_us']:.1f} | {row['path_result_us']:.1f} |"
+        )
+    greedy_names = [f"{br}/{w}" for br, w in GREEDY_GRID]
+    lines += [
+        "",
+        "greedy_node by (rows a step / warps), us:",
+        "",
+        "| nodes | tree | default | " + " | ".join(greedy_names) + " |",
+        "|--:|---|--:|" + "--:|" * len(greedy_names),
+    ]
+    for row in rows:
+        cells = [f"{row['greedy_us'][name]:.1f}" for name in greedy_names]
+        lines.append(
+            f"| {row['nodes']} | {row['tree']} | {row['greedy_node_us']:.1f} | " + " | ".join(cells) + " |"
         )
     md = "\n".join(lines) + "\n"
     (out / "slot-bench.md").write_text(md)

@@ -11,7 +11,10 @@ a 64-token prefill. Calls:
 - the decode step;
 - verify of a device tree on a deriving slot, as the engine's verify graph runs it: a chain of 16 nodes
   (chain DFlash's block) and best-first trees of 33 and 65 nodes (DDTree / DFlash-TfM at budgets 32 and 64;
-  `repro.bench.shapes.draft_tree`).
+  `repro.bench.shapes.draft_tree`);
+- after the 33-node verify, the engine's greedy accept graph on its logits: accept, the accepted path's
+  result and the closed-form commit (each replay commits again and moves the length on; the work per call
+  is the same).
 
 For each call it reports:
 - the median CUDA-graph time per call (`repro.bench.timing.graph_us`);
@@ -57,6 +60,13 @@ def row(name: str, fn: Any, estimate_us: float) -> dict[str, Any]:
             "gaps_us": us - eager, "kernels": ks}  # fmt: skip
 
 
+def accept_commit(dec: Any, slot: TreeSlot) -> None:
+    """What GraphedTarget's greedy accept graph runs after a verify (its ``_accept_call``), closed form."""
+    dec.accept(slot)
+    dec.accepted_path(slot)
+    dec.commit(slot, "closed_form")
+
+
 @torch.no_grad()
 def main(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
@@ -80,6 +90,8 @@ def main(out: Path) -> None:
         slot = TreeSlot(dec, n, derive=True)
         slot.set_device_tree(DeviceTree(tokens.to(DEV), torch.tensor(parents, device=DEV)))
         rows.append(row(name, partial(dec.verify, slot), 250.0))
+        if n == 33:  # the engine's greedy accept graph after it: accept, the path's result, the commit
+            rows.append(row("accept + commit tree 33", partial(accept_commit, dec, slot), 40.0))
     base = rows[0]["graph_us"]
     lines = [
         "# verify-kernels: tiny-qwen35, bf16, H200",

@@ -145,6 +145,32 @@ def test_busy_times_go_to_the_stage_whose_mark_came_last(fake_events):
             assert busy[name] < device[name] == pytest.approx(steps * (sum(graphs[name]) + 0.05) / 1000.0)
 
 
+def test_a_sampling_clock_records_every_nth_step_and_scales_to_all_steps(fake_events):
+    durations = {"draft": 1.0, "tree": 0.5, "verify": 3.0, "commit": 2.0}  # ms per step
+    replay = timed_call(0.75)  # in each step's verify stage
+    steps, every = 10, 4  # steps 0, 4 and 8 are recorded
+    clock = StageClock(torch.device("cuda"), sync=False, every=every)
+    with busy_recorder(clock):
+        for step in range(steps):
+            clock.mark()
+            assert clock.recording == (step % every == 0)
+            for name in STAGES:
+                fake_events.now += durations[name]
+                if name == "verify":
+                    replay()
+                clock.mark()
+            fake_events.now += 0.25 * step  # gaps between steps: not in any stage
+    assert (clock.steps, clock.sampled, clock.replays) == (10, 3, 3)
+    assert fake_events.made == 3 * (len(STAGES) + 1) + 2 * 3
+    device, busy = clock.device_s(), clock.busy_s()
+    for name in STAGES:
+        extra = 0.75 if name == "verify" else 0.0  # the replay's fake time is inside the verify stage
+        assert device[name] == pytest.approx(steps * (durations[name] + extra) / 1000.0), name
+    assert busy == pytest.approx({n: (steps * 0.75 / 1000.0 if n == "verify" else 0.0) for n in STAGES})
+    with pytest.raises(ValueError, match="every >= 1"):
+        StageClock(torch.device("cuda"), sync=False, every=-1)
+
+
 def test_busy_is_none_without_events_or_without_replays(fake_events):
     for device in ("cpu", "cuda"):
         clock = StageClock(torch.device(device), sync=False)

@@ -29,6 +29,7 @@ class LogEvent:
 
 class Recorder:
     stream = "s"
+    recording = True
 
     def __init__(self, log: list) -> None:
         self.log, self.made = log, 0
@@ -83,3 +84,16 @@ def test_the_innermost_recorder_gets_the_replays():
         assert (outer.made, inner.made) == (0, 2)
         call()
     assert (outer.made, inner.made) == (2, 2)
+
+
+def test_a_recorder_that_is_not_recording_gets_no_replay():
+    log: list = []
+    call = graphed_call(log, "a")
+    rec = Recorder(log)
+    with busy_recorder(rec):
+        rec.recording = False  # a sampling clock's unsampled step
+        call()
+        rec.recording = True
+        call()
+    assert rec.made == 2
+    assert log == [("replay", "a"), ("record", 1, "s"), ("replay", "a"), ("record", 2, "s"), ("pair", 1, 2)]

@@ -67,7 +67,7 @@ def derive_mismatches(device: str) -> list[str]:
     from repro.models.slot_kernels import derive_slot
 
     bad = []
-    for (kind, n, tokens, parents), rows in itertools.product(_trees(device), (None, 4)):
+    for (kind, n, tokens, parents), rows in itertools.product(_trees(device), (None, 4, 64)):
         width = 4
         depth = torch.full((n,), -7, dtype=torch.long, device=device)
         anc = torch.ones(n, n, dtype=torch.bool, device=device)
@@ -119,13 +119,15 @@ def accept_mismatches(device: str) -> tuple[list[str], int]:
             bad.append(f"{kind} n={n}: result {results[0].tolist()} != {results[1].tolist()}")
         deepest = max(deepest, len(want.path))
         # the kernels alone, on fresh buffers (no decoder)
-        node, bonus = torch.full((1,), -5, device=device), torch.full((1,), -5, device=device)
-        derived = slot.depth, slot.ancestors
-        greedy_node(choice.to(device), slot.tokens, slot.parents, slot.first, *derived, node, bonus)
-        result = torch.full_like(slot.result, -5)
-        path_result(node, bonus, slot.tokens, *derived, result)
-        if not torch.equal(result.cpu(), results[1]):
-            bad.append(f"{kind} n={n}: kernels alone {result.tolist()}")
+        for rows in (None, 8):  # greedy_node's default row steps, and steps of 8 rows (several steps)
+            node, bonus = torch.full((1,), -5, device=device), torch.full((1,), -5, device=device)
+            derived = slot.depth, slot.ancestors
+            args = (choice.to(device), slot.tokens, slot.parents, slot.first, *derived, node, bonus)
+            greedy_node(*args, block_rows=rows)
+            result = torch.full_like(slot.result, -5)
+            path_result(node, bonus, slot.tokens, *derived, result)
+            if not torch.equal(result.cpu(), results[1]):
+                bad.append(f"{kind} n={n} block_rows={rows}: kernels alone {result.tolist()}")
     return bad, deepest
 
 
