@@ -1296,10 +1296,11 @@ class StaticDecoder:
         token and is the first child of its parent with that token (TargetMatch's walk).
         """
         assert slot.logits is not None, "verify the slot first"
-        choice = slot.logits.argmax(-1)
         if self.fuse_bookkeeping:
             from repro.models.slot_kernels import greedy_node
+            from repro.models.topk_kernels import row_argmax
 
+            choice = row_argmax(slot.logits)
             greedy_node(
                 choice,
                 slot.tokens,
@@ -1311,6 +1312,7 @@ class StaticDecoder:
                 slot.bonus,
             )
             return
+        choice = slot.logits.argmax(-1)
         ok = (slot.tokens == choice.index_select(0, slot.parents.clamp(min=0))) & (slot.parents >= 0)
         ok = (ok & slot.first) | (self.rows[: slot.size] == 0)
         accepted = ~(slot.ancestors & ~ok[None, :]).any(dim=-1)

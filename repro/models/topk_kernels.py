@@ -143,6 +143,17 @@ def row_topk(
     return out
 
 
+def row_argmax(x: torch.Tensor) -> torch.Tensor:
+    """Each row's index of its largest entry (int64 [...] of ``x`` [..., n]), the first on ties:
+    ``x.argmax(-1)``. On CUDA where the kernels apply (and :data:`KERNELS`), :func:`launch_topk` at k = 1
+    (its ties go to the smaller index, as argmax's; a NaN ranks by its bits, where argmax takes any NaN);
+    elsewhere ``torch.argmax``. A verify's [33, 4096] bf16 logits: 14.5 us for torch's reduce kernel on
+    the H200 (results/2026-12-04-h200-derive-rows/callCG)."""
+    if KERNELS and x.is_cuda and triton_topk_applies(x, 1):
+        return launch_topk(x, 1)[1][..., 0]
+    return x.argmax(-1)
+
+
 def launch_topk(
     x: torch.Tensor, k: int, log: bool = False, out: tuple[torch.Tensor, torch.Tensor] | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:

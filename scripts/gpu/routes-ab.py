@@ -33,7 +33,11 @@ on a fresh GraphedTarget so that its graphs are captured under that setting:
 - ``fold_drafter`` / ``scaled_drafter``: the DFlash block's normed matrices with the norm scales folded in
   (``dflash_fast.FOLD_NORMS``, the default since callCF), as the target's verify reads them / not;
 - ``clock_every4``: StageClock's events on every 4th step only (``engine.EVENT_EVERY``), their sums scaled
-  to all steps.
+  to all steps;
+- ``torch_argmax``: the greedy accept's row argmax of the verify logits by ``torch.argmax``, not the top-k
+  kernels at k = 1 (``topk_kernels.row_argmax``);
+- ``fused_tree``: every verify's GDN layers on the one-launch fused tree kernel, not the split form (three
+  launches: prologue, keys, values) that ``select_tree_kernel`` picks for few value heads in bf16.
 
 ROUTES_AB_VARIANTS (comma-separated names; default all) picks the variants; "default" always runs first.
 ROUTES_AB_BUDGET_S (default 400): a variant starts only if, taking as long as the one before it, it would end
@@ -134,6 +138,8 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "fold_drafter": lambda: patched(dflash_fast, "FOLD_NORMS", True),
     "scaled_drafter": lambda: patched(dflash_fast, "FOLD_NORMS", False),
     "clock_every4": lambda: patched(engine, "EVENT_EVERY", 4),
+    "torch_argmax": lambda: patched(topk_kernels, "row_argmax", lambda x: x.argmax(-1)),
+    "fused_tree": lambda: patched(static, "select_tree_kernel", lambda *args: "fused"),
 }
 
 

@@ -4,9 +4,11 @@
 - interpreter (CPU, TRITON_INTERPRET=1, one subprocess): float32 / bf16 / float16 rows with negatives,
   ties and zeros, masked edges (lengths that are not powers of two), k = 1, odd k, k = n, several chunks
   (rows longer than ``CHUNK``), the log form at DDTree's shape, ``out=`` into row views;
-- CPU: :func:`row_topk` is ``torch.topk`` there (the reference path unchanged), the log form the
-  reference formula; the kernels refuse what they cannot rank;
-- GPU (``gpu``): the drafters' and DDTree's shapes, the 27B vocabulary (two launches), inside a CUDA graph.
+- every interpreter case's row argmax (the kernels at k = 1) against ``torch.argmax`` (the first maximum);
+- CPU: :func:`row_topk` is ``torch.topk`` there and :func:`row_argmax` ``torch.argmax`` (the reference
+  path unchanged), the log form the reference formula; the kernels refuse what they cannot rank;
+- GPU (``gpu``): the drafters' and DDTree's shapes, the 27B vocabulary (two launches), inside a CUDA graph;
+  the row argmax with several maxima a row.
 """
 
 from __future__ import annotations
@@ -19,7 +21,15 @@ import pytest
 import torch
 from conftest import run_in_interpreter
 
-from repro.models.topk_kernels import CHUNK, MAX_K, MAX_ROW, launch_topk, row_topk, triton_topk_applies
+from repro.models.topk_kernels import (
+    CHUNK,
+    MAX_K,
+    MAX_ROW,
+    launch_topk,
+    row_argmax,
+    row_topk,
+    triton_topk_applies,
+)
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 TINY = torch.finfo(torch.float64).tiny
@@ -74,6 +84,8 @@ def compare(device: str, long_rows: bool = True) -> dict:
         for result in (got, into):
             if not (torch.equal(result[0].cpu(), want[0]) and torch.equal(result[1].cpu(), want[1])):
                 bad.append(name)
+        if not log and not torch.equal(launch_topk(x, 1)[1][..., 0].cpu(), x.cpu().argmax(-1)):
+            bad.append(f"{name}: argmax")  # row_argmax's kernel path against torch's first maximum
         done += 1
     return {"cases": done, "mismatches": bad}
 
@@ -120,6 +132,12 @@ def test_cpu_row_topk_is_torch_topk() -> None:
     assert row_topk(x, 9, out=out) is out and torch.equal(out[0], ref.values)
 
 
+def test_cpu_row_argmax_is_torch_argmax() -> None:
+    x = torch.tensor([[1.0, 3.0, 3.0, 2.0], [5.0, 0.0, 5.0, 5.0]])  # ties: the first maximum
+    assert row_argmax(x).tolist() == [1, 0] == x.argmax(-1).tolist()
+    assert row_argmax(torch.zeros(2, 3, 5, dtype=torch.float64)).shape == (2, 3)
+
+
 def test_kernels_refuse_what_they_cannot_rank() -> None:
     assert not triton_topk_applies(torch.zeros(2, 10, dtype=torch.float64), 3)  # float64 has no room
     assert not triton_topk_applies(torch.zeros(2, 10), 11)
@@ -147,6 +165,9 @@ def test_gpu_kernels_equal_a_stable_sort() -> None:
             want = reference(src, k, log)  # on the device: the float64 log of torch's CUDA kernels
             assert torch.equal(got[1], want[1]), (rows, n, k, log)
             assert torch.equal(got[0], want[0]), (rows, n, k, log, (got[0] - want[0]).abs().max().item())
+        ties = x.clone()
+        ties[:, 7::13] = ties.max()  # several maxima a row: the first wins, as in argmax
+        assert torch.equal(row_argmax(ties), ties.argmax(-1)), (rows, n, dtype)
 
 
 @pytest.mark.gpu
