@@ -19,7 +19,7 @@ import functools
 import heapq
 import importlib.util
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -387,6 +387,7 @@ def best_first_size(depth: int, vocab: int, budget: int) -> int:
 
 DeviceBuilder = Callable[[int | torch.Tensor, torch.Tensor, int], DeviceTree]
 ALIASED_GRAPHS = 8  # BestFirst's graphs that read a marginals buffer in place (one per static drafter graph)
+ALIASED_ROOTS = 4  # per GraphedBestFirst: graphs that read a device root in place (one per slot result)
 
 
 def triton_available() -> bool:
@@ -407,18 +408,37 @@ class GraphedBestFirst:
 
     ``alias``: the graph reads ``probs`` itself where it lies (held here, so its memory stays that
     buffer) instead of a copy: it takes that very buffer only (:meth:`reads`), refreshed in place by its
-    owner (a static drafter's output), and copies nothing a call."""
+    owner (a static drafter's output), and copies nothing a call.
+
+    A device root (a pipelined step's bonus, in its slot's result) is read where it lies too: one more
+    graph per root buffer, for the first :data:`ALIASED_ROOTS`; other roots are copied into the static
+    one. A stream copy before a graph cost the device 15-20 us
+    (results/2026-12-04-h200-derive-rows/callCJ)."""
 
     def __init__(
         self, probs: torch.Tensor, budget: int, build: DeviceBuilder | None = None, alias: bool = False
     ) -> None:
         from repro.models.graphs import GraphedCall
 
-        fn = build or best_first_device
+        self.build, self.budget = build or best_first_device, budget
         self.alias = alias
         self.probs = probs if alias else torch.zeros_like(probs)
         self.root = torch.zeros(1, dtype=torch.long, device=probs.device)
-        self.call = GraphedCall(lambda: fn(self.root, self.probs, budget), probs.device)
+        self.call = GraphedCall(lambda: self.build(self.root, self.probs, budget), probs.device)
+        self._rooted: dict[tuple, tuple[torch.Tensor, Any]] = {}  # root address -> (root, its graph)
+
+    def _rooted_call(self, root: torch.Tensor) -> Any:
+        """The graph that reads ``root`` where it lies (made on first use), or None past the limit."""
+        from repro.models.graphs import GraphedCall, tensor_address
+
+        key = tensor_address(root)
+        held = self._rooted.get(key)
+        if held is None:
+            if len(self._rooted) >= ALIASED_ROOTS:
+                return None
+            call = GraphedCall(lambda: self.build(root, self.probs, self.budget), root.device)
+            held = self._rooted[key] = (root, call)  # the root held: its memory stays that buffer
+        return held[1]
 
     def reads(self, probs: torch.Tensor) -> bool:
         """Whether ``probs`` is the very buffer this aliasing graph reads (same memory, shape, strides)."""
@@ -439,6 +459,9 @@ class GraphedBestFirst:
                 "an aliasing best-first graph takes only the marginals buffer it was captured on"
             )
         if isinstance(root_token, torch.Tensor):  # on the device (a pipelined step's bonus)
+            rooted = self._rooted_call(root_token) if root_token.dtype == torch.long else None
+            if rooted is not None:
+                return rooted()
             self.root.copy_(root_token)
         else:
             self.root.fill_(root_token)

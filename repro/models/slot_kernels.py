@@ -11,6 +11,8 @@ those is one launch, on the device, capturable (no host read), and equal to the 
 - :func:`derive_slot`: :meth:`~repro.models.static.TreeSlot.derive` from tokens and parents. Each program
   takes a block of rows; a row walks up its parent pointers (gathered in registers by a one-hot reduce over
   the loaded parents, no memory round trip a level) until every walk of the block has left the tree.
+- :func:`copy_tree`: :meth:`~repro.models.static.TreeSlot.set_device_tree`'s copy of a device tree into the
+  slot, padding included.
 - :func:`greedy_node`: :meth:`~repro.models.static.StaticDecoder.accept`'s node and bonus from the nodes'
   argmax tokens: the deepest node whose path below the root matches (first on ties).
 - :func:`path_result`: :meth:`~repro.models.static.StaticDecoder.accepted_path`'s ``slot.result``.
@@ -114,6 +116,41 @@ def derive_slot(
     _derive_kernel[(triton.cdiv(n, br),)](
         tokens, parents, depth, _flags(ancestors), conv_index, _flags(first), n,
         HIST=width - 1, W=width, NP=np2, BR=br, num_warps=num_warps or DERIVE_WARPS,
+    )  # fmt: skip
+
+
+@triton.jit
+def _copy_tree_kernel(
+    tokens, parents, src_tokens, src_parents, n, size, s_t, s_p, PARENTS: tl.constexpr, BN: tl.constexpr
+):  # fmt: skip
+    """One program: the tree's n tokens (and parents) into the slot's first n, the rest padded (token 0,
+    parent -1)."""
+    i = tl.arange(0, BN)
+    inside = i < n
+    keep = i < size
+    tl.store(tokens + i, tl.load(src_tokens + i * s_t, mask=inside, other=0), mask=keep)
+    if PARENTS:
+        tl.store(parents + i, tl.load(src_parents + i * s_p, mask=inside, other=-1), mask=keep)
+
+
+def copy_tree(
+    tokens: torch.Tensor,
+    parents: torch.Tensor,
+    src_tokens: torch.Tensor,
+    src_parents: torch.Tensor,
+    copy_parents: bool = True,
+) -> None:
+    """A device tree's ``src_tokens`` / ``src_parents`` [n] (int64) into a slot's ``tokens`` / ``parents``
+    [size] (n <= size), padded as :meth:`~repro.models.static.TreeSlot.set_tree` pads (token 0, parent -1);
+    ``copy_parents`` False leaves the slot's parents as they are. One launch, a kernel: two stream copies
+    each cost the device a switch between its copy and compute engines (15-20 us before the next graph,
+    results/2026-12-04-h200-derive-rows/callCJ)."""
+    size, n = tokens.shape[0], src_tokens.shape[0]
+    if n > size:
+        raise ValueError(f"a tree of {n} nodes does not fit a slot of {size}")
+    _copy_tree_kernel[(1,)](
+        tokens, parents, src_tokens, src_parents, n, size, src_tokens.stride(0), src_parents.stride(0),
+        PARENTS=copy_parents, BN=triton.next_power_of_2(size), num_warps=1,
     )  # fmt: skip
 
 

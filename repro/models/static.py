@@ -628,6 +628,8 @@ def compiled_glue() -> dict[str, Callable[..., Any]]:
 
 # the default of StaticDecoder.fuse_bookkeeping on the Triton kernels (False: the torch ops, for an A/B)
 FUSE_BOOKKEEPING = True
+# with fuse_bookkeeping: TreeSlot.set_device_tree copies a device tree by one kernel, not stream copies
+KERNEL_TREE_COPY = True
 # the default of StaticDecoder.fold_norms with fuse_verify (False: the scaled rows, for an A/B)
 FOLD_NORMS = True
 
@@ -795,6 +797,7 @@ class TreeSlot:
         # [path length, bonus, path nodes by depth (max_depth), their tokens] (the graphed target reads it)
         self.result = torch.zeros(2 + 2 * self.max_depth, dtype=torch.long, device=dev)
         self.derive_inputs = derive
+        self._decoder = decoder
         self._rows = torch.arange(size, device=dev)
         self.logits: torch.Tensor | None = None
         self.hidden: dict[int, torch.Tensor] = {}
@@ -855,17 +858,25 @@ class TreeSlot:
         """Copy a device tree of up to ``size`` nodes into tokens and parents on the device (no host
         read; padded as :meth:`set_tree` pads); needs ``derive``. Its depth is not checked on the host:
         slots that take device trees are as deep as they are large. Constant parents
-        (``tree.constant_parents``) that this slot took last are not copied again."""
+        (``tree.constant_parents``) that this slot took last are not copied again. With the decoder's
+        ``fuse_bookkeeping`` the copy and padding are one kernel
+        (:func:`~repro.models.slot_kernels.copy_tree`)."""
         n = tree.size
         if not self.derive_inputs or n > self.size:
             raise ConfigError(f"a device tree of {n} nodes needs a deriving slot of >= {n} nodes")
-        self.tokens[:n].copy_(tree.tokens)
-        if n < self.size:
-            self.tokens[n:].zero_()
-        if tree.parents is not self._held_parents:  # held: the same n, its padding in place
-            self.parents[:n].copy_(tree.parents)
+        fresh = tree.parents is not self._held_parents  # held: the same n, its padding in place
+        if self._decoder.fuse_bookkeeping and KERNEL_TREE_COPY:  # one kernel (slot_kernels.copy_tree)
+            from repro.models.slot_kernels import copy_tree
+
+            copy_tree(self.tokens, self.parents, tree.tokens, tree.parents, copy_parents=fresh)
+        else:
+            self.tokens[:n].copy_(tree.tokens)
             if n < self.size:
-                self.parents[n:].fill_(-1)
+                self.tokens[n:].zero_()
+            if fresh:
+                self.parents[:n].copy_(tree.parents)
+                if n < self.size:
+                    self.parents[n:].fill_(-1)
         self._held_parents = tree.parents if tree.constant_parents else None
         self.tree = tree
 

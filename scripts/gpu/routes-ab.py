@@ -36,6 +36,9 @@ on a fresh GraphedTarget so that its graphs are captured under that setting:
   to all steps;
 - ``torch_argmax``: the greedy accept's row argmax of the verify logits by ``torch.argmax``, not the top-k
   kernels at k = 1 (``topk_kernels.row_argmax``);
+- ``stream_copies``: a device tree into its verify slot by stream copies (tokens, parents) and a pipelined
+  step's root into the best-first graph by a stream copy, as before the kernel copy
+  (``static.KERNEL_TREE_COPY``) and the graphs that read a root in place (``tree_builders.ALIASED_ROOTS``);
 - ``fused_tree``: every verify's GDN layers on the one-launch fused tree kernel, not the split form (three
   launches: prologue, keys, values) that ``select_tree_kernel`` picks for few value heads in bf16.
 
@@ -65,7 +68,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's repro, not an installed one
 
 from repro.data.suites import format_turn, load_suite  # noqa: E402
-from repro.decoding import engine  # noqa: E402
+from repro.decoding import engine, tree_builders  # noqa: E402
 from repro.decoding.engine import STAGES, generate  # noqa: E402
 from repro.decoding.routes import build_route, prepare_graphs  # noqa: E402
 from repro.drafters import dflash_fast  # noqa: E402
@@ -119,6 +122,14 @@ def unclocked() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def stream_copies() -> Iterator[None]:
+    """Device trees into their slots by stream copies, and a pipelined step's root copied into the
+    best-first graph's static root (before callCK's kernel copy and aliased roots)."""
+    with patched(static, "KERNEL_TREE_COPY", False), patched(tree_builders, "ALIASED_ROOTS", 0):
+        yield
+
+
 VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "default": contextlib.nullcontext,
     "pow2_slots": lambda: patched(graphed, "SLOT_SIZES", tuple(2**k for k in range(11))),
@@ -140,6 +151,7 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "clock_every4": lambda: patched(engine, "EVENT_EVERY", 4),
     "torch_argmax": lambda: patched(topk_kernels, "row_argmax", lambda x: x.argmax(-1)),
     "fused_tree": lambda: patched(static, "select_tree_kernel", lambda *args: "fused"),
+    "stream_copies": stream_copies,
 }
 
 

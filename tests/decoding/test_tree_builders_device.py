@@ -112,3 +112,32 @@ def test_graphed_best_first_reuses_its_static_inputs(monkeypatch):
         host = BestFirst(12).build(root, Proposal(probs=probs, top_ids=probs.topk(1, -1).indices))
         assert tree.tokens.tolist() == host.tokens.tolist()
         assert tree.parents.tolist() == host.parents.tolist()
+
+
+def test_graphed_best_first_reads_device_roots_where_they_lie(monkeypatch):
+    """A device root (a pipelined step's bonus) gets a graph that reads it in place: a root buffer changed
+    in place between calls gives that call's tree, and only ALIASED_ROOTS buffers get graphs; other roots
+    (and non-int64 ones) are copied into the static root as before."""
+    import repro.decoding.tree_builders as tb
+    import repro.models.graphs as graphs
+
+    made = []
+    monkeypatch.setattr(graphs, "GraphedCall", lambda fn, device: made.append(fn) or fn)
+    gen = torch.Generator().manual_seed(8)
+    probs = torch.softmax(torch.randn(5, 40, generator=gen, dtype=torch.float64), -1)
+    graphed = tb.GraphedBestFirst(probs, 12)
+    assert len(made) == 1  # the static-root graph
+    result = torch.zeros(6, dtype=torch.long)  # a slot's result: the bonus at [1]
+    roots = list(range(3, 3 + tb.ALIASED_ROOTS + 2))
+    for step, root in enumerate((7, 11, 2)):
+        result[1] = root
+        tree = graphed(result[1:2], probs).to_tree()
+        host = BestFirst(12).build(root, Proposal(probs=probs, top_ids=probs.topk(1, -1).indices))
+        assert tree.tokens.tolist() == host.tokens.tolist() and tree.parents.tolist() == host.parents.tolist()
+        assert len(made) == 2, step  # one graph for that buffer, made once
+    buffers = [torch.full((1,), r, dtype=torch.long) for r in roots]
+    for buf in buffers:
+        assert int(graphed(buf, probs).tokens[0]) == int(buf[0])
+    assert len(made) == 1 + tb.ALIASED_ROOTS  # the buffers past the limit took the copying graph
+    assert int(graphed(torch.full((1,), 5, dtype=torch.int32), probs).tokens[0]) == 5  # copied, not aliased
+    assert len(made) == 1 + tb.ALIASED_ROOTS

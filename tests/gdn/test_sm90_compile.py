@@ -96,6 +96,10 @@ CASES = {  # name: (module, kernel, signature, constexprs)
                    {"CHUNK": 4096, "KP": 512, "CHUNKS": 8, "LOG": False}),
     "topk-merge": ("repro.models.topk_kernels", "_topk_merge_kernel", TOPK_MERGE,
                    {"KP": 512, "CHUNKS": 8, "MP": 4096, "LOG": False}),
+    "copy-tree": ("repro.models.slot_kernels", "_copy_tree_kernel", dict(
+        tokens=ptr("i64"), parents=ptr("i64"), src_tokens=ptr("i64"), src_parents=ptr("i64"), n="i32",
+        size="i32", s_t="i32", s_p="i32", PARENTS="constexpr", BN="constexpr",
+    ), {"PARENTS": True, "BN": 64}),  # a budget-32 tree into its 33-node slot
     "growth-step-1": ("repro.drafters.growth_kernels", "_step_kernel", GROWTH,
                       growth_constants("tiny", 1, 1)),  # one node a step, one program
     "growth-step-4": ("repro.drafters.growth_kernels", "_step_kernel", GROWTH,

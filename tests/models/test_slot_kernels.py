@@ -4,6 +4,7 @@ Interpreter (one TRITON_INTERPRET=1 subprocess):
 - ``derive_slot`` against the host's ancestor matrix, conv gather index and first-sibling flags (NumPy:
   what ``TreeSlot.set_tree`` uploads) on random, chain, fan, mixed and forest trees of 1-100 nodes, with
   few distinct tokens (so that twins occur);
+- ``copy_tree`` against the stream copies it replaces (padding, parents kept, a strided source);
 - ``greedy_node`` + ``path_result`` against TargetMatch's host walk at temperature 0, the choices made
   to match deep paths, and against the torch ops on the same slot;
 - a StaticDecoder (kernel="triton", three GDN layers and one attention layer) with the kernels against the
@@ -81,6 +82,37 @@ def derive_mismatches(device: str) -> list[str]:
         for name, g, w in zip(("ancestors", "depth", "conv_index", "first"), got, want):
             if not np.array_equal(g, w):
                 bad.append(f"{kind} n={n} block_rows={rows}: {name}")
+    return bad
+
+
+def copy_mismatches(device: str) -> list[str]:
+    """Trees where copy_tree's slot tokens / parents differ from the stream copies' (padding included)."""
+    from repro.models.slot_kernels import copy_tree
+
+    bad = []
+    gen = torch.Generator().manual_seed(9)
+    for n, size, parents_too, step in (
+        (33, 33, True, 1),
+        (5, 17, True, 1),
+        (5, 17, False, 1),
+        (9, 16, True, 3),
+    ):
+        src_t = torch.randint(1, 50, (n * step,), generator=gen).to(device)[::step]  # strided when step > 1
+        src_p = (torch.arange(n) - 1).to(device).repeat_interleave(step)[::step]
+        tokens = torch.full((size,), -7, dtype=torch.long, device=device)
+        parents = torch.full((size,), -9, dtype=torch.long, device=device)
+        copy_tree(tokens, parents, src_t, src_p, copy_parents=parents_too)
+        want_t = torch.cat([src_t.cpu(), torch.zeros(size - n, dtype=torch.long)])
+        want_p = (
+            torch.cat([src_p.cpu(), torch.full((size - n,), -1)]) if parents_too else torch.full((size,), -9)
+        )
+        if not (torch.equal(tokens.cpu(), want_t) and torch.equal(parents.cpu(), want_p)):
+            bad.append(f"n={n} size={size} parents={parents_too} stride={step}")
+    try:
+        copy_tree(tokens[:3], parents[:3], src_t, src_p)
+        bad.append("a tree larger than the slot was taken")
+    except ValueError:
+        pass
     return bad
 
 
@@ -208,7 +240,10 @@ def counted_launches() -> dict[str, list[int]]:
 
 def compare(device: str) -> dict:
     bad, deepest = accept_mismatches(device)
-    return {"derive": derive_mismatches(device), "accept": bad, "deepest": deepest, **decoder_diffs(device)}
+    return {
+        "derive": derive_mismatches(device), "copy": copy_mismatches(device), "accept": bad,
+        "deepest": deepest, **decoder_diffs(device),
+    }  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -218,6 +253,10 @@ def interp() -> dict:
 
 def test_derive_slot_equals_the_host_tensors(interp: dict) -> None:
     assert interp["derive"] == [], interp["derive"]
+
+
+def test_copy_tree_equals_the_stream_copies(interp: dict) -> None:
+    assert interp["copy"] == [], interp["copy"]
 
 
 def test_greedy_node_and_path_result_equal_target_match(interp: dict) -> None:
@@ -248,7 +287,7 @@ def test_gpu_slot_kernels() -> None:
     from repro.models.graphed import GraphedTarget
 
     got = compare("cuda")
-    assert got["derive"] == [] and got["accept"] == [] and got["results_equal"], got
+    assert got["derive"] == [] and got["copy"] == [] and got["accept"] == [] and got["results_equal"], got
     assert got["state"] < 1e-6, got
     model = _model("cuda")
     model.set_gdn_backend("triton")
