@@ -17,6 +17,8 @@ graph replay (the same cudaGraphLaunch), or between launches (graph -> graph, gr
 ...). Per verify step, from two profiled generations (NEW_TOKENS and SHORT tokens: their difference, which
 cancels the prefill and first step): span, busy, gaps by class; beside them the wall time a step.
 
+STEP_GAPS_ROUTES / STEP_GAPS_VARIANTS (comma-separated names) keep only those routes / variants.
+
 Writes OUT_DIR/step-gaps.json and OUT_DIR/step-gaps.md; prints the markdown.
 """
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 import tempfile
 from collections import Counter, defaultdict
@@ -136,15 +139,18 @@ def main(out: Path) -> None:
     suite = load_suite("mt_bench", 1, 42)[0]
     prompt = tok.chat_prompt([{"role": "user", "content": format_turn("mt_bench", suite.turns[0])}])
     rows = []
-    for variant, ctx in VARIANTS.items():
-        with ctx():
+    names = os.environ.get("STEP_GAPS_ROUTES", "")
+    specs = [s for s in ROUTES if not names or s["name"] in names.split(",")]
+    variants = os.environ.get("STEP_GAPS_VARIANTS", ",".join(VARIANTS)).split(",")
+    for variant in variants:
+        with VARIANTS[variant]():
             target = GraphedTarget(model, max_nodes=64)
             vocab = model.config.vocab_size
             routes = [
-                build_route(s, vocab, "greedy", 0.0, 42, target=target, family="tiny-qwen35") for s in ROUTES
+                build_route(s, vocab, "greedy", 0.0, 42, target=target, family="tiny-qwen35") for s in specs
             ]
             prepare_graphs(target, routes)
-            for spec, route in zip(ROUTES, routes):
+            for spec, route in zip(specs, routes):
                 generate(target, prompt, route, NEW_TOKENS)  # warm-up
                 walls = [generate(target, prompt, route, NEW_TOKENS) for _ in range(3)]
                 long = profiled(target, prompt, route, NEW_TOKENS)
@@ -158,10 +164,15 @@ def main(out: Path) -> None:
                     c: (long[1]["gap_us"].get(c, 0.0) - short[1]["gap_us"].get(c, 0.0)) / max(steps, 1)
                     for c in classes
                 }
+                count = {
+                    c: (long[1]["gap_count"].get(c, 0) - short[1]["gap_count"].get(c, 0)) / max(steps, 1)
+                    for c in classes
+                }
                 wall = sum(w.decode_s for w in walls) / sum(w.steps for w in walls)
                 row = {
                     "variant": variant, "route": spec["name"], "steps": steps, "wall_ms_per_step": 1e3 * wall,
-                    **got, "per_step_us": per_step, "long": long[1], "short": short[1],
+                    **got, "per_step_us": per_step, "per_step_count": count, "long": long[1],
+                    "short": short[1],
                 }  # fmt: skip
                 rows.append(row)
                 print(json.dumps(row), flush=True)
@@ -185,6 +196,14 @@ def main(out: Path) -> None:
             f"| {r['variant']} | {r['route']} | {r['steps']} | {1e3 * r['wall_ms_per_step']:.1f} | "
             f"{r.get('span_us', 0) / s:.1f} | {r.get('busy_us', 0) / s:.1f} | " + " | ".join(cells) + " |"
         )
+    lines += ["", "Gaps a step by class: count, us (us each):", ""]
+    for r in rows:
+        parts = [
+            f"{c} {r['per_step_count'][c]:.2f}, {r['per_step_us'][c]:.1f} ({r['per_step_us'][c] / n:.1f})"
+            for c in classes
+            if (n := r["per_step_count"].get(c, 0)) >= 0.5
+        ]
+        lines.append(f"- {r['variant']} {r['route']}: " + "; ".join(parts))
     md = "\n".join(lines) + "\n"
     (out / "step-gaps.md").write_text(md)
     (out / "step-gaps.json").write_text(json.dumps(rows, indent=1))
