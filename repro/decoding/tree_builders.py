@@ -387,7 +387,10 @@ def best_first_size(depth: int, vocab: int, budget: int) -> int:
 
 DeviceBuilder = Callable[[int | torch.Tensor, torch.Tensor, int], DeviceTree]
 ALIASED_GRAPHS = 8  # BestFirst's graphs that read a marginals buffer in place (one per static drafter graph)
-ALIASED_ROOTS = 4  # per GraphedBestFirst: graphs that read a device root in place (one per slot result)
+# per GraphedBestFirst: graphs that read a device root in place (one per slot result). 0 (off): with the
+# slots' kernel copy (static.KERNEL_TREE_COPY) it made no route faster (results/2026-12-04-h200-derive-rows
+# /callCK)
+ALIASED_ROOTS = 0
 
 
 def triton_available() -> bool:
@@ -410,10 +413,9 @@ class GraphedBestFirst:
     buffer) instead of a copy: it takes that very buffer only (:meth:`reads`), refreshed in place by its
     owner (a static drafter's output), and copies nothing a call.
 
-    A device root (a pipelined step's bonus, in its slot's result) is read where it lies too: one more
-    graph per root buffer, for the first :data:`ALIASED_ROOTS`; other roots are copied into the static
-    one. A stream copy before a graph cost the device 15-20 us
-    (results/2026-12-04-h200-derive-rows/callCJ)."""
+    A device root (a pipelined step's bonus, in its slot's result) can be read where it lies too: one more
+    graph per root buffer, for the first :data:`ALIASED_ROOTS` (default none); other roots are copied into
+    the static one."""
 
     def __init__(
         self, probs: torch.Tensor, budget: int, build: DeviceBuilder | None = None, alias: bool = False

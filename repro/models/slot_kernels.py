@@ -142,9 +142,8 @@ def copy_tree(
 ) -> None:
     """A device tree's ``src_tokens`` / ``src_parents`` [n] (int64) into a slot's ``tokens`` / ``parents``
     [size] (n <= size), padded as :meth:`~repro.models.static.TreeSlot.set_tree` pads (token 0, parent -1);
-    ``copy_parents`` False leaves the slot's parents as they are. One launch, a kernel: two stream copies
-    each cost the device a switch between its copy and compute engines (15-20 us before the next graph,
-    results/2026-12-04-h200-derive-rows/callCJ)."""
+    ``copy_parents`` False leaves the slot's parents as they are. One launch, a kernel instead of two stream
+    copies (off by default: ``static.KERNEL_TREE_COPY``)."""
     size, n = tokens.shape[0], src_tokens.shape[0]
     if n > size:
         raise ValueError(f"a tree of {n} nodes does not fit a slot of {size}")

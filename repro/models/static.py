@@ -628,8 +628,10 @@ def compiled_glue() -> dict[str, Callable[..., Any]]:
 
 # the default of StaticDecoder.fuse_bookkeeping on the Triton kernels (False: the torch ops, for an A/B)
 FUSE_BOOKKEEPING = True
-# with fuse_bookkeeping: TreeSlot.set_device_tree copies a device tree by one kernel, not stream copies
-KERNEL_TREE_COPY = True
+# with fuse_bookkeeping: TreeSlot.set_device_tree copies a device tree by one kernel, not stream copies.
+# Off: with GraphedBestFirst's aliased roots it made no route faster (routes-ab, results/2026-12-04-h200-
+# derive-rows/callCK: device ms a step DDTree 0.341 vs 0.338 on stream copies, chain DFlash 0.285 vs 0.278)
+KERNEL_TREE_COPY = False
 # the default of StaticDecoder.fold_norms with fuse_verify (False: the scaled rows, for an A/B)
 FOLD_NORMS = True
 

@@ -36,9 +36,9 @@ on a fresh GraphedTarget so that its graphs are captured under that setting:
   to all steps;
 - ``torch_argmax``: the greedy accept's row argmax of the verify logits by ``torch.argmax``, not the top-k
   kernels at k = 1 (``topk_kernels.row_argmax``);
-- ``stream_copies``: a device tree into its verify slot by stream copies (tokens, parents) and a pipelined
-  step's root into the best-first graph by a stream copy, as before the kernel copy
-  (``static.KERNEL_TREE_COPY``) and the graphs that read a root in place (``tree_builders.ALIASED_ROOTS``);
+- ``kernel_copies`` = ``kernel_tree_copy`` + ``aliased_roots``: a device tree into its verify slot by one
+  kernel, not two stream copies (``static.KERNEL_TREE_COPY``), and the best-first graph reading a pipelined
+  step's root where it lies, not a stream copy of it (``tree_builders.ALIASED_ROOTS``);
 - ``fused_tree``: every verify's GDN layers on the one-launch fused tree kernel, not the split form (three
   launches: prologue, keys, values) that ``select_tree_kernel`` picks for few value heads in bf16.
 
@@ -123,10 +123,10 @@ def unclocked() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def stream_copies() -> Iterator[None]:
-    """Device trees into their slots by stream copies, and a pipelined step's root copied into the
-    best-first graph's static root (before callCK's kernel copy and aliased roots)."""
-    with patched(static, "KERNEL_TREE_COPY", False), patched(tree_builders, "ALIASED_ROOTS", 0):
+def kernel_copies() -> Iterator[None]:
+    """Device trees into their slots by one kernel, and a pipelined step's root read in place by the
+    best-first graph (callCK's default; off since)."""
+    with patched(static, "KERNEL_TREE_COPY", True), patched(tree_builders, "ALIASED_ROOTS", 4):
         yield
 
 
@@ -151,7 +151,9 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "clock_every4": lambda: patched(engine, "EVENT_EVERY", 4),
     "torch_argmax": lambda: patched(topk_kernels, "row_argmax", lambda x: x.argmax(-1)),
     "fused_tree": lambda: patched(static, "select_tree_kernel", lambda *args: "fused"),
-    "stream_copies": stream_copies,
+    "kernel_copies": kernel_copies,
+    "kernel_tree_copy": lambda: patched(static, "KERNEL_TREE_COPY", True),
+    "aliased_roots": lambda: patched(tree_builders, "ALIASED_ROOTS", 4),
 }
 
 

@@ -115,14 +115,15 @@ def test_graphed_best_first_reuses_its_static_inputs(monkeypatch):
 
 
 def test_graphed_best_first_reads_device_roots_where_they_lie(monkeypatch):
-    """A device root (a pipelined step's bonus) gets a graph that reads it in place: a root buffer changed
-    in place between calls gives that call's tree, and only ALIASED_ROOTS buffers get graphs; other roots
-    (and non-int64 ones) are copied into the static root as before."""
+    """With ALIASED_ROOTS, a device root (a pipelined step's bonus) gets a graph that reads it in place: a
+    root buffer changed in place between calls gives that call's tree, and only ALIASED_ROOTS buffers get
+    graphs; other roots (and non-int64 ones) are copied into the static root as before."""
     import repro.decoding.tree_builders as tb
     import repro.models.graphs as graphs
 
     made = []
     monkeypatch.setattr(graphs, "GraphedCall", lambda fn, device: made.append(fn) or fn)
+    monkeypatch.setattr(tb, "ALIASED_ROOTS", 4)  # off by default (results/2026-12-04-h200-derive-rows)
     gen = torch.Generator().manual_seed(8)
     probs = torch.softmax(torch.randn(5, 40, generator=gen, dtype=torch.float64), -1)
     graphed = tb.GraphedBestFirst(probs, 12)
