@@ -25,6 +25,7 @@ Writes OUT_DIR/step-gaps.json and OUT_DIR/step-gaps.md; prints the markdown.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import sys
@@ -38,11 +39,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's repro, not an installed one
 
 from repro.data.suites import format_turn, load_suite  # noqa: E402
-from repro.decoding import engine  # noqa: E402
 from repro.decoding.engine import generate  # noqa: E402
-from repro.decoding.routes import build_route, prepare_graphs  # noqa: E402
 from repro.models.graphed import GraphedTarget  # noqa: E402
-from repro.models.target import open_target  # noqa: E402
+
+_spec = importlib.util.spec_from_file_location("routes_ab", Path(__file__).with_name("routes-ab.py"))
+assert _spec is not None and _spec.loader is not None
+ab = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ab)  # routes-ab's family target, graphed routes and unclocked engine
 
 ROUTES = [
     {"name": "ar", "kind": "ar"},
@@ -55,24 +58,7 @@ SHORT = 16  # a second, short generation: per step = (long - short) / (its steps
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
-class UnclockedStages(engine.StageClock):
-    def __init__(self, device: torch.device, sync: bool, every: int | None = None) -> None:
-        super().__init__(device, sync, every)
-        self.events = False
-
-
-@contextlib.contextmanager
-def unclocked() -> Any:
-    """The engine without its timing events: no stage events, no busy recorder."""
-    saved = engine.StageClock, engine.busy_recorder
-    engine.StageClock, engine.busy_recorder = UnclockedStages, contextlib.nullcontext
-    try:
-        yield
-    finally:
-        engine.StageClock, engine.busy_recorder = saved
-
-
-VARIANTS = {"default": contextlib.nullcontext, "no_clock_events": unclocked}
+VARIANTS = {"default": contextlib.nullcontext, "no_clock_events": ab.unclocked}
 
 
 def launcher(name: str) -> str:
@@ -134,8 +120,7 @@ def profiled(target: GraphedTarget, prompt: list[int], route: Any, tokens: int) 
 @torch.no_grad()
 def main(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    model, tok = open_target("default", dtype="bfloat16", device="cuda")
-    model.set_gdn_backend("triton")
+    model, tok = ab.open_family()  # bf16 on the Triton kernels
     suite = load_suite("mt_bench", 1, 42)[0]
     prompt = tok.chat_prompt([{"role": "user", "content": format_turn("mt_bench", suite.turns[0])}])
     rows = []
@@ -144,12 +129,7 @@ def main(out: Path) -> None:
     variants = os.environ.get("STEP_GAPS_VARIANTS", ",".join(VARIANTS)).split(",")
     for variant in variants:
         with VARIANTS[variant]():
-            target = GraphedTarget(model, max_nodes=64)
-            vocab = model.config.vocab_size
-            routes = [
-                build_route(s, vocab, "greedy", 0.0, 42, target=target, family="tiny-qwen35") for s in specs
-            ]
-            prepare_graphs(target, routes)
+            target, routes = ab.graphed_routes(model, specs)
             for spec, route in zip(specs, routes):
                 generate(target, prompt, route, NEW_TOKENS)  # warm-up
                 walls = [generate(target, prompt, route, NEW_TOKENS) for _ in range(3)]
