@@ -21,25 +21,36 @@ For each call it reports:
 - the kernels of one eager call (torch profiler), summed by name, with their count. Eager kernel times
   leave out the gaps a graph replay has between kernels; `gaps` = graph time minus the eager kernel sum.
 
+With VERIFY_KERNELS_FORMS=1 it also times the whole verify step of the chain of 17 nodes (chain DFlash's
+slot) and the tree of 33 (budget 32's) under each of TREE_FORMS: the split tree kernel at its default tiles
+(32-row blocks, 16-wide d_v tiles at this width), on one 64-row block, on 64-wide d_v tiles (one program a
+value head in phase 2), and the fused kernel; each step's logits against the default's (max abs difference,
+top-1 agreement). Routes A/B `fused_tree` (results/2026-12-04-h200-derive-rows/callCH) had chain DFlash's
+verify faster on the fused kernel and the 33-node verifies slower.
+
 Writes OUT_DIR/verify-kernels.json and OUT_DIR/verify-kernels.md; prints the markdown.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
+import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's repro, not an installed one
 
 from repro.bench.model import profile_kernels  # noqa: E402
 from repro.bench.shapes import draft_tree  # noqa: E402
 from repro.bench.timing import TimerConfig, graph_us  # noqa: E402
+from repro.gdn import triton_tree  # noqa: E402
 from repro.gdn.backends import default_backend  # noqa: E402
+from repro.models import static  # noqa: E402
 from repro.models.graphed import GraphedTarget  # noqa: E402
 from repro.models.static import TreeSlot  # noqa: E402
 from repro.models.target import open_target  # noqa: E402
@@ -58,6 +69,56 @@ def row(name: str, fn: Any, estimate_us: float) -> dict[str, Any]:
     us = graph_us([fn], DEV, TIMER, estimate_us=estimate_us)
     return {"call": name, "graph_us": us, "launches": prof.kernels, "kernel_us": eager,
             "gaps_us": us - eager, "kernels": ks}  # fmt: skip
+
+
+def _tiles(block_rows: int | None = None, block_v: int | None = None) -> Any:
+    """split_tiles with its block rows / d_v tile forced (where the tree fits them)."""
+    base = triton_tree.split_tiles
+
+    def tiles(n: int, hv: int, dv: int, precision: str, br: int | None = None, bv: int | None = None) -> Any:
+        got = base(n, hv, dv, precision, br, bv)
+        return (block_rows or got[0], min(block_v, triton.next_power_of_2(dv)) if block_v else got[1])
+
+    return tiles
+
+
+TREE_FORMS = {  # name: (patches of (module, attribute, value))
+    "split (default tiles)": (),
+    "split, one 64-row block": ((triton_tree, "split_tiles", _tiles(block_rows=64)),),
+    "split, 64-wide d_v tiles": ((triton_tree, "split_tiles", _tiles(block_v=64)),),
+    "fused": ((static, "select_tree_kernel", lambda *args: "fused"),),
+}
+
+
+def tree_forms(dec: Any, vocab: int, gen: torch.Generator) -> list[dict[str, Any]]:
+    """The verify step at 17 (chain) and 33 (tree) nodes under each of TREE_FORMS."""
+    out = []
+    for name, parents in (("chain 17", [-1] + list(range(16))), ("tree 33", draft_tree(33, 33))):
+        n = len(parents)
+        tokens = torch.randint(0, vocab, (n,), generator=gen)
+        slot = TreeSlot(dec, n, derive=True)
+        slot.set_device_tree(DeviceTree(tokens.to(DEV), torch.tensor(parents, device=DEV)))
+        want = None
+        for form, patches in TREE_FORMS.items():
+            saved = [(m, a, getattr(m, a)) for m, a, _ in patches]
+            for m, a, v in patches:
+                setattr(m, a, v)
+            try:
+                logits = dec.verify(slot).float().clone()
+                us = graph_us([partial(dec.verify, slot)], DEV, TIMER, estimate_us=200.0)
+            except Exception as exc:  # a form the kernels refuse at this shape: recorded, not fatal
+                out.append({"verify": name, "form": form, "error": f"{type(exc).__name__}: {exc}"[:200]})
+                print(json.dumps(out[-1]), flush=True)
+                continue
+            finally:
+                for m, a, v in saved:
+                    setattr(m, a, v)
+            want = logits if want is None else want
+            err = float((logits - want).abs().max())
+            top1 = float((logits.argmax(-1) == want.argmax(-1)).float().mean())
+            out.append({"verify": name, "form": form, "graph_us": us, "max_abs_diff": err, "top1": top1})
+            print(json.dumps(out[-1]), flush=True)
+    return out
 
 
 def accept_commit(dec: Any, slot: TreeSlot) -> None:
@@ -114,9 +175,25 @@ def main(out: Path) -> None:
         ]
         top = sorted(r["kernels"].items(), key=lambda kv: -kv[1][1])[:TOP]
         lines += [f"| `{k}` | {n} | {us:.1f} |" for k, (n, us) in top]
+    forms = tree_forms(dec, vocab, gen) if os.environ.get("VERIFY_KERNELS_FORMS") == "1" else []
+    if forms:
+        lines += [
+            "",
+            "## The verify step by tree kernel form (graph us)",
+            "",
+            "| verify | form | graph us | max abs diff vs default | top-1 agreement |",
+            "|---|---|--:|--:|--:|",
+        ]
+        lines += [
+            f"| {f['verify']} | {f['form']} | {f['graph_us']:.1f} | {f['max_abs_diff']:.2e} | "
+            f"{f['top1']:.3f} |"
+            if "error" not in f
+            else f"| {f['verify']} | {f['form']} | {f['error']} | | |"
+            for f in forms
+        ]
     md = "\n".join(lines) + "\n"
     (out / "verify-kernels.md").write_text(md)
-    (out / "verify-kernels.json").write_text(json.dumps(rows, indent=1))
+    (out / "verify-kernels.json").write_text(json.dumps({"calls": rows, "tree_forms": forms}, indent=1))
     print(md)
 
 
