@@ -52,12 +52,24 @@ def head_class(value_heads: int) -> str:
 
 
 SPLIT_WINDOW = (64, 256)  # tree sizes n with lo < n <= hi where the split form wins at many heads too
+# GDN shapes (value heads, d_k, d_v) where small trees verify faster on the fused kernel than on the split
+# form's three launches, and the largest such tree. The tiny family (HV = 4, d = 48), its whole verify step
+# in bf16 on CUDA graphs (scripts/gpu/verify-kernels.py, results/2026-12-04-h200-derive-rows/callCL): 17 nodes
+# (chain DFlash's slot) 186.2 us fused vs 204.2 split; 33 nodes 248.2 vs 221.6. At SpecLA's shape (HV = 8,
+# d = 256) the split form wins from T = 16 on (7.4 vs 9.0 us a layer), so it is not listed.
+FUSED_UP_TO: dict[tuple[int, int, int], int] = {(4, 48, 48): 17}
 
 
-def select_tree_kernel(kernel_dtype: torch.dtype, value_heads: int, nodes: int | None = None) -> str:
+def select_tree_kernel(
+    kernel_dtype: torch.dtype,
+    value_heads: int,
+    nodes: int | None = None,
+    head_dims: tuple[int, int] | None = None,
+) -> str:
     """The Triton tree kernel for a tree's verification: "split" for bf16/fp16 kernel inputs and few
     value heads (:func:`head_class`), or for bf16/fp16 trees of ``nodes`` in :data:`SPLIT_WINDOW` at any
-    head count; else "fused".
+    head count; else "fused". Trees of at most :data:`FUSED_UP_TO` nodes at their shape (``head_dims`` =
+    (d_k, d_v)) take the fused kernel too.
 
     From CUDA-graph medians on an H200 (us per layer call, bf16 inputs): SpecLA's shape (HV = 8, d = 256)
     split 17.8 vs fused 22.9 at T = 64 and 27.4 vs 50.0 at T = 128; float32 inputs: split loses badly
@@ -69,7 +81,9 @@ def select_tree_kernel(kernel_dtype: torch.dtype, value_heads: int, nodes: int |
     """
     low = kernel_dtype in (torch.bfloat16, torch.float16)
     window = nodes is not None and SPLIT_WINDOW[0] < nodes <= SPLIT_WINDOW[1]
-    return "split" if low and (head_class(value_heads) == "few" or window) else "fused"
+    fused_up_to = FUSED_UP_TO.get((value_heads, *head_dims), 0) if head_dims is not None else 0
+    small = nodes is not None and nodes <= fused_up_to
+    return "split" if low and not small and (head_class(value_heads) == "few" or window) else "fused"
 
 
 def choose(length: int, value_heads: int, table: Table | None = None) -> str:

@@ -1637,7 +1637,9 @@ class StaticDecoder:
         :func:`select_tree_kernel` for the size (None: the reference backend)."""
         if self.tree_kernel is None or self._tree_forced:
             return self.tree_kernel
-        return select_tree_kernel(self.kernel_dtype, self.model.config.linear_num_value_heads, nodes)
+        cfg = self.model.config
+        dims = (cfg.linear_key_head_dim, cfg.linear_value_head_dim)
+        return select_tree_kernel(self.kernel_dtype, cfg.linear_num_value_heads, nodes, dims)
 
     def _tree_for(self, nodes: int) -> Callable[..., Any]:
         """The tree function of a verify of ``nodes`` nodes (:meth:`tree_kernel_at`)."""

@@ -340,6 +340,32 @@ def test_tree_kernel_by_tree_size_at_many_heads(monkeypatch):
     assert forced.tree_kernel_at(100) == "fused" and forced._tree_for(100) is forced._tree
 
 
+def test_small_trees_of_a_listed_shape_take_the_fused_kernel(monkeypatch):
+    """FUSED_UP_TO: at the tiny family's GDN shape (4 value heads, d = 48) trees of up to 17 nodes verify on
+    the fused kernel in bf16 (186 vs 204 us a verify step), larger ones on the split form; other shapes, no
+    head dims or float32 as before. The static decoder passes its shape."""
+    from repro.gdn.chain import FUSED_UP_TO
+
+    bf16, tiny = torch.bfloat16, (48, 48)
+    assert FUSED_UP_TO == {(4, 48, 48): 17}
+    assert [select_tree_kernel(bf16, 4, n, tiny) for n in (5, 17, 18, 33, 65)] == [
+        "fused", "fused", "split", "split", "split"
+    ]  # fmt: skip
+    assert select_tree_kernel(bf16, 4, 17) == "split"  # no head dims: the head-count rule
+    assert select_tree_kernel(bf16, 8, 16, (256, 256)) == "split"  # SpecLA's shape: split wins at 16
+    assert select_tree_kernel(bf16, 4, 17, (64, 64)) == "split"  # another head size: not listed
+    assert select_tree_kernel(torch.float32, 4, 33, tiny) == "fused"
+    from repro.gdn import backends
+
+    monkeypatch.setattr(backends, "interpreting", lambda: True)  # the decoder built on the CPU, never run
+    cfg = config([GDN])
+    cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim = 4, 48, 48
+    cfg.linear_num_key_heads = 2
+    dec = StaticDecoder(build(cfg, dtype=bf16, seed=5), 16, 4, kernel="triton")
+    assert dec.tree_kernel == "split" and [dec.tree_kernel_at(n) for n in (17, 33)] == ["fused", "split"]
+    assert dec._tree_for(17) is not dec._tree and dec._tree_for(33) is dec._tree
+
+
 def test_tree_kernel_option_needs_the_triton_backend(model):
     dec = StaticDecoder(model, max_len=8)
     assert dec.kernel == "reference" and dec.tree_kernel is None and dec._path_commit is None
