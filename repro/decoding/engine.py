@@ -58,8 +58,10 @@ STAGES = ("draft", "tree", "verify", "commit")  # on the device path "commit" ho
 # marks and two a graph replay) and reads none, so the loop neither makes nor reads events once warm
 _EVENTS: dict[torch.device, list[torch.cuda.Event]] = {}
 # StageClock records its CUDA events (stage marks, graph replays) on every EVENT_EVERY-th step, and scales the
-# sampled steps' sums to all steps; 1: every step. The events cost host time a step (engine wall time), the
-# measurement's own overhead (results/2026-12-04-h200-host-loop-profiles: 2.5-4% of wall with every step)
+# sampled steps' sums to all steps; 1: every step. The events cost 2.5-4% of wall time with every step
+# (results/2026-12-04-h200-host-loop-profiles). Every 4th step took that back, but the sampled steps' device
+# time did not stand for the others' (chain DFlash 0.287 -> 0.303 ms a step once scaled;
+# results/2026-12-04-h200-derive-rows/callCG), so every step is measured.
 EVENT_EVERY = 1
 # greedy device routes whose drafter pipelines run one step ahead of the host (:func:`pipelined`); False: each
 # step read before the next is drafted (the A/B of scripts/gpu/busy-time.py)
