@@ -293,7 +293,8 @@ def _pipelined(
 ) -> tuple[str, list[int], list[int], list[list[int]], int]:
     """Device steps (greedy, or ``twin``'s rule: its draws keyed by the root's position on the device), each
     launched before the previous one is read: step k + 1's drafter reads step
-    k's accepted path and bonus where its commit wrote them (:class:`~repro.models.graphed.LaunchedStep`),
+    k's accepted path and bonus where its commit wrote them (:class:`~repro.models.graphed.LaunchedStep`;
+    with ``graphed.FUSE_ACCEPT`` the verification runs the acceptance and commit in its own graph),
     its tree takes that bonus as root, and only then is step k's result read (one wait a step), so the
     device runs step k + 1 while the host reads step k and launches step k + 2. The first step drafts from
     ``ctx`` (the prefill). ``out`` grows by the read tokens; returns the finish reason, the accepted
@@ -316,9 +317,9 @@ def _pipelined(
         clock.mark()
         # the unread steps' lengths are bounded by their trees' sizes: the buffers grow for the bound
         handle = model.handle(position + sum(step.verification.tree.size for step in launched))
-        ver = model.verify(handle, tree, capture, route.commit, route.verifier)
+        accept = (twin.accept, twin.graph_key) if twin else (None, ())
+        ver = model.verify(handle, tree, capture, route.commit, route.verifier, then=accept)
         clock.mark()
-        accept = (twin.accept, twin.graph_key) if twin else ()
         launched.append(model.launch_accepted(handle, ver, *accept))
         clock.mark()
         if len(launched) < 2:

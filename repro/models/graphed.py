@@ -77,6 +77,13 @@ SMALL_WIDTH = 1024  # <= this: fused decode layer, row-tiled verify; above: tree
 AR_GROUP = 8
 # a device acceptance: (slot, the committed length [1] before its root); writes slot.node, slot.bonus
 DeviceAccept = Callable[[TreeSlot, torch.Tensor], None]
+# a verification told the device acceptance that follows it (``verify(then=...)``, the pipelined loop) runs
+# verify, acceptance, accepted path and commit as one graph, on slots of its own (:meth:`GraphedTarget.
+# _fused_call`): one graph boundary a step fewer. Off until an A/B on the H200 says (scripts/gpu/routes-ab.py
+# fuse_accept): the routes' wall / busy of 1.12 is 6-8 us of device time a stage that replays a graph
+# (results/2026-12-04-h200-derive-rows). With it on, the acceptance's and commit's device time is in the
+# verify stage's.
+FUSE_ACCEPT = False
 
 
 class DevicePicker(Protocol):
@@ -142,6 +149,7 @@ class GraphedVerification(Verification):
     slot: TreeSlot | None = None
     epoch: int = 0
     ticket: int = 0  # a delayed verification's number: only the latest one may be committed
+    accepted: tuple | None = None  # (accept, key) already run with the verification (FUSE_ACCEPT)
 
 
 @dataclass
@@ -165,16 +173,26 @@ class LaunchedStep:
         return self.result[1:2]
 
 
-def slot_key(size: int, snapshots: bool, verifier: str, parity: int | None = None) -> tuple[int, bool | str]:
+def slot_key(
+    size: int, snapshots: bool, verifier: str, parity: int | None = None, fused: bool = False
+) -> tuple[int, bool | str]:
     """A slot's key (its graphs': ``("verify", *key)``, ``("commit", *key, strategy)``): (size, per-node
     states) for tree slots, (size, "chain") for the chain slots of fla_sd's verifier, (size, "delayed0")
-    or (size, "delayed1") for the delayed commit's slots of parity 0 and 1."""
+    or (size, "delayed1") for the delayed commit's slots of parity 0 and 1; ``fused``: the slots of the
+    fused verify + acceptance graphs (FUSE_ACCEPT), their kind with "+accept" added."""
+    kind: bool | str = snapshots if verifier == "tree" else verifier
     if parity is not None:
-        return (size, f"{DELAYED}{parity}")
-    return (size, snapshots) if verifier == "tree" else (size, verifier)
+        kind = f"{DELAYED}{parity}"
+    return (size, f"{kind}+accept") if fused else (size, kind)
 
 
-SLOT_GRAPHS = ("verify", "commit", "greedy", "accept")  # the graphs of a slot: keys (name, *slot_key, ...)
+def graph_slot_key(slot: TreeSlot) -> tuple[int, bool | str]:
+    """:func:`slot_key` of a slot the graphed target made."""
+    return slot_key(slot.size, slot.snapshots, slot.verifier, slot.parity, slot.accept_fused)
+
+
+# the graphs of a slot: keys (name, *slot_key, ...)
+SLOT_GRAPHS = ("verify", "commit", "greedy", "accept", "fused_greedy", "fused_accept")
 
 
 def reads_stash(key: tuple[Any, ...]) -> bool:
@@ -290,11 +308,14 @@ class GraphedTarget:
         capture: tuple[int, ...],
         verifier: str = "tree",
         parity: int | None = None,
+        fused: bool = False,
     ) -> TreeSlot:
-        """The slot of ``size`` nodes for ``verifier`` (``parity``: a delayed-commit slot); slots keep the
-        union of the layers ever asked for, and one made for fewer is made again (its graphs with it)."""
+        """The slot of ``size`` nodes for ``verifier`` (``parity``: a delayed-commit slot; ``fused``: one of
+        the fused verify + acceptance graphs, never shared with the separate graphs, whose acceptance reads
+        what its own verify graph wrote); slots keep the union of the layers ever asked for, and one made
+        for fewer is made again (its graphs with it)."""
         self.capture = tuple(sorted(set(self.capture) | set(capture)))
-        key = slot_key(size, snapshots, verifier, parity)
+        key = slot_key(size, snapshots, verifier, parity, fused)
         if parity is not None:
             self._stashes(size)
         slot = self._slots.get(key)
@@ -305,6 +326,7 @@ class GraphedTarget:
                 slot = TreeSlot(
                     self.decoder, size, snapshots=snapshots, capture=self.capture, derive=True, parity=parity
                 )
+            slot.accept_fused = fused
             self._slots[key] = slot
             # its graphs go with it (not greedy AR's, whose keys ("ar", size, first) look alike)
             self._calls = {
@@ -320,12 +342,12 @@ class GraphedTarget:
             self._calls = {k: v for k, v in self._calls.items() if not reads_stash(k)}
 
     def _verify_call(self, slot: TreeSlot) -> Any:
-        key = ("verify", *slot_key(slot.size, slot.snapshots, slot.verifier, slot.parity))
+        key = ("verify", *graph_slot_key(slot))
         # a delayed verification folds the pending commit into the states: it mutates them
         return self._call(key, lambda: self.decoder.verify(slot), slot.parity is not None)
 
     def _commit_call(self, slot: TreeSlot, strategy: str) -> Any:
-        key = ("commit", *slot_key(slot.size, slot.snapshots, slot.verifier, slot.parity), strategy)
+        key = ("commit", *graph_slot_key(slot), strategy)
         return self._call(key, lambda: self.decoder.commit(slot, strategy), True)
 
     def _flush_call(self, parity: int) -> Any:
@@ -354,8 +376,27 @@ class GraphedTarget:
             self.decoder.commit(slot, strategy)
 
         name = "greedy" if accept is None else "accept"
-        graph = (name, *slot_key(slot.size, slot.snapshots, slot.verifier, slot.parity), strategy, *key)
+        graph = (name, *graph_slot_key(slot), strategy, *key)
         return self._call(graph, step, True)
+
+    def _fused_call(
+        self, slot: TreeSlot, strategy: str, accept: DeviceAccept | None = None, key: tuple = ()
+    ) -> Any:
+        """The slot's verify, then :meth:`_accept_call`'s acceptance, accepted path and commit, as one
+        graph per (fused slot, strategy, ``key``); it returns the verify's logits."""
+
+        def step() -> torch.Tensor:
+            logits = self.decoder.verify(slot)
+            if accept is None:
+                self.decoder.accept(slot)
+            else:
+                accept(slot, self.decoder.length)
+            self.decoder.accepted_path(slot)
+            self.decoder.commit(slot, strategy)
+            return logits
+
+        name = "fused_greedy" if accept is None else "fused_accept"
+        return self._call((name, *graph_slot_key(slot), strategy, *key), step, True)
 
     def _decode_call(self) -> Any:
         return self._call(("decode",), self.decoder.decode_pick, True)
@@ -407,15 +448,24 @@ class GraphedTarget:
         for slot, strategy in self._prepared_slots(strategies, capture, max_size, chain):
             self._commit_call(slot, strategy)
             self._accept_call(slot, strategy)
+        if FUSE_ACCEPT:
+            for slot, strategy in self._prepared_slots(strategies, capture, max_size, chain, fused=True):
+                self._fused_call(slot, strategy)
         if DELAYED in strategies:
             self._flush_call(0)
             self._flush_call(1)
 
     def _prepared_slots(
-        self, strategies: tuple[str, ...], capture: tuple[int, ...], max_size: int, chain: bool
+        self,
+        strategies: tuple[str, ...],
+        capture: tuple[int, ...],
+        max_size: int,
+        chain: bool,
+        fused: bool = False,
     ) -> Iterator[tuple[TreeSlot, str]]:
         """Every slot (both parities of a delayed one) up to ``max_size`` nodes for ``strategies`` and,
-        with ``chain``, the chain slots, each after its verify graph ran once; pending commits flushed."""
+        with ``chain``, the chain slots, each after its verify graph ran once (``fused``: the fused
+        graphs' slots, which have no verify graph of their own); pending commits flushed."""
         self.flush()  # the delayed slots' verifications below would write a pending commit's stash
         slots = [(strategy, "tree") for strategy in dict.fromkeys(strategies)]
         largest = min(max_size, self.max_nodes)
@@ -428,8 +478,9 @@ class GraphedTarget:
                 if size > largest:
                     break
                 for parity in parities:
-                    slot = self._slot(size, strategy == "snapshot", capture, verifier, parity)
-                    self._verify_call(slot)()
+                    slot = self._slot(size, strategy == "snapshot", capture, verifier, parity, fused)
+                    if not fused:
+                        self._verify_call(slot)()
                     yield slot, strategy
 
     def prepare_picker(self, picker: DevicePicker) -> None:
@@ -454,6 +505,9 @@ class GraphedTarget:
             return
         for slot, strategy in self._prepared_slots(strategies, (), max_size, chain):
             self._accept_call(slot, strategy, accept, key)
+        if FUSE_ACCEPT:
+            for slot, strategy in self._prepared_slots(strategies, (), max_size, chain, fused=True):
+                self._fused_call(slot, strategy, accept, key)
 
     # --------------------------------------------------------------------------- the API
 
@@ -514,11 +568,14 @@ class GraphedTarget:
         capture: tuple[int, ...] = (),
         strategy: str = "closed_form",
         verifier: str = "tree",
+        then: tuple[DeviceAccept | None, tuple] | None = None,
     ) -> GraphedVerification:
         """Logits of every tree node given the committed state (see the module docstring for the
         one-node tree that the decode step folds in at once); ``verifier="chain"``: a chain on a chain
         slot, committed by ``replay``. A device tree's depth is unknown on the host: its size bounds the
-        positions it may take."""
+        positions it may take. ``then`` = (accept, key): the device acceptance :meth:`launch_accepted` will
+        run next; with :data:`FUSE_ACCEPT` a device tree's verification runs it (and the commit) in the same
+        graph, and ``launch_accepted`` only reads."""
         check_static_strategy(strategy)
         check_chain_verifier(verifier, strategy, tree)
         self._check(state)
@@ -539,12 +596,16 @@ class GraphedTarget:
         if not delayed:
             self.flush()
         size = slot_size(tree.size, self.max_nodes)
-        slot = self._slot(size, strategy == "snapshot", capture, verifier, self._parity if delayed else None)
+        fused = FUSE_ACCEPT and then is not None and on_device
+        parity = self._parity if delayed else None
+        slot = self._slot(size, strategy == "snapshot", capture, verifier, parity, fused)
         if on_device:
             slot.set_device_tree(tree)
         else:
             slot.set_tree(tree, pad=True)
-        call = self._verify_call(slot)
+        call = (
+            self._fused_call(slot, strategy, *then) if fused and then is not None else self._verify_call(slot)
+        )
         ticket = 0
         if delayed:  # the call folds the pending commit in (or finds none: flushed at its capture)
             self._pending = None
@@ -553,9 +614,10 @@ class GraphedTarget:
         logits = call()
         n = tree.size
         hidden = {i: slot.hidden[i][:n] for i in capture}
-        return GraphedVerification(
-            tree, logits[:n], hidden, [], state.position, strategy, slot=slot, epoch=self.epoch, ticket=ticket
-        )
+        accepted = then if fused else None
+        ver = GraphedVerification(tree, logits[:n], hidden, [], state.position, strategy, slot=slot)
+        ver.epoch, ver.ticket, ver.accepted = self.epoch, ticket, accepted
+        return ver
 
     def _delayed_commit(self, verification: GraphedVerification) -> bool:
         """Whether ``verification`` commits by ``delayed`` (then it must be the latest delayed one: its
@@ -727,7 +789,10 @@ class GraphedTarget:
             raise ValueError("a device acceptance needs a slot verification of the current state")
         self._check(state)
         delayed = self._delayed_commit(verification)
-        self._accept_call(slot, verification.strategy, accept, key)()
+        if verification.accepted is None:
+            self._accept_call(slot, verification.strategy, accept, key)()
+        elif verification.accepted != (accept, key):
+            raise ValueError("this verification ran another device acceptance with it (verify's then=)")
         if delayed:
             self._delayed_done(slot)
         self.epoch += 1

@@ -799,6 +799,7 @@ class TreeSlot:
         # [path length, bonus, path nodes by depth (max_depth), their tokens] (the graphed target reads it)
         self.result = torch.zeros(2 + 2 * self.max_depth, dtype=torch.long, device=dev)
         self.derive_inputs = derive
+        self.accept_fused = False  # a slot of the graphed target's fused verify + acceptance graphs
         self._decoder = decoder
         self._rows = torch.arange(size, device=dev)
         self.logits: torch.Tensor | None = None

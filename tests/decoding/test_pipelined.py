@@ -6,8 +6,9 @@ eagerly): the pipelined loop gives the step-by-step loop's tokens, accepted path
 tree sizes, which are AR's tokens, for every length limit and at stop tokens; one read a step plus the
 step launched past the end; the drafter's host count catches up with every read; the step after a
 launched one reads nothing on the host; the sampling rules and the replayed acceptance pipeline with the same
-records as their step-by-step loop. GPU (``gpu``): the same in float32 on CUDA graphs, across the
-graphs captured mid-generation (the drafter's step restores the length its warm-ups advanced).
+records as their step-by-step loop; with ``graphed.FUSE_ACCEPT`` (verify, acceptance and commit in one
+graph) the same records as without. GPU (``gpu``): the same in float32 on CUDA graphs, across the graphs
+captured mid-generation (the drafter's step restores the length its warm-ups advanced), fused too.
 """
 
 from __future__ import annotations
@@ -141,6 +142,53 @@ def test_pipelined_sampling_steps_equal_the_step_by_step_loop(setup, monkeypatch
     assert longest > 1
 
 
+def test_fused_verify_and_acceptance_give_the_same_records(setup, monkeypatch):
+    """graphed.FUSE_ACCEPT: each pipelined step's verify, acceptance, accepted path and commit as one graph
+    (its own slots): the same records as the separate graphs for every route (greedy; sample_match through
+    its device twin; the delayed commit; fla_sd's chain slots), no separate acceptance graph on them, and
+    ``launch_accepted`` refuses an acceptance other than the one that ran."""
+    import repro.models.graphed as graphed
+
+    model, prompts, _ = setup
+    vocab = model.config.vocab_size
+    cases = [(spec, "greedy", 0.0) for spec in SPECS] + [
+        (spec, "sample_match", 0.9) for spec in SPECS if spec["name"] in ("ddtree", "specla-delayed")
+    ]
+    for spec, rule, temperature in cases:
+        runs = []
+        for fuse in (False, True):
+            monkeypatch.setattr(graphed, "FUSE_ACCEPT", fuse)
+            target = GraphedTarget(model, max_len=64, graphs=False)
+            route = build_route(spec, vocab, rule, temperature, 7, target=target, family=FAMILY)
+            runs.append(_fields(generate(target, prompts[1], route, 30)))
+            names = {key[0] for key in target._calls}
+            fused = {"fused_greedy", "fused_accept"} & names
+            assert bool(fused) == fuse, (spec["name"], rule, names)
+            if fuse:  # the fused slots have no graphs of their own besides the fused one
+                slots = [key for key in target._calls if key[0] in graphed.SLOT_GRAPHS]
+                assert all(str(key[2]).endswith("+accept") == key[0].startswith("fused") for key in slots)
+        assert runs[0] == runs[1], (spec["name"], rule)
+    monkeypatch.setattr(graphed, "FUSE_ACCEPT", True)
+    target = GraphedTarget(model, max_len=64, graphs=False)
+    route = build_route(SPECS[1], vocab, "greedy", 0.0, 7, target=target, family=FAMILY)
+    state, ver = target.prefill(prompts[0], None, route.drafter.capture_layers)
+    route.drafter.begin(prompts[0], None)
+    route.drafter.observe_prefill(ver)
+    tree = route.builder.build_device(
+        int(ver.logits[-1].argmax()), route.drafter.propose(_context(prompts[0], ver))
+    )
+    fused_ver = target.verify(state, tree, route.drafter.capture_layers, route.commit, then=(None, ()))
+    assert fused_ver.accepted == (None, ())
+    with pytest.raises(ValueError, match="another device acceptance"):
+        target.launch_accepted(state, fused_ver, lambda slot, length: None, ("other",))
+
+
+def _context(prompt: list[int], ver) -> object:  # noqa: ANN001
+    from repro.drafters.base import DraftContext
+
+    return DraftContext(list(prompt), [int(ver.logits[-1].argmax())], ver, list(range(ver.tree.size)))
+
+
 def test_pipelined_loop_stops_at_a_stop_token_inside_a_step(setup, monkeypatch):
     """A stop token in the middle of an accepted path: the output ends there (stop), the same as the
     step-by-step loop's, although one more step was launched and folded in on the device."""
@@ -245,6 +293,23 @@ def test_gpu_pipelined_routes_equal_ar_in_float32_on_cuda_graphs(monkeypatch):
     ar = build_route({"kind": "ar"}, model.config.vocab_size, "greedy", 0.0, 0)
     for name, route in _routes(target).items():
         _equal_ar_and_step_by_step(target, prompts, ar, route, name, monkeypatch)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_fused_verify_and_acceptance_equal_ar_in_float32_on_cuda_graphs(monkeypatch):
+    """graphed.FUSE_ACCEPT on CUDA graphs, float32: the pipelined routes whose slots differ (a tree, a
+    chain, the delayed commit's parities, fla_sd's chain slots) give AR's tokens and the step-by-step
+    loop's records with each step's verify, acceptance and commit in one graph."""
+    import repro.models.graphed as graphed
+
+    monkeypatch.setattr(graphed, "FUSE_ACCEPT", True)
+    model, target, prompts = _cuda_float32()
+    ar = build_route({"kind": "ar"}, model.config.vocab_size, "greedy", 0.0, 0)
+    for name, route in _routes(target).items():
+        if name in ("chain", "ddtree", "fla-sd", "specla-delayed"):
+            _equal_ar_and_step_by_step(target, prompts, ar, route, name, monkeypatch)
+    assert any(key[0] == "fused_greedy" for key in target._calls)
 
 
 def _cuda_float32() -> tuple:
