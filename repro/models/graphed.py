@@ -360,39 +360,37 @@ class GraphedTarget:
             parity, self._pending = self._pending, None
             self._flush_call(parity)()
 
+    def _accept_and_commit(self, slot: TreeSlot, strategy: str, accept: DeviceAccept | None) -> None:
+        """``accept(slot, length)`` (a device acceptance writing ``slot.node`` and ``slot.bonus``, given the
+        decoder's committed length before the root; None: the greedy one), the accepted path into
+        ``slot.result`` and the commit: the body of the acceptance graphs."""
+        if accept is None:
+            self.decoder.accept(slot)
+        else:
+            accept(slot, self.decoder.length)
+        self.decoder.accepted_path(slot)
+        self.decoder.commit(slot, strategy)
+
     def _accept_call(
         self, slot: TreeSlot, strategy: str, accept: DeviceAccept | None = None, key: tuple = ()
     ) -> Any:
-        """``accept(slot, length)`` (a device acceptance writing ``slot.node`` and ``slot.bonus``, given the
-        decoder's committed length before the root; None: the greedy one), the accepted path into
-        ``slot.result`` and commit: one graph per (slot, strategy, ``key``)."""
+        """:meth:`_accept_and_commit` as one graph per (slot, strategy, ``key``)."""
 
         def step() -> None:
-            if accept is None:
-                self.decoder.accept(slot)
-            else:
-                accept(slot, self.decoder.length)
-            self.decoder.accepted_path(slot)
-            self.decoder.commit(slot, strategy)
+            self._accept_and_commit(slot, strategy, accept)
 
         name = "greedy" if accept is None else "accept"
-        graph = (name, *graph_slot_key(slot), strategy, *key)
-        return self._call(graph, step, True)
+        return self._call((name, *graph_slot_key(slot), strategy, *key), step, True)
 
     def _fused_call(
         self, slot: TreeSlot, strategy: str, accept: DeviceAccept | None = None, key: tuple = ()
     ) -> Any:
-        """The slot's verify, then :meth:`_accept_call`'s acceptance, accepted path and commit, as one
-        graph per (fused slot, strategy, ``key``); it returns the verify's logits."""
+        """The slot's verify, then :meth:`_accept_and_commit`, as one graph per (fused slot, strategy,
+        ``key``); it returns the verify's logits."""
 
         def step() -> torch.Tensor:
             logits = self.decoder.verify(slot)
-            if accept is None:
-                self.decoder.accept(slot)
-            else:
-                accept(slot, self.decoder.length)
-            self.decoder.accepted_path(slot)
-            self.decoder.commit(slot, strategy)
+            self._accept_and_commit(slot, strategy, accept)
             return logits
 
         name = "fused_greedy" if accept is None else "fused_accept"
