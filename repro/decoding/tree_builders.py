@@ -461,7 +461,8 @@ class GraphedBestFirst:
                 "an aliasing best-first graph takes only the marginals buffer it was captured on"
             )
         if isinstance(root_token, torch.Tensor):  # on the device (a pipelined step's bonus)
-            rooted = self._rooted_call(root_token) if root_token.dtype == torch.long else None
+            aliased = ALIASED_ROOTS and root_token.dtype == torch.long  # off: no lookup on the hot path
+            rooted = self._rooted_call(root_token) if aliased else None
             if rooted is not None:
                 return rooted()
             self.root.copy_(root_token)

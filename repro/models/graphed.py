@@ -612,10 +612,10 @@ class GraphedTarget:
         logits = call()
         n = tree.size
         hidden = {i: slot.hidden[i][:n] for i in capture}
-        accepted = then if fused else None
-        ver = GraphedVerification(tree, logits[:n], hidden, [], state.position, strategy, slot=slot)
-        ver.epoch, ver.ticket, ver.accepted = self.epoch, ticket, accepted
-        return ver
+        return GraphedVerification(
+            tree, logits[:n], hidden, [], state.position, strategy,
+            slot=slot, epoch=self.epoch, ticket=ticket, accepted=then if fused else None,
+        )  # fmt: skip
 
     def _delayed_commit(self, verification: GraphedVerification) -> bool:
         """Whether ``verification`` commits by ``delayed`` (then it must be the latest delayed one: its
