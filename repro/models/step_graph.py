@@ -81,15 +81,13 @@ def driver() -> _Driver:
 
 @dataclass
 class _StepGraph:
-    """One sequence's graph: its executable, its event record nodes (in order), the graphs it cloned (held,
-    so that their buffers outlive it) and the events its nodes record now (held: the driver refuses to set
-    a node's event while the one it has is destroyed; measured on the H200, driver 580)."""
+    """One sequence's graph: its executable, its event record nodes (in order) and the graphs it cloned
+    (held, so that their buffers outlive it)."""
 
     graph: ctypes.c_void_p
     exec: ctypes.c_void_p
     event_nodes: list[ctypes.c_void_p]
     held: tuple[Any, ...]
-    events: list[Any]
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # at interpreter exit the driver may be gone
@@ -155,7 +153,6 @@ class StepChain:
         events = [x for kind, x in work if kind == "event"]
         for node, event in zip(made.event_nodes, events):
             cu.cuGraphExecEventRecordNodeSetEvent(made.exec, node, ctypes.c_void_p(event.cuda_event))
-        made.events = events
         stream = self._stream if self._stream is not None else torch.cuda.current_stream(self.device)
         cu.cuGraphLaunch(made.exec, ctypes.c_void_p(stream.cuda_stream))
 
@@ -179,8 +176,8 @@ class StepChain:
             last = node
         exec_ = ctypes.c_void_p()
         cu.cuGraphInstantiateWithFlags(ctypes.byref(exec_), graph, 0)
-        held = tuple(x for kind, x in work if kind in ("graph", "event"))  # the template's events too
-        return _StepGraph(graph, exec_, event_nodes, held, [x for kind, x in work if kind == "event"])
+        held = tuple(x for kind, x in work if kind == "graph")
+        return _StepGraph(graph, exec_, event_nodes, held)
 
 
 _CHAINS: dict[torch.device, StepChain] = {}
