@@ -48,10 +48,9 @@ from repro.decoding.sampling import step_rng
 from repro.decoding.tree_builders import BestFirst, Chain, DrafterTree, SingleNode, TreeBuilder
 from repro.drafters.base import DraftContext, Drafter, PipelinedDrafter
 from repro.models.graphed import GraphedState, GraphedTarget, LaunchedStep
-from repro.models.graphs import busy_recorder, generation_stream, graphs_captured, record_event
+from repro.models.graphs import busy_recorder, generation_stream, graphs_captured
 from repro.models.hybrid import PREFILL_CHUNK, HybridLM, Verification
 from repro.models.state import ModelState
-from repro.models.step_graph import step_chain
 from repro.tree import Tree
 
 STAGES = ("draft", "tree", "verify", "commit")  # on the device path "commit" holds the acceptance too
@@ -180,7 +179,7 @@ class StageClock:
             if len(self._times) == 1:
                 self._steps.append([])
             event = self.event()
-            record_event(event, self.stream)
+            event.record(self.stream)
             self._steps[-1].append(event)
         if len(self._times) == len(STAGES) + 1:
             for name, a, b in zip(STAGES, self._times, self._times[1:]):
@@ -310,20 +309,19 @@ def _pipelined(
     paths: list[list[int]] = []
     finish = None
     while finish is None:
-        with step_chain(model.device):  # the step's graphs, copies and events: one launch
-            clock.mark()
-            last = launched[-1] if launched else None
-            proposal = drafter.propose_after(last) if last else drafter.propose(ctx)
-            clock.mark()
-            tree = builder.build_device(last.root if last else out[-1], proposal)
-            clock.mark()
-            # the unread steps' lengths are bounded by their trees' sizes: the buffers grow for the bound
-            handle = model.handle(position + sum(step.verification.tree.size for step in launched))
-            accept = (twin.accept, twin.graph_key) if twin else (None, ())
-            ver = model.verify(handle, tree, capture, route.commit, route.verifier, then=accept)
-            clock.mark()
-            launched.append(model.launch_accepted(handle, ver, *accept))
-            clock.mark()
+        clock.mark()
+        last = launched[-1] if launched else None
+        proposal = drafter.propose_after(last) if last else drafter.propose(ctx)
+        clock.mark()
+        tree = builder.build_device(last.root if last else out[-1], proposal)
+        clock.mark()
+        # the unread steps' lengths are bounded by their trees' sizes: the buffers grow for the bound
+        handle = model.handle(position + sum(step.verification.tree.size for step in launched))
+        accept = (twin.accept, twin.graph_key) if twin else (None, ())
+        ver = model.verify(handle, tree, capture, route.commit, route.verifier, then=accept)
+        clock.mark()
+        launched.append(model.launch_accepted(handle, ver, *accept))
+        clock.mark()
         if len(launched) < 2:
             continue
         step = launched.popleft()

@@ -26,7 +26,7 @@ import torch
 
 from repro.drafters.base import Proposal
 from repro.errors import ConfigError
-from repro.models.graphs import EagerCall, copy_into, flush_chain, tensor_address
+from repro.models.graphs import EagerCall, tensor_address
 from repro.tree import MAX_TREE_NODES, DeviceTree, Sparse, Tree
 
 Rng = np.random.Generator | None
@@ -137,9 +137,6 @@ class Chain:
 
     def __init__(self, sample: bool = False) -> None:
         self.sample = sample
-        # device trees' tokens, two a length used in turn: a pipelined step's tree stays whole while the
-        # next one is built
-        self._tokens: dict[tuple[int, torch.device], list[torch.Tensor]] = {}
 
     def build(self, root_token: int, proposal: Proposal | None, rng: Rng = None) -> Tree:
         if proposal is None or proposal.depth == 0:
@@ -159,21 +156,10 @@ class Chain:
         """The first choices straight from ``proposal.top_ids`` (device); a host tree otherwise."""
         if self.sample or proposal is None or proposal.top_ids is None or proposal.depth == 0:
             return self.build(_host_root(root_token), proposal)
-        first = proposal.top_ids[:, 0]
-        n, device = first.numel() + 1, first.device
-        ring = self._tokens.get((n, device))
-        if ring is None:
-            ring = [torch.zeros(n, dtype=torch.long, device=device) for _ in range(2)]
-            self._tokens[n, device] = ring
-        ring.reverse()
-        tokens = ring[0]
-        if isinstance(root_token, torch.Tensor):
-            copy_into(tokens[:1], root_token)
-        else:
-            flush_chain()
-            tokens[:1].fill_(root_token)
-        copy_into(tokens[1:], first)
-        return DeviceTree(tokens, _chain_parents(n, device), constant_parents=True)
+        first = proposal.top_ids[:, 0].long()
+        root = _device_root(root_token, first.device)
+        parents = _chain_parents(first.numel() + 1, first.device)
+        return DeviceTree(torch.cat([root, first]), parents, constant_parents=True)
 
 
 @functools.lru_cache(maxsize=64)

@@ -46,7 +46,6 @@ import torch
 
 from repro.drafters.dflash import marginals
 from repro.drafters.pool import top_k_pool
-from repro.models.graphs import copy_into, flush_chain
 from repro.tree import DeviceTree, Sparse, Tree
 
 if TYPE_CHECKING:
@@ -405,16 +404,14 @@ class GrowthStep:
     ) -> tuple[DeviceGrowth, torch.Tensor]:
         given = (rows, logits, feature)
         if self.call is None or any(a.shape != b.shape for a, b in zip(self.inputs[1:], given)):
-            flush_chain()
             self.inputs = [torch.zeros(1, dtype=torch.long, device=rows.device)] + [t.clone() for t in given]
             self.call = None
         if isinstance(root, torch.Tensor):  # on the device (a pipelined step's bonus): copied
-            copy_into(self.inputs[0], root)
+            self.inputs[0].copy_(root)
         else:
-            flush_chain()
             self.inputs[0].fill_(root)
         for buf, t in zip(self.inputs[1:], given):
-            copy_into(buf, t)
+            buf.copy_(t)
         if self.call is None:
             if self.fused is None:
                 pool = min(self.pool, logits.shape[-1])

@@ -57,7 +57,7 @@ from typing import Any, Protocol
 import torch
 
 from repro.errors import ConfigError
-from repro.models.graphs import copy_into, generation_stream, graph_call, record_event
+from repro.models.graphs import generation_stream, graph_call
 from repro.models.hybrid import HybridLM, Verification
 from repro.models.hybrid import check_verifier as check_chain_verifier
 from repro.models.state import ModelState
@@ -800,11 +800,11 @@ class GraphedTarget:
     def _copy_out(self, device: torch.Tensor, host: torch.Tensor) -> tuple[torch.Tensor, Any]:
         """``device`` copied into ``host`` (pinned on CUDA: queued on the stream, not waited for) and the
         CUDA event recorded behind the copy (None on CPU): what :func:`read_back` takes."""
-        copy_into(host, device)
+        host.copy_(device, non_blocking=True)
         if self.device.type != "cuda":
             return host, None
         copied = torch.cuda.Event()
-        record_event(copied, self.stream)
+        copied.record(self.stream)
         return host, copied
 
     def _result_host(self, result: torch.Tensor) -> torch.Tensor:

@@ -126,8 +126,6 @@ class EagerCall:
         self.fn = fn
 
     def __call__(self) -> Any:
-        if _chains:  # a graph's work on CUDA: the open chain would hold it
-            _chains[-1].pending = True
         _stand_ins[0] += 1
         try:
             return self.fn()
@@ -211,60 +209,16 @@ def busy_recorder(recorder: ReplayRecorder) -> Iterator[ReplayRecorder]:
         _recorders.remove(recorder)
 
 
-class Chain(Protocol):
-    """An open step chain (:class:`repro.models.step_graph.StepChain`): what joins it is launched later, in
-    order, as one CUDA graph. ``pending``: whether it holds work not launched yet (off CUDA: would hold)."""
-
-    pending: bool
-
-    def graph(self, graph: Any) -> None: ...
-
-    def event(self, event: Any, stream: Any) -> None: ...
-
-    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None: ...
-
-    def flush(self) -> None: ...
-
-
-_chains: list[Chain] = []  # the open step chains (step_graph.step_chain); the innermost (last) takes the work
-
-
-def flush_chain() -> None:
-    """Launch what the open step chain holds (if one is open): before device work that cannot join it (an
-    eager op, a capture's warm-up calls), so that the work runs in the order it was issued."""
-    if _chains:
-        _chains[-1].flush()
-
-
-def record_event(event: Any, stream: Any) -> None:
-    """``event.record(stream)``; inside an open step chain an event record node of its graph."""
-    if _chains:
-        _chains[-1].event(event, stream)
-    else:
-        event.record(stream)
-
-
-def copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """``dst.copy_(src)`` (non-blocking: a pinned host ``dst`` is not waited for); inside an open step chain
-    it joins the chain (on CUDA a captured copy)."""
-    if _chains:
-        _chains[-1].copy(dst, src)
-    else:
-        dst.copy_(src, non_blocking=True)
-
-
 def replay_graph(graph: Any) -> None:
-    """``graph.replay()``, bracketed by a recorder's events when one is active (:func:`busy_recorder`); inside
-    an open step chain the graph and the events join it."""
+    """``graph.replay()``, bracketed by a recorder's events when one is active (:func:`busy_recorder`)."""
     recorder = _recorders[-1] if _recorders else None
-    chain = _chains[-1] if _chains else None
     if recorder is None or not recorder.recording:
-        graph.replay() if chain is None else chain.graph(graph)
+        graph.replay()
         return
     start, end = recorder.event(), recorder.event()
-    record_event(start, recorder.stream)
-    graph.replay() if chain is None else chain.graph(graph)
-    record_event(end, recorder.stream)
+    start.record(recorder.stream)
+    graph.replay()
+    end.record(recorder.stream)
     recorder.replayed(start, end)
 
 
@@ -289,13 +243,9 @@ class GraphedCall:
 
     @staticmethod
     def _capture(fn: Callable[[], Any], device: torch.device, warmup: int) -> tuple[Any, Any]:
-        """``warmup`` calls of ``fn`` on a side stream, then its capture: (the graph, its output). The graph
-        is kept (``keep_graph``) so that a step chain can take it as a child graph. Warm-up calls are real
-        calls: an open step chain is launched before them."""
+        """``warmup`` calls of ``fn`` on a side stream, then its capture: (the graph, its output)."""
         if device.type != "cuda":
             raise ConfigError("CUDA graphs need a CUDA device")
-        if warmup:
-            flush_chain()
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         stream = torch.cuda.Stream(device)
@@ -305,13 +255,12 @@ class GraphedCall:
                 fn()
         torch.cuda.current_stream(device).wait_stream(stream)
         torch.cuda.synchronize(device)
-        graph = torch.cuda.CUDAGraph(keep_graph=True)
+        graph = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.graph(graph):
                 output = fn()
         except Exception as exc:
             raise RuntimeError(f"CUDA graph capture failed: {diagnose(fn)}") from exc
-        graph.instantiate()
         torch.cuda.synchronize(device)
         return graph, output
 
@@ -350,7 +299,6 @@ class HostUploads:
     def put(self, values: list[int], out: torch.Tensor | None = None) -> torch.Tensor:
         """``values`` as int64 on the device: into ``out[:len(values)]`` when given, else a new tensor."""
         n = len(values)
-        flush_chain()  # an eager copy: after what an open step chain holds
         i, self._turn = self._turn, (self._turn + 1) % len(self._host)
         done = self._copied[i]
         if done is not None and not done.query():

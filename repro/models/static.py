@@ -135,7 +135,7 @@ from repro.gdn.reference import PendingCommit, TreeFactors
 from repro.gdn.triton_attention import write_context_kv  # noqa: F401 - DFlash's fast ingest reads it here
 from repro.gdn.triton_common import verify_launches
 from repro.models.config import GDN
-from repro.models.graphs import copy_into, flush_chain, generation_stream
+from repro.models.graphs import generation_stream
 from repro.models.hybrid import COMMIT_STRATEGIES, HybridLM
 from repro.models.layers import (
     Attention,
@@ -852,7 +852,6 @@ class TreeSlot:
 
     def _upload(self, nbytes: int) -> None:
         """The first ``nbytes`` of the host buffer to the device (asynchronous from pinned memory)."""
-        flush_chain()
         self._device_bytes[:nbytes].copy_(self._host_bytes[:nbytes], non_blocking=True)
         if self._device_bytes.is_cuda:
             self._copied = torch.cuda.Event()
@@ -872,16 +871,14 @@ class TreeSlot:
         if self._decoder.fuse_bookkeeping and KERNEL_TREE_COPY:  # one kernel (slot_kernels.copy_tree)
             from repro.models.slot_kernels import copy_tree
 
-            flush_chain()
             copy_tree(self.tokens, self.parents, tree.tokens, tree.parents, copy_parents=fresh)
         else:
-            copy_into(self.tokens[:n], tree.tokens)
-            if fresh:
-                copy_into(self.parents[:n], tree.parents)
-            if n < self.size:  # padding: eager
-                flush_chain()
+            self.tokens[:n].copy_(tree.tokens)
+            if n < self.size:
                 self.tokens[n:].zero_()
-                if fresh:
+            if fresh:
+                self.parents[:n].copy_(tree.parents)
+                if n < self.size:
                     self.parents[n:].fill_(-1)
         self._held_parents = tree.parents if tree.constant_parents else None
         self.tree = tree

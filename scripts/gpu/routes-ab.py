@@ -41,8 +41,6 @@ on a fresh GraphedTarget so that its graphs are captured under that setting:
   step's root where it lies, not a stream copy of it (``tree_builders.ALIASED_ROOTS``);
 - ``fuse_accept``: each pipelined step's verify, acceptance and commit as one graph (``graphed.FUSE_ACCEPT``;
   their time then falls in the verify stage);
-- ``no_chain``: each graph, copy and event of a pipelined step launched as it is issued, not the step as
-  one graph of them (``step_graph.CHAIN``);
 - ``fused_tree``: every verify's GDN layers on the one-launch fused tree kernel, not the split form (three
   launches: prologue, keys, values) that ``select_tree_kernel`` picks for few value heads in bf16.
 
@@ -79,7 +77,7 @@ from repro.drafters import dflash_fast  # noqa: E402
 from repro.gdn import triton_attention  # noqa: E402
 from repro.gdn import triton_linear as tlin  # noqa: E402
 from repro.gdn.triton_common import dependent_launch  # noqa: E402
-from repro.models import graphed, static, step_graph, topk_kernels  # noqa: E402
+from repro.models import graphed, static, topk_kernels  # noqa: E402
 from repro.models.target import open_target  # noqa: E402
 
 CPU = sys.argv[2:3] == ["cpu"]
@@ -157,7 +155,6 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "fused_tree": lambda: patched(static, "select_tree_kernel", lambda *args: "fused"),
     "kernel_copies": kernel_copies,
     "fuse_accept": lambda: patched(graphed, "FUSE_ACCEPT", True),
-    "no_chain": lambda: patched(step_graph, "CHAIN", False),
     "kernel_tree_copy": lambda: patched(static, "KERNEL_TREE_COPY", True),
     "aliased_roots": lambda: patched(tree_builders, "ALIASED_ROOTS", 4),
 }
