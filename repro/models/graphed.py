@@ -79,11 +79,10 @@ AR_GROUP = 8
 DeviceAccept = Callable[[TreeSlot, torch.Tensor], None]
 # a verification told the device acceptance that follows it (``verify(then=...)``, the pipelined loop) runs
 # verify, acceptance, accepted path and commit as one graph, on slots of its own (:meth:`GraphedTarget.
-# _fused_call`): one graph boundary a step fewer. Off until an A/B on the H200 says (scripts/gpu/routes-ab.py
-# fuse_accept): the routes' wall / busy of 1.12 is 6-8 us of device time a stage that replays a graph
-# (results/2026-12-04-h200-derive-rows). With it on, the acceptance's and commit's device time is in the
-# verify stage's.
-FUSE_ACCEPT = False
+# _fused_call`): one graph boundary a step fewer. Routes A/B on the H200 (results/2026-12-04-h200-step-graphs,
+# callCM): wall a step chain DFlash 0.272 -> 0.267 ms, DDTree 0.343 -> 0.341, SpecLA 0.578 -> 0.574,
+# DFlash-TfM 0.632 -> 0.626, same tokens. The acceptance's and commit's device time is in the verify stage's.
+FUSE_ACCEPT = True
 
 
 class DevicePicker(Protocol):
