@@ -39,8 +39,8 @@ on a fresh GraphedTarget so that its graphs are captured under that setting:
 - ``kernel_copies`` = ``kernel_tree_copy`` + ``aliased_roots``: a device tree into its verify slot by one
   kernel, not two stream copies (``static.KERNEL_TREE_COPY``), and the best-first graph reading a pipelined
   step's root where it lies, not a stream copy of it (``tree_builders.ALIASED_ROOTS``);
-- ``fuse_accept``: each pipelined step's verify, acceptance and commit as one graph (``graphed.FUSE_ACCEPT``;
-  their time then falls in the verify stage);
+- ``separate_accept``: each pipelined step's acceptance and commit as a graph of their own after the verify's,
+  not one graph with it (``graphed.FUSE_ACCEPT`` off; on, their time falls in the verify stage);
 - ``fused_tree``: every verify's GDN layers on the one-launch fused tree kernel, not the split form (three
   launches: prologue, keys, values) that ``select_tree_kernel`` picks for few value heads in bf16.
 
@@ -154,7 +154,7 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "torch_argmax": lambda: patched(topk_kernels, "row_argmax", lambda x: x.argmax(-1)),
     "fused_tree": lambda: patched(static, "select_tree_kernel", lambda *args: "fused"),
     "kernel_copies": kernel_copies,
-    "fuse_accept": lambda: patched(graphed, "FUSE_ACCEPT", True),
+    "separate_accept": lambda: patched(graphed, "FUSE_ACCEPT", False),
     "kernel_tree_copy": lambda: patched(static, "KERNEL_TREE_COPY", True),
     "aliased_roots": lambda: patched(tree_builders, "ALIASED_ROOTS", 4),
 }
