@@ -611,6 +611,23 @@ def _x_chunk(x_ptr, x_stride, rows, k0, n_rows, K, BK: tl.constexpr, ACC: tl.con
 
 
 @triton.jit
+def _gated_chunk(x_ptr, x_stride, z_ptr, z_stride, gw_ptr, res_ptr, rows, k0, n_rows, eps, DV: tl.constexpr,
+                 BK: tl.constexpr, HAS_Z: tl.constexpr, ACC: tl.constexpr):  # fmt: skip
+    """The gated RMS norm of one value head (columns k0 .. k0 + DV of the rows ``rows`` of x, BK >= DV
+    wide, zero past DV), as :func:`repro.gdn.triton_decode.gated_norm` computes it: x / rms(x) times the
+    norm weight, times SiLU(z), rounded to the residual's dtype (the layer's), in ACC."""
+    o_d = tl.arange(0, BK)
+    m_d = o_d < DV
+    m = (rows < n_rows)[:, None] & m_d[None, :]
+    x = tl.load(x_ptr + rows[:, None] * x_stride + (k0 + o_d)[None, :], mask=m, other=0.0).to(ACC)
+    rms = tl.sqrt(tl.sum(x * x, axis=1) / DV + eps)
+    y = x / rms[:, None] * tl.load(gw_ptr + o_d, mask=m_d, other=0.0).to(ACC)[None, :]
+    if HAS_Z:
+        y *= silu(tl.load(z_ptr + rows[:, None] * z_stride + (k0 + o_d)[None, :], mask=m, other=0.0).to(ACC))
+    return round_to(y, res_ptr).to(ACC)
+
+
+@triton.jit
 def _dot_tile(w_ptr, x, o_n, k0, N, K, BK: tl.constexpr, ACC: tl.constexpr, SPLIT: tl.constexpr,
           UPCAST: tl.constexpr):  # fmt: skip
     """x [RB, BK] (in ACC) times the weight rows o_n [BN], columns k0 .. k0 + BK -> [RB, BN] in ACC, one
@@ -645,6 +662,9 @@ def _rows_kernel(
     res_ptr,
     res_stride,
     out_ptr,
+    z_ptr,
+    z_stride,
+    gw_ptr,
     eps,
     n_rows,
     N,
@@ -657,6 +677,9 @@ def _rows_kernel(
     GATE_UP: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     RESIDUAL: tl.constexpr,
+    GATED: tl.constexpr,
+    HAS_Z: tl.constexpr,
+    DV: tl.constexpr,
     ACC: tl.constexpr,
     UPCAST: tl.constexpr,
     PDL: tl.constexpr,
@@ -665,7 +688,10 @@ def _rows_kernel(
     (:func:`_dot_tile`; SCALED: x times the norm scale, as hi + lo parts for half weights, its sum of
     squares gathered beside; NORM without SCALED: the weights carry the scale (:func:`fold_norm`), x goes
     in as it is, one dot, and a second pass over x sums its squares), then :func:`_finish` on the row
-    block (the 1 / rms factor from the sum of squares)."""
+    block (the 1 / rms factor from the sum of squares). The K loop steps by DV (= BK but when GATED).
+    GATED: x is a GDN core's output of value heads DV wide, a K chunk is one head (BK >= DV) and goes in
+    gated-normed (:func:`_gated_chunk`: the weight ``gw``, SiLU of z with HAS_Z), rounded as the separate
+    gated norm rounds it (:func:`gated_linear_residual`)."""
     pdl_start(PDL)
     pid = tl.program_id(0)
     row0 = tl.program_id(1) * RB
@@ -674,8 +700,12 @@ def _rows_kernel(
     ss = tl.zeros([RB], dtype=ACC)
     acc = tl.zeros([RB, BN], dtype=ACC)
     acc_up = tl.zeros([RB, BN], dtype=ACC)
-    for k0 in range(0, K, BK):
-        x = _x_chunk(x_ptr, x_stride, rows, k0, n_rows, K, BK, ACC)
+    for k0 in range(0, K, DV):
+        if GATED:
+            x = _gated_chunk(x_ptr, x_stride, z_ptr, z_stride, gw_ptr, res_ptr, rows, k0, n_rows, eps, DV, BK,
+                             HAS_Z, ACC)  # fmt: skip
+        else:
+            x = _x_chunk(x_ptr, x_stride, rows, k0, n_rows, K, BK, ACC)
         if SCALED:
             ss += tl.sum(x * x, axis=1)
             o_k = k0 + tl.arange(0, BK)
@@ -763,21 +793,28 @@ def _launch_rows(
     bias: torch.Tensor | None,
     residual: torch.Tensor | None,
     scaled: bool,
+    gate: tuple[torch.Tensor | None, torch.Tensor, float, int] | None = None,
     **overrides: int,
 ) -> torch.Tensor:
     """The row-tiled variant's launch (n > :data:`MAX_ROWS` rows of x) into ``out``; ``scaled`` (with
-    ``norm``): x times the norm scale in the loop, else ``weight`` carries it (:func:`fold_norm`)."""
+    ``norm``): x times the norm scale in the loop, else ``weight`` carries it (:func:`fold_norm`);
+    ``gate`` = (z or None, norm weight, eps, d_v): x gated-normed per value head first
+    (:func:`gated_linear_residual`)."""
     n, k = x.shape
     half = x.dtype in (torch.bfloat16, torch.float16)
     cfg = row_tiles(n, rows_out, k, half, kind, **overrides)  # folded or not: the same tiles
     scale, eps = norm if norm is not None else (x, 0.0)
+    z, gw, gate_eps, dv = gate if gate is not None else (None, x, 0.0, cfg.block_k)
+    if gate is not None:
+        eps, cfg = gate_eps, replace(cfg, block_k=max(16, pow2(dv)))  # a K chunk: one value head
     _rows_kernel[(triton.cdiv(rows_out, cfg.block_n), triton.cdiv(n, cfg.block_m))](
         x, x.stride(0), scale, weight, bias if bias is not None else x,
         residual if residual is not None else x, residual.stride(0) if residual is not None else 0,
-        out, float(eps), n, rows_out, k, RB=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k,
+        out, z if z is not None else x, z.stride(0) if z is not None else 0, gw,
+        float(eps), n, rows_out, k, RB=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k,
         NORM=norm is not None, SCALED=norm is not None and scaled, GATE_UP=kind == "norm_gate_up",
-        HAS_BIAS=bias is not None, RESIDUAL=residual is not None, ACC=acc_dtype(x.dtype),
-        UPCAST=half and interpreting(),
+        HAS_BIAS=bias is not None, RESIDUAL=residual is not None, GATED=gate is not None,
+        HAS_Z=z is not None, DV=dv, ACC=acc_dtype(x.dtype), UPCAST=half and interpreting(),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args(x.device),
     )  # fmt: skip
     return out
@@ -925,6 +962,42 @@ def linear_residual(
     """``residual + x @ weight^T (+ bias)`` for x [n, K] (n <= :data:`MAX_VERIFY_ROWS`), weight [N, K],
     residual [n, N] -> [n, N] in x's dtype. ``blocks``: as :func:`norm_linear`'s."""
     return _launch("linear_residual", x, weight, weight.shape[0], residual=residual, bias=bias, **blocks)
+
+
+def gated_linear_residual(
+    o: torch.Tensor,
+    z: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    residual: torch.Tensor,
+    **blocks: int,
+) -> torch.Tensor:
+    """``residual + gated_norm(o, z) @ weight^T`` in one row-tiled launch: a GDN layer's output norm (RMS
+    over each value head's d_v, times ``norm_weight`` [d_v], times SiLU(z)), its output projection and the
+    residual. o [n, HV, d_v] (MAX_ROWS < n <= :data:`MAX_VERIFY_ROWS`), z [n, HV d_v] with unit column
+    stride or None, weight [N, HV d_v], residual [n, N] in the layer's dtype -> [n, N] in that dtype. The
+    gated row is rounded to that dtype before the matmul, as :func:`repro.gdn.triton_decode.gated_norm`
+    rounds it, so the result is the two launches' (to float32 summation order). ``blocks``: RowsConfig
+    fields but block_k (one value head a K chunk)."""
+    n, hv, dv = o.shape
+    k = hv * dv
+    if not MAX_ROWS < n <= MAX_VERIFY_ROWS:
+        raise ConfigError(f"gated_linear_residual takes {MAX_ROWS + 1}..{MAX_VERIFY_ROWS} rows, got {n}")
+    if weight.dim() != 2 or weight.shape[1] != k or not weight.is_contiguous():
+        raise ConfigError(f"weight must be a row-major [N, {k}], got {tuple(weight.shape)}")
+    if norm_weight.shape != (dv,) or (z is not None and (z.shape != (n, k) or z.stride(-1) != 1)):
+        raise ConfigError(f"norm weight [{dv}] and z [{n}, {k}] (unit column stride) expected")
+    rows_out = weight.shape[0]
+    if residual.shape != (n, rows_out) or residual.stride(-1) != 1:
+        raise ConfigError(f"residual must be a row-major [{n}, {rows_out}], got {tuple(residual.shape)}")
+    x = o.reshape(n, k)
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    out = torch.empty(n, rows_out, dtype=residual.dtype, device=o.device)
+    gate = (z, norm_weight, float(eps), dv)
+    kind = "linear_residual"
+    return _launch_rows(kind, x, weight, rows_out, out, None, None, residual, False, gate, **blocks)
 
 
 def norm_linear_argmax(

@@ -440,8 +440,20 @@ def fused_gdn_layer(
             proj, buf.conv, w.taps, m.conv1d.bias, conv_index, *gates, dims, kernel_dtype
         )
         o, factors = core(q, k, v, g, beta)
+        if gemv and GATED_OUT_PROJ and _gated_rows(o.shape[0], m.out_proj):
+            from repro.gdn.triton_linear import gated_linear_residual
+
+            x = gated_linear_residual(o, z, m.norm.weight, m.norm.eps, m.out_proj.weight, x)
+            return fused_mlp_block(layer, w, x, gemv), conv_inputs, k, factors
         y = fused.gated_norm(o, m.norm.weight, m.norm.eps, z, x.dtype)
     return fused_mlp_block(layer, w, plus_linear(x, y, m.out_proj, gemv), gemv), conv_inputs, k, factors
+
+
+def _gated_rows(n: int, out_proj: torch.nn.Linear) -> bool:
+    """Whether a verify of ``n`` rows takes the row-tiled launch that :data:`GATED_OUT_PROJ` fuses into."""
+    from repro.gdn.triton_linear import MAX_ROWS, MAX_VERIFY_ROWS, form_for
+
+    return out_proj.bias is None and MAX_ROWS < n <= MAX_VERIFY_ROWS and form_for(n) == "dot"
 
 
 def normed_linear(
@@ -634,6 +646,12 @@ FUSE_BOOKKEEPING = True
 KERNEL_TREE_COPY = False
 # the default of StaticDecoder.fold_norms with fuse_verify (False: the scaled rows, for an A/B)
 FOLD_NORMS = True
+# a GDN layer's verify (fuse_verify, row-tiled rows) runs its output gated norm inside the out_proj's
+# row-tiled launch (triton_linear.gated_linear_residual): one launch a layer fewer (the separate gated norm:
+# 6 launches, 9.1 us of a 33-node tiny-qwen35 verify, results/2026-12-04-h200-derive-rows/callCH/verify-
+# kernels). Off until an A/B on the H200 says (scripts/gpu/routes-ab.py gated_out_proj); tested in the
+# interpreter
+GATED_OUT_PROJ = False
 
 # --------------------------------------------------------------------------------- buffers
 

@@ -41,6 +41,8 @@ on a fresh GraphedTarget so that its graphs are captured under that setting:
   step's root where it lies, not a stream copy of it (``tree_builders.ALIASED_ROOTS``);
 - ``separate_accept``: each pipelined step's acceptance and commit as a graph of their own after the verify's,
   not one graph with it (``graphed.FUSE_ACCEPT`` off; on, their time falls in the verify stage);
+- ``gated_out_proj``: a GDN layer's output gated norm inside its out_proj's row-tiled launch
+  (``static.GATED_OUT_PROJ``; triton_linear.gated_linear_residual), not a launch of its own;
 - ``fused_tree``: every verify's GDN layers on the one-launch fused tree kernel, not the split form (three
   launches: prologue, keys, values) that ``select_tree_kernel`` picks for few value heads in bf16.
 
@@ -155,6 +157,7 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "fused_tree": lambda: patched(static, "select_tree_kernel", lambda *args: "fused"),
     "kernel_copies": kernel_copies,
     "separate_accept": lambda: patched(graphed, "FUSE_ACCEPT", False),
+    "gated_out_proj": lambda: patched(static, "GATED_OUT_PROJ", True),
     "kernel_tree_copy": lambda: patched(static, "KERNEL_TREE_COPY", True),
     "aliased_roots": lambda: patched(tree_builders, "ALIASED_ROOTS", 4),
 }

@@ -152,6 +152,48 @@ def bf16_rounding(rows: int, seed: int, form: str = "dot") -> dict[str, float]:
     }
 
 
+def gated_case(rows: int, dtype: torch.dtype, with_z: bool, device: str, seed: int, **blocks) -> float:
+    """gated_linear_residual (a GDN output's gated norm, out_proj and residual in one launch) vs torch in
+    float64: the gated row (RMS over each value head's d_v = 48, not a power of two, times the norm weight,
+    times SiLU of z: a strided view, as the in_proj output's slice is) rounded to ``dtype`` as the separate
+    gated norm stores it, its matmul and the residual; 4 value heads, N = 37."""
+    from repro.gdn import triton_linear as tlin
+    from repro.gdn.triton_common import interpreting
+    from repro.models.layers import rms_norm
+
+    gen = torch.Generator().manual_seed(seed)
+    hv, dv, n_out = 4, 48, 37
+
+    def rnd(*shape: int, s: float = 1.0, shift: float = 0.0) -> torch.Tensor:
+        return (shift + s * torch.randn(*shape, generator=gen)).to(device=device, dtype=dtype)
+
+    o, proj = rnd(rows, hv, dv, s=2.0), rnd(rows, 3 * hv * dv)
+    z = proj[:, hv * dv : 2 * hv * dv] if with_z else None
+    norm_weight, w = rnd(dv, s=0.2, shift=1.0), rnd(n_out, hv * dv, s=(hv * dv) ** -0.5)
+    residual = rnd(rows, n_out)
+    got = tlin.gated_linear_residual(o, z, norm_weight, 1e-6, w, residual, **blocks)
+    y = rms_norm(o.double(), norm_weight.double(), 1e-6)
+    if z is not None:
+        y = y * F.silu(z.double().view(rows, hv, dv))
+    y = y.reshape(rows, hv * dv)
+    if dtype == torch.bfloat16 and interpreting():  # the gated norm's rounding as this build rounds (the
+        y = (y.float().view(torch.int32) & -65536).view(torch.float32)  # interpreter truncates)
+    y = y.to(dtype).double()  # the gated norm's rounding to the layer's dtype
+    return rel(got, residual.double() + F.linear(y, w.double()))
+
+
+def gated_cases() -> dict[str, float]:
+    """:func:`gated_case` per dtype, row count (1-4 row blocks of 16) and z (or none), 16-wide tiles."""
+    return {
+        f"gated/{'z' if with_z else 'no_z'}/n{rows}/{dt}": gated_case(
+            rows, DTYPES[dt], with_z, "cpu", rows, block_m=16, block_n=16
+        )
+        for dt in DTYPES
+        for rows in ROWS
+        for with_z in (True, False)
+    }
+
+
 def tiny_cases() -> dict[str, float]:
     """Every form's kinds (the folded weights: the normed ones) per dtype and row count, and each form's
     gate|up on its default tiles."""
@@ -197,6 +239,32 @@ def test_kernels_match_torch_in_the_interpreter(interpreted):
     assert min(e for c, e in cases.items() if c.endswith("bfloat16")) > 1e-4  # rounded to bf16
 
 
+def test_gated_out_proj_matches_torch_in_the_interpreter(interpreted):
+    """The gated norm, out_proj and residual in one row-tiled launch (gated_linear_residual) at d_v = 48
+    (a value head is a K chunk, 64 wide, masked past 48), with a strided z and without z, n = 5-64 rows,
+    float64 / float32 / bf16: within each dtype's bound of the float64 composition."""
+    cases = interpreted["gated"]
+    assert len(cases) == len(DTYPES) * len(ROWS) * 2
+    assert check(cases) == []
+    assert max(e for c, e in cases.items() if c.endswith("float32")) < 1e-6
+    assert min(e for c, e in cases.items() if c.endswith("bfloat16")) > 1e-4  # rounded to bf16
+
+
+def test_gated_out_proj_refuses_bad_shapes():
+    from repro.errors import ConfigError
+    from repro.gdn.triton_linear import gated_linear_residual
+
+    o, w, res = torch.zeros(8, 2, 16), torch.zeros(5, 32), torch.zeros(8, 5)
+    with pytest.raises(ConfigError, match="rows"):
+        gated_linear_residual(o[:3], None, torch.ones(16), 1e-6, w, res[:3])
+    with pytest.raises(ConfigError, match="weight"):
+        gated_linear_residual(o, None, torch.ones(16), 1e-6, w[:, :16], res)
+    with pytest.raises(ConfigError, match="norm weight"):
+        gated_linear_residual(o, torch.zeros(8, 31), torch.ones(16), 1e-6, w, res)
+    with pytest.raises(ConfigError, match="residual"):
+        gated_linear_residual(o, None, torch.ones(16), 1e-6, w, res[:, :4])
+
+
 def test_bf16_outputs_are_rounded_once(interpreted):
     """n = 5 and 64, both forms: the bf16 output is the exact result rounded once, but for rare
     outputs at a rounding boundary; rounding the normed row to bf16 first would miss the bound."""
@@ -223,6 +291,8 @@ SM90_CASES = {
     "1p3b_head_t64": ("bf16", 32000, 2048, 64, {"NORM": True}),
     "tiny_in_proj_t33_folded": ("bf16", 584, 192, 33, {"NORM": True, "SCALED": False}),
     "1p3b_gate_up_t64_folded": ("bf16", 5632, 2048, 64, {"NORM": True, "SCALED": False, "GATE_UP": True}),
+    "tiny_out_proj_gated_t33": ("bf16", 192, 192, 33, {"RESIDUAL": True, "GATED": True, "HAS_Z": True}),
+    "tiny_fp32_out_proj_gated_t17": ("fp32", 192, 192, 17, {"RESIDUAL": True, "GATED": True, "HAS_Z": True}),
 }
 
 
@@ -245,12 +315,15 @@ def compile_for_sm90(dtype: str, n: int, k: int, rows: int, flags: dict[str, boo
     kind = "norm_gate_up" if flags.get("GATE_UP") else "norm_linear" if flags.get("NORM") else ""
     kind = kind or "linear_residual"
     cfg = row_tiles(rows, n, k, dtype == "bf16", kind)
+    dv = 48 if flags.get("GATED") else cfg.block_k  # GATED: tiny-qwen35's value heads, a 64-wide K chunk each
     ptr = f"*{dtype}"
-    sig = dict.fromkeys(("x_ptr", "scale_ptr", "w_ptr", "bias_ptr", "res_ptr", "out_ptr"), ptr)
-    sig.update(x_stride="i32", res_stride="i32", eps="fp32", n_rows="i32", N="i32", K="i32")
-    consts = {"RB": cfg.block_m, "BN": cfg.block_n, "BK": cfg.block_k}
+    sig = dict.fromkeys(
+        ("x_ptr", "scale_ptr", "w_ptr", "bias_ptr", "res_ptr", "out_ptr", "z_ptr", "gw_ptr"), ptr
+    )
+    sig.update(x_stride="i32", res_stride="i32", z_stride="i32", eps="fp32", n_rows="i32", N="i32", K="i32")
+    consts = {"RB": cfg.block_m, "BN": cfg.block_n, "BK": 64 if flags.get("GATED") else cfg.block_k, "DV": dv}
     consts.update(ACC=tl.float32, UPCAST=False, PDL=True)
-    for flag in ("NORM", "GATE_UP", "HAS_BIAS", "RESIDUAL"):
+    for flag in ("NORM", "GATE_UP", "HAS_BIAS", "RESIDUAL", "GATED", "HAS_Z"):
         consts[flag] = flags.get(flag, False)
     consts["SCALED"] = flags.get("SCALED", consts["NORM"])  # False with NORM: a folded weight
     names = _rows_kernel.arg_names
@@ -422,4 +495,4 @@ if __name__ == "__main__" and "--interpret" in sys.argv:
     rounding = {
         f"{form}/n{n}": bf16_rounding(n, n, form) for form in (*FORM_BLOCKS, "dot-folded") for n in (5, 64)
     }
-    print(json.dumps({"cases": tiny_cases(), "rounding": rounding}))
+    print(json.dumps({"cases": tiny_cases(), "rounding": rounding, "gated": gated_cases()}))

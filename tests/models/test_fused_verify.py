@@ -3,7 +3,8 @@
 - Interpreter (CPU, one TRITON_INTERPRET=1 subprocess, this file as a script): a [GDN, ATTENTION, GDN]
   model of width 40 (no tile multiple) with z gate, output gate and GQA; verify logits of random trees of
   5 and 17 nodes with ``fuse_verify`` on vs off (cuBLAS-path glue), float64 (to rounding, and vs
-  HybridLM.verify) and float32 (~1e-6; 17 nodes), and the closed-form commit after each; the fused verify
+  HybridLM.verify) and float32 (~1e-6; 17 nodes), and the closed-form commit after each, in every variant
+  (:data:`VARIANTS`, the GDN output's gated norm inside the out_proj's launch among them); the fused verify
   capture-safe with the same trace on two trees; the launches of a verify of the tiny-qwen35 layout off
   vs on; slots over MAX_VERIFY_ROWS keep cuBLAS.
 - CPU: the default rule (off without ``gemv``; on with it: interpreter) and the ConfigError without the
@@ -92,9 +93,15 @@ def verify_run(model, state, tree, fuse: bool, graphed: bool = False, fold: bool
     return {"logits": logits, "state": dec.export()}
 
 
-# the fused verify's variants: (verify form, fold_norms): the row-tiled kernel on the folded normed
-# matrices (the default), on the scaled rows, and the GEMV kernel over groups of 4 rows
-VARIANTS = {"dot": ("dot", None), "dot-scaled": ("dot", False), "gemv": ("gemv", None)}
+# the fused verify's variants: (verify form, fold_norms, static.GATED_OUT_PROJ): the row-tiled kernel on the
+# folded normed matrices (the default), on the scaled rows, with the GDN output's gated norm inside the
+# out_proj's launch, and the GEMV kernel over groups of 4 rows
+VARIANTS = {
+    "dot": ("dot", None, False),
+    "dot-scaled": ("dot", False, False),
+    "dot-gated": ("dot", None, True),
+    "gemv": ("gemv", None, False),
+}
 
 
 def verify_cases(device: str, sizes: tuple[int, ...] = SIZES) -> dict[str, dict[str, float]]:
@@ -102,6 +109,7 @@ def verify_cases(device: str, sizes: tuple[int, ...] = SIZES) -> dict[str, dict[
     state (float64: also vs HybridLM's verify and commit). On the CPU float32 at the largest size only
     (two row blocks)."""
     from repro.gdn.triton_linear import verify_form
+    from repro.models import static
 
     out = {}
     for dname in ("float64", "float32") if device == "cpu" else ("float32", "bfloat16"):
@@ -109,12 +117,16 @@ def verify_cases(device: str, sizes: tuple[int, ...] = SIZES) -> dict[str, dict[
         state, _ = model.prefill([3, 9, 1, 4, 1, 5, 9, 2])
         for t, variant in itertools.product(sizes if dname != "float32" or device == "cuda" else sizes[-1:],
                                             VARIANTS):  # fmt: skip
-            form, fold = VARIANTS[variant]
+            form, fold, gated = VARIANTS[variant]
             tree = tree_of(t, t)
             for graphed in (False, True) if device == "cuda" else (False,):
                 old = verify_run(model, state, tree, False, graphed)
-                with verify_form(form):
-                    new = verify_run(model, state, tree, True, graphed, fold)
+                default, static.GATED_OUT_PROJ = static.GATED_OUT_PROJ, gated
+                try:
+                    with verify_form(form):
+                        new = verify_run(model, state, tree, True, graphed, fold)
+                finally:
+                    static.GATED_OUT_PROJ = default
                 errs = {
                     "logits": rel(new["logits"], old["logits"]),
                     "state": state_errs(new["state"], old["state"]),
@@ -214,6 +226,7 @@ def test_fused_verify_matches_the_unfused_one_in_the_interpreter(interpreted):
     assert max(e["logits"] for k, e in res.items() if k.startswith("float32")) > 0  # really another path
     f32 = {k.split("/")[2]: e["logits"] for k, e in res.items() if k.startswith("float32")}
     assert f32["dot"] != f32["dot-scaled"]  # the folded weights: another rounding, so another path
+    assert f32["dot"] != f32["dot-gated"]  # the gated norm in the out_proj's launch: another summation
 
 
 def test_fused_verify_is_capture_safe_and_bounded(interpreted):
