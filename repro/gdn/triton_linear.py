@@ -801,7 +801,7 @@ def _launch_rows(
     ``gate`` = (z or None, norm weight, eps, d_v): x gated-normed per value head first
     (:func:`gated_linear_residual`)."""
     n, k = x.shape
-    half = x.dtype in (torch.bfloat16, torch.float16)
+    half = weight.dtype in (torch.bfloat16, torch.float16)  # the dots' operand type (a gated x may be wider)
     cfg = row_tiles(n, rows_out, k, half, kind, **overrides)  # folded or not: the same tiles
     scale, eps = norm if norm is not None else (x, 0.0)
     z, gw, gate_eps, dv = gate if gate is not None else (None, x, 0.0, cfg.block_k)
