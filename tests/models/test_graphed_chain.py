@@ -140,7 +140,8 @@ def test_chain_slot_steps_are_capture_safe():
 
 def test_prepare_captures_chain_slots(monkeypatch):
     """With graphs (a stand-in for GraphedCall on CPU), ``prepare(chain=True)`` captures each chain slot's
-    verify, replay commit and greedy accept+commit up to ``max_size``, and no tree slot when no strategy
+    verify, replay commit and greedy accept+commit up to ``max_size`` (with ``graphed.FUSE_ACCEPT``, the
+    default, also the pipelined loop's verify + accept + commit graph), and no tree slot when no strategy
     is asked for."""
     import repro.models.graphs as graphs
 
@@ -155,7 +156,8 @@ def test_prepare_captures_chain_slots(monkeypatch):
     sizes = (1, 2, 3, 4, 5, 8)  # SLOT_SIZES up to 8
     verifies = {("verify", s, "chain") for s in sizes}
     commits = {(step, s, "chain", "replay") for s in sizes for step in ("commit", "greedy")}
-    assert keys == verifies | commits
+    fused = {("fused_greedy", s, "chain+accept", "replay") for s in sizes} if graphed.FUSE_ACCEPT else set()
+    assert keys == verifies | commits | fused
     assert all(isinstance(target._slots[(s, "chain")], ChainSlot) for s in sizes)
     assert target.captures == len(keys) + 1 + len(ar)
 
