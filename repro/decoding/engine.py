@@ -38,7 +38,7 @@ import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -53,6 +53,9 @@ from repro.models.hybrid import PREFILL_CHUNK, HybridLM, Verification
 from repro.models.state import ModelState
 from repro.tree import Tree
 
+if TYPE_CHECKING:
+    from repro.drafters.dflash import DFlashDrafter
+
 STAGES = ("draft", "tree", "verify", "commit")  # on the device path "commit" holds the acceptance too
 # timing events of finished clocks by device, reused by later clocks: a decode step records ~11 (its stage
 # marks and two a graph replay) and reads none, so the loop neither makes nor reads events once warm
@@ -66,6 +69,12 @@ EVENT_EVERY = 1
 # greedy device routes whose drafter pipelines run one step ahead of the host (:func:`pipelined`); False: each
 # step read before the next is drafted (the A/B of scripts/gpu/busy-time.py)
 PIPELINE = True
+# a pipelined DDTree or chain DFlash step builds its tree inside the DFlash drafter's graph
+# (``propose_after``'s ``tree``: BestFirst / Chain ``device_tree`` on the drafter's marginals and top-k ids,
+# rooted at the launched step's bonus), not after it: DDTree's best-first graph (and its root's copy), chain
+# DFlash's eager token concatenation a step fewer; the tree stage's time then falls in the draft stage. Off
+# until an A/B on the H200 says (scripts/gpu/routes-ab.py fuse_tree)
+FUSE_TREE = False
 
 
 @dataclass
@@ -295,7 +304,8 @@ def _pipelined(
     launched before the previous one is read: step k + 1's drafter reads step
     k's accepted path and bonus where its commit wrote them (:class:`~repro.models.graphed.LaunchedStep`;
     with ``graphed.FUSE_ACCEPT`` the verification runs the acceptance and commit in its own graph),
-    its tree takes that bonus as root, and only then is step k's result read (one wait a step), so the
+    its tree takes that bonus as root (with :data:`FUSE_TREE` built inside the drafter's graph), and only
+    then is step k's result read (one wait a step), so the
     device runs step k + 1 while the host reads step k and launches step k + 2. The first step drafts from
     ``ctx`` (the prefill). ``out`` grows by the read tokens; returns the finish reason, the accepted
     lengths, tree sizes and paths per read step, and the number of steps launched past the end: the step
@@ -311,9 +321,15 @@ def _pipelined(
     while finish is None:
         clock.mark()
         last = launched[-1] if launched else None
-        proposal = drafter.propose_after(last) if last else drafter.propose(ctx)
+        inside = FUSE_TREE and isinstance(builder, (BestFirst, Chain)) and builder.fuses_into(drafter)
+        fused = last is not None and inside
+        if fused:  # the tree inside the drafter's graph
+            tree_fn = cast(BestFirst | Chain, builder).device_tree
+            proposal = cast("DFlashDrafter", drafter).propose_after(last, tree=tree_fn)
+        else:
+            proposal = drafter.propose_after(last) if last else drafter.propose(ctx)
         clock.mark()
-        tree = builder.build_device(last.root if last else out[-1], proposal)
+        tree = proposal.tree if fused else builder.build_device(last.root if last else out[-1], proposal)
         clock.mark()
         # the unread steps' lengths are bounded by their trees' sizes: the buffers grow for the bound
         handle = model.handle(position + sum(step.verification.tree.size for step in launched))

@@ -156,10 +156,22 @@ class Chain:
         """The first choices straight from ``proposal.top_ids`` (device); a host tree otherwise."""
         if self.sample or proposal is None or proposal.top_ids is None or proposal.depth == 0:
             return self.build(_host_root(root_token), proposal)
-        first = proposal.top_ids[:, 0].long()
-        root = _device_root(root_token, first.device)
+        return self.device_tree(_device_root(root_token, proposal.top_ids.device), None, proposal.top_ids)
+
+    def device_tree(
+        self, root: torch.Tensor, probs: torch.Tensor | None, top_ids: torch.Tensor
+    ) -> DeviceTree:
+        """The chain of the first choices ``top_ids[:, 0]`` below a [1] device ``root`` (``probs`` unused;
+        the parents made once a length): :meth:`build_device`'s tree, and what a drafter runs inside its
+        own step graph (``engine.FUSE_TREE``)."""
+        first = top_ids[:, 0].long()
         parents = _chain_parents(first.numel() + 1, first.device)
-        return DeviceTree(torch.cat([root, first]), parents, constant_parents=True)
+        return DeviceTree(torch.cat([root.long(), first]), parents, constant_parents=True)
+
+    def fuses_into(self, drafter: Any) -> bool:
+        """Whether ``drafter`` can build this builder's chains inside its pipelined step (``propose_after``'s
+        ``tree``): a greedy chain, and a drafter that takes one (DFlash on static buffers)."""
+        return not self.sample and getattr(drafter, "builds_trees_after", False)
 
 
 @functools.lru_cache(maxsize=64)
@@ -308,6 +320,17 @@ class BestFirst:
         if not probs.is_cuda:  # the graph's stand-in (HostLaunches does not count its ops)
             return EagerCall(lambda: best_first_device(root_token, probs, self.budget))()
         return self.graph_for(probs)(root_token, probs)
+
+    def device_tree(self, root: torch.Tensor, probs: torch.Tensor, top_ids: torch.Tensor) -> DeviceTree:
+        """The greedy tree of the marginals ``probs`` below a [1] device ``root``, by capture-safe ops (the
+        device builder :meth:`graph_for`'s graphs run; ``top_ids`` unused): what a drafter runs inside its
+        own step graph (``engine.FUSE_TREE``)."""
+        return (self.device_build or device_builder(probs.device))(root, probs, self.budget)
+
+    def fuses_into(self, drafter: Any) -> bool:
+        """Whether ``drafter`` can build this builder's trees inside its pipelined step (``propose_after``'s
+        ``tree``): a greedy tree, and a drafter that takes one (DFlash on static buffers)."""
+        return not self.sample and getattr(drafter, "builds_trees_after", False)
 
     def graph_for(self, probs: torch.Tensor) -> GraphedBestFirst:
         """The graph that builds the tree of ``probs``, made on first use with :attr:`device_build`

@@ -36,7 +36,7 @@ from torch import nn
 from repro.drafters.attention import HALF, ProjectedAttention, grouped_attention, marginals
 from repro.drafters.base import DraftContext, Proposal
 from repro.drafters.features import FeatureCache
-from repro.drafters.static_dflash import DEFAULT_MAX_LEN, StaticDFlash
+from repro.drafters.static_dflash import DEFAULT_MAX_LEN, StaticDFlash, TreeAfter
 from repro.errors import CheckpointError, ConfigError
 from repro.models.family import resolve_checkpoint
 from repro.models.graphed import GraphedTarget, GraphedVerification, LaunchedStep
@@ -567,6 +567,8 @@ class DFlashDrafter:
     unless float64).
     """
 
+    builds_trees_after = True  # propose_after takes a device tree builder, run in its step's graph
+
     def __init__(
         self,
         model: DFlashDraftModel,
@@ -703,18 +705,23 @@ class DFlashDrafter:
         graphed target, static buffers not turned off."""
         return isinstance(self.target, GraphedTarget) and self.static is not False
 
-    def _after(self, step: LaunchedStep, probs: bool) -> tuple[torch.Tensor, ...]:
+    def _after(self, step: LaunchedStep, probs: bool, tree: TreeAfter | None = None) -> tuple[Any, ...]:
         if not self._switch(DraftContext([], [], step.verification)):
             raise ValueError("drafting after a launched step needs the static buffers (pipelines())")
-        return self._static_buffers().step_after(step.verification, step.result, step.depth, probs)
+        return self._static_buffers().step_after(step.verification, step.result, step.depth, probs, tree)
 
     @torch.no_grad()
-    def propose_after(self, step: LaunchedStep) -> Proposal:
+    def propose_after(self, step: LaunchedStep, tree: TreeAfter | None = None) -> Proposal:
         """:meth:`propose` after ``step``, launched on the graphed target and not read yet: the accepted path
         and the block's root (the bonus) are read on the device (:meth:`StaticDFlash.step_after`); the
-        host learns the path's length through :meth:`settle`, after its read."""
-        _, probs, top = self._after(step, probs=True)
-        return Proposal(probs=probs, top_ids=top)
+        host learns the path's length through :meth:`settle`, after its read. ``tree``: a device tree
+        builder (root, marginals) -> DeviceTree run in the same graph, its tree in the proposal's
+        ``tree`` (rooted at the bonus)."""
+        if tree is None:
+            _, probs, top = self._after(step, probs=True)
+            return Proposal(probs=probs, top_ids=top)
+        _, probs, top, built = self._after(step, True, tree)
+        return Proposal(probs=probs, top_ids=top, tree=built)
 
     @torch.no_grad()
     def block_rows_after(self, step: LaunchedStep) -> tuple[torch.Tensor, torch.Tensor]:

@@ -50,6 +50,7 @@ from repro.models.graphed import GraphedVerification
 from repro.models.graphs import EagerCall, HostUploads, tensor_address
 from repro.models.hybrid import Verification
 from repro.models.topk_kernels import row_topk
+from repro.tree import DeviceTree
 
 if TYPE_CHECKING:
     from repro.drafters.dflash import DFlashDraftModel
@@ -57,10 +58,12 @@ if TYPE_CHECKING:
 
 DEFAULT_MAX_LEN = 4096
 
-Outputs = tuple[torch.Tensor, ...]
+Outputs = tuple[Any, ...]  # tensors; a step with a tree builder ends with its DeviceTree
 Launched = tuple[
     torch.Tensor, int
 ]  # a launched step's device result and its path depth (StaticDFlash.step_after)
+# a device tree builder run inside the step: (root [1] on the device, marginals, top-k ids) -> tree
+TreeAfter = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], DeviceTree]
 
 
 class StaticDFlash:
@@ -216,16 +219,25 @@ class StaticDFlash:
     # ------------------------------------------------------------------ the step
 
     def _run(
-        self, sources: tuple[torch.Tensor, ...] | None, probs: bool, after: Launched | None = None
+        self,
+        sources: tuple[torch.Tensor, ...] | None,
+        probs: bool,
+        after: Launched | None = None,
+        tree: TreeAfter | None = None,
     ) -> Outputs:
         """Ingest (when ``sources``, the hidden outputs per feature layer) and the block forward; ``after``
-        (a launched step's device result and its depth): the inputs are taken from it on the device."""
+        (a launched step's device result and its depth): the inputs are taken from it on the device;
+        ``tree`` (with ``after`` and ``probs``): the next tree built from the marginals and top-k ids in the
+        same call, its root the launched step's bonus, appended to the outputs."""
         step = self._fast_step if self._fast is not None else self._torch_step
         rows, logits = step(sources, probs, after)
         if not probs:
             return rows, logits
         p = marginals(logits)
-        return logits, p, row_topk(p, self.top_k)[1]
+        out = (logits, p, row_topk(p, self.top_k)[1])
+        if tree is None or after is None:
+            return out
+        return (*out, tree(after[0][1:2], p, out[2]))
 
     def _torch_step(
         self, sources: tuple[torch.Tensor, ...] | None, probs: bool, after: Launched | None
@@ -284,23 +296,28 @@ class StaticDFlash:
         return rows, m.compute_logits(rows, self.lm_head)
 
     def _call(
-        self, sources: tuple[torch.Tensor, ...] | None, probs: bool, after: Launched | None = None
+        self,
+        sources: tuple[torch.Tensor, ...] | None,
+        probs: bool,
+        after: Launched | None = None,
+        tree: TreeAfter | None = None,
     ) -> Outputs:
-        """The step's outputs: the graph of ``_run`` (captured on first use per sources, padding and
-        launched result), or ``_run`` itself without graphs."""
+        """The step's outputs: the graph of ``_run`` (captured on first use per sources, padding, launched
+        result and tree builder), or ``_run`` itself without graphs."""
         if not self.graphs:
-            return EagerCall(torch.no_grad()(lambda: self._run(sources, probs, after)))()
+            return EagerCall(torch.no_grad()(lambda: self._run(sources, probs, after, tree)))()
         key = (
             probs,
             self._pad,
             None if sources is None else tuple(tensor_address(h) for h in sources),
             None if after is None else (tensor_address(after[0]), after[1]),
+            tree,
         )
         call = self._calls.get(key)
         if call is None:
             from repro.models.graphs import GraphedCall
 
-            fn = torch.no_grad()(lambda: self._run(sources, probs, after))
+            fn = torch.no_grad()(lambda: self._run(sources, probs, after, tree))
             # its warm-up calls are real steps: writes are idempotent, but for the committed length when
             # the start is read from it (``after``): it is restored, and the replay makes the step
             length = self.length.clone()
@@ -310,12 +327,15 @@ class StaticDFlash:
             self._calls[key] = call
         return call()
 
-    def step_after(self, ver: Verification, result: torch.Tensor, depth: int, probs: bool) -> Outputs:
+    def step_after(
+        self, ver: Verification, result: torch.Tensor, depth: int, probs: bool, tree: TreeAfter | None = None
+    ) -> Outputs:
         """:meth:`step` after a launched, unread step (a pipelined loop): its accepted path is ingested from
         ``result`` on the device (the graphed target's ``[path length, bonus, path nodes by depth
         (``depth``), tokens]`` of ``ver``'s slot), the block's root is its bonus, and the host's ``count``
         is behind by the path's length until :meth:`settle` gives it (the buffers grow for the most it
-        may be: the padded path). Returns :meth:`step`'s outputs."""
+        may be: the padded path). Returns :meth:`step`'s outputs; with ``tree`` (and ``probs``) also
+        ``tree(bonus, marginals, top-k ids)``, built in the same graph."""
         if ver is self._last or self._unsettled:
             raise ValueError(
                 "step_after: the verification is ingested already, or the last one is not settled"
@@ -325,7 +345,7 @@ class StaticDFlash:
             self._resize_inputs(pad)
         self._fit(self.count + pad + self.block_size)
         self._last, self._unsettled = ver, True
-        return self._call(tuple(ver.hidden[i] for i in self.layers), probs, (result, depth))
+        return self._call(tuple(ver.hidden[i] for i in self.layers), probs, (result, depth), tree)
 
     def settle(self, accepted: int) -> None:
         """The read length of the path :meth:`step_after` ingested unread: the host's count catches up."""

@@ -41,6 +41,8 @@ on a fresh GraphedTarget so that its graphs are captured under that setting:
   step's root where it lies, not a stream copy of it (``tree_builders.ALIASED_ROOTS``);
 - ``separate_accept``: each pipelined step's acceptance and commit as a graph of their own after the verify's,
   not one graph with it (``graphed.FUSE_ACCEPT`` off; on, their time falls in the verify stage);
+- ``fuse_tree``: a pipelined DDTree / chain DFlash step's tree built inside the DFlash drafter's graph
+  (``engine.FUSE_TREE``; its time then falls in the draft stage), not after it;
 - ``gated_out_proj``: a GDN layer's output gated norm inside its out_proj's row-tiled launch
   (``static.GATED_OUT_PROJ``; triton_linear.gated_linear_residual), not a launch of its own;
 - ``fused_tree``: every verify's GDN layers on the one-launch fused tree kernel, not the split form (three
@@ -158,6 +160,7 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "kernel_copies": kernel_copies,
     "separate_accept": lambda: patched(graphed, "FUSE_ACCEPT", False),
     "gated_out_proj": lambda: patched(static, "GATED_OUT_PROJ", True),
+    "fuse_tree": lambda: patched(engine, "FUSE_TREE", True),
     "kernel_tree_copy": lambda: patched(static, "KERNEL_TREE_COPY", True),
     "aliased_roots": lambda: patched(tree_builders, "ALIASED_ROOTS", 4),
 }

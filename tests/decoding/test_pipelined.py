@@ -7,7 +7,8 @@ tree sizes, which are AR's tokens, for every length limit and at stop tokens; on
 step launched past the end; the drafter's host count catches up with every read; the step after a
 launched one reads nothing on the host; the sampling rules and the replayed acceptance pipeline with the same
 records as their step-by-step loop; with ``graphed.FUSE_ACCEPT`` (verify, acceptance and commit in one
-graph) the same records as without. GPU (``gpu``): the same in float32 on CUDA graphs, across the graphs
+graph) the same records as without, and with ``engine.FUSE_TREE`` (DDTree's and chain DFlash's trees built
+in the drafter's graph) too. GPU (``gpu``): the same in float32 on CUDA graphs, across the graphs
 captured mid-generation (the drafter's step restores the length its warm-ups advanced), fused too.
 """
 
@@ -183,6 +184,40 @@ def test_fused_verify_and_acceptance_give_the_same_records(setup, monkeypatch):
         target.launch_accepted(state, fused_ver, lambda slot, length: None, ("other",))
 
 
+def test_tree_in_the_drafter_graph_gives_the_same_records(setup, monkeypatch):
+    """engine.FUSE_TREE: a pipelined DDTree or chain DFlash step builds its tree inside the DFlash drafter's
+    step (BestFirst / Chain ``device_tree`` on its marginals and top-k ids, rooted at the launched step's
+    bonus): the same records as the tree built after it (greedy; DDTree's sample_match through its device
+    twin), the builder's own call made for the first step only (drafted from the prefill, before any
+    launched step)."""
+    model, prompts, _ = setup
+    vocab = model.config.vocab_size
+    specs = {s["name"]: s for s in SPECS}
+    cases = [("ddtree", "greedy", 0.0), ("ddtree", "sample_match", 0.9), ("chain", "greedy", 0.0)]
+    for name, rule, temperature in cases:
+        spec = specs[name]
+        runs, built = [], []
+        for fuse in (False, True):
+            monkeypatch.setattr(engine, "FUSE_TREE", fuse)
+            target = GraphedTarget(model, max_len=64, graphs=False)
+            route = build_route(spec, vocab, rule, temperature, 7, target=target, family=FAMILY)
+            assert isinstance(route.builder, (BestFirst, Chain)) and route.builder.fuses_into(route.drafter)
+            calls = [0]
+            build = route.builder.build_device
+
+            def counted(*args, build=build, calls=calls):  # noqa: ANN002, ANN202
+                calls[0] += 1
+                return build(*args)
+
+            monkeypatch.setattr(route.builder, "build_device", counted)
+            res = generate(target, prompts[1], route, 30)
+            runs.append(_fields(res))
+            built.append((calls[0], res.steps))
+        assert runs[0] == runs[1], (name, rule)
+        (separate, steps), (fused, _) = built
+        assert separate >= steps > 2 and fused == 1, (name, rule, built)
+
+
 def _context(prompt: list[int], ver) -> object:  # noqa: ANN001
     from repro.drafters.base import DraftContext
 
@@ -310,6 +345,22 @@ def test_gpu_fused_verify_and_acceptance_equal_ar_in_float32_on_cuda_graphs(monk
         if name in ("chain", "ddtree", "fla-sd", "specla-delayed"):
             _equal_ar_and_step_by_step(target, prompts, ar, route, name, monkeypatch)
     assert any(key[0] == "fused_greedy" for key in target._calls)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_tree_in_the_drafter_graph_equals_ar_in_float32_on_cuda_graphs(monkeypatch):
+    """engine.FUSE_TREE on CUDA graphs, float32: pipelined DDTree and chain DFlash with their trees built
+    inside the DFlash drafter's step graph give AR's tokens and the step-by-step loop's records; those
+    graphs are the ones run."""
+    monkeypatch.setattr(engine, "FUSE_TREE", True)
+    model, target, prompts = _cuda_float32()
+    ar = build_route({"kind": "ar"}, model.config.vocab_size, "greedy", 0.0, 0)
+    for name in ("ddtree", "chain"):
+        route = _routes(target)[name]
+        _equal_ar_and_step_by_step(target, prompts, ar, route, name, monkeypatch)
+        static = route.drafter._static
+        assert any(key[-1] is not None for key in static._calls), name  # a graph with the tree builder
 
 
 def _cuda_float32() -> tuple:
