@@ -45,7 +45,14 @@ import torch
 from repro.decoding.acceptance import Acceptance, SamplingRule, TargetMatch
 from repro.decoding.device_acceptance import DeviceRule, device_rule, has_device_rule
 from repro.decoding.sampling import step_rng
-from repro.decoding.tree_builders import BestFirst, Chain, DrafterTree, SingleNode, TreeBuilder
+from repro.decoding.tree_builders import (
+    BestFirst,
+    Chain,
+    DrafterTree,
+    SingleNode,
+    TreeBuilder,
+    tree_in_drafter,
+)
 from repro.drafters.base import DraftContext, Drafter, PipelinedDrafter
 from repro.models.graphed import GraphedState, GraphedTarget, LaunchedStep
 from repro.models.graphs import busy_recorder, generation_stream, graphs_captured
@@ -318,13 +325,13 @@ def _pipelined(
     sizes: list[int] = []
     paths: list[list[int]] = []
     finish = None
+    inside = FUSE_TREE and tree_in_drafter(builder, drafter)  # the trees inside the drafter's graph
+    tree_fn = cast(BestFirst | Chain, builder).device_tree if inside else None
     while finish is None:
         clock.mark()
         last = launched[-1] if launched else None
-        inside = FUSE_TREE and isinstance(builder, (BestFirst, Chain)) and builder.fuses_into(drafter)
         fused = last is not None and inside
-        if fused:  # the tree inside the drafter's graph
-            tree_fn = cast(BestFirst | Chain, builder).device_tree
+        if fused:
             proposal = cast("DFlashDrafter", drafter).propose_after(last, tree=tree_fn)
         else:
             proposal = drafter.propose_after(last) if last else drafter.propose(ctx)

@@ -168,11 +168,6 @@ class Chain:
         parents = _chain_parents(first.numel() + 1, first.device)
         return DeviceTree(torch.cat([root.long(), first]), parents, constant_parents=True)
 
-    def fuses_into(self, drafter: Any) -> bool:
-        """Whether ``drafter`` can build this builder's chains inside its pipelined step (``propose_after``'s
-        ``tree``): a greedy chain, and a drafter that takes one (DFlash on static buffers)."""
-        return not self.sample and getattr(drafter, "builds_trees_after", False)
-
 
 @functools.lru_cache(maxsize=64)
 def _chain_parents(nodes: int, device: torch.device) -> torch.Tensor:
@@ -325,12 +320,10 @@ class BestFirst:
         """The greedy tree of the marginals ``probs`` below a [1] device ``root``, by capture-safe ops (the
         device builder :meth:`graph_for`'s graphs run; ``top_ids`` unused): what a drafter runs inside its
         own step graph (``engine.FUSE_TREE``)."""
-        return (self.device_build or device_builder(probs.device))(root, probs, self.budget)
+        return self._builder(probs.device)(root, probs, self.budget)
 
-    def fuses_into(self, drafter: Any) -> bool:
-        """Whether ``drafter`` can build this builder's trees inside its pipelined step (``propose_after``'s
-        ``tree``): a greedy tree, and a drafter that takes one (DFlash on static buffers)."""
-        return not self.sample and getattr(drafter, "builds_trees_after", False)
+    def _builder(self, device: torch.device) -> DeviceBuilder:
+        return self.device_build or device_builder(device)
 
     def graph_for(self, probs: torch.Tensor) -> GraphedBestFirst:
         """The graph that builds the tree of ``probs``, made on first use with :attr:`device_build`
@@ -342,9 +335,8 @@ class BestFirst:
         graphed = self._graphs.get(aliased) or self._graphs.get(copying)
         if graphed is None:
             alias = sum(key[0] == "alias" for key in self._graphs) < ALIASED_GRAPHS
-            build = self.device_build or device_builder(probs.device)
             graphed = self._graphs[aliased if alias else copying] = GraphedBestFirst(
-                probs, self.budget, build, alias
+                probs, self.budget, self._builder(probs.device), alias
             )
         return graphed
 
@@ -382,6 +374,14 @@ class BestFirst:
                 pushes += 1
                 heapq.heappush(heap, (-(-neg + logp[d + 1][0]), d + 1, mine, 0, pushes, node, -neg))
         return Tree(tokens, parents)
+
+
+def tree_in_drafter(builder: object, drafter: object) -> bool:
+    """Whether a pipelined step can build ``builder``'s trees inside ``drafter``'s step graph
+    (``propose_after``'s ``tree``, ``engine.FUSE_TREE``): a greedy chain or best-first tree (their
+    ``device_tree``), and a drafter that takes one (DFlash on static buffers: ``builds_trees_after``)."""
+    greedy = isinstance(builder, (Chain, BestFirst)) and not builder.sample
+    return greedy and getattr(drafter, "builds_trees_after", False)
 
 
 def _need_probs(proposal: Proposal) -> torch.Tensor:

@@ -715,8 +715,8 @@ class DFlashDrafter:
         """:meth:`propose` after ``step``, launched on the graphed target and not read yet: the accepted path
         and the block's root (the bonus) are read on the device (:meth:`StaticDFlash.step_after`); the
         host learns the path's length through :meth:`settle`, after its read. ``tree``: a device tree
-        builder (root, marginals) -> DeviceTree run in the same graph, its tree in the proposal's
-        ``tree`` (rooted at the bonus)."""
+        builder (root, marginals, top-k ids) -> DeviceTree run in the same graph, its tree in the
+        proposal's ``tree`` (rooted at the bonus)."""
         if tree is None:
             _, probs, top = self._after(step, probs=True)
             return Proposal(probs=probs, top_ids=top)

@@ -20,7 +20,7 @@ import torch
 import repro.decoding.engine as engine
 from repro.decoding.engine import generate, pipelined
 from repro.decoding.routes import build_route
-from repro.decoding.tree_builders import BestFirst, Chain
+from repro.decoding.tree_builders import BestFirst, Chain, tree_in_drafter
 from repro.models.graphed import GraphedTarget
 from repro.models.graphs import check_capture
 from repro.models.loading import load_target
@@ -201,7 +201,9 @@ def test_tree_in_the_drafter_graph_gives_the_same_records(setup, monkeypatch):
             monkeypatch.setattr(engine, "FUSE_TREE", fuse)
             target = GraphedTarget(model, max_len=64, graphs=False)
             route = build_route(spec, vocab, rule, temperature, 7, target=target, family=FAMILY)
-            assert isinstance(route.builder, (BestFirst, Chain)) and route.builder.fuses_into(route.drafter)
+            assert isinstance(route.builder, (BestFirst, Chain)) and tree_in_drafter(
+                route.builder, route.drafter
+            )
             calls = [0]
             build = route.builder.build_device
 
