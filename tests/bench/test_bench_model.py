@@ -152,6 +152,22 @@ def test_why_lines_split_the_graph_time_into_kernels_and_gaps():
     assert "verify static_graph" not in why  # no profile on that row: no line
 
 
+def test_why_lines_count_the_kernels_of_the_fastest_decode():
+    """The kernels-per-token line describes the decode row the targets judge (the fastest graph), not the
+    cuBLAS one; both rows' profiles are shown."""
+    table = _rows(1448.0, 1921.0, 688.0, gemv_us=1107.0)
+    table.loc[0, "kernels"], table.loc[2, "kernels"] = 293, 148
+    prof = bm.KernelProfile(148, 1000.0, {"matmul": (120, 900.0), "gdn_core": (24, 100.0)})
+    table.loc[2, ["kernel_busy_us", "kernels_by_group"]] = [prof.busy_us, prof.summary()]
+    why = "\n".join(bm.why_lines(table, "s", 64, {"layers": 24}))
+    assert "fastest decode graph (static_graph_gemv_core) runs 148 kernels per token" in why
+    assert "above the floor it spends 419 us, 2.83 us per kernel" in why
+    assert "293 kernels" not in why
+    assert "decode static_graph_gemv_core (T=1): 1107 us per call; its kernels run 1000 us" in why
+    cublas_only = "\n".join(bm.why_lines(table.drop(index=2), "s", 64, {"layers": 24}))
+    assert "fastest decode graph (static_graph) runs 293 kernels per token" in cublas_only
+
+
 def test_cpu_run_checks_every_row_against_hybrid(tmp_path):
     out = tmp_path / "run"
     args = ["model", "--device", "cpu", "--shapes", "tiny", "--dtype", "float64", "--context", "70"]
