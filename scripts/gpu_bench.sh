@@ -12,11 +12,8 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/runs/gpu-bench}
 mkdir -p "$OUT"
 LOG="$OUT/gpu_bench.log"
-export PYTHONUNBUFFERED=1
-export TRITON_CACHE_AUTOTUNING=${TRITON_CACHE_AUTOTUNING:-1}
+source scripts/gpu_env.sh  # wheels, PYTHONPATH, the carried Triton cache
 {
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 3
-  export PYTHONPATH=/tmp/site:$PWD
   date -u +"%F %T UTC"
   git rev-parse HEAD 2>/dev/null || true
   python3 -c 'import sys, torch, triton, fla; print("python", sys.version.split()[0], "| torch", torch.__version__,
@@ -36,3 +33,6 @@ export TRITON_CACHE_AUTOTUNING=${TRITON_CACHE_AUTOTUNING:-1}
   echo "== bench exit $?"
   exit "$status"
 } 2>&1 | tee "$LOG"
+status=${PIPESTATUS[0]}
+save_triton_cache "$OUT"
+exit "$status"

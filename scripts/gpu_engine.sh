@@ -11,10 +11,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/runs/gpu-engine}
 mkdir -p "$OUT" /tmp/gpu-engine
-export PYTHONUNBUFFERED=1 TRITON_CACHE_AUTOTUNING=1
+source scripts/gpu_env.sh  # wheels, PYTHONPATH, the carried Triton cache
 {
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 3
-  export PYTHONPATH=/tmp/site:$PWD
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   status=0
   # shellcheck disable=SC2086
@@ -33,5 +31,6 @@ export PYTHONUNBUFFERED=1 TRITON_CACHE_AUTOTUNING=1
 status=${PIPESTATUS[0]}
 find /tmp/gpu-engine -name '*.lock' -delete
 tar -czf "$OUT/gpu-engine.tar.gz" -C /tmp gpu-engine 2>/dev/null
+save_triton_cache "$OUT"
 for engine in graphed eager; do cp "/tmp/gpu-engine/$engine/report.md" "$OUT/report-$engine.md" 2>/dev/null; done
 exit "$status"

@@ -21,11 +21,8 @@ OUT=${OUT:-$PWD/runs/gpu-model-bench}
 mkdir -p "$OUT"
 LOG="$OUT/gpu_model_bench.log"
 JUNIT=/tmp/gpu-tests  # into the tarball only: at most 8 files come back from $OUT
-export PYTHONUNBUFFERED=1
-export TRITON_CACHE_AUTOTUNING=${TRITON_CACHE_AUTOTUNING:-1}  # autotuning done by the tests is reused
+source scripts/gpu_env.sh  # wheels, PYTHONPATH, the carried Triton cache
 {
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 3
-  export PYTHONPATH=/tmp/site:$PWD
   date -u +"%F %T UTC"
   echo "REPRO_GIT_SHA=${REPRO_GIT_SHA:-unset}"
   python3 -c 'import sys, torch, triton, fla; print("python", sys.version.split()[0], "| torch", torch.__version__,
@@ -59,4 +56,5 @@ export TRITON_CACHE_AUTOTUNING=${TRITON_CACHE_AUTOTUNING:-1}  # autotuning done 
 status=${PIPESTATUS[0]}
 tar -czf "$OUT/bench-model.tar.gz" -C "$OUT" bench-model gpu_model_bench.log \
   -C /tmp gpu-tests $([ -d /tmp/tune-tree ] && echo tune-tree) 2>/dev/null
+save_triton_cache "$OUT"
 exit "$status"

@@ -12,10 +12,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/runs/gpu-routes}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
+source scripts/gpu_env.sh  # wheels, PYTHONPATH, the carried Triton cache
 {
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 3
-  export PYTHONPATH=/tmp/site:$PWD
   status=0
   for dtype in float32 bfloat16; do
     echo "== repro run gpu-smoke --dtype $dtype ($(date -u +%T))"
@@ -29,4 +27,5 @@ export PYTHONUNBUFFERED=1
 } 2>&1 | tee "$OUT/gpu-routes.log"
 status=${PIPESTATUS[0]}
 tar -czf "$OUT/gpu-routes.tar.gz" -C /tmp gpu-routes 2>/dev/null
+save_triton_cache "$OUT"
 exit "$status"

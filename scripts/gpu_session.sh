@@ -17,10 +17,8 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/runs/gpu-session}
 WORK=/tmp/gpu-session
 mkdir -p "$OUT" "$WORK"
-export PYTHONUNBUFFERED=1 TRITON_CACHE_AUTOTUNING=1
+source scripts/gpu_env.sh  # wheels, PYTHONPATH, the carried Triton cache
 {
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 3
-  export PYTHONPATH=/tmp/site:$PWD
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   status=0
   if [ -n "${TEST_FILES:-}" ]; then
@@ -45,4 +43,5 @@ export PYTHONUNBUFFERED=1 TRITON_CACHE_AUTOTUNING=1
 status=${PIPESTATUS[0]}
 find "$WORK" -name '*.lock' -delete
 tar -czf "$OUT/session.tar.gz" -C "$WORK" . 2>/dev/null
+save_triton_cache "$OUT"
 exit "$status"

@@ -12,9 +12,7 @@ OUT=${OUT:-$PWD/runs/gpu-train}
 RUNS=runs/family
 STAGES=${STAGES:-"tiny-qwen35 tiny-gdn tiny-qwen35-dflash tiny-gdn-dflash tiny-qwen35-eagle tiny-gdn-eagle tiny-qwen35-weaver tiny-gdn-weaver"}
 mkdir -p "$OUT" "$RUNS"
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 3
-export PYTHONPATH=/tmp/site:$PWD
+source scripts/gpu_env.sh  # wheels, PYTHONPATH, the carried Triton cache
 pack() { tar czf "$OUT/family.tgz" -C runs family; }
 stage() {  # stage NAME SECONDS repro-train-args...
   local name=$1 limit=$2
@@ -54,4 +52,5 @@ for s in $STAGES; do
   esac
 done
 pack
+save_triton_cache "$OUT"
 ls -la "$OUT"
