@@ -149,6 +149,7 @@ def _run_experiment(cfg: dict, out: Path | None, shard_text: str | None = None) 
     i/n`` only that shard is decoded (into OUT/shards/rank-i); under torchrun every rank decodes its
     shard and rank 0 merges them into OUT."""
     from repro.harness import parallel
+    from repro.harness.run_kinds import KINDS
     from repro.harness.runner import default_out_dir
 
     out_dir = out or default_out_dir(cfg)
@@ -175,7 +176,7 @@ def _run_experiment(cfg: dict, out: Path | None, shard_text: str | None = None) 
         err_console.print(f"rank {ranks}: {written} new record(s)")
         parallel.barrier()
         if ranks.rank == 0:
-            merged = parallel.merge_shards(out_dir)
+            merged = parallel.merge_shards(out_dir, KINDS)
             typer.echo(merged.markdown)
             err_console.print(
                 f"{merged.appended} record(s) merged from {len(merged.shards)} shards; records and report"
@@ -257,8 +258,9 @@ def merge(
     when a route diverged from AR where it must not, as `repro run` does.
     """
     from repro.harness import parallel
+    from repro.harness.run_kinds import KINDS
 
-    merged = parallel.merge_shards(out, partial)
+    merged = parallel.merge_shards(out, KINDS, partial)
     typer.echo(merged.markdown)
     note = f"; shard(s) {', '.join(map(str, merged.missing))} missing" if merged.missing else ""
     err_console.print(
@@ -791,9 +793,10 @@ def falsify_what_was_timed(
     external loop's route is not counted: its row says so).
     """
     from repro.harness.falsify.timed import SINGLE, what_was_timed
+    from repro.harness.run_kinds import load_run
 
     out_dir = out or Path("runs") / f"falsify-what-was-timed-{Path(run_dir).name}"
-    run = what_was_timed(run_dir, out_dir, max_new_tokens)
+    run = what_was_timed(load_run(run_dir), out_dir, max_new_tokens)
     typer.echo((out_dir / "report.md").read_text(encoding="utf-8"))
     bad = [r["route"] for r in run.records() if r["verdict"] == SINGLE]
     if bad:
@@ -810,9 +813,10 @@ def falsify_uniform_protocol(
     Exits 3 when the ranking of methods changes under a uniform rule.
     """
     from repro.harness.falsify.protocol import uniform_protocol
+    from repro.harness.run_kinds import load_run
 
     out_dir = out or Path("runs") / f"falsify-uniform-protocol-{Path(run_dir).name}"
-    _, changes = uniform_protocol(run_dir, out_dir)
+    _, changes = uniform_protocol(load_run(run_dir), out_dir)
     typer.echo((out_dir / "report.md").read_text(encoding="utf-8"))
     changed = [rule for rule, c in changes.items() if c]
     if changed:

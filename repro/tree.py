@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 
+import numpy as np
 import torch
 
 from repro.errors import TreeError
@@ -176,3 +177,45 @@ class DeviceTree:
     def to_tree(self) -> Tree:
         """The host :class:`Tree` (reads the device; validates the parent pointers)."""
         return Tree(self.tokens.cpu(), self.parents.cpu())
+
+
+# --------------------------------------------- host helpers of parent pointers (verify slots' inputs)
+
+
+def ancestor_matrix(parents: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(bool [n, n] ancestor-or-self mask, depth [n] with 1 for root-level nodes) of parent pointers
+    (Tree.ancestor_mask and Tree.depth, vectorised: one pass per level)."""
+    n = parents.shape[0]
+    rows = np.arange(n)
+    mask = np.zeros((n, n), dtype=np.bool_)
+    depth = np.zeros(n, dtype=np.int64)
+    node = rows.copy()
+    while True:
+        inside = node >= 0
+        if not inside.any():
+            return mask, depth
+        mask[rows[inside], node[inside]] = True
+        depth += inside
+        node = np.where(inside, parents[np.maximum(node, 0)], -1)
+
+
+def conv_gather_index_np(parents: np.ndarray, width: int) -> np.ndarray:
+    """:func:`repro.gdn.reference.conv_gather_index` on the host (NumPy): [n, width] int64."""
+    hist = width - 1
+    node = np.arange(parents.shape[0])
+    back = np.zeros_like(node)
+    cols = []
+    for _ in range(width):
+        inside = node >= 0
+        back = back + ~inside
+        cols.append(np.where(inside, hist + node, hist - back))
+        node = np.where(inside, parents[np.maximum(node, 0)], node)
+    return np.stack(cols, axis=1).astype(np.int64)
+
+
+def first_occurrences(parents: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """Per node: is it the first child of its parent with its token (TargetMatch enters that one)."""
+    key = (parents + 1) * (int(tokens.max()) + 1) + tokens
+    first = np.zeros(parents.shape[0], dtype=np.bool_)
+    first[np.unique(key, return_index=True)[1]] = True
+    return first

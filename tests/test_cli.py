@@ -233,12 +233,13 @@ def test_shipped_smoke_routes_all_reproduce_ar(tmp_path):
     from repro.harness.experiment import load_experiment
     from repro.harness.runner import ExperimentRunner
     from repro.reporting.records import build_manifest
+    from repro.reporting.report import DECODE_KIND
     from repro.reporting.rundir import RunDir
 
     cfg = load_experiment("smoke", {"limit": 1, "max_new_tokens": 12})  # MAL 1.9 .. 3.0 of the drafters
     cfg["warmup"], cfg["ignore_eos"] = 0, True
     runner = ExperimentRunner(cfg)
-    run_dir = RunDir(tmp_path / "smoke", build_manifest(cfg))
+    run_dir = RunDir(tmp_path / "smoke", build_manifest(cfg), DECODE_KIND)
     assert runner.run(run_dir) == 4 * len(cfg["routes"])
     records = run_dir.records()
     assert {r.suite for r in records} == {"mt_bench", "gsm8k", "humaneval"}

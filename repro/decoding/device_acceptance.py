@@ -41,6 +41,7 @@ import torch
 from repro.decoding.acceptance import SpecSampling, TargetMatch, Traversal
 from repro.decoding.replayed import ReplayedAcceptance
 from repro.decoding.sampling import position_uniform, step_rng
+from repro.tree import ancestor_matrix, first_occurrences
 
 _MASK32 = 0xFFFFFFFF
 _BIG = 1e150  # inverse odds beyond this are weight 0 for any uniform (clamped: no inf * 0)
@@ -70,8 +71,6 @@ class HostView:
 
     @classmethod
     def of(cls, tokens: list[int], parents: list[int], size: int | None = None) -> HostView:
-        from repro.models.static import ancestor_matrix, first_occurrences
-
         n = len(tokens)
         size = size or n
         tok = np.zeros(size, dtype=np.int64)

@@ -1,17 +1,18 @@
 """The DFlash drafter's step on few launches: the fast path of
 :class:`~repro.drafters.static_dflash.StaticDFlash` (``fast``), pinned to the eager
-:class:`~repro.drafters.dflash.DFlashDraftModel` it replaces (tests/drafters/test_dflash_fast.py).
+:class:`~repro.drafters.dflash_model.DFlashDraftModel` it replaces (tests/drafters/test_dflash_fast.py).
 
 The matmuls go through the static decoder's wrappers of :mod:`repro.gdn.triton_linear`
-(:func:`~repro.models.static.normed_linear`, :func:`~repro.models.static.fused_verify_attention`, which
-also calls :func:`~repro.models.static.plus_linear` and :func:`~repro.models.static.fused_mlp_block`),
+(:mod:`repro.models.static_layers`: :func:`~repro.models.static_layers.normed_linear`,
+:func:`~repro.models.static_layers.fused_verify_attention`, which also calls
+:func:`~repro.models.static_layers.plus_linear` and :func:`~repro.models.static_layers.fused_mlp_block`),
 their glue fused in, with the constants made once (weights copied when built):
 
 - Ingest of the accepted rows: fc (one matmul), then hidden_norm and every draft layer's k and v
   projections in one launch (the k|v weights of all layers stacked), then one
   :func:`~repro.gdn.triton_attention.write_context_kv` launch for every layer's k_norm, rotary (the
   attention kernel's cos|sin table of every position, made once per buffer size: the products of
-  :func:`~repro.drafters.dflash.apply_rope`, in float32 and rounded once) and the key and value writes
+  :func:`~repro.drafters.layers.apply_rope`, in float32 and rounded once) and the key and value writes
   into StaticDFlash's stacked buffers.
 - The block ``[root, MASK x (T-1)]``, per layer: input norm + q|k|v (one launch), then the whole attention
   in one :func:`~repro.gdn.triton_attention.attention_tree` launch, which is exactly DFlash's block
@@ -64,15 +65,15 @@ relative (the same proposals unless two candidates tie to that precision) and bf
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from repro.drafters.dflash_model import DFlashDraftModel, DFlashLayer
 from repro.drafters.fast_rules import rotary_rows, triton_linears
 from repro.models.graphed import SMALL_WIDTH
-from repro.models.static import (
+from repro.models.static_layers import (
     AttentionBuffers,
     AttentionWeights,
     fold_head,
@@ -83,10 +84,6 @@ from repro.models.static import (
     write_context_kv,
 )
 
-if TYPE_CHECKING:
-    from repro.drafters.dflash import DFlashDraftModel, DFlashLayer
-
-
 # The block's normed matrices (q|k|v, gate|up, the LM head) with the norm scales folded into their columns
 # where the block runs on the row-tiled kernels, as the target's verify does (static.FOLD_NORMS). On since
 # routes-ab's A/B on the H200 (results/2026-12-04-h200-derive-rows/callCF): the DFlash draft stage 0.065 ->
@@ -96,8 +93,8 @@ FOLD_NORMS = True
 
 @dataclass
 class AttentionView:
-    """What :func:`~repro.models.static.fused_verify_attention` reads of a target attention module, taken
-    from a :class:`~repro.drafters.dflash.DFlashAttention` (no output gate)."""
+    """What :func:`~repro.models.static_layers.fused_verify_attention` reads of a target attention module,
+    taken from a :class:`~repro.drafters.dflash_model.DFlashAttention` (no output gate)."""
 
     q_norm: nn.Module
     k_norm: nn.Module
@@ -108,7 +105,7 @@ class AttentionView:
 
 @dataclass
 class LayerView:
-    """A DFlash layer as :func:`~repro.models.static.fused_verify_attention` reads a decoder layer."""
+    """A DFlash layer as :func:`~repro.models.static_layers.fused_verify_attention` reads a decoder layer."""
 
     self_attn: AttentionView
     input_layernorm: nn.Module

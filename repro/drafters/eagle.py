@@ -34,13 +34,8 @@ from torch import nn
 
 from repro.drafters.attention import ProjectedAttention, grouped_attention, marginals
 from repro.drafters.base import DraftContext, Proposal
-from repro.drafters.dflash import (
-    DraftLayer,
-    apply_rope,
-    init_draft_weights,
-    rotary_tables,
-)
 from repro.drafters.features import FeatureCache
+from repro.drafters.layers import DraftLayer, apply_rope, init_draft_weights, rotary_tables
 from repro.errors import CheckpointError, ConfigError
 from repro.models.family import resolve_checkpoint
 from repro.models.hybrid import HybridLM, Verification

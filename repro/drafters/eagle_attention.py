@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from repro.drafters.growth_kernels import round_to  # round to a dtype, exact in the interpreter too
+from repro.drafters.triton_dtypes import round_to  # round to a dtype, exact in the interpreter too
 
 CHUNK = 256  # buffer rows per program (launch_plan)
 MAX_SPLITS = 16

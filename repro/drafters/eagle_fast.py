@@ -3,8 +3,8 @@
 :class:`~repro.drafters.eagle.EagleDraftModel` it replaces (tests/drafters/test_eagle_fast.py).
 
 The matmuls go through the static decoder's wrappers of :mod:`repro.gdn.triton_linear`
-(:func:`~repro.models.static.normed_linear`, :func:`~repro.models.static.plus_linear`,
-:func:`~repro.models.static.fused_mlp_block`), their glue fused in, with the constants made once:
+(:func:`~repro.models.static_layers.normed_linear`, :func:`~repro.models.static_layers.plus_linear`,
+:func:`~repro.models.static_layers.fused_mlp_block`), their glue fused in, with the constants made once:
 
 - ``fc(cat(embed(ids), features))`` = ``token_rows[ids] + features @ W_f^T``: fc's embedding half is
   folded into a table ``embedding @ W_e^T`` [V, hidden] (one gather a forward; the table costs one LM
@@ -76,7 +76,7 @@ from repro.drafters.eagle_attention import fused_attention_default, rope_attend
 from repro.drafters.fast_rules import rotary_rows, signed_rotary, triton_linears
 from repro.models.graphed import SMALL_WIDTH, GraphedTarget
 from repro.models.hybrid import HybridLM
-from repro.models.static import fused_mlp_block, normed_linear, plus_linear
+from repro.models.static_layers import fused_mlp_block, normed_linear, plus_linear
 
 if TYPE_CHECKING:
     from repro.drafters.eagle import EagleDraftModel, EagleLayer
@@ -85,7 +85,7 @@ if TYPE_CHECKING:
 @dataclass
 class LayerWeights:
     """One drafter layer's constants: q|k|v stacked, the norm scales and gate|up stacked (the fields that
-    :func:`~repro.models.static.fused_mlp_block` reads are ``post_norm`` and ``gate_up``)."""
+    :func:`~repro.models.static_layers.fused_mlp_block` reads are ``post_norm`` and ``gate_up``)."""
 
     qkv: torch.Tensor  # [(H + 2 KV) hd, hidden]
     input_norm: torch.Tensor

@@ -9,6 +9,7 @@ import os
 
 import torch
 
+from repro.drafters.layers import rotary_tables
 from repro.errors import ConfigError
 
 GEMV_ROWS = 4  # repro.gdn.triton_linear.MAX_ROWS: rows of the GEMV variant
@@ -26,8 +27,6 @@ def rotary_rows(
     rows: int, head_dim: int, theta: float, dtype: torch.dtype, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin [rows, head_dim] of positions 0 .. rows - 1: the values ``rotary_tables`` gives."""
-    from repro.drafters.dflash import rotary_tables  # dflash imports static_dflash, which imports this
-
     cos, sin = rotary_tables(torch.arange(rows, device=device)[None], head_dim, theta, dtype)
     return cos[0, 0], sin[0, 0]
 

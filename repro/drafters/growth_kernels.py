@@ -84,17 +84,16 @@ partitions without barriers. The barriers and the concurrent pop run only on the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
+from repro.drafters.triton_dtypes import round_to, tl_dtype
 from repro.drafters.weaver_growth import DeviceGrowth
+from repro.drafters.weaver_model import WeaverConfig, WeaverModel
 from repro.grid import grid_sync, held_programs, ld
-
-if TYPE_CHECKING:
-    from repro.drafters.weaver import WeaverConfig, WeaverModel
 
 LIMITS = {"d_model": 512, "intermediate_size": 2048, "target_hidden_size": 2048, "pool": 2048, "nodes": 256}
 MP_LIMITS = {
@@ -198,19 +197,6 @@ def linear_tiles(dmp: int, ip: int, hp: int, wp: int, tile: int) -> tuple[int, b
     if not chunk:
         return _tile(tile, dmp, ip, hp, rows=wp), False, 1
     return _tile(tile, dmp, rows=wp), True, max(16, tile // (wp * CHUNK_ROWS))
-
-
-@triton.jit
-def round_to(x, DT: tl.constexpr):
-    """x (float32 or float64) rounded to DT, round to nearest even, back in x's dtype. bfloat16 by integer
-    arithmetic on the float32 bits (exact in Triton's CPU interpreter too, whose casts truncate)."""
-    if DT == tl.bfloat16:  # noqa: SIM300 - constexpr dtypes
-        bits = x.to(tl.float32).to(tl.uint32, bitcast=True)
-        bits = (bits + (0x7FFF + ((bits >> 16) & 1))) & 0xFFFF0000
-        return bits.to(tl.float32, bitcast=True).to(x.dtype)
-    if DT == tl.float16:  # noqa: SIM300
-        return x.to(DT, fp_downcast_rounding="rtne").to(x.dtype)
-    return x.to(DT).to(x.dtype)
 
 
 @triton.jit
@@ -858,54 +844,3 @@ def step_constants(
         UNROLL=unroll if unroll > 1 else None, HEADWISE=_headwise(np_, dmp), SPIN=spin_cap,
         CH=max(1, min(np_, ATT_CHUNK // cfg.head_dim)),
     )  # fmt: skip
-
-
-def growth_shape(shape: str, vocab: int = 2048) -> tuple[WeaverConfig, int]:
-    """The Weaver config and budget of a named growth shape: ``tiny`` (the tiny family's Weaver: d_model
-    128, 4 heads, intermediate 256, target hidden 192, pool 512, budget 32) or ``qwen3.6-27b``
-    (:data:`repro.drafters.shapes.WEAVER_SHAPE` over the 27B target's hidden 5120: d_model 2048, 16
-    heads, intermediate 4096, pool 512, budget 64); 15 depths (DFlash block 16), ``vocab`` embedding
-    rows (scaled down: only the pool's rows are read)."""
-    from repro.drafters.shapes import QWEN27B_DFLASH, WEAVER_SHAPE
-    from repro.drafters.weaver import WeaverConfig
-
-    if shape == "tiny":
-        d, heads, hidden, pool, budget = 128, 4, 192, 512, 32
-    elif shape == "qwen3.6-27b":
-        d, heads, pool, budget = WEAVER_SHAPE["d_model"], WEAVER_SHAPE["heads"], WEAVER_SHAPE["pool_size"], 64
-        hidden = QWEN27B_DFLASH["hidden_size"]
-    else:
-        raise ValueError(f"unknown growth shape {shape!r} (tiny, qwen3.6-27b)")
-    cfg = WeaverConfig(
-        d_model=d, num_heads=heads, intermediate_size=2 * d, pool_size=pool, block_size=16, vocab_size=vocab,
-        target_hidden_size=hidden, target_feature_size=2 * hidden, dflash_hidden_size=hidden,
-    )  # fmt: skip
-    return cfg, budget
-
-
-def growth_problem(
-    shape: str, dtype: torch.dtype, device: torch.device, seed: int = 0, vocab: int = 2048
-) -> tuple:
-    """Random weights and inputs of one growth at a named shape (:func:`growth_shape`), drawn on
-    ``device``. Returns ``grow_fused``'s positional arguments (weaver, embedding, budget, root [1], rows,
-    pool_logits, pool_ids, feature)."""
-    from repro.drafters.pool import top_k_pool
-    from repro.drafters.shapes import device_model
-    from repro.drafters.weaver import WeaverModel
-
-    cfg, budget = growth_shape(shape, vocab)
-    depth = cfg.block_size - 1
-    weaver = device_model(WeaverModel, cfg, device, dtype, seed)
-    gen = torch.Generator(device=device).manual_seed(seed + 1)
-    emb = torch.randn(vocab, cfg.target_hidden_size, generator=gen, device=device).to(dtype)
-    rows = torch.randn(depth, cfg.dflash_hidden_size, generator=gen, device=device).to(dtype)
-    feature = torch.randn(cfg.target_feature_size, generator=gen, device=device).to(dtype)
-    logits = (2 * torch.randn(depth, vocab, generator=gen, device=device)).to(dtype)
-    root = torch.randint(0, vocab, (1,), generator=gen, device=device)
-    return (weaver, emb, budget, root, rows, *top_k_pool(logits, cfg.pool_size), feature)
-
-
-def tl_dtype(dtype: torch.dtype) -> tl.dtype:
-    """Triton's dtype for a torch float dtype (a kernel's DT constexpr)."""
-    return {torch.float64: tl.float64, torch.float32: tl.float32, torch.bfloat16: tl.bfloat16,
-            torch.float16: tl.float16}[dtype]  # fmt: skip

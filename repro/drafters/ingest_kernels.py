@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from repro.drafters.growth_kernels import round_to, tl_dtype  # round_to: exact in the interpreter too
+from repro.drafters.triton_dtypes import round_to, tl_dtype  # round_to: exact in the interpreter too
 
 COLUMN_BLOCK = 1024  # feature columns a program copies
 

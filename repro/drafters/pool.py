@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from repro.drafters.dflash import DFlashDraftModel
+from repro.drafters.dflash_model import DFlashDraftModel
 from repro.errors import ConfigError
 from repro.models.hybrid import HybridLM
 from repro.models.topk_kernels import row_topk

@@ -14,6 +14,9 @@
   intermediate 5632 (the target's MLP), reading the last layer's features: SpecLA's drafter.
   Elsewhere ``random_eagle_for`` (one layer shaped by the target's attention layers).
 - ``tiny``: every ``random_*_for`` default.
+
+:func:`growth_problem` draws one Weaver growth's weights and inputs at a named shape (the growth kernel's
+tests and benches).
 """
 
 from __future__ import annotations
@@ -26,9 +29,11 @@ from typing import Any
 import torch
 
 from repro.drafters.base import Drafter
-from repro.drafters.dflash import DFlashConfig, DFlashDraftModel, spread_target_layers
+from repro.drafters.dflash_model import DFlashConfig, DFlashDraftModel, spread_target_layers
 from repro.drafters.eagle import EagleConfig, EagleDraftModel
+from repro.drafters.pool import top_k_pool
 from repro.drafters.weaver import random_weaver_for
+from repro.drafters.weaver_model import WeaverConfig, WeaverModel
 from repro.models.config import HybridConfig
 from repro.models.hybrid import HybridLM
 
@@ -147,3 +152,41 @@ def drafter_info(d: Drafter | None) -> dict[str, Any]:
             "target_layer_ids": list(c.target_layer_ids), "params": params_of(d.model),
         }  # fmt: skip
     return out
+
+
+def growth_shape(shape: str, vocab: int = 2048) -> tuple[WeaverConfig, int]:
+    """The Weaver config and budget of a named growth shape: ``tiny`` (the tiny family's Weaver: d_model
+    128, 4 heads, intermediate 256, target hidden 192, pool 512, budget 32) or ``qwen3.6-27b``
+    (:data:`WEAVER_SHAPE` over the 27B target's hidden 5120: d_model 2048, 16 heads, intermediate 4096,
+    pool 512, budget 64); 15 depths (DFlash block 16), ``vocab`` embedding rows (scaled down: only the
+    pool's rows are read)."""
+    if shape == "tiny":
+        d, heads, hidden, pool, budget = 128, 4, 192, 512, 32
+    elif shape == "qwen3.6-27b":
+        d, heads, pool, budget = WEAVER_SHAPE["d_model"], WEAVER_SHAPE["heads"], WEAVER_SHAPE["pool_size"], 64
+        hidden = QWEN27B_DFLASH["hidden_size"]
+    else:
+        raise ValueError(f"unknown growth shape {shape!r} (tiny, qwen3.6-27b)")
+    cfg = WeaverConfig(
+        d_model=d, num_heads=heads, intermediate_size=2 * d, pool_size=pool, block_size=16, vocab_size=vocab,
+        target_hidden_size=hidden, target_feature_size=2 * hidden, dflash_hidden_size=hidden,
+    )  # fmt: skip
+    return cfg, budget
+
+
+def growth_problem(
+    shape: str, dtype: torch.dtype, device: torch.device, seed: int = 0, vocab: int = 2048
+) -> tuple:
+    """Random weights and inputs of one growth at a named shape (:func:`growth_shape`), drawn on
+    ``device``. Returns :func:`~repro.drafters.growth_kernels.grow_fused`'s positional arguments (weaver,
+    embedding, budget, root [1], rows, pool_logits, pool_ids, feature)."""
+    cfg, budget = growth_shape(shape, vocab)
+    depth = cfg.block_size - 1
+    weaver = device_model(WeaverModel, cfg, device, dtype, seed)
+    gen = torch.Generator(device=device).manual_seed(seed + 1)
+    emb = torch.randn(vocab, cfg.target_hidden_size, generator=gen, device=device).to(dtype)
+    rows = torch.randn(depth, cfg.dflash_hidden_size, generator=gen, device=device).to(dtype)
+    feature = torch.randn(cfg.target_feature_size, generator=gen, device=device).to(dtype)
+    logits = (2 * torch.randn(depth, vocab, generator=gen, device=device)).to(dtype)
+    root = torch.randint(0, vocab, (1,), generator=gen, device=device)
+    return (weaver, emb, budget, root, rows, *top_k_pool(logits, cfg.pool_size), feature)

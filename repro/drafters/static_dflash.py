@@ -43,6 +43,7 @@ import torch
 
 from repro.drafters.attention import marginals
 from repro.drafters.base import DraftContext
+from repro.drafters.dflash_model import DFlashDraftModel
 from repro.drafters.fast_rules import check_fast_device
 from repro.drafters.features import ingest_start
 from repro.errors import ConfigError
@@ -53,7 +54,6 @@ from repro.models.topk_kernels import row_topk
 from repro.tree import DeviceTree
 
 if TYPE_CHECKING:
-    from repro.drafters.dflash import DFlashDraftModel
     from repro.drafters.dflash_fast import FastDFlash
 
 DEFAULT_MAX_LEN = 4096

@@ -29,30 +29,21 @@ step, so the tree is at most ``ceil(budget / width)`` deep (budget 32 at width 4
   :func:`repro.drafters.growth_kernels.grow_fused` grows the same tree from one Triton launch per
   step on one or many programs (CUDA; CPU under Triton's interpreter); this torch version is its
   reference.
-- :class:`GrowthStep` is the part of Weaver's propose after the DFlash block (pool top-K, DFlash
-  marginals, device growth: fused where the kernel fits, see ``fused``) on static input buffers: one
-  CUDA graph on CUDA, eager elsewhere.
+- :class:`repro.drafters.weaver.GrowthStep` is the part of Weaver's propose after the DFlash block
+  (pool top-K, DFlash marginals, device growth: fused where the kernel fits, see ``fused``) on static
+  input buffers: one CUDA graph on CUDA, eager elsewhere.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 import torch
 
-from repro.drafters.dflash import marginals
-from repro.drafters.pool import top_k_pool
+from repro.drafters.weaver_model import KV, WeaverModel
 from repro.tree import DeviceTree, Sparse, Tree
-
-if TYPE_CHECKING:
-    from repro.drafters.weaver import WeaverModel
-
-KV = tuple[torch.Tensor, torch.Tensor]  # keys, values [B, heads, S, head_dim]
-
 
 # ----- the host reference -----
 
@@ -344,93 +335,3 @@ def grow_on_device(
     whole growth."""
     grower = _DeviceGrower(weaver, embedding, budget, rows, pool_logits, pool_ids, feature)
     return grower.run(root, budget, width)
-
-
-class GrowthStep:
-    """Weaver's propose after the DFlash block, on static inputs: pool top-``pool``, DFlash marginals,
-    device growth in steps of ``width`` nodes. With ``graphs`` one CUDA graph (captured on the first
-    call), else eager.
-
-    ``fused``: grow with :func:`repro.drafters.growth_kernels.grow_fused` (one Triton launch per step,
-    on the programs ``growth_kernels.device_programs`` picks from the shapes and the SM count) instead
-    of :func:`grow_on_device`; default (None): on CUDA when Triton is importable and the adapter's
-    shapes fit that many programs (``growth_kernels.fits``). True on CPU needs TRITON_INTERPRET=1 (one
-    program there).
-
-    ``__call__(root, rows, logits, feature)`` copies the inputs in (device to device; the root token
-    by a fill, or a copy when it is a [1] device tensor) and returns (growth, marginals [D, V]); with
-    graphs these are the graph's static outputs, valid until the next call. (A graph per input buffers
-    that read the DFlash step's outputs in place, saving the three copies, measured slower on the H200:
-    the draft stage's host time grew, likely from growth graphs captured inside the timed decode for
-    each new DFlash graph; results/2026-12-02-h200-host-path.)
-    """
-
-    def __init__(
-        self,
-        weaver: WeaverModel,
-        embedding: torch.Tensor,
-        budget: int,
-        pool: int,
-        graphs: bool,
-        fused: bool | None = None,
-        width: int = 1,
-    ) -> None:
-        self.weaver, self.embedding, self.budget, self.width = weaver, embedding, budget, width
-        self.pool, self.graphs, self.fused = pool, graphs, fused
-        self.inputs: list[torch.Tensor] = []
-        self.call: Callable[[], Any] | None = None
-
-    def _step(self) -> tuple[DeviceGrowth, torch.Tensor]:
-        root, rows, logits, feature = self.inputs
-        pool_logits, pool_ids = top_k_pool(logits, self.pool)
-        grow_fn = grow_on_device
-        if self.fused:
-            from repro.drafters.growth_kernels import grow_fused as grow_fn
-        growth = grow_fn(
-            self.weaver,
-            self.embedding,
-            self.budget,
-            root,
-            rows,
-            pool_logits,
-            pool_ids,
-            feature,
-            width=self.width,
-        )
-        return growth, marginals(logits)
-
-    def __call__(
-        self, root: int | torch.Tensor, rows: torch.Tensor, logits: torch.Tensor, feature: torch.Tensor
-    ) -> tuple[DeviceGrowth, torch.Tensor]:
-        given = (rows, logits, feature)
-        if self.call is None or any(a.shape != b.shape for a, b in zip(self.inputs[1:], given)):
-            self.inputs = [torch.zeros(1, dtype=torch.long, device=rows.device)] + [t.clone() for t in given]
-            self.call = None
-        if isinstance(root, torch.Tensor):  # on the device (a pipelined step's bonus): copied
-            self.inputs[0].copy_(root)
-        else:
-            self.inputs[0].fill_(root)
-        for buf, t in zip(self.inputs[1:], given):
-            buf.copy_(t)
-        if self.call is None:
-            if self.fused is None:
-                pool = min(self.pool, logits.shape[-1])
-                self.fused = _fused_fits(self.weaver, self.budget, pool, rows.device, self.width)
-            from repro.models.graphs import graph_call
-
-            self.call = graph_call(self._step, rows.device, self.graphs)
-        return self.call()
-
-
-def _fused_fits(weaver: WeaverModel, budget: int, pool: int, device: torch.device, width: int) -> bool:
-    """Whether :class:`GrowthStep` grows with the fused kernel by default: CUDA, Triton importable, the
-    adapter's shapes within ``growth_kernels.fits`` on the programs ``grow_fused`` will launch."""
-    if device.type != "cuda":
-        return False
-    try:
-        from repro.drafters.growth_kernels import device_programs, fits
-    except ImportError:
-        return False
-    return fits(
-        weaver.config, budget, pool, device_programs(weaver.config, budget, pool, device, width=width)
-    )

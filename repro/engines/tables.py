@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from repro.engines.result import SAMPLED
+from repro.reporting.records import divergence_index
 from repro.reporting.rundir import Run, RunKind, fields_parser
 
 COLUMNS = (
@@ -16,7 +17,22 @@ COLUMNS = (
 )  # fmt: skip
 
 
-def table_rows(records: Sequence[dict[str, Any]], summarize: Callable[[Sequence[str]], str]) -> list[dict]:
+def summarize(verdicts: Sequence[str]) -> str:
+    """One cell for an engine x target over its prompts: ``lossless (n/n identical)``, ``diverged at
+    token k1, k2, ... (m/n prompts)``, or the refusal / not-run reason when every prompt gave it."""
+    if not verdicts:
+        return "no prompts"
+    if all(v == "identical" for v in verdicts):
+        return f"lossless ({len(verdicts)}/{len(verdicts)} identical)"
+    ks = [divergence_index(v) for v in verdicts]
+    if all(v == "identical" or k is not None for v, k in zip(verdicts, ks)):
+        hit = [str(k) for k in ks if k is not None]
+        return f"diverged at token {', '.join(hit)} ({len(hit)}/{len(verdicts)} prompts)"
+    reasons = sorted(set(verdicts))
+    return reasons[0] if len(reasons) == 1 else "mixed: " + "; ".join(reasons)
+
+
+def table_rows(records: Sequence[dict[str, Any]]) -> list[dict]:
     """One row per (engine, target), in the order the records came."""
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in records:
@@ -71,9 +87,7 @@ def markdown(rows: Sequence[dict[str, Any]], config: dict[str, Any]) -> str:
 
 def build_report(run: Run, figures_dir: Path | None) -> str:
     """``table.csv`` and ``report.md`` of an external check, from its records and manifest alone."""
-    from repro.engines.verdicts import summarize
-
-    rows = table_rows(run.records, summarize)
+    rows = table_rows(run.records)
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=[*COLUMNS, "notes"], lineterminator="\n")
     writer.writeheader()

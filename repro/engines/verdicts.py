@@ -47,21 +47,6 @@ def verdict(result: EngineResult, reference: list[int], temperature: float = 0.0
     return compare_to_reference(result.output_ids, reference)
 
 
-def summarize(verdicts: Sequence[str]) -> str:
-    """One cell for an engine x target over its prompts: ``lossless (n/n identical)``, ``diverged at
-    token k1, k2, ... (m/n prompts)``, or the refusal / not-run reason when every prompt gave it."""
-    if not verdicts:
-        return "no prompts"
-    if all(v == "identical" for v in verdicts):
-        return f"lossless ({len(verdicts)}/{len(verdicts)} identical)"
-    ks = [divergence_index(v) for v in verdicts]
-    if all(v == "identical" or k is not None for v, k in zip(verdicts, ks)):
-        hit = [str(k) for k in ks if k is not None]
-        return f"diverged at token {', '.join(hit)} ({len(hit)}/{len(verdicts)} prompts)"
-    reasons = sorted(set(verdicts))
-    return reasons[0] if len(reasons) == 1 else "mixed: " + "; ".join(reasons)
-
-
 @dataclass
 class ExternalRecord:
     """One engine x target x prompt (one line of records.jsonl)."""
@@ -176,4 +161,4 @@ def run_external_check(
     return records
 
 
-__all__ = ["NOT_RUN", "REFUSED", "SAMPLED", "ExternalRecord", "run_external_check", "summarize", "verdict"]
+__all__ = ["NOT_RUN", "REFUSED", "SAMPLED", "ExternalRecord", "run_external_check", "verdict"]

@@ -11,7 +11,7 @@ key and its value into the cache at row ``length``; no program reads that row (t
 value are used from registers, rounded to the cache dtype as a later step reads them), so there is no
 race. The cache length is read on the device: the launch is capture-safe.
 
-It replaces :func:`repro.models.static.attention_prologue` (after the projection),
+It replaces :func:`repro.models.static_layers.attention_prologue` (after the projection),
 ``attention_core``, the KV writes and the output gate of a decode step (about 30 aten launches).
 Arithmetic is float32 (float64 for float64 data), the output rounded once; the torch glue rounds bf16
 after every op, so bf16 results agree to bf16 accuracy and float32 ones to ~1e-6 (pinned in

@@ -48,7 +48,7 @@ until then StaticDecoder keeps ``persistent`` off.
 
 The embedding row before and the final norm and LM head after stay separate launches
 (:class:`repro.models.static.StaticDecoder`, ``persistent``). Semantics: those of the separate fused path
-(:func:`repro.models.static.fused_gdn_layer` on the GEMV kernels), float32 results to ~1e-6; bf16 ones
+(:func:`repro.models.static_layers.fused_gdn_layer` on the GEMV kernels), float32 results to ~1e-6; bf16 ones
 to bf16 rounding (summation orders differ).
 """
 

@@ -25,6 +25,7 @@ from repro.reporting.records import MANIFEST_FILE
 from repro.reporting.rundir import (
     ACROSS_CODE_ENV,
     SHARDS_DIR,
+    Kinds,
     Run,
     RunDir,
     code_change,
@@ -158,9 +159,7 @@ class Merged:
     config: dict[str, Any] = field(default_factory=dict)
 
 
-def _shard_runs(out: Path) -> list[tuple[int, Run]]:
-    from repro.harness.run_kinds import KINDS  # every kind (the paper tables import the runner)
-
+def _shard_runs(out: Path, kinds: Kinds) -> list[tuple[int, Run]]:
     root = Path(out) / SHARDS_DIR
     dirs = sorted(root.glob("rank-*")) if root.is_dir() else []
     if not dirs:
@@ -170,7 +169,7 @@ def _shard_runs(out: Path) -> list[tuple[int, Run]]:
         m = re.fullmatch(r"rank-(\d+)", d.name)
         if not m:
             raise ReproError(f"{d} is not a shard directory (expected rank-K)")
-        runs.append((int(m[1]), load_run(d, KINDS)))
+        runs.append((int(m[1]), load_run(d, kinds)))
     return sorted(runs, key=lambda r: r[0])
 
 
@@ -214,14 +213,15 @@ def _check_shards(runs: list[tuple[int, Run]]) -> int:
     return worlds.pop()
 
 
-def merge_shards(out: str | Path, partial: bool = False) -> Merged:
-    """Append the records of every shard under ``out/shards/`` to the run directory ``out`` (created or
-    resumed through RunDir) and write its report. Refused, before anything is written, with one line:
+def merge_shards(out: str | Path, kinds: Kinds, partial: bool = False) -> Merged:
+    """Append the records of every shard under ``out/shards/`` (runs of one of ``kinds``, e.g.
+    :data:`repro.harness.run_kinds.KINDS`) to the run directory ``out`` (created or resumed through
+    RunDir) and write its report. Refused, before anything is written, with one line:
     shards of another config hash, seed, kind or device class; a record found in two shards, in the
     wrong shard or differing from the one ``out`` already holds; missing shards or records unless
     ``partial``. Records already merged are skipped, so a merge can be repeated."""
     out = Path(out)
-    runs = _shard_runs(out)
+    runs = _shard_runs(out, kinds)
     world = _check_shards(runs)
     first = runs[0][1].manifest
     missing = sorted(set(range(world)) - {rank for rank, _ in runs})

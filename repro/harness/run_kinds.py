@@ -1,8 +1,9 @@
 """Every kind of run directory the harness writes, for reading any of them back (``repro report``).
 
-Each kind is declared by the module that writes it: decode runs in :mod:`repro.reporting.rundir`,
-the benchmarks in :mod:`repro.bench`, the falsifiers and the family report in :mod:`repro.harness`,
-external decode loops in :mod:`repro.engines`.
+Each kind is declared by the module that builds its report: decode runs in
+:mod:`repro.reporting.report`, the benchmarks in :mod:`repro.bench`, the falsifiers and the family report
+in :mod:`repro.harness`, external decode loops in :mod:`repro.engines`, the paper artefacts in
+:mod:`repro.paper`.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from repro.harness import family_report
 from repro.harness.falsify import exactness, pool_mass, protocol, timed
 from repro.paper import specla_acceptance, specla_table, sweep, table2
 from repro.reporting import rundir
-from repro.reporting.rundir import DECODE_KIND, Run, RunKind
+from repro.reporting.report import DECODE_KIND
+from repro.reporting.rundir import Run, RunKind
 
 KINDS: dict[str, RunKind] = {
     kind.name: kind

@@ -61,8 +61,9 @@ from repro.models.graphs import generation_stream, graph_call
 from repro.models.hybrid import HybridLM, Verification
 from repro.models.hybrid import check_verifier as check_chain_verifier
 from repro.models.state import ModelState
-from repro.models.static import DELAYED, GDNBuffers, StaticDecoder, TreeSlot, check_static_strategy
+from repro.models.static import DELAYED, StaticDecoder, TreeSlot, check_static_strategy
 from repro.models.static_chain import ChainSlot
+from repro.models.static_layers import GDNBuffers
 from repro.tree import MAX_TREE_NODES, DeviceTree, Tree
 
 # powers of two, and one more: a draft tree is a root plus a budget that is usually a power of two (DDTree /

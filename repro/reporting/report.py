@@ -1,4 +1,5 @@
-"""Summaries of decode records: per-(suite, route) table, acceptance histogram, acceptance study.
+"""Summaries of decode records: per-(suite, route) table, acceptance histogram, acceptance study; the
+decode run's report and its run-directory kind (:data:`DECODE_KIND`).
 
 Everything here is computed from records only; nothing is re-measured. Definitions are in
 docs/metrics.md.
@@ -6,6 +7,7 @@ docs/metrics.md.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -22,7 +24,7 @@ from repro.reporting.records import (
     compare_to_reference,
     divergence_index,
 )
-from repro.reporting.rundir import Run, load_run
+from repro.reporting.rundir import DECODE, DECODE_RECORDS, Run, load_run
 
 ALL_SUITES = "all"
 SYNTHETIC_KINDS = ("synthetic_chain", "synthetic_tree")
@@ -509,7 +511,7 @@ def _histogram_tables(hist: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def write_report(run_dir: str | Path, figures: bool = True) -> str:
     """Rebuild a decode run's report from its records (see :func:`build_report`); returns the markdown."""
-    run = load_run(run_dir)
+    run = load_run(run_dir, {DECODE: DECODE_KIND})
     return build_report(run, run.path if figures else None)
 
 
@@ -652,3 +654,7 @@ def build_report(run: Run, figures_dir: Path | None) -> str:
     text = "\n".join(lines)
     run.write("report.md", text)
     return text
+
+
+DECODE_KIND = dataclasses.replace(DECODE_RECORDS, report=build_report)
+"""The decode run kind: decode records, resumable, with :func:`build_report` as its report."""

@@ -57,7 +57,8 @@ class RunKind:
     gives a record's identity within a run (duplicates are refused), None when records have none;
     ``report`` takes (:class:`Run`, figures folder or None) and returns the markdown; ``outputs`` are
     the files the report may write inside the directory. Each kind is declared by the module that
-    writes it (the decode kind here); ``repro.harness.run_kinds`` lists them all for ``repro report``.
+    builds its report (the decode kind in ``repro.reporting.report``); ``repro.harness.run_kinds`` lists
+    them all for ``repro report``.
     """
 
     name: str
@@ -83,21 +84,24 @@ def fields_parser(*required: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
     return parse
 
 
-def _decode_report(run: Run, figures_dir: Path | None) -> str:
-    from repro.reporting.report import build_report
+def _no_report(run: Run, figures_dir: Path | None) -> str:
+    raise RunDirError(
+        f"{run.path} was read as decode records only; its report is built by"
+        " repro.reporting.report.DECODE_KIND"
+    )
 
-    return build_report(run, figures_dir)
 
-
-DECODE_KIND = RunKind(
+DECODE_RECORDS = RunKind(
     DECODE,
     DecodeRecord.from_dict,
-    _decode_report,
+    _no_report,
     ("report.md", "summary.csv", "histogram.csv", "acceptance.csv", "accept_histogram.png", "acceptance.png"),
     key=lambda r: r.key,
     resumable=True,
     dumps=lambda r: r.to_json(),
 )
+"""A decode run's records (one :class:`DecodeRecord` a line, resumable), read back by :func:`load_run` by
+default; the decode kind with its report is :data:`repro.reporting.report.DECODE_KIND`."""
 
 
 def infer_kind(manifest: dict[str, Any]) -> str:
@@ -352,14 +356,15 @@ def _resolve(path: str | Path) -> Path:
 
 
 def load_run(path: str | Path, kinds: Kinds | None = None, require_records: bool = False) -> Run:
-    """A run directory (or its records.jsonl / manifest.json) of one of ``kinds`` (default: decode runs;
-    every kind: ``repro.harness.run_kinds.KINDS``) read back; ReproError when unusable."""
+    """A run directory (or its records.jsonl / manifest.json) of one of ``kinds`` (default: decode runs'
+    records, :data:`DECODE_RECORDS`; every kind: ``repro.harness.run_kinds.KINDS``) read back; ReproError
+    when unusable."""
     path = _resolve(path)
     if require_records and not (path / RECORDS_FILE).exists():
         raise ReproError(f"{path} has no {RECORDS_FILE}: the run produced no records yet")
     manifest = read_manifest(path)
     try:
-        kind = run_kind(infer_kind(manifest), kinds or {DECODE: DECODE_KIND})
+        kind = run_kind(infer_kind(manifest), kinds or {DECODE: DECODE_RECORDS})
     except RunDirError as e:
         raise RunDirError(f"{path}: {e}") from None
     scan = scan_records(path / RECORDS_FILE, kind)
@@ -393,10 +398,11 @@ class RunDir:
     environment fields come from :func:`build_manifest` and ``config_hash`` (config + checkpoints)
     is always recomputed. An existing directory must be empty or a run directory of the same kind,
     config hash and seed; a resumable kind then resumes it (``resumed``), keeping its original
-    manifest and appending this session to ``manifest["resumes"]``.
+    manifest and appending this session to ``manifest["resumes"]``. ``kind`` is the run's kind (a
+    decode run: :data:`repro.reporting.report.DECODE_KIND`).
     """
 
-    def __init__(self, path: str | Path, manifest: dict[str, Any], kind: RunKind = DECODE_KIND) -> None:
+    def __init__(self, path: str | Path, manifest: dict[str, Any], kind: RunKind) -> None:
         self.path = Path(path)
         self.kind = kind
         if "config" not in manifest:

@@ -28,7 +28,8 @@ import torch
 import torch.nn.functional as F
 
 from repro.data.corpus_tokens import special_id
-from repro.drafters.dflash import DFlashDraftModel, random_dflash_for, save_dflash
+from repro.drafters.dflash import random_dflash_for, save_dflash
+from repro.drafters.dflash_model import DFlashDraftModel
 from repro.models.hybrid import HybridLM
 from repro.train.distill import Distillation, DistillRecipe, target_features
 

@@ -39,9 +39,11 @@ from typing import Any
 
 import torch
 
-from repro.drafters.dflash import DFlashDraftModel, check_fits, load_dflash
+from repro.drafters.dflash import check_fits, load_dflash
+from repro.drafters.dflash_model import DFlashDraftModel
 from repro.drafters.pool import pool_mass, top_k_pool
-from repro.drafters.weaver import WeaverModel, random_weaver_for, save_weaver
+from repro.drafters.weaver import random_weaver_for, save_weaver
+from repro.drafters.weaver_model import WeaverModel
 from repro.errors import ConfigError
 from repro.harness.evaluation import route_acceptance
 from repro.models.hybrid import HybridLM

@@ -35,7 +35,7 @@ from repro.bench.shapes import make_tree  # noqa: E402
 from repro.bench.timing import TimerConfig, graph_us, median_us  # noqa: E402
 from repro.gdn.triton_attention import attention_tree, rotary_table, tree_blocks  # noqa: E402
 from repro.gdn.triton_common import sm_count  # noqa: E402
-from repro.models.static import ancestor_matrix  # noqa: E402
+from repro.tree import ancestor_matrix  # noqa: E402
 
 GPU = torch.cuda.is_available()
 DEV = torch.device("cuda" if GPU else "cpu")

@@ -35,7 +35,8 @@ from torch import nn
 
 from repro.bench.model import qwen36_27b
 from repro.drafters.base import DraftContext
-from repro.drafters.dflash import DFlashConfig, DFlashDrafter, DFlashDraftModel, load_dflash
+from repro.drafters.dflash import DFlashDrafter, load_dflash
+from repro.drafters.dflash_model import DFlashConfig, DFlashDraftModel
 from repro.models.graphed import GraphedVerification
 from repro.models.target import open_target
 from repro.tree import Tree

@@ -37,8 +37,8 @@ import torch
 
 from repro.bench.model import MODEL_SHAPES, build_model
 from repro.drafters.base import DraftContext, Proposal
-from repro.drafters.dflash import init_draft_weights
 from repro.drafters.eagle import DynamicTree, EagleConfig, EagleDrafter, EagleDraftModel, load_eagle
+from repro.drafters.layers import init_draft_weights
 from repro.drafters.static_eagle import StaticEagleDrafter, real_nodes
 from repro.models.family import drafter_name
 from repro.models.hybrid import PREFILL_CHUNK, HybridLM, Verification

@@ -37,8 +37,8 @@ from repro.drafters import growth_kernels  # noqa: E402
 from repro.drafters.base import DraftContext  # noqa: E402
 from repro.drafters.dflash import DFlashDrafter, load_dflash  # noqa: E402
 from repro.drafters.pool import top_k_pool  # noqa: E402
-from repro.drafters.weaver import load_weaver  # noqa: E402
-from repro.drafters.weaver_growth import GrowthStep, grow, grow_on_device  # noqa: E402
+from repro.drafters.weaver import GrowthStep, load_weaver  # noqa: E402
+from repro.drafters.weaver_growth import grow, grow_on_device  # noqa: E402
 from repro.models.graphed import GraphedTarget  # noqa: E402
 from repro.models.graphs import count_ops  # noqa: E402
 from repro.models.target import open_target  # noqa: E402

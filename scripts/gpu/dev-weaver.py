@@ -28,10 +28,11 @@ import torch
 
 from repro.bench.model import qwen36_27b
 from repro.drafters.base import DraftContext
-from repro.drafters.dflash import DFlashConfig, DFlashDrafter, load_dflash, spread_target_layers
+from repro.drafters.dflash import DFlashDrafter, load_dflash
+from repro.drafters.dflash_model import DFlashConfig, spread_target_layers
 from repro.drafters.pool import top_k_pool
-from repro.drafters.weaver import load_weaver, random_weaver_for
-from repro.drafters.weaver_growth import GrowthStep, grow, grow_on_device
+from repro.drafters.weaver import GrowthStep, load_weaver, random_weaver_for
+from repro.drafters.weaver_growth import grow, grow_on_device
 from repro.models.graphs import count_ops
 from repro.models.target import open_target
 

@@ -33,7 +33,8 @@ import torch
 from torch import nn
 
 from repro.bench.model import qwen36_27b
-from repro.drafters.dflash import DFlashDraftModel, load_dflash
+from repro.drafters.dflash import load_dflash
+from repro.drafters.dflash_model import DFlashDraftModel
 from repro.drafters.shapes import device_model, qwen27b_dflash_config
 from repro.drafters.static_dflash import StaticDFlash
 from repro.models.graphed import SMALL_WIDTH

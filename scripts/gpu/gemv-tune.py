@@ -52,7 +52,8 @@ from repro.gdn.triton_linear import GemvConfig  # noqa: E402
 from repro.models.config import GDN, HybridConfig  # noqa: E402
 from repro.models.hybrid import HybridLM  # noqa: E402
 from repro.models.layers import rms_norm  # noqa: E402
-from repro.models.static import AttentionWeights, GDNWeights, StaticDecoder  # noqa: E402
+from repro.models.static import StaticDecoder  # noqa: E402
+from repro.models.static_layers import AttentionWeights, GDNWeights  # noqa: E402
 
 SHAPES = ("gdn-1.3b", "qwen3.6-27b")
 START = time.perf_counter()

@@ -10,7 +10,7 @@ and partitions, without barriers. Stages 1-2 (`W_e E[token]`, then q / k / v of 
 on the node's (depth, token). A table computed for every pool token before the growth could replace them.
 This script measures what that would remove.
 
-The inputs are `growth_kernels.growth_problem` at the `tiny` and `qwen3.6-27b` shapes, at the default
+The inputs are `shapes.growth_problem` at the `tiny` and `qwen3.6-27b` shapes, at the default
 programs P. For each shape it reports:
 - one growth in CUDA graphs (`repro.bench.timing.graph_us`), fused (barriers) and staged;
 - the staged growth's kernels from one eager run under the torch profiler. Each is attributed to its stage
@@ -35,7 +35,8 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's repro, not an installed one
 
 from repro.bench.timing import TimerConfig, graph_us  # noqa: E402
-from repro.drafters.growth_kernels import STAGES, device_programs, grow_fused, growth_problem  # noqa: E402
+from repro.drafters.growth_kernels import STAGES, device_programs, grow_fused  # noqa: E402
+from repro.drafters.shapes import growth_problem  # noqa: E402
 
 DEV = torch.device("cuda")
 TIMER = TimerConfig(warmup_ms=2.0, rep_ms=20.0, graph_replays=5)

@@ -8,7 +8,7 @@ them in one forward (`repro.drafters.weaver_growth`). The fused kernel (`grow_fu
 one launch whose linears read each weight block once for the step's nodes, so a step should cost about
 what a one-node step costs.
 
-Inputs: `growth_kernels.growth_problem` at the `tiny` and `qwen3.6-27b` shapes (random weights, budget
+Inputs: `shapes.growth_problem` at the `tiny` and `qwen3.6-27b` shapes (random weights, budget
 32 / 64), the default programs P. Per shape and width in 1, 2, 4, 8:
 - one fused growth in CUDA graphs (`repro.bench.timing.graph_us`): us, us a step, us a node;
 - the fused tree against the torch device growth at the same width (same tree, or the first node where
@@ -33,7 +33,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's repro, not an installed one
 
 from repro.bench.timing import TimerConfig, graph_us  # noqa: E402
-from repro.drafters.growth_kernels import device_programs, grow_fused, growth_problem  # noqa: E402
+from repro.drafters.growth_kernels import device_programs, grow_fused  # noqa: E402
+from repro.drafters.shapes import growth_problem  # noqa: E402
 from repro.drafters.weaver_growth import DeviceGrowth, grow_on_device  # noqa: E402
 
 DEV = torch.device("cuda")

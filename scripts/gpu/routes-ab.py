@@ -44,7 +44,7 @@ on a fresh GraphedTarget so that its graphs are captured under that setting:
 - ``fuse_tree``: a pipelined DDTree / chain DFlash step's tree built inside the DFlash drafter's graph
   (``engine.FUSE_TREE``; its time then falls in the draft stage), not after it;
 - ``gated_out_proj``: a GDN layer's output gated norm inside its out_proj's row-tiled launch
-  (``static.GATED_OUT_PROJ``; triton_linear.gated_linear_residual), not a launch of its own;
+  (``static_layers.GATED_OUT_PROJ``; triton_linear.gated_linear_residual), not a launch of its own;
 - ``fused_tree``: every verify's GDN layers on the one-launch fused tree kernel, not the split form (three
   launches: prologue, keys, values) that ``select_tree_kernel`` picks for few value heads in bf16.
 
@@ -81,7 +81,7 @@ from repro.drafters import dflash_fast  # noqa: E402
 from repro.gdn import triton_attention  # noqa: E402
 from repro.gdn import triton_linear as tlin  # noqa: E402
 from repro.gdn.triton_common import dependent_launch  # noqa: E402
-from repro.models import graphed, static, topk_kernels  # noqa: E402
+from repro.models import graphed, static, static_layers, topk_kernels  # noqa: E402
 from repro.models.target import open_target  # noqa: E402
 
 CPU = sys.argv[2:3] == ["cpu"]
@@ -159,7 +159,7 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "fused_tree": lambda: patched(static, "select_tree_kernel", lambda *args: "fused"),
     "kernel_copies": kernel_copies,
     "separate_accept": lambda: patched(graphed, "FUSE_ACCEPT", False),
-    "gated_out_proj": lambda: patched(static, "GATED_OUT_PROJ", True),
+    "gated_out_proj": lambda: patched(static_layers, "GATED_OUT_PROJ", True),
     "fuse_tree": lambda: patched(engine, "FUSE_TREE", True),
     "kernel_tree_copy": lambda: patched(static, "KERNEL_TREE_COPY", True),
     "aliased_roots": lambda: patched(tree_builders, "ALIASED_ROOTS", 4),

@@ -44,17 +44,15 @@ from repro.models.config import ATTENTION, HybridConfig  # noqa: E402
 from repro.models.default import init_random_weights  # noqa: E402
 from repro.models.hybrid import HybridLM  # noqa: E402
 from repro.models.layers import rms_norm, rotary_tables  # noqa: E402
-from repro.models.static import (  # noqa: E402
+from repro.models.static import StaticDecoder, TreeSlot  # noqa: E402
+from repro.models.static_layers import (  # noqa: E402
     AttentionWeights,
-    StaticDecoder,
-    TreeSlot,
-    ancestor_matrix,
     attention_core,
     attention_prologue,
     normed_linear,
 )
 from repro.models.target import open_target  # noqa: E402
-from repro.tree import Tree  # noqa: E402
+from repro.tree import Tree, ancestor_matrix  # noqa: E402
 
 GPU = torch.cuda.is_available()
 DEV = torch.device("cuda" if GPU else "cpu")

@@ -28,8 +28,8 @@ value head in phase 2), and the fused kernel; each step's logits against the def
 top-1 agreement). Routes A/B `fused_tree` (results/2026-12-04-h200-derive-rows/callCH) had chain DFlash's
 verify faster on the fused kernel and the 33-node verifies slower.
 
-VERIFY_KERNELS_GATED=1 (or 0) turns ``static.GATED_OUT_PROJ`` on (off) for every call: the GDN layers' output
-gated norm inside their out_proj's row-tiled launch (one launch a layer fewer).
+VERIFY_KERNELS_GATED=1 (or 0) turns ``static_layers.GATED_OUT_PROJ`` on (off) for every call: the GDN layers'
+output gated norm inside their out_proj's row-tiled launch (one launch a layer fewer).
 
 Writes OUT_DIR/verify-kernels.json and OUT_DIR/verify-kernels.md; prints the markdown.
 """
@@ -53,7 +53,7 @@ from repro.bench.shapes import draft_tree  # noqa: E402
 from repro.bench.timing import TimerConfig, graph_us  # noqa: E402
 from repro.gdn import triton_tree  # noqa: E402
 from repro.gdn.backends import default_backend  # noqa: E402
-from repro.models import static  # noqa: E402
+from repro.models import static, static_layers  # noqa: E402
 from repro.models.graphed import GraphedTarget  # noqa: E402
 from repro.models.static import TreeSlot  # noqa: E402
 from repro.models.target import open_target  # noqa: E402
@@ -135,7 +135,7 @@ def accept_commit(dec: Any, slot: TreeSlot) -> None:
 def main(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     gated = os.environ.get("VERIFY_KERNELS_GATED")
-    static.GATED_OUT_PROJ = static.GATED_OUT_PROJ if gated is None else gated == "1"
+    static_layers.GATED_OUT_PROJ = static_layers.GATED_OUT_PROJ if gated is None else gated == "1"
     model, _ = open_target("default", "bfloat16", "cuda")
     model.set_gdn_backend(default_backend(DEV, model.dtype))  # as `repro run` (harness/runner.py) sets it
     target = GraphedTarget(model, max_len=4096, max_nodes=128)  # graphs on: the engine's kernel options

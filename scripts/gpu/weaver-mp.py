@@ -2,7 +2,7 @@
 
     python scripts/gpu/weaver-mp.py OUT_DIR      writes OUT_DIR/weaver-mp.json and .md, prints the markdown
 
-Random weights and inputs (``growth_kernels.growth_problem``) at the tiny family's Weaver shape
+Random weights and inputs (``shapes.growth_problem``) at the tiny family's Weaver shape
 (d_model 128, target hidden 192, pool 512, budget 32) and at the Qwen3.6-27B Weaver shape (d_model
 2048, 16 heads, intermediate 4096, target hidden 5120, pool 512, budget 64), bfloat16:
 
@@ -33,7 +33,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's repro, not an installed one
 
 from repro.bench.timing import TimerConfig, graph_us  # noqa: E402
-from repro.drafters.growth_kernels import device_programs, fits, grow_fused, growth_problem  # noqa: E402
+from repro.drafters.growth_kernels import device_programs, fits, grow_fused  # noqa: E402
+from repro.drafters.shapes import growth_problem  # noqa: E402
 from repro.drafters.weaver_growth import grow_on_device  # noqa: E402
 
 DEV = torch.device("cuda")

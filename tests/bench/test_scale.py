@@ -17,7 +17,8 @@ from repro.bench.model import MODEL_SHAPES
 from repro.decoding.replayed import ReplayedAcceptance
 from repro.decoding.routes import build_route
 from repro.drafters import shapes
-from repro.drafters.dflash import DFlashDraftModel, random_dflash_for
+from repro.drafters.dflash import random_dflash_for
+from repro.drafters.dflash_model import DFlashDraftModel
 from repro.errors import ConfigError, ReproError
 from repro.harness.run_kinds import rebuild_report
 from repro.models.default import init_random_weights, tiny_config

@@ -20,8 +20,8 @@ from repro.drafters.dflash import (
     load_dflash,
     random_dflash_for,
     save_dflash,
-    spread_target_layers,
 )
+from repro.drafters.dflash_model import spread_target_layers
 from repro.errors import CheckpointError, ConfigError
 from repro.models.default import build_default_target
 from repro.models.loading import save_target

@@ -19,10 +19,11 @@ from conftest import sync_debug
 
 from repro.decoding.engine import generate
 from repro.decoding.routes import build_route
-from repro.drafters.dflash import init_draft_weights
+from repro.drafters.layers import init_draft_weights
 from repro.drafters.pool import top_k_pool
-from repro.drafters.weaver import WeaverConfig, WeaverModel
-from repro.drafters.weaver_growth import DeviceGrowth, GrowthStep, grow, grow_on_device
+from repro.drafters.weaver import GrowthStep
+from repro.drafters.weaver_growth import DeviceGrowth, grow, grow_on_device
+from repro.drafters.weaver_model import WeaverConfig, WeaverModel
 from repro.models.graphed import GraphedTarget
 from repro.models.graphs import check_capture
 from repro.tree import DeviceTree, Tree

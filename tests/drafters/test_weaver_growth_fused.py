@@ -33,8 +33,9 @@ import torch
 from conftest import run_in_interpreter, sync_debug
 
 from repro.drafters.pool import top_k_pool
-from repro.drafters.weaver import WeaverConfig
-from repro.drafters.weaver_growth import DeviceGrowth, GrowthStep, grow, grow_on_device
+from repro.drafters.weaver import GrowthStep
+from repro.drafters.weaver_growth import DeviceGrowth, grow, grow_on_device
+from repro.drafters.weaver_model import WeaverConfig
 from repro.models.graphs import count_ops
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
@@ -419,7 +420,8 @@ def test_programs_with_grid_barriers_equal_one_program(shape: str, dtype: torch.
     only share a long prefix at width 1; at width 4 they part earlier (node 11, gap 0.87: H200, 2026-12-04,
     ``scripts/gpu/growth-widths.py``), so there only P is checked; exactness against torch at that shape is
     the float32 case's (both widths)."""
-    from repro.drafters.growth_kernels import grow_fused, growth_problem
+    from repro.drafters.growth_kernels import grow_fused
+    from repro.drafters.shapes import growth_problem
 
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
@@ -444,7 +446,8 @@ def test_programs_with_grid_barriers_equal_one_program(shape: str, dtype: torch.
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_a_barrier_past_its_spin_cap_sets_the_error_flag() -> None:
-    from repro.drafters.growth_kernels import grow_fused, growth_problem
+    from repro.drafters.growth_kernels import grow_fused
+    from repro.drafters.shapes import growth_problem
 
     args = growth_problem("tiny", torch.float32, torch.device("cuda"))
     assert int(grow_fused(*args, programs=32, spin_cap=0).error) != 0  # no waiting: someone is early

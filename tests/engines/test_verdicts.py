@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from repro.engines import verdicts
+from repro.engines import tables, verdicts
 from repro.engines.catalog import Engine, pick
 from repro.engines.dflash_loop import dflash_generate
 from repro.engines.hf_generate import hf_generate
@@ -40,11 +40,11 @@ def test_verdict_of_planted_results(result, expected):
 
 
 def test_summary_of_a_cell():
-    assert verdicts.summarize(["identical"] * 3) == "lossless (3/3 identical)"
-    cell = verdicts.summarize(["identical", "diverged at token 4", "diverged at token 2"])
+    assert tables.summarize(["identical"] * 3) == "lossless (3/3 identical)"
+    cell = tables.summarize(["identical", "diverged at token 4", "diverged at token 2"])
     assert cell == "diverged at token 4, 2 (2/3 prompts)"
-    assert verdicts.summarize(["refused: x", "refused: x"]) == "refused: x"
-    assert verdicts.summarize(["refused: x", "identical"]).startswith("mixed: ")
+    assert tables.summarize(["refused: x", "refused: x"]) == "refused: x"
+    assert tables.summarize(["refused: x", "identical"]).startswith("mixed: ")
 
 
 def _planted(request: EngineRequest) -> list[int]:

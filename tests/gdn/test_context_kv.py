@@ -16,7 +16,7 @@ import pytest
 import torch
 from conftest import rel, run_in_interpreter
 
-from repro.drafters.dflash import apply_rope
+from repro.drafters.layers import apply_rope
 from repro.gdn.triton_attention import rotary_table, write_context_kv
 
 LAYERS, KV, HD, ROWS = 2, 3, 16, 12

@@ -53,7 +53,7 @@ def attention_case(spec: tuple, length: int, dtype: torch.dtype, device: str, se
     """attention_decode vs the float64 glue; errors of the output and of the written key/value rows."""
     from repro.gdn.triton_attention import attention_decode, rotary_table
     from repro.models.layers import apply_rotary, rms_norm, rotary_tables
-    from repro.models.static import attention_core
+    from repro.models.static_layers import attention_core
 
     h, hkv, hd, rot, gate = spec
     gen = torch.Generator().manual_seed(seed)

@@ -57,7 +57,8 @@ def growth_constants(shape: str, width: int, programs: int) -> dict:
     step past the root on ``programs`` programs (0: the runtime count, grid barriers)."""
     import torch
 
-    from repro.drafters.growth_kernels import growth_shape, step_constants
+    from repro.drafters.growth_kernels import step_constants
+    from repro.drafters.shapes import growth_shape
 
     cfg, budget = growth_shape(shape)
     consts = step_constants(cfg, budget, cfg.pool_size, cfg.block_size - 1, torch.bfloat16, width)

@@ -1,8 +1,8 @@
 """The tree verify's attention kernel and StaticDecoder's ``fuse_tree_attention``.
 
 - :func:`repro.gdn.triton_attention.attention_tree` vs the torch path it replaces on the same
-  projection row: :func:`repro.models.static.attention_prologue` (q|k|v split, q/k RMSNorm, rotary at
-  the nodes' positions), :func:`~repro.models.static.attention_core` (the masked cache rows and the
+  projection row: :func:`repro.models.static_layers.attention_prologue` (q|k|v split, q/k RMSNorm, rotary at
+  the nodes' positions), :func:`~repro.models.static_layers.attention_core` (the masked cache rows and the
   ancestor mask, per query head of a key head's group) and the output gate of ``attention_epilogue``.
   GQA (2 and 6 query heads a key head) and not, output gate and not, partial, full and no rotary, head
   dims padded to the tile (8, 12) and tiny-qwen35's (48); n = 1, 5, 17, 33 nodes of random trees of every
@@ -80,7 +80,7 @@ def attention_layer(spec: tuple, hidden: int = 32, seed: int = 0):  # noqa: ANN2
 def tree_inputs(n: int, kind: str, seed: int, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """(ancestors bool [n, n], depth int64 [n]) of a random tree of ``kind``."""
     from repro.bench.shapes import random_parents
-    from repro.models.static import ancestor_matrix
+    from repro.tree import ancestor_matrix
 
     parents = random_parents(n, kind, torch.Generator().manual_seed(seed)).numpy()
     anc, depth = ancestor_matrix(parents)
@@ -90,7 +90,7 @@ def tree_inputs(n: int, kind: str, seed: int, device: str = "cpu") -> tuple[torc
 def torch_path(layer, x, keys, values, length, anc, depth) -> tuple[torch.Tensor, ...]:  # noqa: ANN001
     """(gated out [n, H hd], k, v) of the static decoder's torch glue for a verify."""
     from repro.models.layers import rotary_tables
-    from repro.models.static import AttentionWeights, attention_core, attention_prologue
+    from repro.models.static_layers import AttentionWeights, attention_core, attention_prologue
 
     a = layer.self_attn
     cos, sin = rotary_tables(length + depth - 1, a.inv_freq, x.dtype)
@@ -111,7 +111,7 @@ def case_inputs(
     cache as it was."""
     from repro.gdn.triton_attention import rotary_table
     from repro.models.layers import rms_norm
-    from repro.models.static import AttentionWeights
+    from repro.models.static_layers import AttentionWeights
 
     layer = attention_layer(spec, seed=seed)
     a, w = layer.self_attn, AttentionWeights.of(layer)

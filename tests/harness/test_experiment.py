@@ -126,6 +126,7 @@ def test_engine_setting_is_validated_resolved_and_wraps_the_target(tmp_path):
     CPU runs the runner's routes on the static path (eagerly) with AR's tokens."""
     from repro.harness.runner import ExperimentRunner
     from repro.models.graphed import GraphedTarget
+    from repro.reporting.report import DECODE_KIND
     from repro.reporting.rundir import RunDir
 
     base = {"name": "e", "device": "cpu", "dtype": "float64"}
@@ -142,7 +143,7 @@ def test_engine_setting_is_validated_resolved_and_wraps_the_target(tmp_path):
     )
     runner = ExperimentRunner(cfg)
     assert isinstance(runner.target, GraphedTarget) and runner.target.captures == 0
-    with RunDir(tmp_path / "run", {"config": cfg}) as run_dir:
+    with RunDir(tmp_path / "run", {"config": cfg}, DECODE_KIND) as run_dir:
         assert runner.run(run_dir) == 2
         assert [r.vs_ar for r in run_dir.records()] == ["reference", "identical"]
 

@@ -147,6 +147,7 @@ def decode_run(tmp_path_factory) -> Path:
     from repro.harness.experiment import resolve
     from repro.harness.runner import ExperimentRunner
     from repro.reporting.records import build_manifest
+    from repro.reporting.report import DECODE_KIND
     from repro.reporting.rundir import RunDir
 
     routes = [{"name": "ar", "kind": "ar"}]
@@ -161,7 +162,7 @@ def decode_run(tmp_path_factory) -> Path:
            "routes": routes}  # fmt: skip
     cfg = resolve(raw, {})
     path = tmp_path_factory.mktemp("decode") / "run"
-    with RunDir(path, build_manifest(cfg)) as run:
+    with RunDir(path, build_manifest(cfg), DECODE_KIND) as run:
         ExperimentRunner(cfg).run(run)
         run.write_report()
     return path

@@ -15,6 +15,7 @@ from conftest import run_cli
 
 from repro.errors import ReproError
 from repro.harness.parallel import Shard, env_shard, expected_keys, merge_shards, parse_shard, shard_prompts
+from repro.harness.run_kinds import KINDS
 from repro.reporting.records import MANIFEST_FILE, RECORDS_FILE
 from repro.reporting.rundir import load_records
 
@@ -125,7 +126,7 @@ def test_shard_jobs_and_merge_equal_one_process(runs, tmp_path, monkeypatch, cap
     assert code == 2 and err == "error: --shard must be i/n with 0 <= i < n (e.g. 0/4), got '2/2'"
     # merging again adds nothing and changes nothing
     before = (jobs / RECORDS_FILE).read_bytes()
-    merged = merge_shards(jobs)
+    merged = merge_shards(jobs, KINDS)
     assert (merged.appended, merged.present) == (0, 12)
     assert (jobs / RECORDS_FILE).read_bytes() == before
 
@@ -145,7 +146,7 @@ def test_merge_refuses_another_config(runs, tmp_path):
     out = shards_copy(runs, tmp_path)
     edit_manifest(out / "shards" / "rank-1", config_hash="0" * 64)
     with pytest.raises(ReproError, match="rank-1 has another config hash"):
-        merge_shards(out)
+        merge_shards(out, KINDS)
     assert not (out / RECORDS_FILE).exists()
 
 
@@ -155,7 +156,7 @@ def test_merge_refuses_a_duplicate_record(runs, tmp_path):
     with open(out / "shards" / "rank-1" / RECORDS_FILE, "a") as f:
         f.write(first + "\n")
     with pytest.raises(ReproError, match="is in shards rank-0 and rank-1; not merged"):
-        merge_shards(out)
+        merge_shards(out, KINDS)
     assert not (out / RECORDS_FILE).exists()
 
 
@@ -164,21 +165,21 @@ def test_merge_refuses_a_record_of_another_shard_and_an_interrupted_shard(runs, 
     lines = (out / "shards" / "rank-0" / RECORDS_FILE).read_text().splitlines(keepends=True)
     (out / "shards" / "rank-0" / RECORDS_FILE).write_text("".join(lines[:-1]))
     with pytest.raises(ReproError, match=r"holds \d+ of its \d+ records \(interrupted\)"):
-        merge_shards(out)
+        merge_shards(out, KINDS)
     (out / "shards" / "rank-1" / RECORDS_FILE).write_text(
         (out / "shards" / "rank-1" / RECORDS_FILE).read_text() + lines[-1]
     )
     with pytest.raises(ReproError, match="is not one of shard 1/2's prompts"):
-        merge_shards(out)
+        merge_shards(out, KINDS)
 
 
 def test_merge_refuses_a_shard_relabelled_or_missing(runs, tmp_path):
     out = shards_copy(runs, tmp_path)
     edit_manifest(out / "shards" / "rank-1", shard="1/3")
     with pytest.raises(ReproError, match="split the prompts 2 ways"):
-        merge_shards(out)
+        merge_shards(out, KINDS)
     with pytest.raises(ReproError, match="has no shards"):
-        merge_shards(tmp_path / "nothing")
+        merge_shards(tmp_path / "nothing", KINDS)
 
 
 def test_killed_rank_resumes_and_merges_identically(runs, tmp_path):

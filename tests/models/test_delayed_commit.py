@@ -27,7 +27,8 @@ from repro.errors import ConfigError
 from repro.models.graphed import GraphedTarget
 from repro.models.graphs import check_capture
 from repro.models.state import ModelState
-from repro.models.static import GDNBuffers, StaticDecoder, TreeSlot
+from repro.models.static import StaticDecoder, TreeSlot
+from repro.models.static_layers import GDNBuffers
 from repro.tree import Tree
 
 pytestmark = pytest.mark.usefixtures("single_thread")

@@ -93,8 +93,8 @@ def verify_run(model, state, tree, fuse: bool, graphed: bool = False, fold: bool
     return {"logits": logits, "state": dec.export()}
 
 
-# the fused verify's variants: (verify form, fold_norms, static.GATED_OUT_PROJ): the row-tiled kernel on the
-# folded normed matrices (the default), on the scaled rows, with the GDN output's gated norm inside the
+# the fused verify's variants: (verify form, fold_norms, static_layers.GATED_OUT_PROJ): the row-tiled kernel
+# on the folded normed matrices (the default), on the scaled rows, with the GDN output's gated norm inside the
 # out_proj's launch, and the GEMV kernel over groups of 4 rows
 VARIANTS = {
     "dot": ("dot", None, False),
@@ -109,7 +109,7 @@ def verify_cases(device: str, sizes: tuple[int, ...] = SIZES) -> dict[str, dict[
     state (float64: also vs HybridLM's verify and commit). On the CPU float32 at the largest size only
     (two row blocks)."""
     from repro.gdn.triton_linear import verify_form
-    from repro.models import static
+    from repro.models import static_layers
 
     out = {}
     for dname in ("float64", "float32") if device == "cpu" else ("float32", "bfloat16"):
@@ -121,12 +121,12 @@ def verify_cases(device: str, sizes: tuple[int, ...] = SIZES) -> dict[str, dict[
             tree = tree_of(t, t)
             for graphed in (False, True) if device == "cuda" else (False,):
                 old = verify_run(model, state, tree, False, graphed)
-                default, static.GATED_OUT_PROJ = static.GATED_OUT_PROJ, gated
+                default, static_layers.GATED_OUT_PROJ = static_layers.GATED_OUT_PROJ, gated
                 try:
                     with verify_form(form):
                         new = verify_run(model, state, tree, True, graphed, fold)
                 finally:
-                    static.GATED_OUT_PROJ = default
+                    static_layers.GATED_OUT_PROJ = default
                 errs = {
                     "logits": rel(new["logits"], old["logits"]),
                     "state": state_errs(new["state"], old["state"]),
@@ -273,7 +273,7 @@ def test_fold_weights_fold_each_normed_matrix_once():
     """fold_weights: in_proj (GDN) or q|k|v (attention) times the input norm's scale, gate|up times the
     post norm's, column by column; the unfolded matrices stay as they were."""
     from repro.models.config import GDN
-    from repro.models.static import AttentionWeights, GDNWeights, fold_weights
+    from repro.models.static_layers import AttentionWeights, GDNWeights, fold_weights
 
     model = small_model(F64)
     for layer in model.model.layers:

@@ -26,8 +26,9 @@ from repro.models.graphed import GraphedTarget
 from repro.models.graphs import check_capture
 from repro.models.hybrid import check_verifier_name
 from repro.models.state import GDNLayerState
-from repro.models.static import GDNSaved, StaticDecoder
+from repro.models.static import StaticDecoder
 from repro.models.static_chain import ChainSlot, chain_evaluator
+from repro.models.static_layers import GDNSaved
 from repro.models.target import open_target
 from repro.reporting.records import compare_to_reference
 from repro.tree import Tree

@@ -29,14 +29,8 @@ from repro.models.config import ATTENTION, GDN, HybridConfig
 from repro.models.default import init_random_weights
 from repro.models.graphs import count_ops
 from repro.models.hybrid import HybridLM
-from repro.models.static import (
-    StaticDecoder,
-    TreeSlot,
-    ancestor_matrix,
-    conv_gather_index_np,
-    first_occurrences,
-)
-from repro.tree import Tree
+from repro.models.static import StaticDecoder, TreeSlot
+from repro.tree import Tree, ancestor_matrix, conv_gather_index_np, first_occurrences
 
 LAYERS = [GDN, GDN, ATTENTION, GDN]
 STRATEGIES = ("closed_form", "replay", "snapshot", "delayed")

@@ -33,7 +33,8 @@ from repro.models.config import ATTENTION, GDN, HybridConfig
 from repro.models.default import init_random_weights
 from repro.models.hybrid import HybridLM
 from repro.models.state import ModelState
-from repro.models.static import GDNBuffers, StaticDecoder, TreeSlot
+from repro.models.static import StaticDecoder, TreeSlot
+from repro.models.static_layers import GDNBuffers
 from repro.tree import Tree
 
 LAYERS = [GDN, GDN, ATTENTION, GDN]

@@ -41,8 +41,8 @@ def test_mixed_runs_give_no_device_numbers_and_bad_device_times_are_refused():
 
 
 def test_the_report_shows_the_device_split_per_stage_when_records_have_it(tmp_path):
-    from repro.reporting.report import build_report
-    from repro.reporting.rundir import DECODE_KIND, Run
+    from repro.reporting.report import DECODE_KIND, build_report
+    from repro.reporting.rundir import Run
 
     ar = dataclasses.replace(make_record(), device_stage_s=DEVICE)
     text = build_report(Run(tmp_path, DECODE_KIND, {}, [ar]), None)
@@ -78,8 +78,8 @@ def test_busy_columns_per_step_only_when_records_have_them():
 
 
 def test_the_report_shows_busy_time_beside_the_device_split_when_records_have_it(tmp_path):
-    from repro.reporting.report import build_report
-    from repro.reporting.rundir import DECODE_KIND, Run
+    from repro.reporting.report import DECODE_KIND, build_report
+    from repro.reporting.rundir import Run
 
     rec = dataclasses.replace(make_record(), device_stage_s=DEVICE, busy_stage_s=BUSY)
     text = build_report(Run(tmp_path, DECODE_KIND, {}, [rec]), None)
@@ -112,8 +112,8 @@ def test_speedup_bounds_from_the_graphs_busy_time():
 
 
 def test_the_report_shows_the_bounds_with_busy_times(tmp_path):
-    from repro.reporting.report import build_report
-    from repro.reporting.rundir import DECODE_KIND, Run
+    from repro.reporting.report import DECODE_KIND, build_report
+    from repro.reporting.rundir import Run
 
     ar = dataclasses.replace(make_record(), device_stage_s=DEVICE, busy_stage_s=BUSY)
     spec = dataclasses.replace(make_record("dd", accepted=[3, 2]), device_stage_s=DEVICE, busy_stage_s=BUSY)

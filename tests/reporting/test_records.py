@@ -22,6 +22,7 @@ from repro.reporting.records import (
     git_sha,
     sha256_ids,
 )
+from repro.reporting.report import DECODE_KIND
 from repro.reporting.rundir import RunDir, load_records
 
 # ------------------------------------------------------------------------------------ hashing
@@ -91,7 +92,7 @@ def test_missing_field_is_rejected():
 
 
 def test_new_run_dir_writes_manifest(tmp_path: Path):
-    run = RunDir(tmp_path / "run", {"config": CONFIG})
+    run = RunDir(tmp_path / "run", {"config": CONFIG}, DECODE_KIND)
     assert not run.resumed
     m = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert m["config"] == CONFIG
@@ -111,13 +112,13 @@ def test_config_hash_ignores_key_order_but_not_values():
 
 
 def test_append_get_and_resume(tmp_path: Path):
-    run = RunDir(tmp_path, {"config": CONFIG})
+    run = RunDir(tmp_path, {"config": CONFIG}, DECODE_KIND)
     a, b = make_record(prompt_id="p0"), make_record(route="chain", prompt_id="p0", accepted=[3])
     run.append(a)
     run.append(b)
     created = run.manifest["created_at"]
     run.close()
-    again = RunDir(tmp_path, {"config": dict(CONFIG)})
+    again = RunDir(tmp_path, {"config": dict(CONFIG)}, DECODE_KIND)
     assert again.resumed
     assert again.done_keys() == {a.key, b.key}
     assert again.get("chain", "gsm8k", "p0", 0) == b
@@ -128,7 +129,7 @@ def test_append_get_and_resume(tmp_path: Path):
 
 
 def test_append_refuses_a_duplicate_key(tmp_path: Path):
-    run = RunDir(tmp_path, {"config": CONFIG})
+    run = RunDir(tmp_path, {"config": CONFIG}, DECODE_KIND)
     run.append(make_record())
     with pytest.raises(ValueError, match="already"):
         run.append(make_record())
@@ -136,7 +137,7 @@ def test_append_refuses_a_duplicate_key(tmp_path: Path):
 
 
 def test_append_fsyncs_each_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    run = RunDir(tmp_path, {"config": CONFIG})
+    run = RunDir(tmp_path, {"config": CONFIG}, DECODE_KIND)
     synced: list[int] = []  # inodes of the files fsynced
     real_fsync = os.fsync
     monkeypatch.setattr(
@@ -148,7 +149,7 @@ def test_append_fsyncs_each_record(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
 
 def test_interrupted_run_loses_only_the_partial_line(tmp_path: Path):
-    run = RunDir(tmp_path, {"config": CONFIG})
+    run = RunDir(tmp_path, {"config": CONFIG}, DECODE_KIND)
     recs = [make_record(prompt_id=f"p{i}") for i in range(3)]
     for r in recs:
         run.append(r)
@@ -158,7 +159,7 @@ def test_interrupted_run_loses_only_the_partial_line(tmp_path: Path):
     run.close()
 
     with pytest.warns(RecordsWarning, match="truncated"):
-        resumed = RunDir(tmp_path, {"config": CONFIG})
+        resumed = RunDir(tmp_path, {"config": CONFIG}, DECODE_KIND)
     assert resumed.done_keys() == {recs[0].key, recs[1].key}
     resumed.append(recs[2])
     resumed.append(make_record(prompt_id="p3"))
@@ -173,7 +174,7 @@ def test_interrupted_run_loses_only_the_partial_line(tmp_path: Path):
 
 
 def test_load_records_ignores_truncated_last_line_with_warning(tmp_path: Path):
-    run = RunDir(tmp_path, {"config": CONFIG})
+    run = RunDir(tmp_path, {"config": CONFIG}, DECODE_KIND)
     run.append(make_record(prompt_id="p0"))
     with open(tmp_path / "records.jsonl", "a") as f:
         f.write('{"route": "ar", "sui')
@@ -184,10 +185,10 @@ def test_load_records_ignores_truncated_last_line_with_warning(tmp_path: Path):
 
 def test_different_config_is_refused_in_one_line(tmp_path: Path):
     out = tmp_path / "out"
-    RunDir(out, {"config": CONFIG}).append(make_record())
+    RunDir(out, {"config": CONFIG}, DECODE_KIND).append(make_record())
     before = (out / "records.jsonl").read_bytes()
     with pytest.raises(RunDirError) as exc:
-        RunDir(out, {"config": {**CONFIG, "max_new_tokens": 64}})
+        RunDir(out, {"config": {**CONFIG, "max_new_tokens": 64}}, DECODE_KIND)
     msg = str(exc.value)
     assert "\n" not in msg
     assert str(out) in msg
@@ -196,15 +197,15 @@ def test_different_config_is_refused_in_one_line(tmp_path: Path):
 
 
 def test_different_seed_is_refused(tmp_path: Path):
-    RunDir(tmp_path, {"config": CONFIG, "seed": 1})
+    RunDir(tmp_path, {"config": CONFIG, "seed": 1}, DECODE_KIND)
     with pytest.raises(RunDirError, match="seed"):
-        RunDir(tmp_path, {"config": CONFIG, "seed": 2})
+        RunDir(tmp_path, {"config": CONFIG, "seed": 2}, DECODE_KIND)
 
 
 def test_records_without_manifest_are_refused(tmp_path: Path):
     (tmp_path / "records.jsonl").write_text(make_record().to_json() + "\n")
     with pytest.raises(RunDirError, match="no manifest.json"):
-        RunDir(tmp_path, {"config": CONFIG})
+        RunDir(tmp_path, {"config": CONFIG}, DECODE_KIND)
 
 
 def test_load_records_errors_name_the_problem(tmp_path: Path):
@@ -212,7 +213,7 @@ def test_load_records_errors_name_the_problem(tmp_path: Path):
         load_records(tmp_path / "missing")
     with pytest.raises(ReproError, match="manifest.json"):
         load_records(tmp_path)
-    run = RunDir(tmp_path, {"config": CONFIG})
+    run = RunDir(tmp_path, {"config": CONFIG}, DECODE_KIND)
     with pytest.raises(ReproError, match="records.jsonl"):
         load_records(tmp_path)
     run.append(make_record(prompt_id="p0"))

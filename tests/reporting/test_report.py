@@ -12,6 +12,7 @@ from repro.errors import ReproError
 from repro.reporting.figures import plot_accept_histogram, plot_acceptance
 from repro.reporting.records import DecodeRecord, sha256_ids
 from repro.reporting.report import (
+    DECODE_KIND,
     accept_histogram,
     acceptance_table,
     break_even_p,
@@ -231,7 +232,7 @@ def test_markdown_table_renders_nan_and_escapes():
 
 
 def test_write_report_rebuilds_files_from_records(tmp_path: Path):
-    run = RunDir(tmp_path, {"config": {"experiment": "t"}, "seed": 0})
+    run = RunDir(tmp_path, {"config": {"experiment": "t"}, "seed": 0}, DECODE_KIND)
     for r in known_records() + synthetic_records():
         run.append(r)
     text = write_report(tmp_path)
@@ -252,7 +253,7 @@ def test_write_report_rebuilds_files_from_records(tmp_path: Path):
 
 
 def test_write_report_of_an_empty_run(tmp_path: Path):
-    RunDir(tmp_path, {"config": {"experiment": "t"}, "seed": 0})
+    RunDir(tmp_path, {"config": {"experiment": "t"}, "seed": 0}, DECODE_KIND)
     (tmp_path / "records.jsonl").touch()
     assert "No records yet" in write_report(tmp_path)
     assert not (tmp_path / "accept_histogram.png").exists()

@@ -21,7 +21,7 @@ from repro.harness.run_kinds import load_run, rebuild_report
 from repro.models.fingerprint import fingerprint_checkpoints
 from repro.reporting.index import index_markdown, run_folders
 from repro.reporting.records import build_manifest
-from repro.reporting.report import summarize, write_report
+from repro.reporting.report import DECODE_KIND, summarize, write_report
 from repro.reporting.rundir import RunDir, infer_kind
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
@@ -101,24 +101,24 @@ def test_report_accepts_the_records_file(monkeypatch, capsys, tmp_path: Path):
 
 
 def test_a_second_writer_is_refused_in_one_line(tmp_path: Path):
-    first = RunDir(tmp_path, {"config": CONFIG})
+    first = RunDir(tmp_path, {"config": CONFIG}, DECODE_KIND)
     first.append(make_record(prompt_id="p0"))
     with pytest.raises(RunDirError, match=rf"another repro process is writing {tmp_path} \(pid \d+\)"):
-        RunDir(tmp_path, {"config": CONFIG})
+        RunDir(tmp_path, {"config": CONFIG}, DECODE_KIND)
     first.append(make_record(prompt_id="p1"))
     first.close()
-    again = RunDir(tmp_path, {"config": CONFIG})  # the lock is released with the writer
+    again = RunDir(tmp_path, {"config": CONFIG}, DECODE_KIND)  # the lock is released with the writer
     assert len(again.records()) == 2
 
 
 def test_append_never_truncates_lines_it_did_not_see(tmp_path: Path):
-    run = RunDir(tmp_path, {"config": CONFIG})
+    run = RunDir(tmp_path, {"config": CONFIG}, DECODE_KIND)
     run.append(make_record(prompt_id="p0"))
     path = tmp_path / "records.jsonl"
     path.write_bytes(path.read_bytes() + b'{"partial')  # an interrupted write seen at open
     run.close()
     with pytest.warns(UserWarning, match="truncated"):
-        resumed = RunDir(tmp_path, {"config": CONFIG})
+        resumed = RunDir(tmp_path, {"config": CONFIG}, DECODE_KIND)
     foreign = make_record(prompt_id="px").to_json().encode()
     with open(path, "ab") as f:  # someone else completes a line behind the writer's back
         f.write(b"\n" + foreign + b"\n")
@@ -135,7 +135,7 @@ def test_a_foreign_non_empty_directory_is_refused_untouched(monkeypatch, capsys,
     (tmp_path / "report.md").write_text("my notes")
     (tmp_path / "numbers.csv").write_text("a,b\n")
     with pytest.raises(RunDirError, match=r"is not empty \(numbers.csv, report.md\)"):
-        RunDir(tmp_path, {"config": CONFIG})
+        RunDir(tmp_path, {"config": CONFIG}, DECODE_KIND)
     code, _, err = cli(monkeypatch, capsys, "falsify", "tree-exactness", "--out", str(tmp_path))
     assert code == 2 and len(err.splitlines()) == 1 and str(tmp_path) in err and "report.md" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["numbers.csv", "report.md"]
@@ -145,7 +145,7 @@ def test_a_foreign_non_empty_directory_is_refused_untouched(monkeypatch, capsys,
 def test_a_run_of_another_kind_is_refused(tmp_path: Path):
     RunDir(tmp_path, {"config": {"check": "tree-exactness"}}, kind=falsify.KIND).close()
     with pytest.raises(RunDirError, match="holds a falsify-tree-exactness run, not a decode run"):
-        RunDir(tmp_path, {"config": CONFIG})
+        RunDir(tmp_path, {"config": CONFIG}, DECODE_KIND)
 
 
 def test_export_default_refuses_an_existing_checkpoint_without_force(monkeypatch, capsys, tmp_path: Path):
@@ -198,15 +198,15 @@ def test_a_changed_checkpoint_is_refused_on_resume(tmp_path: Path, monkeypatch, 
         return {**build_manifest(cfg), "checkpoints": fingerprint_checkpoints(str(ckpt), cfg["routes"])}
 
     assert set(manifest()["checkpoints"]["target"]["files"]) >= {"config.json", "model.safetensors"}
-    RunDir(tmp_path / "run", manifest()).close()
-    RunDir(tmp_path / "run", manifest()).close()
+    RunDir(tmp_path / "run", manifest(), DECODE_KIND).close()
+    RunDir(tmp_path / "run", manifest(), DECODE_KIND).close()
     data = bytearray((ckpt / "model.safetensors").read_bytes())
     data[-1] ^= 1  # same size, one weight bit flipped
     (ckpt / "model.safetensors").write_bytes(bytes(data))
     with pytest.raises(
         RunDirError, match=r"other checkpoint contents \(target: .*model\.safetensors changed\)"
     ):
-        RunDir(tmp_path / "run", manifest())
+        RunDir(tmp_path / "run", manifest(), DECODE_KIND)
 
 
 def test_family_names_are_fingerprinted_and_built_in_models_are_not():
@@ -286,21 +286,21 @@ def test_a_resume_by_other_code_is_refused_unless_asked(tmp_path: Path, monkeypa
     """Records of two git shas are not mixed silently: refused, or with REPRO_RESUME_ACROSS_CODE=1 mixed
     and every sha named in the report's header."""
     monkeypatch.setenv("REPRO_GIT_SHA", "aaaa1111")
-    with RunDir(tmp_path, {"config": CONFIG}) as run:
+    with RunDir(tmp_path, {"config": CONFIG}, DECODE_KIND) as run:
         run.append(make_record(prompt_id="p0"))
     monkeypatch.setenv("REPRO_GIT_SHA", "bbbb2222")
     with pytest.raises(RunDirError) as exc:
-        RunDir(tmp_path, {"config": CONFIG})
+        RunDir(tmp_path, {"config": CONFIG}, DECODE_KIND)
     assert "was written by git sha aaaa1111, this is bbbb2222" in str(exc.value)
     monkeypatch.setenv("REPRO_RESUME_ACROSS_CODE", "1")
-    with RunDir(tmp_path, {"config": CONFIG}) as run:
+    with RunDir(tmp_path, {"config": CONFIG}, DECODE_KIND) as run:
         run.append(make_record(prompt_id="p1"))
         text = run.write_report()
     assert "- git sha: aaaa1111 (resumed with bbbb2222)" in text
 
 
 def test_bad_record_fields_are_one_line(monkeypatch, capsys, tmp_path: Path):
-    with RunDir(tmp_path, {"config": CONFIG}) as run:
+    with RunDir(tmp_path, {"config": CONFIG}, DECODE_KIND) as run:
         run.append(make_record())
     good = (tmp_path / "records.jsonl").read_text()
     for field, value in (("route_params", []), ("prompt_id", [1]), ("route", None), ("prompt_tokens", "x")):
@@ -315,7 +315,7 @@ def test_bad_record_fields_are_one_line(monkeypatch, capsys, tmp_path: Path):
 
 
 def test_figures_outside_the_run_never_overwrite_foreign_files(tmp_path: Path):
-    with RunDir(tmp_path / "a", {"config": CONFIG}) as run:
+    with RunDir(tmp_path / "a", {"config": CONFIG}, DECODE_KIND) as run:
         run.append(make_record())
     mine = tmp_path / "figs"
     mine.mkdir()
@@ -325,7 +325,7 @@ def test_figures_outside_the_run_never_overwrite_foreign_files(tmp_path: Path):
     assert (mine / "accept_histogram.png").read_text() == "a precious figure"
     rebuild_report(tmp_path / "a", figures=tmp_path / "shared")  # claimed by run a
     rebuild_report(tmp_path / "a", figures=tmp_path / "shared")  # a rebuild of run a may write again
-    with RunDir(tmp_path / "b", {"config": CONFIG}) as run:
+    with RunDir(tmp_path / "b", {"config": CONFIG}, DECODE_KIND) as run:
         run.append(make_record())
     with pytest.raises(RunDirError, match="belongs to the run"):
         rebuild_report(tmp_path / "b", figures=tmp_path / "shared")
@@ -342,23 +342,23 @@ def test_a_record_whose_route_kind_was_edited_is_refused_on_resume(tmp_path: Pat
     }  # fmt: skip
     cfg = resolve(raw, {})
     runner = ExperimentRunner(cfg)
-    with RunDir(tmp_path, build_manifest(cfg)) as run:
+    with RunDir(tmp_path, build_manifest(cfg), DECODE_KIND) as run:
         assert runner.run(run) == 2
     path = tmp_path / "records.jsonl"
     path.write_text(path.read_text().replace('"kind":"synthetic_chain"', '"kind":"synthetic_tree"'))
     with (
-        RunDir(tmp_path, build_manifest(cfg)) as run,
+        RunDir(tmp_path, build_manifest(cfg), DECODE_KIND) as run,
         pytest.raises(RunDirError, match=r"line 2: route 'c' has"),
     ):
         runner.run(run)
 
 
 def test_a_corrupt_manifest_says_the_records_are_intact(tmp_path: Path):
-    with RunDir(tmp_path, {"config": CONFIG}) as run:
+    with RunDir(tmp_path, {"config": CONFIG}, DECODE_KIND) as run:
         run.append(make_record())
     (tmp_path / "manifest.json").write_text("{not json")
     with pytest.raises(RunDirError) as exc:
-        RunDir(tmp_path, {"config": CONFIG})
+        RunDir(tmp_path, {"config": CONFIG}, DECODE_KIND)
     msg = str(exc.value)
     assert "not valid JSON" in msg and "records.jsonl is untouched" in msg and "restore" in msg
     assert "delete" not in msg
@@ -368,7 +368,7 @@ def test_a_corrupt_manifest_says_the_records_are_intact(tmp_path: Path):
 
 
 def test_a_full_file_system_is_one_line(tmp_path: Path, monkeypatch):
-    run = RunDir(tmp_path, {"config": CONFIG})
+    run = RunDir(tmp_path, {"config": CONFIG}, DECODE_KIND)
 
     def full(fd: int) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -393,7 +393,7 @@ def test_a_read_only_output_is_one_line(monkeypatch, capsys, tmp_path: Path):
 
 
 def test_a_run_without_verify_steps_still_gets_its_report(tmp_path: Path):
-    with RunDir(tmp_path, {"config": CONFIG}) as run:
+    with RunDir(tmp_path, {"config": CONFIG}, DECODE_KIND) as run:
         for route in ("ar", "chain"):
             run.append(make_record(route=route, accepted=[]))  # stopped after the prefill token
     text = write_report(tmp_path)
@@ -403,7 +403,7 @@ def test_a_run_without_verify_steps_still_gets_its_report(tmp_path: Path):
 
 
 def test_outputs_are_listed_in_the_manifest(tmp_path: Path):
-    with RunDir(tmp_path, {"config": CONFIG}) as run:
+    with RunDir(tmp_path, {"config": CONFIG}, DECODE_KIND) as run:
         run.append(make_record())
         run.write_report()
     manifest = json.loads((tmp_path / "manifest.json").read_text())
@@ -420,22 +420,22 @@ def test_a_resume_on_another_device_class_is_refused(tmp_path: Path, monkeypatch
     cuda_cfg = {**CONFIG, "device": "cuda"}
     h200 = {"cpu": "x86", "cuda": "NVIDIA H200 x8", "torch_threads": 1, "description": "NVIDIA H200 x8"}
     monkeypatch.setattr(records, "device_info", lambda: dict(h200))
-    with RunDir(tmp_path, {"config": cuda_cfg}) as run:
+    with RunDir(tmp_path, {"config": cuda_cfg}, DECODE_KIND) as run:
         run.append(make_record(prompt_id="p0"))
     assert json.loads((tmp_path / "manifest.json").read_text())["device_class"] == "NVIDIA H200"
-    with RunDir(tmp_path, {"config": cuda_cfg}) as run:  # same class (one GPU or eight): resumes
+    with RunDir(tmp_path, {"config": cuda_cfg}, DECODE_KIND) as run:  # same class (one GPU or eight): resumes
         assert run.resumed
     h100 = {**h200, "cuda": "NVIDIA H100 80GB HBM3", "description": "NVIDIA H100 80GB HBM3"}
     monkeypatch.setattr(records, "device_info", lambda: dict(h100))
     with pytest.raises(RunDirError) as exc:
-        RunDir(tmp_path, {"config": cuda_cfg})
+        RunDir(tmp_path, {"config": cuda_cfg}, DECODE_KIND)
     assert "was measured on NVIDIA H200, this machine is NVIDIA H100 80GB HBM3" in str(exc.value)
     assert len(str(exc.value).splitlines()) == 1
     manifest = json.loads((tmp_path / "manifest.json").read_text())  # older manifests: from device_info
     del manifest["device_class"]
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(RunDirError, match="was measured on NVIDIA H200"):
-        RunDir(tmp_path, {"config": cuda_cfg})
+        RunDir(tmp_path, {"config": cuda_cfg}, DECODE_KIND)
 
 
 def test_cpu_runs_share_one_device_class():
@@ -456,7 +456,7 @@ def test_the_manifest_records_the_repro_switches_set(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("NOT_REPRO_X", "1")
     manifest = build_manifest({"seed": 1})
     assert manifest["repro_env"] == {"REPRO_PDL": "0", "REPRO_VERIFY_ROWS": "gemv"}
-    with RunDir(tmp_path, manifest) as run:
+    with RunDir(tmp_path, manifest, DECODE_KIND) as run:
         run.append(make_record())
     text = rebuild_report(tmp_path, figures=None)
     assert "- REPRO_* switches set: REPRO_PDL=0, REPRO_VERIFY_ROWS=gemv" in text

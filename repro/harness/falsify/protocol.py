@@ -71,29 +71,26 @@ def method_rows(records: list[Any]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["method", "rule", "route", "speedup", "MAL", "tokens_per_s"])
 
 
-def uniform_protocol(source: str | Path, out: str | Path) -> tuple[RunDir, dict[str, bool]]:
-    """Write a uniform-protocol run directory for the decode run ``source``; returns it and, per shared
-    rule, whether the ranking changes."""
-    from repro.harness.run_kinds import load_run
-
-    src = load_run(source)
+def uniform_protocol(src: Run, out: str | Path) -> tuple[RunDir, dict[str, bool]]:
+    """Write a uniform-protocol run directory for the run ``src`` (read back by the caller, a decode run
+    or refused); returns it and, per shared rule, whether the ranking changes."""
     if src.kind.name != "decode":
         raise ReproError(
-            f"{source} is a {src.kind.name} run; --uniform-protocol needs a decode run directory"
+            f"{src.path} is a {src.kind.name} run; --uniform-protocol needs a decode run directory"
         )
     rows = method_rows(src.records)
     if rows["rule"].nunique() < 2 or rows["method"].nunique() < 2:
         raise ReproError(
-            f"{source} has {rows['method'].nunique()} method(s) under {rows['rule'].nunique()} acceptance"
+            f"{src.path} has {rows['method'].nunique()} method(s) under {rows['rule'].nunique()} acceptance"
             " rule(s): --uniform-protocol needs at least two methods and routes under several rules"
         )
     if not protocol_tables(rows)[0]:
         raise ReproError(
-            f"{source}: no acceptance rule was run with every method, so no uniform table exists"
+            f"{src.path}: no acceptance rule was run with every method, so no uniform table exists"
         )
     config = {
         "check": "uniform-protocol",
-        "source": str(source),
+        "source": str(src.path),
         "source_config_hash": src.manifest["config_hash"],
     }
     with RunDir(out, build_manifest(config), kind=KIND) as run:

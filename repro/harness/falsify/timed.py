@@ -140,21 +140,22 @@ def count_layers(cfg: dict[str, Any], routes: list[str], new_tokens: int) -> dic
     return out
 
 
-def what_was_timed(source: str | Path, out: str | Path, new_tokens: int = 8) -> RunDir:
-    """Write a what-was-timed run directory for the decode run ``source``; returns it (closed)."""
-    from repro.harness.run_kinds import load_run
+def what_was_timed(src: Run, out: str | Path, new_tokens: int = 8) -> RunDir:
+    """Write a what-was-timed run directory for the run ``src`` (read back by the caller, a decode run or
+    refused); returns it (closed)."""
     from repro.reporting.report import summarize
 
-    src = load_run(source)
     if src.kind.name != "decode":
-        raise ReproError(f"{source} is a {src.kind.name} run; --what-was-timed needs a decode run directory")
+        raise ReproError(
+            f"{src.path} is a {src.kind.name} run; --what-was-timed needs a decode run directory"
+        )
     if not src.records:
-        raise ReproError(f"{source} holds no records: nothing was timed")
+        raise ReproError(f"{src.path} holds no records: nothing was timed")
     summary = summarize(src.records)
     pooled = summary[summary["suite"] == "all"].set_index("route")
     names = list(pooled.index)
     counts = count_layers(src.manifest["config"], names, new_tokens)
-    config = {"check": "what-was-timed", "source": str(source), "new_tokens": new_tokens,
+    config = {"check": "what-was-timed", "source": str(src.path), "new_tokens": new_tokens,
               "source_config_hash": src.manifest["config_hash"]}  # fmt: skip
     kinds = {r.route: r.route_params.get("kind") for r in src.records}
     with RunDir(out, build_manifest(config), kind=KIND) as run:
