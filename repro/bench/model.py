@@ -295,13 +295,11 @@ KERNEL_GROUPS = (  # (group, fragments of kernel names): the first group with a 
             "_gated_norm",
             "_silu_mul",
             "_tree_prologue",
-            "_gemv",
-            "_linear",
             "_argmax_reduce",
-            "_rows_kernel",
-            "_split_reduce",
         ),  # fmt: skip
     ),
+    # the GEMV and row-tiled matmul kernels (repro.gdn.triton_linear), their norm / SiLU / residual fused in
+    ("matmul_triton", ("_gemv", "_linear", "_rows_kernel", "_split_reduce")),
     ("matmul", ("gemm", "gemv", "nvjet", "cutlass", "sm90_", "xmma", "cublas", "splitk", "splitK")),
 )
 
@@ -1261,7 +1259,8 @@ DEFINITIONS = """\
   (inputs warm in L2 after the first) and divided by 16, so the graph's own launch is shared.
 - kernels_by_group / kernel_busy_us (decode, verify at step_nodes, step_graph): the call's CUDA
   kernels profiled once eagerly, their device time summed per name group (gdn_core, commit,
-  glue_triton, matmul, other); us - kernel_busy_us is the time between kernels under the graph."""
+  glue_triton, matmul_triton: the GEMV / row-tiled kernels, matmul, other); us - kernel_busy_us is the
+  time between kernels under the graph."""
 
 
 def write_figure(table: pd.DataFrame, folder: Path) -> dict[str, Path]:

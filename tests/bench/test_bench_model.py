@@ -137,6 +137,9 @@ def test_kernel_names_fall_into_their_groups():
     assert bm.kernel_group("fused_recurrent_gated_delta_rule_fwd_kernel") == "gdn_core"
     assert bm.kernel_group("_closed_form_commit_kernel") == "commit"
     assert bm.kernel_group("_gated_norm_kernel") == "glue_triton"
+    assert bm.kernel_group("_gemv_kernel") == "matmul_triton"  # the matmul, its glue fused in
+    assert bm.kernel_group("_rows_kernel") == "matmul_triton"
+    assert bm.kernel_group("_split_reduce_kernel") == "matmul_triton"
     assert bm.kernel_group("nvjet_tst_128x8_64x12_2x1_v_bz_TNT") == "matmul"
     assert bm.kernel_group("void gemv2T_kernel_val<int, int, __nv_bfloat16>") == "matmul"
     assert bm.kernel_group("void at::native::vectorized_elementwise_kernel<4>") == "other"
