@@ -55,7 +55,8 @@ class RunKind:
 
     ``parse`` validates one record dict and returns the record (ValueError when invalid); ``key``
     gives a record's identity within a run (duplicates are refused), None when records have none;
-    ``report`` takes (:class:`Run`, figures folder or None) and returns the markdown; ``outputs`` are
+    ``report`` takes (:class:`Run`, figures folder or None) and returns the markdown (None: a kind read
+    for its records only, :data:`DECODE_RECORDS`, whose report is not built from here); ``outputs`` are
     the files the report may write inside the directory. Each kind is declared by the module that
     builds its report (the decode kind in ``repro.reporting.report``); ``repro.harness.run_kinds`` lists
     them all for ``repro report``.
@@ -63,7 +64,7 @@ class RunKind:
 
     name: str
     parse: Callable[[dict[str, Any]], Any]
-    report: Callable[[Run, Path | None], str]
+    report: Callable[[Run, Path | None], str] | None
     outputs: tuple[str, ...]
     key: Callable[[Any], tuple] | None = None
     resumable: bool = False
@@ -84,17 +85,10 @@ def fields_parser(*required: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
     return parse
 
 
-def _no_report(run: Run, figures_dir: Path | None) -> str:
-    raise RunDirError(
-        f"{run.path} was read as decode records only; its report is built by"
-        " repro.reporting.report.DECODE_KIND"
-    )
-
-
 DECODE_RECORDS = RunKind(
     DECODE,
     DecodeRecord.from_dict,
-    _no_report,
+    None,
     ("report.md", "summary.csv", "histogram.csv", "acceptance.csv", "accept_histogram.png", "acceptance.png"),
     key=lambda r: r.key,
     resumable=True,
@@ -377,12 +371,19 @@ def load_records(path: str | Path, kinds: Kinds | None = None) -> tuple[dict[str
     return run.manifest, run.records
 
 
+def _report_of(kind: RunKind) -> Callable[[Run, Path | None], str]:
+    """The kind's report builder; RunDirError for a kind read for its records only."""
+    if kind.report is None:
+        raise RunDirError(f"{kind.name} runs read as records only build no report here")
+    return kind.report
+
+
 def rebuild_report(path: str | Path, kinds: Kinds, figures: str | Path | None = None) -> str:
     """Rebuild report.md, tables and figures of a run of one of ``kinds`` from records + manifest;
     returns the markdown."""
     run = load_run(path, kinds)
     try:
-        return run.kind.report(run, run.figures_dir(figures))
+        return _report_of(run.kind)(run, run.figures_dir(figures))
     except OSError as e:
         raise os_error(e.filename or run.path, e) from None
 
@@ -586,7 +587,7 @@ class RunDir:
             self.manifest["figures_dir"] = os.path.relpath(Path(figures), self.path)
         run = Run(self.path, self.kind, self.manifest, self.records())
         try:
-            text = self.kind.report(run, run.figures_dir())
+            text = _report_of(self.kind)(run, run.figures_dir())
         except OSError as e:
             raise os_error(e.filename or self.path, e) from None
         self.manifest["outputs"] = sorted({*self.manifest.get("outputs", []), *run.written})

@@ -22,7 +22,7 @@ from repro.models.fingerprint import fingerprint_checkpoints
 from repro.reporting.index import index_markdown, run_folders
 from repro.reporting.records import build_manifest
 from repro.reporting.report import DECODE_KIND, summarize, write_report
-from repro.reporting.rundir import RunDir, infer_kind
+from repro.reporting.rundir import DECODE_RECORDS, RunDir, infer_kind
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
 
@@ -95,6 +95,17 @@ def test_report_accepts_the_records_file(monkeypatch, capsys, tmp_path: Path):
     code, out, err = cli(monkeypatch, capsys, "report", str(run / "records.jsonl"))
     assert code == 0, err
     assert out.startswith("# Tree exactness") and (run / "report.md").exists()
+
+
+def test_decode_records_read_by_default_build_no_report(tmp_path: Path):
+    """A decode run read for its records only (load_run's default kind) has no report to build: asking
+    for one is one clear error, not a report of some other kind."""
+    with RunDir(tmp_path, {"config": CONFIG}, DECODE_RECORDS) as run:
+        run.append(make_record(prompt_id="p0"))
+        with pytest.raises(RunDirError, match="decode runs read as records only build no report"):
+            run.write_report()
+    assert [r.prompt_id for r in load_run(tmp_path).records] == ["p0"]  # the decode kind reads them back
+    assert "report.md" not in {p.name for p in tmp_path.iterdir()}
 
 
 # ------------------------------------------------------------------------------ two writers
