@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from repro.bench import kernels as bench_kernels
-from repro.bench import model as bench_model
+from repro.bench import model_report
 from repro.bench import scale as bench_scale
 from repro.engines import tables as external
 from repro.errors import ConfigError
@@ -27,7 +27,7 @@ KINDS: dict[str, RunKind] = {
     for kind in (
         DECODE_KIND,
         bench_kernels.KIND,
-        bench_model.KIND,
+        model_report.KIND,
         bench_scale.KIND,
         exactness.KIND,
         pool_mass.KIND,

@@ -14,6 +14,7 @@ import torch
 from typer.testing import CliRunner
 
 from repro.bench import model as bm
+from repro.bench import model_report as br
 from repro.bench.cli import bench_app
 from repro.errors import ReproError
 from repro.models.hybrid import HybridLM
@@ -64,7 +65,7 @@ def test_cost_model_counts_weights_once_and_states():
 
 
 def _rows(decode_us: float, verify_us: float, floor: float, gemv_us: float | None = None) -> pd.DataFrame:
-    base = {c: None for c in bm.COLUMNS}
+    base = {c: None for c in br.COLUMNS}
     decode = {**base, "shape": "s", "group": "decode", "T": 1, "status": "ok", "floor_us": floor}
     rows = [
         {**decode, "method": "static_graph", "us": decode_us},
@@ -72,22 +73,22 @@ def _rows(decode_us: float, verify_us: float, floor: float, gemv_us: float | Non
     ]
     if gemv_us is not None:
         rows.append({**decode, "method": "static_graph_gemv_core", "us": gemv_us})
-    return pd.DataFrame(rows, columns=bm.COLUMNS)
+    return pd.DataFrame(rows, columns=br.COLUMNS)
 
 
 def test_targets_say_met_or_by_how_much_missed():
     """Issue 13's targets: verify(64) <= 1.2x and >= 80% of the floor, against the fastest decode graph."""
-    met = "\n".join(bm.targets(_rows(1000.0, 1150.0, 850.0), "s", 64))
+    met = "\n".join(br.targets(_rows(1000.0, 1150.0, 850.0), "s", 64))
     assert "1.15x | met" in met and "85% | met" in met
-    missed = "\n".join(bm.targets(_rows(1000.0, 2000.0, 350.0), "s", 64))
+    missed = "\n".join(br.targets(_rows(1000.0, 2000.0, 350.0), "s", 64))
     assert "missed by 1.67x" in missed
     assert "35%" in missed and "needs 2.29x faster" in missed
-    assert "not measured" in "\n".join(bm.targets(_rows(1000.0, 2000.0, 350.0).iloc[:0], "s", 64))
-    faster = "\n".join(bm.targets(_rows(1400.0, 1500.0, 850.0, gemv_us=1000.0), "s", 64))
+    assert "not measured" in "\n".join(br.targets(_rows(1000.0, 2000.0, 350.0).iloc[:0], "s", 64))
+    faster = "\n".join(br.targets(_rows(1400.0, 1500.0, 850.0, gemv_us=1000.0), "s", 64))
     assert "1500 us / 1000 us (static_graph_gemv_core) = 1.50x | missed by 1.25x" in faster  # not 1.07x
     assert "85% | met" in faster
     at_27b = "\n".join(
-        bm.targets(_rows(1000.0, 1100.0, 850.0).assign(shape="qwen3.6-27b"), "qwen3.6-27b", 64)
+        br.targets(_rows(1000.0, 1100.0, 850.0).assign(shape="qwen3.6-27b"), "qwen3.6-27b", 64)
     )
     assert "AR decode >= 88% of the weight-bandwidth floor" in at_27b and "missed: 85%" in at_27b
 
@@ -97,12 +98,12 @@ def test_why_lines_give_the_fusion_speedup():
     unfused = {**table.iloc[0].to_dict(), "method": "static_graph_unfused", "us": 2500.0, "kernels": 1715}
     table.loc[0, "kernels"] = 300
     table = pd.concat([table, pd.DataFrame([unfused])], ignore_index=True)
-    why = "\n".join(bm.why_lines(table, "s", 64, {"fused": True, "layers": 24}))
+    why = "\n".join(br.why_lines(table, "s", 64, {"fused": True, "layers": 24}))
     assert "1000 us vs 2500 us unfused, 2.50x faster (300 vs 1715 kernels per token)" in why
-    assert "unfused" not in "\n".join(bm.why_lines(table, "s", 64, {"fused": False, "layers": 24}))
+    assert "unfused" not in "\n".join(br.why_lines(table, "s", 64, {"fused": False, "layers": 24}))
     gemv = {**table.iloc[0].to_dict(), "method": "static_graph_gemv", "us": 800.0, "kernels": 150}
     table = pd.concat([table, pd.DataFrame([gemv])], ignore_index=True)
-    why = "\n".join(bm.why_lines(table, "s", 64, {"fused": True, "layers": 24}))
+    why = "\n".join(br.why_lines(table, "s", 64, {"fused": True, "layers": 24}))
     assert (
         "decode graph 800 us vs 1000 us with cuBLAS matmuls, 1.25x faster (150 vs 300 kernels per token)"
         in why
@@ -122,8 +123,8 @@ def test_plan_has_the_gemv_decode_row_only_where_asked():
 
 
 def test_speed_ratios_read_as_faster_or_slower():
-    assert bm.faster_or_slower(1.25) == "1.25x faster"
-    assert bm.faster_or_slower(0.5) == "2.00x slower"
+    assert br.faster_or_slower(1.25) == "1.25x faster"
+    assert br.faster_or_slower(0.5) == "2.00x slower"
 
 
 def test_kernel_names_fall_into_their_groups():
@@ -149,7 +150,7 @@ def test_why_lines_split_the_graph_time_into_kernels_and_gaps():
     table = _rows(1000.0, 1400.0, 800.0)
     prof = bm.KernelProfile(3, 700.0, {"matmul": (2, 600.0), "gdn_core": (1, 100.0)})
     table.loc[0, ["kernels", "kernel_busy_us", "kernels_by_group"]] = [3, prof.busy_us, prof.summary()]
-    why = "\n".join(bm.why_lines(table, "s", 64, {"layers": 24}))
+    why = "\n".join(br.why_lines(table, "s", 64, {"layers": 24}))
     assert "decode static_graph (T=1): 1000 us per call; its kernels run 700 us" in why
     assert "(matmul 2x 600 us; gdn_core 1x 100 us), so 300 us (30%) pass between kernels" in why
     assert "verify static_graph" not in why  # no profile on that row: no line
@@ -162,12 +163,12 @@ def test_why_lines_count_the_kernels_of_the_fastest_decode():
     table.loc[0, "kernels"], table.loc[2, "kernels"] = 293, 148
     prof = bm.KernelProfile(148, 1000.0, {"matmul": (120, 900.0), "gdn_core": (24, 100.0)})
     table.loc[2, ["kernel_busy_us", "kernels_by_group"]] = [prof.busy_us, prof.summary()]
-    why = "\n".join(bm.why_lines(table, "s", 64, {"layers": 24}))
+    why = "\n".join(br.why_lines(table, "s", 64, {"layers": 24}))
     assert "fastest decode graph (static_graph_gemv_core) runs 148 kernels per token" in why
     assert "above the floor it spends 419 us, 2.83 us per kernel" in why
     assert "293 kernels" not in why
     assert "decode static_graph_gemv_core (T=1): 1107 us per call; its kernels run 1000 us" in why
-    cublas_only = "\n".join(bm.why_lines(table.drop(index=2), "s", 64, {"layers": 24}))
+    cublas_only = "\n".join(br.why_lines(table.drop(index=2), "s", 64, {"layers": 24}))
     assert "fastest decode graph (static_graph) runs 293 kernels per token" in cublas_only
 
 
