@@ -48,9 +48,9 @@ import numpy as np
 
 from repro.errors import ReproError
 from repro.harness.run_kinds import load_run
-from repro.paper.stats import MIN_UNITS
 from repro.reporting.records import MANIFEST_FILE
 from repro.reporting.rundir import Run, changed_checkpoint, changed_suites, recorded_device_class
+from repro.reporting.stats import MIN_UNITS
 
 BOOTSTRAP = 2000
 CLAIMS = "CLAIMS.md"

@@ -84,7 +84,7 @@ def figure_link(run: Run, folder: Path, stem: str, caption: str) -> str:
 
 def fmt_ci(value: float, low: float, high: float, suffix: str = "", digits: int = 2) -> str:
     """``1.23x [1.10, 1.40]``; ``-`` for NaN; no interval when it is NaN (fewer than
-    :data:`repro.paper.stats.MIN_UNITS` prompts)."""
+    :data:`repro.reporting.stats.MIN_UNITS` prompts)."""
     if value is None or math.isnan(value):
         return "-"
     text = f"{value:.{digits}f}{suffix}"

@@ -10,7 +10,7 @@ tree-masked verify, closed-form commit) against AR. Baselines: ``baselines/specl
 shared/papers.md). Here it is the prompts of MT-Bench (both turns), GSM8K and HumanEval, the same
 ``limit`` of prompts per suite, pooled: tokens/s, MAL and the speedup token-weighted over the records of
 those three suites only (not the run's other suites), speedup paired per prompt
-(:mod:`repro.paper.stats`, bootstrap 95% CIs). It is **not** an equal-weight mix: MT-Bench's two turns
+(:mod:`repro.reporting.stats`, bootstrap 95% CIs). It is **not** an equal-weight mix: MT-Bench's two turns
 give it about half the tokens; the report says each suite's share of the mixed tokens.
 """
 
@@ -35,10 +35,10 @@ from repro.paper.common import (
     summary_section,
     table_text,
 )  # fmt: skip
-from repro.paper.stats import MIN_UNITS, SPEEDUP, compare
 from repro.reporting.records import DecodeRecord
 from repro.reporting.report import ALL_SUITES, reference_route, summarize
 from repro.reporting.rundir import Run
+from repro.reporting.stats import MIN_UNITS, SPEEDUP, compare
 
 EXPERIMENT = "specla"
 BASELINE = "specla"  # baselines/specla.yaml, key end_to_end

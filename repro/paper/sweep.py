@@ -25,10 +25,10 @@ from repro.paper.common import (
     suites_of,
     summary_section,
 )
-from repro.paper.stats import MIN_UNITS, SPEEDUP, compare
 from repro.reporting.records import DecodeRecord
 from repro.reporting.report import ALL_SUITES, markdown_table, reference_route, summarize
 from repro.reporting.rundir import Run
+from repro.reporting.stats import MIN_UNITS, SPEEDUP, compare
 
 EXPERIMENT = "sweep"
 BASELINE = None  # Appendix B's curves are not in baselines/

@@ -14,7 +14,7 @@ the paper's per-workload cells are not in baselines/, and the report says so.
 
 Per workload and pooled over all workloads ("all": every prompt of the workloads, each with the same
 ``limit``): tokens/s, speedup over AR and MAL ratios paired per prompt with percentile-bootstrap 95%
-CIs (:mod:`repro.paper.stats`), MAL, lossless verdicts and n prompts.
+CIs (:mod:`repro.reporting.stats`), MAL, lossless verdicts and n prompts.
 """
 
 from __future__ import annotations
@@ -39,10 +39,10 @@ from repro.paper.common import (
     summary_section,
     table_text,
 )  # fmt: skip
-from repro.paper.stats import MAL, MIN_UNITS, SPEEDUP, compare
 from repro.reporting.records import DecodeRecord
 from repro.reporting.report import ALL_SUITES, summarize
 from repro.reporting.rundir import Run
+from repro.reporting.stats import MAL, MIN_UNITS, SPEEDUP, compare
 
 EXPERIMENT = "table2"
 BASELINE = "weaver"  # baselines/weaver.yaml, key end_to_end

@@ -8,8 +8,8 @@ import pytest
 from conftest import make_record
 
 from repro.paper import specla_table, sweep, table2
-from repro.paper.stats import MIN_UNITS
 from repro.reporting.report import summarize
+from repro.reporting.stats import MIN_UNITS
 
 SUITES = ("mt_bench", "gsm8k", "humaneval")
 PAPER = {

@@ -241,6 +241,7 @@ def test_write_report_rebuilds_files_from_records(tmp_path: Path):
         assert f"| {route} " in text
     assert run.manifest["git_sha"] in text and run.manifest["device"] in text
     assert "diverged at token 5" in text
+    assert "## Speedup over AR, paired per prompt" in text and "| all (pooled) | chain " in text
     assert "break-even p (synthetic_chain, speedup 1): k=2: p = 0.678" in text
     summary = pd.read_csv(tmp_path / "summary.csv")
     assert set(summary["route"]) == {"ar", "chain", "chain-k2-p0.5", "chain-k2-p0.9"}
@@ -286,3 +287,40 @@ def test_a_refused_record_pairs_with_nothing_in_the_speedup():
     table = summarize(recs)
     row = table[(table["route"] == "x") & (table["suite"] == "gsm8k")].iloc[0]
     assert row["speedup"] == pytest.approx(2.0)  # p0 alone: 10 tokens in 0.5 s vs in 1.0 s
+
+
+def test_paired_speedups_give_each_suite_and_the_pooled_prompts_with_an_interval():
+    """Per suite the summary's speedup with n prompts (no interval below MIN_UNITS); pooled over every
+    suite's prompts, token-weighted, with a percentile-bootstrap interval that contains it; a route twice
+    as fast on every prompt gets [2, 2]."""
+    from conftest import make_record
+
+    from repro.reporting.report import paired_speedups
+    from repro.reporting.stats import MIN_UNITS
+
+    records = []
+    for suite, n in (("gsm8k", 3), ("humaneval", 4)):
+        for i in range(n):
+            ar_s = 1.0 + 0.5 * i
+            records.append(make_record("ar", suite, f"p{i}", accepted=[1] * 4, decode_s=ar_s))
+            records.append(make_record("chain", suite, f"p{i}", accepted=[1] * 4, decode_s=ar_s / 2))
+            # uneven: fast on early prompts, slow on late ones
+            records.append(
+                make_record("tree", suite, f"p{i}", accepted=[1] * 4, decode_s=ar_s * (0.3 + 0.3 * i))
+            )
+    table = paired_speedups(records)
+    summary = summarize(records)
+    chain = table[table["route"] == "chain"].set_index("suite")
+    assert list(chain.index) == ["gsm8k", "humaneval", "all (pooled)"]
+    assert list(chain["prompts"]) == [3, 4, 7]
+    assert chain.loc["gsm8k", "speedup"] == pytest.approx(2.0) and math.isnan(chain.loc["gsm8k", "ci_low"])
+    assert MIN_UNITS <= 3 + 4
+    assert chain.loc["all (pooled)", ["speedup", "ci_low", "ci_high"]].tolist() == pytest.approx([2.0] * 3)
+    tree = table[table["route"] == "tree"].set_index("suite")
+    for suite in ("gsm8k", "humaneval"):
+        want = summary[(summary["route"] == "tree") & (summary["suite"] == suite)]["speedup"].item()
+        assert tree.loc[suite, "speedup"] == pytest.approx(want)
+    low, value, high = tree.loc["all (pooled)", ["ci_low", "speedup", "ci_high"]]
+    assert low < value < high  # prompts differ: a real interval
+    assert "ar" not in set(table["route"])
+    assert paired_speedups([r for r in records if r.route != "ar"]).empty  # no AR: no pairs

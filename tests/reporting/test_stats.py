@@ -6,7 +6,7 @@ import math
 
 from conftest import make_record
 
-from repro.paper.stats import MAL, MIN_UNITS, SPEEDUP, compare, paired_ratio
+from repro.reporting.stats import MAL, MIN_UNITS, SPEEDUP, compare, paired_ratio
 
 
 def test_a_constant_ratio_gives_a_degenerate_interval_at_that_value():
