@@ -1102,18 +1102,6 @@ def default_out_dir() -> Path:
     return Path("results") / f"bench-kernels-{datetime.now(timezone.utc):%Y-%m-%d}"
 
 
-def _versions() -> dict[str, str]:
-    from importlib import metadata
-
-    out = {}
-    for name in ("triton", "fla-core", "flash-linear-attention"):
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return out
-
-
 def run_bench(
     cfg: BenchConfig,
     out_dir: str | Path,
@@ -1133,7 +1121,6 @@ def run_bench(
     if device.type == "cuda":
         device = torch.device("cuda", torch.cuda.current_device())
     manifest = build_manifest(cfg.as_dict(), seed=cfg.seed)
-    manifest["versions"].update(_versions())
     with RunDir(out_dir, manifest, kind=KIND) as run:  # refuses an existing run before measuring
         ceilings = measure_ceilings(device, cfg.timer, quick=device.type != "cuda")
         bench_device = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

@@ -65,7 +65,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from repro.bench.kernels import _versions, rel_err, wy_flops
+from repro.bench.kernels import rel_err, wy_flops
 from repro.bench.model_report import COLUMNS, KIND, derive
 from repro.bench.shapes import draft_tree, flatten_paths
 from repro.bench.timing import TimerConfig, measure_ceilings, median_us, timer_name
@@ -861,7 +861,6 @@ def run_model_bench(
         device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
         torch.cuda.set_device(device)
     manifest = build_manifest(cfg.as_dict(), seed=cfg.seed)
-    manifest["versions"].update(_versions())
     with RunDir(out_dir, manifest, kind=KIND) as run:  # refuses an existing run before measuring
         start = time.monotonic()
         deadline = start + cfg.time_budget_s if cfg.time_budget_s is not None else math.inf

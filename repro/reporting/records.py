@@ -313,9 +313,10 @@ def device_class(info: dict[str, Any], config: dict[str, Any] | None = None) -> 
 
 
 def package_versions() -> dict[str, str]:
-    """Versions of python and of those of torch/transformers/numpy/pandas that are installed."""
+    """Versions of python and of those of torch / transformers / numpy / pandas and the kernel libraries
+    (triton, fla) that are installed."""
     out = {"python": platform.python_version()}
-    for name in ("torch", "transformers", "numpy", "pandas"):
+    for name in ("torch", "transformers", "numpy", "pandas", "triton", "fla-core", "flash-linear-attention"):
         try:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:

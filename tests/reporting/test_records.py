@@ -101,6 +101,7 @@ def test_new_run_dir_writes_manifest(tmp_path: Path):
     assert m["seed"] == 7
     assert m["versions"]["python"]
     assert "pandas" in m["versions"]
+    assert "triton" in m["versions"]  # the kernel libraries a run's kernels come from (fla when installed)
     assert m["device"]
     assert m["git_sha"] == "unknown" or re.fullmatch(r"[0-9a-f]{40}(-dirty)?", m["git_sha"])
     assert not list((tmp_path / "run").glob(".*.tmp"))
