@@ -56,8 +56,9 @@ Triton dots in "tf32") where HybridLM's layer upcasts q/k/v to float32, so bf16 
 accuracy, not bitwise.
 
 ``fused=True`` (the default with the triton kernels) replaces the glue by the Triton kernels of
-:mod:`repro.gdn.triton_decode` (:func:`fused_gdn_layer`, :func:`fused_mlp_block`; the MLP's gate and
-up projections stacked into one matrix): a decode GDN layer is then 9 launches (RMSNorm, in_proj,
+:mod:`repro.gdn.triton_decode` (:func:`~repro.models.static_layers.fused_gdn_layer`,
+:func:`~repro.models.static_layers.fused_mlp_block`; the MLP's gate and up projections stacked into one
+matrix): a decode GDN layer is then 9 launches (RMSNorm, in_proj,
 the decode core, gated norm + conv shift, out_proj addmm, RMSNorm, gate|up, SiLU * up, down addmm),
 attention layers use the same RMSNorm and MLP kernels. ``fused=False`` keeps the torch glue (the
 reference path on CPU, the "before" row of ``repro bench model``).
@@ -88,9 +89,9 @@ decode step (6 GDN, 2 attention layers) is then 43 launches, 120 before (tests/g
 ``fuse_decode=False`` keeps the old decode step for measurement.
 
 ``fuse_tree_attention`` (needs ``fused``; by default on with it, for head dims up to 256) runs verify's
-attention layers the same way (:func:`fused_verify_attention`): per layer the q/k norms, rotary at the
-nodes' positions, softmax over the cache rows and each node's ancestors and the output gate in one
-kernel (:func:`~repro.gdn.triton_attention.attention_tree`, which also returns the nodes' rotated keys
+attention layers the same way (:func:`~repro.models.static_layers.fused_verify_attention`): per layer the
+q/k norms, rotary at the nodes' positions, softmax over the cache rows and each node's ancestors and
+the output gate in one kernel (:func:`~repro.gdn.triton_attention.attention_tree`, which also returns the nodes' rotated keys
 for the commit), beside the unchanged projections; the per-step masks and rotary tables are then not
 made. ``fuse_tree_attention=False`` keeps the torch glue (about 35 launches a layer) for measurement.
 
