@@ -93,7 +93,8 @@ attention layers the same way (:func:`~repro.models.static_layers.fused_verify_a
 q/k norms, rotary at the nodes' positions, softmax over the cache rows and each node's ancestors and
 the output gate in one kernel (:func:`~repro.gdn.triton_attention.attention_tree`, which also returns
 the nodes' rotated keys for the commit), beside the unchanged projections; the per-step masks and rotary
-tables are then not made. ``fuse_tree_attention=False`` keeps the torch glue (about 35 launches a layer) for measurement.
+tables are then not made. ``fuse_tree_attention=False`` keeps the torch glue (about 35 launches a layer)
+for measurement.
 
 ``fuse_bookkeeping`` (on with the Triton kernels; ``FUSE_BOOKKEEPING`` sets the default) runs what surrounds
 the forward on :mod:`repro.models.slot_kernels`, one launch each: a deriving slot's depths, ancestor mask,
