@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from repro.bench.kernels import make_inputs  # noqa: E402
+from repro.bench.kernel_methods import make_inputs  # noqa: E402
 from repro.bench.shapes import SHAPES, draft_tree  # noqa: E402
 from repro.bench.timing import TimerConfig, graph_us, median_us  # noqa: E402
 from repro.gdn import reference as gdn  # noqa: E402

@@ -65,7 +65,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from repro.bench.kernels import rel_err, wy_flops
+from repro.bench.kernel_methods import rel_err, wy_flops
 from repro.bench.model_report import COLUMNS, KIND, derive
 from repro.bench.shapes import draft_tree, flatten_paths
 from repro.bench.timing import TimerConfig, measure_ceilings, median_us, timer_name

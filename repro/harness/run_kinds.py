@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from repro.bench import kernels as bench_kernels
-from repro.bench import model_report
+from repro.bench import kernels_report, model_report
 from repro.bench import scale as bench_scale
 from repro.engines import tables as external
 from repro.errors import ConfigError
@@ -26,7 +25,7 @@ KINDS: dict[str, RunKind] = {
     kind.name: kind
     for kind in (
         DECODE_KIND,
-        bench_kernels.KIND,
+        kernels_report.KIND,
         model_report.KIND,
         bench_scale.KIND,
         exactness.KIND,

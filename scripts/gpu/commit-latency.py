@@ -47,6 +47,7 @@ from typing import Any
 
 import torch
 
+from repro.bench import kernel_methods as km
 from repro.bench import kernels as bk
 from repro.bench.shapes import SHAPES, deepest_path, depths, make_tree
 from repro.bench.timing import TimerConfig, graph_us, measure_ceilings
@@ -93,7 +94,7 @@ class InputSet:
 
     def __init__(self, shape: str, parents: list[int], seed: int, dev: torch.device) -> None:
         sh = SHAPES[shape]
-        self.x64 = bk.make_inputs(sh, N, seed, dev)
+        self.x64 = km.make_inputs(sh, N, seed, dev)
         self.x32, self.xbf = self.x64.to("fp32"), self.x64.to("bf16")
         tree = torch.tensor(parents)
         self.anc = Tree(torch.zeros(N, dtype=torch.long), tree).ancestor_mask.to(dev)

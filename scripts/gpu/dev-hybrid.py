@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from repro.bench import kernel_methods as km
 from repro.bench import kernels as bk
 from repro.bench.shapes import SHAPES
 from repro.bench.timing import TimerConfig, measure_ceilings
@@ -58,7 +59,7 @@ def main(out_dir: Path) -> None:
                 bk.derive(row, rows + [row], paper)
                 if method == "hybrid":
                     plan = hs.plan_hybrid(bk.make_case(spec, cfg, dev).parents)
-                    kern = hs.default_kernel(SHAPES[shape].hv, dev, bk.DTYPES[dtype])
+                    kern = hs.default_kernel(SHAPES[shape].hv, dev, km.DTYPES[dtype])
                     row["reason"] = f"m={plan.chain.numel()} r={plan.rest.numel()} {kern}; " + row["reason"]
                 rows.append(row)
                 print({c: row.get(c) for c in COLS})

@@ -30,6 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's repro, not an installed one
 
+from repro.bench import kernel_methods as km  # noqa: E402
 from repro.bench import kernels as bk  # noqa: E402
 from repro.bench.model import MODEL_SHAPES, build_model, weight_bytes  # noqa: E402
 from repro.bench.shapes import draft_tree  # noqa: E402
@@ -180,7 +181,7 @@ def kernel_rows() -> list[dict[str, Any]]:
     for shape, method in (("specla", "tree_split"), ("weaver", "tree_split"), ("weaver", "tree_fused")):
         spec = bk.RowSpec(shape, "verify", "draft", 128, method, "bf16")
         case = bk.make_case(spec, bk.BenchConfig(bf16_precision="tf32"), dev)
-        x = bk.make_inputs(case.shape, case.n, bk.seed_of(spec, 0, "pdl"), dev).to("bf16")
+        x = km.make_inputs(case.shape, case.n, km.seed_of(spec, 0, "pdl"), dev).to("bf16")
         kernel = tt.tree_gdn_split if method == "tree_split" else tt.tree_gdn_fused
         args = (x.q, x.k, x.v, x.g, x.beta, x.state, case.ancestors, case.shape.scale, "tf32")
         graphs = {

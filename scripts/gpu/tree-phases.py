@@ -35,6 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
+from repro.bench import kernel_methods as km
 from repro.bench import kernels as bk
 from repro.bench.timing import TimerConfig, graph_us
 from repro.gdn import triton_tree as tt
@@ -73,7 +74,7 @@ def phases(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
     spec = bk.RowSpec(shape, "verify", "draft", t, "tree_split", "bf16")
     cfg = bk.BenchConfig(timer=TIMER, bf16_precision=PREC)
     case = bk.make_case(spec, cfg, dev)
-    x = bk.make_inputs(case.shape, case.n, bk.seed_of(spec, 0, "phases"), dev).to("bf16")
+    x = km.make_inputs(case.shape, case.n, km.seed_of(spec, 0, "phases"), dev).to("bf16")
     scale = case.shape.scale
     anc = case.ancestors
     ref = tt.tree_gdn_fused(x.q, x.k, x.v, x.g, x.beta, x.state, anc, scale, PREC)[0].float()
@@ -153,7 +154,7 @@ def keys_knobs(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
     start or the exit (``pdl-*``)."""
     spec = bk.RowSpec(shape, "verify", "draft", t, "tree_split", "bf16")
     case = bk.make_case(spec, bk.BenchConfig(timer=TIMER, bf16_precision=PREC), dev)
-    x = bk.make_inputs(case.shape, case.n, bk.seed_of(spec, 0, "knobs"), dev).to("bf16")
+    x = km.make_inputs(case.shape, case.n, km.seed_of(spec, 0, "knobs"), dev).to("bf16")
     c = tt._TreeCall.of(x.q, x.k, x.v, x.g, x.beta, x.state, case.ancestors, PREC, False, None, None)
     rows: list[dict[str, Any]] = []
     variants = [("default", {}), ("no-inverse", {"LOG2_BR": 0, "INV": 0}),
@@ -205,10 +206,10 @@ def delayed(shape: str, t: int, dev: torch.device, depth: int = 4) -> list[dict[
 
     spec = bk.RowSpec(shape, "step", "draft", t, "step_delayed_split", "bf16", depth)
     case = bk.make_case(spec, bk.BenchConfig(timer=TIMER, bf16_precision=PREC), dev)
-    x = bk.make_inputs(case.shape, case.n, bk.seed_of(spec, 0, "delayed"), dev).to("bf16")
-    prev = bk.previous_inputs(case).to("bf16")
+    x = km.make_inputs(case.shape, case.n, km.seed_of(spec, 0, "delayed"), dev).to("bf16")
+    prev = km.previous_inputs(case).to("bf16")
     prev.state = x.state
-    f = bk._factors(case, prev, snapshots=False)
+    f = km._factors(case, prev, snapshots=False)
     node = torch.tensor([case.accepted[-1]], device=dev)
     anc, scale = case.ancestors, case.shape.scale
     want_state = x.state.clone()

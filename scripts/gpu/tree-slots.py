@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from repro.bench import kernel_methods as km
 from repro.bench import kernels as bk
 from repro.bench.timing import TimerConfig, graph_us
 from repro.gdn import triton_tree as tt
@@ -48,7 +49,7 @@ def variants(n: int) -> dict[str, dict[str, Any]]:
 def shape_rows(shape: str, n: int, dev: torch.device) -> list[dict[str, Any]]:
     spec = bk.RowSpec(shape, "verify", "draft", n, "tree_split", "bf16")
     case = bk.make_case(spec, bk.BenchConfig(timer=TIMER, bf16_precision=PREC), dev)
-    x = bk.make_inputs(case.shape, case.n, bk.seed_of(spec, 0, "slots"), dev).to("bf16")
+    x = km.make_inputs(case.shape, case.n, km.seed_of(spec, 0, "slots"), dev).to("bf16")
     args = (x.q, x.k, x.v, x.g, x.beta, x.state, case.ancestors, case.shape.scale, PREC)
     ref = tt.tree_gdn_fused(*args)[0].float()
     default = tt.split_tiles(n, case.shape.hv, case.shape.dv, PREC)

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from repro.bench import kernel_methods as km
 from repro.bench import kernels as bk
 from repro.bench.timing import TimerConfig, graph_us, measure_ceilings
 from repro.gdn import triton_tree as tt
@@ -74,12 +75,12 @@ def sweep(
     """Every setting of tree_gdn_blocked on the block's tree: float64 check, then CUDA-graph median."""
     spec = bk.RowSpec(shape, "verify", "draft", t, "tree_blocked", "bf16")
     case = bk.make_case(spec, cfg, dev)
-    seed = bk.seed_of(spec, cfg.seed, "sweep")
-    x64 = bk.make_inputs(case.shape, case.n, seed, dev)
-    ref = bk.reference("nodes", case, x64)
-    nbytes, flops, rate = bk.cost("tree_blocked", "bf16", case)
+    seed = km.seed_of(spec, cfg.seed, "sweep")
+    x64 = km.make_inputs(case.shape, case.n, seed, dev)
+    ref = km.reference("nodes", case, x64)
+    nbytes, flops, rate = km.cost("tree_blocked", "bf16", case)
     sets = [x64.to("bf16")] + [
-        bk.make_inputs(case.shape, case.n, seed + i, dev).to("bf16")
+        km.make_inputs(case.shape, case.n, seed + i, dev).to("bf16")
         for i in range(1, bk.graph_sets(dev, nbytes))
     ]
     base = [
@@ -102,9 +103,9 @@ def sweep(
             for x in sets
         ]  # fmt: skip
         try:
-            err = bk.rel_err(fns[0]()[0], ref)
+            err = km.rel_err(fns[0]()[0], ref)
             row["rel_err"] = err
-            if not err <= bk.TOLERANCE["bf16"]:
+            if not err <= km.TOLERANCE["bf16"]:
                 row.update(status="FAIL", reason=f"rel err {err:.2e} > tol: not timed")
             else:
                 row["us_graph"] = graph_us([lambda f=f: f()[0] for f in fns], dev, TIMER, 20.0)

@@ -21,7 +21,9 @@ import typer
 from conftest import leaves, random_tree, tree_depths
 from typer.testing import CliRunner
 
+from repro.bench import kernel_methods as km
 from repro.bench import kernels as bk
+from repro.bench import kernels_report as kr
 from repro.bench.cli import bench_app
 from repro.bench.shapes import (
     SHAPES,
@@ -110,8 +112,8 @@ def test_default_recovery_tree_reaches_depth_16():
 # -------------------------------------------------------------------------------- cost model
 
 
-def tiny_case(parents: list[int], accepted: list[int] | None = None) -> bk.Case:
-    return bk.Case(TINY, "draft", parents, torch.device("cpu"), accepted)
+def tiny_case(parents: list[int], accepted: list[int] | None = None) -> km.Case:
+    return km.Case(TINY, "draft", parents, torch.device("cpu"), accepted)
 
 
 def test_costs_by_hand():
@@ -119,40 +121,40 @@ def test_costs_by_hand():
     case = tiny_case([-1, 0, 0], accepted=[0, 1])  # paths [0, 1] and [0, 2]: L = 4 tokens, N = 2
     wy3 = 3 * 9 * 2 + 2 * 9 * 2 + 27 / 3 + 4 * 3 * 2 * 2  # 147
     wy2 = 3 * 4 * 2 + 2 * 4 * 2 + 8 / 3 + 4 * 2 * 2 * 2
-    assert bk.wy_flops(3, 2, 2) == pytest.approx(wy3)
+    assert km.wy_flops(3, 2, 2) == pytest.approx(wy3)
     # reads 3 tokens (60) + mask 9 + S0 16; writes o 3*2*2 = 12, delta 3*2*4 = 24, G 3*4 = 12
-    assert bk.cost("tree_fused", "bf16", case) == (60 + 9 + 16 + 12 + 24 + 12, pytest.approx(wy3), "bf16")
+    assert km.cost("tree_fused", "bf16", case) == (60 + 9 + 16 + 12 + 24 + 12, pytest.approx(wy3), "bf16")
     # fp32 q/k/v: 2*2*4 + 2*4 + 8 = 32 bytes a token, o 8 bytes a token
-    assert bk.cost("tree_fused", "fp32", case)[0] == 3 * 32 + 9 + 16 + 3 * 8 + 24 + 12
+    assert km.cost("tree_fused", "fp32", case)[0] == 3 * 32 + 9 + 16 + 3 * 8 + 24 + 12
     # 4 tokens (80) + two S0 copies (32) + cu_seqlens 3*8 + o 4*4; 7 dk dv flops a token
-    assert bk.cost("per_branch_recurrent", "bf16", case) == (80 + 32 + 24 + 16, 4 * 28, "fp32")
-    assert bk.cost("prefill_flattened", "bf16", case) == (152, pytest.approx(2 * wy2), "bf16")
+    assert km.cost("per_branch_recurrent", "bf16", case) == (80 + 32 + 24 + 16, 4 * 28, "fp32")
+    assert km.cost("prefill_flattened", "bf16", case) == (152, pytest.approx(2 * wy2), "bf16")
     # k, v, g, beta of 3 nodes (3*16) + S0 + parents 3*8 + 3 states written
-    assert bk.cost("per_token_states", "bf16", case) == (48 + 16 + 24 + 48, 3 * 5 * 4, "fp32")
+    assert km.cost("per_token_states", "bf16", case) == (48 + 16 + 24 + 48, 3 * 5 * 4, "fp32")
     # path rows of delta, k, G (2 * (2 + 2 + 1) * 4) + S0 read + S written; rank-2 update + scaling
-    assert bk.cost("commit_closed_form", "fp32", case) == (40 + 32, (2 * 2 + 2) * 4, "fp32")
-    assert bk.cost("commit_path_fused", "fp32", case) == bk.cost("commit_closed_form_fused", "fp32", case)
+    assert km.cost("commit_closed_form", "fp32", case) == (40 + 32, (2 * 2 + 2) * 4, "fp32")
+    assert km.cost("commit_path_fused", "fp32", case) == km.cost("commit_closed_form_fused", "fp32", case)
     # conv history of W-1 = 3 rows of C = 2*1*2 + 1*2 = 6 bf16 channels, read and written
-    assert bk.cost("commit_path_fused_conv", "fp32", case)[0] == 40 + 32 + 2 * 3 * 6 * 2
+    assert km.cost("commit_path_fused_conv", "fp32", case)[0] == 40 + 32 + 2 * 3 * 6 * 2
     # a step: the tree's verification + the path's rows + the committed state written
-    tree_bytes, tree_flops, _ = bk.cost("tree_fused", "bf16", case)
-    assert bk.cost("step_delayed_fused", "bf16", case) == (tree_bytes + 40 + 16, tree_flops + 24, "bf16")
-    assert bk.cost("commit_replay_fla", "bf16", case) == (40 + 32 + 8, 2 * 28, "fp32")
-    assert bk.cost("commit_replay_fla_conv", "bf16", case) == (40 + 32 + 8 + 2 * 3 * 6 * 2, 2 * 28, "fp32")
-    assert bk.cost("commit_snapshot", "fp32", case) == (32, 0.0, "fp32")
+    tree_bytes, tree_flops, _ = km.cost("tree_fused", "bf16", case)
+    assert km.cost("step_delayed_fused", "bf16", case) == (tree_bytes + 40 + 16, tree_flops + 24, "bf16")
+    assert km.cost("commit_replay_fla", "bf16", case) == (40 + 32 + 8, 2 * 28, "fp32")
+    assert km.cost("commit_replay_fla_conv", "bf16", case) == (40 + 32 + 8 + 2 * 3 * 6 * 2, 2 * 28, "fp32")
+    assert km.cost("commit_snapshot", "fp32", case) == (32, 0.0, "fp32")
     chain = tiny_case(chain_tree(3))
-    assert bk.cost("chain_recurrent", "bf16", chain) == (60 + 16 + 12, 3 * 28, "fp32")
-    assert bk.cost("chain_chunk", "bf16", chain)[1] == pytest.approx(wy3)
-    assert bk.cost("chain_verify", "bf16", chain) == bk.cost("chain_chunk", "bf16", chain)
-    assert bk.cost("chain_torch", "fp32", chain) == (3 * 32 + 16 + 3 * 8, pytest.approx(wy3), "fp32")
-    assert bk.cost("commit_path_fused_old", "fp32", case) == bk.cost("commit_path_fused", "fp32", case)
+    assert km.cost("chain_recurrent", "bf16", chain) == (60 + 16 + 12, 3 * 28, "fp32")
+    assert km.cost("chain_chunk", "bf16", chain)[1] == pytest.approx(wy3)
+    assert km.cost("chain_verify", "bf16", chain) == km.cost("chain_chunk", "bf16", chain)
+    assert km.cost("chain_torch", "fp32", chain) == (3 * 32 + 16 + 3 * 8, pytest.approx(wy3), "fp32")
+    assert km.cost("commit_path_fused_old", "fp32", case) == km.cost("commit_path_fused", "fp32", case)
 
 
 def test_chunk_flops_split_into_chunks_with_state_handoffs():
     dk, dv = 4, 8
-    expected = 2 * bk.wy_flops(64, dk, dv) + bk.wy_flops(2, dk, dv) + 2 * (2 * 64 * dk * dv)
-    assert bk.chunk_flops(130, dk, dv) == pytest.approx(expected)
-    assert bk.chunk_flops(64, dk, dv) == pytest.approx(bk.wy_flops(64, dk, dv))
+    expected = 2 * km.wy_flops(64, dk, dv) + km.wy_flops(2, dk, dv) + 2 * (2 * 64 * dk * dv)
+    assert km.chunk_flops(130, dk, dv) == pytest.approx(expected)
+    assert km.chunk_flops(64, dk, dv) == pytest.approx(km.wy_flops(64, dk, dv))
 
 
 def test_floor_is_the_larger_of_bytes_and_flops(monkeypatch):
@@ -214,9 +216,9 @@ def test_cpu_quick_run_writes_records_manifest_report_table_figures(tmp_path):
     expected += [(m, d, "draft") for m, d in bk.RECOVERY_ROWS]
     expected += [(m, d, "draft") for m, d in bk.STEP_ROWS]
     assert sorted((r["method"], r["dtype"], r["kind"]) for r in rows) == sorted(expected)
-    assert all(set(r) == set(bk.COLUMNS) for r in rows)
+    assert all(set(r) == set(kr.COLUMNS) for r in rows)
     for r in rows:
-        torch_only = bk.METHODS[r["method"]].needs == "torch"
+        torch_only = km.METHODS[r["method"]].needs == "torch"
         assert r["status"] == ("ok" if torch_only else "skipped"), r
         if torch_only:
             assert r["rel_err"] <= r["tol"] and r["us"] > 0 and r["us_graph"] is None
@@ -240,7 +242,7 @@ def test_cpu_quick_run_writes_records_manifest_report_table_figures(tmp_path):
     assert {"copy_GBps", "bf16_TFLOPs", "fp32_TFLOPs"} <= set(manifest["ceilings"])
     assert manifest["bench_device"] == "cpu" and "git_sha" in manifest
     table = pd.read_csv(out / "table.csv")
-    assert len(table) == len(rows) and list(table.columns) == bk.COLUMNS
+    assert len(table) == len(rows) and list(table.columns) == kr.COLUMNS
     report = (out / "report.md").read_text()
     assert "## specla (H=8, HV=8, dk=256, dv=256): Verification" in report and "| tree_torch" in report
     assert "skipped (needs CUDA)" in report and "](figures/recovery.png)" in report
@@ -260,13 +262,13 @@ def quick_cfg(**kw) -> bk.BenchConfig:
 
 @pytest.mark.parametrize("wrong", ["scaled", "nan"])
 def test_a_wrong_output_is_marked_fail_and_not_timed(tmp_path, monkeypatch, wrong):
-    real = bk.METHODS["tree_torch"]
+    real = km.METHODS["tree_torch"]
 
     def broken(case, x):
         fn = real.build(case, x)
         return (lambda: fn() * 1.01) if wrong == "scaled" else (lambda: fn() * math.nan)
 
-    monkeypatch.setitem(bk.METHODS, "tree_torch", bk.Method(broken, "nodes", "torch"))
+    monkeypatch.setitem(km.METHODS, "tree_torch", km.Method(broken, "nodes", "torch"))
     table = bk.run_bench(quick_cfg(), tmp_path / "run")
     row = table[table["method"] == "tree_torch"].iloc[0]
     assert row["status"] == "FAIL" and pd.isna(row["us"]) and "not timed" in row["reason"]
@@ -278,12 +280,12 @@ def test_a_failed_row_makes_the_command_exit_3(tmp_path, monkeypatch, capsys):
     """The rows are written, and the command says the run did not measure what it was asked to."""
     from conftest import run_cli
 
-    real = bk.METHODS["tree_torch"]
+    real = km.METHODS["tree_torch"]
     args = ("bench", "kernels", "--quick", "--shapes", "specla", "--sizes", "4", "--groups", "verify")
     code, _, err = run_cli(monkeypatch, capsys, *args, "--out", str(tmp_path / "ok"))
     assert code == 0, err
-    wrong = bk.Method(lambda case, x: (lambda fn: lambda: fn() * 1.01)(real.build(case, x)), "nodes", "torch")
-    monkeypatch.setitem(bk.METHODS, "tree_torch", wrong)
+    wrong = km.Method(lambda case, x: (lambda fn: lambda: fn() * 1.01)(real.build(case, x)), "nodes", "torch")
+    monkeypatch.setitem(km.METHODS, "tree_torch", wrong)
     code, _, err = run_cli(monkeypatch, capsys, *args, "--out", str(tmp_path / "bad"))
     assert code == 3 and "1 row(s) failed their check or raised: specla tree_torch T=4 FAIL" in err
     assert (tmp_path / "bad" / "records.jsonl").read_text().count('"FAIL"') == 1
@@ -293,10 +295,10 @@ def test_speedup_is_against_the_blocks_baseline(tmp_path, monkeypatch):
     """Stand in a torch per-branch baseline so that both rows of a block are timed on the CPU."""
 
     def per_branch(case, x):
-        fn = bk.build_tree_torch(case, x.to(torch.float32))
+        fn = km.build_tree_torch(case, x.to(torch.float32))
         return lambda: fn()[case.flat_index]
 
-    monkeypatch.setitem(bk.METHODS, "per_branch_recurrent", bk.Method(per_branch, "flat", "torch"))
+    monkeypatch.setitem(km.METHODS, "per_branch_recurrent", km.Method(per_branch, "flat", "torch"))
     table = bk.run_bench(quick_cfg(sizes={"specla": [4, 8]}), tmp_path / "run")
     for t in (4, 8):
         block = table[(table["T"] == t) & (table["status"] == "ok")].set_index("method")
@@ -311,7 +313,7 @@ def test_a_recovery_row_that_commits_the_conv_history_is_compared_with_replay_pl
     rows: list[dict] = []
     for method, us_graph in (("commit_replay_fla", 4.0), ("commit_replay_fla_conv", 6.0),
                              ("commit_path_indexed", 2.0), ("commit_path_indexed_conv", 3.0)):  # fmt: skip
-        row = {c: None for c in bk.COLUMNS}
+        row = {c: None for c in kr.COLUMNS}
         row.update(shape="specla", group="recovery", kind="draft", T=16, depth=1, method=method, dtype="fp32",
                    status="ok", reason="", us=10.0, us_graph=us_graph, floor_us=1.0)  # fmt: skip
         rows.append(row)
@@ -327,7 +329,7 @@ def test_depth_1_recovery_and_step_rows_run(tmp_path):
     cfg = quick_cfg(depths=[1], recovery_nodes=16, groups=["recovery", "step"])
     table = bk.run_bench(cfg, tmp_path / "run")
     assert set(table["group"]) == {"recovery", "step"} and set(table["depth"]) == {1}
-    torch_rows = table[table["method"].map(lambda m: bk.METHODS[m].needs == "torch")]
+    torch_rows = table[table["method"].map(lambda m: km.METHODS[m].needs == "torch")]
     assert {"commit_closed_form", "commit_snapshot", "step_torch"} <= set(torch_rows["method"])
     assert set(torch_rows["status"]) == {"ok"}, torch_rows[["method", "reason"]].to_string()
     assert (torch_rows["rel_err"] <= torch_rows["tol"]).all() and (table["floor_us"] > 0).all()
@@ -338,13 +340,13 @@ def test_the_report_shows_the_graph_floor_ratio_and_a_dash_without_a_graph(tmp_p
     do_bench per call); a row without a graph time shows "-"."""
     rows: list[dict] = []
     for method, us_graph in (("commit_replay_fla", 8.0), ("commit_closed_form", None)):
-        row = {c: None for c in bk.COLUMNS}
+        row = {c: None for c in kr.COLUMNS}
         row.update(shape="specla", group="recovery", kind="draft", T=16, depth=1, method=method, dtype="fp32",
                    status="ok", reason="", us=100.0, us_graph=us_graph, floor_us=2.0)  # fmt: skip
         rows.append(row)
         bk.derive(row, rows, {})
     assert rows[0]["x_floor"] == 50.0 and rows[0]["x_floor_graph"] == 4.0 and rows[1]["x_floor_graph"] is None
-    text = bk.report_markdown(pd.DataFrame(rows, columns=bk.COLUMNS), {}, tmp_path, {})
+    text = kr.report_markdown(pd.DataFrame(rows, columns=kr.COLUMNS), {}, tmp_path, {})
     table = [line for line in text.splitlines() if line.startswith("| ")]
     header = [c.strip() for c in table[0].strip("|").split("|")]
     assert header.index("x_floor_graph") == header.index("floor_us") + 1
@@ -358,7 +360,7 @@ def test_an_exception_in_one_method_is_recorded_and_the_run_goes_on(tmp_path, mo
     def boom(case, x):
         raise RuntimeError("kernel exploded\nsecond line")
 
-    monkeypatch.setitem(bk.METHODS, "tree_torch", bk.Method(boom, "nodes", "torch"))
+    monkeypatch.setitem(km.METHODS, "tree_torch", km.Method(boom, "nodes", "torch"))
     table = bk.run_bench(quick_cfg(depths=[2], recovery_nodes=16), tmp_path / "run")
     row = table[table["method"] == "tree_torch"].iloc[0]
     assert row["status"] == "error" and row["reason"] == "RuntimeError: kernel exploded"
@@ -407,12 +409,13 @@ INTERPRETER_CHECK = """
 import torch, warnings
 warnings.filterwarnings("ignore")
 import repro.gdn.triton_common  # noqa: F401 - applies the interpreter's NumPy compatibility patch
+from repro.bench import kernel_methods as km
 from repro.bench import kernels as bk
 from repro.bench.shapes import LayerShape, draft_tree
 sh = LayerShape("toy", 2, 4, 16, 16)
 cpu = torch.device("cpu")
-tree = bk.Case(sh, "draft", draft_tree(12, 5), cpu, accepted=[0, 1, 2])
-chain = bk.Case(sh, "chain", list(range(-1, 7)), cpu)
+tree = km.Case(sh, "draft", draft_tree(12, 5), cpu, accepted=[0, 1, 2])
+chain = km.Case(sh, "chain", list(range(-1, 7)), cpu)
 rows = [(tree, "per_branch_recurrent", "bf16"), (tree, "tree_fused", "bf16"), (tree, "tree_fused", "fp32"),
         (tree, "per_token_states", "bf16"), (tree, "commit_replay_fla", "bf16"),
         (tree, "commit_closed_form_fused", "fp32"), (tree, "commit_path_fused", "fp32"),
@@ -427,10 +430,10 @@ rows = [(tree, "per_branch_recurrent", "bf16"), (tree, "tree_fused", "bf16"), (t
         (chain, "tree_split", "bf16"), (chain, "chain_verify", "bf16"), (chain, "chain_torch", "fp32"),
         (tree, "tree_blocked", "bf16"), (tree, "tree_blocked", "fp32"), (chain, "tree_blocked", "bf16")]
 for case, name, dtype in rows:
-    x64 = bk.make_inputs(sh, case.n, 1, cpu)
-    m = bk.METHODS[name]
-    err = bk.rel_err(m.build(case, x64.to(dtype))(), bk.reference(m.output, case, x64))
-    assert err <= bk.TOLERANCE[dtype], (name, dtype, err)
+    x64 = km.make_inputs(sh, case.n, 1, cpu)
+    m = km.METHODS[name]
+    err = km.rel_err(m.build(case, x64.to(dtype))(), km.reference(m.output, case, x64))
+    assert err <= km.TOLERANCE[dtype], (name, dtype, err)
     print(name, dtype, err)
 """
 
@@ -476,11 +479,11 @@ def test_gpu_tiny_grid_of_the_real_methods(tmp_path, monkeypatch):
     table = bk.run_bench(cfg, tmp_path / "run")
     bad = table[table["status"].isin(["FAIL", "error"])]
     assert bad.empty, bad[["shape", "kind", "method", "dtype", "status", "reason"]].to_string()
-    fla = table[table["method"].map(lambda m: bk.METHODS[m].needs == "fla")]
+    fla = table[table["method"].map(lambda m: km.METHODS[m].needs == "fla")]
     assert set(fla["status"]) == {"ok"}, fla[["method", "reason"]].to_string()
     ok = table[table["status"] == "ok"]
     assert (ok["us"] > 0).all() and (ok["rel_err"] <= ok["tol"]).all()
-    graphed = ok[ok["method"].map(lambda m: bk.METHODS[m].graphable)]
+    graphed = ok[ok["method"].map(lambda m: km.METHODS[m].graphable)]
     assert graphed["us_graph"].notna().all(), graphed[["method", "reason"]].to_string()
     assert table[table["method"] == "tree_torch"]["status"].eq("ok").all()
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
@@ -520,8 +523,8 @@ def test_commit_rows_hand_their_kernel_contiguous_factors(monkeypatch, method):
     dev = torch.device("cpu")
     spec = bk.RowSpec("specla", "recovery", "draft", 16, method, "fp32", 4)
     case = bk.make_case(spec, quick_cfg(depths=[4], recovery_nodes=16), dev)
-    x = bk.make_inputs(case.shape, case.n, 0, dev).to("fp32")
-    bk.METHODS[method].build(case, x)()
+    x = km.make_inputs(case.shape, case.n, 0, dev).to("fp32")
+    km.METHODS[method].build(case, x)()
     assert seen == [True]
 
 

@@ -181,15 +181,16 @@ def test_rejects_bad_calls() -> None:
 
 def test_bench_rows_run_the_torch_path_on_cpu() -> None:
     """`repro bench kernels`' hybrid_torch on a SpecLA-shape draft tree with a remainder, vs float64."""
+    from repro.bench import kernel_methods as km
     from repro.bench import kernels as bk
 
     spec = bk.RowSpec("specla", "verify", "draft", 24, "hybrid_torch", "fp32")
     case = bk.make_case(spec, bk.BenchConfig(), torch.device("cpu"))
     assert hs.plan_hybrid(case.parents).rest.numel() > 0
-    x = bk.make_inputs(case.shape, case.n, 0, case.device)
-    out = bk.METHODS["hybrid_torch"].build(case, x.to("fp32"))()
-    assert bk.rel_err(out, bk.reference("nodes", case, x)) < 1e-5
-    assert bk.cost("hybrid", "bf16", case) == bk.cost("tree_fused", "bf16", case)  # the tree's floor
+    x = km.make_inputs(case.shape, case.n, 0, case.device)
+    out = km.METHODS["hybrid_torch"].build(case, x.to("fp32"))()
+    assert km.rel_err(out, km.reference("nodes", case, x)) < 1e-5
+    assert km.cost("hybrid", "bf16", case) == km.cost("tree_fused", "bf16", case)  # the tree's floor
 
 
 # ------------------------------------------------------------------------- Triton (interpreter, GPU)
