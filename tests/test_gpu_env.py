@@ -1,0 +1,64 @@
+"""scripts/gpu_env.sh, the device scripts' environment: its Triton cache goes back as an archive of what a
+cache hit loads and comes back at the same absolute path; an archive over the 16 MiB a returned file may
+have is not kept."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def source(checkout: Path, cache: Path, script: str) -> subprocess.CompletedProcess:
+    """``script`` run by bash in ``checkout`` after sourcing its scripts/gpu_env.sh (no wheels carried)."""
+    env = {**os.environ, "REPRO_TRITON_CACHE": str(cache)}
+    return subprocess.run(
+        ["bash", "-c", f"source scripts/gpu_env.sh && {script}"],
+        cwd=checkout, env=env, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+
+
+def checkout_at(tmp_path: Path) -> Path:
+    checkout = tmp_path / "checkout"
+    (checkout / "scripts").mkdir(parents=True)
+    shutil.copy(ROOT / "scripts" / "gpu_env.sh", checkout / "scripts")
+    return checkout
+
+
+def test_the_triton_cache_comes_back_where_it_was_saved(tmp_path: Path):
+    checkout, cache = checkout_at(tmp_path), tmp_path / "fixed" / "triton-cache"
+    kernel = cache / "KEY"
+    grp = f'{{"child_paths": {{"k.cubin": "{kernel}/k.cubin"}}}}'
+    fill = " && ".join([
+        f"mkdir -p {kernel}", f"echo '{grp}' > {kernel}/__grp__k.json", f"echo '{{}}' > {kernel}/k.json",
+        f"echo cubin > {kernel}/k.cubin", f"echo ptx > {kernel}/k.ptx", f"echo so > {kernel}/launcher.so",
+        "mkdir -p out", "save_triton_cache out", "echo PYTHONPATH=$PYTHONPATH",
+    ])  # fmt: skip
+    done = source(checkout, cache, fill)
+    assert "Triton cache saved" in done.stdout and f"PYTHONPATH=/tmp/site:{checkout}" in done.stdout
+    with tarfile.open(checkout / "out" / "triton-cache.tgz") as tar:
+        names = sorted(tar.getnames())
+    kept = ["__grp__k.json", "k.cubin", "k.json", "launcher.so"]
+    assert names == [f"triton-cache/KEY/{n}" for n in kept]  # no IR text
+    shutil.rmtree(cache)
+    shutil.copy(checkout / "out" / "triton-cache.tgz", checkout / ".triton-cache.tgz")
+    restored = source(checkout, cache, "echo CACHE=$TRITON_CACHE_DIR")
+    assert (
+        f"CACHE={cache}" in restored.stdout
+        and "Triton cache restored (2 files of metadata)" in restored.stdout
+    )
+    assert sorted(p.name for p in kernel.iterdir()) == kept
+    assert (kernel / "k.cubin").read_text() == "cubin\n"
+
+
+def test_an_archive_over_16_mib_is_not_kept(tmp_path: Path):
+    checkout, cache = checkout_at(tmp_path), tmp_path / "triton-cache"
+    (cache / "KEY").mkdir(parents=True)
+    (cache / "KEY" / "big.cubin").write_bytes(os.urandom(17 * 1024 * 1024))  # incompressible
+    done = source(checkout, cache, "mkdir -p out && save_triton_cache out")
+    assert "over 16 MiB, not kept" in done.stdout
+    assert not (checkout / "out" / "triton-cache.tgz").exists()
