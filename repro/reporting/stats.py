@@ -101,10 +101,12 @@ def compare(
     records: Sequence[DecodeRecord], route: str, reference: str, suites: Sequence[str], what: tuple[str, str]
 ) -> Paired:
     """``route`` over ``reference`` on the prompts of ``suites`` both have, each prompt over the turns both
-    have (a turn one of them lacks, e.g. in an interrupted run, would pair unlike work): ``what`` = SPEEDUP
-    or MAL."""
+    have (a turn one of them lacks, e.g. in an interrupted run, would pair unlike work, and a refused
+    external loop's turn, 0 tokens in 0 s, pairs with nothing, as in the run report's summary):
+    ``what`` = SPEEDUP or MAL."""
     held = [
-        {(r.suite, r.prompt_id, r.turn) for r in records if r.route == name} for name in (route, reference)
+        {(r.suite, r.prompt_id, r.turn) for r in records if r.route == name and r.decode_s > 0}
+        for name in (route, reference)
     ]
     both = held[0] & held[1]
     a, b = unit_sums(records, route, suites, both), unit_sums(records, reference, suites, both)

@@ -17,6 +17,7 @@ from repro.reporting.report import (
     acceptance_table,
     break_even_p,
     markdown_table,
+    paired_speedups,
     summarize,
     write_report,
 )
@@ -287,6 +288,8 @@ def test_a_refused_record_pairs_with_nothing_in_the_speedup():
     table = summarize(recs)
     row = table[(table["route"] == "x") & (table["suite"] == "gsm8k")].iloc[0]
     assert row["speedup"] == pytest.approx(2.0)  # p0 alone: 10 tokens in 0.5 s vs in 1.0 s
+    paired = paired_speedups(recs).set_index("suite")
+    assert paired.loc["gsm8k", ["prompts", "speedup"]].tolist() == pytest.approx([1, 2.0])  # the same pair
 
 
 def test_paired_speedups_give_each_suite_and_the_pooled_prompts_with_an_interval():
@@ -295,7 +298,6 @@ def test_paired_speedups_give_each_suite_and_the_pooled_prompts_with_an_interval
     as fast on every prompt gets [2, 2]."""
     from conftest import make_record
 
-    from repro.reporting.report import paired_speedups
     from repro.reporting.stats import MIN_UNITS
 
     records = []
