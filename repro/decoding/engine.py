@@ -278,7 +278,8 @@ def prepare_sampling(model: HybridLM | GraphedTarget, routes: list[Route], max_s
         if device_sampling(model, route):
             twin = device_rule(route.rule, model.device, model.max_nodes, positions)
             chain = route.verifier == "chain"
-            model.prepare_accept(twin.accept, twin.graph_key, (route.commit,), max_size, chain)
+            loop = decode_loop(model, route)
+            model.prepare_accept(twin.accept, twin.graph_key, (route.commit,), max_size, chain, loop)
 
 
 def pipelined(model: HybridLM | GraphedTarget, route: Route) -> bool:
@@ -293,6 +294,19 @@ def pipelined(model: HybridLM | GraphedTarget, route: Route) -> bool:
         and getattr(drafter, "pipelines", lambda: False)()
         and isinstance(route.builder, (Chain, BestFirst, DrafterTree))
     )
+
+
+def decode_loop(model: HybridLM | GraphedTarget, route: Route) -> str:
+    """Which of :func:`generate`'s loops decodes ``route`` on ``model``: ``"ar"`` (AR on the device path,
+    a group of graphed steps ahead of the host), ``"pipelined"`` (:func:`pipelined`), ``"stepwise"`` (one
+    verify step at a time, accepted on the device) or ``"host"`` (one step at a time, accepted on the
+    host: every route off a graphed target)."""
+    single = route.drafter is None and isinstance(route.builder, SingleNode)
+    if (single and device_greedy(model, route)) or device_ar_sampling(model, route):
+        return "ar"
+    if pipelined(model, route):
+        return "pipelined"
+    return "stepwise" if device_greedy(model, route) or device_sampling(model, route) else "host"
 
 
 def _pipelined(
@@ -434,7 +448,7 @@ def generate(
         drafter.begin(list(prompt_ids), reference_ids)
     greedy = device_greedy(model, route)
     sampled_ar = device_ar_sampling(model, route)
-    device_ar = sampled_ar or (greedy and drafter is None and isinstance(route.builder, SingleNode))
+    loop = decode_loop(model, route)
     on_device = greedy or sampled_ar or device_sampling(model, route)
     t0 = _clock(dev)
     state, ver = _prefill(model, prompt_ids, capture, drafter, route.commit)
@@ -454,7 +468,7 @@ def generate(
     _, finish = _cut(out, stops, max_new_tokens)
     ctx = DraftContext(list(prompt_ids), out, ver, list(range(ver.tree.size)))
     with busy_recorder(clock):  # the graph replays of the decode loop: busy time per stage
-        if finish is None and device_ar:
+        if finish is None and loop == "ar":
             assert isinstance(model, GraphedTarget)  # AR on the device path: one group ahead of the host
             room = max_new_tokens - len(out)
             picker = twin if sampled_ar else None
@@ -464,7 +478,7 @@ def generate(
             out.extend(new)
             lengths, sizes, paths = [1] * len(new), [1] * len(new), [[0] for _ in new]
             past_end = state.position - before - len(new)  # groups launched ahead of a stop: run, timed
-        if finish is None and pipelined(model, route):
+        if finish is None and loop == "pipelined":
             assert (
                 isinstance(model, GraphedTarget) and isinstance(state, GraphedState) and drafter is not None
             )

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from repro.decoding.acceptance import ACCEPTANCE_RULES, DISTRIBUTIONAL_RULES, TargetMatch, make_rule
-from repro.decoding.engine import Route, prepare_sampling
+from repro.decoding.engine import Route, decode_loop, prepare_sampling
 from repro.decoding.tree_builders import Backbone, BestFirst, Chain, DrafterTree, SingleNode, TreeBuilder
 from repro.drafters.base import Drafter
 from repro.drafters.dflash import DFlashDrafter, load_dflash, random_dflash_for
@@ -635,14 +635,21 @@ def routes_markdown() -> str:
 
 def prepare_graphs(target: GraphedTarget, routes: list[Route]) -> None:
     """Make ahead the graphs of the routes' commit strategies, verifiers, captured layers and sampling
-    rules' device acceptance (none is captured or compiled inside a timed decode)."""
+    rules' device acceptance, each for the loop that decodes the route (:func:`~repro.decoding.engine.
+    decode_loop`), so that none is captured or compiled inside a timed decode and none is made unused."""
     for route in routes:
         check_verifier_name(route.verifier)
     capture = tuple(i for r in routes if r.drafter for i in r.drafter.capture_layers)
-    trees = tuple(r.commit for r in routes if r.verifier == "tree")
-    chain = any(r.verifier == "chain" for r in routes)
     largest = max(largest_tree(r) for r in routes)
-    target.prepare(trees, capture, largest, chain)
+    target.prepare(())  # the decode graphs (AR's)
+    loops = [decode_loop(target, r) for r in routes]
+    for loop in ("host", "stepwise", "pipelined"):  # each loop's step graphs, for the drafted routes it runs
+        group = [r for r, its in zip(routes, loops) if its == loop and not isinstance(r.builder, SingleNode)]
+        if group:
+            trees = tuple(r.commit for r in group if r.verifier == "tree")
+            chain = any(r.verifier == "chain" for r in group)
+            size = max(largest_tree(r) for r in group)
+            target.prepare(trees, capture, size, chain, loop)
     prepare_sampling(target, routes, largest)  # the sampling rules' device twins, where routes sample
 
 

@@ -432,26 +432,50 @@ class GraphedTarget:
         capture: tuple[int, ...] = (),
         max_size: int = 256,
         chain: bool = False,
+        loop: str | None = None,
     ) -> None:
-        """Capture ahead the decode graphs (greedy AR's too) and every slot's verify and commit graphs up
-        to ``max_size`` nodes for ``strategies`` (tree slots) and, with ``chain``, the chain slots of
-        fla_sd's chain verifier (commit ``replay``), so that no capture or compile lands in a timed
-        decode; nothing to do without graphs."""
+        """Capture ahead the decode graphs (greedy AR's too) and every slot's step graphs up to ``max_size``
+        nodes for ``strategies`` (tree slots) and, with ``chain``, the chain slots of fla_sd's chain verifier
+        (commit ``replay``), so that no capture or compile lands in a timed decode; nothing to do without
+        graphs. ``loop``: the step graphs of that decode loop only (:meth:`_prepare_steps`)."""
         if not self.graphs:
             return
         self._decode_call()
         for size in dict.fromkeys((self.ar_group, 1)):
             self._ar_call(size, True)
             self._ar_call(size, False)
-        for slot, strategy in self._prepared_slots(strategies, capture, max_size, chain):
-            self._commit_call(slot, strategy)
-            self._accept_call(slot, strategy)
-        if FUSE_ACCEPT:
-            for slot, strategy in self._prepared_slots(strategies, capture, max_size, chain, fused=True):
-                self._fused_call(slot, strategy)
+        self._prepare_steps(strategies, capture, max_size, chain, loop, commits=True)
         if DELAYED in strategies:
             self._flush_call(0)
             self._flush_call(1)
+
+    def _prepare_steps(
+        self,
+        strategies: tuple[str, ...],
+        capture: tuple[int, ...],
+        max_size: int,
+        chain: bool,
+        loop: str | None,
+        accept: DeviceAccept | None = None,
+        key: tuple = (),
+        commits: bool = False,
+    ) -> None:
+        """The slots' step graphs of a decode ``loop`` (:func:`repro.decoding.engine.decode_loop`; None:
+        every loop's), the acceptance's with ``accept`` and ``key`` (:meth:`_accept_call`): ``"host"`` (a
+        host acceptance) replays verify and, with ``commits``, commit graphs; ``"stepwise"`` (a device
+        acceptance) verify and acceptance + commit graphs; ``"pipelined"`` with :data:`FUSE_ACCEPT` the
+        fused verify + acceptance + commit graphs, without it the stepwise loop's."""
+        if loop not in (None, "host", "stepwise", "pipelined"):
+            raise ValueError(f"no step graphs for the decode loop {loop!r}")
+        if loop != "pipelined" or not FUSE_ACCEPT:
+            for slot, strategy in self._prepared_slots(strategies, capture, max_size, chain):
+                if commits and loop in (None, "host"):
+                    self._commit_call(slot, strategy)
+                if loop != "host":
+                    self._accept_call(slot, strategy, accept, key)
+        if FUSE_ACCEPT and loop in (None, "pipelined"):
+            for slot, strategy in self._prepared_slots(strategies, capture, max_size, chain, fused=True):
+                self._fused_call(slot, strategy, accept, key)
 
     def _prepared_slots(
         self,
@@ -496,16 +520,12 @@ class GraphedTarget:
         strategies: tuple[str, ...] = ("closed_form",),
         max_size: int = 256,
         chain: bool = False,
+        loop: str | None = None,
     ) -> None:
         """:meth:`prepare` for the graphs of :meth:`commit_accepted` with ``accept`` and ``key``, on the
         slots :meth:`prepare` made (call it first, with the same strategies and captured layers)."""
-        if not self.graphs:
-            return
-        for slot, strategy in self._prepared_slots(strategies, (), max_size, chain):
-            self._accept_call(slot, strategy, accept, key)
-        if FUSE_ACCEPT:
-            for slot, strategy in self._prepared_slots(strategies, (), max_size, chain, fused=True):
-                self._fused_call(slot, strategy, accept, key)
+        if self.graphs:
+            self._prepare_steps(strategies, (), max_size, chain, loop, accept, key)
 
     # --------------------------------------------------------------------------- the API
 

@@ -184,6 +184,48 @@ def test_fused_verify_and_acceptance_give_the_same_records(setup, monkeypatch):
         target.launch_accepted(state, fused_ver, lambda slot, length: None, ("other",))
 
 
+@pytest.mark.parametrize("pipeline", [True, False])
+def test_prepare_graphs_makes_what_each_loop_replays_and_nothing_else(setup, monkeypatch, pipeline):
+    """``prepare_graphs`` (CUDA graphs stood in by their functions on CPU) makes every graph each route's
+    decode then replays (the decodes capture nothing) and no slot graph that none replays: with the
+    pipelined loop (``engine.PIPELINE``) the fused verify + acceptance + commit graphs and no separate
+    verify, acceptance or commit graph; step by step the separate ones and no fused one. Greedy routes and
+    two sampling ones (their device twins' graphs), AR beside them."""
+    import repro.models.graphed as graphed
+    import repro.models.graphs as graphs
+    from repro.decoding.routes import prepare_graphs
+
+    monkeypatch.setattr(graphs, "GraphedCall", lambda fn, device: fn)
+    monkeypatch.setattr(engine, "PIPELINE", pipeline)
+    model, prompts, reference = setup
+    target = GraphedTarget(model, max_len=256, graphs=False)  # 256: no buffer grows during the decodes
+    vocab = model.config.vocab_size
+    routes = [build_route({"kind": "ar"}, vocab, "greedy", 0.0, 0), *_routes(target).values()]
+    twins = ("ddtree", "specla-delayed")
+    sampled = [s | {"name": s["name"] + "-sampled"} for s in SPECS if s["name"] in twins]
+    routes += [build_route(s, vocab, "sample_match", 0.9, 7, target=target, family=FAMILY) for s in sampled]
+    target.graphs = True  # after the drafters are built: theirs stay eager
+    loops = {engine.decode_loop(target, r) for r in routes[1:]}
+    assert loops == {"pipelined" if pipeline else "stepwise"}
+    prepare_graphs(target, routes)
+    prepared, captured = set(target._calls), target.captures
+    used: set[tuple] = set()
+    real = target._call
+    monkeypatch.setattr(target, "_call", lambda key, fn, mutates: used.add(key) or real(key, fn, mutates))
+    for route in routes:
+        got = generate(target, prompts[1], route, 40)
+        if route.rule.temperature == 0:
+            assert got.output_ids == reference[1], route.name
+    assert target.captures == captured and set(target._calls) == prepared
+
+    def families(keys: set[tuple]) -> set[tuple]:  # a slot graph's key without the slot's size
+        return {(k[0], *k[2:]) for k in keys if k[0] in graphed.SLOT_GRAPHS}
+
+    assert families(prepared) == families(used)
+    names = {k[0] for k in families(prepared)}
+    assert names == ({"fused_greedy", "fused_accept"} if pipeline else {"verify", "greedy", "accept"})
+
+
 def test_tree_in_the_drafter_graph_gives_the_same_records(setup, monkeypatch):
     """engine.FUSE_TREE: a pipelined DDTree or chain DFlash step builds its tree inside the DFlash drafter's
     step (BestFirst / Chain ``device_tree`` on its marginals and top-k ids, rooted at the launched step's
