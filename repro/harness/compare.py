@@ -4,10 +4,10 @@ OLD and NEW are run directories or folders of them (searched recursively for ``m
 runs are matched by their path relative to the folder and must be of the same kind (two single run
 directories are matched to each other). Per kind:
 
-- ``decode``: per route, tokens/s per prompt paired across the two runs (the (suite, prompt, turn)
-  records both hold, a prompt's turns pooled). The change is the geometric mean of the per-prompt
-  ratios new/old with a 95% paired bootstrap interval (resampling prompts, :data:`BOOTSTRAP` draws,
-  seeded). **Noise** is a change whose interval
+- ``decode``: per route, tokens/s paired per prompt across the two runs (the (suite, prompt, turn)
+  records both hold, a prompt's turns pooled). The change is the new pooled tokens/s over the old
+  (token-weighted, as every speedup of the reports) with its 95% percentile-bootstrap interval over
+  prompts (:func:`repro.reporting.stats.paired_ratio`, seeded). **Noise** is a change whose interval
   includes 1 or whose size is below ``min_effect`` (default 3%); with fewer than
   :data:`MIN_UNITS` pairs no interval is formed and only a change beyond ``threshold`` (default 10%)
   counts. A slowdown beyond noise is a regression; so is any prompt that was identical to AR (or the
@@ -44,15 +44,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from repro.errors import ReproError
 from repro.harness.run_kinds import load_run
 from repro.reporting.records import MANIFEST_FILE
 from repro.reporting.rundir import Run, changed_checkpoint, changed_suites, recorded_device_class
-from repro.reporting.stats import MIN_UNITS
+from repro.reporting.stats import MIN_UNITS, Paired, paired_ratio
 
-BOOTSTRAP = 2000
 CLAIMS = "CLAIMS.md"
 SHOWN_DIFFERENCES = 8  # what differs, named in a warning before "and N more"
 # config settings named first in a warning: what most often makes two runs' numbers incomparable
@@ -85,32 +82,38 @@ class Change:
 # --------------------------------------------------------------------------- statistics
 
 
-def ratio_interval(ratios: list[float], seed: int = 0) -> tuple[float, float, float]:
-    """Geometric mean of ``ratios`` and its 95% bootstrap interval (prompts resampled with replacement)."""
-    logs = np.log(np.asarray(ratios, dtype=float))
-    rng = np.random.default_rng(seed)
-    means = logs[rng.integers(0, len(logs), size=(BOOTSTRAP, len(logs)))].mean(axis=1)
-    lo, hi = np.quantile(means, [0.025, 0.975])
-    return math.exp(logs.mean()), math.exp(lo), math.exp(hi)
-
-
-def speed_change(ratios: list[float], noise: Noise) -> tuple[float, str, int] | None:
-    """(ratio, description, direction) of a change of speed beyond noise (direction -1 slower, +1
-    faster), or None when within noise."""
-    if not ratios:
+def speed_change(change: Paired, noise: Noise) -> tuple[float, str, int] | None:
+    """(ratio, description, direction) of a change of speed (new over old tokens/s, paired per prompt:
+    :func:`prompt_sums`) beyond noise (direction -1 slower, +1 faster), or None when within noise."""
+    ratio, n = change.value, change.n
+    if n == 0 or not math.isfinite(ratio):
         return None
-    if len(ratios) < MIN_UNITS:
-        ratio = math.exp(float(np.mean(np.log(ratios))))
+    if math.isnan(change.low):  # fewer than MIN_UNITS prompts: no interval
         beyond = abs(ratio - 1) > noise.threshold
-        what = f"x{ratio:.3f} over {len(ratios)} prompt(s) (< {MIN_UNITS}: threshold {noise.threshold:.0%})"
+        what = f"x{ratio:.3f} over {n} prompt(s) (< {MIN_UNITS}: threshold {noise.threshold:.0%})"
         return (ratio, what, 1 if ratio > 1 else -1) if beyond else None
-    ratio, lo, hi = ratio_interval(ratios, noise.seed)
-    what = f"x{ratio:.3f} [{lo:.3f}, {hi:.3f}] over {len(ratios)} prompts"
-    if hi < 1 and ratio < 1 - noise.min_effect:
+    what = f"x{ratio:.3f} [{change.low:.3f}, {change.high:.3f}] over {n} prompts"
+    if change.high < 1 and ratio < 1 - noise.min_effect:
         return ratio, what, -1
-    if lo > 1 and ratio > 1 + noise.min_effect:
+    if change.low > 1 and ratio > 1 + noise.min_effect:
         return ratio, what, 1
     return None
+
+
+def prompt_sums(pairs: list[tuple[Any, Any]]) -> tuple[list[float], list[float], list[float], list[float]]:
+    """Per prompt (suite, id), the new run's tokens and decode seconds, then the old run's, over the turns
+    both hold (MT-Bench's two turns pooled: a prompt is one resampling unit): the arrays of
+    :func:`repro.reporting.stats.paired_ratio`, whose ratio is the new pooled tokens/s over the old."""
+    by_prompt: dict[tuple[str, str], list[tuple[Any, Any]]] = defaultdict(list)
+    for a, b in pairs:
+        by_prompt[(b.suite, b.prompt_id)].append((a, b))
+    turns = list(by_prompt.values())
+    return (
+        [sum(b.new_tokens for _, b in t) for t in turns],
+        [sum(b.decode_s for _, b in t) for t in turns],
+        [sum(a.new_tokens for a, _ in t) for t in turns],
+        [sum(a.decode_s for a, _ in t) for t in turns],
+    )
 
 
 # --------------------------------------------------------------------------- per kind
@@ -125,7 +128,7 @@ def _decode(name: str, old: Run, new: Run, noise: Noise) -> tuple[list[Change], 
             by_route[rec.route].append((olds[rec.key], rec))
     for route, pairs in by_route.items():
         ok = [(a, b) for a, b in pairs if _finite(a.tokens_per_s) and _finite(b.tokens_per_s)]
-        change = speed_change(prompt_ratios(ok), noise)
+        change = speed_change(paired_ratio(prompt_sums(ok), noise.seed), noise)
         if change:
             old_rate, new_rate = _rate([a for a, _ in ok]), _rate([b for _, b in ok])
             changes.append(
@@ -156,17 +159,6 @@ def _decode(name: str, old: Run, new: Run, noise: Noise) -> tuple[list[Change], 
             )  # fmt: skip
         )
     return changes, sum(len(pairs) for pairs in by_route.values())
-
-
-def prompt_ratios(pairs: list[tuple[Any, Any]]) -> list[float]:
-    """New over old tokens/s per prompt (suite, id): the turns both runs hold pooled on each side (tokens
-    over decode seconds), so that a prompt with two turns (MT-Bench) is one resampling unit, as the
-    docstring's "prompts" say, not two."""
-    by_prompt: dict[tuple[str, str], list[tuple[Any, Any]]] = defaultdict(list)
-    for a, b in pairs:
-        by_prompt[(b.suite, b.prompt_id)].append((a, b))
-
-    return [_rate([b for _, b in turns]) / _rate([a for a, _ in turns]) for turns in by_prompt.values()]
 
 
 def _rate(recs: list[Any]) -> float:

@@ -6,10 +6,12 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 from conftest import run_cli as cli
 
 from repro.harness.compare import Noise, claim_verdicts, compare, speed_change
 from repro.reporting.records import sha256_ids
+from repro.reporting.stats import paired_ratio
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
 ROUTES = RESULTS / "2026-11-30-h200-routes" / "float32"  # a decode run on the H200, 4 prompts x 3 suites
@@ -61,9 +63,9 @@ def test_a_faster_route_is_a_change_but_not_a_regression(tmp_path):
 
 
 def test_a_prompt_with_two_turns_is_one_unit(tmp_path):
-    """MT-Bench's two turns pool into one ratio per prompt (tokens over seconds on each side): the routes
-    run has 5 prompts but 7 turns per route, and the change is reported over 5 prompts."""
-    from repro.harness.compare import Noise, prompt_ratios, speed_change
+    """MT-Bench's two turns pool into one unit per prompt (tokens and seconds summed on each side): the
+    routes run has 5 prompts but 7 turns per route, and the change is reported over 5 prompts."""
+    from repro.harness.compare import Noise, prompt_sums, speed_change
     from repro.harness.run_kinds import load_run
 
     def slower(r: dict) -> dict:
@@ -74,15 +76,37 @@ def test_a_prompt_with_two_turns_is_one_unit(tmp_path):
     old, new = (load_run(_night(tmp_path, n, e) / "routes") for n, e in (("o", None), ("n", slower)))
     olds = {r.key: r for r in old.records}
     pairs = [(olds[r.key], r) for r in new.records if r.route == "ddtree-b32"]
-    ratios = prompt_ratios(pairs)
-    assert len(pairs) == 7 and len(ratios) == 5
-    for (suite, pid), got in zip(dict.fromkeys((b.suite, b.prompt_id) for _, b in pairs), ratios):
+    sums = prompt_sums(pairs)
+    assert len(pairs) == 7 and all(len(column) == 5 for column in sums)
+    for unit, (suite, pid) in enumerate(dict.fromkeys((b.suite, b.prompt_id) for _, b in pairs)):
         turns = [(a, b) for a, b in pairs if (b.suite, b.prompt_id) == (suite, pid)]
-        tokens = sum(a.new_tokens for a, _ in turns)
-        want = (tokens / sum(b.decode_s for _, b in turns)) / (tokens / sum(a.decode_s for a, _ in turns))
-        assert abs(got - want) < 1e-12 and (len(turns) == 2) == (suite == "mt_bench")
-    change = speed_change(ratios, Noise())
+        want = (
+            sum(b.new_tokens for _, b in turns),
+            sum(b.decode_s for _, b in turns),
+            sum(a.new_tokens for a, _ in turns),
+            sum(a.decode_s for a, _ in turns),
+        )
+        assert tuple(column[unit] for column in sums) == want and (len(turns) == 2) == (suite == "mt_bench")
+    change = speed_change(paired_ratio(sums), Noise())
     assert change is not None and change[2] == -1 and "over 5 prompts" in change[1]
+
+
+def test_the_change_is_the_pooled_tokens_per_second_not_a_mean_of_prompt_ratios():
+    """Four long prompts 1.5x faster and 36 short ones 0.9x as fast: the pooled tokens/s rose by a third,
+    so the change is faster (a geometric mean of the per-prompt ratios, x0.947, would call it a
+    regression): the ratio is the report's token-weighted one, with its interval."""
+    from repro.harness.compare import Noise, speed_change
+
+    long_, short = (1000.0, 10.0), (10.0, 0.1)  # (tokens, seconds) on the old night: 100 tok/s each
+    units = [(*long_, 1.5) for _ in range(4)] + [(*short, 0.9) for _ in range(36)]
+    new_tokens = [t for t, _, _ in units]
+    new_s = [s / f for _, s, f in units]
+    sums = (new_tokens, new_s, [t for t, _, _ in units], [s for _, s, _ in units])
+    got = paired_ratio(sums)
+    pooled = (sum(new_tokens) / sum(new_s)) / (sum(sums[2]) / sum(sums[3]))
+    assert got.value == pytest.approx(pooled) and pooled > 1.3 and got.n == 40
+    change = speed_change(got, Noise())
+    assert change is not None and change[2] == 1 and got.low > 1
 
 
 def test_a_newly_refused_record_is_a_regression_and_lost_records_are_listed(tmp_path):
@@ -113,14 +137,21 @@ def test_a_newly_refused_record_is_a_regression_and_lost_records_are_listed(tmp_
     ]
 
 
+def _ratios(ratios: list[float]):
+    """Units of 100 tokens whose new tokens/s are ``ratios`` times the old 100 tok/s."""
+    return paired_ratio(
+        ([100.0] * len(ratios), [1 / r for r in ratios], [100.0] * len(ratios), [1.0] * len(ratios))
+    )
+
+
 def test_noise_is_a_ci_including_one_or_a_small_effect():
     jitter = [0.97, 1.04, 0.99, 1.02, 0.98, 1.01, 0.96, 1.03]
-    assert speed_change(jitter, Noise()) is None  # the interval includes 1
-    assert speed_change([0.99] * 8, Noise()) is None  # certain but below min_effect (3%)
-    slower = speed_change([0.9, 0.92, 0.88, 0.91, 0.9, 0.89], Noise())
+    assert speed_change(_ratios(jitter), Noise()) is None  # the interval includes 1
+    assert speed_change(_ratios([0.99] * 8), Noise()) is None  # certain but below min_effect (3%)
+    slower = speed_change(_ratios([0.9, 0.92, 0.88, 0.91, 0.9, 0.89]), Noise())
     assert slower is not None and slower[2] == -1 and "over 6 prompts" in slower[1]
-    assert speed_change([0.85, 0.8], Noise()) is not None  # too few pairs: the 10% threshold
-    assert speed_change([0.95, 0.93], Noise()) is None
+    assert speed_change(_ratios([0.85, 0.8]), Noise()) is not None  # too few pairs: the 10% threshold
+    assert speed_change(_ratios([0.95, 0.93]), Noise()) is None
 
 
 def test_committed_model_benches_compare_row_by_row(monkeypatch, capsys):
