@@ -285,8 +285,8 @@ class ScaleConfig:
             "prompts": self.prompts,
             "prompt_len": self.prompt_len,
             "prompt_ids": "uniform random ids, torch.Generator(seed * 100003 + index), warm-up index -1",
-            "acceptance_draws": "per prompt: step_rng(seed * 100003 + index, output position), the same for"
-            " every route (paired)",
+            "acceptance_draws": "per prompt: step_rng(generation_seed(seed * 100003 + index, prompt ids),"
+            " output position), the same for every route (paired)",
             "max_new_tokens": self.max_new_tokens,
             "warmup_tokens": self.warmup_tokens,
             "logit_scale": self.logit_scale,

@@ -18,13 +18,13 @@ algorithms and why they are exact; tests/decoding/test_acceptance_exact.py check
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from repro.decoding.sampling import pick_token, probs_row, sample_index, target_probs
+from repro.decoding.sampling import generation_seed, pick_token, probs_row, sample_index, target_probs
 from repro.errors import ConfigError
 from repro.tree import Sparse, Tree
 
@@ -50,12 +50,25 @@ class TargetMatch:
     position); a child carrying that token is accepted and the walk goes on.
     """
 
+    _stream: int | None = None  # the current generation's seed (begin); None: the run's seed
+
     def __init__(self, temperature: float, seed: int) -> None:
         self.temperature = temperature
         self.seed = seed
 
+    @property
+    def stream(self) -> int:
+        """The seed of the current generation's draws (:meth:`begin`)."""
+        return self.seed if self._stream is None else self._stream
+
+    def begin(self, prompt_ids: Sequence[int]) -> None:
+        """Before a generation: its draws keyed by the prompt too (:func:`~repro.decoding.sampling.
+        generation_seed`), so every route on one prompt draws AR's numbers and two prompts independent
+        ones."""
+        self._stream = generation_seed(self.seed, prompt_ids)
+
     def pick(self, logits: torch.Tensor, position: int) -> int:
-        return pick_token(logits, self.temperature, self.seed, position)
+        return pick_token(logits, self.temperature, self.stream, position)
 
     def accept(
         self, tree: Tree, logits: torch.Tensor, position: int, rng: np.random.Generator | None = None
@@ -205,7 +218,7 @@ class SamplingRule(TargetMatch):
     """A rule that accepts by draft probabilities: lossless in distribution, reproducible by seed.
 
     The first token (from prefill) is AR's position-keyed pick; each step draws from
-    :func:`repro.decoding.sampling.step_rng` (seed, root position), after the tree builder: the caller
+    :func:`repro.decoding.sampling.step_rng` (stream, root position), after the tree builder: the caller
     passes that stream on (``rng``, required), past the builder's draws.
     """
 
@@ -215,7 +228,7 @@ class SamplingRule(TargetMatch):
         self, tree: Tree, logits: torch.Tensor, position: int, rng: np.random.Generator
     ) -> Acceptance:
         """``rng``: the step's stream after a sampling builder's draws. Required, with no fallback: a fresh
-        ``step_rng(seed, position)`` would replay the very draws the builder made its children from (the
+        ``step_rng(stream, position)`` would replay the very draws the builder made its children from (the
         acceptance tests then correlate with the children: biased)."""
         if rng is None:
             raise ValueError("a sampling rule needs the step's random generator, after the builder's draws")

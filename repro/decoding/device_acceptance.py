@@ -328,11 +328,13 @@ class DeviceRule:
         if self.kind is ReplayedAcceptance:
             rule = self.rule
             assert isinstance(rule, ReplayedAcceptance)
-            self._drawn = [rule.process.draw(step_rng(rule.seed, p)) for p in range(need)]
+            self._drawn = [rule.process.draw(step_rng(rule.stream, p)) for p in range(need)]
             self._host[:need] = torch.tensor(self._drawn, dtype=torch.long)
         elif self.kind is TargetMatch:
-            self._host[:need] = torch.tensor(position_uniforms(self.rule.seed, 0, need), dtype=torch.float64)
+            uniforms = position_uniforms(self.rule.stream, 0, need)
+            self._host[:need] = torch.tensor(uniforms, dtype=torch.float64)
         else:
+            self.seed.fill_(self.rule.stream % 2**63)  # keyed_uniforms' key
             return
         self.table[:need].copy_(self._host[:need], non_blocking=True)
 

@@ -391,7 +391,7 @@ def _device_accept(
     slot = getattr(ver, "slot", None)
     if slot is None:
         assert isinstance(tree, Tree)
-        acc = route.rule.accept(tree, ver.logits, position, step_rng(route.rule.seed, position))
+        acc = route.rule.accept(tree, ver.logits, position, step_rng(route.rule.stream, position))
         state = model.commit(state, ver, acc.path)
         return state, acc.path, tree.tokens[acc.path].tolist(), acc.bonus
     if isinstance(tree, Tree) and tree.draw != "given":
@@ -444,6 +444,7 @@ def generate(
     dev = model.device
     drafter = route.drafter
     capture = drafter.capture_layers if drafter else ()
+    route.rule.begin(prompt_ids)  # the generation's draws: keyed by the prompt too
     if drafter:
         drafter.begin(list(prompt_ids), reference_ids)
     greedy = device_greedy(model, route)
@@ -500,7 +501,7 @@ def generate(
                     state, path, tokens, bonus = _device_accept(model, route, state, ver, len(out), twin)
                 acc = Acceptance(path, bonus)
             else:
-                rng = step_rng(route.rule.seed, len(out)) if route.random else None
+                rng = step_rng(route.rule.stream, len(out)) if route.random else None
                 tree = route.builder.build(out[-1], proposal, rng)
                 clock.mark()
                 ver = model.verify(state, tree, capture, route.commit, route.verifier)

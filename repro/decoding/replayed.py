@@ -133,8 +133,8 @@ class ReplayedAcceptance(TargetMatch):
     def accept(
         self, tree: Tree, logits: torch.Tensor, position: int, rng: np.random.Generator | None = None
     ) -> Acceptance:
-        """``rng`` is not used: the depth is drawn from the step stream of (seed, ``position``)."""
-        want = self.process.draw(step_rng(self.seed, position))
+        """``rng`` is not used: the depth is drawn from the step stream of (stream, ``position``)."""
+        want = self.process.draw(step_rng(self.stream, position))
         node, path = 0, [0]
         while len(path) <= want:
             kids = tree.children_of(node)

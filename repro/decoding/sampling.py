@@ -1,17 +1,28 @@
 """Token choice from target logits: greedy, or temperature sampling keyed by output position.
 
-Sampling draws its uniform number from a generator seeded by (seed, output position), so the
-token at a given position depends only on the logits there. A lossless speculative route then
-samples exactly the tokens AR samples with the same seed, which makes "identical to AR" a
-meaningful check at any temperature.
+Sampling draws its uniform number from a generator seeded by (stream, output position), where a
+generation's stream is :func:`generation_seed` of the run's seed and the prompt's token ids. So the
+token at a given position depends only on the logits there and the prompt: a lossless speculative
+route samples exactly the tokens AR samples on the same prompt with the same seed, which makes
+"identical to AR" a meaningful check at any temperature, while two prompts (or a second turn after
+its first, whose prompt holds the first turn's tokens) draw independent numbers.
 """
 
 from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 _MIX = 0x9E3779B97F4A7C15
+
+
+def generation_seed(seed: int, prompt_ids: Sequence[int]) -> int:
+    """The seed of one generation's draws: a 63-bit hash of the run's ``seed`` and the prompt's ids."""
+    digest = hashlib.blake2b(repr((seed, list(prompt_ids))).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
 
 
 def position_uniform(seed: int, position: int) -> float:
