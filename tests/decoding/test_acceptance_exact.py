@@ -14,6 +14,7 @@ must fail the same test, at N or fewer decodes (see N_CONTROL).
 
 from __future__ import annotations
 
+import copy
 import itertools
 import zlib
 from collections.abc import Callable
@@ -384,3 +385,101 @@ def test_rule_objects_sample_the_target_at_their_temperature(rule_cls, temperatu
         f"(noise {noise:.4f}), p {pvalue:.3g}"
     )
     assert pvalue > ALPHA and tv < 1.5 * noise, (tv, noise, pvalue)
+
+
+# ----- negative controls of the production-path tests: the same decodes, seeds and verdict on a wrong rule
+# (built here by subclassing, nothing in repro/ changed), asserted to FAIL: the two tests above have power.
+# The verdict's false-failure rate on exact decodes, measured on 20,000 multinomial samples of the exact
+# joint at each n: chi-square p <= ALPHA 1.1e-3 (n = 1,500) to 1.6e-3 (n = 10,000), TV >= 1.5 x noise never.
+
+
+class _RecordingBestFirst(BestFirst):
+    """BestFirst that keeps a copy of the step's stream as it was before its own draws (``before``)."""
+
+    def build(self, root_token, proposal, rng=None):  # noqa: ANN001, ANN201
+        self.before = copy.deepcopy(rng)
+        return super().build(root_token, proposal, rng)
+
+
+def _replaying_builder_stream(rule_cls: type, builder: _RecordingBestFirst) -> type:
+    """A rule that draws its uniforms from the step's stream from its start: it replays the very draws the
+    builder made its children from (the bug ``SamplingRule.accept``'s required ``rng`` guards against)."""
+
+    class Replaying(rule_cls):
+        def accept(self, tree, logits, position, rng):  # noqa: ANN001, ANN201
+            return super().accept(tree, logits, position, builder.before)
+
+    return Replaying
+
+
+class _Recorded:
+    """The step's stream, remembering every uniform it gave (``random`` only: what the walks draw)."""
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self.rng, self.drawn = rng, []
+
+    def random(self) -> float:
+        self.drawn.append(self.rng.random())
+        return self.drawn[-1]
+
+
+def _bonus_reusing_accept_draw(rule_cls: type) -> type:
+    """A rule whose bonus token reuses the uniform of the walk's last accept test (its own draw ignored):
+    that uniform is conditioned by the test's outcome, so the bonus is biased."""
+
+    class Reusing(rule_cls):
+        def accept(self, tree, logits, position, rng):  # noqa: ANN001, ANN201
+            recorded, real = _Recorded(rng), acceptance.sample_index
+
+            def reused(probs, u):  # noqa: ANN001, ANN202
+                return real(probs, recorded.drawn[-2] if len(recorded.drawn) > 1 else u)
+
+            acceptance.sample_index = reused
+            try:
+                return super().accept(tree, logits, position, recorded)
+            finally:
+                acceptance.sample_index = real
+
+    return Reusing
+
+
+# Measured (both rules, seeds 0..9,999 as the exact test): the replayed stream TV / noise 5.9-6.2, the reused
+# bonus draw 7.1; chi-square p 0 (below float64's range) for both.
+KEYED_CONTROLS = ["builder-stream-replayed", "bonus-reuses-accept-draw"]
+
+
+@pytest.mark.parametrize("control", KEYED_CONTROLS)
+@pytest.mark.parametrize("rule_cls", [SpecSampling, Traversal], ids=["spec_sampling", "traversal"])
+def test_keyed_randomness_controls_are_caught(rule_cls, control):
+    """test_rule_objects_with_keyed_randomness_are_exact's decodes (10,000, seeds 0..9,999) and verdict on
+    a rule that replays the builder's draws, or one whose bonus reuses its last accept draw: must fail."""
+    builder = _RecordingBestFirst(6, sample=True)
+    if control == "builder-stream-replayed":
+        wrong = _replaying_builder_stream(rule_cls, builder)
+    else:
+        wrong = _bonus_reusing_accept_draw(rule_cls)
+    tv, noise, pvalue = verdict(decode_production(wrong, builder, 10_000))
+    print(f"control {control} {rule_cls.__name__}: TV {tv:.4f} (noise {noise:.4f}), p {pvalue:.3g}")
+    assert pvalue < ALPHA and tv > 1.5 * noise, (tv, noise, pvalue)
+
+
+def _temperature_twice(rule_cls: type) -> type:
+    """A rule that divides the logits by its temperature twice: it samples target^(1 / T) renormalised."""
+
+    class Twice(rule_cls):
+        def accept(self, tree, logits, position, rng):  # noqa: ANN001, ANN201
+            return super().accept(tree, logits / self.temperature, position, rng)
+
+    return Twice
+
+
+# Measured (n = N_TEMPERATURE, the exact test's seeds): TV / noise 4.1-5.0, chi-square p 4e-204 or less.
+@pytest.mark.parametrize("temperature", [0.6, 1.7])
+@pytest.mark.parametrize("rule_cls", [SpecSampling, Traversal], ids=["spec_sampling", "traversal"])
+def test_temperature_applied_twice_is_caught(rule_cls, temperature):
+    """test_rule_objects_sample_the_target_at_their_temperature's decodes and verdict on a rule applying
+    its temperature twice: must fail."""
+    wrong, builder = _temperature_twice(rule_cls), BestFirst(6, sample=True)
+    tv, noise, pvalue = verdict(decode_production(wrong, builder, N_TEMPERATURE, temperature))
+    print(f"control T twice {rule_cls.__name__} T={temperature}: TV {tv:.4f} ({noise:.4f}), p {pvalue:.3g}")
+    assert pvalue < ALPHA and tv > 1.5 * noise, (tv, noise, pvalue)
