@@ -215,7 +215,10 @@ def _decode(
         manifest.update(parallel.shard_manifest(shard, device))
         parallel.check_shard(out_dir, shard)
     progress = Progress(str(cfg["name"]), runner.total_units()) if show_progress else None
-    with RunDir(out_dir, manifest, kind) as run_dir, progress or contextlib.nullcontext():
+    with (
+        RunDir(out_dir, manifest, kind, runner.check_resumed) as run_dir,
+        progress or contextlib.nullcontext(),
+    ):
         if show_progress:  # the input checked: no line before a bad input's one
             err_console.print(f"{cfg['name']}: {len(runner.all_routes)} route(s) built in {built:.1f} s")
         advance = (lambda item: progress.advance(item=item)) if progress else None

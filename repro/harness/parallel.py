@@ -21,7 +21,7 @@ from typing import Any
 
 from repro.data.suites import Prompt, load_suite
 from repro.errors import ReproError, RunDirError
-from repro.reporting.records import MANIFEST_FILE
+from repro.reporting.records import MANIFEST_FILE, foreign_record
 from repro.reporting.rundir import (
     ACROSS_CODE_ENV,
     SHARDS_DIR,
@@ -213,6 +213,18 @@ def _check_shards(runs: list[tuple[int, Run]]) -> int:
     return worlds.pop()
 
 
+def route_params(cfg: Mapping[str, Any], runs: list[tuple[int, Run]]) -> dict[str, dict[str, Any]]:
+    """The resolved parameters of each route of ``cfg``: those of its first record in the shards (every
+    other record of that route must have the same)."""
+    names = {route["name"] for route in cfg["routes"]}
+    params: dict[str, dict[str, Any]] = {}
+    for _, run in runs:
+        for record in run.records:
+            if record.route in names:
+                params.setdefault(record.route, record.route_params)
+    return params
+
+
 def merge_shards(out: str | Path, kinds: Kinds, partial: bool = False) -> Merged:
     """Append the records of every shard under ``out/shards/`` (runs of one of ``kinds``, e.g.
     :data:`repro.harness.run_kinds.KINDS`) to the run directory ``out`` (created or resumed through
@@ -232,14 +244,16 @@ def merge_shards(out: str | Path, kinds: Kinds, partial: bool = False) -> Merged
         )
     owner: dict[tuple, int] = {}
     expected = {rank: expected_keys(first["config"], Shard(rank, world)) for rank, _ in runs}
+    params = route_params(first["config"], runs)
     for rank, run in runs:
         for record in run.records:
             key = run.kind.key(record)
             if key in owner:
                 raise ReproError(f"record {key} is in shards rank-{owner[key]} and rank-{rank}; not merged")
-            if key not in expected[rank]:
+            if why := foreign_record(record, first["config"], expected[rank], params):
                 raise ReproError(
-                    f"record {key} of {run.path} is not one of shard {rank}/{world}'s prompts; not merged"
+                    f"record {key} of {run.path} does not belong to shard {rank}/{world} of this run ({why});"
+                    " not merged"
                 )
             owner[key] = rank
     for rank, run in runs:

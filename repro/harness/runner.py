@@ -20,8 +20,8 @@ from repro.data.suites import Prompt
 from repro.decoding.engine import DecodeResult, Route, generate
 from repro.decoding.routes import build_route, family_of, prepare_graphs
 from repro.engines.external_route import ExternalRoute, build_external, is_external
-from repro.errors import ConfigError, RunDirError
-from repro.harness.parallel import Shard, experiment_prompts, shard_prompts
+from repro.errors import ConfigError, ReproError, RunDirError
+from repro.harness.parallel import Shard, expected_keys, experiment_prompts, shard_prompts
 from repro.models.graphed import GraphedTarget
 from repro.models.hybrid import HybridLM
 from repro.models.target import open_target
@@ -30,6 +30,7 @@ from repro.reporting.records import (
     RECORDS_FILE,
     DecodeRecord,
     compare_to_reference,
+    foreign_record,
     reference_route,
     sha256_ids,
 )
@@ -158,7 +159,10 @@ class ExperimentRunner:
     def run(self, run_dir: RunDir, progress: ProgressFn | None = None) -> int:
         """Decode every (prompt, turn, route) not yet in ``run_dir``; returns records written."""
         prompts = self.prompts()
-        self.check_resumed(run_dir)
+        try:
+            self.check_resumed(run_dir.scanned)
+        except ReproError as e:
+            raise RunDirError(f"cannot resume {run_dir.path}: {e}") from None
         done = run_dir.done_keys()
         ref_route = reference_route((r.name, r.params) for r in self.all_routes)
         self.warm_up()
@@ -219,22 +223,17 @@ class ExperimentRunner:
             run_dir.update_manifest(external_routes={**seen, route.name: route.notes(result)})
         return route.record(prompt, turn, prompt_ids, result, reference, self.cfg, self.stop_ids)
 
-    def check_resumed(self, run_dir: RunDir) -> None:
-        """Refuse records (of a resumed run) that these routes did not write: every record's route must
-        be one of them, with the same resolved parameters (a record edited by hand or written by
-        another configuration is not mixed in)."""
+    def check_resumed(self, records: list[tuple[int, DecodeRecord]]) -> None:
+        """Refuse records (of a resumed run: (line number, record) pairs) that this configuration did not
+        write: each must be of one of these routes with the same resolved parameters, of one of this run's
+        (shard's) prompts and turns, of its seed and temperature and within its max_new_tokens (a record
+        edited by hand or written by another configuration is not mixed in). ReproError, one line."""
         params = {route.name: route.params for route in self.all_routes}
-        for lineno, record in enumerate(run_dir.records(), start=1):
-            if record.route not in params:
-                raise RunDirError(
-                    f"cannot resume {run_dir.path}: {RECORDS_FILE} line {lineno}: route {record.route!r} is"
-                    " not in this run's config; the records were not written by this configuration"
-                )
-            if record.route_params != params[record.route]:
-                raise RunDirError(
-                    f"cannot resume {run_dir.path}: {RECORDS_FILE} line {lineno}: route {record.route!r} has"
-                    f" route_params {record.route_params} but this run builds {params[record.route]}; the"
-                    " record was edited or written by another configuration"
+        keys = expected_keys(self.cfg, self.shard or Shard(0, 1))
+        for lineno, record in records:
+            if why := foreign_record(record, self.cfg, keys, params):
+                raise ReproError(
+                    f"{RECORDS_FILE} line {lineno}: {why}; the records were not written by this configuration"
                 )
 
     def total_units(self) -> int:

@@ -82,6 +82,30 @@ def reference_route(routes: Iterable[tuple[str, dict[str, Any]]]) -> str | None:
     return next((name for name, params in routes if is_ar_route(params)), None)
 
 
+def foreign_record(
+    record: DecodeRecord, cfg: Mapping[str, Any], keys: set[tuple], params: Mapping[str, dict[str, Any]]
+) -> str | None:
+    """Why ``record`` cannot have been written by the run of the resolved config ``cfg`` whose records
+    have the ``keys`` (route, suite, prompt_id, turn) and whose routes resolve to ``params`` (route name
+    -> route_params), or None: the one check of a record against a configuration (resume and merge)."""
+    if record.route not in params:
+        return f"route {record.route!r} is not in this run's config"
+    if record.route_params != params[record.route]:
+        return (
+            f"route {record.route!r} has route_params {record.route_params} but this run builds"
+            f" {params[record.route]}"
+        )
+    if record.key not in keys:
+        return f"{record.suite}/{record.prompt_id} turn {record.turn} is not one of this run's prompts"
+    if record.seed != int(cfg["seed"]):
+        return f"seed {record.seed} is not this run's {cfg['seed']}"
+    if record.temperature != float(cfg["temperature"]):
+        return f"temperature {record.temperature} is not this run's {cfg['temperature']}"
+    if record.new_tokens > int(cfg["max_new_tokens"]):
+        return f"new_tokens {record.new_tokens} exceeds this run's max_new_tokens {cfg['max_new_tokens']}"
+    return None
+
+
 # the JSON type of each DecodeRecord field (bool is not accepted where a number is)
 _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     **dict.fromkeys(

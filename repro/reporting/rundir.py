@@ -400,10 +400,18 @@ class RunDir:
     is always recomputed. An existing directory must be empty or a run directory of the same kind,
     config hash and seed; a resumable kind then resumes it (``resumed``), keeping its original
     manifest and appending this session to ``manifest["resumes"]``. ``kind`` is the run's kind (a
-    decode run: :data:`repro.reporting.report.DECODE_KIND`).
+    decode run: :data:`repro.reporting.report.DECODE_KIND`). ``check``, when given, is called with the
+    (line number, record) pairs a resumed directory already holds, before anything is written; a
+    ReproError it raises refuses the resume (e.g. records another configuration wrote).
     """
 
-    def __init__(self, path: str | Path, manifest: dict[str, Any], kind: RunKind) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        manifest: dict[str, Any],
+        kind: RunKind,
+        check: Callable[[list[tuple[int, Any]]], None] | None = None,
+    ) -> None:
         self.path = Path(path)
         self.kind = kind
         if "config" not in manifest:
@@ -420,8 +428,14 @@ class RunDir:
         self._lock = self._acquire_lock()
         self.resumed = self.manifest_path.exists()
         scan = self._open_existing(new) if self.resumed else Scan([], 0, 0, False)
+        if check is not None and scan.records:
+            try:
+                check(scan.records)
+            except ReproError as e:
+                self._refuse(f"cannot be resumed: {e}")
         if not self.resumed:
             self.manifest = {**new, "outputs": []}
+        self.scanned = scan.records  # the (line number, record) pairs it held when opened
         self._records = [r for _, r in scan.records]
         self._index = {self.kind.key(r): r for r in self._records} if self.kind.key else {}
         self._valid_bytes, self._size, self._truncated = scan.valid_bytes, scan.size, scan.truncated

@@ -20,7 +20,18 @@ from repro.reporting.records import MANIFEST_FILE, RECORDS_FILE
 from repro.reporting.rundir import load_records
 
 ROOT = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+# one code version for every process of the module (others may commit or edit the checkout meanwhile)
+CODE = {"REPRO_GIT_SHA": "parallel-test"}
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **CODE}
+
+
+@pytest.fixture(autouse=True)
+def same_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The in-process commands run as the same code as the module's subprocesses."""
+    for key, value in CODE.items():
+        monkeypatch.setenv(key, value)
+
+
 SAME = ("output_sha256", "accepted_lengths", "tree_sizes", "new_tokens", "prompt_sha256", "vs_ar")
 
 
@@ -169,8 +180,22 @@ def test_merge_refuses_a_record_of_another_shard_and_an_interrupted_shard(runs, 
     (out / "shards" / "rank-1" / RECORDS_FILE).write_text(
         (out / "shards" / "rank-1" / RECORDS_FILE).read_text() + lines[-1]
     )
-    with pytest.raises(ReproError, match="is not one of shard 1/2's prompts"):
+    with pytest.raises(
+        ReproError, match="does not belong to shard 1/2 of this run .* is not one of this run's"
+    ):
         merge_shards(out, KINDS)
+
+
+def test_merge_refuses_a_record_of_other_route_params(runs, tmp_path):
+    """Shards whose records resolve a route differently (another configuration's, edited) are not merged."""
+    out = shards_copy(runs, tmp_path)
+    path = out / "shards" / "rank-1" / RECORDS_FILE
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    next(r for r in records if r["route"] == "chain")["route_params"]["p"] = 0.9
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    with pytest.raises(ReproError, match=r"rank-1 does not belong .*route 'chain' has route_params"):
+        merge_shards(out, KINDS)
+    assert not (out / RECORDS_FILE).exists()
 
 
 def test_merge_refuses_a_shard_relabelled_or_missing(runs, tmp_path):

@@ -21,7 +21,7 @@ from repro.harness import falsify
 from repro.harness.run_kinds import load_run, rebuild_report
 from repro.models.fingerprint import fingerprint_checkpoints
 from repro.reporting.index import index_markdown, run_folders
-from repro.reporting.records import build_manifest
+from repro.reporting.records import build_manifest, sha256_ids
 from repro.reporting.report import DECODE_KIND, summarize, write_report
 from repro.reporting.rundir import DECODE_RECORDS, RunDir, infer_kind
 
@@ -361,26 +361,86 @@ def test_figures_outside_the_run_never_overwrite_foreign_files(tmp_path: Path):
         rebuild_report(tmp_path / "b", figures=tmp_path / "shared")
 
 
-def test_a_record_whose_route_kind_was_edited_is_refused_on_resume(tmp_path: Path):
+TINY = {
+    "name": "t", "target": "tiny-random", "dtype": "float64", "suites": ["gsm8k"], "limit": 1,
+    "max_new_tokens": 4, "warmup": 0, "ignore_eos": True,
+    "routes": [{"name": "ar", "kind": "ar"}, {"name": "c", "kind": "synthetic_chain", "k": 2, "p": 0.5}],
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory) -> tuple[dict, Path]:
+    """The resolved tiny experiment and a complete run directory of it (tests resume copies of it)."""
     from repro.harness.experiment import resolve
     from repro.harness.runner import ExperimentRunner
 
-    raw = {
-        "name": "t", "target": "tiny-random", "dtype": "float64", "suites": ["gsm8k"], "limit": 1,
-        "max_new_tokens": 4, "warmup": 0, "ignore_eos": True,
-        "routes": [{"name": "ar", "kind": "ar"}, {"name": "c", "kind": "synthetic_chain", "k": 2, "p": 0.5}],
-    }  # fmt: skip
-    cfg = resolve(raw, {})
+    cfg = resolve(TINY, {})
+    path = tmp_path_factory.mktemp("tiny") / "run"
     runner = ExperimentRunner(cfg)
-    with RunDir(tmp_path, build_manifest(cfg), DECODE_KIND) as run:
+    with RunDir(path, build_manifest(cfg), DECODE_KIND, runner.check_resumed) as run:
         assert runner.run(run) == 2
-    path = tmp_path / "records.jsonl"
-    path.write_text(path.read_text().replace('"kind":"synthetic_chain"', '"kind":"synthetic_tree"'))
-    with (
-        RunDir(tmp_path, build_manifest(cfg), DECODE_KIND) as run,
-        pytest.raises(RunDirError, match=r"line 2: route 'c' has"),
-    ):
-        runner.run(run)
+    return cfg, path
+
+
+def edited_copy(tiny_run: tuple[dict, Path], tmp_path: Path, line: int, edit) -> Path:
+    """A copy of the tiny run whose record on ``line`` (1-based) is ``edit(record dict)``, still valid."""
+    path = tmp_path / "run"
+    shutil.copytree(tiny_run[1], path)
+    records = path / "records.jsonl"
+    lines = records.read_text().splitlines()
+    record = json.loads(lines[line - 1])
+    edit(record)
+    lines[line - 1] = json.dumps(record)
+    records.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def refused_untouched(cfg: dict, path: Path, match: str) -> None:
+    """Resuming ``path`` with ``cfg`` as the CLI does is refused in one line, and writes nothing."""
+    from repro.harness.runner import ExperimentRunner
+
+    before = {p.name: p.read_bytes() for p in path.iterdir() if p.is_file() and p.name != ".lock"}
+    runner = ExperimentRunner(cfg)
+    with pytest.raises(RunDirError, match=match) as exc:
+        RunDir(path, build_manifest(cfg), DECODE_KIND, runner.check_resumed)
+    assert len(str(exc.value).splitlines()) == 1
+    assert {p.name: p.read_bytes() for p in path.iterdir() if p.is_file() and p.name != ".lock"} == before
+
+
+def longer(record: dict) -> None:
+    """One more AR token than the record had."""
+    record["output_ids"].append(5)
+    record["new_tokens"] += 1
+    record["steps"] += 1
+    record["accepted_lengths"].append(1)
+    record["tree_sizes"].append(record["tree_sizes"][-1] if record["tree_sizes"] else 1)
+    record["output_sha256"] = sha256_ids(record["output_ids"])
+
+
+@pytest.mark.parametrize(
+    ("line", "edit", "match"),
+    [
+        (2, lambda r: r["route_params"].update(kind="synthetic_tree"), r"line 2: route 'c' has route_params"),
+        (2, lambda r: r.update(route="gone"), r"line 2: route 'gone' is not in this run's config"),
+        (
+            1,
+            lambda r: r.update(prompt_id="elsewhere"),
+            r"line 1: gsm8k/elsewhere turn 0 is not one of this run",
+        ),
+        (1, lambda r: r.update(turn=1), r"line 1: gsm8k/.* turn 1 is not one of this run's prompts"),
+        (2, lambda r: r.update(seed=r["seed"] + 1), r"line 2: seed \d+ is not this run's"),
+        (1, lambda r: r.update(temperature=0.7), r"line 1: temperature 0.7 is not this run's"),
+        (1, longer, r"line 1: new_tokens 5 exceeds this run's max_new_tokens 4"),
+    ],
+)
+def test_a_record_of_another_configuration_is_refused_before_writing(tiny_run, tmp_path, line, edit, match):
+    """A resume accepts only records this configuration writes: its routes with their resolved
+    parameters, its prompts and turns, its seed and temperature, at most max_new_tokens; anything else is
+    one line naming the record's line, and the directory is left as it was."""
+    cfg, _ = tiny_run
+    refused_untouched(
+        cfg, edited_copy(tiny_run, tmp_path, line, edit), f"cannot be resumed: records.jsonl {match}"
+    )
 
 
 def test_a_corrupt_manifest_says_the_records_are_intact(tmp_path: Path):
