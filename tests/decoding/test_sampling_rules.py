@@ -3,6 +3,7 @@ engine's law at T != 1 over seeds (its random stream wiring), sampled best-first
 
 from __future__ import annotations
 
+import copy
 import itertools
 
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
+from repro.decoding import acceptance, tree_builders
 from repro.decoding.acceptance import ACCEPTANCE_RULES, SpecSampling, TargetMatch, Traversal, make_rule
 from repro.decoding.engine import Route, generate
 from repro.decoding.routes import build_route
@@ -25,6 +27,7 @@ from repro.tree import Tree
 torch.set_num_threads(1)
 PROMPT = list(range(40, 72))
 V64 = 260  # the default target's vocabulary
+ALPHA = 1e-3  # every chi-square test's significance here; fixed seeds make every verdict reproducible
 
 
 def random_tree(gen: torch.Generator, n: int, vocab: int) -> Tree:
@@ -77,16 +80,48 @@ def test_builders_record_proposals_and_sample_from_them():
         and top.proposals[0][1].tolist() == probs[0].tolist()
     )
     assert top.proposals[-1] is None
-    counts = torch.zeros(8)
-    for s in range(4000):
-        tree = Chain(sample=True).build(5, prop, np.random.default_rng(s))
-        assert tree.draw == "iid" and tree.size == 4
-        counts[int(tree.tokens[1])] += 1
-    assert (counts / 4000 - probs[0]).abs().max() < 0.03  # depth 1 drawn from its marginal
+    pvalue = chain_depth1_pvalue(prop)
+    print(f"Chain(sample=True) depth 1 against its marginal, n={N_CHAIN}: chi-square p {pvalue:.3g}")
+    assert pvalue > ALPHA  # depth 1 drawn from its marginal
     with pytest.raises(ValueError, match="random generator"):
         Chain(sample=True).build(5, prop)
     with pytest.raises(ConfigError, match="marginals"):
         Chain(sample=True).build(5, Proposal([[1], [2]]), np.random.default_rng(0))
+
+
+# Sampled chains whose first draft token is tallied (seeds 0 .. N_CHAIN - 1) and compared with the depth-1
+# marginal by chi-square at ALPHA (false-failure rate on exact draws, measured on 20,000 multinomial samples
+# of the marginal: 1.1e-3). The control below, a draw from the marginal to the power 0.9 (renormalised), is
+# caught at p 6e-6 (its largest frequency error is 0.022: a max-abs-deviation bound of 0.03 passed it); the
+# exact draw: p 0.54.
+N_CHAIN = 4000
+
+
+def chain_depth1_pvalue(prop: Proposal) -> float:
+    """Chi-square p-value of ``Chain(sample=True)``'s depth-1 tokens over N_CHAIN seeds against the
+    proposal's depth-1 marginal."""
+    counts = np.zeros(prop.probs.shape[-1])
+    for s in range(N_CHAIN):
+        tree = Chain(sample=True).build(5, prop, np.random.default_rng(s))
+        assert tree.draw == "iid" and tree.size == 4
+        counts[int(tree.tokens[1])] += 1
+    marginal = prop.probs[0].double().numpy()
+    return float(chisquare(counts, N_CHAIN * marginal / marginal.sum()).pvalue)
+
+
+def test_chain_drawn_from_a_tempered_marginal_is_caught(monkeypatch):
+    """The negative control of test_builders_record_proposals_and_sample_from_them's chi-square: the same
+    marginal and seeds, each depth drawn from its marginal^0.9 (renormalised), must fail it."""
+    probs = torch.softmax(torch.randn(3, 8, generator=torch.Generator().manual_seed(2)), -1)
+    real = tree_builders.draw_rows_without_replacement
+
+    def tempered(rows, counts, rng):  # noqa: ANN001, ANN202
+        return real([q**0.9 / (q**0.9).sum() for q in rows], counts, rng)
+
+    monkeypatch.setattr(tree_builders, "draw_rows_without_replacement", tempered)
+    pvalue = chain_depth1_pvalue(Proposal(probs.topk(2).indices.tolist(), probs))
+    print(f"control: Chain drawing from marginal^0.9, n={N_CHAIN}: chi-square p {pvalue:.3g}")
+    assert pvalue < ALPHA
 
 
 def test_make_rule_names_every_rule():
@@ -173,14 +208,14 @@ def test_sampling_rules_need_the_steps_random_stream(rule_cls):
 
 V_ENGINE, L_ENGINE, T_ENGINE = 6, 3, 1.3
 ENGINE_PROMPT = [1, 2, 3]
-# Decodes a case (seeds 0 .. N_ENGINE - 1). Measured at 1,500 with the engine passing the rule a fresh
-# step_rng(seed, position) instead of the step's stream (the sampled builder's draws replayed as the rule's
-# uniforms): chi-square p 3e-19 (tree, spec_sampling), 1e-13 (chain), 3e-12 (tree, traversal); with the
-# rule's temperature taken as 1: p 5e-5 or less; with the step stream's seed ignored (step_rng(0, position)):
-# 6 distinct outputs (one continuation per first token) and p 0. The exact engine: p 0.148 or more and 184
-# or more distinct outputs.
+# Decodes a case (seeds 0 .. N_ENGINE - 1). Asserted by test_engine_replaying_the_builders_draws_is_caught:
+# the rule handed the step's stream from its start (the sampled builder's draws replayed as the rule's
+# uniforms) fails the chi-square, measured p 8e-20 (tree, spec_sampling), 2e-18 (chain), 5e-13 (tree,
+# traversal). Measured before, not asserted: with the rule's temperature taken as 1: p 5e-5 or less; with the
+# step stream's seed ignored: 6 distinct outputs (one continuation per first token) and p 0. The exact engine:
+# p 0.016 or more and 183 or more distinct outputs; the chi-square's false-failure rate on exact decodes
+# (20,000 multinomial samples of AR's joint at N_ENGINE): 1.3e-3.
 N_ENGINE = 1_500
-ALPHA = 1e-3
 
 
 def _tiny_target() -> HybridLM:
@@ -248,7 +283,20 @@ def test_generate_samples_ars_law_over_seeds(tiny, case):
     keyed by the seed, not only the prefill's pick)."""
     model, joint = tiny
     make_builder, depth, rule_cls = ENGINE_CASES[case]
-    builder = make_builder()
+    outputs, pvalue, tv = engine_law(model, joint, case, make_builder(), rule_cls)
+    firsts = {o[0] for o in outputs}
+    print(
+        f"generate {case} T={T_ENGINE} seeds 0..{N_ENGINE - 1}: TV {tv:.4f}, chi-square p {pvalue:.3g}, "
+        f"{len(set(outputs))} distinct outputs, {len(firsts)} first tokens"
+    )
+    assert len(set(outputs)) > len(firsts) + 10  # not one continuation per first token: the seed counts
+    assert pvalue > ALPHA, (tv, pvalue)
+
+
+def engine_law(model: HybridLM, joint: np.ndarray, case: str, builder: object, rule_cls: type):  # noqa: ANN201
+    """``generate``'s first L_ENGINE tokens over seeds 0 .. N_ENGINE - 1 on ``case``'s drafter: (the outputs,
+    the chi-square p-value against ``joint``, cells with expected count < 5 pooled, the TV distance)."""
+    depth = ENGINE_CASES[case][1]
     outputs = []
     for seed in range(N_ENGINE):
         route = Route(case, MarginalDrafter(depth), builder, rule_cls(T_ENGINE, seed))
@@ -263,14 +311,34 @@ def test_generate_samples_ars_law_over_seeds(tiny, case):
         np.append(expected[~small], expected[small].sum()),
     )
     pvalue = float(chisquare(obs, exp).pvalue)
-    tv = 0.5 * np.abs(counts / N_ENGINE - joint).sum()
-    firsts = {o[0] for o in outputs}
-    print(
-        f"generate {case} T={T_ENGINE} seeds 0..{N_ENGINE - 1}: TV {tv:.4f}, chi-square p {pvalue:.3g}, "
-        f"{len(set(outputs))} distinct outputs, {len(firsts)} first tokens"
-    )
-    assert len(set(outputs)) > len(firsts) + 10  # not one continuation per first token: the seed counts
-    assert pvalue > ALPHA, (tv, pvalue)
+    return outputs, pvalue, float(0.5 * np.abs(counts / N_ENGINE - joint).sum())
+
+
+class _RecordsStream:
+    """A builder mixin keeping a copy of each step's stream as it was before the builder's draws."""
+
+    def build(self, root_token, proposal, rng=None):  # noqa: ANN001, ANN201
+        self.before = copy.deepcopy(rng)
+        return super().build(root_token, proposal, rng)  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("case", ENGINE_CASES)
+def test_engine_replaying_the_builders_draws_is_caught(tiny, case):
+    """The negative control of test_generate_samples_ars_law_over_seeds (its seeds, N_ENGINE and chi-square):
+    the rule given the step's stream from its start, not past the builder's draws, must fail it. Built on
+    the builder's own stream (whatever keys it), so the control does not depend on the keying."""
+    model, joint = tiny
+    make_builder, _, rule_cls = ENGINE_CASES[case]
+    builder = make_builder()
+    builder.__class__ = type(f"Recording{type(builder).__name__}", (_RecordsStream, type(builder)), {})
+
+    class Replaying(rule_cls):
+        def accept(self, tree, logits, position, rng):  # noqa: ANN001, ANN201
+            return super().accept(tree, logits, position, builder.before)
+
+    _, pvalue, tv = engine_law(model, joint, case, builder, Replaying)
+    print(f"control: generate {case} replaying the builder's draws: TV {tv:.4f}, chi-square p {pvalue:.3g}")
+    assert pvalue < ALPHA, (tv, pvalue)
 
 
 # ----- sampled best-first trees on sparse marginals
@@ -293,15 +361,27 @@ def test_sampled_best_first_keeps_zero_probability_tokens_out_of_its_shape(case)
     positive proposal mass, the rules accept every tree, and the first token follows the target (chi-square);
     a shape with more children than tokens to draw (the greedy one) is refused by ``draw``."""
     probs, budget = SPARSE[case]
-    vocab = probs.shape[-1]
     prop = Proposal([[0]] * probs.shape[0], probs)
     greedy = BestFirst(budget).shape(0, prop)
     assert len(greedy.children_of(0)) > int((probs[0] > 0).sum())  # the premise: zero-probability children
+    for rule_cls, (c, pvalue) in sparse_first_tokens(case).items():
+        print(f"{case} {rule_cls.__name__}: first tokens {c.tolist()}, chi-square p {pvalue:.3g}")
+        assert pvalue > ALPHA, (rule_cls.__name__, c.tolist())
+    with pytest.raises(ValueError, match="children but its proposal only"):
+        BestFirst.draw(greedy, np.random.default_rng(0))
+
+
+def sparse_first_tokens(case: str) -> dict[type, tuple[np.ndarray, float]]:
+    """Per rule: the first tokens committed over N_SPARSE sampled trees of ``case`` (the shape's invariants
+    asserted on each) and their chi-square p-value against the root's target row."""
+    probs, budget = SPARSE[case]
+    vocab = probs.shape[-1]
+    prop = Proposal([[0]] * probs.shape[0], probs)
     root_p = np.array([0.1, 0.3, 0.2, 0.15, 0.25][:vocab])
     root_p /= root_p.sum()
     logits = torch.randn(budget + 1, vocab, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     logits[0] = torch.from_numpy(np.log(root_p))
-    n = 2000
+    n = N_SPARSE
     counts = {SpecSampling: np.zeros(vocab), Traversal: np.zeros(vocab)}
     for s in range(n):
         rng = step_rng(s, 1)
@@ -314,9 +394,25 @@ def test_sampled_best_first_keeps_zero_probability_tokens_out_of_its_shape(case)
         for i, (rule_cls, c) in enumerate(counts.items()):  # each rule its own stream, past the builder's
             acc = rule_cls(1.0, s).accept(tree, logits[: tree.size], 1, np.random.default_rng([s, i]))
             c[int(tree.tokens[acc.path[1]]) if len(acc.path) > 1 else acc.bonus] += 1
-    for rule_cls, c in counts.items():
-        pvalue = float(chisquare(c, n * root_p).pvalue)
-        print(f"{case} {rule_cls.__name__}: first tokens {c.tolist()}, chi-square p {pvalue:.3g}")
-        assert pvalue > ALPHA, (rule_cls.__name__, c.tolist())
-    with pytest.raises(ValueError, match="children but its proposal only"):
-        BestFirst.draw(greedy, np.random.default_rng(0))
+    return {rule_cls: (c, float(chisquare(c, n * root_p).pvalue)) for rule_cls, c in counts.items()}
+
+
+# Trees a case (seeds 0 .. N_SPARSE - 1). The control below (no residual) measured p 3e-55 (one-token,
+# spec_sampling) or less; the exact rules p 0.208 or more; the chi-square's false-failure rate on exact draws
+# (20,000 multinomial samples of the root's row at N_SPARSE): 1.2e-3 (5 tokens), 7.5e-4 (3 tokens) a rule.
+N_SPARSE = 2000
+
+
+def _no_residual(r, q, weight=1.0):  # noqa: ANN001, ANN202
+    """Forgets rejected children: the bonus may be a child just rejected (and traversal's weights stay)."""
+    return r, float(weight)
+
+
+@pytest.mark.parametrize("case", SPARSE)
+def test_sparse_first_token_without_residual_is_caught(case, monkeypatch):
+    """The negative control of test_sampled_best_first_keeps_zero_probability_tokens_out_of_its_shape's
+    chi-square (its trees, seeds and streams): both rules without the residual must fail it."""
+    monkeypatch.setattr(acceptance, "residual", _no_residual)
+    for rule_cls, (c, pvalue) in sparse_first_tokens(case).items():
+        print(f"control: {case} {rule_cls.__name__} without residual: {c.tolist()}, p {pvalue:.3g}")
+        assert pvalue < ALPHA, (rule_cls.__name__, c.tolist())
