@@ -71,7 +71,9 @@ def file_fingerprint(path: Path) -> dict[str, Any]:
 
 
 def dir_fingerprint(path: Path) -> dict[str, Any]:
-    """The resolved directory and the fingerprint of each regular file in it (sorted by name)."""
+    """The directory and the fingerprint of each regular file in it (sorted by name); the directory is
+    information only: a run's config hash covers the files, not where they lie
+    (:func:`repro.reporting.rundir.run_hash`)."""
     files = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
     return {"path": str(path), "files": {p.name: file_fingerprint(p) for p in files}}
 

@@ -132,10 +132,24 @@ FINGERPRINTS = ("checkpoints", "suites")  # manifest keys: fingerprints of what 
 ACROSS_CODE_ENV = "REPRO_RESUME_ACROSS_CODE"
 
 
+LOCATION = "path"  # a checkpoint fingerprint's directory: information, not part of the config hash
+
+
+def contents(fingerprints: Mapping[str, Any]) -> dict[str, Any]:
+    """Checkpoint fingerprints without where the checkpoints lie (the same files elsewhere, e.g. another
+    checkout or machine, are the same inputs)."""
+    return {
+        name: {k: v for k, v in fp.items() if k != LOCATION} if isinstance(fp, dict) else fp
+        for name, fp in fingerprints.items()
+    }
+
+
 def run_hash(manifest: Mapping[str, Any]) -> str:
     """The config hash of a run: of its config alone, or of the config and the fingerprints of the
-    checkpoints and suites it reads (those it records)."""
+    checkpoints (their contents, not their paths) and suites it reads (those it records)."""
     inputs = {key: manifest[key] for key in FINGERPRINTS if manifest.get(key)}
+    if "checkpoints" in inputs:
+        inputs["checkpoints"] = contents(inputs["checkpoints"])
     return config_hash({"config": manifest["config"], **inputs} if inputs else manifest["config"])
 
 
@@ -161,7 +175,6 @@ def changed_checkpoint(old: dict[str, Any], new: dict[str, Any]) -> str | None:
         for file in sorted(set(a["files"]) | set(b["files"])):
             if a["files"].get(file) != b["files"].get(file):
                 return f"{name}: {Path(b['path']) / file} changed"
-        return f"{name}: {a['path']} -> {b['path']}"
     return None
 
 
@@ -482,7 +495,7 @@ class RunDir:
             old_kind = "unknown"
         if old_kind != self.kind.name:
             self._refuse(f"holds a {old_kind} run, not a {self.kind.name} run")
-        if old["config_hash"] != new["config_hash"]:
+        if run_hash(old) != new["config_hash"]:
             changed = changed_checkpoint(old.get("checkpoints") or {}, new.get("checkpoints") or {})
             if changed and old.get("config") == new["config"]:
                 self._refuse(f"was run with other checkpoint contents ({changed})")

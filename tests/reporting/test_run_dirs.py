@@ -239,6 +239,31 @@ def test_a_changed_checkpoint_is_refused_on_resume(tmp_path: Path, monkeypatch, 
         RunDir(tmp_path / "run", manifest(), DECODE_KIND)
 
 
+def test_the_same_checkpoint_at_another_path_is_the_same_input(tmp_path: Path):
+    """The config hash covers a checkpoint's contents, not its path: a clone or another machine's checkout
+    resumes the run (and its shards merge); the path stays in the manifest as information."""
+    from repro.models.fingerprint import dir_fingerprint
+
+    here, there = tmp_path / "a" / "ckpt", tmp_path / "b" / "ckpt"
+    here.mkdir(parents=True)
+    (here / "config.json").write_text('{"layers": 2}')
+    (here / "model.safetensors").write_bytes(bytes(range(256)))
+    shutil.copytree(here, there)
+
+    def manifest(ckpt: Path) -> dict:
+        return {"config": CONFIG, "checkpoints": {"target": dir_fingerprint(ckpt)}}
+
+    with RunDir(tmp_path / "run", manifest(here), DECODE_KIND) as run:
+        run.append(make_record(prompt_id="p0"))
+    with RunDir(tmp_path / "run", manifest(there), DECODE_KIND) as run:
+        assert run.resumed and run.manifest["checkpoints"]["target"]["path"] == str(here)
+    (there / "config.json").write_text('{"layers": 3}')
+    with pytest.raises(
+        RunDirError, match=r"other checkpoint contents \(target: .*b/ckpt/config.json changed"
+    ):
+        RunDir(tmp_path / "run", manifest(there), DECODE_KIND)
+
+
 def test_family_names_are_fingerprinted_and_built_in_models_are_not():
     from repro.models.family import FAMILY_DIR
 
