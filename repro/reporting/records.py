@@ -270,7 +270,9 @@ def code_versions(manifest: Mapping[str, Any]) -> str:
 
 
 def git_sha(root: Path | None = None) -> str:
-    """``git rev-parse HEAD`` of the checkout the package runs from (+ "-dirty"), else "unknown".
+    """``git rev-parse HEAD`` of the checkout the package runs from, else "unknown"; with tracked files
+    modified, ``"<sha>-dirty-<diff>"``, ``<diff>`` the short sha256 of ``git diff HEAD`` (two different
+    uncommitted edits are two code versions). Untracked files (a run's own output) do not count.
 
     A copy without ``.git`` (the GPU machine gets the working tree only) reports the sha that the
     sender put in ``REPRO_GIT_SHA``.
@@ -279,21 +281,19 @@ def git_sha(root: Path | None = None) -> str:
         return os.environ["REPRO_GIT_SHA"]
     root = (root or Path(__file__).resolve().parents[2]).resolve()
 
-    def git(*args: str) -> str:
-        out = subprocess.run(
-            ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=20, check=True
-        )
+    def git(*args: str) -> bytes:
+        out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, timeout=20, check=True)
         return out.stdout
 
     try:
-        top = Path(git("rev-parse", "--show-toplevel").strip()).resolve()
+        top = Path(git("rev-parse", "--show-toplevel").decode().strip()).resolve()
         if top != root:  # e.g. an installed copy that happens to sit inside another repository
             return "unknown"
-        sha = git("rev-parse", "HEAD").strip()
-        dirty = git("status", "--porcelain").strip() != ""
+        sha = git("rev-parse", "HEAD").decode().strip()
+        diff = git("diff", "HEAD", "--binary", "--no-ext-diff", "--no-color")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
-    return sha + ("-dirty" if dirty else "")
+    return f"{sha}-dirty-{hashlib.sha256(diff).hexdigest()[:12]}" if diff else sha
 
 
 def _cpu_model() -> str:

@@ -103,7 +103,7 @@ def test_new_run_dir_writes_manifest(tmp_path: Path):
     assert "pandas" in m["versions"]
     assert "triton" in m["versions"]  # the kernel libraries a run's kernels come from (fla when installed)
     assert m["device"]
-    assert m["git_sha"] == "unknown" or re.fullmatch(r"[0-9a-f]{40}(-dirty)?", m["git_sha"])
+    assert m["git_sha"] == "unknown" or re.fullmatch(r"[0-9a-f]{40}(-dirty-[0-9a-f]{12})?", m["git_sha"])
     assert not list((tmp_path / "run").glob(".*.tmp"))
 
 
@@ -251,5 +251,24 @@ def test_git_sha_of_a_checkout_and_of_a_plain_directory(tmp_path: Path):
     git("commit", "-q", "-m", "a")
     head = git("rev-parse", "HEAD")
     assert git_sha(repo) == head
+    (repo / "results").mkdir()
+    (repo / "results" / "records.jsonl").write_text("{}\n")  # a run's own output, untracked
+    assert git_sha(repo) == head
     (repo / "a.txt").write_text("b")
-    assert git_sha(repo) == head + "-dirty"
+    edit_b = git_sha(repo)
+    assert re.fullmatch(rf"{head}-dirty-[0-9a-f]{{12}}", edit_b)
+    (repo / "a.txt").write_text("c")  # another uncommitted edit is another code version
+    assert git_sha(repo) not in (head, edit_b)
+    (repo / "a.txt").write_text("b")
+    assert git_sha(repo) == edit_b
+    git("add", "a.txt")  # staged or not, the same edit
+    assert git_sha(repo) == edit_b
+
+
+def test_a_run_s_own_output_does_not_make_its_checkout_dirty():
+    """The nightly script's default results root is ignored by git (it is output, not code)."""
+    ignored = subprocess.run(
+        ["git", "-C", str(Path(__file__).resolve().parents[2]), "check-ignore", "-q", "results/nightly/x"],
+        check=False,
+    )
+    assert ignored.returncode == 0
