@@ -205,7 +205,8 @@ def test_dflash_training_is_lossless_and_reloads(
     )
     curve = losses(tmp_path)
     assert sum(curve[-3:]) / 3 < sum(curve[:3]) / 3 - 1.0, curve
-    assert metrics["lossless"] and metrics["heldout_chain_mal"] >= 1.0
+    assert metrics["lossless"]  # and training gets more drafts accepted than a random drafter (block 4)
+    assert 1.0 <= metrics["heldout_chain_mal_untrained"] < metrics["heldout_chain_mal"] <= 4, metrics
     drafter = load_dflash(tmp_path)
     assert drafter.config.block_size == 4 and drafter.config.mask_token_id == ByteTokenizer().mask_token_id
     target = load_target(target_dir, dtype=torch.float64)
