@@ -198,7 +198,7 @@ def _decode(
     from repro.harness.runner import ExperimentRunner
     from repro.models.fingerprint import fingerprint_checkpoints
     from repro.reporting.records import build_manifest
-    from repro.reporting.rundir import RunDir
+    from repro.reporting.rundir import RunDir, new_manifest
 
     kind = experiment_kind(cfg["kind"])
     start = time.perf_counter()
@@ -211,9 +211,9 @@ def _decode(
         "suites": suite_fingerprints(cfg["suites"]),
     }
     if shard is not None:
-        out_dir = parallel.shard_path(out_dir, shard.rank)
         manifest.update(parallel.shard_manifest(shard, device))
-        parallel.check_shard(out_dir, shard)
+        parallel.check_shards(out_dir, shard, new_manifest(manifest, kind))
+        out_dir = parallel.shard_path(out_dir, shard.rank)
     progress = Progress(str(cfg["name"]), runner.total_units()) if show_progress else None
     with (
         RunDir(out_dir, manifest, kind, runner.check_resumed) as run_dir,

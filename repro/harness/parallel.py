@@ -24,10 +24,12 @@ from repro.errors import ReproError, RunDirError
 from repro.reporting.records import MANIFEST_FILE, foreign_record
 from repro.reporting.rundir import (
     ACROSS_CODE_ENV,
+    SHARD_NAME,
     SHARDS_DIR,
     Kinds,
     Run,
     RunDir,
+    check_target,
     code_change,
     load_run,
     read_manifest,
@@ -99,16 +101,21 @@ def shard_manifest(shard: Shard, device: str) -> dict[str, Any]:
     return {"shard": str(shard), "host": socket.gethostname(), "rank_device": device}
 
 
-def check_shard(path: Path, shard: Shard) -> None:
-    """Refuse, before it is opened, a shard directory written as another shard (another split)."""
-    if not (Path(path) / MANIFEST_FILE).exists():
-        return
-    was = read_manifest(Path(path)).get("shard")
-    if was != str(shard):
-        raise RunDirError(
-            f"{path} holds shard {was} of a run, not shard {shard}; rerun with the same number of shards"
-            " or use another --out"
-        )
+def check_shards(out: Path, shard: Shard, new: Mapping[str, Any]) -> None:
+    """Refuse (RunDirError), before anything is written, to decode ``shard`` of the run ``new`` (a full
+    manifest: :func:`repro.reporting.rundir.new_manifest`) under ``out``: ``out`` must be empty, the
+    merged run of that configuration or hold only its shards (:func:`check_target`), and every shard
+    folder there must be a shard of the same split."""
+    check_target(Path(out), new)
+    root = Path(out) / SHARDS_DIR
+    for folder in sorted(root.iterdir()) if root.is_dir() else []:
+        rank = int(SHARD_NAME.fullmatch(folder.name)[1])  # check_target refused other names
+        was = read_manifest(folder).get("shard") if (folder / MANIFEST_FILE).exists() else None
+        if rank >= shard.world or was not in (None, f"{rank}/{shard.world}"):
+            raise RunDirError(
+                f"{folder} holds shard {was or f'{rank}/?'} of a run, not a shard of a {shard.world}-way"
+                " split; rerun with the same number of shards or use another --out (nothing was written)"
+            )
 
 
 # ------------------------------------------------------------------------------ torch.distributed
@@ -166,7 +173,7 @@ def _shard_runs(out: Path, kinds: Kinds) -> list[tuple[int, Run]]:
         raise ReproError(f"{out} has no shards ({root}/rank-K); run `repro run ... --shard K/N --out {out}`")
     runs = []
     for d in dirs:
-        m = re.fullmatch(r"rank-(\d+)", d.name)
+        m = SHARD_NAME.fullmatch(d.name)
         if not m:
             raise ReproError(f"{d} is not a shard directory (expected rank-K)")
         runs.append((int(m[1]), load_run(d, kinds)))

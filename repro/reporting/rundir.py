@@ -25,6 +25,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ from repro.reporting.records import (
 
 LOCK_FILE = ".lock"
 SHARDS_DIR = "shards"  # the run directories of a data-parallel run's shards (repro.harness.parallel)
+SHARD_NAME = re.compile(r"rank-(\d+)")  # the folder of shard K under SHARDS_DIR
 DECODE = "decode"
 
 
@@ -404,6 +406,81 @@ def rebuild_report(path: str | Path, kinds: Kinds, figures: str | Path | None = 
 # ----------------------------------------------------------------------------------- writing
 
 
+def new_manifest(manifest: dict[str, Any], kind: RunKind) -> dict[str, Any]:
+    """The manifest a new run of ``kind`` writes: ``manifest`` (with its ``config``) over the environment
+    of :func:`build_manifest`, its ``kind`` and its ``config_hash`` (:func:`run_hash`)."""
+    new = {**build_manifest(manifest["config"], manifest.get("seed")), **manifest, "kind": kind.name}
+    new["config_hash"] = run_hash(manifest)
+    return new
+
+
+def refusal(path: Path, why: str) -> RunDirError:
+    """The one-line refusal to write into the output directory ``path``."""
+    return RunDirError(f"output directory {path} {why}; choose another --out or delete it")
+
+
+def other_run(old: dict[str, Any], new: Mapping[str, Any]) -> str | None:
+    """Why the run of manifest ``old`` is not the run ``new`` describes (kind, config hash with the
+    checkpoints and suites it reads, seed), or None."""
+    try:
+        old_kind = infer_kind(old)
+    except RunDirError:
+        old_kind = "unknown"
+    if old_kind != new["kind"]:
+        return f"holds a {old_kind} run, not a {new['kind']} run"
+    if run_hash(old) != new["config_hash"]:
+        same_config = old.get("config") == new["config"]
+        changed = changed_checkpoint(old.get("checkpoints") or {}, new.get("checkpoints") or {})
+        if changed and same_config:
+            return f"was run with other checkpoint contents ({changed})"
+        suites = changed_suites(old.get("suites") or {}, new.get("suites") or {})
+        if suites and same_config:
+            return f"was run with other prompt suite contents ({suites})"
+        return (
+            f"holds a run of a different configuration (config hash {str(old['config_hash'])[:12]} !="
+            f" {new['config_hash'][:12]})"
+        )
+    if old.get("seed") != new.get("seed"):
+        return f"holds a run of a different seed ({old.get('seed')} != {new.get('seed')})"
+    return None
+
+
+def foreign_content(path: Path, keep: tuple[str, ...] = (LOCK_FILE,)) -> list[str]:
+    """The names in directory ``path`` other than ``keep`` (sorted)."""
+    return sorted(p.name for p in path.iterdir() if p.name not in keep)
+
+
+def check_target(path: Path, new: Mapping[str, Any]) -> None:
+    """Refuse (RunDirError), reading only, to write the run of manifest ``new`` (with its ``kind`` and
+    ``config_hash``) into ``path``: a path that is not a directory; a directory that is not empty and is
+    not a run of the same kind, config and seed; a ``shards/`` folder (:mod:`repro.harness.parallel`)
+    holding anything but runs of that same configuration (``rank-K`` folders, empty or not)."""
+    if path.exists() and not path.is_dir():
+        raise RunDirError(f"output path {path} exists and is not a directory; choose another --out")
+    if not path.is_dir():
+        return
+    if (path / MANIFEST_FILE).exists():
+        if why := other_run(read_manifest(path), new):
+            raise refusal(path, why)
+    elif content := foreign_content(path, (LOCK_FILE, SHARDS_DIR)):
+        shown = ", ".join(content[:5]) + (f" and {len(content) - 5} more" if len(content) > 5 else "")
+        raise RunDirError(
+            f"output directory {path} is not empty ({shown}) and has no {MANIFEST_FILE},"
+            " so it is not a run directory; choose another --out (nothing was written)"
+        )
+    shards = path / SHARDS_DIR
+    if shards.exists() and not shards.is_dir():
+        raise refusal(path, f"holds a file {SHARDS_DIR}, not a folder of shards")
+    for shard in sorted(shards.iterdir()) if shards.is_dir() else []:
+        if not shard.is_dir() or not SHARD_NAME.fullmatch(shard.name):
+            raise refusal(path, f"holds {shard}, not a shard folder (rank-K)")
+        if (shard / MANIFEST_FILE).exists():
+            if why := other_run(read_manifest(shard), new):
+                raise refusal(shard, why)
+        elif content := foreign_content(shard):
+            raise refusal(shard, f"holds files of no run ({', '.join(content[:5])})")
+
+
 class RunDir:
     """The writer of one run directory: lock, manifest, append-only records, report outputs.
 
@@ -429,11 +506,10 @@ class RunDir:
         self.kind = kind
         if "config" not in manifest:
             raise ValueError("the manifest passed to RunDir needs the full resolved 'config'")
-        new = {**build_manifest(manifest["config"], manifest.get("seed")), **manifest, "kind": kind.name}
-        new["config_hash"] = run_hash(manifest)
+        new = new_manifest(manifest, kind)
         self.manifest_path = self.path / MANIFEST_FILE
         self.records_path = self.path / RECORDS_FILE
-        self._check_target()
+        check_target(self.path, new)  # before the lock: a foreign directory is left as it was
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -456,18 +532,6 @@ class RunDir:
 
     # -- opening
 
-    def _check_target(self) -> None:
-        if self.path.exists() and not self.path.is_dir():
-            raise RunDirError(f"output path {self.path} exists and is not a directory; choose another --out")
-        if self.path.is_dir() and not (self.path / MANIFEST_FILE).exists():
-            content = sorted(p.name for p in self.path.iterdir() if p.name not in (LOCK_FILE, SHARDS_DIR))
-            if content:
-                shown = ", ".join(content[:5]) + (f" and {len(content) - 5} more" if len(content) > 5 else "")
-                raise RunDirError(
-                    f"output directory {self.path} is not empty ({shown}) and has no {MANIFEST_FILE},"
-                    " so it is not a run directory; choose another --out (nothing was written)"
-                )
-
     def _acquire_lock(self) -> Any:
         lock_path = self.path / LOCK_FILE
         try:
@@ -489,25 +553,8 @@ class RunDir:
 
     def _open_existing(self, new: dict[str, Any]) -> Scan:
         old = read_manifest(self.path)
-        try:
-            old_kind = infer_kind(old)
-        except RunDirError:
-            old_kind = "unknown"
-        if old_kind != self.kind.name:
-            self._refuse(f"holds a {old_kind} run, not a {self.kind.name} run")
-        if run_hash(old) != new["config_hash"]:
-            changed = changed_checkpoint(old.get("checkpoints") or {}, new.get("checkpoints") or {})
-            if changed and old.get("config") == new["config"]:
-                self._refuse(f"was run with other checkpoint contents ({changed})")
-            suites = changed_suites(old.get("suites") or {}, new.get("suites") or {})
-            if suites and old.get("config") == new["config"]:
-                self._refuse(f"was run with other prompt suite contents ({suites})")
-            self._refuse(
-                f"holds records of a different configuration (config hash {old['config_hash'][:12]} !="
-                f" {new['config_hash'][:12]})"
-            )
-        if old.get("seed") != new.get("seed"):
-            self._refuse(f"holds records of a different seed ({old.get('seed')} != {new.get('seed')})")
+        if why := other_run(old, new):
+            self._refuse(why)
         was, now = recorded_device_class(old), new["device_class"]
         if was is not None and was != now:
             self._refuse(
@@ -529,7 +576,7 @@ class RunDir:
 
     def _refuse(self, why: str) -> None:
         self.close()
-        raise RunDirError(f"output directory {self.path} {why}; choose another --out or delete it")
+        raise refusal(self.path, why)
 
     def close(self) -> None:
         """Release the lock (also released when the process ends)."""

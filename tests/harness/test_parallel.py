@@ -131,7 +131,7 @@ def test_shard_jobs_and_merge_equal_one_process(runs, tmp_path, monkeypatch, cap
     assert outcome(jobs) == outcome(runs["one"])
     # a shard directory of another split is not resumed; bad --shard values and --shard under torchrun
     code, _, err = run_cli(monkeypatch, capsys, "run", str(runs["exp"]), "--out", str(jobs), "--shard", "1/3")
-    assert code == 2 and "holds shard 1/2 of a run, not shard 1/3" in err
+    assert code == 2 and "rank-0 holds shard 0/2 of a run, not a shard of a 3-way split" in err
     assert "resumes" not in json.loads((jobs / "shards" / "rank-1" / MANIFEST_FILE).read_text())
     code, _, err = run_cli(monkeypatch, capsys, "run", str(runs["exp"]), "--out", str(jobs), "--shard", "2/2")
     assert code == 2 and err == "error: --shard must be i/n with 0 <= i < n (e.g. 0/4), got '2/2'"
@@ -238,3 +238,56 @@ def test_merge_exits_3_when_a_merged_route_diverged(runs, tmp_path, capsys):
     assert exc.value.code == 3
     assert "not lossless: route(s) chain diverged" in capsys.readouterr().err
     assert len(outcome(out)) == 12  # the records are merged all the same
+
+
+def other_config(run: Path) -> None:
+    """Make the run directory ``run`` one of another configuration (its hash recomputed)."""
+    from repro.reporting.rundir import run_hash
+
+    manifest = json.loads((run / MANIFEST_FILE).read_text())
+    manifest["config"]["max_new_tokens"] = 9
+    edit_manifest(run, config=manifest["config"], config_hash=run_hash(manifest))
+
+
+def snapshot(path: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def test_another_split_is_refused_before_a_stray_shard_is_written(runs, tmp_path, monkeypatch, capsys):
+    """A shard of another split (rank 2 of 3 beside a 2-way run's shards) is refused before it writes
+    anything, so the right command still completes and merges."""
+    jobs = tmp_path / "jobs"
+    shutil.copytree(runs["jobs"] / "shards", jobs / "shards")
+    shutil.rmtree(jobs / "shards" / "rank-1")
+    code, _, err = run_cli(monkeypatch, capsys, "run", str(runs["exp"]), "--out", str(jobs), "--shard", "2/3")
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "rank-0 holds shard 0/2 of a run, not a shard of a 3-way split" in err
+    assert sorted(p.name for p in (jobs / "shards").iterdir()) == ["rank-0"]
+    code, _, err = run_cli(monkeypatch, capsys, "run", str(runs["exp"]), "--out", str(jobs), "--shard", "1/2")
+    assert code == 0, err
+    assert len(merge_shards(jobs, KINDS).records) == 12
+
+
+def test_shards_are_written_only_into_runs_of_their_configuration(runs, tmp_path, monkeypatch, capsys):
+    """--shard refuses a non-empty folder that is not a run, and a run or shards of another configuration;
+    a plain run refuses a folder holding another configuration's shards; each leaves it untouched."""
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    other = tmp_path / "other"
+    shutil.copytree(runs["one"], other)
+    other_config(other)
+    other_shards = tmp_path / "other_shards"
+    shutil.copytree(runs["jobs"] / "shards", other_shards / "shards")
+    other_config(other_shards / "shards" / "rank-1")
+    cases = [
+        (foreign, ("--shard", "0/2"), "is not empty (notes.txt)"),
+        (other, ("--shard", "0/2"), "holds a run of a different configuration"),
+        (other_shards, ("--shard", "0/2"), "rank-1 holds a run of a different configuration"),
+        (other_shards, (), "rank-1 holds a run of a different configuration"),
+    ]
+    for out, args, match in cases:
+        before = snapshot(out)
+        code, _, err = run_cli(monkeypatch, capsys, "run", str(runs["exp"]), "--out", str(out), *args)
+        assert code == 2 and len(err.splitlines()) == 1 and match in err, (out, args, err)
+        assert snapshot(out) == before, (out, args)
