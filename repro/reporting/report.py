@@ -25,7 +25,7 @@ from repro.reporting.records import (
     divergence_index,
 )
 from repro.reporting.rundir import DECODE, DECODE_RECORDS, Run, load_run
-from repro.reporting.stats import MIN_UNITS, SPEEDUP, compare
+from repro.reporting.stats import MIN_UNITS, SPEEDUP, compare, paired_value
 
 ALL_SUITES = "all"
 SYNTHETIC_KINDS = ("synthetic_chain", "synthetic_tree")
@@ -169,22 +169,6 @@ def _aggregate(recs: list[DecodeRecord], statuses: dict, distinct_prompts: int) 
     return row
 
 
-def _paired_speedup(recs: list[DecodeRecord], ar_recs: list[DecodeRecord]) -> float:
-    """Token-weighted tokens/s ratio over the (prompt_id, turn) pairs both routes have and both timed (a
-    refused external loop's record, 0 tokens in 0 s, pairs with nothing)."""
-    ar = {(r.prompt_id, r.turn): r for r in ar_recs}
-    pairs = [
-        (r, ar[(r.prompt_id, r.turn)])
-        for r in recs
-        if (r.prompt_id, r.turn) in ar and r.decode_s > 0 and ar[(r.prompt_id, r.turn)].decode_s > 0
-    ]
-    if not pairs:
-        return math.nan
-    route_rate = _ratio(sum(a.new_tokens for a, _ in pairs), sum(a.decode_s for a, _ in pairs))
-    ar_rate = _ratio(sum(b.new_tokens for _, b in pairs), sum(b.decode_s for _, b in pairs))
-    return _ratio(route_rate, ar_rate) if not math.isnan(ar_rate) else math.nan
-
-
 def paired_speedups(records: Iterable[DecodeRecord | dict[str, Any]]) -> pd.DataFrame:
     """Each non-reference route's speedup over the run's AR route, paired per prompt, with its
     percentile-bootstrap 95% CI (:func:`repro.reporting.stats.compare`): one row per suite (the point
@@ -239,8 +223,7 @@ def summarize(records: Iterable[DecodeRecord | dict[str, Any]]) -> pd.DataFrame:
                 "route": route,
                 **_aggregate(group, statuses, len({r.prompt_id for r in group})),
             }
-            ar_group = [r for r in recs if r.route == ref and r.suite == suite]
-            row["speedup"] = _paired_speedup(group, ar_group)
+            row["speedup"] = paired_value(recs, route, ref, [suite], SPEEDUP)
             suite_speedups.append(row["speedup"])
             rows.append(row)
         row = {

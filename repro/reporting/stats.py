@@ -97,26 +97,50 @@ def paired_ratio(arrays: Sequence[Sequence[float]], seed: int = SEED) -> Paired:
     return Paired(value, low, high, n)
 
 
-def compare(
-    records: Sequence[DecodeRecord], route: str, reference: str, suites: Sequence[str], what: tuple[str, str]
-) -> Paired:
-    """``route`` over ``reference`` on the prompts of ``suites`` both have, each prompt over the turns both
-    have (a turn one of them lacks, e.g. in an interrupted run, would pair unlike work, and a refused
-    external loop's turn, 0 tokens in 0 s, pairs with nothing, as in the run report's summary):
+def paired_sums(
+    records: Sequence[DecodeRecord],
+    route: str,
+    reference: str | None,
+    suites: Sequence[str],
+    what: tuple[str, str],
+) -> tuple[list[float], list[float], list[float], list[float]]:
+    """The arrays of :func:`paired_ratio` for ``route`` over ``reference`` on the prompts of ``suites`` both
+    have, each prompt over the turns both have (a turn one of them lacks, e.g. in an interrupted run,
+    would pair unlike work, and a refused external loop's turn, 0 tokens in 0 s, pairs with nothing):
     ``what`` = SPEEDUP or MAL."""
     held = [
         {(r.suite, r.prompt_id, r.turn) for r in records if r.route == name and r.decode_s > 0}
         for name in (route, reference)
     ]
     both = held[0] & held[1]
-    a, b = unit_sums(records, route, suites, both), unit_sums(records, reference, suites, both)
+    a, b = unit_sums(records, route, suites, both), unit_sums(records, reference or "", suites, both)
     units = sorted(set(a) & set(b))
     x, y = what
-    return paired_ratio(
-        (
-            [a[u][x] for u in units],
-            [a[u][y] for u in units],
-            [b[u][x] for u in units],
-            [b[u][y] for u in units],
-        )
+    return (
+        [a[u][x] for u in units],
+        [a[u][y] for u in units],
+        [b[u][x] for u in units],
+        [b[u][y] for u in units],
     )
+
+
+def paired_value(
+    records: Sequence[DecodeRecord],
+    route: str,
+    reference: str | None,
+    suites: Sequence[str],
+    what: tuple[str, str],
+) -> float:
+    """:func:`compare`'s point estimate alone (no bootstrap); NaN without a pair."""
+    sums = paired_sums(records, route, reference, suites, what)
+    if not sums[0]:
+        return math.nan
+    value = float(ratio_of_ratios(*(np.asarray(column, dtype=float) for column in sums)))
+    return value if math.isfinite(value) else math.nan
+
+
+def compare(
+    records: Sequence[DecodeRecord], route: str, reference: str, suites: Sequence[str], what: tuple[str, str]
+) -> Paired:
+    """``route`` over ``reference`` paired per prompt (:func:`paired_sums`) with its interval."""
+    return paired_ratio(paired_sums(records, route, reference, suites, what))
