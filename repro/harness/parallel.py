@@ -21,7 +21,7 @@ from typing import Any
 
 from repro.data.suites import Prompt, load_suite
 from repro.errors import ReproError, RunDirError
-from repro.reporting.records import MANIFEST_FILE, foreign_record
+from repro.reporting.records import MANIFEST_FILE, RECORDS_FILE, foreign_record
 from repro.reporting.rundir import (
     ACROSS_CODE_ENV,
     SHARD_NAME,
@@ -282,18 +282,21 @@ def merge_shards(out: str | Path, kinds: Kinds, partial: bool = False) -> Merged
         }
         for rank, run in runs
     }
-    with RunDir(out, inherited, runs[0][1].kind) as run_dir:
-        todo = []
-        for _, run in runs:
-            for record in run.records:
-                have = run_dir.get(*run.kind.key(record))
-                if have is None:
-                    todo.append(record)
-                elif run.kind.dumps(have) != run.kind.dumps(record):
-                    raise ReproError(
-                        f"record {run.kind.key(record)} of {run.path} differs from the one {out} already"
-                        " holds (the shard was decoded again after a merge); merge into a fresh directory"
-                    )
+    kind = runs[0][1].kind
+    shard_records = {kind.key(record): (run.path, record) for _, run in runs for record in run.records}
+
+    def same_records(held: list[tuple[int, Any]]) -> None:
+        """Refuse a record ``out`` already holds that differs from its shard's (before any write)."""
+        for lineno, have in held:
+            path, record = shard_records.get(kind.key(have), (None, have))
+            if kind.dumps(have) != kind.dumps(record):
+                raise ReproError(
+                    f"{RECORDS_FILE} line {lineno}: record {kind.key(have)} differs from the one {path} holds"
+                    " (the shard was decoded again after a merge); merge into a fresh directory"
+                )
+
+    with RunDir(out, inherited, kind, same_records) as run_dir:
+        todo = [record for _, record in shard_records.values() if run_dir.get(*kind.key(record)) is None]
         for record in todo:
             run_dir.append(record)
         run_dir.update_manifest(shards={**run_dir.manifest.get("shards", {}), **provenance})

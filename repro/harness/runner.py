@@ -175,14 +175,8 @@ class ExperimentRunner:
                     messages = history[route.name] + [{"role": "user", "content": user_text}]
                     key = (route.name, prompt.suite, prompt.id, turn)
                     prompt_ids = self.tokenizer.chat_prompt(messages)
-                    if key in done:
+                    if key in done:  # its prompt checked by check_resumed
                         record = run_dir.get(*key)
-                        if record.prompt_sha256 != sha256_ids(prompt_ids):
-                            raise RunDirError(
-                                f"cannot resume {run_dir.path}: the record of {'/'.join(map(str, key[1:]))}"
-                                f" {route.name} was decoded from another prompt than this run builds (the"
-                                " suite text, chat template or tokenizer changed); choose another --out"
-                            )
                     else:
                         if isinstance(route, ExternalRoute):
                             record = self.decode_external(route, prompt, turn, prompt_ids, reference, run_dir)
@@ -199,9 +193,7 @@ class ExperimentRunner:
                         written += 1
                     if route.name == ref_route:
                         reference = list(record.output_ids)
-                    history[route.name] = messages + [
-                        {"role": "assistant", "content": answer_text(self.tokenizer, record.output_ids)}
-                    ]
+                    history[route.name] = self.answered(messages, record.output_ids)
                     if progress:
                         progress(f"{prompt.suite}/{prompt.id} turn {turn + 1} {route.name}")
         return written
@@ -223,11 +215,16 @@ class ExperimentRunner:
             run_dir.update_manifest(external_routes={**seen, route.name: route.notes(result)})
         return route.record(prompt, turn, prompt_ids, result, reference, self.cfg, self.stop_ids)
 
+    def answered(self, messages: list[dict[str, str]], output_ids: list[int]) -> list[dict[str, str]]:
+        """The conversation ``messages`` followed by the answer ``output_ids`` (the next turn's history)."""
+        return messages + [{"role": "assistant", "content": answer_text(self.tokenizer, output_ids)}]
+
     def check_resumed(self, records: list[tuple[int, DecodeRecord]]) -> None:
         """Refuse records (of a resumed run: (line number, record) pairs) that this configuration did not
         write: each must be of one of these routes with the same resolved parameters, of one of this run's
-        (shard's) prompts and turns, of its seed and temperature and within its max_new_tokens (a record
-        edited by hand or written by another configuration is not mixed in). ReproError, one line."""
+        (shard's) prompts and turns, of its seed and temperature and within its max_new_tokens, and decoded
+        from the prompt this run builds for it (a record edited by hand or written by another configuration
+        is not mixed in). ReproError, one line, before anything is decoded."""
         params = {route.name: route.params for route in self.all_routes}
         keys = expected_keys(self.cfg, self.shard or Shard(0, 1))
         for lineno, record in records:
@@ -235,6 +232,34 @@ class ExperimentRunner:
                 raise ReproError(
                     f"{RECORDS_FILE} line {lineno}: {why}; the records were not written by this configuration"
                 )
+        if why := self.other_prompt({record.key: (lineno, record) for lineno, record in records}):
+            raise ReproError(why)
+
+    def other_prompt(self, held: dict[tuple, tuple[int, DecodeRecord]]) -> str | None:
+        """Why a record ``held`` (key -> (line number, record)) was not decoded from the prompt this run
+        builds for it (each turn after the route's own earlier answers), or None."""
+        for prompt in self.prompts():
+            for route in self.all_routes:
+                history: list[dict[str, str]] = []
+                missing = None
+                for turn, user_text in enumerate(prompt.turns):
+                    messages = history + [{"role": "user", "content": user_text}]
+                    lineno, record = held.get((route.name, prompt.suite, prompt.id, turn), (0, None))
+                    where = (
+                        f"{RECORDS_FILE} line {lineno}: the record of {prompt.suite}/{prompt.id} turn {turn}"
+                    )
+                    if record is None:
+                        missing = turn
+                    elif missing is not None:
+                        return f"{where} {route.name} has no turn {missing} before it"
+                    elif record.prompt_sha256 != sha256_ids(self.tokenizer.chat_prompt(messages)):
+                        return (
+                            f"{where} {route.name} was decoded from another prompt than this run builds (the"
+                            " suite text, chat template or tokenizer changed)"
+                        )
+                    else:
+                        history = self.answered(messages, record.output_ids)
+        return None
 
     def total_units(self) -> int:
         return sum(len(p.turns) for p in self.prompts()) * len(self.all_routes)

@@ -291,3 +291,17 @@ def test_shards_are_written_only_into_runs_of_their_configuration(runs, tmp_path
         code, _, err = run_cli(monkeypatch, capsys, "run", str(runs["exp"]), "--out", str(out), *args)
         assert code == 2 and len(err.splitlines()) == 1 and match in err, (out, args, err)
         assert snapshot(out) == before, (out, args)
+
+
+def test_a_shard_decoded_again_after_a_merge_is_refused_before_writing(runs, tmp_path):
+    """A shard record that differs from the one the merged run holds is refused, the merged run untouched."""
+    out = shards_copy(runs, tmp_path)
+    merge_shards(out, KINDS)
+    path = out / "shards" / "rank-1" / RECORDS_FILE
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    records[0]["decode_s"] += 1.0
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    before = snapshot(out)
+    with pytest.raises(ReproError, match=r"cannot be resumed: records.jsonl line \d+: record .* differs"):
+        merge_shards(out, KINDS)
+    assert snapshot(out) == before

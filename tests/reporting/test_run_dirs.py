@@ -456,6 +456,11 @@ def longer(record: dict) -> None:
         (2, lambda r: r.update(seed=r["seed"] + 1), r"line 2: seed \d+ is not this run's"),
         (1, lambda r: r.update(temperature=0.7), r"line 1: temperature 0.7 is not this run's"),
         (1, longer, r"line 1: new_tokens 5 exceeds this run's max_new_tokens 4"),
+        (
+            2,
+            lambda r: r.update(prompt_sha256="0" * 64),
+            r"line 2: the record of gsm8k/.* turn 0 c was decoded",
+        ),
     ],
 )
 def test_a_record_of_another_configuration_is_refused_before_writing(tiny_run, tmp_path, line, edit, match):
