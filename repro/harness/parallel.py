@@ -31,6 +31,7 @@ from repro.reporting.rundir import (
     RunDir,
     check_target,
     code_change,
+    edited,
     load_run,
     read_manifest,
     recorded_device_class,
@@ -195,6 +196,8 @@ def _check_shards(runs: list[tuple[int, Run]]) -> int:
         if shard.rank != rank:
             raise ReproError(f"{where} says it is shard {label}, not rank {rank}")
         worlds.add(shard.world)
+        if why := edited(m):
+            raise ReproError(f"{where} {why}; not merged")
         if m["kind"] != first["kind"]:
             raise ReproError(f"{where} is a {m['kind']} run, the others {first['kind']}; not merged")
         if m["config_hash"] != first["config_hash"]:

@@ -146,13 +146,25 @@ def contents(fingerprints: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def run_hash(manifest: Mapping[str, Any]) -> str:
+def run_hash(manifest: Mapping[str, Any], locations: bool = False) -> str:
     """The config hash of a run: of its config alone, or of the config and the fingerprints of the
-    checkpoints (their contents, not their paths) and suites it reads (those it records)."""
+    checkpoints (their contents, not their paths unless ``locations``: manifests written before the hash
+    left them out) and suites it reads (those it records)."""
     inputs = {key: manifest[key] for key in FINGERPRINTS if manifest.get(key)}
-    if "checkpoints" in inputs:
+    if "checkpoints" in inputs and not locations:
         inputs["checkpoints"] = contents(inputs["checkpoints"])
     return config_hash({"config": manifest["config"], **inputs} if inputs else manifest["config"])
+
+
+def edited(manifest: Mapping[str, Any]) -> str | None:
+    """Why a stored manifest's ``config_hash`` is not the hash of its own config and fingerprints (it was
+    edited by hand), or None."""
+    if manifest["config_hash"] in (run_hash(manifest), run_hash(manifest, locations=True)):
+        return None
+    return (
+        f"has a {MANIFEST_FILE} whose config_hash {str(manifest['config_hash'])[:12]} is not the hash of its"
+        f" config and fingerprints ({run_hash(manifest)[:12]}): it was edited"
+    )
 
 
 def code_change(was: str | None, now: str | None) -> str | None:
@@ -421,7 +433,9 @@ def refusal(path: Path, why: str) -> RunDirError:
 
 def other_run(old: dict[str, Any], new: Mapping[str, Any]) -> str | None:
     """Why the run of manifest ``old`` is not the run ``new`` describes (kind, config hash with the
-    checkpoints and suites it reads, seed), or None."""
+    checkpoints and suites it reads, seed), or None; a manifest not matching its own hash is none."""
+    if why := edited(old):
+        return why
     try:
         old_kind = infer_kind(old)
     except RunDirError:

@@ -155,8 +155,11 @@ def edit_manifest(path: Path, **entries) -> None:
 
 def test_merge_refuses_another_config(runs, tmp_path):
     out = shards_copy(runs, tmp_path)
-    edit_manifest(out / "shards" / "rank-1", config_hash="0" * 64)
+    other_config(out / "shards" / "rank-1")
     with pytest.raises(ReproError, match="rank-1 has another config hash"):
+        merge_shards(out, KINDS)
+    edit_manifest(out / "shards" / "rank-1", config_hash="0" * 64)  # a hash edited by hand
+    with pytest.raises(ReproError, match="rank-1 has a manifest.json whose config_hash 000000000000 is not"):
         merge_shards(out, KINDS)
     assert not (out / RECORDS_FILE).exists()
 

@@ -21,7 +21,7 @@ from repro.harness import falsify
 from repro.harness.run_kinds import load_run, rebuild_report
 from repro.models.fingerprint import fingerprint_checkpoints
 from repro.reporting.index import index_markdown, run_folders
-from repro.reporting.records import build_manifest, sha256_ids
+from repro.reporting.records import build_manifest, canonical_json, sha256_ids
 from repro.reporting.report import DECODE_KIND, summarize, write_report
 from repro.reporting.rundir import DECODE_RECORDS, RunDir, infer_kind
 
@@ -262,6 +262,28 @@ def test_the_same_checkpoint_at_another_path_is_the_same_input(tmp_path: Path):
         RunDirError, match=r"other checkpoint contents \(target: .*b/ckpt/config.json changed"
     ):
         RunDir(tmp_path / "run", manifest(there), DECODE_KIND)
+
+
+def test_a_manifest_edited_by_hand_is_refused(tmp_path: Path):
+    """A manifest's config_hash must be the hash of its own config and checkpoints: an edited config (or
+    hash) is refused on resume, untouched."""
+    with RunDir(tmp_path, {"config": CONFIG}, DECODE_KIND) as run:
+        run.append(make_record())
+    original = json.loads((tmp_path / "manifest.json").read_text())
+    for edit in ({"config": {**CONFIG, "max_new_tokens": 64}}, {"config_hash": "0" * 64}):
+        text = json.dumps({**original, **edit})
+        (tmp_path / "manifest.json").write_text(text)
+        with pytest.raises(RunDirError, match="whose config_hash .* is not the hash of its config"):
+            RunDir(tmp_path, {"config": CONFIG}, DECODE_KIND)
+        assert (tmp_path / "manifest.json").read_text() == text
+    legacy = {"target": {"path": "/old/checkout/ckpt", "files": {"a": {"size": 1, "sha256": "x"}}}}
+    written = {**original, "checkpoints": legacy}  # written when the hash still covered the path
+    written["config_hash"] = hashlib.sha256(
+        canonical_json({"config": CONFIG, "checkpoints": legacy}).encode()
+    ).hexdigest()
+    (tmp_path / "manifest.json").write_text(json.dumps(written))
+    with RunDir(tmp_path, {"config": CONFIG, "checkpoints": legacy}, DECODE_KIND) as run:
+        assert run.resumed
 
 
 def test_family_names_are_fingerprinted_and_built_in_models_are_not():
