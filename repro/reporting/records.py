@@ -354,6 +354,17 @@ def repro_env() -> dict[str, str]:
     return {k: v for k, v in sorted(os.environ.items()) if k.startswith("REPRO_")}
 
 
+# REPRO_* variables that name code, paths or the harness's own choices, not how kernels run
+NOT_SWITCHES = ("REPRO_GIT_SHA", "REPRO_RESUME_ACROSS_CODE", "REPRO_CACHE", "REPRO_TRITON_CACHE", "REPRO_CMD")
+NOT_SWITCHES += ("REPRO_SUITES_DIR", "REPRO_TORCH", "REPRO_GPU_FULL", "REPRO_NIGHTLY_")
+
+
+def kernel_switches(env: Mapping[str, str]) -> dict[str, str]:
+    """The kernel switches among REPRO_* variables ``env`` (:func:`repro_env`): all but
+    :data:`NOT_SWITCHES` (matched as prefixes)."""
+    return {k: v for k, v in env.items() if not k.startswith(NOT_SWITCHES)}
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 

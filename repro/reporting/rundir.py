@@ -43,6 +43,7 @@ from repro.reporting.records import (
     canonical_json,
     config_hash,
     device_class,
+    kernel_switches,
 )
 
 LOCK_FILE = ".lock"
@@ -175,6 +176,24 @@ def code_change(was: str | None, now: str | None) -> str | None:
     return (
         f"was written by git sha {was}, this is {now} (records of two code versions are not mixed;"
         f" {ACROSS_CODE_ENV}=1 mixes them, each session's sha kept in the manifest)"
+    )
+
+
+def switch_change(was: Mapping[str, str] | None, now: Mapping[str, str]) -> str | None:
+    """Why a run begun under the REPRO_* variables ``was`` may not be resumed under ``now`` (a kernel
+    switch set, unset or changed: :func:`kernel_switches`), or None (also for manifests without them)."""
+    if not isinstance(was, Mapping):
+        return None
+    a, b = kernel_switches(was), kernel_switches(now)
+    changed = [
+        f"{k}={a.get(k, 'unset')} -> {b.get(k, 'unset')}"
+        for k in sorted(set(a) | set(b))
+        if a.get(k) != b.get(k)
+    ]
+    if not changed:
+        return None
+    return (
+        f"was run under other kernel switches ({', '.join(changed)}; timings of two settings are not mixed)"
     )
 
 
@@ -581,7 +600,10 @@ class RunDir:
             )
         if why := code_change(old.get("git_sha"), new.get("git_sha")):
             self._refuse(why)
+        if why := switch_change(old.get("repro_env"), new.get("repro_env") or {}):
+            self._refuse(why)
         session = {k: new[k] for k in ("git_sha", "repro_version", "device")}
+        session["repro_env"] = new.get("repro_env") or {}
         old.setdefault("resumes", []).append({"at": _now(), **session})
         old["updated_at"] = old["resumes"][-1]["at"]
         old.setdefault("outputs", [])

@@ -605,3 +605,26 @@ def test_the_manifest_records_the_repro_switches_set(monkeypatch: pytest.MonkeyP
     monkeypatch.delenv("REPRO_VERIFY_ROWS")
     monkeypatch.delenv("REPRO_PDL")
     assert build_manifest({"seed": 1})["repro_env"] == {}
+
+
+def test_a_resume_under_other_kernel_switches_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    """Each session's REPRO_* variables are kept in its resumes entry; a resume under another kernel switch
+    (set, unset or changed) is refused in one line naming it, and variables that are not switches (the
+    git sha, cache paths) do not count."""
+    for key in [k for k in os.environ if k.startswith("REPRO_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("REPRO_PDL", "0")
+    monkeypatch.setenv("REPRO_GIT_SHA", "abc")
+    with RunDir(tmp_path, {"config": CONFIG}, DECODE_KIND) as run:
+        run.append(make_record(prompt_id="p0"))
+    monkeypatch.setenv("REPRO_TRITON_CACHE", "/elsewhere")
+    with RunDir(tmp_path, {"config": CONFIG}, DECODE_KIND) as run:
+        assert run.manifest["resumes"][-1]["repro_env"]["REPRO_PDL"] == "0"
+    before = (tmp_path / "manifest.json").read_text()
+    monkeypatch.setenv("REPRO_PDL", "1")
+    monkeypatch.setenv("REPRO_VERIFY_ROWS", "gemv")
+    with pytest.raises(RunDirError) as exc:
+        RunDir(tmp_path, {"config": CONFIG}, DECODE_KIND)
+    assert "other kernel switches (REPRO_PDL=0 -> 1, REPRO_VERIFY_ROWS=unset -> gemv;" in str(exc.value)
+    assert len(str(exc.value).splitlines()) == 1
+    assert (tmp_path / "manifest.json").read_text() == before
