@@ -198,8 +198,10 @@ def _check_shards(runs: list[tuple[int, Run]]) -> int:
         worlds.add(shard.world)
         if why := edited(m):
             raise ReproError(f"{where} {why}; not merged")
-        if m["kind"] != first["kind"]:
-            raise ReproError(f"{where} is a {m['kind']} run, the others {first['kind']}; not merged")
+        if run.kind.name != runs[0][1].kind.name:
+            raise ReproError(
+                f"{where} is a {run.kind.name} run, the others {runs[0][1].kind.name}; not merged"
+            )
         if m["config_hash"] != first["config_hash"]:
             raise ReproError(
                 f"{where} has another config hash ({m['config_hash'][:12]} != {first['config_hash'][:12]});"

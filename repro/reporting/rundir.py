@@ -268,9 +268,41 @@ def read_manifest(path: Path) -> dict[str, Any]:
         raise RunDirError(f"cannot read {mpath}: {e.strerror}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise RunDirError(f"{mpath} is not valid JSON ({e}); {keep}") from None
-    if not isinstance(manifest, dict) or "config_hash" not in manifest:
-        raise RunDirError(f"{mpath} is not a run manifest (no config_hash); {keep}")
+    if why := manifest_problem(manifest):
+        raise RunDirError(f"{mpath} is not a run manifest ({why}); {keep}")
     return manifest
+
+
+# the JSON type of the manifest entries that reading, resuming and merging use (when present)
+_MANIFEST_TYPES: dict[str, tuple[type, ...]] = {
+    "config_hash": (str,),
+    "config": (dict,),
+    "kind": (str,),
+    "resumes": (list,),
+    "outputs": (list,),
+    "checkpoints": (dict, type(None)),
+    "suites": (dict, type(None)),
+    "repro_env": (dict,),
+}
+
+
+def manifest_problem(manifest: Any) -> str | None:
+    """What makes ``manifest`` (parsed JSON) unusable as a run manifest, or None: not an object, no
+    config_hash or config, an entry of the wrong JSON type, a resumes entry or output that is not an
+    object or a name."""
+    if not isinstance(manifest, dict):
+        return f"a JSON {type(manifest).__name__}, not an object"
+    missing = [key for key in ("config_hash", "config") if key not in manifest]
+    if missing:
+        return f"no {' or '.join(missing)}"
+    for key, types in _MANIFEST_TYPES.items():
+        if key in manifest and not isinstance(manifest[key], types):
+            return f"{key} is {type(manifest[key]).__name__}, not {' or '.join(t.__name__ for t in types)}"
+    if not all(isinstance(entry, dict) for entry in manifest.get("resumes", [])):
+        return "resumes holds an entry that is not an object"
+    if not all(isinstance(name, str) for name in manifest.get("outputs", [])):
+        return "outputs holds an entry that is not a file name"
+    return None
 
 
 @dataclass

@@ -164,6 +164,15 @@ def test_merge_refuses_another_config(runs, tmp_path):
     assert not (out / RECORDS_FILE).exists()
 
 
+def test_merge_infers_a_missing_kind(runs, tmp_path):
+    """A shard manifest without 'kind' (older manifests) is of the kind its config says, not a KeyError."""
+    out = shards_copy(runs, tmp_path)
+    manifest = json.loads((out / "shards" / "rank-1" / MANIFEST_FILE).read_text())
+    del manifest["kind"]
+    (out / "shards" / "rank-1" / MANIFEST_FILE).write_text(json.dumps(manifest))
+    assert len(merge_shards(out, KINDS).records) == 12
+
+
 def test_merge_refuses_a_duplicate_record(runs, tmp_path):
     out = shards_copy(runs, tmp_path)
     first = (out / "shards" / "rank-0" / RECORDS_FILE).read_text().splitlines()[0]

@@ -628,3 +628,28 @@ def test_a_resume_under_other_kernel_switches_is_refused(monkeypatch: pytest.Mon
     assert "other kernel switches (REPRO_PDL=0 -> 1, REPRO_VERIFY_ROWS=unset -> gemv;" in str(exc.value)
     assert len(str(exc.value).splitlines()) == 1
     assert (tmp_path / "manifest.json").read_text() == before
+
+
+@pytest.mark.parametrize(
+    ("edit", "why"),
+    [
+        ({"config_hash": 5}, "config_hash is int, not str"),
+        ({"resumes": {}}, "resumes is dict, not list"),
+        ({"resumes": [1]}, "resumes holds an entry that is not an object"),
+        ({"outputs": None}, "outputs is NoneType, not list"),
+        ({"config": None}, "config is NoneType, not dict"),
+        ({"kind": ["decode"]}, "kind is list, not str"),
+    ],
+)
+def test_a_malformed_manifest_is_one_line(monkeypatch, capsys, tmp_path: Path, edit: dict, why: str):
+    """A manifest with an entry of the wrong JSON type is one line (exit 2) for a resume and a report, not
+    a traceback, and is left as it was."""
+    with RunDir(tmp_path, {"config": CONFIG}, DECODE_KIND) as run:
+        run.append(make_record())
+    text = json.dumps({**json.loads((tmp_path / "manifest.json").read_text()), **edit})
+    (tmp_path / "manifest.json").write_text(text)
+    with pytest.raises(RunDirError, match=f"is not a run manifest \\({why}\\)"):
+        RunDir(tmp_path, {"config": CONFIG}, DECODE_KIND)
+    code, _, err = cli(monkeypatch, capsys, "report", str(tmp_path))
+    assert code == 2 and len(err.splitlines()) == 1 and why in err
+    assert (tmp_path / "manifest.json").read_text() == text
