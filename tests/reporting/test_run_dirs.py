@@ -653,3 +653,24 @@ def test_a_malformed_manifest_is_one_line(monkeypatch, capsys, tmp_path: Path, e
     code, _, err = cli(monkeypatch, capsys, "report", str(tmp_path))
     assert code == 2 and len(err.splitlines()) == 1 and why in err
     assert (tmp_path / "manifest.json").read_text() == text
+
+
+def test_refusals_name_file_lines_say_what_is_held_and_leave_no_lock(tiny_run, tmp_path: Path):
+    """A refused record is named by its line in the file (blank lines counted); a run without records is
+    'a run' of another configuration, not 'records'; a foreign manifest is refused before the lock file is
+    made."""
+    cfg, _ = tiny_run
+    path = edited_copy(tiny_run, tmp_path, 2, lambda r: r.update(seed=r["seed"] + 1))
+    records = path / "records.jsonl"
+    records.write_text("\n" + records.read_text())
+    refused_untouched(cfg, path, r"records.jsonl line 3: seed")
+    empty = tmp_path / "empty"
+    RunDir(empty, {"config": CONFIG}, DECODE_KIND).close()
+    with pytest.raises(RunDirError, match="holds a run of a different configuration"):
+        RunDir(empty, {"config": {**CONFIG, "max_new_tokens": 8}}, DECODE_KIND)
+    foreign = tmp_path / "foreign"
+    RunDir(foreign, {"config": {"check": "tree-exactness"}}, kind=falsify.KIND).close()
+    (foreign / ".lock").unlink()
+    with pytest.raises(RunDirError, match="holds a falsify-tree-exactness run"):
+        RunDir(foreign, {"config": CONFIG}, DECODE_KIND)
+    assert not (foreign / ".lock").exists()
