@@ -102,18 +102,24 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def keyed_uniforms(key: torch.Tensor, n: int, stream: int) -> torch.Tensor:
-    """``n`` U[0, 1) float64 draws (53 bits) on ``key``'s device, a pure function of (``key`` = [seed,
-    position] int64, node index, ``stream``): reproducible, independent across the four."""
-    node = torch.arange(n, device=key.device, dtype=torch.long)
+def _keyed_hash(key: torch.Tensor, node: torch.Tensor, stream: int, salt: int) -> torch.Tensor:
+    """A 32-bit hash of (``key`` = [seed, position] int64, node, ``stream``), one per ``salt``."""
     seed, pos = key[0:1], key[1:2]
-    h = _mix32(node * 4 + stream + 0x9E3779B9)
+    h = _mix32(node * 4 + stream + salt)
     h = _mix32(h ^ (pos & _MASK32))
     h = _mix32(h ^ ((pos >> 32) & _MASK32) ^ 0x85EBCA6B)
     h = _mix32(h ^ (seed & _MASK32))
-    h = _mix32(h ^ ((seed >> 32) & _MASK32) ^ 0xC2B2AE35)
-    h2 = _mix32(h ^ 0x27D4EB2F)
-    return ((h >> 5) * 67108864 + (h2 >> 6)).double() / 9007199254740992.0
+    return _mix32(h ^ ((seed >> 32) & _MASK32) ^ 0xC2B2AE35)
+
+
+def keyed_uniforms(key: torch.Tensor, n: int, stream: int) -> torch.Tensor:
+    """``n`` U[0, 1) float64 draws (53 bits: 27 and 26 bits of two hashes of the whole key, each with its
+    own salt) on ``key``'s device, a pure function of (``key`` = [seed, position] int64, node index,
+    ``stream``): reproducible, independent across the four."""
+    node = torch.arange(n, device=key.device, dtype=torch.long)
+    high = _keyed_hash(key, node, stream, 0x9E3779B9)
+    low = _keyed_hash(key, node, stream, 0x27D4EB2F)
+    return ((high >> 5) * 67108864 + (low >> 6)).double() / 9007199254740992.0
 
 
 @functools.lru_cache(maxsize=1 << 16)

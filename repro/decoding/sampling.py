@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-_MIX = 0x9E3779B97F4A7C15
+_POSITION_SALT = 0x9E3779B9  # keeps the position draws apart from the step streams of step_rng
 
 
 def generation_seed(seed: int, prompt_ids: Sequence[int]) -> int:
@@ -26,10 +26,17 @@ def generation_seed(seed: int, prompt_ids: Sequence[int]) -> int:
 
 
 def position_uniform(seed: int, position: int) -> float:
-    """A reproducible U(0, 1) draw for one output position."""
-    key = (seed * _MIX + position * 0xBF58476D1CE4E5B9 + 1) % (2**63 - 1)
-    gen = torch.Generator().manual_seed(key)
-    return float(torch.rand((), generator=gen, dtype=torch.float64))
+    """A reproducible U(0, 1) draw (53 bits) for one output position: a function of the whole (``seed``,
+    ``position``) (numpy's seed sequence takes integers of any size; torch's CPU generator keeps a seed's
+    low 32 bits only, so seeds 2**32 apart would draw alike)."""
+    return float(np.random.default_rng(_words(_POSITION_SALT, seed, position)).random())
+
+
+def _words(salt: int, seed: int, position: int) -> list[int]:
+    """A generator's entropy as fixed-width 32-bit words (numpy's seed sequence cuts each integer into as
+    many words as it needs, so (s, p) lists of varying widths could meet: [1, 256] = [2**40 + 1, 0])."""
+    seed, position = seed % 2**64, position % 2**64
+    return [salt, seed & 0xFFFFFFFF, seed >> 32, position & 0xFFFFFFFF, position >> 32]
 
 
 def target_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -57,7 +64,7 @@ def step_rng(seed: int, position: int) -> np.random.Generator:
     draws its uniforms from it: one step's draws are independent of each other, of every other
     step's and of the AR draws of :func:`position_uniform`.
     """
-    return np.random.default_rng([_STEP_SALT, seed % 2**63, position])
+    return np.random.default_rng(_words(_STEP_SALT, seed, position))
 
 
 def probs_row(logits: torch.Tensor, temperature: float) -> np.ndarray:

@@ -64,3 +64,19 @@ def test_generate_keys_its_draws_by_the_prompt():
     got = generate(model, prompt, route, 12)
     assert route.rule.stream == generation_seed(3, prompt)
     assert generate(model, prompt, route, 12).output_ids == got.output_ids  # reproducible
+
+
+def test_a_position_draw_depends_on_every_bit_of_its_seed():
+    """Seeds 2**32 apart draw differently (torch's CPU generator keeps a seed's low 32 bits: they drew
+    alike), and the draws of many seeds and positions are uniform (KS test) without repeats (a seed
+    sequence of integers of varying width met: (2**40 + 1, 0) drew as (1, 256))."""
+    from scipy.stats import kstest
+
+    from repro.decoding.sampling import position_uniform
+
+    assert len({position_uniform(5 + k * 2**32, 3) for k in range(4)}) == 4
+    draws = [position_uniform(seed, t) for seed in (1, 2**40 + 1, 2**62 + 7) for t in range(1000)]
+    assert kstest(draws, "uniform").pvalue > 1e-3 and len(set(draws)) == len(draws)
+    # (seed, position) pairs whose integers a seed sequence would cut into the same words: apart
+    assert position_uniform(2**40 + 1, 0) != position_uniform(1, 256)
+    assert step_rng(2**40 + 1, 0).random() != step_rng(1, 256).random()
