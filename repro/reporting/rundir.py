@@ -11,11 +11,16 @@ as it is measured, so an interrupted run loses at most the line being written. E
 Rules shared by every kind:
 
 - one writer at a time: an exclusive ``flock`` on ``DIR/.lock`` held for the writer's lifetime;
-- a directory that exists and is not empty must be a run directory of the same kind and config
-  hash; a resumable kind (decode) then resumes, the others refuse (they never overwrite a run);
+- a directory that exists and is not empty must be a run directory of the same kind, config hash (of
+  the config and the contents of the checkpoints and suites it reads) and seed, or hold only ``shards/``
+  of one (:func:`check_target`, before the lock is taken); a resumable kind (decode) then resumes, the
+  others refuse (they never overwrite a run); a manifest that does not match its own hash, or whose
+  entries have the wrong JSON type, is refused;
+- every check runs before anything is written, the kind's record check too (``RunDir(check=...)``);
 - a resume runs the code (git sha) that began the run: records of two code versions are not mixed
   unless ``REPRO_RESUME_ACROSS_CODE=1`` says so, and then every session's sha stays in the manifest
-  (``resumes``) and in the report's header;
+  (``resumes``) and in the report's header; nor are those of two settings of the kernel switches
+  (``REPRO_*`` variables, kept in each ``resumes`` entry);
 - a run writes only the files its kind declares (``RunKind.outputs``) and lists them in the manifest;
 - file-system errors (read-only, full) become one line naming the path (:class:`RunDirError`).
 """
