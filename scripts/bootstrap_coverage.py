@@ -31,9 +31,8 @@ def main(reps: int) -> None:
         for _ in range(reps):
             data = draw(rng, n)
             for method in hits:
-                ci = bootstrap(
-                    data, ratio_of_ratios, paired=True, vectorized=True, n_resamples=2000, method=method, rng=rng
-                ).confidence_interval
+                kw = {"paired": True, "vectorized": True, "n_resamples": 2000, "method": method, "rng": rng}
+                ci = bootstrap(data, ratio_of_ratios, **kw).confidence_interval
                 hits[method] += int(ci.low <= truth <= ci.high)
         print(f"n = {n}: " + ", ".join(f"{m} {h / reps:.3f}" for m, h in hits.items()), flush=True)
 
