@@ -21,6 +21,17 @@ def bench() -> None:
     """Benchmarks of the GDN kernels and of whole models (a group, so that its commands keep their names)."""
 
 
+def _small_shapes_off_cuda(names: list[str], dev) -> None:
+    """The papers' shapes (billions of parameters) run only on CUDA: elsewhere they exhaust memory or take
+    hours; the tiny shape runs anywhere."""
+    real = [n for n in names if n != "tiny"]
+    if dev.type != "cuda" and real:
+        raise ConfigError(
+            f"shape(s) {', '.join(real)} are real model sizes and need a CUDA GPU;"
+            f" on {dev.type} use the tiny shape"
+        )
+
+
 def _ints(text: str, what: str) -> list[int]:
     try:
         values = [int(s) for s in text.split(",") if s.strip()]
@@ -210,6 +221,7 @@ def model(
 
     names = shape_names(shapes, MODEL_SHAPES)
     dev = torch.device(resolve_device(device))
+    _small_shapes_off_cuda(names, dev)
     dtype = short_dtype(auto_dtype(dev.type) if dtype == "auto" else dtype, tuple(DTYPES))
     if context < 1 or step_nodes < 1:
         raise ConfigError("--context and --step-nodes must be positive")
@@ -310,6 +322,7 @@ def scale(
         per_shape[name] = ["ar"] + [r for r in dict.fromkeys(chosen) if r != "ar"]
     parse_acceptance(acceptance)
     dev = torch.device(resolve_device(device))
+    _small_shapes_off_cuda(names, dev)
     dtype = short_dtype(auto_dtype(dev.type) if dtype == "auto" else dtype, tuple(DTYPES))
     cfg = ScaleConfig(
         shapes=names,

@@ -238,7 +238,7 @@ def _sweep(routes: list[dict], sweep: dict | None) -> list[dict]:
         or set(sweep) - {"param", "values"}
     ):
         raise ConfigError(f"setting sweep must be {{param: NAME, values: [v1, ...]}}, got {sweep!r}")
-    out = []
+    out, swept = [], False
     for route in routes:
         if route.get("kind") == "ar" or (route.get("kind") == EXTERNAL and not takes_param(route, param)):
             out.append(route)  # the reference, and other implementations' loops: once each
@@ -249,7 +249,8 @@ def _sweep(routes: list[dict], sweep: dict | None) -> list[dict]:
                 " choose --routes whose kinds declare it (repro routes)"
             )
         out += [{**route, "name": f"{route['name']}@{param}={v}", param: v} for v in values]
-    if len(out) == len(routes):
+        swept = True
+    if not swept:
         raise ConfigError(
             f"no route takes {param!r} to sweep (AR and external loops run once); add a route whose kind"
             " declares it (repro routes)"
