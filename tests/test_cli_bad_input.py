@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from conftest import run_cli
 
@@ -36,3 +38,20 @@ def test_a_one_value_sweep_runs_each_route_once():
     raw["routes"] = [{"name": "ar", "kind": "ar"}]
     with pytest.raises(ConfigError, match="no route takes 'budget'"):
         resolve(raw, {"sweep": {"param": "budget", "values": [16]}, "device": "cpu"})
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("num_attention_heads", "four"), ("hidden_size", -5), ("num_hidden_layers", 8.5), ("eos_token_id", "x")],
+)
+def test_checkpoint_config_values_of_the_wrong_type_or_range_are_one_line(
+    field, value, tmp_path, monkeypatch, capsys
+):
+    from repro.models.default import tiny_config
+
+    raw = tiny_config().to_qwen35_dict()
+    raw.pop("layer_types")
+    raw[field] = value
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    code, _, err = run_cli(monkeypatch, capsys, "run", "smoke", "--target", str(tmp_path), "--check")
+    assert code == 2 and f"field {field!r} must be" in err and len(err.splitlines()) == 1, err

@@ -9,6 +9,7 @@ It is read from, and written to, two native formats:
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -67,6 +68,13 @@ class HybridConfig:
             )
         if isinstance(self.eos_token_id, int):
             self.eos_token_id = [self.eos_token_id]
+        for name in ("bos_token_id", "pad_token_id", "eos_token_id"):
+            value = getattr(self, name)
+            ids = value if isinstance(value, list) else [] if value is None else [value]
+            if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in ids):
+                raise CheckpointError(
+                    f"config.json field {name!r} must be a token id >= 0 (or a list of them), got {value!r}"
+                )
 
     @property
     def num_hidden_layers(self) -> int:
@@ -93,9 +101,10 @@ class HybridConfig:
         text = raw.get("text_config") or raw
         try:
             rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
-            layers = int(text["num_hidden_layers"])
+            layers = _positive(text, "num_hidden_layers")
+            hidden, heads = _positive(text, "hidden_size"), _positive(text, "num_attention_heads")
             layer_types = text.get("layer_types") or [
-                GDN if (i + 1) % int(text.get("full_attention_interval", 4)) else ATTENTION
+                GDN if (i + 1) % _positive(text, "full_attention_interval", 4) else ATTENTION
                 for i in range(layers)
             ]
             rope_type = rope.get("rope_type", rope.get("type", "default"))
@@ -105,27 +114,27 @@ class HybridConfig:
                 )
             eos = text.get("eos_token_id", raw.get("eos_token_id"))
             return cls(
-                vocab_size=int(text["vocab_size"]),
-                hidden_size=int(text["hidden_size"]),
-                intermediate_size=int(text["intermediate_size"]),
+                vocab_size=_positive(text, "vocab_size"),
+                hidden_size=hidden,
+                intermediate_size=_positive(text, "intermediate_size"),
                 layer_types=list(layer_types),
-                rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
+                rms_norm_eps=_positive(text, "rms_norm_eps", 1e-6, float),
                 zero_centered_norm=True,
                 tie_word_embeddings=bool(
                     raw.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
                 ),
-                linear_num_key_heads=int(text.get("linear_num_key_heads", 16)),
-                linear_num_value_heads=int(text.get("linear_num_value_heads", 32)),
-                linear_key_head_dim=int(text.get("linear_key_head_dim", 128)),
-                linear_value_head_dim=int(text.get("linear_value_head_dim", 128)),
-                linear_conv_kernel_dim=int(text.get("linear_conv_kernel_dim", 4)),
-                linear_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
-                num_attention_heads=int(text["num_attention_heads"]),
-                num_key_value_heads=int(text["num_key_value_heads"]),
-                head_dim=int(text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"]),
-                rope_theta=float(rope.get("rope_theta", text.get("rope_theta", 10000.0))),
-                partial_rotary_factor=float(
-                    rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 0.25))
+                linear_num_key_heads=_positive(text, "linear_num_key_heads", 16),
+                linear_num_value_heads=_positive(text, "linear_num_value_heads", 32),
+                linear_key_head_dim=_positive(text, "linear_key_head_dim", 128),
+                linear_value_head_dim=_positive(text, "linear_value_head_dim", 128),
+                linear_conv_kernel_dim=_positive(text, "linear_conv_kernel_dim", 4),
+                linear_norm_eps=_positive(text, "rms_norm_eps", 1e-6, float),
+                num_attention_heads=heads,
+                num_key_value_heads=_positive(text, "num_key_value_heads"),
+                head_dim=_positive(text, "head_dim", None) or hidden // heads,
+                rope_theta=_positive(rope, "rope_theta", text.get("rope_theta", 10000.0), float),
+                partial_rotary_factor=_positive(
+                    rope, "partial_rotary_factor", text.get("partial_rotary_factor", 0.25), float
                 ),
                 attention_bias=bool(text.get("attention_bias", False)),
                 bos_token_id=text.get("bos_token_id"),
@@ -178,13 +187,13 @@ class HybridConfig:
                 "supported; use a pure-GDN checkpoint or the Qwen3.5 layout for hybrids"
             )
         try:
-            hidden = int(raw["hidden_size"])
-            heads = int(raw.get("num_heads", 6))
-            head_dim = int(raw.get("head_dim", 256))
-            expand_v = float(raw.get("expand_v", 2.0))
-            inter = raw.get("intermediate_size")
+            hidden = _positive(raw, "hidden_size")
+            heads = _positive(raw, "num_heads", 6)
+            head_dim = _positive(raw, "head_dim", 256)
+            expand_v = _positive(raw, "expand_v", 2.0, float)
+            inter = _positive(raw, "intermediate_size", None)
             if inter is None:
-                ratio = raw.get("hidden_ratio") or 4
+                ratio = _positive(raw, "hidden_ratio", None, float) or 4
                 inter = int(hidden * ratio * 2 / 3)
                 inter = 256 * ((inter + 255) // 256)
             if raw.get("hidden_act", "swish") not in ("swish", "silu"):
@@ -195,21 +204,21 @@ class HybridConfig:
                 raise CheckpointError("fla checkpoints without short convolutions are not supported")
             eos = raw.get("eos_token_id", 2)
             return cls(
-                vocab_size=int(raw["vocab_size"]),
+                vocab_size=_positive(raw, "vocab_size"),
                 hidden_size=hidden,
                 intermediate_size=int(inter),
-                layer_types=[GDN] * int(raw["num_hidden_layers"]),
-                rms_norm_eps=float(raw.get("norm_eps", 1e-6)),
+                layer_types=[GDN] * _positive(raw, "num_hidden_layers"),
+                rms_norm_eps=_positive(raw, "norm_eps", 1e-6, float),
                 zero_centered_norm=False,
                 tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
                 linear_num_key_heads=heads,
-                linear_num_value_heads=int(raw.get("num_v_heads") or heads),
+                linear_num_value_heads=_positive(raw, "num_v_heads", None) or heads,
                 linear_key_head_dim=head_dim,
                 linear_value_head_dim=int(head_dim * expand_v),
-                linear_conv_kernel_dim=int(raw.get("conv_size", 4)),
+                linear_conv_kernel_dim=_positive(raw, "conv_size", 4),
                 linear_conv_bias=False,  # fla's GatedDeltaNetBlock never passes conv_bias to its layer
                 linear_output_gate=bool(raw.get("use_gate", True)),
-                linear_norm_eps=float(raw.get("norm_eps", 1e-6)),
+                linear_norm_eps=_positive(raw, "norm_eps", 1e-6, float),
                 allow_neg_eigval=bool(raw.get("allow_neg_eigval", False)),
                 bos_token_id=raw.get("bos_token_id"),
                 eos_token_id=[] if eos is None else eos,
@@ -251,6 +260,23 @@ class HybridConfig:
             "eos_token_id": self.eos_token_id[0] if len(self.eos_token_id) == 1 else self.eos_token_id,
             "pad_token_id": self.pad_token_id,
         }
+
+
+_REQUIRED = object()
+
+
+def _positive(raw: dict[str, Any], key: str, default: Any = _REQUIRED, kind: type = int) -> Any:
+    """``raw[key]`` (or ``default`` when absent; ``None`` passes) as a positive ``kind``: a
+    :class:`CheckpointError` naming the field for a string, a fraction where an integer belongs, zero,
+    a negative or a non-finite value (a missing required key is a KeyError for the caller)."""
+    value = raw[key] if default is _REQUIRED else raw.get(key, default)
+    if value is None and default is None:
+        return None
+    number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not number or value <= 0 or (kind is int and value != int(value)):
+        what = "a positive integer" if kind is int else "a positive number"
+        raise CheckpointError(f"config.json field {key!r} must be {what}, got {value!r}")
+    return kind(value)
 
 
 def _optional_int(value: Any) -> int | None:
