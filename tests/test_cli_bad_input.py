@@ -55,3 +55,16 @@ def test_checkpoint_config_values_of_the_wrong_type_or_range_are_one_line(
     (tmp_path / "config.json").write_text(json.dumps(raw))
     code, _, err = run_cli(monkeypatch, capsys, "run", "smoke", "--target", str(tmp_path), "--check")
     assert code == 2 and f"field {field!r} must be" in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("device", ["tpu", "cuda:abc", "cuda:"])
+def test_unknown_devices_are_refused_by_check_and_run(device, tmp_path, monkeypatch, capsys):
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(f"target: tiny-random\ndevice: '{device}'\nroutes: [{{name: ar, kind: ar}}]\n")
+    for args in (
+        ["run", str(exp), "--check"],
+        ["run", "smoke", "--device", device, "--out", str(tmp_path / "o")],
+    ):
+        code, _, err = run_cli(monkeypatch, capsys, *args)
+        assert code == 2 and f"unknown device {device!r}" in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "o").exists()
