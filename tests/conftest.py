@@ -19,7 +19,7 @@ if str(ROOT) not in sys.path:  # `pytest` (unlike `python -m pytest`) does not p
 
 from repro.bench.shapes import RANDOM_TREE_KINDS as TREE_KINDS  # noqa: E402,F401
 from repro.bench.shapes import random_parents as random_tree  # noqa: E402,F401
-from repro.reporting.records import DecodeRecord, sha256_ids  # noqa: E402
+from repro.reporting.records import DecodeRecord, git_sha, sha256_ids  # noqa: E402
 
 # GPU cases beyond the default set (kept under ~150 s for the whole gpu-marked suite on an H200)
 gpu_full_only = pytest.mark.skipif(
@@ -119,8 +119,12 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Toy shapes: extra threads only add overhead (and stall when another process is busy)."""
+    """Toy shapes: extra threads only add overhead (and stall when another process is busy). The code
+    version runs record is read once (``REPRO_GIT_SHA``, unless given): a run and its resume inside one
+    test then agree even when the checkout is edited or committed to meanwhile (a dirty sha names its
+    diff); tests of the version rules set their own."""
     torch.set_num_threads(1)
+    os.environ.setdefault("REPRO_GIT_SHA", git_sha())
 
 
 @pytest.fixture(scope="module")
