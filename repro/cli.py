@@ -841,10 +841,14 @@ def falsify_tree_exactness(
 
     Exits 3 when a case fails.
     """
+    import torch
+
+    from repro.gdn.backends import check_backend
     from repro.harness.falsify import open_exactness_run, tree_exactness, write_exactness
     from repro.models.target import resolve_device
 
     device = resolve_device(device)
+    check_backend(backend, torch.device(device))  # before the run directory is written
     out_dir = out or Path("runs") / f"falsify-tree-exactness-{device}-{backend}"
     config = {"check": "tree-exactness", "device": device, "backend": backend, "seed": seed}
     with open_exactness_run(out_dir, config) as run:

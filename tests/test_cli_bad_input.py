@@ -68,3 +68,12 @@ def test_unknown_devices_are_refused_by_check_and_run(device, tmp_path, monkeypa
         code, _, err = run_cli(monkeypatch, capsys, *args)
         assert code == 2 and f"unknown device {device!r}" in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("backend, says", [("triton", "needs a CUDA device"), ("nope", "nope")])
+def test_tree_exactness_refuses_a_backend_before_writing(backend, says, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "d"
+    args = ["falsify", "tree-exactness", "--backend", backend, "--device", "cpu", "--out", str(out)]
+    code, _, err = run_cli(monkeypatch, capsys, *args)
+    assert code == 2 and says in err and len(err.splitlines()) == 1, err
+    assert not out.exists()
