@@ -481,7 +481,7 @@ def claims(
     with --check nothing is written and the exit is 3 when any claim's verdict (reproduced / not reproduced /
     not measured / ...) differs from the committed ledger's: a new refutation, a regression or a claim
     newly reproduced, for a nightly job to look at and commit."""
-    from repro.harness.claims import claims_markdown, verdict_changes, write_claims
+    from repro.harness.claims import claims_markdown, verdict_changes, verdict_heads, write_claims
 
     if not check:
         typer.echo(write_claims(results, out))
@@ -491,6 +491,8 @@ def claims(
         old = committed.read_text(encoding="utf-8")
     except OSError as e:
         raise ReproError(f"cannot read {committed}: {e.strerror or e}") from None
+    if not verdict_heads(old):
+        raise ReproError(f"{committed} is not a claims ledger (no verdict rows); write one with repro claims")
     changed = verdict_changes(old, claims_markdown(results))
     if changed:
         raise CheckFailed(f"{len(changed)} verdict(s) differ from {committed}: " + "; ".join(changed))

@@ -77,3 +77,12 @@ def test_tree_exactness_refuses_a_backend_before_writing(backend, says, tmp_path
     code, _, err = run_cli(monkeypatch, capsys, *args)
     assert code == 2 and says in err and len(err.splitlines()) == 1, err
     assert not out.exists()
+
+
+def test_claims_check_refuses_a_file_that_is_not_a_ledger(tmp_path, monkeypatch, capsys):
+    other = tmp_path / "notes.md"
+    other.write_text("# notes\n\nno claims here\n")
+    code, _, err = run_cli(
+        monkeypatch, capsys, "claims", "--check", "--out", str(other), "--results", str(tmp_path)
+    )
+    assert code == 2 and "is not a claims ledger" in err and len(err.splitlines()) == 1, err
