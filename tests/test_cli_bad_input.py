@@ -86,3 +86,47 @@ def test_claims_check_refuses_a_file_that_is_not_a_ledger(tmp_path, monkeypatch,
         monkeypatch, capsys, "claims", "--check", "--out", str(other), "--results", str(tmp_path)
     )
     assert code == 2 and "is not a claims ledger" in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--time-budget", "-1"], "time budget must be"),
+        (["--time-budget", "nan"], "time budget must be"),
+        (["--warmup", "-1"], "warmup must be >= 0"),
+        (["--max-train-tokens", "0"], "max_train_tokens must exceed"),
+        (["--max-train-tokens", "-5"], "max_train_tokens must exceed"),
+        (["--eval-sequences", "0"], "eval_sequences must be >= 1"),
+        (["--eval-sequences", "-1"], "eval_sequences must be >= 1"),
+        (["--out", "FILE"], "is a file"),
+    ],
+)
+def test_train_target_refuses_bad_settings_up_front(args, says, tmp_path, monkeypatch, capsys):
+    (tmp_path / "FILE").write_text("x")
+    args = [str(tmp_path / "FILE") if a == "FILE" else a for a in args]
+    out = ["--out", str(tmp_path / "out")] if "--out" not in args else []
+    code, _, err = run_cli(
+        monkeypatch, capsys, "train", "target", "--corpus", str(tmp_path), "--device", "cpu", *out, *args
+    )
+    assert code == 2 and says in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--target-layers", "abc"], "--target-layers takes"),
+        (["--target-layers", ","], "--target-layers needs"),
+        (["--target-layers", "-1"], "--target-layers needs"),
+        (["--prompts", "0"], "prompts must be >= 1"),
+        (["--anchors", "0"], "anchors must be >= 1"),
+        (["--layers", "0"], "draft_layers must be >= 1"),
+        (["--eval-prompts", "0"], "eval_prompts must be >= 1"),
+        (["--max-new-tokens", "0"], "eval_new_tokens must be >= 1"),
+    ],
+)
+def test_train_dflash_refuses_bad_settings_up_front(args, says, tmp_path, monkeypatch, capsys):
+    cmd = ["train", "dflash", "--target", "default", "--corpus", str(tmp_path), "--out", str(tmp_path / "o")]
+    code, _, err = run_cli(monkeypatch, capsys, *cmd, *args)
+    assert code == 2 and says in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "o").exists()

@@ -52,11 +52,27 @@ class OptimConfig:
             raise ConfigError(f"steps must be >= 1, got {self.steps}")
         if not (math.isfinite(self.lr) and self.lr > 0):
             raise ConfigError(f"lr must be a finite number > 0, got {self.lr}")
+        at_least(self, 0, "warmup")
+        at_least(self, 1, "log_every")
+        if self.time_budget_s is not None and not (
+            math.isfinite(self.time_budget_s) and self.time_budget_s >= 0
+        ):
+            raise ConfigError(
+                f"time budget must be a finite number of seconds >= 0, got {self.time_budget_s}"
+            )
         if self.precision not in PRECISIONS:
             raise ConfigError(f"unknown precision {self.precision!r}: choose one of {', '.join(PRECISIONS)}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def at_least(obj: Any, minimum: int, *names: str) -> None:
+    """A one-line ConfigError for the first of ``obj``'s fields ``names`` below ``minimum`` (None passes)."""
+    for name in names:
+        value = getattr(obj, name)
+        if value is not None and value < minimum:
+            raise ConfigError(f"{name} must be >= {minimum}, got {value}")
 
 
 @dataclass(kw_only=True)
@@ -78,6 +94,13 @@ class TrainRecipe:
     log_every: int = 1
     save_dtype: str = "fp32"  # bf16: weights rounded before the held-out eval and written in bf16
     time_budget_s: float | None = None
+
+    def __post_init__(self) -> None:
+        """Every setting checked before anything runs (subclasses add their own, then call this)."""
+        at_least(self, 1, "batch_size")
+        self.optim()  # steps, lr, warmup, precision, log interval, time budget
+        if Path(self.out).exists() and not Path(self.out).is_dir():
+            raise ConfigError(f"--out {self.out} is a file; give a directory to write the checkpoint into")
 
     def optim(self) -> OptimConfig:
         return OptimConfig(

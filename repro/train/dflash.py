@@ -31,6 +31,7 @@ from repro.data.corpus_tokens import special_id
 from repro.drafters.dflash import random_dflash_for, save_dflash
 from repro.drafters.dflash_model import DFlashDraftModel
 from repro.models.hybrid import HybridLM
+from repro.train.common import at_least
 from repro.train.distill import Distillation, DistillRecipe, target_features
 
 
@@ -44,6 +45,10 @@ class DFlashRecipe(DistillRecipe):
     num_features: int = 2
     anchors: int = 8  # blocks per sequence per step
     loss_gamma: float = 4.0  # position weights exp(-(k-1)/gamma); <= 0: uniform
+
+    def __post_init__(self) -> None:
+        at_least(self, 1, "draft_layers", "anchors", "num_features")
+        super().__post_init__()
 
 
 def block_loss(

@@ -25,6 +25,7 @@ from repro.train.common import (
     LOSS_FIGURE,
     StepFn,
     TrainRecipe,
+    at_least,
     fast_gdn_backend,
     plot_loss,
     resolve_train_device,
@@ -49,6 +50,12 @@ class DistillRecipe(TrainRecipe):
     eval_prompts: int = 4
     eval_new_tokens: int = 64
 
+    def __post_init__(self) -> None:
+        if self.gen_len < 2 or self.prompt_len < 1:
+            raise ConfigError("prompt_len must be >= 1 and gen_len >= 2 (anchors lie in the continuation)")
+        at_least(self, 1, "prompts", "eval_prompts", "eval_new_tokens")
+        super().__post_init__()
+
 
 @dataclass
 class Distillation:
@@ -65,8 +72,6 @@ class Distillation:
 
     @classmethod
     def start(cls, recipe: DistillRecipe) -> Distillation:
-        if recipe.gen_len < 2 or recipe.prompt_len < 1:
-            raise ConfigError("prompt_len must be >= 1 and gen_len >= 2 (anchors lie in the continuation)")
         device = resolve_train_device(recipe.device)
         gen = seed_everything(recipe.seed)
         target = load_target(recipe.target, dtype=torch.float32, device=str(device)).requires_grad_(False)

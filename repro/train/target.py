@@ -41,6 +41,7 @@ from repro.reporting.records import write_json
 from repro.train.common import (
     LOSS_FIGURE,
     TrainRecipe,
+    at_least,
     fast_gdn_backend,
     plot_loss,
     resolve_train_device,
@@ -80,9 +81,13 @@ class TargetRecipe(TrainRecipe):
     weight_decay: float = 0.1
 
     def __post_init__(self) -> None:
-        for name in ("layers", "hidden_size", "seq_len", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        at_least(self, 1, "layers", "hidden_size", "seq_len", "eval_sequences")
+        if self.max_train_tokens is not None and self.max_train_tokens <= self.seq_len:
+            raise ConfigError(
+                f"max_train_tokens must exceed seq_len {self.seq_len} (one training window), got"
+                f" {self.max_train_tokens}"
+            )
+        super().__post_init__()
 
 
 # ----- data -----

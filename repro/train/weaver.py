@@ -47,6 +47,7 @@ from repro.drafters.weaver_model import WeaverModel
 from repro.errors import ConfigError
 from repro.harness.evaluation import route_acceptance
 from repro.models.hybrid import HybridLM
+from repro.train.common import at_least
 from repro.train.distill import (
     Distillation,
     DistillRecipe,
@@ -79,6 +80,8 @@ class WeaverRecipe(DistillRecipe):
             raise ConfigError(
                 "prompt_len and gen_len must be >= 2 (anchors need a committed token before them)"
             )
+        at_least(self, 1, "anchors")
+        super().__post_init__()
 
 
 def weaver_loss(
