@@ -130,3 +130,16 @@ def test_train_dflash_refuses_bad_settings_up_front(args, says, tmp_path, monkey
     code, _, err = run_cli(monkeypatch, capsys, *cmd, *args)
     assert code == 2 and says in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("manifest", ["{}", "garbage", "[1]", '{"files": {"train.txt": 1}}'])
+def test_data_tokenizer_refuses_a_broken_corpus_manifest(manifest, tmp_path, monkeypatch, capsys):
+    pytest.importorskip("tokenizers")
+    (tmp_path / "manifest.json").write_text(manifest)
+    (tmp_path / "train.txt").write_text("text")
+    out = tmp_path / "tok"
+    code, _, err = run_cli(
+        monkeypatch, capsys, "data", "tokenizer", "--corpus", str(tmp_path), "--out", str(out)
+    )
+    assert code == 2 and "manifest.json" in err and len(err.splitlines()) == 1, err
+    assert not out.exists()

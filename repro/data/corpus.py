@@ -880,8 +880,21 @@ def load_manifest(corpus_dir: str | Path) -> dict[str, Any]:
         raise CorpusError(
             f"{folder} holds no manifest.json; build it with `repro data corpus --out {folder}`"
         )
-    manifest = json.loads(path.read_text(encoding="utf-8"))
-    for name, entry in manifest["files"].items():
+    rebuild = f"rebuild it with `repro data corpus --out {folder}`"
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CorpusError(f"cannot read {path} ({type(e).__name__}); {rebuild}") from None
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if (
+        not isinstance(files, dict)
+        or "train.txt" not in files
+        or not all(isinstance(e, dict) and isinstance(e.get("sha256"), str) for e in files.values())
+    ):
+        raise CorpusError(
+            f"{path} is not a corpus manifest (no files with their sha256, train.txt among them); {rebuild}"
+        )
+    for name, entry in files.items():
         f = folder / name
         if not f.is_file() or _sha256(f.read_bytes()) != entry["sha256"]:
             raise CorpusError(f"{f} is missing or differs from its manifest; rebuild the corpus")
