@@ -706,6 +706,12 @@ def falsify(
         typer.echo(ctx.get_help())
         raise typer.Exit(2)
 
+    from repro.harness.run_kinds import load_run
+
+    for run_dir in (what_was_timed, uniform_protocol):  # bad RUN_DIRs before the long checks run
+        if run_dir is not None:
+            load_run(run_dir)
+
     def where(name: str) -> Path | None:
         return None if out is None else (out if len(chosen) == 1 else out / name)
 

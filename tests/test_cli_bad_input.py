@@ -143,3 +143,15 @@ def test_data_tokenizer_refuses_a_broken_corpus_manifest(manifest, tmp_path, mon
     )
     assert code == 2 and "manifest.json" in err and len(err.splitlines()) == 1, err
     assert not out.exists()
+
+
+def test_falsify_checks_run_dirs_before_running_anything(tmp_path, monkeypatch, capsys):
+    import repro.cli as cli
+
+    ran = []
+    monkeypatch.setattr(cli, "falsify_pool_mass", lambda **kw: ran.append("pool-mass"))
+    code, _, err = run_cli(
+        monkeypatch, capsys, "falsify", "--pool-mass", "--what-was-timed", str(tmp_path / "nonexistent")
+    )
+    assert code == 2 and "nonexistent" in err and len(err.splitlines()) == 1, err
+    assert ran == []
