@@ -155,3 +155,10 @@ def test_falsify_checks_run_dirs_before_running_anything(tmp_path, monkeypatch, 
     )
     assert code == 2 and "nonexistent" in err and len(err.splitlines()) == 1, err
     assert ran == []
+
+
+def test_check_refuses_an_unknown_experiment_kind(tmp_path, monkeypatch, capsys):
+    exp = tmp_path / "exp.yaml"
+    exp.write_text("target: tiny-random\nkind: weird\nroutes: [{name: ar, kind: ar}]\n")
+    code, _, err = run_cli(monkeypatch, capsys, "run", str(exp), "--check")
+    assert code == 2 and "unknown experiment kind 'weird'" in err and len(err.splitlines()) == 1, err

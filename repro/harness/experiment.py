@@ -182,6 +182,9 @@ def resolve(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     for key, types in TYPES.items():
         check_type(key, cfg[key], types)
     check_name(cfg["name"])
+    from repro.harness.run_kinds import experiment_kind  # here: run_kinds imports the paper tables
+
+    experiment_kind(cfg["kind"])
     for key in ("target_seed", "cpu_threads", "warmup"):
         if cfg[key] < 0:
             raise ConfigError(f"setting {key} must be >= 0, got {cfg[key]}")
