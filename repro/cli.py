@@ -518,10 +518,12 @@ def export_default(
     """Write the untrained seeded hybrid (``tiny-random``) as a Qwen3.5-format checkpoint directory.
 
     An existing non-empty OUT is refused unless --force is given."""
+    from repro.harness.experiment import check_weight_seed
     from repro.models.default import build_default_target
     from repro.models.loading import save_target
     from repro.models.tokenizer import write_byte_tokenizer_marker
 
+    check_weight_seed(seed, "--seed")
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
         held = ", ".join(sorted(p.name for p in out.iterdir())[:5]) if out.is_dir() else "a file"
         raise ReproError(f"{out} already exists and is not empty ({held}); use --force to overwrite it")

@@ -162,3 +162,12 @@ def test_check_refuses_an_unknown_experiment_kind(tmp_path, monkeypatch, capsys)
     exp.write_text("target: tiny-random\nkind: weird\nroutes: [{name: ar, kind: ar}]\n")
     code, _, err = run_cli(monkeypatch, capsys, "run", str(exp), "--check")
     assert code == 2 and "unknown experiment kind 'weird'" in err and len(err.splitlines()) == 1, err
+
+
+def test_weight_seeds_are_bounded_in_one_line(tmp_path, monkeypatch, capsys):
+    big = str(10**23)
+    code, _, err = run_cli(monkeypatch, capsys, "export-default", str(tmp_path / "ckpt"), "--seed", big)
+    assert code == 2 and "--seed must be in [0, 2**64)" in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "ckpt").exists()
+    with pytest.raises(ConfigError, match="target_seed must be in"):
+        resolve({**read_experiment("smoke"), "target_seed": 2**64}, {"device": "cpu"})

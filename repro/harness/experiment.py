@@ -156,6 +156,13 @@ def check_temperature(value: float, what: str = "temperature") -> float:
     return float(value)
 
 
+def check_weight_seed(seed: int, what: str = "target_seed") -> int:
+    """A seed of random weights: torch's generator takes 64-bit words, so 0 <= seed < 2**64."""
+    if not 0 <= seed < 2**64:
+        raise ConfigError(f"{what} must be in [0, 2**64) (a seed of random weights), got {seed}")
+    return seed
+
+
 def check_name(name: str) -> str:
     """A run name is one plain file-name-safe word: it becomes a folder under runs/."""
     if not NAME_PATTERN.fullmatch(name):
@@ -185,7 +192,8 @@ def resolve(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     from repro.harness.run_kinds import experiment_kind  # here: run_kinds imports the paper tables
 
     experiment_kind(cfg["kind"])
-    for key in ("target_seed", "cpu_threads", "warmup"):
+    check_weight_seed(cfg["target_seed"])
+    for key in ("cpu_threads", "warmup"):
         if cfg[key] < 0:
             raise ConfigError(f"setting {key} must be >= 0, got {cfg[key]}")
     if cfg["limit"] is not None and cfg["limit"] < 1:
