@@ -774,6 +774,8 @@ def falsify_pool_mass(
         ks = [int(x) for x in comma_list(k)]
     except ValueError:
         raise ReproError(f"--k takes comma-separated integers, got {k!r}") from None
+    if not ks or not comma_list(suites):
+        raise ReproError(f"--k and --suites must each name at least one value, got {k!r} and {suites!r}")
     out_dir = out or Path("runs") / "falsify-pool-mass"
     cfg = PoolCheckConfig(
         out=str(out_dir), target=target, ks=ks, rerun_k=rerun_k, corpus=str(corpus), prompts=prompts,

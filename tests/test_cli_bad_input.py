@@ -171,3 +171,11 @@ def test_weight_seeds_are_bounded_in_one_line(tmp_path, monkeypatch, capsys):
     assert not (tmp_path / "ckpt").exists()
     with pytest.raises(ConfigError, match="target_seed must be in"):
         resolve({**read_experiment("smoke"), "target_seed": 2**64}, {"device": "cpu"})
+
+
+@pytest.mark.parametrize("args", [["--suites", ","], ["--k", ","]])
+def test_pool_mass_refuses_empty_lists_up_front(args, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "o"
+    code, _, err = run_cli(monkeypatch, capsys, "falsify", "pool-mass", *args, "--out", str(out))
+    assert code == 2 and "at least one value" in err and len(err.splitlines()) == 1, err
+    assert not out.exists()
