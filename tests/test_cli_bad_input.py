@@ -179,3 +179,21 @@ def test_pool_mass_refuses_empty_lists_up_front(args, tmp_path, monkeypatch, cap
     code, _, err = run_cli(monkeypatch, capsys, "falsify", "pool-mass", *args, "--out", str(out))
     assert code == 2 and "at least one value" in err and len(err.splitlines()) == 1, err
     assert not out.exists()
+
+
+def test_bench_scale_refuses_an_infinite_logit_scale(tmp_path, monkeypatch, capsys):
+    args = [
+        "bench",
+        "scale",
+        "--shape",
+        "tiny",
+        "--logit-scale",
+        "inf",
+        "--device",
+        "cpu",
+        "--out",
+        str(tmp_path / "o"),
+    ]
+    code, _, err = run_cli(monkeypatch, capsys, *args)
+    assert code == 2 and "--logit-scale must be a finite number" in err, err
+    assert not (tmp_path / "o").exists()

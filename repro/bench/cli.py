@@ -321,6 +321,8 @@ def scale(
         check_routes(chosen)
         per_shape[name] = ["ar"] + [r for r in dict.fromkeys(chosen) if r != "ar"]
     parse_acceptance(acceptance)
+    if not math.isfinite(logit_scale):
+        raise ConfigError(f"--logit-scale must be a finite number >= 0, got {logit_scale}")
     dev = torch.device(resolve_device(device))
     _small_shapes_off_cuda(names, dev)
     dtype = short_dtype(auto_dtype(dev.type) if dtype == "auto" else dtype, tuple(DTYPES))
