@@ -1,10 +1,11 @@
 """Reviewers' falsification checks. ``tree_exactness``: SpecLA's check 2.
 
-A draft tree whose nodes' ancestors interact is verified in one pass (reference on CPU, or the
-fused kernel on GPU) and compared with the token-by-token float64 recurrence run along every
-root-to-node path (each node one step from its parent's state, so every path is the exact
-sequential recurrence). Logits and committed states must agree to rounding; two negative
-controls (a positional cumulative gate; a causal mask instead of the tree mask) must not.
+A draft tree whose nodes' ancestors interact is verified in one pass (reference on CPU, or each
+Triton tree kernel on GPU: fused, split and blocked, :data:`repro.gdn.backends.TREE_KERNELS`) and
+compared with the token-by-token float64 recurrence run along every root-to-node path (each node one
+step from its parent's state, so every path is the exact sequential recurrence). Logits and committed
+states must agree to rounding; two negative controls (a positional cumulative gate; a causal mask
+instead of the tree mask) must not.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch
 
 from repro.bench.shapes import random_parents
 from repro.errors import ReproError
-from repro.gdn.backends import tree_function
+from repro.gdn.backends import TREE_KERNELS, tree_function
 from repro.gdn.reference import commit_closed_form, expand_key_heads
 from repro.models.default import build_default_target
 from repro.models.hybrid import HybridLM
@@ -39,6 +40,7 @@ class ExactnessRow:
     nodes: int
     depth: int
     backend: str
+    kernel: str  # the Triton tree kernel (fused, split, blocked); the reference: "reference"
     dtype: str
     err_outputs: float  # max |candidate - truth| / max |truth| over every node
     err_state: float  # committed state along the deepest path, same measure
@@ -77,7 +79,15 @@ def positional_gate(g: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
     return pos - parent_pos
 
 
-def layer_case(kind: str, n: int, shape: tuple[int, int, int, int], backend: str, device: str, seed: int):
+def layer_case(
+    kind: str,
+    n: int,
+    shape: tuple[int, int, int, int],
+    backend: str,
+    device: str,
+    seed: int,
+    kernel: str = "fused",
+):
     h, hv, dk, dv = shape
     gen = torch.Generator().manual_seed(seed)
     parents = random_parents(n, kind, gen)
@@ -93,7 +103,7 @@ def layer_case(kind: str, n: int, shape: tuple[int, int, int, int], backend: str
     truth_o, truth_states = sequential_states(q, k, v, g, beta, s0, parents, scale)
     dtype = torch.float64 if backend == "reference" else torch.float32
     dev = torch.device(device)
-    run = tree_function(backend, dev)
+    run = tree_function(backend, dev, kernel=kernel) if backend == "triton" else tree_function(backend, dev)
 
     def verify(gates: torch.Tensor, mask: torch.Tensor):
         args = [x.to(dev, dtype) for x in (q, k, v, gates, beta)]
@@ -146,29 +156,34 @@ def verdict(err: float, err_state: float, tol: float, controls: list[float | Non
 
 
 def tree_exactness(device: str = "cpu", backend: str = "reference", seed: int = 0) -> list[ExactnessRow]:
-    """All rows of the tree-exactness check on ``device`` with ``backend``."""
+    """All rows of the tree-exactness check on ``device`` with ``backend`` (``triton``: every tree kernel,
+    each on the same trees)."""
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ReproError("--device cuda asked for, but no CUDA GPU is available here")
     shapes = {"small": (2, 4, 32, 16)} if device == "cpu" else GPU_SHAPES
+    kernels = TREE_KERNELS if backend == "triton" else ("reference",)
     rows: list[ExactnessRow] = []
-    for shape_name, shape in shapes.items():
-        for i, (kind, n) in enumerate(CASES + ((("random", 128), ("mixed", 256)) if device != "cpu" else ())):
-            tree, o, state, truth_o, truth_state, controls, dtype = layer_case(
-                kind, n, shape, backend, device, seed + i
-            )
-            tol = TOLERANCE[dtype]
-            err, err_s = rel_err(o, truth_o), rel_err(state, truth_state)
-            dtype_name = str(dtype).removeprefix("torch.")
-            row = ExactnessRow(
-                "layer", shape_name, kind, n, int(tree.depth.max()), backend, dtype_name, err, err_s,
-                controls[0], controls[1], tol, verdict(err, err_s, tol, controls),
-            )  # fmt: skip
-            rows.append(row)
+    for kernel in kernels:
+        for shape_name, shape in shapes.items():
+            larger = (("random", 128), ("mixed", 256)) if device != "cpu" else ()
+            for i, (kind, n) in enumerate(CASES + larger):
+                tree, o, state, truth_o, truth_state, controls, dtype = layer_case(
+                    kind, n, shape, backend, device, seed + i, kernel
+                )
+                tol = TOLERANCE[dtype]
+                err, err_s = rel_err(o, truth_o), rel_err(state, truth_state)
+                dtype_name = str(dtype).removeprefix("torch.")
+                row = ExactnessRow(
+                    "layer", shape_name, kind, n, int(tree.depth.max()), backend, kernel, dtype_name, err,
+                    err_s, controls[0], controls[1], tol, verdict(err, err_s, tol, controls),
+                )  # fmt: skip
+                rows.append(row)
     for i, (kind, n) in enumerate(CASES[:3]):
         tree, err, err_s = model_case(kind, n, seed + 100 + i)
         tol = TOLERANCE[torch.float64]
         rows.append(ExactnessRow(
-            "model", "embedded-default", kind, n, int(tree.depth.max()), "reference", "float64", err, err_s,
+            "model", "embedded-default", kind, n, int(tree.depth.max()), "reference", "reference", "float64",
+            err, err_s,
             None, None, tol, verdict(err, err_s, tol, [None, None]),
         ))  # fmt: skip
     return rows
