@@ -4,6 +4,8 @@ The CLI's exit codes: 0 success, 2 bad usage or input (:class:`ReproError`), 3 a
 (:class:`CheckFailed`), 130 interrupted.
 """
 
+from pathlib import Path
+
 
 class ReproError(Exception):
     """An error caused by bad input; the CLI prints it as one line and exits with ``exit_code`` (2)."""
@@ -35,6 +37,16 @@ class ConfigError(ReproError):
 
 class RunDirError(ReproError):
     """An output directory that holds records of a different configuration."""
+
+
+def not_a_folder(path: object, what: str) -> str:
+    """The one line about ``path`` (``what`` names it), which should be an existing folder and is not: a
+    file there, or nothing."""
+    return (
+        f"{what} {path} is a file, not a folder"
+        if Path(str(path)).exists()
+        else f"{what} {path} does not exist"
+    )
 
 
 def describe(exc: BaseException, limit: int = 300) -> str:

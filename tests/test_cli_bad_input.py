@@ -197,3 +197,21 @@ def test_bench_scale_refuses_an_infinite_logit_scale(tmp_path, monkeypatch, caps
     code, _, err = run_cli(monkeypatch, capsys, *args)
     assert code == 2 and "--logit-scale must be a finite number" in err, err
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["claims", "--results", "{file}"],
+        ["report", "--index", "{file}"],
+        ["family", "install", "{file}", "tiny-qwen35"],
+        ["suites", "freeze", "--wheels", "{file}", "--out", "{tmp}/suites"],
+    ],
+)
+def test_a_file_where_a_folder_is_expected_is_named_as_such(args, tmp_path, monkeypatch, capsys):
+    """A path that exists as a file is "a file, not a folder", not "does not exist"."""
+    file = tmp_path / "afile"
+    file.write_text("hi")
+    argv = [a.format(file=file, tmp=tmp_path) for a in args]
+    code, _, err = run_cli(monkeypatch, capsys, *argv)
+    assert code == 2 and f"{file} is a file, not a folder" in err and len(err.splitlines()) == 1, err

