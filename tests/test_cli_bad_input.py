@@ -215,3 +215,14 @@ def test_a_file_where_a_folder_is_expected_is_named_as_such(args, tmp_path, monk
     argv = [a.format(file=file, tmp=tmp_path) for a in args]
     code, _, err = run_cli(monkeypatch, capsys, *argv)
     assert code == 2 and f"{file} is a file, not a folder" in err and len(err.splitlines()) == 1, err
+
+
+def test_a_broken_manifest_suggests_another_out_only_to_a_command_that_writes(tmp_path, monkeypatch, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "manifest.json").write_text("{not json")
+    (run / "records.jsonl").write_text("")
+    for args, writes in ((["report", str(run)], False), (["run", "smoke", "--out", str(run)], True)):
+        code, _, err = run_cli(monkeypatch, capsys, *args)
+        assert code == 2 and len(err.splitlines()) == 1 and "manifest.json" in err, err
+        assert ("--out" in err) == writes, (args, err)

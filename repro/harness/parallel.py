@@ -111,7 +111,7 @@ def check_shards(out: Path, shard: Shard, new: Mapping[str, Any]) -> None:
     root = Path(out) / SHARDS_DIR
     for folder in sorted(root.iterdir()) if root.is_dir() else []:
         rank = int(SHARD_NAME.fullmatch(folder.name)[1])  # check_target refused other names
-        was = read_manifest(folder).get("shard") if (folder / MANIFEST_FILE).exists() else None
+        was = read_manifest(folder, writing=True).get("shard") if (folder / MANIFEST_FILE).exists() else None
         if rank >= shard.world or was not in (None, f"{rank}/{shard.world}"):
             raise RunDirError(
                 f"{folder} holds shard {was or f'{rank}/?'} of a run, not a shard of a {shard.world}-way"

@@ -260,13 +260,12 @@ def manifest_text(manifest: dict[str, Any]) -> str:
     return json.dumps(manifest, indent=2, default=str) + "\n"
 
 
-def read_manifest(path: Path) -> dict[str, Any]:
-    """The manifest of a run directory; one line saying what is wrong and that the records are intact."""
+def read_manifest(path: Path, writing: bool = False) -> dict[str, Any]:
+    """The manifest of a run directory; one line saying what is wrong and that the records are intact
+    (``writing``: for a command that would write there, which could use another ``--out``)."""
     mpath = path / MANIFEST_FILE
-    keep = (
-        f"{RECORDS_FILE} is untouched: restore {MANIFEST_FILE} (e.g. from git or a backup)"
-        " or use another --out"
-    )
+    keep = f"{RECORDS_FILE} is untouched: restore {MANIFEST_FILE} (e.g. from git or a backup)"
+    keep += " or use another --out" if writing else ""
     try:
         manifest = json.loads(mpath.read_text(encoding="utf-8"))
     except OSError as e:
@@ -530,7 +529,7 @@ def check_target(path: Path, new: Mapping[str, Any]) -> None:
     if not path.is_dir():
         return
     if (path / MANIFEST_FILE).exists():
-        if why := other_run(read_manifest(path), new):
+        if why := other_run(read_manifest(path, writing=True), new):
             raise refusal(path, why)
     elif content := foreign_content(path, (LOCK_FILE, SHARDS_DIR)):
         shown = ", ".join(content[:5]) + (f" and {len(content) - 5} more" if len(content) > 5 else "")
@@ -545,7 +544,7 @@ def check_target(path: Path, new: Mapping[str, Any]) -> None:
         if not shard.is_dir() or not SHARD_NAME.fullmatch(shard.name):
             raise refusal(path, f"holds {shard}, not a shard folder (rank-K)")
         if (shard / MANIFEST_FILE).exists():
-            if why := other_run(read_manifest(shard), new):
+            if why := other_run(read_manifest(shard, writing=True), new):
                 raise refusal(shard, why)
         elif content := foreign_content(shard):
             raise refusal(shard, f"holds files of no run ({', '.join(content[:5])})")
@@ -622,7 +621,7 @@ class RunDir:
         return f
 
     def _open_existing(self, new: dict[str, Any]) -> Scan:
-        old = read_manifest(self.path)
+        old = read_manifest(self.path, writing=True)
         if why := other_run(old, new):
             self._refuse(why)
         was, now = recorded_device_class(old), new["device_class"]
