@@ -226,3 +226,13 @@ def test_a_broken_manifest_suggests_another_out_only_to_a_command_that_writes(tm
         code, _, err = run_cli(monkeypatch, capsys, *args)
         assert code == 2 and len(err.splitlines()) == 1 and "manifest.json" in err, err
         assert ("--out" in err) == writes, (args, err)
+
+
+def test_a_blank_route_name_is_refused():
+    from repro.decoding.routes import COMMON_PARAMS
+
+    name = next(p for p in COMMON_PARAMS if p.name == "name")
+    assert name.check("ddtree-b32") == "ddtree-b32"
+    for blank in ("", "  ", "\t"):
+        with pytest.raises(ValueError, match="not blank"):
+            name.check(blank)

@@ -72,7 +72,7 @@ class Param:
             return "one of " + ", ".join(self.choices)
         if self.checkpoint:
             return f"a checkpoint directory, a family name or {RANDOM!r}"
-        what = {int: "an integer", float: "a number", str: "a non-empty string"}[self.type]
+        what = {int: "an integer", float: "a number", str: "a string that is not blank"}[self.type]
         if self.min is not None and self.max is not None:
             return f"{what} in [{_num(self.min)}, {_num(self.max)}{')' if self.max_open else ']'}"
         if self.min is not None:
@@ -100,7 +100,7 @@ class Param:
             ok = isinstance(value, int | float) and not isinstance(value, bool)
             value = float(value) if ok else value
         else:
-            ok = isinstance(value, str) and value != ""
+            ok = isinstance(value, str) and value.strip() != ""
         if ok and self.choices:
             ok = value in self.choices
         if ok and self.min is not None:
