@@ -221,7 +221,11 @@ def _check_shards(runs: list[tuple[int, Run]]) -> int:
                 f" {recorded_device_class(first)}; timings of two devices are not mixed"
             )
     if len(worlds) > 1:
-        raise ReproError(f"the shards of {runs[0][1].path.parent} split the prompts {len(worlds)} ways")
+        splits = ", ".join(f"/{n}" for n in sorted(worlds))
+        raise ReproError(
+            f"the shards of {runs[0][1].path.parent} come from different splits ({splits}); delete the"
+            " shards of the split you do not want, then merge"
+        )
     return worlds.pop()
 
 
