@@ -17,7 +17,7 @@ from repro.bench.cli import bench_app
 from repro.data.cli import data_app
 from repro.decoding.routes import route_help
 from repro.errors import CheckFailed, ReproError, SuiteError
-from repro.options import comma_list, device_option, dtype_option
+from repro.options import comma_list, device_option, dtype_option, figure_folder
 from repro.progress import Progress
 from repro.train.cli import train_app
 
@@ -419,6 +419,7 @@ def report(
 ) -> None:
     """Rebuild report.md, tables and figures of a run (decode, bench, falsify, family) from its records
     and manifest alone; with --index, regenerate a results folder's INDEX.md."""
+    figure_folder(figures)
     if index:
         from repro.reporting.index import write_index
 
@@ -576,9 +577,7 @@ def family_report(
     out: Annotated[
         Path | None, typer.Option(help="Output folder (default results/<date>-family-acceptance).")
     ] = None,
-    figures: Annotated[
-        Path | None, typer.Option(help="Figure folder (default figures/<name of --out>).")
-    ] = None,
+    figures: Annotated[Path | None, typer.Option(help="Figure folder (default <out>/figures).")] = None,
     corpus: Annotated[
         Path, typer.Option(help="Corpus dir with heldout.txt; if missing, only the suites are evaluated.")
     ] = Path("data/corpus"),
@@ -603,7 +602,7 @@ def family_report(
 
     out_dir = out or default_out_dir()
     cfg = FamilyReportConfig(
-        out=str(out_dir), figures=str(figures or Path("figures") / out_dir.name), corpus=str(corpus),
+        out=str(out_dir), figures=str(figure_folder(figures) or out_dir / "figures"), corpus=str(corpus),
         targets=comma_list(targets), suites=comma_list(suites), prompts=prompts, limit=limit,
         new_tokens=max_new_tokens, budget=budget, dtype=dtype, seed=seed, device=resolve_device(device),
     )  # fmt: skip

@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
+from pathlib import Path
 
 import typer
 
-from repro.errors import ConfigError
+from repro.errors import ConfigError, not_a_folder
 
 DTYPE_NAMES = ("bfloat16", "float16", "float32", "float64")
 DEVICE_NAMES = ("auto", "cpu", "cuda")
@@ -62,3 +63,10 @@ def shape_names(text: str, known: Collection[str]) -> list[str]:
     if unknown or not names:
         raise ConfigError(f"unknown shape(s) {', '.join(unknown) or '(none)'}; known: {', '.join(known)}")
     return names
+
+
+def figure_folder(path: Path | None) -> Path | None:
+    """``--figures``, checked before any work: a folder or nothing yet (made when a figure is written)."""
+    if path is not None and path.exists() and not path.is_dir():
+        raise ConfigError(not_a_folder(path, "figure folder"))
+    return path

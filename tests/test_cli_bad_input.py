@@ -236,3 +236,21 @@ def test_a_blank_route_name_is_refused():
     for blank in ("", "  ", "\t"):
         with pytest.raises(ValueError, match="not blank"):
             name.check(blank)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["report", "{tmp}/run"],
+        ["family", "report", "--out", "{tmp}/fam"],
+        ["bench", "kernels", "--quick", "--out", "{tmp}/bk"],
+        ["bench", "model", "--shapes", "tiny", "--out", "{tmp}/bm"],
+    ],
+)
+def test_a_figure_folder_that_is_a_file_is_refused_before_any_work(args, tmp_path, monkeypatch, capsys):
+    file = tmp_path / "afile"
+    file.write_text("hi")
+    argv = [a.format(tmp=tmp_path) for a in args] + ["--figures", str(file)]
+    code, _, err = run_cli(monkeypatch, capsys, *argv)
+    assert code == 2 and f"figure folder {file} is a file, not a folder" in err and len(err.splitlines()) == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["afile"]  # nothing written

@@ -10,7 +10,7 @@ import pandas as pd
 import typer
 
 from repro.errors import CheckFailed, ConfigError
-from repro.options import comma_list, device_option, dtype_option, shape_names, short_dtype
+from repro.options import comma_list, device_option, dtype_option, figure_folder, shape_names, short_dtype
 from repro.progress import Progress
 
 bench_app = typer.Typer(help="Kernel and model benchmarks: one command, one table.", no_args_is_help=True)
@@ -104,6 +104,7 @@ def kernels(
     from repro.bench.timing import TimerConfig
     from repro.models.target import resolve_device
 
+    figure_folder(figures)
     names = shape_names(shapes, SHAPES)
     chosen_groups = comma_list(groups) if groups else None
     chosen_methods = comma_list(methods) if methods else None
@@ -206,6 +207,7 @@ def model(
     Writes records.jsonl, manifest.json, report.md, table.csv and a figure; on CPU only the eager rows
     run (graph rows are recorded as skipped).
     """
+    figure_folder(figures)
     import torch
 
     from repro.bench.model import (

@@ -44,7 +44,7 @@ COUNTS = ("prompts", "prompt_len", "limit", "new_tokens", "budget", "width", "bl
 
 @dataclass
 class FamilyReportConfig:
-    """What ``repro family report`` evaluates; ``figures`` defaults to ``figures/<out's name>``."""
+    """What ``repro family report`` evaluates; ``figures`` defaults to ``<out>/figures``."""
 
     out: str
     figures: str
