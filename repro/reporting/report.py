@@ -314,12 +314,15 @@ def acceptance_table(records: Iterable[DecodeRecord | dict[str, Any]]) -> pd.Dat
 
     Columns: kind, width (chains 1, trees their route parameter or NaN), k, p, route, MAL,
     MAL_iid (chains only: (1 - p^(k+1)) / (1 - p), the MAL if every draft token is accepted
-    independently with probability p), MAL_per_prompt, tokens_per_s, speedup, step_ms and
-    verify_ms (all from the route's "all" row of :func:`summarize`).
+    independently with probability p), MAL_per_prompt, tokens_per_s (from the route's "all" row of
+    :func:`summarize`), speedup over AR paired per prompt, every suite's prompts pooled, with its
+    percentile-bootstrap 95% CI (ci_low, ci_high) and n prompts (:func:`repro.reporting.stats.compare`),
+    step_ms and verify_ms (the "all" row's).
     """
     recs = _as_records(records)
-    copied = ["MAL", "MAL_per_prompt", "tokens_per_s", "speedup", "step_ms", "verify_ms"]
-    columns = ["kind", "width", "k", "p", "route", "MAL", "MAL_iid", *copied[1:]]
+    copied = ["MAL", "MAL_per_prompt", "tokens_per_s", "step_ms", "verify_ms"]
+    columns = ["kind", "width", "k", "p", "route", "MAL", "MAL_iid", "MAL_per_prompt", "tokens_per_s"]
+    columns += ["speedup", "ci_low", "ci_high", "n", "step_ms", "verify_ms"]
     params = {r.route: r.route_params for r in recs}
     synth = {route: rp for route, rp in params.items() if rp.get("kind") in SYNTHETIC_KINDS}
     if not synth:
@@ -329,6 +332,8 @@ def acceptance_table(records: Iterable[DecodeRecord | dict[str, Any]]) -> pd.Dat
             raise ReproError(f"route {route} of kind {rp['kind']} lacks its 'p' or 'k' route parameter")
     summary = summarize(recs)
     overall = summary[summary["suite"] == ALL_SUITES].set_index("route")
+    ref = reference_route(recs)
+    suites = list(dict.fromkeys(r.suite for r in recs))
     rows = []
     for route, rp in synth.items():
         p, k = float(rp["p"]), int(rp["k"])
@@ -338,6 +343,7 @@ def acceptance_table(records: Iterable[DecodeRecord | dict[str, Any]]) -> pd.Dat
             mal_iid = float(k + 1) if p == 1 else (1 - p ** (k + 1)) / (1 - p)
         width = 1.0 if chain else float(rp.get("width", math.nan))
         s = overall.loc[route]
+        paired = compare(recs, route, ref, suites, SPEEDUP) if ref is not None else None
         rows.append(
             {
                 "kind": rp["kind"],
@@ -347,6 +353,10 @@ def acceptance_table(records: Iterable[DecodeRecord | dict[str, Any]]) -> pd.Dat
                 "route": route,
                 "MAL_iid": mal_iid,
                 **{c: s[c] for c in copied},
+                "speedup": paired.value if paired else math.nan,
+                "ci_low": paired.low if paired else math.nan,
+                "ci_high": paired.high if paired else math.nan,
+                "n": paired.n if paired else 0,
             }
         )
     return pd.DataFrame(rows, columns=columns).sort_values(["kind", "width", "k", "p"], ignore_index=True)
