@@ -18,7 +18,7 @@ import torch
 
 from repro.bench.shapes import random_parents
 from repro.errors import ReproError
-from repro.gdn.backends import TREE_KERNELS, tree_function
+from repro.gdn.backends import TREE_KERNELS, check_backend, tree_function
 from repro.gdn.reference import commit_closed_form, expand_key_heads
 from repro.models.default import build_default_target
 from repro.models.hybrid import HybridLM
@@ -190,9 +190,12 @@ def tree_exactness(device: str = "cpu", backend: str = "reference", seed: int = 
 
 
 def open_exactness_run(out: Path, config: dict) -> RunDir:
-    """The run directory of a tree-exactness check; opened before the check runs, so that an existing
-    run or a foreign non-empty directory is refused at once."""
+    """The run directory of a tree-exactness check; opened before the check runs, so that a backend the
+    device cannot run, an existing run or a foreign non-empty directory is refused at once (nothing
+    written)."""
     from repro.reporting.records import build_manifest
+
+    check_backend(config["backend"], torch.device(config["device"]))
 
     return RunDir(out, build_manifest(config), kind=KIND)
 
