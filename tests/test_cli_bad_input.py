@@ -254,3 +254,16 @@ def test_a_figure_folder_that_is_a_file_is_refused_before_any_work(args, tmp_pat
     code, _, err = run_cli(monkeypatch, capsys, *argv)
     assert code == 2 and f"figure folder {file} is a file, not a folder" in err and len(err.splitlines()) == 1
     assert [p.name for p in tmp_path.iterdir()] == ["afile"]  # nothing written
+
+
+def test_a_sweep_takes_the_commit_every_route_takes():
+    """``repro routes`` lists ``commit`` for every route: a sweep of it runs each swept route per value
+    (an external loop's commit is its own: it runs once)."""
+    cfg = resolve(
+        read_experiment("sweep"),
+        {"sweep": {"param": "commit", "values": ["closed_form", "replay"]}, "device": "cpu"},
+    )
+    names = [r["name"] for r in cfg["routes"]]
+    assert "ddtree@commit=replay" in names and "specla@commit=closed_form" in names
+    with pytest.raises(ConfigError, match="no parameter 'name' to sweep"):
+        resolve(read_experiment("sweep"), {"sweep": {"param": "name", "values": ["a"]}, "device": "cpu"})

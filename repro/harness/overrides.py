@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from repro.decoding.routes import ROUTE_KINDS
+from repro.decoding.routes import COMMON_PARAMS, ROUTE_KINDS
 from repro.errors import ConfigError
 
 PLACEHOLDER = "<checkpoint>"
@@ -50,9 +50,14 @@ def select_routes(routes: list[dict[str, Any]], selector: str, what: str) -> lis
 
 
 def takes_param(route: dict[str, Any], param: str) -> bool:
-    """Whether ``route``'s kind declares ``param``."""
+    """Whether ``route``'s kind declares ``param``, or takes it as every repro route does (``commit``,
+    ``acceptance``: :data:`~repro.decoding.routes.COMMON_PARAMS` but the name; an external loop's are
+    its own)."""
     kind = ROUTE_KINDS.get(str(route.get("kind")))
-    return kind is not None and any(p.name == param for p in kind.params)
+    if kind is None:
+        return False
+    common = param != "name" and any(p.name == param for p in COMMON_PARAMS) and not kind.external
+    return common or any(p.name == param for p in kind.params)
 
 
 def pick_routes(routes: list[dict[str, Any]], names: list[str]) -> list[dict[str, Any]]:
