@@ -267,3 +267,18 @@ def test_a_sweep_takes_the_commit_every_route_takes():
     assert "ddtree@commit=replay" in names and "specla@commit=closed_form" in names
     with pytest.raises(ConfigError, match="no parameter 'name' to sweep"):
         resolve(read_experiment("sweep"), {"sweep": {"param": "name", "values": ["a"]}, "device": "cpu"})
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["bench", "kernels", "--quick", "--out", "{tmp}/bk"],
+        ["falsify", "tree-exactness", "--out", "{tmp}/fx"],
+        ["generate", "--prompt-ids", "1,2,3"],
+    ],
+)
+def test_a_malformed_device_is_one_line_in_every_command(args, tmp_path, monkeypatch, capsys):
+    argv = [a.format(tmp=tmp_path) for a in args] + ["--device", "cuda:abc"]
+    code, _, err = run_cli(monkeypatch, capsys, *argv)
+    assert code == 2 and len(err.splitlines()) == 1 and "cuda:abc" in err, err
+    assert list(tmp_path.iterdir()) == []

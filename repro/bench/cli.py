@@ -122,7 +122,8 @@ def kernels(
     check_budget(time_budget)
     if bf16_precision not in ("ieee", "tf32x3", "tf32"):
         raise ConfigError(f"--bf16-precision must be ieee, tf32x3 or tf32, got {bf16_precision!r}")
-    cfg.quick = quick or not resolve_device(device).startswith("cuda")
+    on_cuda = resolve_device(device).startswith("cuda")  # checked with --quick too
+    cfg.quick = quick or not on_cuda
     if cfg.quick:
         cfg.sizes = {s: QUICK_SIZES for s in names}
         cfg.depths, cfg.recovery_nodes = QUICK_DEPTHS, min(recovery_nodes, 16)

@@ -3,6 +3,8 @@ and its tokenizer."""
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 from repro.errors import CheckpointError, ConfigError
@@ -31,13 +33,23 @@ def resolve_dtype(name: str) -> torch.dtype:
     return DTYPES[name]
 
 
+DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
+
+
+def check_device_name(name: str) -> str:
+    """``name`` when it is a device name repro takes (auto, cpu, cuda, cuda:N), else one ConfigError."""
+    if not DEVICE_PATTERN.fullmatch(name):
+        raise ConfigError(f"unknown device {name!r}: use cpu, cuda, cuda:N or auto")
+    return name
+
+
 def resolve_device(name: str) -> str:
-    if name == "auto":
+    """``name`` checked (:func:`check_device_name`), ``auto`` made CUDA when present, else cpu; a CUDA
+    device where there is none is one ConfigError."""
+    if check_device_name(name) == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"device {name!r} asked for, but no CUDA GPU is available here; use --device cpu")
-    if name != "cpu" and not name.startswith("cuda"):
-        raise ConfigError(f"unknown device {name!r}: use cpu, cuda or auto")
     return name
 
 
