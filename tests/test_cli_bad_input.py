@@ -282,3 +282,20 @@ def test_a_malformed_device_is_one_line_in_every_command(args, tmp_path, monkeyp
     code, _, err = run_cli(monkeypatch, capsys, *argv)
     assert code == 2 and len(err.splitlines()) == 1 and "cuda:abc" in err, err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_training_seed_beyond_64_bits_is_one_line(tmp_path, monkeypatch, capsys):
+    code, _, err = run_cli(
+        monkeypatch,
+        capsys,
+        "train",
+        "target",
+        "--seed",
+        str(2**64),
+        "--out",
+        str(tmp_path / "t"),
+        "--steps",
+        "1",
+    )
+    assert code == 2 and len(err.splitlines()) == 1 and "--seed" in err and "2**64" in err, err
+    assert not (tmp_path / "t").exists()

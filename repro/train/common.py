@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from repro.errors import ConfigError
+from repro.harness.experiment import check_weight_seed
 from repro.progress import Progress
 from repro.reporting.records import build_manifest, write_json
 
@@ -98,6 +99,7 @@ class TrainRecipe:
     def __post_init__(self) -> None:
         """Every setting checked before anything runs (subclasses add their own, then call this)."""
         at_least(self, 1, "batch_size")
+        check_weight_seed(self.seed, "--seed")  # it seeds torch's generators: 64-bit words
         self.optim()  # steps, lr, warmup, precision, log interval, time budget
         if Path(self.out).exists() and not Path(self.out).is_dir():
             raise ConfigError(f"--out {self.out} is a file; give a directory to write the checkpoint into")
