@@ -195,7 +195,7 @@ def open_exactness_run(out: Path, config: dict) -> RunDir:
     written)."""
     from repro.reporting.records import build_manifest
 
-    check_backend(config["backend"], torch.device(config["device"]))
+    check_backend(config.get("backend", "reference"), torch.device(config.get("device", "cpu")))
 
     return RunDir(out, build_manifest(config), kind=KIND)
 
