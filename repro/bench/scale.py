@@ -46,6 +46,7 @@ from repro.models.graphed import GraphedTarget
 from repro.models.hybrid import HybridLM
 from repro.reporting.report import accept_histogram
 from repro.reporting.rundir import Run, RunKind, fields_parser, load_run
+from repro.reporting.stats import Paired, paired_ratio
 
 SHAPES = ("qwen3.6-27b", "gdn-1.3b", "tiny")
 DEFAULT_ROUTES = {
@@ -68,9 +69,9 @@ ACCEPTANCE_SOURCES = ("paper-mal", "paper-mal:SUITE", "mal:X", "records:DIR")
 CANONICAL = {"weaver": "dflash_tfm", "eagle_tree": "specla"}
 COLUMNS = [
     "shape", "route", "kind", "acceptance", "acceptance_model", "target_MAL", "MAL", "truncated",
-    "tokens_per_s", "speedup", "paper_speedup", "paper_ref", "step_ms", "draft_ms", "tree_ms", "verify_ms",
-    "commit_ms", "busy_ms", "wall_over_busy", "nodes", "steps", "launched", "prompts", "new_tokens",
-    "drafter",
+    "tokens_per_s", "speedup", "ci_low", "ci_high", "paper_speedup", "paper_ref", "step_ms", "draft_ms",
+    "tree_ms", "verify_ms", "commit_ms", "busy_ms", "wall_over_busy", "nodes", "steps", "launched", "prompts",
+    "new_tokens", "drafter",
 ]  # fmt: skip
 BUSY_COLUMNS = ("busy_ms", "wall_over_busy")  # only where the records have graph busy times
 LAUNCH_COLUMNS = ("steps", "launched")  # only where the records count launched steps (since 2026-12-03)
@@ -512,6 +513,8 @@ def summary_table(records: list[dict[str, Any]]) -> pd.DataFrame:
                 "truncated": sum(r["truncated_steps"] for r in group),
                 "tokens_per_s": new / decode_s if decode_s > 0 else math.nan,
                 "speedup": math.nan,
+                "ci_low": math.nan,
+                "ci_high": math.nan,
                 "paper_speedup": ref[0] if ref else None,
                 "paper_ref": ref[1] if ref else None,
                 "step_ms": ms(decode_s),
@@ -531,12 +534,34 @@ def summary_table(records: list[dict[str, Any]]) -> pd.DataFrame:
         table = table.drop(columns=list(BUSY_COLUMNS))
     if not any("launched_steps" in r for r in records):  # records from before the count: the same
         table = table.drop(columns=list(LAUNCH_COLUMNS))
+    groups = _groups(records)
     for shape in table["shape"].unique():
         mine = table["shape"] == shape
-        ar = table[mine & (table["kind"] == "ar")]["tokens_per_s"]
-        if len(ar):
-            table.loc[mine, "speedup"] = table.loc[mine, "tokens_per_s"] / float(ar.iloc[0])
+        ar = table[mine & (table["kind"] == "ar")]
+        if not len(ar):
+            continue
+        table.loc[mine, "speedup"] = table.loc[mine, "tokens_per_s"] / float(ar["tokens_per_s"].iloc[0])
+        reference = {r.get("prompt"): r for r in groups[(shape, ar["route"].iloc[0])]}
+        if None in reference:  # records without their prompt's index: nothing to pair
+            continue
+        for i in table.index[mine & (table["kind"] != "ar")]:
+            paired = paired_speedup(groups[(shape, table.at[i, "route"])], reference)
+            table.loc[i, ["ci_low", "ci_high"]] = [paired.low, paired.high]
     return table
+
+
+def paired_speedup(route: list[dict[str, Any]], reference: dict[int, dict[str, Any]]) -> Paired:
+    """A route's speedup over the shape's AR paired per prompt (each prompt its own acceptance draws), with
+    its percentile-bootstrap 95% CI (:func:`repro.reporting.stats.paired_ratio`)."""
+    pairs = [(r, reference[r["prompt"]]) for r in route if r.get("prompt") in reference]
+    return paired_ratio(
+        (
+            [r["new_tokens"] for r, _ in pairs],
+            [r["decode_s"] for r, _ in pairs],
+            [a["new_tokens"] for _, a in pairs],
+            [a["decode_s"] for _, a in pairs],
+        )
+    )
 
 
 def _per_step_ms(seconds: float, steps: int) -> float:
@@ -597,7 +622,8 @@ def breakdown_lines(table: pd.DataFrame) -> list[str]:
 REPORT_COLUMNS = {  # column -> (header, format)
     "shape": ("shape", "s"), "route": ("route", "s"), "acceptance": ("acceptance replayed", "s"),
     "target_MAL": ("MAL (target)", ".2f"), "MAL": ("MAL", ".2f"), "truncated": ("trunc.", "d"),
-    "tokens_per_s": ("tok/s", ".1f"), "speedup": ("speedup", ".2f"), "paper_speedup": ("paper", ".2f"),
+    "tokens_per_s": ("tok/s", ".1f"), "speedup": ("speedup", ".2f"), "ci_low": ("95% CI low", ".2f"),
+    "ci_high": ("95% CI high", ".2f"), "prompts": ("n", "d"), "paper_speedup": ("paper", ".2f"),
     "step_ms": ("step ms", ".2f"), "draft_ms": ("draft", ".2f"), "tree_ms": ("tree", ".2f"),
     "verify_ms": ("verify", ".2f"), "commit_ms": ("commit", ".2f"), "busy_ms": ("graphs busy", ".2f"),
     "wall_over_busy": ("wall/busy", ".2f"), "nodes": ("nodes", ".1f"), "steps": ("steps", "d"),
@@ -656,8 +682,11 @@ def report_markdown(
         if r["kind"] != "ar"
     ]
     refs = sorted(set(table["paper_ref"].dropna()))
-    tail = ["", "Per-stage columns are device ms per verify step (CUDA events at the stage marks; wall clock "
-            "for records without them; verify includes the acceptance)."]  # fmt: skip
+    tail = ["", "speedup: the route's pooled tok/s over the same shape's AR; its 95% CI: percentile "
+            "bootstrap over the n prompts, paired per prompt (each prompt its own acceptance draws, the same "
+            "for every route; no interval below 5 prompts). Per-stage columns are device ms per verify step "
+            "(CUDA events at the stage marks; wall clock for records without them; verify includes the "
+            "acceptance)."]  # fmt: skip
     if busy:
         tail[-1] += (" graphs busy: the CUDA graph replays' own ms per step; wall/busy: how much longer a "
                      "step takes than its graphs run.")  # fmt: skip

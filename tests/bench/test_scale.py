@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 from typing import Any
@@ -316,6 +317,33 @@ def test_the_table_gives_graph_busy_ms_and_wall_over_busy_only_when_records_have
     text = bs.report_markdown(new, {})
     (row,) = [line for line in text.splitlines() if line.startswith("| s | ar |")]
     assert "| commit | graphs busy | wall/busy | nodes |" in text and "| 0.50 | 1.25 | 4.00 | 1.0 |" in row
+
+
+def test_a_routes_speedup_has_its_paired_interval_over_the_prompts():
+    """Six prompts, each its own speed for AR and the route (1.5x to 2.5x over AR): the interval is the
+    paired percentile bootstrap of the pooled ratio (stats.paired_ratio), around the speedup; AR has none,
+    and three prompts give none (below five)."""
+    from repro.reporting.stats import paired_ratio
+
+    ratios = [1.5, 2.5, 1.8, 2.2, 2.0, 1.6]
+    ar_s = [0.02, 0.05, 0.03, 0.04, 0.02, 0.06]
+    records = [scale_record("ar", prompt=i, decode_s=s) for i, s in enumerate(ar_s)]
+    records += [
+        scale_record("ddtree", prompt=i, decode_s=s / f) for i, (s, f) in enumerate(zip(ar_s, ratios))
+    ]
+    table = bs.summary_table(records).set_index("route")
+    want = paired_ratio(([5] * 6, [s / f for s, f in zip(ar_s, ratios)], [5] * 6, ar_s))
+    got = table.loc["ddtree"]
+    assert got["speedup"] == pytest.approx(want.value) and (got["ci_low"], got["ci_high"]) == (
+        want.low,
+        want.high,
+    )
+    assert 1.5 < got["ci_low"] < got["speedup"] < got["ci_high"] < 2.5 and math.isnan(
+        table.loc["ar", "ci_low"]
+    )
+    few = bs.summary_table([r for r in records if r["prompt"] < 3]).set_index("route")
+    assert math.isnan(few.loc["ddtree", "ci_low"])
+    assert "95% CI low" in bs.report_markdown(bs.summary_table(records), {})
 
 
 def test_the_report_lists_graph_captures_inside_the_timed_decode_only_when_there_were_any():
