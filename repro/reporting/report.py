@@ -171,9 +171,9 @@ def _aggregate(recs: list[DecodeRecord], statuses: dict, distinct_prompts: int) 
 
 def paired_speedups(records: Iterable[DecodeRecord | dict[str, Any]]) -> pd.DataFrame:
     """Each non-reference route's speedup over the run's AR route, paired per prompt, with its
-    percentile-bootstrap 95% CI (:func:`repro.reporting.stats.compare`): one row per suite (the point
-    estimate equals the summary's speedup) and one pooling every suite's prompts (``all (pooled)``, each
-    prompt weighted by its tokens: not the summary's mean of the suites). Empty without an AR route."""
+    percentile-bootstrap 95% CI (:func:`repro.reporting.stats.compare`): one row per suite and one pooling
+    every suite's prompts (``all (pooled)``, each prompt weighted by its tokens); each point estimate equals
+    the summary's speedup. Empty without an AR route."""
     recs = _as_records(records)
     ref = reference_route(recs)
     rows: list[dict[str, Any]] = []
@@ -201,8 +201,8 @@ def summarize(records: Iterable[DecodeRecord | dict[str, Any]]) -> pd.DataFrame:
     graph busy times, so older runs rebuild as they were).
 
     speedup = route tokens/s / AR tokens/s in the same suite of the same run, over the
-    (prompt_id, turn) pairs both have; the "all" row's speedup is the mean of the suites' speedups
-    while its other numbers pool all the route's records.
+    (prompt_id, turn) pairs both have (:func:`repro.reporting.stats.paired_value`); the "all" row pools
+    every suite's pairs (token-weighted), as its other numbers pool all the route's records.
     """
     recs = _as_records(records)
     if not recs:
@@ -212,7 +212,6 @@ def summarize(records: Iterable[DecodeRecord | dict[str, Any]]) -> pd.DataFrame:
     suites = list(dict.fromkeys(r.suite for r in recs))
     rows = []
     for route in _ordered_routes(recs):
-        suite_speedups = []
         mine = [r for r in recs if r.route == route]
         for suite in suites:
             group = [r for r in mine if r.suite == suite]
@@ -224,15 +223,13 @@ def summarize(records: Iterable[DecodeRecord | dict[str, Any]]) -> pd.DataFrame:
                 **_aggregate(group, statuses, len({r.prompt_id for r in group})),
             }
             row["speedup"] = paired_value(recs, route, ref, [suite], SPEEDUP)
-            suite_speedups.append(row["speedup"])
             rows.append(row)
         row = {
             "suite": ALL_SUITES,
             "route": route,
             **_aggregate(mine, statuses, len({(r.suite, r.prompt_id) for r in mine})),
         }
-        valid = [s for s in suite_speedups if not math.isnan(s)]
-        row["speedup"] = sum(valid) / len(valid) if valid else math.nan
+        row["speedup"] = paired_value(recs, route, ref, suites, SPEEDUP)  # every suite's prompts pooled
         rows.append(row)
     hidden = set() if any(r.device_stage_s is not None for r in recs) else set(DEVICE_COLUMNS)
     if not any(r.busy_stage_s is not None for r in recs):
@@ -498,12 +495,12 @@ _DEFINITIONS = """\
   comes from prefill). mean_tokens_per_s: mean of per-record rates. e2e_tokens_per_s includes
   prefill. prefill_s: mean per record.
 - speedup: tokens_per_s / the AR route's tokens_per_s in the same suite of this run, over the
-  prompt turns both routes have; suite "all": mean of the suites' speedups (other columns pool
-  all records).
+  prompt turns both routes have; suite "all": the same over every suite's turns pooled (token-weighted,
+  as the other columns pool all records; before 2026-12-05 it was the mean of the suites' speedups).
 - lossless: sha256 of generated token ids per prompt turn compared with the AR route's;
   "diverged at token k" gives the first differing 0-based index. Sampling draws are keyed by
-  (seed, output position), so target-sample-then-match routes must match AR at any temperature;
-  rules that accept by draft probabilities are lossless in distribution only.
+  (the run's seed and the prompt, output position), so target-sample-then-match routes must match AR
+  at any temperature; rules that accept by draft probabilities are lossless in distribution only.
 - step_ms, draft/tree/verify/commit_ms: decode and stage seconds per verify step, in ms (wall clock).
   device_step_ms: the stages' device time per verify step (CUDA events at the stage boundaries,
   summed; CPU: the wall-clock stage times; "-" for records made before device times were kept).
