@@ -79,8 +79,10 @@ PIPELINE = True
 # a pipelined DDTree or chain DFlash step builds its tree inside the DFlash drafter's graph
 # (``propose_after``'s ``tree``: BestFirst / Chain ``device_tree`` on the drafter's marginals and top-k ids,
 # rooted at the launched step's bonus), not after it: DDTree's best-first graph (and its root's copy), chain
-# DFlash's eager token concatenation a step fewer; the tree stage's time then falls in the draft stage. Off
-# until an A/B on the H200 says (scripts/gpu/routes-ab.py fuse_tree)
+# DFlash's eager token concatenation a step fewer; the tree stage's time then falls in the draft stage. Off:
+# the A/B on the H200 (scripts/gpu/routes-ab.py fuse_tree, results/2026-12-05-h200-prepare-per-loop) gave
+# device ms a step DDTree 0.336 -> 0.331, chain DFlash 0.266 -> 0.260 (1.5-2%, the size of the moves between
+# variants of one process), same tokens
 FUSE_TREE = False
 
 

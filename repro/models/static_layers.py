@@ -45,7 +45,8 @@ from repro.models.layers import (
 # a GDN layer's verify (fuse_verify, row-tiled rows) runs its output gated norm inside the out_proj's
 # row-tiled launch (triton_linear.gated_linear_residual): one launch a layer fewer (the separate gated norm:
 # 6 launches, 9.1 us of a 33-node tiny-qwen35 verify, results/2026-12-04-h200-derive-rows/callCH/verify-
-# kernels). Off until an A/B on the H200 says (scripts/gpu/routes-ab.py gated_out_proj); tested in the
+# kernels). Off: the A/B on the H200 (scripts/gpu/routes-ab.py gated_out_proj,
+# results/2026-12-05-h200-prepare-per-loop) took the 33-node verify from 0.240 to 0.285 ms; tested in the
 # interpreter
 GATED_OUT_PROJ = False
 
