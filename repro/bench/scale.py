@@ -492,7 +492,8 @@ def summary_table(records: list[dict[str, Any]]) -> pd.DataFrame:
     per-stage ms per step, the graphs' busy ms per step and wall / busy, the paper's speedup beside."""
     paper = paper_speedups()
     rows = []
-    for (shape, route), group in _groups(records).items():
+    groups = _groups(records)
+    for (shape, route), group in groups.items():
         steps = sum(r["steps"] for r in group)
         decode_s = sum(r["decode_s"] for r in group)
         new = sum(r["new_tokens"] for r in group)
@@ -534,7 +535,6 @@ def summary_table(records: list[dict[str, Any]]) -> pd.DataFrame:
         table = table.drop(columns=list(BUSY_COLUMNS))
     if not any("launched_steps" in r for r in records):  # records from before the count: the same
         table = table.drop(columns=list(LAUNCH_COLUMNS))
-    groups = _groups(records)
     for shape in table["shape"].unique():
         mine = table["shape"] == shape
         ar = table[mine & (table["kind"] == "ar")]

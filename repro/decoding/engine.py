@@ -452,7 +452,7 @@ def generate(
     greedy = device_greedy(model, route)
     sampled_ar = device_ar_sampling(model, route)
     loop = decode_loop(model, route)
-    on_device = greedy or sampled_ar or device_sampling(model, route)
+    on_device = loop != "host"  # AR groups, pipelined or stepwise: accepted on the device
     t0 = _clock(dev)
     state, ver = _prefill(model, prompt_ids, capture, drafter, route.commit)
     out = [route.rule.pick(ver.logits[-1], 0)]
