@@ -429,17 +429,18 @@ class TreeSlot:
             self._copied = torch.cuda.Event()
             self._copied.record(self._stream)
 
-    def set_device_tree(self, tree: DeviceTree) -> None:
+    def set_device_tree(self, tree: DeviceTree, copy_parents: bool = False) -> None:
         """Copy a device tree of up to ``size`` nodes into tokens and parents on the device (no host
         read; padded as :meth:`set_tree` pads); needs ``derive``. Its depth is not checked on the host:
         slots that take device trees are as deep as they are large. Constant parents
-        (``tree.constant_parents``) that this slot took last are not copied again. With the decoder's
+        (``tree.constant_parents``) that this slot took last are not copied again, unless
+        ``copy_parents`` (a graph that copies every tree it builds). With the decoder's
         ``fuse_bookkeeping`` the copy and padding are one kernel
         (:func:`~repro.models.slot_kernels.copy_tree`)."""
         n = tree.size
         if not self.derive_inputs or n > self.size:
             raise ConfigError(f"a device tree of {n} nodes needs a deriving slot of >= {n} nodes")
-        fresh = tree.parents is not self._held_parents  # held: the same n, its padding in place
+        fresh = copy_parents or tree.parents is not self._held_parents  # held: the same n, padding in place
         if self._decoder.fuse_bookkeeping and KERNEL_TREE_COPY:  # one kernel (slot_kernels.copy_tree)
             from repro.models.slot_kernels import copy_tree
 
@@ -453,6 +454,13 @@ class TreeSlot:
                 if n < self.size:
                     self.parents[n:].fill_(-1)
         self._held_parents = tree.parents if tree.constant_parents else None
+        self.tree = tree
+
+    def took_device_tree(self, tree: DeviceTree) -> None:
+        """A graph that builds ``tree`` and copies all of it in (:meth:`set_device_tree` with
+        ``copy_parents``) has run: the slot holds that tree, its parents not held as constant (the next
+        tree's parents are copied)."""
+        self._held_parents = None
         self.tree = tree
 
     def derive(self) -> None:

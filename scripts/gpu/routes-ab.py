@@ -43,6 +43,10 @@ on a fresh GraphedTarget so that its graphs are captured under that setting:
   not one graph with it (``graphed.FUSE_ACCEPT`` off; on, their time falls in the verify stage);
 - ``fuse_tree``: a pipelined DDTree / chain DFlash step's tree built inside the DFlash drafter's graph
   (``engine.FUSE_TREE``; its time then falls in the draft stage), not after it;
+- ``no_step_graph``: a pipelined DDTree / chain DFlash step as two graphs (the drafter's, then the fused
+  verify + acceptance + commit), not one (``engine.STEP_GRAPH`` off);
+- ``no_step_marks``: the step graphs without the in-graph event that splits their time between the draft and
+  verify stages, one graph a key (``graphed.STEP_MARKS`` off; the draft's time falls in the verify stage);
 - ``gated_out_proj``: a GDN layer's output gated norm inside its out_proj's row-tiled launch
   (``static_layers.GATED_OUT_PROJ``; triton_linear.gated_linear_residual), not a launch of its own;
 - ``fused_tree``: every verify's GDN layers on the one-launch fused tree kernel, not the split form (three
@@ -161,6 +165,8 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "separate_accept": lambda: patched(graphed, "FUSE_ACCEPT", False),
     "gated_out_proj": lambda: patched(static_layers, "GATED_OUT_PROJ", True),
     "fuse_tree": lambda: patched(engine, "FUSE_TREE", True),
+    "no_step_graph": lambda: patched(engine, "STEP_GRAPH", False),
+    "no_step_marks": lambda: patched(graphed, "STEP_MARKS", False),
     "kernel_tree_copy": lambda: patched(static, "KERNEL_TREE_COPY", True),
     "aliased_roots": lambda: patched(tree_builders, "ALIASED_ROOTS", 4),
 }
@@ -211,22 +217,26 @@ def variant_rows(name: str, model: Any, tok: Any, reference: dict[str, list[list
         for spec, route in zip(ROUTES, routes):
             ps = prompts(tok)
             generate(target, ps[0], route, NEW_TOKENS)  # warm-up (first-use compiles, the drafter's buffers)
-            steps, decode_s, accepted = 0, 0.0, 0
+            steps, recorded, decode_s, accepted, busy, captures = 0, 0, 0.0, 0, 0.0, 0
             device = dict.fromkeys(STAGES, 0.0)
             outs = []
             for p in ps:
                 r = generate(target, p, route, NEW_TOKENS)
-                steps += r.steps
+                steps += r.launched_steps or r.steps  # the steps launched past the end: their time is in
+                recorded += r.steps  # decode_s, not in the accepted lengths
                 decode_s += r.decode_s
                 accepted += sum(r.accepted_lengths)
+                busy += sum((r.busy_stage_s or {}).values())
+                captures += r.graph_captures
                 for stage, s in (r.device_stage_s or r.stage_s).items():
                     device[stage] += s
                 outs.append(r.output_ids)
             reference.setdefault(spec["name"], outs)
             row = {
-                "variant": name, "route": spec["name"], "steps": steps, "mal": accepted / max(steps, 1),
+                "variant": name, "route": spec["name"], "steps": steps, "mal": accepted / max(recorded, 1),
                 "wall_ms_per_step": 1e3 * decode_s / max(steps, 1),
                 "device_ms_per_step": 1e3 * sum(device.values()) / max(steps, 1),
+                "busy_ms_per_step": 1e3 * busy / max(steps, 1), "graph_captures": captures,
                 **{f"{k}_ms": 1e3 * v / max(steps, 1) for k, v in device.items()},
                 "tokens_equal_default": outs == reference[spec["name"]],
             }  # fmt: skip
@@ -268,16 +278,19 @@ def write(out: Path, rows: list[dict], seconds: float) -> None:
     lines = [
         f"# routes-ab on {device} ({seconds:.0f} s): {FAMILY} {DTYPE}, {PROMPTS} prompts x {NEW_TOKENS} new",
         "",
-        "| variant | route | MAL | wall ms/step | device ms/step | draft | tree | verify | commit | same |",
-        "|---|---|--:|--:|--:|--:|--:|--:|--:|---|",
+        "| variant | route | MAL | wall ms/step | device ms/step | busy | wall / busy | draft | tree | "
+        "verify | commit | captures | same |",
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|",
     ]
     for r in rows:
         if "route" not in r:
-            lines.append(f"| {r['variant']} | {r.get('error') or r.get('skipped')} | | | | | | | | |")
+            lines.append(f"| {r['variant']} | {r.get('error') or r.get('skipped')} |" + " |" * 11)
             continue
         stages = " | ".join(f"{r[f'{s}_ms']:.3f}" for s in STAGES)
+        ratio = r["wall_ms_per_step"] / r["busy_ms_per_step"] if r["busy_ms_per_step"] else float("nan")
         lines.append(f"| {r['variant']} | {r['route']} | {r['mal']:.2f} | {r['wall_ms_per_step']:.3f} | "
-                     f"{r['device_ms_per_step']:.3f} | {stages} | {r['tokens_equal_default']} |")  # fmt: skip
+                     f"{r['device_ms_per_step']:.3f} | {r['busy_ms_per_step']:.3f} | {ratio:.3f} | "
+                     f"{stages} | {r['graph_captures']} | {r['tokens_equal_default']} |")  # fmt: skip
     medians = {
         v: statistics.median(r["device_ms_per_step"] for r in rows if r.get("variant") == v and "route" in r)
         for v in VARIANTS

@@ -195,8 +195,9 @@ def test_prepare_graphs_makes_what_each_loop_replays_and_nothing_else(setup, mon
     import repro.models.graphs as graphs
     from repro.decoding.routes import prepare_graphs
 
-    monkeypatch.setattr(graphs, "GraphedCall", lambda fn, device: fn)
+    monkeypatch.setattr(graphs, "GraphedCall", lambda fn, device, **_: fn)
     monkeypatch.setattr(engine, "PIPELINE", pipeline)
+    monkeypatch.setattr(engine, "STEP_GRAPH", False)  # step graphs: made by a first decode (test below)
     model, prompts, reference = setup
     target = GraphedTarget(model, max_len=256, graphs=False)  # 256: no buffer grows during the decodes
     vocab = model.config.vocab_size
@@ -226,21 +227,38 @@ def test_prepare_graphs_makes_what_each_loop_replays_and_nothing_else(setup, mon
     assert names == ({"fused_greedy", "fused_accept"} if pipeline else {"verify", "greedy", "accept"})
 
 
-def test_tree_in_the_drafter_graph_gives_the_same_records(setup, monkeypatch):
+def test_tree_in_the_drafter_graph_and_the_step_graph_give_the_same_records(setup, monkeypatch):
     """engine.FUSE_TREE: a pipelined DDTree or chain DFlash step builds its tree inside the DFlash drafter's
     step (BestFirst / Chain ``device_tree`` on its marginals and top-k ids, rooted at the launched step's
-    bonus): the same records as the tree built after it (greedy; DDTree's sample_match through its device
+    bonus); engine.STEP_GRAPH: the drafter's step, its tree and the fused verify run as one call
+    (``GraphedTarget.verify_drafted``, here its eager stand-in) once the drafter's own call ran. Each gives
+    the same records as the tree built after the draft (greedy; DDTree's sample_match through its device
     twin), the builder's own call made for the first step only (drafted from the prefill, before any
-    launched step)."""
+    launched step); the step graph runs every step from the third on (the second makes the draft's call)."""
     model, prompts, _ = setup
     vocab = model.config.vocab_size
     specs = {s["name"]: s for s in SPECS}
     cases = [("ddtree", "greedy", 0.0), ("ddtree", "sample_match", 0.9), ("chain", "greedy", 0.0)]
+    step_calls = [0]
+    make = GraphedTarget._step_call
+
+    def counted_steps(self, *args):  # noqa: ANN001, ANN002, ANN202
+        call = make(self, *args)
+
+        def run():  # noqa: ANN202
+            step_calls[0] += 1
+            return call()
+
+        return run
+
+    monkeypatch.setattr(GraphedTarget, "_step_call", counted_steps)
     for name, rule, temperature in cases:
         spec = specs[name]
-        runs, built = [], []
-        for fuse in (False, True):
+        runs, built, stepped = [], [], []
+        for fuse, one_graph in ((False, False), (True, False), (False, True)):
             monkeypatch.setattr(engine, "FUSE_TREE", fuse)
+            monkeypatch.setattr(engine, "STEP_GRAPH", one_graph)
+            step_calls[0] = 0
             target = GraphedTarget(model, max_len=64, graphs=False)
             route = build_route(spec, vocab, rule, temperature, 7, target=target, family=FAMILY)
             assert isinstance(route.builder, (BestFirst, Chain)) and tree_in_drafter(
@@ -257,9 +275,43 @@ def test_tree_in_the_drafter_graph_gives_the_same_records(setup, monkeypatch):
             res = generate(target, prompts[1], route, 30)
             runs.append(_fields(res))
             built.append((calls[0], res.steps))
-        assert runs[0] == runs[1], (name, rule)
-        (separate, steps), (fused, _) = built
-        assert separate >= steps > 2 and fused == 1, (name, rule, built)
+            stepped.append(step_calls[0])
+        assert runs[0] == runs[1] == runs[2], (name, rule)
+        (separate, steps), (fused, _), (merged, _) = built
+        assert separate >= steps > 2 and fused == merged == 1, (name, rule, built)
+        launched = steps + 1  # the pipelined loop folds in one step launched past the end
+        assert stepped[:2] == [0, 0] and stepped[2] == launched - 2, (name, rule, stepped)
+
+
+def test_step_graphs_are_made_by_the_first_decode_and_replayed_after(setup, monkeypatch):
+    """engine.STEP_GRAPH with graphs (stood in by their functions on CPU): a DDTree / chain DFlash decode
+    after ``prepare_graphs`` makes its step graphs (two a key: STEP_MARKS's turns, marks only on CUDA) and
+    its drafter's; a second decode on another prompt makes none and replays them; the tokens are the
+    step-by-step graphs' (STEP_GRAPH off)."""
+    import repro.models.graphs as graphs
+    from repro.decoding.routes import prepare_graphs
+
+    monkeypatch.setattr(graphs, "GraphedCall", lambda fn, device, **_: fn)
+    model, prompts, reference = setup
+    vocab = model.config.vocab_size
+    specs = {s["name"]: s for s in SPECS}
+    for name in ("ddtree", "chain"):
+        outputs = []
+        for one_graph in (True, False):
+            monkeypatch.setattr(engine, "STEP_GRAPH", one_graph)
+            target = GraphedTarget(model, max_len=256, graphs=False)
+            route = build_route(specs[name], vocab, "greedy", 0.0, 7, target=target, family=FAMILY)
+            target.graphs = True  # after the drafter is built: its graphs stay eager
+            prepare_graphs(target, [route])
+            first = generate(target, prompts[0], route, 40)
+            made = target.captures
+            second = generate(target, prompts[1], route, 40)
+            assert target.captures == made, (name, one_graph)
+            outputs.append((first.output_ids, second.output_ids))
+            if one_graph:
+                (graphs_of_key,) = target._steps.values()
+                assert all(call is not None for call in graphs_of_key.calls) and len(graphs_of_key.calls) == 2
+        assert outputs[0] == outputs[1] == (reference[0], reference[1]), name
 
 
 def _context(prompt: list[int], ver) -> object:  # noqa: ANN001
