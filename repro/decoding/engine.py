@@ -54,6 +54,7 @@ from repro.decoding.tree_builders import (
     tree_in_drafter,
 )
 from repro.drafters.base import DraftContext, Drafter, PipelinedDrafter
+from repro.models import graphed
 from repro.models.graphed import GraphedState, GraphedTarget, LaunchedStep
 from repro.models.graphs import Marks, busy_recorder, generation_stream, graphs_captured
 from repro.models.hybrid import PREFILL_CHUNK, HybridLM, Verification
@@ -84,10 +85,6 @@ PIPELINE = True
 # device ms a step DDTree 0.336 -> 0.331, chain DFlash 0.266 -> 0.260 (1.5-2%, the size of the moves between
 # variants of one process), same tokens
 FUSE_TREE = False
-# a pipelined DDTree or chain DFlash step is one CUDA graph once its parts' graphs ran: the drafter's step
-# with its tree, the tree into the slot, verify, acceptance and commit (GraphedTarget.verify_drafted; the
-# tree is built inside the drafter's step as with FUSE_TREE). Off: the drafter's graph, then the fused verify
-STEP_GRAPH = True
 
 
 @dataclass
@@ -373,9 +370,9 @@ def _pipelined(
     sizes: list[int] = []
     paths: list[list[int]] = []
     finish = None
-    # the trees inside the drafter's graph (FUSE_TREE), or the whole step one graph (STEP_GRAPH)
-    inside = (FUSE_TREE or STEP_GRAPH) and tree_in_drafter(builder, drafter)
-    one_graph = STEP_GRAPH and inside and route.verifier == "tree"
+    # the trees inside the drafter's graph (FUSE_TREE), or the whole step one graph (graphed.STEP_GRAPH)
+    inside = (FUSE_TREE or graphed.STEP_GRAPH) and tree_in_drafter(builder, drafter)
+    one_graph = graphed.STEP_GRAPH and inside and route.verifier == "tree"
     tree_fn = cast(BestFirst | Chain, builder).device_tree if inside else None
     accept = (twin.accept, twin.graph_key) if twin else (None, ())
 

@@ -39,7 +39,7 @@ from repro.reporting.rundir import RunDir
 WARMUP_PROMPT = "Warm-up: say something short."
 # new tokens of each route's warm-up generation; on CUDA graphs more, so that a pipelined route reaches the
 # steps whose graphs it makes on first use (its drafter's at step 2, the step graphs at step 3,
-# engine.STEP_GRAPH) at the MALs seen (up to ~8 tokens a step on the tiny family)
+# graphed.STEP_GRAPH) at the MALs seen (up to ~8 tokens a step on the tiny family)
 WARMUP_TOKENS = 8
 GRAPHED_WARMUP_TOKENS = 48
 

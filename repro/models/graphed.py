@@ -89,6 +89,12 @@ FUSE_ACCEPT = True
 # :class:`~repro.models.graphs.GraphedCall`); each step graph is then made twice and replayed in turn (a mark
 # is read before its graph replays again, and the host reads a step before it launches the one after next)
 STEP_MARKS = True
+# a pipelined DDTree or chain DFlash step is one CUDA graph once its parts' graphs ran: the drafter's step
+# with its tree, the tree into the slot, verify, acceptance and commit (:meth:`GraphedTarget.verify_drafted`;
+# the tree is built inside the drafter's step, as with the engine's FUSE_TREE). Its fused slots then keep the
+# captured layers' outputs in buffers of their own (:meth:`~repro.models.static.TreeSlot.keep_hidden`): the
+# drafter reads them after whichever graph of the slot ran. Off: the drafter's graph, then the fused verify
+STEP_GRAPH = True
 
 
 @dataclass(frozen=True)
@@ -355,6 +361,8 @@ class GraphedTarget:
                     self.decoder, size, snapshots=snapshots, capture=self.capture, derive=True, parity=parity
                 )
             slot.accept_fused = fused
+            if fused and STEP_GRAPH:
+                slot.keep_hidden(self.config.hidden_size, self.dtype)
             self._slots[key] = slot
             # its graphs go with it (not greedy AR's, whose keys ("ar", size, first) look alike)
             self._calls = {

@@ -376,6 +376,7 @@ class TreeSlot:
         self._rows = torch.arange(size, device=dev)
         self.logits: torch.Tensor | None = None
         self.hidden: dict[int, torch.Tensor] = {}
+        self.kept: dict[int, torch.Tensor] = {}  # keep_hidden's buffers
         self.saved: list[GDNSaved | AttentionSaved | None] = [None] * decoder.num_layers
         self.tree: Tree | DeviceTree | None = None
         self._held_parents: torch.Tensor | None = None  # the constant parents held (set_device_tree)
@@ -383,6 +384,15 @@ class TreeSlot:
         self.set_tree(Tree(torch.zeros(size, dtype=torch.long), torch.tensor(parents)))
         if derive:
             self.derive()
+
+    def keep_hidden(self, width: int, dtype: torch.dtype) -> None:
+        """Verifications write the captured layers' outputs into buffers of this slot (one launch for all),
+        not only into their graphs' outputs: ``hidden`` is then the same tensors whichever of the slot's
+        graphs ran last (a graphed target's step graphs and fused graph share a slot; the drafter reads
+        ``hidden`` of whichever ran)."""
+        dev = self._decoder.device
+        self.kept = {i: torch.zeros(self.size, width, dtype=dtype, device=dev) for i in self.capture}
+        self.hidden = dict(self.kept)
 
     def set_tree(self, tree: Tree, pad: bool = False) -> None:
         """Copy a tree of exactly ``size`` nodes into the input buffers (one host-to-device copy).
@@ -1146,6 +1156,10 @@ class StaticDecoder:
                 x = glue["attention_epilogue"](layer, w, x, out, gate, gemv)
             if not decode and i in slot.capture:  # the layer's output, kept (graph outputs are rewritten)
                 slot.hidden[i] = x
+        if not decode and slot.kept:  # into the slot's own buffers, where every graph of it writes them
+            kept = [slot.kept[i] for i in slot.capture]
+            torch._foreach_copy_(kept, [slot.hidden[i] for i in slot.capture])
+            slot.hidden = dict(zip(slot.capture, kept))
         return self._head(x, gemv)
 
     def _rms_norm(self) -> Callable[..., torch.Tensor]:

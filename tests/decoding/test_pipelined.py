@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import repro.decoding.engine as engine
+import repro.models.graphed as graphed
 from repro.decoding.engine import generate, pipelined
 from repro.decoding.routes import build_route
 from repro.decoding.tree_builders import BestFirst, Chain, tree_in_drafter
@@ -70,7 +71,6 @@ def test_pipelined_steps_equal_the_step_by_step_loop_and_ar(setup, monkeypatch, 
     """Both loops on the same graphed target: identical records, AR's tokens, for a long limit and
     limits that end inside a step or at the prefill's token; the pipelined loop reads once a step, plus
     the step launched past the end, and leaves no ingested path unsettled."""
-    import repro.models.graphed as graphed
 
     model, prompts, reference = setup
     target = GraphedTarget(model, max_len=64, graphs=False)  # 64: the buffers grow during the run
@@ -103,7 +103,6 @@ def test_pipelined_sampling_steps_equal_the_step_by_step_loop(setup, monkeypatch
     """The sampling rules' device twins and the replayed acceptance pipeline too (their draws keyed by the
     root's position read on the device): the same records as the step-by-step loop, sample_match AR's
     sampled tokens, the replayed counters the same; one read a step plus the one launched past the end."""
-    import repro.models.graphed as graphed
     from repro.decoding.replayed import AcceptanceProcess
     from repro.decoding.scale_routes import replayed
 
@@ -148,7 +147,6 @@ def test_fused_verify_and_acceptance_give_the_same_records(setup, monkeypatch):
     (its own slots): the same records as the separate graphs for every route (greedy; sample_match through
     its device twin; the delayed commit; fla_sd's chain slots), no separate acceptance graph on them, and
     ``launch_accepted`` refuses an acceptance other than the one that ran."""
-    import repro.models.graphed as graphed
 
     model, prompts, _ = setup
     vocab = model.config.vocab_size
@@ -191,13 +189,12 @@ def test_prepare_graphs_makes_what_each_loop_replays_and_nothing_else(setup, mon
     pipelined loop (``engine.PIPELINE``) the fused verify + acceptance + commit graphs and no separate
     verify, acceptance or commit graph; step by step the separate ones and no fused one. Greedy routes and
     two sampling ones (their device twins' graphs), AR beside them."""
-    import repro.models.graphed as graphed
     import repro.models.graphs as graphs
     from repro.decoding.routes import prepare_graphs
 
     monkeypatch.setattr(graphs, "GraphedCall", lambda fn, device, **_: fn)
     monkeypatch.setattr(engine, "PIPELINE", pipeline)
-    monkeypatch.setattr(engine, "STEP_GRAPH", False)  # step graphs: made by a first decode (test below)
+    monkeypatch.setattr(graphed, "STEP_GRAPH", False)  # step graphs: made by a first decode (test below)
     model, prompts, reference = setup
     target = GraphedTarget(model, max_len=256, graphs=False)  # 256: no buffer grows during the decodes
     vocab = model.config.vocab_size
@@ -230,7 +227,7 @@ def test_prepare_graphs_makes_what_each_loop_replays_and_nothing_else(setup, mon
 def test_tree_in_the_drafter_graph_and_the_step_graph_give_the_same_records(setup, monkeypatch):
     """engine.FUSE_TREE: a pipelined DDTree or chain DFlash step builds its tree inside the DFlash drafter's
     step (BestFirst / Chain ``device_tree`` on its marginals and top-k ids, rooted at the launched step's
-    bonus); engine.STEP_GRAPH: the drafter's step, its tree and the fused verify run as one call
+    bonus); graphed.STEP_GRAPH: the drafter's step, its tree and the fused verify run as one call
     (``GraphedTarget.verify_drafted``, here its eager stand-in) once the drafter's own call ran. Each gives
     the same records as the tree built after the draft (greedy; DDTree's sample_match through its device
     twin), the builder's own call made for the first step only (drafted from the prefill, before any
@@ -257,7 +254,7 @@ def test_tree_in_the_drafter_graph_and_the_step_graph_give_the_same_records(setu
         runs, built, stepped = [], [], []
         for fuse, one_graph in ((False, False), (True, False), (False, True)):
             monkeypatch.setattr(engine, "FUSE_TREE", fuse)
-            monkeypatch.setattr(engine, "STEP_GRAPH", one_graph)
+            monkeypatch.setattr(graphed, "STEP_GRAPH", one_graph)
             step_calls[0] = 0
             target = GraphedTarget(model, max_len=64, graphs=False)
             route = build_route(spec, vocab, rule, temperature, 7, target=target, family=FAMILY)
@@ -284,7 +281,7 @@ def test_tree_in_the_drafter_graph_and_the_step_graph_give_the_same_records(setu
 
 
 def test_step_graphs_are_made_by_the_first_decode_and_replayed_after(setup, monkeypatch):
-    """engine.STEP_GRAPH with graphs (stood in by their functions on CPU): a DDTree / chain DFlash decode
+    """graphed.STEP_GRAPH with graphs (stood in by their functions on CPU): a DDTree / chain DFlash decode
     after ``prepare_graphs`` makes its step graphs (two a key: STEP_MARKS's turns, marks only on CUDA) and
     its drafter's; a second decode on another prompt makes none and replays them; the tokens are the
     step-by-step graphs' (STEP_GRAPH off)."""
@@ -298,7 +295,7 @@ def test_step_graphs_are_made_by_the_first_decode_and_replayed_after(setup, monk
     for name in ("ddtree", "chain"):
         outputs = []
         for one_graph in (True, False):
-            monkeypatch.setattr(engine, "STEP_GRAPH", one_graph)
+            monkeypatch.setattr(graphed, "STEP_GRAPH", one_graph)
             target = GraphedTarget(model, max_len=256, graphs=False)
             route = build_route(specs[name], vocab, "greedy", 0.0, 7, target=target, family=FAMILY)
             target.graphs = True  # after the drafter is built: its graphs stay eager
@@ -311,6 +308,10 @@ def test_step_graphs_are_made_by_the_first_decode_and_replayed_after(setup, monk
             if one_graph:
                 (graphs_of_key,) = target._steps.values()
                 assert all(call is not None for call in graphs_of_key.calls) and len(graphs_of_key.calls) == 2
+                # every graph of the fused slot writes the captured layers' outputs where the drafter reads
+                fused = [s for s in target._slots.values() if s.accept_fused]
+                assert fused and all(s.kept for s in fused)
+                assert all(s.hidden[i] is s.kept[i] for s in fused for i in s.capture)
         assert outputs[0] == outputs[1] == (reference[0], reference[1]), name
 
 
@@ -432,7 +433,6 @@ def test_gpu_fused_verify_and_acceptance_equal_ar_in_float32_on_cuda_graphs(monk
     """graphed.FUSE_ACCEPT on CUDA graphs, float32: the pipelined routes whose slots differ (a tree, a
     chain, the delayed commit's parities, fla_sd's chain slots) give AR's tokens and the step-by-step
     loop's records with each step's verify, acceptance and commit in one graph."""
-    import repro.models.graphed as graphed
 
     monkeypatch.setattr(graphed, "FUSE_ACCEPT", True)
     model, target, prompts = _cuda_float32()

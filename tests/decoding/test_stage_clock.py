@@ -311,7 +311,7 @@ def test_gpu_busy_time_of_the_graphs_is_within_the_stage_marks_device_time():
         assert busy is not None and device is not None, route.name
         assert busy["verify"] > 0 and sum(busy.values()) > 0, (route.name, busy)
         if route.drafter is not None:  # one step graph a step: its draft part by the graph's mark
-            assert engine.STEP_GRAPH and graphed.STEP_MARKS and got.graph_captures == 0, route.name
+            assert graphed.STEP_GRAPH and graphed.STEP_MARKS and got.graph_captures == 0, route.name
             assert 0 < busy["draft"] < busy["verify"], (route.name, busy)
             assert busy["tree"] == busy["commit"] == 0, (route.name, busy)
         for name in STAGES:  # the replays lie between the marks: busy <= device, up to event rounding
