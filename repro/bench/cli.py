@@ -288,7 +288,7 @@ def scale(
     prompts: Annotated[int, typer.Option(min=1, help="Prompts (random token ids, seeded) per route.")] = 2,
     prompt_len: Annotated[int, typer.Option(min=1, help="Tokens per prompt.")] = 256,
     max_new_tokens: Annotated[int, typer.Option(min=2, help="New tokens per prompt.")] = 96,
-    warmup_tokens: Annotated[int, typer.Option(min=1, help="Tokens of each route's untimed warm-up.")] = 48,
+    warmup_tokens: Annotated[int, typer.Option(min=1, help="Tokens of each route's untimed warm-up.")] = 16,
     logit_scale: Annotated[
         float,
         typer.Option(min=0.0, help="Scale of the random LM head (peaked drafter marginals: deep trees)."),

@@ -270,9 +270,7 @@ class ScaleConfig:
     prompts: int = 2
     prompt_len: int = 256
     max_new_tokens: int = 96
-    # enough steps at the MALs replayed (up to ~10) for the graphs a pipelined route makes on first use (its
-    # drafter's at step 2, graphed.STEP_GRAPH's step graphs at step 3)
-    warmup_tokens: int = 48
+    warmup_tokens: int = 16
     logit_scale: float = 20.0
     dtype: str = "bf16"
     seed: int = 0

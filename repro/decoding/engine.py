@@ -54,9 +54,8 @@ from repro.decoding.tree_builders import (
     tree_in_drafter,
 )
 from repro.drafters.base import DraftContext, Drafter, PipelinedDrafter
-from repro.models import graphed
 from repro.models.graphed import GraphedState, GraphedTarget, LaunchedStep
-from repro.models.graphs import Marks, busy_recorder, generation_stream, graphs_captured
+from repro.models.graphs import busy_recorder, generation_stream, graphs_captured
 from repro.models.hybrid import PREFILL_CHUNK, HybridLM, Verification
 from repro.models.state import ModelState
 from repro.tree import Tree
@@ -153,10 +152,7 @@ class StageClock:
 
     It is also a :class:`~repro.models.graphs.ReplayRecorder`: inside ``busy_recorder(clock)`` every graph
     replay's (start, end) events, from the same pool, are attributed to the stage whose mark came last
-    (after a step's last mark: its last stage), summed like the marks by ``busy_s()``. A replay whose
-    graph records events inside it (``marks``: a step graph's end of the draft) gives each mark's stage the
-    time up to that mark, and moves the same time out of the replay's stage in the marks' device sums (the
-    stage marks outside a graph cannot split it). Those events are read before the graph replays again.
+    (after a step's last mark: its last stage), summed like the marks by ``busy_s()``.
 
     ``every`` (default :data:`EVENT_EVERY`): events only on steps 0, every, 2 every, ... (their marks and
     their replays, ``recording``); ``device_s()`` and ``busy_s()`` scale the sampled steps' sums by
@@ -181,29 +177,16 @@ class StageClock:
         self._steps: list[list[torch.cuda.Event]] = []  # recorded, not yet summed
         self._pool = _EVENTS.setdefault(device, []) if self.events else []
         self._stage = 0  # index into STAGES of the stage now running
-        # (stage, start, end, marks) of replays not yet summed
-        self._pairs: deque[tuple[int, Any, Any, Marks]] = deque()
-        self.moved = dict.fromkeys(STAGES, 0.0)  # device time the replays' marks moved into (out of) a stage
+        self._pairs: deque[tuple[int, Any, Any]] = deque()  # (stage, start, end) of replays not yet summed
 
     def event(self) -> torch.cuda.Event:
         """A timing event from the pool (a new one when it is empty)."""
         return self._pool.pop() if self._pool else torch.cuda.Event(enable_timing=True)
 
-    def replayed(self, start: Any, end: Any, marks: Marks = ()) -> None:
-        """A graph replay between the recorded ``start`` and ``end``: busy time of the current stage (up to
-        each of ``marks``: of the mark's stage)."""
-        self._pairs.append((self._stage, start, end, marks))
+    def replayed(self, start: Any, end: Any) -> None:
+        """A graph replay between the recorded ``start`` and ``end``: busy time of the current stage."""
+        self._pairs.append((self._stage, start, end))
         self.replays += 1
-
-    def replaying(self, marks: Marks) -> None:
-        """Sum the replays up to the last one that recorded ``marks`` (done: the caller read a later
-        step), before the graph records them again."""
-        if any(m is marks for *_, m in self._pairs):
-            while True:
-                done = self._pairs[0][3] is marks
-                self._sum_pair()
-                if done and not any(m is marks for *_, m in self._pairs):
-                    return
 
     def mark(self) -> None:
         self._stage = min(len(self._times), len(STAGES) - 1)
@@ -232,22 +215,10 @@ class StageClock:
                 self.device_sums[name] += a.elapsed_time(b) / 1000.0
             self._pool += marks
         while self._pairs:
-            self._sum_pair()
-
-    def _sum_pair(self) -> None:
-        """The oldest replay's busy time into its stage (and its marks' parts into theirs); its events back
-        to the pool (not the marks: the graph holds them)."""
-        stage, start, end, marks = self._pairs.popleft()
-        end.synchronize()
-        before = start
-        for name, event in marks:
-            part = before.elapsed_time(event) / 1000.0
-            self.busy_sums[name] += part
-            self.moved[name] += part
-            self.moved[STAGES[stage]] -= part
-            before = event
-        self.busy_sums[STAGES[stage]] += before.elapsed_time(end) / 1000.0
-        self._pool += (start, end)
+            stage, start, end = self._pairs.popleft()
+            end.synchronize()
+            self.busy_sums[STAGES[stage]] += start.elapsed_time(end) / 1000.0
+            self._pool += (start, end)
 
     def _scaled(self, sums: dict[str, float]) -> dict[str, float]:
         """The sampled steps' ``sums`` over all steps (as they are with every step sampled)."""
@@ -258,7 +229,7 @@ class StageClock:
         if not self.events:
             return dict(self.wall)
         self._harvest()
-        return self._scaled({name: v + self.moved[name] for name, v in self.device_sums.items()})
+        return self._scaled(self.device_sums)
 
     def busy_s(self) -> dict[str, float] | None:
         """Summed graph replay time per stage (waits for the replays still running); None without
@@ -370,35 +341,23 @@ def _pipelined(
     sizes: list[int] = []
     paths: list[list[int]] = []
     finish = None
-    # the trees inside the drafter's graph (FUSE_TREE), or the whole step one graph (graphed.STEP_GRAPH)
-    inside = (FUSE_TREE or graphed.STEP_GRAPH) and tree_in_drafter(builder, drafter)
-    one_graph = graphed.STEP_GRAPH and inside and route.verifier == "tree"
+    inside = FUSE_TREE and tree_in_drafter(builder, drafter)  # the trees inside the drafter's graph
     tree_fn = cast(BestFirst | Chain, builder).device_tree if inside else None
-    accept = (twin.accept, twin.graph_key) if twin else (None, ())
-
-    def drafted() -> None:  # the draft's and the tree's ends (in a step graph: its marks split its time)
-        clock.mark()
-        clock.mark()
-
     while finish is None:
         clock.mark()
         last = launched[-1] if launched else None
         fused = last is not None and inside
+        if fused:
+            proposal = cast("DFlashDrafter", drafter).propose_after(last, tree=tree_fn)
+        else:
+            proposal = drafter.propose_after(last) if last else drafter.propose(ctx)
+        clock.mark()
+        tree = proposal.tree if fused else builder.build_device(last.root if last else out[-1], proposal)
+        clock.mark()
         # the unread steps' lengths are bounded by their trees' sizes: the buffers grow for the bound
         handle = model.handle(position + sum(step.verification.tree.size for step in launched))
-        if fused and one_graph:
-            assert tree_fn is not None
-            draft = cast("DFlashDrafter", drafter).draft_after(cast(LaunchedStep, last), tree_fn)
-            ver = model.verify_drafted(handle, draft, capture, route.commit, accept, drafted)
-        else:
-            if fused:
-                proposal = cast("DFlashDrafter", drafter).propose_after(last, tree=tree_fn)
-            else:
-                proposal = drafter.propose_after(last) if last else drafter.propose(ctx)
-            clock.mark()
-            tree = proposal.tree if fused else builder.build_device(last.root if last else out[-1], proposal)
-            clock.mark()
-            ver = model.verify(handle, tree, capture, route.commit, route.verifier, then=accept)
+        accept = (twin.accept, twin.graph_key) if twin else (None, ())
+        ver = model.verify(handle, tree, capture, route.commit, route.verifier, then=accept)
         clock.mark()
         launched.append(model.launch_accepted(handle, ver, *accept))
         clock.mark()

@@ -28,7 +28,7 @@ from repro.drafters.layers import init_draft_weights
 from repro.drafters.static_dflash import DEFAULT_MAX_LEN, StaticDFlash, TreeAfter
 from repro.errors import ConfigError
 from repro.models.family import resolve_checkpoint
-from repro.models.graphed import GraphedTarget, GraphedVerification, LaunchedStep, StepDraft
+from repro.models.graphed import GraphedTarget, GraphedVerification, LaunchedStep
 from repro.models.hybrid import HybridLM, Verification
 from repro.models.loading import assign_weights, read_json_config, write_checkpoint
 
@@ -288,13 +288,6 @@ class DFlashDrafter:
             return Proposal(probs=probs, top_ids=top)
         _, probs, top, built = self._after(step, True, tree)
         return Proposal(probs=probs, top_ids=top, tree=built)
-
-    def draft_after(self, step: LaunchedStep, tree: TreeAfter) -> StepDraft:
-        """:meth:`propose_after` with ``tree``, not run: the draft of the graphed target's step
-        (:meth:`~repro.models.graphed.GraphedTarget.verify_drafted`), its tree the outputs' last."""
-        if not self._switch(DraftContext([], [], step.verification)):
-            raise ValueError("drafting after a launched step needs the static buffers (pipelines())")
-        return self._static_buffers().draft_after(step.verification, step.result, step.depth, True, tree)
 
     @torch.no_grad()
     def block_rows_after(self, step: LaunchedStep) -> tuple[torch.Tensor, torch.Tensor]:

@@ -47,7 +47,7 @@ from repro.drafters.dflash_model import DFlashDraftModel
 from repro.drafters.fast_rules import check_fast_device
 from repro.drafters.features import ingest_start
 from repro.errors import ConfigError
-from repro.models.graphed import GraphedVerification, StepDraft
+from repro.models.graphed import GraphedVerification
 from repro.models.graphs import EagerCall, HostUploads, tensor_address
 from repro.models.hybrid import Verification
 from repro.models.topk_kernels import row_topk
@@ -143,13 +143,7 @@ class StaticDFlash:
         if self._fast is not None:
             self._fast.set_rope_rows(max_len)
         self._positions = torch.arange(max_len, device=self.device)
-        self._drop_graphs()
-
-    def _drop_graphs(self) -> None:
-        """Forget the step graphs (made again on first use), and the drafts made for step graphs."""
         self._calls: dict[tuple[Any, ...], Callable[[], Outputs]] = {}
-        self._made: dict[tuple[Any, ...], int] = {}  # a tree-building draft's key -> its tree's size (run)
-        self._generation = getattr(self, "_generation", 0) + 1
 
     def _fit(self, need: int) -> None:
         """Grow (doubling) until ``need`` positions fit."""
@@ -164,7 +158,7 @@ class StaticDFlash:
         self._pad = pad
         self.inputs = torch.zeros(3 + pad, dtype=torch.long, device=self.device)
         self._uploads = HostUploads(self.device)
-        self._drop_graphs()
+        self._calls = {}
 
     def _upload(self, root: int, start: int, path: list[int]) -> None:
         """[root, start, count, path + zeros] to ``inputs`` (pinned buffers, non-blocking copy)."""
@@ -310,17 +304,8 @@ class StaticDFlash:
     ) -> Outputs:
         """The step's outputs: the graph of ``_run`` (captured on first use per sources, padding, launched
         result and tree builder), or ``_run`` itself without graphs."""
-        return self._draft(sources, probs, after, tree).run()
-
-    def _draft(
-        self,
-        sources: tuple[torch.Tensor, ...] | None,
-        probs: bool,
-        after: Launched | None = None,
-        tree: TreeAfter | None = None,
-    ) -> StepDraft:
-        """The step not run yet (:meth:`_call` runs it): its graph's call, its body and, for a step that
-        builds a tree, what a step graph of the graphed target needs once that call has run."""
+        if not self.graphs:
+            return EagerCall(torch.no_grad()(lambda: self._run(sources, probs, after, tree)))()
         key = (
             probs,
             self._pad,
@@ -328,32 +313,15 @@ class StaticDFlash:
             None if after is None else (tensor_address(after[0]), after[1]),
             tree,
         )
-        body = torch.no_grad()(lambda: self._run(sources, probs, after, tree))
-        # without graphs a step's inputs are new tensors: a draft is made once per kind (no addresses)
-        made_key = key if self.graphs else (probs, self._pad, sources is None, key[3] and key[3][1], tree)
-
-        def run() -> Outputs:
-            out = self._replay(key, body)
-            if tree is not None:
-                self._made[made_key] = out[-1].size
-            return out
-
-        size = self._made.get(made_key)
-        made = None if size is None else ((self, self._generation, made_key), size)
-        return StepDraft(run, body, made)
-
-    def _replay(self, key: tuple[Any, ...], body: Callable[[], Outputs]) -> Outputs:
-        """``body``'s graph for ``key`` (captured on first use), or ``body`` itself without graphs."""
-        if not self.graphs:
-            return EagerCall(body)()
         call = self._calls.get(key)
         if call is None:
             from repro.models.graphs import GraphedCall
 
+            fn = torch.no_grad()(lambda: self._run(sources, probs, after, tree))
             # its warm-up calls are real steps: writes are idempotent, but for the committed length when
             # the start is read from it (``after``): it is restored, and the replay makes the step
             length = self.length.clone()
-            call = GraphedCall(body, self.device)
+            call = GraphedCall(fn, self.device)
             self.length.copy_(length)
             self.captures += 1
             self._calls[key] = call
@@ -368,13 +336,6 @@ class StaticDFlash:
         is behind by the path's length until :meth:`settle` gives it (the buffers grow for the most it
         may be: the padded path). Returns :meth:`step`'s outputs; with ``tree`` (and ``probs``) also
         ``tree(bonus, marginals, top-k ids)``, built in the same graph."""
-        return self.draft_after(ver, result, depth, probs, tree).run()
-
-    def draft_after(
-        self, ver: Verification, result: torch.Tensor, depth: int, probs: bool, tree: TreeAfter | None = None
-    ) -> StepDraft:
-        """:meth:`step_after`'s bookkeeping now, its step not run: the graphed target runs it, alone or
-        in one graph with its verification (:meth:`~repro.models.graphed.GraphedTarget.verify_drafted`)."""
         if ver is self._last or self._unsettled:
             raise ValueError(
                 "step_after: the verification is ingested already, or the last one is not settled"
@@ -384,7 +345,7 @@ class StaticDFlash:
             self._resize_inputs(pad)
         self._fit(self.count + pad + self.block_size)
         self._last, self._unsettled = ver, True
-        return self._draft(tuple(ver.hidden[i] for i in self.layers), probs, (result, depth), tree)
+        return self._call(tuple(ver.hidden[i] for i in self.layers), probs, (result, depth), tree)
 
     def settle(self, accepted: int) -> None:
         """The read length of the path :meth:`step_after` ingested unread: the host's count catches up."""

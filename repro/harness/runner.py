@@ -37,11 +37,6 @@ from repro.reporting.records import (
 from repro.reporting.rundir import RunDir
 
 WARMUP_PROMPT = "Warm-up: say something short."
-# new tokens of each route's warm-up generation; on CUDA graphs more, so that a pipelined route reaches the
-# steps whose graphs it makes on first use (its drafter's at step 2, the step graphs at step 3,
-# graphed.STEP_GRAPH) at the MALs seen (up to ~8 tokens a step on the tiny family)
-WARMUP_TOKENS = 8
-GRAPHED_WARMUP_TOKENS = 48
 
 ProgressFn = Callable[[str], None]
 
@@ -151,11 +146,10 @@ class ExperimentRunner:
 
     def warm_up(self) -> None:
         ids = self.tokenizer.chat_prompt([{"role": "user", "content": WARMUP_PROMPT}])
-        tokens = GRAPHED_WARMUP_TOKENS if getattr(self.target, "graphs", False) else WARMUP_TOKENS
         for _ in range(int(self.cfg["warmup"])):
             ref = None
             for route in self.routes:
-                short = generate(self.target, ids, route, tokens, (), ref)
+                short = generate(self.target, ids, route, 8, (), ref)
                 ref = ref or short.output_ids
 
     def prompts(self) -> list[Prompt]:

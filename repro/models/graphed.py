@@ -84,38 +84,6 @@ DeviceAccept = Callable[[TreeSlot, torch.Tensor], None]
 # callCM): wall a step chain DFlash 0.272 -> 0.267 ms, DDTree 0.343 -> 0.341, SpecLA 0.578 -> 0.574,
 # DFlash-TfM 0.632 -> 0.626, same tokens. The acceptance's and commit's device time is in the verify stage's.
 FUSE_ACCEPT = True
-# a step graph (:meth:`GraphedTarget.verify_drafted`) records an event inside it where its draft ends, so that
-# the busy recorder splits its time between the draft and verify stages (``marks`` of
-# :class:`~repro.models.graphs.GraphedCall`); each step graph is then made twice and replayed in turn (a mark
-# is read before its graph replays again, and the host reads a step before it launches the one after next)
-STEP_MARKS = True
-# a pipelined DDTree or chain DFlash step is one CUDA graph once its parts' graphs ran: the drafter's step
-# with its tree, the tree into the slot, verify, acceptance and commit (:meth:`GraphedTarget.verify_drafted`;
-# the tree is built inside the drafter's step, as with the engine's FUSE_TREE). Its fused slots then keep the
-# captured layers' outputs in buffers of their own (:meth:`~repro.models.static.TreeSlot.keep_hidden`): the
-# drafter reads them after whichever graph of the slot ran. Off: the drafter's graph, then the fused verify
-STEP_GRAPH = True
-
-
-@dataclass(frozen=True)
-class StepDraft:
-    """A pipelined step's draft, not run yet: ``run()`` runs it on its own (the drafter's graph, made on first
-    use) and returns its outputs, the step's :class:`~repro.tree.DeviceTree` last; ``body`` is the same work,
-    capture-safe; ``made`` is (identity, tree size) once ``run`` has made and run this draft's graph (None
-    before): the identity changes whenever the drafter makes its graphs again."""
-
-    run: Callable[[], tuple]
-    body: Callable[[], tuple]
-    made: tuple[Any, int] | None
-
-
-@dataclass
-class StepGraphs:
-    """The step graphs of one (slot, strategy, acceptance, draft): made from ``fused`` (the slot's fused
-    verify + acceptance call, current while it is the slot's) and the draft's body; ``calls`` by turn."""
-
-    fused: Any
-    calls: list[Any]
 
 
 class DevicePicker(Protocol):
@@ -300,8 +268,6 @@ class GraphedTarget:
         self._picks = torch.zeros(AR_GROUP, dtype=torch.long, device=self.device)  # greedy AR's picks
         self._pending: int | None = None  # the stash holding a pending delayed commit (host-side)
         self._result_hosts: dict[int, list[torch.Tensor]] = {}  # per result length: two host buffers
-        self._steps: dict[tuple[Any, ...], StepGraphs] = {}  # verify_drafted's step graphs
-        self._turn = 0  # which of a step graph's two copies replays next (STEP_MARKS)
         self._parity = 0  # the parity of the next delayed verification
 
     # ------------------------------------------------------------------------------ graphs
@@ -361,8 +327,6 @@ class GraphedTarget:
                     self.decoder, size, snapshots=snapshots, capture=self.capture, derive=True, parity=parity
                 )
             slot.accept_fused = fused
-            if fused and STEP_GRAPH:
-                slot.keep_hidden(self.config.hidden_size, self.dtype)
             self._slots[key] = slot
             # its graphs go with it (not greedy AR's, whose keys ("ar", size, first) look alike)
             self._calls = {
@@ -672,95 +636,6 @@ class GraphedTarget:
             tree, logits[:n], hidden, [], state.position, strategy,
             slot=slot, epoch=self.epoch, ticket=ticket, accepted=then if fused else None,
         )  # fmt: skip
-
-    @torch.no_grad()
-    def verify_drafted(
-        self,
-        state: GraphedState,
-        draft: StepDraft,
-        capture: tuple[int, ...],
-        strategy: str,
-        then: tuple[DeviceAccept | None, tuple],
-        drafted: Callable[[], None] = lambda: None,
-    ) -> GraphedVerification:
-        """:meth:`verify` (``then``: with its device acceptance and commit) of the device tree ``draft``
-        builds, the draft run first. Once the draft's own graph has run (``draft.made``) and on a fused
-        slot (:data:`FUSE_ACCEPT`; not the delayed commit), the step is one graph: the draft, its tree into
-        the slot, verify, acceptance, accepted path and commit, made from their bodies without warm-up (each
-        of its kernels ran in the separate graphs before); else ``draft.run()`` then :meth:`verify`.
-        ``drafted()`` is called where the draft is done on the host: after ``run()``, or before the step
-        graph (then :data:`STEP_MARKS` splits its time)."""
-        if draft.made is None or not FUSE_ACCEPT or strategy == DELAYED:
-            tree = draft.run()[-1]
-            drafted()
-            return self.verify(state, tree, capture, strategy, then=then)
-        identity, n = draft.made
-        check_static_strategy(strategy)
-        self._check(state)
-        if state.position + n > self.max_len:
-            self._loaded(self._exported(state), state.position + n, new_epoch=False)
-        self.flush()
-        slot = self._slot(slot_size(n, self.max_nodes), strategy == "snapshot", capture, fused=True)
-        fused = self._fused_call(slot, strategy, *then)  # made before any step graph of the slot
-        if self.graphs:
-            call = self._step_graph(slot, strategy, then, draft.body, (identity, fused))
-        else:  # eager: a step's draft reads this step's tensors (no fixed addresses), its call made anew
-            call = self._step_call(slot, strategy, then[0], draft.body)
-        drafted()
-        outputs, logits = call()
-        tree = outputs[-1]
-        slot.took_device_tree(tree)
-        return GraphedVerification(
-            tree, logits[:n], {i: slot.hidden[i][:n] for i in capture}, [], state.position, strategy,
-            slot=slot, epoch=self.epoch, accepted=then,
-        )  # fmt: skip
-
-    def _step_graph(
-        self,
-        slot: TreeSlot,
-        strategy: str,
-        then: tuple[DeviceAccept | None, tuple],
-        body: Callable[[], tuple],
-        made: tuple[Any, Any],
-    ) -> Any:
-        """The step graph of (``slot``, ``strategy``, acceptance, draft) whose turn it is (two turns with
-        :data:`STEP_MARKS`, both made on first use); ``made``: (the draft's identity, the slot's fused
-        graph now): the step graphs are made again when either is."""
-        identity, fused = made
-        key = (*graph_slot_key(slot), strategy, then[1], identity)
-        graphs = self._steps.get(key)
-        if graphs is None or graphs.fused is not fused:
-            # the slot's, strategy's and acceptance's graphs of other drafts go with them (stale or unused)
-            self._steps = {k: v for k, v in self._steps.items() if k[:-1] != key[:-1]}
-            graphs = self._steps[key] = StepGraphs(fused, [None] * (2 if STEP_MARKS else 1))
-        if graphs.calls[0] is None:  # every turn's at once: a capture without warm-up runs nothing
-            graphs.calls = [self._step_call(slot, strategy, then[0], body) for _ in graphs.calls]
-        turn = self._turn % len(graphs.calls)
-        self._turn += 1
-        return graphs.calls[turn]
-
-    def _step_call(
-        self, slot: TreeSlot, strategy: str, accept: DeviceAccept | None, body: Callable[[], tuple]
-    ) -> Any:
-        """One graph of a pipelined step (:meth:`verify_drafted`): ``body`` (the draft), its tree into
-        ``slot``, verify, acceptance, path and commit; it returns (the draft's outputs, the logits). On
-        CUDA it is captured without warm-up calls (so nothing runs, nothing needs restoring), with an
-        event recorded inside it where the draft ends (:data:`STEP_MARKS`)."""
-        marked = STEP_MARKS and self.graphs and self.device.type == "cuda"
-        mark = torch.cuda.Event(enable_timing=True, external=True) if marked else None
-
-        def step() -> tuple[tuple, torch.Tensor]:
-            outputs = body()
-            if mark is not None:
-                mark.record()
-            slot.set_device_tree(outputs[-1], copy_parents=True)
-            logits = self.decoder.verify(slot)
-            self._accept_and_commit(slot, strategy, accept)
-            return outputs, logits
-
-        self.captures += int(self.graphs)
-        marks = (("draft", mark),) if mark is not None else ()
-        return graph_call(step, self.device, self.graphs, warmup=0, marks=marks)
 
     def _delayed_commit(self, verification: GraphedVerification) -> bool:
         """Whether ``verification`` commits by ``delayed`` (then it must be the latest delayed one: its

@@ -19,9 +19,7 @@ work (every op but views and allocations): a device-independent proxy for kernel
 :func:`busy_recorder` times the replays themselves: while a :class:`ReplayRecorder` is active, every
 :class:`GraphedCall` replay is bracketed by two events on the recorder's stream (no sync), handed to the
 recorder (the engine's :class:`~repro.decoding.engine.StageClock` sums them per stage: the graphs' busy
-time). A graph may record events inside it (``marks``: where a step graph's draft ends,
-:meth:`repro.models.graphed.GraphedTarget.verify_drafted`): the recorder then splits that replay's time
-between the marks' stages. Without an active recorder a replay costs one list check.
+time). Without an active recorder a replay costs one list check.
 """
 
 from __future__ import annotations
@@ -35,11 +33,6 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from repro.errors import ConfigError
-
-# events a graph records inside it (:class:`GraphedCall`'s ``marks``): (stage, event), in the order they run;
-# the time from the replay's start (or the mark before) to a mark is that stage's part of the replay
-Marks = tuple[tuple[str, Any], ...]
-
 
 _HOST_DATA = ("aten::lift_fresh", "aten::lift_fresh_copy")
 # ops that launch no kernel: allocations and views whose schema does not say so
@@ -163,12 +156,9 @@ class HostLaunches(TorchDispatchMode):
         return out
 
 
-def graph_call(
-    fn: Callable[[], Any], device: torch.device, graphs: bool, warmup: int = 2, marks: Marks = ()
-) -> GraphedCall | EagerCall:
-    """A :class:`GraphedCall` of ``fn`` with ``graphs`` (``warmup``, ``marks``: its), else its
-    :class:`EagerCall` stand-in."""
-    return GraphedCall(fn, device, warmup=warmup, marks=marks) if graphs else EagerCall(fn)
+def graph_call(fn: Callable[[], Any], device: torch.device, graphs: bool) -> GraphedCall | EagerCall:
+    """A :class:`GraphedCall` of ``fn`` with ``graphs``, else its :class:`EagerCall` stand-in."""
+    return GraphedCall(fn, device) if graphs else EagerCall(fn)
 
 
 def count_ops(fn: Callable[[], Any]) -> int:
@@ -201,13 +191,8 @@ class ReplayRecorder(Protocol):
     def event(self) -> Any:
         """A timing event to record (``record()``, later ``query()``/``synchronize()``/``elapsed_time``)."""
 
-    def replayed(self, start: Any, end: Any, marks: Marks = ()) -> None:
-        """One replay ran between ``start`` and ``end`` (both recorded, maybe not yet done); ``marks``: the
-        graph's own events inside it (:class:`GraphedCall`), each ending a part of the named stage."""
-
-    def replaying(self, marks: Marks) -> None:
-        """A graph holding ``marks`` is about to replay: read what they hold from its last replay first
-        (they are recorded again by this one)."""
+    def replayed(self, start: Any, end: Any) -> None:
+        """One replay ran between ``start`` and ``end`` (both recorded, maybe not yet done)."""
 
 
 _recorders: list[ReplayRecorder] = []  # the active recorders; the innermost (last) gets the replays
@@ -224,20 +209,17 @@ def busy_recorder(recorder: ReplayRecorder) -> Iterator[ReplayRecorder]:
         _recorders.remove(recorder)
 
 
-def replay_graph(graph: Any, marks: Marks = ()) -> None:
-    """``graph.replay()``, bracketed by a recorder's events when one is active (:func:`busy_recorder`);
-    ``marks``: the events the graph records inside it (handed to the recorder with the replay's)."""
+def replay_graph(graph: Any) -> None:
+    """``graph.replay()``, bracketed by a recorder's events when one is active (:func:`busy_recorder`)."""
     recorder = _recorders[-1] if _recorders else None
     if recorder is None or not recorder.recording:
         graph.replay()
         return
-    if marks:
-        recorder.replaying(marks)
     start, end = recorder.event(), recorder.event()
     start.record(recorder.stream)
     graph.replay()
     end.record(recorder.stream)
-    recorder.replayed(start, end, marks)
+    recorder.replayed(start, end)
 
 
 _captured = [0]  # CUDA graphs captured in this process so far
@@ -255,16 +237,8 @@ class GraphedCall:
     A failed capture is re-raised with what :class:`CaptureCheck` finds in an eager call of ``fn``.
     """
 
-    marks: Marks = ()
-
-    def __init__(
-        self, fn: Callable[[], Any], device: torch.device, warmup: int = 2, marks: Marks = ()
-    ) -> None:
-        """``warmup`` calls before the capture (0: none; every kernel ``fn`` launches must have run before,
-        e.g. in graphs of its parts); ``marks``: external events ``fn`` records (``torch.cuda.Event(
-        external=True)``), handed to the busy recorder with each replay (:func:`replay_graph`)."""
+    def __init__(self, fn: Callable[[], Any], device: torch.device, warmup: int = 2) -> None:
         self.graph, self.output = self._capture(fn, device, warmup)
-        self.marks = marks
         _captured[0] += 1
 
     @staticmethod
@@ -291,10 +265,10 @@ class GraphedCall:
         return graph, output
 
     def replay(self) -> None:
-        replay_graph(self.graph, self.marks)
+        replay_graph(self.graph)
 
     def __call__(self) -> Any:
-        replay_graph(self.graph, self.marks)
+        replay_graph(self.graph)
         return self.output
 
 

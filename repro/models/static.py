@@ -376,7 +376,6 @@ class TreeSlot:
         self._rows = torch.arange(size, device=dev)
         self.logits: torch.Tensor | None = None
         self.hidden: dict[int, torch.Tensor] = {}
-        self.kept: dict[int, torch.Tensor] = {}  # keep_hidden's buffers
         self.saved: list[GDNSaved | AttentionSaved | None] = [None] * decoder.num_layers
         self.tree: Tree | DeviceTree | None = None
         self._held_parents: torch.Tensor | None = None  # the constant parents held (set_device_tree)
@@ -384,15 +383,6 @@ class TreeSlot:
         self.set_tree(Tree(torch.zeros(size, dtype=torch.long), torch.tensor(parents)))
         if derive:
             self.derive()
-
-    def keep_hidden(self, width: int, dtype: torch.dtype) -> None:
-        """Verifications write the captured layers' outputs into buffers of this slot (one launch for all),
-        not only into their graphs' outputs: ``hidden`` is then the same tensors whichever of the slot's
-        graphs ran last (a graphed target's step graphs and fused graph share a slot; the drafter reads
-        ``hidden`` of whichever ran)."""
-        dev = self._decoder.device
-        self.kept = {i: torch.zeros(self.size, width, dtype=dtype, device=dev) for i in self.capture}
-        self.hidden = dict(self.kept)
 
     def set_tree(self, tree: Tree, pad: bool = False) -> None:
         """Copy a tree of exactly ``size`` nodes into the input buffers (one host-to-device copy).
@@ -439,18 +429,17 @@ class TreeSlot:
             self._copied = torch.cuda.Event()
             self._copied.record(self._stream)
 
-    def set_device_tree(self, tree: DeviceTree, copy_parents: bool = False) -> None:
+    def set_device_tree(self, tree: DeviceTree) -> None:
         """Copy a device tree of up to ``size`` nodes into tokens and parents on the device (no host
         read; padded as :meth:`set_tree` pads); needs ``derive``. Its depth is not checked on the host:
         slots that take device trees are as deep as they are large. Constant parents
-        (``tree.constant_parents``) that this slot took last are not copied again, unless
-        ``copy_parents`` (a graph that copies every tree it builds). With the decoder's
+        (``tree.constant_parents``) that this slot took last are not copied again. With the decoder's
         ``fuse_bookkeeping`` the copy and padding are one kernel
         (:func:`~repro.models.slot_kernels.copy_tree`)."""
         n = tree.size
         if not self.derive_inputs or n > self.size:
             raise ConfigError(f"a device tree of {n} nodes needs a deriving slot of >= {n} nodes")
-        fresh = copy_parents or tree.parents is not self._held_parents  # held: the same n, padding in place
+        fresh = tree.parents is not self._held_parents  # held: the same n, its padding in place
         if self._decoder.fuse_bookkeeping and KERNEL_TREE_COPY:  # one kernel (slot_kernels.copy_tree)
             from repro.models.slot_kernels import copy_tree
 
@@ -464,13 +453,6 @@ class TreeSlot:
                 if n < self.size:
                     self.parents[n:].fill_(-1)
         self._held_parents = tree.parents if tree.constant_parents else None
-        self.tree = tree
-
-    def took_device_tree(self, tree: DeviceTree) -> None:
-        """A graph that builds ``tree`` and copies all of it in (:meth:`set_device_tree` with
-        ``copy_parents``) has run: the slot holds that tree, its parents not held as constant (the next
-        tree's parents are copied)."""
-        self._held_parents = None
         self.tree = tree
 
     def derive(self) -> None:
@@ -1156,10 +1138,6 @@ class StaticDecoder:
                 x = glue["attention_epilogue"](layer, w, x, out, gate, gemv)
             if not decode and i in slot.capture:  # the layer's output, kept (graph outputs are rewritten)
                 slot.hidden[i] = x
-        if not decode and slot.kept:  # into the slot's own buffers, where every graph of it writes them
-            kept = [slot.kept[i] for i in slot.capture]
-            torch._foreach_copy_(kept, [slot.hidden[i] for i in slot.capture])
-            slot.hidden = dict(zip(slot.capture, kept))
         return self._head(x, gemv)
 
     def _rms_norm(self) -> Callable[..., torch.Tensor]:

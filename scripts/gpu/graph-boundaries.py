@@ -2,10 +2,11 @@
 
     python3 scripts/gpu/graph-boundaries.py OUT_DIR
 
-A pipelined DDTree / chain DFlash step replays two graphs (the drafter's, then verify + acceptance +
-commit) between the engine's stage marks; its wall time exceeds the graphs' busy time by ~10%. Before
-merging a step into one graph (``graphed.STEP_GRAPH``), this times the patterns on small kernels (KERNELS
-elementwise launches a part, the size of the tiny family's launches), us per iteration, median of TRIALS:
+A pipelined DDTree / chain DFlash step replays two or three graphs (the drafter's, the tree's, then verify
++ acceptance + commit) between the engine's stage marks; its wall time exceeds the graphs' busy time by
+~10%. Beside a step made one graph (tried and reverted: results/2026-12-05-h200-step-graph), this times the
+patterns on small kernels (KERNELS elementwise launches a part, the size of the tiny family's launches), us
+per iteration, median of TRIALS:
 
 - ``two_graphs``: part A's graph, then part B's;
 - ``one_graph``: A and B captured as one graph;

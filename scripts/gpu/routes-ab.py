@@ -43,10 +43,6 @@ on a fresh GraphedTarget so that its graphs are captured under that setting:
   not one graph with it (``graphed.FUSE_ACCEPT`` off; on, their time falls in the verify stage);
 - ``fuse_tree``: a pipelined DDTree / chain DFlash step's tree built inside the DFlash drafter's graph
   (``engine.FUSE_TREE``; its time then falls in the draft stage), not after it;
-- ``no_step_graph``: a pipelined DDTree / chain DFlash step as two graphs (the drafter's, then the fused
-  verify + acceptance + commit), not one (``graphed.STEP_GRAPH`` off);
-- ``no_step_marks``: the step graphs without the in-graph event that splits their time between the draft and
-  verify stages, one graph a key (``graphed.STEP_MARKS`` off; the draft's time falls in the verify stage);
 - ``gated_out_proj``: a GDN layer's output gated norm inside its out_proj's row-tiled launch
   (``static_layers.GATED_OUT_PROJ``; triton_linear.gated_linear_residual), not a launch of its own;
 - ``fused_tree``: every verify's GDN layers on the one-launch fused tree kernel, not the split form (three
@@ -165,8 +161,6 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "separate_accept": lambda: patched(graphed, "FUSE_ACCEPT", False),
     "gated_out_proj": lambda: patched(static_layers, "GATED_OUT_PROJ", True),
     "fuse_tree": lambda: patched(engine, "FUSE_TREE", True),
-    "no_step_graph": lambda: patched(graphed, "STEP_GRAPH", False),
-    "no_step_marks": lambda: patched(graphed, "STEP_MARKS", False),
     "kernel_tree_copy": lambda: patched(static, "KERNEL_TREE_COPY", True),
     "aliased_roots": lambda: patched(tree_builders, "ALIASED_ROOTS", 4),
 }

@@ -18,7 +18,6 @@ import pytest
 import torch
 
 import repro.decoding.engine as engine
-import repro.models.graphed as graphed
 from repro.decoding.engine import generate, pipelined
 from repro.decoding.routes import build_route
 from repro.decoding.tree_builders import BestFirst, Chain, tree_in_drafter
@@ -71,6 +70,7 @@ def test_pipelined_steps_equal_the_step_by_step_loop_and_ar(setup, monkeypatch, 
     """Both loops on the same graphed target: identical records, AR's tokens, for a long limit and
     limits that end inside a step or at the prefill's token; the pipelined loop reads once a step, plus
     the step launched past the end, and leaves no ingested path unsettled."""
+    import repro.models.graphed as graphed
 
     model, prompts, reference = setup
     target = GraphedTarget(model, max_len=64, graphs=False)  # 64: the buffers grow during the run
@@ -103,6 +103,7 @@ def test_pipelined_sampling_steps_equal_the_step_by_step_loop(setup, monkeypatch
     """The sampling rules' device twins and the replayed acceptance pipeline too (their draws keyed by the
     root's position read on the device): the same records as the step-by-step loop, sample_match AR's
     sampled tokens, the replayed counters the same; one read a step plus the one launched past the end."""
+    import repro.models.graphed as graphed
     from repro.decoding.replayed import AcceptanceProcess
     from repro.decoding.scale_routes import replayed
 
@@ -147,6 +148,7 @@ def test_fused_verify_and_acceptance_give_the_same_records(setup, monkeypatch):
     (its own slots): the same records as the separate graphs for every route (greedy; sample_match through
     its device twin; the delayed commit; fla_sd's chain slots), no separate acceptance graph on them, and
     ``launch_accepted`` refuses an acceptance other than the one that ran."""
+    import repro.models.graphed as graphed
 
     model, prompts, _ = setup
     vocab = model.config.vocab_size
@@ -189,12 +191,12 @@ def test_prepare_graphs_makes_what_each_loop_replays_and_nothing_else(setup, mon
     pipelined loop (``engine.PIPELINE``) the fused verify + acceptance + commit graphs and no separate
     verify, acceptance or commit graph; step by step the separate ones and no fused one. Greedy routes and
     two sampling ones (their device twins' graphs), AR beside them."""
+    import repro.models.graphed as graphed
     import repro.models.graphs as graphs
     from repro.decoding.routes import prepare_graphs
 
-    monkeypatch.setattr(graphs, "GraphedCall", lambda fn, device, **_: fn)
+    monkeypatch.setattr(graphs, "GraphedCall", lambda fn, device: fn)
     monkeypatch.setattr(engine, "PIPELINE", pipeline)
-    monkeypatch.setattr(graphed, "STEP_GRAPH", False)  # step graphs: made by a first decode (test below)
     model, prompts, reference = setup
     target = GraphedTarget(model, max_len=256, graphs=False)  # 256: no buffer grows during the decodes
     vocab = model.config.vocab_size
@@ -224,38 +226,21 @@ def test_prepare_graphs_makes_what_each_loop_replays_and_nothing_else(setup, mon
     assert names == ({"fused_greedy", "fused_accept"} if pipeline else {"verify", "greedy", "accept"})
 
 
-def test_tree_in_the_drafter_graph_and_the_step_graph_give_the_same_records(setup, monkeypatch):
+def test_tree_in_the_drafter_graph_gives_the_same_records(setup, monkeypatch):
     """engine.FUSE_TREE: a pipelined DDTree or chain DFlash step builds its tree inside the DFlash drafter's
     step (BestFirst / Chain ``device_tree`` on its marginals and top-k ids, rooted at the launched step's
-    bonus); graphed.STEP_GRAPH: the drafter's step, its tree and the fused verify run as one call
-    (``GraphedTarget.verify_drafted``, here its eager stand-in) once the drafter's own call ran. Each gives
-    the same records as the tree built after the draft (greedy; DDTree's sample_match through its device
+    bonus): the same records as the tree built after it (greedy; DDTree's sample_match through its device
     twin), the builder's own call made for the first step only (drafted from the prefill, before any
-    launched step); the step graph runs every step from the third on (the second makes the draft's call)."""
+    launched step)."""
     model, prompts, _ = setup
     vocab = model.config.vocab_size
     specs = {s["name"]: s for s in SPECS}
     cases = [("ddtree", "greedy", 0.0), ("ddtree", "sample_match", 0.9), ("chain", "greedy", 0.0)]
-    step_calls = [0]
-    make = GraphedTarget._step_call
-
-    def counted_steps(self, *args):  # noqa: ANN001, ANN002, ANN202
-        call = make(self, *args)
-
-        def run():  # noqa: ANN202
-            step_calls[0] += 1
-            return call()
-
-        return run
-
-    monkeypatch.setattr(GraphedTarget, "_step_call", counted_steps)
     for name, rule, temperature in cases:
         spec = specs[name]
-        runs, built, stepped = [], [], []
-        for fuse, one_graph in ((False, False), (True, False), (False, True)):
+        runs, built = [], []
+        for fuse in (False, True):
             monkeypatch.setattr(engine, "FUSE_TREE", fuse)
-            monkeypatch.setattr(graphed, "STEP_GRAPH", one_graph)
-            step_calls[0] = 0
             target = GraphedTarget(model, max_len=64, graphs=False)
             route = build_route(spec, vocab, rule, temperature, 7, target=target, family=FAMILY)
             assert isinstance(route.builder, (BestFirst, Chain)) and tree_in_drafter(
@@ -272,47 +257,9 @@ def test_tree_in_the_drafter_graph_and_the_step_graph_give_the_same_records(setu
             res = generate(target, prompts[1], route, 30)
             runs.append(_fields(res))
             built.append((calls[0], res.steps))
-            stepped.append(step_calls[0])
-        assert runs[0] == runs[1] == runs[2], (name, rule)
-        (separate, steps), (fused, _), (merged, _) = built
-        assert separate >= steps > 2 and fused == merged == 1, (name, rule, built)
-        launched = steps + 1  # the pipelined loop folds in one step launched past the end
-        assert stepped[:2] == [0, 0] and stepped[2] == launched - 2, (name, rule, stepped)
-
-
-def test_step_graphs_are_made_by_the_first_decode_and_replayed_after(setup, monkeypatch):
-    """graphed.STEP_GRAPH with graphs (stood in by their functions on CPU): a DDTree / chain DFlash decode
-    after ``prepare_graphs`` makes its step graphs (two a key: STEP_MARKS's turns, marks only on CUDA) and
-    its drafter's; a second decode on another prompt makes none and replays them; the tokens are the
-    step-by-step graphs' (STEP_GRAPH off)."""
-    import repro.models.graphs as graphs
-    from repro.decoding.routes import prepare_graphs
-
-    monkeypatch.setattr(graphs, "GraphedCall", lambda fn, device, **_: fn)
-    model, prompts, reference = setup
-    vocab = model.config.vocab_size
-    specs = {s["name"]: s for s in SPECS}
-    for name in ("ddtree", "chain"):
-        outputs = []
-        for one_graph in (True, False):
-            monkeypatch.setattr(graphed, "STEP_GRAPH", one_graph)
-            target = GraphedTarget(model, max_len=256, graphs=False)
-            route = build_route(specs[name], vocab, "greedy", 0.0, 7, target=target, family=FAMILY)
-            target.graphs = True  # after the drafter is built: its graphs stay eager
-            prepare_graphs(target, [route])
-            first = generate(target, prompts[0], route, 40)
-            made = target.captures
-            second = generate(target, prompts[1], route, 40)
-            assert target.captures == made, (name, one_graph)
-            outputs.append((first.output_ids, second.output_ids))
-            if one_graph:
-                (graphs_of_key,) = target._steps.values()
-                assert all(call is not None for call in graphs_of_key.calls) and len(graphs_of_key.calls) == 2
-                # every graph of the fused slot writes the captured layers' outputs where the drafter reads
-                fused = [s for s in target._slots.values() if s.accept_fused]
-                assert fused and all(s.kept for s in fused)
-                assert all(s.hidden[i] is s.kept[i] for s in fused for i in s.capture)
-        assert outputs[0] == outputs[1] == (reference[0], reference[1]), name
+        assert runs[0] == runs[1], (name, rule)
+        (separate, steps), (fused, _) = built
+        assert separate >= steps > 2 and fused == 1, (name, rule, built)
 
 
 def _context(prompt: list[int], ver) -> object:  # noqa: ANN001
@@ -433,6 +380,7 @@ def test_gpu_fused_verify_and_acceptance_equal_ar_in_float32_on_cuda_graphs(monk
     """graphed.FUSE_ACCEPT on CUDA graphs, float32: the pipelined routes whose slots differ (a tree, a
     chain, the delayed commit's parities, fla_sd's chain slots) give AR's tokens and the step-by-step
     loop's records with each step's verify, acceptance and commit in one graph."""
+    import repro.models.graphed as graphed
 
     monkeypatch.setattr(graphed, "FUSE_ACCEPT", True)
     model, target, prompts = _cuda_float32()

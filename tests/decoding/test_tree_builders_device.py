@@ -103,7 +103,7 @@ def test_graphed_best_first_reuses_its_static_inputs(monkeypatch):
     import repro.models.graphs as graphs
     from repro.decoding.tree_builders import GraphedBestFirst
 
-    monkeypatch.setattr(graphs, "GraphedCall", lambda fn, device, **_: fn)
+    monkeypatch.setattr(graphs, "GraphedCall", lambda fn, device: fn)
     gen = torch.Generator().manual_seed(7)
     rows = [torch.softmax(torch.randn(5, 40, generator=gen, dtype=torch.float64), -1) for _ in range(3)]
     graphed = GraphedBestFirst(rows[0], 12)
@@ -122,7 +122,7 @@ def test_graphed_best_first_reads_device_roots_where_they_lie(monkeypatch):
     import repro.models.graphs as graphs
 
     made = []
-    monkeypatch.setattr(graphs, "GraphedCall", lambda fn, device, **_: made.append(fn) or fn)
+    monkeypatch.setattr(graphs, "GraphedCall", lambda fn, device: made.append(fn) or fn)
     monkeypatch.setattr(tb, "ALIASED_ROOTS", 4)  # off by default (results/2026-12-04-h200-derive-rows)
     gen = torch.Generator().manual_seed(8)
     probs = torch.softmax(torch.randn(5, 40, generator=gen, dtype=torch.float64), -1)

@@ -38,11 +38,8 @@ class Recorder:
         self.made += 1
         return LogEvent(self.log, self.made)
 
-    def replayed(self, start: LogEvent, end: LogEvent, marks: tuple = ()) -> None:
-        self.log.append(("pair", start.n, end.n, *(name for name, _ in marks)))
-
-    def replaying(self, marks: tuple) -> None:
-        self.log.append(("marks", len(marks)))
+    def replayed(self, start: LogEvent, end: LogEvent) -> None:
+        self.log.append(("pair", start.n, end.n))
 
 
 def graphed_call(log: list, name: str) -> GraphedCall:
@@ -100,20 +97,3 @@ def test_a_recorder_that_is_not_recording_gets_no_replay():
         call()
     assert rec.made == 2
     assert log == [("replay", "a"), ("record", 1, "s"), ("replay", "a"), ("record", 2, "s"), ("pair", 1, 2)]
-
-
-def test_a_graph_with_marks_has_them_read_before_it_replays_and_hands_them_over():
-    """A graph holding in-graph events (GraphedCall ``marks``, a step graph's draft end): the recorder is
-    told before the replay records them again (``replaying``), and gets them with the replay's pair."""
-    log: list = []
-    call = graphed_call(log, "step")
-    call.marks = (("draft", object()),)
-    with busy_recorder(Recorder(log)):
-        call()
-    assert log == [
-        ("marks", 1),
-        ("record", 1, "s"),
-        ("replay", "step"),
-        ("record", 2, "s"),
-        ("pair", 1, 2, "draft"),
-    ]

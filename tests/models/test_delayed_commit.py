@@ -145,7 +145,7 @@ class WarmedCall:
     """GraphedCall's protocol on CPU: its two warm-up calls (their writes to the state are the target's to
     undo), then every call runs the function again (a replay)."""
 
-    def __init__(self, fn, device, warmup: int = 2, marks: tuple = ()) -> None:  # noqa: ANN001 - GraphedCall's
+    def __init__(self, fn, device, warmup: int = 2) -> None:  # noqa: ANN001 - GraphedCall's signature
         for _ in range(warmup):
             fn()
         self.fn = fn

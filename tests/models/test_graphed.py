@@ -236,7 +236,7 @@ def test_a_root_and_a_power_of_two_budget_fill_their_slot(monkeypatch):
 
     assert [slot_size(n, 1024) for n in (2, 3, 5, 9, 17, 33, 65, 129)] == [2, 3, 5, 9, 17, 33, 65, 129]
     assert [slot_size(n, 1024) for n in (6, 34, 66, 130)] == [8, 64, 128, 256]
-    monkeypatch.setattr(graphs, "GraphedCall", lambda fn, device, **_: fn)
+    monkeypatch.setattr(graphs, "GraphedCall", lambda fn, device: fn)
     target = GraphedTarget(small_hybrid(2), max_len=64, max_nodes=64, graphs=False)
     state, _ = target.prefill(small_ids(5, 3))
     target.graphs = True

@@ -146,7 +146,7 @@ def test_prepare_captures_chain_slots(monkeypatch):
     is asked for."""
     import repro.models.graphs as graphs
 
-    monkeypatch.setattr(graphs, "GraphedCall", lambda fn, device, **_: fn)
+    monkeypatch.setattr(graphs, "GraphedCall", lambda fn, device: fn)
     target = GraphedTarget(small_hybrid(4), max_len=32, max_nodes=16, graphs=False)
     target.prefill(small_ids(4, 4))
     target.graphs = True

@@ -1,0 +1,121 @@
+"""What a pipelined step's result read costs the device around its graph (one H200).
+
+    python3 scripts/gpu/result-copy.py OUT_DIR
+
+A pipelined DDTree / chain DFlash step is one graph replay, then the copy of its small int64 result to a
+pinned host buffer (an event behind it), and the host reads the step before the last one (waits for its
+event). Its wall time exceeds the graph's busy time by ~30 us a step (~10%) whether the step is one graph or
+three (``scripts/gpu/graph-boundaries.py``, ``routes-ab`` ``no_step_graph``). This times, on a graph of
+KERNELS small kernels (~a tiny-family DDTree step's device time), us per iteration, median of TRIALS:
+
+- ``graph``: the replay alone;
+- ``graph_copy``: + the result's non-blocking copy to pinned memory;
+- ``graph_copy_event``: + an event recorded behind the copy;
+- ``graph_copy_in_graph``: the copy captured inside the graph (a memcpy node), an event behind the replay;
+- ``pipelined_read``: ``graph_copy_event`` with the host waiting each iteration for the event of the one
+  before (the pipelined loop's read), plus HOST_US of host work a step (a busy-wait, the loop's Python).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+KERNELS = 140  # ~0.3 ms a graph: a tiny-family DDTree step
+ITERS = 300
+TRIALS = 7
+HOST_US = (0, 150, 250)
+
+
+def main(out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    x = torch.zeros(256, device="cuda")
+    result = torch.zeros(40, dtype=torch.long, device="cuda")
+    hosts = [torch.zeros(40, dtype=torch.long, pin_memory=True) for _ in range(2)]
+
+    def part() -> None:
+        for _ in range(KERNELS):
+            x.mul_(1.0000001).add_(1e-7)
+        result.add_(1)
+
+    def capture(fn) -> torch.cuda.CUDAGraph:  # noqa: ANN001
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            fn()
+        torch.cuda.current_stream().wait_stream(s)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        torch.cuda.synchronize()
+        return g
+
+    g = capture(part)
+    gc = capture(lambda: (part(), hosts[0].copy_(result, non_blocking=True)))
+    stream = torch.cuda.current_stream()
+
+    def run(step, paced_us: int | None = None) -> float:  # noqa: ANN001
+        events: list = []
+        for _ in range(10):
+            step(events)
+        torch.cuda.synchronize()
+        events.clear()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record(stream)
+        for _ in range(ITERS):
+            step(events)
+            if paced_us is not None:
+                if len(events) >= 2:
+                    events[-2].synchronize()  # the read of the step before
+                t = time.perf_counter()
+                while (time.perf_counter() - t) * 1e6 < paced_us:
+                    pass
+        b.record(stream)
+        b.synchronize()
+        return a.elapsed_time(b) * 1000 / ITERS
+
+    def graph(events: list) -> None:
+        g.replay()
+
+    def graph_copy(events: list) -> None:
+        g.replay()
+        hosts[len(events) % 2].copy_(result, non_blocking=True)
+
+    def graph_copy_event(events: list) -> None:
+        g.replay()
+        hosts[len(events) % 2].copy_(result, non_blocking=True)
+        e = torch.cuda.Event()
+        e.record(stream)
+        events.append(e)
+
+    def in_graph(events: list) -> None:
+        gc.replay()
+        e = torch.cuda.Event()
+        e.record(stream)
+        events.append(e)
+
+    rows = {}
+    for name, fn in [("graph", graph), ("graph_copy", graph_copy), ("graph_copy_event", graph_copy_event),
+                     ("graph_copy_in_graph", in_graph)]:  # fmt: skip
+        rows[name] = statistics.median(run(fn) for _ in range(TRIALS))
+    for us in HOST_US:
+        timed = [run(graph_copy_event, us) for _ in range(TRIALS)]
+        rows[f"pipelined_read_host{us}us"] = statistics.median(timed)
+    name = torch.cuda.get_device_name()
+    lines = [f"# result copy on {name}: {KERNELS} kernels a graph, {ITERS} iterations, median of {TRIALS}",
+             "", "| pattern | us / iteration |", "|---|--:|",
+             *[f"| {k} | {v:.2f} |" for k, v in rows.items()]]  # fmt: skip
+    text = "\n".join(lines)
+    print(text)
+    (out / "result-copy.md").write_text(text + "\n")
+    (out / "result-copy.json").write_text(json.dumps(rows))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
