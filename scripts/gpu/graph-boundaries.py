@@ -28,6 +28,9 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's repro
+from repro.models.graphs import GraphedCall  # noqa: E402
+
 KERNELS = 24
 ITERS = 400
 TRIALS = 7
@@ -39,17 +42,8 @@ def part(x: torch.Tensor) -> None:
 
 
 def capture(fn) -> torch.cuda.CUDAGraph:  # noqa: ANN001 - a zero-argument callable
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    torch.cuda.synchronize()
-    return g
+    """The CUDA graph of ``fn`` as the engine captures it (one warm-up call on a side stream first)."""
+    return GraphedCall(fn, torch.device("cuda"), warmup=1).graph
 
 
 def timed(step, clocked: bool, pool: list) -> float:  # noqa: ANN001

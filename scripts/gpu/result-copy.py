@@ -5,7 +5,7 @@
 A pipelined DDTree / chain DFlash step is one graph replay, then the copy of its small int64 result to a
 pinned host buffer (an event behind it), and the host reads the step before the last one (waits for its
 event). Its wall time exceeds the graph's busy time by ~30 us a step (~10%) whether the step is one graph or
-three (``scripts/gpu/graph-boundaries.py``, ``routes-ab`` ``no_step_graph``). This times, on a graph of
+three (``scripts/gpu/graph-boundaries.py``; ``results/2026-12-05-h200-step-graph``). This times, on a graph of
 KERNELS small kernels (~a tiny-family DDTree step's device time), us per iteration, median of TRIALS:
 
 - ``graph``: the replay alone;
@@ -30,6 +30,9 @@ import torch
 import triton
 import triton.language as tl
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's repro
+from repro.models.graphs import GraphedCall  # noqa: E402
+
 KERNELS = 140  # ~0.3 ms a graph: a tiny-family DDTree step
 ITERS = 300
 TRIALS = 7
@@ -53,18 +56,8 @@ def main(out: Path) -> None:
             x.mul_(1.0000001).add_(1e-7)
         result.add_(1)
 
-    def capture(fn) -> torch.cuda.CUDAGraph:  # noqa: ANN001
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            fn()
-        torch.cuda.current_stream().wait_stream(s)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        torch.cuda.synchronize()
-        return g
+    def capture(fn) -> torch.cuda.CUDAGraph:  # noqa: ANN001 - the engine's capture, one warm-up call
+        return GraphedCall(fn, torch.device("cuda"), warmup=1).graph
 
     g = capture(part)
     try:  # the pinned buffer's address is valid on the device (UVA)
