@@ -50,6 +50,7 @@ logits) and the drafters'.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -84,6 +85,12 @@ DeviceAccept = Callable[[TreeSlot, torch.Tensor], None]
 # callCM): wall a step chain DFlash 0.272 -> 0.267 ms, DDTree 0.343 -> 0.341, SpecLA 0.578 -> 0.574,
 # DFlash-TfM 0.632 -> 0.626, same tokens. The acceptance's and commit's device time is in the verify stage's.
 FUSE_ACCEPT = True
+# on CUDA a step's result reaches its pinned host buffer by a kernel's stores (slot_kernels.tagged_to_host,
+# the host polling the tags), not by a stream copy with an event behind it: on an H200 a copy + event behind
+# a graph cost 11.4 us of device time against 1.7 for the stores (scripts/gpu/result-copy.py,
+# results/2026-12-05-h200-step-graph/callCW)
+HOST_WRITES = True
+READ_WAIT_S = 10.0  # read_back polls a HostWrite this long before it synchronizes the device once
 
 
 class DevicePicker(Protocol):
@@ -122,9 +129,30 @@ def slot_size(n: int, max_nodes: int) -> int:
     raise ConfigError(f"a tree of {n} nodes exceeds the graphed engine's {max_nodes} nodes; lower the budget")
 
 
-def read_back(host: torch.Tensor, copied: Any) -> list[int]:
-    """``host`` listed once ``copied`` (the CUDA event recorded after its copy from the device was queued;
-    None on CPU) has completed: the only device-to-host read of a greedy step on the graphed target."""
+@dataclass(frozen=True)
+class HostWrite:
+    """A result stored into pinned host memory by :func:`~repro.models.slot_kernels.tagged_to_host` with
+    ``tag``: landed when every element carries it."""
+
+    tag: int
+
+
+def read_back(host: torch.Tensor, copied: Any, wait_s: float = READ_WAIT_S) -> list[int]:
+    """``host`` listed once ``copied`` has completed: the CUDA event recorded after its copy from the device
+    was queued, or the :class:`HostWrite` whose tagged elements are polled until all have landed (after
+    ``wait_s`` the device is synchronized once; still missing: RuntimeError); None on CPU. The only
+    device-to-host read of a greedy step on the graphed target."""
+    if isinstance(copied, HostWrite):
+        from repro.models.slot_kernels import untagged
+
+        words, deadline = host.numpy(), time.perf_counter() + wait_s
+        while (got := untagged(words, copied.tag)) is None:
+            if time.perf_counter() > deadline:
+                torch.cuda.synchronize()
+                if (got := untagged(words, copied.tag)) is None:
+                    raise RuntimeError("a step's result never reached the host (tagged stores missing)")
+                break
+        return got
     if copied is not None:
         copied.synchronize()
     return host.tolist()
@@ -268,6 +296,7 @@ class GraphedTarget:
         self._picks = torch.zeros(AR_GROUP, dtype=torch.long, device=self.device)  # greedy AR's picks
         self._pending: int | None = None  # the stash holding a pending delayed commit (host-side)
         self._result_hosts: dict[int, list[torch.Tensor]] = {}  # per result length: two host buffers
+        self._tag = 0  # the last HostWrite's tag
         self._parity = 0  # the parity of the next delayed verification
 
     # ------------------------------------------------------------------------------ graphs
@@ -818,8 +847,15 @@ class GraphedTarget:
         return LaunchedStep(verification, slot.result, slot.max_depth, host, copied)
 
     def _copy_out(self, device: torch.Tensor, host: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        """``device`` copied into ``host`` (pinned on CUDA: queued on the stream, not waited for) and the
-        CUDA event recorded behind the copy (None on CPU): what :func:`read_back` takes."""
+        """``device`` into ``host`` (pinned on CUDA: queued on the stream, not waited for) and what
+        :func:`read_back` waits for: with :data:`HOST_WRITES` on CUDA the kernel's tagged stores
+        (:class:`HostWrite`), else the CUDA event recorded behind a copy (None on CPU)."""
+        if self.device.type == "cuda" and HOST_WRITES:
+            from repro.models.slot_kernels import TAGS, tagged_to_host
+
+            self._tag = self._tag % (TAGS - 1) + 1  # 1 .. TAGS - 1: a zeroed buffer holds none
+            tagged_to_host(device, host, self._tag)
+            return host, HostWrite(self._tag)
         host.copy_(device, non_blocking=True)
         if self.device.type != "cuda":
             return host, None

@@ -19,10 +19,14 @@ those is one launch, on the device, capturable (no host read), and equal to the 
 - :func:`commit_rows`: an attention layer's commit: the path's keys and values into the cache rows after
   the committed length (the off-path rows are not written; the torch commit sends them to scratch rows).
 - :func:`advance_length`: the committed length plus the path's length, capped at ``max_len``.
+- :func:`tagged_to_host`: a slot's result into pinned host memory by the kernel's own stores (no stream
+  copy and no event behind it), each element tagged so the host sees when all have landed
+  (:func:`untagged`).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -313,3 +317,34 @@ def advance_length(length: torch.Tensor, depth: torch.Tensor, node: torch.Tensor
     """``length`` [1] += the depth of ``node`` (the committed path's length), capped at ``max_len``; one
     launch."""
     _advance_kernel[(1,)](length, depth, node, max_len, num_warps=1)
+
+
+TAG_BITS = 16  # tagged_to_host: an element is value << TAG_BITS | tag
+TAGS = 1 << TAG_BITS
+
+
+@triton.jit
+def _tagged_kernel(src, dst, n, tag, TAG_BITS: tl.constexpr, BLOCK: tl.constexpr):
+    o = tl.arange(0, BLOCK)
+    m = o < n
+    tl.store(dst + o, (tl.load(src + o, mask=m, other=0) << TAG_BITS) | tag, mask=m)
+
+
+def tagged_to_host(src: torch.Tensor, dst: torch.Tensor, tag: int) -> None:
+    """``src`` [n] int64 (device) into ``dst`` [n] int64, pinned host memory the kernel stores to directly
+    (unified addressing), each element ``src << TAG_BITS | tag`` in one 8-byte store: the host knows the
+    whole result has landed when every element carries ``tag`` (:func:`untagged`), in whatever order the
+    stores arrive, without a stream copy or an event behind it. ``tag`` in [1, TAGS) (a zeroed buffer holds
+    tag 0); values within +-2**(63 - TAG_BITS)."""
+    if not 0 < tag < TAGS:
+        raise ValueError(f"tag must be in [1, {TAGS}), got {tag}")
+    n = src.numel()
+    _tagged_kernel[(1,)](src, dst, n, tag, TAG_BITS=TAG_BITS, BLOCK=triton.next_power_of_2(max(n, 16)))
+
+
+def untagged(words: np.ndarray, tag: int) -> list[int] | None:
+    """The values of ``words`` (what :func:`tagged_to_host` stores) when every one carries ``tag``, else
+    None (some have not landed yet)."""
+    if not bool(np.all((words & (TAGS - 1)) == tag)):
+        return None
+    return (words >> TAG_BITS).tolist()

@@ -599,3 +599,34 @@ def test_host_uploads_copy_values_through_a_ring_of_buffers():
     long = up.put(list(range(40)))  # the first buffer again, grown
     assert first.tolist() == [1, 2] and long.tolist() == list(range(40)) and first.dtype == torch.long
     assert up.put([9], out).tolist() == [9, 5, 6, -1, -1, -1]
+
+
+def test_read_back_polls_a_host_write_until_every_element_has_landed(monkeypatch):
+    """A HostWrite's result (tagged_to_host's stores, here written by a thread) is read once all its
+    elements carry the tag, whatever order they land in; one never landing raises after the wait (the
+    device synchronized once first)."""
+    import threading
+    import time
+
+    from repro.models.graphed import HostWrite, read_back
+    from repro.models.slot_kernels import TAG_BITS
+
+    values = [5, -1, 123456789, 0, 42]
+    host = torch.zeros(len(values), dtype=torch.long)
+    words = host.numpy()
+
+    def land() -> None:
+        for i in (3, 0, 4, 1, 2):
+            time.sleep(0.002)
+            words[i] = (values[i] << TAG_BITS) | 9
+
+    writer = threading.Thread(target=land)
+    writer.start()
+    assert read_back(host, HostWrite(9)) == values
+    writer.join()
+    synced = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: synced.append(1))
+    words[2] = 0  # never lands
+    with pytest.raises(RuntimeError, match="never reached the host"):
+        read_back(host, HostWrite(9), wait_s=0.01)
+    assert synced == [1]

@@ -5,6 +5,7 @@ Interpreter (one TRITON_INTERPRET=1 subprocess):
   what ``TreeSlot.set_tree`` uploads) on random, chain, fan, mixed and forest trees of 1-100 nodes, with
   few distinct tokens (so that twins occur);
 - ``copy_tree`` against the stream copies it replaces (padding, parents kept, a strided source);
+- ``tagged_to_host`` read back through ``untagged`` (every element landed, another tag, one missing);
 - ``greedy_node`` + ``path_result`` against TargetMatch's host walk at temperature 0, the choices made
   to match deep paths, and against the torch ops on the same slot;
 - a StaticDecoder (kernel="triton", three GDN layers and one attention layer) with the kernels against the
@@ -107,6 +108,43 @@ def copy_mismatches(device: str) -> list[str]:
         bad.append("a tree larger than the slot was taken")
     except ValueError:
         pass
+    return bad
+
+
+def tagged_mismatches(device: str) -> list[str]:
+    """Results where tagged_to_host's stores (into pinned host memory on CUDA) do not read back as the
+    values through ``untagged``; a half-written buffer, another tag or a zeroed buffer that reads as done;
+    a tag out of range that is taken."""
+    from repro.models.slot_kernels import TAG_BITS, TAGS, tagged_to_host, untagged
+
+    bad = []
+    gen = torch.Generator().manual_seed(12)
+    for n, tag in ((1, 1), (18, 7), (40, TAGS - 1), (70, 300)):
+        src = torch.randint(-(2**40), 2**40, (n,), generator=gen)
+        src[0] = 2 ** (63 - TAG_BITS) - 1  # the largest value a tagged element holds
+        dst = torch.zeros(n, dtype=torch.long, pin_memory=device == "cuda")
+        if untagged(dst.numpy(), tag) is not None:
+            bad.append(f"n={n}: a zeroed buffer read as tag {tag}")
+        tagged_to_host(src.to(device), dst, tag)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        words = dst.numpy().copy()
+        if untagged(words, tag) != src.tolist():
+            bad.append(f"n={n} tag={tag}: read back {untagged(words, tag)}")
+        if untagged(words, tag % (TAGS - 1) + 1) is not None:
+            bad.append(f"n={n}: read under another tag")
+        if n > 1:
+            words[n // 2] = 0  # one element not landed yet
+            if untagged(words, tag) is not None:
+                bad.append(f"n={n}: a buffer with a missing element read as done")
+    for tag in (0, TAGS):
+        try:
+            tagged_to_host(
+                torch.zeros(2, dtype=torch.long, device=device), torch.zeros(2, dtype=torch.long), tag
+            )
+            bad.append(f"tag {tag} taken")
+        except ValueError:
+            pass
     return bad
 
 
@@ -236,6 +274,7 @@ def compare(device: str) -> dict:
     bad, deepest = accept_mismatches(device)
     return {
         "derive": derive_mismatches(device), "copy": copy_mismatches(device), "accept": bad,
+        "tagged": tagged_mismatches(device),
         "deepest": deepest, **decoder_diffs(device),
     }  # fmt: skip
 
@@ -251,6 +290,10 @@ def test_derive_slot_equals_the_host_tensors(interp: dict) -> None:
 
 def test_copy_tree_equals_the_stream_copies(interp: dict) -> None:
     assert interp["copy"] == [], interp["copy"]
+
+
+def test_tagged_results_read_back_when_every_element_has_landed(interp: dict) -> None:
+    assert interp["tagged"] == [], interp["tagged"]
 
 
 def test_greedy_node_and_path_result_equal_target_match(interp: dict) -> None:
@@ -282,6 +325,7 @@ def test_gpu_slot_kernels() -> None:
 
     got = compare("cuda")
     assert got["derive"] == [] and got["copy"] == [] and got["accept"] == [] and got["results_equal"], got
+    assert got["tagged"] == [], got  # the kernel's stores into pinned host memory
     assert got["state"] < 1e-6, got
     model = _model("cuda")
     model.set_gdn_backend("triton")
