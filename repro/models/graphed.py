@@ -88,8 +88,9 @@ FUSE_ACCEPT = True
 # on CUDA a step's result reaches its pinned host buffer by a kernel's stores (slot_kernels.tagged_to_host,
 # the host polling the tags), not by a stream copy with an event behind it: on an H200 a copy + event behind
 # a graph cost 11.4 us of device time against 1.7 for the stores (scripts/gpu/result-copy.py,
-# results/2026-12-05-h200-step-graph/callCW)
-HOST_WRITES = True
+# results/2026-12-05-h200-step-graph/callCW). Off until measured in the engine (routes-ab host_writes) and
+# its GPU tests have run (test_gpu_slot_kernels, test_gpu_pipelined_routes_equal_ar_in_float32_on_cuda_graphs)
+HOST_WRITES = False
 READ_WAIT_S = 10.0  # read_back polls a HostWrite this long before it synchronizes the device once
 
 

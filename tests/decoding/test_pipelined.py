@@ -364,10 +364,15 @@ def test_step_after_needs_each_path_settled_before_the_next(setup):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_gpu_pipelined_routes_equal_ar_in_float32_on_cuda_graphs(monkeypatch):
+@pytest.mark.parametrize("host_writes", [False, True])
+def test_gpu_pipelined_routes_equal_ar_in_float32_on_cuda_graphs(monkeypatch, host_writes):
     """The trained tiny family in float32 on CUDA graphs (Triton GDN kernels): every pipelined route gives
     AR's tokens and the step-by-step loop's records; the drafter graphs are
-    captured inside the generations (no prepare), so their warm-ups run mid-generation."""
+    captured inside the generations (no prepare), so their warm-ups run mid-generation. ``host_writes``:
+    every step's result read from the kernel's tagged stores (graphed.HOST_WRITES), not a stream copy."""
+    import repro.models.graphed as graphed
+
+    monkeypatch.setattr(graphed, "HOST_WRITES", host_writes)
     model, target, prompts = _cuda_float32()
     ar = build_route({"kind": "ar"}, model.config.vocab_size, "greedy", 0.0, 0)
     for name, route in _routes(target).items():
