@@ -241,6 +241,9 @@ def build_report(run: Run, figures_dir: Path | None) -> str:
         f"- tree budgets: {', '.join(f'{k} {v}' for k, v in budgets.items()) or '-'}"
         + ("" if len(set(budgets.values())) <= 1 else " (NOT the same budget)"),
         "- best-of routes: " + ", ".join(f"{k} -> {v}" for k, v in chosen["best-of"].items()),
+        "- best-of is chosen on the prompts it is reported on: its cells and their intervals lean"
+        " optimistic by the pick among a method's rules (the paper's picks do the same); the uniform cells"
+        " pick nothing.",
         "- paper: baselines/weaver.yaml (Qwen3.6-27B, B200, SGLang, T=1): 4.37x is the headline over the"
         " workloads, best-of-protocol; the paper has no uniform-protocol column and its per-workload cells"
         " are not in baselines/.",
