@@ -742,12 +742,13 @@ class GraphedTarget:
         if need > self.max_len:
             self._loaded(self._exported(state), need, new_epoch=False)
         dec = self.decoder
-        cuda = self.device.type == "cuda"
         host = torch.zeros(steps, dtype=torch.long, pin_memory=dec.pick_host.is_pinned())
-        groups: list[tuple[int, int, torch.cuda.Event | None]] = []  # (first step, size, its copy's event)
+        # the groups launched and not read: (its host slice, what read_back waits for)
+        groups: list[tuple[torch.Tensor, Any]] = []
         dec.set_token(token)
         group = self.ar_group
-        picked: list[int] = []
+        picks: list[int] = []  # the picks of the groups read
+        picked: list[int] = []  # those up to a stop
         folded = 0
         stopped = False
         while not stopped and (folded < steps or groups):
@@ -756,28 +757,22 @@ class GraphedTarget:
                 mark(), mark(), mark()
                 self._ar_call(size, folded == 0, picker)()
                 mark()
-                host[folded : folded + size].copy_(self._picks[:size], non_blocking=cuda)
-                event = torch.cuda.Event() if cuda else None
-                if event is not None:
-                    event.record(self.stream)
-                groups.append((folded, size, event))
+                groups.append(self._copy_out(self._picks[:size], host[folded : folded + size]))
                 mark()
                 folded += size
                 if len(groups) < 2 and folded < steps:
                     continue  # one group ahead before the first read
-            start, size, event = groups.pop(0)  # read the oldest group, which the next one runs behind
-            if event is not None:
-                event.synchronize()
-            for tok in host[start : start + size].tolist():
+            read = read_back(*groups.pop(0))  # the oldest group, which the next one runs behind
+            picks += read
+            for tok in read:
                 picked.append(tok)
                 if done(tok):
                     stopped = True
                     break
-        for _, _, event in groups:  # launched past a stop: folded in, their tokens committed
-            if event is not None:
-                event.synchronize()
+        for launched in groups:  # launched past a stop: folded in, their tokens committed
+            picks += read_back(*launched)
         self.epoch += 1
-        tokens = [token, *host[: folded - 1].tolist()]
+        tokens = [token, *picks[: folded - 1]]
         return GraphedState(state.position + folded, state.committed_tokens + tokens, self.epoch), picked
 
     @torch.no_grad()
@@ -851,7 +846,7 @@ class GraphedTarget:
         """``device`` into ``host`` (pinned on CUDA: queued on the stream, not waited for) and what
         :func:`read_back` waits for: with :data:`HOST_WRITES` on CUDA the kernel's tagged stores
         (:class:`HostWrite`), else the CUDA event recorded behind a copy (None on CPU)."""
-        if self.device.type == "cuda" and HOST_WRITES:
+        if self._host_writes:
             from repro.models.slot_kernels import TAGS, tagged_to_host
 
             self._tag = self._tag % (TAGS - 1) + 1  # 1 .. TAGS - 1: a zeroed buffer holds none
@@ -863,6 +858,11 @@ class GraphedTarget:
         copied = torch.cuda.Event()
         copied.record(self.stream)
         return host, copied
+
+    @property
+    def _host_writes(self) -> bool:
+        """Whether results reach the host by the kernel's tagged stores (:data:`HOST_WRITES`, CUDA)."""
+        return HOST_WRITES and self.device.type == "cuda"
 
     def _result_host(self, result: torch.Tensor) -> torch.Tensor:
         """The next of the two host buffers (pinned on CUDA) for results of ``result``'s length: a step's

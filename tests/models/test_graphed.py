@@ -301,7 +301,8 @@ def device_routes(vocab: int = VOCAB) -> list:
 def test_greedy_graphed_steps_read_the_device_once_and_keep_the_records(monkeypatch):
     """AR, a device chain and device DDTrees (BestFirst on the marginals) on the graphed target: the
     same tokens, accepted paths, accepted lengths and tree sizes as the host path on HybridLM (float64),
-    exactly one ``read_back`` per step, and neither the host acceptance walk nor the host commit runs."""
+    exactly one ``read_back`` per step (AR: per group of decode steps), and neither the host acceptance walk
+    nor the host commit runs."""
     import repro.models.graphed as graphed
     from repro.decoding.acceptance import TargetMatch
     from repro.decoding.engine import STAGES, device_greedy
@@ -328,8 +329,11 @@ def test_greedy_graphed_steps_read_the_device_once_and_keep_the_records(monkeypa
         assert got.output_ids == want.output_ids == reference, route.name
         assert got.accepted_paths == want.accepted_paths, route.name
         assert (got.accepted_lengths, got.tree_sizes) == (want.accepted_lengths, want.tree_sizes)
-        # AR reads its tokens one step behind the device (greedy_decode), not through read_back
-        assert len(reads) == (got.steps if route.drafter else 0), (route.name, len(reads), got.steps)
+        if route.drafter:
+            assert len(reads) == got.steps, (route.name, len(reads), got.steps)
+        else:  # AR reads each group of decode steps once, a group behind the device (greedy_decode)
+            assert sum(reads) == got.steps and max(reads) == graphed.AR_GROUP, reads
+            assert len(reads) < got.steps, reads
         assert set(got.device_stage_s) == set(STAGES) == set(got.stage_s)
         assert got.device_stage_s == got.stage_s  # CPU: the device times are the clocks'
     assert max(eager["ddtree"].accepted_lengths) > 2 and max(eager["ddtree"].tree_sizes) == 21
@@ -583,7 +587,10 @@ def test_gpu_greedy_graphed_step_syncs_only_in_read_back(monkeypatch):
         with sync_debug():
             got = generate(target, prompt, route, 30, reference_ids=reference)
         assert got.output_ids == reference, route.name
-        assert len(reads) == (got.steps if route.drafter else 0)  # AR: greedy_decode's event waits
+        if route.drafter:
+            assert len(reads) == got.steps, route.name
+        else:  # AR: one read a group of decode steps (greedy_decode)
+            assert 0 < len(reads) < got.steps, reads
         assert got.device_stage_s is not None and all(v >= 0 for v in got.device_stage_s.values())
 
 
@@ -630,3 +637,32 @@ def test_read_back_polls_a_host_write_until_every_element_has_landed(monkeypatch
     with pytest.raises(RuntimeError, match="never reached the host"):
         read_back(host, HostWrite(9), wait_s=0.01)
     assert synced == [1]
+
+
+def test_results_read_from_tagged_stores_give_the_same_generations(monkeypatch):
+    """graphed.HOST_WRITES's path on the CPU (the kernel's tagged stores stood in by torch ops): AR's groups
+    of decode steps, a device chain and device DDTrees give the same records as the stream copies, each
+    result read through the tags (one ``read_back`` of a HostWrite per read)."""
+    import repro.models.graphed as graphed
+    import repro.models.slot_kernels as slot_kernels
+
+    model = small_hybrid(11)
+    prompt = small_ids(10, 12)
+    runs = []
+    kinds: list[type] = []
+    real_read = graphed.read_back
+    monkeypatch.setattr(graphed, "read_back", lambda h, c: kinds.append(type(c)) or real_read(h, c))
+    for tagged in (False, True):
+        target = GraphedTarget(model, max_len=64, max_nodes=32)
+        if tagged:
+            monkeypatch.setattr(GraphedTarget, "_host_writes", property(lambda self: True))
+            monkeypatch.setattr(
+                slot_kernels,
+                "tagged_to_host",
+                lambda src, dst, tag: dst.copy_((src << slot_kernels.TAG_BITS) | tag),
+            )
+        kinds.clear()
+        got = [generate(target, prompt, route, 30) for route in device_routes()]
+        runs.append([(g.output_ids, g.accepted_paths, g.accepted_lengths) for g in got])
+        assert set(kinds) == ({graphed.HostWrite} if tagged else {type(None)}), kinds
+    assert runs[0] == runs[1]
