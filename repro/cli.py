@@ -17,7 +17,7 @@ from repro.bench.cli import bench_app
 from repro.data.cli import data_app
 from repro.decoding.routes import route_help
 from repro.errors import CheckFailed, ReproError, SuiteError
-from repro.options import comma_list, device_option, dtype_option, figure_folder
+from repro.options import comma_ints, comma_list, device_option, dtype_option, figure_folder
 from repro.progress import Progress
 from repro.train.cli import train_app
 
@@ -769,12 +769,9 @@ def falsify_pool_mass(
     """
     from repro.harness.falsify.pool_mass import PoolCheckConfig, run_pool_check
 
-    try:
-        ks = [int(x) for x in comma_list(k)]
-    except ValueError:
-        raise ReproError(f"--k takes comma-separated integers, got {k!r}") from None
-    if not ks or not comma_list(suites):
-        raise ReproError(f"--k and --suites must each name at least one value, got {k!r} and {suites!r}")
+    ks = comma_ints(k, "--k")
+    if not comma_list(suites):
+        raise ReproError(f"--suites must name at least one value, got {suites!r}")
     out_dir = out or Path("runs") / "falsify-pool-mass"
     cfg = PoolCheckConfig(
         out=str(out_dir), target=target, ks=ks, rerun_k=rerun_k, corpus=str(corpus), prompts=prompts,

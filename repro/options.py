@@ -56,6 +56,17 @@ def comma_list(text: str) -> list[str]:
     return [s.strip() for s in text.split(",") if s.strip()]
 
 
+def comma_ints(text: str, option: str, minimum: int = 1) -> list[int]:
+    """``--option``'s comma-separated integers, at least one, each >= ``minimum`` (one-line ConfigError)."""
+    try:
+        values = [int(s) for s in comma_list(text)]
+    except ValueError:
+        raise ConfigError(f"{option} takes comma-separated integers, got {text!r}") from None
+    if not values or min(values) < minimum:
+        raise ConfigError(f"{option} needs at least one value, each an integer >= {minimum}, got {text!r}")
+    return values
+
+
 def shape_names(text: str, known: Collection[str]) -> list[str]:
     """The comma-separated shape names of ``--shapes``, each one of ``known`` (one-line ConfigError)."""
     names = comma_list(text)

@@ -10,7 +10,15 @@ import pandas as pd
 import typer
 
 from repro.errors import CheckFailed, ConfigError
-from repro.options import comma_list, device_option, dtype_option, figure_folder, shape_names, short_dtype
+from repro.options import (
+    comma_ints,
+    comma_list,
+    device_option,
+    dtype_option,
+    figure_folder,
+    shape_names,
+    short_dtype,
+)
 from repro.progress import Progress
 
 bench_app = typer.Typer(help="Kernel and model benchmarks: one command, one table.", no_args_is_help=True)
@@ -21,7 +29,7 @@ def bench() -> None:
     """Benchmarks of the GDN kernels and of whole models (a group, so that its commands keep their names)."""
 
 
-def _small_shapes_off_cuda(names: list[str], dev) -> None:
+def _real_shapes_need_cuda(names: list[str], dev) -> None:
     """The papers' shapes (billions of parameters) run only on CUDA: elsewhere they exhaust memory or take
     hours; the tiny shape runs anywhere."""
     real = [n for n in names if n != "tiny"]
@@ -30,16 +38,6 @@ def _small_shapes_off_cuda(names: list[str], dev) -> None:
             f"shape(s) {', '.join(real)} are real model sizes and need a CUDA GPU;"
             f" on {dev.type} use the tiny shape"
         )
-
-
-def _ints(text: str, what: str) -> list[int]:
-    try:
-        values = [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise ConfigError(f"--{what} takes comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise ConfigError(f"--{what} needs positive integers, got {text!r}")
-    return values
 
 
 @bench_app.command("kernels")
@@ -131,11 +129,11 @@ def kernels(
     else:
         cfg.sizes = {s: cfg.sizes[s] for s in names}
     if sizes:
-        cfg.sizes = {s: _ints(sizes, "sizes") for s in names}
+        cfg.sizes = {s: comma_ints(sizes, "--sizes") for s in names}
     if cfg.quick or sizes:  # the chain group's lengths follow (else 16..256)
         cfg.chain_sizes = dict(cfg.sizes)
     if depths:
-        cfg.depths = _ints(depths, "depths")
+        cfg.depths = comma_ints(depths, "--depths")
     out_dir = out or default_out_dir()
 
     def show(row: dict) -> None:
@@ -224,7 +222,7 @@ def model(
 
     names = shape_names(shapes, MODEL_SHAPES)
     dev = torch.device(resolve_device(device))
-    _small_shapes_off_cuda(names, dev)
+    _real_shapes_need_cuda(names, dev)
     dtype = short_dtype(auto_dtype(dev.type) if dtype == "auto" else dtype, tuple(DTYPES))
     if context < 1 or step_nodes < 1:
         raise ConfigError("--context and --step-nodes must be positive")
@@ -236,7 +234,7 @@ def model(
         shapes=names,
         dtype=dtype,
         context=context,
-        sizes=_ints(sizes, "sizes"),
+        sizes=comma_ints(sizes, "--sizes"),
         step_nodes=step_nodes,
         compile=compile,
         seed=seed,
@@ -327,7 +325,7 @@ def scale(
     if not math.isfinite(logit_scale):
         raise ConfigError(f"--logit-scale must be a finite number >= 0, got {logit_scale}")
     dev = torch.device(resolve_device(device))
-    _small_shapes_off_cuda(names, dev)
+    _real_shapes_need_cuda(names, dev)
     dtype = short_dtype(auto_dtype(dev.type) if dtype == "auto" else dtype, tuple(DTYPES))
     cfg = ScaleConfig(
         shapes=names,

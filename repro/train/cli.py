@@ -8,8 +8,7 @@ from typing import Annotated
 
 import typer
 
-from repro.errors import ConfigError
-from repro.options import device_option, dtype_option, short_dtype
+from repro.options import comma_ints, device_option, dtype_option, short_dtype
 
 train_app = typer.Typer(help="Training: a tiny target from the corpus, drafters by self-distillation.")
 
@@ -61,15 +60,7 @@ def distill_args(
 
 def layer_ids(text: str | None) -> list[int] | None:
     """``--target-layers``: comma-separated layer ids >= 0 (None: the recipe's default spread)."""
-    if text is None:
-        return None
-    try:
-        ids = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ConfigError(f"--target-layers takes comma-separated layer ids, got {text!r}") from None
-    if not ids or min(ids) < 0:
-        raise ConfigError(f"--target-layers needs one or more layer ids >= 0, got {text!r}")
-    return ids
+    return None if text is None else comma_ints(text, "--target-layers", minimum=0)
 
 
 @train_app.command("target")
