@@ -88,9 +88,11 @@ FUSE_ACCEPT = True
 # on CUDA a step's result reaches its pinned host buffer by a kernel's stores (slot_kernels.tagged_to_host,
 # the host polling the tags), not by a stream copy with an event behind it: on an H200 a copy + event behind
 # a graph cost 11.4 us of device time against 1.7 for the stores (scripts/gpu/result-copy.py,
-# results/2026-12-05-h200-step-graph/callCW). Off until measured in the engine (routes-ab host_writes) and
-# its GPU tests have run (test_gpu_slot_kernels, test_gpu_pipelined_routes_equal_ar_in_float32_on_cuda_graphs)
-HOST_WRITES = False
+# results/2026-12-05-h200-step-graph/callCW). Routes A/B (results/2026-12-05-h200-host-writes, callCZ): wall
+# a step DDTree 0.335 -> 0.322 ms (wall / busy 1.140 -> 1.114), SpecLA 0.555 -> 0.548, DFlash-TfM 0.607 ->
+# 0.595, chain DFlash 0.293 -> 0.292, same tokens (AR's 0.116 -> 0.314 there was the kernel compiling a
+# specialization mid-run, since removed)
+HOST_WRITES = True
 READ_WAIT_S = 10.0  # read_back polls a HostWrite this long before it synchronizes the device once
 
 

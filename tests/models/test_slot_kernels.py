@@ -318,6 +318,26 @@ def test_kernels_take_the_torch_ops_of_a_greedy_step(interp: dict) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_tagged_stores_compile_once_for_every_tag_length_and_offset() -> None:
+    """tagged_to_host runs outside the graphs on every read: a tag divisible by 16, a length of one or a
+    result at an odd offset of its host buffer must not compile (or load) another binary mid-run."""
+    from repro.models.slot_kernels import _tagged_kernel, tagged_to_host, untagged
+
+    src = torch.arange(1, 17, device="cuda")
+    host = torch.zeros(40, dtype=torch.long, pin_memory=True)
+    tagged_to_host(src[:8], host[:8], 3)
+    torch.cuda.synchronize()
+    device = torch.cuda.current_device()
+    before = len(_tagged_kernel.device_caches[device][0])
+    for n, tag, offset in ((1, 1, 1), (5, 16, 3), (8, 17, 8), (16, 32, 0), (3, 300, 21), (8, 48, 13)):
+        tagged_to_host(src[:n], host[offset : offset + n], tag)
+        torch.cuda.synchronize()
+        assert untagged(host[offset : offset + n].numpy(), tag) == list(range(1, n + 1)), (n, tag, offset)
+    assert len(_tagged_kernel.device_caches[device][0]) == before == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_slot_kernels() -> None:
     """The same checks on CUDA, then GraphedTarget greedy steps (the kernels captured) with and without
     them: the same tokens and states."""
