@@ -138,7 +138,7 @@ def write_figures(table: pd.DataFrame, folder: Path) -> dict[str, Path]:
     chain.png (chain verification us vs T)."""
     from matplotlib.figure import Figure
 
-    from repro.reporting.figures import _save
+    from repro.reporting.figures import save_png
 
     ok = table[table["status"] == "ok"]
     out: dict[str, Path] = {}
@@ -170,7 +170,7 @@ def write_figures(table: pd.DataFrame, folder: Path) -> dict[str, Path]:
             ax.set_title(f"{shape}: tree verification")
             ax.grid(True, which="both", alpha=0.3)
             ax.legend(fontsize="x-small")
-        out["tree vs per-branch verification"] = _save(fig, folder / "kernel_tree_vs_branch.png")
+        out["tree vs per-branch verification"] = save_png(fig, folder / "kernel_tree_vs_branch.png")
     rec = ok[ok["group"] == "recovery"]
     if len(rec):
         fig = Figure(figsize=(5.5 * len(shapes), 4.4), layout="constrained")
@@ -186,7 +186,7 @@ def write_figures(table: pd.DataFrame, folder: Path) -> dict[str, Path]:
             ax.set_title(f"{shape}: accepted-state recovery")
             ax.grid(True, which="both", alpha=0.3)
             ax.legend(fontsize="small")
-        out["accepted-state recovery"] = _save(fig, folder / "recovery.png")
+        out["accepted-state recovery"] = save_png(fig, folder / "recovery.png")
     chains = ok[ok["group"] == "chain"]
     if len(chains):
         fig = Figure(figsize=(5.5 * len(shapes), 4.4), layout="constrained")
@@ -204,7 +204,7 @@ def write_figures(table: pd.DataFrame, folder: Path) -> dict[str, Path]:
             ax.set_title(f"{shape}: chain verification")
             ax.grid(True, which="both", alpha=0.3)
             ax.legend(fontsize="small")
-        out["chain verification"] = _save(fig, folder / "chain.png")
+        out["chain verification"] = save_png(fig, folder / "chain.png")
     return out
 
 

@@ -347,7 +347,7 @@ def write_figure(table: pd.DataFrame, folder: Path) -> dict[str, Path]:
     target ratio times it."""
     from matplotlib.figure import Figure
 
-    from repro.reporting.figures import _save
+    from repro.reporting.figures import save_png
 
     ok = table[(table["status"] == "ok") & (table["group"] == "verify")]
     shapes = list(dict.fromkeys(ok["shape"]))
@@ -373,7 +373,7 @@ def write_figure(table: pd.DataFrame, folder: Path) -> dict[str, Path]:
         ax.set_title(f"{shape}: verify latency vs tree size")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize="small")
-    return {"verify latency vs tree size": _save(fig, folder / "model_verify_vs_T.png")}
+    return {"verify latency vs tree size": save_png(fig, folder / "model_verify_vs_T.png")}
 
 
 KIND = RunKind(

@@ -10,10 +10,10 @@ from typing import Any
 
 import pandas as pd
 import yaml
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from repro.bench.kernels import baselines_dir
+from repro.reporting.figures import save_png, save_svg
 from repro.reporting.records import DecodeRecord, code_versions
 from repro.reporting.report import SUMMARY_MAIN, markdown_table, summarize
 from repro.reporting.rundir import Run, RunKind
@@ -67,10 +67,8 @@ def summary_section(run: Run) -> list[str]:
 
 def save_figure(fig: Figure, folder: Path, stem: str) -> list[str]:
     """``folder/stem.png`` and ``.svg`` (no date in the SVG, so a rebuild writes the same file)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    FigureCanvasAgg(fig)
-    fig.savefig(folder / f"{stem}.png", format="png", dpi=120, bbox_inches="tight")
-    fig.savefig(folder / f"{stem}.svg", format="svg", bbox_inches="tight", metadata={"Date": None})
+    save_png(fig, folder / f"{stem}.png")
+    save_svg(fig, folder / f"{stem}.svg")
     return [f"{stem}.png", f"{stem}.svg"]
 
 

@@ -22,7 +22,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from repro.errors import ReproError
-from repro.reporting.figures import _save
+from repro.reporting.figures import save_png
 
 FIGURE = "speedup_stages.png"
 STAGES = ("draft", "tree", "verify", "commit")
@@ -144,4 +144,4 @@ def plot_scale(table: pd.DataFrame, path: str | Path, title: str = "") -> Path:
     _column_legend(grid[0][1], [row[1] for row in grid])
     if title:
         fig.suptitle(title, fontsize="medium")
-    return _save(fig, path)
+    return save_png(fig, path)

@@ -217,17 +217,17 @@ def train_loop(
 
 
 def plot_loss(log: list[dict[str, Any]], path: Path, title: str) -> Path:
-    """The loss curve (and a moving average) as a PNG, drawn with matplotlib's Agg backend."""
-    import matplotlib
+    """The loss curve (and a moving average) as a PNG (:func:`repro.reporting.figures.save_png`)."""
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from repro.reporting.figures import save_png
 
     steps = [r["step"] for r in log]
     losses = [r["loss"] for r in log]
     window = max(1, len(losses) // 20)
     smooth = np.convolve(losses, np.ones(window) / window, mode="valid")
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig = Figure(figsize=(6, 3.5))
+    ax = fig.add_subplot()
     ax.plot(steps, losses, lw=0.8, alpha=0.5, label="loss")
     if window > 1:
         ax.plot(steps[window - 1 :], smooth, lw=1.5, label=f"mean of {window}")
@@ -235,10 +235,7 @@ def plot_loss(log: list[dict[str, Any]], path: Path, title: str) -> Path:
     ax.set_ylabel("loss")
     ax.set_title(title)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_png(fig, path)
 
 
 def write_manifest(out_dir: Path, recipe: dict[str, Any], seed: int) -> Path:
