@@ -1,0 +1,35 @@
+"""The tracked tree stays small enough to travel: every GPU call carries it, with the wheels and the call
+script, and a tree over 64 MiB is refused there (docs/gpu.md). Committed results grow every session."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MAX_TRACKED_BYTES = 58 << 20  # the GPU machine's 64 MiB, less room for the carried wheels and scripts
+
+
+def tracked_bytes() -> tuple[int, list[tuple[int, str]]]:
+    """The bytes of every file git tracks here, and the ten largest (bytes, path)."""
+    names = (
+        subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True)
+        .stdout.decode()
+        .split("\0")
+    )
+    sizes = [((ROOT / n).stat().st_size, n) for n in names if n and (ROOT / n).is_file()]
+    return sum(s for s, _ in sizes), sorted(sizes, reverse=True)[:10]
+
+
+@pytest.mark.skipif(
+    shutil.which("git") is None or not (ROOT / ".git").exists(), reason="needs a git checkout"
+)
+def test_the_tracked_tree_fits_a_gpu_call_with_room_to_spare():
+    total, largest = tracked_bytes()
+    assert total <= MAX_TRACKED_BYTES, (
+        f"tracked files {total / 2**20:.1f} MiB > {MAX_TRACKED_BYTES >> 20} MiB: a GPU call would soon be "
+        f"refused; trim or compress results (largest: {largest})"
+    )
