@@ -90,8 +90,9 @@ FUSE_ACCEPT = True
 # a graph cost 11.4 us of device time against 1.7 for the stores (scripts/gpu/result-copy.py,
 # results/2026-12-05-h200-step-graph/callCW). Routes A/B (results/2026-12-05-h200-host-writes, callCZ): wall
 # a step DDTree 0.335 -> 0.322 ms (wall / busy 1.140 -> 1.114), SpecLA 0.555 -> 0.548, DFlash-TfM 0.607 ->
-# 0.595, chain DFlash 0.293 -> 0.292, same tokens (AR's 0.116 -> 0.314 there was the kernel compiling a
-# specialization mid-run, since removed)
+# 0.595, chain DFlash 0.293 -> 0.292, same tokens. AR's 0.116 -> 0.314 ms there was one binary of the store
+# kernel compiled mid-run (its first tag divisible by 16: Triton's default specialisation, since turned off;
+# test_tagged_stores_take_one_binary_for_every_tag_length_and_offset); the A/B with it off is still to run
 HOST_WRITES = True
 READ_WAIT_S = 10.0  # read_back polls a HostWrite this long before it synchronizes the device once
 
