@@ -40,12 +40,12 @@ def test_the_triton_cache_comes_back_where_it_was_saved(tmp_path: Path):
     ])  # fmt: skip
     done = source(checkout, cache, fill)
     assert "Triton cache saved" in done.stdout and f"PYTHONPATH=/tmp/site:{checkout}" in done.stdout
-    with tarfile.open(checkout / "out" / "triton-cache.tgz") as tar:
+    with tarfile.open(checkout / "out" / "triton-cache.txz") as tar:
         names = sorted(tar.getnames())
     kept = ["__grp__k.json", "k.cubin", "k.json", "launcher.so"]
     assert names == [f"triton-cache/KEY/{n}" for n in kept]  # no IR text
     shutil.rmtree(cache)
-    shutil.copy(checkout / "out" / "triton-cache.tgz", checkout / ".triton-cache.tgz")
+    shutil.copy(checkout / "out" / "triton-cache.txz", checkout / ".triton-cache.txz")
     restored = source(checkout, cache, "echo CACHE=$TRITON_CACHE_DIR")
     assert (
         f"CACHE={cache}" in restored.stdout
@@ -61,4 +61,17 @@ def test_an_archive_over_16_mib_is_not_kept(tmp_path: Path):
     (cache / "KEY" / "big.cubin").write_bytes(os.urandom(17 * 1024 * 1024))  # incompressible
     done = source(checkout, cache, "mkdir -p out && save_triton_cache out")
     assert "over 16 MiB, not kept" in done.stdout
-    assert not (checkout / "out" / "triton-cache.tgz").exists()
+    assert not (checkout / "out" / "triton-cache.txz").exists()
+
+
+def test_an_older_gzip_archive_is_restored_too(tmp_path: Path):
+    checkout, cache = checkout_at(tmp_path), tmp_path / "fixed" / "triton-cache"
+    src = tmp_path / "src" / "triton-cache" / "KEY"
+    src.mkdir(parents=True)
+    (src / "k.json").write_text("{}")
+    (src / "k.cubin").write_text("cubin")
+    with tarfile.open(checkout / ".triton-cache.tgz", "w:gz") as tar:
+        tar.add(src.parent, arcname="triton-cache")
+    restored = source(checkout, cache, "true")
+    assert "Triton cache restored (1 files of metadata)" in restored.stdout
+    assert (cache / "KEY" / "k.cubin").read_text() == "cubin"

@@ -1,7 +1,7 @@
 #!/bin/bash
 # callDA: graphed.HOST_WRITES on (the tagged kernel with no specialisation): the slot kernels' GPU tests (one
 # binary for every tag / length / offset), routes A/B default / stream_copies, then `repro run routes` at the
-# defaults. carry: [".whl", "callDA.sh"] (the Triton cache no longer fits beside the tree)
+# defaults. carry: [".whl", "callDA.sh", ".triton-cache.txz"]
 export REPRO_GIT_SHA=$1
 source scripts/gpu_env.sh
 W=/tmp/callDA; mkdir -p $W/logs
@@ -13,7 +13,7 @@ echo "t=$(( $(date +%s) - T0 ))"
 ROUTES_AB_BUDGET_S=290 ROUTES_AB_VARIANTS=default,stream_copies timeout -s INT 300 python3 scripts/gpu/routes-ab.py $W/routes-ab > $W/routes-ab.log 2>&1; echo "routes-ab exit $?"
 grep -v "^{" $W/routes-ab.log | tail -16; grep -E "Error|error" $W/routes-ab.log | head -5
 pack; echo "t=$(( $(date +%s) - T0 ))"
-LEFT=$(( 585 - ($(date +%s) - T0) ))
+LEFT=$(( 565 - ($(date +%s) - T0) ))
 timeout -s INT $LEFT python3 -m repro run routes --device cuda --dtype bfloat16 --engine graphed --out $W/routes > $W/routes.log 2>&1; echo "rc=$?" >> $W/routes.log
 grep "| all" $W/routes/report.md | head -8; tail -2 $W/routes.log
-pack; echo "t=$(( $(date +%s) - T0 ))"; date
+pack; save_triton_cache $OUT; echo "t=$(( $(date +%s) - T0 ))"; date
