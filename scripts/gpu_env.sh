@@ -6,8 +6,8 @@
 # - Triton's cache at a fixed path (TRITON_CACHE_DIR=/tmp/triton-cache, REPRO_TRITON_CACHE overrides it:
 #   the cache's index files hold absolute paths, so it must be restored where it was saved), filled from a
 #   carried .triton-cache.txz (or an older .tgz) when there is one, so that a fresh machine does not compile
-#   again the kernels an earlier call compiled (~100 s a call for the routes' kernels); a kernel whose source, Triton
-#   or driver changed misses the cache and compiles as before;
+#   again the kernels an earlier call compiled (~100 s a call for the routes' kernels); a kernel whose
+#   source, Triton or driver changed misses the cache and compiles as before;
 # - save_triton_cache DIR: the cache's compiled kernels (metadata, cubins and the built launchers: what a
 #   cache hit loads; not the IR text) into DIR/triton-cache.txz when it stays under the 16 MiB a file that
 #   comes back from $OUT may have; copy it to the checkout's .triton-cache.txz (ignored by git) and carry

@@ -23,7 +23,8 @@ PNG_COLOURS = 256  # lines and text on white: a palette PNG at ~1/3 of the RGBA 
 
 def save_png(fig: Figure, path: str | Path) -> Path:
     """``fig`` at ``path`` as a palette PNG (:data:`PNG_COLOURS` colours, :data:`PNG_DPI` dpi, tight box):
-    the committed results hold a hundred figures, and every byte of them travels to the GPU machine."""
+    a third of the RGBA file's bytes, which count in committed results (the whole tree travels to the GPU
+    machine, docs/gpu.md)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     FigureCanvasAgg(fig)
