@@ -241,9 +241,9 @@ def test_graph_for_reads_static_buffers_in_place_and_copies_others(monkeypatch: 
     assert calls and set(calls) == {9} and len(builder._graphs) == 3
 
 
-def _sm90_resources(n: int, fused: bool, num_warps: int) -> str:
+def _sm90_resources(n: int, fused: bool, num_warps: int) -> str | None:
     """The kernel compiled ahead of time for sm_90 (the H200; no GPU needed): cuobjdump's resource line
-    of the cubin, or "" without cuobjdump."""
+    of the cubin ("" when it has none), or None without cuobjdump."""
     import shutil
     import subprocess
     import tempfile
@@ -263,7 +263,7 @@ def _sm90_resources(n: int, fused: bool, num_warps: int) -> str:
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     tool = str(tool) if tool.exists() else shutil.which("cuobjdump")
     if tool is None:
-        return ""
+        return None
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "k.cubin"
         cubin.write_bytes(kernel.asm["cubin"])
@@ -289,8 +289,9 @@ def test_kernel_compiles_for_sm90_without_spills(n: int, fused: bool, num_warps:
     """What the H200 runs compiles here (Triton -> PTX -> ptxas cubin for sm_90) and keeps its slots in
     registers: no local memory (spills) at budgets up to 1000."""
     usage = _sm90_resources(n, fused, num_warps)
-    if usage:
-        assert "LOCAL:0 " in usage and "STACK:0 " in usage, usage
+    if usage is None:
+        pytest.skip("cuobjdump not found")
+    assert "LOCAL:0 " in usage and "STACK:0 " in usage, usage
 
 
 # ---------------------------------------------------------------------------------------------

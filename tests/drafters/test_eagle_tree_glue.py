@@ -97,18 +97,18 @@ def test_a_vocabulary_smaller_than_topk(spec):
 
 
 A, B, C, D = 10, 11, 12, 13
-HAND = [
-    DynamicTree(5, 2, 0.2, 3),  # ties: ab = ba
-    DynamicTree(20, 2, 0.3, 3),  # b is below tau everywhere
-    DynamicTree(20, 2, 0.7, 3),  # nothing is confident enough
-    DynamicTree(3, 6, 0.0, 2),  # more frontier rows than children with support
-    DynamicTree(30, 4, 0.25, 4),  # tau == a probability (0.25): kept (>=)
+HAND = [  # (spec, real nodes with the root)
+    (DynamicTree(5, 2, 0.2, 3), 6),  # ties: ab = ba (one of them is the 5th: a, aa, b, aaa, ab|ba)
+    (DynamicTree(20, 2, 0.3, 3), 4),  # b is below tau everywhere: the chain a, aa, aaa
+    (DynamicTree(20, 2, 0.7, 3), 1),  # nothing is confident enough
+    (DynamicTree(3, 6, 0.0, 2), 4),  # more frontier rows than children with support: a, aa, b
+    (DynamicTree(30, 4, 0.25, 4), 23),  # tau == a probability (0.25): kept (>=); 2 + 4 + 8 + 8 nodes
 ]
 
 
-@pytest.mark.parametrize("spec", HAND, ids=[str(i) for i in range(len(HAND))])
+@pytest.mark.parametrize(("spec", "want"), HAND, ids=[str(i) for i in range(len(HAND))])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
-def test_hand_distributions_with_ties(spec, dtype):
+def test_hand_distributions_with_ties(spec, want, dtype):
     """Every node's distribution a .6, b .25, c .1, d .05: exact ties between paths and at tau."""
     model = drafting_target(dtype)
     dist = torch.zeros(model.config.vocab_size, dtype=dtype)
@@ -119,7 +119,7 @@ def test_hand_distributions_with_ties(spec, dtype):
         real, size = check(proposals(model, eagle, spec, list(range(3, 20)), 7))
     finally:
         EagleDrafter._probs = saved
-    assert real >= 1 and size >= real
+    assert real == want and size >= real
 
 
 def test_at_least_rounds_tau_up_to_the_dtype():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -157,4 +158,7 @@ def test_every_builtin_experiment_passes_its_check_on_cpu(monkeypatch, capsys, n
         monkeypatch, capsys, "run", name, "--check", "--device", "cpu", "--backend", "reference"
     )
     assert code == 0, err
-    assert "checkpoint" in out or "route" in out
+    head, where = out.splitlines()[:2]
+    assert re.fullmatch(rf"experiment {name}: settings and [1-9]\d* route\(s\) valid", head), out
+    assert " on cpu (reference), suites " in where, out
+    assert "  route ar (ar)" in out.splitlines(), out  # AR, the reference every run decodes
