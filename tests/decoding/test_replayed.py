@@ -78,7 +78,8 @@ def test_draws_are_reproducible_per_seed_and_position():
     assert list(replay_depths(ReplayedAcceptance(process=process, seed=6), tree, 300)) != list(
         replay_depths(a, tree, 300)
     )
-    assert process.draw(step_rng(5, 17)) == process.draw(step_rng(5, 17))
+    assert process.draw(step_rng(5, 17)) == process.draw(step_rng(5, 17))  # no global state read
+    assert len({process.draw(step_rng(5, step)) for step in range(60)}) > 2  # the step's key does draw
 
 
 def test_the_spine_is_followed_and_the_bonus_is_the_targets_pick():
