@@ -308,7 +308,7 @@ def sweep(
     raw["name"] = f"sweep-{name}"
     if routes:
         raw["routes"] = pick_routes(raw["routes"], comma_list(routes))
-    raw = apply_edits(raw, drafters=[drafter] if drafter else None, weaver=weaver)
+    raw = apply_edits(raw, drafters=[drafter] if drafter is not None else None, weaver=weaver)
     overrides = {
         "target": target, "suites": suites, "limit": limit, "max_new_tokens": max_new_tokens,
         "temperature": temperature, "seed": seed, "dtype": dtype, "device": device,
@@ -892,7 +892,9 @@ def falsify_external(
     Exits 3 when repro's own control route diverges (an external loop's divergence is the finding).
     """
     from repro.engines.verdicts import run_external_check
+    from repro.harness.experiment import check_temperature
 
+    check_temperature(temperature, "--temperature")
     out_dir = out or Path("runs") / "falsify-external"
     records = run_external_check(
         out_dir, comma_list(targets), comma_list(suites), limit, max_new_tokens,

@@ -299,3 +299,95 @@ def test_a_training_seed_beyond_64_bits_is_one_line(tmp_path, monkeypatch, capsy
     )
     assert code == 2 and len(err.splitlines()) == 1 and "--seed" in err and "2**64" in err, err
     assert not (tmp_path / "t").exists()
+
+
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ("{not json", "is not valid JSON"),
+        ("[1]", "a JSON list, not an object"),
+        ('{"superseded": 5}', "superseded must be an object"),
+        ('{"superseded": {"run": {"why": "no by"}}}', "superseded['run'] must be an object"),
+        ('{"not_run_dirs": [1]}', "not_run_dirs must be an object"),
+    ],
+)
+def test_a_broken_supersedes_file_is_one_line(text, says, tmp_path, monkeypatch, capsys):
+    (tmp_path / "supersedes.json").write_text(text)
+    for args in (["report", "--index", str(tmp_path)], ["claims", "--results", str(tmp_path)]):
+        code, _, err = run_cli(monkeypatch, capsys, *args)
+        assert code == 2 and "supersedes.json" in err and says in err and len(err.splitlines()) == 1, err
+    assert [p.name for p in tmp_path.iterdir()] == ["supersedes.json"]  # no INDEX.md, no CLAIMS.md
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["family", "report", "--suites", ",", "--corpus", "{tmp}/none"], "nothing to evaluate"),
+        (["falsify", "pool-mass", "--suites", "nosuch"], "unknown suite 'nosuch'"),
+        (["falsify", "external", "--targets", "nosuch"], "target nosuch does not exist"),
+        (["falsify", "external", "--targets", ","], "--targets must name at least one value"),
+        (["falsify", "external", "--suites", ","], "--suites must name at least one value"),
+        (["falsify", "external", "--engines", ","], "name at least one engine"),
+        (["falsify", "external", "--dtype", "float16"], "unknown dtype 'float16'"),
+        (["falsify", "external", "--temperature", "inf"], "--temperature must be a finite number"),
+        (["bench", "kernels", "--quick", "--groups", ","], "--groups must name at least one value"),
+        (["bench", "kernels", "--quick", "--methods", ","], "--methods must name at least one value"),
+    ],
+)
+def test_empty_or_unknown_selections_are_refused_before_a_run_directory(
+    args, says, tmp_path, monkeypatch, capsys
+):
+    out = tmp_path / "o"
+    argv = [a.format(tmp=tmp_path) for a in args] + ["--out", str(out)]
+    code, _, err = run_cli(monkeypatch, capsys, *argv)
+    assert code == 2 and says in err and len(err.splitlines()) == 1, err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["dflash", "--loss-gamma", "nan"], "loss_gamma must be a number"),
+        (["eagle", "--k", "0"], "k must be an integer >= 1"),
+        (["eagle", "--w-cls", "nan"], "w_cls must be a finite number >= 0"),
+        (["eagle", "--w-reg", "-1"], "w_reg must be a finite number >= 0"),
+        (["eagle", "--w-reg", "0", "--w-cls", "0"], "both 0"),
+        (["eagle", "--feature-noise", "nan"], "feature_noise must be a finite number >= 0"),
+        (["weaver", "--dflash", "tiny-qwen35-dflash", "--budget", "0"], "budget must be an integer in"),
+        (["weaver", "--dflash", "tiny-qwen35-dflash", "--budget", "5000"], "budget must be an integer in"),
+        (["weaver", "--dflash", "tiny-qwen35-dflash", "--width", "0"], "width must be an integer >= 1"),
+        (["weaver", "--dflash", "tiny-qwen35-dflash", "--target-temperature", "nan"], "target_temperature"),
+    ],
+)
+def test_drafter_training_refuses_bad_settings_before_training(args, says, tmp_path, monkeypatch, capsys):
+    """Settings of the loss and of the held-out evaluation's route are checked before anything is trained
+    (not after the checkpoint is written, nor as a NaN loss)."""
+    kind, *rest = args
+    cmd = ["train", kind, "--target", "default", "--corpus", str(tmp_path), "--out", str(tmp_path / "o")]
+    code, _, err = run_cli(monkeypatch, capsys, *cmd, *rest)
+    assert code == 2 and says in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
+    "args, option",
+    [
+        (["run", "smoke", "--weaver", "", "--check"], "--weaver"),
+        (["sweep", "--budget", "16", "--weaver", "", "--device", "cpu", "--out", "{tmp}/o"], "--weaver"),
+        (["sweep", "--budget", "16", "--drafter", "", "--device", "cpu", "--out", "{tmp}/o"], "--drafter"),
+    ],
+)
+def test_an_empty_checkpoint_option_is_refused_not_ignored(args, option, tmp_path, monkeypatch, capsys):
+    argv = [a.format(tmp=tmp_path) for a in args]
+    code, _, err = run_cli(monkeypatch, capsys, *argv)
+    assert code == 2 and f"{option} needs a checkpoint path" in err and len(err.splitlines()) == 1, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_download_cache_that_is_a_file_is_one_line(tmp_path, monkeypatch, capsys):
+    cache = tmp_path / "cache"
+    cache.write_text("not a folder")
+    args = ["data", "corpus", "--out", str(tmp_path / "corpus"), "--cache", str(cache)]
+    code, _, err = run_cli(monkeypatch, capsys, *args)
+    assert code == 2 and "cannot make the download cache" in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "corpus").exists()

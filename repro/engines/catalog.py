@@ -99,6 +99,8 @@ def pick(names: list[str] | tuple[str, ...] | None) -> list[Engine]:
     kept: its records say "not run: package ... is not installed"."""
     if names is None:
         return [e for e in ENGINES.values() if e.installed]
+    if not names:
+        raise ConfigError(f"name at least one engine: choose from {', '.join(ENGINES)}")
     unknown = [n for n in names if n not in ENGINES]
     if unknown:
         raise ConfigError(f"unknown engine(s) {', '.join(unknown)}: choose from {', '.join(ENGINES)}")

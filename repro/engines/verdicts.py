@@ -20,8 +20,10 @@ from repro.data.suites import load_suite
 from repro.decoding.engine import generate
 from repro.decoding.routes import build_route
 from repro.engines.catalog import Engine, pick
+from repro.engines.hf_target import torch_dtype
 from repro.engines.result import REFUSED, SAMPLED, EngineRequest, EngineResult, MissingPackageError
 from repro.engines.tables import KIND
+from repro.errors import ConfigError
 from repro.models.family import resolve_checkpoint
 from repro.models.target import open_target
 from repro.reporting.records import (
@@ -113,6 +115,13 @@ def run_external_check(
     directory (records as they are made, then table.csv and report.md); returns the records. Greedy
     by default; at ``temperature`` > 0 every loop samples and its verdict is :data:`SAMPLED`."""
     chosen = pick(list(engines) if engines is not None else None)
+    for option, names in (("--targets", targets), ("--suites", suites)):
+        if not names:
+            raise ConfigError(f"{option} must name at least one value")
+    for target in targets:  # a bad target or dtype before the run directory is made
+        resolve_checkpoint(target, "target")
+    if any(e.package is None and "transformers" in e.needs for e in chosen):
+        torch_dtype(dtype)  # the transformers loops' dtypes
     if cpu_threads:
         torch.set_num_threads(int(cpu_threads))
     prompts = [p for s in suites for p in load_suite(s, limit=limit, seed=seed)]

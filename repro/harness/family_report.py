@@ -64,7 +64,8 @@ class FamilyReportConfig:
     device: str = "cpu"
 
     def check(self) -> None:
-        """One-line ConfigError/SuiteError for an unknown target, suite or dtype, or a count < 1."""
+        """One-line ConfigError/SuiteError for an unknown target, suite or dtype, a count < 1, or nothing
+        to evaluate (no suite and no held-out corpus)."""
         unknown = [t for t in self.targets if t not in TARGETS]
         if unknown or not self.targets:
             raise ConfigError(
@@ -72,6 +73,8 @@ class FamilyReportConfig:
                 f"the family's targets are {', '.join(TARGETS)}"
             )
         self.suites = [canonical_suite(s) for s in self.suites]
+        if not self.suites and not (self.corpus and (Path(self.corpus) / "heldout.txt").is_file()):
+            raise ConfigError("nothing to evaluate: --suites names none and there is no held-out corpus")
         resolve_dtype(self.dtype)
         for name in COUNTS:
             if getattr(self, name) < 1:

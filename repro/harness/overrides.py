@@ -126,7 +126,7 @@ def apply_edits(
         set_key(out, key, parse_value(value))
     for spec in drafters or []:
         set_checkpoint(out, "drafter", spec)
-    if weaver:
+    if weaver is not None:
         set_checkpoint(out, "weaver", weaver)
     return out
 

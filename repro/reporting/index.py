@@ -39,7 +39,31 @@ def read_supersedes(results: Path) -> dict[str, Any]:
     """The hand-kept ``supersedes.json`` of a results folder (``superseded``, ``not_run_dirs``); {} without
     one."""
     path = Path(results) / SUPERSEDES_FILE
-    return json.loads(path.read_text()) if path.is_file() else {}
+    if not path.is_file():
+        return {}
+    try:
+        hand = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ReproError(f"cannot read {path}: {e.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ReproError(f"{path} is not valid JSON ({e})") from None
+    if why := _supersedes_problem(hand):
+        raise ReproError(f"{path} is not a supersedes file ({why})")
+    return hand
+
+
+def _supersedes_problem(hand: Any) -> str | None:
+    """What makes parsed ``supersedes.json`` unusable, or None: not an object, ``superseded`` not a mapping
+    of folders to ``{"by": folder, "why": text}``, ``not_run_dirs`` not a mapping."""
+    if not isinstance(hand, dict):
+        return f"a JSON {type(hand).__name__}, not an object"
+    for key in ("superseded", "not_run_dirs"):
+        if not isinstance(hand.get(key, {}), dict):
+            return f"{key} must be an object"
+    for name, entry in hand.get("superseded", {}).items():
+        if not (isinstance(entry, dict) and isinstance(entry.get("by"), str) and "why" in entry):
+            return f"superseded[{name!r}] must be an object with a folder 'by' and a 'why'"
+    return None
 
 
 def index_markdown(results: str | Path) -> str:

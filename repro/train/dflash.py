@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from repro.data.corpus_tokens import special_id
 from repro.drafters.dflash import random_dflash_for, save_dflash
 from repro.drafters.dflash_model import DFlashDraftModel
+from repro.errors import ConfigError
 from repro.models.hybrid import HybridLM
 from repro.train.common import at_least
 from repro.train.distill import Distillation, DistillRecipe, target_features
@@ -48,6 +49,8 @@ class DFlashRecipe(DistillRecipe):
 
     def __post_init__(self) -> None:
         at_least(self, 1, "draft_layers", "anchors", "num_features")
+        if math.isnan(self.loss_gamma):
+            raise ConfigError("loss_gamma must be a number (<= 0: uniform weights), got nan")
         super().__post_init__()
 
 

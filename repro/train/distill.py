@@ -120,7 +120,7 @@ class Distillation:
         """Held-out greedy acceptance of the trained drafter (``recipe.out``) on the chain route spec
         ``chain`` beside an untrained one: MALs, per-depth acceptance, lossless (both vs AR)."""
         r = self.recipe
-        specs = {"trained": {**chain, "drafter": r.out}, "untrained": {**chain, "drafter": "random"}}
+        specs = chain_specs(chain, r.out)
         prompts = self.heldout_prompts()
         acc = route_acceptance(self.target, specs, prompts, r.eval_new_tokens, r.seed, max_depth)
         trained, untrained = acc["trained"], acc["untrained"]
@@ -138,6 +138,12 @@ class Distillation:
         return corpus_prompts(
             self.tokenizer, docs, r.eval_prompts, r.prompt_len, torch.Generator().manual_seed(r.seed)
         )
+
+
+def chain_specs(chain: dict[str, Any], drafter: str) -> dict[str, dict[str, Any]]:
+    """The held-out chain comparison's route specs: ``chain`` with the trained drafter at ``drafter`` beside
+    an untrained (random) one."""
+    return {"trained": {**chain, "drafter": drafter}, "untrained": {**chain, "drafter": "random"}}
 
 
 @torch.no_grad()

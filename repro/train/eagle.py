@@ -20,6 +20,7 @@ equals AR's.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -27,10 +28,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from repro.decoding.routes import resolve_spec
 from repro.drafters.eagle import EagleDraftModel, random_eagle_for, save_eagle
 from repro.errors import ConfigError
 from repro.models.hybrid import HybridLM
-from repro.train.distill import Distillation, DistillRecipe, target_features
+from repro.train.distill import Distillation, DistillRecipe, chain_specs, target_features
 
 
 @dataclass(kw_only=True)
@@ -43,6 +45,21 @@ class EagleRecipe(DistillRecipe):
     w_cls: float = 0.1  # token cross-entropy
     feature_noise: float = 0.0  # half-width of uniform noise on input features (EAGLE: 0.1)
     k: int = 4  # drafts per step of the held-out eagle_chain evaluation
+
+    def __post_init__(self) -> None:
+        for name in ("w_reg", "w_cls", "feature_noise"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ConfigError(f"{name} must be a finite number >= 0, got {value}")
+        if self.w_reg == self.w_cls == 0:
+            raise ConfigError("w_reg and w_cls are both 0: the loss would train nothing")
+        for name, spec in chain_specs(self.heldout_chain(), self.out).items():  # checked before training
+            resolve_spec({"name": name, **spec})
+        super().__post_init__()
+
+    def heldout_chain(self) -> dict[str, Any]:
+        """The held-out evaluation's chain route (its drafter set by :func:`chain_specs`)."""
+        return {"kind": "eagle_chain", "k": self.k}
 
 
 @dataclass
@@ -96,8 +113,6 @@ def eagle_losses(
 def train_eagle(recipe: EagleRecipe) -> dict[str, Any]:
     """Generate the distillation data, train, write the checkpoint and report acceptance."""
     started = time.perf_counter()
-    if recipe.feature_noise < 0:
-        raise ConfigError(f"feature_noise must be >= 0, got {recipe.feature_noise}")
     run = Distillation.start(recipe)
     target, gen, device, seqs = run.target, run.gen, run.device, run.seqs
     drafter = random_eagle_for(
@@ -120,7 +135,7 @@ def train_eagle(recipe: EagleRecipe) -> dict[str, Any]:
     with torch.no_grad():
         reg, cls, agree = eagle_losses(drafter, target, data)
     metrics = {
-        **run.chain_metrics({"kind": "eagle_chain", "k": recipe.k}, recipe.k),
+        **run.chain_metrics(recipe.heldout_chain(), recipe.k),
         "chain_k": recipe.k,
         "train_reg_loss": float(reg),
         "train_cls_loss": float(cls),

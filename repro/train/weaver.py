@@ -33,12 +33,14 @@ per depth (``repro.drafters.pool.pool_mass``) on the held-out greedy continuatio
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from repro.decoding.routes import resolve_spec
 from repro.drafters.dflash import check_fits, load_dflash
 from repro.drafters.dflash_model import DFlashDraftModel
 from repro.drafters.pool import pool_mass, top_k_pool
@@ -74,14 +76,24 @@ class WeaverRecipe(DistillRecipe):
     def __post_init__(self) -> None:
         if not 0.0 <= self.tv_weight <= 1.0:
             raise ConfigError(f"tv_weight must lie in [0, 1], got {self.tv_weight}")
-        if self.target_temperature <= 0:
-            raise ConfigError(f"target_temperature must be > 0, got {self.target_temperature}")
+        if not (math.isfinite(self.target_temperature) and self.target_temperature > 0):
+            raise ConfigError(f"target_temperature must be finite and > 0, got {self.target_temperature}")
         if self.prompt_len < 2 or self.gen_len < 2:
             raise ConfigError(
                 "prompt_len and gen_len must be >= 2 (anchors need a committed token before them)"
             )
         at_least(self, 1, "anchors")
+        for name, spec in heldout_specs(self).items():  # the held-out comparison's routes, before training
+            resolve_spec({"name": name, **spec})
         super().__post_init__()
+
+
+def heldout_specs(recipe: WeaverRecipe) -> dict[str, dict[str, Any]]:
+    """The held-out comparison's route specs: the trained adapter's tree beside DDTree's, on the same DFlash
+    drafter and budget."""
+    common = {"drafter": recipe.dflash, "budget": recipe.budget}
+    weaver = {"kind": "weaver", "weaver": recipe.out, "width": recipe.width, "pool": recipe.pool_size}
+    return {"weaver": {**weaver, **common}, "ddtree": {"kind": "ddtree", **common}}
 
 
 def weaver_loss(
@@ -151,15 +163,10 @@ def train_weaver(recipe: WeaverRecipe) -> dict[str, Any]:
     title = f"Weaver adapter (d={recipe.d_model}, K={recipe.pool_size})"
     log = run.train_and_save(weaver, step_fn, save_weaver, title)
     heldout = run.heldout_prompts()
-    common = {"drafter": recipe.dflash, "budget": recipe.budget}
-    specs = {
-        "weaver": {"kind": "weaver", "weaver": recipe.out, "width": recipe.width, "pool": recipe.pool_size},
-        "ddtree": {"kind": "ddtree"},
-    }
     depth = dflash.config.block_size - 1
     routes = route_acceptance(
         target,
-        {name: {**spec, **common} for name, spec in specs.items()},
+        heldout_specs(recipe),
         heldout,
         recipe.eval_new_tokens,
         recipe.seed,

@@ -64,11 +64,14 @@ class PoolCheckConfig:
     engine: str = "auto"  # the decodes at K and 2K: graphed (CUDA graphs) on CUDA by default
 
     def check(self) -> None:
-        """One-line ConfigError for a bad value."""
+        """One-line ConfigError (SuiteError for an unknown suite) for a bad value."""
+        from repro.data.suites import canonical_suite
         from repro.models.family import TARGETS
 
         if self.target not in TARGETS:
             raise ConfigError(f"unknown target {self.target}: the family's targets are {', '.join(TARGETS)}")
+        for suite in self.suites:
+            canonical_suite(suite)
         if not self.ks or min(self.ks) < 1:
             raise ConfigError(f"--k needs pool sizes >= 1, got {self.ks}")
         for name in ("rerun_k", "prompts", "prompt_len", "limit", "new_tokens", "budget", "width"):
