@@ -915,8 +915,26 @@ def _error(message: str) -> None:
 INTERRUPTED = "interrupted: records written so far are kept; rerun the same command to resume"
 
 
+def empty_value(argv: list[str]) -> str | None:
+    """The option (``--out ""``, ``--out=``) or argument given an empty value, or None. No value of this CLI
+    may be empty: a path reads "" as the current folder (``claims --results ""`` wrote CLAIMS.md there), a
+    name list reads it as nothing."""
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            return None
+        if arg == "":
+            return argv[i - 1] if i and argv[i - 1].startswith("-") else f"argument {i + 1}"
+        if arg.startswith("--") and arg.endswith("="):
+            return arg[:-1]
+    return None
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: errors become one line on stderr; exit codes as in the top-level help."""
+    where = empty_value(sys.argv[1:] if argv is None else argv)
+    if where is not None:
+        _error(f"{where} is empty: give it a value (see repro --help)")
+        sys.exit(2)
     try:
         # standalone_mode=False: Click's usage errors and Typer's Ctrl-C come back here instead of
         # being printed as a usage panel or turned into a silent exit

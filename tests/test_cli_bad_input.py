@@ -375,13 +375,27 @@ def test_drafter_training_refuses_bad_settings_before_training(args, says, tmp_p
         (["run", "smoke", "--weaver", "", "--check"], "--weaver"),
         (["sweep", "--budget", "16", "--weaver", "", "--device", "cpu", "--out", "{tmp}/o"], "--weaver"),
         (["sweep", "--budget", "16", "--drafter", "", "--device", "cpu", "--out", "{tmp}/o"], "--drafter"),
+        (["claims", "--results", ""], "--results"),  # wrote CLAIMS.md into the current folder
+        (["run", "smoke", "--device", "cpu", "--out="], "--out"),
+        (["report", ""], "argument 2"),
     ],
 )
-def test_an_empty_checkpoint_option_is_refused_not_ignored(args, option, tmp_path, monkeypatch, capsys):
+def test_an_empty_value_is_refused_not_read_as_the_current_folder_or_nothing(
+    args, option, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
     argv = [a.format(tmp=tmp_path) for a in args]
     code, _, err = run_cli(monkeypatch, capsys, *argv)
-    assert code == 2 and f"{option} needs a checkpoint path" in err and len(err.splitlines()) == 1, err
+    assert code == 2 and f"{option} is empty" in err and len(err.splitlines()) == 1, err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_checkpoint_option_left_empty_in_an_edit_is_refused(tmp_path):
+    """The edits behind --weaver / --drafter refuse an empty path themselves (callers other than the CLI)."""
+    from repro.harness.overrides import apply_edits
+
+    with pytest.raises(ConfigError, match="--weaver needs a checkpoint path"):
+        apply_edits({"routes": [{"name": "w", "kind": "weaver"}]}, weaver="")
 
 
 def test_a_download_cache_that_is_a_file_is_one_line(tmp_path, monkeypatch, capsys):
