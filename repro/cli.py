@@ -373,7 +373,7 @@ def generate(
 
     With --prompt-ids no tokenizer is needed; "text" is null when the checkpoint has none.
     """
-    from repro.harness.experiment import check_temperature
+    from repro.harness.experiment import check_max_new_tokens, check_temperature
     from repro.harness.generate import generate_one
 
     if (prompt is None) == (prompt_ids is None):
@@ -381,6 +381,7 @@ def generate(
     if prompt is not None:
         check_text(prompt, "the prompt")
     check_temperature(temperature, "--temperature")
+    check_max_new_tokens(max_new_tokens, "--max-new-tokens")
     result = generate_one(
         prompt=prompt, prompt_ids=prompt_ids, route=route, params=param or [], target=target, raw=raw,
         max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, dtype=dtype, device=device,

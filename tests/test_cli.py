@@ -127,6 +127,7 @@ BAD_INPUT = [
     (["run", "smoke", "--device", "tpu"], "unknown device"),
     (["generate", "hi", "--max-new-tokens", "0"], "--max-new-tokens"),
     (["generate", "hi", "--max-new-tokens", "-5"], "--max-new-tokens"),
+    (["generate", "hi", "--max-new-tokens", "1000001"], "--max-new-tokens must be in [1, 1,000,000]"),
     (["generate", "hi", "--temperature", "-1"], "temperature must be a finite number >= 0"),
     (["generate", "hi", "--temperature", "nan"], "temperature must be a finite number >= 0"),
     (["run", "smoke", "--temperature", "nan"], "temperature must be a finite number >= 0"),

@@ -405,3 +405,12 @@ def test_a_download_cache_that_is_a_file_is_one_line(tmp_path, monkeypatch, caps
     code, _, err = run_cli(monkeypatch, capsys, *args)
     assert code == 2 and "cannot make the download cache" in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "corpus").exists()
+
+
+@pytest.mark.parametrize("make, says", [("file", "is a file, not a folder"), ("nothing", "does not exist")])
+def test_merge_of_something_not_a_run_directory_says_what_it_is(make, says, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "out"
+    if make == "file":
+        out.write_text("not a run")
+    code, _, err = run_cli(monkeypatch, capsys, "merge", str(out))
+    assert code == 2 and f"the run directory {out} {says}" in err and len(err.splitlines()) == 1, err

@@ -155,6 +155,13 @@ def check_temperature(value: float, what: str = "temperature") -> float:
     return float(value)
 
 
+def check_max_new_tokens(value: int, what: str = "max_new_tokens") -> int:
+    """New tokens in [1, :data:`MAX_NEW_TOKENS_CAP`], else a one-line ConfigError."""
+    if not 1 <= value <= MAX_NEW_TOKENS_CAP:
+        raise ConfigError(f"{what} must be in [1, {MAX_NEW_TOKENS_CAP:,}], got {value}")
+    return value
+
+
 def check_weight_seed(seed: int, what: str = "target_seed") -> int:
     """A seed of random weights: torch's generator takes 64-bit words, so 0 <= seed < 2**64."""
     if not 0 <= seed < 2**64:
@@ -197,10 +204,7 @@ def resolve(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
             raise ConfigError(f"setting {key} must be >= 0, got {cfg[key]}")
     if cfg["limit"] is not None and cfg["limit"] < 1:
         raise ConfigError(f"setting limit must be >= 1 (or null: every prompt), got {cfg['limit']}")
-    if not 1 <= cfg["max_new_tokens"] <= MAX_NEW_TOKENS_CAP:
-        raise ConfigError(
-            f"max_new_tokens must be in [1, {MAX_NEW_TOKENS_CAP:,}], got {cfg['max_new_tokens']}"
-        )
+    check_max_new_tokens(cfg["max_new_tokens"])
     cfg["temperature"] = check_temperature(cfg["temperature"])
     check_static_strategy(cfg["commit"])  # `delayed` runs on the graphed engine (closed_form elsewhere)
     for device in (raw.get("device"), cfg["device"]):  # the file's too: --check may stand cpu in for it

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from repro.data.suites import Prompt, load_suite
-from repro.errors import ReproError, RunDirError
+from repro.errors import ReproError, RunDirError, not_a_folder
 from repro.reporting.records import MANIFEST_FILE, RECORDS_FILE, foreign_record
 from repro.reporting.rundir import (
     ACROSS_CODE_ENV,
@@ -168,6 +168,8 @@ class Merged:
 
 
 def _shard_runs(out: Path, kinds: Kinds) -> list[tuple[int, Run]]:
+    if not Path(out).is_dir():
+        raise ReproError(not_a_folder(out, "the run directory"))
     root = Path(out) / SHARDS_DIR
     dirs = sorted(root.glob("rank-*")) if root.is_dir() else []
     if not dirs:

@@ -215,8 +215,11 @@ def test_merge_refuses_a_shard_relabelled_or_missing(runs, tmp_path):
     edit_manifest(out / "shards" / "rank-1", shard="1/3")
     with pytest.raises(ReproError, match=r"come from different splits \(/2, /3\)"):
         merge_shards(out, KINDS)
-    with pytest.raises(ReproError, match="has no shards"):
+    with pytest.raises(ReproError, match="the run directory .* does not exist"):
         merge_shards(tmp_path / "nothing", KINDS)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ReproError, match="has no shards"):
+        merge_shards(tmp_path / "empty", KINDS)
 
 
 def test_killed_rank_resumes_and_merges_identically(runs, tmp_path):
