@@ -414,3 +414,10 @@ def test_merge_of_something_not_a_run_directory_says_what_it_is(make, says, tmp_
         out.write_text("not a run")
     code, _, err = run_cli(monkeypatch, capsys, "merge", str(out))
     assert code == 2 and f"the run directory {out} {says}" in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("option", ["--min-effect", "--threshold"])
+def test_compare_refuses_a_noise_floor_no_change_could_pass(option, tmp_path, monkeypatch, capsys):
+    code, _, err = run_cli(monkeypatch, capsys, "compare", str(tmp_path), str(tmp_path), option, "inf")
+    assert code == 2 and f"{option} must be a finite number >= 0, got inf" in err, err
+    assert len(err.splitlines()) == 1, err

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from repro.errors import ReproError
+from repro.errors import ConfigError, ReproError
 from repro.harness.run_kinds import load_run
 from repro.reporting.records import MANIFEST_FILE
 from repro.reporting.rundir import Run, changed_checkpoint, changed_suites, recorded_device_class
@@ -64,6 +64,12 @@ class Noise:
     min_effect: float = 0.03
     threshold: float = 0.10
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("min_effect", "threshold"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):  # inf: no change could ever count
+                raise ConfigError(f"--{name.replace('_', '-')} must be a finite number >= 0, got {value}")
 
 
 @dataclass
