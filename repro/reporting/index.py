@@ -9,13 +9,12 @@ to what it holds.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from repro.errors import ReproError, not_a_folder
 from repro.reporting.records import MANIFEST_FILE, RECORDS_FILE
-from repro.reporting.rundir import atomic_write, infer_kind, read_manifest
+from repro.reporting.rundir import atomic_write, infer_kind, read_json, read_manifest
 
 INDEX_FILE = "INDEX.md"
 SUPERSEDES_FILE = "supersedes.json"
@@ -41,12 +40,7 @@ def read_supersedes(results: Path) -> dict[str, Any]:
     path = Path(results) / SUPERSEDES_FILE
     if not path.is_file():
         return {}
-    try:
-        hand = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise ReproError(f"cannot read {path}: {e.strerror}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ReproError(f"{path} is not valid JSON ({e})") from None
+    hand = read_json(path, ReproError)
     if why := _supersedes_problem(hand):
         raise ReproError(f"{path} is not a supersedes file ({why})")
     return hand

@@ -260,18 +260,24 @@ def manifest_text(manifest: dict[str, Any]) -> str:
     return json.dumps(manifest, indent=2, default=str) + "\n"
 
 
+def read_json(path: Path, error: type[ReproError], hint: str = "") -> Any:
+    """The parsed JSON of ``path``, or one line (an ``error``) saying it cannot be read or is not JSON, with
+    ``hint`` after the latter."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise error(f"cannot read {path}: {e.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise error(f"{path} is not valid JSON ({e}){'; ' + hint if hint else ''}") from None
+
+
 def read_manifest(path: Path, writing: bool = False) -> dict[str, Any]:
     """The manifest of a run directory; one line saying what is wrong and that the records are intact
     (``writing``: for a command that would write there, which could use another ``--out``)."""
     mpath = path / MANIFEST_FILE
     keep = f"{RECORDS_FILE} is untouched: restore {MANIFEST_FILE} (e.g. from git or a backup)"
     keep += " or use another --out" if writing else ""
-    try:
-        manifest = json.loads(mpath.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise RunDirError(f"cannot read {mpath}: {e.strerror}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise RunDirError(f"{mpath} is not valid JSON ({e}); {keep}") from None
+    manifest = read_json(mpath, RunDirError, keep)
     if why := manifest_problem(manifest):
         raise RunDirError(f"{mpath} is not a run manifest ({why}); {keep}")
     return manifest
