@@ -421,3 +421,15 @@ def test_compare_refuses_a_noise_floor_no_change_could_pass(option, tmp_path, mo
     code, _, err = run_cli(monkeypatch, capsys, "compare", str(tmp_path), str(tmp_path), option, "inf")
     assert code == 2 and f"{option} must be a finite number >= 0, got inf" in err, err
     assert len(err.splitlines()) == 1, err
+
+
+def test_a_held_out_corpus_too_small_for_the_prompts_is_refused_before_a_run_directory(
+    tmp_path, monkeypatch, capsys
+):
+    corpus, out = tmp_path / "corpus", tmp_path / "o"
+    corpus.mkdir()
+    (corpus / "heldout.txt").write_text("Too short.\n")
+    args = ["family", "report", "--suites", ",", "--corpus", str(corpus), "--out", str(out)]
+    code, _, err = run_cli(monkeypatch, capsys, *args)
+    assert code == 2 and "too few for prompts" in err and len(err.splitlines()) == 1, err
+    assert not out.exists()  # before, the manifest was written first

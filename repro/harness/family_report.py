@@ -157,15 +157,30 @@ def open_run(cfg: FamilyReportConfig) -> RunDir:
     return RunDir(cfg.out, manifest, kind=KIND)
 
 
-def evaluate(cfg: FamilyReportConfig, run: RunDir, progress: Callable[[str], None] | None = None) -> int:
-    """Decode every (target, prompt set, route); rows are appended to ``run`` as each set finishes, and
-    the layers of each target and notes on prompt sets left out go to its manifest. Returns the rows."""
+# a target's model, its prompt sets and the notes on sets left out (load_targets)
+Loaded = dict[str, tuple[Any, dict[str, list[list[int]]], list[str]]]
+
+
+def load_targets(cfg: FamilyReportConfig) -> Loaded:
+    """Every target with its prompt sets, made before the run directory: a corpus too small for the
+    prompts is refused with nothing written."""
+    loaded: Loaded = {}
+    for target in cfg.targets:
+        model, tok = open_target(target, cfg.dtype, cfg.device, seed=cfg.seed)
+        loaded[target] = (model, *prompt_sets(tok, cfg))
+    return loaded
+
+
+def evaluate(
+    cfg: FamilyReportConfig, run: RunDir, loaded: Loaded, progress: Callable[[str], None] | None = None
+) -> int:
+    """Decode every (target, prompt set, route) of ``loaded``; rows are appended to ``run`` as each set
+    finishes, and the layers of each target and notes on prompt sets left out go to its manifest. Returns
+    the rows."""
     from repro.harness.evaluation import route_acceptance
 
     written = 0
-    for target in cfg.targets:
-        model, tok = open_target(target, cfg.dtype, cfg.device, seed=cfg.seed)
-        sets, notes = prompt_sets(tok, cfg)
+    for target, (model, sets, notes) in loaded.items():
         run.update_manifest(
             layers={**run.manifest["layers"], target: _layers(model)},
             notes=list(dict.fromkeys(run.manifest["notes"] + notes)),
@@ -366,8 +381,9 @@ def run_family_report(
     """Evaluate into a run directory, then write table.csv, the figure and report.md; returns
     (markdown, divergences)."""
     cfg.check()
+    loaded = load_targets(cfg)
     with open_run(cfg) as run:
-        if not evaluate(cfg, run, progress):
+        if not evaluate(cfg, run, loaded, progress):
             raise ReproError("nothing was evaluated: no prompt sets")
         text = run.write_report(figures=cfg.figures)
         return text, divergences(flat_table(run.records()))
