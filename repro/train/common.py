@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from repro.errors import ConfigError
+from repro.errors import CheckFailed, ConfigError
 from repro.harness.experiment import check_weight_seed
 from repro.progress import Progress
 from repro.reporting.records import build_manifest, write_json
@@ -182,9 +182,7 @@ def train_loop(
             with autocast(device, cfg.precision):
                 loss, n = step_fn(step)
             if not torch.isfinite(loss):
-                raise FloatingPointError(
-                    f"loss is {loss.item()} at step {step}: lower --lr or check the data"
-                )
+                raise CheckFailed(f"loss is {loss.item()} at step {step}: lower --lr or check the data")
             opt.zero_grad(set_to_none=True)
             loss.backward()
             norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)

@@ -125,6 +125,14 @@ def test_tied_bf16_target_and_time_budget(corpus: Path, tmp_path: Path) -> None:
     assert evaluate(model, heldout, 4) == pytest.approx(metrics["heldout_loss"], rel=1e-6)
 
 
+def test_a_diverging_loss_is_a_failed_check_not_a_traceback(corpus: Path, tmp_path: Path) -> None:
+    """A non-finite loss stops training with one line (exit 3 from the CLI) naming the step and the remedy."""
+    from repro.errors import CheckFailed
+
+    with pytest.raises(CheckFailed, match=r"loss is (nan|inf) at step \d+: lower --lr"):
+        train_target(recipe(corpus, tmp_path / "diverged", steps=20, lr=1e30, warmup=0))
+
+
 def test_schedule_follows_the_time_budget() -> None:
     cfg = OptimConfig(steps=100, lr=1.0, warmup=10, min_lr_ratio=0.1, time_budget_s=60.0)
     assert lr_at(20, cfg, elapsed_s=0.0) == pytest.approx(lr_at(20, OptimConfig(100, 1.0, 10, 0.1)))
