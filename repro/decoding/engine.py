@@ -343,6 +343,7 @@ def _pipelined(
     finish = None
     inside = FUSE_TREE and tree_in_drafter(builder, drafter)  # the trees inside the drafter's graph
     tree_fn = cast(BestFirst | Chain, builder).device_tree if inside else None
+    accept = (twin.accept, twin.graph_key) if twin else (None, ())  # the device acceptance, every step
     while finish is None:
         clock.mark()
         last = launched[-1] if launched else None
@@ -356,7 +357,6 @@ def _pipelined(
         clock.mark()
         # the unread steps' lengths are bounded by their trees' sizes: the buffers grow for the bound
         handle = model.handle(position + sum(step.verification.tree.size for step in launched))
-        accept = (twin.accept, twin.graph_key) if twin else (None, ())
         ver = model.verify(handle, tree, capture, route.commit, route.verifier, then=accept)
         clock.mark()
         launched.append(model.launch_accepted(handle, ver, *accept))

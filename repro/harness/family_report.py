@@ -63,6 +63,11 @@ class FamilyReportConfig:
     seed: int = 0
     device: str = "cpu"
 
+    @property
+    def heldout(self) -> Path | None:
+        """The held-out corpus file ``corpus`` names (None without ``corpus``), whether or not it exists."""
+        return Path(self.corpus) / "heldout.txt" if self.corpus else None
+
     def check(self) -> None:
         """One-line ConfigError/SuiteError for an unknown target, suite or dtype, a count < 1, or nothing
         to evaluate (no suite and no held-out corpus)."""
@@ -73,7 +78,7 @@ class FamilyReportConfig:
                 f"the family's targets are {', '.join(TARGETS)}"
             )
         self.suites = [canonical_suite(s) for s in self.suites]
-        if not self.suites and not (self.corpus and (Path(self.corpus) / "heldout.txt").is_file()):
+        if not self.suites and not (self.heldout and self.heldout.is_file()):
             raise ConfigError("nothing to evaluate: --suites names none and there is no held-out corpus")
         resolve_dtype(self.dtype)
         for name in COUNTS:
@@ -105,7 +110,7 @@ def prompt_sets(tok: Tokenizer, cfg: FamilyReportConfig) -> tuple[dict[str, list
 
     sets: dict[str, list[list[int]]] = {}
     notes: list[str] = []
-    heldout = Path(cfg.corpus) / "heldout.txt" if cfg.corpus else None
+    heldout = cfg.heldout
     if heldout is None or not heldout.is_file():
         notes.append(
             f"no held-out corpus: {heldout or '--corpus not given'} is missing (build it with "
@@ -150,7 +155,7 @@ def open_run(cfg: FamilyReportConfig) -> RunDir:
     held-out file's sha256 in its manifest; refuses an existing run or a foreign non-empty folder."""
     manifest = build_manifest(asdict(cfg), seed=cfg.seed)
     manifest["family"] = _family_info(cfg)
-    heldout = Path(cfg.corpus) / "heldout.txt" if cfg.corpus else None
+    heldout = cfg.heldout
     if heldout is not None and heldout.is_file():
         manifest["heldout_sha256"] = hashlib.sha256(heldout.read_bytes()).hexdigest()
     manifest["notes"], manifest["layers"] = [], {}
