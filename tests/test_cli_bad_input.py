@@ -27,6 +27,38 @@ def test_real_bench_shapes_are_refused_off_cuda(args, tmp_path, monkeypatch, cap
     assert not out.exists()
 
 
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["bench", "model", "--context", "40000"], "--context + the largest tree is 40,256 tokens"),
+        (["bench", "model", "--context", "32600", "--sizes", "200"], "is 32,800 tokens; the tiny"),
+        (["bench", "model", "--sizes", "4,5000"], "trees of <= 1024 nodes, got 5000"),
+        (["bench", "model", "--step-nodes", "2000"], "trees of <= 1024 nodes, got 2000"),
+        (["bench", "scale", "--prompt-len", "40000"], "--prompt-len + new tokens is 40,096 tokens"),
+        (["bench", "scale", "--max-new-tokens", "99999999"], "the tiny shape holds 32,768"),
+        (["bench", "scale", "--warmup-tokens", "32600"], "--prompt-len + new tokens is 32,856 tokens"),
+    ],
+)
+def test_bench_sequences_past_the_shape_context_are_refused(args, message, tmp_path, monkeypatch, capsys):
+    """Huge contexts, prompts or trees ran until memory or the time limit gave out; now one line."""
+    out = tmp_path / "run"
+    shape = "--shapes" if args[1] == "model" else "--shape"
+    code, _, err = run_cli(monkeypatch, capsys, *args, shape, "tiny", "--device", "cpu", "--out", str(out))
+    assert code == 2 and message in err and len(err.splitlines()) == 1, err
+    assert not out.exists()
+
+
+def test_the_context_capacity_is_the_stated_one_else_the_default():
+    from repro.models.config import DEFAULT_CONTEXT
+    from repro.models.default import tiny_config
+
+    cfg = tiny_config()
+    cfg.max_position_embeddings = None
+    assert cfg.context_capacity == DEFAULT_CONTEXT == cfg.to_qwen35_dict()["max_position_embeddings"]
+    cfg.max_position_embeddings = 4096
+    assert cfg.context_capacity == 4096 == cfg.to_qwen35_dict()["max_position_embeddings"]
+
+
 def test_a_one_value_sweep_runs_each_route_once():
     cfg = resolve(read_experiment("sweep"), {"sweep": {"param": "budget", "values": [16]}, "device": "cpu"})
     assert [r["name"] for r in cfg["routes"]][1:] == [

@@ -10,6 +10,7 @@ import pandas as pd
 import typer
 
 from repro.errors import CheckFailed, ConfigError
+from repro.models.config import HybridConfig
 from repro.options import (
     comma_ints,
     comma_list,
@@ -20,6 +21,7 @@ from repro.options import (
     short_dtype,
 )
 from repro.progress import Progress
+from repro.tree import MAX_TREE_NODES
 
 bench_app = typer.Typer(help="Kernel and model benchmarks: one command, one table.", no_args_is_help=True)
 
@@ -27,6 +29,12 @@ bench_app = typer.Typer(help="Kernel and model benchmarks: one command, one tabl
 @bench_app.callback()
 def bench() -> None:
     """Benchmarks of the GDN kernels and of whole models (a group, so that its commands keep their names)."""
+
+
+def _check_fits(shape: str, config: HybridConfig, tokens: int, what: str) -> None:
+    """A sequence of ``tokens`` fits the shape's context capacity, else a one-line ConfigError."""
+    if tokens > config.context_capacity:
+        raise ConfigError(f"{what} is {tokens:,} tokens; the {shape} shape holds {config.context_capacity:,}")
 
 
 def _real_shapes_need_cuda(names: list[str], dev) -> None:
@@ -226,6 +234,12 @@ def model(
     dtype = short_dtype(auto_dtype(dev.type) if dtype == "auto" else dtype, tuple(DTYPES))
     if context < 1 or step_nodes < 1:
         raise ConfigError("--context and --step-nodes must be positive")
+    tree_sizes = comma_ints(sizes, "--sizes")
+    largest = max(tree_sizes + [step_nodes])
+    if largest > MAX_TREE_NODES:
+        raise ConfigError(f"--sizes and --step-nodes take trees of <= {MAX_TREE_NODES} nodes, got {largest}")
+    for name in names:
+        _check_fits(name, MODEL_SHAPES[name](), context + largest, "--context + the largest tree")
     check_budget(time_budget)
     timer = TimerConfig(warmup_ms=warmup_ms, rep_ms=rep_ms)
     if dev.type != "cuda":
@@ -234,7 +248,7 @@ def model(
         shapes=names,
         dtype=dtype,
         context=context,
-        sizes=comma_ints(sizes, "--sizes"),
+        sizes=tree_sizes,
         step_nodes=step_nodes,
         compile=compile,
         seed=seed,
@@ -303,6 +317,7 @@ def scale(
     """
     import torch
 
+    from repro.bench.model import MODEL_SHAPES
     from repro.bench.scale import (
         DEFAULT_ROUTES,
         DTYPES,
@@ -322,6 +337,9 @@ def scale(
         check_routes(chosen)
         per_shape[name] = ["ar"] + [r for r in dict.fromkeys(chosen) if r != "ar"]
     parse_acceptance(acceptance)
+    longest = prompt_len + max(max_new_tokens, warmup_tokens)
+    for name in names:
+        _check_fits(name, MODEL_SHAPES[name](), longest, "--prompt-len + new tokens")
     if not math.isfinite(logit_scale):
         raise ConfigError(f"--logit-scale must be a finite number >= 0, got {logit_scale}")
     dev = torch.device(resolve_device(device))

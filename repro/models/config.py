@@ -19,6 +19,7 @@ GDN = "linear_attention"
 ATTENTION = "full_attention"
 QWEN35_MODEL_TYPES = ("qwen3_5", "qwen3_5_text", "qwen3_6", "qwen3_6_text")
 FLA_MODEL_TYPES = ("gated_deltanet",)
+DEFAULT_CONTEXT = 32768  # context capacity of a config that states none (tokens)
 
 
 @dataclass
@@ -56,6 +57,11 @@ class HybridConfig:
     pad_token_id: int | None = None
     source_format: str = "qwen3_5"
     max_position_embeddings: int | None = None  # context capacity (prompt + new tokens); None: unknown
+
+    @property
+    def context_capacity(self) -> int:
+        """Tokens a sequence may hold: the stated capacity, else :data:`DEFAULT_CONTEXT`."""
+        return self.max_position_embeddings or DEFAULT_CONTEXT
 
     def __post_init__(self) -> None:
         for t in self.layer_types:
@@ -172,7 +178,7 @@ class HybridConfig:
                 "rope_theta": self.rope_theta,
                 "partial_rotary_factor": self.partial_rotary_factor,
             },
-            "max_position_embeddings": self.max_position_embeddings or 32768,
+            "max_position_embeddings": self.context_capacity,
             "bos_token_id": self.bos_token_id,
             "eos_token_id": self.eos_token_id[0] if len(self.eos_token_id) == 1 else self.eos_token_id,
             "pad_token_id": self.pad_token_id,
