@@ -123,3 +123,12 @@ def test_the_rule_check_catches_an_upward_import(tmp_path):
 def test_nothing_outside_train_imports_train():
     users = {package for package, rules in ALLOWED.items() if "train" in rules}
     assert users == {"cli"}
+
+
+def test_every_package_has_a_row_in_the_doc():
+    """docs/architecture.md's table names every package of ALLOWED (``name.py`` or ``name/``)."""
+    doc = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    rows = {line.split("|")[1].strip().strip("`") for line in doc.splitlines() if line.startswith("| `")}
+    named = {row.removesuffix(".py").removesuffix("/") for row in rows}
+    missing = sorted(set(ALLOWED) - named - {"__main__"})
+    assert not missing, f"packages without a row in docs/architecture.md: {missing}"
