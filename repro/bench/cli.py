@@ -278,7 +278,10 @@ def model(
 @bench_app.command("scale")
 def scale(
     shape: Annotated[
-        str, typer.Option(help="Comma-separated model shapes: qwen3.6-27b, gdn-1.3b, tiny.")
+        str,
+        typer.Option(
+            "--shapes", "--shape", help="Comma-separated model shapes: qwen3.6-27b, gdn-1.3b, tiny."
+        ),
     ] = "qwen3.6-27b",
     routes: Annotated[
         str | None,

@@ -196,6 +196,7 @@ def test_replayed_rule_is_the_routes_rule():
     ("args", "message"),
     [
         (["--shape", "llama-70b"], "unknown shape"),
+        (["--shapes", "llama-70b"], "unknown shape"),  # the other benches' spelling (docs/usage.md)
         (["--shape", "tiny", "--routes", "medusa"], "unknown route"),
         (["--shape", "tiny", "--acceptance", "oracle"], "unknown acceptance"),
         (["--shape", "tiny", "--acceptance", "mal:0.5"], "MAL"),
