@@ -245,7 +245,7 @@ def test_shipped_smoke_routes_all_reproduce_ar(tmp_path):
     records = run_dir.records()
     assert {r.suite for r in records} == {"mt_bench", "gsm8k", "humaneval"}
     kinds = {r.route_params["kind"] for r in records}
-    drafted = {"dflash_chain", "ddtree", "eagle_chain", "eagle_tree", "weaver"}
+    drafted = {"dflash_chain", "ddtree", "eagle_chain", "eagle_tree", "weaver", "specla", "fla_sd"}
     assert kinds == {"ar", "synthetic_chain", "synthetic_tree"} | drafted
     assert {r.route_params.get("commit") for r in records} >= {"replay", "snapshot"}
     for r in records:
