@@ -35,7 +35,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from repro.errors import ReproError, RunDirError
 from repro.reporting.records import (
@@ -525,6 +525,39 @@ def foreign_content(path: Path, keep: tuple[str, ...] = (LOCK_FILE,)) -> list[st
     return sorted(p.name for p in path.iterdir() if p.name not in keep)
 
 
+def not_empty(path: Path, keep: tuple[str, ...] = (LOCK_FILE,)) -> str | None:
+    """``"is not empty (a, b and N more)"`` when the directory ``path`` holds names other than ``keep``, else
+    None (also when there is no such directory)."""
+    content = foreign_content(path, keep) if path.is_dir() else []
+    if not content:
+        return None
+    shown = ", ".join(content[:5]) + (f" and {len(content) - 5} more" if len(content) > 5 else "")
+    return f"is not empty ({shown})"
+
+
+def lock_dir(path: Path) -> IO[str]:
+    """An exclusive ``flock`` on ``path/.lock``, held while the returned file is open; the kernel releases it
+    when the holder ends, so a killed writer leaves no stale lock. RunDirError (naming the holder's pid)
+    while another process holds it."""
+    lock_path = path / LOCK_FILE
+    try:
+        f = open(lock_path, "a+")  # noqa: SIM115 - held open for the writer's lifetime
+    except OSError as e:
+        raise os_error(lock_path, e) from None
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        pid = f.read().strip() or "?"
+        f.close()
+        raise RunDirError(f"another repro process is writing {path} (pid {pid})") from None
+    f.seek(0)
+    f.truncate()
+    f.write(str(os.getpid()))
+    f.flush()
+    return f
+
+
 def check_target(path: Path, new: Mapping[str, Any]) -> None:
     """Refuse (RunDirError), reading only, to write the run of manifest ``new`` (with its ``kind`` and
     ``config_hash``) into ``path``: a path that is not a directory; a directory that is not empty and is
@@ -537,10 +570,9 @@ def check_target(path: Path, new: Mapping[str, Any]) -> None:
     if (path / MANIFEST_FILE).exists():
         if why := other_run(read_manifest(path, writing=True), new):
             raise refusal(path, why)
-    elif content := foreign_content(path, (LOCK_FILE, SHARDS_DIR)):
-        shown = ", ".join(content[:5]) + (f" and {len(content) - 5} more" if len(content) > 5 else "")
+    elif why := not_empty(path, (LOCK_FILE, SHARDS_DIR)):
         raise RunDirError(
-            f"output directory {path} is not empty ({shown}) and has no {MANIFEST_FILE},"
+            f"output directory {path} {why} and has no {MANIFEST_FILE},"
             " so it is not a run directory; choose another --out (nothing was written)"
         )
     shards = path / SHARDS_DIR
@@ -589,7 +621,7 @@ class RunDir:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise os_error(self.path, e) from None
-        self._lock = self._acquire_lock()
+        self._lock = lock_dir(self.path)
         self.resumed = self.manifest_path.exists()
         scan = self._open_existing(new) if self.resumed else Scan([], 0, 0, False)
         if check is not None and scan.records:
@@ -606,25 +638,6 @@ class RunDir:
         self.write_manifest()
 
     # -- opening
-
-    def _acquire_lock(self) -> Any:
-        lock_path = self.path / LOCK_FILE
-        try:
-            f = open(lock_path, "a+")  # noqa: SIM115 - held open for the writer's lifetime
-        except OSError as e:
-            raise os_error(lock_path, e) from None
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.seek(0)
-            pid = f.read().strip() or "?"
-            f.close()
-            raise RunDirError(f"another repro process is writing {self.path} (pid {pid})") from None
-        f.seek(0)
-        f.truncate()
-        f.write(str(os.getpid()))
-        f.flush()
-        return f
 
     def _open_existing(self, new: dict[str, Any]) -> Scan:
         old = read_manifest(self.path, writing=True)

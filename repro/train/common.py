@@ -16,16 +16,17 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from repro.errors import CheckFailed, ConfigError
+from repro.errors import CheckFailed, ConfigError, RunDirError
 from repro.harness.experiment import check_weight_seed
 from repro.progress import Progress
 from repro.reporting.records import build_manifest, write_json
+from repro.reporting.rundir import lock_dir, not_empty, os_error
 
 PRECISIONS = ("fp32", "bf16")
 LOG_FILE = "train_log.jsonl"
@@ -103,6 +104,23 @@ class TrainRecipe:
         self.optim()  # steps, lr, warmup, precision, log interval, time budget
         if Path(self.out).exists() and not Path(self.out).is_dir():
             raise ConfigError(f"--out {self.out} is a file; give a directory to write the checkpoint into")
+        refuse_used_out(Path(self.out))
+
+    def claim_out(self) -> IO[str]:
+        """Make ``out`` and lock it against a second writer for this run (the lock is released when the
+        returned file is closed or the process ends); refuses a folder that holds files by then."""
+        out = Path(self.out)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise os_error(out, e) from None
+        lock = lock_dir(out)
+        try:
+            refuse_used_out(out)  # again under the lock: a writer may have begun since the recipe was checked
+        except RunDirError:
+            lock.close()
+            raise
+        return lock
 
     def optim(self) -> OptimConfig:
         return OptimConfig(
@@ -110,6 +128,13 @@ class TrainRecipe:
             weight_decay=self.weight_decay, grad_clip=self.grad_clip, precision=self.precision,
             log_every=self.log_every, time_budget_s=self.time_budget_s,
         )  # fmt: skip
+
+
+def refuse_used_out(out: Path) -> None:
+    """RunDirError when the folder ``out`` holds files: a checkpoint is written only into a new or empty
+    folder, never over one it did not write (another checkpoint, a run, an earlier training)."""
+    if why := not_empty(out):
+        raise RunDirError(f"--out {out} {why}; choose another --out or delete it (nothing was written)")
 
 
 def lr_at(step: int, cfg: OptimConfig, elapsed_s: float = 0.0) -> float:

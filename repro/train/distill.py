@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 from torch import nn
@@ -69,9 +69,11 @@ class Distillation:
     tokenizer: Tokenizer
     seqs: torch.Tensor  # [N, prompt_len + gen_len] on the CPU
     generation_s: float
+    lock: IO[str]  # on ``recipe.out`` (:meth:`TrainRecipe.claim_out`), released by :meth:`finish`
 
     @classmethod
     def start(cls, recipe: DistillRecipe) -> Distillation:
+        lock = recipe.claim_out()
         device = resolve_train_device(recipe.device)
         gen = seed_everything(recipe.seed)
         target = load_target(recipe.target, dtype=torch.float32, device=str(device)).requires_grad_(False)
@@ -81,7 +83,7 @@ class Distillation:
         prompts = corpus_prompts(tok, docs, recipe.prompts, recipe.prompt_len, gen)
         t0 = time.perf_counter()
         seqs = greedy_continuations(target, prompts, recipe.gen_len)
-        return cls(recipe, device, gen, target, tok, seqs, time.perf_counter() - t0)
+        return cls(recipe, device, gen, target, tok, seqs, time.perf_counter() - t0, lock)
 
     def train_and_save(
         self, model: nn.Module, step_fn: StepFn, save: Callable[..., Path], title: str
@@ -114,6 +116,7 @@ class Distillation:
         }
         write_json(out / "metrics.json", metrics)
         write_manifest(out, {"recipe": name, **dataclasses.asdict(self.recipe)}, self.recipe.seed)
+        self.lock.close()
         return metrics
 
     def chain_metrics(self, chain: dict[str, Any], max_depth: int) -> dict[str, Any]:

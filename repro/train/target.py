@@ -170,6 +170,7 @@ def train_target(recipe: TargetRecipe) -> dict[str, Any]:
     """Train, evaluate and write the checkpoint; returns the metrics written to metrics.json."""
     t_start = time.perf_counter()
     out = Path(recipe.out)
+    lock = recipe.claim_out()  # held until the checkpoint is written
     device = resolve_train_device(recipe.device)
     gen = seed_everything(recipe.seed)
     tok = load_tokenizer(recipe.tokenizer)
@@ -214,4 +215,5 @@ def train_target(recipe: TargetRecipe) -> dict[str, Any]:
     }
     write_json(out / "metrics.json", metrics)
     write_manifest(out, {"recipe": "target", **dataclasses.asdict(recipe)}, recipe.seed)
+    lock.close()
     return metrics

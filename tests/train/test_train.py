@@ -227,3 +227,40 @@ def test_dflash_training_is_lossless_and_reloads(
         ref = generate(target, prompt, ar, 20)
         got = generate(target, prompt, chain, 20)
         assert got.output_ids == ref.output_ids
+
+
+def tiny_target_args(corpus: Path, out: Path) -> list[str]:
+    """``repro train target`` with the smallest settings (a second or so on CPU)."""
+    sizes = ["--steps", "2", "--batch-size", "2", "--seq-len", "16", "--layers", "1", "--hidden-size", "16"]
+    return ["train", "target", "--corpus", str(corpus), "--out", str(out), *sizes, "--eval-sequences", "2",
+            "--device", "cpu"]  # fmt: skip
+
+
+def test_training_never_writes_into_a_folder_holding_files(monkeypatch, capsys, corpus: Path, tmp_path: Path):
+    """A checkpoint is written only into a new or empty folder: one holding files (another checkpoint, a
+    run's records, notes) is refused in one line, untouched."""
+    from conftest import run_cli
+
+    (tmp_path / "config.json").write_text('{"mine": 1}')
+    code, _, err = run_cli(monkeypatch, capsys, *tiny_target_args(corpus, tmp_path))
+    assert code == 2 and len(err.splitlines()) == 1 and str(tmp_path) in err and "config.json" in err, err
+    assert [p.name for p in tmp_path.iterdir()] == ["config.json"]
+    assert (tmp_path / "config.json").read_text() == '{"mine": 1}'
+    out = tmp_path / "new"
+    assert run_cli(monkeypatch, capsys, *tiny_target_args(corpus, out))[0] == 0
+    code, _, err = run_cli(monkeypatch, capsys, *tiny_target_args(corpus, out))  # its own, finished: kept too
+    assert code == 2 and "model.safetensors" in err
+
+
+def test_a_second_training_writer_is_refused(monkeypatch, capsys, corpus: Path, tmp_path: Path):
+    """Two trainings into one folder: the second is refused while the first holds its lock."""
+    import fcntl
+
+    from conftest import run_cli
+
+    with open(tmp_path / ".lock", "a+") as held:  # what a first writer holds (repro.reporting.rundir)
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        code, _, err = run_cli(monkeypatch, capsys, *tiny_target_args(corpus, tmp_path))
+    assert code == 2 and "another repro process is writing" in err and len(err.splitlines()) == 1, err
+    assert [p.name for p in tmp_path.iterdir()] == [".lock"]
+    assert run_cli(monkeypatch, capsys, *tiny_target_args(corpus, tmp_path))[0] == 0  # released: it writes
