@@ -442,14 +442,19 @@ def compare(
     threshold: Annotated[
         float, typer.Option(min=0, help="Relative change counted where no CI exists (benches; < 5 prompts).")
     ] = 0.10,
-    out: Annotated[Path | None, typer.Option(help="Also write the markdown report to this file.")] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Also write the markdown report to this file (new or an earlier one).")
+    ] = None,
 ) -> None:
     """What changed between two nights: tokens/s beyond noise, new divergences from AR, bench rows,
     falsifier verdicts and CLAIMS.md verdicts. Exits 3 on a regression, 2 when nothing matched.
     Matched runs of two experiments (config, checkpoints, suites, device) are compared under a warning."""
-    from repro.harness.compare import Noise, summary_line
+    from repro.harness.compare import HEADING, Noise, summary_line
     from repro.harness.compare import compare as compare_results
+    from repro.reporting.rundir import check_overwrite
 
+    if out is not None:
+        check_overwrite(out, HEADING)
     result = compare_results(old, new, Noise(min_effect=min_effect, threshold=threshold))
     markdown = result.markdown()
     typer.echo(markdown)

@@ -51,6 +51,7 @@ from repro.reporting.rundir import Run, changed_checkpoint, changed_suites, reco
 from repro.reporting.stats import MIN_UNITS, Paired, paired_ratio
 
 CLAIMS = "CLAIMS.md"
+HEADING = "# Comparison:"  # the first line of the markdown report (then OLD -> NEW)
 SHOWN_DIFFERENCES = 8  # what differs, named in a warning before "and N more"
 # config settings named first in a warning: what most often makes two runs' numbers incomparable
 KEY_SETTINGS = ("target", "targets", "drafter", "dtype", "device", "engine", "shapes", "suites", "routes")
@@ -383,7 +384,7 @@ class Comparison:
         return [c for c in self.changes if c.regression]
 
     def markdown(self) -> str:
-        lines = [f"# Comparison: {self.old} -> {self.new}", ""]
+        lines = [f"{HEADING} {self.old} -> {self.new}", ""]
         lines += [f"**Warning**: {w}" for w in self.warnings] + ([""] if self.warnings else [])
         lines += [
             f"{len(self.matched)} run(s) matched; {len(self.regressions)} regression(s); "

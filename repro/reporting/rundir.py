@@ -256,6 +256,24 @@ def atomic_write(path: Path, data: str | bytes) -> None:
         raise os_error(path, e) from None
 
 
+def check_overwrite(path: Path, heading: str) -> None:
+    """Refuse (RunDirError), reading only, to write a one-file report over ``path`` unless it is new or an
+    earlier report of its kind (its first line starts with ``heading``): never over a file (a run's
+    records, notes) the command did not write."""
+    if not path.exists():
+        return
+    try:
+        with open(path, "rb") as f:
+            first = f.readline()
+    except OSError as e:
+        raise RunDirError(f"cannot read {path}: {e.strerror or e}") from None
+    if not first.startswith(heading.encode("utf-8")):
+        raise RunDirError(
+            f"{path} exists and is not a report this command wrote (its first line is not '{heading}');"
+            " choose another --out (nothing was written)"
+        )
+
+
 def manifest_text(manifest: dict[str, Any]) -> str:
     return json.dumps(manifest, indent=2, default=str) + "\n"
 

@@ -323,3 +323,19 @@ def test_check_exits_3_when_a_verdict_changed(monkeypatch, capsys, tmp_path):
     with pytest.raises(SystemExit) as exc:
         main()
     assert exc.value.code == 3 and "W3: reproduced -> not reproduced" in capsys.readouterr().err
+
+
+def test_the_ledger_is_never_written_over_a_file_it_did_not_write(monkeypatch, capsys, tmp_path):
+    """--out naming another file (a run's records) is refused in one line and left as it was; an earlier
+    ledger is rewritten."""
+    from conftest import run_cli
+
+    records = tmp_path / "records.jsonl"
+    records.write_text('{"route": "ar"}\n')
+    code, _, err = run_cli(monkeypatch, capsys, "claims", "--results", str(RESULTS), "--out", str(records))
+    assert code == 2 and len(err.splitlines()) == 1 and str(records) in err, err
+    assert records.read_text() == '{"route": "ar"}\n'
+    ledger = tmp_path / "CLAIMS.md"
+    ledger.write_text("# Claims ledger\n\nstale\n")
+    assert run_cli(monkeypatch, capsys, "claims", "--results", str(RESULTS), "--out", str(ledger))[0] == 0
+    assert ledger.read_text() == (RESULTS / "CLAIMS.md").read_text()

@@ -181,3 +181,18 @@ def test_unmatched_and_mismatched_runs_are_listed(tmp_path):
     shutil.copytree(RESULTS / "2026-11-30-h200-model-4", new / "model", ignore=shutil.ignore_patterns("gpu*"))
     result = compare(old, new)
     assert "model: only in" in " ".join(result.skipped)
+
+
+def test_out_is_never_written_over_a_file_compare_did_not_write(monkeypatch, capsys, tmp_path):
+    """--out naming another file (here the run's own records) is refused in one line, before comparing,
+    and left as it was; an earlier comparison is rewritten."""
+    old, new = _night(tmp_path, "old"), _night(tmp_path, "new")
+    records = new / "routes" / "records.jsonl"
+    before = records.read_bytes()
+    code, out, err = cli(monkeypatch, capsys, "compare", str(old), str(new), "--out", str(records))
+    assert code == 2 and len(err.splitlines()) == 1 and str(records) in err and not out, err
+    assert records.read_bytes() == before
+    earlier = tmp_path / "c.md"
+    earlier.write_text("# Comparison: a -> b\n")
+    code, out, _ = cli(monkeypatch, capsys, "compare", str(old), str(new), "--out", str(earlier))
+    assert code == 0 and earlier.read_text() == out.rstrip("\n") + "\n"
