@@ -485,13 +485,14 @@ def _report_of(kind: RunKind) -> Callable[[Run, Path | None], str]:
 
 
 def rebuild_report(path: str | Path, kinds: Kinds, figures: str | Path | None = None) -> str:
-    """Rebuild report.md, tables and figures of a run of one of ``kinds`` from records + manifest;
-    returns the markdown."""
-    run = load_run(path, kinds)
-    try:
-        return _report_of(run.kind)(run, run.figures_dir(figures))
-    except OSError as e:
-        raise os_error(e.filename or run.path, e) from None
+    """Rebuild report.md, tables and figures of a run of one of ``kinds`` from records + manifest, under the
+    run's lock (not while a writer holds it); returns the markdown."""
+    with lock_dir(_resolve(path)):  # before reading: the records are those no writer is adding to
+        run = load_run(path, kinds)
+        try:
+            return _report_of(run.kind)(run, run.figures_dir(figures))
+        except OSError as e:
+            raise os_error(e.filename or run.path, e) from None
 
 
 # ----------------------------------------------------------------------------------- writing

@@ -154,6 +154,18 @@ def test_a_second_writer_is_refused_in_one_line(tmp_path: Path):
     assert len(again.records()) == 2
 
 
+def test_a_report_is_not_rebuilt_while_a_writer_holds_the_run(tmp_path: Path):
+    """`repro report` writes report.md and tables too: not while the run is being written (its report
+    could be of fewer records than the writer's and land after it), and it does when the writer is done."""
+    writer = RunDir(tmp_path, {"config": CONFIG}, DECODE_KIND)
+    writer.append(make_record(prompt_id="p0"))
+    with pytest.raises(RunDirError, match=rf"another repro process is writing {tmp_path} \(pid \d+\)"):
+        rebuild_report(tmp_path)
+    assert not (tmp_path / "report.md").exists()
+    writer.close()
+    assert "1 records" in rebuild_report(tmp_path) and (tmp_path / "report.md").is_file()
+
+
 def test_append_never_truncates_lines_it_did_not_see(tmp_path: Path):
     run = RunDir(tmp_path, {"config": CONFIG}, DECODE_KIND)
     run.append(make_record(prompt_id="p0"))
