@@ -461,9 +461,11 @@ def run_bench(
     recorded as skipped. Returns the table.
     """
     from repro.reporting.records import build_manifest
-    from repro.reporting.rundir import RunDir
+    from repro.reporting.rundir import RunDir, check_figures_dir
 
     out_dir = Path(out_dir)
+    figures = Path(figures_dir) if figures_dir is not None else out_dir / "figures"
+    check_figures_dir(figures, out_dir)  # bad input: refused before anything is written
     device = torch.device("cuda" if torch.cuda.is_available() and not cfg.quick else "cpu")
     if device.type == "cuda":
         device = torch.device("cuda", torch.cuda.current_device())
@@ -492,5 +494,5 @@ def run_bench(
             run.append(row)
             if progress:
                 progress(row)
-        run.write_report(figures_dir if figures_dir is not None else out_dir / "figures")
+        run.write_report(figures)
     return pd.DataFrame(rows, columns=COLUMNS)

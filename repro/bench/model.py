@@ -853,10 +853,11 @@ def run_model_bench(
     """Every row of every shape; records.jsonl as rows come, manifest, and the report, table.csv and
     figure rewritten after each shape (so a run cut short still has them). Returns the table."""
     from repro.reporting.records import build_manifest
-    from repro.reporting.rundir import RunDir
+    from repro.reporting.rundir import RunDir, check_figures_dir
 
     out_dir = Path(out_dir)
     figures_dir = Path(figures_dir) if figures_dir is not None else out_dir / "figures"
+    check_figures_dir(figures_dir, out_dir)  # bad input: refused before anything is written
     if device.type == "cuda":
         device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
         torch.cuda.set_device(device)

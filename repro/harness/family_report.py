@@ -29,7 +29,7 @@ from repro.models.family import TARGETS, drafter_name, index
 from repro.models.target import open_target, resolve_dtype
 from repro.models.tokenizer import Tokenizer
 from repro.reporting.records import build_manifest
-from repro.reporting.rundir import Run, RunDir, RunKind, fields_parser
+from repro.reporting.rundir import Run, RunDir, RunKind, check_figures_dir, fields_parser
 
 HELDOUT = "heldout"
 DEFAULT_SUITES = ("mt_bench", "gsm8k", "humaneval")
@@ -386,6 +386,7 @@ def run_family_report(
     """Evaluate into a run directory, then write table.csv, the figure and report.md; returns
     (markdown, divergences)."""
     cfg.check()
+    check_figures_dir(Path(cfg.figures), Path(cfg.out))  # bad input: refused before anything is written
     loaded = load_targets(cfg)
     with open_run(cfg) as run:
         if not evaluate(cfg, run, loaded, progress):

@@ -413,14 +413,14 @@ class Run:
         return folder
 
 
-def claim_figures_dir(folder: Path, run_path: Path) -> None:
-    """Let the run at ``run_path`` write figures into ``folder``: a folder inside the run is its own; one
-    outside is claimed with a ``FIGURES_OWNER`` file naming the run, and refused (RunDirError) when it
-    already holds files without that claim or belongs to another run (figures are never written over
-    files a run did not write)."""
+def check_figures_dir(folder: Path, run_path: Path) -> bool:
+    """Whether the run at ``run_path`` owns the figures folder ``folder`` already (inside the run, or claimed
+    by it), reading only; RunDirError when it may not write there: a folder outside the run that already
+    holds files without that claim or belongs to another run (figures are never written over files a run
+    did not write). Commands call it before their run directory is opened."""
     run = run_path.resolve()
     if folder.resolve().is_relative_to(run):
-        return
+        return True
     owner = folder / FIGURES_OWNER
     if owner.is_file():
         claimed = owner.read_text(encoding="utf-8").strip()
@@ -429,12 +429,22 @@ def claim_figures_dir(folder: Path, run_path: Path) -> None:
                 f"figures folder {folder} belongs to the run {claimed} (its {FIGURES_OWNER});"
                 " choose another --figures"
             )
-        return
+        return True
     if folder.is_dir() and any(folder.iterdir()):
         raise RunDirError(
             f"figures folder {folder} holds files this run did not write; choose another --figures (nothing"
             " was overwritten)"
         )
+    return False
+
+
+def claim_figures_dir(folder: Path, run_path: Path) -> None:
+    """Let the run at ``run_path`` write figures into ``folder`` (:func:`check_figures_dir`): one outside
+    the run, new or empty, is claimed with a ``FIGURES_OWNER`` file naming the run."""
+    if check_figures_dir(folder, run_path):
+        return
+    run = run_path.resolve()
+    owner = folder / FIGURES_OWNER
     try:
         folder.mkdir(parents=True, exist_ok=True)
         owner.write_text(os.path.relpath(run, folder.resolve()) + "\n", encoding="utf-8")

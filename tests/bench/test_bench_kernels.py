@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 import torch
 import typer
-from conftest import leaves, random_tree, tree_depths
+from conftest import leaves, random_tree, run_cli, tree_depths
 from typer.testing import CliRunner
 
 from repro.bench import kernel_methods as km
@@ -538,3 +538,16 @@ def test_the_time_budget_is_shared_by_the_group_and_shape_blocks_in_plan_order()
     two = dict(shapes=["weaver", "specla"], sizes={"weaver": [4], "specla": [4]}, kinds=["draft", "chain"])
     specs = bk.plan(quick_cfg(**two, groups=["verify", "chain"]))
     assert list(dict.fromkeys((s.group, s.shape) for s in specs)) == blocks
+
+
+def test_a_foreign_figures_folder_is_refused_before_anything_is_measured(monkeypatch, capsys, tmp_path):
+    """--figures naming a folder of files the run did not write is bad input: refused in one line with
+    nothing written to --out (not after measuring, leaving a run that cannot be rerun)."""
+    figures, out = tmp_path / "figs", tmp_path / "bench"
+    figures.mkdir()
+    (figures / "mine.png").write_bytes(b"x")
+    args = ["bench", "kernels", "--quick", "--out", str(out), "--figures", str(figures), "--shapes", "specla",
+            "--sizes", "4", "--groups", "verify", "--warmup-ms", "0", "--rep-ms", "1"]  # fmt: skip
+    code, _, err = run_cli(monkeypatch, capsys, *args)
+    assert code == 2 and len(err.splitlines()) == 1 and "holds files this run did not write" in err, err
+    assert not out.exists() and [p.name for p in figures.iterdir()] == ["mine.png"]
