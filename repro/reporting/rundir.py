@@ -10,7 +10,8 @@ as it is measured, so an interrupted run loses at most the line being written. E
 
 Rules shared by every kind:
 
-- one writer at a time: an exclusive ``flock`` on ``DIR/.lock`` held for the writer's lifetime;
+- one writer at a time: an exclusive ``flock`` on ``DIR/.lock`` held for the writer's lifetime (also by
+  :func:`rebuild_report`), released by the kernel when the writer ends (a killed one leaves no stale lock);
 - a directory that exists and is not empty must be a run directory of the same kind, config hash (of
   the config and the contents of the checkpoints and suites it reads) and seed, or hold only ``shards/``
   of one (:func:`check_target`, before the lock is taken); a resumable kind (decode) then resumes, the
