@@ -84,14 +84,6 @@ class AcceptanceProcess:
     def mal(self) -> float:
         return mal_of(self.probs)
 
-    def survival(self) -> list[float]:
-        """P(A >= d) for d = 1..D."""
-        out, s = [], 1.0
-        for p in self.probs:
-            s *= p
-            out.append(s)
-        return out
-
     def draw(self, rng: np.random.Generator) -> int:
         """Accepted draft count: consecutive successes, depth d accepted with probability p_d."""
         u = rng.random(len(self.probs))

@@ -73,18 +73,12 @@ def depth_marginals(proposal: Proposal | None) -> list[Sparse]:
     return [(ids, row) for row in rows]
 
 
-def draw_without_replacement(probs: torch.Tensor, m: int, rng: np.random.Generator) -> list[int]:
-    """``m`` distinct tokens drawn one after another from ``probs`` (earlier ones removed), in draw
-    order (Gumbel top-m: the same law as successive sampling); fewer if the support is smaller."""
-    return draw_rows_without_replacement([probs], [m], rng)[0]
-
-
 def draw_rows_without_replacement(
     probs: list[torch.Tensor], counts: list[int], rng: np.random.Generator
 ) -> list[list[int]]:
-    """:func:`draw_without_replacement` for several rows at once (``counts[i]`` tokens from the CPU
-    float64 row ``probs[i]``, all of one length), independently, with the random stream of one call
-    per row in order: one Gumbel draw [n, V], one partial sort."""
+    """``counts[i]`` distinct tokens drawn one after another from the CPU float64 row ``probs[i]`` (earlier
+    ones removed; fewer if the support is smaller), in draw order, for rows of one length, independently:
+    Gumbel top-m (the same law as successive sampling), one Gumbel draw [n, V], one partial sort."""
     with np.errstate(divide="ignore"):
         logp = np.log(np.stack([p.numpy() for p in probs]))
     n, vocab = logp.shape

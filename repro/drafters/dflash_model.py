@@ -360,18 +360,6 @@ class DFlashDraftModel(nn.Module):
         """Final-normed hidden states [B, T, hidden] of the block ``block_ids`` at ``positions``."""
         return self.forward_block(self.embed_block(block_ids, embedding), positions, context)
 
-    def block_logits(
-        self,
-        context: KVCache,
-        block_ids: torch.Tensor,
-        positions: torch.Tensor,
-        embedding: torch.Tensor,
-        lm_head: nn.Module,
-    ) -> torch.Tensor:
-        """Draft logits [B, T-1, V] of block rows 1..T-1 (the tokens after the block's first)."""
-        hidden = self.block_hidden(context, block_ids, positions, embedding)
-        return self.compute_logits(hidden[:, 1:], lm_head)
-
     def anchored_blocks(
         self, seqs: torch.Tensor, features: torch.Tensor, anchors: torch.Tensor, embedding: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:

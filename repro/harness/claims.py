@@ -68,21 +68,6 @@ class Claim:
 # ----------------------------------------------------------------------------------- readers
 
 
-def _family_gain(route: str, base: str, target: str = "tiny-qwen35") -> Reader:
-    """Relative MAL gain of ``route`` over ``base`` (pooled prompt sets) in a family report."""
-
-    def read(records: list[dict]) -> float | None:
-        from repro.harness.family_report import ALL, flat_table
-
-        t = flat_table(records)
-        t = t[(t["target"] == target) & (t["prompt_set"] == ALL)].set_index("route")
-        if route not in t.index or base not in t.index:
-            return None
-        return float(t.loc[route, "mal"] / t.loc[base, "mal"] - 1)
-
-    return read
-
-
 def _pool_kept(k: int) -> Reader:
     """Mean share of the target's mass kept by the top-k pool, over every position of every depth."""
 
