@@ -6,6 +6,7 @@ import contextlib
 import json
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -19,6 +20,7 @@ from repro.decoding.routes import route_help
 from repro.errors import CheckFailed, ReproError, SuiteError
 from repro.options import comma_ints, comma_list, device_option, dtype_option, figure_folder
 from repro.progress import Progress
+from repro.reporting.records import RecordsWarning
 from repro.train.cli import train_app
 
 if TYPE_CHECKING:
@@ -919,6 +921,16 @@ def _error(message: str) -> None:
 
 
 INTERRUPTED = "interrupted: records written so far are kept; rerun the same command to resume"
+_python_showwarning = warnings.showwarning
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """repro's own warnings (a truncated records line, ...) as one line on stderr; others as Python shows
+    them (with their source line)."""
+    if issubclass(category, RecordsWarning):
+        err_console.print(f"[bold yellow]warning:[/] {escape(str(message))}", highlight=False, soft_wrap=True)
+    else:
+        _python_showwarning(message, category, filename, lineno, file, line)
 
 
 def empty_value(argv: list[str]) -> str | None:
@@ -944,7 +956,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         # standalone_mode=False: Click's usage errors and Typer's Ctrl-C come back here instead of
         # being printed as a usage panel or turned into a silent exit
-        code = app(args=argv, standalone_mode=False)
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            code = app(args=argv, standalone_mode=False)
     except click_exceptions.NoArgsIsHelpError as exc:  # a group without a command: its help, as Click does
         text = exc.ctx.get_help()  # Typer's rich help prints itself and returns ""
         if text:

@@ -357,6 +357,21 @@ def test_large_files_are_hashed_whole_once_per_version(tmp_path: Path, monkeypat
     )
 
 
+def test_a_truncated_records_line_is_one_warning_line_and_the_resume_completes(monkeypatch, capsys, tmp_path):
+    only_ar = "routes=[{name: ar, kind: ar}]"
+    args = ("run", "smoke", "--suites", "gsm8k", "--limit", "2", "--max-new-tokens", "3", "--set", only_ar)
+    out = ("--out", str(tmp_path / "run"))
+    assert cli(monkeypatch, capsys, *args, *out)[0] == 0
+    records = tmp_path / "run" / "records.jsonl"
+    whole = records.read_bytes()
+    records.write_bytes(whole[: whole.rfind(b"\n", 0, len(whole) - 1) + 40])  # killed writing the last line
+    code, _, err = cli(monkeypatch, capsys, *args, *out)
+    assert code == 0
+    assert err.splitlines()[0].startswith("warning: ") and "truncated last line" in err.splitlines()[0]
+    assert err.count("truncated last line") == 1 and "warnings.warn" not in err, err
+    assert records.read_bytes().count(b"\n") == whole.count(b"\n") == 2
+
+
 def test_a_resume_with_changed_suite_contents_is_refused(monkeypatch, capsys, tmp_path: Path):
     from repro.data.suites import suites_dir
 
