@@ -191,6 +191,25 @@ def test_what_was_timed_counts_every_layer(monkeypatch, capsys, tmp_path, decode
         )
 
 
+def test_what_was_timed_refuses_a_run_whose_checkpoint_changed_since(monkeypatch, capsys, tmp_path):
+    """The re-run counts layers on today's weights: a checkpoint edited since the decode run is refused in
+    one line (exit 2), the unedited one is counted."""
+    target = tmp_path / "target"
+    assert cli(monkeypatch, capsys, "export-default", str(target))[0] == 0
+    run = tmp_path / "run"
+    routes = "routes=[{name: ar, kind: ar}, {name: c, kind: synthetic_chain, k: 2, p: 0.9}]"
+    args = ("run", "smoke", "--target", str(target), "--suites", "gsm8k", "--limit", "1",
+            "--max-new-tokens", "3", "--set", routes)  # fmt: skip
+    assert cli(monkeypatch, capsys, *args, "--out", str(run))[0] == 0
+    timed_into = ("falsify", "what-was-timed", str(run), "--out")
+    code, _, err = cli(monkeypatch, capsys, *timed_into, str(tmp_path / "a"))
+    assert code == 0, err
+    (target / "config.json").write_text((target / "config.json").read_text() + "\n")
+    code, _, err = cli(monkeypatch, capsys, *timed_into, str(tmp_path / "b"))
+    assert code == 2 and len(err.splitlines()) == 1 and "config.json changed" in err, err
+    assert not (tmp_path / "b").exists()
+
+
 def test_what_was_timed_counts_the_graphed_engine_s_own_layers(monkeypatch):
     """A run on the graphed engine is counted on its static decoder (the HybridLM hooks never fire
     there): every decode step executes every layer; a decoder that skips one is caught."""

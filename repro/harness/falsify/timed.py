@@ -22,7 +22,7 @@ import pandas as pd
 from repro.errors import ReproError
 from repro.models.graphed import GraphedTarget
 from repro.reporting.records import STAGES, build_manifest
-from repro.reporting.rundir import Run, RunDir, RunKind, fields_parser
+from repro.reporting.rundir import Run, RunDir, RunKind, changed_checkpoint, fields_parser
 
 MODEL = "model timing"
 SINGLE = "single-layer timing, not a model timing"
@@ -90,19 +90,31 @@ class DecoderCounter:
         del self.target.prefill  # back to the class's method
 
 
-def count_layers(cfg: dict[str, Any], routes: list[str], new_tokens: int) -> dict[str, dict[str, Any]]:
+def count_layers(
+    cfg: dict[str, Any], routes: list[str], new_tokens: int, checkpoints: dict[str, Any] | None = None
+) -> dict[str, dict[str, Any]]:
     """Per route name: layers executed per verify step (mean, min), verify steps counted, the model's
     layers, on the first prompt of ``cfg`` re-run on the CPU with the run's engine (reference GDN path;
     float64 unless float32 was run). On the graphed engine the steps are the decode steps launched
-    (``launched_steps``), and the minimum is the mean (the decoder counts layers, not steps)."""
+    (``launched_steps``), and the minimum is the mean (the decoder counts layers, not steps).
+    ``checkpoints``: the run's recorded fingerprints; checkpoints whose contents changed since are refused
+    (ReproError) before anything is counted."""
     from repro.decoding.engine import generate
     from repro.harness.runner import ExperimentRunner
+    from repro.models.fingerprint import fingerprint_checkpoints
     from repro.reporting.records import reference_route
 
     dtype = cfg["dtype"] if cfg["dtype"] in ("float32", "float64") else "float64"
     rerun = {**cfg, "device": "cpu", "gdn_backend": "reference", "dtype": dtype, "warmup": 0}
     rerun["max_new_tokens"] = new_tokens
     runner = ExperimentRunner(rerun)
+    if checkpoints:
+        resolved = [{**route.params, "name": route.name} for route in runner.all_routes]
+        if changed := changed_checkpoint(checkpoints, fingerprint_checkpoints(str(cfg["target"]), resolved)):
+            raise ReproError(
+                f"the run's checkpoints changed since it ran ({changed}): its routes would be counted on"
+                " other weights; rerun the decode run first"
+            )
     chosen = [r for r in runner.routes if r.name in routes]
     prompt = runner.prompts()[0]
     ids = runner.tokenizer.chat_prompt([{"role": "user", "content": prompt.turns[0]}])
@@ -154,7 +166,7 @@ def what_was_timed(src: Run, out: str | Path, new_tokens: int = 8) -> RunDir:
     summary = summarize(src.records)
     pooled = summary[summary["suite"] == "all"].set_index("route")
     names = list(pooled.index)
-    counts = count_layers(src.manifest["config"], names, new_tokens)
+    counts = count_layers(src.manifest["config"], names, new_tokens, src.manifest.get("checkpoints"))
     config = {"check": "what-was-timed", "source": str(src.path), "new_tokens": new_tokens,
               "source_config_hash": src.manifest["config_hash"]}  # fmt: skip
     kinds = {r.route: r.route_params.get("kind") for r in src.records}
