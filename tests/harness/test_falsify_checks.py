@@ -48,6 +48,9 @@ def test_pool_statistics_on_a_planted_pool():
     assert mass.share_below[0] == pytest.approx(0.5)  # 0.2 and 0.5 outside: kept < 90%
     assert mass.median_outside[0] == pytest.approx(0.125) and math.isnan(mass.mean_outside[1])
     assert mass.p90_outside[0] == pytest.approx(float(torch.quantile(values[0].double(), 0.9)))
+    # the progress line stops at the deepest depth reached (depth 2 has no positions: no "nan")
+    assert pm.mass_line(mass) == "K=512: mean outside mass 0.188 (depth 1) .. 0.188 (depth 1)"
+    assert pm.mass_line(PoolMass.of(64, [torch.tensor([])])) == "K=64: no positions"
 
 
 def test_rerun_verdict_on_planted_changes():

@@ -24,13 +24,16 @@ import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from repro.errors import ConfigError, ReproError
 from repro.reporting.records import build_manifest
 from repro.reporting.rundir import Run, RunDir, RunKind, fields_parser
+
+if TYPE_CHECKING:
+    from repro.drafters.pool import PoolMass
 
 THRESHOLD = 0.9  # the tail: positions whose pool keeps less than this share of the mass
 OUTSIDE_LIMIT = 0.05  # "a few percent" of the mass outside the pool
@@ -143,6 +146,19 @@ def _prompts(cfg: PoolCheckConfig, tok: Any) -> tuple[str, list[list[int]]]:
     return "suites " + ",".join(cfg.suites), prompts
 
 
+def mass_line(mass: PoolMass) -> str:
+    """One progress line: the mean outside mass at depth 1 and at the deepest depth any position reached
+    (a depth no continuation reached has no mean)."""
+    reached = [d for d, n in enumerate(mass.positions) if n]
+    if not reached:
+        return f"K={mass.pool_size}: no positions"
+    first, last = reached[0], reached[-1]
+    return (
+        f"K={mass.pool_size}: mean outside mass {mass.mean_outside[first]:.3f} (depth {first + 1}) .. "
+        f"{mass.mean_outside[last]:.3f} (depth {last + 1})"
+    )
+
+
 def measure(cfg: PoolCheckConfig, run: RunDir, progress: Callable[[str], None] | None = None) -> None:
     """Every record of a pool-mass run, appended to ``run`` as it is measured."""
     import torch
@@ -181,7 +197,7 @@ def measure(cfg: PoolCheckConfig, run: RunDir, progress: Callable[[str], None] |
                 "mean_outside": mass.mean_outside[d], "median_outside": mass.median_outside[d],
                 "p90_outside": mass.p90_outside[d], "share_below": mass.share_below[d],
             })  # fmt: skip
-        say(f"K={k}: mean outside mass {mass.mean_outside[0]:.3f} (depth 1) .. {mass.mean_outside[-1]:.3f}")
+        say(mass_line(mass))
     weaver = drafter_name(cfg.target, "weaver")
     common = {"drafter": drafter_name(cfg.target, "dflash"), "budget": cfg.budget}
     specs = {
