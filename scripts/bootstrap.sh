@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Create .venv and install repro with its test tools. CPU machines get the CPU build of torch;
-# set REPRO_TORCH (e.g. "torch==2.11.0") to choose another build, or pre-install one in .venv.
+# Create .venv and install repro with its test tools. torch==2.13.0 as pip resolves it (the CPU wheel where
+# pip's wheel folder or index offers one); set REPRO_TORCH (e.g. "torch==2.11.0") to choose another build,
+# or pre-install one in .venv.
 # Every step fails the script loudly: its output is shown and the step named (a missing fla, dflash
 # or triton would otherwise only show up as quietly skipped oracle tests).
 set -euo pipefail
