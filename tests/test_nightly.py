@@ -52,6 +52,9 @@ def test_dry_run_prints_every_stage_in_order_and_runs_nothing(tmp_path):
     at = [next(i for i, line in enumerate(lines) if stage in line) for stage in STAGES]
     assert at == sorted(at), "stages out of order"
     assert not (ROOT / "results" / "nightly" / "2026-12-02").exists()
+    for table in ("run table2", "run specla"):  # real checkpoints: bf16 at the templates' scale, not float64
+        line = next(line for line in lines if table in line)
+        assert "--dtype bfloat16 --limit 16 --max-new-tokens 256" in line, line
 
 
 def test_dry_run_without_checkpoints_names_the_variables():
