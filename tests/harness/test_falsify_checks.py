@@ -250,7 +250,7 @@ def test_what_was_timed_counts_the_graphed_engine_s_own_layers(monkeypatch):
 def test_a_single_layer_timing_is_refused(monkeypatch, capsys, tmp_path, decode_run):
     assert timed.timing_verdict(1, 8) == timed.SINGLE and timed.timing_verdict(8, 8) == timed.MODEL
 
-    def one_layer(cfg, routes, new_tokens):
+    def one_layer(cfg, routes, new_tokens, checkpoints=None):
         return {r: {"prompt": "p", "verify_calls": 3, "layers_per_verify": 1.0, "layers_min": 1,
                     "model_layers": 8} for r in routes}  # fmt: skip
 
