@@ -545,9 +545,23 @@ def summary_table(records: list[dict[str, Any]]) -> pd.DataFrame:
         if None in reference:  # records without their prompt's index: nothing to pair
             continue
         for i in table.index[mine & (table["kind"] != "ar")]:
-            paired = paired_speedup(groups[(shape, table.at[i, "route"])], reference)
-            table.loc[i, ["ci_low", "ci_high"]] = [paired.low, paired.high]
+            route = table.at[i, "route"]
+            paired = paired_speedup(groups[(shape, route)], reference)
+            table.loc[i, ["speedup", "ci_low", "ci_high"]] = [paired.value, paired.low, paired.high]
+            if paired.n != table.at[i, "prompts"] or paired.n != len(reference):
+                fewer = table.attrs.setdefault("paired", {})  # not a column: table.csv keeps its columns
+                fewer[(shape, route)] = (paired.n, int(table.at[i, "prompts"]), len(reference))
     return table
+
+
+def pairing_lines(table: pd.DataFrame) -> list[str]:
+    """Report lines on the rows whose speedup pairs fewer prompts than the route or AR decoded (a failed or
+    missing prompt on one side): the speedup and its interval are over the prompts both decoded."""
+    return [
+        f"- {shape} {route}: speedup over the {n} prompts both it and AR decoded (AR: {n_ar}, {route}:"
+        f" {n_route}; the n column counts the route's)"
+        for (shape, route), (n, n_route, n_ar) in table.attrs.get("paired", {}).items()
+    ]
 
 
 def paired_speedup(route: list[dict[str, Any]], reference: dict[int, dict[str, Any]]) -> Paired:
@@ -699,6 +713,8 @@ def report_markdown(
         )
     if refs:
         tail += ["Paper speedups: " + "; ".join(refs) + "."]
+    if pairing := pairing_lines(table):
+        tail += ["", *pairing]
     if figure:
         tail += ["", f"![speedup over AR and ms per step by stage]({figure})", "", FIGURE_CAPTION]
     if sources:

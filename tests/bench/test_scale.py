@@ -347,6 +347,31 @@ def test_a_routes_speedup_has_its_paired_interval_over_the_prompts():
     assert "95% CI low" in bs.report_markdown(bs.summary_table(records), {})
 
 
+def test_a_speedup_is_paired_when_a_route_lacks_some_of_ars_prompts():
+    """A route missing a prompt AR decoded (failed or not yet run): its speedup is over the prompts both
+    decoded (one implementation, stats.paired_ratio, point estimate and interval alike), not its pooled
+    tok/s over AR's pooled over prompts it never ran; the report says how many prompts the speedup pairs."""
+    from repro.reporting.stats import paired_ratio
+
+    ar_s = [0.02, 0.05, 0.03, 0.04, 0.02, 0.2]  # prompt 5: a slow prompt only AR holds
+    route_s = [0.01, 0.02, 0.015, 0.02, 0.01]
+    records = [scale_record("ar", prompt=i, decode_s=s) for i, s in enumerate(ar_s)]
+    records += [scale_record("ddtree", prompt=i, decode_s=s) for i, s in enumerate(route_s)]
+    records.append(scale_record("ddtree", prompt=5, status="failed"))
+    table = bs.summary_table(records).set_index("route")
+    want = paired_ratio(([5] * 5, route_s, [5] * 5, ar_s[:5]))
+    got = table.loc["ddtree"]
+    assert got["speedup"] == pytest.approx(want.value) and (got["ci_low"], got["ci_high"]) == (
+        want.low,
+        want.high,
+    )
+    assert want.low <= got["speedup"] <= want.high
+    text = bs.report_markdown(bs.summary_table(records), {})
+    assert "- s ddtree: speedup over the 5 prompts both it and AR decoded (AR: 6, ddtree: 5;" in text
+    full = [r for r in records if r["prompt"] < 5]  # every prompt paired: nothing to say
+    assert "prompts both it and AR decoded" not in bs.report_markdown(bs.summary_table(full), {})
+
+
 def test_the_report_lists_graph_captures_inside_the_timed_decode_only_when_there_were_any():
     record = scale_record("ddtree")
     clean = [{**record, "prompt": i, "graph_captures": 0} for i in range(3)]
