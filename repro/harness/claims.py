@@ -136,16 +136,19 @@ def _table2_speedup(method: str, workload: str = "all", protocol: str = "best-of
 
 def _table2_gain(method: str, base: str, workload: str = "all", protocol: str = "best-of") -> Reader:
     """``method``'s tokens/s per sequence over ``base``'s, less one, in a Table 2 run (batch 1: tokens/s
-    per sequence is the paper's interactivity)."""
+    per sequence is the paper's interactivity), paired per prompt as every speedup of the reports
+    (:func:`repro.reporting.stats.compare` on the table's routes)."""
 
     def read(records: list[Any]) -> float | None:
         from repro.paper.table2 import tables
+        from repro.reporting.stats import SPEEDUP, compare
 
         t, _ = tables(records)
         t = t[(t["workload"] == workload) & (t["protocol"] == protocol)].set_index("method")
         if method not in t.index or base not in t.index:
             return None
-        return float(t.loc[method, "tokens_per_s"] / t.loc[base, "tokens_per_s"] - 1)
+        suites = list(dict.fromkeys(r.suite for r in records)) if workload == "all" else [workload]
+        return compare(records, t.loc[method, "route"], t.loc[base, "route"], suites, SPEEDUP).value - 1
 
     return read
 

@@ -339,3 +339,30 @@ def test_the_ledger_is_never_written_over_a_file_it_did_not_write(monkeypatch, c
     ledger.write_text("# Claims ledger\n\nstale\n")
     assert run_cli(monkeypatch, capsys, "claims", "--results", str(RESULTS), "--out", str(ledger))[0] == 0
     assert ledger.read_text() == (RESULTS / "CLAIMS.md").read_text()
+
+
+def test_the_interactivity_gain_is_paired_per_prompt():
+    """W2 (DFlash-TfM's tokens/s over chain DFlash's): the paired ratio of the reports (stats.compare over
+    the prompt turns both routes hold), not each route's pooled tokens/s over whatever records it has: with
+    one chain DFlash record missing (an interrupted run) the two differ, and the claim reads the paired."""
+    from repro.harness.run_kinds import load_run
+    from repro.paper.table2 import protocol_routes, suites_of
+    from repro.reporting.stats import SPEEDUP, compare
+
+    src = "2026-12-02-h200-pipelined-sampling/table2-bf16-graphed"
+    recs = load_run(RESULTS / src).records
+    best = protocol_routes(recs)["best-of"]
+    tfm, chain = best["dflash_tfm"], best["dflash_chain"]
+    read = claims._table2_gain("DFlash-TfM", "DFlash (chain)")
+    assert read(recs) == pytest.approx(compare(recs, tfm, chain, suites_of(recs), SPEEDUP).value - 1)
+    fastest = max((r for r in recs if r.route == chain), key=lambda r: r.new_tokens / r.decode_s)
+    fewer = [r for r in recs if r is not fastest]
+    assert protocol_routes(fewer)["best-of"] == best
+    paired = compare(fewer, tfm, chain, suites_of(fewer), SPEEDUP).value - 1
+
+    def pooled(route: str) -> float:
+        g = [r for r in fewer if r.route == route]
+        return sum(r.new_tokens for r in g) / sum(r.decode_s for r in g)
+
+    assert abs(paired - (pooled(tfm) / pooled(chain) - 1)) > 1e-4  # the unpaired ratio is another number
+    assert read(fewer) == pytest.approx(paired, rel=1e-12)
