@@ -294,6 +294,56 @@ def test_uniform_protocol_on_planted_rows():
     assert protocol.ranking_changes(same) == {"r1": False, "r2": False}
 
 
+def test_uniform_protocol_rows_state_n_and_the_paired_interval(tmp_path):
+    """Each method row's speedup states n (the prompts paired with AR) and its paired bootstrap interval
+    (stats.compare, the decode report's), recorded from the source run and printed in every table; rows
+    recorded before they kept n print as they did, with a line saying so."""
+    from conftest import make_record
+
+    from repro.reporting.records import build_manifest
+    from repro.reporting.rundir import RunDir
+    from repro.reporting.stats import MIN_UNITS, SPEEDUP, compare
+
+    records = []
+    for i in range(6):
+        records.append(make_record("ar", prompt_id=f"p{i}", decode_s=1.0))
+        for name, kind, rule, s in (("c-sm", "synthetic_chain", "sample_match", 0.5),
+                                    ("c-tr", "synthetic_chain", "traversal", 0.6),
+                                    ("t-sm", "synthetic_tree", "sample_match", 0.7),
+                                    ("t-tr", "synthetic_tree", "traversal", 0.4)):  # fmt: skip
+            rec = make_record(name, prompt_id=f"p{i}", decode_s=s + 0.05 * i, kind=kind)
+            rec.route_params = {"kind": kind, "acceptance": rule}
+            records.append(rec)
+    rows = protocol.method_rows(records)
+    for r in rows.itertuples():
+        want = compare(records, r.route, "ar", ["gsm8k"], SPEEDUP)
+        assert (r.n, r.speedup, r.ci_low, r.ci_high) == (
+            want.n,
+            pytest.approx(want.value),
+            want.low,
+            want.high,
+        )
+        assert r.n == 6 >= MIN_UNITS and r.ci_low < r.speedup < r.ci_high
+    with RunDir(tmp_path / "new", build_manifest({"check": "uniform-protocol", "source": "src"}),
+                protocol.KIND) as run:  # fmt: skip
+        for row in rows.to_dict("records"):
+            run.append(row)
+        text = run.write_report()
+    assert "| n | speedup | ci_low | ci_high |" in text.replace("  ", " ").replace("  ", " ")
+    assert text.count("| 6 |") == 2 * 3  # 2 methods in the best-of table and in both uniform tables
+    assert f"below {MIN_UNITS} prompts" in text and "not recorded" not in text
+    old = [
+        {k: v for k, v in row.items() if k not in ("n", "ci_low", "ci_high")}
+        for row in rows.to_dict("records")
+    ]
+    with RunDir(tmp_path / "old", build_manifest({"check": "uniform-protocol", "source": "src"}),
+                protocol.KIND) as run:  # fmt: skip
+        for row in old:
+            run.append(row)
+        text = run.write_report()
+    assert "| n |" not in text and "n and intervals not recorded" in text
+
+
 def test_uniform_protocol_end_to_end(monkeypatch, capsys, tmp_path, decode_run):
     out = tmp_path / "proto"
     code, text, err = cli(

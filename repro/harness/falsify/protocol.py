@@ -10,6 +10,7 @@ baseline, not methods. The command exits 3 when the ranking changes under some u
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -56,19 +57,29 @@ def ranking_changes(rows: pd.DataFrame) -> dict[str, bool]:
 
 
 def method_rows(records: list[Any]) -> pd.DataFrame:
-    """One row per non-AR route of a decode run: method, rule, route, speedup, MAL, tokens/s."""
-    from repro.reporting.report import summarize
+    """One row per non-AR route of a decode run: method, rule, route, n (prompts paired with AR), speedup
+    with its paired 95% interval (:func:`repro.reporting.stats.compare`, every suite pooled: the decode
+    report's "all (pooled)" row), MAL, tokens/s."""
+    from repro.reporting.report import reference_route, summarize
+    from repro.reporting.stats import SPEEDUP, compare
 
     summary = summarize(records)
     pooled = summary[summary["suite"] == "all"].set_index("route")
     params = {r.route: r.route_params for r in records}
-    rows = [
-        {"method": method_of(p), "rule": p.get("acceptance", "greedy"), "route": name,
-         "speedup": float(pooled.loc[name, "speedup"]), "MAL": float(pooled.loc[name, "MAL"]),
-         "tokens_per_s": float(pooled.loc[name, "tokens_per_s"])}
-        for name, p in params.items() if p.get("kind") != "ar"
-    ]  # fmt: skip
-    return pd.DataFrame(rows, columns=["method", "rule", "route", "speedup", "MAL", "tokens_per_s"])
+    ref = reference_route(records)
+    suites = list(dict.fromkeys(r.suite for r in records))
+    rows = []
+    for name, p in params.items():
+        if p.get("kind") == "ar":
+            continue
+        paired = compare(records, name, ref, suites, SPEEDUP) if ref is not None else None
+        rows.append(
+            {"method": method_of(p), "rule": p.get("acceptance", "greedy"), "route": name,
+             "n": paired.n if paired else 0, "speedup": float(pooled.loc[name, "speedup"]),
+             "ci_low": paired.low if paired else math.nan, "ci_high": paired.high if paired else math.nan,
+             "MAL": float(pooled.loc[name, "MAL"]), "tokens_per_s": float(pooled.loc[name, "tokens_per_s"])}
+        )  # fmt: skip
+    return pd.DataFrame(rows, columns=RECORDED)
 
 
 def uniform_protocol(src: Run, out: str | Path) -> tuple[RunDir, dict[str, bool]]:
@@ -100,17 +111,33 @@ def uniform_protocol(src: Run, out: str | Path) -> tuple[RunDir, dict[str, bool]
         return run, ranking_changes(rows)
 
 
-COLUMNS = ["method", "rule", "route", "speedup", "MAL", "tokens_per_s"]
+COLUMNS = ["method", "rule", "route", "speedup", "MAL", "tokens_per_s"]  # the records made before n was kept
+RECORDED = ["method", "rule", "route", "n", "speedup", "ci_low", "ci_high", "MAL", "tokens_per_s"]
 
 
 def build_report(run: Run, figures_dir: Path | None) -> str:
     from repro.reporting.report import markdown_table
+    from repro.reporting.stats import MIN_UNITS
 
-    rows = pd.DataFrame(run.records, columns=COLUMNS)  # records are stored with sorted keys
+    paired = bool(run.records) and all("n" in r for r in run.records)
+    rows = pd.DataFrame(run.records, columns=RECORDED if paired else COLUMNS)  # records: sorted keys
     run.write("table.csv", rows.to_csv(index=False))
     uniform, best = protocol_tables(rows)
     changes = ranking_changes(rows)
-    fmt = {"speedup": "{:.2f}", "MAL": "{:.2f}", "tokens_per_s": "{:.1f}"}
+    fmt = {
+        "speedup": "{:.2f}",
+        "ci_low": "{:.2f}",
+        "ci_high": "{:.2f}",
+        "MAL": "{:.2f}",
+        "tokens_per_s": "{:.1f}",
+    }
+    n_text = (
+        " n: the prompts paired with AR; ci_low, ci_high: the speedup's 95% percentile bootstrap interval"
+        f" over them (none below {MIN_UNITS} prompts)."
+        if paired
+        else " n and intervals not recorded (rows made before this check kept them): the source run's report"
+        " gives both, in its paired speedup table's all (pooled) rows."
+    )
     changed = [r for r, c in changes.items() if c]
     verdict = (
         f"**The ranking of methods changes under a uniform protocol ({', '.join(changed)})**: the"
@@ -124,7 +151,7 @@ def build_report(run: Run, figures_dir: Path | None) -> str:
         verdict,
         "",
         "Speedup = tokens/s over the run's AR route, pooled over suites (docs/metrics.md). Methods ranked"
-        " by speedup, then MAL.",
+        " by speedup, then MAL." + n_text,
         "",
         "## Best-of-protocol (each method under its best rule)",
         "",
