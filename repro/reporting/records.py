@@ -262,11 +262,22 @@ def config_hash(config: dict[str, Any]) -> str:
 
 
 def code_versions(manifest: Mapping[str, Any]) -> str:
-    """The git sha a run began with, and those of later sessions that resumed it with other code."""
+    """The git sha a run began with, and those of later sessions that resumed it with other code, and of
+    merged shards (``shards``: a merge's provenance) that other code wrote."""
     first = str(manifest.get("git_sha", "unknown"))
     later = [str(r.get("git_sha")) for r in manifest.get("resumes", []) if isinstance(r, dict)]
     others = [sha for i, sha in enumerate(later) if sha != first and sha not in later[:i]]
-    return first + (f" (resumed with {', '.join(others)})" if others else "")
+    shards = manifest.get("shards")
+    merged = [
+        str(s["git_sha"]) for s in (shards.values() if isinstance(shards, dict) else [])
+        if isinstance(s, dict) and s.get("git_sha") is not None
+    ]  # fmt: skip
+    by = [sha for i, sha in enumerate(merged) if sha not in (first, *others) and sha not in merged[:i]]
+    return (
+        first
+        + (f" (resumed with {', '.join(others)})" if others else "")
+        + (f" (shards also by {', '.join(by)})" if by else "")
+    )
 
 
 def git_sha(root: Path | None = None) -> str:

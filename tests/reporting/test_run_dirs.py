@@ -416,6 +416,25 @@ def test_a_resume_by_other_code_is_refused_unless_asked(tmp_path: Path, monkeypa
     assert "- git sha: aaaa1111 (resumed with bbbb2222)" in text
 
 
+def test_a_merge_of_shards_of_other_code_names_every_sha_in_the_header(tmp_path: Path, monkeypatch):
+    """Shards merged with REPRO_RESUME_ACROSS_CODE=1 (repro.harness.parallel.merge_shards) mix two code
+    versions as a resume across code does: the merged run's header names every shard's sha, not only the
+    first shard's that its manifest inherits (the shards' provenance keeps each)."""
+    monkeypatch.setenv("REPRO_GIT_SHA", "aaaa1111")
+    with RunDir(tmp_path, {"config": CONFIG}, DECODE_KIND) as run:
+        run.append(make_record(prompt_id="p0"))
+        run.append(make_record(prompt_id="p1"))
+        shards = {
+            "rank-0": {"shard": "0/2", "git_sha": "aaaa1111"},
+            "rank-1": {"shard": "1/2", "git_sha": "cccc3333"},
+        }
+        run.update_manifest(shards=shards)
+        text = run.write_report()
+        assert "- git sha: aaaa1111 (shards also by cccc3333)" in text
+        run.update_manifest(shards={**shards, "rank-1": {"shard": "1/2", "git_sha": "aaaa1111"}})
+        assert "- git sha: aaaa1111\n" in run.write_report()  # one code version: nothing more to say
+
+
 def test_bad_record_fields_are_one_line(monkeypatch, capsys, tmp_path: Path):
     with RunDir(tmp_path, {"config": CONFIG}, DECODE_KIND) as run:
         run.append(make_record())
