@@ -44,6 +44,7 @@ from repro.errors import ConfigError, ReproError
 from repro.gdn.backends import default_backend
 from repro.models.graphed import GraphedTarget
 from repro.models.hybrid import HybridLM
+from repro.reporting import stats
 from repro.reporting.report import accept_histogram
 from repro.reporting.rundir import Run, RunKind, fields_parser, load_run
 from repro.reporting.stats import Paired, paired_ratio
@@ -698,9 +699,9 @@ def report_markdown(
     refs = sorted(set(table["paper_ref"].dropna()))
     tail = ["", "speedup: the route's pooled tok/s over the same shape's AR; its 95% CI: percentile "
             "bootstrap over the n prompts, paired per prompt (each prompt its own acceptance draws, the same "
-            "for every route; no interval below 5 prompts). Per-stage columns are device ms per verify step "
-            "(CUDA events at the stage marks; wall clock for records without them; verify includes the "
-            "acceptance)."]  # fmt: skip
+            f"for every route; no interval below {stats.MIN_UNITS} prompts). Per-stage columns are device ms "
+            "per verify step (CUDA events at the stage marks; wall clock for records without them; verify "
+            "includes the acceptance)."]  # fmt: skip
     if busy:
         tail[-1] += (" graphs busy: the CUDA graph replays' own ms per step; wall/busy: how much longer a "
                      "step takes than its graphs run.")  # fmt: skip

@@ -372,6 +372,16 @@ def test_a_speedup_is_paired_when_a_route_lacks_some_of_ars_prompts():
     assert "prompts both it and AR decoded" not in bs.report_markdown(bs.summary_table(full), {})
 
 
+def test_the_report_states_the_minimum_n_of_an_interval_from_stats(monkeypatch):
+    """The "no interval below N prompts" of the report is stats.MIN_UNITS (what paired_ratio applies)."""
+    from repro.reporting import stats
+
+    table = bs.summary_table([scale_record("ar", prompt=0), scale_record("ddtree", prompt=0)])
+    assert f"no interval below {stats.MIN_UNITS} prompts" in bs.report_markdown(table, {})
+    monkeypatch.setattr(stats, "MIN_UNITS", 7)
+    assert "no interval below 7 prompts" in bs.report_markdown(table, {})
+
+
 def test_the_report_lists_graph_captures_inside_the_timed_decode_only_when_there_were_any():
     record = scale_record("ddtree")
     clean = [{**record, "prompt": i, "graph_captures": 0} for i in range(3)]
