@@ -152,3 +152,8 @@ def test_sweep_table_and_best_budget():
     b = sweep.best(t, "budget").iloc[0]
     assert (b["route"], b["best budget (speedup)"], b["best budget (MAL)"]) == ("dd", 32, 64)
     assert b["speedup"] == pytest.approx(1.2 / 0.5)
+    pooled = t[(t["suite"] == "all") & (t["budget"] == 32)].iloc[0]
+    assert b["n"] == pooled["n"] == 2  # the best value's speedup states its n and interval beside it
+    assert [b["speedup_low"], b["speedup_high"]] == pytest.approx(
+        [pooled["speedup_low"], pooled["speedup_high"]], nan_ok=True
+    )
