@@ -6,6 +6,9 @@ Interpreter (one TRITON_INTERPRET=1 subprocess):
   few distinct tokens (so that twins occur);
 - ``copy_tree`` against the stream copies it replaces (padding, parents kept, a strided source);
 - ``tagged_to_host`` read back through ``untagged`` (every element landed, another tag, one missing);
+- ``commit_rows`` + ``advance_length`` against the torch commit's row writes and length update written
+  out (the path's rows after the length, nothing for node -1, every other row untouched; the cap at
+  ``max_len``), with planted errors (a path one row late, the cap left out) that the comparisons flag;
 - ``greedy_node`` + ``path_result`` against TargetMatch's host walk at temperature 0, the choices made
   to match deep paths, and against the torch ops on the same slot;
 - a StaticDecoder (kernel="triton", three GDN layers and one attention layer) with the kernels against the
@@ -149,6 +152,59 @@ def tagged_mismatches(device: str) -> list[str]:
     return bad
 
 
+def commit_rows_errors(device: str) -> dict:
+    """commit_rows and advance_length against the torch commit they replace, written out: the path's
+    keys and values, root first, into rows ``length``, ``length + 1``, ... (nothing for node -1), every other
+    row untouched; the length plus the path's length, capped at ``max_len``. Head dims 12 and 48 (masked to
+    16 and 64; 48 at n = 100: two node blocks), sources strided (rows wider than the head dim). ``caught``:
+    planted errors (the path one row late, the cap ignored) the same comparisons flag, of ``planted``."""
+    from repro.models.slot_kernels import advance_length, commit_rows
+
+    gen = torch.Generator().manual_seed(13)
+    heads = 3
+    out: dict = {"bad": [], "cases": 0, "caught": 0, "planted": 0}
+    for (kind, n, _, parents), hd in zip(_trees("cpu"), itertools.cycle((12, 48))):
+        tree = Tree(torch.zeros(n, dtype=torch.long), parents.cpu())
+        depth, anc = tree.depth.to(device), tree.ancestor_mask.to(device)
+        k_src, v_src = (torch.randn(n, heads, hd + 5, generator=gen)[..., 2 : 2 + hd] for _ in "kv")
+        deepest = max(range(n), key=lambda i: int(tree.depth[i]))
+        for end, start in ((deepest, n), (n - 1, 0), (-1, 3)):
+            keys, values = (torch.randn(heads, 2 * n + 8, hd, generator=gen) for _ in "kv")
+            want_k, want_v = keys.clone(), values.clone()
+            for i, j in enumerate(tree.path_to(end) if end >= 0 else []):
+                want_k[:, start + i], want_v[:, start + i] = k_src[j], v_src[j]
+            for late in (0, 1):  # 1: a planted error, the path written one row late
+                got_k, got_v = keys.clone().to(device), values.clone().to(device)
+                length = torch.tensor([start + late], device=device)
+                node = torch.tensor([end], device=device)
+                commit_rows(got_k, got_v, k_src.to(device), v_src.to(device), anc, depth, node, length)
+                same = torch.equal(got_k.cpu(), want_k) and torch.equal(got_v.cpu(), want_v)
+                if late:
+                    out["planted"] += end >= 0
+                    out["caught"] += end >= 0 and not same
+                elif not same:
+                    out["bad"].append(f"commit_rows {kind} n={n} hd={hd} node={end} length={start}")
+            out["cases"] += 1
+        cap = 60 + int(tree.depth[deepest]) - 1  # one row short of the path: the cap binds
+        for end, start, max_len, binds in (
+            (0, 5, 64, False),
+            (deepest, 5, 200, False),
+            (deepest, 60, cap, True),
+        ):
+            want = min(start + int(tree.depth[end]), max_len)
+            for planted in (False, True) if binds else (False,):  # True: the cap left out
+                length = torch.tensor([start], device=device)
+                node = torch.tensor([end], device=device)
+                advance_length(length, depth, node, 10**6 if planted else max_len)
+                if planted:
+                    out["planted"] += 1
+                    out["caught"] += int(length) != want
+                elif int(length) != want:
+                    out["bad"].append(f"advance_length {kind} n={n} node={end}: {int(length)} != {want}")
+            out["cases"] += 1
+    return out
+
+
 def accept_mismatches(device: str) -> tuple[list[str], int]:
     """Trees where greedy_node + path_result differ from TargetMatch's walk or the torch ops; the deepest
     accepted path seen (the choices follow random children, so paths go deep)."""
@@ -275,7 +331,7 @@ def compare(device: str) -> dict:
     bad, deepest = accept_mismatches(device)
     return {
         "derive": derive_mismatches(device), "copy": copy_mismatches(device), "accept": bad,
-        "tagged": tagged_mismatches(device),
+        "tagged": tagged_mismatches(device), "commit_rows": commit_rows_errors(device),
         "deepest": deepest, **decoder_diffs(device),
     }  # fmt: skip
 
@@ -295,6 +351,14 @@ def test_copy_tree_equals_the_stream_copies(interp: dict) -> None:
 
 def test_tagged_results_read_back_when_every_element_has_landed(interp: dict) -> None:
     assert interp["tagged"] == [], interp["tagged"]
+
+
+def test_commit_rows_and_advance_length_equal_the_torch_commit(interp: dict) -> None:
+    got = interp["commit_rows"]
+    assert got["bad"] == [], got["bad"]
+    assert got["cases"] == 6 * len(TREE_KINDS) * 5, got  # 25 trees: 3 commits and 3 advances each
+    # not vacuous: every planted error (a path one row late, an advance past its cap) is flagged
+    assert got["planted"] == 3 * len(TREE_KINDS) * 5 and got["caught"] == got["planted"], got
 
 
 def test_greedy_node_and_path_result_equal_target_match(interp: dict) -> None:
@@ -386,6 +450,8 @@ def test_gpu_slot_kernels() -> None:
     got = compare("cuda")
     assert got["derive"] == [] and got["copy"] == [] and got["accept"] == [] and got["results_equal"], got
     assert got["tagged"] == [], got  # the kernel's stores into pinned host memory
+    rows = got["commit_rows"]
+    assert rows["bad"] == [] and rows["planted"] > 0 and rows["caught"] == rows["planted"], rows
     assert got["state"] < 1e-6, got
     model = _model("cuda")
     model.set_gdn_backend("triton")
