@@ -309,13 +309,14 @@ def commit_rows(
 
 @triton.jit
 def _advance_kernel(length, depth, node, max_len):
-    step = tl.load(depth + tl.maximum(tl.load(node), 0))
+    end = tl.load(node)
+    step = tl.where(end >= 0, tl.load(depth + tl.maximum(end, 0)), 0)
     tl.store(length, tl.minimum(tl.load(length) + step, max_len))
 
 
 def advance_length(length: torch.Tensor, depth: torch.Tensor, node: torch.Tensor, max_len: int) -> None:
-    """``length`` [1] += the depth of ``node`` (the committed path's length), capped at ``max_len``; one
-    launch."""
+    """``length`` [1] += the depth of ``node`` (the committed path's length; none for node -1, as
+    :func:`commit_rows` writes no row then), capped at ``max_len``; one launch."""
     _advance_kernel[(1,)](length, depth, node, max_len, num_warps=1)
 
 

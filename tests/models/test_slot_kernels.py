@@ -155,9 +155,10 @@ def tagged_mismatches(device: str) -> list[str]:
 def commit_rows_errors(device: str) -> dict:
     """commit_rows and advance_length against the torch commit they replace, written out: the path's
     keys and values, root first, into rows ``length``, ``length + 1``, ... (nothing for node -1), every other
-    row untouched; the length plus the path's length, capped at ``max_len``. Head dims 12 and 48 (masked to
-    16 and 64; 48 at n = 100: two node blocks), sources strided (rows wider than the head dim). ``caught``:
-    planted errors (the path one row late, the cap ignored) the same comparisons flag, of ``planted``."""
+    row untouched; the length plus the path's length (none for node -1), capped at ``max_len``. Head dims
+    12 and 48 (masked to 16 and 64; 48 at n = 100: two node blocks), sources strided (rows wider than the
+    head dim). ``caught``: planted errors (the path one row late, the cap ignored) the same comparisons
+    flag, of ``planted``."""
     from repro.models.slot_kernels import advance_length, commit_rows
 
     gen = torch.Generator().manual_seed(13)
@@ -188,10 +189,11 @@ def commit_rows_errors(device: str) -> dict:
         cap = 60 + int(tree.depth[deepest]) - 1  # one row short of the path: the cap binds
         for end, start, max_len, binds in (
             (0, 5, 64, False),
+            (-1, 5, 64, False),  # nothing committed: the length stays, as commit_rows writes no row
             (deepest, 5, 200, False),
             (deepest, 60, cap, True),
         ):
-            want = min(start + int(tree.depth[end]), max_len)
+            want = min(start + (int(tree.depth[end]) if end >= 0 else 0), max_len)
             for planted in (False, True) if binds else (False,):  # True: the cap left out
                 length = torch.tensor([start], device=device)
                 node = torch.tensor([end], device=device)
@@ -356,7 +358,7 @@ def test_tagged_results_read_back_when_every_element_has_landed(interp: dict) ->
 def test_commit_rows_and_advance_length_equal_the_torch_commit(interp: dict) -> None:
     got = interp["commit_rows"]
     assert got["bad"] == [], got["bad"]
-    assert got["cases"] == 6 * len(TREE_KINDS) * 5, got  # 25 trees: 3 commits and 3 advances each
+    assert got["cases"] == 7 * len(TREE_KINDS) * 5, got  # 25 trees: 3 commits and 4 advances each
     # not vacuous: every planted error (a path one row late, an advance past its cap) is flagged
     assert got["planted"] == 3 * len(TREE_KINDS) * 5 and got["caught"] == got["planted"], got
 
