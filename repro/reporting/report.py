@@ -242,7 +242,9 @@ def summarize(records: Iterable[DecodeRecord | dict[str, Any]]) -> pd.DataFrame:
     return df.sort_values("_order", kind="stable").drop(columns="_order").reset_index(drop=True)
 
 
-BOUND_COLUMNS = ["route", "MAL", "busy_step_ms", "speedup", "graphs_speedup", "free_draft", "verify_only"]
+BOUND_COLUMNS = [
+    "route", "prompts", "MAL", "busy_step_ms", "speedup", "graphs_speedup", "free_draft", "verify_only"
+]  # fmt: skip
 
 
 def speedup_bounds(summary: pd.DataFrame) -> pd.DataFrame:
@@ -268,8 +270,8 @@ def speedup_bounds(summary: pd.DataFrame) -> pd.DataFrame:
             "verify_only": float(r["busy_verify_ms"]),
         }
         bounds = {k: _ratio(mal * ar_ms, v) for k, v in parts.items()}
-        out.append({"route": r["route"], "MAL": mal, "busy_step_ms": float(r["busy_step_ms"]),
-                    "speedup": r["speedup"], **bounds})  # fmt: skip
+        out.append({"route": r["route"], "prompts": int(r["prompts"]), "MAL": mal,
+                    "busy_step_ms": float(r["busy_step_ms"]), "speedup": r["speedup"], **bounds})  # fmt: skip
     return pd.DataFrame(out, columns=BOUND_COLUMNS)
 
 
@@ -628,7 +630,8 @@ def build_report(run: Run, figures_dir: Path | None) -> str:
                         "",
                         markdown_table(bounds),
                         "",
-                        "graphs_speedup = MAL x reference busy ms a token / busy_step_ms (host time free);"
+                        "prompts: the prompts the route decoded (n); graphs_speedup ="
+                        " MAL x reference busy ms a token / busy_step_ms (host time free);"
                         " free_draft: the draft and tree stages free too; verify_only: only the verify stage"
                         " left (drafting, acceptance and commit free): the ceiling at this MAL.",
                         "",

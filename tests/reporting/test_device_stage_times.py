@@ -104,6 +104,7 @@ def test_speedup_bounds_from_the_graphs_busy_time():
     bounds = speedup_bounds(summarize([ar, spec])).set_index("route")
     row = bounds.loc["dd"]
     assert row["MAL"] == pytest.approx(2.5) and row["busy_step_ms"] == pytest.approx(52.5)
+    assert row["prompts"] == 1  # the table prints n
     assert row["graphs_speedup"] == pytest.approx(2.5 * 25.0 / 52.5)
     assert row["free_draft"] == pytest.approx(2.5 * 25.0 / 36.0)
     assert row["verify_only"] == pytest.approx(2.5 * 25.0 / 30.0)
