@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import matplotlib
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -36,11 +37,13 @@ def save_png(fig: Figure, path: str | Path) -> Path:
 
 
 def save_svg(fig: Figure, path: str | Path) -> Path:
-    """``fig`` at ``path`` as SVG with no date in it, so a rebuild writes the same file."""
+    """``fig`` at ``path`` as SVG with no date and fixed element ids (matplotlib draws clip-path ids at
+    random unless ``svg.hashsalt`` is set), so a rebuild writes the same file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     FigureCanvasAgg(fig)
-    fig.savefig(path, format="svg", bbox_inches="tight", metadata={"Date": None})
+    with matplotlib.rc_context({"svg.hashsalt": "repro"}):
+        fig.savefig(path, format="svg", bbox_inches="tight", metadata={"Date": None})
     return path
 
 

@@ -304,6 +304,25 @@ def test_a_figure_is_saved_as_a_palette_png_of_what_matplotlib_draws(tmp_path: P
     assert path.stat().st_size < 0.6 * len(rgba.getvalue())
 
 
+def test_an_svg_rebuild_writes_the_same_bytes(tmp_path: Path):
+    """Two saves of the same figure (clip paths included: matplotlib draws their ids at random) are equal
+    byte for byte, and carry no date."""
+    from matplotlib.figure import Figure
+
+    from repro.reporting.figures import save_svg
+
+    def draw(path: Path) -> bytes:
+        fig = Figure(figsize=(3, 2))
+        ax = fig.add_subplot()
+        ax.plot([0, 1, 2], [2, 0, 1])
+        ax.set_xlim(0.5, 1.5)  # the line is clipped: a clip path with an id
+        return save_svg(fig, path).read_bytes()
+
+    first, second = draw(tmp_path / "a.svg"), draw(tmp_path / "b.svg")
+    assert b"clip-path" in first and b"<dc:date>" not in first
+    assert first == second
+
+
 def test_a_refused_record_pairs_with_nothing_in_the_speedup():
     """An external loop refused on one prompt (0 tokens in 0 s) leaves that prompt out of its speedup, so
     AR's time on it does not count against the prompts the loop did run."""
