@@ -91,9 +91,21 @@ def test_run_writes_records_report_and_resumes(tmp_path, tiny_run, monkeypatch, 
     assert len(resumed) == 12
     assert [r.output_sha256 for r in resumed[:6]] == [r.output_sha256 for r in records[:6]]
     assert sorted(r.key for r in resumed) == sorted(r.key for r in records)
-    # the report rebuilds from records alone
+    same = ("output_sha256", "accepted_lengths", "tree_sizes", "vs_ar")  # redone as uninterrupted
+    assert {r.key: [getattr(r, f) for f in same] for r in resumed} == {
+        r.key: [getattr(r, f) for f in same] for r in records
+    }
+
+    # the report rebuilds from records alone: every file byte for byte as the run wrote it (figures,
+    # tables, report.md, the manifest)
+    def files() -> dict[str, bytes]:
+        return {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.is_file() and p.name != ".lock"}
+
+    written = files()
+    assert {"report.md", "summary.csv", "acceptance.png"} <= set(written)
     code, stdout, _ = run_cli(monkeypatch, capsys, "report", str(out))
     assert code == 0 and "chain" in stdout
+    assert files() == written
 
 
 def test_run_refuses_a_directory_of_another_config(tmp_path, tiny_run, monkeypatch, capsys):
