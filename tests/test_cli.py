@@ -213,6 +213,22 @@ def test_generate_prints_json_and_matches_ar(monkeypatch, capsys):
     assert code == 0 and json.loads(stdout)["prompt_ids"] == [1, 2, 3]
 
 
+def test_generate_at_temperature_1_with_the_same_seed_prints_the_same_json_but_timings(monkeypatch, capsys):
+    """Sampled drafts under spec_sampling (a step's draws for the drafts and the acceptance) and the AR
+    reference: the same seed gives the same tokens, accepted lengths and verdict; another seed others."""
+    args = ["generate", "Hello there", "--route", "ddtree", "--param", "budget=6", "--param", "draft=sample",
+            "--param", "acceptance=spec_sampling", "--temperature", "1", "--max-new-tokens", "10",
+            "--dtype", "float64", "--ignore-eos"]  # fmt: skip
+    timings = ("prefill_s", "decode_s", "stage_s", "device_stage_s", "busy_stage_s")
+    outs = []
+    for seed in ("5", "5", "6"):
+        code, stdout, err = run_cli(monkeypatch, capsys, *args, "--seed", seed)
+        assert code == 0, err
+        outs.append({k: v for k, v in json.loads(stdout).items() if k not in timings})
+    assert outs[0] == outs[1]
+    assert outs[0]["output_ids"] != outs[2]["output_ids"]
+
+
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory) -> Path:
     """``repro export-default`` once for the module; tests that change it take a copy (:func:`copy_of`)."""
