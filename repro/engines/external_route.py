@@ -20,7 +20,7 @@ from typing import Any
 from repro.data.suites import Prompt
 from repro.decoding.routes import EXTERNAL, family_of, resolve_spec
 from repro.engines.catalog import ENGINES, Engine
-from repro.engines.result import EngineRequest, EngineResult
+from repro.engines.result import EngineRequest, EngineResult, prompt_seed
 from repro.engines.verdicts import verdict
 from repro.errors import ConfigError
 from repro.models.family import DEFAULT_TARGET, drafter_name, members, resolve_checkpoint
@@ -81,10 +81,11 @@ class ExternalRoute:
 
     def decode(self, prompt_ids: list[int], cfg: dict[str, Any], stop_ids: tuple[int, ...]) -> EngineResult:
         """One generation by the loop with the experiment's settings (no stop token when ``stop_ids``
-        is empty: exactly ``max_new_tokens``)."""
+        is empty: exactly ``max_new_tokens``), seeded per prompt (:func:`prompt_seed`)."""
+        seed = prompt_seed(int(cfg["seed"]), prompt_ids)
         request = EngineRequest(
             self.target_dir, self.drafter_dir, list(prompt_ids), int(cfg["max_new_tokens"]),
-            temperature=float(cfg["temperature"]), seed=int(cfg["seed"]), stop_ids=list(stop_ids) or None,
+            temperature=float(cfg["temperature"]), seed=seed, stop_ids=list(stop_ids) or None,
             dtype=str(cfg["dtype"]), device=str(cfg["device"]),
         )  # fmt: skip
         return self.engine.fn(request)

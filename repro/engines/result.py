@@ -40,6 +40,15 @@ class EngineRequest:
     device: str = "cpu"
 
 
+def prompt_seed(seed: int, prompt_ids: list[int]) -> int:
+    """The seed of one prompt's request: the run's ``seed`` and the prompt's ids, as repro's own routes key
+    their draws (:func:`repro.decoding.sampling.generation_seed`), so that prompts sampled at T > 0 draw
+    independently; 31 bits (the serving engines take 32-bit seeds)."""
+    from repro.decoding.sampling import generation_seed
+
+    return generation_seed(seed, prompt_ids) % 2**31
+
+
 @dataclass
 class EngineResult:
     """One generation by an external loop.

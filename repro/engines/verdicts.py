@@ -21,7 +21,14 @@ from repro.decoding.engine import generate
 from repro.decoding.routes import build_route
 from repro.engines.catalog import Engine, pick
 from repro.engines.hf_target import torch_dtype
-from repro.engines.result import REFUSED, SAMPLED, EngineRequest, EngineResult, MissingPackageError
+from repro.engines.result import (
+    REFUSED,
+    SAMPLED,
+    EngineRequest,
+    EngineResult,
+    MissingPackageError,
+    prompt_seed,
+)
 from repro.engines.tables import KIND
 from repro.errors import ConfigError
 from repro.models.family import resolve_checkpoint
@@ -90,6 +97,7 @@ def _run_engine(engine: Engine, target: str, ids: list[int], n: int, seed: int, 
     drafter = engine.drafter_dir(target, lambda name: resolve_checkpoint(name, "drafter"))
     try:
         target_dir = resolve_checkpoint(target, "target")
+        seed = prompt_seed(seed, ids)
         request = EngineRequest(target_dir, drafter, ids, n, temperature=temperature, seed=seed,
                                 stop_ids=None, dtype=dtype, device=device)  # fmt: skip
         return engine.fn(request)

@@ -81,6 +81,23 @@ def test_records_of_an_external_loop():
     assert rec.vs_ar == SAMPLED == "sampled: not compared token-wise"
 
 
+def test_an_external_loop_is_seeded_per_prompt_like_repro_s_routes():
+    """Each prompt's request carries its own seed (the run's seed and the prompt's ids, as
+    generation_seed keys repro's own draws), not the run's seed for every prompt: prompts sampled at
+    T > 0 draw independently; the same prompt, the same seed."""
+    from dataclasses import replace
+
+    from repro.decoding.sampling import generation_seed
+
+    seen = []
+    route = build_external(ZLAB, "default")
+    route = replace(route, engine=replace(route.engine, fn=lambda request: seen.append(request.seed)))
+    for ids, seed in (([1, 2], 0), ([1, 3], 0), ([1, 2], 0), ([1, 2], 7)):
+        route.decode(ids, {**CFG, "seed": seed, "temperature": 1.0}, ())
+    assert seen[0] == generation_seed(0, [1, 2]) % 2**31 and seen[0] == seen[2]
+    assert len({seen[0], seen[1], seen[3]}) == 3 and all(0 <= s < 2**31 for s in seen)
+
+
 def test_only_external_records_may_be_refused_or_lack_counts():
     rec = json.loads(_record(refused("no", "float64")).to_json())
     with pytest.raises(ValueError, match="vs_ar 'refused: no'"):
