@@ -284,6 +284,16 @@ def test_shipped_smoke_routes_all_reproduce_ar(tmp_path):
         assert sum(r.new_tokens for r in steps) / sum(len(r.accepted_lengths) for r in steps) > 1.5, kind
 
 
+def test_the_progress_line_names_a_turn_as_the_records_and_reports_do(tmp_path, monkeypatch, capsys):
+    """MT-Bench's second turn is turn 1 in records and reports ("turn 1"): the progress line too."""
+    only_ar = "routes=[{name: ar, kind: ar}]"
+    args = ("run", "smoke", "--suites", "mt_bench", "--limit", "1", "--max-new-tokens", "3", "--set", only_ar)
+    code, _, err = run_cli(monkeypatch, capsys, *args, "--out", str(tmp_path / "run"))
+    last = json.loads((tmp_path / "run" / "records.jsonl").read_text().splitlines()[-1])
+    assert code == 0 and last["turn"] == 1
+    assert f"mt_bench/{last['prompt_id']} turn 1 ar" in err, err
+
+
 def test_acceptance_experiment_writes_table_and_figure(tmp_path, monkeypatch, capsys):
     out = tmp_path / "acc"
     args = ("run", "acceptance", "--suites", "gsm8k", "--limit", "1", "--max-new-tokens", "12")

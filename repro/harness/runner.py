@@ -195,7 +195,7 @@ class ExperimentRunner:
                         reference = list(record.output_ids)
                     history[route.name] = self.answered(messages, record.output_ids)
                     if progress:
-                        progress(f"{prompt.suite}/{prompt.id} turn {turn + 1} {route.name}")
+                        progress(f"{prompt.suite}/{prompt.id} turn {turn} {route.name}")
         return written
 
     def decode_external(
