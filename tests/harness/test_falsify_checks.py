@@ -344,6 +344,58 @@ def test_uniform_protocol_rows_state_n_and_the_paired_interval(tmp_path):
     assert "| n |" not in text and "n and intervals not recorded" in text
 
 
+def planted_protocol_run(a_sample_match: list[float]) -> list:
+    """Decode records of methods A (synthetic_chain) and B (synthetic_tree) under sample_match and traversal
+    on 6 prompts: best-of ranks B (traversal, 0.4 s) over A (sample_match, ``a_sample_match`` s a prompt);
+    under sample_match B takes 0.7 s, so A passes B there by as much as ``a_sample_match`` says."""
+    from conftest import make_record
+
+    records = []
+    for i in range(6):
+        records.append(make_record("ar", prompt_id=f"p{i}", decode_s=1.0))
+        for name, kind, rule, s in (("a-sm", "synthetic_chain", "sample_match", a_sample_match[i]),
+                                    ("a-tr", "synthetic_chain", "traversal", 0.9),
+                                    ("b-sm", "synthetic_tree", "sample_match", 0.7),
+                                    ("b-tr", "synthetic_tree", "traversal", 0.4)):  # fmt: skip
+            rec = make_record(name, prompt_id=f"p{i}", decode_s=s, kind=kind)
+            rec.route_params = {"kind": kind, "acceptance": rule}
+            records.append(rec)
+    return records
+
+
+@pytest.mark.parametrize(
+    "a_sample_match, beyond",
+    [([0.5, 0.52, 0.48, 0.5, 0.51, 0.49], True),  # A 1.4x faster than B on every prompt: a real swap
+     ([0.3, 1.1, 0.35, 1.05, 0.32, 1.0], False)],  # A ahead on the pooled estimate, 3 of 6 prompts each way
+)  # fmt: skip
+def test_a_ranking_changes_only_where_a_swap_is_beyond_noise(tmp_path, a_sample_match, beyond):
+    """Under sample_match A passes B (best-of ranks B first): the swap's paired ratio and interval are
+    recorded, and only an interval above 1 changes the ranking (exit 3); a swap within noise is reported as
+    such. Runs recorded before the swaps were are judged on point estimates, saying so."""
+    from repro.reporting.records import build_manifest
+    from repro.reporting.report import DECODE_KIND
+    from repro.reporting.rundir import RunDir, load_run
+
+    records = planted_protocol_run(a_sample_match)
+    rows = protocol.method_rows(records)
+    swapped = protocol.swaps(rows, records)
+    assert [(s["rule"], s["ahead"], s["behind"], s["n"]) for s in swapped] == [
+        ("sample_match", "synthetic_chain", "synthetic_tree", 6)
+    ]
+    assert swapped[0]["ratio"] > 1 and swapped[0]["beyond_noise"] == beyond == (swapped[0]["low"] > 1)
+    assert protocol.ranking_changes(rows, swapped) == {"sample_match": beyond, "traversal": False}
+    assert protocol.ranking_changes(rows) == {"sample_match": True, "traversal": False}  # point estimates
+    src = tmp_path / "src"
+    with RunDir(src, build_manifest({"t": 1}), DECODE_KIND) as run:
+        for rec in records:
+            run.append(rec)
+    _, changes = protocol.uniform_protocol(load_run(src), tmp_path / "check")
+    text = (tmp_path / "check" / "report.md").read_text()
+    assert changes["sample_match"] == beyond and "## Swaps" in text
+    assert ("beyond noise (Swaps below)" in text) == beyond and ("up to noise" in text) == (not beyond)
+    assert "Judged on point estimates" not in text
+
+
 def test_uniform_protocol_end_to_end(monkeypatch, capsys, tmp_path, decode_run):
     out = tmp_path / "proto"
     code, text, err = cli(
@@ -358,7 +410,8 @@ def test_uniform_protocol_end_to_end(monkeypatch, capsys, tmp_path, decode_run):
     pooled = summarize(load_run(decode_run).records).query("suite == 'all'").set_index("route")
     for r in table.itertuples():
         assert r.speedup == pytest.approx(pooled.loc[r.route, "speedup"])
-    changed = any(protocol.ranking_changes(table).values())
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    changed = any(protocol.ranking_changes(table, [r for r in records if r.get("swap")]).values())
     assert (code == 3) == changed and "## Best-of-protocol" in text
     # a run with one rule is bad input
     code, _, err = cli(
