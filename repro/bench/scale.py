@@ -697,9 +697,10 @@ def report_markdown(
         if r["kind"] != "ar"
     ]
     refs = sorted(set(table["paper_ref"].dropna()))
-    tail = ["", "speedup: the route's pooled tok/s over the same shape's AR; its 95% CI: percentile "
-            "bootstrap over the n prompts, paired per prompt (each prompt its own acceptance draws, the same "
-            f"for every route; no interval below {stats.MIN_UNITS} prompts). Per-stage columns are device ms "
+    tail = ["", "speedup: the route's pooled tok/s over the same shape's AR on the prompts both decoded; its "
+            "95% CI: percentile bootstrap over them, paired per prompt (each prompt its own acceptance "
+            "draws, the same for every route; no interval below "
+            f"{stats.MIN_UNITS} prompts). Per-stage columns are device ms "
             "per verify step (CUDA events at the stage marks; wall clock for records without them; verify "
             "includes the acceptance)."]  # fmt: skip
     if busy:
