@@ -92,8 +92,11 @@ FUSE_ACCEPT = True
 # a step DDTree 0.335 -> 0.322 ms (wall / busy 1.140 -> 1.114), SpecLA 0.555 -> 0.548, DFlash-TfM 0.607 ->
 # 0.595, chain DFlash 0.293 -> 0.292, same tokens. AR's 0.116 -> 0.314 ms there was one binary of the store
 # kernel compiled mid-run (its first tag divisible by 16: Triton's default specialisation, since turned off;
-# test_tagged_stores_take_one_binary_for_every_tag_length_and_offset); the A/B with it off is still to run
-HOST_WRITES = True
+# test_tagged_stores_take_one_binary_for_every_tag_length_and_offset). With that fixed, the A/B on an H100
+# (results/2026-12-05-h100-host-writes-off, callDA: stores -> stream copy): AR 0.118 -> 0.123 ms, SpecLA 0.557
+# -> 0.566, DFlash-TfM 0.610 -> 0.616, but chain DFlash 0.449 -> 0.267 and DDTree 0.370 -> 0.333 (wall / busy
+# 1.86 / 1.25 with the stores: the device waits on the host's polls), so off.
+HOST_WRITES = False
 READ_WAIT_S = 10.0  # read_back polls a HostWrite this long before it synchronizes the device once
 
 

@@ -43,8 +43,8 @@ on a fresh GraphedTarget so that its graphs are captured under that setting:
   not one graph with it (``graphed.FUSE_ACCEPT`` off; on, their time falls in the verify stage);
 - ``fuse_tree``: a pipelined DDTree / chain DFlash step's tree built inside the DFlash drafter's graph
   (``engine.FUSE_TREE``; its time then falls in the draft stage), not after it;
-- ``stream_copies``: a step's result copied to its pinned host buffer on the stream with an event behind it
-  (``graphed.HOST_WRITES`` off), not stored there by a kernel, each element tagged, the host polling the tags;
+- ``host_writes``: a step's result stored into its pinned host buffer by a kernel, each element tagged, the
+  host polling the tags (``graphed.HOST_WRITES`` on), not copied there on the stream with an event behind it;
 - ``gated_out_proj``: a GDN layer's output gated norm inside its out_proj's row-tiled launch
   (``static_layers.GATED_OUT_PROJ``; triton_linear.gated_linear_residual), not a launch of its own;
 - ``fused_tree``: every verify's GDN layers on the one-launch fused tree kernel, not the split form (three
@@ -163,7 +163,7 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "separate_accept": lambda: patched(graphed, "FUSE_ACCEPT", False),
     "gated_out_proj": lambda: patched(static_layers, "GATED_OUT_PROJ", True),
     "fuse_tree": lambda: patched(engine, "FUSE_TREE", True),
-    "stream_copies": lambda: patched(graphed, "HOST_WRITES", False),
+    "host_writes": lambda: patched(graphed, "HOST_WRITES", True),
     "kernel_tree_copy": lambda: patched(static, "KERNEL_TREE_COPY", True),
     "aliased_roots": lambda: patched(tree_builders, "ALIASED_ROOTS", 4),
 }
