@@ -141,13 +141,14 @@ def _table2_gain(method: str, base: str, workload: str = "all", protocol: str = 
 
     def read(records: list[Any]) -> float | None:
         from repro.paper.table2 import tables
+        from repro.reporting.report import suites_of
         from repro.reporting.stats import SPEEDUP, compare
 
         t, _ = tables(records)
         t = t[(t["workload"] == workload) & (t["protocol"] == protocol)].set_index("method")
         if method not in t.index or base not in t.index:
             return None
-        suites = list(dict.fromkeys(r.suite for r in records)) if workload == "all" else [workload]
+        suites = suites_of(records) if workload == "all" else [workload]
         return compare(records, t.loc[method, "route"], t.loc[base, "route"], suites, SPEEDUP).value - 1
 
     return read

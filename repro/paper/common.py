@@ -118,9 +118,5 @@ def route_methods(records: Sequence[DecodeRecord]) -> dict[str, tuple[str, str]]
     return out
 
 
-def suites_of(records: Sequence[DecodeRecord]) -> list[str]:
-    return list(dict.fromkeys(r.suite for r in records))
-
-
 def table_text(df: pd.DataFrame) -> str:
     return markdown_table(df, {c: "{}" for c in df.columns if df[c].dtype == object})

@@ -31,12 +31,11 @@ from repro.paper.common import (
     paper_kind,
     route_methods,
     save_figure,
-    suites_of,
     summary_section,
     table_text,
 )  # fmt: skip
 from repro.reporting.records import DecodeRecord
-from repro.reporting.report import ALL_SUITES, reference_route, summarize
+from repro.reporting.report import ALL_SUITES, reference_route, suites_of, summarize
 from repro.reporting.rundir import Run
 from repro.reporting.stats import MIN_UNITS, SPEEDUP, compare
 

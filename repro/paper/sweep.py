@@ -22,11 +22,10 @@ from repro.paper.common import (
     header,
     paper_kind,
     save_figure,
-    suites_of,
     summary_section,
 )
 from repro.reporting.records import DecodeRecord
-from repro.reporting.report import ALL_SUITES, markdown_table, reference_route, summarize
+from repro.reporting.report import ALL_SUITES, markdown_table, reference_route, suites_of, summarize
 from repro.reporting.rundir import Run
 from repro.reporting.stats import MIN_UNITS, SPEEDUP, compare
 

@@ -35,12 +35,11 @@ from repro.paper.common import (
     pct_ci,
     route_methods,
     save_figure,
-    suites_of,
     summary_section,
     table_text,
 )  # fmt: skip
 from repro.reporting.records import DecodeRecord
-from repro.reporting.report import ALL_SUITES, summarize
+from repro.reporting.report import ALL_SUITES, suites_of, summarize
 from repro.reporting.rundir import Run
 from repro.reporting.stats import MAL, MIN_UNITS, SPEEDUP, compare
 

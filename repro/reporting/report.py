@@ -72,6 +72,11 @@ def _ordered_routes(records: Sequence[DecodeRecord]) -> list[str]:
     return [k for k, ar in seen.items() if ar] + [k for k, ar in seen.items() if not ar]
 
 
+def suites_of(records: Sequence[DecodeRecord]) -> list[str]:
+    """The suites of ``records``, in first-seen order."""
+    return list(dict.fromkeys(r.suite for r in records))
+
+
 def reference_route(records: Sequence[DecodeRecord]) -> str | None:
     """The AR baseline route of a run: the first route whose ``route_params["kind"] == "ar"``."""
     return records_mod.reference_route((r.route, r.route_params) for r in records)
@@ -179,7 +184,7 @@ def paired_speedups(records: Iterable[DecodeRecord | dict[str, Any]]) -> pd.Data
     rows: list[dict[str, Any]] = []
     if ref is None:
         return pd.DataFrame(columns=PAIRED_COLUMNS)
-    suites = list(dict.fromkeys(r.suite for r in recs))
+    suites = suites_of(recs)
     for route in _ordered_routes(recs):
         if route == ref:
             continue
@@ -209,7 +214,7 @@ def summarize(records: Iterable[DecodeRecord | dict[str, Any]]) -> pd.DataFrame:
         return pd.DataFrame(columns=SUMMARY_COLUMNS)
     statuses = lossless_status(recs)
     ref = reference_route(recs)
-    suites = list(dict.fromkeys(r.suite for r in recs))
+    suites = suites_of(recs)
     rows = []
     for route in _ordered_routes(recs):
         mine = [r for r in recs if r.route == route]
@@ -332,7 +337,7 @@ def acceptance_table(records: Iterable[DecodeRecord | dict[str, Any]]) -> pd.Dat
     summary = summarize(recs)
     overall = summary[summary["suite"] == ALL_SUITES].set_index("route")
     ref = reference_route(recs)
-    suites = list(dict.fromkeys(r.suite for r in recs))
+    suites = suites_of(recs)
     rows = []
     for route, rp in synth.items():
         p, k = float(rp["p"]), int(rp["k"])

@@ -168,9 +168,12 @@ def copy_tokenizer(tokenizer_dir: str | None, out: Path) -> None:
 
 def train_target(recipe: TargetRecipe) -> dict[str, Any]:
     """Train, evaluate and write the checkpoint; returns the metrics written to metrics.json."""
-    t_start = time.perf_counter()
+    with recipe.claim_out():  # the out folder locked until the checkpoint is written, or training fails
+        return _train_target(recipe, time.perf_counter())
+
+
+def _train_target(recipe: TargetRecipe, t_start: float) -> dict[str, Any]:
     out = Path(recipe.out)
-    lock = recipe.claim_out()  # held until the checkpoint is written
     device = resolve_train_device(recipe.device)
     gen = seed_everything(recipe.seed)
     tok = load_tokenizer(recipe.tokenizer)
@@ -215,5 +218,4 @@ def train_target(recipe: TargetRecipe) -> dict[str, Any]:
     }
     write_json(out / "metrics.json", metrics)
     write_manifest(out, {"recipe": "target", **dataclasses.asdict(recipe)}, recipe.seed)
-    lock.close()
     return metrics

@@ -70,11 +70,12 @@ def swaps(rows: pd.DataFrame, records: list[Any]) -> list[dict[str, Any]]:
     ahead over the one it passed, both under that rule, as a paired ratio of tokens/s per prompt with its
     95% interval (:func:`repro.reporting.stats.compare`, every suite pooled); ``beyond_noise`` when the
     interval lies above 1."""
+    from repro.reporting.report import suites_of
     from repro.reporting.stats import SPEEDUP, compare
 
     uniform, best = protocol_tables(rows)
     place = {m: i for i, m in enumerate(ranking(best))}
-    suites = list(dict.fromkeys(r.suite for r in records))
+    suites = suites_of(records)
     out = []
     for rule, t in uniform.items():
         route = dict(zip(t["method"], t["route"]))
@@ -96,14 +97,14 @@ def method_rows(records: list[Any]) -> pd.DataFrame:
     """One row per non-AR route of a decode run: method, rule, route, n (prompts paired with AR), speedup
     with its paired 95% interval (:func:`repro.reporting.stats.compare`, every suite pooled: the decode
     report's "all (pooled)" row), MAL, tokens/s."""
-    from repro.reporting.report import reference_route, summarize
+    from repro.reporting.report import reference_route, suites_of, summarize
     from repro.reporting.stats import SPEEDUP, compare
 
     summary = summarize(records)
     pooled = summary[summary["suite"] == "all"].set_index("route")
     params = {r.route: r.route_params for r in records}
     ref = reference_route(records)
-    suites = list(dict.fromkeys(r.suite for r in records))
+    suites = suites_of(records)
     rows = []
     for name, p in params.items():
         if p.get("kind") == "ar":
