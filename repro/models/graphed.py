@@ -303,23 +303,90 @@ class GraphedTarget:
         self._picks = torch.zeros(AR_GROUP, dtype=torch.long, device=self.device)  # greedy AR's picks
         self._pending: int | None = None  # the stash holding a pending delayed commit (host-side)
         self._result_hosts: dict[int, list[torch.Tensor]] = {}  # per result length: two host buffers
-        self._tag = 0  # the last HostWrite's tag
+        # HOST_WRITES: the stores' tag counter on the device and its mirror on the host (the last tag stored),
+        # their two host rows per result length, a capture's warm-up calls' stand-ins on the device, and the
+        # last stored result (its address, length, host row, HostWrite) until _copy_out takes it
+        self._tags = torch.zeros(1, dtype=torch.long, device=self.device)
+        self._tag = 0
+        self._store_rows: dict[int, torch.Tensor] = {}
+        self._warm_rows: dict[int, torch.Tensor] = {}
+        self._warm_tags = torch.zeros(1, dtype=torch.long, device=self.device)
+        self._warming = False
+        self._landed: tuple[int, int, torch.Tensor, HostWrite] | None = None
         self._parity = 0  # the parity of the next delayed verification
 
     # ------------------------------------------------------------------------------ graphs
 
-    def _call(self, key: tuple[Any, ...], fn: Callable[[], Any], mutates: bool) -> Any:
+    def _call(
+        self, key: tuple[Any, ...], fn: Callable[[], Any], mutates: bool, result: torch.Tensor | None = None
+    ) -> Any:
         """The graph of ``fn`` (captured on first use; ``mutates``: the warm-up calls' writes to the
-        state are undone), or ``fn`` itself without graphs."""
+        state are undone), or ``fn`` itself without graphs. ``result``: the step's result the host reads,
+        stored by the graph itself with :data:`HOST_WRITES` (:meth:`_store`; each call notes its tag)."""
         call = self._calls.get(key)
         if call is None:
             if self.graphs and key[0] != "flush":
                 self.flush()  # warm-ups may write the stashes: nothing may be pending in them
-            with self._preserved() if mutates and self.graphs else contextlib.nullcontext():
-                call = graph_call(fn, self.device, self.graphs)
+            stores = result is not None and self._host_writes
+            body = self._storing(fn, result) if stores else fn
+            self._warming = self.graphs
+            try:
+                with self._preserved() if mutates and self.graphs else contextlib.nullcontext():
+                    call = graph_call(body, self.device, self.graphs)
+            finally:
+                self._warming = False
             self.captures += int(self.graphs)
-            self._calls[key] = call
+            call = self._calls[key] = self._noting(call, result) if stores else call
         return call
+
+    def _storing(self, fn: Callable[[], Any], result: torch.Tensor) -> Callable[[], Any]:
+        """``fn``, then ``result`` into its pinned host rows by the tagged stores (:meth:`_store`)."""
+
+        def body() -> Any:
+            out = fn()
+            self._store(result)
+            return out
+
+        return body
+
+    def _noting(self, call: Callable[[], Any], result: torch.Tensor) -> Callable[[], Any]:
+        """``call`` (a graph storing ``result``), then the host's mirror of the device's tag moved on in step
+        and the store noted for :meth:`_copy_out`."""
+        from repro.models.slot_kernels import next_tag
+
+        n = result.numel()
+
+        def noted() -> Any:
+            out = call()
+            self._tag = next_tag(self._tag)
+            self._landed = (result.data_ptr(), n, self._rows(n)[self._tag & 1], HostWrite(self._tag))
+            return out
+
+        return noted
+
+    def _rows(self, n: int) -> torch.Tensor:
+        """The two pinned host rows [2, n] the stores of results of ``n`` elements alternate between."""
+        rows = self._store_rows.get(n)
+        if rows is None:
+            pinned = self.device.type == "cuda"
+            rows = self._store_rows[n] = torch.zeros(2, n, dtype=torch.long, pin_memory=pinned)
+        return rows
+
+    def _store(self, result: torch.Tensor) -> None:
+        """``result`` into its host rows by :func:`~repro.models.slot_kernels.tagged_to_host` (the tag from
+        the device counter): the last launch of a storing graph. A capture's warm-up calls (real calls, on
+        a side stream, while a launched step's result may still be unread on the host) store into device
+        stand-ins with a counter of their own, so that neither the rows nor the tags move."""
+        from repro.models.slot_kernels import tagged_to_host
+
+        n = result.numel()
+        if self._warming and not torch.cuda.is_current_stream_capturing():
+            rows = self._warm_rows.get(n)
+            if rows is None:
+                rows = self._warm_rows[n] = torch.zeros(2, n, dtype=torch.long, device=self.device)
+            tagged_to_host(result, rows, self._warm_tags)
+        else:
+            tagged_to_host(result, self._rows(n), self._tags)
 
     @contextlib.contextmanager
     def _preserved(self) -> Iterator[None]:
@@ -416,7 +483,7 @@ class GraphedTarget:
             self._accept_and_commit(slot, strategy, accept)
 
         name = "greedy" if accept is None else "accept"
-        return self._call((name, *graph_slot_key(slot), strategy, *key), step, True)
+        return self._call((name, *graph_slot_key(slot), strategy, *key), step, True, slot.result)
 
     def _fused_call(
         self, slot: TreeSlot, strategy: str, accept: DeviceAccept | None = None, key: tuple = ()
@@ -430,7 +497,7 @@ class GraphedTarget:
             return logits
 
         name = "fused_greedy" if accept is None else "fused_accept"
-        return self._call((name, *graph_slot_key(slot), strategy, *key), step, True)
+        return self._call((name, *graph_slot_key(slot), strategy, *key), step, True, slot.result)
 
     def _decode_call(self) -> Any:
         return self._call(("decode",), self.decoder.decode_pick, True)
@@ -460,7 +527,7 @@ class GraphedTarget:
             return self._picks
 
         key = picker.graph_key if picker is not None else ()
-        return self._call(("ar", size, first, *key), ar_steps, True)
+        return self._call(("ar", size, first, *key), ar_steps, True, self._picks[:size])
 
     def prepare(
         self,
@@ -849,15 +916,13 @@ class GraphedTarget:
         return LaunchedStep(verification, slot.result, slot.max_depth, host, copied)
 
     def _copy_out(self, device: torch.Tensor, host: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        """``device`` into ``host`` (pinned on CUDA: queued on the stream, not waited for) and what
-        :func:`read_back` waits for: with :data:`HOST_WRITES` on CUDA the kernel's tagged stores
-        (:class:`HostWrite`), else the CUDA event recorded behind a copy (None on CPU)."""
-        if self._host_writes:
-            from repro.models.slot_kernels import TAGS, tagged_to_host
-
-            self._tag = self._tag % (TAGS - 1) + 1  # 1 .. TAGS - 1: a zeroed buffer holds none
-            tagged_to_host(device, host, self._tag)
-            return host, HostWrite(self._tag)
+        """Where ``device`` reaches the host and what :func:`read_back` waits for: the host row the last
+        graph stored it into and its :class:`HostWrite` (:data:`HOST_WRITES`: :meth:`_store`), else
+        ``host`` (pinned on CUDA), a copy queued on the stream (not waited for) and the CUDA event recorded
+        behind it (None on CPU)."""
+        landed, self._landed = self._landed, None
+        if landed is not None and landed[:2] == (device.data_ptr(), device.numel()):
+            return landed[2], landed[3]
         host.copy_(device, non_blocking=True)
         if self.device.type != "cuda":
             return host, None
@@ -867,7 +932,8 @@ class GraphedTarget:
 
     @property
     def _host_writes(self) -> bool:
-        """Whether results reach the host by the kernel's tagged stores (:data:`HOST_WRITES`, CUDA)."""
+        """Whether the step graphs captured now store their results into pinned host memory themselves
+        (:data:`HOST_WRITES`, CUDA)."""
         return HOST_WRITES and self.device.type == "cuda"
 
     def _result_host(self, result: torch.Tensor) -> torch.Tensor:

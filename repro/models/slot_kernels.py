@@ -19,9 +19,9 @@ those is one launch, on the device, capturable (no host read), and equal to the 
 - :func:`commit_rows`: an attention layer's commit: the path's keys and values into the cache rows after
   the committed length (the off-path rows are not written; the torch commit sends them to scratch rows).
 - :func:`advance_length`: the committed length plus the path's length, capped at ``max_len``.
-- :func:`tagged_to_host`: a slot's result into pinned host memory by the kernel's own stores (no stream
-  copy and no event behind it), each element tagged so the host sees when all have landed
-  (:func:`untagged`).
+- :func:`tagged_to_host`: a step's result into pinned host memory by the kernel's own stores, inside the
+  step's graph (no stream copy and no event behind it), each element tagged from a device counter so the
+  host sees when all have landed (:func:`untagged`).
 """
 
 from __future__ import annotations
@@ -322,28 +322,44 @@ def advance_length(length: torch.Tensor, depth: torch.Tensor, node: torch.Tensor
 
 TAG_BITS = 16  # tagged_to_host: an element is value << TAG_BITS | tag
 TAGS = 1 << TAG_BITS
+# tags run 1 .. TAG_PERIOD and wrap to 1: an even period, so that consecutive tags alternate between the two
+# host rows (row = tag & 1) across the wrap too, and a zeroed row (tag 0) never reads as landed
+TAG_PERIOD = TAGS - 2
 
 
-# one binary for every tag, length and offset: launched outside the graphs on every read, a specialization
-# first met mid-run (a tag divisible by 16, a tail of one element at an odd offset) would compile or load
-# (on an H200 greedy AR with HOST_WRITES: 0.116 -> 0.314 ms a token over 288 tokens, routes-ab callCZ)
-@triton.jit(do_not_specialize=["n", "tag"], do_not_specialize_on_alignment=["src", "dst"])
-def _tagged_kernel(src, dst, n, tag, TAG_BITS: tl.constexpr, BLOCK: tl.constexpr):
+def next_tag(tag: int) -> int:
+    """The tag after ``tag`` (what :func:`tagged_to_host` takes from its counter): 1 .. TAG_PERIOD, cyclic."""
+    return tag % TAG_PERIOD + 1
+
+
+# launched inside the step graphs (one binary at capture); outside them (graphs off) on every read, where a
+# length specialization first met mid-run would compile (on an H200 greedy AR 0.116 -> 0.314 ms a token over
+# 288 tokens when a Python-launched store met a new tag specialization, routes-ab callCZ)
+@triton.jit(do_not_specialize=["n"], do_not_specialize_on_alignment=["src", "dst"])
+def _tagged_kernel(src, dst, n, counter, TAG_BITS: tl.constexpr, PERIOD: tl.constexpr, BLOCK: tl.constexpr):
+    tag = tl.load(counter) % PERIOD + 1
+    tl.debug_barrier()  # every thread has read the counter before it is moved on
+    tl.store(counter, tag)
     o = tl.arange(0, BLOCK)
     m = o < n
-    tl.store(dst + o, (tl.load(src + o, mask=m, other=0) << TAG_BITS) | tag, mask=m)
+    tl.store(dst + (tag & 1) * n + o, (tl.load(src + o, mask=m, other=0) << TAG_BITS) | tag, mask=m)
 
 
-def tagged_to_host(src: torch.Tensor, dst: torch.Tensor, tag: int) -> None:
-    """``src`` [n] int64 (device) into ``dst`` [n] int64, pinned host memory the kernel stores to directly
-    (unified addressing), each element ``src << TAG_BITS | tag`` in one 8-byte store: the host knows the
-    whole result has landed when every element carries ``tag`` (:func:`untagged`), in whatever order the
-    stores arrive, without a stream copy or an event behind it. ``tag`` in [1, TAGS) (a zeroed buffer holds
-    tag 0); values within +-2**(63 - TAG_BITS)."""
-    if not 0 < tag < TAGS:
-        raise ValueError(f"tag must be in [1, {TAGS}), got {tag}")
+def tagged_to_host(src: torch.Tensor, dst: torch.Tensor, counter: torch.Tensor) -> None:
+    """``src`` [n] int64 (device) into row ``tag & 1`` of ``dst`` [2, n] int64 (pinned host memory on CUDA,
+    which the kernel stores to directly: unified addressing), each element ``src << TAG_BITS | tag`` in one
+    8-byte store, where ``tag`` = :func:`next_tag` of ``counter`` [1] (int64, device; written back). The host,
+    mirroring the counter, knows the whole result has landed when every element of the row carries the tag
+    (:func:`untagged`), in whatever order the stores arrive, without a stream copy or an event behind it;
+    consecutive stores alternate rows, so one may land while the host still reads the one before. Capturable
+    (the tag is the device's: a graph replay stores the next one); values within +-2**(63 - TAG_BITS)."""
     n = src.numel()
-    _tagged_kernel[(1,)](src, dst, n, tag, TAG_BITS=TAG_BITS, BLOCK=triton.next_power_of_2(max(n, 16)))
+    if dst.shape != (2, n) or counter.numel() != 1:
+        raise ValueError(f"tagged_to_host takes dst [2, {n}] and a counter [1], got {tuple(dst.shape)}")
+    _tagged_kernel[(1,)](
+        src, dst, n, counter, TAG_BITS=TAG_BITS, PERIOD=TAG_PERIOD, BLOCK=triton.next_power_of_2(max(n, 16)),
+        num_warps=1,
+    )  # fmt: skip
 
 
 def untagged(words: np.ndarray, tag: int) -> list[int] | None:

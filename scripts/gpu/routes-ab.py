@@ -43,8 +43,9 @@ on a fresh GraphedTarget so that its graphs are captured under that setting:
   not one graph with it (``graphed.FUSE_ACCEPT`` off; on, their time falls in the verify stage);
 - ``fuse_tree``: a pipelined DDTree / chain DFlash step's tree built inside the DFlash drafter's graph
   (``engine.FUSE_TREE``; its time then falls in the draft stage), not after it;
-- ``host_writes``: a step's result stored into its pinned host buffer by a kernel, each element tagged, the
-  host polling the tags (``graphed.HOST_WRITES`` on), not copied there on the stream with an event behind it;
+- ``host_writes``: a step's result stored into pinned host memory by the last kernel of the step's graph, each
+  element tagged from a device counter, the host polling the tags (``graphed.HOST_WRITES`` on), not copied
+  there on the stream with an event behind it;
 - ``gated_out_proj``: a GDN layer's output gated norm inside its out_proj's row-tiled launch
   (``static_layers.GATED_OUT_PROJ``; triton_linear.gated_linear_residual), not a launch of its own;
 - ``fused_tree``: every verify's GDN layers on the one-launch fused tree kernel, not the split form (three

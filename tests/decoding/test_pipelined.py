@@ -211,7 +211,7 @@ def test_prepare_graphs_makes_what_each_loop_replays_and_nothing_else(setup, mon
     prepared, captured = set(target._calls), target.captures
     used: set[tuple] = set()
     real = target._call
-    monkeypatch.setattr(target, "_call", lambda key, fn, mutates: used.add(key) or real(key, fn, mutates))
+    monkeypatch.setattr(target, "_call", lambda key, *args: used.add(key) or real(key, *args))
     for route in routes:
         got = generate(target, prompts[1], route, 40)
         if route.rule.temperature == 0:
@@ -377,6 +377,41 @@ def test_gpu_pipelined_routes_equal_ar_in_float32_on_cuda_graphs(monkeypatch, ho
     ar = build_route({"kind": "ar"}, model.config.vocab_size, "greedy", 0.0, 0)
     for name, route in _routes(target).items():
         _equal_ar_and_step_by_step(target, prompts, ar, route, name, monkeypatch)
+
+
+class _Forgetful(dict):
+    """A graph cache that never finds a graph: every call captures its graph again (warm-ups included)."""
+
+    def get(self, key, default=None):  # noqa: ANN001, ANN201 - dict's signature
+        return None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_captures_between_a_launch_and_its_read_keep_the_stored_results(monkeypatch):
+    """graphed.HOST_WRITES: step graphs captured again on every call, so that each capture's warm-up calls
+    (real calls of a storing graph) run while the step launched before is unread on the host, give AR's
+    tokens and the records of graphs captured once: the warm-ups neither store into the host rows nor move
+    the tags (the stand-ins of GraphedTarget._store). AR's groups, a tree route and a chain route."""
+    import repro.models.graphed as graphed
+
+    monkeypatch.setattr(graphed, "HOST_WRITES", True)
+    model, target, prompts = _cuda_float32()
+    vocab = model.config.vocab_size
+    ar = build_route({"kind": "ar"}, vocab, "greedy", 0.0, 0)
+    routes = _routes(target)
+    for name in ("ddtree", "chain"):
+        route = routes[name]
+        assert pipelined(target, route)
+        for prompt in prompts[:2]:
+            reference, want = generate(target, prompt, ar, 40), generate(target, prompt, route, 40)
+            target._calls = _Forgetful()
+            captured = target.captures
+            got_ar, got = generate(target, prompt, ar, 40), generate(target, prompt, route, 40)
+            assert target.captures - captured > len(got.accepted_lengths), name  # a capture a step at least
+            target._calls = {}
+            assert got_ar.output_ids == reference.output_ids == got.output_ids, name
+            assert _fields(got) == _fields(want), name
 
 
 @pytest.mark.gpu

@@ -117,38 +117,52 @@ def copy_mismatches(device: str) -> list[str]:
 
 def tagged_mismatches(device: str) -> list[str]:
     """Results where tagged_to_host's stores (into pinned host memory on CUDA) do not read back as the
-    values through ``untagged``; a half-written buffer, another tag or a zeroed buffer that reads as done;
-    a tag out of range that is taken."""
-    from repro.models.slot_kernels import TAG_BITS, TAGS, tagged_to_host, untagged
+    values through ``untagged`` in row ``tag & 1``, the tag the one after the counter's (written back);
+    the other row touched; a half-written row, another tag or a zeroed row that reads as done; consecutive
+    stores that do not alternate rows, across the counter's wrap too; a wrong-shaped host buffer taken."""
+    from repro.models.slot_kernels import TAG_BITS, TAG_PERIOD, next_tag, tagged_to_host, untagged
 
     bad = []
     gen = torch.Generator().manual_seed(12)
-    for n, tag in ((1, 1), (18, 7), (40, TAGS - 1), (70, 300)):
+    for n, start in ((1, 0), (18, 6), (40, TAG_PERIOD - 1), (70, TAG_PERIOD), (3, 299)):
         src = torch.randint(-(2**40), 2**40, (n,), generator=gen)
         src[0] = 2 ** (63 - TAG_BITS) - 1  # the largest value a tagged element holds
-        dst = torch.zeros(n, dtype=torch.long, pin_memory=device == "cuda")
-        if untagged(dst.numpy(), tag) is not None:
-            bad.append(f"n={n}: a zeroed buffer read as tag {tag}")
-        tagged_to_host(src.to(device), dst, tag)
+        dst = torch.zeros(2, n, dtype=torch.long, pin_memory=device == "cuda")
+        counter = torch.tensor([start], device=device)
+        tag = next_tag(start)
+        if untagged(dst[tag & 1].numpy(), tag) is not None:
+            bad.append(f"n={n}: a zeroed row read as tag {tag}")
+        tagged_to_host(src.to(device), dst, counter)
         if device == "cuda":
             torch.cuda.synchronize()
-        words = dst.numpy().copy()
+        if int(counter) != tag:
+            bad.append(f"n={n}: counter {start} -> {int(counter)}, not {tag}")
+        words = dst[tag & 1].numpy().copy()
         if untagged(words, tag) != src.tolist():
             bad.append(f"n={n} tag={tag}: read back {untagged(words, tag)}")
-        if untagged(words, tag % (TAGS - 1) + 1) is not None:
+        if dst[1 - (tag & 1)].count_nonzero():
+            bad.append(f"n={n} tag={tag}: the other row written")
+        if untagged(words, next_tag(tag)) is not None:
             bad.append(f"n={n}: read under another tag")
         if n > 1:
             words[n // 2] = 0  # one element not landed yet
             if untagged(words, tag) is not None:
                 bad.append(f"n={n}: a buffer with a missing element read as done")
-    for tag in (0, TAGS):
-        try:
-            tagged_to_host(
-                torch.zeros(2, dtype=torch.long, device=device), torch.zeros(2, dtype=torch.long), tag
-            )
-            bad.append(f"tag {tag} taken")
-        except ValueError:
-            pass
+        tagged_to_host(src.to(device), dst, counter)  # the next store: the other row
+        if device == "cuda":
+            torch.cuda.synchronize()
+        after = next_tag(tag)
+        if untagged(dst[after & 1].numpy(), after) != src.tolist() or (after ^ tag) & 1 == 0:
+            bad.append(f"n={n}: the store after tag {tag} did not take the other row")
+    try:
+        tagged_to_host(
+            torch.zeros(2, dtype=torch.long, device=device),
+            torch.zeros(2, dtype=torch.long),
+            torch.zeros(1, dtype=torch.long, device=device),
+        )
+        bad.append("a host buffer of one row taken")
+    except ValueError:
+        pass
     return bad
 
 
@@ -402,43 +416,41 @@ def specialization_keys(kernel: Any, calls: list[tuple]) -> set[tuple]:
     }
 
 
-def test_tagged_stores_take_one_binary_for_every_tag_length_and_offset() -> None:
-    """tagged_to_host runs outside the graphs on every read: were a tag of 1 or divisible by 16, a length of
-    one or a result at an odd offset of its host buffer a binary of its own, one would compile mid-run (on
-    an H200 greedy AR went 0.116 -> 0.314 ms a token over 288 tokens, results/2026-12-05-h200-host-writes).
-    The same calls through a kernel that specialises as Triton does by default take several binaries."""
+def test_tagged_stores_take_one_binary_for_every_length_of_a_block() -> None:
+    """tagged_to_host runs outside the graphs on every read when graphs are off: were a length of one or
+    divisible by 16 a binary of its own, one would compile mid-run (as a Python-launched store's tag did on
+    an H200: greedy AR 0.116 -> 0.314 ms a token over 288 tokens, results/2026-12-05-h200-host-writes). The
+    same calls through a kernel that specialises as Triton does by default take several binaries."""
     import triton
 
     from repro.models.slot_kernels import _tagged_kernel
 
     src = torch.arange(1, 17)
-    host = torch.zeros(64, dtype=torch.long)
-    calls = [
-        (src[:n], host[offset : offset + n], n, tag)
-        for n, tag, offset in itertools.product((1, 5, 8, 16), (1, 13, 16, 17, 300, 65535), (0, 1, 8, 13))
-    ]
+    counter = torch.zeros(1, dtype=torch.long)
+    calls = [(src[:n], torch.zeros(2, n, dtype=torch.long), n, counter) for n in (1, 5, 8, 13, 16)]
     assert len(specialization_keys(_tagged_kernel, calls)) == 1
     default = triton.jit(_tagged_kernel.fn)  # the same body, specialised by default
-    assert len(specialization_keys(default, calls)) >= 6
+    assert len(specialization_keys(default, calls)) >= 3
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_gpu_tagged_stores_compile_once_for_every_tag_length_and_offset() -> None:
-    """tagged_to_host runs outside the graphs on every read: a tag divisible by 16, a length of one or a
-    result at an odd offset of its host buffer must not compile (or load) another binary mid-run."""
+def test_gpu_tagged_stores_compile_once_for_every_length_of_a_block() -> None:
+    """tagged_to_host outside the graphs (graphs off): a length of one or divisible by 16 must not compile
+    (or load) another binary mid-run; each store lands in the row of its tag."""
     from repro.models.slot_kernels import _tagged_kernel, tagged_to_host, untagged
 
     src = torch.arange(1, 17, device="cuda")
-    host = torch.zeros(40, dtype=torch.long, pin_memory=True)
-    tagged_to_host(src[:8], host[:8], 3)
+    counter = torch.zeros(1, dtype=torch.long, device="cuda")
+    tagged_to_host(src[:8], torch.zeros(2, 8, dtype=torch.long, pin_memory=True), counter)
     torch.cuda.synchronize()
     device = torch.cuda.current_device()
     before = len(_tagged_kernel.device_caches[device][0])
-    for n, tag, offset in ((1, 1, 1), (5, 16, 3), (8, 17, 8), (16, 32, 0), (3, 300, 21), (8, 48, 13)):
-        tagged_to_host(src[:n], host[offset : offset + n], tag)
+    for tag, n in enumerate((1, 5, 8, 16, 3, 13), start=2):
+        host = torch.zeros(2, n, dtype=torch.long, pin_memory=True)
+        tagged_to_host(src[:n], host, counter)
         torch.cuda.synchronize()
-        assert untagged(host[offset : offset + n].numpy(), tag) == list(range(1, n + 1)), (n, tag, offset)
+        assert untagged(host[tag & 1].numpy(), tag) == list(range(1, n + 1)), (n, tag)
     assert len(_tagged_kernel.device_caches[device][0]) == before == 1
 
 
