@@ -85,18 +85,17 @@ DeviceAccept = Callable[[TreeSlot, torch.Tensor], None]
 # callCM): wall a step chain DFlash 0.272 -> 0.267 ms, DDTree 0.343 -> 0.341, SpecLA 0.578 -> 0.574,
 # DFlash-TfM 0.632 -> 0.626, same tokens. The acceptance's and commit's device time is in the verify stage's.
 FUSE_ACCEPT = True
-# on CUDA a step's result reaches its pinned host buffer by a kernel's stores (slot_kernels.tagged_to_host,
-# the host polling the tags), not by a stream copy with an event behind it: on an H200 a copy + event behind
-# a graph cost 11.4 us of device time against 1.7 for the stores (scripts/gpu/result-copy.py,
-# results/2026-12-05-h200-step-graph/callCW). Routes A/B (results/2026-12-05-h200-host-writes, callCZ): wall
-# a step DDTree 0.335 -> 0.322 ms (wall / busy 1.140 -> 1.114), SpecLA 0.555 -> 0.548, DFlash-TfM 0.607 ->
-# 0.595, chain DFlash 0.293 -> 0.292, same tokens. AR's 0.116 -> 0.314 ms there was one binary of the store
-# kernel compiled mid-run (its first tag divisible by 16: Triton's default specialisation, since turned off;
-# test_tagged_stores_take_one_binary_for_every_tag_length_and_offset). With that fixed, the A/B on an H100
-# (results/2026-12-05-h100-host-writes-off, callDA: stores -> stream copy): AR 0.118 -> 0.123 ms, SpecLA 0.557
-# -> 0.566, DFlash-TfM 0.610 -> 0.616, but chain DFlash 0.449 -> 0.267 and DDTree 0.370 -> 0.333 (wall / busy
-# 1.86 / 1.25 with the stores: the device waits on the host's polls), so off.
-HOST_WRITES = False
+# on CUDA a step's result reaches pinned host memory by the stores of the last kernel of the step's graph
+# (slot_kernels.tagged_to_host, the tag from a device counter, the host polling the tags), not by a stream
+# copy with an event behind it: on an H200 a copy + event behind a graph cost 11.4 us of device time against
+# 1.7 for the stores (scripts/gpu/result-copy.py, results/2026-12-05-h200-step-graph/callCW). The stores
+# launched from Python on every read (Triton's launcher) won 2-4% on an H200 (results/2026-12-05-h200-host-
+# writes, callCZ) but cost an H100's host-paced routes up to 68% (chain DFlash 0.267 -> 0.449 ms a step,
+# results/2026-12-05-h100-host-writes-off, callDA). Inside the graphs, on an H100 (results/2026-12-05-h100-
+# stores-in-graphs, callDE: stream copies -> stores): wall a step chain DFlash 0.262 -> 0.254 ms (wall / busy
+# 1.121 -> 1.103), DDTree 0.330 -> 0.322 (1.125 -> 1.108), DFlash-TfM 0.607 -> 0.597, AR 0.118 -> 0.117,
+# SpecLA 0.557 -> 0.556, same tokens.
+HOST_WRITES = True
 READ_WAIT_S = 10.0  # read_back polls a HostWrite this long before it synchronizes the device once
 
 

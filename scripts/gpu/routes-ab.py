@@ -43,9 +43,9 @@ on a fresh GraphedTarget so that its graphs are captured under that setting:
   not one graph with it (``graphed.FUSE_ACCEPT`` off; on, their time falls in the verify stage);
 - ``fuse_tree``: a pipelined DDTree / chain DFlash step's tree built inside the DFlash drafter's graph
   (``engine.FUSE_TREE``; its time then falls in the draft stage), not after it;
-- ``host_writes``: a step's result stored into pinned host memory by the last kernel of the step's graph, each
-  element tagged from a device counter, the host polling the tags (``graphed.HOST_WRITES`` on), not copied
-  there on the stream with an event behind it;
+- ``stream_copies``: a step's result copied to pinned host memory on the stream with an event behind it
+  (``graphed.HOST_WRITES`` off), not stored there by the last kernel of the step's graph (each element
+  tagged from a device counter, the host polling the tags);
 - ``gated_out_proj``: a GDN layer's output gated norm inside its out_proj's row-tiled launch
   (``static_layers.GATED_OUT_PROJ``; triton_linear.gated_linear_residual), not a launch of its own;
 - ``fused_tree``: every verify's GDN layers on the one-launch fused tree kernel, not the split form (three
@@ -164,7 +164,7 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "separate_accept": lambda: patched(graphed, "FUSE_ACCEPT", False),
     "gated_out_proj": lambda: patched(static_layers, "GATED_OUT_PROJ", True),
     "fuse_tree": lambda: patched(engine, "FUSE_TREE", True),
-    "host_writes": lambda: patched(graphed, "HOST_WRITES", True),
+    "stream_copies": lambda: patched(graphed, "HOST_WRITES", False),
     "kernel_tree_copy": lambda: patched(static, "KERNEL_TREE_COPY", True),
     "aliased_roots": lambda: patched(tree_builders, "ALIASED_ROOTS", 4),
 }
