@@ -34,9 +34,11 @@ event completes before the graph reaches the device), so busy is an upper bound 
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -73,6 +75,13 @@ _EVENTS: dict[torch.device, list[torch.cuda.Event]] = {}
 # time did not stand for the others' (chain DFlash 0.287 -> 0.303 ms a step once scaled;
 # results/2026-12-04-h200-derive-rows/callCG), so every step is measured.
 EVENT_EVERY = 1
+# Python's cyclic garbage collector is paused while a generation is timed (prefill and decode: generate())
+# and restored after it, so that the cycles it leaves are collected between generations: a collection pauses
+# the host (here a generation-1 one ~0.3 ms, a full one ~40 ms), and inside a 5-10 ms turn of the tiny family
+# it lands on whichever route and turn it falls in (inference servers do the same: vLLM, SGLang and LightLLM
+# freeze or disable the collector around their decode loops and graph captures). scripts/gpu/gc-probe.py
+# counts the collections inside timed generations with it off.
+PAUSE_GC = True
 # greedy device routes whose drafter pipelines run one step ahead of the host (:func:`pipelined`); False: each
 # step read before the next is drafted (the A/B of scripts/gpu/busy-time.py)
 PIPELINE = True
@@ -433,6 +442,20 @@ def _prefill(
     return state, ver
 
 
+@contextlib.contextmanager
+def gc_paused(pause: bool) -> Iterator[None]:
+    """With ``pause``, Python's cyclic garbage collector disabled inside the block (reference counting still
+    frees; the collector's state on entry restored on exit); else nothing."""
+    was = gc.isenabled()
+    if pause:
+        gc.disable()
+    try:
+        yield
+    finally:
+        if pause and was:
+            gc.enable()
+
+
 def generate(
     model: HybridLM,
     prompt_ids: list[int],
@@ -441,7 +464,20 @@ def generate(
     stop_ids: Iterable[int] = (),
     reference_ids: list[int] | None = None,
 ) -> DecodeResult:
-    """Decode up to ``max_new_tokens`` after ``prompt_ids`` with ``route`` (and its commit strategy)."""
+    """Decode up to ``max_new_tokens`` after ``prompt_ids`` with ``route`` (and its commit strategy), the
+    garbage collector paused (:data:`PAUSE_GC`)."""
+    with gc_paused(PAUSE_GC):
+        return _generate(model, prompt_ids, route, max_new_tokens, stop_ids, reference_ids)
+
+
+def _generate(
+    model: HybridLM,
+    prompt_ids: list[int],
+    route: Route,
+    max_new_tokens: int,
+    stop_ids: Iterable[int],
+    reference_ids: list[int] | None,
+) -> DecodeResult:
     stops = set(stop_ids)
     dev = model.device
     drafter = route.drafter

@@ -43,6 +43,8 @@ on a fresh GraphedTarget so that its graphs are captured under that setting:
   not one graph with it (``graphed.FUSE_ACCEPT`` off; on, their time falls in the verify stage);
 - ``fuse_tree``: a pipelined DDTree / chain DFlash step's tree built inside the DFlash drafter's graph
   (``engine.FUSE_TREE``; its time then falls in the draft stage), not after it;
+- ``gc_on``: Python's cyclic garbage collector left running while generations are timed (``engine.PAUSE_GC``
+  off; the default pauses it inside ``generate``);
 - ``stream_copies``: a step's result copied to pinned host memory on the stream with an event behind it
   (``graphed.HOST_WRITES`` off), not stored there by the last kernel of the step's graph (each element
   tagged from a device counter, the host polling the tags);
@@ -165,6 +167,7 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "gated_out_proj": lambda: patched(static_layers, "GATED_OUT_PROJ", True),
     "fuse_tree": lambda: patched(engine, "FUSE_TREE", True),
     "stream_copies": lambda: patched(graphed, "HOST_WRITES", False),
+    "gc_on": lambda: patched(engine, "PAUSE_GC", False),
     "kernel_tree_copy": lambda: patched(static, "KERNEL_TREE_COPY", True),
     "aliased_roots": lambda: patched(tree_builders, "ALIASED_ROOTS", 4),
 }

@@ -169,3 +169,39 @@ def test_route_errors_are_one_line():
         assert needle in str(err.value) and "\n" not in str(err.value)
     with pytest.raises(ConfigError, match="needs temperature 0"):
         make_rule("greedy", 0.5, 0)
+
+
+@pytest.mark.parametrize("pause", [True, False])
+def test_the_garbage_collector_is_paused_only_inside_a_timed_generation(
+    model64, suite_prompts, monkeypatch, pause
+):
+    """engine.PAUSE_GC: the collector is off while generate runs (seen from inside the decode loop) and back
+    on after it, an exception included; with it off, the collector keeps running. A collector already off
+    stays off."""
+    import gc
+
+    from repro.decoding import engine
+
+    monkeypatch.setattr(engine, "PAUSE_GC", pause)
+    seen: list[bool] = []
+    real = SingleNode.build
+
+    def build(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        seen.append(gc.isenabled())
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(SingleNode, "build", build)
+    assert gc.isenabled()
+    generate(model64, suite_prompts[0], ar_route(), 4)
+    assert seen and set(seen) == {not pause} and gc.isenabled()
+    monkeypatch.setattr(SingleNode, "build", lambda *a, **k: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        generate(model64, suite_prompts[0], ar_route(), 4)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        monkeypatch.setattr(SingleNode, "build", build)
+        generate(model64, suite_prompts[0], ar_route(), 4)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
