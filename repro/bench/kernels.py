@@ -44,9 +44,9 @@ from repro.bench.kernel_methods import (
     seed_of,
     unavailable,
 )
-from repro.bench.kernels_report import COLUMNS, KIND
+from repro.bench.kernels_report import COLUMNS, COUNTS, KIND
 from repro.bench.shapes import SHAPES, deepest_path, depths, make_tree
-from repro.bench.timing import TimerConfig, graph_us, measure_ceilings, median_us, timer_name
+from repro.bench.timing import TimerConfig, measure_ceilings, time_calls, time_graph, timer_name
 from repro.errors import ConfigError, describe
 
 MAX_GRAPH_SETS = 16  # input sets a CUDA graph cycles through (enough to spill L2 for small cases)
@@ -345,7 +345,7 @@ def measure(
 ) -> dict[str, Any]:
     """One row: build, check against float64, time (or record why not, e.g. ``skip``)."""
     seed = seed_of(spec, cfg.seed)
-    row: dict[str, Any] = {c: None for c in COLUMNS}
+    row: dict[str, Any] = {c: None for c in COLUMNS + COUNTS}
     row.update(
         shape=spec.shape,
         group=spec.group,
@@ -391,8 +391,8 @@ def measure(
             if not err <= row["tol"]:  # NaN fails too
                 row.update(status="FAIL", reason=f"rel err {err:.2e} > tol {row['tol']:.0e}: not timed")
                 return row
-            row["us"] = median_us(fn, device, cfg.timer)
-            row["status"] = "ok"
+            timed = time_calls(fn, device, cfg.timer)
+            row.update(us=timed.us, n_timed=timed.n, status="ok")
             if device.type == "cuda" and method.graphable:
                 sets = graph_sets(device, nbytes)
                 fns = [fn] + [
@@ -400,8 +400,9 @@ def measure(
                     for i in range(1, sets)
                 ]
                 try:
-                    row["us_graph"] = graph_us(fns, device, cfg.timer, row["us"])
-                    row["graph_sets"] = sets
+                    replays = time_graph(fns, device, cfg.timer, row["us"])
+                    row.update(us_graph=replays.us, graph_sets=sets)
+                    row.update(graph_replays=replays.n, graph_calls=replays.calls)
                 except Exception as exc:  # noqa: BLE001 - a failed capture is recorded, the row stays
                     _sync(device)
                     row["reason"] = f"graph capture failed: {describe(exc)}"
@@ -495,4 +496,4 @@ def run_bench(
             if progress:
                 progress(row)
         run.write_report(figures)
-    return pd.DataFrame(rows, columns=COLUMNS)
+    return pd.DataFrame(rows, columns=COLUMNS + COUNTS)

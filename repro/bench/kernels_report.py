@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from repro.bench.shapes import SHAPES
+from repro.bench.timing import counts_line
 from repro.reporting.rundir import Run, RunKind, fields_parser
 
 COLUMNS = [
@@ -22,11 +23,13 @@ COLUMNS = [
     "x_floor_graph", "baseline", "speedup", "speedup_graph", "paper_us", "paper_speedup", "paper_ref",
     "prior_us", "bytes_min", "flops", "timer", "seed",
 ]  # fmt: skip
+COUNTS = ["n_timed", "graph_replays", "graph_calls"]  # what us and us_graph are medians of
 
 
 def build_report(run: Run, figures_dir: Path | None) -> str:
     """table.csv, figures (in ``figures_dir``) and report.md of a bench-kernels run, from its records."""
-    table = pd.DataFrame(run.records, columns=COLUMNS)
+    present = {k for r in run.records for k in r}  # the timing counts: only in runs of newer code
+    table = pd.DataFrame(run.records, columns=COLUMNS + [c for c in COUNTS if c in present])
     run.write("table.csv", table.to_csv(index=False))
     figs = write_figures(table, figures_dir) if figures_dir is not None else {}
     text = report_markdown(
@@ -81,6 +84,8 @@ def report_markdown(
         sh = SHAPES[shape]
         lines += [f"## {shape} (H={sh.h}, HV={sh.hv}, dk={sh.dk}, dv={sh.dv}): {titles[group]}", ""]
         lines += [markdown_table(part[REPORT_COLUMNS].reset_index(drop=True), FORMATS), ""]
+        if counts := counts_line(part.to_dict("records")):
+            lines += [counts, ""]
     for name, path in figures.items():
         lines += [f"![{name}]({path})", ""]
     untimed = table[table["status"] != "ok"]

@@ -68,7 +68,7 @@ import torch
 from repro.bench.kernel_methods import rel_err, wy_flops
 from repro.bench.model_report import COLUMNS, KIND, derive
 from repro.bench.shapes import draft_tree, flatten_paths
-from repro.bench.timing import TimerConfig, measure_ceilings, median_us, timer_name
+from repro.bench.timing import TimerConfig, measure_ceilings, time_calls, timer_name
 from repro.errors import describe
 from repro.models.config import ATTENTION, GDN, HybridConfig
 from repro.models.default import init_random_weights, tiny_config
@@ -801,8 +801,8 @@ def measure(bench: ShapeBench, spec: RowSpec, ceilings: dict[str, Any], skip: st
             )
             return row
         _sync(bench.device)
-        row["us"] = median_us(m.fn, bench.device, cfg.timer) / m.calls
-        row["status"] = "ok"
+        timed = time_calls(m.fn, bench.device, cfg.timer)
+        row.update(us=timed.us / m.calls, n_timed=timed.n, status="ok")
         if row["floor_us"]:
             row["floor_frac"] = row["floor_us"] / row["us"]
         if spec.T == 1 and spec.group in ("decode", "compiled"):

@@ -11,6 +11,7 @@ from typing import Any
 
 import pandas as pd
 
+from repro.bench.timing import counts_line
 from repro.reporting.rundir import Run, RunKind, fields_parser
 
 TARGET_RATIO = 1.2  # verify(step_nodes) <= 1.2x the decode step at gdn-1.3b (issue 13)
@@ -20,7 +21,7 @@ COLUMNS = [
     "shape", "group", "method", "T", "accepted", "dtype", "status", "reason", "rel_err", "state_err",
     "rel_err_eager", "top1", "tol", "us", "tokens_per_s", "floor_us", "floor_frac", "x_decode", "layers_gdn",
     "layers_attn", "kernels", "kernel_busy_us", "kernels_by_group", "aten_ops", "bytes_min", "flops",
-    "context", "timer", "seed",
+    "context", "timer", "seed", "n_timed",
 ]  # fmt: skip
 
 
@@ -279,6 +280,8 @@ def report_markdown(
                 markdown_table(part[REPORT_COLUMNS].reset_index(drop=True), FORMATS),
                 "",
             ]
+            if counts := counts_line(part.to_dict("records")):
+                lines += [counts, ""]
     for name, path in figures.items():
         lines += [f"![{name}]({path})", ""]
     untimed = table[table["status"] != "ok"]

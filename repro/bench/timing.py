@@ -3,7 +3,8 @@
 On CUDA: :func:`triton.testing.do_bench` (device events around every call, L2 flushed before
 each, median) and replays of a captured CUDA graph that calls the function over several input
 sets in turn (so that the replays do not just re-read L2). On CPU a perf_counter loop stands in
-so that the plumbing can be tested; its numbers mean nothing for the GPU.
+so that the plumbing can be tested; its numbers mean nothing for the GPU. Each median comes with what
+it is the median of (:class:`Timed`: n samples of ``calls`` calls each), which the bench records keep.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -36,6 +38,16 @@ class TimerConfig:
             raise ConfigError(f"repetitions must be a finite number of ms > 0, got {self.rep_ms}")
 
 
+@dataclass(frozen=True)
+class Timed:
+    """A median time per call (``us``) over ``n`` timed samples, each of ``calls`` calls (do_bench and the
+    CPU loop: one call a sample; a graph replay: the calls it unrolls)."""
+
+    us: float
+    n: int
+    calls: int = 1
+
+
 def timer_name(device: torch.device) -> str:
     return "do_bench" if device.type == "cuda" else "perf_counter"
 
@@ -46,13 +58,23 @@ def _sync(device: torch.device) -> None:
 
 
 def median_us(fn: Fn, device: torch.device, cfg: TimerConfig) -> float:
-    """Median microseconds per call: do_bench on CUDA, a synchronised perf_counter loop elsewhere."""
+    """Median microseconds per call (:func:`time_calls`'s)."""
+    return time_calls(fn, device, cfg).us
+
+
+def graph_us(fns: Sequence[Fn], device: torch.device, cfg: TimerConfig, estimate_us: float) -> float:
+    """Median microseconds per call over replays of one CUDA graph (:func:`time_graph`'s)."""
+    return time_graph(fns, device, cfg, estimate_us).us
+
+
+def time_calls(fn: Fn, device: torch.device, cfg: TimerConfig) -> Timed:
+    """Median microseconds per call and the number of calls timed: do_bench on CUDA, a synchronised
+    perf_counter loop elsewhere."""
     if device.type == "cuda":
         import triton.testing
 
-        return 1e3 * float(
-            triton.testing.do_bench(fn, warmup=cfg.warmup_ms, rep=cfg.rep_ms, return_mode="median")
-        )
+        ms = triton.testing.do_bench(fn, warmup=cfg.warmup_ms, rep=cfg.rep_ms, return_mode="all")
+        return Timed(1e3 * statistics.median(ms), len(ms))
     fn()
     deadline = time.perf_counter() + cfg.warmup_ms / 1e3
     while time.perf_counter() < deadline:
@@ -64,11 +86,12 @@ def median_us(fn: Fn, device: torch.device, cfg: TimerConfig) -> float:
         fn()
         _sync(device)
         times.append(time.perf_counter() - t0)
-    return 1e6 * statistics.median(times)
+    return Timed(1e6 * statistics.median(times), len(times))
 
 
-def graph_us(fns: Sequence[Fn], device: torch.device, cfg: TimerConfig, estimate_us: float) -> float:
-    """Median microseconds per call over replays of one CUDA graph that calls ``fns`` in turn.
+def time_graph(fns: Sequence[Fn], device: torch.device, cfg: TimerConfig, estimate_us: float) -> Timed:
+    """Median microseconds per call over replays of one CUDA graph that calls ``fns`` in turn (n = the
+    replays, ``calls`` = the calls a replay unrolls).
 
     The graph unrolls about ``cfg.rep_ms`` worth of calls (from ``estimate_us``), cycling through
     the functions (each bound to its own input set); each replay is timed with device events and
@@ -100,7 +123,7 @@ def graph_us(fns: Sequence[Fn], device: torch.device, cfg: TimerConfig, estimate
         end.synchronize()
         times.append(1e3 * start.elapsed_time(end) / calls)
     del graph
-    return statistics.median(times)
+    return Timed(statistics.median(times), len(times), calls)
 
 
 def measure_ceilings(
@@ -138,3 +161,30 @@ def measure_ceilings(
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return out
+
+
+def _span(values: list[int]) -> str:
+    lo, hi = min(values), max(values)
+    return f"{lo}" if lo == hi else f"{lo}-{hi}"
+
+
+def counts_line(rows: Iterable[Mapping[str, Any]]) -> str | None:
+    """What a table's medians are medians of, from its rows' ``n_timed`` (us: timed calls) and
+    ``graph_replays`` / ``graph_calls`` (us_graph); None where no row recorded them (runs of older code)."""
+
+    def ints(key: str) -> list[int]:
+        out = []
+        for r in rows:
+            v = r.get(key)
+            if v is not None and not (isinstance(v, float) and math.isnan(v)):
+                out.append(int(v))
+        return out
+
+    rows = list(rows)
+    timed, replays, calls = ints("n_timed"), ints("graph_replays"), ints("graph_calls")
+    if not timed:
+        return None
+    line = f"n: each us is the median of {_span(timed)} timed calls"
+    if replays:
+        line += f"; each us_graph of {_span(replays)} graph replays of {_span(calls)} calls each"
+    return line + "."

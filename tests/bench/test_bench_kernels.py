@@ -216,12 +216,13 @@ def test_cpu_quick_run_writes_records_manifest_report_table_figures(tmp_path):
     expected += [(m, d, "draft") for m, d in bk.RECOVERY_ROWS]
     expected += [(m, d, "draft") for m, d in bk.STEP_ROWS]
     assert sorted((r["method"], r["dtype"], r["kind"]) for r in rows) == sorted(expected)
-    assert all(set(r) == set(kr.COLUMNS) for r in rows)
+    assert all(set(r) == set(kr.COLUMNS + kr.COUNTS) for r in rows)
     for r in rows:
         torch_only = km.METHODS[r["method"]].needs == "torch"
         assert r["status"] == ("ok" if torch_only else "skipped"), r
         if torch_only:
             assert r["rel_err"] <= r["tol"] and r["us"] > 0 and r["us_graph"] is None
+            assert r["n_timed"] >= 3 and r["graph_replays"] is None  # the CPU loop times >= 3 calls
             assert r["x_floor"] == pytest.approx(r["us"] / r["floor_us"]) and r["x_floor_graph"] is None
         else:
             assert r["reason"] == "needs CUDA" and r["us"] is None
@@ -242,8 +243,9 @@ def test_cpu_quick_run_writes_records_manifest_report_table_figures(tmp_path):
     assert {"copy_GBps", "bf16_TFLOPs", "fp32_TFLOPs"} <= set(manifest["ceilings"])
     assert manifest["bench_device"] == "cpu" and "git_sha" in manifest
     table = pd.read_csv(out / "table.csv")
-    assert len(table) == len(rows) and list(table.columns) == kr.COLUMNS
+    assert len(table) == len(rows) and list(table.columns) == kr.COLUMNS + kr.COUNTS
     report = (out / "report.md").read_text()
+    assert "n: each us is the median of " in report and "timed calls." in report  # a line under each table
     assert "## specla (H=8, HV=8, dk=256, dv=256): Verification" in report and "| tree_torch" in report
     assert "skipped (needs CUDA)" in report and "](figures/recovery.png)" in report
     assert "x_floor_graph = us_graph / floor_us" in report and "us / floor_us (the do_bench time" in report
@@ -551,3 +553,21 @@ def test_a_foreign_figures_folder_is_refused_before_anything_is_measured(monkeyp
     code, _, err = run_cli(monkeypatch, capsys, *args)
     assert code == 2 and len(err.splitlines()) == 1 and "holds files this run did not write" in err, err
     assert not out.exists() and [p.name for p in figures.iterdir()] == ["mine.png"]
+
+
+def test_counts_line_says_what_each_median_is_a_median_of():
+    """The line under a bench table: the span of timed calls behind us, the replays and calls behind
+    us_graph; rows of older runs (no counts, or NaN in a table) give no line."""
+    from repro.bench.timing import counts_line
+
+    rows = [
+        {"n_timed": 120, "graph_replays": 5, "graph_calls": 12},
+        {"n_timed": 4000, "graph_replays": 5, "graph_calls": 2000},
+        {"n_timed": None, "graph_replays": float("nan"), "graph_calls": None},  # a row not timed
+    ]
+    assert counts_line(rows) == (
+        "n: each us is the median of 120-4000 timed calls; "
+        "each us_graph of 5 graph replays of 12-2000 calls each."
+    )
+    assert counts_line([{"n_timed": 7}]) == "n: each us is the median of 7 timed calls."
+    assert counts_line([{"us": 1.0}]) is None and counts_line([{"n_timed": float("nan")}]) is None
