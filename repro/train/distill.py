@@ -69,21 +69,33 @@ class Distillation:
     tokenizer: Tokenizer
     seqs: torch.Tensor  # [N, prompt_len + gen_len] on the CPU
     generation_s: float
-    lock: IO[str]  # on ``recipe.out`` (:meth:`TrainRecipe.claim_out`), released by :meth:`finish`
+    lock: IO[str]  # on ``recipe.out`` (:meth:`TrainRecipe.claim_out`), released on leaving the with block
 
     @classmethod
     def start(cls, recipe: DistillRecipe) -> Distillation:
+        """Claim ``recipe.out`` and make the data; use as ``with Distillation.start(recipe) as run:`` (the
+        out-folder lock is released when the block ends, a failed training too)."""
         lock = recipe.claim_out()
-        device = resolve_train_device(recipe.device)
-        gen = seed_everything(recipe.seed)
-        target = load_target(recipe.target, dtype=torch.float32, device=str(device)).requires_grad_(False)
-        fast_gdn_backend(target)
-        tok = load_tokenizer(recipe.target)
-        docs = documents(Path(recipe.corpus) / "train.txt")
-        prompts = corpus_prompts(tok, docs, recipe.prompts, recipe.prompt_len, gen)
-        t0 = time.perf_counter()
-        seqs = greedy_continuations(target, prompts, recipe.gen_len)
+        try:
+            device = resolve_train_device(recipe.device)
+            gen = seed_everything(recipe.seed)
+            target = load_target(recipe.target, dtype=torch.float32, device=str(device)).requires_grad_(False)
+            fast_gdn_backend(target)
+            tok = load_tokenizer(recipe.target)
+            docs = documents(Path(recipe.corpus) / "train.txt")
+            prompts = corpus_prompts(tok, docs, recipe.prompts, recipe.prompt_len, gen)
+            t0 = time.perf_counter()
+            seqs = greedy_continuations(target, prompts, recipe.gen_len)
+        except BaseException:
+            lock.close()
+            raise
         return cls(recipe, device, gen, target, tok, seqs, time.perf_counter() - t0, lock)
+
+    def __enter__(self) -> Distillation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.close()
 
     def train_and_save(
         self, model: nn.Module, step_fn: StepFn, save: Callable[..., Path], title: str
@@ -116,7 +128,6 @@ class Distillation:
         }
         write_json(out / "metrics.json", metrics)
         write_manifest(out, {"recipe": name, **dataclasses.asdict(self.recipe)}, self.recipe.seed)
-        self.lock.close()
         return metrics
 
     def chain_metrics(self, chain: dict[str, Any], max_depth: int) -> dict[str, Any]:

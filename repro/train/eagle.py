@@ -113,33 +113,33 @@ def eagle_losses(
 def train_eagle(recipe: EagleRecipe) -> dict[str, Any]:
     """Generate the distillation data, train, write the checkpoint and report acceptance."""
     started = time.perf_counter()
-    run = Distillation.start(recipe)
-    target, gen, device, seqs = run.target, run.gen, run.device, run.seqs
-    drafter = random_eagle_for(
-        target, seed=recipe.seed, num_layers=recipe.draft_layers, target_layer_ids=recipe.target_layer_ids
-    ).train()
-    layers = list(drafter.config.target_layer_ids)
-    data = distill_batch(target, seqs, layers)
-    noise_shape = (recipe.batch_size, seqs.shape[1] - 1, drafter.config.feature_size)
+    with Distillation.start(recipe) as run:
+        target, gen, device, seqs = run.target, run.gen, run.device, run.seqs
+        drafter = random_eagle_for(
+            target, seed=recipe.seed, num_layers=recipe.draft_layers, target_layer_ids=recipe.target_layer_ids
+        ).train()
+        layers = list(drafter.config.target_layer_ids)
+        data = distill_batch(target, seqs, layers)
+        noise_shape = (recipe.batch_size, seqs.shape[1] - 1, drafter.config.feature_size)
 
-    def step_fn(step: int) -> tuple[torch.Tensor, int]:
-        idx = torch.randint(0, seqs.shape[0], (recipe.batch_size,), generator=gen)
-        noise = None
-        if recipe.feature_noise > 0:
-            noise = (2 * torch.rand(noise_shape, generator=gen) - 1) * recipe.feature_noise
-        reg, cls, _ = eagle_losses(drafter, target, data[idx.to(device)], noise)
-        return recipe.w_reg * reg + recipe.w_cls * cls, recipe.batch_size * (seqs.shape[1] - 1)
+        def step_fn(step: int) -> tuple[torch.Tensor, int]:
+            idx = torch.randint(0, seqs.shape[0], (recipe.batch_size,), generator=gen)
+            noise = None
+            if recipe.feature_noise > 0:
+                noise = (2 * torch.rand(noise_shape, generator=gen) - 1) * recipe.feature_noise
+            reg, cls, _ = eagle_losses(drafter, target, data[idx.to(device)], noise)
+            return recipe.w_reg * reg + recipe.w_cls * cls, recipe.batch_size * (seqs.shape[1] - 1)
 
-    title = f"EAGLE drafter ({recipe.draft_layers} layer, features {layers})"
-    log = run.train_and_save(drafter, step_fn, save_eagle, title)
-    with torch.no_grad():
-        reg, cls, agree = eagle_losses(drafter, target, data)
-    metrics = {
-        **run.chain_metrics(recipe.heldout_chain(), recipe.k),
-        "chain_k": recipe.k,
-        "train_reg_loss": float(reg),
-        "train_cls_loss": float(cls),
-        "train_top1_agreement": float(agree),
-        "target_layer_ids": layers,
-    }
-    return run.finish("eagle", drafter, log, metrics, started)
+        title = f"EAGLE drafter ({recipe.draft_layers} layer, features {layers})"
+        log = run.train_and_save(drafter, step_fn, save_eagle, title)
+        with torch.no_grad():
+            reg, cls, agree = eagle_losses(drafter, target, data)
+        metrics = {
+            **run.chain_metrics(recipe.heldout_chain(), recipe.k),
+            "chain_k": recipe.k,
+            "train_reg_loss": float(reg),
+            "train_cls_loss": float(cls),
+            "train_top1_agreement": float(agree),
+            "target_layer_ids": layers,
+        }
+        return run.finish("eagle", drafter, log, metrics, started)

@@ -138,49 +138,49 @@ def weaver_loss(
 def train_weaver(recipe: WeaverRecipe) -> dict[str, Any]:
     """Generate the distillation data, train, write the checkpoint and compare against DDTree."""
     started = time.perf_counter()
-    run = Distillation.start(recipe)
-    target, gen, device = run.target, run.gen, run.device
-    dflash = load_dflash(recipe.dflash, dtype=torch.float32, device=device).requires_grad_(False)
-    check_fits(dflash.config, target)
-    target_logits, features = target_outputs(target, run.seqs, list(dflash.config.target_layer_ids))
-    weaver = random_weaver_for(
-        dflash, target, seed=recipe.seed, d_model=recipe.d_model, heads=recipe.heads,
-        intermediate_size=recipe.intermediate_size, pool_size=recipe.pool_size, zero_residual=True,
-    ).train()  # fmt: skip
-    weaver.config.extra = {"dflash_checkpoint": str(recipe.dflash)}
-    seqs = run.seqs.to(device)
-    first, last = recipe.prompt_len - 1, seqs.shape[1] - 2  # anchors: the last prompt token .. L-2
+    with Distillation.start(recipe) as run:
+        target, gen, device = run.target, run.gen, run.device
+        dflash = load_dflash(recipe.dflash, dtype=torch.float32, device=device).requires_grad_(False)
+        check_fits(dflash.config, target)
+        target_logits, features = target_outputs(target, run.seqs, list(dflash.config.target_layer_ids))
+        weaver = random_weaver_for(
+            dflash, target, seed=recipe.seed, d_model=recipe.d_model, heads=recipe.heads,
+            intermediate_size=recipe.intermediate_size, pool_size=recipe.pool_size, zero_residual=True,
+        ).train()  # fmt: skip
+        weaver.config.extra = {"dflash_checkpoint": str(recipe.dflash)}
+        seqs = run.seqs.to(device)
+        first, last = recipe.prompt_len - 1, seqs.shape[1] - 2  # anchors: the last prompt token .. L-2
 
-    def step_fn(step: int) -> tuple[torch.Tensor, int]:
-        idx = torch.randint(0, seqs.shape[0], (recipe.batch_size,), generator=gen)
-        anchors = torch.randint(first, last + 1, (recipe.batch_size, recipe.anchors), generator=gen)
-        loss = weaver_loss(
-            weaver, dflash, target, seqs[idx], features[idx], target_logits[idx], anchors.to(device),
-            recipe.pool_size, recipe.tv_weight, recipe.target_temperature,
-        )  # fmt: skip
-        return loss, recipe.batch_size * recipe.anchors * (dflash.config.block_size - 1)
+        def step_fn(step: int) -> tuple[torch.Tensor, int]:
+            idx = torch.randint(0, seqs.shape[0], (recipe.batch_size,), generator=gen)
+            anchors = torch.randint(first, last + 1, (recipe.batch_size, recipe.anchors), generator=gen)
+            loss = weaver_loss(
+                weaver, dflash, target, seqs[idx], features[idx], target_logits[idx], anchors.to(device),
+                recipe.pool_size, recipe.tv_weight, recipe.target_temperature,
+            )  # fmt: skip
+            return loss, recipe.batch_size * recipe.anchors * (dflash.config.block_size - 1)
 
-    title = f"Weaver adapter (d={recipe.d_model}, K={recipe.pool_size})"
-    log = run.train_and_save(weaver, step_fn, save_weaver, title)
-    heldout = run.heldout_prompts()
-    depth = dflash.config.block_size - 1
-    routes = route_acceptance(
-        target,
-        heldout_specs(recipe),
-        heldout,
-        recipe.eval_new_tokens,
-        recipe.seed,
-        depth,
-    )
-    heldout_seqs = greedy_continuations(target, heldout, recipe.eval_new_tokens)
-    mass = pool_mass(target, dflash, heldout_seqs, recipe.pool_size, first_anchor=recipe.prompt_len - 1)
-    metrics = {
-        "heldout": routes,
-        "weaver_mal": routes["weaver"]["mal"],
-        "ddtree_mal": routes["ddtree"]["mal"],
-        "lossless": all(r["lossless"] for r in routes.values()),
-        "pool_mass": mass.to_dict(),
-        "budget": recipe.budget,
-        "width": recipe.width,
-    }
-    return run.finish("weaver", weaver, log, metrics, started)
+        title = f"Weaver adapter (d={recipe.d_model}, K={recipe.pool_size})"
+        log = run.train_and_save(weaver, step_fn, save_weaver, title)
+        heldout = run.heldout_prompts()
+        depth = dflash.config.block_size - 1
+        routes = route_acceptance(
+            target,
+            heldout_specs(recipe),
+            heldout,
+            recipe.eval_new_tokens,
+            recipe.seed,
+            depth,
+        )
+        heldout_seqs = greedy_continuations(target, heldout, recipe.eval_new_tokens)
+        mass = pool_mass(target, dflash, heldout_seqs, recipe.pool_size, first_anchor=recipe.prompt_len - 1)
+        metrics = {
+            "heldout": routes,
+            "weaver_mal": routes["weaver"]["mal"],
+            "ddtree_mal": routes["ddtree"]["mal"],
+            "lossless": all(r["lossless"] for r in routes.values()),
+            "pool_mass": mass.to_dict(),
+            "budget": recipe.budget,
+            "width": recipe.width,
+        }
+        return run.finish("weaver", weaver, log, metrics, started)

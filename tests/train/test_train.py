@@ -264,3 +264,34 @@ def test_a_second_training_writer_is_refused(monkeypatch, capsys, corpus: Path, 
     assert code == 2 and "another repro process is writing" in err and len(err.splitlines()) == 1, err
     assert [p.name for p in tmp_path.iterdir()] == [".lock"]
     assert run_cli(monkeypatch, capsys, *tiny_target_args(corpus, tmp_path))[0] == 0  # released: it writes
+
+
+@pytest.mark.parametrize("where", ["data", "training"])
+def test_a_failed_distillation_releases_its_out_folder(
+    monkeypatch, trained: tuple[Path, dict], corpus: Path, tmp_path: Path, where: str
+) -> None:
+    """A drafter training that fails while making its data or while training releases the out-folder lock
+    at once (not when the process ends): another writer may take the folder."""
+    import fcntl
+
+    import repro.train.dflash as dflash
+    import repro.train.distill as distill
+
+    def fail(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise RuntimeError("planted")
+
+    if where == "data":  # inside Distillation.start, after the folder was claimed
+        monkeypatch.setattr(distill, "greedy_continuations", fail)
+    else:  # inside train_dflash's with block
+        monkeypatch.setattr(dflash, "target_features", fail)
+    target_dir, _ = trained
+    recipe = DFlashRecipe(
+        target=str(target_dir), corpus=str(corpus), out=str(tmp_path), block_size=4, prompts=2, prompt_len=12,
+        gen_len=12, anchors=2, steps=2, batch_size=2, device="cpu", eval_prompts=1, eval_new_tokens=4,
+    )  # fmt: skip
+    with pytest.raises(RuntimeError, match="planted") as failure:
+        train_dflash(recipe)
+    # the traceback is still held (as a caller handling the error holds it): its frames keep their locals
+    with open(tmp_path / ".lock", "a+") as other:  # what a second writer takes (repro.reporting.rundir)
+        fcntl.flock(other.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError while still held
+    assert failure.traceback
