@@ -447,17 +447,25 @@ def compare(
     out: Annotated[
         Path | None, typer.Option(help="Also write the markdown report to this file (new or an earlier one).")
     ] = None,
+    repeats: Annotated[
+        Path | None,
+        typer.Option(
+            help="A folder of repeated decode runs of one code (each its own process): a route's tokens/s "
+            "change counts only beyond the most it moved between them."
+        ),
+    ] = None,
 ) -> None:
     """What changed between two nights: tokens/s beyond noise, new divergences from AR, bench rows,
     falsifier verdicts and CLAIMS.md verdicts. Exits 3 on a regression, 2 when nothing matched.
     Matched runs of two experiments (config, checkpoints, suites, device) are compared under a warning."""
-    from repro.harness.compare import HEADING, Noise, summary_line
+    from repro.harness.compare import HEADING, Noise, repeat_floors, summary_line
     from repro.harness.compare import compare as compare_results
     from repro.reporting.rundir import check_overwrite
 
     if out is not None:
         check_overwrite(out, HEADING)
-    result = compare_results(old, new, Noise(min_effect=min_effect, threshold=threshold))
+    floors = repeat_floors(repeats) if repeats is not None else {}
+    result = compare_results(old, new, Noise(min_effect=min_effect, threshold=threshold, route_floors=floors))
     markdown = result.markdown()
     typer.echo(markdown)
     for warning in result.warnings:  # also in the markdown; here too, so they are not lost in a pipe

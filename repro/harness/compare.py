@@ -8,7 +8,9 @@ directories are matched to each other). Per kind:
   records both hold, a prompt's turns pooled). The change is the new pooled tokens/s over the old
   (token-weighted, as every speedup of the reports) with its 95% percentile-bootstrap interval over
   prompts (:func:`repro.reporting.stats.paired_ratio`, seeded). **Noise** is a change whose interval
-  includes 1 or whose size is below ``min_effect`` (default 3%); with fewer than
+  includes 1 or whose size is below ``min_effect`` (default 3%), or below what the route moved between
+  repeated runs of one code (``--repeats DIR``: :func:`repeat_floors`; a host-paced route can move more
+  between processes than its bootstrap interval over prompts shows); with fewer than
   :data:`MIN_UNITS` pairs no interval is formed and only a change beyond ``threshold`` (default 10%)
   counts. A slowdown beyond noise is a regression; so is any prompt that was identical to AR (or the
   reference) and now diverges, and any record newly refused; records of the old run the new one lacks
@@ -39,7 +41,7 @@ import json
 import math
 import re
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,18 +61,24 @@ KEY_SETTINGS = ("target", "targets", "drafter", "dtype", "device", "engine", "sh
 
 @dataclass(frozen=True)
 class Noise:
-    """What counts as a real change: ``min_effect`` (relative, with a bootstrap interval excluding 1)
-    and ``threshold`` (relative, where no interval can be formed)."""
+    """What counts as a real change: ``min_effect`` (relative, with a bootstrap interval excluding 1),
+    raised per route to ``route_floors`` (what the route moved between repeats of one code:
+    :func:`repeat_floors`), and ``threshold`` (relative, where no interval can be formed)."""
 
     min_effect: float = 0.03
     threshold: float = 0.10
     seed: int = 0
+    route_floors: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("min_effect", "threshold"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):  # inf: no change could ever count
                 raise ConfigError(f"--{name.replace('_', '-')} must be a finite number >= 0, got {value}")
+
+    def floor(self, route: str | None) -> float:
+        """The least relative change of ``route``'s tokens/s that counts."""
+        return max(self.min_effect, self.route_floors.get(route or "", 0.0))
 
 
 @dataclass
@@ -89,10 +97,11 @@ class Change:
 # --------------------------------------------------------------------------- statistics
 
 
-def speed_change(change: Paired, noise: Noise) -> tuple[float, str, int] | None:
-    """(ratio, description, direction) of a change of speed (new over old tokens/s, paired per prompt:
-    :func:`prompt_sums`) beyond noise (direction -1 slower, +1 faster), or None when within noise."""
+def speed_change(change: Paired, noise: Noise, route: str | None = None) -> tuple[float, str, int] | None:
+    """(ratio, description, direction) of a change of ``route``'s speed (new over old tokens/s, paired per
+    prompt: :func:`prompt_sums`) beyond noise (direction -1 slower, +1 faster), or None when within noise."""
     ratio, n = change.value, change.n
+    floor = noise.floor(route)
     if n == 0 or not math.isfinite(ratio):
         return None
     if math.isnan(change.low):  # fewer than MIN_UNITS prompts: no interval
@@ -100,9 +109,11 @@ def speed_change(change: Paired, noise: Noise) -> tuple[float, str, int] | None:
         what = f"x{ratio:.3f} over {n} prompt(s) (< {MIN_UNITS}: threshold {noise.threshold:.0%})"
         return (ratio, what, 1 if ratio > 1 else -1) if beyond else None
     what = f"x{ratio:.3f} [{change.low:.3f}, {change.high:.3f}] over {n} prompts"
-    if change.high < 1 and ratio < 1 - noise.min_effect:
+    if floor > noise.min_effect:
+        what += f" (beyond the {floor:.1%} it moved between repeats)"
+    if change.high < 1 and ratio < 1 - floor:
         return ratio, what, -1
-    if change.low > 1 and ratio > 1 + noise.min_effect:
+    if change.low > 1 and ratio > 1 + floor:
         return ratio, what, 1
     return None
 
@@ -126,16 +137,58 @@ def prompt_sums(pairs: list[tuple[Any, Any]]) -> tuple[list[float], list[float],
 # --------------------------------------------------------------------------- per kind
 
 
-def _decode(name: str, old: Run, new: Run, noise: Noise) -> tuple[list[Change], int]:
-    changes = []
+def route_pairs(old: Run, new: Run) -> dict[str, list[tuple[Any, Any]]]:
+    """Per route, the (old, new) records of the (suite, prompt, turn) both runs hold."""
     olds = {r.key: r for r in old.records}
     by_route: dict[str, list[tuple[Any, Any]]] = defaultdict(list)
     for rec in new.records:
         if rec.key in olds:
             by_route[rec.route].append((olds[rec.key], rec))
+    return by_route
+
+
+def timed_pairs(pairs: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
+    """The pairs whose records both have a finite tokens/s."""
+    return [(a, b) for a, b in pairs if _finite(a.tokens_per_s) and _finite(b.tokens_per_s)]
+
+
+def repeat_floors(root: Path, seed: int = 0) -> dict[str, float]:
+    """Per route, the largest relative change of tokens/s (paired per prompt, point estimate, either way)
+    between any two of the decode runs under ``root``: repeats of one experiment at one code (each in its
+    own process), whose differences are noise by construction. ReproError (one line) for fewer than two
+    decode runs, or runs of other experiments, devices or code."""
+    runs = [load_run(path) for path in find_runs(root).values()]
+    runs = [run for run in runs if run.kind.name == "decode"]
+    if len(runs) < 2:
+        raise ReproError(f"--repeats {root}: needs two or more decode runs of one code, found {len(runs)}")
+    first = runs[0]
+    for run in runs[1:]:
+        if why := differences(first.manifest, run.manifest):
+            raise ReproError(
+                f"--repeats {root}: {run.path.name} is not a repeat of {first.path.name}: {why[0]}"
+            )
+        if run.manifest.get("git_sha") != first.manifest.get("git_sha"):
+            raise ReproError(
+                f"--repeats {root}: {run.path.name} ran other code ({run.manifest.get('git_sha')}) than "
+                f"{first.path.name} ({first.manifest.get('git_sha')})"
+            )
+    floors: dict[str, float] = {}
+    for i, a in enumerate(runs):
+        for b in runs[i + 1 :]:
+            for route, pairs in route_pairs(a, b).items():
+                ratio = paired_ratio(prompt_sums(timed_pairs(pairs)), seed).value
+                if math.isfinite(ratio) and ratio > 0:
+                    floors[route] = max(floors.get(route, 0.0), max(ratio, 1 / ratio) - 1)
+    return floors
+
+
+def _decode(name: str, old: Run, new: Run, noise: Noise) -> tuple[list[Change], int]:
+    changes = []
+    olds = {r.key: r for r in old.records}
+    by_route = route_pairs(old, new)
     for route, pairs in by_route.items():
-        ok = [(a, b) for a, b in pairs if _finite(a.tokens_per_s) and _finite(b.tokens_per_s)]
-        change = speed_change(paired_ratio(prompt_sums(ok), noise.seed), noise)
+        ok = timed_pairs(pairs)
+        change = speed_change(paired_ratio(prompt_sums(ok), noise.seed), noise, route)
         if change:
             old_rate, new_rate = _rate([a for a, _ in ok]), _rate([b for _, b in ok])
             changes.append(

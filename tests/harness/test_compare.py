@@ -196,3 +196,42 @@ def test_out_is_never_written_over_a_file_compare_did_not_write(monkeypatch, cap
     earlier.write_text("# Comparison: a -> b\n")
     code, out, _ = cli(monkeypatch, capsys, "compare", str(old), str(new), "--out", str(earlier))
     assert code == 0 and earlier.read_text() == out.rstrip("\n") + "\n"
+
+
+def test_repeats_raise_a_routes_floor_to_what_it_moved_between_them(monkeypatch, capsys, tmp_path):
+    """--repeats: a route that moved 6% between two repeats of one code is not flagged for a 5% slowdown
+    (another route is, and the same slowdown without --repeats is); its floor is the larger move either
+    way (repeat_floors); repeats of other code or other settings, or fewer than two, are refused in one
+    line (exit 2)."""
+    from repro.harness.compare import repeat_floors
+
+    def scaled(route: str, factor: float):
+        def edit(r: dict) -> dict:
+            if r["route"] == route:
+                r["decode_s"] *= factor
+            return r
+
+        return edit
+
+    repeats = tmp_path / "repeats"
+    _night(repeats, "a")
+    _night(repeats, "b", scaled("ddtree-b32", 1.06))  # ddtree 6% slower in a repeat
+    floors = repeat_floors(repeats)
+    assert floors["ddtree-b32"] == pytest.approx(0.06) and floors["ar"] == pytest.approx(0.0)
+    assert repeat_floors(repeats) == floors  # b -> a or a -> b: the same floor
+    old = _night(tmp_path, "old")
+    new = _night(tmp_path, "new", lambda r: scaled("ar", 1.05)(scaled("ddtree-b32", 1.05)(r)))
+    code, out, _ = cli(monkeypatch, capsys, "compare", str(old), str(new))
+    assert code == 3 and "| ddtree-b32 | tokens/s" in out and "| ar | tokens/s" in out
+    code, out, _ = cli(monkeypatch, capsys, "compare", str(old), str(new), "--repeats", str(repeats))
+    assert code == 3 and "| ddtree-b32 | tokens/s" not in out and "| ar | tokens/s" in out
+    planted = tmp_path / "other"
+    _night(planted, "a")
+    _night(planted, "b", lambda r: r)
+    manifest = planted / "b" / "routes" / "manifest.json"
+    meta = json.loads(manifest.read_text())
+    meta["git_sha"] = "0000000"
+    manifest.write_text(json.dumps(meta))
+    for bad, why in ((planted, "ran other code"), (planted / "a", "needs two or more decode runs")):
+        code, _, err = cli(monkeypatch, capsys, "compare", str(old), str(new), "--repeats", str(bad))
+        assert code == 2 and why in err and len(err.strip().splitlines()) == 1, err
