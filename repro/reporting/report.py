@@ -280,6 +280,33 @@ def speedup_bounds(summary: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out, columns=BOUND_COLUMNS)
 
 
+OUTSIDE_COLUMNS = ["route", "turns", "outside_us", "over_2x", "worst_turn", "worst_us"]
+
+
+def outside_graphs(records: Sequence[DecodeRecord]) -> pd.DataFrame:
+    """Per route, the device time of a verify step outside its graph replays (a turn's stage-mark device
+    time minus its replays' busy time, per launched step, in us): the median over the route's turns, the
+    number of turns above twice that median (where the host fell behind), and the worst turn. Only turns
+    with busy times; empty without any."""
+    rows = []
+    for route in _ordered_routes(records):
+        turns = []
+        for r in records:
+            steps = r.steps if r.launched_steps is None else r.launched_steps
+            if r.route != route or not r.busy_stage_s or not r.device_stage_s or not steps:
+                continue
+            outside = sum(r.device_stage_s.values()) - sum(r.busy_stage_s.values())
+            turns.append((1e6 * outside / steps, f"{r.suite}/{r.prompt_id} turn {r.turn}"))
+        if not turns:
+            continue
+        median = float(pd.Series([us for us, _ in turns]).median())
+        worst_us, worst = max(turns)
+        over = sum(us > 2 * median for us, _ in turns)
+        rows.append({"route": route, "turns": len(turns), "outside_us": median, "over_2x": over,
+                     "worst_turn": worst, "worst_us": worst_us})  # fmt: skip
+    return pd.DataFrame(rows, columns=OUTSIDE_COLUMNS)
+
+
 def accept_histogram(records: Iterable[DecodeRecord | dict[str, Any]]) -> pd.DataFrame:
     """Per route and accepted length L = 1..max: step count, share, and acceptance per draft position.
 
@@ -639,6 +666,20 @@ def build_report(run: Run, figures_dir: Path | None) -> str:
                         " MAL x reference busy ms a token / busy_step_ms (host time free);"
                         " free_draft: the draft and tree stages free too; verify_only: only the verify stage"
                         " left (drafting, acceptance and commit free): the ceiling at this MAL.",
+                        "",
+                    ]
+                outside = outside_graphs(records)
+                if not outside.empty:
+                    lines += [
+                        "## Outside the graphs (device time a verify step not in a graph replay, us)",
+                        "",
+                        markdown_table(outside, {"outside_us": "{:.1f}", "worst_us": "{:.1f}"}),
+                        "",
+                        "outside_us: a turn's stage-mark device time minus its graph replays' busy time, per"
+                        " launched step (eager launches, graph boundaries, the engine's own events, and the"
+                        " device idle while the host catches up), the median over the route's turns;"
+                        " over_2x: the turns above twice that median (there the host fell behind), the worst"
+                        " named.",
                         "",
                     ]
         lines += _captures_section(records)

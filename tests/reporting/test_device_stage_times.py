@@ -124,3 +124,29 @@ def test_the_report_shows_the_bounds_with_busy_times(tmp_path):
     assert "## What the graphs allow" not in build_report(
         Run(tmp_path, DECODE_KIND, {}, [make_record()]), None
     )
+
+
+def test_outside_the_graphs_per_turn_median_turns_over_twice_it_and_the_worst(tmp_path):
+    """A turn's device time outside the replays per launched step: the route's median over its turns, the
+    turns above twice it (the host fell behind there), the worst named; launched steps past the end count;
+    turns without busy times are left out; the report shows the table only with busy times."""
+    from repro.reporting.report import DECODE_KIND, build_report, outside_graphs
+    from repro.reporting.rundir import Run
+
+    def turn(pid: str, outside_s: float, launched: int | None = None) -> DecodeRecord:
+        device = {**BUSY, "verify": BUSY["verify"] + outside_s}  # the extra device time sits in verify
+        rec = make_record("dd", prompt_id=pid, accepted=[3, 2])  # 2 steps
+        return dataclasses.replace(rec, device_stage_s=device, busy_stage_s=BUSY, launched_steps=launched)
+
+    recs = [turn("a", 20e-6), turn("b", 30e-6, launched=3), turn("c", 24e-6), turn("d", 120e-6)]
+    recs.append(dataclasses.replace(make_record("dd", prompt_id="e", accepted=[3, 2]), device_stage_s=DEVICE))
+    row = outside_graphs(recs).set_index("route").loc["dd"]
+    # per step: 10, 10 (30 over 3 launched steps), 12, 60 us: median 11, one turn above 22
+    assert row["turns"] == 4 and row["outside_us"] == pytest.approx(11.0)
+    assert row["over_2x"] == 1 and row["worst_turn"] == "gsm8k/d turn 0"
+    assert row["worst_us"] == pytest.approx(60.0)
+    ar = dataclasses.replace(make_record(), device_stage_s=DEVICE, busy_stage_s=BUSY)
+    text = build_report(Run(tmp_path, DECODE_KIND, {}, [ar, *recs[:-1]]), None)
+    assert "## Outside the graphs" in text and "| gsm8k/d turn 0 " in text
+    assert outside_graphs([make_record()]).empty
+    assert "## Outside the graphs" not in build_report(Run(tmp_path, DECODE_KIND, {}, [make_record()]), None)
