@@ -257,3 +257,24 @@ class CountedLaunches:
                 self.kernel[grid](*args, **kwargs)  # type: ignore[index]
 
         return launch
+
+
+@pytest.fixture
+def tagged_stores(monkeypatch):  # noqa: ANN001, ANN201
+    """graphed.HOST_WRITES's path on the CPU: GraphedTarget's step graphs store their results through
+    ``slot_kernels.tagged_to_host`` (stood in by torch ops: the kernel runs on CUDA or in Triton's
+    interpreter), the host reading them by their tags. Yields the kinds of what each read waited for."""
+    import repro.models.graphed as graphed
+    import repro.models.slot_kernels as slot_kernels
+
+    def stand_in(src: torch.Tensor, dst: torch.Tensor, counter: torch.Tensor) -> None:
+        tag = slot_kernels.next_tag(int(counter))
+        counter.fill_(tag)
+        dst[tag & 1] = (src << slot_kernels.TAG_BITS) | tag
+
+    kinds: list[type] = []
+    real_read = graphed.read_back
+    monkeypatch.setattr(graphed, "read_back", lambda h, c: kinds.append(type(c)) or real_read(h, c))
+    monkeypatch.setattr(graphed.GraphedTarget, "_host_writes", property(lambda self: True))
+    monkeypatch.setattr(slot_kernels, "tagged_to_host", stand_in)
+    yield kinds

@@ -620,3 +620,24 @@ class GpuDrafter(TopDrafter):
         proposal = Proposal(probs=probs, top_ids=probs.topk(3, dim=-1).indices)
         torch.cuda.synchronize()
         return proposal
+
+
+def test_sampling_device_paths_read_their_results_from_the_tagged_stores(request):
+    """graphed.HOST_WRITES's path on the CPU (conftest's ``tagged_stores``): the sampling device routes
+    (their acceptance graphs) and sampled AR (its group graphs, picking on the device) give the records of
+    the stream copies, every result read through its tags."""
+    import repro.models.graphed as graphed
+
+    model = small_hybrid(5)
+    prompt = small_ids(9, 4)
+    routes = [Route("ar", None, SingleNode(), TargetMatch(0.9, 11)), *sampling_routes(SpecSampling(1.0, 4))]
+    runs = []
+    for tagged in (False, True):
+        kinds = request.getfixturevalue("tagged_stores") if tagged else []
+        target = GraphedTarget(model, max_len=96, max_nodes=32)
+        got = [generate(target, prompt, route, 40) for route in routes]
+        runs.append([(g.output_ids, g.accepted_paths, g.accepted_lengths) for g in got])
+        if tagged:
+            assert kinds and set(kinds) == {graphed.HostWrite}, kinds
+    assert runs[0] == runs[1]
+    assert max(max(lengths) for _, _, lengths in runs[1][1:]) > 1  # drafts were accepted somewhere
