@@ -814,8 +814,7 @@ class GraphedTarget:
         if need > self.max_len:
             self._loaded(self._exported(state), need, new_epoch=False)
         dec = self.decoder
-        host = torch.zeros(steps, dtype=torch.long, pin_memory=dec.pick_host.is_pinned())
-        # the groups launched and not read: (its host slice, what read_back waits for)
+        # the groups launched and not read: (where its picks reach the host, what read_back waits for)
         groups: list[tuple[torch.Tensor, Any]] = []
         dec.set_token(token)
         group = self.ar_group
@@ -829,7 +828,7 @@ class GraphedTarget:
                 mark(), mark(), mark()
                 self._ar_call(size, folded == 0, picker)()
                 mark()
-                groups.append(self._copy_out(self._picks[:size], host[folded : folded + size]))
+                groups.append(self._copy_out(self._picks[:size]))
                 mark()
                 folded += size
                 if len(groups) < 2 and folded < steps:
@@ -863,7 +862,7 @@ class GraphedTarget:
         tree = verification.tree  # the decode step folded the root in and wrote its argmax
         assert isinstance(tree, Tree)
         path, tokens = [0], tree.tokens.tolist()
-        bonus = read_back(*self._copy_out(self.decoder.pick, self.decoder.pick_host))[0]
+        bonus = read_back(*self._copy_out(self.decoder.pick))[0]
         new = GraphedState(state.position + 1, state.committed_tokens + tokens, self.epoch)
         return new, path, tokens, bonus
 
@@ -911,17 +910,18 @@ class GraphedTarget:
         if delayed:
             self._delayed_done(slot)
         self.epoch += 1
-        host, copied = self._copy_out(slot.result, self._result_host(slot.result))
+        host, copied = self._copy_out(slot.result)
         return LaunchedStep(verification, slot.result, slot.max_depth, host, copied)
 
-    def _copy_out(self, device: torch.Tensor, host: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    def _copy_out(self, device: torch.Tensor) -> tuple[torch.Tensor, Any]:
         """Where ``device`` reaches the host and what :func:`read_back` waits for: the host row the last
-        graph stored it into and its :class:`HostWrite` (:data:`HOST_WRITES`: :meth:`_store`), else
-        ``host`` (pinned on CUDA), a copy queued on the stream (not waited for) and the CUDA event recorded
-        behind it (None on CPU)."""
+        graph stored it into and its :class:`HostWrite` (:data:`HOST_WRITES`: :meth:`_store`), else the
+        next host buffer of its length (:meth:`_result_host`), a copy queued on the stream (not waited for)
+        and the CUDA event recorded behind it (None on CPU)."""
         landed, self._landed = self._landed, None
         if landed is not None and landed[:2] == (device.data_ptr(), device.numel()):
             return landed[2], landed[3]
+        host = self._result_host(device)
         host.copy_(device, non_blocking=True)
         if self.device.type != "cuda":
             return host, None
@@ -937,7 +937,7 @@ class GraphedTarget:
 
     def _result_host(self, result: torch.Tensor) -> torch.Tensor:
         """The next of the two host buffers (pinned on CUDA) for results of ``result``'s length: a step's
-        copy may land while the host still reads the step before."""
+        (an AR group's) copy may land while the host still reads the one before."""
         n = result.numel()
         ring = self._result_hosts.get(n)
         if ring is None:

@@ -660,7 +660,6 @@ class StaticDecoder:
         self.length = torch.zeros(1, dtype=torch.long, device=dev)
         self.token = torch.zeros(1, dtype=torch.long, device=dev)
         self.pick = torch.zeros(1, dtype=torch.long, device=dev)  # decode_pick's argmax
-        self.pick_host = torch.zeros(1, dtype=torch.long, pin_memory=dev.type == "cuda")
         self.rows = torch.arange(rows, device=dev)
         self.decode_slot = TreeSlot(self, 1)
         self.rope = decode_rope(self) if self.fused and self.has_attention else None
