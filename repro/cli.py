@@ -192,41 +192,41 @@ def _run_experiment(cfg: dict, out: Path | None, shard_text: str | None = None) 
 def _decode(
     cfg: dict, out_dir: Path, shard: Shard | None, device: str, show_progress: bool = True
 ) -> tuple[list, int, str]:
-    """Decode ``cfg`` (only ``shard``'s prompts, into its shard directory, when given) through RunDir;
-    returns (records, records written, report markdown)."""
+    """Decode ``cfg`` (only ``shard``'s prompts, into its shard directory, when given) through RunDir, under
+    the config's engine switches; returns (records, records written, report markdown)."""
     from repro.data.suites import suite_fingerprints
     from repro.harness import parallel
     from repro.harness.run_kinds import experiment_kind
-    from repro.harness.runner import ExperimentRunner
+    from repro.harness.runner import opened_runner
     from repro.models.fingerprint import fingerprint_checkpoints
     from repro.reporting.records import build_manifest
     from repro.reporting.rundir import RunDir, new_manifest
 
     kind = experiment_kind(cfg["kind"])
     start = time.perf_counter()
-    runner = ExperimentRunner(cfg, shard)  # opens the target and checks routes and suites first
-    built = time.perf_counter() - start  # on the graphed engine: every graph's capture (Triton compiles)
-    resolved = [{**route.params, "name": route.name} for route in runner.all_routes]
-    manifest = {
-        **build_manifest(cfg),
-        "checkpoints": fingerprint_checkpoints(str(cfg["target"]), resolved),
-        "suites": suite_fingerprints(cfg["suites"]),
-    }
-    if shard is not None:
-        manifest.update(parallel.shard_manifest(shard, device))
-        parallel.check_shards(out_dir, shard, new_manifest(manifest, kind))
-        out_dir = parallel.shard_path(out_dir, shard.rank)
-    progress = Progress(str(cfg["name"]), runner.total_units()) if show_progress else None
-    with (
-        RunDir(out_dir, manifest, kind, runner.check_resumed) as run_dir,
-        progress or contextlib.nullcontext(),
-    ):
-        if show_progress:  # the input checked: no line before a bad input's one
-            err_console.print(f"{cfg['name']}: {len(runner.all_routes)} route(s) built in {built:.1f} s")
-        advance = (lambda item: progress.advance(item=item)) if progress else None
-        written = runner.run(run_dir, progress=advance)
-        markdown = run_dir.write_report()
-        return run_dir.records(), written, markdown
+    with opened_runner(cfg, shard) as runner:  # opens the target and checks routes and suites first
+        built = time.perf_counter() - start  # on the graphed engine: every graph's capture (Triton compiles)
+        resolved = [{**route.params, "name": route.name} for route in runner.all_routes]
+        manifest = {
+            **build_manifest(cfg),
+            "checkpoints": fingerprint_checkpoints(str(cfg["target"]), resolved),
+            "suites": suite_fingerprints(cfg["suites"]),
+        }
+        if shard is not None:
+            manifest.update(parallel.shard_manifest(shard, device))
+            parallel.check_shards(out_dir, shard, new_manifest(manifest, kind))
+            out_dir = parallel.shard_path(out_dir, shard.rank)
+        progress = Progress(str(cfg["name"]), runner.total_units()) if show_progress else None
+        with (
+            RunDir(out_dir, manifest, kind, runner.check_resumed) as run_dir,
+            progress or contextlib.nullcontext(),
+        ):
+            if show_progress:  # the input checked: no line before a bad input's one
+                err_console.print(f"{cfg['name']}: {len(runner.all_routes)} route(s) built in {built:.1f} s")
+            advance = (lambda item: progress.advance(item=item)) if progress else None
+            written = runner.run(run_dir, progress=advance)
+            markdown = run_dir.write_report()
+            return run_dir.records(), written, markdown
 
 
 def _check_lossless(cfg: dict, records: list, out_dir: Path) -> None:

@@ -16,6 +16,7 @@ import yaml
 from repro.data.suites import canonical_suite
 from repro.decoding.acceptance import ACCEPTANCE_RULES
 from repro.decoding.routes import EXTERNAL, name_routes
+from repro.decoding.switches import check_switches
 from repro.errors import ConfigError
 from repro.gdn.backends import default_backend
 from repro.harness.overrides import apply_edits, takes_param
@@ -53,6 +54,9 @@ DEFAULTS: dict[str, Any] = {
     # parameters (e.g. drafter, weaver checkpoints) given to every route that declares them and lacks them
     # a route diverging from AR fails the run (exit 3); null: exactly when greedy in float64
     "lossless": None,
+    # engine switches set for the run (repro.decoding.switches: {fuse_accept: false, ...}); a run at the
+    # engine's defaults carries none (the key is dropped when empty: its config is that of earlier runs)
+    "switches": {},
 }
 OVERRIDABLE = (
     "target", "suites", "limit", "max_new_tokens", "temperature", "seed", "dtype", "device", "gdn_backend",
@@ -134,6 +138,7 @@ TYPES: dict[str, Any] = {
     "temperature": (int, float),
     "acceptance": str, "ignore_eos": bool, "warmup": int, "routes": list, "route_grid": (dict, type(None)),
     "lossless": (bool, type(None)), "protocols": (str, list, type(None)), "sweep": (dict, type(None)),
+    "switches": dict,
 }  # fmt: skip
 TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false", list: "a list",
               dict: "a mapping", type(None): "null"}  # fmt: skip
@@ -241,6 +246,9 @@ def resolve(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
         cfg["acceptance"] = "sample_match"
     if cfg["lossless"] is None:  # greedy in float64: speculation is exact, so any divergence is a bug
         cfg["lossless"] = cfg["temperature"] == 0 and cfg["dtype"] == "float64"
+    cfg["switches"] = check_switches(cfg["switches"])
+    if not cfg["switches"]:
+        del cfg["switches"]
     return cfg
 
 

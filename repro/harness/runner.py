@@ -9,8 +9,9 @@ decode loop (:mod:`repro.engines.external_route`) in the same interleaving and w
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ import torch
 from repro.data.suites import Prompt
 from repro.decoding.engine import DecodeResult, Route, generate
 from repro.decoding.routes import build_route, family_of, prepare_graphs
+from repro.decoding.switches import applied
 from repro.engines.external_route import ExternalRoute, build_external, is_external
 from repro.errors import ConfigError, ReproError, RunDirError
 from repro.harness.parallel import Shard, expected_keys, experiment_prompts, shard_prompts
@@ -263,6 +265,15 @@ class ExperimentRunner:
 
     def total_units(self) -> int:
         return sum(len(p.turns) for p in self.prompts()) * len(self.all_routes)
+
+
+@contextlib.contextmanager
+def opened_runner(cfg: dict[str, Any], shard: Shard | None = None) -> Iterator[ExperimentRunner]:
+    """An :class:`ExperimentRunner` of ``cfg`` built and used under the config's engine switches
+    (:func:`repro.decoding.switches.applied`: its graphs are captured and its routes decode with them); the
+    switches are restored when the block ends."""
+    with applied(cfg.get("switches") or {}):
+        yield ExperimentRunner(cfg, shard)
 
 
 def default_out_dir(cfg: dict[str, Any]) -> Path:

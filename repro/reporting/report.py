@@ -8,6 +8,7 @@ docs/metrics.md.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -614,6 +615,8 @@ def build_report(run: Run, figures_dir: Path | None) -> str:
     switches = {k: v for k, v in (manifest.get("repro_env") or {}).items() if k != "REPRO_GIT_SHA"}
     if switches:
         lines.append("- REPRO_* switches set: " + ", ".join(f"{k}={v}" for k, v in switches.items()))
+    if engine := (manifest.get("config") or {}).get("switches"):
+        lines.append("- engine switches set: " + ", ".join(f"{k}={json.dumps(v)}" for k, v in engine.items()))
     lines.append("")
     if not records:
         lines += ["No records yet.", ""]

@@ -100,56 +100,58 @@ def count_layers(
     ``checkpoints``: the run's recorded fingerprints; checkpoints whose contents changed since are refused
     (ReproError) before anything is counted."""
     from repro.decoding.engine import generate
-    from repro.harness.runner import ExperimentRunner
+    from repro.harness.runner import opened_runner
     from repro.models.fingerprint import fingerprint_checkpoints
     from repro.reporting.records import reference_route
 
     dtype = cfg["dtype"] if cfg["dtype"] in ("float32", "float64") else "float64"
     rerun = {**cfg, "device": "cpu", "gdn_backend": "reference", "dtype": dtype, "warmup": 0}
     rerun["max_new_tokens"] = new_tokens
-    runner = ExperimentRunner(rerun)
-    if checkpoints:
-        resolved = [{**route.params, "name": route.name} for route in runner.all_routes]
-        if changed := changed_checkpoint(checkpoints, fingerprint_checkpoints(str(cfg["target"]), resolved)):
-            raise ReproError(
-                f"the run's checkpoints changed since it ran ({changed}): its routes would be counted on"
-                " other weights; rerun the decode run first"
-            )
-    chosen = [r for r in runner.routes if r.name in routes]
-    prompt = runner.prompts()[0]
-    ids = runner.tokenizer.chat_prompt([{"role": "user", "content": prompt.turns[0]}])
-    ref_name = reference_route((r.name, r.params) for r in runner.routes)
-    ref = next((r for r in runner.routes if r.name == ref_name), None)
-    reference = generate(runner.model, ids, ref, new_tokens).output_ids if ref else None
-    out = {}
-    layers = len(runner.model.model.layers)
-    graphed = isinstance(runner.target, GraphedTarget)
-    for route in chosen:
-        where = {"prompt": f"{prompt.suite}/{prompt.id}", "model_layers": layers}
-        if graphed:
-            counter = DecoderCounter(runner.target)
-            start = counter.executed()
+    with opened_runner(rerun) as runner:  # under the run's engine switches
+        if checkpoints:
+            resolved = [{**route.params, "name": route.name} for route in runner.all_routes]
+            now = fingerprint_checkpoints(str(cfg["target"]), resolved)
+            if changed := changed_checkpoint(checkpoints, now):
+                raise ReproError(
+                    f"the run's checkpoints changed since it ran ({changed}): its routes would be counted on"
+                    " other weights; rerun the decode run first"
+                )
+        chosen = [r for r in runner.routes if r.name in routes]
+        prompt = runner.prompts()[0]
+        ids = runner.tokenizer.chat_prompt([{"role": "user", "content": prompt.turns[0]}])
+        ref_name = reference_route((r.name, r.params) for r in runner.routes)
+        ref = next((r for r in runner.routes if r.name == ref_name), None)
+        reference = generate(runner.model, ids, ref, new_tokens).output_ids if ref else None
+        out = {}
+        layers = len(runner.model.model.layers)
+        graphed = isinstance(runner.target, GraphedTarget)
+        for route in chosen:
+            where = {"prompt": f"{prompt.suite}/{prompt.id}", "model_layers": layers}
+            if graphed:
+                counter = DecoderCounter(runner.target)
+                start = counter.executed()
+                try:
+                    result = generate(runner.target, ids, route, new_tokens, (), reference)
+                finally:
+                    counter.close()
+                steps = result.launched_steps or result.steps
+                mean = (counter.executed() - start - counter.prefilled) / steps if steps else math.nan
+                counted = {"verify_calls": steps, "layers_per_verify": mean, "layers_min": mean}
+                out[route.name] = {**where, **counted}
+                continue
+            hooks = LayerCounter(runner.model)
             try:
-                result = generate(runner.target, ids, route, new_tokens, (), reference)
+                generate(runner.model, ids, route, new_tokens, (), reference)
             finally:
-                counter.close()
-            steps = result.launched_steps or result.steps
-            mean = (counter.executed() - start - counter.prefilled) / steps if steps else math.nan
-            out[route.name] = {**where, "verify_calls": steps, "layers_per_verify": mean, "layers_min": mean}
-            continue
-        hooks = LayerCounter(runner.model)
-        try:
-            generate(runner.model, ids, route, new_tokens, (), reference)
-        finally:
-            hooks.close()
-        n = hooks.per_verify
-        out[route.name] = {
-            **where,
-            "verify_calls": len(n),
-            "layers_per_verify": sum(n) / len(n) if n else math.nan,
-            "layers_min": min(n) if n else math.nan,
-        }
-    return out
+                hooks.close()
+            n = hooks.per_verify
+            out[route.name] = {
+                **where,
+                "verify_calls": len(n),
+                "layers_per_verify": sum(n) / len(n) if n else math.nan,
+                "layers_min": min(n) if n else math.nan,
+            }
+        return out
 
 
 def what_was_timed(src: Run, out: str | Path, new_tokens: int = 8) -> RunDir:

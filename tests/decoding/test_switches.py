@@ -1,0 +1,90 @@
+"""The engine switches (repro.decoding.switches) and a run's ``switches`` setting."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from conftest import run_cli
+
+from repro.decoding import switches
+from repro.errors import ConfigError
+from repro.harness.experiment import load_experiment
+from repro.models import graphed
+
+
+def test_every_switch_names_an_engine_attribute_of_its_kind():
+    """A renamed or retyped module constant would leave its switch setting nothing the engine reads."""
+    for name, switch in switches.SWITCHES.items():
+        value = switch.read()
+        assert type(value) is switch.kind, (name, value)
+    assert switches.current() == {name: s.read() for name, s in switches.SWITCHES.items()}
+
+
+def test_switches_are_set_inside_the_block_and_restored_after_it_an_exception_included():
+    before = switches.current()
+    with switches.applied({"fuse_accept": not graphed.FUSE_ACCEPT, "ar_group": 3}):
+        assert graphed.FUSE_ACCEPT is (not before["fuse_accept"]) and graphed.AR_GROUP == 3
+    assert switches.current() == before
+    with pytest.raises(RuntimeError), switches.applied({"ar_group": 5}):
+        assert graphed.AR_GROUP == 5
+        raise RuntimeError("a failed run")
+    assert switches.current() == before
+
+
+@pytest.mark.parametrize(
+    ("values", "why"),
+    [
+        ({"nope": True}, "unknown engine switch(es): nope"),
+        ({"pipeline": 1}, "switch pipeline must be true or false"),
+        ({"ar_group": 0}, "switch ar_group must be an integer >= 1"),
+        ({"clock_every": True}, "switch clock_every must be an integer >= 1"),
+        ({"clock_every": 2.0}, "switch clock_every must be an integer >= 1"),
+        ([("pipeline", True)], "setting switches must be a mapping"),
+    ],
+)
+def test_a_bad_switch_is_one_line_and_sets_nothing(values, why):
+    before = switches.current()
+    with pytest.raises(ConfigError, match=re.escape(why)), switches.applied(values):
+        pass
+    assert switches.current() == before
+
+
+def test_the_setting_is_checked_kept_in_order_and_dropped_at_the_defaults():
+    cfg = load_experiment("smoke", {}, {"sets": ["switches.ar_group=2", "switches.fuse_accept=false"]})
+    assert list(cfg["switches"].items()) == [("fuse_accept", False), ("ar_group", 2)]  # SWITCHES' order
+    assert "switches" not in load_experiment("smoke", {})  # the defaults' config: that of earlier runs
+    assert "switches" not in load_experiment("smoke", {}, {"sets": ["switches={}"]})
+    with pytest.raises(ConfigError, match="unknown engine switch"):
+        load_experiment("smoke", {}, {"sets": ["switches.fuse_acept=false"]})
+
+
+def test_a_run_decodes_under_its_switches_records_them_and_restores_them(tmp_path, monkeypatch, capsys):
+    from repro.harness import runner
+
+    seen = []
+    run = runner.ExperimentRunner.run
+
+    def spying(self, run_dir, progress=None):
+        seen.append((graphed.AR_GROUP, graphed.HOST_WRITES))
+        return run(self, run_dir, progress)
+
+    monkeypatch.setattr(runner.ExperimentRunner, "run", spying)
+    before = switches.current()
+    args = ("run", "smoke", "--suites", "gsm8k", "--limit", "1", "--max-new-tokens", "3")
+    args += ("--engine", "graphed")
+    sets = ("--set", "routes=[{name: ar, kind: ar}]", "--set", "switches.ar_group=2")
+    sets += ("--set", f"switches.host_writes={json.dumps(not before['host_writes'])}")
+    code, _, err = run_cli(monkeypatch, capsys, *args, *sets, "--out", str(tmp_path / "run"))
+    assert code == 0, err
+    assert seen == [(2, not before["host_writes"])]
+    assert switches.current() == before
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["config"]["switches"] == {"host_writes": not before["host_writes"], "ar_group": 2}
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert f"- engine switches set: host_writes={json.dumps(not before['host_writes'])}, ar_group=2" in report
+    bad = ("--set", "switches.ar_group=0", "--out", str(tmp_path / "b"))
+    code, _, err = run_cli(monkeypatch, capsys, *args, *bad)
+    assert code == 2 and err.strip().splitlines()[-1].startswith("error: switch ar_group"), err
+    assert not (tmp_path / "b").exists()
