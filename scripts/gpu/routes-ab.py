@@ -79,14 +79,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's repro, not an installed one
 
 from repro.data.suites import format_turn, load_suite  # noqa: E402
-from repro.decoding import engine, tree_builders  # noqa: E402
+from repro.decoding import engine, switches, tree_builders  # noqa: E402
 from repro.decoding.engine import STAGES, generate  # noqa: E402
 from repro.decoding.routes import build_route, prepare_graphs  # noqa: E402
-from repro.drafters import dflash_fast  # noqa: E402
 from repro.gdn import triton_attention  # noqa: E402
 from repro.gdn import triton_linear as tlin  # noqa: E402
 from repro.gdn.triton_common import dependent_launch  # noqa: E402
-from repro.models import graphed, static, static_layers, topk_kernels  # noqa: E402
+from repro.models import graphed, static, topk_kernels  # noqa: E402
 from repro.models.target import open_target  # noqa: E402
 
 CPU = sys.argv[2:3] == ["cpu"]
@@ -149,25 +148,25 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "pdl_start": lambda: dependent_launch(trigger="start"),
     "pdl_exit": lambda: dependent_launch(trigger="exit"),
     "pdl_gemv": lambda: dependent_launch(trigger="gemv"),
-    "torch_bookkeeping": lambda: patched(static, "FUSE_BOOKKEEPING", False),
+    "torch_bookkeeping": lambda: switches.applied({"fuse_bookkeeping": False}),
     "no_clock_events": unclocked,
-    "scaled_rows": lambda: patched(static, "FOLD_NORMS", False),
+    "scaled_rows": lambda: switches.applied({"fold_norms": False}),
     "auto_rows": lambda: tlin.verify_form("auto"),
-    "torch_topk": lambda: patched(topk_kernels, "KERNELS", False),
+    "torch_topk": lambda: switches.applied({"topk_kernels": False}),
     "topk_chunk4096": lambda: patched(topk_kernels, "CHUNK", 4096),
     "topk_chunk512": lambda: patched(topk_kernels, "CHUNK", 512),
     "topk_pool": lambda: patched(topk_kernels, "MAX_K", 512),
-    "fold_drafter": lambda: patched(dflash_fast, "FOLD_NORMS", True),
-    "scaled_drafter": lambda: patched(dflash_fast, "FOLD_NORMS", False),
-    "clock_every4": lambda: patched(engine, "EVENT_EVERY", 4),
+    "fold_drafter": lambda: switches.applied({"drafter_fold_norms": True}),
+    "scaled_drafter": lambda: switches.applied({"drafter_fold_norms": False}),
+    "clock_every4": lambda: switches.applied({"clock_every": 4}),
     "torch_argmax": lambda: patched(topk_kernels, "row_argmax", lambda x: x.argmax(-1)),
     "fused_tree": lambda: patched(static, "select_tree_kernel", lambda *args: "fused"),
     "kernel_copies": kernel_copies,
-    "separate_accept": lambda: patched(graphed, "FUSE_ACCEPT", False),
-    "gated_out_proj": lambda: patched(static_layers, "GATED_OUT_PROJ", True),
-    "fuse_tree": lambda: patched(engine, "FUSE_TREE", True),
-    "stream_copies": lambda: patched(graphed, "HOST_WRITES", False),
-    "gc_on": lambda: patched(engine, "PAUSE_GC", False),
+    "separate_accept": lambda: switches.applied({"fuse_accept": False}),
+    "gated_out_proj": lambda: switches.applied({"gated_out_proj": True}),
+    "fuse_tree": lambda: switches.applied({"fuse_tree": True}),
+    "stream_copies": lambda: switches.applied({"host_writes": False}),
+    "gc_on": lambda: switches.applied({"pause_gc": False}),
     "kernel_tree_copy": lambda: patched(static, "KERNEL_TREE_COPY", True),
     "aliased_roots": lambda: patched(tree_builders, "ALIASED_ROOTS", 4),
 }
