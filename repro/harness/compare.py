@@ -56,7 +56,9 @@ CLAIMS = "CLAIMS.md"
 HEADING = "# Comparison:"  # the first line of the markdown report (then OLD -> NEW)
 SHOWN_DIFFERENCES = 8  # what differs, named in a warning before "and N more"
 # config settings named first in a warning: what most often makes two runs' numbers incomparable
-KEY_SETTINGS = ("target", "targets", "drafter", "dtype", "device", "engine", "shapes", "suites", "routes")
+KEY_SETTINGS = (
+    "target", "targets", "drafter", "dtype", "device", "engine", "switches", "shapes", "suites", "routes",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)

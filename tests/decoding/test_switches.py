@@ -88,3 +88,14 @@ def test_a_run_decodes_under_its_switches_records_them_and_restores_them(tmp_pat
     code, _, err = run_cli(monkeypatch, capsys, *args, *bad)
     assert code == 2 and err.strip().splitlines()[-1].startswith("error: switch ar_group"), err
     assert not (tmp_path / "b").exists()
+
+
+def test_compare_names_the_switches_first_among_what_differs():
+    """An A/B of a switch is two runs of one experiment whose configs differ only there: compare's warning
+    names it before the other settings."""
+    from repro.harness.compare import differences
+
+    cfg = load_experiment("smoke", {})
+    switched = load_experiment("smoke", {"limit": 1}, {"sets": ["switches.fuse_accept=false"]})
+    diff = differences({"config": cfg}, {"config": switched})
+    assert diff[0] == "switches.fuse_accept unset -> false" and "limit 2 -> 1" in diff, diff
