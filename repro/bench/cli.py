@@ -311,6 +311,13 @@ def scale(
     device: Annotated[str, device_option()] = "auto",
     dtype: Annotated[str, dtype_option("weights; auto: bfloat16 on CUDA, else float32.", auto=True)] = "auto",
     seed: Annotated[int, typer.Option(help="Seed of weights, prompts and the replayed draws.")] = 0,
+    switch: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="An engine switch NAME=VALUE for the run (repeatable; repro.decoding.switches: fuse_accept, "
+            "pipeline, host_writes, ...), kept in its config and named in its report."
+        ),
+    ] = None,
 ) -> None:
     """End-to-end tokens/s and speedup over AR of each route at the papers' model shapes (random weights,
     drafters of their real shapes) on the graphed engine, with a stated acceptance replayed.
@@ -331,6 +338,7 @@ def scale(
         parse_acceptance,
         run_scale,
     )
+    from repro.decoding.switches import parse_switches
     from repro.models.target import auto_dtype, resolve_device
 
     names = shape_names(shape, SHAPES)
@@ -340,6 +348,7 @@ def scale(
         check_routes(chosen)
         per_shape[name] = ["ar"] + [r for r in dict.fromkeys(chosen) if r != "ar"]
     parse_acceptance(acceptance)
+    switches = parse_switches(switch or [])
     longest = prompt_len + max(max_new_tokens, warmup_tokens)
     for name in names:
         _check_fits(name, MODEL_SHAPES[name](), longest, "--prompt-len + new tokens")
@@ -359,6 +368,7 @@ def scale(
         logit_scale=logit_scale,
         dtype=dtype,
         seed=seed,
+        switches=switches,
     )
     out_dir = out or default_out_dir(dev)
     total = sum(len(r) for r in per_shape.values()) * prompts

@@ -40,12 +40,13 @@ from repro.decoding.engine import STAGES, Route, generate
 from repro.decoding.replayed import AcceptanceProcess, ReplayedAcceptance, constant_p_for_mal
 from repro.decoding.routes import prepare_graphs, resolve_spec
 from repro.decoding.scale_routes import build_scale_route, replayed, route_drafters
+from repro.decoding.switches import applied
 from repro.errors import ConfigError, ReproError
 from repro.gdn.backends import default_backend
 from repro.models.graphed import GraphedTarget
 from repro.models.hybrid import HybridLM
 from repro.reporting import stats
-from repro.reporting.report import accept_histogram
+from repro.reporting.report import accept_histogram, switches_text
 from repro.reporting.rundir import Run, RunKind, fields_parser, load_run
 from repro.reporting.stats import Paired, paired_ratio
 
@@ -277,8 +278,12 @@ class ScaleConfig:
     seed: int = 0
     commit: str = "closed_form"
     specs: dict[str, dict[str, Any]] = field(default_factory=lambda: dict(ROUTE_SPECS))
+    switches: dict[str, bool | int] = field(default_factory=dict)  # engine switches (repro.decoding.switches)
 
     def as_dict(self) -> dict[str, Any]:
+        """The run's config (its engine switches only when set: a run at the defaults has the config of
+        earlier runs)."""
+        switched = {"switches": dict(self.switches)} if self.switches else {}
         return {
             "bench": "scale",
             "shapes": {s: MODEL_SHAPES[s]().to_dict() for s in self.shapes},
@@ -297,6 +302,7 @@ class ScaleConfig:
             "commit": self.commit,
             "engine": "graphed (GraphedTarget: CUDA graphs on CUDA, the eager static decoder elsewhere)",
             "gdn_backend": "triton on CUDA, reference elsewhere",
+            **switched,
         }
 
 
@@ -451,7 +457,8 @@ def run_scale(
                 progress(record)
 
         for shape in cfg.shapes:
-            info = measure_shape(shape, cfg, device, spec, emit)
+            with applied(cfg.switches):
+                info = measure_shape(shape, cfg, device, spec, emit)
             run.update_manifest(models={**run.manifest["models"], shape: info})
             run.write_report()
         return summary_table(run.records())
@@ -678,7 +685,8 @@ def report_markdown(
         "",
         f"Device: {manifest.get('bench_device', '?')}; dtype {cfg.get('dtype')}; {cfg.get('prompts')} "
         f"prompts of {cfg.get('prompt_len')} random tokens, {cfg.get('max_new_tokens')} new tokens each; "
-        f"logit scale {cfg.get('logit_scale')}; acceptance `{cfg.get('acceptance')}`.",
+        f"logit scale {cfg.get('logit_scale')}; acceptance `{cfg.get('acceptance')}`"
+        + (f"; engine switches set: {switches_text(cfg['switches'])}." if cfg.get("switches") else "."),
         "",
         "Random weights at the real shapes on the graphed engine: the costs are real, the acceptance is "
         "replayed (only which draft tokens are accepted; docs/gpu.md, Replayed acceptance). These are not "

@@ -5,16 +5,19 @@ Each switch is one measured engine choice (its module's comment gives the A/B be
 ``switches`` setting (``repro run routes --set switches.fuse_accept=false``); the run's config then holds
 them (and its hash differs from the defaults' run: ``repro compare`` pairs the two), its report names
 them, and :func:`applied` sets them around the run and restores them after it. A run at the defaults
-carries no ``switches`` setting. ``scripts/gpu/routes-ab.py`` takes its plain switch variants from here.
+carries no ``switches`` setting. ``repro bench scale --switch NAME=VALUE`` sets them for the scale rows the
+same way; ``scripts/gpu/routes-ab.py`` takes its plain switch variants from here.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
+
+import yaml
 
 from repro.decoding import engine
 from repro.drafters import dflash_fast
@@ -104,6 +107,21 @@ def check_switches(values: Any) -> dict[str, bool | int]:
             raise ConfigError(f"switch {name} must be an integer >= 1, got {value!r}")
         out[name] = value
     return out
+
+
+def parse_switches(texts: Iterable[str], option: str = "--switch") -> dict[str, bool | int]:
+    """``NAME=VALUE`` texts (the value read as YAML: ``true``, ``4``) as checked switch settings (a later
+    text for the same name wins); a one-line ConfigError naming ``option`` for a text without '='."""
+    values: dict[str, Any] = {}
+    for text in texts:
+        name, sep, value = text.partition("=")
+        if not sep or not name.strip() or not value.strip():
+            raise ConfigError(f"{option} takes NAME=VALUE (an engine switch), got {text!r}")
+        try:
+            values[name.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            values[name.strip()] = value
+    return check_switches(values)
 
 
 def current() -> dict[str, bool | int]:

@@ -589,6 +589,11 @@ def _captures_section(records: Sequence[DecodeRecord]) -> list[str]:
     return lines
 
 
+def switches_text(values: dict[str, Any]) -> str:
+    """A run's engine switches as a report shows them: ``fuse_accept=false, ar_group=2``."""
+    return ", ".join(f"{k}={json.dumps(v)}" for k, v in values.items())
+
+
 def build_report(run: Run, figures_dir: Path | None) -> str:
     """report.md, summary.csv and histogram.csv (and figures) of a decode run, from its records only.
 
@@ -616,7 +621,7 @@ def build_report(run: Run, figures_dir: Path | None) -> str:
     if switches:
         lines.append("- REPRO_* switches set: " + ", ".join(f"{k}={v}" for k, v in switches.items()))
     if engine := (manifest.get("config") or {}).get("switches"):
-        lines.append("- engine switches set: " + ", ".join(f"{k}={json.dumps(v)}" for k, v in engine.items()))
+        lines.append(f"- engine switches set: {switches_text(engine)}")
     lines.append("")
     if not records:
         lines += ["No records yet.", ""]

@@ -204,6 +204,9 @@ def test_replayed_rule_is_the_routes_rule():
         (["--shape", "tiny", "--acceptance", "records:/nonexistent/run"], "records:/nonexistent/run"),
         (["--shape", "tiny", "--acceptance", "paper-mal:arxiv"], "paper-mal suite"),
         (["--shape", "tiny", "--routes", "dflash_chain", "--acceptance", "mal:20"], "not reachable"),
+        (["--shape", "tiny", "--switch", "fuse_acept=false"], "unknown engine switch(es): fuse_acept"),
+        (["--shape", "tiny", "--switch", "ar_group"], "--switch takes NAME=VALUE"),
+        (["--shape", "tiny", "--switch", "pipeline=2"], "switch pipeline must be true or false"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, args, message):
@@ -439,3 +442,30 @@ def test_a_records_run_without_a_replayed_kind_is_refused_before_anything_runs(t
     code, _, err = run_cli(monkeypatch, capsys, "bench", "scale", *args, "--device", "cpu", "--out", str(out))
     assert code == 2 and "has no route of kind dflash_tfm" in err, err
     assert not (out / "records.jsonl").exists()  # refused before the first route ran
+
+
+def test_a_run_measures_under_its_engine_switches_and_names_them(tmp_path, monkeypatch, capsys):
+    """``--switch NAME=VALUE``: the shapes are measured with the switch set, restored after; the config
+    keeps it and the report names it (a run without switches has none in its config)."""
+    from repro.decoding import switches
+    from repro.models import graphed
+
+    seen = []
+    measure = bs.measure_shape
+
+    def spying(*args, **kwargs):
+        seen.append(graphed.AR_GROUP)
+        return measure(*args, **kwargs)
+
+    monkeypatch.setattr(bs, "measure_shape", spying)
+    before = switches.current()
+    out = tmp_path / "scale"
+    code, stdout, err = run_cli(
+        monkeypatch, capsys, "bench", "scale", "--shape", "tiny", "--routes", "dflash_chain", "--acceptance",
+        "mal:3", "--prompts", "1", "--prompt-len", "8", "--max-new-tokens", "4", "--warmup-tokens", "2",
+        "--device", "cpu", "--dtype", "float32", "--switch", "ar_group=3", "--out", str(out),
+    )  # fmt: skip
+    assert code == 0, err
+    assert seen == [3] and switches.current() == before
+    assert json.loads((out / "manifest.json").read_text())["config"]["switches"] == {"ar_group": 3}
+    assert "engine switches set: ar_group=3." in (out / "report.md").read_text()
