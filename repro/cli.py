@@ -524,6 +524,15 @@ def routes() -> None:
     typer.echo(routes_text())
 
 
+@app.command()
+def switches() -> None:
+    """List the GPU engine's switches (``--set switches.NAME=VALUE``, ``bench scale --switch``): kind,
+    default, what each one chooses."""
+    from repro.decoding.switches import switches_text
+
+    typer.echo(switches_text())
+
+
 @app.command("export-default")
 def export_default(
     out: Annotated[Path, typer.Argument(help="Directory to write the checkpoint into.")],

@@ -99,3 +99,12 @@ def test_compare_names_the_switches_first_among_what_differs():
     switched = load_experiment("smoke", {"limit": 1}, {"sets": ["switches.fuse_accept=false"]})
     diff = differences({"config": cfg}, {"config": switched})
     assert diff[0] == "switches.fuse_accept unset -> false" and "limit 2 -> 1" in diff, diff
+
+
+def test_repro_switches_lists_every_switch_with_its_kind_and_default(monkeypatch, capsys):
+    code, out, _ = run_cli(monkeypatch, capsys, "switches")
+    lines = {line.split()[0]: line.split()[1:3] for line in out.splitlines()[2:] if line.strip()}
+    for name, switch in switches.SWITCHES.items():
+        default = str(switch.read())
+        assert lines[name] == [switch.kind.__name__, default.lower() if switch.kind is bool else default]
+    assert code == 0 and "--set switches.NAME=VALUE" in out
