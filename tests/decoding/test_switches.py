@@ -108,3 +108,30 @@ def test_repro_switches_lists_every_switch_with_its_kind_and_default(monkeypatch
         default = str(switch.read())
         assert lines[name] == [switch.kind.__name__, default.lower() if switch.kind is bool else default]
     assert code == 0 and "--set switches.NAME=VALUE" in out
+
+
+def test_a_run_resumes_only_under_the_switches_it_ran_with(tmp_path, monkeypatch, capsys):
+    """The switches are part of the run's configuration: the same command resumes it, another switch (or
+    none) is refused in one line and its records stay as they were."""
+    args = (
+        "run",
+        "smoke",
+        "--suites",
+        "gsm8k",
+        "--limit",
+        "1",
+        "--max-new-tokens",
+        "3",
+        "--engine",
+        "graphed",
+    )
+    args += ("--set", "routes=[{name: ar, kind: ar}]", "--out", str(tmp_path / "run"))
+    code, _, err = run_cli(monkeypatch, capsys, *args, "--set", "switches.ar_group=2")
+    records = (tmp_path / "run" / "records.jsonl").read_bytes()
+    assert code == 0 and records, err
+    code, _, err = run_cli(monkeypatch, capsys, *args, "--set", "switches.ar_group=2")
+    assert code == 0 and "0 new record(s)" in err, err
+    for other in (("--set", "switches.ar_group=4"), ()):
+        code, _, err = run_cli(monkeypatch, capsys, *args, *other)
+        assert code == 2 and "different configuration" in err and len(err.strip().splitlines()) == 1, err
+        assert (tmp_path / "run" / "records.jsonl").read_bytes() == records
