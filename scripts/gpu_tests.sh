@@ -9,7 +9,10 @@
 #   scripts/gpu_tests.sh [test files...]   (default: every tests/**/test_*.py with gpu tests, the model
 #                                           path's first: static decoder, Triton tree kernels)
 #
-# Environment: OUT (default runs/gpu-tests); GPU_TEST_TIMEOUT=<s> sets every file's limit, else each file
+# Environment: OUT (default runs/gpu-tests); GPU_TEST_JOBS=<n> runs n files side by side, each file's output
+# in $OUT/log-<file>.txt (2026-12-03, 6 side by side: 31 of 36 files within one call, five slow ones past
+# their limits while compiles shared the 16 cores: give those more time); GPU_TEST_TIMEOUT=<s> sets every
+# file's limit, else each file
 # has its own below (640 s in all; the default set, 35 tests, took 334 s on one H200 on 2026-11-30, most of
 # it process start-up, Triton compiles and fla's autotuning, which TRITON_CACHE_AUTOTUNING=1 lets later
 # processes reuse); REPRO_GPU_FULL=1 adds the extended matrices (minutes more: raise the limits).
@@ -50,8 +53,8 @@ limit_of() {  # seconds for one file: start-up (~10 s: torch, CUDA context) + co
     *) echo 60 ;;
   esac
 }
-status=0
-for f in "${FILES[@]}"; do
+run_file() {  # one file under its limit; its output into $OUT/log-<file>.txt when jobs run side by side
+  local f=$1 name limit start rc
   name=$(basename "$f" .py)
   limit=${GPU_TEST_TIMEOUT:-$(limit_of "$f")}
   echo "== pytest -m gpu $f (limit ${limit} s; $(date -u +%T))"
@@ -60,6 +63,18 @@ for f in "${FILES[@]}"; do
     -o faulthandler_timeout=$((limit > 20 ? limit - 10 : 10)) --junitxml="$OUT/junit-$name.xml" "$f"
   rc=$?
   echo "== $f: exit $rc after $((SECONDS - start)) s$([ $rc -eq 124 ] && echo ' (time limit)')"
-  [ $rc -eq 0 ] || [ $rc -eq 5 ] || status=1  # 5: no tests selected
-done
+  [ $rc -eq 0 ] || [ $rc -eq 5 ]  # 5: no tests selected
+}
+status=0
+if [ "${GPU_TEST_JOBS:-1}" -gt 1 ]; then  # files side by side (the whole suite in one device call)
+  export OUT GPU_TEST_TIMEOUT
+  export -f run_file limit_of
+  printf '%s\n' "${FILES[@]}" | xargs -P "$GPU_TEST_JOBS" -I{} bash -c \
+    'f={}; n=$(basename "$f" .py); if run_file "$f" > "$OUT/log-$n.txt" 2>&1; then r=ok; else r=FAILED; fi
+     echo "== $f: $r ($(tail -1 "$OUT/log-$n.txt"))"; [ $r = ok ]' || status=1
+else
+  for f in "${FILES[@]}"; do
+    run_file "$f" || status=1
+  done
+fi
 exit $status
