@@ -34,6 +34,7 @@ from repro.models.config import GDN
 from repro.models.family import DEFAULT_TARGET, RANDOM_TARGET, members, resolve_checkpoint
 from repro.models.loading import read_config, read_json_config, weight_names
 from repro.models.target import resolve_dtype
+from repro.reporting.report import switches_text
 
 
 def _target(path: Path) -> str:
@@ -84,6 +85,8 @@ class CheckReport:
             f"  target {cfg['target']}, {cfg['dtype']} on {cfg['device']} ({cfg['gdn_backend']}), suites "
             f"{','.join(cfg['suites'])}, limit {cfg['limit']}, max_new_tokens {cfg['max_new_tokens']}",
         ]
+        if cfg.get("switches"):
+            lines.append(f"  engine switches: {switches_text(cfg['switches'])}")
         for route in cfg["routes"]:
             params = ", ".join(
                 f"{k}={v}" for k, v in route.items() if k not in ("name", "kind") and v is not None

@@ -135,3 +135,12 @@ def test_a_run_resumes_only_under_the_switches_it_ran_with(tmp_path, monkeypatch
         code, _, err = run_cli(monkeypatch, capsys, *args, *other)
         assert code == 2 and "different configuration" in err and len(err.strip().splitlines()) == 1, err
         assert (tmp_path / "run" / "records.jsonl").read_bytes() == records
+
+
+def test_check_names_the_switches_it_validated(monkeypatch, capsys):
+    args = ("run", "smoke", "--check", "--set", "switches.fuse_accept=false")
+    code, out, err = run_cli(monkeypatch, capsys, *args)
+    assert code == 0, err
+    assert "  engine switches: fuse_accept=false" in out.splitlines()
+    code, out, _ = run_cli(monkeypatch, capsys, "run", "smoke", "--check")
+    assert code == 0 and "engine switches" not in out
