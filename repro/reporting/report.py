@@ -281,14 +281,15 @@ def speedup_bounds(summary: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out, columns=BOUND_COLUMNS)
 
 
-OUTSIDE_COLUMNS = ["route", "turns", "outside_us", "over_2x", "worst_turn", "worst_us"]
+OUTSIDE_COLUMNS = ["route", "turns", "outside_us", "over_2x", "over_2x_at", "worst_turn", "worst_us"]
 
 
 def outside_graphs(records: Sequence[DecodeRecord]) -> pd.DataFrame:
     """Per route, the device time of a verify step outside its graph replays (a turn's stage-mark device
     time minus its replays' busy time, per launched step, in us): the median over the route's turns, the
-    number of turns above twice that median (where the host fell behind), and the worst turn. Only turns
-    with busy times; empty without any."""
+    number of turns above twice that median (where the host fell behind) and their places among the route's
+    turns in run order (the records' order; 1 = its first), and the worst turn. Only turns with busy times;
+    empty without any."""
     rows = []
     for route in _ordered_routes(records):
         turns = []
@@ -302,9 +303,10 @@ def outside_graphs(records: Sequence[DecodeRecord]) -> pd.DataFrame:
             continue
         median = float(pd.Series([us for us, _ in turns]).median())
         worst_us, worst = max(turns)
-        over = sum(us > 2 * median for us, _ in turns)
-        rows.append({"route": route, "turns": len(turns), "outside_us": median, "over_2x": over,
-                     "worst_turn": worst, "worst_us": worst_us})  # fmt: skip
+        late = [str(i) for i, (us, _) in enumerate(turns, 1) if us > 2 * median]
+        rows.append({"route": route, "turns": len(turns), "outside_us": median, "over_2x": len(late),
+                     "over_2x_at": ", ".join(late) or "-", "worst_turn": worst,
+                     "worst_us": worst_us})  # fmt: skip
     return pd.DataFrame(rows, columns=OUTSIDE_COLUMNS)
 
 
@@ -686,8 +688,8 @@ def build_report(run: Run, figures_dir: Path | None) -> str:
                         "outside_us: a turn's stage-mark device time minus its graph replays' busy time, per"
                         " launched step (eager launches, graph boundaries, the engine's own events, and the"
                         " device idle while the host catches up), the median over the route's turns;"
-                        " over_2x: the turns above twice that median (there the host fell behind), the worst"
-                        " named.",
+                        " over_2x: the turns above twice that median (there the host fell behind), over_2x_at"
+                        " their places among the route's turns in run order (1: its first), the worst named.",
                         "",
                     ]
         lines += _captures_section(records)

@@ -144,7 +144,10 @@ def test_outside_the_graphs_per_turn_median_turns_over_twice_it_and_the_worst(tm
     # per step: 10, 10 (30 over 3 launched steps), 12, 60 us: median 11, one turn above 22
     assert row["turns"] == 4 and row["outside_us"] == pytest.approx(11.0)
     assert row["over_2x"] == 1 and row["worst_turn"] == "gsm8k/d turn 0"
-    assert row["worst_us"] == pytest.approx(60.0)
+    assert row["over_2x_at"] == "4" and row["worst_us"] == pytest.approx(60.0)  # the 4th of its turns run
+    early = outside_graphs([turn("x", 300e-6), turn("y", 200e-6), *recs[:3]]).set_index("route").loc["dd"]
+    assert early["over_2x"] == 2 and early["over_2x_at"] == "1, 2"  # per step 150, 100 | 10, 10, 12
+    assert outside_graphs(recs[:3]).set_index("route").loc["dd", "over_2x_at"] == "-"
     ar = dataclasses.replace(make_record(), device_stage_s=DEVICE, busy_stage_s=BUSY)
     text = build_report(Run(tmp_path, DECODE_KIND, {}, [ar, *recs[:-1]]), None)
     assert "## Outside the graphs" in text and "| gsm8k/d turn 0 " in text
