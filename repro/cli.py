@@ -528,9 +528,9 @@ def routes() -> None:
 def switches() -> None:
     """List the GPU engine's switches (``--set switches.NAME=VALUE``, ``bench scale --switch``): kind,
     default, what each one chooses."""
-    from repro.decoding.switches import switches_text
+    from repro.decoding.switches import listing
 
-    typer.echo(switches_text())
+    typer.echo(listing())
 
 
 @app.command("export-default")

@@ -124,14 +124,15 @@ def parse_switches(texts: Iterable[str], option: str = "--switch") -> dict[str, 
     return check_switches(values)
 
 
-def switches_text() -> str:
+def listing() -> str:
     """The switches as ``repro switches`` lists them: name, kind, the value now (the default outside a run)
     and what it chooses, one line each."""
     width = max(map(len, SWITCHES))
     lines = [f"{'switch':{width}}  kind  default  what", ""]
-    for name, s in SWITCHES.items():
-        value = str(s.read()).lower() if s.kind is bool else str(s.read())
-        lines.append(f"{name:{width}}  {s.kind.__name__:4}  {value:7}  {s.what}")
+    for name, value in current().items():
+        s = SWITCHES[name]
+        shown = str(value).lower() if s.kind is bool else str(value)
+        lines.append(f"{name:{width}}  {s.kind.__name__:4}  {shown:7}  {s.what}")
     lines += ["", "set for a run: repro run EXP --set switches.NAME=VALUE (bench scale: --switch NAME=VALUE)"]
     return "\n".join(lines)
 

@@ -87,7 +87,7 @@ def train_dflash(recipe: DFlashRecipe) -> dict[str, Any]:
     """Generate the distillation data, train, write the checkpoint and report acceptance."""
     started = time.perf_counter()
     with Distillation.start(recipe) as run:
-        target, gen, device = run.target, run.gen, run.device
+        target, device = run.target, run.device
         drafter = random_dflash_for(
             target, seed=recipe.seed, num_layers=recipe.draft_layers, block_size=recipe.block_size,
             target_layer_ids=recipe.target_layer_ids, mask_token_id=special_id(run.tokenizer, "<|mask|>"),
@@ -96,14 +96,10 @@ def train_dflash(recipe: DFlashRecipe) -> dict[str, Any]:
         layers = list(drafter.config.target_layer_ids)
         features = target_features(target, run.seqs, layers)
         seqs = run.seqs.to(device)
-        first, last = recipe.prompt_len - 1, seqs.shape[1] - 2  # anchors: the last prompt token .. L-2
 
         def step_fn(step: int) -> tuple[torch.Tensor, int]:
-            idx = torch.randint(0, seqs.shape[0], (recipe.batch_size,), generator=gen)
-            anchors = torch.randint(first, last + 1, (recipe.batch_size, recipe.anchors), generator=gen)
-            loss = block_loss(
-                drafter, target, seqs[idx], features[idx], anchors.to(device), recipe.loss_gamma
-            )
+            idx, anchors = run.anchored_batch(recipe.anchors)
+            loss = block_loss(drafter, target, seqs[idx], features[idx], anchors, recipe.loss_gamma)
             return loss, recipe.batch_size * recipe.anchors * (recipe.block_size - 1)
 
         title = f"DFlash drafter (block {recipe.block_size}, {recipe.draft_layers} layer)"

@@ -97,6 +97,16 @@ class Distillation:
     def __exit__(self, *exc: object) -> None:
         self.lock.close()
 
+    def anchored_batch(self, anchors: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A training batch's draws from the run's generator: ``recipe.batch_size`` random sequence indices
+        [B] (CPU) and ``anchors`` random anchor positions each, [B, anchors] on the device, from the last
+        prompt token to the sequences' second-last token (a block after each lies in the continuation)."""
+        rows = self.recipe.batch_size
+        first, last = self.recipe.prompt_len - 1, self.seqs.shape[1] - 2
+        idx = torch.randint(0, self.seqs.shape[0], (rows,), generator=self.gen)
+        at = torch.randint(first, last + 1, (rows, anchors), generator=self.gen)
+        return idx, at.to(self.device)
+
     def train_and_save(
         self, model: nn.Module, step_fn: StepFn, save: Callable[..., Path], title: str
     ) -> list[dict[str, Any]]:

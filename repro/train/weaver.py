@@ -139,7 +139,7 @@ def train_weaver(recipe: WeaverRecipe) -> dict[str, Any]:
     """Generate the distillation data, train, write the checkpoint and compare against DDTree."""
     started = time.perf_counter()
     with Distillation.start(recipe) as run:
-        target, gen, device = run.target, run.gen, run.device
+        target, device = run.target, run.device
         dflash = load_dflash(recipe.dflash, dtype=torch.float32, device=device).requires_grad_(False)
         check_fits(dflash.config, target)
         target_logits, features = target_outputs(target, run.seqs, list(dflash.config.target_layer_ids))
@@ -149,13 +149,11 @@ def train_weaver(recipe: WeaverRecipe) -> dict[str, Any]:
         ).train()  # fmt: skip
         weaver.config.extra = {"dflash_checkpoint": str(recipe.dflash)}
         seqs = run.seqs.to(device)
-        first, last = recipe.prompt_len - 1, seqs.shape[1] - 2  # anchors: the last prompt token .. L-2
 
         def step_fn(step: int) -> tuple[torch.Tensor, int]:
-            idx = torch.randint(0, seqs.shape[0], (recipe.batch_size,), generator=gen)
-            anchors = torch.randint(first, last + 1, (recipe.batch_size, recipe.anchors), generator=gen)
+            idx, anchors = run.anchored_batch(recipe.anchors)
             loss = weaver_loss(
-                weaver, dflash, target, seqs[idx], features[idx], target_logits[idx], anchors.to(device),
+                weaver, dflash, target, seqs[idx], features[idx], target_logits[idx], anchors,
                 recipe.pool_size, recipe.tv_weight, recipe.target_temperature,
             )  # fmt: skip
             return loss, recipe.batch_size * recipe.anchors * (dflash.config.block_size - 1)
