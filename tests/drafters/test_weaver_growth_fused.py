@@ -416,10 +416,10 @@ def test_programs_with_grid_barriers_equal_one_program(shape: str, dtype: torch.
     """P programs with grid barriers: P = 1's tree and scores bitwise, the barrier flag 0; P = 1 is the
     torch growth's tree up to (near) ties, scores to float32 rounding. bf16 at the 27B width: sums of
     2048-5120 terms in another order round some bf16 vectors differently and move scores by up to ~0.6
-    (H200, 2026-12-02: the trees part at node 43 of 65, -13.00 vs -12.44), so there the trees must
-    only share a long prefix at width 1; at width 4 they part earlier (node 11, gap 0.87: H200, 2026-12-04,
-    ``scripts/gpu/growth-widths.py``), so there only P is checked; exactness against torch at that shape is
-    the float32 case's (both widths)."""
+    (H200, 2026-12-02: the trees part at node 43 of 65, -13.00 vs -12.44; an H100: node 30, 2026-12-05), so
+    there the trees must only share a long prefix at width 1; at width 4 they part earlier (node 11, gap
+    0.87: H200, 2026-12-04, ``scripts/gpu/growth-widths.py``), so there only P is checked; exactness
+    against torch at that shape is the float32 case's (both widths)."""
     from repro.drafters.growth_kernels import grow_fused
     from repro.drafters.shapes import growth_problem
 
@@ -436,7 +436,7 @@ def test_programs_with_grid_barriers_equal_one_program(shape: str, dtype: torch.
                 zip(ref.tokens.tolist(), ref.parents.tolist(), one.tokens.tolist(), one.parents.tolist())
             )
             shared = next((i for i, (a, b, c, d) in enumerate(pairs) if (a, b) != (c, d)), len(pairs))
-            assert shared >= 32, shared
+            assert shared >= 24, shared  # node 43 on an H200, 30 on an H100; a wrong kernel parts early
         for p in GPU_PROGRAMS[1:]:
             got = grow_fused(*args, programs=p if p > 0 else -p * sms, width=width)
             assert int(got.error) == 0, (shape, seed, width, p)
