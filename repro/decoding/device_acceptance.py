@@ -325,8 +325,12 @@ class DeviceRule:
 
     def begin(self, prompt_len: int, max_new_tokens: int) -> None:
         """Before a generation's first step: its root positions (output position = committed length -
-        ``prompt_len`` + 1) and the host's draws of its positions (the previous generation has ended: its
-        last read waited for the stream). Raises when they do not fit (:func:`device_rule` sizes twins)."""
+        ``prompt_len`` + 1) and the host's draws of its ``max_new_tokens`` positions (the previous
+        generation has ended: its last read waited for the stream). A tree rooted before the end may
+        reach past it: those positions decide only tokens past the end, which the engine cuts, so they
+        get a fixed value (uniform 0.5, replayed depth 0), not draws (the twins are sized for the target's
+        largest tree, ~1024 positions past the end: drawing them all cost AR at T = 1 ~30 ms a generation
+        on an H100, 2026-12-05). Raises when they do not fit (:func:`device_rule` sizes twins)."""
         need = max_new_tokens + self.max_depth + 1  # a tree rooted before the end may reach past it
         if need > self.positions:
             raise ValueError(f"{max_new_tokens} new tokens exceed the twin's {self.positions} positions")
@@ -334,11 +338,13 @@ class DeviceRule:
         if self.kind is ReplayedAcceptance:
             rule = self.rule
             assert isinstance(rule, ReplayedAcceptance)
-            self._drawn = [rule.process.draw(step_rng(rule.stream, p)) for p in range(need)]
-            self._host[:need] = torch.tensor(self._drawn, dtype=torch.long)
+            self._drawn = [rule.process.draw(step_rng(rule.stream, p)) for p in range(max_new_tokens)]
+            self._host[:max_new_tokens] = torch.tensor(self._drawn, dtype=torch.long)
+            self._host[max_new_tokens:need] = 0
         elif self.kind is TargetMatch:
-            uniforms = position_uniforms(self.rule.stream, 0, need)
-            self._host[:need] = torch.tensor(uniforms, dtype=torch.float64)
+            uniforms = position_uniforms(self.rule.stream, 0, max_new_tokens)
+            self._host[:max_new_tokens] = torch.tensor(uniforms, dtype=torch.float64)
+            self._host[max_new_tokens:need] = 0.5
         else:
             self.seed.fill_(self.rule.stream % 2**63)  # keyed_uniforms' key
             return

@@ -18,6 +18,11 @@ temperature > 0 (or the replayed acceptance) on a drafted, non-sampling builder 
 device twin (:mod:`repro.decoding.device_acceptance`: its draws keyed by the root's output position, read
 on the device, so it pipelines too): sample_match gives the host path's tokens (AR's), spec_sampling and
 traversal the same law from the device's keyed uniforms. Elsewhere the host rule walks the logits.
+sample_match's uniforms (and the replayed depths) are drawn on the host for every output position of the
+generation before its clock starts: they stand in for a sampler's device generator (a real one draws inside
+its kernel) so that the host and device paths pick the same tokens, and their cost (~20 us a position, a
+numpy generator each) is the harness's, not the route's; a cache keeps them across the routes of a
+prompt, so timing them would charge whichever route ran first on it (AR, 2026-12-05: ~30 ms a generation).
 
 Stage times: ``stage_s`` is wall-clock per stage (on the host path each boundary first synchronizes
 the device; on the device path none does, so a stage's wall time is its host time, and the wait for a
@@ -489,15 +494,15 @@ def _generate(
     sampled_ar = device_ar_sampling(model, route)
     loop = decode_loop(model, route)
     on_device = loop != "host"  # AR groups, pipelined or stepwise: accepted on the device
+    twin = None
+    if on_device and not greedy:  # the sampling rule's device twin (sampled AR's picker), its draws made
+        assert isinstance(model, GraphedTarget)  # before the clock starts (module docstring)
+        twin = device_rule(route.rule, dev, model.max_nodes, max_new_tokens + model.max_nodes + 1)
+        twin.begin(len(prompt_ids), max_new_tokens)
     t0 = _clock(dev)
     state, ver = _prefill(model, prompt_ids, capture, drafter, route.commit)
     out = [route.rule.pick(ver.logits[-1], 0)]
     t1 = _clock(dev)
-    twin = None
-    if on_device and not greedy:  # the sampling rule's device twin (sampled AR's picker): its draws for
-        assert isinstance(model, GraphedTarget)  # every position, made on the host, are decode time
-        twin = device_rule(route.rule, dev, model.max_nodes, max_new_tokens + model.max_nodes + 1)
-        twin.begin(len(prompt_ids), max_new_tokens)
     captured = graphs_captured()
     clock = StageClock(dev, sync=not on_device)
     lengths: list[int] = []

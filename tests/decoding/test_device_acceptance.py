@@ -222,6 +222,47 @@ def test_twin_keys_draws_by_the_root_position_read_on_the_device(kind):
     assert da.device_rule(rule, torch.device("cpu"), depth, new_tokens + depth + 2) is not twin
 
 
+@pytest.mark.parametrize("kind", ["sample_match", "replayed"])
+def test_twin_draws_only_the_generations_positions(kind, monkeypatch):
+    """``begin`` draws the ``max_new_tokens`` positions of the generation, however far past the end the
+    twin's trees may reach (sized for the target's largest tree: 1024 positions on the family's targets);
+    those past the end decide only tokens the engine cuts and hold a fixed value, also over what an earlier,
+    longer generation left there."""
+    process = AcceptanceProcess("test", (0.7, 0.6, 0.5, 0.9))
+    rule = TargetMatch(0.8, 5) if kind == "sample_match" else ReplayedAcceptance(process=process, seed=4)
+    rule.begin([1, 2, 3])
+    new_tokens, depth = 12, 200
+    twin = da.device_rule(rule, torch.device("cpu"), depth, 3 * new_tokens + depth + 1)
+    twin.begin(9, 3 * new_tokens)  # a longer generation first: real draws where the next one's end is
+    drawn: list[int] = []
+    real = da.position_uniforms
+    monkeypatch.setattr(da, "position_uniforms", lambda seed, p, n: drawn.append(n) or real(seed, p, n))
+    twin.begin(9, new_tokens)
+    past = twin.table[new_tokens : new_tokens + depth + 1]
+    if kind == "sample_match":
+        assert drawn == [new_tokens] and (past == 0.5).all()
+        assert twin.table[:new_tokens].tolist() == real(rule.stream, 0, new_tokens)
+    else:
+        assert len(twin._drawn) == new_tokens and (past == 0).all()
+        want = [process.draw(step_rng(rule.stream, p)) for p in range(new_tokens)]
+        assert twin.table[:new_tokens].tolist() == want
+
+
+def test_twin_draws_are_made_before_the_clock(monkeypatch):
+    """The host's draws of a sampled generation (a stand-in for a sampler's device generator, cached across
+    a prompt's routes) are made before its clock starts: neither its prefill nor its decode time holds them.
+    """
+    import time
+
+    model = small_hybrid(8)
+    target = GraphedTarget(model, max_len=64, max_nodes=32)
+    route = Route("ar", None, SingleNode(), TargetMatch(0.9, 11))
+    real = da.DeviceRule.begin
+    monkeypatch.setattr(da.DeviceRule, "begin", lambda self, *a: time.sleep(0.5) or real(self, *a))
+    got = generate(target, small_ids(9, 6), route, 8)
+    assert len(got.output_ids) == 8 and got.prefill_s < 0.5 and got.decode_s < 0.5
+
+
 def test_keyed_uniforms_are_reproducible_uniform_and_keyed():
     key = torch.tensor([123, 45])
     u = keyed_uniforms(key, 20000, 0)
