@@ -237,7 +237,10 @@ def test_mal_gains_are_read_at_the_papers_setting(tmp_path):
     import pandas as pd
 
     rows = {r["id"]: r for r in claims.ledger(RESULTS)}
-    src = "2026-12-02-h200-pipelined-sampling/table2-bf16-graphed"
+    src = rows["W3"]["source"]  # the newest committed Table 2 run at the paper's setting
+    config = json.loads((RESULTS / src / "manifest.json").read_text())["config"]
+    budgets = {r["kind"]: r.get("budget") for r in config["routes"]}
+    assert config["temperature"] == 1.0 and budgets["ddtree"] == budgets["dflash_tfm"] == 64
     gains = pd.read_csv(RESULTS / src / "gains.csv")
     uni = gains[(gains["protocol"] == "uniform") & (gains["workload"] == "all")].set_index("over")
     for cid, over in (("W3", "DFlash (chain)"), ("W4", "DDTree")):
