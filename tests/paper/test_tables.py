@@ -157,3 +157,30 @@ def test_sweep_table_and_best_budget():
     assert [b["speedup_low"], b["speedup_high"]] == pytest.approx(
         [pooled["speedup_low"], pooled["speedup_high"]], nan_ok=True
     )
+
+
+class _Run:
+    """What ``summary_section`` reads and writes of a run: its records and its files."""
+
+    def __init__(self, records: list) -> None:
+        self.records, self.files = records, {}
+
+    def write(self, name: str, text: str) -> None:
+        self.files[name] = text
+
+
+def test_paper_reports_put_wall_over_busy_beside_the_routes():
+    """Where graphs ran, the paper reports give each route's wall time a step beside its graphs' busy time:
+    a reference the host slowed (AR at 4x its busy time here, as T = 1 AR before 2026-12-05) shows there;
+    runs without graphs (CPU) have no such table."""
+    from repro.paper.common import summary_section
+
+    records = table2_records()[:2]  # AR (12 steps, 1.2 s) and chain (6 steps, 0.6 s) on one prompt
+    assert "Wall time over" not in "\n".join(summary_section(_Run(records)))
+    for r, busy in zip(records, (0.3, 0.5)):
+        r.device_stage_s = {"draft": 0.0, "tree": 0.0, "verify": r.decode_s, "commit": 0.0}
+        r.busy_stage_s = {"draft": 0.0, "tree": 0.0, "verify": busy, "commit": 0.0}
+    text = "\n".join(summary_section(_Run(records)))
+    table = text[text.index("### Wall time over") :]
+    rows = {line.split("|")[1].strip(): line.split("|")[-2].strip() for line in table.splitlines()[4:6]}
+    assert rows == {"ar": "4.00", "chain": "1.20"}
