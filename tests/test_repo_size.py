@@ -35,3 +35,23 @@ def test_the_tracked_tree_fits_a_gpu_call_with_room_to_spare():
         f"tracked files {total / 2**20:.1f} MiB > {MAX_TRACKED_BYTES >> 20} MiB: a GPU call would soon be "
         f"refused; trim or compress results (largest: {largest})"
     )
+
+
+LOG_SUFFIXES = (".log", ".txt", ".xml")  # device calls' logs, test outputs and junit files
+MAX_PLAIN_LOG_BYTES = 4096
+
+
+@pytest.mark.skipif(
+    shutil.which("git") is None or not (ROOT / ".git").exists(), reason="needs a git checkout"
+)
+def test_committed_logs_are_compressed():
+    """Logs under results/ are committed as NAME.xz (`xz -9 NAME`; read with `xz -dc`): uncompressed they
+    were 4.5 of the tree's 53.5 MiB on 2026-12-05, 1.3 MiB once compressed."""
+    names = (
+        subprocess.run(["git", "ls-files", "-z", "results"], cwd=ROOT, capture_output=True, check=True)
+        .stdout.decode()
+        .split("\0")
+    )
+    logs = [ROOT / n for n in names if n.endswith(LOG_SUFFIXES)]
+    plain = [str(p.relative_to(ROOT)) for p in logs if p.is_file() and p.stat().st_size > MAX_PLAIN_LOG_BYTES]
+    assert not plain, f"compress these logs with `xz -9` (and name NAME.xz in the NOTES): {plain[:5]}"
