@@ -102,24 +102,34 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def _keyed_hash(key: torch.Tensor, node: torch.Tensor, stream: int, salt: int) -> torch.Tensor:
-    """A 32-bit hash of (``key`` = [seed, position] int64, node, ``stream``), one per ``salt``."""
+_SALTS = (0x9E3779B9, 0x27D4EB2F)  # a draw's high and low hash
+
+
+def _keyed_hash(key: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+    """32-bit hashes of (``key`` = [seed, position] int64, ``start`` = node * 4 + stream + salt), elementwise
+    over ``start`` (any shape: one chain of ops for every stream and salt at once)."""
     seed, pos = key[0:1], key[1:2]
-    h = _mix32(node * 4 + stream + salt)
+    h = _mix32(start)
     h = _mix32(h ^ (pos & _MASK32))
     h = _mix32(h ^ ((pos >> 32) & _MASK32) ^ 0x85EBCA6B)
     h = _mix32(h ^ (seed & _MASK32))
     return _mix32(h ^ ((seed >> 32) & _MASK32) ^ 0xC2B2AE35)
 
 
+def keyed_uniforms_of(key: torch.Tensor, n: int, streams: tuple[int, ...]) -> torch.Tensor:
+    """[len(streams), n]: :func:`keyed_uniforms` of each stream, hashed together (one chain of elementwise
+    ops instead of two per stream: in a CUDA graph each op is a kernel launch)."""
+    node4 = torch.arange(n, device=key.device, dtype=torch.long) * 4
+    start = torch.stack([node4 + (s + salt) for s in streams for salt in _SALTS])  # no upload: capture-safe
+    h = _keyed_hash(key, start).view(len(streams), 2, n)
+    return ((h[:, 0] >> 5) * 67108864 + (h[:, 1] >> 6)).double() / 9007199254740992.0
+
+
 def keyed_uniforms(key: torch.Tensor, n: int, stream: int) -> torch.Tensor:
     """``n`` U[0, 1) float64 draws (53 bits: 27 and 26 bits of two hashes of the whole key, each with its
     own salt) on ``key``'s device, a pure function of (``key`` = [seed, position] int64, node index,
     ``stream``): reproducible, independent across the four."""
-    node = torch.arange(n, device=key.device, dtype=torch.long)
-    high = _keyed_hash(key, node, stream, 0x9E3779B9)
-    low = _keyed_hash(key, node, stream, 0x27D4EB2F)
-    return ((high >> 5) * 67108864 + (low >> 6)).double() / 9007199254740992.0
+    return keyed_uniforms_of(key, n, (stream,))[0]
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -367,7 +377,7 @@ class DeviceRule:
         else:
             key = torch.cat([self.seed, position])
             rows = target_rows(logits, self.rule.temperature)
-            u, ub = keyed_uniforms(key, size, ACCEPT), keyed_uniforms(key, size, BONUS)
+            u, ub = keyed_uniforms_of(key, size, (ACCEPT, BONUS))
             node, bonus = SAMPLING_ACCEPTS[self.kind](slot, rows, u, ub)
         slot.node.copy_(node)  # type: ignore[attr-defined]
         slot.bonus.copy_(bonus)  # type: ignore[attr-defined]

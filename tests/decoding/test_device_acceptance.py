@@ -278,6 +278,19 @@ def test_keyed_uniforms_are_reproducible_uniform_and_keyed():
     assert ((big >= 0) & (big < 1)).all()
 
 
+def test_keyed_uniforms_of_several_streams_are_each_streams_draws():
+    """One hash chain for a step's two streams (accept, bonus) gives each stream's own draws, bit for bit,
+    and the draws of a key are those of the recorded runs (a changed hash would re-draw every sampled
+    T = 1 route's tokens: pinned from the per-stream form of 2026-12-05)."""
+    for key in (torch.tensor([123, 45]), torch.tensor([2**62 + 5, 2**40]), torch.tensor([0, 0])):
+        both = da.keyed_uniforms_of(key, 37, (da.ACCEPT, da.BONUS, 3))
+        assert both.shape == (3, 37)
+        for row, stream in zip(both, (da.ACCEPT, da.BONUS, 3)):
+            assert torch.equal(row, keyed_uniforms(key, 37, stream))
+    pinned = keyed_uniforms(torch.tensor([5, 2**40 + 3]), 3, 1).tolist()
+    assert pinned == [0.025967458448969083, 0.08452368947991751, 0.3038083647741575]
+
+
 # The uniformity check's negative control: the same draws to the power 1.1 (CDF x^(1/1.1), at most 0.035
 # from uniform) must fail the same KS test (measured p 3e-20; the draws themselves p 0.589; the test's
 # false-failure rate on uniform draws is ALPHA).
