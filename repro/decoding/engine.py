@@ -21,8 +21,8 @@ traversal the same law from the device's keyed uniforms. Elsewhere the host rule
 sample_match's uniforms (and the replayed depths) are drawn on the host for every output position of the
 generation before its clock starts: they stand in for a sampler's device generator (a real one draws inside
 its kernel) so that the host and device paths pick the same tokens, and their cost (~20 us a position, a
-numpy generator each) is the harness's, not the route's; a cache keeps them across the routes of a
-prompt, so timing them would charge whichever route ran first on it (AR, 2026-12-05: ~30 ms a generation).
+numpy generator each) is the harness's, not the route's; a cache keeps sample_match's across the routes of
+a prompt, so timing them would charge whichever route ran first on it (AR, 2026-12-05: ~30 ms a generation).
 
 Stage times: ``stage_s`` is wall-clock per stage (on the host path each boundary first synchronizes
 the device; on the device path none does, so a stage's wall time is its host time, and the wait for a
