@@ -86,10 +86,9 @@ class HostView:
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
-    """``x * c mod 2**32`` for 32-bit ``x`` in int64 without overflow (16-bit halves)."""
-    lo = (x & 0xFFFF) * c
-    hi = (((x >> 16) * c) & 0xFFFF) << 16
-    return (lo + hi) & _MASK32
+    """``x * c mod 2**32`` for 32-bit ``x`` in int64 without overflow: ``c``'s 16-bit halves, each product
+    under 2**48 (x c = x c_lo + 2**16 x c_hi, and only x c_hi's low 16 bits reach below 2**32)."""
+    return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & _MASK32
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
