@@ -278,6 +278,15 @@ def test_keyed_uniforms_are_reproducible_uniform_and_keyed():
     assert ((big >= 0) & (big < 1)).all()
 
 
+def test_mul32_is_the_product_mod_2_to_the_32():
+    """The hash's 32-bit multiply on int64 tensors (no overflow) against Python's integers, edges included."""
+    gen = torch.Generator().manual_seed(3)
+    edges = torch.tensor([0, 1, 2**16, 2**31, 2**32 - 1])
+    x = torch.cat([torch.randint(0, 2**32, (3000,), generator=gen), edges])
+    for c in (0x7FEB352D, 0x846CA68B, 0xFFFFFFFF, 0x10000, 1):
+        assert da._mul32(x, c).tolist() == [v * c % 2**32 for v in x.tolist()], hex(c)
+
+
 def test_keyed_uniforms_of_several_streams_are_each_streams_draws():
     """One hash chain for a step's two streams (accept, bonus) gives each stream's own draws, bit for bit,
     and the draws of a key are those of the recorded runs (a changed hash would re-draw every sampled
