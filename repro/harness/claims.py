@@ -32,6 +32,7 @@ from typing import Any
 import yaml
 
 from repro.errors import ReproError, not_a_folder
+from repro.reporting.report import host_bound, summarize
 
 BASELINES = Path(__file__).resolve().parents[2] / "baselines"
 LEDGER_HEADING = "# Claims ledger"  # the first line of CLAIMS.md
@@ -212,6 +213,16 @@ def _one_draw(records: list[Any]) -> str | None:
     return None
 
 
+def _host_bound(records: list[Any]) -> str | None:
+    """A GPU table run whose routes ran host-bound (:func:`repro.reporting.report.host_bound`): its
+    speedups time the host there, not the GPU."""
+    slow = host_bound(summarize(records))
+    if not slow:
+        return None
+    named = ", ".join(f"{route} {ratio:.2f}" for route, ratio in slow)
+    return f"host-bound routes in that run (wall over the graphs' busy time {named}): not GPU speedups"
+
+
 def _break_evens(records: list[Any]) -> dict[int, float] | None:
     """Per draft length k of the acceptance study (synthetic chains): the break-even p; ``inf`` when no
     tested p breaks even (speculation never profitable at that k), NaN when no speedup was measured there;
@@ -283,14 +294,15 @@ MAL_AT += "workloads; MAL is a property of the pair, so CPU runs count"
 CLAIMS: tuple[Claim, ...] = (
     Claim("W1", "weaver", "end_to_end[0]", _first("end_to_end", 0), "DFlash-TfM 4.37x over AR (Table 2)",
           TABLE2, "paper-table2", _table2_speedup("DFlash-TfM"),
-          note="best-of protocol, all workloads, T=1, bf16", gpu_only=True, conditions=WEAVER_RUN),
+          note="best-of protocol, all workloads, T=1, bf16", gpu_only=True, conditions=WEAVER_RUN,
+          caveat=_host_bound),
     Claim("W1-scale", "weaver", "end_to_end[0]", _first("end_to_end", 0),
           "DFlash-TfM 4.37x over AR at the Qwen3.6-27B shape (MAL replayed)", SCALE, "bench-scale",
           _scale_speedup("qwen3.6-27b", "dflash_tfm"), note=REPLAYED, gpu_only=True, caveat=_one_draw),
     Claim("W2", "weaver", "end_to_end[1]", _first("end_to_end", 1), "+24.7% interactivity over DFlash",
           TABLE2, "paper-table2", _table2_gain("DFlash-TfM", "DFlash (chain)"),
           note="tokens/s per sequence over chain DFlash, best-of protocol, all workloads, T=1, bf16",
-          gpu_only=True, conditions=WEAVER_RUN),
+          gpu_only=True, conditions=WEAVER_RUN, caveat=_host_bound),
     Claim("W3", "weaver", "end_to_end[2]", _first("end_to_end", 2), "MAL +77% vs chain DFlash (budget 64)",
           TABLE2, "paper-table2", _table2_mal_gain("DFlash (chain)"), note=MAL_AT, conditions=T1),
     Claim("W4", "weaver", "end_to_end[3]", _first("end_to_end", 3), "MAL +32% vs DDTree (same tree size)",
@@ -317,11 +329,11 @@ CLAIMS: tuple[Claim, ...] = (
           "production tree of 129 nodes, 87 us/layer", "repro bench kernels --shapes weaver", None,
           note="no 129-node production tree is benchmarked (T = 16..256 powers of two)"),
     Claim("S1", "specla", "end_to_end[0]", _first("end_to_end", 0), "1.42x over AR (mixed suite)", SPECLA,
-          "paper-specla", _specla_speedup("mixed"), gpu_only=True),
+          "paper-specla", _specla_speedup("mixed"), gpu_only=True, caveat=_host_bound),
     Claim("S2", "specla", "end_to_end[1]", _first("end_to_end", 1), "1.70x over AR (GSM8K)", SPECLA,
-          "paper-specla", _specla_speedup("gsm8k"), gpu_only=True),
+          "paper-specla", _specla_speedup("gsm8k"), gpu_only=True, caveat=_host_bound),
     Claim("S3", "specla", "end_to_end[2]", _first("end_to_end", 2), "1.06x over AR (HumanEval)", SPECLA,
-          "paper-specla", _specla_speedup("humaneval"), gpu_only=True),
+          "paper-specla", _specla_speedup("humaneval"), gpu_only=True, caveat=_host_bound),
     Claim("S1-scale", "specla", "end_to_end[0]", _first("end_to_end", 0),
           "SpecLA 1.42x over AR at the GDN-1.3B shape (MAL replayed)", SCALE, "bench-scale",
           _scale_speedup("gdn-1.3b", "specla"), note=REPLAYED, gpu_only=True, caveat=_one_draw),

@@ -281,6 +281,19 @@ def speedup_bounds(summary: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out, columns=BOUND_COLUMNS)
 
 
+HOST_BOUND = 1.5  # wall time a step over the graphs' busy time above which the host set a route's pace
+
+
+def host_bound(summary: pd.DataFrame) -> list[tuple[str, float]]:
+    """(route, wall_over_busy) of the routes whose wall time a step (suite "all" rows of :func:`summarize`)
+    is above :data:`HOST_BOUND` x their graphs' busy time: their tokens/s time the host, not the GPU, and a
+    speedup over such a reference is not a GPU speedup. Empty without busy times."""
+    if "wall_over_busy" not in summary:
+        return []
+    rows = summary[(summary["suite"] == ALL_SUITES) & (summary["wall_over_busy"] > HOST_BOUND)]
+    return [(str(r.route), float(r.wall_over_busy)) for r in rows.itertuples(index=False)]
+
+
 OUTSIDE_COLUMNS = ["route", "turns", "outside_us", "over_2x", "over_2x_at", "worst_turn", "worst_us"]
 
 

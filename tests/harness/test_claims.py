@@ -263,6 +263,25 @@ def test_mal_gains_are_read_at_the_papers_setting(tmp_path):
     assert claims._table2_mal_gain("DDTree", budget=32)(recs) is None
 
 
+def test_a_host_bound_table_run_is_named_in_the_verdict(tmp_path):
+    """A GPU Table 2 run whose AR spent 5x its graphs' busy time a step (the host set its pace: T = 1 AR
+    until 2026-12-05) gets the caveat in W1's verdict; the committed run, 1.02-1.09, does not."""
+    rows = {r["id"]: r for r in claims.ledger(RESULTS)}
+    assert "host-bound" not in rows["W1"]["verdict"]
+    results = tmp_path / "results"
+    shutil.copytree(RESULTS / rows["W1"]["source"], results / "run", ignore=shutil.ignore_patterns("figures"))
+    path = results / "run" / "records.jsonl"
+    recs = [json.loads(line) for line in path.read_text().splitlines()]
+    for r in recs:
+        if r["route"] == "ar":
+            r["busy_stage_s"] = {k: v / 5 for k, v in r["busy_stage_s"].items()}
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    only = tuple(c for c in claims.CLAIMS if c.id == "W1")
+    (row,) = claims.ledger(results, only)
+    assert row["source"] == "run" and "host-bound routes in that run" in row["verdict"]
+    assert "ar 5." in row["verdict"] and "dflash" not in row["verdict"].split("host-bound")[1]
+
+
 def _bench(rows, method="tree_split", group="verify", dtype="bf16"):
     return [dict(shape="specla", group=group, kind="draft", T=t, depth=d, method=method, dtype=dtype,
                  status="ok", speedup_graph=v) for t, d, v in rows]  # fmt: skip

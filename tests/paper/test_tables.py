@@ -184,3 +184,5 @@ def test_paper_reports_put_wall_over_busy_beside_the_routes():
     table = text[text.index("### Wall time over") :]
     rows = {line.split("|")[1].strip(): line.split("|")[-2].strip() for line in table.splitlines()[4:6]}
     assert rows == {"ar": "4.00", "chain": "1.20"}
+    bound = next(line for line in table.splitlines() if line.startswith("**Host-bound**"))
+    assert "ar (4.00)" in bound and "chain" not in bound
