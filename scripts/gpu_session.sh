@@ -25,7 +25,7 @@ source scripts/gpu_env.sh  # wheels, PYTHONPATH, the carried Triton cache
     # shellcheck disable=SC2086
     OUT=$WORK/tests bash scripts/gpu_tests.sh $TEST_FILES || status=1
   fi
-  names=${SCRIPTS:-$(cd scripts/gpu && ls ./*.py 2>/dev/null | sed 's|./||; s|\.py$||')}
+  names=${SCRIPTS:-$(cd scripts/gpu && ls ./[!_]*.py 2>/dev/null | sed 's|./||; s|\.py$||')}  # _*: modules
   for name in $names; do
     echo "== scripts/gpu/$name.py ($(date -u +%T))"
     mkdir -p "$WORK/scripts/$name"

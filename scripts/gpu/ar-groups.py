@@ -23,7 +23,6 @@ off one run. Writes OUT_DIR/ar-groups.json and OUT_DIR/ar-groups.md; prints the 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 import time
@@ -34,13 +33,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's repro, not an installed one
 
+from _routes_ab import ab  # noqa: E402 - routes-ab's family, prompts, device and dtype
+
 from repro.decoding.engine import generate  # noqa: E402
 from repro.models import graphed  # noqa: E402
-
-_spec = importlib.util.spec_from_file_location("routes_ab", Path(__file__).with_name("routes-ab.py"))
-assert _spec is not None and _spec.loader is not None
-ab = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(ab)  # the family, prompts, device and dtype of routes-ab (one setup for the scripts)
 
 GROUPS = (1, 2, 4, 8) if not ab.CPU else (1, 8)
 NEW_TOKENS = 16 if ab.CPU else 256

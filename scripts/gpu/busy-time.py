@@ -20,7 +20,6 @@ OUT_DIR/busy-time.md; prints the markdown.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 import time
@@ -31,14 +30,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's repro, not an installed one
 
+from _routes_ab import ab  # noqa: E402 - routes-ab's prompts, device and dtype
+
 import repro.decoding.engine as engine  # noqa: E402
 from repro.decoding.engine import STAGES, generate  # noqa: E402
 from repro.models.graphed import GraphedTarget  # noqa: E402
-
-_spec = importlib.util.spec_from_file_location("routes_ab", Path(__file__).with_name("routes-ab.py"))
-assert _spec is not None and _spec.loader is not None
-ab = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(ab)  # the prompts, device and dtype of routes-ab (one setup for both scripts)
 
 CPU, DEVICE, FAMILY, PROMPTS, NEW_TOKENS, DTYPE = (
     ab.CPU,

@@ -14,7 +14,6 @@ cudaLaunchKernel, cudaMemcpyAsync, ...) that launched the work after it: launche
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 import time
@@ -27,12 +26,9 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's repro, not an installed one
 
-from repro.decoding.engine import generate  # noqa: E402
+from _routes_ab import ab  # noqa: E402
 
-_spec = importlib.util.spec_from_file_location("routes_ab", Path(__file__).with_name("routes-ab.py"))
-assert _spec is not None and _spec.loader is not None
-ab = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(ab)
+from repro.decoding.engine import generate  # noqa: E402
 
 ROUTES = [
     {"name": "ddtree-b32", "kind": "ddtree", "budget": 32},

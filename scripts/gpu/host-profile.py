@@ -17,7 +17,6 @@ markdown.
 from __future__ import annotations
 
 import cProfile
-import importlib.util
 import json
 import pstats
 import sys
@@ -31,13 +30,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # this checkout's repro, not an installed one
 
+from _routes_ab import ab  # noqa: E402 - the routes, prompts and device choice of routes-ab
+
 import repro.decoding.engine as engine  # noqa: E402
 from repro.decoding.engine import generate  # noqa: E402
-
-_spec = importlib.util.spec_from_file_location("routes_ab", ROOT / "scripts/gpu/routes-ab.py")
-assert _spec is not None and _spec.loader is not None
-ab = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(ab)  # the routes, prompts and device choice of routes-ab
 
 ROUTES = ab.ROUTES + [
     {"name": "specla-b32", "kind": "specla", "budget": 32},

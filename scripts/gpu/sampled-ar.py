@@ -14,7 +14,6 @@ generation (host and device time by op). Writes OUT_DIR/sampled-ar.json and prin
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 import time
@@ -26,16 +25,13 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # this checkout's repro, not an installed one
 
+from _routes_ab import ab  # noqa: E402 - the family, prompts and device choice of routes-ab
+
 import repro.decoding.device_acceptance as da  # noqa: E402
 import repro.decoding.engine as engine  # noqa: E402
 from repro.decoding.engine import generate  # noqa: E402
 from repro.decoding.routes import build_route, prepare_graphs  # noqa: E402
 from repro.models import graphed  # noqa: E402
-
-_spec = importlib.util.spec_from_file_location("routes_ab", ROOT / "scripts/gpu/routes-ab.py")
-assert _spec is not None and _spec.loader is not None
-ab = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(ab)  # the family, prompts and device choice of routes-ab
 
 ROUTES = [  # (spec, acceptance, temperature)
     ({"name": "ar", "kind": "ar"}, "greedy", 0.0),

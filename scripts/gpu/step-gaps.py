@@ -25,7 +25,6 @@ Writes OUT_DIR/step-gaps.json and OUT_DIR/step-gaps.md; prints the markdown.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import sys
@@ -38,14 +37,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's repro, not an installed one
 
+from _routes_ab import ab  # noqa: E402 - routes-ab's family target, graphed routes and unclocked engine
+
 from repro.data.suites import format_turn, load_suite  # noqa: E402
 from repro.decoding.engine import generate  # noqa: E402
 from repro.models.graphed import GraphedTarget  # noqa: E402
-
-_spec = importlib.util.spec_from_file_location("routes_ab", Path(__file__).with_name("routes-ab.py"))
-assert _spec is not None and _spec.loader is not None
-ab = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(ab)  # routes-ab's family target, graphed routes and unclocked engine
 
 ROUTES = [
     {"name": "ar", "kind": "ar"},
