@@ -15,7 +15,7 @@ from matplotlib.figure import Figure
 from repro.bench.kernels import baselines_dir
 from repro.reporting.figures import save_png, save_svg
 from repro.reporting.records import DecodeRecord, code_versions
-from repro.reporting.report import HOST_BOUND, SUMMARY_MAIN, host_bound, markdown_table, summarize
+from repro.reporting.report import SUMMARY_MAIN, host_bound_lines, markdown_table, summarize
 from repro.reporting.rundir import Run, RunKind
 
 Builder = Callable[[Run, Path | None], str]
@@ -80,13 +80,7 @@ def summary_section(run: Run) -> list[str]:
             " route's pace (per-stage times in summary.csv).",
             "",
         ]
-        if slow := host_bound(summary):
-            named = ", ".join(f"{route} ({ratio:.2f})" for route, ratio in slow)
-            lines += [
-                f"**Host-bound** (wall over busy above {HOST_BOUND}): {named}: their tokens/s time the host,"
-                " not the GPU, and speedups over or of them are not GPU speedups.",
-                "",
-            ]
+        lines += host_bound_lines(summary)
     return lines
 
 

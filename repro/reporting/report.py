@@ -294,6 +294,19 @@ def host_bound(summary: pd.DataFrame) -> list[tuple[str, float]]:
     return [(str(r.route), float(r.wall_over_busy)) for r in rows.itertuples(index=False)]
 
 
+def host_bound_lines(summary: pd.DataFrame) -> list[str]:
+    """The report line naming the :func:`host_bound` routes (none when there are none)."""
+    slow = host_bound(summary)
+    if not slow:
+        return []
+    named = ", ".join(f"{route} ({ratio:.2f})" for route, ratio in slow)
+    return [
+        f"**Host-bound** (wall over busy above {HOST_BOUND}): {named}: their tokens/s time the host, not the"
+        " GPU, and speedups over or of them are not GPU speedups.",
+        "",
+    ]
+
+
 OUTSIDE_COLUMNS = ["route", "turns", "outside_us", "over_2x", "over_2x_at", "worst_turn", "worst_us"]
 
 
@@ -677,6 +690,7 @@ def build_report(run: Run, figures_dir: Path | None) -> str:
                     "busy_*: the CUDA graph replays' own time in each stage; wall_over_busy = step_ms /"
                     " busy_step_ms, how much longer a step takes than its graphs run.",
                     "",
+                    *host_bound_lines(summary),
                 ]
                 bounds = speedup_bounds(summary)
                 if not bounds.empty:
