@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -252,14 +253,18 @@ def test_twin_draws_are_made_before_the_clock(monkeypatch):
     """The host's draws of a sampled generation (a stand-in for a sampler's device generator, cached across
     a prompt's routes) are made before its clock starts: neither its prefill nor its decode time holds them.
     """
-    import time
-
     model = small_hybrid(8)
     target = GraphedTarget(model, max_len=64, max_nodes=32)
     route = Route("ar", None, SingleNode(), TargetMatch(0.9, 11))
-    real = da.DeviceRule.begin
-    monkeypatch.setattr(da.DeviceRule, "begin", lambda self, *a: time.sleep(0.5) or real(self, *a))
+    real, calls = da.DeviceRule.begin, []
+
+    def slow_begin(self: da.DeviceRule, *args: int) -> None:
+        calls.append(time.sleep(0.5))
+        real(self, *args)
+
+    monkeypatch.setattr(da.DeviceRule, "begin", slow_begin)
     got = generate(target, small_ids(9, 6), route, 8)
+    assert len(calls) == 1  # the draws were made (and slept) in this generation
     assert len(got.output_ids) == 8 and got.prefill_s < 0.5 and got.decode_s < 0.5
 
 
