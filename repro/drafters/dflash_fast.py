@@ -80,6 +80,7 @@ from repro.models.static_layers import (
     fold_weights,
     fused_verify_attention,
     normed_linear,
+    stacked_rows,
     triton_rms_norm,
     write_context_kv,
 )
@@ -133,9 +134,9 @@ def layer_weights(layer: DFlashLayer) -> AttentionWeights:
     a, mlp = layer.self_attn, layer.mlp
     projs = (a.q_proj, a.k_proj, a.v_proj)
     return AttentionWeights(
-        torch.cat([p.weight for p in projs]), None, [p.out_features for p in projs],
+        stacked_rows(projs), None, [p.out_features for p in projs],
         a.q_norm.weight.detach(), a.k_norm.weight.detach(), layer.input_layernorm.weight.detach(),
-        layer.post_attention_layernorm.weight.detach(), torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
+        layer.post_attention_layernorm.weight.detach(), stacked_rows([mlp.gate_proj, mlp.up_proj]),
     )  # fmt: skip
 
 

@@ -76,7 +76,7 @@ from repro.drafters.eagle_attention import fused_attention_default, rope_attend
 from repro.drafters.fast_rules import rotary_rows, signed_rotary, triton_linears
 from repro.models.graphed import SMALL_WIDTH, GraphedTarget
 from repro.models.hybrid import HybridLM
-from repro.models.static_layers import fused_mlp_block, normed_linear, plus_linear
+from repro.models.static_layers import fused_mlp_block, normed_linear, plus_linear, stacked_rows
 
 if TYPE_CHECKING:
     from repro.drafters.eagle import EagleDraftModel, EagleLayer
@@ -97,10 +97,10 @@ class LayerWeights:
     def of(cls, layer: EagleLayer) -> LayerWeights:
         a, mlp = layer.self_attn, layer.mlp
         return cls(
-            torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
+            stacked_rows([a.q_proj, a.k_proj, a.v_proj]),
             layer.input_layernorm.weight.detach(),
             layer.post_attention_layernorm.weight.detach(),
-            torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
+            stacked_rows([mlp.gate_proj, mlp.up_proj]),
         )
 
 

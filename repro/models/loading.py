@@ -82,11 +82,14 @@ def weight_names(path: Path) -> set[str]:
 
 
 def write_weights(weights: dict[str, torch.Tensor], path: Path, dtype: torch.dtype | None = None) -> Path:
-    """Write ``weights`` (moved to CPU, floating tensors cast to ``dtype``) as one safetensors file."""
-    out = {
-        k: v.detach().cpu().to(dtype if dtype is not None and v.is_floating_point() else v.dtype).contiguous()
-        for k, v in weights.items()
-    }
+    """Write ``weights`` (moved to CPU, floating tensors cast to ``dtype``) as one safetensors file. A
+    tensor that is a view of a larger storage (a model's projections once a static decoder stacked them:
+    :func:`repro.models.static_layers.stacked_rows`) is written from a copy of its own."""
+    out = {}
+    for k, v in weights.items():
+        cast = dtype if dtype is not None and v.is_floating_point() else v.dtype
+        t = v.detach().cpu().to(cast).contiguous()
+        out[k] = t.clone() if t.untyped_storage().nbytes() != t.numel() * t.element_size() else t
     save_file(out, str(path), metadata={"format": "pt"})
     return path
 

@@ -4,9 +4,10 @@
 (:mod:`repro.drafters.dflash_fast`, :mod:`repro.drafters.eagle_fast`) reuse them on their own layers.
 
 - The constants, built once per decoder (:class:`GDNWeights`, :class:`AttentionWeights`): the input
-  projections stacked into one matrix (GDN: q|k|v, z, a, b; attention: q, k, v; copies made when the
-  decoder is built), gate constants and norm scales precomputed, and (:func:`fold_weights`) the norm
-  scales folded into the normed matrices for the row-tiled linears.
+  projections stacked into one matrix (GDN: q|k|v, z, a, b; attention: q, k, v; :func:`stacked_rows`:
+  the model's own weights become views of it, so that the weights are held once), gate constants and
+  norm scales precomputed, and (:func:`fold_weights`) the norm scales folded into the normed matrices
+  for the row-tiled linears.
 - The torch glue around the GDN / attention cores (:func:`gdn_prologue`, :func:`gdn_epilogue`,
   :func:`attention_prologue`, :func:`attention_core`, :func:`attention_epilogue`; q and k share one L2
   norm, the residual adds ride on the output matmuls): the reference path on CPU, and what
@@ -22,7 +23,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -112,7 +113,7 @@ class GDNWeights:
         m: GatedDeltaNet = layer.linear_attn
         projs = [m.in_proj_qkv, m.in_proj_z, m.in_proj_a, m.in_proj_b]
         sizes = [0 if p is None else p.out_features for p in projs]
-        stacked = torch.cat([p.weight for p in projs if p is not None])
+        stacked = stacked_rows([p for p in projs if p is not None])
         neg_decay, dt_bias = m.gate_constants(dtype)
         return cls(
             stacked, sizes, m.conv1d.weight[:, 0].flip(1).contiguous(), neg_decay, dt_bias,
@@ -141,7 +142,7 @@ class AttentionWeights:
         projs = [a.q_proj, a.k_proj, a.v_proj]
         bias = torch.cat([p.bias for p in projs]) if a.q_proj.bias is not None else None
         return cls(
-            torch.cat([p.weight for p in projs]), bias, [p.out_features for p in projs], a.q_norm.scale(),
+            stacked_rows(projs), bias, [p.out_features for p in projs], a.q_norm.scale(),
             a.k_norm.scale(), layer.input_layernorm.scale(), layer.post_attention_layernorm.scale(),
             stacked_mlp(layer, stack_mlp),
         )  # fmt: skip
@@ -168,8 +169,51 @@ def fold_head(weight: torch.Tensor, norm_scale: torch.Tensor) -> torch.Tensor:
 
 
 def stacked_mlp(layer: DecoderLayer, stack: bool) -> torch.Tensor | None:
-    """The MLP's gate_proj and up_proj weights stacked [2 I, d] (one matmul), or None."""
-    return torch.cat([layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight]) if stack else None
+    """The MLP's gate_proj and up_proj weights stacked [2 I, d] (one matmul; :func:`stacked_rows`), or
+    None."""
+    return stacked_rows([layer.mlp.gate_proj, layer.mlp.up_proj]) if stack else None
+
+
+def stacked_rows(linears: Sequence[torch.nn.Linear]) -> torch.Tensor:
+    """The linears' weights stacked along their rows, [sum of out_features, in_features], one matmul's
+    matrix, with each weight rebound to its rows of it (a view: same values, so the model computes as
+    before). The weights are then held once, not twice: a copy of a Qwen3.6-27B target's stacked input
+    projections and gate|up (~25 GB in bf16) beside its 54 GB would not fit an 80 GB card. Weights that
+    already lie consecutively in one storage (a decoder built earlier from the same model) are viewed,
+    not copied again."""
+    weights = [lin.weight for lin in linears]
+    first = weights[0]
+    rows = sum(w.shape[0] for w in weights)
+    if _consecutive(weights):
+        return (
+            first.detach()
+            .new_empty(0)
+            .set_(first.untyped_storage(), first.storage_offset(), (rows, first.shape[1]))
+        )
+    with torch.no_grad():
+        stacked = torch.cat(weights)
+    start = 0
+    for w in weights:
+        w.data = stacked[start : start + w.shape[0]]
+        start += w.shape[0]
+    return stacked
+
+
+def _consecutive(weights: Sequence[torch.Tensor]) -> bool:
+    """Whether the matrices are contiguous, of one width, dtype and storage, each one's rows right after
+    the one before's."""
+    first = weights[0]
+    ptr = first.untyped_storage().data_ptr()
+    for a, b in zip(weights, weights[1:]):
+        if (
+            not (a.is_contiguous() and b.is_contiguous())
+            or b.shape[1:] != first.shape[1:]
+            or b.dtype != first.dtype
+        ):
+            return False
+        if b.untyped_storage().data_ptr() != ptr or b.storage_offset() != a.storage_offset() + a.numel():
+            return False
+    return first.dim() == 2 and first.is_contiguous()
 
 
 def gdn_prologue(

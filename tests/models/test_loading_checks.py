@@ -88,3 +88,20 @@ def test_ids_beyond_a_smaller_tokenizer_decode_as_visible_placeholders():
     ids = tok.encode("hello world")
     text = tok.decode([*ids, tok.vocab_size + 3, *ids])
     assert text == f"hello world<|id:{tok.vocab_size + 3}|>hello world"
+
+
+def test_weights_stacked_by_a_decoder_are_written_each_on_its_own(tmp_path):
+    """A static decoder makes the model's projections views of one stacked matrix; safetensors refuses
+    tensors that share memory, so write_weights copies those, and they read back equal."""
+    from repro.models.loading import write_weights
+    from repro.models.static_layers import stacked_mlp
+
+    model = build_default_target()
+    for layer in model.model.layers:
+        stacked_mlp(layer, True)  # as a fused decoder does: gate_proj and up_proj views of gate|up
+    gate = model.model.layers[0].mlp.gate_proj.weight
+    assert gate.untyped_storage().nbytes() > gate.numel() * gate.element_size()
+    state = model.state_dict()
+    back = load_file(str(write_weights(state, tmp_path / "w.safetensors")))
+    assert back.keys() == state.keys()
+    assert all(torch.equal(back[k], v) for k, v in state.items())

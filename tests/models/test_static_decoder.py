@@ -30,6 +30,7 @@ from repro.models.graphs import check_capture, count_ops, diagnose
 from repro.models.hybrid import HybridLM
 from repro.models.state import ModelState
 from repro.models.static import StaticDecoder, TreeSlot
+from repro.models.static_layers import AttentionWeights, GDNWeights
 from repro.tree import Tree
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -1016,3 +1017,37 @@ def test_accepted_path_is_target_match_in_one_buffer(model, seed):
     n = got[0]
     assert got[2 : 2 + n] == ref.path and got[1] == ref.bonus
     assert got[2 + slot.max_depth : 2 + slot.max_depth + n] == tree.tokens[ref.path].tolist()
+
+
+def layer_weights(model: HybridLM) -> list[GDNWeights | AttentionWeights]:
+    """Every layer's constants as a fused decoder builds them (gate|up stacked too)."""
+    return [
+        GDNWeights.of(lay, F64, True) if lay.layer_type == GDN else AttentionWeights.of(lay, True)
+        for lay in model.model.layers
+    ]
+
+
+def test_stacked_projections_are_the_models_weights():
+    """A decoder's stacked matrices (input projections, gate|up) are the model's own weights, held once:
+    the model's projections become views of them, it computes the same logits, and a second decoder
+    from the same model copies nothing again."""
+    model = build(config())
+    x = ids(9, 3)
+    _, before = model.prefill(x)
+    first, second = layer_weights(model), layer_weights(model)
+    assert StaticDecoder(model, 16, 4).weights[0].in_proj.data_ptr() == first[0].in_proj.data_ptr()
+    for lay, a, b in zip(model.model.layers, first, second, strict=True):
+        gdn = lay.layer_type == GDN
+        lead = lay.linear_attn.in_proj_qkv if gdn else lay.self_attn.q_proj
+        ends = [lay.linear_attn.in_proj_b] if gdn else [lay.self_attn.v_proj]
+        for stacked, other, head, tail in (
+            (a.in_proj if gdn else a.qkv, b.in_proj if gdn else b.qkv, lead, ends[0]),
+            (a.gate_up, b.gate_up, lay.mlp.gate_proj, lay.mlp.up_proj),
+        ):
+            assert stacked.data_ptr() == head.weight.data_ptr() == other.data_ptr()
+            assert torch.equal(stacked[-tail.out_features :], tail.weight)
+    params = list(model.parameters())
+    storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in params}
+    assert sum(storages.values()) == sum(p.numel() * p.element_size() for p in params)
+    _, after = model.prefill(x)
+    assert torch.equal(before.logits, after.logits)
