@@ -282,10 +282,10 @@ COMMIT_KERNELS = (  # its commits of an accepted path (bench methods)
 )
 TINY = "tiny family on CPU (3.8M-parameter target), not the paper's 27B target"
 TINY_MODEL = "tiny family (3.8M-parameter target), not the paper's 27B target"  # a property of the model
-H200 = "H200, not the paper's B200"
+ON_CARD = "{card}; the paper's: B200"  # {card}: the measured run's GPU (_cards)
 TABLE2, SPECLA = "repro run table2", "repro run specla"
 SCALE = "repro bench scale --shape qwen3.6-27b,gdn-1.3b --acceptance paper-mal"
-REPLAYED = "random weights at the paper's shape on an H200, the paper's MAL replayed: is the speedup "
+REPLAYED = "random weights at the paper's shape on an {card}, the paper's MAL replayed: is the speedup "
 REPLAYED += "consistent with the claimed MAL on this hardware; not a real-checkpoint number"
 T1 = (("temperature", 1.0),)  # Weaver's setting (baselines/weaver.yaml setup)
 WEAVER_RUN = (*T1, ("dtype", "bfloat16"))  # its timings: also its dtype
@@ -315,14 +315,14 @@ CLAIMS: tuple[Claim, ...] = (
         Claim(f"W7-T{t}", "weaver", f"gdn_tree_verify_kernel.rows[T={t}].tree_kernel_us",
               _kernel_row(t, "tree_kernel_us"), f"tree-verify kernel, {t} nodes, us/layer (lower is better)",
               "repro bench kernels --shapes weaver", "bench-kernels",
-              _kernel("weaver", "verify", TREE_KERNELS, "us_graph", t), judge="at_most", note=H200)
+              _kernel("weaver", "verify", TREE_KERNELS, "us_graph", t), judge="at_most", note=ON_CARD)
         for t in (16, 32, 64, 128)
     ),
     *(
         Claim(f"W8-T{t}", "weaver", f"gdn_tree_verify_kernel.rows[T={t}].speedup",
               _kernel_row(t, "speedup"), f"tree kernel over per-branch verification, {t} nodes",
               "repro bench kernels --shapes weaver", "bench-kernels",
-              _kernel("weaver", "verify", TREE_KERNELS, "speedup_graph", t), note=H200)
+              _kernel("weaver", "verify", TREE_KERNELS, "speedup_graph", t), note=ON_CARD)
         for t in (16, 32, 64, 128)
     ),
     Claim("W9", "weaver", "gdn_tree_verify_kernel.production[0]", lambda b: 87.0,
@@ -341,20 +341,21 @@ CLAIMS: tuple[Claim, ...] = (
           "tree verification 1.8-7.1x over root-to-leaf replay (range over tree sizes; both ends)",
           "repro bench kernels --shapes specla", "bench-kernels",
           _kernel("specla", "verify", TREE_KERNELS, "speedup_graph"), judge="range",
-          high=_first("microbenchmarks", 0, "high"), note="H200, not the paper's H100; best kernel per T",
+          high=_first("microbenchmarks", 0, "high"), note="{card}; the paper's: H100; best kernel per T",
           row_key=_kernel_row_key, size=_kernel_size),
     Claim("S5", "specla", "microbenchmarks[1].low-high", _first("microbenchmarks", 1, "low"),
           "accepted-state recovery 2.74-4.28x over token replay (range over rows; both ends, CUDA graphs)",
           "repro bench kernels", "bench-kernels",
           _kernel("specla", "recovery", COMMIT_KERNELS, "speedup_graph", dtype=None), judge="range",
           high=_first("microbenchmarks", 1, "high"),
-          note="H200, not the paper's H100; best commit kernel per (T, depth)", row_key=_kernel_row_key,
+          note="{card}; the paper's: H100; best commit kernel per (T, depth)", row_key=_kernel_row_key,
           size=_kernel_size),
     Claim("S6", "specla", "controlled_acceptance[0]", _first("controlled_acceptance", 0),
           "break-even acceptance probability ~0.7, unprofitable below it at every draft length",
           "repro run acceptance --device cuda", "paper-acceptance", _break_even_p, judge="about",
           tolerance=0.15, gpu_only=True, caveat=_break_even_detail,
-          note="tiny family on the H200 graphed engine; every k judged: measured is the k farthest from 0.7"),
+          note="tiny family on the {card} graphed engine; every k judged: measured is the k farthest from"
+          " 0.7"),
 )  # fmt: skip
 
 
@@ -523,6 +524,18 @@ def _range_hit(c: Claim, runs: list[tuple[str, list[Any]]]) -> tuple[str, float,
     return ", ".join(sources), lo, hi, f"measured {lo:.2f}-{hi:.2f} over (T/depth) {sizes_text}"
 
 
+def _cards(results: Path, sources: str) -> str:
+    """The GPU models (``H100``, ``H200``: the CUDA device name without its vendor and memory) of the
+    runs a claim's value came from (``sources``: folders joined by ", "), in order, each once."""
+    from repro.reporting.rundir import read_manifest
+
+    cards = []
+    for rel in sources.split(", "):
+        name = (read_manifest(results / rel).get("device_info") or {}).get("cuda") or "CPU"
+        cards.append(name.removeprefix("NVIDIA ").split(" ")[0])
+    return " and ".join(dict.fromkeys(cards))
+
+
 def ledger(results: Path, claims: tuple[Claim, ...] = CLAIMS) -> list[dict[str, Any]]:
     """One row per claim: paper value, command, measured value and its folder, ratio, verdict (a range
     claim: also ``paper_high``, ``measured_high``, ``ratio_high``)."""
@@ -561,7 +574,8 @@ def ledger(results: Path, claims: tuple[Claim, ...] = CLAIMS) -> list[dict[str, 
         if high is not None:
             row["measured_high"] = high
             row["ratio_high"] = high / paper_high if paper_high else None
-        row["verdict"] = verdict(c, paper, hit[1], high, paper_high) + (f" ({c.note})" if c.note else "")
+        note = c.note.replace("{card}", _cards(results, hit[0]))
+        row["verdict"] = verdict(c, paper, hit[1], high, paper_high) + (f" ({note})" if note else "")
         if said is None and c.caveat:
             said = c.caveat(dict(runs)[hit[0]])
         row["verdict"] += f"; {said}" if said else ""

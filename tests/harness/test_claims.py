@@ -84,6 +84,20 @@ def test_end_to_end_speedups_are_read_from_gpu_runs_only(tmp_path):
     assert rows["S2"]["measured"] == pytest.approx(want) and rows["S2"]["source"] == "run"
 
 
+def test_a_verdict_names_the_card_its_run_measured_on(tmp_path):
+    """A note's {card} is the GPU of the run the value came from (a rerun on another card says so)."""
+    results = tmp_path / "results"
+    shutil.copytree(RESULTS / "2026-12-05-h100-scale-rows" / "paper-mal-1.3b", results / "run")
+    only = tuple(c for c in claims.CLAIMS if c.id == "S1-scale")
+    assert "shape on an H100, the paper's MAL" in claims.ledger(results, only)[0]["verdict"]
+    manifest_path = results / "run" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["device_info"]["cuda"] = "NVIDIA H200"
+    manifest_path.write_text(json.dumps(manifest))
+    verdict = claims.ledger(results, only)[0]["verdict"]
+    assert "shape on an H200, the paper's MAL" in verdict and "{card}" not in verdict
+
+
 def test_scale_claims_read_the_replayed_acceptance_rows():
     """W1-scale / S1-scale: the speedup of the route at the paper's shape in the latest bench-scale run on the
     GPU engine, with the paper's MAL replayed (its summary table), never a superseded run's."""
