@@ -402,6 +402,8 @@ def measure_shape(
 ) -> dict[str, Any]:
     """Every (prompt, route) of one shape, prompts outermost and routes interleaved; returns model info."""
     t0 = time.monotonic()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     model = build_target(shape, cfg, device)
     target = GraphedTarget(model)
     routes = build_routes(shape, cfg, target, spec)
@@ -423,6 +425,8 @@ def measure_shape(
         "fused_decoder": target.decoder.fused,
         "drafters": {r.name: route_drafters(r) for r in routes},
     }
+    if device.type == "cuda":  # what the shape needed: target, drafters, buffers, graphs and their pools
+        info["peak_gpu_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
     del routes, target, model
     gc.collect()
     if device.type == "cuda":
@@ -450,6 +454,8 @@ def run_scale(
     with RunDir(out_dir, manifest, kind=KIND) as run:
         bench_device = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
         run.update_manifest(bench_device=bench_device, models={})
+        if device.type == "cuda":
+            run.update_manifest(gpu_memory_gib=torch.cuda.get_device_properties(device).total_memory / 2**30)
 
         def emit(record: dict[str, Any]) -> None:
             run.append(record)
@@ -480,6 +486,19 @@ def paper_speedups() -> dict[tuple[str, str], tuple[float, str]]:
         if m["metric"] == "speedup_vs_ar" and m.get("suite") == "mixed":
             out[("gdn-1.3b", "specla")] = (float(m["value"]), f"specla.yaml (mixed, {m['ref']}, H100)")
     return out
+
+
+def memory_lines(manifest: dict[str, Any]) -> list[str]:
+    """The report's line on the GPU memory each shape's measurement peaked at (torch's allocations: the
+    target, drafters, static buffers, graphs and their pools) beside the card's, with a blank line after
+    it; none for runs that did not record it."""
+    peaks = {s: m["peak_gpu_gib"] for s, m in (manifest.get("models") or {}).items() if "peak_gpu_gib" in m}
+    if not peaks:
+        return []
+    each = ", ".join(f"{shape} {gib:.1f} GiB" for shape, gib in peaks.items())
+    total = manifest.get("gpu_memory_gib")
+    card = f" of the card's {total:.1f} GiB" if total else ""
+    return [f"Peak GPU memory allocated (target, drafters, buffers, graphs): {each}{card}.", ""]
 
 
 def stage_seconds(record: dict[str, Any]) -> dict[str, float]:
@@ -692,6 +711,7 @@ def report_markdown(
         "replayed (only which draft tokens are accepted; docs/gpu.md, Replayed acceptance). These are not "
         "real-checkpoint numbers.",
         "",
+        *memory_lines(manifest),
         "| " + " | ".join(h for h, _ in columns.values()) + " |",
         "|" + "---|" * len(columns),
     ]

@@ -149,6 +149,7 @@ def test_tiny_run_writes_records_table_and_report(tmp_path, monkeypatch, capsys)
     assert sum(chain["accepted_lengths"]) == chain["new_tokens"] - 1 == 11
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["kind"] == "bench-scale" and manifest["config"]["acceptance"] == "mal:3"
+    assert "peak_gpu_gib" not in manifest["models"]["tiny"] and "gpu_memory_gib" not in manifest  # CPU
     table = pd.read_csv(out / "table.csv")
     assert list(table["route"]) == ["ar", "dflash_chain"] and table["speedup"].iloc[0] == pytest.approx(1.0)
     assert table["MAL"].iloc[1] > 1 and "acceptance replayed" in stdout and "mal:3" in stdout
@@ -231,6 +232,7 @@ def test_tiny_shape_on_cuda_graphs(tmp_path):
     assert table["MAL"].iloc[1:].between(1.5, 5).all()
     manifest = json.loads((tmp_path / "scale" / "manifest.json").read_text())
     assert manifest["models"]["tiny"]["graphs_captured"] > 0
+    assert 0 < manifest["models"]["tiny"]["peak_gpu_gib"] < manifest["gpu_memory_gib"]
 
 
 @pytest.mark.parametrize("name", ["dflash_chain", "ddtree", "dflash_tfm", "fla_sd", "eagle_chain", "specla"])
@@ -386,6 +388,17 @@ def test_the_report_states_the_minimum_n_of_an_interval_from_stats(monkeypatch):
     assert f"no interval below {stats.MIN_UNITS} prompts" in bs.report_markdown(table, {})
     monkeypatch.setattr(stats, "MIN_UNITS", 7)
     assert "no interval below 7 prompts" in bs.report_markdown(table, {})
+
+
+def test_the_report_gives_each_shapes_peak_gpu_memory_only_when_the_run_recorded_it():
+    """A CUDA run records the GPU memory each shape peaked at (and the card's); its report says both. Runs
+    that did not record it (CPU runs, runs from before) have no such line."""
+    table = bs.summary_table([scale_record("ar", prompt=0), scale_record("ddtree", prompt=0)])
+    models = {"qwen3.6-27b": {"peak_gpu_gib": 61.234}, "gdn-1.3b": {"peak_gpu_gib": 5.0}}
+    text = bs.report_markdown(table, {"models": models, "gpu_memory_gib": 79.18})
+    want = "graphs): qwen3.6-27b 61.2 GiB, gdn-1.3b 5.0 GiB of the card's 79.2 GiB."
+    assert f"Peak GPU memory allocated (target, drafters, buffers, {want}" in text
+    assert "Peak GPU memory" not in bs.report_markdown(table, {"models": {"s": {"setup_s": 1.0}}})
 
 
 def test_the_report_lists_graph_captures_inside_the_timed_decode_only_when_there_were_any():
