@@ -402,8 +402,10 @@ def measure_shape(
 ) -> dict[str, Any]:
     """Every (prompt, route) of one shape, prompts outermost and routes interleaved; returns model info."""
     t0 = time.monotonic()
+    held = 0.0  # what earlier shapes left allocated (GiB)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+        held = torch.cuda.memory_allocated(device) / 2**30
     model = build_target(shape, cfg, device)
     target = GraphedTarget(model)
     routes = build_routes(shape, cfg, target, spec)
@@ -427,6 +429,7 @@ def measure_shape(
     }
     if device.type == "cuda":  # what the shape needed: target, drafters, buffers, graphs and their pools
         info["peak_gpu_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+        info["held_gpu_gib"] = held
     del routes, target, model
     gc.collect()
     if device.type == "cuda":
@@ -490,12 +493,17 @@ def paper_speedups() -> dict[tuple[str, str], tuple[float, str]]:
 
 def memory_lines(manifest: dict[str, Any]) -> list[str]:
     """The report's line on the GPU memory each shape's measurement peaked at (torch's allocations: the
-    target, drafters, static buffers, graphs and their pools) beside the card's, with a blank line after
-    it; none for runs that did not record it."""
-    peaks = {s: m["peak_gpu_gib"] for s, m in (manifest.get("models") or {}).items() if "peak_gpu_gib" in m}
-    if not peaks:
+    target, drafters, static buffers, graphs and their pools; what the shapes before it left allocated
+    named) beside the card's, with a blank line after it; none for runs that did not record it."""
+    models = {s: m for s, m in (manifest.get("models") or {}).items() if "peak_gpu_gib" in m}
+    if not models:
         return []
-    each = ", ".join(f"{shape} {gib:.1f} GiB" for shape, gib in peaks.items())
+
+    def held(m: dict[str, Any]) -> str:
+        gib = m.get("held_gpu_gib", 0.0)
+        return f" ({gib:.1f} of it left allocated by the shapes before)" if gib >= 0.05 else ""
+
+    each = ", ".join(f"{shape} {m['peak_gpu_gib']:.1f} GiB{held(m)}" for shape, m in models.items())
     total = manifest.get("gpu_memory_gib")
     card = f" of the card's {total:.1f} GiB" if total else ""
     return [f"Peak GPU memory allocated (target, drafters, buffers, graphs): {each}{card}.", ""]

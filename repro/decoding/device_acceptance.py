@@ -30,7 +30,6 @@ uniforms fed in that keying (tests/decoding/test_device_acceptance.py) give the 
 from __future__ import annotations
 
 import functools
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -397,13 +396,12 @@ class DeviceRule:
             self.rule.truncated += len(path) - 1 < self._drawn[position]
 
 
-_TWINS: weakref.WeakKeyDictionary[TargetMatch, dict[torch.device, DeviceRule]] = weakref.WeakKeyDictionary()
-
-
 def device_rule(rule: TargetMatch, device: torch.device, max_depth: int, positions: int) -> DeviceRule:
     """The one :class:`DeviceRule` of ``rule`` on ``device`` with room for trees of ``max_depth`` and
-    ``positions`` output positions (made again, larger, when one does not fit: its graphs are new)."""
-    per = _TWINS.setdefault(rule, {})
+    ``positions`` output positions (made again, larger, when one does not fit: its graphs are new). The
+    twins are kept on the rule (``_device_twins``), so they go with it: a module-level cache keyed weakly by
+    the rule kept them for good (each twin holds its rule, so the entry held its own key)."""
+    per: dict[torch.device, DeviceRule] = vars(rule).setdefault("_device_twins", {})
     twin = per.get(device)
     if twin is not None:
         max_depth, positions = max(max_depth, twin.max_depth), max(positions, twin.positions)

@@ -249,6 +249,29 @@ def test_twin_draws_only_the_generations_positions(kind, monkeypatch):
         assert twin.table[:new_tokens].tolist() == want
 
 
+@pytest.mark.parametrize("kind", ["sample_match", "replayed", "spec_sampling"])
+def test_a_twin_lives_no_longer_than_its_rule(kind):
+    """The one twin per (rule, device) is cached while its rule lives and freed with it (its tables, and
+    on CUDA its pinned rows and device buffers): a twin holding its rule kept the cache's entry, keyed
+    weakly by that rule, alive for good."""
+    import gc
+    import weakref
+
+    process = AcceptanceProcess("test", (0.7, 0.6))
+    make = {
+        "sample_match": lambda: TargetMatch(0.8, 5),
+        "replayed": lambda: ReplayedAcceptance(process=process, seed=4),
+        "spec_sampling": lambda: SpecSampling(0.8, 5),
+    }[kind]
+    rule = make()
+    twin = da.device_rule(rule, torch.device("cpu"), 8, 64)
+    assert da.device_rule(rule, torch.device("cpu"), 8, 64) is twin and twin.rule is rule
+    gone = weakref.ref(twin)
+    del twin, rule
+    gc.collect()
+    assert gone() is None
+
+
 def test_twin_draws_are_made_before_the_clock(monkeypatch):
     """The host's draws of a sampled generation (a stand-in for a sampler's device generator, cached across
     a prompt's routes) are made before its clock starts: neither its prefill nor its decode time holds them.
