@@ -35,8 +35,9 @@ EXIT_INTERRUPTED = 130
 app = typer.Typer(
     help=(
         "Reference harness for speculative decoding on Gated DeltaNet language models.\n\n"
-        "Exit codes: 0 success; 2 bad usage or input (one line on stderr); 3 a check failed (a lossless "
-        "route diverged from AR, tree exactness, ...); 130 interrupted (records so far are kept)."
+        "Exit codes: 0 success; 2 bad usage or input (one line on stderr), or a model the GPU cannot hold "
+        "(out of memory); 3 a check failed (a lossless route diverged from AR, tree exactness, ...); 130 "
+        "interrupted (records so far are kept)."
     ),
     no_args_is_help=True,
     add_completion=False,
@@ -964,6 +965,16 @@ def empty_value(argv: list[str]) -> str | None:
     return None
 
 
+def out_of_memory(exc: BaseException) -> str:
+    """The one line for a run its device cannot hold: the allocator's first sentences (what it tried to
+    allocate, the card's capacity), then what to do."""
+    said = " ".join(str(exc).split()).split(" Including non-PyTorch memory")[0]
+    return (
+        f"out of memory: {said or type(exc).__name__}; choose fewer routes, a smaller shape or dtype, or a"
+        " larger card (the records written so far are kept)"
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: errors become one line on stderr; exit codes as in the top-level help."""
     where = empty_value(sys.argv[1:] if argv is None else argv)
@@ -989,6 +1000,11 @@ def main(argv: list[str] | None = None) -> None:
     except ReproError as exc:
         _error(str(exc))
         code = exc.exit_code
+    except Exception as exc:
+        if not (isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"):  # torch's: CUDA
+            raise
+        _error(out_of_memory(exc))
+        code = 2
     except (KeyboardInterrupt, typer.Abort):
         code = EXIT_INTERRUPTED
     if code == EXIT_INTERRUPTED:  # Typer turns Ctrl-C into Exit(130); no command returns 130 itself

@@ -379,6 +379,38 @@ def test_ctrl_c_prints_the_resume_message_and_exits_130(monkeypatch, capsys):
     assert "interrupted: records written so far are kept; rerun the same command to resume" in err
 
 
+@pytest.mark.parametrize("error", ["cuda", "host"])
+def test_a_run_the_device_cannot_hold_is_one_line_and_exit_2(monkeypatch, capsys, error):
+    """torch's CUDA out-of-memory error (and the host's MemoryError) is one line naming what was tried and
+    what to do, not a traceback; any other error still raises."""
+    import torch
+
+    import repro.harness.experiment as experiment
+
+    said = (
+        "CUDA out of memory. Tried to allocate 340.00 MiB. GPU 0 has a total capacity of 79.18 GiB of which"
+        " 72.19 MiB is free. Including non-PyTorch memory, this process has 79.10 GiB memory in use."
+    )
+
+    def full(*_args, **_kwargs):
+        raise torch.OutOfMemoryError(said) if error == "cuda" else MemoryError()
+
+    monkeypatch.setattr(experiment, "load_experiment", full)
+    code, err = run_main(monkeypatch, capsys, "run", "smoke")
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    if error == "cuda":
+        assert "out of memory: CUDA out of memory. Tried to allocate 340.00 MiB" in err
+        assert "72.19 MiB is free." in err and "Including" not in err
+    assert "a larger card (the records written so far are kept)" in err
+
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(experiment, "load_experiment", broken)
+    with pytest.raises(RuntimeError, match="a bug"):
+        run_main(monkeypatch, capsys, "run", "smoke")
+
+
 def test_run_exits_3_when_a_route_diverges_where_it_must_not(tmp_path, monkeypatch, capsys):
     import repro.harness.runner as runner
 
