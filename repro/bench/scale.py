@@ -447,7 +447,8 @@ def run_scale(
     out_dir: str | Path,
     progress: Callable[[dict], None] | None = None,
 ) -> pd.DataFrame:
-    """Every shape; records as they come, the report after each shape. Returns the table."""
+    """Every shape; records as they come, the report after each shape (and when the run stops inside one:
+    its prompts so far, :func:`cut_lines`). Returns the table."""
     from repro.reporting.records import build_manifest
     from repro.reporting.rundir import RunDir
 
@@ -465,11 +466,16 @@ def run_scale(
             if progress:
                 progress(record)
 
-        for shape in cfg.shapes:
-            with applied(cfg.switches):
-                info = measure_shape(shape, cfg, device, spec, emit)
-            run.update_manifest(models={**run.manifest["models"], shape: info})
-            run.write_report()
+        try:
+            for shape in cfg.shapes:
+                with applied(cfg.switches):
+                    info = measure_shape(shape, cfg, device, spec, emit)
+                run.update_manifest(models={**run.manifest["models"], shape: info})
+                run.write_report()
+        except BaseException:  # interrupted or failed inside a shape: its prompts so far are reported too
+            if run.records():
+                run.write_report()
+            raise
         return summary_table(run.records())
 
 
@@ -507,6 +513,19 @@ def memory_lines(manifest: dict[str, Any]) -> list[str]:
     total = manifest.get("gpu_memory_gib")
     card = f" of the card's {total:.1f} GiB" if total else ""
     return [f"Peak GPU memory allocated (target, drafters, buffers, graphs): {each}{card}.", ""]
+
+
+def cut_lines(table: pd.DataFrame, manifest: dict[str, Any]) -> list[str]:
+    """The report's lines on shapes the run stopped inside (records, but no model info in the manifest:
+    interrupted, out of time or failed), with a blank line after them; none for a finished run."""
+    done = set(manifest.get("models") or {})
+    total = (manifest.get("config") or {}).get("prompts")
+    lines = []
+    for shape in dict.fromkeys(table["shape"]):
+        if shape not in done:
+            n = int(table.loc[table["shape"] == shape, "prompts"].max())
+            lines.append(f"**Cut short:** {shape} stopped after {n} of {total} prompts; its rows hold those.")
+    return [*lines, ""] if lines else []
 
 
 def stage_seconds(record: dict[str, Any]) -> dict[str, float]:
@@ -720,6 +739,7 @@ def report_markdown(
         "real-checkpoint numbers.",
         "",
         *memory_lines(manifest),
+        *cut_lines(table, manifest),
         "| " + " | ".join(h for h, _ in columns.values()) + " |",
         "|" + "---|" * len(columns),
     ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +162,33 @@ def test_tiny_run_writes_records_table_and_report(tmp_path, monkeypatch, capsys)
     # (same matplotlib in one process: the same bytes)
     assert rebuild_report(out) == before["report.md"].decode()
     assert {name: (out / name).read_bytes() for name in before} == before
+
+
+def test_a_run_stopped_inside_a_shape_still_reports_its_prompts_and_says_so(tmp_path, monkeypatch):
+    """Interrupted (a timeout's SIGINT) after the first prompt: the records stay, the report is written with
+    them and names the shape cut short; the interrupt is not swallowed. A finished run has no such line."""
+    real, calls = bs.decode_record, []
+
+    def stopping(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > 2:  # the second prompt's AR
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(bs, "decode_record", stopping)
+    cfg = bs.ScaleConfig(
+        shapes=["tiny"], routes={"tiny": ["ar", "dflash_chain"]}, acceptance="mal:3", prompts=3,
+        prompt_len=12, max_new_tokens=6, warmup_tokens=2, dtype="fp32",
+    )  # fmt: skip
+    with pytest.raises(KeyboardInterrupt):
+        bs.run_scale(cfg, torch.device("cpu"), tmp_path / "cut")
+    report = (tmp_path / "cut" / "report.md").read_text()
+    assert len((tmp_path / "cut" / "records.jsonl").read_text().splitlines()) == 2
+    assert "**Cut short:** tiny stopped after 1 of 3 prompts; its rows hold those." in report
+    assert rebuild_report(tmp_path / "cut") == report  # `repro report DIR` says the same
+    monkeypatch.setattr(bs, "decode_record", real)
+    bs.run_scale(replace(cfg, prompts=1), torch.device("cpu"), tmp_path / "whole")
+    assert "Cut short" not in (tmp_path / "whole" / "report.md").read_text()
 
 
 def test_each_prompt_replays_its_own_acceptance_draws_shared_by_the_routes(tmp_path, monkeypatch, capsys):
