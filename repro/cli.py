@@ -1000,13 +1000,13 @@ def main(argv: list[str] | None = None) -> None:
     except ReproError as exc:
         _error(str(exc))
         code = exc.exit_code
+    except (KeyboardInterrupt, typer.Abort):  # before Exception: typer.Abort is a RuntimeError
+        code = EXIT_INTERRUPTED
     except Exception as exc:
         if not (isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"):  # torch's: CUDA
             raise
         _error(out_of_memory(exc))
         code = 2
-    except (KeyboardInterrupt, typer.Abort):
-        code = EXIT_INTERRUPTED
     if code == EXIT_INTERRUPTED:  # Typer turns Ctrl-C into Exit(130); no command returns 130 itself
         err_console.print(INTERRUPTED, highlight=False)
     sys.exit(code or 0)

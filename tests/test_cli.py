@@ -367,11 +367,15 @@ def run_main(monkeypatch, capsys, *args: str) -> tuple[int, str]:
     return exc.value.code, capsys.readouterr().err
 
 
-def test_ctrl_c_prints_the_resume_message_and_exits_130(monkeypatch, capsys):
+@pytest.mark.parametrize("stop", ["KeyboardInterrupt", "Abort"])
+def test_ctrl_c_prints_the_resume_message_and_exits_130(monkeypatch, capsys, stop):
+    """Ctrl-C as Python raises it, and as Typer's Abort (a RuntimeError: not taken for another error)."""
+    import typer
+
     import repro.harness.experiment as experiment
 
     def interrupted(*_args, **_kwargs):
-        raise KeyboardInterrupt
+        raise KeyboardInterrupt if stop == "KeyboardInterrupt" else typer.Abort()
 
     monkeypatch.setattr(experiment, "load_experiment", interrupted)
     code, err = run_main(monkeypatch, capsys, "run", "smoke")
