@@ -15,7 +15,7 @@ from matplotlib.figure import Figure
 from repro.bench.kernels import baselines_dir
 from repro.reporting.figures import save_png, save_svg
 from repro.reporting.records import DecodeRecord, code_versions
-from repro.reporting.report import SUMMARY_MAIN, host_bound_lines, markdown_table, summarize
+from repro.reporting.report import ALL_SUITES, SUMMARY_MAIN, host_bound_lines, markdown_table, summarize
 from repro.reporting.rundir import Run, RunKind
 
 Builder = Callable[[Run, Path | None], str]
@@ -69,7 +69,7 @@ def summary_section(run: Run) -> list[str]:
     main = markdown_table(summary[SUMMARY_MAIN])
     lines = ["## Every route (decode summary, docs/metrics.md)", "", main, ""]
     if "wall_over_busy" in summary:
-        pace = summary.loc[summary["suite"] == "all", PACE_COLUMNS]
+        pace = summary.loc[summary["suite"] == ALL_SUITES, PACE_COLUMNS]
         lines += [
             "### Wall time over the graphs' busy time (all suites, ms a verify step)",
             "",
