@@ -45,7 +45,7 @@ limit_of() {  # seconds for one file: start-up (~10 s: torch, CUDA context) + co
     test_tree_attention_split) echo 90 ;;  # the split kernel's compiles
     test_pdl) echo 150 ;;  # a decode graph each of six ways (three PDL levels to compile)
     test_device_acceptance) echo 90 ;;     # acceptance rules in graphs
-    test_pipelined) echo 200 ;;  # the pipelined routes on CUDA graphs, greedy and sample_match (compiles)
+    test_pipelined) echo 300 ;;  # the pipelined routes on CUDA graphs, greedy and sample_match, depths 1-2 (compiles)
     test_falsify) echo 150 ;;        # every tree kernel against the float64 recurrence (compiles; 60 s cut it)
     test_scale) echo 180 ;;          # the tiny scale run on CUDA graphs compiles every route (60 s cut it on 2026-12-02)
     test_eagle_fast | test_dflash_fast) echo 120 ;;  # drafters' fast forwards: compiles, graphed targets

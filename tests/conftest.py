@@ -270,7 +270,7 @@ def tagged_stores(monkeypatch):  # noqa: ANN001, ANN201
     def stand_in(src: torch.Tensor, dst: torch.Tensor, counter: torch.Tensor) -> None:
         tag = slot_kernels.next_tag(int(counter))
         counter.fill_(tag)
-        dst[tag & 1] = (src << slot_kernels.TAG_BITS) | tag
+        dst[tag % slot_kernels.TAG_ROWS] = (src << slot_kernels.TAG_BITS) | tag
 
     kinds: list[type] = []
     real_read = graphed.read_back

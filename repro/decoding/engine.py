@@ -61,6 +61,7 @@ from repro.decoding.tree_builders import (
     tree_in_drafter,
 )
 from repro.drafters.base import DraftContext, Drafter, PipelinedDrafter
+from repro.errors import ConfigError
 from repro.models.graphed import GraphedState, GraphedTarget, LaunchedStep
 from repro.models.graphs import busy_recorder, generation_stream, graphs_captured
 from repro.models.hybrid import PREFILL_CHUNK, HybridLM, Verification
@@ -90,6 +91,11 @@ PAUSE_GC = True
 # greedy device routes whose drafter pipelines run one step ahead of the host (:func:`pipelined`); False: each
 # step read before the next is drafted (the A/B of scripts/gpu/busy-time.py)
 PIPELINE = True
+# steps a pipelined loop keeps launched ahead of the one it reads (1: step k + 1 runs while the host reads
+# step k; 2: steps k + 1 and k + 2), so the host may fall behind by that many steps before the device idles;
+# at most slot_kernels.TAG_ROWS - 1 (the host rows a step's result lands in). Steps that would start past
+# max_new_tokens (the unread ones commit at least one token each) are not launched at any depth
+PIPELINE_DEPTH = 1
 # a pipelined DDTree or chain DFlash step builds its tree inside the DFlash drafter's graph
 # (``propose_after``'s ``tree``: BestFirst / Chain ``device_tree`` on the drafter's marginals and top-k ids,
 # rooted at the launched step's bonus), not after it: DDTree's best-first graph (and its root's copy), chain
@@ -338,17 +344,22 @@ def _pipelined(
     twin: DeviceRule | None,
 ) -> tuple[str, list[int], list[int], list[list[int]], int]:
     """Device steps (greedy, or ``twin``'s rule: its draws keyed by the root's position on the device), each
-    launched before the previous one is read: step k + 1's drafter reads step
+    launched before the previous :data:`PIPELINE_DEPTH` are read: step k + 1's drafter reads step
     k's accepted path and bonus where its commit wrote them (:class:`~repro.models.graphed.LaunchedStep`;
     with ``graphed.FUSE_ACCEPT`` the verification runs the acceptance and commit in its own graph),
     its tree takes that bonus as root (with :data:`FUSE_TREE` built inside the drafter's graph), and only
     then is step k's result read (one wait a step), so the
     device runs step k + 1 while the host reads step k and launches step k + 2. The first step drafts from
     ``ctx`` (the prefill). ``out`` grows by the read tokens; returns the finish reason, the accepted
-    lengths, tree sizes and paths per read step, and the number of steps launched past the end: the step
-    launched past a stop (or the last token) is folded in and waited for (the sequence must end there, as
-    after :meth:`GraphedTarget.greedy_decode`), its time part of the decode's."""
+    lengths, tree sizes and paths per read step, and the number of steps launched past the end: the steps
+    launched past a stop (or the last token) are folded in and waited for (the sequence must end there, as
+    after :meth:`GraphedTarget.greedy_decode`), their time part of the decode's. No step is launched once
+    the unread ones must reach ``max_new_tokens`` (each commits at least one token)."""
+    from repro.models.slot_kernels import TAG_ROWS  # the device path's kernels (Triton) are in use by now
+
     drafter, builder = cast(PipelinedDrafter, route.drafter), route.builder
+    if not 1 <= PIPELINE_DEPTH < TAG_ROWS:
+        raise ConfigError(f"engine.PIPELINE_DEPTH must be 1 .. {TAG_ROWS - 1}, got {PIPELINE_DEPTH}")
     position = state.position  # exact: the tokens committed before the oldest unread step
     launched: deque[LaunchedStep] = deque()
     lengths: list[int] = []
@@ -359,27 +370,29 @@ def _pipelined(
     tree_fn = cast(BestFirst | Chain, builder).device_tree if inside else None
     accept = (twin.accept, twin.graph_key) if twin else (None, ())  # the device acceptance, every step
     while finish is None:
-        clock.mark()
-        last = launched[-1] if launched else None
-        fused = last is not None and inside
-        if fused:
-            proposal = cast("DFlashDrafter", drafter).propose_after(last, tree=tree_fn)
-        else:
-            proposal = drafter.propose_after(last) if last else drafter.propose(ctx)
-        clock.mark()
-        tree = proposal.tree if fused else builder.build_device(last.root if last else out[-1], proposal)
-        clock.mark()
-        # the unread steps' lengths are bounded by their trees' sizes: the buffers grow for the bound
-        handle = model.handle(position + sum(step.verification.tree.size for step in launched))
-        ver = model.verify(handle, tree, capture, route.commit, route.verifier, then=accept)
-        clock.mark()
-        launched.append(model.launch_accepted(handle, ver, *accept))
-        clock.mark()
-        if len(launched) < 2:
-            continue
+        if not launched or len(out) + len(launched) < max_new_tokens:  # the unread steps may leave room
+            clock.mark()
+            last = launched[-1] if launched else None
+            fused = last is not None and inside
+            if fused:
+                proposal = cast("DFlashDrafter", drafter).propose_after(last, tree=tree_fn)
+            else:
+                proposal = drafter.propose_after(last) if last else drafter.propose(ctx)
+            clock.mark()
+            tree = proposal.tree if fused else builder.build_device(last.root if last else out[-1], proposal)
+            clock.mark()
+            # the unread steps' lengths are bounded by their trees' sizes: the buffers grow for the bound
+            handle = model.handle(position + sum(step.verification.tree.size for step in launched))
+            ver = model.verify(handle, tree, capture, route.commit, route.verifier, then=accept)
+            clock.mark()
+            launched.append(model.launch_accepted(handle, ver, *accept))
+            clock.mark()
+            if len(launched) <= PIPELINE_DEPTH:
+                continue
         step = launched.popleft()
         path, tokens, bonus = model.read_launched(step)
-        drafter.settle(len(path))  # the launched step behind it ingested this path
+        if launched:
+            drafter.settle(len(path))  # the launched step behind it ingested this path
         if twin:
             twin.done(path, len(out))
         position += len(path)
@@ -388,8 +401,10 @@ def _pipelined(
         lengths.append(len(new))
         sizes.append(step.verification.tree.size)
         paths.append(path)
-    for step in launched:  # launched past the stop: folded in; its copy waited for
-        model.read_launched(step)
+    for i, step in enumerate(launched):  # launched past the stop: folded in; their copies waited for
+        path, _, _ = model.read_launched(step)
+        if i + 1 < len(launched):
+            drafter.settle(len(path))
     return finish, lengths, sizes, paths, len(launched)
 
 

@@ -45,6 +45,9 @@ SWITCHES: dict[str, Switch] = {
     "pipeline": Switch(
         engine, "PIPELINE", bool, "drafted device routes one step ahead of the host's read"
     ),
+    "pipeline_depth": Switch(
+        engine, "PIPELINE_DEPTH", int, "steps a pipelined loop keeps launched ahead of the one the host reads"
+    ),
     "fuse_accept": Switch(
         graphed, "FUSE_ACCEPT", bool,
         "a pipelined step's acceptance and commit in its verify's graph (off: stages of their own)",

@@ -117,7 +117,7 @@ class StaticDFlash:
         self.count = 0
         self.length.zero_()
         self._last: Verification | None = None
-        self._unsettled = False  # a step_after's path length not yet given by settle
+        self._unsettled = 0  # step_after calls whose path length settle has not given yet
 
     @property
     def features(self) -> torch.Tensor:
@@ -125,13 +125,14 @@ class StaticDFlash:
         return self.feat[: self.count]
 
     def _allocate(self, max_len: int) -> None:
-        """Buffers of ``max_len`` positions, the committed rows copied over; graphs are dropped."""
+        """Buffers of ``max_len`` positions, the old ones' rows copied over (all of them: the rows of paths
+        ingested on the device and not yet settled lie past the host's count); graphs are dropped."""
         cfg, m = self.model.config, self.model
         feat = torch.zeros(max_len, cfg.feature_size, dtype=m.dtype, device=self.device)
         shape = (len(m.layers), cfg.num_key_value_heads, max_len, cfg.head_dim)
         stacks = [torch.zeros(shape, dtype=m.dtype, device=self.device) for _ in range(2)]
         if self.max_len:
-            n = self.count
+            n = self.max_len
             feat[:n] = self.feat[:n]
             for new, old in zip(stacks, self.stacks):
                 new[:, :, :n] = old[:, :, :n]
@@ -333,26 +334,27 @@ class StaticDFlash:
         """:meth:`step` after a launched, unread step (a pipelined loop): its accepted path is ingested from
         ``result`` on the device (the graphed target's ``[path length, bonus, path nodes by depth
         (``depth``), tokens]`` of ``ver``'s slot), the block's root is its bonus, and the host's ``count``
-        is behind by the path's length until :meth:`settle` gives it (the buffers grow for the most it
-        may be: the padded path). Returns :meth:`step`'s outputs; with ``tree`` (and ``probs``) also
+        is behind by the paths' lengths until :meth:`settle` gives them (the buffers grow for the most the
+        unsettled paths may be: a padded path each; a pipelined loop leaves ``engine.PIPELINE_DEPTH``
+        unsettled). Returns :meth:`step`'s outputs; with ``tree`` (and ``probs``) also
         ``tree(bonus, marginals, top-k ids)``, built in the same graph."""
-        if ver is self._last or self._unsettled:
-            raise ValueError(
-                "step_after: the verification is ingested already, or the last one is not settled"
-            )
+        if ver is self._last:
+            raise ValueError("step_after: the verification is ingested already")
         pad = 1 << (self.block_size - 1).bit_length()  # a path holds at most the block: root + T - 1 drafts
         if pad != self._pad:
             self._resize_inputs(pad)
-        self._fit(self.count + pad + self.block_size)
-        self._last, self._unsettled = ver, True
+        self._fit(self.count + (self._unsettled + 1) * pad + self.block_size)
+        self._last = ver
+        self._unsettled += 1
         return self._call(tuple(ver.hidden[i] for i in self.layers), probs, (result, depth), tree)
 
     def settle(self, accepted: int) -> None:
-        """The read length of the path :meth:`step_after` ingested unread: the host's count catches up."""
+        """The read length of the oldest path :meth:`step_after` ingested unread: the host's count
+        catches up."""
         if not self._unsettled:
             raise ValueError("no ingested step waits to be settled")
         self.count += accepted
-        self._unsettled = False
+        self._unsettled -= 1
 
     def step(self, ctx: DraftContext, probs: bool) -> Outputs:
         """Ingest the previous step's accepted rows and draft the next block: (final-normed hidden rows

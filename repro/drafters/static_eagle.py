@@ -158,7 +158,7 @@ class StaticEagleDrafter(EagleDrafter):
         self._prompt = list(prompt_ids)
         self._pending = -1  # the token the last committed row read
         self._last: Verification | None = None
-        self._unsettled = False  # a propose_after's path length not yet given by settle
+        self._unsettled = 0  # propose_after calls whose path length settle has not given yet
         if self._buffers_for != self.capacity:
             self._allocate(self.capacity)
 
@@ -172,8 +172,9 @@ class StaticEagleDrafter(EagleDrafter):
             (torch.zeros(size, dtype=dtype, device=dev), torch.zeros(size, dtype=dtype, device=dev))
             for _ in range(cfg.num_hidden_layers)
         ]
+        old_committed = None
         if self._buffers_for > 0:
-            old = self._buffers_for
+            old, old_committed = self._buffers_for, self._committed
             features[:old].copy_(self.features)
             for (k, v), (ok, ov) in zip(kv, self.kv):
                 k[:, :, :old].copy_(ok[:, :, :old])
@@ -201,8 +202,10 @@ class StaticEagleDrafter(EagleDrafter):
         self._call: Any = None
         self._calls_after: dict[tuple[Any, ...], Any] = {}  # propose_after's graphs, per launched result
         # the committed count on the device (every call writes its c): where propose_after's step starts;
-        # the buffers grow only when no path is unsettled, so it is the host's count then
+        # buffers that grow keep the old one's (paths ingested on the device may not be settled yet)
         self._committed = torch.full((1,), self.count, dtype=torch.long, device=dev)
+        if old_committed is not None:
+            self._committed.copy_(old_committed)
         self._block_index = torch.arange(self.block, device=dev)
         if self._fast is not None:
             self._fast.set_rope_rows(capacity + self.block)
@@ -292,14 +295,16 @@ class StaticEagleDrafter(EagleDrafter):
         path's features are gathered, and the step's inputs made, on the device from the launched result
         (path length n, bonus, path nodes, their tokens) and the committed count of the last call, in the
         same call as the drafting; the host's count is behind by n until :meth:`settle`. Its buffers grow
-        for the most n may be (the block)."""
-        if step.verification is self._last or self._unsettled:
-            raise ValueError("propose_after: this step is ingested already, or the last is not settled")
+        for the most the unsettled paths may be (a block each; a pipelined loop leaves
+        ``engine.PIPELINE_DEPTH`` unsettled)."""
+        if step.verification is self._last:
+            raise ValueError("propose_after: this step is ingested already")
         ver = step.verification
         ingest_start("EAGLE", self.capture_layers, ver, ver.position)  # checks only that the layers are there
-        self._ensure(self.count + 2 * self.block)
+        self._ensure(self.count + (self._unsettled + 2) * self.block)
         sources = tuple(ver.hidden[i] for i in self.capture_layers)
-        self._last, self._unsettled = ver, True
+        self._last = ver
+        self._unsettled += 1
         out = self._run_after(sources, step.result, step.depth)
         if self.tree is None:
             top_ids, probs = out
@@ -308,12 +313,14 @@ class StaticEagleDrafter(EagleDrafter):
         return tree_proposal(DeviceTree(tree_tokens, tree_parents), scores)
 
     def settle(self, accepted: int) -> None:
-        """The read length of the path :meth:`propose_after` ingested: the host's counts catch up (the
-        pending token, the bonus, stays on the device: a later host ``propose`` recomputes the last row)."""
+        """The read length of the oldest path :meth:`propose_after` ingested: the host's counts catch up
+        (the pending token, the bonus, stays on the device: a later host ``propose`` recomputes the last
+        row)."""
         if not self._unsettled:
             raise ValueError("no ingested step waits to be settled")
         self.count += accepted
-        self.rows, self._pending, self._unsettled = self.count, -1, False
+        self.rows, self._pending = self.count, -1
+        self._unsettled -= 1
 
     def _run_after(self, sources: tuple[torch.Tensor, ...], result: torch.Tensor, depth: int) -> Any:
         """The graph of :meth:`_step_after` for these source and result buffers (captured on first use;

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -301,7 +302,7 @@ class GraphedTarget:
         self._calls: dict[tuple[Any, ...], Any] = {}
         self._picks = torch.zeros(AR_GROUP, dtype=torch.long, device=self.device)  # greedy AR's picks
         self._pending: int | None = None  # the stash holding a pending delayed commit (host-side)
-        self._result_hosts: dict[int, list[torch.Tensor]] = {}  # per result length: two host buffers
+        self._result_hosts: dict[int, deque[torch.Tensor]] = {}  # per result length: host buffers in turn
         # HOST_WRITES: the stores' tag counter on the device and its mirror on the host (the last tag stored),
         # their two host rows per result length, a capture's warm-up calls' stand-ins on the device, and the
         # last stored result (its address, length, host row, HostWrite) until _copy_out takes it
@@ -351,24 +352,26 @@ class GraphedTarget:
     def _noting(self, call: Callable[[], Any], result: torch.Tensor) -> Callable[[], Any]:
         """``call`` (a graph storing ``result``), then the host's mirror of the device's tag moved on in step
         and the store noted for :meth:`_copy_out`."""
-        from repro.models.slot_kernels import next_tag
+        from repro.models.slot_kernels import TAG_ROWS, next_tag
 
         n = result.numel()
 
         def noted() -> Any:
             out = call()
             self._tag = next_tag(self._tag)
-            self._landed = (result.data_ptr(), n, self._rows(n)[self._tag & 1], HostWrite(self._tag))
+            self._landed = (result.data_ptr(), n, self._rows(n)[self._tag % TAG_ROWS], HostWrite(self._tag))
             return out
 
         return noted
 
     def _rows(self, n: int) -> torch.Tensor:
-        """The two pinned host rows [2, n] the stores of results of ``n`` elements alternate between."""
+        """The pinned host rows [TAG_ROWS, n] the stores of results of ``n`` elements take in turn."""
+        from repro.models.slot_kernels import TAG_ROWS
+
         rows = self._store_rows.get(n)
         if rows is None:
             pinned = self.device.type == "cuda"
-            rows = self._store_rows[n] = torch.zeros(2, n, dtype=torch.long, pin_memory=pinned)
+            rows = self._store_rows[n] = torch.zeros(TAG_ROWS, n, dtype=torch.long, pin_memory=pinned)
         return rows
 
     def _store(self, result: torch.Tensor) -> None:
@@ -376,13 +379,13 @@ class GraphedTarget:
         the device counter): the last launch of a storing graph. A capture's warm-up calls (real calls, on
         a side stream, while a launched step's result may still be unread on the host) store into device
         stand-ins with a counter of their own, so that neither the rows nor the tags move."""
-        from repro.models.slot_kernels import tagged_to_host
+        from repro.models.slot_kernels import TAG_ROWS, tagged_to_host
 
         n = result.numel()
         if self._warming and not torch.cuda.is_current_stream_capturing():
             rows = self._warm_rows.get(n)
             if rows is None:
-                rows = self._warm_rows[n] = torch.zeros(2, n, dtype=torch.long, device=self.device)
+                rows = self._warm_rows[n] = torch.zeros(TAG_ROWS, n, dtype=torch.long, device=self.device)
             tagged_to_host(result, rows, self._warm_tags)
         else:
             tagged_to_host(result, self._rows(n), self._tags)
@@ -936,16 +939,19 @@ class GraphedTarget:
         return HOST_WRITES and self.device.type == "cuda"
 
     def _result_host(self, result: torch.Tensor) -> torch.Tensor:
-        """The next of the two host buffers (pinned on CUDA) for results of ``result``'s length: a step's
-        (an AR group's) copy may land while the host still reads the one before."""
+        """The next of the host buffers (pinned on CUDA; as many as the stores' rows) for results of
+        ``result``'s length, taken in turn: the copies of the steps launched after a step (an AR group) may
+        land while the host still reads it."""
+        from repro.models.slot_kernels import TAG_ROWS
+
         n = result.numel()
         ring = self._result_hosts.get(n)
         if ring is None:
             pinned = self.device.type == "cuda"
-            ring = self._result_hosts[n] = [
-                torch.zeros(n, dtype=torch.long, pin_memory=pinned) for _ in range(2)
-            ]
-        ring.reverse()
+            ring = self._result_hosts[n] = deque(
+                torch.zeros(n, dtype=torch.long, pin_memory=pinned) for _ in range(TAG_ROWS)
+            )
+        ring.rotate(-1)
         return ring[0]
 
     def read_launched(self, step: LaunchedStep) -> tuple[list[int], list[int], int]:

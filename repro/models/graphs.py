@@ -223,6 +223,11 @@ def replay_graph(graph: Any) -> None:
 
 
 _captured = [0]  # CUDA graphs captured in this process so far
+# the side stream of the captures' warm-up calls, one per device: cuBLAS keeps a workspace (32 MiB on Hopper)
+# for every stream it has run on until the process ends, so a new stream a capture (torch's pool hands out 32
+# in turn) left up to 1 GiB allocated; the probe of results/2026-12-05-h100-scale-rows saw 32-96 MiB more
+# after each tiny scale shape
+_WARMUP_STREAMS: dict[torch.device, Any] = {}
 
 
 def graphs_captured() -> int:
@@ -243,12 +248,15 @@ class GraphedCall:
 
     @staticmethod
     def _capture(fn: Callable[[], Any], device: torch.device, warmup: int) -> tuple[Any, Any]:
-        """``warmup`` calls of ``fn`` on a side stream, then its capture: (the graph, its output)."""
+        """``warmup`` calls of ``fn`` on the device's warm-up stream, then its capture: (the graph, its
+        output)."""
         if device.type != "cuda":
             raise ConfigError("CUDA graphs need a CUDA device")
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
-        stream = torch.cuda.Stream(device)
+        stream = _WARMUP_STREAMS.get(device)
+        if stream is None:
+            stream = _WARMUP_STREAMS[device] = torch.cuda.Stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):
             for _ in range(warmup):

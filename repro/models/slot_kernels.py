@@ -322,9 +322,12 @@ def advance_length(length: torch.Tensor, depth: torch.Tensor, node: torch.Tensor
 
 TAG_BITS = 16  # tagged_to_host: an element is value << TAG_BITS | tag
 TAGS = 1 << TAG_BITS
-# tags run 1 .. TAG_PERIOD and wrap to 1: an even period, so that consecutive tags alternate between the two
-# host rows (row = tag & 1) across the wrap too, and a zeroed row (tag 0) never reads as landed
-TAG_PERIOD = TAGS - 2
+# host rows a result's stores rotate through (row = tag % TAG_ROWS): a pipelined loop reads step k while the
+# device may have stored the results of the engine.PIPELINE_DEPTH steps launched after it (at most 3)
+TAG_ROWS = 4
+# tags run 1 .. TAG_PERIOD and wrap to 1: a period that TAG_ROWS divides, so that consecutive tags take the
+# rows in turn across the wrap too, and a zeroed row (tag 0) never reads as landed
+TAG_PERIOD = TAGS - TAG_ROWS
 
 
 def next_tag(tag: int) -> int:
@@ -336,29 +339,34 @@ def next_tag(tag: int) -> int:
 # length specialization first met mid-run would compile (on an H200 greedy AR 0.116 -> 0.314 ms a token over
 # 288 tokens when a Python-launched store met a new tag specialization, routes-ab callCZ)
 @triton.jit(do_not_specialize=["n"], do_not_specialize_on_alignment=["src", "dst"])
-def _tagged_kernel(src, dst, n, counter, TAG_BITS: tl.constexpr, PERIOD: tl.constexpr, BLOCK: tl.constexpr):
+def _tagged_kernel(
+    src, dst, n, counter,
+    TAG_BITS: tl.constexpr, PERIOD: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
     tag = tl.load(counter) % PERIOD + 1
     tl.debug_barrier()  # every thread has read the counter before it is moved on
     tl.store(counter, tag)
     o = tl.arange(0, BLOCK)
     m = o < n
-    tl.store(dst + (tag & 1) * n + o, (tl.load(src + o, mask=m, other=0) << TAG_BITS) | tag, mask=m)
+    tl.store(dst + (tag % ROWS) * n + o, (tl.load(src + o, mask=m, other=0) << TAG_BITS) | tag, mask=m)
 
 
 def tagged_to_host(src: torch.Tensor, dst: torch.Tensor, counter: torch.Tensor) -> None:
-    """``src`` [n] int64 (device) into row ``tag & 1`` of ``dst`` [2, n] int64 (pinned host memory on CUDA,
-    which the kernel stores to directly: unified addressing), each element ``src << TAG_BITS | tag`` in one
-    8-byte store, where ``tag`` = :func:`next_tag` of ``counter`` [1] (int64, device; written back). The host,
-    mirroring the counter, knows the whole result has landed when every element of the row carries the tag
-    (:func:`untagged`), in whatever order the stores arrive, without a stream copy or an event behind it;
-    consecutive stores alternate rows, so one may land while the host still reads the one before. Capturable
-    (the tag is the device's: a graph replay stores the next one); values within +-2**(63 - TAG_BITS)."""
+    """``src`` [n] int64 (device) into row ``tag % TAG_ROWS`` of ``dst`` [TAG_ROWS, n] int64 (pinned host
+    memory on CUDA, which the kernel stores to directly: unified addressing), each element
+    ``src << TAG_BITS | tag`` in one 8-byte store, where ``tag`` = :func:`next_tag` of ``counter`` [1] (int64,
+    device; written back). The host, mirroring the counter, knows the whole result has landed when every
+    element of the row carries the tag (:func:`untagged`), in whatever order the stores arrive, without a
+    stream copy or an event behind it; consecutive stores take the rows in turn, so TAG_ROWS - 1 more may
+    land while the host still reads one. Capturable (the tag is the device's: a graph replay stores the next
+    one); values within +-2**(63 - TAG_BITS)."""
     n = src.numel()
-    if dst.shape != (2, n) or counter.numel() != 1:
-        raise ValueError(f"tagged_to_host takes dst [2, {n}] and a counter [1], got {tuple(dst.shape)}")
+    if dst.shape != (TAG_ROWS, n) or counter.numel() != 1:
+        shape = tuple(dst.shape)
+        raise ValueError(f"tagged_to_host takes dst [{TAG_ROWS}, {n}] and a counter [1], got {shape}")
     _tagged_kernel[(1,)](
-        src, dst, n, counter, TAG_BITS=TAG_BITS, PERIOD=TAG_PERIOD, BLOCK=triton.next_power_of_2(max(n, 16)),
-        num_warps=1,
+        src, dst, n, counter, TAG_BITS=TAG_BITS, PERIOD=TAG_PERIOD, ROWS=TAG_ROWS,
+        BLOCK=triton.next_power_of_2(max(n, 16)), num_warps=1,
     )  # fmt: skip
 
 

@@ -50,6 +50,9 @@ on a fresh GraphedTarget so that its graphs are captured under that setting:
   tagged from a device counter, the host polling the tags);
 - ``gated_out_proj``: a GDN layer's output gated norm inside its out_proj's row-tiled launch
   (``static_layers.GATED_OUT_PROJ``; triton_linear.gated_linear_residual), not a launch of its own;
+- ``depth2`` / ``depth3``: the pipelined loop two / three steps ahead of the host's read
+  (``engine.PIPELINE_DEPTH``; the default: one), so that the host may fall that far behind before the device
+  idles;
 - ``fused_tree``: every verify's GDN layers on the one-launch fused tree kernel, not the split form (three
   launches: prologue, keys, values) that ``select_tree_kernel`` picks for few value heads in bf16.
 
@@ -167,6 +170,8 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "fuse_tree": lambda: switches.applied({"fuse_tree": True}),
     "stream_copies": lambda: switches.applied({"host_writes": False}),
     "gc_on": lambda: switches.applied({"pause_gc": False}),
+    "depth2": lambda: switches.applied({"pipeline_depth": 2}),
+    "depth3": lambda: switches.applied({"pipeline_depth": 3}),
     "kernel_tree_copy": lambda: patched(static, "KERNEL_TREE_COPY", True),
     "aliased_roots": lambda: patched(tree_builders, "ALIASED_ROOTS", 4),
 }

@@ -204,11 +204,14 @@ def test_each_prompt_replays_its_own_acceptance_draws_shared_by_the_routes(tmp_p
     assert len(set(lengths)) == 3, lengths  # the chain holds every drawn depth: the draws differ
     manifest = json.loads((out / "manifest.json").read_text())
     assert "per prompt" in manifest["config"]["acceptance_draws"]
-    # the pipelined loop's step launched past each generation's end is counted (its time is in decode_s)
-    assert all(r["launched_steps"] == r["steps"] + 1 for r in (*chain.values(), *tree.values()))
-    assert all(r["launched_steps"] == r["steps"] for r in records if r["route"] == "ar")
+    # the pipelined loop's step launched past a generation's end is counted (its time is in decode_s); none
+    # is launched once the unread one must reach the limit
+    past = {(r["route"], r["prompt"]): r["launched_steps"] - r["steps"] for r in records}
+    assert set(past.values()) <= {0, 1} and past[("ar", 0)] == past[("ar", 1)] == past[("ar", 2)] == 0
+    assert any(past[("dflash_chain", i)] or past[("ddtree", i)] for i in range(3)), past
     table = pd.read_csv(out / "table.csv").set_index("route")
-    assert table.loc["ddtree", "launched"] == table.loc["ddtree", "steps"] + 3
+    tree_past = sum(past[("ddtree", i)] for i in range(3))
+    assert table.loc["ddtree", "launched"] == table.loc["ddtree", "steps"] + tree_past
     assert "ran past a generation's end" not in (out / "report.md").read_text()  # no paper row for tiny
     assert "| steps | launched |" in (out / "report.md").read_text()
 

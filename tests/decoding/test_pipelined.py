@@ -1,10 +1,12 @@
 """The pipelined loop (repro.decoding.engine.pipelined): DFlash chain, DDTree, Weaver, EAGLE chain,
-FLA-SD and SpecLA routes on the graphed target with each step launched before the previous one is read.
+FLA-SD and SpecLA routes on the graphed target with each step launched before the previous one is read
+(``engine.PIPELINE_DEPTH`` steps ahead of the read: 1-3).
 
 CPU, float64, the trained tiny family on a graphed target without CUDA graphs (the same device path,
 eagerly): the pipelined loop gives the step-by-step loop's tokens, accepted paths, accepted lengths and
-tree sizes, which are AR's tokens, for every length limit and at stop tokens; one read a step plus the
-step launched past the end; the drafter's host count catches up with every read; the step after a
+tree sizes, which are AR's tokens, for every length limit and at stop tokens, at every depth (the
+drafters' buffers growing with paths unsettled); one read a step plus the steps launched past the end; the
+drafter's host count catches up with every read; the step after a
 launched one reads nothing on the host; the sampling rules and the replayed acceptance pipeline with the same
 records as their step-by-step loop; with ``graphed.FUSE_ACCEPT`` (verify, acceptance and commit in one
 graph) the same records as without, and with ``engine.FUSE_TREE`` (DDTree's and chain DFlash's trees built
@@ -65,13 +67,22 @@ def _fields(res) -> tuple:
     return res.output_ids, res.accepted_paths, res.accepted_lengths, res.tree_sizes, res.finish_reason
 
 
+def _past_end(res) -> int:
+    """Steps launched past the end (read, folded in)."""
+    return (res.launched_steps or res.steps) - res.steps
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3])
 @pytest.mark.parametrize("name", [s["name"] for s in SPECS])
-def test_pipelined_steps_equal_the_step_by_step_loop_and_ar(setup, monkeypatch, name):
+def test_pipelined_steps_equal_the_step_by_step_loop_and_ar(setup, monkeypatch, name, depth):
     """Both loops on the same graphed target: identical records, AR's tokens, for a long limit and
-    limits that end inside a step or at the prefill's token; the pipelined loop reads once a step, plus
-    the step launched past the end, and leaves no ingested path unsettled."""
+    limits that end inside a step or at the prefill's token, with 1-3 steps launched ahead of the read
+    (``engine.PIPELINE_DEPTH``); the pipelined loop reads once a step, plus the steps launched past the end
+    (at most the depth, none once the unread steps must reach the limit), and leaves no ingested path
+    unsettled."""
     import repro.models.graphed as graphed
 
+    monkeypatch.setattr(engine, "PIPELINE_DEPTH", depth)
     model, prompts, reference = setup
     target = GraphedTarget(model, max_len=64, graphs=False)  # 64: the buffers grow during the run
     route = _routes(target)[name]
@@ -89,7 +100,8 @@ def test_pipelined_steps_equal_the_step_by_step_loop_and_ar(setup, monkeypatch, 
             got = generate(target, prompt, route, limit)
             assert _fields(got) == _fields(want), (name, limit)
             assert got.output_ids == ref[:limit]
-            assert len(reads) == (got.steps + 1 if got.steps else 0)  # limit 1: the prefill's token
+            assert len(reads) == got.steps + _past_end(got)  # limit 1: the prefill's token, no step
+            assert _past_end(got) <= (depth if got.steps else 0), (name, limit, got.launched_steps)
             assert not _unsettled(route.drafter)
             assert set(got.device_stage_s) == set(engine.STAGES)
     assert max(max(want.accepted_lengths) for want in [generate(target, prompts[1], route, 40)]) > 1
@@ -101,8 +113,9 @@ SAMPLED = ["chain", "ddtree", "weaver", "specla-delayed"]
 @pytest.mark.parametrize("rule", ["sample_match", "spec_sampling", "traversal", "replayed"])
 def test_pipelined_sampling_steps_equal_the_step_by_step_loop(setup, monkeypatch, rule):
     """The sampling rules' device twins and the replayed acceptance pipeline too (their draws keyed by the
-    root's position read on the device): the same records as the step-by-step loop, sample_match AR's
-    sampled tokens, the replayed counters the same; one read a step plus the one launched past the end."""
+    root's position read on the device), one and two steps ahead of the read: the same records as the
+    step-by-step loop, sample_match AR's sampled tokens, the replayed counters the same; one read a step
+    plus those launched past the end."""
     import repro.models.graphed as graphed
     from repro.decoding.replayed import AcceptanceProcess
     from repro.decoding.scale_routes import replayed
@@ -123,17 +136,18 @@ def test_pipelined_sampling_steps_equal_the_step_by_step_loop(setup, monkeypatch
         if rule == "replayed":
             route = replayed(route, process, 7)
         assert pipelined(target, route) and not engine.device_greedy(target, route)
-        for limit in (30, 5):
+        for limit, depth in ((30, 1), (5, 1), (30, 2)):
             counts = [(getattr(route.rule, "steps", 0), getattr(route.rule, "truncated", 0))]
             monkeypatch.setattr(engine, "PIPELINE", False)
             want = generate(target, prompts[1], route, limit)
             counts.append((getattr(route.rule, "steps", 0), getattr(route.rule, "truncated", 0)))
             monkeypatch.setattr(engine, "PIPELINE", True)
+            monkeypatch.setattr(engine, "PIPELINE_DEPTH", depth)
             reads.clear()
             got = generate(target, prompts[1], route, limit)
             counts.append((getattr(route.rule, "steps", 0), getattr(route.rule, "truncated", 0)))
-            assert _fields(got) == _fields(want), (spec["name"], limit)
-            assert len(reads) == got.steps + 1
+            assert _fields(got) == _fields(want), (spec["name"], limit, depth)
+            assert len(reads) == got.steps + _past_end(got) and _past_end(got) <= depth
             if rule == "sample_match":
                 assert got.output_ids == sampled_ar[:limit], spec["name"]
             (s0, t0), (s1, t1), (s2, t2) = counts
@@ -346,9 +360,8 @@ def test_eagle_step_after_a_launched_step_reads_nothing_on_the_host(setup, name)
     assert traces[0] == traces[1]
 
 
-def test_step_after_needs_each_path_settled_before_the_next(setup):
-    """``step_after`` twice without ``settle``, or ``settle`` with nothing ingested, raises; a device
-    root for a builder that makes host trees raises."""
+def test_settle_needs_an_ingested_path(setup):
+    """``settle`` with nothing ingested raises; a device root for a builder that makes host trees raises."""
     model, prompts, _ = setup
     target = GraphedTarget(model, graphs=False)
     drafter = _routes(target)["ddtree"].drafter
@@ -362,17 +375,32 @@ def test_step_after_needs_each_path_settled_before_the_next(setup):
         BestFirst(4).build_device(torch.tensor([3]), None)
 
 
+@pytest.mark.parametrize("depth", [0, 4])
+def test_a_depth_past_the_host_rows_is_refused(setup, monkeypatch, depth):
+    """``engine.PIPELINE_DEPTH`` outside 1 .. TAG_ROWS - 1 (the host rows a result lands in) is one clear
+    error, not a result read from a row a later step overwrote."""
+    from repro.errors import ConfigError
+
+    model, prompts, _ = setup
+    target = GraphedTarget(model, graphs=False)
+    monkeypatch.setattr(engine, "PIPELINE_DEPTH", depth)
+    with pytest.raises(ConfigError, match=r"PIPELINE_DEPTH must be 1 \.\. 3"):
+        generate(target, prompts[0], _routes(target)["chain"], 8)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("host_writes", [False, True])
-def test_gpu_pipelined_routes_equal_ar_in_float32_on_cuda_graphs(monkeypatch, host_writes):
+@pytest.mark.parametrize("host_writes,depth", [(False, 1), (True, 1), (False, 2), (True, 2)])
+def test_gpu_pipelined_routes_equal_ar_in_float32_on_cuda_graphs(monkeypatch, host_writes, depth):
     """The trained tiny family in float32 on CUDA graphs (Triton GDN kernels): every pipelined route gives
     AR's tokens and the step-by-step loop's records; the drafter graphs are
     captured inside the generations (no prepare), so their warm-ups run mid-generation. ``host_writes``:
-    every step's result read from the kernel's tagged stores (graphed.HOST_WRITES), not a stream copy."""
+    every step's result read from the kernel's tagged stores (graphed.HOST_WRITES), not a stream copy;
+    ``depth``: steps launched ahead of the read (engine.PIPELINE_DEPTH)."""
     import repro.models.graphed as graphed
 
     monkeypatch.setattr(graphed, "HOST_WRITES", host_writes)
+    monkeypatch.setattr(engine, "PIPELINE_DEPTH", depth)
     model, target, prompts = _cuda_float32()
     ar = build_route({"kind": "ar"}, model.config.vocab_size, "greedy", 0.0, 0)
     for name, route in _routes(target).items():

@@ -117,43 +117,50 @@ def copy_mismatches(device: str) -> list[str]:
 
 def tagged_mismatches(device: str) -> list[str]:
     """Results where tagged_to_host's stores (into pinned host memory on CUDA) do not read back as the
-    values through ``untagged`` in row ``tag & 1``, the tag the one after the counter's (written back);
-    the other row touched; a half-written row, another tag or a zeroed row that reads as done; consecutive
-    stores that do not alternate rows, across the counter's wrap too; a wrong-shaped host buffer taken."""
-    from repro.models.slot_kernels import TAG_BITS, TAG_PERIOD, next_tag, tagged_to_host, untagged
+    values through ``untagged`` in row ``tag % TAG_ROWS``, the tag the one after the counter's (written
+    back); another row touched; a half-written row, another tag or a zeroed row that reads as done;
+    consecutive stores that do not take the rows in turn, across the counter's wrap too; a wrong-shaped host
+    buffer taken."""
+    from repro.models.slot_kernels import TAG_BITS, TAG_PERIOD, TAG_ROWS, next_tag, tagged_to_host, untagged
 
     bad = []
     gen = torch.Generator().manual_seed(12)
     for n, start in ((1, 0), (18, 6), (40, TAG_PERIOD - 1), (70, TAG_PERIOD), (3, 299)):
         src = torch.randint(-(2**40), 2**40, (n,), generator=gen)
         src[0] = 2 ** (63 - TAG_BITS) - 1  # the largest value a tagged element holds
-        dst = torch.zeros(2, n, dtype=torch.long, pin_memory=device == "cuda")
+        dst = torch.zeros(TAG_ROWS, n, dtype=torch.long, pin_memory=device == "cuda")
         counter = torch.tensor([start], device=device)
         tag = next_tag(start)
-        if untagged(dst[tag & 1].numpy(), tag) is not None:
+        if untagged(dst[tag % TAG_ROWS].numpy(), tag) is not None:
             bad.append(f"n={n}: a zeroed row read as tag {tag}")
         tagged_to_host(src.to(device), dst, counter)
         if device == "cuda":
             torch.cuda.synchronize()
         if int(counter) != tag:
             bad.append(f"n={n}: counter {start} -> {int(counter)}, not {tag}")
-        words = dst[tag & 1].numpy().copy()
+        words = dst[tag % TAG_ROWS].numpy().copy()
         if untagged(words, tag) != src.tolist():
             bad.append(f"n={n} tag={tag}: read back {untagged(words, tag)}")
-        if dst[1 - (tag & 1)].count_nonzero():
-            bad.append(f"n={n} tag={tag}: the other row written")
+        if dst.count_nonzero() != dst[tag % TAG_ROWS].count_nonzero():
+            bad.append(f"n={n} tag={tag}: another row written")
         if untagged(words, next_tag(tag)) is not None:
             bad.append(f"n={n}: read under another tag")
         if n > 1:
             words[n // 2] = 0  # one element not landed yet
             if untagged(words, tag) is not None:
                 bad.append(f"n={n}: a buffer with a missing element read as done")
-        tagged_to_host(src.to(device), dst, counter)  # the next store: the other row
-        if device == "cuda":
-            torch.cuda.synchronize()
-        after = next_tag(tag)
-        if untagged(dst[after & 1].numpy(), after) != src.tolist() or (after ^ tag) & 1 == 0:
-            bad.append(f"n={n}: the store after tag {tag} did not take the other row")
+        rows = [tag % TAG_ROWS]
+        after = tag
+        for _ in range(TAG_ROWS):  # the next stores: the other rows in turn, then the first again
+            tagged_to_host(src.to(device), dst, counter)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            after = next_tag(after)
+            rows.append(after % TAG_ROWS)
+            if untagged(dst[after % TAG_ROWS].numpy(), after) != src.tolist():
+                bad.append(f"n={n}: the store of tag {after} did not read back")
+        if sorted(rows[:TAG_ROWS]) != list(range(TAG_ROWS)) or rows[TAG_ROWS] != rows[0]:
+            bad.append(f"n={n}: the stores after tag {tag} took rows {rows}, not each in turn")
     try:
         tagged_to_host(
             torch.zeros(2, dtype=torch.long, device=device),
@@ -423,11 +430,11 @@ def test_tagged_stores_take_one_binary_for_every_length_of_a_block() -> None:
     same calls through a kernel that specialises as Triton does by default take several binaries."""
     import triton
 
-    from repro.models.slot_kernels import _tagged_kernel
+    from repro.models.slot_kernels import TAG_ROWS, _tagged_kernel
 
     src = torch.arange(1, 17)
     counter = torch.zeros(1, dtype=torch.long)
-    calls = [(src[:n], torch.zeros(2, n, dtype=torch.long), n, counter) for n in (1, 5, 8, 13, 16)]
+    calls = [(src[:n], torch.zeros(TAG_ROWS, n, dtype=torch.long), n, counter) for n in (1, 5, 8, 13, 16)]
     assert len(specialization_keys(_tagged_kernel, calls)) == 1
     default = triton.jit(_tagged_kernel.fn)  # the same body, specialised by default
     assert len(specialization_keys(default, calls)) >= 3
@@ -438,19 +445,19 @@ def test_tagged_stores_take_one_binary_for_every_length_of_a_block() -> None:
 def test_gpu_tagged_stores_compile_once_for_every_length_of_a_block() -> None:
     """tagged_to_host outside the graphs (graphs off): a length of one or divisible by 16 must not compile
     (or load) another binary mid-run; each store lands in the row of its tag."""
-    from repro.models.slot_kernels import _tagged_kernel, tagged_to_host, untagged
+    from repro.models.slot_kernels import TAG_ROWS, _tagged_kernel, tagged_to_host, untagged
 
     src = torch.arange(1, 17, device="cuda")
     counter = torch.zeros(1, dtype=torch.long, device="cuda")
-    tagged_to_host(src[:8], torch.zeros(2, 8, dtype=torch.long, pin_memory=True), counter)
+    tagged_to_host(src[:8], torch.zeros(TAG_ROWS, 8, dtype=torch.long, pin_memory=True), counter)
     torch.cuda.synchronize()
     device = torch.cuda.current_device()
     before = len(_tagged_kernel.device_caches[device][0])
     for tag, n in enumerate((1, 5, 8, 16, 3, 13), start=2):
-        host = torch.zeros(2, n, dtype=torch.long, pin_memory=True)
+        host = torch.zeros(TAG_ROWS, n, dtype=torch.long, pin_memory=True)
         tagged_to_host(src[:n], host, counter)
         torch.cuda.synchronize()
-        assert untagged(host[tag & 1].numpy(), tag) == list(range(1, n + 1)), (n, tag)
+        assert untagged(host[tag % TAG_ROWS].numpy(), tag) == list(range(1, n + 1)), (n, tag)
     assert len(_tagged_kernel.device_caches[device][0]) == before == 1
 
 

@@ -1,0 +1,117 @@
+"""What stays allocated on the GPU after a `repro bench scale` shape, and which code allocated it (CUDA).
+
+    python3 scripts/gpu/memory-probe.py OUT_DIR [SHAPE ...]      (default: tiny gdn-1.3b)
+
+A scale run measures its shapes one after another in one process; a shape's target, drafters, buffers and
+graphs should go with it. results/2026-12-05-h100-scale-rows found ~52 GiB still allocated after the
+Qwen3.6-27B shape and 32-96 MiB after each tiny one. This runs each SHAPE's default routes through
+:func:`repro.bench.scale.measure_shape` (2 prompts x 16 tokens) with torch's allocator history on, then, after
+the shape has returned (its objects deleted, the collector run, the cache emptied): the bytes still
+allocated, whether the GraphedTarget and its decoder are alive (weak references), and the live blocks
+grouped by the innermost frame of this repository that allocated them (torch.cuda.memory._snapshot). Also
+the same after cuBLAS's per-stream workspaces are cleared. Writes OUT_DIR/memory-probe.json and prints it.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import sys
+import weakref
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # this checkout's repro, not an installed one
+
+import repro.bench.scale as bs  # noqa: E402
+from repro.models.graphed import GraphedTarget  # noqa: E402
+
+MIB = 2**20
+
+
+def frames_of(block: dict[str, Any]) -> list[dict[str, Any]]:
+    if block.get("frames"):
+        return block["frames"]
+    history = block.get("history") or [{}]
+    return history[-1].get("frames") or []
+
+
+def where(frames: list[dict[str, Any]]) -> str:
+    """The innermost frame in this repository (file:line function), else the innermost frame."""
+    for f in frames:
+        name = str(f.get("filename", ""))
+        if "/repro/" in name and "site-packages" not in name:
+            return f"{name.split('/repro/', 1)[1]}:{f.get('line')} {f.get('name')}"
+    return f"{frames[0].get('filename')}:{frames[0].get('line')}" if frames else "(no frames)"
+
+
+def live_blocks() -> list[dict[str, Any]]:
+    """Allocated blocks: bytes by allocating site, largest first."""
+    by: dict[str, int] = defaultdict(int)
+    count: dict[str, int] = defaultdict(int)
+    for seg in torch.cuda.memory._snapshot()["segments"]:
+        for b in seg["blocks"]:
+            if b["state"] == "active_allocated":
+                key = where(frames_of(b))
+                by[key] += b["size"]
+                count[key] += 1
+    rows = sorted(by.items(), key=lambda kv: -kv[1])
+    return [{"site": k, "mib": round(v / MIB, 2), "blocks": count[k]} for k, v in rows[:20]]
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    out.mkdir(parents=True, exist_ok=True)
+    shapes = sys.argv[2:] or ["tiny", "gdn-1.3b"]
+    dev = torch.device("cuda")
+    targets: list[weakref.ref] = []
+    decoders: list[weakref.ref] = []
+    init = GraphedTarget.__init__
+
+    def spy(self: GraphedTarget, *a: Any, **k: Any) -> None:
+        init(self, *a, **k)
+        targets.append(weakref.ref(self))
+        decoders.append(weakref.ref(self.decoder))
+
+    GraphedTarget.__init__ = spy  # type: ignore[method-assign]
+    torch.cuda.memory._record_memory_history(max_entries=200_000, stacks="python")
+    report: list[dict[str, Any]] = []
+    for shape in shapes:
+        routes = bs.DEFAULT_ROUTES[shape].split(",")
+        cfg = bs.ScaleConfig(shapes=[shape], routes={shape: routes}, acceptance="mal:3", prompts=2,
+                             prompt_len=64, max_new_tokens=16, warmup_tokens=4, dtype="bf16")  # fmt: skip
+        before = torch.cuda.memory_allocated(dev)
+        info = bs.measure_shape(shape, cfg, dev, bs.parse_acceptance(cfg.acceptance), lambda r: None)
+        gc.collect()
+        torch.cuda.empty_cache()
+        after = torch.cuda.memory_allocated(dev)
+        row = {
+            "shape": shape,
+            "routes": routes,
+            "peak_gib": round(info.get("peak_gpu_gib", 0.0), 3),
+            "before_mib": round(before / MIB, 1),
+            "after_mib": round(after / MIB, 1),
+            "target_alive": targets[-1]() is not None,
+            "decoder_alive": decoders[-1]() is not None,
+            "live": live_blocks(),
+        }
+        clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        if clear is not None:
+            clear()
+            torch.cuda.empty_cache()
+        row["after_cublas_clear_mib"] = round(torch.cuda.memory_allocated(dev) / MIB, 1)
+        if row["target_alive"]:
+            t = targets[-1]()
+            row["target_referrers"] = [type(r).__qualname__ for r in gc.get_referrers(t)][:12]
+            del t
+        report.append(row)
+        print(json.dumps(row, indent=1), flush=True)
+    (out / "memory-probe.json").write_text(json.dumps(report, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
