@@ -225,8 +225,8 @@ def replay_graph(graph: Any) -> None:
 _captured = [0]  # CUDA graphs captured in this process so far
 # the side stream of the captures' warm-up calls, one per device: cuBLAS keeps a workspace (32 MiB on Hopper)
 # for every stream it has run on until the process ends, so a new stream a capture (torch's pool hands out 32
-# in turn) left up to 1 GiB allocated; the probe of results/2026-12-05-h100-scale-rows saw 32-96 MiB more
-# after each tiny scale shape
+# in turn) could leave up to 1 GiB allocated. The probe of results/2026-12-05-h100-scale-rows saw 32-96 MiB
+# more after each tiny scale shape, in 32 MiB steps; scripts/gpu/memory-probe.py tells whether that was all
 _WARMUP_STREAMS: dict[torch.device, Any] = {}
 
 
