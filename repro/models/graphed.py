@@ -304,8 +304,9 @@ class GraphedTarget:
         self._pending: int | None = None  # the stash holding a pending delayed commit (host-side)
         self._result_hosts: dict[int, deque[torch.Tensor]] = {}  # per result length: host buffers in turn
         # HOST_WRITES: the stores' tag counter on the device and its mirror on the host (the last tag stored),
-        # their two host rows per result length, a capture's warm-up calls' stand-ins on the device, and the
-        # last stored result (its address, length, host row, HostWrite) until _copy_out takes it
+        # their host rows per result length (slot_kernels.TAG_ROWS), a capture's warm-up calls' stand-ins on
+        # the device, and the last stored result (its address, length, host row, HostWrite) until _copy_out
+        # takes it
         self._tags = torch.zeros(1, dtype=torch.long, device=self.device)
         self._tag = 0
         self._store_rows: dict[int, torch.Tensor] = {}
