@@ -23,16 +23,19 @@ from repro.decoding import engine
 from repro.drafters import dflash_fast
 from repro.errors import ConfigError
 from repro.models import graphed, static, static_layers, topk_kernels
+from repro.models.slot_kernels import TAG_ROWS
 
 
 @dataclass(frozen=True)
 class Switch:
-    """A module attribute of the engine that a run may set: ``kind`` bool or int (ints >= 1)."""
+    """A module attribute of the engine that a run may set: ``kind`` bool or int (ints >= 1, and at most
+    ``most`` where it is given)."""
 
     module: ModuleType
     attr: str
     kind: type
     what: str
+    most: int | None = None
 
     def read(self) -> Any:
         return getattr(self.module, self.attr)
@@ -46,7 +49,8 @@ SWITCHES: dict[str, Switch] = {
         engine, "PIPELINE", bool, "drafted device routes one step ahead of the host's read"
     ),
     "pipeline_depth": Switch(
-        engine, "PIPELINE_DEPTH", int, "steps a pipelined loop keeps launched ahead of the one the host reads"
+        engine, "PIPELINE_DEPTH", int, "steps a pipelined loop keeps launched ahead of the host's read",
+        most=TAG_ROWS - 1,
     ),
     "fuse_accept": Switch(
         graphed, "FUSE_ACCEPT", bool,
@@ -108,6 +112,8 @@ def check_switches(values: Any) -> dict[str, bool | int]:
             raise ConfigError(f"switch {name} must be true or false, got {value!r}")
         if switch.kind is int and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ConfigError(f"switch {name} must be an integer >= 1, got {value!r}")
+        if switch.most is not None and value > switch.most:
+            raise ConfigError(f"switch {name} must be an integer 1 .. {switch.most}, got {value!r}")
         out[name] = value
     return out
 

@@ -41,6 +41,7 @@ def test_switches_are_set_inside_the_block_and_restored_after_it_an_exception_in
         ({"ar_group": 0}, "switch ar_group must be an integer >= 1"),
         ({"clock_every": True}, "switch clock_every must be an integer >= 1"),
         ({"clock_every": 2.0}, "switch clock_every must be an integer >= 1"),
+        ({"pipeline_depth": 4}, "switch pipeline_depth must be an integer 1 .. 3, got 4"),
         ([("pipeline", True)], "setting switches must be a mapping"),
     ],
 )
