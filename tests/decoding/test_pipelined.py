@@ -416,14 +416,17 @@ class _Forgetful(dict):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_gpu_captures_between_a_launch_and_its_read_keep_the_stored_results(monkeypatch):
+@pytest.mark.parametrize("depth", [1, 2])
+def test_gpu_captures_between_a_launch_and_its_read_keep_the_stored_results(monkeypatch, depth):
     """graphed.HOST_WRITES: step graphs captured again on every call, so that each capture's warm-up calls
-    (real calls of a storing graph) run while the step launched before is unread on the host, give AR's
-    tokens and the records of graphs captured once: the warm-ups neither store into the host rows nor move
-    the tags (the stand-ins of GraphedTarget._store). AR's groups, a tree route and a chain route."""
+    (real calls of a storing graph) run while the steps launched before are unread on the host (one or two:
+    engine.PIPELINE_DEPTH), give AR's tokens and the records of graphs captured once: the warm-ups neither
+    store into the host rows nor move the tags (the stand-ins of GraphedTarget._store). AR's groups, a tree
+    route and a chain route."""
     import repro.models.graphed as graphed
 
     monkeypatch.setattr(graphed, "HOST_WRITES", True)
+    monkeypatch.setattr(engine, "PIPELINE_DEPTH", depth)
     model, target, prompts = _cuda_float32()
     vocab = model.config.vocab_size
     ar = build_route({"kind": "ar"}, vocab, "greedy", 0.0, 0)
