@@ -13,7 +13,7 @@ steps is launched before the last one's tokens are read; one read a group; sampl
 made on the device: :func:`device_ar_sampling`); drafted greedy routes whose
 drafter can draft after a launched step (DFlash, Weaver, static EAGLE: :func:`pipelined`) run one step ahead
 the same way (:func:`_pipelined`: step k + 1's drafter and tree read step k's result on the device, then step
-k is read). A sampling rule at
+k is read; :data:`PIPELINE_DEPTH` steps ahead, up to three). A sampling rule at
 temperature > 0 (or the replayed acceptance) on a drafted, non-sampling builder takes the same path with its
 device twin (:mod:`repro.decoding.device_acceptance`: its draws keyed by the root's output position, read
 on the device, so it pipelines too): sample_match gives the host path's tokens (AR's), spec_sampling and
