@@ -72,10 +72,12 @@ CANONICAL = {"weaver": "dflash_tfm", "eagle_tree": "specla"}
 COLUMNS = [
     "shape", "route", "kind", "acceptance", "acceptance_model", "target_MAL", "MAL", "truncated",
     "tokens_per_s", "speedup", "ci_low", "ci_high", "paper_speedup", "paper_ref", "step_ms", "draft_ms",
-    "tree_ms", "verify_ms", "commit_ms", "busy_ms", "wall_over_busy", "nodes", "steps", "launched", "prompts",
+    "tree_ms", "verify_ms", "commit_ms", "busy_ms", "wall_over_busy", "wait_ms", "nodes", "steps", "launched",
+    "prompts",
     "new_tokens", "drafter",
 ]  # fmt: skip
 BUSY_COLUMNS = ("busy_ms", "wall_over_busy")  # only where the records have graph busy times
+WAIT_COLUMNS = ("wait_ms",)  # only where the records have the host's read waits (since 2026-12-05)
 LAUNCH_COLUMNS = ("steps", "launched")  # only where the records count launched steps (since 2026-12-03)
 
 
@@ -389,6 +391,7 @@ def decode_record(
         "device_stage_s": res.device_stage_s,
         "busy_stage_s": res.busy_stage_s,
         "graph_captures": res.graph_captures,
+        "host_wait_s": res.host_wait_s,
         "truncated_steps": rule.truncated if replayed else 0,
         "acceptance": rule.process.as_dict() if replayed else None,
         "acceptance_seed": rule.seed if replayed else None,
@@ -555,6 +558,7 @@ def summary_table(records: list[dict[str, Any]]) -> pd.DataFrame:
         stage = {s: sum(stage_seconds(r)[s] for r in group) for s in STAGES}
         ms = partial(_per_step_ms, steps=steps)
         busy = busy_seconds(group)
+        waits = [r.get("host_wait_s") for r in group]
         ref = paper.get((shape, canonical(group[0]["kind"])))
         rows.append(
             {
@@ -576,6 +580,7 @@ def summary_table(records: list[dict[str, Any]]) -> pd.DataFrame:
                 **{f"{s}_ms": ms(stage[s]) for s in STAGES},
                 "busy_ms": ms(busy),
                 "wall_over_busy": decode_s / busy if busy > 0 else math.nan,
+                "wait_ms": math.nan if None in waits else ms(sum(waits)),
                 "nodes": sum(sum(r["tree_sizes"]) for r in group) / steps if steps else math.nan,
                 "steps": steps,
                 "launched": sum(r.get("launched_steps", r["steps"]) for r in group),
@@ -589,6 +594,8 @@ def summary_table(records: list[dict[str, Any]]) -> pd.DataFrame:
         table = table.drop(columns=list(BUSY_COLUMNS))
     if not any("launched_steps" in r for r in records):  # records from before the count: the same
         table = table.drop(columns=list(LAUNCH_COLUMNS))
+    if all(r.get("host_wait_s") is None for r in records):  # and before the host's read waits
+        table = table.drop(columns=list(WAIT_COLUMNS))
     for shape in table["shape"].unique():
         mine = table["shape"] == shape
         ar = table[mine & (table["kind"] == "ar")]
@@ -694,7 +701,8 @@ REPORT_COLUMNS = {  # column -> (header, format)
     "ci_high": ("95% CI high", ".2f"), "prompts": ("n", "d"), "paper_speedup": ("paper", ".2f"),
     "step_ms": ("step ms", ".2f"), "draft_ms": ("draft", ".2f"), "tree_ms": ("tree", ".2f"),
     "verify_ms": ("verify", ".2f"), "commit_ms": ("commit", ".2f"), "busy_ms": ("graphs busy", ".2f"),
-    "wall_over_busy": ("wall/busy", ".2f"), "nodes": ("nodes", ".1f"), "steps": ("steps", "d"),
+    "wall_over_busy": ("wall/busy", ".2f"), "wait_ms": ("host wait", ".3f"), "nodes": ("nodes", ".1f"),
+    "steps": ("steps", "d"),
     "launched": ("launched", "d"), "drafter": ("drafter", "s"),
 }  # fmt: skip
 
@@ -722,9 +730,11 @@ def report_markdown(
     cfg = manifest.get("config", {})
     busy = "busy_ms" in table  # summary_table leaves them out for records from before graph busy times
     launched = "launched" in table  # and the step counts for records from before launched steps
+    waits = "wait_ms" in table  # and the host's read waits for records from before them
     columns = {
         c: v for c, v in REPORT_COLUMNS.items()
         if (busy or c not in BUSY_COLUMNS) and (launched or c not in LAUNCH_COLUMNS)
+        and (waits or c not in WAIT_COLUMNS)
     }  # fmt: skip
     head = [
         "# Scale rows: e2e tokens/s at the papers' shapes, acceptance replayed",
@@ -762,6 +772,9 @@ def report_markdown(
     if busy:
         tail[-1] += (" graphs busy: the CUDA graph replays' own ms per step; wall/busy: how much longer a "
                      "step takes than its graphs run.")  # fmt: skip
+    if waits:
+        tail[-1] += (" host wait: the host's ms per step waiting for a result not on the host yet (the "
+                     "device ahead of it; near zero, the host paces the loop).")  # fmt: skip
     if launched:
         tail[-1] += (
             " steps: verify steps recorded (the ms columns are per recorded step); launched: the steps run,"

@@ -62,7 +62,7 @@ from repro.decoding.tree_builders import (
 )
 from repro.drafters.base import DraftContext, Drafter, PipelinedDrafter
 from repro.errors import ConfigError
-from repro.models.graphed import GraphedState, GraphedTarget, LaunchedStep
+from repro.models.graphed import GraphedState, GraphedTarget, LaunchedStep, read_wait_s
 from repro.models.graphs import busy_recorder, generation_stream, graphs_captured
 from repro.models.hybrid import PREFILL_CHUNK, HybridLM, Verification
 from repro.models.state import ModelState
@@ -124,6 +124,9 @@ class DecodeResult:
     # verify steps run: the recorded ones plus the pipelined loop's steps launched past the end, whose time
     # is in decode_s and the stage sums (None: no step ran past the end)
     launched_steps: int | None = None
+    # seconds of decode_s the host waited for step results not on the host yet (graphed.read_wait_s: the
+    # device ahead); None off the graphed target
+    host_wait_s: float | None = None
 
     @property
     def steps(self) -> int:
@@ -518,7 +521,7 @@ def _generate(
     state, ver = _prefill(model, prompt_ids, capture, drafter, route.commit)
     out = [route.rule.pick(ver.logits[-1], 0)]
     t1 = _clock(dev)
-    captured = graphs_captured()
+    captured, waited = graphs_captured(), read_wait_s()
     clock = StageClock(dev, sync=not on_device)
     lengths: list[int] = []
     sizes: list[int] = []
@@ -581,6 +584,8 @@ def _generate(
     result.device_stage_s = clock.device_s()
     result.busy_stage_s = clock.busy_s()
     result.graph_captures = graphs_captured() - captured
+    if isinstance(model, GraphedTarget):
+        result.host_wait_s = read_wait_s() - waited
     if past_end:
         result.launched_steps = len(lengths) + past_end
     return result

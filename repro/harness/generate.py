@@ -115,6 +115,7 @@ def generate_one(
         "device_stage_s": result.device_stage_s,
         "busy_stage_s": result.busy_stage_s,
         "graph_captures": result.graph_captures,
+        "host_wait_s": result.host_wait_s,
         "identical_to_ar": None if reference is None else result.output_ids == reference,
         "engine": "graphed" if isinstance(decoder, GraphedTarget) else "eager",
     }

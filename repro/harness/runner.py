@@ -71,6 +71,7 @@ def make_record(
         busy_stage_s=result.busy_stage_s,
         graph_captures=result.graph_captures,
         launched_steps=result.launched_steps,
+        host_wait_s=result.host_wait_s,
         output_ids=result.output_ids,
         output_sha256=sha256_ids(result.output_ids),
         finish_reason=result.finish_reason,

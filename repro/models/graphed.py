@@ -144,24 +144,42 @@ class HostWrite:
     tag: int
 
 
+_read_wait = [0.0]  # seconds read_back has waited for results still on their way, in this process
+
+
+def read_wait_s() -> float:
+    """The seconds :func:`read_back` has waited so far in this process for results not yet on the host
+    (the engine subtracts two readings: a generation's wait, the host ahead of the device; near zero, the
+    host paces the loop)."""
+    return _read_wait[0]
+
+
 def read_back(host: torch.Tensor, copied: Any, wait_s: float = READ_WAIT_S) -> list[int]:
     """``host`` listed once ``copied`` has completed: the CUDA event recorded after its copy from the device
     was queued, or the :class:`HostWrite` whose tagged elements are polled until all have landed (after
     ``wait_s`` the device is synchronized once; still missing: RuntimeError); None on CPU. The only
-    device-to-host read of a greedy step on the graphed target."""
+    device-to-host read of a greedy step on the graphed target. The time from the first look at a result
+    not there yet to its arrival counts in :func:`read_wait_s`."""
     if isinstance(copied, HostWrite):
         from repro.models.slot_kernels import untagged
 
-        words, deadline = host.numpy(), time.perf_counter() + wait_s
+        words = host.numpy()
+        if (got := untagged(words, copied.tag)) is not None:
+            return got
+        start = time.perf_counter()
+        deadline = start + wait_s
         while (got := untagged(words, copied.tag)) is None:
             if time.perf_counter() > deadline:
                 torch.cuda.synchronize()
                 if (got := untagged(words, copied.tag)) is None:
                     raise RuntimeError("a step's result never reached the host (tagged stores missing)")
                 break
+        _read_wait[0] += time.perf_counter() - start
         return got
-    if copied is not None:
+    if copied is not None and not copied.query():
+        start = time.perf_counter()
         copied.synchronize()
+        _read_wait[0] += time.perf_counter() - start
     return host.tolist()
 
 

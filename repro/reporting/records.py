@@ -118,6 +118,7 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     **dict.fromkeys(("device_stage_s", "busy_stage_s"), (dict, type(None))),
     "graph_captures": (int, type(None)),
     "launched_steps": (int, type(None)),
+    "host_wait_s": (int, float, type(None)),
 }
 
 
@@ -156,6 +157,9 @@ class DecodeRecord:
     # steps the decode ran when more than ``steps`` (a pipelined loop's step past the end, AR's groups
     # launched ahead of a stop): their time is in decode_s; None: as many as ``steps``, or old records
     launched_steps: int | None = None
+    # seconds of decode_s the host waited for step results still on their way (the device ahead of it);
+    # None: off the graphed engine, or old records
+    host_wait_s: float | None = None
 
     @property
     def key(self) -> RecordKey:
@@ -218,7 +222,7 @@ class DecodeRecord:
             raise ValueError(f"vs_ar {self.vs_ar!r} is not one of {VS_AR_FIXED} or 'diverged at token k'")
         if self.output_sha256 != sha256_ids(self.output_ids):
             raise ValueError("output_sha256 does not match sha256_ids(output_ids)")
-        if self.decode_s < 0 or self.prefill_s < 0:
+        if self.decode_s < 0 or self.prefill_s < 0 or (self.host_wait_s or 0) < 0:
             raise ValueError("negative time")
 
     def to_dict(self) -> dict[str, Any]:

@@ -55,9 +55,11 @@ SUMMARY_COLUMNS = [
     "busy_step_ms",
     *(f"busy_{s}_ms" for s in STAGES),
     "wall_over_busy",
+    "host_wait_ms",
 ]
 DEVICE_COLUMNS = ["device_step_ms", *(f"device_{s}_ms" for s in STAGES)]  # runs with device times only
 BUSY_COLUMNS = ["busy_step_ms", *(f"busy_{s}_ms" for s in STAGES), "wall_over_busy"]  # runs with graphs only
+WAIT_COLUMNS = ["host_wait_ms"]  # runs whose records have the host's read waits (the graphed engine) only
 HISTOGRAM_COLUMNS = ["route", "length", "steps", "share", "accept_rate", "cond_accept_rate"]
 
 
@@ -172,6 +174,8 @@ def _aggregate(recs: list[DecodeRecord], statuses: dict, distinct_prompts: int) 
         row[f"busy_{s}_ms"] = 1000 * _ratio(sum(float(b.get(s, 0.0)) for b in with_busy), busy_steps)
     row["busy_step_ms"] = sum(row[f"busy_{s}_ms"] for s in STAGES)
     row["wall_over_busy"] = _ratio(row["step_ms"], row["busy_step_ms"])
+    waits = [r.host_wait_s for r in recs if r.host_wait_s is not None]
+    row["host_wait_ms"] = 1000 * _ratio(sum(waits), steps if len(waits) == len(recs) else 0)
     return row
 
 
@@ -242,6 +246,8 @@ def summarize(records: Iterable[DecodeRecord | dict[str, Any]]) -> pd.DataFrame:
         hidden |= set(BUSY_COLUMNS)
     if all(r.launched_steps is None for r in recs):  # every step recorded: the column says nothing
         hidden.add("launched_steps")
+    if all(r.host_wait_s is None for r in recs):
+        hidden |= set(WAIT_COLUMNS)
     df = pd.DataFrame(rows, columns=[c for c in SUMMARY_COLUMNS if c not in hidden])
     suite_order = {s: i for i, s in enumerate([*suites, ALL_SUITES])}
     df["_order"] = df["suite"].map(suite_order)
@@ -482,6 +488,7 @@ _FORMATS = {
     "busy_step_ms": "{:.3f}",
     **{f"busy_{s}_ms": "{:.3f}" for s in STAGES},
     "wall_over_busy": "{:.2f}",
+    "host_wait_ms": "{:.3f}",
     "graphs_speedup": "{:.2f}x",
     "free_draft": "{:.2f}x",
     "verify_only": "{:.2f}x",
@@ -679,16 +686,24 @@ def build_report(run: Run, figures_dir: Path | None) -> str:
         ]
         if set(SUMMARY_DEVICE) <= set(summary.columns):
             busy = [c for c in BUSY_COLUMNS if c in summary]
+            waits = [c for c in WAIT_COLUMNS if c in summary and busy]
             lines += [
                 "## Device time per stage (CUDA events at the stage marks, ms per verify step)",
                 "",
-                markdown_table(summary[SUMMARY_DEVICE + busy]),
+                markdown_table(summary[SUMMARY_DEVICE + busy + waits]),
                 "",
             ]
             if busy:
+                wait_text = (
+                    " host_wait_ms: the host's time a step waiting for a result not on the host yet (the"
+                    " device ahead of it); near zero, the host paces the loop and the device waits between"
+                    " its graphs instead."
+                    if waits
+                    else ""
+                )
                 lines += [
                     "busy_*: the CUDA graph replays' own time in each stage; wall_over_busy = step_ms /"
-                    " busy_step_ms, how much longer a step takes than its graphs run.",
+                    " busy_step_ms, how much longer a step takes than its graphs run." + wait_text,
                     "",
                     *host_bound_lines(summary),
                 ]

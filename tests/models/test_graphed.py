@@ -657,3 +657,34 @@ def test_results_read_from_tagged_stores_give_the_same_generations(request):
         if tagged:
             assert kinds and set(kinds) == {graphed.HostWrite}, kinds
     assert runs[0] == runs[1]
+
+
+def test_read_back_counts_only_the_time_a_result_was_still_on_its_way():
+    """``read_wait_s``: a result already on the host adds nothing; one whose tagged stores land 50 ms
+    after the read began adds that wait (the host ahead of the device). A generation on the graphed
+    target records its waits (``host_wait_s``; none on the CPU, whose copies are done when made), one on
+    a HybridLM none."""
+    import threading
+    import time
+
+    from repro.models.graphed import HostWrite, read_back, read_wait_s
+    from repro.models.slot_kernels import TAG_BITS
+
+    landed = (torch.arange(4) << TAG_BITS) | 7
+    before = read_wait_s()
+    assert read_back(landed.clone(), HostWrite(7)) == [0, 1, 2, 3] and read_wait_s() == before
+    row = torch.zeros(4, dtype=torch.long)
+
+    def land() -> None:
+        time.sleep(0.05)
+        row.copy_(landed)
+
+    writer = threading.Thread(target=land)
+    writer.start()
+    assert read_back(row, HostWrite(7)) == [0, 1, 2, 3]
+    writer.join()
+    assert read_wait_s() - before >= 0.04
+    model, prompt = small_hybrid(11), small_ids(10, 12)
+    route = device_routes()[0]
+    assert generate(GraphedTarget(model, max_len=64, max_nodes=32), prompt, route, 8).host_wait_s == 0
+    assert generate(model, prompt, route, 8).host_wait_s is None

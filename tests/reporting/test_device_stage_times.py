@@ -153,3 +153,32 @@ def test_outside_the_graphs_per_turn_median_turns_over_twice_it_and_the_worst(tm
     assert "## Outside the graphs" in text and "| gsm8k/d turn 0 " in text
     assert outside_graphs([make_record()]).empty
     assert "## Outside the graphs" not in build_report(Run(tmp_path, DECODE_KIND, {}, [make_record()]), None)
+
+
+def test_host_waits_per_step_beside_wall_over_busy_only_when_records_have_them(tmp_path):
+    """``host_wait_s`` (the host's read waits, the graphed engine's records) round-trips, is reported as
+    host_wait_ms per verify step after wall_over_busy with its caption, is absent for records without it
+    (older runs rebuild as they were), and a negative wait is refused."""
+    from repro.reporting.report import DECODE_KIND, WAIT_COLUMNS, build_report
+    from repro.reporting.rundir import Run
+
+    rec = dataclasses.replace(make_record(), device_stage_s=DEVICE, busy_stage_s=BUSY, host_wait_s=0.006)
+    assert DecodeRecord.from_json(rec.to_json()).host_wait_s == 0.006
+    old = rec.to_dict()
+    del old["host_wait_s"]
+    assert DecodeRecord.from_dict(old).host_wait_s is None
+    row = summarize([rec]).iloc[-1]
+    assert row["host_wait_ms"] == pytest.approx(2.0)  # 6 ms over 3 steps
+    without = dataclasses.replace(rec, host_wait_s=None)
+    assert not set(WAIT_COLUMNS) & set(summarize([without]).columns)
+    mixed = summarize([rec, dataclasses.replace(without, prompt_id="p1")])
+    assert math.isnan(mixed.iloc[-1]["host_wait_ms"])  # all or none: no partial sums
+    text = build_report(Run(tmp_path, DECODE_KIND, {}, [rec]), None)
+    table = text.split("## Device time per stage")[1].split("##")[0]
+    lines = [line for line in table.strip().splitlines() if line.startswith("|")]
+    assert [c.strip() for c in lines[0].strip("|").split("|")][-2:] == ["wall_over_busy", "host_wait_ms"]
+    assert [c.strip() for c in lines[-1].strip("|").split("|")][-1] == "2.000"
+    assert "host_wait_ms: the host's time a step waiting" in table
+    assert "host_wait_ms" not in build_report(Run(tmp_path, DECODE_KIND, {}, [without]), None)
+    with pytest.raises(ValueError, match="negative time"):
+        dataclasses.replace(rec, host_wait_s=-0.001).validate()
