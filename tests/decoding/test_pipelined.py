@@ -375,6 +375,28 @@ def test_settle_needs_an_ingested_path(setup):
         BestFirst(4).build_device(torch.tensor([3]), None)
 
 
+def test_three_steps_ahead_read_their_results_from_rows_of_their_own(setup, monkeypatch, tagged_stores):
+    """graphed.HOST_WRITES's path on the CPU (the kernel's tagged stores stood in by torch ops: a step's
+    result lands when the step is launched): three steps ahead of the read, a step's row is read after the
+    three launched behind it stored theirs, and the records are the step-by-step loop's. Were two of the
+    four in one row (two rows, as before the depth), the read would wait for a tag its row no longer holds."""
+    import repro.models.graphed as graphed
+
+    model, prompts, _ = setup
+    target = GraphedTarget(model, max_len=64, graphs=False)
+    for name in ("chain", "ddtree"):
+        route = _routes(target)[name]
+        monkeypatch.setattr(engine, "PIPELINE", False)
+        want = generate(target, prompts[1], route, 40)
+        monkeypatch.setattr(engine, "PIPELINE", True)
+        monkeypatch.setattr(engine, "PIPELINE_DEPTH", 3)
+        tagged_stores.clear()
+        got = generate(target, prompts[1], route, 40)
+        assert _fields(got) == _fields(want), name
+        assert set(tagged_stores) == {graphed.HostWrite} and len(tagged_stores) == got.steps + _past_end(got)
+        assert got.steps > 4, name  # steps enough for the rows to come round
+
+
 @pytest.mark.parametrize("depth", [0, 4])
 def test_a_depth_past_the_host_rows_is_refused(setup, monkeypatch, depth):
     """``engine.PIPELINE_DEPTH`` outside 1 .. TAG_ROWS - 1 (the host rows a result lands in) is one clear
