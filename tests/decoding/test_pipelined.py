@@ -78,8 +78,8 @@ def test_pipelined_steps_equal_the_step_by_step_loop_and_ar(setup, monkeypatch, 
     """Both loops on the same graphed target: identical records, AR's tokens, for a long limit and
     limits that end inside a step or at the prefill's token, with 1-3 steps launched ahead of the read
     (``engine.PIPELINE_DEPTH``); the pipelined loop reads once a step, plus the steps launched past the end
-    (at most the depth, none once the unread steps must reach the limit), and leaves no ingested path
-    unsettled."""
+    (at most the depth, none once the unread steps must reach the limit: limit 2, one step), and leaves no
+    ingested path unsettled."""
     import repro.models.graphed as graphed
 
     monkeypatch.setattr(engine, "PIPELINE_DEPTH", depth)
@@ -92,7 +92,7 @@ def test_pipelined_steps_equal_the_step_by_step_loop_and_ar(setup, monkeypatch, 
     real = graphed.read_back
     monkeypatch.setattr(graphed, "read_back", lambda h, c: reads.append(1) or real(h, c))
     for prompt, ref in zip(prompts, reference):
-        for limit in (40, 7, 1):
+        for limit in (40, 7, 2, 1):
             monkeypatch.setattr(engine, "PIPELINE", False)
             want = generate(target, prompt, route, limit)
             monkeypatch.setattr(engine, "PIPELINE", True)
@@ -102,6 +102,8 @@ def test_pipelined_steps_equal_the_step_by_step_loop_and_ar(setup, monkeypatch, 
             assert got.output_ids == ref[:limit]
             assert len(reads) == got.steps + _past_end(got)  # limit 1: the prefill's token, no step
             assert _past_end(got) <= (depth if got.steps else 0), (name, limit, got.launched_steps)
+            if limit == 2:  # the first step must reach the limit: nothing is launched behind it
+                assert got.steps == 1 and _past_end(got) == 0, (name, got.launched_steps)
             assert not _unsettled(route.drafter)
             assert set(got.device_stage_s) == set(engine.STAGES)
     assert max(max(want.accepted_lengths) for want in [generate(target, prompts[1], route, 40)]) > 1
