@@ -436,7 +436,13 @@ def measure_shape(
     del routes, target, model
     gc.collect()
     if device.type == "cuda":
+        # what the shape left allocated once its objects are gone and cuBLAS's per-stream workspaces are let
+        # go (none, unless something holds them): the report names it, the next shape's peak includes it
+        clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        if clear is not None:
+            clear()
         torch.cuda.empty_cache()
+        info["left_gpu_gib"] = max(0.0, torch.cuda.memory_allocated(device) / 2**30 - held)
     return info
 
 
@@ -502,15 +508,18 @@ def paper_speedups() -> dict[tuple[str, str], tuple[float, str]]:
 
 def memory_lines(manifest: dict[str, Any]) -> list[str]:
     """The report's line on the GPU memory each shape's measurement peaked at (torch's allocations: the
-    target, drafters, static buffers, graphs and their pools; what the shapes before it left allocated
-    named) beside the card's, with a blank line after it; none for runs that did not record it."""
+    target, drafters, static buffers, graphs and their pools; what the shapes before it left allocated, and
+    what it left itself once its objects were gone, named) beside the card's, with a blank line after it;
+    none for runs that did not record it."""
     models = {s: m for s, m in (manifest.get("models") or {}).items() if "peak_gpu_gib" in m}
     if not models:
         return []
 
     def held(m: dict[str, Any]) -> str:
         gib = m.get("held_gpu_gib", 0.0)
-        return f" ({gib:.1f} of it left allocated by the shapes before)" if gib >= 0.05 else ""
+        before = f" ({gib:.1f} of it left allocated by the shapes before)" if gib >= 0.05 else ""
+        left = m.get("left_gpu_gib", 0.0)
+        return before + (f", {left:.1f} GiB left allocated after it" if left >= 0.05 else "")
 
     each = ", ".join(f"{shape} {m['peak_gpu_gib']:.1f} GiB{held(m)}" for shape, m in models.items())
     total = manifest.get("gpu_memory_gib")

@@ -265,6 +265,7 @@ def test_tiny_shape_on_cuda_graphs(tmp_path):
     assert manifest["models"]["tiny"]["graphs_captured"] > 0
     tiny = manifest["models"]["tiny"]
     assert 0 <= tiny["held_gpu_gib"] < tiny["peak_gpu_gib"] < manifest["gpu_memory_gib"]
+    assert tiny["left_gpu_gib"] < 0.01  # the shape's target, drafters, buffers and graphs went with it
 
 
 @pytest.mark.parametrize("name", ["dflash_chain", "ddtree", "dflash_tfm", "fla_sd", "eagle_chain", "specla"])
@@ -433,6 +434,9 @@ def test_the_report_gives_each_shapes_peak_gpu_memory_only_when_the_run_recorded
     models["gdn-1.3b"]["held_gpu_gib"] = 52.04
     text = bs.report_markdown(table, {"models": models, "gpu_memory_gib": 79.18})
     assert "61.2 GiB, gdn-1.3b 5.0 GiB (52.0 of it left allocated by the shapes before) of the" in text
+    models["qwen3.6-27b"]["left_gpu_gib"] = 52.04  # what a shape left once its objects were gone
+    text = bs.report_markdown(table, {"models": models, "gpu_memory_gib": 79.18})
+    assert "qwen3.6-27b 61.2 GiB, 52.0 GiB left allocated after it, gdn-1.3b 5.0 GiB (52.0 of it" in text
     assert "Peak GPU memory" not in bs.report_markdown(table, {"models": {"s": {"setup_s": 1.0}}})
 
 
