@@ -739,7 +739,7 @@ def report_markdown(
     cfg = manifest.get("config", {})
     busy = "busy_ms" in table  # summary_table leaves them out for records from before graph busy times
     launched = "launched" in table  # and the step counts for records from before launched steps
-    waits = "wait_ms" in table  # and the host's read waits for records from before them
+    waits = busy and "wait_ms" in table  # the host's read waits beside the graphs' time (none before them)
     columns = {
         c: v for c, v in REPORT_COLUMNS.items()
         if (busy or c not in BUSY_COLUMNS) and (launched or c not in LAUNCH_COLUMNS)

@@ -347,6 +347,7 @@ def scale_record(route: str, **fields: Any) -> dict[str, Any]:
 
 
 def test_the_table_gives_graph_busy_ms_and_wall_over_busy_only_when_records_have_them():
+    """And the host's read waits a step beside them (the graphed engine's records since 2026-12-05)."""
     record = scale_record("ar")
     old = bs.summary_table([record])
     assert not {"busy_ms", "wall_over_busy"} & set(old.columns)
@@ -359,6 +360,15 @@ def test_the_table_gives_graph_busy_ms_and_wall_over_busy_only_when_records_have
     text = bs.report_markdown(new, {})
     (row,) = [line for line in text.splitlines() if line.startswith("| s | ar |")]
     assert "| commit | graphs busy | wall/busy | nodes |" in text and "| 0.50 | 1.25 | 4.00 | 1.0 |" in row
+    waited = bs.summary_table([{**record, "busy_stage_s": busy, "host_wait_s": 0.006}])  # 1.5 ms a step
+    assert waited.iloc[0]["wait_ms"] == pytest.approx(1.5)
+    text = bs.report_markdown(waited, {})
+    (row,) = [line for line in text.splitlines() if line.startswith("| s | ar |")]
+    assert "| graphs busy | wall/busy | host wait | nodes |" in text and "| 4.00 | 1.500 | 1.0 |" in row
+    assert "host wait: the host's ms per step waiting" in text
+    assert "wait_ms" not in new and "host wait" not in bs.report_markdown(new, {})  # records without it
+    no_busy = bs.summary_table([{**record, "host_wait_s": 0.0}])  # a CPU run: no graphs, no wait column
+    assert "host wait" not in bs.report_markdown(no_busy, {})
 
 
 def test_a_routes_speedup_has_its_paired_interval_over_the_prompts():
