@@ -73,8 +73,7 @@ COLUMNS = [
     "shape", "route", "kind", "acceptance", "acceptance_model", "target_MAL", "MAL", "truncated",
     "tokens_per_s", "speedup", "ci_low", "ci_high", "paper_speedup", "paper_ref", "step_ms", "draft_ms",
     "tree_ms", "verify_ms", "commit_ms", "busy_ms", "wall_over_busy", "wait_ms", "nodes", "steps", "launched",
-    "prompts",
-    "new_tokens", "drafter",
+    "prompts", "new_tokens", "drafter",
 ]  # fmt: skip
 BUSY_COLUMNS = ("busy_ms", "wall_over_busy")  # only where the records have graph busy times
 WAIT_COLUMNS = ("wait_ms",)  # only where the records have the host's read waits (since 2026-12-05)
