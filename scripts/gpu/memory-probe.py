@@ -3,13 +3,14 @@
     python3 scripts/gpu/memory-probe.py OUT_DIR [SHAPE ...]      (default: tiny gdn-1.3b)
 
 A scale run measures its shapes one after another in one process; a shape's target, drafters, buffers and
-graphs should go with it. results/2026-12-05-h100-scale-rows found ~52 GiB still allocated after the
-Qwen3.6-27B shape and 32-96 MiB after each tiny one. This runs each SHAPE's default routes through
+graphs should go with it. results/2026-12-05-h100-scale-rows inferred ~52 GiB still allocated after the
+Qwen3.6-27B shape (from the next shape's peak, which counts what it started with) and measured 32-96 MiB more
+after each tiny one. This runs each SHAPE's default routes through
 :func:`repro.bench.scale.measure_shape` (2 prompts x 16 tokens) with torch's allocator history on, then, after
 the shape has returned (its objects deleted, the collector run, the cache emptied): the bytes still
-allocated, whether the GraphedTarget and its decoder are alive (weak references), and the live blocks
-grouped by the innermost frame of this repository that allocated them (torch.cuda.memory._snapshot). Also
-the same after cuBLAS's per-stream workspaces are cleared. Writes OUT_DIR/memory-probe.json and prints it.
+allocated (cuBLAS's per-stream workspaces let go: the shape's ``left_gpu_gib``), whether the GraphedTarget
+and its decoder are alive (weak references), and the live blocks grouped by the innermost frame of this
+repository that allocated them (torch.cuda.memory._snapshot). Writes OUT_DIR/memory-probe.json and prints it.
 """
 
 from __future__ import annotations
@@ -85,25 +86,19 @@ def main() -> None:
         cfg = bs.ScaleConfig(shapes=[shape], routes={shape: routes}, acceptance="mal:3", prompts=2,
                              prompt_len=64, max_new_tokens=16, warmup_tokens=4, dtype="bf16")  # fmt: skip
         before = torch.cuda.memory_allocated(dev)
+        # measure_shape deletes its objects, collects and lets cuBLAS's workspaces go before it returns
         info = bs.measure_shape(shape, cfg, dev, bs.parse_acceptance(cfg.acceptance), lambda r: None)
-        gc.collect()
-        torch.cuda.empty_cache()
-        after = torch.cuda.memory_allocated(dev)
         row = {
             "shape": shape,
             "routes": routes,
-            "peak_gib": round(info.get("peak_gpu_gib", 0.0), 3),
+            "peak_gib": round(info["peak_gpu_gib"], 3),
             "before_mib": round(before / MIB, 1),
-            "after_mib": round(after / MIB, 1),
+            "after_mib": round(torch.cuda.memory_allocated(dev) / MIB, 1),
+            "left_gib": round(info["left_gpu_gib"], 3),
             "target_alive": targets[-1]() is not None,
             "decoder_alive": decoders[-1]() is not None,
             "live": live_blocks(),
         }
-        clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
-        if clear is not None:
-            clear()
-            torch.cuda.empty_cache()
-        row["after_cublas_clear_mib"] = round(torch.cuda.memory_allocated(dev) / MIB, 1)
         if row["target_alive"]:
             t = targets[-1]()
             row["target_referrers"] = [type(r).__qualname__ for r in gc.get_referrers(t)][:12]
