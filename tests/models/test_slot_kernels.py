@@ -63,11 +63,15 @@ def _trees(device: str) -> list[tuple[str, int, torch.Tensor, torch.Tensor]]:
 
 
 def derive_mismatches(device: str) -> list[str]:
-    """Trees where derive_slot differs from the host's NumPy tensors."""
+    """Trees where derive_slot differs from the host's NumPy tensors (every tree kind, 1-100 nodes, the
+    default rows a program and 4 and 64; on the CPU the default's 100-node trees only as a chain: one row a
+    program walking to the root is the interpreter's slowest case, and the chain's walks are the longest)."""
     from repro.models.slot_kernels import derive_slot
 
     bad = []
     for (kind, n, tokens, parents), rows in itertools.product(_trees(device), (None, 4, 64)):
+        if device == "cpu" and n == 100 and rows is None and kind != "chain":
+            continue
         width = 4
         depth = torch.full((n,), -7, dtype=torch.long, device=device)
         anc = torch.ones(n, n, dtype=torch.bool, device=device)
