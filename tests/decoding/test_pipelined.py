@@ -72,17 +72,15 @@ def _past_end(res) -> int:
     return (res.launched_steps or res.steps) - res.steps
 
 
-@pytest.mark.parametrize("depth", [1, 2, 3])
 @pytest.mark.parametrize("name", [s["name"] for s in SPECS])
-def test_pipelined_steps_equal_the_step_by_step_loop_and_ar(setup, monkeypatch, name, depth):
+def test_pipelined_steps_equal_the_step_by_step_loop_and_ar(setup, monkeypatch, name):
     """Both loops on the same graphed target: identical records, AR's tokens, for a long limit and
-    limits that end inside a step or at the prefill's token, with 1-3 steps launched ahead of the read
-    (``engine.PIPELINE_DEPTH``); the pipelined loop reads once a step, plus the steps launched past the end
-    (at most the depth, none once the unread steps must reach the limit: limit 2, one step), and leaves no
-    ingested path unsettled."""
+    limits that end inside a step or at the prefill's token, with 1, 2 and 3 steps launched ahead of the
+    read (``engine.PIPELINE_DEPTH``; the step-by-step loop's records made once for all three); the
+    pipelined loop reads once a step, plus the steps launched past the end (at most the depth, none once the
+    unread steps must reach the limit: limit 2, one step), and leaves no ingested path unsettled."""
     import repro.models.graphed as graphed
 
-    monkeypatch.setattr(engine, "PIPELINE_DEPTH", depth)
     model, prompts, reference = setup
     target = GraphedTarget(model, max_len=64, graphs=False)  # 64: the buffers grow during the run
     route = _routes(target)[name]
@@ -96,20 +94,29 @@ def test_pipelined_steps_equal_the_step_by_step_loop_and_ar(setup, monkeypatch, 
             monkeypatch.setattr(engine, "PIPELINE", False)
             want = generate(target, prompt, route, limit)
             monkeypatch.setattr(engine, "PIPELINE", True)
-            reads.clear()
-            got = generate(target, prompt, route, limit)
-            assert _fields(got) == _fields(want), (name, limit)
-            assert got.output_ids == ref[:limit]
-            assert len(reads) == got.steps + _past_end(got)  # limit 1: the prefill's token, no step
-            assert _past_end(got) <= (depth if got.steps else 0), (name, limit, got.launched_steps)
-            if limit == 2:  # the first step must reach the limit: nothing is launched behind it
-                assert got.steps == 1 and _past_end(got) == 0, (name, got.launched_steps)
-            assert not _unsettled(route.drafter)
-            assert set(got.device_stage_s) == set(engine.STAGES)
+            for depth in (1, 2, 3):
+                monkeypatch.setattr(engine, "PIPELINE_DEPTH", depth)
+                reads.clear()
+                got = generate(target, prompt, route, limit)
+                at = (name, limit, depth, got.launched_steps)
+                assert _fields(got) == _fields(want), at
+                assert got.output_ids == ref[:limit]
+                assert len(reads) == got.steps + _past_end(got), at  # limit 1: the prefill's token, no step
+                assert _past_end(got) <= (depth if got.steps else 0), at
+                if limit == 2:  # the first step must reach the limit: nothing is launched behind it
+                    assert got.steps == 1 and _past_end(got) == 0, at
+                assert not _unsettled(route.drafter), at
+                assert set(got.device_stage_s) == set(engine.STAGES)
     assert max(max(want.accepted_lengths) for want in [generate(target, prompts[1], route, 40)]) > 1
 
 
 SAMPLED = ["chain", "ddtree", "weaver", "specla-delayed"]
+
+
+def _rule_counters(route, since: tuple[int, int] = (0, 0)) -> tuple[int, int]:  # noqa: ANN001
+    """The replayed rule's (steps, truncated) counters (0 for other rules), less ``since``."""
+    steps, truncated = getattr(route.rule, "steps", 0), getattr(route.rule, "truncated", 0)
+    return steps - since[0], truncated - since[1]
 
 
 @pytest.mark.parametrize("rule", ["sample_match", "spec_sampling", "traversal", "replayed"])
@@ -138,24 +145,25 @@ def test_pipelined_sampling_steps_equal_the_step_by_step_loop(setup, monkeypatch
         if rule == "replayed":
             route = replayed(route, process, 7)
         assert pipelined(target, route) and not engine.device_greedy(target, route)
-        for limit, depth in ((30, 1), (5, 1), (30, 2)):
-            counts = [(getattr(route.rule, "steps", 0), getattr(route.rule, "truncated", 0))]
+        for limit, depths in ((30, (1, 2)), (5, (1,))):
+            before = _rule_counters(route)
             monkeypatch.setattr(engine, "PIPELINE", False)
             want = generate(target, prompts[1], route, limit)
-            counts.append((getattr(route.rule, "steps", 0), getattr(route.rule, "truncated", 0)))
+            wanted = _rule_counters(route, before)
             monkeypatch.setattr(engine, "PIPELINE", True)
-            monkeypatch.setattr(engine, "PIPELINE_DEPTH", depth)
-            reads.clear()
-            got = generate(target, prompts[1], route, limit)
-            counts.append((getattr(route.rule, "steps", 0), getattr(route.rule, "truncated", 0)))
-            assert _fields(got) == _fields(want), (spec["name"], limit, depth)
-            assert len(reads) == got.steps + _past_end(got) and _past_end(got) <= depth
-            if rule == "sample_match":
-                assert got.output_ids == sampled_ar[:limit], spec["name"]
-            (s0, t0), (s1, t1), (s2, t2) = counts
-            assert (s2 - s1, t2 - t1) == (s1 - s0, t1 - t0)  # the replayed rule's counters: the same steps
-            assert s2 - s1 == (got.steps if rule == "replayed" else 0)
-            longest = max(longest, *got.accepted_lengths)
+            for depth in depths:
+                monkeypatch.setattr(engine, "PIPELINE_DEPTH", depth)
+                reads.clear()
+                before = _rule_counters(route)
+                got = generate(target, prompts[1], route, limit)
+                counted = _rule_counters(route, before)
+                assert _fields(got) == _fields(want), (spec["name"], limit, depth)
+                assert len(reads) == got.steps + _past_end(got) and _past_end(got) <= depth
+                if rule == "sample_match":
+                    assert got.output_ids == sampled_ar[:limit], spec["name"]
+                assert counted == wanted  # the replayed rule's counters: the same steps
+                assert counted[0] == (got.steps if rule == "replayed" else 0)
+                longest = max(longest, *got.accepted_lengths)
     assert longest > 1
 
 
