@@ -782,7 +782,7 @@ def report_markdown(
                      "step takes than its graphs run.")  # fmt: skip
     if waits:
         tail[-1] += (" host wait: the host's ms per step waiting for a result not on the host yet (the "
-                     "device ahead of it; near zero, the host paces the loop).")  # fmt: skip
+                     "host ahead of the device; near zero, the host paces the loop).")  # fmt: skip
     if launched:
         tail[-1] += (
             " steps: verify steps recorded (the ms columns are per recorded step); launched: the steps run,"

@@ -125,7 +125,7 @@ class DecodeResult:
     # is in decode_s and the stage sums (None: no step ran past the end)
     launched_steps: int | None = None
     # seconds of decode_s the host waited for step results not on the host yet (graphed.read_wait_s: the
-    # device ahead); None off the graphed target
+    # host ahead of the device); None off the graphed target
     host_wait_s: float | None = None
 
     @property

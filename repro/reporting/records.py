@@ -157,7 +157,7 @@ class DecodeRecord:
     # steps the decode ran when more than ``steps`` (a pipelined loop's step past the end, AR's groups
     # launched ahead of a stop): their time is in decode_s; None: as many as ``steps``, or old records
     launched_steps: int | None = None
-    # seconds of decode_s the host waited for step results still on their way (the device ahead of it);
+    # seconds of decode_s the host waited for step results still on their way (the host ahead of the device);
     # None: off the graphed engine, or old records
     host_wait_s: float | None = None
 

@@ -696,8 +696,8 @@ def build_report(run: Run, figures_dir: Path | None) -> str:
             if busy:
                 wait_text = (
                     " host_wait_ms: the host's time a step waiting for a result not on the host yet (the"
-                    " device ahead of it); near zero, the host paces the loop and the device waits between"
-                    " its graphs instead."
+                    " host ahead of the device); near zero, the host paces the loop and the device waits"
+                    " between its graphs instead."
                     if waits
                     else ""
                 )
