@@ -7,6 +7,9 @@ __version__ = "0.1.0"
 
 CACHE_ENV = "REPRO_CACHE"
 
+if os.environ.get("TRITON_INTERPRET"):  # Triton's CPU interpreter: repro's patches to it before any kernel
+    from repro import triton_interpreter  # noqa: E402, F401
+
 
 def cache_dir() -> Path:
     """repro's cache folder (downloaded archives, checkpoint fingerprints): $REPRO_CACHE, else

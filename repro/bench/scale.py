@@ -402,12 +402,37 @@ def decode_record(
 def measure_shape(
     shape: str, cfg: ScaleConfig, device: torch.device, spec: AcceptanceSpec, emit: Callable[[dict], None]
 ) -> dict[str, Any]:
-    """Every (prompt, route) of one shape, prompts outermost and routes interleaved; returns model info."""
-    t0 = time.monotonic()
+    """Every (prompt, route) of one shape (:func:`decode_shape`); returns model info, on CUDA with the GPU
+    memory the shape peaked at, what earlier shapes held and what it left once its objects were gone."""
     held = 0.0  # what earlier shapes left allocated (GiB)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         held = torch.cuda.memory_allocated(device) / 2**30
+    info = decode_shape(shape, cfg, device, spec, emit)
+    # the shape's objects (target, drafters, buffers, graphs) hold one another in cycles (closures over the
+    # target among its graphed calls): collected here, once decode_shape's frame, the last holder from
+    # outside, is gone. (Collected inside it, a loop variable still held the last route and, through it,
+    # the target: results/2026-12-06-h100-pipeline-depth measured 56.2 GiB left after the 27B shape.)
+    gc.collect()
+    if device.type == "cuda":  # what the shape needed: target, drafters, buffers, graphs and their pools
+        info["peak_gpu_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+        info["held_gpu_gib"] = held
+        # what the shape left allocated once its objects are gone and cuBLAS's per-stream workspaces are let
+        # go (none, unless something holds them): the report names it, the next shape's peak includes it
+        clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        if clear is not None:
+            clear()
+        torch.cuda.empty_cache()
+        info["left_gpu_gib"] = max(0.0, torch.cuda.memory_allocated(device) / 2**30 - held)
+    return info
+
+
+def decode_shape(
+    shape: str, cfg: ScaleConfig, device: torch.device, spec: AcceptanceSpec, emit: Callable[[dict], None]
+) -> dict[str, Any]:
+    """The shape's target, drafters and graphs built, then every (prompt, route) decoded, prompts outermost
+    and routes interleaved; returns model info. Everything it builds goes with its frame."""
+    t0 = time.monotonic()
     model = build_target(shape, cfg, device)
     target = GraphedTarget(model)
     routes = build_routes(shape, cfg, target, spec)
@@ -421,7 +446,7 @@ def measure_shape(
         ids = prompt_ids(vocab, cfg.prompt_len, i, cfg.seed)
         for route in routes:
             emit(decode_record(shape, route, i, ids, target, cfg))
-    info = {
+    return {
         "parameters": sum(p.numel() for p in model.parameters()),
         "setup_s": setup_s,
         "graphs_captured": target.captures,
@@ -429,20 +454,6 @@ def measure_shape(
         "fused_decoder": target.decoder.fused,
         "drafters": {r.name: route_drafters(r) for r in routes},
     }
-    if device.type == "cuda":  # what the shape needed: target, drafters, buffers, graphs and their pools
-        info["peak_gpu_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
-        info["held_gpu_gib"] = held
-    del routes, target, model
-    gc.collect()
-    if device.type == "cuda":
-        # what the shape left allocated once its objects are gone and cuBLAS's per-stream workspaces are let
-        # go (none, unless something holds them): the report names it, the next shape's peak includes it
-        clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
-        if clear is not None:
-            clear()
-        torch.cuda.empty_cache()
-        info["left_gpu_gib"] = max(0.0, torch.cuda.memory_allocated(device) / 2**30 - held)
-    return info
 
 
 def default_out_dir(device: torch.device) -> Path:

@@ -1,6 +1,5 @@
 """Helpers shared by the Triton kernels of :mod:`repro.gdn`: arithmetic dtype, power-of-two tiles,
-rounding and SiLU device functions, programmatic dependent launch, and the CPU interpreter's
-compatibility patch (applied on import, once, only in interpreter mode).
+rounding and SiLU device functions, programmatic dependent launch.
 
 Programmatic dependent launch (:func:`dependent_launch`, on by default; compute capability 9.0 and later,
 never in the interpreter): a kernel that takes a ``PDL`` constexpr starts with :func:`pdl_start`
@@ -225,39 +224,6 @@ def load_tile(
             return tl.load(p, cache_modifier=".cg").to(ACC)
         return tl.load(p).to(ACC)
     return ld(p, m_k[None, :], CG).to(ACC)
-
-
-def _interpreter_numpy_compat() -> None:
-    """Let Triton's CPU interpreter (TRITON_INTERPRET=1) run loops with run-time bounds on NumPy >= 2.4.
-
-    The interpreter holds scalar kernel arguments as 1-element 1-D arrays and converts them with
-    ``int(array)``, which NumPy 2.4 rejects ("only 0-dimensional arrays can be converted"), so
-    ``for i in range(0, n)`` fails. Patch its tensor ``__index__`` to take the single element. Only in
-    interpreter mode; compiled kernels are untouched.
-    """
-    try:
-        import numpy as np
-
-        int(np.ones(1, dtype=np.int32))
-        return
-    except TypeError:
-        pass
-    from triton.runtime import interpreter
-
-    original = getattr(interpreter, "_patch_lang_tensor", None)
-    if original is None or getattr(original, "_repro_patched", False):
-        return
-
-    def patched(tensor, scope):
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    patched._repro_patched = True
-    interpreter._patch_lang_tensor = patched
-
-
-if triton.knobs.runtime.interpret:
-    _interpreter_numpy_compat()
 
 
 @triton.jit

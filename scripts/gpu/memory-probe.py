@@ -18,6 +18,8 @@ from __future__ import annotations
 import gc
 import json
 import sys
+import types
+import warnings
 import weakref
 from collections import defaultdict
 from pathlib import Path
@@ -78,6 +80,63 @@ def named(obj: Any) -> str:
     return kind
 
 
+def is_root(o: Any) -> bool:
+    """A module's namespace, a module or a class."""
+    namespace = isinstance(o, dict) and "__loader__" in o and "__name__" in o
+    return namespace or isinstance(o, type | types.ModuleType)
+
+
+def holders(obj: Any, skip: set[int], limit: int = 3000) -> list[dict[str, Any]]:
+    """What keeps ``obj`` alive: the objects above it (its referrers, theirs, ... up to ``limit``; frames and
+    ``skip``'s ids left out), each with the references to it that no GC-tracked object accounts for
+    (``sys.getrefcount`` minus the tracked referrers: a C extension's, an untracked holder's or a running
+    frame's), those with any first, then module namespaces and classes (roots, not looked above)."""
+    frame = type(sys._getframe())
+    seen: dict[int, Any] = {id(obj): obj}
+    order = [obj]
+    i = 0
+    while i < len(order) and len(order) < limit:
+        if is_root(order[i]):  # a module's namespace or a class: what holds it is not the question
+            i += 1
+            continue
+        for r in gc.get_referrers(order[i]):
+            if id(r) in seen or id(r) in skip or isinstance(r, frame) or r is order or r is seen:
+                continue
+            seen[id(r)] = r
+            order.append(r)
+        i += 1
+    rows = []
+    for o in order:
+        refs = [r for r in gc.get_referrers(o) if not (r is order or r is seen or isinstance(r, frame))]
+        external = sys.getrefcount(o) - 4 - len(refs)  # getrefcount's argument, `o`, `order` and `seen`
+        is_module_dict = is_root(o)
+        if external > 0 or is_module_dict:
+            name = str(getattr(o, "__name__", None) or o.get("__name__")) if is_module_dict else repr(o)[:160]
+            rows.append({"object": named(o), "external_refs": external, "module_dict": is_module_dict,
+                         "detail": name})  # fmt: skip
+    rows.sort(key=lambda r: (r["module_dict"], -r["external_refs"]))
+    return rows[:40]
+
+
+def frames_holding(obj: Any) -> list[str]:
+    """The frames that reference ``obj`` (this script's left out), each as code, file:line and what holds
+    the frame (a traceback, a generator, nothing tracked: running), and tensors whose ``__dict__`` holds it
+    (torch does not show a tensor's dict to the collector while C++ shares the tensor)."""
+    frame = type(sys._getframe())
+    out = []
+    for f in gc.get_referrers(obj):
+        if isinstance(f, frame) and not f.f_code.co_filename.endswith("memory-probe.py"):
+            up = [type(r).__qualname__ for r in gc.get_referrers(f)]
+            out.append(f"frame {f.f_code.co_qualname} {f.f_code.co_filename}:{f.f_lineno} held by {up}")
+    with warnings.catch_warnings():  # isinstance on deprecated torch names warns
+        warnings.simplefilter("ignore")
+        tensors = [o for o in gc.get_objects() if isinstance(o, torch.Tensor)]
+    for o in tensors:
+        if any(v is obj for v in getattr(o, "__dict__", {}).values()):
+            out.append(f"tensor {tuple(o.shape)} {o.dtype} whose __dict__ holds it")
+    return out
+
+
 def main() -> None:
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
@@ -116,6 +175,8 @@ def main() -> None:
         if row["target_alive"]:
             t = targets[-1]()
             row["target_referrers"] = [named(r) for r in gc.get_referrers(t)][:24]
+            row["holders"] = holders(t, {id(targets), id(decoders), id(report), id(row)})
+            row["frames"] = frames_holding(t)
             del t
         report.append(row)
         print(json.dumps(row, indent=1), flush=True)

@@ -410,7 +410,7 @@ def test_a_spent_time_budget_skips_the_remaining_rows_but_still_reports(tmp_path
 INTERPRETER_CHECK = """
 import torch, warnings
 warnings.filterwarnings("ignore")
-import repro.gdn.triton_common  # noqa: F401 - applies the interpreter's NumPy compatibility patch
+import repro.triton_interpreter  # noqa: F401 - repro's patches to the interpreter (TRITON_INTERPRET=1)
 from repro.bench import kernel_methods as km
 from repro.bench import kernels as bk
 from repro.bench.shapes import LayerShape, draft_tree

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import weakref
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from repro.drafters.dflash_model import DFlashDraftModel
 from repro.errors import ConfigError, ReproError
 from repro.harness.run_kinds import rebuild_report
 from repro.models.default import init_random_weights, tiny_config
+from repro.models.graphed import GraphedTarget
 from repro.models.hybrid import HybridLM
 from repro.reporting.report import accept_histogram
 from repro.reporting.rundir import load_run
@@ -141,7 +143,18 @@ def tiny_scale_run(
 
 
 def test_tiny_run_writes_records_table_and_report(tmp_path, monkeypatch, capsys):
+    targets: list[weakref.ref] = []
+
+    def spying(model: HybridLM) -> GraphedTarget:
+        target = GraphedTarget(model)
+        targets.append(weakref.ref(target))
+        return target
+
+    monkeypatch.setattr(bs, "GraphedTarget", spying)
     out, stdout, records = tiny_scale_run(tmp_path, monkeypatch, capsys, "dflash_chain", 1, 12)
+    # the shape's target went with it: collected by the run, not left to a later collection (its objects
+    # hold one another in cycles; the 27B shape's held 56 GiB while the next shape ran, 2026-12-06)
+    assert len(targets) == 1 and targets[0]() is None
     assert [r["route"] for r in records] == ["ar", "dflash_chain"]
     chain = records[1]
     assert chain["acceptance"]["source"] == "mal:3" and chain["acceptance"]["mal"] == pytest.approx(3.0)
