@@ -18,6 +18,7 @@ ALLOWED: dict[str, set[str]] = {
     "progress": {"errors"},
     "tree": {"errors"},
     "grid": set(),
+    "triton_interpreter": set(),
     "gdn": {"errors", "grid"},
     "models": {"errors", "tree", "gdn"},
     "drafters": {"errors", "tree", "models", "grid"},
