@@ -4,13 +4,16 @@ One subprocess under the interpreter (TRITON_INTERPRET=1, this file as a script)
 ``import repro``; a kernel that calls a device helper in a loop gives torch's integers; a launch patches
 the language modules as often whether or not its kernel calls helpers (Triton's own ``_patch_lang`` back:
 more often, the negative control) and leaves them unpatched after it; the overflow checks stay on when
-the interpreter's ``debug`` option is on.
+the interpreter's ``debug`` option is on; ``tl.xor_sum`` (by rows and whole) and ``tl.sort`` give
+Triton's own element-by-element reduction's integers and torch's.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import operator
 import sys
 
 import pytest
@@ -32,6 +35,15 @@ def helper_kernel(x_ptr, out_ptr, N: tl.constexpr):
     for i in tl.static_range(6):
         x = plus(x, i)
     tl.store(out_ptr + o, x)
+
+
+@triton.jit
+def xor_sort_kernel(x_ptr, rows_ptr, all_ptr, sorted_ptr, N: tl.constexpr, M: tl.constexpr):
+    o = tl.arange(0, N)[:, None] * M + tl.arange(0, M)[None, :]
+    x = tl.load(x_ptr + o)
+    tl.store(rows_ptr + tl.arange(0, N), tl.xor_sum(x, axis=1))
+    tl.store(all_ptr, tl.xor_sum(tl.reshape(x, [N * M]), axis=0))
+    tl.store(sorted_ptr + o, tl.sort(x, dim=1))
 
 
 @triton.jit
@@ -74,6 +86,23 @@ def _interpreter_main() -> None:
         unpatched, got_unpatched = patches(helper_kernel)
     finally:
         interpreter._patch_lang = patched
+    y = torch.randint(-(2**30), 2**30, (4, 16), generator=torch.Generator().manual_seed(0), dtype=torch.int32)
+
+    def xor_sort() -> list[list[int]]:
+        rows, whole, ordered = torch.zeros(4, dtype=torch.int32), torch.zeros(1, dtype=torch.int32), y.clone()
+        xor_sort_kernel[(1,)](y, rows, whole, ordered, N=4, M=16)
+        return [rows.tolist(), whole.tolist(), ordered.flatten().tolist()]
+
+    xor_patched = xor_sort()
+    reduce = interpreter.ReduceOps.apply_impl
+    interpreter.ReduceOps.apply_impl = reduce.original  # Triton's element-by-element reduction
+    try:
+        xor_triton = xor_sort()
+    finally:
+        interpreter.ReduceOps.apply_impl = reduce
+    rows_want = [functools.reduce(operator.xor, r) for r in y.tolist()]
+    ordered = y.sort(dim=1).values.flatten().tolist()
+    xor_want = [rows_want, [functools.reduce(operator.xor, rows_want)], ordered]
     builder = interpreter.interpreter_builder
     kept = builder.options
     builder.options = dataclasses.replace(kept, debug=True, sanitize_overflow=True)
@@ -90,6 +119,8 @@ def _interpreter_main() -> None:
         "want": want.tolist(),
         "builtin_after": tl.core.is_builtin(tl.arange) and tl.core.is_builtin(tl.core.tensor.__add__),
         "debug_keeps_checks": debug_keeps,
+        "xor_sort": [xor_patched, xor_triton, xor_want],
+        "xor_patched": bool(getattr(reduce, "_repro_patched", False)),
     }
     print(json.dumps(out))
 
@@ -116,6 +147,11 @@ def test_a_launch_patches_the_language_once_whatever_its_helper_calls(interp: di
 
 def test_overflow_checks_stay_with_the_debug_option(interp: dict) -> None:
     assert interp["debug_keeps_checks"]
+
+
+def test_xor_sums_and_sorts_are_triton_s_and_torch_s(interp: dict) -> None:
+    patched, triton_own, want = interp["xor_sort"]
+    assert interp["xor_patched"] and patched == triton_own == want
 
 
 if __name__ == "__main__" and "--interpret" in sys.argv:

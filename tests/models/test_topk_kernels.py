@@ -80,8 +80,7 @@ def compare(device: str, long_rows: bool = True) -> dict:
             torch.empty(*lead, k, dtype=got[0].dtype, device=device),
             torch.empty(*lead, k, dtype=torch.long, device=device),
         )
-        # out= on every case but the two slowest (ddtree log and two chunks have their shapes)
-        into = launch_topk(x, k, log, out=out) if name not in ("ddtree plain", "two chunks k64") else got
+        into = launch_topk(x, k, log, out=out)
         for result in (got, into):
             if not (torch.equal(result[0].cpu(), want[0]) and torch.equal(result[1].cpu(), want[1])):
                 bad.append(name)
