@@ -10,7 +10,13 @@ after each tiny one. This runs each SHAPE's default routes through
 the shape has returned (its objects deleted, the collector run, the cache emptied): the bytes still
 allocated (cuBLAS's per-stream workspaces let go: the shape's ``left_gpu_gib``), whether the GraphedTarget
 and its decoder are alive (weak references), and the live blocks grouped by the innermost frame of this
-repository that allocated them (torch.cuda.memory._snapshot). Writes OUT_DIR/memory-probe.json and prints it.
+repository that allocated them (torch.cuda.memory._snapshot); for a live target, what holds it
+(:func:`holders`, :func:`frames_holding`). Writes OUT_DIR/memory-probe.json and prints it.
+
+What it found (results/2026-12-06-h100-scale-memory): every shape's target stayed alive after its shape, held
+only by its own cycles (closures over the target among its graphed calls): measure_shape collected while
+its loop variable still held the last route, and the cycles then waited for a later collection (56.2 GiB
+at the 27B shape). measure_shape now collects after the frame that built them (decode_shape) is gone.
 """
 
 from __future__ import annotations
