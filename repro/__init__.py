@@ -1,5 +1,6 @@
 """repro: a reference harness for speculative decoding on Gated DeltaNet language models."""
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -7,7 +8,8 @@ __version__ = "0.1.0"
 
 CACHE_ENV = "REPRO_CACHE"
 
-if os.environ.get("TRITON_INTERPRET"):  # Triton's CPU interpreter: repro's patches to it before any kernel
+# Triton's CPU interpreter (TRITON_INTERPRET=1): repro's patches to it, before any kernel runs
+if os.environ.get("TRITON_INTERPRET") and importlib.util.find_spec("triton") is not None:
     from repro import triton_interpreter  # noqa: E402, F401
 
 
