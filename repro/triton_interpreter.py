@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import triton
 import triton.language as tl
+from triton.runtime import interpreter
 
 
 def numpy_compat() -> None:
@@ -30,14 +32,10 @@ def numpy_compat() -> None:
     interpreter mode; compiled kernels are untouched.
     """
     try:
-        import numpy as np
-
         int(np.ones(1, dtype=np.int32))
         return
     except TypeError:
         pass
-    from triton.runtime import interpreter
-
     original = getattr(interpreter, "_patch_lang_tensor", None)
     if original is None or getattr(original, "_repro_patched", False):
         return
@@ -61,8 +59,6 @@ def patch_once() -> None:
     longer builtins, so a repeat only sets the same attributes again. A device call whose modules the
     running launch has patched skips it; one that sees a module the launch did not is patched as before.
     ``_patch_lang.original``: Triton's."""
-    from triton.runtime import interpreter
-
     original = getattr(interpreter, "_patch_lang", None)
     executor = getattr(interpreter, "GridExecutor", None)
     if original is None or executor is None or getattr(original, "_repro_patched", False):
@@ -77,7 +73,7 @@ def patch_once() -> None:
         langs = {id(v) for v in fn.__globals__.values() if v is tl or v is tl.core}
         if launches and langs and langs <= launches[-1]:
             return Unpatched()
-        scope = interpreter._patch_lang.original(fn)
+        scope = original(fn)
         if launches:
             launches[-1] |= langs
         return scope
@@ -105,8 +101,6 @@ def no_dead_overflow_checks() -> None:
     ``device_assert``, which returns at once unless ``debug`` is on (off by default: no assert is made). That
     dead check took 65 of 176 s of a slot-kernel test's interpreter time. Results are unchanged; with
     ``debug`` on, the checks stay. Only in interpreter mode."""
-    from triton.runtime import interpreter
-
     builder = getattr(interpreter, "interpreter_builder", None)
     options = getattr(builder, "options", None)
     if options is None or options.debug or not getattr(options, "sanitize_overflow", False):
@@ -121,9 +115,6 @@ def vectorized_xor_sum() -> None:
     argmax / argmin ones it does) by calling it in Python once per element; ``tl.sort`` and ``tl.topk`` run
     ``xor_sum`` in every compare-and-swap of their bitonic network, which made 84 of 97 s of a top-k
     test's interpreter time. The XOR of integers is exact in any order, so the result is the same."""
-    import numpy as np
-    from triton.runtime import interpreter
-
     ops = getattr(interpreter, "ReduceOps", None)
     combine = getattr(tl.standard, "_xor_combine", None)
     if ops is None or combine is None or getattr(ops.apply_impl, "_repro_patched", False):

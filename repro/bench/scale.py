@@ -412,7 +412,7 @@ def measure_shape(
     # the shape's objects (target, drafters, buffers, graphs) hold one another in cycles (closures over the
     # target among its graphed calls): collected here, once decode_shape's frame, the last holder from
     # outside, is gone. (Collected inside it, a loop variable still held the last route and, through it,
-    # the target: results/2026-12-06-h100-pipeline-depth measured 56.2 GiB left after the 27B shape.)
+    # the target: 56.2 GiB stayed after the 27B shape, results/2026-12-06-h100-scale-memory.)
     gc.collect()
     if device.type == "cuda":  # what the shape needed: target, drafters, buffers, graphs and their pools
         info["peak_gpu_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
