@@ -268,6 +268,12 @@ def _kernel_row(t: int, field: str) -> Callable[[dict], float]:
     )
 
 
+def _production(t: int, field: str) -> Callable[[dict], float]:
+    return lambda b: float(
+        next(r for r in b["gdn_tree_verify_kernel"]["production"] if r["tree_nodes"] == t)[field]
+    )
+
+
 TREE_KERNELS = (
     "tree_fused",
     "tree_split",
@@ -325,9 +331,11 @@ CLAIMS: tuple[Claim, ...] = (
               _kernel("weaver", "verify", TREE_KERNELS, "speedup_graph", t), note=ON_CARD)
         for t in (16, 32, 64, 128)
     ),
-    Claim("W9", "weaver", "gdn_tree_verify_kernel.production[0]", lambda b: 87.0,
-          "production tree of 129 nodes, 87 us/layer", "repro bench kernels --shapes weaver", None,
-          note="no 129-node production tree is benchmarked (T = 16..256 powers of two)"),
+    Claim("W9", "weaver", "gdn_tree_verify_kernel.production[0].tree_kernel_us",
+          _production(129, "tree_kernel_us"), "production tree of 129 nodes, 87 us/layer (lower is better)",
+          "repro bench kernels --shapes weaver --sizes 129", "bench-kernels",
+          _kernel("weaver", "verify", TREE_KERNELS, "us_graph", 129), judge="at_most",
+          note=ON_CARD + "; the bench's random draft tree of 129 nodes, not the paper's production tree"),
     Claim("S1", "specla", "end_to_end[0]", _first("end_to_end", 0), "1.42x over AR (mixed suite)", SPECLA,
           "paper-specla", _specla_speedup("mixed"), gpu_only=True, caveat=_host_bound),
     Claim("S2", "specla", "end_to_end[1]", _first("end_to_end", 1), "1.70x over AR (GSM8K)", SPECLA,

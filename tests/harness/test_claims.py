@@ -149,6 +149,31 @@ def test_the_command_writes_claims_md(monkeypatch, capsys, tmp_path):
     assert exc.value.code == 2
 
 
+def test_the_production_tree_claim_reads_the_newest_129_node_row():
+    """W9 (the paper's 129-node production tree, us per layer, lower is better): the newest kernel bench with
+    a 129-node Weaver verify row decides, at the best tree kernel there; a newer bench without that size
+    (the T = 16..256 sweeps) does not hide it; the per-branch baseline's row never counts."""
+    (w9,) = (c for c in claims.CLAIMS if c.id == "W9")
+    assert w9.judge == "at_most" and w9.value(
+        claims.yaml.safe_load((claims.BASELINES / "weaver.yaml").read_text())
+    )
+
+    def row(t: int, method: str, us: float) -> dict:
+        return dict(shape="weaver", group="verify", kind="draft", T=t, method=method, dtype="bf16",
+                    status="ok", us_graph=us)  # fmt: skip
+
+    slots = ("slots", [row(129, "per_branch_recurrent", 50.0), row(129, "tree_fused", 112.7),
+                       row(129, "tree_split", 74.6)])  # fmt: skip
+    sweep = ("sweep", [row(128, "tree_split", 32.7), row(256, "tree_split", 93.5)])
+    assert claims._latest_hit(w9, [sweep, slots]) == ("slots", 74.6)
+    assert (
+        claims.verdict(w9, 87.0, 74.6) == "reproduced"
+        and claims.verdict(w9, 87.0, 87.0 * (1 + w9.tolerance) * 1.01) == "not reproduced"
+    )
+    rows = {r["id"]: r for r in claims.ledger(RESULTS)}
+    assert rows["W9"]["source"].endswith("bench-kernels-slots") and rows["W9"]["measured"] < 87.0
+
+
 def test_a_best_row_claim_keeps_each_size_from_its_newest_run():
     """S4 (the best tree size): a newer kernel bench of other sizes does not hide an older size's best
     speedup, and a newer bench of the same size replaces it (even when lower); runs come newest first."""
