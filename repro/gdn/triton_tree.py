@@ -234,14 +234,25 @@ def _block_mask(anc_ptr, rows, cols, n, CHAIN: tl.constexpr):
 
 
 @triton.jit
+def _first_node_column(anc_ptr, rows, n, CHAIN: tl.constexpr):
+    """[BR] mask: node 0 is on the path to each of ``rows`` (rows >= 1, in bounds; CHAIN: every row)."""
+    m_rows = (rows < n) & (rows > 0)
+    if not CHAIN:
+        m_rows = m_rows & (tl.load(anc_ptr + rows * n, mask=m_rows, other=0) != 0)
+    return m_rows
+
+
+@triton.jit
 def _block_gates(
-    g_ptr, anc_ptr, r, n, i_h, HV: tl.constexpr, BR: tl.constexpr, CHAIN: tl.constexpr, NPG: tl.constexpr
-):
-    """G of row block r (value head i_h): the sum of g over each row's ancestors, from one load of the
-    mask's row block [BR, NPG] and of g (NPG: a power of two >= n). A loop over the column blocks c <= r
-    (a [BR, BR] load and sum each) cost phase 1 of the split form 1.2-1.3 us more at 32-row blocks and
-    1.7-6.7 at 64 (SpecLA / Weaver, T = 128; results/2026-12-03-h200-tree-walk); the fused kernel tied."""
-    rows = r * BR + tl.arange(0, BR)
+    g_ptr, anc_ptr, r, n, i_h, HV: tl.constexpr, BR: tl.constexpr, CHAIN: tl.constexpr, NPG: tl.constexpr,
+    OFF: tl.constexpr = 0,
+):  # fmt: skip
+    """G of row block r (value head i_h; its rows start at OFF + r BR): the sum of g over each row's
+    ancestors, from one load of the mask's row block [BR, NPG] and of g (NPG: a power of two >= n). A loop
+    over the column blocks c <= r (a [BR, BR] load and sum each) cost phase 1 of the split form 1.2-1.3 us
+    more at 32-row blocks and 1.7-6.7 at 64 (SpecLA / Weaver, T = 128; results/2026-12-03-h200-tree-walk);
+    the fused kernel tied."""
+    rows = OFF + r * BR + tl.arange(0, BR)
     cols = tl.arange(0, NPG)
     b_g = tl.load(g_ptr + cols * HV + i_h, mask=cols < n, other=0.0).to(tl.float32)
     return tl.sum(tl.where(_block_mask(anc_ptr, rows, cols, n, CHAIN), b_g[None, :], 0.0), axis=1)
@@ -438,7 +449,7 @@ def _tree_keys_kernel(
     LOG2_BR: tl.constexpr, BK: tl.constexpr, CHAIN: tl.constexpr, PREC: tl.constexpr,
     UPCAST_QK: tl.constexpr, INV: tl.constexpr, WRITE_K: tl.constexpr,
     PENDING: tl.constexpr, PNP: tl.constexpr, NCT: tl.constexpr, BVC: tl.constexpr, BKC: tl.constexpr,
-    TERMS: tl.constexpr, RC: tl.constexpr, PDL: tl.constexpr, NPG: tl.constexpr,
+    TERMS: tl.constexpr, RC: tl.constexpr, PDL: tl.constexpr, NPG: tl.constexpr, PEEL: tl.constexpr = 0,
 ):  # fmt: skip
     """Phase 1 of :func:`tree_gdn_split` (and of :func:`tree_gdn_blocked`), one (value head, row block r,
     column block c <= r) per program (grid axis 1 holds NR x NR of them; those with c > r exit at once):
@@ -450,7 +461,11 @@ def _tree_keys_kernel(
     beside the key work and the next phase (launched after this one completes) starts from it. With TERMS
     the same NCT programs (after the commit, if any) write phase 2's state products K S0^T and Q S0^T of
     their d_v rows for every node (:func:`_state_products`, RC rows at a time) into ks / qs [n, HV, d_v]
-    float32: the value phase's d_k-long dots leave its serial chain for programs beside the key work."""
+    float32: the value phase's d_k-long dots leave its serial chain for programs beside the key work.
+    PEEL (:func:`peel_root`): node 0 is left out of the row blocks (row block r holds rows 1 + r BR ..):
+    the diagonal programs also write its column, A[R, 0] and P[R, 0] (node 0 is an ancestor of every node
+    of a draft tree, the root, but the mask decides), from K_R k_0 and Q_R k_0 summed in the same d_k loop;
+    program (0, 0) writes node 0's own P[0, 0], G_0 = g_0 and expanded key."""
     pdl_start(PDL)
     i_h = tl.program_id(0)
     pid = tl.program_id(1)
@@ -478,15 +493,18 @@ def _tree_keys_kernel(
     if c > r:
         return
     i_kh = i_h // (HV // H)
-    rows = r * BR + tl.arange(0, BR)
-    cols = c * BR + tl.arange(0, BR)
+    rows = PEEL + r * BR + tl.arange(0, BR)
+    cols = PEEL + c * BR + tl.arange(0, BR)
     o_k = tl.arange(0, BK)
     m_rows = rows < n
     m_cols = cols < n
-    b_gr = _block_gates(g_ptr, anc_ptr, r, n, i_h, HV, BR, CHAIN, NPG)
-    b_gc = _block_gates(g_ptr, anc_ptr, c, n, i_h, HV, BR, CHAIN, NPG)
+    b_gr = _block_gates(g_ptr, anc_ptr, r, n, i_h, HV, BR, CHAIN, NPG, PEEL)
+    b_gc = _block_gates(g_ptr, anc_ptr, c, n, i_h, HV, BR, CHAIN, NPG, PEEL)
     b_kk = tl.zeros([BR, BR], dtype=tl.float32)
     b_qk = tl.zeros([BR, BR], dtype=tl.float32)
+    b_kk0 = tl.zeros([BR], dtype=tl.float32)  # PEEL: K_R k_0, Q_R k_0 and q_0 k_0 (by elements)
+    b_qk0 = tl.zeros([BR], dtype=tl.float32)
+    b_q00 = tl.zeros([BK], dtype=tl.float32)
     for kk in range(0, DK, BK):
         m_k = (kk + o_k) < DK
         p_r = rows[:, None] * (H * DK) + i_kh * DK + (kk + o_k)[None, :]
@@ -497,6 +515,14 @@ def _tree_keys_kernel(
         if WRITE_K:  # TreeFactors.k: the float32 keys expanded to value heads (diagonal programs)
             p_kx = rows[:, None] * (HV * DK) + i_h * DK + (kk + o_k)[None, :]
             tl.store(kx_ptr + p_kx, b_k.to(tl.float32), mask=m_rows[:, None] & m_k[None, :] & (c == r))
+        if PEEL:
+            p_0 = i_kh * DK + kk + o_k
+            b_k0 = tl.load(k_ptr + p_0, mask=m_k, other=0.0).to(tl.float32)
+            b_kk0 += tl.sum(b_k.to(tl.float32) * b_k0[None, :], axis=1)
+            b_qk0 += tl.sum(b_q.to(tl.float32) * b_k0[None, :], axis=1)
+            b_q00 += tl.load(q_ptr + p_0, mask=m_k, other=0.0).to(tl.float32) * b_k0
+            if WRITE_K:
+                tl.store(kx_ptr + i_h * DK + kk + o_k, b_k0, mask=m_k & (pid == 0))
         if UPCAST_QK:
             b_k = b_k.to(tl.float32)
             b_q = b_q.to(tl.float32)
@@ -509,6 +535,16 @@ def _tree_keys_kernel(
     b_a = tl.where(rows[:, None] > cols[None, :], b_beta[:, None] * b_kk * b_gam, 0.0)
     p_blk = i_h * NP * NP + rows[:, None] * NP + cols[None, :]
     tl.store(p_ptr + p_blk, scale * b_qk * b_gam)
+    if PEEL:  # node 0's column of the block's rows; node 0 itself (G_0 = g_0: it has no other ancestor)
+        b_g0 = tl.load(g_ptr + i_h).to(tl.float32)
+        m_r0 = _first_node_column(anc_ptr, rows, n, CHAIN)
+        b_gam0 = tl.where(m_r0, tl.exp(tl.where(m_r0, b_gr - b_g0, 0.0)), 0.0)
+        p_col = i_h * NP * NP + rows * NP
+        tl.store(a_ptr + p_col, b_beta * b_kk0 * b_gam0, mask=m_rows & (c == r))
+        tl.store(p_ptr + p_col, scale * b_qk0 * b_gam0, mask=m_rows & (c == r))
+        if pid == 0:
+            tl.store(p_ptr + i_h * NP * NP, scale * tl.sum(b_q00, axis=0))
+            tl.store(gcum_ptr + i_h, b_g0)
     if c == r:
         tl.store(gcum_ptr + rows * HV + i_h, b_gr, mask=m_rows)
         b_a = _unit_lower_inverse(b_a, BR, LOG2_BR, PREC, INV)
@@ -567,11 +603,12 @@ def _values_start(
 def _walk_start(
     q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, gcum_ptr, delta_ptr, qs_ptr, r, n, scale, i_h, i_kh, o_v, m_v,
     H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BR: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, TERMS: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, TERMS: tl.constexpr, OFF: tl.constexpr = 0,
 ):  # fmt: skip
-    """Phase 2's row block r: its rows, their [BR, BV] offsets and mask in the [n, HV, d_v] outputs, and the
-    state terms X0 and scale e^G Q S0^T (TERMS: from phase 1's products in delta / qs; else computed)."""
-    rows = r * BR + tl.arange(0, BR)
+    """Phase 2's row block r (rows OFF + r BR ..): its rows, their [BR, BV] offsets and mask in the [n, HV,
+    d_v] outputs, and the state terms X0 and scale e^G Q S0^T (TERMS: from phase 1's products in delta /
+    qs; else computed)."""
+    rows = OFF + r * BR + tl.arange(0, BR)
     m_rows = rows < n
     p_v = rows[:, None] * (HV * DV) + i_h * DV + o_v[None, :]
     m_rv = m_rows[:, None] & m_v[None, :]
@@ -587,16 +624,47 @@ def _walk_start(
 
 
 @triton.jit
+def _peeled_root(
+    q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, p_ptr, gcum_ptr, o_ptr, delta_ptr, qs_ptr, NP, scale, i_h, i_kh,
+    o_v, m_v, H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, PREC: tl.constexpr, TERMS: tl.constexpr,
+):  # fmt: skip
+    """Node 0 left out of the row blocks (PEEL): it has no ancestor but itself, so Delta_0 = X_0 and
+    O_0 = scale e^{G_0} q_0 S0^T + P_00 Delta_0 (a 16-row tile of which row 0 is live: dots take >= 16).
+    Writes its delta and o rows; returns Delta_0 [BV], which every row block takes as a rank-one term."""
+    rows, p_v, m_rv, b_x, b_o = _walk_start(
+        q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, gcum_ptr, delta_ptr, qs_ptr, 0, 1, scale, i_h, i_kh, o_v,
+        m_v, H, HV, DK, DV, 16, BK, BV, PREC, TERMS,
+    )  # fmt: skip
+    b_x = tl.where(m_rv, b_x, 0.0)
+    b_o += tl.load(p_ptr + i_h * NP * NP) * b_x
+    tl.store(delta_ptr + p_v, b_x, mask=m_rv)
+    tl.store(o_ptr + p_v, b_o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=m_rv)
+    return tl.sum(b_x, axis=0)
+
+
+@triton.jit
+def _first_node_term(a_ptr, p_ptr, rows, n, NP, i_h, b_d0, b_x, b_o):
+    """A row block's terms in node 0 (PEEL): X_R -= A[R, 0] Delta_0, O_R += P[R, 0] Delta_0."""
+    p_c0 = i_h * NP * NP + rows * NP
+    m_rows = rows < n
+    b_x -= tl.load(a_ptr + p_c0, mask=m_rows, other=0.0)[:, None] * b_d0[None, :]
+    b_o += tl.load(p_ptr + p_c0, mask=m_rows, other=0.0)[:, None] * b_d0[None, :]
+    return b_x, b_o
+
+
+@triton.jit
 def _values_in_registers(
     q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, a_ptr, p_ptr, gcum_ptr, o_ptr, delta_ptr, qs_ptr, n, NP, scale,
     i_h, i_kh, o_v, m_v, H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BR: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, TERMS: tl.constexpr,
-    NR: tl.constexpr, NRP: tl.constexpr,
+    NR: tl.constexpr, NRP: tl.constexpr, PEEL: tl.constexpr, b_d0,
 ):  # fmt: skip
     """``_tree_values_kernel``'s walk with Delta in registers (its REGS): row block r takes
     X_r -= A[R, :rR] Delta[:rR] and O_r += P[R, :rR] Delta[:rR] as one dot each over the Delta rows of
     blocks c < r (A and P read with their columns >= r BR masked to zero: those blocks of the scratch are
-    not written), then Delta_r = T_rr X_r is placed into block r of the [NRP, BR, BV] register tile."""
+    not written), then Delta_r = T_rr X_r is placed into block r of the [NRP, BR, BV] register tile.
+    PEEL: the blocks start at row 1, each taking node 0's term from ``b_d0`` (:func:`_peeled_root`)."""
     o_r = tl.arange(0, BR)
     o_p = tl.arange(0, NRP * BR)
     o_b = tl.arange(0, NRP)[:, None, None]
@@ -604,17 +672,19 @@ def _values_in_registers(
     for r in tl.static_range(NR):
         rows, p_v, m_rv, b_x, b_o = _walk_start(
             q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, gcum_ptr, delta_ptr, qs_ptr, r, n, scale, i_h, i_kh, o_v,
-            m_v, H, HV, DK, DV, BR, BK, BV, PREC, TERMS,
+            m_v, H, HV, DK, DV, BR, BK, BV, PREC, TERMS, PEEL,
         )  # fmt: skip
+        if PEEL:
+            b_x, b_o = _first_node_term(a_ptr, p_ptr, rows, n, NP, i_h, b_d0, b_x, b_o)
         p_row = i_h * NP * NP + rows[:, None] * NP
         if r > 0:
             m_prev = (o_p < r * BR)[None, :]
             b_all = tl.reshape(b_d3, [NRP * BR, BV])
-            b_x -= tl.dot(tl.load(a_ptr + p_row + o_p[None, :], mask=m_prev, other=0.0), b_all,
+            b_x -= tl.dot(tl.load(a_ptr + p_row + PEEL + o_p[None, :], mask=m_prev, other=0.0), b_all,
                           input_precision=PREC)  # fmt: skip
-            b_o += tl.dot(tl.load(p_ptr + p_row + o_p[None, :], mask=m_prev, other=0.0), b_all,
+            b_o += tl.dot(tl.load(p_ptr + p_row + PEEL + o_p[None, :], mask=m_prev, other=0.0), b_all,
                           input_precision=PREC)  # fmt: skip
-        cols = r * BR + o_r
+        cols = PEEL + r * BR + o_r
         b_d = tl.dot(tl.load(a_ptr + p_row + cols[None, :]), b_x, input_precision=PREC)
         b_o += tl.dot(tl.load(p_ptr + p_row + cols[None, :]), b_d, input_precision=PREC)
         b_d3 = tl.where(o_b == r, b_d[None, :, :], b_d3)
@@ -627,7 +697,7 @@ def _tree_values_kernel(
     q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, a_ptr, p_ptr, gcum_ptr, o_ptr, delta_ptr, qs_ptr, n, NP, scale,
     H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BR: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, TERMS: tl.constexpr, PDL: tl.constexpr,
-    REGS: tl.constexpr, NR: tl.constexpr, NRP: tl.constexpr,
+    REGS: tl.constexpr, NR: tl.constexpr, NRP: tl.constexpr, PEEL: tl.constexpr = 0,
 ):  # fmt: skip
     """Phase 2 of :func:`tree_gdn_split`, one (value head, d_v tile) per program: the blocked forward
     substitution and outputs of :func:`_tree_verify_kernel` with the key-only blocks read from phase 1's
@@ -639,7 +709,9 @@ def _tree_values_kernel(
     and V (:func:`_state_terms`) instead of running a d_k loop per row block in its chain.
     REGS: the walk keeps every Delta row block in registers ([NRP, BR, BV]; NR = NP / BR, NRP that rounded
     up to a power of two) and takes each row block's off-diagonal sums as one dot over all earlier rows, so no
-    Delta row goes through global memory and back and no CTA barrier orders the steps (NR unrolled)."""
+    Delta row goes through global memory and back and no CTA barrier orders the steps (NR unrolled).
+    PEEL (:func:`peel_root`): node 0 first (:func:`_peeled_root`), then the row blocks from row 1, each with
+    node 0's rank-one term: a tree of 2^k + 1 nodes walks 2^k rows in blocks instead of one block more."""
     pdl_start(PDL)
     i_h = tl.program_id(0)
     i_v = tl.program_id(1)
@@ -647,27 +719,33 @@ def _tree_values_kernel(
     o_r = tl.arange(0, BR)
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < DV
+    b_d0 = tl.zeros([BV], dtype=tl.float32)
+    if PEEL:
+        b_d0 = _peeled_root(q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, p_ptr, gcum_ptr, o_ptr, delta_ptr, qs_ptr,
+                            NP, scale, i_h, i_kh, o_v, m_v, H, HV, DK, DV, BK, BV, PREC, TERMS)  # fmt: skip
     if REGS:
         _values_in_registers(
             q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, a_ptr, p_ptr, gcum_ptr, o_ptr, delta_ptr, qs_ptr, n, NP,
-            scale, i_h, i_kh, o_v, m_v, H, HV, DK, DV, BR, BK, BV, PREC, TERMS, NR, NRP,
+            scale, i_h, i_kh, o_v, m_v, H, HV, DK, DV, BR, BK, BV, PREC, TERMS, NR, NRP, PEEL, b_d0,
         )  # fmt: skip
         return
-    for r in range(0, tl.cdiv(n, BR)):
+    for r in range(0, tl.cdiv(n - PEEL, BR)):
         rows, p_v, m_rv, b_x, b_o = _walk_start(
             q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, gcum_ptr, delta_ptr, qs_ptr, r, n, scale, i_h, i_kh, o_v,
-            m_v, H, HV, DK, DV, BR, BK, BV, PREC, TERMS,
+            m_v, H, HV, DK, DV, BR, BK, BV, PREC, TERMS, PEEL,
         )  # fmt: skip
+        if PEEL:
+            b_x, b_o = _first_node_term(a_ptr, p_ptr, rows, n, NP, i_h, b_d0, b_x, b_o)
         p_row = i_h * NP * NP + rows[:, None] * NP
         for c in range(0, r):
-            cols = c * BR + o_r
+            cols = PEEL + c * BR + o_r
             b_a = tl.load(a_ptr + p_row + cols[None, :])
             b_p = tl.load(p_ptr + p_row + cols[None, :])
             p_dc = cols[:, None] * (HV * DV) + i_h * DV + o_v[None, :]
             b_dc = tl.load(delta_ptr + p_dc, mask=(cols < n)[:, None] & m_v[None, :], other=0.0)
             b_x -= tl.dot(b_a, b_dc, input_precision=PREC)
             b_o += tl.dot(b_p, b_dc, input_precision=PREC)
-        cols = r * BR + o_r
+        cols = PEEL + r * BR + o_r
         b_t = tl.load(a_ptr + p_row + cols[None, :])
         b_d = tl.dot(b_t, b_x, input_precision=PREC)
         b_o += tl.dot(tl.load(p_ptr + p_row + cols[None, :]), b_d, input_precision=PREC)
@@ -1027,6 +1105,7 @@ def tree_gdn_split(
     terms: bool | None = None,
     walk: str | None = None,
     inverse: int | None = None,
+    peel: bool | None = None,
 ) -> tuple[torch.Tensor, TreeFactors]:
     """:func:`tree_gdn_fused` (same arguments, results and ``pending``) in two launches: for few heads,
     and at any head count for trees of 65-256 nodes (:func:`repro.gdn.chain.select_tree_kernel`).
@@ -1058,9 +1137,17 @@ def tree_gdn_split(
     8 warps 21.0 / 42.1; 32-row blocks, memory walk 22.2 at SpecLA (results/2026-12-03-h200-tree-walk:
     Weaver 36.9). 4 warps are faster in both phases at both block sizes (phase 1 at 64-row blocks 12.4 vs
     13.2 us, at 32 8.0 vs 10.1).
+    ``peel`` (default :func:`peel_root`): node 0 (no ancestor but itself) solved before the row blocks, which
+    then hold nodes 1..n-1 (the tiles chosen for n - 1 rows), each taking node 0's term as a rank-one
+    update: the engine's slots of 2^k + 1 nodes (a draft tree's root and a power-of-two budget) walk 2^k
+    rows instead of a whole row block more for one node. Same arithmetic but node 0's column (K k_0, Q k_0
+    summed by elements in float32, not on tensor cores), so the same error bounds.
     """
     c = _TreeCall.of(q, k, v, g, beta, state, ancestors, precision, chain, pending, out)
-    br, bv = split_tiles(c.n, c.hv, c.dv, precision, block_rows, block_v)
+    peel = peel_root(c.n) if peel is None else peel
+    if peel and c.n < 2:
+        raise ValueError("peel needs at least two nodes (node 0 and a row block)")
+    br, bv = split_tiles(c.n - peel, c.hv, c.dv, precision, block_rows, block_v)
     bk = _check_tiles(br, block_k, c.dk)
     warps = num_warps or SPLIT_WARPS
     pend = pending is not None
@@ -1071,10 +1158,20 @@ def tree_gdn_split(
         raise ValueError(f"terms needs commit tiles of >= 16 rows (commit_block_v, d_v), got {bvc}")
     qs = torch.empty_like(c.delta) if terms else None
     a_blocks, p_blocks, npad = _key_blocks(
-        c, br, bk, precision, scale, warps, pend, commit_block_v, qs, inverse
+        c, br, bk, precision, scale, warps, pend, commit_block_v, qs, inverse, peel=peel
     )
-    _value_walk(c, a_blocks, p_blocks, npad, br, bk, bv, precision, scale, warps, qs, walk)
+    _value_walk(c, a_blocks, p_blocks, npad, br, bk, bv, precision, scale, warps, qs, walk, peel)
     return c.o, c.factors()
+
+
+PEEL_ROOT = False  # peel_root's switch: node 0 out of the split form's row blocks at 2^k + 1 nodes
+
+
+def peel_root(n: int) -> bool:
+    """Whether :func:`tree_gdn_split` solves node 0 before its row blocks by default: with
+    :data:`PEEL_ROOT` on, for n = 2^k + 1 > 16 nodes (the engine's verify slots of a root and a
+    power-of-two budget: 17, 33, 65, 129, 257), where the other 2^k rows fill whole row blocks."""
+    return PEEL_ROOT and n > 16 and (n - 1) & (n - 2) == 0
 
 
 def _value_walk(
@@ -1090,12 +1187,13 @@ def _value_walk(
     warps: int,
     qs: torch.Tensor | None = None,
     walk: str | None = None,
+    peel: bool = False,
 ) -> None:
     """Launch ``_tree_values_kernel`` (phase 2 of the split form) on phase 1's blocks (:func:`_key_blocks`):
     writes c.o and c.delta; ``qs`` given: phase 1 wrote the state products (K S0^T in c.delta, Q S0^T in
     ``qs``); ``walk`` (:data:`WALKS`, default :func:`split_walk`): Delta kept in registers or read back
-    from c.delta."""
-    nr = npad // br
+    from c.delta; ``peel``: phase 1 left node 0 out of its row blocks."""
+    nr = (npad - peel) // br
     walk = walk or split_walk(br, nr)
     if walk not in WALKS:
         raise ValueError(f"walk must be one of {WALKS}, got {walk!r}")
@@ -1103,8 +1201,8 @@ def _value_walk(
     _tree_values_kernel[(c.hv, triton.cdiv(c.dv, bv))](
         c.q, c.k, c.v, c.beta, c.state, a_blocks, p_blocks, c.gate_cum, c.o, c.delta,
         qs if terms else c.delta, c.n, npad, float(scale), H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, BK=bk,
-        BV=bv, PREC=precision, TERMS=terms, REGS=walk == "registers", NR=nr, NRP=pow2(nr), num_warps=warps,
-        **pdl_args(c.q.device, verify=True),
+        BV=bv, PREC=precision, TERMS=terms, REGS=walk == "registers", NR=nr, NRP=pow2(nr), PEEL=int(peel),
+        num_warps=warps, **pdl_args(c.q.device, verify=True),
     )  # fmt: skip
 
 
@@ -1150,6 +1248,7 @@ def _key_blocks(
     qs: torch.Tensor | None = None,
     inverse: int | None = None,
     key_programs: bool = True,
+    peel: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Launch ``_tree_keys_kernel`` (phase 1 of the split and blocked forms): returns the float32 scratch
     (A blocks with the diagonal inverses, P blocks), each [HV, NP, NP], and NP = n rounded up to BR;
@@ -1157,9 +1256,10 @@ def _key_blocks(
     the state products K S0^T into c.delta and Q S0^T into ``qs`` (the split form's ``terms``);
     ``inverse``: the diagonal inverse (:func:`inverse_scheme`). ``key_programs`` False: the launch without
     its key-only programs (the commit's and products' alone: timing their share; the scratch is left
-    unwritten)."""
-    nr = triton.cdiv(c.n, br)
-    npad = nr * br
+    unwritten). ``peel``: node 0 outside the row blocks (:func:`peel_root`; NP = 1 + the other n - 1
+    rounded up to BR)."""
+    nr = triton.cdiv(c.n - peel, br)
+    npad = peel + nr * br
     a_blocks = torch.empty(c.hv, npad, npad, dtype=torch.float32, device=c.q.device)
     p_blocks = torch.empty(c.hv, npad, npad, dtype=torch.float32, device=c.q.device)
     terms = qs is not None
@@ -1171,7 +1271,7 @@ def _key_blocks(
         H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk, CHAIN=c.chain,
         PREC=precision, UPCAST_QK=c.upcast, INV=inverse_scheme(br, inverse), WRITE_K=c.write_k,
         PENDING=pending, PNP=c.pnp, NCT=nct, BVC=bvc, BKC=bkc, TERMS=terms, RC=min(64, _pow2_at_least(c.n)),
-        NPG=_pow2_at_least(c.n),
+        NPG=_pow2_at_least(c.n), PEEL=int(peel),
         num_warps=warps, **pdl_args(c.q.device, verify=True),
     )  # fmt: skip
     return a_blocks, p_blocks, npad

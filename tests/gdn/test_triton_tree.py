@@ -134,7 +134,7 @@ def run_case(spec: dict, device: str) -> dict:
     anc = tree.ancestor_mask.to(device)
     scale = dk**-0.5
     tuning = ("block_rows", "block_v", "block_k", "num_warps", "inverse", "block_rows_v", "block_cols",
-              "precompute_x0", "commit_block_v", "terms", "walk")  # fmt: skip
+              "precompute_x0", "commit_block_v", "terms", "walk", "peel")  # fmt: skip
     knobs = {key: spec[key] for key in tuning if key in spec}
     nan = float("nan")
     o = torch.full((n, hv, dv), nan, dtype=q.dtype, device=device)
@@ -387,6 +387,55 @@ INTERP_CASES = {
         "split": True,
         "terms": True,
     },
+    # node 0 solved before the row blocks (peel): 2^k + 1 nodes on whole blocks of the other 2^k, both
+    # walks, with and without the state products, the mask from indices, a forest (node 0 not every
+    # node's ancestor), bf16, a pending commit
+    "split-peel-n17-random": {**_SMALL, "n": 17, "kind": "random", "split": True, "peel": True},
+    "split-peel-n33-mixed-dk32-bk16-br16": {**_SPLIT_N40, "n": 33, "peel": True},
+    "split-peel-n33-chain-api": {
+        **_SMALL,
+        "n": 33,
+        "kind": "chain",
+        "chain_api": True,
+        "split": True,
+        "peel": True,
+    },  # fmt: skip
+    "split-peel-n33-forest-bf16-h1": {
+        **_SMALL,
+        "H": 1,
+        "n": 33,
+        "kind": "forest",
+        "dtype": "bfloat16",
+        "split": True,
+        "peel": True,
+    },  # fmt: skip
+    "split-peel-noterms-registers-n33-br16": {
+        **_SMALL,
+        "n": 33,
+        "kind": "random",
+        "block_rows": 16,
+        "split": True,
+        "peel": True,
+        "terms": False,
+        "walk": "registers",
+    },  # fmt: skip
+    "split-peel-pending-index-n33-fan": {
+        **_SMALL,
+        "n": 33,
+        "kind": "fan",
+        "split": True,
+        "peel": True,
+        "pending": True,
+        "pending_index": True,
+    },  # fmt: skip
+    "split-peel-n65-random-tf32": {
+        **_SMALL,
+        "n": 65,
+        "kind": "random",
+        "split": True,
+        "peel": True,
+        "precision": "tf32",
+    },  # fmt: skip
     "split-pending-index-n20-fan": {
         **_SMALL,
         "n": 20,
@@ -600,6 +649,39 @@ def test_inverse_scheme_by_block_rows(monkeypatch, block_rows: int, inverse, wan
     assert keys.kwargs[0]["num_warps"] == values.kwargs[0]["num_warps"] == 4
 
 
+@pytest.mark.parametrize(
+    ("n", "peel", "br", "nr", "np_", "regs"),
+    [(129, True, 64, 2, 129, True), (129, False, 32, 5, 160, False), (65, True, 32, 2, 65, False),
+     (33, True, 32, 1, 33, False), (17, True, 16, 1, 17, False), (2, True, 16, 1, 17, False)],
+)  # fmt: skip
+def test_peeled_node_0_leaves_whole_row_blocks(monkeypatch, n, peel, br, nr, np_, regs) -> None:
+    """With node 0 peeled, the row blocks, their tiles and walk are those of the other n - 1 rows (129
+    nodes: two 64-row blocks in registers instead of five 32-row ones) and the scratch holds node 0's row
+    and column besides them; both phases are told."""
+    from repro.gdn import triton_tree as tt
+
+    keys, values = _GridSpy(), _GridSpy()
+    monkeypatch.setattr(tt, "_tree_keys_kernel", keys)
+    monkeypatch.setattr(tt, "_tree_values_kernel", values)
+    tt.tree_gdn_split(*_split_inputs(n, 4, 16), 0.25, "tf32", peel=peel, terms=False)
+    (kw,), (vw,) = keys.kwargs, values.kwargs
+    assert keys.grids == [(4, nr * nr)] and (kw["BR"], kw["PEEL"]) == (br, int(peel))
+    assert (vw["BR"], vw["NR"], vw["REGS"], vw["PEEL"]) == (br, nr, regs, int(peel))
+
+
+def test_peel_root_takes_the_2k_plus_1_slots_when_on(monkeypatch) -> None:
+    """peel_root: off by default (PEEL_ROOT: until measured on the GPU); on, exactly the trees of 2^k + 1 >
+    16 nodes; a tree of one node cannot be peeled."""
+    from repro.gdn import triton_tree as tt
+
+    sizes = (1, 2, 3, 9, 16, 17, 18, 32, 33, 34, 64, 65, 128, 129, 256, 257)
+    assert not any(tt.peel_root(n) for n in sizes)
+    monkeypatch.setattr(tt, "PEEL_ROOT", True)
+    assert [n for n in sizes if tt.peel_root(n)] == [17, 33, 65, 129, 257]
+    with pytest.raises(ValueError, match="peel needs at least two nodes"):
+        tt.tree_gdn_split(*_split_inputs(1, 4, 16), 0.25, "tf32", peel=True)
+
+
 def test_split_state_products_need_tiles_of_16_rows() -> None:
     """tree_gdn_split's state products from phase 1 (``terms``) run tensor-core dots on the commit tiles:
     asked for with tiles under 16 rows it refuses before any launch; by default it then leaves them to
@@ -793,6 +875,24 @@ def test_gpu_tree_split(
 
 
 @pytest.mark.parametrize(
+    ("shape", "n", "kind", "dtype", "precision", "pending"),
+    [("weaver", 65, "mixed", "bfloat16", "tf32", False), ("weaver", 129, "random", "float32", "ieee", False),
+     ("weaver", 129, "mixed", "bfloat16", "tf32", True), ("specla", 33, "random", "bfloat16", "tf32", True),
+     ("specla", 65, "chain", "float32", "ieee", False), ("specla", 129, "mixed", "bfloat16", "tf32", False),
+     ("specla", 257, "random", "bfloat16", "tf32", False)],
+)  # fmt: skip
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu_ok(), reason="needs a CUDA GPU, triton, and TRITON_INTERPRET unset")
+def test_gpu_tree_split_with_node_0_peeled(
+    shape: str, n: int, kind: str, dtype: str, precision: str, pending: bool
+) -> None:
+    """The split form with node 0 solved before its row blocks (peel) at the engine's 2^k + 1 slots and the
+    paper shapes, against float64."""
+    _check_gpu_case(shape, n, kind, dtype, precision, split=True, peel=True, chain_api=kind == "chain",
+                    pending=pending, pending_n=64)  # fmt: skip
+
+
+@pytest.mark.parametrize(
     ("shape", "n", "kind", "dtype", "precision"),
     [("specla", 64, "mixed", "bfloat16", "tf32"), ("specla", 64, "chain", "float32", "ieee"),
      ("weaver", 64, "random", "float32", "ieee"), ("weaver", 128, "mixed", "bfloat16", "tf32")],
@@ -842,7 +942,7 @@ def _check_gpu_case(shape: str, n: int, kind: str, dtype: str, precision: str, *
     msg = f"seed={spec['seed']} {res}"
     assert res["unwritten"] == 0 and res["dtypes_ok"] and res["k_exact"], msg
     assert res["o"] <= o_tol and res["delta"] <= d_tol and res["commit"] <= d_tol, msg
-    assert res["gate_cum"] <= 1e-5 and res["states"] <= 1e-5, msg
+    assert res["gate_cum"] <= 1e-5 and res["states"] <= 1e-5 and res["committed"] <= 1e-5, msg
 
 
 @pytest.mark.parametrize(
