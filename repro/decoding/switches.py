@@ -22,6 +22,7 @@ import yaml
 from repro.decoding import engine
 from repro.drafters import dflash_fast
 from repro.errors import ConfigError
+from repro.gdn import triton_tree
 from repro.models import graphed, static, static_layers, topk_kernels
 from repro.models.slot_kernels import TAG_ROWS
 
@@ -89,6 +90,10 @@ SWITCHES: dict[str, Switch] = {
     ),
     "topk_kernels": Switch(
         topk_kernels, "KERNELS", bool, "row top-k on Triton kernels (off: torch.topk)"
+    ),
+    "peel_root": Switch(
+        triton_tree, "PEEL_ROOT", bool,
+        "the split tree kernel solves node 0 before its row blocks on slots of 2^k + 1 nodes",
     ),
 }  # fmt: skip
 

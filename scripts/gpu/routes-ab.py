@@ -54,7 +54,8 @@ on a fresh GraphedTarget so that its graphs are captured under that setting:
   (``engine.PIPELINE_DEPTH``; the default: one), so that the host may fall that far behind before the device
   idles;
 - ``fused_tree``: every verify's GDN layers on the one-launch fused tree kernel, not the split form (three
-  launches: prologue, keys, values) that ``select_tree_kernel`` picks for few value heads in bf16.
+  launches: prologue, keys, values) that ``select_tree_kernel`` picks for few value heads in bf16;
+- ``peel_root``: the split form's node 0 solved before its row blocks on the 2^k + 1 slots (the switch).
 
 ROUTES_AB_VARIANTS (comma-separated names; default all) picks the variants; "default" always runs first.
 ROUTES_AB_BUDGET_S (default 400): a variant starts only if, taking as long as the one before it, it would end
@@ -174,6 +175,7 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "depth3": lambda: switches.applied({"pipeline_depth": 3}),
     "kernel_tree_copy": lambda: patched(static, "KERNEL_TREE_COPY", True),
     "aliased_roots": lambda: patched(tree_builders, "ALIASED_ROOTS", 4),
+    "peel_root": lambda: switches.applied({"peel_root": True}),
 }
 
 

@@ -6,8 +6,9 @@ The static decoder verifies a root and a budget of 2^k nodes on slots of 2^k + 1
 past a multiple of the row block pays a whole block more (Weaver's shape: 37.3 us at 65 nodes against 17.7
 at 64). For each GDN layer shape (Weaver = Qwen3.6-27B, SpecLA = GDN-1.3B, the tiny family's) and tree
 size in TREE_SLOTS_SIZES (default 32,33,64,65,128,129): the fused kernel, the split form's default tiles
-(:func:`repro.gdn.triton_tree.split_tiles`) and the split form over row blocks of 16 / 32 / 64 with each
-phase-2 walk (registers only up to four blocks), bf16 inputs, "tf32" dots, a draft tree of the bench.
+(:func:`repro.gdn.triton_tree.split_tiles`), the split form with node 0 peeled (``peel``: the tiles of n - 1
+rows) and over row blocks of 16 / 32 / 64 with each phase-2 walk (registers only up to four blocks), bf16
+inputs, "tf32" dots, a draft tree of the bench.
 Every variant is checked against the fused kernel's output (relative error < 1e-2) before it is timed
 (CUDA-graph median per call). Writes OUT_DIR/tree-slots.json and .md after every shape.
 """
@@ -35,6 +36,8 @@ PREC = "tf32"
 def variants(n: int) -> dict[str, dict[str, Any]]:
     """The split form's options timed at ``n`` nodes: default tiles, then every (row block, walk)."""
     out: dict[str, dict[str, Any]] = {"split-default": {}}
+    if n >= 17:
+        out["split-peel"] = dict(peel=True)  # node 0 before the row blocks: the tiles of n - 1 rows
     for br in (16, 32, 64):
         blocks = -(-n // br)
         if br >= 2 * n or blocks > 16:
@@ -54,7 +57,10 @@ def shape_rows(shape: str, n: int, dev: torch.device) -> list[dict[str, Any]]:
     ref = tt.tree_gdn_fused(*args)[0].float()
     default = tt.split_tiles(n, case.shape.hv, case.shape.dv, PREC)
     calls = {"fused": lambda: tt.tree_gdn_fused(*args)}
-    calls |= {name: (lambda kw=kw: tt.tree_gdn_split(*args, **kw)) for name, kw in variants(n).items()}
+    calls |= {
+        name: (lambda kw=kw: tt.tree_gdn_split(*args, **{"peel": False, **kw}))
+        for name, kw in variants(n).items()
+    }
     rows = []
     for name, fn in calls.items():
         r: dict[str, Any] = dict(shape=shape, T=n, variant=name)
