@@ -22,7 +22,6 @@ import yaml
 from repro.decoding import engine
 from repro.drafters import dflash_fast
 from repro.errors import ConfigError
-from repro.gdn import triton_tree
 from repro.models import graphed, static, static_layers, topk_kernels
 from repro.models.slot_kernels import TAG_ROWS
 
@@ -92,7 +91,7 @@ SWITCHES: dict[str, Switch] = {
         topk_kernels, "KERNELS", bool, "row top-k on Triton kernels (off: torch.topk)"
     ),
     "peel_root": Switch(
-        triton_tree, "PEEL_ROOT", bool,
+        static, "PEEL_ROOT", bool,
         "the split tree kernel solves node 0 before its row blocks on slots of 2^k + 1 nodes",
     ),
 }  # fmt: skip

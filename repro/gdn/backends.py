@@ -43,14 +43,17 @@ def _reference(
 
 def _triton_tree(
     kernel, q, k, v, g, beta, state, parents, ancestors, scale, keep_snapshots, precision=None, pending=None,
-    out=None,
+    out=None, **knobs,
 ):  # fmt: skip
-    """The tree evaluator on ``kernel`` (tree_gdn_fused or tree_gdn_split of repro.gdn.triton_tree)."""
+    """The tree evaluator on ``kernel`` (tree_gdn_fused or tree_gdn_split of repro.gdn.triton_tree), with
+    its ``knobs``."""
     from repro.gdn import triton_tree
 
     # HybridLM's layers pass no precision (their q/k/v are float32): the exact "ieee" dots
     fn = getattr(triton_tree, kernel)
-    o, factors = fn(q, k, v, g, beta, state, ancestors, scale, precision or "ieee", pending=pending, out=out)
+    o, factors = fn(
+        q, k, v, g, beta, state, ancestors, scale, precision or "ieee", pending=pending, out=out, **knobs
+    )
     if keep_snapshots:
         factors.snapshots = triton_tree.tree_states_fused(k, v, g, beta, state, parents)
     return o, factors
@@ -58,8 +61,14 @@ def _triton_tree(
 
 _triton = partial(_triton_tree, "tree_gdn_fused")
 _triton_split = partial(_triton_tree, "tree_gdn_split")
+_triton_split_peel = partial(_triton_tree, "tree_gdn_split", peel=True)
 _triton_blocked = partial(_triton_tree, "tree_gdn_blocked")
-_TREE_FNS = {"fused": _triton, "split": _triton_split, "blocked": _triton_blocked}
+_TREE_FNS = {
+    "fused": _triton,
+    "split": _triton_split,
+    "split_peel": _triton_split_peel,
+    "blocked": _triton_blocked,
+}
 
 
 def _reference_commit(
@@ -156,8 +165,9 @@ def check_backend(
     return name
 
 
-# the Triton tree kernels: one launch, two phases (few heads), or three with T explicit
-TREE_KERNELS = ("fused", "split", "blocked")
+# the Triton tree kernels: one launch, two phases (few heads; node 0 before the row blocks), or three with T
+# explicit
+TREE_KERNELS = ("fused", "split", "split_peel", "blocked")
 
 
 def tree_function(
@@ -170,7 +180,8 @@ def tree_function(
     (o, delta, gate_cum[, k]): where the outputs and factors go (the delayed commit's double buffers).
     ``kernel`` (``triton``): "fused" (:func:`repro.gdn.triton_tree.tree_gdn_fused`) or "split"
     (``tree_gdn_split``: the key-only work once per head in a first launch; meant for few value heads,
-    e.g. GDN-1.3B's 8) or "blocked" (``tree_gdn_blocked``: T = (I + A)^-1 explicit, the value work in
+    e.g. GDN-1.3B's 8), "split_peel" (the same with node 0 solved before the row blocks: ``peel``) or
+    "blocked" (``tree_gdn_blocked``: T = (I + A)^-1 explicit, the value work in
     independent programs)."""
     check_backend(name, device, interpreter)
     if kernel not in TREE_KERNELS:

@@ -462,10 +462,10 @@ def _tree_keys_kernel(
     the same NCT programs (after the commit, if any) write phase 2's state products K S0^T and Q S0^T of
     their d_v rows for every node (:func:`_state_products`, RC rows at a time) into ks / qs [n, HV, d_v]
     float32: the value phase's d_k-long dots leave its serial chain for programs beside the key work.
-    PEEL (:func:`peel_root`): node 0 is left out of the row blocks (row block r holds rows 1 + r BR ..):
-    the diagonal programs also write its column, A[R, 0] and P[R, 0] (node 0 is an ancestor of every node
-    of a draft tree, the root, but the mask decides), from K_R k_0 and Q_R k_0 summed in the same d_k loop;
-    program (0, 0) writes node 0's own P[0, 0], G_0 = g_0 and expanded key."""
+    PEEL (:func:`tree_gdn_split`'s ``peel``): node 0 is left out of the row blocks (row block r holds rows
+    1 + r BR ..): the diagonal programs also write its column, A[R, 0] and P[R, 0] (node 0 is an ancestor of
+    every node of a draft tree, the root, but the mask decides), from K_R k_0 and Q_R k_0 summed in the same
+    d_k loop; program (0, 0) writes node 0's own P[0, 0], G_0 = g_0 and expanded key."""
     pdl_start(PDL)
     i_h = tl.program_id(0)
     pid = tl.program_id(1)
@@ -710,8 +710,9 @@ def _tree_values_kernel(
     REGS: the walk keeps every Delta row block in registers ([NRP, BR, BV]; NR = NP / BR, NRP that rounded
     up to a power of two) and takes each row block's off-diagonal sums as one dot over all earlier rows, so no
     Delta row goes through global memory and back and no CTA barrier orders the steps (NR unrolled).
-    PEEL (:func:`peel_root`): node 0 first (:func:`_peeled_root`), then the row blocks from row 1, each with
-    node 0's rank-one term: a tree of 2^k + 1 nodes walks 2^k rows in blocks instead of one block more."""
+    PEEL (:func:`tree_gdn_split`'s ``peel``): node 0 first (:func:`_peeled_root`), then the row blocks from
+    row 1, each with node 0's rank-one term: a tree of 2^k + 1 nodes walks 2^k rows in blocks instead of one
+    block more."""
     pdl_start(PDL)
     i_h = tl.program_id(0)
     i_v = tl.program_id(1)
@@ -1105,7 +1106,7 @@ def tree_gdn_split(
     terms: bool | None = None,
     walk: str | None = None,
     inverse: int | None = None,
-    peel: bool | None = None,
+    peel: bool = False,
 ) -> tuple[torch.Tensor, TreeFactors]:
     """:func:`tree_gdn_fused` (same arguments, results and ``pending``) in two launches: for few heads,
     and at any head count for trees of 65-256 nodes (:func:`repro.gdn.chain.select_tree_kernel`).
@@ -1137,14 +1138,13 @@ def tree_gdn_split(
     8 warps 21.0 / 42.1; 32-row blocks, memory walk 22.2 at SpecLA (results/2026-12-03-h200-tree-walk:
     Weaver 36.9). 4 warps are faster in both phases at both block sizes (phase 1 at 64-row blocks 12.4 vs
     13.2 us, at 32 8.0 vs 10.1).
-    ``peel`` (default :func:`peel_root`): node 0 (no ancestor but itself) solved before the row blocks, which
+    ``peel``: node 0 (no ancestor but itself) solved before the row blocks, which
     then hold nodes 1..n-1 (the tiles chosen for n - 1 rows), each taking node 0's term as a rank-one
     update: the engine's slots of 2^k + 1 nodes (a draft tree's root and a power-of-two budget) walk 2^k
     rows instead of a whole row block more for one node. Same arithmetic but node 0's column (K k_0, Q k_0
     summed by elements in float32, not on tensor cores), so the same error bounds.
     """
     c = _TreeCall.of(q, k, v, g, beta, state, ancestors, precision, chain, pending, out)
-    peel = peel_root(c.n) if peel is None else peel
     if peel and c.n < 2:
         raise ValueError("peel needs at least two nodes (node 0 and a row block)")
     br, bv = split_tiles(c.n - peel, c.hv, c.dv, precision, block_rows, block_v)
@@ -1162,16 +1162,6 @@ def tree_gdn_split(
     )
     _value_walk(c, a_blocks, p_blocks, npad, br, bk, bv, precision, scale, warps, qs, walk, peel)
     return c.o, c.factors()
-
-
-PEEL_ROOT = False  # peel_root's switch: node 0 out of the split form's row blocks at 2^k + 1 nodes
-
-
-def peel_root(n: int) -> bool:
-    """Whether :func:`tree_gdn_split` solves node 0 before its row blocks by default: with
-    :data:`PEEL_ROOT` on, for n = 2^k + 1 > 16 nodes (the engine's verify slots of a root and a
-    power-of-two budget: 17, 33, 65, 129, 257), where the other 2^k rows fill whole row blocks."""
-    return PEEL_ROOT and n > 16 and (n - 1) & (n - 2) == 0
 
 
 def _value_walk(
@@ -1256,8 +1246,7 @@ def _key_blocks(
     the state products K S0^T into c.delta and Q S0^T into ``qs`` (the split form's ``terms``);
     ``inverse``: the diagonal inverse (:func:`inverse_scheme`). ``key_programs`` False: the launch without
     its key-only programs (the commit's and products' alone: timing their share; the scratch is left
-    unwritten). ``peel``: node 0 outside the row blocks (:func:`peel_root`; NP = 1 + the other n - 1
-    rounded up to BR)."""
+    unwritten). ``peel``: node 0 outside the row blocks (NP = 1 + the other n - 1 rounded up to BR)."""
     nr = triton.cdiv(c.n - peel, br)
     npad = peel + nr * br
     a_blocks = torch.empty(c.hv, npad, npad, dtype=torch.float32, device=c.q.device)

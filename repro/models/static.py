@@ -236,6 +236,17 @@ FUSE_BOOKKEEPING = True
 KERNEL_TREE_COPY = False
 # the default of StaticDecoder.fold_norms with fuse_verify (False: the scaled rows, for an A/B)
 FOLD_NORMS = True
+# where select_tree_kernel picks the split form for a slot of 2^k + 1 > 16 nodes (a root and a power-of-two
+# budget), take it with node 0 solved before the row blocks ("split_peel"): the other 2^k rows then fill
+# whole blocks. Off until measured on the GPU (scripts/gpu/tree-slots.py's split-peel rows, routes-ab's
+# peel_root variant)
+PEEL_ROOT = False
+
+
+def peels_root(nodes: int) -> bool:
+    """Whether a slot of ``nodes`` nodes is one that :data:`PEEL_ROOT` moves to "split_peel": 2^k + 1 > 16."""
+    return nodes > 16 and (nodes - 1) & (nodes - 2) == 0
+
 
 DELAYED = "delayed"  # SpecLA's delayed commit: the closed form, folded in by the next verification
 STATIC_STRATEGIES = (*COMMIT_STRATEGIES, DELAYED)
@@ -1167,12 +1178,14 @@ class StaticDecoder:
 
     def tree_kernel_at(self, nodes: int) -> str | None:
         """The Triton tree kernel a verify of ``nodes`` nodes runs: the forced one, else
-        :func:`select_tree_kernel` for the size (None: the reference backend)."""
+        :func:`select_tree_kernel` for the size, its "split" as "split_peel" where :data:`PEEL_ROOT` says
+        (None: the reference backend)."""
         if self.tree_kernel is None or self._tree_forced:
             return self.tree_kernel
         cfg = self.model.config
         dims = (cfg.linear_key_head_dim, cfg.linear_value_head_dim)
-        return select_tree_kernel(self.kernel_dtype, cfg.linear_num_value_heads, nodes, dims)
+        kernel = select_tree_kernel(self.kernel_dtype, cfg.linear_num_value_heads, nodes, dims)
+        return "split_peel" if kernel == "split" and PEEL_ROOT and peels_root(nodes) else kernel
 
     def _tree_for(self, nodes: int) -> Callable[..., Any]:
         """The tree function of a verify of ``nodes`` nodes (:meth:`tree_kernel_at`)."""

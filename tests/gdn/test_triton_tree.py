@@ -669,15 +669,10 @@ def test_peeled_node_0_leaves_whole_row_blocks(monkeypatch, n, peel, br, nr, np_
     assert (vw["BR"], vw["NR"], vw["REGS"], vw["PEEL"]) == (br, nr, regs, int(peel))
 
 
-def test_peel_root_takes_the_2k_plus_1_slots_when_on(monkeypatch) -> None:
-    """peel_root: off by default (PEEL_ROOT: until measured on the GPU); on, exactly the trees of 2^k + 1 >
-    16 nodes; a tree of one node cannot be peeled."""
+def test_a_tree_of_one_node_is_not_peeled() -> None:
+    """The split form's node 0 peel needs a row block after it."""
     from repro.gdn import triton_tree as tt
 
-    sizes = (1, 2, 3, 9, 16, 17, 18, 32, 33, 34, 64, 65, 128, 129, 256, 257)
-    assert not any(tt.peel_root(n) for n in sizes)
-    monkeypatch.setattr(tt, "PEEL_ROOT", True)
-    assert [n for n in sizes if tt.peel_root(n)] == [17, 33, 65, 129, 257]
     with pytest.raises(ValueError, match="peel needs at least two nodes"):
         tt.tree_gdn_split(*_split_inputs(1, 4, 16), 0.25, "tf32", peel=True)
 
