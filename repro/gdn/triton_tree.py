@@ -443,7 +443,7 @@ def _tree_verify_kernel(
 
 @triton.jit
 def _tree_keys_kernel(
-    q_ptr, k_ptr, g_ptr, beta_ptr, anc_ptr, a_ptr, p_ptr, gcum_ptr, kx_ptr,
+    q_ptr, k_ptr, g_ptr, beta_ptr, anc_ptr, a_ptr, p_ptr, c0_ptr, gcum_ptr, kx_ptr,
     s0_ptr, pd_ptr, pk_ptr, pg_ptr, panc_ptr, pnode_ptr, pn, ks_ptr, qs_ptr, n, NP, NR, scale,
     H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BR: tl.constexpr,
     LOG2_BR: tl.constexpr, BK: tl.constexpr, CHAIN: tl.constexpr, PREC: tl.constexpr,
@@ -462,10 +462,11 @@ def _tree_keys_kernel(
     the same NCT programs (after the commit, if any) write phase 2's state products K S0^T and Q S0^T of
     their d_v rows for every node (:func:`_state_products`, RC rows at a time) into ks / qs [n, HV, d_v]
     float32: the value phase's d_k-long dots leave its serial chain for programs beside the key work.
-    PEEL (:func:`tree_gdn_split`'s ``peel``): node 0 is left out of the row blocks (row block r holds rows
-    1 + r BR ..): the diagonal programs also write its column, A[R, 0] and P[R, 0] (node 0 is an ancestor of
-    every node of a draft tree, the root, but the mask decides), from K_R k_0 and Q_R k_0 summed in the same
-    d_k loop; program (0, 0) writes node 0's own P[0, 0], G_0 = g_0 and expanded key."""
+    PEEL (:func:`tree_gdn_split`'s ``peel``): node 0 is left out of the row blocks (row block r holds nodes
+    1 + r BR .., at scratch rows and columns r BR ..: aligned tiles): the diagonal programs also write its
+    column, A[R, 0] and P[R, 0] (node 0 is an ancestor of every node of a draft tree, the root, but the mask
+    decides), from K_R k_0 and Q_R k_0 summed in the same d_k loop, into ``c0`` [2, HV, n] (A's column, P's
+    column; by node); program (0, 0) writes node 0's own P[0, 0] there, G_0 = g_0 and its expanded key."""
     pdl_start(PDL)
     i_h = tl.program_id(0)
     pid = tl.program_id(1)
@@ -533,17 +534,16 @@ def _tree_keys_kernel(
     b_gam = tl.where(m_rc, tl.exp(tl.where(m_rc, b_gr[:, None] - b_gc[None, :], 0.0)), 0.0)
     b_beta = tl.load(beta_ptr + rows * HV + i_h, mask=m_rows, other=0.0).to(tl.float32)
     b_a = tl.where(rows[:, None] > cols[None, :], b_beta[:, None] * b_kk * b_gam, 0.0)
-    p_blk = i_h * NP * NP + rows[:, None] * NP + cols[None, :]
+    p_blk = i_h * NP * NP + (rows - PEEL)[:, None] * NP + (cols - PEEL)[None, :]
     tl.store(p_ptr + p_blk, scale * b_qk * b_gam)
     if PEEL:  # node 0's column of the block's rows; node 0 itself (G_0 = g_0: it has no other ancestor)
         b_g0 = tl.load(g_ptr + i_h).to(tl.float32)
         m_r0 = _first_node_column(anc_ptr, rows, n, CHAIN)
         b_gam0 = tl.where(m_r0, tl.exp(tl.where(m_r0, b_gr - b_g0, 0.0)), 0.0)
-        p_col = i_h * NP * NP + rows * NP
-        tl.store(a_ptr + p_col, b_beta * b_kk0 * b_gam0, mask=m_rows & (c == r))
-        tl.store(p_ptr + p_col, scale * b_qk0 * b_gam0, mask=m_rows & (c == r))
+        tl.store(c0_ptr + i_h * n + rows, b_beta * b_kk0 * b_gam0, mask=m_rows & (c == r))
+        tl.store(c0_ptr + (HV + i_h) * n + rows, scale * b_qk0 * b_gam0, mask=m_rows & (c == r))
         if pid == 0:
-            tl.store(p_ptr + i_h * NP * NP, scale * tl.sum(b_q00, axis=0))
+            tl.store(c0_ptr + (HV + i_h) * n, scale * tl.sum(b_q00, axis=0))
             tl.store(gcum_ptr + i_h, b_g0)
     if c == r:
         tl.store(gcum_ptr + rows * HV + i_h, b_gr, mask=m_rows)
@@ -625,7 +625,7 @@ def _walk_start(
 
 @triton.jit
 def _peeled_root(
-    q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, p_ptr, gcum_ptr, o_ptr, delta_ptr, qs_ptr, NP, scale, i_h, i_kh,
+    q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, c0_ptr, gcum_ptr, o_ptr, delta_ptr, qs_ptr, n, scale, i_h, i_kh,
     o_v, m_v, H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, PREC: tl.constexpr, TERMS: tl.constexpr,
 ):  # fmt: skip
@@ -637,26 +637,26 @@ def _peeled_root(
         m_v, H, HV, DK, DV, 16, BK, BV, PREC, TERMS,
     )  # fmt: skip
     b_x = tl.where(m_rv, b_x, 0.0)
-    b_o += tl.load(p_ptr + i_h * NP * NP) * b_x
+    b_o += tl.load(c0_ptr + (HV + i_h) * n) * b_x
     tl.store(delta_ptr + p_v, b_x, mask=m_rv)
     tl.store(o_ptr + p_v, b_o.to(o_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=m_rv)
     return tl.sum(b_x, axis=0)
 
 
 @triton.jit
-def _first_node_term(a_ptr, p_ptr, rows, n, NP, i_h, b_d0, b_x, b_o):
-    """A row block's terms in node 0 (PEEL): X_R -= A[R, 0] Delta_0, O_R += P[R, 0] Delta_0."""
-    p_c0 = i_h * NP * NP + rows * NP
+def _first_node_term(c0_ptr, rows, n, i_h, HV: tl.constexpr, b_d0, b_x, b_o):
+    """A row block's terms in node 0 (PEEL): X_R -= A[R, 0] Delta_0, O_R += P[R, 0] Delta_0 (phase 1's
+    ``c0`` columns)."""
     m_rows = rows < n
-    b_x -= tl.load(a_ptr + p_c0, mask=m_rows, other=0.0)[:, None] * b_d0[None, :]
-    b_o += tl.load(p_ptr + p_c0, mask=m_rows, other=0.0)[:, None] * b_d0[None, :]
+    b_x -= tl.load(c0_ptr + i_h * n + rows, mask=m_rows, other=0.0)[:, None] * b_d0[None, :]
+    b_o += tl.load(c0_ptr + (HV + i_h) * n + rows, mask=m_rows, other=0.0)[:, None] * b_d0[None, :]
     return b_x, b_o
 
 
 @triton.jit
 def _values_in_registers(
-    q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, a_ptr, p_ptr, gcum_ptr, o_ptr, delta_ptr, qs_ptr, n, NP, scale,
-    i_h, i_kh, o_v, m_v, H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, a_ptr, p_ptr, c0_ptr, gcum_ptr, o_ptr, delta_ptr, qs_ptr, n, NP,
+    scale, i_h, i_kh, o_v, m_v, H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BR: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, TERMS: tl.constexpr,
     NR: tl.constexpr, NRP: tl.constexpr, PEEL: tl.constexpr, b_d0,
 ):  # fmt: skip
@@ -675,16 +675,16 @@ def _values_in_registers(
             m_v, H, HV, DK, DV, BR, BK, BV, PREC, TERMS, PEEL,
         )  # fmt: skip
         if PEEL:
-            b_x, b_o = _first_node_term(a_ptr, p_ptr, rows, n, NP, i_h, b_d0, b_x, b_o)
-        p_row = i_h * NP * NP + rows[:, None] * NP
+            b_x, b_o = _first_node_term(c0_ptr, rows, n, i_h, HV, b_d0, b_x, b_o)
+        p_row = i_h * NP * NP + (rows - PEEL)[:, None] * NP  # the scratch holds nodes PEEL.. from row 0
         if r > 0:
             m_prev = (o_p < r * BR)[None, :]
             b_all = tl.reshape(b_d3, [NRP * BR, BV])
-            b_x -= tl.dot(tl.load(a_ptr + p_row + PEEL + o_p[None, :], mask=m_prev, other=0.0), b_all,
+            b_x -= tl.dot(tl.load(a_ptr + p_row + o_p[None, :], mask=m_prev, other=0.0), b_all,
                           input_precision=PREC)  # fmt: skip
-            b_o += tl.dot(tl.load(p_ptr + p_row + PEEL + o_p[None, :], mask=m_prev, other=0.0), b_all,
+            b_o += tl.dot(tl.load(p_ptr + p_row + o_p[None, :], mask=m_prev, other=0.0), b_all,
                           input_precision=PREC)  # fmt: skip
-        cols = PEEL + r * BR + o_r
+        cols = r * BR + o_r
         b_d = tl.dot(tl.load(a_ptr + p_row + cols[None, :]), b_x, input_precision=PREC)
         b_o += tl.dot(tl.load(p_ptr + p_row + cols[None, :]), b_d, input_precision=PREC)
         b_d3 = tl.where(o_b == r, b_d[None, :, :], b_d3)
@@ -694,8 +694,8 @@ def _values_in_registers(
 
 @triton.jit
 def _tree_values_kernel(
-    q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, a_ptr, p_ptr, gcum_ptr, o_ptr, delta_ptr, qs_ptr, n, NP, scale,
-    H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BR: tl.constexpr,
+    q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, a_ptr, p_ptr, c0_ptr, gcum_ptr, o_ptr, delta_ptr, qs_ptr, n, NP,
+    scale, H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BR: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, TERMS: tl.constexpr, PDL: tl.constexpr,
     REGS: tl.constexpr, NR: tl.constexpr, NRP: tl.constexpr, PEEL: tl.constexpr = 0,
 ):  # fmt: skip
@@ -722,12 +722,12 @@ def _tree_values_kernel(
     m_v = o_v < DV
     b_d0 = tl.zeros([BV], dtype=tl.float32)
     if PEEL:
-        b_d0 = _peeled_root(q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, p_ptr, gcum_ptr, o_ptr, delta_ptr, qs_ptr,
-                            NP, scale, i_h, i_kh, o_v, m_v, H, HV, DK, DV, BK, BV, PREC, TERMS)  # fmt: skip
+        b_d0 = _peeled_root(q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, c0_ptr, gcum_ptr, o_ptr, delta_ptr, qs_ptr,
+                            n, scale, i_h, i_kh, o_v, m_v, H, HV, DK, DV, BK, BV, PREC, TERMS)  # fmt: skip
     if REGS:
         _values_in_registers(
-            q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, a_ptr, p_ptr, gcum_ptr, o_ptr, delta_ptr, qs_ptr, n, NP,
-            scale, i_h, i_kh, o_v, m_v, H, HV, DK, DV, BR, BK, BV, PREC, TERMS, NR, NRP, PEEL, b_d0,
+            q_ptr, k_ptr, v_ptr, beta_ptr, s0_ptr, a_ptr, p_ptr, c0_ptr, gcum_ptr, o_ptr, delta_ptr, qs_ptr,
+            n, NP, scale, i_h, i_kh, o_v, m_v, H, HV, DK, DV, BR, BK, BV, PREC, TERMS, NR, NRP, PEEL, b_d0,
         )  # fmt: skip
         return
     for r in range(0, tl.cdiv(n - PEEL, BR)):
@@ -736,17 +736,17 @@ def _tree_values_kernel(
             m_v, H, HV, DK, DV, BR, BK, BV, PREC, TERMS, PEEL,
         )  # fmt: skip
         if PEEL:
-            b_x, b_o = _first_node_term(a_ptr, p_ptr, rows, n, NP, i_h, b_d0, b_x, b_o)
-        p_row = i_h * NP * NP + rows[:, None] * NP
+            b_x, b_o = _first_node_term(c0_ptr, rows, n, i_h, HV, b_d0, b_x, b_o)
+        p_row = i_h * NP * NP + (rows - PEEL)[:, None] * NP  # the scratch holds nodes PEEL.. from row 0
         for c in range(0, r):
-            cols = PEEL + c * BR + o_r
+            cols = c * BR + o_r
             b_a = tl.load(a_ptr + p_row + cols[None, :])
             b_p = tl.load(p_ptr + p_row + cols[None, :])
-            p_dc = cols[:, None] * (HV * DV) + i_h * DV + o_v[None, :]
-            b_dc = tl.load(delta_ptr + p_dc, mask=(cols < n)[:, None] & m_v[None, :], other=0.0)
+            p_dc = (PEEL + cols)[:, None] * (HV * DV) + i_h * DV + o_v[None, :]
+            b_dc = tl.load(delta_ptr + p_dc, mask=(PEEL + cols < n)[:, None] & m_v[None, :], other=0.0)
             b_x -= tl.dot(b_a, b_dc, input_precision=PREC)
             b_o += tl.dot(b_p, b_dc, input_precision=PREC)
-        cols = PEEL + r * BR + o_r
+        cols = r * BR + o_r
         b_t = tl.load(a_ptr + p_row + cols[None, :])
         b_d = tl.dot(b_t, b_x, input_precision=PREC)
         b_o += tl.dot(tl.load(p_ptr + p_row + cols[None, :]), b_d, input_precision=PREC)
@@ -1157,10 +1157,11 @@ def tree_gdn_split(
     elif terms and bvc < 16:
         raise ValueError(f"terms needs commit tiles of >= 16 rows (commit_block_v, d_v), got {bvc}")
     qs = torch.empty_like(c.delta) if terms else None
+    c0 = torch.empty(2, c.hv, c.n, dtype=torch.float32, device=c.q.device) if peel else None
     a_blocks, p_blocks, npad = _key_blocks(
-        c, br, bk, precision, scale, warps, pend, commit_block_v, qs, inverse, peel=peel
+        c, br, bk, precision, scale, warps, pend, commit_block_v, qs, inverse, c0=c0
     )
-    _value_walk(c, a_blocks, p_blocks, npad, br, bk, bv, precision, scale, warps, qs, walk, peel)
+    _value_walk(c, a_blocks, p_blocks, npad, br, bk, bv, precision, scale, warps, qs, walk, c0)
     return c.o, c.factors()
 
 
@@ -1177,21 +1178,23 @@ def _value_walk(
     warps: int,
     qs: torch.Tensor | None = None,
     walk: str | None = None,
-    peel: bool = False,
+    c0: torch.Tensor | None = None,
 ) -> None:
     """Launch ``_tree_values_kernel`` (phase 2 of the split form) on phase 1's blocks (:func:`_key_blocks`):
     writes c.o and c.delta; ``qs`` given: phase 1 wrote the state products (K S0^T in c.delta, Q S0^T in
     ``qs``); ``walk`` (:data:`WALKS`, default :func:`split_walk`): Delta kept in registers or read back
-    from c.delta; ``peel``: phase 1 left node 0 out of its row blocks."""
-    nr = (npad - peel) // br
+    from c.delta; ``c0``: phase 1 left node 0 out of its row blocks, its columns there."""
+    nr = npad // br
     walk = walk or split_walk(br, nr)
     if walk not in WALKS:
         raise ValueError(f"walk must be one of {WALKS}, got {walk!r}")
     terms = qs is not None
     _tree_values_kernel[(c.hv, triton.cdiv(c.dv, bv))](
-        c.q, c.k, c.v, c.beta, c.state, a_blocks, p_blocks, c.gate_cum, c.o, c.delta,
+        c.q, c.k, c.v, c.beta, c.state, a_blocks, p_blocks, a_blocks if c0 is None else c0, c.gate_cum, c.o,
+        c.delta,
         qs if terms else c.delta, c.n, npad, float(scale), H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, BK=bk,
-        BV=bv, PREC=precision, TERMS=terms, REGS=walk == "registers", NR=nr, NRP=pow2(nr), PEEL=int(peel),
+        BV=bv, PREC=precision, TERMS=terms, REGS=walk == "registers", NR=nr, NRP=pow2(nr),
+        PEEL=int(c0 is not None),
         num_warps=warps, **pdl_args(c.q.device, verify=True),
     )  # fmt: skip
 
@@ -1238,7 +1241,7 @@ def _key_blocks(
     qs: torch.Tensor | None = None,
     inverse: int | None = None,
     key_programs: bool = True,
-    peel: bool = False,
+    c0: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Launch ``_tree_keys_kernel`` (phase 1 of the split and blocked forms): returns the float32 scratch
     (A blocks with the diagonal inverses, P blocks), each [HV, NP, NP], and NP = n rounded up to BR;
@@ -1246,16 +1249,19 @@ def _key_blocks(
     the state products K S0^T into c.delta and Q S0^T into ``qs`` (the split form's ``terms``);
     ``inverse``: the diagonal inverse (:func:`inverse_scheme`). ``key_programs`` False: the launch without
     its key-only programs (the commit's and products' alone: timing their share; the scratch is left
-    unwritten). ``peel``: node 0 outside the row blocks (NP = 1 + the other n - 1 rounded up to BR)."""
+    unwritten). ``c0`` given ([2, HV, n] float32): node 0 outside the row blocks, its columns of A and P
+    there (the split form's ``peel``; NP = the other n - 1 rounded up to BR)."""
+    peel = c0 is not None
     nr = triton.cdiv(c.n - peel, br)
-    npad = peel + nr * br
+    npad = nr * br
     a_blocks = torch.empty(c.hv, npad, npad, dtype=torch.float32, device=c.q.device)
     p_blocks = torch.empty(c.hv, npad, npad, dtype=torch.float32, device=c.q.device)
     terms = qs is not None
     bvc, bkc = commit_tiles(c.dv, c.dk, commit_block_v, long_programs=pending and terms and c.n > 64)
     nct = triton.cdiv(c.dv, bvc) if pending or terms else 0
     _tree_keys_kernel[(c.hv, nct + (nr * nr if key_programs else 0))](
-        c.q, c.k, c.g, c.beta, c.anc, a_blocks, p_blocks, c.gate_cum, c.k_exp, c.state, *c.p_ops, c.p_node,
+        c.q, c.k, c.g, c.beta, c.anc, a_blocks, p_blocks, a_blocks if c0 is None else c0, c.gate_cum, c.k_exp,
+        c.state, *c.p_ops, c.p_node,
         c.p_n, c.delta, qs if terms else c.delta, c.n, npad, nr, float(scale),
         H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk, CHAIN=c.chain,
         PREC=precision, UPCAST_QK=c.upcast, INV=inverse_scheme(br, inverse), WRITE_K=c.write_k,

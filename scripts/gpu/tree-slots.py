@@ -10,7 +10,8 @@ size in TREE_SLOTS_SIZES (default 32,33,64,65,128,129): the fused kernel, the sp
 rows) and over row blocks of 16 / 32 / 64 with each phase-2 walk (registers only up to four blocks), bf16
 inputs, "tf32" dots, a draft tree of the bench.
 Every variant is checked against the fused kernel's output (relative error < 1e-2) before it is timed
-(CUDA-graph median per call). Writes OUT_DIR/tree-slots.json and .md after every shape.
+(CUDA-graph median per call). TREE_SLOTS_VARIANTS (comma-separated names, e.g. fused,split-default,split-peel)
+keeps only those. Writes OUT_DIR/tree-slots.json and .md after every shape.
 """
 
 from __future__ import annotations
@@ -61,6 +62,9 @@ def shape_rows(shape: str, n: int, dev: torch.device) -> list[dict[str, Any]]:
         name: (lambda kw=kw: tt.tree_gdn_split(*args, **{"peel": False, **kw}))
         for name, kw in variants(n).items()
     }
+    picked = os.environ.get("TREE_SLOTS_VARIANTS")
+    if picked:
+        calls = {name: fn for name, fn in calls.items() if name in picked.split(",")}
     rows = []
     for name, fn in calls.items():
         r: dict[str, Any] = dict(shape=shape, T=n, variant=name)

@@ -577,11 +577,12 @@ class _GridSpy:
 
     def __init__(self) -> None:
         self.grids: list[tuple[int, ...]] = []
+        self.args: list[tuple] = []
         self.kwargs: list[dict] = []
 
     def __getitem__(self, grid):  # noqa: ANN001, ANN204
         self.grids.append(grid)
-        return lambda *args, **kwargs: self.kwargs.append(kwargs)
+        return lambda *args, **kwargs: (self.args.append(args), self.kwargs.append(kwargs))
 
 
 @pytest.mark.parametrize(
@@ -651,13 +652,13 @@ def test_inverse_scheme_by_block_rows(monkeypatch, block_rows: int, inverse, wan
 
 @pytest.mark.parametrize(
     ("n", "peel", "br", "nr", "np_", "regs"),
-    [(129, True, 64, 2, 129, True), (129, False, 32, 5, 160, False), (65, True, 32, 2, 65, False),
-     (33, True, 32, 1, 33, False), (17, True, 16, 1, 17, False), (2, True, 16, 1, 17, False)],
+    [(129, True, 64, 2, 128, True), (129, False, 32, 5, 160, False), (65, True, 32, 2, 64, False),
+     (33, True, 32, 1, 32, False), (17, True, 16, 1, 16, False), (2, True, 16, 1, 16, False)],
 )  # fmt: skip
 def test_peeled_node_0_leaves_whole_row_blocks(monkeypatch, n, peel, br, nr, np_, regs) -> None:
     """With node 0 peeled, the row blocks, their tiles and walk are those of the other n - 1 rows (129
-    nodes: two 64-row blocks in registers instead of five 32-row ones) and the scratch holds node 0's row
-    and column besides them; both phases are told."""
+    nodes: two 64-row blocks in registers instead of five 32-row ones), the scratch holds those rows alone
+    (aligned tiles) and node 0's columns of A and P go to a [2, HV, n] buffer both phases are given."""
     from repro.gdn import triton_tree as tt
 
     keys, values = _GridSpy(), _GridSpy()
@@ -667,6 +668,10 @@ def test_peeled_node_0_leaves_whole_row_blocks(monkeypatch, n, peel, br, nr, np_
     (kw,), (vw,) = keys.kwargs, values.kwargs
     assert keys.grids == [(4, nr * nr)] and (kw["BR"], kw["PEEL"]) == (br, int(peel))
     assert (vw["BR"], vw["NR"], vw["REGS"], vw["PEEL"]) == (br, nr, regs, int(peel))
+    (ka,), (va,) = keys.args, values.args
+    a_blocks, c0 = ka[5], ka[7]
+    assert a_blocks.shape == (4, np_, np_) and va[5] is a_blocks and va[7] is c0
+    assert (c0.shape == (2, 4, n)) if peel else (c0 is a_blocks)
 
 
 def test_a_tree_of_one_node_is_not_peeled() -> None:
