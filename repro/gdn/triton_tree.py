@@ -503,9 +503,12 @@ def _tree_keys_kernel(
     b_gc = _block_gates(g_ptr, anc_ptr, c, n, i_h, HV, BR, CHAIN, NPG, PEEL)
     b_kk = tl.zeros([BR, BR], dtype=tl.float32)
     b_qk = tl.zeros([BR, BR], dtype=tl.float32)
-    b_kk0 = tl.zeros([BR], dtype=tl.float32)  # PEEL: K_R k_0, Q_R k_0 and q_0 k_0 (by elements)
-    b_qk0 = tl.zeros([BR], dtype=tl.float32)
-    b_q00 = tl.zeros([BK], dtype=tl.float32)
+    # PEEL: K_R k_0, Q_R k_0 (column 0) and q_0 k_0 ([0, 0]) as dots with a 16-row tile whose row 0 is node 0
+    # (dots take >= 16 rows; elementwise sums over the operand tiles cost layout conversions every d_k step)
+    o_z = tl.arange(0, 16)
+    b_kk0 = tl.zeros([BR, 16], dtype=tl.float32)
+    b_qk0 = tl.zeros([BR, 16], dtype=tl.float32)
+    b_q00 = tl.zeros([16, 16], dtype=tl.float32)
     for kk in range(0, DK, BK):
         m_k = (kk + o_k) < DK
         p_r = rows[:, None] * (H * DK) + i_kh * DK + (kk + o_k)[None, :]
@@ -517,19 +520,26 @@ def _tree_keys_kernel(
             p_kx = rows[:, None] * (HV * DK) + i_h * DK + (kk + o_k)[None, :]
             tl.store(kx_ptr + p_kx, b_k.to(tl.float32), mask=m_rows[:, None] & m_k[None, :] & (c == r))
         if PEEL:
-            p_0 = i_kh * DK + kk + o_k
-            b_k0 = tl.load(k_ptr + p_0, mask=m_k, other=0.0).to(tl.float32)
-            b_kk0 += tl.sum(b_k.to(tl.float32) * b_k0[None, :], axis=1)
-            b_qk0 += tl.sum(b_q.to(tl.float32) * b_k0[None, :], axis=1)
-            b_q00 += tl.load(q_ptr + p_0, mask=m_k, other=0.0).to(tl.float32) * b_k0
+            p_0 = (i_kh * DK + kk + o_k)[None, :] + 0 * o_z[:, None]
+            m_0 = (o_z == 0)[:, None] & m_k[None, :]
+            b_k0 = tl.load(k_ptr + p_0, mask=m_0, other=0.0)
+            b_q0 = tl.load(q_ptr + p_0, mask=m_0, other=0.0)
             if WRITE_K:
-                tl.store(kx_ptr + i_h * DK + kk + o_k, b_k0, mask=m_k & (pid == 0))
+                p_kx0 = (i_h * DK + kk + o_k)[None, :] + 0 * o_z[:, None]
+                tl.store(kx_ptr + p_kx0, b_k0.to(tl.float32), mask=m_0 & (pid == 0))
         if UPCAST_QK:
             b_k = b_k.to(tl.float32)
             b_q = b_q.to(tl.float32)
             b_kc = b_kc.to(tl.float32)
+            if PEEL:
+                b_k0 = b_k0.to(tl.float32)
+                b_q0 = b_q0.to(tl.float32)
         b_kk += tl.dot(b_k, tl.trans(b_kc), input_precision=PREC)
         b_qk += tl.dot(b_q, tl.trans(b_kc), input_precision=PREC)
+        if PEEL:
+            b_kk0 += tl.dot(b_k, tl.trans(b_k0), input_precision=PREC)
+            b_qk0 += tl.dot(b_q, tl.trans(b_k0), input_precision=PREC)
+            b_q00 += tl.dot(b_q0, tl.trans(b_k0), input_precision=PREC)
     m_rc = _block_mask(anc_ptr, rows, cols, n, CHAIN)
     b_gam = tl.where(m_rc, tl.exp(tl.where(m_rc, b_gr[:, None] - b_gc[None, :], 0.0)), 0.0)
     b_beta = tl.load(beta_ptr + rows * HV + i_h, mask=m_rows, other=0.0).to(tl.float32)
@@ -537,13 +547,17 @@ def _tree_keys_kernel(
     p_blk = i_h * NP * NP + (rows - PEEL)[:, None] * NP + (cols - PEEL)[None, :]
     tl.store(p_ptr + p_blk, scale * b_qk * b_gam)
     if PEEL:  # node 0's column of the block's rows; node 0 itself (G_0 = g_0: it has no other ancestor)
+        first = (o_z == 0)[None, :]
         b_g0 = tl.load(g_ptr + i_h).to(tl.float32)
         m_r0 = _first_node_column(anc_ptr, rows, n, CHAIN)
         b_gam0 = tl.where(m_r0, tl.exp(tl.where(m_r0, b_gr - b_g0, 0.0)), 0.0)
-        tl.store(c0_ptr + i_h * n + rows, b_beta * b_kk0 * b_gam0, mask=m_rows & (c == r))
-        tl.store(c0_ptr + (HV + i_h) * n + rows, scale * b_qk0 * b_gam0, mask=m_rows & (c == r))
+        b_kk0_r = tl.sum(tl.where(first, b_kk0, 0.0), axis=1)
+        b_qk0_r = tl.sum(tl.where(first, b_qk0, 0.0), axis=1)
+        tl.store(c0_ptr + i_h * n + rows, b_beta * b_kk0_r * b_gam0, mask=m_rows & (c == r))
+        tl.store(c0_ptr + (HV + i_h) * n + rows, scale * b_qk0_r * b_gam0, mask=m_rows & (c == r))
         if pid == 0:
-            tl.store(c0_ptr + (HV + i_h) * n, scale * tl.sum(b_q00, axis=0))
+            b_q00_s = tl.sum(tl.sum(tl.where((o_z == 0)[:, None] & first, b_q00, 0.0), axis=1), axis=0)
+            tl.store(c0_ptr + (HV + i_h) * n, scale * b_q00_s)
             tl.store(gcum_ptr + i_h, b_g0)
     if c == r:
         tl.store(gcum_ptr + rows * HV + i_h, b_gr, mask=m_rows)
@@ -1141,8 +1155,8 @@ def tree_gdn_split(
     ``peel``: node 0 (no ancestor but itself) solved before the row blocks, which
     then hold nodes 1..n-1 (the tiles chosen for n - 1 rows), each taking node 0's term as a rank-one
     update: the engine's slots of 2^k + 1 nodes (a draft tree's root and a power-of-two budget) walk 2^k
-    rows instead of a whole row block more for one node. Same arithmetic but node 0's column (K k_0, Q k_0
-    summed by elements in float32, not on tensor cores), so the same error bounds.
+    rows instead of a whole row block more for one node. Same arithmetic (node 0's column K k_0, Q k_0 as
+    dots of the same precision), so the same error bounds.
     """
     c = _TreeCall.of(q, k, v, g, beta, state, ancestors, precision, chain, pending, out)
     if peel and c.n < 2:
