@@ -14,7 +14,8 @@ TREE_PHASES_PARTS (default "phases,knobs"; the tables are rewritten after every 
 variants and sweeps above, "knobs" phase 1 alone under knobs
 that price its parts (:func:`keys_knobs`), "delayed" the split form with and without a pending commit
 (phase 1's commit programs over commit_block_v 16 / 32 / 64, the path from the mask or a path index;
-:func:`delayed`). TREE_PHASES_BLOCKS picks the blocks as ``part:shape:T`` items
+:func:`delayed`), "peel" the split form with and without node 0 peeled, whole and by phase
+(:func:`peel`). TREE_PHASES_BLOCKS picks the blocks as ``part:shape:T`` items
 (e.g. "knobs:specla:128,phases:specla:128"; default every block); a budget of TREE_PHASES_BUDGET seconds
 (75) skips the blocks not started by then.
 
@@ -311,6 +312,51 @@ def _delayed_parts(shape, t, dev, x, f, anc, node, scale, state, depth) -> list[
     return rows
 
 
+def peel(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
+    """The split form with and without node 0 peeled (``peel``) at its default tiles for each (those of t
+    and of t - 1 rows), whole and phase by phase (phase 1 with its state products, phase 2 on them), each
+    whole form first checked against the fused kernel: where the peeled form's overhead lies
+    (results/2026-12-06-h100-peel-root: +1.3-1.6 us at 32-row blocks, +8 at 64)."""
+    spec = bk.RowSpec(shape, "verify", "draft", t, "tree_split", "bf16")
+    case = bk.make_case(spec, bk.BenchConfig(timer=TIMER, bf16_precision=PREC), dev)
+    x = km.make_inputs(case.shape, case.n, km.seed_of(spec, 0, "peel"), dev).to("bf16")
+    anc, scale = case.ancestors, case.shape.scale
+    args = (x.q, x.k, x.v, x.g, x.beta, x.state, anc, scale, PREC)
+    ref = tt.tree_gdn_fused(*args)[0].float()
+    c = tt._TreeCall.of(x.q, x.k, x.v, x.g, x.beta, x.state, anc, PREC, False, None, None)
+    rows: list[dict[str, Any]] = []
+    for peeled in (False, True):
+        br, bv = tt.split_tiles(c.n - peeled, c.hv, c.dv, PREC)
+        bk_, warps = tt._check_tiles(br, None, c.dk), tt.SPLIT_WARPS
+        c0 = torch.empty(2, c.hv, c.n, dtype=torch.float32, device=dev) if peeled else None
+        qs = torch.empty_like(c.delta)
+        a, p, npad = tt._key_blocks(c, br, bk_, PREC, scale, warps, False, None, qs, c0=c0)
+        name = "peeled" if peeled else "split"
+
+        def whole(peeled: bool = peeled) -> None:
+            tt.tree_gdn_split(*args, peel=peeled)
+
+        def check(peeled: bool = peeled) -> tuple[float, bool]:
+            err = ((tt.tree_gdn_split(*args, peel=peeled)[0].float() - ref).norm() / ref.norm()).item()
+            return err, err < 1e-2
+
+        def keys(c0=c0, br=br, b=bk_, s=qs) -> None:  # noqa: ANN001
+            tt._key_blocks(c, br, b, PREC, scale, tt.SPLIT_WARPS, False, None, s, c0=c0)
+
+        def values(c0=c0, a=a, p=p, n=npad, br=br, b=bk_, bv=bv, s=qs) -> None:  # noqa: ANN001
+            tt._value_walk(c, a, p, n, br, b, bv, PREC, scale, tt.SPLIT_WARPS, s, None, c0)
+
+        parts = [(name, whole, check), (f"{name}: phase 1 + terms", keys, None),
+                 (f"{name}: phase 2 (terms)", values, None)]  # fmt: skip
+        for variant, fn, chk in parts:
+            r = measure(
+                dict(shape=shape, T=t, variant=variant, block_rows=br, block_v=bv), fn, dev, 30.0, chk
+            )
+            rows.append(r)
+            print(f"{shape:7s} T={t:<4d} {variant:28s} BR={br} {r.get('status')} us={r.get('us')}")
+    return rows
+
+
 def dump(out_dir: Path, rows: list[dict[str, Any]], start: float) -> str:
     """Write the JSON and markdown of the rows so far (after every block: a timed-out run keeps them)."""
     result = {"device": torch.cuda.get_device_name(), "seconds": time.monotonic() - start, "rows": rows}
@@ -342,6 +388,7 @@ def main() -> None:
     ]
     blocks += [("knobs", shape, t) for shape, t in (("weaver", 128), ("weaver", 64), ("specla", 128))]
     blocks += [("delayed", shape, t) for shape, t in (("specla", 64), ("specla", 128))]
+    blocks += [("peel", shape, t) for shape in ("weaver", "tiny-qwen35") for t in (33, 65, 129, 128)]
     if os.environ.get("TREE_PHASES_BLOCKS"):
         items = (b.split(":") for b in os.environ["TREE_PHASES_BLOCKS"].split(","))
         blocks = [(part, shape, int(t)) for part, shape, t in items]
@@ -353,7 +400,7 @@ def main() -> None:
         if time.monotonic() - start > budget:
             print(f"budget spent: {part} {shape} T={t} skipped")
             continue
-        rows += {"phases": phases, "knobs": keys_knobs, "delayed": delayed}[part](shape, t, dev)
+        rows += {"phases": phases, "knobs": keys_knobs, "delayed": delayed, "peel": peel}[part](shape, t, dev)
         dump(out_dir, rows, start)
     print(dump(out_dir, rows, start))
 
