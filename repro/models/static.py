@@ -238,8 +238,9 @@ KERNEL_TREE_COPY = False
 FOLD_NORMS = True
 # where select_tree_kernel picks the split form for a slot of 2^k + 1 > 16 nodes (a root and a power-of-two
 # budget), take it with node 0 solved before the row blocks ("split_peel"): the other 2^k rows then fill
-# whole blocks. Off until measured on the GPU (scripts/gpu/tree-slots.py's split-peel rows, routes-ab's
-# peel_root variant)
+# whole blocks. Off: on an H100 it won at 33 nodes (Weaver's shape 13.4 vs 17.2 us, the tiny family's 8.6 vs
+# 9.6) but tied or lost at 65 / 129 (its overhead grows with the row block; results/2026-12-06-h100-peel-root:
+# scripts/gpu/tree-slots.py's split-peel rows, routes-ab's peel_root variant)
 PEEL_ROOT = False
 
 
