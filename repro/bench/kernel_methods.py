@@ -13,7 +13,8 @@ n tree nodes, L tokens over all root-to-leaf paths, N paths (leaves), d the acce
 e the q/k/v element size (2 for bf16, 4 for fp32), g/beta/state/factors in fp32:
 
 - io(t) = t (2 H dk e + HV dv e + 2 HV 4): q, k, v, g, beta of t tokens; S = HV dv dk 4.
-- tree_fused, tree_split (the two-phase kernel; its scratch not counted), tree_blocked (three launches, T
+- tree_fused, tree_split (the two-phase kernel; its scratch not counted), tree_split_peel (the same with node
+  0 solved before the row blocks: ``peel``), tree_blocked (three launches, T
   explicit: repro.gdn.triton_tree.tree_gdn_blocked; scratch not counted), tree_torch, hybrid / hybrid_torch
   (SpecLA's chain + masked-remainder schedule, repro.gdn.hybrid_schedule; Triton / torch): io(n) + n^2
   (ancestor mask) + S, writes o (n HV dv e), delta (n HV dv 4) and G (n HV 4); flops HV wy(n),
@@ -250,6 +251,12 @@ def build_tree_split(case: Case, x: Inputs) -> Fn:
     s = case.shape.scale
     prec = case.precision
     return lambda: split(x.q, x.k, x.v, x.g, x.beta, x.state, case.ancestors, s, precision=prec)[0]
+
+
+def build_tree_split_peel(case: Case, x: Inputs) -> Fn:
+    split = _triton_tree().tree_gdn_split
+    s, prec = case.shape.scale, case.precision
+    return lambda: split(x.q, x.k, x.v, x.g, x.beta, x.state, case.ancestors, s, precision=prec, peel=True)[0]
 
 
 def build_tree_blocked(case: Case, x: Inputs) -> Fn:
@@ -534,6 +541,18 @@ def chunk_flops(length: int, dk: int, dv: int, chunk: int = CHUNK) -> float:
     return sum(wy_flops(c, dk, dv) for c in sizes) + sum(2 * c * dk * dv for c in sizes[:-1])
 
 
+# the methods priced as one masked-WY tree verification (cost)
+TREE_COST_METHODS = (
+    "tree_fused",
+    "tree_split",
+    "tree_split_peel",
+    "tree_blocked",
+    "tree_torch",
+    "hybrid",
+    "hybrid_torch",
+)
+
+
 def cost(method: str, dtype: str, case: Case) -> tuple[int, float, str]:
     """(bytes_min, flops, rate key "bf16"/"fp32") of one call (module docstring)."""
     sh, n = case.shape, case.n
@@ -547,7 +566,7 @@ def cost(method: str, dtype: str, case: Case) -> tuple[int, float, str]:
         return t * sh.hv * sh.dv * e
 
     rec = 7 * sh.dk * sh.dv * sh.hv  # flops per token of the recurrence
-    if method in ("tree_fused", "tree_split", "tree_blocked", "tree_torch", "hybrid", "hybrid_torch"):
+    if method in TREE_COST_METHODS:
         nbytes = io(n) + n * n + state + o(n) + n * sh.hv * (sh.dv + 1) * 4
         return nbytes, sh.hv * wy_flops(n, sh.dk, sh.dv), dtype
     if method in ("per_branch_recurrent", "prefill_flattened"):
@@ -606,6 +625,7 @@ class Method:
 METHODS: dict[str, Method] = {
     "tree_fused": Method(build_tree_fused, "nodes", "triton_tree"),
     "tree_split": Method(build_tree_split, "nodes", "triton_tree"),
+    "tree_split_peel": Method(build_tree_split_peel, "nodes", "triton_tree"),
     "tree_blocked": Method(build_tree_blocked, "nodes", "triton_tree"),
     "tree_torch": Method(build_tree_torch, "nodes", "torch", False, "not graph-timed (reference path)"),
     "hybrid": Method(build_hybrid, "nodes", "triton_tree"),

@@ -56,6 +56,7 @@ VERIFY_ROWS = [
     ("per_branch_recurrent", "bf16"),
     ("tree_fused", "bf16"),
     ("tree_split", "bf16"),
+    ("tree_split_peel", "bf16"),
     ("tree_blocked", "bf16"),
     ("hybrid", "bf16"),
     ("tree_fused", "fp32"),
@@ -112,6 +113,7 @@ def baseline_of(group: str, method: str) -> str:
 PRECISION_METHODS = {
     "tree_fused",
     "tree_split",
+    "tree_split_peel",
     "tree_blocked",
     "hybrid",
     "chain_verify",

@@ -277,6 +277,7 @@ def _production(t: int, field: str) -> Callable[[dict], float]:
 TREE_KERNELS = (
     "tree_fused",
     "tree_split",
+    "tree_split_peel",
     "tree_blocked",
 )  # the project's tree-verification kernels (bench methods)
 COMMIT_KERNELS = (  # its commits of an accepted path (bench methods)

@@ -425,6 +425,7 @@ rows = [(tree, "per_branch_recurrent", "bf16"), (tree, "tree_fused", "bf16"), (t
         (tree, "step_replay_fla", "bf16"), (tree, "step_closed_form_fused", "bf16"),
         (tree, "step_path_fused", "bf16"), (tree, "step_delayed_fused", "bf16"), (tree, "step_torch", "fp32"),
         (tree, "tree_split", "bf16"), (tree, "tree_split", "fp32"), (tree, "step_delayed_split", "bf16"),
+        (tree, "tree_split_peel", "bf16"), (tree, "tree_split_peel", "fp32"), (chain, "tree_split_peel", "fp32"),
         (tree, "commit_path_fused_old", "fp32"), (tree, "commit_path_indexed", "fp32"),
         (tree, "commit_path_indexed_conv", "fp32"), (tree, "commit_path_indexed_rank1_conv", "fp32"),
         (tree, "step_delayed_fused_indexed", "bf16"), (tree, "step_delayed_split_indexed", "bf16"),
