@@ -327,10 +327,10 @@ def peel(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for peeled in (False, True):
         br, bv = tt.split_tiles(c.n - peeled, c.hv, c.dv, PREC)
-        bk_, warps = tt._check_tiles(br, None, c.dk), tt.SPLIT_WARPS
+        bk_ = tt._check_tiles(br, None, c.dk)
         c0 = torch.empty(2, c.hv, c.n, dtype=torch.float32, device=dev) if peeled else None
         qs = torch.empty_like(c.delta)
-        a, p, npad = tt._key_blocks(c, br, bk_, PREC, scale, warps, False, None, qs, c0=c0)
+        a, p, npad = tt._key_blocks(c, br, bk_, PREC, scale, tt.SPLIT_WARPS, False, None, qs, c0=c0)
         name = "peeled" if peeled else "split"
 
         def whole(peeled: bool = peeled) -> None:

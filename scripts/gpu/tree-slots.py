@@ -58,10 +58,7 @@ def shape_rows(shape: str, n: int, dev: torch.device) -> list[dict[str, Any]]:
     ref = tt.tree_gdn_fused(*args)[0].float()
     default = tt.split_tiles(n, case.shape.hv, case.shape.dv, PREC)
     calls = {"fused": lambda: tt.tree_gdn_fused(*args)}
-    calls |= {
-        name: (lambda kw=kw: tt.tree_gdn_split(*args, **{"peel": False, **kw}))
-        for name, kw in variants(n).items()
-    }
+    calls |= {name: (lambda kw=kw: tt.tree_gdn_split(*args, **kw)) for name, kw in variants(n).items()}
     picked = os.environ.get("TREE_SLOTS_VARIANTS")
     if picked:
         calls = {name: fn for name, fn in calls.items() if name in picked.split(",")}
