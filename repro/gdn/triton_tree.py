@@ -251,14 +251,77 @@ def _block_gates(
     OFF: tl.constexpr = 0,
 ):  # fmt: skip
     """G of row block r (value head i_h; its rows start at OFF + r BR): the sum of g over each row's
-    ancestors, from one load of the mask's row block [BR, NPG] and of g (NPG: a power of two >= n). A loop
-    over the column blocks c <= r (a [BR, BR] load and sum each) cost phase 1 of the split form 1.2-1.3 us
-    more at 32-row blocks and 1.7-6.7 at 64 (SpecLA / Weaver, T = 128; results/2026-12-03-h200-tree-walk);
-    the fused kernel tied."""
+    ancestors, from one load of the mask's row block [BR, NPG] and of g (NPG: a power of two >= n - OFF).
+    A loop over the column blocks c <= r (a [BR, BR] load and sum each) cost phase 1 of the split form
+    1.2-1.3 us more at 32-row blocks and 1.7-6.7 at 64 (SpecLA / Weaver, T = 128;
+    results/2026-12-03-h200-tree-walk); the fused kernel tied. OFF = 1 (the split form's peel): the load's
+    columns start at node 1 too and node 0's g is added where it is an ancestor, so a slot of 2^k + 1
+    nodes loads 2^k columns (not 2^(k+1): Weaver's phase 1 at 129 nodes took 63 us on 64-row blocks that
+    way, against 20 at 128; H100, results/2026-12-06-h100-peel-root/callGE)."""
     rows = OFF + r * BR + tl.arange(0, BR)
-    cols = tl.arange(0, NPG)
+    cols = OFF + tl.arange(0, NPG)
     b_g = tl.load(g_ptr + cols * HV + i_h, mask=cols < n, other=0.0).to(tl.float32)
-    return tl.sum(tl.where(_block_mask(anc_ptr, rows, cols, n, CHAIN), b_g[None, :], 0.0), axis=1)
+    b_gr = tl.sum(tl.where(_block_mask(anc_ptr, rows, cols, n, CHAIN), b_g[None, :], 0.0), axis=1)
+    if OFF:
+        b_g0 = tl.load(g_ptr + i_h).to(tl.float32)
+        b_gr += tl.where(_first_node_column(anc_ptr, rows, n, CHAIN), b_g0, 0.0)
+    return b_gr
+
+
+@triton.jit
+def _first_node_columns(
+    q_ptr, k_ptr, g_ptr, beta_ptr, anc_ptr, c0_ptr, gcum_ptr, kx_ptr, r, n, scale, i_h, i_kh,
+    H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
+    CHAIN: tl.constexpr, PREC: tl.constexpr, UPCAST_QK: tl.constexpr, WRITE_K: tl.constexpr,
+    NPG: tl.constexpr,
+):  # fmt: skip
+    """Node 0's column of row block r (the split form's peel; rows 1 + r BR ..): A[R, 0] = beta_R (K_R k_0)
+    e^{G_R - g_0} and P[R, 0] = scale (Q_R k_0) e^{G_R - g_0} where node 0 is an ancestor, into ``c0``
+    [2, HV, n] (A's column, P's column; by node); K_R k_0 and Q_R k_0 as dots with a 16-row tile whose
+    row 0 is node 0 (dots take >= 16 rows). Block 0's program also writes node 0's own P[0, 0], G_0 = g_0
+    and its expanded key. Programs of their own beside the block pairs: in the diagonal programs these
+    dots lengthened phase 1's serial chain (Weaver T = 128 on 64-row blocks 25.4 vs 20.4 us, H100)."""
+    rows = 1 + r * BR + tl.arange(0, BR)
+    m_rows = rows < n
+    o_k = tl.arange(0, BK)
+    o_z = tl.arange(0, 16)
+    b_kk0 = tl.zeros([BR, 16], dtype=tl.float32)
+    b_qk0 = tl.zeros([BR, 16], dtype=tl.float32)
+    b_q00 = tl.zeros([16, 16], dtype=tl.float32)
+    for kk in range(0, DK, BK):
+        m_k = (kk + o_k) < DK
+        p_r = rows[:, None] * (H * DK) + i_kh * DK + (kk + o_k)[None, :]
+        b_k = tl.load(k_ptr + p_r, mask=m_rows[:, None] & m_k[None, :], other=0.0)
+        b_q = tl.load(q_ptr + p_r, mask=m_rows[:, None] & m_k[None, :], other=0.0)
+        p_0 = (i_kh * DK + kk + o_k)[None, :] + 0 * o_z[:, None]
+        m_0 = (o_z == 0)[:, None] & m_k[None, :]
+        b_k0 = tl.load(k_ptr + p_0, mask=m_0, other=0.0)
+        b_q0 = tl.load(q_ptr + p_0, mask=m_0, other=0.0)
+        if WRITE_K:
+            p_kx0 = (i_h * DK + kk + o_k)[None, :] + 0 * o_z[:, None]
+            tl.store(kx_ptr + p_kx0, b_k0.to(tl.float32), mask=m_0 & (r == 0))
+        if UPCAST_QK:
+            b_k = b_k.to(tl.float32)
+            b_q = b_q.to(tl.float32)
+            b_k0 = b_k0.to(tl.float32)
+            b_q0 = b_q0.to(tl.float32)
+        b_kk0 += tl.dot(b_k, tl.trans(b_k0), input_precision=PREC)
+        b_qk0 += tl.dot(b_q, tl.trans(b_k0), input_precision=PREC)
+        b_q00 += tl.dot(b_q0, tl.trans(b_k0), input_precision=PREC)
+    first = (o_z == 0)[None, :]
+    b_g0 = tl.load(g_ptr + i_h).to(tl.float32)
+    b_gr = _block_gates(g_ptr, anc_ptr, r, n, i_h, HV, BR, CHAIN, NPG, 1)
+    m_r0 = _first_node_column(anc_ptr, rows, n, CHAIN)
+    b_gam0 = tl.where(m_r0, tl.exp(tl.where(m_r0, b_gr - b_g0, 0.0)), 0.0)
+    b_beta = tl.load(beta_ptr + rows * HV + i_h, mask=m_rows, other=0.0).to(tl.float32)
+    b_kk0_r = tl.sum(tl.where(first, b_kk0, 0.0), axis=1)
+    b_qk0_r = tl.sum(tl.where(first, b_qk0, 0.0), axis=1)
+    tl.store(c0_ptr + i_h * n + rows, b_beta * b_kk0_r * b_gam0, mask=m_rows)
+    tl.store(c0_ptr + (HV + i_h) * n + rows, scale * b_qk0_r * b_gam0, mask=m_rows)
+    if r == 0:
+        b_q00_s = tl.sum(tl.sum(tl.where((o_z == 0)[:, None] & first, b_q00, 0.0), axis=1), axis=0)
+        tl.store(c0_ptr + (HV + i_h) * n, scale * b_q00_s)
+        tl.store(gcum_ptr + i_h, b_g0)
 
 
 @triton.jit
@@ -466,10 +529,9 @@ def _tree_keys_kernel(
     their d_v rows for every node (:func:`_state_products`, RC rows at a time) into ks / qs [n, HV, d_v]
     float32: the value phase's d_k-long dots leave its serial chain for programs beside the key work.
     PEEL (:func:`tree_gdn_split`'s ``peel``): node 0 is left out of the row blocks (row block r holds nodes
-    1 + r BR .., at scratch rows and columns r BR ..: aligned tiles): the diagonal programs also write its
-    column, A[R, 0] and P[R, 0] (node 0 is an ancestor of every node of a draft tree, the root, but the mask
-    decides), from K_R k_0 and Q_R k_0 summed in the same d_k loop, into ``c0`` [2, HV, n] (A's column, P's
-    column; by node); program (0, 0) writes node 0's own P[0, 0] there, G_0 = g_0 and its expanded key."""
+    1 + r BR .., at scratch rows and columns r BR ..: aligned tiles); NR more programs after the block
+    pairs write its column, A[R, 0] and P[R, 0] (node 0 is an ancestor of every node of a draft tree, the
+    root, but the mask decides), and node 0's own terms (:func:`_first_node_columns`)."""
     pdl_start(PDL)
     i_h = tl.program_id(0)
     pid = tl.program_id(1)
@@ -492,11 +554,16 @@ def _tree_keys_kernel(
                     tl.store(qs_ptr + p_v, b_qs, mask=m_rows[:, None] & m_v[None, :])
             return
         pid -= NCT
+    i_kh = i_h // (HV // H)
+    if PEEL and pid >= NR * NR:
+        _first_node_columns(q_ptr, k_ptr, g_ptr, beta_ptr, anc_ptr, c0_ptr, gcum_ptr, kx_ptr, pid - NR * NR,
+                            n, scale, i_h, i_kh, H, HV, DK, BR, BK, CHAIN, PREC, UPCAST_QK, WRITE_K,
+                            NPG)  # fmt: skip
+        return
     r = pid // NR
     c = pid % NR
     if c > r:
         return
-    i_kh = i_h // (HV // H)
     rows = PEEL + r * BR + tl.arange(0, BR)
     cols = PEEL + c * BR + tl.arange(0, BR)
     o_k = tl.arange(0, BK)
@@ -506,12 +573,6 @@ def _tree_keys_kernel(
     b_gc = _block_gates(g_ptr, anc_ptr, c, n, i_h, HV, BR, CHAIN, NPG, PEEL)
     b_kk = tl.zeros([BR, BR], dtype=tl.float32)
     b_qk = tl.zeros([BR, BR], dtype=tl.float32)
-    # PEEL: K_R k_0, Q_R k_0 (column 0) and q_0 k_0 ([0, 0]) as dots with a 16-row tile whose row 0 is node 0
-    # (dots take >= 16 rows; elementwise sums over the operand tiles cost layout conversions every d_k step)
-    o_z = tl.arange(0, 16)
-    b_kk0 = tl.zeros([BR, 16], dtype=tl.float32)
-    b_qk0 = tl.zeros([BR, 16], dtype=tl.float32)
-    b_q00 = tl.zeros([16, 16], dtype=tl.float32)
     for kk in range(0, DK, BK):
         m_k = (kk + o_k) < DK
         p_r = rows[:, None] * (H * DK) + i_kh * DK + (kk + o_k)[None, :]
@@ -522,46 +583,18 @@ def _tree_keys_kernel(
         if WRITE_K:  # TreeFactors.k: the float32 keys expanded to value heads (diagonal programs)
             p_kx = rows[:, None] * (HV * DK) + i_h * DK + (kk + o_k)[None, :]
             tl.store(kx_ptr + p_kx, b_k.to(tl.float32), mask=m_rows[:, None] & m_k[None, :] & (c == r))
-        if PEEL:
-            p_0 = (i_kh * DK + kk + o_k)[None, :] + 0 * o_z[:, None]
-            m_0 = (o_z == 0)[:, None] & m_k[None, :]
-            b_k0 = tl.load(k_ptr + p_0, mask=m_0, other=0.0)
-            b_q0 = tl.load(q_ptr + p_0, mask=m_0, other=0.0)
-            if WRITE_K:
-                p_kx0 = (i_h * DK + kk + o_k)[None, :] + 0 * o_z[:, None]
-                tl.store(kx_ptr + p_kx0, b_k0.to(tl.float32), mask=m_0 & (pid == 0))
         if UPCAST_QK:
             b_k = b_k.to(tl.float32)
             b_q = b_q.to(tl.float32)
             b_kc = b_kc.to(tl.float32)
-            if PEEL:
-                b_k0 = b_k0.to(tl.float32)
-                b_q0 = b_q0.to(tl.float32)
         b_kk += tl.dot(b_k, tl.trans(b_kc), input_precision=PREC)
         b_qk += tl.dot(b_q, tl.trans(b_kc), input_precision=PREC)
-        if PEEL:
-            b_kk0 += tl.dot(b_k, tl.trans(b_k0), input_precision=PREC)
-            b_qk0 += tl.dot(b_q, tl.trans(b_k0), input_precision=PREC)
-            b_q00 += tl.dot(b_q0, tl.trans(b_k0), input_precision=PREC)
     m_rc = _block_mask(anc_ptr, rows, cols, n, CHAIN)
     b_gam = tl.where(m_rc, tl.exp(tl.where(m_rc, b_gr[:, None] - b_gc[None, :], 0.0)), 0.0)
     b_beta = tl.load(beta_ptr + rows * HV + i_h, mask=m_rows, other=0.0).to(tl.float32)
     b_a = tl.where(rows[:, None] > cols[None, :], b_beta[:, None] * b_kk * b_gam, 0.0)
     p_blk = i_h * NP * NP + (rows - PEEL)[:, None] * NP + (cols - PEEL)[None, :]
     tl.store(p_ptr + p_blk, scale * b_qk * b_gam)
-    if PEEL:  # node 0's column of the block's rows; node 0 itself (G_0 = g_0: it has no other ancestor)
-        first = (o_z == 0)[None, :]
-        b_g0 = tl.load(g_ptr + i_h).to(tl.float32)
-        m_r0 = _first_node_column(anc_ptr, rows, n, CHAIN)
-        b_gam0 = tl.where(m_r0, tl.exp(tl.where(m_r0, b_gr - b_g0, 0.0)), 0.0)
-        b_kk0_r = tl.sum(tl.where(first, b_kk0, 0.0), axis=1)
-        b_qk0_r = tl.sum(tl.where(first, b_qk0, 0.0), axis=1)
-        tl.store(c0_ptr + i_h * n + rows, b_beta * b_kk0_r * b_gam0, mask=m_rows & (c == r))
-        tl.store(c0_ptr + (HV + i_h) * n + rows, scale * b_qk0_r * b_gam0, mask=m_rows & (c == r))
-        if pid == 0:
-            b_q00_s = tl.sum(tl.sum(tl.where((o_z == 0)[:, None] & first, b_q00, 0.0), axis=1), axis=0)
-            tl.store(c0_ptr + (HV + i_h) * n, scale * b_q00_s)
-            tl.store(gcum_ptr + i_h, b_g0)
     if c == r:
         tl.store(gcum_ptr + rows * HV + i_h, b_gr, mask=m_rows)
         b_a = _unit_lower_inverse(b_a, BR, LOG2_BR, PREC, INV)
@@ -1276,14 +1309,14 @@ def _key_blocks(
     terms = qs is not None
     bvc, bkc = commit_tiles(c.dv, c.dk, commit_block_v, long_programs=pending and terms and c.n > 64)
     nct = triton.cdiv(c.dv, bvc) if pending or terms else 0
-    _tree_keys_kernel[(c.hv, nct + (nr * nr if key_programs else 0))](
+    _tree_keys_kernel[(c.hv, nct + ((nr * nr + nr * peel) if key_programs else 0))](
         c.q, c.k, c.g, c.beta, c.anc, a_blocks, p_blocks, a_blocks if c0 is None else c0, c.gate_cum, c.k_exp,
         c.state, *c.p_ops, c.p_node,
         c.p_n, c.delta, qs if terms else c.delta, c.n, npad, nr, float(scale),
         H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk, CHAIN=c.chain,
         PREC=precision, UPCAST_QK=c.upcast, INV=inverse_scheme(br, inverse), WRITE_K=c.write_k,
         PENDING=pending, PNP=c.pnp, NCT=nct, BVC=bvc, BKC=bkc, TERMS=terms, RC=min(64, _pow2_at_least(c.n)),
-        NPG=_pow2_at_least(c.n), PEEL=int(peel),
+        NPG=_pow2_at_least(c.n - peel), PEEL=int(peel),
         num_warps=warps, **pdl_args(c.q.device, verify=True),
     )  # fmt: skip
     return a_blocks, p_blocks, npad
