@@ -1292,6 +1292,7 @@ def _key_blocks(
     inverse: int | None = None,
     key_programs: bool = True,
     c0: torch.Tensor | None = None,
+    node0_programs: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Launch ``_tree_keys_kernel`` (phase 1 of the split and blocked forms): returns the float32 scratch
     (A blocks with the diagonal inverses, P blocks), each [HV, NP, NP], and NP = n rounded up to BR;
@@ -1300,7 +1301,8 @@ def _key_blocks(
     ``inverse``: the diagonal inverse (:func:`inverse_scheme`). ``key_programs`` False: the launch without
     its key-only programs (the commit's and products' alone: timing their share; the scratch is left
     unwritten). ``c0`` given ([2, HV, n] float32): node 0 outside the row blocks, its columns of A and P
-    there (the split form's ``peel``; NP = the other n - 1 rounded up to BR)."""
+    there (the split form's ``peel``; NP = the other n - 1 rounded up to BR); ``node0_programs`` False:
+    without the programs that write those columns (timing their share; ``c0`` left unwritten)."""
     peel = c0 is not None
     nr = triton.cdiv(c.n - peel, br)
     npad = nr * br
@@ -1309,7 +1311,7 @@ def _key_blocks(
     terms = qs is not None
     bvc, bkc = commit_tiles(c.dv, c.dk, commit_block_v, long_programs=pending and terms and c.n > 64)
     nct = triton.cdiv(c.dv, bvc) if pending or terms else 0
-    _tree_keys_kernel[(c.hv, nct + ((nr * nr + nr * peel) if key_programs else 0))](
+    _tree_keys_kernel[(c.hv, nct + ((nr * nr + nr * (peel and node0_programs)) if key_programs else 0))](
         c.q, c.k, c.g, c.beta, c.anc, a_blocks, p_blocks, a_blocks if c0 is None else c0, c.gate_cum, c.k_exp,
         c.state, *c.p_ops, c.p_node,
         c.p_n, c.delta, qs if terms else c.delta, c.n, npad, nr, float(scale),

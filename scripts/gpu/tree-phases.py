@@ -314,9 +314,10 @@ def _delayed_parts(shape, t, dev, x, f, anc, node, scale, state, depth) -> list[
 
 def peel(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
     """The split form with and without node 0 peeled (``peel``) at its default tiles for each (those of t
-    and of t - 1 rows), whole and phase by phase (phase 1 with its state products, phase 2 on them), each
-    whole form first checked against the fused kernel: where the peeled form's overhead lies
-    (results/2026-12-06-h100-peel-root: +1.3-1.6 us at 32-row blocks, +8 at 64)."""
+    and of t - 1 rows), and peeled on 32-row blocks where its default is 64, whole and phase by phase
+    (phase 1 with its state products, phase 1 without its node-0 programs, phase 2 on them), each whole
+    form first checked against the fused kernel: where the peeled form's time goes
+    (results/2026-12-06-h100-peel-root: at 64-row blocks phase 1 took 3-4x the unpeeled one's)."""
     spec = bk.RowSpec(shape, "verify", "draft", t, "tree_split", "bf16")
     case = bk.make_case(spec, bk.BenchConfig(timer=TIMER, bf16_precision=PREC), dev)
     x = km.make_inputs(case.shape, case.n, km.seed_of(spec, 0, "peel"), dev).to("bf16")
@@ -325,29 +326,35 @@ def peel(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
     ref = tt.tree_gdn_fused(*args)[0].float()
     c = tt._TreeCall.of(x.q, x.k, x.v, x.g, x.beta, x.state, anc, PREC, False, None, None)
     rows: list[dict[str, Any]] = []
-    for peeled in (False, True):
-        br, bv = tt.split_tiles(c.n - peeled, c.hv, c.dv, PREC)
+    configs = [(False, None), (True, None)]
+    if tt.split_tiles(c.n - 1, c.hv, c.dv, PREC)[0] > 32:
+        configs.append((True, 32))
+    for peeled, rows_ in configs:
+        br, bv = tt.split_tiles(c.n - peeled, c.hv, c.dv, PREC, rows_)
         bk_ = tt._check_tiles(br, None, c.dk)
         c0 = torch.empty(2, c.hv, c.n, dtype=torch.float32, device=dev) if peeled else None
         qs = torch.empty_like(c.delta)
         a, p, npad = tt._key_blocks(c, br, bk_, PREC, scale, tt.SPLIT_WARPS, False, None, qs, c0=c0)
-        name = "peeled" if peeled else "split"
+        name = ("peeled" if peeled else "split") + (f" BR={rows_}" if rows_ else "")
 
-        def whole(peeled: bool = peeled) -> None:
-            tt.tree_gdn_split(*args, peel=peeled)
+        def whole(peeled: bool = peeled, r: int | None = rows_) -> None:
+            tt.tree_gdn_split(*args, peel=peeled, block_rows=r)
 
-        def check(peeled: bool = peeled) -> tuple[float, bool]:
-            err = ((tt.tree_gdn_split(*args, peel=peeled)[0].float() - ref).norm() / ref.norm()).item()
+        def check(peeled: bool = peeled, r: int | None = rows_) -> tuple[float, bool]:
+            o = tt.tree_gdn_split(*args, peel=peeled, block_rows=r)[0].float()
+            err = ((o - ref).norm() / ref.norm()).item()
             return err, err < 1e-2
 
-        def keys(c0=c0, br=br, b=bk_, s=qs) -> None:  # noqa: ANN001
-            tt._key_blocks(c, br, b, PREC, scale, tt.SPLIT_WARPS, False, None, s, c0=c0)
+        def keys(c0=c0, br=br, b=bk_, s=qs, node0: bool = True) -> None:  # noqa: ANN001
+            tt._key_blocks(c, br, b, PREC, scale, tt.SPLIT_WARPS, False, None, s, c0=c0, node0_programs=node0)
 
         def values(c0=c0, a=a, p=p, n=npad, br=br, b=bk_, bv=bv, s=qs) -> None:  # noqa: ANN001
             tt._value_walk(c, a, p, n, br, b, bv, PREC, scale, tt.SPLIT_WARPS, s, None, c0)
 
         parts = [(name, whole, check), (f"{name}: phase 1 + terms", keys, None),
                  (f"{name}: phase 2 (terms)", values, None)]  # fmt: skip
+        if peeled:
+            parts.append((f"{name}: phase 1 w/o node-0 programs", lambda k=keys: k(node0=False), None))
         for variant, fn, chk in parts:
             r = measure(
                 dict(shape=shape, T=t, variant=variant, block_rows=br, block_v=bv), fn, dev, 30.0, chk
@@ -403,6 +410,26 @@ def main() -> None:
         rows += {"phases": phases, "knobs": keys_knobs, "delayed": delayed, "peel": peel}[part](shape, t, dev)
         dump(out_dir, rows, start)
     print(dump(out_dir, rows, start))
+    if "peel" in parts:
+        resources = compiled_resources(tt._tree_keys_kernel) + compiled_resources(tt._tree_values_kernel)
+        (out_dir / "tree-phases-resources.json").write_text(json.dumps(resources, indent=1))
+        for r in resources:
+            print(r)
+
+
+def compiled_resources(fn: Any) -> list[dict[str, Any]]:
+    """Registers, spills and shared memory of every variant of the Triton kernel ``fn`` compiled (or read
+    from the cache) in this process, with the constexprs that tell the variants apart."""
+    out = []
+    for kernel_cache, *_ in fn.device_caches.values():
+        for kernel in kernel_cache.values():
+            kernel._init_handles()
+            const = {fn.arg_names[k[0]]: v for k, v in kernel.src.constants.items() if len(k) == 1}
+            keep = ("BR", "BK", "DK", "DV", "BV", "PEEL", "NPG", "NR", "REGS", "TERMS", "PENDING")
+            out.append({"kernel": kernel.name, **{k: const[k] for k in keep if k in const},
+                        "num_warps": kernel.metadata.num_warps, "n_regs": kernel.n_regs,
+                        "n_spills": kernel.n_spills, "shared": kernel.metadata.shared})  # fmt: skip
+    return out
 
 
 if __name__ == "__main__":

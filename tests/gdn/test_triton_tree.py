@@ -709,6 +709,20 @@ def test_phase_one_grid_holds_commit_and_product_programs_first(monkeypatch, key
     assert spy.grids == [(hv, 2 + (9 if key_programs else 0))]  # d_v 64 / 32-row tiles; NR = 3 row blocks
 
 
+@pytest.mark.parametrize(("node0", "extra"), [(True, 3), (False, 0)])
+def test_peeled_phase_one_adds_a_node_0_program_per_row_block(monkeypatch, node0: bool, extra: int) -> None:
+    """Peeled, phase 1 has one more program per row block (node 0's column of its rows) after the NR^2 key
+    programs; without them (timing their share, scripts/gpu/tree-phases.py) the grid is the unpeeled one's."""
+    from repro.gdn import triton_tree as tt
+
+    spy = _GridSpy()
+    monkeypatch.setattr(tt, "_tree_keys_kernel", spy)
+    c = tt._TreeCall.of(*_split_inputs(41, 4, 64), "tf32", False, None, None)
+    c0, qs = torch.empty(2, 4, 41), torch.empty_like(c.delta)
+    tt._key_blocks(c, 16, 16, "tf32", 0.25, 4, False, 32, qs, c0=c0, node0_programs=node0)
+    assert spy.grids == [(4, 2 + 9 + extra)]  # 40 rows after node 0: NR = 3 blocks of 16
+
+
 @pytest.mark.parametrize(
     ("n", "pending", "given", "want"),
     [(65, True, None, 16), (64, True, None, 32), (65, False, None, 32), (65, True, 32, 32)],
