@@ -250,22 +250,21 @@ def _block_gates(
     g_ptr, anc_ptr, r, n, i_h, HV: tl.constexpr, BR: tl.constexpr, CHAIN: tl.constexpr, NPG: tl.constexpr,
     OFF: tl.constexpr = 0,
 ):  # fmt: skip
-    """G of row block r (value head i_h; its rows start at OFF + r BR): the sum of g over each row's
-    ancestors, from one load of the mask's row block [BR, NPG] and of g (NPG: a power of two >= n - OFF).
-    A loop over the column blocks c <= r (a [BR, BR] load and sum each) cost phase 1 of the split form
-    1.2-1.3 us more at 32-row blocks and 1.7-6.7 at 64 (SpecLA / Weaver, T = 128;
-    results/2026-12-03-h200-tree-walk); the fused kernel tied. OFF = 1 (the split form's peel): the load's
-    columns start at node 1 too and node 0's g is added where it is an ancestor, so a slot of 2^k + 1
-    nodes loads 2^k columns (not 2^(k+1): Weaver's phase 1 at 129 nodes took 63 us on 64-row blocks that
-    way, against 20 at 128; H100, results/2026-12-06-h100-peel-root/callGE)."""
+    """G of row block r (value head i_h; its rows start at OFF + r BR): each row's own g plus the sum of g
+    over its strict ancestors (the mask's diagonal is set: :func:`repro.gdn.reference.ancestor_gates`),
+    from one load of the mask's row block [BR, NPG] and of g. NPG: a power of two >= n - 1, the columns
+    of the last node's strict ancestors, so the engine's slots of 2^k + 1 nodes load 2^k columns, not
+    2^(k+1) (the peeled split form at 129 nodes spilled 380 registers with 128 columns from node 1 and
+    node 0's term apart, 54 with 256 from node 0; H100, results/2026-12-06-h100-peel-root/callGH). A loop
+    over the column blocks c <= r (a [BR, BR] load and sum each) cost phase 1 of the split form 1.2-1.3
+    us more at 32-row blocks and 1.7-6.7 at 64 (SpecLA / Weaver, T = 128;
+    results/2026-12-03-h200-tree-walk); the fused kernel tied."""
     rows = OFF + r * BR + tl.arange(0, BR)
-    cols = OFF + tl.arange(0, NPG)
+    cols = tl.arange(0, NPG)
     b_g = tl.load(g_ptr + cols * HV + i_h, mask=cols < n, other=0.0).to(tl.float32)
-    b_gr = tl.sum(tl.where(_block_mask(anc_ptr, rows, cols, n, CHAIN), b_g[None, :], 0.0), axis=1)
-    if OFF:
-        b_g0 = tl.load(g_ptr + i_h).to(tl.float32)
-        b_gr += tl.where(_first_node_column(anc_ptr, rows, n, CHAIN), b_g0, 0.0)
-    return b_gr
+    m_rc = _block_mask(anc_ptr, rows, cols, n, CHAIN) & (rows[:, None] != cols[None, :])
+    b_self = tl.load(g_ptr + rows * HV + i_h, mask=rows < n, other=0.0).to(tl.float32)
+    return b_self + tl.sum(tl.where(m_rc, b_g[None, :], 0.0), axis=1)
 
 
 @triton.jit
@@ -1107,7 +1106,7 @@ def tree_gdn_fused(
         c.p_n, c.n, float(scale),
         H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk, BV=bv,
         CHAIN=c.chain, PREC=precision, UPCAST_QK=c.upcast, INV=inverse_scheme(br, inverse), WRITE_K=c.write_k,
-        PENDING=pending is not None, PNP=c.pnp, NPG=_pow2_at_least(c.n), num_warps=warps,
+        PENDING=pending is not None, PNP=c.pnp, NPG=_pow2_at_least(c.n - 1), num_warps=warps,
         num_stages=num_stages, **pdl_args(c.q.device, verify=True),
     )  # fmt: skip
     return c.o, c.factors()
@@ -1318,7 +1317,7 @@ def _key_blocks(
         H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk, CHAIN=c.chain,
         PREC=precision, UPCAST_QK=c.upcast, INV=inverse_scheme(br, inverse), WRITE_K=c.write_k,
         PENDING=pending, PNP=c.pnp, NCT=nct, BVC=bvc, BKC=bkc, TERMS=terms, RC=min(64, _pow2_at_least(c.n)),
-        NPG=_pow2_at_least(c.n - peel), PEEL=int(peel),
+        NPG=_pow2_at_least(c.n - 1), PEEL=int(peel),
         num_warps=warps, **pdl_args(c.q.device, verify=True),
     )  # fmt: skip
     return a_blocks, p_blocks, npad

@@ -657,9 +657,9 @@ def test_inverse_scheme_by_block_rows(monkeypatch, block_rows: int, inverse, wan
 )  # fmt: skip
 def test_peeled_node_0_leaves_whole_row_blocks(monkeypatch, n, peel, br, nr, np_, regs) -> None:
     """With node 0 peeled, the row blocks, their tiles and walk are those of the other n - 1 rows (129
-    nodes: two 64-row blocks in registers instead of five 32-row ones, the gates' load 128 columns wide, not
-    256), the scratch holds those rows alone (aligned tiles), node 0's columns of A and P go to a [2, HV, n]
-    buffer both phases are given, written by one more phase-1 program per row block."""
+    nodes: two 64-row blocks in registers instead of five 32-row ones), the scratch holds those rows alone
+    (aligned tiles), node 0's columns of A and P go to a [2, HV, n] buffer both phases are given, written
+    by one more phase-1 program per row block."""
     from repro.gdn import triton_tree as tt
 
     keys, values = _GridSpy(), _GridSpy()
@@ -668,7 +668,7 @@ def test_peeled_node_0_leaves_whole_row_blocks(monkeypatch, n, peel, br, nr, np_
     tt.tree_gdn_split(*_split_inputs(n, 4, 16), 0.25, "tf32", peel=peel, terms=False)
     (kw,), (vw,) = keys.kwargs, values.kwargs
     assert keys.grids == [(4, nr * nr + nr * peel)] and (kw["BR"], kw["PEEL"]) == (br, int(peel))
-    assert kw["NPG"] == max(16, 1 << (n - peel - 1).bit_length())
+    assert kw["NPG"] == max(16, 1 << (n - 2).bit_length())  # the last node's strict ancestors: n - 1 columns
     assert (vw["BR"], vw["NR"], vw["REGS"], vw["PEEL"]) == (br, nr, regs, int(peel))
     (ka,), (va,) = keys.args, values.args
     a_blocks, c0 = ka[5], ka[7]
