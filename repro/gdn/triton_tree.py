@@ -248,23 +248,24 @@ def _first_node_column(anc_ptr, rows, n, CHAIN: tl.constexpr):
 @triton.jit
 def _block_gates(
     g_ptr, anc_ptr, r, n, i_h, HV: tl.constexpr, BR: tl.constexpr, CHAIN: tl.constexpr, NPG: tl.constexpr,
-    OFF: tl.constexpr = 0,
+    STRICT: tl.constexpr, OFF: tl.constexpr = 0,
 ):  # fmt: skip
-    """G of row block r (value head i_h; its rows start at OFF + r BR): each row's own g plus the sum of g
-    over its strict ancestors (the mask's diagonal is set: :func:`repro.gdn.reference.ancestor_gates`),
-    from one load of the mask's row block [BR, NPG] and of g. NPG: a power of two >= n - 1, the columns
-    of the last node's strict ancestors, so the engine's slots of 2^k + 1 nodes load 2^k columns, not
-    2^(k+1) (the peeled split form at 129 nodes spilled 380 registers with 128 columns from node 1 and
-    node 0's term apart, 54 with 256 from node 0; H100, results/2026-12-06-h100-peel-root/callGH). A loop
-    over the column blocks c <= r (a [BR, BR] load and sum each) cost phase 1 of the split form 1.2-1.3
-    us more at 32-row blocks and 1.7-6.7 at 64 (SpecLA / Weaver, T = 128;
-    results/2026-12-03-h200-tree-walk); the fused kernel tied."""
+    """G of row block r (value head i_h; its rows start at OFF + r BR): the sum of g over each row's
+    ancestors, from one load of the mask's row block [BR, NPG] and of g (:func:`gate_columns`: NPG a power
+    of two >= n; STRICT: >= n - 1 only, each row's own g added apart, the mask's diagonal being set,
+    :func:`repro.gdn.reference.ancestor_gates`). A loop over the column blocks c <= r (a [BR, BR] load
+    and sum each) cost phase 1 of the split form 1.2-1.3 us more at 32-row blocks and 1.7-6.7 at 64
+    (SpecLA / Weaver, T = 128; results/2026-12-03-h200-tree-walk); the fused kernel tied."""
     rows = OFF + r * BR + tl.arange(0, BR)
     cols = tl.arange(0, NPG)
     b_g = tl.load(g_ptr + cols * HV + i_h, mask=cols < n, other=0.0).to(tl.float32)
-    m_rc = _block_mask(anc_ptr, rows, cols, n, CHAIN) & (rows[:, None] != cols[None, :])
-    b_self = tl.load(g_ptr + rows * HV + i_h, mask=rows < n, other=0.0).to(tl.float32)
-    return b_self + tl.sum(tl.where(m_rc, b_g[None, :], 0.0), axis=1)
+    m_rc = _block_mask(anc_ptr, rows, cols, n, CHAIN)
+    if STRICT:
+        m_rc = m_rc & (rows[:, None] != cols[None, :])
+    b_gr = tl.sum(tl.where(m_rc, b_g[None, :], 0.0), axis=1)
+    if STRICT:
+        b_gr += tl.load(g_ptr + rows * HV + i_h, mask=rows < n, other=0.0).to(tl.float32)
+    return b_gr
 
 
 @triton.jit
@@ -272,7 +273,7 @@ def _first_node_columns(
     q_ptr, k_ptr, g_ptr, beta_ptr, anc_ptr, c0_ptr, gcum_ptr, kx_ptr, r, n, scale, i_h, i_kh,
     H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
     CHAIN: tl.constexpr, PREC: tl.constexpr, UPCAST_QK: tl.constexpr, WRITE_K: tl.constexpr,
-    NPG: tl.constexpr,
+    NPG: tl.constexpr, STRICT: tl.constexpr,
 ):  # fmt: skip
     """Node 0's column of row block r (the split form's peel; rows 1 + r BR ..): A[R, 0] = beta_R (K_R k_0)
     e^{G_R - g_0} and P[R, 0] = scale (Q_R k_0) e^{G_R - g_0} where node 0 is an ancestor, into ``c0``
@@ -309,7 +310,7 @@ def _first_node_columns(
         b_q00 += tl.dot(b_q0, tl.trans(b_k0), input_precision=PREC)
     first = (o_z == 0)[None, :]
     b_g0 = tl.load(g_ptr + i_h).to(tl.float32)
-    b_gr = _block_gates(g_ptr, anc_ptr, r, n, i_h, HV, BR, CHAIN, NPG, 1)
+    b_gr = _block_gates(g_ptr, anc_ptr, r, n, i_h, HV, BR, CHAIN, NPG, STRICT, 1)
     m_r0 = _first_node_column(anc_ptr, rows, n, CHAIN)
     b_gam0 = tl.where(m_r0, tl.exp(tl.where(m_r0, b_gr - b_g0, 0.0)), 0.0)
     b_beta = tl.load(beta_ptr + rows * HV + i_h, mask=m_rows, other=0.0).to(tl.float32)
@@ -389,6 +390,7 @@ def _tree_verify_kernel(
     PNP: tl.constexpr,
     PDL: tl.constexpr,
     NPG: tl.constexpr,
+    STRICT: tl.constexpr,
 ):
     """One (value head, d_v tile): blocked masked-WY verification over all n nodes.
 
@@ -420,7 +422,7 @@ def _tree_verify_kernel(
         m_rows = rows < n
 
         # ---- G for this block's rows: sum over ancestors, which all sit in column blocks c <= r
-        b_gr = _block_gates(g_ptr, anc_ptr, r, n, i_h, HV, BR, CHAIN, NPG)
+        b_gr = _block_gates(g_ptr, anc_ptr, r, n, i_h, HV, BR, CHAIN, NPG, STRICT)
         tl.store(gcum_ptr + rows * HV + i_h, b_gr, mask=m_rows)
         b_beta = tl.load(beta_ptr + rows * HV + i_h, mask=m_rows, other=0.0).to(tl.float32)
         b_eg = tl.exp(b_gr)
@@ -514,7 +516,8 @@ def _tree_keys_kernel(
     LOG2_BR: tl.constexpr, BK: tl.constexpr, CHAIN: tl.constexpr, PREC: tl.constexpr,
     UPCAST_QK: tl.constexpr, INV: tl.constexpr, WRITE_K: tl.constexpr,
     PENDING: tl.constexpr, PNP: tl.constexpr, NCT: tl.constexpr, BVC: tl.constexpr, BKC: tl.constexpr,
-    TERMS: tl.constexpr, RC: tl.constexpr, PDL: tl.constexpr, NPG: tl.constexpr, PEEL: tl.constexpr = 0,
+    TERMS: tl.constexpr, RC: tl.constexpr, PDL: tl.constexpr, NPG: tl.constexpr, STRICT: tl.constexpr,
+    PEEL: tl.constexpr = 0,
 ):  # fmt: skip
     """Phase 1 of :func:`tree_gdn_split` (and of :func:`tree_gdn_blocked`), one (value head, row block r,
     column block c <= r) per program (grid axis 1 holds NR x NR of them; those with c > r exit at once):
@@ -557,7 +560,7 @@ def _tree_keys_kernel(
     if PEEL and pid >= NR * NR:
         _first_node_columns(q_ptr, k_ptr, g_ptr, beta_ptr, anc_ptr, c0_ptr, gcum_ptr, kx_ptr, pid - NR * NR,
                             n, scale, i_h, i_kh, H, HV, DK, BR, BK, CHAIN, PREC, UPCAST_QK, WRITE_K,
-                            NPG)  # fmt: skip
+                            NPG, STRICT)  # fmt: skip
         return
     r = pid // NR
     c = pid % NR
@@ -568,8 +571,8 @@ def _tree_keys_kernel(
     o_k = tl.arange(0, BK)
     m_rows = rows < n
     m_cols = cols < n
-    b_gr = _block_gates(g_ptr, anc_ptr, r, n, i_h, HV, BR, CHAIN, NPG, PEEL)
-    b_gc = _block_gates(g_ptr, anc_ptr, c, n, i_h, HV, BR, CHAIN, NPG, PEEL)
+    b_gr = _block_gates(g_ptr, anc_ptr, r, n, i_h, HV, BR, CHAIN, NPG, STRICT, PEEL)
+    b_gc = _block_gates(g_ptr, anc_ptr, c, n, i_h, HV, BR, CHAIN, NPG, STRICT, PEEL)
     b_kk = tl.zeros([BR, BR], dtype=tl.float32)
     b_qk = tl.zeros([BR, BR], dtype=tl.float32)
     for kk in range(0, DK, BK):
@@ -1011,6 +1014,17 @@ def _pow2_at_least(x: int, lo: int = 16) -> int:
     return max(lo, triton.next_power_of_2(int(x)))
 
 
+def gate_columns(n: int) -> dict[str, int | bool]:
+    """The tree kernels' gate load (``_block_gates``): NPG columns, a power of two >= n, or >= n - 1 with
+    STRICT where that is narrower (n = 2^k + 1, the engine's slots of a root and a power-of-two budget:
+    2^k columns, not 2^(k+1)). Measured on an H100 (bf16, CUDA graphs, results/2026-12-06-h100-peel-root/
+    callGI): STRICT at 65 / 129 nodes, fused 46.9 / 106.2 -> 37.3 / 83.8 us (Weaver), split 35.6 -> 29.0
+    at 65; STRICT everywhere cost the split form's 64-row blocks registers (T = 128: 168 -> 205, Weaver
+    31.5 -> 34.9 us), hence only where it narrows the load."""
+    full, strict = _pow2_at_least(n), _pow2_at_least(n - 1)
+    return {"NPG": min(full, strict), "STRICT": strict < full}
+
+
 INVERSES = (0, 1)
 
 
@@ -1106,7 +1120,7 @@ def tree_gdn_fused(
         c.p_n, c.n, float(scale),
         H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk, BV=bv,
         CHAIN=c.chain, PREC=precision, UPCAST_QK=c.upcast, INV=inverse_scheme(br, inverse), WRITE_K=c.write_k,
-        PENDING=pending is not None, PNP=c.pnp, NPG=_pow2_at_least(c.n - 1), num_warps=warps,
+        PENDING=pending is not None, PNP=c.pnp, **gate_columns(c.n), num_warps=warps,
         num_stages=num_stages, **pdl_args(c.q.device, verify=True),
     )  # fmt: skip
     return c.o, c.factors()
@@ -1317,7 +1331,7 @@ def _key_blocks(
         H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk, CHAIN=c.chain,
         PREC=precision, UPCAST_QK=c.upcast, INV=inverse_scheme(br, inverse), WRITE_K=c.write_k,
         PENDING=pending, PNP=c.pnp, NCT=nct, BVC=bvc, BKC=bkc, TERMS=terms, RC=min(64, _pow2_at_least(c.n)),
-        NPG=_pow2_at_least(c.n - 1), PEEL=int(peel),
+        **gate_columns(c.n), PEEL=int(peel),
         num_warps=warps, **pdl_args(c.q.device, verify=True),
     )  # fmt: skip
     return a_blocks, p_blocks, npad

@@ -177,7 +177,7 @@ def keys_knobs(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
             kw = dict(H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk_default,
                       CHAIN=False, PREC=PREC, UPCAST_QK=c.upcast, INV=tt.inverse_scheme(br),
                       WRITE_K=False, PENDING=False, PNP=c.pnp, NCT=0, BVC=16, BKC=16, TERMS=False, RC=16,
-                      NPG=tt._pow2_at_least(c.n),
+                      **tt.gate_columns(c.n),
                       num_warps=tt.SPLIT_WARPS, PDL=0, launch_pdl=False)  # fmt: skip
             if all(kw.get(key) == val for key, val in knobs.items()):
                 continue  # the default already
@@ -425,7 +425,7 @@ def compiled_resources(fn: Any) -> list[dict[str, Any]]:
         for kernel in kernel_cache.values():
             kernel._init_handles()
             const = {fn.arg_names[k[0]]: v for k, v in kernel.src.constants.items() if len(k) == 1}
-            keep = ("BR", "BK", "DK", "DV", "BV", "PEEL", "NPG", "NR", "REGS", "TERMS", "PENDING")
+            keep = ("BR", "BK", "DK", "DV", "BV", "PEEL", "NPG", "STRICT", "NR", "REGS", "TERMS", "PENDING")
             out.append({"kernel": kernel.name, **{k: const[k] for k in keep if k in const},
                         "num_warps": kernel.metadata.num_warps, "n_regs": kernel.n_regs,
                         "n_spills": kernel.n_spills, "shared": kernel.metadata.shared})  # fmt: skip

@@ -668,12 +668,26 @@ def test_peeled_node_0_leaves_whole_row_blocks(monkeypatch, n, peel, br, nr, np_
     tt.tree_gdn_split(*_split_inputs(n, 4, 16), 0.25, "tf32", peel=peel, terms=False)
     (kw,), (vw,) = keys.kwargs, values.kwargs
     assert keys.grids == [(4, nr * nr + nr * peel)] and (kw["BR"], kw["PEEL"]) == (br, int(peel))
-    assert kw["NPG"] == max(16, 1 << (n - 2).bit_length())  # the last node's strict ancestors: n - 1 columns
+    assert kw["NPG"] == max(16, 1 << (n - 2).bit_length())  # n = 2^k + 1: the last node's strict ancestors
+    assert kw["STRICT"] == (n in (17, 33, 65, 129))
     assert (vw["BR"], vw["NR"], vw["REGS"], vw["PEEL"]) == (br, nr, regs, int(peel))
     (ka,), (va,) = keys.args, values.args
     a_blocks, c0 = ka[5], ka[7]
     assert a_blocks.shape == (4, np_, np_) and va[5] is a_blocks and va[7] is c0
     assert (c0.shape == (2, 4, n)) if peel else (c0 is a_blocks)
+
+
+@pytest.mark.parametrize(
+    ("n", "npg", "strict"),
+    [(129, 128, True), (128, 128, False), (65, 64, True), (64, 64, False), (17, 16, True), (16, 16, False),
+     (2, 16, False), (100, 128, False)],
+)  # fmt: skip
+def test_gate_load_narrows_only_at_a_power_of_two_plus_one(n: int, npg: int, strict: bool) -> None:
+    """The gates' load is a power of two >= n columns, or >= n - 1 (each row's own g apart) where that is
+    narrower: the engine's slots of 2^k + 1 nodes load 2^k columns; elsewhere the full form (registers)."""
+    from repro.gdn import triton_tree as tt
+
+    assert tt.gate_columns(n) == {"NPG": npg, "STRICT": strict}
 
 
 def test_a_tree_of_one_node_is_not_peeled() -> None:
