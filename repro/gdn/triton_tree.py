@@ -60,9 +60,11 @@ picks it for few value heads. Phase 1 also runs, beside the key work, HV x d_v /
 walk has no d_k loop (SpecLA T = 64 14.9 -> 12.5 us; results/2026-12-03-h200-split-terms). At 64 < T
 <= 128 ("tf32") it walks two 64-row blocks in registers, 4 warps: SpecLA T = 128 19.0 us, Weaver 31.2,
 below the fused kernel's 38.5 (results/2026-12-03-h200-inverse-halves; :func:`tree_gdn_split`). With
-``peel`` (tree kernel "split_peel") node 0 is solved before the row blocks, which hold the other nodes: at 33
-nodes one block instead of two (Weaver 13.4 vs 17.2 us), at 65 / 129 a tie or slower (H100,
-results/2026-12-06-h100-peel-root), so the static decoder takes it only under its PEEL_ROOT switch.
+``peel`` (tree kernel "split_peel") node 0 is solved before the row blocks, which hold the other nodes, and
+one more phase-1 program per row block writes node 0's column: at 33 / 65 nodes one / two 32-row blocks
+instead of two / three (Weaver 12.5 / 18.9 us vs 16.9 / 29.1; H100, results/2026-12-06-h100-peel-root/callGI),
+at 129 two 64-row blocks that spill registers (a win at Weaver's shape only), so the static decoder takes it
+at 17-65 nodes under its PEEL_ROOT switch.
 
 Blocked verification (:func:`tree_gdn_blocked`, issue 13: short serial chains). The same masked WY form
 with T = (I + A)^-1 made explicit, so that the value work has no serial chain at all. Three launches:

@@ -236,17 +236,20 @@ FUSE_BOOKKEEPING = True
 KERNEL_TREE_COPY = False
 # the default of StaticDecoder.fold_norms with fuse_verify (False: the scaled rows, for an A/B)
 FOLD_NORMS = True
-# where select_tree_kernel picks the split form for a slot of 2^k + 1 > 16 nodes (a root and a power-of-two
-# budget), take it with node 0 solved before the row blocks ("split_peel"): the other 2^k rows then fill
-# whole blocks. Off: on an H100 it won at 33 nodes (Weaver's shape 13.4 vs 17.2 us, the tiny family's 8.6 vs
-# 9.6) but tied or lost at 65 / 129 (its overhead grows with the row block; results/2026-12-06-h100-peel-root:
-# scripts/gpu/tree-slots.py's split-peel rows, routes-ab's peel_root variant)
+# where select_tree_kernel picks the split form for a slot of 2^k + 1 nodes, 16 <= 2^k <= 64 (a root and a
+# power-of-two budget), take it with node 0 solved before the row blocks ("split_peel"): the other 2^k rows
+# then fill whole 32-row blocks. On an H100 (results/2026-12-06-h100-peel-root/callGI, bf16, CUDA graphs) it
+# wins at 33 and 65 nodes in every shape (65: Weaver 18.9 vs 29.1 us, SpecLA 13.5 vs 18.4, the tiny family
+# 9.6 vs 12.3), not at 129 (its 64-row blocks spill registers: 64.5 vs 70.9, 37.3 vs 32.3, 35.0 vs 23.3).
+# Off until a routes run on the GPU has it: in bf16 the changed arithmetic order moves greedy ties, so the
+# routes' tokens differ from the default's (routes-ab's peel_root variant, callGF).
 PEEL_ROOT = False
 
 
 def peels_root(nodes: int) -> bool:
-    """Whether a slot of ``nodes`` nodes is one that :data:`PEEL_ROOT` moves to "split_peel": 2^k + 1 > 16."""
-    return nodes > 16 and (nodes - 1) & (nodes - 2) == 0
+    """Whether a slot of ``nodes`` nodes is one that :data:`PEEL_ROOT` moves to "split_peel": 2^k + 1 with
+    16 <= 2^k <= 64."""
+    return 16 < nodes <= 65 and (nodes - 1) & (nodes - 2) == 0
 
 
 DELAYED = "delayed"  # SpecLA's delayed commit: the closed form, folded in by the next verification
