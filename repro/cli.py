@@ -435,6 +435,41 @@ def report(
 
 
 @app.command()
+def archive(
+    run_dirs: Annotated[
+        list[Path],
+        typer.Argument(help="Finished run directories, or folders searched for them (e.g. results)."),
+    ],
+    restore: Annotated[
+        bool,
+        typer.Option("--restore", help="Decompress archived records into records.jsonl (to resume a run)."),
+    ] = False,
+) -> None:
+    """Compress finished runs' records.jsonl into records.jsonl.xz (every reader takes either; the committed
+    results travel with every GPU call), or with --restore give a run its records.jsonl back."""
+    from repro.harness.run_kinds import KINDS
+    from repro.reporting.index import run_folders
+    from repro.reporting.records import MANIFEST_FILE
+    from repro.reporting.rundir import archive_records, restore_records
+
+    runs = []
+    for path in run_dirs:
+        if not path.is_dir():
+            raise ReproError(f"{path} is not a folder: give run directories or folders holding them")
+        found = [path] if (path / MANIFEST_FILE).exists() else run_folders(path)
+        if not found:
+            raise ReproError(f"{path} holds no run directory (no {MANIFEST_FILE} with records)")
+        runs += found
+    for run in runs:
+        if restore:
+            typer.echo(f"{run}: {'restored' if restore_records(run) else 'not archived'}")
+        elif (sizes := archive_records(run, KINDS)) is None:
+            typer.echo(f"{run}: archived already")
+        else:
+            typer.echo(f"{run}: {sizes[0]} -> {sizes[1]} bytes")
+
+
+@app.command()
 def compare(
     old: Annotated[Path, typer.Argument(help="The earlier results: a run directory or a folder of them.")],
     new: Annotated[Path, typer.Argument(help="The later results, matched to OLD by relative path and kind.")],

@@ -14,20 +14,26 @@ from typing import Any
 
 from repro.errors import ReproError, not_a_folder
 from repro.reporting.records import MANIFEST_FILE, RECORDS_FILE
-from repro.reporting.rundir import atomic_write, infer_kind, read_json, read_manifest
+from repro.reporting.rundir import (
+    atomic_write,
+    has_records,
+    infer_kind,
+    read_json,
+    read_manifest,
+    records_bytes,
+)
 
 INDEX_FILE = "INDEX.md"
 SUPERSEDES_FILE = "supersedes.json"
 
 
 def run_folders(results: Path) -> list[Path]:
-    """Every folder under ``results`` holding manifest.json and records.jsonl, sorted."""
-    return sorted(p.parent for p in results.rglob(MANIFEST_FILE) if (p.parent / RECORDS_FILE).is_file())
+    """Every folder under ``results`` holding manifest.json and records (plain or archived), sorted."""
+    return sorted(p.parent for p in results.rglob(MANIFEST_FILE) if has_records(p.parent))
 
 
 def _records(path: Path) -> int:
-    with open(path / RECORDS_FILE, "rb") as f:
-        return sum(1 for line in f if line.strip())
+    return sum(1 for line in (records_bytes(path / RECORDS_FILE) or b"").splitlines() if line.strip())
 
 
 def _cell(text: Any) -> str:

@@ -25,6 +25,7 @@ from repro import __version__
 
 MANIFEST_FILE = "manifest.json"
 RECORDS_FILE = "records.jsonl"
+ARCHIVED_RECORDS_FILE = "records.jsonl.xz"  # a finished run's records, compressed (repro archive)
 STAGES = ("draft", "tree", "verify", "commit")
 FINISH_REASONS = ("stop", "length")
 VS_AR_FIXED = ("reference", "identical", "no reference")

@@ -23,13 +23,17 @@ Rules shared by every kind:
   (``resumes``) and in the report's header; nor are those of two settings of the kernel switches
   (``REPRO_*`` variables, kept in each ``resumes`` entry);
 - a run writes only the files its kind declares (``RunKind.outputs``) and lists them in the manifest;
-- file-system errors (read-only, full) become one line naming the path (:class:`RunDirError`).
+- file-system errors (read-only, full) become one line naming the path (:class:`RunDirError`);
+- a finished run can be archived (:func:`archive_records`, ``repro archive DIR``): its records compressed
+  into ``records.jsonl.xz`` (a tenth of the bytes: committed results travel with every GPU call), read back
+  as before; no writer resumes it until it is restored (``repro archive --restore DIR``).
 """
 
 from __future__ import annotations
 
 import fcntl
 import json
+import lzma
 import os
 import re
 import warnings
@@ -40,6 +44,7 @@ from typing import IO, Any
 
 from repro.errors import ReproError, RunDirError
 from repro.reporting.records import (
+    ARCHIVED_RECORDS_FILE,
     MANIFEST_FILE,
     RECORDS_FILE,
     DecodeRecord,
@@ -342,11 +347,30 @@ class Scan:
     truncated: bool  # bytes after the last newline (an interrupted write)
 
 
+def records_bytes(path: Path) -> bytes | None:
+    """The bytes of the records file ``path`` (records.jsonl), read from its archived form
+    (records.jsonl.xz beside it, :func:`archive_records`) when that is there instead; None without either.
+    ReproError with both (which is the run's?) or an archive that does not decompress."""
+    archived = path.with_name(ARCHIVED_RECORDS_FILE)
+    if not archived.exists():
+        return path.read_bytes() if path.exists() else None
+    if path.exists():
+        raise ReproError(
+            f"{path.parent} holds both {RECORDS_FILE} and {ARCHIVED_RECORDS_FILE}: keep the run's one, delete"
+            " the other"
+        )
+    try:
+        return lzma.decompress(archived.read_bytes())
+    except lzma.LZMAError as e:
+        raise ReproError(f"{archived} does not decompress ({e}): restore it from git or a backup") from None
+
+
 def scan_records(path: Path, kind: RunKind, warn: bool = True) -> Scan:
-    """Parse records.jsonl; a last line without newline is ignored (warning), other bad lines raise."""
-    if not path.exists():
+    """Parse records.jsonl (or its archive, :func:`records_bytes`); a last line without newline is ignored
+    (warning), other bad lines raise."""
+    data = records_bytes(path)
+    if data is None:
         return Scan([], 0, 0, False)
-    data = path.read_bytes()
     end = data.rfind(b"\n") + 1
     truncated = end < len(data)
     if truncated and warn:
@@ -471,7 +495,7 @@ def load_run(path: str | Path, kinds: Kinds | None = None, require_records: bool
     records, :data:`DECODE_RECORDS`; every kind: ``repro.harness.run_kinds.KINDS``) read back; ReproError
     when unusable."""
     path = _resolve(path)
-    if require_records and not (path / RECORDS_FILE).exists():
+    if require_records and not has_records(path):
         raise ReproError(f"{path} has no {RECORDS_FILE}: the run produced no records yet")
     manifest = read_manifest(path)
     try:
@@ -480,6 +504,55 @@ def load_run(path: str | Path, kinds: Kinds | None = None, require_records: bool
         raise RunDirError(f"{path}: {e}") from None
     scan = scan_records(path / RECORDS_FILE, kind)
     return Run(path, kind, manifest, [r for _, r in scan.records])
+
+
+def has_records(path: Path) -> bool:
+    """Whether the run directory ``path`` holds records (records.jsonl, or archived)."""
+    return (path / RECORDS_FILE).is_file() or (path / ARCHIVED_RECORDS_FILE).is_file()
+
+
+def archive_records(path: str | Path, kinds: Kinds) -> tuple[int, int] | None:
+    """Compress a finished run's records.jsonl into records.jsonl.xz (xz -9e) under the run's lock, after
+    reading every record back (a run of one of ``kinds``, no interrupted last line) and checking that the
+    archive decompresses to the same bytes; then remove records.jsonl. Returns (bytes before, after), or
+    None when the run is archived already. ReproError for a run without records or with an interrupted
+    write (finish or resume it first)."""
+    path = _resolve(path)
+    plain, archived = path / RECORDS_FILE, path / ARCHIVED_RECORDS_FILE
+    with lock_dir(path):
+        if archived.exists() and not plain.exists():
+            return None
+        load_run(path, kinds, require_records=True)  # every record parses as its kind's
+        data = plain.read_bytes()
+        if not data.endswith(b"\n"):
+            raise ReproError(f"{plain} ends in an interrupted write: resume or finish the run, then archive")
+        packed = lzma.compress(data, preset=9 | lzma.PRESET_EXTREME)
+        if lzma.decompress(packed) != data:  # never drop records the archive does not give back
+            raise ReproError(f"{archived} would not give {plain} back; nothing was changed")
+        atomic_write(archived, packed)
+        try:
+            plain.unlink()
+        except OSError as e:
+            raise os_error(plain, e) from None
+    return len(data), len(packed)
+
+
+def restore_records(path: str | Path) -> bool:
+    """Decompress an archived run's records back into records.jsonl (so that a writer may resume it), under
+    the run's lock; False when it is not archived. Refuses to write over a records.jsonl."""
+    path = _resolve(path)
+    plain, archived = path / RECORDS_FILE, path / ARCHIVED_RECORDS_FILE
+    with lock_dir(path):
+        if not archived.exists():
+            return False
+        data = records_bytes(plain)  # ReproError when records.jsonl is there too
+        assert data is not None
+        atomic_write(plain, data)
+        try:
+            archived.unlink()
+        except OSError as e:
+            raise os_error(archived, e) from None
+    return True
 
 
 def load_records(path: str | Path, kinds: Kinds | None = None) -> tuple[dict[str, Any], list[Any]]:
@@ -600,6 +673,11 @@ def check_target(path: Path, new: Mapping[str, Any]) -> None:
     if (path / MANIFEST_FILE).exists():
         if why := other_run(read_manifest(path, writing=True), new):
             raise refusal(path, why)
+        if (path / ARCHIVED_RECORDS_FILE).exists():
+            raise RunDirError(
+                f"output directory {path} holds an archived run ({ARCHIVED_RECORDS_FILE}); `repro archive"
+                f" --restore {path}` to resume it, or choose another --out"
+            )
     elif why := not_empty(path, (LOCK_FILE, SHARDS_DIR)):
         raise RunDirError(
             f"output directory {path} {why} and has no {MANIFEST_FILE},"
