@@ -479,7 +479,7 @@ def claim_figures_dir(folder: Path, run_path: Path) -> None:
 
 def _resolve(path: str | Path) -> Path:
     path = Path(path)
-    if path.is_file() and path.name in (RECORDS_FILE, MANIFEST_FILE):
+    if path.is_file() and path.name in (RECORDS_FILE, ARCHIVED_RECORDS_FILE, MANIFEST_FILE):
         path = path.parent
     if not path.exists():
         raise ReproError(f"run directory {path} does not exist")

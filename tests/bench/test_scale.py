@@ -28,7 +28,7 @@ from repro.models.default import init_random_weights, tiny_config
 from repro.models.graphed import GraphedTarget
 from repro.models.hybrid import HybridLM
 from repro.reporting.report import accept_histogram
-from repro.reporting.rundir import load_run
+from repro.reporting.rundir import load_run, restore_records
 from repro.reporting.scale_figure import FIGURE, plot_scale
 from repro.tree import Tree
 
@@ -513,6 +513,7 @@ def test_the_figure_marks_the_paper_speedup_and_survives_a_shape_without_ar(tmp_
 def test_a_records_run_without_a_replayed_kind_is_refused_before_anything_runs(tmp_path, monkeypatch, capsys):
     run = tmp_path / "run"
     shutil.copytree(GRAPHED_RUN, run)
+    restore_records(run)  # the committed run is archived (repro archive): its records.jsonl back
     lines = (run / "records.jsonl").read_text().splitlines()
     (run / "records.jsonl").write_text("".join(f"{x}\n" for x in lines if '"weaver-b32"' not in x))
     out = tmp_path / "x"

@@ -13,6 +13,7 @@ import pytest
 
 from repro.cli import main
 from repro.harness import claims
+from repro.reporting.rundir import restore_records
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
 
@@ -31,15 +32,22 @@ def test_every_baseline_claim_has_a_row_and_a_verdict():
     assert rows["W6"]["verdict"].startswith("not testable here: ")
 
 
+def _raw_records(source: str) -> list[dict]:
+    """The records of the committed run ``source`` as JSON objects (archived or not)."""
+    from repro.reporting.rundir import records_bytes
+
+    return [json.loads(x) for x in (records_bytes(RESULTS / source / "records.jsonl") or b"").splitlines()]
+
+
 def test_values_are_read_from_the_named_records():
     rows = {r["id"]: r for r in claims.ledger(RESULTS)}
     w5 = rows["W5"]
-    recs = [json.loads(x) for x in (RESULTS / w5["source"] / "records.jsonl").read_text().splitlines()]
+    recs = _raw_records(w5["source"])
     pools = [r for r in recs if r["record"] == "pool" and r["k"] == 512]
     kept = 1 - sum(r["mean_outside"] * r["positions"] for r in pools) / sum(r["positions"] for r in pools)
     assert w5["measured"] == pytest.approx(kept) and w5["ratio"] == pytest.approx(kept / 0.978)
     w3 = rows["W3"]  # MAL per verify step, pooled over the prompts, DFlash-TfM over chain DFlash
-    t2 = [json.loads(x) for x in (RESULTS / w3["source"] / "records.jsonl").read_text().splitlines()]
+    t2 = _raw_records(w3["source"])
 
     def mal(route: str) -> float:
         g = [r for r in t2 if r.get("route") == route]
@@ -48,7 +56,7 @@ def test_values_are_read_from_the_named_records():
     tfm, chain = mal("dflash-tfm-b64@sample_match"), mal("dflash-chain@sample_match")
     assert w3["measured"] == pytest.approx(tfm / chain - 1)
     w2 = rows["W2"]  # interactivity: DFlash-TfM's tokens/s per sequence over chain DFlash's, best-of protocol
-    t2 = [json.loads(x) for x in (RESULTS / w2["source"] / "records.jsonl").read_text().splitlines()]
+    t2 = _raw_records(w2["source"])
     assert w2["source"].endswith("table2-bf16-graphed")
 
     def tok_s(route: str) -> float:  # pooled over the prompts: tokens over decode seconds
@@ -107,7 +115,7 @@ def test_scale_claims_read_the_replayed_acceptance_rows():
     for cid, shape, route in (("W1-scale", "qwen3.6-27b", "dflash_tfm"), ("S1-scale", "gdn-1.3b", "specla")):
         row = rows[cid]
         assert row["source"] is not None and row["source"] != "2026-12-01-h200-scale-rows/paper-mal"
-        recs = [json.loads(x) for x in (RESULTS / row["source"] / "records.jsonl").read_text().splitlines()]
+        recs = _raw_records(row["source"])
         t = summary_table(recs)
         hit = t[(t["shape"] == shape) & (t["route"] == route)]
         assert hit["acceptance"].iloc[0].startswith("paper-mal")
@@ -309,6 +317,7 @@ def test_a_host_bound_table_run_is_named_in_the_verdict(tmp_path):
     assert "host-bound" not in rows["W1"]["verdict"]
     results = tmp_path / "results"
     shutil.copytree(RESULTS / rows["W1"]["source"], results / "run", ignore=shutil.ignore_patterns("figures"))
+    restore_records(results / "run")  # the committed run is archived (repro archive): its records.jsonl back
     path = results / "run" / "records.jsonl"
     recs = [json.loads(line) for line in path.read_text().splitlines()]
     for r in recs:

@@ -11,6 +11,7 @@ from conftest import run_cli as cli
 
 from repro.harness.compare import Noise, claim_verdicts, compare, speed_change
 from repro.reporting.records import sha256_ids
+from repro.reporting.rundir import restore_records
 from repro.reporting.stats import paired_ratio
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
@@ -21,6 +22,7 @@ def _night(tmp_path: Path, name: str, edit=None) -> Path:
     """A results folder with a copy of the routes run as ``routes``, its records passed through ``edit``."""
     root = tmp_path / name
     shutil.copytree(ROUTES, root / "routes", ignore=shutil.ignore_patterns("*.png", "*.log"))
+    restore_records(root / "routes")  # the committed run is archived (repro archive): its records.jsonl back
     if edit:
         path = root / "routes" / "records.jsonl"
         rows = [edit(json.loads(line)) for line in path.read_text().splitlines()]

@@ -12,6 +12,7 @@ from conftest import run_cli as cli
 
 from repro.errors import ReproError
 from repro.harness.compare import compare, differences
+from repro.reporting.rundir import restore_records
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
 ROUTES = RESULTS / "2026-11-30-h200-routes" / "float32"  # a decode run on the H200, 4 prompts x 3 suites
@@ -22,6 +23,7 @@ def _night(tmp_path: Path, name: str, run: str = "routes", edit=None, manifest=N
     and its manifest through ``manifest``."""
     root = tmp_path / name
     shutil.copytree(ROUTES, root / run, ignore=shutil.ignore_patterns("*.png", "*.log"))
+    restore_records(root / run)  # the committed run is archived (repro archive): its records.jsonl back
     if edit:
         path = root / run / "records.jsonl"
         rows = [edit(json.loads(line)) for line in path.read_text().splitlines()]

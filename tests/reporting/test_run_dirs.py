@@ -124,7 +124,7 @@ def test_committed_index_is_what_the_command_generates():
 def test_report_accepts_the_records_file(monkeypatch, capsys, tmp_path: Path):
     run = tmp_path / "run"
     shutil.copytree(RESULTS / "2026-11-30-h200-kernels" / "falsify-tree-exactness-cuda-triton", run)
-    code, out, err = cli(monkeypatch, capsys, "report", str(run / "records.jsonl"))
+    code, out, err = cli(monkeypatch, capsys, "report", str(run / "records.jsonl.xz"))  # archived
     assert code == 0, err
     assert out.startswith("# Tree exactness") and (run / "report.md").exists()
 
