@@ -281,8 +281,9 @@ def _first_node_columns(
     e^{G_R - g_0} and P[R, 0] = scale (Q_R k_0) e^{G_R - g_0} where node 0 is an ancestor, into ``c0``
     [2, HV, n] (A's column, P's column; by node); K_R k_0 and Q_R k_0 as dots with a 16-row tile whose
     row 0 is node 0 (dots take >= 16 rows). Block 0's program also writes node 0's own P[0, 0], G_0 = g_0
-    and its expanded key. Programs of their own beside the block pairs: in the diagonal programs these
-    dots lengthened phase 1's serial chain (Weaver T = 128 on 64-row blocks 25.4 vs 20.4 us, H100)."""
+    and its expanded key. Programs of their own beside the block pairs, so the diagonal programs (phase 1's
+    serial chain: dots, then the inverse) carry no dots of node 0; that move came with the narrower gate
+    load, and the two were not timed apart (results/2026-12-06-h100-peel-root/NOTES.md, calls GE-GF)."""
     rows = 1 + r * BR + tl.arange(0, BR)
     m_rows = rows < n
     o_k = tl.arange(0, BK)
