@@ -350,7 +350,8 @@ class Scan:
 def records_bytes(path: Path) -> bytes | None:
     """The bytes of the records file ``path`` (records.jsonl), read from its archived form
     (records.jsonl.xz beside it, :func:`archive_records`) when that is there instead; None without either.
-    ReproError with both (which is the run's?) or an archive that does not decompress."""
+    ReproError with both (two versions of the records: which one is the run's is not guessed) or with an
+    archive that does not decompress."""
     archived = path.with_name(ARCHIVED_RECORDS_FILE)
     if not archived.exists():
         return path.read_bytes() if path.exists() else None
