@@ -55,7 +55,10 @@ on a fresh GraphedTarget so that its graphs are captured under that setting:
   idles;
 - ``fused_tree``: every verify's GDN layers on the one-launch fused tree kernel, not the split form (three
   launches: prologue, keys, values) that ``select_tree_kernel`` picks for few value heads in bf16;
-- ``peel_root``: the split form's node 0 solved before its row blocks on the 2^k + 1 slots (the switch).
+- ``peel_root``: the split form's node 0 solved before its row blocks on the 2^k + 1 slots (the switch);
+- ``default_again``: the default once more, after the variants before it: how far the same rows move within
+  one process (the host side of a step varied 1.10-1.43 in wall / busy between machines of one kind,
+  results/2026-12-06-h100-peel-root).
 
 ROUTES_AB_VARIANTS (comma-separated names; default all) picks the variants; "default" always runs first.
 ROUTES_AB_BUDGET_S (default 400): a variant starts only if, taking as long as the one before it, it would end
@@ -176,6 +179,7 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "kernel_tree_copy": lambda: patched(static, "KERNEL_TREE_COPY", True),
     "aliased_roots": lambda: patched(tree_builders, "ALIASED_ROOTS", 4),
     "peel_root": lambda: switches.applied({"peel_root": True}),
+    "default_again": contextlib.nullcontext,
 }
 
 
