@@ -35,6 +35,7 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
+from _triton_resources import tree_resources  # this script's folder is first on sys.path
 
 from repro.bench import kernel_methods as km
 from repro.bench import kernels as bk
@@ -410,26 +411,7 @@ def main() -> None:
         rows += {"phases": phases, "knobs": keys_knobs, "delayed": delayed, "peel": peel}[part](shape, t, dev)
         dump(out_dir, rows, start)
     print(dump(out_dir, rows, start))
-    if "peel" in parts:
-        resources = compiled_resources(tt._tree_keys_kernel) + compiled_resources(tt._tree_values_kernel)
-        (out_dir / "tree-phases-resources.json").write_text(json.dumps(resources, indent=1))
-        for r in resources:
-            print(r)
-
-
-def compiled_resources(fn: Any) -> list[dict[str, Any]]:
-    """Registers, spills and shared memory of every variant of the Triton kernel ``fn`` compiled (or read
-    from the cache) in this process, with the constexprs that tell the variants apart."""
-    out = []
-    for kernel_cache, *_ in fn.device_caches.values():
-        for kernel in kernel_cache.values():
-            kernel._init_handles()
-            const = {fn.arg_names[k[0]]: v for k, v in kernel.src.constants.items() if len(k) == 1}
-            keep = ("BR", "BK", "DK", "DV", "BV", "PEEL", "NPG", "STRICT", "NR", "REGS", "TERMS", "PENDING")
-            out.append({"kernel": kernel.name, **{k: const[k] for k in keep if k in const},
-                        "num_warps": kernel.metadata.num_warps, "n_regs": kernel.n_regs,
-                        "n_spills": kernel.n_spills, "shared": kernel.metadata.shared})  # fmt: skip
-    return out
+    tree_resources(out_dir)
 
 
 if __name__ == "__main__":

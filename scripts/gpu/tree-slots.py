@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _triton_resources import tree_resources  # this script's folder is first on sys.path
 
 from repro.bench import kernel_methods as km
 from repro.bench import kernels as bk
@@ -122,6 +123,7 @@ def main() -> None:
             rows += shape_rows(shape, n, dev)
             dump(out_dir, rows, start)
     print(dump(out_dir, rows, start))
+    tree_resources(out_dir)
 
 
 if __name__ == "__main__":
