@@ -199,6 +199,8 @@ INTERP_CASES = {
     "n5-random": {**_SMALL, "n": 5, "kind": "random"},
     "n16-fan": {**_SMALL, "n": 16, "kind": "fan"},
     "n16-chain-api": {**_SMALL, "n": 16, "kind": "chain", "chain_api": True},
+    # n = 2^k + 1: the gates over the strict ancestors (gate_columns' STRICT), on the chain API's mask too
+    "n17-chain-api-strict-gates": {**_SMALL, "n": 17, "kind": "chain", "chain_api": True},
     "n33-random-br16-dk32": {**_SMALL, "n": 33, "kind": "random", "dk": 32, "block_rows": 16, "block_k": 16},
     "n33-mixed-dv32-bv16": {**_SMALL, "n": 33, "kind": "mixed", "dv": 32, "block_v": 16},
     "n48-chain-tree-api-br16": {**_SMALL, "n": 48, "kind": "chain", "block_rows": 16},
