@@ -4,9 +4,11 @@ have is not kept."""
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -75,3 +77,62 @@ def test_an_older_gzip_archive_is_restored_too(tmp_path: Path):
     restored = source(checkout, cache, "true")
     assert "Triton cache restored (1 files of metadata)" in restored.stdout
     assert (cache / "KEY" / "k.cubin").read_text() == "cubin"
+
+
+def _cache_archive(path: Path, entries: dict[str, dict[str, bytes]]) -> Path:
+    """A cache archive as save_triton_cache writes it: triton-cache/<hash>/<files>, xz."""
+    with tarfile.open(path, "w:xz") as tar:
+        for folder, files in entries.items():
+            for name, data in files.items():
+                info = tarfile.TarInfo(f"triton-cache/{folder}/{name}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def _triton_cache(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "triton_cache.py"), *args], capture_output=True, text=True
+    )
+
+
+def test_cache_archives_merge_slimmed_and_refuse_to_grow_past_the_cap(tmp_path: Path):
+    """scripts/triton_cache.py merge: the entries of every archive (the later one wins on the same entry),
+    without the dropped kernels, or only the kept prefixes (launchers always kept); an archive over
+    --max-mb is not written and the largest kernels are named."""
+    old = _cache_archive(tmp_path / "old.txz", {
+        "A": {"__grp___tree_keys_kernel.json": b"{}", "_tree_keys_kernel.cubin": b"old keys"},
+        "B": {"_step_kernel.json": b"{}", "_step_kernel.cubin": b"step" * 100},
+        "L": {"__triton_launcher.cpython-312.so": b"launcher"},
+    })  # fmt: skip
+    new = _cache_archive(tmp_path / "new.txz", {
+        "C": {"_tree_keys_kernel.json": b"{}", "_tree_keys_kernel.cubin": b"new keys"},
+        "B": {"_step_kernel.json": b"{}", "_step_kernel.cubin": b"step2" * 100},
+    })  # fmt: skip
+    out = tmp_path / "merged.txz"
+
+    def members(path: Path) -> dict[str, bytes]:
+        with tarfile.open(path) as tar:
+            return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+
+    done = _triton_cache("merge", str(out), str(old), str(new))
+    assert done.returncode == 0, done.stderr
+    got = members(out)
+    assert {n.split("/")[1] for n in got} == {"A", "B", "C", "L"}
+    assert got["triton-cache/B/_step_kernel.cubin"] == b"step2" * 100  # the later archive's entry
+
+    # the kernel's old variants dropped: the ones the new archive brought stay only when given last
+    assert _triton_cache("merge", str(out), str(old), "--drop", "_tree_keys_kernel").returncode == 0
+    assert {n.split("/")[1] for n in members(out)} == {"B", "L"}
+    assert _triton_cache("merge", str(out), str(old), str(new), "--keep", "_tree").returncode == 0
+    assert {n.split("/")[1] for n in members(out)} == {"A", "C", "L"}
+
+    listing = _triton_cache("list", str(out))
+    assert listing.returncode == 0 and "_tree_keys_kernel" in listing.stdout
+
+    out.unlink()
+    refused = _triton_cache("merge", str(out), str(old), str(new), "--max-mb", "0.0001")
+    assert refused.returncode == 2 and not out.exists()
+    assert "--max-mb" in refused.stderr and "_step_kernel" in refused.stderr
+    missing = _triton_cache("merge", str(out), str(tmp_path / "none.txz"))
+    assert missing.returncode == 2 and "none.txz is not a file" in missing.stderr
