@@ -127,6 +127,12 @@ class Case:
         return self.tree.ancestor_mask.to(self.device)
 
     @cached_property
+    def tree_mask(self) -> torch.Tensor:
+        """The mask as the engine's slots give it to the tree kernels (rows aligned above 64 nodes:
+        :func:`repro.gdn.triton_tree.mask_rows`), made once, outside the timing."""
+        return _triton_tree().mask_rows(self.ancestors)
+
+    @cached_property
     def parents_t(self) -> torch.Tensor:
         return torch.tensor(self.parents, dtype=torch.int32, device=self.device)
 
@@ -243,27 +249,27 @@ def build_tree_fused(case: Case, x: Inputs) -> Fn:
     fused = _triton_tree().tree_gdn_fused
     s = case.shape.scale
     prec = case.precision
-    return lambda: fused(x.q, x.k, x.v, x.g, x.beta, x.state, case.ancestors, s, precision=prec)[0]
+    return lambda: fused(x.q, x.k, x.v, x.g, x.beta, x.state, case.tree_mask, s, precision=prec)[0]
 
 
 def build_tree_split(case: Case, x: Inputs) -> Fn:
     split = _triton_tree().tree_gdn_split
     s = case.shape.scale
     prec = case.precision
-    return lambda: split(x.q, x.k, x.v, x.g, x.beta, x.state, case.ancestors, s, precision=prec)[0]
+    return lambda: split(x.q, x.k, x.v, x.g, x.beta, x.state, case.tree_mask, s, precision=prec)[0]
 
 
 def build_tree_split_peel(case: Case, x: Inputs) -> Fn:
     split = _triton_tree().tree_gdn_split
     s, prec = case.shape.scale, case.precision
-    return lambda: split(x.q, x.k, x.v, x.g, x.beta, x.state, case.ancestors, s, precision=prec, peel=True)[0]
+    return lambda: split(x.q, x.k, x.v, x.g, x.beta, x.state, case.tree_mask, s, precision=prec, peel=True)[0]
 
 
 def build_tree_blocked(case: Case, x: Inputs) -> Fn:
     blocked = _triton_tree().tree_gdn_blocked
     s = case.shape.scale
     prec = case.precision
-    return lambda: blocked(x.q, x.k, x.v, x.g, x.beta, x.state, case.ancestors, s, precision=prec)[0]
+    return lambda: blocked(x.q, x.k, x.v, x.g, x.beta, x.state, case.tree_mask, s, precision=prec)[0]
 
 
 def build_hybrid(case: Case, x: Inputs, kernel: str | None = None) -> Fn:
@@ -428,7 +434,7 @@ def _step(case: Case, x: Inputs, commit: str) -> Fn:
     node = torch.tensor([case.accepted[-1]], device=case.device)
     pending = gdn.PendingCommit(f.delta, f.k, f.gate_cum, case.ancestors, node)
     state = x.state.clone()
-    s, prec, anc = case.shape.scale, case.precision, case.ancestors
+    s, prec, anc, mask = case.shape.scale, case.precision, case.ancestors, case.tree_mask
     split = select_tree_kernel(x.q.dtype, x.v.shape[1], case.n) == "split"
     engine_verify = tt.tree_gdn_split if split else tt.tree_gdn_fused
     if commit == "replay":
@@ -436,7 +442,7 @@ def _step(case: Case, x: Inputs, commit: str) -> Fn:
         replay = _fla_call("recurrent", case, prev, idx, varlen=False, final=True)
 
         def run() -> torch.Tensor:
-            return engine_verify(x.q, x.k, x.v, x.g, x.beta, replay()[0], anc, s, precision=prec)[0]
+            return engine_verify(x.q, x.k, x.v, x.g, x.beta, replay()[0], mask, s, precision=prec)[0]
 
         return run
     if commit.endswith("_indexed"):  # the pending path as a path index (written at the commit: untimed)
@@ -446,13 +452,13 @@ def _step(case: Case, x: Inputs, commit: str) -> Fn:
         commit = commit.removesuffix("_indexed")
     if commit in ("delayed", "delayed_split"):
         verify = tt.tree_gdn_split if commit == "delayed_split" else tt.tree_gdn_fused
-        return lambda: verify(x.q, x.k, x.v, x.g, x.beta, state, anc, s, prec, pending=pending)[0]
+        return lambda: verify(x.q, x.k, x.v, x.g, x.beta, state, mask, s, prec, pending=pending)[0]
     mod = importlib.import_module("repro.gdn.triton_commit")
     fn = mod.commit_path_fused if commit == "path" else mod.commit_closed_form_fused
 
     def run_commit() -> torch.Tensor:
         fn(state, f.delta, f.k, f.gate_cum, anc, node)
-        return engine_verify(x.q, x.k, x.v, x.g, x.beta, state, anc, s, precision=prec)[0]
+        return engine_verify(x.q, x.k, x.v, x.g, x.beta, state, mask, s, precision=prec)[0]
 
     return run_commit
 

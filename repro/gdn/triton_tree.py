@@ -229,27 +229,27 @@ def _unit_lower_inverse(b_a, BR: tl.constexpr, LOG2_BR: tl.constexpr, PREC: tl.c
 
 
 @triton.jit
-def _block_mask(anc_ptr, rows, cols, n, CHAIN: tl.constexpr):
+def _block_mask(anc_ptr, rows, cols, n, ns, CHAIN: tl.constexpr):
     """[BR, BC] ancestor-or-self mask of rows x cols (in bounds, rows >= cols; CHAIN: the lower triangle)."""
     m_rc = (rows < n)[:, None] & (cols < n)[None, :] & (rows[:, None] >= cols[None, :])
     if not CHAIN:
-        b_anc = tl.load(anc_ptr + rows[:, None] * n + cols[None, :], mask=m_rc, other=0)
+        b_anc = tl.load(anc_ptr + rows[:, None] * ns + cols[None, :], mask=m_rc, other=0)
         m_rc = m_rc & (b_anc != 0)
     return m_rc
 
 
 @triton.jit
-def _first_node_column(anc_ptr, rows, n, CHAIN: tl.constexpr):
+def _first_node_column(anc_ptr, rows, n, ns, CHAIN: tl.constexpr):
     """[BR] mask: node 0 is on the path to each of ``rows`` (rows >= 1, in bounds; CHAIN: every row)."""
     m_rows = (rows < n) & (rows > 0)
     if not CHAIN:
-        m_rows = m_rows & (tl.load(anc_ptr + rows * n, mask=m_rows, other=0) != 0)
+        m_rows = m_rows & (tl.load(anc_ptr + rows * ns, mask=m_rows, other=0) != 0)
     return m_rows
 
 
 @triton.jit
 def _block_gates(
-    g_ptr, anc_ptr, r, n, i_h, HV: tl.constexpr, BR: tl.constexpr, CHAIN: tl.constexpr, NPG: tl.constexpr,
+    g_ptr, anc_ptr, r, n, ns, i_h, HV: tl.constexpr, BR: tl.constexpr, CHAIN: tl.constexpr, NPG: tl.constexpr,
     STRICT: tl.constexpr, OFF: tl.constexpr = 0,
 ):  # fmt: skip
     """G of row block r (value head i_h; its rows start at OFF + r BR): the sum of g over each row's
@@ -261,7 +261,7 @@ def _block_gates(
     rows = OFF + r * BR + tl.arange(0, BR)
     cols = tl.arange(0, NPG)
     b_g = tl.load(g_ptr + cols * HV + i_h, mask=cols < n, other=0.0).to(tl.float32)
-    m_rc = _block_mask(anc_ptr, rows, cols, n, CHAIN)
+    m_rc = _block_mask(anc_ptr, rows, cols, n, ns, CHAIN)
     if STRICT:
         m_rc = m_rc & (rows[:, None] != cols[None, :])
     b_gr = tl.sum(tl.where(m_rc, b_g[None, :], 0.0), axis=1)
@@ -272,7 +272,7 @@ def _block_gates(
 
 @triton.jit
 def _first_node_columns(
-    q_ptr, k_ptr, g_ptr, beta_ptr, anc_ptr, c0_ptr, gcum_ptr, kx_ptr, r, n, scale, i_h, i_kh,
+    q_ptr, k_ptr, g_ptr, beta_ptr, anc_ptr, c0_ptr, gcum_ptr, kx_ptr, r, n, ns, scale, i_h, i_kh,
     H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
     CHAIN: tl.constexpr, PREC: tl.constexpr, UPCAST_QK: tl.constexpr, WRITE_K: tl.constexpr,
     NPG: tl.constexpr, STRICT: tl.constexpr,
@@ -313,8 +313,8 @@ def _first_node_columns(
         b_q00 += tl.dot(b_q0, tl.trans(b_k0), input_precision=PREC)
     first = (o_z == 0)[None, :]
     b_g0 = tl.load(g_ptr + i_h).to(tl.float32)
-    b_gr = _block_gates(g_ptr, anc_ptr, r, n, i_h, HV, BR, CHAIN, NPG, STRICT, 1)
-    m_r0 = _first_node_column(anc_ptr, rows, n, CHAIN)
+    b_gr = _block_gates(g_ptr, anc_ptr, r, n, ns, i_h, HV, BR, CHAIN, NPG, STRICT, 1)
+    m_r0 = _first_node_column(anc_ptr, rows, n, ns, CHAIN)
     b_gam0 = tl.where(m_r0, tl.exp(tl.where(m_r0, b_gr - b_g0, 0.0)), 0.0)
     b_beta = tl.load(beta_ptr + rows * HV + i_h, mask=m_rows, other=0.0).to(tl.float32)
     b_kk0_r = tl.sum(tl.where(first, b_kk0, 0.0), axis=1)
@@ -375,6 +375,7 @@ def _tree_verify_kernel(
     pnode_ptr,
     pn,
     n,
+    ns,
     scale,
     H: tl.constexpr,
     HV: tl.constexpr,
@@ -425,7 +426,7 @@ def _tree_verify_kernel(
         m_rows = rows < n
 
         # ---- G for this block's rows: sum over ancestors, which all sit in column blocks c <= r
-        b_gr = _block_gates(g_ptr, anc_ptr, r, n, i_h, HV, BR, CHAIN, NPG, STRICT)
+        b_gr = _block_gates(g_ptr, anc_ptr, r, n, ns, i_h, HV, BR, CHAIN, NPG, STRICT)
         tl.store(gcum_ptr + rows * HV + i_h, b_gr, mask=m_rows)
         b_beta = tl.load(beta_ptr + rows * HV + i_h, mask=m_rows, other=0.0).to(tl.float32)
         b_eg = tl.exp(b_gr)
@@ -468,7 +469,7 @@ def _tree_verify_kernel(
             b_gc = tl.load(gcum_ptr + cols * HV + i_h, mask=m_cols, other=0.0)
             m_rc = m_rows[:, None] & m_cols[None, :]
             if not CHAIN:
-                b_anc = tl.load(anc_ptr + rows[:, None] * n + cols[None, :], mask=m_rc, other=0)
+                b_anc = tl.load(anc_ptr + rows[:, None] * ns + cols[None, :], mask=m_rc, other=0)
                 m_rc = m_rc & (b_anc != 0)
             b_gam = tl.where(m_rc, tl.exp(tl.where(m_rc, b_gr[:, None] - b_gc[None, :], 0.0)), 0.0)
             b_kc_kk = tl.zeros([BR, BR], dtype=tl.float32)
@@ -497,7 +498,7 @@ def _tree_verify_kernel(
         cols = r * BR + o_c
         m_rc = m_rows[:, None] & (cols < n)[None, :] & (rows[:, None] >= cols[None, :])
         if not CHAIN:
-            b_anc = tl.load(anc_ptr + rows[:, None] * n + cols[None, :], mask=m_rc, other=0)
+            b_anc = tl.load(anc_ptr + rows[:, None] * ns + cols[None, :], mask=m_rc, other=0)
             m_rc = m_rc & (b_anc != 0)
         b_gam = tl.where(m_rc, tl.exp(tl.where(m_rc, b_gr[:, None] - b_gr[None, :], 0.0)), 0.0)
         b_a = tl.where(rows[:, None] > cols[None, :], b_beta[:, None] * b_kk * b_gam, 0.0)
@@ -514,7 +515,7 @@ def _tree_verify_kernel(
 @triton.jit
 def _tree_keys_kernel(
     q_ptr, k_ptr, g_ptr, beta_ptr, anc_ptr, a_ptr, p_ptr, c0_ptr, gcum_ptr, kx_ptr,
-    s0_ptr, pd_ptr, pk_ptr, pg_ptr, panc_ptr, pnode_ptr, pn, ks_ptr, qs_ptr, n, NP, NR, scale,
+    s0_ptr, pd_ptr, pk_ptr, pg_ptr, panc_ptr, pnode_ptr, pn, ks_ptr, qs_ptr, n, ns, NP, NR, scale,
     H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BR: tl.constexpr,
     LOG2_BR: tl.constexpr, BK: tl.constexpr, CHAIN: tl.constexpr, PREC: tl.constexpr,
     UPCAST_QK: tl.constexpr, INV: tl.constexpr, WRITE_K: tl.constexpr,
@@ -562,7 +563,7 @@ def _tree_keys_kernel(
     i_kh = i_h // (HV // H)
     if PEEL and pid >= NR * NR:
         _first_node_columns(q_ptr, k_ptr, g_ptr, beta_ptr, anc_ptr, c0_ptr, gcum_ptr, kx_ptr, pid - NR * NR,
-                            n, scale, i_h, i_kh, H, HV, DK, BR, BK, CHAIN, PREC, UPCAST_QK, WRITE_K,
+                            n, ns, scale, i_h, i_kh, H, HV, DK, BR, BK, CHAIN, PREC, UPCAST_QK, WRITE_K,
                             NPG, STRICT)  # fmt: skip
         return
     r = pid // NR
@@ -574,8 +575,8 @@ def _tree_keys_kernel(
     o_k = tl.arange(0, BK)
     m_rows = rows < n
     m_cols = cols < n
-    b_gr = _block_gates(g_ptr, anc_ptr, r, n, i_h, HV, BR, CHAIN, NPG, STRICT, PEEL)
-    b_gc = _block_gates(g_ptr, anc_ptr, c, n, i_h, HV, BR, CHAIN, NPG, STRICT, PEEL)
+    b_gr = _block_gates(g_ptr, anc_ptr, r, n, ns, i_h, HV, BR, CHAIN, NPG, STRICT, PEEL)
+    b_gc = _block_gates(g_ptr, anc_ptr, c, n, ns, i_h, HV, BR, CHAIN, NPG, STRICT, PEEL)
     b_kk = tl.zeros([BR, BR], dtype=tl.float32)
     b_qk = tl.zeros([BR, BR], dtype=tl.float32)
     for kk in range(0, DK, BK):
@@ -594,7 +595,7 @@ def _tree_keys_kernel(
             b_kc = b_kc.to(tl.float32)
         b_kk += tl.dot(b_k, tl.trans(b_kc), input_precision=PREC)
         b_qk += tl.dot(b_q, tl.trans(b_kc), input_precision=PREC)
-    m_rc = _block_mask(anc_ptr, rows, cols, n, CHAIN)
+    m_rc = _block_mask(anc_ptr, rows, cols, n, ns, CHAIN)
     b_gam = tl.where(m_rc, tl.exp(tl.where(m_rc, b_gr[:, None] - b_gc[None, :], 0.0)), 0.0)
     b_beta = tl.load(beta_ptr + rows * HV + i_h, mask=m_rows, other=0.0).to(tl.float32)
     b_a = tl.where(rows[:, None] > cols[None, :], b_beta[:, None] * b_kk * b_gam, 0.0)
@@ -1120,7 +1121,7 @@ def tree_gdn_fused(
     bk = _check_tiles(br, block_k, c.dk)
     _tree_verify_kernel[(c.hv, triton.cdiv(c.dv, bv))](
         c.q, c.k, c.v, c.g, c.beta, c.state, c.anc, c.o, c.delta, c.gate_cum, c.k_exp, *c.p_ops, c.p_node,
-        c.p_n, c.n, float(scale),
+        c.p_n, c.n, c.anc_stride, float(scale),
         H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk, BV=bv,
         CHAIN=c.chain, PREC=precision, UPCAST_QK=c.upcast, INV=inverse_scheme(br, inverse), WRITE_K=c.write_k,
         PENDING=pending is not None, PNP=c.pnp, **gate_columns(c.n), num_warps=warps,
@@ -1330,7 +1331,7 @@ def _key_blocks(
     _tree_keys_kernel[(c.hv, nct + ((nr * nr + nr * (peel and node0_programs)) if key_programs else 0))](
         c.q, c.k, c.g, c.beta, c.anc, a_blocks, p_blocks, a_blocks if c0 is None else c0, c.gate_cum, c.k_exp,
         c.state, *c.p_ops, c.p_node,
-        c.p_n, c.delta, qs if terms else c.delta, c.n, npad, nr, float(scale),
+        c.p_n, c.delta, qs if terms else c.delta, c.n, c.anc_stride, npad, nr, float(scale),
         H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk, CHAIN=c.chain,
         PREC=precision, UPCAST_QK=c.upcast, INV=inverse_scheme(br, inverse), WRITE_K=c.write_k,
         PENDING=pending, PNP=c.pnp, NCT=nct, BVC=bvc, BKC=bkc, TERMS=terms, RC=min(64, _pow2_at_least(c.n)),
@@ -1483,14 +1484,7 @@ class _TreeCall:
             raise ValueError(f"q and k must share a dtype, got {q.dtype} and {k.dtype}")
         p_ops, p_node, p_n = _pending_operands(state, pending, out)
         state = state.contiguous().float()  # pending: already contiguous float32, so the caller's tensor
-        if chain:
-            anc = q  # unused: the kernel builds the lower-triangular mask from indices
-        else:
-            anc = (
-                (ancestors if ancestors.dtype == torch.bool else ancestors != 0)
-                .contiguous()
-                .view(torch.uint8)
-            )
+        anc = q if chain else mask_rows(ancestors)  # chain: the kernel builds the lower triangle itself
         if out is None:
             o = torch.empty(n, hv, dv, dtype=q.dtype, device=q.device)
             delta = torch.empty(n, hv, dv, dtype=torch.float32, device=q.device)
@@ -1504,6 +1498,11 @@ class _TreeCall:
                    gate_cum, k_exp, write_k, upcast)  # fmt: skip
 
     @property
+    def anc_stride(self) -> int:
+        """The ancestor mask's row stride (n where the mask is built from indices)."""
+        return self.n if self.chain else self.anc.stride(0)
+
+    @property
     def pnp(self) -> int:
         """The prologue's PNP: 0 when the pending commit comes with a path index (int32), else the
         ancestor row's padded width."""
@@ -1513,6 +1512,41 @@ class _TreeCall:
         return TreeFactors(
             delta=self.delta, gate_cum=self.gate_cum, k=self.k_exp, v=self.v, g=self.g, beta=self.beta
         )
+
+
+MASK_ROW_ALIGN = 16  # bytes: a row stride Triton specialises (divisibility 16)
+MASK_PAD_ABOVE = 64  # nodes: from here an unaligned row stride costs registers
+
+
+def mask_rows(ancestors: torch.Tensor) -> torch.Tensor:
+    """The ancestor mask [n, n] as the tree kernels read it: uint8, each row contiguous, rows at the given
+    row stride (a view of a wider buffer is read in place); a copy with rows of a multiple of
+    :data:`MASK_ROW_ALIGN` bytes where n > :data:`MASK_PAD_ABOVE` and the stride is not one. The kernels
+    gather [rows, nodes] tiles of it; with an unaligned stride (the engine's slots of 2^k + 1 nodes)
+    Triton cannot specialise it, and at 129 nodes phase 1 of the split form took 229-255 registers a
+    thread (spilling at the SpecLA shape and in the peeled form) against 153-171 with an aligned one (the
+    wheel's ptxas for sm_90 on the CPU, scripts/sm90_resources.py); at 33 / 65 nodes it changed none.
+    The engine's slots of that size keep an aligned copy (one per verify step, not per layer)."""
+    flags = ancestors if ancestors.dtype in (torch.bool, torch.uint8) else ancestors != 0
+    if flags.stride(-1) != 1:
+        flags = flags.contiguous()
+    n = flags.shape[0]
+    if n > MASK_PAD_ABOVE and flags.stride(0) % MASK_ROW_ALIGN:
+        flags = _aligned_rows(n, flags.device).copy_(flags)
+    return flags.view(torch.uint8)
+
+
+def _aligned_rows(n: int, device: torch.device) -> torch.Tensor:
+    """A zeroed bool [n, n] view of rows padded to a multiple of :data:`MASK_ROW_ALIGN` bytes."""
+    width = -(-n // MASK_ROW_ALIGN) * MASK_ROW_ALIGN
+    return torch.zeros(n, width, dtype=torch.bool, device=device)[:, :n]
+
+
+def aligned_mask(n: int, device: torch.device) -> torch.Tensor | None:
+    """Where :func:`mask_rows` would copy a contiguous [n, n] mask (n > :data:`MASK_PAD_ABOVE`, not a
+    multiple of :data:`MASK_ROW_ALIGN`): a zeroed bool [n, n] mask with aligned rows to keep the copy in
+    (the engine's slots, refreshed once a verify step); else None."""
+    return _aligned_rows(n, device) if n > MASK_PAD_ABOVE and n % MASK_ROW_ALIGN else None
 
 
 def _check_tiles(br: int, block_k: int | None, dk: int) -> int:

@@ -385,6 +385,13 @@ class TreeSlot:
         self.bonus = torch.zeros(1, dtype=torch.long, device=dev)
         # [path length, bonus, path nodes by depth (max_depth), their tokens] (the graphed target reads it)
         self.result = torch.zeros(2 + 2 * self.max_depth, dtype=torch.long, device=dev)
+        # the GDN tree kernels' copy of the mask with aligned rows (repro.gdn.triton_tree.mask_rows: 129
+        # nodes), refreshed by each verify, so that no layer's call copies it; None: the mask itself serves
+        self.gdn_rows: torch.Tensor | None = None
+        if self.verifier == "tree" and decoder.tree_kernel_at(size) is not None:
+            from repro.gdn.triton_tree import aligned_mask  # Triton is optional: imported here
+
+            self.gdn_rows = aligned_mask(size, dev)
         self.derive_inputs = derive
         self.accept_fused = False  # a slot of the graphed target's fused verify + acceptance graphs
         self._decoder = decoder
@@ -842,6 +849,8 @@ class StaticDecoder:
             derive_slot(slot.tokens, slot.parents, slot.depth, slot.ancestors, slot.conv_index, slot.first)
         elif slot.derive_inputs:
             slot.derive()
+        if slot.gdn_rows is not None:
+            slot.gdn_rows.copy_(slot.ancestors)
         positions = self.length + slot.depth - 1
         with verify_launches():  # its kernels release the next launch at their exit (triton_common)
             slot.logits = self._forward(slot.tokens, positions, slot, decode=False)
@@ -1198,6 +1207,11 @@ class StaticDecoder:
             return self._tree
         return tree_function(self.kernel, self.device, interpreter=True, kernel=kernel)
 
+    @staticmethod
+    def _gdn_mask(slot: TreeSlot) -> torch.Tensor:
+        """The ancestor mask the slot's GDN tree kernels read (its aligned copy where it keeps one)."""
+        return slot.ancestors if slot.gdn_rows is None else slot.gdn_rows
+
     def _gdn_core(
         self,
         i: int,
@@ -1227,8 +1241,8 @@ class StaticDecoder:
             o = torch.empty(n, v.shape[1], v.shape[2], dtype=q.dtype, device=self.device)
             out = (o, mine.delta[i][:n], mine.gate_cum[i][:n], mine.k[i][:n])
             return self._tree_for(slot.size)(
-                q, k, v, g, beta, buf.recurrent, slot.parents, slot.ancestors, scale, False, self.precision,
-                pending=pending, out=out,
+                q, k, v, g, beta, buf.recurrent, slot.parents, self._gdn_mask(slot), scale, False,
+                self.precision, pending=pending, out=out,
             )  # fmt: skip
         out = None
         if slot.stack is not None:  # stacked_commit: the factors into the slot's stack (views per layer)
@@ -1236,7 +1250,7 @@ class StaticDecoder:
             o = torch.empty(slot.size, v.shape[1], v.shape[2], dtype=q.dtype, device=self.device)
             out = (o, slot.stack.delta[j], slot.stack.gate_cum[j], slot.stack.k[j])
         return self._tree_for(slot.size)(
-            q, k, v, g, beta, buf.recurrent, slot.parents, slot.ancestors, scale, slot.snapshots,
+            q, k, v, g, beta, buf.recurrent, slot.parents, self._gdn_mask(slot), scale, slot.snapshots,
             self.precision, out=out,
         )  # fmt: skip
 

@@ -56,11 +56,15 @@ on a fresh GraphedTarget so that its graphs are captured under that setting:
 - ``fused_tree``: every verify's GDN layers on the one-launch fused tree kernel, not the split form (three
   launches: prologue, keys, values) that ``select_tree_kernel`` picks for few value heads in bf16;
 - ``peel_root``: the split form's node 0 solved before its row blocks on the 2^k + 1 slots (the switch);
+- ``unaligned_mask``: the GDN tree kernels reading a slot's ancestor mask at its own row stride (n), not the
+  slot's copy in rows of a multiple of 16 bytes (``triton_tree.MASK_PAD_ABOVE`` out of reach): only slots
+  of more than 64 nodes differ, so run it with ROUTES_AB_TREE_BUDGET=128;
 - ``default_again``: the default once more, after the variants before it: how far the same rows move within
   one process (the host side of a step varied 1.10-1.43 in wall / busy between machines of one kind,
   results/2026-12-06-h100-peel-root).
 
 ROUTES_AB_VARIANTS (comma-separated names; default all) picks the variants; "default" always runs first.
+ROUTES_AB_TREE_BUDGET (default 32): the node budget of the tree routes (DDTree, SpecLA, DFlash-TfM).
 ROUTES_AB_BUDGET_S (default 400): a variant starts only if, taking as long as the one before it, it would end
 within this many seconds of the start (the first variant, on a fresh machine, also pays the compiles: ~190 s).
 
@@ -89,7 +93,7 @@ from repro.data.suites import format_turn, load_suite  # noqa: E402
 from repro.decoding import engine, switches, tree_builders  # noqa: E402
 from repro.decoding.engine import STAGES, generate  # noqa: E402
 from repro.decoding.routes import build_route, prepare_graphs  # noqa: E402
-from repro.gdn import triton_attention  # noqa: E402
+from repro.gdn import triton_attention, triton_tree  # noqa: E402
 from repro.gdn import triton_linear as tlin  # noqa: E402
 from repro.gdn.triton_common import dependent_launch  # noqa: E402
 from repro.models import graphed, static, topk_kernels  # noqa: E402
@@ -98,12 +102,20 @@ from repro.models.target import open_target  # noqa: E402
 CPU = sys.argv[2:3] == ["cpu"]
 DEVICE = "cpu" if CPU else "cuda"
 FAMILY = "tiny-qwen35"
+TREE_BUDGET = int(os.environ.get("ROUTES_AB_TREE_BUDGET", "32"))
 ROUTES = [
     {"name": "ar", "kind": "ar"},
     {"name": "dflash-chain", "kind": "dflash_chain"},
-    {"name": "ddtree-b32", "kind": "ddtree", "budget": 32},
-    {"name": "specla-b32", "kind": "specla", "budget": 32, "topk": 4, "tau": 0.05, "depth": 6},
-    {"name": "dflash-tfm-b32", "kind": "dflash_tfm", "budget": 32},
+    {"name": f"ddtree-b{TREE_BUDGET}", "kind": "ddtree", "budget": TREE_BUDGET},
+    {
+        "name": f"specla-b{TREE_BUDGET}",
+        "kind": "specla",
+        "budget": TREE_BUDGET,
+        "topk": 4,
+        "tau": 0.05,
+        "depth": 6,
+    },
+    {"name": f"dflash-tfm-b{TREE_BUDGET}", "kind": "dflash_tfm", "budget": TREE_BUDGET},
 ]
 PROMPTS = 1 if CPU else 3
 NEW_TOKENS = 16 if CPU else 96
@@ -179,6 +191,7 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "kernel_tree_copy": lambda: patched(static, "KERNEL_TREE_COPY", True),
     "aliased_roots": lambda: patched(tree_builders, "ALIASED_ROOTS", 4),
     "peel_root": lambda: switches.applied({"peel_root": True}),
+    "unaligned_mask": lambda: patched(triton_tree, "MASK_PAD_ABOVE", 1 << 30),
     "default_again": contextlib.nullcontext,
 }
 
@@ -194,7 +207,7 @@ def open_family() -> tuple[Any, Any]:
 def graphed_routes(model: Any, specs: list[dict]) -> tuple[graphed.GraphedTarget, list[Any]]:  # noqa: ANN401
     """A fresh GraphedTarget of ``model`` (CUDA graphs off on CPU) and the greedy routes of ``specs`` on
     it, their graphs captured ahead."""
-    target = graphed.GraphedTarget(model, max_nodes=64, graphs=not CPU)
+    target = graphed.GraphedTarget(model, max_nodes=max(64, TREE_BUDGET + 1), graphs=not CPU)
     vocab = model.config.vocab_size
     routes = [build_route(s, vocab, "greedy", 0.0, 42, target=target, family=FAMILY) for s in specs]
     prepare_graphs(target, routes)

@@ -78,7 +78,7 @@ def phases(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
     case = bk.make_case(spec, cfg, dev)
     x = km.make_inputs(case.shape, case.n, km.seed_of(spec, 0, "phases"), dev).to("bf16")
     scale = case.shape.scale
-    anc = case.ancestors
+    anc = case.tree_mask
     ref = tt.tree_gdn_fused(x.q, x.k, x.v, x.g, x.beta, x.state, anc, scale, PREC)[0].float()
     rows: list[dict[str, Any]] = []
 
@@ -157,7 +157,7 @@ def keys_knobs(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
     spec = bk.RowSpec(shape, "verify", "draft", t, "tree_split", "bf16")
     case = bk.make_case(spec, bk.BenchConfig(timer=TIMER, bf16_precision=PREC), dev)
     x = km.make_inputs(case.shape, case.n, km.seed_of(spec, 0, "knobs"), dev).to("bf16")
-    c = tt._TreeCall.of(x.q, x.k, x.v, x.g, x.beta, x.state, case.ancestors, PREC, False, None, None)
+    c = tt._TreeCall.of(x.q, x.k, x.v, x.g, x.beta, x.state, case.tree_mask, PREC, False, None, None)
     rows: list[dict[str, Any]] = []
     variants = [("default", {}), ("no-inverse", {"LOG2_BR": 0, "INV": 0}),
                 ("no-mask-loads", {"CHAIN": True}),
@@ -213,7 +213,7 @@ def delayed(shape: str, t: int, dev: torch.device, depth: int = 4) -> list[dict[
     prev.state = x.state
     f = km._factors(case, prev, snapshots=False)
     node = torch.tensor([case.accepted[-1]], device=dev)
-    anc, scale = case.ancestors, case.shape.scale
+    anc, scale = case.tree_mask, case.shape.scale
     want_state = x.state.clone()
     reference.apply_pending(want_state, reference.PendingCommit(f.delta, f.k, f.gate_cum, anc, node))
     want_o = tt.tree_gdn_fused(x.q, x.k, x.v, x.g, x.beta, want_state, anc, scale, PREC)[0].float()
@@ -322,7 +322,7 @@ def peel(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
     spec = bk.RowSpec(shape, "verify", "draft", t, "tree_split", "bf16")
     case = bk.make_case(spec, bk.BenchConfig(timer=TIMER, bf16_precision=PREC), dev)
     x = km.make_inputs(case.shape, case.n, km.seed_of(spec, 0, "peel"), dev).to("bf16")
-    anc, scale = case.ancestors, case.shape.scale
+    anc, scale = case.tree_mask, case.shape.scale
     args = (x.q, x.k, x.v, x.g, x.beta, x.state, anc, scale, PREC)
     ref = tt.tree_gdn_fused(*args)[0].float()
     c = tt._TreeCall.of(x.q, x.k, x.v, x.g, x.beta, x.state, anc, PREC, False, None, None)

@@ -55,7 +55,7 @@ def shape_rows(shape: str, n: int, dev: torch.device) -> list[dict[str, Any]]:
     spec = bk.RowSpec(shape, "verify", "draft", n, "tree_split", "bf16")
     case = bk.make_case(spec, bk.BenchConfig(timer=TIMER, bf16_precision=PREC), dev)
     x = km.make_inputs(case.shape, case.n, km.seed_of(spec, 0, "slots"), dev).to("bf16")
-    args = (x.q, x.k, x.v, x.g, x.beta, x.state, case.ancestors, case.shape.scale, PREC)
+    args = (x.q, x.k, x.v, x.g, x.beta, x.state, case.tree_mask, case.shape.scale, PREC)
     ref = tt.tree_gdn_fused(*args)[0].float()
     default = tt.split_tiles(n, case.shape.hv, case.shape.dv, PREC)
     calls = {"fused": lambda: tt.tree_gdn_fused(*args)}

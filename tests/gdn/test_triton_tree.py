@@ -132,6 +132,10 @@ def run_case(spec: dict, device: str) -> dict:
     n, hv, dv, dk = spec["n"], spec["HV"], spec["dv"], spec["dk"]
     tree = Tree(torch.zeros(n, dtype=torch.long), parents)
     anc = tree.ancestor_mask.to(device)
+    mask = anc  # what the kernels get: with mask_stride a view of wider rows (a slot's aligned copy)
+    if "mask_stride" in spec:
+        mask = torch.zeros(n, spec["mask_stride"], dtype=torch.bool, device=device)[:, :n]
+        mask.copy_(anc)
     scale = dk**-0.5
     tuning = ("block_rows", "block_v", "block_k", "num_warps", "inverse", "block_rows_v", "block_cols",
               "precompute_x0", "commit_block_v", "terms", "walk", "peel")  # fmt: skip
@@ -144,10 +148,10 @@ def run_case(spec: dict, device: str) -> dict:
     out = (o, delta, gcum)
     if spec.get("blocked"):  # the three-launch kernels with T explicit (chain_api: the mask from indices)
         knobs.pop("inverse", None)
-        ancestors = None if spec.get("chain_api") else anc
+        ancestors = None if spec.get("chain_api") else mask
         o, f = tree_gdn_blocked(q, k, v, g, beta, s0, ancestors, scale, prec, out=out, **knobs, **knobs_p)
     elif spec.get("split"):  # the two-phase kernels (chain_api: the mask from indices)
-        ancestors = None if spec.get("chain_api") else anc
+        ancestors = None if spec.get("chain_api") else mask
         o, f = tree_gdn_split(
             q, k, v, g, beta, s0, ancestors, scale, prec, out=(o, delta, gcum), **knobs, **knobs_p
         )
@@ -156,7 +160,7 @@ def run_case(spec: dict, device: str) -> dict:
         o, f = chain_gdn_fused(q, k, v, g, beta, s0, scale, prec, out=out, **knobs, **knobs_p)
     else:
         o, f = tree_gdn_fused(
-            q, k, v, g, beta, s0, anc, scale, prec, out=(o, delta, gcum), **knobs, **knobs_p
+            q, k, v, g, beta, s0, mask, scale, prec, out=(o, delta, gcum), **knobs, **knobs_p
         )
     states = None
     if spec.get("states", True):
@@ -201,6 +205,24 @@ INTERP_CASES = {
     "n16-chain-api": {**_SMALL, "n": 16, "kind": "chain", "chain_api": True},
     # n = 2^k + 1: the gates over the strict ancestors (gate_columns' STRICT), on the chain API's mask too
     "n17-chain-api-strict-gates": {**_SMALL, "n": 17, "kind": "chain", "chain_api": True},
+    # the mask as a view of wider rows (row stride != n: mask_rows reads it in place), every form
+    "n20-random-mask-stride27": {**_SMALL, "n": 20, "kind": "random", "mask_stride": 27},
+    "split-n40-mixed-br16-mask-stride45": {**_SPLIT_N40, "mask_stride": 45},
+    "split-peel-n33-fan-mask-stride48": {
+        **_SMALL,
+        "n": 33,
+        "kind": "fan",
+        "split": True,
+        "peel": True,
+        "mask_stride": 48,
+    },  # fmt: skip
+    "blocked-n24-random-mask-stride31": {
+        **_SMALL,
+        "n": 24,
+        "kind": "random",
+        "blocked": True,
+        "mask_stride": 31,
+    },  # fmt: skip
     "n33-random-br16-dk32": {**_SMALL, "n": 33, "kind": "random", "dk": 32, "block_rows": 16, "block_k": 16},
     "n33-mixed-dv32-bv16": {**_SMALL, "n": 33, "kind": "mixed", "dv": 32, "block_v": 16},
     "n48-chain-tree-api-br16": {**_SMALL, "n": 48, "kind": "chain", "block_rows": 16},
@@ -698,6 +720,30 @@ def test_a_tree_of_one_node_is_not_peeled() -> None:
 
     with pytest.raises(ValueError, match="peel needs at least two nodes"):
         tt.tree_gdn_split(*_split_inputs(1, 4, 16), 0.25, "tf32", peel=True)
+
+
+@pytest.mark.parametrize(("n", "stride", "copied", "want"), [
+    (129, 129, True, 144), (65, 65, True, 80), (64, 64, False, 64), (128, 128, False, 128),
+    (33, 33, False, 33), (129, 144, False, 144), (129, 150, True, 144), (33, 40, False, 40),
+])  # fmt: skip
+def test_mask_rows_aligned_where_an_unaligned_stride_costs_registers(n, stride, copied, want) -> None:
+    """mask_rows: the kernels read a mask's rows at its row stride (a view of wider rows in place); above 64
+    nodes a stride that is no multiple of 16 bytes (ptxas: 229-255 registers and spills at 129 nodes, 153-171
+    aligned) is copied into aligned rows, the same flags; aligned_mask gives the engine's slots that buffer
+    where a contiguous mask would be copied."""
+    from repro.gdn import triton_tree as tt
+
+    anc = torch.rand(n, n) < 0.5
+    given = torch.zeros(n, stride, dtype=torch.bool)[:, :n]
+    given.copy_(anc)
+    rows = tt.mask_rows(given)
+    assert rows.dtype == torch.uint8 and rows.stride() == (want, 1) and torch.equal(rows.bool(), anc)
+    assert (rows.data_ptr() != given.data_ptr()) == copied
+    slot_rows = tt.aligned_mask(n, torch.device("cpu"))
+    assert (slot_rows is not None) == (n > 64 and n % 16 != 0)
+    if slot_rows is not None:
+        assert slot_rows.dtype == torch.bool and slot_rows.stride() == (want, 1) and not slot_rows.any()
+    assert torch.equal(tt.mask_rows(anc.t()).bool(), anc.t())  # columns not contiguous: made so
 
 
 def test_split_state_products_need_tiles_of_16_rows() -> None:

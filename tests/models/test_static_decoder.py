@@ -367,6 +367,28 @@ def test_peel_root_moves_the_split_slots_of_2k_plus_1_nodes(monkeypatch):
     assert forced.tree_kernel_at(65) == "split"
 
 
+def test_slots_of_65_and_129_nodes_keep_an_aligned_mask_for_the_gdn_kernels(monkeypatch):
+    """A slot over 64 nodes whose size is no multiple of 16 (the engine's 2^k + 1) keeps a copy of its
+    ancestor mask in rows of a multiple of 16 bytes (triton_tree.mask_rows: the tree kernels' registers at
+    129 nodes), refreshed by each verify before its layers and the one its GDN layers read; other sizes
+    and the reference backend read the mask itself."""
+    from repro.gdn import backends
+
+    monkeypatch.setattr(backends, "interpreting", lambda: True)  # the decoder built on the CPU
+    m = build(config([GDN]), dtype=torch.float32, seed=5)
+    dec = StaticDecoder(m, 16, 129, kernel="triton")
+    big, mid, small = TreeSlot(dec, 129), TreeSlot(dec, 65), TreeSlot(dec, 33)
+    assert big.gdn_rows is not None and big.gdn_rows.stride() == (144, 1) and mid.gdn_rows.stride() == (80, 1)
+    assert small.gdn_rows is None and dec._gdn_mask(small) is small.ancestors
+    assert TreeSlot(StaticDecoder(m, 16, 129), 129).gdn_rows is None  # the reference backend
+    seen = []
+    monkeypatch.setattr(dec, "_forward", lambda *a, **k: seen.append(big.gdn_rows.clone()) or torch.zeros(1))
+    big.set_tree(Tree(torch.zeros(129, dtype=torch.long), torch.arange(129) - 1))  # a chain: every ancestor
+    dec.verify(big)
+    assert torch.equal(seen[0], big.ancestors) and big.ancestors.sum() == 129 * 130 // 2
+    assert dec._gdn_mask(big) is big.gdn_rows
+
+
 def test_small_trees_of_a_listed_shape_take_the_fused_kernel(monkeypatch):
     """FUSED_UP_TO: at the tiny family's GDN shape (4 value heads, d = 48) trees of up to 17 nodes verify on
     the fused kernel in bf16 (186 vs 204 us a verify step), larger ones on the split form; other shapes, no
