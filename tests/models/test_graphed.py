@@ -534,6 +534,34 @@ def test_gpu_every_route_through_graphs_equals_ar_in_float32():
             assert graphed == ref, f"{name}: {compare_to_reference(graphed, ref)}"
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_trees_of_128_nodes_through_graphs_equal_ar_in_float32():
+    """Budget-128 trees verify in 129-node slots, whose GDN tree kernels read the slot's copy of the ancestor
+    mask in aligned rows (triton_tree.mask_rows, refreshed by each verify): DDTree, SpecLA and DFlash-TfM
+    through graphs give AR's tokens in float32."""
+    model, tok = open_target("default", dtype="float32", device="cuda")
+    model.set_gdn_backend("triton")
+    target = GraphedTarget(model, max_nodes=129)
+    vocab = model.config.vocab_size
+    ar = build_route({"name": "ar", "kind": "ar"}, vocab, "greedy", 0.0, 42)
+    cases = prompts(tok)
+    refs = [generate(model, p, ar, NEW_TOKENS).output_ids for p in cases]
+    specs = [
+        {"name": "ddtree", "kind": "ddtree", "budget": 128},
+        {"name": "dflash_tfm", "kind": "dflash_tfm", "budget": 128},
+        {"name": "specla", "kind": "specla", "budget": 128, "topk": 8, "depth": 8},
+    ]
+    for spec in specs:
+        route = build_route(spec, vocab, "greedy", 0.0, 42, target=model, family="tiny-qwen35")
+        target.prepare((route.commit,), route.drafter.capture_layers if route.drafter else (), 128)
+        for p, ref in zip(cases, refs):
+            got = generate(target, p, route, NEW_TOKENS, reference_ids=ref)
+            assert got.output_ids == ref, f"{spec['name']}: {compare_to_reference(got.output_ids, ref)}"
+    slots = [s for s in target._slots.values() if s.size == 129]
+    assert target.captures > 0 and slots and all(s.gdn_rows is not None for s in slots)
+
+
 def allowing_syncs(fn):  # noqa: ANN001, ANN201
     def wrapped(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
         with sync_debug(0):
