@@ -1515,7 +1515,7 @@ class _TreeCall:
 
 
 MASK_ROW_ALIGN = 16  # bytes: a row stride Triton specialises (divisibility 16)
-MASK_PAD_ABOVE = 64  # nodes: from here an unaligned row stride costs registers
+MASK_PAD_ABOVE = 65  # nodes: above, gate loads span >= 128 columns and an unaligned stride costs registers
 
 
 def mask_rows(ancestors: torch.Tensor) -> torch.Tensor:
@@ -1525,8 +1525,12 @@ def mask_rows(ancestors: torch.Tensor) -> torch.Tensor:
     gather [rows, nodes] tiles of it; with an unaligned stride (the engine's slots of 2^k + 1 nodes)
     Triton cannot specialise it, and at 129 nodes phase 1 of the split form took 229-255 registers a
     thread (spilling at the SpecLA shape and in the peeled form) against 153-171 with an aligned one (the
-    wheel's ptxas for sm_90 on the CPU, scripts/sm90_resources.py); at 33 / 65 nodes it changed none.
-    The engine's slots of that size keep an aligned copy (one per verify step, not per layer)."""
+    wheel's ptxas for sm_90 on the CPU, scripts/sm90_resources.py; the H100 compiled the same), at 97-100
+    nodes 248-255 against 178-207; at 33 / 65 nodes (gate loads of <= 64 columns) the split form's were
+    unchanged. Measured on an H100 (results/2026-12-06-h100-aligned-mask, bf16, CUDA graphs) at 129
+    nodes: split 71.6 -> 49.8 us (Weaver), 33.8 -> 27.6 (SpecLA), 27.7 -> 19.3 (tiny); a budget-128 DDTree
+    step 0.520 -> 0.464 ms. The engine's slots of those sizes keep an aligned copy (one per verify step,
+    not per layer: :func:`aligned_mask`)."""
     flags = ancestors if ancestors.dtype in (torch.bool, torch.uint8) else ancestors != 0
     if flags.stride(-1) != 1:
         flags = flags.contiguous()

@@ -240,9 +240,10 @@ FOLD_NORMS = True
 # power-of-two budget), take it with node 0 solved before the row blocks ("split_peel"): the other 2^k rows
 # then fill whole 32-row blocks. On an H100 (results/2026-12-06-h100-peel-root/callGI, bf16, CUDA graphs) it
 # wins at 33 and 65 nodes in every shape (65: Weaver 18.9 vs 29.1 us, SpecLA 13.5 vs 18.4, the tiny family
-# 9.6 vs 12.3), not at 129 (its 64-row blocks spill registers: 64.5 vs 70.9, 37.3 vs 32.3, 35.0 vs 23.3).
-# Off until a routes run on the GPU has it: in bf16 the changed arithmetic order moves greedy ties, so the
-# routes' tokens differ from the default's (routes-ab's peel_root variant, callGF).
+# 9.6 vs 12.3); not at 129, where with the slot's aligned mask (results/2026-12-06-h100-aligned-mask, callGL)
+# it wins at Weaver's shape only (38.6 vs 49.8 us; SpecLA 28.0 vs 27.6, tiny 25.7 vs 19.3). Off: in bf16 the
+# changed arithmetic order moves greedy ties, so the routes' tokens differ from the default's, and the routes
+# A/B gained little (routes-ab's peel_root variant, callGF and callGK: device ms a step 0.314 -> 0.309).
 PEEL_ROOT = False
 
 

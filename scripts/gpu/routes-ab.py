@@ -58,7 +58,7 @@ on a fresh GraphedTarget so that its graphs are captured under that setting:
 - ``peel_root``: the split form's node 0 solved before its row blocks on the 2^k + 1 slots (the switch);
 - ``unaligned_mask``: the GDN tree kernels reading a slot's ancestor mask at its own row stride (n), not the
   slot's copy in rows of a multiple of 16 bytes (``triton_tree.MASK_PAD_ABOVE`` out of reach): only slots
-  of more than 64 nodes differ, so run it with ROUTES_AB_TREE_BUDGET=128;
+  of more than 65 nodes differ, so run it with ROUTES_AB_TREE_BUDGET=128;
 - ``default_again``: the default once more, after the variants before it: how far the same rows move within
   one process (the host side of a step varied 1.10-1.43 in wall / busy between machines of one kind,
   results/2026-12-06-h100-peel-root).

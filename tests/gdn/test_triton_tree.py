@@ -723,14 +723,15 @@ def test_a_tree_of_one_node_is_not_peeled() -> None:
 
 
 @pytest.mark.parametrize(("n", "stride", "copied", "want"), [
-    (129, 129, True, 144), (65, 65, True, 80), (64, 64, False, 64), (128, 128, False, 128),
-    (33, 33, False, 33), (129, 144, False, 144), (129, 150, True, 144), (33, 40, False, 40),
+    (129, 129, True, 144), (97, 97, True, 112), (65, 65, False, 65), (64, 64, False, 64),
+    (128, 128, False, 128), (33, 33, False, 33), (129, 144, False, 144), (129, 150, True, 144),
+    (33, 40, False, 40),
 ])  # fmt: skip
 def test_mask_rows_aligned_where_an_unaligned_stride_costs_registers(n, stride, copied, want) -> None:
-    """mask_rows: the kernels read a mask's rows at its row stride (a view of wider rows in place); above 64
-    nodes a stride that is no multiple of 16 bytes (ptxas: 229-255 registers and spills at 129 nodes, 153-171
-    aligned) is copied into aligned rows, the same flags; aligned_mask gives the engine's slots that buffer
-    where a contiguous mask would be copied."""
+    """mask_rows: the kernels read a mask's rows at its row stride (a view of wider rows in place); above 65
+    nodes (gate loads of >= 128 columns) a stride that is no multiple of 16 bytes (ptxas: 229-255 registers
+    and spills at 129 nodes, 153-171 aligned) is copied into aligned rows, the same flags; aligned_mask gives
+    the engine's slots that buffer where a contiguous mask would be copied."""
     from repro.gdn import triton_tree as tt
 
     anc = torch.rand(n, n) < 0.5
@@ -740,7 +741,7 @@ def test_mask_rows_aligned_where_an_unaligned_stride_costs_registers(n, stride, 
     assert rows.dtype == torch.uint8 and rows.stride() == (want, 1) and torch.equal(rows.bool(), anc)
     assert (rows.data_ptr() != given.data_ptr()) == copied
     slot_rows = tt.aligned_mask(n, torch.device("cpu"))
-    assert (slot_rows is not None) == (n > 64 and n % 16 != 0)
+    assert (slot_rows is not None) == (n > 65 and n % 16 != 0)
     if slot_rows is not None:
         assert slot_rows.dtype == torch.bool and slot_rows.stride() == (want, 1) and not slot_rows.any()
     assert torch.equal(tt.mask_rows(anc.t()).bool(), anc.t())  # columns not contiguous: made so

@@ -367,8 +367,8 @@ def test_peel_root_moves_the_split_slots_of_2k_plus_1_nodes(monkeypatch):
     assert forced.tree_kernel_at(65) == "split"
 
 
-def test_slots_of_65_and_129_nodes_keep_an_aligned_mask_for_the_gdn_kernels(monkeypatch):
-    """A slot over 64 nodes whose size is no multiple of 16 (the engine's 2^k + 1) keeps a copy of its
+def test_slots_of_129_nodes_keep_an_aligned_mask_for_the_gdn_kernels(monkeypatch):
+    """A slot over 65 nodes whose size is no multiple of 16 (the engine's 2^k + 1) keeps a copy of its
     ancestor mask in rows of a multiple of 16 bytes (triton_tree.mask_rows: the tree kernels' registers at
     129 nodes), refreshed by each verify before its layers and the one its GDN layers read; other sizes
     and the reference backend read the mask itself."""
@@ -378,8 +378,9 @@ def test_slots_of_65_and_129_nodes_keep_an_aligned_mask_for_the_gdn_kernels(monk
     m = build(config([GDN]), dtype=torch.float32, seed=5)
     dec = StaticDecoder(m, 16, 129, kernel="triton")
     big, mid, small = TreeSlot(dec, 129), TreeSlot(dec, 65), TreeSlot(dec, 33)
-    assert big.gdn_rows is not None and big.gdn_rows.stride() == (144, 1) and mid.gdn_rows.stride() == (80, 1)
+    assert big.gdn_rows is not None and big.gdn_rows.stride() == (144, 1) and mid.gdn_rows is None
     assert small.gdn_rows is None and dec._gdn_mask(small) is small.ancestors
+    assert TreeSlot(dec, 100).gdn_rows.stride() == (112, 1) and TreeSlot(dec, 112).gdn_rows is None
     assert TreeSlot(StaticDecoder(m, 16, 129), 129).gdn_rows is None  # the reference backend
     seen = []
     monkeypatch.setattr(dec, "_forward", lambda *a, **k: seen.append(big.gdn_rows.clone()) or torch.zeros(1))
