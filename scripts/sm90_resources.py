@@ -6,7 +6,8 @@ registers a thread and the spill bytes. No GPU: a spilling variant shows before 
 
     python scripts/sm90_resources.py weaver:129:split_peel specla:65:split tiny-qwen35:33:fused
 
-Each argument is SHAPE:NODES:FORM (shapes of repro.bench.shapes, forms fused / split / split_peel); the
+Each argument is SHAPE:NODES:FORM[:KNOB=VALUE,...] (shapes of repro.bench.shapes, forms fused / split /
+split_peel, knobs the form's integer or string tuning arguments, e.g. ``weaver:256:split:block_v=16``); the
 tree is a chain's mask given as a tree (the kernels read the mask either way). Prints a markdown table.
 """
 
@@ -86,8 +87,8 @@ def resources(fn: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
             **{k: consts[k] for k in SHOWN if k in consts}}  # fmt: skip
 
 
-def launches(shape: str, n: int, form: str) -> list[tuple[Any, tuple, dict]]:
-    """The kernel launches of one call of the tree form at the shape (bf16, "tf32"), recorded."""
+def launches(shape: str, n: int, form: str, **knobs: Any) -> list[tuple[Any, tuple, dict]]:
+    """The kernel launches of one call of the tree form at the shape (bf16, "tf32", ``knobs``), recorded."""
     s = SHAPES[shape]
     q, k = (torch.randn(n, s.h, s.dk, dtype=torch.bfloat16) for _ in range(2))
     v = torch.randn(n, s.hv, s.dv, dtype=torch.bfloat16)
@@ -99,9 +100,11 @@ def launches(shape: str, n: int, form: str) -> list[tuple[Any, tuple, dict]]:
         setattr(tt, name, _Intercept(fn, calls))
     try:
         if form == "fused":
-            tt.tree_gdn_fused(q, k, v, g, beta, state, mask, s.scale, "tf32")
+            tt.tree_gdn_fused(q, k, v, g, beta, state, mask, s.scale, "tf32", **knobs)
         else:
-            tt.tree_gdn_split(q, k, v, g, beta, state, mask, s.scale, "tf32", peel=form == "split_peel")
+            tt.tree_gdn_split(
+                q, k, v, g, beta, state, mask, s.scale, "tf32", peel=form == "split_peel", **knobs
+            )
     finally:
         for name, fn in saved.items():
             setattr(tt, name, fn)
@@ -115,11 +118,14 @@ def main(specs: list[str]) -> int:
     print("| shape | nodes | form | kernel | regs | spill stores | spill loads | constexprs |")
     print("|---|--:|---|---|--:|--:|--:|---|")
     for spec in specs:
-        shape, n, form = spec.split(":")
-        for fn, args, kwargs in launches(shape, int(n), form):
+        shape, n, form, *rest = spec.split(":")
+        knobs = dict(kv.split("=") for kv in rest[0].split(",")) if rest else {}
+        knobs = {k: int(v) if v.isdigit() else v for k, v in knobs.items()}
+        for fn, args, kwargs in launches(shape, int(n), form, **knobs):
             r = resources(fn, args, dict(kwargs))
             shown = ", ".join(f"{k}={r[k]}" for k in SHOWN if k in r)
-            print(f"| {shape} | {n} | {form} | {r['kernel']} | {r['regs']} | {r['spill_stores']} | "
+            name = ":".join([form, *rest])
+            print(f"| {shape} | {n} | {name} | {r['kernel']} | {r['regs']} | {r['spill_stores']} | "
                   f"{r['spill_loads']} | {shown} |")  # fmt: skip
     return 0
 

@@ -192,3 +192,35 @@ def test_the_27b_growth_step_fits_two_programs_a_sm(width: int) -> None:
     src = ASTSource(fn=_step_kernel, signature=GROWTH, constexprs=consts)
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8}).asm["ptx"]
     assert ptxas_registers(ptx) <= 128
+
+
+def _sm90_resources():  # noqa: ANN202 - the script scripts/sm90_resources.py as a module
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "sm90_resources.py"
+    spec = importlib.util.spec_from_file_location("sm90_resources", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("form", ["split", "split_peel"])
+def test_phase_one_at_129_nodes_keeps_its_registers_on_the_aligned_mask(monkeypatch, form: str) -> None:
+    """The split form's phase 1 at 129 nodes (Weaver's shape, an engine slot of a budget of 128) reads the
+    ancestor mask in rows of a multiple of 16 bytes (triton_tree.mask_rows): no spills and at most 212
+    registers a thread. At the mask's own row stride (129: Triton cannot specialise it) the same launch took
+    229 (split) or 255 with spills (peeled), and ran 1.4-1.7x slower on an H100
+    (results/2026-12-06-h100-aligned-mask)."""
+    from repro.gdn import triton_tree as tt
+
+    tool = _sm90_resources()
+
+    def phase_one() -> dict:
+        (launch,) = [c for c in tool.launches("weaver", 129, form) if c[0].__name__ == "_tree_keys_kernel"]
+        return tool.resources(launch[0], launch[1], dict(launch[2]))
+
+    aligned = phase_one()
+    monkeypatch.setattr(tt, "MASK_PAD_ABOVE", 1 << 30)  # the mask read at its own stride
+    unaligned = phase_one()
+    assert aligned["spill_stores"] == 0 and aligned["regs"] <= 212, aligned
+    assert unaligned["regs"] >= aligned["regs"] + 40, (aligned, unaligned)
