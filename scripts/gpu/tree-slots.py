@@ -5,10 +5,11 @@
 The static decoder verifies a root and a budget of 2^k nodes on slots of 2^k + 1 rows, and a slot one row
 past a multiple of the row block pays a whole block more (Weaver's shape: 37.3 us at 65 nodes against 17.7
 at 64). For each GDN layer shape (Weaver = Qwen3.6-27B, SpecLA = GDN-1.3B, the tiny family's) and tree
-size in TREE_SLOTS_SIZES (default 32,33,64,65,128,129): the fused kernel, the split form's default tiles
-(:func:`repro.gdn.triton_tree.split_tiles`), the split form with node 0 peeled (``peel``: the tiles of n - 1
-rows) and over row blocks of 16 / 32 / 64 with each phase-2 walk (registers only up to four blocks), bf16
-inputs, "tf32" dots, a draft tree of the bench.
+size in TREE_SLOTS_SIZES (default 32,33,64,65,128,129): the fused kernel (its default tiles, and over
+32-row blocks, ``fused-br32``: at 64-row blocks it spills registers, scripts/sm90_resources.py), the split
+form's default tiles (:func:`repro.gdn.triton_tree.split_tiles`), the split form with node 0 peeled (``peel``:
+the tiles of n - 1 rows) and over row blocks of 16 / 32 / 64 with each phase-2 walk (registers only up to four
+blocks), bf16 inputs, "tf32" dots, a draft tree of the bench.
 Every variant is checked against the fused kernel's output (relative error < 1e-2) before it is timed
 (CUDA-graph median per call). TREE_SLOTS_VARIANTS (comma-separated names, e.g. fused,split-default,split-peel)
 keeps only those. Writes OUT_DIR/tree-slots.json and .md after every shape.
@@ -59,6 +60,8 @@ def shape_rows(shape: str, n: int, dev: torch.device) -> list[dict[str, Any]]:
     ref = tt.tree_gdn_fused(*args)[0].float()
     default = tt.split_tiles(n, case.shape.hv, case.shape.dv, PREC)
     calls = {"fused": lambda: tt.tree_gdn_fused(*args)}
+    if n > 32:
+        calls["fused-br32"] = lambda: tt.tree_gdn_fused(*args, block_rows=32)
     calls |= {name: (lambda kw=kw: tt.tree_gdn_split(*args, **kw)) for name, kw in variants(n).items()}
     picked = os.environ.get("TREE_SLOTS_VARIANTS")
     if picked:
