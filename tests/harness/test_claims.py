@@ -179,7 +179,7 @@ def test_the_production_tree_claim_reads_the_newest_129_node_row():
         and claims.verdict(w9, 87.0, 87.0 * (1 + w9.tolerance) * 1.01) == "not reproduced"
     )
     rows = {r["id"]: r for r in claims.ledger(RESULTS)}
-    assert rows["W9"]["source"].endswith("bench-kernels-slots") and rows["W9"]["measured"] < 87.0
+    assert "/bench-kernels-" in rows["W9"]["source"] and rows["W9"]["measured"] < 87.0  # a bench's 129 row
 
 
 def test_a_best_row_claim_keeps_each_size_from_its_newest_run():
