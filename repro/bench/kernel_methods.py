@@ -128,7 +128,7 @@ class Case:
 
     @cached_property
     def tree_mask(self) -> torch.Tensor:
-        """The mask as the engine's slots give it to the tree kernels (rows aligned above 64 nodes:
+        """The mask as the engine's slots give it to the tree kernels (rows aligned above 65 nodes:
         :func:`repro.gdn.triton_tree.mask_rows`), made once, outside the timing."""
         return _triton_tree().mask_rows(self.ancestors)
 

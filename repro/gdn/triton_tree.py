@@ -230,7 +230,8 @@ def _unit_lower_inverse(b_a, BR: tl.constexpr, LOG2_BR: tl.constexpr, PREC: tl.c
 
 @triton.jit
 def _block_mask(anc_ptr, rows, cols, n, ns, CHAIN: tl.constexpr):
-    """[BR, BC] ancestor-or-self mask of rows x cols (in bounds, rows >= cols; CHAIN: the lower triangle)."""
+    """[BR, BC] ancestor-or-self mask of rows x cols (in bounds, rows >= cols; CHAIN: the lower triangle), the
+    mask's rows ``ns`` bytes apart (:func:`mask_rows`)."""
     m_rc = (rows < n)[:, None] & (cols < n)[None, :] & (rows[:, None] >= cols[None, :])
     if not CHAIN:
         b_anc = tl.load(anc_ptr + rows[:, None] * ns + cols[None, :], mask=m_rc, other=0)
