@@ -30,6 +30,7 @@ from repro.bench.shapes import SHAPES
 from repro.gdn import triton_tree as tt
 
 KERNELS = ("_tree_verify_kernel", "_tree_keys_kernel", "_tree_values_kernel")
+FORMS = ("fused", "split", "split_peel")
 SHOWN = ("BR", "BV", "NPG", "STRICT", "PEEL", "NR", "REGS", "TERMS")
 TYPES = {
     torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64",
@@ -111,20 +112,35 @@ def launches(shape: str, n: int, form: str, **knobs: Any) -> list[tuple[Any, tup
     return calls
 
 
+def parse(spec: str) -> tuple[str, int, str, dict[str, Any]]:
+    """SHAPE:NODES:FORM[:KNOB=VALUE,...] as (shape, nodes, form, knobs), or ValueError with the reason."""
+    parts = spec.split(":")
+    (shape, n, form), rest = (parts + ["", "", ""])[:3], parts[3:]
+    if shape not in SHAPES or form not in FORMS or not n.isdigit() or int(n) < 1 or len(rest) > 1:
+        raise ValueError(f"{spec!r}: expected SHAPE:NODES:FORM[:KNOB=VALUE,...] with SHAPE one of "
+                         f"{', '.join(SHAPES)} and FORM one of {', '.join(FORMS)}")  # fmt: skip
+    pairs = [kv.split("=", 1) for kv in rest[0].split(",")] if rest else []
+    if any(len(p) != 2 for p in pairs):
+        raise ValueError(f"{spec!r}: knobs must be KNOB=VALUE, comma-separated")
+    return shape, int(n), form, {k: int(v) if v.isdigit() else v for k, v in pairs}
+
+
 def main(specs: list[str]) -> int:
     if not specs:
         print(__doc__)
         return 2
+    try:
+        parsed = [parse(spec) for spec in specs]
+    except ValueError as err:
+        print(f"sm90_resources: {err}", file=sys.stderr)
+        return 2
     print("| shape | nodes | form | kernel | regs | spill stores | spill loads | constexprs |")
     print("|---|--:|---|---|--:|--:|--:|---|")
-    for spec in specs:
-        shape, n, form, *rest = spec.split(":")
-        knobs = dict(kv.split("=") for kv in rest[0].split(",")) if rest else {}
-        knobs = {k: int(v) if v.isdigit() else v for k, v in knobs.items()}
-        for fn, args, kwargs in launches(shape, int(n), form, **knobs):
+    for spec, (shape, n, form, knobs) in zip(specs, parsed):
+        for fn, args, kwargs in launches(shape, n, form, **knobs):
             r = resources(fn, args, dict(kwargs))
             shown = ", ".join(f"{k}={r[k]}" for k in SHOWN if k in r)
-            name = ":".join([form, *rest])
+            name = spec.split(":", 2)[2]
             print(f"| {shape} | {n} | {name} | {r['kernel']} | {r['regs']} | {r['spill_stores']} | "
                   f"{r['spill_loads']} | {shown} |")  # fmt: skip
     return 0
