@@ -1,6 +1,6 @@
 """Registers and spills of the tree kernels' launches, on the CPU: each form is called at a shape with its
-launches intercepted, each launch compiled for sm_90 as Triton would specialise it there (pointers and
-integer arguments divisible by 16 marked so, 1 as a constant), and the wheel's ptxas -v reports the
+launches intercepted, each launch compiled for sm_90 as Triton would specialise it there (pointers
+aligned to and integers divisible by 16 marked so, 1 as a constant), and the wheel's ptxas -v reports the
 registers a thread and the spill bytes. No GPU: a spilling variant shows before a device call
 (results/2026-12-06-h100-peel-root: 255 registers and spills at 129 nodes, found on the device).
 
@@ -58,7 +58,9 @@ def _signature(fn: Any, args: tuple, kwargs: dict) -> tuple[dict, dict, dict, di
         if param.is_constexpr or v is None or (isinstance(v, int) and not isinstance(v, bool) and v == 1):
             sig[name], consts[name] = "constexpr", v
         elif isinstance(v, torch.Tensor):
-            sig[name], attrs[(i,)] = "*" + TYPES[v.dtype], [["tt.divisibility", 16]]
+            sig[name] = "*" + TYPES[v.dtype]
+            if v.data_ptr() % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
         elif isinstance(v, bool):
             sig[name] = "i1"
         elif isinstance(v, int):
