@@ -63,8 +63,8 @@ below the fused kernel's 38.5 (results/2026-12-03-h200-inverse-halves; :func:`tr
 ``peel`` (tree kernel "split_peel") node 0 is solved before the row blocks, which hold the other nodes, and
 one more phase-1 program per row block writes node 0's column: at 33 / 65 nodes one / two 32-row blocks
 instead of two / three (Weaver 12.5 / 18.9 us vs 16.9 / 29.1; H100, results/2026-12-06-h100-peel-root/callGI),
-at 129 two 64-row blocks that spill registers (a win at Weaver's shape only), so the static decoder takes it
-at 17-65 nodes under its PEEL_ROOT switch.
+at 129 two 64-row blocks (with the mask in aligned rows a win at Weaver's shape only, 38.6 vs 49.8 us:
+results/2026-12-06-h100-aligned-mask), so the static decoder takes it at 17-65 nodes under PEEL_ROOT.
 
 Blocked verification (:func:`tree_gdn_blocked`, issue 13: short serial chains). The same masked WY form
 with T = (I + A)^-1 made explicit, so that the value work has no serial chain at all. Three launches:

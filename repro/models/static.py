@@ -407,6 +407,11 @@ class TreeSlot:
         if derive:
             self.derive()
 
+    @property
+    def gdn_mask(self) -> torch.Tensor:
+        """The ancestor mask the GDN tree kernels read: the aligned copy where the slot keeps one."""
+        return self.ancestors if self.gdn_rows is None else self.gdn_rows
+
     def set_tree(self, tree: Tree, pad: bool = False) -> None:
         """Copy a tree of exactly ``size`` nodes into the input buffers (one host-to-device copy).
 
@@ -1208,11 +1213,6 @@ class StaticDecoder:
             return self._tree
         return tree_function(self.kernel, self.device, interpreter=True, kernel=kernel)
 
-    @staticmethod
-    def _gdn_mask(slot: TreeSlot) -> torch.Tensor:
-        """The ancestor mask the slot's GDN tree kernels read (its aligned copy where it keeps one)."""
-        return slot.ancestors if slot.gdn_rows is None else slot.gdn_rows
-
     def _gdn_core(
         self,
         i: int,
@@ -1242,7 +1242,7 @@ class StaticDecoder:
             o = torch.empty(n, v.shape[1], v.shape[2], dtype=q.dtype, device=self.device)
             out = (o, mine.delta[i][:n], mine.gate_cum[i][:n], mine.k[i][:n])
             return self._tree_for(slot.size)(
-                q, k, v, g, beta, buf.recurrent, slot.parents, self._gdn_mask(slot), scale, False,
+                q, k, v, g, beta, buf.recurrent, slot.parents, slot.gdn_mask, scale, False,
                 self.precision, pending=pending, out=out,
             )  # fmt: skip
         out = None
@@ -1251,7 +1251,7 @@ class StaticDecoder:
             o = torch.empty(slot.size, v.shape[1], v.shape[2], dtype=q.dtype, device=self.device)
             out = (o, slot.stack.delta[j], slot.stack.gate_cum[j], slot.stack.k[j])
         return self._tree_for(slot.size)(
-            q, k, v, g, beta, buf.recurrent, slot.parents, self._gdn_mask(slot), scale, slot.snapshots,
+            q, k, v, g, beta, buf.recurrent, slot.parents, slot.gdn_mask, scale, slot.snapshots,
             self.precision, out=out,
         )  # fmt: skip
 

@@ -213,13 +213,14 @@ def delayed(shape: str, t: int, dev: torch.device, depth: int = 4) -> list[dict[
     prev.state = x.state
     f = km._factors(case, prev, snapshots=False)
     node = torch.tensor([case.accepted[-1]], device=dev)
-    anc, scale = case.tree_mask, case.shape.scale
+    # the pending commit's mask as the engine's stash holds it; the verify's as its slot gives it
+    anc, mask, scale = case.ancestors, case.tree_mask, case.shape.scale
     want_state = x.state.clone()
     reference.apply_pending(want_state, reference.PendingCommit(f.delta, f.k, f.gate_cum, anc, node))
-    want_o = tt.tree_gdn_fused(x.q, x.k, x.v, x.g, x.beta, want_state, anc, scale, PREC)[0].float()
+    want_o = tt.tree_gdn_fused(x.q, x.k, x.v, x.g, x.beta, want_state, mask, scale, PREC)[0].float()
     rows: list[dict[str, Any]] = []
     state = x.state.clone()
-    args = (x.q, x.k, x.v, x.g, x.beta, state, anc, scale, PREC)
+    args = (x.q, x.k, x.v, x.g, x.beta, state, mask, scale, PREC)
     plain, terms, br64 = {"terms": False}, {"terms": True}, {"terms": True, "block_rows": 64}
     variants: list[tuple[str, dict[str, Any]]] = [("split, nothing pending", plain)]
     variants.append(("split + terms, nothing pending", terms))
@@ -252,11 +253,11 @@ def delayed(shape: str, t: int, dev: torch.device, depth: int = 4) -> list[dict[
         )
         rows.append(r)
         print(f"{shape:7s} T={t:<4d} {name:32s} cbv={r['block_v']} {r.get('status')} us={r.get('us')}")
-    rows += _delayed_parts(shape, t, dev, x, f, anc, node, scale, state, depth)
+    rows += _delayed_parts(shape, t, dev, x, f, anc, mask, node, scale, state, depth)
     return rows
 
 
-def _delayed_parts(shape, t, dev, x, f, anc, node, scale, state, depth) -> list[dict[str, Any]]:  # noqa: ANN001
+def _delayed_parts(shape, t, dev, x, f, anc, mask, node, scale, state, depth) -> list[dict[str, Any]]:  # noqa: ANN001
     """The pieces of the delayed split step timed alone (timing only; the variants above checked the
     arithmetic): phase 1 with and without the commit programs, the commit programs alone (phase 1's
     launch with no key programs), phase 2 alone, and the separate indexed commit launch
@@ -267,7 +268,7 @@ def _delayed_parts(shape, t, dev, x, f, anc, node, scale, state, depth) -> list[
     pending = reference.PendingCommit(f.delta, f.k, f.gate_cum, anc, node)
     pending.path = path_index_buffer(len(f.delta), dev)
     write_path_index(anc, node, pending.path)
-    args = (x.q, x.k, x.v, x.g, x.beta, state, anc, PREC, False)
+    args = (x.q, x.k, x.v, x.g, x.beta, state, mask, PREC, False)
     c0 = tt._TreeCall.of(*args, None, None)
     cp = tt._TreeCall.of(*args, pending, None)
     br, bv = tt.split_tiles(c0.n, c0.hv, c0.dv, PREC)

@@ -379,7 +379,7 @@ def test_slots_of_129_nodes_keep_an_aligned_mask_for_the_gdn_kernels(monkeypatch
     dec = StaticDecoder(m, 16, 129, kernel="triton")
     big, mid, small = TreeSlot(dec, 129), TreeSlot(dec, 65), TreeSlot(dec, 33)
     assert big.gdn_rows is not None and big.gdn_rows.stride() == (144, 1) and mid.gdn_rows is None
-    assert small.gdn_rows is None and dec._gdn_mask(small) is small.ancestors
+    assert small.gdn_rows is None and small.gdn_mask is small.ancestors
     assert TreeSlot(dec, 100).gdn_rows.stride() == (112, 1) and TreeSlot(dec, 112).gdn_rows is None
     assert TreeSlot(StaticDecoder(m, 16, 129), 129).gdn_rows is None  # the reference backend
     seen = []
@@ -387,7 +387,7 @@ def test_slots_of_129_nodes_keep_an_aligned_mask_for_the_gdn_kernels(monkeypatch
     big.set_tree(Tree(torch.zeros(129, dtype=torch.long), torch.arange(129) - 1))  # a chain: every ancestor
     dec.verify(big)
     assert torch.equal(seen[0], big.ancestors) and big.ancestors.sum() == 129 * 130 // 2
-    assert dec._gdn_mask(big) is big.gdn_rows
+    assert big.gdn_mask is big.gdn_rows
 
 
 def test_small_trees_of_a_listed_shape_take_the_fused_kernel(monkeypatch):
