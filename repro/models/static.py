@@ -559,7 +559,10 @@ class StaticDecoder:
         ``fold_norms``: those row-tiled linears read copies of the normed matrices (in_proj, q|k|v,
         gate|up, the LM head) with the norm scales folded into their columns (:func:`fold_weights`, made
         here: x enters the dots as it is), instead of scaling x in every K step; None: with
-        ``fuse_verify`` (and :data:`FOLD_NORMS`); False: the scaled rows (for measurement).
+        ``fuse_verify`` (and :data:`FOLD_NORMS`) where a slot can take them (``max_nodes`` above
+        :data:`~repro.gdn.triton_linear.MAX_ROWS`: a decoder of smaller slots reads its weights on the GEMV
+        kernel alone, and the copies it would never read, ~24 GB at the Qwen3.6-27B shape, did not fit an
+        80 GB card beside the weights); False: the scaled rows (for measurement).
         ``fuse_tree_attention`` (needs ``fused``): verify's attention layers each in one kernel
         (:func:`fused_verify_attention`); None: on in the fused decoder when the kernel takes the head
         dim (at most :data:`~repro.gdn.triton_attention.TREE_ATTENTION_MAX_HEAD_DIM`; any tree size);
@@ -641,7 +644,11 @@ class StaticDecoder:
                 for lay in self.layers
             ]
             self.final_norm = model.model.norm.scale()
-            self.fold_norms = self.fuse_verify and FOLD_NORMS if fold_norms is None else fold_norms
+            if fold_norms is None and self.fuse_verify:
+                from repro.gdn.triton_linear import MAX_ROWS
+
+                fold_norms = FOLD_NORMS and max_nodes > MAX_ROWS
+            self.fold_norms = bool(fold_norms)
             self.folded_head: torch.Tensor | None = None
             if self.fold_norms:
                 if not self.fused:

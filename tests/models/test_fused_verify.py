@@ -274,6 +274,24 @@ def test_fuse_verify_default_and_config_errors():
     assert StaticDecoder(model, 8).folded_head is None
 
 
+def test_folded_copies_only_where_a_slot_takes_the_row_tiled_kernel():
+    """Slots of at most MAX_ROWS nodes verify on the GEMV kernel, which reads the weights as they are: a
+    decoder of such slots makes no folded copies (at the Qwen3.6-27B shape they were ~24 GB a one-node
+    decoder never read, and did not fit an 80 GB card beside the weights); one node more folds them."""
+    from repro.gdn.triton_linear import MAX_ROWS
+    from repro.models.static import StaticDecoder
+
+    model = small_model(F64)
+    small = StaticDecoder(model, 8, MAX_ROWS, kernel="triton", fuse_verify=True)
+    assert small.fuse_verify and small.fold_norms is False and small.folded_head is None
+    assert all(not w.folded for w in small.weights)
+    large = StaticDecoder(model, 8, MAX_ROWS + 1, kernel="triton", fuse_verify=True)
+    assert large.fold_norms is True and large.folded_head is not None
+    assert all(w.folded for w in large.weights)
+    forced = StaticDecoder(model, 8, 1, kernel="triton", fuse_verify=True, fold_norms=True)
+    assert forced.folded_head is not None
+
+
 def test_fold_weights_fold_each_normed_matrix_once():
     """fold_weights: in_proj (GDN) or q|k|v (attention) times the input norm's scale, gate|up times the
     post norm's, column by column; the unfolded matrices stay as they were."""
