@@ -1,7 +1,8 @@
 """A `repro bench kernels` run's records as a table and a report: the record columns, report.md (the
-environment and ceilings, a table per shape and row group, the rows not timed, the notes, the definitions),
-table.csv and the figures, and the run kind. Nothing here measures (:mod:`repro.bench.kernels` does, and
-fills the derived columns x_floor, speedup and the paper ones into each record as the run goes)."""
+environment and ceilings, issue 13's targets judged, a table per shape and row group, the rows not timed,
+the notes, the definitions), table.csv and the figures, and the run kind. Nothing here measures
+(:mod:`repro.bench.kernels` does, and fills the derived columns x_floor, speedup and the paper ones into
+each record as the run goes)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 
+from repro.bench.kernel_targets import target_lines
 from repro.bench.shapes import SHAPES
 from repro.bench.timing import counts_line
 from repro.reporting.rundir import Run, RunKind, fields_parser
@@ -55,7 +57,8 @@ FORMATS = {
 def report_markdown(
     table: pd.DataFrame, manifest: dict[str, Any], out_dir: Path, figures: dict[str, str]
 ) -> str:
-    """report.md's text: environment, ceilings, a table per (shape, group), rows not timed, the cost model."""
+    """report.md's text: environment, ceilings, issue 13's kernel targets (:mod:`repro.bench.kernel_targets`),
+    a table per (shape, group), rows not timed, the cost model."""
     from repro.reporting.report import markdown_table
 
     c = manifest.get("ceilings", {})
@@ -71,6 +74,7 @@ def report_markdown(
         f"- {len(table)} rows: " + ", ".join(f"{k} {v}" for k, v in table["status"].value_counts().items()),
         "",
     ]
+    lines += target_lines(table)
     titles = {
         "verify": "Verification (us per layer call)",
         "recovery": "Accepted-state recovery (depth = accepted)",
