@@ -16,6 +16,11 @@
 # has its own below (640 s in all; the default set, 35 tests, took 334 s on one H200 on 2026-11-30, most of
 # it process start-up, Triton compiles and fla's autotuning, which TRITON_CACHE_AUTOTUNING=1 lets later
 # processes reuse); REPRO_GPU_FULL=1 adds the extended matrices (minutes more: raise the limits).
+# GPU_TEST_DEADLINE=<s>: the whole run ends within s seconds: each file's limit is cut to what is left, and a
+# file with under 30 s left is not started. With jobs the files start heaviest first (by their limits).
+# Every run ends with $OUT/summary.txt: a line a file (exit, seconds, tests / failures / errors / skipped from
+# its junit file, or "not started"). The whole suite in one device call (2026-12-06, H100, 42 files in 336 s):
+#   OUT=/tmp/suite GPU_TEST_JOBS=7 GPU_TEST_DEADLINE=555 bash scripts/gpu_tests.sh; tar czf $OUT/suite.tgz ...
 # Exit status: 0 when every file passed (or had no gpu tests selected), else 1.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -58,17 +63,44 @@ run_file() {  # one file under its limit; its output into $OUT/log-<file>.txt wh
   local f=$1 name limit start rc
   name=$(basename "$f" .py)
   limit=${GPU_TEST_TIMEOUT:-$(limit_of "$f")}
+  if [ -n "${SUITE_END:-}" ]; then  # GPU_TEST_DEADLINE: at most what is left
+    local left=$((SUITE_END - $(date +%s)))
+    if [ "$left" -lt 30 ]; then
+      echo "== $f: not started (${left} s left of the deadline)"
+      echo "$name not-started 0" >> "$OUT/exits.txt"
+      return 1
+    fi
+    [ "$left" -lt "$limit" ] && limit=$left
+  fi
   echo "== pytest -m gpu $f (limit ${limit} s; $(date -u +%T))"
   start=$SECONDS
   timeout -s INT -k 15 "$limit" python3 -m pytest -m gpu -n 0 -vv -rA --durations=0 -p no:cacheprovider \
     -o faulthandler_timeout=$((limit > 20 ? limit - 10 : 10)) --junitxml="$OUT/junit-$name.xml" "$f"
   rc=$?
   echo "== $f: exit $rc after $((SECONDS - start)) s$([ $rc -eq 124 ] && echo ' (time limit)')"
+  echo "$name $rc $((SECONDS - start))" >> "$OUT/exits.txt"
   [ $rc -eq 0 ] || [ $rc -eq 5 ]  # 5: no tests selected
 }
+summary() {  # $OUT/summary.txt: a line a file, in the order given
+  local f name rc secs counts
+  for f in "${FILES[@]}"; do
+    name=$(basename "$f" .py)
+    read -r rc secs < <(awk -v n="$name" '$1 == n {print $2, $3}' "$OUT/exits.txt")
+    counts=$(grep -o -m1 '<testsuite [^>]*' "$OUT/junit-$name.xml" 2>/dev/null \
+      | grep -oE '(tests|failures|errors|skipped)="[0-9]+"' | tr -d '"' | tr '\n' ' ')
+    case ${rc:-} in
+      "") echo "$name: not run" ;;
+      not-started) echo "$name: not started (deadline)" ;;
+      *) echo "$name: exit $rc after $secs s$([ "$rc" = 124 ] && echo ' (time limit)'); ${counts:-no junit}" ;;
+    esac
+  done > "$OUT/summary.txt"
+}
+: > "$OUT/exits.txt"
+[ -n "${GPU_TEST_DEADLINE:-}" ] && SUITE_END=$(($(date +%s) + GPU_TEST_DEADLINE))
 status=0
 if [ "${GPU_TEST_JOBS:-1}" -gt 1 ]; then  # files side by side (the whole suite in one device call)
-  export OUT GPU_TEST_TIMEOUT
+  mapfile -t FILES < <(for f in "${FILES[@]}"; do echo "$(limit_of "$f") $f"; done | sort -s -k1,1nr | cut -d' ' -f2-)
+  export OUT GPU_TEST_TIMEOUT SUITE_END
   export -f run_file limit_of
   printf '%s\n' "${FILES[@]}" | xargs -P "$GPU_TEST_JOBS" -I{} bash -c \
     'f={}; n=$(basename "$f" .py); if run_file "$f" > "$OUT/log-$n.txt" 2>&1; then r=ok; else r=FAILED; fi
@@ -78,4 +110,5 @@ else
     run_file "$f" || status=1
   done
 fi
+summary
 exit $status
