@@ -157,12 +157,15 @@ def _shapes(rows: pd.DataFrame) -> list[str]:
 
 
 def target_lines(table: pd.DataFrame) -> list[str]:
-    """report.md's "Targets" section (heading included), or nothing for a run with no CUDA-graph times."""
+    """report.md's "Targets" section (heading included), or nothing for a run that judges none of them (no
+    CUDA-graph times, e.g. the CPU, or none of the targets' rows)."""
     if table.empty or _ok(table).empty:
         return []
     rows = tree_lines(table) + chain_lines(table) + commit_lines(table)
     missed = sum("| missed" in r for r in rows)
     met = sum(r.endswith("| met |") for r in rows)
+    if not met + missed:
+        return []
     return [
         "## Issue 13's kernel targets (CUDA-graph times)",
         "",

@@ -102,12 +102,14 @@ def test_commit_is_judged_at_every_depth_on_the_best_closed_form_against_its_own
     )
 
 
-def test_a_run_without_graph_times_judges_nothing_and_a_report_with_them_says_how_many_are_met(tmp_path):
+def test_a_run_without_graph_times_or_target_rows_judges_nothing_and_a_report_says_how_many_are_met(tmp_path):
     cpu = [
         row("weaver", "verify", 128, "tree_split", None),
         row("weaver", "verify", 128, "tree_fused", math.nan),
     ]
     assert target_lines(pd.DataFrame(cpu, columns=kr.COLUMNS)) == []
+    other = [row("weaver", "step", 64, "step_replay_fla", 9.0)]  # graph times, but no target's rows
+    assert target_lines(pd.DataFrame(other, columns=kr.COLUMNS)) == []
     assert "kernel targets" not in kr.report_markdown(pd.DataFrame(cpu, columns=kr.COLUMNS), {}, tmp_path, {})
     gpu = [
         row("weaver", "verify", 128, "per_branch_recurrent", 110.0),

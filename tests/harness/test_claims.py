@@ -179,7 +179,10 @@ def test_the_production_tree_claim_reads_the_newest_129_node_row():
         and claims.verdict(w9, 87.0, 87.0 * (1 + w9.tolerance) * 1.01) == "not reproduced"
     )
     rows = {r["id"]: r for r in claims.ledger(RESULTS)}
-    assert "/bench-kernels-" in rows["W9"]["source"] and rows["W9"]["measured"] < 87.0  # a bench's 129 row
+    runs = dict(claims.latest_runs(RESULTS, w9.kind, w9.gpu_only, w9.conditions))
+    source = runs[rows["W9"]["source"]]  # a committed bench with a 129-node Weaver verify row decides
+    assert any(r["shape"] == "weaver" and r["group"] == "verify" and r["T"] == 129 for r in source)
+    assert rows["W9"]["measured"] < 87.0
 
 
 def test_a_best_row_claim_keeps_each_size_from_its_newest_run():
@@ -371,9 +374,14 @@ def test_partly_superseded_rows_do_not_decide_a_claim():
     assert committed and "2026-11-30-h200-kernels/bench-kernels" not in committed  # superseded whole
     rows = {r["id"]: r for r in claims.ledger(RESULTS, (s4, w7))}
     assert "2026-11-30-h200-kernels/bench-kernels" not in rows["S4"]["source"]
-    assert rows["W7-T16"]["source"] == "2026-12-04-h200-kernels-side-by-side/bench-kernels"  # the newest rows
-    runs = dict(claims.latest_runs(RESULTS, w7.kind, w7.gpu_only, w7.conditions))
-    assert "2026-11-30-h200-kernels/bench-kernels" not in runs
+    newest = claims.latest_runs(RESULTS, w7.kind, w7.gpu_only, w7.conditions)
+    with_t16 = [
+        rel
+        for rel, recs in newest
+        if any(r["shape"] == "weaver" and r["group"] == "verify" and r["T"] == 16 for r in recs)
+    ]
+    assert rows["W7-T16"]["source"] == with_t16[0]  # the newest run with a T = 16 verify row
+    assert "2026-11-30-h200-kernels/bench-kernels" not in dict(newest)
 
 
 def test_check_exits_3_when_a_verdict_changed(monkeypatch, capsys, tmp_path):

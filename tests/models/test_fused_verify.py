@@ -183,6 +183,21 @@ def capture_facts() -> dict[str, object]:
     }
 
 
+def fold_facts() -> dict[str, list[bool]]:
+    """Whether a fused-verify decoder made the folded copies (fold_norms, the LM head's, any layer's) at
+    slots of MAX_ROWS nodes, one more, and one node with fold_norms=True."""
+    from repro.gdn.triton_linear import MAX_ROWS
+    from repro.models.static import StaticDecoder
+
+    model = small_model(F64)
+    out = {}
+    for name, nodes, fold in (("at_max_rows", MAX_ROWS, None), ("one_more", MAX_ROWS + 1, None),
+                              ("forced_one_node", 1, True)):  # fmt: skip
+        dec = StaticDecoder(model, 8, nodes, kernel="triton", fuse_verify=True, fold_norms=fold)
+        out[name] = [dec.fold_norms, dec.folded_head is not None, any(w.folded for w in dec.weights)]
+    return out
+
+
 def launch_counts() -> dict[str, dict[str, int]]:
     """Launches of one verify of the tiny-qwen35 layout (6 GDN + 2 attention layers; random float32
     weights, smaller widths; 3 nodes: the count does not depend on T), fuse_verify off vs on: aten ops
@@ -274,22 +289,16 @@ def test_fuse_verify_default_and_config_errors():
     assert StaticDecoder(model, 8).folded_head is None
 
 
-def test_folded_copies_only_where_a_slot_takes_the_row_tiled_kernel():
+def test_folded_copies_only_where_a_slot_takes_the_row_tiled_kernel(interpreted):
     """Slots of at most MAX_ROWS nodes verify on the GEMV kernel, which reads the weights as they are: a
     decoder of such slots makes no folded copies (at the Qwen3.6-27B shape they were ~24 GB a one-node
-    decoder never read, and did not fit an 80 GB card beside the weights); one node more folds them."""
-    from repro.gdn.triton_linear import MAX_ROWS
-    from repro.models.static import StaticDecoder
-
-    model = small_model(F64)
-    small = StaticDecoder(model, 8, MAX_ROWS, kernel="triton", fuse_verify=True)
-    assert small.fuse_verify and small.fold_norms is False and small.folded_head is None
-    assert all(not w.folded for w in small.weights)
-    large = StaticDecoder(model, 8, MAX_ROWS + 1, kernel="triton", fuse_verify=True)
-    assert large.fold_norms is True and large.folded_head is not None
-    assert all(w.folded for w in large.weights)
-    forced = StaticDecoder(model, 8, 1, kernel="triton", fuse_verify=True, fold_norms=True)
-    assert forced.folded_head is not None
+    decoder never read, and did not fit an 80 GB card beside the weights); one node more folds them;
+    fold_norms=True folds whatever the slots."""
+    assert interpreted["folds"] == {
+        "at_max_rows": [False, False, False],  # fold_norms, the head's copy, any layer's copies
+        "one_more": [True, True, True],
+        "forced_one_node": [True, True, True],
+    }
 
 
 def test_fold_weights_fold_each_normed_matrix_once():
@@ -334,7 +343,10 @@ def _interpreter_main() -> None:
     import repro.gdn.triton_common  # noqa: F401 - the interpreter's NumPy patch
 
     torch.set_num_threads(1)
-    out = {"verify": verify_cases("cpu"), "capture": capture_facts(), "launches": launch_counts()}
+    out = {
+        "verify": verify_cases("cpu"), "capture": capture_facts(), "launches": launch_counts(),
+        "folds": fold_facts(),
+    }  # fmt: skip
     print(json.dumps(out))
 
 
