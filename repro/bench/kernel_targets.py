@@ -76,8 +76,12 @@ def tree_lines(table: pd.DataFrame) -> list[str]:
                 lines.append(_row(name, f"{us:.1f} us ({best['method']})", verdict))
         if t.min_speedup is not None:
             name = f"tree verify, {t.shape}, T = {t.nodes}: >= {t.min_speedup:g}x over per-branch"
-            base = here[(here["method"] == "per_branch_recurrent") & (here["dtype"] == "bf16")]
-            if best is None or base.empty:
+            if best is None:
+                lines.append(_row(name, "not measured", "open"))
+                continue
+            same_tree = (here["kind"] == best["kind"]) & (here["depth"] == best["depth"])
+            base = here[same_tree & (here["method"] == "per_branch_recurrent") & (here["dtype"] == "bf16")]
+            if base.empty:
                 lines.append(_row(name, "not measured", "open"))
             else:
                 us, base_us = float(best["us_graph"]), float(base["us_graph"].iloc[0])
