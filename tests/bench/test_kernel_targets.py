@@ -13,9 +13,9 @@ from repro.bench.kernel_targets import TIE, target_lines
 
 def row(shape: str, group: str, t: int, method: str, us_graph: float | None, **extra) -> dict:  # noqa: ANN003
     r = {c: None for c in kr.COLUMNS}
-    r.update(shape=shape, group=group, kind="draft", T=t, depth=extra.pop("depth", 7), method=method,
-             dtype=extra.pop("dtype", "bf16"), status=extra.pop("status", "ok"), reason="", us=100.0,
-             us_graph=us_graph, floor_us=extra.pop("floor_us", 2.0), **extra)  # fmt: skip
+    r.update(shape=shape, group=group, kind=extra.pop("kind", "draft"), T=t, depth=extra.pop("depth", 7),
+             method=method, dtype=extra.pop("dtype", "bf16"), status=extra.pop("status", "ok"), reason="",
+             us=100.0, us_graph=us_graph, floor_us=extra.pop("floor_us", 2.0), **extra)  # fmt: skip
     return r
 
 
@@ -34,6 +34,7 @@ def test_tree_targets_take_the_fastest_bf16_triton_kernel_and_say_how_far_and_th
         row("weaver", "verify", 128, "tree_torch", 1.0),  # not a Triton tree kernel
         row("weaver", "verify", 128, "tree_fused", 2.0, dtype="fp32"),  # not bf16
         row("weaver", "verify", 128, "tree_split_peel", 1.0, status="FAIL"),  # not timed
+        row("weaver", "verify", 128, "tree_fused", 1.0, kind="chain", depth=128),  # a chain, not the tree
         row("specla", "verify", 128, "per_branch_recurrent", 50.0),
         row("specla", "verify", 128, "tree_split", 20.0, floor_us=1.25),
     ]
