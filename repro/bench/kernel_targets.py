@@ -57,9 +57,8 @@ def _row(target: str, measured: str, verdict: str) -> str:
     return f"| {target} | {measured} | {verdict} |"
 
 
-def tree_lines(table: pd.DataFrame) -> list[str]:
-    """The tree-verification targets, one line each."""
-    ok = _ok(table)
+def tree_lines(ok: pd.DataFrame) -> list[str]:
+    """The tree-verification targets, one line each, from the rows timed in graphs (:func:`_ok`)."""
     lines = []
     for t in TREE_TARGETS:
         here = ok[
@@ -96,9 +95,8 @@ def tree_lines(table: pd.DataFrame) -> list[str]:
     return lines
 
 
-def chain_lines(table: pd.DataFrame) -> list[str]:
+def chain_lines(ok: pd.DataFrame) -> list[str]:
     """The chain targets per shape: against fla's chunk kernel at every length, against per-branch at 16."""
-    ok = _ok(table)
     chain = ok[(ok["group"] == "chain") & (ok["dtype"] == "bf16")]
     lines = []
     for shape in _shapes(chain):
@@ -129,9 +127,8 @@ def chain_lines(table: pd.DataFrame) -> list[str]:
     return lines
 
 
-def commit_lines(table: pd.DataFrame) -> list[str]:
+def commit_lines(ok: pd.DataFrame) -> list[str]:
     """The closed-form commit against token replay at every accepted depth, per shape and tree size."""
-    ok = _ok(table)
     rec = ok[(ok["group"] == "recovery") & ok["method"].str.startswith(CLOSED_FORMS)]
     lines = []
     for shape in _shapes(rec):
@@ -168,9 +165,10 @@ def _shapes(rows: pd.DataFrame) -> list[str]:
 def target_lines(table: pd.DataFrame) -> list[str]:
     """report.md's "Targets" section (heading included), or nothing for a run that judges none of them (no
     CUDA-graph times, e.g. the CPU, or none of the targets' rows)."""
-    if table.empty or _ok(table).empty:
+    ok = _ok(table)
+    if ok.empty:
         return []
-    rows = tree_lines(table) + chain_lines(table) + commit_lines(table)
+    rows = tree_lines(ok) + chain_lines(ok) + commit_lines(ok)
     missed = sum("| missed" in r for r in rows)
     met = sum(r.endswith("| met |") for r in rows)
     if not met + missed:

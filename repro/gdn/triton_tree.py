@@ -1536,9 +1536,14 @@ def mask_rows(ancestors: torch.Tensor) -> torch.Tensor:
     if flags.stride(-1) != 1:
         flags = flags.contiguous()
     n = flags.shape[0]
-    if n > MASK_PAD_ABOVE and flags.stride(0) % MASK_ROW_ALIGN:
+    if _copied(n, flags.stride(0)):
         flags = _aligned_rows(n, flags.device).copy_(flags)
     return flags.view(torch.uint8)
+
+
+def _copied(n: int, row_stride: int) -> bool:
+    """Whether :func:`mask_rows` reads a mask of ``n`` nodes at this row stride from an aligned copy."""
+    return n > MASK_PAD_ABOVE and row_stride % MASK_ROW_ALIGN != 0
 
 
 def _aligned_rows(n: int, device: torch.device) -> torch.Tensor:
@@ -1551,7 +1556,7 @@ def aligned_mask(n: int, device: torch.device) -> torch.Tensor | None:
     """Where :func:`mask_rows` would copy a contiguous [n, n] mask (n > :data:`MASK_PAD_ABOVE`, not a
     multiple of :data:`MASK_ROW_ALIGN`): a zeroed bool [n, n] mask with aligned rows to keep the copy in
     (the engine's slots, refreshed once a verify step); else None."""
-    return _aligned_rows(n, device) if n > MASK_PAD_ABOVE and n % MASK_ROW_ALIGN else None
+    return _aligned_rows(n, device) if _copied(n, n) else None
 
 
 def _check_tiles(br: int, block_k: int | None, dk: int) -> int:
