@@ -62,6 +62,11 @@ e the q/k/v element size (2 for bf16, 4 for fp32), g/beta/state/factors in fp32:
 
 floor_us = max(bytes_min / copy bandwidth, flops / matmul rate), both measured on the device
 (:func:`repro.bench.kernels.measure`).
+
+Where a two-launch form's time goes: tree_split and tree_split_peel also time their first launch alone in
+CUDA graphs (``phase1_us_graph``: the key-only work, G, the masked A / P blocks and the diagonal inverses,
+beside the state products), so phase 2 (the serial walk over the row blocks) and the launch between them
+take the rest.
 """
 
 from __future__ import annotations
@@ -252,17 +257,28 @@ def build_tree_fused(case: Case, x: Inputs) -> Fn:
     return lambda: fused(x.q, x.k, x.v, x.g, x.beta, x.state, case.tree_mask, s, precision=prec)[0]
 
 
-def build_tree_split(case: Case, x: Inputs) -> Fn:
+def _split_call(case: Case, x: Inputs, **options: bool) -> Fn:
     split = _triton_tree().tree_gdn_split
-    s = case.shape.scale
-    prec = case.precision
-    return lambda: split(x.q, x.k, x.v, x.g, x.beta, x.state, case.tree_mask, s, precision=prec)[0]
+    s, prec = case.shape.scale, case.precision
+    return lambda: split(x.q, x.k, x.v, x.g, x.beta, x.state, case.tree_mask, s, precision=prec, **options)[0]
+
+
+def build_tree_split(case: Case, x: Inputs) -> Fn:
+    return _split_call(case, x)
 
 
 def build_tree_split_peel(case: Case, x: Inputs) -> Fn:
-    split = _triton_tree().tree_gdn_split
-    s, prec = case.shape.scale, case.precision
-    return lambda: split(x.q, x.k, x.v, x.g, x.beta, x.state, case.tree_mask, s, precision=prec, peel=True)[0]
+    return _split_call(case, x, peel=True)
+
+
+def build_tree_split_keys(case: Case, x: Inputs) -> Fn:
+    """tree_split's phase 1 alone (its ``phase1_us_graph``; the output is not a verification)."""
+    return _split_call(case, x, keys_only=True)
+
+
+def build_tree_split_peel_keys(case: Case, x: Inputs) -> Fn:
+    """tree_split_peel's phase 1 alone."""
+    return _split_call(case, x, peel=True, keys_only=True)
 
 
 def build_tree_blocked(case: Case, x: Inputs) -> Fn:
@@ -619,6 +635,8 @@ class Method:
     "states" (state after every node), "commit" (state after the accepted path) or "step" (o per node
     of the tree verified from the state after the previous step's accepted path).
     ``needs``: "torch" (runs anywhere), "fla" or "triton_tree" (CUDA only).
+    ``phase1``: for a two-launch form, its first launch alone, timed in CUDA graphs after the row
+    (``phase1_us_graph``: where the row's time goes).
     """
 
     build: Callable[[Case, Inputs], Fn]
@@ -626,12 +644,15 @@ class Method:
     needs: str
     graphable: bool = True
     graph_note: str = ""
+    phase1: Callable[[Case, Inputs], Fn] | None = None
 
 
 METHODS: dict[str, Method] = {
     "tree_fused": Method(build_tree_fused, "nodes", "triton_tree"),
-    "tree_split": Method(build_tree_split, "nodes", "triton_tree"),
-    "tree_split_peel": Method(build_tree_split_peel, "nodes", "triton_tree"),
+    "tree_split": Method(build_tree_split, "nodes", "triton_tree", phase1=build_tree_split_keys),
+    "tree_split_peel": Method(
+        build_tree_split_peel, "nodes", "triton_tree", phase1=build_tree_split_peel_keys
+    ),
     "tree_blocked": Method(build_tree_blocked, "nodes", "triton_tree"),
     "tree_torch": Method(build_tree_torch, "nodes", "torch", False, "not graph-timed (reference path)"),
     "hybrid": Method(build_hybrid, "nodes", "triton_tree"),

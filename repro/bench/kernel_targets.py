@@ -1,6 +1,7 @@
-"""Issue 13's kernel targets judged from a `repro bench kernels` table: each met or missed, by how much,
-and the floor of the row that decides it (report.md's "Targets" section). Judged on the CUDA-graph times
-alone (``us_graph``, ``speedup_graph``): a run without them (the CPU) judges nothing. Nothing here measures.
+"""The kernel targets of issues 13 and 10 judged from a `repro bench kernels` table: each met or missed, by
+how much, and the floor of the row that decides it (report.md's "Kernel targets" section). Judged on the
+CUDA-graph times alone (``us_graph``, ``speedup_graph``): a run without them (the CPU) judges nothing.
+Nothing here measures.
 
 - tree verification (bf16, the fastest of the project's Triton tree kernels on the bench's draft tree of
   that size, against per-branch recurrent verification of the same tree): Weaver's shape at T = 128
@@ -10,7 +11,14 @@ alone (``us_graph``, ``speedup_graph``): a run without them (the CPU) judges not
   verification may be fla's chunk kernel itself (:data:`repro.gdn.chain.CHAIN_CHOICE`), so two times
   within :data:`TIE` of each other count as a tie (met);
 - accepted-state recovery: a closed-form commit (``commit_path*`` / ``commit_closed_form*``) faster than
-  token replay at every accepted depth, each row against its own like-for-like replay (``baseline``).
+  token replay at every accepted depth, each row against its own like-for-like replay (``baseline``);
+- issue 10's delayed commit: one layer's whole step (commit the previous step's accepted path, verify the
+  new tree) with the commit folded into the verification (``step_delayed*``, the fastest) faster than the
+  verification after a separate closed-form commit (``step_closed_form_fused`` / ``step_path_fused``, the
+  faster) and than after token replay (``step_replay_fla``), at every accepted depth.
+
+A missed tree time on a two-launch form says where it goes: its first launch alone (``phase1_us_graph``,
+the key-only work) and the rest (the serial walk over the row blocks, and the launch between them).
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import pandas as pd
 TIE = 0.02  # chains: a relative difference this small is a tie (one kernel timed twice differs by ~1%)
 TREE_KERNELS = ("tree_fused", "tree_split", "tree_split_peel", "tree_blocked")  # the project's Triton forms
 CLOSED_FORMS = ("commit_path", "commit_closed_form")  # method prefixes of the closed-form commits
+SEPARATE_STEPS = ("step_closed_form_fused", "step_path_fused")  # verify after a separate closed-form commit
 
 
 @dataclass(frozen=True)
@@ -42,14 +51,14 @@ TREE_TARGETS = (
 )
 
 
-NUMERIC = ("T", "depth", "us_graph", "speedup_graph", "floor_us")
+NUMERIC = ("T", "depth", "us_graph", "speedup_graph", "floor_us", "phase1_us_graph")
 
 
 def _ok(table: pd.DataFrame) -> pd.DataFrame:
-    """Rows timed in CUDA graphs, their numbers as numbers."""
+    """Rows timed in CUDA graphs, their numbers as numbers (``phase1_us_graph`` NaN where a run has none)."""
     out = table.copy()
     for c in NUMERIC:
-        out[c] = pd.to_numeric(out[c], errors="coerce")
+        out[c] = pd.to_numeric(out[c], errors="coerce") if c in out else float("nan")
     return out[(out["status"] == "ok") & out["us_graph"].notna()]
 
 
@@ -76,7 +85,7 @@ def tree_lines(ok: pd.DataFrame) -> list[str]:
             else:
                 us, floor = float(best["us_graph"]), float(best["floor_us"])
                 above = f"; floor {floor:.2f} us, {us / floor:.0f}x above it" if floor > 0 else ""
-                verdict = "met" if us <= t.max_us else f"missed by {us / t.max_us:.2f}x{above}"
+                verdict = "met" if us <= t.max_us else f"missed by {us / t.max_us:.2f}x{above}{_phases(best)}"
                 lines.append(_row(name, f"{us:.1f} us ({best['method']})", verdict))
         if t.min_speedup is not None:
             name = f"tree verify, {t.shape}, T = {t.nodes}: >= {t.min_speedup:g}x over per-branch"
@@ -93,6 +102,15 @@ def tree_lines(ok: pd.DataFrame) -> list[str]:
                 verdict = "met" if ratio >= t.min_speedup else f"missed: {ratio / t.min_speedup:.2f} of it"
                 lines.append(_row(name, f"{ratio:.2f}x ({us:.1f} vs {base_us:.1f} us)", verdict))
     return lines
+
+
+def _phases(row: pd.Series) -> str:
+    """Where a two-launch form's time goes (its first launch alone, timed in graphs), or nothing."""
+    first = float(row["phase1_us_graph"])
+    if not first > 0:  # NaN: a one-launch form, or a run before the bench timed phases
+        return ""
+    rest = float(row["us_graph"]) - first
+    return f"; phase 1 (key work) {first:.1f} us, phase 2 and the launch between {rest:.1f} us"
 
 
 def chain_lines(ok: pd.DataFrame) -> list[str]:
@@ -156,6 +174,33 @@ def commit_lines(ok: pd.DataFrame) -> list[str]:
     return lines
 
 
+def step_lines(ok: pd.DataFrame) -> list[str]:
+    """Issue 10's delayed commit per shape and tree size of the step rows: the fastest delayed step against
+    the fastest separate closed-form commit and against token replay, at every accepted depth."""
+    step = ok[ok["group"] == "step"]
+    lines = []
+    for (shape, nodes), part in step.groupby(["shape", "T"], sort=False):
+        times = part.pivot_table(index="depth", columns="method", values="us_graph", aggfunc="min")
+        delayed = times[[m for m in times.columns if m.startswith("step_delayed")]].min(axis=1)
+        separate = times[[m for m in times.columns if m in SEPARATE_STEPS]].min(axis=1)
+        replay = times["step_replay_fla"] if "step_replay_fla" in times else delayed * float("nan")
+        name = (
+            f"delayed commit (issue 10), {shape}, T = {int(nodes)}: the step faster than a separate "
+            "closed-form commit and than token replay, at every accepted depth"
+        )
+        judged = pd.DataFrame({"delayed": delayed, "separate": separate, "replay": replay}).dropna()
+        if judged.empty:
+            lines.append(_row(name, "not measured", "open"))
+            continue
+        measured = ", ".join(
+            f"{int(d)}: {r.delayed:.1f} vs {r.separate:.1f} / {r.replay:.1f} us" for d, r in judged.iterrows()
+        )
+        slower = judged[(judged["delayed"] >= judged["separate"]) | (judged["delayed"] >= judged["replay"])]
+        verdict = "missed at depth " + ", ".join(str(int(d)) for d in slower.index) if len(slower) else "met"
+        lines.append(_row(name, f"depth {measured} (delayed vs separate / replay)", verdict))
+    return lines
+
+
 def _shapes(rows: pd.DataFrame) -> list[str]:
     """The tree targets' shapes, then any other shape of ``rows`` (a target shape without rows is listed as
     not measured)."""
@@ -168,13 +213,13 @@ def target_lines(table: pd.DataFrame) -> list[str]:
     ok = _ok(table)
     if ok.empty:
         return []
-    rows = tree_lines(ok) + chain_lines(ok) + commit_lines(ok)
+    rows = tree_lines(ok) + chain_lines(ok) + commit_lines(ok) + step_lines(ok)
     missed = sum("| missed" in r for r in rows)
     met = sum(r.endswith("| met |") for r in rows)
     if not met + missed:
         return []
     return [
-        "## Issue 13's kernel targets (CUDA-graph times)",
+        "## Kernel targets of issues 13 and 10 (CUDA-graph times)",
         "",
         f"{met} met, {missed} missed, {len(rows) - met - missed} not measured in this run. "
         "A missed time says how far above the target, and the floor of its row.",

@@ -26,12 +26,13 @@ COLUMNS = [
     "prior_us", "bytes_min", "flops", "timer", "seed",
 ]  # fmt: skip
 COUNTS = ["n_timed", "graph_replays", "graph_calls"]  # what us and us_graph are medians of
+PARTS = ["phase1_us_graph"]  # a two-launch form's first launch alone (CUDA graphs): in newer runs only
 
 
 def build_report(run: Run, figures_dir: Path | None) -> str:
     """table.csv, figures (in ``figures_dir``) and report.md of a bench-kernels run, from its records."""
-    present = {k for r in run.records for k in r}  # the timing counts: only in runs of newer code
-    table = pd.DataFrame(run.records, columns=COLUMNS + [c for c in COUNTS if c in present])
+    present = {k for r in run.records for k in r}  # the timing counts and parts: only in runs of newer code
+    table = pd.DataFrame(run.records, columns=COLUMNS + [c for c in COUNTS + PARTS if c in present])
     run.write("table.csv", table.to_csv(index=False))
     figs = write_figures(table, figures_dir) if figures_dir is not None else {}
     text = report_markdown(
@@ -57,8 +58,8 @@ FORMATS = {
 def report_markdown(
     table: pd.DataFrame, manifest: dict[str, Any], out_dir: Path, figures: dict[str, str]
 ) -> str:
-    """report.md's text: environment, ceilings, issue 13's kernel targets (:mod:`repro.bench.kernel_targets`),
-    a table per (shape, group), rows not timed, the cost model."""
+    """report.md's text: environment, ceilings, the kernel targets of issues 13 and 10
+    (:mod:`repro.bench.kernel_targets`), a table per (shape, group), rows not timed, the cost model."""
     from repro.reporting.report import markdown_table
 
     c = manifest.get("ceilings", {})

@@ -1175,6 +1175,7 @@ def tree_gdn_split(
     walk: str | None = None,
     inverse: int | None = None,
     peel: bool = False,
+    keys_only: bool = False,
 ) -> tuple[torch.Tensor, TreeFactors]:
     """:func:`tree_gdn_fused` (same arguments, results and ``pending``) in two launches: for few heads,
     and at any head count for trees of 65-256 nodes (:func:`repro.gdn.chain.select_tree_kernel`).
@@ -1211,6 +1212,8 @@ def tree_gdn_split(
     update: the engine's slots of 2^k + 1 nodes (a draft tree's root and a power-of-two budget) walk 2^k
     rows instead of a whole row block more for one node. Same arithmetic (node 0's column K k_0, Q k_0 as
     dots of the same precision), so the same error bounds.
+    ``keys_only``: phase 1 alone (timing its share, as `repro bench kernels` does: o and the factors' delta
+    are then left unwritten, so the results are not a verification).
     """
     c = _TreeCall.of(q, k, v, g, beta, state, ancestors, precision, chain, pending, out)
     if peel and c.n < 2:
@@ -1229,6 +1232,8 @@ def tree_gdn_split(
     a_blocks, p_blocks, npad = _key_blocks(
         c, br, bk, precision, scale, warps, pend, commit_block_v, qs, inverse, c0=c0
     )
+    if keys_only:
+        return c.o, c.factors()
     _value_walk(c, a_blocks, p_blocks, npad, br, bk, bv, precision, scale, warps, qs, walk, c0)
     return c.o, c.factors()
 

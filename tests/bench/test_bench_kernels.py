@@ -216,7 +216,7 @@ def test_cpu_quick_run_writes_records_manifest_report_table_figures(tmp_path):
     expected += [(m, d, "draft") for m, d in bk.RECOVERY_ROWS]
     expected += [(m, d, "draft") for m, d in bk.STEP_ROWS]
     assert sorted((r["method"], r["dtype"], r["kind"]) for r in rows) == sorted(expected)
-    assert all(set(r) == set(kr.COLUMNS + kr.COUNTS) for r in rows)
+    assert all(set(r) == set(kr.COLUMNS + kr.COUNTS + kr.PARTS) for r in rows)
     for r in rows:
         torch_only = km.METHODS[r["method"]].needs == "torch"
         assert r["status"] == ("ok" if torch_only else "skipped"), r
@@ -243,7 +243,7 @@ def test_cpu_quick_run_writes_records_manifest_report_table_figures(tmp_path):
     assert {"copy_GBps", "bf16_TFLOPs", "fp32_TFLOPs"} <= set(manifest["ceilings"])
     assert manifest["bench_device"] == "cpu" and "git_sha" in manifest
     table = pd.read_csv(out / "table.csv")
-    assert len(table) == len(rows) and list(table.columns) == kr.COLUMNS + kr.COUNTS
+    assert len(table) == len(rows) and list(table.columns) == kr.COLUMNS + kr.COUNTS + kr.PARTS
     report = (out / "report.md").read_text()
     assert "n: each us is the median of " in report and "timed calls." in report  # a line under each table
     assert "## specla (H=8, HV=8, dk=256, dv=256): Verification" in report and "| tree_torch" in report
@@ -490,6 +490,11 @@ def test_gpu_tiny_grid_of_the_real_methods(tmp_path, monkeypatch):
     assert (ok["us"] > 0).all() and (ok["rel_err"] <= ok["tol"]).all()
     graphed = ok[ok["method"].map(lambda m: km.METHODS[m].graphable)]
     assert graphed["us_graph"].notna().all(), graphed[["method", "reason"]].to_string()
+    phased = ok["method"].map(lambda m: km.METHODS[m].phase1 is not None)
+    assert set(ok.loc[phased, "method"]) == {"tree_split", "tree_split_peel"}
+    first = ok.loc[phased, ["phase1_us_graph", "us_graph"]].astype(float)
+    assert ((first["phase1_us_graph"] > 0) & (first["phase1_us_graph"] < first["us_graph"])).all(), first
+    assert ok.loc[~phased, "phase1_us_graph"].isna().all()  # one-launch forms have no phase
     assert table[table["method"] == "tree_torch"]["status"].eq("ok").all()
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert (

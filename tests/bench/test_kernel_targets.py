@@ -1,5 +1,6 @@
-"""Issue 13's kernel targets judged from a bench-kernels table (repro.bench.kernel_targets): met, missed by
-how much with the row's floor, ties of chains, commits per depth, and nothing judged without graph times."""
+"""Issues 13's and 10's kernel targets judged from a bench-kernels table (repro.bench.kernel_targets): met,
+missed by how much with the row's floor and its phases, ties of chains, commits and delayed-commit steps per
+depth, and nothing judged without graph times."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ def row(shape: str, group: str, t: int, method: str, us_graph: float | None, **e
 
 def verdicts(rows: list[dict]) -> dict[str, tuple[str, str]]:
     """target -> (measured, verdict) from the section's table."""
-    lines = target_lines(pd.DataFrame(rows, columns=kr.COLUMNS))
+    lines = target_lines(pd.DataFrame(rows, columns=kr.COLUMNS + kr.PARTS))
     cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines if line.startswith("| ")][1:]
     return {c[0]: (c[1], c[2]) for c in cells}
 
@@ -50,6 +51,53 @@ def test_tree_targets_take_the_fastest_bf16_triton_kernel_and_say_how_far_and_th
         "2.50x (20.0 vs 50.0 us)",
         "missed: 0.83 of it",
     )
+
+
+def test_a_missed_time_on_a_two_launch_form_says_where_it_goes():
+    rows = [
+        row("specla", "verify", 128, "per_branch_recurrent", 50.0),
+        row("specla", "verify", 128, "tree_split", 20.0, floor_us=1.25, phase1_us_graph=12.5),
+        row("weaver", "verify", 128, "tree_fused", 30.0, floor_us=3.0, phase1_us_graph=None),  # one launch
+    ]
+    v = verdicts(rows)
+    assert v["tree verify, specla, T = 128: <= 15 us"][1] == (
+        "missed by 1.33x; floor 1.25 us, 16x above it; phase 1 (key work) 12.5 us, "
+        "phase 2 and the launch between 7.5 us"
+    )
+    assert v["tree verify, weaver, T = 128: <= 15 us"][1] == "missed by 2.00x; floor 3.00 us, 10x above it"
+
+
+def test_the_delayed_commit_step_must_beat_the_separate_commit_and_replay_at_every_depth():
+    def step(depth: int, method: str, us: float) -> dict:
+        return row("specla", "step", 64, method, us, depth=depth)
+
+    rows = [
+        step(2, "step_replay_fla", 18.6),
+        step(2, "step_closed_form_fused", 24.6),
+        step(2, "step_path_fused", 21.9),
+        step(2, "step_delayed_fused", 16.0),
+        step(2, "step_delayed_split_indexed", 15.1),
+        step(4, "step_replay_fla", 20.6),
+        step(4, "step_path_fused", 22.2),
+        step(4, "step_delayed_split_indexed", 15.4),
+        step(8, "step_torch", 1.0),  # the reference: neither side
+    ]
+    key = (
+        "delayed commit (issue 10), specla, T = 64: the step faster than a separate closed-form commit and "
+        "than token replay, at every accepted depth"
+    )
+    measured, verdict = verdicts(rows)[key]
+    assert measured == (
+        "depth 2: 15.1 vs 21.9 / 18.6 us, 4: 15.4 vs 22.2 / 20.6 us (delayed vs separate / replay)"
+    )
+    assert verdict == "met"
+    rows.append(step(8, "step_replay_fla", 9.0))
+    rows.append(step(8, "step_path_fused", 12.0))
+    rows.append(step(8, "step_delayed_fused", 10.0))  # beats the separate commit, not replay
+    assert verdicts(rows)[key][1] == "missed at depth 8"
+    alone = [step(2, "step_replay_fla", 18.6), step(2, "step_path_fused", 21.9)]  # no delayed step timed
+    alone.append(row("weaver", "verify", 128, "tree_split", 14.0))  # a judged target: the section prints
+    assert verdicts(alone)[key] == ("not measured", "open")
 
 
 def test_chains_count_a_tie_within_TIE_and_name_the_lengths_where_they_lose():
@@ -117,6 +165,6 @@ def test_a_run_without_graph_times_or_target_rows_judges_nothing_and_a_report_sa
         row("weaver", "verify", 128, "tree_split", 14.0),
     ]
     text = kr.report_markdown(pd.DataFrame(gpu, columns=kr.COLUMNS), {}, tmp_path, {})
-    assert "## Issue 13's kernel targets (CUDA-graph times)" in text
+    assert "## Kernel targets of issues 13 and 10 (CUDA-graph times)" in text
     assert "2 met, 0 missed, 9 not measured in this run." in text
-    assert text.index("kernel targets") < text.index("## weaver")
+    assert text.index("Kernel targets") < text.index("## weaver")

@@ -772,6 +772,20 @@ def test_phase_one_grid_holds_commit_and_product_programs_first(monkeypatch, key
     assert spy.grids == [(hv, 2 + (9 if key_programs else 0))]  # d_v 64 / 32-row tiles; NR = 3 row blocks
 
 
+@pytest.mark.parametrize("keys_only", [False, True])
+def test_split_keys_only_launches_phase_one_alone(monkeypatch, keys_only: bool) -> None:
+    """``keys_only`` (`repro bench kernels`' phase1_us_graph): phase 1's launch as in the whole form, and
+    no phase 2."""
+    from repro.gdn import triton_tree as tt
+
+    keys, values = _GridSpy(), _GridSpy()
+    monkeypatch.setattr(tt, "_tree_keys_kernel", keys)
+    monkeypatch.setattr(tt, "_tree_values_kernel", values)
+    q, k, v, g, beta, s0, mask = _split_inputs(40, 4, 64)
+    tt.tree_gdn_split(q, k, v, g, beta, s0, mask, 0.25, "tf32", keys_only=keys_only)
+    assert len(keys.grids) == 1 and len(values.grids) == (0 if keys_only else 1)
+
+
 @pytest.mark.parametrize(("node0", "extra"), [(True, 3), (False, 0)])
 def test_peeled_phase_one_adds_a_node_0_program_per_row_block(monkeypatch, node0: bool, extra: int) -> None:
     """Peeled, phase 1 has one more program per row block (node 0's column of its rows) after the NR^2 key
