@@ -411,7 +411,8 @@ def measure(
                         row["phase1_us_graph"] = time_graph(part, device, cfg.timer, replays.us).us
                 except Exception as exc:  # noqa: BLE001 - a failed capture is recorded, the row stays
                     _sync(device)
-                    row["reason"] = f"graph capture failed: {describe(exc)}"
+                    what = "phase 1's graph" if row["us_graph"] is not None else "graph capture"
+                    row["reason"] = f"{what} failed: {describe(exc)}"
             elif method.graph_note and device.type == "cuda":
                 row["reason"] = method.graph_note
     except Exception as exc:  # noqa: BLE001 - one broken method must not stop the table
