@@ -8,6 +8,7 @@
 #
 #   scripts/gpu_tests.sh [test files...]   (default: every tests/**/test_*.py with gpu tests, the model
 #                                           path's first: static decoder, Triton tree kernels)
+#   GPU_TEST_LIST=1 scripts/gpu_tests.sh    (print the files it would run, one a line, and run nothing)
 #
 # Environment: OUT (default runs/gpu-tests); GPU_TEST_JOBS=<n> runs n files side by side, each file's output
 # in $OUT/log-<file>.txt (2026-12-03, 6 side by side: 31 of 36 files within one call, five slow ones past
@@ -31,8 +32,10 @@ export TRITON_CACHE_AUTOTUNING=${TRITON_CACHE_AUTOTUNING:-1}
 FILES=("$@")
 if [ ${#FILES[@]} -eq 0 ]; then
   mapfile -t FILES < <({ echo tests/models/test_static_decoder.py; echo tests/gdn/test_triton_tree.py
-    grep -rl --include="test_*.py" "pytest.mark.gpu" tests; } | awk '!seen[$0]++')
+    grep -rlE --include="test_*.py" "^@pytest\.mark\.gpu|^ +pytest\.mark\.gpu,|^pytestmark.*pytest\.mark\.gpu" tests
+  } | awk '!seen[$0]++')  # files that mark a test gpu (not those that only write the marker into a string)
 fi
+if [ "${GPU_TEST_LIST:-0}" = 1 ]; then printf '%s\n' "${FILES[@]}"; exit 0; fi
 limit_of() {  # seconds for one file: start-up (~10 s: torch, CUDA context) + compiles + the tests
   case $(basename "$1" .py) in
     test_static_decoder) echo 120 ;; # 11 tests: graphs of every step, fused, gemv, unfused (79 s)
