@@ -189,7 +189,7 @@ def keys_knobs(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
             def launch(kw=kw, nr=nr, npad=npad, a=a, p=p) -> None:
                 tt._tree_keys_kernel[(c.hv, nr * nr)](
                     c.q, c.k, c.g, c.beta, c.anc, a, p, a, c.gate_cum, c.k_exp, c.state, *c.p_ops, c.p_node,
-                    c.p_n, c.delta, c.delta, c.n, npad, nr, 1.0, **kw,
+                    c.p_n, c.delta, c.delta, c.n, c.anc_stride, npad, nr, 1.0, **kw,
                 )  # fmt: skip
 
             r = measure(dict(shape=shape, T=t, variant=f"phase1:{name}", block_rows=br), launch, dev, 15.0)
