@@ -180,8 +180,8 @@ def keys_knobs(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
                       WRITE_K=False, PENDING=False, PNP=c.pnp, NCT=0, BVC=16, BKC=16, TERMS=False, RC=16,
                       **tt.gate_columns(c.n),
                       num_warps=tt.SPLIT_WARPS, PDL=0, launch_pdl=False)  # fmt: skip
-            if all(kw.get(key) == val for key, val in knobs.items()):
-                continue  # the default already
+            if knobs and all(kw.get(key) == val for key, val in knobs.items()):
+                continue  # the default already (the "default" row itself is timed)
             kw.update(knobs)
             if kw["BK"] > c.dk:
                 continue
