@@ -183,7 +183,7 @@ def step_lines(ok: pd.DataFrame) -> list[str]:
         times = part.pivot_table(index="depth", columns="method", values="us_graph", aggfunc="min")
         delayed = times[[m for m in times.columns if m.startswith("step_delayed")]].min(axis=1)
         separate = times[[m for m in times.columns if m in SEPARATE_STEPS]].min(axis=1)
-        replay = times["step_replay_fla"] if "step_replay_fla" in times else delayed * float("nan")
+        replay = times.get("step_replay_fla")  # None: no replay row, so nothing judged
         name = (
             f"delayed commit (issue 10), {shape}, T = {int(nodes)}: the step faster than a separate "
             "closed-form commit and than token replay, at every accepted depth"
@@ -208,8 +208,8 @@ def _shapes(rows: pd.DataFrame) -> list[str]:
 
 
 def target_lines(table: pd.DataFrame) -> list[str]:
-    """report.md's "Targets" section (heading included), or nothing for a run that judges none of them (no
-    CUDA-graph times, e.g. the CPU, or none of the targets' rows)."""
+    """report.md's "Kernel targets" section (heading included), or nothing for a run that judges none of
+    them (no CUDA-graph times, e.g. the CPU, or none of the targets' rows)."""
     ok = _ok(table)
     if ok.empty:
         return []

@@ -1,5 +1,5 @@
 """A `repro bench kernels` run's records as a table and a report: the record columns, report.md (the
-environment and ceilings, issue 13's targets judged, a table per shape and row group, the rows not timed,
+environment and ceilings, the kernel targets judged, a table per shape and row group, the rows not timed,
 the notes, the definitions), table.csv and the figures, and the run kind. Nothing here measures
 (:mod:`repro.bench.kernels` does, and fills the derived columns x_floor, speedup and the paper ones into
 each record as the run goes)."""
