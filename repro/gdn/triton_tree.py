@@ -522,7 +522,7 @@ def _tree_keys_kernel(
     UPCAST_QK: tl.constexpr, INV: tl.constexpr, WRITE_K: tl.constexpr,
     PENDING: tl.constexpr, PNP: tl.constexpr, NCT: tl.constexpr, BVC: tl.constexpr, BKC: tl.constexpr,
     TERMS: tl.constexpr, RC: tl.constexpr, PDL: tl.constexpr, NPG: tl.constexpr, STRICT: tl.constexpr,
-    PEEL: tl.constexpr = 0,
+    PEEL: tl.constexpr = 0, P_APART: tl.constexpr = 0,
 ):  # fmt: skip
     """Phase 1 of :func:`tree_gdn_split` (and of :func:`tree_gdn_blocked`), one (value head, row block r,
     column block c <= r) per program (grid axis 1 holds NR x NR of them; those with c > r exit at once):
@@ -538,7 +538,10 @@ def _tree_keys_kernel(
     PEEL (:func:`tree_gdn_split`'s ``peel``): node 0 is left out of the row blocks (row block r holds nodes
     1 + r BR .., at scratch rows and columns r BR ..: aligned tiles); NR more programs after the block
     pairs write its column, A[R, 0] and P[R, 0] (node 0 is an ancestor of every node of a draft tree, the
-    root, but the mask decides), and node 0's own terms (:func:`_first_node_columns`)."""
+    root, but the mask decides), and node 0's own terms (:func:`_first_node_columns`).
+    P_APART (:func:`tree_gdn_split`'s ``p_apart``): NR more programs (after those) write the diagonal blocks'
+    P_rr, so that a diagonal program's serial chain (its d_k-long dots, then the inverse) has the K K^T dots
+    alone (:func:`_block_pair`)."""
     pdl_start(PDL)
     i_h = tl.program_id(0)
     pid = tl.program_id(1)
@@ -562,6 +565,12 @@ def _tree_keys_kernel(
             return
         pid -= NCT
     i_kh = i_h // (HV // H)
+    if P_APART and pid >= NR * NR + PEEL * NR:  # the diagonal blocks' P alone
+        d = pid - NR * NR - PEEL * NR
+        _block_pair(q_ptr, k_ptr, g_ptr, beta_ptr, anc_ptr, a_ptr, p_ptr, gcum_ptr, kx_ptr, d, d, n, ns, NP,
+                    scale, i_h, i_kh, H, HV, DK, BR, LOG2_BR, BK, CHAIN, PREC, UPCAST_QK, INV, WRITE_K,
+                    NPG, STRICT, PEEL, False, True)  # fmt: skip
+        return
     if PEEL and pid >= NR * NR:
         _first_node_columns(q_ptr, k_ptr, g_ptr, beta_ptr, anc_ptr, c0_ptr, gcum_ptr, kx_ptr, pid - NR * NR,
                             n, ns, scale, i_h, i_kh, H, HV, DK, BR, BK, CHAIN, PREC, UPCAST_QK, WRITE_K,
@@ -571,6 +580,26 @@ def _tree_keys_kernel(
     c = pid % NR
     if c > r:
         return
+    if P_APART and c == r:  # the diagonal blocks' A and inverse alone
+        _block_pair(q_ptr, k_ptr, g_ptr, beta_ptr, anc_ptr, a_ptr, p_ptr, gcum_ptr, kx_ptr, r, c, n, ns, NP,
+                    scale, i_h, i_kh, H, HV, DK, BR, LOG2_BR, BK, CHAIN, PREC, UPCAST_QK, INV, WRITE_K,
+                    NPG, STRICT, PEEL, True, False)  # fmt: skip
+        return
+    _block_pair(q_ptr, k_ptr, g_ptr, beta_ptr, anc_ptr, a_ptr, p_ptr, gcum_ptr, kx_ptr, r, c, n, ns, NP,
+                scale, i_h, i_kh, H, HV, DK, BR, LOG2_BR, BK, CHAIN, PREC, UPCAST_QK, INV, WRITE_K, NPG,
+                STRICT, PEEL, True, True)  # fmt: skip
+
+
+@triton.jit
+def _block_pair(
+    q_ptr, k_ptr, g_ptr, beta_ptr, anc_ptr, a_ptr, p_ptr, gcum_ptr, kx_ptr, r, c, n, ns, NP, scale, i_h, i_kh,
+    H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, BR: tl.constexpr, LOG2_BR: tl.constexpr,
+    BK: tl.constexpr, CHAIN: tl.constexpr, PREC: tl.constexpr, UPCAST_QK: tl.constexpr, INV: tl.constexpr,
+    WRITE_K: tl.constexpr, NPG: tl.constexpr, STRICT: tl.constexpr, PEEL: tl.constexpr,
+    WITH_A: tl.constexpr, WITH_P: tl.constexpr,
+):  # fmt: skip
+    """Row block r x column block c (c <= r) of ``_tree_keys_kernel``: WITH_A the A block (K K^T dots; on the
+    diagonal its inverse, G_r and the expanded keys), WITH_P the P block (Q K^T dots)."""
     rows = PEEL + r * BR + tl.arange(0, BR)
     cols = PEEL + c * BR + tl.arange(0, BR)
     o_k = tl.arange(0, BK)
@@ -584,28 +613,37 @@ def _tree_keys_kernel(
         m_k = (kk + o_k) < DK
         p_r = rows[:, None] * (H * DK) + i_kh * DK + (kk + o_k)[None, :]
         p_c = cols[:, None] * (H * DK) + i_kh * DK + (kk + o_k)[None, :]
-        b_k = tl.load(k_ptr + p_r, mask=m_rows[:, None] & m_k[None, :], other=0.0)
-        b_q = tl.load(q_ptr + p_r, mask=m_rows[:, None] & m_k[None, :], other=0.0)
+        m_rk = m_rows[:, None] & m_k[None, :]
+        if WITH_A:
+            b_k = tl.load(k_ptr + p_r, mask=m_rk, other=0.0)
+        if WITH_P:
+            b_q = tl.load(q_ptr + p_r, mask=m_rk, other=0.0)
         b_kc = tl.load(k_ptr + p_c, mask=m_cols[:, None] & m_k[None, :], other=0.0)
-        if WRITE_K:  # TreeFactors.k: the float32 keys expanded to value heads (diagonal programs)
+        if WITH_A and WRITE_K:  # TreeFactors.k: the float32 keys expanded to value heads (diagonal programs)
             p_kx = rows[:, None] * (HV * DK) + i_h * DK + (kk + o_k)[None, :]
-            tl.store(kx_ptr + p_kx, b_k.to(tl.float32), mask=m_rows[:, None] & m_k[None, :] & (c == r))
+            tl.store(kx_ptr + p_kx, b_k.to(tl.float32), mask=m_rk & (c == r))
         if UPCAST_QK:
-            b_k = b_k.to(tl.float32)
-            b_q = b_q.to(tl.float32)
             b_kc = b_kc.to(tl.float32)
-        b_kk += tl.dot(b_k, tl.trans(b_kc), input_precision=PREC)
-        b_qk += tl.dot(b_q, tl.trans(b_kc), input_precision=PREC)
+        if WITH_A:
+            if UPCAST_QK:
+                b_k = b_k.to(tl.float32)
+            b_kk += tl.dot(b_k, tl.trans(b_kc), input_precision=PREC)
+        if WITH_P:
+            if UPCAST_QK:
+                b_q = b_q.to(tl.float32)
+            b_qk += tl.dot(b_q, tl.trans(b_kc), input_precision=PREC)
     m_rc = _block_mask(anc_ptr, rows, cols, n, ns, CHAIN)
     b_gam = tl.where(m_rc, tl.exp(tl.where(m_rc, b_gr[:, None] - b_gc[None, :], 0.0)), 0.0)
-    b_beta = tl.load(beta_ptr + rows * HV + i_h, mask=m_rows, other=0.0).to(tl.float32)
-    b_a = tl.where(rows[:, None] > cols[None, :], b_beta[:, None] * b_kk * b_gam, 0.0)
     p_blk = i_h * NP * NP + (rows - PEEL)[:, None] * NP + (cols - PEEL)[None, :]
-    tl.store(p_ptr + p_blk, scale * b_qk * b_gam)
-    if c == r:
-        tl.store(gcum_ptr + rows * HV + i_h, b_gr, mask=m_rows)
-        b_a = _unit_lower_inverse(b_a, BR, LOG2_BR, PREC, INV)
-    tl.store(a_ptr + p_blk, b_a)
+    if WITH_P:
+        tl.store(p_ptr + p_blk, scale * b_qk * b_gam)
+    if WITH_A:
+        b_beta = tl.load(beta_ptr + rows * HV + i_h, mask=m_rows, other=0.0).to(tl.float32)
+        b_a = tl.where(rows[:, None] > cols[None, :], b_beta[:, None] * b_kk * b_gam, 0.0)
+        if c == r:
+            tl.store(gcum_ptr + rows * HV + i_h, b_gr, mask=m_rows)
+            b_a = _unit_lower_inverse(b_a, BR, LOG2_BR, PREC, INV)
+        tl.store(a_ptr + p_blk, b_a)
 
 
 @triton.jit
@@ -1176,6 +1214,7 @@ def tree_gdn_split(
     inverse: int | None = None,
     peel: bool = False,
     keys_only: bool = False,
+    p_apart: bool | None = None,
 ) -> tuple[torch.Tensor, TreeFactors]:
     """:func:`tree_gdn_fused` (same arguments, results and ``pending``) in two launches: for few heads,
     and at any head count for trees of 65-256 nodes (:func:`repro.gdn.chain.select_tree_kernel`).
@@ -1214,6 +1253,8 @@ def tree_gdn_split(
     dots of the same precision), so the same error bounds.
     ``keys_only``: phase 1 alone (timing its share, as `repro bench kernels` does: o and the factors' delta
     are then left unwritten, so the results are not a verification).
+    ``p_apart`` (default :func:`split_p_apart`): the diagonal blocks' P = Q K^T in programs of their own, so
+    that a diagonal program's chain has half the dots before its inverse. Same arithmetic.
     """
     c = _TreeCall.of(q, k, v, g, beta, state, ancestors, precision, chain, pending, out)
     if peel and c.n < 2:
@@ -1229,8 +1270,10 @@ def tree_gdn_split(
         raise ValueError(f"terms needs commit tiles of >= 16 rows (commit_block_v, d_v), got {bvc}")
     qs = torch.empty_like(c.delta) if terms else None
     c0 = torch.empty(2, c.hv, c.n, dtype=torch.float32, device=c.q.device) if peel else None
+    if p_apart is None:
+        p_apart = split_p_apart(c.hv, br)
     a_blocks, p_blocks, npad = _key_blocks(
-        c, br, bk, precision, scale, warps, pend, commit_block_v, qs, inverse, c0=c0
+        c, br, bk, precision, scale, warps, pend, commit_block_v, qs, inverse, c0=c0, p_apart=p_apart
     )
     if keys_only:
         return c.o, c.factors()
@@ -1270,6 +1313,12 @@ def _value_walk(
         PEEL=int(c0 is not None),
         num_warps=warps, **pdl_args(c.q.device, verify=True),
     )  # fmt: skip
+
+
+def split_p_apart(hv: int, block_rows: int) -> bool:
+    """Whether phase 1 of the split form writes the diagonal blocks' P in programs of their own
+    (``_tree_keys_kernel``'s P_APART): not yet measured faster anywhere, so off."""
+    return False
 
 
 def split_walk(block_rows: int, row_blocks: int) -> str:
@@ -1316,6 +1365,7 @@ def _key_blocks(
     key_programs: bool = True,
     c0: torch.Tensor | None = None,
     node0_programs: bool = True,
+    p_apart: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Launch ``_tree_keys_kernel`` (phase 1 of the split and blocked forms): returns the float32 scratch
     (A blocks with the diagonal inverses, P blocks), each [HV, NP, NP], and NP = n rounded up to BR;
@@ -1325,7 +1375,8 @@ def _key_blocks(
     its key-only programs (the commit's and products' alone: timing their share; the scratch is left
     unwritten). ``c0`` given ([2, HV, n] float32): node 0 outside the row blocks, its columns of A and P
     there (the split form's ``peel``; NP = the other n - 1 rounded up to BR); ``node0_programs`` False:
-    without the programs that write those columns (timing their share; ``c0`` left unwritten)."""
+    without the programs that write those columns (timing their share; ``c0`` left unwritten); ``p_apart``:
+    the diagonal blocks' P in NR programs of their own (``_tree_keys_kernel``'s P_APART)."""
     peel = c0 is not None
     nr = triton.cdiv(c.n - peel, br)
     npad = nr * br
@@ -1334,14 +1385,17 @@ def _key_blocks(
     terms = qs is not None
     bvc, bkc = commit_tiles(c.dv, c.dk, commit_block_v, long_programs=pending and terms and c.n > 64)
     nct = triton.cdiv(c.dv, bvc) if pending or terms else 0
-    _tree_keys_kernel[(c.hv, nct + ((nr * nr + nr * (peel and node0_programs)) if key_programs else 0))](
+    if p_apart and peel and not node0_programs:
+        raise ValueError("p_apart places its programs after node 0's: node0_programs must be on")
+    keys = nr * nr + nr * (peel and node0_programs) + nr * p_apart
+    _tree_keys_kernel[(c.hv, nct + (keys if key_programs else 0))](
         c.q, c.k, c.g, c.beta, c.anc, a_blocks, p_blocks, a_blocks if c0 is None else c0, c.gate_cum, c.k_exp,
         c.state, *c.p_ops, c.p_node,
         c.p_n, c.delta, qs if terms else c.delta, c.n, c.anc_stride, npad, nr, float(scale),
         H=c.h, HV=c.hv, DK=c.dk, DV=c.dv, BR=br, LOG2_BR=br.bit_length() - 1, BK=bk, CHAIN=c.chain,
         PREC=precision, UPCAST_QK=c.upcast, INV=inverse_scheme(br, inverse), WRITE_K=c.write_k,
         PENDING=pending, PNP=c.pnp, NCT=nct, BVC=bvc, BKC=bkc, TERMS=terms, RC=min(64, _pow2_at_least(c.n)),
-        **gate_columns(c.n), PEEL=int(peel),
+        **gate_columns(c.n), PEEL=int(peel), P_APART=int(p_apart),
         num_warps=warps, **pdl_args(c.q.device, verify=True),
     )  # fmt: skip
     return a_blocks, p_blocks, npad

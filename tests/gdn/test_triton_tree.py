@@ -138,7 +138,7 @@ def run_case(spec: dict, device: str) -> dict:
         mask.copy_(anc)
     scale = dk**-0.5
     tuning = ("block_rows", "block_v", "block_k", "num_warps", "inverse", "block_rows_v", "block_cols",
-              "precompute_x0", "commit_block_v", "terms", "walk", "peel")  # fmt: skip
+              "precompute_x0", "commit_block_v", "terms", "walk", "peel", "p_apart")  # fmt: skip
     knobs = {key: spec[key] for key in tuning if key in spec}
     nan = float("nan")
     o = torch.full((n, hv, dv), nan, dtype=q.dtype, device=device)
@@ -459,6 +459,30 @@ INTERP_CASES = {
         "split": True,
         "peel": True,
         "precision": "tf32",
+    },  # fmt: skip
+    # the diagonal blocks' P in programs of their own (p_apart): three row blocks and two d_k chunks, with
+    # node 0 peeled and a pending commit, with the state products and the registers walk, bf16
+    "split-p-apart-n40-mixed-dk32-bk16-br16": {**_SPLIT_N40, "p_apart": True},
+    "split-p-apart-peel-pending-index-n33-fan": {
+        **_SMALL,
+        "n": 33,
+        "kind": "fan",
+        "split": True,
+        "peel": True,
+        "pending": True,
+        "pending_index": True,
+        "p_apart": True,
+    },  # fmt: skip
+    "split-p-apart-terms-registers-n32-random-bf16": {
+        **_SMALL,
+        "n": 32,
+        "kind": "random",
+        "dtype": "bfloat16",
+        "block_rows": 16,
+        "split": True,
+        "terms": True,
+        "walk": "registers",
+        "p_apart": True,
     },  # fmt: skip
     "split-pending-index-n20-fan": {
         **_SMALL,
@@ -800,6 +824,23 @@ def test_peeled_phase_one_adds_a_node_0_program_per_row_block(monkeypatch, node0
     assert spy.grids == [(4, 2 + 9 + extra)]  # 40 rows after node 0: NR = 3 blocks of 16
 
 
+@pytest.mark.parametrize(("peel", "p_apart", "extra"), [(False, True, 3), (True, True, 6), (True, False, 3)])
+def test_phase_one_adds_a_p_program_per_diagonal_block(monkeypatch, peel: bool, p_apart: bool, extra) -> None:
+    """With p_apart, phase 1 has one more program per row block (its diagonal P) after the key programs and
+    node 0's; it refuses to run without node 0's programs when peeled (its programs' ids follow theirs)."""
+    from repro.gdn import triton_tree as tt
+
+    spy = _GridSpy()
+    monkeypatch.setattr(tt, "_tree_keys_kernel", spy)
+    c = tt._TreeCall.of(*_split_inputs(41 if peel else 40, 4, 64), "tf32", False, None, None)
+    c0 = torch.empty(2, 4, 41) if peel else None
+    tt._key_blocks(c, 16, 16, "tf32", 0.25, 4, False, 32, torch.empty_like(c.delta), c0=c0, p_apart=p_apart)
+    assert spy.grids == [(4, 2 + 9 + extra)] and spy.kwargs[-1]["P_APART"] == int(p_apart)
+    if peel:
+        with pytest.raises(ValueError, match="node0_programs"):
+            tt._key_blocks(c, 16, 16, "tf32", 0.25, 4, False, 32, c0=c0, node0_programs=False, p_apart=True)
+
+
 @pytest.mark.parametrize(
     ("n", "pending", "given", "want"),
     [(65, True, None, 16), (64, True, None, 32), (65, False, None, 32), (65, True, 32, 32)],
@@ -965,6 +1006,22 @@ def test_gpu_tree_split(
     assert res["unwritten"] == 0 and res["dtypes_ok"] and res["k_exact"], msg
     assert res["o"] <= o_tol and res["delta"] <= d_tol and res["commit"] <= d_tol, msg
     assert res["gate_cum"] <= 1e-5 and res["states"] <= 1e-5 and res["committed"] <= 1e-5, msg
+
+
+@pytest.mark.parametrize(
+    ("shape", "n", "kind", "dtype", "precision", "knobs"),
+    [("specla", 128, "mixed", "bfloat16", "tf32", {}), ("weaver", 128, "random", "bfloat16", "tf32", {}),
+     ("specla", 64, "chain", "float32", "ieee", {"pending": True, "pending_n": 64}),
+     ("specla", 129, "random", "bfloat16", "tf32", {"peel": True}),
+     ("weaver", 256, "mixed", "bfloat16", "tf32", {"terms": False})],
+)  # fmt: skip
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu_ok(), reason="needs a CUDA GPU, triton, and TRITON_INTERPRET unset")
+def test_gpu_tree_split_p_apart(shape: str, n: int, kind: str, dtype: str, precision: str, knobs) -> None:
+    """The split form with the diagonal blocks' P in programs of their own (p_apart) at the paper shapes,
+    with a pending commit, node 0 peeled, phase 2 computing the state products, against float64."""
+    _check_gpu_case(shape, n, kind, dtype, precision, split=True, p_apart=True, chain_api=kind == "chain",
+                    **knobs)  # fmt: skip
 
 
 @pytest.mark.parametrize(
