@@ -569,7 +569,7 @@ def _tree_keys_kernel(
         d = pid - NR * NR - PEEL * NR
         _block_pair(q_ptr, k_ptr, g_ptr, beta_ptr, anc_ptr, a_ptr, p_ptr, gcum_ptr, kx_ptr, d, d, n, ns, NP,
                     scale, i_h, i_kh, H, HV, DK, BR, LOG2_BR, BK, CHAIN, PREC, UPCAST_QK, INV, WRITE_K,
-                    NPG, STRICT, PEEL, False, True, True)  # fmt: skip
+                    NPG, STRICT, PEEL, False, True)  # fmt: skip
         return
     if PEEL and pid >= NR * NR:
         _first_node_columns(q_ptr, k_ptr, g_ptr, beta_ptr, anc_ptr, c0_ptr, gcum_ptr, kx_ptr, pid - NR * NR,
@@ -583,11 +583,11 @@ def _tree_keys_kernel(
     if P_APART and c == r:  # the diagonal blocks' A and inverse alone
         _block_pair(q_ptr, k_ptr, g_ptr, beta_ptr, anc_ptr, a_ptr, p_ptr, gcum_ptr, kx_ptr, r, c, n, ns, NP,
                     scale, i_h, i_kh, H, HV, DK, BR, LOG2_BR, BK, CHAIN, PREC, UPCAST_QK, INV, WRITE_K,
-                    NPG, STRICT, PEEL, True, False, True)  # fmt: skip
+                    NPG, STRICT, PEEL, True, False)  # fmt: skip
         return
     _block_pair(q_ptr, k_ptr, g_ptr, beta_ptr, anc_ptr, a_ptr, p_ptr, gcum_ptr, kx_ptr, r, c, n, ns, NP,
                 scale, i_h, i_kh, H, HV, DK, BR, LOG2_BR, BK, CHAIN, PREC, UPCAST_QK, INV, WRITE_K, NPG,
-                STRICT, PEEL, True, True, False)  # fmt: skip
+                STRICT, PEEL, True, True)  # fmt: skip
 
 
 @triton.jit
@@ -596,21 +596,17 @@ def _block_pair(
     H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, BR: tl.constexpr, LOG2_BR: tl.constexpr,
     BK: tl.constexpr, CHAIN: tl.constexpr, PREC: tl.constexpr, UPCAST_QK: tl.constexpr, INV: tl.constexpr,
     WRITE_K: tl.constexpr, NPG: tl.constexpr, STRICT: tl.constexpr, PEEL: tl.constexpr,
-    WITH_A: tl.constexpr, WITH_P: tl.constexpr, DIAG: tl.constexpr,
+    WITH_A: tl.constexpr, WITH_P: tl.constexpr,
 ):  # fmt: skip
     """Row block r x column block c (c <= r) of ``_tree_keys_kernel``: WITH_A the A block (K K^T dots; on the
-    diagonal its inverse, G_r and the expanded keys), WITH_P the P block (Q K^T dots). DIAG: c = r known at
-    compile time, so the block's keys and gate sums are read once for both sides."""
+    diagonal its inverse, G_r and the expanded keys), WITH_P the P block (Q K^T dots)."""
     rows = PEEL + r * BR + tl.arange(0, BR)
     cols = PEEL + c * BR + tl.arange(0, BR)
     o_k = tl.arange(0, BK)
     m_rows = rows < n
     m_cols = cols < n
     b_gr = _block_gates(g_ptr, anc_ptr, r, n, ns, i_h, HV, BR, CHAIN, NPG, STRICT, PEEL)
-    if DIAG:
-        b_gc = b_gr
-    else:
-        b_gc = _block_gates(g_ptr, anc_ptr, c, n, ns, i_h, HV, BR, CHAIN, NPG, STRICT, PEEL)
+    b_gc = _block_gates(g_ptr, anc_ptr, c, n, ns, i_h, HV, BR, CHAIN, NPG, STRICT, PEEL)
     b_kk = tl.zeros([BR, BR], dtype=tl.float32)
     b_qk = tl.zeros([BR, BR], dtype=tl.float32)
     for kk in range(0, DK, BK):
@@ -622,10 +618,7 @@ def _block_pair(
             b_k = tl.load(k_ptr + p_r, mask=m_rk, other=0.0)
         if WITH_P:
             b_q = tl.load(q_ptr + p_r, mask=m_rk, other=0.0)
-        if DIAG and WITH_A:
-            b_kc = b_k
-        else:
-            b_kc = tl.load(k_ptr + p_c, mask=m_cols[:, None] & m_k[None, :], other=0.0)
+        b_kc = tl.load(k_ptr + p_c, mask=m_cols[:, None] & m_k[None, :], other=0.0)
         if WITH_A and WRITE_K:  # TreeFactors.k: the float32 keys expanded to value heads (diagonal programs)
             p_kx = rows[:, None] * (HV * DK) + i_h * DK + (kk + o_k)[None, :]
             tl.store(kx_ptr + p_kx, b_k.to(tl.float32), mask=m_rk & (c == r))
