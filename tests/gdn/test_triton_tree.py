@@ -155,6 +155,10 @@ def run_case(spec: dict, device: str) -> dict:
         o, f = tree_gdn_split(
             q, k, v, g, beta, s0, ancestors, scale, prec, out=(o, delta, gcum), **knobs, **knobs_p
         )
+        if knobs.get("p_apart") and not knobs_p:  # the same arithmetic in other programs: bitwise the same
+            apart_off = {**knobs, "p_apart": False}
+            o2, f2 = tree_gdn_split(q, k, v, g, beta, s0, ancestors, scale, prec, **apart_off)
+            bitwise = bool(torch.equal(o, o2) and torch.equal(f.delta, f2.delta))
     elif spec.get("chain_api"):
         assert spec["kind"] == "chain"
         o, f = chain_gdn_fused(q, k, v, g, beta, s0, scale, prec, out=out, **knobs, **knobs_p)
@@ -174,6 +178,7 @@ def run_case(spec: dict, device: str) -> dict:
     commit = max(rel(gdn.commit_closed_form(s0, f, p), gdn.commit_closed_form(s_ref, rf, p)) for p in paths)
     written = (o, f.delta, f.gate_cum) + (() if states is None else (states,))
     return {
+        **({"p_apart_bitwise": bitwise} if spec.get("p_apart") and not knobs_p else {}),
         "committed": rel(s0, s_ref),
         "o": rel(o, ro),
         "delta": rel(f.delta, rf.delta),
@@ -713,7 +718,7 @@ def test_peeled_node_0_leaves_whole_row_blocks(monkeypatch, n, peel, br, nr, np_
     keys, values = _GridSpy(), _GridSpy()
     monkeypatch.setattr(tt, "_tree_keys_kernel", keys)
     monkeypatch.setattr(tt, "_tree_values_kernel", values)
-    tt.tree_gdn_split(*_split_inputs(n, 4, 16), 0.25, "tf32", peel=peel, terms=False)
+    tt.tree_gdn_split(*_split_inputs(n, 4, 16), 0.25, "tf32", peel=peel, terms=False, p_apart=False)
     (kw,), (vw,) = keys.kwargs, values.kwargs
     assert keys.grids == [(4, nr * nr + nr * peel)] and (kw["BR"], kw["PEEL"]) == (br, int(peel))
     assert kw["NPG"] == max(16, 1 << (n - 2).bit_length())  # n = 2^k + 1: the last node's strict ancestors
@@ -824,6 +829,31 @@ def test_peeled_phase_one_adds_a_node_0_program_per_row_block(monkeypatch, node0
     assert spy.grids == [(4, 2 + 9 + extra)]  # 40 rows after node 0: NR = 3 blocks of 16
 
 
+@pytest.mark.parametrize(
+    ("hv", "block_rows", "row_blocks", "want"),
+    [(8, 32, 2, True), (4, 32, 1, True), (16, 32, 2, True), (48, 32, 2, False), (8, 64, 2, False),
+     (8, 32, 3, False), (8, 16, 2, False)],
+)  # fmt: skip
+def test_p_apart_by_default_on_two_32_row_blocks_of_few_heads(hv, block_rows, row_blocks, want) -> None:
+    """split_p_apart: on where it measured faster (<= 16 value heads, <= two 32-row blocks), else off."""
+    from repro.gdn import triton_tree as tt
+
+    assert tt.split_p_apart(hv, block_rows, row_blocks) is want
+
+
+@pytest.mark.parametrize(("n", "hv", "want"), [(64, 4, 1), (64, 48, 0), (96, 4, 0)])
+def test_split_form_takes_p_apart_by_its_rule(monkeypatch, n: int, hv: int, want: int) -> None:
+    """tree_gdn_split without p_apart launches phase 1 as split_p_apart says (n = 64: two 32-row blocks)."""
+    from repro.gdn import triton_tree as tt
+
+    keys, values = _GridSpy(), _GridSpy()
+    monkeypatch.setattr(tt, "_tree_keys_kernel", keys)
+    monkeypatch.setattr(tt, "_tree_values_kernel", values)
+    tt.tree_gdn_split(*_split_inputs(n, hv, 16), 0.25, "tf32", terms=False)
+    nr = -(-n // 32)
+    assert keys.kwargs[-1]["P_APART"] == want and keys.grids == [(hv, nr * nr + nr * want)]
+
+
 @pytest.mark.parametrize(("peel", "p_apart", "extra"), [(False, True, 3), (True, True, 6), (True, False, 3)])
 def test_phase_one_adds_a_p_program_per_diagonal_block(monkeypatch, peel: bool, p_apart: bool, extra) -> None:
     """With p_apart, phase 1 has one more program per row block (its diagonal P) after the key programs and
@@ -861,7 +891,9 @@ def test_split_commit_tiles_narrow_above_64_nodes(monkeypatch, n: int, pending: 
     pend = PendingCommit(
         torch.zeros(n, hv, dv), torch.zeros(n, hv, dk), torch.zeros(n, hv), anc, torch.tensor([n - 1])
     )
-    tt.tree_gdn_split(*inputs, 0.25, "tf32", pending=pend if pending else None, commit_block_v=given)
+    tt.tree_gdn_split(
+        *inputs, 0.25, "tf32", pending=pend if pending else None, commit_block_v=given, p_apart=False
+    )
     nr = -(-n // tt.split_tiles(n, hv, dv, "tf32")[0])  # row blocks
     assert keys.grids == [(hv, dv // want + nr * nr)] and len(values.grids) == 1
 
@@ -882,6 +914,8 @@ def test_interpreter_case(interp_results: dict, name: str) -> None:
     assert res["dtypes_ok"]
     assert res["k_exact"], "TreeFactors.k is not the float32 keys expanded to value heads"
     assert res["o"] <= O_TOL[dtype], res
+    if INTERP_CASES[name].get("p_apart") and not INTERP_CASES[name].get("pending"):
+        assert res["p_apart_bitwise"], "p_apart changed the results: the same dots in other programs"
     for key in ("delta", "gate_cum", "commit", "states", "committed"):
         assert res.get(key, 0.0) <= 1e-5, (key, res)
 
