@@ -1317,14 +1317,15 @@ def _value_walk(
 
 def split_p_apart(hv: int, block_rows: int, row_blocks: int) -> bool:
     """Whether phase 1 of the split form writes the diagonal blocks' P in programs of their own
-    (``_tree_keys_kernel``'s P_APART): at most 16 value heads on at most two 32-row blocks. Measured on an
+    (``_tree_keys_kernel``'s P_APART): at most 16 value heads on two 32-row blocks. Measured on an
     H100 (bf16, tf32 dots, CUDA graphs, whole form / phase 1 alone, us; results/2026-12-06-h100-p-apart):
     SpecLA's shape at T = 64 11.5 / 6.5 against 13.0 / 7.7, the tiny family's 65-node slot peeled 9.5 / 4.7
     against 9.9 / 5.0 and its 33-node slot a tie (9.3 / 4.5 against 9.4 / 4.7); Weaver's 48 heads at T =
     64 a tie. On 64-row blocks slower at both paper shapes (SpecLA T = 128 22.0 against 18.8, Weaver 34.0
     against 31.4, Weaver T = 256 114 against 96): the keys kernel compiles to 217 registers a thread against
-    167 (three programs a multiprocessor down to two), and the extra programs' Q and K loads add up."""
-    return hv <= 16 and block_rows == 32 and row_blocks <= 2
+    167 (three programs a multiprocessor down to two), and the extra programs' Q and K loads add up. One
+    32-row block (n <= 32) was not timed."""
+    return hv <= 16 and block_rows == 32 and row_blocks == 2
 
 
 def split_walk(block_rows: int, row_blocks: int) -> str:
