@@ -203,6 +203,10 @@ def run_case(spec: dict, device: str) -> dict:
 _SMALL = {"H": 2, "HV": 4, "dk": 16, "dv": 16}
 # the split form on three row blocks, two d_k chunks (with and without phase 1's state products)
 _SPLIT_N40 = {**_SMALL, "n": 40, "kind": "mixed", "dk": 32, "block_k": 16, "block_rows": 16, "split": True}
+# node 0 peeled with a pending commit from a path index (with and without p_apart below)
+INTERP_PEEL_PENDING = {
+    **_SMALL, "n": 33, "kind": "fan", "split": True, "peel": True, "pending": True, "pending_index": True,
+}  # fmt: skip
 INTERP_CASES = {
     "n1-single": {**_SMALL, "n": 1, "kind": "chain"},
     "n5-random": {**_SMALL, "n": 5, "kind": "random"},
@@ -448,15 +452,7 @@ INTERP_CASES = {
         "terms": False,
         "walk": "registers",
     },  # fmt: skip
-    "split-peel-pending-index-n33-fan": {
-        **_SMALL,
-        "n": 33,
-        "kind": "fan",
-        "split": True,
-        "peel": True,
-        "pending": True,
-        "pending_index": True,
-    },  # fmt: skip
+    "split-peel-pending-index-n33-fan": INTERP_PEEL_PENDING,
     "split-peel-n65-random-tf32": {
         **_SMALL,
         "n": 65,
@@ -468,16 +464,7 @@ INTERP_CASES = {
     # the diagonal blocks' P in programs of their own (p_apart): three row blocks and two d_k chunks, with
     # node 0 peeled and a pending commit, with the state products and the registers walk, bf16
     "split-p-apart-n40-mixed-dk32-bk16-br16": {**_SPLIT_N40, "p_apart": True},
-    "split-p-apart-peel-pending-index-n33-fan": {
-        **_SMALL,
-        "n": 33,
-        "kind": "fan",
-        "split": True,
-        "peel": True,
-        "pending": True,
-        "pending_index": True,
-        "p_apart": True,
-    },  # fmt: skip
+    "split-p-apart-peel-pending-index-n33-fan": {**INTERP_PEEL_PENDING, "p_apart": True},
     "split-p-apart-terms-registers-n32-random-bf16": {
         **_SMALL,
         "n": 32,
