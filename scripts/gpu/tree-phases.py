@@ -4,7 +4,8 @@
 
 At Weaver's shape (T = 128, 64, 256) and SpecLA's (T = 128, 64), bf16 inputs, "tf32" dots, a draft tree
 (repro.bench.shapes via repro.bench.kernels.make_case): CUDA-graph medians of the fused kernel, the split
-form under its options (each phase-2 walk, ``terms``, 64-row blocks, 8 warps, commit tiles), its phase 1
+form under its options (each phase-2 walk, ``terms``, 64-row blocks, 8 warps, commit tiles, ``p_apart`` on
+and off), its phase 1
 alone (``_tree_keys_kernel``: G, A / P blocks, diagonal inverses) over 32- and 64-row blocks and warps, its
 phase 2 alone (``_tree_values_kernel`` on phase 1's blocks) over d_v tiles, warps and both walks, and an
 empty Triton launch on the same grid (the launch floor inside a graph). Every split variant is checked
@@ -108,6 +109,7 @@ def phases(shape: str, t: int, dev: torch.device) -> list[dict[str, Any]]:
     variants = {f"split-{name}-memory": dict(options[name], walk="memory") for name in memory}
     variants |= {f"split-{name}-registers": dict(kw, walk="registers") for name, kw in options.items()}
     variants["split"] = {}
+    variants |= {"split-p-apart": {"p_apart": True}, "split-no-p-apart": {"p_apart": False}}  # split_p_apart
     for name, kw in variants.items():
         err = ((tt.tree_gdn_split(*args, **kw)[0].float() - ref).norm() / ref.norm()).item()
         rows.append(dict(shape=shape, T=t, variant=f"{name} check", status="ok" if err < 1e-2 else "wrong",
